@@ -1,0 +1,85 @@
+// Resource plan of a job, computed from the spec alone: memory per worker and per node, bytes
+// communicated per step, and whether it fits the memory the spec's resources give.
+// The formulas are documented in docs/planning.md; tests check them against hand computation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/spec/spec.h"
+
+namespace ring::plan {
+
+// One line of a memory budget, in bytes.
+struct Item {
+  std::string name;
+  double bytes = 0;
+  std::string formula;  // how it was computed, in the spec's symbols
+};
+
+struct GpuModel {
+  spec::GpuType type;
+  const char* name;
+  double capacity_bytes;  // what the device reports (cudaMemGetInfo total)
+};
+const std::vector<GpuModel>& gpu_models();
+// Bytes set aside on every GPU for the CUDA context, NCCL and library workspaces.
+inline constexpr double kGpuReserveBytes = 3.0 * (1ull << 30);
+
+struct Plan {
+  // Model and shapes.
+  int64_t params = 0;            // total parameter count
+  int64_t params_per_layer = 0;  // one transformer block
+  int64_t params_embedding = 0;  // embedding (+ untied LM head)
+  int64_t tokens_per_rank = 0;   // seq_len / context_ranks
+  int64_t ranks = 0;             // context_ranks (ring size)
+  int storage_bytes = 4;         // bytes per value of model.dtype
+
+  // Per worker (GPU memory with backend cuda, host memory with backend cpu).
+  std::vector<Item> worker;
+  double worker_total = 0;
+  double activations_no_recompute = 0;  // saved activations, all layers, without recompute
+  double activations_recompute = 0;     // with per-layer recompute
+  double kv_local_per_layer = 0;        // this rank's K+V for one layer
+  double kv_local_total = 0;            // this rank's K+V, all layers
+
+  // Whole sequence.
+  double kv_sequence_per_layer = 0;  // K+V of all seq_len tokens for one layer
+  double kv_sequence_total = 0;      // ... for all layers
+
+  // Per node host memory (ringd's optimizer state; workers too with backend cpu).
+  std::vector<Item> host;
+  double host_total = 0;
+
+  // Communication per step.
+  double ring_bytes_per_hop = 0;        // one K/V block (one layer)
+  double ring_bytes_per_step = 0;       // sent by one rank over a whole step (fwd + bwd)
+  double grad_payload_dense = 0;        // one node's gradient, fp32
+  double grad_payload_topk = 0;         // one node's top-k (index, value) set
+  double grad_sent_dense_per_node = 0;  // ring all-reduce between nodes
+  double grad_sent_topk_per_node = 0;   // all-gather of sparse sets between nodes
+  int64_t topk_k = 0;
+
+  // Fit.
+  std::string device_name;  // "H100-80G" or "host"
+  double device_capacity = 0;
+  double device_usable = 0;
+  bool fits_device = false;
+  double host_capacity = 0;
+  bool fits_host = false;
+  bool fits() const { return fits_device && fits_host; }
+};
+
+// spec must be valid and resolved (load_spec_* does both).
+Plan make_plan(const spec::JobSpec& spec);
+
+nlohmann::json to_json(const Plan& p, const spec::JobSpec& spec);
+std::string to_text(const Plan& p, const spec::JobSpec& spec);
+
+// "16.384 GB", "512 B", "1.5 MB": decimal units (10^3 steps), as in the plan output.
+std::string human_bytes(double bytes);
+
+}  // namespace ring::plan

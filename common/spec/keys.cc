@@ -1,0 +1,539 @@
+#include "common/spec/keys.h"
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <sstream>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+namespace ring::spec {
+namespace {
+
+// Names of enum values, in enum declaration order. The key table and to_string() share them.
+constexpr std::array kMlpNames{"swiglu", "gelu"};
+constexpr std::array kDTypeNames{"fp32", "bf16", "fp16"};
+constexpr std::array kSourceNames{"text", "passkey"};
+constexpr std::array kRingOrderNames{"topology", "slurm", "natural", "list"};
+constexpr std::array kBalanceNames{"zigzag", "contiguous"};
+constexpr std::array kOffloadNames{"cpu", "none"};
+constexpr std::array kUpdateNames{"dense", "lazy"};
+constexpr std::array kCompressionNames{"none", "topk"};
+constexpr std::array kBackendNames{"cpu", "cuda"};
+constexpr std::array kGpuNames{"A100-80G", "H100-80G", "H200-141G"};
+constexpr std::array kScheduleNames{"constant", "cosine"};
+
+template <size_t N>
+std::vector<std::string> names(const std::array<const char*, N>& a) {
+  return {a.begin(), a.end()};
+}
+
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+// Binds a key to JobSpec::*section .*member. Handles int64/double/bool/string, enums (stored
+// as choice index), optionals (unset until the YAML sets them) and vectors.
+template <class S, class T>
+void bind(KeyDef& k, S JobSpec::*sec, T S::*mem) {
+  k.set = [sec, mem](JobSpec& s, const Value& v) {
+    T& dst = s.*sec.*mem;
+    if constexpr (std::is_enum_v<T>) {
+      dst = static_cast<T>(std::get<int64_t>(v));
+    } else if constexpr (is_optional<T>::value) {
+      dst = std::get<typename T::value_type>(v);
+    } else {
+      dst = std::get<T>(v);
+    }
+  };
+  k.get = [sec, mem](const JobSpec& s) -> std::optional<Value> {
+    const T& src = s.*sec.*mem;
+    if constexpr (std::is_enum_v<T>) {
+      return Value{static_cast<int64_t>(src)};
+    } else if constexpr (is_optional<T>::value) {
+      if (!src) return std::nullopt;
+      return Value{*src};
+    } else {
+      return Value{src};
+    }
+  };
+}
+
+constexpr double kIntMax = 9.007199254740992e15;  // 2^53: exact in double, far beyond any real size
+
+struct KeyBuilder {
+  std::vector<KeyDef>& out;
+
+  template <class S, class T>
+  KeyDef& add(std::string path, KeyType type, S JobSpec::*sec, T S::*mem, std::string desc) {
+    KeyDef k;
+    k.path = std::move(path);
+    k.type = type;
+    k.description = std::move(desc);
+    bind(k, sec, mem);
+    out.push_back(std::move(k));
+    return out.back();
+  }
+};
+
+KeyDef& range(KeyDef& k, std::optional<double> lo, std::optional<double> hi) {
+  k.min = lo;
+  k.max = hi;
+  return k;
+}
+
+std::vector<KeyDef> build_table() {
+  std::vector<KeyDef> t;
+  KeyBuilder b{t};
+  using J = JobSpec;
+  using KT = KeyType;
+  auto req = [](KeyDef& k) -> KeyDef& {
+    k.required = true;
+    return k;
+  };
+  auto def = [](KeyDef& k, Value v) -> KeyDef& {
+    k.default_value = std::move(v);
+    return k;
+  };
+  auto choices = [](KeyDef& k, std::vector<std::string> c, int64_t dflt) -> KeyDef& {
+    k.choices = std::move(c);
+    k.default_value = Value{dflt};
+    return k;
+  };
+
+  // ---- job
+  req(b.add("job.name", KT::kString, &J::job, &JobSection::name,
+            "Job name: 1-64 characters from [A-Za-z0-9._-], starting with a letter or digit. "
+            "Shown by ringctl status and used as the Slurm job name."));
+
+  // ---- model
+  range(req(b.add("model.layers", KT::kInt, &J::model, &ModelSection::layers,
+                  "Number of transformer blocks.")),
+        1, 1024);
+  range(req(b.add("model.d_model", KT::kInt, &J::model, &ModelSection::d_model,
+                  "Model width (residual stream size).")),
+        8, 65536);
+  range(req(b.add("model.heads", KT::kInt, &J::model, &ModelSection::heads,
+                  "Attention (query) heads.")),
+        1, 1024);
+  {
+    auto& k = range(b.add("model.kv_heads", KT::kInt, &J::model, &ModelSection::kv_heads,
+                          "Key/value heads. Fewer than heads gives grouped-query attention "
+                          "(GQA); heads must be a multiple of kv_heads."),
+                    1, 1024);
+    k.derived = "heads (no GQA)";
+  }
+  {
+    auto& k = range(b.add("model.head_dim", KT::kInt, &J::model, &ModelSection::head_dim,
+                          "Size of one attention head. Must be even (RoPE rotates pairs). When "
+                          "unset, d_model must equal heads x head_dim."),
+                    2, 1024);
+    k.derived = "d_model / heads";
+  }
+  choices(b.add("model.mlp", KT::kEnum, &J::model, &ModelSection::mlp,
+                "MLP block: swiglu (gate, up, down projections) or gelu (up, down)."),
+          names(kMlpNames), 0);
+  {
+    auto& k = range(b.add("model.mlp_hidden", KT::kInt, &J::model, &ModelSection::mlp_hidden,
+                          "MLP hidden size."),
+                    1, 1 << 20);
+    k.derived = "swiglu: 8/3 x d_model rounded up to a multiple of 64; gelu: 4 x d_model";
+  }
+  range(def(b.add("model.vocab", KT::kInt, &J::model, &ModelSection::vocab,
+                  "Vocabulary size. The text and passkey sources are byte-level and need at "
+                  "least 256."),
+            Value{int64_t{256}}),
+        2, 1 << 22);
+  choices(b.add("model.dtype", KT::kEnum, &J::model, &ModelSection::dtype,
+                "Storage type of weights and activations on the workers (accumulation is "
+                "always fp32; master weights are fp32). The CPU backend supports fp32."),
+          names(kDTypeNames), 0);
+  def(b.add("model.recompute", KT::kBool, &J::model, &ModelSection::recompute,
+            "Recompute each layer's activations in the backward pass instead of keeping them: "
+            "keeps only the layer inputs (see ringctl plan)."),
+      Value{false});
+  def(b.add("model.tie_embeddings", KT::kBool, &J::model, &ModelSection::tie_embeddings,
+            "Share the embedding matrix with the LM head."),
+      Value{true});
+  range(def(b.add("model.rope_theta", KT::kFloat, &J::model, &ModelSection::rope_theta,
+                  "RoPE base frequency. Long contexts usually want a larger base (e.g. 1e6+)."),
+            Value{10000.0}),
+        1.0, 1e12);
+  range(def(b.add("model.norm_eps", KT::kFloat, &J::model, &ModelSection::norm_eps,
+                  "RMSNorm epsilon."),
+            Value{1e-5}),
+        0.0, 1.0)
+      .min_exclusive = true;
+
+  // ---- data
+  choices(b.add("data.source", KT::kEnum, &J::data, &DataSection::source,
+                "text: byte-level documents read from data.paths; passkey: synthetic "
+                "long-range retrieval (a key planted far back in filler text, asked for at the "
+                "end)."),
+          names(kSourceNames), 0);
+  def(b.add("data.paths", KT::kStringList, &J::data, &DataSection::paths,
+            "Files or directories (read recursively) for the text source; each file is split "
+            "into documents at blank-line runs and form feeds."),
+      Value{std::vector<std::string>{}});
+  range(req(b.add("data.seq_len", KT::kInt, &J::data, &DataSection::seq_len,
+                  "Tokens per training sequence (the whole context, split over "
+                  "parallel.context_ranks).")),
+        16, 1 << 30);
+  def(b.add("data.pack", KT::kBool, &J::data, &DataSection::pack,
+            "Pack several documents into each sequence (with document boundaries: no attention "
+            "across documents). When false, each sequence holds one document, padded."),
+      Value{true});
+  range(def(b.add("data.max_doc_len", KT::kInt, &J::data, &DataSection::max_doc_len,
+                  "Longest document in tokens; longer ones are cut into pieces. 0: seq_len."),
+            Value{int64_t{0}}),
+        0, 1 << 30);
+  range(def(b.add("data.min_doc_len", KT::kInt, &J::data, &DataSection::min_doc_len,
+                  "Documents shorter than this are dropped."),
+            Value{int64_t{16}}),
+        1, 1 << 30);
+  range(def(b.add("data.seed", KT::kInt, &J::data, &DataSection::seed,
+                  "Seed of the document shuffle (and of the passkey generator)."),
+            Value{int64_t{0}}),
+        0, kIntMax);
+  range(def(b.add("data.passkey_digits", KT::kInt, &J::data, &DataSection::passkey_digits,
+                  "Digits in the passkey (passkey source)."),
+            Value{int64_t{5}}),
+        1, 32);
+
+  // ---- parallel
+  range(def(b.add("parallel.context_ranks", KT::kInt, &J::parallel,
+                  &ParallelSection::context_ranks,
+                  "Ranks in one attention ring: the sequence is split over them "
+                  "(sequence/context parallelism)."),
+            Value{int64_t{1}}),
+        1, 65536);
+  range(def(b.add("parallel.data_replicas", KT::kInt, &J::parallel,
+                  &ParallelSection::data_replicas,
+                  "Independent rings training on different sequences (data parallelism). "
+                  "context_ranks x data_replicas must equal nodes x workers_per_node."),
+            Value{int64_t{1}}),
+        1, 65536);
+  choices(b.add("parallel.ring_order", KT::kEnum, &J::parallel, &ParallelSection::ring_order,
+                "Order of ranks around the ring: topology (from GPU/NUMA and switch topology), "
+                "slurm (Slurm's node list order), natural (rank order), list "
+                "(parallel.ring_order_list)."),
+          names(kRingOrderNames), 0);
+  range(def(b.add("parallel.ring_order_list", KT::kIntList, &J::parallel,
+                  &ParallelSection::ring_order_list,
+                  "Explicit ring: a permutation of 0 .. context_ranks-1 (ring_order: list only)."),
+            Value{std::vector<int64_t>{}}),
+        0, 65535);
+  choices(b.add("parallel.causal_balance", KT::kEnum, &J::parallel,
+                &ParallelSection::causal_balance,
+                "How the sequence is cut: zigzag (2P chunks, rank i owns chunks i and 2P-1-i, "
+                "balancing causal work) or contiguous (rank i owns chunk i)."),
+          names(kBalanceNames), 0);
+  range(def(b.add("parallel.stagger_us", KT::kInt, &J::parallel, &ParallelSection::stagger_us,
+                  "Per-rank delay of ring sends in microseconds (rank r waits r x stagger_us); "
+                  "0 disables."),
+            Value{int64_t{0}}),
+        0, 1000000);
+
+  // ---- optimizer
+  range(def(b.add("optimizer.lr", KT::kFloat, &J::optimizer, &OptimizerSection::lr,
+                  "Peak learning rate of AdamW."),
+            Value{3e-4}),
+        0.0, 10.0)
+      .min_exclusive = true;
+  range(def(b.add("optimizer.min_lr", KT::kFloat, &J::optimizer, &OptimizerSection::min_lr,
+                  "Final learning rate of the cosine schedule."),
+            Value{0.0}),
+        0.0, 10.0);
+  choices(b.add("optimizer.schedule", KT::kEnum, &J::optimizer, &OptimizerSection::schedule,
+                "Learning-rate schedule after warm-up: constant, or cosine decay to min_lr at "
+                "train.steps."),
+          names(kScheduleNames), 1);
+  range(def(b.add("optimizer.lr_warmup_steps", KT::kInt, &J::optimizer,
+                  &OptimizerSection::lr_warmup_steps,
+                  "Steps of linear learning-rate warm-up from 0 to lr."),
+            Value{int64_t{0}}),
+        0, kIntMax);
+  range(def(b.add("optimizer.beta1", KT::kFloat, &J::optimizer, &OptimizerSection::beta1,
+                  "AdamW first-moment decay, in [0, 1)."),
+            Value{0.9}),
+        0.0, 0.999999);
+  range(def(b.add("optimizer.beta2", KT::kFloat, &J::optimizer, &OptimizerSection::beta2,
+                  "AdamW second-moment decay, in [0, 1)."),
+            Value{0.95}),
+        0.0, 0.999999);
+  range(def(b.add("optimizer.eps", KT::kFloat, &J::optimizer, &OptimizerSection::eps,
+                  "AdamW epsilon."),
+            Value{1e-8}),
+        0.0, 1.0)
+      .min_exclusive = true;
+  range(def(b.add("optimizer.weight_decay", KT::kFloat, &J::optimizer,
+                  &OptimizerSection::weight_decay,
+                  "Decoupled weight decay (not applied to norm gains)."),
+            Value{0.1}),
+        0.0, 10.0);
+  choices(b.add("optimizer.offload", KT::kEnum, &J::optimizer, &OptimizerSection::offload,
+                "Where AdamW runs: cpu (ringd keeps fp32 master weights and moments in host "
+                "memory) or none (each worker runs AdamW itself)."),
+          names(kOffloadNames), 0);
+  choices(b.add("optimizer.update", KT::kEnum, &J::optimizer, &OptimizerSection::update,
+                "dense: update every coordinate each step; lazy: update only the coordinates "
+                "selected by top-k and send only those back (needs compression: topk)."),
+          names(kUpdateNames), 0);
+  choices(b.add("optimizer.compression", KT::kEnum, &J::optimizer,
+                &OptimizerSection::compression,
+                "Gradient compression between nodes: none, or topk (keep the largest-magnitude "
+                "fraction `density`; needs offload: cpu)."),
+          names(kCompressionNames), 0);
+  {
+    auto& k = range(def(b.add("optimizer.density", KT::kFloat, &J::optimizer,
+                              &OptimizerSection::density,
+                              "Fraction of gradient coordinates kept by top-k, in (0, 1]."),
+                        Value{0.001}),
+                    0.0, 1.0);
+    k.min_exclusive = true;
+  }
+  def(b.add("optimizer.error_feedback", KT::kBool, &J::optimizer,
+            &OptimizerSection::error_feedback,
+            "Keep what top-k dropped as a residual and add it to the next step's gradient."),
+      Value{true});
+  range(def(b.add("optimizer.warmup_steps", KT::kInt, &J::optimizer,
+                  &OptimizerSection::warmup_steps,
+                  "Dense (uncompressed) steps before top-k compression starts."),
+            Value{int64_t{0}}),
+        0, kIntMax);
+
+  // ---- train
+  range(req(b.add("train.steps", KT::kInt, &J::train, &TrainSection::steps,
+                  "Optimizer steps to run.")),
+        1, kIntMax);
+  range(def(b.add("train.grad_clip", KT::kFloat, &J::train, &TrainSection::grad_clip,
+                  "Clip the global gradient L2 norm to this value; 0 disables."),
+            Value{1.0}),
+        0.0, 1e6);
+  range(def(b.add("train.seed", KT::kInt, &J::train, &TrainSection::seed,
+                  "Seed of weight initialisation."),
+            Value{int64_t{0}}),
+        0, kIntMax);
+  range(def(b.add("train.log_every", KT::kInt, &J::train, &TrainSection::log_every,
+                  "Report loss and throughput every this many steps."),
+            Value{int64_t{1}}),
+        1, kIntMax);
+
+  // ---- checkpoint
+  def(b.add("checkpoint.dir", KT::kString, &J::checkpoint, &CheckpointSection::dir,
+            "Directory for checkpoints (one sub-directory per step, a `latest` pointer). Must be "
+            "on a file system every node can reach when nodes > 1. Empty: no checkpoints."),
+      Value{std::string{}});
+  range(def(b.add("checkpoint.every_steps", KT::kInt, &J::checkpoint,
+                  &CheckpointSection::every_steps,
+                  "Write a checkpoint every this many steps; 0: only on demand and on "
+                  "SIGTERM/preemption."),
+            Value{int64_t{0}}),
+        0, kIntMax);
+  range(def(b.add("checkpoint.keep_last", KT::kInt, &J::checkpoint, &CheckpointSection::keep_last,
+                  "Complete checkpoints to keep; older ones are deleted."),
+            Value{int64_t{3}}),
+        1, 100000);
+  def(b.add("checkpoint.async", KT::kBool, &J::checkpoint, &CheckpointSection::async,
+            "Write checkpoints in the background while training continues."),
+      Value{true});
+
+  // ---- resources
+  range(def(b.add("resources.nodes", KT::kInt, &J::resources, &ResourcesSection::nodes,
+                  "Nodes (one ringd each)."),
+            Value{int64_t{1}}),
+        1, 65536);
+  range(def(b.add("resources.workers_per_node", KT::kInt, &J::resources,
+                  &ResourcesSection::workers_per_node,
+                  "Worker processes per node (one per GPU with backend cuda)."),
+            Value{int64_t{1}}),
+        1, 1024);
+  choices(b.add("resources.backend", KT::kEnum, &J::resources, &ResourcesSection::backend,
+                "Compute backend of the workers: cpu or cuda."),
+          names(kBackendNames), 0);
+  range(def(b.add("resources.gpus_per_node", KT::kInt, &J::resources,
+                  &ResourcesSection::gpus_per_node,
+                  "GPUs per node (requested from Slurm as --gpus-per-node)."),
+            Value{int64_t{0}}),
+        0, 64);
+  choices(b.add("resources.gpu_type", KT::kEnum, &J::resources, &ResourcesSection::gpu_type,
+                "GPU model, for ringctl plan's memory check (backend cuda)."),
+          names(kGpuNames), 1);
+  range(def(b.add("resources.cpus_per_worker", KT::kInt, &J::resources,
+                  &ResourcesSection::cpus_per_worker,
+                  "CPU cores per worker (its BLAS threads with backend cpu)."),
+            Value{int64_t{1}}),
+        1, 1024);
+  {
+    auto& k = range(def(b.add("resources.host_memory_gb", KT::kFloat, &J::resources,
+                              &ResourcesSection::host_memory_gb,
+                              "Host memory per node in GB (10^9 bytes) available to the job: "
+                              "ringd's optimizer state and, with backend cpu, the workers."),
+                        Value{16.0}),
+                    0.0, 1e6);
+    k.min_exclusive = true;
+  }
+
+  // ---- slurm
+  def(b.add("slurm.partition", KT::kString, &J::slurm, &SlurmSection::partition,
+            "Partition (sbatch --partition); empty: the cluster default."),
+      Value{std::string{}});
+  def(b.add("slurm.account", KT::kString, &J::slurm, &SlurmSection::account,
+            "Account (sbatch --account); empty: the user's default."),
+      Value{std::string{}});
+  def(b.add("slurm.time", KT::kString, &J::slurm, &SlurmSection::time,
+            "Time limit in a Slurm format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS; "
+            "empty: the partition default."),
+      Value{std::string{}});
+  def(b.add("slurm.qos", KT::kString, &J::slurm, &SlurmSection::qos,
+            "Quality of service (sbatch --qos)."),
+      Value{std::string{}});
+  def(b.add("slurm.constraint", KT::kString, &J::slurm, &SlurmSection::constraint,
+            "Node features (sbatch --constraint)."),
+      Value{std::string{}});
+  def(b.add("slurm.requeue", KT::kBool, &J::slurm, &SlurmSection::requeue,
+            "Let Slurm requeue the job after node failure or preemption (sbatch --requeue)."),
+      Value{true});
+  range(def(b.add("slurm.signal_before_s", KT::kInt, &J::slurm, &SlurmSection::signal_before_s,
+                  "Seconds before the time limit at which Slurm sends the warning signal "
+                  "(sbatch --signal=B:USR1@N): ringd checkpoints and exits. 0 disables."),
+            Value{int64_t{120}}),
+        0, 65535);
+  def(b.add("slurm.extra_sbatch", KT::kStringList, &J::slurm, &SlurmSection::extra_sbatch,
+            "Extra sbatch options, one per item, e.g. \"--exclusive\" or \"--mail-type=END\"."),
+      Value{std::vector<std::string>{}});
+
+  // ---- restart
+  range(def(b.add("restart.max_restarts", KT::kInt, &J::restart, &RestartSection::max_restarts,
+                  "Automatic restarts (rollback to the latest checkpoint) before the job fails."),
+            Value{int64_t{3}}),
+        0, 1000);
+  range(def(b.add("restart.backoff_s", KT::kFloat, &J::restart, &RestartSection::backoff_s,
+                  "Delay before the first restart; doubles at each restart."),
+            Value{10.0}),
+        0.0, 86400.0);
+  range(def(b.add("restart.backoff_max_s", KT::kFloat, &J::restart,
+                  &RestartSection::backoff_max_s, "Upper bound of the restart delay."),
+            Value{300.0}),
+        0.0, 86400.0);
+  return t;
+}
+
+std::string fmt_number(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return fmt::format("{}", static_cast<int64_t>(v));
+  return fmt::format("{:g}", v);
+}
+
+}  // namespace
+
+const char* to_string(MlpKind v) { return kMlpNames[static_cast<size_t>(v)]; }
+const char* to_string(DType v) { return kDTypeNames[static_cast<size_t>(v)]; }
+const char* to_string(DataSource v) { return kSourceNames[static_cast<size_t>(v)]; }
+const char* to_string(RingOrder v) { return kRingOrderNames[static_cast<size_t>(v)]; }
+const char* to_string(CausalBalance v) { return kBalanceNames[static_cast<size_t>(v)]; }
+const char* to_string(Offload v) { return kOffloadNames[static_cast<size_t>(v)]; }
+const char* to_string(UpdateMode v) { return kUpdateNames[static_cast<size_t>(v)]; }
+const char* to_string(Compression v) { return kCompressionNames[static_cast<size_t>(v)]; }
+const char* to_string(Backend v) { return kBackendNames[static_cast<size_t>(v)]; }
+const char* to_string(GpuType v) { return kGpuNames[static_cast<size_t>(v)]; }
+const char* to_string(LrSchedule v) { return kScheduleNames[static_cast<size_t>(v)]; }
+
+int dtype_bytes(DType v) { return v == DType::kFp32 ? 4 : 2; }
+
+const char* to_string(KeyType t) {
+  switch (t) {
+    case KeyType::kInt: return "integer";
+    case KeyType::kFloat: return "number";
+    case KeyType::kBool: return "boolean";
+    case KeyType::kString: return "string";
+    case KeyType::kEnum: return "enum";
+    case KeyType::kStringList: return "list of strings";
+    case KeyType::kIntList: return "list of integers";
+  }
+  return "?";
+}
+
+const std::vector<KeyDef>& spec_keys() {
+  static const std::vector<KeyDef> table = build_table();
+  return table;
+}
+
+const std::vector<std::pair<std::string, std::string>>& spec_sections() {
+  static const std::vector<std::pair<std::string, std::string>> s = {
+      {"job", "Identity of the job."},
+      {"model", "The decoder-only transformer."},
+      {"data", "Training data and sequence packing."},
+      {"parallel", "Sequence (ring) and data parallelism."},
+      {"optimizer", "AdamW, its CPU offload and gradient compression."},
+      {"train", "The training loop."},
+      {"checkpoint", "Checkpoints for resume and recovery."},
+      {"resources", "What each node provides."},
+      {"slurm", "Options of `ringctl submit` (sbatch)."},
+      {"restart", "Automatic recovery after failures."},
+  };
+  return s;
+}
+
+const KeyDef* find_key(std::string_view path) {
+  for (const auto& k : spec_keys())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+std::string value_text(const Value& v, const KeyDef& k) {
+  return std::visit(
+      [&](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          if (k.type == KeyType::kEnum && x >= 0 && static_cast<size_t>(x) < k.choices.size())
+            return k.choices[x];
+          return std::to_string(x);
+        } else if constexpr (std::is_same_v<T, double>) {
+          return fmt_number(x);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return x ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return x.empty() ? "\"\"" : x;
+        } else {
+          std::string s = "[";
+          for (size_t i = 0; i < x.size(); ++i) {
+            if (i) s += ", ";
+            if constexpr (std::is_same_v<T, std::vector<int64_t>>) s += std::to_string(x[i]);
+            else s += x[i];
+          }
+          return s + "]";
+        }
+      },
+      v);
+}
+
+std::string default_text(const KeyDef& k) {
+  if (k.required) return "required";
+  if (!k.default_value) return "derived: " + k.derived;
+  return value_text(*k.default_value, k);
+}
+
+std::string range_text(const KeyDef& k) {
+  if (k.type == KeyType::kEnum) {
+    std::string s;
+    for (size_t i = 0; i < k.choices.size(); ++i) s += (i ? " | " : "") + k.choices[i];
+    return s;
+  }
+  if (!k.min && !k.max) return "";
+  std::string lo = k.min ? fmt_number(*k.min) : "";
+  std::string hi = k.max ? (*k.max >= kIntMax ? "2^53" : fmt_number(*k.max)) : "";
+  if (k.min_exclusive) return fmt::format("({}, {}]", lo, hi);
+  return fmt::format("[{}, {}]", lo, hi);
+}
+
+JobSpec default_spec() {
+  JobSpec s;
+  for (const auto& k : spec_keys())
+    if (k.default_value) k.set(s, *k.default_value);
+  return s;
+}
+
+}  // namespace ring::spec

@@ -1,0 +1,526 @@
+#include "common/spec/parse.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <system_error>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "common/spec/keys.h"
+
+namespace ring::spec {
+namespace {
+
+Location loc(const YAML::Mark& m) {
+  if (m.is_null()) return {};
+  return {m.line + 1, m.column + 1};
+}
+
+// Shortens a scalar for messages and makes control bytes visible.
+std::string shown(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 60)) {
+    if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += static_cast<char>(c);
+  }
+  if (s.size() > 60) out += "...";
+  return "'" + out + "'";
+}
+
+const char* node_kind(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Null: return "nothing";
+    case YAML::NodeType::Scalar: return "a scalar";
+    default: return "an undefined node";
+  }
+}
+
+// Finds the first byte that is not valid UTF-8 (overlongs, surrogates and >U+10FFFF rejected).
+std::optional<size_t> first_invalid_utf8(std::string_view s) {
+  size_t i = 0;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  while (i < s.size()) {
+    unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int n;
+    unsigned min;
+    if ((c & 0xe0) == 0xc0) n = 1, min = 0x80, c &= 0x1f;
+    else if ((c & 0xf0) == 0xe0) n = 2, min = 0x800, c &= 0x0f;
+    else if ((c & 0xf8) == 0xf0) n = 3, min = 0x10000, c &= 0x07;
+    else return i;
+    unsigned cp = c;
+    for (int k = 1; k <= n; ++k) {
+      if (i + k >= s.size() || (p[i + k] & 0xc0) != 0x80) return i;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+    i += n + 1;
+  }
+  return std::nullopt;
+}
+
+Location offset_to_location(std::string_view s, size_t off) {
+  Location l{1, 1};
+  for (size_t i = 0; i < off && i < s.size(); ++i) {
+    if (s[i] == '\n') {
+      ++l.line;
+      l.column = 1;
+    } else {
+      ++l.column;
+    }
+  }
+  return l;
+}
+
+int levenshtein(std::string_view a, std::string_view b) {
+  std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      int sub = prev[j - 1] + (std::tolower(a[i - 1]) == std::tolower(b[j - 1]) ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+class Parser {
+ public:
+  Parser(std::string name, LoadResult& out) : name_(std::move(name)), out_(out) {
+    out_.source.file = name_;
+  }
+
+  void error(Location where, std::string key, std::string msg) {
+    out_.diagnostics.push_back(
+        {Diagnostic::Severity::kError, name_, where, std::move(key), std::move(msg)});
+  }
+
+  void run(std::string_view text, JobSpec& spec) {
+    if (text.size() > kMaxSpecBytes) {
+      error({}, "", fmt::format("file is {} bytes; a spec may be at most {} bytes", text.size(),
+                                kMaxSpecBytes));
+      return;
+    }
+    if (auto bad = first_invalid_utf8(text)) {
+      error(offset_to_location(text, *bad), "",
+            fmt::format("invalid UTF-8 (byte 0x{:02x} at offset {}); specs must be UTF-8 text",
+                        static_cast<unsigned char>(text[*bad]), *bad));
+      return;
+    }
+    if (text.find('\0') != std::string_view::npos) {
+      error(offset_to_location(text, text.find('\0')), "", "NUL byte in file; specs are text");
+      return;
+    }
+    std::vector<YAML::Node> docs;
+    try {
+      docs = YAML::LoadAll(std::string(text));
+    } catch (const YAML::Exception& e) {
+      error(loc(e.mark), "", "YAML syntax error: " + e.msg);
+      return;
+    } catch (const std::exception& e) {
+      error({}, "", std::string("YAML parser failed: ") + e.what());
+      return;
+    }
+    if (docs.empty() || docs[0].IsNull()) {
+      error({1, 1}, "", "empty spec: expected a mapping with sections job, model, data, ...");
+      return;
+    }
+    if (docs.size() > 1) {
+      error(loc(docs[1].Mark()), "",
+            fmt::format("{} YAML documents in one file; a spec is exactly one document",
+                        docs.size()));
+    }
+    const YAML::Node& root = docs[0];
+    if (!root.IsMap()) {
+      error(loc(root.Mark()), "",
+            fmt::format("top level is {}; expected a mapping of sections (job:, model:, ...)",
+                        node_kind(root)));
+      return;
+    }
+    std::set<std::string> seen_sections;
+    for (auto it = root.begin(); it != root.end(); ++it) {
+      const YAML::Node& k = it->first;
+      const YAML::Node& v = it->second;
+      if (!k.IsScalar()) {
+        error(loc(k.Mark()), "", "section names must be plain words, not " +
+                                     std::string(node_kind(k)));
+        continue;
+      }
+      const std::string sec = k.Scalar();
+      if (!is_section(sec)) {
+        std::string hint;
+        if (find_key_by_name(sec)) hint = fmt::format("; did you mean '{}' inside a section?",
+                                                      find_key_by_name(sec)->path);
+        else if (auto s = suggest_section(sec); !s.empty()) hint = "; did you mean '" + s + "'?";
+        error(loc(k.Mark()), sec, "unknown section" + hint + section_list_hint(hint));
+        continue;
+      }
+      if (!seen_sections.insert(sec).second) {
+        error(loc(k.Mark()), sec,
+              fmt::format("duplicate section (first at line {})", out_.source.sections[sec].line));
+        continue;
+      }
+      out_.source.sections[sec] = loc(k.Mark());
+      if (v.IsNull()) continue;  // "slurm:" with nothing under it: all defaults
+      if (!v.IsMap()) {
+        error(loc(v.Mark()), sec,
+              fmt::format("section is {}; expected a mapping of keys", node_kind(v)));
+        continue;
+      }
+      parse_section(sec, v, spec);
+    }
+    for (const auto& kd : spec_keys()) {
+      if (kd.required && !out_.source.keys.count(kd.path)) {
+        Location where = out_.source.sections.count(kd.section())
+                             ? out_.source.sections[kd.section()]
+                             : Location{1, 1};
+        error(where, kd.path, "required key is missing: " + kd.description);
+      }
+    }
+  }
+
+ private:
+  static bool is_section(const std::string& s) {
+    for (const auto& [name, _] : spec_sections())
+      if (name == s) return true;
+    return false;
+  }
+
+  static const KeyDef* find_key_by_name(const std::string& name) {
+    for (const auto& k : spec_keys())
+      if (k.name() == name) return &k;
+    return nullptr;
+  }
+
+  static std::string suggest_section(const std::string& s) {
+    std::string best;
+    int best_d = 3;
+    for (const auto& [name, _] : spec_sections()) {
+      int d = levenshtein(s, name);
+      if (d < best_d) best_d = d, best = name;
+    }
+    return best;
+  }
+
+  static std::string section_list_hint(const std::string& already) {
+    if (!already.empty()) return "";
+    std::string s = " (sections:";
+    for (const auto& [name, _] : spec_sections()) s += " " + name;
+    return s + ")";
+  }
+
+  void parse_section(const std::string& sec, const YAML::Node& m, JobSpec& spec) {
+    std::set<std::string> seen;
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      const YAML::Node& k = it->first;
+      const YAML::Node& v = it->second;
+      if (!k.IsScalar()) {
+        error(loc(k.Mark()), sec, "keys must be plain words, not " + std::string(node_kind(k)));
+        continue;
+      }
+      const std::string path = sec + "." + k.Scalar();
+      const KeyDef* kd = find_key(path);
+      if (!kd) {
+        std::string s = suggest_key(sec, k.Scalar());
+        error(loc(k.Mark()), path,
+              s.empty() ? fmt::format("unknown key (keys of {}: {})", sec, keys_of(sec))
+                        : fmt::format("unknown key; did you mean '{}'?", s));
+        continue;
+      }
+      if (!seen.insert(path).second) {
+        error(loc(k.Mark()), path,
+              fmt::format("duplicate key (first at line {})", out_.source.keys[path].line));
+        continue;
+      }
+      out_.source.keys[path] = loc(v.Mark().is_null() ? k.Mark() : v.Mark());
+      if (auto val = convert(*kd, v)) kd->set(spec, *val);
+    }
+  }
+
+  static std::string keys_of(const std::string& sec) {
+    std::string s;
+    for (const auto& k : spec_keys())
+      if (k.section() == sec) s += (s.empty() ? "" : ", ") + k.name();
+    return s;
+  }
+
+  // Plain (unquoted) scalars are numbers/booleans; quoted ones are strings.
+  static bool quoted(const YAML::Node& n) { return n.Tag() == "!"; }
+
+  std::optional<int64_t> to_int(const KeyDef& kd, const YAML::Node& n, const std::string& path) {
+    const std::string& s = n.Scalar();
+    if (quoted(n)) {
+      error(loc(n.Mark()), path, fmt::format("value {} is a quoted string; expected an integer",
+                                             shown(s)));
+      return std::nullopt;
+    }
+    int64_t v = 0;
+    const char* b = s.data();
+    const char* e = s.data() + s.size();
+    if (b != e && *b == '+') ++b;
+    auto [p, ec] = std::from_chars(b, e, v);
+    if (ec == std::errc() && p == e && b != e) return v;
+    if (ec == std::errc::result_out_of_range) {
+      error(loc(n.Mark()), path,
+            fmt::format("value {} is out of range; allowed {}", shown(s), range_text(kd)));
+      return std::nullopt;
+    }
+    // Accept exact integers written in exponent form (seq_len: 1e6).
+    double d = 0;
+    auto [p2, ec2] = std::from_chars(b, e, d);
+    if (ec2 == std::errc() && p2 == e && std::isfinite(d) && d == std::floor(d) &&
+        std::fabs(d) <= 9.007199254740992e15) {
+      return static_cast<int64_t>(d);
+    }
+    error(loc(n.Mark()), path, fmt::format("value {} is not an integer", shown(s)));
+    return std::nullopt;
+  }
+
+  bool check_range(const KeyDef& kd, double v, const YAML::Node& n, const std::string& path,
+                   const std::string& text) {
+    bool ok = true;
+    if (kd.min) ok = ok && (kd.min_exclusive ? v > *kd.min : v >= *kd.min);
+    if (kd.max) ok = ok && v <= *kd.max;
+    if (!ok) {
+      error(loc(n.Mark()), path,
+            fmt::format("value {} is out of range; allowed {}", text, range_text(kd)));
+    }
+    return ok;
+  }
+
+  std::optional<Value> convert(const KeyDef& kd, const YAML::Node& n) {
+    const std::string& path = kd.path;
+    if (n.IsNull()) {
+      error(loc(n.Mark()), path,
+            fmt::format("key has no value; give a {} or remove the key to use the default ({})",
+                        to_string(kd.type), default_text(kd)));
+      return std::nullopt;
+    }
+    bool list = kd.type == KeyType::kStringList || kd.type == KeyType::kIntList;
+    if (!list && !n.IsScalar()) {
+      error(loc(n.Mark()), path,
+            fmt::format("value is {}; expected {}", node_kind(n), to_string(kd.type)));
+      return std::nullopt;
+    }
+    switch (kd.type) {
+      case KeyType::kInt: {
+        auto v = to_int(kd, n, path);
+        if (!v || !check_range(kd, static_cast<double>(*v), n, path, std::to_string(*v)))
+          return std::nullopt;
+        return Value{*v};
+      }
+      case KeyType::kFloat: {
+        const std::string& s = n.Scalar();
+        if (quoted(n)) {
+          error(loc(n.Mark()), path,
+                fmt::format("value {} is a quoted string; expected a number", shown(s)));
+          return std::nullopt;
+        }
+        double d = 0;
+        const char* b = s.data();
+        const char* e = s.data() + s.size();
+        if (b != e && *b == '+') ++b;
+        auto [p, ec] = std::from_chars(b, e, d);
+        if (ec != std::errc() || p != e || b == e) {
+          error(loc(n.Mark()), path, fmt::format("value {} is not a number", shown(s)));
+          return std::nullopt;
+        }
+        if (!std::isfinite(d)) {
+          error(loc(n.Mark()), path, fmt::format("value {} is not a finite number", shown(s)));
+          return std::nullopt;
+        }
+        if (!check_range(kd, d, n, path, s)) return std::nullopt;
+        return Value{d};
+      }
+      case KeyType::kBool: {
+        const std::string& s = n.Scalar();
+        if (!quoted(n) && (s == "true" || s == "True" || s == "TRUE")) return Value{true};
+        if (!quoted(n) && (s == "false" || s == "False" || s == "FALSE")) return Value{false};
+        error(loc(n.Mark()), path, fmt::format("value {} is not a boolean; use true or false",
+                                               shown(s)));
+        return std::nullopt;
+      }
+      case KeyType::kString: {
+        if (n.Scalar().size() > 4096) {
+          error(loc(n.Mark()), path, "value is longer than 4096 characters");
+          return std::nullopt;
+        }
+        return Value{n.Scalar()};
+      }
+      case KeyType::kEnum: {
+        const std::string& s = n.Scalar();
+        for (size_t i = 0; i < kd.choices.size(); ++i)
+          if (kd.choices[i] == s) return Value{static_cast<int64_t>(i)};
+        std::string hint;
+        for (const auto& c : kd.choices)
+          if (levenshtein(c, s) <= 2 || (s.size() > 0 && c.size() == s.size() &&
+                                         levenshtein(c, s) <= 1))
+            hint = fmt::format("; did you mean '{}'?", c);
+        error(loc(n.Mark()), path,
+              fmt::format("value {} is not one of {}{}", shown(s), range_text(kd), hint));
+        return std::nullopt;
+      }
+      case KeyType::kStringList: {
+        std::vector<std::string> out;
+        if (n.IsScalar()) return Value{std::vector<std::string>{n.Scalar()}};
+        if (!n.IsSequence()) {
+          error(loc(n.Mark()), path,
+                fmt::format("value is {}; expected a list of strings", node_kind(n)));
+          return std::nullopt;
+        }
+        if (n.size() > 4096) {
+          error(loc(n.Mark()), path, fmt::format("list has {} items; at most 4096", n.size()));
+          return std::nullopt;
+        }
+        bool ok = true;
+        for (size_t i = 0; i < n.size(); ++i) {
+          const YAML::Node& e = n[i];
+          if (!e.IsScalar()) {
+            error(loc(e.Mark()), fmt::format("{}[{}]", path, i),
+                  fmt::format("item is {}; expected a string", node_kind(e)));
+            ok = false;
+            continue;
+          }
+          out.push_back(e.Scalar());
+        }
+        if (!ok) return std::nullopt;
+        return Value{out};
+      }
+      case KeyType::kIntList: {
+        std::vector<int64_t> out;
+        if (!n.IsSequence()) {
+          error(loc(n.Mark()), path,
+                fmt::format("value is {}; expected a list of integers", node_kind(n)));
+          return std::nullopt;
+        }
+        if (n.size() > 65536) {
+          error(loc(n.Mark()), path, fmt::format("list has {} items; at most 65536", n.size()));
+          return std::nullopt;
+        }
+        bool ok = true;
+        for (size_t i = 0; i < n.size(); ++i) {
+          const YAML::Node& e = n[i];
+          std::string ipath = fmt::format("{}[{}]", path, i);
+          if (!e.IsScalar()) {
+            error(loc(e.Mark()), ipath, fmt::format("item is {}; expected an integer",
+                                                    node_kind(e)));
+            ok = false;
+            continue;
+          }
+          auto v = to_int(kd, e, ipath);
+          if (!v || !check_range(kd, static_cast<double>(*v), e, ipath, std::to_string(*v))) {
+            ok = false;
+            continue;
+          }
+          out.push_back(*v);
+        }
+        if (!ok) return std::nullopt;
+        return Value{out};
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::string name_;
+  LoadResult& out_;
+};
+
+}  // namespace
+
+std::string Diagnostic::str() const {
+  std::string s = file;
+  if (where.line > 0) s += fmt::format(":{}:{}", where.line, where.column);
+  s += severity == Severity::kError ? ": error: " : ": warning: ";
+  if (!key.empty()) s += key + ": ";
+  return s + message;
+}
+
+Location SourceMap::at(const std::string& key) const {
+  if (auto it = keys.find(key); it != keys.end()) return it->second;
+  auto sec = key.substr(0, key.find('.'));
+  if (auto it = sections.find(sec); it != sections.end()) return it->second;
+  return {};
+}
+
+size_t LoadResult::error_count() const {
+  return std::count_if(diagnostics.begin(), diagnostics.end(), [](const Diagnostic& d) {
+    return d.severity == Diagnostic::Severity::kError;
+  });
+}
+
+std::string suggest_key(std::string_view section, std::string_view name) {
+  std::string best;
+  int best_d = std::max<int>(2, static_cast<int>(name.size()) / 3) + 1;
+  for (const auto& k : spec_keys()) {
+    if (k.section() != section) continue;
+    int d = levenshtein(name, k.name());
+    if (d < best_d) best_d = d, best = k.path;
+  }
+  if (!best.empty()) return best;
+  for (const auto& k : spec_keys())  // right key, wrong section (seq_len under model)
+    if (k.name() == name) return k.path;
+  return "";
+}
+
+LoadResult load_spec_string(std::string_view text, const std::string& name) {
+  LoadResult r;
+  JobSpec spec = default_spec();
+  Parser(name, r).run(text, spec);
+  if (r.error_count() == 0) {
+    auto more = validate_spec(spec, r.source);
+    r.diagnostics.insert(r.diagnostics.end(), more.begin(), more.end());
+  }
+  if (r.error_count() == 0) {
+    resolve_spec(spec);
+    r.spec = std::move(spec);
+  }
+  return r;
+}
+
+LoadResult load_spec_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    LoadResult r;
+    r.source.file = path;
+    r.diagnostics.push_back({Diagnostic::Severity::kError, path, {}, "",
+                             "is a directory; expected a YAML spec file"});
+    return r;
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    LoadResult r;
+    r.source.file = path;
+    r.diagnostics.push_back({Diagnostic::Severity::kError, path, {}, "",
+                             std::string("cannot open: ") + std::strerror(errno)});
+    return r;
+  }
+  std::string text;
+  char buf[65536];
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) {
+    text.append(buf, static_cast<size_t>(f.gcount()));
+    if (text.size() > kMaxSpecBytes) break;  // enough to say it is too big
+  }
+  if (f.bad()) {
+    LoadResult r;
+    r.source.file = path;
+    r.diagnostics.push_back({Diagnostic::Severity::kError, path, {}, "", "read error"});
+    return r;
+  }
+  return load_spec_string(text, path);
+}
+
+}  // namespace ring::spec

@@ -1,0 +1,82 @@
+// Parsing and validation of job specs.
+//
+//   auto r = ring::spec::load_spec_file("configs/examples/tiny.yaml");
+//   for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
+//   if (r.ok()) use(*r.spec);
+//
+// Parsing never throws and never aborts on bad input: every problem becomes a Diagnostic naming
+// file:line:column, the key path, the value and the rule broken. All problems are reported, not
+// just the first.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/spec/spec.h"
+
+namespace ring::spec {
+
+struct Location {
+  int line = 0;    // 1-based; 0 when unknown
+  int column = 0;  // 1-based; 0 when unknown
+};
+
+struct Diagnostic {
+  enum class Severity { kError, kWarning };
+  Severity severity = Severity::kError;
+  std::string file;
+  Location where;
+  std::string key;  // key path ("model.heads"); empty for file-level problems
+  std::string message;
+
+  // "file:line:col: error: model.heads: ..." (the format `ringctl validate` prints).
+  std::string str() const;
+};
+
+// Where each key that appeared in the file was written (its value's position).
+struct SourceMap {
+  std::string file;
+  std::map<std::string, Location> keys;
+  std::map<std::string, Location> sections;
+  Location at(const std::string& key) const;
+};
+
+struct LoadResult {
+  std::optional<JobSpec> spec;  // set when there are no errors (warnings allowed)
+  std::vector<Diagnostic> diagnostics;
+  SourceMap source;
+  bool ok() const { return spec.has_value(); }
+  size_t error_count() const;
+};
+
+// Specs larger than this are refused before parsing (a spec is a few kilobytes).
+inline constexpr size_t kMaxSpecBytes = 1 << 20;
+
+// Parses, checks every key against the table, runs the cross-field rules and resolves derived
+// values. `name` is used in diagnostics.
+LoadResult load_spec_string(std::string_view text, const std::string& name);
+LoadResult load_spec_file(const std::string& path);
+
+// Cross-field rules only (used by load_*; exposed for tests and for specs built in code).
+std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& source);
+// Fills spec.resolved from the optional keys; call on a valid spec.
+void resolve_spec(JobSpec& spec);
+
+// One cross-field rule as documented in docs/spec-reference.md.
+struct RuleDoc {
+  std::string keys;
+  std::string rule;
+};
+const std::vector<RuleDoc>& cross_field_rules();
+
+// Closest key path to a misspelt one ("model.d_modle" -> "model.d_model"); empty if none is near.
+std::string suggest_key(std::string_view section, std::string_view name);
+
+// Markdown reference generated from the key table and the rules (docs/spec-reference.md).
+std::string spec_reference_markdown();
+
+}  // namespace ring::spec

@@ -1,0 +1,162 @@
+// The job spec: plain structs filled from YAML by the key table in common/spec/keys.cc.
+//
+// Every field here has exactly one entry in that table (name, type, default, range, description);
+// the parser, the validator, `ringctl validate` and docs/spec-reference.md all read the table.
+// Defaults live in the table only: use default_spec() for a spec with every default applied.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ring::spec {
+
+enum class MlpKind { kSwiGLU, kGelu };
+enum class DType { kFp32, kBf16, kFp16 };
+enum class DataSource { kText, kPasskey };
+enum class RingOrder { kTopology, kSlurm, kNatural, kList };
+enum class CausalBalance { kZigzag, kContiguous };
+enum class Offload { kCpu, kNone };
+enum class UpdateMode { kDense, kLazy };
+enum class Compression { kNone, kTopk };
+enum class Backend { kCpu, kCuda };
+enum class GpuType { kA100_80G, kH100_80G, kH200_141G };
+enum class LrSchedule { kConstant, kCosine };
+
+struct JobSection {
+  std::string name;
+};
+
+struct ModelSection {
+  int64_t layers{};
+  int64_t d_model{};
+  int64_t heads{};
+  std::optional<int64_t> kv_heads;  // unset: equal to heads (no GQA)
+  std::optional<int64_t> head_dim;  // unset: d_model / heads
+  MlpKind mlp{};
+  std::optional<int64_t> mlp_hidden;  // unset: derived from d_model and mlp (see Resolved)
+  int64_t vocab{};
+  DType dtype{};
+  bool recompute{};
+  bool tie_embeddings{};
+  double rope_theta{};
+  double norm_eps{};
+};
+
+struct DataSection {
+  DataSource source{};
+  std::vector<std::string> paths;
+  int64_t seq_len{};
+  bool pack{};
+  int64_t max_doc_len{};  // 0: no limit beyond seq_len
+  int64_t min_doc_len{};
+  int64_t seed{};
+  int64_t passkey_digits{};
+};
+
+struct ParallelSection {
+  int64_t context_ranks{};
+  int64_t data_replicas{};
+  RingOrder ring_order{};
+  std::vector<int64_t> ring_order_list;
+  CausalBalance causal_balance{};
+  int64_t stagger_us{};
+};
+
+struct OptimizerSection {
+  double lr{};
+  double min_lr{};
+  LrSchedule schedule{};
+  int64_t lr_warmup_steps{};
+  double beta1{};
+  double beta2{};
+  double eps{};
+  double weight_decay{};
+  Offload offload{};
+  UpdateMode update{};
+  Compression compression{};
+  double density{};
+  bool error_feedback{};
+  int64_t warmup_steps{};  // dense steps before top-k compression starts
+};
+
+struct TrainSection {
+  int64_t steps{};
+  double grad_clip{};
+  int64_t seed{};
+  int64_t log_every{};
+};
+
+struct CheckpointSection {
+  std::string dir;
+  int64_t every_steps{};
+  int64_t keep_last{};
+  bool async{};
+};
+
+struct ResourcesSection {
+  int64_t nodes{};
+  int64_t workers_per_node{};
+  Backend backend{};
+  int64_t gpus_per_node{};
+  GpuType gpu_type{};
+  int64_t cpus_per_worker{};
+  double host_memory_gb{};
+};
+
+struct SlurmSection {
+  std::string partition;
+  std::string account;
+  std::string time;
+  std::string qos;
+  std::string constraint;
+  bool requeue{};
+  int64_t signal_before_s{};
+  std::vector<std::string> extra_sbatch;
+};
+
+struct RestartSection {
+  int64_t max_restarts{};
+  double backoff_s{};
+  double backoff_max_s{};
+};
+
+struct JobSpec {
+  JobSection job;
+  ModelSection model;
+  DataSection data;
+  ParallelSection parallel;
+  OptimizerSection optimizer;
+  TrainSection train;
+  CheckpointSection checkpoint;
+  ResourcesSection resources;
+  SlurmSection slurm;
+  RestartSection restart;
+
+  // Values derived from optional fields, filled by resolve() after a successful validation.
+  struct Resolved {
+    int64_t kv_heads{};
+    int64_t head_dim{};
+    int64_t mlp_hidden{};
+    int64_t total_workers{};
+  } resolved;
+};
+
+// Names of enum values as they appear in YAML ("swiglu", "zigzag", ...).
+const char* to_string(MlpKind v);
+const char* to_string(DType v);
+const char* to_string(DataSource v);
+const char* to_string(RingOrder v);
+const char* to_string(CausalBalance v);
+const char* to_string(Offload v);
+const char* to_string(UpdateMode v);
+const char* to_string(Compression v);
+const char* to_string(Backend v);
+const char* to_string(GpuType v);
+const char* to_string(LrSchedule v);
+
+// Bytes per element of a storage dtype.
+int dtype_bytes(DType v);
+
+}  // namespace ring::spec

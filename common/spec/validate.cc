@@ -1,0 +1,457 @@
+// Cross-field rules of the job spec: checked after every key parsed cleanly. Each rule has one
+// line of documentation (docs/spec-reference.md is generated from it) and a check.
+#include <algorithm>
+#include <cctype>
+#include <functional>
+#include <regex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/spec/keys.h"
+#include "common/spec/parse.h"
+
+namespace ring::spec {
+namespace {
+
+struct Ctx {
+  const JobSpec& s;
+  const SourceMap& src;
+  std::vector<Diagnostic>& out;
+
+  void error(const std::string& key, std::string msg) {
+    out.push_back({Diagnostic::Severity::kError, src.file, src.at(key), key, std::move(msg)});
+  }
+  void warning(const std::string& key, std::string msg) {
+    out.push_back({Diagnostic::Severity::kWarning, src.file, src.at(key), key, std::move(msg)});
+  }
+  bool given(const std::string& key) const { return src.keys.count(key) > 0; }
+};
+
+struct Rule {
+  RuleDoc doc;
+  std::function<void(Ctx&)> check;
+};
+
+// Parses a Slurm time limit into seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+std::optional<int64_t> slurm_time_seconds(const std::string& t) {
+  static const std::regex re(R"(^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$)");
+  std::smatch m;
+  if (!std::regex_match(t, m, re)) return std::nullopt;
+  auto num = [&](int i) -> int64_t {
+    if (!m[i].matched) return -1;
+    if (m[i].length() > 6) return -2;
+    return std::stoll(m[i].str());
+  };
+  int64_t d = num(1), a = num(2), b = num(3), c = num(4);
+  if (d == -2 || a == -2 || b == -2 || c == -2) return std::nullopt;
+  if (d >= 0) {  // D-HH[:MM[:SS]]
+    int64_t mm = b < 0 ? 0 : b, ss = c < 0 ? 0 : c;
+    if (a > 23 || mm > 59 || ss > 59) return std::nullopt;
+    return ((d * 24 + a) * 60 + mm) * 60 + ss;
+  }
+  if (c >= 0) {  // HH:MM:SS
+    if (b > 59 || c > 59) return std::nullopt;
+    return (a * 60 + b) * 60 + c;
+  }
+  if (b >= 0) {  // MM:SS
+    if (b > 59) return std::nullopt;
+    return a * 60 + b;
+  }
+  return a * 60;  // MM
+}
+
+// sbatch options ringmaster renders itself, with the spec key that sets each.
+const std::vector<std::pair<std::string, std::string>>& managed_sbatch_options() {
+  static const std::vector<std::pair<std::string, std::string>> m = {
+      {"--nodes", "resources.nodes"},          {"-N", "resources.nodes"},
+      {"--ntasks-per-node", "(one ringd per node)"},
+      {"--ntasks", "(one ringd per node)"},    {"-n", "(one ringd per node)"},
+      {"--gpus-per-node", "resources.gpus_per_node"},
+      {"--gres", "resources.gpus_per_node"},   {"--partition", "slurm.partition"},
+      {"-p", "slurm.partition"},               {"--account", "slurm.account"},
+      {"-A", "slurm.account"},                 {"--time", "slurm.time"},
+      {"-t", "slurm.time"},                    {"--qos", "slurm.qos"},
+      {"-q", "slurm.qos"},                     {"--constraint", "slurm.constraint"},
+      {"-C", "slurm.constraint"},              {"--requeue", "slurm.requeue"},
+      {"--no-requeue", "slurm.requeue"},       {"--signal", "slurm.signal_before_s"},
+      {"--job-name", "job.name"},              {"-J", "job.name"},
+      {"--cpus-per-task", "resources.cpus_per_worker"},
+      {"-c", "resources.cpus_per_worker"},
+  };
+  return m;
+}
+
+bool has_space_or_control(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](unsigned char c) { return c <= 0x20 || c == 0x7f; });
+}
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> r = {
+      {{"job.name", "1-64 characters from [A-Za-z0-9._-], starting with a letter or digit."},
+       [](Ctx& c) {
+         static const std::regex re(R"(^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$)");
+         if (!std::regex_match(c.s.job.name, re))
+           c.error("job.name",
+                   fmt::format("'{}' is not a valid job name: use 1-64 characters from "
+                               "[A-Za-z0-9._-], starting with a letter or digit",
+                               c.s.job.name.substr(0, 80)));
+       }},
+      {{"model.heads, model.kv_heads", "heads must be a multiple of kv_heads."},
+       [](Ctx& c) {
+         const auto& m = c.s.model;
+         if (m.kv_heads && m.heads % *m.kv_heads != 0)
+           c.error("model.kv_heads",
+                   fmt::format("model.heads ({}) must be a multiple of model.kv_heads ({})",
+                               m.heads, *m.kv_heads));
+       }},
+      {{"model.d_model, model.heads, model.head_dim",
+        "Without head_dim, d_model must be divisible by heads (head_dim = d_model / heads)."},
+       [](Ctx& c) {
+         const auto& m = c.s.model;
+         if (!m.head_dim && m.d_model % m.heads != 0)
+           c.error("model.d_model",
+                   fmt::format("model.d_model ({}) is not divisible by model.heads ({}): set "
+                               "model.head_dim or change one of them",
+                               m.d_model, m.heads));
+       }},
+      {{"model.head_dim", "head_dim (given or derived) must be even: RoPE rotates pairs."},
+       [](Ctx& c) {
+         const auto& m = c.s.model;
+         int64_t hd = m.head_dim ? *m.head_dim : (m.heads ? m.d_model / m.heads : 0);
+         if (hd % 2 != 0)
+           c.error(m.head_dim ? "model.head_dim" : "model.d_model",
+                   fmt::format("head_dim {} is odd; RoPE needs an even head size", hd));
+       }},
+      {{"model.vocab, data.source",
+        "The text and passkey sources are byte-level: vocab must be at least 256."},
+       [](Ctx& c) {
+         if (c.s.model.vocab < 256)
+           c.error("model.vocab",
+                   fmt::format("model.vocab ({}) is below 256; the {} source produces byte "
+                               "tokens 0..255",
+                               c.s.model.vocab, to_string(c.s.data.source)));
+       }},
+      {{"model.dtype, resources.backend", "The CPU backend computes in fp32 only."},
+       [](Ctx& c) {
+         if (c.s.resources.backend == Backend::kCpu && c.s.model.dtype != DType::kFp32)
+           c.error("model.dtype",
+                   fmt::format("model.dtype {} is not supported by resources.backend cpu; use "
+                               "fp32 (bf16/fp16 need backend cuda)",
+                               to_string(c.s.model.dtype)));
+       }},
+      {{"data.source, data.paths",
+        "The text source needs at least one path; paths are ignored by the passkey source."},
+       [](Ctx& c) {
+         const auto& d = c.s.data;
+         if (d.source == DataSource::kText && d.paths.empty())
+           c.error("data.paths",
+                   "data.source is text but data.paths is empty: list files or directories "
+                   "of text (e.g. /usr/share/doc)");
+         if (d.source == DataSource::kPasskey && !d.paths.empty())
+           c.warning("data.paths", "ignored: data.source is passkey (synthetic data)");
+         for (size_t i = 0; i < d.paths.size(); ++i)
+           if (d.paths[i].empty()) c.error("data.paths", fmt::format("item {} is empty", i));
+       }},
+      {{"data.seq_len, parallel.context_ranks, parallel.causal_balance",
+        "zigzag: seq_len divisible by 2 x context_ranks; contiguous: by context_ranks."},
+       [](Ctx& c) {
+         int64_t p = c.s.parallel.context_ranks;
+         bool zig = c.s.parallel.causal_balance == CausalBalance::kZigzag;
+         int64_t div = zig ? 2 * p : p;
+         if (c.s.data.seq_len % div != 0)
+           c.error("data.seq_len",
+                   fmt::format("data.seq_len ({}) must be divisible by {} ({}causal_balance {} "
+                               "with {} context ranks)",
+                               c.s.data.seq_len, div, zig ? "2 x ranks for " : "",
+                               to_string(c.s.parallel.causal_balance), p));
+       }},
+      {{"data.min_doc_len, data.max_doc_len, data.seq_len",
+        "min_doc_len <= seq_len; max_doc_len (when not 0) >= min_doc_len."},
+       [](Ctx& c) {
+         const auto& d = c.s.data;
+         if (d.min_doc_len > d.seq_len)
+           c.error("data.min_doc_len",
+                   fmt::format("data.min_doc_len ({}) is larger than data.seq_len ({})",
+                               d.min_doc_len, d.seq_len));
+         if (d.max_doc_len != 0 && d.max_doc_len < d.min_doc_len)
+           c.error("data.max_doc_len",
+                   fmt::format("data.max_doc_len ({}) is smaller than data.min_doc_len ({})",
+                               d.max_doc_len, d.min_doc_len));
+       }},
+      {{"data.source, data.seq_len, data.passkey_digits",
+        "passkey needs seq_len >= 128 and room for the key: seq_len >= 16 x passkey_digits."},
+       [](Ctx& c) {
+         const auto& d = c.s.data;
+         if (d.source != DataSource::kPasskey) return;
+         int64_t need = std::max<int64_t>(128, 16 * d.passkey_digits);
+         if (d.seq_len < need)
+           c.error("data.seq_len",
+                   fmt::format("data.seq_len ({}) is too short for the passkey task; need at "
+                               "least {}",
+                               d.seq_len, need));
+       }},
+      {{"parallel.context_ranks, parallel.data_replicas, resources.nodes, "
+        "resources.workers_per_node",
+        "context_ranks x data_replicas must equal nodes x workers_per_node (one worker per rank)."},
+       [](Ctx& c) {
+         const auto& p = c.s.parallel;
+         const auto& r = c.s.resources;
+         if (p.context_ranks * p.data_replicas != r.nodes * r.workers_per_node)
+           c.error("parallel.context_ranks",
+                   fmt::format("context_ranks ({}) x data_replicas ({}) = {} ranks, but "
+                               "resources give nodes ({}) x workers_per_node ({}) = {} workers",
+                               p.context_ranks, p.data_replicas,
+                               p.context_ranks * p.data_replicas, r.nodes, r.workers_per_node,
+                               r.nodes * r.workers_per_node));
+       }},
+      {{"parallel.ring_order, parallel.ring_order_list",
+        "ring_order list needs ring_order_list, a permutation of 0 .. context_ranks-1; "
+        "ring_order_list is only allowed with ring_order list."},
+       [](Ctx& c) {
+         const auto& p = c.s.parallel;
+         if (p.ring_order != RingOrder::kList) {
+           if (!p.ring_order_list.empty())
+             c.error("parallel.ring_order_list",
+                     fmt::format("given, but parallel.ring_order is {}; set ring_order: list "
+                                 "or remove ring_order_list",
+                                 to_string(p.ring_order)));
+           return;
+         }
+         const auto& l = p.ring_order_list;
+         if (static_cast<int64_t>(l.size()) != p.context_ranks) {
+           c.error("parallel.ring_order_list",
+                   fmt::format("has {} entries; ring_order list needs a permutation of the {} "
+                               "context ranks",
+                               l.size(), p.context_ranks));
+           return;
+         }
+         std::set<int64_t> seen;
+         for (int64_t v : l) {
+           if (v < 0 || v >= p.context_ranks) {
+             c.error("parallel.ring_order_list",
+                     fmt::format("rank {} is out of range 0..{}", v, p.context_ranks - 1));
+             return;
+           }
+           if (!seen.insert(v).second) {
+             c.error("parallel.ring_order_list",
+                     fmt::format("rank {} appears twice; expected a permutation", v));
+             return;
+           }
+         }
+       }},
+      {{"optimizer.compression, optimizer.offload",
+        "compression topk runs in ringd: it needs offload cpu."},
+       [](Ctx& c) {
+         const auto& o = c.s.optimizer;
+         if (o.compression == Compression::kTopk && o.offload != Offload::kCpu)
+           c.error("optimizer.compression",
+                   "compression topk needs optimizer.offload cpu (ringd compresses the node "
+                   "gradient)");
+       }},
+      {{"optimizer.update, optimizer.compression",
+        "update lazy needs compression topk (it updates the selected coordinates only)."},
+       [](Ctx& c) {
+         const auto& o = c.s.optimizer;
+         if (o.update == UpdateMode::kLazy && o.compression != Compression::kTopk)
+           c.error("optimizer.update",
+                   "update lazy needs optimizer.compression topk: lazy mode updates only the "
+                   "coordinates top-k selects");
+       }},
+      {{"optimizer.warmup_steps, optimizer.compression, train.steps",
+        "Warnings: warmup_steps without topk is ignored; warmup_steps >= steps means top-k "
+        "never starts."},
+       [](Ctx& c) {
+         const auto& o = c.s.optimizer;
+         if (o.compression != Compression::kTopk && o.warmup_steps > 0)
+           c.warning("optimizer.warmup_steps", "ignored: optimizer.compression is none");
+         if (o.compression == Compression::kTopk && o.warmup_steps >= c.s.train.steps)
+           c.warning("optimizer.warmup_steps",
+                     fmt::format("{} dense warm-up steps >= train.steps ({}): top-k never "
+                                 "starts",
+                                 o.warmup_steps, c.s.train.steps));
+       }},
+      {{"optimizer.min_lr, optimizer.lr", "min_lr <= lr."},
+       [](Ctx& c) {
+         if (c.s.optimizer.min_lr > c.s.optimizer.lr)
+           c.error("optimizer.min_lr",
+                   fmt::format("optimizer.min_lr ({:g}) is larger than optimizer.lr ({:g})",
+                               c.s.optimizer.min_lr, c.s.optimizer.lr));
+       }},
+      {{"optimizer.lr_warmup_steps, train.steps", "lr_warmup_steps <= steps."},
+       [](Ctx& c) {
+         if (c.s.optimizer.lr_warmup_steps > c.s.train.steps)
+           c.error("optimizer.lr_warmup_steps",
+                   fmt::format("optimizer.lr_warmup_steps ({}) is more than train.steps ({})",
+                               c.s.optimizer.lr_warmup_steps, c.s.train.steps));
+       }},
+      {{"checkpoint.every_steps, checkpoint.dir", "Periodic checkpoints need a directory."},
+       [](Ctx& c) {
+         if (c.s.checkpoint.every_steps > 0 && c.s.checkpoint.dir.empty())
+           c.error("checkpoint.every_steps",
+                   fmt::format("checkpoint.every_steps is {} but checkpoint.dir is empty",
+                               c.s.checkpoint.every_steps));
+       }},
+      {{"checkpoint.dir, resources.nodes",
+        "Warning: with several nodes a relative checkpoint.dir is resolved on each node."},
+       [](Ctx& c) {
+         const auto& d = c.s.checkpoint.dir;
+         if (c.s.resources.nodes > 1 && !d.empty() && d[0] != '/')
+           c.warning("checkpoint.dir",
+                     fmt::format("'{}' is relative; with {} nodes use an absolute path on a "
+                                 "shared file system",
+                                 d, c.s.resources.nodes));
+       }},
+      {{"resources.backend, resources.gpus_per_node, resources.workers_per_node",
+        "backend cuda needs gpus_per_node >= workers_per_node (one GPU per worker)."},
+       [](Ctx& c) {
+         const auto& r = c.s.resources;
+         if (r.backend == Backend::kCuda && r.gpus_per_node < r.workers_per_node)
+           c.error("resources.gpus_per_node",
+                   fmt::format("backend cuda needs a GPU per worker: gpus_per_node ({}) < "
+                               "workers_per_node ({})",
+                               r.gpus_per_node, r.workers_per_node));
+         if (r.backend == Backend::kCpu && r.gpus_per_node > 0)
+           c.warning("resources.gpus_per_node",
+                     "GPUs are requested but resources.backend is cpu: they stay idle");
+       }},
+      {{"slurm.time, slurm.signal_before_s",
+        "time in a Slurm format; signal_before_s shorter than the time limit."},
+       [](Ctx& c) {
+         const auto& s = c.s.slurm;
+         if (s.time.empty()) return;
+         auto secs = slurm_time_seconds(s.time);
+         if (!secs) {
+           c.error("slurm.time",
+                   fmt::format("'{}' is not a Slurm time: use MM, MM:SS, HH:MM:SS, D-HH, "
+                               "D-HH:MM or D-HH:MM:SS",
+                               s.time.substr(0, 80)));
+           return;
+         }
+         if (*secs == 0) c.error("slurm.time", "time limit is zero");
+         else if (s.signal_before_s >= *secs)
+           c.error("slurm.signal_before_s",
+                   fmt::format("signal_before_s ({}) is not shorter than the time limit {} "
+                               "({} s)",
+                               s.signal_before_s, s.time, *secs));
+       }},
+      {{"slurm.partition, slurm.account, slurm.qos, slurm.constraint",
+        "No spaces or control characters (they are written into the batch script)."},
+       [](Ctx& c) {
+         const auto& s = c.s.slurm;
+         for (auto [key, v] : {std::pair{"slurm.partition", &s.partition},
+                               std::pair{"slurm.account", &s.account},
+                               std::pair{"slurm.qos", &s.qos}})
+           if (has_space_or_control(*v))
+             c.error(key, "contains spaces or control characters");
+         for (unsigned char ch : s.constraint)
+           if (ch < 0x20 || ch == 0x7f || ch == '\'' || ch == '"' || ch == '\\') {
+             c.error("slurm.constraint", "contains quotes, backslashes or control characters");
+             break;
+           }
+       }},
+      {{"slurm.extra_sbatch",
+        "Each item is one option starting with '-', on one line, and not one ringmaster "
+        "sets from another key (--nodes, --time, --signal, ...)."},
+       [](Ctx& c) {
+         for (const auto& o : c.s.slurm.extra_sbatch) {
+           if (o.empty() || o[0] != '-') {
+             c.error("slurm.extra_sbatch",
+                     fmt::format("item '{}' is not an sbatch option (must start with '-')",
+                                 o.substr(0, 80)));
+             continue;
+           }
+           if (o.find_first_of("\n\r") != std::string::npos) {
+             c.error("slurm.extra_sbatch", "item contains a line break");
+             continue;
+           }
+           std::string opt = o.substr(0, o.find_first_of("= "));
+           if (opt.size() > 2 && opt[1] != '-') opt = opt.substr(0, 2);  // -N4 -> -N
+           for (const auto& [name, key] : managed_sbatch_options())
+             if (opt == name)
+               c.error("slurm.extra_sbatch",
+                       fmt::format("item '{}' sets {}, which ringmaster renders from {}",
+                                   o.substr(0, 80), name, key));
+         }
+       }},
+      {{"restart.backoff_s, restart.backoff_max_s", "backoff_s <= backoff_max_s."},
+       [](Ctx& c) {
+         if (c.s.restart.backoff_s > c.s.restart.backoff_max_s)
+           c.error("restart.backoff_max_s",
+                   fmt::format("restart.backoff_max_s ({:g}) is below restart.backoff_s ({:g})",
+                               c.s.restart.backoff_max_s, c.s.restart.backoff_s));
+       }},
+  };
+  return r;
+}
+
+std::string md_cell(std::string s) {
+  for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.insert(i, "\\");
+  return s;
+}
+
+}  // namespace
+
+std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& source) {
+  std::vector<Diagnostic> out;
+  Ctx c{spec, source, out};
+  for (const auto& r : rules()) r.check(c);
+  return out;
+}
+
+const std::vector<RuleDoc>& cross_field_rules() {
+  static const std::vector<RuleDoc> docs = [] {
+    std::vector<RuleDoc> d;
+    for (const auto& r : rules()) d.push_back(r.doc);
+    return d;
+  }();
+  return docs;
+}
+
+void resolve_spec(JobSpec& s) {
+  auto& m = s.model;
+  s.resolved.kv_heads = m.kv_heads.value_or(m.heads);
+  s.resolved.head_dim = m.head_dim.value_or(m.heads ? m.d_model / m.heads : 0);
+  if (m.mlp_hidden) {
+    s.resolved.mlp_hidden = *m.mlp_hidden;
+  } else if (m.mlp == MlpKind::kSwiGLU) {
+    int64_t h = (8 * m.d_model + 2) / 3;
+    s.resolved.mlp_hidden = (h + 63) / 64 * 64;
+  } else {
+    s.resolved.mlp_hidden = 4 * m.d_model;
+  }
+  s.resolved.total_workers = s.resources.nodes * s.resources.workers_per_node;
+}
+
+std::string spec_reference_markdown() {
+  std::string o =
+      "# Job spec reference\n\n"
+      "<!-- Generated from common/spec/keys.cc and common/spec/validate.cc by ring-spec-doc;\n"
+      "     do not edit by hand. Regenerate: cmake --build build --target spec-doc -->\n\n"
+      "A job spec is one YAML document: a mapping of sections to mappings of keys. Unknown "
+      "keys (with a did-you-mean suggestion), duplicate keys and values of the wrong type or "
+      "out of range are errors; `ringctl validate FILE...` prints every error as "
+      "`file:line:column: error: key.path: message` and exits 1.\n\n"
+      "Ranges are inclusive unless written with a parenthesis. Integers are decimal; an exact "
+      "integer in exponent form (`1e6`) is accepted. Booleans are `true` or `false`. A quoted "
+      "value is a string, never a number. A list of strings also accepts a single string.\n\n";
+  for (const auto& [sec, desc] : spec_sections()) {
+    o += "## " + sec + "\n\n" + desc + "\n\n";
+    o += "| key | type | default | allowed | description |\n|---|---|---|---|---|\n";
+    for (const auto& k : spec_keys()) {
+      if (k.section() != sec) continue;
+      std::string range = range_text(k);
+      o += fmt::format("| `{}` | {} | {} | {} | {} |\n", k.path, to_string(k.type),
+                       md_cell(default_text(k)), md_cell(range.empty() ? "any" : range),
+                       md_cell(k.description));
+    }
+    o += "\n";
+  }
+  o += "## Rules across keys\n\nChecked once every key has parsed cleanly.\n\n"
+       "| keys | rule |\n|---|---|\n";
+  for (const auto& r : cross_field_rules())
+    o += fmt::format("| {} | {} |\n", md_cell(r.keys), md_cell(r.rule));
+  return o;
+}
+
+}  // namespace ring::spec

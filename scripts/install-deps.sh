@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Installs every Debian package ringmaster needs to build, test, benchmark and run its local
+# Slurm cluster. Installs only what is missing; runs `apt-get update` at most once. Idempotent.
+#
+#   scripts/install-deps.sh            # everything (build, tests, slurm, torch reference)
+#   RING_DEPS_QUIET=0 scripts/install-deps.sh   # show apt output
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config git
+  # libraries the code links against
+  libyaml-cpp-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
+  libopenblas-dev libopenblas0-pthread
+  libucx-dev ucx-utils
+  libzmq3-dev cppzmq-dev
+  libsqlite3-dev sqlite3
+  libboost-dev
+  libxxhash-dev libzstd-dev libhwloc-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-numpy python3-torch python3-yaml
+  # fuzzing (libFuzzer through clang)
+  clang libclang-rt-14-dev
+  # local Slurm cluster (slurm/), SPANK plugin
+  slurm-wlm slurmctld slurmd slurm-client libslurm-dev munge libmunge-dev
+  # process tools used by tests (pkill/pgrep, ps)
+  procps psmisc util-linux
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "install-deps: missing packages (${missing[*]}) and not root; install them or run as root" >&2
+    exit 1
+  fi
+fi
+
+echo "install-deps: installing ${#missing[@]} package(s): ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+quiet=(-qq)
+[ "${RING_DEPS_QUIET:-1}" = "0" ] && quiet=()
+log=$(mktemp /tmp/ring-install-deps.XXXXXX.log)
+if ! { $SUDO apt-get "${quiet[@]}" update && \
+       $SUDO apt-get "${quiet[@]}" install -y --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  echo "install-deps: apt-get failed; last lines of $log:" >&2
+  tail -n 30 "$log" >&2
+  exit 1
+fi
+rm -f "$log"
+# The Debian slurm packages start their services on install; the project runs its own cluster
+# (slurm/) with its own configuration, so stop the distribution's units if they were started.
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now slurmctld slurmd >/dev/null 2>&1 || true
+fi
+echo "install-deps: done"
