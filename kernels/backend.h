@@ -1,0 +1,217 @@
+// The backend-neutral kernel interface of ringmaster.
+//
+// Every compute op a worker (or ringd) needs, on raw pointers and sizes, returning a Status.
+// kernels/cpu/ implements it for the CPU (and is the reference for tests); kernels/cuda/
+// implements it for NVIDIA GPUs. No exceptions cross this interface; a backend says what it
+// supports (supports()) instead of silently falling back.
+//
+// Conventions
+//   - Row-major. Shapes are given in comments as [dim0, dim1, ...], innermost last.
+//   - Token-major activations: q is [tokens, heads, head_dim], lse is [tokens, heads].
+//   - `DType` says how tensors passed as void* are stored; accumulation, log-sum-exp, losses,
+//     optimizer state and every float* argument are fp32.
+//   - "accumulate" outputs are added to (+=), never overwritten; callers zero them first.
+//   - Pointers are device pointers of the backend (host pointers for the CPU backend).
+//   - Calls are asynchronous on the backend's stream for CUDA; synchronize() waits. The CPU
+//     backend runs synchronously on the calling thread plus its own worker threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ring::kernels {
+
+enum class Status : int {
+  kOk = 0,
+  kInvalidArgument = 1,  // a size, pointer or combination the op cannot take
+  kUnsupported = 2,      // valid, but not implemented by this backend (dtype, head_dim, ...)
+  kOutOfMemory = 3,
+  kDeviceError = 4,      // the device or its library failed (CUDA error, cuBLAS status)
+  kInternal = 5,
+};
+const char* status_string(Status s);
+
+enum class DType : int { kF32 = 0, kBF16 = 1 };
+size_t dtype_size(DType t);
+
+enum class Op : int {
+  kGemm,
+  kAttentionForward,
+  kAttentionBackward,
+  kAttentionMerge,
+  kRmsNorm,
+  kRope,
+  kSwiGLU,
+  kGelu,
+  kEmbedding,
+  kCrossEntropy,
+  kAdamW,
+  kTopK,
+  kElementwise,
+};
+
+// Attention over one (query block, key/value block) pair, as ring attention calls it: the query
+// block is this rank's tokens, the K/V block may come from any rank. Masks come from global
+// positions and document ids, so the same call serves every block of the ring.
+//
+// A query token i may attend to key token j iff
+//     (!causal || k_pos[j] <= q_pos[i]) && (q_doc == nullptr || q_doc[i] == k_doc[j]).
+// Rows with no allowed key get out = 0 and lse = -inf (an empty partial).
+struct AttentionArgs {
+  int64_t q_len = 0;     // query tokens in this block
+  int64_t kv_len = 0;    // key/value tokens in this block
+  int64_t heads = 0;     // query heads
+  int64_t kv_heads = 0;  // key/value heads; heads % kv_heads == 0 (GQA: head h uses h / (heads/kv_heads))
+  int64_t head_dim = 0;
+  float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
+  bool causal = true;
+  DType dtype = DType::kF32;      // storage of q, k, v (and dout in the backward)
+  const void* q = nullptr;        // [q_len, heads, head_dim]
+  const void* k = nullptr;        // [kv_len, kv_heads, head_dim]
+  const void* v = nullptr;        // [kv_len, kv_heads, head_dim]
+  const int64_t* q_pos = nullptr; // [q_len] global positions
+  const int64_t* k_pos = nullptr; // [kv_len]
+  const int32_t* q_doc = nullptr; // [q_len] document ids, or nullptr (no document mask)
+  const int32_t* k_doc = nullptr; // [kv_len], nullptr iff q_doc is
+};
+
+// Work accounting, accumulated by the attention calls when a pointer is given.
+struct AttentionStats {
+  int64_t tiles_total = 0;    // (query tile, key tile) pairs considered
+  int64_t tiles_skipped = 0;  // pairs with no allowed (query, key) pair: not computed
+  int64_t tiles_masked = 0;   // pairs computed with a partial mask
+  double flops = 0;           // multiply-adds x 2 actually performed
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // Whether op is implemented for dtype. Ops called with an unsupported dtype return
+  // kUnsupported.
+  virtual bool supports(Op op, DType dtype) const = 0;
+  // Waits for all queued work (no-op on the CPU).
+  virtual Status synchronize() = 0;
+
+  // Device memory (host memory on the CPU backend, 64-byte aligned).
+  virtual Status alloc(size_t bytes, void** out) = 0;
+  virtual Status free(void* p) = 0;
+  // Copies between host and device (or host and host); kinds are implied by the backend.
+  virtual Status copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+
+  // ---- dense linear algebra -----------------------------------------------------------------
+  // C[m,n] = alpha * op(A) op(B) + beta * C, row-major. op(A) is [m,k]: A is [m,k] (lda >= k)
+  // or, with trans_a, [k,m] (lda >= m). op(B) is [k,n]: B is [k,n] or, with trans_b, [n,k].
+  // A and B are stored as dtype; C is fp32 with DType kF32 and dtype otherwise.
+  virtual Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                      float beta, void* c, int64_t ldc) = 0;
+
+  // ---- attention ----------------------------------------------------------------------------
+  // Forward over one block pair: out [q_len, heads, head_dim] fp32 and lse [q_len, heads] fp32
+  // (natural log) of this block pair alone. Tiled with an online softmax: extra memory is
+  // O(tile), never O(q_len x kv_len). Tiles with no allowed pair are skipped.
+  virtual Status attention_forward(const AttentionArgs& a, float* out, float* lse,
+                                   AttentionStats* stats) = 0;
+
+  // Merges a partial (out_b, lse_b) into (out_a, lse_a), exactly in fp32:
+  //   m = max(lse_a, lse_b); lse = m + log(exp(lse_a - m) + exp(lse_b - m))
+  //   out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
+  // Empty partials (lse = -inf) leave the other side unchanged; two empties stay empty.
+  // out_*: [tokens, heads, head_dim]; lse_*: [tokens, heads].
+  virtual Status attention_merge(int64_t tokens, int64_t heads, int64_t head_dim, float* out_a,
+                                 float* lse_a, const float* out_b, const float* lse_b) = 0;
+
+  // delta[i, h] = sum_d dout[i, h, d] * out[i, h, d]  (FlashAttention-2's D), fp32.
+  // out is the final (merged) output, fp32; dout is stored as dtype.
+  virtual Status attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads,
+                                            int64_t head_dim, const float* out,
+                                            const void* dout, float* delta) = 0;
+
+  // Backward over one block pair, recomputing probabilities from the final lse of the query
+  // rows: P = exp(S - lse). Accumulates (+=) into fp32 dq [q_len, heads, head_dim],
+  // dk and dv [kv_len, kv_heads, head_dim]. dout [q_len, heads, head_dim] is stored as a.dtype;
+  // lse and delta are [q_len, heads]. Skips the same tiles as the forward.
+  virtual Status attention_backward(const AttentionArgs& a, const void* dout, const float* lse,
+                                    const float* delta, float* dq, float* dk, float* dv,
+                                    AttentionStats* stats) = 0;
+
+  // ---- normalisation, position, activations -------------------------------------------------
+  // y = x / rms(x) * gain over the last dim; rstd[i] = 1 / sqrt(mean(x_i^2) + eps).
+  // x, y: [n, d]; gain: [d]; rstd: [n].
+  virtual Status rmsnorm_forward(int64_t n, int64_t d, float eps, const float* x,
+                                 const float* gain, float* y, float* rstd) = 0;
+  // dx = d/dx (overwritten), dgain += d/dgain.
+  virtual Status rmsnorm_backward(int64_t n, int64_t d, const float* x, const float* gain,
+                                  const float* rstd, const float* dy, float* dx,
+                                  float* dgain) = 0;
+
+  // Rotary embedding in place on x [n, heads, head_dim], rotating pairs (x[2j], x[2j+1]) by
+  // angle pos[i] * theta^(-2j/head_dim). inverse rotates by the negative angle (the backward).
+  virtual Status rope(int64_t n, int64_t heads, int64_t head_dim, float theta,
+                      const int64_t* pos, bool inverse, float* x) = 0;
+
+  // out = silu(gate) * up; all [n].
+  virtual Status swiglu_forward(int64_t n, const float* gate, const float* up, float* out) = 0;
+  // dgate, dup overwritten.
+  virtual Status swiglu_backward(int64_t n, const float* gate, const float* up,
+                                 const float* dout, float* dgate, float* dup) = 0;
+  // Exact GELU (erf form, as torch.nn.functional.gelu): out = x/2 (1 + erf(x/sqrt 2)); all [n].
+  virtual Status gelu_forward(int64_t n, const float* x, float* out) = 0;
+  virtual Status gelu_backward(int64_t n, const float* x, const float* dout, float* dx) = 0;
+
+  // ---- embedding and loss -------------------------------------------------------------------
+  // out[i, :] = table[ids[i], :]; table [vocab, d]; ids [n] in [0, vocab) (else kInvalidArgument).
+  virtual Status embedding_forward(int64_t n, int64_t vocab, int64_t d, const int32_t* ids,
+                                   const float* table, float* out) = 0;
+  // dtable[ids[i], :] += dout[i, :].
+  virtual Status embedding_backward(int64_t n, int64_t vocab, int64_t d, const int32_t* ids,
+                                    const float* dout, float* dtable) = 0;
+
+  // Softmax cross-entropy over logits [n, vocab] with labels [n]; label -1 is ignored.
+  // *loss_sum = sum over valid rows of -log softmax(logits)[label] (fp64 accumulated);
+  // *valid = number of valid rows. When dlogits is not null it receives
+  // grad_scale * (softmax - onehot) for valid rows and 0 for ignored rows (the caller passes
+  // grad_scale = 1 / global valid count). dlogits may alias logits.
+  virtual Status cross_entropy(int64_t n, int64_t vocab, const float* logits,
+                               const int32_t* labels, float grad_scale, double* loss_sum,
+                               int64_t* valid, float* dlogits) = 0;
+
+  // ---- optimizer and compression ------------------------------------------------------------
+  // One AdamW step (decoupled weight decay, bias-corrected), in place on n fp32 values:
+  //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+  //   p -= lr * ( (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps) + wd p )
+  // step >= 1.
+  struct AdamWParams {
+    float lr, beta1, beta2, eps, weight_decay;
+    int64_t step;
+  };
+  virtual Status adamw_step(int64_t n, const AdamWParams& hp, float* param, const float* grad,
+                            float* m, float* v) = 0;
+
+  // The k entries of x [n] with the largest |x|, exactly (ties broken by lower index):
+  // indices (ascending) and their values. k <= n.
+  virtual Status topk_abs(int64_t n, int64_t k, const float* x, uint32_t* indices,
+                          float* values) = 0;
+
+  // ---- elementwise helpers ------------------------------------------------------------------
+  virtual Status fill(int64_t n, float value, float* x) = 0;
+  virtual Status scale(int64_t n, float alpha, float* x) = 0;          // x *= alpha
+  virtual Status axpy(int64_t n, float alpha, const float* x, float* y) = 0;  // y += alpha x
+  virtual Status add(int64_t n, const float* a, const float* b, float* out) = 0;  // out = a + b
+  virtual Status sum_squares(int64_t n, const float* x, double* out) = 0;  // fp64 accumulated
+};
+
+// Backends compiled into this build, in order of preference ("cuda" first when built).
+std::vector<std::string> available_backends();
+
+// Creates a backend by name ("cpu", "cuda"). threads: CPU worker threads (0: all cores).
+// On failure returns nullptr and sets *error to a message that names what is missing.
+std::unique_ptr<Backend> create_backend(const std::string& name, int threads,
+                                        std::string* error);
+
+}  // namespace ring::kernels
