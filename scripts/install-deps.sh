@@ -16,7 +16,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev
   libsqlite3-dev sqlite3
   libboost-dev
-  libxxhash-dev libzstd-dev libhwloc-dev
+  libxxhash-dev libzstd-dev zlib1g-dev libhwloc-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch python3-yaml

@@ -175,8 +175,8 @@ std::vector<KeyDef> build_table() {
                 "end)."),
           names(kSourceNames), 0);
   def(b.add("data.paths", KT::kStringList, &J::data, &DataSection::paths,
-            "Files or directories (read recursively) for the text source; each file is split "
-            "into documents at blank-line runs and form feeds."),
+            "Files or directories (read recursively) for the text source. Each text file "
+            "(plain or .gz) is one document; binary files are skipped."),
       Value{std::vector<std::string>{}});
   range(req(b.add("data.seq_len", KT::kInt, &J::data, &DataSection::seq_len,
                   "Tokens per training sequence (the whole context, split over "
