@@ -330,6 +330,13 @@ class Parser {
                 fmt::format("value {} is a quoted string; expected a number", shown(s)));
           return std::nullopt;
         }
+        static const std::set<std::string> kYamlSpecial = {
+            ".nan", ".NaN", ".NAN", ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF",
+            "-.inf", "-.Inf", "-.INF", "nan", "inf", "-inf", "+inf"};
+        if (kYamlSpecial.count(s)) {
+          error(loc(n.Mark()), path, fmt::format("value {} is not a finite number", shown(s)));
+          return std::nullopt;
+        }
         double d = 0;
         const char* b = s.data();
         const char* e = s.data() + s.size();

@@ -1,2 +1,147 @@
+// ringctl plan: formulas checked against hand computation and published model sizes.
 #include <gtest/gtest.h>
-TEST(Spec, P3) {}
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/plan/plan.h"
+#include "common/spec/parse.h"
+#include "tests/common/run.h"
+
+namespace ring::plan {
+namespace {
+
+spec::JobSpec load(const std::string& text) {
+  auto r = spec::load_spec_string(text, "plan.yaml");
+  EXPECT_TRUE(r.ok()) << (r.diagnostics.empty() ? "" : r.diagnostics[0].str());
+  return r.ok() ? *r.spec : spec::JobSpec{};
+}
+
+std::string gpu_spec(int64_t seq_len, int64_t ranks, bool recompute, const std::string& extra) {
+  return fmt::format(R"(job: {{name: p}}
+model:
+  layers: 32
+  d_model: 4096
+  heads: 32
+  mlp_hidden: 11008
+  vocab: 32000
+  dtype: bf16
+  tie_embeddings: false
+  recompute: {}
+data: {{source: passkey, seq_len: {}}}
+parallel: {{context_ranks: {}}}
+train: {{steps: 1}}
+resources: {{backend: cuda, nodes: 1, workers_per_node: {}, gpus_per_node: {},
+             gpu_type: H100-80G, host_memory_gb: 2000}}
+{}
+)",
+                     recompute ? "true" : "false", seq_len, ranks, ranks, ranks, extra);
+}
+
+// The issue's hand computation: 1,000,000 tokens, d_model 4096, no GQA, 2 bytes per value:
+// K + V per layer = 2 x 1e6 x 4096 x 2 = 16.384 GB.
+TEST(Plan, KvPerLayerMatchesHandComputation) {
+  auto s = load(gpu_spec(1000000, 8, true, ""));
+  Plan p = make_plan(s);
+  EXPECT_DOUBLE_EQ(p.kv_sequence_per_layer, 16.384e9);
+  EXPECT_EQ(human_bytes(p.kv_sequence_per_layer), "16.384 GB");
+  EXPECT_DOUBLE_EQ(p.kv_sequence_total, 32 * 16.384e9);
+  EXPECT_DOUBLE_EQ(p.kv_local_per_layer, 16.384e9 / 8);
+  EXPECT_EQ(p.tokens_per_rank, 125000);
+}
+
+// LLaMA-7B's published parameter count is 6,738,415,616.
+TEST(Plan, ParameterCountMatchesLlama7B) {
+  Plan p = make_plan(load(gpu_spec(1 << 20, 64, true, "")));
+  EXPECT_EQ(p.params, 6738415616);
+  EXPECT_EQ(p.params_embedding, 2 * 32000 * 4096);
+  // One block: 4 d^2 attention + 3 d h MLP + 2 d norm gains.
+  EXPECT_EQ(p.params_per_layer, 4LL * 4096 * 4096 + 3LL * 4096 * 11008 + 2 * 4096);
+}
+
+TEST(Plan, WorkerMemoryItemsAndRecompute) {
+  Plan with = make_plan(load(gpu_spec(1 << 20, 64, true, "")));
+  Plan without = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
+  double sum = 0;
+  for (const auto& i : with.worker) sum += i.bytes;
+  EXPECT_DOUBLE_EQ(sum, with.worker_total);
+  EXPECT_DOUBLE_EQ(with.worker[0].bytes, 6738415616.0 * 2);  // bf16 weights
+  EXPECT_DOUBLE_EQ(with.worker[1].bytes, 6738415616.0 * 4);  // fp32 gradients
+  EXPECT_LT(with.activations_recompute, without.activations_no_recompute / 5);
+  EXPECT_GT(without.worker_total, with.worker_total);
+  EXPECT_DOUBLE_EQ(with.activations_no_recompute, without.activations_no_recompute);
+}
+
+// Memory per worker is linear in the tokens per rank: doubling seq_len at fixed ranks doubles
+// every token-proportional item exactly (no L^2 term anywhere).
+TEST(Plan, ActivationMemoryIsLinearInTokens) {
+  Plan a = make_plan(load(gpu_spec(1 << 19, 64, false, "")));
+  Plan b = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
+  const double fixed = a.worker[0].bytes + a.worker[1].bytes;  // weights + gradients
+  EXPECT_DOUBLE_EQ((b.worker_total - fixed), 2.0 * (a.worker_total - fixed));
+}
+
+TEST(Plan, RingCommunication) {
+  Plan p = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
+  const double T = (1 << 20) / 64.0;
+  const double kv = 2.0 * T * 4096 * 2;  // K+V of the local block, bf16
+  EXPECT_DOUBLE_EQ(p.ring_bytes_per_hop, kv);
+  // fwd (P-1) K/V hops + bwd (P-1) K/V hops + P fp32 dK/dV hops, per layer.
+  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step, 32 * (63 * kv + 63 * kv + 64 * 2 * kv));
+  Plan one = make_plan(load(gpu_spec(1 << 14, 1, false, "")));
+  EXPECT_EQ(one.ring_bytes_per_step, 0);
+}
+
+TEST(Plan, TopkPayloadIsSmallerByOneOverTwoDensity) {
+  auto s = load(gpu_spec(1 << 20, 8, true,
+                         "optimizer: {compression: topk, density: 0.001}"));
+  s.resources.nodes = 4;  // inter-node exchange
+  Plan p = make_plan(s);
+  EXPECT_EQ(p.topk_k, static_cast<int64_t>(std::ceil(0.001 * 6738415616.0)));
+  EXPECT_NEAR(p.grad_payload_dense / p.grad_payload_topk, 500.0, 0.01);
+  EXPECT_DOUBLE_EQ(p.grad_sent_dense_per_node, 2.0 * 3 / 4 * p.grad_payload_dense);
+  EXPECT_DOUBLE_EQ(p.grad_sent_topk_per_node, 3 * p.grad_payload_topk);
+  bool has_residual = false;
+  for (const auto& i : p.host) has_residual |= i.name.find("residual") != std::string::npos;
+  EXPECT_TRUE(has_residual);
+}
+
+TEST(Plan, FitVerdicts) {
+  Plan fits = make_plan(load(gpu_spec(1 << 20, 64, true, "")));
+  EXPECT_TRUE(fits.fits());
+  EXPECT_EQ(fits.device_name, "H100-80G");
+  EXPECT_DOUBLE_EQ(fits.device_usable, 81559.0 * (1 << 20) - kGpuReserveBytes);
+  // Without recompute, 16K tokens per rank of a 7B model no longer fit in 80 GB.
+  Plan no = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
+  EXPECT_FALSE(no.fits_device);
+  // Host memory too small for the offloaded optimizer state (7B x 16 bytes > 100 GB).
+  auto s = load(gpu_spec(1 << 20, 64, true, ""));
+  s.resources.host_memory_gb = 100;
+  EXPECT_FALSE(make_plan(s).fits_host);
+}
+
+TEST(Plan, RingctlPlanTextJsonAndCheck) {
+  const std::string ringctl = std::string(RING_BINARY_DIR) + "/cli/ringctl";
+  auto text = test::run(ringctl + " plan " + test::source_path("configs/examples/tiny.yaml"));
+  EXPECT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("verdict: fits"), std::string::npos) << text.output;
+  auto json = test::run(ringctl + " plan --json " +
+                        test::source_path("configs/examples/llama7b-1m-64x8-h100.yaml"));
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  auto j = nlohmann::json::parse(json.output);
+  EXPECT_EQ(j["model"]["params"].get<int64_t>(), 6738415616);
+  EXPECT_TRUE(j["fit"]["fits"].get<bool>());
+  EXPECT_EQ(j["sequence"]["tokens_per_rank"].get<int64_t>(), 16384);
+  // The 270B example does not fit (weights alone exceed an H200); --check says so with exit 3.
+  auto big = test::run(ringctl + " plan --check " +
+                       test::source_path("configs/examples/270b-1.2m-64x8-h200.yaml"));
+  EXPECT_EQ(big.exit_code, 3) << big.output;
+  EXPECT_NE(big.output.find("DOES NOT FIT"), std::string::npos);
+  auto bad = test::run(ringctl + " plan " + test::source_path("configs/invalid/bad-enum.yaml"));
+  EXPECT_EQ(bad.exit_code, 1);
+}
+
+}  // namespace
+}  // namespace ring::plan

@@ -1,2 +1,318 @@
+// The job spec: key table, parser, diagnostics, robustness, generated reference.
 #include <gtest/gtest.h>
-TEST(Spec, Placeholder) {}
+
+#include <filesystem>
+#include <random>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "common/spec/keys.h"
+#include "common/spec/parse.h"
+#include "tests/common/run.h"
+
+namespace ring::spec {
+namespace {
+
+namespace fs = std::filesystem;
+using test::read_file;
+using test::source_path;
+
+const char* kMinimal = R"(job:
+  name: t
+model:
+  layers: 2
+  d_model: 64
+  heads: 4
+data:
+  source: passkey
+  seq_len: 1024
+train:
+  steps: 10
+)";
+
+std::vector<std::string> errors_of(const LoadResult& r) {
+  std::vector<std::string> e;
+  for (const auto& d : r.diagnostics)
+    if (d.severity == Diagnostic::Severity::kError) e.push_back(d.str());
+  return e;
+}
+
+TEST(SpecKeys, TableIsWellFormed) {
+  std::set<std::string> paths;
+  std::set<std::string> sections;
+  for (const auto& [name, _] : spec_sections()) sections.insert(name);
+  for (const auto& k : spec_keys()) {
+    EXPECT_TRUE(paths.insert(k.path).second) << "duplicate key " << k.path;
+    EXPECT_TRUE(sections.count(k.section())) << k.path << " has no section";
+    EXPECT_FALSE(k.description.empty()) << k.path;
+    EXPECT_TRUE(k.set && k.get) << k.path;
+    // Every key is required, has a default, or says how it is derived.
+    EXPECT_TRUE(k.required || k.default_value || !k.derived.empty()) << k.path;
+    if (k.type == KeyType::kEnum) {
+      EXPECT_GE(k.choices.size(), 2u) << k.path;
+      ASSERT_TRUE(k.default_value) << k.path;
+      EXPECT_LT(std::get<int64_t>(*k.default_value), static_cast<int64_t>(k.choices.size()));
+    }
+    if (k.default_value && (k.min || k.max) &&
+        (k.type == KeyType::kInt || k.type == KeyType::kFloat)) {
+      double v = k.type == KeyType::kInt ? static_cast<double>(std::get<int64_t>(*k.default_value))
+                                         : std::get<double>(*k.default_value);
+      if (k.min) EXPECT_TRUE(k.min_exclusive ? v > *k.min : v >= *k.min) << k.path;
+      if (k.max) EXPECT_LE(v, *k.max) << k.path;
+    }
+  }
+  // The issue's sections and a sample of its keys are all there.
+  for (const char* p :
+       {"job.name", "model.kv_heads", "model.head_dim", "model.mlp", "model.mlp_hidden",
+        "model.recompute", "data.source", "data.paths", "data.pack", "data.max_doc_len",
+        "parallel.context_ranks", "parallel.data_replicas", "parallel.ring_order",
+        "parallel.causal_balance", "parallel.stagger_us", "optimizer.offload", "optimizer.update",
+        "optimizer.compression", "optimizer.density", "optimizer.error_feedback",
+        "optimizer.warmup_steps", "train.grad_clip", "checkpoint.keep_last", "checkpoint.async",
+        "resources.gpus_per_node", "resources.cpus_per_worker", "resources.host_memory_gb",
+        "slurm.qos", "slurm.constraint", "slurm.signal_before_s", "slurm.extra_sbatch",
+        "restart.max_restarts", "restart.backoff_s"})
+    EXPECT_NE(find_key(p), nullptr) << p;
+}
+
+TEST(SpecKeys, DefaultsComeFromTheTable) {
+  JobSpec s = default_spec();
+  for (const auto& k : spec_keys()) {
+    if (!k.default_value) continue;
+    auto got = k.get(s);
+    ASSERT_TRUE(got) << k.path;
+    EXPECT_EQ(value_text(*got, k), value_text(*k.default_value, k)) << k.path;
+  }
+}
+
+// Writes every key of the table with a non-default value into YAML, parses it and checks each
+// value arrived in its field: proves the table, not hand-written code, drives parsing.
+TEST(SpecKeys, EveryKeyParsesIntoItsField) {
+  JobSpec ref = default_spec();
+  std::map<std::string, std::string> yaml_value;
+  for (const auto& k : spec_keys()) {
+    std::string v;
+    switch (k.type) {
+      case KeyType::kInt: {
+        int64_t lo = k.min ? static_cast<int64_t>(*k.min) : 0;
+        v = std::to_string(lo + 1);
+        break;
+      }
+      case KeyType::kFloat: {
+        double lo = k.min.value_or(0.0), hi = k.max.value_or(lo + 1.0);
+        v = fmt::format("{}", (lo + hi) / 2);
+        break;
+      }
+      case KeyType::kBool: v = "true"; break;
+      case KeyType::kString: v = "x1"; break;
+      case KeyType::kEnum: v = k.choices.back(); break;
+      case KeyType::kStringList: v = "[a, b]"; break;
+      case KeyType::kIntList: v = "[0]"; break;
+    }
+    yaml_value[k.path] = v;
+  }
+  std::string text;
+  for (const auto& [sec, _] : spec_sections()) {
+    text += sec + ":\n";
+    for (const auto& k : spec_keys())
+      if (k.section() == sec) text += "  " + k.name() + ": " + yaml_value[k.path] + "\n";
+  }
+  // Parse only (cross-field rules will object to this odd combination; that is fine).
+  LoadResult r = load_spec_string(text, "all-keys.yaml");
+  for (const auto& d : r.diagnostics) {
+    // Only cross-field errors are acceptable: each key parsed on its own.
+    for (const char* parse_error : {"unknown", "is not an integer", "is not a number",
+                                    "is not a boolean", "is not one of", "out of range",
+                                    "expected"})
+      EXPECT_EQ(d.str().find(parse_error), std::string::npos) << d.str();
+  }
+  EXPECT_EQ(r.source.keys.size(), spec_keys().size());
+}
+
+TEST(SpecParse, MinimalSpecAppliesDefaultsAndResolves) {
+  auto r = load_spec_string(kMinimal, "min.yaml");
+  ASSERT_TRUE(r.ok()) << (r.diagnostics.empty() ? "" : r.diagnostics[0].str());
+  const JobSpec& s = *r.spec;
+  EXPECT_EQ(s.job.name, "t");
+  EXPECT_EQ(s.model.vocab, 256);
+  EXPECT_EQ(s.resolved.kv_heads, 4);
+  EXPECT_EQ(s.resolved.head_dim, 16);
+  EXPECT_EQ(s.resolved.mlp_hidden, 192);  // 8/3 * 64 = 170.7 -> 192 (multiple of 64)
+  EXPECT_EQ(s.parallel.causal_balance, CausalBalance::kZigzag);
+  EXPECT_EQ(s.optimizer.offload, Offload::kCpu);
+  EXPECT_DOUBLE_EQ(s.optimizer.density, 0.001);
+}
+
+TEST(SpecParse, GeluHiddenAndExplicitHeadDim) {
+  std::string t = std::string(kMinimal) + "";
+  t.replace(t.find("  heads: 4"), 10, "  heads: 4\n  mlp: gelu\n  head_dim: 32");
+  auto r = load_spec_string(t, "g.yaml");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.spec->resolved.mlp_hidden, 256);
+  EXPECT_EQ(r.spec->resolved.head_dim, 32);
+}
+
+TEST(SpecParse, ErrorsNameFileLineColumnKeyValueAndRule) {
+  std::string t = std::string(kMinimal);
+  t.replace(t.find("layers: 2"), 9, "layers: 2000");
+  auto r = load_spec_string(t, "x.yaml");
+  ASSERT_FALSE(r.ok());
+  auto e = errors_of(r);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0], "x.yaml:4:11: error: model.layers: value 2000 is out of range; allowed [1, 1024]");
+}
+
+TEST(SpecParse, ReportsEveryErrorNotJustTheFirst) {
+  std::string t = R"(job:
+  name: t
+model:
+  layers: 0
+  d_model: big
+  heads: 4
+  mlp: relu
+  colour: red
+data:
+  source: passkey
+  seq_len: 1024
+train:
+  steps: 10
+)";
+  auto r = load_spec_string(t, "many.yaml");
+  auto e = errors_of(r);
+  ASSERT_EQ(e.size(), 4u);
+  EXPECT_NE(e[0].find("many.yaml:4:11: error: model.layers"), std::string::npos) << e[0];
+  EXPECT_NE(e[1].find("many.yaml:5:12: error: model.d_model: value 'big' is not an integer"),
+            std::string::npos) << e[1];
+  EXPECT_NE(e[2].find("model.mlp: value 'relu' is not one of swiglu | gelu"), std::string::npos);
+  EXPECT_NE(e[3].find("model.colour: unknown key"), std::string::npos);
+}
+
+TEST(SpecParse, CrossFieldErrorsPointAtTheKey) {
+  std::string t = std::string(kMinimal);
+  t.replace(t.find("  heads: 4"), 10, "  heads: 4\n  kv_heads: 3");
+  auto r = load_spec_string(t, "x.yaml");
+  auto e = errors_of(r);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].rfind("x.yaml:7:13: error: model.kv_heads:", 0), 0u) << e[0];
+}
+
+TEST(SpecParse, AnchorsAndAliasesWork) {
+  std::string t = R"(job:
+  name: t
+model:
+  layers: &n 2
+  d_model: 64
+  heads: 4
+  kv_heads: *n
+data:
+  source: passkey
+  seq_len: 1024
+train:
+  steps: 10
+)";
+  auto r = load_spec_string(t, "a.yaml");
+  ASSERT_TRUE(r.ok()) << errors_of(r)[0];
+  EXPECT_EQ(r.spec->resolved.kv_heads, 2);
+}
+
+TEST(SpecParse, ExponentIntegersAndSingleStringLists) {
+  std::string t = std::string(kMinimal);
+  t.replace(t.find("seq_len: 1024"), 13, "seq_len: 1.048576e6\n  paths: /tmp");
+  t.replace(t.find("source: passkey"), 15, "source: text");
+  auto r = load_spec_string(t, "e.yaml");
+  ASSERT_TRUE(r.ok()) << errors_of(r)[0];
+  EXPECT_EQ(r.spec->data.seq_len, 1048576);
+  EXPECT_EQ(r.spec->data.paths, std::vector<std::string>{"/tmp"});
+}
+
+TEST(SpecParse, WarningsDoNotFailValidation) {
+  std::string t = std::string(kMinimal) + "optimizer:\n  warmup_steps: 5\n";
+  auto r = load_spec_string(t, "w.yaml");
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r.diagnostics.size(), 1u);
+  EXPECT_EQ(r.diagnostics[0].severity, Diagnostic::Severity::kWarning);
+  EXPECT_NE(r.diagnostics[0].str().find("warning: optimizer.warmup_steps: ignored"),
+            std::string::npos);
+}
+
+TEST(SpecParse, SuggestsKeys) {
+  EXPECT_EQ(suggest_key("model", "d_modle"), "model.d_model");
+  EXPECT_EQ(suggest_key("model", "kvheads"), "model.kv_heads");
+  EXPECT_EQ(suggest_key("model", "seq_len"), "data.seq_len");
+  EXPECT_EQ(suggest_key("model", "completely_unrelated"), "");
+}
+
+// Hostile inputs: each must produce errors (never a crash, hang or exception).
+TEST(SpecRobustness, HostileInputsGiveErrors) {
+  std::vector<std::pair<std::string, std::string>> cases;
+  cases.push_back({"deep flow nesting", std::string(100000, '[') + std::string(100000, ']')});
+  cases.push_back({"deep map nesting", [] {
+                     std::string s;
+                     for (int i = 0; i < 3000; ++i) s += std::string(i % 400, ' ') + "a:\n";
+                     return s;
+                   }()});
+  cases.push_back({"non-utf8", std::string("job:\n  name: \xff\xfe\n")});
+  cases.push_back({"nul bytes", std::string("job:\n  name: a\0b\n", 16)});
+  cases.push_back({"huge number", std::string(kMinimal).replace(
+                                      std::string(kMinimal).find("steps: 10"), 9,
+                                      "steps: 1" + std::string(400, '0'))});
+  cases.push_back({"huge float", std::string(kMinimal) + "optimizer:\n  lr: 1e999999\n"});
+  cases.push_back({"alias bomb", [] {
+                     std::string s = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+                     char prev = 'a';
+                     for (char c = 'b'; c <= 'j'; ++c) {
+                       s += fmt::format("{}: &{} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n", c, c,
+                                        fmt::arg("p", prev));
+                       prev = c;
+                     }
+                     return s + "data:\n  paths: *j\n";
+                   }()});
+  cases.push_back({"tags", "job: !!binary aGVsbG8=\nmodel: !custom {layers: 2}\n"});
+  cases.push_back({"too big", std::string(kMaxSpecBytes + 10, '#')});
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 200; ++i) {
+    std::string junk(rng() % 512, '\0');
+    for (auto& c : junk) c = static_cast<char>(rng());
+    cases.push_back({fmt::format("random junk {}", i), junk});
+  }
+  for (const auto& [name, text] : cases) {
+    LoadResult r;
+    ASSERT_NO_THROW(r = load_spec_string(text, "h.yaml")) << name;
+    EXPECT_FALSE(r.ok()) << name;
+    EXPECT_GE(r.error_count(), 1u) << name;
+  }
+}
+
+TEST(SpecRobustness, FileErrors) {
+  auto r = load_spec_file("/nonexistent/spec.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.diagnostics[0].str().find("/nonexistent/spec.yaml: error: cannot open"),
+            std::string::npos);
+  r = load_spec_file("/tmp");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.diagnostics[0].str().find("is a directory"), std::string::npos);
+}
+
+TEST(SpecExamples, AllExamplesValidate) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(source_path("configs/examples"))) {
+    if (e.path().extension() != ".yaml") continue;
+    ++n;
+    auto r = load_spec_file(e.path().string());
+    EXPECT_TRUE(r.ok()) << e.path() << ": "
+                        << (r.diagnostics.empty() ? "" : r.diagnostics[0].str());
+  }
+  EXPECT_GE(n, 5);
+}
+
+TEST(SpecDocs, ReferenceIsUpToDate) {
+  std::string doc = read_file(source_path("docs/spec-reference.md"));
+  EXPECT_EQ(doc, spec_reference_markdown())
+      << "docs/spec-reference.md is stale: run `cmake --build build --target spec-doc`";
+  for (const auto& k : spec_keys()) EXPECT_NE(doc.find("`" + k.path + "`"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ring::spec
