@@ -21,7 +21,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch python3-yaml
   # fuzzing (libFuzzer through clang)
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev libomp-14-dev
   # local Slurm cluster (slurm/), SPANK plugin
   slurm-wlm slurmctld slurmd slurm-client libslurm-dev munge libmunge-dev
   # process tools used by tests (pkill/pgrep, ps)

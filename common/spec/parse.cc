@@ -11,6 +11,8 @@
 #include <system_error>
 
 #include <fmt/format.h>
+#include <yaml-cpp/anchor.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "common/spec/keys.h"
@@ -71,6 +73,22 @@ std::optional<size_t> first_invalid_utf8(std::string_view s) {
   return std::nullopt;
 }
 
+// Whether any line holds something other than blanks, comments and document markers.
+bool has_content(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t end = s.find('\n', i);
+    if (end == std::string_view::npos) end = s.size();
+    std::string_view line = s.substr(i, end - i);
+    size_t b = line.find_first_not_of(" \t\r");
+    if (b != std::string_view::npos && line[b] != '#' && line.substr(b) != "---" &&
+        line.substr(b) != "...")
+      return true;
+    i = end + 1;
+  }
+  return false;
+}
+
 Location offset_to_location(std::string_view s, size_t off) {
   Location l{1, 1};
   for (size_t i = 0; i < off && i < s.size(); ++i) {
@@ -97,6 +115,29 @@ int levenshtein(std::string_view a, std::string_view b) {
   }
   return prev[b.size()];
 }
+
+// Counts documents (and remembers where the second starts) without building nodes.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (++starts_ == 2) second_start = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+  YAML::Mark second_start = YAML::Mark::null_mark();
+
+ private:
+  int starts_ = 0;
+};
 
 class Parser {
  public:
@@ -125,9 +166,20 @@ class Parser {
       error(offset_to_location(text, text.find('\0')), "", "NUL byte in file; specs are text");
       return;
     }
-    std::vector<YAML::Node> docs;
+    // YAML::LoadAll loops forever on some inputs (a ',' at document level: the parser never
+    // consumes it), so load the first document with YAML::Load and count documents with a
+    // bounded number of HandleNextDocument calls.
+    YAML::Node root;
+    int documents = 0;
+    YAML::Mark second_document;
     try {
-      docs = YAML::LoadAll(std::string(text));
+      const std::string str(text);
+      root = YAML::Load(str);
+      std::istringstream in(str);
+      YAML::Parser parser(in);
+      DocumentCounter counter;
+      while (documents < 2 && parser.HandleNextDocument(counter)) ++documents;
+      second_document = counter.second_start;
     } catch (const YAML::Exception& e) {
       error(loc(e.mark), "", "YAML syntax error: " + e.msg);
       return;
@@ -135,16 +187,18 @@ class Parser {
       error({}, "", std::string("YAML parser failed: ") + e.what());
       return;
     }
-    if (docs.empty() || docs[0].IsNull()) {
-      error({1, 1}, "", "empty spec: expected a mapping with sections job, model, data, ...");
+    if (!root.IsDefined() || root.IsNull()) {
+      if (has_content(text))
+        error({1, 1}, "", "the first YAML document has no value (a stray ',' or flow token at "
+                          "the top level?); expected a mapping with sections job, model, ...");
+      else
+        error({1, 1}, "", "empty spec: expected a mapping with sections job, model, data, ...");
       return;
     }
-    if (docs.size() > 1) {
-      error(loc(docs[1].Mark()), "",
-            fmt::format("{} YAML documents in one file; a spec is exactly one document",
-                        docs.size()));
+    if (documents > 1) {
+      error(loc(second_document), "",
+            "more than one YAML document in the file; a spec is exactly one document");
     }
-    const YAML::Node& root = docs[0];
     if (!root.IsMap()) {
       error(loc(root.Mark()), "",
             fmt::format("top level is {}; expected a mapping of sections (job:, model:, ...)",
@@ -153,8 +207,8 @@ class Parser {
     }
     std::set<std::string> seen_sections;
     for (auto it = root.begin(); it != root.end(); ++it) {
-      const YAML::Node& k = it->first;
-      const YAML::Node& v = it->second;
+      const YAML::Node k = it->first;  // a copy: it-> points into a temporary
+      const YAML::Node v = it->second;
       if (!k.IsScalar()) {
         error(loc(k.Mark()), "", "section names must be plain words, not " +
                                      std::string(node_kind(k)));
@@ -226,8 +280,8 @@ class Parser {
   void parse_section(const std::string& sec, const YAML::Node& m, JobSpec& spec) {
     std::set<std::string> seen;
     for (auto it = m.begin(); it != m.end(); ++it) {
-      const YAML::Node& k = it->first;
-      const YAML::Node& v = it->second;
+      const YAML::Node k = it->first;  // a copy: it-> points into a temporary
+      const YAML::Node v = it->second;
       if (!k.IsScalar()) {
         error(loc(k.Mark()), sec, "keys must be plain words, not " + std::string(node_kind(k)));
         continue;
@@ -395,7 +449,7 @@ class Parser {
         }
         bool ok = true;
         for (size_t i = 0; i < n.size(); ++i) {
-          const YAML::Node& e = n[i];
+          const YAML::Node e = n[i];
           if (!e.IsScalar()) {
             error(loc(e.Mark()), fmt::format("{}[{}]", path, i),
                   fmt::format("item is {}; expected a string", node_kind(e)));
@@ -420,7 +474,7 @@ class Parser {
         }
         bool ok = true;
         for (size_t i = 0; i < n.size(); ++i) {
-          const YAML::Node& e = n[i];
+          const YAML::Node e = n[i];
           std::string ipath = fmt::format("{}[{}]", path, i);
           if (!e.IsScalar()) {
             error(loc(e.Mark()), ipath, fmt::format("item is {}; expected an integer",

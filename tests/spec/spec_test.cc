@@ -270,6 +270,9 @@ TEST(SpecRobustness, HostileInputsGiveErrors) {
                      return s + "data:\n  paths: *j\n";
                    }()});
   cases.push_back({"tags", "job: !!binary aGVsbG8=\nmodel: !custom {layers: 2}\n"});
+  // yaml-cpp's LoadAll never returns on a ',' at document level (found by the fuzzer).
+  cases.push_back({"stray comma", ", a\nb:\n  c: 1\n"});
+  cases.push_back({"stray comma after flow", "[a], b\n"});
   cases.push_back({"too big", std::string(kMaxSpecBytes + 10, '#')});
   std::mt19937_64 rng(42);
   for (int i = 0; i < 200; ++i) {
