@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test (ctest), then a short fuzz run of the
+# spec parser. Exit status 0 only if everything passed.
+#
+#   ./scripts/test.sh                 # everything
+#   ./scripts/test.sh -L unit         # extra arguments go to ctest (labels: unit, integration,
+#                                     # slurm, gpu)
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$RING_ROOT"
+
+start=$(date +%s)
+./scripts/install-deps.sh
+ring_build
+
+echo "== tests"
+ctest --test-dir "$RING_BUILD" --output-on-failure -j "$RING_JOBS" --timeout 1200 "$@"
+
+if [ $# -eq 0 ]; then
+  echo "== fuzz (short run; scripts/fuzz.sh for longer)"
+  ./scripts/fuzz.sh --seconds "${RING_FUZZ_SECONDS:-30}"
+fi
+echo "== all tests passed in $(( $(date +%s) - start )) s"
