@@ -1,0 +1,25 @@
+# Resolves the optional components into RING_UCX_ENABLED and RING_SPANK_ENABLED.
+find_package(PkgConfig QUIET)
+
+set(RING_UCX_ENABLED OFF)
+if(RING_WITH_UCX)
+  if(PkgConfig_FOUND)
+    pkg_check_modules(UCX IMPORTED_TARGET ucx)
+  endif()
+  if(UCX_FOUND)
+    set(RING_UCX_ENABLED ON)
+  else()
+    message(FATAL_ERROR "RING_WITH_UCX=ON but UCX was not found (libucx-dev; scripts/install-deps.sh)"
+                        " - or configure with -DRING_WITH_UCX=OFF")
+  endif()
+endif()
+
+set(RING_SPANK_ENABLED OFF)
+if(NOT RING_BUILD_SPANK STREQUAL "OFF")
+  find_path(SLURM_INCLUDE_DIR slurm/spank.h)
+  if(SLURM_INCLUDE_DIR)
+    set(RING_SPANK_ENABLED ON)
+  elseif(RING_BUILD_SPANK STREQUAL "ON")
+    message(FATAL_ERROR "RING_BUILD_SPANK=ON but slurm/spank.h was not found (libslurm-dev)")
+  endif()
+endif()
