@@ -1,0 +1,379 @@
+// The SIMD mapping layer of the CPU backend: one namespace per ISA, each exposing the same small
+// set of operations on a float vector `vf` of kWidth lanes. Kernels (kernels/cpu/ops_isa.inc) are
+// written once against these names and compiled once per ISA with that ISA's target attribute;
+// ops.cc picks one at run time from cpuid (see cpu::active_isa()).
+//
+// Never compiled with -march=native: every function here carries its own target attribute, so
+// this header is safe to include in a translation unit built for baseline x86-64. Code using the
+// avx2/avx512 namespaces must itself be inside a function with the same (or a wider) target
+// attribute; calling them from baseline code is a compile error (always_inline mismatch).
+//
+// Masks: a `mask` is whatever the ISA compares into (a full-width vector on AVX2, a k-register
+// on AVX-512, a bool for scalar); only select() consumes it.
+#pragma once
+
+#include <immintrin.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define RING_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
+#define RING_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define RING_SIMD_INLINE inline __attribute__((always_inline))
+
+namespace ring::kernels::cpu::simd {
+
+// ---- AVX-512 (avx512f/bw/dq/vl + fma): 16 lanes ------------------------------------------------
+namespace avx512 {
+#define RING_F RING_SIMD_INLINE RING_TARGET_AVX512
+constexpr int kWidth = 16;
+using vf = __m512;
+using vi = __m512i;
+using mask = __mmask16;
+// fp64 accumulator for sum_squares: two 8-lane double vectors cover one vf.
+struct dacc {
+  __m512d lo, hi;
+};
+
+RING_F vf loadu(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+RING_F void storeu(float* p, vf v) {
+  _mm512_storeu_ps(p, v);
+}
+// Lanes [count, kWidth) read as 0 and are not written; 0 <= count <= kWidth. No fault past count.
+RING_F mask first_lanes(int count) {
+  return (__mmask16)((1u << count) - 1u);
+}
+RING_F vf load_partial(const float* p, int count) {
+  return _mm512_maskz_loadu_ps(first_lanes(count), p);
+}
+RING_F void store_partial(float* p, vf v, int count) {
+  _mm512_mask_storeu_ps(p, first_lanes(count), v);
+}
+RING_F vf set1(float x) {
+  return _mm512_set1_ps(x);
+}
+RING_F vf zero() {
+  return _mm512_setzero_ps();
+}
+RING_F vf add(vf a, vf b) {
+  return _mm512_add_ps(a, b);
+}
+RING_F vf sub(vf a, vf b) {
+  return _mm512_sub_ps(a, b);
+}
+RING_F vf mul(vf a, vf b) {
+  return _mm512_mul_ps(a, b);
+}
+RING_F vf div(vf a, vf b) {
+  return _mm512_div_ps(a, b);
+}
+RING_F vf fmadd(vf a, vf b, vf c) {
+  return _mm512_fmadd_ps(a, b, c);
+}  // a*b + c
+RING_F vf fnmadd(vf a, vf b, vf c) {
+  return _mm512_fnmadd_ps(a, b, c);
+}  // c - a*b
+RING_F vf max(vf a, vf b) {
+  return _mm512_max_ps(a, b);
+}
+RING_F vf min(vf a, vf b) {
+  return _mm512_min_ps(a, b);
+}
+RING_F vf sqrt(vf a) {
+  return _mm512_sqrt_ps(a);
+}
+RING_F vf abs(vf a) {
+  return _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
+}
+RING_F float reduce_add(vf a) {
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+RING_F float reduce_max(vf a) {
+  __m256 h = _mm256_max_ps(_mm512_castps512_ps256(a),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_max_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+RING_F mask cmp_lt(vf a, vf b) {
+  return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ);
+}
+RING_F mask cmp_ge(vf a, vf b) {
+  return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ);
+}
+RING_F vf select(mask m, vf if_true, vf if_false) {
+  return _mm512_mask_blend_ps(m, if_false, if_true);
+}
+// Round to nearest (current MXCSR mode, nearest-even by default) into int32 lanes.
+RING_F vi round_to_int(vf a) {
+  return _mm512_cvtps_epi32(a);
+}
+RING_F vf int_to_float(vi a) {
+  return _mm512_cvtepi32_ps(a);
+}
+// 2^n for int lanes n in [-126, 127].
+RING_F vf pow2_int(vi n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
+}
+// (x[0],x[1],x[2],x[3],...) -> (x[1],x[0],x[3],x[2],...): the RoPE partner of each lane.
+RING_F vf swap_pairs(vf a) {
+  return _mm512_permute_ps(a, 0xB1);
+}
+// Bit i set iff (bits(p[i]) & 0x7fffffff) > threshold (as int32): |x| above a threshold
+// compared on the IEEE bit pattern (NaN counts as larger than inf).
+RING_F uint32_t abs_bits_gt(const float* p, int32_t threshold) {
+  vi b = _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(0x7fffffff));
+  return _mm512_cmpgt_epi32_mask(b, _mm512_set1_epi32(threshold));
+}
+RING_F dacc dacc_zero() {
+  return {_mm512_setzero_pd(), _mm512_setzero_pd()};
+}
+RING_F void dacc_add_squares(dacc& acc, vf x) {
+  __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+  __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  acc.lo = _mm512_fmadd_pd(lo, lo, acc.lo);
+  acc.hi = _mm512_fmadd_pd(hi, hi, acc.hi);
+}
+RING_F double dacc_reduce(const dacc& acc) {
+  alignas(64) double t[8];
+  _mm512_store_pd(t, _mm512_add_pd(acc.lo, acc.hi));
+  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+#undef RING_F
+}  // namespace avx512
+
+// ---- AVX2 + FMA: 8 lanes ------------------------------------------------------------------
+namespace avx2 {
+#define RING_F RING_SIMD_INLINE RING_TARGET_AVX2
+constexpr int kWidth = 8;
+using vf = __m256;
+using vi = __m256i;
+using mask = __m256;
+struct dacc {
+  __m256d lo, hi;
+};
+
+RING_F vf loadu(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+RING_F void storeu(float* p, vf v) {
+  _mm256_storeu_ps(p, v);
+}
+RING_F __m256i first_lanes(int count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+RING_F vf load_partial(const float* p, int count) {
+  return _mm256_maskload_ps(p, first_lanes(count));
+}
+RING_F void store_partial(float* p, vf v, int count) {
+  _mm256_maskstore_ps(p, first_lanes(count), v);
+}
+RING_F vf set1(float x) {
+  return _mm256_set1_ps(x);
+}
+RING_F vf zero() {
+  return _mm256_setzero_ps();
+}
+RING_F vf add(vf a, vf b) {
+  return _mm256_add_ps(a, b);
+}
+RING_F vf sub(vf a, vf b) {
+  return _mm256_sub_ps(a, b);
+}
+RING_F vf mul(vf a, vf b) {
+  return _mm256_mul_ps(a, b);
+}
+RING_F vf div(vf a, vf b) {
+  return _mm256_div_ps(a, b);
+}
+RING_F vf fmadd(vf a, vf b, vf c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+RING_F vf fnmadd(vf a, vf b, vf c) {
+  return _mm256_fnmadd_ps(a, b, c);
+}
+RING_F vf max(vf a, vf b) {
+  return _mm256_max_ps(a, b);
+}
+RING_F vf min(vf a, vf b) {
+  return _mm256_min_ps(a, b);
+}
+RING_F vf sqrt(vf a) {
+  return _mm256_sqrt_ps(a);
+}
+RING_F vf abs(vf a) {
+  return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+RING_F float reduce_add(vf a) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+RING_F float reduce_max(vf a) {
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_max_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+RING_F mask cmp_lt(vf a, vf b) {
+  return _mm256_cmp_ps(a, b, _CMP_LT_OQ);
+}
+RING_F mask cmp_ge(vf a, vf b) {
+  return _mm256_cmp_ps(a, b, _CMP_GE_OQ);
+}
+RING_F vf select(mask m, vf if_true, vf if_false) {
+  return _mm256_blendv_ps(if_false, if_true, m);
+}
+RING_F vi round_to_int(vf a) {
+  return _mm256_cvtps_epi32(a);
+}
+RING_F vf int_to_float(vi a) {
+  return _mm256_cvtepi32_ps(a);
+}
+RING_F vf pow2_int(vi n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+}
+RING_F vf swap_pairs(vf a) {
+  return _mm256_permute_ps(a, 0xB1);
+}
+RING_F uint32_t abs_bits_gt(const float* p, int32_t threshold) {
+  __m256i b = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                               _mm256_set1_epi32(0x7fffffff));
+  __m256i gt = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(threshold));
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(gt)));
+}
+RING_F dacc dacc_zero() {
+  return {_mm256_setzero_pd(), _mm256_setzero_pd()};
+}
+RING_F void dacc_add_squares(dacc& acc, vf x) {
+  __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+  __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+  acc.lo = _mm256_fmadd_pd(lo, lo, acc.lo);
+  acc.hi = _mm256_fmadd_pd(hi, hi, acc.hi);
+}
+RING_F double dacc_reduce(const dacc& acc) {
+  alignas(32) double t[4];
+  _mm256_store_pd(t, _mm256_add_pd(acc.lo, acc.hi));
+  return (t[0] + t[1]) + (t[2] + t[3]);
+}
+#undef RING_F
+}  // namespace avx2
+
+// ---- scalar fallback: 1 lane, plain C++ ----------------------------------------------------
+namespace scalar {
+#define RING_F RING_SIMD_INLINE
+constexpr int kWidth = 1;
+using vf = float;
+using vi = int32_t;
+using mask = bool;
+struct dacc {
+  double s;
+};
+
+RING_F vf loadu(const float* p) {
+  return *p;
+}
+RING_F void storeu(float* p, vf v) {
+  *p = v;
+}
+RING_F vf load_partial(const float* p, int count) {
+  return count > 0 ? *p : 0.f;
+}
+RING_F void store_partial(float* p, vf v, int count) {
+  if (count > 0) *p = v;
+}
+RING_F vf set1(float x) {
+  return x;
+}
+RING_F vf zero() {
+  return 0.f;
+}
+RING_F vf add(vf a, vf b) {
+  return a + b;
+}
+RING_F vf sub(vf a, vf b) {
+  return a - b;
+}
+RING_F vf mul(vf a, vf b) {
+  return a * b;
+}
+RING_F vf div(vf a, vf b) {
+  return a / b;
+}
+RING_F vf fmadd(vf a, vf b, vf c) {
+  return std::fma(a, b, c);
+}
+RING_F vf fnmadd(vf a, vf b, vf c) {
+  return std::fma(-a, b, c);
+}
+// Same NaN behaviour as maxps/minps: the second operand when either is NaN.
+RING_F vf max(vf a, vf b) {
+  return a > b ? a : b;
+}
+RING_F vf min(vf a, vf b) {
+  return a < b ? a : b;
+}
+RING_F vf sqrt(vf a) {
+  return std::sqrt(a);
+}
+RING_F vf abs(vf a) {
+  return std::fabs(a);
+}
+RING_F float reduce_add(vf a) {
+  return a;
+}
+RING_F float reduce_max(vf a) {
+  return a;
+}
+RING_F mask cmp_lt(vf a, vf b) {
+  return a < b;
+}
+RING_F mask cmp_ge(vf a, vf b) {
+  return a >= b;
+}
+RING_F vf select(mask m, vf if_true, vf if_false) {
+  return m ? if_true : if_false;
+}
+RING_F vi round_to_int(vf a) {
+  return static_cast<int32_t>(std::nearbyint(a));
+}
+RING_F vf int_to_float(vi a) {
+  return static_cast<float>(a);
+}
+RING_F vf pow2_int(vi n) {
+  return std::bit_cast<float>(static_cast<uint32_t>(n + 127) << 23);
+}
+RING_F vf swap_pairs(vf a) {
+  return a;
+}  // unused: RoPE's scalar path works on pairs directly
+RING_F uint32_t abs_bits_gt(const float* p, int32_t threshold) {
+  uint32_t b;
+  std::memcpy(&b, p, 4);
+  return static_cast<int32_t>(b & 0x7fffffffu) > threshold ? 1u : 0u;
+}
+RING_F dacc dacc_zero() {
+  return {0.0};
+}
+RING_F void dacc_add_squares(dacc& acc, vf x) {
+  double d = x;
+  acc.s += d * d;
+}
+RING_F double dacc_reduce(const dacc& acc) {
+  return acc.s;
+}
+#undef RING_F
+}  // namespace scalar
+
+}  // namespace ring::kernels::cpu::simd
