@@ -21,7 +21,9 @@ namespace {
 constexpr size_t kMaxSkippedExamples = 8;
 constexpr unsigned kReadChunk = 1u << 20;  // bytes per gzread call
 
-std::string os_error(int err) { return std::strerror(err); }
+std::string os_error(int err) {
+  return std::strerror(err);
+}
 
 // Mixes 8 bytes at a time (tail padded with zeros); not cryptographic, only to tell corpora apart.
 uint64_t hash_bytes(uint64_t h, const uint8_t* p, size_t n) {
@@ -45,11 +47,11 @@ uint64_t hash_bytes(uint64_t h, const uint8_t* p, size_t n) {
 
 struct FileEntry {
   std::string path;
-  size_t root = 0;    // index into the user's paths
+  size_t root = 0;         // index into the user's paths
   bool explicit_ = false;  // the path was named in data.paths itself
 };
 
-// Closes a file descriptor or a gzFile on every exit path.
+// Closes a file descriptor on every exit path.
 struct FdCloser {
   int fd = -1;
   ~FdCloser() {
@@ -101,10 +103,10 @@ class TextCorpus::Builder {
 
   void check_options() const {
     if (o_.max_doc_len < 0 || o_.min_doc_len < 1 || o_.max_total_bytes < 1)
-      throw DataError(fmt::format(
-          "corpus options: max_doc_len ({}) must be >= 0, min_doc_len ({}) >= 1, "
-          "max_total_bytes ({}) >= 1",
-          o_.max_doc_len, o_.min_doc_len, o_.max_total_bytes));
+      throw DataError(
+          fmt::format("corpus options: max_doc_len ({}) must be >= 0, min_doc_len ({}) >= 1, "
+                      "max_total_bytes ({}) >= 1",
+                      o_.max_doc_len, o_.min_doc_len, o_.max_total_bytes));
   }
 
   TextCorpus build() {
@@ -124,9 +126,9 @@ class TextCorpus::Builder {
     }
     if (c_.num_docs() == 0) throw DataError(empty_message());
     c_.content_hash_ = hash_bytes(0x7269'6e67'6461'7461ull, c_.bytes_.data(), c_.bytes_.size());
-    c_.content_hash_ = hash_bytes(c_.content_hash_,
-                                  reinterpret_cast<const uint8_t*>(c_.offsets_.data()),
-                                  c_.offsets_.size() * sizeof(int64_t));
+    c_.content_hash_ =
+        hash_bytes(c_.content_hash_, reinterpret_cast<const uint8_t*>(c_.offsets_.data()),
+                   c_.offsets_.size() * sizeof(int64_t));
     return std::move(c_);
   }
 
@@ -165,9 +167,9 @@ class TextCorpus::Builder {
     if (c_.num_docs() == 0)
       throw DataError("in-memory corpus: no document is at least min_doc_len tokens long");
     c_.content_hash_ = hash_bytes(0x7269'6e67'6461'7461ull, c_.bytes_.data(), c_.bytes_.size());
-    c_.content_hash_ = hash_bytes(c_.content_hash_,
-                                  reinterpret_cast<const uint8_t*>(c_.offsets_.data()),
-                                  c_.offsets_.size() * sizeof(int64_t));
+    c_.content_hash_ =
+        hash_bytes(c_.content_hash_, reinterpret_cast<const uint8_t*>(c_.offsets_.data()),
+                   c_.offsets_.size() * sizeof(int64_t));
     return std::move(c_);
   }
 
@@ -224,8 +226,8 @@ class TextCorpus::Builder {
       files_.push_back({path, root, is_root});
     } else {
       if (is_root)
-        throw DataError(fmt::format(
-            "data.paths: '{}' is neither a regular file nor a directory", path));
+        throw DataError(
+            fmt::format("data.paths: '{}' is neither a regular file nor a directory", path));
       skip(path, root, "not a regular file");
     }
   }

@@ -40,8 +40,8 @@ struct CorpusOptions {
 };
 
 struct CorpusStats {
-  int64_t files_found = 0;       // regular files reached (after de-duplication)
-  int64_t files_used = 0;        // files that gave at least one document
+  int64_t files_found = 0;  // regular files reached (after de-duplication)
+  int64_t files_used = 0;   // files that gave at least one document
   int64_t files_binary = 0;
   int64_t files_empty = 0;
   int64_t files_too_short = 0;   // non-empty text, every piece shorter than min_doc_len

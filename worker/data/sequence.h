@@ -27,8 +27,8 @@ inline constexpr int32_t kIgnoreLabel = -1;
 inline constexpr int32_t kPadToken = 0;  // NUL never occurs in text documents (binary files)
 
 struct SegmentSource {
-  int64_t doc = -1;     // corpus document index (passkey: sample index); -1 for padding
-  int64_t offset = 0;   // offset of the segment's first token within that document
+  int64_t doc = -1;    // corpus document index (passkey: sample index); -1 for padding
+  int64_t offset = 0;  // offset of the segment's first token within that document
 };
 
 struct Sequence {
