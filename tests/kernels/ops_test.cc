@@ -13,6 +13,7 @@
 // against fp64 references get a few ulp of relative error plus an atol for values near 0;
 // transcendental ops (exp, erfc polynomials) get 1e-5 relative.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -565,7 +566,8 @@ TorchRun run_torch() {
   }
   int rc = pipe ? pclose(pipe) : -1;
   if (rc != 0) {
-    r.message = "torch_ops.py failed (status " + std::to_string(rc) + "): " + output;
+    r.message = "torch_ops.py failed (exit " +
+                std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : rc) + "): " + output;
   } else {
     for (auto& e : std::filesystem::directory_iterator(dir)) {
       std::string name = e.path().filename().string();
@@ -601,7 +603,7 @@ class TorchOpsTest : public OpsTest {};
     return it == T.out.end() ? empty : it->second;                       \
   }())
 
-TEST_P(TorchOpsTest, RmsNorm) {
+void torch_rmsnorm(Backend* be_) {
   // Tolerance vs torch (fp32 both): y, rstd rtol 1e-5 atol 1e-6; dx, dgain rtol 1e-4 atol 1e-5.
   REQUIRE_TORCH();
   int64_t n = I("rms_n"), d = I("rms_d");
@@ -619,7 +621,7 @@ TEST_P(TorchOpsTest, RmsNorm) {
   EXPECT_TRUE(close(dgain, TORCH_OUT("rms_dgain"), 1e-5, 1e-4));
 }
 
-TEST_P(TorchOpsTest, GeluAndSwiGlu) {
+void torch_gelu_swiglu(Backend* be_) {
   // Tolerance vs torch: rtol 1e-5, atol 1e-6 (torch uses libm erf/exp; we use polynomials).
   REQUIRE_TORCH();
   int64_t n = I("act_n");
@@ -637,7 +639,7 @@ TEST_P(TorchOpsTest, GeluAndSwiGlu) {
   EXPECT_TRUE(close(dup, TORCH_OUT("swiglu_dup"), 1e-6, 1e-5));
 }
 
-TEST_P(TorchOpsTest, CrossEntropyIgnoreIndex) {
+void torch_cross_entropy(Backend* be_) {
   // Tolerance vs torch: loss rtol 1e-5; dlogits atol 1e-7 (grad_scale 0.05), rtol 1e-4.
   REQUIRE_TORCH();
   int64_t n = I("ce_n"), vocab = I("ce_vocab");
@@ -656,7 +658,7 @@ TEST_P(TorchOpsTest, CrossEntropyIgnoreIndex) {
   EXPECT_TRUE(close(dl, TORCH_OUT("ce_dlogits"), 1e-7, 1e-4));
 }
 
-TEST_P(TorchOpsTest, Embedding) {
+void torch_embedding(Backend* be_) {
   // Exact vs torch: copies and fp32 sums (torch's index_add order may differ: rtol 1e-6).
   REQUIRE_TORCH();
   int64_t n = I("emb_n"), vocab = I("emb_vocab"), d = I("emb_d");
@@ -672,7 +674,7 @@ TEST_P(TorchOpsTest, Embedding) {
   EXPECT_TRUE(close(dt, TORCH_OUT("emb_dtable"), 1e-6, 1e-6));
 }
 
-TEST_P(TorchOpsTest, Rope) {
+void torch_rope(Backend* be_) {
   // Tolerance vs torch (same fp64 angles, fp32 rotation): atol 2e-6, rtol 1e-5.
   REQUIRE_TORCH();
   int64_t n = I("rope_n"), heads = I("rope_heads"), hd = I("rope_hd");
@@ -683,7 +685,7 @@ TEST_P(TorchOpsTest, Rope) {
   EXPECT_TRUE(close(x, TORCH_OUT("rope_out"), 2e-6, 1e-5));
 }
 
-TEST_P(TorchOpsTest, AdamW) {
+void torch_adamw(Backend* be_) {
   // Tolerance vs torch.optim.AdamW (fp32, different operation order): p atol 1e-6 rtol 1e-6;
   // m, v rtol 1e-6 plus an atol of a few ulp of (1 - beta) g: torch updates m with
   // lerp(m, g, 1 - beta1), whose rounding is relative to g, not to m.
@@ -699,6 +701,34 @@ TEST_P(TorchOpsTest, AdamW) {
   EXPECT_TRUE(close(p, TORCH_OUT("adam_p"), 1e-6, 1e-6));
   EXPECT_TRUE(close(m, TORCH_OUT("adam_m"), 3e-8, 1e-6));
   EXPECT_TRUE(close(v, TORCH_OUT("adam_v"), 1e-11, 1e-6));
+}
+
+// One test per ISA (one python run per test process under ctest), each op traced by name.
+TEST_P(TorchOpsTest, AllOpsMatchTorch) {
+  {
+    SCOPED_TRACE("rmsnorm");
+    torch_rmsnorm(be_.get());
+  }
+  {
+    SCOPED_TRACE("gelu_swiglu");
+    torch_gelu_swiglu(be_.get());
+  }
+  {
+    SCOPED_TRACE("cross_entropy");
+    torch_cross_entropy(be_.get());
+  }
+  {
+    SCOPED_TRACE("embedding");
+    torch_embedding(be_.get());
+  }
+  {
+    SCOPED_TRACE("rope");
+    torch_rope(be_.get());
+  }
+  {
+    SCOPED_TRACE("adamw");
+    torch_adamw(be_.get());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, OpsTest, ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
