@@ -79,7 +79,8 @@ struct Kernels {
 #undef RING_ISA_NS
 #undef RING_ISA_TARGET
 
-const Kernels kKernels[3] = {scalar::make_kernels(), avx2::make_kernels(), avx512::make_kernels()};
+constexpr Kernels kKernels[3] = {scalar::make_kernels(), avx2::make_kernels(),
+                                 avx512::make_kernels()};
 
 std::atomic<int> g_isa{-1};  // -1: not chosen yet
 
