@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""PyTorch 1.13 reference of ringmaster's decoder-only transformer (worker/model/model.h).
+
+Usage: torch_model.py DIR [float64|float32]
+
+Reads from DIR (written by tests/worker/model_test.cc):
+  config.json   model hyper-parameters, the flat parameter layout (name, shape, offset), the token
+                count T and global_valid
+  params.f32    [total] float32, the flat parameter buffer
+  ids.i32 labels.i32 docs.i32 [T] int32, pos.i64 [T] int64
+Writes to DIR:
+  loss.f64      [1] float64, sum of cross-entropy over valid labels / global_valid
+  grads.f64     [total] float64, d loss / d params in the same flat layout (gaps are 0)
+
+Written with PyTorch's own ops and autograd (no fused attention or rms_norm: neither exists in
+1.13): RMSNorm written out, RoPE on interleaved pairs at the given global positions, attention as
+an explicit masked softmax with the causal (pos_k <= pos_q) and same-document mask, GQA by
+repeating K/V heads. Exits with status 3 and a message when torch cannot be imported.
+"""
+import json
+import os
+import sys
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except Exception as e:  # pragma: no cover - reported by the C++ test
+    print(f"torch_model.py: cannot import torch/numpy ({e}); install python3-torch", file=sys.stderr)
+    sys.exit(3)
+
+
+def rmsnorm(x, g, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * g
+
+
+def rope(x, pos, theta):
+    # x: [T, H, hd]; rotates (x[2j], x[2j+1]) by pos * theta^(-2j/hd).
+    hd = x.shape[-1]
+    j = torch.arange(hd // 2, dtype=torch.float64)
+    inv = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -2.0 * j / hd)
+    ang = pos.to(torch.float64)[:, None] * inv[None, :]
+    c = torch.cos(ang).to(x.dtype)[:, None, :]
+    s = torch.sin(ang).to(x.dtype)[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1).flatten(-2)
+
+
+def attention(q, k, v, pos, docs, scale):
+    # q: [T, H, hd]; k, v: [T, KH, hd] -> [T, H, hd]
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.einsum("ihd,jhd->hij", q, k) * scale
+    allowed = (pos[None, :] <= pos[:, None]) & (docs[:, None] == docs[None, :])
+    s = s.masked_fill(~allowed[None, :, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("hij,jhd->ihd", p, v)
+
+
+def model_loss(cfg, P, ids, labels, pos, docs, global_valid):
+    T = ids.shape[0]
+    H, KH, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    eps, theta = cfg["norm_eps"], cfg["rope_theta"]
+    x = P["embedding.weight"][ids.long()]
+    for l in range(cfg["layers"]):
+        p = f"layers.{l}."
+        h = rmsnorm(x, P[p + "attn_norm.gain"], eps)
+        q = (h @ P[p + "attn.wq"].t()).view(T, H, hd)
+        k = (h @ P[p + "attn.wk"].t()).view(T, KH, hd)
+        v = (h @ P[p + "attn.wv"].t()).view(T, KH, hd)
+        q, k = rope(q, pos, theta), rope(k, pos, theta)
+        o = attention(q, k, v, pos, docs, 1.0 / (hd ** 0.5)).reshape(T, H * hd)
+        x = x + o @ P[p + "attn.wo"].t()
+        h = rmsnorm(x, P[p + "mlp_norm.gain"], eps)
+        if cfg["mlp"] == "swiglu":
+            a = F.silu(h @ P[p + "mlp.w_gate"].t()) * (h @ P[p + "mlp.w_up"].t())
+        else:
+            a = F.gelu(h @ P[p + "mlp.w_up"].t())
+        x = x + a @ P[p + "mlp.w_down"].t()
+    x = rmsnorm(x, P["final_norm.gain"], eps)
+    w = P["embedding.weight"] if cfg["tie_embeddings"] else P["lm_head.weight"]
+    logits = x @ w.t()
+    return F.cross_entropy(logits, labels.long(), ignore_index=-1, reduction="sum") / global_valid
+
+
+def main():
+    d = sys.argv[1]
+    dtype = torch.float64 if (len(sys.argv) < 3 or sys.argv[2] == "float64") else torch.float32
+    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "1")))
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    flat = np.fromfile(os.path.join(d, "params.f32"), dtype=np.float32)
+    P = {}
+    for v in cfg["params"]:
+        t = torch.from_numpy(flat[v["offset"]:v["offset"] + v["size"]].copy()).to(dtype)
+        P[v["name"]] = t.view(*v["shape"]).requires_grad_(True)
+    ids = torch.from_numpy(np.fromfile(os.path.join(d, "ids.i32"), dtype=np.int32))
+    labels = torch.from_numpy(np.fromfile(os.path.join(d, "labels.i32"), dtype=np.int32))
+    pos = torch.from_numpy(np.fromfile(os.path.join(d, "pos.i64"), dtype=np.int64))
+    docs = torch.from_numpy(np.fromfile(os.path.join(d, "docs.i32"), dtype=np.int32))
+    loss = model_loss(cfg, P, ids, labels, pos, docs, float(cfg["global_valid"]))
+    loss.backward()
+    grads = np.zeros(cfg["total"], dtype=np.float64)
+    for v in cfg["params"]:
+        grads[v["offset"]:v["offset"] + v["size"]] = P[v["name"]].grad.reshape(-1).double().numpy()
+    np.array([loss.item()], dtype=np.float64).tofile(os.path.join(d, "loss.f64"))
+    grads.tofile(os.path.join(d, "grads.f64"))
+
+
+if __name__ == "__main__":
+    main()

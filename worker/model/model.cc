@@ -1,0 +1,363 @@
+#include "worker/model/model.h"
+
+#include <cmath>
+#include <random>
+#include <string>
+
+namespace ring::model {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Uniform in (0, 1) from the top 53 bits; never 0 so log() is finite.
+double uniform_open(std::mt19937_64& rng) {
+  return (static_cast<double>(rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+// n normal values with standard deviation `std` (Box-Muller, both outputs used).
+void fill_normal(uint64_t seed, float std, int64_t n, float* out) {
+  std::mt19937_64 rng(seed);
+  constexpr double kTwoPi = 6.283185307179586476925;
+  for (int64_t i = 0; i < n; i += 2) {
+    double r = std::sqrt(-2.0 * std::log(uniform_open(rng)));
+    double t = kTwoPi * uniform_open(rng);
+    out[i] = static_cast<float>(std * r * std::cos(t));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(std * r * std::sin(t));
+  }
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExecutor* attention)
+    : config_(config), layout_(config), backend_(backend), attention_(attention) {
+  const std::string mlp_gate = config_.mlp == spec::MlpKind::kSwiGLU ? "mlp.w_gate" : "";
+  off_.resize(config_.layers);
+  for (int l = 0; l < config_.layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    LayerOffsets& o = off_[l];
+    o.attn_norm = layout_.offset(p + "attn_norm.gain");
+    o.wq = layout_.offset(p + "attn.wq");
+    o.wk = layout_.offset(p + "attn.wk");
+    o.wv = layout_.offset(p + "attn.wv");
+    o.wo = layout_.offset(p + "attn.wo");
+    o.mlp_norm = layout_.offset(p + "mlp_norm.gain");
+    o.w_gate = mlp_gate.empty() ? -1 : layout_.offset(p + mlp_gate);
+    o.w_up = layout_.offset(p + "mlp.w_up");
+    o.w_down = layout_.offset(p + "mlp.w_down");
+  }
+  off_final_norm_ = layout_.offset("final_norm.gain");
+  off_embedding_ = layout_.offset("embedding.weight");
+  off_head_ = config_.tie_embeddings ? off_embedding_ : layout_.offset("lm_head.weight");
+  params_.resize(backend_, layout_.total());
+  grads_.resize(backend_, layout_.total());
+  check_status(backend_->fill(layout_.total(), 0.f, params_.data()), "fill");
+  zero_grads();
+  xs_.resize(config_.layers + 1);
+  acts_.resize(config_.recompute ? 1 : config_.layers);
+}
+
+void Model::init_params(uint64_t seed) {
+  std::vector<float> host(layout_.total(), 0.f);
+  const float kStd = 0.02f;
+  const float out_std = kStd / std::sqrt(2.f * static_cast<float>(config_.layers));
+  const auto& views = layout_.views();
+  for (size_t i = 0; i < views.size(); ++i) {
+    const ParamView& v = views[i];
+    float* dst = host.data() + v.offset;
+    if (ends_with(v.name, ".gain")) {
+      for (int64_t j = 0; j < v.size; ++j) dst[j] = 1.f;
+      continue;
+    }
+    const bool residual_out = ends_with(v.name, ".wo") || ends_with(v.name, ".w_down");
+    fill_normal(splitmix64(seed ^ splitmix64(i + 1)), residual_out ? out_std : kStd, v.size, dst);
+  }
+  set_params(host);
+}
+
+void Model::set_params(const std::vector<float>& host) {
+  if (static_cast<int64_t>(host.size()) != layout_.total()) {
+    throw ModelError("set_params: expected " + std::to_string(layout_.total()) + " floats, got " +
+                     std::to_string(host.size()));
+  }
+  check_status(backend_->copy_to_device(params_.data(), host.data(), params_.bytes()),
+               "copy_to_device");
+}
+
+std::vector<float> Model::get_params() const {
+  std::vector<float> host(layout_.total());
+  check_status(backend_->copy_to_host(host.data(), params_.data(), params_.bytes()),
+               "copy_to_host");
+  return host;
+}
+
+std::vector<float> Model::get_grads() const {
+  std::vector<float> host(layout_.total());
+  check_status(backend_->copy_to_host(host.data(), grads_.data(), grads_.bytes()),
+               "copy_to_host");
+  return host;
+}
+
+void Model::zero_grads() {
+  check_status(backend_->fill(layout_.total(), 0.f, grads_.data()), "fill");
+}
+
+void Model::linear(const float* x, const float* w, int64_t out, int64_t in, float* y) {
+  check_status(backend_->gemm(kernels::DType::kF32, false, true, t_, out, in, 1.f, x, in, w, in,
+                              0.f, y, out),
+               "gemm");
+}
+
+void Model::linear_dx(const float* dy, const float* w, int64_t out, int64_t in, float beta,
+                      float* dx) {
+  check_status(backend_->gemm(kernels::DType::kF32, false, false, t_, in, out, 1.f, dy, out, w, in,
+                              beta, dx, in),
+               "gemm");
+}
+
+void Model::linear_dw(const float* dy, const float* x, int64_t out, int64_t in, float* dw) {
+  check_status(backend_->gemm(kernels::DType::kF32, true, false, out, in, t_, 1.f, dy, out, x, in,
+                              1.f, dw, in),
+               "gemm");
+}
+
+void Model::ensure(LayerActs& a) {
+  const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
+  a.h1.resize(backend_, t * d);
+  a.q.resize(backend_, t * config_.q_dim());
+  a.k.resize(backend_, t * config_.kv_dim());
+  a.v.resize(backend_, t * config_.kv_dim());
+  a.o.resize(backend_, t * config_.q_dim());
+  a.lse.resize(backend_, t * config_.heads);
+  a.x_mid.resize(backend_, t * d);
+  a.h2.resize(backend_, t * d);
+  if (config_.mlp == spec::MlpKind::kSwiGLU) a.gate.resize(backend_, t * f);
+  a.up.resize(backend_, t * f);
+  a.rstd1.resize(backend_, t);
+  a.rstd2.resize(backend_, t);
+}
+
+void Model::prepare(const Batch& b) {
+  if (b.tokens < 1 || b.ids == nullptr || b.labels == nullptr || b.positions == nullptr) {
+    throw ModelError("batch: tokens >= 1 and ids, labels, positions are required");
+  }
+  t_ = b.tokens;
+  const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
+  ids_.resize(backend_, t);
+  labels_.resize(backend_, t);
+  pos_.resize(backend_, t);
+  has_docs_ = b.doc_ids != nullptr;
+  check_status(backend_->copy_to_device(ids_.data(), b.ids, ids_.bytes()), "copy_to_device");
+  check_status(backend_->copy_to_device(labels_.data(), b.labels, labels_.bytes()),
+               "copy_to_device");
+  check_status(backend_->copy_to_device(pos_.data(), b.positions, pos_.bytes()),
+               "copy_to_device");
+  if (has_docs_) {
+    docs_.resize(backend_, t);
+    check_status(backend_->copy_to_device(docs_.data(), b.doc_ids, docs_.bytes()),
+                 "copy_to_device");
+  }
+  for (auto& x : xs_) x.resize(backend_, t * d);
+  for (auto& a : acts_) ensure(a);
+  xf_.resize(backend_, t * d);
+  rstd_f_.resize(backend_, t);
+  logits_.resize(backend_, t * config_.vocab);
+  dx_.resize(backend_, t * d);
+  dtmp_.resize(backend_, t * d);
+  dh_.resize(backend_, t * d);
+  act_.resize(backend_, t * f);
+  dact_.resize(backend_, t * f);
+  dup_.resize(backend_, t * f);
+  if (config_.mlp == spec::MlpKind::kSwiGLU) dgate_.resize(backend_, t * f);
+  dq_.resize(backend_, t * config_.q_dim());
+  do_.resize(backend_, t * config_.q_dim());
+  dk_.resize(backend_, t * config_.kv_dim());
+  dv_.resize(backend_, t * config_.kv_dim());
+}
+
+AttentionCall Model::attention_call(int l, LayerActs& a) const {
+  AttentionCall c;
+  c.layer = l;
+  c.tokens = t_;
+  c.heads = config_.heads;
+  c.kv_heads = config_.kv_heads;
+  c.head_dim = config_.head_dim;
+  c.scale = 1.f / std::sqrt(static_cast<float>(config_.head_dim));
+  c.positions = pos_.data();
+  c.doc_ids = has_docs_ ? docs_.data() : nullptr;
+  c.q = a.q.data();
+  c.k = a.k.data();
+  c.v = a.v.data();
+  return c;
+}
+
+void Model::embed_forward() {
+  check_status(backend_->embedding_forward(t_, config_.vocab, config_.d_model, ids_.data(),
+                                           params_.data() + off_embedding_, xs_[0].data()),
+               "embedding_forward");
+}
+
+void Model::layer_forward(int l, LayerActs& a) {
+  const LayerOffsets& o = off_[l];
+  const float* w = params_.data();
+  const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
+  const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
+  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[l].data(), w + o.attn_norm,
+                                         a.h1.data(), a.rstd1.data()),
+               "rmsnorm_forward");
+  linear(a.h1.data(), w + o.wq, qd, d, a.q.data());
+  linear(a.h1.data(), w + o.wk, kvd, d, a.k.data());
+  linear(a.h1.data(), w + o.wv, kvd, d, a.v.data());
+  check_status(backend_->rope(t, config_.heads, config_.head_dim, config_.rope_theta, pos_.data(),
+                              false, a.q.data()),
+               "rope");
+  check_status(backend_->rope(t, config_.kv_heads, config_.head_dim, config_.rope_theta,
+                              pos_.data(), false, a.k.data()),
+               "rope");
+  attention_->forward(attention_call(l, a), a.o.data(), a.lse.data());
+  linear(a.o.data(), w + o.wo, d, qd, a.x_mid.data());
+  check_status(backend_->add(t * d, xs_[l].data(), a.x_mid.data(), a.x_mid.data()), "add");
+  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, a.x_mid.data(), w + o.mlp_norm,
+                                         a.h2.data(), a.rstd2.data()),
+               "rmsnorm_forward");
+  if (config_.mlp == spec::MlpKind::kSwiGLU) {
+    linear(a.h2.data(), w + o.w_gate, f, d, a.gate.data());
+    linear(a.h2.data(), w + o.w_up, f, d, a.up.data());
+    check_status(backend_->swiglu_forward(t * f, a.gate.data(), a.up.data(), act_.data()),
+                 "swiglu_forward");
+  } else {
+    linear(a.h2.data(), w + o.w_up, f, d, a.up.data());
+    check_status(backend_->gelu_forward(t * f, a.up.data(), act_.data()), "gelu_forward");
+  }
+  linear(act_.data(), w + o.w_down, d, f, xs_[l + 1].data());
+  check_status(backend_->add(t * d, a.x_mid.data(), xs_[l + 1].data(), xs_[l + 1].data()), "add");
+}
+
+void Model::layer_backward(int l, LayerActs& a) {
+  // In: dx_ = dL/d(block output) [T, d]. Out: dx_ = dL/d(block input).
+  const LayerOffsets& o = off_[l];
+  const float* w = params_.data();
+  float* gr = grads_.data();
+  const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
+  const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
+
+  // MLP. act = silu(gate) * up or gelu(up) is recomputed (cheap) rather than kept per layer.
+  if (config_.mlp == spec::MlpKind::kSwiGLU) {
+    check_status(backend_->swiglu_forward(t * f, a.gate.data(), a.up.data(), act_.data()),
+                 "swiglu_forward");
+  } else {
+    check_status(backend_->gelu_forward(t * f, a.up.data(), act_.data()), "gelu_forward");
+  }
+  linear_dw(dx_.data(), act_.data(), d, f, gr + o.w_down);
+  linear_dx(dx_.data(), w + o.w_down, d, f, 0.f, dact_.data());  // [T, f]
+  if (config_.mlp == spec::MlpKind::kSwiGLU) {
+    check_status(backend_->swiglu_backward(t * f, a.gate.data(), a.up.data(), dact_.data(),
+                                           dgate_.data(), dup_.data()),
+                 "swiglu_backward");
+    linear_dw(dgate_.data(), a.h2.data(), f, d, gr + o.w_gate);
+    linear_dw(dup_.data(), a.h2.data(), f, d, gr + o.w_up);
+    linear_dx(dgate_.data(), w + o.w_gate, f, d, 0.f, dh_.data());
+    linear_dx(dup_.data(), w + o.w_up, f, d, 1.f, dh_.data());
+  } else {
+    check_status(backend_->gelu_backward(t * f, a.up.data(), dact_.data(), dup_.data()),
+                 "gelu_backward");
+    linear_dw(dup_.data(), a.h2.data(), f, d, gr + o.w_up);
+    linear_dx(dup_.data(), w + o.w_up, f, d, 0.f, dh_.data());
+  }
+  check_status(backend_->rmsnorm_backward(t, d, a.x_mid.data(), w + o.mlp_norm, a.rstd2.data(),
+                                          dh_.data(), dtmp_.data(), gr + o.mlp_norm),
+               "rmsnorm_backward");
+  check_status(backend_->add(t * d, dx_.data(), dtmp_.data(), dx_.data()), "add");  // dL/dx_mid
+
+  // Attention.
+  linear_dw(dx_.data(), a.o.data(), d, qd, gr + o.wo);
+  linear_dx(dx_.data(), w + o.wo, d, qd, 0.f, do_.data());  // [T, H, hd]
+  attention_->backward(attention_call(l, a), a.o.data(), a.lse.data(), do_.data(), dq_.data(),
+                       dk_.data(), dv_.data());
+  // RoPE is a rotation: its backward is the inverse rotation.
+  check_status(backend_->rope(t, config_.heads, config_.head_dim, config_.rope_theta, pos_.data(),
+                              true, dq_.data()),
+               "rope");
+  check_status(backend_->rope(t, config_.kv_heads, config_.head_dim, config_.rope_theta,
+                              pos_.data(), true, dk_.data()),
+               "rope");
+  linear_dw(dq_.data(), a.h1.data(), qd, d, gr + o.wq);
+  linear_dw(dk_.data(), a.h1.data(), kvd, d, gr + o.wk);
+  linear_dw(dv_.data(), a.h1.data(), kvd, d, gr + o.wv);
+  linear_dx(dq_.data(), w + o.wq, qd, d, 0.f, dh_.data());
+  linear_dx(dk_.data(), w + o.wk, kvd, d, 1.f, dh_.data());
+  linear_dx(dv_.data(), w + o.wv, kvd, d, 1.f, dh_.data());
+  check_status(backend_->rmsnorm_backward(t, d, xs_[l].data(), w + o.attn_norm, a.rstd1.data(),
+                                          dh_.data(), dtmp_.data(), gr + o.attn_norm),
+               "rmsnorm_backward");
+  check_status(backend_->add(t * d, dx_.data(), dtmp_.data(), dx_.data()), "add");
+}
+
+LossResult Model::head_forward(int64_t global_valid, bool with_grad) {
+  const int64_t t = t_, d = config_.d_model, v = config_.vocab;
+  const float* w = params_.data();
+  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[config_.layers].data(),
+                                         w + off_final_norm_, xf_.data(), rstd_f_.data()),
+               "rmsnorm_forward");
+  linear(xf_.data(), w + off_head_, v, d, logits_.data());
+  LossResult r;
+  const float scale = 1.f / static_cast<float>(global_valid);
+  check_status(backend_->cross_entropy(t, v, logits_.data(), labels_.data(), scale, &r.loss_sum,
+                                       &r.valid, with_grad ? logits_.data() : nullptr),
+               "cross_entropy");
+  r.loss = r.loss_sum / static_cast<double>(global_valid);
+  return r;
+}
+
+void Model::head_backward() {
+  // logits_ holds dL/dlogits [T, vocab].
+  const int64_t t = t_, d = config_.d_model, v = config_.vocab;
+  linear_dw(logits_.data(), xf_.data(), v, d, grads_.data() + off_head_);
+  linear_dx(logits_.data(), params_.data() + off_head_, v, d, 0.f, dh_.data());
+  check_status(backend_->rmsnorm_backward(t, d, xs_[config_.layers].data(),
+                                          params_.data() + off_final_norm_, rstd_f_.data(),
+                                          dh_.data(), dx_.data(), grads_.data() + off_final_norm_),
+               "rmsnorm_backward");
+}
+
+LossResult Model::forward(const Batch& batch, int64_t global_valid) {
+  if (global_valid < 1) throw ModelError("forward: global_valid must be >= 1");
+  prepare(batch);
+  embed_forward();
+  for (int l = 0; l < config_.layers; ++l) layer_forward(l, acts_[config_.recompute ? 0 : l]);
+  return head_forward(global_valid, false);
+}
+
+LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
+                                   const BucketReadyFn& on_bucket) {
+  if (global_valid < 1) throw ModelError("forward_backward: global_valid must be >= 1");
+  prepare(batch);
+  embed_forward();
+  const int layers = static_cast<int>(config_.layers);
+  for (int l = 0; l < layers; ++l) layer_forward(l, acts_[config_.recompute ? 0 : l]);
+  LossResult r = head_forward(global_valid, true);
+  head_backward();
+  if (on_bucket) on_bucket(layout_.head_bucket());
+  for (int l = layers - 1; l >= 0; --l) {
+    LayerActs& a = acts_[config_.recompute ? 0 : l];
+    // With recompute the shared activations still hold the last block's forward.
+    if (config_.recompute && l != layers - 1) layer_forward(l, a);
+    layer_backward(l, a);
+    if (on_bucket) on_bucket(layout_.layer_bucket(l));
+  }
+  check_status(backend_->embedding_backward(t_, config_.vocab, config_.d_model, ids_.data(),
+                                            dx_.data(), grads_.data() + off_embedding_),
+               "embedding_backward");
+  if (on_bucket) on_bucket(layout_.embedding_bucket());
+  return r;
+}
+
+}  // namespace ring::model

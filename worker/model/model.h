@@ -1,0 +1,139 @@
+// The decoder-only transformer: forward and backward written out with the kernels::Backend ops
+// (no autograd), fp32, over THIS rank's tokens.
+//
+//   x0 = embedding[tokens]                                            [T, d]
+//   for each block l:
+//     h1 = rmsnorm(x, attn_norm.gain)                                 [T, d]
+//     q = rope(h1 wq^T), k = rope(h1 wk^T), v = h1 wv^T               [T, H|KH, hd], global pos
+//     o = attention(q, k, v; causal at global positions, same doc)    [T, H, hd] (AttentionExecutor)
+//     x = x + o wo^T
+//     h2 = rmsnorm(x, mlp_norm.gain)
+//     swiglu: x = x + (silu(h2 w_gate^T) * (h2 w_up^T)) w_down^T
+//     gelu:   x = x + gelu(h2 w_up^T) w_down^T                        (exact erf GELU)
+//   logits = rmsnorm(x, final_norm.gain) W^T, W = lm_head.weight or embedding.weight (tied)
+//   loss = sum over valid labels of cross-entropy / global_valid      (label -1: ignored)
+//
+// global_valid is the number of valid labels over the WHOLE sequence (all ranks), so that rank
+// losses and gradients simply add up. RoPE rotates pairs (x[2j], x[2j+1]) by pos * theta^(-2j/hd).
+//
+// Memory: activations are allocated once per token count and reused. Without recompute each block
+// keeps h1, q, k, v, o, lse, x_mid, h2, gate/up ([T, hidden] each) for the backward; with
+// model.recompute only each block's input x is kept and the block's forward is re-run in the
+// backward (identical arithmetic, so identical gradients). Everything is linear in T: attention
+// never materialises [T, T].
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "worker/model/attention.h"
+#include "worker/model/buffer.h"
+#include "worker/model/config.h"
+#include "worker/model/layout.h"
+
+namespace ring::model {
+
+// This rank's tokens. Host pointers; all arrays [tokens].
+struct Batch {
+  int64_t tokens = 0;
+  const int32_t* ids = nullptr;        // token ids in [0, vocab)
+  const int32_t* labels = nullptr;     // next-token labels, -1 = ignored
+  const int64_t* positions = nullptr;  // global positions (RoPE and the causal mask)
+  const int32_t* doc_ids = nullptr;    // document ids (mask); nullptr: one document
+};
+
+struct LossResult {
+  double loss_sum = 0;   // sum of per-token cross-entropy over this rank's valid labels (nats)
+  int64_t valid = 0;     // this rank's valid labels
+  // loss_sum / global_valid: this rank's share of the global mean loss.
+  double loss = 0;
+};
+
+// Called during the backward each time a bucket of the gradient buffer is final (in bucket
+// order: head, layers L-1 .. 0, embedding). See layout.h.
+using BucketReadyFn = std::function<void(const GradBucket&)>;
+
+class Model {
+ public:
+  // backend and attention must outlive the model.
+  Model(const ModelConfig& config, kernels::Backend* backend, AttentionExecutor* attention);
+
+  const ModelConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+  kernels::Backend* backend() const { return backend_; }
+
+  // Flat fp32 buffers in backend memory, [layout().total()] each.
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
+
+  // Deterministic init from a seed (train.seed): norm gains 1; embedding, lm_head, wq, wk, wv,
+  // w_gate, w_up ~ N(0, 0.02^2); the projections into the residual stream (wo, w_down)
+  // ~ N(0, (0.02 / sqrt(2 layers))^2) (GPT-2). Each tensor draws from its own stream
+  // (SplitMix64(seed, tensor index) -> mt19937_64 -> Box-Muller), independent of the platform's
+  // <random> distributions.
+  void init_params(uint64_t seed);
+  // Host copies of the flat buffers ([layout().total()] floats).
+  void set_params(const std::vector<float>& host);
+  std::vector<float> get_params() const;
+  std::vector<float> get_grads() const;
+  void zero_grads();
+
+  // Forward and backward; gradients are ACCUMULATED (+=) into grads() (call zero_grads() first
+  // for a fresh step). global_valid > 0. on_bucket (optional) is called as buckets complete.
+  LossResult forward_backward(const Batch& batch, int64_t global_valid,
+                              const BucketReadyFn& on_bucket = {});
+  // Forward only (evaluation). After it, logits() holds [T, vocab].
+  LossResult forward(const Batch& batch, int64_t global_valid);
+  const float* logits() const { return logits_.data(); }
+
+ private:
+  struct LayerActs {
+    DeviceArray<float> h1, q, k, v, o, lse, x_mid, h2, gate, up, rstd1, rstd2;
+  };
+  const float* p(const std::string& name) const;
+  float* g(const std::string& name);
+  void prepare(const Batch& batch);
+  void layer_forward(int l, LayerActs& a);
+  void layer_backward(int l, LayerActs& a);
+  void embed_forward();
+  LossResult head_forward(int64_t global_valid, bool with_grad);
+  void head_backward();
+  AttentionCall attention_call(int l, LayerActs& a) const;
+  void ensure(LayerActs& a);
+  // y[T, out] = x[T, in] w[out, in]^T
+  void linear(const float* x, const float* w, int64_t out, int64_t in, float* y);
+  // dx[T, in] (beta: 0 overwrite, 1 accumulate) += dy[T, out] w[out, in]
+  void linear_dx(const float* dy, const float* w, int64_t out, int64_t in, float beta, float* dx);
+  // dw[out, in] += dy[T, out]^T x[T, in]
+  void linear_dw(const float* dy, const float* x, int64_t out, int64_t in, float* dw);
+
+  ModelConfig config_;
+  ParamLayout layout_;
+  kernels::Backend* backend_;
+  AttentionExecutor* attention_;
+
+  // Per-layer offsets of each named tensor, cached: [layers][kind].
+  struct LayerOffsets {
+    int64_t attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
+  };
+  std::vector<LayerOffsets> off_;
+  int64_t off_final_norm_ = 0, off_head_ = 0, off_embedding_ = 0;
+
+  DeviceArray<float> params_, grads_;
+
+  int64_t t_ = 0;  // tokens of the current batch
+  DeviceArray<int32_t> ids_, labels_, docs_;
+  DeviceArray<int64_t> pos_;
+  bool has_docs_ = false;
+  std::vector<DeviceArray<float>> xs_;  // [layers + 1] x [T, d]: block inputs, final output
+  std::vector<LayerActs> acts_;         // [layers] or [1] with recompute
+  DeviceArray<float> xf_, rstd_f_, logits_;  // [T, d], [T], [T, vocab]
+  // Backward scratch.
+  DeviceArray<float> dx_, dtmp_, dh_, dact_, dgate_, dup_, act_, dq_, dk_, dv_, do_;
+};
+
+}  // namespace ring::model
