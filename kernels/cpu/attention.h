@@ -1,0 +1,34 @@
+// CPU attention kernels: tiled forward with online softmax, exact (out, lse) merge, and the
+// FlashAttention-2 style backward. Internal to the CPU backend (kernels/cpu/cpu_backend.cc
+// forwards the Backend methods here); the contract of every function is the one of the
+// matching Backend method in kernels/backend.h.
+//
+// Only DType::kF32 is implemented (kBF16 returns kUnsupported). threads <= 0 uses all OpenMP
+// threads. ISA (AVX-512, AVX2+FMA, portable scalar) is chosen once at run time from cpuid;
+// RING_CPU_ISA=scalar|avx2|avx512 in the environment can lower (never raise) the choice, which
+// the tests use to exercise every path.
+#pragma once
+
+#include "kernels/backend.h"
+
+namespace ring::kernels::cpu {
+
+// out [q_len, heads, head_dim], lse [q_len, heads]; stats (if given) is accumulated (+=).
+Status attention_forward(const AttentionArgs& a, float* out, float* lse, AttentionStats* stats,
+                         int threads);
+
+// (out_a, lse_a) <- merge((out_a, lse_a), (out_b, lse_b)); out_* [tokens, heads, head_dim],
+// lse_* [tokens, heads].
+Status attention_merge(int64_t tokens, int64_t heads, int64_t head_dim, float* out_a, float* lse_a,
+                       const float* out_b, const float* lse_b, int threads);
+
+// delta [tokens, heads] = rowwise dot(dout, out).
+Status attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads, int64_t head_dim,
+                                  const float* out, const void* dout, float* delta, int threads);
+
+// Accumulates (+=) dq [q_len, heads, head_dim], dk and dv [kv_len, kv_heads, head_dim].
+Status attention_backward(const AttentionArgs& a, const void* dout, const float* lse,
+                          const float* delta, float* dq, float* dk, float* dv,
+                          AttentionStats* stats, int threads);
+
+}  // namespace ring::kernels::cpu
