@@ -25,6 +25,7 @@
 #include "kernels/cpu/simd.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" int openblas_get_num_threads(void);
 
 namespace ring::kernels::cpu {
 namespace {
@@ -242,9 +243,9 @@ Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     }
     return Status::kOk;
   }
-  // openblas_set_num_threads is process-wide: set it only when it changes.
-  static std::atomic<int> blas_threads{-1};
-  if (blas_threads.exchange(threads) != threads) openblas_set_num_threads(threads);
+  // The OpenBLAS thread count is process-wide (other callers may change it): set it per call,
+  // only when it differs (setting it resizes OpenBLAS's pool).
+  if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, static_cast<const float*>(a), static_cast<int>(lda),

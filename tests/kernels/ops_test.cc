@@ -33,6 +33,8 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/reference/ops_ref.h"
 
+extern "C" int openblas_get_num_threads(void);
+
 namespace ring::kernels {
 namespace {
 
@@ -813,6 +815,20 @@ TEST(OpsValidation, BadArgumentsAreRejected) {
   EXPECT_EQ(
       be->gemm(DType::kF32, false, false, 0, 0, 0, 1.f, nullptr, 1, nullptr, 1, 0.f, nullptr, 1),
       Status::kOk);
+}
+
+TEST(Gemm, OpenBlasThreadsFollowTheBackend) {
+  const int64_t m = 257, n = 263, k = 129;  // large enough for OpenBLAS to use its threads
+  Vec a = randn(m * k, 130), b = randn(k * n, 131), c(m * n), c_ref(m * n);
+  ref::gemm(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c_ref.data(), n);
+  for (int threads : {1, 2, 1}) {
+    auto be = make_cpu(threads);
+    ASSERT_EQ(be->gemm(DType::kF32, false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f,
+                       c.data(), n),
+              Status::kOk);
+    EXPECT_EQ(openblas_get_num_threads(), threads);
+    EXPECT_TRUE(close(c, c_ref, 1e-4, 1e-4)) << "threads=" << threads;
+  }
 }
 
 TEST(OpsValidation, GemmWithZeroKScalesC) {
