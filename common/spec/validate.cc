@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cctype>
 #include <functional>
-#include <regex>
+#include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -35,30 +37,48 @@ struct Rule {
 
 // Parses a Slurm time limit into seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 std::optional<int64_t> slurm_time_seconds(const std::string& t) {
-  static const std::regex re(R"(^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$)");
-  std::smatch m;
-  if (!std::regex_match(t, m, re)) return std::nullopt;
-  auto num = [&](int i) -> int64_t {
-    if (!m[i].matched) return -1;
-    if (m[i].length() > 6) return -2;
-    return std::stoll(m[i].str());
-  };
-  int64_t d = num(1), a = num(2), b = num(3), c = num(4);
-  if (d == -2 || a == -2 || b == -2 || c == -2) return std::nullopt;
-  if (d >= 0) {  // D-HH[:MM[:SS]]
-    int64_t mm = b < 0 ? 0 : b, ss = c < 0 ? 0 : c;
-    if (a > 23 || mm > 59 || ss > 59) return std::nullopt;
-    return ((d * 24 + a) * 60 + mm) * 60 + ss;
+  std::vector<int64_t> f;  // the colon-separated fields after an optional "D-"
+  int64_t days = -1;
+  std::string rest = t;
+  if (auto dash = t.find('-'); dash != std::string::npos) {
+    std::string d = t.substr(0, dash);
+    if (d.empty() || d.size() > 6 || !std::all_of(d.begin(), d.end(), ::isdigit))
+      return std::nullopt;
+    days = std::stoll(d);
+    rest = t.substr(dash + 1);
   }
-  if (c >= 0) {  // HH:MM:SS
-    if (b > 59 || c > 59) return std::nullopt;
-    return (a * 60 + b) * 60 + c;
+  size_t i = 0;
+  while (true) {
+    size_t colon = rest.find(':', i);
+    std::string part = rest.substr(i, colon == std::string::npos ? std::string::npos : colon - i);
+    if (part.empty() || part.size() > 6 || !std::all_of(part.begin(), part.end(), ::isdigit))
+      return std::nullopt;
+    f.push_back(std::stoll(part));
+    if (colon == std::string::npos) break;
+    i = colon + 1;
   }
-  if (b >= 0) {  // MM:SS
-    if (b > 59) return std::nullopt;
-    return a * 60 + b;
+  if (f.size() > 3) return std::nullopt;
+  if (days >= 0) {  // D-HH[:MM[:SS]]
+    int64_t hh = f[0], mm = f.size() > 1 ? f[1] : 0, ss = f.size() > 2 ? f[2] : 0;
+    if (hh > 23 || mm > 59 || ss > 59) return std::nullopt;
+    return ((days * 24 + hh) * 60 + mm) * 60 + ss;
   }
-  return a * 60;  // MM
+  if (f.size() == 3) {  // HH:MM:SS
+    if (f[1] > 59 || f[2] > 59) return std::nullopt;
+    return (f[0] * 60 + f[1]) * 60 + f[2];
+  }
+  if (f.size() == 2) {  // MM:SS
+    if (f[1] > 59) return std::nullopt;
+    return f[0] * 60 + f[1];
+  }
+  return f[0] * 60;  // MM
+}
+
+bool valid_job_name(const std::string& n) {
+  if (n.empty() || n.size() > 64 || !std::isalnum(static_cast<unsigned char>(n[0]))) return false;
+  return std::all_of(n.begin(), n.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
 }
 
 // sbatch options ringmaster renders itself, with the spec key that sets each.
@@ -90,8 +110,7 @@ const std::vector<Rule>& rules() {
   static const std::vector<Rule> r = {
       {{"job.name", "1-64 characters from [A-Za-z0-9._-], starting with a letter or digit."},
        [](Ctx& c) {
-         static const std::regex re(R"(^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$)");
-         if (!std::regex_match(c.s.job.name, re))
+         if (!valid_job_name(c.s.job.name))
            c.error("job.name",
                    fmt::format("'{}' is not a valid job name: use 1-64 characters from "
                                "[A-Za-z0-9._-], starting with a letter or digit",
@@ -385,9 +404,13 @@ const std::vector<Rule>& rules() {
   return r;
 }
 
-std::string md_cell(std::string s) {
-  for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.insert(i, "\\");
-  return s;
+std::string md_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += '\\';
+    out += c;
+  }
+  return out;
 }
 
 }  // namespace

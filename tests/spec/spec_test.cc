@@ -59,8 +59,12 @@ TEST(SpecKeys, TableIsWellFormed) {
         (k.type == KeyType::kInt || k.type == KeyType::kFloat)) {
       double v = k.type == KeyType::kInt ? static_cast<double>(std::get<int64_t>(*k.default_value))
                                          : std::get<double>(*k.default_value);
-      if (k.min) EXPECT_TRUE(k.min_exclusive ? v > *k.min : v >= *k.min) << k.path;
-      if (k.max) EXPECT_LE(v, *k.max) << k.path;
+      if (k.min) {
+        EXPECT_TRUE(k.min_exclusive ? v > *k.min : v >= *k.min) << k.path;
+      }
+      if (k.max) {
+        EXPECT_LE(v, *k.max) << k.path;
+      }
     }
   }
   // The sections and a sample of its keys are all there.
@@ -315,6 +319,33 @@ TEST(SpecDocs, ReferenceIsUpToDate) {
   EXPECT_EQ(doc, spec_reference_markdown())
       << "docs/spec-reference.md is stale: run `cmake --build build --target spec-doc`";
   for (const auto& k : spec_keys()) EXPECT_NE(doc.find("`" + k.path + "`"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ring::spec
+
+namespace ring::spec {
+namespace {
+
+TEST(SpecRules, SlurmTimeFormats) {
+  auto with_time = [](const std::string& t, int64_t signal) {
+    return std::string(kMinimal) + "slurm:\n  time: \"" + t + "\"\n  signal_before_s: " +
+           std::to_string(signal) + "\n";
+  };
+  for (const char* ok : {"30", "30:00", "1:00:00", "2-00", "2-12:30", "2-12:30:15", "0:45"})
+    EXPECT_TRUE(load_spec_string(with_time(ok, 10), "t.yaml").ok()) << ok;
+  for (const char* bad : {"1:2:3:4", "-5", "2-25", "abc", "10:60", "1::2", "", "3-"}) {
+    if (std::string(bad).empty()) continue;  // empty means "partition default"
+    auto r = load_spec_string(with_time(bad, 10), "t.yaml");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.diagnostics[0].str().find("is not a Slurm time"), std::string::npos) << bad;
+  }
+  // 2-12:30 is 2 days 12.5 hours = 217800 s: a signal at 217800 s is refused, 217799 accepted.
+  EXPECT_FALSE(load_spec_string(with_time("2-12:30", 217800), "t.yaml").ok());
+  EXPECT_TRUE(load_spec_string(with_time("2-12:30", 65535), "t.yaml").ok());
+  auto r = load_spec_string(with_time("0:45", 45), "t.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.diagnostics[0].str().find("(45 s)"), std::string::npos) << r.diagnostics[0].str();
 }
 
 }  // namespace
