@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# slurm_cluster_test: the local cluster from slurm/cluster.sh schedules and runs real jobs:
+# nodes idle with their fake GPUs, multi-node srun, sbatch to completion (scontrol, sacct -c),
+# a failing job recorded as FAILED with its exit code, GPUs handed out as gres, the two
+# partitions set up for preemption.
+source "$(dirname "$0")/common.bash"
+require_cluster
+OUT=$(mktemp -d /tmp/ring-slurm-test.XXXXXX)
+chmod 0755 "$OUT"
+cd "$OUT" || exit 1
+
+# 1. nodes
+run sinfo -h -N -o '%N %t %G' -p low
+assert_eq "sinfo: three nodes idle with gpu:2" \
+  "node1 idle gpu:2 node2 idle gpu:2 node3 idle gpu:2" "$(echo "$output" | sort | tr '\n' ' ' | sed 's/ $//')"
+run sinfo -h -o '%P %a'
+assert_eq "partitions low (default) and high, both up" "high up low* up" "$(echo "$output" | sort | tr '\n' ' ' | sed 's/ $//')"
+run scontrol show partition low
+assert_contains "low: PreemptMode=REQUEUE" "$output" "PreemptMode=REQUEUE"
+assert_contains "low: PriorityTier=1" "$output" "PriorityTier=1 "
+run scontrol show partition high
+assert_contains "high: PriorityTier=10" "$output" "PriorityTier=10"
+
+# 2. srun across nodes: one task on each, each on its own node id
+runo srun -N3 -n3 bash -c 'echo $SLURMD_NODENAME:$SLURM_NODEID:$SLURM_NNODES'
+assert_succeeds "srun -N3"
+assert_eq "srun -N3 runs on node1..3 with node ids 0..2" "node1:0:3 node2:1:3 node3:2:3" \
+  "$(echo "$output" | sort | tr '\n' ' ' | sed 's/ $//')"
+runo srun -N2 hostname
+assert_eq "srun -N2 hostname prints two lines" "2" "$(echo "$output" | grep -c .)"
+
+# 3. sbatch with an inner srun, to completion
+j=$(sbatch --parsable -N2 --ntasks-per-node=1 -o "$OUT/batch-%j.out" \
+  --wrap 'echo batch on $SLURMD_NODENAME; srun bash -c "echo step on \$SLURMD_NODENAME"')
+if [[ $j =~ ^[0-9]+$ ]]; then ok "sbatch printed a job id ($j)"; else bad "sbatch printed no job id: $j"; fi
+st=$(wait_job "$j" 60)
+assert_eq "sbatch job $j state" COMPLETED "$st"
+assert_eq "job $j exit code" "0:0" "$(job_field "$j" ExitCode)"
+assert_eq "job $j nodes" "node[1-2]" "$(job_field "$j" NodeList)"
+assert_eq "job $j output: the batch script and one step task per node" \
+  "batch on node1|step on node1|step on node2" "$(sort "$OUT/batch-$j.out" 2>/dev/null | tr '\n' '|' | sed 's/|$//')"
+run sacct -c -n -P -o jobid,state,nnodes -j "$j"
+assert_contains "sacct -c (jobcomp/filetxt) records job $j" "$output" "$j|COMPLETED|2"
+
+# 4. a failing job is recorded as such
+j=$(sbatch --parsable -N1 -o /dev/null --wrap 'exit 3')
+st=$(wait_job "$j" 60)
+assert_eq "failing job $j state" FAILED "$st"
+assert_eq "failing job $j exit code" "3:0" "$(job_field "$j" ExitCode)"
+
+# 5. fake GPUs as gres
+run scontrol show node node2
+assert_contains "node2 has Gres=gpu:2" "$output" "Gres=gpu:2"
+runo srun -N1 -n2 --gpus-per-task=1 bash -c 'echo $CUDA_VISIBLE_DEVICES'
+assert_eq "--gpus-per-task=1: each task its own GPU" "0 1" "$(echo "$output" | sort | tr '\n' ' ' | sed 's/ $//')"
+runo srun -N2 --gpus-per-node=2 bash -c 'echo $SLURMD_NODENAME=$CUDA_VISIBLE_DEVICES'
+assert_eq "--gpus-per-node=2: both GPUs on each node" "node1=0,1 node2=0,1" "$(echo "$output" | sort | tr '\n' ' ' | sed 's/ $//')"
+run srun -N1 --gpus-per-node=3 true
+assert_fails "--gpus-per-node=3 is refused (only 2 per node)"
+
+# 6. the queue is empty again
+assert_eq "no job left in the queue" "" "$(squeue -h -o %i)"
+
+rm -rf "$OUT"
+finish
