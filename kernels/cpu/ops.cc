@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -610,16 +611,17 @@ bool topk_sampled(int64_t n, int64_t k, const float* x, uint32_t* indices, float
   }
   // One streaming pass: per-thread candidate lists, bounded at twice the expected count.
   int nt = std::max(1, threads);
-  std::vector<std::vector<uint32_t>> cand(nt);
-  std::vector<std::vector<float>> cand_val(nt);
+  // Default-initialized (not zeroed): only the pages candidates land on are ever touched.
+  std::vector<std::unique_ptr<uint32_t[]>> cand(nt);
+  std::vector<std::unique_ptr<float[]>> cand_val(nt);
   std::vector<int64_t> got(nt, 0);
   std::atomic<bool> overflow{false};
   parallel_ranges(n, nt, kGrainStream, [&](int t, int64_t b, int64_t e) {
     int64_t cap = static_cast<int64_t>(2.0 * expected_fraction * (e - b)) + 4096;
-    cand[t].resize(cap);
-    cand_val[t].resize(cap);
-    got[t] = kern.collect_above(e - b, x + b, static_cast<uint32_t>(b), threshold, cand[t].data(),
-                                cand_val[t].data(), cap);
+    cand[t].reset(new uint32_t[cap]);
+    cand_val[t].reset(new float[cap]);
+    got[t] = kern.collect_above(e - b, x + b, static_cast<uint32_t>(b), threshold, cand[t].get(),
+                                cand_val[t].get(), cap);
     if (got[t] < 0) overflow = true;
   });
   if (overflow) {
