@@ -1,0 +1,505 @@
+// NCCL transport: the GPU data plane. Buffers are device pointers on the comm's device; all
+// NCCL work runs on one stream the plugin owns. Links libnccl and libcudart only - never libcuda
+// (the driver), so the plugin loads and probes on machines without a GPU and says why it cannot
+// run there.
+//
+// Point-to-point: isend/irecv are queued and submitted together in one ncclGroupStart/End at the
+// next test/wait (like torch's batch_isend_irecv). Ring attention posts "send to next, receive
+// from prev" and then waits; submitting the pair as a group is what keeps NCCL from
+// deadlocking, since a lone ncclSend blocks its stream until the peer posts the receive. NCCL
+// matches by order per peer, not by tag, and a receive must be posted with the exact size sent.
+//
+// Nothing hangs: the communicator is created non-blocking (config.blocking = 0), so init,
+// group submission and finalize are polled against deadlines; waits poll a CUDA event, NCCL's
+// async error and the liveness of peers on this host. A comm that timed out or saw a failure is
+// aborted (ncclCommAbort) at finalize instead of destroyed.
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plugins/transport/common/rendezvous.h"
+#include "plugins/transport/transport.h"
+
+using ring::transport::Clock;
+using ring::transport::deadline_after_ms;
+using ring::transport::error;
+using ring::transport::ok_result;
+using ring::transport::PeerIdentity;
+using ring::transport::Rendezvous;
+using ring::transport::Result;
+
+namespace {
+
+constexpr int kDefaultTimeoutMs = 60000;
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
+thread_local std::string t_last_error;
+
+// The completion of one submitted group: every request of the group shares its event.
+struct Batch {
+  cudaEvent_t event = nullptr;
+  ~Batch() {
+    if (event) cudaEventDestroy(event);
+  }
+};
+
+}  // namespace
+
+struct ring_transport_request {
+  std::shared_ptr<Batch> batch;  // null until submitted
+  bool is_recv = false;
+  int peer = -1;
+  uint32_t tag = 0;
+  void* buf = nullptr;
+  size_t size = 0;
+};
+
+struct ring_transport_comm {
+  int rank = 0;
+  int world = 1;
+  int device = 0;
+  int op_timeout_ms = kDefaultTimeoutMs;
+  int bootstrap_timeout_ms = kDefaultTimeoutMs;
+  Rendezvous rdv;
+  std::vector<PeerIdentity> peers;
+  ncclComm_t nccl = nullptr;
+  cudaStream_t stream = nullptr;
+  float* barrier_buf = nullptr;  // one device float for barrier
+  std::vector<ring_transport_request*> queued;  // posted, not yet submitted
+  int outstanding = 0;                          // submitted, not yet released
+  Result failed;  // set once the comm can no longer be trusted (failure, timeout mid-collective)
+  Clock::time_point next_liveness = Clock::now();
+  std::string last_error;
+
+  ring_transport_status_t fail(const Result& r) {
+    last_error = r.message;
+    return r.status;
+  }
+  std::string who() const { return "nccl rank " + std::to_string(rank); }
+};
+
+namespace {
+
+using Comm = ring_transport_comm;
+using Req = ring_transport_request;
+
+Result cuda_error(const Comm* c, const char* what, cudaError_t e) {
+  return error(RING_TRANSPORT_ERR_INTERNAL, (c ? c->who() + ": " : std::string("nccl: ")) + what +
+                                                ": " + cudaGetErrorString(e));
+}
+
+Result nccl_error(Comm* c, const char* what, ncclResult_t r) {
+  ring_transport_status_t s = RING_TRANSPORT_ERR_INTERNAL;
+  if (r == ncclRemoteError || r == ncclSystemError) s = RING_TRANSPORT_ERR_PEER_FAILED;
+  if (r == ncclInvalidArgument || r == ncclInvalidUsage) s = RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  std::string detail = c && c->nccl ? ncclGetLastError(c->nccl) : ncclGetLastError(nullptr);
+  Result res = error(s, (c ? c->who() + ": " : std::string("nccl: ")) + what + ": " +
+                            ncclGetErrorString(r) + (detail.empty() ? "" : " (" + detail + ")"));
+  if (c && s != RING_TRANSPORT_ERR_INVALID_ARGUMENT) c->failed = res;
+  return res;
+}
+
+// Local pids first (fast on one host), then NCCL's own view.
+Result health(Comm* c) {
+  if (!c->failed.ok()) return c->failed;
+  Clock::time_point now = Clock::now();
+  if (now >= c->next_liveness) {
+    c->next_liveness = now + kLivenessPeriod;
+    for (int p = 0; p < c->world; ++p)
+      if (p != c->rank && !ring::transport::local_peer_alive(c->rdv.self(), c->peers[p])) {
+        c->failed = error(RING_TRANSPORT_ERR_PEER_FAILED,
+                          c->who() + ": rank " + std::to_string(p) + " (process " +
+                              std::to_string(c->peers[p].pid) + " on " + c->peers[p].host +
+                              ") is no longer running");
+        return c->failed;
+      }
+  }
+  if (c->nccl) {
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(c->nccl, &async);
+    if (r != ncclSuccess) return nccl_error(c, "ncclCommGetAsyncError", r);
+    if (async != ncclSuccess && async != ncclInProgress) return nccl_error(c, "NCCL", async);
+  }
+  return ok_result();
+}
+
+void idle(unsigned* spins) {
+  if (++*spins > 2000)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  else if (*spins > 32)
+    sched_yield();
+}
+
+// Non-blocking NCCL calls return ncclInProgress; this waits until the comm is ready.
+Result wait_ready(Comm* c, const char* what, Clock::time_point deadline) {
+  unsigned spins = 0;
+  for (;;) {
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(c->nccl, &async);
+    if (r != ncclSuccess) return nccl_error(c, what, r);
+    if (async == ncclSuccess) return ok_result();
+    if (async != ncclInProgress) return nccl_error(c, what, async);
+    Result h = health(c);
+    if (!h.ok()) return h;
+    if (Clock::now() >= deadline) {
+      c->failed = error(RING_TRANSPORT_ERR_TIMEOUT, c->who() + ": " + what + ": not done in time");
+      return c->failed;
+    }
+    idle(&spins);
+  }
+}
+
+Result check_enqueue(Comm* c, const char* what, ncclResult_t r, Clock::time_point deadline) {
+  if (r == ncclInProgress) return wait_ready(c, what, deadline);
+  if (r != ncclSuccess) return nccl_error(c, what, r);
+  return ok_result();
+}
+
+// Submits queued sends and receives as one group.
+Result submit(Comm* c, Clock::time_point deadline) {
+  if (c->queued.empty()) return ok_result();
+  auto batch = std::make_shared<Batch>();
+  cudaError_t e = cudaEventCreateWithFlags(&batch->event, cudaEventDisableTiming);
+  if (e != cudaSuccess) return cuda_error(c, "cudaEventCreate", e);
+  ncclGroupStart();
+  ncclResult_t r = ncclSuccess;
+  for (Req* q : c->queued) {
+    if (q->is_recv)
+      r = ncclRecv(q->buf, q->size, ncclUint8, q->peer, c->nccl, c->stream);
+    else
+      r = ncclSend(q->buf, q->size, ncclUint8, q->peer, c->nccl, c->stream);
+    if (r != ncclSuccess && r != ncclInProgress) break;
+  }
+  ncclResult_t g = ncclGroupEnd();
+  if (r != ncclSuccess && r != ncclInProgress) return nccl_error(c, "ncclSend/ncclRecv", r);
+  Result res = check_enqueue(c, "ncclGroupEnd", g, deadline);
+  if (!res.ok()) return res;
+  e = cudaEventRecord(batch->event, c->stream);
+  if (e != cudaSuccess) return cuda_error(c, "cudaEventRecord", e);
+  for (Req* q : c->queued) q->batch = batch;
+  c->queued.clear();
+  return ok_result();
+}
+
+// 1: done, 0: pending; errors through res.
+int poll(Comm* c, Req* r, Result* res) {
+  if (!r->batch) {
+    *res = submit(c, deadline_after_ms(c->op_timeout_ms));
+    if (!res->ok()) return 1;
+  }
+  cudaError_t e = cudaEventQuery(r->batch->event);
+  if (e == cudaSuccess) return 1;
+  if (e != cudaErrorNotReady) {
+    *res = cuda_error(c, "cudaEventQuery", e);
+    c->failed = *res;
+    return 1;
+  }
+  *res = health(c);
+  // A peer that exited after its part of this batch completed is not a failure of the batch.
+  if (!res->ok() && cudaEventQuery(r->batch->event) == cudaSuccess) *res = ok_result();
+  return res->ok() ? 0 : 1;
+}
+
+Result wait_stream(Comm* c, const char* what, Clock::time_point deadline) {
+  Batch b;
+  cudaError_t e = cudaEventCreateWithFlags(&b.event, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(b.event, c->stream);
+  if (e != cudaSuccess) return cuda_error(c, "cudaEventRecord", e);
+  unsigned spins = 0;
+  for (;;) {
+    e = cudaEventQuery(b.event);
+    if (e == cudaSuccess) return ok_result();
+    if (e != cudaErrorNotReady) return c->failed = cuda_error(c, what, e);
+    Result h = health(c);
+    if (!h.ok()) return cudaEventQuery(b.event) == cudaSuccess ? ok_result() : h;
+    if (Clock::now() >= deadline) {
+      // The collective stays enqueued on the GPU and cannot be cancelled: the comm is done.
+      c->failed = error(RING_TRANSPORT_ERR_TIMEOUT, c->who() + ": " + what + ": not done in time");
+      return c->failed;
+    }
+    idle(&spins);
+  }
+}
+
+int timeout_of(const Comm* c, int ms) { return ms > 0 ? ms : c->op_timeout_ms; }
+
+// ---- ABI members ------------------------------------------------------------------------------
+
+ring_transport_status_t nccl_probe(char* reason, size_t reason_len) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  std::string why;
+  if (e != cudaSuccess)
+    why = std::string("no usable CUDA device: cudaGetDeviceCount: ") + cudaGetErrorString(e);
+  else if (n == 0)
+    why = "no CUDA device";
+  if (reason && reason_len) {
+    std::strncpy(reason, why.c_str(), reason_len - 1);
+    reason[reason_len - 1] = '\0';
+  }
+  if (why.empty()) return RING_TRANSPORT_OK;
+  t_last_error = why;
+  return RING_TRANSPORT_ERR_UNSUPPORTED;
+}
+
+ring_transport_status_t nccl_finalize(ring_transport_comm_t* c);
+
+ring_transport_status_t nccl_init(const ring_transport_config_v1_t* cfg,
+                                  ring_transport_comm_t** out) {
+  if (!out || !cfg || cfg->world_size < 1 || cfg->rank < 0 || cfg->rank >= cfg->world_size) {
+    t_last_error = "nccl init: bad config (rank out of range, or NULL)";
+    if (out) *out = nullptr;
+    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  }
+  *out = nullptr;
+  char why[256];
+  if (nccl_probe(why, sizeof(why)) != RING_TRANSPORT_OK) return RING_TRANSPORT_ERR_UNSUPPORTED;
+  auto c = std::make_unique<Comm>();
+  c->rank = cfg->rank;
+  c->world = cfg->world_size;
+  if (cfg->op_timeout_ms > 0) c->op_timeout_ms = cfg->op_timeout_ms;
+  if (cfg->bootstrap_timeout_ms > 0) c->bootstrap_timeout_ms = cfg->bootstrap_timeout_ms;
+  auto fail = [&](const Result& r) {
+    t_last_error = r.message;
+    nccl_finalize(c.release());
+    return r.status;
+  };
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  c->device = cfg->device >= 0 ? cfg->device : c->rank % n;
+  if (c->device >= n)
+    return fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                      c->who() + ": device " + std::to_string(c->device) + " of " +
+                          std::to_string(n)));
+  cudaError_t e = cudaSetDevice(c->device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMalloc(&c->barrier_buf, sizeof(float));
+  if (e != cudaSuccess) return fail(cuda_error(c.get(), "device setup", e));
+
+  Result res = c->rdv.open(cfg->rendezvous, c->rank, c->world);
+  if (!res.ok()) return fail(res);
+  Clock::time_point deadline = deadline_after_ms(c->bootstrap_timeout_ms);
+  // Rank 0 makes the unique id; everyone publishes its identity for liveness checks.
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (c->rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) return fail(nccl_error(c.get(), "ncclGetUniqueId", r));
+    res = c->rdv.publish("nccl-id", std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    if (!res.ok()) return fail(res);
+  }
+  std::vector<std::string> payloads;
+  if (!(res = c->rdv.publish("host", "")).ok()) return fail(res);
+  if (!(res = c->rdv.gather("host", {}, deadline, &c->peers, &payloads)).ok()) return fail(res);
+  if (c->rank != 0) {
+    std::vector<PeerIdentity> ids;
+    if (!(res = c->rdv.gather("nccl-id", {0}, deadline, &ids, &payloads)).ok()) return fail(res);
+    if (payloads[0].size() != sizeof(id))
+      return fail(error(RING_TRANSPORT_ERR_INTERNAL, c->who() + ": malformed nccl-id record"));
+    std::memcpy(&id, payloads[0].data(), sizeof(id));
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommInitRankConfig(&c->nccl, c->world, id, c->rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) return fail(nccl_error(c.get(), "ncclCommInit", r));
+  if (!(res = wait_ready(c.get(), "ncclCommInitRankConfig", deadline)).ok()) return fail(res);
+  *out = c.release();
+  return RING_TRANSPORT_OK;
+}
+
+ring_transport_status_t nccl_finalize(ring_transport_comm_t* c) {
+  if (!c) return RING_TRANSPORT_OK;
+  for (Req* q : c->queued) delete q;
+  c->queued.clear();
+  if (c->nccl) {
+    bool clean = c->failed.ok() && c->outstanding == 0;
+    if (clean) {
+      ncclResult_t r = ncclCommFinalize(c->nccl);
+      clean = (r == ncclSuccess || r == ncclInProgress) &&
+              wait_ready(c, "ncclCommFinalize", deadline_after_ms(c->op_timeout_ms)).ok();
+    }
+    if (clean)
+      ncclCommDestroy(c->nccl);
+    else
+      ncclCommAbort(c->nccl);  // bounded: aborts in-flight kernels and proxy threads
+  }
+  if (c->barrier_buf) cudaFree(c->barrier_buf);
+  if (c->stream) cudaStreamDestroy(c->stream);
+  delete c;
+  return RING_TRANSPORT_OK;
+}
+
+ring_transport_status_t nccl_connect(ring_transport_comm_t* c, const int* peers, int n_peers,
+                                     int timeout_ms) {
+  if (!c || n_peers < 0 || (n_peers > 0 && !peers)) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  for (int i = 0; i < n_peers; ++i)
+    if (peers[i] < 0 || peers[i] >= c->world)
+      return c->fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                           c->who() + ": connect to rank " + std::to_string(peers[i])));
+  // NCCL connects p2p channels lazily on first use; a zero-byte exchange with each listed peer
+  // forces it now, symmetric like the contract asks.
+  std::vector<Req*> reqs;
+  std::vector<int> list;
+  if (n_peers == 0) {
+    for (int p = 0; p < c->world; ++p) list.push_back(p);
+  } else {
+    list.assign(peers, peers + n_peers);
+  }
+  std::sort(list.begin(), list.end());
+  list.erase(std::unique(list.begin(), list.end()), list.end());
+  for (int p : list) {
+    if (p == c->rank) continue;
+    for (bool recv : {true, false}) {
+      Req* q = new Req;
+      q->is_recv = recv;
+      q->peer = p;
+      q->buf = c->barrier_buf;
+      c->queued.push_back(q);
+      reqs.push_back(q);
+      ++c->outstanding;
+    }
+  }
+  Clock::time_point deadline = deadline_after_ms(timeout_of(c, timeout_ms));
+  Result res = submit(c, deadline);
+  if (res.ok() && !reqs.empty()) res = wait_stream(c, "connect", deadline);
+  for (Req* q : reqs) {
+    --c->outstanding;
+    delete q;
+  }
+  return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
+}
+
+ring_transport_status_t post(Comm* c, bool recv, void* buf, size_t size, int peer, uint32_t tag,
+                             Req** out) {
+  if (!c || !out) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  if (peer < 0 || peer >= c->world || (!buf && size))
+    return c->fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                         c->who() + ": bad peer " + std::to_string(peer) + " or NULL buffer"));
+  if (!c->failed.ok()) return c->fail(c->failed);
+  Req* q = new Req;
+  q->is_recv = recv;
+  q->peer = peer;
+  q->tag = tag;
+  q->buf = buf;
+  q->size = size;
+  c->queued.push_back(q);
+  ++c->outstanding;
+  *out = q;
+  return RING_TRANSPORT_OK;
+}
+
+ring_transport_status_t nccl_isend(ring_transport_comm_t* c, const void* buf, size_t size,
+                                   int peer, uint32_t tag, ring_transport_request_t** out) {
+  return post(c, false, const_cast<void*>(buf), size, peer, tag, out);
+}
+
+ring_transport_status_t nccl_irecv(ring_transport_comm_t* c, void* buf, size_t size, int peer,
+                                   uint32_t tag, ring_transport_request_t** out) {
+  return post(c, true, buf, size, peer, tag, out);
+}
+
+ring_transport_status_t release(Comm* c, Req* r, const Result& res, size_t* bytes) {
+  if (bytes) *bytes = res.ok() ? r->size : 0;
+  --c->outstanding;
+  delete r;
+  return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
+}
+
+ring_transport_status_t nccl_test(ring_transport_comm_t* c, ring_transport_request_t* r,
+                                  int* done, size_t* bytes) {
+  if (!c || !r || !done) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  Result res;
+  *done = poll(c, r, &res);
+  if (!*done) return RING_TRANSPORT_OK;
+  return release(c, r, res, bytes);
+}
+
+ring_transport_status_t nccl_wait(ring_transport_comm_t* c, ring_transport_request_t* r,
+                                  int timeout_ms, size_t* bytes) {
+  if (!c || !r) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  Clock::time_point deadline = deadline_after_ms(timeout_of(c, timeout_ms));
+  unsigned spins = 0;
+  for (;;) {
+    Result res;
+    if (poll(c, r, &res)) return release(c, r, res, bytes);
+    if (Clock::now() >= deadline)
+      return c->fail(error(RING_TRANSPORT_ERR_TIMEOUT,
+                           c->who() + ": " + (r->is_recv ? "receive from" : "send to") +
+                               " rank " + std::to_string(r->peer) + " (" +
+                               std::to_string(r->size) + " bytes): not complete in time"));
+    idle(&spins);
+  }
+}
+
+template <typename F>
+ring_transport_status_t collective(Comm* c, const char* what, int timeout_ms, F enqueue) {
+  if (!c->failed.ok()) return c->fail(c->failed);
+  Clock::time_point deadline = deadline_after_ms(timeout_of(c, timeout_ms));
+  Result res = submit(c, deadline);  // p2p posted earlier keeps its place in the stream order
+  if (res.ok()) res = check_enqueue(c, what, enqueue(), deadline);
+  if (res.ok()) res = wait_stream(c, what, deadline);
+  return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
+}
+
+ring_transport_status_t nccl_all_reduce(ring_transport_comm_t* c, const float* send, float* recv,
+                                        size_t count, int timeout_ms) {
+  if (!c || (count && (!send || !recv))) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  return collective(c, "ncclAllReduce", timeout_ms, [&] {
+    return ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, c->nccl, c->stream);
+  });
+}
+
+ring_transport_status_t nccl_reduce_scatter(ring_transport_comm_t* c, const float* send,
+                                            float* recv, size_t n, int timeout_ms) {
+  if (!c || (n && (!send || !recv))) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  return collective(c, "ncclReduceScatter", timeout_ms, [&] {
+    return ncclReduceScatter(send, recv, n, ncclFloat32, ncclSum, c->nccl, c->stream);
+  });
+}
+
+ring_transport_status_t nccl_all_gather(ring_transport_comm_t* c, const void* send, void* recv,
+                                        size_t bytes, int timeout_ms) {
+  if (!c || (bytes && (!send || !recv))) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  return collective(c, "ncclAllGather", timeout_ms, [&] {
+    return ncclAllGather(send, recv, bytes, ncclUint8, c->nccl, c->stream);
+  });
+}
+
+ring_transport_status_t nccl_barrier(ring_transport_comm_t* c, int timeout_ms) {
+  if (!c) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  return collective(c, "barrier (ncclAllReduce)", timeout_ms, [&] {
+    return ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclFloat32, ncclSum, c->nccl,
+                         c->stream);
+  });
+}
+
+const char* nccl_last_error(const ring_transport_comm_t* c) {
+  return c ? c->last_error.c_str() : t_last_error.c_str();
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring_transport_v1 = {
+    .name = "nccl",
+    .caps = RING_TRANSPORT_CAP_DEVICE_MEMORY,
+    .probe = nccl_probe,
+    .init = nccl_init,
+    .finalize = nccl_finalize,
+    .connect = nccl_connect,
+    .isend = nccl_isend,
+    .irecv = nccl_irecv,
+    .test = nccl_test,
+    .wait = nccl_wait,
+    .all_reduce_sum_f32 = nccl_all_reduce,
+    .reduce_scatter_sum_f32 = nccl_reduce_scatter,
+    .all_gather = nccl_all_gather,
+    .barrier = nccl_barrier,
+    .last_error = nccl_last_error,
+};

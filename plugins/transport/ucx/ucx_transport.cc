@@ -1,0 +1,838 @@
+// UCX transport: the CPU data plane. Point-to-point over UCP tag matching; collectives are ring
+// algorithms over the same point-to-point layer so their float sums follow one documented order
+// (transport.h, reduce_scatter_sum_f32) and every rank gets identical bits.
+//
+// Transport choice: when UCX_TLS is unset and every rank is on this host, the context uses
+// self,posix (shared memory; about twice the bandwidth of UCX's default set here) with
+// UCX_NET_DEVICES=lo; otherwise UCX picks (tcp across plain hosts, rc/ud/dc on InfiniBand).
+//
+// Failure detection, so nothing hangs: endpoints use UCP_ERR_HANDLING_MODE_PEER (UCX reports
+// transport errors and keepalive failures through an error callback); peers on this host are
+// also checked directly (pid, start time) every kLivenessPeriod while a call waits, because a
+// killed process on shared memory is otherwise noticed only by UCX keepalive, late; and every
+// wait has a deadline.
+#include <sched.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "plugins/transport/common/rendezvous.h"
+#include "plugins/transport/transport.h"
+
+using ring::transport::Clock;
+using ring::transport::deadline_after_ms;
+using ring::transport::error;
+using ring::transport::ok_result;
+using ring::transport::PeerIdentity;
+using ring::transport::Rendezvous;
+using ring::transport::Result;
+
+namespace {
+
+constexpr int kDefaultTimeoutMs = 60000;
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
+// Bound on the graceful endpoint flush at finalize; force-close after it.
+constexpr int kCloseFlushMs = 2000;
+
+// 64-bit UCP tag: [63:62] kind, [61:40] source rank, [39:32] zero, [31:0] user tag or, for
+// collectives, (sequence << 16 | step). Receives match all 64 bits, so user traffic and
+// collectives never steal each other's messages.
+enum TagKind : uint64_t { kUser = 0, kCollective = 1, kHello = 2 };
+constexpr int kMaxRanks = 1 << 22;
+
+uint64_t make_tag(TagKind kind, int src, uint32_t low) {
+  return (static_cast<uint64_t>(kind) << 62) | (static_cast<uint64_t>(src) << 40) | low;
+}
+
+thread_local std::string t_last_error;
+
+ring_transport_status_t map_ucs(ucs_status_t s) {
+  switch (s) {
+    case UCS_OK: return RING_TRANSPORT_OK;
+    case UCS_ERR_MESSAGE_TRUNCATED:
+    case UCS_ERR_INVALID_PARAM: return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+    case UCS_ERR_TIMED_OUT: return RING_TRANSPORT_ERR_TIMEOUT;
+    case UCS_ERR_UNSUPPORTED: return RING_TRANSPORT_ERR_UNSUPPORTED;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_CANCELED:  // we cancel only requests of a failed peer or at finalize
+    case UCS_ERR_IO_ERROR: return RING_TRANSPORT_ERR_PEER_FAILED;
+    default: return RING_TRANSPORT_ERR_INTERNAL;
+  }
+}
+
+struct EpContext {
+  ring_transport_comm* comm;
+  int peer;
+};
+
+}  // namespace
+
+struct ring_transport_request {
+  ring_transport_comm* comm = nullptr;
+  void* ucp_req = nullptr;  // NULL when the operation completed at once
+  ucs_status_t status = UCS_INPROGRESS;
+  bool done = false;
+  bool abandoned = false;  // the caller was told it failed; free when UCX lets go of it
+  bool is_recv = false;
+  int peer = -1;
+  uint32_t tag = 0;
+  size_t size = 0;    // posted size (send) or capacity (recv)
+  size_t length = 0;  // bytes transferred
+};
+
+struct ring_transport_comm {
+  int rank = 0;
+  int world = 1;
+  int bootstrap_timeout_ms = kDefaultTimeoutMs;
+  int op_timeout_ms = kDefaultTimeoutMs;
+  Rendezvous rdv;
+  std::vector<PeerIdentity> peers;
+  std::vector<std::string> addresses;
+  bool all_local = false;
+  std::string tls;  // what the context was created with, for messages
+
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::vector<ucp_ep_h> eps;
+  std::vector<std::unique_ptr<EpContext>> ep_contexts;
+  std::vector<std::string> failed;   // per peer: empty, or why it is considered failed
+  std::vector<int> to_close;         // eps whose peer failed: close (force) after progress
+  std::vector<void*> closing;        // ucp close requests in flight
+  std::unordered_set<ring_transport_request*> live;
+  Clock::time_point next_liveness = Clock::now();
+
+  bool destroying = false;
+  uint32_t coll_seq = 0;
+  Result coll_broken;  // a collective failed part-way: later collectives return this
+  std::vector<char> scratch[2];
+  std::string last_error;
+
+  ring_transport_status_t fail(const Result& r) {
+    last_error = r.message;
+    return r.status;
+  }
+  ring_transport_status_t fail(ring_transport_status_t s, std::string m) {
+    last_error = std::move(m);
+    return s;
+  }
+  std::string who() const { return "ucx rank " + std::to_string(rank); }
+};
+
+namespace {
+
+using Comm = ring_transport_comm;
+using Req = ring_transport_request;
+
+void release(Req* r) {
+  if (r->ucp_req) ucp_request_free(r->ucp_req);
+  r->comm->live.erase(r);
+  delete r;
+}
+
+void on_complete(Req* r, ucs_status_t status) {
+  r->status = status;
+  r->done = true;
+  // While the worker is destroyed UCX may purge requests: finalize frees them afterwards.
+  if (r->abandoned && !r->comm->destroying) release(r);
+}
+
+void send_cb(void* /*request*/, ucs_status_t status, void* user_data) {
+  on_complete(static_cast<Req*>(user_data), status);
+}
+
+void recv_cb(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* info,
+             void* user_data) {
+  Req* r = static_cast<Req*>(user_data);
+  if (info) r->length = info->length;
+  on_complete(r, status);
+}
+
+void mark_failed(Comm* c, int peer, const std::string& why) {
+  if (!c->failed[peer].empty()) return;
+  c->failed[peer] = why;
+  c->to_close.push_back(peer);
+}
+
+void ep_error_cb(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* ctx = static_cast<EpContext*>(arg);
+  mark_failed(ctx->comm, ctx->peer,
+              std::string("UCX reported endpoint failure: ") + ucs_status_string(status));
+}
+
+// Force-close endpoints of failed peers: outstanding sends to them complete with an error.
+// Done outside UCX callbacks, which must not close endpoints themselves.
+void close_failed_eps(Comm* c) {
+  while (!c->to_close.empty()) {
+    int p = c->to_close.back();
+    c->to_close.pop_back();
+    ucp_ep_h ep = c->eps[p];
+    if (!ep) continue;
+    c->eps[p] = nullptr;
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(sp)) c->closing.push_back(sp);
+  }
+  // Cancel receives from failed peers: UCX does not tie a tag receive to an endpoint, so it
+  // would otherwise wait for a message that can no longer come.
+  for (Req* r : std::vector<Req*>(c->live.begin(), c->live.end())) {
+    if (r->is_recv && !r->done && r->ucp_req && !c->failed[r->peer].empty())
+      ucp_request_cancel(c->worker, r->ucp_req);
+  }
+}
+
+void check_liveness(Comm* c) {
+  Clock::time_point now = Clock::now();
+  if (now < c->next_liveness) return;
+  c->next_liveness = now + kLivenessPeriod;
+  std::vector<int> dead;
+  for (int p = 0; p < c->world; ++p) {
+    if (p == c->rank || !c->failed[p].empty()) continue;
+    if (!ring::transport::local_peer_alive(c->rdv.self(), c->peers[p])) dead.push_back(p);
+  }
+  if (dead.empty()) return;
+  // A peer that finished its part and exited may have left messages we have not polled yet
+  // (in our shared-memory FIFO or socket). It can send nothing more, so drain what is there
+  // before its receives are cancelled: only what never came fails.
+  for (int idle_rounds = 0, i = 0; idle_rounds < 16 && i < 100000; ++i)
+    idle_rounds = ucp_worker_progress(c->worker) ? 0 : idle_rounds + 1;
+  for (int p : dead)
+    mark_failed(c, p, "process " + std::to_string(c->peers[p].pid) + " on " + c->peers[p].host +
+                          " is no longer running");
+}
+
+// One round of progress plus failure bookkeeping. Returns the number of UCX events.
+unsigned progress(Comm* c) {
+  unsigned n = ucp_worker_progress(c->worker);
+  check_liveness(c);
+  if (!c->to_close.empty()) close_failed_eps(c);
+  return n;
+}
+
+// Backs off while nothing happens, so ranks oversubscribing a few cores (tests, CPU workers)
+// leave the core to the peer they wait for.
+struct Idle {
+  unsigned empty = 0;
+  void step(unsigned events) {
+    if (events) {
+      empty = 0;
+      return;
+    }
+    ++empty;
+    if (empty > 2000)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else if (empty > 32)
+      sched_yield();
+  }
+};
+
+Result get_ep(Comm* c, int peer, ucp_ep_h* ep) {
+  if (!c->failed[peer].empty())
+    return error(RING_TRANSPORT_ERR_PEER_FAILED,
+                 c->who() + ": peer " + std::to_string(peer) + " failed: " + c->failed[peer]);
+  if (c->eps[peer]) {
+    *ep = c->eps[peer];
+    return ok_result();
+  }
+  auto ctx = std::make_unique<EpContext>(EpContext{c, peer});
+  ucp_ep_params_t prm{};
+  prm.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  prm.address = reinterpret_cast<const ucp_address_t*>(c->addresses[peer].data());
+  prm.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  prm.err_handler.cb = ep_error_cb;
+  prm.err_handler.arg = ctx.get();
+  // UCX 1.13's shared-memory transports (posix, sysv, self) refuse UCP_ERR_HANDLING_MODE_PEER
+  // ("no peer failure handler"). A peer in this host's pid space is watched by check_liveness
+  // (pid and start time) instead, so its endpoint runs without UCX error handling and keeps
+  // shared memory; peers on other hosts get PEER mode (transport errors, keepalive).
+  if (ring::transport::same_pid_space(c->rdv.self(), c->peers[peer])) {
+    prm.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+  }
+  ucs_status_t s = ucp_ep_create(c->worker, &prm, &c->eps[peer]);
+  if (s != UCS_OK) {
+    c->eps[peer] = nullptr;
+    return error(map_ucs(s) == RING_TRANSPORT_ERR_PEER_FAILED ? RING_TRANSPORT_ERR_PEER_FAILED
+                                                              : RING_TRANSPORT_ERR_INTERNAL,
+                 c->who() + ": ucp_ep_create to rank " + std::to_string(peer) + " (" +
+                     c->peers[peer].host + ", UCX_TLS " + c->tls + "): " + ucs_status_string(s));
+  }
+  c->ep_contexts.push_back(std::move(ctx));
+  *ep = c->eps[peer];
+  return ok_result();
+}
+
+Result post_send(Comm* c, const void* buf, size_t size, int peer, uint64_t tag, uint32_t user_tag,
+                 Req** out) {
+  ucp_ep_h ep = nullptr;
+  Result res = get_ep(c, peer, &ep);
+  if (!res.ok()) return res;
+  auto* r = new Req;
+  r->comm = c;
+  r->peer = peer;
+  r->tag = user_tag;
+  r->size = size;
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  prm.cb.send = send_cb;
+  prm.user_data = r;
+  ucs_status_ptr_t sp = ucp_tag_send_nbx(ep, buf, size, tag, &prm);
+  if (UCS_PTR_IS_ERR(sp)) {
+    r->done = true;
+    r->status = UCS_PTR_STATUS(sp);
+  } else if (sp == nullptr) {
+    r->done = true;
+    r->status = UCS_OK;
+    r->length = size;
+  } else {
+    r->ucp_req = sp;
+    r->length = size;
+  }
+  c->live.insert(r);
+  *out = r;
+  return ok_result();
+}
+
+Result post_recv(Comm* c, void* buf, size_t size, int peer, uint64_t tag, uint32_t user_tag,
+                 Req** out) {
+  if (!c->failed[peer].empty())
+    return error(RING_TRANSPORT_ERR_PEER_FAILED,
+                 c->who() + ": peer " + std::to_string(peer) + " failed: " + c->failed[peer]);
+  auto* r = new Req;
+  r->comm = c;
+  r->peer = peer;
+  r->tag = user_tag;
+  r->size = size;
+  r->is_recv = true;
+  ucp_request_param_t prm{};
+  // No immediate completion: the callback always runs, so the received length is always known.
+  prm.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  prm.cb.recv = recv_cb;
+  prm.user_data = r;
+  ucs_status_ptr_t sp = ucp_tag_recv_nbx(c->worker, buf, size, tag, ~uint64_t{0}, &prm);
+  if (UCS_PTR_IS_ERR(sp)) {
+    delete r;
+    return error(RING_TRANSPORT_ERR_INTERNAL,
+                 c->who() + ": ucp_tag_recv_nbx: " + ucs_status_string(UCS_PTR_STATUS(sp)));
+  }
+  r->ucp_req = sp;
+  c->live.insert(r);
+  *out = r;
+  return ok_result();
+}
+
+std::string describe(const Comm* c, const Req* r) {
+  return c->who() + ": " + (r->is_recv ? "receive from " : "send to ") + "rank " +
+         std::to_string(r->peer) + " (tag " + std::to_string(r->tag) + ", " +
+         std::to_string(r->size) + " bytes)";
+}
+
+// The outcome of a finished request; releases it.
+Result finish(Comm* c, Req* r, size_t* bytes) {
+  Result res;
+  if (r->status != UCS_OK) {
+    res.status = map_ucs(r->status);
+    res.message = describe(c, r) + ": " + ucs_status_string(r->status);
+    if (r->status == UCS_ERR_MESSAGE_TRUNCATED)
+      res.message += " (the message is longer than the receive buffer)";
+    if (res.status == RING_TRANSPORT_ERR_PEER_FAILED && !c->failed[r->peer].empty())
+      res.message += " - " + c->failed[r->peer];
+  }
+  if (bytes) *bytes = r->length;
+  release(r);
+  return res;
+}
+
+// The caller gives up on r after an error: cancel what can be cancelled, and let the completion
+// callback free it (UCX may still hold the request).
+void abandon(Comm* c, Req* r) {
+  if (r->done) {
+    release(r);
+    return;
+  }
+  r->abandoned = true;
+  if (r->is_recv) ucp_request_cancel(c->worker, r->ucp_req);
+}
+
+// Waits for r until the deadline. all_peers: a collective, which fails when any rank failed.
+Result wait_until(Comm* c, Req* r, Clock::time_point deadline, bool all_peers, size_t* bytes) {
+  Idle idle;
+  for (;;) {
+    unsigned n = progress(c);
+    if (r->done) return finish(c, r, bytes);
+    int dead = -1;
+    if (!c->failed[r->peer].empty()) {
+      dead = r->peer;
+    } else if (all_peers) {
+      for (int p = 0; p < c->world && dead < 0; ++p)
+        if (!c->failed[p].empty()) dead = p;
+    }
+    if (dead >= 0) {
+      // Give a cancelled receive one more round so its own completion is reported if it came.
+      progress(c);
+      if (r->done) return finish(c, r, bytes);
+      std::string msg = describe(c, r) + ": peer " + std::to_string(dead) +
+                        " failed: " + c->failed[dead];
+      abandon(c, r);
+      return error(RING_TRANSPORT_ERR_PEER_FAILED, msg);
+    }
+    if (Clock::now() >= deadline)
+      return error(RING_TRANSPORT_ERR_TIMEOUT, describe(c, r) + ": not complete in time");
+    idle.step(n);
+  }
+}
+
+int effective_timeout(const Comm* c, int timeout_ms) {
+  return timeout_ms > 0 ? timeout_ms : c->op_timeout_ms;
+}
+
+bool bad_peer(const Comm* c, int peer) { return peer < 0 || peer >= c->world; }
+
+// ---- ABI members ------------------------------------------------------------------------------
+
+ring_transport_status_t ucx_probe(char* reason, size_t reason_len) {
+  if (reason && reason_len) reason[0] = '\0';
+  return RING_TRANSPORT_OK;
+}
+
+ring_transport_status_t ucx_finalize(ring_transport_comm_t* c);
+
+ring_transport_status_t ucx_init(const ring_transport_config_v1_t* cfg,
+                                 ring_transport_comm_t** out) {
+  if (!out) {
+    t_last_error = "ucx init: comm is NULL";
+    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  }
+  *out = nullptr;
+  if (!cfg || cfg->world_size < 1 || cfg->world_size > kMaxRanks || cfg->rank < 0 ||
+      cfg->rank >= cfg->world_size) {
+    t_last_error = cfg ? "ucx init: rank " + std::to_string(cfg->rank) + " of world size " +
+                             std::to_string(cfg->world_size) + " is out of range"
+                       : "ucx init: config is NULL";
+    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  }
+  auto c = std::make_unique<Comm>();
+  c->rank = cfg->rank;
+  c->world = cfg->world_size;
+  if (cfg->bootstrap_timeout_ms > 0) c->bootstrap_timeout_ms = cfg->bootstrap_timeout_ms;
+  if (cfg->op_timeout_ms > 0) c->op_timeout_ms = cfg->op_timeout_ms;
+  auto fail = [&](const Result& r) {
+    t_last_error = r.message;
+    ucx_finalize(c.release());
+    return r.status;
+  };
+  Result res = c->rdv.open(cfg->rendezvous, c->rank, c->world);
+  if (!res.ok()) return fail(res);
+  Clock::time_point deadline = deadline_after_ms(c->bootstrap_timeout_ms);
+
+  // Round 1: identities, to learn whether every rank is on this host before choosing transports.
+  std::vector<std::string> unused;
+  if (!(res = c->rdv.publish("host", "")).ok()) return fail(res);
+  if (!(res = c->rdv.gather("host", {}, deadline, &c->peers, &unused)).ok()) return fail(res);
+  c->all_local = true;
+  for (const PeerIdentity& p : c->peers)
+    c->all_local = c->all_local && ring::transport::same_pid_space(c->rdv.self(), p);
+
+  ucp_config_t* ucfg = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucfg);
+  if (s != UCS_OK)
+    return fail(error(RING_TRANSPORT_ERR_INTERNAL,
+                      std::string("ucp_config_read: ") + ucs_status_string(s)));
+  const char* env_tls = std::getenv("UCX_TLS");
+  if (env_tls) {
+    c->tls = env_tls;
+  } else if (c->all_local) {
+    c->tls = "self,posix";
+    ucp_config_modify(ucfg, "TLS", "self,posix");
+    if (!std::getenv("UCX_NET_DEVICES")) ucp_config_modify(ucfg, "NET_DEVICES", "lo");
+  } else {
+    c->tls = "UCX default";
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG;
+  s = ucp_init(&params, ucfg, &c->context);
+  ucp_config_release(ucfg);
+  if (s != UCS_OK)
+    return fail(error(RING_TRANSPORT_ERR_INTERNAL, "ucp_init (UCX_TLS " + c->tls +
+                                                       "): " + ucs_status_string(s)));
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  s = ucp_worker_create(c->context, &wp, &c->worker);
+  if (s != UCS_OK)
+    return fail(error(RING_TRANSPORT_ERR_INTERNAL,
+                      std::string("ucp_worker_create: ") + ucs_status_string(s)));
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  s = ucp_worker_get_address(c->worker, &addr, &addr_len);
+  if (s != UCS_OK)
+    return fail(error(RING_TRANSPORT_ERR_INTERNAL,
+                      std::string("ucp_worker_get_address: ") + ucs_status_string(s)));
+  std::string payload(reinterpret_cast<const char*>(addr), addr_len);
+  ucp_worker_release_address(c->worker, addr);
+
+  // Round 2: worker addresses.
+  std::vector<PeerIdentity> ids;
+  if (!(res = c->rdv.publish("ucx", payload)).ok()) return fail(res);
+  if (!(res = c->rdv.gather("ucx", {}, deadline, &ids, &c->addresses)).ok()) return fail(res);
+  for (int p = 0; p < c->world; ++p) {
+    if (ids[p].pid != c->peers[p].pid || ids[p].host != c->peers[p].host)
+      return fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                        "rendezvous " + c->rdv.dir() + ": rank " + std::to_string(p) +
+                            " changed process between rounds (two jobs share the directory?)"));
+  }
+  c->eps.assign(c->world, nullptr);
+  c->failed.assign(c->world, std::string());
+  *out = c.release();
+  return RING_TRANSPORT_OK;
+}
+
+ring_transport_status_t ucx_finalize(ring_transport_comm_t* c) {
+  if (!c) return RING_TRANSPORT_OK;
+  if (c->worker) {
+    // Cancel receives still posted; sends finish with the endpoint flush/close below.
+    std::vector<Req*> pending(c->live.begin(), c->live.end());
+    for (Req* r : pending) {
+      if (r->done) {
+        release(r);
+        continue;
+      }
+      r->abandoned = true;
+      if (r->is_recv) ucp_request_cancel(c->worker, r->ucp_req);
+    }
+    close_failed_eps(c);
+    // Flush-close live endpoints so eager messages already sent reach peers still running;
+    // bounded, then force.
+    std::vector<std::pair<int, void*>> flushing;
+    for (int p = 0; p < c->world; ++p) {
+      if (!c->eps[p]) continue;
+      ucp_request_param_t prm{};
+      ucs_status_ptr_t sp = ucp_ep_close_nbx(c->eps[p], &prm);
+      if (UCS_PTR_IS_PTR(sp)) flushing.push_back({p, sp});
+      c->eps[p] = nullptr;
+    }
+    Clock::time_point deadline = deadline_after_ms(std::min(kCloseFlushMs, c->op_timeout_ms));
+    Idle idle;
+    auto busy = [&] {
+      for (auto& [p, sp] : flushing)
+        if (sp && ucp_request_check_status(sp) != UCS_INPROGRESS) {
+          ucp_request_free(sp);
+          sp = nullptr;
+        }
+      for (void*& sp : c->closing)
+        if (sp && ucp_request_check_status(sp) != UCS_INPROGRESS) {
+          ucp_request_free(sp);
+          sp = nullptr;
+        }
+      bool any = false;
+      for (auto& f : flushing) any = any || f.second;
+      for (void* sp : c->closing) any = any || sp;
+      return any || !c->live.empty();
+    };
+    while (busy() && Clock::now() < deadline) idle.step(ucp_worker_progress(c->worker));
+    // Whatever is left is dropped with the worker.
+    for (auto& f : flushing)
+      if (f.second) ucp_request_free(f.second);
+    for (void* sp : c->closing)
+      if (sp) ucp_request_free(sp);
+    c->destroying = true;
+    ucp_worker_destroy(c->worker);
+    for (Req* r : c->live) delete r;
+    c->live.clear();
+  }
+  if (c->context) ucp_cleanup(c->context);
+  delete c;
+  return RING_TRANSPORT_OK;
+}
+
+ring_transport_status_t ucx_isend(ring_transport_comm_t* c, const void* buf, size_t size, int peer,
+                                  uint32_t tag, ring_transport_request_t** request) {
+  if (!c || !request) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  *request = nullptr;
+  if (bad_peer(c, peer) || (!buf && size))
+    return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                   c->who() + ": isend to rank " + std::to_string(peer) + " of " +
+                       std::to_string(c->world) + (buf || !size ? "" : " with a NULL buffer"));
+  Result res = post_send(c, buf, size, peer, make_tag(kUser, c->rank, tag), tag, request);
+  return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
+}
+
+ring_transport_status_t ucx_irecv(ring_transport_comm_t* c, void* buf, size_t size, int peer,
+                                  uint32_t tag, ring_transport_request_t** request) {
+  if (!c || !request) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  *request = nullptr;
+  if (bad_peer(c, peer) || (!buf && size))
+    return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                   c->who() + ": irecv from rank " + std::to_string(peer) + " of " +
+                       std::to_string(c->world) + (buf || !size ? "" : " with a NULL buffer"));
+  Result res = post_recv(c, buf, size, peer, make_tag(kUser, peer, tag), tag, request);
+  return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
+}
+
+ring_transport_status_t ucx_test(ring_transport_comm_t* c, ring_transport_request_t* r,
+                                 int* done, size_t* bytes) {
+  if (!c || !r || !done) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  progress(c);
+  *done = 0;
+  if (r->done) {
+    *done = 1;
+    Result res = finish(c, r, bytes);
+    return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
+  }
+  if (!c->failed[r->peer].empty()) {
+    *done = 1;
+    std::string msg = describe(c, r) + ": peer failed: " + c->failed[r->peer];
+    abandon(c, r);
+    return c->fail(RING_TRANSPORT_ERR_PEER_FAILED, msg);
+  }
+  return RING_TRANSPORT_OK;
+}
+
+ring_transport_status_t ucx_wait(ring_transport_comm_t* c, ring_transport_request_t* r,
+                                 int timeout_ms, size_t* bytes) {
+  if (!c || !r) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  Result res = wait_until(c, r, deadline_after_ms(effective_timeout(c, timeout_ms)), false, bytes);
+  return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
+}
+
+ring_transport_status_t ucx_connect(ring_transport_comm_t* c, const int* peers, int n_peers,
+                                    int timeout_ms) {
+  if (!c || n_peers < 0 || (n_peers > 0 && !peers)) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  std::vector<int> list;
+  if (n_peers == 0) {
+    for (int p = 0; p < c->world; ++p) list.push_back(p);
+  } else {
+    list.assign(peers, peers + n_peers);
+  }
+  std::sort(list.begin(), list.end());
+  list.erase(std::unique(list.begin(), list.end()), list.end());
+  for (int p : list)
+    if (bad_peer(c, p))
+      return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                     c->who() + ": connect to rank " + std::to_string(p) + " of " +
+                         std::to_string(c->world));
+  Clock::time_point deadline = deadline_after_ms(effective_timeout(c, timeout_ms));
+  // A one-byte hello each way: it proves the wire-up and that the peer runs this code.
+  std::vector<uint8_t> in(list.size(), 0);
+  const uint8_t out = 1;
+  std::vector<Req*> reqs;
+  Result res;
+  for (size_t i = 0; i < list.size() && res.ok(); ++i) {
+    Req* r = nullptr;
+    res = post_recv(c, &in[i], 1, list[i], make_tag(kHello, list[i], 0), 0, &r);
+    if (res.ok()) reqs.push_back(r);
+  }
+  for (size_t i = 0; i < list.size() && res.ok(); ++i) {
+    Req* r = nullptr;
+    res = post_send(c, &out, 1, list[i], make_tag(kHello, c->rank, 0), 0, &r);
+    if (res.ok()) reqs.push_back(r);
+  }
+  size_t i = 0;
+  for (; i < reqs.size() && res.ok(); ++i) res = wait_until(c, reqs[i], deadline, false, nullptr);
+  for (; i < reqs.size(); ++i) abandon(c, reqs[i]);
+  if (res.ok()) return RING_TRANSPORT_OK;
+  res.message = c->who() + ": connect: " + res.message;
+  return c->fail(res);
+}
+
+// ---- collectives ------------------------------------------------------------------------------
+
+struct Coll {
+  Comm* c;
+  uint32_t seq;
+  Clock::time_point deadline;
+  int next, prev;
+};
+
+// Starts a collective: refuses when an earlier one broke or a peer failed.
+Result coll_begin(Comm* c, int timeout_ms, Coll* k) {
+  k->c = c;
+  k->seq = c->coll_seq++ & 0xffff;
+  k->deadline = deadline_after_ms(effective_timeout(c, timeout_ms));
+  k->next = (c->rank + 1) % c->world;
+  k->prev = (c->rank + c->world - 1) % c->world;
+  if (!c->coll_broken.ok()) return c->coll_broken;
+  progress(c);
+  for (int p = 0; p < c->world; ++p)
+    if (!c->failed[p].empty())
+      return error(RING_TRANSPORT_ERR_PEER_FAILED,
+                   c->who() + ": rank " + std::to_string(p) + " failed: " + c->failed[p]);
+  return ok_result();
+}
+
+// Receive rsize bytes from `from` while sending ssize bytes to `to`, both for step `step`.
+Result exchange(Coll& k, uint32_t step, const void* sbuf, size_t ssize, int to, void* rbuf,
+                size_t rsize, int from) {
+  Comm* c = k.c;
+  uint32_t low = (k.seq << 16) | (step & 0xffff);
+  Req* rr = nullptr;
+  Req* sr = nullptr;
+  Result res = post_recv(c, rbuf, rsize, from, make_tag(kCollective, from, low), low, &rr);
+  if (res.ok()) res = post_send(c, sbuf, ssize, to, make_tag(kCollective, c->rank, low), low, &sr);
+  // wait_until releases a request unless it times out; a timed-out one is abandoned here since
+  // the collective is over for this rank.
+  for (Req** q : {&rr, &sr}) {
+    if (!res.ok() || !*q) continue;
+    res = wait_until(c, *q, k.deadline, true, nullptr);
+    if (res.status != RING_TRANSPORT_ERR_TIMEOUT) *q = nullptr;
+  }
+  if (rr) abandon(c, rr);
+  if (sr) abandon(c, sr);
+  return res;
+}
+
+ring_transport_status_t coll_end(Comm* c, Result res, const char* what) {
+  if (res.ok()) return RING_TRANSPORT_OK;
+  res.message = c->who() + ": " + what + ": " + res.message;
+  // Some messages of this collective may be in flight: later collectives could match them.
+  c->coll_broken = res;
+  return c->fail(res);
+}
+
+float* scratch(Comm* c, int i, size_t count) {
+  if (c->scratch[i].size() < count * sizeof(float)) c->scratch[i].resize(count * sizeof(float));
+  return reinterpret_cast<float*>(c->scratch[i].data());
+}
+
+// acc[i] = in[i] + acc[i]: the incoming partial sum first, then this rank's value.
+void add_into(float* acc, const float* in, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = in[i] + acc[i];
+}
+void add_to(float* out, const float* in, const float* own, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = in[i] + own[i];
+}
+
+size_t block_begin(size_t count, int world, int b) {
+  return static_cast<size_t>((static_cast<unsigned __int128>(count) * b) / world);
+}
+
+ring_transport_status_t ucx_all_reduce(ring_transport_comm_t* c, const float* send, float* recv,
+                                       size_t count, int timeout_ms) {
+  if (!c || (count && (!send || !recv))) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  Coll k;
+  Result res = coll_begin(c, timeout_ms, &k);
+  if (!res.ok()) return c->fail(res);
+  if (send != recv && count) std::memmove(recv, send, count * sizeof(float));
+  const int P = c->world, r = c->rank;
+  if (P == 1 || count == 0) return RING_TRANSPORT_OK;
+  auto blk = [&](int b) { return ((b % P) + P) % P; };
+  size_t max_block = 0;
+  for (int b = 0; b < P; ++b)
+    max_block = std::max(max_block, block_begin(count, P, b + 1) - block_begin(count, P, b));
+  float* tmp = scratch(c, 0, max_block);
+  // Reduce-scatter in place: at step s send block r-s-1 (own value at s = 0, then the partial
+  // sum made at step s-1), receive block r-s-2 and add own value; rank r ends with block r.
+  for (int s = 0; s < P - 1 && res.ok(); ++s) {
+    int sb = blk(r - s - 1), rb = blk(r - s - 2);
+    size_t so = block_begin(count, P, sb), sn = block_begin(count, P, sb + 1) - so;
+    size_t ro = block_begin(count, P, rb), rn = block_begin(count, P, rb + 1) - ro;
+    res = exchange(k, s, recv + so, sn * sizeof(float), k.next, tmp, rn * sizeof(float), k.prev);
+    if (res.ok()) add_into(recv + ro, tmp, rn);
+  }
+  // All-gather: pass finished blocks on; block r-s at step s.
+  for (int s = 0; s < P - 1 && res.ok(); ++s) {
+    int sb = blk(r - s), rb = blk(r - s - 1);
+    size_t so = block_begin(count, P, sb), sn = block_begin(count, P, sb + 1) - so;
+    size_t ro = block_begin(count, P, rb), rn = block_begin(count, P, rb + 1) - ro;
+    res = exchange(k, P + s, recv + so, sn * sizeof(float), k.next, recv + ro, rn * sizeof(float),
+                   k.prev);
+  }
+  return coll_end(c, res, "all_reduce_sum_f32");
+}
+
+ring_transport_status_t ucx_reduce_scatter(ring_transport_comm_t* c, const float* send,
+                                           float* recv, size_t n, int timeout_ms) {
+  if (!c || (n && (!send || !recv))) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  const int P = c->world, r = c->rank;
+  if (n && recv + n > send && send + n * P > recv)
+    return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                   c->who() + ": reduce_scatter_sum_f32: send and recv overlap");
+  Coll k;
+  Result res = coll_begin(c, timeout_ms, &k);
+  if (!res.ok()) return c->fail(res);
+  if (n == 0) return RING_TRANSPORT_OK;
+  if (P == 1) {
+    std::memcpy(recv, send, n * sizeof(float));
+    return RING_TRANSPORT_OK;
+  }
+  auto blk = [&](int b) { return ((b % P) + P) % P; };
+  float* buf[2] = {scratch(c, 0, n), scratch(c, 1, n)};
+  // Same schedule as all_reduce's first phase; partial sums alternate between two scratch
+  // buffers (one is being sent while the other receives), the last lands in recv.
+  for (int s = 0; s < P - 1 && res.ok(); ++s) {
+    int sb = blk(r - s - 1), rb = blk(r - s - 2);
+    const float* out = s == 0 ? send + static_cast<size_t>(sb) * n : buf[(s - 1) % 2];
+    float* in = buf[s % 2];
+    res = exchange(k, s, out, n * sizeof(float), k.next, in, n * sizeof(float), k.prev);
+    if (res.ok()) add_to(s == P - 2 ? recv : in, in, send + static_cast<size_t>(rb) * n, n);
+  }
+  return coll_end(c, res, "reduce_scatter_sum_f32");
+}
+
+ring_transport_status_t ucx_all_gather(ring_transport_comm_t* c, const void* send, void* recv,
+                                       size_t bytes, int timeout_ms) {
+  if (!c || (bytes && (!send || !recv))) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  Coll k;
+  Result res = coll_begin(c, timeout_ms, &k);
+  if (!res.ok()) return c->fail(res);
+  const int P = c->world, r = c->rank;
+  char* out = static_cast<char*>(recv);
+  if (bytes && send != out + static_cast<size_t>(r) * bytes)
+    std::memmove(out + static_cast<size_t>(r) * bytes, send, bytes);
+  auto blk = [&](int b) { return static_cast<size_t>(((b % P) + P) % P); };
+  for (int s = 0; s < P - 1 && res.ok(); ++s)
+    res = exchange(k, s, out + blk(r - s) * bytes, bytes, k.next, out + blk(r - s - 1) * bytes,
+                   bytes, k.prev);
+  return coll_end(c, res, "all_gather");
+}
+
+ring_transport_status_t ucx_barrier(ring_transport_comm_t* c, int timeout_ms) {
+  if (!c) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  Coll k;
+  Result res = coll_begin(c, timeout_ms, &k);
+  if (!res.ok()) return c->fail(res);
+  // Dissemination: ceil(log2 P) rounds of empty messages to rank + 2^i.
+  uint32_t round = 0;
+  for (int d = 1; d < c->world && res.ok(); d <<= 1, ++round)
+    res = exchange(k, round, nullptr, 0, (c->rank + d) % c->world, nullptr, 0,
+                   (c->rank - d + c->world) % c->world);
+  return coll_end(c, res, "barrier");
+}
+
+const char* ucx_last_error(const ring_transport_comm_t* c) {
+  return c ? c->last_error.c_str() : t_last_error.c_str();
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring_transport_v1 = {
+    .name = "ucx",
+    .caps = RING_TRANSPORT_CAP_HOST_MEMORY | RING_TRANSPORT_CAP_TAG_MATCHING |
+            RING_TRANSPORT_CAP_RING_SUM_ORDER,
+    .probe = ucx_probe,
+    .init = ucx_init,
+    .finalize = ucx_finalize,
+    .connect = ucx_connect,
+    .isend = ucx_isend,
+    .irecv = ucx_irecv,
+    .test = ucx_test,
+    .wait = ucx_wait,
+    .all_reduce_sum_f32 = ucx_all_reduce,
+    .reduce_scatter_sum_f32 = ucx_reduce_scatter,
+    .all_gather = ucx_all_gather,
+    .barrier = ucx_barrier,
+    .last_error = ucx_last_error,
+};

@@ -1,0 +1,303 @@
+// Transport conformance: every transport plugin in the build, several real processes (the
+// transport_helper binary, one per rank), every behaviour ring attention and the gradient path
+// rely on. A transport that cannot run here (NCCL without a GPU) skips with its probe's reason.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plugins/transport/loader.h"
+
+namespace ring::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = std::filesystem::temp_directory_path().string() + "/ring-transport-XXXXXX";
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// P helper processes; on destruction any still running is killed and reaped, so a failing
+// test leaves no orphans.
+class Ranks {
+ public:
+  Ranks(const std::string& transport, int world, const std::string& dir,
+        const std::string& scenario)
+      : dir_(dir), world_(world), status_(world, -1) {
+    for (int r = 0; r < world; ++r) {
+      std::string log = dir + "/log-" + std::to_string(r);
+      pid_t pid = fork();
+      if (pid == 0) {
+        // Dies with the test process: no orphan even if the test runner is killed.
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        FILE* f = std::freopen(log.c_str(), "w", stderr);
+        (void)f;
+        std::string rank = std::to_string(r), ws = std::to_string(world);
+        execl(RING_TRANSPORT_HELPER, RING_TRANSPORT_HELPER, transport.c_str(), rank.c_str(),
+              ws.c_str(), dir.c_str(), scenario.c_str(), static_cast<char*>(nullptr));
+        _exit(127);
+      }
+      pids_.push_back(pid);
+    }
+  }
+  ~Ranks() {
+    for (int r = 0; r < world_; ++r)
+      if (pids_[r] > 0) kill(pids_[r], SIGKILL);
+    for (int r = 0; r < world_; ++r)
+      if (pids_[r] > 0) waitpid(pids_[r], nullptr, 0);
+  }
+
+  // Reaps every rank or gives up at the bound; false when some rank was still running.
+  bool wait_all(std::chrono::milliseconds bound) {
+    auto deadline = Clock::now() + bound;
+    for (;;) {
+      bool running = false;
+      for (int r = 0; r < world_; ++r) {
+        if (pids_[r] <= 0) continue;
+        int st = 0;
+        pid_t got = waitpid(pids_[r], &st, WNOHANG);
+        if (got == pids_[r]) {
+          status_[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+          pids_[r] = -pids_[r];
+        } else {
+          running = true;
+        }
+      }
+      if (!running) return true;
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+  void kill_rank(int r) { kill(pids_[r], SIGKILL); }
+  int status(int r) const { return status_[r]; }
+  std::string log(int r) const { return slurp(dir_ + "/log-" + std::to_string(r)); }
+  std::string logs() const {
+    std::string s;
+    for (int r = 0; r < world_; ++r) s += "--- rank " + std::to_string(r) + ":\n" + log(r);
+    return s;
+  }
+
+ private:
+  std::string dir_;
+  int world_;
+  std::vector<pid_t> pids_;
+  std::vector<int> status_;
+};
+
+// Processes whose command line mentions dir (the unique rendezvous of one test).
+int processes_using(const std::string& dir) {
+  int n = 0;
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
+    std::string cmd = slurp(std::string("/proc/") + e->d_name + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(dir) != std::string::npos) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+std::vector<std::string> transports() {
+  std::vector<std::string> t = available_transports();
+  return t.empty() ? std::vector<std::string>{"none-built"} : t;
+}
+
+// Skips with the plugin's reason when it cannot run on this machine.
+#define SKIP_UNLESS_RUNNABLE(which)                                           \
+  do {                                                                        \
+    TransportPlugin plugin_ = TransportPlugin::load(which);                   \
+    char reason_[512];                                                        \
+    if (plugin_->probe(reason_, sizeof(reason_)) != RING_TRANSPORT_OK)        \
+      GTEST_SKIP() << plugin_.name() << " cannot run here: " << reason_;      \
+  } while (0)
+
+class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>> {
+ protected:
+  std::string transport() const { return std::get<0>(GetParam()); }
+  int world() const { return std::get<1>(GetParam()); }
+
+  // Runs the scenario on every rank; all must exit 0 within the bound and agree on the result.
+  void run(const std::string& scenario, std::chrono::seconds bound = 120s) {
+    SKIP_UNLESS_RUNNABLE(transport());
+    TempDir dir;
+    {
+      Ranks ranks(transport(), world(), dir.path, scenario);
+      bool finished = ranks.wait_all(bound);
+      ASSERT_TRUE(finished) << scenario << " did not finish in " << bound.count() << " s\n"
+                            << ranks.logs();
+      for (int r = 0; r < world(); ++r)
+        EXPECT_EQ(ranks.status(r), 0) << "rank " << r << "\n" << ranks.logs();
+    }
+    std::string first = slurp(dir.path + "/result-0");
+    EXPECT_FALSE(first.empty());
+    for (int r = 1; r < world(); ++r)
+      EXPECT_EQ(slurp(dir.path + "/result-" + std::to_string(r)), first)
+          << "rank " << r << " computed different bits than rank 0";
+    EXPECT_EQ(processes_using(dir.path), 0);
+  }
+};
+
+TEST_P(Conformance, OrderingBetweenPairs) { run("ordering"); }
+TEST_P(Conformance, ZeroLengthSelfTruncationAndTimeouts) { run("edge"); }
+TEST_P(Conformance, ManyMessagesInFlight) { run("many"); }
+TEST_P(Conformance, RingNeighbourExchange) { run("ring"); }
+TEST_P(Conformance, CollectivesMatchReferenceBitForBit) { run("collectives"); }
+TEST_P(Conformance, Large256MiBMessage) {
+  if (world() != 2) GTEST_SKIP() << "256 MiB messages run with 2 ranks (memory of a shared host)";
+  run("large", 180s);
+}
+
+// kill -9 of one rank mid-exchange: every other rank reports a peer failure well before the
+// operation timeout (30 s in the helper), and nothing is left running.
+TEST_P(Conformance, KilledPeerIsReportedNotHung) {
+  SKIP_UNLESS_RUNNABLE(transport());
+  TempDir dir;
+  const int victim = 1;
+  {
+    Ranks ranks(transport(), world(), dir.path, "kill");
+    auto deadline = Clock::now() + 60s;
+    for (int r = 0; r < world(); ++r)
+      while (!std::filesystem::exists(dir.path + "/ready-" + std::to_string(r))) {
+        ASSERT_LT(Clock::now(), deadline) << "ranks never got going\n" << ranks.logs();
+        std::this_thread::sleep_for(5ms);
+      }
+    ranks.kill_rank(victim);
+    auto t0 = Clock::now();
+    bool finished = ranks.wait_all(20s);
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    ASSERT_TRUE(finished) << "survivors still running 20 s after the kill\n" << ranks.logs();
+    EXPECT_LT(secs, 10.0) << "detection took longer than the bound\n" << ranks.logs();
+    EXPECT_EQ(ranks.status(victim), 128 + SIGKILL);
+    for (int r = 0; r < world(); ++r) {
+      if (r == victim) continue;
+      EXPECT_EQ(ranks.status(r), 3) << "rank " << r << " should report a peer failure\n"
+                                    << ranks.logs();
+      EXPECT_NE(ranks.log(r).find("peer failed"), std::string::npos) << ranks.log(r);
+    }
+    std::printf("[ detection ] %s P=%d: survivors done %.3f s after kill -9\n",
+                transport().c_str(), world(), secs);
+  }
+  EXPECT_EQ(processes_using(dir.path), 0) << "orphan processes";
+}
+
+std::string name_of(const ::testing::TestParamInfo<Conformance::ParamType>& info) {
+  std::string n = std::get<0>(info.param) + "_P" + std::to_string(std::get<1>(info.param));
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, Conformance,
+                         ::testing::Combine(::testing::ValuesIn(transports()),
+                                            ::testing::Values(2, 3, 4)),
+                         name_of);
+
+// ---- single-process checks ------------------------------------------------------------------
+
+class PerTransport : public ::testing::TestWithParam<std::string> {};
+
+// A rank whose peers never come gets TIMEOUT within its bound, naming who is missing.
+TEST_P(PerTransport, BootstrapTimesOutNamingMissingRanks) {
+  SKIP_UNLESS_RUNNABLE(GetParam());
+  TransportPlugin plugin = TransportPlugin::load(GetParam());
+  TempDir dir;
+  ring_transport_config_t cfg{};
+  cfg.rank = 0;
+  cfg.world_size = 3;
+  cfg.rendezvous = dir.path.c_str();
+  cfg.bootstrap_timeout_ms = 300;
+  ring_transport_comm_t* comm = nullptr;
+  auto t0 = Clock::now();
+  EXPECT_EQ(plugin->init(&cfg, &comm), RING_TRANSPORT_ERR_TIMEOUT);
+  EXPECT_LT(Clock::now() - t0, 5s);
+  EXPECT_EQ(comm, nullptr);
+  std::string msg = plugin->last_error(nullptr);
+  EXPECT_NE(msg.find("2 rank(s): 1,2"), std::string::npos) << msg;
+}
+
+TEST_P(PerTransport, BadConfigIsInvalidArgument) {
+  TransportPlugin plugin = TransportPlugin::load(GetParam());
+  ring_transport_config_t cfg{};
+  cfg.rank = 3;
+  cfg.world_size = 2;
+  cfg.rendezvous = "/tmp";
+  ring_transport_comm_t* comm = nullptr;
+  ring_transport_status_t s = plugin->init(&cfg, &comm);
+  // NCCL without a GPU may say UNSUPPORTED first; either way it must refuse with a message.
+  EXPECT_TRUE(s == RING_TRANSPORT_ERR_INVALID_ARGUMENT || s == RING_TRANSPORT_ERR_UNSUPPORTED)
+      << ring_transport_status_name(s);
+  EXPECT_STRNE(plugin->last_error(nullptr), "");
+}
+
+TEST_P(PerTransport, LoadsAndDescribesItself) {
+  TransportPlugin plugin = TransportPlugin::load(GetParam());
+  EXPECT_EQ(plugin.name(), GetParam());
+  EXPECT_TRUE(plugin->caps & (RING_TRANSPORT_CAP_HOST_MEMORY | RING_TRANSPORT_CAP_DEVICE_MEMORY));
+  char reason[512] = "unset";
+  ring_transport_status_t s = plugin->probe(reason, sizeof(reason));
+  EXPECT_TRUE(s == RING_TRANSPORT_OK || (s == RING_TRANSPORT_ERR_UNSUPPORTED && reason[0]))
+      << reason;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, PerTransport, ::testing::ValuesIn(transports()));
+
+TEST(TransportLoader, UnknownTransportNamesTheAvailableOnes) {
+  try {
+    TransportPlugin::load("carrier-pigeon");
+    FAIL() << "loading a transport that does not exist succeeded";
+  } catch (const TransportError& e) {
+    EXPECT_EQ(e.status(), RING_TRANSPORT_ERR_UNSUPPORTED);
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("'carrier-pigeon' is not available"), std::string::npos) << msg;
+    for (const std::string& t : available_transports())
+      EXPECT_NE(msg.find(t), std::string::npos) << msg;
+  }
+}
+
+TEST(TransportLoader, EnvironmentOverridesTheSearchPath) {
+  TempDir empty;
+  setenv("RING_TRANSPORT_PATH", empty.path.c_str(), 1);
+  EXPECT_TRUE(available_transports().empty());
+  EXPECT_THROW(TransportPlugin::load("ucx"), TransportError);
+  unsetenv("RING_TRANSPORT_PATH");
+  EXPECT_FALSE(available_transports().empty());
+}
+
+TEST(TransportLoader, UcxIsTheDefaultWhenBuilt) {
+  std::vector<std::string> t = available_transports();
+  if (std::find(t.begin(), t.end(), "ucx") == t.end()) GTEST_SKIP() << "UCX not built";
+  EXPECT_EQ(t.front(), "ucx");
+}
+
+}  // namespace
+}  // namespace ring::transport
