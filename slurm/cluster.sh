@@ -109,6 +109,9 @@ STATE=${STATE%/}
 
 CONF=$STATE/etc/slurm.conf
 RUN=$STATE/run
+# mariadbd runs as user mysql: its pid file, socket and error log live in a directory it owns
+MYRUN=$STATE/mysql-run
+MARIADB_PID=$MYRUN/mariadb.pid
 export SLURM_CONF=$CONF
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -160,10 +163,13 @@ our_stepds() {
     case $(readlink "/proc/$pid/cwd" 2>/dev/null) in "$STATE"/*) echo "$pid" ;; esac
   done
 }
-# wait_for DESCRIPTION TIMEOUT_S CMD...: poll every 0.2 s
+# wait_for DESCRIPTION TIMEOUT_S CMD...: poll every 0.2 s (each try at most 10 s)
 wait_for() {
   local what=$1 tmo=$2 i; shift 2
-  for ((i = 0; i < tmo * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  local end=$((SECONDS + tmo))
+  local limit=(timeout 10)
+  declare -F "$1" >/dev/null && limit=()   # shell functions here bound their own commands
+  while [ $SECONDS -lt $end ]; do "${limit[@]}" "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
   echo "$PROG: timeout (${tmo}s) waiting for $what" >&2
   return 1
 }
@@ -202,7 +208,7 @@ load_state() {   # reads what `up` recorded; returns 1 when there is no cluster 
 }
 all_pidfiles() {
   local f
-  for f in "$RUN"/slurmd-*.pid "$RUN"/slurmctld.pid "$RUN"/slurmdbd.pid "$RUN"/mariadb.pid "$RUN"/munged.pid; do
+  for f in "$RUN"/slurmd-*.pid "$RUN"/slurmctld.pid "$RUN"/slurmdbd.pid "$MARIADB_PID" "$RUN"/munged.pid; do
     [ -e "$f" ] && echo "$f"
   done
   return 0
@@ -233,7 +239,7 @@ do_down() {
   for f in "$RUN"/slurmd-*.pid; do [ -e "$f" ] && stops+=("slurmd $(basename "$f" .pid | sed 's/^slurmd-//')=$f"); done
   stop_pidfiles "${stops[@]}" "slurmctld=$RUN/slurmctld.pid"
   stop_pidfiles "slurmdbd=$RUN/slurmdbd.pid"
-  stop_pidfiles "mariadbd=$RUN/mariadb.pid" "munged=$RUN/munged.pid"   # munged: only when ours
+  stop_pidfiles "mariadbd=$MARIADB_PID" "munged=$RUN/munged.pid"   # munged: only when ours
   # A slurmstepd whose job could not be cancelled cleanly: only ours, one pid at a time.
   local pid
   for pid in $(our_stepds); do
@@ -317,7 +323,7 @@ do_up() {
   chmod 0755 "$STATE"   # munged wants execute permission for all on the socket's directories
   rm -rf "$STATE/log.prev"
   [ -d "$STATE/log" ] && mv "$STATE/log" "$STATE/log.prev"
-  rm -rf "$STATE"/{etc,ctld,spool,run,fakedev,munge,mysql} "$STATE/jobcomp.txt" "$STATE/cluster.env"
+  rm -rf "$STATE"/{etc,ctld,spool,run,fakedev,munge,mysql,mysql-run} "$STATE/jobcomp.txt" "$STATE/cluster.env"
   mkdir -p "$STATE"/{etc,ctld,run,log,fakedev}
   local n i
   for n in $(node_names); do mkdir -p "$STATE/spool/$n"; done
@@ -328,7 +334,7 @@ do_up() {
   done
 
   # munge
-  local authinfo="" dbd_authinfo=""
+  local authinfo="" dbd_authinfo="" dbd_pass=""
   if [ "$MUNGE_MODE" != own ] && munge_works; then
     MUNGE_MODE=system
     log "using the munged already running on the default socket"
@@ -349,6 +355,8 @@ do_up() {
     log "munged up (own key and socket in $STATE/munge, pid $(cat "$RUN/munged.pid"))"
     authinfo=",socket=$sock"
     dbd_authinfo="AuthInfo=socket=$sock"
+    # connections to slurmdbd take their munge socket from AccountingStoragePass, not AuthInfo
+    dbd_pass=$'\n'"AccountingStoragePass=$sock"
   fi
 
   # configuration
@@ -365,7 +373,7 @@ do_up() {
     gres_lines="# no fake GPUs (--gpus-per-node 0)"
   fi
   local accounting="AccountingStorageType=accounting_storage/none"
-  [ "$WITH_DBD" = 1 ] && accounting="AccountingStorageType=accounting_storage/slurmdbd"$'\n'"AccountingStorageHost=localhost"$'\n'"AccountingStoragePort=$DBD_PORT"
+  [ "$WITH_DBD" = 1 ] && accounting="AccountingStorageType=accounting_storage/slurmdbd"$'\n'"AccountingStorageHost=localhost"$'\n'"AccountingStoragePort=$DBD_PORT$dbd_pass"
   render "$TEMPLATES/slurm.conf.in" "$CONF" \
     "STATE=$STATE" "NUM_NODES=$NODES" "NODE_RANGE=node[1-$NODES]" "CLUSTER_NAME=ringlocal" \
     "CTLD_PORT=$CTLD_PORT" "SLURM_USER=$(id -un)" "MUNGE_AUTHINFO=$authinfo" \
@@ -384,20 +392,20 @@ do_up() {
     render "$TEMPLATES/slurmdbd.conf.in" "$STATE/etc/slurmdbd.conf" "STATE=$STATE" "DBD_PORT=$DBD_PORT" \
       "MYSQL_PORT=$MYSQL_PORT" "SLURM_USER=$(id -un)" "DB_PASS=$pass" "DBD_AUTHINFO_LINE=$dbd_authinfo"
     chmod 0600 "$STATE/etc/slurmdbd.conf"
-    install -d -o mysql -g mysql "$STATE/mysql"
+    install -d -o mysql -g mysql "$STATE/mysql" "$MYRUN"
     mariadb-install-db --no-defaults --user=mysql --datadir="$STATE/mysql" \
       --auth-root-authentication-method=socket --skip-test-db >"$STATE/log/mariadb-install.log" 2>&1 ||
       up_fail "mariadb-install-db failed (see $STATE/log/mariadb-install.log)"
     RING_SLURM_STATE=$STATE setsid -f mariadbd --no-defaults --user=mysql --datadir="$STATE/mysql" \
-      --socket="$STATE/mysql/mysql.sock" --port="$MYSQL_PORT" --bind-address=127.0.0.1 \
-      --pid-file="$RUN/mariadb.pid" --log-error="$STATE/log/mariadb.err" \
+      --socket="$MYRUN/mysql.sock" --port="$MYSQL_PORT" --bind-address=127.0.0.1 \
+      --pid-file="$MARIADB_PID" --log-error="$MYRUN/mariadb.err" \
       --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1
-    wait_for mariadb "$WAIT_S" mariadb --socket="$STATE/mysql/mysql.sock" -u root -e 'SELECT 1' ||
-      up_fail "MariaDB did not start (see $STATE/log/mariadb.err)"
-    mariadb --socket="$STATE/mysql/mysql.sock" -u root -e \
+    wait_for mariadb "$WAIT_S" mariadb --socket="$MYRUN/mysql.sock" -u root -e 'SELECT 1' ||
+      up_fail "MariaDB did not start: $(tail -n 5 "$MYRUN/mariadb.err" 2>/dev/null)"
+    mariadb --socket="$MYRUN/mysql.sock" -u root -e \
       "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
-    log "mariadb up (pid $(cat "$RUN/mariadb.pid"), port $MYSQL_PORT)"
+    log "mariadb up (pid $(cat "$MARIADB_PID"), port $MYSQL_PORT)"
     RING_SLURM_STATE=$STATE slurmdbd </dev/null >"$STATE/log/slurmdbd.stderr" 2>&1 || up_fail "slurmdbd did not start"
     wait_for slurmdbd "$WAIT_S" sacctmgr -n show cluster || up_fail "slurmdbd does not answer on port $DBD_PORT"
     log "slurmdbd up (pid $(cat "$RUN/slurmdbd.pid"), port $DBD_PORT)"
@@ -444,7 +452,7 @@ do_status() {
   local f pid ok=1 name
   echo "state dir: $STATE ($NODES nodes, $GPUS fake GPUs each, slurmctld port $CTLD_PORT, munge $MUNGE_MODE)"
   for f in "$RUN"/slurmctld.pid $(for n in $(node_names); do echo "$RUN/slurmd-$n.pid"; done) \
-           "$RUN"/slurmdbd.pid "$RUN"/mariadb.pid "$RUN"/munged.pid; do
+           "$RUN"/slurmdbd.pid "$MARIADB_PID" "$RUN"/munged.pid; do
     name=$(basename "$f" .pid)
     case $name in slurmdbd|mariadb) [ "$WITH_DBD" = 1 ] || continue ;; munged) [ "$MUNGE_MODE" = own ] || continue ;; esac
     if pid=$(pid_of "$f"); then echo "  $name: running (pid $pid)"; else echo "  $name: not running"; ok=0; fi

@@ -58,7 +58,26 @@ assert_eq "--gpus-per-node=2: both GPUs on each node" "node1=0,1 node2=0,1" "$(e
 run srun -N1 --gpus-per-node=3 true
 assert_fails "--gpus-per-node=3 is refused (only 2 per node)"
 
-# 6. the queue is empty again
+# 6. cluster.sh itself: idempotent up, clear refusals, nothing started on a refusal
+run "$CLUSTER" up --nodes 3 --gpus-per-node 2 --state-dir "$RING_SLURM_STATE"
+assert_succeeds "up again with the same shape"
+assert_contains "  ... is a no-op" "$output" "already up in $RING_SLURM_STATE"
+run "$CLUSTER" up --nodes 2 --state-dir "$RING_SLURM_STATE"
+assert_fails "up with another shape over a running cluster"
+assert_contains "  ... says so" "$output" "a cluster is already running in $RING_SLURM_STATE (3 nodes, gpus 2)"
+ctld_port=$(sed -n 's/^SlurmctldPort=//p' "$RING_SLURM_STATE/etc/slurm.conf")
+run "$CLUSTER" up --nodes 2 --state-dir "$OUT/other" --port-base "$ctld_port"
+assert_fails "up on a port in use"
+assert_contains "  ... names the port" "$output" "TCP port(s) $ctld_port"
+check "  ... and started nothing" [ ! -e "$OUT/other/run/slurmctld.pid" ]
+run "$CLUSTER" up --nodes 0 --state-dir "$OUT/other"
+assert_contains "--nodes 0 is refused" "$output" "--nodes must be 1-32, got '0'"
+run "$CLUSTER" frobnicate
+assert_contains "unknown command" "$output" "unknown command 'frobnicate'"
+run "$CLUSTER" env --state-dir "$RING_SLURM_STATE"
+assert_contains "env prints SLURM_CONF" "$output" "export SLURM_CONF=$RING_SLURM_STATE/etc/slurm.conf"
+
+# 7. the queue is empty again
 assert_eq "no job left in the queue" "" "$(squeue -h -o %i)"
 
 rm -rf "$OUT"
