@@ -16,6 +16,8 @@
 #
 # The state directory defaults to $RING_SLURM_STATE or /tmp/ringmaster-slurm.
 set -euo pipefail
+# bash 5.2: '&' in a ${var//pat/rep} replacement would insert the match (render() below)
+shopt -u patsub_replacement 2>/dev/null || true
 
 PROG=cluster.sh
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -102,6 +104,9 @@ is_uint "$CPUS" && [ "$CPUS" -ge 1 ] && [ "$CPUS" -le 64 ] || die "--cpus-per-no
   [ $((PORT_BASE + NODES + 2)) -le 65535 ]; } || die "--port-base must be auto or 1024..$((65535 - NODES - 2)), got '$PORT_BASE'"
 case $MUNGE_MODE in auto|own|system) ;; *) die "--munge must be auto, own or system, got '$MUNGE_MODE'" ;; esac
 [ "$SPANK_SET" = 0 ] || [[ $SPANK = /* ]] || SPANK=$(cd "$(dirname "$SPANK")" 2>/dev/null && pwd)/$(basename "$SPANK")
+# plugstack.conf splits on whitespace and cuts at '#'
+[[ $SPANK != *[[:space:]#]* ]] || die "--spank path must not contain spaces or '#': '$SPANK'"
+[[ $SPANK_ARGS != *[$'\n'#]* ]] || die "--spank-args must be one line without '#'"
 [[ $STATE = /* ]] || STATE=$PWD/$STATE
 STATE=${STATE%/}
 # Slurm config lines are split on whitespace and '#': keep the paths plain.

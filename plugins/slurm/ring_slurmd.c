@@ -6,13 +6,13 @@
  */
 #include "ring_spank.h"
 
-int ring_slurmd_init(spank_t sp, int ac, char **av)
-{
-	struct ring_config cfg;
+int ring_slurmd_init(spank_t sp, int ac, char **av) {
+  struct ring_config cfg;
 
-	(void)sp;
-	if (ring_config_parse(&cfg, ac, av) < 0)
-		slurm_error(RING_LOG_PREFIX "plugstack.conf arguments are invalid (see above): steps on this "
-			    "node will be refused until they are fixed; slurmd keeps running");
-	return 0;
+  (void)sp;
+  if (ring_config_parse(&cfg, ac, av) < 0)
+    slurm_error(RING_LOG_PREFIX
+                "plugstack.conf arguments are invalid (see above): steps on this "
+                "node will be refused until they are fixed; slurmd keeps running");
+  return 0;
 }

@@ -21,27 +21,28 @@
 
 #define RING_LOG_PREFIX "ringmaster: "
 
-/* plugstack.conf arguments: `required /path/spank_ringmaster.so [default_coord=E] [allow_tcp=0|1]` */
+/* plugstack.conf arguments: `required /path/spank_ringmaster.so [default_coord=E] [allow_tcp=0|1]`
+ */
 struct ring_config {
-	int invalid;                                /* slurmstepd: parse failed, error logged */
-	int allow_tcp;                              /* 1 (default): tcp:// endpoints accepted */
-	int has_default_coord;
-	char default_coord[RING_ENDPOINT_MAX + 1];  /* used when --ring-coord is not given */
-	char error[RING_ERR_MAX + 160];             /* the last parse error, as logged */
+  int invalid;   /* slurmstepd: parse failed, error logged */
+  int allow_tcp; /* 1 (default): tcp:// endpoints accepted */
+  int has_default_coord;
+  char default_coord[RING_ENDPOINT_MAX + 1]; /* used when --ring-coord is not given */
+  char error[RING_ERR_MAX + 160];            /* the last parse error, as logged */
 };
 
 /* Values of the --ring-* options, as validated by their callbacks. */
 struct ring_args {
-	int job_set;
-	char job[RING_JOB_ID_MAX + 1];
-	int order_set;
-	ring_order_t order;                         /* topology unless --ring-order */
-	int coord_set;
-	char coord[RING_ENDPOINT_MAX + 1];
-	/* slurmstepd only: a forwarded value that failed its check (the error is logged at once,
-	 * the step is refused in task_init; see ring_slurmstepd.c for why not earlier) */
-	int deferred_error;
-	char error[RING_ERR_MAX + 240];             /* its message, repeated in task_init */
+  int job_set;
+  char job[RING_JOB_ID_MAX + 1];
+  int order_set;
+  ring_order_t order; /* topology unless --ring-order */
+  int coord_set;
+  char coord[RING_ENDPOINT_MAX + 1];
+  /* slurmstepd only: a forwarded value that failed its check (the error is logged at once,
+   * the step is refused in task_init; see ring_slurmstepd.c for why not earlier) */
+  int deferred_error;
+  char error[RING_ERR_MAX + 240]; /* its message, repeated in task_init */
 };
 
 extern struct ring_config ring_config;
@@ -52,9 +53,9 @@ int ring_config_parse(struct ring_config *cfg, int ac, char **av);
 
 /* ring_args.c. In slurmstepd (remote) a bad value is deferred: logged, then refused in
  * task_init, because a failure during slurmstepd's init drains the node. */
-int ring_args_register(spank_t sp);              /* spank_option_register for each option */
-int ring_args_check(void);                       /* cross-option rules, after all options */
-const char *ring_args_coord(void);               /* --ring-coord, else default_coord, else NULL */
+int ring_args_register(spank_t sp); /* spank_option_register for each option */
+int ring_args_check(void);          /* cross-option rules, after all options */
+const char *ring_args_coord(void);  /* --ring-coord, else default_coord, else NULL */
 
 /* ring_dispatch.c calls these. */
 int ring_srun_init(spank_t sp, int ac, char **av);

@@ -58,7 +58,28 @@ assert_eq "--gpus-per-node=2: both GPUs on each node" "node1=0,1 node2=0,1" "$(e
 run srun -N1 --gpus-per-node=3 true
 assert_fails "--gpus-per-node=3 is refused (only 2 per node)"
 
-# 6. cluster.sh itself: idempotent up, clear refusals, nothing started on a refusal
+# 6. preemption: a "high" job needing every CPU requeues the running "low" job, which gets
+#    SIGTERM, goes back to the queue (Restarts=1) and starts again (SLURM_RESTART_COUNT=1)
+cat >"$OUT/low.sh" <<'SH'
+#!/bin/bash
+echo "low start restart=${SLURM_RESTART_COUNT:-0}"
+trap 'echo "low got TERM"; exit 0' TERM
+while true; do sleep 0.2; done
+SH
+lo=$(sbatch --parsable -p low -N3 --ntasks-per-node=2 --open-mode=append -o "$OUT/low-%j.out" "$OUT/low.sh")
+for ((i = 0; i < 150; i++)); do [ "$(job_field "$lo" JobState)" = RUNNING ] && break; sleep 0.2; done
+t0=$SECONDS
+hi=$(sbatch --parsable -p high -N3 --ntasks-per-node=2 -o "$OUT/high-%j.out" --wrap 'echo high ran')
+assert_eq "high job $hi preempts and completes" COMPLETED "$(wait_job "$hi" 60)"
+for ((i = 0; i < 300; i++)); do grep -q 'restart=1' "$OUT/low-$lo.out" 2>/dev/null && break; sleep 0.2; done
+assert_eq "low job $lo: TERM, requeued, started again $((SECONDS - t0)) s later" \
+  "low start restart=0|low got TERM|low start restart=1" "$(grep '^low ' "$OUT/low-$lo.out" 2>/dev/null | tr '\n' '|' | sed 's/|$//')"
+assert_contains "  ... Slurm's reason in its output" "$(cat "$OUT/low-$lo.out" 2>/dev/null)" "DUE TO PREEMPTION"
+assert_eq "low job $lo Restarts" 1 "$(job_field "$lo" Restarts)"
+scancel "$lo"
+assert_eq "low job $lo cancelled" CANCELLED "$(wait_job "$lo" 30)"
+
+# 7. cluster.sh itself: idempotent up, clear refusals, nothing started on a refusal
 run "$CLUSTER" up --nodes 3 --gpus-per-node 2 --state-dir "$RING_SLURM_STATE"
 assert_succeeds "up again with the same shape"
 assert_contains "  ... is a no-op" "$output" "already up in $RING_SLURM_STATE"
@@ -77,7 +98,7 @@ assert_contains "unknown command" "$output" "unknown command 'frobnicate'"
 run "$CLUSTER" env --state-dir "$RING_SLURM_STATE"
 assert_contains "env prints SLURM_CONF" "$output" "export SLURM_CONF=$RING_SLURM_STATE/etc/slurm.conf"
 
-# 7. the queue is empty again
+# 8. the queue is empty again
 assert_eq "no job left in the queue" "" "$(squeue -h -o %i)"
 
 rm -rf "$OUT"
