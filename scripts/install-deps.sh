@@ -24,6 +24,8 @@ PACKAGES=(
   clang libclang-rt-14-dev libomp-14-dev
   # local Slurm cluster (slurm/), SPANK plugin
   slurm-wlm slurmctld slurmd slurm-client libslurm-dev munge libmunge-dev
+  # optional slurmdbd accounting for the local cluster (slurm/cluster.sh --with-dbd)
+  slurmdbd slurm-wlm-mysql-plugin mariadb-server mariadb-client
   # process tools used by tests (pkill/pgrep, ps)
   procps psmisc util-linux
 )
