@@ -33,7 +33,7 @@ std::string find_executable(const std::string& name) {
     size_t e = dirs.find(':', b);
     if (e == std::string::npos) e = dirs.size();
     std::string dir = dirs.substr(b, e - b);
-    if (dir.empty()) dir = ".";
+    if (dir.empty()) dir.push_back('.');  // an empty PATH entry is the current directory
     // Appended piecewise: GCC 12 warns falsely (-Wrestrict, PR105651) on a + "/" + b.
     std::string candidate = dir;
     candidate += '/';
