@@ -21,6 +21,7 @@
 #include "worker/data/loader.h"
 #include "worker/data/passkey.h"
 #include "worker/model/attention.h"
+#include "worker/ring/ring_main.h"
 #include "worker/train/passkey_eval.h"
 #include "worker/train/trainer.h"
 
@@ -238,6 +239,8 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --rank / --launch-local: a rank of a context-parallel ring (worker/ring/ring_main.h).
+  if (ring::cp::is_ring_invocation(argc, argv)) return ring::cp::ring_main(argc, argv);
   Args args = parse_args(argc, argv);
   try {
     return run(args);

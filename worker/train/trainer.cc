@@ -42,6 +42,7 @@ StepStats Trainer::train_step(const model::Batch& batch, int64_t global_valid) {
   model::LossResult r = model_.forward_backward(batch, std::max<int64_t>(global_valid, 1));
 
   const int64_t n = model_.layout().total();
+  if (grad_reduce_) grad_reduce_(model_.grads(), n, &r);
   double ss = 0;
   check_status(backend_->sum_squares(n, model_.grads(), &ss), "sum_squares");
   const double norm = std::sqrt(ss);

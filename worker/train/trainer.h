@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -48,6 +49,13 @@ class Trainer {
   model::Model& model() { return model_; }
   int64_t step() const { return step_; }
 
+  // Context parallelism (worker/ring/): called after the backward with this rank's flat gradient
+  // buffer [n] and loss; it sums both over the ranks of the ring in place (the loss_sum and valid
+  // become the global ones), so every rank clips and applies the identical AdamW update. Unset:
+  // one rank.
+  using GradReduceFn = std::function<void(float* grads, int64_t n, model::LossResult* loss)>;
+  void set_grad_reduce(GradReduceFn fn) { grad_reduce_ = std::move(fn); }
+
   // One optimizer step on this rank's tokens; the loss is normalised by global_valid (this
   // rank's valid labels when training alone).
   StepStats train_step(const model::Batch& batch, int64_t global_valid);
@@ -61,6 +69,7 @@ class Trainer {
   int64_t total_steps_;
   int64_t step_ = 0;
   model::DeviceArray<float> m_, v_;  // AdamW moments, [layout.total()]
+  GradReduceFn grad_reduce_;
 };
 
 // "step 10 | loss 2.3456 | 12345 tok/s | 234.5 ms | lr 1.00e-03 | gnorm 0.812"

@@ -1,0 +1,163 @@
+#include "worker/ring/progress.h"
+
+#include <sched.h>
+
+namespace ring::cp {
+
+ProgressEngine::ProgressEngine(transport::TransportComm* comm) : comm_(comm), ops_(16) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+ProgressEngine::~ProgressEngine() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_work_.notify_all();
+  thread_.join();
+}
+
+int ProgressEngine::alloc_op() {
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (!ops_[i].used) {
+      ops_[i] = Op{};
+      ops_[i].used = true;
+      ops_[i].created = Clock::now();
+      return static_cast<int>(i);
+    }
+  ops_.emplace_back();
+  ops_.back().used = true;
+  ops_.back().created = Clock::now();
+  return static_cast<int>(ops_.size() - 1);
+}
+
+void ProgressEngine::post_locked(Op& op) {
+  const ring_transport_t& api = comm_->api();
+  ring_transport_status_t s =
+      op.send ? api.isend(comm_->get(), op.sbuf, op.size, op.peer, op.tag, &op.req)
+              : api.irecv(comm_->get(), op.rbuf, op.size, op.peer, op.tag, &op.req);
+  op.posted = true;
+  op.posted_at = Clock::now();
+  if (s != RING_TRANSPORT_OK) {
+    op.done = true;
+    op.req = nullptr;
+    op.result.status = s;
+    op.result.error = api.last_error(comm_->get());
+  }
+}
+
+int ProgressEngine::post_send(const void* buf, size_t bytes, int peer, uint32_t tag,
+                              Clock::time_point not_before) {
+  int h;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    h = alloc_op();
+    Op& op = ops_[h];
+    op.send = true;
+    op.sbuf = buf;
+    op.size = bytes;
+    op.peer = peer;
+    op.tag = tag;
+    op.not_before = not_before;
+    if (not_before <= op.created) post_locked(op);
+  }
+  cv_work_.notify_all();
+  return h;
+}
+
+int ProgressEngine::post_recv(void* buf, size_t bytes, int peer, uint32_t tag) {
+  int h;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    h = alloc_op();
+    Op& op = ops_[h];
+    op.rbuf = buf;
+    op.size = bytes;
+    op.peer = peer;
+    op.tag = tag;
+    post_locked(op);
+  }
+  cv_work_.notify_all();
+  return h;
+}
+
+ProgressEngine::Result ProgressEngine::wait(int handle, int timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  if (!cv_done_.wait_until(lk, deadline, [&] { return ops_[handle].done; })) {
+    Result r;
+    r.status = RING_TRANSPORT_ERR_TIMEOUT;
+    r.error = std::string("no completion within ") + std::to_string(timeout_ms) + " ms";
+    // The request stays with the comm (finalize releases it); the slot is not reused.
+    return r;
+  }
+  Op& op = ops_[handle];
+  Result r = op.result;
+  if (op.send && op.not_before > op.created)
+    r.held_back_s = std::chrono::duration<double>(op.posted_at - op.created).count();
+  op.used = false;
+  return r;
+}
+
+void ProgressEngine::collective(const std::function<void(transport::TransportComm&)>& fn) {
+  std::lock_guard<std::mutex> lk(mu_);
+  fn(*comm_);
+}
+
+bool ProgressEngine::has_work_locked() const {
+  for (const Op& op : ops_)
+    if (op.used && !op.done) return true;
+  return false;
+}
+
+void ProgressEngine::loop() {
+  const ring_transport_t& api = comm_->api();
+  std::unique_lock<std::mutex> lk(mu_);
+  unsigned idle = 0;
+  while (true) {
+    cv_work_.wait(lk, [&] { return stop_ || has_work_locked(); });
+    if (stop_) return;
+    bool completed = false;
+    const Clock::time_point now = Clock::now();
+    for (Op& op : ops_) {
+      if (!op.used || op.done) continue;
+      if (!op.posted) {
+        if (now < op.not_before) continue;
+        post_locked(op);
+        if (op.done) {
+          completed = true;
+          continue;
+        }
+      }
+      int done = 0;
+      size_t bytes = 0;
+      ring_transport_status_t s = api.test(comm_->get(), op.req, &done, &bytes);
+      if (done) {
+        op.done = true;
+        op.req = nullptr;
+        op.result.status = s;
+        op.result.bytes = bytes;
+        if (s != RING_TRANSPORT_OK) op.result.error = api.last_error(comm_->get());
+        completed = true;
+      } else if (s != RING_TRANSPORT_OK) {
+        op.done = true;  // a request that failed without completing: treat as done with error
+        op.result.status = s;
+        op.result.error = api.last_error(comm_->get());
+        completed = true;
+      }
+    }
+    if (completed) {
+      idle = 0;
+      cv_done_.notify_all();
+    }
+    // Let the caller in (posts, waits), then back off while nothing completes.
+    lk.unlock();
+    if (++idle > 8)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else
+      sched_yield();
+    lk.lock();
+  }
+}
+
+}  // namespace ring::cp

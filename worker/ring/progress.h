@@ -1,0 +1,89 @@
+// A progress thread for a transport communicator, so that ring transfers move while the caller
+// computes.
+//
+// Why: the UCX plugin (like most host transports) only moves data inside its calls (test, wait):
+// on shared memory a large message crosses in ~100-200 KiB per progress round, so a 100 MiB K/V
+// block posted before a 1 s attention call would not move at all during that call. A second
+// thread calls test() on the posted requests, backing off (yield, then 50 us sleeps) while
+// nothing completes, so it costs little CPU.
+//
+// Contract with transport.h: a comm is used by one thread at a time. Every call into the comm -
+// from the progress thread or from the caller (post_*, collective()) - holds one mutex, and the
+// progress thread idles (no calls) while no request is posted.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plugins/transport/loader.h"
+
+namespace ring::cp {
+
+class ProgressEngine {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // comm must outlive the engine. The thread starts here and stops in the destructor.
+  explicit ProgressEngine(transport::TransportComm* comm);
+  ~ProgressEngine();
+  ProgressEngine(const ProgressEngine&) = delete;
+  ProgressEngine& operator=(const ProgressEngine&) = delete;
+
+  // Posts a send of bytes at buf to rank peer (posted by the progress thread at not_before when
+  // that is in the future: a staggered send). buf is borrowed until wait() returns. Returns a
+  // handle for wait().
+  int post_send(const void* buf, size_t bytes, int peer, uint32_t tag,
+                Clock::time_point not_before = {});
+  int post_recv(void* buf, size_t bytes, int peer, uint32_t tag);
+
+  struct Result {
+    ring_transport_status_t status = RING_TRANSPORT_OK;
+    size_t bytes = 0;
+    std::string error;      // the plugin's last_error when status is not OK
+    double held_back_s = 0; // time a staggered send was held before it was posted
+  };
+  // Blocks until the request finishes or timeout_ms passes (then status TIMEOUT; the request is
+  // left to the comm's finalize). The handle is released.
+  Result wait(int handle, int timeout_ms);
+
+  // Runs fn(comm) with the comm to itself (collectives). No request may be in flight.
+  void collective(const std::function<void(transport::TransportComm&)>& fn);
+
+  transport::TransportComm& comm() { return *comm_; }
+
+ private:
+  struct Op {
+    bool used = false;
+    bool posted = false;
+    bool done = false;
+    bool send = false;
+    const void* sbuf = nullptr;
+    void* rbuf = nullptr;
+    size_t size = 0;
+    int peer = -1;
+    uint32_t tag = 0;
+    Clock::time_point not_before{}, created{}, posted_at{};
+    ring_transport_request_t* req = nullptr;
+    Result result;
+  };
+  int alloc_op();
+  void post_locked(Op& op);
+  bool has_work_locked() const;
+  void loop();
+
+  transport::TransportComm* comm_;
+  std::mutex mu_;
+  std::condition_variable cv_work_, cv_done_;
+  std::vector<Op> ops_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ring::cp

@@ -1,0 +1,403 @@
+#include "worker/ring/ring_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+#include "fmt/format.h"
+
+namespace ring::cp {
+
+using model::check_status;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Tags of the three kinds of ring traffic; messages of one kind between two ranks arrive in the
+// order they were sent, and every step is sequential, so one tag per kind suffices.
+constexpr uint32_t kTagForwardKv = 0x52410001;
+constexpr uint32_t kTagBackwardKv = 0x52410002;
+constexpr uint32_t kTagDkv = 0x52410003;
+
+size_t align64(size_t x) { return (x + 63) & ~size_t{63}; }
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+RingTopology make_ring(int rank, int world, const std::vector<int>& order) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw std::invalid_argument(fmt::format("ring: rank {} of world {}", rank, world));
+  if (static_cast<int>(order.size()) != world)
+    throw std::invalid_argument(
+        fmt::format("ring order has {} entries, the ring has {} ranks", order.size(), world));
+  std::vector<int> seen(world, 0);
+  for (int r : order) {
+    if (r < 0 || r >= world)
+      throw std::invalid_argument(fmt::format("ring order names rank {}, not in 0..{}", r, world - 1));
+    if (seen[r]++)
+      throw std::invalid_argument(fmt::format("ring order names rank {} twice", r));
+  }
+  RingTopology t;
+  t.rank = rank;
+  t.world = world;
+  t.order = order;
+  t.position = static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin());
+  t.next = order[(t.position + 1) % world];
+  t.prev = order[(t.position + world - 1) % world];
+  return t;
+}
+
+std::vector<int> ring_order_from_spec(const spec::ParallelSection& p, int world,
+                                      std::string* note) {
+  std::vector<int> order(world);
+  std::iota(order.begin(), order.end(), 0);
+  if (note) note->clear();
+  switch (p.ring_order) {
+    case spec::RingOrder::kNatural: break;
+    case spec::RingOrder::kList:
+      order.assign(p.ring_order_list.begin(), p.ring_order_list.end());
+      break;
+    case spec::RingOrder::kTopology:
+    case spec::RingOrder::kSlurm:
+      if (note)
+        *note = fmt::format(
+            "parallel.ring_order {} is computed by the coordinator; without one the ring is in "
+            "natural rank order",
+            spec::to_string(p.ring_order));
+      break;
+  }
+  return order;
+}
+
+RingAttention::RingAttention(kernels::Backend* backend, ProgressEngine* progress,
+                             RingTopology ring, Options options)
+    : backend_(backend), progress_(progress), ring_(std::move(ring)), options_(options) {}
+
+void RingAttention::set_compute_only(BlockSource source, std::vector<int64_t> tokens) {
+  compute_only_ = std::move(source);
+  tokens_of_ = std::move(tokens);
+  max_tokens_ = *std::max_element(tokens_of_.begin(), tokens_of_.end());
+}
+
+RingAttention::Offsets RingAttention::offsets(int64_t t) const {
+  Offsets o;
+  o.pos = align64(sizeof(Header));
+  o.doc = o.pos + align64(static_cast<size_t>(t) * sizeof(int64_t));
+  o.k = o.doc + align64(static_cast<size_t>(t) * sizeof(int32_t));
+  o.v = o.k + align64(static_cast<size_t>(t * kvd_) * sizeof(float));
+  o.total = o.v + align64(static_cast<size_t>(t * kvd_) * sizeof(float));
+  return o;
+}
+
+void RingAttention::exchange_token_counts(int64_t tokens) {
+  std::vector<int64_t> by_rank(ring_.world, 0);
+  if (ring_.world > 1) {
+    progress_->collective([&](transport::TransportComm& c) {
+      c.check(c.api().all_gather(c.get(), &tokens, by_rank.data(), sizeof(int64_t), 0),
+              "ring attention: all_gather of token counts");
+    });
+  } else {
+    by_rank[0] = tokens;
+  }
+  tokens_of_.assign(ring_.world, 0);
+  for (int p = 0; p < ring_.world; ++p) tokens_of_[p] = by_rank[ring_.order[p]];
+  max_tokens_ = *std::max_element(tokens_of_.begin(), tokens_of_.end());
+}
+
+void RingAttention::prepare(const model::AttentionCall& call) {
+  kvd_ = call.kv_heads * call.head_dim;
+  // Token counts can change between steps; every rank runs layer 0's forward at the same point.
+  if (!compute_only_ && (call.layer == 0 || tokens_of_.empty())) exchange_token_counts(call.tokens);
+  if (tokens_of_[ring_.position] != call.tokens)
+    throw model::ModelError(fmt::format(
+        "ring attention: layer {} has {} tokens on rank {}, the ring agreed on {}", call.layer,
+        call.tokens, ring_.rank, tokens_of_[ring_.position]));
+  const int64_t tm = max_tokens_;
+  const size_t cap = offsets(tm).total;
+  for (auto& b : kv_buf_) b.resize(backend_, static_cast<int64_t>(cap));
+  for (auto& b : dkv_acc_) b.resize(backend_, 2 * tm * kvd_);
+  dkv_part_.resize(backend_, 2 * tm * kvd_);
+  part_out_.resize(backend_, call.tokens * call.heads * call.head_dim);
+  part_lse_.resize(backend_, call.tokens * call.heads);
+  delta_.resize(backend_, call.tokens * call.heads);
+}
+
+RingAttention::Block RingAttention::local_block(const model::AttentionCall& call) const {
+  Block b;
+  b.tokens = call.tokens;
+  b.origin = ring_.position;
+  b.pos = call.positions;
+  b.doc = call.doc_ids;
+  b.k = call.k;
+  b.v = call.v;
+  return b;
+}
+
+void RingAttention::pack_local(const model::AttentionCall& call) {
+  const int64_t t = call.tokens;
+  const Offsets o = offsets(t);
+  char* dst = kv_buf_[0].data();
+  Header h{t, ring_.position, call.layer, call.doc_ids != nullptr};
+  std::memcpy(dst, &h, sizeof(h));
+  std::memcpy(dst + o.pos, call.positions, t * sizeof(int64_t));
+  if (call.doc_ids) std::memcpy(dst + o.doc, call.doc_ids, t * sizeof(int32_t));
+  std::memcpy(dst + o.k, call.k, t * kvd_ * sizeof(float));
+  std::memcpy(dst + o.v, call.v, t * kvd_ * sizeof(float));
+}
+
+RingAttention::Block RingAttention::unpack(const char* buf, const model::AttentionCall& call,
+                                           int origin, int step, size_t received) const {
+  Header h;
+  std::memcpy(&h, buf, sizeof(h));
+  const Offsets o = offsets(h.tokens);
+  if (h.origin != origin || h.tokens != tokens_of_[origin] || h.layer != call.layer ||
+      (h.has_docs != 0) != (call.doc_ids != nullptr) || received != o.total)
+    throw model::ModelError(fmt::format(
+        "ring attention: rank {} layer {} step {}: received block (origin {}, {} tokens, layer "
+        "{}, {} bytes) but expected origin {} with {} tokens, layer {}, {} bytes",
+        ring_.rank, call.layer, step, h.origin, h.tokens, h.layer, received, origin,
+        tokens_of_[origin], call.layer, offsets(tokens_of_[origin]).total));
+  Block b;
+  b.tokens = h.tokens;
+  b.origin = origin;
+  b.pos = reinterpret_cast<const int64_t*>(buf + o.pos);
+  b.doc = h.has_docs ? reinterpret_cast<const int32_t*>(buf + o.doc) : nullptr;
+  b.k = reinterpret_cast<const float*>(buf + o.k);
+  b.v = reinterpret_cast<const float*>(buf + o.v);
+  return b;
+}
+
+RingAttention::Block RingAttention::block_at(int step, const model::AttentionCall& call,
+                                             int buf_index, size_t received) {
+  const int origin = (ring_.position - step + ring_.world) % ring_.world;
+  if (step == 0) return local_block(call);
+  if (compute_only_) {
+    BlockView v = compute_only_(call.layer, origin);
+    Block b;
+    b.tokens = v.tokens;
+    b.origin = origin;
+    b.pos = v.positions;
+    b.doc = v.doc_ids;
+    b.k = v.k;
+    b.v = v.v;
+    return b;
+  }
+  return unpack(kv_buf_[buf_index].data(), call, origin, step, received);
+}
+
+bool RingAttention::any_allowed(const model::AttentionCall& call, const Block& b) const {
+  const int64_t tq = call.tokens, tk = b.tokens;
+  if (tq == 0 || tk == 0) return false;
+  const int64_t* qp = call.positions;
+  const int64_t* kp = b.pos;
+  const int32_t* qd = call.doc_ids;
+  const int32_t* kd = b.doc;
+  const int64_t q_max = *std::max_element(qp, qp + tq);
+  const int64_t k_min = *std::min_element(kp, kp + tk);
+  if (k_min > q_max) return false;  // every key is later than every query
+  if (!qd) return true;
+  const auto [qd_lo, qd_hi] = std::minmax_element(qd, qd + tq);
+  const auto [kd_lo, kd_hi] = std::minmax_element(kd, kd + tk);
+  if (*qd_hi < *kd_lo || *kd_hi < *qd_lo) return false;  // no shared document
+  // Exact when positions ascend and document ids do not decrease along them (packed sequences):
+  // allowed iff some document d has min key position(d) <= max query position(d).
+  auto sorted = [](const int64_t* p, const int32_t* d, int64_t n) {
+    for (int64_t i = 1; i < n; ++i)
+      if (p[i] <= p[i - 1] || d[i] < d[i - 1]) return false;
+    return true;
+  };
+  if (!sorted(qp, qd, tq) || !sorted(kp, kd, tk)) return true;  // conservative
+  int64_t i = 0, j = 0;
+  while (i < tq && j < tk) {
+    if (qd[i] < kd[j]) {
+      ++i;
+    } else if (kd[j] < qd[i]) {
+      ++j;
+    } else {
+      const int32_t d = qd[i];
+      const int64_t first_key = kp[j];  // keys ascend: the first key of d is its earliest
+      while (i < tq && qd[i] == d) ++i;
+      if (first_key <= qp[i - 1]) return true;  // the last query of d is its latest
+      while (j < tk && kd[j] == d) ++j;
+    }
+  }
+  return false;
+}
+
+kernels::AttentionArgs RingAttention::args(const model::AttentionCall& call,
+                                           const Block& b) const {
+  kernels::AttentionArgs a;
+  a.q_len = call.tokens;
+  a.kv_len = b.tokens;
+  a.heads = call.heads;
+  a.kv_heads = call.kv_heads;
+  a.head_dim = call.head_dim;
+  a.scale = call.scale;
+  a.causal = true;
+  a.dtype = kernels::DType::kF32;
+  a.q = call.q;
+  a.k = b.k;
+  a.v = b.v;
+  a.q_pos = call.positions;
+  a.k_pos = b.pos;
+  a.q_doc = call.doc_ids;
+  a.k_doc = call.doc_ids ? b.doc : nullptr;
+  return a;
+}
+
+int RingAttention::send_kv(int buf_index, size_t bytes, uint32_t tag) {
+  const auto not_before =
+      Clock::now() + std::chrono::microseconds(options_.stagger_us * ring_.position);
+  rstats_.hops++;
+  rstats_.bytes_sent += static_cast<int64_t>(bytes);
+  return progress_->post_send(kv_buf_[buf_index].data(), bytes, ring_.next, tag,
+                              options_.stagger_us > 0 ? not_before : Clock::time_point{});
+}
+
+int RingAttention::recv_kv(int buf_index, uint32_t tag) {
+  return progress_->post_recv(kv_buf_[buf_index].data(), offsets(max_tokens_).total, ring_.prev,
+                              tag);
+}
+
+size_t RingAttention::finish(int* handle, const char* what, int peer, int layer, int step) {
+  if (*handle < 0) return 0;
+  const auto t0 = Clock::now();
+  ProgressEngine::Result r = progress_->wait(*handle, options_.timeout_ms);
+  rstats_.wait_s += seconds_since(t0);
+  rstats_.stagger_s += r.held_back_s;
+  *handle = -1;
+  if (r.status != RING_TRANSPORT_OK)
+    throw transport::TransportError(
+        r.status, fmt::format("ring attention: rank {} (ring position {} of {}), layer {}, step "
+                              "{}: {} rank {} failed: {}: {}",
+                              ring_.rank, ring_.position, ring_.world, layer, step, what, peer,
+                              ring_transport_status_name(r.status), r.error));
+  return r.bytes;
+}
+
+void RingAttention::forward(const model::AttentionCall& call, float* out, float* lse) {
+  prepare(call);
+  const int p = ring_.world;
+  const bool comm = p > 1 && !compute_only_;
+  const int64_t rows = call.tokens * call.heads;
+  if (comm) pack_local(call);
+  bool have_out = false;
+  size_t received = 0;
+  for (int s = 0; s < p; ++s) {
+    const int cur = s % 2, nxt = (s + 1) % 2;
+    Block b = block_at(s, call, cur, received);
+    int hr = -1, hs = -1;
+    if (comm && s + 1 < p) {
+      hr = recv_kv(nxt, kTagForwardKv);
+      hs = send_kv(cur, offsets(b.tokens).total, kTagForwardKv);
+    }
+    ++rstats_.blocks_total;
+    const auto t0 = Clock::now();
+    if (any_allowed(call, b)) {
+      float* o = have_out ? part_out_.data() : out;
+      float* l = have_out ? part_lse_.data() : lse;
+      check_status(backend_->attention_forward(args(call, b), o, l, &kstats_), "attention_forward");
+      if (have_out)
+        check_status(backend_->attention_merge(call.tokens, call.heads, call.head_dim, out, lse,
+                                               part_out_.data(), part_lse_.data()),
+                     "attention_merge");
+      have_out = true;
+    } else {
+      ++rstats_.blocks_skipped;
+    }
+    rstats_.compute_s += seconds_since(t0);
+    received = finish(&hr, "receive of a K/V block from", ring_.prev, call.layer, s);
+    finish(&hs, "send of a K/V block to", ring_.next, call.layer, s);
+  }
+  if (!have_out) {  // no key anywhere (only possible with no tokens)
+    check_status(backend_->fill(rows * call.head_dim, 0.f, out), "fill");
+    check_status(backend_->fill(rows, -std::numeric_limits<float>::infinity(), lse), "fill");
+  }
+}
+
+void RingAttention::backward(const model::AttentionCall& call, const float* out, const float* lse,
+                             const float* dout, float* dq, float* dk, float* dv) {
+  prepare(call);
+  const int p = ring_.world;
+  const bool comm = p > 1 && !compute_only_;
+  const int64_t t = call.tokens;
+  check_status(backend_->attention_backward_prepare(kernels::DType::kF32, t, call.heads,
+                                                    call.head_dim, out, dout, delta_.data()),
+               "attention_backward_prepare");
+  check_status(backend_->fill(t * call.heads * call.head_dim, 0.f, dq), "fill");
+  if (comm) pack_local(call);
+
+  int dkv_send[2] = {-1, -1};  // the accumulator send posted from dkv_acc_[i]
+  size_t received = 0;
+  for (int s = 0; s < p; ++s) {
+    const int cur = s % 2, nxt = (s + 1) % 2;
+    Block b = block_at(s, call, cur, received);
+    const int64_t bt = b.tokens;
+    int hr = -1, hs = -1, hd = -1;
+    if (comm && s + 1 < p) {
+      hr = recv_kv(nxt, kTagBackwardKv);
+      hs = send_kv(cur, offsets(bt).total, kTagBackwardKv);
+    }
+    // The accumulator of this block arrives from prev (it left there at step s-1) into
+    // dkv_acc_[cur], whose previous send (step s-2) must be complete first.
+    float* acc = dkv_acc_[compute_only_ && s > 0 ? 1 : cur].data();
+    if (comm && s > 0) {
+      finish(&dkv_send[cur], "send of a dK/dV accumulator to", ring_.next, call.layer, s);
+      hd = progress_->post_recv(acc, 2 * bt * kvd_ * sizeof(float), ring_.prev, kTagDkv);
+    }
+    ++rstats_.blocks_total;
+    auto t0 = Clock::now();
+    const bool allowed = any_allowed(call, b);
+    // Step 0 (own block) accumulates straight into the accumulator; later steps into a partial.
+    float* part = s == 0 ? acc : dkv_part_.data();
+    if (allowed || s == 0) check_status(backend_->fill(2 * bt * kvd_, 0.f, part), "fill");
+    if (allowed) {
+      check_status(backend_->attention_backward(args(call, b), dout, lse, delta_.data(), dq, part,
+                                                part + bt * kvd_, &kstats_),
+                   "attention_backward");
+    } else {
+      ++rstats_.blocks_skipped;
+    }
+    rstats_.compute_s += seconds_since(t0);
+    if (s > 0) {
+      finish(&hd, "receive of a dK/dV accumulator from", ring_.prev, call.layer, s);
+      if (allowed) {
+        t0 = Clock::now();
+        check_status(backend_->add(2 * bt * kvd_, acc, part, acc), "add");
+        rstats_.compute_s += seconds_since(t0);
+      }
+    }
+    if (comm) {
+      rstats_.hops++;
+      rstats_.bytes_sent += static_cast<int64_t>(2 * bt * kvd_ * sizeof(float));
+      dkv_send[cur] = progress_->post_send(acc, 2 * bt * kvd_ * sizeof(float), ring_.next, kTagDkv);
+    }
+    received = finish(&hr, "receive of a K/V block from", ring_.prev, call.layer, s);
+    finish(&hs, "send of a K/V block to", ring_.next, call.layer, s);
+  }
+  // The own block's accumulator comes home after its P-th hop.
+  float* home = dkv_acc_[p % 2].data();
+  if (comm) {
+    finish(&dkv_send[p % 2], "send of a dK/dV accumulator to", ring_.next, call.layer, p);
+    int hd = progress_->post_recv(home, 2 * t * kvd_ * sizeof(float), ring_.prev, kTagDkv);
+    const size_t got = finish(&hd, "receive of the own dK/dV accumulator from", ring_.prev,
+                              call.layer, p);
+    if (got != 2 * t * kvd_ * sizeof(float))
+      throw model::ModelError(fmt::format(
+          "ring attention: rank {} layer {}: own dK/dV came back with {} bytes, expected {}",
+          ring_.rank, call.layer, got, 2 * t * kvd_ * sizeof(float)));
+    finish(&dkv_send[(p + 1) % 2], "send of a dK/dV accumulator to", ring_.next, call.layer, p);
+  } else {
+    home = dkv_acc_[0].data();
+  }
+  std::memcpy(dk, home, t * kvd_ * sizeof(float));
+  std::memcpy(dv, home + t * kvd_, t * kvd_ * sizeof(float));
+}
+
+}  // namespace ring::cp

@@ -1,0 +1,171 @@
+// Ring attention: the AttentionExecutor of context parallelism. Each of the P ranks of a ring
+// holds a share of one sequence (worker/data/split.h); its queries must attend to the keys of
+// every rank. K/V blocks travel around the ring, each with its global positions and document ids,
+// so any block can be masked exactly where it is used.
+//
+// Forward (P steps): at step s rank position i holds the block of position i-s (mod P). It posts
+// irecv(next block from prev) and isend(this block to next) first, then computes its queries
+// against the held block (attention_forward into a partial (o, lse)) while a ProgressEngine
+// thread moves the transfer, and merges the partial into the running (out, lse) exactly in fp32
+// (attention_merge). Blocks with no allowed (query, key) pair are skipped before any kernel call
+// (an exact check from the sorted positions and document ids: some document must have a key no
+// later than one of its queries); tiles inside computed blocks are skipped by the kernel.
+//
+// Backward (FlashAttention-2, recomputed from the final (out, lse) of the forward): dQ accumulates
+// locally; K/V blocks travel the ring again (prefetched one step ahead, as in the forward) and
+// each block's dK/dV accumulator follows it one hop behind: at step s a rank computes its partial
+// dK/dV of the held block into zeroed scratch while the accumulator of that block is in flight
+// from prev, then adds the two and sends the sum on. After P hops every accumulator is back at its
+// owner, holding the sum over all ranks' queries (sum order: ring order from the owner).
+//
+// Ring order is an input (RingTopology: a permutation of ranks); neighbours come from it. An
+// optional stagger delays this rank's sends by position x stagger_us: the send is posted at the
+// first poll point after that delay (never a sleep: the compute goes on meanwhile).
+//
+// Memory per rank: two packed K/V receive buffers, two dK/dV accumulators and one partial, sized
+// for the largest rank share; allocated on first use and reused across layers and steps.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/spec/spec.h"
+#include "kernels/backend.h"
+#include "plugins/transport/loader.h"
+#include "worker/model/attention.h"
+#include "worker/model/buffer.h"
+#include "worker/ring/progress.h"
+
+namespace ring::cp {
+
+// Where this rank sits in the ring.
+struct RingTopology {
+  int rank = 0;            // this process's rank in the communicator
+  int world = 1;           // P
+  std::vector<int> order;  // [P] ranks in ring order; K/V blocks pass order[i] -> order[i+1]
+  int position = 0;        // index of rank in order
+  int prev = 0;            // rank we receive from (order[position-1])
+  int next = 0;            // rank we send to (order[position+1])
+};
+
+// Builds the topology from an explicit order (a permutation of 0..world-1; throws
+// std::invalid_argument naming the problem otherwise).
+RingTopology make_ring(int rank, int world, const std::vector<int>& order);
+
+// The order the spec asks for: natural (0..P-1) or list (parallel.ring_order_list). topology and
+// slurm orders come from the coordinator (a later issue): they are given as natural here and
+// *note says so (empty otherwise).
+std::vector<int> ring_order_from_spec(const spec::ParallelSection& p, int world,
+                                      std::string* note);
+
+// Communication and compute accounting of one RingAttention, since construction.
+struct RingStats {
+  int64_t hops = 0;            // messages sent (K/V blocks and dK/dV accumulators)
+  int64_t bytes_sent = 0;
+  int64_t blocks_total = 0;    // (query block, K/V block) pairs met, forward and backward
+  int64_t blocks_skipped = 0;  // pairs with no allowed (q, k) pair: no kernel call
+  double compute_s = 0;        // time in kernels (attention, merge, adds)
+  double wait_s = 0;           // time blocked in wait() after the compute ran out
+  double stagger_s = 0;        // of wait_s: time spent holding back a staggered send
+};
+
+// A K/V block from another rank for the compute-only (no communication) measurement mode.
+struct BlockView {
+  int64_t tokens = 0;
+  const float* k = nullptr;            // [tokens, kv_heads, head_dim]
+  const float* v = nullptr;            // [tokens, kv_heads, head_dim]
+  const int64_t* positions = nullptr;  // [tokens]
+  const int32_t* doc_ids = nullptr;    // [tokens] or nullptr
+};
+
+class RingAttention final : public model::AttentionExecutor {
+ public:
+  struct Options {
+    int64_t stagger_us = 0;  // per ring position: position x stagger_us
+    int timeout_ms = 60000;  // bound on each wait for a transfer
+  };
+
+  // progress (and its comm, a host-memory transport) and backend must outlive this object.
+  RingAttention(kernels::Backend* backend, ProgressEngine* progress, RingTopology ring,
+                Options options);
+
+  void forward(const model::AttentionCall& call, float* out, float* lse) override;
+  void backward(const model::AttentionCall& call, const float* out, const float* lse,
+                const float* dout, float* dq, float* dk, float* dv) override;
+  kernels::AttentionStats stats() const override { return kstats_; }
+
+  const RingStats& ring_stats() const { return rstats_; }
+  const RingTopology& ring() const { return ring_; }
+  void reset_stats() {
+    rstats_ = {};
+    kstats_ = {};
+  }
+
+  // Benchmark mode: no communication at all. At ring step s the block of ring position
+  // (position - s) mod P is taken from source(layer, origin_position) instead of the network;
+  // the same kernels run on the same blocks (dK/dV of foreign blocks are computed and dropped,
+  // so the gradients are not the ring's). Token counts must be set with set_token_counts.
+  using BlockSource = std::function<BlockView(int layer, int origin_position)>;
+  void set_compute_only(BlockSource source, std::vector<int64_t> tokens_by_position);
+
+ private:
+  // A packed block, 64-byte aligned parts: [header][positions T x int64][doc ids T x int32]
+  // [K T x kvd f32][V T x kvd f32], T = tokens of the block, kvd = kv_heads * head_dim.
+  struct Header {
+    int64_t tokens;
+    int64_t origin;  // ring position of the owner
+    int64_t layer;
+    int64_t has_docs;
+  };
+  struct Block {
+    int64_t tokens = 0;
+    int origin = 0;
+    const int64_t* pos = nullptr;
+    const int32_t* doc = nullptr;
+    const float* k = nullptr;
+    const float* v = nullptr;
+  };
+  struct Offsets {
+    size_t pos, doc, k, v, total;
+  };
+  Offsets offsets(int64_t tokens) const;
+  void prepare(const model::AttentionCall& call);
+  Block local_block(const model::AttentionCall& call) const;
+  void pack_local(const model::AttentionCall& call);
+  Block unpack(const char* buf, const model::AttentionCall& call, int origin, int step,
+               size_t received) const;
+  Block block_at(int step, const model::AttentionCall& call, int buf_index, size_t received);
+  bool any_allowed(const model::AttentionCall& call, const Block& b) const;
+  kernels::AttentionArgs args(const model::AttentionCall& call, const Block& b) const;
+  void exchange_token_counts(int64_t tokens);
+
+  // Transfers of one step; handle -1 = none.
+  int send_kv(int buf_index, size_t bytes, uint32_t tag);
+  int recv_kv(int buf_index, uint32_t tag);
+  size_t finish(int* handle, const char* what, int peer, int layer, int step);
+
+  kernels::Backend* backend_;
+  ProgressEngine* progress_;
+  RingTopology ring_;
+  Options options_;
+  BlockSource compute_only_;
+
+  std::vector<int64_t> tokens_of_;  // [P] token count of each ring POSITION (this step)
+  int64_t max_tokens_ = 0;
+  int64_t kvd_ = 0;
+
+  model::DeviceArray<char> kv_buf_[2];    // packed blocks, double buffered
+  model::DeviceArray<float> dkv_acc_[2];  // [2 x T_max x kvd]: dK then dV accumulators
+  model::DeviceArray<float> dkv_part_;    // [2 x T_max x kvd]: this rank's partial
+  model::DeviceArray<float> part_out_;    // [T, heads, head_dim]
+  model::DeviceArray<float> part_lse_;    // [T, heads]
+  model::DeviceArray<float> delta_;       // [T, heads]
+
+  kernels::AttentionStats kstats_;
+  RingStats rstats_;
+};
+
+}  // namespace ring::cp

@@ -1,0 +1,87 @@
+#include "worker/ring/ring_rank.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace ring::cp {
+
+RingRank::RingRank(const spec::JobSpec& spec, const RankOptions& o)
+    : plugin_(transport::TransportPlugin::load(o.transport)), timeout_ms_(o.op_timeout_ms) {
+  std::vector<int> order = ring_order_from_spec(spec.parallel, o.world, &note_);
+  ring_ = make_ring(o.rank, o.world, order);
+  ring_transport_config_t cfg{};
+  cfg.rank = o.rank;
+  cfg.world_size = o.world;
+  cfg.rendezvous = o.rendezvous.c_str();
+  cfg.bootstrap_timeout_ms = o.bootstrap_timeout_ms;
+  cfg.op_timeout_ms = o.op_timeout_ms;
+  cfg.device = -1;
+  comm_ = std::make_unique<transport::TransportComm>(plugin_, cfg);
+  if (o.world > 1) {
+    const int peers[2] = {ring_.prev, ring_.next};
+    comm_->check(comm_->api().connect(comm_->get(), peers, ring_.prev == ring_.next ? 1 : 2, 0),
+                 "connect to ring neighbours");
+  }
+  progress_ = std::make_unique<ProgressEngine>(comm_.get());
+}
+
+RingRank::~RingRank() {
+  progress_.reset();  // stop the thread before the comm is finalized
+  comm_.reset();
+}
+
+int64_t RingRank::global_count(int64_t local) {
+  if (ring_.world == 1) return local;
+  std::vector<int64_t> all(ring_.world);
+  progress_->collective([&](transport::TransportComm& c) {
+    c.check(c.api().all_gather(c.get(), &local, all.data(), sizeof(int64_t), timeout_ms_),
+            "all_gather of valid-label counts");
+  });
+  int64_t sum = 0;
+  for (int64_t x : all) sum += x;
+  return sum;
+}
+
+void RingRank::reduce(float* grads, int64_t n, model::LossResult* loss) {
+  if (ring_.world == 1) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Part {
+    double loss_sum;
+    int64_t valid;
+  };
+  Part mine{loss->loss_sum, loss->valid};
+  std::vector<Part> all(ring_.world);
+  progress_->collective([&](transport::TransportComm& c) {
+    c.check(c.api().all_reduce_sum_f32(c.get(), grads, grads, static_cast<size_t>(n), timeout_ms_),
+            "all_reduce_sum_f32 of the weight gradients");
+    c.check(c.api().all_gather(c.get(), &mine, all.data(), sizeof(Part), timeout_ms_),
+            "all_gather of the loss");
+  });
+  loss->loss_sum = 0;
+  loss->valid = 0;
+  for (const Part& p : all) {
+    loss->loss_sum += p.loss_sum;
+    loss->valid += p.valid;
+  }
+  reduce_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+model::Batch shard_batch(const data::SequenceShard& s) {
+  return model::Batch{static_cast<int64_t>(s.tokens.size()), s.tokens.data(), s.labels.data(),
+                      s.positions.data(), s.doc_ids.data()};
+}
+
+int64_t peak_rss_bytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  int64_t kb = 0;
+  while (std::fgets(line, sizeof(line), f))
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kb = std::atoll(line + 6);
+  std::fclose(f);
+  return kb * 1024;
+}
+
+}  // namespace ring::cp

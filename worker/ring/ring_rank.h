@@ -1,0 +1,76 @@
+// One rank of a context-parallel ring: the communicator, its progress thread, the ring topology,
+// and the pieces of a training step that cross ranks besides attention - the global valid-label
+// count, and the sum of weight gradients and losses (so every rank applies the identical AdamW
+// update and the parameters stay bit-identical across ranks).
+//
+//   RingRank rr(spec, {.rank = r, .world = P, .rendezvous = dir});
+//   RingAttention attention(backend, &rr.progress(), rr.ring(), {.stagger_us = ...});
+//   Trainer trainer(spec, backend, &attention, steps);
+//   trainer.set_grad_reduce(rr.grad_reducer());
+//   SequenceShard shard = shard_sequence(seq, P, r, spec.parallel.causal_balance);
+//   trainer.train_step(shard_batch(shard), rr.global_count(local_valid));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/spec/spec.h"
+#include "plugins/transport/loader.h"
+#include "worker/data/split.h"
+#include "worker/model/model.h"
+#include "worker/ring/progress.h"
+#include "worker/ring/ring_attention.h"
+#include "worker/train/trainer.h"
+
+namespace ring::cp {
+
+struct RankOptions {
+  int rank = 0;
+  int world = 1;
+  std::string rendezvous;        // directory unique to this ring attempt
+  std::string transport = "ucx";
+  int bootstrap_timeout_ms = 60000;
+  int op_timeout_ms = 60000;     // bound on every transfer and collective
+};
+
+class RingRank {
+ public:
+  // Loads the transport, runs the bootstrap, connects to the ring neighbours and starts the
+  // progress thread. Throws transport::TransportError (with the plugin's message) or
+  // std::invalid_argument (a bad ring order).
+  RingRank(const spec::JobSpec& spec, const RankOptions& options);
+  ~RingRank();
+
+  const RingTopology& ring() const { return ring_; }
+  ProgressEngine& progress() { return *progress_; }
+  transport::TransportComm& comm() { return *comm_; }
+  const std::string& note() const { return note_; }  // e.g. how ring_order was interpreted
+
+  // Sum over ranks of a count (all_gather, summed in rank order: identical on every rank).
+  int64_t global_count(int64_t local);
+  // Sums the gradient buffer (all_reduce_sum_f32 over the whole flat buffer: one bucket) and the
+  // loss (loss_sum, valid: all_gather, summed in rank order) in place.
+  void reduce(float* grads, int64_t n, model::LossResult* loss);
+  train::Trainer::GradReduceFn grad_reducer() {
+    return [this](float* g, int64_t n, model::LossResult* r) { reduce(g, n, r); };
+  }
+  double reduce_seconds() const { return reduce_s_; }  // time in reduce() since construction
+
+ private:
+  transport::TransportPlugin plugin_;
+  std::unique_ptr<transport::TransportComm> comm_;
+  std::unique_ptr<ProgressEngine> progress_;
+  RingTopology ring_;
+  std::string note_;
+  int timeout_ms_;
+  double reduce_s_ = 0;
+};
+
+// This rank's tokens as a model batch (pointers into shard).
+model::Batch shard_batch(const data::SequenceShard& shard);
+
+// Peak resident memory of this process (VmHWM), bytes; 0 when unknown.
+int64_t peak_rss_bytes();
+
+}  // namespace ring::cp
