@@ -20,7 +20,8 @@ ClusterTopology ClusterTopology::tree(std::vector<Switch> switches, Kind kind) {
   for (auto& s : switches) s.children.clear();
   for (int i = 0; i < n; ++i) {
     int p = switches[i].parent;
-    if (p >= n || p < -1) throw TopologyError(fmt::format("switch {}: bad parent", switches[i].name));
+    if (p >= n || p < -1)
+      throw TopologyError(fmt::format("switch {}: bad parent", switches[i].name));
     if (p >= 0) switches[p].children.push_back(i);
   }
   // Depths from the roots; a switch never reached sits on a cycle.
@@ -35,10 +36,9 @@ ClusterTopology ClusterTopology::tree(std::vector<Switch> switches, Kind kind) {
   }
   for (int i = 0; i < n; ++i) {
     if (depth[i] < 0) {
-      throw TopologyError(fmt::format("{}switch {} is part of a cycle (it is its own ancestor)",
-                                      switches[i].line ? fmt::format("line {}: ", switches[i].line)
-                                                       : "",
-                                      switches[i].name));
+      throw TopologyError(fmt::format(
+          "{}switch {} is part of a cycle (it is its own ancestor)",
+          switches[i].line ? fmt::format("line {}: ", switches[i].line) : "", switches[i].name));
     }
     switches[i].depth = depth[i];
   }
@@ -51,11 +51,10 @@ ClusterTopology ClusterTopology::tree(std::vector<Switch> switches, Kind kind) {
     for (const auto& node : switches[i].nodes) {
       auto [it, fresh] = t.node_switch_.emplace(node, i);
       if (!fresh) {
-        throw TopologyError(fmt::format("{}node {} is attached to switch {} and to switch {}",
-                                        switches[i].line ? fmt::format("line {}: ",
-                                                                       switches[i].line)
-                                                         : "",
-                                        node, switches[it->second].name, switches[i].name));
+        throw TopologyError(
+            fmt::format("{}node {} is attached to switch {} and to switch {}",
+                        switches[i].line ? fmt::format("line {}: ", switches[i].line) : "", node,
+                        switches[it->second].name, switches[i].name));
       }
     }
   }
@@ -63,7 +62,8 @@ ClusterTopology ClusterTopology::tree(std::vector<Switch> switches, Kind kind) {
     for (const auto& s : switches) {
       if (s.depth > 1) throw TopologyError(fmt::format("dragonfly: {} is nested too deep", s.name));
       if (s.depth == 0 && !s.nodes.empty()) {
-        throw TopologyError(fmt::format("dragonfly: group {} has nodes; nodes go on routers", s.name));
+        throw TopologyError(
+            fmt::format("dragonfly: group {} has nodes; nodes go on routers", s.name));
       }
     }
   }
@@ -80,8 +80,8 @@ ClusterTopology ClusterTopology::torus(std::vector<int> dims, std::vector<bool> 
     if (d < 1) throw TopologyError(fmt::format("torus: dimension {} is not positive", d));
   if (wrap.empty()) wrap.assign(dims.size(), true);
   if (wrap.size() != dims.size()) {
-    throw TopologyError(fmt::format("torus: {} wrap flags for {} dimensions", wrap.size(),
-                                    dims.size()));
+    throw TopologyError(
+        fmt::format("torus: {} wrap flags for {} dimensions", wrap.size(), dims.size()));
   }
   std::map<std::vector<int>, std::string> taken;
   for (const auto& [name, c] : coords) {
@@ -97,8 +97,8 @@ ClusterTopology ClusterTopology::torus(std::vector<int> dims, std::vector<bool> 
     }
     auto [it, fresh] = taken.emplace(c, name);
     if (!fresh) {
-      throw TopologyError(fmt::format("torus: nodes {} and {} have the same coordinates",
-                                      it->second, name));
+      throw TopologyError(
+          fmt::format("torus: nodes {} and {} have the same coordinates", it->second, name));
     }
   }
   t.dims_ = std::move(dims);
@@ -135,8 +135,8 @@ int ClusterTopology::hops(const std::string& a, const std::string& b) const {
   }
   auto ia = node_switch_.find(a), ib = node_switch_.find(b);
   if (ia == node_switch_.end() || ib == node_switch_.end()) {
-    throw TopologyError(fmt::format("node {} is not in the topology",
-                                    ia == node_switch_.end() ? a : b));
+    throw TopologyError(
+        fmt::format("node {} is not in the topology", ia == node_switch_.end() ? a : b));
   }
   int sa = ia->second, sb = ib->second;
   if (kind_ == Kind::kDragonfly) {
@@ -257,8 +257,10 @@ ClusterTopology parse_slurm_topology(std::string_view text, const std::string& s
         if (key == "switchname") {
           if (!d.name.empty()) throw fail(at, "SwitchName given twice on one line");
           std::vector<std::string> names = expand_hostlist(value);
-          if (names.size() != 1) throw fail(at, fmt::format("SwitchName={} names {} switches, "
-                                                            "expected one", value, names.size()));
+          if (names.size() != 1)
+            throw fail(at, fmt::format("SwitchName={} names {} switches, "
+                                       "expected one",
+                                       value, names.size()));
           d.name = names[0];
         } else if (key == "switches") {
           auto v = expand_hostlist(value);
@@ -269,8 +271,9 @@ ClusterTopology parse_slurm_topology(std::string_view text, const std::string& s
         } else if (key == "linkspeed") {
           // Informational in Slurm too.
         } else if (key == "blockname" || key == "blocksizes") {
-          throw fail(at, "topology/block (BlockName=) is not supported; give the switch tree "
-                         "(topology/tree) or a cluster YAML");
+          throw fail(at,
+                     "topology/block (BlockName=) is not supported; give the switch tree "
+                     "(topology/tree) or a cluster YAML");
         } else {
           throw fail(at, fmt::format("unknown key '{}' (expected SwitchName, Switches, Nodes, "
                                      "LinkSpeed)",
@@ -477,8 +480,8 @@ ClusterTopology parse_cluster_yaml(std::string_view text, const std::string& sou
     std::set<std::string> names;
     for (const auto& s : switches)
       if (!names.insert(s.name).second) {
-        throw TopologyError(fmt::format("{}:{}: switch {} is defined twice", source, s.line,
-                                        s.name));
+        throw TopologyError(
+            fmt::format("{}:{}: switch {} is defined twice", source, s.line, s.name));
       }
     return wrap_errors(root, "switches", [&] { return ClusterTopology::tree(switches); });
   }
@@ -548,8 +551,8 @@ ClusterTopology parse_cluster_yaml(std::string_view text, const std::string& sou
       long cells = 1;
       for (int d : dims) cells *= d;
       if (static_cast<long>(names.size()) > cells) {
-        r.fail(hl, "hostlist", fmt::format("{} names for a torus of {} positions", names.size(),
-                                           cells));
+        r.fail(hl, "hostlist",
+               fmt::format("{} names for a torus of {} positions", names.size(), cells));
       }
       for (size_t i = 0; i < names.size(); ++i) {
         std::vector<int> c;

@@ -25,11 +25,11 @@ namespace ring::topology {
 
 struct Switch {
   std::string name;
-  int parent = -1;              // index into switches; -1 for a root
-  std::vector<int> children;    // switch indices, in natural name order
+  int parent = -1;                 // index into switches; -1 for a root
+  std::vector<int> children;       // switch indices, in natural name order
   std::vector<std::string> nodes;  // nodes attached here, in natural order
-  int depth = 0;                // roots 0
-  int line = 0;                 // where it was defined (for messages); 0 when generated
+  int depth = 0;                   // roots 0
+  int line = 0;                    // where it was defined (for messages); 0 when generated
 };
 
 class ClusterTopology {

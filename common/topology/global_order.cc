@@ -95,8 +95,8 @@ GlobalOrder global_ring_order(const ClusterTopology& t, const std::vector<std::s
                               int workers_per_node) {
   if (job_nodes.empty()) throw TopologyError("the job has no nodes");
   if (workers_per_node < 1) {
-    throw TopologyError(fmt::format("workers per node must be at least 1 (got {})",
-                                    workers_per_node));
+    throw TopologyError(
+        fmt::format("workers per node must be at least 1 (got {})", workers_per_node));
   }
   std::set<std::string> seen;
   for (const auto& n : job_nodes)
@@ -115,8 +115,10 @@ GlobalOrder global_ring_order(const ClusterTopology& t, const std::vector<std::s
   GlobalOrder g;
   std::set<std::string> known;
   for (const auto& n : job_nodes) {
-    if (t.contains(n)) known.insert(n);
-    else g.unknown.push_back(n);
+    if (t.contains(n))
+      known.insert(n);
+    else
+      g.unknown.push_back(n);
   }
   // The job's known nodes in the topology's own order (DFS or snake).
   std::vector<std::string> base;

@@ -42,13 +42,13 @@ struct RankSlot {
 };
 
 struct GlobalOrder {
-  std::vector<std::string> nodes;  // ring order
-  std::vector<bool> reversed;      // per node: its local path runs backwards
-  std::vector<RankSlot> ranks;     // global rank r -> (node, local worker)
-  int64_t hops = 0;                // ring cost of `nodes` (closing hop included)
-  int64_t node_list_hops = 0;      // ring cost of the job's node list as given
+  std::vector<std::string> nodes;    // ring order
+  std::vector<bool> reversed;        // per node: its local path runs backwards
+  std::vector<RankSlot> ranks;       // global rank r -> (node, local worker)
+  int64_t hops = 0;                  // ring cost of `nodes` (closing hop included)
+  int64_t node_list_hops = 0;        // ring cost of the job's node list as given
   std::vector<std::string> unknown;  // job nodes the topology does not know
-  std::string method;              // "tree-dfs", "snake+2opt", "exact", "trivial"
+  std::string method;                // "tree-dfs", "snake+2opt", "exact", "trivial"
 };
 
 // Sum of hops between consecutive nodes, closing hop included (0 for fewer than 2 nodes).

@@ -25,8 +25,8 @@ std::string_view trim(std::string_view s) {
 void expand_item(std::string_view expr, size_t base, std::string_view item,
                  std::vector<std::string>& out) {
   auto fail = [&](size_t at, const std::string& what) {
-    return TopologyError(fmt::format("hostlist '{}': at character {}: {}", expr, base + at + 1,
-                                     what));
+    return TopologyError(
+        fmt::format("hostlist '{}': at character {}: {}", expr, base + at + 1, what));
   };
   // Parts: literal strings between groups, and each group's list of values.
   std::vector<std::string> partial{""};
@@ -99,8 +99,8 @@ std::vector<std::string> expand_hostlist(std::string_view expression) {
       size_t skip = 0;
       while (skip < item.size() && std::isspace(static_cast<unsigned char>(item[skip]))) ++skip;
       if (trim(item).empty()) {
-        throw TopologyError(fmt::format("hostlist '{}': at character {}: empty item", expression,
-                                        start + 1));
+        throw TopologyError(
+            fmt::format("hostlist '{}': at character {}: empty item", expression, start + 1));
       }
       expand_item(expression, start + skip, trim(item), out);
       if (out.size() > kMaxHostlistNames) {

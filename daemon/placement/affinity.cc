@@ -37,8 +37,8 @@ void apply_cpuset(pid_t pid, const std::vector<int>& cpus) {
   if (!s.set) throw PlacementError("CPU_ALLOC failed");
   for (int c : cpus) {
     if (c < 0 || c >= kMaxCpus) {
-      throw PlacementError(fmt::format("CPU {} is out of range for pid {} (0..{})", c, pid,
-                                       kMaxCpus - 1));
+      throw PlacementError(
+          fmt::format("CPU {} is out of range for pid {} (0..{})", c, pid, kMaxCpus - 1));
     }
     CPU_SET_S(static_cast<size_t>(c), s.size, s.set);
   }
@@ -68,8 +68,8 @@ void apply_cpuset(pid_t pid, const std::vector<int>& cpus) {
 std::vector<int> get_cpuset(pid_t tid) {
   CpuSet s;
   if (sched_getaffinity(tid, s.size, s.set) != 0) {
-    throw PlacementError(fmt::format("sched_getaffinity(thread {}) failed: {}", tid,
-                                     std::strerror(errno)));
+    throw PlacementError(
+        fmt::format("sched_getaffinity(thread {}) failed: {}", tid, std::strerror(errno)));
   }
   std::vector<int> out;
   for (int c = 0; c < kMaxCpus; ++c)

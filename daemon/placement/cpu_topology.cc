@@ -20,8 +20,7 @@ std::vector<const CpuCore*> CpuTopology::cores_of(int numa_node) const {
 CpuTopology discover_cpu_topology(const std::string& synthetic) {
   hwloc_topology_t topo = nullptr;
   if (hwloc_topology_init(&topo) != 0) throw PlacementError("hwloc_topology_init failed");
-  std::unique_ptr<hwloc_topology, void (*)(hwloc_topology_t)> guard(topo,
-                                                                    hwloc_topology_destroy);
+  std::unique_ptr<hwloc_topology, void (*)(hwloc_topology_t)> guard(topo, hwloc_topology_destroy);
   if (!synthetic.empty() && hwloc_topology_set_synthetic(topo, synthetic.c_str()) != 0) {
     throw PlacementError(fmt::format("hwloc rejects the synthetic topology '{}'", synthetic));
   }

@@ -23,7 +23,7 @@ namespace ring::placement {
 
 std::string find_executable(const std::string& name) {
   auto executable = [](const std::string& p) {
-    struct stat st{};
+    struct stat st {};
     return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
   };
   if (name.find('/') != std::string::npos) return executable(name) ? name : "";
@@ -141,8 +141,8 @@ bool discover_gpus_nvml(const std::string& library, GpuTopology& out, std::strin
   auto init = sym<nvmlReturn_t (*)()>(lib, "nvmlInit_v2");
   auto shutdown = sym<nvmlReturn_t (*)()>(lib, "nvmlShutdown");
   auto count = sym<nvmlReturn_t (*)(unsigned*)>(lib, "nvmlDeviceGetCount_v2");
-  auto by_index = sym<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(lib,
-                                                                 "nvmlDeviceGetHandleByIndex_v2");
+  auto by_index =
+      sym<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(lib, "nvmlDeviceGetHandleByIndex_v2");
   auto name = sym<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>(lib, "nvmlDeviceGetName");
   auto uuid = sym<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>(lib, "nvmlDeviceGetUUID");
   auto pci = sym<nvmlReturn_t (*)(nvmlDevice_t, NvmlPciInfo*)>(lib, "nvmlDeviceGetPciInfo_v3");
@@ -201,8 +201,10 @@ bool discover_gpus_nvml(const std::string& library, GpuTopology& out, std::strin
         if (link_state(dev[i], l, &active) != 0 || !active) continue;
         if (link_remote(dev[i], l, &p) != 0) continue;
         auto it = by_bus.find(p.bus_id);
-        if (it != by_bus.end()) ++direct[i][it->second];
-        else ++switch_links[i];
+        if (it != by_bus.end())
+          ++direct[i][it->second];
+        else
+          ++switch_links[i];
       }
   }
   t.gpu_links.assign(n, std::vector<Link>(n));
@@ -222,7 +224,7 @@ bool discover_gpus_nvml(const std::string& library, GpuTopology& out, std::strin
       ancestor(dev[i], dev[j], &level);
       // nvmlGpuTopologyLevel_t: 0 internal, 10 single switch, 20 multiple, 30 host bridge,
       // 40 NUMA node, 50 system.
-      LinkKind k = level <= 10 ? LinkKind::kPix
+      LinkKind k = level <= 10   ? LinkKind::kPix
                    : level <= 20 ? LinkKind::kPxb
                    : level <= 30 ? LinkKind::kPhb
                    : level <= 40 ? LinkKind::kNode
@@ -243,8 +245,8 @@ GpuDiscovery discover_gpus(const DiscoveryOptions& options) {
       argv.insert(argv.begin(), smi);
       CommandResult r = run_command(argv, options.timeout_ms);
       if (r.timed_out) {
-        throw PlacementError(fmt::format("{} {} did not finish within {} ms", smi, what,
-                                         options.timeout_ms));
+        throw PlacementError(
+            fmt::format("{} {} did not finish within {} ms", smi, what, options.timeout_ms));
       }
       if (r.exit_code != 0) {
         std::string err = r.err.substr(0, 500);

@@ -24,8 +24,8 @@ struct DiscoveryOptions {
 
 struct GpuDiscovery {
   GpuTopology topology;
-  std::string source;               // "nvidia-smi", "nvml" or "none"
-  std::vector<std::string> notes;   // why a source was skipped
+  std::string source;              // "nvidia-smi", "nvml" or "none"
+  std::vector<std::string> notes;  // why a source was skipped
 };
 
 GpuDiscovery discover_gpus(const DiscoveryOptions& options = {});
@@ -37,8 +37,8 @@ std::string find_executable(const std::string& name);
 struct CommandResult {
   int exit_code = -1;  // -1 when killed by a signal or timed out
   bool timed_out = false;
-  std::string out;     // stdout (capped at 64 MiB)
-  std::string err;     // stderr (capped at 64 KiB)
+  std::string out;  // stdout (capped at 64 MiB)
+  std::string err;  // stderr (capped at 64 KiB)
 };
 
 // Runs argv[0] (a path) with no shell, capturing output; kills it after timeout_ms.

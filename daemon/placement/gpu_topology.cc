@@ -34,7 +34,8 @@ std::vector<std::string_view> split_ws(std::string_view line) {
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
     s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -45,7 +46,9 @@ int numbered(std::string_view token, std::string_view prefix) {
   return parse_int(token.substr(prefix.size()), n) && n >= 0 ? n : -1;
 }
 
-bool is_unknown(std::string_view v) { return v == "N/A" || v == "n/a" || v == "-"; }
+bool is_unknown(std::string_view v) {
+  return v == "N/A" || v == "n/a" || v == "-";
+}
 
 }  // namespace
 
@@ -65,13 +68,20 @@ std::optional<Link> parse_link(std::string_view t) {
 
 std::string to_string(const Link& link) {
   switch (link.kind) {
-    case LinkKind::kSelf: return "X";
-    case LinkKind::kNvLink: return fmt::format("NV{}", link.nvlinks);
-    case LinkKind::kPix: return "PIX";
-    case LinkKind::kPxb: return "PXB";
-    case LinkKind::kPhb: return "PHB";
-    case LinkKind::kNode: return "NODE";
-    case LinkKind::kSys: return "SYS";
+    case LinkKind::kSelf:
+      return "X";
+    case LinkKind::kNvLink:
+      return fmt::format("NV{}", link.nvlinks);
+    case LinkKind::kPix:
+      return "PIX";
+    case LinkKind::kPxb:
+      return "PXB";
+    case LinkKind::kPhb:
+      return "PHB";
+    case LinkKind::kNode:
+      return "NODE";
+    case LinkKind::kSys:
+      return "SYS";
   }
   return "?";
 }
@@ -92,9 +102,10 @@ std::vector<int> parse_cpu_list(std::string_view text) {
                   ? parse_int(item, lo) && (hi = lo, true)
                   : parse_int(item.substr(0, dash), lo) && parse_int(item.substr(dash + 1), hi);
     if (!ok || lo < 0 || hi < lo || hi > kMaxCpu) {
-      throw TopologyParseError(fmt::format("bad CPU list item '{}' in '{}' (expected N or N-M, "
-                                           "0 <= N <= M)",
-                                           item, trim(text)));
+      throw TopologyParseError(
+          fmt::format("bad CPU list item '{}' in '{}' (expected N or N-M, "
+                      "0 <= N <= M)",
+                      item, trim(text)));
     }
     for (int c = lo; c <= hi; ++c) out.push_back(c);
   }
@@ -153,8 +164,8 @@ GpuTopology parse_topo_matrix(std::string_view text, const std::string& source) 
       trailing.push_back(kGpuNumaId);
       t += 3;
     } else if (!trailing.empty()) {
-      throw fail(header_line, fmt::format("unexpected column '{}' after the affinity columns",
-                                          head[t]));
+      throw fail(header_line,
+                 fmt::format("unexpected column '{}' after the affinity columns", head[t]));
     } else {
       devices.emplace_back(head[t]);
       t += 1;
@@ -213,9 +224,9 @@ GpuTopology parse_topo_matrix(std::string_view text, const std::string& source) 
     size_t extra = tok.size() - 1 - devices.size();
     // NIC rows carry no affinity columns; GPU rows carry up to all of them.
     if (extra > (gpu_col[row] >= 0 ? trailing.size() : 0)) {
-      throw fail(line_no, fmt::format("row {} has {} entries, expected at most {}", label,
-                                      tok.size() - 1,
-                                      devices.size() + (gpu_col[row] >= 0 ? trailing.size() : 0)));
+      throw fail(line_no,
+                 fmt::format("row {} has {} entries, expected at most {}", label, tok.size() - 1,
+                             devices.size() + (gpu_col[row] >= 0 ? trailing.size() : 0)));
     }
     for (size_t c = 0; c < devices.size(); ++c) {
       std::optional<Link> l = parse_link(tok[1 + c]);
@@ -225,8 +236,7 @@ GpuTopology parse_topo_matrix(std::string_view text, const std::string& source) 
                                         label, devices[c], tok[1 + c]));
       }
       if ((c == row) != (l->kind == LinkKind::kSelf)) {
-        throw fail(line_no, fmt::format("row {}, column {}: '{}' {}", label, devices[c],
-                                        tok[1 + c],
+        throw fail(line_no, fmt::format("row {}, column {}: '{}' {}", label, devices[c], tok[1 + c],
                                         c == row ? "on the diagonal (expected X)"
                                                  : "off the diagonal (X means self)"));
       }
@@ -244,14 +254,17 @@ GpuTopology parse_topo_matrix(std::string_view text, const std::string& source) 
         if (is_unknown(v)) continue;
         try {
           switch (trailing[k]) {
-            case kCpuAffinity: g.cpu_affinity = parse_cpu_list(v); break;
+            case kCpuAffinity:
+              g.cpu_affinity = parse_cpu_list(v);
+              break;
             case kNumaAffinity: {
               // One node is the usual case; a list ("0-1") means no single home node.
               std::vector<int> nodes = parse_cpu_list(v);
               g.numa_node = nodes.size() == 1 ? nodes[0] : -1;
               break;
             }
-            case kGpuNumaId: break;  // the GPU's own memory node (Grace/CDMM); not a CPU node
+            case kGpuNumaId:
+              break;  // the GPU's own memory node (Grace/CDMM); not a CPU node
           }
         } catch (const TopologyParseError& e) {
           throw fail(line_no, fmt::format("row {}: {}", label, e.what()));
@@ -287,9 +300,10 @@ GpuTopology parse_topo_matrix(std::string_view text, const std::string& source) 
 std::vector<GpuInfo> parse_smi_xml(std::string_view text, const std::string& source) {
   std::unique_ptr<xml::Element> root = xml::parse(text, source);
   if (root->name != "nvidia_smi_log") {
-    throw TopologyParseError(fmt::format("{}:{}: nvidia-smi -q -x: root element is <{}>, expected "
-                                         "<nvidia_smi_log>",
-                                         source, root->line, root->name));
+    throw TopologyParseError(
+        fmt::format("{}:{}: nvidia-smi -q -x: root element is <{}>, expected "
+                    "<nvidia_smi_log>",
+                    source, root->line, root->name));
   }
   std::vector<GpuInfo> out;
   for (const auto& e : root->children) {
@@ -309,9 +323,10 @@ std::vector<GpuInfo> parse_smi_xml(std::string_view text, const std::string& sou
         std::vector<std::string_view> parts = split_ws(*v);
         int mib = 0;
         if (parts.size() != 2 || parts[1] != "MiB" || !parse_int(parts[0], mib) || mib < 0) {
-          throw TopologyParseError(fmt::format("{}:{}: nvidia-smi -q -x: gpu {}: "
-                                               "fb_memory_usage/total '{}' is not '<n> MiB'",
-                                               source, fb->line, g.index, *v));
+          throw TopologyParseError(
+              fmt::format("{}:{}: nvidia-smi -q -x: gpu {}: "
+                          "fb_memory_usage/total '{}' is not '<n> MiB'",
+                          source, fb->line, g.index, *v));
         }
         g.memory_mib = static_cast<uint64_t>(mib);
       }
@@ -321,9 +336,10 @@ std::vector<GpuInfo> parse_smi_xml(std::string_view text, const std::string& sou
   if (const auto* attached = root->child_text("attached_gpus")) {
     int n = -1;
     if (parse_int(*attached, n) && n != static_cast<int>(out.size())) {
-      throw TopologyParseError(fmt::format("{}: nvidia-smi -q -x: attached_gpus says {} but {} "
-                                           "<gpu> elements were found",
-                                           source, n, out.size()));
+      throw TopologyParseError(
+          fmt::format("{}: nvidia-smi -q -x: attached_gpus says {} but {} "
+                      "<gpu> elements were found",
+                      source, n, out.size()));
     }
   }
   return out;

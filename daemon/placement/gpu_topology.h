@@ -38,12 +38,12 @@ std::optional<Link> parse_link(std::string_view token);
 std::string to_string(const Link& link);
 
 struct GpuInfo {
-  int index = -1;              // nvidia-smi index (PCI bus order), the GPU# of topo -m
-  std::string name;            // "NVIDIA H100 80GB HBM3"; empty when unknown
-  std::string uuid;            // "GPU-..."; empty when unknown
-  std::string pci_bus_id;      // "00000000:18:00.0"; empty when unknown
-  uint64_t memory_mib = 0;     // total framebuffer memory, MiB; 0 when unknown
-  int numa_node = -1;          // NUMA node of the GPU's host bridge; -1 when unknown
+  int index = -1;                 // nvidia-smi index (PCI bus order), the GPU# of topo -m
+  std::string name;               // "NVIDIA H100 80GB HBM3"; empty when unknown
+  std::string uuid;               // "GPU-..."; empty when unknown
+  std::string pci_bus_id;         // "00000000:18:00.0"; empty when unknown
+  uint64_t memory_mib = 0;        // total framebuffer memory, MiB; 0 when unknown
+  int numa_node = -1;             // NUMA node of the GPU's host bridge; -1 when unknown
   std::vector<int> cpu_affinity;  // CPUs (OS indices) near the GPU; empty when unknown
 };
 

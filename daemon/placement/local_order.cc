@@ -15,13 +15,20 @@ namespace {
 // Position of a class in the closeness order; NVLink classes come first, more links first.
 int class_order(const Link& l) {
   switch (l.kind) {
-    case LinkKind::kSelf: return -1;
-    case LinkKind::kNvLink: return 0;
-    case LinkKind::kPix: return 1;
-    case LinkKind::kPxb: return 2;
-    case LinkKind::kPhb: return 3;
-    case LinkKind::kNode: return 4;
-    case LinkKind::kSys: return 5;
+    case LinkKind::kSelf:
+      return -1;
+    case LinkKind::kNvLink:
+      return 0;
+    case LinkKind::kPix:
+      return 1;
+    case LinkKind::kPxb:
+      return 2;
+    case LinkKind::kPhb:
+      return 3;
+    case LinkKind::kNode:
+      return 4;
+    case LinkKind::kSys:
+      return 5;
   }
   return 6;
 }
@@ -72,8 +79,8 @@ CostMatrix link_cost_matrix(const GpuTopology& topology, const std::vector<int>&
   const size_t n = gpus.size();
   for (int g : gpus) {
     if (g < 0 || static_cast<size_t>(g) >= topology.gpu_links.size()) {
-      throw PlacementError(fmt::format("GPU {} is not on this node (it has {} GPUs)", g,
-                                       topology.gpu_links.size()));
+      throw PlacementError(
+          fmt::format("GPU {} is not on this node (it has {} GPUs)", g, topology.gpu_links.size()));
     }
   }
   // Worse direction of each pair, then the distinct classes present, best first.

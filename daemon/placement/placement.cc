@@ -50,13 +50,14 @@ Placement place_workers(const GpuTopology& gpus, const CpuTopology& cpus,
 
   if (req.device == Device::kGpu) {
     if (n_gpus == 0) {
-      throw PlacementError(fmt::format("{} GPU workers requested but this node has no GPUs "
-                                       "(nvidia-smi absent or lists none); use CPU workers",
-                                       req.workers));
+      throw PlacementError(
+          fmt::format("{} GPU workers requested but this node has no GPUs "
+                      "(nvidia-smi absent or lists none); use CPU workers",
+                      req.workers));
     }
     if (req.workers > n_gpus) {
-      throw PlacementError(fmt::format("{} GPU workers requested but this node has {} GPUs",
-                                       req.workers, n_gpus));
+      throw PlacementError(
+          fmt::format("{} GPU workers requested but this node has {} GPUs", req.workers, n_gpus));
     }
     LocalRing full = local_ring_order(gpus);
     if (req.workers == n_gpus) {
@@ -85,8 +86,8 @@ Placement place_workers(const GpuTopology& gpus, const CpuTopology& cpus,
     for (int k = 0; k < req.workers; ++k) {
       WorkerPlacement& w = out.workers[k];
       w.local_rank = k;
-      w.numa_node = cpus.numa_nodes[static_cast<size_t>(
-          static_cast<long>(k) * n_nodes / req.workers)];
+      w.numa_node =
+          cpus.numa_nodes[static_cast<size_t>(static_cast<long>(k) * n_nodes / req.workers)];
     }
   }
 
@@ -121,9 +122,10 @@ Placement place_workers(const GpuTopology& gpus, const CpuTopology& cpus,
           if (static_cast<int>(w.cores.size()) < want && !taken[c->id]) take(c), ++spilled;
     }
     if (spilled > 0) {
-      out.notes.push_back(fmt::format("worker {}: {} of its {} cores come from outside its NUMA "
-                                      "node {} (not enough free cores there)",
-                                      w.local_rank, spilled, want, w.numa_node));
+      out.notes.push_back(
+          fmt::format("worker {}: {} of its {} cores come from outside its NUMA "
+                      "node {} (not enough free cores there)",
+                      w.local_rank, spilled, want, w.numa_node));
     }
     if (static_cast<int>(w.cores.size()) < want) {
       // Every core is given: share cores of the home node, round-robin from the worker's rank
@@ -137,9 +139,10 @@ Placement place_workers(const GpuTopology& gpus, const CpuTopology& cpus,
         }
       }
       w.shared = true;
-      out.notes.push_back(fmt::format("worker {}: shares cores with other workers (the node has "
-                                      "{} cores for {} workers x {} cores)",
-                                      w.local_rank, cpus.cores.size(), req.workers, want));
+      out.notes.push_back(
+          fmt::format("worker {}: shares cores with other workers (the node has "
+                      "{} cores for {} workers x {} cores)",
+                      w.local_rank, cpus.cores.size(), req.workers, want));
     }
     std::sort(w.cores.begin(), w.cores.end());
     for (int id : w.cores)

@@ -35,7 +35,9 @@ bool is_name_char(char c) {
          c == '-' || c == '.' || c == ':';
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 std::string trim(std::string_view s) {
   size_t b = 0, e = s.size();
@@ -113,8 +115,8 @@ class Reader {
   std::string name() {
     size_t b = pos_;
     while (!eof() && is_name_char(peek())) advance();
-    if (b == pos_) fail(eof() ? "unexpected end of input" : fmt::format("expected a name at '{}'",
-                                                                        peek()));
+    if (b == pos_)
+      fail(eof() ? "unexpected end of input" : fmt::format("expected a name at '{}'", peek()));
     return std::string(text_.substr(b, pos_ - b));
   }
   // Character data with entities resolved, up to (not including) `stop`.
@@ -124,18 +126,23 @@ class Reader {
         size_t semi = text_.find(';', pos_);
         if (semi == std::string_view::npos || semi - pos_ > 12) fail("unterminated entity");
         std::string_view ent = text_.substr(pos_ + 1, semi - pos_ - 1);
-        if (ent == "amp") out += '&';
-        else if (ent == "lt") out += '<';
-        else if (ent == "gt") out += '>';
-        else if (ent == "quot") out += '"';
-        else if (ent == "apos") out += '\'';
+        if (ent == "amp")
+          out += '&';
+        else if (ent == "lt")
+          out += '<';
+        else if (ent == "gt")
+          out += '>';
+        else if (ent == "quot")
+          out += '"';
+        else if (ent == "apos")
+          out += '\'';
         else if (ent.size() > 1 && ent[0] == '#') {
           uint32_t cp = 0;
           bool hex = ent[1] == 'x' || ent[1] == 'X';
           std::string_view digits = ent.substr(hex ? 2 : 1);
           if (digits.empty()) fail(fmt::format("bad character reference &{};", ent));
           for (char c : digits) {
-            int d = (c >= '0' && c <= '9')   ? c - '0'
+            int d = (c >= '0' && c <= '9')          ? c - '0'
                     : (hex && c >= 'a' && c <= 'f') ? c - 'a' + 10
                     : (hex && c >= 'A' && c <= 'F') ? c - 'A' + 10
                                                     : -1;
@@ -173,8 +180,8 @@ class Reader {
       }
       std::string key = name();
       skip_space();
-      if (eof() || peek() != '=') fail(fmt::format("attribute {} of <{}> has no value", key,
-                                                   e->name));
+      if (eof() || peek() != '=')
+        fail(fmt::format("attribute {} of <{}> has no value", key, e->name));
       advance();
       skip_space();
       if (eof() || (peek() != '"' && peek() != '\'')) {

@@ -16,7 +16,9 @@ namespace {
 
 using testing::read_fixture;
 
-GpuTopology load(const std::string& name) { return parse_topo_matrix(read_fixture(name), name); }
+GpuTopology load(const std::string& name) {
+  return parse_topo_matrix(read_fixture(name), name);
+}
 
 // Minimum cycle cost by trying every permutation that starts at position 0.
 uint64_t brute_force(const CostMatrix& c) {
@@ -30,8 +32,8 @@ uint64_t brute_force(const CostMatrix& c) {
 }
 
 int count_links(const LocalRing& r, LinkKind kind) {
-  return static_cast<int>(std::count_if(r.links.begin(), r.links.end(),
-                                        [&](const Link& l) { return l.kind == kind; }));
+  return static_cast<int>(
+      std::count_if(r.links.begin(), r.links.end(), [&](const Link& l) { return l.kind == kind; }));
 }
 
 // Positions of `group` in the cycle form one contiguous arc.
@@ -79,8 +81,8 @@ TEST(LocalOrder, PcieBoxKeepsSwitchesAndSocketsTogether) {
   EXPECT_EQ(count_links(r, LinkKind::kNode), 1);
   EXPECT_EQ(count_links(r, LinkKind::kPxb), 1);
   EXPECT_EQ(count_links(r, LinkKind::kPix), 4);
-  for (const std::set<int>& g : std::vector<std::set<int>>{
-           {0, 1}, {2, 3}, {4, 5}, {6, 7}, {0, 1, 2, 3}, {4, 5, 6, 7}}) {
+  for (const std::set<int>& g :
+       std::vector<std::set<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {0, 1, 2, 3}, {4, 5, 6, 7}}) {
     EXPECT_TRUE(contiguous(r.cycle, g)) << "group starting " << *g.begin();
   }
   EXPECT_EQ(r.cycle, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
@@ -162,7 +164,7 @@ TEST(LocalOrder, LargeNodesUseTheHeuristic) {
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
       int a = label[i], b = label[j];
-      t.gpu_links[i][j] = i == j            ? Link{LinkKind::kSelf, 0}
+      t.gpu_links[i][j] = i == j             ? Link{LinkKind::kSelf, 0}
                           : a / 4 == b / 4   ? Link{LinkKind::kPix, 0}
                           : a / 12 == b / 12 ? Link{LinkKind::kNode, 0}
                                              : Link{LinkKind::kSys, 0};

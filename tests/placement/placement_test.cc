@@ -24,7 +24,9 @@ using testing::fixture_path;
 using testing::make_cpus;
 using testing::read_fixture;
 
-GpuTopology load(const std::string& name) { return parse_topo_matrix(read_fixture(name), name); }
+GpuTopology load(const std::string& name) {
+  return parse_topo_matrix(read_fixture(name), name);
+}
 
 // Expects `f` to throw E whose message contains every fragment.
 template <typename E, typename F>
@@ -122,10 +124,10 @@ TEST(TopoMatrix, MalformedInputsNameTheProblem) {
                                    {"no row for GPU1"});
   expect_error<TopologyParseError>([&] { parse("\tGPU0\tGPU1\nGPU0\t X \nGPU1\tPIX\t X \n"); },
                                    {"t.txt:2", "1 link entries, expected 2"});
-  expect_error<TopologyParseError>(
-      [&] { parse("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3\t7\n"); }, {"t.txt:2", "at most 2"});
-  expect_error<TopologyParseError>(
-      [&] { parse("\tGPU0\tCPU Affinity\nGPU0\t X \t3-1\n"); }, {"t.txt:2", "bad CPU list"});
+  expect_error<TopologyParseError>([&] { parse("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3\t7\n"); },
+                                   {"t.txt:2", "at most 2"});
+  expect_error<TopologyParseError>([&] { parse("\tGPU0\tCPU Affinity\nGPU0\t X \t3-1\n"); },
+                                   {"t.txt:2", "bad CPU list"});
   expect_error<TopologyParseError>([&] { parse("\tGPU0\tGPU2\n"); }, {"out of order"});
   expect_error<TopologyParseError>([&] { parse("\tGPU0\nGPU7\t X \n"); },
                                    {"t.txt:2", "row 'GPU7'"});
@@ -186,8 +188,9 @@ TEST(SmiXml, MalformedInputsNameTheProblem) {
                                    {"unknown entity"});
   expect_error<TopologyParseError>(
       [&] {
-        parse("<nvidia_smi_log><gpu><fb_memory_usage><total>80 GB</total></fb_memory_usage>"
-              "</gpu></nvidia_smi_log>");
+        parse(
+            "<nvidia_smi_log><gpu><fb_memory_usage><total>80 GB</total></fb_memory_usage>"
+            "</gpu></nvidia_smi_log>");
       },
       {"'80 GB' is not '<n> MiB'"});
   expect_error<TopologyParseError>(
@@ -268,8 +271,8 @@ TEST(Placement, SpillsToAnotherNumaNodeWithANote) {
 
 TEST(Placement, CpuWorkersGetDisjointCoresInNumaBlocks) {
   CpuTopology cpus = make_cpus(2, 8);
-  Placement p = place_workers({}, cpus, {.workers = 4, .cpus_per_worker = 0,
-                                         .device = Device::kCpu});
+  Placement p =
+      place_workers({}, cpus, {.workers = 4, .cpus_per_worker = 0, .device = Device::kCpu});
   std::set<int> cores;
   for (const auto& w : p.workers) {
     EXPECT_EQ(w.gpu, -1);
@@ -283,8 +286,8 @@ TEST(Placement, CpuWorkersGetDisjointCoresInNumaBlocks) {
 
 TEST(Placement, TooFewCoresAreSharedAndSaidSo) {
   CpuTopology cpus = make_cpus(1, 4, 1);
-  Placement p = place_workers({}, cpus, {.workers = 6, .cpus_per_worker = 1,
-                                         .device = Device::kCpu});
+  Placement p =
+      place_workers({}, cpus, {.workers = 6, .cpus_per_worker = 1, .device = Device::kCpu});
   int shared = 0;
   for (const auto& w : p.workers) {
     EXPECT_EQ(w.cores.size(), 1u);
@@ -387,8 +390,8 @@ class FakeSmi : public ::testing::Test {
 };
 
 TEST_F(FakeSmi, AbsentMeansNoGpus) {
-  GpuDiscovery d = discover_gpus({.nvidia_smi = "ring-no-such-nvidia-smi",
-                                  .nvml_library = "libring-no-such-nvml.so.1"});
+  GpuDiscovery d = discover_gpus(
+      {.nvidia_smi = "ring-no-such-nvidia-smi", .nvml_library = "libring-no-such-nvml.so.1"});
   EXPECT_EQ(d.source, "none");
   EXPECT_TRUE(d.topology.gpus.empty());
   ASSERT_EQ(d.notes.size(), 2u);
@@ -405,9 +408,9 @@ TEST_F(FakeSmi, ThisMachineHasNoGpusOrFallsBackCleanly) {
 }
 
 TEST_F(FakeSmi, ParsesRecordedOutput) {
-  std::string smi = script("case \"$1\" in\n  topo) cat '" + fixture_path("dgx_h100_topo.txt") +
-                           "' ;;\n  -q) cat '" + fixture_path("dgx_h100_q.xml") +
-                           "' ;;\n  *) exit 2 ;;\nesac\n");
+  std::string smi =
+      script("case \"$1\" in\n  topo) cat '" + fixture_path("dgx_h100_topo.txt") +
+             "' ;;\n  -q) cat '" + fixture_path("dgx_h100_q.xml") + "' ;;\n  *) exit 2 ;;\nesac\n");
   GpuDiscovery d = discover_gpus({.nvidia_smi = smi});
   EXPECT_EQ(d.source, "nvidia-smi");
   ASSERT_EQ(d.topology.gpus.size(), 8u);
@@ -416,8 +419,9 @@ TEST_F(FakeSmi, ParsesRecordedOutput) {
 }
 
 TEST_F(FakeSmi, FailureAndGarbageAreErrors) {
-  std::string smi = script("echo \"NVIDIA-SMI has failed because it couldn't communicate with the "
-                           "NVIDIA driver.\" >&2\nexit 9\n");
+  std::string smi = script(
+      "echo \"NVIDIA-SMI has failed because it couldn't communicate with the "
+      "NVIDIA driver.\" >&2\nexit 9\n");
   expect_error<PlacementError>([&] { discover_gpus({.nvidia_smi = smi}); },
                                {"exit 9", "couldn't communicate"});
   smi = script("echo 'garbage'\n");

@@ -15,14 +15,16 @@ std::string error_of(auto f) {
   return "no error";
 }
 
-#define EXPECT_ERROR(expr, fragment)                                                      \
-  do {                                                                                    \
-    std::string m_ = error_of([&] { (void)(expr); });                                     \
-    EXPECT_NE(m_.find(fragment), std::string::npos) << "'" << m_ << "' lacks '" << fragment \
-                                                    << "'";                               \
+#define EXPECT_ERROR(expr, fragment)                    \
+  do {                                                  \
+    std::string m_ = error_of([&] { (void)(expr); });   \
+    EXPECT_NE(m_.find(fragment), std::string::npos)     \
+        << "'" << m_ << "' lacks '" << fragment << "'"; \
   } while (0)
 
-std::string source(const char* rel) { return std::string(RING_SOURCE_DIR) + "/" + rel; }
+std::string source(const char* rel) {
+  return std::string(RING_SOURCE_DIR) + "/" + rel;
+}
 
 TEST(SlurmTopology, ExampleFile) {
   ClusterTopology t = load_cluster_topology(source("configs/topology/topology.conf"));
@@ -61,8 +63,9 @@ TEST(SlurmTopology, ErrorsNameFileLineAndProblem) {
   EXPECT_ERROR(p("SwitchName=s1\n"), "t.conf:1: switch s1 has neither");
   EXPECT_ERROR(p("SwitchName=s1 Nodes=n1\nSwitchName=s1 Nodes=n2\n"),
                "t.conf:2: switch s1 is already defined on line 1");
-  EXPECT_ERROR(p("SwitchName=s0 Switches=s9\n"), "t.conf:1: switch s0 lists switch s9, which is "
-                                                 "not defined");
+  EXPECT_ERROR(p("SwitchName=s0 Switches=s9\n"),
+               "t.conf:1: switch s0 lists switch s9, which is "
+               "not defined");
   EXPECT_ERROR(p("SwitchName=a Switches=c\nSwitchName=b Switches=c\nSwitchName=c Nodes=n\n"),
                "t.conf:2: switch c already has parent a");
   EXPECT_ERROR(p("SwitchName=a Switches=b\nSwitchName=b Switches=a Nodes=n\n"), "cycle");
@@ -91,8 +94,8 @@ TEST(ClusterYaml, ExampleTorusAndDragonfly) {
   EXPECT_EQ(t.kind(), ClusterTopology::Kind::kTorus);
   EXPECT_EQ(t.node_count(), 64u);
   EXPECT_EQ(t.coords("nid005"), (std::vector<int>{1, 1, 0}));
-  EXPECT_EQ(t.hops("nid000", "nid003"), 1);   // x wraps
-  EXPECT_EQ(t.hops("nid000", "nid042"), 6);   // (2,2,2)
+  EXPECT_EQ(t.hops("nid000", "nid003"), 1);  // x wraps
+  EXPECT_EQ(t.hops("nid000", "nid042"), 6);  // (2,2,2)
   EXPECT_EQ(t.max_hops(), 6);
   ClusterTopology d = load_cluster_topology(source("configs/topology/dragonfly.yaml"));
   EXPECT_EQ(d.kind(), ClusterTopology::Kind::kDragonfly);
@@ -118,21 +121,23 @@ TEST(ClusterYaml, ErrorsNameFileLineColumnAndKey) {
                "c.yaml:4:12: switches[0].nodes: hostlist");
   EXPECT_ERROR(p("kind: tree\nswitches:\n  - name: s\n    children:\n      - name: t\n"),
                "c.yaml:5:9: switches[0].children[0]: switch t has neither");
-  EXPECT_ERROR(p("kind: tree\nswitches:\n  - nodes: n1\n"), "c.yaml:3:5: switches[0]: missing 'name'");
+  EXPECT_ERROR(p("kind: tree\nswitches:\n  - nodes: n1\n"),
+               "c.yaml:3:5: switches[0]: missing 'name'");
   EXPECT_ERROR(p("kind: tree\nswitches:\n  - {name: s, nodes: n1}\n  - {name: s, nodes: n2}\n"),
                "c.yaml:4: switch s is defined twice");
   EXPECT_ERROR(p("kind: tree\nswitches:\n  - {name: s, nodes: n1}\n  - {name: t, nodes: n1}\n"),
                "node n1 is attached to switch s and to switch t");
-  EXPECT_ERROR(p("kind: torus\ndims: [2, 0]\nhostlist: n[1-2]\n"), "c.yaml:2:11: dims[1]: 0 is "
-                                                                   "outside");
+  EXPECT_ERROR(p("kind: torus\ndims: [2, 0]\nhostlist: n[1-2]\n"),
+               "c.yaml:2:11: dims[1]: 0 is "
+               "outside");
   EXPECT_ERROR(p("kind: torus\ndims: [2, 2]\nhostlist: n[1-5]\n"), "5 names for a torus of 4");
   EXPECT_ERROR(p("kind: torus\ndims: [2, 2]\nnodes: {a: [0, 2]}\n"), "coordinate 1 = 2");
-  EXPECT_ERROR(p("kind: torus\ndims: [2, 2]\nnodes: {a: [0, 1], b: [0, 1]}\n"),
-               "same coordinates");
+  EXPECT_ERROR(p("kind: torus\ndims: [2, 2]\nnodes: {a: [0, 1], b: [0, 1]}\n"), "same coordinates");
   EXPECT_ERROR(p("kind: torus\ndims: [2, 2]\nnodes: {a: [0]}\n"), "has 1 coordinates");
   EXPECT_ERROR(p("kind: torus\ndims: [2, 2]\n"), "nodes: missing");
-  EXPECT_ERROR(p("kind: torus\ndims: [2]\nwrap: [maybe]\nhostlist: n1\n"), "c.yaml:3:8: wrap[0]: "
-                                                                           "expected true or false");
+  EXPECT_ERROR(p("kind: torus\ndims: [2]\nwrap: [maybe]\nhostlist: n1\n"),
+               "c.yaml:3:8: wrap[0]: "
+               "expected true or false");
   EXPECT_ERROR(p("kind: dragonfly\ngroups:\n  - {name: g, routers: [{name: r, nodes: n1}]}\n"
                  "hops: {router: 5, group: 3}\n"),
                "router <= group <= global");

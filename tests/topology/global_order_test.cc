@@ -25,8 +25,10 @@ ClusterTopology fat_tree(int levels, int nodes, int per_leaf, int leaves_per_pod
   const int leaves = (nodes + per_leaf - 1) / per_leaf;
   for (int l = 0; l < leaves; ++l) {
     conf += "SwitchName=leaf" + std::to_string(l) + " Nodes=";
-    for (int i = l * per_leaf; i < std::min(nodes, (l + 1) * per_leaf); ++i)
-      conf += (i == l * per_leaf ? "" : ",") + name(i);
+    for (int i = l * per_leaf; i < std::min(nodes, (l + 1) * per_leaf); ++i) {
+      if (i != l * per_leaf) conf += ',';
+      conf += name(i);
+    }
     conf += "\n";
   }
   if (levels == 2) {
@@ -75,7 +77,9 @@ ClusterTopology torus(std::vector<int> dims) {
   return ClusterTopology::torus(dims, {}, coords);
 }
 
-std::vector<std::string> all_nodes(const ClusterTopology& t) { return t.structural_order(); }
+std::vector<std::string> all_nodes(const ClusterTopology& t) {
+  return t.structural_order();
+}
 
 // A random subset of `count` nodes in random order: what Slurm hands a job on a busy cluster.
 std::vector<std::string> random_job(const ClusterTopology& t, size_t count, std::mt19937& rng) {
@@ -244,10 +248,9 @@ TEST(GlobalOrder, ExampleConfigs) {
   std::vector<std::string> job = expand_hostlist("gpu[050-052],gpu[001-003],gpu[020-021]");
   GlobalOrder g = global_ring_order(t, job);
   EXPECT_EQ(g.nodes, (std::vector<std::string>{"gpu001", "gpu002", "gpu003", "gpu020", "gpu021",
-                                                "gpu050", "gpu051", "gpu052"}));
-  std::printf("topology.conf example, job %zu nodes: ours %lld hops, node list %lld\n",
-              job.size(), static_cast<long long>(g.hops),
-              static_cast<long long>(g.node_list_hops));
+                                               "gpu050", "gpu051", "gpu052"}));
+  std::printf("topology.conf example, job %zu nodes: ours %lld hops, node list %lld\n", job.size(),
+              static_cast<long long>(g.hops), static_cast<long long>(g.node_list_hops));
   EXPECT_LE(g.hops, g.node_list_hops);
 }
 
