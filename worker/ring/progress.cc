@@ -82,15 +82,26 @@ int ProgressEngine::post_recv(void* buf, size_t bytes, int peer, uint32_t tag) {
 }
 
 ProgressEngine::Result ProgressEngine::wait(int handle, int timeout_ms) {
+  // The waiting thread has nothing else to do: it drives progress itself, yielding between
+  // rounds (the background thread only sleeps meanwhile).
   std::unique_lock<std::mutex> lk(mu_);
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  if (!cv_done_.wait_until(lk, deadline, [&] { return ops_[handle].done; })) {
-    Result r;
-    r.status = RING_TRANSPORT_ERR_TIMEOUT;
-    r.error = std::string("no completion within ") + std::to_string(timeout_ms) + " ms";
-    // The request stays with the comm (finalize releases it); the slot is not reused.
-    return r;
+  ++waiting_;
+  while (!ops_[handle].done) {
+    if (Clock::now() >= deadline) {
+      --waiting_;
+      Result r;
+      r.status = RING_TRANSPORT_ERR_TIMEOUT;
+      r.error = std::string("no completion within ") + std::to_string(timeout_ms) + " ms";
+      // The request stays with the comm (finalize releases it); the slot is not reused.
+      return r;
+    }
+    if (progress_round_locked()) continue;
+    lk.unlock();
+    sched_yield();
+    lk.lock();
   }
+  --waiting_;
   Op& op = ops_[handle];
   Result r = op.result;
   if (op.send && op.not_before > op.created)
@@ -110,47 +121,50 @@ bool ProgressEngine::has_work_locked() const {
   return false;
 }
 
-void ProgressEngine::loop() {
+bool ProgressEngine::progress_round_locked() {
   const ring_transport_t& api = comm_->api();
+  bool completed = false;
+  const Clock::time_point now = Clock::now();
+  for (Op& op : ops_) {
+    if (!op.used || op.done) continue;
+    if (!op.posted) {
+      if (now < op.not_before) continue;
+      post_locked(op);
+      if (op.done) {
+        completed = true;
+        continue;
+      }
+    }
+    int done = 0;
+    size_t bytes = 0;
+    ring_transport_status_t s = api.test(comm_->get(), op.req, &done, &bytes);
+    if (done || s != RING_TRANSPORT_OK) {  // a failure without completion counts as done
+      op.done = true;
+      op.req = done ? nullptr : op.req;
+      op.result.status = s;
+      op.result.bytes = bytes;
+      if (s != RING_TRANSPORT_OK) op.result.error = api.last_error(comm_->get());
+      completed = true;
+    }
+  }
+  return completed;
+}
+
+void ProgressEngine::loop() {
   std::unique_lock<std::mutex> lk(mu_);
   unsigned idle = 0;
   while (true) {
     cv_work_.wait(lk, [&] { return stop_ || has_work_locked(); });
     if (stop_) return;
-    bool completed = false;
-    const Clock::time_point now = Clock::now();
-    for (Op& op : ops_) {
-      if (!op.used || op.done) continue;
-      if (!op.posted) {
-        if (now < op.not_before) continue;
-        post_locked(op);
-        if (op.done) {
-          completed = true;
-          continue;
-        }
-      }
-      int done = 0;
-      size_t bytes = 0;
-      ring_transport_status_t s = api.test(comm_->get(), op.req, &done, &bytes);
-      if (done) {
-        op.done = true;
-        op.req = nullptr;
-        op.result.status = s;
-        op.result.bytes = bytes;
-        if (s != RING_TRANSPORT_OK) op.result.error = api.last_error(comm_->get());
-        completed = true;
-      } else if (s != RING_TRANSPORT_OK) {
-        op.done = true;  // a request that failed without completing: treat as done with error
-        op.result.status = s;
-        op.result.error = api.last_error(comm_->get());
-        completed = true;
-      }
+    if (waiting_ > 0) {  // the caller drives progress in wait()
+      lk.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      lk.lock();
+      continue;
     }
-    if (completed) {
-      idle = 0;
-      cv_done_.notify_all();
-    }
-    // Let the caller in (posts, waits), then back off while nothing completes.
+    if (progress_round_locked()) idle = 0;
+    // Let the caller in (posts, waits), then back off while nothing completes: the caller is
+    // computing on this core's neighbour, so yield a few times, then sleep.
     lk.unlock();
     if (++idle > 8)
       std::this_thread::sleep_for(std::chrono::microseconds(50));

@@ -9,7 +9,8 @@
 //
 // Contract with transport.h: a comm is used by one thread at a time. Every call into the comm -
 // from the progress thread or from the caller (post_*, collective()) - holds one mutex, and the
-// progress thread idles (no calls) while no request is posted.
+// progress thread idles (no calls) while no request is posted. A caller blocked in wait() drives
+// progress itself (test() rounds with sched_yield between them) and the thread stands back.
 #pragma once
 
 #include <chrono>
@@ -76,13 +77,16 @@ class ProgressEngine {
   int alloc_op();
   void post_locked(Op& op);
   bool has_work_locked() const;
+  // Posts due deferred sends and tests every posted request; true when one completed.
+  bool progress_round_locked();
   void loop();
 
   transport::TransportComm* comm_;
   std::mutex mu_;
-  std::condition_variable cv_work_, cv_done_;
+  std::condition_variable cv_work_;
   std::vector<Op> ops_;
   bool stop_ = false;
+  int waiting_ = 0;  // callers inside wait(), driving progress themselves
   std::thread thread_;
 };
 

@@ -123,6 +123,7 @@ void RingAttention::prepare(const model::AttentionCall& call) {
   for (auto& b : kv_buf_) b.resize(backend_, static_cast<int64_t>(cap));
   for (auto& b : dkv_acc_) b.resize(backend_, 2 * tm * kvd_);
   dkv_part_.resize(backend_, 2 * tm * kvd_);
+  dkv_own_.resize(backend_, 2 * call.tokens * kvd_);
   part_out_.resize(backend_, call.tokens * call.heads * call.head_dim);
   part_lse_.resize(backend_, call.tokens * call.heads);
   delta_.resize(backend_, call.tokens * call.heads);
@@ -334,11 +335,13 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
   if (comm) pack_local(call);
 
   int dkv_send[2] = {-1, -1};  // the accumulator send posted from dkv_acc_[i]
+  const size_t dkv_bytes_max = static_cast<size_t>(2 * max_tokens_ * kvd_) * sizeof(float);
   size_t received = 0;
   for (int s = 0; s < p; ++s) {
     const int cur = s % 2, nxt = (s + 1) % 2;
     Block b = block_at(s, call, cur, received);
     const int64_t bt = b.tokens;
+    const size_t full = static_cast<size_t>(2 * bt * kvd_) * sizeof(float);
     int hr = -1, hs = -1, hd = -1;
     if (comm && s + 1 < p) {
       hr = recv_kv(nxt, kTagBackwardKv);
@@ -346,16 +349,16 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
     }
     // The accumulator of this block arrives from prev (it left there at step s-1) into
     // dkv_acc_[cur], whose previous send (step s-2) must be complete first.
-    float* acc = dkv_acc_[compute_only_ && s > 0 ? 1 : cur].data();
+    float* acc = dkv_acc_[cur].data();
     if (comm && s > 0) {
       finish(&dkv_send[cur], "send of a dK/dV accumulator to", ring_.next, call.layer, s);
-      hd = progress_->post_recv(acc, 2 * bt * kvd_ * sizeof(float), ring_.prev, kTagDkv);
+      hd = progress_->post_recv(acc, dkv_bytes_max, ring_.prev, kTagDkv);
     }
     ++rstats_.blocks_total;
     auto t0 = Clock::now();
     const bool allowed = any_allowed(call, b);
-    // Step 0 (own block) accumulates straight into the accumulator; later steps into a partial.
-    float* part = s == 0 ? acc : dkv_part_.data();
+    // The own block's partial stays home (dkv_own_); foreign blocks' go to scratch.
+    float* part = s == 0 ? dkv_own_.data() : dkv_part_.data();
     if (allowed || s == 0) check_status(backend_->fill(2 * bt * kvd_, 0.f, part), "fill");
     if (allowed) {
       check_status(backend_->attention_backward(args(call, b), dout, lse, delta_.data(), dq, part,
@@ -365,39 +368,56 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
       ++rstats_.blocks_skipped;
     }
     rstats_.compute_s += seconds_since(t0);
+    if (!comm) continue;
+    // Outgoing accumulator: empty, the incoming one, or incoming + this rank's partial.
+    size_t out_bytes = 0;
     if (s > 0) {
-      finish(&hd, "receive of a dK/dV accumulator from", ring_.prev, call.layer, s);
+      const size_t in_bytes = finish(&hd, "receive of a dK/dV accumulator from", ring_.prev,
+                                     call.layer, s);
+      if (in_bytes != 0 && in_bytes != full)
+        throw model::ModelError(fmt::format(
+            "ring attention: rank {} layer {} step {}: dK/dV accumulator of {} bytes, expected "
+            "{} or 0", ring_.rank, call.layer, s, in_bytes, full));
+      out_bytes = in_bytes;
       if (allowed) {
         t0 = Clock::now();
-        check_status(backend_->add(2 * bt * kvd_, acc, part, acc), "add");
+        if (in_bytes == 0)
+          std::memcpy(acc, part, full);
+        else
+          check_status(backend_->add(2 * bt * kvd_, acc, part, acc), "add");
         rstats_.compute_s += seconds_since(t0);
+        out_bytes = full;
       }
     }
-    if (comm) {
-      rstats_.hops++;
-      rstats_.bytes_sent += static_cast<int64_t>(2 * bt * kvd_ * sizeof(float));
-      dkv_send[cur] = progress_->post_send(acc, 2 * bt * kvd_ * sizeof(float), ring_.next, kTagDkv);
-    }
+    rstats_.hops++;
+    rstats_.bytes_sent += static_cast<int64_t>(out_bytes);
+    dkv_send[cur] = progress_->post_send(acc, out_bytes, ring_.next, kTagDkv);
     received = finish(&hr, "receive of a K/V block from", ring_.prev, call.layer, s);
     finish(&hs, "send of a K/V block to", ring_.next, call.layer, s);
   }
-  // The own block's accumulator comes home after its P-th hop.
-  float* home = dkv_acc_[p % 2].data();
+  // The own block's accumulator comes home after its P-th hop: dK/dV = own partial + it.
+  const float* own = dkv_own_.data();
+  const size_t own_bytes = static_cast<size_t>(t * kvd_) * sizeof(float);
   if (comm) {
+    float* home = dkv_acc_[p % 2].data();
     finish(&dkv_send[p % 2], "send of a dK/dV accumulator to", ring_.next, call.layer, p);
-    int hd = progress_->post_recv(home, 2 * t * kvd_ * sizeof(float), ring_.prev, kTagDkv);
+    int hd = progress_->post_recv(home, dkv_bytes_max, ring_.prev, kTagDkv);
     const size_t got = finish(&hd, "receive of the own dK/dV accumulator from", ring_.prev,
                               call.layer, p);
-    if (got != 2 * t * kvd_ * sizeof(float))
-      throw model::ModelError(fmt::format(
-          "ring attention: rank {} layer {}: own dK/dV came back with {} bytes, expected {}",
-          ring_.rank, call.layer, got, 2 * t * kvd_ * sizeof(float)));
     finish(&dkv_send[(p + 1) % 2], "send of a dK/dV accumulator to", ring_.next, call.layer, p);
-  } else {
-    home = dkv_acc_[0].data();
+    if (got != 0 && got != 2 * own_bytes)
+      throw model::ModelError(fmt::format(
+          "ring attention: rank {} layer {}: own dK/dV came back with {} bytes, expected {} or 0",
+          ring_.rank, call.layer, got, 2 * own_bytes));
+    if (got != 0) {
+      const auto t0 = Clock::now();
+      check_status(backend_->add(2 * t * kvd_, home, own, home), "add");
+      rstats_.compute_s += seconds_since(t0);
+      own = home;
+    }
   }
-  std::memcpy(dk, home, t * kvd_ * sizeof(float));
-  std::memcpy(dv, home + t * kvd_, t * kvd_ * sizeof(float));
+  std::memcpy(dk, own, own_bytes);
+  std::memcpy(dv, own + t * kvd_, own_bytes);
 }
 
 }  // namespace ring::cp

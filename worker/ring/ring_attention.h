@@ -16,7 +16,9 @@
 // each block's dK/dV accumulator follows it one hop behind: at step s a rank computes its partial
 // dK/dV of the held block into zeroed scratch while the accumulator of that block is in flight
 // from prev, then adds the two and sends the sum on. After P hops every accumulator is back at its
-// owner, holding the sum over all ranks' queries (sum order: ring order from the owner).
+// owner, which adds its own partial (kept at home, not sent) - the sum over all ranks' queries.
+// An accumulator no rank has contributed to yet travels as an empty (0-byte) message: with short
+// documents most foreign blocks are skipped everywhere, and their dK/dV then cost no bandwidth.
 //
 // Ring order is an input (RingTopology: a permutation of ranks); neighbours come from it. An
 // optional stagger delays this rank's sends by position x stagger_us: the send is posted at the
@@ -160,6 +162,7 @@ class RingAttention final : public model::AttentionExecutor {
   model::DeviceArray<char> kv_buf_[2];    // packed blocks, double buffered
   model::DeviceArray<float> dkv_acc_[2];  // [2 x T_max x kvd]: dK then dV accumulators
   model::DeviceArray<float> dkv_part_;    // [2 x T_max x kvd]: this rank's partial
+  model::DeviceArray<float> dkv_own_;     // [2 x T x kvd]: this rank's partial of its own block
   model::DeviceArray<float> part_out_;    // [T, heads, head_dim]
   model::DeviceArray<float> part_lse_;    // [T, heads]
   model::DeviceArray<float> delta_;       // [T, heads]
