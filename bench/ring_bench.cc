@@ -272,7 +272,7 @@ int run_rank(const Opts& o) {
   else if (o.what == "stagger") bench_stagger(o, rr, backend.get());
   else throw std::runtime_error("unknown --what " + o.what);
   std::fflush(stdout);
-  barrier(rr);
+  rr.shutdown();
   return 0;
 }
 

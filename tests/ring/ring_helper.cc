@@ -76,6 +76,7 @@ int run(int argc, char** argv) {
     std::ofstream(dir + "/stats-" + std::to_string(rank))
         << k.flops << " " << k.tiles_total << " " << k.tiles_skipped << " " << s.blocks_total
         << " " << s.blocks_skipped << " " << s.hops << " " << s.bytes_sent << "\n";
+    rr.shutdown();
     return 0;
   }
 
@@ -97,9 +98,7 @@ int run(int argc, char** argv) {
   std::vector<float> p = trainer.model().get_params();
   std::ofstream(dir + "/params-" + std::to_string(rank), std::ios::binary)
       .write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
-  rr.progress().collective([&](transport::TransportComm& c) {
-    c.check(c.api().barrier(c.get(), 0), "final barrier");
-  });
+  rr.shutdown();
   return 0;
 }
 

@@ -121,7 +121,9 @@ void RingAttention::prepare(const model::AttentionCall& call) {
   const int64_t tm = max_tokens_;
   const size_t cap = offsets(tm).total;
   for (auto& b : kv_buf_) b.resize(backend_, static_cast<int64_t>(cap));
-  for (auto& b : dkv_acc_) b.resize(backend_, 2 * tm * kvd_);
+  const int64_t dkv_cap = 64 + 2 * tm * kvd_ * static_cast<int64_t>(sizeof(float));
+  for (auto& b : dkv_in_) b.resize(backend_, dkv_cap);
+  for (auto& b : dkv_out_) b.resize(backend_, dkv_cap);
   dkv_part_.resize(backend_, 2 * tm * kvd_);
   dkv_own_.resize(backend_, 2 * call.tokens * kvd_);
   part_out_.resize(backend_, call.tokens * call.heads * call.head_dim);
@@ -231,6 +233,39 @@ bool RingAttention::any_allowed(const model::AttentionCall& call, const Block& b
   return false;
 }
 
+std::pair<int64_t, int64_t> RingAttention::key_range(const model::AttentionCall& call,
+                                                     const Block& b) const {
+  if (!any_allowed(call, b)) return {0, 0};
+  const int64_t tq = call.tokens, tk = b.tokens;
+  const int64_t* qp = call.positions;
+  const int64_t* kp = b.pos;
+  const int32_t* qd = call.doc_ids;
+  const int32_t* kd = b.doc;
+  for (int64_t i = 1; i < tq; ++i)
+    if (qp[i] <= qp[i - 1] || (qd && qd[i] < qd[i - 1])) return {0, tk};
+  for (int64_t j = 1; j < tk; ++j)
+    if (kp[j] <= kp[j - 1] || (kd && kd[j] < kd[j - 1])) return {0, tk};
+  int64_t lo = -1, hi = -1;
+  if (!qd) {  // causal only: keys up to the latest query
+    for (int64_t j = 0; j < tk && kp[j] <= qp[tq - 1]; ++j) hi = j + 1, lo = lo < 0 ? j : lo;
+  } else {
+    // Walk both in document order; for each document the latest query position bounds its keys.
+    int64_t i = 0;
+    for (int64_t j = 0; j < tk; ++j) {
+      while (i < tq && qd[i] < kd[j]) ++i;
+      if (i == tq) break;
+      if (qd[i] != kd[j]) continue;
+      int64_t last = i;
+      while (last + 1 < tq && qd[last + 1] == kd[j]) ++last;
+      if (kp[j] <= qp[last]) {
+        if (lo < 0) lo = j;
+        hi = j + 1;
+      }
+    }
+  }
+  return lo < 0 ? std::pair<int64_t, int64_t>{0, 0} : std::pair<int64_t, int64_t>{lo, hi};
+}
+
 kernels::AttentionArgs RingAttention::args(const model::AttentionCall& call,
                                            const Block& b) const {
   kernels::AttentionArgs a;
@@ -334,29 +369,40 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
   check_status(backend_->fill(t * call.heads * call.head_dim, 0.f, dq), "fill");
   if (comm) pack_local(call);
 
-  int dkv_send[2] = {-1, -1};  // the accumulator send posted from dkv_acc_[i]
-  const size_t dkv_bytes_max = static_cast<size_t>(2 * max_tokens_ * kvd_) * sizeof(float);
+  int dkv_send[2] = {-1, -1};  // the accumulator send posted from dkv_out_[i]
+  const size_t dkv_cap = static_cast<size_t>(dkv_in_[0].size());
+  struct Range {
+    int64_t lo = 0, hi = 0;
+  };
+  // Parses a received accumulator message of a block of bt tokens.
+  auto parse = [&](const char* m, size_t bytes, int64_t bt, int step) {
+    Range r;
+    if (bytes == 0) return r;
+    std::memcpy(&r, m, sizeof(r));
+    if (bytes < 64 || r.lo < 0 || r.hi <= r.lo || r.hi > bt ||
+        bytes != 64 + static_cast<size_t>(2 * (r.hi - r.lo) * kvd_) * sizeof(float))
+      throw model::ModelError(fmt::format(
+          "ring attention: rank {} layer {} step {}: malformed dK/dV accumulator ({} bytes, "
+          "rows [{}, {}) of a {}-token block)", ring_.rank, call.layer, step, bytes, r.lo, r.hi,
+          bt));
+    return r;
+  };
   size_t received = 0;
   for (int s = 0; s < p; ++s) {
     const int cur = s % 2, nxt = (s + 1) % 2;
     Block b = block_at(s, call, cur, received);
     const int64_t bt = b.tokens;
-    const size_t full = static_cast<size_t>(2 * bt * kvd_) * sizeof(float);
     int hr = -1, hs = -1, hd = -1;
     if (comm && s + 1 < p) {
       hr = recv_kv(nxt, kTagBackwardKv);
       hs = send_kv(cur, offsets(bt).total, kTagBackwardKv);
     }
-    // The accumulator of this block arrives from prev (it left there at step s-1) into
-    // dkv_acc_[cur], whose previous send (step s-2) must be complete first.
-    float* acc = dkv_acc_[cur].data();
-    if (comm && s > 0) {
-      finish(&dkv_send[cur], "send of a dK/dV accumulator to", ring_.next, call.layer, s);
-      hd = progress_->post_recv(acc, dkv_bytes_max, ring_.prev, kTagDkv);
-    }
+    // The accumulator of this block arrives from prev (it left there at step s-1).
+    if (comm && s > 0) hd = progress_->post_recv(dkv_in_[cur].data(), dkv_cap, ring_.prev, kTagDkv);
     ++rstats_.blocks_total;
     auto t0 = Clock::now();
-    const bool allowed = any_allowed(call, b);
+    const auto [plo, phi] = key_range(call, b);
+    const bool allowed = phi > plo;
     // The own block's partial stays home (dkv_own_); foreign blocks' go to scratch.
     float* part = s == 0 ? dkv_own_.data() : dkv_part_.data();
     if (allowed || s == 0) check_status(backend_->fill(2 * bt * kvd_, 0.f, part), "fill");
@@ -369,53 +415,69 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
     }
     rstats_.compute_s += seconds_since(t0);
     if (!comm) continue;
-    // Outgoing accumulator: empty, the incoming one, or incoming + this rank's partial.
+    // Outgoing accumulator = incoming (+ this rank's partial rows [plo, phi)); the buffer's send
+    // of step s-2 must be complete before it is rewritten.
+    finish(&dkv_send[cur], "send of a dK/dV accumulator to", ring_.next, call.layer, s);
+    char* out = dkv_out_[cur].data();
     size_t out_bytes = 0;
     if (s > 0) {
-      const size_t in_bytes = finish(&hd, "receive of a dK/dV accumulator from", ring_.prev,
-                                     call.layer, s);
-      if (in_bytes != 0 && in_bytes != full)
-        throw model::ModelError(fmt::format(
-            "ring attention: rank {} layer {} step {}: dK/dV accumulator of {} bytes, expected "
-            "{} or 0", ring_.rank, call.layer, s, in_bytes, full));
-      out_bytes = in_bytes;
-      if (allowed) {
-        t0 = Clock::now();
-        if (in_bytes == 0)
-          std::memcpy(acc, part, full);
-        else
-          check_status(backend_->add(2 * bt * kvd_, acc, part, acc), "add");
-        rstats_.compute_s += seconds_since(t0);
-        out_bytes = full;
+      const char* in = dkv_in_[cur].data();
+      const size_t in_bytes =
+          finish(&hd, "receive of a dK/dV accumulator from", ring_.prev, call.layer, s);
+      const Range ir = parse(in, in_bytes, bt, s);
+      t0 = Clock::now();
+      if (!allowed) {
+        std::memcpy(out, in, in_bytes);
+        out_bytes = in_bytes;
+      } else {
+        Range o{plo, phi};
+        if (in_bytes) o = {std::min(plo, ir.lo), std::max(phi, ir.hi)};
+        const int64_t on = o.hi - o.lo, in_n = ir.hi - ir.lo;
+        std::memcpy(out, &o, sizeof(o));
+        float* od = reinterpret_cast<float*>(out + 64);
+        const float* id = reinterpret_cast<const float*>(in + 64);
+        for (int t = 0; t < 2; ++t) {  // dK, then dV
+          float* dst = od + t * on * kvd_;
+          check_status(backend_->fill(on * kvd_, 0.f, dst), "fill");
+          check_status(backend_->axpy((phi - plo) * kvd_, 1.f, part + (t * bt + plo) * kvd_,
+                                      dst + (plo - o.lo) * kvd_),
+                       "axpy");
+          if (in_bytes)
+            check_status(backend_->axpy(in_n * kvd_, 1.f, id + t * in_n * kvd_,
+                                        dst + (ir.lo - o.lo) * kvd_),
+                         "axpy");
+        }
+        out_bytes = 64 + static_cast<size_t>(2 * on * kvd_) * sizeof(float);
       }
+      rstats_.compute_s += seconds_since(t0);
     }
     rstats_.hops++;
     rstats_.bytes_sent += static_cast<int64_t>(out_bytes);
-    dkv_send[cur] = progress_->post_send(acc, out_bytes, ring_.next, kTagDkv);
+    dkv_send[cur] = progress_->post_send(out, out_bytes, ring_.next, kTagDkv);
     received = finish(&hr, "receive of a K/V block from", ring_.prev, call.layer, s);
     finish(&hs, "send of a K/V block to", ring_.next, call.layer, s);
   }
-  // The own block's accumulator comes home after its P-th hop: dK/dV = own partial + it.
-  const float* own = dkv_own_.data();
-  const size_t own_bytes = static_cast<size_t>(t * kvd_) * sizeof(float);
+  // The own block's accumulator comes home after its P-th hop: dK/dV = own partial + its rows.
+  float* own = dkv_own_.data();
   if (comm) {
-    float* home = dkv_acc_[p % 2].data();
-    finish(&dkv_send[p % 2], "send of a dK/dV accumulator to", ring_.next, call.layer, p);
-    int hd = progress_->post_recv(home, dkv_bytes_max, ring_.prev, kTagDkv);
+    const char* home = dkv_in_[p % 2].data();
+    int hd = progress_->post_recv(dkv_in_[p % 2].data(), dkv_cap, ring_.prev, kTagDkv);
     const size_t got = finish(&hd, "receive of the own dK/dV accumulator from", ring_.prev,
                               call.layer, p);
-    finish(&dkv_send[(p + 1) % 2], "send of a dK/dV accumulator to", ring_.next, call.layer, p);
-    if (got != 0 && got != 2 * own_bytes)
-      throw model::ModelError(fmt::format(
-          "ring attention: rank {} layer {}: own dK/dV came back with {} bytes, expected {} or 0",
-          ring_.rank, call.layer, got, 2 * own_bytes));
-    if (got != 0) {
+    for (int& h : dkv_send) finish(&h, "send of a dK/dV accumulator to", ring_.next, call.layer, p);
+    const Range r = parse(home, got, t, p);
+    if (got) {
       const auto t0 = Clock::now();
-      check_status(backend_->add(2 * t * kvd_, home, own, home), "add");
+      const int64_t n = r.hi - r.lo;
+      const float* hd_rows = reinterpret_cast<const float*>(home + 64);
+      for (int k = 0; k < 2; ++k)
+        check_status(backend_->axpy(n * kvd_, 1.f, hd_rows + k * n * kvd_,
+                                    own + (k * t + r.lo) * kvd_),
+                     "axpy");
       rstats_.compute_s += seconds_since(t0);
-      own = home;
     }
   }
+  const size_t own_bytes = static_cast<size_t>(t * kvd_) * sizeof(float);
   std::memcpy(dk, own, own_bytes);
   std::memcpy(dv, own + t * kvd_, own_bytes);
 }

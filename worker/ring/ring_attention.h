@@ -17,8 +17,9 @@
 // dK/dV of the held block into zeroed scratch while the accumulator of that block is in flight
 // from prev, then adds the two and sends the sum on. After P hops every accumulator is back at its
 // owner, which adds its own partial (kept at home, not sent) - the sum over all ranks' queries.
-// An accumulator no rank has contributed to yet travels as an empty (0-byte) message: with short
-// documents most foreign blocks are skipped everywhere, and their dK/dV then cost no bandwidth.
+// An accumulator carries only the key rows some rank has attended to so far (a row range; a
+// 0-byte message while there are none): with short documents most foreign keys are never
+// attended, and their dK/dV cost no bandwidth.
 //
 // Ring order is an input (RingTopology: a permutation of ranks); neighbours come from it. An
 // optional stagger delays this rank's sends by position x stagger_us: the send is posted at the
@@ -31,6 +32,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -141,6 +143,9 @@ class RingAttention final : public model::AttentionExecutor {
                size_t received) const;
   Block block_at(int step, const model::AttentionCall& call, int buf_index, size_t received);
   bool any_allowed(const model::AttentionCall& call, const Block& b) const;
+  // Rows [lo, hi) of the block's keys that some query of this rank may attend to (lo == hi:
+  // none); exact for packed sequences, the whole block when the order is not monotonic.
+  std::pair<int64_t, int64_t> key_range(const model::AttentionCall& call, const Block& b) const;
   kernels::AttentionArgs args(const model::AttentionCall& call, const Block& b) const;
   void exchange_token_counts(int64_t tokens);
 
@@ -160,7 +165,10 @@ class RingAttention final : public model::AttentionExecutor {
   int64_t kvd_ = 0;
 
   model::DeviceArray<char> kv_buf_[2];    // packed blocks, double buffered
-  model::DeviceArray<float> dkv_acc_[2];  // [2 x T_max x kvd]: dK then dV accumulators
+  // dK/dV accumulator messages, received and sent (double buffered): 64-byte header {lo, hi},
+  // then dK rows [lo, hi) and dV rows [lo, hi) of the block, [hi-lo, kvd] fp32 each; rows
+  // outside are zero. No contribution yet: a 0-byte message.
+  model::DeviceArray<char> dkv_in_[2], dkv_out_[2];
   model::DeviceArray<float> dkv_part_;    // [2 x T_max x kvd]: this rank's partial
   model::DeviceArray<float> dkv_own_;     // [2 x T x kvd]: this rank's partial of its own block
   model::DeviceArray<float> part_out_;    // [T, heads, head_dim]

@@ -68,6 +68,33 @@ void RingRank::reduce(float* grads, int64_t n, model::LossResult* loss) {
   reduce_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void RingRank::shutdown() {
+  if (ring_.world == 1) return;
+  constexpr uint32_t kTagDone = 0x52410010, kTagRelease = 0x52410011;
+  auto check = [&](int h, const char* what, int peer) {
+    ProgressEngine::Result r = progress_->wait(h, timeout_ms_);
+    if (r.status != RING_TRANSPORT_OK)
+      throw transport::TransportError(
+          r.status, "shutdown: " + std::string(what) + " rank " + std::to_string(peer) + ": " +
+                        r.error);
+  };
+  char token = 1;
+  if (ring_.rank == 0) {
+    std::vector<char> in(ring_.world);
+    std::vector<int> h;
+    for (int r = 1; r < ring_.world; ++r) h.push_back(progress_->post_recv(&in[r], 1, r, kTagDone));
+    for (int r = 1; r < ring_.world; ++r) check(h[r - 1], "done from", r);
+    h.clear();
+    for (int r = 1; r < ring_.world; ++r) h.push_back(progress_->post_send(&token, 1, r, kTagRelease));
+    for (int r = 1; r < ring_.world; ++r) check(h[r - 1], "release to", r);
+  } else {
+    char in = 0;
+    const int hr = progress_->post_recv(&in, 1, 0, kTagRelease);
+    check(progress_->post_send(&token, 1, 0, kTagDone), "done to", 0);
+    check(hr, "release from", 0);
+  }
+}
+
 model::Batch shard_batch(const data::SequenceShard& s) {
   return model::Batch{static_cast<int64_t>(s.tokens.size()), s.tokens.data(), s.labels.data(),
                       s.positions.data(), s.doc_ids.data()};

@@ -57,6 +57,13 @@ class RingRank {
   }
   double reduce_seconds() const { return reduce_s_; }  // time in reduce() since construction
 
+  // Clean exit: returns once every rank has called it, so no rank leaves while another still
+  // waits in a collective (the transport fails a collective when any rank is gone, even one that
+  // already did its part). Point-to-point only - every rank sends "done" to rank 0, which
+  // answers "release" to each - because a p2p wait fails only on the death of its own peer, and
+  // a message sent just before its sender exits is still delivered.
+  void shutdown();
+
  private:
   transport::TransportPlugin plugin_;
   std::unique_ptr<transport::TransportComm> comm_;
