@@ -1,0 +1,85 @@
+// The client API of ring-coord, used by ringctl (status, events, cancel, restart, ...).
+//
+//   ring::coord::Client c({.endpoint = ring::coord::default_endpoint()});
+//   auto sub = c.submit(yaml_text);                // SubmitReply: job id, name, spec hash
+//   for (const auto& j : c.status()) ...           // every job
+//   c.cancel(sub.job);                             // throws RemoteError(permission_denied) ...
+//
+// Every call sends one request and waits for its reply up to `timeout`. Errors are typed:
+// ConnectError (no coordinator at the endpoint / socket not accessible), TimeoutError (no reply
+// in time), RemoteError (the coordinator refused: code() is one of protocol::code, e.g.
+// "not_found", "permission_denied", "invalid_state", "invalid_spec"). One Client is one DEALER
+// socket; use it from one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/protocol/protocol.h"
+
+namespace ring::coord {
+
+class ClientError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+class ConnectError : public ClientError {
+ public:
+  using ClientError::ClientError;
+};
+class TimeoutError : public ClientError {
+ public:
+  using ClientError::ClientError;
+};
+class RemoteError : public ClientError {
+ public:
+  RemoteError(std::string code, std::string field, const std::string& message)
+      : ClientError(message), code_(std::move(code)), field_(std::move(field)) {}
+  const std::string& code() const { return code_; }
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string code_;
+  std::string field_;
+};
+
+struct ClientOptions {
+  std::string endpoint;  // empty: default_endpoint()
+  std::chrono::milliseconds timeout{5000};
+  // tcp:// only: the server's public key (<state_dir>/curve/server.pub) and this client's pair
+  // (its public key must be listed in <state_dir>/curve/clients).
+  std::string server_public_key;
+  std::string client_public_key;
+  std::string client_secret_key;
+};
+
+class Client {
+ public:
+  explicit Client(ClientOptions opts);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  protocol::SubmitReply submit(const std::string& spec_yaml, const std::string& name = "");
+  std::vector<protocol::JobInfo> status();
+  protocol::JobInfo status(int64_t job);
+  std::vector<protocol::EventRecord> events(int64_t job, int64_t after = 0, int64_t limit = 100);
+  protocol::OkReply cancel(int64_t job);
+  protocol::OkReply restart(int64_t job, std::optional<int64_t> from_step = std::nullopt);
+  protocol::OkReply checkpoint(int64_t job);
+  std::vector<protocol::NodeInfo> nodes();
+
+  // Sends any request and returns the reply (RemoteError for an error reply).
+  protocol::Message call(protocol::Message request);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ring::coord

@@ -1,0 +1,71 @@
+// ring-coord's engine: the ZeroMQ ROUTER endpoints, the ZAP handler and the job logic over the
+// Store, in ONE thread.
+//
+// Threading model: run() owns every socket and the database connection. It blocks in zmq::poll
+// on the listeners and the ZAP socket with a timeout of at most tick_s, handles every message to
+// completion (one SQLite transaction per message; replies and commands are sent after commit),
+// then runs the timers: missed heartbeats, due restarts, batched step metrics and heartbeat
+// times. stop() may be called from any thread or a signal handler; run() returns within tick_s.
+//
+// Durability: job state, attempts, membership, events and checkpoints are committed before the
+// reply (or the command they cause) is sent. Step metrics and heartbeat times are batched (at
+// most metrics_flush_s and heartbeat_flush_s old) because they arrive at 1000s per second and
+// are re-sent or superseded; nothing else is batched.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/security.h"
+
+namespace ring::coord {
+
+struct CoordinatorOptions {
+  std::string state_dir;               // coord.db, coord.lock, curve/ (created 0700)
+  std::vector<std::string> endpoints;  // ipc:// and/or tcp://; empty: default_endpoint()
+  SocketMode socket_mode = SocketMode::kPrivate;
+  double heartbeat_interval_s = 1.0;  // told to daemons in `registered`
+  double heartbeat_timeout_s = 10.0;  // no heartbeat for this long: the node is lost
+  std::vector<uint32_t> admin_uids;   // may cancel/restart any job (root always may)
+  bool synchronous_full = true;       // PRAGMA synchronous=FULL (else NORMAL)
+  double metrics_flush_s = 0.2;
+  double heartbeat_flush_s = 2.0;
+  double tick_s = 0.05;  // timer resolution
+};
+
+class Coordinator {
+ public:
+  // Opens (or creates and migrates) the database, takes the state directory lock and binds the
+  // endpoints. Throws SecurityError, DbError or std::runtime_error with the reason.
+  explicit Coordinator(CoordinatorOptions opts);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Serves until stop().
+  void run();
+  void stop() { stop_.store(true); }
+
+  // The endpoints as bound (a tcp port of 0 or * resolved).
+  std::vector<std::string> endpoints() const;
+  // Empty when no tcp:// endpoint.
+  std::string server_public_key() const;
+
+  struct Stats {
+    uint64_t messages = 0;
+    uint64_t rejected = 0;  // malformed, oversized, refused
+    uint64_t heartbeats = 0;
+    uint64_t steps = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace ring::coord

@@ -1,0 +1,162 @@
+// The coordinator's system of record: one SQLite file (WAL, foreign keys, busy timeout) with a
+// versioned schema. Migrations are applied in order, each in its own transaction, and recorded in
+// schema_version. Callers group the operations of one request in a Txn (coordinator/db.h); every
+// job state change goes through set_state(), which checks the transition table
+// (coordinator/job_state.h) and records a `state` event.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/protocol/protocol.h"
+#include "coordinator/db.h"
+#include "coordinator/job_state.h"
+
+namespace ring::coord {
+
+// Unix seconds (wall clock), the time unit of every *_at column.
+double now_unix();
+
+struct JobRow {
+  int64_t id = 0;
+  std::string name;
+  int64_t owner_uid = 0;
+  std::string owner_user;
+  std::string spec;       // the submitted YAML text, verbatim
+  std::string spec_hash;  // "sha256:<hex>" of spec
+  JobState state = JobState::kPending;
+  std::string state_reason;
+  double created_at = 0;
+  double updated_at = 0;
+  std::string slurm_job_id;
+  std::string ring_order;  // JSON array of node names; empty until computed
+  int64_t nodes = 1;       // resources.nodes of the spec
+  int64_t total_steps = 0;
+  int64_t attempt = 0;   // current attempt number (0: none yet)
+  int64_t restarts = 0;  // automatic restarts used
+  int64_t max_restarts = 0;
+  double backoff_s = 0;
+  double backoff_max_s = 0;
+  int64_t last_step = 0;
+  std::optional<double> last_loss;
+  std::optional<double> last_tokens_per_s;
+  // Schema v2: when a restarting job starts its next attempt, and from which step.
+  std::optional<double> restart_at;
+  std::optional<int64_t> restart_step;
+};
+
+struct AttemptRow {
+  int64_t job = 0;
+  int64_t number = 0;
+  std::string reason;
+  int64_t resume_step = 0;
+  double started_at = 0;
+  std::optional<double> ended_at;
+  std::string exit_status;
+};
+
+struct NodeRow {
+  std::string name;
+  int64_t uid = 0;
+  std::string state = "up";  // up | lost
+  double last_heartbeat = 0;
+  double registered_at = 0;
+  std::string gpus;      // JSON array
+  std::string topology;  // JSON object
+  std::string ringd_version;
+};
+
+// A node's part in a job: state active | done | stopped | lost.
+struct JobNodeRow {
+  int64_t job = 0;
+  std::string node;
+  int64_t attempt = 0;
+  std::string state;
+};
+
+class Store {
+ public:
+  struct Options {
+    bool synchronous_full = true;
+    // Stop migrating at this version (tests of migrations); 0: the latest.
+    int target_version = 0;
+  };
+  Store(const std::string& path, Options opts);
+
+  static int latest_schema_version();
+  int schema_version();
+  Db& db() { return db_; }
+
+  // ---- jobs
+  int64_t insert_job(const JobRow& j);
+  std::optional<JobRow> job(int64_t id);
+  std::vector<JobRow> jobs();
+  std::vector<JobRow> jobs_in_state(JobState s);
+  // THE way to change a job's state: checks the transition table, records a `state` event.
+  // Throws InvalidTransition.
+  void set_state(int64_t job, JobState to, const std::string& reason);
+  void set_attempt(int64_t job, int64_t attempt, int64_t restarts);
+  void set_restart(int64_t job, std::optional<double> at, std::optional<int64_t> step);
+  void set_progress(int64_t job, int64_t step, double loss, double tokens_per_s);
+  void set_ring_order(int64_t job, const std::string& json_array);
+  void set_slurm_job_id(int64_t job, const std::string& id);
+
+  // ---- attempts
+  void begin_attempt(int64_t job, int64_t number, const std::string& reason, int64_t resume_step);
+  void end_attempt(int64_t job, int64_t number, const std::string& exit_status);
+  std::vector<AttemptRow> attempts(int64_t job);
+
+  // ---- nodes
+  void upsert_node(const NodeRow& n);
+  std::optional<NodeRow> node(const std::string& name);
+  std::vector<NodeRow> nodes();
+  void set_node_state(const std::string& name, const std::string& state);
+  void touch_node(const std::string& name, double t);
+
+  // ---- job <-> node membership
+  void add_job_node(int64_t job, const std::string& node, int64_t attempt);
+  void set_job_node_state(int64_t job, const std::string& node, const std::string& state);
+  void set_job_nodes_attempt(int64_t job, int64_t attempt);
+  std::vector<JobNodeRow> job_nodes(int64_t job);
+  std::optional<JobNodeRow> job_node(int64_t job, const std::string& node);
+  // State and attempt only (the hot path of heartbeats; no spec text).
+  struct JobBrief {
+    JobState state;
+    int64_t attempt;
+  };
+  std::optional<JobBrief> job_brief(int64_t job);
+  std::vector<int64_t> jobs_of_node(const std::string& node);
+
+  // ---- workers
+  void upsert_worker(int64_t job, int64_t attempt, const std::string& node, int64_t rank,
+                     std::optional<int64_t> pid, const std::string& state,
+                     std::optional<int64_t> exit_code, std::optional<int64_t> signal);
+
+  // ---- events
+  int64_t add_event(std::optional<int64_t> job, int64_t attempt, const std::string& node,
+                    const std::string& kind, const nlohmann::json& data);
+  std::vector<protocol::EventRecord> events(int64_t job, int64_t after, int64_t limit);
+
+  // ---- checkpoints (one row per node shard)
+  void upsert_checkpoint(int64_t job, int64_t step, const std::string& node,
+                         const std::string& path, int64_t bytes, bool complete);
+  // Largest step whose shards are all complete and come from at least `nodes` nodes.
+  std::optional<int64_t> latest_complete_checkpoint(int64_t job, int64_t nodes);
+
+  // ---- step metrics
+  void add_step(const protocol::StepReport& s, double t);
+  int64_t count(const std::string& table);
+
+ private:
+  void migrate(int target);
+  Db db_;
+};
+
+// sha256 of a string as "sha256:<64 hex digits>".
+std::string sha256_hex(std::string_view data);
+
+}  // namespace ring::coord

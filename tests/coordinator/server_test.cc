@@ -1,0 +1,419 @@
+// The coordinator's ROUTER with simulated daemons and clients over real ZeroMQ sockets.
+#include <gtest/gtest.h>
+
+#include <zmq.hpp>
+
+#include "coord_test_util.h"
+#include "coordinator/store.h"
+
+using namespace ring::coord;
+using namespace ring::coord::test;
+
+namespace {
+
+// Heartbeats `alive` daemons every 50 ms until pred() holds, collecting their messages.
+bool pump_until(std::vector<SimDaemon*> alive, int64_t job, const std::function<bool()>& pred,
+                std::chrono::milliseconds timeout = 8s) {
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    for (auto* d : alive) {
+      d->link().heartbeat({{job, 0, 0}});
+      while (auto m = d->link().recv(1ms)) d->inbox.push_back(*m);
+    }
+    if (pred()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return pred();
+}
+
+std::vector<std::string> kinds(const std::vector<proto::EventRecord>& ev) {
+  std::vector<std::string> out;
+  for (const auto& e : ev) out.push_back(e.kind);
+  return out;
+}
+
+bool has_kind(const std::vector<proto::EventRecord>& ev, const std::string& k) {
+  for (const auto& e : ev)
+    if (e.kind == k) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(CoordServer, SubmitRegisterStepsStatus) {
+  InProcessCoordinator coord;
+  auto client = coord.client();
+  auto sub = client.submit(test_spec(1, 3, 1, 8));
+  EXPECT_EQ(sub.state, "pending");
+  EXPECT_EQ(sub.name, "tiny");
+  EXPECT_EQ(sub.spec_hash.rfind("sha256:", 0), 0u);
+  EXPECT_EQ(client.status(sub.job).state, "pending");
+  EXPECT_EQ(client.status(sub.job).owner_uid, static_cast<int64_t>(geteuid()));
+
+  SimDaemon d(coord.endpoint(), "node-a");
+  auto reg = d.register_jobs({{sub.job, 0, 0}});
+  EXPECT_EQ(reg.node, "node-a");
+  EXPECT_DOUBLE_EQ(reg.heartbeat_interval_s, 0.1);
+  ASSERT_EQ(reg.jobs.size(), 1u);
+  EXPECT_EQ(reg.jobs[0].attempt, 1);
+  EXPECT_EQ(reg.jobs[0].state, "starting");
+  EXPECT_EQ(reg.jobs[0].resume_step, 0);
+  EXPECT_EQ(client.status(sub.job).state, "starting");
+
+  for (int s = 1; s <= 5; ++s) d.step(sub.job, 1, s, 3.0 - 0.1 * s);
+  ASSERT_TRUE(wait_for([&] { return client.status(sub.job).step == 5; }));
+  auto st = client.status(sub.job);
+  EXPECT_EQ(st.state, "running");
+  EXPECT_NEAR(*st.loss, 2.5, 1e-9);
+  EXPECT_EQ(st.nodes, std::vector<std::string>{"node-a"});
+  EXPECT_EQ(client.status().size(), 1u);
+
+  auto nodes = client.nodes();
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].name, "node-a");
+  EXPECT_EQ(nodes[0].state, "up");
+  EXPECT_EQ(nodes[0].gpus, 1);
+  EXPECT_EQ(nodes[0].jobs, std::vector<int64_t>{sub.job});
+
+  // Steps are stored (batched) and the job's events tell its story.
+  ASSERT_TRUE(wait_for([&] {
+    Store st(coord.dir() + "/state/coord.db", {false, 0});
+    return st.count("step_metrics") == 5;
+  }));
+  auto ev = client.events(sub.job);
+  EXPECT_EQ(kinds(ev), (std::vector<std::string>{"submitted", "state", "state"}));
+  EXPECT_EQ(ev[1].data["to"], "starting");
+  EXPECT_EQ(ev[2].data["to"], "running");
+  // events --follow: only newer events.
+  EXPECT_TRUE(client.events(sub.job, ev.back().id).empty());
+
+  // Stale step reports (an older attempt) are ignored.
+  d.step(sub.job, 7, 99);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(client.status(sub.job).step, 5);
+}
+
+TEST(CoordServer, CommandsRoundTrip) {
+  InProcessCoordinator coord;
+  auto client = coord.client();
+  int64_t job = client.submit(test_spec(2, 3, 1, 8)).job;
+  SimDaemon a(coord.endpoint(), "a"), b(coord.endpoint(), "b");
+  a.register_jobs({{job, 0, 0}});
+  b.register_jobs({{job, 0, 0}});
+  a.step(job, 1, 1);
+  ASSERT_TRUE(wait_for([&] { return client.status(job).state == "running"; }));
+
+  auto ok = client.checkpoint(job);
+  EXPECT_EQ(ok.message, "checkpoint_now sent to 2 node(s)");
+  for (auto* d : {&a, &b}) {
+    auto c = d->expect_command(proto::CommandKind::kCheckpointNow, job);
+    EXPECT_EQ(c.attempt, 1);
+    d->link().send(proto::CommandAck{d->node(), c.id, true, ""});
+  }
+  a.checkpoint(job, 1, 10);
+  b.checkpoint(job, 1, 10);
+  ASSERT_TRUE(wait_for([&] { return client.status(job).last_checkpoint_step == 10; }));
+  auto ev = client.events(job);
+  int acks = 0;
+  for (const auto& e : ev)
+    if (e.kind == "command_ack") {
+      EXPECT_EQ(e.data["command"], "checkpoint_now");
+      ++acks;
+    }
+  EXPECT_EQ(acks, 2);
+
+  // A user restart from a given step: stop, then roll back both nodes to that step.
+  client.restart(job, 10);
+  a.expect_command(proto::CommandKind::kStop, job);
+  auto rb = a.expect_command(proto::CommandKind::kRollBack, job);
+  EXPECT_EQ(rb.attempt, 2);
+  EXPECT_EQ(rb.step, 10);
+  EXPECT_EQ(b.expect_command(proto::CommandKind::kRollBack, job).step, 10);
+  auto st = client.status(job);
+  EXPECT_EQ(st.state, "starting");
+  EXPECT_EQ(st.attempt, 2);
+  EXPECT_EQ(st.restarts, 0);  // user restarts do not use the automatic budget
+
+  // Cancel: stop commands, then cancelled once both daemons confirm.
+  EXPECT_EQ(client.cancel(job).state, "cancelling");
+  for (auto* d : {&a, &b}) {
+    d->expect_command(proto::CommandKind::kStop, job);
+    d->simple(proto::EventKind::kJobStopped, job, 2);
+  }
+  ASSERT_TRUE(wait_for([&] { return client.status(job).state == "cancelled"; }));
+  // Cancelling again is refused with the transition rule.
+  try {
+    client.cancel(job);
+    FAIL();
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.code(), "invalid_state");
+    EXPECT_NE(std::string(e.what()).find("cannot go from cancelled to cancelling"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CoordServer, CompletesWhenEveryNodeFinishes) {
+  InProcessCoordinator coord;
+  auto client = coord.client();
+  int64_t job = client.submit(test_spec(2, 3, 1, 8)).job;
+  SimDaemon a(coord.endpoint(), "a"), b(coord.endpoint(), "b");
+  a.register_jobs({{job, 0, 0}});
+  b.register_jobs({{job, 0, 0}});
+  a.step(job, 1, 200);
+  a.simple(proto::EventKind::kJobCompleted, job, 1, 200);
+  ASSERT_TRUE(wait_for([&] { return client.status(job).state == "completing"; }));
+  b.simple(proto::EventKind::kJobCompleted, job, 1, 200);
+  ASSERT_TRUE(wait_for([&] { return client.status(job).state == "completed"; }));
+  Store st(coord.dir() + "/state/coord.db", {false, 0});
+  auto at = st.attempts(job);
+  ASSERT_EQ(at.size(), 1u);
+  EXPECT_EQ(at[0].exit_status, "completed");
+  EXPECT_TRUE(at[0].ended_at);
+}
+
+TEST(CoordServer, HeartbeatLossRollsBackThenFails) {
+  InProcessCoordinator coord([](CoordinatorOptions& o) { o.heartbeat_timeout_s = 0.6; });
+  auto client = coord.client();
+  int64_t job = client.submit(test_spec(2, 1, 0.3, 5)).job;  // one automatic restart
+  SimDaemon a(coord.endpoint(), "a"), b(coord.endpoint(), "b");
+  a.register_jobs({{job, 0, 0}});
+  b.register_jobs({{job, 0, 0}});
+  a.step(job, 1, 1);
+  a.checkpoint(job, 1, 20);
+  b.checkpoint(job, 1, 20);
+  ASSERT_TRUE(pump_until({&a, &b}, job, [&] {
+    return client.status(job).last_checkpoint_step == 20 && client.status(job).state == "running";
+  }));
+
+  // b stops heartbeating: node lost -> restarting (a is told to stop) -> after the backoff,
+  // attempt 2 rolls a back to the checkpoint.
+  ASSERT_TRUE(pump_until({&a}, job, [&] { return client.status(job).state == "restarting"; }));
+  auto st = client.status(job);
+  EXPECT_EQ(st.restarts, 1);
+  EXPECT_NE(st.state_reason.find("node b lost"), std::string::npos) << st.state_reason;
+  a.expect_command(proto::CommandKind::kStop, job);
+  ASSERT_TRUE(pump_until({&a}, job, [&] { return client.status(job).state == "starting"; }));
+  auto rb = a.expect_command(proto::CommandKind::kRollBack, job);
+  EXPECT_EQ(rb.attempt, 2);
+  EXPECT_EQ(rb.step, 20);
+  auto nodes = client.nodes();
+  EXPECT_EQ(nodes[1].name, "b");
+  EXPECT_EQ(nodes[1].state, "lost");
+
+  // A worker dies in attempt 2: the budget (1 restart) is spent, the job fails.
+  a.step(job, 2, 21);
+  proto::Event died;
+  died.kind = proto::EventKind::kWorkerDied;
+  died.job = job;
+  died.attempt = 2;
+  died.rank = 1;
+  died.signal = 9;
+  died.last_log = {"step 21", "Killed"};
+  a.event(died);
+  ASSERT_TRUE(pump_until({&a}, job, [&] { return client.status(job).state == "failed"; }));
+  st = client.status(job);
+  EXPECT_NE(st.state_reason.find("worker rank 1 on a died (signal 9)"), std::string::npos)
+      << st.state_reason;
+  EXPECT_NE(st.state_reason.find("restarts exhausted (1 of 1)"), std::string::npos);
+  a.expect_command(proto::CommandKind::kStop, job);
+
+  Store db(coord.dir() + "/state/coord.db", {false, 0});
+  auto at = db.attempts(job);
+  ASSERT_EQ(at.size(), 2u);
+  EXPECT_NE(at[0].exit_status.find("node b lost"), std::string::npos);
+  EXPECT_EQ(at[1].resume_step, 20);
+  EXPECT_NE(at[1].exit_status.find("died"), std::string::npos);
+  auto ev = client.events(job);
+  EXPECT_TRUE(has_kind(ev, "node_lost"));
+  EXPECT_TRUE(has_kind(ev, "restart_scheduled"));
+  EXPECT_TRUE(has_kind(ev, "worker_died"));
+  for (const auto& e : ev)
+    if (e.kind == "worker_died") EXPECT_EQ(e.data["last_log"][1], "Killed");
+
+  // Its owner may restart a failed job by hand.
+  EXPECT_EQ(client.restart(job).state, "restarting");
+  ASSERT_TRUE(pump_until({&a}, job, [&] { return client.status(job).attempt == 3; }));
+}
+
+TEST(CoordServer, BackoffDoublesUpToTheMaximum) {
+  InProcessCoordinator coord;
+  auto client = coord.client();
+  int64_t job = client.submit(test_spec(1, 4, 0.1, 0.3)).job;
+  SimDaemon a(coord.endpoint(), "a");
+  a.register_jobs({{job, 0, 0}});
+  for (int attempt = 1; attempt <= 5; ++attempt) {
+    proto::Event died;
+    died.kind = proto::EventKind::kWorkerDied;
+    died.job = job;
+    died.attempt = attempt;
+    died.rank = 0;
+    died.exit_code = 1;
+    a.event(died);
+    if (attempt == 5) break;
+    ASSERT_TRUE(wait_for([&] { return client.status(job).attempt == attempt + 1; }))
+        << "attempt " << attempt;
+  }
+  ASSERT_TRUE(wait_for([&] { return client.status(job).state == "failed"; }));
+  std::vector<double> delays;
+  for (const auto& e : client.events(job, 0, 1000))
+    if (e.kind == "restart_scheduled") delays.push_back(e.data["delay_s"].get<double>());
+  EXPECT_EQ(delays, (std::vector<double>{0.1, 0.2, 0.3, 0.3}));
+}
+
+TEST(CoordServer, MalformedAndOversizedMessagesAreRejected) {
+  InProcessCoordinator coord;
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::rcvtimeo, 3000);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(coord.endpoint());
+  auto send_recv = [&](const std::string& wire) -> proto::ErrorReply {
+    s.send(zmq::buffer(wire));
+    zmq::message_t m;
+    EXPECT_TRUE(s.recv(m));
+    auto msg = proto::parse(m.to_string_view());
+    auto* e = std::get_if<proto::ErrorReply>(&msg);
+    EXPECT_NE(e, nullptr);
+    return e ? *e : proto::ErrorReply{};
+  };
+  EXPECT_EQ(send_recv("hello").code, "bad_json");
+  EXPECT_EQ(send_recv(std::string(70000, '{')).code, "too_large");
+  EXPECT_EQ(send_recv(R"({"v":9,"type":"status","id":3})").code, "unsupported_version");
+  auto e = send_recv(R"({"v":1,"type":"cancel","id":12,"job":"seven"})");
+  EXPECT_EQ(e.code, "bad_field");
+  EXPECT_EQ(e.field, "cancel.job");
+  EXPECT_EQ(e.id, 12);  // matched to the request
+  EXPECT_EQ(send_recv(R"({"v":1,"type":"heartbeat","node":"ghost","seq":1})").code,
+            "not_registered");
+  EXPECT_EQ(send_recv(R"({"v":1,"type":"registered","node":"x","heartbeat_interval_s":1,)"
+                      R"("heartbeat_timeout_s":2})")
+                .code,
+            "unknown_type");
+  EXPECT_EQ(send_recv(R"({"v":1,"type":"status","id":1,"job":99})").code, "not_found");
+  // Two frames in one message.
+  s.send(zmq::str_buffer("a"), zmq::send_flags::sndmore);
+  s.send(zmq::str_buffer("b"));
+  zmq::message_t m;
+  ASSERT_TRUE(s.recv(m));
+  EXPECT_NE(m.to_string().find("exactly one frame"), std::string::npos);
+  // A step for a job that does not exist, from a registered node.
+  SimDaemon d(coord.endpoint(), "n1");
+  d.register_jobs({});
+  d.step(424242, 1, 1);
+  auto err = d.expect<proto::ErrorReply>();
+  EXPECT_EQ(err.code, "not_found");
+  // Over libzmq's 1 MiB limit the connection is dropped (no reply possible); the coordinator
+  // lives on.
+  {
+    zmq::socket_t big(ctx, zmq::socket_type::dealer);
+    big.set(zmq::sockopt::linger, 0);
+    big.connect(coord.endpoint());
+    big.send(zmq::buffer(std::string(2 << 20, 'x')));
+    std::this_thread::sleep_for(200ms);
+  }
+  // Garbage of every shape: the coordinator answers each with an error and keeps serving.
+  uint64_t x = 12345;
+  for (int i = 0; i < 300; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    std::string g = proto::encode(proto::StatusRequest{1, 1});
+    g[x % g.size()] = static_cast<char>(x >> 33);
+    g.insert((x >> 20) % g.size(), std::string((x >> 40) % 5, '"'));
+    s.send(zmq::buffer(g));
+    ASSERT_TRUE(s.recv(m)) << "no reply to garbage " << i;
+  }
+  auto client = coord.client();
+  EXPECT_TRUE(client.status().empty());
+  EXPECT_GE(coord.coordinator().stats().rejected, 300u);
+}
+
+TEST(CoordServer, ClientErrorsAreTyped) {
+  InProcessCoordinator coord;
+  auto client = coord.client();
+  try {
+    client.submit("job:\n  name: x\nmodel:\n  layers: -3\n");
+    FAIL();
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.code(), "invalid_spec");
+    EXPECT_NE(std::string(e.what()).find("model.layers"), std::string::npos) << e.what();
+  }
+  try {
+    client.cancel(77);
+    FAIL();
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.code(), "not_found");
+    EXPECT_STREQ(e.what(), "job 77 does not exist");
+  }
+  int64_t job = client.submit(test_spec(1, 0, 1, 1)).job;
+  try {
+    client.checkpoint(job);
+    FAIL();
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.code(), "invalid_state");
+  }
+  try {
+    client.restart(job);  // pending -> restarting is not in the table
+    FAIL();
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.code(), "invalid_state");
+    EXPECT_NE(std::string(e.what()).find("cannot go from pending to restarting"),
+              std::string::npos);
+  }
+  EXPECT_EQ(client.cancel(job).state, "cancelled");  // pending: no daemon to stop
+  EXPECT_THROW(Client(ClientOptions{"ipc:///nonexistent/dir/coord.sock", 500ms, "", "", ""}),
+               ConnectError);
+  EXPECT_THROW(Client(ClientOptions{"inproc://x", 500ms, "", "", ""}), ConnectError);
+  // A coordinator that is not there: stop ours and ask again.
+  coord.stop();
+  std::string path = coord.endpoint().substr(6);
+  // The socket file is gone with the coordinator: a clear connect error.
+  EXPECT_THROW(coord.client(300ms), ConnectError);
+}
+
+TEST(CoordServer, RefusesSecondCoordinatorAndBadDirs) {
+  InProcessCoordinator coord;
+  CoordinatorOptions o;
+  o.state_dir = coord.dir() + "/state";
+  o.endpoints = {"ipc://" + coord.dir() + "/other/coord.sock"};
+  try {
+    Coordinator second(o);
+    FAIL();
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("another ring-coord"), std::string::npos) << e.what();
+  }
+  o.state_dir = coord.dir() + "/state2";
+  o.endpoints = {coord.endpoint()};
+  try {
+    Coordinator second(o);
+    FAIL();
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  // A group-readable socket directory is refused in private mode.
+  std::string loose = coord.dir() + "/loose";
+  mkdir(loose.c_str(), 0755);
+  chmod(loose.c_str(), 0755);
+  o.state_dir = coord.dir() + "/state3";
+  o.endpoints = {"ipc://" + loose + "/coord.sock"};
+  try {
+    Coordinator c(o);
+    FAIL();
+  } catch (const SecurityError& e) {
+    EXPECT_NE(std::string(e.what()).find("mode 0755"), std::string::npos) << e.what();
+  }
+  // ... but allowed (not writable by others) in shared mode.
+  o.socket_mode = SocketMode::kShared;
+  EXPECT_NO_THROW(Coordinator c(o));
+  // A directory owned by someone else is refused.
+  std::string theirs = coord.dir() + "/theirs";
+  mkdir(theirs.c_str(), 0700);
+  ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+  o.state_dir = coord.dir() + "/state4";
+  o.endpoints = {"ipc://" + theirs + "/coord.sock"};
+  try {
+    Coordinator c(o);
+    FAIL();
+  } catch (const SecurityError& e) {
+    EXPECT_NE(std::string(e.what()).find("owned by uid 65534"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,223 @@
+// The job state machine (exhaustively) and the SQLite schema with its migrations.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "coordinator/job_state.h"
+#include "coordinator/store.h"
+
+namespace coord = ring::coord;
+using coord::JobState;
+
+namespace {
+
+std::string temp_dir() {
+  char t[] = "/tmp/ring-store-test-XXXXXX";
+  EXPECT_NE(mkdtemp(t), nullptr);
+  return t;
+}
+
+// The transitions the design allows, written out independently of the table in job_state.cc.
+const std::set<std::pair<std::string, std::string>> kExpected = {
+    {"pending", "starting"},      {"pending", "cancelled"},     {"pending", "failed"},
+    {"starting", "running"},      {"starting", "restarting"},   {"starting", "failed"},
+    {"starting", "completing"},   {"starting", "cancelling"},   {"starting", "pending"},
+    {"running", "completing"},    {"running", "restarting"},    {"running", "failed"},
+    {"running", "cancelling"},    {"running", "pending"},       {"restarting", "starting"},
+    {"restarting", "failed"},     {"restarting", "cancelling"}, {"restarting", "pending"},
+    {"completing", "completed"},  {"completing", "restarting"}, {"completing", "failed"},
+    {"completing", "cancelling"}, {"cancelling", "cancelled"},  {"failed", "restarting"},
+};
+
+coord::JobRow sample_job() {
+  coord::JobRow j;
+  j.name = "tiny";
+  j.owner_uid = 1000;
+  j.owner_user = "alice";
+  j.spec = "job:\n  name: tiny\n";
+  j.spec_hash = coord::sha256_hex(j.spec);
+  j.nodes = 2;
+  j.total_steps = 100;
+  j.max_restarts = 3;
+  j.backoff_s = 1;
+  j.backoff_max_s = 8;
+  return j;
+}
+
+}  // namespace
+
+TEST(JobStateMachine, EveryPairIsAllowedOrRefusedAsDesigned) {
+  int allowed = 0, refused = 0;
+  for (JobState from : coord::kAllJobStates) {
+    for (JobState to : coord::kAllJobStates) {
+      bool want = kExpected.count({coord::to_string(from), coord::to_string(to)}) > 0;
+      EXPECT_EQ(coord::transition_allowed(from, to), want)
+          << coord::to_string(from) << " -> " << coord::to_string(to);
+      if (want) {
+        EXPECT_NO_THROW(coord::check_transition(from, to));
+        ++allowed;
+      } else {
+        try {
+          coord::check_transition(from, to, "job 7");
+          ADD_FAILURE() << "allowed " << coord::to_string(from) << " -> " << coord::to_string(to);
+        } catch (const coord::InvalidTransition& e) {
+          std::string msg = e.what();
+          EXPECT_NE(msg.find(std::string("job 7: cannot go from ") + coord::to_string(from) +
+                             " to " + coord::to_string(to)),
+                    std::string::npos)
+              << msg;
+          EXPECT_EQ(e.from(), from);
+          EXPECT_EQ(e.to(), to);
+          ++refused;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(allowed, static_cast<int>(kExpected.size()));
+  EXPECT_EQ(allowed + refused, 81);
+}
+
+TEST(JobStateMachine, TerminalStates) {
+  EXPECT_TRUE(coord::is_terminal(JobState::kCompleted));
+  EXPECT_TRUE(coord::is_terminal(JobState::kFailed));
+  EXPECT_TRUE(coord::is_terminal(JobState::kCancelled));
+  EXPECT_TRUE(coord::allowed_from(JobState::kCompleted).empty());
+  EXPECT_TRUE(coord::allowed_from(JobState::kCancelled).empty());
+  try {
+    coord::check_transition(JobState::kCompleted, JobState::kRunning, "job 3");
+  } catch (const coord::InvalidTransition& e) {
+    EXPECT_STREQ(e.what(),
+                 "job 3: cannot go from completed to running (allowed from completed: none, it "
+                 "is final)");
+  }
+  for (JobState s : coord::kAllJobStates)
+    EXPECT_EQ(coord::job_state_from_string(coord::to_string(s)), s);
+  EXPECT_FALSE(coord::job_state_from_string("exploded"));
+}
+
+// Every allowed transition through the Store, which records it as an event; every refused one
+// leaves the row untouched.
+TEST(Store, SetStateGoesThroughTheTable) {
+  std::string dir = temp_dir();
+  coord::Store st(dir + "/coord.db", {});
+  for (JobState from : coord::kAllJobStates) {
+    for (JobState to : coord::kAllJobStates) {
+      coord::JobRow j = sample_job();
+      j.state = from;
+      int64_t id = st.insert_job(j);
+      if (coord::transition_allowed(from, to)) {
+        st.set_state(id, to, "test");
+        EXPECT_EQ(st.job(id)->state, to);
+        auto ev = st.events(id, 0, 10);
+        ASSERT_EQ(ev.size(), 2u);  // submitted, state
+        EXPECT_EQ(ev[1].kind, "state");
+        EXPECT_EQ(ev[1].data["from"], coord::to_string(from));
+        EXPECT_EQ(ev[1].data["to"], coord::to_string(to));
+      } else {
+        EXPECT_THROW(st.set_state(id, to, "test"), coord::InvalidTransition);
+        EXPECT_EQ(st.job(id)->state, from);
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Store, PragmasAndSchema) {
+  std::string dir = temp_dir();
+  coord::Store st(dir + "/coord.db", {});
+  EXPECT_EQ(st.schema_version(), coord::Store::latest_schema_version());
+  auto& s = st.db().prepare("PRAGMA journal_mode");
+  ASSERT_TRUE(s.step());
+  EXPECT_EQ(s.text(0), "wal");
+  s.reset();
+  auto& fk = st.db().prepare("PRAGMA foreign_keys");
+  ASSERT_TRUE(fk.step());
+  EXPECT_EQ(fk.i64(0), 1);
+  fk.reset();
+  // Foreign keys are enforced.
+  EXPECT_THROW(st.begin_attempt(12345, 1, "x", 0), coord::DbError);
+  // The state CHECK constraint holds even for raw SQL.
+  EXPECT_THROW(st.db().exec("INSERT INTO jobs(name, owner_uid, owner_user, spec, spec_hash, "
+                            "state, created_at, updated_at, nodes, total_steps, max_restarts, "
+                            "backoff_s, backoff_max_s) VALUES ('x',0,'r','s','h','exploded',0,0,"
+                            "1,1,0,0,0)"),
+               coord::DbError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Store, MigratesV1ToLatestKeepingData) {
+  std::string dir = temp_dir();
+  std::string path = dir + "/coord.db";
+  int64_t id;
+  {
+    coord::Store v1(path, {true, 1});
+    EXPECT_EQ(v1.schema_version(), 1);
+    id = v1.insert_job(sample_job());
+    v1.begin_attempt(id, 1, "first start", 0);
+    // v2's columns do not exist yet.
+    EXPECT_THROW(v1.db().exec("SELECT restart_at FROM jobs"), coord::DbError);
+  }
+  {
+    coord::Store latest(path, {});
+    EXPECT_EQ(latest.schema_version(), coord::Store::latest_schema_version());
+    auto j = latest.job(id);
+    ASSERT_TRUE(j);
+    EXPECT_EQ(j->name, "tiny");
+    EXPECT_FALSE(j->restart_at);
+    latest.set_restart(id, 123.0, 40);
+    EXPECT_EQ(*latest.job(id)->restart_at, 123.0);
+    EXPECT_EQ(*latest.job(id)->restart_step, 40);
+    EXPECT_EQ(latest.attempts(id).size(), 1u);
+    auto& s =
+        latest.db().prepare("SELECT version, description FROM schema_version ORDER BY version");
+    std::vector<int64_t> versions;
+    while (s.step()) versions.push_back(s.i64(0));
+    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2}));
+  }
+  // Reopening does not re-apply anything.
+  {
+    coord::Store again(path, {});
+    EXPECT_EQ(again.schema_version(), 2);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Store, RefusesANewerSchema) {
+  std::string dir = temp_dir();
+  std::string path = dir + "/coord.db";
+  {
+    coord::Store st(path, {});
+    st.db().exec("INSERT INTO schema_version VALUES (99, 0, 'from the future')");
+  }
+  try {
+    coord::Store st(path, {});
+    FAIL() << "opened a newer schema";
+  } catch (const coord::DbError& e) {
+    EXPECT_NE(std::string(e.what()).find("newer than this ring-coord"), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Store, CheckpointsCompleteOnlyWhenEveryNodeIs) {
+  std::string dir = temp_dir();
+  coord::Store st(dir + "/coord.db", {});
+  int64_t id = st.insert_job(sample_job());
+  st.upsert_node({"n0", 0, "up", 0, 0, "[]", "{}", "x"});
+  st.upsert_checkpoint(id, 10, "n0", "/c/10", 100, true);
+  EXPECT_FALSE(st.latest_complete_checkpoint(id, 2));  // one of two nodes
+  st.upsert_checkpoint(id, 10, "n1", "/c/10", 100, true);
+  EXPECT_EQ(st.latest_complete_checkpoint(id, 2), 10);
+  st.upsert_checkpoint(id, 20, "n0", "/c/20", 100, true);
+  st.upsert_checkpoint(id, 20, "n1", "/c/20", 100, false);
+  EXPECT_EQ(st.latest_complete_checkpoint(id, 2), 10);
+  st.upsert_checkpoint(id, 20, "n1", "/c/20", 100, true);
+  EXPECT_EQ(st.latest_complete_checkpoint(id, 2), 20);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Store, Sha256) {
+  EXPECT_EQ(coord::sha256_hex("abc"),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
