@@ -11,7 +11,9 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +24,7 @@
 #include "worker/data/passkey.h"
 #include "worker/model/attention.h"
 #include "worker/ring/ring_main.h"
+#include "worker/train/passkey_curriculum.h"
 #include "worker/train/passkey_eval.h"
 #include "worker/train/trainer.h"
 
@@ -45,6 +48,12 @@ const char* kUsage =
     "                        default) or answer (loss on the answer digits only)\n"
     "  --eval-every K        passkey source: evaluate retrieval every K steps (default: at end)\n"
     "  --eval-samples N      passkey source: held-out samples per evaluation (default 32)\n"
+    "  --seqs-per-step N     sequences per optimizer step, gradients accumulated (default 1)\n"
+    "  --passkey-curriculum LEN:STEPS[:SEQS][,LEN:STEPS[:SEQS]...]\n"
+    "                        passkey source: a length curriculum. Each stage in turn trains\n"
+    "                        STEPS steps on LEN-token samples, SEQS per step (default\n"
+    "                        --seqs-per-step); then data.seq_len for the remaining steps.\n"
+    "                        Evaluation is always at data.seq_len.\n"
     "  --help\n";
 
 struct Args {
@@ -58,6 +67,8 @@ struct Args {
   ring::data::PasskeyLabels passkey_labels = ring::data::PasskeyLabels::kAll;
   int64_t eval_every = 0;
   int64_t eval_samples = 32;
+  int64_t seqs_per_step = 1;
+  std::vector<ring::train::PasskeyStage> curriculum;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -114,6 +125,14 @@ Args parse_args(int argc, char** argv) {
       a.eval_every = parse_int(f, value(), 0, int64_t{1} << 40);
     } else if (f == "--eval-samples") {
       a.eval_samples = parse_int(f, value(), 1, 1 << 20);
+    } else if (f == "--seqs-per-step") {
+      a.seqs_per_step = parse_int(f, value(), 1, 1 << 20);
+    } else if (f == "--passkey-curriculum") {
+      try {
+        a.curriculum = ring::train::parse_passkey_curriculum(value());
+      } catch (const std::invalid_argument& e) {
+        usage_error(f + ": " + e.what());
+      }
     } else {
       usage_error("unknown argument '" + f + "'");
     }
@@ -152,6 +171,10 @@ int run(const Args& args) {
                  "optimizer.compression apply under ringd)\n";
   }
   const int64_t steps = args.steps.value_or(spec.train.steps);
+  if (!args.curriculum.empty() && spec.data.source != ring::spec::DataSource::kPasskey) {
+    std::cerr << "ring-worker: --passkey-curriculum needs data.source: passkey\n";
+    return kExitUsage;
+  }
   const int threads =
       args.threads.value_or(static_cast<int>(spec.resources.cpus_per_worker));
   const std::string backend_name =
@@ -211,10 +234,32 @@ int run(const Args& args) {
     }
   };
 
+  // Passkey: the samples of each step, through the length curriculum when there is one (without
+  // stages, the stream of the passkey source). Text: --seqs-per-step sequences of the loader.
+  std::optional<ring::train::PasskeyCurriculum> curriculum;
+  if (passkey) {
+    curriculum.emplace(ring::data::PasskeyOptions{spec.data.seq_len, spec.data.passkey_digits,
+                                                  spec.data.seed, args.passkey_labels},
+                       args.seqs_per_step, args.curriculum);
+  }
+  std::vector<ring::data::Sequence> seqs;
   double window_loss = 0, window_ms = 0;
   int64_t window_steps = 0, window_tokens = 0;
   for (int64_t s = 1; s <= steps; ++s) {
-    ring::train::StepStats st = trainer.train_step(source->next_sequence());
+    if (curriculum) {
+      if (!args.curriculum.empty() && curriculum->starts_stage(s)) {
+        const ring::train::PasskeyStage st = curriculum->stage(s);
+        std::printf("curriculum: from step %lld, seq_len %lld, %lld sample(s) per step\n",
+                    static_cast<long long>(s), static_cast<long long>(st.seq_len),
+                    static_cast<long long>(st.seqs));
+        std::fflush(stdout);
+      }
+      seqs = curriculum->next_step(s);
+    } else {
+      seqs.resize(static_cast<size_t>(args.seqs_per_step));
+      for (ring::data::Sequence& seq : seqs) seq = source->next_sequence();
+    }
+    ring::train::StepStats st = trainer.train_step(seqs);
     window_loss += st.loss;
     window_ms += st.step_ms;
     window_tokens += st.tokens;

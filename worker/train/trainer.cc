@@ -37,9 +37,20 @@ Trainer::Trainer(const spec::JobSpec& spec, kernels::Backend* backend,
 }
 
 StepStats Trainer::train_step(const model::Batch& batch, int64_t global_valid) {
+  return train_step(std::vector<model::Batch>{batch}, global_valid);
+}
+
+StepStats Trainer::train_step(const std::vector<model::Batch>& batches, int64_t global_valid) {
   const auto t0 = std::chrono::steady_clock::now();
   model_.zero_grads();
-  model::LossResult r = model_.forward_backward(batch, std::max<int64_t>(global_valid, 1));
+  model::LossResult r;
+  int64_t tokens = 0;
+  for (const model::Batch& batch : batches) {
+    model::LossResult b = model_.forward_backward(batch, std::max<int64_t>(global_valid, 1));
+    r.loss_sum += b.loss_sum;
+    r.valid += b.valid;
+    tokens += batch.tokens;
+  }
 
   const int64_t n = model_.layout().total();
   if (grad_reduce_) grad_reduce_(model_.grads(), n, &r);
@@ -70,12 +81,12 @@ StepStats Trainer::train_step(const model::Batch& batch, int64_t global_valid) {
   StepStats s;
   s.step = step_;
   s.loss = r.valid > 0 ? r.loss_sum / static_cast<double>(r.valid) : 0.0;
-  s.tokens = batch.tokens;
+  s.tokens = tokens;
   s.valid = r.valid;
   s.grad_norm = norm;
   s.lr = lr;
   s.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-  s.tokens_per_s = s.step_ms > 0 ? static_cast<double>(batch.tokens) * 1000.0 / s.step_ms : 0;
+  s.tokens_per_s = s.step_ms > 0 ? static_cast<double>(tokens) * 1000.0 / s.step_ms : 0;
   return s;
 }
 
@@ -83,6 +94,17 @@ StepStats Trainer::train_step(const data::Sequence& seq) {
   model::Batch b{seq.size(), seq.tokens.data(), seq.labels.data(), seq.positions.data(),
                  seq.doc_ids.data()};
   return train_step(b, seq.valid_labels());
+}
+
+StepStats Trainer::train_step(const std::vector<data::Sequence>& seqs) {
+  std::vector<model::Batch> batches;
+  int64_t valid = 0;
+  for (const data::Sequence& seq : seqs) {
+    batches.push_back(model::Batch{seq.size(), seq.tokens.data(), seq.labels.data(),
+                                   seq.positions.data(), seq.doc_ids.data()});
+    valid += seq.valid_labels();
+  }
+  return train_step(batches, valid);
 }
 
 std::string format_step(const StepStats& s) {

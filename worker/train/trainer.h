@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/spec/spec.h"
 #include "kernels/backend.h"
@@ -31,7 +32,7 @@ double learning_rate(const spec::OptimizerSection& o, int64_t step, int64_t tota
 struct StepStats {
   int64_t step = 0;       // 1-based optimizer step just taken
   double loss = 0;        // mean cross-entropy (nats) over the step's valid labels
-  int64_t tokens = 0;     // tokens processed in the step
+  int64_t tokens = 0;     // tokens processed in the step (all its sequences)
   int64_t valid = 0;      // valid labels
   double grad_norm = 0;   // global L2 norm before clipping
   double lr = 0;          // learning rate used for the update
@@ -59,8 +60,13 @@ class Trainer {
   // One optimizer step on this rank's tokens; the loss is normalised by global_valid (this
   // rank's valid labels when training alone).
   StepStats train_step(const model::Batch& batch, int64_t global_valid);
+  // The same over several batches (gradient accumulation); global_valid counts all of them.
+  StepStats train_step(const std::vector<model::Batch>& batches, int64_t global_valid);
   // One optimizer step on a whole sequence (one rank).
   StepStats train_step(const data::Sequence& seq);
+  // One optimizer step on several whole sequences (one rank): their gradients are accumulated
+  // and the loss is the mean over all their valid labels, as if they were one batch.
+  StepStats train_step(const std::vector<data::Sequence>& seqs);
 
  private:
   spec::JobSpec spec_;
