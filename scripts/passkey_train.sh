@@ -8,7 +8,7 @@
 #   steps  801-1100   4 samples of  512 tokens
 #   steps 1101-1300   2 samples of 1024 tokens
 #   steps 1301-1500   1 sample  of 4096 tokens
-# ~20 minutes with one thread on a busy 2-core machine. THREADS (default 1) sets the CPU
+# 10-22 minutes with one thread on a busy 2-core machine. THREADS (default 1) sets the CPU
 # threads: on a busy 2-core machine one thread per process beats two.
 #   scripts/passkey_train.sh [BUILD_DIR] [LOG_JSON] [extra ring-worker args...]
 set -eu
