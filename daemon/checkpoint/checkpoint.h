@@ -1,0 +1,244 @@
+// ring_checkpoint: sharded, asynchronous, checksummed checkpoints and their loading.
+//
+// On disk (format reference: docs/checkpoints.md):
+//
+//   DIR/step-00000050/            one directory per step, complete once renamed to this name
+//        checkpoint.json          written by node 0 last: step, nodes, each shard manifest's xxh3
+//        node-00000.json          node 0's shard manifest: tensors (name, dtype, shape, offset,
+//        node-00000.bin             bytes, xxh3-64), free JSON metadata (cursor, RNG, ...)
+//        node-00001.json / .bin   node 1's shard, ...
+//   DIR/step-00000060.partial-<tag>/   being written (or left by a crash); never loaded
+//   DIR/latest                    "step-00000050\n", replaced atomically (temp + rename)
+//
+// Writing (Checkpointer): each node writes its shard into the shared partial directory, fsyncs
+// the data file, then writes its manifest (temp + rename, fsynced). Node 0 then waits for every
+// node's manifest, writes checkpoint.json, fsyncs, renames the partial directory to its final
+// name, fsyncs DIR, replaces `latest` and applies keep_last retention (complete checkpoints only).
+//
+// Asynchronous without a second copy of the optimizer state: the writer thread writes the
+// registered tensors straight from live memory, chunk by chunk, advancing through all tensors
+// at the same relative position (so w, m and v of one bucket are written close together). The
+// optimizer calls before_modify() on a range before changing it: a range already written
+// returns at once; a range not yet reached is copied into a small staging buffer (bounded by
+// Options::staging_bytes) that the writer then uses instead; a range the writer is reading right
+// now, or one that does not fit in the staging budget, blocks until the writer has passed it.
+// That blocked time is the training stall and is reported in SaveResult.
+//
+//   ring::ckpt::Checkpointer ck({.dir = "/ckpt", .keep_last = 3, .node_rank = 0, .nodes = 1});
+//   ck.add_tensor("master", ring::ckpt::DType::kF32, {n}, w.data());   // once, stable pointers
+//   ck.add_tensor("adam.m", ring::ckpt::DType::kF32, {n}, m.data());
+//   ...
+//   ck.start(step, {{"cursor", cursor_json}, {"rng", rng_json}});      // returns at once
+//   ... in the optimizer, per bucket:  ck.before_modify(w.data() + b0, (b1 - b0) * 4);
+//   SaveResult r = ck.wait();   // or poll(); r.ok, r.error, r.path, r.stall_s
+//
+// Loading: load_latest() tries complete checkpoints from the newest down; a missing file, a
+// truncated or malformed manifest, a size or checksum mismatch makes it say what is wrong
+// (file and rule) in LoadResult::skipped and fall back to the previous complete one.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ring::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kWriterVersion = "ringmaster 0.1.0";
+
+// Bad input (a path, a registration, a manifest) or an I/O failure; the message names the file
+// or the argument and the rule broken.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType { kF32, kF16, kBF16, kI32, kI64, kU8, kU64 };
+const char* dtype_name(DType t);            // "f32", "f16", "bf16", "i32", "i64", "u8", "u64"
+std::optional<DType> parse_dtype(const std::string& s);
+size_t dtype_size(DType t);
+
+// xxh3-64 of bytes, as 16 lower-case hex digits (the manifest's checksum form).
+std::string xxh3_hex(const void* data, size_t bytes);
+std::string step_dir_name(int64_t step);  // "step-00000050"
+
+struct Options {
+  std::string dir;             // checkpoint root (created when missing)
+  int64_t keep_last = 3;       // complete checkpoints kept after a commit (>= 1)
+  int node_rank = 0;           // this node, 0 <= node_rank < nodes
+  int nodes = 1;
+  std::string tag = "0";       // the attempt: names the partial directory ([A-Za-z0-9_-]+)
+  std::string spec_hash;       // recorded in every manifest (free form, e.g. xxh3 of the spec)
+  size_t chunk_bytes = 4 << 20;      // unit of writing and of progress
+  size_t staging_bytes = 16 << 20;   // copy-on-modify budget (not per tensor: in all)
+  double commit_timeout_s = 600;     // node 0: how long to wait for the other nodes' shards
+  bool fsync = true;                 // false only for tests/benchmarks on tmpfs
+};
+
+struct SaveResult {
+  bool ok = false;
+  bool committed = false;      // node 0: the step directory is final; others: seen final
+  int64_t step = -1;
+  std::string path;            // final directory (ok) or the partial one (failed)
+  std::string error;           // why it failed: names the file and the errno text
+  uint64_t bytes = 0;          // this node's data bytes
+  double write_s = 0;          // start() to the shard being durable
+  double total_s = 0;          // start() to done (includes waiting for other nodes, commit)
+  double stall_s = 0;          // time before_modify() blocked, summed over calls
+  double start_wait_s = 0;     // time start() waited for the previous checkpoint to finish
+  uint64_t staged_bytes = 0;   // bytes copied to staging by before_modify()
+  std::vector<std::string> deleted;  // directories removed by retention
+};
+
+class Checkpointer {
+ public:
+  explicit Checkpointer(Options opt);  // throws CheckpointError on bad options
+  ~Checkpointer();                     // waits for a checkpoint in flight
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Registers live memory saved by every checkpoint, in registration order. `data` must stay
+  // valid and at the same address for the Checkpointer's life; bytes = product(shape) *
+  // dtype_size. Names are unique, non-empty, printable. Not while a checkpoint is in flight.
+  void add_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                  const void* data);
+
+  // Begins a checkpoint of the registered tensors as they are now, plus `meta` (free JSON: the
+  // loader cursor, RNG state, ...). Waits first for a previous one still in flight. Returns at
+  // once; the writer thread does the rest. Never throws for I/O: failures land in SaveResult.
+  void start(int64_t step, nlohmann::json meta = nlohmann::json::object());
+
+  // The guard: call before modifying [p, p + bytes) of a registered tensor. Cheap (one atomic
+  // load) when no checkpoint is in flight. Memory outside registered tensors is ignored.
+  void before_modify(const void* p, size_t bytes);
+
+  bool busy() const { return active_.load(std::memory_order_acquire); }
+  // The result of the last checkpoint once it is done; nullopt while one is in flight or none
+  // was started since the last wait()/poll() that returned a result.
+  std::optional<SaveResult> poll();
+  // Blocks until the checkpoint in flight is done and returns its result (ok=false, error "no
+  // checkpoint started" when there was none).
+  SaveResult wait();
+
+  const Options& options() const { return opt_; }
+  uint64_t registered_bytes() const;
+
+ private:
+  struct Tensor;
+  struct Staged {
+    size_t end;                 // [begin (map key), end) in tensor bytes
+    std::unique_ptr<char[]> data;
+  };
+  void run(int64_t step, nlohmann::json meta);
+  void write_shard(int64_t step, const nlohmann::json& meta, SaveResult& r);
+  void commit(int64_t step, SaveResult& r);
+  void finish_progress();
+
+  Options opt_;
+  std::vector<std::unique_ptr<Tensor>> tensors_;
+  std::atomic<bool> active_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Writer progress, guarded by mu_.
+  std::vector<size_t> written_;       // per tensor: bytes [0, written_) are on disk
+  int inflight_tensor_ = -1;          // the chunk the writer is reading: tensor, [begin, end)
+  size_t inflight_begin_ = 0, inflight_end_ = 0;
+  std::vector<std::map<size_t, Staged>> staged_;
+  size_t staging_used_ = 0;
+  double stall_s_ = 0;
+  uint64_t staged_bytes_ = 0;
+  std::thread thread_;
+  std::optional<SaveResult> result_;  // guarded by mu_
+  bool started_ = false;
+};
+
+// ---- reading ------------------------------------------------------------------------------
+
+struct TensorEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // in the node's .bin file
+  uint64_t bytes = 0;
+  std::string xxh3;     // 16 hex digits
+};
+
+struct ShardManifest {
+  int format_version = 0;
+  std::string writer_version;
+  int64_t step = -1;
+  std::string spec_hash;
+  int node_rank = 0;
+  int nodes = 0;
+  std::string tag;
+  std::string data_file;     // "node-00000.bin", relative to the step directory
+  uint64_t data_bytes = 0;
+  double time = 0;           // unix seconds when the shard was done
+  std::vector<TensorEntry> tensors;
+  nlohmann::json meta;
+};
+
+// Parses and checks a shard manifest's text; throws CheckpointError naming `file` and the rule
+// (missing key, wrong type, overlapping tensors, sizes that do not add up, ...).
+ShardManifest parse_shard_manifest(const std::string& text, const std::string& file);
+
+enum class Status { kComplete, kIncomplete, kCorrupt };
+const char* status_name(Status s);  // "complete", "incomplete", "corrupt"
+
+struct CheckpointInfo {
+  std::string path;     // the step directory
+  std::string name;     // its basename
+  int64_t step = -1;
+  Status status = Status::kCorrupt;
+  std::vector<std::string> problems;  // each names the file and what is wrong
+  int nodes = 0;
+  uint64_t bytes = 0;   // data bytes of all shards
+  double time = 0;      // unix seconds of the commit (0 when unknown)
+  bool latest = false;  // `latest` names it
+};
+
+// Lists step directories under dir (complete, partial and damaged), oldest step first. With
+// verify, every data file is read and every tensor's checksum compared; without, manifests,
+// file presence and sizes are checked. Throws CheckpointError when dir cannot be read.
+std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, bool verify);
+CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify);
+
+struct LoadTarget {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  void* data = nullptr;  // product(shape) * dtype_size bytes
+};
+
+struct LoadResult {
+  bool loaded = false;           // false: no usable checkpoint (targets may hold partial data)
+  int64_t step = -1;
+  std::string path;
+  std::string spec_hash;
+  nlohmann::json meta;
+  std::vector<std::string> skipped;  // "step-00000050: node-00000.bin: tensor 'adam.m' ..."
+  std::string message;               // one line for the log: what was loaded, what was skipped
+};
+
+// Loads this node's shard of the newest complete checkpoint with step <= max_step into the
+// targets, verifying every checksum; falls back to older ones on damage. A checkpoint whose
+// tensors do not match the targets (missing name, other shape or dtype) is a hard error, not a
+// fallback (the model changed): throws CheckpointError naming the tensor and both shapes.
+// Several nodes agree on a step by calling again with max_step = the smallest step loaded.
+LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
+                       const std::vector<LoadTarget>& targets,
+                       int64_t max_step = INT64_MAX);
+
+}  // namespace ring::ckpt
