@@ -1,0 +1,192 @@
+// The optimizer that ringd owns in host memory (issue 5): fp32 master weights and AdamW moments
+// of the whole model, the top-k residual, the gradient exchange between node daemons, global
+// gradient-norm clipping and the update, overlapped with the workers' backward bucket by bucket.
+//
+//   ring::optim::LocalExchange one_node;                      // or ringd's transport exchange
+//   NodeOptimizer opt(spec, layout, total_steps, threads, &one_node);
+//   opt.init_master(initial_params);                          // [layout.total()] fp32
+//   for (int64_t step = 1; step <= total_steps; ++step) {
+//     opt.begin_step(step);
+//     for (const auto& b : layout.buckets())                  // backward completion order
+//       opt.bucket_ready(b.index, node_grad + b.begin);       // as each bucket completes
+//     StepResult r = opt.finish_step();                       // waits; new weights in master()
+//     // dense: copy master() to the workers; lazy: only opt.changed() coordinates
+//   }
+//
+// Math (mirrors worker/train/trainer.cc exactly, so an offloaded run reproduces the in-worker
+// optimizer): the gradient g of step s (1-based) is the sum over nodes of each node's gradient;
+// norm = ||g||_2 over the whole flat buffer (fp64 sum of squares); with train.grad_clip c > 0 and
+// norm > c, g *= float(c / (norm + 1e-6)); lr = train::learning_rate(optimizer, s, total_steps);
+// then Backend::adamw_step on each parameter tensor (ParamView) with weight decay 0 where
+// ParamView::decay is false. StepResult::grad_norm is the norm before clipping.
+//
+// Compression (optimizer.compression: topk), after optimizer.warmup_steps dense steps (steps
+// s <= warmup_steps are dense): per bucket, acc = residual + node_grad (error feedback) or
+// node_grad; the k = ceil(density * bucket floats) entries of largest |acc| (exact selection,
+// kernels topk_abs: sampled threshold + one exact pass) are sent, entries equal to 0 dropped;
+// residual = acc with the sent entries zeroed. Nodes exchange their (index, value) sets with
+// Exchange::allgather; every node sums them in node order (left fold from node 0) at each
+// index, so all nodes hold bit-identical gradients, norms and master weights. The summed sparse
+// gradient is then clipped as above and
+//   - optimizer.update dense: applied by dense AdamW (zeros elsewhere: every coordinate moves
+//     through its moments and weight decay);
+//   - optimizer.update lazy: AdamW only at the union of the sent indices (same formula and
+//     bias correction with the global step); the others, and their moments, stay untouched.
+//     changed() lists exactly those coordinates.
+//
+// Overlap: bucket_ready() only queues the bucket; one pipeline thread takes buckets in order and,
+// while the caller goes on, exchanges them (all-reduce dense, all-gather sparse), compresses
+// them and sums their squares. The update needs the global norm when clipping can trigger
+// (grad_clip > 0): then AdamW runs in finish_step over all buckets. With grad_clip = 0 every
+// bucket is updated on the pipeline thread as soon as it is exchanged, so only the last
+// bucket's work is exposed. StepResult says how much optimizer time was hidden.
+//
+// Threads: `threads` OpenMP threads (0: all cores) run every heavy loop (AdamW, top-k, sums)
+// inside each bucket; buckets are processed in order by one pipeline thread, which is also the
+// only thread that calls the Exchange during a step. Not thread-safe: one caller drives a
+// NodeOptimizer (begin_step, bucket_ready..., finish_step).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/spec/spec.h"
+#include "worker/model/layout.h"
+
+namespace ring::optim {
+
+// Bad arguments or calls out of order (the message names the argument, bucket or step and the
+// rule broken), a kernel failure, or an Exchange failure (its message is kept).
+class OptimError : public std::runtime_error {
+ public:
+  explicit OptimError(const std::string& message) : std::runtime_error(message) {}
+};
+
+// The collectives between the node daemons of one job. Every node calls the same methods in the
+// same order (NodeOptimizer does so from one thread per node). Implementations report failure by
+// throwing (any std::exception; NodeOptimizer rethrows it as OptimError from finish_step) and
+// never wait without a deadline.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual int node() const = 0;   // this node, 0 .. nodes()-1
+  virtual int nodes() const = 0;  // >= 1
+  // In place: x[i] = sum over nodes of their x[i]. Every node gets identical bits.
+  virtual void allreduce_sum(float* x, int64_t n) = 0;
+  virtual void allreduce_sum(double* x, int64_t n) = 0;
+  // Each node contributes `bytes` bytes (the count may differ by node); returns every node's
+  // contribution, indexed by node (this node's own included).
+  virtual std::vector<std::vector<uint8_t>> allgather(const void* data, int64_t bytes) = 0;
+};
+
+// One node: sums are the identity and allgather returns the node's own bytes.
+class LocalExchange final : public Exchange {
+ public:
+  int node() const override { return 0; }
+  int nodes() const override { return 1; }
+  void allreduce_sum(float*, int64_t) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  std::vector<std::vector<uint8_t>> allgather(const void* data, int64_t bytes) override;
+};
+
+// Several nodes in one process (tests, benchmarks): endpoint(i) is node i's Exchange, to be
+// driven from its own thread. Sums are left folds in node order (node 0 first), so every node
+// gets identical bits. A collective waits for all nodes at most `timeout_s` seconds, then throws
+// OptimError naming the nodes that did not arrive.
+class InProcessExchange {
+ public:
+  explicit InProcessExchange(int nodes, double timeout_s = 60.0);
+  ~InProcessExchange();
+  InProcessExchange(const InProcessExchange&) = delete;
+  InProcessExchange& operator=(const InProcessExchange&) = delete;
+  Exchange* endpoint(int node);
+  int nodes() const;
+
+ private:
+  struct Shared;
+  class Endpoint;
+  std::shared_ptr<Shared> shared_;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+};
+
+struct StepResult {
+  int64_t step = 0;          // the 1-based step just taken
+  double lr = 0;             // learning rate used
+  double grad_norm = 0;      // global L2 norm of the applied (summed, compressed) gradient, before clipping
+  bool clipped = false;      // grad_clip > 0 and grad_norm > grad_clip
+  bool compressed = false;   // top-k this step (false: dense, e.g. during warm-up)
+  bool all_changed = true;   // every coordinate may have changed (dense update); false: lazy,
+                             // exactly NodeOptimizer::changed() changed
+  int64_t changed_count = 0;   // coordinates updated (layout.total() when all_changed)
+  int64_t selected = 0;        // entries this node sent (top-k), or layout.total() (dense)
+  int64_t bytes_sent = 0;      // payload this node contributed to the exchange this step: 4 per
+                               // float dense, 8 per (uint32 index, float value) sparse, plus a
+                               // 4-byte count per bucket; counted also with one node
+  int64_t bytes_dense = 0;     // what a dense exchange of the same gradient sends (4 x total)
+  double optimizer_s = 0;      // seconds of optimizer work this step (exchange waits included):
+                               // pipeline busy time + update time in finish_step
+  double exposed_s = 0;        // seconds finish_step took (what the caller waited)
+  double hidden_fraction() const {  // share of optimizer_s overlapped with the caller's work
+    return optimizer_s > 0 ? std::max(0.0, 1.0 - exposed_s / optimizer_s) : 0.0;
+  }
+};
+
+// A named state tensor of the optimizer, for checkpoints: write it out as is; to restore, fill
+// `data` (size floats) and call restore_step().
+struct StateTensor {
+  std::string name;  // "master", "adam_m", "adam_v", "residual" (top-k with error feedback only)
+  float* data = nullptr;
+  int64_t size = 0;  // floats (layout.total())
+};
+
+class NodeOptimizer {
+ public:
+  // spec: validated. layout: the model's flat layout (copied). total_steps: the lr schedule's
+  // horizon (>= 1). threads: >= 0 (0: all cores). exchange: not null, outlives this object.
+  // Allocates 3 (4 with a residual) x layout.total() floats. Throws OptimError.
+  NodeOptimizer(const spec::JobSpec& spec, const model::ParamLayout& layout, int64_t total_steps,
+                int threads, Exchange* exchange);
+  ~NodeOptimizer();
+  NodeOptimizer(const NodeOptimizer&) = delete;
+  NodeOptimizer& operator=(const NodeOptimizer&) = delete;
+
+  // Master weights = params [layout.total()]; moments and residual zero; step() = 0.
+  void init_master(const float* params);
+
+  // Starts step `step` (1-based); step == step() + 1, else OptimError.
+  void begin_step(int64_t step);
+  // The node's gradient of bucket `bucket` (summed over the node's workers and normalised, as
+  // the in-worker Trainer would use it): node_grad[0 .. end-begin) of layout.buckets()[bucket].
+  // Buckets must come in index order 0, 1, ..., each once. The optimizer uses node_grad as
+  // scratch: it may overwrite it, and the caller must keep it alive and not touch it until
+  // finish_step() returns. Returns at once (the work runs on the pipeline thread).
+  void bucket_ready(int bucket, float* node_grad);
+  // Waits for the step's work and applies the update; all buckets must have been handed over.
+  // Rethrows a pipeline or exchange failure as OptimError: the state is then undefined until
+  // restored from a checkpoint.
+  StepResult finish_step();
+
+  // fp32 master weights [layout.total()].
+  const float* master() const;
+  // Lazy steps: ascending flat indices of the coordinates the last step changed (empty after a
+  // dense step, where every coordinate did; see StepResult::all_changed).
+  const std::vector<int64_t>& changed() const;
+  // Last completed step (0 before the first).
+  int64_t step() const;
+  const model::ParamLayout& layout() const;
+
+  // Checkpoint state, in a fixed order; the data pointers stay valid for the object's life.
+  std::vector<StateTensor> state_tensors();
+  // After filling the state tensors from a checkpoint: the next step is completed_step + 1.
+  void restore_step(int64_t completed_step);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ring::optim
