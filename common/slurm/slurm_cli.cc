@@ -1,0 +1,316 @@
+#include "common/slurm/slurm_cli.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+extern char** environ;
+
+namespace ring::slurm {
+
+namespace {
+
+std::string find_in_path(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t b = 0;
+  while (b <= dirs.size()) {
+    size_t e = dirs.find(':', b);
+    if (e == std::string::npos) e = dirs.size();
+    std::string cand = dirs.substr(b, e - b);
+    if (cand.empty()) cand.push_back('.');  // an empty PATH entry is the current directory
+    cand += '/';
+    cand += name;
+    if (access(cand.c_str(), X_OK) == 0) return cand;
+    b = e + 1;
+  }
+  return "";
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+std::string describe(const std::vector<std::string>& argv, const CommandResult& r) {
+  std::string cmd;
+  for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+  std::string why = r.timed_out ? "timed out"
+                    : r.exit_code < 0
+                        ? "was killed"
+                        : fmt::format("exited {}", r.exit_code);
+  std::string msg = trim(r.err.empty() ? r.out : r.err);
+  if (msg.size() > 800) msg = msg.substr(0, 800) + "...";
+  return fmt::format("`{}` {}{}{}", cmd, why, msg.empty() ? "" : ": ", msg);
+}
+
+bool key_token(std::string_view t) {
+  auto eq = t.find('=');
+  if (eq == 0 || eq == std::string_view::npos) return false;
+  if (!std::isalpha(static_cast<unsigned char>(t[0]))) return false;
+  for (size_t i = 0; i < eq; ++i) {
+    unsigned char c = t[i];
+    if (!std::isalnum(c) && c != '/' && c != ':' && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+std::string none_to_empty(const std::string& v) {
+  if (v == "None" || v == "(null)" || v == "Unknown" || v == "N/A") return "";
+  return v;
+}
+
+}  // namespace
+
+CommandResult run_command(const std::vector<std::string>& argv, int timeout_ms) {
+  if (argv.empty()) throw SlurmError("run_command: empty command");
+  std::string exe = find_in_path(argv[0]);
+  if (exe.empty())
+    throw SlurmError(fmt::format("{}: not found in PATH; is Slurm's client installed "
+                                 "(slurm-client) and PATH set?",
+                                 argv[0]));
+  int op[2], ep[2];
+  if (pipe2(op, O_CLOEXEC) != 0) throw SlurmError("pipe: " + std::string(std::strerror(errno)));
+  if (pipe2(ep, O_CLOEXEC) != 0) {
+    close(op[0]);
+    close(op[1]);
+    throw SlurmError("pipe: " + std::string(std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, op[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, ep[1], 2);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(op[1]);
+  close(ep[1]);
+  if (rc != 0) {
+    close(op[0]);
+    close(ep[0]);
+    throw SlurmError(fmt::format("cannot run {}: {}", exe, std::strerror(rc)));
+  }
+  CommandResult r;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  pollfd fds[2] = {{op[0], POLLIN, 0}, {ep[0], POLLIN, 0}};
+  std::string* bufs[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  char buf[16384];
+  while (open_fds > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now())
+                    .count();
+    if (left <= 0) {
+      r.timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    int n = poll(fds, 2, static_cast<int>(left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t got = read(fds[i].fd, buf, sizeof buf);
+      if (got <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else if (bufs[i]->size() < (size_t{16} << 20)) {
+        bufs[i]->append(buf, static_cast<size_t>(got));
+      }
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) close(f.fd);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exit_code = !r.timed_out && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::map<std::string, std::string> parse_scontrol_record(std::string_view line) {
+  std::map<std::string, std::string> m;
+  std::string last;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+    size_t e = i;
+    while (e < line.size() && !std::isspace(static_cast<unsigned char>(line[e]))) ++e;
+    if (e == i) break;
+    std::string_view tok = line.substr(i, e - i);
+    if (key_token(tok)) {
+      auto eq = tok.find('=');
+      last = std::string(tok.substr(0, eq));
+      m[last] = std::string(tok.substr(eq + 1));
+    } else if (!last.empty()) {
+      m[last] += " ";
+      m[last] += tok;
+    }
+    i = e;
+  }
+  return m;
+}
+
+JobView job_view_from_scontrol(const std::map<std::string, std::string>& rec) {
+  auto get = [&](const char* k) {
+    auto it = rec.find(k);
+    return it == rec.end() ? std::string() : it->second;
+  };
+  JobView v;
+  v.id = get("JobId");
+  v.found = !v.id.empty();
+  v.source = "scontrol";
+  v.state = get("JobState");
+  v.reason = none_to_empty(get("Reason"));
+  v.nodes = none_to_empty(get("NodeList"));
+  std::string rs = get("Restarts");
+  if (!rs.empty() && std::all_of(rs.begin(), rs.end(), ::isdigit) && rs.size() < 10)
+    v.restarts = std::stoll(rs);
+  v.exit_code = get("ExitCode");
+  v.partition = get("Partition");
+  v.run_time = get("RunTime");
+  v.time_limit = get("TimeLimit");
+  v.submit_time = none_to_empty(get("SubmitTime"));
+  v.start_time = none_to_empty(get("StartTime"));
+  return v;
+}
+
+bool valid_job_id(std::string_view id) {
+  if (id.empty() || id.size() > 32) return false;
+  size_t us = id.find('_');
+  auto digits = [](std::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), ::isdigit);
+  };
+  if (us == std::string_view::npos) return digits(id);
+  return digits(id.substr(0, us)) && digits(id.substr(us + 1));
+}
+
+std::string parse_sbatch_parsable(std::string_view out) {
+  std::string s = trim(std::string(out));
+  // sbatch may print warnings before the id; the id is the last line.
+  auto nl = s.rfind('\n');
+  if (nl != std::string::npos) s = s.substr(nl + 1);
+  auto semi = s.find(';');
+  if (semi != std::string::npos) s = s.substr(0, semi);
+  if (!valid_job_id(s))
+    throw SlurmError(fmt::format("sbatch --parsable printed '{}', not a job id",
+                                 std::string(out.substr(0, 200))));
+  return s;
+}
+
+std::string sbatch(const std::string& script_path, const std::vector<std::string>& extra_args) {
+  std::vector<std::string> argv{"sbatch", "--parsable"};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  argv.push_back(script_path);
+  auto r = run_command(argv, 60000);
+  if (r.exit_code != 0) throw SlurmError("sbatch refused the job: " + describe(argv, r));
+  return parse_sbatch_parsable(r.out);
+}
+
+std::map<std::string, JobView> query_jobs(const std::vector<std::string>& ids) {
+  std::map<std::string, JobView> out;
+  std::set<std::string> want;
+  for (const auto& id : ids) {
+    if (!valid_job_id(id)) throw SlurmError(fmt::format("'{}' is not a Slurm job id", id));
+    want.insert(id);
+    out[id].id = id;
+  }
+  if (want.empty()) return out;
+  // One call for every job slurmctld still holds (queued, running, finished < MinJobAge).
+  std::vector<std::string> argv{"scontrol", "show", "job", "-o"};
+  auto r = run_command(argv, 30000);
+  if (r.exit_code != 0 && r.out.empty())
+    throw SlurmError("cannot ask Slurm about jobs: " + describe(argv, r));
+  std::istringstream in(r.out);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto rec = parse_scontrol_record(line);
+    auto v = job_view_from_scontrol(rec);
+    std::string key = v.id;
+    // An array task shows ArrayJobId/ArrayTaskId; the plain id is what sbatch printed.
+    if (want.count(key) && !out[key].found) out[key] = v;
+  }
+  std::vector<std::string> missing;
+  for (const auto& id : want)
+    if (!out[id].found) missing.push_back(id);
+  if (missing.empty()) return out;
+  std::string list;
+  for (const auto& id : missing) list += (list.empty() ? "" : ",") + id;
+  std::vector<std::string> sa{"sacct", "-n", "-P", "-X", "-j", list,
+                              "-o", "JobIDRaw,State,Reason,NodeList,ExitCode,Partition,Elapsed,Timelimit,Submit,Start"};
+  CommandResult s;
+  try {
+    s = run_command(sa, 30000);
+  } catch (const SlurmError&) {
+    return out;  // no sacct: those jobs stay not found
+  }
+  if (s.exit_code != 0) return out;  // accounting disabled: not found
+  std::istringstream sin(s.out);
+  while (std::getline(sin, line)) {
+    std::vector<std::string> f;
+    std::string cell;
+    std::istringstream ls(line);
+    while (std::getline(ls, cell, '|')) f.push_back(cell);
+    if (f.size() < 10 || !want.count(f[0])) continue;
+    JobView v;
+    v.id = f[0];
+    v.found = true;
+    v.source = "sacct";
+    v.state = f[1].substr(0, f[1].find(' '));  // "CANCELLED by 0" -> CANCELLED
+    v.reason = none_to_empty(f[2]);
+    v.nodes = none_to_empty(f[3]);
+    v.exit_code = f[4];
+    v.partition = f[5];
+    v.run_time = f[6];
+    v.time_limit = f[7];
+    v.submit_time = none_to_empty(f[8]);
+    v.start_time = none_to_empty(f[9]);
+    out[v.id] = v;
+  }
+  return out;
+}
+
+void cancel(const std::string& id) {
+  if (!valid_job_id(id)) throw SlurmError(fmt::format("'{}' is not a Slurm job id", id));
+  std::vector<std::string> argv{"scancel", id};
+  auto r = run_command(argv, 30000);
+  if (r.exit_code != 0) throw SlurmError("scancel failed: " + describe(argv, r));
+}
+
+void requeue(const std::string& id) {
+  if (!valid_job_id(id)) throw SlurmError(fmt::format("'{}' is not a Slurm job id", id));
+  std::vector<std::string> argv{"scontrol", "requeue", id};
+  auto r = run_command(argv, 30000);
+  if (r.exit_code != 0) throw SlurmError("scontrol requeue failed: " + describe(argv, r));
+}
+
+bool spank_plugin_active() {
+  try {
+    auto r = run_command({"srun", "--help"}, 15000);
+    return r.exit_code == 0 && r.out.find("--ring-job") != std::string::npos;
+  } catch (const SlurmError&) {
+    return false;
+  }
+}
+
+}  // namespace ring::slurm
