@@ -125,11 +125,12 @@ T expect(proto::Message m, const char* what) {
 }
 }  // namespace
 
-proto::SubmitReply Client::submit(const std::string& spec, const std::string& name) {
+proto::SubmitReply Client::submit(const std::string& spec, const std::string& name,
+                                  const std::string& job_dir) {
   if (spec.size() > proto::kMaxSpecBytes)
     throw ClientError("spec of " + std::to_string(spec.size()) + " bytes exceeds the " +
                       std::to_string(proto::kMaxSpecBytes) + "-byte limit");
-  return expect<proto::SubmitReply>(call(proto::SubmitRequest{0, spec, name}), "submit");
+  return expect<proto::SubmitReply>(call(proto::SubmitRequest{0, spec, name, job_dir}), "submit");
 }
 
 std::vector<proto::JobInfo> Client::status() {

@@ -65,7 +65,10 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  protocol::SubmitReply submit(const std::string& spec_yaml, const std::string& name = "");
+  // job_dir: absolute path of the job's directory (empty: the coordinator's default,
+  // /tmp/ringmaster/<job name>).
+  protocol::SubmitReply submit(const std::string& spec_yaml, const std::string& name = "",
+                               const std::string& job_dir = "");
   std::vector<protocol::JobInfo> status();
   protocol::JobInfo status(int64_t job);
   std::vector<protocol::EventRecord> events(int64_t job, int64_t after = 0, int64_t limit = 100);

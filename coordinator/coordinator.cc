@@ -20,6 +20,8 @@
 
 #include "common/protocol/protocol.h"
 #include "common/spec/parse.h"
+#include "common/topology/cluster.h"
+#include "common/topology/global_order.h"
 #include "coordinator/store.h"
 
 namespace ring::coord {
@@ -103,6 +105,8 @@ struct Coordinator::Impl {
   std::vector<Listener> listeners;
   std::string server_public;
   std::string clients_file;
+  // The cluster topology of --topology (empty: built from the leaf switches daemons report).
+  std::optional<topology::ClusterTopology> cluster;
 
   // Live view of nodes (the DB keeps the durable part).
   struct NodeLive {
@@ -343,6 +347,61 @@ struct Coordinator::Impl {
 
   // ---- job logic -----------------------------------------------------------------------------
 
+  // The job's global ring order over its current member nodes (common/topology), recorded in the
+  // job (jobs.ring_order) and as a `ring_order` event when it changes. The topology is the
+  // cluster file given with --topology, else a switch tree built from the leaf switches the
+  // daemons registered with (nodes under one leaf adjacent); nodes it does not know go last in
+  // natural name order.
+  void update_ring_order(int64_t job_id) {
+    auto j = store->job(job_id);
+    if (!j) return;
+    std::vector<std::string> members;
+    for (const auto& jn : store->job_nodes(job_id))
+      if (jn.state != "lost") members.push_back(jn.node);
+    std::sort(members.begin(), members.end(), topology::natural_less);
+    if (members.empty()) return;
+    topology::GlobalOrder g;
+    try {
+      if (cluster) {
+        g = topology::global_ring_order(*cluster, members);
+      } else {
+        std::vector<topology::Switch> sw{{"(cluster)", -1, {}, {}, 0, 0}};
+        std::map<std::string, int> leaf;
+        for (const auto& n : members) {
+          auto row = store->node(n);
+          if (!row) continue;
+          json t = json::parse(row->topology, nullptr, false);
+          std::string l = t.is_object() ? t.value("leaf_switch", "") : "";
+          if (l.empty()) continue;
+          auto it = leaf.find(l);
+          if (it == leaf.end()) {
+            it = leaf.emplace(l, static_cast<int>(sw.size())).first;
+            sw.push_back({l, 0, {}, {}, 0, 0});
+          }
+          sw[it->second].nodes.push_back(n);
+        }
+        if (leaf.empty()) {
+          g.nodes = members;
+          g.method = "natural";
+        } else {
+          g = topology::global_ring_order(topology::ClusterTopology::tree(std::move(sw)), members);
+        }
+      }
+    } catch (const std::exception& e) {
+      logger()->warn("job {}: no ring order: {}", job_id, e.what());
+      return;
+    }
+    std::string order = json(g.nodes).dump();
+    if (order == j->ring_order) return;
+    store->set_ring_order(job_id, order);
+    store->add_event(job_id, j->attempt, "", "ring_order",
+                     {{"nodes", g.nodes},
+                      {"method", g.method},
+                      {"hops", g.hops},
+                      {"node_list_hops", g.node_list_hops},
+                      {"unknown", g.unknown}});
+  }
+
   int64_t resume_step_of(const JobRow& j) {
     for (const auto& a : store->attempts(j.id))
       if (a.number == j.attempt) return a.resume_step;
@@ -443,10 +502,12 @@ struct Coordinator::Impl {
       store->set_attempt(j->id, 1 + j->attempt, j->restarts);
       store->add_job_node(j->id, node, 1 + j->attempt);
       store->set_state(j->id, JobState::kStarting, "node " + node + " joined");
+      update_ring_order(j->id);
       j = store->job(jp.job);
     } else if (!member || me->state == "lost") {
       store->add_job_node(j->id, node, j->attempt);
       store->add_event(j->id, j->attempt, node, "node_joined", json::object());
+      update_ring_order(j->id);
     }
     int64_t resume = resume_step_of(*j);
     if ((j->state == JobState::kStarting || j->state == JobState::kRunning) && jp.attempt > 0 &&
@@ -708,6 +769,8 @@ struct Coordinator::Impl {
         for (const auto& n : o)
           if (n.is_string()) i.ring_order.push_back(n.get<std::string>());
     }
+    i.job_dir = j.job_dir;
+    i.checkpoint_dir = j.checkpoint_dir;
     i.created_at = j.created_at;
     i.updated_at = j.updated_at;
     return i;
@@ -741,6 +804,13 @@ struct Coordinator::Impl {
     j.max_restarts = s.restart.max_restarts;
     j.backoff_s = s.restart.backoff_s;
     j.backoff_max_s = std::max(s.restart.backoff_max_s, 0.0);
+    // daemon/INTERFACE.md: the job dir defaults to /tmp/ringmaster/<job.name>; checkpoints go to
+    // an absolute checkpoint.dir, else to <job-dir>/checkpoints.
+    j.job_dir = m.job_dir.empty() ? "/tmp/ringmaster/" + s.job.name : m.job_dir;
+    while (j.job_dir.size() > 1 && j.job_dir.back() == '/') j.job_dir.pop_back();
+    j.checkpoint_dir = !s.checkpoint.dir.empty() && s.checkpoint.dir[0] == '/'
+                           ? s.checkpoint.dir
+                           : j.job_dir + "/checkpoints";
     int64_t id = store->insert_job(j);
     queue(peer, proto::SubmitReply{m.id, id, j.name, j.spec_hash, "pending"});
   }
@@ -1075,6 +1145,8 @@ struct Coordinator::Impl {
 
 Coordinator::Coordinator(CoordinatorOptions opts)
     : impl_(std::make_unique<Impl>(std::move(opts), stop_)) {
+  if (!impl_->opts.topology_file.empty())
+    impl_->cluster = topology::load_cluster_topology(impl_->opts.topology_file);
   impl_->open_state();
   impl_->bind_all();
 }

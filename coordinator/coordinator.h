@@ -34,6 +34,9 @@ struct CoordinatorOptions {
   double metrics_flush_s = 0.2;
   double heartbeat_flush_s = 2.0;
   double tick_s = 0.05;  // timer resolution
+  // Slurm topology.conf or cluster YAML (common/topology) for the jobs' global ring order;
+  // empty: built from the leaf switches the daemons register with. Throws TopologyError.
+  std::string topology_file;
 };
 
 class Coordinator {

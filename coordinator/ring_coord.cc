@@ -3,6 +3,7 @@
 //
 //   ring-coord [--state-dir DIR] [--endpoint ipc://...|tcp://...]... [--socket-mode shared]
 //              [--heartbeat-timeout S] [--admin-uid UID]... [--sync full|normal]
+//              [--topology topology.conf|cluster.yaml]
 //   ring-coord --state-dir DIR --print-public-key     the CURVE key tcp clients need
 //
 // Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot start (the reason is printed), 2 usage.
@@ -68,6 +69,10 @@ int main(int argc, char** argv) {
   app.add_option("--sync", sync, "SQLite synchronous mode: full (survives power loss) or normal")
       ->check(CLI::IsMember({"full", "normal"}))
       ->capture_default_str();
+  app.add_option("--topology", o.topology_file,
+                 "Slurm topology.conf or cluster topology YAML for the jobs' global ring order "
+                 "(default: from the leaf switches the daemons report)")
+      ->check(CLI::ExistingFile);
   app.add_option("--log-level", level, "trace, debug, info, warn, error")->capture_default_str();
   app.add_flag("--print-public-key", print_key,
                "Print the CURVE public key for tcp clients (creating the key pair) and exit");

@@ -142,12 +142,18 @@ ALTER TABLE jobs ADD COLUMN restart_at REAL;
 ALTER TABLE jobs ADD COLUMN restart_step INTEGER;
 CREATE INDEX events_job ON events(job_id, id);
 )sql"},
+    {3, "the job's directory (logs, steps.jsonl) and checkpoint directory, for ringctl",
+     R"sql(
+ALTER TABLE jobs ADD COLUMN job_dir TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN checkpoint_dir TEXT NOT NULL DEFAULT '';
+)sql"},
 };
 
 constexpr const char* kJobCols =
     "id, name, owner_uid, owner_user, spec, spec_hash, state, state_reason, created_at, "
     "updated_at, slurm_job_id, ring_order, nodes, total_steps, attempt, restarts, max_restarts, "
-    "backoff_s, backoff_max_s, last_step, last_loss, last_tokens_per_s, restart_at, restart_step";
+    "backoff_s, backoff_max_s, last_step, last_loss, last_tokens_per_s, restart_at, restart_step, "
+    "job_dir, checkpoint_dir";
 
 JobRow read_job(const Stmt& s) {
   JobRow j;
@@ -179,6 +185,8 @@ JobRow read_job(const Stmt& s) {
   j.last_tokens_per_s = s.opt_f64(c++);
   j.restart_at = s.opt_f64(c++);
   j.restart_step = s.opt_i64(c++);
+  j.job_dir = s.text(c++);
+  j.checkpoint_dir = s.text(c++);
   return j;
 }
 
@@ -242,10 +250,11 @@ int64_t Store::insert_job(const JobRow& j) {
   db_.prepare(
          "INSERT INTO jobs(name, owner_uid, owner_user, spec, spec_hash, state, state_reason, "
          "created_at, updated_at, slurm_job_id, ring_order, nodes, total_steps, max_restarts, "
-         "backoff_s, backoff_max_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+         "backoff_s, backoff_max_s, job_dir, checkpoint_dir) "
+         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
       .args(j.name, j.owner_uid, j.owner_user, j.spec, j.spec_hash, to_string(j.state),
             j.state_reason, t, t, j.slurm_job_id, j.ring_order, j.nodes, j.total_steps,
-            j.max_restarts, j.backoff_s, j.backoff_max_s)
+            j.max_restarts, j.backoff_s, j.backoff_max_s, j.job_dir, j.checkpoint_dir)
       .run();
   int64_t id = db_.last_insert_id();
   add_event(id, 0, "", "submitted",

@@ -47,6 +47,9 @@ struct JobRow {
   // Schema v2: when a restarting job starts its next attempt, and from which step.
   std::optional<double> restart_at;
   std::optional<int64_t> restart_step;
+  // Schema v3: where the job's files are (daemon/INTERFACE.md), both absolute.
+  std::string job_dir;
+  std::string checkpoint_dir;
 };
 
 struct AttemptRow {

@@ -16,6 +16,7 @@ constexpr int64_t kMaxId = (int64_t{1} << 53);  // exact in a double, for JSON c
 constexpr size_t kMaxName = 253;
 constexpr size_t kMaxText = 4096;
 constexpr size_t kMaxList = 4096;
+constexpr size_t kMaxPath = 4096;
 
 const char* json_kind(const json& v) {
   switch (v.type()) {
@@ -341,6 +342,8 @@ JobInfo read_job_info(const json& j, const std::string& path) {
   m.slurm_job_id = r.opt_str("slurm_job_id", 64);
   m.nodes = read_strings(r, "nodes", kMaxList, kMaxName);
   m.ring_order = read_strings(r, "ring_order", kMaxList, kMaxName);
+  m.job_dir = r.opt_str("job_dir", kMaxPath);
+  m.checkpoint_dir = r.opt_str("checkpoint_dir", kMaxPath);
   m.created_at = r.num("created_at", 0, 1e12);
   m.updated_at = r.num("updated_at", 0, 1e12);
   r.finish();
@@ -363,6 +366,8 @@ json write_job_info(const JobInfo& m) {
             {"slurm_job_id", m.slurm_job_id},
             {"nodes", m.nodes},
             {"ring_order", m.ring_order},
+            {"job_dir", m.job_dir},
+            {"checkpoint_dir", m.checkpoint_dir},
             {"created_at", m.created_at},
             {"updated_at", m.updated_at}};
   if (m.loss) j["loss"] = *m.loss;
@@ -437,6 +442,9 @@ Message read_body(const std::string& type, Reader& r) {
     m.id = id;
     m.spec = r.str("spec", 1, kMaxSpecBytes);
     m.name = r.opt_str("name", kMaxName);
+    m.job_dir = r.opt_str("job_dir", kMaxPath);
+    if (!m.job_dir.empty() && m.job_dir[0] != '/')
+      Reader::fail(r.field("job_dir"), "must be an absolute path, got '" + m.job_dir + "'");
     return m;
   }
   if (type == "status") return StatusRequest{id, r.opt_i64("job", 1, kMaxId)};
@@ -698,6 +706,7 @@ json to_json(const Message& msg) {
           [](const SubmitRequest& m) {
             json j{{"id", m.id}, {"spec", m.spec}};
             if (!m.name.empty()) j["name"] = m.name;
+            if (!m.job_dir.empty()) j["job_dir"] = m.job_dir;
             return j;
           },
           [](const StatusRequest& m) {

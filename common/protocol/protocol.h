@@ -194,6 +194,9 @@ struct SubmitRequest {
   int64_t id = 0;
   std::string spec;  // YAML text, validated by the coordinator
   std::string name;  // overrides job.name when set
+  // Absolute path of the job's directory (logs/, steps.jsonl, checkpoints; daemon/INTERFACE.md);
+  // empty: /tmp/ringmaster/<job name>.
+  std::string job_dir;
 };
 struct StatusRequest {
   int64_t id = 0;
@@ -243,6 +246,8 @@ struct JobInfo {
   std::string slurm_job_id;
   std::vector<std::string> nodes;
   std::vector<std::string> ring_order;
+  std::string job_dir;         // absolute: logs/worker-<rank>.log, steps.jsonl
+  std::string checkpoint_dir;  // absolute: the spec's checkpoint.dir, or <job_dir>/checkpoints
   double created_at = 0;  // Unix seconds
   double updated_at = 0;
 };

@@ -417,3 +417,36 @@ TEST(CoordServer, RefusesSecondCoordinatorAndBadDirs) {
     EXPECT_NE(std::string(e.what()).find("owned by uid 65534"), std::string::npos) << e.what();
   }
 }
+
+// The job's directories are recorded at submit; the global ring order is recorded when daemons
+// join: nodes under one leaf switch adjacent (from the leaf switches they registered with).
+TEST(CoordServer, RecordsJobDirsAndRingOrder) {
+  InProcessCoordinator coord;
+  auto client = coord.client();
+  auto sub = client.submit(test_spec(4, 0, 1, 1), "", "/scratch/jobs/ring/");
+  auto st = client.status(sub.job);
+  EXPECT_EQ(st.job_dir, "/scratch/jobs/ring");
+  EXPECT_EQ(st.checkpoint_dir, "/tmp/ringmaster/tiny/checkpoints");  // tiny.yaml: absolute dir
+  EXPECT_TRUE(st.ring_order.empty());
+  auto dflt = client.submit(test_spec(1, 0, 1, 1));
+  EXPECT_EQ(client.status(dflt.job).job_dir, "/tmp/ringmaster/tiny");
+
+  // Join order n3, n1, n4, n2; leaves: n1 and n3 on leafA, n2 and n4 on leafB.
+  std::vector<std::unique_ptr<SimDaemon>> ds;
+  for (auto [name, leaf] : std::vector<std::pair<std::string, std::string>>{
+           {"n3", "leafA"}, {"n1", "leafA"}, {"n4", "leafB"}, {"n2", "leafB"}}) {
+    ds.push_back(std::make_unique<SimDaemon>(coord.endpoint(), name));
+    ds.back()->link().registration().topology.leaf_switch = leaf;
+    ds.back()->register_jobs({{sub.job, 0, 0}});
+  }
+  st = client.status(sub.job);
+  EXPECT_EQ(st.ring_order, (std::vector<std::string>{"n1", "n3", "n2", "n4"}));
+  auto ev = client.events(sub.job);
+  ASSERT_TRUE(has_kind(ev, "ring_order"));
+  const auto& last =
+      *std::find_if(ev.rbegin(), ev.rend(), [](const auto& e) { return e.kind == "ring_order"; });
+  // Same leaf: 2 hops; leaf to leaf through the root: 4. n1-n3-n2-n4-(n1): 2+4+2+4 = 12, against
+  // 4 x 4 = 16 for the node list n1 n2 n3 n4.
+  EXPECT_EQ(last.data["hops"], 12);
+  EXPECT_EQ(last.data["node_list_hops"], 16);
+}

@@ -174,12 +174,13 @@ TEST(Store, MigratesV1ToLatestKeepingData) {
         latest.db().prepare("SELECT version, description FROM schema_version ORDER BY version");
     std::vector<int64_t> versions;
     while (s.step()) versions.push_back(s.i64(0));
-    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2}));
+    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3}));
+    EXPECT_EQ(latest.job(id)->job_dir, "");  // v3 column, default for old rows
   }
   // Reopening does not re-apply anything.
   {
     coord::Store again(path, {});
-    EXPECT_EQ(again.schema_version(), 2);
+    EXPECT_EQ(again.schema_version(), coord::Store::latest_schema_version());
   }
   std::filesystem::remove_all(dir);
 }
