@@ -65,9 +65,8 @@ std::string render_sbatch_script(const spec::JobSpec& spec, const ScriptInputs& 
                                   in.job_dir));
   if (in.job_dir.find('"') != std::string::npos)
     throw ScriptError("job dir: contains a double quote, which an #SBATCH line cannot carry");
-  if (!in.coord_endpoint.empty() && in.coord_job <= 0)
-    throw ScriptError(
-        fmt::format("coordinator job id must be positive with an endpoint, got {}", in.coord_job));
+  if (in.coord_job < 0)
+    throw ScriptError(fmt::format("coordinator job id must be positive, got {}", in.coord_job));
   if (has_control(in.coord_endpoint))
     throw ScriptError("coordinator endpoint: contains a line break or control character");
   const auto& r = spec.resources;
@@ -119,15 +118,24 @@ std::string render_sbatch_script(const spec::JobSpec& spec, const ScriptInputs& 
   line("spec=" + shell_quote(in.spec_path));
   line("ringd=" + shell_quote(in.ringd));
   line(std::string("requeue=") + (s.requeue ? "1" : "0"));
+  if (!in.coord_endpoint.empty()) {
+    line("coord=" + shell_quote(in.coord_endpoint));
+    if (in.coord_job > 0)
+      line(fmt::format("coord_job={}", in.coord_job));
+    else  // ringctl submit --dry-run: the id exists only once ring-coord accepted the job
+      line("coord_job=${RING_COORD_JOB:?set RING_COORD_JOB to the ring-coord job id (ringctl "
+           "submit does)}");
+  }
   line("mkdir -p \"$RING_JOB_DIR/logs\"");
   line("start=$((${SLURM_RESTART_COUNT:-0} + 1))");
   line("echo \"ringmaster: Slurm job $SLURM_JOB_ID, start $start, nodes $SLURM_JOB_NODELIST, "
        "$(date -u +%Y-%m-%dT%H:%M:%SZ)\"");
   if (!in.ringctl.empty() && !in.coord_endpoint.empty()) {
     line("# Record this start (the first, or a requeue after node failure or preemption).");
-    line(fmt::format("{} slurm-started {} --coord {} --slurm-job \"$SLURM_JOB_ID\" --restarts "
-                     "\"${{SLURM_RESTART_COUNT:-0}}\" --nodes \"$SLURM_JOB_NODELIST\" ||",
-                     shell_quote(in.ringctl), in.coord_job, shell_quote(in.coord_endpoint)));
+    line(fmt::format("{} slurm-started \"$coord_job\" --coord \"$coord\" --slurm-job "
+                     "\"$SLURM_JOB_ID\" --restarts \"${{SLURM_RESTART_COUNT:-0}}\" --nodes "
+                     "\"$SLURM_JOB_NODELIST\" ||",
+                     shell_quote(in.ringctl)));
     line("  echo \"ringmaster: could not record this start with ring-coord; ringd reports to it "
          "anyway\" >&2");
   }
@@ -144,11 +152,10 @@ std::string render_sbatch_script(const spec::JobSpec& spec, const ScriptInputs& 
                                  "--kill-on-bad-exit=1",
                                  r.nodes, cpus);
   if (in.spank && !in.coord_endpoint.empty())
-    srun += fmt::format(" --ring-job={} --ring-coord={}", in.coord_job,
-                        shell_quote(in.coord_endpoint));
+    srun += " --ring-job=\"$coord_job\" --ring-coord=\"$coord\"";
   srun += " \"$ringd\" --spec \"$spec\" --job-dir \"$RING_JOB_DIR\"";
   if (!in.coord_endpoint.empty())
-    srun += fmt::format(" --coord {} --job {}", shell_quote(in.coord_endpoint), in.coord_job);
+    srun += " --coord \"$coord\" --job \"$coord_job\"";
   srun += " --resume &";
   line(srun);
   line("srun_pid=$!");

@@ -35,7 +35,9 @@ struct ScriptInputs {
   std::string job_dir;    // absolute; ringd's --job-dir, also where slurm-<id>.out goes
   std::string ringd;      // absolute path of the ringd binary on the compute nodes
   std::string coord_endpoint;  // ring-coord endpoint; empty: ringd runs without a coordinator
-  int64_t coord_job = 0;       // ring-coord job id (> 0 when coord_endpoint is set)
+  // ring-coord job id; 0 with an endpoint (submit --dry-run): the script takes it from
+  // $RING_COORD_JOB when it runs.
+  int64_t coord_job = 0;
   // ringctl on the compute nodes: the script reports each Slurm start (first run and every
   // requeue) to ring-coord with `ringctl slurm-started`; empty: not reported.
   std::string ringctl;

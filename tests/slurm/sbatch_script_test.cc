@@ -95,10 +95,11 @@ TEST(SbatchScript, EveryDirective) {
   // One ringd per node, tied to the coordinator, always resuming.
   EXPECT_NE(script.find("srun --nodes=3 --ntasks-per-node=1 --cpus-per-task=8 --kill-on-bad-exit=1 "
                         "\"$ringd\" --spec \"$spec\" --job-dir \"$RING_JOB_DIR\" --coord "
-                        "ipc:///run/ring/coord.sock --job 7 --resume &"),
+                        "\"$coord\" --job \"$coord_job\" --resume &"),
             std::string::npos)
       << script;
-  EXPECT_NE(script.find("/opt/ring/bin/ringctl slurm-started 7 --coord ipc:///run/ring/coord.sock"),
+  EXPECT_NE(script.find("\ncoord=ipc:///run/ring/coord.sock\ncoord_job=7\n"), std::string::npos);
+  EXPECT_NE(script.find("/opt/ring/bin/ringctl slurm-started \"$coord_job\" --coord \"$coord\""),
             std::string::npos);
   EXPECT_EQ(script.find("--ring-job"), std::string::npos) << "no SPANK options unless asked";
   // Directives come before the first command (sbatch stops reading them there).
@@ -130,9 +131,13 @@ TEST(SbatchScript, SpankOptionsWhenThePluginIsThere) {
   auto in = inputs();
   in.spank = true;
   auto script = ring::slurm::render_sbatch_script(tiny_spec(), in);
-  EXPECT_NE(script.find("--ring-job=7 --ring-coord=ipc:///run/ring/coord.sock \"$ringd\""),
+  EXPECT_NE(script.find("--ring-job=\"$coord_job\" --ring-coord=\"$coord\" \"$ringd\""),
             std::string::npos)
       << script;
+  // submit --dry-run: no id yet; the script wants it from the environment.
+  in.coord_job = 0;
+  script = ring::slurm::render_sbatch_script(tiny_spec(), in);
+  EXPECT_NE(script.find("\ncoord_job=${RING_COORD_JOB:?"), std::string::npos) << script;
 }
 
 TEST(SbatchScript, ShellQuoting) {
@@ -195,8 +200,8 @@ TEST(SbatchScript, BadInputsNameTheProblem) {
   in.ringd = "";
   expect_error(in, s, "ringd: empty path");
   in = inputs();
-  in.coord_job = 0;
-  expect_error(in, s, "coordinator job id must be positive");
+  in.coord_job = -3;
+  expect_error(in, s, "coordinator job id must be positive, got -3");
   auto bad = s;
   bad.slurm.extra_sbatch = {"--comment=a\nrm -rf /"};
   expect_error(inputs(), bad, "slurm.extra_sbatch: item");
