@@ -1,0 +1,594 @@
+// NodeOptimizer: see node_optimizer.h for the contract and the math.
+#include "daemon/optim/node_optimizer.h"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "kernels/backend.h"
+#include "worker/train/trainer.h"
+
+namespace ring::optim {
+namespace {
+
+using kernels::Backend;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void check(kernels::Status s, const char* op, int bucket = -1) {
+  if (s != kernels::Status::kOk) {
+    throw OptimError(std::string("NodeOptimizer: kernel ") + op +
+                     (bucket >= 0 ? " on bucket " + std::to_string(bucket) : std::string()) +
+                     " failed: " + kernels::status_string(s));
+  }
+}
+
+// A parameter tensor inside a bucket, offsets relative to the bucket's first float.
+struct TensorRef {
+  int64_t offset = 0;  // from bucket.begin
+  int64_t size = 0;
+  bool decay = true;
+};
+
+// AdamW on single coordinates, the same arithmetic as the vector kernel of kernels/cpu
+// (ops.cc AdamConsts, ops_isa.inc adamw_vec): constants folded in fp64, then per element
+// m = fma(b1, m, (1-b1) g); v = fma(b2, v, (1-b2) g g); d = fma(sqrt v, 1/sqrt(bc2), eps);
+// p = fma(-step_size, m / d, p decay). Every op is correctly rounded, so a coordinate gets the
+// bits the dense kernel would give it (ring_optim is built with -ffp-contract=off).
+struct SparseAdam {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inv_sqrt_bc2, decay;
+
+  SparseAdam(const Backend::AdamWParams& hp) {
+    double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step));
+    double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step));
+    beta1 = hp.beta1;
+    one_minus_beta1 = static_cast<float>(1.0 - hp.beta1);
+    beta2 = hp.beta2;
+    one_minus_beta2 = static_cast<float>(1.0 - hp.beta2);
+    eps = hp.eps;
+    step_size = static_cast<float>(hp.lr / bc1);
+    inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    decay = static_cast<float>(1.0 - static_cast<double>(hp.lr) * hp.weight_decay);
+  }
+  void apply(float g, float* p, float* m, float* v) const {
+    const float mg = one_minus_beta1 * g;
+    const float mm = std::fma(beta1, *m, mg);
+    const float gg = g * g;
+    const float vg = one_minus_beta2 * gg;
+    const float vv = std::fma(beta2, *v, vg);
+    const float d = std::fma(std::sqrt(vv), inv_sqrt_bc2, eps);
+    const float q = mm / d;
+    const float pd = *p * decay;
+    *p = std::fma(-step_size, q, pd);
+    *m = mm;
+    *v = vv;
+  }
+};
+
+}  // namespace
+
+struct NodeOptimizer::Impl {
+  Impl(const spec::JobSpec& sp, const model::ParamLayout& lay, int64_t steps, int th, Exchange* ex,
+       std::unique_ptr<Backend> be)
+      : spec(sp), layout(lay), total_steps(steps), threads(th), exchange(ex),
+        backend(std::move(be)) {}
+
+  spec::JobSpec spec;
+  model::ParamLayout layout;
+  int64_t total_steps;
+  int threads;
+  Exchange* exchange;
+  std::unique_ptr<Backend> backend;
+  int64_t total = 0;
+  int nbuckets = 0;
+  std::vector<std::vector<TensorRef>> tensors;  // per bucket
+  bool topk = false, error_feedback = false, lazy = false;
+
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  float* residual = nullptr;  // top-k with error feedback only
+  std::vector<uint32_t> topk_idx;   // scratch [max bucket k]
+  std::vector<float> topk_val;
+
+  int64_t completed = 0;
+  std::vector<int64_t> changed;
+
+  // ---- the step in flight ----
+  bool in_step = false;
+  int64_t step = 0;
+  bool compressed = false;
+  bool update_on_pipeline = false;  // grad_clip == 0: buckets updated as they are exchanged
+  double lr = 0;
+  int next_bucket = 0;
+  std::vector<float*> grad;      // per bucket: the caller's node_grad
+  std::vector<double> ss;        // per bucket: sum of squares of the exchanged gradient
+  std::vector<std::vector<uint32_t>> sparse_idx;  // per bucket: summed sparse gradient,
+  std::vector<std::vector<float>> sparse_val;     // ascending offsets from bucket.begin
+  int64_t bytes_sent = 0, selected = 0;
+  double busy_s = 0;
+
+  // ---- pipeline thread ----
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<int> queue;
+  int processed = 0;
+  bool stop = false;
+  std::exception_ptr error;
+  std::thread pipeline;
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (pipeline.joinable()) pipeline.join();
+    for (float* p : {master, m, v, residual}) {
+      if (p != nullptr) backend->free(p);
+    }
+  }
+
+  float* alloc_zeroed(const char* what) {
+    void* p = nullptr;
+    if (backend->alloc(static_cast<size_t>(std::max<int64_t>(total, 1)) * sizeof(float), &p) !=
+        kernels::Status::kOk) {
+      throw OptimError(std::string("NodeOptimizer: cannot allocate ") + what + " (" +
+                       std::to_string(total * 4) + " bytes)");
+    }
+    float* f = static_cast<float*>(p);
+    // Zeroed by the threads that will stream it (first touch places the pages).
+    check(backend->fill(total, 0.f, f), "fill");
+    return f;
+  }
+
+  Backend::AdamWParams hparams(bool decay) const {
+    const spec::OptimizerSection& o = spec.optimizer;
+    return Backend::AdamWParams{static_cast<float>(lr), static_cast<float>(o.beta1),
+                                static_cast<float>(o.beta2), static_cast<float>(o.eps),
+                                decay ? static_cast<float>(o.weight_decay) : 0.f, step};
+  }
+
+  int64_t bucket_k(int64_t size) const {
+    int64_t k = static_cast<int64_t>(std::ceil(spec.optimizer.density * static_cast<double>(size)));
+    return std::clamp<int64_t>(k, size > 0 ? 1 : 0, size);
+  }
+
+  void run_pipeline() {
+    for (;;) {
+      int b;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !queue.empty(); });
+        if (stop) return;
+        b = queue.front();
+        queue.pop_front();
+        if (error) {  // a failed bucket poisons the rest of the step
+          ++processed;
+          cv.notify_all();
+          continue;
+        }
+      }
+      std::exception_ptr err;
+      const auto t0 = Clock::now();
+      try {
+        exchange_bucket(b);
+        if (update_on_pipeline) update_bucket(b, 1.f, false);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      const double dt = seconds_since(t0);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        busy_s += dt;
+        if (err && !error) error = err;
+        ++processed;
+      }
+      cv.notify_all();
+    }
+  }
+
+  // Exchange, compression and sum of squares of bucket b (pipeline thread).
+  void exchange_bucket(int b) {
+    const model::GradBucket& bk = layout.buckets()[b];
+    const int64_t size = bk.end - bk.begin;
+    float* g = grad[b];
+    if (!compressed) {
+      if (exchange->nodes() > 1) exchange->allreduce_sum(g, size);
+      bytes_sent += 4 * size;
+      selected += size;
+      check(backend->sum_squares(size, g, &ss[b]), "sum_squares", b);
+      return;
+    }
+    // acc = residual + g (error feedback) or g.
+    float* acc = g;
+    if (error_feedback) {
+      acc = residual + bk.begin;
+      check(backend->add(size, acc, g, acc), "add", b);
+    }
+    const int64_t k = bucket_k(size);
+    check(backend->topk_abs(size, k, acc, topk_idx.data(), topk_val.data()), "topk_abs", b);
+    // Payload: [uint32 count][count x uint32 offset][count x float value]; zeros are not sent.
+    uint32_t count = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      if (topk_val[i] != 0.f) {
+        topk_idx[count] = topk_idx[i];
+        topk_val[count] = topk_val[i];
+        ++count;
+      }
+    }
+    if (error_feedback) {
+      for (uint32_t i = 0; i < count; ++i) acc[topk_idx[i]] = 0.f;
+    }
+    selected += count;
+    const int64_t payload_bytes = 4 + 8 * static_cast<int64_t>(count);
+    bytes_sent += payload_bytes;
+    std::vector<uint32_t>& out_idx = sparse_idx[b];
+    std::vector<float>& out_val = sparse_val[b];
+    out_idx.clear();
+    out_val.clear();
+    if (exchange->nodes() == 1) {
+      out_idx.assign(topk_idx.begin(), topk_idx.begin() + count);
+      out_val.assign(topk_val.begin(), topk_val.begin() + count);
+    } else {
+      std::vector<uint8_t> payload(payload_bytes);
+      std::memcpy(payload.data(), &count, 4);
+      std::memcpy(payload.data() + 4, topk_idx.data(), 4 * static_cast<size_t>(count));
+      std::memcpy(payload.data() + 4 + 4 * static_cast<size_t>(count), topk_val.data(),
+                  4 * static_cast<size_t>(count));
+      std::vector<std::vector<uint8_t>> all = exchange->allgather(payload.data(), payload_bytes);
+      merge(b, size, all);
+    }
+    double s = 0;
+    for (float x : out_val) s += static_cast<double>(x) * x;
+    ss[b] = s;
+  }
+
+  // Sums the nodes' sparse sets of bucket b in node order at each offset (k-way merge of
+  // ascending lists; left fold from the lowest node that sent the offset).
+  void merge(int b, int64_t size, const std::vector<std::vector<uint8_t>>& all) {
+    const int n = static_cast<int>(all.size());
+    if (n != exchange->nodes()) {
+      throw OptimError("NodeOptimizer: allgather on bucket " + std::to_string(b) + " returned " +
+                       std::to_string(n) + " contributions for " +
+                       std::to_string(exchange->nodes()) + " nodes");
+    }
+    std::vector<const uint32_t*> idx(n);
+    std::vector<const float*> val(n);
+    std::vector<uint32_t> cnt(n), pos(n, 0);
+    size_t total_count = 0;
+    for (int j = 0; j < n; ++j) {
+      const std::vector<uint8_t>& p = all[j];
+      uint32_t c = 0;
+      if (p.size() >= 4) std::memcpy(&c, p.data(), 4);
+      if (p.size() < 4 || p.size() != 4 + 8 * static_cast<size_t>(c)) {
+        throw OptimError("NodeOptimizer: node " + std::to_string(j) + " sent a malformed sparse "
+                         "gradient for bucket " + std::to_string(b) + " (" +
+                         std::to_string(p.size()) + " bytes)");
+      }
+      cnt[j] = c;
+      idx[j] = reinterpret_cast<const uint32_t*>(p.data() + 4);
+      val[j] = reinterpret_cast<const float*>(p.data() + 4 + 4 * static_cast<size_t>(c));
+      for (uint32_t q = 0; q < c; ++q) {
+        if (idx[j][q] >= size || (q > 0 && idx[j][q] <= idx[j][q - 1])) {
+          throw OptimError("NodeOptimizer: node " + std::to_string(j) + " sent offset " +
+                           std::to_string(idx[j][q]) + " out of order or outside bucket " +
+                           std::to_string(b) + " of " + std::to_string(size) + " floats");
+        }
+      }
+      total_count += c;
+    }
+    std::vector<uint32_t>& out_idx = sparse_idx[b];
+    std::vector<float>& out_val = sparse_val[b];
+    out_idx.reserve(total_count);
+    out_val.reserve(total_count);
+    for (;;) {
+      uint32_t next = UINT32_MAX;
+      bool any = false;
+      for (int j = 0; j < n; ++j) {
+        if (pos[j] < cnt[j] && (!any || idx[j][pos[j]] < next)) {
+          next = idx[j][pos[j]];
+          any = true;
+        }
+      }
+      if (!any) break;
+      bool first = true;
+      float sum = 0.f;
+      for (int j = 0; j < n; ++j) {
+        if (pos[j] < cnt[j] && idx[j][pos[j]] == next) {
+          sum = first ? val[j][pos[j]] : sum + val[j][pos[j]];
+          first = false;
+          ++pos[j];
+        }
+      }
+      out_idx.push_back(next);
+      out_val.push_back(sum);
+    }
+  }
+
+  // AdamW on bucket b with the gradient scaled by `scale` when `clip` (the Trainer's order:
+  // scale the gradient in fp32, then the update).
+  void update_bucket(int b, float scale, bool clip) {
+    const model::GradBucket& bk = layout.buckets()[b];
+    const int64_t size = bk.end - bk.begin;
+    float* g = grad[b];
+    if (compressed) {
+      std::vector<float>& vals = sparse_val[b];
+      if (clip) {
+        for (float& x : vals) x *= scale;
+      }
+      if (lazy) {
+        const std::vector<uint32_t>& idx = sparse_idx[b];
+        const std::vector<TensorRef>& ts = tensors[b];
+        size_t t = 0;
+        SparseAdam with_decay(hparams(true)), no_decay(hparams(false));
+        for (size_t q = 0; q < idx.size(); ++q) {
+          const int64_t off = idx[q];
+          while (t < ts.size() && off >= ts[t].offset + ts[t].size) ++t;
+          if (t == ts.size() || off < ts[t].offset) continue;  // alignment gap: not a parameter
+          const int64_t i = bk.begin + off;
+          (ts[t].decay ? with_decay : no_decay).apply(vals[q], master + i, m + i, v + i);
+        }
+        return;
+      }
+      // Dense update of the sparse gradient: scatter into the (consumed) node gradient.
+      check(backend->fill(size, 0.f, g), "fill", b);
+      const std::vector<uint32_t>& idx = sparse_idx[b];
+      for (size_t q = 0; q < idx.size(); ++q) g[idx[q]] = vals[q];
+    } else if (clip) {
+      check(backend->scale(size, scale, g), "scale", b);
+    }
+    for (const TensorRef& t : tensors[b]) {
+      const int64_t i = bk.begin + t.offset;
+      check(backend->adamw_step(t.size, hparams(t.decay), master + i, g + t.offset, m + i, v + i),
+            "adamw_step", b);
+    }
+  }
+};
+
+NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const model::ParamLayout& layout,
+                             int64_t total_steps, int threads, Exchange* exchange)
+{
+  if (total_steps < 1) {
+    throw OptimError("NodeOptimizer: total_steps must be >= 1, got " +
+                     std::to_string(total_steps));
+  }
+  if (threads < 0) {
+    throw OptimError("NodeOptimizer: threads must be >= 0 (0: all cores), got " +
+                     std::to_string(threads));
+  }
+  if (exchange == nullptr) throw OptimError("NodeOptimizer: exchange must not be null");
+  if (exchange->nodes() < 1 || exchange->node() < 0 || exchange->node() >= exchange->nodes()) {
+    throw OptimError("NodeOptimizer: exchange says node " + std::to_string(exchange->node()) +
+                     " of " + std::to_string(exchange->nodes()) + " nodes");
+  }
+  const spec::OptimizerSection& o = spec.optimizer;
+  const bool topk = o.compression == spec::Compression::kTopk;
+  if (topk && !(o.density > 0 && o.density <= 1)) {
+    throw OptimError("NodeOptimizer: optimizer.density must be in (0, 1], got " +
+                     std::to_string(o.density));
+  }
+  if (o.update == spec::UpdateMode::kLazy && !topk) {
+    throw OptimError("NodeOptimizer: optimizer.update: lazy needs optimizer.compression: topk");
+  }
+  std::string error;
+  auto backend = kernels::create_backend("cpu", threads, &error);
+  if (!backend) throw OptimError("NodeOptimizer: cannot create the CPU backend: " + error);
+  impl_ = std::make_unique<Impl>(spec, layout, total_steps, threads, exchange, std::move(backend));
+  Impl& s = *impl_;
+  s.total = layout.total();
+  s.nbuckets = static_cast<int>(layout.buckets().size());
+  s.topk = topk;
+  s.error_feedback = topk && o.error_feedback;
+  s.lazy = o.update == spec::UpdateMode::kLazy;
+  s.tensors.resize(s.nbuckets);
+  int64_t max_k = 0;
+  for (const model::GradBucket& b : layout.buckets()) {
+    if (b.end - b.begin > (int64_t{1} << 32) - 1) {
+      throw OptimError("NodeOptimizer: bucket " + b.name + " has " +
+                       std::to_string(b.end - b.begin) + " floats; at most 2^32-1 supported");
+    }
+    for (const model::ParamView& pv : layout.views()) {
+      if (pv.offset >= b.begin && pv.offset < b.end) {
+        s.tensors[b.index].push_back(TensorRef{pv.offset - b.begin, pv.size, pv.decay});
+      }
+    }
+    std::sort(s.tensors[b.index].begin(), s.tensors[b.index].end(),
+              [](const TensorRef& a, const TensorRef& c) { return a.offset < c.offset; });
+    if (topk) max_k = std::max(max_k, s.bucket_k(b.end - b.begin));
+  }
+  s.master = s.alloc_zeroed("master weights");
+  s.m = s.alloc_zeroed("adam_m");
+  s.v = s.alloc_zeroed("adam_v");
+  if (s.error_feedback) s.residual = s.alloc_zeroed("residual");
+  s.topk_idx.resize(std::max<int64_t>(max_k, 1));
+  s.topk_val.resize(std::max<int64_t>(max_k, 1));
+  s.grad.assign(s.nbuckets, nullptr);
+  s.ss.assign(s.nbuckets, 0.0);
+  s.sparse_idx.resize(s.nbuckets);
+  s.sparse_val.resize(s.nbuckets);
+  s.pipeline = std::thread([p = impl_.get()] { p->run_pipeline(); });
+}
+
+NodeOptimizer::~NodeOptimizer() = default;
+
+void NodeOptimizer::init_master(const float* params) {
+  Impl& s = *impl_;
+  if (s.in_step) throw OptimError("NodeOptimizer::init_master: called during step " +
+                                  std::to_string(s.step));
+  if (params == nullptr && s.total > 0) {
+    throw OptimError("NodeOptimizer::init_master: params must not be null");
+  }
+  std::memcpy(s.master, params, static_cast<size_t>(s.total) * sizeof(float));
+  check(s.backend->fill(s.total, 0.f, s.m), "fill");
+  check(s.backend->fill(s.total, 0.f, s.v), "fill");
+  if (s.residual) check(s.backend->fill(s.total, 0.f, s.residual), "fill");
+  s.completed = 0;
+  s.changed.clear();
+}
+
+void NodeOptimizer::begin_step(int64_t step) {
+  Impl& s = *impl_;
+  if (s.in_step) {
+    throw OptimError("NodeOptimizer::begin_step(" + std::to_string(step) + "): step " +
+                     std::to_string(s.step) + " is still in flight (call finish_step first)");
+  }
+  if (step != s.completed + 1) {
+    throw OptimError("NodeOptimizer::begin_step(" + std::to_string(step) + "): the next step is " +
+                     std::to_string(s.completed + 1));
+  }
+  const spec::OptimizerSection& o = s.spec.optimizer;
+  s.step = step;
+  s.compressed = s.topk && step > o.warmup_steps;
+  s.update_on_pipeline = !(s.spec.train.grad_clip > 0);
+  s.lr = train::learning_rate(o, step, s.total_steps);
+  s.next_bucket = 0;
+  s.bytes_sent = 0;
+  s.selected = 0;
+  std::fill(s.grad.begin(), s.grad.end(), nullptr);
+  std::fill(s.ss.begin(), s.ss.end(), 0.0);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.processed = 0;
+    s.busy_s = 0;
+    s.error = nullptr;
+  }
+  s.in_step = true;
+}
+
+void NodeOptimizer::bucket_ready(int bucket, float* node_grad) {
+  Impl& s = *impl_;
+  if (!s.in_step) {
+    throw OptimError("NodeOptimizer::bucket_ready(" + std::to_string(bucket) +
+                     "): no step in flight (call begin_step first)");
+  }
+  if (bucket != s.next_bucket) {
+    throw OptimError("NodeOptimizer::bucket_ready(" + std::to_string(bucket) +
+                     "): buckets must come in order; expected bucket " +
+                     (s.next_bucket < s.nbuckets ? std::to_string(s.next_bucket)
+                                                 : std::string("none (all ") +
+                                                       std::to_string(s.nbuckets) + " handed over)"));
+  }
+  const model::GradBucket& b = s.layout.buckets()[bucket];
+  if (node_grad == nullptr && b.end > b.begin) {
+    throw OptimError("NodeOptimizer::bucket_ready(" + std::to_string(bucket) +
+                     "): node_grad must not be null");
+  }
+  s.grad[bucket] = node_grad;
+  ++s.next_bucket;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.queue.push_back(bucket);
+  }
+  s.cv.notify_all();
+}
+
+StepResult NodeOptimizer::finish_step() {
+  Impl& s = *impl_;
+  const auto t0 = Clock::now();
+  if (!s.in_step) throw OptimError("NodeOptimizer::finish_step: no step in flight");
+  if (s.next_bucket != s.nbuckets) {
+    throw OptimError("NodeOptimizer::finish_step: step " + std::to_string(s.step) + " got " +
+                     std::to_string(s.next_bucket) + " of " + std::to_string(s.nbuckets) +
+                     " buckets (bucket_ready missing)");
+  }
+  std::exception_ptr err;
+  double busy;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.cv.wait(lock, [&] { return s.processed == s.nbuckets; });
+    err = s.error;
+    busy = s.busy_s;
+  }
+  s.in_step = false;
+  if (err) {
+    try {
+      std::rethrow_exception(err);
+    } catch (const OptimError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw OptimError(std::string("NodeOptimizer: step ") + std::to_string(s.step) +
+                       ": exchange failed: " + e.what());
+    }
+  }
+  double ss = 0;
+  for (double x : s.ss) ss += x;
+  const double norm = std::sqrt(ss);
+  const double clip = s.spec.train.grad_clip;
+  const bool clipped = clip > 0 && norm > clip;
+  const auto t_update = Clock::now();
+  if (!s.update_on_pipeline) {
+    const float scale = clipped ? static_cast<float>(clip / (norm + 1e-6)) : 1.f;
+    for (int b = 0; b < s.nbuckets; ++b) s.update_bucket(b, scale, clipped);
+  }
+  s.changed.clear();
+  if (s.compressed && s.lazy) {
+    for (int b = 0; b < s.nbuckets; ++b) {
+      const model::GradBucket& bk = s.layout.buckets()[b];
+      for (uint32_t off : s.sparse_idx[b]) s.changed.push_back(bk.begin + off);
+    }
+  }
+  const double update_s = seconds_since(t_update);
+  s.completed = s.step;
+
+  StepResult r;
+  r.step = s.step;
+  r.lr = s.lr;
+  r.grad_norm = norm;
+  r.clipped = clipped;
+  r.compressed = s.compressed;
+  r.all_changed = !(s.compressed && s.lazy);
+  r.changed_count = r.all_changed ? s.total : static_cast<int64_t>(s.changed.size());
+  r.selected = s.selected;
+  r.bytes_sent = s.bytes_sent;
+  r.bytes_dense = 4 * s.total;
+  r.optimizer_s = busy + update_s;
+  r.exposed_s = seconds_since(t0);
+  return r;
+}
+
+const float* NodeOptimizer::master() const {
+  return impl_->master;
+}
+const std::vector<int64_t>& NodeOptimizer::changed() const {
+  return impl_->changed;
+}
+int64_t NodeOptimizer::step() const {
+  return impl_->completed;
+}
+const model::ParamLayout& NodeOptimizer::layout() const {
+  return impl_->layout;
+}
+
+std::vector<StateTensor> NodeOptimizer::state_tensors() {
+  Impl& s = *impl_;
+  std::vector<StateTensor> out{{"master", s.master, s.total},
+                               {"adam_m", s.m, s.total},
+                               {"adam_v", s.v, s.total}};
+  if (s.residual) out.push_back({"residual", s.residual, s.total});
+  return out;
+}
+
+void NodeOptimizer::restore_step(int64_t completed_step) {
+  Impl& s = *impl_;
+  if (s.in_step) {
+    throw OptimError("NodeOptimizer::restore_step: step " + std::to_string(s.step) +
+                     " is in flight");
+  }
+  if (completed_step < 0) {
+    throw OptimError("NodeOptimizer::restore_step: completed_step must be >= 0, got " +
+                     std::to_string(completed_step));
+  }
+  s.completed = completed_step;
+  s.changed.clear();
+}
+
+}  // namespace ring::optim
