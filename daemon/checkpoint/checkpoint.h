@@ -41,6 +41,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -63,6 +64,12 @@ inline constexpr const char* kWriterVersion = "ringmaster 0.1.0";
 class CheckpointError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+// A sound checkpoint that does not fit this job (tensor missing, other shape or dtype, other
+// node count): loading stops instead of falling back, since older ones would not fit either.
+class CheckpointMismatch : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
 };
 
 enum class DType { kF32, kF16, kBF16, kI32, kI64, kU8, kU64 };
@@ -89,7 +96,8 @@ struct Options {
 
 struct SaveResult {
   bool ok = false;
-  bool committed = false;      // node 0: the step directory is final; others: seen final
+  bool committed = false;      // node 0 only: the step directory is final and `latest` names it
+                               // (other nodes return once their shard is durable)
   int64_t step = -1;
   std::string path;            // final directory (ok) or the partial one (failed)
   std::string error;           // why it failed: names the file and the errno text
@@ -125,11 +133,11 @@ class Checkpointer {
   void before_modify(const void* p, size_t bytes);
 
   bool busy() const { return active_.load(std::memory_order_acquire); }
-  // The result of the last checkpoint once it is done; nullopt while one is in flight or none
-  // was started since the last wait()/poll() that returned a result.
+  // Results of finished checkpoints, oldest first, each returned once; nullopt when none is
+  // waiting (a checkpoint in flight, or nothing new).
   std::optional<SaveResult> poll();
-  // Blocks until the checkpoint in flight is done and returns its result (ok=false, error "no
-  // checkpoint started" when there was none).
+  // Blocks until the checkpoint in flight (if any) is done; returns the newest result not yet
+  // returned (older unreturned ones are dropped), or ok=false with error "no checkpoint started".
   SaveResult wait();
 
   const Options& options() const { return opt_; }
@@ -141,13 +149,15 @@ class Checkpointer {
     size_t end;                 // [begin (map key), end) in tensor bytes
     std::unique_ptr<char[]> data;
   };
-  void run(int64_t step, nlohmann::json meta);
+  void run(int64_t step, nlohmann::json meta, double start_wait_s);
   void write_shard(int64_t step, const nlohmann::json& meta, SaveResult& r);
   void commit(int64_t step, SaveResult& r);
   void finish_progress();
+  void guard_tensor(int t, size_t a, size_t b);
 
   Options opt_;
   std::vector<std::unique_ptr<Tensor>> tensors_;
+  std::vector<int> by_addr_;          // tensor indices sorted by address (before_modify lookup)
   std::atomic<bool> active_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -160,8 +170,8 @@ class Checkpointer {
   double stall_s_ = 0;
   uint64_t staged_bytes_ = 0;
   std::thread thread_;
-  std::optional<SaveResult> result_;  // guarded by mu_
-  bool started_ = false;
+  std::deque<SaveResult> done_;       // guarded by mu_
+  bool running_ = false;              // guarded by mu_: the writer thread has not finished
 };
 
 // ---- reading ------------------------------------------------------------------------------
@@ -235,7 +245,7 @@ struct LoadResult {
 // Loads this node's shard of the newest complete checkpoint with step <= max_step into the
 // targets, verifying every checksum; falls back to older ones on damage. A checkpoint whose
 // tensors do not match the targets (missing name, other shape or dtype) is a hard error, not a
-// fallback (the model changed): throws CheckpointError naming the tensor and both shapes.
+// fallback (the model changed): throws CheckpointMismatch naming the tensor and both shapes.
 // Several nodes agree on a step by calling again with max_step = the smallest step loaded.
 LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
                        const std::vector<LoadTarget>& targets,

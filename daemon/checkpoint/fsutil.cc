@@ -1,0 +1,176 @@
+#include "daemon/checkpoint/fsutil.h"
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/checkpoint/checkpoint.h"
+
+namespace ring::ckpt::fs {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string join(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+std::string basename(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  auto pos = p.rfind('/');
+  return pos == std::string::npos ? p : p.substr(pos + 1);
+}
+
+void mkdirs(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw CheckpointError(dir + ": cannot create the directory: " + ec.message());
+  if (!is_dir(dir)) throw CheckpointError(dir + ": exists and is not a directory");
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(dir + ": cannot open the directory to fsync: " +
+                                    errno_text(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) throw CheckpointError(dir + ": fsync of the directory failed: " + errno_text(err));
+}
+
+void pwrite_all(int fd, const void* p, size_t n, uint64_t off, const std::string& path) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, c, n > (1u << 30) ? (1u << 30) : n, static_cast<off_t>(off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(path + ": write of " + std::to_string(n) + " bytes at offset " +
+                            std::to_string(off) + " failed: " + errno_text(errno));
+    }
+    if (w == 0) throw CheckpointError(path + ": write returned 0 at offset " + std::to_string(off));
+    c += w;
+    n -= static_cast<size_t>(w);
+    off += static_cast<uint64_t>(w);
+  }
+}
+
+void pread_all(int fd, void* p, size_t n, uint64_t off, const std::string& path) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, c, n > (1u << 30) ? (1u << 30) : n, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw CheckpointError(path + ": read at offset " + std::to_string(off) +
+                            " failed: " + errno_text(errno));
+    }
+    if (r == 0)
+      throw CheckpointError(path + ": truncated: ends before offset " + std::to_string(off + n));
+    c += r;
+    n -= static_cast<size_t>(r);
+    off += static_cast<uint64_t>(r);
+  }
+}
+
+void write_atomic(const std::string& dir, const std::string& name, const std::string& text,
+                  bool do_fsync) {
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp = join(dir, name + ".tmp-" + std::to_string(::getpid()) + "-" +
+                                  std::to_string(counter.fetch_add(1)));
+  std::string dst = join(dir, name);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(tmp + ": cannot create: " + errno_text(errno));
+  try {
+    pwrite_all(fd, text.data(), text.size(), 0, tmp);
+    if (do_fsync && ::fsync(fd) != 0)
+      throw CheckpointError(tmp + ": fsync failed: " + errno_text(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw CheckpointError(tmp + ": close failed: " + errno_text(err));
+  }
+  if (::rename(tmp.c_str(), dst.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw CheckpointError(dst + ": rename from " + tmp + " failed: " + errno_text(err));
+  }
+  if (do_fsync) fsync_dir(dir);
+}
+
+std::string read_file(const std::string& path, size_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) throw CheckpointError(path + ": missing");
+    throw CheckpointError(path + ": cannot open: " + errno_text(errno));
+  }
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw CheckpointError(path + ": not a regular file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw CheckpointError(path + ": " + std::to_string(st.st_size) + " bytes, over the limit of " +
+                          std::to_string(max_bytes));
+  }
+  std::string s(static_cast<size_t>(st.st_size), '\0');
+  try {
+    pread_all(fd, s.data(), s.size(), 0, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return s;
+}
+
+bool exists(const std::string& path) {
+  struct stat st{};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool is_dir(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+uint64_t file_size(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) throw CheckpointError(path + ": missing");
+    throw CheckpointError(path + ": cannot stat: " + errno_text(errno));
+  }
+  if (!S_ISREG(st.st_mode)) throw CheckpointError(path + ": not a regular file");
+  return static_cast<uint64_t>(st.st_size);
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) throw CheckpointError(dir + ": cannot list the directory: " + errno_text(errno));
+  std::vector<std::string> out;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  ::closedir(d);
+  return out;
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+}  // namespace ring::ckpt::fs

@@ -1,0 +1,544 @@
+// The reader side of ring_checkpoint: manifest parsing (strict: bad input is an error naming the
+// file and key, never a crash), inspection, listing and loading with fallback.
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <memory>
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "daemon/checkpoint/checkpoint.h"
+#include "daemon/checkpoint/fsutil.h"
+#include "daemon/checkpoint/internal.h"
+
+namespace ring::ckpt {
+
+using nlohmann::json;
+
+namespace detail {
+
+std::optional<StepName> parse_step_name(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return std::nullopt;
+  size_t i = 5, j = i;
+  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+  if (j == i || j - i > 18) return std::nullopt;
+  StepName sn;
+  sn.step = std::stoll(name.substr(i, j - i));
+  if (j == name.size()) return sn;
+  const std::string suffix = ".partial-";
+  if (name.compare(j, suffix.size(), suffix) != 0) return std::nullopt;
+  sn.partial = true;
+  sn.tag = name.substr(j + suffix.size());
+  if (sn.tag.empty() || sn.tag.find('.') != std::string::npos) return std::nullopt;
+  return sn;
+}
+
+json shard_manifest_json(const ShardManifest& m) {
+  json j;
+  j["format"] = "ringmaster-checkpoint-shard";
+  j["format_version"] = m.format_version;
+  j["writer_version"] = m.writer_version;
+  j["step"] = m.step;
+  j["spec_hash"] = m.spec_hash;
+  j["node_rank"] = m.node_rank;
+  j["nodes"] = m.nodes;
+  j["tag"] = m.tag;
+  j["data_file"] = m.data_file;
+  j["data_bytes"] = m.data_bytes;
+  j["time"] = m.time;
+  auto ts = json::array();
+  for (const auto& t : m.tensors)
+    ts.push_back({{"name", t.name},
+                  {"dtype", dtype_name(t.dtype)},
+                  {"shape", t.shape},
+                  {"offset", t.offset},
+                  {"bytes", t.bytes},
+                  {"xxh3", t.xxh3}});
+  j["tensors"] = ts;
+  j["meta"] = m.meta;
+  return j;
+}
+
+}  // namespace detail
+
+namespace {
+
+// Typed field access that names the file and the key.
+struct Fields {
+  const json& j;
+  const std::string& file;
+  std::string where;  // "" or "tensors[3]."
+
+  [[noreturn]] void fail(const std::string& key, const std::string& rule) const {
+    throw CheckpointError(file + ": " + where + key + ": " + rule);
+  }
+  const json& at(const std::string& key) const {
+    auto it = j.find(key);
+    if (it == j.end()) fail(key, "missing");
+    return *it;
+  }
+  int64_t i64(const std::string& key, int64_t lo, int64_t hi) const {
+    const json& v = at(key);
+    if (!v.is_number_integer()) fail(key, "must be an integer");
+    int64_t x;
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) fail(key, "out of range");
+      x = static_cast<int64_t>(u);
+    } else {
+      x = v.get<int64_t>();
+    }
+    if (x < lo || x > hi)
+      fail(key, std::to_string(x) + " is outside [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "]");
+    return x;
+  }
+  uint64_t u64(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+      fail(key, "must be a non-negative integer");
+    return v.get<uint64_t>();
+  }
+  std::string str(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_string()) fail(key, "must be a string");
+    return v.get<std::string>();
+  }
+  double num(const std::string& key) const {
+    const json& v = at(key);
+    if (!v.is_number()) fail(key, "must be a number");
+    return v.get<double>();
+  }
+};
+
+bool is_hex16(const std::string& s) {
+  if (s.size() != 16) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+json parse_json_text(const std::string& text, const std::string& file) {
+  if (text.empty()) throw CheckpointError(file + ": empty (truncated manifest)");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    throw CheckpointError(file + ": not valid JSON (truncated or damaged manifest, " +
+                          std::to_string(text.size()) + " bytes)");
+  if (!j.is_object()) throw CheckpointError(file + ": must be a JSON object");
+  return j;
+}
+
+void check_format(const Fields& f, const char* expected) {
+  std::string got = f.str("format");
+  if (got != expected) {
+    // Appended piecewise: GCC 12 warns falsely (-Wrestrict, PR105651) on "'" + s + ...
+    std::string rule = "'";
+    rule += got;
+    rule += "', expected '";
+    rule += expected;
+    rule += "'";
+    f.fail("format", rule);
+  }
+  int64_t v = f.i64("format_version", 1, INT32_MAX);
+  if (v > kFormatVersion)
+    f.fail("format_version", std::to_string(v) + " is newer than this reader (" +
+                                 std::to_string(kFormatVersion) + "); use a newer ringmaster");
+}
+
+struct TopManifest {
+  int64_t step = -1;
+  int nodes = 0;
+  std::string tag, spec_hash;
+  double time = 0;
+  struct Shard {
+    int node_rank;
+    std::string manifest, manifest_xxh3, data_file;
+    uint64_t data_bytes;
+  };
+  std::vector<Shard> shards;
+};
+
+bool safe_file_name(const std::string& n) {
+  return !n.empty() && n.size() < 256 && n.find('/') == std::string::npos && n != "." &&
+         n != ".." && n.find('\0') == std::string::npos;
+}
+
+TopManifest parse_top_manifest(const std::string& text, const std::string& file) {
+  json j = parse_json_text(text, file);
+  Fields f{j, file, ""};
+  check_format(f, "ringmaster-checkpoint");
+  TopManifest m;
+  m.step = f.i64("step", 0, INT64_MAX);
+  m.nodes = static_cast<int>(f.i64("nodes", 1, 1 << 20));
+  m.tag = f.str("tag");
+  m.spec_hash = f.str("spec_hash");
+  m.time = f.num("time");
+  const json& sh = f.at("shards");
+  if (!sh.is_array()) f.fail("shards", "must be an array");
+  if (sh.size() != static_cast<size_t>(m.nodes))
+    f.fail("shards", std::to_string(sh.size()) + " entries, expected one per node (" +
+                         std::to_string(m.nodes) + ")");
+  for (size_t i = 0; i < sh.size(); ++i) {
+    if (!sh[i].is_object()) f.fail("shards[" + std::to_string(i) + "]", "must be an object");
+    Fields g{sh[i], file, "shards[" + std::to_string(i) + "]."};
+    TopManifest::Shard s;
+    s.node_rank = static_cast<int>(g.i64("node_rank", i, i));
+    s.manifest = g.str("manifest");
+    s.manifest_xxh3 = g.str("manifest_xxh3");
+    s.data_file = g.str("data_file");
+    s.data_bytes = g.u64("data_bytes");
+    if (!safe_file_name(s.manifest)) g.fail("manifest", "not a plain file name");
+    if (!safe_file_name(s.data_file)) g.fail("data_file", "not a plain file name");
+    if (!is_hex16(s.manifest_xxh3)) g.fail("manifest_xxh3", "must be 16 lower-case hex digits");
+    m.shards.push_back(s);
+  }
+  return m;
+}
+
+}  // namespace
+
+ShardManifest parse_shard_manifest(const std::string& text, const std::string& file) {
+  json j = parse_json_text(text, file);
+  Fields f{j, file, ""};
+  check_format(f, "ringmaster-checkpoint-shard");
+  ShardManifest m;
+  m.format_version = static_cast<int>(f.i64("format_version", 1, INT32_MAX));
+  m.writer_version = f.str("writer_version");
+  m.step = f.i64("step", 0, INT64_MAX);
+  m.spec_hash = f.str("spec_hash");
+  m.nodes = static_cast<int>(f.i64("nodes", 1, 1 << 20));
+  m.node_rank = static_cast<int>(f.i64("node_rank", 0, m.nodes - 1));
+  m.tag = f.str("tag");
+  m.data_file = f.str("data_file");
+  if (!safe_file_name(m.data_file)) f.fail("data_file", "not a plain file name");
+  m.data_bytes = f.u64("data_bytes");
+  m.time = f.num("time");
+  const json& ts = f.at("tensors");
+  if (!ts.is_array()) f.fail("tensors", "must be an array");
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    std::string w = "tensors[" + std::to_string(i) + "]";
+    if (!ts[i].is_object()) f.fail(w, "must be an object");
+    Fields g{ts[i], file, w + "."};
+    TensorEntry t;
+    t.name = g.str("name");
+    if (t.name.empty()) g.fail("name", "empty");
+    for (const auto& o : m.tensors)
+      if (o.name == t.name) g.fail("name", "'" + t.name + "' appears twice");
+    auto dt = parse_dtype(g.str("dtype"));
+    if (!dt) g.fail("dtype", "'" + g.str("dtype") + "' is not one of f32 f16 bf16 i32 i64 u8 u64");
+    t.dtype = *dt;
+    const json& shp = g.at("shape");
+    if (!shp.is_array() || shp.size() > 16) g.fail("shape", "must be an array of at most 16 sizes");
+    unsigned __int128 n = 1;
+    for (const auto& d : shp) {
+      if (!d.is_number_integer() || (d.is_number_integer() && !d.is_number_unsigned() &&
+                                     d.get<int64_t>() < 0))
+        g.fail("shape", "sizes must be non-negative integers");
+      uint64_t u = d.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) g.fail("shape", "size out of range");
+      t.shape.push_back(static_cast<int64_t>(u));
+      n *= u;
+      if (n > (static_cast<unsigned __int128>(1) << 62)) g.fail("shape", "too many elements");
+    }
+    t.offset = g.u64("offset");
+    t.bytes = g.u64("bytes");
+    t.xxh3 = g.str("xxh3");
+    if (!is_hex16(t.xxh3)) g.fail("xxh3", "must be 16 lower-case hex digits");
+    if (n * dtype_size(t.dtype) != t.bytes)
+      g.fail("bytes", std::to_string(t.bytes) + " does not match shape and dtype (" +
+                          std::to_string(static_cast<uint64_t>(n * dtype_size(t.dtype))) + ")");
+    if (t.offset > m.data_bytes || t.bytes > m.data_bytes - t.offset)
+      g.fail("offset", "[" + std::to_string(t.offset) + ", +" + std::to_string(t.bytes) +
+                           ") lies outside data_bytes " + std::to_string(m.data_bytes));
+    ranges.emplace_back(t.offset, t.offset + t.bytes);
+    m.tensors.push_back(std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      f.fail("tensors", "two tensors overlap at offset " + std::to_string(ranges[i].first));
+  auto mi = j.find("meta");
+  m.meta = mi == j.end() ? json::object() : *mi;
+  return m;
+}
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::kComplete: return "complete";
+    case Status::kIncomplete: return "incomplete";
+    case Status::kCorrupt: return "corrupt";
+  }
+  return "?";
+}
+
+namespace {
+
+// Reads [offset, offset+bytes) of fd into dst (or a scratch buffer when dst is null) and
+// returns its xxh3 as hex.
+std::string hash_range(int fd, uint64_t offset, uint64_t bytes, char* dst,
+                       const std::string& path) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::unique_ptr<char[]> scratch;
+  constexpr size_t kChunk = 8u << 20;
+  if (!dst) scratch = std::make_unique<char[]>(std::min<uint64_t>(kChunk, bytes ? bytes : 1));
+  try {
+    for (uint64_t done = 0; done < bytes;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, bytes - done));
+      char* p = dst ? dst + done : scratch.get();
+      fs::pread_all(fd, p, n, offset + done, path);
+      XXH3_64bits_update(st, p, n);
+      done += n;
+    }
+  } catch (...) {
+    XXH3_freeState(st);
+    throw;
+  }
+  uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, h);
+  return buf;
+}
+
+struct Fd {
+  int fd = -1;
+  explicit Fd(const std::string& path) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) throw CheckpointError(path + ": missing");
+      throw CheckpointError(path + ": cannot open: " + fs::errno_text(errno));
+    }
+  }
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Checks one committed step directory: the top manifest, every shard manifest (against its
+// recorded hash) and data file size; with verify every tensor checksum. Throws on the first
+// problem. Returns the top manifest and the parsed shard manifests.
+std::pair<TopManifest, std::vector<ShardManifest>> check_step_dir(const std::string& dir,
+                                                                  int64_t name_step,
+                                                                  bool verify) {
+  std::string top_path = fs::join(dir, detail::kTopManifest);
+  TopManifest top = parse_top_manifest(fs::read_file(top_path, detail::kManifestLimit), top_path);
+  if (top.step != name_step)
+    throw CheckpointError(top_path + ": step " + std::to_string(top.step) +
+                          " does not match the directory name");
+  std::vector<ShardManifest> shards;
+  for (const auto& s : top.shards) {
+    std::string mpath = fs::join(dir, s.manifest);
+    std::string text = fs::read_file(mpath, detail::kManifestLimit);
+    std::string h = xxh3_hex(text.data(), text.size());
+    if (h != s.manifest_xxh3)
+      throw CheckpointError(mpath + ": checksum " + h + " differs from " + s.manifest_xxh3 +
+                            " recorded in checkpoint.json (changed or damaged)");
+    ShardManifest sm = parse_shard_manifest(text, mpath);
+    if (sm.step != top.step || sm.node_rank != s.node_rank || sm.nodes != top.nodes)
+      throw CheckpointError(mpath + ": step/node_rank/nodes (" + std::to_string(sm.step) + "/" +
+                            std::to_string(sm.node_rank) + "/" + std::to_string(sm.nodes) +
+                            ") disagree with checkpoint.json");
+    if (sm.data_file != s.data_file || sm.data_bytes != s.data_bytes)
+      throw CheckpointError(mpath + ": data_file/data_bytes disagree with checkpoint.json");
+    std::string dpath = fs::join(dir, sm.data_file);
+    uint64_t size = fs::file_size(dpath);
+    if (size != sm.data_bytes)
+      throw CheckpointError(dpath + ": " + std::to_string(size) + " bytes, the manifest says " +
+                            std::to_string(sm.data_bytes) + " (truncated or damaged)");
+    if (verify) {
+      Fd fd(dpath);
+      for (const auto& t : sm.tensors) {
+        std::string got = hash_range(fd.fd, t.offset, t.bytes, nullptr, dpath);
+        if (got != t.xxh3)
+          throw CheckpointError(dpath + ": tensor '" + t.name + "' checksum mismatch (manifest " +
+                                t.xxh3 + ", data " + got + ")");
+      }
+    }
+    shards.push_back(std::move(sm));
+  }
+  return {std::move(top), std::move(shards)};
+}
+
+std::string read_latest(const std::string& dir) {
+  try {
+    std::string s = fs::read_file(fs::join(dir, detail::kLatest), 4096);
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+  } catch (const CheckpointError&) {
+    return "";
+  }
+}
+
+}  // namespace
+
+CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify) {
+  CheckpointInfo info;
+  info.path = step_dir;
+  info.name = fs::basename(step_dir);
+  auto sn = detail::parse_step_name(info.name);
+  if (!sn) {
+    info.problems.push_back(step_dir + ": not a checkpoint directory name (step-NNNNNNNN)");
+    return info;
+  }
+  info.step = sn->step;
+  if (sn->partial) {
+    info.status = Status::kIncomplete;
+    info.problems.push_back(info.name + ": not committed (being written, or left by a crash)");
+    try {
+      for (const auto& n : fs::list_dir(step_dir)) {
+        if (n.size() > 5 && n.compare(n.size() - 5, 5, ".json") == 0 && n.rfind("node-", 0) == 0) {
+          ++info.nodes;
+          try {
+            auto sm = parse_shard_manifest(
+                fs::read_file(fs::join(step_dir, n), detail::kManifestLimit), n);
+            info.bytes += sm.data_bytes;
+            info.time = std::max(info.time, sm.time);
+          } catch (const CheckpointError&) {
+          }
+        }
+      }
+    } catch (const CheckpointError&) {
+    }
+    return info;
+  }
+  try {
+    auto [top, shards] = check_step_dir(step_dir, sn->step, verify);
+    info.status = Status::kComplete;
+    info.nodes = top.nodes;
+    info.time = top.time;
+    for (const auto& s : shards) info.bytes += s.data_bytes;
+  } catch (const CheckpointError& e) {
+    info.status = Status::kCorrupt;
+    info.problems.push_back(e.what());
+  }
+  return info;
+}
+
+std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, bool verify) {
+  if (!fs::is_dir(dir)) {
+    if (!fs::exists(dir)) throw CheckpointError(dir + ": no such directory");
+    throw CheckpointError(dir + ": not a directory");
+  }
+  std::string latest = read_latest(dir);
+  std::vector<CheckpointInfo> out;
+  for (const auto& name : fs::list_dir(dir)) {
+    if (!detail::parse_step_name(name)) continue;
+    std::string p = fs::join(dir, name);
+    if (!fs::is_dir(p)) continue;
+    CheckpointInfo info = inspect_checkpoint(p, verify);
+    info.latest = !latest.empty() && name == latest;
+    out.push_back(std::move(info));
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.step != b.step ? a.step < b.step : a.name < b.name;
+  });
+  return out;
+}
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+}  // namespace
+
+LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
+                       const std::vector<LoadTarget>& targets, int64_t max_step) {
+  LoadResult res;
+  if (nodes < 1 || node_rank < 0 || node_rank >= nodes)
+    throw CheckpointError("load: node_rank " + std::to_string(node_rank) + " of " +
+                          std::to_string(nodes) + " nodes is out of range");
+  if (!fs::exists(dir)) {
+    res.message = "no checkpoint in " + dir + " (the directory does not exist)";
+    return res;
+  }
+  std::vector<CheckpointInfo> all = list_checkpoints(dir, /*verify=*/false);
+  std::reverse(all.begin(), all.end());  // newest first
+  for (const auto& info : all) {
+    if (info.step > max_step) continue;
+    if (info.status == Status::kIncomplete) continue;  // never committed: not a fallback
+    if (info.status == Status::kCorrupt) {
+      res.skipped.push_back(info.name + ": " +
+                            (info.problems.empty() ? "corrupt" : info.problems.front()));
+      continue;
+    }
+    try {
+      auto [top, shards] = check_step_dir(info.path, info.step, false);
+      if (top.nodes != nodes)
+        throw CheckpointMismatch(info.path + ": written by " + std::to_string(top.nodes) +
+                              " nodes, this job has " + std::to_string(nodes) +
+                              " (resuming on another node count is not supported)");
+      const ShardManifest& sm = shards[node_rank];
+      // Structure first: a mismatch with the model is a hard error, not damage.
+      std::vector<const TensorEntry*> entries;
+      for (const auto& t : targets) {
+        auto it = std::find_if(sm.tensors.begin(), sm.tensors.end(),
+                               [&](const TensorEntry& e) { return e.name == t.name; });
+        if (it == sm.tensors.end())
+          throw CheckpointMismatch(info.path + "/" + detail::shard_manifest_name(node_rank) +
+                                   ": has no tensor '" + t.name + "' (the model or optimizer changed)");
+        if (it->dtype != t.dtype || it->shape != t.shape)
+          throw CheckpointMismatch(info.path + "/" + detail::shard_manifest_name(node_rank) +
+                                   ": tensor '" + t.name + "' is " + dtype_name(it->dtype) + " " +
+                                shape_str(it->shape) + ", this job expects " +
+                                dtype_name(t.dtype) + " " + shape_str(t.shape));
+        entries.push_back(&*it);
+      }
+      // Then data, checksum by checksum.
+      std::string dpath = fs::join(info.path, sm.data_file);
+      bool bad = false;
+      try {
+        Fd fd(dpath);
+        for (size_t i = 0; i < targets.size(); ++i) {
+          const TensorEntry& e = *entries[i];
+          std::string got =
+              hash_range(fd.fd, e.offset, e.bytes, static_cast<char*>(targets[i].data), dpath);
+          if (got != e.xxh3)
+            throw CheckpointError(dpath + ": tensor '" + e.name + "' checksum mismatch (manifest " +
+                                  e.xxh3 + ", data " + got + ")");
+        }
+      } catch (const CheckpointError& e) {
+        res.skipped.push_back(info.name + ": " + e.what());
+        bad = true;
+      }
+      if (bad) continue;
+      res.loaded = true;
+      res.step = info.step;
+      res.path = info.path;
+      res.spec_hash = sm.spec_hash;
+      res.meta = sm.meta;
+      break;
+    } catch (const CheckpointMismatch&) {
+      throw;
+    } catch (const CheckpointError& e) {
+      res.skipped.push_back(info.name + ": " + e.what());
+    }
+  }
+  if (res.loaded) {
+    res.message = "loaded " + step_dir_name(res.step) + " from " + dir;
+    if (!res.skipped.empty()) {
+      res.message += "; fell back past " + std::to_string(res.skipped.size()) + " damaged: ";
+      for (size_t i = 0; i < res.skipped.size(); ++i)
+        res.message += (i ? "; " : "") + res.skipped[i];
+    }
+  } else {
+    res.message = "no usable checkpoint in " + dir;
+    if (!res.skipped.empty()) {
+      res.message += " (" + std::to_string(res.skipped.size()) + " damaged: ";
+      for (size_t i = 0; i < res.skipped.size(); ++i)
+        res.message += (i ? "; " : "") + res.skipped[i];
+      res.message += ")";
+    }
+  }
+  return res;
+}
+
+}  // namespace ring::ckpt
