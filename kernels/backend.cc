@@ -5,6 +5,9 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
+#ifdef RING_HAVE_CUDA_BACKEND
+#include "kernels/cuda/loader.h"
+#endif
 
 namespace ring::kernels {
 
@@ -48,8 +51,18 @@ std::unique_ptr<Backend> create_cpu(int threads, std::string* error) {
   return std::make_unique<cpu::CpuBackend>(threads);
 }
 
-// In order of preference. A CUDA entry goes first once kernels/cuda/ exists.
+#ifdef RING_HAVE_CUDA_BACKEND
+// libring_kernels_cuda.so, loaded on first use; threads do not apply to the GPU.
+std::unique_ptr<Backend> create_cuda(int threads, std::string* error) {
+  return cuda::load_cuda_backend(error);
+}
+#endif
+
+// In order of preference.
 constexpr BackendEntry kBackends[] = {
+#ifdef RING_HAVE_CUDA_BACKEND
+    {"cuda", &create_cuda},
+#endif
     {"cpu", &create_cpu},
 };
 
@@ -82,7 +95,8 @@ std::unique_ptr<Backend> create_backend(const std::string& name, int threads, st
     return e.create(threads == 0 ? cpu::hardware_threads() : threads, err);
   }
   if (name == "cuda") {
-    *err = "backend 'cuda' is not built into this binary (no CUDA backend yet); available: " +
+    *err = "backend 'cuda' is not built into this binary (configured without CUDA: "
+           "RING_WITH_CUDA=OFF or no nvcc); available: " +
            names_joined();
   } else {
     *err = "unknown backend '" + name + "'; available: " + names_joined();

@@ -204,6 +204,30 @@ class Backend {
   virtual Status axpy(int64_t n, float alpha, const float* x, float* y) = 0;  // y += alpha x
   virtual Status add(int64_t n, const float* a, const float* b, float* out) = 0;  // out = a + b
   virtual Status sum_squares(int64_t n, const float* x, double* out) = 0;  // fp64 accumulated
+
+  // ---- offload path: host memory shared with ringd ------------------------------------------
+  // The defaults are synchronous copies (right for host backends). The CUDA backend pins the
+  // range (cudaHostRegister, e.g. on a POSIX shm mapping) and copies on two streams of its own,
+  // one per direction, so the copies overlap kernels on the compute stream.
+  // Pins [host, host + bytes) for fast asynchronous copies; unpin_host(host) undoes it before the
+  // memory is unmapped.
+  virtual Status pin_host(void* host, size_t bytes) { return Status::kOk; }
+  virtual Status unpin_host(void* host) { return Status::kOk; }
+  // Device-to-host: starts after every op queued so far on the compute stream (the gradients
+  // are final) and does not hold up later ops. offload_wait() before the host reads dst.
+  virtual Status offload_to_host(void* host_dst, const void* src, size_t bytes) {
+    return copy_to_host(host_dst, src, bytes);
+  }
+  // Host-to-device: ops queued after this call see the copied data (e.g. parameters from
+  // ringd's optimizer); the host must not change src until offload_wait() returns.
+  virtual Status offload_to_device(void* dst, const void* host_src, size_t bytes) {
+    return copy_to_device(dst, host_src, bytes);
+  }
+  // Waits until every offload copy issued so far is complete.
+  virtual Status offload_wait() { return Status::kOk; }
+
+  // What the last failed call of this backend said (library, call, error text), or empty.
+  virtual std::string last_error() const { return {}; }
 };
 
 // Backends compiled into this build, in order of preference ("cuda" first when built).
