@@ -160,6 +160,10 @@ proto::OkReply Client::checkpoint(int64_t job) {
   return expect<proto::OkReply>(call(proto::CheckpointRequest{0, job}), "checkpoint");
 }
 
+proto::OkReply Client::slurm_job(const proto::SlurmJobRequest& request) {
+  return expect<proto::OkReply>(call(request), "slurm_job");
+}
+
 std::vector<proto::NodeInfo> Client::nodes() {
   return expect<proto::NodesReply>(call(proto::NodesRequest{0}), "nodes").nodes;
 }

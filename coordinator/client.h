@@ -76,6 +76,8 @@ class Client {
   protocol::OkReply restart(int64_t job, std::optional<int64_t> from_step = std::nullopt);
   protocol::OkReply checkpoint(int64_t job);
   std::vector<protocol::NodeInfo> nodes();
+  // What Slurm did with the job (protocol::SlurmJobRequest: submitted, submit_failed, started).
+  protocol::OkReply slurm_job(const protocol::SlurmJobRequest& request);
 
   // Sends any request and returns the reply (RemoteError for an error reply).
   protocol::Message call(protocol::Message request);

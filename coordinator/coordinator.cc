@@ -909,6 +909,56 @@ struct Coordinator::Impl {
     queue(peer, r);
   }
 
+  // What Slurm did with the job (issue 8): recorded with the job; a start after a requeue (node
+  // failure, preemption, `ringctl restart`) ends the attempt Slurm killed and begins the next one
+  // from the latest complete checkpoint. The new allocation's daemons join it afresh (the old
+  // members are marked lost; the ones that come back re-join).
+  void on(const std::string& peer, uint32_t uid, const proto::SlurmJobRequest& m) {
+    JobRow j = owned_job(m.job, uid, "record Slurm state of");
+    json data = {{"slurm_job_id", m.slurm_job_id}};
+    if (m.event == "submit_failed") {
+      if (j.state != JobState::kPending)
+        throw Refused(proto::code::kInvalidState,
+                      "job " + std::to_string(j.id) + " is " + to_string(j.state) +
+                          "; only a pending job can fail to submit",
+                      "job");
+      store->add_event(j.id, 0, "", "slurm_submit_failed", {{"message", m.message}});
+      store->set_state(j.id, JobState::kFailed, "sbatch refused the job: " + m.message);
+      queue(peer, proto::OkReply{m.id, j.id, "failed", "recorded"});
+      return;
+    }
+    if (m.slurm_job_id != j.slurm_job_id) store->set_slurm_job_id(j.id, m.slurm_job_id);
+    if (m.event == "submitted") {
+      store->add_event(j.id, j.attempt, "", "slurm_submitted", data);
+      queue(peer, proto::OkReply{m.id, j.id, to_string(j.state),
+                                 "Slurm job " + m.slurm_job_id + " recorded"});
+      return;
+    }
+    data["restarts"] = m.restarts;
+    data["nodes"] = m.nodes;
+    store->add_event(j.id, j.attempt, "", "slurm_started", data);
+    std::string msg = "start recorded";
+    if (m.restarts > 0 && j.attempt > 0 && !is_terminal(j.state) &&
+        j.state != JobState::kCancelling) {
+      std::string why = "Slurm requeue " + std::to_string(m.restarts) + " of job " +
+                        m.slurm_job_id + " on " + m.nodes;
+      if (is_active(j.state)) store->end_attempt(j.id, j.attempt, why);
+      if (j.state != JobState::kRestarting) store->set_state(j.id, JobState::kRestarting, why);
+      for (const auto& jn : store->job_nodes(j.id))
+        if (jn.state != "lost") store->set_job_node_state(j.id, jn.node, "lost");
+      int64_t n = j.attempt + 1;
+      int64_t resume = store->latest_complete_checkpoint(j.id, j.nodes).value_or(0);
+      store->begin_attempt(j.id, n, why, resume);
+      store->set_attempt(j.id, n, j.restarts);
+      store->set_restart(j.id, std::nullopt, std::nullopt);
+      store->set_state(j.id, JobState::kStarting,
+                       "attempt " + std::to_string(n) + " from step " + std::to_string(resume) +
+                           " (" + why + ")");
+      msg = "attempt " + std::to_string(n) + " from step " + std::to_string(resume);
+    }
+    queue(peer, proto::OkReply{m.id, j.id, to_string(store->job(j.id)->state), msg});
+  }
+
   template <typename T>
   void on(const std::string&, uint32_t, const T&) {
     throw Refused(proto::code::kUnknownType,

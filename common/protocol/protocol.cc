@@ -1,5 +1,7 @@
 #include "common/protocol/protocol.h"
 
+#include <algorithm>
+
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -465,6 +467,32 @@ Message read_body(const std::string& type, Reader& r) {
     return m;
   }
   if (type == "checkpoint") return CheckpointRequest{id, r.i64("job", 1, kMaxId)};
+  if (type == "slurm_job") {
+    SlurmJobRequest m;
+    m.id = id;
+    m.job = r.i64("job", 1, kMaxId);
+    m.event = r.str("event", 1, 32);
+    if (m.event != "submitted" && m.event != "submit_failed" && m.event != "started")
+      Reader::fail(r.field("event"),
+                   "'" + m.event + "' is not one of submitted, submit_failed, started");
+    m.slurm_job_id = r.opt_str("slurm_job_id", 64);
+    {
+      const auto& v = m.slurm_job_id;
+      auto us = v.find('_');
+      auto digits = [](const std::string& d) {
+        return !d.empty() && std::all_of(d.begin(), d.end(), ::isdigit);
+      };
+      bool ok = us == std::string::npos ? digits(v)
+                                        : digits(v.substr(0, us)) && digits(v.substr(us + 1));
+      if (!ok && !(v.empty() && m.event == "submit_failed"))
+        Reader::fail(r.field("slurm_job_id"),
+                     "'" + v + "' is not a Slurm job id (digits, optionally _N)");
+    }
+    m.restarts = r.i64_or("restarts", 0, 1000000, 0);
+    m.nodes = r.opt_str("nodes", kMaxText);
+    m.message = r.opt_str("message", kMaxText);
+    return m;
+  }
   if (type == "nodes") return NodesRequest{id};
   if (type == "submit_reply") {
     SubmitReply m;
@@ -628,6 +656,7 @@ const char* type_name(const Message& m) {
                         [](const NodesReply&) { return "nodes_reply"; },
                         [](const OkReply&) { return "ok"; },
                         [](const ErrorReply&) { return "error"; },
+                        [](const SlurmJobRequest&) { return "slurm_job"; },
                     },
                     m);
 }
@@ -773,6 +802,13 @@ json to_json(const Message& msg) {
             if (!m.field.empty()) j["field"] = m.field;
             return j;
           },
+          [](const SlurmJobRequest& m) {
+            json j{{"id", m.id}, {"job", m.job}, {"event", m.event}, {"restarts", m.restarts}};
+            if (!m.slurm_job_id.empty()) j["slurm_job_id"] = m.slurm_job_id;
+            if (!m.nodes.empty()) j["nodes"] = m.nodes;
+            if (!m.message.empty()) j["message"] = m.message;
+            return j;
+          },
       },
       msg);
   j["v"] = kVersion;
@@ -811,7 +847,8 @@ Message from_json(const json& j) {
       "register",     "heartbeat",    "step",        "event",  "command_ack",
       "registered",   "command",      "submit",      "status", "events",
       "cancel",       "restart",      "checkpoint",  "nodes",  "submit_reply",
-      "status_reply", "events_reply", "nodes_reply", "ok",     "error"};
+      "status_reply", "events_reply", "nodes_reply", "ok",     "error",
+      "slurm_job"};
   if (!kTypes.count(type))
     throw ProtocolError(code::kUnknownType, "type",
                         "field 'type': unknown message type '" + type + "'");

@@ -13,7 +13,7 @@
 // Who sends what (docs/architecture.md, "Coordinator"):
 //   ringd -> coord   register, heartbeat, step, event, command_ack
 //   coord -> ringd   registered, command (stop | roll_back | checkpoint_now), error
-//   ringctl -> coord submit, status, events, cancel, restart, checkpoint, nodes
+//   ringctl -> coord submit, status, events, cancel, restart, checkpoint, nodes, slurm_job
 //   coord -> ringctl submit_reply, status_reply, events_reply, nodes_reply, ok, error
 #pragma once
 
@@ -224,6 +224,20 @@ struct CheckpointRequest {
 struct NodesRequest {
   int64_t id = 0;
 };
+// What Slurm did with a job submitted through sbatch (`ringctl submit`, and the batch script
+// through `ringctl slurm-started`): "submitted" (sbatch accepted it as slurm_job_id),
+// "submit_failed" (sbatch refused it: message; the pending job fails), "started" (the batch
+// script began on `nodes`, a Slurm hostlist; restarts = SLURM_RESTART_COUNT, > 0 after a requeue
+// for node failure, preemption or `ringctl restart`: a new attempt from the latest checkpoint).
+struct SlurmJobRequest {
+  int64_t id = 0;
+  int64_t job = 0;
+  std::string event;         // submitted | submit_failed | started
+  std::string slurm_job_id;  // digits, optionally _N (array task)
+  int64_t restarts = 0;
+  std::string nodes;
+  std::string message;
+};
 
 // ---- coordinator -> ringctl -----------------------------------------------------------------
 
@@ -307,7 +321,8 @@ struct ErrorReply {
 using Message = std::variant<Register, Heartbeat, StepReport, Event, CommandAck, Registered,
                              Command, SubmitRequest, StatusRequest, EventsRequest, CancelRequest,
                              RestartRequest, CheckpointRequest, NodesRequest, SubmitReply,
-                             StatusReply, EventsReply, NodesReply, OkReply, ErrorReply>;
+                             StatusReply, EventsReply, NodesReply, OkReply, ErrorReply,
+                             SlurmJobRequest>;
 
 // The `type` string of a message ("register", "status_reply", ...).
 const char* type_name(const Message& m);
