@@ -21,9 +21,11 @@
 
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
+#include "worker/data/cursor.h"
 #include "worker/data/errors.h"
 #include "worker/data/loader.h"
 #include "worker/data/split.h"
+#include "worker/offload/ringd_client.h"
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_rank.h"
 #include "worker/train/trainer.h"
@@ -50,6 +52,9 @@ const char* kUsage =
     "  --timeout-ms MS       bound on every transfer and collective (default 60000)\n"
     "  --log-json FILE       rank 0: append one JSON object per logged step\n"
     "  --max-corpus-mb M     cap on the text corpus read into memory (default 256)\n"
+    "  --ringd SOCKET        run under ringd: weights and optimizer live there; gradients go\n"
+    "                        to its shared memory bucket by bucket (spawned by ringd only)\n"
+    "  --local-rank L        this rank's slot on its node (with --ringd)\n"
     "  --help\n";
 
 struct Args {
@@ -66,6 +71,8 @@ struct Args {
   int timeout_ms = 60000;
   std::string log_json;
   int64_t max_corpus_mb = 256;
+  std::string ringd;
+  int local_rank = -1;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -120,6 +127,10 @@ Args parse_args(int argc, char** argv) {
       a.log_json = value();
     } else if (f == "--max-corpus-mb") {
       a.max_corpus_mb = parse_int(f, value(), 1, 1 << 20);
+    } else if (f == "--ringd") {
+      a.ringd = value();
+    } else if (f == "--local-rank") {
+      a.local_rank = static_cast<int>(parse_int(f, value(), 0, 65535));
     } else {
       usage_error("unknown argument '" + f + "' (multi-rank mode)");
     }
@@ -129,6 +140,8 @@ Args parse_args(int argc, char** argv) {
     usage_error("--launch-local chooses ranks and the rendezvous itself: drop --rank/--rendezvous");
   if (!a.launch_local && (a.rank < 0 || a.world < 1 || a.rendezvous.empty()))
     usage_error("a rank needs --rank R, --world P and --rendezvous DIR (or use --launch-local)");
+  if (!a.ringd.empty() && (a.launch_local || a.local_rank < 0))
+    usage_error("--ringd needs --local-rank L and a rank's flags (ringd spawns such ranks)");
   if (!a.launch_local && a.rank >= a.world)
     usage_error("--rank " + std::to_string(a.rank) + " is not below --world " +
                 std::to_string(a.world));
@@ -152,6 +165,8 @@ std::optional<spec::JobSpec> load(const Args& a) {
   return s;
 }
 
+int run_offloaded_rank(const Args& args, const spec::JobSpec& spec);
+
 // ---- one rank ---------------------------------------------------------------------------------
 
 int run_rank(const Args& args) {
@@ -164,6 +179,7 @@ int run_rank(const Args& args) {
     return kExitUsage;
   }
   if (args.stagger_us) spec.parallel.stagger_us = *args.stagger_us;
+  if (!args.ringd.empty()) return run_offloaded_rank(args, spec);
   const int rank = args.rank, world = args.world;
   const bool lead = rank == 0;
   const int64_t steps = args.steps.value_or(spec.train.steps);
@@ -281,6 +297,123 @@ int run_rank(const Args& args) {
     std::fflush(stdout);
   }
   // Everyone finishes together: a rank that exits early looks like a failed peer to the others.
+  rr.shutdown();
+  return 0;
+}
+
+// ---- one rank under ringd ---------------------------------------------------------------------
+//
+// The optimizer lives in ringd: per step the rank takes the weights ringd put in shared memory,
+// runs forward and backward and hands each gradient bucket to ringd's shm slot the moment the
+// backward finishes it (ringd sums the node's slots and updates that bucket while this backward
+// goes on). Only the loss and the valid-label count still cross the ring (all_gather), so rank 0
+// reports the global loss. No gradient all-reduce between workers.
+
+int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
+  const int rank = args.rank, world = args.world;  // ringd decides the number of steps
+  const int threads = args.threads.value_or(static_cast<int>(spec.resources.cpus_per_worker));
+  const std::string backend_name = args.backend.value_or(spec::to_string(spec.resources.backend));
+  std::string err;
+  auto backend = kernels::create_backend(backend_name, threads, &err);
+  if (!backend) {
+    std::cerr << "ring-worker: backend '" << backend_name << "': " << err << "\n";
+    return kExitUsage;
+  }
+  RankOptions ro;
+  ro.rank = rank;
+  ro.world = world;
+  ro.rendezvous = args.rendezvous;
+  ro.transport = args.transport;
+  ro.op_timeout_ms = args.timeout_ms;
+  RingRank rr(spec, ro);
+
+  data::CorpusOptions corpus;
+  corpus.max_total_bytes = args.max_corpus_mb << 20;
+  std::unique_ptr<data::SequenceSource> source =
+      data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
+
+  RingAttention::Options ao;
+  ao.stagger_us = spec.parallel.stagger_us;
+  ao.timeout_ms = args.timeout_ms;
+  RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
+  model::Model model(model::ModelConfig::from_spec(spec), backend.get(), &attention);
+  const int64_t n = model.layout().total();
+
+  offload::ClientOptions co;
+  co.rank = rank;
+  co.local = args.local_rank;
+  co.n = n;
+  offload::RingdClient client(args.ringd, co);
+  const offload::Welcome& w = client.welcome();
+  if (!w.cursor.is_null()) source->seek(w.cursor.get<data::Cursor>());
+  if (w.need_init) {
+    model.init_params(static_cast<uint64_t>(spec.train.seed));
+    client.send_init(model.params());
+  }
+  // The host copy of the weights (the CPU backend's memory is host memory; a device backend
+  // copies it in with set_params).
+  std::vector<float> host(static_cast<size_t>(n));
+  const bool host_backend = backend_name == "cpu";
+  float* weights = host_backend ? model.params() : host.data();
+
+  for (;;) {
+    offload::Command cmd = client.next(weights);
+    if (cmd.stop) break;
+    if (!host_backend) model.set_params(host);
+    data::Sequence seq = source->next_sequence();
+    data::SequenceShard shard =
+        data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
+    int64_t local_valid = 0;
+    for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+    const RingStats r0 = attention.ring_stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t global_valid = std::max<int64_t>(rr.global_count(local_valid), 1);
+    model.zero_grads();
+    std::vector<float> dev_grads;
+    model::LossResult loss = model.forward_backward(
+        shard_batch(shard), global_valid, [&](const model::GradBucket& b) {
+          if (host_backend) {
+            client.bucket(cmd.step, b, model.grads());
+          } else {
+            dev_grads = model.get_grads();  // a device backend: one copy out per bucket
+            client.bucket(cmd.step, b, dev_grads.data());
+          }
+        });
+    // The step's global loss: (loss_sum, valid) of every rank, summed in rank order.
+    struct Part {
+      double loss_sum;
+      int64_t valid;
+    };
+    Part mine{loss.loss_sum, loss.valid};
+    std::vector<Part> all(world);
+    if (world > 1) {
+      rr.progress().collective([&](transport::TransportComm& c) {
+        c.check(c.api().all_gather(c.get(), &mine, all.data(), sizeof(Part), args.timeout_ms),
+                "all_gather of the loss");
+      });
+    } else {
+      all[0] = mine;
+    }
+    double loss_sum = 0;
+    int64_t valid = 0;
+    for (const Part& p : all) {
+      loss_sum += p.loss_sum;
+      valid += p.valid;
+    }
+    const double step_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const RingStats& r1 = attention.ring_stats();
+    nlohmann::json d;
+    d["step"] = cmd.step;
+    d["loss_sum"] = loss_sum;
+    d["valid"] = valid;
+    d["tokens"] = seq.size();
+    d["step_ms"] = step_ms;
+    d["ring_wait_ms"] = (r1.wait_s - r0.wait_s) * 1e3;
+    d["bytes_sent"] = r1.bytes_sent - r0.bytes_sent;
+    d["cursor"] = source->cursor();
+    client.done(std::move(d));
+  }
   rr.shutdown();
   return 0;
 }
@@ -412,6 +545,11 @@ int ring_main(int argc, char** argv) {
   if (args.launch_local) return launch_local(argc, argv, args);
   try {
     return run_rank(args);
+  } catch (const offload::RingdGone& e) {
+    std::fprintf(stderr, "ring-worker: rank %d: %s\n", args.rank, e.what());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(kExitRuntime);
   } catch (const transport::TransportError& e) {
     // Requests may still be in flight into this rank's buffers: leave at once (the comm's peers
     // see this process gone) rather than unwinding under them.

@@ -1,0 +1,1177 @@
+// ringd: one Boost.Asio event loop (this thread) that spawns and watches the node's workers, talks
+// to them over unix sockets, moves gradients and weights through shared memory and drives the
+// NodeOptimizer (whose pipeline thread does the exchange between daemons and the AdamW update).
+#include "daemon/ringd/ringd.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>  // before asio: Boost 1.74 awaitable.hpp uses std::exchange unincluded
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/spec/parse.h"
+#include "daemon/checkpoint/checkpoint.h"
+#include "daemon/optim/node_optimizer.h"
+#include "daemon/placement/affinity.h"
+#include "daemon/placement/cpu_topology.h"
+#include "daemon/placement/discovery.h"
+#include "daemon/placement/placement.h"
+#include "daemon/ringd/transport_exchange.h"
+#include "worker/model/config.h"
+#include "worker/model/layout.h"
+#include "worker/offload/shm.h"
+#include "worker/train/trainer.h"
+
+#ifndef RING_WORKER_BUILD_PATH
+#define RING_WORKER_BUILD_PATH ""
+#endif
+
+namespace ring::ringd {
+namespace {
+
+namespace asio = boost::asio;
+using local_stream = asio::local::stream_protocol;
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+const char* kUsage =
+    "usage: ringd --spec FILE [--job-dir DIR] [--node-rank N --nodes M] [--rendezvous DIR]\n"
+    "             [--coord ENDPOINT --job ID] [--steps N] [--resume] [--threads T] [--json]\n"
+    "The node daemon: runs this node's ring-worker processes, owns the optimizer (CPU AdamW,\n"
+    "top-k), checkpoints, restarts. Contract: daemon/INTERFACE.md.\n"
+    "  --worker-bin PATH          ring-worker to spawn (default: next to ringd, then PATH)\n"
+    "  --transport NAME           transport plugin for workers and daemons (default ucx)\n"
+    "  --worker-threads T         kernel threads per worker (default resources.cpus_per_worker)\n"
+    "  --heartbeat-timeout S      worker silence counted as a hang (default 30)\n"
+    "  --startup-timeout S        spawn to first contact (default 300)\n"
+    "  --stop-grace S             SIGTERM to SIGKILL when stopping workers (default 5)\n"
+    "  --hash-weights             steps carry weights_xxh, a hash of the master weights\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::cerr << "ringd: " << msg << "\n" << kUsage;
+  std::exit(kExitUsage);
+}
+
+int64_t parse_int(const std::string& flag, const char* v, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi)
+    usage_error(flag + ": expected an integer in [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + "], got '" + v + "'");
+  return x;
+}
+
+double parse_seconds(const std::string& flag, const char* v) {
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(x > 0) || x > 1e6)
+    usage_error(flag + ": expected seconds in (0, 1e6], got '" + v + "'");
+  return x;
+}
+
+std::string describe_status(int st) {
+  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st))
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
+           strsignal(WTERMSIG(st)) + ")";
+  return "stopped";
+}
+
+std::vector<std::string> last_lines(const std::string& path, size_t count) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 16384);
+  in.seekg(from);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> lines;
+  std::stringstream ss(text);
+  for (std::string l; std::getline(ss, l);)
+    if (!l.empty()) lines.push_back(l);
+  if (from > 0 && !lines.empty()) lines.erase(lines.begin());  // a partial first line
+  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
+  return lines;
+}
+
+uint64_t fnv1a(const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string find_worker_bin(const std::string& given) {
+  if (!given.empty()) return given;
+  if (const char* e = std::getenv("RING_WORKER_BIN"); e && *e) return e;
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    fs::path sib = self.parent_path() / "ring-worker";
+    if (fs::exists(sib)) return sib.string();
+  }
+  std::string p = placement::find_executable("ring-worker");
+  if (!p.empty()) return p;
+  return RING_WORKER_BUILD_PATH;
+}
+
+struct Worker {
+  int local = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  std::string log;
+  Clock::time_point spawned, last_seen;
+  bool connected = false, mapped = false;
+  int buckets = 0;        // buckets delivered this step
+  bool done = false;      // step finished
+  json done_msg;
+};
+
+struct Conn {
+  explicit Conn(asio::io_context& io) : sock(io) {}
+  local_stream::socket sock;
+  asio::streambuf buf;
+  int local = -1;  // -1 until hello
+};
+
+class Daemon {
+ public:
+  Daemon(const Options& o, spec::JobSpec spec, std::string spec_text)
+      : o_(o), spec_(std::move(spec)), spec_text_(std::move(spec_text)), signals_(io_),
+        tick_(io_), acceptor_(io_) {}
+
+  int run();
+
+ private:
+  // ---- logging and events
+  void log(const std::string& line);
+  void event(const std::string& name, json fields);
+  // ---- attempts
+  void start_attempt();
+  void spawn(Worker& w);
+  void stop_workers(const std::string& why);
+  void end_attempt();
+  void finish(int code);
+  // ---- sockets
+  void accept();
+  void read(std::shared_ptr<Conn> c);
+  void on_message(const std::shared_ptr<Conn>& c, const json& m);
+  void send(int local, const json& m);
+  // ---- steps
+  void maybe_begin();
+  void begin_step();
+  void on_bucket(Worker& w, int b);
+  void maybe_finish_step();
+  void checkpoint_now(int64_t step, bool wait);
+  // ---- watching
+  void on_signal(int sig);
+  void reap();
+  void on_tick();
+  void worker_failed(Worker& w, const std::string& what);
+
+  Options o_;
+  spec::JobSpec spec_;
+  std::string spec_text_, spec_hash_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  asio::steady_timer tick_;
+  local_stream::acceptor acceptor_;
+  std::string sock_dir_, sock_path_;
+
+  std::string job_dir_, rdv_root_, worker_bin_, ckpt_dir_;
+  std::ofstream log_file_, steps_file_;
+  int wpn_ = 1, world_ = 1;
+  int64_t total_steps_ = 0;
+  std::unique_ptr<model::ParamLayout> layout_;
+  placement::Placement placement_;
+
+  // Attempt state.
+  int attempt_ = 0, restarts_ = 0;
+  bool attempt_live_ = false;
+  bool stopping_workers_ = false;
+  Clock::time_point kill_at_;
+  std::vector<Worker> workers_;
+  std::vector<std::shared_ptr<Conn>> conns_;
+  offload::ShmRegion shm_;
+  std::unique_ptr<TransportExchange> exchange_;
+  optim::LocalExchange local_exchange_;
+  std::unique_ptr<optim::NodeOptimizer> opt_;
+  std::unique_ptr<ckpt::Checkpointer> ck_;
+  std::vector<float> node_grad_;
+  bool have_master_ = false;
+  int64_t done_step_ = 0;        // last completed step
+  int64_t cur_step_ = 0;         // step in flight (0: none)
+  int buckets_ready_ = 0;        // node buckets handed to the optimizer this step
+  bool finishing_ = false;       // every step done, workers told to stop
+  json cursor_;                  // loader cursor after done_step_
+  Clock::time_point step_t0_;
+  double ckpt_stall_s_ = 0;
+  int64_t last_ckpt_step_ = -1;
+  bool last_all_changed_ = true;
+  bool attempt_failed_ = false;
+  std::string attempt_rdv_;
+
+  // Exit.
+  int stop_signals_ = 0;         // SIGTERM/SIGINT/SIGUSR1 received
+  bool exiting_ = false;
+  int exit_code_ = kExitOk;
+  bool restart_pending_ = false;
+  Clock::time_point restart_at_;
+  Clock::time_point stop_deadline_{Clock::time_point::max()};
+};
+
+// ---------------------------------------------------------------------------------------------
+
+void Daemon::log(const std::string& line) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  char ts[32];
+  std::strftime(ts, sizeof(ts), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  const std::string l = fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line);
+  if (log_file_.is_open()) log_file_ << l << std::endl;
+  if (!o_.json) std::cerr << l << std::endl;
+}
+
+void Daemon::event(const std::string& name, json fields) {
+  fields["event"] = name;
+  fields["node"] = o_.node_rank;
+  fields["attempt"] = attempt_;
+  const std::string s = fields.dump();
+  if (log_file_.is_open()) log_file_ << "event " << s << std::endl;
+  if (o_.json && o_.node_rank == 0) std::cout << s << std::endl;
+}
+
+int Daemon::run() {
+  // Job directory and files.
+  job_dir_ = o_.job_dir.empty() ? "/tmp/ringmaster/" + spec_.job.name : o_.job_dir;
+  std::error_code ec;
+  fs::create_directories(job_dir_ + "/logs", ec);
+  if (ec) {
+    std::cerr << "ringd: --job-dir " << job_dir_ << ": " << ec.message() << "\n";
+    return kExitUsage;
+  }
+  job_dir_ = fs::absolute(job_dir_).string();
+  log_file_.open(fmt::format("{}/logs/ringd-{}.log", job_dir_, o_.node_rank), std::ios::app);
+  if (o_.node_rank == 0) steps_file_.open(job_dir_ + "/steps.jsonl", std::ios::app);
+  rdv_root_ = o_.rendezvous.empty() ? job_dir_ + "/rendezvous" : o_.rendezvous;
+  if (const char* id = std::getenv("SLURM_JOB_ID"); id && *id && o_.rendezvous.empty()) {
+    const char* rc = std::getenv("SLURM_RESTART_COUNT");
+    rdv_root_ += fmt::format("/slurm-{}.{}", id, rc && *rc ? rc : "0");
+  } else if (o_.nodes == 1) {
+    fs::remove_all(rdv_root_, ec);  // one node: stale attempts of an earlier run go
+  }
+  ckpt_dir_ = spec_.checkpoint.dir;
+  if (ckpt_dir_.empty() || ckpt_dir_[0] != '/') ckpt_dir_ = job_dir_ + "/checkpoints";
+  spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
+  worker_bin_ = find_worker_bin(o_.worker_bin);
+  if (worker_bin_.empty() || access(worker_bin_.c_str(), X_OK) != 0) {
+    std::cerr << "ringd: no ring-worker executable found (tried '" << worker_bin_
+              << "'); give --worker-bin PATH or RING_WORKER_BIN\n";
+    return kExitUsage;
+  }
+
+  wpn_ = static_cast<int>(spec_.resources.workers_per_node);
+  world_ = wpn_ * o_.nodes;
+  total_steps_ = o_.steps.value_or(spec_.train.steps);
+  layout_ = std::make_unique<model::ParamLayout>(model::ModelConfig::from_spec(spec_));
+  node_grad_.assign(static_cast<size_t>(layout_->total()), 0.f);
+
+  // Placement: GPUs (CUDA backend) and cores for each local worker.
+  try {
+    placement::PlacementRequest req;
+    req.workers = wpn_;
+    req.cpus_per_worker = static_cast<int>(spec_.resources.cpus_per_worker);
+    placement::GpuTopology gpus;
+    if (spec_.resources.backend == spec::Backend::kCuda) {
+      req.device = placement::Device::kGpu;
+      gpus = placement::discover_gpus().topology;
+    } else {
+      req.device = placement::Device::kCpu;
+    }
+    placement_ = placement::place_workers(gpus, placement::discover_cpu_topology(), req);
+  } catch (const std::exception& e) {
+    std::cerr << "ringd: placement: " << e.what() << "\n";
+    return kExitFailed;
+  }
+
+  // Control socket: a short path (108-byte limit), private directory.
+  std::string tmpl = "/tmp/ringd-XXXXXX";
+  if (!mkdtemp(tmpl.data())) {
+    std::cerr << "ringd: mkdtemp /tmp/ringd-XXXXXX: " << std::strerror(errno) << "\n";
+    return kExitFailed;
+  }
+  sock_dir_ = tmpl;
+  sock_path_ = sock_dir_ + "/ctl.sock";
+  acceptor_.open(local_stream());
+  acceptor_.bind(local_stream::endpoint(sock_path_));
+  acceptor_.listen();
+
+  log(fmt::format("job {} | node {} of {} | {} workers per node, world {} | {} steps | {} "
+                  "parameters, {} buckets | optimizer {} {}{} | job dir {}",
+                  spec_.job.name, o_.node_rank, o_.nodes, wpn_, world_, total_steps_,
+                  layout_->num_params(), layout_->buckets().size(),
+                  spec::to_string(spec_.optimizer.update),
+                  spec::to_string(spec_.optimizer.compression),
+                  spec_.optimizer.compression == spec::Compression::kTopk
+                      ? fmt::format(" density {}", spec_.optimizer.density)
+                      : "",
+                  job_dir_));
+  for (const std::string& n : placement_.notes) log("placement: " + n);
+
+  signals_.add(SIGCHLD);
+  signals_.add(SIGTERM);
+  signals_.add(SIGINT);
+  signals_.add(SIGUSR1);
+  signals_.add(SIGHUP);
+  std::function<void(const boost::system::error_code&, int)> on_sig =
+      [this, &on_sig](const boost::system::error_code& e, int sig) {
+        if (e) return;
+        on_signal(sig);
+        if (!exiting_) signals_.async_wait(on_sig);
+      };
+  signals_.async_wait(on_sig);
+  accept();
+  tick_.expires_after(std::chrono::milliseconds(100));
+  tick_.async_wait([this](const boost::system::error_code& e) {
+    if (!e) on_tick();
+  });
+
+  start_attempt();
+  io_.run();
+
+  // Every exit path: no worker survives.
+  for (Worker& w : workers_)
+    if (w.running) kill(-w.pid, SIGKILL);
+  for (Worker& w : workers_)
+    if (w.running) waitpid(w.pid, nullptr, 0);
+  std::error_code ec2;
+  fs::remove_all(sock_dir_, ec2);
+  return exit_code_;
+}
+
+// ---- attempts ----------------------------------------------------------------------------------
+
+void Daemon::start_attempt() {
+  restart_pending_ = false;
+  attempt_live_ = true;
+  attempt_failed_ = false;
+  stopping_workers_ = false;
+  finishing_ = false;
+  cur_step_ = 0;
+  last_all_changed_ = true;
+  have_master_ = false;
+  done_step_ = 0;
+  cursor_ = json();
+  attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, attempt_);
+  std::error_code ec;
+  fs::create_directories(attempt_rdv_ + "/workers", ec);
+  fs::create_directories(attempt_rdv_ + "/daemons", ec);
+  try {
+    shm_ = offload::ShmRegion::create(
+        offload::shm_name(spec_.job.name, o_.node_rank, getpid(), attempt_), layout_->total(), wpn_);
+  } catch (const std::exception& e) {
+    log(std::string("fatal: ") + e.what());
+    finish(kExitFailed);
+    return;
+  }
+  workers_.assign(wpn_, Worker{});
+  for (int l = 0; l < wpn_; ++l) {
+    Worker& w = workers_[l];
+    w.local = l;
+    w.rank = o_.node_rank * wpn_ + l;
+    w.log = fmt::format("{}/logs/worker-{}.log", job_dir_, w.rank);
+    spawn(w);
+  }
+  if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.running; })) {
+    attempt_failed_ = true;
+    stop_workers("a worker could not be started");
+    return;
+  }
+  log(fmt::format("attempt {}: spawned {} workers (ranks {}..{}), rendezvous {}", attempt_, wpn_,
+                  o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, attempt_rdv_));
+  try {
+    optim::Exchange* ex = &local_exchange_;
+    if (o_.nodes > 1) {
+      exchange_ = std::make_unique<TransportExchange>(o_.transport, o_.node_rank, o_.nodes,
+                                                      attempt_rdv_ + "/daemons", 120000, 60000);
+      ex = exchange_.get();
+    }
+    opt_ = std::make_unique<optim::NodeOptimizer>(spec_, *layout_, total_steps_, o_.threads, ex);
+    // Resume (asked for, or any restart): the newest complete checkpoint of every node.
+    if (o_.resume || attempt_ > 0) {
+      std::vector<ckpt::LoadTarget> targets;
+      for (const optim::StateTensor& t : opt_->state_tensors())
+        targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
+      ckpt::LoadResult r = ckpt::load_latest(ckpt_dir_, o_.node_rank, o_.nodes, targets);
+      if (o_.nodes > 1) {
+        // Every node must resume from the same step: the smallest one any node loaded.
+        int64_t mine = r.loaded ? r.step : -1;
+        auto all = ex->allgather(&mine, sizeof(mine));
+        int64_t least = mine;
+        for (auto& b : all) {
+          int64_t v;
+          std::memcpy(&v, b.data(), sizeof(v));
+          least = std::min(least, v);
+        }
+        if (least < 0 && r.loaded) {
+          r.loaded = false;
+          r.message = "another node has no checkpoint: starting from step 0";
+        } else if (least >= 0 && least != mine) {
+          r = ckpt::load_latest(ckpt_dir_, o_.node_rank, o_.nodes, targets, least);
+        }
+      }
+      for (const std::string& sk : r.skipped) log("checkpoint skipped: " + sk);
+      if (r.loaded) {
+        if (!r.spec_hash.empty() && r.spec_hash != spec_hash_)
+          log("note: checkpoint " + r.path + " was written with another spec (hash " +
+              r.spec_hash + ", now " + spec_hash_ + ")");
+        opt_->restore_step(r.step);
+        have_master_ = true;
+        done_step_ = r.step;
+        cursor_ = r.meta.value("cursor", json());
+        log(fmt::format("resuming from {} (step {})", r.path, r.step));
+        event("resumed", {{"step", r.step}, {"path", r.path}});
+      } else {
+        log("no complete checkpoint in " + ckpt_dir_ + ": starting from step 0" +
+            (r.message.empty() ? "" : " (" + r.message + ")"));
+      }
+    }
+    if (spec_.checkpoint.every_steps > 0) {
+      ckpt::Options co;
+      co.dir = ckpt_dir_;
+      co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
+      co.node_rank = o_.node_rank;
+      co.nodes = o_.nodes;
+      co.tag = std::to_string(attempt_);
+      co.spec_hash = spec_hash_;
+      ck_ = std::make_unique<ckpt::Checkpointer>(co);
+      for (const optim::StateTensor& t : opt_->state_tensors())
+        ck_->add_tensor(t.name, ckpt::DType::kF32, {t.size}, t.data);
+    }
+  } catch (const std::exception& e) {
+    log(std::string("attempt failed to start: ") + e.what());
+    event("attempt_failed", {{"error", e.what()}});
+    attempt_failed_ = true;
+    stop_workers("the attempt could not start");
+    return;
+  }
+  event("attempt_started", {{"workers", wpn_}, {"start_step", done_step_}});
+}
+
+void Daemon::spawn(Worker& w) {
+  int fd = ::open(w.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    log(fmt::format("cannot open {}: {}", w.log, std::strerror(errno)));
+    return;
+  }
+  const std::string banner = fmt::format("=== attempt {} ===\n", attempt_);
+  if (::write(fd, banner.data(), banner.size()) < 0) {
+  }
+  std::vector<std::string> args = {worker_bin_,
+                                   "--spec",
+                                   fs::absolute(o_.spec).string(),
+                                   "--rank",
+                                   std::to_string(w.rank),
+                                   "--world",
+                                   std::to_string(world_),
+                                   "--rendezvous",
+                                   attempt_rdv_ + "/workers",
+                                   "--ringd",
+                                   sock_path_,
+                                   "--local-rank",
+                                   std::to_string(w.local),
+                                   "--transport",
+                                   o_.transport};
+  if (o_.worker_threads >= 0) {
+    args.push_back("--threads");
+    args.push_back(std::to_string(o_.worker_threads));
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const placement::WorkerPlacement& pl = placement_.workers[w.local];
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : pl.cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  const bool pin = !pl.cpus.empty();
+  std::string cuda = pl.cuda_visible_devices;
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    log(fmt::format("fork: {}", std::strerror(errno)));
+    ::close(fd);
+    return;
+  }
+  if (pid == 0) {
+    // The child: its own process group (ringd stops it with the group), dies with ringd.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE}) signal(sig, SIG_DFL);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    for (int f = 3; f < 1024; ++f) ::close(f);
+    if (pin) sched_setaffinity(0, sizeof(set), &set);
+    if (!cuda.empty()) setenv("CUDA_VISIBLE_DEVICES", cuda.c_str(), 1);
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "ringd: exec %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  ::close(fd);
+  w.pid = pid;
+  w.running = true;
+  w.connected = w.mapped = w.done = false;
+  w.buckets = 0;
+  w.spawned = w.last_seen = Clock::now();
+  std::string cpus;
+  for (int c : pl.cpus) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+  log(fmt::format("worker rank {} (local {}) pid {} | cpus {}{}{}", w.rank, w.local, pid,
+                  cpus.empty() ? "any" : cpus, pl.shared ? " (shared)" : "",
+                  cuda.empty() ? "" : " | CUDA_VISIBLE_DEVICES=" + cuda));
+  event("worker_started", {{"rank", w.rank}, {"pid", pid}, {"cpus", pl.cpus}});
+}
+
+void Daemon::stop_workers(const std::string& why) {
+  int n = 0;
+  for (Worker& w : workers_)
+    if (w.running) {
+      kill(-w.pid, SIGTERM);
+      ++n;
+    }
+  if (!stopping_workers_ && n > 0) log(fmt::format("stopping {} workers: {}", n, why));
+  stopping_workers_ = true;
+  kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.stop_grace_s * 1e3));
+  if (n == 0) asio::post(io_, [this] { end_attempt(); });
+}
+
+void Daemon::end_attempt() {
+  if (!attempt_live_) return;
+  for (const Worker& w : workers_)
+    if (w.running) return;
+  attempt_live_ = false;
+  for (auto& c : conns_) {
+    boost::system::error_code ec;
+    c->sock.close(ec);
+  }
+  conns_.clear();
+  if (ck_) {
+    if (ck_->busy()) {
+      ckpt::SaveResult r = ck_->wait();
+      if (r.ok) event("checkpoint_saved", {{"step", r.step}, {"path", r.path}});
+    }
+    while (auto r = ck_->poll()) {
+      if (r->ok) event("checkpoint_saved", {{"step", r->step}, {"path", r->path}});
+      else event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
+    }
+    ck_.reset();
+  }
+  opt_.reset();
+  exchange_.reset();
+  shm_ = offload::ShmRegion();
+  if (o_.node_rank == 0) {
+    std::error_code ec;
+    fs::remove_all(attempt_rdv_, ec);
+  }
+  if (!attempt_failed_) {
+    if (stop_signals_ > 0) {
+      log(fmt::format("stopped at step {} on request (resumable)", done_step_));
+      event("stopped", {{"step", done_step_}});
+      finish(kExitStopped);
+    } else {
+      log(fmt::format("completed {} steps", done_step_));
+      event("completed", {{"step", done_step_}});
+      finish(kExitOk);
+    }
+    return;
+  }
+  if (stop_signals_ > 0) {
+    event("stopped", {{"step", done_step_}});
+    finish(kExitStopped);
+    return;
+  }
+  if (restarts_ < spec_.restart.max_restarts) {
+    const double delay =
+        std::min(spec_.restart.backoff_s * std::pow(2.0, restarts_), spec_.restart.backoff_max_s);
+    ++restarts_;
+    ++attempt_;
+    log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", restarts_,
+                    spec_.restart.max_restarts, delay, attempt_));
+    event("restarting", {{"restart", restarts_}, {"delay_s", delay}});
+    restart_pending_ = true;
+    restart_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(delay * 1e3));
+    return;
+  }
+  log(fmt::format("failed: restart.max_restarts ({}) exhausted", spec_.restart.max_restarts));
+  event("failed", {{"step", done_step_}, {"restarts", restarts_}});
+  finish(kExitFailed);
+}
+
+void Daemon::finish(int code) {
+  exit_code_ = code;
+  exiting_ = true;
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  signals_.cancel(ec);
+  tick_.cancel();
+  io_.stop();
+}
+
+// ---- sockets -----------------------------------------------------------------------------------
+
+void Daemon::accept() {
+  auto c = std::make_shared<Conn>(io_);
+  acceptor_.async_accept(c->sock, [this, c](const boost::system::error_code& e) {
+    if (e) return;
+    conns_.push_back(c);
+    read(c);
+    accept();
+  });
+}
+
+void Daemon::read(std::shared_ptr<Conn> c) {
+  asio::async_read_until(c->sock, c->buf, '\n',
+                         [this, c](const boost::system::error_code& e, size_t n) {
+                           if (e) {
+                             conns_.erase(std::remove(conns_.begin(), conns_.end(), c),
+                                          conns_.end());
+                             return;
+                           }
+                           std::string line(asio::buffers_begin(c->buf.data()),
+                                            asio::buffers_begin(c->buf.data()) + n);
+                           c->buf.consume(n);
+                           json m = json::parse(line, nullptr, false);
+                           if (m.is_discarded() || !m.is_object()) {
+                             log("malformed control message dropped: " + line.substr(0, 200));
+                           } else {
+                             on_message(c, m);
+                           }
+                           if (c->sock.is_open()) read(c);
+                         });
+}
+
+void Daemon::send(int local, const json& m) {
+  for (auto& c : conns_)
+    if (c->local == local) {
+      const std::string s = m.dump() + "\n";
+      boost::system::error_code ec;
+      asio::write(c->sock, asio::buffer(s), ec);
+      return;
+    }
+}
+
+void Daemon::on_message(const std::shared_ptr<Conn>& c, const json& m) {
+  const std::string t = m.value("t", "");
+  if (t == "hello") {
+    const int local = m.value("local", -1), rank = m.value("rank", -1);
+    const int64_t n = m.value("n", int64_t{-1});
+    std::string why;
+    if (local < 0 || local >= wpn_ || !workers_[local].running)
+      why = fmt::format("local rank {} is not a worker of this attempt", local);
+    else if (rank != workers_[local].rank)
+      why = fmt::format("rank {} should be {}", rank, workers_[local].rank);
+    else if (n != layout_->total())
+      why = fmt::format("model of {} floats, ringd's has {} (same spec?)", n, layout_->total());
+    else if (m.value("pid", -1) != workers_[local].pid)
+      why = fmt::format("pid {} is not the worker ringd spawned", m.value("pid", -1));
+    if (!why.empty()) {
+      log("refused a worker: " + why);
+      const std::string s = json{{"t", "stop"}, {"reason", why}}.dump() + "\n";
+      boost::system::error_code ec;
+      asio::write(c->sock, asio::buffer(s), ec);
+      c->sock.close(ec);
+      return;
+    }
+    c->local = local;
+    Worker& w = workers_[local];
+    w.connected = true;
+    w.last_seen = Clock::now();
+    send(local, {{"t", "welcome"},
+                 {"shm", shm_.name()},
+                 {"start_step", done_step_},
+                 {"need_init", !have_master_ && local == 0},
+                 {"cursor", cursor_}});
+    return;
+  }
+  if (c->local < 0) return;
+  Worker& w = workers_[c->local];
+  w.last_seen = Clock::now();
+  if (stopping_workers_) return;
+  if (t == "mapped") {
+    w.mapped = true;
+    if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; })) {
+      shm_.unlink();
+      log(fmt::format("all {} workers connected; shared memory {} ({:.1f} MiB) mapped and unlinked",
+                      wpn_, shm_.name(), shm_.bytes() / 1048576.0));
+      maybe_begin();
+    }
+  } else if (t == "init") {
+    if (c->local == 0 && !have_master_) {
+      opt_->init_master(shm_.params());
+      have_master_ = true;
+      log("master weights initialised from rank " + std::to_string(w.rank));
+      maybe_begin();
+    }
+  } else if (t == "bucket") {
+    if (m.value("step", int64_t{-1}) != cur_step_) {
+      worker_failed(w, fmt::format("sent bucket of step {} during step {}",
+                                   m.value("step", int64_t{-1}), cur_step_));
+      return;
+    }
+    on_bucket(w, m.value("b", -1));
+  } else if (t == "done") {
+    if (m.value("step", int64_t{-1}) != cur_step_) {
+      worker_failed(w, "finished a step that is not in flight");
+      return;
+    }
+    w.done = true;
+    w.done_msg = m;
+    maybe_finish_step();
+  }
+}
+
+// ---- steps -------------------------------------------------------------------------------------
+
+void Daemon::maybe_begin() {
+  if (cur_step_ != 0 || finishing_ || !have_master_ || stopping_workers_) return;
+  if (!std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; }))
+    return;
+  begin_step();
+}
+
+void Daemon::begin_step() {
+  const int64_t s = done_step_ + 1;
+  if (s > total_steps_ || stop_signals_ > 0) {
+    if (ck_ && stop_signals_ < 2 && last_ckpt_step_ != done_step_ && done_step_ > 0)
+      checkpoint_now(done_step_, true);
+    finishing_ = true;
+    stop_deadline_ = Clock::now() + std::chrono::seconds(60);
+    for (const Worker& w : workers_)
+      send(w.local, {{"t", "stop"}, {"reason", stop_signals_ ? "stop requested" : "done"}});
+    return;
+  }
+  const int64_t n = layout_->total();
+  int64_t changed = -1;
+  const float* master = opt_->master();
+  if (last_all_changed_) {
+    // Dense: the whole copy (also the first step of every attempt: workers start from nothing).
+    std::memcpy(shm_.params(), master, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    const std::vector<int64_t>& ch = opt_->changed();
+    uint32_t* idx = shm_.index();
+    float* dst = shm_.params();
+    for (size_t i = 0; i < ch.size(); ++i) {
+      idx[i] = static_cast<uint32_t>(ch[i]);
+      dst[ch[i]] = master[ch[i]];
+    }
+    changed = static_cast<int64_t>(ch.size());
+  }
+  for (Worker& w : workers_) {
+    w.buckets = 0;
+    w.done = false;
+  }
+  cur_step_ = s;
+  buckets_ready_ = 0;
+  opt_->begin_step(s);
+  step_t0_ = Clock::now();
+  for (const Worker& w : workers_)
+    send(w.local, {{"t", "params"}, {"step", s}, {"changed", changed}});
+}
+
+void Daemon::on_bucket(Worker& w, int b) {
+  const int nb = static_cast<int>(layout_->buckets().size());
+  if (b != w.buckets || b >= nb) {
+    worker_failed(w, fmt::format("sent bucket {} when {} was due", b, w.buckets));
+    return;
+  }
+  ++w.buckets;
+  while (buckets_ready_ < nb &&
+         std::all_of(workers_.begin(), workers_.end(),
+                     [&](const Worker& x) { return x.buckets > buckets_ready_; })) {
+    const model::GradBucket& bk = layout_->buckets()[buckets_ready_];
+    float* dst = node_grad_.data() + bk.begin;
+    const int64_t len = bk.end - bk.begin;
+    // The node's gradient: the workers' slots summed in local-rank order (deterministic).
+    std::memcpy(dst, shm_.grads(0) + bk.begin, static_cast<size_t>(len) * sizeof(float));
+    for (int l = 1; l < wpn_; ++l) {
+      const float* src = shm_.grads(l) + bk.begin;
+      for (int64_t i = 0; i < len; ++i) dst[i] += src[i];
+    }
+    if (ck_ && ck_->busy()) {
+      // The optimizer is about to change the state the checkpoint is still writing.
+      const auto t0 = Clock::now();
+      ckpt::SaveResult r = ck_->wait();
+      ckpt_stall_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (r.ok) event("checkpoint_saved", {{"step", r.step}, {"path", r.path}});
+      else if (r.step >= 0) event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
+    }
+    opt_->bucket_ready(bk.index, dst);
+    ++buckets_ready_;
+  }
+  maybe_finish_step();
+}
+
+void Daemon::maybe_finish_step() {
+  const int nb = static_cast<int>(layout_->buckets().size());
+  if (cur_step_ == 0 || buckets_ready_ < nb) return;
+  if (!std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.done; }))
+    return;
+  optim::StepResult r;
+  try {
+    r = opt_->finish_step();
+  } catch (const std::exception& e) {
+    log(fmt::format("step {}: optimizer failed: {}", cur_step_, e.what()));
+    event("optimizer_failed", {{"step", cur_step_}, {"error", e.what()}});
+    attempt_failed_ = true;
+    stop_workers("the optimizer failed");
+    return;
+  }
+  const double wall_s = std::chrono::duration<double>(Clock::now() - step_t0_).count();
+  done_step_ = cur_step_;
+  cur_step_ = 0;
+  last_all_changed_ = r.all_changed;
+  const json& d = workers_[0].done_msg;
+  cursor_ = d.value("cursor", json());
+  const double loss_sum = d.value("loss_sum", 0.0);
+  const int64_t valid = d.value("valid", int64_t{0});
+  const int64_t tokens = d.value("tokens", int64_t{0});
+  train::StepStats st;
+  st.step = done_step_;
+  st.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : 0.0;
+  st.tokens = tokens;
+  st.valid = valid;
+  st.grad_norm = r.grad_norm;
+  st.lr = r.lr;
+  st.step_ms = wall_s * 1e3;
+  st.tokens_per_s = wall_s > 0 ? tokens / wall_s : 0;
+  json j = json::parse(train::step_json(st));
+  j["attempt"] = attempt_;
+  j["comm_s"] = d.value("ring_wait_ms", 0.0) / 1e3;
+  j["optimizer_s"] = r.optimizer_s;
+  j["exposed_optimizer_s"] = r.exposed_s;
+  j["bytes_exchanged"] = r.bytes_sent;
+  j["bytes_dense"] = r.bytes_dense;
+  j["compressed"] = r.compressed;
+  if (o_.hash_weights) {
+    char h[17];
+    std::snprintf(h, sizeof(h), "%016llx",
+                  static_cast<unsigned long long>(
+                      fnv1a(opt_->master(), static_cast<size_t>(layout_->total()) * 4)));
+    j["weights_xxh"] = h;
+    if (log_file_.is_open()) log_file_ << "step " << done_step_ << " weights " << h << std::endl;
+  }
+  if (o_.node_rank == 0) {
+    const std::string line = j.dump();
+    steps_file_ << line << std::endl;
+    if (o_.json) {
+      std::cout << line << std::endl;
+    } else if (done_step_ % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step_ == 1 ||
+               done_step_ == total_steps_) {
+      std::cerr << fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
+                               train::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
+                               r.bytes_sent / 1e6)
+                << std::endl;
+    }
+  }
+  if (ck_ && spec_.checkpoint.every_steps > 0 && done_step_ % spec_.checkpoint.every_steps == 0 &&
+      done_step_ < total_steps_)
+    checkpoint_now(done_step_, false);
+  begin_step();
+}
+
+void Daemon::checkpoint_now(int64_t step, bool wait) {
+  if (!ck_) return;
+  ck_->start(step, {{"cursor", cursor_}, {"attempt", attempt_}, {"world", world_}});
+  last_ckpt_step_ = step;
+  if (wait) {
+    ckpt::SaveResult r = ck_->wait();
+    if (r.ok) {
+      log(fmt::format("checkpoint step {} saved: {}", r.step, r.path));
+      event("checkpoint_saved", {{"step", r.step}, {"path", r.path}});
+    } else {
+      log(fmt::format("checkpoint step {} failed: {}", r.step, r.error));
+      event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
+    }
+  }
+}
+
+// ---- watching ----------------------------------------------------------------------------------
+
+void Daemon::on_signal(int sig) {
+  if (sig == SIGCHLD) {
+    reap();
+    return;
+  }
+  ++stop_signals_;
+  if (stop_signals_ == 1) {
+    log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(sig)));
+    event("stopping", {{"signal", sig}, {"step", done_step_}});
+    if (!attempt_live_) {
+      finish(kExitStopped);
+      return;
+    }
+    stop_deadline_ = Clock::now() + std::chrono::seconds(60);
+    if (cur_step_ == 0 && !finishing_) {
+      const bool ready =
+          have_master_ &&
+          std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; });
+      if (ready) begin_step();  // sends stop (after the checkpoint)
+      else stop_workers("stop requested before the first step");
+    }
+  } else {
+    log(fmt::format("{} again: stopping the workers now, no checkpoint", strsignal(sig)));
+    if (!attempt_live_) {
+      finish(kExitStopped);
+      return;
+    }
+    attempt_failed_ = true;
+    stop_workers("second stop signal");
+  }
+}
+
+void Daemon::reap() {
+  for (;;) {
+    int st = 0;
+    pid_t got = waitpid(-1, &st, WNOHANG);
+    if (got <= 0) break;
+    for (Worker& w : workers_) {
+      if (w.pid != got || !w.running) continue;
+      w.running = false;
+      const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (finishing_ && clean) {
+        log(fmt::format("worker rank {} exited", w.rank));
+      } else if (stopping_workers_) {
+        log(fmt::format("worker rank {} (pid {}) {}", w.rank, got, describe_status(st)));
+      } else {
+        const std::vector<std::string> lines = last_lines(w.log, 10);
+        std::string text;
+        for (const std::string& l : lines) text += "\n    | " + l;
+        log(fmt::format("worker rank {} (pid {}) {} during step {}; last log lines:{}", w.rank, got,
+                        describe_status(st), cur_step_, text));
+        json ev{{"rank", w.rank}, {"pid", got}, {"step", cur_step_}, {"last_lines", lines}};
+        if (WIFSIGNALED(st)) {
+          ev["signal"] = WTERMSIG(st);
+          ev["signal_name"] = strsignal(WTERMSIG(st));
+        } else if (WIFEXITED(st)) {
+          ev["exit_code"] = WEXITSTATUS(st);
+        }
+        event("worker_died", ev);
+        attempt_failed_ = true;
+        stop_workers(fmt::format("rank {} died", w.rank));
+      }
+    }
+  }
+  if (attempt_live_ &&
+      std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }))
+    end_attempt();
+}
+
+void Daemon::worker_failed(Worker& w, const std::string& what) {
+  log(fmt::format("worker rank {} (pid {}) {}: killing it", w.rank, w.pid, what));
+  event("worker_failed", {{"rank", w.rank}, {"pid", w.pid}, {"error", what}});
+  attempt_failed_ = true;
+  if (w.running) kill(-w.pid, SIGKILL);
+  stop_workers(fmt::format("rank {} failed", w.rank));
+}
+
+void Daemon::on_tick() {
+  const auto now = Clock::now();
+  if (attempt_live_ && !stopping_workers_) {
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
+      const double silent = std::chrono::duration<double>(now - w.last_seen).count();
+      if (w.connected && silent > o_.heartbeat_timeout_s) {
+        worker_failed(w, fmt::format("sent no heartbeat for {:.1f} s (hung)", silent));
+        break;
+      }
+      if (!w.connected && silent > o_.startup_timeout_s) {
+        worker_failed(w, fmt::format("did not connect within {:.0f} s", o_.startup_timeout_s));
+        break;
+      }
+    }
+    if ((finishing_ || stop_signals_ > 0) && now > stop_deadline_) {
+      attempt_failed_ = finishing_ ? attempt_failed_ : true;
+      stop_workers("workers did not stop in time");
+    }
+  }
+  if (stopping_workers_ && now > kill_at_) {
+    for (Worker& w : workers_)
+      if (w.running) kill(-w.pid, SIGKILL);
+    kill_at_ = now + std::chrono::seconds(3600);
+  }
+  if (ck_) {
+    while (auto r = ck_->poll()) {
+      if (r->ok) {
+        log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r->step, r->path,
+                        r->bytes / 1e6, r->total_s));
+        event("checkpoint_saved", {{"step", r->step}, {"path", r->path}});
+      } else {
+        log(fmt::format("checkpoint step {} failed: {}", r->step, r->error));
+        event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
+      }
+    }
+  }
+  if (restart_pending_ && now >= restart_at_) start_attempt();
+  if (exiting_) return;
+  tick_.expires_after(std::chrono::milliseconds(100));
+  tick_.async_wait([this](const boost::system::error_code& e) {
+    if (!e) on_tick();
+  });
+}
+
+}  // namespace
+
+// ---- entry -------------------------------------------------------------------------------------
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  bool node_given = false, nodes_given = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usage_error(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "--help" || f == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (f == "--spec") {
+      o.spec = value();
+    } else if (f == "--job-dir") {
+      o.job_dir = value();
+    } else if (f == "--node-rank") {
+      o.node_rank = static_cast<int>(parse_int(f, value(), 0, 65535));
+      node_given = true;
+    } else if (f == "--nodes") {
+      o.nodes = static_cast<int>(parse_int(f, value(), 1, 65536));
+      nodes_given = true;
+    } else if (f == "--rendezvous") {
+      o.rendezvous = value();
+    } else if (f == "--coord") {
+      o.coord = value();
+    } else if (f == "--job") {
+      o.job = value();
+    } else if (f == "--steps") {
+      o.steps = parse_int(f, value(), 1, int64_t{1} << 40);
+    } else if (f == "--resume") {
+      o.resume = true;
+    } else if (f == "--threads") {
+      o.threads = static_cast<int>(parse_int(f, value(), 0, 4096));
+    } else if (f == "--json") {
+      o.json = true;
+    } else if (f == "--worker-bin") {
+      o.worker_bin = value();
+    } else if (f == "--transport") {
+      o.transport = value();
+    } else if (f == "--worker-threads") {
+      o.worker_threads = static_cast<int>(parse_int(f, value(), 0, 4096));
+    } else if (f == "--heartbeat-timeout") {
+      o.heartbeat_timeout_s = parse_seconds(f, value());
+    } else if (f == "--startup-timeout") {
+      o.startup_timeout_s = parse_seconds(f, value());
+    } else if (f == "--stop-grace") {
+      o.stop_grace_s = parse_seconds(f, value());
+    } else if (f == "--hash-weights") {
+      o.hash_weights = true;
+    } else {
+      usage_error("unknown argument '" + f + "'");
+    }
+  }
+  if (o.spec.empty()) usage_error("--spec FILE is required");
+  if (node_given != nodes_given) usage_error("--node-rank and --nodes go together");
+  if (!node_given) {
+    const char* id = std::getenv("SLURM_NODEID");
+    const char* nn = std::getenv("SLURM_NNODES");
+    if (id && nn && *id && *nn) {
+      o.node_rank = static_cast<int>(parse_int("SLURM_NODEID", id, 0, 65535));
+      o.nodes = static_cast<int>(parse_int("SLURM_NNODES", nn, 1, 65536));
+    }
+  }
+  if (o.node_rank >= o.nodes)
+    usage_error("--node-rank " + std::to_string(o.node_rank) + " is not below --nodes " +
+                std::to_string(o.nodes));
+  if (o.coord.empty() != o.job.empty()) usage_error("--coord and --job go together");
+  return o;
+}
+
+int run(const Options& o) {
+  spec::LoadResult loaded = spec::load_spec_file(o.spec);
+  for (const auto& d : loaded.diagnostics) std::cerr << d.str() << "\n";
+  if (!loaded.ok()) {
+    std::cerr << "ringd: " << o.spec << ": invalid spec (" << loaded.error_count()
+              << " error(s))\n";
+    return kExitUsage;
+  }
+  spec::JobSpec s = *loaded.spec;
+  const int64_t world = s.resources.workers_per_node * o.nodes;
+  if (s.parallel.data_replicas != 1) {
+    std::cerr << "ringd: " << o.spec << ": parallel.data_replicas = " << s.parallel.data_replicas
+              << ": ringd runs one ring (data_replicas 1)\n";
+    return kExitUsage;
+  }
+  if (s.parallel.context_ranks != world) {
+    std::cerr << "ringd: " << o.spec << ": parallel.context_ranks = " << s.parallel.context_ranks
+              << " but " << o.nodes << " node(s) x resources.workers_per_node "
+              << s.resources.workers_per_node << " = " << world << " workers\n";
+    return kExitUsage;
+  }
+  if (s.resources.nodes != o.nodes) {
+    std::cerr << "ringd: " << o.spec << ": resources.nodes = " << s.resources.nodes << " but "
+              << o.nodes << " ringd node(s) were started (--nodes / SLURM_NNODES)\n";
+    return kExitUsage;
+  }
+  if (s.optimizer.offload != spec::Offload::kCpu) {
+    std::cerr << "ringd: " << o.spec
+              << ": optimizer.offload = none: the in-worker optimizer is ring-worker "
+                 "--launch-local; ringd runs optimizer.offload: cpu\n";
+    return kExitUsage;
+  }
+  if (!o.coord.empty()) {
+    std::cerr << "ringd: --coord: reporting to ring-coord is not available in this build of "
+                 "ringd yet; run without --coord/--job\n";
+    return kExitUsage;
+  }
+  std::ifstream in(o.spec, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    Daemon d(o, s, text);
+    return d.run();
+  } catch (const std::exception& e) {
+    std::cerr << "ringd: fatal: " << e.what() << "\n";
+    return kExitFailed;
+  }
+}
+
+}  // namespace ring::ringd

@@ -1,0 +1,133 @@
+#include "worker/offload/ringd_client.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace ring::offload {
+
+RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int timeout_ms)
+    : opt_(o) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path))
+    throw RingdGone("--ringd " + path + ": socket path longer than " +
+                    std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) throw RingdGone(std::string("socket: ") + std::strerror(errno));
+  if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int e = errno;
+    close(fd_);
+    fd_ = -1;
+    throw RingdGone("connect to ringd at " + path + ": " + std::strerror(e));
+  }
+  send({{"t", "hello"}, {"rank", o.rank}, {"local", o.local}, {"pid", getpid()}, {"n", o.n}});
+  pollfd p{fd_, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0)
+    throw RingdGone("no welcome from ringd within " + std::to_string(timeout_ms) + " ms");
+  nlohmann::json w = recv();
+  if (w.value("t", "") == "stop") throw RingdGone("ringd refused: " + w.value("reason", ""));
+  if (w.value("t", "") != "welcome") throw RingdGone("expected a welcome from ringd, got " + w.dump());
+  welcome_.shm = w.at("shm").get<std::string>();
+  welcome_.start_step = w.at("start_step").get<int64_t>();
+  welcome_.need_init = w.at("need_init").get<bool>();
+  welcome_.cursor = w.value("cursor", nlohmann::json());
+  shm_ = ShmRegion::open(welcome_.shm, o.n);
+  send({{"t", "mapped"}});
+  hb_ = std::thread([this] {
+    while (!stop_hb_.load()) {
+      try {
+        send({{"t", "hb"}});
+      } catch (const std::exception&) {
+        return;
+      }
+      for (int i = 0; i < opt_.heartbeat_ms / 10 && !stop_hb_.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+}
+
+RingdClient::~RingdClient() {
+  stop_hb_ = true;
+  if (hb_.joinable()) hb_.join();
+  if (fd_ >= 0) close(fd_);
+}
+
+void RingdClient::send(const nlohmann::json& j) {
+  std::string line = j.dump() + "\n";
+  std::lock_guard<std::mutex> lock(write_mu_);
+  size_t off = 0;
+  while (off < line.size()) {
+    ssize_t w = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw RingdGone(std::string("ringd control socket: ") + std::strerror(errno));
+    off += static_cast<size_t>(w);
+  }
+}
+
+nlohmann::json RingdClient::recv() {
+  for (;;) {
+    size_t nl = inbuf_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = inbuf_.substr(0, nl);
+      inbuf_.erase(0, nl + 1);
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object())
+        throw RingdGone("ringd sent a malformed message: " + line.substr(0, 200));
+      return j;
+    }
+    char buf[4096];
+    ssize_t r = ::recv(fd_, buf, sizeof(buf), 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) throw RingdGone("ringd closed the control socket");
+    if (r < 0) throw RingdGone(std::string("ringd control socket: ") + std::strerror(errno));
+    inbuf_.append(buf, static_cast<size_t>(r));
+    if (inbuf_.size() > (1u << 20)) throw RingdGone("ringd message over 1 MiB");
+  }
+}
+
+void RingdClient::send_init(const float* params) {
+  std::memcpy(shm_.params(), params, static_cast<size_t>(opt_.n) * sizeof(float));
+  send({{"t", "init"}});
+}
+
+Command RingdClient::next(float* params) {
+  nlohmann::json j = recv();
+  const std::string t = j.value("t", "");
+  Command c;
+  if (t == "stop") {
+    c.stop = true;
+    c.reason = j.value("reason", "");
+    return c;
+  }
+  if (t != "params") throw RingdGone("expected params or stop from ringd, got " + j.dump());
+  c.step = j.at("step").get<int64_t>();
+  c.changed = j.at("changed").get<int64_t>();
+  const float* src = shm_.params();
+  if (c.changed < 0) {
+    std::memcpy(params, src, static_cast<size_t>(opt_.n) * sizeof(float));
+  } else {
+    const uint32_t* idx = shm_.index();
+    for (int64_t i = 0; i < c.changed; ++i) params[idx[i]] = src[idx[i]];
+  }
+  return c;
+}
+
+void RingdClient::bucket(int64_t step, const model::GradBucket& b, const float* grads) {
+  std::memcpy(shm_.grads(opt_.local) + b.begin, grads + b.begin,
+              static_cast<size_t>(b.end - b.begin) * sizeof(float));
+  send({{"t", "bucket"}, {"step", step}, {"b", b.index}});
+}
+
+void RingdClient::done(nlohmann::json j) {
+  j["t"] = "done";
+  send(j);
+}
+
+}  // namespace ring::offload

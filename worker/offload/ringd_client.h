@@ -1,0 +1,94 @@
+// The worker side of ringd's control channel: a unix stream socket carrying small JSON lines
+// (hello, heartbeat, "bucket b of step s is in your slot", step done) and, from ringd, the
+// welcome (the shm segment, the step to start at, the loader cursor), "params for step s are in
+// shm" and stop. Tensors go through the shm segment (shm.h), never through the socket.
+//
+//   RingdClient c(socket, {.rank = r, .local = l, .n = layout.total()});
+//   if (c.welcome().need_init) c.send_init(model.params());    // local rank 0, fresh start
+//   while (true) {
+//     Command cmd = c.next(model.params());                    // weights for the next step
+//     if (cmd.stop) break;
+//     model.forward_backward(batch, gv, [&](const GradBucket& b) {
+//       c.bucket(cmd.step, b, model.grads()); });              // as each bucket completes
+//     c.done(step_json);
+//   }
+//
+// A heartbeat thread writes {"t":"hb"} every heartbeat_ms so ringd sees a hung process (for
+// example a stopped one) as silence. When ringd goes away, every call throws RingdGone.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "worker/model/layout.h"
+#include "worker/offload/shm.h"
+
+namespace ring::offload {
+
+struct RingdGone : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ClientOptions {
+  int rank = 0;       // global rank
+  int local = 0;      // local rank on this node (the gradient slot)
+  int64_t n = 0;      // floats in the model's flat layout
+  int heartbeat_ms = 250;
+};
+
+struct Welcome {
+  std::string shm;
+  int64_t start_step = 0;  // steps already done (resume); the first step run is start_step + 1
+  bool need_init = false;  // this worker's initial weights become ringd's master weights
+  nlohmann::json cursor;   // loader cursor to seek to (null: start of the data)
+};
+
+struct Command {
+  bool stop = false;
+  int64_t step = 0;        // the step to run with these weights
+  int64_t changed = -1;    // -1: every weight was copied; else the number of changed coordinates
+  std::string reason;      // stop: why
+};
+
+class RingdClient {
+ public:
+  // Connects, says hello and waits for the welcome (bounded by timeout_ms). Throws RingdGone.
+  RingdClient(const std::string& socket_path, const ClientOptions& options, int timeout_ms = 60000);
+  ~RingdClient();
+  RingdClient(const RingdClient&) = delete;
+  RingdClient& operator=(const RingdClient&) = delete;
+
+  const Welcome& welcome() const { return welcome_; }
+  ShmRegion& shm() { return shm_; }
+
+  // Fresh start, the worker ringd named: copies params [n] into the shm and tells ringd.
+  void send_init(const float* params);
+  // Blocks until ringd sends the weights for the next step (copied into params [n]: all of them,
+  // or only the changed coordinates in lazy mode) or stop.
+  Command next(float* params);
+  // Copies grads[bucket.begin, bucket.end) into this worker's slot and notifies ringd.
+  void bucket(int64_t step, const model::GradBucket& b, const float* grads);
+  // End of the step: `j` carries the step's figures (loss_sum, valid, tokens, step_ms, cursor..).
+  void done(nlohmann::json j);
+
+ private:
+  void send(const nlohmann::json& j);
+  nlohmann::json recv();
+
+  ClientOptions opt_;
+  int fd_ = -1;
+  std::string inbuf_;
+  std::mutex write_mu_;
+  Welcome welcome_;
+  ShmRegion shm_;
+  std::atomic<bool> stop_hb_{false};
+  std::thread hb_;
+};
+
+}  // namespace ring::offload

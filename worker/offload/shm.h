@@ -1,0 +1,74 @@
+// The node's shared-memory segment between ringd and its workers (POSIX shm_open + mmap): the
+// tensors of the offloaded optimizer step never go through a socket.
+//
+//   layout (byte offsets 64-aligned, all sizes in the header):
+//     header                       ShmHeader
+//     params   [n] fp32            ringd -> workers: the weights for the next step
+//     index    [n] uint32          ringd -> workers: lazy mode, the coordinates that changed
+//     grads    [workers][n] fp32   worker k -> ringd: its gradient, written bucket by bucket
+//
+// ringd creates one segment per attempt (name unique per job, node, ringd pid and attempt),
+// and unlinks the name as soon as every worker has mapped it, so nothing is left in /dev/shm
+// even when ringd is killed later; the memory goes away with the last mapping.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ring::offload {
+
+inline constexpr uint64_t kShmMagic = 0x52494e47534d3031ull;  // "RINGSM01"
+inline constexpr uint32_t kShmVersion = 1;
+
+struct ShmHeader {
+  uint64_t magic = 0;
+  uint32_t version = 0;
+  uint32_t workers = 0;
+  int64_t n = 0;             // floats per tensor (the model's flat layout total)
+  int64_t params_off = 0;    // bytes from the start
+  int64_t index_off = 0;
+  int64_t grads_off = 0;
+  int64_t slot_stride = 0;   // bytes between two workers' gradient slots
+  int64_t total_bytes = 0;
+};
+
+class ShmRegion {
+ public:
+  // ringd: creates (O_EXCL) and sizes the segment. Throws std::runtime_error naming the segment
+  // and the errno text.
+  static ShmRegion create(const std::string& name, int64_t n, int workers);
+  // A worker: maps an existing segment and checks its header against n. Throws
+  // std::runtime_error naming the segment and what does not match.
+  static ShmRegion open(const std::string& name, int64_t n);
+
+  ShmRegion() = default;
+  ShmRegion(ShmRegion&& o) noexcept;
+  ShmRegion& operator=(ShmRegion&& o) noexcept;
+  ~ShmRegion();
+
+  const std::string& name() const { return name_; }
+  int64_t n() const { return header()->n; }
+  int workers() const { return static_cast<int>(header()->workers); }
+  float* params() const { return reinterpret_cast<float*>(base_ + header()->params_off); }
+  uint32_t* index() const { return reinterpret_cast<uint32_t*>(base_ + header()->index_off); }
+  float* grads(int slot) const {
+    return reinterpret_cast<float*>(base_ + header()->grads_off + slot * header()->slot_stride);
+  }
+  int64_t bytes() const { return size_; }
+  // Removes the name (idempotent); mappings stay valid.
+  void unlink();
+  bool valid() const { return base_ != nullptr; }
+
+ private:
+  const ShmHeader* header() const { return reinterpret_cast<const ShmHeader*>(base_); }
+  std::string name_;
+  char* base_ = nullptr;
+  int64_t size_ = 0;
+  bool owner_ = false;
+  bool linked_ = false;
+};
+
+// "/ringmaster-<job>-n<node>-p<pid>-a<attempt>", job name reduced to [A-Za-z0-9_.-].
+std::string shm_name(const std::string& job, int node, int pid, int attempt);
+
+}  // namespace ring::offload
