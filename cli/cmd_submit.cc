@@ -1,0 +1,273 @@
+// ringctl submit SPEC [--dry-run] [--job-dir DIR]: run a job on Slurm. The spec is validated,
+// submitted to ring-coord (the system of record), copied into the job directory with the sbatch
+// script rendered from it (common/slurm/sbatch_script), and handed to sbatch; the Slurm job id is
+// recorded with the job and both ids are printed. --dry-run prints the script and submits nothing.
+//
+// ringctl slurm-started JOB --slurm-job ID --restarts N --nodes LIST: what the batch script runs
+// first on every start; ring-coord records the start and, after a requeue (node failure,
+// preemption, `ringctl restart`), begins the next attempt from the latest complete checkpoint.
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/ctl_common.h"
+#include "common/slurm/sbatch_script.h"
+#include "common/slurm/slurm_cli.h"
+#include "common/spec/parse.h"
+
+namespace fs = std::filesystem;
+
+namespace ring::cli {
+
+namespace {
+
+struct SubmitOpts {
+  CoordFlags coord;
+  std::string spec;
+  std::string job_dir;
+  std::string name;
+  std::string ringd;
+  std::string spank = "auto";
+  bool dry_run = false;
+  bool json = false;
+};
+
+std::string self_exe() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+bool executable(const fs::path& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+}
+
+// --ringd, $RINGD, next to ringctl (an install: bin/), the build tree (cli/../daemon/ringd/),
+// then PATH. Returns "" when none is found.
+std::string find_ringd(const std::string& given) {
+  if (!given.empty()) return fs::absolute(given).lexically_normal().string();
+  if (const char* e = std::getenv("RINGD"); e && *e)
+    return fs::absolute(e).lexically_normal().string();
+  fs::path self = self_exe();
+  if (!self.empty()) {
+    fs::path dir = self.parent_path();
+    for (const fs::path& c : {dir / "ringd", dir / ".." / "daemon" / "ringd" / "ringd"})
+      if (executable(c)) return fs::weakly_canonical(c).string();
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream ps(path ? path : "");
+  std::string d;
+  while (std::getline(ps, d, ':'))
+    if (!d.empty() && executable(fs::path(d) / "ringd"))
+      return fs::absolute(fs::path(d) / "ringd").string();
+  return "";
+}
+
+void write_file(const fs::path& p, const std::string& text, mode_t mode) {
+  fs::path tmp = p;
+  tmp += ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw slurm::SlurmError("cannot write " + tmp.string());
+  }
+  chmod(tmp.c_str(), mode);
+  fs::rename(tmp, p);
+}
+
+int run_submit(const SubmitOpts& o) {
+  auto r = spec::load_spec_file(o.spec);
+  for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
+  if (!r.ok()) {
+    std::cerr << o.spec << ": " << r.error_count()
+              << " error(s); fix them (`ringctl validate " << o.spec << "`) before submitting\n";
+    return kExitFailed;
+  }
+  const auto& spec = *r.spec;
+  std::string name = o.name.empty() ? spec.job.name : o.name;
+  std::ifstream sf(o.spec, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(sf)), {});
+
+  fs::path job_dir = o.job_dir.empty() ? fs::path("/tmp/ringmaster") / name : fs::path(o.job_dir);
+  job_dir = fs::absolute(job_dir).lexically_normal();
+  std::string jd = job_dir.string();
+  while (jd.size() > 1 && jd.back() == '/') jd.pop_back();
+
+  slurm::ScriptInputs in;
+  in.job_dir = jd;
+  in.ringd = find_ringd(o.ringd);
+  if (in.ringd.empty()) {
+    if (!o.dry_run) {
+      std::cerr << "ringctl: ringd not found (next to ringctl, in the build tree or in PATH); give "
+                   "--ringd PATH or set RINGD\n";
+      return kExitUsage;
+    }
+    in.ringd = (fs::path(self_exe()).parent_path() / "ringd").string();
+    std::cerr << "ringctl: warning: ringd not found; the script names " << in.ringd << "\n";
+  } else if (!o.ringd.empty() && !executable(in.ringd) && !o.dry_run) {
+    std::cerr << "ringctl: --ringd " << o.ringd << ": not an executable file\n";
+    return kExitUsage;
+  }
+  in.ringctl = self_exe();
+  in.coord_endpoint = o.coord.resolved_endpoint();
+  if (o.spank == "on") in.spank = true;
+  else if (o.spank == "auto") in.spank = slurm::spank_plugin_active();
+
+  if (o.dry_run) {
+    // A real submit copies the spec to <job-dir>/spec-<ring-coord job id>.yaml; with no id yet,
+    // the script names <job-dir>/spec.yaml (copy the spec there to sbatch it by hand).
+    in.spec_path = jd + "/spec.yaml";
+    try {
+      std::cout << slurm::render_sbatch_script(spec, in);
+    } catch (const slurm::ScriptError& e) {
+      std::cerr << "ringctl: cannot render the sbatch script: " << e.what() << "\n";
+      return kExitUsage;
+    }
+    return kExitOk;
+  }
+
+  std::string ep = in.coord_endpoint;
+  return guarded(ep, [&]() -> int {
+    coord::Client c(o.coord.client_options());
+    // Render once before submitting, so a bad path fails before ring-coord records anything.
+    in.coord_job = 1;
+    in.spec_path = jd + "/spec.yaml";
+    try {
+      slurm::render_sbatch_script(spec, in);
+    } catch (const slurm::ScriptError& e) {
+      std::cerr << "ringctl: cannot render the sbatch script: " << e.what() << "\n";
+      return kExitUsage;
+    }
+    auto sub = c.submit(text, o.name, jd);
+    in.coord_job = sub.job;
+    auto fail = [&](const std::string& why) {
+      std::cerr << "ringctl: " << why << "\n";
+      protocol::SlurmJobRequest f;
+      f.job = sub.job;
+      f.event = "submit_failed";
+      f.message = why.substr(0, 4000);
+      try {
+        c.slurm_job(f);
+        std::cerr << "  ring-coord job " << sub.job << " is marked failed\n";
+      } catch (const std::exception& e) {
+        std::cerr << "  and ring-coord could not be told: " << e.what() << "\n";
+      }
+      return kExitFailed;
+    };
+    fs::path script;
+    try {
+      std::error_code ec;
+      fs::create_directories(job_dir / "logs", ec);
+      if (ec) return fail("cannot create the job directory " + jd + ": " + ec.message());
+      in.spec_path = jd + "/spec-" + std::to_string(sub.job) + ".yaml";
+      write_file(in.spec_path, text, 0644);
+      script = job_dir / ("job-" + std::to_string(sub.job) + ".sbatch");
+      write_file(script, slurm::render_sbatch_script(spec, in), 0755);
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+    std::string sid;
+    try {
+      sid = slurm::sbatch(script.string(), {"--chdir=" + jd});
+    } catch (const slurm::SlurmError& e) {
+      return fail(e.what());
+    }
+    protocol::SlurmJobRequest s;
+    s.job = sub.job;
+    s.event = "submitted";
+    s.slurm_job_id = sid;
+    c.slurm_job(s);
+    if (o.json) {
+      std::cout << nlohmann::json{{"job", sub.job},
+                                  {"name", sub.name},
+                                  {"slurm_job_id", sid},
+                                  {"job_dir", jd},
+                                  {"script", script.string()},
+                                  {"output", jd + "/slurm-" + sid + ".out"}}
+                       .dump()
+                << "\n";
+    } else {
+      std::cout << "job " << sub.job << " (" << sub.name << ") submitted to Slurm as job " << sid
+                << "\n  script " << script.string() << "\n  output " << jd << "/slurm-" << sid
+                << ".out\n  follow with `ringctl status " << sub.job << "`\n";
+    }
+    return kExitOk;
+  });
+}
+
+struct StartedOpts {
+  CoordFlags coord;
+  std::string job;
+  std::string slurm_job;
+  int64_t restarts = 0;
+  std::string nodes;
+};
+
+int run_started(const StartedOpts& o) {
+  std::string ep = o.coord.resolved_endpoint();
+  return guarded(ep, [&] {
+    int64_t job = parse_job_id(o.job);
+    if (!slurm::valid_job_id(o.slurm_job))
+      throw CLI::ValidationError("--slurm-job", "'" + o.slurm_job + "' is not a Slurm job id");
+    coord::Client c(o.coord.client_options());
+    protocol::SlurmJobRequest s;
+    s.job = job;
+    s.event = "started";
+    s.slurm_job_id = o.slurm_job;
+    s.restarts = o.restarts;
+    s.nodes = o.nodes;
+    auto r = c.slurm_job(s);
+    std::cout << "ringmaster: ring-coord job " << job << " is " << r.state << " (" << r.message
+              << ")\n";
+    return kExitOk;
+  });
+}
+
+}  // namespace
+
+Subcommand add_submit(CLI::App& app) {
+  auto o = std::make_shared<SubmitOpts>();
+  auto* sc = app.add_subcommand(
+      "submit", "Submit a job spec to Slurm: ring-coord records it, sbatch runs one ringd per node");
+  sc->add_option("spec", o->spec, "Spec file (YAML)")->required()->check(CLI::ExistingFile);
+  sc->add_flag("--dry-run", o->dry_run, "Print the sbatch script; submit nothing");
+  sc->add_option("--job-dir", o->job_dir,
+                 "Job directory on a file system every node sees (default "
+                 "/tmp/ringmaster/<job.name>)");
+  sc->add_option("--name", o->name, "Job name (default: job.name of the spec)");
+  sc->add_option("--ringd", o->ringd,
+                 "ringd on the compute nodes (default: $RINGD, next to ringctl, the build tree, "
+                 "PATH)");
+  sc->add_option("--spank", o->spank,
+                 "Pass --ring-job/--ring-coord to srun: on, off, or auto (when srun --help "
+                 "shows them)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  sc->add_flag("--json", o->json, "Machine-readable output");
+  o->coord.add_to(sc);
+  return {sc, [o] { return run_submit(*o); }};
+}
+
+Subcommand add_slurm_started(CLI::App& app) {
+  auto o = std::make_shared<StartedOpts>();
+  auto* sc = app.add_subcommand(
+      "slurm-started",
+      "Used by the batch script of `ringctl submit`: record a Slurm start (or requeue) of a job");
+  sc->add_option("job", o->job, "ring-coord job id")->required();
+  sc->add_option("--slurm-job", o->slurm_job, "Slurm job id ($SLURM_JOB_ID)")->required();
+  sc->add_option("--restarts", o->restarts, "$SLURM_RESTART_COUNT")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+  sc->add_option("--nodes", o->nodes, "$SLURM_JOB_NODELIST");
+  o->coord.add_to(sc);
+  return {sc, [o] { return run_started(*o); }};
+}
+
+}  // namespace ring::cli
