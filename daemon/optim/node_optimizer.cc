@@ -10,7 +10,10 @@
 #include <mutex>
 #include <thread>
 
+#include <omp.h>
+
 #include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
 #include "worker/train/trainer.h"
 
 namespace ring::optim {
@@ -28,6 +31,26 @@ void check(kernels::Status s, const char* op, int bucket = -1) {
     throw OptimError(std::string("NodeOptimizer: kernel ") + op +
                      (bucket >= 0 ? " on bucket " + std::to_string(bucket) : std::string()) +
                      " failed: " + kernels::status_string(s));
+  }
+}
+
+// f(begin, end) on contiguous parts of [0, n), one per thread (boundaries multiples of 16 floats),
+// for the streaming loops the kernels interface has no fused form of. Plain loops: the compiler
+// vectorises them, and they are memory-bound.
+template <class F>
+void parallel_ranges(int64_t n, int threads, F&& f) {
+  constexpr int64_t kGrain = 1 << 16;
+  const int want = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n / kGrain)));
+  if (want <= 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(want)
+  {
+    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t chunk = ((n + nt - 1) / nt + 15) / 16 * 16;
+    const int64_t b = std::min(n, id * chunk), e = std::min(n, b + chunk);
+    f(b, e);
   }
 }
 
@@ -212,7 +235,9 @@ struct NodeOptimizer::Impl {
     float* acc = g;
     if (error_feedback) {
       acc = residual + bk.begin;
-      check(backend->add(size, acc, g, acc), "add", b);
+      parallel_ranges(size, threads, [acc, g](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) acc[i] += g[i];
+      });
     }
     const int64_t k = bucket_k(size);
     check(backend->topk_abs(size, k, acc, topk_idx.data(), topk_val.data()), "topk_abs", b);
@@ -340,11 +365,16 @@ struct NodeOptimizer::Impl {
         return;
       }
       // Dense update of the sparse gradient: scatter into the (consumed) node gradient.
-      check(backend->fill(size, 0.f, g), "fill", b);
+      parallel_ranges(size, threads, [g](int64_t lo, int64_t hi) {
+        std::memset(g + lo, 0, sizeof(float) * (hi - lo));
+      });
       const std::vector<uint32_t>& idx = sparse_idx[b];
       for (size_t q = 0; q < idx.size(); ++q) g[idx[q]] = vals[q];
     } else if (clip) {
-      check(backend->scale(size, scale, g), "scale", b);
+      // The Trainer's Backend::scale: g[i] * scale in fp32, the same bits.
+      parallel_ranges(size, threads, [g, scale](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) g[i] *= scale;
+      });
     }
     for (const TensorRef& t : tensors[b]) {
       const int64_t i = bk.begin + t.offset;
@@ -382,7 +412,9 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const model::ParamLayout
   std::string error;
   auto backend = kernels::create_backend("cpu", threads, &error);
   if (!backend) throw OptimError("NodeOptimizer: cannot create the CPU backend: " + error);
-  impl_ = std::make_unique<Impl>(spec, layout, total_steps, threads, exchange, std::move(backend));
+  impl_ = std::make_unique<Impl>(spec, layout, total_steps,
+                                 threads > 0 ? threads : kernels::cpu::hardware_threads(),
+                                 exchange, std::move(backend));
   Impl& s = *impl_;
   s.total = layout.total();
   s.nbuckets = static_cast<int>(layout.buckets().size());
