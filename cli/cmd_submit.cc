@@ -34,6 +34,7 @@ struct SubmitOpts {
   std::string name;
   std::string ringd;
   std::string spank = "auto";
+  std::string ringd_coord = "on";
   bool dry_run = false;
   bool json = false;
 };
@@ -118,6 +119,7 @@ int run_submit(const SubmitOpts& o) {
     return kExitUsage;
   }
   in.ringctl = self_exe();
+  in.ringd_reports = o.ringd_coord == "on";
   in.coord_endpoint = o.coord.resolved_endpoint();
   if (o.spank == "on") in.spank = true;
   else if (o.spank == "auto") in.spank = slurm::spank_plugin_active();
@@ -251,6 +253,10 @@ Subcommand add_submit(CLI::App& app) {
                  "Pass --ring-job/--ring-coord to srun: on, off, or auto (when srun --help "
                  "shows them)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  sc->add_option("--ringd-coord", o->ringd_coord,
+                 "on: ringd reports to ring-coord (--coord/--job); off: ringd runs without it "
+                 "(nodes that cannot reach the endpoint); Slurm starts are recorded either way")
+      ->check(CLI::IsMember({"on", "off"}));
   sc->add_flag("--json", o->json, "Machine-readable output");
   o->coord.add_to(sc);
   return {sc, [o] { return run_submit(*o); }};

@@ -154,7 +154,7 @@ std::string render_sbatch_script(const spec::JobSpec& spec, const ScriptInputs& 
   if (in.spank && !in.coord_endpoint.empty())
     srun += " --ring-job=\"$coord_job\" --ring-coord=\"$coord\"";
   srun += " \"$ringd\" --spec \"$spec\" --job-dir \"$RING_JOB_DIR\"";
-  if (!in.coord_endpoint.empty())
+  if (!in.coord_endpoint.empty() && in.ringd_reports)
     srun += " --coord \"$coord\" --job \"$coord_job\"";
   srun += " --resume &";
   line(srun);

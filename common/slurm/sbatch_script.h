@@ -35,6 +35,10 @@ struct ScriptInputs {
   std::string job_dir;    // absolute; ringd's --job-dir, also where slurm-<id>.out goes
   std::string ringd;      // absolute path of the ringd binary on the compute nodes
   std::string coord_endpoint;  // ring-coord endpoint; empty: ringd runs without a coordinator
+  // ringd gets --coord/--job and reports to ring-coord. false: ringd runs without them (a ringd
+  // built without coordinator reporting, or compute nodes that cannot reach the endpoint); the
+  // batch script still records each Slurm start with `ringctl slurm-started`.
+  bool ringd_reports = true;
   // ring-coord job id; 0 with an endpoint (submit --dry-run): the script takes it from
   // $RING_COORD_JOB when it runs.
   int64_t coord_job = 0;

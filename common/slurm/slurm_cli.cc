@@ -304,6 +304,34 @@ void requeue(const std::string& id) {
   if (r.exit_code != 0) throw SlurmError("scontrol requeue failed: " + describe(argv, r));
 }
 
+std::string summary(const JobView& v) {
+  if (!v.found) return "not known to Slurm (finished long ago, or another cluster)";
+  std::string s = v.state;
+  if (!v.nodes.empty() && v.state != "PENDING") s += " on " + v.nodes;
+  if (!v.reason.empty()) s += " (" + v.reason + ")";
+  bool ended = v.state == "COMPLETED" || v.state == "FAILED" || v.state == "CANCELLED" ||
+               v.state == "TIMEOUT" || v.state == "NODE_FAIL" || v.state == "OUT_OF_MEMORY" ||
+               v.state == "PREEMPTED" || v.state == "BOOT_FAIL" || v.state == "DEADLINE";
+  if (ended && !v.exit_code.empty()) s += ", exit " + v.exit_code;
+  if (v.restarts > 0)
+    s += fmt::format(", {} restart{}", v.restarts, v.restarts == 1 ? "" : "s");
+  return s;
+}
+
+nlohmann::json to_json(const JobView& v) {
+  return {{"id", v.id},
+          {"found", v.found},
+          {"source", v.source},
+          {"state", v.state},
+          {"reason", v.reason},
+          {"nodes", v.nodes},
+          {"restarts", v.restarts},
+          {"exit_code", v.exit_code},
+          {"partition", v.partition},
+          {"run_time", v.run_time},
+          {"time_limit", v.time_limit}};
+}
+
 bool spank_plugin_active() {
   try {
     auto r = run_command({"srun", "--help"}, 15000);

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <map>
+
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -67,6 +69,12 @@ std::map<std::string, JobView> query_jobs(const std::vector<std::string>& ids);
 void cancel(const std::string& id);
 // scontrol requeue ID: the running job is stopped the same way and queued again (Restarts+1).
 void requeue(const std::string& id);
+
+// Slurm's side of `ringctl status`: "RUNNING on node[1-2], 1 restart", "PENDING (Resources)",
+// "COMPLETED (exit 0:0)", "not known to Slurm" - one line; and the same as a JSON object (id,
+// state, reason, nodes, restarts, exit_code, partition, run_time, time_limit, source).
+std::string summary(const JobView& v);
+nlohmann::json to_json(const JobView& v);
 
 // Whether srun knows --ring-job (the SPANK plugin is in plugstack.conf).
 bool spank_plugin_active();

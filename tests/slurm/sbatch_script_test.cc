@@ -134,6 +134,12 @@ TEST(SbatchScript, SpankOptionsWhenThePluginIsThere) {
   EXPECT_NE(script.find("--ring-job=\"$coord_job\" --ring-coord=\"$coord\" \"$ringd\""),
             std::string::npos)
       << script;
+  // ringd without --coord (a ringd that cannot report): the start is still recorded.
+  in.ringd_reports = false;
+  script = ring::slurm::render_sbatch_script(tiny_spec(), in);
+  EXPECT_EQ(script.find("--job \"$coord_job\""), std::string::npos) << script;
+  EXPECT_NE(script.find("slurm-started \"$coord_job\""), std::string::npos) << script;
+  in.ringd_reports = true;
   // submit --dry-run: no id yet; the script wants it from the environment.
   in.coord_job = 0;
   script = ring::slurm::render_sbatch_script(tiny_spec(), in);
@@ -235,6 +241,15 @@ TEST(SlurmCli, ScontrolRecord) {
   EXPECT_EQ(v.exit_code, "0:15");
   EXPECT_EQ(v.partition, "low");
   EXPECT_EQ(v.start_time, "");
+  EXPECT_EQ(ring::slurm::summary(v), "PENDING (BeginTime), 2 restarts");
+  v.state = "COMPLETED";
+  v.reason = "";
+  v.nodes = "node[1-2]";
+  v.restarts = 1;
+  EXPECT_EQ(ring::slurm::summary(v), "COMPLETED on node[1-2], exit 0:15, 1 restart");
+  EXPECT_EQ(ring::slurm::to_json(v)["restarts"], 1);
+  EXPECT_EQ(ring::slurm::summary(ring::slurm::JobView{}),
+            "not known to Slurm (finished long ago, or another cluster)");
 }
 
 TEST(SlurmCli, SbatchParsableAndJobIds) {
