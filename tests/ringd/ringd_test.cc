@@ -1,0 +1,292 @@
+// ringd end to end: real ringd processes, real ring-worker ranks, UCX over shared memory.
+//
+//   DenseMatchesInWorkerOptimizer: 4 workers, offloaded dense AdamW (grad_clip 1) vs
+//     ring-worker --launch-local (in-worker AdamW): every step's loss within 1e-5 (relative).
+//   KilledWorkerIsReported: kill -9 of a worker is reported (worker_died, signal 9) within 2 s,
+//     the other workers are stopped, ringd exits 1 (max_restarts 0), no process is left.
+//   KilledRingdLeavesNoOrphans: kill -9 of ringd itself: its workers die (PR_SET_PDEATHSIG).
+//   TwoDaemonsKeepIdenticalWeights: two ringd processes (2 nodes x 2 workers) form one job;
+//     the hash of every node's master weights is the same after every step.
+//   SigtermStopsResumably: SIGTERM -> exit 75, workers stopped in order, no process left.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+const std::string kSpec4 = std::string(RING_SOURCE_DIR) + "/tests/ringd/tiny4.yaml";
+const std::string kSpec2x2 = std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes.yaml";
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = fs::temp_directory_path().string() + "/ringd-test-XXXXXX";
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<json> json_lines(const std::string& p) {
+  std::vector<json> out;
+  std::stringstream ss(slurp(p));
+  for (std::string l; std::getline(ss, l);) {
+    json j = json::parse(l, nullptr, false);
+    if (!j.is_discarded()) out.push_back(j);
+  }
+  return out;
+}
+
+// Starts argv with stdout and stderr to files; killed on test failure.
+struct Proc {
+  pid_t pid = -1;
+  int status = -1;
+  Proc(std::vector<std::string> args, const std::string& out, const std::string& err) {
+    pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      setenv("UCX_TLS", "self,posix", 1);
+      setenv("UCX_NET_DEVICES", "lo", 1);
+      if (!std::freopen(out.c_str(), "w", stdout)) _exit(126);
+      if (!std::freopen(err.c_str(), "w", stderr)) _exit(126);
+      std::vector<char*> v;
+      for (std::string& a : args) v.push_back(a.data());
+      v.push_back(nullptr);
+      execv(v[0], v.data());
+      _exit(127);
+    }
+  }
+  // Exit status (waitpid form) or -1 after the timeout.
+  int wait(double seconds) {
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      int st = 0;
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        status = st;
+        pid = -1;
+        return st;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  ~Proc() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+std::vector<std::string> ringd_args(const std::string& spec, const std::string& dir,
+                                    std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {RINGD_BIN,   "--spec",           spec, "--job-dir", dir,
+                                "--json",    "--worker-threads", "1",  "--worker-bin",
+                                RING_WORKER, "--threads",        "1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// Processes whose command line mentions `needle` (a job directory), other than this test.
+std::vector<pid_t> processes_mentioning(const std::string& needle) {
+  std::vector<pid_t> found;
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == getpid()) continue;
+    std::string cmd = slurp("/proc/" + std::string(e->d_name) + "/cmdline");
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
+    std::string stat = slurp("/proc/" + std::string(e->d_name) + "/stat");
+    const size_t rp = stat.rfind(')');
+    const bool zombie = rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] == 'Z';
+    if (!zombie && cmd.find(needle) != std::string::npos) found.push_back(pid);
+  }
+  closedir(d);
+  return found;
+}
+
+// Alive: the process exists and is not a zombie (an orphaned zombie waits for init to reap it).
+bool alive(pid_t pid) {
+  std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const size_t rp = stat.rfind(')');
+  return rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] != 'Z';
+}
+
+bool wait_for_no_processes(const std::string& needle, double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end) {
+    if (processes_mentioning(needle).empty()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// Waits until `path` holds a JSON line satisfying pred; returns it (null on timeout).
+template <class Pred>
+json wait_line(const std::string& path, Pred pred, double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end) {
+    for (const json& j : json_lines(path))
+      if (pred(j)) return j;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return json();
+}
+
+std::vector<pid_t> worker_pids(const std::string& out) {
+  std::vector<pid_t> p;
+  for (const json& j : json_lines(out))
+    if (j.value("event", "") == "worker_started") p.push_back(j.at("pid").get<pid_t>());
+  return p;
+}
+
+TEST(Ringd, DenseMatchesInWorkerOptimizer) {
+  TempDir t;
+  const int steps = 8;
+  // In-worker AdamW: ring-worker --launch-local, rank 0 logs every step as JSON.
+  Proc ref({RING_WORKER, "--spec", kSpec4, "--launch-local", "--steps", std::to_string(steps),
+            "--threads", "1", "--log-json", t.path + "/ref.jsonl"},
+           t.path + "/ref.out", t.path + "/ref.err");
+  ASSERT_EQ(ref.wait(120), 0) << slurp(t.path + "/ref.err");
+  Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", std::to_string(steps)}),
+         t.path + "/ringd.out", t.path + "/ringd.err");
+  ASSERT_EQ(d.wait(120), 0) << slurp(t.path + "/ringd.err")
+                            << slurp(t.path + "/job/logs/ringd-0.log");
+  std::map<int64_t, double> want, got;
+  for (const json& j : json_lines(t.path + "/ref.jsonl")) want[j["step"]] = j["loss"];
+  for (const json& j : json_lines(t.path + "/job/steps.jsonl")) got[j["step"]] = j["loss"];
+  ASSERT_EQ(want.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(got.size(), static_cast<size_t>(steps));
+  for (auto& [s, l] : want) {
+    EXPECT_LE(std::fabs(got[s] - l) / l, 1e-5) << "step " << s << ": ringd " << got[s]
+                                               << ", in-worker " << l;
+  }
+  // The contract's step fields.
+  json last = json_lines(t.path + "/job/steps.jsonl").back();
+  for (const char* k : {"attempt", "comm_s", "optimizer_s", "exposed_optimizer_s",
+                        "bytes_exchanged", "tokens_per_s", "grad_norm", "lr"})
+    EXPECT_TRUE(last.contains(k)) << k;
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
+TEST(Ringd, KilledWorkerIsReported) {
+  TempDir t;
+  const std::string out = t.path + "/ringd.out";
+  Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out, t.path + "/ringd.err");
+  ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null())
+      << slurp(t.path + "/ringd.err");
+  std::vector<pid_t> pids = worker_pids(out);
+  ASSERT_EQ(pids.size(), 4u);
+  const auto t0 = Clock::now();
+  ASSERT_EQ(kill(pids[2], SIGKILL), 0);
+  json died = wait_line(out, [](const json& j) { return j.value("event", "") == "worker_died"; }, 5);
+  const double noticed = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_FALSE(died.is_null()) << slurp(t.path + "/job/logs/ringd-0.log");
+  EXPECT_LT(noticed, 2.0);
+  EXPECT_EQ(died.value("rank", -1), 2);
+  EXPECT_EQ(died.value("signal", 0), SIGKILL);
+  const int st = d.wait(30);
+  ASSERT_TRUE(WIFEXITED(st)) << st;
+  EXPECT_EQ(WEXITSTATUS(st), 1);  // max_restarts 0: failed
+  EXPECT_NE(slurp(t.path + "/job/logs/ringd-0.log").find("killed by signal 9"), std::string::npos);
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+  for (pid_t p : pids) EXPECT_FALSE(alive(p)) << "worker " << p << " survived";
+}
+
+TEST(Ringd, KilledRingdLeavesNoOrphans) {
+  TempDir t;
+  const std::string out = t.path + "/ringd.out";
+  Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out, t.path + "/ringd.err");
+  ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null());
+  std::vector<pid_t> pids = worker_pids(out);
+  ASSERT_EQ(pids.size(), 4u);
+  ASSERT_EQ(kill(d.pid, SIGKILL), 0);
+  d.wait(10);
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5)) << "left: " << processes_mentioning(t.path).size();
+  for (pid_t p : pids) EXPECT_FALSE(alive(p)) << "worker " << p << " survived";
+}
+
+TEST(Ringd, SigtermStopsResumably) {
+  TempDir t;
+  const std::string out = t.path + "/ringd.out";
+  Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out, t.path + "/ringd.err");
+  ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null());
+  ASSERT_EQ(kill(d.pid, SIGTERM), 0);
+  const int st = d.wait(30);
+  ASSERT_TRUE(WIFEXITED(st)) << st;
+  EXPECT_EQ(WEXITSTATUS(st), 75);
+  EXPECT_FALSE(
+      wait_line(out, [](const json& j) { return j.value("event", "") == "stopped"; }, 1).is_null());
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
+TEST(Ringd, TwoDaemonsKeepIdenticalWeights) {
+  TempDir t;
+  const std::string job = t.path + "/job";
+  const std::vector<std::string> common = {"--nodes", "2", "--rendezvous", t.path + "/rdv",
+                                           "--hash-weights", "--steps", "6"};
+  auto args = [&](int node) {
+    std::vector<std::string> e = common;
+    e.push_back("--node-rank");
+    e.push_back(std::to_string(node));
+    return ringd_args(kSpec2x2, job, e);
+  };
+  Proc d0(args(0), t.path + "/d0.out", t.path + "/d0.err");
+  Proc d1(args(1), t.path + "/d1.out", t.path + "/d1.err");
+  EXPECT_EQ(d0.wait(120), 0) << slurp(job + "/logs/ringd-0.log");
+  EXPECT_EQ(d1.wait(120), 0) << slurp(job + "/logs/ringd-1.log");
+  auto hashes = [&](int node) {
+    std::map<int, std::string> h;
+    std::regex re("^step ([0-9]+) weights ([0-9a-f]{16})$");
+    std::stringstream ss(slurp(job + "/logs/ringd-" + std::to_string(node) + ".log"));
+    for (std::string l; std::getline(ss, l);) {
+      std::smatch m;
+      if (std::regex_match(l, m, re)) h[std::stoi(m[1])] = m[2];
+    }
+    return h;
+  };
+  const auto h0 = hashes(0), h1 = hashes(1);
+  ASSERT_EQ(h0.size(), 6u);
+  EXPECT_EQ(h0, h1);
+  // The weights change every step (a sanity check that the hash sees them).
+  EXPECT_NE(h0.at(1), h0.at(2));
+  // The job trains: node 0's steps.jsonl has every step with a finite loss.
+  auto steps = json_lines(job + "/steps.jsonl");
+  ASSERT_EQ(steps.size(), 6u);
+  for (const json& j : steps) EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
+}  // namespace
