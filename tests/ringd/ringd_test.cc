@@ -238,6 +238,30 @@ TEST(Ringd, KilledRingdLeavesNoOrphans) {
   for (pid_t p : pids) EXPECT_FALSE(alive(p)) << "worker " << p << " survived";
 }
 
+TEST(Ringd, RestartResumesFromLatestCheckpoint) {
+  TempDir t;
+  const std::string out = t.path + "/ringd.out";
+  const std::string spec = std::string(RING_SOURCE_DIR) + "/tests/ringd/restart.yaml";
+  Proc d(ringd_args(spec, t.path + "/job", {"--steps", "30"}), out, t.path + "/ringd.err");
+  ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 5; }, 60).is_null());
+  std::vector<pid_t> pids = worker_pids(out);
+  ASSERT_EQ(pids.size(), 4u);
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  const int st = d.wait(60);
+  ASSERT_TRUE(WIFEXITED(st)) << st;
+  EXPECT_EQ(WEXITSTATUS(st), 0) << slurp(t.path + "/job/logs/ringd-0.log");
+  json resumed = wait_line(out, [](const json& j) { return j.value("event", "") == "resumed"; }, 1);
+  ASSERT_FALSE(resumed.is_null()) << slurp(t.path + "/job/logs/ringd-0.log");
+  EXPECT_EQ(resumed.value("attempt", -1), 1);
+  EXPECT_EQ(resumed.value("step", -1) % 2, 0);
+  // Attempt 1 goes on from the checkpoint's step to the end.
+  int64_t last = 0;
+  for (const json& j : json_lines(t.path + "/job/steps.jsonl"))
+    if (j.value("attempt", -1) == 1) last = j["step"];
+  EXPECT_EQ(last, 30);
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
 TEST(Ringd, SigtermStopsResumably) {
   TempDir t;
   const std::string out = t.path + "/ringd.out";
