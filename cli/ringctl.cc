@@ -2,6 +2,7 @@
 //
 //   ringctl validate FILE...      check specs; every error with file:line:col, key and rule
 //   ringctl plan FILE [--json]    memory, communication and fit, from the spec alone
+//   ringctl checkpoints DIR [--verify]   checkpoints and their state (cli/cmd_checkpoints.cc)
 //
 // Exit codes: 0 success, 1 invalid input (a spec with errors), 2 usage error, 3 the plan does
 // not fit (plan --check only).
@@ -13,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include "cli/cmd_checkpoints.h"
 #include "common/plan/plan.h"
 #include "common/spec/parse.h"
 
@@ -95,6 +97,8 @@ int main(int argc, char** argv) {
   plan->add_flag("--json", json, "Machine-readable output");
   plan->add_flag("--check", check, "Exit 3 when the job does not fit its resources");
 
+  auto checkpoints = ring::cli::add_checkpoints(app);  // cli/cmd_checkpoints.cc
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -110,6 +114,7 @@ int main(int argc, char** argv) {
   try {
     if (*validate) return cmd_validate(vfiles, quiet);
     if (*plan) return cmd_plan(pfile, json, check);
+    if (*checkpoints.app) return checkpoints.run();
   } catch (const std::exception& e) {
     std::cerr << "ringctl: internal error: " << e.what() << "\n";
     return kExitInvalid;

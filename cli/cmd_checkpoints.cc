@@ -1,0 +1,111 @@
+#include "cli/cmd_checkpoints.h"
+
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "daemon/checkpoint/checkpoint.h"
+
+namespace ring::cli {
+
+namespace {
+
+std::string human_bytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string local_time(double t) {
+  if (t <= 0) return "-";
+  std::time_t s = static_cast<std::time_t>(t);
+  std::tm tm{};
+  localtime_r(&s, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+int run_checkpoints(const std::string& dir, bool verify, bool json) {
+  std::vector<ckpt::CheckpointInfo> list;
+  try {
+    list = ckpt::list_checkpoints(dir, verify);
+  } catch (const ckpt::CheckpointError& e) {
+    std::cerr << "ringctl checkpoints: " << e.what() << "\n";
+    return 1;
+  }
+  int corrupt = 0, complete = 0;
+  for (const auto& c : list) {
+    corrupt += c.status == ckpt::Status::kCorrupt;
+    complete += c.status == ckpt::Status::kComplete;
+  }
+  if (json) {
+    auto arr = nlohmann::json::array();
+    for (const auto& c : list)
+      arr.push_back({{"step", c.step},
+                     {"name", c.name},
+                     {"path", c.path},
+                     {"status", ckpt::status_name(c.status)},
+                     {"time", c.time},
+                     {"bytes", c.bytes},
+                     {"nodes", c.nodes},
+                     {"latest", c.latest},
+                     {"verified", verify},
+                     {"problems", c.problems}});
+    std::cout << arr.dump(1) << "\n";
+    return corrupt ? 1 : 0;
+  }
+  if (list.empty()) {
+    std::cout << "no checkpoints in " << dir << "\n";
+    return 0;
+  }
+  bool color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
+  std::printf("%-10s %-19s %10s %5s  %s\n", "STEP", "TIME", "SIZE", "NODES", "STATUS");
+  for (const auto& c : list) {
+    std::string status = ckpt::status_name(c.status);
+    if (c.status == ckpt::Status::kComplete && verify) status += " (verified)";
+    if (c.status == ckpt::Status::kIncomplete) status += " (" + c.name + ")";
+    if (c.latest) status += "  <- latest";
+    const char* on = "";
+    const char* off = "";
+    if (color && c.status == ckpt::Status::kCorrupt) on = "\033[31m", off = "\033[0m";
+    std::printf("%-10lld %-19s %10s %5d  %s%s%s\n", static_cast<long long>(c.step),
+                local_time(c.time).c_str(), human_bytes(c.bytes).c_str(), c.nodes, on,
+                status.c_str(), off);
+    if (c.status == ckpt::Status::kCorrupt)
+      for (const auto& p : c.problems) std::printf("           %s\n", p.c_str());
+  }
+  std::printf("%d complete, %d corrupt, %zu incomplete%s\n", complete, corrupt,
+              list.size() - complete - corrupt,
+              verify ? "; every checksum of the complete ones verified" : "");
+  return corrupt ? 1 : 0;
+}
+
+}  // namespace
+
+CheckpointsCommand add_checkpoints(CLI::App& app) {
+  struct Args {
+    std::string dir;
+    bool verify = false, json = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sc = app.add_subcommand(
+      "checkpoints",
+      "List the checkpoints in a checkpoint directory (step, time, size, nodes, "
+      "complete/incomplete/corrupt); exit 1 if one is corrupt");
+  sc->add_option("dir", a->dir, "Checkpoint directory (the spec's checkpoint.dir)")->required();
+  sc->add_flag("--verify", a->verify, "Read every data file and check every tensor checksum");
+  sc->add_flag("--json", a->json, "Machine-readable output (an array of objects)");
+  return {sc, [a] { return run_checkpoints(a->dir, a->verify, a->json); }};
+}
+
+}  // namespace ring::cli
