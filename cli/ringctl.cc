@@ -3,9 +3,12 @@
 //   ringctl validate FILE...      check specs; every error with file:line:col, key and rule
 //   ringctl plan FILE [--json]    memory, communication and fit, from the spec alone
 //   ringctl checkpoints DIR [--verify]   checkpoints and their state (cli/cmd_checkpoints.cc)
+//   ringctl run|status|events|logs|cancel|restart|nodes ...   cli/cmd_*.cc (cli/commands.h)
 //
-// Exit codes: 0 success, 1 invalid input (a spec with errors), 2 usage error, 3 the plan does
-// not fit (plan --check only).
+// Exit codes (cli/ctl_common.h, docs/operator-guide.md): 0 success, 1 invalid input (a spec with
+// errors) or a failed job, 2 usage error, 3 the plan does not fit (plan --check only), 4 no
+// coordinator, 5 no such job, 6 another user's job, 7 refused in the job's state, 75 run stopped
+// early and resumable.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -14,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include "cli/commands.h"
 #include "cli/cmd_checkpoints.h"
 #include "common/plan/plan.h"
 #include "common/spec/parse.h"
@@ -97,6 +101,12 @@ int main(int argc, char** argv) {
   plan->add_flag("--json", json, "Machine-readable output");
   plan->add_flag("--check", check, "Exit 3 when the job does not fit its resources");
 
+  // Subcommands in their own files (cli/commands.h).
+  std::vector<ring::cli::Subcommand> subcommands{
+      ring::cli::add_run(app),    ring::cli::add_status(app),  ring::cli::add_events(app),
+      ring::cli::add_logs(app),   ring::cli::add_cancel(app),  ring::cli::add_restart(app),
+      ring::cli::add_nodes(app),  ring::cli::add_submit(app),  ring::cli::add_slurm_started(app)};
+
   auto checkpoints = ring::cli::add_checkpoints(app);  // cli/cmd_checkpoints.cc
 
   try {
@@ -115,6 +125,8 @@ int main(int argc, char** argv) {
     if (*validate) return cmd_validate(vfiles, quiet);
     if (*plan) return cmd_plan(pfile, json, check);
     if (*checkpoints.app) return checkpoints.run();
+    for (const auto& sc : subcommands)
+      if (*sc.app) return sc.run();
   } catch (const std::exception& e) {
     std::cerr << "ringctl: internal error: " << e.what() << "\n";
     return kExitInvalid;

@@ -1,0 +1,123 @@
+// ringctl cancel JOB / ringctl restart JOB [--from STEP]: steer a job through ring-coord. Only
+// the job's owner (or root, or an admin uid of the coordinator) may; the coordinator checks the
+// caller's uid from the connection. cancel stops the job's workers on every node (the job goes
+// cancelling, then cancelled); restart ends the current attempt and starts the next from the
+// latest complete checkpoint, or from --from STEP. --wait waits until the job has left the
+// transitional state.
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/ctl_common.h"
+#include "cli/slurm_control.h"
+
+namespace ring::cli {
+
+namespace {
+
+struct ControlOpts {
+  CoordFlags coord;
+  std::string job;
+  std::optional<int64_t> from_step;
+  bool json = false;
+  bool wait = false;
+  double wait_timeout = 60;
+};
+
+int finish(coord::Client& c, const ControlOpts& o, const protocol::OkReply& r,
+           const std::string& transitional) {
+  std::string state = r.state;
+  if (o.wait && state == transitional) {
+    install_stop_signals();
+    auto end = now_unix() + o.wait_timeout;
+    while (state == transitional && now_unix() < end && sleep_unless_stopped(0.2))
+      state = c.status(r.job).state;
+  }
+  if (o.json) {
+    std::cout << nlohmann::json{{"job", r.job}, {"state", state}, {"message", r.message}}.dump()
+              << "\n";
+  } else {
+    std::cout << "job " << r.job << ": " << state_color(state)
+              << (r.message.empty() ? "" : " (" + r.message + ")") << "\n";
+  }
+  if (o.wait && state == transitional) {
+    std::cerr << "ringctl: job " << r.job << " is still " << state << " after " << o.wait_timeout
+              << " s; `ringctl events " << r.job << "` shows what it waits for\n";
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
+int run_cancel(const ControlOpts& o) {
+  std::string ep = o.coord.resolved_endpoint();
+  return guarded(ep, [&] {
+    int64_t job = parse_job_id(o.job);
+    coord::Client c(o.coord.client_options());
+    auto r = c.cancel(job);
+    // A job submitted to Slurm (`ringctl submit`): end its Slurm job too (cli/slurm_control.h).
+    try {
+      if (auto note = slurm_cancel(c.status(job)); !note.empty()) r.message += "; " + note;
+    } catch (const slurm::SlurmError& e) {
+      std::cerr << "ringctl: job " << job << " is cancelled in ring-coord, but " << e.what()
+                << "\n";
+      return kExitFailed;
+    }
+    return finish(c, o, r, "cancelling");
+  });
+}
+
+int run_restart(const ControlOpts& o) {
+  std::string ep = o.coord.resolved_endpoint();
+  return guarded(ep, [&] {
+    int64_t job = parse_job_id(o.job);
+    coord::Client c(o.coord.client_options());
+    // A job submitted to Slurm: Slurm requeues it; the batch script reports the new start and
+    // ring-coord begins the next attempt from the latest checkpoint (cli/slurm_control.h).
+    auto info = c.status(job);
+    if (!info.slurm_job_id.empty()) {
+      if (o.from_step)
+        throw CLI::ValidationError("--from", "job " + std::to_string(job) + " runs on Slurm (job " +
+                                                 info.slurm_job_id +
+                                                 "): a requeue resumes from the latest complete "
+                                                 "checkpoint; --from is for jobs without Slurm");
+      try {
+        return finish(c, o, protocol::OkReply{0, job, info.state, slurm_requeue(info)},
+                      "restarting");
+      } catch (const slurm::SlurmError& e) {
+        std::cerr << "ringctl: " << e.what() << "\n";
+        return kExitFailed;
+      }
+    }
+    return finish(c, o, c.restart(job, o.from_step), "restarting");
+  });
+}
+
+void common_flags(CLI::App* s, ControlOpts& o) {
+  s->add_option("job", o.job, "Job id")->required();
+  s->add_flag("--json", o.json, "Machine-readable output");
+  s->add_flag("--wait", o.wait, "Wait until the job has left the transitional state");
+  s->add_option("--wait-timeout", o.wait_timeout, "Seconds --wait waits at most")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  o.coord.add_to(s);
+}
+
+}  // namespace
+
+Subcommand add_cancel(CLI::App& app) {
+  auto o = std::make_shared<ControlOpts>();
+  auto* s = app.add_subcommand("cancel", "Cancel a job: stop its workers on every node");
+  common_flags(s, *o);
+  return {s, [o] { return run_cancel(*o); }};
+}
+
+Subcommand add_restart(CLI::App& app) {
+  auto o = std::make_shared<ControlOpts>();
+  auto* s = app.add_subcommand(
+      "restart", "Restart a job from its latest complete checkpoint (or --from STEP)");
+  common_flags(s, *o);
+  s->add_option("--from", o->from_step, "Resume from this checkpoint step instead")
+      ->check(CLI::NonNegativeNumber);
+  return {s, [o] { return run_restart(*o); }};
+}
+
+}  // namespace ring::cli

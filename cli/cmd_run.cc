@@ -1,0 +1,608 @@
+// ringctl run SPEC [--steps N] [--resume] [--job-dir DIR]: train on this machine with a
+// coordinator and one node daemon, and show live progress.
+//
+// 1. Validates the spec (errors as `ringctl validate` prints them; exit 1).
+// 2. Uses the coordinator at the endpoint (--coord, $RING_COORD, the default ipc socket) when one
+//    answers; otherwise starts `ring-coord --endpoint EP` as a child (its own process group, so
+//    Ctrl-C reaches only us; killed at the end; log in <job-dir>/logs/ring-coord.log). Either way
+//    `ringctl status` works from another terminal while the job runs.
+// 3. Submits the job (with its job dir) and spawns
+//      ringd --spec SPEC --job-dir DIR --coord EP --job ID --json [--steps N] [--resume]
+//    (contract: daemon/INTERFACE.md) in its own process group; ringd's stderr goes to
+//    <job-dir>/logs/ringd-run.stderr (shown live with --verbose, its tail on failure).
+// 4. Reads ringd's JSON lines: step lines drive a progress bar (step, loss, tokens/s, ETA) on a
+//    terminal, or one plain line per step otherwise; event lines are printed as they come.
+// 5. Ctrl-C forwards SIGINT (ringd checkpoints and stops, exit 75); a second Ctrl-C forwards it
+//    again (ringd stops at once, skipping the checkpoint); a third kills ringd's process group.
+// 6. Prints a summary and exits with ringd's status (0, 1, 2, 75; 128+signal if it was killed).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/ctl_common.h"
+#include "common/spec/parse.h"
+
+namespace ring::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunOpts {
+  CoordFlags coord;
+  std::string spec;
+  std::optional<int64_t> steps;
+  bool resume = false;
+  std::string job_dir;
+  std::optional<int64_t> threads;
+  bool verbose = false;
+  std::string name;
+};
+
+std::atomic<int> g_sigint{0};
+std::atomic<int> g_sigterm{0};
+void on_sigint(int) {
+  g_sigint.fetch_add(1);
+}
+void on_sigterm(int) {
+  g_sigterm.fetch_add(1);
+}
+
+std::string self_dir() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : p.parent_path().string();
+}
+
+bool executable(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+// A sibling binary: $env, next to ringctl (installed), the build tree's folder for it, PATH.
+std::string find_binary(const std::string& name, const char* env,
+                        const std::vector<std::string>& build_dirs,
+                        std::vector<std::string>& tried) {
+  if (const char* e = std::getenv(env); e && *e) {
+    tried.push_back(std::string("$") + env + "=" + e);
+    return executable(e) ? std::string(e) : std::string();
+  }
+  std::string here = self_dir();
+  std::vector<std::string> cands{here + "/" + name};
+  for (const auto& d : build_dirs) cands.push_back(here + "/../" + d + "/" + name);
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    std::string d;
+    while (std::getline(ss, d, ':'))
+      if (!d.empty()) cands.push_back(d + "/" + name);
+  }
+  for (const auto& c : cands) {
+    tried.push_back(c);
+    if (executable(c)) return fs::weakly_canonical(c).string();
+  }
+  return {};
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+// True when something accepts connections on the ipc socket (a quick check before asking).
+bool ipc_listening(const std::string& endpoint) {
+  std::string path = endpoint.substr(6);
+  sockaddr_un a{};
+  if (path.size() >= sizeof a.sun_path) return false;
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A coordinator answers a status request at the endpoint within `timeout_s`.
+bool coordinator_answers(const CoordFlags& flags, double timeout_s) {
+  auto o = flags.client_options();
+  if (o.endpoint.rfind("ipc://", 0) == 0 && !ipc_listening(o.endpoint)) return false;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  try {
+    coord::Client c(o);
+    c.status();
+    return true;
+  } catch (const coord::ConnectError&) {
+    return false;
+  } catch (const coord::TimeoutError&) {
+    return false;
+  }
+}
+
+// A child process in its own process group that dies (SIGTERM) with us.
+pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) _exit(127);
+    struct sigaction sa {};
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGPIPE, &sa, nullptr);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, 0);
+    if (out_fd >= 0) ::dup2(out_fd, 1);
+    if (err_fd >= 0) ::dup2(err_fd, 2);
+    std::vector<char*> a;
+    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    ::execv(a[0], a.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", a[0], std::strerror(errno));
+    _exit(127);
+  }
+  ::setpgid(pid, pid);  // both sides, so it holds before either runs on
+  return pid;
+}
+
+int exit_status(int st) {
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// Waits for a child up to `timeout_s`; -1 if it is still running.
+int wait_child(pid_t pid, double timeout_s) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    int st = 0;
+    pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) return exit_status(st);
+    if (r < 0 && errno != EINTR) return -1;
+    if (std::chrono::steady_clock::now() >= end) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string tail_of_file(const std::string& path, size_t lines) {
+  std::ifstream f(path);
+  std::deque<std::string> q;
+  std::string l;
+  while (std::getline(f, l)) {
+    q.push_back(l);
+    if (q.size() > lines) q.pop_front();
+  }
+  std::string s;
+  for (const auto& x : q) s += "  | " + x + "\n";
+  return s;
+}
+
+// ring-coord started by us, stopped (SIGTERM, then SIGKILL) when this goes out of scope.
+struct OwnedCoordinator {
+  pid_t pid = -1;
+  std::string log;
+  ~OwnedCoordinator() { stop(); }
+  void stop() {
+    if (pid <= 0) return;
+    ::kill(pid, SIGTERM);
+    if (wait_child(pid, 5) < 0) {
+      ::kill(pid, SIGKILL);
+      wait_child(pid, 5);
+    }
+    pid = -1;
+  }
+};
+
+// What the progress display knows.
+struct Progress {
+  int64_t total = 0;
+  int64_t first_step = -1;
+  int64_t step = 0;
+  double loss = NAN;
+  double tps = 0;
+  double tps_sum = 0;
+  int64_t n = 0;
+  std::chrono::steady_clock::time_point t_first, t_last;
+  bool bar_shown = false;
+};
+
+class Display {
+ public:
+  Display(bool tty, int64_t total) : tty_(tty) { p_.total = total; }
+
+  void step(const nlohmann::json& j) {
+    auto now = std::chrono::steady_clock::now();
+    int64_t s = j.value("step", int64_t{0});
+    if (p_.first_step < 0) {
+      p_.first_step = s;
+      p_.t_first = now;
+    }
+    p_.step = s;
+    p_.loss = j.contains("loss") && j["loss"].is_number() ? j["loss"].get<double>() : NAN;
+    p_.tps = j.contains("tokens_per_s") && j["tokens_per_s"].is_number()
+                 ? j["tokens_per_s"].get<double>()
+                 : 0;
+    p_.tps_sum += p_.tps;
+    ++p_.n;
+    p_.t_last = now;
+    if (tty_) {
+      draw();
+    } else {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  tok/s %s  eta %s",
+                    static_cast<long long>(p_.step), static_cast<long long>(p_.total), p_.loss,
+                    format_rate(p_.tps).c_str(), eta().c_str());
+      std::cout << buf << std::endl;
+    }
+  }
+
+  // A line above the bar (events, warnings).
+  void line(const std::string& text) {
+    if (tty_ && p_.bar_shown) std::cout << "\r\033[K";
+    std::cout << text << "\n";
+    if (tty_ && p_.bar_shown) draw();
+    std::cout << std::flush;
+  }
+
+  void finish() {
+    if (tty_ && p_.bar_shown) std::cout << "\n";
+    std::cout << std::flush;
+  }
+
+  const Progress& progress() const { return p_; }
+
+  std::string eta() const {
+    if (p_.n < 2 || p_.step >= p_.total) return p_.step >= p_.total ? "0s" : "-";
+    double per = std::chrono::duration<double>(p_.t_last - p_.t_first).count() /
+                 static_cast<double>(p_.step - p_.first_step);
+    return format_duration(per * static_cast<double>(p_.total - p_.step));
+  }
+
+ private:
+  void draw() {
+    constexpr int kWidth = 24;
+    double frac = p_.total > 0 ? std::min(1.0, static_cast<double>(p_.step) / p_.total) : 0;
+    int filled = static_cast<int>(frac * kWidth);
+    std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "\r\033[K[%s] %3.0f%%  step %lld/%lld  loss %.4f  %s tok/s  ETA %s", bar.c_str(),
+                  frac * 100, static_cast<long long>(p_.step), static_cast<long long>(p_.total),
+                  p_.loss, format_rate(p_.tps).c_str(), eta().c_str());
+    std::cout << buf << std::flush;
+    p_.bar_shown = true;
+  }
+
+  bool tty_;
+  Progress p_;
+};
+
+// An event line from ringd, for people.
+std::string describe_event(const nlohmann::json& j) {
+  std::string name = j.value("event", std::string("event"));
+  std::string s;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "event") continue;
+    if ((it.key() == "last_lines" || it.key() == "last_log") && it->is_array()) {
+      for (const auto& l : *it) s += "\n    | " + (l.is_string() ? l.get<std::string>() : l.dump());
+      continue;
+    }
+    s = (s.empty() || s[0] == '\n' ? "" : " ") + s;
+    s = it.key() + "=" + (it->is_string() ? it->get<std::string>() : it->dump()) + s;
+  }
+  bool bad = name.find("died") != std::string::npos || name.find("fail") != std::string::npos;
+  return (bad ? paint(name, "31") : paint(name, "36")) + (s.empty() ? "" : " " + s);
+}
+
+int run_run(const RunOpts& o) {
+  // 1. The spec.
+  auto r = spec::load_spec_file(o.spec);
+  bool color = isatty(STDERR_FILENO) && !std::getenv("NO_COLOR");
+  for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
+  (void)color;
+  if (!r.ok()) {
+    std::cerr << o.spec << ": " << r.error_count() << " error(s); `ringctl validate " << o.spec
+              << "` lists them, fix them before running\n";
+    return kExitFailed;
+  }
+  std::string spec_path = fs::absolute(o.spec).string();
+  std::string spec_text;
+  {
+    std::ifstream f(spec_path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    spec_text = ss.str();
+  }
+  const auto& spec = *r.spec;
+  int64_t total = o.steps ? *o.steps : spec.train.steps;
+
+  // 2. The job directory.
+  std::string job_dir = o.job_dir.empty() ? "/tmp/ringmaster/" + spec.job.name : o.job_dir;
+  job_dir = fs::absolute(job_dir).lexically_normal().string();
+  while (job_dir.size() > 1 && job_dir.back() == '/') job_dir.pop_back();
+  std::error_code ec;
+  fs::create_directories(job_dir + "/logs", ec);
+  if (ec) {
+    std::cerr << "ringctl: cannot create job directory " << job_dir << "/logs: " << ec.message()
+              << " (pass --job-dir DIR where you may write)\n";
+    return kExitFailed;
+  }
+
+  // The daemon binary, before anything starts.
+  std::vector<std::string> tried;
+  std::string ringd = find_binary("ringd", "RING_RINGD", {"daemon/ringd", "daemon"}, tried);
+  if (ringd.empty()) {
+    std::cerr << "ringctl: ringd not found (tried " << join(tried, ", ")
+              << "); build it (cmake --build build --target ringd), install it next to "
+                 "ringctl, or set RING_RINGD\n";
+    return kExitFailed;
+  }
+
+  // 3. The coordinator.
+  std::string ep = o.coord.resolved_endpoint();
+  OwnedCoordinator owned;
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sa.sa_handler = on_sigterm;
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  int rc = guarded(ep, [&]() -> int {
+    if (!coordinator_answers(o.coord, 2)) {
+      if (ep.rfind("ipc://", 0) != 0) {
+        std::cerr << "ringctl: no coordinator answers at " << ep
+                  << "; `ringctl run` starts its own only on an ipc:// endpoint: start ring-coord "
+                     "there, or leave --coord out\n";
+        return kExitNoCoord;
+      }
+      std::vector<std::string> t2;
+      std::string bin = find_binary("ring-coord", "RING_COORD_BIN", {"coordinator"}, t2);
+      if (bin.empty()) {
+        std::cerr << "ringctl: no coordinator at " << ep << " and ring-coord not found (tried "
+                  << join(t2, ", ") << "); build it or set RING_COORD_BIN\n";
+        return kExitNoCoord;
+      }
+      owned.log = job_dir + "/logs/ring-coord.log";
+      int fd = ::open(owned.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      owned.pid = spawn({bin, "--endpoint", ep}, fd, fd);
+      if (fd >= 0) ::close(fd);
+      auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+      bool up = false;
+      while (!up && std::chrono::steady_clock::now() < end && !g_sigint && !g_sigterm) {
+        int st = 0;
+        if (::waitpid(owned.pid, &st, WNOHANG) == owned.pid) {
+          owned.pid = -1;
+          std::cerr << "ringctl: ring-coord exited (status " << exit_status(st)
+                    << ") instead of serving " << ep << ":\n"
+                    << tail_of_file(owned.log, 10);
+          return kExitNoCoord;
+        }
+        up = coordinator_answers(o.coord, 0.5);
+        if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (!up) {
+        std::cerr << "ringctl: the ring-coord started for " << ep << " did not answer:\n"
+                  << tail_of_file(owned.log, 10);
+        return kExitNoCoord;
+      }
+      std::cout << "ring-coord started at " << ep << " (log " << owned.log
+                << "; it stops when this run ends)\n";
+    } else {
+      std::cout << "using the coordinator at " << ep << "\n";
+    }
+    return kExitOk;
+  });
+  if (rc != kExitOk) return rc;
+  if (g_sigint || g_sigterm) return kExitStopped;
+
+  return guarded(ep, [&]() -> int {
+    coord::Client client(o.coord.client_options());
+    auto sub = client.submit(spec_text, o.name, job_dir);
+    std::cout << "job " << sub.job << " (" << sub.name << ") submitted; job dir " << job_dir
+              << "\n  follow it from another terminal: ringctl status " << sub.job
+              << "  |  ringctl logs " << sub.job << " -f\n"
+              << std::flush;
+
+    // 4. ringd.
+    std::vector<std::string> argv{ringd,       "--spec", spec_path,
+                                  "--job-dir", job_dir,  "--coord",
+                                  ep,          "--job",  std::to_string(sub.job),
+                                  "--json"};
+    if (o.steps) argv.insert(argv.end(), {"--steps", std::to_string(*o.steps)});
+    if (o.resume) argv.push_back("--resume");
+    if (o.threads) argv.insert(argv.end(), {"--threads", std::to_string(*o.threads)});
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+      throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    std::string err_log = job_dir + "/logs/ringd-run.stderr";
+    std::ofstream err_file(err_log, std::ios::app);
+    auto t0 = std::chrono::steady_clock::now();
+    pid_t pid = spawn(argv, out[1], err[1]);
+    ::close(out[1]);
+    ::close(err[1]);
+
+    Display disp(stdout_is_tty(), total);
+    std::deque<std::string> err_tail;
+    std::string out_buf, err_buf;
+    int forwarded = 0, term_forwarded = 0;
+    bool out_open = true, err_open = true;
+    std::string last_ckpt;
+    auto handle_line = [&](const std::string& l) {
+      nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
+      if (j.is_object() && j.contains("event")) {
+        if (j["event"] == "checkpoint_saved" && j.contains("step")) last_ckpt = j["step"].dump();
+        disp.line(describe_event(j));
+      } else if (j.is_object() && j.contains("step")) {
+        disp.step(j);
+      } else if (!l.empty()) {
+        disp.line(l);
+      }
+    };
+    auto handle_err = [&](const std::string& l) {
+      err_file << l << "\n";
+      err_tail.push_back(l);
+      if (err_tail.size() > 20) err_tail.pop_front();
+      if (o.verbose) disp.line(paint("ringd: ", "2") + l);
+    };
+    auto pump = [&](int fd, std::string& buf, bool& open, auto& on_line) {
+      char chunk[65536];
+      ssize_t n = ::read(fd, chunk, sizeof chunk);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        if (!buf.empty()) on_line(buf);
+        buf.clear();
+        open = false;
+        return;
+      }
+      if (n < 0) return;
+      buf.append(chunk, static_cast<size_t>(n));
+      size_t pos;
+      while ((pos = buf.find('\n')) != std::string::npos) {
+        on_line(buf.substr(0, pos));
+        buf.erase(0, pos + 1);
+      }
+    };
+    while (out_open || err_open) {
+      // 5. Signals.
+      int si = g_sigint.load();
+      if (si > forwarded) {
+        forwarded = si;
+        if (si == 1) {
+          disp.line("stopping: ringd writes a checkpoint and stops (Ctrl-C again to stop at once)");
+          ::kill(pid, SIGINT);
+        } else if (si == 2) {
+          disp.line("stopping at once (no checkpoint; Ctrl-C again to kill ringd)");
+          ::kill(pid, SIGINT);
+        } else {
+          disp.line("killing ringd");
+          ::kill(-pid, SIGKILL);
+        }
+      }
+      int stt = g_sigterm.load();
+      if (stt > term_forwarded) {
+        term_forwarded = stt;
+        ::kill(pid, SIGTERM);
+      }
+      pollfd p[2] = {{out_open ? out[0] : -1, POLLIN, 0}, {err_open ? err[0] : -1, POLLIN, 0}};
+      int n = ::poll(p, 2, 200);
+      if (n < 0) continue;  // EINTR: a signal, handled above
+      if (p[0].revents) pump(out[0], out_buf, out_open, handle_line);
+      if (p[1].revents) pump(err[0], err_buf, err_open, handle_err);
+    }
+    ::close(out[0]);
+    ::close(err[0]);
+    int st = -1;
+    while (st < 0) {
+      st = wait_child(pid, 0.5);
+      if (st < 0 && g_sigint.load() > 2) ::kill(-pid, SIGKILL);
+    }
+    disp.finish();
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    // 6. Summary. The coordinator gets ringd's last reports before ringd exits; give it a moment
+    // to show the final state.
+    protocol::JobInfo info;
+    bool have_info = false;
+    for (int i = 0; i < 20; ++i) {
+      try {
+        info = client.status(sub.job);
+        have_info = true;
+      } catch (const coord::ClientError&) {
+        break;
+      }
+      if (info.state == "completed" || info.state == "failed" || info.state == "cancelled") break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    // No daemon serves the job any more: a job left in a live state would wait forever.
+    if (have_info && info.state != "completed" && info.state != "failed" &&
+        info.state != "cancelled") {
+      try {
+        client.cancel(sub.job);
+        info = client.status(sub.job);
+      } catch (const coord::ClientError&) {
+      }
+    }
+    const auto& pr = disp.progress();
+    std::ostringstream sum;
+    std::string outcome = st == 0              ? "completed"
+                          : st == kExitStopped ? "stopped (resumable)"
+                          : st == kExitUsage   ? "refused by ringd (usage or spec error)"
+                          : st > 128 ? "ringd killed by signal " + std::to_string(st - 128)
+                                     : "failed";
+    sum << "job " << sub.job << " (" << sub.name << ") " << outcome << " after "
+        << format_duration(wall);
+    if (pr.n > 0) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, ": steps %lld-%lld of %lld, final loss %.4f, mean %s tok/s",
+                    static_cast<long long>(pr.first_step), static_cast<long long>(pr.step),
+                    static_cast<long long>(total), pr.loss,
+                    format_rate(pr.tps_sum / static_cast<double>(pr.n)).c_str());
+      sum << buf;
+    } else {
+      sum << ": no step finished";
+    }
+    sum << "\n";
+    if (have_info)
+      sum << "  coordinator: " << info.state
+          << (info.state_reason.empty() ? "" : " (" + info.state_reason + ")") << "\n";
+    std::string ckpt_dir = have_info ? info.checkpoint_dir : "";
+    if (!ckpt_dir.empty())
+      sum << "  checkpoints: " << ckpt_dir
+          << (have_info && info.last_checkpoint_step
+                  ? " (latest complete: step " + std::to_string(*info.last_checkpoint_step) + ")"
+                  : (!last_ckpt.empty() ? " (last saved: step " + last_ckpt + ")" : ""))
+          << "\n";
+    sum << "  logs: " << job_dir << "/logs (ringctl logs " << sub.job << ")\n";
+    if (st == kExitStopped)
+      sum << "  resume with: ringctl run " << o.spec << " --resume"
+          << (o.job_dir.empty() ? "" : " --job-dir " + o.job_dir) << "\n";
+    std::cout << sum.str() << std::flush;
+    if (st != 0 && st != kExitStopped && !err_tail.empty() && !o.verbose) {
+      std::cerr << "last lines of ringd's stderr (" << err_log << "):\n";
+      for (const auto& l : err_tail) std::cerr << "  | " << l << "\n";
+    }
+    return st;
+  });
+}
+
+}  // namespace
+
+Subcommand add_run(CLI::App& app) {
+  auto o = std::make_shared<RunOpts>();
+  auto* s = app.add_subcommand(
+      "run", "Train on this machine: a coordinator (reused or started), ringd, live progress");
+  s->add_option("spec", o->spec, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  s->add_option("--steps", o->steps, "Train this many steps (overrides train.steps)")
+      ->check(CLI::PositiveNumber);
+  s->add_flag("--resume", o->resume, "Continue from the latest complete checkpoint");
+  s->add_option("--job-dir", o->job_dir,
+                "Directory for logs, steps.jsonl and relative checkpoints (default "
+                "/tmp/ringmaster/<job.name>)");
+  s->add_option("--threads", o->threads, "Optimizer threads of ringd")->check(CLI::PositiveNumber);
+  s->add_option("--name", o->name, "Job name in the coordinator (default: job.name)");
+  s->add_flag("-v,--verbose", o->verbose, "Show ringd's own log lines (stderr) as they come");
+  o->coord.add_to(s);
+  return {s, [o] { return run_run(*o); }};
+}
+
+}  // namespace ring::cli

@@ -1,0 +1,20 @@
+// The ringctl subcommands that live in their own files (cli/cmd_*.cc). Each registers itself
+// on the app with its flags and returns what to run when it was chosen; cli/ringctl.cc
+// dispatches.
+#pragma once
+
+#include "cli/ctl_common.h"
+
+namespace ring::cli {
+
+Subcommand add_status(CLI::App& app);   // cmd_status.cc
+Subcommand add_events(CLI::App& app);   // cmd_events.cc
+Subcommand add_logs(CLI::App& app);     // cmd_logs.cc
+Subcommand add_cancel(CLI::App& app);   // cmd_control.cc
+Subcommand add_restart(CLI::App& app);  // cmd_control.cc
+Subcommand add_nodes(CLI::App& app);    // cmd_nodes.cc
+Subcommand add_run(CLI::App& app);      // cmd_run.cc
+Subcommand add_submit(CLI::App& app);          // cmd_submit.cc
+Subcommand add_slurm_started(CLI::App& app);   // cmd_submit.cc
+
+}  // namespace ring::cli

@@ -1,0 +1,263 @@
+#include "cli/ctl_common.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <thread>
+
+#include "coordinator/security.h"
+
+namespace ring::cli {
+
+namespace proto = ring::protocol;
+
+void CoordFlags::add_to(CLI::App* app) {
+  app->add_option("--coord", endpoint,
+                  "Coordinator endpoint, ipc://PATH or tcp://HOST:PORT (default: $RING_COORD, "
+                  "else " +
+                      coord::default_endpoint() + ")");
+  app->add_option("--timeout", timeout_s, "Seconds to wait for the coordinator's reply")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
+  app->add_option("--server-key", server_key_file,
+                  "tcp:// only: the coordinator's public key file (<state_dir>/curve/server.pub; "
+                  "default $RING_COORD_SERVER_KEY)");
+  app->add_option("--client-key", client_key_file,
+                  "tcp:// only: this client's CURVE key file, listed in the coordinator's "
+                  "curve/clients (default $RING_COORD_CLIENT_KEY)");
+}
+
+std::string CoordFlags::resolved_endpoint() const {
+  if (!endpoint.empty()) return endpoint;
+  if (const char* e = std::getenv("RING_COORD"); e && *e) return e;
+  return coord::default_endpoint();
+}
+
+coord::ClientOptions CoordFlags::client_options() const {
+  coord::ClientOptions o;
+  o.endpoint = resolved_endpoint();
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  if (o.endpoint.rfind("tcp://", 0) == 0) {
+    std::string sk = server_key_file, ck = client_key_file;
+    if (sk.empty())
+      if (const char* e = std::getenv("RING_COORD_SERVER_KEY")) sk = e;
+    if (ck.empty())
+      if (const char* e = std::getenv("RING_COORD_CLIENT_KEY")) ck = e;
+    if (sk.empty())
+      throw coord::ConnectError(
+          "tcp endpoint " + o.endpoint +
+          " needs the coordinator's public key: pass --server-key FILE (the coordinator's "
+          "<state_dir>/curve/server.pub) or set RING_COORD_SERVER_KEY");
+    if (ck.empty())
+      throw coord::ConnectError(
+          "tcp endpoint " + o.endpoint +
+          " needs a client key pair: pass --client-key FILE (list its public key in the "
+          "coordinator's <state_dir>/curve/clients) or set RING_COORD_CLIENT_KEY");
+    try {
+      o.server_public_key = coord::read_public_key(sk);
+      auto pair = coord::read_key_file(ck);
+      o.client_public_key = pair.public_key;
+      o.client_secret_key = pair.secret_key;
+    } catch (const std::exception& e) {
+      throw coord::ConnectError(std::string("cannot read CURVE keys: ") + e.what());
+    }
+  }
+  return o;
+}
+
+int guarded(const std::string& endpoint, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const coord::ConnectError& e) {
+    std::cerr << "ringctl: " << e.what()
+              << "\n  start one with `ring-coord` (see docs/operator-guide.md), point --coord or "
+                 "RING_COORD at it, or use `ringctl run SPEC` (it starts its own)\n";
+    return kExitNoCoord;
+  } catch (const coord::TimeoutError& e) {
+    std::cerr << "ringctl: " << e.what() << "\n  no coordinator answers at " << endpoint
+              << ": start one with `ring-coord` or use `ringctl run SPEC`; if it is busy, raise "
+                 "--timeout\n";
+    return kExitNoCoord;
+  } catch (const coord::RemoteError& e) {
+    std::cerr << "ringctl: " << e.what() << "\n";
+    if (e.code() == proto::code::kNotFound) {
+      std::cerr << "  `ringctl status` lists the jobs this coordinator (" << endpoint
+                << ") knows\n";
+      return kExitNotFound;
+    }
+    if (e.code() == proto::code::kPermissionDenied) return kExitDenied;
+    if (e.code() == proto::code::kInvalidState) return kExitInvalidState;
+    return kExitFailed;
+  } catch (const coord::ClientError& e) {
+    std::cerr << "ringctl: " << e.what() << "\n";
+    return kExitFailed;
+  } catch (const CLI::ValidationError& e) {
+    std::cerr << "ringctl: " << e.what() << "\n";
+    return kExitUsage;
+  }
+}
+
+bool stdout_is_tty() {
+  return isatty(STDOUT_FILENO) != 0;
+}
+
+bool use_color() {
+  const char* nc = std::getenv("NO_COLOR");
+  return stdout_is_tty() && !(nc && *nc);
+}
+
+std::string paint(const std::string& text, const char* ansi) {
+  if (!use_color()) return text;
+  return std::string("\033[") + ansi + "m" + text + "\033[0m";
+}
+
+std::string state_color(const std::string& state) {
+  if (state == "running" || state == "completed") return paint(state, "32");
+  if (state == "failed") return paint(state, "31");
+  if (state == "restarting" || state == "cancelling" || state == "cancelled" || state == "lost")
+    return paint(state, "33");
+  return state;
+}
+
+std::string format_duration(double s) {
+  if (!(s >= 0)) s = 0;
+  char buf[32];
+  auto t = static_cast<int64_t>(std::llround(s));
+  if (t < 60)
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(t));
+  else if (t < 3600)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60),
+                  static_cast<long long>(t % 60));
+  else if (t < 86400)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600),
+                  static_cast<long long>(t % 3600 / 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldd%02lldh", static_cast<long long>(t / 86400),
+                  static_cast<long long>(t % 86400 / 3600));
+  return buf;
+}
+
+std::string format_rate(double v) {
+  char buf[32];
+  if (v < 1000)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else if (v < 1e6)
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else if (v < 1e9)
+    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
+  return buf;
+}
+
+std::string format_time(double unix_s) {
+  time_t t = static_cast<time_t>(unix_s);
+  struct tm tm {};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+double now_unix() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+namespace {
+// Display width: ANSI escapes take no room; UTF-8 continuation bytes neither.
+size_t width(const std::string& s) {
+  size_t w = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\033') {
+      while (i < s.size() && s[i] != 'm') ++i;
+      continue;
+    }
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) ++w;
+  }
+  return w;
+}
+}  // namespace
+
+std::string format_table(const std::vector<std::string>& header,
+                         const std::vector<std::vector<std::string>>& rows,
+                         const std::vector<size_t>& right) {
+  std::vector<size_t> w(header.size(), 0);
+  for (size_t c = 0; c < header.size(); ++c) w[c] = width(header[c]);
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size() && c < w.size(); ++c) w[c] = std::max(w[c], width(r[c]));
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string out;
+    for (size_t c = 0; c < w.size(); ++c) {
+      std::string cell = c < cells.size() ? cells[c] : "";
+      size_t pad = w[c] - width(cell);
+      bool r = std::find(right.begin(), right.end(), c) != right.end();
+      if (c) out += "  ";
+      if (r)
+        out += std::string(pad, ' ') + cell;
+      else
+        out += cell + (c + 1 < w.size() ? std::string(pad, ' ') : "");
+    }
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    return out + "\n";
+  };
+  std::string out = line(header);
+  for (const auto& r : rows) out += line(r);
+  return out;
+}
+
+int64_t parse_job_id(const std::string& text) {
+  size_t pos = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos != text.size() || v < 1)
+    throw CLI::ValidationError("JOB", "'" + text +
+                                          "' is not a job id (a positive number, as "
+                                          "`ringctl status` shows)");
+  return v;
+}
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+void on_stop(int sig) {
+  g_stop_signal.store(sig);
+}
+}  // namespace
+
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool stop_requested() {
+  return g_stop_signal.load() != 0;
+}
+
+bool sleep_unless_stopped(double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (stop_requested()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return !stop_requested();
+}
+
+nlohmann::json job_json(const protocol::JobInfo& j) {
+  return proto::to_json(proto::StatusReply{0, {j}})["jobs"][0];
+}
+
+}  // namespace ring::cli

@@ -1,0 +1,95 @@
+// What the ringctl subcommands that talk to ring-coord share: the subcommand registration
+// pattern, exit codes, the coordinator connection flags, error reporting that says what to do,
+// and plain-text formatting (tables, ages, rates) that stays shell friendly.
+//
+//   Subcommand s = add_status(app);   // registers `status` with its flags
+//   ... app.parse(argc, argv) ...
+//   if (*s.app) return s.run();        // runs it; typed errors become exit codes
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/protocol/protocol.h"
+#include "coordinator/client.h"
+
+namespace ring::cli {
+
+// Exit codes of every ringctl subcommand (docs/operator-guide.md, "Exit codes").
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;        // invalid input (spec errors), or the job failed
+inline constexpr int kExitUsage = 2;         // bad flags or arguments
+inline constexpr int kExitNoFit = 3;         // plan --check: the job does not fit
+inline constexpr int kExitNoCoord = 4;       // no coordinator answered at the endpoint
+inline constexpr int kExitNotFound = 5;      // no such job
+inline constexpr int kExitDenied = 6;        // the job belongs to another user
+inline constexpr int kExitInvalidState = 7;  // refused in the job's state (cancel a done job)
+inline constexpr int kExitStopped = 75;      // run: stopped early and resumable (ringd's 75)
+
+struct Subcommand {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+// How to reach ring-coord: --coord (else $RING_COORD, else the default ipc endpoint), the
+// request timeout, and for tcp:// the CURVE keys (--server-key: the coordinator's server.pub;
+// --client-key: a key file "public <z85>\nsecret <z85>"; or $RING_COORD_SERVER_KEY and
+// $RING_COORD_CLIENT_KEY).
+struct CoordFlags {
+  std::string endpoint;
+  double timeout_s = 5;
+  std::string server_key_file;
+  std::string client_key_file;
+
+  void add_to(CLI::App* app);
+  // The endpoint after --coord / $RING_COORD / the default.
+  std::string resolved_endpoint() const;
+  coord::ClientOptions client_options() const;
+};
+
+// Runs `body`, turning typed errors into a message on stderr and an exit code:
+// ConnectError/TimeoutError -> kExitNoCoord (with what to do), RemoteError not_found ->
+// kExitNotFound, permission_denied -> kExitDenied, invalid_state -> kExitInvalidState, others ->
+// kExitFailed.
+int guarded(const std::string& endpoint, const std::function<int()>& body);
+
+// Stdout is a terminal and NO_COLOR is not set.
+bool stdout_is_tty();
+bool use_color();
+// ANSI colour around text when use_color(), else the text.
+std::string paint(const std::string& text, const char* ansi);
+std::string state_color(const std::string& state);  // the state, painted by meaning
+
+// "42s", "3m05s", "2h07m", "3d04h".
+std::string format_duration(double seconds);
+// "812", "12.3k", "4.56M".
+std::string format_rate(double per_s);
+// Local time "2026-11-29 14:03:07".
+std::string format_time(double unix_s);
+double now_unix();
+
+// A plain table: columns padded to their widest cell, two spaces apart, no trailing blanks.
+// Numbers are right-aligned for columns listed in `right`.
+std::string format_table(const std::vector<std::string>& header,
+                         const std::vector<std::vector<std::string>>& rows,
+                         const std::vector<size_t>& right = {});
+
+// Parses a job id argument ("7"); throws CLI::ValidationError naming the argument.
+int64_t parse_job_id(const std::string& text);
+
+// Sleeps up to `seconds`, returning early (false) when SIGINT/SIGTERM arrived since
+// install_stop_signals(). For --follow loops.
+void install_stop_signals();
+bool stop_requested();
+bool sleep_unless_stopped(double seconds);
+
+// JSON of a job as the coordinator reports it (the protocol's job_info object).
+nlohmann::json job_json(const protocol::JobInfo& j);
+
+}  // namespace ring::cli

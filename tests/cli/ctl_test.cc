@@ -1,0 +1,384 @@
+// ringctl's coordinator subcommands against a real ring-coord process (temp state dir, private
+// ipc socket), with simulated daemons speaking the real protocol: status (table, --json,
+// --follow), events, logs, cancel, restart, nodes; the error paths (no coordinator, unknown job,
+// another user's job, bad arguments) and their exit codes.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include <nlohmann/json.hpp>
+
+#include "../common/run.h"
+#include "../coordinator/coord_test_util.h"
+
+using namespace ring::coord;
+using namespace ring::coord::test;
+using nlohmann::json;
+
+namespace {
+
+const std::string kRingctl = std::string(RING_BINARY_DIR) + "/cli/ringctl";
+const std::string kCoordBin = std::string(RING_BINARY_DIR) + "/coordinator/ring-coord";
+
+// ring-coord as a child process on <dir>/sock/coord.sock, state in <dir>/state.
+class Coord {
+ public:
+  explicit Coord(bool shared = false) {
+    dir_ = make_temp_dir("ctl");
+    ::chmod(dir_.c_str(), 0711);
+    ep_ = "ipc://" + dir_ + "/sock/coord.sock";
+    pid_ = fork();
+    if (pid_ == 0) {
+      int fd = ::open((dir_ + "/coord.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<std::string> args{
+          kCoordBin, "--state-dir", dir_ + "/state",       "--endpoint", ep_,
+          "--sync",  "normal",      "--heartbeat-timeout", "30"};
+      if (shared) args.insert(args.end(), {"--socket-mode", "shared"});
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(kCoordBin.c_str(), argv.data());
+      _exit(127);
+    }
+    EXPECT_TRUE(wait_for(
+        [&] { return read_text(dir_ + "/coord.log").find("state in") != std::string::npos; }, 10s))
+        << read_text(dir_ + "/coord.log");
+  }
+  ~Coord() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int st;
+      waitpid(pid_, &st, 0);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& ep() const { return ep_; }
+  const std::string& dir() const { return dir_; }
+  Client client() { return Client(ClientOptions{ep_, 3000ms, "", "", ""}); }
+  // ringctl SUBCOMMAND... against this coordinator.
+  ring::test::RunResult ctl(const std::string& args) const {
+    return ring::test::run("RING_COORD=" + ep_ + " " + kRingctl + " " + args);
+  }
+
+ private:
+  std::string dir_, ep_;
+  pid_t pid_ = -1;
+};
+
+json parse_json(const std::string& s) {
+  auto j = json::parse(s, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << s;
+  return j;
+}
+
+std::vector<json> parse_lines(const std::string& s) {
+  std::vector<json> out;
+  std::stringstream ss(s);
+  std::string l;
+  while (std::getline(ss, l))
+    if (!l.empty()) out.push_back(parse_json(l));
+  return out;
+}
+
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+// A job driven by one simulated daemon up to `steps` steps with a checkpoint at step 2.
+struct RunningJob {
+  int64_t id;
+  std::unique_ptr<SimDaemon> d;
+};
+RunningJob start_job(Coord& c, const std::string& job_dir, int steps) {
+  auto client = c.client();
+  RunningJob r;
+  // Restart backoff 30 s: a failed attempt stays `restarting` while the test looks.
+  r.id = client.submit(test_spec(1, 2, 30, 60), "", job_dir).job;
+  r.d = std::make_unique<SimDaemon>(c.ep(), "node-a");
+  r.d->register_jobs({{r.id, 0, 0}});
+  for (int s = 1; s <= steps; ++s) r.d->step(r.id, 1, s, 3.0 - 0.25 * s);
+  r.d->checkpoint(r.id, 1, 2);
+  EXPECT_TRUE(wait_for([&] {
+    auto st = client.status(r.id);
+    return st.step == steps && st.last_checkpoint_step == 2;
+  }));
+  return r;
+}
+
+}  // namespace
+
+TEST(Ringctl, NoCoordinatorSaysWhatToDo) {
+  std::string dir = make_temp_dir("ctl-none");
+  auto r = ring::test::run(kRingctl + " status --coord ipc://" + dir + "/none.sock");
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_TRUE(contains(r.output, "no coordinator at ipc://" + dir + "/none.sock")) << r.output;
+  EXPECT_TRUE(contains(r.output, "ring-coord")) << r.output;
+  EXPECT_TRUE(contains(r.output, "ringctl run")) << r.output;
+  // A socket file nobody listens on (a coordinator killed with -9): a bounded wait, same code.
+  std::string stale = dir + "/stale.sock";
+  {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, stale.c_str());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ::close(fd);
+  }
+  for (const char* cmd : {"status", "events 1", "nodes", "cancel 1", "logs 1"}) {
+    r = ring::test::run(kRingctl + " " + cmd + " --timeout 0.3 --coord ipc://" + stale);
+    EXPECT_EQ(r.exit_code, 4) << cmd << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "ring-coord")) << r.output;
+  }
+  // tcp without keys says which flag is missing.
+  r = ring::test::run(kRingctl + " status --coord tcp://127.0.0.1:1");
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_TRUE(contains(r.output, "--server-key")) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Ringctl, StatusTableJsonAndDetails) {
+  Coord c;
+  auto r = c.ctl("status");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "no jobs")) << r.output;
+  EXPECT_EQ(parse_json(c.ctl("status --json").output), json::array());
+
+  std::string job_dir = c.dir() + "/job";
+  auto job = start_job(c, job_dir, 5);
+  r = c.ctl("status");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Not a terminal: no colour escapes.
+  EXPECT_FALSE(contains(r.output, "\033[")) << r.output;
+  std::stringstream ss(r.output);
+  std::string header, row;
+  std::getline(ss, header);
+  std::getline(ss, row);
+  for (const char* col : {"JOBID", "NAME", "USER", "STATE", "STEP/TOTAL", "LOSS", "TOK/S",
+                          "ATTEMPT", "NODES", "AGE", "CKPT"})
+    EXPECT_TRUE(contains(header, col)) << header;
+  EXPECT_TRUE(contains(row, "tiny")) << row;
+  EXPECT_TRUE(contains(row, "running")) << row;
+  EXPECT_TRUE(contains(row, "5/200")) << row;
+  EXPECT_TRUE(contains(row, "1.7500")) << row;  // 3.0 - 0.25 * 5
+  EXPECT_TRUE(contains(row, "root")) << row;
+
+  auto all = parse_json(c.ctl("status --json").output);
+  ASSERT_TRUE(all.is_array());
+  ASSERT_EQ(all.size(), 1u);
+  auto one = parse_json(c.ctl("status " + std::to_string(job.id) + " --json").output);
+  EXPECT_EQ(one, all[0]);
+  EXPECT_EQ(one["job"], job.id);
+  EXPECT_EQ(one["state"], "running");
+  EXPECT_EQ(one["step"], 5);
+  EXPECT_EQ(one["total_steps"], 200);
+  EXPECT_DOUBLE_EQ(one["loss"].get<double>(), 1.75);
+  EXPECT_EQ(one["last_checkpoint_step"], 2);
+  EXPECT_EQ(one["job_dir"], job_dir);
+  EXPECT_EQ(one["checkpoint_dir"], "/tmp/ringmaster/tiny/checkpoints");
+  EXPECT_EQ(one["ring_order"], json::array({"node-a"}));
+  EXPECT_EQ(one["nodes"], json::array({"node-a"}));
+
+  r = c.ctl("status " + std::to_string(job.id));
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "ring order:   node-a")) << r.output;
+  EXPECT_TRUE(contains(r.output, "job dir:      " + job_dir)) << r.output;
+  EXPECT_TRUE(contains(r.output, "latest complete: step 2")) << r.output;
+
+  // --follow on a job ends when the job does; not on a terminal it prints changes only.
+  auto follow = std::async(std::launch::async, [&] {
+    return c.ctl("status " + std::to_string(job.id) + " --follow --json --interval 0.1");
+  });
+  std::this_thread::sleep_for(300ms);
+  job.d->step(job.id, 1, 6, 1.5);
+  job.d->simple(proto::EventKind::kJobCompleted, job.id, 1, 6);
+  ASSERT_EQ(follow.wait_for(10s), std::future_status::ready);
+  auto lines = parse_lines(follow.get().output);
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines.front()["step"], 5);
+  EXPECT_EQ(lines.back()["state"], "completed");
+  EXPECT_EQ(lines.back()["step"], 6);
+}
+
+TEST(Ringctl, UnknownJobAndBadArguments) {
+  Coord c;
+  for (const char* cmd : {"status 99", "events 99", "cancel 99", "restart 99", "logs 99"}) {
+    auto r = c.ctl(cmd);
+    EXPECT_EQ(r.exit_code, 5) << cmd << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "job 99 does not exist")) << cmd << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "ringctl status")) << r.output;
+  }
+  auto r = c.ctl("status seven");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "'seven' is not a job id")) << r.output;
+  r = c.ctl("events");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = c.ctl("restart 1 --from -3");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = c.ctl("status --bogus");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+TEST(Ringctl, EventsTellTheStory) {
+  Coord c;
+  auto job = start_job(c, c.dir() + "/job", 3);
+  proto::Event died;
+  died.kind = proto::EventKind::kWorkerDied;
+  died.job = job.id;
+  died.attempt = 1;
+  died.rank = 2;
+  died.signal = 9;
+  died.last_log = {"step 3 | loss 2.25", "killed"};
+  job.d->event(died);
+  auto client = c.client();
+  ASSERT_TRUE(wait_for([&] { return client.status(job.id).state == "restarting"; }));
+
+  auto r = c.ctl("events " + std::to_string(job.id) + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto ev = parse_lines(r.output);
+  std::vector<std::string> kinds;
+  for (const auto& e : ev) kinds.push_back(e["kind"]);
+  for (const char* k : {"submitted", "state", "ring_order", "checkpoint_saved", "worker_died"})
+    EXPECT_NE(std::find(kinds.begin(), kinds.end(), k), kinds.end()) << k;
+  auto d =
+      std::find_if(ev.begin(), ev.end(), [](const json& e) { return e["kind"] == "worker_died"; });
+  EXPECT_EQ((*d)["data"]["signal"], 9);
+  EXPECT_EQ((*d)["data"]["rank"], 2);
+  EXPECT_EQ((*d)["node"], "node-a");
+  // Ids grow; --after skips what was seen.
+  for (size_t i = 1; i < ev.size(); ++i) EXPECT_GT(ev[i]["id"], ev[i - 1]["id"]);
+  auto later = parse_lines(
+      c.ctl("events " + std::to_string(job.id) + " --json --after " + ev[1]["id"].dump()).output);
+  EXPECT_EQ(later.size(), ev.size() - 2);
+
+  r = c.ctl("events " + std::to_string(job.id));
+  EXPECT_TRUE(contains(r.output, "worker_died  rank=2 signal=9")) << r.output;
+  EXPECT_TRUE(contains(r.output, "    | killed")) << r.output;
+
+  // --follow ends once the job is final.
+  auto cancelled = client.cancel(job.id).state;
+  EXPECT_TRUE(cancelled == "cancelling" || cancelled == "cancelled") << cancelled;
+  auto follow = std::async(std::launch::async, [&] {
+    return c.ctl("events " + std::to_string(job.id) + " --follow --json");
+  });
+  std::this_thread::sleep_for(200ms);
+  job.d->simple(proto::EventKind::kJobStopped, job.id, 1);
+  ASSERT_EQ(follow.wait_for(10s), std::future_status::ready);
+  auto all = parse_lines(follow.get().output);
+  EXPECT_EQ(all.back()["kind"], "state");
+  EXPECT_EQ(all.back()["data"]["to"], "cancelled") << all.back().dump();
+}
+
+TEST(Ringctl, LogsFromTheJobDir) {
+  Coord c;
+  std::string job_dir = c.dir() + "/job";
+  auto job = start_job(c, job_dir, 1);
+  std::string id = std::to_string(job.id);
+  auto r = c.ctl("logs " + id);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "does not exist on this host")) << r.output;
+
+  std::filesystem::create_directories(job_dir + "/logs");
+  std::ofstream(job_dir + "/logs/worker-0.log") << "=== attempt 1 ===\nr0 a\nr0 b\n";
+  std::ofstream(job_dir + "/logs/worker-1.log") << "=== attempt 1 ===\nr1 a\n";
+  std::ofstream(job_dir + "/logs/worker-10.log") << "r10 a\n";
+  std::ofstream(job_dir + "/logs/ringd-0.log") << "ringd started\n";
+  r = c.ctl("logs " + id);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output,
+            "[worker 0] === attempt 1 ===\n[worker 0] r0 a\n[worker 0] r0 b\n"
+            "[worker 1] === attempt 1 ===\n[worker 1] r1 a\n[worker 10] r10 a\n");
+  r = c.ctl("logs " + id + " --worker 0 -n 1");
+  EXPECT_EQ(r.output, "r0 b\n");
+  r = c.ctl("logs " + id + " --ringd");
+  EXPECT_EQ(r.output, "[ringd 0] ringd started\n");
+  r = c.ctl("logs " + id + " --worker 7");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.output, "workers with logs: 0, 1, 10")) << r.output;
+
+  // --follow prints what is appended and ends with the job.
+  auto follow = std::async(std::launch::async, [&] { return c.ctl("logs " + id + " -w 1 -f"); });
+  std::this_thread::sleep_for(500ms);
+  std::ofstream(job_dir + "/logs/worker-1.log", std::ios::app) << "r1 late\n";
+  std::this_thread::sleep_for(500ms);
+  job.d->simple(proto::EventKind::kJobCompleted, job.id, 1, 1);
+  ASSERT_EQ(follow.wait_for(10s), std::future_status::ready);
+  r = follow.get();
+  EXPECT_EQ(r.output, "=== attempt 1 ===\nr1 a\nr1 late\n");
+}
+
+TEST(Ringctl, CancelRestartNodes) {
+  Coord c;
+  auto job = start_job(c, c.dir() + "/job", 3);
+  std::string id = std::to_string(job.id);
+  auto client = c.client();
+
+  auto r = c.ctl("restart " + id + " --from 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = parse_json(r.output);
+  EXPECT_EQ(j["state"], "restarting");
+  EXPECT_TRUE(contains(j["message"], "from step 2")) << r.output;
+  // The next attempt starts from step 2: the daemon is told to roll back.
+  auto cmd = job.d->expect_command(proto::CommandKind::kRollBack, job.id, 5s);
+  EXPECT_EQ(cmd.step, 2);
+  EXPECT_EQ(cmd.attempt, 2);
+
+  auto n = parse_json(c.ctl("nodes --json").output);
+  ASSERT_EQ(n.size(), 1u);
+  EXPECT_EQ(n[0]["name"], "node-a");
+  EXPECT_EQ(n[0]["state"], "up");
+  EXPECT_EQ(n[0]["jobs"], json::array({job.id}));
+  r = c.ctl("nodes");
+  EXPECT_TRUE(contains(r.output, "NODE")) << r.output;
+  EXPECT_TRUE(contains(r.output, "node-a")) << r.output;
+
+  r = c.ctl("cancel " + id);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "job " + id + ": cancelling (cancelled by root)")) << r.output;
+  job.d->simple(proto::EventKind::kJobStopped, job.id, 2);
+  ASSERT_TRUE(wait_for([&] { return client.status(job.id).state == "cancelled"; }));
+  // A final job cannot be cancelled again: exit 7 with the rule.
+  r = c.ctl("cancel " + id);
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_TRUE(contains(r.output, "cancelled")) << r.output;
+  // cancel --wait on a pending job returns at once.
+  auto p = client.submit(test_spec(1, 0, 1, 1));
+  r = c.ctl("cancel " + std::to_string(p.job) + " --wait --json");
+  EXPECT_EQ(parse_json(r.output)["state"], "cancelled");
+}
+
+TEST(Ringctl, AnotherUsersJobIsRefused) {
+  Coord c(/*shared=*/true);
+  auto client = c.client();
+  int64_t roots = client.submit(test_spec(1, 0, 1, 1)).job;
+  std::string as_nobody =
+      "setpriv --reuid=65534 --regid=65534 --clear-groups env RING_COORD=" + c.ep() + " " +
+      kRingctl + " ";
+  for (const char* cmd : {"cancel", "restart"}) {
+    auto r = ring::test::run(as_nobody + cmd + " " + std::to_string(roots));
+    EXPECT_EQ(r.exit_code, 6) << cmd << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "belongs to root (uid 0); nobody (uid 65534) may not"))
+        << r.output;
+  }
+  EXPECT_EQ(client.status(roots).state, "pending");
+  // Reading is allowed.
+  auto r = ring::test::run(as_nobody + "status " + std::to_string(roots) + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(parse_json(r.output)["owner"], "root");
+  // Private mode: another user cannot even reach the socket, and is told why.
+  Coord priv;
+  r = ring::test::run("setpriv --reuid=65534 --regid=65534 --clear-groups " + kRingctl +
+                      " status --coord " + priv.ep());
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+}
