@@ -39,6 +39,7 @@
 #include "daemon/placement/cpu_topology.h"
 #include "daemon/placement/discovery.h"
 #include "daemon/placement/placement.h"
+#include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/transport_exchange.h"
 #include "worker/model/config.h"
 #include "worker/model/layout.h"
@@ -194,6 +195,12 @@ class Daemon {
   void reap();
   void on_tick();
   void worker_failed(Worker& w, const std::string& what);
+  // ---- ring-coord (--coord): coord_link.h
+  void on_coord(const protocol::Message& m);
+  void on_command(const protocol::Command& c);
+  void coord_decide(const std::string& state);
+  void await_coord(int what, double seconds);
+  void apply_restart_policy();
 
   Options o_;
   spec::JobSpec spec_;
@@ -244,6 +251,20 @@ class Daemon {
   bool restart_pending_ = false;
   Clock::time_point restart_at_;
   Clock::time_point stop_deadline_{Clock::time_point::max()};
+
+  // ring-coord (--coord). With a coordinator, restarts after a failure are its decision (the
+  // spec's restart policy, applied by ring-coord: stop, then roll_back to a new attempt); ringd
+  // falls back to its own policy only when the coordinator stays silent.
+  std::unique_ptr<CoordLink> coord_;
+  std::optional<int64_t> resume_to_;  // resume from the newest complete checkpoint <= this step
+  enum Await { kAwaitNone, kAwaitAfterFailure, kAwaitState, kAwaitRollBack };
+  int await_ = kAwaitNone;
+  Clock::time_point await_deadline_;
+  bool coord_stop_ = false;           // a stop command: stop the workers, then ask for the state
+  std::string coord_stop_reason_;
+  bool rollback_pending_ = false;     // a roll_back command while an attempt is live
+  int64_t rollback_attempt_ = 0, rollback_step_ = 0;
+  bool ckpt_requested_ = false;       // checkpoint_now: at the next step boundary
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -265,6 +286,7 @@ void Daemon::event(const std::string& name, json fields) {
   const std::string s = fields.dump();
   if (log_file_.is_open()) log_file_ << "event " << s << std::endl;
   if (o_.json && o_.node_rank == 0) std::cout << s << std::endl;
+  if (coord_) coord_->report(name, fields);
 }
 
 int Daemon::run() {
@@ -362,6 +384,61 @@ int Daemon::run() {
     if (!e) on_tick();
   });
 
+  if (!o_.coord.empty()) {
+    // Register (node, GPUs, topology, the job) and learn the attempt to run.
+    protocol::Register reg;
+    reg.node = coord_node_name(std::stoll(o_.job), o_.node_rank);
+    try {
+      for (const placement::GpuInfo& g : placement::discover_gpus().topology.gpus)
+        reg.gpus.push_back({g.index, g.name.empty() ? "unknown" : g.name,
+                            static_cast<int64_t>(g.memory_mib)});
+      const placement::CpuTopology cpu = placement::discover_cpu_topology();
+      reg.topology.numa_nodes = std::max<int64_t>(1, static_cast<int64_t>(cpu.numa_nodes.size()));
+      reg.topology.cpus = std::max<int64_t>(1, static_cast<int64_t>(cpu.cores.size()));
+    } catch (const std::exception& e) {
+      log(std::string("topology for ring-coord: ") + e.what());
+    }
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0)
+      reg.topology.host_memory_mib = static_cast<int64_t>(pages) * page / (1024 * 1024);
+    reg.topology.summary =
+        fmt::format("{} GPU(s), {} core(s), {} NUMA node(s), {} worker(s) per node",
+                    reg.gpus.size(), reg.topology.cpus, reg.topology.numa_nodes, wpn_);
+    reg.ringd_version = "ringd 1 (protocol " + std::to_string(protocol::kVersion) + ")";
+    try {
+      coord_ = std::make_unique<CoordLink>(
+          CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
+          [this](const protocol::Message& m) { asio::post(io_, [this, m] { on_coord(m); }); });
+    } catch (const std::exception& e) {
+      std::cerr << "ringd: " << e.what() << "\n";
+      return kExitUsage;
+    }
+    log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node, o_.job));
+    std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
+    if (!a) {
+      attempt_ = 1;
+      log("ring-coord did not answer within 30 s (or does not list the job): starting attempt 1; "
+          "the link keeps trying and the coordinator reconciles when it answers");
+    } else {
+      log(fmt::format("ring-coord: job {} is {}, attempt {}, resume step {}", a->job, a->state,
+                      a->attempt, a->resume_step));
+      const std::string& st = a->state;
+      int code = -1;
+      if (st == "cancelled" || st == "cancelling") code = kExitCancelled;
+      else if (st == "failed") code = kExitFailed;
+      else if (st == "completed" || st == "completing") code = kExitOk;
+      if (code >= 0) {
+        log("nothing to run: the job is " + st);
+        coord_.reset();
+        std::error_code ec3;
+        fs::remove_all(sock_dir_, ec3);
+        return code;
+      }
+      attempt_ = static_cast<int>(std::max<int64_t>(1, a->attempt));
+      if (a->resume_step > 0) resume_to_ = a->resume_step;
+    }
+  }
+
   start_attempt();
   io_.run();
 
@@ -372,6 +449,12 @@ int Daemon::run() {
     if (w.running) waitpid(w.pid, nullptr, 0);
   std::error_code ec2;
   fs::remove_all(sock_dir_, ec2);
+  if (coord_) {
+    // A barrier: the coordinator answers this registration after it handled every report before.
+    if (!coord_->sync_and_wait(std::chrono::seconds(5)))
+      log("ring-coord did not confirm the last reports within 5 s");
+    coord_.reset();
+  }
   return exit_code_;
 }
 
@@ -424,11 +507,15 @@ void Daemon::start_attempt() {
     }
     opt_ = std::make_unique<optim::NodeOptimizer>(spec_, *layout_, total_steps_, o_.threads, ex);
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
-    if (o_.resume || attempt_ > 0) {
+    const bool want_resume =
+        coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || attempt_ > 0);
+    const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
+    if (want_resume) {
       std::vector<ckpt::LoadTarget> targets;
       for (const optim::StateTensor& t : opt_->state_tensors())
         targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
-      ckpt::LoadResult r = ckpt::load_latest(ckpt_dir_, o_.node_rank, o_.nodes, targets);
+      ckpt::LoadResult r =
+          ckpt::load_latest(ckpt_dir_, o_.node_rank, o_.nodes, targets, max_step);
       if (o_.nodes > 1) {
         // Every node must resume from the same step: the smallest one any node loaded.
         int64_t mine = r.loaded ? r.step : -1;
@@ -481,6 +568,7 @@ void Daemon::start_attempt() {
     stop_workers("the attempt could not start");
     return;
   }
+  if (coord_) coord_->set_progress(attempt_, done_step_);
   event("attempt_started", {{"workers", wpn_}, {"start_step", done_step_}});
 }
 
@@ -590,10 +678,11 @@ void Daemon::end_attempt() {
   if (ck_) {
     if (ck_->busy()) {
       ckpt::SaveResult r = ck_->wait();
-      if (r.ok) event("checkpoint_saved", {{"step", r.step}, {"path", r.path}});
+      if (r.ok) event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
     }
     while (auto r = ck_->poll()) {
-      if (r->ok) event("checkpoint_saved", {{"step", r->step}, {"path", r->path}});
+      if (r->ok)
+        event("checkpoint_saved", {{"step", r->step}, {"path", r->path}, {"bytes", r->bytes}});
       else event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
     }
     ck_.reset();
@@ -604,6 +693,21 @@ void Daemon::end_attempt() {
   if (o_.node_rank == 0) {
     std::error_code ec;
     fs::remove_all(attempt_rdv_, ec);
+  }
+  if (coord_ && rollback_pending_ && stop_signals_ == 0) {
+    rollback_pending_ = false;
+    attempt_ = static_cast<int>(rollback_attempt_);
+    resume_to_ = rollback_step_;
+    log(fmt::format("ring-coord: roll back to attempt {} from step {}", attempt_, rollback_step_));
+    restart_pending_ = true;
+    restart_at_ = Clock::now();
+    return;
+  }
+  if (coord_ && coord_stop_ && stop_signals_ == 0) {
+    log(fmt::format("stopped at step {} by ring-coord ({})", done_step_, coord_stop_reason_));
+    event("stopped", {{"step", done_step_}, {"reason", coord_stop_reason_}});
+    await_coord(kAwaitState, 10);
+    return;
   }
   if (!attempt_failed_) {
     if (stop_signals_ > 0) {
@@ -622,11 +726,23 @@ void Daemon::end_attempt() {
     finish(kExitStopped);
     return;
   }
+  if (coord_) {
+    // ring-coord heard of the death (worker_died) and applies the restart policy: it sends stop,
+    // then roll_back (or stop alone when restarts are exhausted). Silent: ringd's own policy.
+    log("attempt failed: waiting for ring-coord's decision (roll back or stop)");
+    await_coord(kAwaitAfterFailure, 15);
+    return;
+  }
+  apply_restart_policy();
+}
+
+void Daemon::apply_restart_policy() {
   if (restarts_ < spec_.restart.max_restarts) {
     const double delay =
         std::min(spec_.restart.backoff_s * std::pow(2.0, restarts_), spec_.restart.backoff_max_s);
     ++restarts_;
     ++attempt_;
+    if (coord_) resume_to_ = INT64_MAX;  // the newest complete checkpoint
     log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", restarts_,
                     spec_.restart.max_restarts, delay, attempt_));
     event("restarting", {{"restart", restarts_}, {"delay_s", delay}});
@@ -834,7 +950,7 @@ void Daemon::on_bucket(Worker& w, int b) {
       const auto t0 = Clock::now();
       ckpt::SaveResult r = ck_->wait();
       ckpt_stall_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-      if (r.ok) event("checkpoint_saved", {{"step", r.step}, {"path", r.path}});
+      if (r.ok) event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
       else if (r.step >= 0) event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
     }
     opt_->bucket_ready(bk.index, dst);
@@ -905,9 +1021,18 @@ void Daemon::maybe_finish_step() {
                 << std::endl;
     }
   }
-  if (ck_ && spec_.checkpoint.every_steps > 0 && done_step_ % spec_.checkpoint.every_steps == 0 &&
-      done_step_ < total_steps_)
+  if (coord_) {
+    coord_->set_progress(attempt_, done_step_);
+    coord_->send(protocol::StepReport{coord_->node(), coord_->job(), attempt_, done_step_, st.loss,
+                                      st.tokens_per_s, wall_s, j["comm_s"].get<double>()});
+  }
+  if (ck_ && ((spec_.checkpoint.every_steps > 0 &&
+               done_step_ % spec_.checkpoint.every_steps == 0 && done_step_ < total_steps_) ||
+              ckpt_requested_)) {
+    if (ckpt_requested_) log(fmt::format("checkpoint at step {} (asked by ring-coord)", done_step_));
+    ckpt_requested_ = false;
     checkpoint_now(done_step_, false);
+  }
   begin_step();
 }
 
@@ -919,7 +1044,7 @@ void Daemon::checkpoint_now(int64_t step, bool wait) {
     ckpt::SaveResult r = ck_->wait();
     if (r.ok) {
       log(fmt::format("checkpoint step {} saved: {}", r.step, r.path));
-      event("checkpoint_saved", {{"step", r.step}, {"path", r.path}});
+      event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
     } else {
       log(fmt::format("checkpoint step {} failed: {}", r.step, r.error));
       event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
@@ -972,6 +1097,7 @@ void Daemon::reap() {
       const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
       if (finishing_ && clean) {
         log(fmt::format("worker rank {} exited", w.rank));
+        event("worker_exited", {{"rank", w.rank}, {"pid", got}, {"exit_code", 0}});
       } else if (stopping_workers_) {
         log(fmt::format("worker rank {} (pid {}) {}", w.rank, got, describe_status(st)));
       } else {
@@ -1036,7 +1162,7 @@ void Daemon::on_tick() {
       if (r->ok) {
         log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r->step, r->path,
                         r->bytes / 1e6, r->total_s));
-        event("checkpoint_saved", {{"step", r->step}, {"path", r->path}});
+        event("checkpoint_saved", {{"step", r->step}, {"path", r->path}, {"bytes", r->bytes}});
       } else {
         log(fmt::format("checkpoint step {} failed: {}", r->step, r->error));
         event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
@@ -1044,11 +1170,117 @@ void Daemon::on_tick() {
     }
   }
   if (restart_pending_ && now >= restart_at_) start_attempt();
+  if (await_ != kAwaitNone && !attempt_live_ && !restart_pending_ && now > await_deadline_) {
+    const int was = await_;
+    await_ = kAwaitNone;
+    if (was == kAwaitAfterFailure) {
+      log("ring-coord did not answer: applying the spec's restart policy here");
+      apply_restart_policy();
+    } else {
+      log("ring-coord did not say how to go on after its stop: exiting (resumable)");
+      finish(kExitStopped);
+    }
+  }
   if (exiting_) return;
   tick_.expires_after(std::chrono::milliseconds(100));
   tick_.async_wait([this](const boost::system::error_code& e) {
     if (!e) on_tick();
   });
+}
+
+// ---- ring-coord -------------------------------------------------------------------------------
+// Messages from the coordinator arrive on the link thread and are posted here (the event loop).
+
+void Daemon::await_coord(int what, double seconds) {
+  await_ = what;
+  await_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3));
+  if (what == kAwaitState) coord_->sync();  // the answer (registered) carries the job's state
+}
+
+void Daemon::on_coord(const protocol::Message& m) {
+  if (exiting_) return;
+  if (const auto* c = std::get_if<protocol::Command>(&m)) {
+    on_command(*c);
+  } else if (const auto* r = std::get_if<protocol::Registered>(&m)) {
+    for (const protocol::Assignment& a : r->jobs)
+      if (a.job == coord_->job() && await_ == kAwaitState) coord_decide(a.state);
+  } else if (const auto* e = std::get_if<protocol::ErrorReply>(&m)) {
+    log(fmt::format("ring-coord: {} ({}{}{})", e->message, e->code, e->field.empty() ? "" : ", ",
+                    e->field));
+  }
+}
+
+void Daemon::on_command(const protocol::Command& c) {
+  const char* kind = protocol::to_string(c.command);
+  if (c.job != coord_->job()) {
+    coord_->ack(c.id, false, fmt::format("this ringd serves job {}, not {}", coord_->job(), c.job));
+    return;
+  }
+  log(fmt::format("ring-coord: {} (attempt {}, step {}): {}", kind, c.attempt, c.step, c.reason));
+  event("command", {{"command", kind}, {"id", c.id}, {"reason", c.reason}});
+  switch (c.command) {
+    case protocol::CommandKind::kCheckpointNow:
+      if (!attempt_live_ || finishing_) {
+        coord_->ack(c.id, false, "no attempt is training on this node now");
+      } else if (!ck_) {
+        coord_->ack(c.id, false,
+                    "checkpoints are off for this job (checkpoint.every_steps is 0)");
+      } else {
+        ckpt_requested_ = true;  // maybe_finish_step: at the next step boundary
+        coord_->ack(c.id, true);
+      }
+      return;
+    case protocol::CommandKind::kStop:
+      coord_->ack(c.id, true);
+      if (coord_stop_ && await_ != kAwaitRollBack) return;  // already stopping
+      coord_stop_ = true;
+      coord_stop_reason_ = c.reason;
+      rollback_pending_ = false;
+      if (attempt_live_) {
+        stop_workers("ring-coord: " + c.reason);  // end_attempt() goes on
+      } else {
+        restart_pending_ = false;
+        event("stopped", {{"step", done_step_}, {"reason", c.reason}});
+        await_coord(kAwaitState, 10);
+      }
+      return;
+    case protocol::CommandKind::kRollBack:
+      coord_->ack(c.id, true);
+      if (attempt_live_ && c.attempt == attempt_ && !stopping_workers_) return;  // on it already
+      coord_stop_ = false;
+      await_ = kAwaitNone;
+      if (attempt_live_) {
+        rollback_pending_ = true;
+        rollback_attempt_ = c.attempt;
+        rollback_step_ = c.step;
+        stop_workers(fmt::format("ring-coord: roll back to attempt {}", c.attempt));
+      } else {
+        attempt_ = static_cast<int>(c.attempt);
+        resume_to_ = c.step;
+        log(fmt::format("ring-coord: starting attempt {} from step {}", attempt_, c.step));
+        restart_pending_ = true;
+        restart_at_ = Clock::now();
+      }
+      return;
+  }
+}
+
+void Daemon::coord_decide(const std::string& state) {
+  log("ring-coord: the job is " + state);
+  if (state == "cancelling" || state == "cancelled") {
+    await_ = kAwaitNone;
+    finish(kExitCancelled);
+  } else if (state == "failed") {
+    await_ = kAwaitNone;
+    finish(kExitFailed);
+  } else if (state == "completed" || state == "completing") {
+    await_ = kAwaitNone;
+    finish(kExitOk);
+  } else {
+    // restarting (or starting/running after a restart request): roll_back comes after the
+    // coordinator's backoff.
+    await_coord(kAwaitRollBack, spec_.restart.backoff_max_s + 60);
+  }
 }
 
 }  // namespace
@@ -1123,6 +1355,7 @@ Options parse_options(int argc, char** argv) {
     usage_error("--node-rank " + std::to_string(o.node_rank) + " is not below --nodes " +
                 std::to_string(o.nodes));
   if (o.coord.empty() != o.job.empty()) usage_error("--coord and --job go together");
+  if (!o.job.empty()) parse_int("--job", o.job.c_str(), 1, int64_t{1} << 53);
   return o;
 }
 
@@ -1156,11 +1389,6 @@ int run(const Options& o) {
     std::cerr << "ringd: " << o.spec
               << ": optimizer.offload = none: the in-worker optimizer is ring-worker "
                  "--launch-local; ringd runs optimizer.offload: cpu\n";
-    return kExitUsage;
-  }
-  if (!o.coord.empty()) {
-    std::cerr << "ringd: --coord: reporting to ring-coord is not available in this build of "
-                 "ringd yet; run without --coord/--job\n";
     return kExitUsage;
   }
   std::ifstream in(o.spec, std::ios::binary);

@@ -11,6 +11,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitStopped = 75;
+// ring-coord stopped the job for good (ringctl cancel): not resumable, not a failure.
+inline constexpr int kExitCancelled = 3;
 
 struct Options {
   std::string spec;

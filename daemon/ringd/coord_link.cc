@@ -1,0 +1,216 @@
+#include "daemon/ringd/coord_link.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "coordinator/daemon_link.h"
+#include "coordinator/security.h"
+
+namespace ring::ringd {
+
+namespace proto = ring::protocol;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::optional<int64_t> opt_i64(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  return it->get<int64_t>();
+}
+
+std::string clip(std::string s, size_t n) {
+  if (s.size() > n) s.resize(n);
+  return s;
+}
+
+}  // namespace
+
+std::string coord_node_name(int64_t job, int node_rank) {
+  if (const char* n = std::getenv("SLURMD_NODENAME"); n && proto::valid_node_name(n)) return n;
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0 || !host[0]) std::snprintf(host, sizeof(host), "node");
+  std::string h = host;
+  if (auto dot = h.find('.'); dot != std::string::npos && dot > 0) h.resize(dot);
+  std::string name = h + "-j" + std::to_string(job) + "-n" + std::to_string(node_rank);
+  if (!proto::valid_node_name(name)) name = "node-j" + std::to_string(job) + "-n" +
+                                            std::to_string(node_rank);
+  return name;
+}
+
+CoordLink::CoordLink(CoordLinkOptions opts, std::function<void(const proto::Message&)> on_message)
+    : opts_(std::move(opts)), on_message_(std::move(on_message)) {
+  opts_.registration.jobs = {proto::JobProgress{opts_.job, 0, 0}};
+  // Key files are read here so a bad path is an error at start, not on the link thread.
+  coord::DaemonLinkOptions lo;
+  lo.endpoint = opts_.endpoint;
+  if (lo.endpoint.rfind("tcp://", 0) == 0) {
+    const char* sk = std::getenv("RING_COORD_SERVER_KEY");
+    const char* ck = std::getenv("RING_COORD_CLIENT_KEY");
+    if (!sk || !*sk || !ck || !*ck)
+      throw std::runtime_error(
+          "--coord " + lo.endpoint +
+          ": a tcp:// coordinator needs RING_COORD_SERVER_KEY (the coordinator's "
+          "<state_dir>/curve/server.pub) and RING_COORD_CLIENT_KEY (this user's key pair, listed "
+          "in the coordinator's curve/clients)");
+    lo.server_public_key = coord::read_public_key(sk);
+    coord::CurveKeyPair pair = coord::read_key_file(ck);
+    lo.client_public_key = pair.public_key;
+    lo.client_secret_key = pair.secret_key;
+  } else if (lo.endpoint.rfind("ipc://", 0) != 0) {
+    throw std::runtime_error("--coord " + lo.endpoint +
+                             ": expected ipc://PATH or tcp://HOST:PORT");
+  }
+  // The DaemonLink (a ZeroMQ socket) lives on the link thread only.
+  thread_ = std::thread([this, lo] {
+    try {
+      coord::DaemonLink link(lo, opts_.registration);
+      loop(link);
+    } catch (const std::exception& e) {
+      on_message_(proto::ErrorReply{0, proto::code::kInternal,
+                                    std::string("coordinator link failed: ") + e.what(), ""});
+    }
+  });
+}
+
+CoordLink::~CoordLink() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CoordLink::loop(coord::DaemonLink& link) {
+  auto progress = [&] {
+    return std::vector<proto::JobProgress>{{opts_.job, attempt_.load(), step_.load()}};
+  };
+  link.registration().jobs = progress();
+  link.register_now();
+  Clock::time_point next_hb = Clock::now() + std::chrono::milliseconds(
+                                                 static_cast<int64_t>(interval_s_.load() * 1e3));
+  int64_t syncs_done = 0;
+  for (;;) {
+    std::deque<proto::Message> out;
+    int64_t syncs = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (stop_ && out_.empty()) break;
+      out.swap(out_);
+      syncs = sync_requests_;
+    }
+    for (const proto::Message& m : out) link.send(m);
+    if (syncs > syncs_done) {
+      syncs_done = syncs;
+      link.registration().jobs = progress();
+      link.register_now();
+    }
+    const auto now = Clock::now();
+    if (now >= next_hb) {
+      link.registration().jobs = progress();
+      link.heartbeat(progress());
+      next_hb = now + std::chrono::milliseconds(static_cast<int64_t>(interval_s_.load() * 1e3));
+    }
+    // Short polls: queued reports go out within ~20 ms.
+    while (auto m = link.recv(std::chrono::milliseconds(20))) {
+      if (auto* r = std::get_if<proto::Registered>(&*m)) {
+        if (r->heartbeat_interval_s > 0) interval_s_ = r->heartbeat_interval_s;
+        std::lock_guard<std::mutex> g(mu_);
+        ++registered_;
+        if (!first_)
+          for (const proto::Assignment& a : r->jobs)
+            if (a.job == opts_.job) first_ = a;
+        cv_.notify_all();
+      }
+      on_message_(*m);
+    }
+  }
+}
+
+std::optional<proto::Assignment> CoordLink::wait_registered(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> g(mu_);
+  cv_.wait_for(g, timeout, [&] { return registered_ > 0; });
+  return first_;
+}
+
+void CoordLink::sync() {
+  std::lock_guard<std::mutex> g(mu_);
+  ++sync_requests_;
+}
+
+bool CoordLink::sync_and_wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> g(mu_);
+  ++sync_requests_;
+  const int64_t want = registered_ + 1;
+  return cv_.wait_for(g, timeout, [&] { return registered_ >= want; });
+}
+
+void CoordLink::set_progress(int64_t attempt, int64_t step) {
+  attempt_ = attempt;
+  step_ = step;
+}
+
+void CoordLink::send(proto::Message m) {
+  std::lock_guard<std::mutex> g(mu_);
+  out_.push_back(std::move(m));
+}
+
+void CoordLink::ack(int64_t command_id, bool ok, const std::string& error) {
+  send(proto::CommandAck{node(), command_id, ok, clip(error, 1000)});
+}
+
+void CoordLink::report(const std::string& name, const json& f) {
+  proto::Event e;
+  e.node = node();
+  e.job = opts_.job;
+  e.attempt = f.value("attempt", attempt_.load());
+  e.rank = opt_i64(f, "rank");
+  e.pid = opt_i64(f, "pid");
+  e.step = opt_i64(f, "step");
+  if (name == "worker_started") {
+    e.kind = proto::EventKind::kWorkerStarted;
+    e.step.reset();
+  } else if (name == "worker_exited") {
+    e.kind = proto::EventKind::kWorkerExited;
+    e.exit_code = opt_i64(f, "exit_code").value_or(0);
+  } else if (name == "worker_died" || name == "worker_failed") {
+    // worker_failed: ringd killed it (hung, broke the protocol) with SIGKILL.
+    e.kind = proto::EventKind::kWorkerDied;
+    if (auto s = opt_i64(f, "signal")) e.signal = s;
+    else if (auto c = opt_i64(f, "exit_code")) e.exit_code = c;
+    else e.signal = 9;
+    if (f.contains("error")) e.message = clip(f["error"].get<std::string>(), 4000);
+    if (f.contains("last_lines") && f["last_lines"].is_array()) {
+      const json& ll = f["last_lines"];
+      const size_t from = ll.size() > proto::kMaxLogLines ? ll.size() - proto::kMaxLogLines : 0;
+      for (size_t i = from; i < ll.size(); ++i)
+        if (ll[i].is_string()) e.last_log.push_back(clip(ll[i], proto::kMaxLogLineBytes));
+    }
+  } else if (name == "checkpoint_saved") {
+    e.kind = proto::EventKind::kCheckpointSaved;
+    e.path = f.value("path", "");
+    e.bytes = opt_i64(f, "bytes").value_or(0);
+    e.complete = true;  // this node's shard is durable
+    if (!e.step || e.path.empty()) return;
+  } else if (name == "checkpoint_failed") {
+    e.kind = proto::EventKind::kCheckpointFailed;
+    e.message = clip(f.value("error", ""), 4000);
+    if (!e.step) return;
+  } else if (name == "completed") {
+    e.kind = proto::EventKind::kJobCompleted;
+    if (!e.step) return;
+  } else if (name == "stopped") {
+    e.kind = proto::EventKind::kJobStopped;
+    e.message = clip(f.value("reason", ""), 4000);
+  } else {
+    return;  // ringd-only events (attempt_started, restarting, ...) stay in its log
+  }
+  send(e);
+}
+
+}  // namespace ring::ringd
