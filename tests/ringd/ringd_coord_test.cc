@@ -1,0 +1,313 @@
+// ringd with a real ring-coord (issue 5/7): `ringd --coord EP --job ID` registers, heartbeats,
+// reports steps and events, obeys commands. A private ring-coord per test (temp state dir, ipc).
+//
+//   CompletesWithStepsAndLoss: the job goes pending -> running -> completed; status shows every
+//     step and the loss; events hold worker_started, checkpoint_saved, job_completed.
+//   CancelStopsRingd: Client::cancel -> ringd stops its workers and exits 3, the job ends
+//     cancelled, no process is left.
+//   CoordinatorKilledMidRun: kill -9 of ring-coord mid-run: ringd keeps training, the link
+//     reconnects to the restarted coordinator, the job ends completed with its last step.
+//   HungWorkerIsDetected: SIGSTOP of a worker: ringd reports it hung (worker_died, "hung") within
+//     its --heartbeat-timeout, stops the node, the job fails (max_restarts 0), ringd exits 1.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/client.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+namespace proto = ring::protocol;
+
+const std::string kSpec = std::string(RING_SOURCE_DIR) + "/tests/ringd/coord2.yaml";
+
+std::string slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = fs::temp_directory_path().string() + "/ringd-coord-XXXXXX";
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+struct Proc {
+  pid_t pid = -1;
+  Proc(std::vector<std::string> args, const std::string& out, const std::string& err) {
+    pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      setenv("UCX_TLS", "self,posix", 1);
+      setenv("UCX_NET_DEVICES", "lo", 1);
+      unsetenv("SLURMD_NODENAME");
+      if (!std::freopen(out.c_str(), "w", stdout)) _exit(126);
+      if (!std::freopen(err.c_str(), "w", stderr)) _exit(126);
+      std::vector<char*> v;
+      for (std::string& a : args) v.push_back(a.data());
+      v.push_back(nullptr);
+      execv(v[0], v.data());
+      _exit(127);
+    }
+  }
+  // Exit status (waitpid form) or -1 after the timeout.
+  int wait(double seconds) {
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < end) {
+      int st = 0;
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        pid = -1;
+        return st;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  void kill9() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  ~Proc() { kill9(); }
+};
+
+std::vector<pid_t> processes_mentioning(const std::string& needle) {
+  std::vector<pid_t> found;
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == getpid()) continue;
+    std::string cmd = slurp("/proc/" + std::string(e->d_name) + "/cmdline");
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
+    std::string stat = slurp("/proc/" + std::string(e->d_name) + "/stat");
+    const size_t rp = stat.rfind(')');
+    const bool zombie = rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] == 'Z';
+    if (!zombie && cmd.find(needle) != std::string::npos) found.push_back(pid);
+  }
+  closedir(d);
+  return found;
+}
+
+// A ring-coord and a client on a private ipc endpoint in the test's directory.
+struct Coord {
+  std::string dir, ep;
+  std::unique_ptr<Proc> proc;
+  explicit Coord(const std::string& d) : dir(d), ep("ipc://" + d + "/sock/coord.sock") { start(); }
+  void start() {
+    proc = std::make_unique<Proc>(
+        std::vector<std::string>{RING_COORD_BIN, "--state-dir", dir + "/state", "--endpoint", ep,
+                                 "--heartbeat-interval", "0.2", "--heartbeat-timeout", "10",
+                                 "--sync", "normal"},
+        dir + "/coord.out", dir + "/coord.log");
+    const auto end = Clock::now() + std::chrono::seconds(20);
+    while (Clock::now() < end) {
+      try {
+        client()->status();
+        return;
+      } catch (const ring::coord::ClientError&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    FAIL() << "ring-coord did not answer: " << slurp(dir + "/coord.log");
+  }
+  std::unique_ptr<ring::coord::Client> client() {
+    ring::coord::ClientOptions o;
+    o.endpoint = ep;
+    o.timeout = std::chrono::milliseconds(2000);
+    return std::make_unique<ring::coord::Client>(o);
+  }
+  proto::JobInfo status(int64_t job) { return client()->status(job); }
+  std::vector<proto::EventRecord> events(int64_t job) { return client()->events(job, 0, 1000); }
+};
+
+int64_t submit(Coord& c, const std::string& job_dir, int64_t steps = 0) {
+  std::string spec = slurp(kSpec);
+  if (steps > 0) {
+    const std::string key = "  steps: 12\n";
+    spec.replace(spec.find(key), key.size(), "  steps: " + std::to_string(steps) + "\n");
+  }
+  return c.client()->submit(spec, "", job_dir).job;
+}
+
+std::vector<std::string> ringd_args(const Coord& c, int64_t job, const std::string& job_dir,
+                                    std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {RINGD_BIN, "--spec", kSpec, "--job-dir", job_dir, "--json",
+                                "--worker-threads", "1", "--worker-bin", RING_WORKER,
+                                "--threads", "1", "--coord", c.ep, "--job", std::to_string(job),
+                                "--stop-grace", "1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// Waits until pred(status) holds; returns the last status seen.
+template <class Pred>
+proto::JobInfo wait_status(Coord& c, int64_t job, Pred pred, double seconds) {
+  proto::JobInfo last;
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end) {
+    try {
+      last = c.status(job);
+      if (pred(last)) return last;
+    } catch (const ring::coord::ClientError&) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return last;
+}
+
+bool has_event(const std::vector<proto::EventRecord>& ev, const std::string& kind) {
+  for (const auto& e : ev)
+    if (e.kind == kind) return true;
+  return false;
+}
+
+std::string diag(const TempDir& t, const std::string& job_dir) {
+  return "\n--- ringd.err\n" + slurp(t.path + "/ringd.err") + "\n--- ringd-0.log\n" +
+         slurp(job_dir + "/logs/ringd-0.log") + "\n--- coord.log\n" + slurp(t.path + "/coord.log");
+}
+
+TEST(RingdCoord, CompletesWithStepsAndLoss) {
+  TempDir t;
+  Coord c(t.path);
+  const std::string jd = t.path + "/job";
+  const int64_t job = submit(c, jd);
+  Proc d(ringd_args(c, job, jd), t.path + "/ringd.out", t.path + "/ringd.err");
+  proto::JobInfo run = wait_status(c, job, [](const proto::JobInfo& i) {
+    return i.state == "running" || i.state == "completed"; }, 120);
+  EXPECT_TRUE(run.state == "running" || run.state == "completed") << run.state << diag(t, jd);
+  const int st = d.wait(120);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << diag(t, jd);
+  proto::JobInfo i = c.status(job);
+  EXPECT_EQ(i.state, "completed") << i.state_reason << diag(t, jd);
+  EXPECT_EQ(i.step, 12);
+  EXPECT_EQ(i.attempt, 1);
+  ASSERT_TRUE(i.loss.has_value());
+  EXPECT_GT(*i.loss, 0.5);
+  EXPECT_LT(*i.loss, 7.0);
+  EXPECT_TRUE(i.tokens_per_s.has_value());
+  ASSERT_TRUE(i.last_checkpoint_step.has_value());
+  EXPECT_GE(*i.last_checkpoint_step, 8);
+  auto ev = c.events(job);
+  for (const char* k : {"worker_started", "checkpoint_saved", "job_completed", "worker_exited"})
+    EXPECT_TRUE(has_event(ev, k)) << k;
+  // Node name: <host>-j<job>-n0.
+  ASSERT_FALSE(i.nodes.empty());
+  EXPECT_NE(i.nodes[0].find("-j" + std::to_string(job) + "-n0"), std::string::npos) << i.nodes[0];
+}
+
+TEST(RingdCoord, CancelStopsRingd) {
+  TempDir t;
+  Coord c(t.path);
+  const std::string jd = t.path + "/job";
+  const int64_t job = submit(c, jd, 100000);
+  Proc d(ringd_args(c, job, jd), t.path + "/ringd.out", t.path + "/ringd.err");
+  proto::JobInfo r = wait_status(c, job, [](const proto::JobInfo& i) { return i.step >= 2; }, 120);
+  ASSERT_GE(r.step, 2) << r.state << diag(t, jd);
+  EXPECT_EQ(r.state, "running");
+  c.client()->cancel(job);
+  const int st = d.wait(30);
+  ASSERT_TRUE(WIFEXITED(st)) << st << diag(t, jd);
+  EXPECT_EQ(WEXITSTATUS(st), 3) << diag(t, jd);
+  proto::JobInfo i = wait_status(c, job, [](const proto::JobInfo& x) {
+    return x.state == "cancelled"; }, 10);
+  EXPECT_EQ(i.state, "cancelled") << i.state_reason << diag(t, jd);
+  EXPECT_TRUE(has_event(c.events(job), "job_stopped"));
+  EXPECT_TRUE(processes_mentioning(jd).empty());
+}
+
+TEST(RingdCoord, CoordinatorKilledMidRun) {
+  TempDir t;
+  Coord c(t.path);
+  const std::string jd = t.path + "/job";
+  const int64_t steps = 40;
+  const int64_t job = submit(c, jd, steps);
+  Proc d(ringd_args(c, job, jd, {"--steps", std::to_string(steps)}), t.path + "/ringd.out",
+         t.path + "/ringd.err");
+  proto::JobInfo r = wait_status(c, job, [](const proto::JobInfo& i) { return i.step >= 3; }, 120);
+  ASSERT_GE(r.step, 3) << diag(t, jd);
+  c.proc->kill9();
+  auto count_steps = [&] {
+    std::stringstream ss(slurp(jd + "/steps.jsonl"));
+    int n = 0;
+    for (std::string l; std::getline(ss, l);) n += !l.empty();
+    return n;
+  };
+  const int before = count_steps();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const int during = count_steps();
+  c.start();  // same state dir: the job and the node are still known
+  const int st = d.wait(180);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << diag(t, jd);
+  if (before < steps) EXPECT_GT(during, before) << "ringd stopped training without ring-coord";
+  proto::JobInfo i = wait_status(c, job, [](const proto::JobInfo& x) {
+    return x.state == "completed"; }, 10);
+  EXPECT_EQ(i.state, "completed") << i.state_reason << diag(t, jd);
+  EXPECT_EQ(i.step, steps);
+  EXPECT_EQ(i.attempt, 1);
+  EXPECT_TRUE(processes_mentioning(jd).empty());
+}
+
+TEST(RingdCoord, HungWorkerIsDetected) {
+  TempDir t;
+  Coord c(t.path);
+  const std::string jd = t.path + "/job";
+  const int64_t job = submit(c, jd, 100000);
+  Proc d(ringd_args(c, job, jd, {"--heartbeat-timeout", "2"}), t.path + "/ringd.out",
+         t.path + "/ringd.err");
+  proto::JobInfo r = wait_status(c, job, [](const proto::JobInfo& i) { return i.step >= 2; }, 120);
+  ASSERT_GE(r.step, 2) << diag(t, jd);
+  pid_t victim = -1;
+  std::stringstream ss(slurp(t.path + "/ringd.out"));
+  for (std::string l; std::getline(ss, l);) {
+    json j = json::parse(l, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "worker_started" && j.value("rank", -1) == 1)
+      victim = j.at("pid").get<pid_t>();
+  }
+  ASSERT_GT(victim, 0);
+  const auto t0 = Clock::now();
+  ::kill(victim, SIGSTOP);
+  const int st = d.wait(30);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_TRUE(WIFEXITED(st)) << st << diag(t, jd);
+  EXPECT_EQ(WEXITSTATUS(st), 1) << diag(t, jd);
+  EXPECT_LT(took, 15.0);
+  proto::JobInfo i = wait_status(c, job, [](const proto::JobInfo& x) {
+    return x.state == "failed"; }, 10);
+  EXPECT_EQ(i.state, "failed") << i.state_reason;
+  bool hung = false;
+  for (const auto& e : c.events(job))
+    if (e.kind == "worker_died" && e.data.value("message", "").find("hung") != std::string::npos)
+      hung = true;
+  EXPECT_TRUE(hung) << "no worker_died event saying the worker hung";
+  EXPECT_TRUE(processes_mentioning(jd).empty());
+}
+
+}  // namespace
