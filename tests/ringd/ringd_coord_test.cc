@@ -5,7 +5,7 @@
 //     step and the loss; events hold worker_started, checkpoint_saved, job_completed.
 //   CancelStopsRingd: Client::cancel -> ringd stops its workers and exits 3, the job ends
 //     cancelled, no process is left.
-//   CoordinatorKilledMidRun: kill -9 of ring-coord mid-run: ringd keeps training, the link
+//   CoordinatorKilledMidRun: kill -9 of ring-coord mid-run (150 steps): ringd keeps training, the link
 //     reconnects to the restarted coordinator, the job ends completed with its last step.
 //   HungWorkerIsDetected: SIGSTOP of a worker: ringd reports it hung (worker_died, "hung") within
 //     its --heartbeat-timeout, stops the node, the job fails (max_restarts 0), ringd exits 1.
@@ -247,7 +247,7 @@ TEST(RingdCoord, CoordinatorKilledMidRun) {
   TempDir t;
   Coord c(t.path);
   const std::string jd = t.path + "/job";
-  const int64_t steps = 40;
+  const int64_t steps = 150;
   const int64_t job = submit(c, jd, steps);
   Proc d(ringd_args(c, job, jd, {"--steps", std::to_string(steps)}), t.path + "/ringd.out",
          t.path + "/ringd.err");
@@ -266,7 +266,8 @@ TEST(RingdCoord, CoordinatorKilledMidRun) {
   c.start();  // same state dir: the job and the node are still known
   const int st = d.wait(180);
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << diag(t, jd);
-  if (before < steps) EXPECT_GT(during, before) << "ringd stopped training without ring-coord";
+  ASSERT_LT(before, steps) << "the run ended before ring-coord was killed";
+  EXPECT_GT(during, before) << "ringd stopped training without ring-coord";
   proto::JobInfo i = wait_status(c, job, [](const proto::JobInfo& x) {
     return x.state == "completed"; }, 10);
   EXPECT_EQ(i.state, "completed") << i.state_reason << diag(t, jd);
