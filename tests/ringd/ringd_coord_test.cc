@@ -7,6 +7,8 @@
 //     cancelled, no process is left.
 //   CoordinatorKilledMidRun: kill -9 of ring-coord mid-run (150 steps): ringd keeps training, the link
 //     reconnects to the restarted coordinator, the job ends completed with its last step.
+//   KilledWorkerRolledBack: kill -9 of a worker: ring-coord applies the restart policy (stop,
+//     roll_back to attempt 2 from the latest checkpoint), ringd resumes and the job completes.
 //   HungWorkerIsDetected: SIGSTOP of a worker: ringd reports it hung (worker_died, "hung") within
 //     its --heartbeat-timeout, stops the node, the job fails (max_restarts 0), ringd exits 1.
 #include <dirent.h>
@@ -273,6 +275,45 @@ TEST(RingdCoord, CoordinatorKilledMidRun) {
   EXPECT_EQ(i.state, "completed") << i.state_reason << diag(t, jd);
   EXPECT_EQ(i.step, steps);
   EXPECT_EQ(i.attempt, 1);
+  EXPECT_TRUE(processes_mentioning(jd).empty());
+}
+
+TEST(RingdCoord, KilledWorkerRolledBack) {
+  TempDir t;
+  Coord c(t.path);
+  const std::string jd = t.path + "/job";
+  std::string spec = slurp(kSpec);
+  spec.replace(spec.find("  steps: 12\n"), 12, "  steps: 40\n");
+  spec.replace(spec.find("  max_restarts: 0\n"), 18, "  max_restarts: 1\n  backoff_s: 0.2\n");
+  const std::string spec_path = t.path + "/spec.yaml";
+  std::ofstream(spec_path) << spec;
+  const int64_t job = c.client()->submit(spec, "", jd).job;
+  std::vector<std::string> args = ringd_args(c, job, jd);
+  args[2] = spec_path;
+  Proc d(args, t.path + "/ringd.out", t.path + "/ringd.err");
+  proto::JobInfo r = wait_status(c, job, [](const proto::JobInfo& i) {
+    return i.last_checkpoint_step.value_or(0) >= 4 && i.step >= 6; }, 120);
+  ASSERT_GE(r.step, 6) << diag(t, jd);
+  pid_t victim = -1;
+  std::stringstream ss(slurp(t.path + "/ringd.out"));
+  for (std::string l; std::getline(ss, l);) {
+    json j = json::parse(l, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "worker_started" && j.value("rank", -1) == 0)
+      victim = j.at("pid").get<pid_t>();
+  }
+  ASSERT_GT(victim, 0);
+  ::kill(victim, SIGKILL);
+  const int st = d.wait(120);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << diag(t, jd);
+  proto::JobInfo i = wait_status(c, job, [](const proto::JobInfo& x) {
+    return x.state == "completed"; }, 10);
+  EXPECT_EQ(i.state, "completed") << i.state_reason << diag(t, jd);
+  EXPECT_EQ(i.attempt, 2);
+  EXPECT_EQ(i.restarts, 1);
+  EXPECT_EQ(i.step, 40);
+  auto ev = c.events(job);
+  EXPECT_TRUE(has_event(ev, "worker_died"));
+  EXPECT_TRUE(has_event(ev, "job_stopped"));
   EXPECT_TRUE(processes_mentioning(jd).empty());
 }
 
