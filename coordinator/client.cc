@@ -126,11 +126,12 @@ T expect(proto::Message m, const char* what) {
 }  // namespace
 
 proto::SubmitReply Client::submit(const std::string& spec, const std::string& name,
-                                  const std::string& job_dir) {
+                                  const std::string& job_dir, std::optional<int64_t> steps) {
   if (spec.size() > proto::kMaxSpecBytes)
     throw ClientError("spec of " + std::to_string(spec.size()) + " bytes exceeds the " +
                       std::to_string(proto::kMaxSpecBytes) + "-byte limit");
-  return expect<proto::SubmitReply>(call(proto::SubmitRequest{0, spec, name, job_dir}), "submit");
+  return expect<proto::SubmitReply>(call(proto::SubmitRequest{0, spec, name, job_dir, steps}),
+                                    "submit");
 }
 
 std::vector<proto::JobInfo> Client::status() {

@@ -66,9 +66,10 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // job_dir: absolute path of the job's directory (empty: the coordinator's default,
-  // /tmp/ringmaster/<job name>).
+  // /tmp/ringmaster/<job name>); steps: overrides train.steps as the job's total.
   protocol::SubmitReply submit(const std::string& spec_yaml, const std::string& name = "",
-                               const std::string& job_dir = "");
+                               const std::string& job_dir = "",
+                               std::optional<int64_t> steps = std::nullopt);
   std::vector<protocol::JobInfo> status();
   protocol::JobInfo status(int64_t job);
   std::vector<protocol::EventRecord> events(int64_t job, int64_t after = 0, int64_t limit = 100);

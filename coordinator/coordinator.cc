@@ -800,7 +800,7 @@ struct Coordinator::Impl {
     j.spec = m.spec;
     j.spec_hash = sha256_hex(m.spec);
     j.nodes = s.resources.nodes;
-    j.total_steps = s.train.steps;
+    j.total_steps = m.steps.value_or(s.train.steps);
     j.max_restarts = s.restart.max_restarts;
     j.backoff_s = s.restart.backoff_s;
     j.backoff_max_s = std::max(s.restart.backoff_max_s, 0.0);

@@ -447,6 +447,7 @@ Message read_body(const std::string& type, Reader& r) {
     m.job_dir = r.opt_str("job_dir", kMaxPath);
     if (!m.job_dir.empty() && m.job_dir[0] != '/')
       Reader::fail(r.field("job_dir"), "must be an absolute path, got '" + m.job_dir + "'");
+    m.steps = r.opt_i64("steps", 1, kMaxId);
     return m;
   }
   if (type == "status") return StatusRequest{id, r.opt_i64("job", 1, kMaxId)};
@@ -736,6 +737,7 @@ json to_json(const Message& msg) {
             json j{{"id", m.id}, {"spec", m.spec}};
             if (!m.name.empty()) j["name"] = m.name;
             if (!m.job_dir.empty()) j["job_dir"] = m.job_dir;
+            if (m.steps) j["steps"] = *m.steps;
             return j;
           },
           [](const StatusRequest& m) {

@@ -197,6 +197,8 @@ struct SubmitRequest {
   // Absolute path of the job's directory (logs/, steps.jsonl, checkpoints; daemon/INTERFACE.md);
   // empty: /tmp/ringmaster/<job name>.
   std::string job_dir;
+  // Overrides the spec's train.steps as the job's total (`ringctl run --steps`, `ringd --steps`).
+  std::optional<int64_t> steps;
 };
 struct StatusRequest {
   int64_t id = 0;

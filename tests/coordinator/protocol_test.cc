@@ -89,8 +89,8 @@ TEST(Protocol, EveryMessageRoundTrips) {
   round_trip(proto::Registered{"n0", 1.0, 10.0, {{1, 2, 50, "starting"}}});
   round_trip(proto::Command{3, proto::CommandKind::kRollBack, 1, 2, 50, "node lost"});
   round_trip(proto::Command{4, proto::CommandKind::kCheckpointNow, 1, 2, 0, ""});
-  round_trip(proto::SubmitRequest{1, "job:\n  name: x\n", "x", ""});
-  round_trip(proto::SubmitRequest{1, "job:\n  name: x\n", "", "/scratch/jobs/x"});
+  round_trip(proto::SubmitRequest{1, "job:\n  name: x\n", "x", "", std::nullopt});
+  round_trip(proto::SubmitRequest{1, "job:\n  name: x\n", "", "/scratch/jobs/x", 12});
   round_trip(proto::StatusRequest{2, std::nullopt});
   round_trip(proto::StatusRequest{2, 5});
   round_trip(proto::EventsRequest{3, 5, 10, 50});
@@ -126,10 +126,10 @@ TEST(Protocol, EveryMessageRoundTrips) {
 TEST(Protocol, SizeIsCheckedBeforeParsing) {
   std::string big(proto::kMaxMessageBytes + 1, ' ');  // not even JSON: size comes first
   expect_error(big, "too_large", "");
-  json j = base(proto::SubmitRequest{1, std::string(proto::kMaxSpecBytes + 1, 'a'), "", ""});
+  json j = base(proto::SubmitRequest{1, std::string(proto::kMaxSpecBytes + 1, 'a'), "", "", {}});
   expect_error(j.dump(), "bad_field", "submit.spec");
   // The job directory must be absolute: daemons on other nodes resolve it the same way.
-  json rel = base(proto::SubmitRequest{1, "job:\n  name: x\n", "", "jobs/x"});
+  json rel = base(proto::SubmitRequest{1, "job:\n  name: x\n", "", "jobs/x", {}});
   expect_error(rel.dump(), "bad_field", "submit.job_dir");
 }
 
@@ -140,7 +140,7 @@ TEST(Protocol, NotJsonOrTooDeep) {
   expect_error(std::string(100, '[') + std::string(100, ']'), "bad_json", "");
   // Brackets inside strings do not count as nesting.
   json hb = base(proto::Heartbeat{"n0", 1, {}});
-  proto::SubmitRequest s{1, std::string(200, '['), "", ""};
+  proto::SubmitRequest s{1, std::string(200, '['), "", "", {}};
   EXPECT_NO_THROW(proto::parse(proto::encode(s)));
   (void)hb;
 }
