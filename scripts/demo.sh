@@ -32,8 +32,9 @@ echo "== ringctl plan --check configs/examples/270b-1.2m-64x8-h200.yaml"
 "$ringctl" plan --check configs/examples/270b-1.2m-64x8-h200.yaml || echo "(exit $?: does not fit, as the plan explains)"
 
 echo
-echo "== training: ring-worker --spec configs/examples/tiny.yaml --launch-local --steps 5"
-echo "   (4 worker processes share one 16K-token sequence through ring attention over UCX;"
-echo "    'ringctl run' with the node daemon and coordinator replaces this launcher later)"
+echo "== training: ringctl run configs/examples/tiny.yaml --steps 5"
+echo "   (ring-coord, reused when one answers at the default endpoint, else started for the run;"
+echo "    ringd runs 4 worker processes that share one 16K-token sequence through ring attention"
+echo "    over UCX, with AdamW offloaded to ringd; 'ringctl status' works from another terminal)"
 export UCX_TLS="${UCX_TLS:-self,posix}" UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
-"$RING_BUILD/worker/ring-worker" --spec configs/examples/tiny.yaml --launch-local --steps 5 --threads 1
+"$ringctl" run configs/examples/tiny.yaml --steps 5
