@@ -197,6 +197,20 @@ class Backend {
   // indices (ascending) and their values. k <= n.
   virtual Status topk_abs(int64_t n, int64_t k, const float* x, uint32_t* indices,
                           float* values) = 0;
+  // Top-k with error feedback: residual += grad; then the top-k of residual as topk_abs gives
+  // them (indices ascending, values); then residual[indices] = 0, so residual keeps exactly
+  // what was not selected for the next step. grad may be null (residual already accumulated).
+  // The default composes axpy and topk_abs and zeroes the selected entries through host
+  // pointers (right for host backends); device backends override it.
+  virtual Status topk_feedback(int64_t n, int64_t k, float* residual, const float* grad,
+                               uint32_t* indices, float* values) {
+    if (grad != nullptr) {
+      if (Status s = axpy(n, 1.f, grad, residual); s != Status::kOk) return s;
+    }
+    if (Status s = topk_abs(n, k, residual, indices, values); s != Status::kOk) return s;
+    for (int64_t i = 0; i < k; ++i) residual[indices[i]] = 0.f;
+    return Status::kOk;
+  }
 
   // ---- elementwise helpers ------------------------------------------------------------------
   virtual Status fill(int64_t n, float value, float* x) = 0;

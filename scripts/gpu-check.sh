@@ -34,7 +34,7 @@ fi
 jobs=$(nproc)
 targets=(ring_kernels_cuda cuda_backend_test cuda_bench ops_test)
 if grep -q "ring_transport_nccl" "$build/CMakeFiles/TargetDirectories.txt" 2>/dev/null; then
-  targets+=(ring_transport_nccl)
+  targets+=(ring_transport_nccl nccl_transport_test)
 fi
 echo "== build (-j$jobs): ${targets[*]}"
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
@@ -43,6 +43,9 @@ echo "== build done in $(( $(date +%s) - start )) s"
 echo "== gpu tests"
 rc=0
 (cd "$RING_ROOT" && timeout 180 "$build/tests/gpu/cuda_backend_test" --gtest_color=no) || rc=1
+if [ -x "$build/tests/gpu/nccl_transport_test" ]; then
+  (cd "$RING_ROOT" && timeout 60 "$build/tests/gpu/nccl_transport_test" --gtest_color=no) || rc=1
+fi
 echo "== CPU binaries need no CUDA library"
 bins=("$build/tests/gpu/cuda_backend_test" "$build/tests/kernels/ops_test" "$build/bench/cuda_bench")
 gpu_libs=("$build/lib/libring_kernels_cuda.so")

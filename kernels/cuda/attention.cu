@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -286,6 +287,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(FwdParams p) {
   const Bounds qb = p.qb[qt];
   const int q_rows = static_cast<int>(min(static_cast<int64_t>(BQ), p.q_len - q0));
   const bool counts = (h % group) == 0;
+  __syncthreads();  // o, m, l initialised before anyone reads them (even with every tile skipped)
 
   for (int64_t kt = 0; kt < p.k_tiles; ++kt) {
     const int kind = classify(qb, p.kb[kt], p.causal, p.docs);

@@ -60,7 +60,11 @@ std::unique_ptr<CudaBackend> CudaBackend::create(int device, std::string* error)
   if (e != cudaSuccess || count == 0) {
     *error = std::string("no usable CUDA device: ") +
              (e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices");
-    cudaGetLastError();  // clear the sticky-free error for later callers
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
+      *error += " (no NVIDIA GPU, or its driver libcuda.so.1 is missing or older than the CUDA " +
+                std::to_string(CUDART_VERSION / 1000) + " runtime)";
+    }
+    cudaGetLastError();  // clear the (non-sticky) error for later callers
     return nullptr;
   }
   if (device < 0 || device >= count) {

@@ -311,6 +311,9 @@ __global__ void topk_scatter_kernel(int64_t n, const float* x, const RadixState*
     }
   }
 }
+__global__ void zero_at_kernel(int64_t k, const uint32_t* indices, float* x) {
+  RING_GRID_STRIDE(i, k) x[indices[i]] = 0.f;
+}
 __global__ void iota_kernel(int64_t n, const float* x, uint32_t* indices, float* values) {
   RING_GRID_STRIDE(i, n) {
     indices[i] = static_cast<uint32_t>(i);
@@ -629,6 +632,19 @@ Status CudaBackend::topk_abs(int64_t n, int64_t k, const float* x, uint32_t* ind
   }
   scratch_free(p);
   return s;
+}
+
+Status CudaBackend::topk_feedback(int64_t n, int64_t k, float* residual, const float* grad,
+                                  uint32_t* indices, float* values) {
+  if (n < 0 || k < 0 || k > n || any_null(n, residual)) {
+    return invalid("topk_feedback: 0 <= k <= n and a non-null residual required");
+  }
+  if (grad != nullptr) {
+    if (Status s = axpy(n, 1.f, grad, residual); s != Status::kOk) return s;
+  }
+  if (Status s = topk_abs(n, k, residual, indices, values); s != Status::kOk) return s;
+  if (k == 0) return Status::kOk;
+  RING_LAUNCH(zero_at_kernel, grid_for(k), kBlock, k, indices, residual);
 }
 
 }  // namespace ring::kernels::cuda

@@ -14,7 +14,7 @@ class Backend;
 }
 
 // Bump when kernels/backend.h's Backend (its virtual methods) or these functions change.
-inline constexpr int kRingKernelsCudaAbi = 2;
+inline constexpr int kRingKernelsCudaAbi = 3;
 
 extern "C" {
 // The ABI version the library was built with (kRingKernelsCudaAbi).
