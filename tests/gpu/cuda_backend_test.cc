@@ -594,6 +594,47 @@ TEST(CudaOps, TopkMatchesCpuExactly) {
   }
 }
 
+// The Backend defaults the CPU backend inherits (no GPU needed).
+TEST(BackendDefaults, TopkFeedbackAndOffloadOnHost) {
+  Backend* c = backends().cpu.get();
+  Vec residual = {0.5f, -3.f, 0.f, 2.f, 1.f}, grad = {0.f, 1.f, 4.f, -0.5f, 0.f};
+  std::vector<uint32_t> idx(2);
+  Vec val(2);
+  ASSERT_EQ(c->topk_feedback(5, 2, residual.data(), grad.data(), idx.data(), val.data()),
+            Status::kOk);
+  // acc = {0.5, -2, 4, 1.5, 1}: the two largest |acc| are at 1 and 2.
+  EXPECT_EQ(idx, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(val, (Vec{-2.f, 4.f}));
+  EXPECT_EQ(residual, (Vec{0.5f, 0.f, 0.f, 1.5f, 1.f}));
+  Vec host(5, 0.f);
+  EXPECT_EQ(c->pin_host(host.data(), 20), Status::kOk);
+  EXPECT_EQ(c->offload_to_host(host.data(), residual.data(), 20), Status::kOk);
+  EXPECT_EQ(c->offload_wait(), Status::kOk);
+  EXPECT_EQ(host, residual);
+  EXPECT_EQ(c->unpin_host(host.data()), Status::kOk);
+  EXPECT_EQ(c->last_error(), "");
+}
+
+// Error feedback: residual += grad, top-k sent, the rest kept; the same as the host default.
+TEST(CudaOps, TopkFeedbackKeepsWhatWasNotSent) {
+  REQUIRE_GPU();
+  const int64_t n = 100000, k = 300;
+  Vec residual = randn(n, 1, 0.1f), grad = randn(n, 2);
+  std::vector<uint32_t> wi(k);
+  Vec wv(k), wr = residual;
+  ASSERT_EQ(backends().cpu->topk_feedback(n, k, wr.data(), grad.data(), wi.data(), wv.data()),
+            Status::kOk);
+  Backend* b = backends().gpu.get();
+  Dev<float> dr(b, residual), dg(b, grad), dv(b, k, 0.f);
+  Dev<uint32_t> di(b, k, 0u);
+  ASSERT_EQ(b->topk_feedback(n, k, dr.get(), dg.get(), di.get(), dv.get()), Status::kOk)
+      << b->last_error();
+  EXPECT_EQ(di.host(), wi);
+  EXPECT_EQ(dv.host(), wv);
+  EXPECT_EQ(dr.host(), wr);  // axpy with alpha 1 is exact-rounded on both sides
+  for (int64_t i = 0; i < k; ++i) EXPECT_EQ(wr[wi[i]], 0.f);
+}
+
 // ---- offload path ----------------------------------------------------------------------------
 TEST(CudaOffload, PinnedShmRoundTripOnOwnStreams) {
   REQUIRE_GPU();
