@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "cli/ctl_common.h"
 #include "daemon/checkpoint/checkpoint.h"
 
 namespace ring::cli {
@@ -96,16 +97,40 @@ CheckpointsCommand add_checkpoints(CLI::App& app) {
   struct Args {
     std::string dir;
     bool verify = false, json = false;
+    CoordFlags coord;
   };
   auto a = std::make_shared<Args>();
   auto* sc = app.add_subcommand(
       "checkpoints",
-      "List the checkpoints in a checkpoint directory (step, time, size, nodes, "
+      "List the checkpoints in a checkpoint directory, or of a job (step, time, size, nodes, "
       "complete/incomplete/corrupt); exit 1 if one is corrupt");
-  sc->add_option("dir", a->dir, "Checkpoint directory (the spec's checkpoint.dir)")->required();
+  sc->add_option("dir", a->dir,
+                 "Checkpoint directory (the spec's checkpoint.dir), or a job id: the job's "
+                 "checkpoint directory as ring-coord recorded it")
+      ->required();
   sc->add_flag("--verify", a->verify, "Read every data file and check every tensor checksum");
   sc->add_flag("--json", a->json, "Machine-readable output (an array of objects)");
-  return {sc, [a] { return run_checkpoints(a->dir, a->verify, a->json); }};
+  a->coord.add_to(sc);
+  return {sc, [a] {
+            // A job id (and no directory of that name): ask ring-coord where its checkpoints are.
+            std::string dir = a->dir;
+            bool digits = !dir.empty() && dir.find_first_not_of("0123456789") == std::string::npos;
+            if (digits && ::access(dir.c_str(), F_OK) != 0) {
+              int rc = guarded(a->coord.resolved_endpoint(), [&] {
+                int64_t job = parse_job_id(a->dir);
+                coord::Client c(a->coord.client_options());
+                dir = c.status(job).checkpoint_dir;
+                if (dir.empty()) {
+                  std::cerr << "ringctl: job " << job
+                            << " has no checkpoint directory recorded; pass the directory\n";
+                  return kExitFailed;
+                }
+                return kExitOk;
+              });
+              if (rc != kExitOk) return rc;
+            }
+            return run_checkpoints(dir, a->verify, a->json);
+          }};
 }
 
 }  // namespace ring::cli
