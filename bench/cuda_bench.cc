@@ -57,7 +57,8 @@ Spread spread(std::vector<double> v) {
   std::exit(1);
 }
 void ok(Status s, const char* what, Backend* b) {
-  if (s != Status::kOk) die(std::string(what) + " failed (" + ring::kernels::status_string(s) + ")", b);
+  if (s != Status::kOk)
+    die(std::string(what) + " failed (" + ring::kernels::status_string(s) + ")", b);
 }
 
 // Seconds of one call of f, the device drained before and after.
@@ -121,7 +122,8 @@ int main(int argc, char** argv) {
     }
   }
   if (len <= 0 || heads <= 0 || hd <= 0 || hd > 128 || reps <= 0 || mib == 0) {
-    std::fprintf(stderr, "cuda_bench: --len, --heads, --reps, --mib > 0 and --head-dim in 1..128\n");
+    std::fprintf(stderr,
+                 "cuda_bench: --len, --heads, --reps, --mib > 0 and --head-dim in 1..128\n");
     return 2;
   }
   std::string err;
@@ -180,8 +182,8 @@ int main(int argc, char** argv) {
   }
   const double gemm_flops = 2.0 * gemm_n * gemm_n * gemm_n;
   auto gemm = [&] {
-    ok(b->gemm(DType::kBF16, false, false, gemm_n, gemm_n, gemm_n, 1.f, ga, gemm_n, gb, gemm_n,
-               0.f, gc, gemm_n),
+    ok(b->gemm(DType::kBF16, false, false, gemm_n, gemm_n, gemm_n, 1.f, ga, gemm_n, gb, gemm_n, 0.f,
+               gc, gemm_n),
        "gemm", b);
   };
   gemm();  // warm-up (cuBLAS heuristics, clocks)
@@ -192,7 +194,8 @@ int main(int argc, char** argv) {
   ok(b->fill(static_cast<int64_t>(bytes / 4), 1.f, static_cast<float*>(src)), "fill", b);
   const std::string shm = "/ring-cuda-bench-" + std::to_string(getpid());
   int fd = shm_open(shm.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) die("shm_open/ftruncate " + shm, nullptr);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    die("shm_open/ftruncate " + shm, nullptr);
   shm_unlink(shm.c_str());
   void* pinned = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -232,11 +235,12 @@ int main(int argc, char** argv) {
     Spread s = spread(t);
     return std::vector<double>{bytes / s.median / 1e9, bytes / s.max / 1e9, bytes / s.min / 1e9};
   };
-  std::printf("cuda_bench: %d repetitions; attention bf16 causal L=%lld heads=%lld head_dim=%lld "
-              "(%lld of %lld tiles skipped); GEMM bf16 n=%lld; copies %zu MiB\n",
-              reps, static_cast<long long>(len), static_cast<long long>(heads),
-              static_cast<long long>(hd), static_cast<long long>(fst.tiles_skipped),
-              static_cast<long long>(fst.tiles_total), static_cast<long long>(gemm_n), mib);
+  std::printf(
+      "cuda_bench: %d repetitions; attention bf16 causal L=%lld heads=%lld head_dim=%lld "
+      "(%lld of %lld tiles skipped); GEMM bf16 n=%lld; copies %zu MiB\n",
+      reps, static_cast<long long>(len), static_cast<long long>(heads), static_cast<long long>(hd),
+      static_cast<long long>(fst.tiles_skipped), static_cast<long long>(fst.tiles_total),
+      static_cast<long long>(gemm_n), mib);
   auto row = [](const char* name, const std::vector<double>& v, const char* unit) {
     std::printf("  %-40s %9.2f %s  (%.2f..%.2f)\n", name, v[0], unit, v[1], v[2]);
   };

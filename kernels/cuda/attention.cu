@@ -133,7 +133,9 @@ struct SmemCursor {
     return p;
   }
 };
-constexpr size_t round128(size_t b) { return (b + 127) / 128 * 128; }
+constexpr size_t round128(size_t b) {
+  return (b + 127) / 128 * 128;
+}
 
 // Loads rows [row0, row0 + rows) of a [len, nh, hd] tensor (head h) into dst [rows, ld], zero
 // beyond len and beyond hd (so padded lanes contribute nothing).
@@ -452,7 +454,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(BwdParams p) {
         pt[r * ldp + j] = to_t<T>(pr);
       }
       __syncthreads();
-      block_mm<true, false>(BK, hdp, BQ, pt, ldp, dos, ldh, dvs, ldo, true);    // dV += P^T dO
+      block_mm<true, false>(BK, hdp, BQ, pt, ldp, dos, ldh, dvs, ldo, true);   // dV += P^T dO
       block_mm<false, true>(BQ, BK, hdp, dos, ldh, vs, ldh, dpf, lds, false);  // dP = dO V^T
       __syncthreads();
       for (int idx = threadIdx.x; idx < BQ * BK; idx += blockDim.x) {
@@ -570,14 +572,14 @@ Status make_bounds(CudaBackend& be, const AttentionArgs& a, int bq, int bk, Boun
   *kb = *qb + *q_tiles;
   const int threads = 256;
   if (*q_tiles > 0) {
-    tile_bounds_kernel<<<static_cast<unsigned>((*q_tiles * 32 + threads - 1) / threads), threads,
-                         0, be.stream()>>>(a.causal ? a.q_pos : nullptr, a.q_doc, a.q_len, bq,
-                                           *q_tiles, *qb);
+    tile_bounds_kernel<<<static_cast<unsigned>((*q_tiles * 32 + threads - 1) / threads), threads, 0,
+                         be.stream()>>>(a.causal ? a.q_pos : nullptr, a.q_doc, a.q_len, bq,
+                                        *q_tiles, *qb);
   }
   if (*k_tiles > 0) {
-    tile_bounds_kernel<<<static_cast<unsigned>((*k_tiles * 32 + threads - 1) / threads), threads,
-                         0, be.stream()>>>(a.causal ? a.k_pos : nullptr, a.k_doc, a.kv_len, bk,
-                                           *k_tiles, *kb);
+    tile_bounds_kernel<<<static_cast<unsigned>((*k_tiles * 32 + threads - 1) / threads), threads, 0,
+                         be.stream()>>>(a.causal ? a.k_pos : nullptr, a.k_doc, a.kv_len, bk,
+                                        *k_tiles, *kb);
   }
   return be.check_launch("attention tile bounds");
 }
@@ -632,17 +634,24 @@ Status forward_t(CudaBackend& be, const AttentionArgs& a, float* out, float* lse
   StatsScope st{be};
   Status s = st.begin(stats);
   if (s == Status::kOk) {
-    s = be.fail(cudaFuncSetAttribute(attention_fwd_kernel<T>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(smem)),
-                "cudaFuncSetAttribute(attention forward)");
+    s = be.fail(
+        cudaFuncSetAttribute(attention_fwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        "cudaFuncSetAttribute(attention forward)");
   }
   if (s == Status::kOk && q_tiles > 65535LL * 65535LL) s = be.invalid("attention: q_len too large");
   if (s == Status::kOk) {
-    FwdParams p{a.q,      a.k,       a.v,       a.q_pos,  a.k_pos, a.q_doc, a.k_doc,
-                out,      lse,       a.q_len,   a.kv_len, a.heads, a.kv_heads,
-                static_cast<int>(a.head_dim),   hdp,      a.scale * kLog2e, a.causal,
-                a.q_doc != nullptr,             qb,       kb,      k_tiles, st.dev};
+    FwdParams p{a.q,        a.k,
+                a.v,        a.q_pos,
+                a.k_pos,    a.q_doc,
+                a.k_doc,    out,
+                lse,        a.q_len,
+                a.kv_len,   a.heads,
+                a.kv_heads, static_cast<int>(a.head_dim),
+                hdp,        a.scale * kLog2e,
+                a.causal,   a.q_doc != nullptr,
+                qb,         kb,
+                k_tiles,    st.dev};
     dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(a.heads));
     attention_fwd_kernel<T><<<grid, kThreads, smem, be.stream()>>>(p);
     s = be.check_launch("attention forward kernel");
@@ -673,16 +682,38 @@ Status backward_t(CudaBackend& be, const AttentionArgs& a, const void* dout, con
   StatsScope st{be};
   Status s = st.begin(stats);
   if (s == Status::kOk) {
-    s = be.fail(cudaFuncSetAttribute(attention_bwd_kernel<T>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(smem)),
-                "cudaFuncSetAttribute(attention backward)");
+    s = be.fail(
+        cudaFuncSetAttribute(attention_bwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        "cudaFuncSetAttribute(attention backward)");
   }
   if (s == Status::kOk) {
-    BwdParams p{a.q,     a.k,       a.v,       dout,    a.q_pos, a.k_pos, a.q_doc,
-                a.k_doc, lse,       delta,     dq,      dk,      dv,      a.q_len,
-                a.kv_len, a.heads,  a.kv_heads, static_cast<int>(a.head_dim), hdp,
-                a.scale, a.scale * kLog2e, a.causal, a.q_doc != nullptr, qb, kb, q_tiles,
+    BwdParams p{a.q,
+                a.k,
+                a.v,
+                dout,
+                a.q_pos,
+                a.k_pos,
+                a.q_doc,
+                a.k_doc,
+                lse,
+                delta,
+                dq,
+                dk,
+                dv,
+                a.q_len,
+                a.kv_len,
+                a.heads,
+                a.kv_heads,
+                static_cast<int>(a.head_dim),
+                hdp,
+                a.scale,
+                a.scale * kLog2e,
+                a.causal,
+                a.q_doc != nullptr,
+                qb,
+                kb,
+                q_tiles,
                 st.dev};
     dim3 grid(static_cast<unsigned>(k_tiles), static_cast<unsigned>(a.kv_heads));
     attention_bwd_kernel<T><<<grid, kThreads, smem, be.stream()>>>(p);
@@ -731,7 +762,7 @@ Status attention_merge(CudaBackend& be, int64_t tokens, int64_t heads, int64_t h
   const int64_t rows = tokens * heads;
   const int threads = 256;
   merge_kernel<<<warp_blocks(rows, threads), threads, 0, be.stream()>>>(rows, head_dim, out_a,
-                                                                       lse_a, out_b, lse_b);
+                                                                        lse_a, out_b, lse_b);
   return be.check_launch("attention merge kernel");
 }
 

@@ -68,8 +68,8 @@ std::unique_ptr<CudaBackend> CudaBackend::create(int device, std::string* error)
     return nullptr;
   }
   if (device < 0 || device >= count) {
-    *error = "CUDA device " + std::to_string(device) + " does not exist (" +
-             std::to_string(count) + " visible)";
+    *error = "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+             " visible)";
     return nullptr;
   }
   cudaDeviceProp prop{};
@@ -152,8 +152,8 @@ Status CudaBackend::fail(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::kOk;
   {
     std::lock_guard<std::mutex> lock(err_mu_);
-    last_error_ = std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
-                  ")";
+    last_error_ =
+        std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
   }
   return e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kDeviceError;
 }
@@ -179,14 +179,18 @@ Status CudaBackend::unsupported(const std::string& why) {
   return Status::kUnsupported;
 }
 
-Status CudaBackend::check_launch(const char* what) { return fail(cudaGetLastError(), what); }
+Status CudaBackend::check_launch(const char* what) {
+  return fail(cudaGetLastError(), what);
+}
 
 std::string CudaBackend::last_error() const {
   std::lock_guard<std::mutex> lock(err_mu_);
   return last_error_;
 }
 
-Status CudaBackend::use_device() { return fail(cudaSetDevice(device_), "cudaSetDevice"); }
+Status CudaBackend::use_device() {
+  return fail(cudaSetDevice(device_), "cudaSetDevice");
+}
 
 Status CudaBackend::scratch(size_t bytes, void** out) {
   *out = nullptr;
@@ -240,7 +244,8 @@ Status CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
 Status CudaBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
                          float beta, void* c, int64_t ldc) {
-  if (dtype != DType::kF32 && dtype != DType::kBF16) return invalid("gemm: dtype must be f32 or bf16");
+  if (dtype != DType::kF32 && dtype != DType::kBF16)
+    return invalid("gemm: dtype must be f32 or bf16");
   if (m < 0 || n < 0 || k < 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX ||
       ldb > INT_MAX || ldc > INT_MAX) {
     return invalid("gemm: m, n, k and leading dimensions must be in [0, 2^31)");
@@ -257,7 +262,8 @@ Status CudaBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int
   if (k == 0 || alpha == 0.f) {  // C = beta C (beta 0 overwrites, as BLAS does)
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>((m * n + 255) / 256, 65535));
     if (dtype == DType::kF32) {
-      scale_matrix_kernel<float><<<grid, 256, 0, stream_>>>(m, n, ldc, beta, static_cast<float*>(c));
+      scale_matrix_kernel<float>
+          <<<grid, 256, 0, stream_>>>(m, n, ldc, beta, static_cast<float*>(c));
     } else {
       scale_matrix_kernel<__nv_bfloat16>
           <<<grid, 256, 0, stream_>>>(m, n, ldc, beta, static_cast<__nv_bfloat16*>(c));
@@ -266,12 +272,12 @@ Status CudaBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int
   }
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   const cudaDataType_t t = dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
-  return fail_cublas(
-      cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, t,
-                   static_cast<int>(ldb), a, t, static_cast<int>(lda), &beta, c, t,
-                   static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
+  return fail_cublas(cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                                  static_cast<int>(m), static_cast<int>(k), &alpha, b, t,
+                                  static_cast<int>(ldb), a, t, static_cast<int>(lda), &beta, c, t,
+                                  static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmEx");
 }
 
 Status CudaBackend::attention_forward(const AttentionArgs& a, float* out, float* lse,
@@ -285,8 +291,8 @@ Status CudaBackend::attention_merge(int64_t tokens, int64_t heads, int64_t head_
 }
 
 Status CudaBackend::attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads,
-                                               int64_t head_dim, const float* out,
-                                               const void* dout, float* delta) {
+                                               int64_t head_dim, const float* out, const void* dout,
+                                               float* delta) {
   return cuda::attention_backward_prepare(*this, dtype, tokens, heads, head_dim, out, dout, delta);
 }
 
@@ -357,7 +363,8 @@ Status CudaBackend::offload_wait() {
 
 }  // namespace ring::kernels::cuda
 
-// ---- C entry points -------------------------------------------------------------------------------
+// ---- C entry points
+// -------------------------------------------------------------------------------
 extern "C" __attribute__((visibility("default"))) int ring_kernels_cuda_abi(void) {
   return kRingKernelsCudaAbi;
 }

@@ -76,8 +76,8 @@ class CudaBackend final : public Backend {
   Status adamw_step(int64_t n, const AdamWParams& hp, float* param, const float* grad, float* m,
                     float* v) override;
   Status topk_abs(int64_t n, int64_t k, const float* x, uint32_t* indices, float* values) override;
-  Status topk_feedback(int64_t n, int64_t k, float* residual, const float* grad,
-                       uint32_t* indices, float* values) override;
+  Status topk_feedback(int64_t n, int64_t k, float* residual, const float* grad, uint32_t* indices,
+                       float* values) override;
 
   Status fill(int64_t n, float value, float* x) override;
   Status scale(int64_t n, float alpha, float* x) override;

@@ -28,7 +28,7 @@ bool any_null(int64_t n, P... p) {
   return n > 0 && ((p == nullptr) || ...);
 }
 
-#define RING_GRID_STRIDE(i, n)                                                       \
+#define RING_GRID_STRIDE(i, n)                                                           \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -240,7 +240,9 @@ __global__ void sum_squares_partial_kernel(int64_t n, const float* x, double* pa
 // ---- top-k by radix select --------------------------------------------------------------------
 // Keys are |x| as bits: for non-negative floats the unsigned order is the numeric order, and NaN
 // (any payload, sign cleared) sorts above +inf, as the contract wants.
-__device__ __forceinline__ uint32_t abs_key(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+__device__ __forceinline__ uint32_t abs_key(float v) {
+  return __float_as_uint(v) & 0x7fffffffu;
+}
 
 struct RadixState {
   uint32_t prefix, mask;
@@ -299,8 +301,8 @@ __global__ void topk_sel_kernel(int64_t n, const float* x, const RadixState* st,
   }
 }
 __global__ void topk_scatter_kernel(int64_t n, const float* x, const RadixState* st,
-                                    const uint32_t* eq_rank, const uint32_t* pos,
-                                    uint32_t* indices, float* values) {
+                                    const uint32_t* eq_rank, const uint32_t* pos, uint32_t* indices,
+                                    float* values) {
   const uint32_t t = st->prefix;
   const unsigned long long need = st->need;
   RING_GRID_STRIDE(i, n) {
@@ -324,10 +326,10 @@ __global__ void iota_kernel(int64_t n, const float* x, uint32_t* indices, float*
 }  // namespace
 
 // ---- CudaBackend methods ----------------------------------------------------------------------
-#define RING_LAUNCH(kernel, grid, block, ...)                     \
-  do {                                                             \
-    kernel<<<(grid), (block), 0, stream()>>>(__VA_ARGS__);         \
-    return check_launch(#kernel);                                  \
+#define RING_LAUNCH(kernel, grid, block, ...)              \
+  do {                                                     \
+    kernel<<<(grid), (block), 0, stream()>>>(__VA_ARGS__); \
+    return check_launch(#kernel);                          \
   } while (0)
 
 Status CudaBackend::fill(int64_t n, float value, float* x) {
@@ -349,7 +351,8 @@ Status CudaBackend::axpy(int64_t n, float alpha, const float* x, float* y) {
 }
 
 Status CudaBackend::add(int64_t n, const float* a, const float* b, float* out) {
-  if (n < 0 || any_null(n, a, b, out)) return invalid("add: n >= 0 and a, b, out non-null required");
+  if (n < 0 || any_null(n, a, b, out))
+    return invalid("add: n >= 0 and a, b, out non-null required");
   if (n == 0) return Status::kOk;
   RING_LAUNCH(add_kernel, grid_for(n), kBlock, n, a, b, out);
 }
@@ -365,13 +368,13 @@ Status CudaBackend::sum_squares(int64_t n, const float* x, double* out) {
   if (Status s = scratch(sizeof(double) * (blocks + 1), &p); s != Status::kOk) return s;
   double* partial = static_cast<double*>(p);
   sum_squares_partial_kernel<<<blocks, kBlock, 0, stream()>>>(n, x, partial);
-  reduce_rows_kernel<double><<<1, 1024, 0, stream()>>>(blocks, partial, nullptr, partial + blocks,
-                                                        nullptr);
+  reduce_rows_kernel<double>
+      <<<1, 1024, 0, stream()>>>(blocks, partial, nullptr, partial + blocks, nullptr);
   Status s = check_launch("sum_squares kernels");
   if (s == Status::kOk) {
-    s = fail(cudaMemcpyAsync(out, partial + blocks, sizeof(double), cudaMemcpyDeviceToHost,
-                             stream()),
-             "cudaMemcpyAsync(sum_squares)");
+    s = fail(
+        cudaMemcpyAsync(out, partial + blocks, sizeof(double), cudaMemcpyDeviceToHost, stream()),
+        "cudaMemcpyAsync(sum_squares)");
   }
   scratch_free(p);
   if (s == Status::kOk) s = fail(cudaStreamSynchronize(stream()), "sum_squares");
@@ -465,8 +468,8 @@ Status CudaBackend::rope(int64_t n, int64_t heads, int64_t head_dim, float theta
   }
   if (n == 0 || heads == 0 || head_dim == 0) return Status::kOk;
   const int64_t total = n * heads * (head_dim / 2);
-  RING_LAUNCH(rope_kernel, grid_for(total), kBlock, n, heads, head_dim,
-              static_cast<double>(theta), pos, inverse ? -1.0 : 1.0, x);
+  RING_LAUNCH(rope_kernel, grid_for(total), kBlock, n, heads, head_dim, static_cast<double>(theta),
+              pos, inverse ? -1.0 : 1.0, x);
 }
 
 namespace {
@@ -578,10 +581,10 @@ Status CudaBackend::topk_abs(int64_t n, int64_t k, const float* x, uint32_t* ind
 
   // Scratch: state, histogram, eq ranks and selection positions ([n] each), CUB temp.
   size_t cub_bytes = 0;
-  if (Status s = fail(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes,
-                                                    static_cast<const uint32_t*>(nullptr),
-                                                    static_cast<uint32_t*>(nullptr), n, stream()),
-                      "cub::DeviceScan (size)");
+  if (Status s = fail(
+          cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr),
+                                        static_cast<uint32_t*>(nullptr), n, stream()),
+          "cub::DeviceScan (size)");
       s != Status::kOk) {
     return s;
   }
@@ -597,8 +600,8 @@ Status CudaBackend::topk_abs(int64_t n, int64_t k, const float* x, uint32_t* ind
   auto* pos = reinterpret_cast<uint32_t*>(base + head + 2 * arr);
   void* cub_tmp = base + head + 3 * arr;
 
-  Status s = fail(cudaMemsetAsync(hist, 0, 256 * sizeof(unsigned long long), stream()),
-                  "cudaMemsetAsync");
+  Status s =
+      fail(cudaMemsetAsync(hist, 0, 256 * sizeof(unsigned long long), stream()), "cudaMemsetAsync");
   if (s == Status::kOk) {
     radix_init_kernel<<<1, 1, 0, stream()>>>(st, static_cast<unsigned long long>(k));
     s = check_launch("radix_init_kernel");

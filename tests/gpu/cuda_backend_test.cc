@@ -46,8 +46,8 @@ struct Tol {
 
 ::testing::AssertionResult all_close(const char* name, const Vec& got, const Vec& want, Tol tol) {
   if (got.size() != want.size()) {
-    return ::testing::AssertionFailure() << name << ": size " << got.size() << " vs "
-                                         << want.size();
+    return ::testing::AssertionFailure()
+           << name << ": size " << got.size() << " vs " << want.size();
   }
   double scale = 0;
   for (float w : want) {
@@ -62,10 +62,10 @@ struct Tol {
     if (!ok && bad++ == 0) first = i;
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << name << ": " << bad << " of " << got.size()
-                                       << " out of tolerance (rel " << tol.rel << ", abs "
-                                       << tol.abs << " x " << scale << "); first at " << first
-                                       << ": got " << got[first] << ", want " << want[first];
+  return ::testing::AssertionFailure()
+         << name << ": " << bad << " of " << got.size() << " out of tolerance (rel " << tol.rel
+         << ", abs " << tol.abs << " x " << scale << "); first at " << first << ": got "
+         << got[first] << ", want " << want[first];
 }
 
 // bf16 round-to-nearest-even, as __float2bfloat16_rn.
@@ -118,8 +118,8 @@ Backends& backends() {
   return b;
 }
 
-#define REQUIRE_GPU()                                                         \
-  do {                                                                        \
+#define REQUIRE_GPU()                                                           \
+  do {                                                                          \
     if (!backends().gpu) GTEST_SKIP() << "no CUDA backend: " << backends().why; \
   } while (0)
 
@@ -179,7 +179,9 @@ struct AttnCase {
   int64_t k_offset;  // k positions = q positions - k_offset (a block from an earlier rank)
 };
 
-void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 struct AttnInputs {
   AttentionArgs a;
@@ -256,9 +258,9 @@ AttnResult run_attn(Backend* b, const AttnCase& c, const AttnInputs& in, DType d
                                           delta.get()),
             Status::kOk)
       << b->last_error();
-  EXPECT_EQ(b->attention_backward(a, dout, lse.get(), delta.get(), dq.get(), dk.get(), dv.get(),
-                                  &r.bwd),
-            Status::kOk)
+  EXPECT_EQ(
+      b->attention_backward(a, dout, lse.get(), delta.get(), dq.get(), dk.get(), dv.get(), &r.bwd),
+      Status::kOk)
       << b->last_error();
   EXPECT_EQ(b->synchronize(), Status::kOk);
   r.out = out.host();
@@ -324,7 +326,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CudaAttention, MergeMatchesCpu) {
   REQUIRE_GPU();
   const int64_t t = 77, h = 3, d = 40;
-  Vec oa = randn(t * h * d, 1), ob = randn(t * h * d, 2), la = randn(t * h, 3), lb = randn(t * h, 4);
+  Vec oa = randn(t * h * d, 1), ob = randn(t * h * d, 2), la = randn(t * h, 3),
+      lb = randn(t * h, 4);
   la[0] = -kInf;
   lb[1] = -kInf;
   la[2] = lb[2] = -kInf;
@@ -431,15 +434,16 @@ TEST(CudaOps, RmsNormForwardBackward) {
   REQUIRE_GPU();
   const int64_t n = 37, d = 300;
   std::vector<Vec> g, w;
-  both({randn(n * d, 1), randn(d, 2), randn(n * d, 3), randn(d, 4)}, {n * d, n, n * d},
-       [&](Backend* b, auto& in, auto& out) {
-         Status s = b->rmsnorm_forward(n, d, 1e-5f, in[0], in[1], out[0], out[1]);
-         if (s == Status::kOk) {
-           s = b->rmsnorm_backward(n, d, in[0], in[1], out[1], in[2], out[2], in[3]);
-         }
-         return s;
-       },
-       &g, &w);
+  both(
+      {randn(n * d, 1), randn(d, 2), randn(n * d, 3), randn(d, 4)}, {n * d, n, n * d},
+      [&](Backend* b, auto& in, auto& out) {
+        Status s = b->rmsnorm_forward(n, d, 1e-5f, in[0], in[1], out[0], out[1]);
+        if (s == Status::kOk) {
+          s = b->rmsnorm_backward(n, d, in[0], in[1], out[1], in[2], out[2], in[3]);
+        }
+        return s;
+      },
+      &g, &w);
   EXPECT_TRUE(all_close("y", g[0], w[0], kEw));
   EXPECT_TRUE(all_close("rstd", g[1], w[1], kEw));
   EXPECT_TRUE(all_close("dx", g[2], w[2], {1e-4, 1e-5}));
@@ -467,15 +471,16 @@ TEST(CudaOps, ActivationsForwardBackward) {
   REQUIRE_GPU();
   const int64_t n = 10001;
   std::vector<Vec> g, w;
-  both({randn(n, 1, 3.f), randn(n, 2), randn(n, 3)}, {n, n, n, n, n},
-       [&](Backend* b, auto& in, auto& out) {
-         Status s = b->swiglu_forward(n, in[0], in[1], out[0]);
-         if (s == Status::kOk) s = b->swiglu_backward(n, in[0], in[1], in[2], out[1], out[2]);
-         if (s == Status::kOk) s = b->gelu_forward(n, in[0], out[3]);
-         if (s == Status::kOk) s = b->gelu_backward(n, in[0], in[2], out[4]);
-         return s;
-       },
-       &g, &w);
+  both(
+      {randn(n, 1, 3.f), randn(n, 2), randn(n, 3)}, {n, n, n, n, n},
+      [&](Backend* b, auto& in, auto& out) {
+        Status s = b->swiglu_forward(n, in[0], in[1], out[0]);
+        if (s == Status::kOk) s = b->swiglu_backward(n, in[0], in[1], in[2], out[1], out[2]);
+        if (s == Status::kOk) s = b->gelu_forward(n, in[0], out[3]);
+        if (s == Status::kOk) s = b->gelu_backward(n, in[0], in[2], out[4]);
+        return s;
+      },
+      &g, &w);
   const char* names[] = {"swiglu", "dgate", "dup", "gelu", "dgelu"};
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(all_close(names[i], g[i], w[i], kEw));
 }
@@ -487,15 +492,16 @@ TEST(CudaOps, AdamWAndElementwise) {
   std::vector<Vec> g, w;
   Vec vinit = randn(n, 4);
   for (float& x : vinit) x = x * x;
-  both({randn(n, 1), randn(n, 2), randn(n, 3), vinit, randn(n, 5)}, {n},
-       [&](Backend* b, auto& in, auto& out) {
-         Status s = b->adamw_step(n, hp, in[0], in[1], in[2], in[3]);
-         if (s == Status::kOk) s = b->axpy(n, -0.5f, in[1], in[4]);
-         if (s == Status::kOk) s = b->scale(n, 1.5f, in[4]);
-         if (s == Status::kOk) s = b->add(n, in[4], in[1], out[0]);
-         return s;
-       },
-       &g, &w);
+  both(
+      {randn(n, 1), randn(n, 2), randn(n, 3), vinit, randn(n, 5)}, {n},
+      [&](Backend* b, auto& in, auto& out) {
+        Status s = b->adamw_step(n, hp, in[0], in[1], in[2], in[3]);
+        if (s == Status::kOk) s = b->axpy(n, -0.5f, in[1], in[4]);
+        if (s == Status::kOk) s = b->scale(n, 1.5f, in[4]);
+        if (s == Status::kOk) s = b->add(n, in[4], in[1], out[0]);
+        return s;
+      },
+      &g, &w);
   EXPECT_TRUE(all_close("add", g[0], w[0], kEw));
   EXPECT_TRUE(all_close("param", g[1], w[1], kEw));
   EXPECT_TRUE(all_close("m", g[3], w[3], kEw));

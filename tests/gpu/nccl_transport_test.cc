@@ -51,8 +51,8 @@ TEST(NcclTransport, SelfSendRecvAndCollectivesOnOneGpu) {
   auto be = ring::kernels::create_backend("cuda", 0, &err);
   if (!be) GTEST_SKIP() << "no CUDA backend: " << err;
 
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("ring-nccl-test-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ring-nccl-test-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   ring_transport_config_t cfg{};
   cfg.rank = 0;
