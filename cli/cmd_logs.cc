@@ -116,7 +116,7 @@ int run_logs(const LogsOpts& o) {
     std::map<std::string, Tail> tails;
     auto refresh = [&] {
       auto found = list_logs(dir, stem);
-      bool several = found.size() > 1 || !o.worker;
+      bool several = !o.worker;  // every log: say whose each line is
       for (const auto& [n, path] : found) {
         if (o.worker && n != *o.worker) continue;
         if (tails.count(path)) continue;

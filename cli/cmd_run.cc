@@ -14,7 +14,8 @@
 //    terminal, or one plain line per step otherwise; event lines are printed as they come.
 // 5. Ctrl-C forwards SIGINT (ringd checkpoints and stops, exit 75); a second Ctrl-C forwards it
 //    again (ringd stops at once, skipping the checkpoint); a third kills ringd's process group.
-// 6. Prints a summary and exits with ringd's status (0, 1, 2, 75; 128+signal if it was killed).
+// 6. Prints a summary and exits with ringd's status (0 done, 1 failed, 2 refused, 3 cancelled
+//    through ring-coord, 75 stopped and resumable; 128+signal if it was killed).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -140,6 +141,10 @@ bool coordinator_answers(const CoordFlags& flags, double timeout_s) {
 
 // A child process in its own process group that dies (SIGTERM) with us.
 pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
+  // Everything the child needs is prepared before fork (zmq threads exist in this process).
+  std::vector<char*> a;
+  for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
   pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
@@ -156,11 +161,10 @@ pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
     if (devnull >= 0) ::dup2(devnull, 0);
     if (out_fd >= 0) ::dup2(out_fd, 1);
     if (err_fd >= 0) ::dup2(err_fd, 2);
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
     ::execv(a[0], a.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", a[0], std::strerror(errno));
+    const char msg[] = "ringctl: exec failed\n";
+    ssize_t n = ::write(2, msg, sizeof msg - 1);
+    (void)n;
     _exit(127);
   }
   ::setpgid(pid, pid);  // both sides, so it holds before either runs on
@@ -418,7 +422,7 @@ int run_run(const RunOpts& o) {
 
   return guarded(ep, [&]() -> int {
     coord::Client client(o.coord.client_options());
-    auto sub = client.submit(spec_text, o.name, job_dir);
+    auto sub = client.submit(spec_text, o.name, job_dir, o.steps);
     std::cout << "job " << sub.job << " (" << sub.name << ") submitted; job dir " << job_dir
               << "\n  follow it from another terminal: ringctl status " << sub.job
               << "  |  ringctl logs " << sub.job << " -f\n"
@@ -547,6 +551,7 @@ int run_run(const RunOpts& o) {
     std::string outcome = st == 0              ? "completed"
                           : st == kExitStopped ? "stopped (resumable)"
                           : st == kExitUsage   ? "refused by ringd (usage or spec error)"
+                          : st == 3            ? "cancelled (ringctl cancel)"
                           : st > 128 ? "ringd killed by signal " + std::to_string(st - 128)
                                      : "failed";
     sum << "job " << sub.job << " (" << sub.name << ") " << outcome << " after "
