@@ -1,0 +1,201 @@
+// `ringctl run` end to end with the real ringd and ring-worker: it starts its own ring-coord when
+// none answers (and stops it at the end), or uses the one that answers; progress lines when not
+// on a terminal; `ringctl status` from "another terminal" while it runs; Ctrl-C (SIGINT) stops
+// it resumably (exit 75), `ringctl checkpoints JOB` lists what it wrote, and `--resume`
+// continues from the checkpoint. Plus its refusals.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "../common/run.h"
+#include "../coordinator/coord_test_util.h"
+#include "coordinator/store.h"
+
+using namespace ring::coord;
+using namespace ring::coord::test;
+using nlohmann::json;
+
+namespace {
+
+const std::string kRingctl = std::string(RING_BINARY_DIR) + "/cli/ringctl";
+const std::string kSpec = std::string(RING_SOURCE_DIR) + "/tests/cli/run_tiny.yaml";
+
+struct TempDir {
+  std::string path = make_temp_dir("ctl-run");
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// The environment of a run: its own coordinator endpoint and state dir, UCX on loopback.
+std::string env(const TempDir& t) {
+  return "RING_COORD=ipc://" + t.path + "/sock/coord.sock RING_STATE_DIR=" + t.path +
+         "/state UCX_TLS=self,posix UCX_NET_DEVICES=lo ";
+}
+
+// ringctl run in the background, output to a file; SIGINT like a Ctrl-C.
+class RunProc {
+ public:
+  RunProc(const TempDir& t, const std::string& args) : out_(t.path + "/run.out") {
+    pid_ = fork();
+    if (pid_ == 0) {
+      int fd = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      execl("/bin/sh", "sh", "-c", ("exec env " + env(t) + kRingctl + " run " + args).c_str(),
+            nullptr);
+      _exit(127);
+    }
+  }
+  ~RunProc() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      wait(5);
+    }
+  }
+  std::string output() const { return read_text(out_); }
+  void interrupt() { ::kill(pid_, SIGINT); }
+  int wait(double timeout_s) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < end) {
+      int st;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return -1;
+  }
+
+ private:
+  std::string out_;
+  pid_t pid_ = -1;
+};
+
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST(RingctlRun, TrainsWithItsOwnCoordinator) {
+  TempDir t;
+  std::string job_dir = t.path + "/job";
+  auto r = ring::test::run(env(t) + kRingctl + " run " + kSpec + " --steps 4 --job-dir " + job_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output << read_text(job_dir + "/logs/ringd-run.stderr");
+  EXPECT_TRUE(contains(r.output, "ring-coord started at ipc://" + t.path + "/sock/coord.sock"))
+      << r.output;
+  // Not a terminal: one plain line per step, no escape sequences.
+  for (int s = 1; s <= 4; ++s)
+    EXPECT_TRUE(contains(r.output, "step " + std::to_string(s) + "/4  loss ")) << r.output;
+  EXPECT_FALSE(contains(r.output, "\033[")) << r.output;
+  EXPECT_TRUE(contains(r.output, "job 1 (run-tiny) completed after")) << r.output;
+  EXPECT_TRUE(contains(r.output, "steps 1-4 of 4")) << r.output;
+  EXPECT_TRUE(contains(r.output, "coordinator: completed")) << r.output;
+  EXPECT_TRUE(contains(r.output, "checkpoints: " + job_dir + "/checkpoints")) << r.output;
+
+  // The coordinator it started is gone; what it recorded stays in its state dir.
+  auto st = ring::test::run(env(t) + kRingctl + " status --timeout 0.5");
+  EXPECT_EQ(st.exit_code, 4) << st.output;
+  Store store(t.path + "/state/coord.db", {false, 0});
+  auto job = store.job(1);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(to_string(job->state), std::string("completed"));
+  EXPECT_EQ(job->last_step, 4);
+  EXPECT_EQ(job->job_dir, job_dir);
+  EXPECT_EQ(job->checkpoint_dir, job_dir + "/checkpoints");
+  // The ring order over the job's one node (ringd's node name).
+  auto order = json::parse(job->ring_order);
+  ASSERT_EQ(order.size(), 1u) << job->ring_order;
+  EXPECT_FALSE(order[0].get<std::string>().empty());
+  // ringd's files are where the job dir says.
+  EXPECT_TRUE(std::filesystem::exists(job_dir + "/steps.jsonl"));
+  EXPECT_TRUE(std::filesystem::exists(job_dir + "/logs/worker-1.log"));
+}
+
+TEST(RingctlRun, StatusWhileRunningCtrlCAndResume) {
+  TempDir t;
+  std::string job_dir = t.path + "/job";
+  // A coordinator that is already there is used (and left running).
+  std::string ep = "ipc://" + t.path + "/sock/coord.sock";
+  CoordinatorOptions o;
+  o.state_dir = t.path + "/state";
+  o.endpoints = {ep};
+  o.synchronous_full = false;
+  Coordinator coord(o);
+  std::thread th([&] { coord.run(); });
+
+  {
+    RunProc run(t, kSpec + " --steps 100000 --job-dir " + job_dir);
+    ASSERT_TRUE(wait_for([&] { return contains(run.output(), "step 3/100000"); }, 120s))
+        << run.output();
+    EXPECT_TRUE(contains(run.output(), "using the coordinator at " + ep)) << run.output();
+    // From another terminal.
+    auto s = ring::test::run(env(t) + kRingctl + " status 1 --json");
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    auto j = json::parse(s.output);
+    EXPECT_EQ(j["state"], "running");
+    EXPECT_GE(j["step"].get<int64_t>(), 2);
+    EXPECT_EQ(j["job_dir"], job_dir);
+    EXPECT_EQ(j["total_steps"], 100000);  // --steps overrides train.steps in the coordinator too
+    // Ctrl-C: ringd writes a checkpoint and stops; exit 75.
+    run.interrupt();
+    int rc = run.wait(60);
+    EXPECT_EQ(rc, 75) << run.output();
+    EXPECT_TRUE(contains(run.output(), "stopping: ringd writes a checkpoint")) << run.output();
+    EXPECT_TRUE(contains(run.output(), "stopped (resumable)")) << run.output();
+    EXPECT_TRUE(contains(run.output(), "resume with: ringctl run")) << run.output();
+  }
+  // The stopped job is not left live in the coordinator.
+  Client c(ClientOptions{ep, 3000ms, "", "", ""});
+  EXPECT_TRUE(wait_for([&] { return c.status(1).state == "cancelled"; }, 15s))
+      << c.status(1).state << ": " << c.status(1).state_reason;
+
+  // `ringctl checkpoints JOB` finds the job's checkpoint dir through the coordinator.
+  auto ck = ring::test::run(env(t) + kRingctl + " checkpoints 1 --json");
+  ASSERT_EQ(ck.exit_code, 0) << ck.output;
+  auto cks = json::parse(ck.output);
+  ASSERT_TRUE(cks.is_array()) << ck.output;
+  EXPECT_GE(cks.size(), 1u) << ck.output;
+  // --resume continues after the checkpoint the stop wrote.
+  std::ifstream steps(job_dir + "/steps.jsonl");
+  int64_t last = 0;
+  for (std::string l; std::getline(steps, l);)
+    last = std::max<int64_t>(last, json::parse(l).value("step", int64_t{0}));
+  ASSERT_GT(last, 0);
+  auto r = ring::test::run(env(t) + kRingctl + " run " + kSpec + " --resume --steps " +
+                           std::to_string(last + 2) + " --job-dir " + job_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(
+      contains(r.output, "steps " + std::to_string(last + 1) + "-" + std::to_string(last + 2)))
+      << r.output;
+  EXPECT_EQ(c.status(2).state, "completed");
+  coord.stop();
+  th.join();
+}
+
+TEST(RingctlRun, RefusesBadSpecMissingRingdAndBadSteps) {
+  TempDir t;
+  std::string bad = t.path + "/bad.yaml";
+  std::ofstream(bad) << "job:\n  name: x\nmodel:\n  layers: -1\n";
+  auto r = ring::test::run(env(t) + kRingctl + " run " + bad);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "model.layers")) << r.output;
+  EXPECT_TRUE(contains(r.output, "fix them before running")) << r.output;
+
+  r = ring::test::run(env(t) + "RING_RINGD=" + t.path + "/no-ringd " + kRingctl + " run " + kSpec +
+                      " --job-dir " + t.path + "/job");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "ringd not found")) << r.output;
+  EXPECT_TRUE(contains(r.output, "RING_RINGD")) << r.output;
+
+  r = ring::test::run(env(t) + kRingctl + " run " + kSpec + " --job-dir " + t.path +
+                      "/job --coord ipc://" + t.path + "/sock/coord.sock --steps 0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // --steps must be positive
+}
