@@ -250,13 +250,17 @@ int64_t Store::insert_job(const JobRow& j) {
   db_.prepare(
          "INSERT INTO jobs(name, owner_uid, owner_user, spec, spec_hash, state, state_reason, "
          "created_at, updated_at, slurm_job_id, ring_order, nodes, total_steps, max_restarts, "
-         "backoff_s, backoff_max_s, job_dir, checkpoint_dir) "
-         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+         "backoff_s, backoff_max_s) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
       .args(j.name, j.owner_uid, j.owner_user, j.spec, j.spec_hash, to_string(j.state),
             j.state_reason, t, t, j.slurm_job_id, j.ring_order, j.nodes, j.total_steps,
-            j.max_restarts, j.backoff_s, j.backoff_max_s, j.job_dir, j.checkpoint_dir)
+            j.max_restarts, j.backoff_s, j.backoff_max_s)
       .run();
   int64_t id = db_.last_insert_id();
+  // Schema v3 columns, only when set (a store opened at an older version has no such columns).
+  if (!j.job_dir.empty() || !j.checkpoint_dir.empty())
+    db_.prepare("UPDATE jobs SET job_dir=?, checkpoint_dir=? WHERE id=?")
+        .args(j.job_dir, j.checkpoint_dir, id)
+        .run();
   add_event(id, 0, "", "submitted",
             {{"name", j.name}, {"owner_uid", j.owner_uid}, {"spec_hash", j.spec_hash}});
   return id;

@@ -81,9 +81,10 @@ TEST(CoordServer, SubmitRegisterStepsStatus) {
     return st.count("step_metrics") == 5;
   }));
   auto ev = client.events(sub.job);
-  EXPECT_EQ(kinds(ev), (std::vector<std::string>{"submitted", "state", "state"}));
+  EXPECT_EQ(kinds(ev), (std::vector<std::string>{"submitted", "state", "ring_order", "state"}));
   EXPECT_EQ(ev[1].data["to"], "starting");
-  EXPECT_EQ(ev[2].data["to"], "running");
+  EXPECT_EQ(ev[2].data["nodes"], nlohmann::json::array({"node-a"}));
+  EXPECT_EQ(ev[3].data["to"], "running");
   // events --follow: only newer events.
   EXPECT_TRUE(client.events(sub.job, ev.back().id).empty());
 
