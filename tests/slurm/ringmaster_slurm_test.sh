@@ -146,7 +146,7 @@ scancel "$SID"; wait_job "$SID" 30 >/dev/null
 mkspec preempt 200
 submit preempt
 check "preempt: a checkpoint exists" wait_for 60 has_ckpt "$JD" 4
-hi=$(sbatch --parsable -p high -N3 --wrap "sleep 2" 2>&1)   # needs every node
+hi=$(sbatch --parsable -p high -N3 -o "$T/high-%j.out" --wrap "sleep 2" 2>&1)   # needs every node
 check "preempt: requeued by the high job" wait_for 30 restarts_at_least "$SID" 1
 assert_eq "preempt: high job" COMPLETED "$(wait_job "$hi" 60)"
 st=$(wait_job "$SID" 120)
