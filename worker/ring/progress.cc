@@ -87,6 +87,7 @@ ProgressEngine::Result ProgressEngine::wait(int handle, int timeout_ms) {
   std::unique_lock<std::mutex> lk(mu_);
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   ++waiting_;
+  int idle = 0;
   while (!ops_[handle].done) {
     if (Clock::now() >= deadline) {
       --waiting_;
@@ -96,9 +97,19 @@ ProgressEngine::Result ProgressEngine::wait(int handle, int timeout_ms) {
       // The request stays with the comm (finalize releases it); the slot is not reused.
       return r;
     }
-    if (progress_round_locked()) continue;
+    if (progress_round_locked()) {
+      idle = 0;
+      continue;
+    }
+    // Yield a few rounds, then sleep briefly: ranks that share cores (CPU workers, or several
+    // ringd "nodes" on one machine) must leave the core to the peer whose data they wait for;
+    // pure sched_yield spinning starves it under CFS (seen as 60 s stalls with 2 nodes x 2
+    // workers on 2 cores).
     lk.unlock();
-    sched_yield();
+    if (++idle > 16)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else
+      sched_yield();
     lk.lock();
   }
   --waiting_;
