@@ -81,8 +81,9 @@ crash_node() {
   "$CLUSTER" node-stop "$1" --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1
   local p pids=""
   for p in /proc/[0-9]*; do
-    tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$2" || continue
-    tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "SLURMD_NODENAME=$1" || continue
+    [ -r "$p/environ" ] || continue
+    { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx "SLURM_JOB_ID=$2" || continue
+    { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx "SLURMD_NODENAME=$1" || continue
     pids+=" ${p#/proc/}"
     local pp; pp=$(awk '{print $4}' "$p/stat" 2>/dev/null)
     [[ $(cat "/proc/$pp/comm" 2>/dev/null) == slurmstepd ]] && pids+=" $pp"
@@ -108,7 +109,13 @@ run "$RINGCTL" status "$JOB"
 assert_contains "complete: status shows Slurm's view" "$output" "COMPLETED"
 if [ "$RC" = on ]; then
   assert_eq "complete: ring-coord state" completed "$(coord_field "$JOB" state)"
-  assert_contains "complete: status shows the loss" "$output" "loss"
+  # the loss ring-coord reports is the last step's loss from ringd (steps.jsonl), and the
+  # table shows it in the LOSS column
+  want=$(tail -n 1 "$JD/steps.jsonl" | python3 -c 'import json,sys; print("%.4f" % json.load(sys.stdin)["loss"])')
+  got=$(coord_field "$JOB" loss)
+  check "complete: ring-coord has the loss of the last step ($want)" \
+    python3 -c 'import sys; sys.exit(abs(float(sys.argv[1]) - float(sys.argv[2])) > 1e-4)' "${got:-nan}" "$want"
+  assert_contains "complete: status table shows the loss" "$output" "$want"
 fi
 check "complete: no ringd or worker left" wait_for 10 no_procs "$JD"
 
