@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <zmq.hpp>
@@ -162,6 +163,15 @@ struct Coordinator::Impl {
 
   void open_state() {
     if (opts.state_dir.empty()) throw std::runtime_error("no state directory given");
+    // Parents (e.g. ~/.local/state on a fresh account) are created with the usual modes; the
+    // state directory itself is private (0700).
+    if (const auto parent = std::filesystem::path(opts.state_dir).parent_path(); !parent.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(parent, ec);
+      if (ec)
+        throw SecurityError("cannot create " + parent.string() + " (parent of the state directory " +
+                            opts.state_dir + "): " + ec.message());
+    }
     if (::mkdir(opts.state_dir.c_str(), 0700) != 0 && errno != EEXIST)
       throw SecurityError("cannot create state directory " + opts.state_dir + ": " +
                           std::strerror(errno));

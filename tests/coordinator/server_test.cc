@@ -419,6 +419,24 @@ TEST(CoordServer, RefusesSecondCoordinatorAndBadDirs) {
   }
 }
 
+// A fresh account has no ~/.local/state: the state directory's missing parents are created, the
+// state directory itself is private.
+TEST(CoordServer, CreatesMissingParentsOfTheStateDirectory) {
+  InProcessCoordinator coord;
+  CoordinatorOptions o;
+  o.state_dir = coord.dir() + "/home/.local/state/ringmaster";
+  std::string sock = coord.dir() + "/fresh-sock";
+  o.endpoints = {"ipc://" + sock + "/coord.sock"};
+  {
+    Coordinator c(o);
+    struct stat st {};
+    ASSERT_EQ(stat(o.state_dir.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISDIR(st.st_mode));
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    EXPECT_EQ(stat((o.state_dir + "/coord.db").c_str(), &st), 0);
+  }
+}
+
 // The job's directories are recorded at submit; the global ring order is recorded when daemons
 // join: nodes under one leaf switch adjacent (from the leaf switches they registered with).
 TEST(CoordServer, RecordsJobDirsAndRingOrder) {
