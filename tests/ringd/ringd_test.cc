@@ -138,10 +138,15 @@ std::vector<pid_t> processes_mentioning(const std::string& needle) {
 }
 
 // Alive: the process exists and is not a zombie (an orphaned zombie waits for init to reap it).
+// Whether worker `pid` still runs: a live, non-zombie process that is still a ring-worker (pids
+// are reused quickly on a busy machine with a small pid_max: an unrelated process that got the
+// number is not a survivor).
 bool alive(pid_t pid) {
-  std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const std::string base = "/proc/" + std::to_string(pid);
+  std::string stat = slurp(base + "/stat");
   const size_t rp = stat.rfind(')');
-  return rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] != 'Z';
+  if (rp == std::string::npos || rp + 2 >= stat.size() || stat[rp + 2] == 'Z') return false;
+  return slurp(base + "/cmdline").find("ring-worker") != std::string::npos;
 }
 
 bool wait_for_no_processes(const std::string& needle, double seconds) {
