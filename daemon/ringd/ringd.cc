@@ -59,6 +59,9 @@ using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// ringd stops its workers with this signal (workers ignore SIGTERM and SIGINT), then SIGKILL.
+constexpr int kWorkerStopSignal = SIGUSR2;
+
 const char* kUsage =
     "usage: ringd --spec FILE [--job-dir DIR] [--node-rank N --nodes M] [--rendezvous DIR]\n"
     "             [--coord ENDPOINT --job ID] [--steps N] [--resume] [--threads T] [--json]\n"
@@ -69,7 +72,7 @@ const char* kUsage =
     "  --worker-threads T         kernel threads per worker (default resources.cpus_per_worker)\n"
     "  --heartbeat-timeout S      worker silence counted as a hang (default 30)\n"
     "  --startup-timeout S        spawn to first contact (default 300)\n"
-    "  --stop-grace S             SIGTERM to SIGKILL when stopping workers (default 5)\n"
+    "  --stop-grace S             SIGUSR2 to SIGKILL when stopping workers (default 5)\n"
     "  --hash-weights             steps carry weights_xxh, a hash of the master weights\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -625,7 +628,13 @@ void Daemon::spawn(Worker& w) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGPIPE}) signal(sig, SIG_DFL);
+    for (int sig : {SIGCHLD, SIGUSR1, SIGUSR2, SIGHUP, SIGPIPE}) signal(sig, SIG_DFL);
+    // Stopping the job is ringd's business: Slurm (proctrack signals every process of the step)
+    // and terminals send SIGTERM/SIGINT to the workers too, and a worker dying on it would look
+    // like a failure before ringd has finished the step and written its checkpoint. ringd stops
+    // workers with SIGUSR2, then SIGKILL; PR_SET_PDEATHSIG covers ringd's own death.
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
     dup2(fd, 1);
     dup2(fd, 2);
     int devnull = ::open("/dev/null", O_RDONLY);
@@ -656,7 +665,7 @@ void Daemon::stop_workers(const std::string& why) {
   int n = 0;
   for (Worker& w : workers_)
     if (w.running) {
-      kill(-w.pid, SIGTERM);
+      kill(-w.pid, kWorkerStopSignal);
       ++n;
     }
   if (!stopping_workers_ && n > 0) log(fmt::format("stopping {} workers: {}", n, why));
@@ -1099,7 +1108,9 @@ void Daemon::reap() {
         log(fmt::format("worker rank {} exited", w.rank));
         event("worker_exited", {{"rank", w.rank}, {"pid", got}, {"exit_code", 0}});
       } else if (stopping_workers_) {
-        log(fmt::format("worker rank {} (pid {}) {}", w.rank, got, describe_status(st)));
+        const bool ours = WIFSIGNALED(st) && WTERMSIG(st) == kWorkerStopSignal;
+        log(fmt::format("worker rank {} (pid {}) {}", w.rank, got,
+                        ours ? std::string("stopped") : describe_status(st)));
       } else {
         const std::vector<std::string> lines = last_lines(w.log, 10);
         std::string text;

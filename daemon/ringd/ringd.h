@@ -30,7 +30,7 @@ struct Options {
   std::string transport = "ucx";
   double heartbeat_timeout_s = 30;  // silence on a worker's control socket that counts as a hang
   double startup_timeout_s = 300;   // spawn to hello (corpus loading, bootstrap)
-  double stop_grace_s = 5;          // SIGTERM to SIGKILL when stopping workers
+  double stop_grace_s = 5;          // SIGUSR2 to SIGKILL when stopping workers
   bool hash_weights = false;        // add "weights_xxh" (FNV-1a 64 of the master weights) per step
   int worker_threads = -1;          // --threads of each worker (-1: resources.cpus_per_worker)
 };

@@ -8,6 +8,8 @@
 //   TwoDaemonsKeepIdenticalWeights: two ringd processes (2 nodes x 2 workers) form one job;
 //     the hash of every node's master weights is the same after every step.
 //   SigtermStopsResumably: SIGTERM -> exit 75, workers stopped in order, no process left.
+//   SigtermToEveryProcessStopsResumably: SIGTERM to ringd and all its workers at once (what
+//     Slurm's proctrack does on preemption or scancel): still exit 75, no worker counted as dead.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -276,6 +278,27 @@ TEST(Ringd, SigtermStopsResumably) {
   const int st = d.wait(30);
   ASSERT_TRUE(WIFEXITED(st)) << st;
   EXPECT_EQ(WEXITSTATUS(st), 75);
+  EXPECT_FALSE(
+      wait_line(out, [](const json& j) { return j.value("event", "") == "stopped"; }, 1).is_null());
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
+TEST(Ringd, SigtermToEveryProcessStopsResumably) {
+  TempDir t;
+  const std::string out = t.path + "/ringd.out";
+  Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out, t.path + "/ringd.err");
+  ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null());
+  const std::vector<pid_t> pids = worker_pids(out);
+  ASSERT_EQ(pids.size(), 4u);
+  for (pid_t p : pids) ASSERT_EQ(kill(p, SIGTERM), 0);
+  ASSERT_EQ(kill(d.pid, SIGTERM), 0);
+  const int st = d.wait(30);
+  ASSERT_TRUE(WIFEXITED(st)) << st;
+  EXPECT_EQ(WEXITSTATUS(st), 75) << slurp(t.path + "/job/logs/ringd-0.log");
+  EXPECT_TRUE(
+      wait_line(out, [](const json& j) { return j.value("event", "") == "worker_died"; }, 1)
+          .is_null())
+      << slurp(t.path + "/job/logs/ringd-0.log");
   EXPECT_FALSE(
       wait_line(out, [](const json& j) { return j.value("event", "") == "stopped"; }, 1).is_null());
   EXPECT_TRUE(wait_for_no_processes(t.path, 5));
