@@ -173,10 +173,14 @@ RING_F void storeu(float* p, vf v) {
 RING_F __m256i first_lanes(int count) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+// Full vectors take the plain load/store: vmaskmovps is slow on some cores (a masked store is
+// microcoded on AMD Zen), and kernels call these for every vector, not just the tail.
 RING_F vf load_partial(const float* p, int count) {
+  if (count >= kWidth) return _mm256_loadu_ps(p);
   return _mm256_maskload_ps(p, first_lanes(count));
 }
 RING_F void store_partial(float* p, vf v, int count) {
+  if (count >= kWidth) return _mm256_storeu_ps(p, v);
   _mm256_maskstore_ps(p, first_lanes(count), v);
 }
 RING_F vf set1(float x) {
