@@ -1,62 +1,21 @@
 #include "common/slurm/slurm_cli.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
+#include <cctype>
 #include <set>
 #include <sstream>
-
-extern char** environ;
 
 namespace ring::slurm {
 
 namespace {
-
-std::string find_in_path(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  size_t b = 0;
-  while (b <= dirs.size()) {
-    size_t e = dirs.find(':', b);
-    if (e == std::string::npos) e = dirs.size();
-    std::string cand = dirs.substr(b, e - b);
-    if (cand.empty()) cand.push_back('.');  // an empty PATH entry is the current directory
-    cand += '/';
-    cand += name;
-    if (access(cand.c_str(), X_OK) == 0) return cand;
-    b = e + 1;
-  }
-  return "";
-}
 
 std::string trim(std::string s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
   size_t i = 0;
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
   return s.substr(i);
-}
-
-std::string describe(const std::vector<std::string>& argv, const CommandResult& r) {
-  std::string cmd;
-  for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
-  std::string why = r.timed_out ? "timed out"
-                    : r.exit_code < 0
-                        ? "was killed"
-                        : fmt::format("exited {}", r.exit_code);
-  std::string msg = trim(r.err.empty() ? r.out : r.err);
-  if (msg.size() > 800) msg = msg.substr(0, 800) + "...";
-  return fmt::format("`{}` {}{}{}", cmd, why, msg.empty() ? "" : ": ", msg);
 }
 
 bool key_token(std::string_view t) {
@@ -79,73 +38,19 @@ std::string none_to_empty(const std::string& v) {
 
 CommandResult run_command(const std::vector<std::string>& argv, int timeout_ms) {
   if (argv.empty()) throw SlurmError("run_command: empty command");
-  std::string exe = find_in_path(argv[0]);
+  std::string exe = proc::find_executable(argv[0]);
   if (exe.empty())
     throw SlurmError(fmt::format("{}: not found in PATH; is Slurm's client installed "
                                  "(slurm-client) and PATH set?",
                                  argv[0]));
-  int op[2], ep[2];
-  if (pipe2(op, O_CLOEXEC) != 0) throw SlurmError("pipe: " + std::string(std::strerror(errno)));
-  if (pipe2(ep, O_CLOEXEC) != 0) {
-    close(op[0]);
-    close(op[1]);
-    throw SlurmError("pipe: " + std::string(std::strerror(errno)));
+  proc::RunOptions o;
+  o.timeout_ms = timeout_ms;
+  o.executable = exe;
+  try {
+    return proc::run_command(argv, o);
+  } catch (const proc::RunError& e) {
+    throw SlurmError(e.what());
   }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, op[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, ep[1], 2);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(op[1]);
-  close(ep[1]);
-  if (rc != 0) {
-    close(op[0]);
-    close(ep[0]);
-    throw SlurmError(fmt::format("cannot run {}: {}", exe, std::strerror(rc)));
-  }
-  CommandResult r;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  pollfd fds[2] = {{op[0], POLLIN, 0}, {ep[0], POLLIN, 0}};
-  std::string* bufs[2] = {&r.out, &r.err};
-  int open_fds = 2;
-  char buf[16384];
-  while (open_fds > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
-    if (left <= 0) {
-      r.timed_out = true;
-      kill(pid, SIGKILL);
-      break;
-    }
-    int n = poll(fds, 2, static_cast<int>(left));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      ssize_t got = read(fds[i].fd, buf, sizeof buf);
-      if (got <= 0) {
-        close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-      } else if (bufs[i]->size() < (size_t{16} << 20)) {
-        bufs[i]->append(buf, static_cast<size_t>(got));
-      }
-    }
-  }
-  for (auto& f : fds)
-    if (f.fd >= 0) close(f.fd);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  r.exit_code = !r.timed_out && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
 }
 
 std::map<std::string, std::string> parse_scontrol_record(std::string_view line) {
@@ -223,7 +128,7 @@ std::string sbatch(const std::string& script_path, const std::vector<std::string
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   argv.push_back(script_path);
   auto r = run_command(argv, 60000);
-  if (r.exit_code != 0) throw SlurmError("sbatch refused the job: " + describe(argv, r));
+  if (r.exit_code != 0) throw SlurmError("sbatch refused the job: " + proc::describe(argv, r));
   return parse_sbatch_parsable(r.out);
 }
 
@@ -240,7 +145,7 @@ std::map<std::string, JobView> query_jobs(const std::vector<std::string>& ids) {
   std::vector<std::string> argv{"scontrol", "show", "job", "-o"};
   auto r = run_command(argv, 30000);
   if (r.exit_code != 0 && r.out.empty())
-    throw SlurmError("cannot ask Slurm about jobs: " + describe(argv, r));
+    throw SlurmError("cannot ask Slurm about jobs: " + proc::describe(argv, r));
   std::istringstream in(r.out);
   std::string line;
   while (std::getline(in, line)) {
@@ -294,14 +199,14 @@ void cancel(const std::string& id) {
   if (!valid_job_id(id)) throw SlurmError(fmt::format("'{}' is not a Slurm job id", id));
   std::vector<std::string> argv{"scancel", id};
   auto r = run_command(argv, 30000);
-  if (r.exit_code != 0) throw SlurmError("scancel failed: " + describe(argv, r));
+  if (r.exit_code != 0) throw SlurmError("scancel failed: " + proc::describe(argv, r));
 }
 
 void requeue(const std::string& id) {
   if (!valid_job_id(id)) throw SlurmError(fmt::format("'{}' is not a Slurm job id", id));
   std::vector<std::string> argv{"scontrol", "requeue", id};
   auto r = run_command(argv, 30000);
-  if (r.exit_code != 0) throw SlurmError("scontrol requeue failed: " + describe(argv, r));
+  if (r.exit_code != 0) throw SlurmError("scontrol requeue failed: " + proc::describe(argv, r));
 }
 
 std::string summary(const JobView& v) {

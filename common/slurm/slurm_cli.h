@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/proc/run_command.h"
+
 namespace ring::slurm {
 
 class SlurmError : public std::runtime_error {
@@ -24,14 +26,11 @@ class SlurmError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct CommandResult {
-  int exit_code = -1;  // -1: killed by a signal or timed out
-  bool timed_out = false;
-  std::string out, err;
-};
+using CommandResult = proc::CommandResult;
 
-// Runs argv[0] (looked up in PATH) with a deadline. Throws SlurmError when it cannot be started
-// (e.g. "sbatch: not found in PATH; is Slurm's client installed?").
+// Runs argv[0] (looked up in PATH) with a deadline (proc::run_command; stdout and stderr kept up to
+// 16 MiB each). Throws SlurmError when it cannot be started (e.g. "sbatch: not found in PATH; is
+// Slurm's client installed?").
 CommandResult run_command(const std::vector<std::string>& argv, int timeout_ms = 30000);
 
 // Slurm's view of one job, merged from `scontrol show job -o` (queued, running and recently

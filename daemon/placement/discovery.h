@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/proc/run_command.h"
 #include "daemon/placement/gpu_topology.h"
 
 namespace ring::placement {
@@ -32,17 +33,12 @@ GpuDiscovery discover_gpus(const DiscoveryOptions& options = {});
 
 // Full path of an executable: `name` itself when it contains '/', else the first match on
 // PATH; empty when there is none.
-std::string find_executable(const std::string& name);
+using proc::find_executable;
 
-struct CommandResult {
-  int exit_code = -1;  // -1 when killed by a signal or timed out
-  bool timed_out = false;
-  std::string out;  // stdout (capped at 64 MiB)
-  std::string err;  // stderr (capped at 64 KiB)
-};
+using CommandResult = proc::CommandResult;
 
-// Runs argv[0] (a path) with no shell, capturing output; kills it after timeout_ms.
-// Throws PlacementError when it cannot be started.
+// Runs argv[0] (a path) with no shell (proc::run_command), keeping 64 MiB of stdout and 64 KiB
+// of stderr; kills it after timeout_ms. Throws PlacementError when it cannot be started.
 CommandResult run_command(const std::vector<std::string>& argv, int timeout_ms);
 
 // NVML through dlopen. Returns false (with `why`) when the library or a symbol is missing or
