@@ -450,6 +450,7 @@ int run_run(const RunOpts& o) {
     std::deque<std::string> err_tail;
     std::string out_buf, err_buf;
     int forwarded = 0, term_forwarded = 0;
+    std::chrono::steady_clock::time_point first_forward;
     bool out_open = true, err_open = true;
     std::string last_ckpt;
     auto handle_line = [&](const std::string& l) {
@@ -488,8 +489,14 @@ int run_run(const RunOpts& o) {
     };
     while (out_open || err_open) {
       // 5. Signals.
+      // ringd takes a stop signal repeated within 1 s for the same one (Slurm delivers its
+      // SIGTERM twice): a second Ctrl-C is passed on once 1.2 s have gone since the first.
       int si = g_sigint.load();
-      if (si > forwarded) {
+      const auto now = std::chrono::steady_clock::now();
+      if (si > forwarded &&
+          (forwarded == 0 || now - first_forward > std::chrono::milliseconds(1200))) {
+        if (forwarded == 0) first_forward = now;
+        si = forwarded + 1;
         forwarded = si;
         if (si == 1) {
           disp.line("stopping: ringd writes a checkpoint and stops (Ctrl-C again to stop at once)");
