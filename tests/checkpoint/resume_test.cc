@@ -5,30 +5,27 @@
 //     the step-10 checkpoint by itself and trains on to 30;
 //   - a SIGTERM stop (checkpoint, exit 75), the newest checkpoint then damaged, and
 //     `ringd --resume`: it says it skips the damaged one, falls back to step 10, trains to 30.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/common/test_json.h"
+#include "tests/common/test_proc.h"
+
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-namespace fs = std::filesystem;
+using ring::test::json_lines;
+using ring::test::slurp;
+using ring::test::TempDir;
 
 const std::string kSpec = std::string(RING_SOURCE_DIR) + "/tests/checkpoint/resume.yaml";
 
@@ -37,76 +34,15 @@ std::string bin(const char* env, const char* dflt) {
   return e ? e : dflt;
 }
 
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<json> json_lines(const std::string& p) {
-  std::vector<json> out;
-  std::stringstream ss(slurp(p));
-  for (std::string l; std::getline(ss, l);) {
-    json j = json::parse(l, nullptr, false);
-    if (!j.is_discarded()) out.push_back(j);
+// ringd with UCX on loopback; a wait() that runs out of time kills it at once.
+struct Proc : ring::test::Proc {
+  static ring::test::ProcOptions options() {
+    ring::test::ProcOptions o = ring::test::ucx_loopback();
+    o.kill_on_timeout = true;
+    return o;
   }
-  return out;
-}
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = fs::temp_directory_path().string() + "/ckpt-resume-XXXXXX";
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-struct Proc {
-  pid_t pid = -1;
-  Proc(const std::vector<std::string>& argv, const std::string& out, const std::string& err) {
-    pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      setenv("UCX_TLS", "self,posix", 1);
-      setenv("UCX_NET_DEVICES", "lo", 1);
-      int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(o, 1);
-      dup2(e, 2);
-      std::vector<char*> a;
-      for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-      a.push_back(nullptr);
-      execv(a[0], a.data());
-      _exit(127);
-    }
-  }
-  // Exit status (waitpid form), or -1 after `seconds` (then killed).
-  int wait(double seconds) {
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    while (Clock::now() < end) {
-      int st = 0;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return st;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    pid = -1;
-    return -1;
-  }
-  ~Proc() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
+  Proc(std::vector<std::string> args, const std::string& out, const std::string& err)
+      : ring::test::Proc(std::move(args), out, err, options()) {}
 };
 
 std::vector<std::string> ringd_args(const std::string& job, std::vector<std::string> extra = {}) {
@@ -127,15 +63,11 @@ std::vector<std::string> ringd_args(const std::string& job, std::vector<std::str
   return a;
 }
 
+// Polls every 2 ms, closer than the default: the kill at step 17 must land before the
+// step-20 checkpoint.
 template <class Pred>
 json wait_line(const std::string& path, Pred pred, double seconds) {
-  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-  while (Clock::now() < end) {
-    for (const json& j : json_lines(path))
-      if (pred(j)) return j;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return json();
+  return ring::test::wait_line(path, pred, seconds, std::chrono::milliseconds(2));
 }
 
 // step -> weights hash of the last attempt that reported that step.
@@ -149,7 +81,7 @@ std::map<int64_t, std::string> hashes(const std::string& out) {
 // The straight run, once for the suite.
 std::map<int64_t, std::string>& straight() {
   static std::map<int64_t, std::string> h;
-  static TempDir t;
+  static TempDir t("ckpt-resume");
   if (h.empty()) {
     Proc d(ringd_args(t.path + "/job"), t.path + "/out", t.path + "/err");
     int st = d.wait(180);
@@ -165,7 +97,7 @@ std::map<int64_t, std::string>& straight() {
 TEST(Resume, KillAtStep17RollsBackToStep10AndEndsBitIdentical) {
   auto& want = straight();
   ASSERT_EQ(want.size(), 30u);
-  TempDir t;
+  TempDir t("ckpt-resume");
   const std::string out = t.path + "/out";
   Proc d(ringd_args(t.path + "/job"), out, t.path + "/err");
   json at17 = wait_line(out, [](const json& j) { return j.value("step", 0) >= 17 && !j.contains("event"); }, 120);
@@ -191,7 +123,7 @@ TEST(Resume, KillAtStep17RollsBackToStep10AndEndsBitIdentical) {
 TEST(Resume, ResumeFlagFallsBackPastADamagedLatest) {
   auto& want = straight();
   ASSERT_EQ(want.size(), 30u);
-  TempDir t;
+  TempDir t("ckpt-resume");
   const std::string job = t.path + "/job";
   {
     Proc d(ringd_args(job), t.path + "/out1", t.path + "/err1");

@@ -11,18 +11,14 @@
 //     roll_back to attempt 2 from the latest checkpoint), ringd resumes and the job completes.
 //   HungWorkerIsDetected: SIGSTOP of a worker: ringd reports it hung (worker_died, "hung") within
 //     its --heartbeat-timeout, stops the node, the job fails (max_restarts 0), ringd exits 1.
-#include <dirent.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,93 +26,31 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/client.h"
+#include "tests/common/test_json.h"
+#include "tests/common/test_proc.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-namespace fs = std::filesystem;
 namespace proto = ring::protocol;
+using ring::test::Clock;
+using ring::test::json_lines;
+using ring::test::processes_mentioning;
+using ring::test::slurp;
+using ring::test::TempDir;
 
 const std::string kSpec = std::string(RING_SOURCE_DIR) + "/tests/ringd/coord2.yaml";
 
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = fs::temp_directory_path().string() + "/ringd-coord-XXXXXX";
-    path = mkdtemp(t.data());
+// UCX on loopback, and never Slurm's node name (a test run inside an allocation).
+struct Proc : ring::test::Proc {
+  static ring::test::ProcOptions options() {
+    ring::test::ProcOptions o = ring::test::ucx_loopback();
+    o.unset_env = {"SLURMD_NODENAME"};
+    return o;
   }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+  Proc(std::vector<std::string> args, const std::string& out, const std::string& err)
+      : ring::test::Proc(std::move(args), out, err, options()) {}
 };
-
-struct Proc {
-  pid_t pid = -1;
-  Proc(std::vector<std::string> args, const std::string& out, const std::string& err) {
-    pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      setenv("UCX_TLS", "self,posix", 1);
-      setenv("UCX_NET_DEVICES", "lo", 1);
-      unsetenv("SLURMD_NODENAME");
-      if (!std::freopen(out.c_str(), "w", stdout)) _exit(126);
-      if (!std::freopen(err.c_str(), "w", stderr)) _exit(126);
-      std::vector<char*> v;
-      for (std::string& a : args) v.push_back(a.data());
-      v.push_back(nullptr);
-      execv(v[0], v.data());
-      _exit(127);
-    }
-  }
-  // Exit status (waitpid form) or -1 after the timeout.
-  int wait(double seconds) {
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    while (Clock::now() < end) {
-      int st = 0;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return st;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
-  }
-  void kill9() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      pid = -1;
-    }
-  }
-  ~Proc() { kill9(); }
-};
-
-std::vector<pid_t> processes_mentioning(const std::string& needle) {
-  std::vector<pid_t> found;
-  DIR* d = opendir("/proc");
-  while (dirent* e = readdir(d)) {
-    const pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    std::string cmd = slurp("/proc/" + std::string(e->d_name) + "/cmdline");
-    for (char& c : cmd)
-      if (c == '\0') c = ' ';
-    std::string stat = slurp("/proc/" + std::string(e->d_name) + "/stat");
-    const size_t rp = stat.rfind(')');
-    const bool zombie = rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] == 'Z';
-    if (!zombie && cmd.find(needle) != std::string::npos) found.push_back(pid);
-  }
-  closedir(d);
-  return found;
-}
 
 // A ring-coord and a client on a private ipc endpoint in the test's directory.
 struct Coord {
@@ -197,7 +131,7 @@ std::string diag(const TempDir& t, const std::string& job_dir) {
 }
 
 TEST(RingdCoord, CompletesWithStepsAndLoss) {
-  TempDir t;
+  TempDir t("ringd-coord");
   Coord c(t.path);
   const std::string jd = t.path + "/job";
   const int64_t job = submit(c, jd);
@@ -226,7 +160,7 @@ TEST(RingdCoord, CompletesWithStepsAndLoss) {
 }
 
 TEST(RingdCoord, CancelStopsRingd) {
-  TempDir t;
+  TempDir t("ringd-coord");
   Coord c(t.path);
   const std::string jd = t.path + "/job";
   const int64_t job = submit(c, jd, 100000);
@@ -246,7 +180,7 @@ TEST(RingdCoord, CancelStopsRingd) {
 }
 
 TEST(RingdCoord, CoordinatorKilledMidRun) {
-  TempDir t;
+  TempDir t("ringd-coord");
   Coord c(t.path);
   const std::string jd = t.path + "/job";
   const int64_t steps = 150;
@@ -279,7 +213,7 @@ TEST(RingdCoord, CoordinatorKilledMidRun) {
 }
 
 TEST(RingdCoord, KilledWorkerRolledBack) {
-  TempDir t;
+  TempDir t("ringd-coord");
   Coord c(t.path);
   const std::string jd = t.path + "/job";
   std::string spec = slurp(kSpec);
@@ -295,12 +229,9 @@ TEST(RingdCoord, KilledWorkerRolledBack) {
     return i.last_checkpoint_step.value_or(0) >= 4 && i.step >= 6; }, 120);
   ASSERT_GE(r.step, 6) << diag(t, jd);
   pid_t victim = -1;
-  std::stringstream ss(slurp(t.path + "/ringd.out"));
-  for (std::string l; std::getline(ss, l);) {
-    json j = json::parse(l, nullptr, false);
-    if (!j.is_discarded() && j.value("event", "") == "worker_started" && j.value("rank", -1) == 0)
+  for (const json& j : json_lines(t.path + "/ringd.out"))
+    if (j.value("event", "") == "worker_started" && j.value("rank", -1) == 0)
       victim = j.at("pid").get<pid_t>();
-  }
   ASSERT_GT(victim, 0);
   ::kill(victim, SIGKILL);
   const int st = d.wait(120);
@@ -318,7 +249,7 @@ TEST(RingdCoord, KilledWorkerRolledBack) {
 }
 
 TEST(RingdCoord, HungWorkerIsDetected) {
-  TempDir t;
+  TempDir t("ringd-coord");
   Coord c(t.path);
   const std::string jd = t.path + "/job";
   const int64_t job = submit(c, jd, 100000);
@@ -327,12 +258,9 @@ TEST(RingdCoord, HungWorkerIsDetected) {
   proto::JobInfo r = wait_status(c, job, [](const proto::JobInfo& i) { return i.step >= 2; }, 120);
   ASSERT_GE(r.step, 2) << diag(t, jd);
   pid_t victim = -1;
-  std::stringstream ss(slurp(t.path + "/ringd.out"));
-  for (std::string l; std::getline(ss, l);) {
-    json j = json::parse(l, nullptr, false);
-    if (!j.is_discarded() && j.value("event", "") == "worker_started" && j.value("rank", -1) == 1)
+  for (const json& j : json_lines(t.path + "/ringd.out"))
+    if (j.value("event", "") == "worker_started" && j.value("rank", -1) == 1)
       victim = j.at("pid").get<pid_t>();
-  }
   ASSERT_GT(victim, 0);
   const auto t0 = Clock::now();
   ::kill(victim, SIGSTOP);

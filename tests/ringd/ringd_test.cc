@@ -10,105 +10,43 @@
 //   SigtermStopsResumably: SIGTERM -> exit 75, workers stopped in order, no process left.
 //   SigtermToEveryProcessStopsResumably: SIGTERM to ringd and all its workers at once (what
 //     Slurm's proctrack does on preemption or scancel): still exit 75, no worker counted as dead.
-#include <dirent.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/common/test_json.h"
+#include "tests/common/test_proc.h"
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-namespace fs = std::filesystem;
+using ring::test::alive;
+using ring::test::Clock;
+using ring::test::json_lines;
+using ring::test::processes_mentioning;
+using ring::test::slurp;
+using ring::test::TempDir;
+using ring::test::wait_for_no_processes;
+using ring::test::wait_line;
 
 const std::string kSpec4 = std::string(RING_SOURCE_DIR) + "/tests/ringd/tiny4.yaml";
 const std::string kSpec2x2 = std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes.yaml";
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = fs::temp_directory_path().string() + "/ringd-test-XXXXXX";
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<json> json_lines(const std::string& p) {
-  std::vector<json> out;
-  std::stringstream ss(slurp(p));
-  for (std::string l; std::getline(ss, l);) {
-    json j = json::parse(l, nullptr, false);
-    if (!j.is_discarded()) out.push_back(j);
-  }
-  return out;
-}
-
-// Starts argv with stdout and stderr to files; killed on test failure.
-struct Proc {
-  pid_t pid = -1;
-  int status = -1;
-  Proc(std::vector<std::string> args, const std::string& out, const std::string& err) {
-    pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      setenv("UCX_TLS", "self,posix", 1);
-      setenv("UCX_NET_DEVICES", "lo", 1);
-      if (!std::freopen(out.c_str(), "w", stdout)) _exit(126);
-      if (!std::freopen(err.c_str(), "w", stderr)) _exit(126);
-      std::vector<char*> v;
-      for (std::string& a : args) v.push_back(a.data());
-      v.push_back(nullptr);
-      execv(v[0], v.data());
-      _exit(127);
-    }
-  }
-  // Exit status (waitpid form) or -1 after the timeout.
-  int wait(double seconds) {
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    while (Clock::now() < end) {
-      int st = 0;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        status = st;
-        pid = -1;
-        return st;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
-  }
-  ~Proc() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
+// ringd and its workers with UCX on loopback; killed on test failure.
+struct Proc : ring::test::Proc {
+  Proc(std::vector<std::string> args, const std::string& out, const std::string& err)
+      : ring::test::Proc(std::move(args), out, err, ring::test::ucx_loopback()) {}
 };
 
 std::vector<std::string> ringd_args(const std::string& spec, const std::string& dir,
@@ -120,58 +58,6 @@ std::vector<std::string> ringd_args(const std::string& spec, const std::string& 
   return a;
 }
 
-// Processes whose command line mentions `needle` (a job directory), other than this test.
-std::vector<pid_t> processes_mentioning(const std::string& needle) {
-  std::vector<pid_t> found;
-  DIR* d = opendir("/proc");
-  while (dirent* e = readdir(d)) {
-    const pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    std::string cmd = slurp("/proc/" + std::string(e->d_name) + "/cmdline");
-    for (char& c : cmd)
-      if (c == '\0') c = ' ';
-    std::string stat = slurp("/proc/" + std::string(e->d_name) + "/stat");
-    const size_t rp = stat.rfind(')');
-    const bool zombie = rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] == 'Z';
-    if (!zombie && cmd.find(needle) != std::string::npos) found.push_back(pid);
-  }
-  closedir(d);
-  return found;
-}
-
-// Alive: the process exists and is not a zombie (an orphaned zombie waits for init to reap it).
-// Whether worker `pid` still runs: a live, non-zombie process that is still a ring-worker (pids
-// are reused quickly on a busy machine with a small pid_max: an unrelated process that got the
-// number is not a survivor).
-bool alive(pid_t pid) {
-  const std::string base = "/proc/" + std::to_string(pid);
-  std::string stat = slurp(base + "/stat");
-  const size_t rp = stat.rfind(')');
-  if (rp == std::string::npos || rp + 2 >= stat.size() || stat[rp + 2] == 'Z') return false;
-  return slurp(base + "/cmdline").find("ring-worker") != std::string::npos;
-}
-
-bool wait_for_no_processes(const std::string& needle, double seconds) {
-  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-  while (Clock::now() < end) {
-    if (processes_mentioning(needle).empty()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
-// Waits until `path` holds a JSON line satisfying pred; returns it (null on timeout).
-template <class Pred>
-json wait_line(const std::string& path, Pred pred, double seconds) {
-  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-  while (Clock::now() < end) {
-    for (const json& j : json_lines(path))
-      if (pred(j)) return j;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return json();
-}
-
 std::vector<pid_t> worker_pids(const std::string& out) {
   std::vector<pid_t> p;
   for (const json& j : json_lines(out))
@@ -180,7 +66,7 @@ std::vector<pid_t> worker_pids(const std::string& out) {
 }
 
 TEST(Ringd, DenseMatchesInWorkerOptimizer) {
-  TempDir t;
+  TempDir t("ringd-test");
   const int steps = 8;
   // In-worker AdamW: ring-worker --launch-local, rank 0 logs every step as JSON.
   Proc ref({RING_WORKER, "--spec", kSpec4, "--launch-local", "--steps", std::to_string(steps),
@@ -209,7 +95,7 @@ TEST(Ringd, DenseMatchesInWorkerOptimizer) {
 }
 
 TEST(Ringd, KilledWorkerIsReported) {
-  TempDir t;
+  TempDir t("ringd-test");
   const std::string out = t.path + "/ringd.out";
   Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out, t.path + "/ringd.err");
   ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null())
@@ -229,11 +115,11 @@ TEST(Ringd, KilledWorkerIsReported) {
   EXPECT_EQ(WEXITSTATUS(st), 1);  // max_restarts 0: failed
   EXPECT_NE(slurp(t.path + "/job/logs/ringd-0.log").find("killed by signal 9"), std::string::npos);
   EXPECT_TRUE(wait_for_no_processes(t.path, 5));
-  for (pid_t p : pids) EXPECT_FALSE(alive(p)) << "worker " << p << " survived";
+  for (pid_t p : pids) EXPECT_FALSE(alive(p, "ring-worker")) << "worker " << p << " survived";
 }
 
 TEST(Ringd, KilledRingdLeavesNoOrphans) {
-  TempDir t;
+  TempDir t("ringd-test");
   const std::string out = t.path + "/ringd.out";
   Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out, t.path + "/ringd.err");
   ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null());
@@ -242,11 +128,11 @@ TEST(Ringd, KilledRingdLeavesNoOrphans) {
   ASSERT_EQ(kill(d.pid, SIGKILL), 0);
   d.wait(10);
   EXPECT_TRUE(wait_for_no_processes(t.path, 5)) << "left: " << processes_mentioning(t.path).size();
-  for (pid_t p : pids) EXPECT_FALSE(alive(p)) << "worker " << p << " survived";
+  for (pid_t p : pids) EXPECT_FALSE(alive(p, "ring-worker")) << "worker " << p << " survived";
 }
 
 TEST(Ringd, RestartResumesFromLatestCheckpoint) {
-  TempDir t;
+  TempDir t("ringd-test");
   const std::string out = t.path + "/ringd.out";
   const std::string spec = std::string(RING_SOURCE_DIR) + "/tests/ringd/restart.yaml";
   Proc d(ringd_args(spec, t.path + "/job", {"--steps", "30"}), out, t.path + "/ringd.err");
@@ -270,7 +156,7 @@ TEST(Ringd, RestartResumesFromLatestCheckpoint) {
 }
 
 TEST(Ringd, SigtermStopsResumably) {
-  TempDir t;
+  TempDir t("ringd-test");
   const std::string out = t.path + "/ringd.out";
   Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out, t.path + "/ringd.err");
   ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null());
@@ -284,7 +170,7 @@ TEST(Ringd, SigtermStopsResumably) {
 }
 
 TEST(Ringd, SigtermToEveryProcessStopsResumably) {
-  TempDir t;
+  TempDir t("ringd-test");
   const std::string out = t.path + "/ringd.out";
   Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out, t.path + "/ringd.err");
   ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null());
@@ -305,7 +191,7 @@ TEST(Ringd, SigtermToEveryProcessStopsResumably) {
 }
 
 TEST(Ringd, TwoDaemonsKeepIdenticalWeights) {
-  TempDir t;
+  TempDir t("ringd-test");
   const std::string job = t.path + "/job";
   const std::vector<std::string> common = {"--nodes", "2", "--rendezvous", t.path + "/rdv",
                                            "--hash-weights", "--steps", "6"};
