@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cli/flags.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
 #include "worker/data/errors.h"
@@ -72,73 +73,44 @@ struct Args {
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "ring-worker: " << msg << "\n" << kUsage;
-  std::exit(kExitUsage);
+  ring::flags::usage_exit("ring-worker", msg, kUsage, kExitUsage);
 }
 
-int64_t parse_int(const std::string& flag, const char* v, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  long long x = std::strtoll(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
-    usage_error(flag + ": expected an integer in [" + std::to_string(lo) + ", " +
-                std::to_string(hi) + "], got '" + v + "'");
-  }
-  return x;
-}
-
-Args parse_args(int argc, char** argv) {
+Args parse_args(int argc, char** argv) try {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage_error(f + " needs a value");
-      return argv[++i];
-    };
-    if (f == "--help" || f == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (f == "--spec") {
-      a.spec = value();
-    } else if (f == "--steps") {
-      a.steps = parse_int(f, value(), 1, int64_t{1} << 40);
-    } else if (f == "--threads") {
-      a.threads = static_cast<int>(parse_int(f, value(), 0, 4096));
-    } else if (f == "--backend") {
-      a.backend = value();
-    } else if (f == "--log-json") {
-      a.log_json = value();
-    } else if (f == "--single-rank") {
-      a.single_rank = true;
-    } else if (f == "--max-corpus-mb") {
-      a.max_corpus_mb = parse_int(f, value(), 1, 1 << 20);
-    } else if (f == "--passkey-labels") {
-      std::string v = value();
-      if (v == "all") {
-        a.passkey_labels = ring::data::PasskeyLabels::kAll;
-      } else if (v == "answer") {
-        a.passkey_labels = ring::data::PasskeyLabels::kAnswer;
-      } else {
-        usage_error("--passkey-labels: expected all or answer, got '" + v + "'");
-      }
-    } else if (f == "--eval-every") {
-      a.eval_every = parse_int(f, value(), 0, int64_t{1} << 40);
-    } else if (f == "--eval-samples") {
-      a.eval_samples = parse_int(f, value(), 1, 1 << 20);
-    } else if (f == "--seqs-per-step") {
-      a.seqs_per_step = parse_int(f, value(), 1, 1 << 20);
-    } else if (f == "--passkey-curriculum") {
-      try {
-        a.curriculum = ring::train::parse_passkey_curriculum(value());
-      } catch (const std::invalid_argument& e) {
-        usage_error(f + ": " + e.what());
-      }
-    } else {
-      usage_error("unknown argument '" + f + "'");
-    }
-  }
+  ring::flags::FlagSet fs(kUsage);
+  fs.text("--spec", &a.spec)
+      .integer("--steps", &a.steps, 1, int64_t{1} << 40)
+      .integer("--threads", &a.threads, 0, 4096)
+      .text("--backend", &a.backend)
+      .text("--log-json", &a.log_json)
+      .toggle("--single-rank", &a.single_rank)
+      .integer("--max-corpus-mb", &a.max_corpus_mb, 1, 1 << 20)
+      .custom("--passkey-labels",
+              [&](const std::string& flag, const char* v) {
+                if (std::strcmp(v, "all") == 0) {
+                  a.passkey_labels = ring::data::PasskeyLabels::kAll;
+                } else if (std::strcmp(v, "answer") == 0) {
+                  a.passkey_labels = ring::data::PasskeyLabels::kAnswer;
+                } else {
+                  throw ring::flags::FlagError(flag + ": expected all or answer, got '" + v + "'");
+                }
+              })
+      .integer("--eval-every", &a.eval_every, 0, int64_t{1} << 40)
+      .integer("--eval-samples", &a.eval_samples, 1, 1 << 20)
+      .integer("--seqs-per-step", &a.seqs_per_step, 1, 1 << 20)
+      .custom("--passkey-curriculum", [&](const std::string& flag, const char* v) {
+        try {
+          a.curriculum = ring::train::parse_passkey_curriculum(v);
+        } catch (const std::invalid_argument& e) {
+          throw ring::flags::FlagError(flag + ": " + e.what());
+        }
+      });
+  fs.parse(argc, argv);
   if (a.spec.empty()) usage_error("--spec FILE is required");
   return a;
+} catch (const ring::flags::FlagError& e) {
+  usage_error(e.what());
 }
 
 int run(const Args& args) {

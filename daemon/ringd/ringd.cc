@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/cli/flags.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
@@ -76,26 +77,7 @@ const char* kUsage =
     "  --hash-weights             steps carry weights_xxh, a hash of the master weights\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "ringd: " << msg << "\n" << kUsage;
-  std::exit(kExitUsage);
-}
-
-int64_t parse_int(const std::string& flag, const char* v, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  long long x = std::strtoll(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi)
-    usage_error(flag + ": expected an integer in [" + std::to_string(lo) + ", " +
-                std::to_string(hi) + "], got '" + v + "'");
-  return x;
-}
-
-double parse_seconds(const std::string& flag, const char* v) {
-  char* end = nullptr;
-  double x = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(x > 0) || x > 1e6)
-    usage_error(flag + ": expected seconds in (0, 1e6], got '" + v + "'");
-  return x;
+  flags::usage_exit("ringd", msg, kUsage, kExitUsage);
 }
 
 std::string describe_status(int st) {
@@ -1298,76 +1280,46 @@ void Daemon::coord_decide(const std::string& state) {
 
 // ---- entry -------------------------------------------------------------------------------------
 
-Options parse_options(int argc, char** argv) {
+Options parse_options(int argc, char** argv) try {
   Options o;
-  bool node_given = false, nodes_given = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage_error(f + " needs a value");
-      return argv[++i];
-    };
-    if (f == "--help" || f == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (f == "--spec") {
-      o.spec = value();
-    } else if (f == "--job-dir") {
-      o.job_dir = value();
-    } else if (f == "--node-rank") {
-      o.node_rank = static_cast<int>(parse_int(f, value(), 0, 65535));
-      node_given = true;
-    } else if (f == "--nodes") {
-      o.nodes = static_cast<int>(parse_int(f, value(), 1, 65536));
-      nodes_given = true;
-    } else if (f == "--rendezvous") {
-      o.rendezvous = value();
-    } else if (f == "--coord") {
-      o.coord = value();
-    } else if (f == "--job") {
-      o.job = value();
-    } else if (f == "--steps") {
-      o.steps = parse_int(f, value(), 1, int64_t{1} << 40);
-    } else if (f == "--resume") {
-      o.resume = true;
-    } else if (f == "--threads") {
-      o.threads = static_cast<int>(parse_int(f, value(), 0, 4096));
-    } else if (f == "--json") {
-      o.json = true;
-    } else if (f == "--worker-bin") {
-      o.worker_bin = value();
-    } else if (f == "--transport") {
-      o.transport = value();
-    } else if (f == "--worker-threads") {
-      o.worker_threads = static_cast<int>(parse_int(f, value(), 0, 4096));
-    } else if (f == "--heartbeat-timeout") {
-      o.heartbeat_timeout_s = parse_seconds(f, value());
-    } else if (f == "--startup-timeout") {
-      o.startup_timeout_s = parse_seconds(f, value());
-    } else if (f == "--stop-grace") {
-      o.stop_grace_s = parse_seconds(f, value());
-    } else if (f == "--hash-weights") {
-      o.hash_weights = true;
-    } else {
-      usage_error("unknown argument '" + f + "'");
-    }
-  }
+  flags::FlagSet fs(kUsage);
+  // Grouped by kind; the order of the command line is what counts.
+  fs.text("--spec", &o.spec)
+      .text("--job-dir", &o.job_dir)
+      .text("--coord", &o.coord)
+      .text("--job", &o.job)
+      .text("--rendezvous", &o.rendezvous)
+      .text("--worker-bin", &o.worker_bin)
+      .text("--transport", &o.transport);
+  fs.integer("--node-rank", &o.node_rank, 0, 65535)
+      .integer("--nodes", &o.nodes, 1, 65536)
+      .integer("--steps", &o.steps, 1, int64_t{1} << 40)
+      .integer("--threads", &o.threads, 0, 4096)
+      .integer("--worker-threads", &o.worker_threads, 0, 4096);
+  fs.seconds("--heartbeat-timeout", &o.heartbeat_timeout_s)
+      .seconds("--startup-timeout", &o.startup_timeout_s)
+      .seconds("--stop-grace", &o.stop_grace_s);
+  fs.toggle("--resume", &o.resume).toggle("--json", &o.json).toggle("--hash-weights", &o.hash_weights);
+  fs.parse(argc, argv);
+  const bool node_given = fs.seen("--node-rank"), nodes_given = fs.seen("--nodes");
   if (o.spec.empty()) usage_error("--spec FILE is required");
   if (node_given != nodes_given) usage_error("--node-rank and --nodes go together");
   if (!node_given) {
     const char* id = std::getenv("SLURM_NODEID");
     const char* nn = std::getenv("SLURM_NNODES");
     if (id && nn && *id && *nn) {
-      o.node_rank = static_cast<int>(parse_int("SLURM_NODEID", id, 0, 65535));
-      o.nodes = static_cast<int>(parse_int("SLURM_NNODES", nn, 1, 65536));
+      o.node_rank = static_cast<int>(flags::parse_int("SLURM_NODEID", id, 0, 65535));
+      o.nodes = static_cast<int>(flags::parse_int("SLURM_NNODES", nn, 1, 65536));
     }
   }
   if (o.node_rank >= o.nodes)
     usage_error("--node-rank " + std::to_string(o.node_rank) + " is not below --nodes " +
                 std::to_string(o.nodes));
   if (o.coord.empty() != o.job.empty()) usage_error("--coord and --job go together");
-  if (!o.job.empty()) parse_int("--job", o.job.c_str(), 1, int64_t{1} << 53);
+  if (!o.job.empty()) flags::parse_int("--job", o.job.c_str(), 1, int64_t{1} << 53);
   return o;
+} catch (const flags::FlagError& e) {
+  usage_error(e.what());
 }
 
 int run(const Options& o) {

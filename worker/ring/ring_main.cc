@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cli/flags.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
 #include "worker/data/cursor.h"
@@ -76,65 +77,29 @@ struct Args {
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "ring-worker: " << msg << "\n" << kUsage;
-  std::exit(kExitUsage);
+  flags::usage_exit("ring-worker", msg, kUsage, kExitUsage);
 }
 
-int64_t parse_int(const std::string& flag, const char* v, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  long long x = std::strtoll(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi)
-    usage_error(flag + ": expected an integer in [" + std::to_string(lo) + ", " +
-                std::to_string(hi) + "], got '" + v + "'");
-  return x;
-}
-
-Args parse_args(int argc, char** argv) {
+Args parse_args(int argc, char** argv) try {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage_error(f + " needs a value");
-      return argv[++i];
-    };
-    if (f == "--help" || f == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (f == "--spec") {
-      a.spec = value();
-    } else if (f == "--launch-local") {
-      a.launch_local = true;
-    } else if (f == "--rank") {
-      a.rank = static_cast<int>(parse_int(f, value(), 0, 65535));
-    } else if (f == "--world") {
-      a.world = static_cast<int>(parse_int(f, value(), 1, 65536));
-    } else if (f == "--rendezvous") {
-      a.rendezvous = value();
-    } else if (f == "--transport") {
-      a.transport = value();
-    } else if (f == "--steps") {
-      a.steps = parse_int(f, value(), 1, int64_t{1} << 40);
-    } else if (f == "--threads") {
-      a.threads = static_cast<int>(parse_int(f, value(), 0, 4096));
-    } else if (f == "--backend") {
-      a.backend = value();
-    } else if (f == "--stagger-us") {
-      a.stagger_us = parse_int(f, value(), 0, 1000000);
-    } else if (f == "--timeout-ms") {
-      a.timeout_ms = static_cast<int>(parse_int(f, value(), 100, 3600000));
-    } else if (f == "--log-json") {
-      a.log_json = value();
-    } else if (f == "--max-corpus-mb") {
-      a.max_corpus_mb = parse_int(f, value(), 1, 1 << 20);
-    } else if (f == "--ringd") {
-      a.ringd = value();
-    } else if (f == "--local-rank") {
-      a.local_rank = static_cast<int>(parse_int(f, value(), 0, 65535));
-    } else {
-      usage_error("unknown argument '" + f + "' (multi-rank mode)");
-    }
-  }
+  flags::FlagSet fs(kUsage);
+  fs.text("--spec", &a.spec)
+      .toggle("--launch-local", &a.launch_local)
+      .integer("--rank", &a.rank, 0, 65535)
+      .integer("--world", &a.world, 1, 65536)
+      .text("--rendezvous", &a.rendezvous)
+      .text("--transport", &a.transport)
+      .integer("--steps", &a.steps, 1, int64_t{1} << 40)
+      .integer("--threads", &a.threads, 0, 4096)
+      .text("--backend", &a.backend)
+      .integer("--stagger-us", &a.stagger_us, 0, 1000000)
+      .integer("--timeout-ms", &a.timeout_ms, 100, 3600000)
+      .text("--log-json", &a.log_json)
+      .integer("--max-corpus-mb", &a.max_corpus_mb, 1, 1 << 20)
+      .text("--ringd", &a.ringd)
+      .integer("--local-rank", &a.local_rank, 0, 65535)
+      .unknown_note(" (multi-rank mode)");
+  fs.parse(argc, argv);
   if (a.spec.empty()) usage_error("--spec FILE is required");
   if (a.launch_local && (a.rank >= 0 || !a.rendezvous.empty()))
     usage_error("--launch-local chooses ranks and the rendezvous itself: drop --rank/--rendezvous");
@@ -146,6 +111,8 @@ Args parse_args(int argc, char** argv) {
     usage_error("--rank " + std::to_string(a.rank) + " is not below --world " +
                 std::to_string(a.world));
   return a;
+} catch (const flags::FlagError& e) {
+  usage_error(e.what());
 }
 
 std::optional<spec::JobSpec> load(const Args& a) {

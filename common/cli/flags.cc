@@ -1,0 +1,93 @@
+#include "common/cli/flags.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <iostream>
+
+namespace ring::flags {
+
+int64_t parse_int(std::string_view flag, const char* value, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0' || x < lo || x > hi)
+    throw FlagError(std::string(flag) + ": expected an integer in [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "], got '" + value + "'");
+  return x;
+}
+
+double parse_seconds(std::string_view flag, const char* value) {
+  char* end = nullptr;
+  double x = std::strtod(value, &end);
+  if (end == value || *end != '\0' || !(x > 0) || x > 1e6)
+    throw FlagError(std::string(flag) + ": expected seconds in (0, 1e6], got '" + value + "'");
+  return x;
+}
+
+bool ArgWalker::next() {
+  if (i_ + 1 >= argc_) return false;
+  flag_ = argv_[++i_];
+  return true;
+}
+
+const char* ArgWalker::value() {
+  if (i_ + 1 >= argc_) throw FlagError(flag_ + " needs a value");
+  return argv_[++i_];
+}
+
+FlagSet& FlagSet::add(const std::string& name, Entry e) {
+  if (!entries_.emplace(name, std::move(e)).second)
+    throw std::logic_error("FlagSet: " + name + " is in the table twice");
+  return *this;
+}
+
+FlagSet& FlagSet::toggle(const std::string& name, bool* out) {
+  return add(name, {false, [out](const std::string&, const char*) { *out = true; }});
+}
+
+FlagSet& FlagSet::text(const std::string& name, std::string* out) {
+  return custom(name, [out](const std::string&, const char* v) { *out = v; });
+}
+
+FlagSet& FlagSet::text(const std::string& name, std::optional<std::string>* out) {
+  return custom(name, [out](const std::string&, const char* v) { *out = v; });
+}
+
+FlagSet& FlagSet::seconds(const std::string& name, double* out) {
+  return custom(name, [out](const std::string& flag, const char* v) {
+    *out = parse_seconds(flag, v);
+  });
+}
+
+FlagSet& FlagSet::custom(const std::string& name,
+                         std::function<void(const std::string& flag, const char* value)> on) {
+  return add(name, {true, std::move(on)});
+}
+
+FlagSet& FlagSet::unknown_note(std::string note) {
+  unknown_note_ = std::move(note);
+  return *this;
+}
+
+void FlagSet::parse(int argc, char** argv) {
+  ArgWalker w(argc, argv);
+  while (w.next()) {
+    const std::string& f = w.flag();
+    if (f == "--help" || f == "-h") {
+      std::cout << usage_;
+      std::exit(0);
+    }
+    auto it = entries_.find(f);
+    if (it == entries_.end()) throw FlagError("unknown argument '" + f + "'" + unknown_note_);
+    it->second.on(f, it->second.takes_value ? w.value() : nullptr);
+    seen_.insert(f);
+  }
+}
+
+void usage_exit(std::string_view program, std::string_view message, std::string_view usage,
+                int code) {
+  std::cerr << program << ": " << message << "\n" << usage;
+  std::exit(code);
+}
+
+}  // namespace ring::flags
