@@ -1,11 +1,8 @@
 // `ringctl checkpoints DIR [--verify] [--json]`: the listing, statuses and exit codes, on
 // checkpoints written by ring_checkpoint and then damaged.
 #include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -15,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/checkpoint/checkpoint.h"
+#include "tests/common/run.h"
+#include "tests/common/test_proc.h"
 
 namespace fsys = std::filesystem;
 
@@ -30,29 +29,14 @@ struct Out {
   std::string text;
 };
 
+// ringctl ARGS, stdout and stderr together.
 Out run(const std::string& args) {
-  Out o;
-  std::string cmd = ringctl() + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return o;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) o.text.append(buf.data(), n);
-  int st = ::pclose(p);
-  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
+  ring::test::RunResult r = ring::test::run(ringctl() + " " + args);
+  return {r.exit_code, r.output};
 }
 
-struct TmpDir {
-  std::string path;
-  TmpDir() {
-    std::string t = (fsys::temp_directory_path() / "ckpt-ctl-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TmpDir() {
-    std::error_code ec;
-    fsys::remove_all(path, ec);
-  }
+struct TmpDir : ring::test::TempDir {
+  TmpDir() : ring::test::TempDir("ckpt-ctl") {}
 };
 
 }  // namespace

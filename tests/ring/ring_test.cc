@@ -8,16 +8,11 @@
 //   loss: |ring - single| / |single| <= 1e-5
 //   gradients: per parameter tensor, ||g_ring - g_single||_2 / ||g_single||_2 <= 1e-5
 //   20-step curve: |loss_ring - loss_single| / loss_single <= 1e-4 at every step
-#include <dirent.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +25,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/common/test_proc.h"
 #include "tests/ring/ring_test_util.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
@@ -41,96 +37,21 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using ring::test::slurp;
+using ring::test::TempDir;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = std::filesystem::temp_directory_path().string() + "/ring-test-XXXXXX";
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
-// Child processes (argv lists); killed and reaped on destruction: no orphans on failure.
-class Procs {
+// Child processes (argv lists), stdout and stderr in one log each; killed and reaped on
+// destruction: no orphans on failure.
+class Procs : public ring::test::ProcGroup {
  public:
   void start(const std::vector<std::string>& args, const std::string& log) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (!std::freopen(log.c_str(), "w", stderr)) _exit(126);
-      dup2(fileno(stderr), 1);
-      std::vector<char*> v;
-      for (const std::string& a : args) v.push_back(const_cast<char*>(a.c_str()));
-      v.push_back(nullptr);
-      execv(v[0], v.data());
-      _exit(127);
-    }
-    pids_.push_back(pid);
-    status_.push_back(-1);
-    logs_.push_back(log);
+    ProcGroup::start(args, log, log);
   }
-  ~Procs() {
-    for (pid_t p : pids_)
-      if (p > 0) kill(p, SIGKILL);
-    for (pid_t p : pids_)
-      if (p > 0) waitpid(p, nullptr, 0);
-  }
-  bool wait_all(std::chrono::milliseconds bound) {
-    auto deadline = Clock::now() + bound;
-    for (;;) {
-      bool running = false;
-      for (size_t i = 0; i < pids_.size(); ++i) {
-        if (pids_[i] <= 0) continue;
-        int st = 0;
-        if (waitpid(pids_[i], &st, WNOHANG) == pids_[i]) {
-          status_[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-          pids_[i] = -pids_[i];
-        } else {
-          running = true;
-        }
-      }
-      if (!running) return true;
-      if (Clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(5ms);
-    }
-  }
-  pid_t pid(size_t i) const { return pids_[i]; }
-  int status(size_t i) const { return status_[i]; }
-  std::string logs() const {
-    std::string s;
-    for (size_t i = 0; i < logs_.size(); ++i)
-      s += "--- process " + std::to_string(i) + ":\n" + slurp(logs_[i]);
-    return s;
-  }
-
- private:
-  std::vector<pid_t> pids_;
-  std::vector<int> status_;
-  std::vector<std::string> logs_;
 };
 
 // Processes whose command line mentions s (a test's unique temporary directory).
 int processes_using(const std::string& s) {
-  int n = 0;
-  DIR* d = opendir("/proc");
-  while (dirent* e = readdir(d)) {
-    if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
-    std::string cmd = slurp(std::string("/proc/") + e->d_name + "/cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(s) != std::string::npos) ++n;
-  }
-  closedir(d);
-  return n;
+  return static_cast<int>(ring::test::processes_mentioning(s).size());
 }
 
 struct Job {
@@ -174,7 +95,7 @@ std::unique_ptr<kernels::Backend> cpu() {
 class RingGrads : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 void check_grads(const Job& job) {
-  TempDir dir;
+  TempDir dir("ring-test");
   run_job(job, dir.path);
   if (::testing::Test::HasFatalFailure()) return;
 
@@ -263,7 +184,7 @@ TEST(RingGradsOrder, ListOrderAndLongDocuments) {
 // ---- 20 training steps ------------------------------------------------------------------------
 
 void check_curve(const Job& job) {
-  TempDir dir;
+  TempDir dir("ring-test");
   run_job(job, dir.path, 180s);
   if (::testing::Test::HasFatalFailure()) return;
   spec::JobSpec spec = test::ring_spec(job.seq_len, job.world, job.balance, job.layers);
@@ -323,7 +244,7 @@ TEST(RingWork, ShortDocumentsCostAtMostAQuarterOfDenseCausal) {
     j.seq_len = seq_len;
     j.max_doc = seq_len / 8;
     j.layers = 1;
-    TempDir dir;
+    TempDir dir("ring-test");
     run_job(j, dir.path);
     if (::testing::Test::HasFatalFailure()) return;
     double flops = 0;
@@ -370,7 +291,7 @@ void wait_ready(const std::string& dir, int world, Procs& procs) {
 // kill -9 of one rank mid-training: the others report the dead peer and exit within seconds
 // (their transfer bound is 30 s: detection, not the timeout, must end them).
 TEST(RingFailure, KilledRankStopsTheOthersWithAClearError) {
-  TempDir dir;
+  TempDir dir("ring-test");
   Job j;
   j.mode = "kill";
   j.world = 3;
@@ -417,7 +338,7 @@ std::string write_spec(const std::string& dir, int ranks) {
 }
 
 TEST(RingLaunch, LaunchLocalTrainsAndReports) {
-  TempDir dir;
+  TempDir dir("ring-test");
   const std::string spec = write_spec(dir.path, 3);
   {
     Procs procs;
@@ -434,7 +355,7 @@ TEST(RingLaunch, LaunchLocalTrainsAndReports) {
 }
 
 TEST(RingLaunch, LaunchLocalStopsEveryRankWhenOneDies) {
-  TempDir dir;
+  TempDir dir("ring-test");
   const std::string spec = write_spec(dir.path, 3);
   {
     Procs procs;

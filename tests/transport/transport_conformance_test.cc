@@ -1,25 +1,19 @@
 // Transport conformance: every transport plugin in the build, several real processes (the
 // transport_helper binary, one per rank), every behaviour ring attention and the gradient path
 // rely on. A transport that cannot run here (NCCL without a GPU) skips with its probe's reason.
-#include <dirent.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "plugins/transport/loader.h"
+#include "tests/common/test_proc.h"
 
 namespace ring::transport {
 namespace {
@@ -27,104 +21,34 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using ring::test::slurp;
+using ring::test::TempDir;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = std::filesystem::temp_directory_path().string() + "/ring-transport-XXXXXX";
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
-// P helper processes; on destruction any still running is killed and reaped, so a failing
-// test leaves no orphans.
+// P helper processes, stderr to <dir>/log-<rank> (stdout stays the test's); on destruction any
+// still running is killed and reaped, so a failing test leaves no orphans.
 class Ranks {
  public:
   Ranks(const std::string& transport, int world, const std::string& dir,
-        const std::string& scenario)
-      : dir_(dir), world_(world), status_(world, -1) {
-    for (int r = 0; r < world; ++r) {
-      std::string log = dir + "/log-" + std::to_string(r);
-      pid_t pid = fork();
-      if (pid == 0) {
-        // Dies with the test process: no orphan even if the test runner is killed.
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        FILE* f = std::freopen(log.c_str(), "w", stderr);
-        (void)f;
-        std::string rank = std::to_string(r), ws = std::to_string(world);
-        execl(RING_TRANSPORT_HELPER, RING_TRANSPORT_HELPER, transport.c_str(), rank.c_str(),
-              ws.c_str(), dir.c_str(), scenario.c_str(), static_cast<char*>(nullptr));
-        _exit(127);
-      }
-      pids_.push_back(pid);
-    }
+        const std::string& scenario) {
+    for (int r = 0; r < world; ++r)
+      procs_.start({RING_TRANSPORT_HELPER, transport, std::to_string(r), std::to_string(world),
+                    dir, scenario},
+                   "", dir + "/log-" + std::to_string(r));
   }
-  ~Ranks() {
-    for (int r = 0; r < world_; ++r)
-      if (pids_[r] > 0) kill(pids_[r], SIGKILL);
-    for (int r = 0; r < world_; ++r)
-      if (pids_[r] > 0) waitpid(pids_[r], nullptr, 0);
-  }
-
   // Reaps every rank or gives up at the bound; false when some rank was still running.
-  bool wait_all(std::chrono::milliseconds bound) {
-    auto deadline = Clock::now() + bound;
-    for (;;) {
-      bool running = false;
-      for (int r = 0; r < world_; ++r) {
-        if (pids_[r] <= 0) continue;
-        int st = 0;
-        pid_t got = waitpid(pids_[r], &st, WNOHANG);
-        if (got == pids_[r]) {
-          status_[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-          pids_[r] = -pids_[r];
-        } else {
-          running = true;
-        }
-      }
-      if (!running) return true;
-      if (Clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(5ms);
-    }
-  }
-  void kill_rank(int r) { kill(pids_[r], SIGKILL); }
-  int status(int r) const { return status_[r]; }
-  std::string log(int r) const { return slurp(dir_ + "/log-" + std::to_string(r)); }
-  std::string logs() const {
-    std::string s;
-    for (int r = 0; r < world_; ++r) s += "--- rank " + std::to_string(r) + ":\n" + log(r);
-    return s;
-  }
+  bool wait_all(std::chrono::milliseconds bound) { return procs_.wait_all(bound); }
+  void kill_rank(int r) { kill(procs_.pid(r), SIGKILL); }
+  int status(int r) const { return procs_.status(r); }
+  std::string log(int r) const { return procs_.log(r); }
+  std::string logs() const { return procs_.logs("rank"); }
 
  private:
-  std::string dir_;
-  int world_;
-  std::vector<pid_t> pids_;
-  std::vector<int> status_;
+  ring::test::ProcGroup procs_;
 };
 
 // Processes whose command line mentions dir (the unique rendezvous of one test).
 int processes_using(const std::string& dir) {
-  int n = 0;
-  DIR* d = opendir("/proc");
-  while (dirent* e = readdir(d)) {
-    if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
-    std::string cmd = slurp(std::string("/proc/") + e->d_name + "/cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(dir) != std::string::npos) ++n;
-  }
-  closedir(d);
-  return n;
+  return static_cast<int>(ring::test::processes_mentioning(dir).size());
 }
 
 std::vector<std::string> transports() {
@@ -149,7 +73,7 @@ class Conformance : public ::testing::TestWithParam<std::tuple<std::string, int>
   // Runs the scenario on every rank; all must exit 0 within the bound and agree on the result.
   void run(const std::string& scenario, std::chrono::seconds bound = 120s) {
     SKIP_UNLESS_RUNNABLE(transport());
-    TempDir dir;
+    TempDir dir("ring-transport");
     {
       Ranks ranks(transport(), world(), dir.path, scenario);
       bool finished = ranks.wait_all(bound);
@@ -181,7 +105,7 @@ TEST_P(Conformance, Large256MiBMessage) {
 // operation timeout (30 s in the helper), and nothing is left running.
 TEST_P(Conformance, KilledPeerIsReportedNotHung) {
   SKIP_UNLESS_RUNNABLE(transport());
-  TempDir dir;
+  TempDir dir("ring-transport");
   const int victim = 1;
   {
     Ranks ranks(transport(), world(), dir.path, "kill");
@@ -230,7 +154,7 @@ class PerTransport : public ::testing::TestWithParam<std::string> {};
 TEST_P(PerTransport, BootstrapTimesOutNamingMissingRanks) {
   SKIP_UNLESS_RUNNABLE(GetParam());
   TransportPlugin plugin = TransportPlugin::load(GetParam());
-  TempDir dir;
+  TempDir dir("ring-transport");
   ring_transport_config_t cfg{};
   cfg.rank = 0;
   cfg.world_size = 3;
@@ -285,7 +209,7 @@ TEST(TransportLoader, UnknownTransportNamesTheAvailableOnes) {
 }
 
 TEST(TransportLoader, EnvironmentOverridesTheSearchPath) {
-  TempDir empty;
+  TempDir empty("ring-transport");
   setenv("RING_TRANSPORT_PATH", empty.path.c_str(), 1);
   EXPECT_TRUE(available_transports().empty());
   EXPECT_THROW(TransportPlugin::load("ucx"), TransportError);
