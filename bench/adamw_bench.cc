@@ -78,16 +78,10 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 2 * static_cast<int64_t>(bytes));
 }
 
-bool take_flag(const char* arg, const char* name, std::string* value) {
-  size_t len = std::strlen(name);
-  if (std::strncmp(arg, name, len) != 0 || arg[len] != '=') return false;
-  *value = arg + len + 1;
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  using ring::bench::take_flag;
   std::vector<char*> args = {argv[0]};
   std::string v;
   for (int i = 1; i < argc; ++i) {
@@ -160,24 +154,14 @@ int main(int argc, char** argv) {
               r.median, r.min, r.max, r.median >= 0.8 ? "MET" : "NOT MET");
 
   if (g_torch) {
-    std::string cmd = std::string("/usr/bin/python3 ") + RING_SOURCE_DIR +
-                      "/bench/torch_adamw.py " + std::to_string(g_n) + " " +
-                      std::to_string(g_threads) + " " + std::to_string(g_reps) + " 2>&1";
-    FILE* pipe = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t got;
-    while (pipe && (got = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, got);
-    int rc = pipe ? pclose(pipe) : -1;
-    double med = 0, mn = 0, mx = 0;
-    const char* line = std::strstr(out.c_str(), "torch_adamw ");
-    if (rc != 0 || !line ||
-        std::sscanf(std::strstr(line, "median_s="), "median_s=%lf min_s=%lf max_s=%lf", &med, &mn,
-                    &mx) != 3) {
-      std::printf("torch.optim.AdamW: FAILED to run (%d): %s\n", rc, out.c_str());
+    const ring::bench::TorchAdamW t =
+        ring::bench::run_torch_adamw(RING_SOURCE_DIR, g_n, g_threads, g_reps);
+    if (!t.ok) {
+      std::printf("torch.optim.AdamW: FAILED to run (%d): %s\n", t.rc, t.output.c_str());
       return 1;
     }
-    std::printf("%s", line);
+    const double med = t.seconds.median, mn = t.seconds.min, mx = t.seconds.max;
+    std::printf("%s", t.line.c_str());
     std::printf(
         "torch.optim.AdamW / ours (time per step): median %.2fx (torch min/ours max "
         "%.2fx, torch max/ours min %.2fx)   target >= 5x: %s\n",

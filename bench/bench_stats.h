@@ -1,11 +1,14 @@
-// Helpers shared by adamw_bench and topk_bench: a Google Benchmark reporter that also keeps
-// every repetition's time per benchmark, and paired-ratio statistics (median, min, max) so a
-// figure and its baseline, measured interleaved in the same run, are reported as a ratio.
+// Helpers shared by adamw_bench, topk_bench and optim_bench: a Google Benchmark reporter that also
+// keeps every repetition's time per benchmark, paired-ratio statistics (median, min, max) so a
+// figure and its baseline, measured interleaved in the same run, are reported as a ratio, the
+// benchmarks' own `--name=value` flags, and the torch.optim.AdamW baseline (bench/torch_adamw.py).
 #pragma once
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +54,45 @@ inline Spread paired_ratio(const std::vector<double>& a, const std::vector<doubl
   std::vector<double> r;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) r.push_back(a[i] / b[i]);
   return spread(r);
+}
+
+// A benchmark's own flag `--name=value`: true (and *value set) when `arg` is that flag; the
+// arguments that are none of them go on to Google Benchmark.
+inline bool take_flag(const char* arg, const char* name, std::string* value) {
+  size_t len = std::strlen(name);
+  if (std::strncmp(arg, name, len) != 0 || arg[len] != '=') return false;
+  *value = arg + len + 1;
+  return true;
+}
+
+// torch.optim.AdamW on the same n, threads and repetitions: bench/torch_adamw.py (python3-torch)
+// prints "torch_adamw ... median_s=M min_s=A max_s=B".
+struct TorchAdamW {
+  bool ok = false;     // ran, exited 0 and printed the line
+  int rc = -1;         // pclose status
+  std::string line;    // its output from "torch_adamw " on
+  std::string output;  // all it printed (stdout and stderr), for the failure message
+  Spread seconds;      // per step: median, min, max
+};
+
+inline TorchAdamW run_torch_adamw(const std::string& source_dir, long long n, int threads,
+                                  int reps) {
+  TorchAdamW t;
+  std::string cmd = "/usr/bin/python3 " + source_dir + "/bench/torch_adamw.py " +
+                    std::to_string(n) + " " + std::to_string(threads) + " " +
+                    std::to_string(reps) + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t got;
+  while (pipe && (got = fread(buf, 1, sizeof buf, pipe)) > 0) t.output.append(buf, got);
+  t.rc = pipe ? pclose(pipe) : -1;
+  const char* line = std::strstr(t.output.c_str(), "torch_adamw ");
+  const char* values = line ? std::strstr(line, "median_s=") : nullptr;
+  t.ok = t.rc == 0 && values &&
+         std::sscanf(values, "median_s=%lf min_s=%lf max_s=%lf", &t.seconds.median,
+                     &t.seconds.min, &t.seconds.max) == 3;
+  if (line) t.line = line;
+  return t;
 }
 
 }  // namespace ring::bench

@@ -100,13 +100,6 @@ ring::optim::StepResult step(ring::optim::NodeOptimizer& opt, int64_t s, std::ve
   return opt.finish_step();
 }
 
-bool take_flag(const char* arg, const char* name, std::string* value) {
-  size_t len = std::strlen(name);
-  if (std::strncmp(arg, name, len) != 0 || arg[len] != '=') return false;
-  *value = arg + len + 1;
-  return true;
-}
-
 void print_spread(const char* what, const Spread& s, const char* unit) {
   std::printf("%s: median %.3f%s (min %.3f, max %.3f, %zu reps)\n", what, s.median, unit, s.min,
               s.max, s.count);
@@ -115,6 +108,7 @@ void print_spread(const char* what, const Spread& s, const char* unit) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  using ring::bench::take_flag;
   ring::model::ModelConfig mc;
   mc.layers = 8;
   mc.d_model = 512;
@@ -230,23 +224,13 @@ int main(int argc, char** argv) {
               r1.median >= 0.8 ? "MET" : "NOT MET");
 
   if (torch) {
-    std::string cmd = std::string("/usr/bin/python3 ") + RING_SOURCE_DIR +
-                      "/bench/torch_adamw.py " + std::to_string(n) + " " +
-                      std::to_string(g_threads) + " " + std::to_string(reps) + " 2>&1";
-    FILE* pipe = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t got;
-    while (pipe && (got = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, got);
-    int rc = pipe ? pclose(pipe) : -1;
-    double med = 0, mn = 0, mx = 0;
-    const char* line = std::strstr(out.c_str(), "torch_adamw ");
-    if (rc != 0 || !line ||
-        std::sscanf(std::strstr(line, "median_s="), "median_s=%lf min_s=%lf max_s=%lf", &med, &mn,
-                    &mx) != 3) {
-      std::printf("torch.optim.AdamW: failed to run (%d): %s\n", rc, out.c_str());
+    const ring::bench::TorchAdamW t =
+        ring::bench::run_torch_adamw(RING_SOURCE_DIR, n, g_threads, reps);
+    const double med = t.seconds.median, mn = t.seconds.min;
+    if (!t.ok) {
+      std::printf("torch.optim.AdamW: failed to run (%d): %s\n", t.rc, t.output.c_str());
     } else {
-      std::printf("%s", line);
+      std::printf("%s", t.line.c_str());
       std::printf("torch.optim.AdamW / NodeOptimizer step (clip 1): median %.2fx (torch min / "
                   "ours max %.2fx)   target >= 5x: %s\n",
                   med / s1.median, mn / s1.max, med / s1.median >= 5 ? "MET" : "NOT MET");

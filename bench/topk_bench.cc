@@ -120,16 +120,10 @@ void BM_NthElement(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 4 * g_n);
 }
 
-bool take_flag(const char* arg, const char* name, std::string* value) {
-  size_t len = std::strlen(name);
-  if (std::strncmp(arg, name, len) != 0 || arg[len] != '=') return false;
-  *value = arg + len + 1;
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  using ring::bench::take_flag;
   std::vector<char*> args = {argv[0]};
   std::string v;
   bool nth = true;
