@@ -31,14 +31,7 @@
 namespace {
 
 using json = nlohmann::json;
-using ring::test::alive;
-using ring::test::Clock;
-using ring::test::json_lines;
-using ring::test::processes_mentioning;
-using ring::test::slurp;
-using ring::test::TempDir;
-using ring::test::wait_for_no_processes;
-using ring::test::wait_line;
+using namespace ring::test;  // Clock, TempDir, slurp, json_lines, wait_line, /proc scans
 
 const std::string kSpec4 = std::string(RING_SOURCE_DIR) + "/tests/ringd/tiny4.yaml";
 const std::string kSpec2x2 = std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes.yaml";
