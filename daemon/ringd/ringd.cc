@@ -27,6 +27,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -177,6 +178,7 @@ class Daemon {
   void checkpoint_now(int64_t step, bool wait);
   // ---- watching
   void on_signal(int sig);
+  void await_commit(int64_t step);
   void reap();
   void on_tick();
   void worker_failed(Worker& w, const std::string& what);
@@ -225,12 +227,14 @@ class Daemon {
   Clock::time_point step_t0_;
   double ckpt_stall_s_ = 0;
   int64_t last_ckpt_step_ = -1;
+  int64_t stop_ckpt_saved_ = -1;  // step of a checkpoint written and waited for (on a stop)
   bool last_all_changed_ = true;
   bool attempt_failed_ = false;
   std::string attempt_rdv_;
 
   // Exit.
-  int stop_signals_ = 0;         // SIGTERM/SIGINT/SIGUSR1 received
+  int stop_signals_ = 0;         // SIGTERM/SIGINT/SIGUSR1 received (repeats within 1 s: once)
+  Clock::time_point first_stop_signal_;
   bool exiting_ = false;
   int exit_code_ = kExitOk;
   bool restart_pending_ = false;
@@ -656,6 +660,23 @@ void Daemon::stop_workers(const std::string& why) {
   if (n == 0) asio::post(io_, [this] { end_attempt(); });
 }
 
+// A node other than 0 has written its shard of the checkpoint taken on a stop signal; node 0
+// commits it once every shard is there. Exiting before that commit would let srun
+// (--kill-on-bad-exit: exit 75 counts as bad) kill node 0 mid-commit, so wait for the step's
+// final directory, bounded: Slurm's SIGKILL follows KillWait seconds after the SIGTERM anyway.
+void Daemon::await_commit(int64_t step) {
+  const fs::path final_dir = fs::path(ck_->options().dir) / ckpt::step_dir_name(step);
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  std::error_code ec;
+  while (!fs::exists(final_dir, ec) && Clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (fs::exists(final_dir, ec))
+    log(fmt::format("checkpoint step {} committed by node 0", step));
+  else
+    log(fmt::format("checkpoint step {}: node 0 has not committed it within 10 s; exiting anyway",
+                    step));
+}
+
 void Daemon::end_attempt() {
   if (!attempt_live_) return;
   for (const Worker& w : workers_)
@@ -667,15 +688,24 @@ void Daemon::end_attempt() {
   }
   conns_.clear();
   if (ck_) {
+    int64_t saved = stop_ckpt_saved_;  // the newest checkpoint this node wrote its shard of
     if (ck_->busy()) {
       ckpt::SaveResult r = ck_->wait();
-      if (r.ok) event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
+      if (r.ok) {
+        event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
+        saved = r.step;
+      }
     }
     while (auto r = ck_->poll()) {
-      if (r->ok)
+      if (r->ok) {
         event("checkpoint_saved", {{"step", r->step}, {"path", r->path}, {"bytes", r->bytes}});
-      else event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
+        saved = std::max(saved, r->step);
+      } else {
+        event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
+      }
     }
+    if (stop_signals_ > 0 && o_.node_rank > 0 && saved == done_step_ && saved > 0)
+      await_commit(saved);
     ck_.reset();
   }
   opt_.reset();
@@ -1034,6 +1064,7 @@ void Daemon::checkpoint_now(int64_t step, bool wait) {
   if (wait) {
     ckpt::SaveResult r = ck_->wait();
     if (r.ok) {
+      stop_ckpt_saved_ = r.step;
       log(fmt::format("checkpoint step {} saved: {}", r.step, r.path));
       event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
     } else {
@@ -1050,6 +1081,15 @@ void Daemon::on_signal(int sig) {
     reap();
     return;
   }
+  // Under Slurm one stop arrives twice within milliseconds (slurmstepd signals every process of
+  // the step, and srun passes on the SIGTERM it got itself): a repeat within 1 s is the same
+  // request, not the operator's "stop at once".
+  const auto now = Clock::now();
+  if (stop_signals_ == 1 && now - first_stop_signal_ < std::chrono::seconds(1)) {
+    log(fmt::format("{} again within 1 s: taken as the same stop request", strsignal(sig)));
+    return;
+  }
+  if (stop_signals_ == 0) first_stop_signal_ = now;
   ++stop_signals_;
   if (stop_signals_ == 1) {
     log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(sig)));

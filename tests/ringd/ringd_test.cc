@@ -10,17 +10,22 @@
 //   SigtermStopsResumably: SIGTERM -> exit 75, workers stopped in order, no process left.
 //   SigtermToEveryProcessStopsResumably: SIGTERM to ringd and all its workers at once (what
 //     Slurm's proctrack does on preemption or scancel): still exit 75, no worker counted as dead.
+//   SlurmStyleStopOfTwoNodesCheckpoints: 2 ringd x 2 workers; each ringd gets SIGTERM twice
+//     within milliseconds (slurmstepd, then srun passing on its own) and its workers once: both
+//     exit 75, and the one checkpoint (taken on the signal) is committed at the stopped step.
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <map>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -35,6 +40,8 @@ using namespace ring::test;  // Clock, TempDir, slurp, json_lines, wait_line, /p
 
 const std::string kSpec4 = std::string(RING_SOURCE_DIR) + "/tests/ringd/tiny4.yaml";
 const std::string kSpec2x2 = std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes.yaml";
+const std::string kSpec2x2Ckpt =
+    std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes_ckpt.yaml";
 
 // ringd and its workers with UCX on loopback; killed on test failure.
 struct Proc : ring::test::Proc {
@@ -180,6 +187,43 @@ TEST(Ringd, SigtermToEveryProcessStopsResumably) {
       << slurp(t.path + "/job/logs/ringd-0.log");
   EXPECT_FALSE(
       wait_line(out, [](const json& j) { return j.value("event", "") == "stopped"; }, 1).is_null());
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
+TEST(Ringd, SlurmStyleStopOfTwoNodesCheckpoints) {
+  TempDir t("ringd-test");
+  const std::string job = t.path + "/job";
+  auto args = [&](int node) {
+    return ringd_args(kSpec2x2Ckpt, job,
+                      {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous",
+                       t.path + "/rdv", "--steps", "100000"});
+  };
+  const std::string out0 = t.path + "/d0.out", out1 = t.path + "/d1.out";
+  Proc d0(args(0), out0, t.path + "/d0.err");
+  Proc d1(args(1), out1, t.path + "/d1.err");
+  ASSERT_FALSE(wait_line(out0, [](const json& j) { return j.value("step", 0) >= 2; }, 60).is_null())
+      << slurp(job + "/logs/ringd-0.log");
+  // Two signals sent back to back would merge while pending: leave ringd time to take the first.
+  for (Proc* d : {&d0, &d1}) ASSERT_EQ(kill(d->pid, SIGTERM), 0);
+  for (const std::string& out : {out0, out1})
+    for (pid_t p : worker_pids(out)) kill(p, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (Proc* d : {&d0, &d1}) kill(d->pid, SIGTERM);
+  const int st0 = d0.wait(60), st1 = d1.wait(60);
+  ASSERT_TRUE(WIFEXITED(st0) && WIFEXITED(st1)) << st0 << " " << st1;
+  EXPECT_EQ(WEXITSTATUS(st0), 75) << slurp(job + "/logs/ringd-0.log");
+  EXPECT_EQ(WEXITSTATUS(st1), 75) << slurp(job + "/logs/ringd-1.log");
+  const json stopped =
+      wait_line(out0, [](const json& j) { return j.value("event", "") == "stopped"; }, 1);
+  ASSERT_FALSE(stopped.is_null()) << slurp(job + "/logs/ringd-0.log");
+  const int64_t step = stopped.value("step", int64_t{-1});
+  ASSERT_GT(step, 0);
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  EXPECT_EQ(slurp(job + "/checkpoints/latest"), std::string(name) + "\n")
+      << slurp(job + "/logs/ringd-0.log") << slurp(job + "/logs/ringd-1.log");
+  EXPECT_NE(slurp(job + "/logs/ringd-1.log").find("committed by node 0"), std::string::npos);
+  EXPECT_EQ(slurp(job + "/logs/ringd-0.log").find("stopping the workers now"), std::string::npos);
   EXPECT_TRUE(wait_for_no_processes(t.path, 5));
 }
 
