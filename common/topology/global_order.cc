@@ -3,15 +3,18 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <limits>
 #include <numeric>
 #include <set>
+
+#include "common/topology/tsp.h"
 
 namespace ring::topology {
 
 namespace {
 
-using Matrix = std::vector<std::vector<int>>;
+using Matrix = CostTable<int>;
+
+constexpr int kTorusTwoOptPasses = 100;
 
 int hop(const ClusterTopology& t, const std::string& a, const std::string& b) {
   if (a == b) return 0;
@@ -25,60 +28,6 @@ Matrix hop_matrix(const ClusterTopology& t, const std::vector<std::string>& node
   for (size_t i = 0; i < n; ++i)
     for (size_t j = i + 1; j < n; ++j) m[i][j] = m[j][i] = hop(t, nodes[i], nodes[j]);
   return m;
-}
-
-// Held-Karp, rebuilt forwards so that ties go to the smallest next position (the input order).
-std::vector<int> exact_cycle(const Matrix& c) {
-  const int n = static_cast<int>(c.size());
-  const uint32_t full = (uint32_t{1} << n) - 1;
-  constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
-  std::vector<int64_t> rest((size_t{1} << n) * n, kInf);
-  auto at = [&](uint32_t mask, int v) -> int64_t& { return rest[size_t{mask} * n + v]; };
-  for (int v = 0; v < n; ++v) at(full, v) = c[v][0];
-  for (uint32_t mask = full - 1; mask >= 1; --mask) {
-    if (!(mask & 1u)) continue;
-    for (int v = 0; v < n; ++v) {
-      if (!(mask >> v & 1u)) continue;
-      int64_t best = kInf;
-      for (int u = 1; u < n; ++u)
-        if (!(mask >> u & 1u)) best = std::min(best, c[v][u] + at(mask | (1u << u), u));
-      at(mask, v) = best;
-    }
-  }
-  std::vector<int> cycle{0};
-  uint32_t mask = 1;
-  int v = 0;
-  while (mask != full) {
-    for (int u = 1; u < n; ++u) {
-      if (!(mask >> u & 1u) && c[v][u] + at(mask | (1u << u), u) == at(mask, v)) {
-        mask |= 1u << u;
-        v = u;
-        cycle.push_back(u);
-        break;
-      }
-    }
-  }
-  return cycle;
-}
-
-// 2-opt with first improvement until no move helps (or a pass budget runs out on huge jobs).
-void two_opt(const Matrix& c, std::vector<int>& t) {
-  const size_t n = t.size();
-  if (n < 4) return;
-  for (int pass = 0; pass < 100; ++pass) {
-    bool improved = false;
-    for (size_t i = 0; i + 2 < n; ++i) {
-      for (size_t j = i + 2; j < n; ++j) {
-        if (i == 0 && j == n - 1) continue;
-        int a = t[i], b = t[i + 1], d = t[j], e = t[(j + 1) % n];
-        if (c[a][d] + c[b][e] < c[a][b] + c[d][e]) {
-          std::reverse(t.begin() + static_cast<long>(i) + 1, t.begin() + static_cast<long>(j) + 1);
-          improved = true;
-        }
-      }
-    }
-    if (!improved) return;
-  }
 }
 
 }  // namespace
@@ -129,12 +78,14 @@ GlobalOrder global_ring_order(const ClusterTopology& t, const std::vector<std::s
     g.nodes = base;
     g.method = "trivial";
   } else if (static_cast<int>(base.size()) <= kExactMaxNodes) {
-    for (int p : exact_cycle(hop_matrix(t, base))) g.nodes.push_back(base[p]);
+    // Held-Karp: ties go to the smallest next position (the structural order).
+    for (int p : held_karp_cycle(hop_matrix(t, base)).cycle) g.nodes.push_back(base[p]);
     g.method = "exact";
   } else if (t.kind() == ClusterTopology::Kind::kTorus) {
     std::vector<int> order(base.size());
     std::iota(order.begin(), order.end(), 0);
-    if (base.size() <= 4096) two_opt(hop_matrix(t, base), order);
+    // 2-opt, first improvement, at most 100 passes (a budget for huge jobs).
+    if (base.size() <= 4096) two_opt(hop_matrix(t, base), order, kTorusTwoOptPasses);
     for (int p : order) g.nodes.push_back(base[p]);
     g.method = "snake+2opt";
   } else {

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <utility>
 
+#include "common/topology/tsp.h"
 #include "daemon/placement/errors.h"
 
 namespace ring::placement {
@@ -34,26 +36,6 @@ int class_order(const Link& l) {
 }
 
 constexpr uint64_t kInf = std::numeric_limits<uint64_t>::max() / 4;
-
-// 2-opt until no improving move: reverse cycle[i+1..j] when that shortens the tour.
-void two_opt(const CostMatrix& c, std::vector<int>& t) {
-  const size_t n = t.size();
-  if (n < 4) return;
-  for (bool improved = true; improved;) {
-    improved = false;
-    for (size_t i = 0; i + 2 < n; ++i) {
-      for (size_t j = i + 2; j < n; ++j) {
-        if (i == 0 && j == n - 1) continue;
-        int a = t[i], b = t[i + 1], d = t[j], e = t[(j + 1) % n];
-        uint64_t before = c[a][b] + c[d][e], after = c[a][d] + c[b][e];
-        if (after < before) {
-          std::reverse(t.begin() + static_cast<long>(i) + 1, t.begin() + static_cast<long>(j) + 1);
-          improved = true;
-        }
-      }
-    }
-  }
-}
 
 // Rotates to start at 0 and picks the direction with the smaller second element.
 void canonical(std::vector<int>& t) {
@@ -125,10 +107,7 @@ CostMatrix link_cost_matrix(const GpuTopology& topology, const std::vector<int>&
 }
 
 uint64_t cycle_cost(const CostMatrix& cost, const std::vector<int>& cycle) {
-  if (cycle.size() < 2) return 0;
-  uint64_t sum = 0;
-  for (size_t k = 0; k < cycle.size(); ++k) sum += cost[cycle[k]][cycle[(k + 1) % cycle.size()]];
-  return sum;
+  return topology::tour_cost(cost, cycle);
 }
 
 CycleResult best_cycle(const CostMatrix& c) {
@@ -143,41 +122,10 @@ CycleResult best_cycle(const CostMatrix& c) {
     return r;
   }
   if (n <= kExactMaxGpus) {
-    // rest[mask][v]: cheapest way to visit every vertex outside `mask`, starting at v (in mask)
-    // and returning to 0. Filling from the full mask down lets the cycle be rebuilt forwards,
-    // taking the smallest next vertex among optimal ones: the lexicographically smallest optimum.
-    const uint32_t full = (uint32_t{1} << n) - 1;
-    std::vector<uint64_t> rest((size_t{1} << n) * n, kInf);
-    auto at = [&](uint32_t mask, int v) -> uint64_t& { return rest[size_t{mask} * n + v]; };
-    for (int v = 0; v < n; ++v) at(full, v) = c[v][0];
-    for (uint32_t mask = full - 1; mask >= 1; --mask) {
-      if (!(mask & 1u)) continue;
-      for (int v = 0; v < n; ++v) {
-        if (!(mask >> v & 1u)) continue;
-        uint64_t best = kInf;
-        for (int u = 1; u < n; ++u) {
-          if (mask >> u & 1u) continue;
-          uint64_t x = c[v][u] + at(mask | (1u << u), u);
-          best = std::min(best, x);
-        }
-        at(mask, v) = best;
-      }
-    }
-    r.cost = at(1, 0);
-    r.cycle = {0};
-    uint32_t mask = 1;
-    int v = 0;
-    while (mask != full) {
-      for (int u = 1; u < n; ++u) {
-        if (mask >> u & 1u) continue;
-        if (c[v][u] + at(mask | (1u << u), u) == at(mask, v)) {
-          mask |= 1u << u;
-          v = u;
-          r.cycle.push_back(u);
-          break;
-        }
-      }
-    }
+    // Held-Karp: the lexicographically smallest optimal cycle starting at 0.
+    auto hk = topology::held_karp_cycle(c);
+    r.cycle = std::move(hk.cycle);
+    r.cost = hk.cost;
     r.exact = true;
     return r;
   }
@@ -195,7 +143,7 @@ CycleResult best_cycle(const CostMatrix& c) {
       used[pick] = true;
       t.push_back(pick);
     }
-    two_opt(c, t);
+    topology::two_opt(c, t);  // until no move helps
     canonical(t);
     uint64_t cost = cycle_cost(c, t);
     if (cost < best_cost || (cost == best_cost && t < r.cycle)) {
