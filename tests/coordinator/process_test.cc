@@ -259,7 +259,14 @@ TEST(CoordProcess, KillDashNineLosesNothingCommitted) {
   coord->wait_ready();
   train(20);
   Client again(ClientOptions{ep, 3000ms, "", "", ""});
-  ASSERT_TRUE(wait_for([&] { return again.status(job).step >= 60; }, 10s))
+  // Checkpoint 70 of both nodes is the last thing each daemon sent: once the coordinator has it,
+  // it has processed every earlier message of theirs (one connection each, in order).
+  ASSERT_TRUE(wait_for(
+      [&] {
+        auto s = again.status(job);
+        return s.step >= 70 && s.last_checkpoint_step == 70;
+      },
+      10s))
       << again.status(job).step;
   auto st = again.status(job);
   EXPECT_EQ(st.state, "running");
