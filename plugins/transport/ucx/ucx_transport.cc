@@ -61,6 +61,7 @@ ring_transport_status_t map_ucs(ucs_status_t s) {
     case UCS_ERR_TIMED_OUT: return RING_TRANSPORT_ERR_TIMEOUT;
     case UCS_ERR_UNSUPPORTED: return RING_TRANSPORT_ERR_UNSUPPORTED;
     case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_NOT_CONNECTED:  // tcp: the peer's socket closed (it died) before our send
     case UCS_ERR_ENDPOINT_TIMEOUT:
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_REJECTED:
@@ -163,6 +164,11 @@ void mark_failed(Comm* c, int peer, const std::string& why) {
   c->to_close.push_back(peer);
 }
 
+std::string gone(const Comm* c, int peer) {
+  return "process " + std::to_string(c->peers[peer].pid) + " on " + c->peers[peer].host +
+         " is no longer running";
+}
+
 void ep_error_cb(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* ctx = static_cast<EpContext*>(arg);
   mark_failed(ctx->comm, ctx->peer,
@@ -208,8 +214,7 @@ void check_liveness(Comm* c) {
   for (int idle_rounds = 0, i = 0; idle_rounds < 16 && i < 100000; ++i)
     idle_rounds = ucp_worker_progress(c->worker) ? 0 : idle_rounds + 1;
   for (int p : dead)
-    mark_failed(c, p, "process " + std::to_string(c->peers[p].pid) + " on " + c->peers[p].host +
-                          " is no longer running");
+    mark_failed(c, p, gone(c, p));
 }
 
 // One round of progress plus failure bookkeeping. Returns the number of UCX events.
@@ -344,6 +349,13 @@ Result finish(Comm* c, Req* r, size_t* bytes) {
   Result res;
   if (r->status != UCS_OK) {
     res.status = map_ucs(r->status);
+    // Whatever error UCX chose for it, a request to a peer that is gone failed because the
+    // peer is gone: look now rather than at the next liveness round.
+    if (res.status != RING_TRANSPORT_ERR_PEER_FAILED && res.status !=
+        RING_TRANSPORT_ERR_INVALID_ARGUMENT && c->failed[r->peer].empty() &&
+        !ring::transport::local_peer_alive(c->rdv.self(), c->peers[r->peer]))
+      mark_failed(c, r->peer, gone(c, r->peer));
+    if (!c->failed[r->peer].empty()) res.status = RING_TRANSPORT_ERR_PEER_FAILED;
     res.message = describe(c, r) + ": " + ucs_status_string(r->status);
     if (r->status == UCS_ERR_MESSAGE_TRUNCATED)
       res.message += " (the message is longer than the receive buffer)";
