@@ -5,7 +5,8 @@
 # the latest checkpoint, a node whose slurmd dies (Slurm requeues, the job finishes from a
 # checkpoint) and preemption by the high partition (requeued, finishes).
 #
-# Environment: the cluster fixture's (tests/slurm/CMakeLists.txt) plus RINGCTL, RINGD, RING_COORD_BIN.
+# Environment: the cluster fixture's (tests/slurm/CMakeLists.txt) plus RINGCTL, RINGD, RING_COORD_BIN;
+# RING_SLURM_KEEP=1 keeps the job dirs (logs, checkpoints) of a passing run too.
 source "$(dirname "${BASH_SOURCE[0]}")/common.bash"
 require_cluster
 for b in "${RINGCTL:-}" "${RINGD:-}" "${RING_COORD_BIN:-}"; do
@@ -20,7 +21,7 @@ cleanup() {
   for j in $(squeue -h -o %i -n slurm-tiny-complete,slurm-tiny-cancel,slurm-tiny-restart,slurm-tiny-preempt,slurm-tiny-nodefail 2>/dev/null); do scancel "$j"; done
   "$CLUSTER" node-start node2 --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1 || true
   [ -n "$COORD_PID" ] && kill "$COORD_PID" 2>/dev/null && wait "$COORD_PID" 2>/dev/null
-  if [ "$T_FAIL" -eq 0 ]; then rm -rf "$T"; else echo "kept $T for inspection"; fi
+  if [ "$T_FAIL" -eq 0 ] && [ -z "${RING_SLURM_KEEP:-}" ]; then rm -rf "$T"; else echo "kept $T for inspection"; fi
 }
 trap cleanup EXIT
 
