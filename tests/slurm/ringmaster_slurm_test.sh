@@ -162,14 +162,22 @@ assert_eq "preempt: finished" COMPLETED "$st"
 assert_eq "preempt: last step" 200 "$(last_step "$JD")"
 # Every ringd takes the SIGTERM as a stop: finish the step, checkpoint, exit 75. Slurm 22.05
 # has no GraceTime for PreemptMode=REQUEUE, and srun turns the SIGTERM it gets itself into a
-# SIGKILL of the tasks at once, so whether that checkpoint is done before the SIGKILL is a race
-# (docs/slurm.md): reported, not asserted. The outcome asserted is that the job resumes from a
-# checkpoint and finishes.
+# SIGKILL of the tasks ("forcing job termination"), so whether the stop checkpoint is committed
+# before that SIGKILL is a race (docs/slurm.md): which way it went is reported, not asserted. The
+# outcome asserted is that the job resumes from a checkpoint and finishes.
 check "preempt: ringd took the signal as a stop" grep -q "Terminated: finishing the step, checkpoint, then stop" "$JD/slurm-$SID.out"
+# The stop checkpoint: the step node 0 committed after the signal and before the next attempt.
+stop_ck=$(awk '/Terminated: finishing the step/ {t = 1} t && /is starting, attempt/ {exit}
+  t && /checkpoint step [0-9]+ saved: .*step-[0-9]+( |$)/ {n = $0; sub(/.*checkpoint step /, "", n); sub(/ .*/, "", n)}
+  END {print n}' "$JD/logs/ringd-0.log")
+resumed=$(grep -oE 'resuming from [^ ]+ \(step [0-9]+\)' "$JD/logs/ringd-0.log" | head -n 1 | grep -oE '[0-9]+\)$' | tr -d ')')
 if grep -q "stopped after a checkpoint (exit 75" "$JD/slurm-$SID.out"; then
-  echo "note preempt: ringd checkpointed on the signal and exited 75 before srun's SIGKILL"
+  # (no new checkpoint when the step the signal stopped at had just had its periodic one)
+  echo "note preempt: ringd stopped at step $resumed with its checkpoint${stop_ck:+ (written on the signal)} and exited 75 before srun's SIGKILL; resumed from step $resumed"
+elif [ -n "$stop_ck" ] && [ "$stop_ck" = "$resumed" ]; then
+  echo "note preempt: ringd checkpointed step $stop_ck on the signal; srun's SIGKILL cut the exit short; resumed from step $resumed"
 else
-  echo "note preempt: srun's SIGKILL came first; resumed from $(grep -oE 'resuming from [^ ]+ \(step [0-9]+\)' "$JD/logs/ringd-0.log" | tail -n 1)"
+  echo "note preempt: srun's SIGKILL came before the stop checkpoint; resumed from the periodic checkpoint of step $resumed"
 fi
 check "preempt: resumed from a checkpoint" grep -qiE "resum|from step [1-9]" "$JD/logs/ringd-0.log"
 
