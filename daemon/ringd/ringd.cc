@@ -235,6 +235,13 @@ class Daemon {
   // Exit.
   int stop_signals_ = 0;         // SIGTERM/SIGINT/SIGUSR1 received (repeats within 1 s: once)
   Clock::time_point first_stop_signal_;
+  // Several nodes: every node stops after the same step. A node with a stop signal says so in
+  // its params; the workers pass it on in the step's loss all_gather and report it in "done", so
+  // every ringd learns it at the end of the same step (the signal reaches the nodes at slightly
+  // different times, often in different steps; a node stopping alone would leave the others'
+  // workers waiting in a collective for it).
+  bool stop_agreed_ = false;
+  bool stop_requested() const { return stop_signals_ > 0 || stop_agreed_; }
   bool exiting_ = false;
   int exit_code_ = kExitOk;
   bool restart_pending_ = false;
@@ -704,7 +711,7 @@ void Daemon::end_attempt() {
         event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
       }
     }
-    if (stop_signals_ > 0 && o_.node_rank > 0 && saved == done_step_ && saved > 0)
+    if (stop_requested() && o_.node_rank > 0 && saved == done_step_ && saved > 0)
       await_commit(saved);
     ck_.reset();
   }
@@ -715,7 +722,7 @@ void Daemon::end_attempt() {
     std::error_code ec;
     fs::remove_all(attempt_rdv_, ec);
   }
-  if (coord_ && rollback_pending_ && stop_signals_ == 0) {
+  if (coord_ && rollback_pending_ && !stop_requested()) {
     rollback_pending_ = false;
     attempt_ = static_cast<int>(rollback_attempt_);
     resume_to_ = rollback_step_;
@@ -724,14 +731,14 @@ void Daemon::end_attempt() {
     restart_at_ = Clock::now();
     return;
   }
-  if (coord_ && coord_stop_ && stop_signals_ == 0) {
+  if (coord_ && coord_stop_ && !stop_requested()) {
     log(fmt::format("stopped at step {} by ring-coord ({})", done_step_, coord_stop_reason_));
     event("stopped", {{"step", done_step_}, {"reason", coord_stop_reason_}});
     await_coord(kAwaitState, 10);
     return;
   }
   if (!attempt_failed_) {
-    if (stop_signals_ > 0) {
+    if (stop_requested()) {
       log(fmt::format("stopped at step {} on request (resumable)", done_step_));
       event("stopped", {{"step", done_step_}});
       finish(kExitStopped);
@@ -742,7 +749,7 @@ void Daemon::end_attempt() {
     }
     return;
   }
-  if (stop_signals_ > 0) {
+  if (stop_requested()) {
     event("stopped", {{"step", done_step_}});
     finish(kExitStopped);
     return;
@@ -910,13 +917,15 @@ void Daemon::maybe_begin() {
 
 void Daemon::begin_step() {
   const int64_t s = done_step_ + 1;
-  if (s > total_steps_ || stop_signals_ > 0) {
+  // One node decides alone; several stop after the step in which all of them learnt of it.
+  const bool stop_now = stop_agreed_ || (stop_signals_ > 0 && o_.nodes == 1);
+  if (s > total_steps_ || stop_now) {
     if (ck_ && stop_signals_ < 2 && last_ckpt_step_ != done_step_ && done_step_ > 0)
       checkpoint_now(done_step_, true);
     finishing_ = true;
     stop_deadline_ = Clock::now() + std::chrono::seconds(60);
     for (const Worker& w : workers_)
-      send(w.local, {{"t", "stop"}, {"reason", stop_signals_ ? "stop requested" : "done"}});
+      send(w.local, {{"t", "stop"}, {"reason", stop_requested() ? "stop requested" : "done"}});
     return;
   }
   const int64_t n = layout_->total();
@@ -944,7 +953,8 @@ void Daemon::begin_step() {
   opt_->begin_step(s);
   step_t0_ = Clock::now();
   for (const Worker& w : workers_)
-    send(w.local, {{"t", "params"}, {"step", s}, {"changed", changed}});
+    send(w.local,
+         {{"t", "params"}, {"step", s}, {"changed", changed}, {"stop", stop_signals_ > 0}});
 }
 
 void Daemon::on_bucket(Worker& w, int b) {
@@ -1001,6 +1011,17 @@ void Daemon::maybe_finish_step() {
   last_all_changed_ = r.all_changed;
   const json& d = workers_[0].done_msg;
   cursor_ = d.value("cursor", json());
+  if (!stop_agreed_ && d.value("stop", false)) {
+    stop_agreed_ = true;
+    log(stop_signals_ > 0
+            ? fmt::format("step {}: every node knows of the stop: checkpoint, then stop", done_step_)
+            : fmt::format("step {}: another node was asked to stop: checkpoint, then stop",
+                          done_step_));
+    if (stop_signals_ == 0) {
+      event("stopping", {{"step", done_step_}, {"from", "another node"}});
+      stop_deadline_ = Clock::now() + std::chrono::seconds(60);
+    }
+  }
   const double loss_sum = d.value("loss_sum", 0.0);
   const int64_t valid = d.value("valid", int64_t{0});
   const int64_t tokens = d.value("tokens", int64_t{0});
@@ -1180,7 +1201,7 @@ void Daemon::on_tick() {
         break;
       }
     }
-    if ((finishing_ || stop_signals_ > 0) && now > stop_deadline_) {
+    if ((finishing_ || stop_requested()) && now > stop_deadline_) {
       attempt_failed_ = finishing_ ? attempt_failed_ : true;
       stop_workers("workers did not stop in time");
     }

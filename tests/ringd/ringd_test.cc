@@ -13,6 +13,8 @@
 //   SlurmStyleStopOfTwoNodesCheckpoints: 2 ringd x 2 workers; each ringd gets SIGTERM twice
 //     within milliseconds (slurmstepd, then srun passing on its own) and its workers once: both
 //     exit 75, and the one checkpoint (taken on the signal) is committed at the stopped step.
+//   RingdOneNodeSignalled.*: only node 0 (or node 1) gets SIGTERM: every node stops after the same
+//     step (the stop request travels in the step's loss all_gather), both exit 75.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -226,6 +228,56 @@ TEST(Ringd, SlurmStyleStopOfTwoNodesCheckpoints) {
   EXPECT_EQ(slurp(job + "/logs/ringd-0.log").find("stopping the workers now"), std::string::npos);
   EXPECT_TRUE(wait_for_no_processes(t.path, 5));
 }
+
+// A stop signal that reaches only one node (or the nodes in different steps): every node stops
+// after the same step, node 0 commits that step's checkpoint, and both exit 75. Before the
+// agreement the signalled node stopped alone and the other's workers failed in the next step's
+// collectives.
+class RingdOneNodeSignalled : public ::testing::TestWithParam<int> {};
+
+TEST_P(RingdOneNodeSignalled, EveryNodeStopsAfterTheSameStep) {
+  const int signalled = GetParam();
+  TempDir t("ringd-test");
+  const std::string job = t.path + "/job";
+  auto args = [&](int node) {
+    return ringd_args(kSpec2x2Ckpt, job,
+                      {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous",
+                       t.path + "/rdv", "--steps", "100000"});
+  };
+  const std::string out[2] = {t.path + "/d0.out", t.path + "/d1.out"};
+  Proc d0(args(0), out[0], t.path + "/d0.err");
+  Proc d1(args(1), out[1], t.path + "/d1.err");
+  ASSERT_FALSE(
+      wait_line(out[0], [](const json& j) { return j.value("step", 0) >= 3; }, 60).is_null())
+      << slurp(job + "/logs/ringd-0.log");
+  ASSERT_EQ(kill((signalled == 0 ? d0 : d1).pid, SIGTERM), 0);
+  const int st0 = d0.wait(60), st1 = d1.wait(60);
+  const std::string log0 = slurp(job + "/logs/ringd-0.log"), log1 = slurp(job + "/logs/ringd-1.log");
+  ASSERT_TRUE(WIFEXITED(st0) && WIFEXITED(st1)) << st0 << " " << st1 << log0 << log1;
+  EXPECT_EQ(WEXITSTATUS(st0), 75) << log0;
+  EXPECT_EQ(WEXITSTATUS(st1), 75) << log1;
+  // (only node 0 writes JSON lines to stdout; each node logs its stop)
+  int64_t step[2];
+  const std::regex stopped_at("stopped at step ([0-9]+) on request");
+  for (int n = 0; n < 2; ++n) {
+    std::smatch m;
+    const std::string& log = n ? log1 : log0;
+    ASSERT_TRUE(std::regex_search(log, m, stopped_at)) << log;
+    step[n] = std::stoll(m[1].str());
+  }
+  EXPECT_EQ(step[0], step[1]) << log0 << log1;
+  ASSERT_GT(step[0], 0);
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step[0]));
+  EXPECT_EQ(slurp(job + "/checkpoints/latest"), std::string(name) + "\n") << log0 << log1;
+  EXPECT_NE((signalled == 0 ? log1 : log0).find("another node was asked to stop"),
+            std::string::npos)
+      << log0 << log1;
+  EXPECT_EQ((log0 + log1).find("died"), std::string::npos) << log0 << log1;
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Node, RingdOneNodeSignalled, ::testing::Values(0, 1));
 
 TEST(Ringd, TwoDaemonsKeepIdenticalWeights) {
   TempDir t("ringd-test");

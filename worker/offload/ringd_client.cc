@@ -109,6 +109,7 @@ Command RingdClient::next(float* params) {
   if (t != "params") throw RingdGone("expected params or stop from ringd, got " + j.dump());
   c.step = j.at("step").get<int64_t>();
   c.changed = j.at("changed").get<int64_t>();
+  c.stop_requested = j.value("stop", false);
   const float* src = shm_.params();
   if (c.changed < 0) {
     std::memcpy(params, src, static_cast<size_t>(opt_.n) * sizeof(float));

@@ -54,6 +54,9 @@ struct Command {
   int64_t step = 0;        // the step to run with these weights
   int64_t changed = -1;    // -1: every weight was copied; else the number of changed coordinates
   std::string reason;      // stop: why
+  // params: this node's ringd has a stop request. Every rank passes it on in the step's loss
+  // all_gather, so all nodes learn it in the same step and stop after it (docs: daemon/INTERFACE.md).
+  bool stop_requested = false;
 };
 
 class RingdClient {

@@ -184,7 +184,10 @@ int run_rank(const Args& args) {
   const auto& cfg = trainer.model().config();
   if (lead) {
     std::string order;
-    for (int r : rr.ring().order) order += (order.empty() ? "" : ",") + std::to_string(r);
+    for (int r : rr.ring().order) {
+      if (!order.empty()) order += ',';
+      order += std::to_string(r);
+    }
     std::printf(
         "ring-worker: %s | %d ranks, ring order %s, %s split, stagger %lld us, %s transport | "
         "%s backend, %d threads per rank | %lld layers, d_model %lld, heads %lld/%lld, %lld "
@@ -346,12 +349,14 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
             client.bucket(cmd.step, b, dev_grads.data());
           }
         });
-    // The step's global loss: (loss_sum, valid) of every rank, summed in rank order.
+    // The step's global loss: (loss_sum, valid) of every rank, summed in rank order; and
+    // whether any node's ringd has a stop request, so that every node stops after this step.
     struct Part {
       double loss_sum;
       int64_t valid;
+      int64_t stop;
     };
-    Part mine{loss.loss_sum, loss.valid};
+    Part mine{loss.loss_sum, loss.valid, cmd.stop_requested ? 1 : 0};
     std::vector<Part> all(world);
     if (world > 1) {
       rr.progress().collective([&](transport::TransportComm& c) {
@@ -363,9 +368,11 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
     }
     double loss_sum = 0;
     int64_t valid = 0;
+    bool stop = false;
     for (const Part& p : all) {
       loss_sum += p.loss_sum;
       valid += p.valid;
+      stop = stop || p.stop != 0;
     }
     const double step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -379,6 +386,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
     d["ring_wait_ms"] = (r1.wait_s - r0.wait_s) * 1e3;
     d["bytes_sent"] = r1.bytes_sent - r0.bytes_sent;
     d["cursor"] = source->cursor();
+    if (stop) d["stop"] = true;
     client.done(std::move(d));
   }
   rr.shutdown();
