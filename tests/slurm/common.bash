@@ -64,6 +64,8 @@ require_cluster() {
 }
 
 # wait_job JOBID TIMEOUT_S: waits until the job left the queue; prints its JobState
+# wait_for SECONDS CMD...: polls CMD every 0.2 s until it succeeds (then once more at the end)
+wait_for() { local n=$(($1 * 5)); shift; for ((; n > 0; n--)); do "$@" && return 0; sleep 0.2; done; "$@"; }
 wait_job() {
   local i
   for ((i = 0; i < $2 * 5; i++)); do

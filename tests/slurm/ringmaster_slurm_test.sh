@@ -29,7 +29,7 @@ export RING_COORD=ipc://$T/coord/sock/coord.sock
 "$RING_COORD_BIN" --state-dir "$T/coord" --endpoint "$RING_COORD" --heartbeat-interval 0.5 \
   --heartbeat-timeout 20 >"$T/coord.log" 2>&1 &
 COORD_PID=$!
-for _ in $(seq 50); do [ -S "$T/coord/sock/coord.sock" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -S "$T/coord/sock/coord.sock" ] && break; sleep 0.1; done
 check "ring-coord listens" test -S "$T/coord/sock/coord.sock"
 
 # ringd reports to ring-coord when it can; a ringd built without that runs with --ringd-coord off
@@ -62,7 +62,6 @@ steps_of() { [ -f "$1/steps.jsonl" ] && wc -l <"$1/steps.jsonl" || echo 0; }
 last_step() { [ -f "$1/steps.jsonl" ] && tail -n 1 "$1/steps.jsonl" | grep -oE '"step":[0-9]+' | cut -d: -f2 || echo 0; }
 latest_ckpt() { ls "$1/checkpoints" 2>/dev/null | grep -oE '^step-[0-9]+$' | sort | tail -n 1 | grep -oE '[0-9]+$' | sed 's/^0*//'; }
 # wait_for TIMEOUT_S CMD...: polls every 0.2 s
-wait_for() { local n=$(($1 * 5)); shift; for ((; n > 0; n--)); do "$@" && return 0; sleep 0.2; done; "$@"; }
 has_steps() { [ "$(steps_of "$1")" -ge "$2" ]; }
 has_ckpt() { local c; c=$(latest_ckpt "$1"); [ -n "$c" ] && [ "$c" -ge "$2" ]; }
 slurm_state() { scontrol show job "$1" 2>/dev/null | grep -oE 'JobState=[A-Z_]+' | cut -d= -f2; }
@@ -109,6 +108,8 @@ check "complete: Slurm output in the job dir" grep -q "ringd finished on every n
 run "$RINGCTL" status "$JOB"
 assert_contains "complete: status shows Slurm's view" "$output" "COMPLETED"
 if [ "$RC" = on ]; then
+  # (ring-coord hears the end from ringd just before Slurm does: allow for a loaded machine)
+  wait_for 20 coord_is "$JOB" state completed || true
   assert_eq "complete: ring-coord state" completed "$(coord_field "$JOB" state)"
   # the loss ring-coord reports is the last step's loss from ringd (steps.jsonl), and the
   # table shows it in the LOSS column
@@ -165,7 +166,8 @@ assert_eq "preempt: last step" 200 "$(last_step "$JD")"
 # SIGKILL of the tasks ("forcing job termination"), so whether the stop checkpoint is committed
 # before that SIGKILL is a race (docs/slurm.md): which way it went is reported, not asserted. The
 # outcome asserted is that the job resumes from a checkpoint and finishes.
-check "preempt: ringd took the signal as a stop" grep -q "Terminated: finishing the step, checkpoint, then stop" "$JD/slurm-$SID.out"
+# (ringd's own log: what reaches slurm-*.out goes through srun, which is being stopped too)
+check "preempt: ringd took the signal as a stop" grep -q "Terminated: finishing the step, checkpoint, then stop" "$JD/logs/ringd-0.log" "$JD/logs/ringd-1.log"
 # The stop checkpoint: the step node 0 committed after the signal and before the next attempt.
 stop_ck=$(awk '/Terminated: finishing the step/ {t = 1} t && /is starting, attempt/ {exit}
   t && /checkpoint step [0-9]+ saved: .*step-[0-9]+( |$)/ {n = $0; sub(/.*checkpoint step /, "", n); sub(/ .*/, "", n)}
@@ -188,7 +190,7 @@ check "nodefail: a checkpoint exists" wait_for 60 has_ckpt "$JD" 2
 victim=$(scontrol show hostnames "$(job_field "$SID" NodeList)" | tail -n 1)
 crash_node "$victim" "$SID"
 check "nodefail: Slurm requeued it after $victim went down" wait_for 60 restarts_at_least "$SID" 1
-st=$(wait_job "$SID" 150)
+st=$(wait_job "$SID" 400)
 assert_eq "nodefail: finished" COMPLETED "$st"
 assert_eq "nodefail: last step" 400 "$(last_step "$JD")"
 assert_not_contains "nodefail: not on the dead node" "$(scontrol show hostnames "$(job_field "$SID" NodeList)")" "$victim"

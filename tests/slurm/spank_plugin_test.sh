@@ -69,9 +69,11 @@ j=$(sbatch --parsable -N2 --ring-job=sb-1 --ring-order=slurm -o "$OUT/sb-%j.out"
   --wrap 'srun bash -c "echo \$SLURMD_NODENAME \$RING_JOB_ID \$RING_NODE_RANK \$RING_RING_ORDER \$RING_COORD"')
 st=$(wait_job "$j" 60)
 assert_eq "sbatch --ring-job job $j" COMPLETED "$st"
+# (the two nodes are whichever Slurm picked; node rank 0 is the first of the job's node list)
+hosts=($(scontrol show hostnames "$(job_field "$j" NodeList)" 2>/dev/null))
 assert_eq "sbatch: each node's task sees the job's options" \
-  "node1 sb-1 0 slurm ipc:///run/ring/coord.sock|node2 sb-1 1 slurm ipc:///run/ring/coord.sock" \
-  "$(sort "$OUT/sb-$j.out" 2>/dev/null | tr '\n' '|' | sed 's/|$//')"
+  "${hosts[0]:-?} sb-1 0 slurm ipc:///run/ring/coord.sock|${hosts[1]:-?} sb-1 1 slurm ipc:///run/ring/coord.sock" \
+  "$(sort -k3,3n "$OUT/sb-$j.out" 2>/dev/null | tr '\n' '|' | sed 's/|$//')"
 plugstack
 
 # 4. bad option values: a clear error, and the step does not start
@@ -137,12 +139,15 @@ assert_eq "node-side bad plugstack: ringmaster job $j2" FAILED "$st2"
 assert_contains "  ... it says why" "$(cat "$OUT/ring-$j2.out" 2>/dev/null)" \
   "ringmaster: refusing the step: plugstack.conf arguments on this node are invalid: plugstack.conf: unknown argument 'colour'"
 assert_not_contains "  ... and did not run" "$(cat "$OUT/ring-$j2.out" 2>/dev/null)" "ring ran"
+node3_idle() { [ "$(sinfo -h -N -n node3 -o %t | head -n1)" = idle ]; }
+wait_for 30 node3_idle   # (it may still be completing the failed step)
 assert_eq "  ... node3 is not drained" "idle" "$(sinfo -h -N -n node3 -o %t | head -n1)"
 
 # slurmd (re)starts with a bad plugstack.conf: it logs the error and keeps running
 run "$CLUSTER" node-stop node3 --state-dir "$RING_SLURM_STATE" --quiet
 run "$CLUSTER" node-start node3 --state-dir "$RING_SLURM_STATE" --quiet
 assert_succeeds "slurmd node3 restarts with a bad plugstack.conf"
+wait_for 30 grep -q "ringmaster: plugstack.conf arguments are invalid" "$RING_SLURM_STATE/log/slurmd-node3.log"
 sleep 1
 pid=$(cat "$RING_SLURM_STATE/run/slurmd-node3.pid" 2>/dev/null)
 check "  ... and is still running (pid $pid)" kill -0 "${pid:-0}"
