@@ -1139,10 +1139,20 @@ void Daemon::on_signal(int sig) {
 }
 
 void Daemon::reap() {
+  // Every child that has ended, those killed by a signal first: when one worker is killed its
+  // peers fail within milliseconds, and a busy ringd reaps them all at once; the killed one is
+  // the cause to report (waitpid(-1) returns them oldest first).
+  std::vector<std::pair<pid_t, int>> ended;
   for (;;) {
     int st = 0;
     pid_t got = waitpid(-1, &st, WNOHANG);
     if (got <= 0) break;
+    ended.emplace_back(got, st);
+  }
+  std::stable_partition(ended.begin(), ended.end(), [](const std::pair<pid_t, int>& e) {
+    return WIFSIGNALED(e.second) && WTERMSIG(e.second) != kWorkerStopSignal;
+  });
+  for (const auto& [got, st] : ended) {
     for (Worker& w : workers_) {
       if (w.pid != got || !w.running) continue;
       w.running = false;

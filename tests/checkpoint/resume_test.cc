@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -107,13 +108,22 @@ TEST(Resume, KillAtStep17RollsBackToStep10AndEndsBitIdentical) {
     if (j.value("event", "") == "worker_started") workers.push_back(j.at("pid").get<pid_t>());
   ASSERT_EQ(workers.size(), 4u);
   ASSERT_EQ(kill(workers[2], SIGKILL), 0);
+  int64_t killed_after = 0;  // the last step reported before the kill
+  for (const json& j : json_lines(out))
+    if (!j.contains("event")) killed_after = std::max(killed_after, j.value("step", int64_t{0}));
   int st = d.wait(180);
   ASSERT_TRUE(WIFEXITED(st)) << st;
   ASSERT_EQ(WEXITSTATUS(st), 0) << slurp(t.path + "/job/logs/ringd-0.log");
   json resumed = wait_line(out, [](const json& j) { return j.value("event", "") == "resumed"; }, 1);
   ASSERT_FALSE(resumed.is_null()) << slurp(t.path + "/job/logs/ringd-0.log");
-  // The kill landed between steps 17 and 19 (150 ms steps): the step-10 checkpoint is the latest.
-  EXPECT_EQ(resumed.value("step", -1), 10) << "killed after step " << at17["step"];
+  // The kill lands between steps 17 and 19 (150 ms steps): the step-10 checkpoint is the latest.
+  // A test thread stalled past step 20 (a loaded machine) kills later: then the step-20
+  // checkpoint may be complete too.
+  if (killed_after < 20)
+    EXPECT_EQ(resumed.value("step", -1), 10) << "killed after step " << killed_after;
+  else
+    EXPECT_TRUE(resumed.value("step", -1) == 10 || resumed.value("step", -1) == 20)
+        << "killed after step " << killed_after << ", resumed from " << resumed.dump();
   auto got = hashes(out);
   ASSERT_EQ(got.count(30), 1u);
   EXPECT_EQ(got[30], want[30]) << "master weights differ after 30 steps";

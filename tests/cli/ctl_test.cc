@@ -197,13 +197,22 @@ TEST(Ringctl, StatusTableJsonAndDetails) {
   EXPECT_TRUE(contains(r.output, "latest complete: step 2")) << r.output;
 
   // --follow on a job ends when the job does; not on a terminal it prints changes only.
+  // The follower's first line (step 5) must be out before the job moves on: wait for it (a
+  // loaded machine can take seconds to start ringctl).
+  const std::string follow_out = c.dir() + "/follow.out";
   auto follow = std::async(std::launch::async, [&] {
-    return c.ctl("status " + std::to_string(job.id) + " --follow --json --interval 0.1");
+    return c.ctl("status " + std::to_string(job.id) + " --follow --json --interval 0.1 | tee " +
+                 follow_out);
   });
-  std::this_thread::sleep_for(300ms);
+  for (int i = 0; i < 600; ++i) {
+    std::ifstream f(follow_out);
+    std::string first;
+    if (std::getline(f, first) && !first.empty()) break;
+    std::this_thread::sleep_for(50ms);
+  }
   job.d->step(job.id, 1, 6, 1.5);
   job.d->simple(proto::EventKind::kJobCompleted, job.id, 1, 6);
-  ASSERT_EQ(follow.wait_for(10s), std::future_status::ready);
+  ASSERT_EQ(follow.wait_for(30s), std::future_status::ready);
   auto lines = parse_lines(follow.get().output);
   ASSERT_GE(lines.size(), 2u);
   EXPECT_EQ(lines.front()["step"], 5);
@@ -274,7 +283,7 @@ TEST(Ringctl, EventsTellTheStory) {
   });
   std::this_thread::sleep_for(200ms);
   job.d->simple(proto::EventKind::kJobStopped, job.id, 1);
-  ASSERT_EQ(follow.wait_for(10s), std::future_status::ready);
+  ASSERT_EQ(follow.wait_for(30s), std::future_status::ready);
   auto all = parse_lines(follow.get().output);
   EXPECT_EQ(all.back()["kind"], "state");
   EXPECT_EQ(all.back()["data"]["to"], "cancelled") << all.back().dump();
@@ -313,7 +322,7 @@ TEST(Ringctl, LogsFromTheJobDir) {
   std::ofstream(job_dir + "/logs/worker-1.log", std::ios::app) << "r1 late\n";
   std::this_thread::sleep_for(500ms);
   job.d->simple(proto::EventKind::kJobCompleted, job.id, 1, 1);
-  ASSERT_EQ(follow.wait_for(10s), std::future_status::ready);
+  ASSERT_EQ(follow.wait_for(30s), std::future_status::ready);
   r = follow.get();
   EXPECT_EQ(r.output, "=== attempt 1 ===\nr1 a\nr1 late\n");
 }

@@ -220,7 +220,7 @@ TEST(CoordProcess, KillDashNineLosesNothingCommitted) {
   std::string dir = make_temp_dir("kill9");
   std::string ep = "ipc://" + dir + "/sock/coord.sock";
   std::vector<std::string> args{"--state-dir",          dir + "/state", "--endpoint",          ep,
-                                "--heartbeat-interval", "0.1",          "--heartbeat-timeout", "3"};
+                                "--heartbeat-interval", "0.1",          "--heartbeat-timeout", "30"};
   auto coord = std::make_unique<CoordProcess>(dir, args);
   coord->start();
   coord->wait_ready();

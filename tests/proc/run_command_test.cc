@@ -59,7 +59,7 @@ TEST(ProcRunCommand, DeadlineKillsTheChild) {
   const std::vector<std::string> argv{"/bin/sh", "-c", "echo started; exec sleep 30"};
   const auto t0 = std::chrono::steady_clock::now();
   RunOptions o;
-  o.timeout_ms = 300;
+  o.timeout_ms = 3000;  // (sh must start and echo first, even on a loaded machine)
   CommandResult r = ring::proc::run_command(argv, o);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(r.timed_out);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -476,10 +477,18 @@ int launch_local(int argc, char** argv, const Args& args) {
       stop_others(sig == SIGHUP ? SIGTERM : sig);
       if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(10);
     }
+    // Every rank that has ended, those killed by a signal first: the killed rank is the cause
+    // to report, its peers fail within milliseconds and may be reaped in the same round.
+    std::vector<std::pair<pid_t, int>> ended;
     for (;;) {
       int st = 0;
       pid_t got = waitpid(-1, &st, WNOHANG);
       if (got <= 0) break;
+      ended.emplace_back(got, st);
+    }
+    std::stable_partition(ended.begin(), ended.end(),
+                          [](const std::pair<pid_t, int>& e) { return WIFSIGNALED(e.second); });
+    for (const auto& [got, st] : ended) {
       int r = 0;
       while (r < world && pids[r] != got) ++r;
       if (r == world) continue;
