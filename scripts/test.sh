@@ -18,6 +18,6 @@ ctest --test-dir "$RING_BUILD" --output-on-failure -j "$RING_JOBS" --timeout 120
 
 if [ $# -eq 0 ]; then
   echo "== fuzz (short run; scripts/fuzz.sh for longer)"
-  ./scripts/fuzz.sh --seconds "${RING_FUZZ_SECONDS:-30}"
+  ./scripts/fuzz.sh --seconds "${RING_FUZZ_SECONDS:-30}" --seed "${RING_FUZZ_SEED:-1}"
 fi
 echo "== all tests passed in $(( $(date +%s) - start )) s"
