@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -472,8 +473,12 @@ void Daemon::start_attempt() {
   fs::create_directories(attempt_rdv_ + "/workers", ec);
   fs::create_directories(attempt_rdv_ + "/daemons", ec);
   try {
-    shm_ = offload::ShmRegion::create(
-        offload::shm_name(spec_.job.name, o_.node_rank, getpid(), attempt_), layout_->total(), wpn_);
+    // The name carries this process's pid and the attempt, so a segment of that name is the
+    // leftover of an earlier ringd that had the same pid and was killed before its workers
+    // mapped it (shared memory outlives processes): replace it.
+    const std::string shm = offload::shm_name(spec_.job.name, o_.node_rank, getpid(), attempt_);
+    if (shm_unlink(shm.c_str()) == 0) log("removed a stale shared-memory segment " + shm);
+    shm_ = offload::ShmRegion::create(shm, layout_->total(), wpn_);
   } catch (const std::exception& e) {
     log(std::string("fatal: ") + e.what());
     finish(kExitFailed);

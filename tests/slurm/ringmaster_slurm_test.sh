@@ -21,6 +21,8 @@ cleanup() {
   for j in $(squeue -h -o %i -n slurm-tiny-complete,slurm-tiny-cancel,slurm-tiny-restart,slurm-tiny-preempt,slurm-tiny-nodefail 2>/dev/null); do scancel "$j"; done
   "$CLUSTER" node-start node2 --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1 || true
   [ -n "$COORD_PID" ] && kill "$COORD_PID" 2>/dev/null && wait "$COORD_PID" 2>/dev/null
+  # a ringd killed with its node (nodefail) leaves its shared memory behind
+  rm -f /dev/shm/ringmaster-slurm-tiny-* 2>/dev/null
   if [ "$T_FAIL" -eq 0 ] && [ -z "${RING_SLURM_KEEP:-}" ]; then rm -rf "$T"; else echo "kept $T for inspection"; fi
 }
 trap cleanup EXIT
