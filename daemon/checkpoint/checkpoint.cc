@@ -9,6 +9,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -605,6 +606,15 @@ SaveResult Checkpointer::wait() {
   SaveResult r = std::move(done_.back());
   done_.clear();
   return r;
+}
+
+std::vector<SaveResult> Checkpointer::drain() {
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lk(mu_);
+  std::vector<SaveResult> out(std::make_move_iterator(done_.begin()),
+                              std::make_move_iterator(done_.end()));
+  done_.clear();
+  return out;
 }
 
 }  // namespace ring::ckpt

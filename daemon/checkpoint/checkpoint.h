@@ -139,6 +139,10 @@ class Checkpointer {
   // Blocks until the checkpoint in flight (if any) is done; returns the newest result not yet
   // returned (older unreturned ones are dropped), or ok=false with error "no checkpoint started".
   SaveResult wait();
+  // Blocks until the checkpoint in flight (if any) is done, commit included (busy() turns false
+  // once live memory is no longer read, before node 0 commits); returns every result not yet
+  // returned, oldest first.
+  std::vector<SaveResult> drain();
 
   const Options& options() const { return opt_; }
   uint64_t registered_bytes() const;

@@ -177,6 +177,7 @@ class Daemon {
   void on_bucket(Worker& w, int b);
   void maybe_finish_step();
   void checkpoint_now(int64_t step, bool wait);
+  bool report_checkpoint(const ckpt::SaveResult& r);
   // ---- watching
   void on_signal(int sig);
   void await_commit(int64_t step);
@@ -701,21 +702,10 @@ void Daemon::end_attempt() {
   conns_.clear();
   if (ck_) {
     int64_t saved = stop_ckpt_saved_;  // the newest checkpoint this node wrote its shard of
-    if (ck_->busy()) {
-      ckpt::SaveResult r = ck_->wait();
-      if (r.ok) {
-        event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
-        saved = r.step;
-      }
-    }
-    while (auto r = ck_->poll()) {
-      if (r->ok) {
-        event("checkpoint_saved", {{"step", r->step}, {"path", r->path}, {"bytes", r->bytes}});
-        saved = std::max(saved, r->step);
-      } else {
-        event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
-      }
-    }
+    // Every checkpoint of the attempt, the one in flight included (node 0 may still be
+    // committing it): ring-coord resumes from the newest one reported saved.
+    for (const ckpt::SaveResult& r : ck_->drain())
+      if (report_checkpoint(r)) saved = std::max(saved, r.step);
     if (stop_requested() && o_.node_rank > 0 && saved == done_step_ && saved > 0)
       await_commit(saved);
     ck_.reset();
@@ -984,10 +974,9 @@ void Daemon::on_bucket(Worker& w, int b) {
     if (ck_ && ck_->busy()) {
       // The optimizer is about to change the state the checkpoint is still writing.
       const auto t0 = Clock::now();
-      ckpt::SaveResult r = ck_->wait();
+      const std::vector<ckpt::SaveResult> done = ck_->drain();
       ckpt_stall_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-      if (r.ok) event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
-      else if (r.step >= 0) event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
+      for (const ckpt::SaveResult& r : done) report_checkpoint(r);
     }
     opt_->bucket_ready(bk.index, dst);
     ++buckets_ready_;
@@ -1083,20 +1072,26 @@ void Daemon::maybe_finish_step() {
   begin_step();
 }
 
+// Logs a finished checkpoint and reports it (ring-coord resumes from the steps reported saved).
+bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
+  if (r.ok) {
+    log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r.step, r.path,
+                    r.bytes / 1e6, r.total_s));
+    event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
+  } else {
+    log(fmt::format("checkpoint step {} failed: {}", r.step, r.error));
+    event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
+  }
+  return r.ok;
+}
+
 void Daemon::checkpoint_now(int64_t step, bool wait) {
   if (!ck_) return;
   ck_->start(step, {{"cursor", cursor_}, {"attempt", attempt_}, {"world", world_}});
   last_ckpt_step_ = step;
   if (wait) {
-    ckpt::SaveResult r = ck_->wait();
-    if (r.ok) {
-      stop_ckpt_saved_ = r.step;
-      log(fmt::format("checkpoint step {} saved: {}", r.step, r.path));
-      event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
-    } else {
-      log(fmt::format("checkpoint step {} failed: {}", r.step, r.error));
-      event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
-    }
+    for (const ckpt::SaveResult& r : ck_->drain())
+      if (report_checkpoint(r) && r.step == step) stop_ckpt_saved_ = r.step;
   }
 }
 
@@ -1227,16 +1222,7 @@ void Daemon::on_tick() {
     kill_at_ = now + std::chrono::seconds(3600);
   }
   if (ck_) {
-    while (auto r = ck_->poll()) {
-      if (r->ok) {
-        log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r->step, r->path,
-                        r->bytes / 1e6, r->total_s));
-        event("checkpoint_saved", {{"step", r->step}, {"path", r->path}, {"bytes", r->bytes}});
-      } else {
-        log(fmt::format("checkpoint step {} failed: {}", r->step, r->error));
-        event("checkpoint_failed", {{"step", r->step}, {"error", r->error}});
-      }
-    }
+    while (auto r = ck_->poll()) report_checkpoint(*r);
   }
   if (restart_pending_ && now >= restart_at_) start_attempt();
   if (await_ != kAwaitNone && !attempt_live_ && !restart_pending_ && now > await_deadline_) {

@@ -300,6 +300,39 @@ TEST(Checkpoint, SeveralNodesCommitOnlyWhenEveryShardIsThere) {
   EXPECT_THROW(load_latest(d.path, 0, 2, t.targets()), CheckpointMismatch);
 }
 
+// busy() ends when live memory is no longer read, before node 0 commits; drain() waits for the
+// commit and returns every unreturned result, oldest first (ringd's end of an attempt used
+// busy() to decide whether to wait, and lost the report of a checkpoint node 0 was committing).
+TEST(Checkpoint, DrainWaitsForTheCommitAndReturnsEveryResult) {
+  TmpDir d("drain");
+  State s0(20000, 1), s1(20000, 2);
+  Checkpointer c0(opts(d.path, 0, 2)), c1(opts(d.path, 1, 2));
+  s0.register_with(c0);
+  s1.register_with(c1);
+  c0.start(8, {});
+  c1.start(8, {});
+  ASSERT_TRUE(c1.wait().ok);
+  c0.start(10, {});  // waits for 8's commit first; 8's result stays unreturned
+  for (int i = 0; i < 5000 && c0.busy(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_FALSE(c0.busy()) << "node 0's shard of step 10 is not written";
+  EXPECT_FALSE(fsys::exists(d.path + "/step-00000010")) << "committed without node 1's shard";
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    c1.start(10, {});
+  });
+  std::vector<SaveResult> all = c0.drain();
+  late.join();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].step, 8);
+  EXPECT_TRUE(all[0].ok && all[0].committed) << all[0].error;
+  EXPECT_EQ(all[1].step, 10);
+  EXPECT_TRUE(all[1].ok && all[1].committed) << all[1].error;
+  EXPECT_TRUE(fsys::exists(d.path + "/step-00000010"));
+  EXPECT_TRUE(c0.drain().empty());
+  EXPECT_TRUE(c1.wait().ok);
+}
+
 TEST(Checkpoint, MissingNodeFailsTheCommitAfterTheTimeout) {
   TmpDir d("timeout");
   State s0(1000, 1), s1(1000, 2);
