@@ -163,26 +163,28 @@ assert_eq "preempt: high job" COMPLETED "$(wait_job "$hi" 60)"
 st=$(wait_job "$SID" 120)
 assert_eq "preempt: finished" COMPLETED "$st"
 assert_eq "preempt: last step" 200 "$(last_step "$JD")"
-# Every ringd takes the SIGTERM as a stop: finish the step, checkpoint, exit 75. Slurm 22.05
-# has no GraceTime for PreemptMode=REQUEUE, and srun turns the SIGTERM it gets itself into a
-# SIGKILL of the tasks ("forcing job termination"), so whether the stop checkpoint is committed
-# before that SIGKILL is a race (docs/slurm.md): which way it went is reported, not asserted. The
-# outcome asserted is that the job resumes from a checkpoint and finishes.
+# Every ringd takes the SIGTERM as a stop: every node finishes the same step, checkpoints it and
+# exits 75 (docs/slurm.md). Slurm 22.05 has no GraceTime for PreemptMode=REQUEUE; the bound is
+# its SIGKILL KillWait (5 s) after the SIGTERM.
 # (ringd's own log: what reaches slurm-*.out goes through srun, which is being stopped too)
 check "preempt: ringd took the signal as a stop" grep -q "Terminated: finishing the step, checkpoint, then stop" "$JD/logs/ringd-0.log" "$JD/logs/ringd-1.log"
 # The stop checkpoint: the step node 0 committed after the signal and before the next attempt.
 stop_ck=$(awk '/Terminated: finishing the step/ {t = 1} t && /is starting, attempt/ {exit}
   t && /checkpoint step [0-9]+ saved: .*step-[0-9]+( |$)/ {n = $0; sub(/.*checkpoint step /, "", n); sub(/ .*/, "", n)}
   END {print n}' "$JD/logs/ringd-0.log")
+stopped=$(grep -oE 'stopped at step [0-9]+ on request' "$JD/logs/ringd-0.log" | head -n 1 | grep -oE '[0-9]+')
 resumed=$(grep -oE 'resuming from [^ ]+ \(step [0-9]+\)' "$JD/logs/ringd-0.log" | head -n 1 | grep -oE '[0-9]+\)$' | tr -d ')')
 if grep -q "stopped after a checkpoint (exit 75" "$JD/slurm-$SID.out"; then
   # (no new checkpoint when the step the signal stopped at had just had its periodic one)
-  echo "note preempt: ringd stopped at step $resumed with its checkpoint${stop_ck:+ (written on the signal)} and exited 75 before srun's SIGKILL; resumed from step $resumed"
+  echo "note preempt: ringd stopped at step $stopped with its checkpoint${stop_ck:+ (written on the signal)} and exited 75; resumed from step $resumed"
 elif [ -n "$stop_ck" ] && [ "$stop_ck" = "$resumed" ]; then
-  echo "note preempt: ringd checkpointed step $stop_ck on the signal; srun's SIGKILL cut the exit short; resumed from step $resumed"
+  echo "note preempt: ringd checkpointed step $stop_ck on the signal; Slurm's SIGKILL cut the exit short; resumed from step $resumed"
 else
-  echo "note preempt: srun's SIGKILL came before the stop checkpoint; resumed from the periodic checkpoint of step $resumed"
+  echo "note preempt: no checkpoint of the stopped step ${stopped:-?}; resumed from step ${resumed:-?}"
 fi
+stop_step=${stopped:-$stop_ck}
+check "preempt: checkpointed on the signal (stopped at step ${stop_step:-?}, resumed from ${resumed:-?})" \
+  test -n "$stop_step" -a "$stop_step" = "$resumed"
 check "preempt: resumed from a checkpoint" grep -qiE "resum|from step [1-9]" "$JD/logs/ringd-0.log"
 
 # --- 5. one node's slurmd dies: Slurm requeues, the job finishes from a checkpoint -------------
