@@ -192,14 +192,17 @@ TEST(Ringd, SigtermToEveryProcessStopsResumably) {
   EXPECT_TRUE(wait_for_no_processes(t.path, 5));
 }
 
+// Node `node` of the 2 x 2 job with checkpoints that the stop tests signal (runs until stopped).
+std::vector<std::string> stop_test_node(const TempDir& t, const std::string& job, int node) {
+  return ringd_args(kSpec2x2Ckpt, job,
+                    {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous",
+                     t.path + "/rdv", "--steps", "100000"});
+}
+
 TEST(Ringd, SlurmStyleStopOfTwoNodesCheckpoints) {
   TempDir t("ringd-test");
   const std::string job = t.path + "/job";
-  auto args = [&](int node) {
-    return ringd_args(kSpec2x2Ckpt, job,
-                      {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous",
-                       t.path + "/rdv", "--steps", "100000"});
-  };
+  auto args = [&](int node) { return stop_test_node(t, job, node); };
   const std::string out0 = t.path + "/d0.out", out1 = t.path + "/d1.out";
   Proc d0(args(0), out0, t.path + "/d0.err");
   Proc d1(args(1), out1, t.path + "/d1.err");
@@ -239,11 +242,7 @@ TEST_P(RingdOneNodeSignalled, EveryNodeStopsAfterTheSameStep) {
   const int signalled = GetParam();
   TempDir t("ringd-test");
   const std::string job = t.path + "/job";
-  auto args = [&](int node) {
-    return ringd_args(kSpec2x2Ckpt, job,
-                      {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous",
-                       t.path + "/rdv", "--steps", "100000"});
-  };
+  auto args = [&](int node) { return stop_test_node(t, job, node); };
   const std::string out[2] = {t.path + "/d0.out", t.path + "/d1.out"};
   Proc d0(args(0), out[0], t.path + "/d0.err");
   Proc d1(args(1), out[1], t.path + "/d1.err");
