@@ -107,7 +107,10 @@ int main(int argc, char** argv) {
   };
   for (int i = 0; i < 500 && access((dir + "/sock/coord.sock").c_str(), F_OK) != 0; ++i)
     std::this_thread::sleep_for(10ms);
-  ring::coord::Client client(ring::coord::ClientOptions{ep, 10000ms});
+  ring::coord::ClientOptions co;
+  co.endpoint = ep;
+  co.timeout = 10000ms;
+  ring::coord::Client client(co);
   std::string spec = spec_text();
 
   // Jobs the daemons serve (n_daemons / n_running_jobs nodes each).

@@ -60,7 +60,9 @@ struct InProcessExchange::Shared {
                               [&] { return round != my_round || !broken.empty(); })) {
       std::string missing;
       for (int i = 0; i < n; ++i) {
-        if (!here[i]) missing += (missing.empty() ? "" : ",") + std::to_string(i);
+        if (here[i]) continue;
+        if (!missing.empty()) missing += ',';
+        missing += std::to_string(i);
       }
       broken = "InProcessExchange: node " + std::to_string(node) + " waited " +
                std::to_string(timeout_s) + " s for node(s) " + missing + " in a collective";

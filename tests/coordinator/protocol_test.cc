@@ -52,7 +52,9 @@ void expect_error(const std::string& wire, const std::string& code, const std::s
   } catch (const proto::ProtocolError& e) {
     EXPECT_EQ(e.code(), code) << e.what();
     EXPECT_EQ(e.field(), field) << e.what();
-    if (!field.empty()) EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    if (!field.empty()) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
   }
 }
 
