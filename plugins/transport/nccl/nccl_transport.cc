@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "plugins/transport/common/no_throw.h"
 #include "plugins/transport/common/rendezvous.h"
 #include "plugins/transport/transport.h"
 
@@ -484,22 +485,28 @@ const char* nccl_last_error(const ring_transport_comm_t* c) {
   return c ? c->last_error.c_str() : t_last_error.c_str();
 }
 
+void set_thread_error(std::string m) { t_last_error = std::move(m); }
+
+// Every entry point but last_error (which cannot throw) goes through NoThrow.
+template <auto F>
+constexpr auto guarded = &ring::transport::NoThrow<set_thread_error, F>::call;
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring_transport_v1 = {
     .name = "nccl",
     .caps = RING_TRANSPORT_CAP_DEVICE_MEMORY,
-    .probe = nccl_probe,
-    .init = nccl_init,
-    .finalize = nccl_finalize,
-    .connect = nccl_connect,
-    .isend = nccl_isend,
-    .irecv = nccl_irecv,
-    .test = nccl_test,
-    .wait = nccl_wait,
-    .all_reduce_sum_f32 = nccl_all_reduce,
-    .reduce_scatter_sum_f32 = nccl_reduce_scatter,
-    .all_gather = nccl_all_gather,
-    .barrier = nccl_barrier,
+    .probe = guarded<nccl_probe>,
+    .init = guarded<nccl_init>,
+    .finalize = guarded<nccl_finalize>,
+    .connect = guarded<nccl_connect>,
+    .isend = guarded<nccl_isend>,
+    .irecv = guarded<nccl_irecv>,
+    .test = guarded<nccl_test>,
+    .wait = guarded<nccl_wait>,
+    .all_reduce_sum_f32 = guarded<nccl_all_reduce>,
+    .reduce_scatter_sum_f32 = guarded<nccl_reduce_scatter>,
+    .all_gather = guarded<nccl_all_gather>,
+    .barrier = guarded<nccl_barrier>,
     .last_error = nccl_last_error,
 };

@@ -23,6 +23,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "plugins/transport/common/no_throw.h"
 #include "plugins/transport/common/rendezvous.h"
 #include "plugins/transport/transport.h"
 
@@ -828,23 +829,29 @@ const char* ucx_last_error(const ring_transport_comm_t* c) {
   return c ? c->last_error.c_str() : t_last_error.c_str();
 }
 
+void set_thread_error(std::string m) { t_last_error = std::move(m); }
+
+// Every entry point but last_error (which cannot throw) goes through NoThrow.
+template <auto F>
+constexpr auto guarded = &ring::transport::NoThrow<set_thread_error, F>::call;
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring_transport_v1 = {
     .name = "ucx",
     .caps = RING_TRANSPORT_CAP_HOST_MEMORY | RING_TRANSPORT_CAP_TAG_MATCHING |
             RING_TRANSPORT_CAP_RING_SUM_ORDER,
-    .probe = ucx_probe,
-    .init = ucx_init,
-    .finalize = ucx_finalize,
-    .connect = ucx_connect,
-    .isend = ucx_isend,
-    .irecv = ucx_irecv,
-    .test = ucx_test,
-    .wait = ucx_wait,
-    .all_reduce_sum_f32 = ucx_all_reduce,
-    .reduce_scatter_sum_f32 = ucx_reduce_scatter,
-    .all_gather = ucx_all_gather,
-    .barrier = ucx_barrier,
+    .probe = guarded<ucx_probe>,
+    .init = guarded<ucx_init>,
+    .finalize = guarded<ucx_finalize>,
+    .connect = guarded<ucx_connect>,
+    .isend = guarded<ucx_isend>,
+    .irecv = guarded<ucx_irecv>,
+    .test = guarded<ucx_test>,
+    .wait = guarded<ucx_wait>,
+    .all_reduce_sum_f32 = guarded<ucx_all_reduce>,
+    .reduce_scatter_sum_f32 = guarded<ucx_reduce_scatter>,
+    .all_gather = guarded<ucx_all_gather>,
+    .barrier = guarded<ucx_barrier>,
     .last_error = ucx_last_error,
 };
