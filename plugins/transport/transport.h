@@ -15,6 +15,8 @@
  *    a message naming the rank, peer, tag and size involved, valid until the next call on comm.
  *  - A comm is used by one thread at a time (the caller serialises); different comms are
  *    independent.
+ *  - No member lets a C++ exception (or any other unwinding) out: a plugin written in C++
+ *    catches everything at the boundary and returns RING_TRANSPORT_ERR_INTERNAL instead.
  *  - Timeouts are in milliseconds; a timeout of 0 means "the comm's op_timeout_ms". Nothing in
  *    this ABI blocks without a bound: blocking members return RING_TRANSPORT_ERR_TIMEOUT.
  *  - A peer that dies or is unreachable is reported as RING_TRANSPORT_ERR_PEER_FAILED by every
