@@ -1,6 +1,7 @@
 #include "tests/common/test_proc.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -19,11 +20,24 @@
 
 namespace ring::test {
 
+// read(2), not an ifstream: /proc files of a process that exits while they are read fail with
+// ESRCH, and a test helper must then see "" rather than an exception.
 std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string s;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      s.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+  ::close(fd);
+  return s;
 }
 
 TempDir::TempDir(const std::string& prefix) {
