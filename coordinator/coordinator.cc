@@ -126,6 +126,7 @@ struct Coordinator::Impl {
   struct Progress {
     int64_t step;
     double loss, tps;
+    double at;  // when it arrived: the job's updated_at, before and after the flush
   };
   std::map<int64_t, Progress> progress_buf;
   Clock::time_point last_metrics_flush = Clock::now();
@@ -661,7 +662,7 @@ struct Coordinator::Impl {
                        "first step of attempt " + std::to_string(j.attempt));
     step_buf.push_back(m);
     auto& p = progress_buf[j.id];
-    if (m.step >= p.step) p = {m.step, m.loss, m.tokens_per_s};
+    if (m.step >= p.step) p = {m.step, m.loss, m.tokens_per_s, now_unix()};
   }
 
   void on(const std::string& peer, uint32_t uid, const proto::Event& m) {
@@ -783,6 +784,8 @@ struct Coordinator::Impl {
     i.checkpoint_dir = j.checkpoint_dir;
     i.created_at = j.created_at;
     i.updated_at = j.updated_at;
+    // Progress not yet flushed counts as written: the same answer before and after the flush.
+    if (pb != progress_buf.end()) i.updated_at = std::max(i.updated_at, pb->second.at);
     return i;
   }
 
@@ -1082,7 +1085,7 @@ struct Coordinator::Impl {
     Txn t(store->db());
     double now = now_unix();
     for (const auto& s : step_buf) store->add_step(s, now);
-    for (const auto& [job, p] : progress_buf) store->set_progress(job, p.step, p.loss, p.tps);
+    for (const auto& [job, p] : progress_buf) store->set_progress(job, p.step, p.loss, p.tps, p.at);
     t.commit();
     if (seconds_since(t0) > kSlow)
       logger()->warn("slow: {} step reports took {:.1f} ms to write", step_buf.size(),

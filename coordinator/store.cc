@@ -311,11 +311,11 @@ void Store::set_restart(int64_t job, std::optional<double> at, std::optional<int
   db_.prepare("UPDATE jobs SET restart_at=?, restart_step=? WHERE id=?").args(at, step, job).run();
 }
 
-void Store::set_progress(int64_t job, int64_t step, double loss, double tps) {
+void Store::set_progress(int64_t job, int64_t step, double loss, double tps, double at) {
   db_.prepare(
-         "UPDATE jobs SET last_step=?, last_loss=?, last_tokens_per_s=?, updated_at=? "
+         "UPDATE jobs SET last_step=?, last_loss=?, last_tokens_per_s=?, updated_at=MAX(updated_at, ?) "
          "WHERE id=?")
-      .args(step, loss, tps, now_unix(), job)
+      .args(step, loss, tps, at, job)
       .run();
 }
 

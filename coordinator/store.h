@@ -104,7 +104,8 @@ class Store {
   void set_state(int64_t job, JobState to, const std::string& reason);
   void set_attempt(int64_t job, int64_t attempt, int64_t restarts);
   void set_restart(int64_t job, std::optional<double> at, std::optional<int64_t> step);
-  void set_progress(int64_t job, int64_t step, double loss, double tokens_per_s);
+  // Progress as of `at` (unix seconds, when it arrived); updated_at never moves back.
+  void set_progress(int64_t job, int64_t step, double loss, double tokens_per_s, double at);
   void set_ring_order(int64_t job, const std::string& json_array);
   void set_slurm_job_id(int64_t job, const std::string& id);
 

@@ -75,11 +75,18 @@ TEST(CoordServer, SubmitRegisterStepsStatus) {
   EXPECT_EQ(nodes[0].gpus, 1);
   EXPECT_EQ(nodes[0].jobs, std::vector<int64_t>{sub.job});
 
-  // Steps are stored (batched) and the job's events tell its story.
+  // Steps are stored (batched) and the job's events tell its story. The status read before the
+  // batch is written (usually: it is written every 0.2 s) and after it is the same, updated_at
+  // included (it once moved at the flush, which `ringctl status` comparisons tripped over).
+  const auto before = client.status(sub.job);
   ASSERT_TRUE(wait_for([&] {
     Store st(coord.dir() + "/state/coord.db", {false, 0});
     return st.count("step_metrics") == 5;
   }));
+  const auto after = client.status(sub.job);
+  EXPECT_EQ(after.step, before.step);
+  EXPECT_EQ(after.loss, before.loss);
+  EXPECT_DOUBLE_EQ(after.updated_at, before.updated_at);
   auto ev = client.events(sub.job);
   EXPECT_EQ(kinds(ev), (std::vector<std::string>{"submitted", "state", "ring_order", "state"}));
   EXPECT_EQ(ev[1].data["to"], "starting");
