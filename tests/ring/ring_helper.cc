@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "kernels/backend.h"
@@ -51,55 +52,72 @@ int run(int argc, char** argv) {
   ao.timeout_ms = 30000;
   cp::RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
   const std::string out = dir + "/result-" + std::to_string(rank);
+  // The models live out here: a transport error inside body exits at once (no unwinding), since
+  // transfers may still be in flight into their buffers and into attention's.
+  std::optional<model::Model> grads_model;
+  std::optional<train::Trainer> trainer_storage;
+  auto body = [&]() -> int {
+    if (mode == "grads") {
+      model::Model& m =
+          grads_model.emplace(model::ModelConfig::from_spec(spec), backend.get(), &attention);
+      m.init_params(static_cast<uint64_t>(spec.train.seed));
+      data::Sequence seq = test::random_sequence(seq_len, max_doc, seed);
+      data::SequenceShard shard =
+          data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
+      int64_t local_valid = 0;
+      for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+      const int64_t global_valid = rr.global_count(local_valid);
+      m.zero_grads();
+      model::LossResult r = m.forward_backward(cp::shard_batch(shard), global_valid);
+      rr.reduce(m.grads(), m.layout().total(), &r);
+      std::vector<float> g = m.get_grads();
+      const double loss = r.loss_sum / static_cast<double>(global_valid);
+      const int64_t n = static_cast<int64_t>(g.size());
+      std::ofstream f(out, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(&loss), sizeof(loss));
+      f.write(reinterpret_cast<const char*>(&n), sizeof(n));
+      f.write(reinterpret_cast<const char*>(g.data()), n * sizeof(float));
+      const kernels::AttentionStats k = attention.stats();
+      const cp::RingStats& s = attention.ring_stats();
+      std::ofstream(dir + "/stats-" + std::to_string(rank))
+          << k.flops << " " << k.tiles_total << " " << k.tiles_skipped << " " << s.blocks_total
+          << " " << s.blocks_skipped << " " << s.hops << " " << s.bytes_sent << "\n";
+      rr.shutdown();
+      return 0;
+    }
 
-  if (mode == "grads") {
-    model::Model m(model::ModelConfig::from_spec(spec), backend.get(), &attention);
-    m.init_params(static_cast<uint64_t>(spec.train.seed));
-    data::Sequence seq = test::random_sequence(seq_len, max_doc, seed);
-    data::SequenceShard shard = data::shard_sequence(seq, world, rank,
-                                                     spec.parallel.causal_balance);
-    int64_t local_valid = 0;
-    for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
-    const int64_t global_valid = rr.global_count(local_valid);
-    m.zero_grads();
-    model::LossResult r = m.forward_backward(cp::shard_batch(shard), global_valid);
-    rr.reduce(m.grads(), m.layout().total(), &r);
-    std::vector<float> g = m.get_grads();
-    const double loss = r.loss_sum / static_cast<double>(global_valid);
-    const int64_t n = static_cast<int64_t>(g.size());
-    std::ofstream f(out, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(&loss), sizeof(loss));
-    f.write(reinterpret_cast<const char*>(&n), sizeof(n));
-    f.write(reinterpret_cast<const char*>(g.data()), n * sizeof(float));
-    const kernels::AttentionStats k = attention.stats();
-    const cp::RingStats& s = attention.ring_stats();
-    std::ofstream(dir + "/stats-" + std::to_string(rank))
-        << k.flops << " " << k.tiles_total << " " << k.tiles_skipped << " " << s.blocks_total
-        << " " << s.blocks_skipped << " " << s.hops << " " << s.bytes_sent << "\n";
+    train::Trainer& trainer =
+        trainer_storage.emplace(spec, backend.get(), &attention, steps > 0 ? steps : 1000000);
+    trainer.set_grad_reduce(rr.grad_reducer());
+    std::ofstream f(out);
+    for (int64_t s = 1; mode == "kill" || s <= steps; ++s) {
+      data::Sequence seq = test::random_sequence(seq_len, max_doc, seed + s);
+      data::SequenceShard shard =
+          data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
+      int64_t local_valid = 0;
+      for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+      train::StepStats st =
+          trainer.train_step(cp::shard_batch(shard), rr.global_count(local_valid));
+      char line[64];
+      std::snprintf(line, sizeof(line), "%.17g\n", st.loss);
+      f << line << std::flush;
+      if (mode == "kill" && s == 2)
+        std::ofstream(dir + "/ready-" + std::to_string(rank)) << "ready\n";
+    }
+    std::vector<float> p = trainer.model().get_params();
+    std::ofstream(dir + "/params-" + std::to_string(rank), std::ios::binary)
+        .write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
     rr.shutdown();
     return 0;
+  };
+  const std::string who = "ring_helper rank " + std::to_string(rank);
+  try {
+    return body();
+  } catch (const transport::TransportError& e) {
+    cp::exit_now(who, e.what(), 1);
+  } catch (const std::exception& e) {
+    cp::exit_now(who, e.what(), 3);
   }
-
-  train::Trainer trainer(spec, backend.get(), &attention, steps > 0 ? steps : 1000000);
-  trainer.set_grad_reduce(rr.grad_reducer());
-  std::ofstream f(out);
-  for (int64_t s = 1; mode == "kill" || s <= steps; ++s) {
-    data::Sequence seq = test::random_sequence(seq_len, max_doc, seed + s);
-    data::SequenceShard shard = data::shard_sequence(seq, world, rank,
-                                                     spec.parallel.causal_balance);
-    int64_t local_valid = 0;
-    for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
-    train::StepStats st = trainer.train_step(cp::shard_batch(shard), rr.global_count(local_valid));
-    char line[64];
-    std::snprintf(line, sizeof(line), "%.17g\n", st.loss);
-    f << line << std::flush;
-    if (mode == "kill" && s == 2) std::ofstream(dir + "/ready-" + std::to_string(rank)) << "ready\n";
-  }
-  std::vector<float> p = trainer.model().get_params();
-  std::ofstream(dir + "/params-" + std::to_string(rank), std::ios::binary)
-      .write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
-  rr.shutdown();
-  return 0;
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -211,65 +211,69 @@ int run_rank(const Args& args) {
     }
   }
 
-  for (int64_t s = 1; s <= steps; ++s) {
-    data::Sequence seq = source->next_sequence();
-    data::SequenceShard shard =
-        data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
-    int64_t local_valid = 0;
-    for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
-    const RingStats r0 = attention.ring_stats();
-    const double reduce0 = rr.reduce_seconds();
-    const auto t0 = std::chrono::steady_clock::now();
-    const int64_t global_valid = rr.global_count(local_valid);
-    train::StepStats st = trainer.train_step(shard_batch(shard), global_valid);
-    const double step_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const RingStats& r1 = attention.ring_stats();
-    const double ring_wait_ms = (r1.wait_s - r0.wait_s) * 1e3;
-    const double reduce_ms = (rr.reduce_seconds() - reduce0) * 1e3;
-    st.tokens = seq.size();  // the whole sequence: the ring's throughput
-    st.step_ms = step_ms;
-    st.tokens_per_s = step_ms > 0 ? st.tokens * 1000.0 / step_ms : 0;
-    if (lead && (s % spec.train.log_every == 0 || s == steps || s == 1)) {
-      std::printf("%s | comm %.1f ms (ring wait %.1f, grad all-reduce %.1f) | blocks skipped "
-                  "%lld/%lld | %.1f MB sent\n",
-                  train::format_step(st).c_str(), ring_wait_ms + reduce_ms, ring_wait_ms,
-                  reduce_ms, static_cast<long long>(r1.blocks_skipped - r0.blocks_skipped),
-                  static_cast<long long>(r1.blocks_total - r0.blocks_total),
-                  (r1.bytes_sent - r0.bytes_sent) / 1e6);
-      std::fflush(stdout);
-      if (log_json.is_open()) {
-        nlohmann::json j = nlohmann::json::parse(train::step_json(st));
-        j["ranks"] = world;
-        j["comm_ms"] = ring_wait_ms + reduce_ms;
-        j["ring_wait_ms"] = ring_wait_ms;
-        j["allreduce_ms"] = reduce_ms;
-        j["blocks_skipped"] = r1.blocks_skipped - r0.blocks_skipped;
-        j["blocks_total"] = r1.blocks_total - r0.blocks_total;
-        j["bytes_sent_rank0"] = r1.bytes_sent - r0.bytes_sent;
-        log_json << j.dump() << std::endl;
+  // From here on transfers may be in flight: an error exits at once, without unwinding.
+  return run_then_exit_on_error("ring-worker: rank " + std::to_string(rank), kExitRuntime, [&] {
+    for (int64_t s = 1; s <= steps; ++s) {
+      data::Sequence seq = source->next_sequence();
+      data::SequenceShard shard =
+          data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
+      int64_t local_valid = 0;
+      for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+      const RingStats r0 = attention.ring_stats();
+      const double reduce0 = rr.reduce_seconds();
+      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t global_valid = rr.global_count(local_valid);
+      train::StepStats st = trainer.train_step(shard_batch(shard), global_valid);
+      const double step_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const RingStats& r1 = attention.ring_stats();
+      const double ring_wait_ms = (r1.wait_s - r0.wait_s) * 1e3;
+      const double reduce_ms = (rr.reduce_seconds() - reduce0) * 1e3;
+      st.tokens = seq.size();  // the whole sequence: the ring's throughput
+      st.step_ms = step_ms;
+      st.tokens_per_s = step_ms > 0 ? st.tokens * 1000.0 / step_ms : 0;
+      if (lead && (s % spec.train.log_every == 0 || s == steps || s == 1)) {
+        std::printf(
+            "%s | comm %.1f ms (ring wait %.1f, grad all-reduce %.1f) | blocks skipped "
+            "%lld/%lld | %.1f MB sent\n",
+            train::format_step(st).c_str(), ring_wait_ms + reduce_ms, ring_wait_ms, reduce_ms,
+            static_cast<long long>(r1.blocks_skipped - r0.blocks_skipped),
+            static_cast<long long>(r1.blocks_total - r0.blocks_total),
+            (r1.bytes_sent - r0.bytes_sent) / 1e6);
+        std::fflush(stdout);
+        if (log_json.is_open()) {
+          nlohmann::json j = nlohmann::json::parse(train::step_json(st));
+          j["ranks"] = world;
+          j["comm_ms"] = ring_wait_ms + reduce_ms;
+          j["ring_wait_ms"] = ring_wait_ms;
+          j["allreduce_ms"] = reduce_ms;
+          j["blocks_skipped"] = r1.blocks_skipped - r0.blocks_skipped;
+          j["blocks_total"] = r1.blocks_total - r0.blocks_total;
+          j["bytes_sent_rank0"] = r1.bytes_sent - r0.bytes_sent;
+          log_json << j.dump() << std::endl;
+        }
       }
     }
-  }
 
-  // Peak memory of every rank, printed by rank 0.
-  std::vector<int64_t> peaks(world);
-  int64_t mine = peak_rss_bytes();
-  rr.progress().collective([&](transport::TransportComm& c) {
-    c.check(c.api().all_gather(c.get(), &mine, peaks.data(), sizeof(int64_t), 0),
-            "all_gather of peak memory");
+    // Peak memory of every rank, printed by rank 0.
+    std::vector<int64_t> peaks(world);
+    int64_t mine = peak_rss_bytes();
+    rr.progress().collective([&](transport::TransportComm& c) {
+      c.check(c.api().all_gather(c.get(), &mine, peaks.data(), sizeof(int64_t), 0),
+              "all_gather of peak memory");
+    });
+    if (lead) {
+      std::printf("peak memory (VmHWM) per rank:");
+      for (int r = 0; r < world; ++r) std::printf(" %d: %.1f MiB", r, peaks[r] / 1048576.0);
+      const kernels::AttentionStats k = attention.stats();
+      std::printf(" | rank 0 attention tiles: %lld of %lld skipped\n",
+                  static_cast<long long>(k.tiles_skipped), static_cast<long long>(k.tiles_total));
+      std::fflush(stdout);
+    }
+    // Everyone finishes together: a rank that exits early looks like a failed peer to the others.
+    rr.shutdown();
+    return 0;
   });
-  if (lead) {
-    std::printf("peak memory (VmHWM) per rank:");
-    for (int r = 0; r < world; ++r) std::printf(" %d: %.1f MiB", r, peaks[r] / 1048576.0);
-    const kernels::AttentionStats k = attention.stats();
-    std::printf(" | rank 0 attention tiles: %lld of %lld skipped\n",
-                static_cast<long long>(k.tiles_skipped), static_cast<long long>(k.tiles_total));
-    std::fflush(stdout);
-  }
-  // Everyone finishes together: a rank that exits early looks like a failed peer to the others.
-  rr.shutdown();
-  return 0;
 }
 
 // ---- one rank under ringd ---------------------------------------------------------------------
@@ -327,71 +331,74 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   const bool host_backend = backend_name == "cpu";
   float* weights = host_backend ? model.params() : host.data();
 
-  for (;;) {
-    offload::Command cmd = client.next(weights);
-    if (cmd.stop) break;
-    if (!host_backend) model.set_params(host);
-    data::Sequence seq = source->next_sequence();
-    data::SequenceShard shard =
-        data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
-    int64_t local_valid = 0;
-    for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
-    const RingStats r0 = attention.ring_stats();
-    const auto t0 = std::chrono::steady_clock::now();
-    const int64_t global_valid = std::max<int64_t>(rr.global_count(local_valid), 1);
-    model.zero_grads();
-    std::vector<float> dev_grads;
-    model::LossResult loss = model.forward_backward(
-        shard_batch(shard), global_valid, [&](const model::GradBucket& b) {
-          if (host_backend) {
-            client.bucket(cmd.step, b, model.grads());
-          } else {
-            dev_grads = model.get_grads();  // a device backend: one copy out per bucket
-            client.bucket(cmd.step, b, dev_grads.data());
-          }
+  // From here on transfers may be in flight: an error exits at once, without unwinding.
+  return run_then_exit_on_error("ring-worker: rank " + std::to_string(rank), kExitRuntime, [&] {
+    for (;;) {
+      offload::Command cmd = client.next(weights);
+      if (cmd.stop) break;
+      if (!host_backend) model.set_params(host);
+      data::Sequence seq = source->next_sequence();
+      data::SequenceShard shard =
+          data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
+      int64_t local_valid = 0;
+      for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+      const RingStats r0 = attention.ring_stats();
+      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t global_valid = std::max<int64_t>(rr.global_count(local_valid), 1);
+      model.zero_grads();
+      std::vector<float> dev_grads;
+      model::LossResult loss =
+          model.forward_backward(shard_batch(shard), global_valid, [&](const model::GradBucket& b) {
+            if (host_backend) {
+              client.bucket(cmd.step, b, model.grads());
+            } else {
+              dev_grads = model.get_grads();  // a device backend: one copy out per bucket
+              client.bucket(cmd.step, b, dev_grads.data());
+            }
+          });
+      // The step's global loss: (loss_sum, valid) of every rank, summed in rank order; and
+      // whether any node's ringd has a stop request, so that every node stops after this step.
+      struct Part {
+        double loss_sum;
+        int64_t valid;
+        int64_t stop;
+      };
+      Part mine{loss.loss_sum, loss.valid, cmd.stop_requested ? 1 : 0};
+      std::vector<Part> all(world);
+      if (world > 1) {
+        rr.progress().collective([&](transport::TransportComm& c) {
+          c.check(c.api().all_gather(c.get(), &mine, all.data(), sizeof(Part), args.timeout_ms),
+                  "all_gather of the loss");
         });
-    // The step's global loss: (loss_sum, valid) of every rank, summed in rank order; and
-    // whether any node's ringd has a stop request, so that every node stops after this step.
-    struct Part {
-      double loss_sum;
-      int64_t valid;
-      int64_t stop;
-    };
-    Part mine{loss.loss_sum, loss.valid, cmd.stop_requested ? 1 : 0};
-    std::vector<Part> all(world);
-    if (world > 1) {
-      rr.progress().collective([&](transport::TransportComm& c) {
-        c.check(c.api().all_gather(c.get(), &mine, all.data(), sizeof(Part), args.timeout_ms),
-                "all_gather of the loss");
-      });
-    } else {
-      all[0] = mine;
+      } else {
+        all[0] = mine;
+      }
+      double loss_sum = 0;
+      int64_t valid = 0;
+      bool stop = false;
+      for (const Part& p : all) {
+        loss_sum += p.loss_sum;
+        valid += p.valid;
+        stop = stop || p.stop != 0;
+      }
+      const double step_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const RingStats& r1 = attention.ring_stats();
+      nlohmann::json d;
+      d["step"] = cmd.step;
+      d["loss_sum"] = loss_sum;
+      d["valid"] = valid;
+      d["tokens"] = seq.size();
+      d["step_ms"] = step_ms;
+      d["ring_wait_ms"] = (r1.wait_s - r0.wait_s) * 1e3;
+      d["bytes_sent"] = r1.bytes_sent - r0.bytes_sent;
+      d["cursor"] = source->cursor();
+      if (stop) d["stop"] = true;
+      client.done(std::move(d));
     }
-    double loss_sum = 0;
-    int64_t valid = 0;
-    bool stop = false;
-    for (const Part& p : all) {
-      loss_sum += p.loss_sum;
-      valid += p.valid;
-      stop = stop || p.stop != 0;
-    }
-    const double step_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const RingStats& r1 = attention.ring_stats();
-    nlohmann::json d;
-    d["step"] = cmd.step;
-    d["loss_sum"] = loss_sum;
-    d["valid"] = valid;
-    d["tokens"] = seq.size();
-    d["step_ms"] = step_ms;
-    d["ring_wait_ms"] = (r1.wait_s - r0.wait_s) * 1e3;
-    d["bytes_sent"] = r1.bytes_sent - r0.bytes_sent;
-    d["cursor"] = source->cursor();
-    if (stop) d["stop"] = true;
-    client.done(std::move(d));
-  }
-  rr.shutdown();
-  return 0;
+    rr.shutdown();
+    return 0;
+  });
 }
 
 // ---- launcher ---------------------------------------------------------------------------------
@@ -497,8 +504,8 @@ int launch_local(int argc, char** argv, const Args& args) {
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
       if (!ok && exit_code == 0) {
         exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        std::fprintf(stderr, "ring-worker: rank %d (pid %d) %s; stopping the other %d ranks\n",
-                     r, static_cast<int>(got), describe_status(st).c_str(), running);
+        std::fprintf(stderr, "ring-worker: rank %d (pid %d) %s; stopping the other %d ranks\n", r,
+                     static_cast<int>(got), describe_status(st).c_str(), running);
         stop_others(SIGTERM);
         kill_at = Clock::now() + std::chrono::seconds(5);
       }
@@ -535,8 +542,8 @@ int ring_main(int argc, char** argv) {
     std::fflush(stderr);
     _exit(kExitRuntime);
   } catch (const transport::TransportError& e) {
-    // Requests may still be in flight into this rank's buffers: leave at once (the comm's peers
-    // see this process gone) rather than unwinding under them.
+    // Thrown while setting up (bootstrap, connect): nothing is in flight yet. Errors during the
+    // steps never get here: run_then_exit_on_error exits before anything is unwound.
     std::fprintf(stderr, "ring-worker: rank %d: %s\n", args.rank, e.what());
     std::fflush(stdout);
     std::fflush(stderr);

@@ -1,11 +1,20 @@
 #include "worker/ring/ring_rank.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
 namespace ring::cp {
+
+void exit_now(const std::string& who, const char* message, int exit_code) {
+  std::fprintf(stderr, "%s: %s\n", who.c_str(), message);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(exit_code);
+}
 
 RingRank::RingRank(const spec::JobSpec& spec, const RankOptions& o)
     : plugin_(transport::TransportPlugin::load(o.transport)), timeout_ms_(o.op_timeout_ms) {
@@ -74,9 +83,8 @@ void RingRank::shutdown() {
   auto check = [&](int h, const char* what, int peer) {
     ProgressEngine::Result r = progress_->wait(h, timeout_ms_);
     if (r.status != RING_TRANSPORT_OK)
-      throw transport::TransportError(
-          r.status, "shutdown: " + std::string(what) + " rank " + std::to_string(peer) + ": " +
-                        r.error);
+      throw transport::TransportError(r.status, "shutdown: " + std::string(what) + " rank " +
+                                                    std::to_string(peer) + ": " + r.error);
   };
   char token = 1;
   if (ring_.rank == 0) {
@@ -85,7 +93,8 @@ void RingRank::shutdown() {
     for (int r = 1; r < ring_.world; ++r) h.push_back(progress_->post_recv(&in[r], 1, r, kTagDone));
     for (int r = 1; r < ring_.world; ++r) check(h[r - 1], "done from", r);
     h.clear();
-    for (int r = 1; r < ring_.world; ++r) h.push_back(progress_->post_send(&token, 1, r, kTagRelease));
+    for (int r = 1; r < ring_.world; ++r)
+      h.push_back(progress_->post_send(&token, 1, r, kTagRelease));
     for (int r = 1; r < ring_.world; ++r) check(h[r - 1], "release to", r);
   } else {
     char in = 0;

@@ -28,11 +28,28 @@ namespace ring::cp {
 struct RankOptions {
   int rank = 0;
   int world = 1;
-  std::string rendezvous;        // directory unique to this ring attempt
+  std::string rendezvous;  // directory unique to this ring attempt
   std::string transport = "ucx";
   int bootstrap_timeout_ms = 60000;
-  int op_timeout_ms = 60000;     // bound on every transfer and collective
+  int op_timeout_ms = 60000;  // bound on every transfer and collective
 };
+
+// Runs body() and returns what it returns. An exception out of body ends the process at once
+// (message "<who>: <error>" on stderr, stdio flushed, _exit(exit_code)) instead of unwinding:
+// transfers may still be in flight into buffers the caller's frames own (K/V blocks, gradients),
+// and destroying them under the transport corrupts the heap. A transport error (a peer died) is
+// the usual case; a lost ringd or a data error in the middle of a step are the same hazard.
+// Callers declare the RingRank, the RingAttention and the model before calling this, so that
+// nothing owning such a buffer is destroyed when something is thrown inside body.
+[[noreturn]] void exit_now(const std::string& who, const char* message, int exit_code);
+template <typename Body>
+int run_then_exit_on_error(const std::string& who, int exit_code, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    exit_now(who, e.what(), exit_code);
+  }
+}
 
 class RingRank {
  public:
