@@ -237,6 +237,15 @@ class Daemon {
   // Exit.
   int stop_signals_ = 0;         // SIGTERM/SIGINT/SIGUSR1 received (repeats within 1 s: once)
   Clock::time_point first_stop_signal_;
+  // Time the event loop spent in blocking calls (checkpoint drains, the optimizer's step end):
+  // a signal that arrived during one is handled late, so "within 1 s" discounts it.
+  Clock::duration blocked_{};
+  Clock::duration blocked_at_first_signal_{};
+  struct Blocking {  // adds its lifetime to blocked_
+    Daemon* d;
+    Clock::time_point t0 = Clock::now();
+    ~Blocking() { d->blocked_ += Clock::now() - t0; }
+  };
   // Several nodes: every node stops after the same step. A node with a stop signal says so in
   // its params; the workers pass it on in the step's loss all_gather and report it in "done", so
   // every ringd learns it at the end of the same step (the signal reaches the nodes at slightly
@@ -974,6 +983,7 @@ void Daemon::on_bucket(Worker& w, int b) {
     if (ck_ && ck_->busy()) {
       // The optimizer is about to change the state the checkpoint is still writing.
       const auto t0 = Clock::now();
+      Blocking b{this};
       const std::vector<ckpt::SaveResult> done = ck_->drain();
       ckpt_stall_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
       for (const ckpt::SaveResult& r : done) report_checkpoint(r);
@@ -991,6 +1001,7 @@ void Daemon::maybe_finish_step() {
     return;
   optim::StepResult r;
   try {
+    Blocking b{this};
     r = opt_->finish_step();
   } catch (const std::exception& e) {
     log(fmt::format("step {}: optimizer failed: {}", cur_step_, e.what()));
@@ -1090,6 +1101,7 @@ void Daemon::checkpoint_now(int64_t step, bool wait) {
   ck_->start(step, {{"cursor", cursor_}, {"attempt", attempt_}, {"world", world_}});
   last_ckpt_step_ = step;
   if (wait) {
+    Blocking b{this};
     for (const ckpt::SaveResult& r : ck_->drain())
       if (report_checkpoint(r) && r.step == step) stop_ckpt_saved_ = r.step;
   }
@@ -1104,13 +1116,18 @@ void Daemon::on_signal(int sig) {
   }
   // Under Slurm one stop arrives twice within milliseconds (slurmstepd signals every process of
   // the step, and srun passes on the SIGTERM it got itself): a repeat within 1 s is the same
-  // request, not the operator's "stop at once".
+  // request, not the operator's "stop at once". The second may have waited behind a blocking
+  // call of the loop (a checkpoint drain): that time does not count.
   const auto now = Clock::now();
-  if (stop_signals_ == 1 && now - first_stop_signal_ < std::chrono::seconds(1)) {
+  const auto unblocked = (now - first_stop_signal_) - (blocked_ - blocked_at_first_signal_);
+  if (stop_signals_ == 1 && unblocked < std::chrono::seconds(1)) {
     log(fmt::format("{} again within 1 s: taken as the same stop request", strsignal(sig)));
     return;
   }
-  if (stop_signals_ == 0) first_stop_signal_ = now;
+  if (stop_signals_ == 0) {
+    first_stop_signal_ = now;
+    blocked_at_first_signal_ = blocked_;
+  }
   ++stop_signals_;
   if (stop_signals_ == 1) {
     log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(sig)));
