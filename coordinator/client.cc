@@ -75,16 +75,28 @@ proto::Message Client::call(proto::Message request) {
                                     deadline - std::chrono::steady_clock::now())
                                     .count());
   };
+  // zmq::poll throws on EINTR (a signal such as the Ctrl-C a caller handles): poll again until
+  // the deadline.
+  auto poll = [&](zmq::pollitem_t* item) {
+    for (;;) {
+      try {
+        zmq::poll(item, 1, std::chrono::milliseconds(left()));
+        return;
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR || left() == 0) throw;
+      }
+    }
+  };
   // With ZMQ_IMMEDIATE the send would block until the connection is up: poll for POLLOUT.
   zmq::pollitem_t out{s.handle(), 0, ZMQ_POLLOUT, 0};
-  zmq::poll(&out, 1, std::chrono::milliseconds(left()));
+  poll(&out);
   if (!(out.revents & ZMQ_POLLOUT) || !s.send(zmq::buffer(wire), zmq::send_flags::dontwait))
     throw TimeoutError("could not reach the coordinator at " + impl_->opts.endpoint + " within " +
                        std::to_string(impl_->opts.timeout.count()) +
                        " ms (is ring-coord running? for tcp: is this client's key authorized?)");
   while (true) {
     zmq::pollitem_t in{s.handle(), 0, ZMQ_POLLIN, 0};
-    zmq::poll(&in, 1, std::chrono::milliseconds(left()));
+    poll(&in);
     if (!(in.revents & ZMQ_POLLIN))
       throw TimeoutError(std::string("no reply to '") + proto::type_name(request) + "' from " +
                          impl_->opts.endpoint + " within " +

@@ -1,5 +1,7 @@
 #include "coordinator/daemon_link.h"
 
+#include <cerrno>
+
 #include <zmq.hpp>
 
 #include "coordinator/security.h"
@@ -47,7 +49,12 @@ void DaemonLink::heartbeat(const std::vector<proto::JobProgress>& jobs) {
 
 std::optional<proto::Message> DaemonLink::recv(std::chrono::milliseconds timeout) {
   zmq::pollitem_t in{impl_->sock.handle(), 0, ZMQ_POLLIN, 0};
-  zmq::poll(&in, 1, timeout);
+  try {
+    zmq::poll(&in, 1, timeout);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return std::nullopt;  // a signal landed on this thread: nothing yet
+    throw;
+  }
   if (!(in.revents & ZMQ_POLLIN)) return std::nullopt;
   zmq::message_t msg;
   if (!impl_->sock.recv(msg, zmq::recv_flags::dontwait)) return std::nullopt;

@@ -1,5 +1,7 @@
 #include "daemon/ringd/coord_link.h"
 
+#include <signal.h>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -67,6 +69,10 @@ CoordLink::CoordLink(CoordLinkOptions opts, std::function<void(const proto::Mess
   }
   // The DaemonLink (a ZeroMQ socket) lives on the link thread only.
   thread_ = std::thread([this, lo] {
+    // Signals are the main thread's (ringd's asio loop): keep them off this one.
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
     try {
       coord::DaemonLink link(lo, opts_.registration);
       loop(link);

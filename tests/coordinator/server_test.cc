@@ -1,5 +1,13 @@
 // The coordinator's ROUTER with simulated daemons and clients over real ZeroMQ sockets.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
 
 #include <zmq.hpp>
 
@@ -477,4 +485,57 @@ TEST(CoordServer, RecordsJobDirsAndRingOrder) {
   // 4 x 4 = 16 for the node list n1 n2 n3 n4.
   EXPECT_EQ(last.data["hops"], 12);
   EXPECT_EQ(last.data["node_list_hops"], 16);
+}
+
+// A signal that interrupts the client's wait (a caller that handles Ctrl-C, a timer) is not an
+// error: the client waits out its deadline and says the coordinator did not answer. So is a
+// signal on a daemon link's poll. (zmq::poll throws on EINTR.)
+TEST(CoordClient, SignalsDuringAWaitAreNotErrors) {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: the poll returns EINTR
+  struct sigaction old {};
+  ASSERT_EQ(sigaction(SIGUSR2, &sa, &old), 0);
+  const pthread_t self = pthread_self();
+  std::atomic<bool> done{false};
+  std::thread pester([&] {
+    while (!done) {
+      pthread_kill(self, SIGUSR2);
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  const std::string dir = ::testing::TempDir() + "/coord-eintr-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  // A socket file nobody listens on (as a coordinator killed with -9 leaves).
+  const std::string path = dir + "/nobody.sock", ep = "ipc://" + path;
+  {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << path;
+    ::close(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    Client c(ClientOptions{ep, 500ms, "", "", ""});
+    c.status();
+    ADD_FAILURE() << "status() answered without a coordinator";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("could not reach the coordinator"), std::string::npos)
+        << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a timeout: " << e.what();
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 450ms);  // the whole deadline was waited
+
+  DaemonLink link(DaemonLinkOptions{ep, "", "", ""}, SimDaemon::make_reg("node-a"));
+  const auto t1 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t1 < 300ms)
+    EXPECT_NO_THROW(EXPECT_FALSE(link.recv(100ms).has_value()));
+  done = true;
+  pester.join();
+  sigaction(SIGUSR2, &old, nullptr);
+  std::filesystem::remove_all(dir);
 }
