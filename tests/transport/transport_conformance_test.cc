@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,7 @@ class Ranks {
   // Reaps every rank or gives up at the bound; false when some rank was still running.
   bool wait_all(std::chrono::milliseconds bound) { return procs_.wait_all(bound); }
   void kill_rank(int r) { kill(procs_.pid(r), SIGKILL); }
+  pid_t pid(int r) const { return procs_.pid(r); }
   int status(int r) const { return procs_.status(r); }
   std::string log(int r) const { return procs_.log(r); }
   std::string logs() const { return procs_.logs("rank"); }
@@ -167,6 +169,28 @@ TEST_P(PerTransport, BootstrapTimesOutNamingMissingRanks) {
   EXPECT_EQ(comm, nullptr);
   std::string msg = plugin->last_error(nullptr);
   EXPECT_NE(msg.find("2 rank(s): 1,2"), std::string::npos) << msg;
+}
+
+// A peer that died before anything was sent to it: the first send creates the endpoint to a
+// process that is gone, and must report a peer failure (not an internal error, not a hang).
+TEST_P(PerTransport, FirstSendToADeadPeerIsAPeerFailure) {
+  SKIP_UNLESS_RUNNABLE(GetParam());
+  TempDir dir("ring-transport");
+  {
+    Ranks ranks(GetParam(), 2, dir.path, "dead_before_first_send");
+    const auto deadline = Clock::now() + 60s;
+    while (!std::filesystem::exists(dir.path + "/ready-1") ||
+           ring::test::alive(ranks.pid(1), "transport_helper")) {
+      ASSERT_LT(Clock::now(), deadline) << "rank 1 never died\n" << ranks.logs();
+      std::this_thread::sleep_for(5ms);
+    }
+    std::ofstream(dir.path + "/victim-gone") << "gone\n";
+    ASSERT_TRUE(ranks.wait_all(20s)) << "rank 0 still running 20 s on\n" << ranks.logs();
+    EXPECT_EQ(ranks.status(1), 128 + SIGKILL);
+    EXPECT_EQ(ranks.status(0), 3) << "rank 0 should report a peer failure\n" << ranks.logs();
+    EXPECT_NE(ranks.log(0).find("peer failed"), std::string::npos) << ranks.log(0);
+  }
+  EXPECT_EQ(processes_using(dir.path), 0) << "orphan processes";
 }
 
 TEST_P(PerTransport, BadConfigIsInvalidArgument) {

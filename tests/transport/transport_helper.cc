@@ -15,6 +15,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -466,6 +467,27 @@ void kill_victim_loop(Ctx& x) {
   fail("kill: ran 100000 steps without being stopped");
 }
 
+// Two ranks. Rank 1 dies right after the bootstrap, before anything was sent to it; once the
+// parent has seen it gone (DIR/victim-gone), rank 0 sends to it. The endpoint is created on
+// that first send, to a process that no longer exists: a peer failure (exit 3), not an
+// internal error and not a hang.
+void dead_before_first_send(Ctx& x) {
+  CHECK(x.world == 2, "dead_before_first_send runs with 2 ranks");
+  if (x.rank == 1) {
+    std::ofstream(x.dir + "/ready-1") << "ready\n";
+    raise(SIGKILL);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(x.dir + "/victim-gone")) {
+    CHECK(std::chrono::steady_clock::now() < deadline, "the parent never said rank 1 is gone");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Buf b(4096);
+  auto sr = isend(x, b, 4096, 1, 7);
+  wait(x, sr, "send to rank 1, dead before the first message");
+  fail("a send to a dead rank succeeded");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -502,6 +524,7 @@ int main(int argc, char** argv) {
     else if (scenario == "ring") ring_exchange(x);
     else if (scenario == "collectives") collectives(x);
     else if (scenario == "kill") kill_victim_loop(x);
+    else if (scenario == "dead_before_first_send") dead_before_first_send(x);
     else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
       return 2;

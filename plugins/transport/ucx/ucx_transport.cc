@@ -269,6 +269,13 @@ Result get_ep(Comm* c, int peer, ucp_ep_h* ep) {
   ucs_status_t s = ucp_ep_create(c->worker, &prm, &c->eps[peer]);
   if (s != UCS_OK) {
     c->eps[peer] = nullptr;
+    // A first message to a peer that has already died fails here (its shared memory or socket
+    // is gone): that is the peer's failure, like any later request to it.
+    if (!ring::transport::local_peer_alive(c->rdv.self(), c->peers[peer])) {
+      mark_failed(c, peer, gone(c, peer));
+      return error(RING_TRANSPORT_ERR_PEER_FAILED,
+                   c->who() + ": peer " + std::to_string(peer) + " failed: " + c->failed[peer]);
+    }
     return error(map_ucs(s) == RING_TRANSPORT_ERR_PEER_FAILED ? RING_TRANSPORT_ERR_PEER_FAILED
                                                               : RING_TRANSPORT_ERR_INTERNAL,
                  c->who() + ": ucp_ep_create to rank " + std::to_string(peer) + " (" +
