@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/flags.h"
+#include "common/proc/reap.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
@@ -1158,17 +1159,15 @@ void Daemon::on_signal(int sig) {
 void Daemon::reap() {
   // Every child that has ended, those killed by a signal first: when one worker is killed its
   // peers fail within milliseconds, and a busy ringd reaps them all at once; the killed one is
-  // the cause to report (waitpid(-1) returns them oldest first).
-  std::vector<std::pair<pid_t, int>> ended;
-  for (;;) {
-    int st = 0;
-    pid_t got = waitpid(-1, &st, WNOHANG);
-    if (got <= 0) break;
-    ended.emplace_back(got, st);
-  }
-  std::stable_partition(ended.begin(), ended.end(), [](const std::pair<pid_t, int>& e) {
-    return WIFSIGNALED(e.second) && WTERMSIG(e.second) != kWorkerStopSignal;
-  });
+  // the cause to report. reap_ended also waits briefly for a killed worker that is a zombie but
+  // not yet reapable (its threads still exiting) when only its peers' failures are in.
+  std::vector<pid_t> watched;
+  for (const Worker& w : workers_)
+    if (w.running) watched.push_back(w.pid);
+  const bool expected = finishing_ || stopping_workers_;
+  const std::vector<std::pair<pid_t, int>> ended = proc::reap_ended(
+      watched, [](int st) { return WIFSIGNALED(st) && WTERMSIG(st) != kWorkerStopSignal; },
+      expected ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
   for (const auto& [got, st] : ended) {
     for (Worker& w : workers_) {
       if (w.pid != got || !w.running) continue;

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/flags.h"
+#include "common/proc/reap.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
 #include "worker/data/cursor.h"
@@ -485,16 +486,11 @@ int launch_local(int argc, char** argv, const Args& args) {
       if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(10);
     }
     // Every rank that has ended, those killed by a signal first: the killed rank is the cause
-    // to report, its peers fail within milliseconds and may be reaped in the same round.
-    std::vector<std::pair<pid_t, int>> ended;
-    for (;;) {
-      int st = 0;
-      pid_t got = waitpid(-1, &st, WNOHANG);
-      if (got <= 0) break;
-      ended.emplace_back(got, st);
-    }
-    std::stable_partition(ended.begin(), ended.end(),
-                          [](const std::pair<pid_t, int>& e) { return WIFSIGNALED(e.second); });
+    // to report, its peers fail within milliseconds and may be reaped first (reap_ended waits
+    // briefly for a killed rank whose threads are still exiting).
+    const std::vector<std::pair<pid_t, int>> ended = proc::reap_ended(
+        pids, [](int st) { return WIFSIGNALED(st); },
+        exit_code == 0 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(0));
     for (const auto& [got, st] : ended) {
       int r = 0;
       while (r < world && pids[r] != got) ++r;

@@ -1,0 +1,69 @@
+#include "common/proc/reap.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+#include <thread>
+
+namespace ring::proc {
+
+bool is_zombie(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  ssize_t n;
+  do {
+    n = ::read(fd, buf, sizeof(buf) - 1);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n <= 0) return false;  // ESRCH: reaped while we read
+  const std::string s(buf, static_cast<size_t>(n));
+  // "pid (comm) S ...": the command may contain spaces and parentheses; the state follows the last
+  // ')'.
+  const size_t close = s.rfind(')');
+  return close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z';
+}
+
+std::vector<std::pair<pid_t, int>> reap_ended(const std::vector<pid_t>& watched,
+                                              const std::function<bool(int)>& is_cause,
+                                              std::chrono::milliseconds grace) {
+  std::vector<std::pair<pid_t, int>> ended;
+  for (;;) {
+    int st = 0;
+    const pid_t got = waitpid(-1, &st, WNOHANG);
+    if (got <= 0) break;
+    ended.emplace_back(got, st);
+  }
+  const auto clean = [](int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; };
+  const bool failure =
+      std::any_of(ended.begin(), ended.end(), [&](auto& e) { return !clean(e.second); });
+  const bool cause =
+      std::any_of(ended.begin(), ended.end(), [&](auto& e) { return is_cause(e.second); });
+  if (failure && !cause) {
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    for (pid_t p : watched) {
+      if (p <= 0 || std::any_of(ended.begin(), ended.end(), [&](auto& e) { return e.first == p; }))
+        continue;
+      if (!is_zombie(p)) continue;
+      for (;;) {
+        int st = 0;
+        const pid_t got = waitpid(p, &st, WNOHANG);
+        if (got == p) {
+          ended.emplace_back(got, st);
+          break;
+        }
+        if (got < 0 || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
+  }
+  std::stable_partition(ended.begin(), ended.end(), [&](auto& e) { return is_cause(e.second); });
+  return ended;
+}
+
+}  // namespace ring::proc
