@@ -1,30 +1,18 @@
 #include "common/proc/reap.h"
 
-#include <fcntl.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <string>
 #include <thread>
+
+#include "common/proc/read_file.h"
 
 namespace ring::proc {
 
 bool is_zombie(pid_t pid) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[512];
-  ssize_t n;
-  do {
-    n = ::read(fd, buf, sizeof(buf) - 1);
-  } while (n < 0 && errno == EINTR);
-  ::close(fd);
-  if (n <= 0) return false;  // ESRCH: reaped while we read
-  const std::string s(buf, static_cast<size_t>(n));
-  // "pid (comm) S ...": the command may contain spaces and parentheses; the state follows the last
-  // ')'.
+  const std::string s = read_file("/proc/" + std::to_string(pid) + "/stat");  // "": gone
+  // "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
   const size_t close = s.rfind(')');
   return close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z';
 }

@@ -18,27 +18,13 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/proc/read_file.h"
+
 namespace ring::test {
 
 // read(2), not an ifstream: /proc files of a process that exits while they are read fail with
 // ESRCH, and a test helper must then see "" rather than an exception.
-std::string slurp(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  std::string s;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n > 0) {
-      s.append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    break;
-  }
-  ::close(fd);
-  return s;
-}
+std::string slurp(const std::string& path) { return ring::proc::read_file(path); }
 
 TempDir::TempDir(const std::string& prefix) {
   std::string t = std::filesystem::temp_directory_path().string() + "/" + prefix + "-XXXXXX";

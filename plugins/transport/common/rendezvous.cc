@@ -11,37 +11,19 @@
 #include <sstream>
 #include <thread>
 
+#include "common/proc/read_file.h"
+
 namespace ring::transport {
 namespace {
 
 constexpr const char* kMagic = "ringmaster-rendezvous-v1";
 
-// Reads a whole file with read(2); "" when it cannot be opened or read. Not an ifstream: a /proc
-// file of a process that exits between open and read fails with ESRCH, and libstdc++'s filebuf
-// throws on a read error, which would turn a dead peer into an exception in the caller (and this
-// code runs behind a C ABI).
-std::string read_all(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  std::string s;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n > 0) {
-      s.append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) s.clear();
-    break;
-  }
-  ::close(fd);
-  return s;
-}
+// read(2), never a throw: a /proc file of a process reaped mid-read reads as "".
+using ring::proc::read_file;
 
 // A one-line file without its trailing newline.
 std::string read_small_file(const std::string& path) {
-  std::string s = read_all(path);
+  std::string s = read_file(path);
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
 }
@@ -161,7 +143,7 @@ Result Rendezvous::publish(const std::string& kind, const std::string& payload) 
 
 Result Rendezvous::read_record(const std::string& path, PeerIdentity* id,
                                std::string* payload) const {
-  const std::string all = read_all(path);
+  const std::string all = read_file(path);
   size_t nl = all.find('\n');
   std::istringstream h(nl == std::string::npos ? std::string() : all.substr(0, nl));
   std::string magic;

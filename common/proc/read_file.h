@@ -1,0 +1,36 @@
+// Reading a small file (most often under /proc) with read(2), never throwing.
+//
+// Not an ifstream: reading /proc/<pid>/... of a process that is reaped between the open and the
+// read fails with ESRCH, and libstdc++'s filebuf throws on a read error. Header-only, so the
+// transport plugins (shared objects with few dependencies) can use it too.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+namespace ring::proc {
+
+// The whole file; "" when it cannot be opened or a read fails (for /proc: the process is gone).
+inline std::string read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string s;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      s.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) s.clear();
+    break;
+  }
+  ::close(fd);
+  return s;
+}
+
+}  // namespace ring::proc
