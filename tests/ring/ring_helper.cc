@@ -64,8 +64,7 @@ int run(int argc, char** argv) {
       data::Sequence seq = test::random_sequence(seq_len, max_doc, seed);
       data::SequenceShard shard =
           data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
-      int64_t local_valid = 0;
-      for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+      const int64_t local_valid = cp::valid_labels(shard);
       const int64_t global_valid = rr.global_count(local_valid);
       m.zero_grads();
       model::LossResult r = m.forward_backward(cp::shard_batch(shard), global_valid);
@@ -94,8 +93,7 @@ int run(int argc, char** argv) {
       data::Sequence seq = test::random_sequence(seq_len, max_doc, seed + s);
       data::SequenceShard shard =
           data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
-      int64_t local_valid = 0;
-      for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+      const int64_t local_valid = cp::valid_labels(shard);
       train::StepStats st =
           trainer.train_step(cp::shard_batch(shard), rr.global_count(local_valid));
       char line[64];

@@ -218,8 +218,7 @@ int run_rank(const Args& args) {
       data::Sequence seq = source->next_sequence();
       data::SequenceShard shard =
           data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
-      int64_t local_valid = 0;
-      for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+      const int64_t local_valid = valid_labels(shard);
       const RingStats r0 = attention.ring_stats();
       const double reduce0 = rr.reduce_seconds();
       const auto t0 = std::chrono::steady_clock::now();
@@ -341,8 +340,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       data::Sequence seq = source->next_sequence();
       data::SequenceShard shard =
           data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
-      int64_t local_valid = 0;
-      for (int32_t l : shard.labels) local_valid += l != data::kIgnoreLabel;
+      const int64_t local_valid = valid_labels(shard);
       const RingStats r0 = attention.ring_stats();
       const auto t0 = std::chrono::steady_clock::now();
       const int64_t global_valid = std::max<int64_t>(rr.global_count(local_valid), 1);

@@ -104,6 +104,12 @@ void RingRank::shutdown() {
   }
 }
 
+int64_t valid_labels(const data::SequenceShard& shard) {
+  int64_t n = 0;
+  for (int32_t l : shard.labels) n += l != data::kIgnoreLabel;
+  return n;
+}
+
 model::Batch shard_batch(const data::SequenceShard& s) {
   return model::Batch{static_cast<int64_t>(s.tokens.size()), s.tokens.data(), s.labels.data(),
                       s.positions.data(), s.doc_ids.data()};

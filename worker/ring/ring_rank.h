@@ -94,6 +94,9 @@ class RingRank {
 // This rank's tokens as a model batch (pointers into shard).
 model::Batch shard_batch(const data::SequenceShard& shard);
 
+// Labels of this rank's shard that count toward the loss (not data::kIgnoreLabel).
+int64_t valid_labels(const data::SequenceShard& shard);
+
 // Peak resident memory of this process (VmHWM), bytes; 0 when unknown.
 int64_t peak_rss_bytes();
 
