@@ -389,7 +389,7 @@ TEST(RingLaunch, LaunchLocalStopsEveryRankWhenOneDies) {
         << log;
     // Reaped by the launcher; a pid reused since (a busy machine) is not one of them.
     for (int p : pids)
-      EXPECT_FALSE(ring::test::alive(p, "ring-worker")) << "pid " << p << " still runs";
+      EXPECT_FALSE(ring::test::alive(p, dir.path)) << "pid " << p << " still runs";
     std::printf("launcher stopped in %.2f s after rank 2 was killed\n", secs);
   }
   EXPECT_EQ(processes_using(dir.path), 0);

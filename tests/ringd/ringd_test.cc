@@ -117,7 +117,7 @@ TEST(Ringd, KilledWorkerIsReported) {
   EXPECT_EQ(WEXITSTATUS(st), 1);  // max_restarts 0: failed
   EXPECT_NE(slurp(t.path + "/job/logs/ringd-0.log").find("killed by signal 9"), std::string::npos);
   EXPECT_TRUE(wait_for_no_processes(t.path, 5));
-  for (pid_t p : pids) EXPECT_FALSE(alive(p, "ring-worker")) << "worker " << p << " survived";
+  for (pid_t p : pids) EXPECT_FALSE(alive(p, t.path)) << "worker " << p << " survived";
 }
 
 TEST(Ringd, KilledRingdLeavesNoOrphans) {
@@ -130,7 +130,7 @@ TEST(Ringd, KilledRingdLeavesNoOrphans) {
   ASSERT_EQ(kill(d.pid, SIGKILL), 0);
   d.wait(10);
   EXPECT_TRUE(wait_for_no_processes(t.path, 5)) << "left: " << processes_mentioning(t.path).size();
-  for (pid_t p : pids) EXPECT_FALSE(alive(p, "ring-worker")) << "worker " << p << " survived";
+  for (pid_t p : pids) EXPECT_FALSE(alive(p, t.path)) << "worker " << p << " survived";
 }
 
 TEST(Ringd, RestartResumesFromLatestCheckpoint) {
