@@ -59,8 +59,17 @@ skip_unless_cluster_possible() {
 }
 require_cluster() {
   skip_unless_cluster_possible
-  "$CLUSTER" status --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1 ||
-    { echo "FAIL: no running cluster in $RING_SLURM_STATE (the slurm_cluster_up fixture failed?)"; exit 1; }
+  "$CLUSTER" status --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1 || {
+    # A test killed at its TIMEOUT (SIGKILL: no EXIT trap) may have left a slurmd stopped.
+    local n
+    for n in 1 2 3; do "$CLUSTER" node-start "node$n" --state-dir "$RING_SLURM_STATE" --quiet >/dev/null 2>&1; done
+    "$CLUSTER" status --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1
+  } || { echo "FAIL: no running cluster in $RING_SLURM_STATE (the slurm_cluster_up fixture failed?)"; exit 1; }
+  # ... or a test plugstack.conf: start from the fixture's (the plugin, no arguments).
+  if [ -n "${RING_SPANK_SO:-}" ] && [ -f "$RING_SPANK_SO" ]; then
+    "$CLUSTER" plugstack --quiet --state-dir "$RING_SLURM_STATE" --spank "$RING_SPANK_SO" ||
+      { echo "FAIL: cannot restore plugstack.conf in $RING_SLURM_STATE"; exit 1; }
+  fi
 }
 
 # wait_job JOBID TIMEOUT_S: waits until the job left the queue; prints its JobState

@@ -19,7 +19,8 @@ chmod 755 "$T"
 COORD_PID=
 cleanup() {
   for j in $(squeue -h -o %i -n slurm-tiny-complete,slurm-tiny-cancel,slurm-tiny-restart,slurm-tiny-preempt,slurm-tiny-nodefail 2>/dev/null); do scancel "$j"; done
-  "$CLUSTER" node-start node2 --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1 || true
+  # the crashed node of the node-failure case may be any of them
+  for n in node1 node2 node3; do "$CLUSTER" node-start "$n" --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1 || true; done
   [ -n "$COORD_PID" ] && kill "$COORD_PID" 2>/dev/null && wait "$COORD_PID" 2>/dev/null
   # a ringd killed with its node (nodefail) leaves its shared memory behind
   rm -f /dev/shm/ringmaster-slurm-tiny-* 2>/dev/null

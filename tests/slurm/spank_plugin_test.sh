@@ -128,10 +128,12 @@ assert_contains "  ... message" "$output" "sbatch: error: ringmaster: plugstack.
 
 # ... but only on the submitting side: a node that finds bad arguments when a job is already
 # on its way runs plain steps, refuses ringmaster steps, and is not drained.
+# Held at submission, released once the node's plugstack.conf is bad: no race with the start.
 plugstack default_coord=ipc:///tmp/rc.sock
-j1=$(sbatch --parsable -N1 -w node3 --begin=now+3 -o "$OUT/plain-%j.out" --wrap 'echo plain ran')
-j2=$(sbatch --parsable -N1 -w node3 --begin=now+3 --ring-job=late -o "$OUT/ring-%j.out" --wrap 'echo ring ran')
+j1=$(sbatch --parsable -N1 -w node3 --hold -o "$OUT/plain-%j.out" --wrap 'echo plain ran')
+j2=$(sbatch --parsable -N1 -w node3 --hold --ring-job=late -o "$OUT/ring-%j.out" --wrap 'echo ring ran')
 plugstack colour=blue
+scontrol release "$j1" "$j2"
 st1=$(wait_job "$j1" 60) st2=$(wait_job "$j2" 60)
 assert_eq "node-side bad plugstack: plain job $j1" COMPLETED "$st1"
 assert_eq "  ... its output" "plain ran" "$(cat "$OUT/plain-$j1.out" 2>/dev/null)"
