@@ -313,8 +313,8 @@ void Store::set_restart(int64_t job, std::optional<double> at, std::optional<int
 
 void Store::set_progress(int64_t job, int64_t step, double loss, double tps, double at) {
   db_.prepare(
-         "UPDATE jobs SET last_step=?, last_loss=?, last_tokens_per_s=?, updated_at=MAX(updated_at, ?) "
-         "WHERE id=?")
+         "UPDATE jobs SET last_step=?, last_loss=?, last_tokens_per_s=?, "
+         "updated_at=MAX(updated_at, ?) WHERE id=?")
       .args(step, loss, tps, at, job)
       .run();
 }

@@ -1,4 +1,4 @@
-// Reading a small file (most often under /proc) with read(2), never throwing.
+// Reading a small file (most often under /proc) with read(2), never throwing; a process's state.
 //
 // Not an ifstream: reading /proc/<pid>/... of a process that is reaped between the open and the
 // read fails with ESRCH, and libstdc++'s filebuf throws on a read error. Header-only, so the
@@ -31,6 +31,14 @@ inline std::string read_file(const std::string& path) {
   }
   ::close(fd);
   return s;
+}
+
+// The state letter of a process from /proc/<pid>/stat ('R', 'S', 'Z', ...); 0 when there is no
+// such process. The command name before it is in parentheses and may hold spaces and ')'.
+inline char process_state(long pid) {
+  const std::string s = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = s.rfind(')');
+  return close != std::string::npos && close + 2 < s.size() ? s[close + 2] : 0;
 }
 
 }  // namespace ring::proc

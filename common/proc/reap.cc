@@ -10,12 +10,7 @@
 
 namespace ring::proc {
 
-bool is_zombie(pid_t pid) {
-  const std::string s = read_file("/proc/" + std::to_string(pid) + "/stat");  // "": gone
-  // "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
-  const size_t close = s.rfind(')');
-  return close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'Z';
-}
+bool is_zombie(pid_t pid) { return process_state(pid) == 'Z'; }
 
 std::vector<std::pair<pid_t, int>> reap_ended(const std::vector<pid_t>& watched,
                                               const std::function<bool(int)>& is_cause,

@@ -984,9 +984,10 @@ void Daemon::on_bucket(Worker& w, int b) {
     if (ck_ && ck_->busy()) {
       // The optimizer is about to change the state the checkpoint is still writing.
       const auto t0 = Clock::now();
-      Blocking b{this};
       const std::vector<ckpt::SaveResult> done = ck_->drain();
-      ckpt_stall_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+      const Clock::duration stalled = Clock::now() - t0;
+      ckpt_stall_s_ += std::chrono::duration<double>(stalled).count();
+      blocked_ += stalled;
       for (const ckpt::SaveResult& r : done) report_checkpoint(r);
     }
     opt_->bucket_ready(bk.index, dst);

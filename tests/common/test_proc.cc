@@ -142,17 +142,6 @@ std::string ProcGroup::logs(const std::string& label) const {
   return s;
 }
 
-namespace {
-
-// Whether /proc/<pid>/stat says zombie (state 'Z' after the command name in parentheses).
-bool zombie(const std::string& proc_dir) {
-  const std::string stat = slurp(proc_dir + "/stat");
-  const size_t rp = stat.rfind(')');
-  return rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] == 'Z';
-}
-
-}  // namespace
-
 std::vector<pid_t> processes_mentioning(const std::string& needle) {
   std::vector<pid_t> found;
   DIR* d = opendir("/proc");
@@ -165,7 +154,8 @@ std::vector<pid_t> processes_mentioning(const std::string& needle) {
     std::string cmd = slurp(dir + "/cmdline");
     for (char& c : cmd)
       if (c == '\0') c = ' ';
-    if (cmd.find(needle) != std::string::npos && !zombie(dir)) found.push_back(pid);
+    if (cmd.find(needle) != std::string::npos && ring::proc::process_state(pid) != 'Z')
+      found.push_back(pid);
   }
   closedir(d);
   return found;
@@ -181,11 +171,10 @@ bool wait_for_no_processes(const std::string& needle, double seconds) {
 }
 
 bool alive(pid_t pid, const std::string& cmdline_contains) {
-  const std::string base = "/proc/" + std::to_string(pid);
-  const std::string stat = slurp(base + "/stat");
-  const size_t rp = stat.rfind(')');
-  if (rp == std::string::npos || rp + 2 >= stat.size() || stat[rp + 2] == 'Z') return false;
-  return slurp(base + "/cmdline").find(cmdline_contains) != std::string::npos;
+  const char state = ring::proc::process_state(pid);
+  if (state == 0 || state == 'Z') return false;
+  return slurp("/proc/" + std::to_string(pid) + "/cmdline").find(cmdline_contains) !=
+         std::string::npos;
 }
 
 }  // namespace ring::test

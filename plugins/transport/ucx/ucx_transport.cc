@@ -170,6 +170,12 @@ std::string gone(const Comm* c, int peer) {
          " is no longer running";
 }
 
+// The result of any request to a peer marked failed.
+Result peer_failed(const Comm* c, int peer) {
+  return error(RING_TRANSPORT_ERR_PEER_FAILED,
+               c->who() + ": peer " + std::to_string(peer) + " failed: " + c->failed[peer]);
+}
+
 void ep_error_cb(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* ctx = static_cast<EpContext*>(arg);
   mark_failed(ctx->comm, ctx->peer,
@@ -245,8 +251,7 @@ struct Idle {
 
 Result get_ep(Comm* c, int peer, ucp_ep_h* ep) {
   if (!c->failed[peer].empty())
-    return error(RING_TRANSPORT_ERR_PEER_FAILED,
-                 c->who() + ": peer " + std::to_string(peer) + " failed: " + c->failed[peer]);
+    return peer_failed(c, peer);
   if (c->eps[peer]) {
     *ep = c->eps[peer];
     return ok_result();
@@ -273,8 +278,7 @@ Result get_ep(Comm* c, int peer, ucp_ep_h* ep) {
     // is gone): that is the peer's failure, like any later request to it.
     if (!ring::transport::local_peer_alive(c->rdv.self(), c->peers[peer])) {
       mark_failed(c, peer, gone(c, peer));
-      return error(RING_TRANSPORT_ERR_PEER_FAILED,
-                   c->who() + ": peer " + std::to_string(peer) + " failed: " + c->failed[peer]);
+      return peer_failed(c, peer);
     }
     return error(map_ucs(s) == RING_TRANSPORT_ERR_PEER_FAILED ? RING_TRANSPORT_ERR_PEER_FAILED
                                                               : RING_TRANSPORT_ERR_INTERNAL,
@@ -320,8 +324,7 @@ Result post_send(Comm* c, const void* buf, size_t size, int peer, uint64_t tag, 
 Result post_recv(Comm* c, void* buf, size_t size, int peer, uint64_t tag, uint32_t user_tag,
                  Req** out) {
   if (!c->failed[peer].empty())
-    return error(RING_TRANSPORT_ERR_PEER_FAILED,
-                 c->who() + ": peer " + std::to_string(peer) + " failed: " + c->failed[peer]);
+    return peer_failed(c, peer);
   auto* r = new Req;
   r->comm = c;
   r->peer = peer;
