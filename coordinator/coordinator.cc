@@ -818,12 +818,12 @@ struct Coordinator::Impl {
     j.backoff_s = s.restart.backoff_s;
     j.backoff_max_s = std::max(s.restart.backoff_max_s, 0.0);
     // daemon/INTERFACE.md: the job dir defaults to /tmp/ringmaster/<job.name>; checkpoints go to
-    // an absolute checkpoint.dir, else to <job-dir>/checkpoints.
+    // checkpoint.dir, a relative one under the job dir; none when it is empty.
     j.job_dir = m.job_dir.empty() ? "/tmp/ringmaster/" + s.job.name : m.job_dir;
     while (j.job_dir.size() > 1 && j.job_dir.back() == '/') j.job_dir.pop_back();
-    j.checkpoint_dir = !s.checkpoint.dir.empty() && s.checkpoint.dir[0] == '/'
+    j.checkpoint_dir = s.checkpoint.dir.empty() || s.checkpoint.dir[0] == '/'
                            ? s.checkpoint.dir
-                           : j.job_dir + "/checkpoints";
+                           : j.job_dir + "/" + s.checkpoint.dir;
     int64_t id = store->insert_job(j);
     queue(peer, proto::SubmitReply{m.id, id, j.name, j.spec_hash, "pending"});
   }

@@ -324,13 +324,14 @@ std::vector<KeyDef> build_table() {
 
   // ---- checkpoint
   def(b.add("checkpoint.dir", KT::kString, &J::checkpoint, &CheckpointSection::dir,
-            "Directory for checkpoints (one sub-directory per step, a `latest` pointer). Must be "
-            "on a file system every node can reach when nodes > 1. Empty: no checkpoints."),
+            "Directory for checkpoints (one sub-directory per step, a `latest` pointer); a "
+            "relative path is taken from the job directory. Must be on a file system every node "
+            "can reach when nodes > 1. Empty: no checkpoints."),
       Value{std::string{}});
   range(def(b.add("checkpoint.every_steps", KT::kInt, &J::checkpoint,
                   &CheckpointSection::every_steps,
                   "Write a checkpoint every this many steps; 0: only on demand and on "
-                  "SIGTERM/preemption."),
+                  "SIGTERM/preemption (both need checkpoint.dir)."),
             Value{int64_t{0}}),
         0, kIntMax);
   range(def(b.add("checkpoint.keep_last", KT::kInt, &J::checkpoint, &CheckpointSection::keep_last,

@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +27,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -44,6 +47,7 @@
 #include "daemon/placement/discovery.h"
 #include "daemon/placement/placement.h"
 #include "daemon/ringd/coord_link.h"
+#include "daemon/ringd/owned_paths.h"
 #include "daemon/ringd/transport_exchange.h"
 #include "worker/model/config.h"
 #include "worker/model/layout.h"
@@ -129,6 +133,70 @@ std::string find_worker_bin(const std::string& given) {
   return RING_WORKER_BUILD_PATH;
 }
 
+// Opens a file ringd writes into the job directory (its log, steps.jsonl, a worker's log) for
+// appending: never through a symbolic link (O_NOFOLLOW), only a regular file (a FIFO would block
+// the open, so O_NONBLOCK until checked), created 0600 and made 0600 when an earlier version left
+// it readable by others. Returns the descriptor, or -1 with the reason in `why`.
+int open_private_append(const std::string& path, std::string* why) {
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK,
+             0600);
+  if (fd < 0) {
+    const int e = errno;
+    *why = e == ELOOP ? path + " is a symbolic link; refusing to write through it"
+                      : "cannot open " + path + ": " + std::strerror(e);
+    return -1;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    *why = path + " is not a regular file; refusing to write into it";
+    return -1;
+  }
+  if (st.st_uid == ::geteuid() && (st.st_mode & 077)) ::fchmod(fd, 0600);
+  ::fcntl(fd, F_SETFL, O_WRONLY | O_APPEND);  // clears O_NONBLOCK
+  return fd;
+}
+
+// A line-oriented append-only file (ringd's log, steps.jsonl). A write error (a full disk) is
+// kept, not thrown: the caller says it once.
+class AppendFile {
+ public:
+  AppendFile() = default;
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  ~AppendFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool open(const std::string& path, std::string* why) {
+    path_ = path;
+    fd_ = open_private_append(path, why);
+    return fd_ >= 0;
+  }
+  bool is_open() const { return fd_ >= 0; }
+  const std::string& path() const { return path_; }
+  // Appends `line` and a newline; false (errno text in *why) when the write failed.
+  bool write_line(const std::string& line, std::string* why) {
+    if (fd_ < 0) return false;
+    const std::string s = line + "\n";
+    size_t off = 0;
+    while (off < s.size()) {
+      const ssize_t n = ::write(fd_, s.data() + off, s.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        *why = "cannot write " + path_ + ": " + std::strerror(n < 0 ? errno : EIO);
+        return false;
+      }
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
 struct Worker {
   int local = 0;
   int rank = 0;
@@ -167,6 +235,9 @@ class Daemon {
   void stop_workers(const std::string& why);
   void end_attempt();
   void finish(int code);
+  void fatal(const std::string& why);
+  void remove_stale_attempts();
+  bool make_attempt_dirs(std::string* why);
   // ---- sockets
   void accept();
   void read(std::shared_ptr<Conn> c);
@@ -202,7 +273,10 @@ class Daemon {
   std::string sock_dir_, sock_path_;
 
   std::string job_dir_, rdv_root_, worker_bin_, ckpt_dir_;
-  std::ofstream log_file_, steps_file_;
+  AppendFile log_file_, steps_file_;
+  bool log_write_failed_ = false, steps_write_failed_ = false, stdout_gone_ = false;
+  void log_line(const std::string& line);
+  void out_line(const std::string& line);
   int wpn_ = 1, world_ = 1;
   int64_t total_steps_ = 0;
   std::unique_ptr<model::ParamLayout> layout_;
@@ -273,6 +347,13 @@ class Daemon {
   bool rollback_pending_ = false;     // a roll_back command while an attempt is live
   int64_t rollback_attempt_ = 0, rollback_step_ = 0;
   bool ckpt_requested_ = false;       // checkpoint_now: at the next step boundary
+  std::string fatal_error_;           // fatal(): the exit message
+  // Checkpoint results by step (this node's view: ok = its shard is durable, and on node 0 the
+  // commit done): the last one of a run must not fail silently.
+  std::map<int64_t, std::string> ckpt_failed_;
+  std::set<int64_t> ckpt_ok_;
+  bool final_checkpoint_failed();
+  std::string newest_complete_checkpoint();
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -283,8 +364,29 @@ void Daemon::log(const std::string& line) {
   char ts[32];
   std::strftime(ts, sizeof(ts), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
   const std::string l = fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line);
-  if (log_file_.is_open()) log_file_ << l << std::endl;
+  log_line(l);
   if (!o_.json) std::cerr << l << std::endl;
+}
+
+// ringd's log file; a failed write is said once on stderr (the log itself cannot carry it).
+void Daemon::log_line(const std::string& line) {
+  std::string why;
+  if (log_file_.is_open() && !log_file_.write_line(line, &why) && !log_write_failed_) {
+    log_write_failed_ = true;
+    std::cerr << "ringd: " << why << "; the log goes on on stderr only" << std::endl;
+  }
+}
+
+// stdout (--json lines). Once it is gone (EPIPE: the reader, e.g. `ringctl run`, died) ringd
+// stops writing there and goes on: the log file and steps.jsonl keep everything.
+void Daemon::out_line(const std::string& line) {
+  if (stdout_gone_) return;
+  std::cout << line << std::endl;
+  if (!std::cout) {
+    stdout_gone_ = true;
+    log_line("stdout is closed (" + std::string(std::strerror(errno)) +
+             "): no more lines there; the log file and steps.jsonl go on");
+  }
 }
 
 void Daemon::event(const std::string& name, json fields) {
@@ -292,32 +394,69 @@ void Daemon::event(const std::string& name, json fields) {
   fields["node"] = o_.node_rank;
   fields["attempt"] = attempt_;
   const std::string s = fields.dump();
-  if (log_file_.is_open()) log_file_ << "event " << s << std::endl;
-  if (o_.json && o_.node_rank == 0) std::cout << s << std::endl;
+  log_line("event " + s);
+  if (o_.json && o_.node_rank == 0) out_line(s);
   if (coord_) coord_->report(name, fields);
 }
 
 int Daemon::run() {
+  // Stop signals from the start (placement and registration take seconds): they wait in the
+  // signal_set until the loop runs. SIGHUP (the terminal of `ringctl run` hung up) is a stop
+  // like SIGTERM: checkpoint, then exit 75.
+  signals_.add(SIGCHLD);
+  signals_.add(SIGTERM);
+  signals_.add(SIGINT);
+  signals_.add(SIGUSR1);
+  signals_.add(SIGHUP);
   // Job directory and files.
   job_dir_ = o_.job_dir.empty() ? "/tmp/ringmaster/" + spec_.job.name : o_.job_dir;
   std::error_code ec;
-  fs::create_directories(job_dir_ + "/logs", ec);
+  // What ringd creates is private: the job directory (when missing) and logs/ are 0700.
+  if (!fs::exists(fs::symlink_status(job_dir_, ec))) {
+    fs::create_directories(job_dir_, ec);
+    if (!ec && ::chmod(job_dir_.c_str(), 0700) != 0) ec.assign(errno, std::generic_category());
+  }
+  if (!ec && ::mkdir((job_dir_ + "/logs").c_str(), 0700) != 0 && errno != EEXIST)
+    ec.assign(errno, std::generic_category());
   if (ec) {
     std::cerr << "ringd: --job-dir " << job_dir_ << ": " << ec.message() << "\n";
     return kExitUsage;
   }
+  {
+    struct stat st;
+    if (::lstat((job_dir_ + "/logs").c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      std::cerr << "ringd: --job-dir " << job_dir_
+                << ": logs is not a directory (a symbolic link?); refusing to write there\n";
+      return kExitFailed;
+    }
+  }
   job_dir_ = fs::absolute(job_dir_).string();
-  log_file_.open(fmt::format("{}/logs/ringd-{}.log", job_dir_, o_.node_rank), std::ios::app);
-  if (o_.node_rank == 0) steps_file_.open(job_dir_ + "/steps.jsonl", std::ios::app);
+  // The job's own files: a job directory the user cannot write is a fatal error now, named on
+  // stderr, not a log line nobody sees followed by restarts.
+  {
+    std::string why;
+    if (!log_file_.open(fmt::format("{}/logs/ringd-{}.log", job_dir_, o_.node_rank), &why) ||
+        (o_.node_rank == 0 && !steps_file_.open(job_dir_ + "/steps.jsonl", &why))) {
+      std::cerr << "ringd: " << why << "\n";
+      return kExitFailed;
+    }
+  }
   rdv_root_ = o_.rendezvous.empty() ? job_dir_ + "/rendezvous" : o_.rendezvous;
   if (const char* id = std::getenv("SLURM_JOB_ID"); id && *id && o_.rendezvous.empty()) {
     const char* rc = std::getenv("SLURM_RESTART_COUNT");
     rdv_root_ += fmt::format("/slurm-{}.{}", id, rc && *rc ? rc : "0");
   } else if (o_.nodes == 1) {
-    fs::remove_all(rdv_root_, ec);  // one node: stale attempts of an earlier run go
+    // One node: the attempt directories an earlier run left go. Only those: a real directory of
+    // ours named attempt-<N> holding ringd's marker (owned_paths.h), never the directory the
+    // user named (--rendezvous ~/work must not lose the user's files).
+    remove_stale_attempts();
   }
+  // checkpoint.dir (common/spec/keys.cc): empty means no checkpoints; a relative path is taken
+  // from the job directory. With a directory, stop and on-demand checkpoints are written even
+  // when checkpoint.every_steps is 0 (no periodic ones then).
   ckpt_dir_ = spec_.checkpoint.dir;
-  if (ckpt_dir_.empty() || ckpt_dir_[0] != '/') ckpt_dir_ = job_dir_ + "/checkpoints";
+  if (!ckpt_dir_.empty() && ckpt_dir_[0] != '/')
+    ckpt_dir_ = (fs::path(job_dir_) / ckpt_dir_).lexically_normal().string();
   spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
   worker_bin_ = find_worker_bin(o_.worker_bin);
   if (worker_bin_.empty() || access(worker_bin_.c_str(), X_OK) != 0) {
@@ -350,14 +489,19 @@ int Daemon::run() {
     return kExitFailed;
   }
 
-  // Control socket: a short path (108-byte limit), private directory.
-  std::string tmpl = "/tmp/ringd-XXXXXX";
-  if (!mkdtemp(tmpl.data())) {
-    std::cerr << "ringd: mkdtemp /tmp/ringd-XXXXXX: " << std::strerror(errno) << "\n";
+  // Control socket: a short path (108-byte limit) in a private per-user directory, marked so
+  // that the next ringd removes it when this one is killed (owned_paths.h).
+  try {
+    sock_dir_ = make_control_dir([this](const std::string& n) { log(n); });
+  } catch (const std::exception& e) {
+    std::cerr << "ringd: control socket directory: " << e.what() << "\n";
     return kExitFailed;
   }
-  sock_dir_ = tmpl;
   sock_path_ = sock_dir_ + "/ctl.sock";
+  struct RemoveOnExit {  // every way out of run(), exceptions included
+    const std::string& dir;
+    ~RemoveOnExit() { remove_own_dir(dir); }
+  } remove_sock_dir{sock_dir_};
   acceptor_.open(local_stream());
   acceptor_.bind(local_stream::endpoint(sock_path_));
   acceptor_.listen();
@@ -374,11 +518,6 @@ int Daemon::run() {
                   job_dir_));
   for (const std::string& n : placement_.notes) log("placement: " + n);
 
-  signals_.add(SIGCHLD);
-  signals_.add(SIGTERM);
-  signals_.add(SIGINT);
-  signals_.add(SIGUSR1);
-  signals_.add(SIGHUP);
   std::function<void(const boost::system::error_code&, int)> on_sig =
       [this, &on_sig](const boost::system::error_code& e, int sig) {
         if (e) return;
@@ -438,8 +577,6 @@ int Daemon::run() {
       if (code >= 0) {
         log("nothing to run: the job is " + st);
         coord_.reset();
-        std::error_code ec3;
-        fs::remove_all(sock_dir_, ec3);
         return code;
       }
       attempt_ = static_cast<int>(std::max<int64_t>(1, a->attempt));
@@ -455,8 +592,6 @@ int Daemon::run() {
     if (w.running) kill(-w.pid, SIGKILL);
   for (Worker& w : workers_)
     if (w.running) waitpid(w.pid, nullptr, 0);
-  std::error_code ec2;
-  fs::remove_all(sock_dir_, ec2);
   if (coord_) {
     // A barrier: the coordinator answers this registration after it handled every report before.
     if (!coord_->sync_and_wait(std::chrono::seconds(5)))
@@ -480,9 +615,11 @@ void Daemon::start_attempt() {
   done_step_ = 0;
   cursor_ = json();
   attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, attempt_);
-  std::error_code ec;
-  fs::create_directories(attempt_rdv_ + "/workers", ec);
-  fs::create_directories(attempt_rdv_ + "/daemons", ec);
+  std::string rdv_error;
+  if (!make_attempt_dirs(&rdv_error)) {
+    fatal("rendezvous: " + rdv_error);
+    return;
+  }
   try {
     // The name carries this process's pid and the attempt, so a segment of that name is the
     // leftover of an earlier ringd that had the same pid and was killed before its workers
@@ -502,6 +639,7 @@ void Daemon::start_attempt() {
     w.rank = o_.node_rank * wpn_ + l;
     w.log = fmt::format("{}/logs/worker-{}.log", job_dir_, w.rank);
     spawn(w);
+    if (exiting_) return;  // fatal(): the workers already started are killed on the way out
   }
   if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.running; })) {
     attempt_failed_ = true;
@@ -522,7 +660,9 @@ void Daemon::start_attempt() {
     const bool want_resume =
         coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || attempt_ > 0);
     const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
-    if (want_resume) {
+    if (want_resume && ckpt_dir_.empty()) {
+      log("checkpoints are off (checkpoint.dir is empty): starting from step 0");
+    } else if (want_resume) {
       std::vector<ckpt::LoadTarget> targets;
       for (const optim::StateTensor& t : opt_->state_tensors())
         targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
@@ -561,7 +701,7 @@ void Daemon::start_attempt() {
             (r.message.empty() ? "" : " (" + r.message + ")"));
       }
     }
-    if (spec_.checkpoint.every_steps > 0) {
+    if (!ckpt_dir_.empty()) {
       ckpt::Options co;
       co.dir = ckpt_dir_;
       co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
@@ -585,14 +725,23 @@ void Daemon::start_attempt() {
 }
 
 void Daemon::spawn(Worker& w) {
-  int fd = ::open(w.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  std::string why;
+  const int fd = open_private_append(w.log, &why);
   if (fd < 0) {
-    log(fmt::format("cannot open {}: {}", w.log, std::strerror(errno)));
+    // No restart mends this (a job directory the user cannot write, a planted symlink).
+    fatal(fmt::format("worker rank {}: {}", w.rank, why));
     return;
   }
   const std::string banner = fmt::format("=== attempt {} ===\n", attempt_);
   if (::write(fd, banner.data(), banner.size()) < 0) {
+    const int e = errno;
+    ::close(fd);
+    fatal(fmt::format("worker rank {}: cannot write {}: {}", w.rank, w.log, std::strerror(e)));
+    return;
   }
+  // Everything the child needs is built before fork: ringd has other threads (the optimizer's
+  // pipeline, the checkpoint writer, the ring-coord link), so between fork and exec only
+  // async-signal-safe calls are made (no allocation, no setenv, no stdio).
   std::vector<std::string> args = {worker_bin_,
                                    "--spec",
                                    fs::absolute(o_.spec).string(),
@@ -621,7 +770,22 @@ void Daemon::spawn(Worker& w) {
   for (int c : pl.cpus)
     if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
   const bool pin = !pl.cpus.empty();
-  std::string cuda = pl.cuda_visible_devices;
+  const std::string cuda = pl.cuda_visible_devices;
+  // The environment: ours, with CUDA_VISIBLE_DEVICES replaced when placement chose a GPU.
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e)
+    if (cuda.empty() || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env.emplace_back(*e);
+  if (!cuda.empty()) env.push_back("CUDA_VISIBLE_DEVICES=" + cuda);
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const std::string exec_failed = "ringd: exec " + worker_bin_ + " failed, errno ";
+  // Descriptors above 2 are closed in the child: close_range when the kernel has it (5.9),
+  // else one close() per possible descriptor up to the limit (no /proc walk: opendir allocates).
+  struct rlimit nofile {};
+  int max_fd = 65536;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY)
+    max_fd = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, 1 << 20));
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -634,25 +798,37 @@ void Daemon::spawn(Worker& w) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int sig : {SIGCHLD, SIGUSR1, SIGUSR2, SIGHUP, SIGPIPE}) signal(sig, SIG_DFL);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : {SIGCHLD, SIGUSR1, SIGUSR2, SIGHUP, SIGPIPE, SIGXFSZ}) sigaction(sig, &dfl, nullptr);
     // Stopping the job is ringd's business: Slurm (proctrack signals every process of the step)
     // and terminals send SIGTERM/SIGINT to the workers too, and a worker dying on it would look
     // like a failure before ringd has finished the step and written its checkpoint. ringd stops
     // workers with SIGUSR2, then SIGKILL; PR_SET_PDEATHSIG covers ringd's own death.
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGTERM, &ign, nullptr);
+    sigaction(SIGINT, &ign, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(fd, 1);
     dup2(fd, 2);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    for (int f = 3; f < 1024; ++f) ::close(f);
+    const int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0 && devnull != 0) dup2(devnull, 0);
+    if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
+      for (int f = 3; f < max_fd; ++f) ::close(f);
     if (pin) sched_setaffinity(0, sizeof(set), &set);
-    if (!cuda.empty()) setenv("CUDA_VISIBLE_DEVICES", cuda.c_str(), 1);
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "ringd: exec %s: %s\n", argv[0], std::strerror(errno));
+    execve(argv[0], argv.data(), envp.data());
+    // Async-signal-safe report: the prepared text and the errno in decimal.
+    const int e = errno;
+    char num[16];
+    int n = 0;
+    for (int v = e; n == 0 || v > 0; v /= 10) num[n++] = static_cast<char>('0' + v % 10);
+    if (::write(2, exec_failed.data(), exec_failed.size()) < 0) _exit(127);
+    while (n > 0)
+      if (::write(2, &num[--n], 1) < 0) _exit(127);
+    if (::write(2, "\n", 1) < 0) _exit(127);
     _exit(127);
   }
   setpgid(pid, pid);
@@ -710,6 +886,7 @@ void Daemon::end_attempt() {
     c->sock.close(ec);
   }
   conns_.clear();
+  const bool had_checkpointer = ck_ != nullptr;
   if (ck_) {
     int64_t saved = stop_ckpt_saved_;  // the newest checkpoint this node wrote its shard of
     // Every checkpoint of the attempt, the one in flight included (node 0 may still be
@@ -724,8 +901,8 @@ void Daemon::end_attempt() {
   exchange_.reset();
   shm_ = offload::ShmRegion();
   if (o_.node_rank == 0) {
-    std::error_code ec;
-    fs::remove_all(attempt_rdv_, ec);
+    std::string why;
+    if (!remove_own_dir(attempt_rdv_, &why)) log("rendezvous directory left in place: " + why);
   }
   if (coord_ && rollback_pending_ && !stop_requested()) {
     rollback_pending_ = false;
@@ -742,6 +919,7 @@ void Daemon::end_attempt() {
     await_coord(kAwaitState, 10);
     return;
   }
+  if (!attempt_failed_ && had_checkpointer && final_checkpoint_failed()) return;
   if (!attempt_failed_) {
     if (stop_requested()) {
       log(fmt::format("stopped at step {} on request (resumable)", done_step_));
@@ -796,6 +974,62 @@ void Daemon::finish(int code) {
   signals_.cancel(ec);
   tick_.cancel();
   io_.stop();
+}
+
+// An error that no restart can mend (a log that cannot be opened, a rendezvous directory that
+// is not ours): say it on stderr whatever the output mode (ringctl shows ringd's stderr), in the
+// log and as the `failed` event, and exit 1 at once instead of retrying.
+void Daemon::fatal(const std::string& why) {
+  if (exiting_) return;
+  log("fatal: " + why);
+  if (o_.json) std::cerr << "ringd: " << why << std::endl;  // log() wrote it otherwise
+  event("failed", {{"step", done_step_}, {"error", why}});
+  fatal_error_ = why;
+  attempt_failed_ = true;
+  finish(kExitFailed);
+}
+
+void Daemon::remove_stale_attempts() {
+  std::error_code ec;
+  fs::directory_iterator it(rdv_root_, ec), end;
+  std::vector<std::string> stale;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("attempt-", 0) == 0) stale.push_back(it->path().string());
+  }
+  for (const std::string& d : stale) {
+    std::string why;
+    if (remove_own_dir(d, &why)) log("removed the rendezvous of an earlier run: " + d);
+    else log("left in place (not a rendezvous directory ringd made): " + why);
+  }
+}
+
+// <rdv>/attempt-<A>/{workers,daemons}: created 0700 and marked as ringd's (owned_paths.h), so
+// that only they are ever removed. With several nodes another node may have made it already
+// (same user); with one node an existing unmarked directory is not ours and is refused.
+bool Daemon::make_attempt_dirs(std::string* why) {
+  try {
+    std::error_code ec;
+    if (!fs::exists(rdv_root_, ec)) {
+      fs::create_directories(rdv_root_, ec);
+      if (ec) throw PathError("cannot create " + rdv_root_ + ": " + ec.message());
+      ::chmod(rdv_root_.c_str(), 0700);
+    }
+    const bool existed = fs::exists(fs::symlink_status(attempt_rdv_, ec));
+    ensure_own_dir(attempt_rdv_, 0022);
+    if (existed && o_.nodes == 1 && !is_own_marked_dir(attempt_rdv_))
+      throw PathError(attempt_rdv_ +
+                      " exists and was not made by ringd (no marker); choose another "
+                      "--rendezvous or remove it");
+    mark_own_dir(attempt_rdv_, fmt::format("ringd rendezvous of job {} attempt {}",
+                                           spec_.job.name, attempt_));
+    ensure_own_dir(attempt_rdv_ + "/workers", 0022);
+    ensure_own_dir(attempt_rdv_ + "/daemons", 0022);
+    return true;
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return false;
+  }
 }
 
 // ---- sockets -----------------------------------------------------------------------------------
@@ -1055,13 +1289,17 @@ void Daemon::maybe_finish_step() {
                   static_cast<unsigned long long>(
                       fnv1a(opt_->master(), static_cast<size_t>(layout_->total()) * 4)));
     j["weights_xxh"] = h;
-    if (log_file_.is_open()) log_file_ << "step " << done_step_ << " weights " << h << std::endl;
+    log_line(fmt::format("step {} weights {}", done_step_, h));
   }
   if (o_.node_rank == 0) {
     const std::string line = j.dump();
-    steps_file_ << line << std::endl;
+    std::string why;
+    if (!steps_file_.write_line(line, &why) && !steps_write_failed_) {
+      steps_write_failed_ = true;  // said once; the step reports still reach ring-coord
+      log(why + " (steps are no longer recorded there)");
+    }
     if (o_.json) {
-      std::cout << line << std::endl;
+      out_line(line);
     } else if (done_step_ % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step_ == 1 ||
                done_step_ == total_steps_) {
       std::cerr << fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
@@ -1088,6 +1326,12 @@ void Daemon::maybe_finish_step() {
 // Logs a finished checkpoint and reports it (ring-coord resumes from the steps reported saved).
 bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
   if (r.ok) {
+    ckpt_ok_.insert(r.step);
+    ckpt_failed_.erase(r.step);
+  } else if (!ckpt_ok_.count(r.step)) {
+    ckpt_failed_[r.step] = r.error;
+  }
+  if (r.ok) {
     log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r.step, r.path,
                     r.bytes / 1e6, r.total_s));
     event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
@@ -1096,6 +1340,33 @@ bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
     event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
   }
   return r.ok;
+}
+
+// The run ends (every step done, or a resumable stop) and its last checkpoint, of the step it
+// ends at, failed (a full disk): the exit status must not say "completed" or "resumable from
+// here" when the newest weights on disk are older. Exit 1 naming the failed checkpoint, the
+// reason and the newest complete checkpoint; ring-coord hears it as checkpoint_failed.
+bool Daemon::final_checkpoint_failed() {
+  auto it = ckpt_failed_.find(done_step_);
+  if (done_step_ <= 0 || it == ckpt_failed_.end() || ckpt_ok_.count(done_step_)) return false;
+  const std::string msg = fmt::format(
+      "the {} checkpoint (step {}) failed: {}; the newest complete checkpoint is {}",
+      stop_requested() ? "stop" : "final", done_step_, it->second, newest_complete_checkpoint());
+  event("checkpoint_failed", {{"step", done_step_}, {"error", msg}, {"final", true}});
+  fatal(msg);
+  return true;
+}
+
+std::string Daemon::newest_complete_checkpoint() {
+  try {
+    const std::vector<ckpt::CheckpointInfo> all = ckpt::list_checkpoints(ckpt_dir_, false);
+    for (auto it = all.rbegin(); it != all.rend(); ++it)
+      if (it->status == ckpt::Status::kComplete)
+        return fmt::format("{} (step {})", it->path, it->step);
+    return "none (in " + ckpt_dir_ + ")";
+  } catch (const std::exception& e) {
+    return std::string("unknown (") + e.what() + ")";
+  }
 }
 
 void Daemon::checkpoint_now(int64_t step, bool wait) {
@@ -1295,8 +1566,7 @@ void Daemon::on_command(const protocol::Command& c) {
       if (!attempt_live_ || finishing_) {
         coord_->ack(c.id, false, "no attempt is training on this node now");
       } else if (!ck_) {
-        coord_->ack(c.id, false,
-                    "checkpoints are off for this job (checkpoint.every_steps is 0)");
+        coord_->ack(c.id, false, "checkpoints are off for this job (checkpoint.dir is empty)");
       } else {
         ckpt_requested_ = true;  // maybe_finish_step: at the next step boundary
         coord_->ack(c.id, true);
@@ -1402,6 +1672,11 @@ Options parse_options(int argc, char** argv) try {
 }
 
 int run(const Options& o) {
+  // ringd outlives its stdout and stderr (`ringctl run` killed, a closed pipe): a write there
+  // fails with EPIPE instead of killing it, the stream stops taking lines and the log file goes
+  // on. A file size limit fails the write (EFBIG) instead of killing ringd mid-checkpoint.
+  ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGXFSZ, SIG_IGN);
   spec::LoadResult loaded = spec::load_spec_file(o.spec);
   for (const auto& d : loaded.diagnostics) std::cerr << d.str() << "\n";
   if (!loaded.ok()) {
