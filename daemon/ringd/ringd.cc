@@ -210,11 +210,66 @@ struct Worker {
   json done_msg;
 };
 
+// A worker's control messages are JSON lines of a few hundred bytes (the loader cursor is the
+// largest part); a line longer than this is a protocol error, not a reason to grow a buffer.
+constexpr size_t kMaxControlLine = 1 << 20;
+// ringd -> worker lines waiting to be written; a worker that stops reading fails past this.
+constexpr size_t kMaxQueuedBytes = 16 << 20;
+
+// A control message that breaks the protocol (a missing field, a wrong type, a value out of
+// range); the message names the field and the rule.
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Field `key` of a control message: an integer in [lo, hi].
+int64_t field_int(const json& m, const char* key, int64_t lo, int64_t hi) {
+  auto it = m.find(key);
+  if (it == m.end()) throw ProtocolError(fmt::format("field '{}' is missing", key));
+  if (!it->is_number_integer())
+    throw ProtocolError(fmt::format("field '{}' must be an integer, got {}", key,
+                                    it->dump().substr(0, 100)));
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw ProtocolError(fmt::format("field '{}' = {} is out of range", key, it->dump()));
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi)
+    throw ProtocolError(fmt::format("field '{}' = {} is outside [{}, {}]", key, v, lo, hi));
+  return v;
+}
+
+// The "done" message's fields that ringd reads when the step ends, checked when it arrives (a
+// bad one fails the worker that sent it, not whichever worker finishes the step last).
+void check_done_fields(const json& m) {
+  auto number = [&](const char* k, bool required) {
+    auto it = m.find(k);
+    if (it == m.end()) {
+      if (required) throw ProtocolError(fmt::format("field '{}' is missing", k));
+      return;
+    }
+    if (!it->is_number())
+      throw ProtocolError(fmt::format("field '{}' must be a number, got {}", k,
+                                      it->dump().substr(0, 100)));
+  };
+  number("loss_sum", true);
+  number("ring_wait_ms", false);
+  field_int(m, "valid", 0, INT64_MAX);
+  field_int(m, "tokens", 0, INT64_MAX);
+  if (m.contains("stop") && !m["stop"].is_boolean())
+    throw ProtocolError("field 'stop' must be true or false");
+}
+
 struct Conn {
-  explicit Conn(asio::io_context& io) : sock(io) {}
+  explicit Conn(asio::io_context& io) : sock(io), buf(kMaxControlLine) {}
   local_stream::socket sock;
   asio::streambuf buf;
   int local = -1;  // -1 until hello
+  // Writes are asynchronous (a worker that does not read must not stop the event loop): a queue
+  // of lines, one async_write at a time.
+  std::deque<std::string> out;
+  size_t out_bytes = 0;
+  bool writing = false;
+  bool close_after = false;  // close once the queue is written (a refusal)
 };
 
 class Daemon {
@@ -243,6 +298,10 @@ class Daemon {
   void read(std::shared_ptr<Conn> c);
   void on_message(const std::shared_ptr<Conn>& c, const json& m);
   void send(int local, const json& m);
+  void write(const std::shared_ptr<Conn>& c, const json& m);
+  void write_next(const std::shared_ptr<Conn>& c);
+  void protocol_error(const std::shared_ptr<Conn>& c, const std::string& what);
+  std::string peer_name(const std::shared_ptr<Conn>& c) const;
   // ---- steps
   void maybe_begin();
   void begin_step();
@@ -1045,56 +1104,149 @@ void Daemon::accept() {
 }
 
 void Daemon::read(std::shared_ptr<Conn> c) {
-  asio::async_read_until(c->sock, c->buf, '\n',
-                         [this, c](const boost::system::error_code& e, size_t n) {
-                           if (e) {
-                             conns_.erase(std::remove(conns_.begin(), conns_.end(), c),
-                                          conns_.end());
-                             return;
-                           }
-                           std::string line(asio::buffers_begin(c->buf.data()),
-                                            asio::buffers_begin(c->buf.data()) + n);
-                           c->buf.consume(n);
-                           json m = json::parse(line, nullptr, false);
-                           if (m.is_discarded() || !m.is_object()) {
-                             log("malformed control message dropped: " + line.substr(0, 200));
-                           } else {
-                             on_message(c, m);
-                           }
-                           if (c->sock.is_open()) read(c);
-                         });
+  asio::async_read_until(
+      c->sock, c->buf, '\n', [this, c](const boost::system::error_code& e, size_t n) {
+        if (exiting_) return;
+        if (e == asio::error::not_found) {  // kMaxControlLine bytes and no newline
+          protocol_error(c, fmt::format("sent a control message longer than the {} byte limit",
+                                        kMaxControlLine));
+          return;
+        }
+        if (e) {
+          conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
+          return;
+        }
+        std::string line(asio::buffers_begin(c->buf.data()),
+                         asio::buffers_begin(c->buf.data()) + n);
+        c->buf.consume(n);
+        json m = json::parse(line, nullptr, false);
+        if (m.is_discarded() || !m.is_object()) {
+          protocol_error(c, "sent a message that is not a JSON object: " + line.substr(0, 200));
+          return;
+        }
+        // A field of the wrong type (nlohmann's value()/get() throw type_error) is the worker's
+        // protocol error: it fails that worker, never the daemon.
+        try {
+          on_message(c, m);
+        } catch (const ProtocolError& x) {
+          protocol_error(c, std::string("sent a malformed '") +
+                                (m.contains("t") && m["t"].is_string()
+                                     ? m["t"].get<std::string>()
+                                     : std::string("?")) +
+                                "' message: " + x.what());
+          return;
+        } catch (const json::exception& x) {
+          protocol_error(c, std::string("sent a malformed '") +
+                                (m.contains("t") && m["t"].is_string()
+                                     ? m["t"].get<std::string>()
+                                     : std::string("?")) +
+                                "' message (" + x.what() + "): " + line.substr(0, 200));
+          return;
+        }
+        if (c->sock.is_open()) read(c);
+      });
+}
+
+std::string Daemon::peer_name(const std::shared_ptr<Conn>& c) const {
+  if (c->local >= 0 && c->local < static_cast<int>(workers_.size()))
+    return fmt::format("worker rank {} (local {}, pid {})", workers_[c->local].rank, c->local,
+                       workers_[c->local].pid);
+  return "a control connection that has not said hello";
+}
+
+// A message that breaks the protocol: the worker that sent it is failed (killed, the attempt
+// ends as after any worker failure); a connection that is not a worker yet is closed. ringd
+// itself goes on.
+void Daemon::protocol_error(const std::shared_ptr<Conn>& c, const std::string& what) {
+  const std::string who = peer_name(c);
+  boost::system::error_code ec;
+  c->sock.close(ec);
+  conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
+  if (c->local >= 0 && workers_[c->local].running && !stopping_workers_) {
+    worker_failed(workers_[c->local], "protocol error: " + what);
+  } else {
+    log(fmt::format("protocol error from {}: {}; connection closed", who, what));
+  }
 }
 
 void Daemon::send(int local, const json& m) {
   for (auto& c : conns_)
     if (c->local == local) {
-      const std::string s = m.dump() + "\n";
-      boost::system::error_code ec;
-      asio::write(c->sock, asio::buffer(s), ec);
+      write(c, m);
       return;
     }
 }
 
+void Daemon::write(const std::shared_ptr<Conn>& c, const json& m) {
+  if (!c->sock.is_open()) return;
+  std::string s = m.dump() + "\n";
+  c->out_bytes += s.size();
+  c->out.push_back(std::move(s));
+  if (c->out_bytes > kMaxQueuedBytes) {
+    protocol_error(c, fmt::format("does not read its control socket ({} bytes waiting)",
+                                  c->out_bytes));
+    return;
+  }
+  if (!c->writing) write_next(c);
+}
+
+void Daemon::write_next(const std::shared_ptr<Conn>& c) {
+  if (c->out.empty() || !c->sock.is_open()) {
+    c->writing = false;
+    if (c->close_after) {
+      boost::system::error_code ec;
+      c->sock.close(ec);
+    }
+    return;
+  }
+  c->writing = true;
+  asio::async_write(c->sock, asio::buffer(c->out.front()),
+                    [this, c](const boost::system::error_code& e, size_t) {
+                      if (e) {  // the worker is gone: SIGCHLD tells the rest
+                        c->out.clear();
+                        c->out_bytes = 0;
+                        c->writing = false;
+                        return;
+                      }
+                      c->out_bytes -= c->out.front().size();
+                      c->out.pop_front();
+                      write_next(c);
+                    });
+}
+
 void Daemon::on_message(const std::shared_ptr<Conn>& c, const json& m) {
-  const std::string t = m.value("t", "");
+  auto ti = m.find("t");
+  if (ti == m.end() || !ti->is_string()) throw ProtocolError("field 't' must be a string");
+  const std::string t = ti->get<std::string>();
   if (t == "hello") {
-    const int local = m.value("local", -1), rank = m.value("rank", -1);
-    const int64_t n = m.value("n", int64_t{-1});
+    if (c->local >= 0) throw ProtocolError("a second hello on one connection");
+    const int local = static_cast<int>(field_int(m, "local", -1, 1 << 20));
+    const int rank = static_cast<int>(field_int(m, "rank", -1, 1 << 30));
+    const int64_t n = field_int(m, "n", -1, INT64_MAX);
+    const int64_t pid = field_int(m, "pid", -1, INT32_MAX);
+    // Who is really at the other end (SO_PEERCRED), not what the message says.
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    const bool have_cred =
+        getsockopt(c->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
     std::string why;
-    if (local < 0 || local >= wpn_ || !workers_[local].running)
+    if (!have_cred || cred.uid != geteuid())
+      why = have_cred ? fmt::format("uid {} is not ringd's", cred.uid) : "no peer credentials";
+    else if (local < 0 || local >= wpn_ || !workers_[local].running)
       why = fmt::format("local rank {} is not a worker of this attempt", local);
     else if (rank != workers_[local].rank)
       why = fmt::format("rank {} should be {}", rank, workers_[local].rank);
     else if (n != layout_->total())
       why = fmt::format("model of {} floats, ringd's has {} (same spec?)", n, layout_->total());
-    else if (m.value("pid", -1) != workers_[local].pid)
-      why = fmt::format("pid {} is not the worker ringd spawned", m.value("pid", -1));
+    else if (pid != workers_[local].pid || cred.pid != workers_[local].pid)
+      why = fmt::format("pid {} (connected from pid {}) is not the worker ringd spawned", pid,
+                        cred.pid);
+    else if (workers_[local].connected)
+      why = fmt::format("local rank {} is connected already", local);
     if (!why.empty()) {
       log("refused a worker: " + why);
-      const std::string s = json{{"t", "stop"}, {"reason", why}}.dump() + "\n";
-      boost::system::error_code ec;
-      asio::write(c->sock, asio::buffer(s), ec);
-      c->sock.close(ec);
+      c->close_after = true;
+      write(c, {{"t", "stop"}, {"reason", why}});
       return;
     }
     c->local = local;
@@ -1108,7 +1260,7 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c, const json& m) {
                  {"cursor", cursor_}});
     return;
   }
-  if (c->local < 0) return;
+  if (c->local < 0) throw ProtocolError("'" + t.substr(0, 50) + "' before hello");
   Worker& w = workers_[c->local];
   w.last_seen = Clock::now();
   if (stopping_workers_) return;
@@ -1128,20 +1280,24 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c, const json& m) {
       maybe_begin();
     }
   } else if (t == "bucket") {
-    if (m.value("step", int64_t{-1}) != cur_step_) {
-      worker_failed(w, fmt::format("sent bucket of step {} during step {}",
-                                   m.value("step", int64_t{-1}), cur_step_));
+    const int64_t step = field_int(m, "step", 0, INT64_MAX);
+    const int64_t b = field_int(m, "b", 0, INT32_MAX);
+    if (step != cur_step_) {
+      worker_failed(w, fmt::format("sent bucket of step {} during step {}", step, cur_step_));
       return;
     }
-    on_bucket(w, m.value("b", -1));
+    on_bucket(w, static_cast<int>(b));
   } else if (t == "done") {
-    if (m.value("step", int64_t{-1}) != cur_step_) {
+    if (field_int(m, "step", 0, INT64_MAX) != cur_step_) {
       worker_failed(w, "finished a step that is not in flight");
       return;
     }
+    check_done_fields(m);
     w.done = true;
     w.done_msg = m;
     maybe_finish_step();
+  } else if (t != "hb") {
+    throw ProtocolError("unknown message type '" + t.substr(0, 50) + "'");
   }
 }
 
