@@ -297,7 +297,7 @@ void Checkpointer::write_shard(int64_t step, const nlohmann::json& meta, SaveRes
   if (!tensors_.empty()) total = tensors_.back()->offset + tensors_.back()->bytes;
   r.bytes = registered_bytes();
 
-  int fd = ::open(data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw CheckpointError(data_path + ": cannot create: " + fs::errno_text(errno));
   struct Closer {
     int fd;

@@ -30,9 +30,15 @@ std::string basename(const std::string& path) {
 }
 
 void mkdirs(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw CheckpointError(dir + ": cannot create the directory: " + ec.message());
+  // Each missing component is made 0700: checkpoints hold the job's weights (private per user).
+  std::string p;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i < dir.size() && dir[i] != '/') continue;
+    p = dir.substr(0, i);
+    if (p.empty() || is_dir(p)) continue;
+    if (::mkdir(p.c_str(), 0700) != 0 && errno != EEXIST)
+      throw CheckpointError(p + ": cannot create the directory: " + errno_text(errno));
+  }
   if (!is_dir(dir)) throw CheckpointError(dir + ": exists and is not a directory");
 }
 
@@ -85,7 +91,7 @@ void write_atomic(const std::string& dir, const std::string& name, const std::st
   std::string tmp = join(dir, name + ".tmp-" + std::to_string(::getpid()) + "-" +
                                   std::to_string(counter.fetch_add(1)));
   std::string dst = join(dir, name);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw CheckpointError(tmp + ": cannot create: " + errno_text(errno));
   try {
     pwrite_all(fd, text.data(), text.size(), 0, tmp);

@@ -33,11 +33,20 @@ std::string clip(std::string s, size_t n) {
 }  // namespace
 
 std::string coord_node_name(int64_t job, int node_rank) {
-  if (const char* n = std::getenv("SLURMD_NODENAME"); n && proto::valid_node_name(n)) return n;
-  char host[256] = {0};
-  if (gethostname(host, sizeof(host) - 1) != 0 || !host[0]) std::snprintf(host, sizeof(host), "node");
-  std::string h = host;
-  if (auto dot = h.find('.'); dot != std::string::npos && dot > 0) h.resize(dot);
+  // The host: Slurm's name for it (what topology.conf and the job's node list use), else the
+  // short host name. The suffix makes the name unique per job and node rank: two jobs (or two
+  // steps of one job) on one host must not share a name, or commands would reach the wrong
+  // ringd and one daemon's heartbeats would hide the other's death.
+  std::string h;
+  if (const char* n = std::getenv("SLURMD_NODENAME"); n && proto::valid_node_name(n)) {
+    h = n;
+  } else {
+    char host[256] = {0};
+    if (gethostname(host, sizeof(host) - 1) != 0 || !host[0])
+      std::snprintf(host, sizeof(host), "node");
+    h = host;
+    if (auto dot = h.find('.'); dot != std::string::npos && dot > 0) h.resize(dot);
+  }
   std::string name = h + "-j" + std::to_string(job) + "-n" + std::to_string(node_rank);
   if (!proto::valid_node_name(name)) name = "node-j" + std::to_string(job) + "-n" +
                                             std::to_string(node_rank);

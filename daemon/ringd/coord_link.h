@@ -88,9 +88,11 @@ class CoordLink {
   std::thread thread_;
 };
 
-// The node name ringd registers with: $SLURMD_NODENAME under Slurm (one ringd per node; the
-// names Slurm and the cluster topology use), else "<hostname>-j<job>-n<node rank>" (unique on a
-// shared coordinator when several jobs run on one machine).
+// The node name ringd registers with: "<host>-j<job>-n<node rank>", where <host> is
+// $SLURMD_NODENAME under Slurm (the name Slurm and the cluster topology use), else the short
+// host name. Unique per job and node rank, so several ringd on one host (two jobs, or two steps
+// of one job) never share a name; ring-coord maps the name back to <host> for the cluster
+// topology (coordinator.cc, host_of_node).
 std::string coord_node_name(int64_t job, int node_rank);
 
 }  // namespace ring::ringd
