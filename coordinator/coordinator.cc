@@ -33,6 +33,19 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// ringd registers as "<host>-j<job>-n<node rank>" (daemon/ringd/coord_link.h), unique per job and
+// node rank; the cluster topology (--topology) names hosts. Other names are hosts already.
+std::string host_of_node(const std::string& node) {
+  size_t n = node.rfind("-n");
+  size_t j = n == std::string::npos || n == 0 ? std::string::npos : node.rfind("-j", n - 1);
+  auto digits = [&](size_t from, size_t to) {
+    return to > from && node.find_first_not_of("0123456789", from) >= to;
+  };
+  if (j == std::string::npos || j == 0 || !digits(n + 2, node.size()) || !digits(j + 2, n))
+    return node;
+  return node.substr(0, j);
+}
+
 std::shared_ptr<spdlog::logger> logger() {
   static std::shared_ptr<spdlog::logger> l = [] {
     auto existing = spdlog::get("coord");
@@ -374,7 +387,18 @@ struct Coordinator::Impl {
     topology::GlobalOrder g;
     try {
       if (cluster) {
-        g = topology::global_ring_order(*cluster, members);
+        // The topology knows hosts: order by host, then name the job's nodes again.
+        std::vector<std::string> hosts;
+        std::map<std::string, std::string> node_of;
+        for (const auto& n : members) {
+          std::string h = host_of_node(n);
+          if (node_of.count(h)) h = n;  // two of the job's daemons on one host
+          node_of[h] = n;
+          hosts.push_back(h);
+        }
+        g = topology::global_ring_order(*cluster, hosts);
+        for (auto& n : g.nodes) n = node_of[n];
+        for (auto& n : g.unknown) n = node_of[n];
       } else {
         std::vector<topology::Switch> sw{{"(cluster)", -1, {}, {}, 0, 0}};
         std::map<std::string, int> leaf;
