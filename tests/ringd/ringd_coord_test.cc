@@ -282,4 +282,40 @@ TEST(RingdCoord, HungWorkerIsDetected) {
   EXPECT_TRUE(processes_mentioning(jd).empty());
 }
 
+// checkpoint.every_steps 0 means "on demand and on SIGTERM" (common/spec/keys.cc): ring-coord's
+// checkpoint_now is obeyed (a checkpoint at the next step boundary, reported saved), and no
+// periodic checkpoint is written before it.
+TEST(RingdCoord, CheckpointNowWithEveryStepsZero) {
+  TempDir t("ringd-coord");
+  Coord c(t.path);
+  const std::string jd = t.path + "/job";
+  std::string spec = slurp(kSpec);
+  for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"  every_steps: 4\n", "  every_steps: 0\n"}, {"  steps: 12\n", "  steps: 100000\n"}})
+    spec.replace(spec.find(from), from.size(), to);
+  const std::string spec_path = t.path + "/spec.yaml";
+  std::ofstream(spec_path) << spec;
+  const int64_t job = c.client()->submit(spec, "", jd).job;
+  std::vector<std::string> args = ringd_args(c, job, jd);
+  args[2] = spec_path;  // --spec
+  Proc d(args, t.path + "/ringd.out", t.path + "/ringd.err");
+  proto::JobInfo r = wait_status(c, job, [](const proto::JobInfo& i) { return i.step >= 3; }, 120);
+  ASSERT_GE(r.step, 3) << r.state << diag(t, jd);
+  EXPECT_FALSE(r.last_checkpoint_step.has_value());
+  c.client()->checkpoint(job);
+  proto::JobInfo k = wait_status(c, job, [](const proto::JobInfo& i) {
+    return i.last_checkpoint_step.has_value(); }, 60);
+  ASSERT_TRUE(k.last_checkpoint_step.has_value()) << diag(t, jd);
+  EXPECT_GE(*k.last_checkpoint_step, 3);
+  bool acked = false;
+  for (const auto& e : c.events(job))
+    if (e.kind == "command_ack" && e.data.value("command", "") == "checkpoint_now")
+      acked = e.data.value("ok", false);
+  EXPECT_TRUE(acked) << "checkpoint_now was not acknowledged ok";
+  c.client()->cancel(job);
+  const int st = d.wait(30);
+  ASSERT_TRUE(WIFEXITED(st)) << st << diag(t, jd);
+  EXPECT_EQ(WEXITSTATUS(st), 3) << diag(t, jd);
+}
+
 }  // namespace

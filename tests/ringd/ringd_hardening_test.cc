@@ -273,16 +273,25 @@ TEST(RingdHardening, SighupWithStdoutGoneStopsWithACheckpoint) {
   }
   ::close(p[0]);
   ASSERT_NE(got.find("\"step\":2"), std::string::npos) << got;
-  // A few more steps write into the closed pipe (EPIPE) before the hang-up.
+  // A few more steps write into the closed pipe (EPIPE) before the hang-up (or kill ringd with
+  // SIGPIPE, which is the bug).
   const std::string log = job + "/logs/ringd-0.log";
-  EXPECT_TRUE(wait_for([&] { return slurp(log).find("stdout is closed") != std::string::npos; }, 60))
-      << slurp(log);
-  ASSERT_EQ(kill(pid, SIGHUP), 0);
   int st = -1;
+  bool reaped = false;
+  EXPECT_TRUE(wait_for(
+      [&] {
+        reaped = reaped || waitpid(pid, &st, WNOHANG) == pid;
+        return reaped || slurp(log).find("stdout is closed") != std::string::npos;
+      },
+      60))
+      << slurp(log);
+  if (!reaped) ASSERT_EQ(kill(pid, SIGHUP), 0);
   const auto end2 = Clock::now() + std::chrono::seconds(60);
-  while (Clock::now() < end2 && waitpid(pid, &st, WNOHANG) == 0)
+  while (!reaped && Clock::now() < end2) {
+    reaped = waitpid(pid, &st, WNOHANG) == pid;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (!WIFEXITED(st) && !WIFSIGNALED(st)) {
+  }
+  if (!reaped) {
     kill(pid, SIGKILL);
     waitpid(pid, &st, 0);
   }
