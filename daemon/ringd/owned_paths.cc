@@ -26,6 +26,14 @@ std::string octal(mode_t m) {
 
 std::string err(int e) { return std::strerror(e); }
 
+// Our pid namespace ("pid:[4026531836]"): a pid means something only inside its namespace, and
+// containers of one user may share /tmp.
+std::string pid_namespace() {
+  char buf[64] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("unknown");
+}
+
 }  // namespace
 
 void ensure_own_dir(const std::string& dir, mode_t forbidden) {
@@ -142,8 +150,10 @@ std::string make_control_dir(const std::function<void(const std::string&)>& note
       if (!is_own_marked_dir(dir)) continue;
       const std::string text = proc::read_file(dir + "/" + kMarkerName);
       long long pid = -1, start = -1;
-      if (std::sscanf(text.c_str(), "ringd %lld %lld", &pid, &start) != 2 || pid <= 0) continue;
-      if (pid == ::getpid()) continue;
+      char ns[64] = {0};
+      if (std::sscanf(text.c_str(), "ringd %lld %lld %63s", &pid, &start, ns) != 3 || pid <= 0)
+        continue;
+      if (pid == ::getpid() || ns != pid_namespace()) continue;  // not ours to judge
       const long long now = process_start_time(static_cast<pid_t>(pid));
       if (now >= 0 && now == start) continue;  // that ringd still runs
       std::string why;
@@ -160,7 +170,7 @@ std::string make_control_dir(const std::function<void(const std::string&)>& note
     throw PathError("cannot reuse " + dir + ": " + why);
   ensure_own_dir(dir, 0077);
   mark_own_dir(dir, "ringd " + std::to_string(::getpid()) + " " +
-                        std::to_string(process_start_time(::getpid())));
+                        std::to_string(process_start_time(::getpid())) + " " + pid_namespace());
   return dir;
 }
 

@@ -9,9 +9,10 @@
 // ringd's control sockets live in a per-user runtime directory, checked like ring-coord's socket
 // directory (coordinator/security.h): <base>/ringd/ringd-<pid>, where <base> is
 // $XDG_RUNTIME_DIR/ringmaster (when XDG_RUNTIME_DIR is a directory of ours) or
-// /tmp/ringmaster-<euid>. The marker of a socket directory names the ringd's pid and its start
-// time, so the directory of a ringd that died (kill -9) is recognised and removed by the next
-// ringd of the same user, and the directory of a live ringd (even one whose pid was reused) never.
+// /tmp/ringmaster-<euid>. The marker of a socket directory names the ringd's pid, its start
+// time and its pid namespace, so the directory of a ringd that died (kill -9) is recognised and
+// removed by the next ringd of the same user in the same pid namespace, and the directory of a
+// live ringd (even one whose pid was reused, or one in another container) never.
 #pragma once
 
 #include <sys/types.h>
