@@ -1864,6 +1864,17 @@ int run(const Options& o) {
                  "--launch-local; ringd runs optimizer.offload: cpu\n";
     return kExitUsage;
   }
+  if (s.optimizer.update == spec::UpdateMode::kLazy) {
+    // The lazy-update index in shared memory (worker/offload/shm.h) holds 32-bit coordinates:
+    // a larger model would update the wrong coordinates silently.
+    const int64_t n = model::ParamLayout(model::ModelConfig::from_spec(s)).total();
+    if (n > (int64_t{1} << 32)) {
+      std::cerr << "ringd: " << o.spec << ": optimizer.update = lazy with " << n
+                << " parameters: the lazy-update index holds 32-bit coordinates (at most "
+                << (int64_t{1} << 32) << " parameters); use optimizer.update: dense\n";
+      return kExitUsage;
+    }
+  }
   std::ifstream in(o.spec, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {

@@ -551,4 +551,27 @@ TEST(RingdHardening, WorkerWithATypeErrorFailsAlone) {
   EXPECT_EQ(slurp(t.path + "/ringd.err").find("fatal"), std::string::npos) << diag(t);
 }
 
+// update: lazy keeps 32-bit coordinates in shared memory: a model of more than 2^32 parameters
+// is refused before anything is allocated (exit 2, naming the key and the limit).
+TEST(RingdHardening, LazyUpdateOverTwoToThe32ParametersIsRefused) {
+  TempDir t("ringd-hard");
+  std::string spec = slurp(kSpec4);
+  for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"  layers: 2\n", "  layers: 8\n"},
+           {"  d_model: 64\n", "  d_model: 8192\n"},
+           {"  heads: 4\n", "  heads: 64\n"},
+           {"  offload: cpu\n",
+            "  offload: cpu\n  update: lazy\n  compression: topk\n  density: 0.001\n"}})
+    spec.replace(spec.find(from), from.size(), to);
+  std::ofstream(t.path + "/spec.yaml") << spec;
+  Proc d(ringd_args(t.path + "/spec.yaml", t.path + "/job"), t.path + "/ringd.out",
+         t.path + "/ringd.err", opts(make_xdg(t)));
+  const int st = d.wait(60);
+  ASSERT_TRUE(WIFEXITED(st)) << st;
+  EXPECT_EQ(WEXITSTATUS(st), 2) << slurp(t.path + "/ringd.err");
+  const std::string err = slurp(t.path + "/ringd.err");
+  EXPECT_NE(err.find("optimizer.update"), std::string::npos) << err;
+  EXPECT_NE(err.find("4294967296"), std::string::npos) << err;
+}
+
 }  // namespace
