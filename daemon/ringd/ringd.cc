@@ -516,6 +516,23 @@ int Daemon::run() {
   ckpt_dir_ = spec_.checkpoint.dir;
   if (!ckpt_dir_.empty() && ckpt_dir_[0] != '/')
     ckpt_dir_ = (fs::path(job_dir_) / ckpt_dir_).lexically_normal().string();
+  if (!ckpt_dir_.empty()) {
+    // A checkpoint directory that cannot be written is said now, not at the first checkpoint
+    // (which could be the stop checkpoint of a preemption). Created 0700: it holds the weights.
+    std::error_code cec;
+    if (!fs::exists(ckpt_dir_, cec)) {
+      fs::create_directories(ckpt_dir_, cec);
+      if (!cec) ::chmod(ckpt_dir_.c_str(), 0700);
+    }
+    if (cec || !fs::is_directory(ckpt_dir_, cec) || ::access(ckpt_dir_.c_str(), W_OK | X_OK) != 0) {
+      std::cerr << "ringd: checkpoint.dir " << ckpt_dir_ << ": "
+                << (cec ? cec.message()
+                        : fs::is_directory(ckpt_dir_) ? std::string(std::strerror(errno))
+                                                      : std::string("not a directory"))
+                << "\n";
+      return kExitFailed;
+    }
+  }
   spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
   worker_bin_ = find_worker_bin(o_.worker_bin);
   if (worker_bin_.empty() || access(worker_bin_.c_str(), X_OK) != 0) {
@@ -772,6 +789,10 @@ void Daemon::start_attempt() {
       for (const optim::StateTensor& t : opt_->state_tensors())
         ck_->add_tensor(t.name, ckpt::DType::kF32, {t.size}, t.data);
     }
+  } catch (const ckpt::CheckpointMismatch& e) {
+    // A sound checkpoint of another model: every restart would find the same one.
+    fatal(std::string("cannot resume: ") + e.what());
+    return;
   } catch (const std::exception& e) {
     log(std::string("attempt failed to start: ") + e.what());
     event("attempt_failed", {{"error", e.what()}});

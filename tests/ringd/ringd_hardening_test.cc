@@ -574,4 +574,26 @@ TEST(RingdHardening, LazyUpdateOverTwoToThe32ParametersIsRefused) {
   EXPECT_NE(err.find("4294967296"), std::string::npos) << err;
 }
 
+// A checkpoint directory that cannot be made is an error at start (exit 1, named), not a failed
+// checkpoint discovered at the end of the run or at a preemption.
+TEST(RingdHardening, UnusableCheckpointDirFailsAtStart) {
+  TempDir t("ringd-hard");
+  std::ofstream(t.path + "/file") << "a file, not a directory\n";
+  std::string spec = slurp(kOnDemand);
+  const std::string key = "  dir: ondemand-ckpt";
+  spec.replace(spec.find(key), key.size(), "  dir: " + t.path + "/file/ckpt");
+  std::ofstream(t.path + "/spec.yaml") << spec;
+  const std::string out = t.path + "/ringd.out";
+  Proc d(ringd_args(t.path + "/spec.yaml", t.path + "/job", {"--steps", "3"}), out,
+         t.path + "/ringd.err", opts(make_xdg(t)));
+  const int st = d.wait(60);
+  ASSERT_TRUE(WIFEXITED(st)) << st << diag(t);
+  EXPECT_EQ(WEXITSTATUS(st), 1) << diag(t);
+  const std::string err = slurp(t.path + "/ringd.err");
+  EXPECT_NE(err.find("checkpoint.dir " + t.path + "/file/ckpt: Not a directory"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(last_step(out), 0) << "trained without a usable checkpoint directory";
+}
+
 }  // namespace
