@@ -24,6 +24,11 @@
 //   WorkerWithATypeErrorFailsAlone: a fake worker that says hello properly and then sends a bucket
 //     whose step is a string: that worker fails with "protocol error" naming the field; ringd
 //     exits 1 (max_restarts 0) through its normal failure path, not an escaped exception.
+//   LazyUpdateOverTwoToThe32ParametersIsRefused: update lazy with 6.4e9 parameters: exit 2 before
+//     allocating (the shm index is 32-bit).
+//   UnusableCheckpointDirFailsAtStart: checkpoint.dir below a regular file: exit 1 at start.
+//   JobDirTheUserCannotWriteFailsAtOnceWithTheCause: ringd as nobody on a root-owned job dir:
+//     exit 1 at once, "cannot open .../logs/ringd-0.log: Permission denied" on stderr.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -38,6 +43,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -594,6 +600,45 @@ TEST(RingdHardening, UnusableCheckpointDirFailsAtStart) {
             std::string::npos)
       << err;
   EXPECT_EQ(last_step(out), 0) << "trained without a usable checkpoint directory";
+}
+
+// The case: `ringctl run` with a job directory the user cannot write. ringd (run as
+// nobody, on a root-owned job dir) exits 1 at once with the cause on stderr, also with --json,
+// instead of restarting and leaving the reason in a log file nobody can write anyway.
+TEST(RingdHardening, JobDirTheUserCannotWriteFailsAtOnceWithTheCause) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run ringd as another user (nobody)";
+  if (std::system("command -v setpriv >/dev/null 2>&1") != 0) GTEST_SKIP() << "no setpriv";
+  TempDir t("ringd-hard");
+  ::chmod(t.path.c_str(), 0755);
+  // What nobody runs and reads, where nobody can reach it (the checkout may be in a 0700 home).
+  fs::create_directories(t.path + "/bin");
+  fs::copy_file(RINGD_BIN, t.path + "/bin/ringd");
+  ::chmod((t.path + "/bin/ringd").c_str(), 0755);
+  fs::copy_file(kSpec4, t.path + "/spec.yaml");
+  ::chmod((t.path + "/spec.yaml").c_str(), 0644);
+  const std::string job = t.path + "/job";
+  fs::create_directories(job + "/logs");  // root's, 0755: nobody cannot write
+  ::chmod(job.c_str(), 0755);
+  ::chmod((job + "/logs").c_str(), 0755);
+  const std::string xdg = t.path + "/xdg";
+  fs::create_directories(xdg);
+  ASSERT_EQ(::chown(xdg.c_str(), 65534, 65534), 0);
+  ::chmod(xdg.c_str(), 0700);
+  const auto t0 = Clock::now();
+  Proc d({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+          t.path + "/bin/ringd", "--spec", t.path + "/spec.yaml", "--job-dir", job, "--json",
+          "--worker-bin", RING_WORKER},
+         t.path + "/ringd.out", t.path + "/ringd.err", opts(xdg));
+  const int st = d.wait(60);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_TRUE(WIFEXITED(st)) << st;
+  EXPECT_EQ(WEXITSTATUS(st), 1) << slurp(t.path + "/ringd.err");
+  EXPECT_LT(took, 20.0);
+  const std::string err = slurp(t.path + "/ringd.err");
+  EXPECT_NE(err.find("cannot open " + job + "/logs/ringd-0.log: Permission denied"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(has_event(t.path + "/ringd.out", "restarting"));
 }
 
 }  // namespace
