@@ -378,8 +378,15 @@ class Daemon {
   struct Blocking {  // adds its lifetime to blocked_
     Daemon* d;
     Clock::time_point t0 = Clock::now();
-    ~Blocking() { d->blocked_ += Clock::now() - t0; }
+    ~Blocking() {
+      d->blocked_ += Clock::now() - t0;
+      d->unblocked_at_ = Clock::now();
+    }
   };
+  // When the loop last came back from a blocking call (a checkpoint drain, the optimizer's step
+  // end, the resume load): workers' heartbeats queued meanwhile have not been read yet, so
+  // silence is counted from here at the earliest, or a long drain would look like hung workers.
+  Clock::time_point unblocked_at_{};
   // Several nodes: every node stops after the same step. A node with a stop signal says so in
   // its params; the workers pass it on in the step's loss all_gather and report it in "done", so
   // every ringd learns it at the end of the same step (the signal reaches the nodes at slightly
@@ -800,6 +807,7 @@ void Daemon::start_attempt() {
     stop_workers("the attempt could not start");
     return;
   }
+  unblocked_at_ = Clock::now();  // the exchange bootstrap and the resume load blocked the loop
   if (coord_) coord_->set_progress(attempt_, done_step_);
   event("attempt_started", {{"workers", wpn_}, {"start_step", done_step_}});
 }
@@ -1399,6 +1407,7 @@ void Daemon::on_bucket(Worker& w, int b) {
       const Clock::duration stalled = Clock::now() - t0;
       ckpt_stall_s_ += std::chrono::duration<double>(stalled).count();
       blocked_ += stalled;
+      unblocked_at_ = Clock::now();
       for (const ckpt::SaveResult& r : done) report_checkpoint(r);
     }
     opt_->bucket_ready(bk.index, dst);
@@ -1666,7 +1675,8 @@ void Daemon::on_tick() {
   if (attempt_live_ && !stopping_workers_) {
     for (Worker& w : workers_) {
       if (!w.running) continue;
-      const double silent = std::chrono::duration<double>(now - w.last_seen).count();
+      const double silent =
+          std::chrono::duration<double>(now - std::max(w.last_seen, unblocked_at_)).count();
       if (w.connected && silent > o_.heartbeat_timeout_s) {
         worker_failed(w, fmt::format("sent no heartbeat for {:.1f} s (hung)", silent));
         break;
