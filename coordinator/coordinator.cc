@@ -23,6 +23,7 @@
 #include "common/spec/parse.h"
 #include "common/topology/cluster.h"
 #include "common/topology/global_order.h"
+#include "common/topology/hostlist.h"
 #include "coordinator/store.h"
 
 namespace ring::coord {
@@ -32,19 +33,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// ringd registers as "<host>-j<job>-n<node rank>" (daemon/ringd/coord_link.h), unique per job and
-// node rank; the cluster topology (--topology) names hosts. Other names are hosts already.
-std::string host_of_node(const std::string& node) {
-  size_t n = node.rfind("-n");
-  size_t j = n == std::string::npos || n == 0 ? std::string::npos : node.rfind("-j", n - 1);
-  auto digits = [&](size_t from, size_t to) {
-    return to > from && node.find_first_not_of("0123456789", from) >= to;
-  };
-  if (j == std::string::npos || j == 0 || !digits(n + 2, node.size()) || !digits(j + 2, n))
-    return node;
-  return node.substr(0, j);
-}
 
 std::shared_ptr<spdlog::logger> logger() {
   static std::shared_ptr<spdlog::logger> l = [] {
@@ -391,7 +379,7 @@ struct Coordinator::Impl {
         std::vector<std::string> hosts;
         std::map<std::string, std::string> node_of;
         for (const auto& n : members) {
-          std::string h = host_of_node(n);
+          std::string h = topology::host_of_daemon_node(n);
           if (node_of.count(h)) h = n;  // two of the job's daemons on one host
           node_of[h] = n;
           hosts.push_back(h);

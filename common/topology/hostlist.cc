@@ -142,4 +142,15 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a < b;
 }
 
+std::string host_of_daemon_node(const std::string& node) {
+  const size_t n = node.rfind("-n");
+  const size_t j = n == std::string::npos || n == 0 ? std::string::npos : node.rfind("-j", n - 1);
+  auto digits = [&](size_t from, size_t to) {
+    return to > from && node.find_first_not_of("0123456789", from) >= to;
+  };
+  if (j == std::string::npos || j == 0 || !digits(n + 2, node.size()) || !digits(j + 2, n))
+    return node;
+  return node.substr(0, j);
+}
+
 }  // namespace ring::topology

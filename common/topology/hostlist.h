@@ -29,4 +29,9 @@ std::vector<std::string> expand_hostlist(std::string_view expression);
 // Compares names with their digit runs as numbers: "n2" < "n10", then as text.
 bool natural_less(const std::string& a, const std::string& b);
 
+// The host of a node name as ringd registers it with ring-coord, "<host>-j<job>-n<node rank>"
+// (daemon/ringd/coord_link.h: unique per job and node rank): "node7-j12-n1" -> "node7". Any other
+// name is a host name already and comes back unchanged.
+std::string host_of_daemon_node(const std::string& node);
+
 }  // namespace ring::topology

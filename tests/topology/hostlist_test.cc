@@ -63,5 +63,14 @@ TEST(Hostlist, NaturalOrder) {
   EXPECT_TRUE(natural_less("s1", "s00000000000000000000000002"));  // no overflow
 }
 
+TEST(Hostlist, HostOfADaemonNodeName) {
+  EXPECT_EQ(host_of_daemon_node("node7-j12-n1"), "node7");
+  EXPECT_EQ(host_of_daemon_node("gpu-a-01-j3-n0"), "gpu-a-01");
+  EXPECT_EQ(host_of_daemon_node("r1-j2-n3-j4-n5"), "r1-j2-n3");  // only ringd's one suffix
+  for (const char* same : {"node7", "node7-j12", "node7-n1", "-j1-n2", "node7-jx-n1",
+                           "node7-j1-n", "node7-j-n1", "a-j1-n2x"})
+    EXPECT_EQ(host_of_daemon_node(same), same) << same;
+}
+
 }  // namespace
 }  // namespace ring::topology
