@@ -2,8 +2,8 @@
 // plane between ringctl and the node daemons). See coordinator/README.md.
 //
 //   ring-coord [--state-dir DIR] [--endpoint ipc://...|tcp://...]... [--socket-mode shared]
-//              [--heartbeat-timeout S] [--admin-uid UID]... [--sync full|normal]
-//              [--topology topology.conf|cluster.yaml]
+//              [--heartbeat-interval S] [--heartbeat-timeout S] [--admin-uid UID]...
+//              [--sync full|normal] [--topology topology.conf|cluster.yaml] [--log-level L]
 //   ring-coord --state-dir DIR --print-public-key     the CURVE key tcp clients need
 //
 // Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot start (the reason is printed), 2 usage.

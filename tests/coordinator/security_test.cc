@@ -13,6 +13,7 @@
 
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <zmq.hpp>
 
@@ -29,6 +30,9 @@ namespace {
 const std::string kCoordBin = std::string(RING_BINARY_DIR) + "/coordinator/ring-coord";
 const std::string kRingctlBin = std::string(RING_BINARY_DIR) + "/cli/ringctl";
 constexpr uid_t kNobody = 65534;
+// A second unprivileged uid without a passwd entry: the kernel needs none, and the coordinator
+// takes the uid from the connection (SO_PEERCRED).
+constexpr uid_t kOther = 65533;
 
 // A per-test directory nobody can traverse (the socket directory inside is made 0711 by a
 // shared-mode coordinator); removed at the end.
@@ -56,18 +60,18 @@ struct CoordBin {
   Client client() { return Client(ClientOptions{ep, 10000ms, "", "", ""}); }
 };
 
-// Runs `fn` in a forked child that is uid/gid 65534 (nobody) and returns what it returned (or
+// Runs `fn` in a forked child that is uid/gid `uid` (not root) and returns what it returned (or
 // the exception it threw). The child uses only objects it creates itself (its own ZeroMQ
 // context) and leaves with _exit.
-std::string as_nobody(const std::function<std::string()>& fn) {
+std::string as_uid(uid_t uid, const std::function<std::string()>& fn) {
   int p[2];
   if (pipe(p) != 0) return "pipe failed";
   pid_t pid = fork();
   if (pid == 0) {
     close(p[0]);
     std::string out;
-    if (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0) {
-      out = "cannot become nobody";
+    if (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0) {
+      out = "cannot become uid " + std::to_string(uid);
     } else {
       try {
         out = fn();
@@ -92,6 +96,10 @@ std::string as_nobody(const std::function<std::string()>& fn) {
   int st = 0;
   waitpid(pid, &st, 0);
   return out;
+}
+
+std::string as_nobody(const std::function<std::string()>& fn) {
+  return as_uid(kNobody, fn);
 }
 
 // The code of the error the coordinator answers `m` with, or "accepted" when none comes within
@@ -199,48 +207,69 @@ TEST(CoordSecurity, AnotherUserCannotTakeOverALostNode) {
 }
 
 // Another user registers first the (predictable) name the owner's ringd will use and keeps it
-// up. Before: the owner's daemon was refused ("registered by uid 65534 and is up"), the job ran
-// unsupervised. Now the owner's daemon registers and serves its job; the squatter's messages
-// about the job are refused, and its repeated claims leave one join_refused event.
+// up. Before: the owner's daemon was refused ("registered by uid 65533 and is up") and its job
+// ran unsupervised. Now the owner's daemon registers and serves its job; the squatter's messages
+// about the job are refused, and its repeated claims leave one join_refused event. Owner (nobody)
+// and squatter (uid 65533) are both unprivileged.
 TEST(CoordSecurity, ASquatterCannotBlockOrHijackTheOwnersDaemon) {
   SharedDir dir;
   CoordBin coord(dir.path, {"--heartbeat-interval", "0.2", "--heartbeat-timeout", "60"});
   auto client = coord.client();
-  int64_t job = client.submit(test_spec(1, 0, 1, 1)).job;
+  const std::string spec = test_spec(1, 0, 1, 1);
+  std::string submitted = as_nobody([&] {
+    Client c(ClientOptions{coord.ep, 10000ms, "", "", ""});
+    return std::to_string(c.submit(spec).job);
+  });
+  ASSERT_EQ(submitted.find_first_not_of("0123456789"), std::string::npos) << submitted;
+  int64_t job = std::stoll(submitted);
+  ASSERT_EQ(client.status(job).owner_uid, static_cast<int64_t>(kNobody));
   const std::string name = "host-j" + std::to_string(job) + "-n0";
 
-  std::string first = as_nobody([&] {
+  std::string first = as_uid(kOther, [&] {
     SimDaemon squatter(coord.ep, name);
     auto reg = squatter.register_jobs({{job, 0, 0}});
     for (int i = 0; i < 3; ++i) squatter.link().heartbeat({{job, 0, 0}});
-    // A status round trip through another socket would not order these; wait for a reply to a
-    // message sent after them instead.
+    // Registering again is answered after the heartbeats were handled (one connection).
     squatter.register_jobs({{job, 0, 0}});
     return "jobs=" + std::to_string(reg.jobs.size());
   });
   EXPECT_EQ(first, "jobs=0");
   EXPECT_EQ(client.status(job).state, "pending");
 
-  SimDaemon owner(coord.ep, name);
-  proto::Registered reg;
-  try {
-    reg = owner.register_jobs({{job, 0, 0}});
-  } catch (const std::exception& e) {
-    auto err = owner.inbox.empty() ? std::string("no reply")
-                                   : proto::encode(owner.inbox.front());
-    FAIL() << "the owner's daemon was not registered: " << e.what() << " " << err;
-  }
-  ASSERT_EQ(reg.jobs.size(), 1u);
-  EXPECT_EQ(reg.jobs[0].state, "starting");
-  owner.step(job, 1, 1);
+  // The owner's daemon registers under the same name while the squatter's node is up.
+  std::string owner = as_nobody([&] {
+    SimDaemon d(coord.ep, name);
+    d.link().registration().jobs = {{job, 0, 0}};
+    d.link().register_now();
+    for (;;) {
+      auto m = d.link().recv(10s);
+      if (!m) return std::string("no reply");
+      if (auto* r = std::get_if<proto::Registered>(&*m)) {
+        if (r->jobs.size() != 1) return "registered with " + std::to_string(r->jobs.size()) + " jobs";
+        d.step(job, 1, 1);
+        // Answered after the step was handled.
+        d.register_jobs({{job, 1, 1}});
+        return "registered " + r->jobs[0].state;
+      }
+      if (auto* e = std::get_if<proto::ErrorReply>(&*m)) return "refused: " + e->message;
+    }
+  });
+  ASSERT_EQ(owner, "registered starting");
   ASSERT_TRUE(wait_for([&] { return client.status(job).state == "running"; }, 30s));
 
-  std::string answers = as_nobody([&] { return forge_everything(coord.ep, name, job, 1); });
+  std::string answers = as_uid(kOther, [&] { return forge_everything(coord.ep, name, job, 1); });
   EXPECT_EQ(answers, kAllRefused);
   EXPECT_EQ(client.status(job).state, "running");
 
-  owner.checkpoint(job, 1, 4);
-  owner.simple(proto::EventKind::kJobCompleted, job, 1, 4);
+  std::string done = as_nobody([&] {
+    SimDaemon d(coord.ep, name);
+    d.register_jobs({{job, 1, 1}});
+    d.checkpoint(job, 1, 4);
+    d.simple(proto::EventKind::kJobCompleted, job, 1, 4);
+    d.register_jobs({{job, 1, 4}});
+    return std::string("ok");
+  });
+  EXPECT_EQ(done, "ok");
   ASSERT_TRUE(wait_for([&] { return client.status(job).state == "completed"; }, 30s))
       << client.status(job).state_reason;
   auto st = client.status(job);
@@ -250,11 +279,16 @@ TEST(CoordSecurity, ASquatterCannotBlockOrHijackTheOwnersDaemon) {
   for (const auto& e : client.events(job, 0, 1000)) {
     if (e.kind == "join_refused") {
       ++refused;
-      EXPECT_EQ(e.data["uid"], kNobody);
+      EXPECT_EQ(e.data["uid"], kOther);
     }
     EXPECT_EQ(e.data.dump().find("/forged"), std::string::npos) << e.kind;
   }
   EXPECT_EQ(refused, 1);
+  // Two nodes of one name, one per uid.
+  std::set<int64_t> uids;
+  for (const auto& n : client.nodes())
+    if (n.name == name) uids.insert(n.uid);
+  EXPECT_EQ(uids, (std::set<int64_t>{kOther, kNobody}));
 }
 
 // A newline in a string a peer sends (here a node name, quoted by the parse error) cannot start
@@ -303,7 +337,8 @@ TEST(CoordSecurity, PeerStringsCannotForgeLogLines) {
 // naming the flag and the rule.
 TEST(CoordSecurity, BadOptionsAreUsageErrors) {
   SharedDir dir;
-  const std::string base = kCoordBin + " --state-dir " + dir.path + "/state --endpoint ipc://" +
+  // Bounded: a ring-coord that accepts a bad value starts serving instead of exiting.
+  const std::string base = "timeout 10 " + kCoordBin + " --state-dir " + dir.path + "/state --endpoint ipc://" +
                            dir.path + "/sock/coord.sock ";
   struct Case {
     std::string args, expect;
