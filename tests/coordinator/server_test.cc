@@ -702,3 +702,13 @@ TEST(CoordServer, AJobNoDaemonServesFailsAsAbandoned) {
   // The Slurm job went through the same loss at the same time and is still waiting.
   EXPECT_NE(client.status(slurm).state, "failed") << client.status(slurm).state_reason;
 }
+
+// What escape_for_log makes of control characters: one line, no terminal control, and the
+// escapes themselves stay unambiguous (a literal backslash is doubled).
+TEST(CoordServer, EscapeForLog) {
+  EXPECT_EQ(escape_for_log("plain name-1.x"), "plain name-1.x");
+  EXPECT_EQ(escape_for_log("a\nb\rc\td"), "a\\nb\\rc\\td");
+  EXPECT_EQ(escape_for_log(std::string("\x1b[2J\x7f\0z", 7)), "\\x1b[2J\\x7f\\x00z");
+  EXPECT_EQ(escape_for_log("back\\n slash"), "back\\\\n slash");
+  EXPECT_EQ(escape_for_log("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 is kept
+}
