@@ -214,8 +214,9 @@ struct Coordinator::Impl {
       std::error_code ec;
       std::filesystem::create_directories(parent, ec);
       if (ec)
-        throw SecurityError("cannot create " + parent.string() + " (parent of the state directory " +
-                            opts.state_dir + "): " + ec.message());
+        throw SecurityError("cannot create " + parent.string() +
+                            " (parent of the state directory " + opts.state_dir +
+                            "): " + ec.message());
     }
     // The state directory holds every job's spec and the CURVE secret key: private, checked as
     // ssh checks ~/.ssh (no symlink, ours, 0700), and so are the files in it.
@@ -577,9 +578,9 @@ struct Coordinator::Impl {
       // root's daemons both may serve it). It keeps its place while it is alive.
       auto other = nodes.find(member_id(*me));
       if (me->state != "lost" && other != nodes.end() && other->second.up) {
-        refuse_join(*j, node,
-                    "the job already has node " + node.name + " of uid " +
-                        std::to_string(me->node_uid));
+        refuse_join(
+            *j, node,
+            "the job already has node " + node.name + " of uid " + std::to_string(me->node_uid));
         return std::nullopt;
       }
       member = false;  // the other one is gone: this node takes the name's place in the job
@@ -629,9 +630,8 @@ struct Coordinator::Impl {
       return id;
     }
     if (!nodes.count(id))
-      throw Refused(proto::code::kNotRegistered,
-                    "node " + name + " (uid " + std::to_string(uid) +
-                        ") is not registered; send register first");
+      throw Refused(proto::code::kNotRegistered, "node " + name + " (uid " + std::to_string(uid) +
+                                                     ") is not registered; send register first");
     rebind(peer, id);
     logger()->info("node {} reconnected (uid {})", name, uid);
     return id;
@@ -1218,8 +1218,8 @@ struct Coordinator::Impl {
 
   void check_abandoned() {
     std::map<int64_t, Clock::time_point> still;
-    for (JobState st : {JobState::kStarting, JobState::kRunning, JobState::kCompleting,
-                        JobState::kRestarting})
+    for (JobState st :
+         {JobState::kStarting, JobState::kRunning, JobState::kCompleting, JobState::kRestarting})
       for (const auto& j : store->jobs_in_state(st)) {
         if (!j.slurm_job_id.empty()) continue;
         bool served = false;
@@ -1237,9 +1237,8 @@ struct Coordinator::Impl {
         outbox.clear();
         try {
           Txn t(store->db());
-          std::string why = "abandoned: no daemon has served attempt " +
-                            std::to_string(j.attempt) + " for " +
-                            std::to_string(static_cast<int>(std::round(idle))) +
+          std::string why = "abandoned: no daemon has served attempt " + std::to_string(j.attempt) +
+                            " for " + std::to_string(static_cast<int>(std::round(idle))) +
                             " s (its ringd exited or was killed, e.g. with its `ringctl run`)";
           logger()->warn("job {}: {}", j.id, why);
           store->end_attempt(j.id, j.attempt, why);

@@ -136,8 +136,7 @@ int main(int argc, char** argv) {
   // Daemons send a heartbeat every interval; a timeout that is not longer loses them all.
   if (!(o.heartbeat_interval_s < o.heartbeat_timeout_s)) {
     std::cerr << "ring-coord: --heartbeat-interval (" << o.heartbeat_interval_s
-              << " s) must be less than --heartbeat-timeout (" << o.heartbeat_timeout_s
-              << " s)\n";
+              << " s) must be less than --heartbeat-timeout (" << o.heartbeat_timeout_s << " s)\n";
     return 2;
   }
   spdlog::set_level(spdlog::level::from_str(level));

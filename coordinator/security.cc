@@ -135,8 +135,7 @@ void check_owned(const std::string& path, bool dir, mode_t forbidden, const std:
     throw SecurityError(what + " " + path + " is a symbolic link; refusing to use it (it must be " +
                         (dir ? "a real directory" : "a regular file") + ")");
   if (dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
-    throw SecurityError(what + " " + path + " is not a " +
-                        (dir ? "directory" : "regular file"));
+    throw SecurityError(what + " " + path + " is not a " + (dir ? "directory" : "regular file"));
   if (st.st_uid != ::geteuid())
     throw SecurityError(what + " " + path + " is owned by uid " + std::to_string(st.st_uid) +
                         ", not by us (uid " + std::to_string(::geteuid()) +
@@ -288,10 +287,18 @@ std::string escape_for_log(std::string_view s) {
   for (char ch : s) {
     auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\\': out += "\\\\"; break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           char buf[5];

@@ -420,8 +420,7 @@ constexpr const char* kNodeCols =
 }  // namespace
 
 std::optional<NodeRow> Store::node(int64_t uid, const std::string& name) {
-  Stmt& s =
-      db_.prepare(std::string("SELECT ") + kNodeCols + " FROM nodes WHERE uid=? AND name=?");
+  Stmt& s = db_.prepare(std::string("SELECT ") + kNodeCols + " FROM nodes WHERE uid=? AND name=?");
   s.args(uid, name);
   if (!s.step()) return std::nullopt;
   NodeRow n = read_node(s);
@@ -446,8 +445,7 @@ void Store::touch_node(int64_t uid, const std::string& name, double t) {
 
 // ---- membership -----------------------------------------------------------------------------
 
-void Store::add_job_node(int64_t job, const std::string& node, int64_t node_uid,
-                         int64_t attempt) {
+void Store::add_job_node(int64_t job, const std::string& node, int64_t node_uid, int64_t attempt) {
   db_.prepare(
          "INSERT INTO job_nodes(job_id, node, node_uid, attempt, state) VALUES (?,?,?,?,'active') "
          "ON CONFLICT(job_id, node) DO UPDATE SET node_uid=excluded.node_uid, "
@@ -497,8 +495,7 @@ std::optional<Store::JobBrief> Store::job_brief(int64_t job) {
 
 std::vector<int64_t> Store::jobs_of_node(int64_t uid, const std::string& node) {
   std::vector<int64_t> out;
-  Stmt& s =
-      db_.prepare("SELECT job_id FROM job_nodes WHERE node_uid=? AND node=? ORDER BY job_id");
+  Stmt& s = db_.prepare("SELECT job_id FROM job_nodes WHERE node_uid=? AND node=? ORDER BY job_id");
   s.args(uid, node);
   while (s.step()) out.push_back(s.i64(0));
   return out;

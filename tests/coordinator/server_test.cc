@@ -1,9 +1,9 @@
 // The coordinator's ROUTER with simulated daemons and clients over real ZeroMQ sockets.
 #include <gtest/gtest.h>
 #include <pthread.h>
-#include <sys/stat.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -590,8 +590,10 @@ TEST(CoordServer, StateDirectoryAndFilesArePrivate) {
   // A database others may read is refused, naming it and the fix.
   chmod((o.state_dir + "/coord.db").c_str(), 0644);
   std::string e = start_error(o);
-  EXPECT_NE(e.find("database " + o.state_dir + "/coord.db has mode 0644; it must not be "
-                   "accessible to group or others (chmod 0600 " + o.state_dir + "/coord.db)"),
+  EXPECT_NE(e.find("database " + o.state_dir +
+                   "/coord.db has mode 0644; it must not be "
+                   "accessible to group or others (chmod 0600 " +
+                   o.state_dir + "/coord.db)"),
             std::string::npos)
       << e;
   chmod((o.state_dir + "/coord.db").c_str(), 0600);
@@ -608,8 +610,10 @@ TEST(CoordServer, StateDirectoryAndFilesArePrivate) {
   chmod(loose.c_str(), 0750);
   o.state_dir = loose;
   e = start_error(o);
-  EXPECT_NE(e.find("state directory " + loose + " has mode 0750; it must not be accessible to "
-                   "group or others (chmod 0700 " + loose + ")"),
+  EXPECT_NE(e.find("state directory " + loose +
+                   " has mode 0750; it must not be accessible to "
+                   "group or others (chmod 0700 " +
+                   loose + ")"),
             std::string::npos)
       << e;
   EXPECT_EQ(mode_of(loose + "/coord.db"), 01000u) << "nothing is created in a refused directory";
@@ -619,16 +623,14 @@ TEST(CoordServer, StateDirectoryAndFilesArePrivate) {
   ASSERT_EQ(symlink(real.c_str(), (dir + "/link").c_str()), 0);
   o.state_dir = dir + "/link";
   e = start_error(o);
-  EXPECT_NE(e.find("state directory " + dir + "/link is a symbolic link"), std::string::npos)
-      << e;
+  EXPECT_NE(e.find("state directory " + dir + "/link is a symbolic link"), std::string::npos) << e;
   // Someone else's.
   std::string theirs = dir + "/theirs";
   mkdir(theirs.c_str(), 0700);
   ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
   o.state_dir = theirs;
   e = start_error(o);
-  EXPECT_NE(e.find("state directory " + theirs + " is owned by uid 65534"), std::string::npos)
-      << e;
+  EXPECT_NE(e.find("state directory " + theirs + " is owned by uid 65534"), std::string::npos) << e;
   std::filesystem::remove_all(dir);
 }
 
@@ -647,8 +649,10 @@ TEST(CoordServer, CurveKeyAndClientsFileAreChecked) {
 
   chmod(key.c_str(), 0640);
   std::string e = start_error(o);
-  EXPECT_NE(e.find(key + " has mode 0640; it must not be accessible to group or others "
-                         "(chmod 0600 " + key + ")"),
+  EXPECT_NE(e.find(key +
+                   " has mode 0640; it must not be accessible to group or others "
+                   "(chmod 0600 " +
+                   key + ")"),
             std::string::npos)
       << e;
   chmod(key.c_str(), 0600);
@@ -656,8 +660,10 @@ TEST(CoordServer, CurveKeyAndClientsFileAreChecked) {
   std::ofstream(clients) << "# key uid\n";
   chmod(clients.c_str(), 0666);
   e = start_error(o);
-  EXPECT_NE(e.find("CURVE clients file " + clients + " has mode 0666; it must not be writable "
-                   "by group or others (chmod 0600 " + clients + ")"),
+  EXPECT_NE(e.find("CURVE clients file " + clients +
+                   " has mode 0666; it must not be writable "
+                   "by group or others (chmod 0600 " +
+                   clients + ")"),
             std::string::npos)
       << e;
   chmod(clients.c_str(), 0644);  // readable is fine: it holds public keys
@@ -689,9 +695,11 @@ TEST(CoordServer, AJobNoDaemonServesFailsAsAbandoned) {
     b.register_jobs({{slurm, 0, 0}});
     a.step(job, 1, 1);
     b.step(slurm, 1, 1);
-    ASSERT_TRUE(wait_for([&] {
-      return client.status(job).state == "running" && client.status(slurm).state == "running";
-    }));
+    ASSERT_TRUE(wait_for(
+        [&] {
+          return client.status(job).state == "running" && client.status(slurm).state == "running";
+        },
+        30s));
   }  // both daemons are gone
   ASSERT_TRUE(wait_for([&] { return client.status(job).state == "failed"; }, 60s))
       << client.status(job).state << ": " << client.status(job).state_reason;

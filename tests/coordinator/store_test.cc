@@ -159,7 +159,8 @@ TEST(Store, MigratesV1ToLatestKeepingData) {
     // A v1 node (keyed by name alone) and its membership: v4 keys nodes by (uid, name).
     v1.db().exec(
         "INSERT INTO nodes VALUES ('n0', 1000, 'up', 1, 1, '[]', '{}', 'x');"
-        "INSERT INTO job_nodes VALUES (" + std::to_string(id) + ", 'n0', 1, 'active');");
+        "INSERT INTO job_nodes VALUES (" +
+        std::to_string(id) + ", 'n0', 1, 'active');");
     // v2's columns do not exist yet.
     EXPECT_THROW(v1.db().exec("SELECT restart_at FROM jobs"), coord::DbError);
   }
