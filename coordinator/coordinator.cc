@@ -34,11 +34,43 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Every log line's text passes through escape_for_log (security.h): peers control many of the
+// strings we log (names, messages, reasons, parse errors that quote their input), and a newline
+// in one of them must not start a forged line of ours.
+class EscapingSink : public spdlog::sinks::sink {
+ public:
+  explicit EscapingSink(std::shared_ptr<spdlog::sinks::sink> inner) : inner_(std::move(inner)) {
+    set_level(spdlog::level::trace);  // the logger's level filters
+  }
+  void log(const spdlog::details::log_msg& msg) override {
+    std::string text = escape_for_log({msg.payload.data(), msg.payload.size()});
+    spdlog::details::log_msg copy = msg;
+    copy.payload = spdlog::string_view_t(text.data(), text.size());
+    inner_->log(copy);
+  }
+  void flush() override { inner_->flush(); }
+  void set_pattern(const std::string& pattern) override { inner_->set_pattern(pattern); }
+  void set_formatter(std::unique_ptr<spdlog::formatter> f) override {
+    inner_->set_formatter(std::move(f));
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::sink> inner_;
+};
+
 std::shared_ptr<spdlog::logger> logger() {
   static std::shared_ptr<spdlog::logger> l = [] {
-    auto existing = spdlog::get("coord");
-    if (existing) return existing;
-    auto lg = spdlog::stderr_color_mt("coord");
+    auto lg = spdlog::get("coord");
+    if (!lg) {
+      lg = std::make_shared<spdlog::logger>(
+          "coord", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+      lg->set_level(spdlog::get_level());
+      spdlog::register_logger(lg);
+    }
+    // A logger made elsewhere (a test, an embedding program) gets the same escaping.
+    for (auto& sink : lg->sinks())
+      if (!std::dynamic_pointer_cast<EscapingSink>(sink))
+        sink = std::make_shared<EscapingSink>(sink);
     return lg;
   }();
   return l;
@@ -73,6 +105,18 @@ int64_t request_id(const proto::Message& m) {
 // "ipc:///run/x/coord.sock" -> "/run/x/coord.sock"
 std::string ipc_path(const std::string& ep) {
   return ep.substr(6);
+}
+
+// A node is (uid, name): the uid its daemon connected with and the name it registered. Two
+// users' daemons may use one name; neither can speak for the other's node.
+struct NodeId {
+  uint32_t uid = 0;
+  std::string name;
+  auto operator<=>(const NodeId&) const = default;
+};
+
+NodeId member_id(const JobNodeRow& jn) {
+  return {static_cast<uint32_t>(jn.node_uid), jn.node};
 }
 
 bool unix_socket_alive(const std::string& path) {
@@ -119,8 +163,8 @@ struct Coordinator::Impl {
     bool up = true;
     bool dirty = false;  // last_unix not yet written
   };
-  std::map<std::string, NodeLive> nodes;
-  std::map<std::string, std::string> peer_node;  // peer key -> node name
+  std::map<NodeId, NodeLive> nodes;
+  std::map<std::string, NodeId> peer_node;  // peer key -> node
 
   // Batched step metrics and per-job progress.
   std::vector<proto::StepReport> step_buf;
@@ -137,7 +181,7 @@ struct Coordinator::Impl {
   struct CmdInfo {
     int64_t job;
     proto::CommandKind kind;
-    std::string node;
+    NodeId node;  // only this node may acknowledge it
   };
   std::map<int64_t, CmdInfo> commands;
   int64_t next_cmd = 1;
@@ -171,21 +215,15 @@ struct Coordinator::Impl {
       std::error_code ec;
       std::filesystem::create_directories(parent, ec);
       if (ec)
-        throw SecurityError("cannot create " + parent.string() + " (parent of the state directory " +
-                            opts.state_dir + "): " + ec.message());
+        throw SecurityError("cannot create " + parent.string() +
+                            " (parent of the state directory " + opts.state_dir +
+                            "): " + ec.message());
     }
-    if (::mkdir(opts.state_dir.c_str(), 0700) != 0 && errno != EEXIST)
-      throw SecurityError("cannot create state directory " + opts.state_dir + ": " +
-                          std::strerror(errno));
-    struct stat st;
-    if (::stat(opts.state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw SecurityError("state directory " + opts.state_dir + " is not a directory");
-    if (st.st_uid != ::geteuid() || (st.st_mode & 0022))
-      throw SecurityError("state directory " + opts.state_dir +
-                          " must be owned by us and not writable by group or others");
+    // The state directory holds every job's spec and the CURVE secret key: private, checked as
+    // ssh checks ~/.ssh (no symlink, ours, 0700), and so are the files in it.
+    prepare_state_dir(opts.state_dir);
     std::string lock = opts.state_dir + "/coord.lock";
-    lock_fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock_fd < 0) throw std::runtime_error("cannot open " + lock + ": " + std::strerror(errno));
+    lock_fd = open_private_file(lock, "lock file");
     if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
       char buf[32] = {};
       ssize_t n = ::pread(lock_fd, buf, sizeof buf - 1, 0);
@@ -197,8 +235,13 @@ struct Coordinator::Impl {
     if (::ftruncate(lock_fd, 0) != 0 || ::pwrite(lock_fd, pid.data(), pid.size(), 0) < 0) {
       // Informational only.
     }
-    store = std::make_unique<Store>(opts.state_dir + "/coord.db",
-                                    Store::Options{opts.synchronous_full, 0});
+    // SQLite creates the database 0644 (less the umask) and gives -wal and -shm the database's
+    // mode: create it 0600 first, and refuse existing files that others could read.
+    const std::string db = opts.state_dir + "/coord.db";
+    ::close(open_private_file(db, "database"));
+    check_private_file_if_present(db + "-wal", "database log");
+    check_private_file_if_present(db + "-shm", "database index");
+    store = std::make_unique<Store>(db, Store::Options{opts.synchronous_full, 0});
     // Every node gets a full heartbeat timeout from our start: the time we were down is not
     // theirs.
     auto now = Clock::now();
@@ -208,7 +251,7 @@ struct Coordinator::Impl {
       nl.last = now;
       nl.last_unix = n.last_heartbeat;
       nl.up = n.state == "up";
-      nodes[n.name] = nl;
+      nodes[{static_cast<uint32_t>(n.uid), n.name}] = nl;
     }
   }
 
@@ -219,6 +262,8 @@ struct Coordinator::Impl {
     std::vector<std::string> eps = opts.endpoints;
     if (eps.empty()) eps.push_back(default_endpoint());
     for (const auto& ep : eps) {
+      if (std::string why = endpoint_error(ep); !why.empty())
+        throw std::invalid_argument("endpoint '" + ep + "': " + why);
       Listener l{zmq::socket_t(ctx, zmq::socket_type::router), false, ep};
       l.sock.set(zmq::sockopt::linger, 0);
       // Messages above 1 MiB make libzmq drop the connection; 64 KiB..1 MiB get a too_large
@@ -241,6 +286,7 @@ struct Coordinator::Impl {
         auto keys = load_or_create_curve_keys(opts.state_dir + "/curve", "server");
         server_public = keys.public_key;
         clients_file = opts.state_dir + "/curve/clients";
+        check_clients_file(clients_file);
         l.curve = true;
         l.sock.set(zmq::sockopt::curve_server, 1);
         l.sock.set(zmq::sockopt::curve_secretkey, keys.secret_key);
@@ -277,7 +323,15 @@ struct Coordinator::Impl {
     if (mechanism == "CURVE" && req.size() >= 7 && req[6].size() == 32) {
       char z85[41];
       zmq_z85_encode(z85, static_cast<const uint8_t*>(req[6].data()), 32);
-      for (const auto& c : read_authorized_clients(clients_file))
+      std::vector<AuthorizedClient> clients;
+      try {
+        clients = read_authorized_clients(clients_file);
+      } catch (const SecurityError& e) {
+        // Changed after we started: admit no one until it is fixed.
+        logger()->error("refused CURVE client {}: {}", z85, e.what());
+        return reply("400", "clients file refused", "");
+      }
+      for (const auto& c : clients)
         if (c.public_key == z85) return reply("200", "OK", std::to_string(c.uid));
       logger()->warn("refused CURVE client {} from {}: key not in {}", z85, req[3].to_string(),
                      clients_file);
@@ -313,7 +367,7 @@ struct Coordinator::Impl {
   }
 
   // Sends a command to a node if it is connected; returns whether it was sent.
-  bool command(const std::string& node, proto::CommandKind kind, int64_t job, int64_t attempt,
+  bool command(const NodeId& node, proto::CommandKind kind, int64_t job, int64_t attempt,
                int64_t step, const std::string& reason) {
     auto it = nodes.find(node);
     if (it == nodes.end() || it->second.peer.empty() || !it->second.up) return false;
@@ -321,19 +375,19 @@ struct Coordinator::Impl {
     commands[id] = {job, kind, node};
     if (commands.size() > 100000) commands.erase(commands.begin());
     queue(it->second.peer, proto::Command{id, kind, job, attempt, step, reason});
-    last_reconcile[{job, node}] = Clock::now();
-    logger()->info("job {}: {} -> {} (attempt {}, step {}): {}", job, proto::to_string(kind), node,
-                   attempt, step, reason);
+    last_reconcile[{job, node.name}] = Clock::now();
+    logger()->info("job {}: {} -> {} (attempt {}, step {}): {}", job, proto::to_string(kind),
+                   node.name, attempt, step, reason);
     return true;
   }
 
   // Nodes of a job that are connected and not lost or done.
-  std::vector<std::string> live_members(int64_t job) {
-    std::vector<std::string> out;
+  std::vector<NodeId> live_members(int64_t job) {
+    std::vector<NodeId> out;
     for (const auto& jn : store->job_nodes(job)) {
       if (jn.state == "lost" || jn.state == "done") continue;
-      auto it = nodes.find(jn.node);
-      if (it != nodes.end() && it->second.up) out.push_back(jn.node);
+      auto it = nodes.find(member_id(jn));
+      if (it != nodes.end() && it->second.up) out.push_back(member_id(jn));
     }
     return out;
   }
@@ -368,8 +422,12 @@ struct Coordinator::Impl {
     auto j = store->job(job_id);
     if (!j) return;
     std::vector<std::string> members;
+    std::map<std::string, uint32_t> member_uid;
     for (const auto& jn : store->job_nodes(job_id))
-      if (jn.state != "lost") members.push_back(jn.node);
+      if (jn.state != "lost") {
+        members.push_back(jn.node);
+        member_uid[jn.node] = static_cast<uint32_t>(jn.node_uid);
+      }
     std::sort(members.begin(), members.end(), topology::natural_less);
     if (members.empty()) return;
     topology::GlobalOrder g;
@@ -391,7 +449,7 @@ struct Coordinator::Impl {
         std::vector<topology::Switch> sw{{"(cluster)", -1, {}, {}, 0, 0}};
         std::map<std::string, int> leaf;
         for (const auto& n : members) {
-          auto row = store->node(n);
+          auto row = store->node(member_uid[n], n);
           if (!row) continue;
           json t = json::parse(row->topology, nullptr, false);
           std::string l = t.is_object() ? t.value("leaf_switch", "") : "";
@@ -471,10 +529,10 @@ struct Coordinator::Impl {
     store->set_job_nodes_attempt(j.id, n);
     for (const auto& jn : store->job_nodes(j.id)) {
       if (jn.state == "lost") continue;
-      auto it = nodes.find(jn.node);
+      auto it = nodes.find(member_id(jn));
       if (it == nodes.end() || !it->second.up) continue;
       store->set_job_node_state(j.id, jn.node, "active");
-      command(jn.node, proto::CommandKind::kRollBack, j.id, n, resume, why);
+      command(member_id(jn), proto::CommandKind::kRollBack, j.id, n, resume, why);
     }
   }
 
@@ -484,32 +542,61 @@ struct Coordinator::Impl {
     if (!j || j->state != JobState::kCancelling) return;
     for (const auto& jn : store->job_nodes(job_id)) {
       if (jn.state != "active") continue;
-      auto it = nodes.find(jn.node);
+      auto it = nodes.find(member_id(jn));
       if (it != nodes.end() && it->second.up) return;  // still waiting for this one
     }
     store->end_attempt(job_id, j->attempt, "cancelled");
     store->set_state(job_id, JobState::kCancelled, "every node stopped");
   }
 
+  // A daemon may serve a job of its own uid; root's daemons may serve any job (docs/security.md).
+  // --admin-uid is for client requests only: an admin may cancel a job, not speak for its nodes.
+  static bool may_serve(uint32_t uid, const JobRow& j) {
+    return uid == 0 || static_cast<uint32_t>(j.owner_uid) == uid;
+  }
+
+  // Refused joins are recorded (event, warning) once per node and job, so that a daemon listing
+  // another user's job in every heartbeat cannot flood that job's events or our log.
+  std::set<std::pair<int64_t, NodeId>> refused_joins;
+
+  void refuse_join(const JobRow& j, const NodeId& node, const std::string& reason) {
+    if (!refused_joins.insert({j.id, node}).second) return;
+    if (refused_joins.size() > 100000) refused_joins.clear();
+    logger()->warn("node {} (uid {}) may not serve job {}: {}", node.name, node.uid, j.id, reason);
+    store->add_event(j.id, j.attempt, node.name, "join_refused",
+                     {{"uid", node.uid}, {"reason", reason}});
+  }
+
   // A daemon says it serves this job (register/heartbeat). Returns its assignment.
-  std::optional<proto::Assignment> join_job(const std::string& node, uint32_t uid,
-                                            const proto::JobProgress& jp) {
+  std::optional<proto::Assignment> join_job(const NodeId& node, const proto::JobProgress& jp) {
     auto j = store->job(jp.job);
     if (!j) {
-      logger()->warn("node {} claims job {}, which does not exist", node, jp.job);
+      logger()->debug("node {} (uid {}) claims job {}, which does not exist", node.name, node.uid,
+                      jp.job);
       return std::nullopt;
     }
-    if (static_cast<uint32_t>(j->owner_uid) != uid && !is_admin(uid)) {
-      logger()->warn("node {} (uid {}) may not serve job {} of uid {}", node, uid, j->id,
-                     j->owner_uid);
-      store->add_event(j->id, j->attempt, node, "join_refused",
-                       {{"uid", uid}, {"reason", "daemon uid is not the job owner"}});
+    if (!may_serve(node.uid, *j)) {
+      refuse_join(*j, node,
+                  "daemon uid " + std::to_string(node.uid) + " is not the job owner's (uid " +
+                      std::to_string(j->owner_uid) + ")");
       return std::nullopt;
     }
     auto members = store->job_nodes(j->id);
     auto me = std::find_if(members.begin(), members.end(),
-                           [&](const JobNodeRow& r) { return r.node == node; });
+                           [&](const JobNodeRow& r) { return r.node == node.name; });
     bool member = me != members.end();
+    if (member && member_id(*me) != node) {
+      // The job already has a member of this name that is another uid's node (the owner's and
+      // root's daemons both may serve it). It keeps its place while it is alive.
+      auto other = nodes.find(member_id(*me));
+      if (me->state != "lost" && other != nodes.end() && other->second.up) {
+        refuse_join(
+            *j, node,
+            "the job already has node " + node.name + " of uid " + std::to_string(me->node_uid));
+        return std::nullopt;
+      }
+      member = false;  // the other one is gone: this node takes the name's place in the job
+    }
     if (is_terminal(j->state) || j->state == JobState::kCancelling) {
       if (member && me->state == "active" && j->state == JobState::kCancelling) {
         command(node, proto::CommandKind::kStop, j->id, j->attempt, 0, "job cancelled");
@@ -523,13 +610,13 @@ struct Coordinator::Impl {
       int64_t resume = store->latest_complete_checkpoint(j->id, j->nodes).value_or(0);
       store->begin_attempt(j->id, 1 + j->attempt, "first start", resume);
       store->set_attempt(j->id, 1 + j->attempt, j->restarts);
-      store->add_job_node(j->id, node, 1 + j->attempt);
-      store->set_state(j->id, JobState::kStarting, "node " + node + " joined");
+      store->add_job_node(j->id, node.name, node.uid, 1 + j->attempt);
+      store->set_state(j->id, JobState::kStarting, "node " + node.name + " joined");
       update_ring_order(j->id);
       j = store->job(jp.job);
     } else if (!member || me->state == "lost") {
-      store->add_job_node(j->id, node, j->attempt);
-      store->add_event(j->id, j->attempt, node, "node_joined", json::object());
+      store->add_job_node(j->id, node.name, node.uid, j->attempt);
+      store->add_event(j->id, j->attempt, node.name, "node_joined", json::object());
       update_ring_order(j->id);
     }
     int64_t resume = resume_step_of(*j);
@@ -540,61 +627,59 @@ struct Coordinator::Impl {
     return proto::Assignment{j->id, j->attempt, resume, to_string(j->state)};
   }
 
-  // The node a daemon message speaks for: the peer must be bound to it, or (after our restart)
-  // the node must be known with the same uid; otherwise the daemon must register.
-  std::string bind_node(const std::string& peer, uint32_t uid, const std::string& node) {
+  // The node a daemon message speaks for: (the connection's uid, the message's node name). The
+  // peer must be bound to it, or (after our restart) the node must be known; otherwise the daemon
+  // must register. There is no way to speak for another uid's node, root included (root's
+  // daemons are nodes of uid 0).
+  NodeId bind_node(const std::string& peer, uint32_t uid, const std::string& name) {
+    NodeId id{uid, name};
     auto pn = peer_node.find(peer);
     if (pn != peer_node.end()) {
-      if (pn->second != node)
+      if (pn->second != id)
         throw Refused(proto::code::kWrongPeer,
-                      "this connection registered as node " + pn->second + ", not " + node, "node");
-      return node;
+                      "this connection registered as node " + pn->second.name + ", not " + name,
+                      "node");
+      return id;
     }
-    auto it = nodes.find(node);
-    if (it == nodes.end() || (it->second.uid != uid && uid != 0))
-      throw Refused(proto::code::kNotRegistered, "node " + node +
-                                                     " is not registered; send "
-                                                     "register first");
-    rebind(peer, node, uid);
-    logger()->info("node {} reconnected (uid {})", node, uid);
-    return node;
+    if (!nodes.count(id))
+      throw Refused(proto::code::kNotRegistered, "node " + name + " (uid " + std::to_string(uid) +
+                                                     ") is not registered; send register first");
+    rebind(peer, id);
+    logger()->info("node {} reconnected (uid {})", name, uid);
+    return id;
   }
 
-  void rebind(const std::string& peer, const std::string& node, uint32_t uid) {
+  void rebind(const std::string& peer, const NodeId& node) {
     auto& nl = nodes[node];
     if (!nl.peer.empty() && nl.peer != peer) peer_node.erase(nl.peer);
     nl.peer = peer;
-    nl.uid = uid;
+    nl.uid = node.uid;
     peer_node[peer] = node;
     mark_alive(node);
   }
 
-  void mark_alive(const std::string& node) {
+  void mark_alive(const NodeId& node) {
     auto& nl = nodes[node];
     nl.last = Clock::now();
     nl.last_unix = now_unix();
     nl.dirty = true;
     if (!nl.up) {
       nl.up = true;
-      store->set_node_state(node, "up");
-      store->add_event(std::nullopt, 0, node, "node_up", json::object());
-      logger()->info("node {} is back", node);
+      store->set_node_state(node.uid, node.name, "up");
+      store->add_event(std::nullopt, 0, node.name, "node_up", {{"uid", node.uid}});
+      logger()->info("node {} (uid {}) is back", node.name, node.uid);
     }
   }
 
   // ---- handlers ------------------------------------------------------------------------------
 
   void on(const std::string& peer, uint32_t uid, const proto::Register& m) {
-    auto existing = store->node(m.node);
-    if (existing && static_cast<uint32_t>(existing->uid) != uid && !is_admin(uid)) {
-      // Another user's daemon holds this name.
-      auto it = nodes.find(m.node);
-      if (it != nodes.end() && it->second.up)
-        throw Refused(proto::code::kPermissionDenied,
-                      "node " + m.node + " is registered by uid " + std::to_string(existing->uid) +
-                          " and is up",
-                      "node");
-    }
+    // The node is (uid, name): registering never touches another uid's node of the same name.
+    NodeId id{uid, m.node};
+    if (auto pn = peer_node.find(peer); pn != peer_node.end() && pn->second != id)
+      throw Refused(proto::code::kWrongPeer,
+                    "this connection registered as node " + pn->second.name + ", not " + m.node,
+                    "node");
     json gpus = json::array();
     for (const auto& g : m.gpus)
       gpus.push_back({{"index", g.index}, {"model", g.model}, {"memory_mib", g.memory_mib}});
@@ -605,28 +690,28 @@ struct Coordinator::Impl {
                  {"summary", m.topology.summary}};
     double t = now_unix();
     store->upsert_node({m.node, uid, "up", t, t, gpus.dump(), topo.dump(), m.ringd_version});
-    bool was_lost = nodes.count(m.node) && !nodes[m.node].up;
-    nodes[m.node].up = true;
-    rebind(peer, m.node, uid);
+    bool was_lost = nodes.count(id) && !nodes[id].up;
+    nodes[id].up = true;
+    rebind(peer, id);
     store->add_event(std::nullopt, 0, m.node, was_lost ? "node_up" : "node_registered",
                      {{"uid", uid}, {"gpus", m.gpus.size()}, {"ringd_version", m.ringd_version}});
     proto::Registered r{m.node, opts.heartbeat_interval_s, opts.heartbeat_timeout_s, {}};
     for (const auto& jp : m.jobs)
-      if (auto a = join_job(m.node, uid, jp)) r.jobs.push_back(*a);
+      if (auto a = join_job(id, jp)) r.jobs.push_back(*a);
     queue(peer, r);
   }
 
   void on(const std::string& peer, uint32_t uid, const proto::Heartbeat& m) {
     ++n_heartbeats;
-    bind_node(peer, uid, m.node);
-    mark_alive(m.node);
+    NodeId id = bind_node(peer, uid, m.node);
+    mark_alive(id);
     for (const auto& jp : m.jobs) {
       // The hot path (1000s per second): two indexed single-row reads.
       auto j = store->job_brief(jp.job);
       if (!j) continue;
       auto me = store->job_node(jp.job, m.node);
-      if (!me || me->state == "lost") {
-        join_job(m.node, uid, jp);
+      if (!me || me->state == "lost" || member_id(*me) != id) {
+        join_job(id, jp);
         continue;
       }
       // Reconcile: commands are idempotent and re-sent (at most every 2 s) until the daemon's
@@ -638,36 +723,44 @@ struct Coordinator::Impl {
       if (!due || jp.attempt == 0) continue;
       if ((j->state == JobState::kCancelling && me->state == "active") ||
           (is_terminal(j->state) && me->state == "active")) {
-        command(m.node, proto::CommandKind::kStop, jp.job, j->attempt, 0,
+        command(id, proto::CommandKind::kStop, jp.job, j->attempt, 0,
                 std::string("job is ") + to_string(j->state));
       } else if ((j->state == JobState::kStarting || j->state == JobState::kRunning) &&
                  jp.attempt < j->attempt) {
-        command(m.node, proto::CommandKind::kRollBack, jp.job, j->attempt,
+        command(id, proto::CommandKind::kRollBack, jp.job, j->attempt,
                 resume_step_of(*store->job(jp.job)),
                 "node is on attempt " + std::to_string(jp.attempt));
       }
     }
   }
 
-  // A job message from a node: the node must be a member.
-  JobRow member_job(const std::string& node, int64_t job_id) {
+  // A job message (step, event) from a node: the node must be a member of the job, as this
+  // uid's node, and the uid must be allowed to serve the job (its owner, or root).
+  JobRow member_job(const NodeId& node, int64_t job_id) {
     auto j = store->job(job_id);
     if (!j)
       throw Refused(proto::code::kNotFound, "job " + std::to_string(job_id) + " does not exist",
                     "job");
+    if (!may_serve(node.uid, *j))
+      throw Refused(proto::code::kPermissionDenied,
+                    "job " + std::to_string(job_id) + " belongs to uid " +
+                        std::to_string(j->owner_uid) + "; a daemon of uid " +
+                        std::to_string(node.uid) + " may not report for it",
+                    "job");
     for (const auto& jn : store->job_nodes(job_id))
-      if (jn.node == node) return *j;
+      if (member_id(jn) == node) return *j;
     throw Refused(proto::code::kPermissionDenied,
-                  "node " + node + " is not part of job " + std::to_string(job_id) +
+                  "node " + node.name + " (uid " + std::to_string(node.uid) +
+                      ") is not part of job " + std::to_string(job_id) +
                       " (list the job in register or heartbeat first)",
                   "job");
   }
 
   void on(const std::string& peer, uint32_t uid, const proto::StepReport& m) {
     ++n_steps;
-    bind_node(peer, uid, m.node);
-    mark_alive(m.node);
-    JobRow j = member_job(m.node, m.job);
+    NodeId id = bind_node(peer, uid, m.node);
+    mark_alive(id);
+    JobRow j = member_job(id, m.job);
     if (m.attempt != j.attempt || is_terminal(j.state)) return;  // stale: an older attempt
     if (j.state == JobState::kStarting)
       store->set_state(j.id, JobState::kRunning,
@@ -678,9 +771,9 @@ struct Coordinator::Impl {
   }
 
   void on(const std::string& peer, uint32_t uid, const proto::Event& m) {
-    bind_node(peer, uid, m.node);
-    mark_alive(m.node);
-    JobRow j = member_job(m.node, m.job);
+    NodeId id = bind_node(peer, uid, m.node);
+    mark_alive(id);
+    JobRow j = member_job(id, m.job);
     json data = json::object();
     if (m.rank) data["rank"] = *m.rank;
     if (m.pid) data["pid"] = *m.pid;
@@ -747,13 +840,19 @@ struct Coordinator::Impl {
   }
 
   void on(const std::string& peer, uint32_t uid, const proto::CommandAck& m) {
-    bind_node(peer, uid, m.node);
-    mark_alive(m.node);
+    NodeId id = bind_node(peer, uid, m.node);
+    mark_alive(id);
     auto it = commands.find(m.id);
     if (it == commands.end()) {
       logger()->debug("ack of unknown command {} from {}", m.id, m.node);
       return;
     }
+    // Only the node the command was sent to may acknowledge it (ids are small and guessable).
+    if (it->second.node != id)
+      throw Refused(proto::code::kPermissionDenied,
+                    "command " + std::to_string(m.id) + " was not sent to node " + m.node +
+                        " (uid " + std::to_string(uid) + ")",
+                    "cmd");
     json data = {{"cmd", m.id}, {"command", proto::to_string(it->second.kind)}, {"ok", m.ok}};
     if (!m.error.empty()) data["error"] = m.error;
     if (store->job(it->second.job))
@@ -920,7 +1019,7 @@ struct Coordinator::Impl {
     for (const auto& n : store->nodes()) {
       proto::NodeInfo i;
       i.name = n.name;
-      auto it = nodes.find(n.name);
+      auto it = nodes.find(NodeId{static_cast<uint32_t>(n.uid), n.name});
       i.state = it != nodes.end() ? (it->second.up ? "up" : "lost") : n.state;
       i.uid = n.uid;
       i.last_heartbeat =
@@ -928,7 +1027,7 @@ struct Coordinator::Impl {
       json g = json::parse(n.gpus, nullptr, false);
       i.gpus = g.is_array() ? static_cast<int64_t>(g.size()) : 0;
       i.ringd_version = n.ringd_version;
-      for (int64_t jid : store->jobs_of_node(n.name)) i.jobs.push_back(jid);
+      for (int64_t jid : store->jobs_of_node(n.uid, n.name)) i.jobs.push_back(jid);
       r.nodes.push_back(std::move(i));
     }
     queue(peer, r);
@@ -1110,9 +1209,9 @@ struct Coordinator::Impl {
     auto t0 = Clock::now();
     RelaxedSync relaxed(*this);
     Txn t(store->db());
-    for (auto& [name, nl] : nodes)
+    for (auto& [id, nl] : nodes)
       if (nl.dirty) {
-        store->touch_node(name, nl.last_unix);
+        store->touch_node(id.uid, id.name, nl.last_unix);
         nl.dirty = false;
       }
     t.commit();
@@ -1120,10 +1219,58 @@ struct Coordinator::Impl {
       logger()->warn("slow: heartbeat times took {:.1f} ms to write", 1e3 * seconds_since(t0));
   }
 
+  // Jobs no daemon serves (issue 14): the coordinator cannot start a daemon, so a job that is not
+  // Slurm's (a `ringctl run` killed with kill -9 takes its ringd along) and has had no member
+  // node that is up (active or stopped) for a heartbeat timeout fails as "abandoned" instead of
+  // staying starting or running forever; the time it spent restarting counts, so an attempt
+  // that starts with no daemon at all fails at once. A Slurm job waits: Slurm requeues it or
+  // reports its end. Its owner may `ringctl restart` it when a daemon is back.
+  std::map<int64_t, Clock::time_point> unserved_since;
+  Clock::time_point last_abandon_check = Clock::now();
+
+  void check_abandoned() {
+    std::map<int64_t, Clock::time_point> still;
+    for (JobState st :
+         {JobState::kStarting, JobState::kRunning, JobState::kCompleting, JobState::kRestarting})
+      for (const auto& j : store->jobs_in_state(st)) {
+        if (!j.slurm_job_id.empty()) continue;
+        bool served = false;
+        for (const auto& jn : store->job_nodes(j.id)) {
+          if (jn.state != "active" && jn.state != "stopped") continue;
+          auto it = nodes.find(member_id(jn));
+          if (it != nodes.end() && it->second.up) served = true;
+        }
+        if (served) continue;
+        auto prev = unserved_since.find(j.id);
+        auto since = prev != unserved_since.end() ? prev->second : Clock::now();
+        still[j.id] = since;
+        double idle = seconds_since(since);
+        if (j.state == JobState::kRestarting || idle <= opts.heartbeat_timeout_s) continue;
+        outbox.clear();
+        try {
+          Txn t(store->db());
+          std::string why = "abandoned: no daemon has served attempt " + std::to_string(j.attempt) +
+                            " for " + std::to_string(static_cast<int>(std::round(idle))) +
+                            " s (its ringd exited or was killed, e.g. with its `ringctl run`)";
+          logger()->warn("job {}: {}", j.id, why);
+          store->end_attempt(j.id, j.attempt, why);
+          store->add_event(j.id, j.attempt, "", "abandoned", {{"reason", why}, {"idle_s", idle}});
+          store->set_state(j.id, JobState::kFailed, why);
+          t.commit();
+          flush_outbox();
+          still.erase(j.id);
+        } catch (const std::exception& e) {
+          logger()->error("failing abandoned job {}: {}", j.id, e.what());
+        }
+      }
+    unserved_since = std::move(still);
+  }
+
   void check_timers() {
     // Lost nodes.
-    for (auto& [name, nl] : nodes) {
+    for (auto& [id, nl] : nodes) {
       if (!nl.up || seconds_since(nl.last) <= opts.heartbeat_timeout_s) continue;
+      const std::string& name = id.name;
       outbox.clear();
       try {
         Txn t(store->db());
@@ -1131,14 +1278,12 @@ struct Coordinator::Impl {
         std::string why = "node " + name + " lost (no heartbeat for " +
                           std::to_string(static_cast<int>(std::round(seconds_since(nl.last)))) +
                           " s)";
-        logger()->warn("{}", why);
-        store->set_node_state(name, "lost");
-        store->add_event(std::nullopt, 0, name, "node_lost", {{"reason", why}});
-        for (int64_t jid : store->jobs_of_node(name)) {
-          auto members = store->job_nodes(jid);
-          auto me = std::find_if(members.begin(), members.end(),
-                                 [&](const JobNodeRow& r) { return r.node == name; });
-          if (me == members.end() || me->state == "done" || me->state == "lost") continue;
+        logger()->warn("{} (uid {})", why, id.uid);
+        store->set_node_state(id.uid, name, "lost");
+        store->add_event(std::nullopt, 0, name, "node_lost", {{"reason", why}, {"uid", id.uid}});
+        for (int64_t jid : store->jobs_of_node(id.uid, name)) {
+          auto me = store->job_node(jid, name);
+          if (!me || member_id(*me) != id || me->state == "done" || me->state == "lost") continue;
           bool was_active = me->state == "active";
           store->set_job_node_state(jid, name, "lost");
           auto j = store->job(jid);
@@ -1167,6 +1312,14 @@ struct Coordinator::Impl {
         flush_outbox();
       } catch (const std::exception& e) {
         logger()->error("restarting job {}: {}", j.id, e.what());
+      }
+    }
+    if (seconds_since(last_abandon_check) >= 0.5) {
+      last_abandon_check = Clock::now();
+      try {
+        check_abandoned();
+      } catch (const std::exception& e) {
+        logger()->error("checking for abandoned jobs: {}", e.what());
       }
     }
     if (seconds_since(last_metrics_flush) >= opts.metrics_flush_s) {

@@ -2,8 +2,8 @@
 // plane between ringctl and the node daemons). See coordinator/README.md.
 //
 //   ring-coord [--state-dir DIR] [--endpoint ipc://...|tcp://...]... [--socket-mode shared]
-//              [--heartbeat-timeout S] [--admin-uid UID]... [--sync full|normal]
-//              [--topology topology.conf|cluster.yaml]
+//              [--heartbeat-interval S] [--heartbeat-timeout S] [--admin-uid UID]...
+//              [--sync full|normal] [--topology topology.conf|cluster.yaml] [--log-level L]
 //   ring-coord --state-dir DIR --print-public-key     the CURVE key tcp clients need
 //
 // Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot start (the reason is printed), 2 usage.
@@ -13,8 +13,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 
@@ -26,6 +29,47 @@ namespace {
 std::atomic<ring::coord::Coordinator*> g_coord{nullptr};
 void on_signal(int) {
   if (auto* c = g_coord.load()) c->stop();
+}
+
+// A number of seconds in [lo, hi]. CLI::Range lets NaN through (every comparison with it is
+// false): a heartbeat timeout of nan would lose every node at once.
+CLI::Validator seconds_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v))
+          return "'" + s + "' is not a finite number of seconds";
+        if (v < lo || v > hi) {
+          std::ostringstream os;
+          os << s << " is out of range: seconds in [" << lo << ", " << hi << "]";
+          return os.str();
+        }
+        return "";
+      },
+      "SECONDS");
+}
+
+// A uid: 0..4294967294 (4294967295 is (uid_t)-1, "no user").
+CLI::Validator uid_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s.empty() || s.size() > 10 || s.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoull(s) > 4294967294ULL)
+          return "'" + s + "' is not a uid (a number 0..4294967294)";
+        return "";
+      },
+      "UID");
+}
+
+CLI::Validator endpoint_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        std::string why = ring::coord::endpoint_error(s);
+        return why.empty() ? "" : "'" + s + "': " + why;
+      },
+      "ENDPOINT");
 }
 
 std::string default_state_dir() {
@@ -47,11 +91,15 @@ int main(int argc, char** argv) {
   std::string mode = "private", sync = "full", level = "info";
   bool print_key = false;
   app.add_option("--state-dir", o.state_dir,
-                 "Directory for coord.db, coord.lock and curve/ keys (created 0700)")
+                 "Directory for coord.db, coord.lock and curve/ keys (created 0700; an existing "
+                 "one must be ours, 0700 and not a symlink)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("must not be empty") : ""; }, ""))
       ->capture_default_str();
   app.add_option("--endpoint", o.endpoints,
                  "ipc://PATH or tcp://HOST:PORT (CURVE); repeatable. Default: ipc://" +
-                     ring::coord::default_socket_dir() + "/coord.sock");
+                     ring::coord::default_socket_dir() + "/coord.sock")
+      ->check(endpoint_value());
   app.add_option("--socket-mode", mode,
                  "private: ipc socket only for our user (0700 dir); shared: any local user may "
                  "connect (0711 dir, 0666 socket), jobs are still owned per uid")
@@ -59,13 +107,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--heartbeat-interval", o.heartbeat_interval_s,
                  "Seconds between daemon heartbeats (told to daemons)")
-      ->check(CLI::Range(0.01, 3600.0))
+      ->check(seconds_in(0.01, 3600.0))
       ->capture_default_str();
   app.add_option("--heartbeat-timeout", o.heartbeat_timeout_s,
                  "Seconds without a heartbeat before a node is lost")
-      ->check(CLI::Range(0.05, 86400.0))
+      ->check(seconds_in(0.05, 86400.0))
       ->capture_default_str();
-  app.add_option("--admin-uid", o.admin_uids, "Uids that may cancel/restart any job (root always)");
+  app.add_option("--admin-uid", o.admin_uids, "Uids that may cancel/restart any job (root always)")
+      ->check(uid_value());
   app.add_option("--sync", sync, "SQLite synchronous mode: full (survives power loss) or normal")
       ->check(CLI::IsMember({"full", "normal"}))
       ->capture_default_str();
@@ -73,7 +122,9 @@ int main(int argc, char** argv) {
                  "Slurm topology.conf or cluster topology YAML for the jobs' global ring order "
                  "(default: from the leaf switches the daemons report)")
       ->check(CLI::ExistingFile);
-  app.add_option("--log-level", level, "trace, debug, info, warn, error")->capture_default_str();
+  app.add_option("--log-level", level, "trace, debug, info, warn, error, critical or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->capture_default_str();
   app.add_flag("--print-public-key", print_key,
                "Print the CURVE public key for tcp clients (creating the key pair) and exit");
   try {
@@ -82,13 +133,19 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // Daemons send a heartbeat every interval; a timeout that is not longer loses them all.
+  if (!(o.heartbeat_interval_s < o.heartbeat_timeout_s)) {
+    std::cerr << "ring-coord: --heartbeat-interval (" << o.heartbeat_interval_s
+              << " s) must be less than --heartbeat-timeout (" << o.heartbeat_timeout_s << " s)\n";
+    return 2;
+  }
   spdlog::set_level(spdlog::level::from_str(level));
   o.socket_mode =
       mode == "shared" ? ring::coord::SocketMode::kShared : ring::coord::SocketMode::kPrivate;
   o.synchronous_full = sync == "full";
   if (print_key) {
     try {
-      ::mkdir(o.state_dir.c_str(), 0700);
+      ring::coord::prepare_state_dir(o.state_dir);
       auto k = ring::coord::load_or_create_curve_keys(o.state_dir + "/curve", "server");
       std::cout << k.public_key << "\n";
       return 0;

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <pwd.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -51,6 +53,46 @@ std::string default_endpoint() {
   return "ipc://" + default_socket_dir() + "/coord.sock";
 }
 
+std::string endpoint_error(const std::string& ep) {
+  if (ep.rfind("ipc://", 0) == 0) {
+    std::string path = ep.substr(6);
+    if (path.empty() || path[0] != '/')
+      return "an ipc endpoint needs an absolute path (ipc:///DIR/coord.sock)";
+    auto slash = path.rfind('/');
+    if (slash == 0 || slash + 1 == path.size())
+      return "an ipc endpoint needs a socket file name in a directory (ipc:///DIR/coord.sock)";
+    if (path.size() >= sizeof(sockaddr_un::sun_path))
+      return "the socket path is " + std::to_string(path.size()) +
+             " bytes; a Unix socket path must be shorter than " +
+             std::to_string(sizeof(sockaddr_un::sun_path)) + " bytes";
+    for (char c : path)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        return "the socket path contains a control character";
+    return "";
+  }
+  if (ep.rfind("tcp://", 0) == 0) {
+    std::string hp = ep.substr(6);
+    auto colon = hp.rfind(':');
+    if (colon == std::string::npos)
+      return "a tcp endpoint needs HOST:PORT (tcp://HOST:PORT, PORT 0..65535 or *)";
+    std::string host = hp.substr(0, colon), port = hp.substr(colon + 1);
+    if (host.empty()) return "a tcp endpoint needs a host or interface before ':' (or *)";
+    if (host.front() == '[' ? host.back() != ']' : host.find(':') != std::string::npos)
+      return "an IPv6 address must be in brackets (tcp://[::1]:PORT)";
+    for (char c : host)
+      if (!std::isalnum(static_cast<unsigned char>(c)) &&
+          std::string_view(".-_*:[]%").find(c) == std::string_view::npos)
+        return std::string("the host '") + host + "' contains '" + c +
+               "' (letters, digits, '.', '-', '_', ':', '[', ']', '%' or *)";
+    if (port == "*") return "";
+    if (port.empty() || port.size() > 5 ||
+        port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535)
+      return "port '" + port + "' is not a TCP port (0..65535, 0 or * for any free port)";
+    return "";
+  }
+  return "unsupported endpoint (use ipc://PATH or tcp://HOST:PORT)";
+}
+
 void prepare_socket_dir(const std::string& dir, SocketMode mode) {
   const mode_t want = mode == SocketMode::kPrivate ? 0700 : 0711;
   if (::mkdir(dir.c_str(), want) == 0) {
@@ -80,16 +122,76 @@ void prepare_socket_dir(const std::string& dir, SocketMode mode) {
                         dir + ")");
 }
 
-void check_secret_file(const std::string& path) {
+namespace {
+// The checks ssh makes of ~/.ssh and its keys: the path itself is not a symbolic link, is of the
+// expected type, is ours, and has none of the `forbidden` mode bits. `what` and `rule` name it
+// and the rule in the message ("state directory ...: must be 0700 (chmod 0700 ...)").
+void check_owned(const std::string& path, bool dir, mode_t forbidden, const std::string& what,
+                 const std::string& fix_mode) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0)
-    throw SecurityError("cannot stat " + path + ": " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw SecurityError(path + " is not a regular file");
+    throw SecurityError("cannot stat " + what + " " + path + ": " + std::strerror(errno));
+  if (S_ISLNK(st.st_mode))
+    throw SecurityError(what + " " + path + " is a symbolic link; refusing to use it (it must be " +
+                        (dir ? "a real directory" : "a regular file") + ")");
+  if (dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
+    throw SecurityError(what + " " + path + " is not a " + (dir ? "directory" : "regular file"));
   if (st.st_uid != ::geteuid())
-    throw SecurityError(path + " is owned by uid " + std::to_string(st.st_uid) + ", not by us");
-  if (st.st_mode & 0077)
-    throw SecurityError(path + " has mode " + octal(st.st_mode) +
-                        "; a secret key must be 0600 (chmod 0600 " + path + ")");
+    throw SecurityError(what + " " + path + " is owned by uid " + std::to_string(st.st_uid) +
+                        ", not by us (uid " + std::to_string(::geteuid()) +
+                        "); it must be ours (chown it, or choose another --state-dir)");
+  if (st.st_mode & forbidden)
+    throw SecurityError(what + " " + path + " has mode " + octal(st.st_mode) + "; it must " +
+                        ((forbidden & 0044) ? "not be accessible to group or others"
+                                            : "not be writable by group or others") +
+                        " (chmod " + fix_mode + " " + path + ")");
+}
+}  // namespace
+
+void check_secret_file(const std::string& path) {
+  check_owned(path, false, 0077, "secret file", "0600");
+}
+
+void prepare_state_dir(const std::string& dir) {
+  if (dir.empty()) throw SecurityError("no state directory given");
+  if (::mkdir(dir.c_str(), 0700) == 0) {
+    if (::chmod(dir.c_str(), 0700) != 0)
+      throw SecurityError("cannot chmod state directory " + dir + ": " + std::strerror(errno));
+  } else if (errno != EEXIST) {
+    throw SecurityError("cannot create state directory " + dir + ": " + std::strerror(errno));
+  }
+  check_owned(dir, true, 0077, "state directory", "0700");
+}
+
+int open_private_file(const std::string& path, const std::string& what) {
+  // O_NOFOLLOW: a symbolic link planted in our place is refused, never followed.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ELOOP)
+      throw SecurityError(what + " " + path + " is a symbolic link; refusing to use it");
+    throw SecurityError("cannot open " + what + " " + path + ": " + std::strerror(e));
+  }
+  try {
+    check_owned(path, false, 0077, what, "0600");
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  return fd;
+}
+
+void check_private_file_if_present(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) return;
+  check_owned(path, false, 0077, what, "0600");
+}
+
+void check_clients_file(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) return;
+  // Whoever can write it can add a key with any uid, root's included.
+  check_owned(path, false, 0022, "CURVE clients file", "0600");
 }
 
 CurveKeyPair read_key_file(const std::string& path) {
@@ -119,11 +221,7 @@ std::string read_public_key(const std::string& path) {
 CurveKeyPair load_or_create_curve_keys(const std::string& dir, const std::string& basename) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
     throw SecurityError("cannot create " + dir + ": " + std::strerror(errno));
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
-      (st.st_mode & 0022))
-    throw SecurityError("key directory " + dir +
-                        " must be a directory owned by us and not writable by others");
+  check_owned(dir, true, 0077, "key directory", "0700");
   std::string key = dir + "/" + basename + ".key";
   std::string pub = dir + "/" + basename + ".pub";
   if (::access(key.c_str(), F_OK) == 0) {
@@ -142,6 +240,7 @@ CurveKeyPair load_or_create_curve_keys(const std::string& dir, const std::string
 }
 
 std::vector<AuthorizedClient> read_authorized_clients(const std::string& path) {
+  check_clients_file(path);
   std::vector<AuthorizedClient> out;
   std::ifstream f(path);
   std::string line;
@@ -180,6 +279,37 @@ std::string user_name(uint32_t uid) {
   char buf[4096];
   if (::getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res) return res->pw_name;
   return "uid:" + std::to_string(uid);
+}
+
+std::string escape_for_log(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char ch : s) {
+    auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[5];
+          std::snprintf(buf, sizeof buf, "\\x%02x", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
 }
 
 }  // namespace ring::coord

@@ -16,6 +16,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ring::coord {
@@ -32,13 +33,36 @@ std::string default_socket_dir();
 // ipc://<default_socket_dir()>/coord.sock
 std::string default_endpoint();
 
+// Empty when `ep` is an endpoint ring-coord can listen on; else the rule it breaks:
+// ipc://ABSOLUTE/PATH (in a directory, shorter than a Unix socket path may be) or
+// tcp://HOST:PORT with PORT 0..65535 or * (libzmq would take 99999 modulo 65536 and listen on
+// another port without a word).
+std::string endpoint_error(const std::string& ep);
+
 // Creates `dir` if missing (mode 0700 private, 0711 shared) and checks it: a real directory (not
 // a symlink), owned by our euid, and not accessible to group/others (private) or not writable by
 // them (shared). Throws SecurityError naming the path, the owner or mode found and the fix.
 void prepare_socket_dir(const std::string& dir, SocketMode mode);
 
-// Checks a file holding a secret: owned by us, mode without group/other bits.
+// Checks a file holding a secret: a regular file (not a symlink), owned by us, mode without
+// group/other bits. Throws SecurityError naming the path and the rule.
 void check_secret_file(const std::string& path);
+
+// Creates the state directory 0700 if missing; refuses (SecurityError naming the path and the
+// rule, as ssh does) one that is a symlink, not a directory, not ours, or has any group/other
+// mode bit: it holds every job's spec and the CURVE secret key.
+void prepare_state_dir(const std::string& dir);
+
+// Opens (creating 0600, never following a symlink) a private file in the state directory and
+// checks it as check_secret_file does. Returns the descriptor.
+int open_private_file(const std::string& path, const std::string& what);
+
+// check_secret_file for a file that may not exist yet (SQLite's -wal and -shm).
+void check_private_file_if_present(const std::string& path, const std::string& what);
+
+// The CURVE clients file, when present: a regular file, ours, not writable by group or others
+// (whoever may write it may authorize a key as any uid).
+void check_clients_file(const std::string& path);
 
 struct CurveKeyPair {
   std::string public_key;  // Z85, 40 characters
@@ -52,7 +76,8 @@ CurveKeyPair read_key_file(const std::string& path);
 // Reads the public key file (<basename>.pub: one Z85 line).
 std::string read_public_key(const std::string& path);
 
-// <z85 public key> -> uid, from a clients file; missing file: empty.
+// <z85 public key> -> uid, from a clients file; missing file: empty. Throws SecurityError when
+// check_clients_file refuses the file.
 struct AuthorizedClient {
   std::string public_key;
   uint32_t uid = 0;
@@ -64,5 +89,11 @@ std::optional<uint32_t> uid_from_peer_address(const char* peer_address);
 
 // The user name of a uid ("uid:1234" when unknown).
 std::string user_name(uint32_t uid);
+
+// `s` made safe for one log line: control characters (newline, carriage return, tab, escape,
+// DEL, ...) become \n, \r, \t or \xHH and a backslash becomes \\, so that text a peer sent
+// can neither end our line nor start a forged one, nor drive the terminal. Other bytes (UTF-8)
+// are kept.
+std::string escape_for_log(std::string_view s);
 
 }  // namespace ring::coord

@@ -147,6 +147,42 @@ CREATE INDEX events_job ON events(job_id, id);
 ALTER TABLE jobs ADD COLUMN job_dir TEXT NOT NULL DEFAULT '';
 ALTER TABLE jobs ADD COLUMN checkpoint_dir TEXT NOT NULL DEFAULT '';
 )sql"},
+    // A node is (uid, name): two users' daemons may use the same name without taking over each
+    // other's node, and a job's member records which uid's node it is.
+    {4, "node identity is (uid, name); job members record their node's uid",
+     R"sql(
+CREATE TABLE nodes_v4 (
+  name           TEXT NOT NULL,
+  uid            INTEGER NOT NULL,
+  state          TEXT NOT NULL CHECK (state IN ('up','lost')),
+  last_heartbeat REAL NOT NULL,
+  registered_at  REAL NOT NULL,
+  gpus           TEXT NOT NULL,
+  topology       TEXT NOT NULL,
+  ringd_version  TEXT NOT NULL,
+  PRIMARY KEY (uid, name)
+);
+INSERT INTO nodes_v4(name, uid, state, last_heartbeat, registered_at, gpus, topology,
+                     ringd_version)
+  SELECT name, uid, state, last_heartbeat, registered_at, gpus, topology, ringd_version FROM nodes;
+CREATE TABLE job_nodes_v4 (
+  job_id   INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+  node     TEXT NOT NULL,
+  node_uid INTEGER NOT NULL,
+  attempt  INTEGER NOT NULL,
+  state    TEXT NOT NULL CHECK (state IN ('active','done','stopped','lost')),
+  PRIMARY KEY (job_id, node),
+  FOREIGN KEY (node_uid, node) REFERENCES nodes_v4(uid, name)
+);
+INSERT INTO job_nodes_v4(job_id, node, node_uid, attempt, state)
+  SELECT jn.job_id, jn.node, n.uid, jn.attempt, jn.state
+  FROM job_nodes jn JOIN nodes n ON n.name = jn.node;
+DROP TABLE job_nodes;
+DROP TABLE nodes;
+ALTER TABLE nodes_v4 RENAME TO nodes;
+ALTER TABLE job_nodes_v4 RENAME TO job_nodes;
+CREATE INDEX job_nodes_node ON job_nodes(node_uid, node);
+)sql"},
 };
 
 constexpr const char* kJobCols =
@@ -366,8 +402,8 @@ std::vector<AttemptRow> Store::attempts(int64_t job) {
 void Store::upsert_node(const NodeRow& n) {
   db_.prepare(
          "INSERT INTO nodes(name, uid, state, last_heartbeat, registered_at, gpus, topology, "
-         "ringd_version) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
-         "uid=excluded.uid, state=excluded.state, last_heartbeat=excluded.last_heartbeat, "
+         "ringd_version) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(uid, name) DO UPDATE SET "
+         "state=excluded.state, last_heartbeat=excluded.last_heartbeat, "
          "registered_at=excluded.registered_at, gpus=excluded.gpus, topology=excluded.topology, "
          "ringd_version=excluded.ringd_version")
       .args(n.name, n.uid, n.state, n.last_heartbeat, n.registered_at, n.gpus, n.topology,
@@ -383,9 +419,9 @@ constexpr const char* kNodeCols =
     "name, uid, state, last_heartbeat, registered_at, gpus, topology, ringd_version";
 }  // namespace
 
-std::optional<NodeRow> Store::node(const std::string& name) {
-  Stmt& s = db_.prepare(std::string("SELECT ") + kNodeCols + " FROM nodes WHERE name=?");
-  s.args(name);
+std::optional<NodeRow> Store::node(int64_t uid, const std::string& name) {
+  Stmt& s = db_.prepare(std::string("SELECT ") + kNodeCols + " FROM nodes WHERE uid=? AND name=?");
+  s.args(uid, name);
   if (!s.step()) return std::nullopt;
   NodeRow n = read_node(s);
   s.reset();
@@ -394,26 +430,27 @@ std::optional<NodeRow> Store::node(const std::string& name) {
 
 std::vector<NodeRow> Store::nodes() {
   std::vector<NodeRow> out;
-  Stmt& s = db_.prepare(std::string("SELECT ") + kNodeCols + " FROM nodes ORDER BY name");
+  Stmt& s = db_.prepare(std::string("SELECT ") + kNodeCols + " FROM nodes ORDER BY name, uid");
   while (s.step()) out.push_back(read_node(s));
   return out;
 }
 
-void Store::set_node_state(const std::string& name, const std::string& state) {
-  db_.prepare("UPDATE nodes SET state=? WHERE name=?").args(state, name).run();
+void Store::set_node_state(int64_t uid, const std::string& name, const std::string& state) {
+  db_.prepare("UPDATE nodes SET state=? WHERE uid=? AND name=?").args(state, uid, name).run();
 }
 
-void Store::touch_node(const std::string& name, double t) {
-  db_.prepare("UPDATE nodes SET last_heartbeat=? WHERE name=?").args(t, name).run();
+void Store::touch_node(int64_t uid, const std::string& name, double t) {
+  db_.prepare("UPDATE nodes SET last_heartbeat=? WHERE uid=? AND name=?").args(t, uid, name).run();
 }
 
 // ---- membership -----------------------------------------------------------------------------
 
-void Store::add_job_node(int64_t job, const std::string& node, int64_t attempt) {
+void Store::add_job_node(int64_t job, const std::string& node, int64_t node_uid, int64_t attempt) {
   db_.prepare(
-         "INSERT INTO job_nodes(job_id, node, attempt, state) VALUES (?,?,?,'active') "
-         "ON CONFLICT(job_id, node) DO UPDATE SET attempt=excluded.attempt, state='active'")
-      .args(job, node, attempt)
+         "INSERT INTO job_nodes(job_id, node, node_uid, attempt, state) VALUES (?,?,?,?,'active') "
+         "ON CONFLICT(job_id, node) DO UPDATE SET node_uid=excluded.node_uid, "
+         "attempt=excluded.attempt, state='active'")
+      .args(job, node, node_uid, attempt)
       .run();
 }
 
@@ -430,18 +467,18 @@ void Store::set_job_nodes_attempt(int64_t job, int64_t attempt) {
 std::vector<JobNodeRow> Store::job_nodes(int64_t job) {
   std::vector<JobNodeRow> out;
   Stmt& s = db_.prepare(
-      "SELECT job_id, node, attempt, state FROM job_nodes WHERE job_id=? ORDER BY node");
+      "SELECT job_id, node, attempt, state, node_uid FROM job_nodes WHERE job_id=? ORDER BY node");
   s.args(job);
-  while (s.step()) out.push_back({s.i64(0), s.text(1), s.i64(2), s.text(3)});
+  while (s.step()) out.push_back({s.i64(0), s.text(1), s.i64(2), s.text(3), s.i64(4)});
   return out;
 }
 
 std::optional<JobNodeRow> Store::job_node(int64_t job, const std::string& node) {
-  Stmt& s =
-      db_.prepare("SELECT job_id, node, attempt, state FROM job_nodes WHERE job_id=? AND node=?");
+  Stmt& s = db_.prepare(
+      "SELECT job_id, node, attempt, state, node_uid FROM job_nodes WHERE job_id=? AND node=?");
   s.args(job, node);
   if (!s.step()) return std::nullopt;
-  JobNodeRow r{s.i64(0), s.text(1), s.i64(2), s.text(3)};
+  JobNodeRow r{s.i64(0), s.text(1), s.i64(2), s.text(3), s.i64(4)};
   s.reset();
   return r;
 }
@@ -456,10 +493,10 @@ std::optional<Store::JobBrief> Store::job_brief(int64_t job) {
   return b;
 }
 
-std::vector<int64_t> Store::jobs_of_node(const std::string& node) {
+std::vector<int64_t> Store::jobs_of_node(int64_t uid, const std::string& node) {
   std::vector<int64_t> out;
-  Stmt& s = db_.prepare("SELECT job_id FROM job_nodes WHERE node=? ORDER BY job_id");
-  s.args(node);
+  Stmt& s = db_.prepare("SELECT job_id FROM job_nodes WHERE node_uid=? AND node=? ORDER BY job_id");
+  s.args(uid, node);
   while (s.step()) out.push_back(s.i64(0));
   return out;
 }

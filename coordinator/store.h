@@ -62,6 +62,8 @@ struct AttemptRow {
   std::string exit_status;
 };
 
+// A node is (uid, name) (schema v4): the same name under two uids is two nodes, so one user's
+// daemon can neither take over nor block another user's node.
 struct NodeRow {
   std::string name;
   int64_t uid = 0;
@@ -79,6 +81,7 @@ struct JobNodeRow {
   std::string node;
   int64_t attempt = 0;
   std::string state;
+  int64_t node_uid = 0;  // the member is node (node_uid, node)
 };
 
 class Store {
@@ -116,13 +119,14 @@ class Store {
 
   // ---- nodes
   void upsert_node(const NodeRow& n);
-  std::optional<NodeRow> node(const std::string& name);
+  std::optional<NodeRow> node(int64_t uid, const std::string& name);
   std::vector<NodeRow> nodes();
-  void set_node_state(const std::string& name, const std::string& state);
-  void touch_node(const std::string& name, double t);
+  void set_node_state(int64_t uid, const std::string& name, const std::string& state);
+  void touch_node(int64_t uid, const std::string& name, double t);
 
   // ---- job <-> node membership
-  void add_job_node(int64_t job, const std::string& node, int64_t attempt);
+  // A job's member names are unique within the job; node_uid says whose node it is.
+  void add_job_node(int64_t job, const std::string& node, int64_t node_uid, int64_t attempt);
   void set_job_node_state(int64_t job, const std::string& node, const std::string& state);
   void set_job_nodes_attempt(int64_t job, int64_t attempt);
   std::vector<JobNodeRow> job_nodes(int64_t job);
@@ -133,7 +137,7 @@ class Store {
     int64_t attempt;
   };
   std::optional<JobBrief> job_brief(int64_t job);
-  std::vector<int64_t> jobs_of_node(const std::string& node);
+  std::vector<int64_t> jobs_of_node(int64_t uid, const std::string& node);
 
   // ---- workers
   void upsert_worker(int64_t job, int64_t attempt, const std::string& node, int64_t rank,

@@ -124,7 +124,7 @@ class SimDaemon {
   proto::Registered register_jobs(std::vector<proto::JobProgress> jobs) {
     link_.registration().jobs = std::move(jobs);
     link_.register_now();
-    return expect<proto::Registered>();
+    return expect<proto::Registered>(30s);  // generous: CI load
   }
 
   // The next message of type T, keeping the others in `inbox`.

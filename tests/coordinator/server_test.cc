@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -538,4 +539,184 @@ TEST(CoordClient, SignalsDuringAWaitAreNotErrors) {
   pester.join();
   sigaction(SIGUSR2, &old, nullptr);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// The message of the SecurityError that constructing a coordinator with `o` throws ("" if none).
+std::string start_error(const CoordinatorOptions& o) {
+  try {
+    Coordinator c(o);
+  } catch (const SecurityError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a SecurityError: ") + e.what();
+  }
+  return "";
+}
+
+mode_t mode_of(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return 01000;  // missing
+  return st.st_mode & 07777;
+}
+
+}  // namespace
+
+// The state directory holds every job's spec and the CURVE secret key. It is created 0700 and
+// its files 0600 whatever the umask; an existing one that is group/other accessible, a symlink
+// or someone else's is refused with the path and the rule, as ssh refuses ~/.ssh.
+TEST(CoordServer, StateDirectoryAndFilesArePrivate) {
+  std::string dir = make_temp_dir("private-state");
+  CoordinatorOptions o;
+  o.endpoints = {"ipc://" + dir + "/sock/coord.sock"};
+  o.state_dir = dir + "/state";
+  mode_t old_umask = umask(0);  // what a careless login shell might have
+  {
+    Coordinator c(o);
+    std::thread t([&] { c.run(); });
+    Client client(ClientOptions{o.endpoints[0], 3000ms, "", "", ""});
+    client.submit(test_spec(1, 0, 1, 1));  // writes: the -wal and -shm files exist now
+    EXPECT_EQ(mode_of(o.state_dir), 0700u);
+    EXPECT_EQ(mode_of(o.state_dir + "/coord.db"), 0600u);
+    EXPECT_EQ(mode_of(o.state_dir + "/coord.db-wal"), 0600u);
+    EXPECT_EQ(mode_of(o.state_dir + "/coord.db-shm"), 0600u);
+    EXPECT_EQ(mode_of(o.state_dir + "/coord.lock"), 0600u);
+    c.stop();
+    t.join();
+  }
+  umask(old_umask);
+
+  // A database others may read is refused, naming it and the fix.
+  chmod((o.state_dir + "/coord.db").c_str(), 0644);
+  std::string e = start_error(o);
+  EXPECT_NE(e.find("database " + o.state_dir +
+                   "/coord.db has mode 0644; it must not be "
+                   "accessible to group or others (chmod 0600 " +
+                   o.state_dir + "/coord.db)"),
+            std::string::npos)
+      << e;
+  chmod((o.state_dir + "/coord.db").c_str(), 0600);
+  EXPECT_EQ(start_error(o), "");
+  // A database that is a symlink (to a file an attacker chose) is refused.
+  rename((o.state_dir + "/coord.db").c_str(), (dir + "/elsewhere.db").c_str());
+  ASSERT_EQ(symlink((dir + "/elsewhere.db").c_str(), (o.state_dir + "/coord.db").c_str()), 0);
+  e = start_error(o);
+  EXPECT_NE(e.find(o.state_dir + "/coord.db is a symbolic link"), std::string::npos) << e;
+
+  // A group-readable state directory.
+  std::string loose = dir + "/loose";
+  mkdir(loose.c_str(), 0750);
+  chmod(loose.c_str(), 0750);
+  o.state_dir = loose;
+  e = start_error(o);
+  EXPECT_NE(e.find("state directory " + loose +
+                   " has mode 0750; it must not be accessible to "
+                   "group or others (chmod 0700 " +
+                   loose + ")"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(mode_of(loose + "/coord.db"), 01000u) << "nothing is created in a refused directory";
+  // A state directory that is a symlink to a private directory.
+  std::string real = dir + "/real";
+  mkdir(real.c_str(), 0700);
+  ASSERT_EQ(symlink(real.c_str(), (dir + "/link").c_str()), 0);
+  o.state_dir = dir + "/link";
+  e = start_error(o);
+  EXPECT_NE(e.find("state directory " + dir + "/link is a symbolic link"), std::string::npos) << e;
+  // Someone else's.
+  std::string theirs = dir + "/theirs";
+  mkdir(theirs.c_str(), 0700);
+  ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+  o.state_dir = theirs;
+  e = start_error(o);
+  EXPECT_NE(e.find("state directory " + theirs + " is owned by uid 65534"), std::string::npos) << e;
+  std::filesystem::remove_all(dir);
+}
+
+// tcp:// (CURVE): the secret key must be private, and the clients file (which maps keys to uids)
+// must not be writable by group or others, nor a symlink, nor someone else's.
+TEST(CoordServer, CurveKeyAndClientsFileAreChecked) {
+  std::string dir = make_temp_dir("curve-files");
+  CoordinatorOptions o;
+  o.state_dir = dir + "/state";
+  o.endpoints = {"tcp://127.0.0.1:0"};
+  EXPECT_EQ(start_error(o), "");  // creates the key pair
+  const std::string key = o.state_dir + "/curve/server.key";
+  const std::string clients = o.state_dir + "/curve/clients";
+  EXPECT_EQ(mode_of(key), 0600u);
+  EXPECT_EQ(mode_of(o.state_dir + "/curve"), 0700u);
+
+  chmod(key.c_str(), 0640);
+  std::string e = start_error(o);
+  EXPECT_NE(e.find(key +
+                   " has mode 0640; it must not be accessible to group or others "
+                   "(chmod 0600 " +
+                   key + ")"),
+            std::string::npos)
+      << e;
+  chmod(key.c_str(), 0600);
+
+  std::ofstream(clients) << "# key uid\n";
+  chmod(clients.c_str(), 0666);
+  e = start_error(o);
+  EXPECT_NE(e.find("CURVE clients file " + clients +
+                   " has mode 0666; it must not be writable "
+                   "by group or others (chmod 0600 " +
+                   clients + ")"),
+            std::string::npos)
+      << e;
+  chmod(clients.c_str(), 0644);  // readable is fine: it holds public keys
+  EXPECT_EQ(start_error(o), "");
+  ASSERT_EQ(chown(clients.c_str(), 65534, 65534), 0);
+  e = start_error(o);
+  EXPECT_NE(e.find("CURVE clients file " + clients + " is owned by uid 65534"), std::string::npos)
+      << e;
+  std::filesystem::remove(clients);
+  std::ofstream(dir + "/planted") << "# key uid\n";
+  ASSERT_EQ(symlink((dir + "/planted").c_str(), clients.c_str()), 0);
+  e = start_error(o);
+  EXPECT_NE(e.find("CURVE clients file " + clients + " is a symbolic link"), std::string::npos)
+      << e;
+  std::filesystem::remove_all(dir);
+}
+
+// A restarted job whose only daemon is gone, outside Slurm, fails as abandoned (it used to stay
+// "starting" for ever); a Slurm job in the same situation waits for Slurm.
+TEST(CoordServer, AJobNoDaemonServesFailsAsAbandoned) {
+  InProcessCoordinator coord([](CoordinatorOptions& o) { o.heartbeat_timeout_s = 1.0; });
+  auto client = coord.client();
+  int64_t job = client.submit(test_spec(1, 3, 0.2, 0.2)).job;
+  int64_t slurm = client.submit(test_spec(1, 3, 0.2, 0.2)).job;
+  client.slurm_job(proto::SlurmJobRequest{0, slurm, "submitted", "4242", 0, "", ""});
+  {
+    SimDaemon a(coord.endpoint(), "a"), b(coord.endpoint(), "b");
+    a.register_jobs({{job, 0, 0}});
+    b.register_jobs({{slurm, 0, 0}});
+    a.step(job, 1, 1);
+    b.step(slurm, 1, 1);
+    ASSERT_TRUE(wait_for(
+        [&] {
+          return client.status(job).state == "running" && client.status(slurm).state == "running";
+        },
+        30s));
+  }  // both daemons are gone
+  ASSERT_TRUE(wait_for([&] { return client.status(job).state == "failed"; }, 60s))
+      << client.status(job).state << ": " << client.status(job).state_reason;
+  auto st = client.status(job);
+  EXPECT_EQ(st.state_reason.rfind("abandoned: no daemon has served attempt 2 for ", 0), 0u)
+      << st.state_reason;
+  EXPECT_TRUE(has_kind(client.events(job), "abandoned"));
+  // The Slurm job went through the same loss at the same time and is still waiting.
+  EXPECT_NE(client.status(slurm).state, "failed") << client.status(slurm).state_reason;
+}
+
+// What escape_for_log makes of control characters: one line, no terminal control, and the
+// escapes themselves stay unambiguous (a literal backslash is doubled).
+TEST(CoordServer, EscapeForLog) {
+  EXPECT_EQ(escape_for_log("plain name-1.x"), "plain name-1.x");
+  EXPECT_EQ(escape_for_log("a\nb\rc\td"), "a\\nb\\rc\\td");
+  EXPECT_EQ(escape_for_log(std::string("\x1b[2J\x7f\0z", 7)), "\\x1b[2J\\x7f\\x00z");
+  EXPECT_EQ(escape_for_log("back\\n slash"), "back\\\\n slash");
+  EXPECT_EQ(escape_for_log("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 is kept
 }

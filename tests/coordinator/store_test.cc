@@ -156,6 +156,11 @@ TEST(Store, MigratesV1ToLatestKeepingData) {
     EXPECT_EQ(v1.schema_version(), 1);
     id = v1.insert_job(sample_job());
     v1.begin_attempt(id, 1, "first start", 0);
+    // A v1 node (keyed by name alone) and its membership: v4 keys nodes by (uid, name).
+    v1.db().exec(
+        "INSERT INTO nodes VALUES ('n0', 1000, 'up', 1, 1, '[]', '{}', 'x');"
+        "INSERT INTO job_nodes VALUES (" +
+        std::to_string(id) + ", 'n0', 1, 'active');");
     // v2's columns do not exist yet.
     EXPECT_THROW(v1.db().exec("SELECT restart_at FROM jobs"), coord::DbError);
   }
@@ -174,8 +179,23 @@ TEST(Store, MigratesV1ToLatestKeepingData) {
         latest.db().prepare("SELECT version, description FROM schema_version ORDER BY version");
     std::vector<int64_t> versions;
     while (s.step()) versions.push_back(s.i64(0));
-    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3}));
+    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4}));
     EXPECT_EQ(latest.job(id)->job_dir, "");  // v3 column, default for old rows
+    // v4: the node kept its row under (uid, name), the member knows its node's uid, and the
+    // same name under another uid is another node.
+    ASSERT_TRUE(latest.node(1000, "n0"));
+    EXPECT_FALSE(latest.node(65534, "n0"));
+    auto jn = latest.job_nodes(id);
+    ASSERT_EQ(jn.size(), 1u);
+    EXPECT_EQ(jn[0].node_uid, 1000);
+    EXPECT_EQ(jn[0].state, "active");
+    EXPECT_EQ(latest.jobs_of_node(1000, "n0"), std::vector<int64_t>{id});
+    EXPECT_TRUE(latest.jobs_of_node(65534, "n0").empty());
+    latest.upsert_node({"n0", 65534, "up", 2, 2, "[]", "{}", "y"});
+    EXPECT_EQ(latest.nodes().size(), 2u);
+    EXPECT_EQ(latest.node(1000, "n0")->ringd_version, "x");
+    // A member must name an existing (uid, name).
+    EXPECT_THROW(latest.add_job_node(id, "n1", 1000, 1), coord::DbError);
   }
   // Reopening does not re-apply anything.
   {
