@@ -294,7 +294,9 @@ TEST(RingdHardening, SighupWithStdoutGoneStopsWithACheckpoint) {
       },
       60))
       << slurp(log);
-  if (!reaped) ASSERT_EQ(kill(pid, SIGHUP), 0);
+  if (!reaped) {
+    ASSERT_EQ(kill(pid, SIGHUP), 0);
+  }
   const auto end2 = Clock::now() + std::chrono::seconds(60);
   while (!reaped && Clock::now() < end2) {
     reaped = waitpid(pid, &st, WNOHANG) == pid;
