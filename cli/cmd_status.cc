@@ -167,7 +167,7 @@ Subcommand add_status(CLI::App& app) {
               "Refresh until Ctrl-C (with JOB: until the job ends); not on a terminal, print "
               "only changes");
   s->add_option("--interval", o->interval, "Seconds between refreshes with --follow")
-      ->check(CLI::Range(0.1, 3600.0))
+      ->check(seconds_in(0.1, 3600.0))
       ->capture_default_str();
   o->coord.add_to(s);
   return {s, [o] { return run_status(*o); }};

@@ -7,7 +7,8 @@
 //   fs.parse(argc, argv);
 //
 // Malformed input throws FlagError with the whole message ("--steps: expected an integer in
-// [1, 1099511627776], got 'x'", "--spec needs a value", "unknown argument '--x'"); a program
+// [1, 1099511627776], got 'x'", "--spec needs a value", "--spec needs a value (got the flag
+// --resume)", "unknown argument '--x'"); a program
 // prints it with its usage text (usage_exit) and exits 2. ArgWalker is the walk underneath, for
 // a program that wants its own loop.
 #pragma once
@@ -32,8 +33,10 @@ class FlagError : public std::runtime_error {
 // A decimal integer in [lo, hi], all of `value`: "FLAG: expected an integer in [LO, HI], got 'V'".
 int64_t parse_int(std::string_view flag, const char* value, int64_t lo, int64_t hi);
 
-// A duration in seconds in (0, 1e6] (decimals allowed): "FLAG: expected seconds in (0, 1e6],
-// got 'V'".
+// A duration in seconds in [0.001, 1e6], written in decimal ("2", "0.5", "1e3"; not nan, inf,
+// hex or blanks): "FLAG: expected seconds in [0.001, 1e6], got 'V'".
+inline constexpr double kMinSeconds = 0.001;
+inline constexpr double kMaxSeconds = 1e6;
 double parse_seconds(std::string_view flag, const char* value);
 
 // Walks argv[1..argc) one argument at a time; value() consumes the argument after the flag.
@@ -47,6 +50,8 @@ class ArgWalker {
 
   // The flag's value, consumed: "FLAG needs a value" when the flag is the last argument.
   const char* value();
+  // The next argument, not consumed (nullptr after the last).
+  const char* peek() const;
   int64_t int_value(int64_t lo, int64_t hi) { return parse_int(flag_, value(), lo, hi); }
   double seconds_value() { return parse_seconds(flag_, value()); }
 

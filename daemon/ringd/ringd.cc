@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/flags.h"
+#include "common/cli/job_dir.h"
 #include "common/proc/reap.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
@@ -299,7 +300,7 @@ void Daemon::event(const std::string& name, json fields) {
 
 int Daemon::run() {
   // Job directory and files.
-  job_dir_ = o_.job_dir.empty() ? "/tmp/ringmaster/" + spec_.job.name : o_.job_dir;
+  job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(spec_.job.name) : o_.job_dir;
   std::error_code ec;
   fs::create_directories(job_dir_ + "/logs", ec);
   if (ec) {

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/run.h"
+#include "other_user.h"
 #include "../coordinator/coord_test_util.h"
 
 using namespace ring::coord;
@@ -186,7 +187,7 @@ TEST(Ringctl, StatusTableJsonAndDetails) {
   EXPECT_DOUBLE_EQ(one["loss"].get<double>(), 1.75);
   EXPECT_EQ(one["last_checkpoint_step"], 2);
   EXPECT_EQ(one["job_dir"], job_dir);
-  EXPECT_EQ(one["checkpoint_dir"], "/tmp/ringmaster/tiny/checkpoints");
+  EXPECT_EQ(one["checkpoint_dir"], job_dir + "/checkpoints");  // tiny.yaml: relative dir
   EXPECT_EQ(one["ring_order"], json::array({"node-a"}));
   EXPECT_EQ(one["nodes"], json::array({"node-a"}));
 
@@ -371,9 +372,10 @@ TEST(Ringctl, AnotherUsersJobIsRefused) {
   Coord c(/*shared=*/true);
   auto client = c.client();
   int64_t roots = client.submit(test_spec(1, 0, 1, 1)).job;
+  // nobody runs a copy it can reach: the checkout may be in a 0700 home directory.
+  ring::test::OtherUserBin bin({kRingctl});
   std::string as_nobody =
-      "setpriv --reuid=65534 --regid=65534 --clear-groups env RING_COORD=" + c.ep() + " " +
-      kRingctl + " ";
+      ring::test::as_nobody("env RING_COORD=" + c.ep() + " " + bin.path("ringctl") + " ");
   for (const char* cmd : {"cancel", "restart"}) {
     auto r = ring::test::run(as_nobody + cmd + " " + std::to_string(roots));
     EXPECT_EQ(r.exit_code, 6) << cmd << ": " << r.output;
@@ -387,7 +389,188 @@ TEST(Ringctl, AnotherUsersJobIsRefused) {
   EXPECT_EQ(parse_json(r.output)["owner"], "root");
   // Private mode: another user cannot even reach the socket, and is told why.
   Coord priv;
-  r = ring::test::run("setpriv --reuid=65534 --regid=65534 --clear-groups " + kRingctl +
-                      " status --coord " + priv.ep());
+  r = ring::test::run(ring::test::as_nobody(bin.path("ringctl") + " status --coord " + priv.ep()));
   EXPECT_EQ(r.exit_code, 4) << r.output;
+}
+
+// Every numeric flag of every subcommand refuses NaN, infinities, other spellings (hex, blanks,
+// exponents for integers) and values out of range, naming the flag and its rule; a usage error
+// exits 2 before anything is contacted (no coordinator runs here: a value let through would end
+// in exit 4 "no coordinator" or worse).
+TEST(Ringctl, NumericFlagsRefuseNanInfinityAndOutOfRange) {
+  std::string dir = make_temp_dir("ctl-nums");
+  std::string spec = ring::test::source_path("tests/cli/run_tiny.yaml");
+  std::string coord = " --coord ipc://" + dir + "/none.sock";
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"status --timeout nan", "--timeout: expected seconds in [0.05, 3600], got 'nan'"},
+      {"status --timeout inf", "--timeout: expected seconds in [0.05, 3600], got 'inf'"},
+      {"status --timeout -1", "--timeout: expected seconds in [0.05, 3600], got '-1'"},
+      {"status --timeout 1e9", "--timeout: expected seconds in [0.05, 3600], got '1e9'"},
+      {"status --timeout 0x10", "--timeout: expected seconds in [0.05, 3600], got '0x10'"},
+      {"status --timeout ' 5'", "--timeout: expected seconds in [0.05, 3600], got ' 5'"},
+      {"status --follow --interval nan", "--interval: expected seconds in [0.1, 3600], got 'nan'"},
+      {"status --follow --interval 0", "--interval: expected seconds in [0.1, 3600], got '0'"},
+      {"nodes --timeout NaN", "--timeout: expected seconds in [0.05, 3600], got 'NaN'"},
+      {"cancel 1 --wait --wait-timeout nan",
+       "--wait-timeout: expected seconds in [0.1, 86400], got 'nan'"},
+      {"cancel 1 --wait --wait-timeout -inf",
+       "--wait-timeout: expected seconds in [0.1, 86400], got '-inf'"},
+      {"restart 1 --from -1", "--from: expected an integer in [0, 1099511627776], got '-1'"},
+      {"restart 1 --from 2.5", "--from: expected an integer in [0, 1099511627776], got '2.5'"},
+      {"restart 1 --from 1e3", "--from: expected an integer in [0, 1099511627776], got '1e3'"},
+      {"events 1 --after -5", "--after: expected an integer in [0, 9007199254740992], got '-5'"},
+      {"events 1 --after nan", "--after: expected an integer in [0, 9007199254740992], got 'nan'"},
+      {"logs 1 --lines -1", "--lines: expected an integer in [0, 2147483648], got '-1'"},
+      {"logs 1 --worker 99999999999999999999",
+       "--worker: expected an integer in [0, 4294967295], got '99999999999999999999'"},
+      {"run " + spec + " --steps 0", "--steps: expected an integer in [1, 1099511627776], got '0'"},
+      {"run " + spec + " --steps nan",
+       "--steps: expected an integer in [1, 1099511627776], got 'nan'"},
+      {"run " + spec + " --steps 1e30",
+       "--steps: expected an integer in [1, 1099511627776], got '1e30'"},
+      {"run " + spec + " --threads 100000", "--threads: expected an integer in [1, 4096], got '100000'"},
+      {"slurm-started 1 --slurm-job 5 --restarts -1",
+       "--restarts: expected an integer in [0, 1000000], got '-1'"},
+      {"status --coord tcp://127.0.0.1:99999", "--coord: port '99999' is not in 1..65535"},
+      {"status --coord tcp://127.0.0.1:0", "--coord: port '0' is not in 1..65535"},
+      {"status --coord ipc://relative.sock", "--coord: ipc:// needs an absolute path"},
+      {"status --coord udp://x:1", "--coord: expected ipc://PATH or tcp://HOST:PORT"},
+  };
+  for (const auto& c : cases) {
+    bool has_coord = c.args.find("--coord") != std::string::npos;
+    auto r = ring::test::run("timeout 60 " + kRingctl + " " + c.args + (has_coord ? "" : coord));
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, c.message)) << c.args << "\n" << r.output;
+  }
+  // Job ids: digits only.
+  for (const char* id : {"0", "-3", "7x", "+7", " 7", "1e3", "99999999999999999999"}) {
+    auto r = ring::test::run(kRingctl + " status '" + id + "'" + coord);
+    EXPECT_EQ(r.exit_code, 2) << id << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "is not a job id")) << id << "\n" << r.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// An unknown command or flag is named, with the closest one and the list; exit 2.
+TEST(Ringctl, UnknownCommandsAndFlagsAreNamed) {
+  auto r = ring::test::run(kRingctl + " statsu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown command 'statsu'; did you mean 'status'?")) << r.output;
+  EXPECT_TRUE(contains(r.output, "commands: validate, plan, run, status")) << r.output;
+  r = ring::test::run(kRingctl + " frobnicate");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown command 'frobnicate'")) << r.output;
+  EXPECT_FALSE(contains(r.output, "did you mean")) << r.output;
+  r = ring::test::run(kRingctl);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "a command is required")) << r.output;
+  EXPECT_TRUE(contains(r.output, "commands: validate")) << r.output;
+  r = ring::test::run(kRingctl + " --jsn");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown flag '--jsn'")) << r.output;
+  // Flags of a subcommand.
+  r = ring::test::run(kRingctl + " status --jsn");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "ringctl status: unknown flag '--jsn'; did you mean '--json'?"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "flags of status: --help, --json, --follow")) << r.output;
+  r = ring::test::run(kRingctl + " logs 1 --follw");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown flag '--follw'; did you mean '--follow'?")) << r.output;
+  r = ring::test::run(kRingctl + " validate --quiet=yes x.yaml --bogus-flag");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = ring::test::run(kRingctl + " cancel 1 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "ringctl cancel: unexpected argument '2'")) << r.output;
+}
+
+// `ringctl submit` of a multi-node job: its nodes must all see the job directory (spec copy,
+// rendezvous, logs), so the node-local default and node-local places are refused with the
+// reason before ring-coord is asked anything (exit 2, not 4 without a coordinator); a shared
+// directory is what the rendered script names.
+TEST(RingctlSubmit, MultiNodeJobsNeedASharedJobDir) {
+  std::string dir = make_temp_dir("ctl-submit");
+  std::string spec = ring::test::source_path("configs/examples/slurm-2node.yaml");
+  std::string base = kRingctl + " submit " + spec + " --coord ipc://" + dir + "/none.sock";
+  for (const std::string& dry : {std::string(" --dry-run"), std::string()}) {
+    auto r = ring::test::run(base + dry);
+    EXPECT_EQ(r.exit_code, 2) << dry << r.output;
+    EXPECT_TRUE(contains(r.output, "resources.nodes is 2: give --job-dir DIR on a file system "
+                                   "every node mounts"))
+        << r.output;
+    EXPECT_TRUE(contains(r.output, "/tmp/ringmaster-" + std::to_string(geteuid()) +
+                                       "/jobs/<name>, is on this node only"))
+        << r.output;
+  }
+  for (const std::string& local : {dir + "/job", std::string("/dev/shm/ring-job"),
+                                   std::string("/run/ring-job"), std::string("/var/tmp/job")}) {
+    auto r = ring::test::run(base + " --dry-run --job-dir " + local);
+    EXPECT_EQ(r.exit_code, 2) << local << r.output;
+    EXPECT_TRUE(contains(r.output, "--job-dir " + local + " is under /")) << r.output;
+    EXPECT_TRUE(contains(r.output, "the 2 nodes of this job would not see the spec")) << r.output;
+  }
+  // A directory on a shared file system (here the build tree, not node-local by those rules).
+  std::string shared = std::string(RING_BINARY_DIR) + "/ctl-submit-test-" +
+                       std::to_string(getpid()) + "/job";
+  auto r = ring::test::run(base + " --dry-run --job-dir " + shared);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "export RING_JOB_DIR=" + shared + "\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "#SBATCH --output=" + shared + "/slurm-%j.out")) << r.output;
+  EXPECT_TRUE(contains(r.output, "spec=" + shared + "/spec.yaml\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "#SBATCH --nodes=2")) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(shared)) << "--dry-run creates nothing";
+  // A one-machine "cluster" (the test cluster of slurm/) may say so.
+  r = ring::test::run(base + " --dry-run --local-job-dir-ok --job-dir " + dir + "/job");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "export RING_JOB_DIR=" + dir + "/job\n")) << r.output;
+  // One node: the per-user default is fine.
+  r = ring::test::run(kRingctl + " submit " + ring::test::source_path("configs/examples/tiny.yaml") +
+                      " --dry-run --coord ipc://" + dir + "/none.sock");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "export RING_JOB_DIR=/tmp/ringmaster-" +
+                                     std::to_string(geteuid()) + "/jobs/tiny\n"))
+      << r.output;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(std::filesystem::path(shared).parent_path());
+}
+
+// The spec copy and the batch script `ringctl submit` writes are private (0600, 0700), and a
+// job directory that is not ours is refused before ring-coord records the job.
+TEST(RingctlSubmit, SpecCopyIsPrivateAndTheJobDirIsChecked) {
+  Coord c;
+  std::string dir = make_temp_dir("ctl-submit-files");
+  // sbatch refuses (a stand-in first in PATH): the files are written before it runs.
+  std::filesystem::create_directories(dir + "/bin");
+  std::ofstream(dir + "/bin/sbatch") << "#!/bin/sh\necho 'sbatch: stand-in refuses' >&2\nexit 1\n";
+  ::chmod((dir + "/bin/sbatch").c_str(), 0755);
+  std::string env = "PATH=" + dir + "/bin:$PATH RING_COORD=" + c.ep() + " ";
+  std::string spec = ring::test::source_path("configs/examples/tiny.yaml");
+  auto r = ring::test::run("umask 022; " + env + kRingctl + " submit " + spec + " --spank off --job-dir " +
+                           dir + "/job");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "stand-in refuses")) << r.output;
+  struct stat st {};
+  ASSERT_EQ(stat((dir + "/job/spec-1.yaml").c_str(), &st), 0) << r.output;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat((dir + "/job/job-1.sbatch").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((dir + "/job").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+
+  // Another user's directory: refused, and ring-coord has no new job.
+  std::string theirs = dir + "/theirs";
+  ::mkdir(theirs.c_str(), 0755);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  auto before = c.client().status().size();
+  r = ring::test::run(env + kRingctl + " submit " + spec + " --spank off --job-dir " + theirs);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "job directory " + theirs + " is owned by nobody (uid 65534), "
+                                 "not by you"))
+      << r.output;
+  EXPECT_EQ(c.client().status().size(), before);
+  std::filesystem::remove_all(dir);
 }
