@@ -325,6 +325,7 @@ std::string describe_event(const nlohmann::json& j) {
 
 // The new lines of a log file another process appends to: from its size when this was made (an
 // earlier run's lines are not ours), partial last lines kept until they end. Keeps the last 20.
+// ringd's "event {...}" lines are left out: ringctl prints those from ringd's stdout.
 class LogFollower {
  public:
   explicit LogFollower(std::string path) : path_(std::move(path)) {
@@ -357,6 +358,7 @@ class LogFollower {
     while ((pos = partial_.find('\n')) != std::string::npos) {
       std::string l = partial_.substr(0, pos);
       partial_.erase(0, pos + 1);
+      if (l.rfind("event ", 0) == 0) continue;  // ringd's events: shown from its stdout already
       tail_.push_back(l);
       if (tail_.size() > 20) tail_.pop_front();
       on_line(l);

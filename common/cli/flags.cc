@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
+#include <algorithm>
 #include <iostream>
+#include <vector>
 
 namespace ring::flags {
 
@@ -85,6 +87,26 @@ FlagSet& FlagSet::unknown_note(std::string note) {
   return *this;
 }
 
+std::string FlagSet::closest_flag(const std::string& word) const {
+  if (word.size() < 3 || word[0] != '-') return "";
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = 3;  // two edits at most: a typo, not another flag
+  for (const auto& [name, _] : entries_)
+    if (size_t d = distance(word, name); d < best_d) best_d = d, best = name;
+  return best;
+}
+
 void FlagSet::parse(int argc, char** argv) {
   ArgWalker w(argc, argv);
   while (w.next()) {
@@ -94,7 +116,11 @@ void FlagSet::parse(int argc, char** argv) {
       std::exit(0);
     }
     auto it = entries_.find(f);
-    if (it == entries_.end()) throw FlagError("unknown argument '" + f + "'" + unknown_note_);
+    if (it == entries_.end()) {
+      std::string hint;
+      if (std::string c = closest_flag(f); !c.empty()) hint = "; did you mean '" + c + "'?";
+      throw FlagError("unknown argument '" + f + "'" + hint + unknown_note_);
+    }
     // "--job-dir --resume": the value left out, the next flag would be taken for it.
     if (it->second.takes_value)
       if (const char* next = w.peek(); next && entries_.count(std::string_view(next)))

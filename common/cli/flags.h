@@ -89,7 +89,8 @@ class FlagSet {
   FlagSet& unknown_note(std::string note);
 
   // Applies argv[1..argc) in order: --help or -h print the usage to stdout and exit 0; an
-  // argument not in the table is "unknown argument 'X'"; a value flag last is "X needs a value".
+  // argument not in the table is "unknown argument 'X'" (with "; did you mean 'Y'?" for a typo
+  // of a flag Y); a value flag last is "X needs a value".
   void parse(int argc, char** argv);
   // Whether parse() met the flag.
   bool seen(const std::string& name) const { return seen_.count(name) > 0; }
@@ -108,6 +109,8 @@ class FlagSet {
     std::function<void(const std::string&, const char*)> on;
   };
   FlagSet& add(const std::string& name, Entry e);
+  // The flag of the table closest to a misspelt one (two edits at most), or "".
+  std::string closest_flag(const std::string& word) const;
 
   std::string usage_;
   std::string unknown_note_;

@@ -182,6 +182,9 @@ TEST(Flags, FlagSetErrorsNameTheFlagAndTheRule) {
   EXPECT_EQ(parse({"--threads", "-1"}), "--threads: expected an integer in [0, 4096], got '-1'");
   EXPECT_EQ(parse({"--spec", "s", "--threads"}), "--threads needs a value");
   EXPECT_EQ(parse({"--bogus"}), "unknown argument '--bogus'");
+  EXPECT_EQ(parse({"--thread", "2"}), "unknown argument '--thread'; did you mean '--threads'?");
+  EXPECT_EQ(parse({"--specs", "x"}, " (multi-rank mode)"),
+            "unknown argument '--specs'; did you mean '--spec'? (multi-rank mode)");
   EXPECT_EQ(parse({"extra"}, " (multi-rank mode)"), "unknown argument 'extra' (multi-rank mode)");
   EXPECT_EQ(parse({"--labels", "x"}), "--labels: expected all or answer, got 'x'");
   // The first bad argument is the one reported.
