@@ -316,6 +316,13 @@ TEST(Ringctl, LogsFromTheJobDir) {
   r = c.ctl("logs " + id + " --worker 7");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(contains(r.output, "workers with logs: 0, 1, 10")) << r.output;
+  // A FIFO where a log would be is not read (it would block ringctl): left out, no hang.
+  ASSERT_EQ(mkfifo((job_dir + "/logs/worker-2.log").c_str(), 0600), 0);
+  r = ring::test::run("timeout 60 env RING_COORD=" + c.ep() + " " + kRingctl + " logs " + id);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output,
+            "[worker 0] === attempt 1 ===\n[worker 0] r0 a\n[worker 0] r0 b\n"
+            "[worker 1] === attempt 1 ===\n[worker 1] r1 a\n[worker 10] r10 a\n");
 
   // --follow prints what is appended and ends with the job.
   auto follow = std::async(std::launch::async, [&] { return c.ctl("logs " + id + " -w 1 -f"); });
