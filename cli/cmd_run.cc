@@ -390,13 +390,7 @@ int run_run(const RunOpts& o) {
     return kExitFailed;
   }
   std::string spec_path = fs::absolute(o.spec).string();
-  std::string spec_text;
-  {
-    std::ifstream f(spec_path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    spec_text = ss.str();
-  }
+  const std::string& spec_text = r.text;  // what was validated, not a second read of the file
   const auto& spec = *r.spec;
   int64_t total = o.steps ? *o.steps : spec.train.steps;
 

@@ -112,8 +112,7 @@ int run_submit(const SubmitOpts& o) {
   }
   const auto& spec = *r.spec;
   std::string name = o.name.empty() ? spec.job.name : o.name;
-  std::ifstream sf(o.spec, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(sf)), {});
+  const std::string& text = r.text;  // what was validated, not a second read of the file
 
   // The job directory: every node reads the spec copy and writes its logs and rendezvous there.
   // The default (/tmp/ringmaster-<uid>/jobs/NAME, common/cli/job_dir.h) is on this node only:

@@ -542,6 +542,7 @@ std::string suggest_key(std::string_view section, std::string_view name) {
 LoadResult load_spec_string(std::string_view text, const std::string& name,
                             const LoadOptions& options) {
   LoadResult r;
+  if (text.size() <= kMaxSpecBytes) r.text = std::string(text);
   JobSpec spec = default_spec();
   Parser(name, r).run(text, spec);
   if (r.error_count() == 0) {

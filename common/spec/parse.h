@@ -47,6 +47,9 @@ struct SourceMap {
 
 struct LoadResult {
   std::optional<JobSpec> spec;  // set when there are no errors (warnings allowed)
+  // The text that was parsed (empty when the file could not be read): what a caller submits,
+  // so that it is exactly what was validated, without opening the file again.
+  std::string text;
   std::vector<Diagnostic> diagnostics;
   SourceMap source;
   bool ok() const { return spec.has_value(); }
