@@ -37,7 +37,7 @@ int finish(coord::Client& c, const ControlOpts& o, const protocol::OkReply& r,
               << "\n";
   } else {
     std::cout << "job " << r.job << ": " << state_color(state)
-              << (r.message.empty() ? "" : " (" + r.message + ")") << "\n";
+              << (r.message.empty() ? "" : " (" + printable(r.message) + ")") << "\n";
   }
   if (o.wait && state == transitional) {
     std::cerr << "ringctl: job " << r.job << " is still " << state << " after " << o.wait_timeout

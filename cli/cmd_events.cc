@@ -26,11 +26,12 @@ std::string describe(const protocol::EventRecord& e) {
   for (auto it = e.data.begin(); it != e.data.end(); ++it) {
     if (it.key() == "last_log" && it->is_array()) {
       for (const auto& l : *it)
-        log += "\n    | " + (l.is_string() ? l.get<std::string>() : l.dump());
+        log += "\n    | " + printable(l.is_string() ? l.get<std::string>() : l.dump());
       continue;
     }
     if (!s.empty()) s += " ";
-    s += it.key() + "=" + (it->is_string() ? it->get<std::string>() : it->dump());
+    s += printable(it.key()) + "=" +
+         printable(it->is_string() ? it->get<std::string>() : it->dump());
   }
   return s + log;
 }
@@ -62,10 +63,11 @@ int run_events(const EventsOpts& o) {
           }
           char line[128];
           std::snprintf(line, sizeof line, "%-19s  %7lld  %-10s  ", format_time(e.time).c_str(),
-                        static_cast<long long>(e.attempt), e.node.empty() ? "-" : e.node.c_str());
+                        static_cast<long long>(e.attempt),
+                        e.node.empty() ? "-" : printable(e.node).c_str());
           std::string kind = e.kind == "worker_died" || e.kind == "checkpoint_failed"
                                  ? paint(e.kind, "31")
-                                 : e.kind;
+                                 : printable(e.kind);
           std::cout << line << kind << "  " << describe(e) << "\n";
         }
         if (ev.size() < 500) break;

@@ -690,7 +690,8 @@ Subcommand add_run(CLI::App& app) {
                 "writable by others (default /tmp/ringmaster-<uid>/jobs/<job.name>)");
   s->add_option("--threads", o->threads, "Optimizer threads of ringd")
       ->check(integer_in(1, 4096));
-  s->add_option("--name", o->name, "Job name in the coordinator (default: job.name)");
+  s->add_option("--name", o->name, "Job name in the coordinator (default: job.name)")
+      ->check(job_name_rule());
   s->add_flag("-v,--verbose", o->verbose,
               "Show ringd's own log lines (<job-dir>/logs/ringd-0.log and its stderr) as they come");
   o->coord.add_to(s);

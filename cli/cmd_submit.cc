@@ -296,7 +296,8 @@ Subcommand add_submit(CLI::App& app) {
   sc->add_flag("--local-job-dir-ok", o->local_job_dir_ok,
                "Accept a node-local --job-dir (/tmp, /dev/shm, ...) for a multi-node job: every "
                "node of this cluster is this machine");
-  sc->add_option("--name", o->name, "Job name (default: job.name of the spec)");
+  sc->add_option("--name", o->name, "Job name (default: job.name of the spec)")
+      ->check(job_name_rule());
   sc->add_option("--ringd", o->ringd,
                  "ringd on the compute nodes (default: $RINGD, next to ringctl, the build tree, "
                  "PATH)");

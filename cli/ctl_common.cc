@@ -17,6 +17,7 @@
 #include <iostream>
 #include <thread>
 
+#include "common/spec/parse.h"
 #include "coordinator/security.h"
 
 namespace ring::cli {
@@ -92,7 +93,7 @@ int guarded(const std::string& endpoint, const std::function<int()>& body) {
                  "--timeout\n";
     return kExitNoCoord;
   } catch (const coord::RemoteError& e) {
-    std::cerr << "ringctl: " << e.what() << "\n";
+    std::cerr << "ringctl: " << printable(e.what()) << "\n";
     if (e.code() == proto::code::kNotFound) {
       std::cerr << "  `ringctl status` lists the jobs this coordinator (" << endpoint
                 << ") knows\n";
@@ -124,7 +125,31 @@ std::string paint(const std::string& text, const char* ansi) {
   return std::string("\033[") + ansi + "m" + text + "\033[0m";
 }
 
-std::string state_color(const std::string& state) {
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  auto esc = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  };
+  for (size_t i = 0; i < s.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      esc(c);
+    } else if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(s[i + 1]) <= 0x9f) {
+      esc(c);
+      esc(static_cast<unsigned char>(s[++i]));
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string state_color(const std::string& raw) {
+  const std::string state = printable(raw);
   if (state == "running" || state == "completed") return paint(state, "32");
   if (state == "failed") return paint(state, "31");
   if (state == "restarting" || state == "cancelling" || state == "cancelled" || state == "lost")
@@ -295,6 +320,16 @@ std::string check_endpoint(const std::string& ep) {
     return "";
   }
   return "expected ipc://PATH or tcp://HOST:PORT, got " + shown(ep);
+}
+
+CLI::Validator job_name_rule() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (spec::valid_job_name(v)) return "";
+        return shown(v) + " is not a job name: use 1-64 characters from [A-Za-z0-9._-], "
+                          "starting with a letter or digit";
+      },
+      "NAME", "JOBNAME");
 }
 
 CLI::Validator endpoint_rule() {

@@ -107,6 +107,10 @@ struct RuleDoc {
 };
 const std::vector<RuleDoc>& cross_field_rules();
 
+// The job.name rule: 1-64 characters from [A-Za-z0-9._-], starting with a letter or digit (it
+// names a directory and appears in other users' `ringctl status`). Also for `--name`.
+bool valid_job_name(std::string_view name);
+
 // Closest key path to a misspelt one ("model.d_modle" -> "model.d_model"); empty if none is near.
 std::string suggest_key(std::string_view section, std::string_view name);
 

@@ -88,13 +88,6 @@ std::optional<int64_t> slurm_time_seconds(const std::string& t) {
   return f[0] * 60;  // MM
 }
 
-bool valid_job_name(const std::string& n) {
-  if (n.empty() || n.size() > 64 || !std::isalnum(static_cast<unsigned char>(n[0]))) return false;
-  return std::all_of(n.begin(), n.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
-  });
-}
-
 // sbatch options ringmaster renders itself, with the spec key that sets each.
 const std::vector<std::pair<std::string, std::string>>& managed_sbatch_options() {
   static const std::vector<std::pair<std::string, std::string>> m = {
@@ -509,6 +502,13 @@ std::string md_cell(const std::string& s) {
 }
 
 }  // namespace
+
+bool valid_job_name(std::string_view n) {
+  if (n.empty() || n.size() > 64 || !std::isalnum(static_cast<unsigned char>(n[0]))) return false;
+  return std::all_of(n.begin(), n.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
+}
 
 std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& source,
                                       const LoadOptions& options) {

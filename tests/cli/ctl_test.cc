@@ -582,3 +582,46 @@ TEST(RingctlSubmit, SpecCopyIsPrivateAndTheJobDirIsChecked) {
   EXPECT_EQ(c.client().status().size(), before);
   std::filesystem::remove_all(dir);
 }
+
+// What other users and their daemons choose (job names, reasons, event data) reaches every
+// user's terminal through ringctl: control bytes are shown as \xHH, never sent raw, so no one can
+// retitle a window, move the cursor or forge a line in someone else's `ringctl status`.
+TEST(Ringctl, ControlBytesFromTheCoordinatorNeverReachTheTerminal) {
+  Coord c;
+  auto client = c.client();
+  const std::string evil = "x\033]0;owned\007\r\nFAKE 99 root completed\033[2J\xc2\x9b";
+  auto sub = client.submit(test_spec(1, 0, 1, 1), evil);
+  SimDaemon d(c.ep(), "node-b");
+  d.register_jobs({{sub.job, 0, 0}});
+  proto::Event died;  // a worker's last log lines, as a daemon reports them
+  died.kind = proto::EventKind::kWorkerDied;
+  died.job = sub.job;
+  died.attempt = 1;
+  died.rank = 0;
+  died.exit_code = 1;
+  died.last_log = {"boom\033[2J\033]0;owned\007", "second\rline"};
+  d.event(died);
+  ASSERT_TRUE(wait_for([&] { return contains(c.ctl("events " + std::to_string(sub.job)).output,
+                                             "worker_died"); }, 30s));
+  const std::string id = std::to_string(sub.job);
+  for (const std::string& cmd : std::vector<std::string>{"status", "status " + id, "nodes",
+                                                         "events " + id}) {
+    auto r = c.ctl(cmd);
+    ASSERT_EQ(r.exit_code, 0) << cmd << r.output;
+    for (char bad : {'\033', '\007', '\r'})
+      EXPECT_EQ(r.output.find(bad), std::string::npos) << cmd << ": raw control byte in\n"
+                                                       << r.output;
+    EXPECT_EQ(r.output.find("\xc2\x9b"), std::string::npos) << cmd;
+    EXPECT_EQ(r.output.find("\nFAKE"), std::string::npos) << cmd << r.output;
+  }
+  EXPECT_TRUE(contains(c.ctl("status").output, "x\\x1b]0;owned\\x07\\x0d\\x0aFAKE"));
+  EXPECT_TRUE(contains(c.ctl("events " + std::to_string(sub.job)).output,
+                       "| boom\\x1b[2J\\x1b]0;owned\\x07"));
+  // --name itself follows the job.name rule.
+  for (const char* sub_cmd : {"run", "submit --dry-run"}) {
+    auto r = c.ctl(std::string(sub_cmd) + " " + ring::test::source_path("configs/examples/tiny.yaml") +
+                   " --name 'bad name'");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "--name: 'bad name' is not a job name")) << r.output;
+  }
+}
