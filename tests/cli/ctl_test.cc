@@ -618,9 +618,11 @@ TEST(Ringctl, ControlBytesFromTheCoordinatorNeverReachTheTerminal) {
   EXPECT_TRUE(contains(c.ctl("events " + std::to_string(sub.job)).output,
                        "| boom\\x1b[2J\\x1b]0;owned\\x07"));
   // --name itself follows the job.name rule.
-  for (const char* sub_cmd : {"run", "submit --dry-run"}) {
-    auto r = c.ctl(std::string(sub_cmd) + " " + ring::test::source_path("configs/examples/tiny.yaml") +
-                   " --name 'bad name'");
+  // (bounded: a regression would start the job)
+  for (const char* sub_cmd : {"run --steps 1", "submit --dry-run"}) {
+    auto r = ring::test::run("timeout 120 env RING_COORD=" + c.ep() + " " + kRingctl + " " +
+                             sub_cmd + " " + ring::test::source_path("configs/examples/tiny.yaml") +
+                             " --job-dir " + c.dir() + "/job --name 'bad name'");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_TRUE(contains(r.output, "--name: 'bad name' is not a job name")) << r.output;
   }
