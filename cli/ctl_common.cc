@@ -50,6 +50,10 @@ std::string CoordFlags::resolved_endpoint() const {
 coord::ClientOptions CoordFlags::client_options() const {
   coord::ClientOptions o;
   o.endpoint = resolved_endpoint();
+  // --coord was checked when parsed; $RING_COORD gets the same rule here.
+  if (endpoint.empty())
+    if (std::string why = check_endpoint(o.endpoint); !why.empty())
+      throw CLI::ValidationError("$RING_COORD", why);
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   if (o.endpoint.rfind("tcp://", 0) == 0) {
     std::string sk = server_key_file, ck = client_key_file;

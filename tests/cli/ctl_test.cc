@@ -453,6 +453,10 @@ TEST(Ringctl, NumericFlagsRefuseNanInfinityAndOutOfRange) {
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_TRUE(contains(r.output, c.message)) << c.args << "\n" << r.output;
   }
+  // $RING_COORD follows the --coord rule.
+  auto env = ring::test::run("RING_COORD=tcp://127.0.0.1:99999 " + kRingctl + " status");
+  EXPECT_EQ(env.exit_code, 2) << env.output;
+  EXPECT_TRUE(contains(env.output, "$RING_COORD: port '99999' is not in 1..65535")) << env.output;
   // Job ids: digits only.
   for (const char* id : {"0", "-3", "7x", "+7", " 7", "1e3", "99999999999999999999"}) {
     auto r = ring::test::run(kRingctl + " status '" + id + "'" + coord);
