@@ -442,8 +442,8 @@ int run_run(const RunOpts& o) {
         return kExitNoCoord;
       }
       owned.log = job_dir + "/logs/ring-coord.log";
-      int fd = ::open(owned.log.c_str(),
-                      O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+      int fd =
+          ::open(owned.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
       owned.pid = spawn({bin, "--endpoint", ep}, fd, fd);
       if (fd >= 0) ::close(fd);
       auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
@@ -495,8 +495,8 @@ int run_run(const RunOpts& o) {
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
       throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
     std::string err_log = job_dir + "/logs/ringd-run.stderr";
-    int err_fd = ::open(err_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
-                        0600);
+    int err_fd =
+        ::open(err_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     // ringd --json logs to <job-dir>/logs/ringd-0.log only (its stderr carries fatal errors):
     // read what it appends to show it with --verbose and its last lines when it fails.
     LogFollower ringd_log(job_dir + "/logs/ringd-0.log");
@@ -688,12 +688,12 @@ Subcommand add_run(CLI::App& app) {
   s->add_option("--job-dir", o->job_dir,
                 "Directory for logs, steps.jsonl and relative checkpoints, yours and not "
                 "writable by others (default /tmp/ringmaster-<uid>/jobs/<job.name>)");
-  s->add_option("--threads", o->threads, "Optimizer threads of ringd")
-      ->check(integer_in(1, 4096));
+  s->add_option("--threads", o->threads, "Optimizer threads of ringd")->check(integer_in(1, 4096));
   s->add_option("--name", o->name, "Job name in the coordinator (default: job.name)")
       ->check(job_name_rule());
-  s->add_flag("-v,--verbose", o->verbose,
-              "Show ringd's own log lines (<job-dir>/logs/ringd-0.log and its stderr) as they come");
+  s->add_flag(
+      "-v,--verbose", o->verbose,
+      "Show ringd's own log lines (<job-dir>/logs/ringd-0.log and its stderr) as they come");
   o->coord.add_to(s);
   return {s, [o] { return run_run(*o); }};
 }

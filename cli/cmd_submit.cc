@@ -84,7 +84,8 @@ void write_file(const fs::path& p, const std::string& text, mode_t mode) {
   tmp += ".tmp";
   ::unlink(tmp.c_str());  // a leftover of an interrupted submit (our own directory)
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) throw slurm::SlurmError("cannot create " + tmp.string() + ": " + std::strerror(errno));
+  if (fd < 0)
+    throw slurm::SlurmError("cannot create " + tmp.string() + ": " + std::strerror(errno));
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -98,7 +99,8 @@ void write_file(const fs::path& p, const std::string& text, mode_t mode) {
     done += static_cast<size_t>(n);
   }
   ::fchmod(fd, mode);  // the umask may have removed bits we want (the script's x)
-  if (::close(fd) != 0) throw slurm::SlurmError("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  if (::close(fd) != 0)
+    throw slurm::SlurmError("cannot write " + tmp.string() + ": " + std::strerror(errno));
   fs::rename(tmp, p);
 }
 
@@ -321,8 +323,7 @@ Subcommand add_slurm_started(CLI::App& app) {
       "Used by the batch script of `ringctl submit`: record a Slurm start (or requeue) of a job");
   sc->add_option("job", o->job, "ring-coord job id")->required();
   sc->add_option("--slurm-job", o->slurm_job, "Slurm job id ($SLURM_JOB_ID)")->required();
-  sc->add_option("--restarts", o->restarts, "$SLURM_RESTART_COUNT")
-      ->check(integer_in(0, 1000000));
+  sc->add_option("--restarts", o->restarts, "$SLURM_RESTART_COUNT")->check(integer_in(0, 1000000));
   sc->add_option("--nodes", o->nodes, "$SLURM_JOB_NODELIST");
   o->coord.add_to(sc);
   return {sc, [o] { return run_started(*o); }};

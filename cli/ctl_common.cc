@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 #include <thread>
@@ -307,9 +307,11 @@ std::string check_endpoint(const std::string& ep) {
   if (ep.empty()) return "";
   if (ep.rfind("ipc://", 0) == 0) {
     std::string path = ep.substr(6);
-    if (path.empty() || path[0] != '/') return "ipc:// needs an absolute path (ipc:///path/coord.sock)";
+    if (path.empty() || path[0] != '/')
+      return "ipc:// needs an absolute path (ipc:///path/coord.sock)";
     if (path.size() >= sizeof(sockaddr_un{}.sun_path))
-      return "the ipc path is " + std::to_string(path.size()) + " bytes; a unix socket path takes at most " +
+      return "the ipc path is " + std::to_string(path.size()) +
+             " bytes; a unix socket path takes at most " +
              std::to_string(sizeof(sockaddr_un{}.sun_path) - 1);
     return "";
   }
@@ -330,16 +332,16 @@ CLI::Validator job_name_rule() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
         if (spec::valid_job_name(v)) return "";
-        return shown(v) + " is not a job name: use 1-64 characters from [A-Za-z0-9._-], "
-                          "starting with a letter or digit";
+        return shown(v) +
+               " is not a job name: use 1-64 characters from [A-Za-z0-9._-], "
+               "starting with a letter or digit";
       },
       "NAME", "JOBNAME");
 }
 
 CLI::Validator endpoint_rule() {
-  return CLI::Validator(
-      [](std::string& v) { return check_endpoint(v); }, "ipc://PATH | tcp://HOST:PORT",
-      "ENDPOINT");
+  return CLI::Validator([](std::string& v) { return check_endpoint(v); },
+                        "ipc://PATH | tcp://HOST:PORT", "ENDPOINT");
 }
 
 std::string closest(const std::string& word, const std::vector<std::string>& candidates) {

@@ -93,8 +93,8 @@ int64_t parse_job_id(const std::string& text);
 // Rules for numeric flags (CLI11 validators; CLI11 prefixes the flag: "--timeout: expected
 // seconds in [0.05, 3600], got 'nan'"). CLI::Range lets NaN through and CLI11 converts "1e3",
 // "0x10" and " 5"; these take decimal text only and check the range after parsing.
-CLI::Validator seconds_in(double lo, double hi);       // finite seconds in [lo, hi]
-CLI::Validator integer_in(int64_t lo, int64_t hi);     // a decimal integer in [lo, hi]
+CLI::Validator seconds_in(double lo, double hi);    // finite seconds in [lo, hi]
+CLI::Validator integer_in(int64_t lo, int64_t hi);  // a decimal integer in [lo, hi]
 // The endpoint rule of --coord: ipc://PATH (an absolute path that fits a unix socket address)
 // or tcp://HOST:PORT with PORT in 1..65535. Empty: fine (the default applies).
 std::string check_endpoint(const std::string& endpoint);  // "" or what is wrong

@@ -76,8 +76,7 @@ int cmd_validate(const std::vector<std::string>& files, bool quiet, bool what_if
     } else if (!quiet) {
       std::cout << shown << ": ok (" << r.spec->job.name << ": " << r.spec->model.layers
                 << " layers, d_model " << r.spec->model.d_model << ", seq_len "
-                << r.spec->data.seq_len << ", " << r.spec->resolved.total_workers
-                << " workers)\n";
+                << r.spec->data.seq_len << ", " << r.spec->resolved.total_workers << " workers)\n";
     }
   }
   if (files.size() > 1 && !quiet)
@@ -94,8 +93,9 @@ int cmd_plan(const std::string& file, bool json, bool check, bool what_if) {
     return kExitInvalid;
   }
   if (what_if && !r.diagnostics.empty())
-    std::cerr << file << ": planned with --what-if: any 'not supported by this build' above is a "
-                         "spec that `ringctl run` and `submit` refuse\n";
+    std::cerr << file
+              << ": planned with --what-if: any 'not supported by this build' above is a "
+                 "spec that `ringctl run` and `submit` refuse\n";
   auto p = ring::plan::make_plan(*r.spec);
   if (json) std::cout << ring::plan::to_json(p, *r.spec).dump(2) << "\n";
   else std::cout << ring::plan::to_text(p, *r.spec);

@@ -1,11 +1,11 @@
 #include "common/cli/flags.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
-#include <algorithm>
+#include <cstring>
 #include <iostream>
 #include <vector>
 

@@ -144,8 +144,8 @@ std::string prepare_job_dir(const std::string& given) {
   if (!S_ISDIR(st.st_mode))
     throw JobDirError("job directory " + dir + " exists and is not a directory");
   if (st.st_uid != ::geteuid())
-    throw JobDirError("job directory " + dir + " is owned by " + who(st.st_uid) +
-                      ", not by you (" + who(::geteuid()) +
+    throw JobDirError("job directory " + dir + " is owned by " + who(st.st_uid) + ", not by you (" +
+                      who(::geteuid()) +
                       "); another user could change the job's spec, logs and checkpoints: "
                       "choose a directory of your own");
   if (st.st_mode & 0002)
@@ -172,8 +172,10 @@ std::string node_local_reason(const std::string& given) {
     probe = probe.parent_path();
   struct statfs sf {};
   if (!probe.empty() && ::statfs(probe.c_str(), &sf) == 0) {
-    if (static_cast<unsigned long>(sf.f_type) == TMPFS_MAGIC) return "on a tmpfs (memory of this node)";
-    if (static_cast<unsigned long>(sf.f_type) == RAMFS_MAGIC) return "on a ramfs (memory of this node)";
+    if (static_cast<unsigned long>(sf.f_type) == TMPFS_MAGIC)
+      return "on a tmpfs (memory of this node)";
+    if (static_cast<unsigned long>(sf.f_type) == RAMFS_MAGIC)
+      return "on a ramfs (memory of this node)";
   }
   return "";
 }

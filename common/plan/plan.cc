@@ -49,7 +49,8 @@ FlatLayout flat_layout(const JobSpec& s) {
   constexpr I kAlign = 16;  // worker/model/layout.h kParamAlign
   const auto& m = s.model;
   const I d = m.d_model, h = s.resolved.mlp_hidden, V = m.vocab;
-  const I q_dim = I{m.heads} * s.resolved.head_dim, kv_dim = I{s.resolved.kv_heads} * s.resolved.head_dim;
+  const I q_dim = I{m.heads} * s.resolved.head_dim,
+          kv_dim = I{s.resolved.kv_heads} * s.resolved.head_dim;
   I total = 0, bucket_begin = 0, largest = 0;
   std::string largest_name;
   auto up = [&](I x) { return (x + kAlign - 1) / kAlign * kAlign; };
@@ -59,17 +60,17 @@ FlatLayout flat_layout(const JobSpec& s) {
     if (total - bucket_begin > largest) largest = total - bucket_begin, largest_name = name;
     bucket_begin = total;
   };
-  add(d);  // final_norm.gain
+  add(d);                             // final_norm.gain
   if (!m.tie_embeddings) add(V * d);  // lm_head.weight
   close("head");
   // Every block has the same shape: lay out one and repeat it (each block starts aligned).
   const I block_begin = total;
-  add(d);           // attn_norm.gain
-  add(q_dim * d);   // wq
-  add(kv_dim * d);  // wk
-  add(kv_dim * d);  // wv
-  add(d * q_dim);   // wo
-  add(d);           // mlp_norm.gain
+  add(d);                                           // attn_norm.gain
+  add(q_dim * d);                                   // wq
+  add(kv_dim * d);                                  // wk
+  add(kv_dim * d);                                  // wv
+  add(d * q_dim);                                   // wo
+  add(d);                                           // mlp_norm.gain
   if (m.mlp == spec::MlpKind::kSwiGLU) add(h * d);  // w_gate
   add(h * d);                                       // w_up
   add(d * h);                                       // w_down

@@ -608,7 +608,8 @@ LoadResult load_spec_file(const std::string& path, const LoadOptions& options) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     return file_error(path, std::string("cannot open: ") + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return file_error(path, std::string("is ") + file_kind(st.st_mode) + rule);
+  if (!S_ISREG(st.st_mode))
+    return file_error(path, std::string("is ") + file_kind(st.st_mode) + rule);
   // O_NONBLOCK: should the path have been replaced by a FIFO since the stat, open returns at
   // once and the fstat below refuses it.
   int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);

@@ -28,7 +28,7 @@ struct Ctx {
     // A runtime limit of a design that is only planned (`ringctl plan --what-if`): a warning.
     const bool limit = scope != RuleScope::kSpec;
     const auto sev = limit && !options.runtime_limits_are_errors ? Diagnostic::Severity::kWarning
-                                                                  : Diagnostic::Severity::kError;
+                                                                 : Diagnostic::Severity::kError;
     out.push_back({sev, src.file, src.at(key), key, std::move(msg)});
   }
   void warning(const std::string& key, std::string msg) {
@@ -354,7 +354,8 @@ const std::vector<Rule>& rules() {
                                s.time.substr(0, 80)));
            return;
          }
-         if (*secs == 0) c.error("slurm.time", "time limit is zero");
+         if (*secs == 0)
+           c.error("slurm.time", "time limit is zero");
          else if (s.signal_before_s >= *secs)
            c.error("slurm.signal_before_s",
                    fmt::format("signal_before_s ({}) is not shorter than the time limit {} "
@@ -437,8 +438,7 @@ const std::vector<Rule>& rules() {
                                c.s.resources.nodes * c.s.resources.workers_per_node));
        }},
       {{"resources.backend, model.head_dim",
-        "backend cuda: head_dim <= 128 (the CUDA attention kernel's tile).",
-        RuleScope::kRuntime},
+        "backend cuda: head_dim <= 128 (the CUDA attention kernel's tile).", RuleScope::kRuntime},
        [](Ctx& c) {
          const auto& m = c.s.model;
          int64_t hd = m.head_dim ? *m.head_dim : (m.heads ? m.d_model / m.heads : 0);
@@ -464,8 +464,9 @@ const std::vector<Rule>& rules() {
                                "update the wrong coordinates; use update: dense",
                                f.elements, kMax));
        }},
-      {{"optimizer.offload", "offload cpu: ringd owns the optimizer (offload none is for "
-                             "ring-worker alone).",
+      {{"optimizer.offload",
+        "offload cpu: ringd owns the optimizer (offload none is for "
+        "ring-worker alone).",
         RuleScope::kRingd},
        [](Ctx& c) {
          if (c.s.optimizer.offload != Offload::kCpu)

@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/run.h"
-#include "other_user.h"
 #include "../coordinator/coord_test_util.h"
+#include "other_user.h"
 
 using namespace ring::coord;
 using namespace ring::coord::test;
@@ -439,7 +439,8 @@ TEST(Ringctl, NumericFlagsRefuseNanInfinityAndOutOfRange) {
        "--steps: expected an integer in [1, 1099511627776], got 'nan'"},
       {"run " + spec + " --steps 1e30",
        "--steps: expected an integer in [1, 1099511627776], got '1e30'"},
-      {"run " + spec + " --threads 100000", "--threads: expected an integer in [1, 4096], got '100000'"},
+      {"run " + spec + " --threads 100000",
+       "--threads: expected an integer in [1, 4096], got '100000'"},
       {"slurm-started 1 --slurm-job 5 --restarts -1",
        "--restarts: expected an integer in [0, 1000000], got '-1'"},
       {"status --coord tcp://127.0.0.1:99999", "--coord: port '99999' is not in 1..65535"},
@@ -510,8 +511,9 @@ TEST(RingctlSubmit, MultiNodeJobsNeedASharedJobDir) {
   for (const std::string& dry : {std::string(" --dry-run"), std::string()}) {
     auto r = ring::test::run(base + dry);
     EXPECT_EQ(r.exit_code, 2) << dry << r.output;
-    EXPECT_TRUE(contains(r.output, "resources.nodes is 2: give --job-dir DIR on a file system "
-                                   "every node mounts"))
+    EXPECT_TRUE(contains(r.output,
+                         "resources.nodes is 2: give --job-dir DIR on a file system "
+                         "every node mounts"))
         << r.output;
     EXPECT_TRUE(contains(r.output, "/tmp/ringmaster-" + std::to_string(geteuid()) +
                                        "/jobs/<name>, is on this node only"))
@@ -539,7 +541,8 @@ TEST(RingctlSubmit, MultiNodeJobsNeedASharedJobDir) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "export RING_JOB_DIR=" + dir + "/job\n")) << r.output;
   // One node: the per-user default is fine.
-  r = ring::test::run(kRingctl + " submit " + ring::test::source_path("configs/examples/tiny.yaml") +
+  r = ring::test::run(kRingctl + " submit " +
+                      ring::test::source_path("configs/examples/tiny.yaml") +
                       " --dry-run --coord ipc://" + dir + "/none.sock");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "export RING_JOB_DIR=/tmp/ringmaster-" +
@@ -577,11 +580,12 @@ TEST(RingctlSubmit, SpecCopyIsPrivateAndTheJobDirIsChecked) {
   ::mkdir(theirs.c_str(), 0755);
   ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
   auto before = c.client().status().size();
-  r = ring::test::run(env + kRingctl + " submit " + spec + " --spank off --ringd /bin/true --job-dir " +
-                      theirs);
+  r = ring::test::run(env + kRingctl + " submit " + spec +
+                      " --spank off --ringd /bin/true --job-dir " + theirs);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "job directory " + theirs + " is owned by nobody (uid 65534), "
-                                 "not by you"))
+  EXPECT_TRUE(contains(r.output, "job directory " + theirs +
+                                     " is owned by nobody (uid 65534), "
+                                     "not by you"))
       << r.output;
   EXPECT_EQ(c.client().status().size(), before);
   std::filesystem::remove_all(dir);
@@ -605,11 +609,12 @@ TEST(Ringctl, ControlBytesFromTheCoordinatorNeverReachTheTerminal) {
   died.exit_code = 1;
   died.last_log = {"boom\033[2J\033]0;owned\007", "second\rline"};
   d.event(died);
-  ASSERT_TRUE(wait_for([&] { return contains(c.ctl("events " + std::to_string(sub.job)).output,
-                                             "worker_died"); }, 30s));
+  ASSERT_TRUE(wait_for(
+      [&] { return contains(c.ctl("events " + std::to_string(sub.job)).output, "worker_died"); },
+      30s));
   const std::string id = std::to_string(sub.job);
-  for (const std::string& cmd : std::vector<std::string>{"status", "status " + id, "nodes",
-                                                         "events " + id}) {
+  for (const std::string& cmd :
+       std::vector<std::string>{"status", "status " + id, "nodes", "events " + id}) {
     auto r = c.ctl(cmd);
     ASSERT_EQ(r.exit_code, 0) << cmd << r.output;
     for (char bad : {'\033', '\007', '\r'})

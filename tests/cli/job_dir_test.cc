@@ -207,8 +207,9 @@ TEST(JobDir, DefaultIsCheckedLikeTheSocketDirectory) {
   ASSERT_EQ(chmod(root.c_str(), 0777), 0);
   ASSERT_EQ(chown(root.c_str(), kNobody, kNobody), 0);
   EXPECT_TRUE(contains(as_nobody([&] { return prepare_default_job_dir(name); }),
-                       "directory " + root + " has mode 0777; it must not be writable by group "
-                       "or others"));
+                       "directory " + root +
+                           " has mode 0777; it must not be writable by group "
+                           "or others"));
 }
 
 TEST(JobDir, NodeLocalPlaces) {

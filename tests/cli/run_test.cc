@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/run.h"
-#include "other_user.h"
 #include "../coordinator/coord_test_util.h"
 #include "coordinator/store.h"
+#include "other_user.h"
 
 using namespace ring::coord;
 using namespace ring::coord::test;
@@ -214,8 +214,9 @@ TEST(RingctlRun, JobDirAndSpecAreCheckedBeforeAnythingStarts) {
   auto r = ring::test::run("timeout 120 env " + env(t) + kRingctl + " run " + kSpec +
                            " --steps 1 --job-dir " + theirs);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "job directory " + theirs + " is owned by nobody (uid 65534), "
-                                 "not by you"))
+  EXPECT_TRUE(contains(r.output, "job directory " + theirs +
+                                     " is owned by nobody (uid 65534), "
+                                     "not by you"))
       << r.output;
   EXPECT_FALSE(contains(r.output, "ring-coord started")) << r.output;
 
@@ -256,7 +257,8 @@ TEST(RingctlRun, JobDirAndSpecAreCheckedBeforeAnythingStarts) {
   std::ofstream(none) << text;
   r = ring::test::run(env(t) + kRingctl + " run " + none + " --job-dir " + t.path + "/job");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "optimizer.offload: offload none is not run by ringd")) << r.output;
+  EXPECT_TRUE(contains(r.output, "optimizer.offload: offload none is not run by ringd"))
+      << r.output;
   EXPECT_FALSE(contains(r.output, "ring-coord started")) << r.output;
 }
 

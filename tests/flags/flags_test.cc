@@ -59,11 +59,11 @@ TEST(Flags, ParseSecondsTakesDecimalsFromAMillisecondToAMillion) {
   EXPECT_DOUBLE_EQ(ring::flags::parse_seconds("--stop-grace", "0.001"), 0.001);
   // NaN and infinities in every spelling strtod takes, hex floats, blanks, and positive values
   // so small that every peer would count as late at once.
-  for (const char* bad : {"0", "-1", "nan", "NaN", "-nan", "inf", "-inf", "infinity", "2e6",
-                          "5s", "", "0x10", "0x1p-3", " 5", "5 ", "1e-300", "4e-324", "0.0009"}) {
-    EXPECT_EQ(error_of([&] { ring::flags::parse_seconds("--heartbeat-timeout", bad); }),
-              std::string("--heartbeat-timeout: expected seconds in [0.001, 1e6], got '") + bad +
-                  "'");
+  for (const char* bad : {"0", "-1", "nan", "NaN", "-nan", "inf", "-inf", "infinity", "2e6", "5s",
+                          "", "0x10", "0x1p-3", " 5", "5 ", "1e-300", "4e-324", "0.0009"}) {
+    EXPECT_EQ(
+        error_of([&] { ring::flags::parse_seconds("--heartbeat-timeout", bad); }),
+        std::string("--heartbeat-timeout: expected seconds in [0.001, 1e6], got '") + bad + "'");
   }
 }
 

@@ -69,8 +69,8 @@ TEST(Ringctl, ValidateExamplesAndUsageErrors) {
                       test::source_path("configs/examples/slurm-2node.yaml"));
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_NE(ok.output.find("0 invalid"), std::string::npos) << ok.output;
-  auto what_if = test::run(ringctl + " validate --what-if " +
-                           test::source_path("configs/examples/*.yaml"));
+  auto what_if =
+      test::run(ringctl + " validate --what-if " + test::source_path("configs/examples/*.yaml"));
   EXPECT_EQ(what_if.exit_code, 0) << what_if.output;
   EXPECT_NE(what_if.output.find("0 invalid"), std::string::npos) << what_if.output;
   auto design = test::run(ringctl + " validate " +

@@ -132,9 +132,9 @@ TEST(Plan, RingctlPlanTextJsonAndCheck) {
   EXPECT_EQ(text.exit_code, 0) << text.output;
   EXPECT_NE(text.output.find("verdict: fits"), std::string::npos) << text.output;
   // (--what-if prints this build's limits as warnings on stderr: only stdout is JSON)
-  auto json = test::run("(" + ringctl + " plan --what-if --json " +
-                        test::source_path("configs/examples/llama7b-1m-64x8-h100.yaml") +
-                        " 2>/dev/null)");
+  auto json =
+      test::run("(" + ringctl + " plan --what-if --json " +
+                test::source_path("configs/examples/llama7b-1m-64x8-h100.yaml") + " 2>/dev/null)");
   ASSERT_EQ(json.exit_code, 0) << json.output;
   auto j = nlohmann::json::parse(json.output);
   EXPECT_EQ(j["model"]["params"].get<int64_t>(), 6738415616);

@@ -18,8 +18,8 @@
 #include "common/plan/plan.h"
 #include "common/spec/keys.h"
 #include "common/spec/parse.h"
-#include "worker/model/layout.h"
 #include "tests/common/run.h"
+#include "worker/model/layout.h"
 
 namespace ring::spec {
 namespace {
