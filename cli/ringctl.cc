@@ -223,7 +223,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    // "ringctl status: --timeout: expected seconds in [0.05, 3600], got 'nan'": which command,
+    // which flag, which rule.
+    CLI::App* sc = nullptr;
+    for (auto* s : app.get_subcommands()) sc = s;
+    std::string where = sc ? "ringctl " + sc->get_name() : std::string("ringctl");
+    std::cerr << where << ": " << e.what() << "\n  `" << where
+              << " --help` shows its arguments and flags\n";
     return kExitUsage;
   }
   try {
