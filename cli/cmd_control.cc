@@ -37,7 +37,7 @@ int finish(coord::Client& c, const ControlOpts& o, const protocol::OkReply& r,
               << "\n";
   } else {
     std::cout << "job " << r.job << ": " << state_color(state)
-              << (r.message.empty() ? "" : " (" + r.message + ")") << "\n";
+              << (r.message.empty() ? "" : " (" + printable(r.message) + ")") << "\n";
   }
   if (o.wait && state == transitional) {
     std::cerr << "ringctl: job " << r.job << " is still " << state << " after " << o.wait_timeout
@@ -96,7 +96,7 @@ void common_flags(CLI::App* s, ControlOpts& o) {
   s->add_flag("--json", o.json, "Machine-readable output");
   s->add_flag("--wait", o.wait, "Wait until the job has left the transitional state");
   s->add_option("--wait-timeout", o.wait_timeout, "Seconds --wait waits at most")
-      ->check(CLI::Range(0.1, 86400.0))
+      ->check(seconds_in(0.1, 86400.0))
       ->capture_default_str();
   o.coord.add_to(s);
 }
@@ -116,7 +116,7 @@ Subcommand add_restart(CLI::App& app) {
       "restart", "Restart a job from its latest complete checkpoint (or --from STEP)");
   common_flags(s, *o);
   s->add_option("--from", o->from_step, "Resume from this checkpoint step instead")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, int64_t{1} << 40));
   return {s, [o] { return run_restart(*o); }};
 }
 

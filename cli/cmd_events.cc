@@ -26,11 +26,12 @@ std::string describe(const protocol::EventRecord& e) {
   for (auto it = e.data.begin(); it != e.data.end(); ++it) {
     if (it.key() == "last_log" && it->is_array()) {
       for (const auto& l : *it)
-        log += "\n    | " + (l.is_string() ? l.get<std::string>() : l.dump());
+        log += "\n    | " + printable(l.is_string() ? l.get<std::string>() : l.dump());
       continue;
     }
     if (!s.empty()) s += " ";
-    s += it.key() + "=" + (it->is_string() ? it->get<std::string>() : it->dump());
+    s += printable(it.key()) + "=" +
+         printable(it->is_string() ? it->get<std::string>() : it->dump());
   }
   return s + log;
 }
@@ -62,10 +63,11 @@ int run_events(const EventsOpts& o) {
           }
           char line[128];
           std::snprintf(line, sizeof line, "%-19s  %7lld  %-10s  ", format_time(e.time).c_str(),
-                        static_cast<long long>(e.attempt), e.node.empty() ? "-" : e.node.c_str());
+                        static_cast<long long>(e.attempt),
+                        e.node.empty() ? "-" : printable(e.node).c_str());
           std::string kind = e.kind == "worker_died" || e.kind == "checkpoint_failed"
                                  ? paint(e.kind, "31")
-                                 : e.kind;
+                                 : printable(e.kind);
           std::cout << line << kind << "  " << describe(e) << "\n";
         }
         if (ev.size() < 500) break;
@@ -94,7 +96,8 @@ Subcommand add_events(CLI::App& app) {
   s->add_option("job", o->job, "Job id")->required();
   s->add_flag("--json", o->json, "One JSON object per line");
   s->add_flag("-f,--follow", o->follow, "Keep printing new events until the job ends");
-  s->add_option("--after", o->after, "Only events with a larger id")->check(CLI::NonNegativeNumber);
+  s->add_option("--after", o->after, "Only events with a larger id")
+      ->check(integer_in(0, int64_t{1} << 53));
   o->coord.add_to(s);
   return {s, [o] { return run_events(*o); }};
 }

@@ -5,9 +5,12 @@
 // Without --worker every worker log is shown, each line prefixed with "[worker R] ". --follow
 // keeps reading new lines (and logs that appear) until the job reaches a final state or Ctrl-C.
 // The job directory must be visible on this host (a shared file system on a cluster).
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -40,12 +43,15 @@ struct Tail {
   std::string partial;
 };
 
-// The log files of the job dir matching `stem-<N>.log`, ordered by N.
+// The log files of the job dir matching `stem-<N>.log`, ordered by N. Regular files only (not
+// followed through symlinks): opening a FIFO someone left there would block.
 std::vector<std::pair<int64_t, std::string>> list_logs(const std::string& dir,
                                                        const std::string& stem) {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::error_code tec;
+    if (e.symlink_status(tec).type() != fs::file_type::regular) continue;
     std::string n = e.path().filename().string();
     std::string pre = stem + "-";
     if (n.rfind(pre, 0) != 0 || n.size() <= pre.size() + 4 || n.substr(n.size() - 4) != ".log")
@@ -60,16 +66,31 @@ std::vector<std::pair<int64_t, std::string>> list_logs(const std::string& dir,
 
 // Prints what was appended since the last call; the first call keeps only the last `lines`.
 void drain(Tail& t, int64_t first_lines, bool first) {
-  std::ifstream f(t.path, std::ios::binary);
-  if (!f) return;
-  f.seekg(0, std::ios::end);
-  std::streamoff size = f.tellg();
+  // O_NONBLOCK|O_NOFOLLOW and a regular-file check: the path may have been replaced since it
+  // was listed.
+  int fd = ::open(t.path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return;
+  }
+  std::streamoff size = st.st_size;
   if (size < t.offset) t.offset = 0, t.partial.clear();  // truncated or replaced: start over
-  if (size == t.offset) return;
-  f.seekg(t.offset);
+  if (size == t.offset) {
+    ::close(fd);
+    return;
+  }
   std::string data(static_cast<size_t>(size - t.offset), '\0');
-  f.read(data.data(), static_cast<std::streamsize>(data.size()));
-  data.resize(static_cast<size_t>(f.gcount()));
+  size_t got = 0;
+  while (got < data.size()) {
+    ssize_t n = ::pread(fd, data.data() + got, data.size() - got, t.offset + got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  data.resize(got);
   t.offset += static_cast<std::streamoff>(data.size());
   data = t.partial + data;
   size_t end = data.rfind('\n');
@@ -175,12 +196,12 @@ Subcommand add_logs(CLI::App& app) {
   auto* s = app.add_subcommand("logs", "A job's worker (or ringd) logs, from its job directory");
   s->add_option("job", o->job, "Job id")->required();
   s->add_option("-w,--worker", o->worker, "Only this worker (global rank)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, (int64_t{1} << 32) - 1));
   s->add_flag("--ringd", o->ringd, "The node daemons' logs instead (--worker picks the node)");
   s->add_flag("-f,--follow", o->follow, "Keep printing new lines until the job ends");
   s->add_option("-n,--lines", o->lines,
                 "Start with the last N lines of each log (default: all; 20 with --follow)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, int64_t{1} << 31));
   o->coord.add_to(s);
   return {s, [o] { return run_logs(*o); }};
 }

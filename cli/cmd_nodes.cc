@@ -33,9 +33,10 @@ int run_nodes(const NodesOpts& o) {
     for (const auto& n : nodes) {
       std::string jobs;
       for (auto j : n.jobs) jobs += (jobs.empty() ? "" : ",") + std::to_string(j);
-      rows.push_back({n.name, state_color(n.state), coord::user_name(static_cast<uint32_t>(n.uid)),
-                      std::to_string(n.gpus), format_duration(now - n.last_heartbeat) + " ago",
-                      jobs.empty() ? "-" : jobs, n.ringd_version});
+      rows.push_back({printable(n.name), state_color(n.state),
+                      coord::user_name(static_cast<uint32_t>(n.uid)), std::to_string(n.gpus),
+                      format_duration(now - n.last_heartbeat) + " ago", jobs.empty() ? "-" : jobs,
+                      printable(n.ringd_version)});
     }
     std::cout << format_table({"NODE", "STATE", "USER", "GPUS", "HEARTBEAT", "JOBS", "RINGD"}, rows,
                               {3});

@@ -9,7 +9,11 @@
 // 3. Submits the job (with its job dir) and spawns
 //      ringd --spec SPEC --job-dir DIR --coord EP --job ID --json [--steps N] [--resume]
 //    (contract: daemon/INTERFACE.md) in its own process group; ringd's stderr goes to
-//    <job-dir>/logs/ringd-run.stderr (shown live with --verbose, its tail on failure).
+//    <job-dir>/logs/ringd-run.stderr and its log to <job-dir>/logs/ringd-0.log (both shown live
+//    with --verbose; their last lines when ringd fails).
+// The spec must be one ringd can run (validated as `ringctl validate` does, one node), and the
+// job directory must be ours, private and writable (common/cli/job_dir.h), both checked before
+// anything starts.
 // 4. Reads ringd's JSON lines: step lines drive a progress bar (step, loss, tokens/s, ETA) on a
 //    terminal, or one plain line per step otherwise; event lines are printed as they come.
 // 5. Ctrl-C forwards SIGINT (ringd checkpoints and stops, exit 75); a second Ctrl-C forwards it
@@ -40,6 +44,7 @@
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
+#include "common/cli/job_dir.h"
 #include "common/spec/parse.h"
 
 namespace ring::cli {
@@ -318,37 +323,86 @@ std::string describe_event(const nlohmann::json& j) {
   return (bad ? paint(name, "31") : paint(name, "36")) + (s.empty() ? "" : " " + s);
 }
 
+// The new lines of a log file another process appends to: from its size when this was made (an
+// earlier run's lines are not ours), partial last lines kept until they end. Keeps the last 20.
+// ringd's "event {...}" lines are left out: ringctl prints those from ringd's stdout.
+class LogFollower {
+ public:
+  explicit LogFollower(std::string path) : path_(std::move(path)) {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) == 0) offset_ = st.st_size;
+  }
+  const std::string& path() const { return path_; }
+  const std::deque<std::string>& tail() const { return tail_; }
+
+  template <typename F>
+  void poll(F&& on_line) {
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return;
+    }
+    if (st.st_size < offset_) offset_ = 0, partial_.clear();  // replaced: start over
+    char buf[65536];
+    while (true) {
+      ssize_t n = ::pread(fd, buf, sizeof buf, offset_);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      offset_ += n;
+      partial_.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    size_t pos;
+    while ((pos = partial_.find('\n')) != std::string::npos) {
+      std::string l = partial_.substr(0, pos);
+      partial_.erase(0, pos + 1);
+      if (l.rfind("event ", 0) == 0) continue;  // ringd's events: shown from its stdout already
+      tail_.push_back(l);
+      if (tail_.size() > 20) tail_.pop_front();
+      on_line(l);
+    }
+  }
+
+ private:
+  std::string path_;
+  off_t offset_ = 0;
+  std::string partial_;
+  std::deque<std::string> tail_;
+};
+
 int run_run(const RunOpts& o) {
   // 1. The spec.
-  auto r = spec::load_spec_file(o.spec);
-  bool color = isatty(STDERR_FILENO) && !std::getenv("NO_COLOR");
+  auto r = spec::load_spec_file(o.spec, spec::job_spec_options());
   for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
-  (void)color;
   if (!r.ok()) {
     std::cerr << o.spec << ": " << r.error_count() << " error(s); `ringctl validate " << o.spec
               << "` lists them, fix them before running\n";
     return kExitFailed;
   }
-  std::string spec_path = fs::absolute(o.spec).string();
-  std::string spec_text;
-  {
-    std::ifstream f(spec_path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    spec_text = ss.str();
+  // One ringd on this machine: ringd would refuse a spec for more nodes (resources.nodes
+  // must equal the ringd started), after the coordinator has recorded the job.
+  if (r.spec->resources.nodes != 1) {
+    std::cerr << o.spec << ": resources.nodes is " << r.spec->resources.nodes
+              << ": `ringctl run` trains on this machine (one node); submit a multi-node job "
+                 "to Slurm with `ringctl submit`\n";
+    return kExitFailed;
   }
+  std::string spec_path = fs::absolute(o.spec).string();
+  const std::string& spec_text = r.text;  // what was validated, not a second read of the file
   const auto& spec = *r.spec;
   int64_t total = o.steps ? *o.steps : spec.train.steps;
 
   // 2. The job directory.
-  std::string job_dir = o.job_dir.empty() ? "/tmp/ringmaster/" + spec.job.name : o.job_dir;
-  job_dir = fs::absolute(job_dir).lexically_normal().string();
-  while (job_dir.size() > 1 && job_dir.back() == '/') job_dir.pop_back();
-  std::error_code ec;
-  fs::create_directories(job_dir + "/logs", ec);
-  if (ec) {
-    std::cerr << "ringctl: cannot create job directory " << job_dir << "/logs: " << ec.message()
-              << " (pass --job-dir DIR where you may write)\n";
+  // Checked up front (ours, private, writable: common/cli/job_dir.h): a directory ringd cannot
+  // write fails here with its name, not later in a log file after restarts.
+  std::string job_dir;
+  try {
+    job_dir = o.job_dir.empty() ? jobdir::prepare_default_job_dir(spec.job.name)
+                                : jobdir::prepare_job_dir(o.job_dir);
+  } catch (const jobdir::JobDirError& e) {
+    std::cerr << "ringctl: " << e.what() << "\n";
     return kExitFailed;
   }
 
@@ -388,7 +442,8 @@ int run_run(const RunOpts& o) {
         return kExitNoCoord;
       }
       owned.log = job_dir + "/logs/ring-coord.log";
-      int fd = ::open(owned.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      int fd =
+          ::open(owned.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
       owned.pid = spawn({bin, "--endpoint", ep}, fd, fd);
       if (fd >= 0) ::close(fd);
       auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
@@ -440,7 +495,11 @@ int run_run(const RunOpts& o) {
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
       throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
     std::string err_log = job_dir + "/logs/ringd-run.stderr";
-    std::ofstream err_file(err_log, std::ios::app);
+    int err_fd =
+        ::open(err_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    // ringd --json logs to <job-dir>/logs/ringd-0.log only (its stderr carries fatal errors):
+    // read what it appends to show it with --verbose and its last lines when it fails.
+    LogFollower ringd_log(job_dir + "/logs/ringd-0.log");
     auto t0 = std::chrono::steady_clock::now();
     pid_t pid = spawn(argv, out[1], err[1]);
     ::close(out[1]);
@@ -465,7 +524,11 @@ int run_run(const RunOpts& o) {
       }
     };
     auto handle_err = [&](const std::string& l) {
-      err_file << l << "\n";
+      if (err_fd >= 0) {
+        std::string line = l + "\n";
+        ssize_t w = ::write(err_fd, line.data(), line.size());
+        (void)w;
+      }
       err_tail.push_back(l);
       if (err_tail.size() > 20) err_tail.pop_front();
       if (o.verbose) disp.line(paint("ringd: ", "2") + l);
@@ -516,17 +579,24 @@ int run_run(const RunOpts& o) {
       }
       pollfd p[2] = {{out_open ? out[0] : -1, POLLIN, 0}, {err_open ? err[0] : -1, POLLIN, 0}};
       int n = ::poll(p, 2, 200);
+      ringd_log.poll([&](const std::string& l) {
+        if (o.verbose) disp.line(paint("ringd: ", "2") + l);
+      });
       if (n < 0) continue;  // EINTR: a signal, handled above
       if (p[0].revents) pump(out[0], out_buf, out_open, handle_line);
       if (p[1].revents) pump(err[0], err_buf, err_open, handle_err);
     }
     ::close(out[0]);
     ::close(err[0]);
+    if (err_fd >= 0) ::close(err_fd);
     int st = -1;
     while (st < 0) {
       st = wait_child(pid, 0.5);
       if (st < 0 && g_sigint.load() > 2) ::kill(-pid, SIGKILL);
     }
+    ringd_log.poll([&](const std::string& l) {
+      if (o.verbose) disp.line(paint("ringd: ", "2") + l);
+    });
     disp.finish();
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -589,9 +659,17 @@ int run_run(const RunOpts& o) {
       sum << "  resume with: ringctl run " << o.spec << " --resume"
           << (o.job_dir.empty() ? "" : " --job-dir " + o.job_dir) << "\n";
     std::cout << sum.str() << std::flush;
-    if (st != 0 && st != kExitStopped && !err_tail.empty() && !o.verbose) {
-      std::cerr << "last lines of ringd's stderr (" << err_log << "):\n";
-      for (const auto& l : err_tail) std::cerr << "  | " << l << "\n";
+    // Failed: what ringd said last, from its log (the cause: "cannot open .../worker-0.log:
+    // Permission denied", "restart.max_restarts exhausted") and from its stderr.
+    if (st != 0 && st != kExitStopped) {
+      if (!ringd_log.tail().empty() && !o.verbose) {
+        std::cerr << "last lines of ringd's log (" << ringd_log.path() << "):\n";
+        for (const auto& l : ringd_log.tail()) std::cerr << "  | " << l << "\n";
+      }
+      if (!err_tail.empty() && !o.verbose) {
+        std::cerr << "last lines of ringd's stderr (" << err_log << "):\n";
+        for (const auto& l : err_tail) std::cerr << "  | " << l << "\n";
+      }
     }
     return st;
   });
@@ -605,14 +683,17 @@ Subcommand add_run(CLI::App& app) {
       "run", "Train on this machine: a coordinator (reused or started), ringd, live progress");
   s->add_option("spec", o->spec, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
   s->add_option("--steps", o->steps, "Train this many steps (overrides train.steps)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, int64_t{1} << 40));
   s->add_flag("--resume", o->resume, "Continue from the latest complete checkpoint");
   s->add_option("--job-dir", o->job_dir,
-                "Directory for logs, steps.jsonl and relative checkpoints (default "
-                "/tmp/ringmaster/<job.name>)");
-  s->add_option("--threads", o->threads, "Optimizer threads of ringd")->check(CLI::PositiveNumber);
-  s->add_option("--name", o->name, "Job name in the coordinator (default: job.name)");
-  s->add_flag("-v,--verbose", o->verbose, "Show ringd's own log lines (stderr) as they come");
+                "Directory for logs, steps.jsonl and relative checkpoints, yours and not "
+                "writable by others (default /tmp/ringmaster-<uid>/jobs/<job.name>)");
+  s->add_option("--threads", o->threads, "Optimizer threads of ringd")->check(integer_in(1, 4096));
+  s->add_option("--name", o->name, "Job name in the coordinator (default: job.name)")
+      ->check(job_name_rule());
+  s->add_flag(
+      "-v,--verbose", o->verbose,
+      "Show ringd's own log lines (<job-dir>/logs/ringd-0.log and its stderr) as they come");
   o->coord.add_to(s);
   return {s, [o] { return run_run(*o); }};
 }

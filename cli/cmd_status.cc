@@ -34,8 +34,8 @@ std::vector<std::string> row(const protocol::JobInfo& j, double now) {
   char loss[32] = "-";
   if (j.loss) std::snprintf(loss, sizeof loss, "%.4f", *j.loss);
   return {std::to_string(j.job),
-          j.name,
-          j.owner.empty() ? std::to_string(j.owner_uid) : j.owner,
+          printable(j.name),
+          j.owner.empty() ? std::to_string(j.owner_uid) : printable(j.owner),
           state_color(j.state),
           std::to_string(j.step) + "/" + std::to_string(j.total_steps),
           loss,
@@ -65,7 +65,7 @@ std::string table(const std::vector<protocol::JobInfo>& jobs) {
       const auto& v = views[id];
       std::string cell = id + ":" + (v.found ? v.state : "?");
       if (v.found && v.state == "PENDING" && !v.reason.empty()) cell += "(" + v.reason + ")";
-      rows[i].push_back(cell);
+      rows[i].push_back(printable(cell));
     }
   }
   return format_table(header, rows, {0, 5, 6, 7, 8, 10});
@@ -83,26 +83,27 @@ std::string details(const protocol::JobInfo& j) {
   std::ostringstream os;
   auto join = [](const std::vector<std::string>& v, const char* sep) {
     std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + printable(v[i]);
     return s.empty() ? std::string("-") : s;
   };
   os << table({j}) << "\n";
   os << "state:        " << state_color(j.state)
-     << (j.state_reason.empty() ? "" : " (" + j.state_reason + ")") << "\n";
+     << (j.state_reason.empty() ? "" : " (" + printable(j.state_reason) + ")") << "\n";
   os << "restarts:     " << j.restarts << " of " << j.max_restarts << " automatic\n";
   os << "nodes:        " << join(j.nodes, " ") << "\n";
   os << "ring order:   " << join(j.ring_order, " -> ") << "\n";
-  os << "job dir:      " << (j.job_dir.empty() ? "-" : j.job_dir) << "\n";
-  os << "checkpoints:  " << (j.checkpoint_dir.empty() ? "-" : j.checkpoint_dir)
+  os << "job dir:      " << (j.job_dir.empty() ? "-" : printable(j.job_dir)) << "\n";
+  os << "checkpoints:  " << (j.checkpoint_dir.empty() ? "-" : printable(j.checkpoint_dir))
      << (j.last_checkpoint_step
              ? " (latest complete: step " + std::to_string(*j.last_checkpoint_step) + ")"
              : " (none complete yet)")
      << "\n";
   if (!j.slurm_job_id.empty()) {
     auto v = slurm_views({j});
-    os << "slurm job:    " << j.slurm_job_id << ": " << slurm::summary(v[j.slurm_job_id]) << "\n";
+    os << "slurm job:    " << printable(j.slurm_job_id) << ": "
+       << printable(slurm::summary(v[j.slurm_job_id])) << "\n";
   }
-  os << "spec:         " << j.spec_hash << "\n";
+  os << "spec:         " << printable(j.spec_hash) << "\n";
   os << "submitted:    " << format_time(j.created_at) << "; updated " << format_time(j.updated_at)
      << "\n";
   return os.str();
@@ -167,7 +168,7 @@ Subcommand add_status(CLI::App& app) {
               "Refresh until Ctrl-C (with JOB: until the job ends); not on a terminal, print "
               "only changes");
   s->add_option("--interval", o->interval, "Seconds between refreshes with --follow")
-      ->check(CLI::Range(0.1, 3600.0))
+      ->check(seconds_in(0.1, 3600.0))
       ->capture_default_str();
   o->coord.add_to(s);
   return {s, [o] { return run_status(*o); }};

@@ -6,10 +6,13 @@
 // ringctl slurm-started JOB --slurm-job ID --restarts N --nodes LIST: what the batch script runs
 // first on every start; ring-coord records the start and, after a requeue (node failure,
 // preemption, `ringctl restart`), begins the next attempt from the latest complete checkpoint.
+#include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -17,6 +20,7 @@
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
+#include "common/cli/job_dir.h"
 #include "common/slurm/sbatch_script.h"
 #include "common/slurm/slurm_cli.h"
 #include "common/spec/parse.h"
@@ -37,6 +41,7 @@ struct SubmitOpts {
   std::string ringd_coord = "on";
   bool dry_run = false;
   bool json = false;
+  bool local_job_dir_ok = false;
 };
 
 std::string self_exe() {
@@ -72,21 +77,35 @@ std::string find_ringd(const std::string& given) {
   return "";
 }
 
+// Writes `text` to p with exactly `mode` from the start (a temp name, then rename): the spec copy
+// is private (0600), like every per-user file; O_NOFOLLOW|O_EXCL never writes through a link.
 void write_file(const fs::path& p, const std::string& text, mode_t mode) {
   fs::path tmp = p;
   tmp += ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) throw slurm::SlurmError("cannot write " + tmp.string());
+  ::unlink(tmp.c_str());  // a leftover of an interrupted submit (our own directory)
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0)
+    throw slurm::SlurmError("cannot create " + tmp.string() + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw slurm::SlurmError("cannot write " + tmp.string() + ": " + std::strerror(e));
+    }
+    done += static_cast<size_t>(n);
   }
-  chmod(tmp.c_str(), mode);
+  ::fchmod(fd, mode);  // the umask may have removed bits we want (the script's x)
+  if (::close(fd) != 0)
+    throw slurm::SlurmError("cannot write " + tmp.string() + ": " + std::strerror(errno));
   fs::rename(tmp, p);
 }
 
 int run_submit(const SubmitOpts& o) {
-  auto r = spec::load_spec_file(o.spec);
+  auto r = spec::load_spec_file(o.spec, spec::job_spec_options());
   for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
   if (!r.ok()) {
     std::cerr << o.spec << ": " << r.error_count()
@@ -95,13 +114,46 @@ int run_submit(const SubmitOpts& o) {
   }
   const auto& spec = *r.spec;
   std::string name = o.name.empty() ? spec.job.name : o.name;
-  std::ifstream sf(o.spec, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(sf)), {});
+  const std::string& text = r.text;  // what was validated, not a second read of the file
 
-  fs::path job_dir = o.job_dir.empty() ? fs::path("/tmp/ringmaster") / name : fs::path(o.job_dir);
-  job_dir = fs::absolute(job_dir).lexically_normal();
-  std::string jd = job_dir.string();
-  while (jd.size() > 1 && jd.back() == '/') jd.pop_back();
+  // The job directory: every node reads the spec copy and writes its logs and rendezvous there.
+  // The default (/tmp/ringmaster-<uid>/jobs/NAME, common/cli/job_dir.h) is on this node only:
+  // a multi-node job names a directory on a shared file system, and a node-local one is refused
+  // (unless this "cluster" is one machine: --local-job-dir-ok).
+  if (spec.resources.nodes > 1) {
+    if (o.job_dir.empty()) {
+      std::cerr << "ringctl: resources.nodes is " << spec.resources.nodes
+                << ": give --job-dir DIR on a file system every node mounts (the default, "
+                << jobdir::user_root(::geteuid())
+                << "/jobs/<name>, is on this node only: the other nodes would not find the spec "
+                   "or the rendezvous)\n";
+      return kExitUsage;
+    }
+    if (std::string why = jobdir::node_local_reason(o.job_dir);
+        !why.empty() && !o.local_job_dir_ok) {
+      std::cerr << "ringctl: --job-dir " << o.job_dir << " is " << why
+                << ", which each node has for itself: the " << spec.resources.nodes
+                << " nodes of this job would not see the spec or the rendezvous; choose a "
+                   "directory on a shared file system (--local-job-dir-ok if every node of "
+                   "this cluster is this machine)\n";
+      return kExitUsage;
+    }
+  }
+  std::string jd;
+  try {
+    if (o.dry_run) {  // creates nothing
+      jd = o.job_dir.empty() ? jobdir::default_job_dir(name, ::geteuid())
+                             : fs::absolute(o.job_dir).lexically_normal().string();
+      while (jd.size() > 1 && jd.back() == '/') jd.pop_back();
+    } else {  // before ring-coord records anything
+      jd = o.job_dir.empty() ? jobdir::prepare_default_job_dir(name)
+                             : jobdir::prepare_job_dir(o.job_dir);
+    }
+  } catch (const jobdir::JobDirError& e) {
+    std::cerr << "ringctl: " << e.what() << "\n";
+    return kExitFailed;
+  }
+  fs::path job_dir = jd;
 
   slurm::ScriptInputs in;
   in.job_dir = jd;
@@ -167,13 +219,10 @@ int run_submit(const SubmitOpts& o) {
     };
     fs::path script;
     try {
-      std::error_code ec;
-      fs::create_directories(job_dir / "logs", ec);
-      if (ec) return fail("cannot create the job directory " + jd + ": " + ec.message());
       in.spec_path = jd + "/spec-" + std::to_string(sub.job) + ".yaml";
-      write_file(in.spec_path, text, 0644);
+      write_file(in.spec_path, text, 0600);
       script = job_dir / ("job-" + std::to_string(sub.job) + ".sbatch");
-      write_file(script, slurm::render_sbatch_script(spec, in), 0755);
+      write_file(script, slurm::render_sbatch_script(spec, in), 0700);
     } catch (const std::exception& e) {
       return fail(e.what());
     }
@@ -243,9 +292,14 @@ Subcommand add_submit(CLI::App& app) {
   sc->add_option("spec", o->spec, "Spec file (YAML)")->required()->check(CLI::ExistingFile);
   sc->add_flag("--dry-run", o->dry_run, "Print the sbatch script; submit nothing");
   sc->add_option("--job-dir", o->job_dir,
-                 "Job directory on a file system every node sees (default "
-                 "/tmp/ringmaster/<job.name>)");
-  sc->add_option("--name", o->name, "Job name (default: job.name of the spec)");
+                 "Job directory on a file system every node sees, yours and not writable by "
+                 "others; required when resources.nodes > 1 (default, one node only: "
+                 "/tmp/ringmaster-<uid>/jobs/<name>)");
+  sc->add_flag("--local-job-dir-ok", o->local_job_dir_ok,
+               "Accept a node-local --job-dir (/tmp, /dev/shm, ...) for a multi-node job: every "
+               "node of this cluster is this machine");
+  sc->add_option("--name", o->name, "Job name (default: job.name of the spec)")
+      ->check(job_name_rule());
   sc->add_option("--ringd", o->ringd,
                  "ringd on the compute nodes (default: $RINGD, next to ringctl, the build tree, "
                  "PATH)");
@@ -269,8 +323,7 @@ Subcommand add_slurm_started(CLI::App& app) {
       "Used by the batch script of `ringctl submit`: record a Slurm start (or requeue) of a job");
   sc->add_option("job", o->job, "ring-coord job id")->required();
   sc->add_option("--slurm-job", o->slurm_job, "Slurm job id ($SLURM_JOB_ID)")->required();
-  sc->add_option("--restarts", o->restarts, "$SLURM_RESTART_COUNT")
-      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+  sc->add_option("--restarts", o->restarts, "$SLURM_RESTART_COUNT")->check(integer_in(0, 1000000));
   sc->add_option("--nodes", o->nodes, "$SLURM_JOB_NODELIST");
   o->coord.add_to(sc);
   return {sc, [o] { return run_started(*o); }};

@@ -1,18 +1,23 @@
 #include "cli/ctl_common.h"
 
 #include <signal.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 #include <thread>
 
+#include "common/spec/parse.h"
 #include "coordinator/security.h"
 
 namespace ring::cli {
@@ -23,9 +28,10 @@ void CoordFlags::add_to(CLI::App* app) {
   app->add_option("--coord", endpoint,
                   "Coordinator endpoint, ipc://PATH or tcp://HOST:PORT (default: $RING_COORD, "
                   "else " +
-                      coord::default_endpoint() + ")");
+                      coord::default_endpoint() + ")")
+      ->check(endpoint_rule());
   app->add_option("--timeout", timeout_s, "Seconds to wait for the coordinator's reply")
-      ->check(CLI::Range(0.05, 3600.0))
+      ->check(seconds_in(0.05, 3600.0))
       ->capture_default_str();
   app->add_option("--server-key", server_key_file,
                   "tcp:// only: the coordinator's public key file (<state_dir>/curve/server.pub; "
@@ -44,6 +50,10 @@ std::string CoordFlags::resolved_endpoint() const {
 coord::ClientOptions CoordFlags::client_options() const {
   coord::ClientOptions o;
   o.endpoint = resolved_endpoint();
+  // --coord was checked when parsed; $RING_COORD gets the same rule here.
+  if (endpoint.empty())
+    if (std::string why = check_endpoint(o.endpoint); !why.empty())
+      throw CLI::ValidationError("$RING_COORD", why);
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   if (o.endpoint.rfind("tcp://", 0) == 0) {
     std::string sk = server_key_file, ck = client_key_file;
@@ -87,7 +97,7 @@ int guarded(const std::string& endpoint, const std::function<int()>& body) {
                  "--timeout\n";
     return kExitNoCoord;
   } catch (const coord::RemoteError& e) {
-    std::cerr << "ringctl: " << e.what() << "\n";
+    std::cerr << "ringctl: " << printable(e.what()) << "\n";
     if (e.code() == proto::code::kNotFound) {
       std::cerr << "  `ringctl status` lists the jobs this coordinator (" << endpoint
                 << ") knows\n";
@@ -119,7 +129,31 @@ std::string paint(const std::string& text, const char* ansi) {
   return std::string("\033[") + ansi + "m" + text + "\033[0m";
 }
 
-std::string state_color(const std::string& state) {
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  auto esc = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  };
+  for (size_t i = 0; i < s.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      esc(c);
+    } else if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(s[i + 1]) <= 0x9f) {
+      esc(c);
+      esc(static_cast<unsigned char>(s[++i]));
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string state_color(const std::string& raw) {
+  const std::string state = printable(raw);
   if (state == "running" || state == "completed") return paint(state, "32");
   if (state == "failed") return paint(state, "31");
   if (state == "restarting" || state == "cancelling" || state == "cancelled" || state == "lost")
@@ -213,15 +247,130 @@ std::string format_table(const std::vector<std::string>& header,
   return out;
 }
 
-int64_t parse_job_id(const std::string& text) {
-  size_t pos = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
+namespace {
+
+std::string shown(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 60)) out += c < 0x20 || c == 0x7f ? '?' : static_cast<char>(c);
+  return "'" + out + (s.size() > 60 ? "...'" : "'");
+}
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// A decimal integer, all of `s` (an optional '-', then digits), within int64.
+std::optional<int64_t> strict_int(const std::string& s) {
+  size_t i = !s.empty() && s[0] == '-' ? 1 : 0;
+  if (i == s.size() || s.size() - i > 19) return std::nullopt;
+  for (size_t k = i; k < s.size(); ++k)
+    if (!std::isdigit(static_cast<unsigned char>(s[k]))) return std::nullopt;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), nullptr, 10);
+  if (errno != 0) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+CLI::Validator seconds_in(double lo, double hi) {
+  std::string rule = "seconds in [" + number_text(lo) + ", " + number_text(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, rule](std::string& v) -> std::string {
+        bool decimal = !v.empty();
+        for (char c : v)
+          if (!std::isdigit(static_cast<unsigned char>(c)) && !std::strchr(".eE+-", c))
+            decimal = false;
+        char* end = nullptr;
+        double x = decimal ? std::strtod(v.c_str(), &end) : 0;
+        if (!decimal || end != v.c_str() + v.size() || !std::isfinite(x) || x < lo || x > hi)
+          return "expected " + rule + ", got " + shown(v);
+        return "";
+      },
+      rule.substr(std::string("seconds in ").size()), "SECONDS");
+}
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  std::string rule = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, rule](std::string& v) -> std::string {
+        auto x = strict_int(v);
+        if (!x || *x < lo || *x > hi) return "expected " + rule + ", got " + shown(v);
+        return "";
+      },
+      "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", "INTEGER");
+}
+
+std::string check_endpoint(const std::string& ep) {
+  if (ep.empty()) return "";
+  if (ep.rfind("ipc://", 0) == 0) {
+    std::string path = ep.substr(6);
+    if (path.empty() || path[0] != '/')
+      return "ipc:// needs an absolute path (ipc:///path/coord.sock)";
+    if (path.size() >= sizeof(sockaddr_un{}.sun_path))
+      return "the ipc path is " + std::to_string(path.size()) +
+             " bytes; a unix socket path takes at most " +
+             std::to_string(sizeof(sockaddr_un{}.sun_path) - 1);
+    return "";
   }
-  if (pos != text.size() || v < 1)
+  if (ep.rfind("tcp://", 0) == 0) {
+    std::string hp = ep.substr(6);
+    auto colon = hp.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      return "tcp:// needs HOST:PORT (tcp://login1:5555)";
+    auto port = strict_int(hp.substr(colon + 1));
+    if (!port || *port < 1 || *port > 65535)
+      return "port " + shown(hp.substr(colon + 1)) + " is not in 1..65535";
+    return "";
+  }
+  return "expected ipc://PATH or tcp://HOST:PORT, got " + shown(ep);
+}
+
+CLI::Validator job_name_rule() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (spec::valid_job_name(v)) return "";
+        return shown(v) +
+               " is not a job name: use 1-64 characters from [A-Za-z0-9._-], "
+               "starting with a letter or digit";
+      },
+      "NAME", "JOBNAME");
+}
+
+CLI::Validator endpoint_rule() {
+  return CLI::Validator([](std::string& v) { return check_endpoint(v); },
+                        "ipc://PATH | tcp://HOST:PORT", "ENDPOINT");
+}
+
+std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = 2 + word.size() / 3;
+  for (const auto& c : candidates) {
+    size_t d = distance(word, c);
+    // A prefix ("stat" for "status") is close whatever its length.
+    if (c.rfind(word, 0) == 0 && word.size() >= 2) d = std::min<size_t>(d, 1);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
+}
+
+int64_t parse_job_id(const std::string& text) {
+  auto id = strict_int(text);
+  int64_t v = id.value_or(0);
+  if (!id || v < 1)
     throw CLI::ValidationError("JOB", "'" + text +
                                           "' is not a job id (a positive number, as "
                                           "`ringctl status` shows)");

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -66,6 +67,12 @@ bool use_color();
 std::string paint(const std::string& text, const char* ansi);
 std::string state_color(const std::string& state);  // the state, painted by meaning
 
+// Text from the coordinator (job names, reasons, event data, node names: other users and their
+// daemons choose them) made safe for a terminal: control bytes (ESC, BEL, CR, newlines, DEL and
+// the C1 controls U+0080..U+009F) become visible \xHH escapes, so no one can move the cursor,
+// retitle the window or forge a line in someone else's `ringctl status`.
+std::string printable(std::string_view s);
+
 // "42s", "3m05s", "2h07m", "3d04h".
 std::string format_duration(double seconds);
 // "812", "12.3k", "4.56M".
@@ -82,6 +89,21 @@ std::string format_table(const std::vector<std::string>& header,
 
 // Parses a job id argument ("7"); throws CLI::ValidationError naming the argument.
 int64_t parse_job_id(const std::string& text);
+
+// Rules for numeric flags (CLI11 validators; CLI11 prefixes the flag: "--timeout: expected
+// seconds in [0.05, 3600], got 'nan'"). CLI::Range lets NaN through and CLI11 converts "1e3",
+// "0x10" and " 5"; these take decimal text only and check the range after parsing.
+CLI::Validator seconds_in(double lo, double hi);    // finite seconds in [lo, hi]
+CLI::Validator integer_in(int64_t lo, int64_t hi);  // a decimal integer in [lo, hi]
+// The endpoint rule of --coord: ipc://PATH (an absolute path that fits a unix socket address)
+// or tcp://HOST:PORT with PORT in 1..65535. Empty: fine (the default applies).
+std::string check_endpoint(const std::string& endpoint);  // "" or what is wrong
+CLI::Validator endpoint_rule();
+// --name of run/submit: the job.name rule (common/spec: 1-64 of [A-Za-z0-9._-]).
+CLI::Validator job_name_rule();
+
+// The closest of `candidates` to `word` (edit distance at most 1 + size/3), or "".
+std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
 // Sleeps up to `seconds`, returning early (false) when SIGINT/SIGTERM arrived since
 // install_stop_signals(). For --follow loops.

@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/cli/job_dir.h"
 #include "common/protocol/protocol.h"
 #include "common/spec/parse.h"
 #include "common/topology/cluster.h"
@@ -928,9 +929,9 @@ struct Coordinator::Impl {
     j.max_restarts = s.restart.max_restarts;
     j.backoff_s = s.restart.backoff_s;
     j.backoff_max_s = std::max(s.restart.backoff_max_s, 0.0);
-    // daemon/INTERFACE.md: the job dir defaults to /tmp/ringmaster/<job.name>; checkpoints go to
-    // checkpoint.dir, a relative one under the job dir; none when it is empty.
-    j.job_dir = m.job_dir.empty() ? "/tmp/ringmaster/" + s.job.name : m.job_dir;
+    // daemon/INTERFACE.md: the job dir defaults to the owner's (common/cli/job_dir.h);
+    // checkpoints go to checkpoint.dir, a relative one under the job dir; none when it is empty.
+    j.job_dir = m.job_dir.empty() ? jobdir::default_job_dir(s.job.name, uid) : m.job_dir;
     while (j.job_dir.size() > 1 && j.job_dir.back() == '/') j.job_dir.pop_back();
     j.checkpoint_dir = s.checkpoint.dir.empty() || s.checkpoint.dir[0] == '/'
                            ? s.checkpoint.dir

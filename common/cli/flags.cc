@@ -1,26 +1,40 @@
 #include "common/cli/flags.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <vector>
 
 namespace ring::flags {
 
 int64_t parse_int(std::string_view flag, const char* value, int64_t lo, int64_t hi) {
   char* end = nullptr;
   errno = 0;
-  long long x = std::strtoll(value, &end, 10);
-  if (errno != 0 || end == value || *end != '\0' || x < lo || x > hi)
+  // strtoll skips leading blanks: a value must start with its sign or first digit.
+  const unsigned char c0 = static_cast<unsigned char>(value[0]);
+  const bool starts_well = c0 == '-' || c0 == '+' || std::isdigit(c0);
+  long long x = starts_well ? std::strtoll(value, &end, 10) : 0;
+  if (!starts_well || errno != 0 || end == value || *end != '\0' || x < lo || x > hi)
     throw FlagError(std::string(flag) + ": expected an integer in [" + std::to_string(lo) + ", " +
                     std::to_string(hi) + "], got '" + value + "'");
   return x;
 }
 
 double parse_seconds(std::string_view flag, const char* value) {
+  // Decimal only: strtod would also take blanks, hex floats ("0x1p-3"), "nan" and "inf".
+  bool decimal = *value != '\0';
+  for (const char* p = value; *p; ++p)
+    if (!std::isdigit(static_cast<unsigned char>(*p)) && !std::strchr(".eE+-", *p)) decimal = false;
   char* end = nullptr;
-  double x = std::strtod(value, &end);
-  if (end == value || *end != '\0' || !(x > 0) || x > 1e6)
-    throw FlagError(std::string(flag) + ": expected seconds in (0, 1e6], got '" + value + "'");
+  double x = decimal ? std::strtod(value, &end) : 0;
+  // At least a millisecond: a timeout of 1e-300 s is a typo, and would make every peer late.
+  if (!decimal || end == value || *end != '\0' || !std::isfinite(x) || !(x >= kMinSeconds) ||
+      x > kMaxSeconds)
+    throw FlagError(std::string(flag) + ": expected seconds in [0.001, 1e6], got '" + value + "'");
   return x;
 }
 
@@ -33,6 +47,10 @@ bool ArgWalker::next() {
 const char* ArgWalker::value() {
   if (i_ + 1 >= argc_) throw FlagError(flag_ + " needs a value");
   return argv_[++i_];
+}
+
+const char* ArgWalker::peek() const {
+  return i_ + 1 < argc_ ? argv_[i_ + 1] : nullptr;
 }
 
 FlagSet& FlagSet::add(const std::string& name, Entry e) {
@@ -69,6 +87,26 @@ FlagSet& FlagSet::unknown_note(std::string note) {
   return *this;
 }
 
+std::string FlagSet::closest_flag(const std::string& word) const {
+  if (word.size() < 3 || word[0] != '-') return "";
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = 3;  // two edits at most: a typo, not another flag
+  for (const auto& [name, _] : entries_)
+    if (size_t d = distance(word, name); d < best_d) best_d = d, best = name;
+  return best;
+}
+
 void FlagSet::parse(int argc, char** argv) {
   ArgWalker w(argc, argv);
   while (w.next()) {
@@ -78,7 +116,15 @@ void FlagSet::parse(int argc, char** argv) {
       std::exit(0);
     }
     auto it = entries_.find(f);
-    if (it == entries_.end()) throw FlagError("unknown argument '" + f + "'" + unknown_note_);
+    if (it == entries_.end()) {
+      std::string hint;
+      if (std::string c = closest_flag(f); !c.empty()) hint = "; did you mean '" + c + "'?";
+      throw FlagError("unknown argument '" + f + "'" + hint + unknown_note_);
+    }
+    // "--job-dir --resume": the value left out, the next flag would be taken for it.
+    if (it->second.takes_value)
+      if (const char* next = w.peek(); next && entries_.count(std::string_view(next)))
+        throw FlagError(f + " needs a value (got the flag " + next + ")");
     it->second.on(f, it->second.takes_value ? w.value() : nullptr);
     seen_.insert(f);
   }

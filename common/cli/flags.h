@@ -7,7 +7,8 @@
 //   fs.parse(argc, argv);
 //
 // Malformed input throws FlagError with the whole message ("--steps: expected an integer in
-// [1, 1099511627776], got 'x'", "--spec needs a value", "unknown argument '--x'"); a program
+// [1, 1099511627776], got 'x'", "--spec needs a value", "--spec needs a value (got the flag
+// --resume)", "unknown argument '--x'"); a program
 // prints it with its usage text (usage_exit) and exits 2. ArgWalker is the walk underneath, for
 // a program that wants its own loop.
 #pragma once
@@ -32,8 +33,10 @@ class FlagError : public std::runtime_error {
 // A decimal integer in [lo, hi], all of `value`: "FLAG: expected an integer in [LO, HI], got 'V'".
 int64_t parse_int(std::string_view flag, const char* value, int64_t lo, int64_t hi);
 
-// A duration in seconds in (0, 1e6] (decimals allowed): "FLAG: expected seconds in (0, 1e6],
-// got 'V'".
+// A duration in seconds in [0.001, 1e6], written in decimal ("2", "0.5", "1e3"; not nan, inf,
+// hex or blanks): "FLAG: expected seconds in [0.001, 1e6], got 'V'".
+inline constexpr double kMinSeconds = 0.001;
+inline constexpr double kMaxSeconds = 1e6;
 double parse_seconds(std::string_view flag, const char* value);
 
 // Walks argv[1..argc) one argument at a time; value() consumes the argument after the flag.
@@ -47,6 +50,8 @@ class ArgWalker {
 
   // The flag's value, consumed: "FLAG needs a value" when the flag is the last argument.
   const char* value();
+  // The next argument, not consumed (nullptr after the last).
+  const char* peek() const;
   int64_t int_value(int64_t lo, int64_t hi) { return parse_int(flag_, value(), lo, hi); }
   double seconds_value() { return parse_seconds(flag_, value()); }
 
@@ -84,7 +89,8 @@ class FlagSet {
   FlagSet& unknown_note(std::string note);
 
   // Applies argv[1..argc) in order: --help or -h print the usage to stdout and exit 0; an
-  // argument not in the table is "unknown argument 'X'"; a value flag last is "X needs a value".
+  // argument not in the table is "unknown argument 'X'" (with "; did you mean 'Y'?" for a typo
+  // of a flag Y); a value flag last is "X needs a value".
   void parse(int argc, char** argv);
   // Whether parse() met the flag.
   bool seen(const std::string& name) const { return seen_.count(name) > 0; }
@@ -103,6 +109,8 @@ class FlagSet {
     std::function<void(const std::string&, const char*)> on;
   };
   FlagSet& add(const std::string& name, Entry e);
+  // The flag of the table closest to a misspelt one (two edits at most), or "".
+  std::string closest_flag(const std::string& word) const;
 
   std::string usage_;
   std::string unknown_note_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -39,6 +40,53 @@ std::string human_bytes(double b) {
   while (std::fabs(b) >= 1000.0 && u < 5) b /= 1000.0, ++u;
   if (u == 0) return fmt::format("{:.0f} B", b);
   return fmt::format("{:.{}f} {}", b, b >= 100 ? 1 : 3, units[u]);
+}
+
+FlatLayout flat_layout(const JobSpec& s) {
+  // __int128: a spec's largest shapes (d_model, vocab, layers at their key maxima) overflow
+  // int64 only in products we then saturate.
+  using I = __int128;
+  constexpr I kAlign = 16;  // worker/model/layout.h kParamAlign
+  const auto& m = s.model;
+  const I d = m.d_model, h = s.resolved.mlp_hidden, V = m.vocab;
+  const I q_dim = I{m.heads} * s.resolved.head_dim,
+          kv_dim = I{s.resolved.kv_heads} * s.resolved.head_dim;
+  I total = 0, bucket_begin = 0, largest = 0;
+  std::string largest_name;
+  auto up = [&](I x) { return (x + kAlign - 1) / kAlign * kAlign; };
+  auto add = [&](I size) { total = up(total) + size; };
+  auto close = [&](const std::string& name) {
+    total = up(total);
+    if (total - bucket_begin > largest) largest = total - bucket_begin, largest_name = name;
+    bucket_begin = total;
+  };
+  add(d);                             // final_norm.gain
+  if (!m.tie_embeddings) add(V * d);  // lm_head.weight
+  close("head");
+  // Every block has the same shape: lay out one and repeat it (each block starts aligned).
+  const I block_begin = total;
+  add(d);                                           // attn_norm.gain
+  add(q_dim * d);                                   // wq
+  add(kv_dim * d);                                  // wk
+  add(kv_dim * d);                                  // wv
+  add(d * q_dim);                                   // wo
+  add(d);                                           // mlp_norm.gain
+  if (m.mlp == spec::MlpKind::kSwiGLU) add(h * d);  // w_gate
+  add(h * d);                                       // w_up
+  add(d * h);                                       // w_down
+  total = up(total);
+  const I block = total - block_begin;
+  if (m.layers > 0 && block > largest) largest = block, largest_name = "layers.N (each block)";
+  total = block_begin + block * I{m.layers};
+  bucket_begin = total;
+  add(V * d);  // embedding.weight
+  close("embedding");
+  const I cap = std::numeric_limits<int64_t>::max();
+  FlatLayout f;
+  f.elements = static_cast<int64_t>(std::min(total, cap));
+  f.largest_bucket = static_cast<int64_t>(std::min(largest, cap));
+  f.largest_bucket_name = largest_name;
+  return f;
 }
 
 Plan make_plan(const JobSpec& s) {

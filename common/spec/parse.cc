@@ -4,11 +4,13 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <system_error>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <yaml-cpp/anchor.h>
@@ -537,12 +539,14 @@ std::string suggest_key(std::string_view section, std::string_view name) {
   return "";
 }
 
-LoadResult load_spec_string(std::string_view text, const std::string& name) {
+LoadResult load_spec_string(std::string_view text, const std::string& name,
+                            const LoadOptions& options) {
   LoadResult r;
+  if (text.size() <= kMaxSpecBytes) r.text = std::string(text);
   JobSpec spec = default_spec();
   Parser(name, r).run(text, spec);
   if (r.error_count() == 0) {
-    auto more = validate_spec(spec, r.source);
+    auto more = validate_spec(spec, r.source, options);
     r.diagnostics.insert(r.diagnostics.end(), more.begin(), more.end());
   }
   if (r.error_count() == 0) {
@@ -552,36 +556,72 @@ LoadResult load_spec_string(std::string_view text, const std::string& name) {
   return r;
 }
 
-LoadResult load_spec_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    LoadResult r;
-    r.source.file = path;
-    r.diagnostics.push_back({Diagnostic::Severity::kError, path, {}, "",
-                             "is a directory; expected a YAML spec file"});
-    return r;
-  }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    LoadResult r;
-    r.source.file = path;
-    r.diagnostics.push_back({Diagnostic::Severity::kError, path, {}, "",
-                             std::string("cannot open: ") + std::strerror(errno)});
-    return r;
-  }
+namespace {
+
+LoadResult file_error(const std::string& path, std::string message) {
+  LoadResult r;
+  r.source.file = path;
+  r.diagnostics.push_back({Diagnostic::Severity::kError, path, {}, "", std::move(message)});
+  return r;
+}
+
+// What a non-regular file is, for the message.
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a named pipe (FIFO)";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  return "not a regular file";
+}
+
+// Reads at most kMaxSpecBytes + 1 bytes (enough to say the file is too big), EINTR-safe.
+std::optional<std::string> read_capped(int fd, std::string& error) {
   std::string text;
   char buf[65536];
-  while (f.read(buf, sizeof buf) || f.gcount() > 0) {
-    text.append(buf, static_cast<size_t>(f.gcount()));
-    if (text.size() > kMaxSpecBytes) break;  // enough to say it is too big
+  while (text.size() <= kMaxSpecBytes) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      error = std::strerror(errno);
+      return std::nullopt;
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
   }
-  if (f.bad()) {
-    LoadResult r;
-    r.source.file = path;
-    r.diagnostics.push_back({Diagnostic::Severity::kError, path, {}, "", "read error"});
-    return r;
+  return text;
+}
+
+}  // namespace
+
+LoadResult load_spec_file(const std::string& path, const LoadOptions& options) {
+  std::string error;
+  if (path == "-" && options.allow_stdin) {
+    auto text = read_capped(STDIN_FILENO, error);
+    if (!text) return file_error("<stdin>", "cannot read standard input: " + error);
+    return load_spec_string(*text, "<stdin>", options);
   }
-  return load_spec_string(text, path);
+  const std::string rule = "; a spec must be a regular file" +
+                           std::string(options.allow_stdin ? " (or '-' for standard input)" : "");
+  // stat before open: opening a FIFO blocks until a writer comes, and opening a device can
+  // have effects of its own.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return file_error(path, std::string("cannot open: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return file_error(path, std::string("is ") + file_kind(st.st_mode) + rule);
+  // O_NONBLOCK: should the path have been replaced by a FIFO since the stat, open returns at
+  // once and the fstat below refuses it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return file_error(path, std::string("cannot open: ") + std::strerror(errno));
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return file_error(path, std::string("is ") + file_kind(st.st_mode) + rule);
+  }
+  auto text = read_capped(fd, error);
+  ::close(fd);
+  if (!text) return file_error(path, "read error: " + error);
+  return load_spec_string(*text, path, options);
 }
 
 }  // namespace ring::spec

@@ -47,6 +47,9 @@ struct SourceMap {
 
 struct LoadResult {
   std::optional<JobSpec> spec;  // set when there are no errors (warnings allowed)
+  // The text that was parsed (empty when the file could not be read): what a caller submits,
+  // so that it is exactly what was validated, without opening the file again.
+  std::string text;
   std::vector<Diagnostic> diagnostics;
   SourceMap source;
   bool ok() const { return spec.has_value(); }
@@ -56,22 +59,57 @@ struct LoadResult {
 // Specs larger than this are refused before parsing (a spec is a few kilobytes).
 inline constexpr size_t kMaxSpecBytes = 1 << 20;
 
+// Which rules apply beyond the spec's own (validate.cc has one table with a scope per rule).
+struct LoadOptions {
+  // The limits of this build's runtime (model.dtype fp32, one data replica, the 32-bit lazy
+  // index, ...): errors by default, so that nothing validates that ringd or ring-worker would
+  // refuse; warnings when a design is only planned (`ringctl plan --what-if`).
+  bool runtime_limits_are_errors = true;
+  // The rules of a job that ringd runs (`ringctl validate`, `plan`, `run`, `submit`):
+  // optimizer.offload cpu. ring-worker's standalone modes (in-process AdamW) leave them out.
+  bool ringd_job = false;
+  // load_spec_file("-") reads standard input (`ringctl validate -`); otherwise "-" is a file name.
+  bool allow_stdin = false;
+};
+
+// What ringctl checks a job spec with: every rule, runtime limits as errors.
+inline LoadOptions job_spec_options() {
+  LoadOptions o;
+  o.ringd_job = true;
+  return o;
+}
+
 // Parses, checks every key against the table, runs the cross-field rules and resolves derived
 // values. `name` is used in diagnostics.
-LoadResult load_spec_string(std::string_view text, const std::string& name);
-LoadResult load_spec_file(const std::string& path);
+LoadResult load_spec_string(std::string_view text, const std::string& name,
+                            const LoadOptions& options = {});
+// Reads a regular file (or standard input for "-" when options.allow_stdin) and loads it. Anything
+// else (a directory, FIFO, socket, device such as /dev/zero) is an error naming the file and its
+// type, found without opening it, so a named pipe with no writer cannot hang the caller.
+LoadResult load_spec_file(const std::string& path, const LoadOptions& options = {});
 
 // Cross-field rules only (used by load_*; exposed for tests and for specs built in code).
-std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& source);
+std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& source,
+                                      const LoadOptions& options = {});
 // Fills spec.resolved from the optional keys; call on a valid spec.
 void resolve_spec(JobSpec& spec);
 
 // One cross-field rule as documented in docs/spec-reference.md.
+enum class RuleScope {
+  kSpec,     // the spec contradicts itself
+  kRuntime,  // this build's runtime (ringd, ring-worker) cannot run it
+  kRingd,    // a job run by ringd (ringctl run/submit) cannot have it; ring-worker alone can
+};
 struct RuleDoc {
   std::string keys;
   std::string rule;
+  RuleScope scope = RuleScope::kSpec;
 };
 const std::vector<RuleDoc>& cross_field_rules();
+
+// The job.name rule: 1-64 characters from [A-Za-z0-9._-], starting with a letter or digit (it
+// names a directory and appears in other users' `ringctl status`). Also for `--name`.
+bool valid_job_name(std::string_view name);
 
 // Closest key path to a misspelt one ("model.d_modle" -> "model.d_model"); empty if none is near.
 std::string suggest_key(std::string_view section, std::string_view name);

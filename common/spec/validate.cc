@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/plan/plan.h"
 #include "common/spec/keys.h"
 #include "common/spec/parse.h"
 
@@ -20,9 +21,15 @@ struct Ctx {
   const JobSpec& s;
   const SourceMap& src;
   std::vector<Diagnostic>& out;
+  const LoadOptions& options;
+  RuleScope scope = RuleScope::kSpec;  // of the rule being checked
 
   void error(const std::string& key, std::string msg) {
-    out.push_back({Diagnostic::Severity::kError, src.file, src.at(key), key, std::move(msg)});
+    // A runtime limit of a design that is only planned (`ringctl plan --what-if`): a warning.
+    const bool limit = scope != RuleScope::kSpec;
+    const auto sev = limit && !options.runtime_limits_are_errors ? Diagnostic::Severity::kWarning
+                                                                 : Diagnostic::Severity::kError;
+    out.push_back({sev, src.file, src.at(key), key, std::move(msg)});
   }
   void warning(const std::string& key, std::string msg) {
     out.push_back({Diagnostic::Severity::kWarning, src.file, src.at(key), key, std::move(msg)});
@@ -34,6 +41,13 @@ struct Rule {
   RuleDoc doc;
   std::function<void(Ctx&)> check;
 };
+
+// The planner's flat layout of the model (common/plan), for a spec whose keys parsed.
+plan::FlatLayout resolved_layout(const JobSpec& s) {
+  JobSpec r = s;
+  resolve_spec(r);
+  return plan::flat_layout(r);
+}
 
 // Parses a Slurm time limit into seconds: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 std::optional<int64_t> slurm_time_seconds(const std::string& t) {
@@ -72,13 +86,6 @@ std::optional<int64_t> slurm_time_seconds(const std::string& t) {
     return f[0] * 60 + f[1];
   }
   return f[0] * 60;  // MM
-}
-
-bool valid_job_name(const std::string& n) {
-  if (n.empty() || n.size() > 64 || !std::isalnum(static_cast<unsigned char>(n[0]))) return false;
-  return std::all_of(n.begin(), n.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
-  });
 }
 
 // sbatch options ringmaster renders itself, with the spec key that sets each.
@@ -347,7 +354,8 @@ const std::vector<Rule>& rules() {
                                s.time.substr(0, 80)));
            return;
          }
-         if (*secs == 0) c.error("slurm.time", "time limit is zero");
+         if (*secs == 0)
+           c.error("slurm.time", "time limit is zero");
          else if (s.signal_before_s >= *secs)
            c.error("slurm.signal_before_s",
                    fmt::format("signal_before_s ({}) is not shorter than the time limit {} "
@@ -400,6 +408,87 @@ const std::vector<Rule>& rules() {
                    fmt::format("restart.backoff_max_s ({:g}) is below restart.backoff_s ({:g})",
                                c.s.restart.backoff_max_s, c.s.restart.backoff_s));
        }},
+
+      // ---- Limits of this build's runtime: what ringd and ring-worker refuse (or would get
+      // wrong) at run time, refused here first so that `ringctl validate` and `plan` never pass
+      // a spec that `run` or `submit` then refuses. Each names the code that sets the limit.
+      {{"model.dtype, resources.backend",
+        "fp32 only: ring-worker's model (worker/model/layout.cc) computes in fp32 on every "
+        "backend.",
+        RuleScope::kRuntime},
+       [](Ctx& c) {
+         // The CPU backend has its own rule (above), with its own advice.
+         if (c.s.model.dtype != DType::kFp32 && c.s.resources.backend != Backend::kCpu)
+           c.error("model.dtype",
+                   fmt::format("not supported by this build: model.dtype {} (ring-worker's model "
+                               "computes in fp32 only); use fp32, or `ringctl plan --what-if` to "
+                               "size a {} design",
+                               to_string(c.s.model.dtype), to_string(c.s.model.dtype)));
+       }},
+      {{"parallel.data_replicas",
+        "1 only: ringd runs one ring per job (data parallelism is not implemented).",
+        RuleScope::kRuntime},
+       [](Ctx& c) {
+         if (c.s.parallel.data_replicas != 1)
+           c.error("parallel.data_replicas",
+                   fmt::format("not supported by this build: data_replicas {} (ringd runs one "
+                               "ring per job; data parallelism is not implemented): set 1 and "
+                               "context_ranks to nodes x workers_per_node ({})",
+                               c.s.parallel.data_replicas,
+                               c.s.resources.nodes * c.s.resources.workers_per_node));
+       }},
+      {{"resources.backend, model.head_dim",
+        "backend cuda: head_dim <= 128 (the CUDA attention kernel's tile).", RuleScope::kRuntime},
+       [](Ctx& c) {
+         const auto& m = c.s.model;
+         int64_t hd = m.head_dim ? *m.head_dim : (m.heads ? m.d_model / m.heads : 0);
+         if (c.s.resources.backend == Backend::kCuda && hd > 128)
+           c.error(m.head_dim ? "model.head_dim" : "model.d_model",
+                   fmt::format("not supported by this build: head_dim {} with backend cuda (the "
+                               "CUDA attention kernel takes head_dim <= 128)",
+                               hd));
+       }},
+      {{"optimizer.update, model.*",
+        "update lazy: the model's flat parameter buffer must have at most 2^32 floats (ringd "
+        "sends the changed coordinates to the workers as 32-bit indices).",
+        RuleScope::kRuntime},
+       [](Ctx& c) {
+         if (c.s.optimizer.update != UpdateMode::kLazy) return;
+         const auto f = resolved_layout(c.s);
+         constexpr int64_t kMax = int64_t{1} << 32;
+         if (f.elements > kMax)
+           c.error("optimizer.update",
+                   fmt::format("not supported by this build: update lazy with a model of {} "
+                               "floats in its flat parameter buffer (more than 2^32 = {}): the "
+                               "lazy index ringd shares with the workers is 32-bit and would "
+                               "update the wrong coordinates; use update: dense",
+                               f.elements, kMax));
+       }},
+      {{"optimizer.offload",
+        "offload cpu: ringd owns the optimizer (offload none is for "
+        "ring-worker alone).",
+        RuleScope::kRingd},
+       [](Ctx& c) {
+         if (c.s.optimizer.offload != Offload::kCpu)
+           c.error("optimizer.offload",
+                   "offload none is not run by ringd (ringctl run/submit): ringd keeps the "
+                   "optimizer in host memory; use offload: cpu (offload none is for "
+                   "`ring-worker --spec` alone)");
+       }},
+      {{"model.*, optimizer.offload",
+        "offload cpu: every gradient bucket (one transformer block, or the embedding) below "
+        "2^32 floats (ringd's optimizer indexes a bucket with 32 bits).",
+        RuleScope::kRingd},
+       [](Ctx& c) {
+         if (c.s.optimizer.offload != Offload::kCpu) return;
+         const auto f = resolved_layout(c.s);
+         constexpr int64_t kMax = (int64_t{1} << 32) - 1;
+         if (f.largest_bucket > kMax)
+           c.error("model.d_model",
+                   fmt::format("not supported by this build: gradient bucket {} has {} floats; "
+                               "ringd's optimizer takes at most 2^32-1 = {} per bucket",
+                               f.largest_bucket_name, f.largest_bucket, kMax));
+       }},
   };
   return r;
 }
@@ -415,10 +504,22 @@ std::string md_cell(const std::string& s) {
 
 }  // namespace
 
-std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& source) {
+bool valid_job_name(std::string_view n) {
+  if (n.empty() || n.size() > 64 || !std::isalnum(static_cast<unsigned char>(n[0]))) return false;
+  return std::all_of(n.begin(), n.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& source,
+                                      const LoadOptions& options) {
   std::vector<Diagnostic> out;
-  Ctx c{spec, source, out};
-  for (const auto& r : rules()) r.check(c);
+  Ctx c{spec, source, out, options};
+  for (const auto& r : rules()) {
+    if (r.doc.scope == RuleScope::kRingd && !options.ringd_job) continue;
+    c.scope = r.doc.scope;
+    r.check(c);
+  }
   return out;
 }
 
@@ -473,7 +574,19 @@ std::string spec_reference_markdown() {
   o += "## Rules across keys\n\nChecked once every key has parsed cleanly.\n\n"
        "| keys | rule |\n|---|---|\n";
   for (const auto& r : cross_field_rules())
-    o += fmt::format("| {} | {} |\n", md_cell(r.keys), md_cell(r.rule));
+    if (r.scope == RuleScope::kSpec)
+      o += fmt::format("| {} | {} |\n", md_cell(r.keys), md_cell(r.rule));
+  o += "\n## Limits of this build\n\n"
+       "What ringd and ring-worker cannot run yet. They are errors, so that `ringctl validate` "
+       "and `ringctl plan` never pass a spec that `ringctl run` or `ringctl submit` would "
+       "refuse; `ringctl plan --what-if` (and `validate --what-if`) reports them as warnings "
+       "to size a design this build cannot run. Rules marked *ringd* apply to jobs run by ringd "
+       "(everything ringctl checks), not to `ring-worker --spec` alone.\n\n"
+       "| keys | limit |\n|---|---|\n";
+  for (const auto& r : cross_field_rules())
+    if (r.scope != RuleScope::kSpec)
+      o += fmt::format("| {} | {}{} |\n", md_cell(r.keys),
+                       r.scope == RuleScope::kRingd ? "*ringd*: " : "", md_cell(r.rule));
   return o;
 }
 

@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/flags.h"
+#include "common/cli/job_dir.h"
 #include "common/proc/reap.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
@@ -475,7 +476,7 @@ int Daemon::run() {
   signals_.add(SIGUSR1);
   signals_.add(SIGHUP);
   // Job directory and files.
-  job_dir_ = o_.job_dir.empty() ? "/tmp/ringmaster/" + spec_.job.name : o_.job_dir;
+  job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(spec_.job.name) : o_.job_dir;
   std::error_code ec;
   // What ringd creates is private: the job directory (when missing) and logs/ are 0700.
   if (!fs::exists(fs::symlink_status(job_dir_, ec))) {

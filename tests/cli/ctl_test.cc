@@ -20,6 +20,7 @@
 
 #include "../common/run.h"
 #include "../coordinator/coord_test_util.h"
+#include "other_user.h"
 
 using namespace ring::coord;
 using namespace ring::coord::test;
@@ -186,7 +187,7 @@ TEST(Ringctl, StatusTableJsonAndDetails) {
   EXPECT_DOUBLE_EQ(one["loss"].get<double>(), 1.75);
   EXPECT_EQ(one["last_checkpoint_step"], 2);
   EXPECT_EQ(one["job_dir"], job_dir);
-  EXPECT_EQ(one["checkpoint_dir"], "/tmp/ringmaster/tiny/checkpoints");
+  EXPECT_EQ(one["checkpoint_dir"], job_dir + "/checkpoints");  // tiny.yaml: relative dir
   EXPECT_EQ(one["ring_order"], json::array({"node-a"}));
   EXPECT_EQ(one["nodes"], json::array({"node-a"}));
 
@@ -315,6 +316,13 @@ TEST(Ringctl, LogsFromTheJobDir) {
   r = c.ctl("logs " + id + " --worker 7");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(contains(r.output, "workers with logs: 0, 1, 10")) << r.output;
+  // A FIFO where a log would be is not read (it would block ringctl): left out, no hang.
+  ASSERT_EQ(mkfifo((job_dir + "/logs/worker-2.log").c_str(), 0600), 0);
+  r = ring::test::run("timeout 60 env RING_COORD=" + c.ep() + " " + kRingctl + " logs " + id);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output,
+            "[worker 0] === attempt 1 ===\n[worker 0] r0 a\n[worker 0] r0 b\n"
+            "[worker 1] === attempt 1 ===\n[worker 1] r1 a\n[worker 10] r10 a\n");
 
   // --follow prints what is appended and ends with the job.
   auto follow = std::async(std::launch::async, [&] { return c.ctl("logs " + id + " -w 1 -f"); });
@@ -371,9 +379,10 @@ TEST(Ringctl, AnotherUsersJobIsRefused) {
   Coord c(/*shared=*/true);
   auto client = c.client();
   int64_t roots = client.submit(test_spec(1, 0, 1, 1)).job;
+  // nobody runs a copy it can reach: the checkout may be in a 0700 home directory.
+  ring::test::OtherUserBin bin({kRingctl});
   std::string as_nobody =
-      "setpriv --reuid=65534 --regid=65534 --clear-groups env RING_COORD=" + c.ep() + " " +
-      kRingctl + " ";
+      ring::test::as_nobody("env RING_COORD=" + c.ep() + " " + bin.path("ringctl") + " ");
   for (const char* cmd : {"cancel", "restart"}) {
     auto r = ring::test::run(as_nobody + cmd + " " + std::to_string(roots));
     EXPECT_EQ(r.exit_code, 6) << cmd << ": " << r.output;
@@ -387,7 +396,244 @@ TEST(Ringctl, AnotherUsersJobIsRefused) {
   EXPECT_EQ(parse_json(r.output)["owner"], "root");
   // Private mode: another user cannot even reach the socket, and is told why.
   Coord priv;
-  r = ring::test::run("setpriv --reuid=65534 --regid=65534 --clear-groups " + kRingctl +
-                      " status --coord " + priv.ep());
+  r = ring::test::run(ring::test::as_nobody(bin.path("ringctl") + " status --coord " + priv.ep()));
   EXPECT_EQ(r.exit_code, 4) << r.output;
+}
+
+// Every numeric flag of every subcommand refuses NaN, infinities, other spellings (hex, blanks,
+// exponents for integers) and values out of range, naming the flag and its rule; a usage error
+// exits 2 before anything is contacted (no coordinator runs here: a value let through would end
+// in exit 4 "no coordinator" or worse).
+TEST(Ringctl, NumericFlagsRefuseNanInfinityAndOutOfRange) {
+  std::string dir = make_temp_dir("ctl-nums");
+  std::string spec = ring::test::source_path("tests/cli/run_tiny.yaml");
+  std::string coord = " --coord ipc://" + dir + "/none.sock";
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"status --timeout nan", "--timeout: expected seconds in [0.05, 3600], got 'nan'"},
+      {"status --timeout inf", "--timeout: expected seconds in [0.05, 3600], got 'inf'"},
+      {"status --timeout -1", "--timeout: expected seconds in [0.05, 3600], got '-1'"},
+      {"status --timeout 1e9", "--timeout: expected seconds in [0.05, 3600], got '1e9'"},
+      {"status --timeout 0x10", "--timeout: expected seconds in [0.05, 3600], got '0x10'"},
+      {"status --timeout ' 5'", "--timeout: expected seconds in [0.05, 3600], got ' 5'"},
+      {"status --follow --interval nan", "--interval: expected seconds in [0.1, 3600], got 'nan'"},
+      {"status --follow --interval 0", "--interval: expected seconds in [0.1, 3600], got '0'"},
+      {"nodes --timeout NaN", "--timeout: expected seconds in [0.05, 3600], got 'NaN'"},
+      {"cancel 1 --wait --wait-timeout nan",
+       "--wait-timeout: expected seconds in [0.1, 86400], got 'nan'"},
+      {"cancel 1 --wait --wait-timeout -inf",
+       "--wait-timeout: expected seconds in [0.1, 86400], got '-inf'"},
+      {"restart 1 --from -1", "--from: expected an integer in [0, 1099511627776], got '-1'"},
+      {"restart 1 --from 2.5", "--from: expected an integer in [0, 1099511627776], got '2.5'"},
+      {"restart 1 --from 1e3", "--from: expected an integer in [0, 1099511627776], got '1e3'"},
+      {"events 1 --after -5", "--after: expected an integer in [0, 9007199254740992], got '-5'"},
+      {"events 1 --after nan", "--after: expected an integer in [0, 9007199254740992], got 'nan'"},
+      {"logs 1 --lines -1", "--lines: expected an integer in [0, 2147483648], got '-1'"},
+      {"logs 1 --worker 99999999999999999999",
+       "--worker: expected an integer in [0, 4294967295], got '99999999999999999999'"},
+      {"run " + spec + " --steps 0", "--steps: expected an integer in [1, 1099511627776], got '0'"},
+      {"run " + spec + " --steps nan",
+       "--steps: expected an integer in [1, 1099511627776], got 'nan'"},
+      {"run " + spec + " --steps 1e30",
+       "--steps: expected an integer in [1, 1099511627776], got '1e30'"},
+      {"run " + spec + " --threads 100000",
+       "--threads: expected an integer in [1, 4096], got '100000'"},
+      {"slurm-started 1 --slurm-job 5 --restarts -1",
+       "--restarts: expected an integer in [0, 1000000], got '-1'"},
+      {"status --coord tcp://127.0.0.1:99999", "--coord: port '99999' is not in 1..65535"},
+      {"status --coord tcp://127.0.0.1:0", "--coord: port '0' is not in 1..65535"},
+      {"status --coord ipc://relative.sock", "--coord: ipc:// needs an absolute path"},
+      {"status --coord udp://x:1", "--coord: expected ipc://PATH or tcp://HOST:PORT"},
+  };
+  for (const auto& c : cases) {
+    bool has_coord = c.args.find("--coord") != std::string::npos;
+    auto r = ring::test::run("timeout 60 " + kRingctl + " " + c.args + (has_coord ? "" : coord));
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, c.message)) << c.args << "\n" << r.output;
+  }
+  // $RING_COORD follows the --coord rule.
+  auto env = ring::test::run("RING_COORD=tcp://127.0.0.1:99999 " + kRingctl + " status");
+  EXPECT_EQ(env.exit_code, 2) << env.output;
+  EXPECT_TRUE(contains(env.output, "$RING_COORD: port '99999' is not in 1..65535")) << env.output;
+  // Job ids: digits only.
+  for (const char* id : {"0", "-3", "7x", "+7", " 7", "1e3", "99999999999999999999"}) {
+    auto r = ring::test::run(kRingctl + " status '" + id + "'" + coord);
+    EXPECT_EQ(r.exit_code, 2) << id << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "is not a job id")) << id << "\n" << r.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// An unknown command or flag is named, with the closest one and the list; exit 2.
+TEST(Ringctl, UnknownCommandsAndFlagsAreNamed) {
+  auto r = ring::test::run(kRingctl + " statsu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown command 'statsu'; did you mean 'status'?")) << r.output;
+  EXPECT_TRUE(contains(r.output, "commands: validate, plan, run, status")) << r.output;
+  r = ring::test::run(kRingctl + " frobnicate");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown command 'frobnicate'")) << r.output;
+  EXPECT_FALSE(contains(r.output, "did you mean")) << r.output;
+  r = ring::test::run(kRingctl);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "a command is required")) << r.output;
+  EXPECT_TRUE(contains(r.output, "commands: validate")) << r.output;
+  r = ring::test::run(kRingctl + " --jsn");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown flag '--jsn'")) << r.output;
+  // Flags of a subcommand.
+  r = ring::test::run(kRingctl + " status --jsn");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "ringctl status: unknown flag '--jsn'; did you mean '--json'?"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "flags of status: --help, --json, --follow")) << r.output;
+  r = ring::test::run(kRingctl + " logs 1 --follw");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown flag '--follw'; did you mean '--follow'?")) << r.output;
+  r = ring::test::run(kRingctl + " validate --quiet=yes x.yaml --bogus-flag");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = ring::test::run(kRingctl + " cancel 1 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "ringctl cancel: unexpected argument '2'")) << r.output;
+}
+
+// `ringctl submit` of a multi-node job: its nodes must all see the job directory (spec copy,
+// rendezvous, logs), so the node-local default and node-local places are refused with the
+// reason before ring-coord is asked anything (exit 2, not 4 without a coordinator); a shared
+// directory is what the rendered script names.
+TEST(RingctlSubmit, MultiNodeJobsNeedASharedJobDir) {
+  std::string dir = make_temp_dir("ctl-submit");
+  std::string spec = ring::test::source_path("configs/examples/slurm-2node.yaml");
+  std::string base = kRingctl + " submit " + spec + " --coord ipc://" + dir + "/none.sock";
+  for (const std::string& dry : {std::string(" --dry-run"), std::string()}) {
+    auto r = ring::test::run(base + dry);
+    EXPECT_EQ(r.exit_code, 2) << dry << r.output;
+    EXPECT_TRUE(contains(r.output,
+                         "resources.nodes is 2: give --job-dir DIR on a file system "
+                         "every node mounts"))
+        << r.output;
+    EXPECT_TRUE(contains(r.output, "/tmp/ringmaster-" + std::to_string(geteuid()) +
+                                       "/jobs/<name>, is on this node only"))
+        << r.output;
+  }
+  for (const std::string& local : {dir + "/job", std::string("/dev/shm/ring-job"),
+                                   std::string("/run/ring-job"), std::string("/var/tmp/job")}) {
+    auto r = ring::test::run(base + " --dry-run --job-dir " + local);
+    EXPECT_EQ(r.exit_code, 2) << local << r.output;
+    EXPECT_TRUE(contains(r.output, "--job-dir " + local + " is under /")) << r.output;
+    EXPECT_TRUE(contains(r.output, "the 2 nodes of this job would not see the spec")) << r.output;
+  }
+  // A directory on a shared file system: a path that need not exist for --dry-run, outside the
+  // node-local places and not on a tmpfs (its nearest existing ancestor is /).
+  std::string shared = "/ring-shared-fs-test-" + std::to_string(getpid()) + "/job";
+  auto r = ring::test::run(base + " --dry-run --job-dir " + shared);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "export RING_JOB_DIR=" + shared + "\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "#SBATCH --output=" + shared + "/slurm-%j.out")) << r.output;
+  EXPECT_TRUE(contains(r.output, "spec=" + shared + "/spec.yaml\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "#SBATCH --nodes=2")) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(shared)) << "--dry-run creates nothing";
+  // A one-machine "cluster" (the test cluster of slurm/) may say so.
+  r = ring::test::run(base + " --dry-run --local-job-dir-ok --job-dir " + dir + "/job");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "export RING_JOB_DIR=" + dir + "/job\n")) << r.output;
+  // One node: the per-user default is fine.
+  r = ring::test::run(kRingctl + " submit " +
+                      ring::test::source_path("configs/examples/tiny.yaml") +
+                      " --dry-run --coord ipc://" + dir + "/none.sock");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "export RING_JOB_DIR=/tmp/ringmaster-" +
+                                     std::to_string(geteuid()) + "/jobs/tiny\n"))
+      << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// The spec copy and the batch script `ringctl submit` writes are private (0600, 0700), and a
+// job directory that is not ours is refused before ring-coord records the job.
+TEST(RingctlSubmit, SpecCopyIsPrivateAndTheJobDirIsChecked) {
+  Coord c;
+  std::string dir = make_temp_dir("ctl-submit-files");
+  // sbatch refuses (a stand-in first in PATH): the files are written before it runs.
+  std::filesystem::create_directories(dir + "/bin");
+  std::ofstream(dir + "/bin/sbatch") << "#!/bin/sh\necho 'sbatch: stand-in refuses' >&2\nexit 1\n";
+  ::chmod((dir + "/bin/sbatch").c_str(), 0755);
+  std::string env = "PATH=" + dir + "/bin:$PATH RING_COORD=" + c.ep() + " ";
+  std::string spec = ring::test::source_path("configs/examples/tiny.yaml");
+  // (--ringd: any executable; the script is never run)
+  auto r = ring::test::run("umask 022; " + env + kRingctl + " submit " + spec +
+                           " --spank off --ringd /bin/true --job-dir " + dir + "/job");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "stand-in refuses")) << r.output;
+  struct stat st {};
+  ASSERT_EQ(stat((dir + "/job/spec-1.yaml").c_str(), &st), 0) << r.output;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat((dir + "/job/job-1.sbatch").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((dir + "/job").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+
+  if (geteuid() != 0) GTEST_SKIP() << "the rest needs root: a directory of another user";
+  // Another user's directory: refused, and ring-coord has no new job.
+  std::string theirs = dir + "/theirs";
+  ::mkdir(theirs.c_str(), 0755);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  auto before = c.client().status().size();
+  r = ring::test::run(env + kRingctl + " submit " + spec +
+                      " --spank off --ringd /bin/true --job-dir " + theirs);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "job directory " + theirs +
+                                     " is owned by nobody (uid 65534), "
+                                     "not by you"))
+      << r.output;
+  EXPECT_EQ(c.client().status().size(), before);
+  std::filesystem::remove_all(dir);
+}
+
+// What other users and their daemons choose (job names, reasons, event data) reaches every
+// user's terminal through ringctl: control bytes are shown as \xHH, never sent raw, so no one can
+// retitle a window, move the cursor or forge a line in someone else's `ringctl status`.
+TEST(Ringctl, ControlBytesFromTheCoordinatorNeverReachTheTerminal) {
+  Coord c;
+  auto client = c.client();
+  const std::string evil = "x\033]0;owned\007\r\nFAKE 99 root completed\033[2J\xc2\x9b";
+  auto sub = client.submit(test_spec(1, 0, 1, 1), evil);
+  SimDaemon d(c.ep(), "node-b");
+  d.register_jobs({{sub.job, 0, 0}});
+  proto::Event died;  // a worker's last log lines, as a daemon reports them
+  died.kind = proto::EventKind::kWorkerDied;
+  died.job = sub.job;
+  died.attempt = 1;
+  died.rank = 0;
+  died.exit_code = 1;
+  died.last_log = {"boom\033[2J\033]0;owned\007", "second\rline"};
+  d.event(died);
+  ASSERT_TRUE(wait_for(
+      [&] { return contains(c.ctl("events " + std::to_string(sub.job)).output, "worker_died"); },
+      30s));
+  const std::string id = std::to_string(sub.job);
+  for (const std::string& cmd :
+       std::vector<std::string>{"status", "status " + id, "nodes", "events " + id}) {
+    auto r = c.ctl(cmd);
+    ASSERT_EQ(r.exit_code, 0) << cmd << r.output;
+    for (char bad : {'\033', '\007', '\r'})
+      EXPECT_EQ(r.output.find(bad), std::string::npos) << cmd << ": raw control byte in\n"
+                                                       << r.output;
+    EXPECT_EQ(r.output.find("\xc2\x9b"), std::string::npos) << cmd;
+    EXPECT_EQ(r.output.find("\nFAKE"), std::string::npos) << cmd << r.output;
+  }
+  EXPECT_TRUE(contains(c.ctl("status").output, "x\\x1b]0;owned\\x07\\x0d\\x0aFAKE"));
+  EXPECT_TRUE(contains(c.ctl("events " + std::to_string(sub.job)).output,
+                       "| boom\\x1b[2J\\x1b]0;owned\\x07"));
+  // --name itself follows the job.name rule.
+  // (bounded: a regression would start the job)
+  for (const char* sub_cmd : {"run --steps 1", "submit --dry-run"}) {
+    auto r = ring::test::run("timeout 120 env RING_COORD=" + c.ep() + " " + kRingctl + " " +
+                             sub_cmd + " " + ring::test::source_path("configs/examples/tiny.yaml") +
+                             " --job-dir " + c.dir() + "/job --name 'bad name'");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "--name: 'bad name' is not a job name")) << r.output;
+  }
 }

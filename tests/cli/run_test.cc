@@ -17,6 +17,7 @@
 #include "../common/run.h"
 #include "../coordinator/coord_test_util.h"
 #include "coordinator/store.h"
+#include "other_user.h"
 
 using namespace ring::coord;
 using namespace ring::coord::test;
@@ -198,4 +199,90 @@ TEST(RingctlRun, RefusesBadSpecMissingRingdAndBadSteps) {
   r = ring::test::run(env(t) + kRingctl + " run " + kSpec + " --job-dir " + t.path +
                       "/job --coord ipc://" + t.path + "/sock/coord.sock --steps 0");
   EXPECT_EQ(r.exit_code, 2) << r.output;  // --steps must be positive
+}
+
+// The job directory is checked before anything starts (no coordinator, no ringd): another
+// user's directory, and, for nobody, one whose logs/ it cannot write (what made ringd restart
+// for 98 s and end in "no step finished"), each refused at once with the directory named. Specs
+// ringd would refuse are refused too: more than one node, offload none.
+TEST(RingctlRun, JobDirAndSpecAreCheckedBeforeAnythingStarts) {
+  TempDir t;
+  ::chmod(t.path.c_str(), 0755);
+  // Two nodes: `run` is one machine.
+  std::string two = t.path + "/two.yaml";
+  std::string text = read_text(kSpec);
+  text.replace(text.find("  nodes: 1"), 10, "  nodes: 2");
+  text.replace(text.find("  workers_per_node: 2"), 21, "  workers_per_node: 1");
+  std::ofstream(two) << text;
+  auto r = ring::test::run(env(t) + kRingctl + " run " + two + " --job-dir " + t.path + "/job");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "resources.nodes is 2: `ringctl run` trains on this machine"))
+      << r.output;
+  // offload none: ring-worker alone runs it, ringd does not.
+  std::string none = t.path + "/none.yaml";
+  text = read_text(kSpec);
+  text.replace(text.find("  offload: cpu"), 14, "  offload: none");
+  std::ofstream(none) << text;
+  r = ring::test::run(env(t) + kRingctl + " run " + none + " --job-dir " + t.path + "/job");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "optimizer.offload: offload none is not run by ringd"))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "ring-coord started")) << r.output;
+
+  if (geteuid() != 0) GTEST_SKIP() << "the rest needs root: directories of another user (nobody)";
+  std::string theirs = t.path + "/theirs";
+  ASSERT_EQ(::mkdir(theirs.c_str(), 0755), 0);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  r = ring::test::run("timeout 120 env " + env(t) + kRingctl + " run " + kSpec +
+                           " --steps 1 --job-dir " + theirs);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "job directory " + theirs +
+                                     " is owned by nobody (uid 65534), "
+                                     "not by you"))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "ring-coord started")) << r.output;
+
+  // nobody, with its own job directory whose logs/ is read-only.
+  ring::test::OtherUserBin bin({kRingctl});
+  std::string spec = t.path + "/spec.yaml";
+  std::filesystem::copy_file(kSpec, spec);
+  ::chmod(spec.c_str(), 0644);
+  std::string jd = t.path + "/nobodys";
+  ASSERT_EQ(::mkdir(jd.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((jd + "/logs").c_str(), 0500), 0);
+  ASSERT_EQ(::chown(jd.c_str(), 65534, 65534), 0);
+  ASSERT_EQ(::chown((jd + "/logs").c_str(), 65534, 65534), 0);
+  auto start = std::chrono::steady_clock::now();
+  r = ring::test::run("timeout 120 " +
+                      ring::test::as_nobody("env RING_COORD=ipc://" + t.path + "/sock/coord.sock " +
+                                            bin.path("ringctl") + " run " + spec +
+                                            " --steps 1 --job-dir " + jd));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot create files in " + jd + "/logs: Permission denied"))
+      << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 60s) << r.output;
+}
+
+// When ringd fails, ringctl run prints the last lines of ringd's own log (it logs there, not to
+// the terminal, in --json mode): the cause is on the screen, not only in a file. -v streams
+// those lines as they come. The workers here are /bin/false: they die at once, and with
+// restart.max_restarts 0 ringd gives up.
+TEST(RingctlRun, RingdFailureShowsItsLogAndVerboseStreamsIt) {
+  TempDir t;
+  std::string job_dir = t.path + "/job";
+  auto r = ring::test::run("timeout 300 env RING_WORKER_BIN=/bin/false " + env(t) + kRingctl +
+                           " run " + kSpec + " --steps 2 --job-dir " + job_dir);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "last lines of ringd's log (" + job_dir + "/logs/ringd-0.log):"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "  | ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "exited with status 1")) << r.output;
+
+  r = ring::test::run("timeout 300 env RING_WORKER_BIN=/bin/false " + env(t) + kRingctl +
+                      " run -v " + kSpec + " --steps 2 --job-dir " + job_dir);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  // ringd's first log line ("job run-tiny | node 0 of 1 | ...") and the failure, as they came.
+  EXPECT_TRUE(contains(r.output, "ringd: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "job run-tiny | node 0 of 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "exited with status 1")) << r.output;
 }

@@ -463,10 +463,11 @@ TEST(CoordServer, RecordsJobDirsAndRingOrder) {
   auto sub = client.submit(test_spec(4, 0, 1, 1), "", "/scratch/jobs/ring/");
   auto st = client.status(sub.job);
   EXPECT_EQ(st.job_dir, "/scratch/jobs/ring");
-  EXPECT_EQ(st.checkpoint_dir, "/tmp/ringmaster/tiny/checkpoints");  // tiny.yaml: absolute dir
+  EXPECT_EQ(st.checkpoint_dir, "/scratch/jobs/ring/checkpoints");  // tiny.yaml: relative dir
   EXPECT_TRUE(st.ring_order.empty());
   auto dflt = client.submit(test_spec(1, 0, 1, 1));
-  EXPECT_EQ(client.status(dflt.job).job_dir, "/tmp/ringmaster/tiny");
+  EXPECT_EQ(client.status(dflt.job).job_dir,
+            "/tmp/ringmaster-" + std::to_string(geteuid()) + "/jobs/tiny");  // the owner's
 
   // Join order n3, n1, n4, n2; leaves: n1 and n3 on leafA, n2 and n4 on leafB.
   std::vector<std::unique_ptr<SimDaemon>> ds;

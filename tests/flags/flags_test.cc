@@ -53,13 +53,45 @@ TEST(Flags, ParseIntChecksTheWholeValueAndTheRange) {
             "SLURM_NNODES: expected an integer in [1, 65536], got '99999999999999999999'");
 }
 
-TEST(Flags, ParseSecondsTakesPositiveDecimalsUpToAMillion) {
+TEST(Flags, ParseSecondsTakesDecimalsFromAMillisecondToAMillion) {
   EXPECT_DOUBLE_EQ(ring::flags::parse_seconds("--stop-grace", "0.25"), 0.25);
   EXPECT_DOUBLE_EQ(ring::flags::parse_seconds("--stop-grace", "1e6"), 1e6);
-  for (const char* bad : {"0", "-1", "nan", "2e6", "5s", ""}) {
-    EXPECT_EQ(error_of([&] { ring::flags::parse_seconds("--heartbeat-timeout", bad); }),
-              std::string("--heartbeat-timeout: expected seconds in (0, 1e6], got '") + bad + "'");
+  EXPECT_DOUBLE_EQ(ring::flags::parse_seconds("--stop-grace", "0.001"), 0.001);
+  // NaN and infinities in every spelling strtod takes, hex floats, blanks, and positive values
+  // so small that every peer would count as late at once.
+  for (const char* bad : {"0", "-1", "nan", "NaN", "-nan", "inf", "-inf", "infinity", "2e6", "5s",
+                          "", "0x10", "0x1p-3", " 5", "5 ", "1e-300", "4e-324", "0.0009"}) {
+    EXPECT_EQ(
+        error_of([&] { ring::flags::parse_seconds("--heartbeat-timeout", bad); }),
+        std::string("--heartbeat-timeout: expected seconds in [0.001, 1e6], got '") + bad + "'");
   }
+}
+
+TEST(Flags, ParseIntTakesDecimalTextOnly) {
+  EXPECT_EQ(ring::flags::parse_int("--steps", "+12", 1, 100), 12);
+  for (const char* bad : {" 12", "12 ", "0x10", "1e3", "12.0", "nan", "inf"})
+    EXPECT_EQ(error_of([&] { ring::flags::parse_int("--steps", bad, 1, 100); }),
+              std::string("--steps: expected an integer in [1, 100], got '") + bad + "'");
+}
+
+// "--job-dir --resume": the flag's value left out, the next flag is not taken for it.
+TEST(Flags, AFlagIsNotTakenForTheValueOfAnother) {
+  std::string dir;
+  bool resume = false;
+  double grace = 0;
+  ring::flags::FlagSet fs("usage\n");
+  fs.text("--job-dir", &dir).toggle("--resume", &resume).seconds("--stop-grace", &grace);
+  Argv a({"prog", "--job-dir", "--resume"});
+  EXPECT_EQ(error_of([&] { fs.parse(a.argc(), a.argv()); }),
+            "--job-dir needs a value (got the flag --resume)");
+  EXPECT_EQ(dir, "");
+  // A value that merely starts with '-' is still a value.
+  ring::flags::FlagSet fs2("usage\n");
+  fs2.text("--job-dir", &dir).toggle("--resume", &resume);
+  Argv b({"prog", "--job-dir", "-odd-name", "--resume"});
+  fs2.parse(b.argc(), b.argv());
+  EXPECT_EQ(dir, "-odd-name");
+  EXPECT_TRUE(resume);
 }
 
 TEST(Flags, WalkerReadsFlagsAndValuesInOrder) {
@@ -150,6 +182,9 @@ TEST(Flags, FlagSetErrorsNameTheFlagAndTheRule) {
   EXPECT_EQ(parse({"--threads", "-1"}), "--threads: expected an integer in [0, 4096], got '-1'");
   EXPECT_EQ(parse({"--spec", "s", "--threads"}), "--threads needs a value");
   EXPECT_EQ(parse({"--bogus"}), "unknown argument '--bogus'");
+  EXPECT_EQ(parse({"--thread", "2"}), "unknown argument '--thread'; did you mean '--threads'?");
+  EXPECT_EQ(parse({"--specs", "x"}, " (multi-rank mode)"),
+            "unknown argument '--specs'; did you mean '--spec'? (multi-rank mode)");
   EXPECT_EQ(parse({"extra"}, " (multi-rank mode)"), "unknown argument 'extra' (multi-rank mode)");
   EXPECT_EQ(parse({"--labels", "x"}), "--labels: expected all or answer, got 'x'");
   // The first bad argument is the one reported.

@@ -52,10 +52,11 @@ mkspec() {
     -e "s|^  dir: checkpoints|  dir: $T/jobs/$1/checkpoints|" \
     "$RING_SOURCE_DIR/tests/slurm/specs/slurm_tiny.yaml" >"$T/$1.yaml"
 }
-# submit NAME: sets JOB (ring-coord id), SID (Slurm id), JD (job dir)
+# submit NAME: sets JOB (ring-coord id), SID (Slurm id), JD (job dir). --local-job-dir-ok: the
+# job dir is under /tmp, which every node of this one-machine cluster shares.
 submit() {
   JD=$T/jobs/$1
-  runo "$RINGCTL" submit "$T/$1.yaml" --job-dir "$JD" --ringd "$RINGD" --ringd-coord "$RC" --json
+  runo "$RINGCTL" submit "$T/$1.yaml" --job-dir "$JD" --local-job-dir-ok --ringd "$RINGD" --ringd-coord "$RC" --json
   JOB=$(printf '%s' "$output" | grep -oE '"job":[0-9]+' | cut -d: -f2)
   SID=$(printf '%s' "$output" | grep -oE '"slurm_job_id":"[0-9]+"' | grep -oE '[0-9]+')
   if [ "$status" -eq 0 ] && [ -n "$JOB" ] && [ -n "$SID" ]; then ok "$1: submitted as ring-coord job $JOB, Slurm job $SID"
@@ -97,7 +98,7 @@ crash_node() {
 
 # --- 1. submit on 2 nodes: completes, loss reported, checkpoints exist ---------------------------
 mkspec complete 6
-runo "$RINGCTL" submit "$T/complete.yaml" --job-dir "$T/jobs/dry" --ringd "$RINGD" --dry-run
+runo "$RINGCTL" submit "$T/complete.yaml" --job-dir "$T/jobs/dry" --local-job-dir-ok --ringd "$RINGD" --dry-run
 assert_contains "dry-run prints the script" "$output" "#SBATCH --nodes=$NN"
 check "dry-run submits nothing" test ! -e "$T/jobs/dry"
 submit complete

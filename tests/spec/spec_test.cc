@@ -1,16 +1,25 @@
 // The job spec: key table, parser, diagnostics, robustness, generated reference.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <future>
 #include <random>
 #include <set>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "common/plan/plan.h"
 #include "common/spec/keys.h"
 #include "common/spec/parse.h"
 #include "tests/common/run.h"
+#include "worker/model/layout.h"
 
 namespace ring::spec {
 namespace {
@@ -302,16 +311,142 @@ TEST(SpecRobustness, FileErrors) {
   EXPECT_NE(r.diagnostics[0].str().find("is a directory"), std::string::npos);
 }
 
+// A spec is a regular file. A FIFO without a writer, /dev/zero, a directory and a socket are each
+// refused at once, naming the file and the rule: nothing blocks (a regression would hang here,
+// so each load runs against a deadline, after which the FIFO gets a writer to free it).
+TEST(SpecFiles, OnlyRegularFilesAreRead) {
+  std::string dir = "/tmp/ring-spec-files-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string fifo = dir + "/spec.fifo", sock = dir + "/spec.sock";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", sock.c_str());
+  ASSERT_EQ(bind(sfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fifo, "is a named pipe (FIFO); a spec must be a regular file"},
+      {"/dev/zero", "is a character device; a spec must be a regular file"},
+      {dir, "is a directory; a spec must be a regular file"},
+      {sock, "is a socket; a spec must be a regular file"},
+  };
+  for (const auto& [path, why] : cases) {
+    auto f = std::async(std::launch::async, [p = path] { return load_spec_file(p); });
+    if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      ADD_FAILURE() << path << ": load_spec_file still blocked after 30 s";
+      int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // frees a reader blocked on the FIFO
+      if (w >= 0) close(w);
+    }
+    auto r = f.get();
+    ASSERT_FALSE(r.ok()) << path;
+    ASSERT_FALSE(r.diagnostics.empty()) << path;
+    EXPECT_EQ(r.diagnostics[0].str(), path + ": error: " + why);
+  }
+  // '-' is standard input only when asked; otherwise it is a file name like any other.
+  auto r = load_spec_file("-");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.diagnostics[0].str().find("-: error: cannot open: No such file"), std::string::npos)
+      << r.diagnostics[0].str();
+  close(sfd);
+  fs::remove_all(dir);
+}
+
+// Through ringctl, with a deadline on the whole command: a FIFO is refused (exit 1, not a hang),
+// and `-` reads standard input.
+TEST(SpecFiles, RingctlValidateRefusesAFifoAndReadsStdinWhenAsked) {
+  const std::string ringctl = std::string(RING_BINARY_DIR) + "/cli/ringctl";
+  std::string dir = "/tmp/ring-spec-fifo-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ASSERT_EQ(mkfifo((dir + "/s.yaml").c_str(), 0600), 0);
+  auto r = test::run("timeout 60 " + ringctl + " validate " + dir + "/s.yaml");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(dir + "/s.yaml: error: is a named pipe (FIFO); a spec must be a "
+                                "regular file (or '-' for standard input)"),
+            std::string::npos)
+      << r.output;
+  r = test::run("timeout 60 " + ringctl + " plan " + dir + "/s.yaml");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("is a named pipe (FIFO)"), std::string::npos) << r.output;
+  r = test::run("timeout 60 " + ringctl + " validate - < " +
+                source_path("configs/examples/tiny.yaml"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("<stdin>: ok (tiny"), std::string::npos) << r.output;
+  r = test::run("timeout 60 " + ringctl + " validate - < " +
+                source_path("configs/invalid/bad-enum.yaml"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("<stdin>:"), std::string::npos) << r.output;
+  r = test::run("timeout 60 " + ringctl + " validate - - < /dev/null");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  fs::remove_all(dir);
+}
+
 TEST(SpecExamples, AllExamplesValidate) {
   int n = 0;
+  // The two sizing examples (bf16 on H100/H200, data replicas) are designs this build cannot run:
+  // they validate with the runtime's limits as warnings (`--what-if`), and only so.
+  const std::set<std::string> designs = {"llama7b-1m-64x8-h100.yaml", "270b-1.2m-64x8-h200.yaml"};
+  LoadOptions what_if = job_spec_options();
+  what_if.runtime_limits_are_errors = false;
   for (const auto& e : fs::directory_iterator(source_path("configs/examples"))) {
     if (e.path().extension() != ".yaml") continue;
     ++n;
-    auto r = load_spec_file(e.path().string());
+    bool design = designs.count(e.path().filename().string()) > 0;
+    auto r = load_spec_file(e.path().string(), job_spec_options());
+    EXPECT_EQ(r.ok(), !design) << e.path() << ": "
+                               << (r.diagnostics.empty() ? "" : r.diagnostics[0].str());
+    r = load_spec_file(e.path().string(), what_if);
     EXPECT_TRUE(r.ok()) << e.path() << ": "
                         << (r.diagnostics.empty() ? "" : r.diagnostics[0].str());
+    bool warned = false;
+    for (const auto& d : r.diagnostics)
+      warned |= d.message.find("not supported by this build") != std::string::npos;
+    EXPECT_EQ(warned, design) << e.path();
   }
   EXPECT_GE(n, 5);
+}
+
+// The planner's flat layout (what the lazy-index and bucket limits are checked on) is the one
+// ringd and the workers allocate (worker/model/layout.cc), alignment included.
+TEST(SpecLimits, FlatLayoutIsTheWorkersLayout) {
+  const std::vector<std::string> models = {
+      "{layers: 2, d_model: 64, heads: 4}",
+      "{layers: 3, d_model: 72, heads: 6, kv_heads: 2, tie_embeddings: false, vocab: 301}",
+      "{layers: 1, d_model: 40, heads: 5, head_dim: 6, mlp: gelu, mlp_hidden: 33, vocab: 259}",
+      "{layers: 4, d_model: 96, heads: 8, kv_heads: 1, mlp_hidden: 17, tie_embeddings: false}",
+  };
+  for (const auto& m : models) {
+    std::string text = std::string(kMinimal);
+    text.replace(text.find("model:"), text.find("data:") - text.find("model:"),
+                 "model: " + m + "\n");
+    auto r = load_spec_string(text, "m.yaml");
+    ASSERT_TRUE(r.ok()) << m << ": " << (r.diagnostics.empty() ? "" : r.diagnostics[0].str());
+    model::ParamLayout layout(model::ModelConfig::from_spec(*r.spec));
+    auto f = plan::flat_layout(*r.spec);
+    EXPECT_EQ(f.elements, layout.total()) << m;
+    int64_t largest = 0;
+    for (const auto& b : layout.buckets()) largest = std::max(largest, b.end - b.begin);
+    EXPECT_EQ(f.largest_bucket, largest) << m;
+  }
+}
+
+// The limits of this build are errors for ringctl, warnings for --what-if; ringd's own rule
+// (offload cpu) applies to jobs, not to `ring-worker --spec` alone.
+TEST(SpecLimits, ScopesOfTheRules) {
+  auto lazy = source_path("configs/invalid/lazy-index-over-2-32.yaml");
+  EXPECT_FALSE(load_spec_file(lazy).ok());
+  LoadOptions what_if;
+  what_if.runtime_limits_are_errors = false;
+  auto r = load_spec_file(lazy, what_if);
+  ASSERT_TRUE(r.ok()) << errors_of(r)[0];
+  ASSERT_EQ(r.diagnostics.size(), 1u);
+  EXPECT_EQ(r.diagnostics[0].severity, Diagnostic::Severity::kWarning);
+  // The same model with dense updates is fine: the limit is the lazy index.
+  std::string text = read_file(lazy);
+  text.replace(text.find("update: lazy"), 12, "update: dense");
+  EXPECT_TRUE(load_spec_string(text, "dense.yaml", job_spec_options()).ok());
+  auto none = source_path("configs/invalid/offload-none-under-ringd.yaml");
+  EXPECT_TRUE(load_spec_file(none).ok());                       // ring-worker alone
+  EXPECT_FALSE(load_spec_file(none, job_spec_options()).ok());  // ringctl, ringd
 }
 
 TEST(SpecDocs, ReferenceIsUpToDate) {
