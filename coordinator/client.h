@@ -66,7 +66,7 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // job_dir: absolute path of the job's directory (empty: the coordinator's default,
-  // /tmp/ringmaster/<job name>); steps: overrides train.steps as the job's total.
+  // /tmp/ringmaster-<uid>/jobs/<job name>); steps: overrides train.steps as the job's total.
   protocol::SubmitReply submit(const std::string& spec_yaml, const std::string& name = "",
                                const std::string& job_dir = "",
                                std::optional<int64_t> steps = std::nullopt);

@@ -195,7 +195,7 @@ struct SubmitRequest {
   std::string spec;  // YAML text, validated by the coordinator
   std::string name;  // overrides job.name when set
   // Absolute path of the job's directory (logs/, steps.jsonl, checkpoints; daemon/INTERFACE.md);
-  // empty: /tmp/ringmaster/<job name>.
+  // empty: the owner's default, /tmp/ringmaster-<uid>/jobs/<job name> (common/cli/job_dir.h).
   std::string job_dir;
   // Overrides the spec's train.steps as the job's total (`ringctl run --steps`, `ringd --steps`).
   std::optional<int64_t> steps;

@@ -318,16 +318,6 @@ const std::vector<Rule>& rules() {
                    fmt::format("checkpoint.every_steps is {} but checkpoint.dir is empty",
                                c.s.checkpoint.every_steps));
        }},
-      {{"checkpoint.dir, resources.nodes",
-        "Warning: with several nodes a relative checkpoint.dir is resolved on each node."},
-       [](Ctx& c) {
-         const auto& d = c.s.checkpoint.dir;
-         if (c.s.resources.nodes > 1 && !d.empty() && d[0] != '/')
-           c.warning("checkpoint.dir",
-                     fmt::format("'{}' is relative; with {} nodes use an absolute path on a "
-                                 "shared file system",
-                                 d, c.s.resources.nodes));
-       }},
       {{"resources.backend, resources.gpus_per_node, resources.workers_per_node",
         "backend cuda needs gpus_per_node >= workers_per_node (one GPU per worker)."},
        [](Ctx& c) {

@@ -16,7 +16,7 @@ inline constexpr int kExitCancelled = 3;
 
 struct Options {
   std::string spec;
-  std::string job_dir;          // empty: /tmp/ringmaster/<job.name>
+  std::string job_dir;          // empty: /tmp/ringmaster-<uid>/jobs/<job.name>
   int node_rank = 0;
   int nodes = 1;
   std::string rendezvous;       // empty: <job-dir>/rendezvous
