@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -47,6 +48,7 @@
 #include "daemon/ringd/transport_exchange.h"
 #include "worker/model/config.h"
 #include "worker/model/layout.h"
+#include "worker/offload/control.h"
 #include "worker/offload/shm.h"
 #include "worker/train/trainer.h"
 
@@ -821,9 +823,21 @@ void Daemon::read(std::shared_ptr<Conn> c) {
                            std::string line(asio::buffers_begin(c->buf.data()),
                                             asio::buffers_begin(c->buf.data()) + n);
                            c->buf.consume(n);
-                           json m = json::parse(line, nullptr, false);
-                           if (m.is_discarded() || !m.is_object()) {
-                             log("malformed control message dropped: " + line.substr(0, 200));
+                           // Types and ranges first (offload/control.h): on_message's
+                           // m.value() calls throw on a wrongly typed field, which would end
+                           // ringd from inside this handler.
+                           json m;
+                           std::string bad;
+                           try {
+                             m = json::parse(line, nullptr, false);
+                             if (m.is_discarded()) bad = "not JSON";
+                             else (void)offload::control::worker_from_json(m);
+                           } catch (const std::exception& e) {
+                             bad = e.what();
+                           }
+                           if (!bad.empty()) {
+                             log("malformed control message dropped (" + bad + "): " +
+                                 line.substr(0, 200));
                            } else {
                              on_message(c, m);
                            }
@@ -1029,7 +1043,11 @@ void Daemon::maybe_finish_step() {
       stop_deadline_ = Clock::now() + std::chrono::seconds(60);
     }
   }
-  const double loss_sum = d.value("loss_sum", 0.0);
+  // null: the worker's loss was NaN or infinite (JSON has neither); value() would throw.
+  const auto ls = d.find("loss_sum");
+  const double loss_sum = ls == d.end() ? 0.0
+                          : ls->is_number() ? ls->get<double>()
+                                            : std::numeric_limits<double>::quiet_NaN();
   const int64_t valid = d.value("valid", int64_t{0});
   const int64_t tokens = d.value("tokens", int64_t{0});
   train::StepStats st;
