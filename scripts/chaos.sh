@@ -6,13 +6,13 @@
 #   scripts/chaos.sh --trials 3 --seed 1     # what the chaos_test ctest runs
 #   scripts/chaos.sh --keep                  # keep every trial's directory (default: failed ones)
 #
-# The job: tests/chaos/chaos.yaml (CPU backend, tiny model, 3 workers, a checkpoint every 2 of 12
+# The job: tests/chaos/chaos.yaml (CPU backend, tiny model, 3 workers, a checkpoint every 5 of 40
 # steps, automatic restarts), run with `ringctl run`, which starts its own ring-coord and ringd,
 # which starts the workers. One uninterrupted reference run comes first. Each trial then starts
 # the same job in a fresh directory (its own coordinator endpoint and state dir, job name
-# chaos-<trial tag>), waits a random time within the reference run's duration, kills one random
-# process among ring-worker, ringd, ring-coord and the `ringctl run` process (kill -9), lets the
-# rest react, and runs `ringctl run --resume` until the job completes (at most 3 times).
+# chaos-<trial tag>), waits for a random moment (in start-up, or after a random step), kills one
+# random process among ring-worker, ringd, ring-coord and the `ringctl run` process (kill -9),
+# lets the rest react, and runs `ringctl run --resume` until the job completes (at most 3 times).
 # Checks per trial (each counted separately in the summary):
 #   exact     the final checkpoint's tensors (master weights, optimizer moments, ...) have the
 #             same xxh3 as the reference run's (bit-identical), and steps.jsonl reaches the end
@@ -75,7 +75,7 @@ trial_procs() {  # $1: sessions (space separated), $2: trial dir
     case "$stat" in Z*) continue ;; esac
     m=0
     for s in $1; do [ "$sid" = "$s" ] && m=1; done
-    if [ $m = 0 ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$2/"; then m=1; fi
+    if [ $m = 0 ] && { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qF -- "$2/"; then m=1; fi
     [ $m = 1 ] && echo "$pid $comm"
   done < <(ps -eo pid=,sid=,stat=,comm=)
 }
@@ -95,38 +95,51 @@ note_ringd_dirs() {  # $1 sessions, $2 trial dir
   # between two samples.
   while read -r pid comm; do
     [ "$comm" = ring-worker ] || continue
-    tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | awk 'p { print; p = 0 } $0 == "--ringd" { p = 1 }' |
+    { tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null | awk 'p { print; p = 0 } $0 == "--ringd" { p = 1 }' |
       while read -r path; do dirname "$path"; done >>"$2/ringd-dirs"
   done < <(trial_procs "$1" "$2")
 }
 
-# Starts `ringctl run` for trial dir $1 in a new session (its pid is the session id); extra
-# arguments follow. Sets RUN_PID.
+# Starts `ringctl run` for trial dir $1 in a new session (ringctl's pid is the session id);
+# extra arguments follow. A subshell waits for it and writes its exit status to $1/rc, so that
+# bash has no killed job of its own to report. Sets RUN_SUB (the subshell) and RUN_PID.
 start_run() {
-  local t=$1; shift
-  ( exec setsid env RING_COORD="ipc://$t/sock/coord.sock" RING_STATE_DIR="$t/state" \
+  local t=$1 i; shift
+  rm -f "$t/rc"
+  ( setsid env RING_COORD="ipc://$t/sock/coord.sock" RING_STATE_DIR="$t/state" \
       UCX_TLS=self,posix UCX_NET_DEVICES=lo NO_COLOR=1 \
-      "$RINGCTL" run "$t/spec.yaml" --job-dir "$t/job" "$@" ) >>"$t/run.out" 2>&1 </dev/null &
-  RUN_PID=$!
-  echo "$RUN_PID" >>"$t/sessions"
+      "$RINGCTL" run "$t/spec.yaml" --job-dir "$t/job" "$@" >>"$t/run.out" 2>&1 </dev/null
+    echo $? >"$t/rc" ) &
+  RUN_SUB=$!
+  RUN_PID=""
+  for i in $(seq 1 1000); do
+    RUN_PID=$(ps -o pid= --ppid "$RUN_SUB" | tr -d ' ' | head -n 1)
+    [ -n "$RUN_PID" ] || [ ! -d "/proc/$RUN_SUB" ] && break
+    sleep 0.01
+  done
+  [ -n "$RUN_PID" ] && echo "$RUN_PID" >>"$t/sessions"
 }
 
-# Waits for RUN_PID to end (deadline $2 s), sampling ringd's socket dirs meanwhile. Sets RUN_RC
+# Whether the run started last is still going.
+run_alive() { [ -d "/proc/$RUN_SUB" ] && ! grep -q '^State:.*Z' "/proc/$RUN_SUB/status" 2>/dev/null; }
+
+# Waits for the run to end (deadline $2 s), sampling ringd's socket dirs meanwhile. Sets RUN_RC
 # (124: still running at the deadline, then killed).
 wait_run() {  # $1 trial dir, $2 deadline s
   local t=$1 end=$(( $(date +%s) + $2 ))
-  while [ -d "/proc/$RUN_PID" ] && ! grep -q '^State:.*Z' "/proc/$RUN_PID/status" 2>/dev/null; do
+  while run_alive; do
     note_ringd_dirs "$(cat "$t/sessions")" "$t"
+    [ -n "${FIRST_STEP_MS-x}" ] || { [ -s "$t/job/steps.jsonl" ] && FIRST_STEP_MS=$(now_ms); }
     if [ "$(date +%s)" -ge "$end" ]; then
-      kill -9 "$RUN_PID" 2>/dev/null
-      wait "$RUN_PID" 2>/dev/null
+      [ -n "$RUN_PID" ] && kill -9 "$RUN_PID" 2>/dev/null
+      wait "$RUN_SUB" 2>/dev/null
       RUN_RC=124
       return
     fi
     sleep 0.1
   done
-  wait "$RUN_PID"
-  RUN_RC=$?
+  wait "$RUN_SUB" 2>/dev/null
+  RUN_RC=$(cat "$t/rc" 2>/dev/null || echo 125)
 }
 
 # Waits until no process of the trial is left (deadline $2 s). Returns 1 and prints them if some
@@ -142,6 +155,13 @@ wait_no_procs() {  # $1 trial dir, $2 deadline s
     fi
     sleep 0.2
   done
+}
+
+# Steps logged so far in the trial's steps.jsonl.
+step_lines() {
+  local n
+  n=$(grep -c '"step"' "$1/job/steps.jsonl" 2>/dev/null)
+  echo "${n:-0}"
 }
 
 # "name xxh3" per tensor of node 0's shard of checkpoint step dir $1 (empty if unreadable).
@@ -166,15 +186,15 @@ for j in jobs:
 }
 
 # A ring-coord on the trial's state dir, then every job's state until none is in a live state
-# with nothing left running (deadline 120 s: a node the coordinator has not heard from is lost
-# after its heartbeat timeout). Prints the offending "id state" lines and returns 1, or 0.
+# with nothing left running (deadline 60 s: a node the coordinator has not heard from is lost
+# after its heartbeat timeout, 10 s by default). Prints the offending "id state" lines and returns 1, or 0.
 check_coord() {  # $1 trial dir
   local t=$1 cpid end states bad
   ( exec setsid env RING_STATE_DIR="$t/state" "$RING_COORD" --endpoint "ipc://$t/sock/coord.sock" ) \
     >>"$t/check-coord.log" 2>&1 </dev/null &
   cpid=$!
   echo "$cpid" >>"$t/sessions"
-  end=$(( $(date +%s) + 120 ))
+  end=$(( $(date +%s) + 60 ))
   while :; do
     states=$(job_states "$t")
     bad=$(echo "$states" | awk 'NF == 2 && $2 ~ /^(pending|starting|running|restarting|completing|cancelling)$/')
@@ -190,7 +210,7 @@ check_coord() {  # $1 trial dir
   for i in $(seq 1 300); do [ -d "/proc/$cpid" ] && ! grep -q '^State:.*Z' "/proc/$cpid/status" 2>/dev/null || break; sleep 0.1; done
   kill -9 "$cpid" 2>/dev/null
   wait "$cpid" 2>/dev/null
-  if [ -n "$bad" ]; then echo "$bad" | tr '\n' ';'; return 1; fi
+  if [ -n "$bad" ]; then echo "$bad" | paste -sd, -; return 1; fi
   return 0
 }
 
@@ -208,8 +228,11 @@ new_trial_dir() {  # $1 name -> prints the dir
 REF=$(new_trial_dir ref)
 t0=$(now_ms)
 start_run "$REF"
+FIRST_STEP_MS=""
 wait_run "$REF" 1800
 ref_ms=$(( $(now_ms) - t0 ))
+ref_startup_ms=$(( ${FIRST_STEP_MS:-$(now_ms)} - t0 ))
+ref_step_ms=$(( (ref_ms - ref_startup_ms) / STEPS ))
 if [ "$RUN_RC" != 0 ] || [ ! -d "$REF/job/checkpoints/$FINAL" ]; then
   log "the reference run failed (exit $RUN_RC); see $REF/run.out"
   tail -n 20 "$REF/run.out"
@@ -218,7 +241,7 @@ fi
 REF_HASHES=$(tensor_hashes "$REF/job/checkpoints/$FINAL")
 [ -n "$REF_HASHES" ] || { log "cannot read the reference checkpoint $REF/job/checkpoints/$FINAL"; exit 1; }
 wait_no_procs "$REF" 60 >/dev/null || log "warning: processes of the reference run outlived it"
-log "reference run: $STEPS steps in $(( ref_ms / 1000 )).$(( ref_ms % 1000 / 100 )) s, $(echo "$REF_HASHES" | wc -l) tensors"
+log "reference run: $STEPS steps in $(( ref_ms / 1000 )).$(( ref_ms % 1000 / 100 )) s (start-up $ref_startup_ms ms, then about $ref_step_ms ms a step), $(echo "$REF_HASHES" | wc -l) tensors"
 
 # ---- trials ----------------------------------------------------------------------------------
 checks="completed exact verify orphans shm tmpdirs coord"
@@ -232,16 +255,22 @@ for n in $(seq 1 "$trials"); do
   job_name=$(sed -n 's/^  name: //p' "$T/spec.yaml" | head -n 1)
   declare -A res=()
   notes=""
-  # A moment within 90% of the reference duration (the start-up is in it too).
-  delay_ms=$(( (RANDOM * 32768 + RANDOM) % (ref_ms * 9 / 10 + 1) ))
+  # The moment, chosen uniformly among STEPS: k = 0, a random time within the reference run's
+  # start-up (before its first step); else right after step k was logged, plus up to one
+  # reference step's time. Counting steps instead of seconds keeps the spread under any load.
+  k=$(( RANDOM % STEPS ))
   start_run "$T"
-  first_pid=$RUN_PID
   t0=$(now_ms)
-  while [ $(( $(now_ms) - t0 )) -lt "$delay_ms" ] && [ -d "/proc/$RUN_PID" ] &&
-        ! grep -q '^State:.*Z' "/proc/$RUN_PID/status" 2>/dev/null; do
+  if [ "$k" = 0 ]; then extra_ms=$(( (RANDOM * 32768 + RANDOM) % (ref_startup_ms + 1) ))
+  else extra_ms=$(( (RANDOM * 32768 + RANDOM) % (ref_step_ms + 1) )); fi
+  t_k=""
+  while run_alive; do
+    if [ -z "$t_k" ] && [ "$(step_lines "$T")" -ge "$k" ]; then t_k=$(now_ms); fi
+    if [ -n "$t_k" ] && [ $(( $(now_ms) - t_k )) -ge "$extra_ms" ]; then break; fi
     note_ringd_dirs "$(cat "$T/sessions")" "$T"
-    sleep 0.05
+    sleep 0.02
   done
+  at_ms=$(( $(now_ms) - t0 ))
   # The victim: a kind among those alive now, then one process of that kind.
   procs=$(trial_procs "$(cat "$T/sessions")" "$T")
   kinds=$(echo "$procs" | awk 'NF == 2 { print $2 }' | sort -u)
@@ -252,11 +281,11 @@ for n in $(seq 1 "$trials"); do
     pids=$(echo "$procs" | awk -v k="$kind" '$2 == k { print $1 }')
     np=$(echo "$pids" | wc -l)
     vpid=$(echo "$pids" | sed -n "$(( RANDOM % np + 1 ))p")
-    step_at=$(wc -l <"$T/job/steps.jsonl" 2>/dev/null || echo 0)
+    step_at=$(step_lines "$T")
     kill -9 "$vpid" 2>/dev/null && victim="$kind" || victim="none"
-    [ "$victim" != none ] && notes="killed $kind (pid $vpid) at $(( delay_ms / 1000 )).$(( delay_ms % 1000 / 100 )) s, ${step_at// /} step lines"
+    [ "$victim" != none ] && notes="killed $kind (pid $vpid) at $(( at_ms / 1000 )).$(( at_ms % 1000 / 100 )) s, after step $step_at"
   fi
-  [ "$victim" = none ] && notes="nothing to kill at $(( delay_ms / 1000 )) s (the run had ended)"
+  [ "$victim" = none ] && notes="nothing to kill after step $k (the run had ended)"
   killed[$victim]=$(( ${killed[$victim]:-0} + 1 ))
 
   # Let the killed run end by itself (a killed worker is restarted by ringd; a killed ringd or

@@ -144,7 +144,8 @@ void checkpoint_input(const uint8_t* data, size_t size) {
     }
     std::sort(ranges.begin(), ranges.end());
     for (size_t i = 1; i < ranges.size(); ++i)
-      if (ranges[i].first < ranges[i - 1].second) fail("checkpoint", "accepted overlapping tensors");
+      if (ranges[i].first < ranges[i - 1].second)
+        fail("checkpoint", "accepted overlapping tensors");
   }
 
   // Inspection with verify, then listing: problems are reported, never thrown.
@@ -152,7 +153,8 @@ void checkpoint_input(const uint8_t* data, size_t size) {
   if (info.status == ck::Status::kComplete) {
     if (!info.problems.empty()) fail("checkpoint", "complete with problems: " + info.problems[0]);
     if (!sm) fail("checkpoint", "complete although node-00000.json does not parse");
-    if (sm->data_bytes != bin.size()) fail("checkpoint", "complete with a data file of another size");
+    if (sm->data_bytes != bin.size())
+      fail("checkpoint", "complete with a data file of another size");
     for (const auto& t : sm->tensors)
       if (ck::xxh3_hex(bin.data() + t.offset, t.bytes) != t.xxh3)
         fail("checkpoint", "verified complete with a checksum mismatch in '" + t.name + "'");
@@ -186,8 +188,8 @@ void checkpoint_input(const uint8_t* data, size_t size) {
   } catch (const ck::CheckpointMismatch&) {
     return;
   } catch (const ck::CheckpointError& e) {
-    fail("checkpoint", std::string("load_latest threw a CheckpointError that is not a mismatch: ") +
-                           e.what());
+    fail("checkpoint",
+         std::string("load_latest threw a CheckpointError that is not a mismatch: ") + e.what());
   }
   if (!r.loaded) {
     if (r.message.empty()) fail("checkpoint", "not loaded and no message");
@@ -195,14 +197,16 @@ void checkpoint_input(const uint8_t* data, size_t size) {
   }
   if (r.step != 5 || !sm) fail("checkpoint", "loaded a step that is not there");
   for (size_t i = 0; i < targets.size(); ++i) {
-    const auto it = std::find_if(sm->tensors.begin(), sm->tensors.end(),
-                                 [&](const ck::TensorEntry& e) { return e.name == targets[i].name; });
+    const auto it =
+        std::find_if(sm->tensors.begin(), sm->tensors.end(),
+                     [&](const ck::TensorEntry& e) { return e.name == targets[i].name; });
     if (it == sm->tensors.end()) fail("checkpoint", "loaded a tensor the manifest does not have");
     if (it->bytes && std::memcmp(buffers[i].data(), bin.data() + it->offset, it->bytes) != 0)
       fail("checkpoint", "loaded bytes differ from the data file for '" + it->name + "'");
   }
   // ringd reads meta.value("cursor", ...), which throws for anything but an object.
-  if (!r.meta.is_object()) fail("checkpoint", "loaded meta that is not an object: " + r.meta.dump());
+  if (!r.meta.is_object())
+    fail("checkpoint", "loaded meta that is not an object: " + r.meta.dump());
   // A resumed job hands meta.cursor to its workers, which decode it.
   if (r.meta.contains("cursor")) {
     try {

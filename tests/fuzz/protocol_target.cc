@@ -20,7 +20,8 @@ void protocol_input(const uint8_t* data, size_t size) {
   try {
     m = p::parse(bytes);
   } catch (const p::ProtocolError& e) {
-    if (e.code().empty()) fail("protocol", std::string("ProtocolError without a code: ") + e.what());
+    if (e.code().empty())
+      fail("protocol", std::string("ProtocolError without a code: ") + e.what());
     return;
   }
   const nlohmann::json j = p::to_json(m);
@@ -36,8 +37,8 @@ void protocol_input(const uint8_t* data, size_t size) {
     fail("protocol", "the re-encoded message parses to another type: " + wire.substr(0, 2000));
   if (p::to_json(again) != j)
     fail("protocol", "the re-encoded message parses to another message:\n  first:  " +
-                         j.dump().substr(0, 2000) + "\n  second: " +
-                         p::to_json(again).dump().substr(0, 2000));
+                         j.dump().substr(0, 2000) +
+                         "\n  second: " + p::to_json(again).dump().substr(0, 2000));
   if (p::encode(again) != wire) fail("protocol", "encoding is not stable: " + wire.substr(0, 2000));
 }
 

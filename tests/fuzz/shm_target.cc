@@ -23,7 +23,9 @@ namespace {
 namespace off = ring::offload;
 using I = __int128;
 
-std::string name() { return "/ring-shm-fuzz-" + std::to_string(getpid()); }
+std::string name() {
+  return "/ring-shm-fuzz-" + std::to_string(getpid());
+}
 
 }  // namespace
 

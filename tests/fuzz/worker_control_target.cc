@@ -26,8 +26,7 @@ void round_trip(const char* side, const Msg& m, Parse parse) {
     fail("worker_control", std::string(side) + ": a parsed message re-encodes to a line that " +
                                "does not parse: " + e.what() + "\n  line: " + line);
   }
-  if (again.index() != m.index() || c::to_json(again) != c::to_json(m) ||
-      c::encode(again) != line)
+  if (again.index() != m.index() || c::to_json(again) != c::to_json(m) || c::encode(again) != line)
     fail("worker_control", std::string(side) + ": the re-encoded line parses to another " +
                                "message:\n  first:  " + line + "  second: " + c::encode(again));
 }

@@ -17,8 +17,8 @@ struct Fields {
   std::string kind;
 
   [[noreturn]] void fail(const std::string& key, const std::string& rule) const {
-    throw ControlError(kind + "." + key, "worker control message '" + kind + "': " + key + ": " +
-                                             rule);
+    throw ControlError(kind + "." + key,
+                       "worker control message '" + kind + "': " + key + ": " + rule);
   }
   const json* find(const std::string& key) const {
     auto it = j.find(key);
@@ -99,8 +99,8 @@ json parse_line(std::string_view line, const char* who) {
     throw ControlError("", std::string(who) + " control line is not JSON: " + e.what());
   }
   if (j.is_discarded())
-    throw ControlError("", std::string(who) + " control line is not JSON: " +
-                               std::string(line.substr(0, 200)));
+    throw ControlError(
+        "", std::string(who) + " control line is not JSON: " + std::string(line.substr(0, 200)));
   return j;
 }
 
@@ -193,8 +193,7 @@ json to_json(const WorkerMessage& m) {
       [](const auto& x) -> json {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, Hello>) {
-          return {{"t", "hello"}, {"rank", x.rank}, {"local", x.local}, {"pid", x.pid},
-                  {"n", x.n}};
+          return {{"t", "hello"}, {"rank", x.rank}, {"local", x.local}, {"pid", x.pid}, {"n", x.n}};
         } else if constexpr (std::is_same_v<T, Mapped>) {
           return {{"t", "mapped"}};
         } else if constexpr (std::is_same_v<T, Init>) {
@@ -204,10 +203,14 @@ json to_json(const WorkerMessage& m) {
         } else if constexpr (std::is_same_v<T, Bucket>) {
           return {{"t", "bucket"}, {"step", x.step}, {"b", x.b}};
         } else {
-          json j = {{"t", "done"},          {"step", x.step},
-                    {"loss_sum", nullptr},  {"valid", x.valid},
-                    {"tokens", x.tokens},   {"step_ms", x.step_ms},
-                    {"ring_wait_ms", x.ring_wait_ms}, {"bytes_sent", x.bytes_sent},
+          json j = {{"t", "done"},
+                    {"step", x.step},
+                    {"loss_sum", nullptr},
+                    {"valid", x.valid},
+                    {"tokens", x.tokens},
+                    {"step_ms", x.step_ms},
+                    {"ring_wait_ms", x.ring_wait_ms},
+                    {"bytes_sent", x.bytes_sent},
                     {"cursor", x.cursor}};
           if (std::isfinite(x.loss_sum)) j["loss_sum"] = x.loss_sum;
           if (x.stop) j["stop"] = true;
@@ -236,7 +239,11 @@ json to_json(const RingdMessage& m) {
       m);
 }
 
-std::string encode(const WorkerMessage& m) { return to_json(m).dump() + "\n"; }
-std::string encode(const RingdMessage& m) { return to_json(m).dump() + "\n"; }
+std::string encode(const WorkerMessage& m) {
+  return to_json(m).dump() + "\n";
+}
+std::string encode(const RingdMessage& m) {
+  return to_json(m).dump() + "\n";
+}
 
 }  // namespace ring::offload::control

@@ -59,7 +59,7 @@ struct Bucket {
 };
 struct Done {
   int64_t step = 0;
-  double loss_sum = 0;   // JSON null (a NaN or infinite loss) reads as NaN
+  double loss_sum = 0;  // JSON null (a NaN or infinite loss) reads as NaN
   int64_t valid = 0;
   int64_t tokens = 0;
   double step_ms = 0;
@@ -76,7 +76,7 @@ struct Welcome {
   std::string shm;         // POSIX shm name: "/" then 1..254 bytes without '/'
   int64_t start_step = 0;  // steps already done
   bool need_init = false;
-  nlohmann::json cursor;   // an object, or null
+  nlohmann::json cursor;  // an object, or null
 };
 struct Params {
   int64_t step = 0;

@@ -49,7 +49,8 @@ std::string shm_header_problem(const ShmHeader& h, int64_t size, int64_t n) {
   using I = __int128;
   const I bytes = I{n} * 4;
   const auto region = [&](const char* what, int64_t off, I len, I lo) -> std::string {
-    if (off % 64 != 0) return std::string(what) + " offset " + std::to_string(off) + " not 64-aligned";
+    if (off % 64 != 0)
+      return std::string(what) + " offset " + std::to_string(off) + " is not 64-aligned";
     if (I{off} < lo || I{off} + len > I{size})
       return std::string(what) + " region at " + std::to_string(off) +
              " overlaps another or lies outside the " + std::to_string(size) + " bytes";
