@@ -129,7 +129,7 @@ wait_run() {  # $1 trial dir, $2 deadline s
   local t=$1 end=$(( $(date +%s) + $2 ))
   while run_alive; do
     note_ringd_dirs "$(cat "$t/sessions")" "$t"
-    [ -n "${FIRST_STEP_MS-x}" ] || { [ -s "$t/job/steps.jsonl" ] && FIRST_STEP_MS=$(now_ms); }
+    [ -n "${FIRST_STEP_MS-x}" ] || { [ "$(step_lines "$t")" -gt 0 ] && FIRST_STEP_MS=$(now_ms); }
     if [ "$(date +%s)" -ge "$end" ]; then
       [ -n "$RUN_PID" ] && kill -9 "$RUN_PID" 2>/dev/null
       wait "$RUN_SUB" 2>/dev/null
@@ -157,10 +157,11 @@ wait_no_procs() {  # $1 trial dir, $2 deadline s
   done
 }
 
-# Steps logged so far in the trial's steps.jsonl.
+# Steps the first run of the trial has reported so far: ringctl flushes one "step N/M" line per
+# step (steps.jsonl is written in blocks, too coarse for choosing a moment).
 step_lines() {
   local n
-  n=$(grep -c '"step"' "$1/job/steps.jsonl" 2>/dev/null)
+  n=$(grep -c '^step [0-9]*/' "$1/run.out" 2>/dev/null)
   echo "${n:-0}"
 }
 
@@ -256,7 +257,7 @@ for n in $(seq 1 "$trials"); do
   declare -A res=()
   notes=""
   # The moment, chosen uniformly among STEPS: k = 0, a random time within the reference run's
-  # start-up (before its first step); else right after step k was logged, plus up to one
+  # start-up (before its first step); else right after step k was reported, plus up to one
   # reference step's time. Counting steps instead of seconds keeps the spread under any load.
   k=$(( RANDOM % STEPS ))
   start_run "$T"

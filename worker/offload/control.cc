@@ -17,8 +17,7 @@ struct Fields {
   std::string kind;
 
   [[noreturn]] void fail(const std::string& key, const std::string& rule) const {
-    throw ControlError(kind + "." + key,
-                       "worker control message '" + kind + "': " + key + ": " + rule);
+    throw ControlError(kind + "." + key, "control message '" + kind + "': " + key + ": " + rule);
   }
   const json* find(const std::string& key) const {
     auto it = j.find(key);

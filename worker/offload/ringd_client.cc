@@ -27,25 +27,33 @@ RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int ti
     fd_ = -1;
     throw RingdGone("connect to ringd at " + path + ": " + std::strerror(e));
   }
-  send(control::to_json(control::WorkerMessage{control::Hello{
-      .rank = o.rank, .local = o.local, .pid = getpid(), .n = o.n}}));
-  pollfd p{fd_, POLLIN, 0};
-  if (poll(&p, 1, timeout_ms) <= 0)
-    throw RingdGone("no welcome from ringd within " + std::to_string(timeout_ms) + " ms");
-  const control::RingdMessage m = recv();
-  if (auto* s = std::get_if<control::Stop>(&m)) throw RingdGone("ringd refused: " + s->reason);
-  const auto* w = std::get_if<control::Welcome>(&m);
-  if (!w) throw RingdGone("expected a welcome from ringd, got " + control::to_json(m).dump());
-  welcome_.shm = w->shm;
-  welcome_.start_step = w->start_step;
-  welcome_.need_init = w->need_init;
-  welcome_.cursor = w->cursor;
-  shm_ = ShmRegion::open(welcome_.shm, o.n);
-  // bucket() writes into slot `local`: a segment with fewer slots would be written past its end.
-  if (o.local < 0 || o.local >= shm_.workers())
-    throw RingdGone("shared memory " + welcome_.shm + " has " + std::to_string(shm_.workers()) +
-                    " gradient slots, this worker's local rank is " + std::to_string(o.local));
-  send(control::to_json(control::WorkerMessage{control::Mapped{}}));
+  // A constructor that throws runs no destructor: close the socket here, or ringd would wait
+  // for this worker's next line forever.
+  try {
+    send(control::to_json(control::WorkerMessage{
+        control::Hello{.rank = o.rank, .local = o.local, .pid = getpid(), .n = o.n}}));
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0)
+      throw RingdGone("no welcome from ringd within " + std::to_string(timeout_ms) + " ms");
+    const control::RingdMessage m = recv();
+    if (auto* s = std::get_if<control::Stop>(&m)) throw RingdGone("ringd refused: " + s->reason);
+    const auto* w = std::get_if<control::Welcome>(&m);
+    if (!w) throw RingdGone("expected a welcome from ringd, got " + control::to_json(m).dump());
+    welcome_.shm = w->shm;
+    welcome_.start_step = w->start_step;
+    welcome_.need_init = w->need_init;
+    welcome_.cursor = w->cursor;
+    shm_ = ShmRegion::open(welcome_.shm, o.n);
+    // bucket() writes into slot `local`: a segment with fewer slots would be written past its end.
+    if (o.local < 0 || o.local >= shm_.workers())
+      throw RingdGone("shared memory " + welcome_.shm + " has " + std::to_string(shm_.workers()) +
+                      " gradient slots, this worker's local rank is " + std::to_string(o.local));
+    send(control::to_json(control::WorkerMessage{control::Mapped{}}));
+  } catch (...) {
+    close(fd_);
+    fd_ = -1;
+    throw;
+  }
   hb_ = std::thread([this] {
     while (!stop_hb_.load()) {
       try {
