@@ -25,6 +25,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--seconds N] [--seed N] [--target NAME]..." >&2; exit 2 ;;
   esac
 done
+targets="${targets# }"
 targets="${targets:-$all_targets}"
 for t in $targets; do
   case " $all_targets " in *" $t "*) ;; *) echo "fuzz: unknown target '$t' (one of: $all_targets)" >&2; exit 2 ;; esac

@@ -20,7 +20,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,11 +44,20 @@ using nlohmann::json;
 constexpr std::string_view kSep = "\n--8<--\n";
 constexpr size_t kMaxTargetBytes = 4u << 20;
 
+char g_root_at_exit[4096];
+
 const std::string& root() {
   static const std::string r = [] {
     const char* t = getenv("TMPDIR");
     std::string tmpl = std::string(t && *t ? t : "/tmp") + "/ring-ckpt-fuzz-XXXXXX";
     if (!mkdtemp(tmpl.data())) fail("checkpoint", "mkdtemp " + tmpl + " failed");
+    // libFuzzer and the replay test end through exit(): remove the directory then (from a
+    // copy: the handler runs after this string is destroyed).
+    std::snprintf(g_root_at_exit, sizeof g_root_at_exit, "%s", tmpl.c_str());
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(g_root_at_exit, ec);
+    });
     return tmpl;
   }();
   return r;
