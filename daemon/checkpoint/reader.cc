@@ -262,7 +262,10 @@ ShardManifest parse_shard_manifest(const std::string& text, const std::string& f
     if (ranges[i].first < ranges[i - 1].second)
       f.fail("tensors", "two tensors overlap at offset " + std::to_string(ranges[i].first));
   auto mi = j.find("meta");
-  m.meta = mi == j.end() ? json::object() : *mi;
+  // Readers look keys up in meta (ringd: the loader cursor): an object, or null for none
+  // (Checkpointer::start(step, {}) writes null); anything else is damage.
+  if (mi != j.end() && !mi->is_object() && !mi->is_null()) f.fail("meta", "must be an object");
+  m.meta = mi == j.end() || mi->is_null() ? json::object() : *mi;
   return m;
 }
 

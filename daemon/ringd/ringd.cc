@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <set>
 #include <memory>
@@ -52,6 +53,7 @@
 #include "daemon/ringd/transport_exchange.h"
 #include "worker/model/config.h"
 #include "worker/model/layout.h"
+#include "worker/offload/control.h"
 #include "worker/offload/shm.h"
 #include "worker/train/trainer.h"
 
@@ -248,7 +250,8 @@ void check_done_fields(const json& m) {
       if (required) throw ProtocolError(fmt::format("field '{}' is missing", k));
       return;
     }
-    if (!it->is_number())
+    // null: a NaN or infinite value (JSON has neither), e.g. a diverged loss; not an error here.
+    if (!it->is_number() && !it->is_null())
       throw ProtocolError(fmt::format("field '{}' must be a number, got {}", k,
                                       it->dump().substr(0, 100)));
   };
@@ -1155,9 +1158,14 @@ void Daemon::read(std::shared_ptr<Conn> c) {
           return;
         }
         // A field of the wrong type (nlohmann's value()/get() throw type_error) is the worker's
-        // protocol error: it fails that worker, never the daemon.
+        // protocol error: it fails that worker, never the daemon. The line format is checked
+        // first by the one parser both ends share (worker/offload/control.h, fuzzed).
         try {
+          (void)offload::control::worker_from_json(m);
           on_message(c, m);
+        } catch (const offload::control::ControlError& x) {
+          protocol_error(c, std::string("sent a malformed message: ") + x.what());
+          return;
         } catch (const ProtocolError& x) {
           protocol_error(c, std::string("sent a malformed '") +
                                 (m.contains("t") && m["t"].is_string()
@@ -1450,7 +1458,11 @@ void Daemon::maybe_finish_step() {
       stop_deadline_ = Clock::now() + std::chrono::seconds(60);
     }
   }
-  const double loss_sum = d.value("loss_sum", 0.0);
+  // null: the worker's loss was NaN or infinite (JSON has neither); value() would throw.
+  const auto ls = d.find("loss_sum");
+  const double loss_sum = ls == d.end() ? 0.0
+                          : ls->is_number() ? ls->get<double>()
+                                            : std::numeric_limits<double>::quiet_NaN();
   const int64_t valid = d.value("valid", int64_t{0});
   const int64_t tokens = d.value("tokens", int64_t{0});
   train::StepStats st;

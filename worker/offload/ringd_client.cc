@@ -27,23 +27,37 @@ RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int ti
     fd_ = -1;
     throw RingdGone("connect to ringd at " + path + ": " + std::strerror(e));
   }
-  send({{"t", "hello"}, {"rank", o.rank}, {"local", o.local}, {"pid", getpid()}, {"n", o.n}});
-  pollfd p{fd_, POLLIN, 0};
-  if (poll(&p, 1, timeout_ms) <= 0)
-    throw RingdGone("no welcome from ringd within " + std::to_string(timeout_ms) + " ms");
-  nlohmann::json w = recv();
-  if (w.value("t", "") == "stop") throw RingdGone("ringd refused: " + w.value("reason", ""));
-  if (w.value("t", "") != "welcome") throw RingdGone("expected a welcome from ringd, got " + w.dump());
-  welcome_.shm = w.at("shm").get<std::string>();
-  welcome_.start_step = w.at("start_step").get<int64_t>();
-  welcome_.need_init = w.at("need_init").get<bool>();
-  welcome_.cursor = w.value("cursor", nlohmann::json());
-  shm_ = ShmRegion::open(welcome_.shm, o.n);
-  send({{"t", "mapped"}});
+  // A constructor that throws runs no destructor: close the socket here, or ringd would wait
+  // for this worker's next line forever.
+  try {
+    send(control::to_json(control::WorkerMessage{
+        control::Hello{.rank = o.rank, .local = o.local, .pid = getpid(), .n = o.n}}));
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0)
+      throw RingdGone("no welcome from ringd within " + std::to_string(timeout_ms) + " ms");
+    const control::RingdMessage m = recv();
+    if (auto* s = std::get_if<control::Stop>(&m)) throw RingdGone("ringd refused: " + s->reason);
+    const auto* w = std::get_if<control::Welcome>(&m);
+    if (!w) throw RingdGone("expected a welcome from ringd, got " + control::to_json(m).dump());
+    welcome_.shm = w->shm;
+    welcome_.start_step = w->start_step;
+    welcome_.need_init = w->need_init;
+    welcome_.cursor = w->cursor;
+    shm_ = ShmRegion::open(welcome_.shm, o.n);
+    // bucket() writes into slot `local`: a segment with fewer slots would be written past its end.
+    if (o.local < 0 || o.local >= shm_.workers())
+      throw RingdGone("shared memory " + welcome_.shm + " has " + std::to_string(shm_.workers()) +
+                      " gradient slots, this worker's local rank is " + std::to_string(o.local));
+    send(control::to_json(control::WorkerMessage{control::Mapped{}}));
+  } catch (...) {
+    close(fd_);
+    fd_ = -1;
+    throw;
+  }
   hb_ = std::thread([this] {
     while (!stop_hb_.load()) {
       try {
-        send({{"t", "hb"}});
+        send(control::to_json(control::WorkerMessage{control::Heartbeat{}}));
       } catch (const std::exception&) {
         return;
       }
@@ -71,16 +85,17 @@ void RingdClient::send(const nlohmann::json& j) {
   }
 }
 
-nlohmann::json RingdClient::recv() {
+control::RingdMessage RingdClient::recv() {
   for (;;) {
     size_t nl = inbuf_.find('\n');
     if (nl != std::string::npos) {
       std::string line = inbuf_.substr(0, nl);
       inbuf_.erase(0, nl + 1);
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object())
-        throw RingdGone("ringd sent a malformed message: " + line.substr(0, 200));
-      return j;
+      try {
+        return control::parse_ringd_line(line, opt_.n);
+      } catch (const control::ControlError& e) {
+        throw RingdGone(std::string("ringd sent a malformed message: ") + e.what());
+      }
     }
     char buf[4096];
     ssize_t r = ::recv(fd_, buf, sizeof(buf), 0);
@@ -88,34 +103,40 @@ nlohmann::json RingdClient::recv() {
     if (r == 0) throw RingdGone("ringd closed the control socket");
     if (r < 0) throw RingdGone(std::string("ringd control socket: ") + std::strerror(errno));
     inbuf_.append(buf, static_cast<size_t>(r));
-    if (inbuf_.size() > (1u << 20)) throw RingdGone("ringd message over 1 MiB");
+    if (inbuf_.size() > control::kMaxLineBytes) throw RingdGone("ringd message over 1 MiB");
   }
 }
 
 void RingdClient::send_init(const float* params) {
   std::memcpy(shm_.params(), params, static_cast<size_t>(opt_.n) * sizeof(float));
-  send({{"t", "init"}});
+  send(control::to_json(control::WorkerMessage{control::Init{}}));
 }
 
 Command RingdClient::next(float* params) {
-  nlohmann::json j = recv();
-  const std::string t = j.value("t", "");
+  const control::RingdMessage m = recv();
   Command c;
-  if (t == "stop") {
+  if (auto* s = std::get_if<control::Stop>(&m)) {
     c.stop = true;
-    c.reason = j.value("reason", "");
+    c.reason = s->reason;
     return c;
   }
-  if (t != "params") throw RingdGone("expected params or stop from ringd, got " + j.dump());
-  c.step = j.at("step").get<int64_t>();
-  c.changed = j.at("changed").get<int64_t>();
-  c.stop_requested = j.value("stop", false);
+  const auto* p = std::get_if<control::Params>(&m);
+  if (!p) throw RingdGone("expected params or stop from ringd, got " + control::to_json(m).dump());
+  c.step = p->step;
+  c.changed = p->changed;  // -1..n (checked by the parser)
+  c.stop_requested = p->stop;
   const float* src = shm_.params();
   if (c.changed < 0) {
     std::memcpy(params, src, static_cast<size_t>(opt_.n) * sizeof(float));
   } else {
     const uint32_t* idx = shm_.index();
-    for (int64_t i = 0; i < c.changed; ++i) params[idx[i]] = src[idx[i]];
+    for (int64_t i = 0; i < c.changed; ++i) {
+      const uint32_t k = idx[i];
+      if (k >= static_cast<uint64_t>(opt_.n))
+        throw RingdGone("shared memory " + shm_.name() + ": changed coordinate " +
+                        std::to_string(k) + " is outside the model's " + std::to_string(opt_.n));
+      params[k] = src[k];
+    }
   }
   return c;
 }
@@ -123,7 +144,7 @@ Command RingdClient::next(float* params) {
 void RingdClient::bucket(int64_t step, const model::GradBucket& b, const float* grads) {
   std::memcpy(shm_.grads(opt_.local) + b.begin, grads + b.begin,
               static_cast<size_t>(b.end - b.begin) * sizeof(float));
-  send({{"t", "bucket"}, {"step", step}, {"b", b.index}});
+  send(control::to_json(control::WorkerMessage{control::Bucket{.step = step, .b = b.index}}));
 }
 
 void RingdClient::done(nlohmann::json j) {

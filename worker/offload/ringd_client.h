@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/model/layout.h"
+#include "worker/offload/control.h"
 #include "worker/offload/shm.h"
 
 namespace ring::offload {
@@ -82,7 +83,7 @@ class RingdClient {
 
  private:
   void send(const nlohmann::json& j);
-  nlohmann::json recv();
+  control::RingdMessage recv();
 
   ClientOptions opt_;
   int fd_ = -1;

@@ -32,6 +32,40 @@ std::string shm_name(const std::string& job, int node, int pid, int attempt) {
          std::to_string(attempt);
 }
 
+std::string shm_header_problem(const ShmHeader& h, int64_t size, int64_t n) {
+  if (h.magic != kShmMagic || h.version != kShmVersion)
+    return "not a ringmaster segment of version " + std::to_string(kShmVersion);
+  if (size < static_cast<int64_t>(sizeof(ShmHeader))) return "smaller than its header";
+  if (h.total_bytes != size)
+    return "size " + std::to_string(size) + " does not match its header (" +
+           std::to_string(h.total_bytes) + ")";
+  if (h.n != n)
+    return "holds " + std::to_string(h.n) + " floats per tensor, this model has " +
+           std::to_string(n) + " (different spec?)";
+  if (n <= 0 || n > size / 4) return "n " + std::to_string(n) + " does not fit the segment";
+  if (h.workers == 0 || h.workers > (1u << 16))
+    return "gradient slots " + std::to_string(h.workers) + " outside [1, 65536]";
+  // Every bound below is computed in 128 bits: the header is data, its sums may overflow.
+  using I = __int128;
+  const I bytes = I{n} * 4;
+  const auto region = [&](const char* what, int64_t off, I len, I lo) -> std::string {
+    if (off % 64 != 0)
+      return std::string(what) + " offset " + std::to_string(off) + " is not 64-aligned";
+    if (I{off} < lo || I{off} + len > I{size})
+      return std::string(what) + " region at " + std::to_string(off) +
+             " overlaps another or lies outside the " + std::to_string(size) + " bytes";
+    return "";
+  };
+  std::string p = region("params", h.params_off, bytes, sizeof(ShmHeader));
+  if (p.empty()) p = region("index", h.index_off, bytes, I{h.params_off} + bytes);
+  if (!p.empty()) return p;
+  if (h.slot_stride % 64 != 0 || I{h.slot_stride} < bytes)
+    return "gradient slot stride " + std::to_string(h.slot_stride) + " is not a 64-aligned " +
+           "size of at least " + std::to_string(n * 4) + " bytes";
+  return region("gradients", h.grads_off, I{h.slot_stride} * (h.workers - 1) + bytes,
+                I{h.index_off} + bytes);
+}
+
 ShmRegion ShmRegion::create(const std::string& name, int64_t n, int workers) {
   if (n <= 0 || workers <= 0) fail(name, "n and workers must be positive");
   ShmHeader h;
@@ -85,13 +119,8 @@ ShmRegion ShmRegion::open(const std::string& name, int64_t n) {
   r.name_ = name;
   r.base_ = static_cast<char*>(p);
   r.size_ = st.st_size;
-  const ShmHeader* h = r.header();
-  if (h->magic != kShmMagic || h->version != kShmVersion)
-    fail(name, "not a ringmaster segment of version " + std::to_string(kShmVersion));
-  if (h->total_bytes != r.size_) fail(name, "size does not match its header");
-  if (h->n != n)
-    fail(name, "holds " + std::to_string(h->n) + " floats per tensor, this model has " +
-                   std::to_string(n) + " (different spec?)");
+  const std::string problem = shm_header_problem(*r.header(), r.size_, n);
+  if (!problem.empty()) fail(name, problem);
   return r;
 }
 

@@ -37,8 +37,8 @@ class ShmRegion {
   // ringd: creates (O_EXCL) and sizes the segment. Throws std::runtime_error naming the segment
   // and the errno text.
   static ShmRegion create(const std::string& name, int64_t n, int workers);
-  // A worker: maps an existing segment and checks its header against n. Throws
-  // std::runtime_error naming the segment and what does not match.
+  // A worker: maps an existing segment and checks its header against n (shm_header_problem).
+  // Throws std::runtime_error naming the segment and what does not match.
   static ShmRegion open(const std::string& name, int64_t n);
 
   ShmRegion() = default;
@@ -67,6 +67,12 @@ class ShmRegion {
   bool owner_ = false;
   bool linked_ = false;
 };
+
+// Why a segment with this header cannot be used by a model of n floats (empty: it can): a wrong
+// magic or version, a size other than total_bytes, another n, or a params, index or gradient
+// region that is misaligned, overlaps another or lies outside the segment's `size` bytes.
+// ShmRegion::open refuses such a segment with this text, so no accessor reads past the mapping.
+std::string shm_header_problem(const ShmHeader& h, int64_t size, int64_t n);
 
 // "/ringmaster-<job>-n<node>-p<pid>-a<attempt>", job name reduced to [A-Za-z0-9_.-].
 std::string shm_name(const std::string& job, int node, int pid, int attempt);

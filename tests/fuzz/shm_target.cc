@@ -1,0 +1,93 @@
+// The shared-memory header a worker checks when it maps ringd's segment (worker/offload/shm.h).
+// Input: one mode byte, then the segment's bytes (header first; the segment is exactly that
+// long). Mode % 4 == 0: the rest only chooses n and workers for ShmRegion::create, and the
+// worker's open() of what create made must succeed. Otherwise the bytes become a real POSIX
+// shm segment that ShmRegion::open maps with the header's own n (so the fuzzer gets past that
+// check). Property: open() either throws std::runtime_error or returns a region whose params,
+// index and every gradient slot lie inside the mapping, in that order, without overlaps.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "tests/fuzz/targets.h"
+#include "worker/offload/shm.h"
+
+namespace ring::fuzz {
+namespace {
+
+namespace off = ring::offload;
+using I = __int128;
+
+std::string name() {
+  return "/ring-shm-fuzz-" + std::to_string(getpid());
+}
+
+}  // namespace
+
+void shm_input(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const std::string nm = name();
+  if (data[0] % 4 == 0) {
+    int64_t n = 1;
+    int workers = 1;
+    if (size > 1) n = 1 + data[1] * 37;
+    if (size > 2) workers = 1 + data[2] % 9;
+    shm_unlink(nm.c_str());
+    off::ShmRegion made = off::ShmRegion::create(nm, n, workers);
+    try {
+      off::ShmRegion got = off::ShmRegion::open(nm, n);
+      if (got.workers() != workers || got.n() != n) fail("shm", "open() disagrees with create()");
+    } catch (const std::runtime_error& e) {
+      fail("shm", std::string("open() refused what create() made: ") + e.what());
+    }
+    return;
+  }
+  const uint8_t* seg = data + 1;
+  const size_t len = size - 1;
+  const int fd = shm_open(nm.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
+  if (fd < 0) fail("shm", "shm_open " + nm + " failed");
+  size_t done = 0;
+  while (done < len) {
+    const ssize_t w = ::write(fd, seg + done, len - done);
+    if (w <= 0) fail("shm", "write failed");
+    done += static_cast<size_t>(w);
+  }
+  ::close(fd);
+  off::ShmHeader h{};
+  std::memcpy(&h, seg, std::min(len, sizeof h));
+  off::ShmRegion r;
+  try {
+    r = off::ShmRegion::open(nm, h.n);
+  } catch (const std::runtime_error&) {
+    shm_unlink(nm.c_str());
+    return;
+  }
+  shm_unlink(nm.c_str());
+  // Independent bounds check, in 128 bits, from the header as the fuzzer wrote it.
+  const I seg_size = static_cast<I>(len), bytes = I{h.n} * 4;
+  const auto within = [&](int64_t offset, I extent, const char* what) {
+    if (offset < static_cast<int64_t>(sizeof(off::ShmHeader)) || I{offset} + extent > seg_size)
+      fail("shm", std::string("opened a segment whose ") + what + " lie outside it");
+  };
+  within(h.params_off, bytes, "params");
+  within(h.index_off, bytes, "index");
+  if (h.workers == 0) fail("shm", "opened a segment without gradient slots");
+  if (h.slot_stride < bytes) fail("shm", "opened a segment whose gradient slots overlap");
+  within(h.grads_off, I{h.slot_stride} * (h.workers - 1) + bytes, "gradients");
+  if (I{h.params_off} + bytes > I{h.index_off} || I{h.index_off} + bytes > I{h.grads_off})
+    fail("shm", "opened a segment whose regions overlap");
+  // Touch the ends of every array through the accessors, as the worker and ringd do.
+  volatile float sink = 0;
+  sink = sink + r.params()[0] + r.params()[r.n() - 1];
+  volatile uint32_t isink = r.index()[0] + r.index()[r.n() - 1];
+  (void)isink;
+  for (int k = 0; k < std::min(r.workers(), 64); ++k)
+    sink = sink + r.grads(k)[0] + r.grads(k)[r.n() - 1];
+}
+
+}  // namespace ring::fuzz

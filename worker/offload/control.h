@@ -1,0 +1,106 @@
+// The lines of ringd's worker control socket (one JSON object per line, key "t" names the kind),
+// parsed and checked in one place so that neither side acts on a field of the wrong type or out
+// of range. ringd is trusted by its workers and the socket is private to the node's user, but a
+// wrong message must still end in an error naming the field, never in a crash, an uncaught
+// nlohmann exception or an out-of-bounds access into the shared memory.
+//
+//   worker -> ringd:  hello {rank, local, pid, n}, mapped, init, hb, bucket {step, b},
+//                     done {step, loss_sum, valid, tokens, step_ms, ring_wait_ms, bytes_sent,
+//                           cursor, stop}
+//   ringd -> worker:  welcome {shm, start_step, need_init, cursor}, params {step, changed, stop},
+//                     stop {reason}
+//
+//   WorkerMessage m = parse_worker_line(line);   // throws ControlError naming the field
+//   if (auto* b = std::get_if<Bucket>(&m)) ...
+//
+// Unknown keys are ignored (both ends are the same build; a field added on one side must not
+// break the other during a rolling merge). Tests: tests/fuzz (worker_control_fuzz and replay).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+namespace ring::offload::control {
+
+// Longest line either side accepts; a welcome carries the loader cursor (a few hundred bytes).
+inline constexpr size_t kMaxLineBytes = 1u << 20;
+
+class ControlError : public std::runtime_error {
+ public:
+  ControlError(std::string field, const std::string& message)
+      : std::runtime_error(message), field_(std::move(field)) {}
+  // "done.loss_sum"; empty when the whole line is wrong (not JSON, too long, unknown kind).
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+// ---- worker -> ringd ----------------------------------------------------------------------------
+
+struct Hello {
+  int64_t rank = 0;
+  int64_t local = 0;
+  int64_t pid = 0;
+  int64_t n = 0;  // floats in the worker's model layout
+};
+struct Mapped {};
+struct Init {};
+struct Heartbeat {};
+struct Bucket {
+  int64_t step = 0;
+  int64_t b = 0;
+};
+struct Done {
+  int64_t step = 0;
+  double loss_sum = 0;  // JSON null (a NaN or infinite loss) reads as NaN
+  int64_t valid = 0;
+  int64_t tokens = 0;
+  double step_ms = 0;
+  double ring_wait_ms = 0;
+  int64_t bytes_sent = 0;
+  nlohmann::json cursor;  // the loader cursor after the step: an object, or null
+  bool stop = false;      // some rank's ringd has a stop request (every rank passes it on)
+};
+using WorkerMessage = std::variant<Hello, Mapped, Init, Heartbeat, Bucket, Done>;
+
+// ---- ringd -> worker ----------------------------------------------------------------------------
+
+struct Welcome {
+  std::string shm;         // POSIX shm name: "/" then 1..254 bytes without '/'
+  int64_t start_step = 0;  // steps already done
+  bool need_init = false;
+  nlohmann::json cursor;  // an object, or null
+};
+struct Params {
+  int64_t step = 0;
+  int64_t changed = -1;  // -1: every weight; else the count of changed coordinates (<= n)
+  bool stop = false;
+};
+struct Stop {
+  std::string reason;
+};
+using RingdMessage = std::variant<Welcome, Params, Stop>;
+
+// Parse one line (without its '\n'). Throw ControlError.
+WorkerMessage parse_worker_line(std::string_view line);
+// n: floats in the worker's model layout (bounds Params.changed).
+RingdMessage parse_ringd_line(std::string_view line, int64_t n);
+// Same, from parsed JSON (no size check).
+WorkerMessage worker_from_json(const nlohmann::json& j);
+RingdMessage ringd_from_json(const nlohmann::json& j, int64_t n);
+
+// JSON form of each message (with "t"); to_json(parse(x)) parses again to the same message.
+nlohmann::json to_json(const WorkerMessage& m);
+nlohmann::json to_json(const RingdMessage& m);
+// The line on the socket: compact JSON and '\n'.
+std::string encode(const WorkerMessage& m);
+std::string encode(const RingdMessage& m);
+
+}  // namespace ring::offload::control
