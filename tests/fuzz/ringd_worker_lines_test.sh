@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ringd against a worker that sends wrongly typed control lines and a NaN loss ("loss_sum": null)
-# every step (fake_worker.py): ringd drops the bad lines with a log line, trains both steps and
-# exits 0. Before worker/offload/control.h it ended with "ringd: fatal: [json.exception.
+# every step (fake_worker.py): with only the NaN loss ringd trains both steps and exits 0; with the
+# wrongly typed lines it fails that worker with a protocol error naming the field (exit 1). Before worker/offload/control.h it ended with "ringd: fatal: [json.exception.
 # type_error.302] type must be number, but is null" (or "... but is string").
 #   ringd_worker_lines_test.sh RINGD
 set -euo pipefail
@@ -53,15 +53,19 @@ run() {
     for f in "$t"/job/logs/*; do echo "--- $f"; tail -n 20 "$f"; done
     exit 1
   }
-  [ "$rc" = 0 ] || fail "$1" "ringd exited $rc"
   ! grep -q fatal "$t/err" || fail "$1" "ringd reported a fatal error"
-  [ "$(grep -c '"step"' "$t/job/steps.jsonl")" = 2 ] || fail "$1" "steps.jsonl does not have 2 steps"
-  grep -q '"loss":null' "$t/job/steps.jsonl" || fail "$1" "the NaN loss is not in steps.jsonl as null"
-  if [ "$1" = 1 ]; then
-    cat "$t/err" "$t"/job/logs/* 2>/dev/null | grep -q "malformed control message dropped" ||
-      fail "$1" "ringd did not say it dropped the malformed lines"
+  if [ "$1" = 0 ]; then
+    [ "$rc" = 0 ] || fail "$1" "ringd exited $rc"
+    [ "$(grep -c '"step"' "$t/job/steps.jsonl")" = 2 ] || fail "$1" "steps.jsonl does not have 2 steps"
+    grep -q '"loss":null' "$t/job/steps.jsonl" || fail "$1" "the NaN loss is not in steps.jsonl as null"
+  else
+    # The worker that broke the protocol fails (max_restarts 0: the job fails, exit 1); ringd
+    # itself ends through its normal failure path and names the field.
+    [ "$rc" = 1 ] || fail "$1" "ringd exited $rc, expected 1 (the worker failed)"
+    cat "$t/err" "$t"/job/logs/* 2>/dev/null | grep -q "protocol error: sent a malformed message" ||
+      fail "$1" "ringd did not name the malformed worker line"
   fi
 }
 run 0
 run 1
-echo "ok: ringd trained 2 steps with a NaN loss, and dropped the malformed worker lines"
+echo "ok: ringd trained 2 steps with a NaN loss, and failed the worker that sent malformed lines"
