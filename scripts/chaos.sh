@@ -20,8 +20,8 @@
 #   orphans   no process of the trial (its session, or its directory on the command line) is
 #             left once the last run has ended
 #   shm       no /dev/shm/ringmaster-chaos-<tag>-* segment is left
-#   tmpdirs   no control-socket directory of the trial's ringd processes (/tmp/ringd-XXXXXX) is
-#             left
+#   tmpdirs   no control-socket directory of the trial's ringd processes (read from their
+#             listening sockets: <runtime>/ringd/ringd-<pid>, formerly /tmp/ringd-XXXXXX) is left
 #   coord     a ring-coord started afterwards on the trial's state dir shows every job of the
 #             trial in a terminal state (completed, failed, cancelled: not pending, starting,
 #             running, restarting, completing or cancelling with nothing left running)
@@ -363,8 +363,8 @@ for n in $(seq 1 "$trials"); do
   if [ -z "$leftdirs" ]; then res[tmpdirs]=ok; else
     res[tmpdirs]=fail
     notes="$notes; temp dirs left:$leftdirs"
-    # Remove what the trial's ringd made (a ringd-XXXXXX directory), nothing else.
-    for d in $leftdirs; do case "$(basename "$d")" in ringd-??????) rm -rf -- "$d" ;; esac; done
+    # Remove what the trial's ringd made (a ringd-* control directory), nothing else.
+    for d in $leftdirs; do case "$(basename "$d")" in ringd-*) rm -rf -- "$d" ;; esac; done
   fi
 
   line="trial $n/$trials:"
