@@ -1220,7 +1220,7 @@ struct Coordinator::Impl {
       logger()->warn("slow: heartbeat times took {:.1f} ms to write", 1e3 * seconds_since(t0));
   }
 
-  // Jobs no daemon serves (issue 14): the coordinator cannot start a daemon, so a job that is not
+  // Jobs no daemon serves: the coordinator cannot start a daemon, so a job that is not
   // Slurm's (a `ringctl run` killed with kill -9 takes its ringd along) and has had no member
   // node that is up (active or stopped) for a heartbeat timeout fails as "abandoned" instead of
   // staying starting or running forever; the time it spent restarting counts, so an attempt

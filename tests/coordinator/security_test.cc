@@ -1,4 +1,4 @@
-// Multi-user safety and hardening of ring-coord (issue 14), against the real binary in shared
+// Multi-user safety and hardening of ring-coord against the real binary in shared
 // mode with daemons run as root and as another Unix user (nobody, in a forked child that drops
 // to uid 65534): a node is (uid, name), so another user can neither take over a lost node nor
 // block the owner's daemon by registering its name first; user strings cannot forge log lines;
