@@ -17,6 +17,7 @@
 #include <iostream>
 #include <thread>
 
+#include "common/cli/edit_distance.h"
 #include "common/spec/parse.h"
 #include "coordinator/security.h"
 
@@ -345,21 +346,10 @@ CLI::Validator endpoint_rule() {
 }
 
 std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
-  };
   std::string best;
   size_t best_d = 2 + word.size() / 3;
   for (const auto& c : candidates) {
-    size_t d = distance(word, c);
+    size_t d = edit_distance(word, c);
     // A prefix ("stat" for "status") is close whatever its length.
     if (c.rfind(word, 0) == 0 && word.size() >= 2) d = std::min<size_t>(d, 1);
     if (d < best_d) best_d = d, best = c;

@@ -9,6 +9,8 @@
 #include <iostream>
 #include <vector>
 
+#include "common/cli/edit_distance.h"
+
 namespace ring::flags {
 
 int64_t parse_int(std::string_view flag, const char* value, int64_t lo, int64_t hi) {
@@ -89,21 +91,10 @@ FlagSet& FlagSet::unknown_note(std::string note) {
 
 std::string FlagSet::closest_flag(const std::string& word) const {
   if (word.size() < 3 || word[0] != '-') return "";
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
-  };
   std::string best;
   size_t best_d = 3;  // two edits at most: a typo, not another flag
   for (const auto& [name, _] : entries_)
-    if (size_t d = distance(word, name); d < best_d) best_d = d, best = name;
+    if (size_t d = cli::edit_distance(word, name); d < best_d) best_d = d, best = name;
   return best;
 }
 

@@ -17,6 +17,7 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include "common/cli/edit_distance.h"
 #include "common/spec/keys.h"
 
 namespace ring::spec {
@@ -105,17 +106,7 @@ Location offset_to_location(std::string_view s, size_t off) {
 }
 
 int levenshtein(std::string_view a, std::string_view b) {
-  std::vector<int> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      int sub = prev[j - 1] + (std::tolower(a[i - 1]) == std::tolower(b[j - 1]) ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
+  return static_cast<int>(cli::edit_distance(a, b, /*ignore_case=*/true));
 }
 
 // Counts documents (and remembers where the second starts) without building nodes.
