@@ -45,6 +45,7 @@
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/cli/job_dir.h"
+#include "common/proc/close_fds.h"
 #include "common/spec/parse.h"
 
 namespace ring::cli {
@@ -151,6 +152,7 @@ pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
   for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
   a.push_back(nullptr);
   pid_t parent = ::getpid();
+  const int max_fd = ring::proc::descriptor_limit();
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
@@ -166,6 +168,7 @@ pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
     if (devnull >= 0) ::dup2(devnull, 0);
     if (out_fd >= 0) ::dup2(out_fd, 1);
     if (err_fd >= 0) ::dup2(err_fd, 2);
+    ring::proc::close_descriptors_from(3, max_fd);  // ringctl's sockets and files stay ours
     ::execv(a[0], a.data());
     const char msg[] = "ringctl: exec failed\n";
     ssize_t n = ::write(2, msg, sizeof msg - 1);

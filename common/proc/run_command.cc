@@ -39,6 +39,9 @@ CommandResult run_command(const std::vector<std::string>& argv, const RunOptions
   posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  // The helper (sbatch, scontrol, nvidia-smi) inherits no descriptor of ours above 2: not every
+  // library opens its sockets and files with O_CLOEXEC (glibc >= 2.34).
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

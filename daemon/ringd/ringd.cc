@@ -40,6 +40,7 @@
 
 #include "common/cli/flags.h"
 #include "common/cli/job_dir.h"
+#include "common/proc/close_fds.h"
 #include "common/proc/reap.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
@@ -872,12 +873,8 @@ void Daemon::spawn(Worker& w) {
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   const std::string exec_failed = "ringd: exec " + worker_bin_ + " failed, errno ";
-  // Descriptors above 2 are closed in the child: close_range when the kernel has it (5.9),
-  // else one close() per possible descriptor up to the limit (no /proc walk: opendir allocates).
-  struct rlimit nofile {};
-  int max_fd = 65536;
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY)
-    max_fd = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, 1 << 20));
+  // Descriptors above 2 are closed in the child (common/proc/close_fds.h).
+  const int max_fd = proc::descriptor_limit();
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -908,8 +905,7 @@ void Daemon::spawn(Worker& w) {
     dup2(fd, 2);
     const int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull >= 0 && devnull != 0) dup2(devnull, 0);
-    if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
-      for (int f = 3; f < max_fd; ++f) ::close(f);
+    proc::close_descriptors_from(3, max_fd);
     if (pin) sched_setaffinity(0, sizeof(set), &set);
     execve(argv[0], argv.data(), envp.data());
     // Async-signal-safe report: the prepared text and the errno in decimal.

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -285,4 +286,34 @@ TEST(RingctlRun, RingdFailureShowsItsLogAndVerboseStreamsIt) {
   EXPECT_TRUE(contains(r.output, "ringd: ")) << r.output;
   EXPECT_TRUE(contains(r.output, "job run-tiny | node 0 of 1")) << r.output;
   EXPECT_TRUE(contains(r.output, "exited with status 1")) << r.output;
+}
+
+// The processes ringctl run starts inherit no descriptor of it above 2 (here fd 777, opened by
+// the shell without close-on-exec, as a library's socket may be): ringd, and through it the
+// workers, start with only stdin/stdout/stderr and what they open themselves. Before, ringd got
+// every descriptor of ringctl. The fake worker lists ringd's descriptors and its own, then fails.
+TEST(RingctlRun, SpawnedProcessesInheritNoDescriptorAbove2) {
+  TempDir t;
+  const std::string worker = t.path + "/list-fds";
+  {
+    std::ofstream w(worker);
+    w << "#!/bin/sh\nls /proc/$PPID/fd > " << t.path << "/ringd-fds.$$\n"
+      << "ls /proc/self/fd > " << t.path << "/worker-fds.$$\nexit 1\n";
+  }
+  ASSERT_EQ(::chmod(worker.c_str(), 0755), 0);
+  auto r = ring::test::run("timeout 300 bash -c 'exec env RING_WORKER_BIN=" + worker + " " +
+                           env(t) + kRingctl + " run " + kSpec + " --steps 2 --job-dir " +
+                           t.path + "/job 777</dev/null'");
+  EXPECT_NE(r.exit_code, 0) << r.output;  // the workers fail on purpose
+  int ringd_lists = 0, worker_lists = 0;
+  for (const auto& e : std::filesystem::directory_iterator(t.path)) {
+    const std::string name = e.path().filename().string();
+    const bool of_ringd = name.rfind("ringd-fds.", 0) == 0;
+    if (!of_ringd && name.rfind("worker-fds.", 0) != 0) continue;
+    (of_ringd ? ringd_lists : worker_lists)++;
+    std::ifstream in(e.path());
+    for (std::string fd; std::getline(in, fd);) EXPECT_NE(fd, "777") << name;
+  }
+  EXPECT_GT(ringd_lists, 0) << r.output;
+  EXPECT_GT(worker_lists, 0) << r.output;
 }

@@ -1,9 +1,11 @@
 #include "common/proc/run_command.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -160,4 +162,26 @@ TEST(ProcWrappers, SlurmAndPlacementMessages) {
   auto t = ring::placement::run_command({"/bin/sh", "-c", "exec sleep 30"}, 200);
   EXPECT_TRUE(t.timed_out);
   EXPECT_EQ(t.exit_code, -1);
+}
+
+// A helper program inherits no descriptor of ours above 2, even one opened without O_CLOEXEC
+// (a library's socket): before, sbatch and nvidia-smi got every such descriptor.
+TEST(ProcRunCommand, ChildInheritsNoDescriptorAbove2) {
+  int fd = ::open("/dev/null", O_RDONLY);  // no O_CLOEXEC on purpose
+  ASSERT_GE(fd, 0);
+  const int high = ::dup2(fd, 777);
+  ::close(fd);
+  ASSERT_EQ(high, 777);
+  CommandResult r = ring::proc::run_command({"/bin/ls", "/proc/self/fd"});
+  ::close(high);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> fds;
+  for (size_t a = 0, b; a < r.out.size(); a = b + 1) {
+    b = r.out.find('\n', a);
+    if (b == std::string::npos) b = r.out.size();
+    if (b > a) fds.push_back(r.out.substr(a, b - a));
+  }
+  // 0, 1, 2 and the descriptor ls opened for /proc/self/fd itself.
+  EXPECT_EQ(std::count(fds.begin(), fds.end(), "777"), 0) << r.out;
+  EXPECT_LE(fds.size(), 4u) << r.out;
 }

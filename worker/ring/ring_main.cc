@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/flags.h"
+#include "common/proc/close_fds.h"
 #include "common/proc/reap.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
@@ -433,6 +434,7 @@ int launch_local(int argc, char** argv, const Args& args) {
   sigprocmask(SIG_BLOCK, &handled, &old);
 
   const pid_t self = getpid();
+  const int max_fd = ring::proc::descriptor_limit();  // before fork: the child only closes
   std::vector<pid_t> pids(world, -1);
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> cmd = base;
@@ -455,8 +457,10 @@ int launch_local(int argc, char** argv, const Args& args) {
       cargv.push_back(argv[0]);
       for (std::string& x : cmd) cargv.push_back(x.data());
       cargv.push_back(nullptr);
+      ring::proc::close_descriptors_from(3, max_fd);
       execv("/proc/self/exe", cargv.data());
-      std::fprintf(stderr, "ring-worker: exec /proc/self/exe: %s\n", std::strerror(errno));
+      const char msg[] = "ring-worker: exec /proc/self/exe failed\n";
+      if (::write(2, msg, sizeof msg - 1) < 0) _exit(127);
       _exit(127);
     }
     pids[r] = pid;

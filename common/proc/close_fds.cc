@@ -1,0 +1,25 @@
+#include "common/proc/close_fds.h"
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace ring::proc {
+
+int descriptor_limit() {
+  struct rlimit nofile {};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY)
+    return static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, rlim_t{1} << 20));
+  return 65536;
+}
+
+void close_descriptors_from(int low, int max_fd) noexcept {
+#ifdef SYS_close_range
+  if (syscall(SYS_close_range, static_cast<unsigned>(low), ~0u, 0u) == 0) return;
+#endif
+  for (int f = low; f < max_fd; ++f) ::close(f);
+}
+
+}  // namespace ring::proc
