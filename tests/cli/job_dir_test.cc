@@ -15,6 +15,8 @@
 #include <functional>
 #include <string>
 
+#include "tests/common/test_proc.h"
+
 namespace ring::jobdir {
 namespace {
 
@@ -51,34 +53,13 @@ mode_t mode_of(const std::string& p) {
 // Runs `f` in a child as nobody; returns its JobDirError text ("" when none; "ok:<path>" when f
 // returned a path).
 std::string as_nobody(const std::function<std::string()>& f) {
-  int p[2];
-  EXPECT_EQ(pipe(p), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(p[0]);
-    std::string out;
-    if (setgroups(0, nullptr) != 0 || setgid(kNobody) != 0 || setuid(kNobody) != 0) {
-      out = "setuid failed";
-    } else {
-      try {
-        out = "ok:" + f();
-      } catch (const JobDirError& e) {
-        out = e.what();
-      }
+  return ring::test::as_uid(kNobody, [&]() -> std::string {
+    try {
+      return "ok:" + f();
+    } catch (const JobDirError& e) {
+      return e.what();
     }
-    ssize_t n = write(p[1], out.data(), out.size());
-    (void)n;
-    _exit(0);
-  }
-  close(p[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(p[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  close(p[0]);
-  int st;
-  waitpid(pid, &st, 0);
-  return out;
+  });
 }
 
 bool contains(const std::string& s, const std::string& part) {

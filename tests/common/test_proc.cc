@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -176,5 +177,41 @@ bool alive(pid_t pid, const std::string& cmdline_contains) {
   return slurp("/proc/" + std::to_string(pid) + "/cmdline").find(cmdline_contains) !=
          std::string::npos;
 }
+
+std::string as_uid(uid_t uid, const std::function<std::string()>& fn) {
+  int p[2];
+  if (pipe(p) != 0) return "pipe failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    std::string out;
+    if (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0) {
+      out = "cannot become uid " + std::to_string(uid);
+    } else {
+      try {
+        out = fn();
+      } catch (const std::exception& e) {
+        out = std::string("exception: ") + e.what();
+      }
+    }
+    size_t off = 0;
+    while (off < out.size()) {
+      ssize_t n = write(p[1], out.data() + off, out.size() - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(p[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(p[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(p[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return out;
+}
+
 
 }  // namespace ring::test

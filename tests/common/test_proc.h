@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -109,5 +110,11 @@ bool wait_for_no_processes(const std::string& needle, double seconds);
 // ("" = any). Pids get reused quickly on a busy machine with a small pid_max: pass the binary's
 // name so that an unrelated process that got the number is not taken for a survivor.
 bool alive(pid_t pid, const std::string& cmdline_contains = "");
+
+// Runs `fn` in a forked child that has become uid/gid `uid` (no supplementary groups) and returns
+// what it returned, "exception: <what>" if it threw, or "cannot become uid N". For tests that act
+// as a second Unix user; the child must use only objects it creates itself (fork copies one
+// thread) and leaves with _exit. Needs root.
+std::string as_uid(uid_t uid, const std::function<std::string()>& fn);
 
 }  // namespace ring::test

@@ -24,6 +24,7 @@
 
 using namespace ring::coord;
 using namespace ring::coord::test;
+using ring::test::as_uid;
 
 namespace {
 
@@ -58,44 +59,6 @@ struct CoordBin {
   }
   Client client() { return Client(ClientOptions{ep, 10000ms, "", "", ""}); }
 };
-
-// Runs `fn` in a forked child that is uid/gid `uid` (not root) and returns what it returned (or
-// the exception it threw). The child uses only objects it creates itself (its own ZeroMQ
-// context) and leaves with _exit.
-std::string as_uid(uid_t uid, const std::function<std::string()>& fn) {
-  int p[2];
-  if (pipe(p) != 0) return "pipe failed";
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(p[0]);
-    std::string out;
-    if (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0) {
-      out = "cannot become uid " + std::to_string(uid);
-    } else {
-      try {
-        out = fn();
-      } catch (const std::exception& e) {
-        out = std::string("exception: ") + e.what();
-      }
-    }
-    size_t off = 0;
-    while (off < out.size()) {
-      ssize_t n = write(p[1], out.data() + off, out.size() - off);
-      if (n <= 0) break;
-      off += static_cast<size_t>(n);
-    }
-    _exit(0);
-  }
-  close(p[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(p[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  close(p[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return out;
-}
 
 std::string as_nobody(const std::function<std::string()>& fn) {
   return as_uid(kNobody, fn);

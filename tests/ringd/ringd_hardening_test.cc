@@ -57,6 +57,7 @@
 
 #include "tests/common/test_json.h"
 #include "tests/common/test_proc.h"
+#include "tests/ringd/ringd_test_util.h"
 
 namespace {
 
@@ -81,22 +82,6 @@ std::string make_xdg(const TempDir& t) {
   fs::create_directories(x);
   ::chmod(x.c_str(), 0700);
   return x;
-}
-
-std::vector<std::string> ringd_args(const std::string& spec, const std::string& dir,
-                                    std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {RINGD_BIN,   "--spec",           spec, "--job-dir", dir,
-                                "--json",    "--worker-threads", "1",  "--worker-bin",
-                                RING_WORKER, "--threads",        "1"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
-}
-
-std::vector<pid_t> worker_pids(const std::string& out) {
-  std::vector<pid_t> p;
-  for (const json& j : json_lines(out))
-    if (j.value("event", "") == "worker_started") p.push_back(j.at("pid").get<pid_t>());
-  return p;
 }
 
 bool has_event(const std::string& out, const std::string& name) {
