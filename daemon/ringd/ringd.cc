@@ -211,7 +211,7 @@ struct Worker {
   bool connected = false, mapped = false;
   int buckets = 0;        // buckets delivered this step
   bool done = false;      // step finished
-  json done_msg;
+  offload::control::Done done_msg;
 };
 
 // A worker's control messages are JSON lines of a few hundred bytes (the loader cursor is the
@@ -226,43 +226,6 @@ class ProtocolError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-// Field `key` of a control message: an integer in [lo, hi].
-int64_t field_int(const json& m, const char* key, int64_t lo, int64_t hi) {
-  auto it = m.find(key);
-  if (it == m.end()) throw ProtocolError(fmt::format("field '{}' is missing", key));
-  if (!it->is_number_integer())
-    throw ProtocolError(fmt::format("field '{}' must be an integer, got {}", key,
-                                    it->dump().substr(0, 100)));
-  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-    throw ProtocolError(fmt::format("field '{}' = {} is out of range", key, it->dump()));
-  const int64_t v = it->get<int64_t>();
-  if (v < lo || v > hi)
-    throw ProtocolError(fmt::format("field '{}' = {} is outside [{}, {}]", key, v, lo, hi));
-  return v;
-}
-
-// The "done" message's fields that ringd reads when the step ends, checked when it arrives (a
-// bad one fails the worker that sent it, not whichever worker finishes the step last).
-void check_done_fields(const json& m) {
-  auto number = [&](const char* k, bool required) {
-    auto it = m.find(k);
-    if (it == m.end()) {
-      if (required) throw ProtocolError(fmt::format("field '{}' is missing", k));
-      return;
-    }
-    // null: a NaN or infinite value (JSON has neither), e.g. a diverged loss; not an error here.
-    if (!it->is_number() && !it->is_null())
-      throw ProtocolError(fmt::format("field '{}' must be a number, got {}", k,
-                                      it->dump().substr(0, 100)));
-  };
-  number("loss_sum", true);
-  number("ring_wait_ms", false);
-  field_int(m, "valid", 0, INT64_MAX);
-  field_int(m, "tokens", 0, INT64_MAX);
-  if (m.contains("stop") && !m["stop"].is_boolean())
-    throw ProtocolError("field 'stop' must be true or false");
-}
 
 struct Conn {
   explicit Conn(asio::io_context& io) : sock(io), buf(kMaxControlLine) {}
@@ -301,7 +264,7 @@ class Daemon {
   // ---- sockets
   void accept();
   void read(std::shared_ptr<Conn> c);
-  void on_message(const std::shared_ptr<Conn>& c, const json& m);
+  void on_message(const std::shared_ptr<Conn>& c, const offload::control::WorkerMessage& msg);
   void send(int local, const json& m);
   void write(const std::shared_ptr<Conn>& c, const json& m);
   void write_next(const std::shared_ptr<Conn>& c);
@@ -1153,12 +1116,11 @@ void Daemon::read(std::shared_ptr<Conn> c) {
           protocol_error(c, "sent a message that is not a JSON object: " + line.substr(0, 200));
           return;
         }
-        // A field of the wrong type (nlohmann's value()/get() throw type_error) is the worker's
-        // protocol error: it fails that worker, never the daemon. The line format is checked
-        // first by the one parser both ends share (worker/offload/control.h, fuzzed).
+        // A field of the wrong type or out of range is the worker's protocol error: it fails that
+        // worker, never the daemon. Lines are parsed and checked by the one parser both ends
+        // share (worker/offload/control.h, fuzzed); ringd acts only on the parsed message.
         try {
-          (void)offload::control::worker_from_json(m);
-          on_message(c, m);
+          on_message(c, offload::control::worker_from_json(m));
         } catch (const offload::control::ControlError& x) {
           protocol_error(c, std::string("sent a malformed message: ") + x.what());
           return;
@@ -1248,16 +1210,12 @@ void Daemon::write_next(const std::shared_ptr<Conn>& c) {
                     });
 }
 
-void Daemon::on_message(const std::shared_ptr<Conn>& c, const json& m) {
-  auto ti = m.find("t");
-  if (ti == m.end() || !ti->is_string()) throw ProtocolError("field 't' must be a string");
-  const std::string t = ti->get<std::string>();
-  if (t == "hello") {
+void Daemon::on_message(const std::shared_ptr<Conn>& c,
+                        const offload::control::WorkerMessage& msg) {
+  namespace ctl = offload::control;
+  if (const auto* h = std::get_if<ctl::Hello>(&msg)) {
     if (c->local >= 0) throw ProtocolError("a second hello on one connection");
-    const int local = static_cast<int>(field_int(m, "local", -1, 1 << 20));
-    const int rank = static_cast<int>(field_int(m, "rank", -1, 1 << 30));
-    const int64_t n = field_int(m, "n", -1, INT64_MAX);
-    const int64_t pid = field_int(m, "pid", -1, INT32_MAX);
+    const int local = static_cast<int>(h->local);
     // Who is really at the other end (SO_PEERCRED), not what the message says.
     ucred cred{};
     socklen_t len = sizeof(cred);
@@ -1266,14 +1224,14 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c, const json& m) {
     std::string why;
     if (!have_cred || cred.uid != geteuid())
       why = have_cred ? fmt::format("uid {} is not ringd's", cred.uid) : "no peer credentials";
-    else if (local < 0 || local >= wpn_ || !workers_[local].running)
+    else if (local >= wpn_ || !workers_[local].running)
       why = fmt::format("local rank {} is not a worker of this attempt", local);
-    else if (rank != workers_[local].rank)
-      why = fmt::format("rank {} should be {}", rank, workers_[local].rank);
-    else if (n != layout_->total())
-      why = fmt::format("model of {} floats, ringd's has {} (same spec?)", n, layout_->total());
-    else if (pid != workers_[local].pid || cred.pid != workers_[local].pid)
-      why = fmt::format("pid {} (connected from pid {}) is not the worker ringd spawned", pid,
+    else if (h->rank != workers_[local].rank)
+      why = fmt::format("rank {} should be {}", h->rank, workers_[local].rank);
+    else if (h->n != layout_->total())
+      why = fmt::format("model of {} floats, ringd's has {} (same spec?)", h->n, layout_->total());
+    else if (h->pid != workers_[local].pid || cred.pid != workers_[local].pid)
+      why = fmt::format("pid {} (connected from pid {}) is not the worker ringd spawned", h->pid,
                         cred.pid);
     else if (workers_[local].connected)
       why = fmt::format("local rank {} is connected already", local);
@@ -1294,11 +1252,12 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c, const json& m) {
                  {"cursor", cursor_}});
     return;
   }
-  if (c->local < 0) throw ProtocolError("'" + t.substr(0, 50) + "' before hello");
+  if (c->local < 0)
+    throw ProtocolError("'" + ctl::to_json(msg).value("t", std::string("?")) + "' before hello");
   Worker& w = workers_[c->local];
   w.last_seen = Clock::now();
   if (stopping_workers_) return;
-  if (t == "mapped") {
+  if (std::holds_alternative<ctl::Mapped>(msg)) {
     w.mapped = true;
     if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; })) {
       shm_.unlink();
@@ -1306,33 +1265,29 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c, const json& m) {
                       wpn_, shm_.name(), shm_.bytes() / 1048576.0));
       maybe_begin();
     }
-  } else if (t == "init") {
+  } else if (std::holds_alternative<ctl::Init>(msg)) {
     if (c->local == 0 && !have_master_) {
       opt_->init_master(shm_.params());
       have_master_ = true;
       log("master weights initialised from rank " + std::to_string(w.rank));
       maybe_begin();
     }
-  } else if (t == "bucket") {
-    const int64_t step = field_int(m, "step", 0, INT64_MAX);
-    const int64_t b = field_int(m, "b", 0, INT32_MAX);
-    if (step != cur_step_) {
-      worker_failed(w, fmt::format("sent bucket of step {} during step {}", step, cur_step_));
+  } else if (const auto* b = std::get_if<ctl::Bucket>(&msg)) {
+    if (b->step != cur_step_) {
+      worker_failed(w, fmt::format("sent bucket of step {} during step {}", b->step, cur_step_));
       return;
     }
-    on_bucket(w, static_cast<int>(b));
-  } else if (t == "done") {
-    if (field_int(m, "step", 0, INT64_MAX) != cur_step_) {
+    on_bucket(w, static_cast<int>(b->b));
+  } else if (const auto* d = std::get_if<ctl::Done>(&msg)) {
+    if (d->step != cur_step_) {
       worker_failed(w, "finished a step that is not in flight");
       return;
     }
-    check_done_fields(m);
     w.done = true;
-    w.done_msg = m;
+    w.done_msg = *d;
     maybe_finish_step();
-  } else if (t != "hb") {
-    throw ProtocolError("unknown message type '" + t.substr(0, 50) + "'");
   }
+  // Heartbeat: last_seen above is all it does.
 }
 
 // ---- steps -------------------------------------------------------------------------------------
@@ -1441,9 +1396,9 @@ void Daemon::maybe_finish_step() {
   done_step_ = cur_step_;
   cur_step_ = 0;
   last_all_changed_ = r.all_changed;
-  const json& d = workers_[0].done_msg;
-  cursor_ = d.value("cursor", json());
-  if (!stop_agreed_ && d.value("stop", false)) {
+  const offload::control::Done& d = workers_[0].done_msg;
+  cursor_ = d.cursor;
+  if (!stop_agreed_ && d.stop) {
     stop_agreed_ = true;
     log(stop_signals_ > 0
             ? fmt::format("step {}: every node knows of the stop: checkpoint, then stop", done_step_)
@@ -1454,13 +1409,10 @@ void Daemon::maybe_finish_step() {
       stop_deadline_ = Clock::now() + std::chrono::seconds(60);
     }
   }
-  // null: the worker's loss was NaN or infinite (JSON has neither); value() would throw.
-  const auto ls = d.find("loss_sum");
-  const double loss_sum = ls == d.end() ? 0.0
-                          : ls->is_number() ? ls->get<double>()
-                                            : std::numeric_limits<double>::quiet_NaN();
-  const int64_t valid = d.value("valid", int64_t{0});
-  const int64_t tokens = d.value("tokens", int64_t{0});
+  // loss_sum is NaN when the worker's loss was NaN or infinite (JSON null).
+  const double loss_sum = d.loss_sum;
+  const int64_t valid = d.valid;
+  const int64_t tokens = d.tokens;
   train::StepStats st;
   st.step = done_step_;
   st.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : 0.0;
@@ -1472,7 +1424,7 @@ void Daemon::maybe_finish_step() {
   st.tokens_per_s = wall_s > 0 ? tokens / wall_s : 0;
   json j = json::parse(train::step_json(st));
   j["attempt"] = attempt_;
-  j["comm_s"] = d.value("ring_wait_ms", 0.0) / 1e3;
+  j["comm_s"] = d.ring_wait_ms / 1e3;
   j["optimizer_s"] = r.optimizer_s;
   j["exposed_optimizer_s"] = r.exposed_s;
   j["bytes_exchanged"] = r.bytes_sent;
