@@ -1,5 +1,6 @@
-// Training integration: on the Debian-text task (/usr/share/common-licenses + /usr/share/doc) a
-// small model's loss falls well below the unigram entropy of the data (computed here from the
+// Training integration: on Debian's license texts (/usr/share/common-licenses, shipped by
+// base-files, so the corpus is the same on every Debian 12 machine; /usr/share/doc changes with
+// every installed package and once moved the verdict by 0.08 nat) a small model's loss falls well below the unigram entropy of the data (computed here from the
 // corpus bytes) within a few hundred steps; on passkey at a 512-token context (the recipe of
 // scripts/passkey_train.sh, shortened) the model retrieves the key well above chance; the curves
 // are printed. Plus unit checks of the learning-rate schedule and of the optimizer wiring (no
@@ -36,7 +37,7 @@ job: {name: text-small}
 model: {layers: 2, d_model: 128, heads: 4, kv_heads: 2, mlp: swiglu, vocab: 256}
 data:
   source: text
-  paths: [/usr/share/common-licenses, /usr/share/doc]
+  paths: [/usr/share/common-licenses]
   seq_len: 1024
   max_doc_len: 1024
   seed: 3
