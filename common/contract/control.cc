@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -91,85 +92,56 @@ bool valid_shm_name(const std::string& s) {
   return s != "/." && s != "/..";
 }
 
-// ---- the tables: one per message ----------------------------------------------------------------
+// ---- the tables: one per message ---------------------------------------------------------------
+
+// Every message of both directions. Field order is the order the reader checks them in (so the
+// first bad field is the one named) and the writer writes them in. One field a line.
+// clang-format off
+const auto& tables() {
+  static const auto all = std::make_tuple(
+      // worker -> ringd
+      Message<Hello>{"hello", true, {
+          integer("rank", &Hello::rank, 0, kInt32Max),
+          integer("local", &Hello::local, 0, kInt32Max),
+          integer("pid", &Hello::pid, 1, kInt32Max),
+          integer("n", &Hello::n, 1, kInt64Max),
+          version("proto", &Hello::proto, kProtocolVersion)}},
+      Message<Mapped>{"mapped", true, {}},
+      Message<Init>{"init", true, {}},
+      Message<Heartbeat>{"hb", true, {}},
+      Message<Bucket>{"bucket", true, {
+          integer("step", &Bucket::step, 1, kInt64Max),
+          integer("b", &Bucket::b, 0, kInt32Max)}},
+      Message<Done>{"done", true, {
+          integer("step", &Done::step, 1, kInt64Max),
+          number("loss_sum", &Done::loss_sum, /*null_is_nan=*/true, /*non_negative=*/false),
+          integer("valid", &Done::valid, 0, kInt64Max, /*required=*/false),
+          integer("tokens", &Done::tokens, 0, kInt64Max, /*required=*/false),
+          number("step_ms", &Done::step_ms, false, true),
+          number("ring_wait_ms", &Done::ring_wait_ms, false, true),
+          integer("bytes_sent", &Done::bytes_sent, 0, kInt64Max, /*required=*/false),
+          object_or_null("cursor", &Done::cursor),
+          boolean("stop", &Done::stop, /*required=*/false, /*write_false=*/false)}},
+      // ringd -> worker
+      Message<Welcome>{"welcome", false, {
+          string("shm", &Welcome::shm, /*required=*/true, valid_shm_name,
+                 "must be a shared-memory name ('/' and 1..254 printable bytes, no '/')"),
+          integer("start_step", &Welcome::start_step, 0, kInt64Max - 1),
+          boolean("need_init", &Welcome::need_init, /*required=*/true),
+          object_or_null("cursor", &Welcome::cursor)}},
+      Message<Params>{"params", false, {
+          integer("step", &Params::step, 1, kInt64Max),
+          up_to_n("changed", &Params::changed, -1),
+          boolean("stop", &Params::stop, /*required=*/false)}},
+      Message<Stop>{"stop", false, {
+          string("reason", &Stop::reason, /*required=*/false)}});
+  return all;
+}
+// clang-format on
 
 template <class M>
-const Message<M>& table();
-
-template <>
-const Message<Hello>& table() {
-  static const Message<Hello> t{
-      "hello",
-      true,
-      {integer("rank", &Hello::rank, 0, kInt32Max), integer("local", &Hello::local, 0, kInt32Max),
-       integer("pid", &Hello::pid, 1, kInt32Max), integer("n", &Hello::n, 1, kInt64Max),
-       version("proto", &Hello::proto, kProtocolVersion)}};
-  return t;
-}
-template <>
-const Message<Mapped>& table() {
-  static const Message<Mapped> t{"mapped", true, {}};
-  return t;
-}
-template <>
-const Message<Init>& table() {
-  static const Message<Init> t{"init", true, {}};
-  return t;
-}
-template <>
-const Message<Heartbeat>& table() {
-  static const Message<Heartbeat> t{"hb", true, {}};
-  return t;
-}
-template <>
-const Message<Bucket>& table() {
-  static const Message<Bucket> t{
-      "bucket",
-      true,
-      {integer("step", &Bucket::step, 1, kInt64Max), integer("b", &Bucket::b, 0, kInt32Max)}};
-  return t;
-}
-template <>
-const Message<Done>& table() {
-  static const Message<Done> t{
-      "done",
-      true,
-      {integer("step", &Done::step, 1, kInt64Max),
-       number("loss_sum", &Done::loss_sum, /*null_is_nan=*/true, /*non_negative=*/false),
-       integer("valid", &Done::valid, 0, kInt64Max, /*required=*/false),
-       integer("tokens", &Done::tokens, 0, kInt64Max, false),
-       number("step_ms", &Done::step_ms, false, true),
-       number("ring_wait_ms", &Done::ring_wait_ms, false, true),
-       integer("bytes_sent", &Done::bytes_sent, 0, kInt64Max, false),
-       object_or_null("cursor", &Done::cursor),
-       boolean("stop", &Done::stop, /*required=*/false, /*write_false=*/false)}};
-  return t;
-}
-template <>
-const Message<Welcome>& table() {
-  static const Message<Welcome> t{
-      "welcome",
-      false,
-      {string("shm", &Welcome::shm, true, valid_shm_name,
-              "must be a shared-memory name ('/' and 1..254 printable bytes, no '/')"),
-       integer("start_step", &Welcome::start_step, 0, kInt64Max - 1),
-       boolean("need_init", &Welcome::need_init, true),
-       object_or_null("cursor", &Welcome::cursor)}};
-  return t;
-}
-template <>
-const Message<Params>& table() {
-  static const Message<Params> t{
-      "params",
-      false,
-      {integer("step", &Params::step, 1, kInt64Max), up_to_n("changed", &Params::changed, -1),
-       boolean("stop", &Params::stop, false)}};
-  return t;
-}
-template <>
-const Message<Stop>& table() {
-  static const Message<Stop> t{"stop", false, {string("reason", &Stop::reason, false)}};
-  return t;
+const Message<M>& table() {
+  return std::get<Message<M>>(tables());
 }
 
 // ---- the reader and the writer, driven by a table ---------------------------------------------

@@ -566,18 +566,18 @@ StepResult NodeOptimizer::finish_step() {
   const double update_s = seconds_since(t_update);
   s.completed = s.step;
 
-  StepResult r;
-  r.step = s.step;
-  r.lr = s.lr;
-  r.grad_norm = clip.norm;
-  r.clipped = clip.clipped;
-  r.compressed = s.compressed;
-  r.all_changed = !(s.compressed && s.lazy);
-  r.changed_count = r.all_changed ? s.total : static_cast<int64_t>(s.changed.size());
-  r.selected = s.selected;
-  r.bytes_sent = s.bytes_sent;
-  r.bytes_dense = 4 * s.total;
-  r.optimizer_s = busy + update_s;
+  const bool all_changed = !(s.compressed && s.lazy);
+  StepResult r{.step = s.step,
+               .lr = s.lr,
+               .grad_norm = clip.norm,
+               .clipped = clip.clipped,
+               .compressed = s.compressed,
+               .all_changed = all_changed,
+               .changed_count = all_changed ? s.total : static_cast<int64_t>(s.changed.size()),
+               .selected = s.selected,
+               .bytes_sent = s.bytes_sent,
+               .bytes_dense = 4 * s.total,
+               .optimizer_s = busy + update_s};
   r.exposed_s = seconds_since(t0);
   return r;
 }

@@ -1118,7 +1118,7 @@ void Daemon::read(std::shared_ptr<Conn> c) {
         }
         // A field of the wrong type or out of range is the worker's protocol error: it fails that
         // worker, never the daemon. Lines are parsed and checked by the one parser both ends
-        // share (worker/offload/control.h, fuzzed); ringd acts only on the parsed message.
+        // share (common/contract/control.h, fuzzed); ringd acts only on the parsed message.
         try {
           on_message(c, contract::control::worker_from_json(m));
         } catch (const contract::control::ControlError& x) {
@@ -1857,7 +1857,7 @@ int run(const Options& o) {
     return kExitUsage;
   }
   if (s.optimizer.update == spec::UpdateMode::kLazy) {
-    // The lazy-update index in shared memory (worker/offload/shm.h) holds 32-bit coordinates:
+    // The lazy-update index in shared memory (common/contract/shm.h) holds 32-bit coordinates:
     // a larger model would update the wrong coordinates silently.
     const int64_t n = contract::ParamLayout(contract::ModelConfig::from_spec(s)).total();
     if (n > (int64_t{1} << 32)) {

@@ -406,7 +406,7 @@ TEST(SpecExamples, AllExamplesValidate) {
 }
 
 // The planner's flat layout (what the lazy-index and bucket limits are checked on) is the one
-// ringd and the workers allocate (worker/model/layout.cc), alignment included.
+// ringd and the workers allocate (common/contract/layout.cc), alignment included.
 TEST(SpecLimits, FlatLayoutIsTheWorkersLayout) {
   const std::vector<std::string> models = {
       "{layers: 2, d_model: 64, heads: 4}",

@@ -11,6 +11,8 @@
 
 namespace ring::offload {
 
+namespace control = contract::control;
+
 RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int timeout_ms)
     : opt_(o) {
   sockaddr_un addr{};
@@ -30,15 +32,14 @@ RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int ti
   // A constructor that throws runs no destructor: close the socket here, or ringd would wait
   // for this worker's next line forever.
   try {
-    send(contract::control::to_json(contract::control::WorkerMessage{
-        contract::control::Hello{.rank = o.rank, .local = o.local, .pid = getpid(), .n = o.n}}));
+    send(control::Hello{.rank = o.rank, .local = o.local, .pid = getpid(), .n = o.n});
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, timeout_ms) <= 0)
       throw RingdGone("no welcome from ringd within " + std::to_string(timeout_ms) + " ms");
-    const contract::control::RingdMessage m = recv();
-    if (auto* s = std::get_if<contract::control::Stop>(&m)) throw RingdGone("ringd refused: " + s->reason);
-    const auto* w = std::get_if<contract::control::Welcome>(&m);
-    if (!w) throw RingdGone("expected a welcome from ringd, got " + contract::control::to_json(m).dump());
+    const control::RingdMessage m = recv();
+    if (auto* s = std::get_if<control::Stop>(&m)) throw RingdGone("ringd refused: " + s->reason);
+    const auto* w = std::get_if<control::Welcome>(&m);
+    if (!w) throw RingdGone("expected a welcome from ringd, got " + control::to_json(m).dump());
     welcome_.shm = w->shm;
     welcome_.start_step = w->start_step;
     welcome_.need_init = w->need_init;
@@ -48,7 +49,7 @@ RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int ti
     if (o.local < 0 || o.local >= shm_.workers())
       throw RingdGone("shared memory " + welcome_.shm + " has " + std::to_string(shm_.workers()) +
                       " gradient slots, this worker's local rank is " + std::to_string(o.local));
-    send(contract::control::to_json(contract::control::WorkerMessage{contract::control::Mapped{}}));
+    send(control::Mapped{});
   } catch (...) {
     close(fd_);
     fd_ = -1;
@@ -57,7 +58,7 @@ RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int ti
   hb_ = std::thread([this] {
     while (!stop_hb_.load()) {
       try {
-        send(contract::control::to_json(contract::control::WorkerMessage{contract::control::Heartbeat{}}));
+        send(control::Heartbeat{});
       } catch (const std::exception&) {
         return;
       }
@@ -73,8 +74,8 @@ RingdClient::~RingdClient() {
   if (fd_ >= 0) close(fd_);
 }
 
-void RingdClient::send(const nlohmann::json& j) {
-  std::string line = j.dump() + "\n";
+void RingdClient::send(const control::WorkerMessage& m) {
+  const std::string line = control::encode(m);
   std::lock_guard<std::mutex> lock(write_mu_);
   size_t off = 0;
   while (off < line.size()) {
@@ -85,15 +86,15 @@ void RingdClient::send(const nlohmann::json& j) {
   }
 }
 
-contract::control::RingdMessage RingdClient::recv() {
+control::RingdMessage RingdClient::recv() {
   for (;;) {
     size_t nl = inbuf_.find('\n');
     if (nl != std::string::npos) {
       std::string line = inbuf_.substr(0, nl);
       inbuf_.erase(0, nl + 1);
       try {
-        return contract::control::parse_ringd_line(line, opt_.n);
-      } catch (const contract::control::ControlError& e) {
+        return control::parse_ringd_line(line, opt_.n);
+      } catch (const control::ControlError& e) {
         throw RingdGone(std::string("ringd sent a malformed message: ") + e.what());
       }
     }
@@ -103,25 +104,25 @@ contract::control::RingdMessage RingdClient::recv() {
     if (r == 0) throw RingdGone("ringd closed the control socket");
     if (r < 0) throw RingdGone(std::string("ringd control socket: ") + std::strerror(errno));
     inbuf_.append(buf, static_cast<size_t>(r));
-    if (inbuf_.size() > contract::control::kMaxLineBytes) throw RingdGone("ringd message over 1 MiB");
+    if (inbuf_.size() > control::kMaxLineBytes) throw RingdGone("ringd message over 1 MiB");
   }
 }
 
 void RingdClient::send_init(const float* params) {
   std::memcpy(shm_.params(), params, static_cast<size_t>(opt_.n) * sizeof(float));
-  send(contract::control::to_json(contract::control::WorkerMessage{contract::control::Init{}}));
+  send(control::Init{});
 }
 
 Command RingdClient::next(float* params) {
-  const contract::control::RingdMessage m = recv();
+  const control::RingdMessage m = recv();
   Command c;
-  if (auto* s = std::get_if<contract::control::Stop>(&m)) {
+  if (auto* s = std::get_if<control::Stop>(&m)) {
     c.stop = true;
     c.reason = s->reason;
     return c;
   }
-  const auto* p = std::get_if<contract::control::Params>(&m);
-  if (!p) throw RingdGone("expected params or stop from ringd, got " + contract::control::to_json(m).dump());
+  const auto* p = std::get_if<control::Params>(&m);
+  if (!p) throw RingdGone("expected params or stop from ringd, got " + control::to_json(m).dump());
   c.step = p->step;
   c.changed = p->changed;  // -1..n (checked by the parser)
   c.stop_requested = p->stop;
@@ -144,12 +145,11 @@ Command RingdClient::next(float* params) {
 void RingdClient::bucket(int64_t step, const contract::GradBucket& b, const float* grads) {
   std::memcpy(shm_.grads(opt_.local) + b.begin, grads + b.begin,
               static_cast<size_t>(b.end - b.begin) * sizeof(float));
-  send(contract::control::to_json(contract::control::WorkerMessage{contract::control::Bucket{.step = step, .b = b.index}}));
+  send(control::Bucket{.step = step, .b = b.index});
 }
 
-void RingdClient::done(nlohmann::json j) {
-  j["t"] = "done";
-  send(j);
+void RingdClient::done(const control::Done& d) {
+  send(d);
 }
 
 }  // namespace ring::offload

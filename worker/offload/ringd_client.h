@@ -11,7 +11,7 @@
 //     if (cmd.stop) break;
 //     model.forward_backward(batch, gv, [&](const GradBucket& b) {
 //       c.bucket(cmd.step, b, model.grads()); });              // as each bucket completes
-//     c.done(step_json);
+//     c.done(contract::control::Done{...});
 //   }
 //
 // A heartbeat thread writes {"t":"hb"} every heartbeat_ms so ringd sees a hung process (for
@@ -79,11 +79,12 @@ class RingdClient {
   Command next(float* params);
   // Copies grads[bucket.begin, bucket.end) into this worker's slot and notifies ringd.
   void bucket(int64_t step, const contract::GradBucket& b, const float* grads);
-  // End of the step: `j` carries the step's figures (loss_sum, valid, tokens, step_ms, cursor..).
-  void done(nlohmann::json j);
+  // End of the step: the step's figures (loss_sum, valid, tokens, step_ms, cursor, stop, ...).
+  void done(const contract::control::Done& d);
 
  private:
-  void send(const nlohmann::json& j);
+  // One line, written by the control messages' field table.
+  void send(const contract::control::WorkerMessage& m);
   contract::control::RingdMessage recv();
 
   ClientOptions opt_;
