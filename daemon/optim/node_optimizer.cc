@@ -99,8 +99,8 @@ struct SparseAdam {
 }  // namespace
 
 struct NodeOptimizer::Impl {
-  Impl(const spec::JobSpec& sp, const contract::ParamLayout& lay, int64_t steps, int th, Exchange* ex,
-       std::unique_ptr<Backend> be)
+  Impl(const spec::JobSpec& sp, const contract::ParamLayout& lay, int64_t steps, int th,
+       Exchange* ex, std::unique_ptr<Backend> be)
       : spec(sp), layout(lay), total_steps(steps), threads(th), exchange(ex),
         backend(std::move(be)) {}
 
