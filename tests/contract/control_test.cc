@@ -21,22 +21,20 @@ constexpr int64_t kN = 1000;  // the model size the ringd -> worker side is chec
 
 // One message of every kind, every field set away from its default.
 std::vector<WorkerMessage> worker_samples() {
-  Done d;
-  d.step = 7;
-  d.loss_sum = 12.5;
-  d.valid = 100;
-  d.tokens = 128;
-  d.step_ms = 3.25;
-  d.ring_wait_ms = 0.5;
-  d.bytes_sent = 4096;
-  d.cursor = json{{"epoch", 1}, {"offset", 99}};
-  d.stop = true;
   return {Hello{.rank = 3, .local = 1, .pid = 4242, .n = kN},
           Mapped{},
           Init{},
           Heartbeat{},
           Bucket{.step = 7, .b = 2},
-          d};
+          Done{.step = 7,
+               .loss_sum = 12.5,
+               .valid = 100,
+               .tokens = 128,
+               .step_ms = 3.25,
+               .ring_wait_ms = 0.5,
+               .bytes_sent = 4096,
+               .cursor = json{{"epoch", 1}, {"offset", 99}},
+               .stop = true}};
 }
 std::vector<RingdMessage> ringd_samples() {
   return {Welcome{.shm = "/ringmaster-job-n0-p1-a0",

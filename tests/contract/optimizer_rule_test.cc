@@ -42,18 +42,22 @@ TEST(OptimizerRule, AdamWParamsApplyTheDecayMask) {
   EXPECT_EQ(adamw_params(o, 3e-4, 12, /*decay=*/false).weight_decay, 0.f);
 }
 
-TEST(OptimizerRule, LearningRateWarmupThenCosine) {
+// Moved here from tests/worker/training_test.cc with the schedule itself.
+TEST(LearningRate, WarmupThenCosineOrConstant) {
   spec::OptimizerSection o;
   o.lr = 1.0;
   o.min_lr = 0.1;
   o.lr_warmup_steps = 10;
   o.schedule = spec::LrSchedule::kCosine;
+  EXPECT_DOUBLE_EQ(learning_rate(o, 1, 110), 0.1);
   EXPECT_DOUBLE_EQ(learning_rate(o, 5, 110), 0.5);
   EXPECT_DOUBLE_EQ(learning_rate(o, 10, 110), 1.0);
   EXPECT_NEAR(learning_rate(o, 60, 110), 0.55, 1e-12);
   EXPECT_NEAR(learning_rate(o, 110, 110), 0.1, 1e-12);
   o.schedule = spec::LrSchedule::kConstant;
   EXPECT_DOUBLE_EQ(learning_rate(o, 60, 110), 1.0);
+  o.lr_warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(learning_rate(o, 1, 110), 1.0);
 }
 
 }  // namespace
