@@ -15,13 +15,13 @@
 //
 // Each message's fields are one declarative table in control.cc (key, type, range, required or
 // not), which drives both the reader and the writer, the way common/spec/keys.cc drives the
-// spec: a field is added in one place and both directions follow.
+// spec: a new field is a struct member and a table line, and both directions follow.
 //
 // Versioning: hello carries the worker's kProtocolVersion in `proto`; ringd refuses a worker whose
 // version differs (ControlError on hello.proto naming both versions), so a ring-worker and a ringd
 // from different builds never act on each other's lines. Bump kProtocolVersion whenever a field's
 // meaning, type or range changes or a required field is added. Unknown keys are ignored.
-// Tests: tests/worker/control_test.cc (every message, every malformed field), tests/fuzz
+// Tests: tests/contract/control_test.cc (every message, every malformed field), tests/fuzz
 // (worker_control_fuzz and replay).
 #pragma once
 
