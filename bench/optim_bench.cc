@@ -88,9 +88,9 @@ struct StepTimes {
 // backward_s > 0), then finish.
 ring::optim::StepResult step(ring::optim::NodeOptimizer& opt, int64_t s, std::vector<float>& grad,
                              double backward_s) {
-  const ring::model::ParamLayout& layout = opt.layout();
+  const ring::contract::ParamLayout& layout = opt.layout();
   opt.begin_step(s);
-  for (const ring::model::GradBucket& b : layout.buckets()) {
+  for (const ring::contract::GradBucket& b : layout.buckets()) {
     if (backward_s > 0) {
       std::this_thread::sleep_for(std::chrono::duration<double>(
           backward_s * static_cast<double>(b.end - b.begin) / layout.total()));
@@ -109,7 +109,7 @@ void print_spread(const char* what, const Spread& s, const char* unit) {
 
 int main(int argc, char** argv) {
   using ring::bench::take_flag;
-  ring::model::ModelConfig mc;
+  ring::contract::ModelConfig mc;
   mc.layers = 8;
   mc.d_model = 512;
   mc.heads = 8;
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   mc.head_dim = mc.d_model / mc.heads;
   mc.mlp_hidden = (8 * mc.d_model / 3 + 63) / 64 * 64;
   if (g_threads == 0) g_threads = ring::kernels::cpu::hardware_threads();
-  const ring::model::ParamLayout layout(mc);
+  const ring::contract::ParamLayout layout(mc);
   const int64_t n = layout.total();
 
   std::string err;

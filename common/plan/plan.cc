@@ -46,7 +46,7 @@ FlatLayout flat_layout(const JobSpec& s) {
   // __int128: a spec's largest shapes (d_model, vocab, layers at their key maxima) overflow
   // int64 only in products we then saturate.
   using I = __int128;
-  constexpr I kAlign = 16;  // worker/model/layout.h kParamAlign
+  constexpr I kAlign = 16;  // common/contract/layout.h kParamAlign
   const auto& m = s.model;
   const I d = m.d_model, h = s.resolved.mlp_hidden, V = m.vocab;
   const I q_dim = I{m.heads} * s.resolved.head_dim,

@@ -29,7 +29,7 @@ const std::vector<GpuModel>& gpu_models();
 // Bytes set aside on every GPU for the CUDA context, NCCL and library workspaces.
 inline constexpr double kGpuReserveBytes = 3.0 * (1ull << 30);
 
-// The flat parameter buffer that ringd and the workers allocate (worker/model/layout.cc, which
+// The flat parameter buffer that ringd and the workers allocate (common/contract/layout.cc, which
 // tests/spec checks this against): every tensor starts at a multiple of 16 floats; one gradient
 // bucket for the final norm and LM head, one per transformer block, one for the embedding.
 // Computed without allocating anything; counts saturate at INT64_MAX. Needs s.resolved.

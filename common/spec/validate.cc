@@ -403,7 +403,7 @@ const std::vector<Rule>& rules() {
       // wrong) at run time, refused here first so that `ringctl validate` and `plan` never pass
       // a spec that `run` or `submit` then refuses. Each names the code that sets the limit.
       {{"model.dtype, resources.backend",
-        "fp32 only: ring-worker's model (worker/model/layout.cc) computes in fp32 on every "
+        "fp32 only: ring-worker's model (worker/model/model.cc) computes in fp32 on every "
         "backend.",
         RuleScope::kRuntime},
        [](Ctx& c) {

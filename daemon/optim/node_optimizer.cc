@@ -12,9 +12,9 @@
 
 #include <omp.h>
 
+#include "common/contract/optimizer_rule.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
-#include "worker/train/trainer.h"
 
 namespace ring::optim {
 namespace {
@@ -99,13 +99,13 @@ struct SparseAdam {
 }  // namespace
 
 struct NodeOptimizer::Impl {
-  Impl(const spec::JobSpec& sp, const model::ParamLayout& lay, int64_t steps, int th, Exchange* ex,
-       std::unique_ptr<Backend> be)
+  Impl(const spec::JobSpec& sp, const contract::ParamLayout& lay, int64_t steps, int th,
+       Exchange* ex, std::unique_ptr<Backend> be)
       : spec(sp), layout(lay), total_steps(steps), threads(th), exchange(ex),
         backend(std::move(be)) {}
 
   spec::JobSpec spec;
-  model::ParamLayout layout;
+  contract::ParamLayout layout;
   int64_t total_steps;
   int threads;
   Exchange* exchange;
@@ -174,10 +174,8 @@ struct NodeOptimizer::Impl {
   }
 
   Backend::AdamWParams hparams(bool decay) const {
-    const spec::OptimizerSection& o = spec.optimizer;
-    return Backend::AdamWParams{static_cast<float>(lr), static_cast<float>(o.beta1),
-                                static_cast<float>(o.beta2), static_cast<float>(o.eps),
-                                decay ? static_cast<float>(o.weight_decay) : 0.f, step};
+    const contract::AdamWParams a = contract::adamw_params(spec.optimizer, lr, step, decay);
+    return Backend::AdamWParams{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step};
   }
 
   int64_t bucket_k(int64_t size) const {
@@ -221,7 +219,7 @@ struct NodeOptimizer::Impl {
 
   // Exchange, compression and sum of squares of bucket b (pipeline thread).
   void exchange_bucket(int b) {
-    const model::GradBucket& bk = layout.buckets()[b];
+    const contract::GradBucket& bk = layout.buckets()[b];
     const int64_t size = bk.end - bk.begin;
     float* g = grad[b];
     if (!compressed) {
@@ -342,7 +340,7 @@ struct NodeOptimizer::Impl {
   // AdamW on bucket b with the gradient scaled by `scale` when `clip` (the Trainer's order:
   // scale the gradient in fp32, then the update).
   void update_bucket(int b, float scale, bool clip) {
-    const model::GradBucket& bk = layout.buckets()[b];
+    const contract::GradBucket& bk = layout.buckets()[b];
     const int64_t size = bk.end - bk.begin;
     float* g = grad[b];
     if (compressed) {
@@ -384,7 +382,7 @@ struct NodeOptimizer::Impl {
   }
 };
 
-NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const model::ParamLayout& layout,
+NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLayout& layout,
                              int64_t total_steps, int threads, Exchange* exchange)
 {
   if (total_steps < 1) {
@@ -423,12 +421,12 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const model::ParamLayout
   s.lazy = o.update == spec::UpdateMode::kLazy;
   s.tensors.resize(s.nbuckets);
   int64_t max_k = 0;
-  for (const model::GradBucket& b : layout.buckets()) {
+  for (const contract::GradBucket& b : layout.buckets()) {
     if (b.end - b.begin > (int64_t{1} << 32) - 1) {
       throw OptimError("NodeOptimizer: bucket " + b.name + " has " +
                        std::to_string(b.end - b.begin) + " floats; at most 2^32-1 supported");
     }
-    for (const model::ParamView& pv : layout.views()) {
+    for (const contract::ParamView& pv : layout.views()) {
       if (pv.offset >= b.begin && pv.offset < b.end) {
         s.tensors[b.index].push_back(TensorRef{pv.offset - b.begin, pv.size, pv.decay});
       }
@@ -480,8 +478,8 @@ void NodeOptimizer::begin_step(int64_t step) {
   const spec::OptimizerSection& o = s.spec.optimizer;
   s.step = step;
   s.compressed = s.topk && step > o.warmup_steps;
-  s.update_on_pipeline = !(s.spec.train.grad_clip > 0);
-  s.lr = train::learning_rate(o, step, s.total_steps);
+  s.update_on_pipeline = !contract::clipping_enabled(s.spec.train.grad_clip);
+  s.lr = contract::learning_rate(o, step, s.total_steps);
   s.next_bucket = 0;
   s.bytes_sent = 0;
   s.selected = 0;
@@ -509,7 +507,7 @@ void NodeOptimizer::bucket_ready(int bucket, float* node_grad) {
                                                  : std::string("none (all ") +
                                                        std::to_string(s.nbuckets) + " handed over)"));
   }
-  const model::GradBucket& b = s.layout.buckets()[bucket];
+  const contract::GradBucket& b = s.layout.buckets()[bucket];
   if (node_grad == nullptr && b.end > b.begin) {
     throw OptimError("NodeOptimizer::bucket_ready(" + std::to_string(bucket) +
                      "): node_grad must not be null");
@@ -553,36 +551,33 @@ StepResult NodeOptimizer::finish_step() {
   }
   double ss = 0;
   for (double x : s.ss) ss += x;
-  const double norm = std::sqrt(ss);
-  const double clip = s.spec.train.grad_clip;
-  const bool clipped = clip > 0 && norm > clip;
+  const contract::ClipRule clip = contract::clip_rule(ss, s.spec.train.grad_clip);
   const auto t_update = Clock::now();
   if (!s.update_on_pipeline) {
-    const float scale = clipped ? static_cast<float>(clip / (norm + 1e-6)) : 1.f;
-    for (int b = 0; b < s.nbuckets; ++b) s.update_bucket(b, scale, clipped);
+    for (int b = 0; b < s.nbuckets; ++b) s.update_bucket(b, clip.scale, clip.clipped);
   }
   s.changed.clear();
   if (s.compressed && s.lazy) {
     for (int b = 0; b < s.nbuckets; ++b) {
-      const model::GradBucket& bk = s.layout.buckets()[b];
+      const contract::GradBucket& bk = s.layout.buckets()[b];
       for (uint32_t off : s.sparse_idx[b]) s.changed.push_back(bk.begin + off);
     }
   }
   const double update_s = seconds_since(t_update);
   s.completed = s.step;
 
-  StepResult r;
-  r.step = s.step;
-  r.lr = s.lr;
-  r.grad_norm = norm;
-  r.clipped = clipped;
-  r.compressed = s.compressed;
-  r.all_changed = !(s.compressed && s.lazy);
-  r.changed_count = r.all_changed ? s.total : static_cast<int64_t>(s.changed.size());
-  r.selected = s.selected;
-  r.bytes_sent = s.bytes_sent;
-  r.bytes_dense = 4 * s.total;
-  r.optimizer_s = busy + update_s;
+  const bool all_changed = !(s.compressed && s.lazy);
+  StepResult r{.step = s.step,
+               .lr = s.lr,
+               .grad_norm = clip.norm,
+               .clipped = clip.clipped,
+               .compressed = s.compressed,
+               .all_changed = all_changed,
+               .changed_count = all_changed ? s.total : static_cast<int64_t>(s.changed.size()),
+               .selected = s.selected,
+               .bytes_sent = s.bytes_sent,
+               .bytes_dense = 4 * s.total,
+               .optimizer_s = busy + update_s};
   r.exposed_s = seconds_since(t0);
   return r;
 }
@@ -596,7 +591,7 @@ const std::vector<int64_t>& NodeOptimizer::changed() const {
 int64_t NodeOptimizer::step() const {
   return impl_->completed;
 }
-const model::ParamLayout& NodeOptimizer::layout() const {
+const contract::ParamLayout& NodeOptimizer::layout() const {
   return impl_->layout;
 }
 

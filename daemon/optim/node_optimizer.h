@@ -1,4 +1,4 @@
-// The optimizer that ringd owns in host memory (issue 5): fp32 master weights and AdamW moments
+// The optimizer that ringd owns in host memory: fp32 master weights and AdamW moments
 // of the whole model, the top-k residual, the gradient exchange between node daemons, global
 // gradient-norm clipping and the update, overlapped with the workers' backward bucket by bucket.
 //
@@ -13,12 +13,13 @@
 //     // dense: copy master() to the workers; lazy: only opt.changed() coordinates
 //   }
 //
-// Math (mirrors worker/train/trainer.cc exactly, so an offloaded run reproduces the in-worker
-// optimizer): the gradient g of step s (1-based) is the sum over nodes of each node's gradient;
-// norm = ||g||_2 over the whole flat buffer (fp64 sum of squares); with train.grad_clip c > 0 and
-// norm > c, g *= float(c / (norm + 1e-6)); lr = train::learning_rate(optimizer, s, total_steps);
-// then Backend::adamw_step on each parameter tensor (ParamView) with weight decay 0 where
-// ParamView::decay is false. StepResult::grad_norm is the norm before clipping.
+// Math (the rule of common/contract/optimizer_rule.h, which the in-worker Trainer applies too, so
+// an offloaded run reproduces the in-worker optimizer): the gradient g of step s (1-based) is the
+// sum over nodes of each node's gradient; norm = ||g||_2 over the whole flat buffer (fp64 sum of
+// squares); contract::clip_rule: with train.grad_clip c > 0 and norm > c, g *= float(c / (norm +
+// 1e-6)); lr = contract::learning_rate(optimizer, s, total_steps); then Backend::adamw_step on
+// each parameter tensor (ParamView) with contract::adamw_params (weight decay 0 where
+// ParamView::decay is false). StepResult::grad_norm is the norm before clipping.
 //
 // Compression (optimizer.compression: topk), after optimizer.warmup_steps dense steps (steps
 // s <= warmup_steps are dense): per bucket, acc = residual + node_grad (error feedback) or
@@ -54,8 +55,8 @@
 #include <string>
 #include <vector>
 
+#include "common/contract/layout.h"
 #include "common/spec/spec.h"
-#include "worker/model/layout.h"
 
 namespace ring::optim {
 
@@ -148,7 +149,7 @@ class NodeOptimizer {
   // spec: validated. layout: the model's flat layout (copied). total_steps: the lr schedule's
   // horizon (>= 1). threads: >= 0 (0: all cores). exchange: not null, outlives this object.
   // Allocates 3 (4 with a residual) x layout.total() floats. Throws OptimError.
-  NodeOptimizer(const spec::JobSpec& spec, const model::ParamLayout& layout, int64_t total_steps,
+  NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLayout& layout, int64_t total_steps,
                 int threads, Exchange* exchange);
   ~NodeOptimizer();
   NodeOptimizer(const NodeOptimizer&) = delete;
@@ -177,7 +178,7 @@ class NodeOptimizer {
   const std::vector<int64_t>& changed() const;
   // Last completed step (0 before the first).
   int64_t step() const;
-  const model::ParamLayout& layout() const;
+  const contract::ParamLayout& layout() const;
 
   // Checkpoint state, in a fixed order; the data pointers stay valid for the object's life.
   std::vector<StateTensor> state_tensors();

@@ -40,6 +40,11 @@
 
 #include "common/cli/flags.h"
 #include "common/cli/job_dir.h"
+#include "common/contract/control.h"
+#include "common/contract/layout.h"
+#include "common/contract/model_config.h"
+#include "common/contract/shm.h"
+#include "common/contract/step_stats.h"
 #include "common/proc/close_fds.h"
 #include "common/proc/reap.h"
 #include "common/spec/parse.h"
@@ -52,11 +57,6 @@
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/owned_paths.h"
 #include "daemon/ringd/transport_exchange.h"
-#include "worker/model/config.h"
-#include "worker/model/layout.h"
-#include "worker/offload/control.h"
-#include "worker/offload/shm.h"
-#include "worker/train/trainer.h"
 
 #ifndef RING_WORKER_BUILD_PATH
 #define RING_WORKER_BUILD_PATH ""
@@ -211,7 +211,7 @@ struct Worker {
   bool connected = false, mapped = false;
   int buckets = 0;        // buckets delivered this step
   bool done = false;      // step finished
-  offload::control::Done done_msg;
+  contract::control::Done done_msg;
 };
 
 // A worker's control messages are JSON lines of a few hundred bytes (the loader cursor is the
@@ -264,7 +264,7 @@ class Daemon {
   // ---- sockets
   void accept();
   void read(std::shared_ptr<Conn> c);
-  void on_message(const std::shared_ptr<Conn>& c, const offload::control::WorkerMessage& msg);
+  void on_message(const std::shared_ptr<Conn>& c, const contract::control::WorkerMessage& msg);
   void send(int local, const json& m);
   void write(const std::shared_ptr<Conn>& c, const json& m);
   void write_next(const std::shared_ptr<Conn>& c);
@@ -306,7 +306,7 @@ class Daemon {
   void out_line(const std::string& line);
   int wpn_ = 1, world_ = 1;
   int64_t total_steps_ = 0;
-  std::unique_ptr<model::ParamLayout> layout_;
+  std::unique_ptr<contract::ParamLayout> layout_;
   placement::Placement placement_;
 
   // Attempt state.
@@ -316,7 +316,7 @@ class Daemon {
   Clock::time_point kill_at_;
   std::vector<Worker> workers_;
   std::vector<std::shared_ptr<Conn>> conns_;
-  offload::ShmRegion shm_;
+  contract::ShmRegion shm_;
   std::unique_ptr<TransportExchange> exchange_;
   optim::LocalExchange local_exchange_;
   std::unique_ptr<optim::NodeOptimizer> opt_;
@@ -519,7 +519,7 @@ int Daemon::run() {
   wpn_ = static_cast<int>(spec_.resources.workers_per_node);
   world_ = wpn_ * o_.nodes;
   total_steps_ = o_.steps.value_or(spec_.train.steps);
-  layout_ = std::make_unique<model::ParamLayout>(model::ModelConfig::from_spec(spec_));
+  layout_ = std::make_unique<contract::ParamLayout>(contract::ModelConfig::from_spec(spec_));
   node_grad_.assign(static_cast<size_t>(layout_->total()), 0.f);
 
   // Placement: GPUs (CUDA backend) and cores for each local worker.
@@ -675,9 +675,9 @@ void Daemon::start_attempt() {
     // The name carries this process's pid and the attempt, so a segment of that name is the
     // leftover of an earlier ringd that had the same pid and was killed before its workers
     // mapped it (shared memory outlives processes): replace it.
-    const std::string shm = offload::shm_name(spec_.job.name, o_.node_rank, getpid(), attempt_);
+    const std::string shm = contract::shm_name(spec_.job.name, o_.node_rank, getpid(), attempt_);
     if (shm_unlink(shm.c_str()) == 0) log("removed a stale shared-memory segment " + shm);
-    shm_ = offload::ShmRegion::create(shm, layout_->total(), wpn_);
+    shm_ = contract::ShmRegion::create(shm, layout_->total(), wpn_);
   } catch (const std::exception& e) {
     log(std::string("fatal: ") + e.what());
     finish(kExitFailed);
@@ -950,7 +950,7 @@ void Daemon::end_attempt() {
   }
   opt_.reset();
   exchange_.reset();
-  shm_ = offload::ShmRegion();
+  shm_ = contract::ShmRegion();
   if (o_.node_rank == 0) {
     std::string why;
     if (!remove_own_dir(attempt_rdv_, &why)) log("rendezvous directory left in place: " + why);
@@ -1118,10 +1118,10 @@ void Daemon::read(std::shared_ptr<Conn> c) {
         }
         // A field of the wrong type or out of range is the worker's protocol error: it fails that
         // worker, never the daemon. Lines are parsed and checked by the one parser both ends
-        // share (worker/offload/control.h, fuzzed); ringd acts only on the parsed message.
+        // share (common/contract/control.h, fuzzed); ringd acts only on the parsed message.
         try {
-          on_message(c, offload::control::worker_from_json(m));
-        } catch (const offload::control::ControlError& x) {
+          on_message(c, contract::control::worker_from_json(m));
+        } catch (const contract::control::ControlError& x) {
           protocol_error(c, std::string("sent a malformed message: ") + x.what());
           return;
         } catch (const ProtocolError& x) {
@@ -1211,8 +1211,8 @@ void Daemon::write_next(const std::shared_ptr<Conn>& c) {
 }
 
 void Daemon::on_message(const std::shared_ptr<Conn>& c,
-                        const offload::control::WorkerMessage& msg) {
-  namespace ctl = offload::control;
+                        const contract::control::WorkerMessage& msg) {
+  namespace ctl = contract::control;
   if (const auto* h = std::get_if<ctl::Hello>(&msg)) {
     if (c->local >= 0) throw ProtocolError("a second hello on one connection");
     const int local = static_cast<int>(h->local);
@@ -1351,7 +1351,7 @@ void Daemon::on_bucket(Worker& w, int b) {
   while (buckets_ready_ < nb &&
          std::all_of(workers_.begin(), workers_.end(),
                      [&](const Worker& x) { return x.buckets > buckets_ready_; })) {
-    const model::GradBucket& bk = layout_->buckets()[buckets_ready_];
+    const contract::GradBucket& bk = layout_->buckets()[buckets_ready_];
     float* dst = node_grad_.data() + bk.begin;
     const int64_t len = bk.end - bk.begin;
     // The node's gradient: the workers' slots summed in local-rank order (deterministic).
@@ -1396,7 +1396,7 @@ void Daemon::maybe_finish_step() {
   done_step_ = cur_step_;
   cur_step_ = 0;
   last_all_changed_ = r.all_changed;
-  const offload::control::Done& d = workers_[0].done_msg;
+  const contract::control::Done& d = workers_[0].done_msg;
   cursor_ = d.cursor;
   if (!stop_agreed_ && d.stop) {
     stop_agreed_ = true;
@@ -1413,7 +1413,7 @@ void Daemon::maybe_finish_step() {
   const double loss_sum = d.loss_sum;
   const int64_t valid = d.valid;
   const int64_t tokens = d.tokens;
-  train::StepStats st;
+  contract::StepStats st;
   st.step = done_step_;
   st.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : 0.0;
   st.tokens = tokens;
@@ -1422,7 +1422,7 @@ void Daemon::maybe_finish_step() {
   st.lr = r.lr;
   st.step_ms = wall_s * 1e3;
   st.tokens_per_s = wall_s > 0 ? tokens / wall_s : 0;
-  json j = json::parse(train::step_json(st));
+  json j = json::parse(contract::step_json(st));
   j["attempt"] = attempt_;
   j["comm_s"] = d.ring_wait_ms / 1e3;
   j["optimizer_s"] = r.optimizer_s;
@@ -1450,7 +1450,7 @@ void Daemon::maybe_finish_step() {
     } else if (done_step_ % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step_ == 1 ||
                done_step_ == total_steps_) {
       std::cerr << fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
-                               train::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
+                               contract::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
                                r.bytes_sent / 1e6)
                 << std::endl;
     }
@@ -1857,9 +1857,9 @@ int run(const Options& o) {
     return kExitUsage;
   }
   if (s.optimizer.update == spec::UpdateMode::kLazy) {
-    // The lazy-update index in shared memory (worker/offload/shm.h) holds 32-bit coordinates:
+    // The lazy-update index in shared memory (common/contract/shm.h) holds 32-bit coordinates:
     // a larger model would update the wrong coordinates silently.
-    const int64_t n = model::ParamLayout(model::ModelConfig::from_spec(s)).total();
+    const int64_t n = contract::ParamLayout(contract::ModelConfig::from_spec(s)).total();
     if (n > (int64_t{1} << 32)) {
       std::cerr << "ringd: " << o.spec << ": optimizer.update = lazy with " << n
                 << " parameters: the lazy-update index holds 32-bit coordinates (at most "

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 # A ring-worker stand-in for ringd_worker_lines_test.sh: speaks ringd's control protocol
-# (worker/offload/control.h) without training, and sends what a real worker could not easily
+# (common/contract/control.h) without training, and sends what a real worker could not easily
 # produce: wrongly typed lines (each must be dropped by ringd, not end it) and, for every step,
 # "loss_sum": null, which is how a NaN loss reaches ringd (JSON has no NaN).
 # Bucket count: $RING_FAKE_BUCKETS (the model's layers + 2). The model size is learnt from
-# ringd's refusal of a first hello with n = 1.
+# ringd's refusal of a first hello with n = 1. The control protocol version it says is
+# $RING_FAKE_PROTO (default: this build's, 1): another one must be refused by ringd.
 import json
 import os
 import re
@@ -43,7 +44,8 @@ def recv(f):
     return json.loads(line)
 
 
-hello = {"t": "hello", "rank": rank, "local": local, "pid": os.getpid(), "n": 1}
+proto = int(os.environ.get("RING_FAKE_PROTO", "1"))
+hello = {"t": "hello", "rank": rank, "local": local, "pid": os.getpid(), "n": 1, "proto": proto}
 s, f = connect()
 send(s, hello)
 refusal = recv(f)

@@ -21,14 +21,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/contract/shm.h"
 #include "worker/offload/ringd_client.h"
-#include "worker/offload/shm.h"
 
 namespace {
 
 using ring::offload::RingdClient;
 using ring::offload::RingdGone;
-using ring::offload::ShmRegion;
+using ring::contract::ShmRegion;
 
 constexpr int64_t kN = 1000;
 

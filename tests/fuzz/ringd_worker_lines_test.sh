@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ringd against a worker that sends wrongly typed control lines and a NaN loss ("loss_sum": null)
 # every step (fake_worker.py): with only the NaN loss ringd trains both steps and exits 0; with the
-# wrongly typed lines it fails that worker with a protocol error naming the field (exit 1). Before worker/offload/control.h it ended with "ringd: fatal: [json.exception.
+# wrongly typed lines it fails that worker with a protocol error naming the field (exit 1). Before the shared parser (common/contract/control.h) it ended with "ringd: fatal: [json.exception.
 # type_error.302] type must be number, but is null" (or "... but is string").
 #   ringd_worker_lines_test.sh RINGD
 set -euo pipefail
@@ -40,7 +40,8 @@ resources:
 restart:
   max_restarts: 0
 YAML
-# $1: 1 with the wrongly typed lines, 0 with only the NaN loss.
+# $1: 1 with the wrongly typed lines, 0 with only the NaN loss. $RING_FAKE_PROTO: the control
+# protocol version the worker says in hello (default this build's).
 run() {
   local rc=0
   rm -rf "$t/job"
@@ -68,4 +69,21 @@ run() {
 }
 run 0
 run 1
-echo "ok: ringd trained 2 steps with a NaN loss, and failed the worker that sent malformed lines"
+# A worker of another control protocol version: ringd refuses its hello naming both versions,
+# and the worker fails (exit 1), never trained against.
+rc=0
+rm -rf "$t/job"
+RING_FAKE_PROTO=999 RING_FAKE_HOSTILE=0 RING_FAKE_BUCKETS=4 timeout 300 "$ringd" --spec "$t/spec.yaml" \
+  --job-dir "$t/job" --json --worker-bin "$here/fake_worker.py" >"$t/out" 2>"$t/err" || rc=$?
+if [ "$rc" != 1 ] ||
+   ! cat "$t/err" "$t"/job/logs/* 2>/dev/null |
+     grep -q "hello': proto: the worker speaks control protocol 999, ringd speaks 1"; then
+  echo "FAIL (protocol 999): ringd exited $rc or did not name both versions"
+  echo "--- ringd stderr"; tail -n 20 "$t/err"
+  for f in "$t"/job/logs/*; do echo "--- $f"; tail -n 20 "$f"; done
+  exit 1
+fi
+if grep -q '"step"' "$t/job/steps.jsonl" 2>/dev/null; then
+  echo "FAIL (protocol 999): ringd trained with a worker of another protocol"; exit 1
+fi
+echo "ok: ringd trained 2 steps with a NaN loss, failed the worker that sent malformed lines, and refused a worker of another protocol version"

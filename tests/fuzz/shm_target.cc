@@ -1,4 +1,4 @@
-// The shared-memory header a worker checks when it maps ringd's segment (worker/offload/shm.h).
+// The shared-memory header a worker checks when it maps ringd's segment (common/contract/shm.h).
 // Input: one mode byte, then the segment's bytes (header first; the segment is exactly that
 // long). Mode % 4 == 0: the rest only chooses n and workers for ShmRegion::create, and the
 // worker's open() of what create made must succeed. Otherwise the bytes become a real POSIX
@@ -14,13 +14,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/contract/shm.h"
 #include "tests/fuzz/targets.h"
-#include "worker/offload/shm.h"
 
 namespace ring::fuzz {
 namespace {
 
-namespace off = ring::offload;
 using I = __int128;
 
 std::string name() {
@@ -38,9 +37,9 @@ void shm_input(const uint8_t* data, size_t size) {
     if (size > 1) n = 1 + data[1] * 37;
     if (size > 2) workers = 1 + data[2] % 9;
     shm_unlink(nm.c_str());
-    off::ShmRegion made = off::ShmRegion::create(nm, n, workers);
+    contract::ShmRegion made = contract::ShmRegion::create(nm, n, workers);
     try {
-      off::ShmRegion got = off::ShmRegion::open(nm, n);
+      contract::ShmRegion got = contract::ShmRegion::open(nm, n);
       if (got.workers() != workers || got.n() != n) fail("shm", "open() disagrees with create()");
     } catch (const std::runtime_error& e) {
       fail("shm", std::string("open() refused what create() made: ") + e.what());
@@ -58,11 +57,11 @@ void shm_input(const uint8_t* data, size_t size) {
     done += static_cast<size_t>(w);
   }
   ::close(fd);
-  off::ShmHeader h{};
+  contract::ShmHeader h{};
   std::memcpy(&h, seg, std::min(len, sizeof h));
-  off::ShmRegion r;
+  contract::ShmRegion r;
   try {
-    r = off::ShmRegion::open(nm, h.n);
+    r = contract::ShmRegion::open(nm, h.n);
   } catch (const std::runtime_error&) {
     shm_unlink(nm.c_str());
     return;
@@ -71,7 +70,7 @@ void shm_input(const uint8_t* data, size_t size) {
   // Independent bounds check, in 128 bits, from the header as the fuzzer wrote it.
   const I seg_size = static_cast<I>(len), bytes = I{h.n} * 4;
   const auto within = [&](int64_t offset, I extent, const char* what) {
-    if (offset < static_cast<int64_t>(sizeof(off::ShmHeader)) || I{offset} + extent > seg_size)
+    if (offset < static_cast<int64_t>(sizeof(contract::ShmHeader)) || I{offset} + extent > seg_size)
       fail("shm", std::string("opened a segment whose ") + what + " lie outside it");
   };
   within(h.params_off, bytes, "params");

@@ -17,7 +17,7 @@ namespace ring::fuzz {
 void spec_input(const uint8_t* data, size_t size);
 // One ZeroMQ control message: protocol::parse; what parses re-encodes and parses to the same.
 void protocol_input(const uint8_t* data, size_t size);
-// One line of ringd's worker control socket, read by each side (offload::control); round trip.
+// One line of ringd's worker control socket, read by each side (contract::control); round trip.
 void worker_control_input(const uint8_t* data, size_t size);
 // A checkpoint step directory: checkpoint.json, node-00000.json and node-00000.bin, inspected,
 // verified and loaded (checkpoint_target.cc documents the input layout).

@@ -1,4 +1,4 @@
-// ringd <-> worker control lines (worker/offload/control.h): whatever the bytes, each side's
+// ringd <-> worker control lines (common/contract/control.h): whatever the bytes, each side's
 // parser returns a message or throws ControlError (never another exception or a crash), and what
 // parses re-encodes to a line that parses to the same message. The first byte picks the model
 // size the ringd side checks `params.changed` against; the rest is the line.
@@ -6,13 +6,13 @@
 #include <string>
 #include <string_view>
 
+#include "common/contract/control.h"
 #include "tests/fuzz/targets.h"
-#include "worker/offload/control.h"
 
 namespace ring::fuzz {
 namespace {
 
-namespace c = ring::offload::control;
+namespace c = ring::contract::control;
 
 template <typename Msg, typename Parse>
 void round_trip(const char* side, const Msg& m, Parse parse) {

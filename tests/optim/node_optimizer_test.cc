@@ -49,23 +49,23 @@ const char* kTopkDense = "offload: cpu, compression: topk, density: 0.01, warmup
 const char* kTopkLazy =
     "offload: cpu, compression: topk, density: 0.01, warmup_steps: 0, update: lazy";
 
-model::ParamLayout layout_of(const spec::JobSpec& s) {
-  return model::ParamLayout(model::ModelConfig::from_spec(s));
+contract::ParamLayout layout_of(const spec::JobSpec& s) {
+  return contract::ParamLayout(contract::ModelConfig::from_spec(s));
 }
 
 // Gradient-like values (zero in the alignment gaps), different per seed, scales spanning 1e-4..1.
-std::vector<float> make_grad(const model::ParamLayout& layout, uint64_t seed) {
+std::vector<float> make_grad(const contract::ParamLayout& layout, uint64_t seed) {
   std::vector<float> g(layout.total(), 0.f);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
-  for (const model::ParamView& v : layout.views()) {
+  for (const contract::ParamView& v : layout.views()) {
     const float scale = std::pow(10.f, -static_cast<float>(rng() % 4)) * 0.01f;
     for (int64_t i = 0; i < v.size; ++i) g[v.offset + i] = nd(rng) * scale;
   }
   return g;
 }
 
-std::vector<float> make_params(const model::ParamLayout& layout, uint64_t seed) {
+std::vector<float> make_params(const contract::ParamLayout& layout, uint64_t seed) {
   std::vector<float> p = make_grad(layout, seed);
   for (float& x : p) x *= 10.f;
   return p;
@@ -73,7 +73,7 @@ std::vector<float> make_params(const model::ParamLayout& layout, uint64_t seed) 
 
 StepResult run_step(NodeOptimizer& opt, int64_t step, std::vector<float> grad) {
   opt.begin_step(step);
-  for (const model::GradBucket& b : opt.layout().buckets()) {
+  for (const contract::GradBucket& b : opt.layout().buckets()) {
     opt.bucket_ready(b.index, grad.data() + b.begin);
   }
   return opt.finish_step();
@@ -148,7 +148,7 @@ TEST(OptimDense, MatchesTrainerBitwiseWithClipping) {
 // ---- top-k and error feedback ---------------------------------------------------------------
 TEST(OptimTopk, ErrorFeedbackResidualPlusSentEqualsAccumulated) {
   spec::JobSpec spec = load(kTopkLazy, 0.0);
-  model::ParamLayout layout = layout_of(spec);
+  contract::ParamLayout layout = layout_of(spec);
   const int64_t n = layout.total();
   LocalExchange one;
   NodeOptimizer opt(spec, layout, 20, 2, &one);
@@ -168,7 +168,7 @@ TEST(OptimTopk, ErrorFeedbackResidualPlusSentEqualsAccumulated) {
     std::vector<char> is_sent(n, 0);
     for (int64_t i : sent) is_sent[i] = 1;
     int64_t expected_sent = 0;
-    for (const model::GradBucket& b : layout.buckets()) {
+    for (const contract::GradBucket& b : layout.buckets()) {
       const int64_t size = b.end - b.begin;
       const int64_t k = static_cast<int64_t>(std::ceil(0.01 * size));
       int64_t got = 0;
@@ -199,7 +199,7 @@ TEST(OptimTopk, ErrorFeedbackResidualPlusSentEqualsAccumulated) {
 TEST(OptimTopk, WarmupStepsAreDenseThenCompressed) {
   spec::JobSpec spec = load(
       "offload: cpu, compression: topk, density: 0.001, warmup_steps: 2, update: lazy", 1.0);
-  model::ParamLayout layout = layout_of(spec);
+  contract::ParamLayout layout = layout_of(spec);
   const int64_t n = layout.total();
   LocalExchange one;
   NodeOptimizer opt(spec, layout, 20, 2, &one);
@@ -231,7 +231,7 @@ TEST(OptimTopk, WarmupStepsAreDenseThenCompressed) {
 // what the dense kernel computes for that coordinate with the (clipped) sparse gradient.
 void expect_lazy_exact(double grad_clip) {
   spec::JobSpec spec = load(kTopkLazy, grad_clip);
-  model::ParamLayout layout = layout_of(spec);
+  contract::ParamLayout layout = layout_of(spec);
   const int64_t n = layout.total();
   std::string err;
   auto backend = kernels::create_backend("cpu", 1, &err);
@@ -240,7 +240,7 @@ void expect_lazy_exact(double grad_clip) {
   NodeOptimizer opt(spec, layout, 20, 2, &one);
   opt.init_master(make_params(layout, 3).data());
   std::vector<char> decay(n, 1);
-  for (const model::ParamView& v : layout.views()) {
+  for (const contract::ParamView& v : layout.views()) {
     std::fill(decay.begin() + v.offset, decay.begin() + v.offset + v.size, v.decay ? 1 : 0);
   }
   std::vector<float> residual(n, 0.f);
@@ -295,7 +295,7 @@ TEST(OptimLazy, ClippedSparseGradient) {
 // weights (and moments) are bit-identical on every node after every step.
 std::vector<std::vector<float>> run_nodes(const spec::JobSpec& spec, int nodes, int steps,
                                           std::vector<StepResult>* node0_results) {
-  model::ParamLayout layout = layout_of(spec);
+  contract::ParamLayout layout = layout_of(spec);
   InProcessExchange ex(nodes, 30.0);
   std::vector<std::unique_ptr<NodeOptimizer>> opts;
   const std::vector<float> init = make_params(layout, 4);
@@ -341,7 +341,7 @@ TEST(OptimMultiNode, DenseBitIdenticalAndEqualToSummedGradient) {
   const int nodes = 3, steps = 3;
   std::vector<std::vector<float>> multi = run_nodes(spec, nodes, steps, nullptr);
   // One node fed the gradient summed in node order gives the same bits.
-  model::ParamLayout layout = layout_of(spec);
+  contract::ParamLayout layout = layout_of(spec);
   LocalExchange one;
   NodeOptimizer opt(spec, layout, 20, 1, &one);
   opt.init_master(make_params(layout, 4).data());
@@ -375,7 +375,7 @@ TEST(OptimMultiNode, TopkLazyBitIdentical) {
 // ---- checkpoints ----------------------------------------------------------------------------
 TEST(OptimState, RestoreContinuesBitIdentically) {
   spec::JobSpec spec = load(kTopkLazy, 0.05);
-  model::ParamLayout layout = layout_of(spec);
+  contract::ParamLayout layout = layout_of(spec);
   LocalExchange one;
   NodeOptimizer a(spec, layout, 20, 1, &one);
   a.init_master(make_params(layout, 5).data());
@@ -412,7 +412,7 @@ TEST(OptimTorch, MatchesTorchAdamW) {
   spec::JobSpec spec = load(kDense, 0.5);
   spec.optimizer.schedule = spec::LrSchedule::kConstant;
   spec.optimizer.lr_warmup_steps = 0;
-  model::ParamLayout layout = layout_of(spec);
+  contract::ParamLayout layout = layout_of(spec);
   const int64_t n = layout.total();
   const int steps = 6;
   char tmpl[] = "/tmp/ring_optim_torch_XXXXXX";
@@ -420,7 +420,7 @@ TEST(OptimTorch, MatchesTorchAdamW) {
   const std::filesystem::path dir(tmpl);
   std::vector<float> p0 = make_params(layout, 6);
   std::vector<uint8_t> decay(n, 1);
-  for (const model::ParamView& v : layout.views()) {
+  for (const contract::ParamView& v : layout.views()) {
     std::fill(decay.begin() + v.offset, decay.begin() + v.offset + v.size, v.decay ? 1 : 0);
   }
   std::vector<std::vector<float>> grads;
@@ -497,7 +497,7 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST(OptimErrors, ClearMessagesForBadCalls) {
   spec::JobSpec spec = load(kDense, 1.0);
-  model::ParamLayout layout = layout_of(spec);
+  contract::ParamLayout layout = layout_of(spec);
   LocalExchange one;
   EXPECT_NE(error_of([&] { NodeOptimizer(spec, layout, 0, 1, &one); }).find("total_steps"),
             std::string::npos);

@@ -506,7 +506,7 @@ sock = a[a.index('--ringd') + 1]
 rank = int(a[a.index('--rank') + 1]); local = int(a[a.index('--local-rank') + 1])
 def talk(n):
     s = socket.socket(socket.AF_UNIX); s.connect(sock)
-    s.sendall((json.dumps({'t': 'hello', 'rank': rank, 'local': local, 'pid': os.getpid(), 'n': n}) + '\n').encode())
+    s.sendall((json.dumps({'t': 'hello', 'rank': rank, 'local': local, 'pid': os.getpid(), 'n': n, 'proto': 1}) + '\n').encode())
     f = s.makefile('r'); return s, json.loads(f.readline())
 s, m = talk(1)  # a wrong model size: the refusal names ringd's
 n = int(m['reason'].split('ringd\'s has ')[1].split(' ')[0])

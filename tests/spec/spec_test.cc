@@ -15,11 +15,11 @@
 
 #include <fmt/format.h>
 
+#include "common/contract/layout.h"
 #include "common/plan/plan.h"
 #include "common/spec/keys.h"
 #include "common/spec/parse.h"
 #include "tests/common/run.h"
-#include "worker/model/layout.h"
 
 namespace ring::spec {
 namespace {
@@ -406,7 +406,7 @@ TEST(SpecExamples, AllExamplesValidate) {
 }
 
 // The planner's flat layout (what the lazy-index and bucket limits are checked on) is the one
-// ringd and the workers allocate (worker/model/layout.cc), alignment included.
+// ringd and the workers allocate (common/contract/layout.cc), alignment included.
 TEST(SpecLimits, FlatLayoutIsTheWorkersLayout) {
   const std::vector<std::string> models = {
       "{layers: 2, d_model: 64, heads: 4}",
@@ -420,7 +420,7 @@ TEST(SpecLimits, FlatLayoutIsTheWorkersLayout) {
                  "model: " + m + "\n");
     auto r = load_spec_string(text, "m.yaml");
     ASSERT_TRUE(r.ok()) << m << ": " << (r.diagnostics.empty() ? "" : r.diagnostics[0].str());
-    model::ParamLayout layout(model::ModelConfig::from_spec(*r.spec));
+    contract::ParamLayout layout(contract::ModelConfig::from_spec(*r.spec));
     auto f = plan::flat_layout(*r.spec);
     EXPECT_EQ(f.elements, layout.total()) << m;
     int64_t largest = 0;

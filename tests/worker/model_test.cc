@@ -21,7 +21,7 @@
 
 #include "kernels/backend.h"
 #include "worker/model/attention.h"
-#include "worker/model/layout.h"
+#include "worker/model/config.h"
 #include "worker/model/model.h"
 
 namespace ring::model {

@@ -47,23 +47,6 @@ train: {steps: 250, grad_clip: 1.0, seed: 1, log_every: 10}
 resources: {nodes: 1, workers_per_node: 1, backend: cpu, host_memory_gb: 4}
 )";
 
-TEST(LearningRate, WarmupThenCosineOrConstant) {
-  spec::OptimizerSection o;
-  o.lr = 1.0;
-  o.min_lr = 0.1;
-  o.lr_warmup_steps = 10;
-  o.schedule = spec::LrSchedule::kCosine;
-  EXPECT_DOUBLE_EQ(learning_rate(o, 1, 110), 0.1);
-  EXPECT_DOUBLE_EQ(learning_rate(o, 5, 110), 0.5);
-  EXPECT_DOUBLE_EQ(learning_rate(o, 10, 110), 1.0);
-  EXPECT_NEAR(learning_rate(o, 60, 110), 0.55, 1e-12);
-  EXPECT_NEAR(learning_rate(o, 110, 110), 0.1, 1e-12);
-  o.schedule = spec::LrSchedule::kConstant;
-  EXPECT_DOUBLE_EQ(learning_rate(o, 60, 110), 1.0);
-  o.lr_warmup_steps = 0;
-  EXPECT_DOUBLE_EQ(learning_rate(o, 1, 110), 1.0);
-}
-
 TEST(DebianText, LossFallsWellBelowUnigramEntropy) {
   spec::JobSpec spec = load(kTextSpec);
   std::string err;

@@ -1,42 +1,19 @@
-// The model hyper-parameters the worker needs, taken from the job spec's model section.
+// The model's configuration, flat parameter layout and error type are the contract with ringd
+// (common/contract/model_config.h, common/contract/layout.h): ringd allocates the same flat
+// buffers and gradient buckets without linking the model. The model uses them under its own
+// namespace.
 #pragma once
 
-#include <cstdint>
-#include <stdexcept>
-#include <string>
-
-#include "common/spec/spec.h"
+#include "common/contract/layout.h"
+#include "common/contract/model_config.h"
 
 namespace ring::model {
 
-// Errors of the model and its training loop: a backend op that failed (the message names the op
-// and the backend status), or a configuration the model cannot take. Thrown at the module edge.
-class ModelError : public std::runtime_error {
- public:
-  explicit ModelError(const std::string& message) : std::runtime_error(message) {}
-};
-
-struct ModelConfig {
-  int64_t layers = 0;
-  int64_t d_model = 0;
-  int64_t heads = 0;
-  int64_t kv_heads = 0;  // heads % kv_heads == 0 (GQA)
-  int64_t head_dim = 0;  // even (RoPE rotates pairs)
-  int64_t mlp_hidden = 0;
-  int64_t vocab = 0;
-  spec::MlpKind mlp = spec::MlpKind::kSwiGLU;
-  bool tie_embeddings = true;
-  bool recompute = false;
-  float rope_theta = 10000.f;
-  float norm_eps = 1e-5f;
-
-  int64_t q_dim() const { return heads * head_dim; }
-  int64_t kv_dim() const { return kv_heads * head_dim; }
-
-  // From a validated spec (spec.resolved filled). Throws ModelError for dtypes other than fp32.
-  static ModelConfig from_spec(const spec::JobSpec& spec);
-  // Throws ModelError naming the first inconsistent field.
-  void check() const;
-};
+using contract::GradBucket;
+using contract::kParamAlign;
+using contract::ModelConfig;
+using contract::ModelError;
+using contract::ParamLayout;
+using contract::ParamView;
 
 }  // namespace ring::model

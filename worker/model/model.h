@@ -31,7 +31,6 @@
 #include "worker/model/attention.h"
 #include "worker/model/buffer.h"
 #include "worker/model/config.h"
-#include "worker/model/layout.h"
 
 namespace ring::model {
 

@@ -11,6 +11,8 @@
 
 namespace ring::offload {
 
+namespace control = contract::control;
+
 RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int timeout_ms)
     : opt_(o) {
   sockaddr_un addr{};
@@ -30,8 +32,7 @@ RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int ti
   // A constructor that throws runs no destructor: close the socket here, or ringd would wait
   // for this worker's next line forever.
   try {
-    send(control::to_json(control::WorkerMessage{
-        control::Hello{.rank = o.rank, .local = o.local, .pid = getpid(), .n = o.n}}));
+    send(control::Hello{.rank = o.rank, .local = o.local, .pid = getpid(), .n = o.n});
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, timeout_ms) <= 0)
       throw RingdGone("no welcome from ringd within " + std::to_string(timeout_ms) + " ms");
@@ -43,12 +44,12 @@ RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int ti
     welcome_.start_step = w->start_step;
     welcome_.need_init = w->need_init;
     welcome_.cursor = w->cursor;
-    shm_ = ShmRegion::open(welcome_.shm, o.n);
+    shm_ = contract::ShmRegion::open(welcome_.shm, o.n);
     // bucket() writes into slot `local`: a segment with fewer slots would be written past its end.
     if (o.local < 0 || o.local >= shm_.workers())
       throw RingdGone("shared memory " + welcome_.shm + " has " + std::to_string(shm_.workers()) +
                       " gradient slots, this worker's local rank is " + std::to_string(o.local));
-    send(control::to_json(control::WorkerMessage{control::Mapped{}}));
+    send(control::Mapped{});
   } catch (...) {
     close(fd_);
     fd_ = -1;
@@ -57,7 +58,7 @@ RingdClient::RingdClient(const std::string& path, const ClientOptions& o, int ti
   hb_ = std::thread([this] {
     while (!stop_hb_.load()) {
       try {
-        send(control::to_json(control::WorkerMessage{control::Heartbeat{}}));
+        send(control::Heartbeat{});
       } catch (const std::exception&) {
         return;
       }
@@ -73,8 +74,8 @@ RingdClient::~RingdClient() {
   if (fd_ >= 0) close(fd_);
 }
 
-void RingdClient::send(const nlohmann::json& j) {
-  std::string line = j.dump() + "\n";
+void RingdClient::send(const control::WorkerMessage& m) {
+  const std::string line = control::encode(m);
   std::lock_guard<std::mutex> lock(write_mu_);
   size_t off = 0;
   while (off < line.size()) {
@@ -109,7 +110,7 @@ control::RingdMessage RingdClient::recv() {
 
 void RingdClient::send_init(const float* params) {
   std::memcpy(shm_.params(), params, static_cast<size_t>(opt_.n) * sizeof(float));
-  send(control::to_json(control::WorkerMessage{control::Init{}}));
+  send(control::Init{});
 }
 
 Command RingdClient::next(float* params) {
@@ -141,15 +142,14 @@ Command RingdClient::next(float* params) {
   return c;
 }
 
-void RingdClient::bucket(int64_t step, const model::GradBucket& b, const float* grads) {
+void RingdClient::bucket(int64_t step, const contract::GradBucket& b, const float* grads) {
   std::memcpy(shm_.grads(opt_.local) + b.begin, grads + b.begin,
               static_cast<size_t>(b.end - b.begin) * sizeof(float));
-  send(control::to_json(control::WorkerMessage{control::Bucket{.step = step, .b = b.index}}));
+  send(control::Bucket{.step = step, .b = b.index});
 }
 
-void RingdClient::done(nlohmann::json j) {
-  j["t"] = "done";
-  send(j);
+void RingdClient::done(const control::Done& d) {
+  send(d);
 }
 
 }  // namespace ring::offload

@@ -1,7 +1,8 @@
 // The worker side of ringd's control channel: a unix stream socket carrying small JSON lines
 // (hello, heartbeat, "bucket b of step s is in your slot", step done) and, from ringd, the
 // welcome (the shm segment, the step to start at, the loader cursor), "params for step s are in
-// shm" and stop. Tensors go through the shm segment (shm.h), never through the socket.
+// shm" and stop. Tensors go through the shm segment (common/contract/shm.h), never through
+// the socket.
 //
 //   RingdClient c(socket, {.rank = r, .local = l, .n = layout.total()});
 //   if (c.welcome().need_init) c.send_init(model.params());    // local rank 0, fresh start
@@ -10,7 +11,7 @@
 //     if (cmd.stop) break;
 //     model.forward_backward(batch, gv, [&](const GradBucket& b) {
 //       c.bucket(cmd.step, b, model.grads()); });              // as each bucket completes
-//     c.done(step_json);
+//     c.done(contract::control::Done{...});
 //   }
 //
 // A heartbeat thread writes {"t":"hb"} every heartbeat_ms so ringd sees a hung process (for
@@ -26,9 +27,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "worker/model/layout.h"
-#include "worker/offload/control.h"
-#include "worker/offload/shm.h"
+#include "common/contract/control.h"
+#include "common/contract/layout.h"
+#include "common/contract/shm.h"
 
 namespace ring::offload {
 
@@ -69,7 +70,7 @@ class RingdClient {
   RingdClient& operator=(const RingdClient&) = delete;
 
   const Welcome& welcome() const { return welcome_; }
-  ShmRegion& shm() { return shm_; }
+  contract::ShmRegion& shm() { return shm_; }
 
   // Fresh start, the worker ringd named: copies params [n] into the shm and tells ringd.
   void send_init(const float* params);
@@ -77,20 +78,21 @@ class RingdClient {
   // or only the changed coordinates in lazy mode) or stop.
   Command next(float* params);
   // Copies grads[bucket.begin, bucket.end) into this worker's slot and notifies ringd.
-  void bucket(int64_t step, const model::GradBucket& b, const float* grads);
-  // End of the step: `j` carries the step's figures (loss_sum, valid, tokens, step_ms, cursor..).
-  void done(nlohmann::json j);
+  void bucket(int64_t step, const contract::GradBucket& b, const float* grads);
+  // End of the step: the step's figures (loss_sum, valid, tokens, step_ms, cursor, stop, ...).
+  void done(const contract::control::Done& d);
 
  private:
-  void send(const nlohmann::json& j);
-  control::RingdMessage recv();
+  // One line, written by the control messages' field table.
+  void send(const contract::control::WorkerMessage& m);
+  contract::control::RingdMessage recv();
 
   ClientOptions opt_;
   int fd_ = -1;
   std::string inbuf_;
   std::mutex write_mu_;
   Welcome welcome_;
-  ShmRegion shm_;
+  contract::ShmRegion shm_;
   std::atomic<bool> stop_hb_{false};
   std::thread hb_;
 };

@@ -384,17 +384,15 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const RingStats& r1 = attention.ring_stats();
-      nlohmann::json d;
-      d["step"] = cmd.step;
-      d["loss_sum"] = loss_sum;
-      d["valid"] = valid;
-      d["tokens"] = seq.size();
-      d["step_ms"] = step_ms;
-      d["ring_wait_ms"] = (r1.wait_s - r0.wait_s) * 1e3;
-      d["bytes_sent"] = r1.bytes_sent - r0.bytes_sent;
-      d["cursor"] = source->cursor();
-      if (stop) d["stop"] = true;
-      client.done(std::move(d));
+      client.done(contract::control::Done{.step = cmd.step,
+                                          .loss_sum = loss_sum,
+                                          .valid = valid,
+                                          .tokens = seq.size(),
+                                          .step_ms = step_ms,
+                                          .ring_wait_ms = (r1.wait_s - r0.wait_s) * 1e3,
+                                          .bytes_sent = r1.bytes_sent - r0.bytes_sent,
+                                          .cursor = source->cursor(),
+                                          .stop = stop});
     }
     rr.shutdown();
     return 0;

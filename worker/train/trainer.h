@@ -7,6 +7,8 @@
 // AdamW runs through Backend::adamw_step on each parameter tensor, with weight decay 0 on norm
 // gains (ParamView::decay). The gradient is clipped to train.grad_clip in global L2 norm (over
 // the whole flat buffer) before the update; the logged grad_norm is the norm before clipping.
+// Schedule, clipping and decay mask are common/contract/optimizer_rule.h, which ringd's
+// offloaded optimizer (daemon/optim/) calls too.
 #pragma once
 
 #include <chrono>
@@ -16,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "common/contract/optimizer_rule.h"
+#include "common/contract/step_stats.h"
 #include "common/spec/spec.h"
 #include "kernels/backend.h"
 #include "worker/data/sequence.h"
@@ -24,21 +28,12 @@
 
 namespace ring::train {
 
-// Learning rate at optimizer step `step` (1-based) of `total_steps`: linear warm-up from 0 over
-// lr_warmup_steps (step s < warm-up gets lr * s / warm-up), then constant lr, or cosine from lr
-// to min_lr reached at total_steps.
-double learning_rate(const spec::OptimizerSection& o, int64_t step, int64_t total_steps);
-
-struct StepStats {
-  int64_t step = 0;       // 1-based optimizer step just taken
-  double loss = 0;        // mean cross-entropy (nats) over the step's valid labels
-  int64_t tokens = 0;     // tokens processed in the step (all its sequences)
-  int64_t valid = 0;      // valid labels
-  double grad_norm = 0;   // global L2 norm before clipping
-  double lr = 0;          // learning rate used for the update
-  double step_ms = 0;     // wall time of forward + backward + optimizer
-  double tokens_per_s = 0;
-};
+// The optimizer rule (learning rate, clipping, decay mask) and the step record are the contract
+// with ringd, whose offloaded optimizer applies the same rule (common/contract/).
+using contract::format_step;
+using contract::learning_rate;
+using contract::StepStats;
+using contract::step_json;
 
 class Trainer {
  public:
@@ -77,11 +72,5 @@ class Trainer {
   model::DeviceArray<float> m_, v_;  // AdamW moments, [layout.total()]
   GradReduceFn grad_reduce_;
 };
-
-// "step 10 | loss 2.3456 | 12345 tok/s | 234.5 ms | lr 1.00e-03 | gnorm 0.812"
-std::string format_step(const StepStats& s);
-// One JSON object (one line): {"step":..,"loss":..,"tokens_per_s":..,"step_ms":..,"lr":..,
-// "grad_norm":..,"tokens":..,"valid":..}
-std::string step_json(const StepStats& s);
 
 }  // namespace ring::train

@@ -4,7 +4,7 @@
 // wrong message must still end in an error naming the field, never in a crash, an uncaught
 // nlohmann exception or an out-of-bounds access into the shared memory.
 //
-//   worker -> ringd:  hello {rank, local, pid, n}, mapped, init, hb, bucket {step, b},
+//   worker -> ringd:  hello {rank, local, pid, n, proto}, mapped, init, hb, bucket {step, b},
 //                     done {step, loss_sum, valid, tokens, step_ms, ring_wait_ms, bytes_sent,
 //                           cursor, stop}
 //   ringd -> worker:  welcome {shm, start_step, need_init, cursor}, params {step, changed, stop},
@@ -13,8 +13,16 @@
 //   WorkerMessage m = parse_worker_line(line);   // throws ControlError naming the field
 //   if (auto* b = std::get_if<Bucket>(&m)) ...
 //
-// Unknown keys are ignored (both ends are the same build; a field added on one side must not
-// break the other during a rolling merge). Tests: tests/fuzz (worker_control_fuzz and replay).
+// Each message's fields are one declarative table in control.cc (key, type, range, required or
+// not), which drives both the reader and the writer, the way common/spec/keys.cc drives the
+// spec: a new field is a struct member and a table line, and both directions follow.
+//
+// Versioning: hello carries the worker's kProtocolVersion in `proto`; ringd refuses a worker whose
+// version differs (ControlError on hello.proto naming both versions), so a ring-worker and a ringd
+// from different builds never act on each other's lines. Bump kProtocolVersion whenever a field's
+// meaning, type or range changes or a required field is added. Unknown keys are ignored.
+// Tests: tests/contract/control_test.cc (every message, every malformed field), tests/fuzz
+// (worker_control_fuzz and replay).
 #pragma once
 
 #include <cstddef>
@@ -23,10 +31,14 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
-namespace ring::offload::control {
+namespace ring::contract::control {
+
+// The version of the control protocol this build speaks (Hello::proto).
+inline constexpr int64_t kProtocolVersion = 1;
 
 // Longest line either side accepts; a welcome carries the loader cursor (a few hundred bytes).
 inline constexpr size_t kMaxLineBytes = 1u << 20;
@@ -49,6 +61,7 @@ struct Hello {
   int64_t local = 0;
   int64_t pid = 0;
   int64_t n = 0;  // floats in the worker's model layout
+  int64_t proto = kProtocolVersion;  // the sender's control protocol; must equal the receiver's
 };
 struct Mapped {};
 struct Init {};
@@ -88,6 +101,33 @@ struct Stop {
 };
 using RingdMessage = std::variant<Welcome, Params, Stop>;
 
+// ---- the field tables, for documentation and tests ------------------------------------------
+
+enum class FieldType { kInteger, kNumber, kBoolean, kString, kObjectOrNull };
+
+struct FieldInfo {
+  std::string key;
+  FieldType type = FieldType::kInteger;
+  bool required = true;
+  // kInteger: the accepted range. bounded_by_n: hi is the model size n the reader is given.
+  int64_t lo = 0, hi = 0;
+  bool bounded_by_n = false;
+  // kNumber: JSON null (how a NaN or infinity is written) reads as NaN; else must be finite.
+  bool null_is_nan = false;
+  bool non_negative = false;
+  // kInteger: the value must equal lo (= hi): a version.
+  bool version = false;
+};
+
+struct MessageInfo {
+  std::string kind;  // the "t" value
+  bool from_worker = true;  // worker -> ringd (else ringd -> worker)
+  std::vector<FieldInfo> fields;
+};
+
+// Every message kind of both directions, in the order of the variants' alternatives.
+const std::vector<MessageInfo>& message_table();
+
 // Parse one line (without its '\n'). Throw ControlError.
 WorkerMessage parse_worker_line(std::string_view line);
 // n: floats in the worker's model layout (bounds Params.changed).
@@ -103,4 +143,4 @@ nlohmann::json to_json(const RingdMessage& m);
 std::string encode(const WorkerMessage& m);
 std::string encode(const RingdMessage& m);
 
-}  // namespace ring::offload::control
+}  // namespace ring::contract::control

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <string>
 
-namespace ring::offload {
+namespace ring::contract {
 
 inline constexpr uint64_t kShmMagic = 0x52494e47534d3031ull;  // "RINGSM01"
 inline constexpr uint32_t kShmVersion = 1;
@@ -77,4 +77,4 @@ std::string shm_header_problem(const ShmHeader& h, int64_t size, int64_t n);
 // "/ringmaster-<job>-n<node>-p<pid>-a<attempt>", job name reduced to [A-Za-z0-9_.-].
 std::string shm_name(const std::string& job, int node, int pid, int attempt);
 
-}  // namespace ring::offload
+}  // namespace ring::contract

@@ -2,7 +2,7 @@
 // the gradients use a second buffer with the same layout (same offsets).
 //
 // Order = the order in which the backward pass finishes each gradient, so a consumer (ringd's
-// gradient buckets, issue 5) can take a growing PREFIX of the gradient buffer as soon as the
+// gradient buckets) can take a growing PREFIX of the gradient buffer as soon as the
 // backward is done with a layer:
 //
 //   bucket 0          final_norm.gain [d], lm_head.weight [vocab, d] (untied only)
@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "worker/model/config.h"
+#include "common/contract/model_config.h"
 
-namespace ring::model {
+namespace ring::contract {
 
 inline constexpr int64_t kParamAlign = 16;  // floats
 
@@ -78,4 +78,4 @@ class ParamLayout {
   std::vector<GradBucket> buckets_;
 };
 
-}  // namespace ring::model
+}  // namespace ring::contract

@@ -1,4 +1,4 @@
-#include "worker/offload/shm.h"
+#include "common/contract/shm.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <utility>
 
-namespace ring::offload {
+namespace ring::contract {
 namespace {
 
 int64_t align64(int64_t x) { return (x + 63) / 64 * 64; }
@@ -150,4 +150,4 @@ ShmRegion::~ShmRegion() {
   base_ = nullptr;
 }
 
-}  // namespace ring::offload
+}  // namespace ring::contract

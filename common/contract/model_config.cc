@@ -1,0 +1,40 @@
+#include "common/contract/model_config.h"
+
+#include <string>
+
+namespace ring::contract {
+
+ModelConfig ModelConfig::from_spec(const spec::JobSpec& spec) {
+  const spec::ModelSection& m = spec.model;
+  if (m.dtype != spec::DType::kFp32) {
+    throw ModelError(std::string("model.dtype: ") + spec::to_string(m.dtype) +
+                     " is not supported by the worker model yet (fp32 only)");
+  }
+  ModelConfig c;
+  c.layers = m.layers;
+  c.d_model = m.d_model;
+  c.heads = m.heads;
+  c.kv_heads = spec.resolved.kv_heads;
+  c.head_dim = spec.resolved.head_dim;
+  c.mlp_hidden = spec.resolved.mlp_hidden;
+  c.vocab = m.vocab;
+  c.mlp = m.mlp;
+  c.tie_embeddings = m.tie_embeddings;
+  c.recompute = m.recompute;
+  c.rope_theta = static_cast<float>(m.rope_theta);
+  c.norm_eps = static_cast<float>(m.norm_eps);
+  c.check();
+  return c;
+}
+
+void ModelConfig::check() const {
+  auto fail = [](const std::string& what) { throw ModelError("model config: " + what); };
+  if (layers < 1) fail("layers must be >= 1");
+  if (d_model < 1 || heads < 1 || kv_heads < 1 || head_dim < 2 || mlp_hidden < 1 || vocab < 2) {
+    fail("d_model, heads, kv_heads, mlp_hidden must be >= 1, head_dim >= 2, vocab >= 2");
+  }
+  if (heads % kv_heads != 0) fail("heads must be a multiple of kv_heads");
+  if (head_dim % 2 != 0) fail("head_dim must be even (RoPE)");
+}
+
+}  // namespace ring::contract
