@@ -23,21 +23,20 @@
 #include <unordered_set>
 #include <vector>
 
-#include "plugins/transport/common/no_throw.h"
-#include "plugins/transport/common/rendezvous.h"
+#include "plugins/transport/common/plugin_base.h"
 #include "plugins/transport/transport.h"
 
 using ring::transport::Clock;
+using ring::transport::CommBase;
 using ring::transport::deadline_after_ms;
 using ring::transport::error;
+using ring::transport::guarded;
 using ring::transport::ok_result;
 using ring::transport::PeerIdentity;
-using ring::transport::Rendezvous;
 using ring::transport::Result;
 
 namespace {
 
-constexpr int kDefaultTimeoutMs = 60000;
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
 // Bound on the graceful endpoint flush at finalize; force-close after it.
 constexpr int kCloseFlushMs = 2000;
@@ -51,8 +50,6 @@ constexpr int kMaxRanks = 1 << 22;
 uint64_t make_tag(TagKind kind, int src, uint32_t low) {
   return (static_cast<uint64_t>(kind) << 62) | (static_cast<uint64_t>(src) << 40) | low;
 }
-
-thread_local std::string t_last_error;
 
 ring_transport_status_t map_ucs(ucs_status_t s) {
   switch (s) {
@@ -92,13 +89,7 @@ struct ring_transport_request {
   size_t length = 0;  // bytes transferred
 };
 
-struct ring_transport_comm {
-  int rank = 0;
-  int world = 1;
-  int bootstrap_timeout_ms = kDefaultTimeoutMs;
-  int op_timeout_ms = kDefaultTimeoutMs;
-  Rendezvous rdv;
-  std::vector<PeerIdentity> peers;
+struct ring_transport_comm : CommBase {
   std::vector<std::string> addresses;
   bool all_local = false;
   std::string tls;  // what the context was created with, for messages
@@ -117,17 +108,6 @@ struct ring_transport_comm {
   uint32_t coll_seq = 0;
   Result coll_broken;  // a collective failed part-way: later collectives return this
   std::vector<char> scratch[2];
-  std::string last_error;
-
-  ring_transport_status_t fail(const Result& r) {
-    last_error = r.message;
-    return r.status;
-  }
-  ring_transport_status_t fail(ring_transport_status_t s, std::string m) {
-    last_error = std::move(m);
-    return s;
-  }
-  std::string who() const { return "ucx rank " + std::to_string(rank); }
 };
 
 namespace {
@@ -417,12 +397,6 @@ Result wait_until(Comm* c, Req* r, Clock::time_point deadline, bool all_peers, s
   }
 }
 
-int effective_timeout(const Comm* c, int timeout_ms) {
-  return timeout_ms > 0 ? timeout_ms : c->op_timeout_ms;
-}
-
-bool bad_peer(const Comm* c, int peer) { return peer < 0 || peer >= c->world; }
-
 // ---- ABI members ------------------------------------------------------------------------------
 
 ring_transport_status_t ucx_probe(char* reason, size_t reason_len) {
@@ -432,31 +406,26 @@ ring_transport_status_t ucx_probe(char* reason, size_t reason_len) {
 
 ring_transport_status_t ucx_finalize(ring_transport_comm_t* c);
 
-ring_transport_status_t ucx_init(const ring_transport_config_v1_t* cfg,
+ring_transport_status_t ucx_init(const ring_transport_config_t* config,
                                  ring_transport_comm_t** out) {
   if (!out) {
-    t_last_error = "ucx init: comm is NULL";
+    ring::transport::set_thread_error("ucx init: comm is NULL");
     return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   }
   *out = nullptr;
-  if (!cfg || cfg->world_size < 1 || cfg->world_size > kMaxRanks || cfg->rank < 0 ||
-      cfg->rank >= cfg->world_size) {
-    t_last_error = cfg ? "ucx init: rank " + std::to_string(cfg->rank) + " of world size " +
-                             std::to_string(cfg->world_size) + " is out of range"
-                       : "ucx init: config is NULL";
-    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  ring_transport_config_t cfg;
+  if (Result r = ring::transport::read_config("ucx", config, kMaxRanks, &cfg); !r.ok()) {
+    ring::transport::set_thread_error(r.message);
+    return r.status;
   }
   auto c = std::make_unique<Comm>();
-  c->rank = cfg->rank;
-  c->world = cfg->world_size;
-  if (cfg->bootstrap_timeout_ms > 0) c->bootstrap_timeout_ms = cfg->bootstrap_timeout_ms;
-  if (cfg->op_timeout_ms > 0) c->op_timeout_ms = cfg->op_timeout_ms;
+  c->configure("ucx", cfg);
   auto fail = [&](const Result& r) {
-    t_last_error = r.message;
+    ring::transport::set_thread_error(r.message);
     ucx_finalize(c.release());
     return r.status;
   };
-  Result res = c->rdv.open(cfg->rendezvous, c->rank, c->world);
+  Result res = c->rdv.open(cfg.rendezvous, c->rank, c->world);
   if (!res.ok()) return fail(res);
   Clock::time_point deadline = deadline_after_ms(c->bootstrap_timeout_ms);
 
@@ -585,7 +554,7 @@ ring_transport_status_t ucx_isend(ring_transport_comm_t* c, const void* buf, siz
                                   uint32_t tag, ring_transport_request_t** request) {
   if (!c || !request) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   *request = nullptr;
-  if (bad_peer(c, peer) || (!buf && size))
+  if (c->bad_peer(peer) || (!buf && size))
     return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
                    c->who() + ": isend to rank " + std::to_string(peer) + " of " +
                        std::to_string(c->world) + (buf || !size ? "" : " with a NULL buffer"));
@@ -597,7 +566,7 @@ ring_transport_status_t ucx_irecv(ring_transport_comm_t* c, void* buf, size_t si
                                   uint32_t tag, ring_transport_request_t** request) {
   if (!c || !request) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   *request = nullptr;
-  if (bad_peer(c, peer) || (!buf && size))
+  if (c->bad_peer(peer) || (!buf && size))
     return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
                    c->who() + ": irecv from rank " + std::to_string(peer) + " of " +
                        std::to_string(c->world) + (buf || !size ? "" : " with a NULL buffer"));
@@ -627,27 +596,16 @@ ring_transport_status_t ucx_test(ring_transport_comm_t* c, ring_transport_reques
 ring_transport_status_t ucx_wait(ring_transport_comm_t* c, ring_transport_request_t* r,
                                  int timeout_ms, size_t* bytes) {
   if (!c || !r) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  Result res = wait_until(c, r, deadline_after_ms(effective_timeout(c, timeout_ms)), false, bytes);
+  Result res = wait_until(c, r, deadline_after_ms(c->timeout(timeout_ms)), false, bytes);
   return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
 }
 
 ring_transport_status_t ucx_connect(ring_transport_comm_t* c, const int* peers, int n_peers,
                                     int timeout_ms) {
-  if (!c || n_peers < 0 || (n_peers > 0 && !peers)) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  if (!c) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   std::vector<int> list;
-  if (n_peers == 0) {
-    for (int p = 0; p < c->world; ++p) list.push_back(p);
-  } else {
-    list.assign(peers, peers + n_peers);
-  }
-  std::sort(list.begin(), list.end());
-  list.erase(std::unique(list.begin(), list.end()), list.end());
-  for (int p : list)
-    if (bad_peer(c, p))
-      return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
-                     c->who() + ": connect to rank " + std::to_string(p) + " of " +
-                         std::to_string(c->world));
-  Clock::time_point deadline = deadline_after_ms(effective_timeout(c, timeout_ms));
+  if (Result r = c->connect_list(peers, n_peers, &list); !r.ok()) return c->fail(r);
+  Clock::time_point deadline = deadline_after_ms(c->timeout(timeout_ms));
   // A one-byte hello each way: it proves the wire-up and that the peer runs this code.
   std::vector<uint8_t> in(list.size(), 0);
   const uint8_t out = 1;
@@ -684,7 +642,7 @@ struct Coll {
 Result coll_begin(Comm* c, int timeout_ms, Coll* k) {
   k->c = c;
   k->seq = c->coll_seq++ & 0xffff;
-  k->deadline = deadline_after_ms(effective_timeout(c, timeout_ms));
+  k->deadline = deadline_after_ms(c->timeout(timeout_ms));
   k->next = (c->rank + 1) % c->world;
   k->prev = (c->rank + c->world - 1) % c->world;
   if (!c->coll_broken.ok()) return c->coll_broken;
@@ -835,19 +793,10 @@ ring_transport_status_t ucx_barrier(ring_transport_comm_t* c, int timeout_ms) {
   return coll_end(c, res, "barrier");
 }
 
-const char* ucx_last_error(const ring_transport_comm_t* c) {
-  return c ? c->last_error.c_str() : t_last_error.c_str();
-}
-
-void set_thread_error(std::string m) { t_last_error = std::move(m); }
-
-// Every entry point but last_error (which cannot throw) goes through NoThrow.
-template <auto F>
-constexpr auto guarded = &ring::transport::NoThrow<set_thread_error, F>::call;
-
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring_transport_v1 = {
+extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_transport_plugin = {
+    RING_TRANSPORT_HEADER,
     .name = "ucx",
     .caps = RING_TRANSPORT_CAP_HOST_MEMORY | RING_TRANSPORT_CAP_TAG_MATCHING |
             RING_TRANSPORT_CAP_RING_SUM_ORDER,
@@ -863,5 +812,5 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring
     .reduce_scatter_sum_f32 = guarded<ucx_reduce_scatter>,
     .all_gather = guarded<ucx_all_gather>,
     .barrier = guarded<ucx_barrier>,
-    .last_error = ucx_last_error,
+    .last_error = ring::transport::last_error_of<ring_transport_comm>,
 };
