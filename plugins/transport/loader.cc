@@ -23,11 +23,11 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 
 // A plugin that breaks the ABI rule: the file, what is wrong, and the rule.
 std::string abi_problem(const std::string& path, const std::string& what) {
-  return "transport plugin " + path + " " + what +
-         "; rule: a plugin exports " + RING_TRANSPORT_SYMBOL +
-         ", a ring_transport_t whose abi_version equals the loader's and whose struct_size covers "
-         "at least the first layout (plugins/transport/transport.h); rebuild it against this "
-         "transport.h";
+  return "transport plugin " + path + " " + what + "; rule: a plugin exports " +
+         RING_TRANSPORT_SYMBOL +
+         ", a ring_transport_t with this loader's abi_version, a struct_size covering at least "
+         "the required members (through last_error) and none of them NULL "
+         "(plugins/transport/transport.h); rebuild it against this transport.h";
 }
 
 int preference(const std::string& name) {
@@ -112,8 +112,7 @@ TransportPlugin TransportPlugin::load(const std::string& name) {
     // The layout before struct_size existed; reading it as a ring_transport_t would misread it.
     if (dlsym(handle, "ring_transport_v1"))
       why += " (it exports ring_transport_v1, the layout without a struct size)";
-    throw TransportError(RING_TRANSPORT_ERR_INTERNAL,
-                         "transport '" + name + "': " + abi_problem(path, why));
+    throw TransportError(RING_TRANSPORT_ERR_INTERNAL, abi_problem(path, why));
   }
   return TransportPlugin(adopt_plugin_struct(exported, path), path);
 }

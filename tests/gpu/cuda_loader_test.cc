@@ -29,6 +29,14 @@ TEST(CudaLoader, MatchingLibraryIsUsed) {
   EXPECT_STREQ(err, "fake CUDA backend: create(device 3) called");
 }
 
+// The real library of this build passes the same checks (creating a backend needs a GPU; the
+// checks do not).
+TEST(CudaLoader, ThisBuildsLibraryPassesTheChecks) {
+  CudaLibrary l = open_cuda_library({RING_KERNELS_CUDA_LIBRARY});
+  EXPECT_NE(l.create, nullptr) << l.error;
+  EXPECT_EQ(l.path, RING_KERNELS_CUDA_LIBRARY);
+}
+
 TEST(CudaLoader, OtherInterfaceHashIsRefusedWithBothBuilds) {
   expect_refused(RING_FAKE_CUDA_HASH, "built against another Backend interface");
   CudaLibrary l = open_cuda_library({RING_FAKE_CUDA_HASH});

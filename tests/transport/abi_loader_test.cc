@@ -27,7 +27,9 @@ void expect_refused(const std::string& path, const std::string& why) {
   EXPECT_EQ(status, RING_TRANSPORT_ERR_INTERNAL);
   EXPECT_NE(msg.find(path), std::string::npos) << "names the file: " << msg;
   EXPECT_NE(msg.find(why), std::string::npos) << "says what is wrong: " << msg;
-  EXPECT_NE(msg.find("rule: a plugin exports ring_transport_plugin"), std::string::npos)
+  EXPECT_NE(msg.find("rule: a plugin exports ring_transport_plugin, a ring_transport_t with this "
+                     "loader's abi_version"),
+            std::string::npos)
       << "states the rule: " << msg;
 }
 

@@ -8,6 +8,8 @@
 //    .last_error = last_error_of<ring_transport_comm>}.
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,8 @@
 namespace ring::transport {
 
 constexpr int kDefaultTimeoutMs = 60000;
+// How often a waiting call checks that peers on this host still run.
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
 
 // The calling thread's last failure in probe or init of this plugin: last_error(NULL). Each
 // plugin links its own copy (plugin.lds keeps everything but the ABI symbol local).
@@ -39,6 +43,7 @@ struct CommBase {
   int op_timeout_ms = kDefaultTimeoutMs;
   Rendezvous rdv;
   std::vector<PeerIdentity> peers;  // identities from the rendezvous, by rank
+  Clock::time_point next_liveness = Clock::now();
   std::string last_error;
 
   // Takes rank, world size and timeouts (0: the default) from a config read by read_config.
@@ -61,6 +66,35 @@ struct CommBase {
   // duplicates. INVALID_ARGUMENT naming a rank out of range.
   Result connect_list(const int* peer_list, int n_peers, std::vector<int>* out) const;
 };
+
+// The start of every plugin's init: checks `out` and the config (read_config), then makes the
+// comm and configures it. On failure the thread's last error says why and *out is NULL.
+template <typename Comm>
+ring_transport_status_t start_init(const char* plugin, const ring_transport_config_t* config,
+                                   int max_world, ring_transport_comm_t** out,
+                                   ring_transport_config_t* cfg, std::unique_ptr<Comm>* comm) {
+  if (!out) {
+    set_thread_error(std::string(plugin) + " init: comm is NULL");
+    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  }
+  *out = nullptr;
+  if (Result r = read_config(plugin, config, max_world, cfg); !r.ok()) {
+    set_thread_error(r.message);
+    return r.status;
+  }
+  *comm = std::make_unique<Comm>();
+  (*comm)->configure(plugin, *cfg);
+  return RING_TRANSPORT_OK;
+}
+
+// init's way out after start_init: records why, releases what was built with the plugin's
+// finalize, returns the status.
+template <auto Finalize, typename Comm>
+ring_transport_status_t abandon_init(std::unique_ptr<Comm>& comm, const Result& r) {
+  set_thread_error(r.message);
+  Finalize(comm.release());
+  return r.status;
+}
 
 // The ABI's last_error for a plugin whose comm derives from CommBase.
 template <typename Comm>

@@ -26,20 +26,11 @@
 #include <vector>
 
 #include "plugins/transport/common/plugin_base.h"
-#include "plugins/transport/transport.h"
 
-using ring::transport::Clock;
-using ring::transport::CommBase;
-using ring::transport::deadline_after_ms;
-using ring::transport::error;
-using ring::transport::guarded;
-using ring::transport::ok_result;
-using ring::transport::PeerIdentity;
-using ring::transport::Result;
+using namespace ring::transport;  // NOLINT: this file is one plugin of that namespace
 
 namespace {
 
-constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
 
 // The completion of one submitted group: every request of the group shares its event.
 struct Batch {
@@ -68,7 +59,6 @@ struct ring_transport_comm : CommBase {
   std::vector<ring_transport_request*> queued;  // posted, not yet submitted
   int outstanding = 0;                          // submitted, not yet released
   Result failed;  // set once the comm can no longer be trusted (failure, timeout mid-collective)
-  Clock::time_point next_liveness = Clock::now();
 };
 
 namespace {
@@ -99,7 +89,7 @@ Result health(Comm* c) {
   if (now >= c->next_liveness) {
     c->next_liveness = now + kLivenessPeriod;
     for (int p = 0; p < c->world; ++p)
-      if (p != c->rank && !ring::transport::local_peer_alive(c->rdv.self(), c->peers[p])) {
+      if (p != c->rank && !local_peer_alive(c->rdv.self(), c->peers[p])) {
         c->failed = error(RING_TRANSPORT_ERR_PEER_FAILED,
                           c->who() + ": rank " + std::to_string(p) + " (process " +
                               std::to_string(c->peers[p].pid) + " on " + c->peers[p].host +
@@ -229,31 +219,21 @@ ring_transport_status_t nccl_probe(char* reason, size_t reason_len) {
     reason[reason_len - 1] = '\0';
   }
   if (why.empty()) return RING_TRANSPORT_OK;
-  ring::transport::set_thread_error(why);
+  set_thread_error(why);
   return RING_TRANSPORT_ERR_UNSUPPORTED;
 }
 
 ring_transport_status_t nccl_finalize(ring_transport_comm_t* c);
 
-ring_transport_status_t nccl_init(const ring_transport_config_t* config,
+ring_transport_status_t nccl_init(const ring_transport_config_t* caller_config,
                                   ring_transport_comm_t** out) {
   ring_transport_config_t cfg;
-  Result checked = ring::transport::read_config("nccl", config, INT_MAX, &cfg);
-  if (!out || !checked.ok()) {
-    ring::transport::set_thread_error(out ? checked.message : "nccl init: comm is NULL");
-    if (out) *out = nullptr;
-    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  }
-  *out = nullptr;
+  std::unique_ptr<Comm> c;
+  ring_transport_status_t s0 = start_init("nccl", caller_config, INT_MAX, out, &cfg, &c);
+  if (s0 != RING_TRANSPORT_OK) return s0;
   char why[256];
   if (nccl_probe(why, sizeof(why)) != RING_TRANSPORT_OK) return RING_TRANSPORT_ERR_UNSUPPORTED;
-  auto c = std::make_unique<Comm>();
-  c->configure("nccl", cfg);
-  auto fail = [&](const Result& r) {
-    ring::transport::set_thread_error(r.message);
-    nccl_finalize(c.release());
-    return r.status;
-  };
+  auto fail = [&](const Result& r) { return abandon_init<nccl_finalize>(c, r); };
   int n = 0;
   cudaGetDeviceCount(&n);
   c->device = cfg.device >= 0 ? cfg.device : c->rank % n;
@@ -472,5 +452,5 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_tr
     .reduce_scatter_sum_f32 = guarded<nccl_reduce_scatter>,
     .all_gather = guarded<nccl_all_gather>,
     .barrier = guarded<nccl_barrier>,
-    .last_error = ring::transport::last_error_of<ring_transport_comm>,
+    .last_error = last_error_of<ring_transport_comm>,
 };

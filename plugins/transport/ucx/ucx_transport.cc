@@ -24,20 +24,11 @@
 #include <vector>
 
 #include "plugins/transport/common/plugin_base.h"
-#include "plugins/transport/transport.h"
 
-using ring::transport::Clock;
-using ring::transport::CommBase;
-using ring::transport::deadline_after_ms;
-using ring::transport::error;
-using ring::transport::guarded;
-using ring::transport::ok_result;
-using ring::transport::PeerIdentity;
-using ring::transport::Result;
+using namespace ring::transport;  // NOLINT: this file is one plugin of that namespace
 
 namespace {
 
-constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
 // Bound on the graceful endpoint flush at finalize; force-close after it.
 constexpr int kCloseFlushMs = 2000;
 
@@ -102,7 +93,6 @@ struct ring_transport_comm : CommBase {
   std::vector<int> to_close;         // eps whose peer failed: close (force) after progress
   std::vector<void*> closing;        // ucp close requests in flight
   std::unordered_set<ring_transport_request*> live;
-  Clock::time_point next_liveness = Clock::now();
 
   bool destroying = false;
   uint32_t coll_seq = 0;
@@ -192,7 +182,7 @@ void check_liveness(Comm* c) {
   std::vector<int> dead;
   for (int p = 0; p < c->world; ++p) {
     if (p == c->rank || !c->failed[p].empty()) continue;
-    if (!ring::transport::local_peer_alive(c->rdv.self(), c->peers[p])) dead.push_back(p);
+    if (!local_peer_alive(c->rdv.self(), c->peers[p])) dead.push_back(p);
   }
   if (dead.empty()) return;
   // A peer that finished its part and exited may have left messages we have not polled yet
@@ -248,7 +238,7 @@ Result get_ep(Comm* c, int peer, ucp_ep_h* ep) {
   // ("no peer failure handler"). A peer in this host's pid space is watched by check_liveness
   // (pid and start time) instead, so its endpoint runs without UCX error handling and keeps
   // shared memory; peers on other hosts get PEER mode (transport errors, keepalive).
-  if (ring::transport::same_pid_space(c->rdv.self(), c->peers[peer])) {
+  if (same_pid_space(c->rdv.self(), c->peers[peer])) {
     prm.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
   }
   ucs_status_t s = ucp_ep_create(c->worker, &prm, &c->eps[peer]);
@@ -256,7 +246,7 @@ Result get_ep(Comm* c, int peer, ucp_ep_h* ep) {
     c->eps[peer] = nullptr;
     // A first message to a peer that has already died fails here (its shared memory or socket
     // is gone): that is the peer's failure, like any later request to it.
-    if (!ring::transport::local_peer_alive(c->rdv.self(), c->peers[peer])) {
+    if (!local_peer_alive(c->rdv.self(), c->peers[peer])) {
       mark_failed(c, peer, gone(c, peer));
       return peer_failed(c, peer);
     }
@@ -344,7 +334,7 @@ Result finish(Comm* c, Req* r, size_t* bytes) {
     // peer is gone: look now rather than at the next liveness round.
     if (res.status != RING_TRANSPORT_ERR_PEER_FAILED && res.status !=
         RING_TRANSPORT_ERR_INVALID_ARGUMENT && c->failed[r->peer].empty() &&
-        !ring::transport::local_peer_alive(c->rdv.self(), c->peers[r->peer]))
+        !local_peer_alive(c->rdv.self(), c->peers[r->peer]))
       mark_failed(c, r->peer, gone(c, r->peer));
     if (!c->failed[r->peer].empty()) res.status = RING_TRANSPORT_ERR_PEER_FAILED;
     res.message = describe(c, r) + ": " + ucs_status_string(r->status);
@@ -408,23 +398,11 @@ ring_transport_status_t ucx_finalize(ring_transport_comm_t* c);
 
 ring_transport_status_t ucx_init(const ring_transport_config_t* config,
                                  ring_transport_comm_t** out) {
-  if (!out) {
-    ring::transport::set_thread_error("ucx init: comm is NULL");
-    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  }
-  *out = nullptr;
   ring_transport_config_t cfg;
-  if (Result r = ring::transport::read_config("ucx", config, kMaxRanks, &cfg); !r.ok()) {
-    ring::transport::set_thread_error(r.message);
-    return r.status;
-  }
-  auto c = std::make_unique<Comm>();
-  c->configure("ucx", cfg);
-  auto fail = [&](const Result& r) {
-    ring::transport::set_thread_error(r.message);
-    ucx_finalize(c.release());
-    return r.status;
-  };
+  std::unique_ptr<Comm> c;
+  ring_transport_status_t s0 = start_init("ucx", config, kMaxRanks, out, &cfg, &c);
+  if (s0 != RING_TRANSPORT_OK) return s0;
+  auto fail = [&](const Result& r) { return abandon_init<ucx_finalize>(c, r); };
   Result res = c->rdv.open(cfg.rendezvous, c->rank, c->world);
   if (!res.ok()) return fail(res);
   Clock::time_point deadline = deadline_after_ms(c->bootstrap_timeout_ms);
@@ -435,7 +413,7 @@ ring_transport_status_t ucx_init(const ring_transport_config_t* config,
   if (!(res = c->rdv.gather("host", {}, deadline, &c->peers, &unused)).ok()) return fail(res);
   c->all_local = true;
   for (const PeerIdentity& p : c->peers)
-    c->all_local = c->all_local && ring::transport::same_pid_space(c->rdv.self(), p);
+    c->all_local = c->all_local && same_pid_space(c->rdv.self(), p);
 
   ucp_config_t* ucfg = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucfg);
@@ -812,5 +790,5 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_tr
     .reduce_scatter_sum_f32 = guarded<ucx_reduce_scatter>,
     .all_gather = guarded<ucx_all_gather>,
     .barrier = guarded<ucx_barrier>,
-    .last_error = ring::transport::last_error_of<ring_transport_comm>,
+    .last_error = last_error_of<ring_transport_comm>,
 };
