@@ -143,13 +143,18 @@ TEST(NoThrowGuard, ExceptionsBecomeInternalErrorsWithTheirText) {
   EXPECT_EQ(comm.last_error, "");  // a status passes through untouched
 }
 
+ring_transport_config_t config_of(int rank, int world_size) {
+  ring_transport_config_t c{};
+  c.rank = rank;
+  c.world_size = world_size;
+  return c;
+}
+
 // struct_size 0 is the first layout; a caller's size below it is refused by name; a newer
 // caller's larger struct is read up to what the plugin knows.
 TEST(PluginConfig, StructSizeRule) {
   ring_transport_config_t out;
-  ring_transport_config_t zero{};
-  zero.rank = 1;
-  zero.world_size = 2;
+  ring_transport_config_t zero = config_of(1, 2);
   zero.op_timeout_ms = 7;
   ASSERT_TRUE(read_config("x", &zero, 4, &out).ok());
   EXPECT_EQ(out.rank, 1);
@@ -186,9 +191,7 @@ TEST(PluginConfig, StructSizeRule) {
 
 TEST(PluginComm, ConnectListAndTimeouts) {
   CommBase c;
-  ring_transport_config_t cfg{};
-  cfg.rank = 2;
-  cfg.world_size = 4;
+  ring_transport_config_t cfg = config_of(2, 4);
   cfg.bootstrap_timeout_ms = 5;
   c.configure("x", cfg);
   EXPECT_EQ(c.who(), "x rank 2");
