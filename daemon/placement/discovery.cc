@@ -13,7 +13,7 @@ namespace ring::placement {
 CommandResult run_command(const std::vector<std::string>& argv, int timeout_ms) {
   proc::RunOptions o;
   o.timeout_ms = timeout_ms;
-  o.out_cap = size_t{64} << 20;  // nvidia-smi -q -x on a large node is a few MiB
+  o.out_cap = size_t{1} << 20;  // topo -m and --query-gpu print a few KiB even on large nodes
   o.err_cap = size_t{64} << 10;
   try {
     return proc::run_command(argv, o);
@@ -170,9 +170,11 @@ GpuDiscovery discover_gpus(const DiscoveryOptions& options) {
       return r.out;
     };
     std::string topo_text = run({"topo", "-m"}, "topo -m");
-    std::string xml_text = run({"-q", "-x"}, "-q -x");
+    std::string csv = run({std::string("--query-gpu=") + kSmiGpuQuery,
+                           "--format=csv,noheader,nounits"},
+                          "--query-gpu");
     d.topology = parse_topo_matrix(topo_text, smi + " topo -m");
-    merge_gpu_inventory(d.topology, parse_smi_xml(xml_text, smi + " -q -x"));
+    merge_gpu_inventory(d.topology, parse_smi_csv(csv, smi + " --query-gpu"));
     d.source = "nvidia-smi";
     return d;
   }

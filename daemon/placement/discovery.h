@@ -1,6 +1,7 @@
 // Finding the node's GPUs without linking the CUDA driver.
 //
-// Order of sources: `nvidia-smi` when it is on PATH (both `-q -x` and `topo -m`, parsed by
+// Order of sources: `nvidia-smi` when it is on PATH (`topo -m` for the links and affinities,
+// `--query-gpu=... --format=csv,noheader,nounits` for names, UUIDs, bus ids and memory; parsed by
 // gpu_topology.h); else NVML opened with dlopen("libnvidia-ml.so.1") when the library exists
 // (never linked, so ringd runs on machines without a driver); else no GPUs. "No GPUs" is a
 // normal answer (a CPU node), not an error. A tool that exists but fails, hangs past the
@@ -29,6 +30,7 @@ struct GpuDiscovery {
   std::vector<std::string> notes;  // why a source was skipped
 };
 
+// Runs the tools (seconds on a large node): call it once at start-up and keep the result.
 GpuDiscovery discover_gpus(const DiscoveryOptions& options = {});
 
 // Full path of an executable: `name` itself when it contains '/', else the first match on
@@ -37,7 +39,7 @@ using proc::find_executable;
 
 using CommandResult = proc::CommandResult;
 
-// Runs argv[0] (a path) with no shell (proc::run_command), keeping 64 MiB of stdout and 64 KiB
+// Runs argv[0] (a path) with no shell (proc::run_command), keeping 1 MiB of stdout and 64 KiB
 // of stderr; kills it after timeout_ms. Throws PlacementError when it cannot be started.
 CommandResult run_command(const std::vector<std::string>& argv, int timeout_ms);
 

@@ -1,13 +1,13 @@
 #include "daemon/placement/gpu_topology.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
 #include <set>
 
 #include "daemon/placement/errors.h"
-#include "daemon/placement/xml.h"
 
 namespace ring::placement {
 
@@ -297,57 +297,64 @@ GpuTopology parse_topo_matrix(std::string_view text, const std::string& source) 
   return topo;
 }
 
-std::vector<GpuInfo> parse_smi_xml(std::string_view text, const std::string& source) {
-  std::unique_ptr<xml::Element> root = xml::parse(text, source);
-  if (root->name != "nvidia_smi_log") {
-    throw TopologyParseError(
-        fmt::format("{}:{}: nvidia-smi -q -x: root element is <{}>, expected "
-                    "<nvidia_smi_log>",
-                    source, root->line, root->name));
-  }
+std::vector<GpuInfo> parse_smi_csv(std::string_view text, const std::string& source) {
+  // The fields of kSmiGpuQuery, in order. name is last: everything after the fourth separator
+  // is the name, so a name with ", " in it still parses.
+  static constexpr std::string_view kFields[] = {"index", "uuid", "pci.bus_id", "memory.total",
+                                                 "name"};
+  constexpr size_t kCount = std::size(kFields);
   std::vector<GpuInfo> out;
-  for (const auto& e : root->children) {
-    if (e->name != "gpu") continue;
+  size_t line_no = 0, pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = trim(text.substr(pos, end - pos));
+    pos = end + 1;
+    ++line_no;
+    if (line.empty()) continue;
+    auto fail = [&](const std::string& what) {
+      return TopologyParseError(
+          fmt::format("{}:{}: nvidia-smi --query-gpu={}: {} (line '{}')", source, line_no,
+                      kSmiGpuQuery, what, line));
+    };
+    std::vector<std::string_view> v;
+    std::string_view rest = line;
+    while (v.size() + 1 < kCount) {
+      size_t comma = rest.find(',');
+      if (comma == std::string_view::npos) break;
+      v.push_back(trim(rest.substr(0, comma)));
+      rest = rest.substr(comma + 1);
+    }
+    v.push_back(trim(rest));
+    if (v.size() != kCount)
+      throw fail(fmt::format("{} fields, expected {} ({})", v.size(), kCount,
+                             fmt::join(kFields, ", ")));
+    auto known = [](std::string_view f) {
+      return !(is_unknown(f) || f == "[N/A]" || f == "[Not Supported]" || f.empty());
+    };
     GpuInfo g;
-    g.index = static_cast<int>(out.size());
-    if (const auto* v = e->child_text("product_name")) g.name = *v;
-    if (const auto* v = e->child_text("uuid"); v && !is_unknown(*v)) g.uuid = *v;
-    if (const xml::Element* pci = e->child("pci")) {
-      if (const auto* v = pci->child_text("pci_bus_id")) g.pci_bus_id = *v;
+    if (!parse_int(v[0], g.index) || g.index != static_cast<int>(out.size()))
+      throw fail(fmt::format("field index is '{}', expected {} (GPUs in index order)", v[0],
+                             out.size()));
+    if (known(v[1])) g.uuid = std::string(v[1]);
+    if (known(v[2])) g.pci_bus_id = std::string(v[2]);
+    if (known(v[3])) {
+      int mib = -1;
+      if (!parse_int(v[3], mib) || mib < 0)
+        throw fail(fmt::format("field memory.total is '{}', expected a whole number of MiB "
+                               "(--format=csv,noheader,nounits)",
+                               v[3]));
+      g.memory_mib = static_cast<uint64_t>(mib);
     }
-    if (g.pci_bus_id.empty()) {
-      if (const auto* v = e->attribute("id")) g.pci_bus_id = *v;
-    }
-    if (const xml::Element* fb = e->child("fb_memory_usage")) {
-      if (const auto* v = fb->child_text("total"); v && !is_unknown(*v)) {
-        std::vector<std::string_view> parts = split_ws(*v);
-        int mib = 0;
-        if (parts.size() != 2 || parts[1] != "MiB" || !parse_int(parts[0], mib) || mib < 0) {
-          throw TopologyParseError(
-              fmt::format("{}:{}: nvidia-smi -q -x: gpu {}: "
-                          "fb_memory_usage/total '{}' is not '<n> MiB'",
-                          source, fb->line, g.index, *v));
-        }
-        g.memory_mib = static_cast<uint64_t>(mib);
-      }
-    }
+    if (known(v[4])) g.name = std::string(v[4]);
     out.push_back(std::move(g));
-  }
-  if (const auto* attached = root->child_text("attached_gpus")) {
-    int n = -1;
-    if (parse_int(*attached, n) && n != static_cast<int>(out.size())) {
-      throw TopologyParseError(
-          fmt::format("{}: nvidia-smi -q -x: attached_gpus says {} but {} "
-                      "<gpu> elements were found",
-                      source, n, out.size()));
-    }
   }
   return out;
 }
 
 void merge_gpu_inventory(GpuTopology& topology, const std::vector<GpuInfo>& inventory) {
   if (inventory.size() != topology.gpus.size()) {
-    throw TopologyParseError(fmt::format("nvidia-smi -q -x lists {} GPUs but topo -m lists {}",
+    throw TopologyParseError(fmt::format("nvidia-smi --query-gpu lists {} GPUs but topo -m lists {}",
                                          inventory.size(), topology.gpus.size()));
   }
   for (size_t i = 0; i < inventory.size(); ++i) {

@@ -1,7 +1,8 @@
 // What a node's GPUs are and how they are connected, as nvidia-smi reports it.
 //
 //   GpuTopology t = parse_topo_matrix(read("nvidia-smi topo -m"), "topo.txt");
-//   merge_gpu_inventory(t, parse_smi_xml(read("nvidia-smi -q -x"), "q.xml"));
+//   merge_gpu_inventory(t, parse_smi_csv(read("nvidia-smi --query-gpu=" kSmiGpuQuery
+//                                             " --format=csv,noheader,nounits"), "gpus.csv"));
 //
 // Parsing is pure (text in, structs out) so every machine type can be tested from recorded
 // output; daemon/placement/discovery.h runs nvidia-smi. Errors are TopologyParseError with the
@@ -66,13 +67,18 @@ struct GpuTopology {
 // Throws TopologyParseError("<source>:<line>: ...") on anything it cannot read.
 GpuTopology parse_topo_matrix(std::string_view text, const std::string& source);
 
-// Parses `nvidia-smi -q -x` XML: one GpuInfo per <gpu> element in document order (the index;
-// nvidia-smi lists GPUs in PCI bus order), with product_name, uuid, pci/pci_bus_id (or the gpu
-// element's id attribute) and fb_memory_usage/total. Missing fields stay unknown; malformed XML
-// (unbalanced tags, no <nvidia_smi_log> root, a memory size that is not "<n> MiB") throws.
-std::vector<GpuInfo> parse_smi_xml(std::string_view text, const std::string& source);
+// The fields asked of `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` (name last, so
+// that a comma in a name cannot shift the others).
+inline constexpr const char* kSmiGpuQuery = "index,uuid,pci.bus_id,memory.total,name";
 
-// Adds name, UUID, bus id and memory from the XML inventory to a topology parsed from topo -m
+// Parses that CSV: one line per GPU, "<index>, <uuid>, <bus id>, <MiB>, <name>", in index order
+// (nvidia-smi's index is PCI bus order, the GPU# of topo -m). "[N/A]", "[Not Supported]" and
+// "N/A" leave a field unknown; blank lines are skipped. Throws TopologyParseError
+// ("<source>:<line>: ...") naming the field for a wrong field count, an index out of order or a
+// memory size that is not a whole number.
+std::vector<GpuInfo> parse_smi_csv(std::string_view text, const std::string& source);
+
+// Adds name, UUID, bus id and memory from the --query-gpu inventory to a topology parsed from topo -m
 // (matched by index). Throws when the two disagree on the number of GPUs.
 void merge_gpu_inventory(GpuTopology& topology, const std::vector<GpuInfo>& inventory);
 

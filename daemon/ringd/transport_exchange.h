@@ -1,5 +1,5 @@
 // The Exchange of daemon/optim (NodeOptimizer's collectives between node daemons) over a
-// ring_transport_v1 communicator of the job's ringd processes (plugins/transport, UCX on CPU):
+// ring_transport_t communicator of the job's ringd processes (plugins/transport, UCX on CPU):
 // one rank per node, bootstrapped in <rendezvous>/attempt-<N>/daemons.
 //
 // allreduce_sum(float): the transport's ring all-reduce, whose left fold gives every rank the same

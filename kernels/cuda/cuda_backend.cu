@@ -365,12 +365,9 @@ Status CudaBackend::offload_wait() {
 
 // ---- C entry points
 // -------------------------------------------------------------------------------
-extern "C" __attribute__((visibility("default"))) int ring_kernels_cuda_abi(void) {
-  return kRingKernelsCudaAbi;
-}
+namespace {
 
-extern "C" __attribute__((visibility("default"))) ring::kernels::Backend* ring_kernels_cuda_create(
-    int device, char* err, size_t err_len) {
+ring::kernels::Backend* create_cuda_backend(int device, char* err, size_t err_len) {
   std::string error;
   if (device < 0) {
     device = 0;
@@ -396,4 +393,15 @@ extern "C" __attribute__((visibility("default"))) ring::kernels::Backend* ring_k
     std::snprintf(err, err_len, "%s", error.c_str());
   }
   return be.release();
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const ring_kernels_cuda_entry_t*
+ring_kernels_cuda_entry(void) {
+  static const ring_kernels_cuda_entry_t entry = {
+      sizeof(ring_kernels_cuda_entry_t), ring::kernels::cuda::kRingKernelsCudaAbi,
+      ring::kernels::cuda::kBackendInterfaceHash, ring::kernels::cuda::kBuiltWith,
+      &create_cuda_backend};
+  return &entry;
 }

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 
@@ -14,5 +15,21 @@ namespace ring::kernels::cuda {
 // (<libdir>/ringmaster), then the dynamic linker's path. Returns nullptr and sets *error naming
 // every place tried, or what the library said (e.g. "no usable CUDA device: ...").
 std::unique_ptr<Backend> load_cuda_backend(std::string* error);
+
+// The files load_cuda_backend tries, in order (the search order above).
+std::vector<std::string> cuda_library_candidates();
+
+// A CUDA backend library that passed the checks of plugin_abi.h.
+struct CudaLibrary {
+  std::string path;  // the file that passed; empty when none did
+  Backend* (*create)(int device, char* err, size_t err_len) = nullptr;
+  std::string error;  // when create is null: every candidate and why it was refused
+};
+
+// Opens the first candidate that exports ring_kernels_cuda_entry with an entry struct large
+// enough, this ABI version and this build's Backend interface hash; the others are skipped with
+// the file, what is wrong and the rule in `error`. Nothing from a refused library is called
+// beyond its entry function.
+CudaLibrary open_cuda_library(const std::vector<std::string>& candidates);
 
 }  // namespace ring::kernels::cuda

@@ -32,13 +32,19 @@ std::vector<std::string> plugin_search_path();
 // The first is the default.
 std::vector<std::string> available_transports();
 
+// Checks a plugin's exported struct against transport.h's versioning rule and returns the
+// loader's copy of it: the plugin's struct_size bytes, later members zero (absent). The copy
+// lives until exit. Throws TransportError(INTERNAL) naming `path` and the rule broken.
+const ring_transport_t* adopt_plugin_struct(const void* exported, const std::string& path);
+
 // A loaded plugin. Move-only; the library stays mapped for the life of the process (RTLD_NODELETE:
 // UCX and CUDA install hooks and threads that must not be unmapped under them).
 class TransportPlugin {
  public:
   // Throws TransportError(UNSUPPORTED) when no plugin of that name is on the search path (the
-  // message lists the available ones and the path), INTERNAL when it fails to load or lacks the
-  // ring_transport_v1 symbol or members.
+  // message lists the available ones and the path), INTERNAL when it fails to load or breaks
+  // the ABI rule of transport.h (no ring_transport_plugin symbol, another abi_version, a
+  // struct_size short of the required members, a required member NULL), naming the file.
   static TransportPlugin load(const std::string& name);
 
   const ring_transport_t& api() const { return *api_; }

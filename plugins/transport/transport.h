@@ -6,9 +6,26 @@
  * any compiler; implementations may be C++ but no exception may cross it.
  *
  * Plugins are shared libraries named libring_transport_<name>.so exporting one symbol,
- * `ring_transport_v1`, of type ring_transport_v1_t. A later ABI adds ring_transport_v2_t and a
- * new symbol; a plugin may export both, and the loader picks the newest it understands
- * (the NCCL net-plugin scheme). Fields are only ever appended within a version.
+ * `ring_transport_plugin`, of type ring_transport_t.
+ *
+ * Versioning rule (safe across versions in both directions):
+ *  - Both structs that cross the ABI, ring_transport_t (plugin -> caller) and
+ *    ring_transport_config_t (caller -> plugin), start with their own size, struct_size, set by
+ *    whoever fills them to the sizeof it was compiled with (RING_TRANSPORT_HEADER does it for
+ *    the plugin struct).
+ *  - A compatible change only appends members at the end of a struct. It does not change
+ *    RING_TRANSPORT_ABI_VERSION. A reader reads a member only when it lies wholly inside the
+ *    writer's struct_size; a member beyond it is absent (the loader copies the plugin's
+ *    struct_size bytes into a zeroed struct, so absent members read as NULL / 0). Every appended
+ *    member therefore documents what its absence means, and callers check for NULL.
+ *  - The members up to and including last_error are the first layout and are required:
+ *    a plugin whose struct_size does not cover them (RING_TRANSPORT_MIN_SIZE) is refused.
+ *  - Anything else (a member removed, reordered, retyped or given a new meaning) is
+ *    incompatible and bumps RING_TRANSPORT_ABI_VERSION; the loader refuses a plugin whose
+ *    abi_version is not its own, naming both numbers.
+ *  - For the config, struct_size == 0 means the first layout (everything up to `device`), so
+ *    callers that zero-initialise and set only what they need keep working; plugins read it
+ *    through a helper that applies this rule (plugins/transport/common/plugin_base.h).
  *
  * Conventions for every member below:
  *  - Return a ring_transport_status_t. On anything but RING_TRANSPORT_OK, last_error(comm) holds
@@ -34,9 +51,10 @@
 extern "C" {
 #endif
 
+/* Changes only on an incompatible change (see the versioning rule above). */
 #define RING_TRANSPORT_ABI_VERSION 1
-/* The symbol every v1 plugin exports. */
-#define RING_TRANSPORT_V1_SYMBOL "ring_transport_v1"
+/* The symbol every plugin exports: a const ring_transport_t. */
+#define RING_TRANSPORT_SYMBOL "ring_transport_plugin"
 
 /* Status categories. Values are stable (they cross process and version boundaries in logs). */
 typedef enum ring_transport_status {
@@ -58,7 +76,7 @@ typedef enum ring_transport_status {
   RING_TRANSPORT_ERR_UNSUPPORTED = 5,
 } ring_transport_status_t;
 
-/* Static capabilities, in ring_transport_v1_t.caps. */
+/* Static capabilities, in ring_transport_t.caps. */
 #define RING_TRANSPORT_CAP_HOST_MEMORY (1ull << 0)   /* buffers are host pointers */
 #define RING_TRANSPORT_CAP_DEVICE_MEMORY (1ull << 1) /* buffers are CUDA device pointers */
 /* isend/irecv match on (peer, tag); without it (NCCL) messages between a pair match in posting
@@ -76,12 +94,15 @@ typedef struct ring_transport_request ring_transport_request_t;
 
 /* Parameters of init. Zero-initialise and set what you need (designated initialisers), so that
  * fields appended later keep their defaults. */
-typedef struct ring_transport_config_v1 {
+typedef struct ring_transport_config {
+  /* sizeof(ring_transport_config_t) as the caller was compiled; 0: the first layout (up to
+   * and including device). A plugin ignores members beyond it (they keep their defaults). */
+  uint32_t struct_size;
   int rank;       /* 0 <= rank < world_size */
   int world_size; /* >= 1 */
-  /* Where ranks meet before they can talk. v1 knows one scheme: a directory, given as a path or
-   * "file:<path>", on a file system every rank sees (local disk on one host; NFS/Lustre across
-   * hosts). Each rank writes its address as <dir>/<kind>-<rank> atomically (write a temporary
+  /* Where ranks meet before they can talk. This ABI knows one scheme: a directory, given as a
+   * path or "file:<path>", on a file system every rank sees (local disk on one host; NFS/Lustre
+   * across hosts). Each rank writes its address as <dir>/<kind>-<rank> atomically (write a temporary
    * name, then rename) and polls for the others, so ranks may start in any order. The directory
    * must be unique to one communicator of one attempt (stale files from an earlier attempt would
    * be read as live) and is created if missing; its owner (the launcher) deletes it afterwards. */
@@ -89,9 +110,13 @@ typedef struct ring_transport_config_v1 {
   int bootstrap_timeout_ms; /* bound on init waiting for the other ranks; 0: 60000 */
   int op_timeout_ms;        /* default bound for waits, connect, collectives; 0: 60000 */
   int device;               /* CUDA device for device-memory plugins; -1: rank % device count */
-} ring_transport_config_v1_t;
+} ring_transport_config_t;
 
-typedef struct ring_transport_v1 {
+typedef struct ring_transport {
+  /* RING_TRANSPORT_ABI_VERSION of the transport.h the plugin was compiled with. */
+  uint32_t abi_version;
+  /* sizeof(ring_transport_t) as the plugin was compiled: which members it has. */
+  uint32_t struct_size;
   /* Short name, the <name> of libring_transport_<name>.so; used in logs and errors. */
   const char* name;
   /* RING_TRANSPORT_CAP_* bits. */
@@ -108,7 +133,7 @@ typedef struct ring_transport_v1 {
    * TIMEOUT after bootstrap_timeout_ms naming the missing ranks. *comm is owned by the caller
    * and released by finalize; on failure *comm is NULL and last_error(NULL) tells why (a
    * thread-local message). config and its strings are copied: the caller may free them. */
-  ring_transport_status_t (*init)(const ring_transport_config_v1_t* config,
+  ring_transport_status_t (*init)(const ring_transport_config_t* config,
                                   ring_transport_comm_t** comm);
 
   /* Release comm and everything it holds. Never blocks longer than op_timeout_ms: requests
@@ -187,10 +212,22 @@ typedef struct ring_transport_v1 {
   /* The message of the last failure on comm (or, with comm == NULL, the calling thread's last
    * failure in probe/init). Never NULL; "" when there was none. Owned by the plugin. */
   const char* (*last_error)(const ring_transport_comm_t* comm);
-} ring_transport_v1_t;
 
-typedef ring_transport_v1_t ring_transport_t;
-typedef ring_transport_config_v1_t ring_transport_config_t;
+  /* Members appended later go here, each optional (NULL when the plugin's struct_size does not
+   * reach it) with its absence documented. */
+} ring_transport_t;
+
+/* The first fields of a plugin's exported struct:
+ *   const ring_transport_t ring_transport_plugin = {RING_TRANSPORT_HEADER, .name = ...}; */
+#define RING_TRANSPORT_HEADER \
+  .abi_version = RING_TRANSPORT_ABI_VERSION, .struct_size = sizeof(ring_transport_t)
+
+/* The bytes every plugin must provide: the required members of the first layout. */
+#define RING_TRANSPORT_MIN_SIZE \
+  (offsetof(ring_transport_t, last_error) + sizeof(((ring_transport_t*)0)->last_error))
+/* The first config layout, what struct_size == 0 stands for. */
+#define RING_TRANSPORT_CONFIG_MIN_SIZE \
+  (offsetof(ring_transport_config_t, device) + sizeof(((ring_transport_config_t*)0)->device))
 
 /* A stable name for a status, for messages. */
 static inline const char* ring_transport_status_name(ring_transport_status_t s) {

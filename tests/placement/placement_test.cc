@@ -147,68 +147,68 @@ TEST(CpuList, ParseAndFormat) {
   EXPECT_THROW(parse_cpu_list("0-99999999"), TopologyParseError);
 }
 
-// ---- -q -x ----------------------------------------------------------------------------------
+// ---- --query-gpu CSV -------------------------------------------------------------------------
 
-TEST(SmiXml, DgxH100Inventory) {
-  std::vector<GpuInfo> g = parse_smi_xml(read_fixture("dgx_h100_q.xml"), "q.xml");
+TEST(SmiCsv, DgxH100Inventory) {
+  std::vector<GpuInfo> g = parse_smi_csv(read_fixture("dgx_h100_gpus.csv"), "gpus.csv");
   ASSERT_EQ(g.size(), 8u);
   EXPECT_EQ(g[0].name, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(g[3].index, 3);
   EXPECT_EQ(g[3].pci_bus_id, "00000000:5D:00.0");
-  EXPECT_EQ(g[7].uuid.substr(0, 4), "GPU-");
+  EXPECT_EQ(g[7].uuid, "GPU-6b4f2f1e-8a07-4c39-9d1e-3a7c5b0e0007");
   EXPECT_EQ(g[7].memory_mib, 81559u);
   GpuTopology t = load("dgx_h100_topo.txt");
   merge_gpu_inventory(t, g);
   EXPECT_EQ(t.gpus[7].uuid, g[7].uuid);
   EXPECT_EQ(t.gpus[7].numa_node, 1);  // kept from topo -m
-  EXPECT_THROW(merge_gpu_inventory(t, {g[0]}), TopologyParseError);
+  expect_error<TopologyParseError>([&] { merge_gpu_inventory(t, {g[0]}); },
+                                   {"--query-gpu lists 1 GPUs but topo -m lists 8"});
 }
 
-TEST(SmiXml, EntitiesAttributesAndMissingFields) {
-  auto g = parse_smi_xml(
-      "<?xml version=\"1.0\"?><nvidia_smi_log><gpu id='00000000:01:00.0'><!-- c -->"
-      "<product_name>A &amp; B &#x41;</product_name><uuid>N/A</uuid></gpu><gpu/>"
-      "</nvidia_smi_log>",
+TEST(SmiCsv, UnknownFieldsCommasInNamesAndBlankLines) {
+  auto g = parse_smi_csv(
+      "0, [N/A], 00000000:01:00.0, [Not Supported], Tesla T4, rev. b\r\n"
+      "\n"
+      "1, GPU-x, N/A, 16384, [N/A]\n",
       "x");
   ASSERT_EQ(g.size(), 2u);
-  EXPECT_EQ(g[0].name, "A & B A");
-  EXPECT_EQ(g[0].pci_bus_id, "00000000:01:00.0");
+  EXPECT_EQ(g[0].name, "Tesla T4, rev. b");
   EXPECT_EQ(g[0].uuid, "");
-  EXPECT_EQ(g[1].memory_mib, 0u);
-  EXPECT_TRUE(parse_smi_xml("<nvidia_smi_log/>", "x").empty());
+  EXPECT_EQ(g[0].pci_bus_id, "00000000:01:00.0");
+  EXPECT_EQ(g[0].memory_mib, 0u);
+  EXPECT_EQ(g[1].uuid, "GPU-x");
+  EXPECT_EQ(g[1].pci_bus_id, "");
+  EXPECT_EQ(g[1].memory_mib, 16384u);
+  EXPECT_EQ(g[1].name, "");
+  EXPECT_TRUE(parse_smi_csv("", "x").empty());
 }
 
-TEST(SmiXml, MalformedInputsNameTheProblem) {
-  auto parse = [](const std::string& s) { return parse_smi_xml(s, "q.xml"); };
-  expect_error<TopologyParseError>([&] { parse(""); }, {"q.xml:1", "no root"});
-  expect_error<TopologyParseError>([&] { parse("<nvidia_smi_log>\n<gpu>\n</nvidia_smi_log>"); },
-                                   {"q.xml:3", "</nvidia_smi_log> closes <gpu> opened on line 2"});
-  expect_error<TopologyParseError>([&] { parse("<nvidia_smi_log><gpu>"); }, {"not closed"});
-  expect_error<TopologyParseError>([&] { parse("<log/>"); }, {"root element is <log>"});
-  expect_error<TopologyParseError>([&] { parse("<nvidia_smi_log>&bogus;</nvidia_smi_log>"); },
-                                   {"unknown entity"});
+TEST(SmiCsv, MalformedInputsNameTheLineAndField) {
+  auto parse = [](const std::string& s) { return parse_smi_csv(s, "gpus.csv"); };
   expect_error<TopologyParseError>(
-      [&] {
-        parse(
-            "<nvidia_smi_log><gpu><fb_memory_usage><total>80 GB</total></fb_memory_usage>"
-            "</gpu></nvidia_smi_log>");
-      },
-      {"'80 GB' is not '<n> MiB'"});
+      [&] { parse("0, GPU-a, 00000000:01:00.0, 80, A\n1, GPU-b, 00000000:02:00.0\n"); },
+      {"gpus.csv:2", "3 fields, expected 5 (index, uuid, pci.bus_id, memory.total, name)"});
   expect_error<TopologyParseError>(
-      [&] { parse("<nvidia_smi_log><attached_gpus>2</attached_gpus><gpu/></nvidia_smi_log>"); },
-      {"attached_gpus says 2"});
-  expect_error<TopologyParseError>([&] { parse("<nvidia_smi_log a=b/>"); }, {"not quoted"});
-  std::string deep;
-  for (int i = 0; i < 100; ++i) deep += "<a>";
-  expect_error<TopologyParseError>([&] { parse(deep); }, {"deeper"});
-  std::string cut = read_fixture("dgx_h100_q.xml");
-  EXPECT_THROW(parse(cut.substr(0, cut.size() / 2)), TopologyParseError);
+      [&] { parse("0, GPU-a, 00000000:01:00.0, 80 MiB, A\n"); },
+      {"gpus.csv:1", "field memory.total is '80 MiB'", "nounits"});
+  expect_error<TopologyParseError>([&] { parse("0, GPU-a, 00000000:01:00.0, -5, A\n"); },
+                                   {"gpus.csv:1", "field memory.total is '-5'"});
+  expect_error<TopologyParseError>(
+      [&] { parse("0, a, b, 1, A\n2, a, b, 1, B\n"); },
+      {"gpus.csv:2", "field index is '2', expected 1"});
+  expect_error<TopologyParseError>([&] { parse("index, uuid, pci.bus_id, memory.total, name\n"); },
+                                   {"gpus.csv:1", "field index is 'index'"});
+  // A recording cut mid-line: the last line is short.
+  std::string csv = read_fixture("dgx_h100_gpus.csv");
+  expect_error<TopologyParseError>([&] { parse(csv.substr(0, csv.size() / 2 + 20)); },
+                                   {"gpus.csv:5", "fields, expected 5"});
 }
 
 // ---- placement ------------------------------------------------------------------------------
 
 TEST(Placement, DgxH100EightGpuWorkers) {
   GpuTopology t = load("dgx_h100_topo.txt");
-  merge_gpu_inventory(t, parse_smi_xml(read_fixture("dgx_h100_q.xml"), "q.xml"));
+  merge_gpu_inventory(t, parse_smi_csv(read_fixture("dgx_h100_gpus.csv"), "gpus.csv"));
   CpuTopology cpus = make_cpus(2, 56);
   Placement p = place_workers(t, cpus, {.workers = 8, .cpus_per_worker = 0});
   ASSERT_EQ(p.workers.size(), 8u);
@@ -409,13 +409,17 @@ TEST_F(FakeSmi, ThisMachineHasNoGpusOrFallsBackCleanly) {
 
 TEST_F(FakeSmi, ParsesRecordedOutput) {
   std::string smi =
-      script("case \"$1\" in\n  topo) cat '" + fixture_path("dgx_h100_topo.txt") +
-             "' ;;\n  -q) cat '" + fixture_path("dgx_h100_q.xml") + "' ;;\n  *) exit 2 ;;\nesac\n");
+      script("case \"$1 $2\" in\n  'topo -m') cat '" + fixture_path("dgx_h100_topo.txt") +
+             "' ;;\n  '--query-gpu=index,uuid,pci.bus_id,memory.total,name "
+             "--format=csv,noheader,nounits') cat '" +
+             fixture_path("dgx_h100_gpus.csv") + "' ;;\n  *) exit 2 ;;\nesac\n");
   GpuDiscovery d = discover_gpus({.nvidia_smi = smi});
   EXPECT_EQ(d.source, "nvidia-smi");
   ASSERT_EQ(d.topology.gpus.size(), 8u);
   EXPECT_EQ(d.topology.gpus[2].pci_bus_id, "00000000:3A:00.0");
   EXPECT_EQ(d.topology.gpus[2].numa_node, 0);
+  EXPECT_EQ(d.topology.gpus[2].uuid, "GPU-6b4f2f1e-8a02-4c39-9d1e-3a7c5b0e0002");
+  EXPECT_EQ(d.topology.gpus[2].memory_mib, 81559u);
 }
 
 TEST_F(FakeSmi, FailureAndGarbageAreErrors) {

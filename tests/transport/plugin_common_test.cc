@@ -1,4 +1,5 @@
-// The pieces transport plugins share: liveness of a local peer and the C ABI exception guard.
+// The pieces transport plugins share: liveness of a local peer, the C ABI exception guard, the
+// config struct_size rule and the communicator base.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@ struct ring_transport_comm {
 };
 
 #include "plugins/transport/common/no_throw.h"
+#include "plugins/transport/common/plugin_base.h"
 
 namespace ring::transport {
 namespace {
@@ -139,6 +141,76 @@ TEST(NoThrowGuard, ExceptionsBecomeInternalErrorsWithTheirText) {
   comm.last_error.clear();
   EXPECT_EQ((NoThrow<set_error, returns_timeout>::call(&comm, 0)), RING_TRANSPORT_ERR_TIMEOUT);
   EXPECT_EQ(comm.last_error, "");  // a status passes through untouched
+}
+
+ring_transport_config_t config_of(int rank, int world_size) {
+  ring_transport_config_t c{};
+  c.rank = rank;
+  c.world_size = world_size;
+  return c;
+}
+
+// struct_size 0 is the first layout; a caller's size below it is refused by name; a newer
+// caller's larger struct is read up to what the plugin knows.
+TEST(PluginConfig, StructSizeRule) {
+  ring_transport_config_t out;
+  ring_transport_config_t zero = config_of(1, 2);
+  zero.op_timeout_ms = 7;
+  ASSERT_TRUE(read_config("x", &zero, 4, &out).ok());
+  EXPECT_EQ(out.rank, 1);
+  EXPECT_EQ(out.op_timeout_ms, 7);
+  EXPECT_EQ(out.struct_size, sizeof(ring_transport_config_t));
+
+  struct {
+    ring_transport_config_t known;
+    int later_member;
+  } newer{};
+  newer.known = zero;
+  newer.known.struct_size = sizeof(newer);
+  newer.later_member = 99;
+  ASSERT_TRUE(read_config("x", &newer.known, 4, &out).ok());
+  EXPECT_EQ(out.op_timeout_ms, 7);
+
+  ring_transport_config_t small = zero;
+  small.struct_size = 8;
+  Result r = read_config("x", &small, 4, &out);
+  EXPECT_EQ(r.status, RING_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.message.find("x init: config struct_size 8 is smaller than the first layout"),
+            std::string::npos)
+      << r.message;
+
+  r = read_config("x", nullptr, 4, &out);
+  EXPECT_EQ(r.message, "x init: config is NULL");
+  zero.world_size = 5;
+  r = read_config("x", &zero, 4, &out);
+  EXPECT_EQ(r.status, RING_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.message.find("rank 1 of world size 5 is out of range (world size 1..4)"),
+            std::string::npos)
+      << r.message;
+}
+
+TEST(PluginComm, ConnectListAndTimeouts) {
+  CommBase c;
+  ring_transport_config_t cfg = config_of(2, 4);
+  cfg.bootstrap_timeout_ms = 5;
+  c.configure("x", cfg);
+  EXPECT_EQ(c.who(), "x rank 2");
+  EXPECT_EQ(c.bootstrap_timeout_ms, 5);
+  EXPECT_EQ(c.op_timeout_ms, kDefaultTimeoutMs);
+  EXPECT_EQ(c.timeout(0), kDefaultTimeoutMs);
+  EXPECT_EQ(c.timeout(3), 3);
+
+  std::vector<int> list;
+  ASSERT_TRUE(c.connect_list(nullptr, 0, &list).ok());
+  EXPECT_EQ(list, (std::vector<int>{0, 1, 2, 3}));
+  const int peers[] = {3, 1, 3};
+  ASSERT_TRUE(c.connect_list(peers, 3, &list).ok());
+  EXPECT_EQ(list, (std::vector<int>{1, 3}));
+  const int bad[] = {1, 4};
+  Result r = c.connect_list(bad, 2, &list);
+  EXPECT_EQ(r.status, RING_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(r.message, "x rank 2: connect to rank 4 of 4");
+  EXPECT_EQ(c.connect_list(nullptr, 2, &list).status, RING_TRANSPORT_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace

@@ -18,29 +18,19 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "plugins/transport/common/no_throw.h"
-#include "plugins/transport/common/rendezvous.h"
-#include "plugins/transport/transport.h"
+#include "plugins/transport/common/plugin_base.h"
 
-using ring::transport::Clock;
-using ring::transport::deadline_after_ms;
-using ring::transport::error;
-using ring::transport::ok_result;
-using ring::transport::PeerIdentity;
-using ring::transport::Rendezvous;
-using ring::transport::Result;
+using namespace ring::transport;  // NOLINT: this file is one plugin of that namespace
 
 namespace {
 
-constexpr int kDefaultTimeoutMs = 60000;
-constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
-thread_local std::string t_last_error;
 
 // The completion of one submitted group: every request of the group shares its event.
 struct Batch {
@@ -61,28 +51,14 @@ struct ring_transport_request {
   size_t size = 0;
 };
 
-struct ring_transport_comm {
-  int rank = 0;
-  int world = 1;
+struct ring_transport_comm : CommBase {
   int device = 0;
-  int op_timeout_ms = kDefaultTimeoutMs;
-  int bootstrap_timeout_ms = kDefaultTimeoutMs;
-  Rendezvous rdv;
-  std::vector<PeerIdentity> peers;
   ncclComm_t nccl = nullptr;
   cudaStream_t stream = nullptr;
   float* barrier_buf = nullptr;  // one device float for barrier
   std::vector<ring_transport_request*> queued;  // posted, not yet submitted
   int outstanding = 0;                          // submitted, not yet released
   Result failed;  // set once the comm can no longer be trusted (failure, timeout mid-collective)
-  Clock::time_point next_liveness = Clock::now();
-  std::string last_error;
-
-  ring_transport_status_t fail(const Result& r) {
-    last_error = r.message;
-    return r.status;
-  }
-  std::string who() const { return "nccl rank " + std::to_string(rank); }
 };
 
 namespace {
@@ -113,7 +89,7 @@ Result health(Comm* c) {
   if (now >= c->next_liveness) {
     c->next_liveness = now + kLivenessPeriod;
     for (int p = 0; p < c->world; ++p)
-      if (p != c->rank && !ring::transport::local_peer_alive(c->rdv.self(), c->peers[p])) {
+      if (p != c->rank && !local_peer_alive(c->rdv.self(), c->peers[p])) {
         c->failed = error(RING_TRANSPORT_ERR_PEER_FAILED,
                           c->who() + ": rank " + std::to_string(p) + " (process " +
                               std::to_string(c->peers[p].pid) + " on " + c->peers[p].host +
@@ -228,8 +204,6 @@ Result wait_stream(Comm* c, const char* what, Clock::time_point deadline) {
   }
 }
 
-int timeout_of(const Comm* c, int ms) { return ms > 0 ? ms : c->op_timeout_ms; }
-
 // ---- ABI members ------------------------------------------------------------------------------
 
 ring_transport_status_t nccl_probe(char* reason, size_t reason_len) {
@@ -245,35 +219,24 @@ ring_transport_status_t nccl_probe(char* reason, size_t reason_len) {
     reason[reason_len - 1] = '\0';
   }
   if (why.empty()) return RING_TRANSPORT_OK;
-  t_last_error = why;
+  set_thread_error(why);
   return RING_TRANSPORT_ERR_UNSUPPORTED;
 }
 
 ring_transport_status_t nccl_finalize(ring_transport_comm_t* c);
 
-ring_transport_status_t nccl_init(const ring_transport_config_v1_t* cfg,
+ring_transport_status_t nccl_init(const ring_transport_config_t* caller_config,
                                   ring_transport_comm_t** out) {
-  if (!out || !cfg || cfg->world_size < 1 || cfg->rank < 0 || cfg->rank >= cfg->world_size) {
-    t_last_error = "nccl init: bad config (rank out of range, or NULL)";
-    if (out) *out = nullptr;
-    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  }
-  *out = nullptr;
+  ring_transport_config_t cfg;
+  std::unique_ptr<Comm> c;
+  ring_transport_status_t s0 = start_init("nccl", caller_config, INT_MAX, out, &cfg, &c);
+  if (s0 != RING_TRANSPORT_OK) return s0;
   char why[256];
   if (nccl_probe(why, sizeof(why)) != RING_TRANSPORT_OK) return RING_TRANSPORT_ERR_UNSUPPORTED;
-  auto c = std::make_unique<Comm>();
-  c->rank = cfg->rank;
-  c->world = cfg->world_size;
-  if (cfg->op_timeout_ms > 0) c->op_timeout_ms = cfg->op_timeout_ms;
-  if (cfg->bootstrap_timeout_ms > 0) c->bootstrap_timeout_ms = cfg->bootstrap_timeout_ms;
-  auto fail = [&](const Result& r) {
-    t_last_error = r.message;
-    nccl_finalize(c.release());
-    return r.status;
-  };
+  auto fail = [&](const Result& r) { return abandon_init<nccl_finalize>(c, r); };
   int n = 0;
   cudaGetDeviceCount(&n);
-  c->device = cfg->device >= 0 ? cfg->device : c->rank % n;
+  c->device = cfg.device >= 0 ? cfg.device : c->rank % n;
   if (c->device >= n)
     return fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
                       c->who() + ": device " + std::to_string(c->device) + " of " +
@@ -283,7 +246,7 @@ ring_transport_status_t nccl_init(const ring_transport_config_v1_t* cfg,
   if (e == cudaSuccess) e = cudaMalloc(&c->barrier_buf, sizeof(float));
   if (e != cudaSuccess) return fail(cuda_error(c.get(), "device setup", e));
 
-  Result res = c->rdv.open(cfg->rendezvous, c->rank, c->world);
+  Result res = c->rdv.open(cfg.rendezvous, c->rank, c->world);
   if (!res.ok()) return fail(res);
   Clock::time_point deadline = deadline_after_ms(c->bootstrap_timeout_ms);
   // Rank 0 makes the unique id; everyone publishes its identity for liveness checks.
@@ -338,22 +301,12 @@ ring_transport_status_t nccl_finalize(ring_transport_comm_t* c) {
 
 ring_transport_status_t nccl_connect(ring_transport_comm_t* c, const int* peers, int n_peers,
                                      int timeout_ms) {
-  if (!c || n_peers < 0 || (n_peers > 0 && !peers)) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  for (int i = 0; i < n_peers; ++i)
-    if (peers[i] < 0 || peers[i] >= c->world)
-      return c->fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
-                           c->who() + ": connect to rank " + std::to_string(peers[i])));
+  if (!c) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  std::vector<int> list;
+  if (Result r = c->connect_list(peers, n_peers, &list); !r.ok()) return c->fail(r);
   // NCCL connects p2p channels lazily on first use; a zero-byte exchange with each listed peer
   // forces it now, symmetric like the contract asks.
   std::vector<Req*> reqs;
-  std::vector<int> list;
-  if (n_peers == 0) {
-    for (int p = 0; p < c->world; ++p) list.push_back(p);
-  } else {
-    list.assign(peers, peers + n_peers);
-  }
-  std::sort(list.begin(), list.end());
-  list.erase(std::unique(list.begin(), list.end()), list.end());
   for (int p : list) {
     if (p == c->rank) continue;
     for (bool recv : {true, false}) {
@@ -366,7 +319,7 @@ ring_transport_status_t nccl_connect(ring_transport_comm_t* c, const int* peers,
       ++c->outstanding;
     }
   }
-  Clock::time_point deadline = deadline_after_ms(timeout_of(c, timeout_ms));
+  Clock::time_point deadline = deadline_after_ms(c->timeout(timeout_ms));
   Result res = submit(c, deadline);
   if (res.ok() && !reqs.empty()) res = wait_stream(c, "connect", deadline);
   for (Req* q : reqs) {
@@ -425,7 +378,7 @@ ring_transport_status_t nccl_test(ring_transport_comm_t* c, ring_transport_reque
 ring_transport_status_t nccl_wait(ring_transport_comm_t* c, ring_transport_request_t* r,
                                   int timeout_ms, size_t* bytes) {
   if (!c || !r) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  Clock::time_point deadline = deadline_after_ms(timeout_of(c, timeout_ms));
+  Clock::time_point deadline = deadline_after_ms(c->timeout(timeout_ms));
   unsigned spins = 0;
   for (;;) {
     Result res;
@@ -442,7 +395,7 @@ ring_transport_status_t nccl_wait(ring_transport_comm_t* c, ring_transport_reque
 template <typename F>
 ring_transport_status_t collective(Comm* c, const char* what, int timeout_ms, F enqueue) {
   if (!c->failed.ok()) return c->fail(c->failed);
-  Clock::time_point deadline = deadline_after_ms(timeout_of(c, timeout_ms));
+  Clock::time_point deadline = deadline_after_ms(c->timeout(timeout_ms));
   Result res = submit(c, deadline);  // p2p posted earlier keeps its place in the stream order
   if (res.ok()) res = check_enqueue(c, what, enqueue(), deadline);
   if (res.ok()) res = wait_stream(c, what, deadline);
@@ -481,19 +434,10 @@ ring_transport_status_t nccl_barrier(ring_transport_comm_t* c, int timeout_ms) {
   });
 }
 
-const char* nccl_last_error(const ring_transport_comm_t* c) {
-  return c ? c->last_error.c_str() : t_last_error.c_str();
-}
-
-void set_thread_error(std::string m) { t_last_error = std::move(m); }
-
-// Every entry point but last_error (which cannot throw) goes through NoThrow.
-template <auto F>
-constexpr auto guarded = &ring::transport::NoThrow<set_thread_error, F>::call;
-
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring_transport_v1 = {
+extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_transport_plugin = {
+    RING_TRANSPORT_HEADER,
     .name = "nccl",
     .caps = RING_TRANSPORT_CAP_DEVICE_MEMORY,
     .probe = guarded<nccl_probe>,
@@ -508,5 +452,5 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring
     .reduce_scatter_sum_f32 = guarded<nccl_reduce_scatter>,
     .all_gather = guarded<nccl_all_gather>,
     .barrier = guarded<nccl_barrier>,
-    .last_error = nccl_last_error,
+    .last_error = last_error_of<ring_transport_comm>,
 };

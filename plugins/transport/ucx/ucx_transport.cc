@@ -23,22 +23,12 @@
 #include <unordered_set>
 #include <vector>
 
-#include "plugins/transport/common/no_throw.h"
-#include "plugins/transport/common/rendezvous.h"
-#include "plugins/transport/transport.h"
+#include "plugins/transport/common/plugin_base.h"
 
-using ring::transport::Clock;
-using ring::transport::deadline_after_ms;
-using ring::transport::error;
-using ring::transport::ok_result;
-using ring::transport::PeerIdentity;
-using ring::transport::Rendezvous;
-using ring::transport::Result;
+using namespace ring::transport;  // NOLINT: this file is one plugin of that namespace
 
 namespace {
 
-constexpr int kDefaultTimeoutMs = 60000;
-constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
 // Bound on the graceful endpoint flush at finalize; force-close after it.
 constexpr int kCloseFlushMs = 2000;
 
@@ -51,8 +41,6 @@ constexpr int kMaxRanks = 1 << 22;
 uint64_t make_tag(TagKind kind, int src, uint32_t low) {
   return (static_cast<uint64_t>(kind) << 62) | (static_cast<uint64_t>(src) << 40) | low;
 }
-
-thread_local std::string t_last_error;
 
 ring_transport_status_t map_ucs(ucs_status_t s) {
   switch (s) {
@@ -92,13 +80,7 @@ struct ring_transport_request {
   size_t length = 0;  // bytes transferred
 };
 
-struct ring_transport_comm {
-  int rank = 0;
-  int world = 1;
-  int bootstrap_timeout_ms = kDefaultTimeoutMs;
-  int op_timeout_ms = kDefaultTimeoutMs;
-  Rendezvous rdv;
-  std::vector<PeerIdentity> peers;
+struct ring_transport_comm : CommBase {
   std::vector<std::string> addresses;
   bool all_local = false;
   std::string tls;  // what the context was created with, for messages
@@ -111,23 +93,11 @@ struct ring_transport_comm {
   std::vector<int> to_close;         // eps whose peer failed: close (force) after progress
   std::vector<void*> closing;        // ucp close requests in flight
   std::unordered_set<ring_transport_request*> live;
-  Clock::time_point next_liveness = Clock::now();
 
   bool destroying = false;
   uint32_t coll_seq = 0;
   Result coll_broken;  // a collective failed part-way: later collectives return this
   std::vector<char> scratch[2];
-  std::string last_error;
-
-  ring_transport_status_t fail(const Result& r) {
-    last_error = r.message;
-    return r.status;
-  }
-  ring_transport_status_t fail(ring_transport_status_t s, std::string m) {
-    last_error = std::move(m);
-    return s;
-  }
-  std::string who() const { return "ucx rank " + std::to_string(rank); }
 };
 
 namespace {
@@ -212,7 +182,7 @@ void check_liveness(Comm* c) {
   std::vector<int> dead;
   for (int p = 0; p < c->world; ++p) {
     if (p == c->rank || !c->failed[p].empty()) continue;
-    if (!ring::transport::local_peer_alive(c->rdv.self(), c->peers[p])) dead.push_back(p);
+    if (!local_peer_alive(c->rdv.self(), c->peers[p])) dead.push_back(p);
   }
   if (dead.empty()) return;
   // A peer that finished its part and exited may have left messages we have not polled yet
@@ -268,7 +238,7 @@ Result get_ep(Comm* c, int peer, ucp_ep_h* ep) {
   // ("no peer failure handler"). A peer in this host's pid space is watched by check_liveness
   // (pid and start time) instead, so its endpoint runs without UCX error handling and keeps
   // shared memory; peers on other hosts get PEER mode (transport errors, keepalive).
-  if (ring::transport::same_pid_space(c->rdv.self(), c->peers[peer])) {
+  if (same_pid_space(c->rdv.self(), c->peers[peer])) {
     prm.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
   }
   ucs_status_t s = ucp_ep_create(c->worker, &prm, &c->eps[peer]);
@@ -276,7 +246,7 @@ Result get_ep(Comm* c, int peer, ucp_ep_h* ep) {
     c->eps[peer] = nullptr;
     // A first message to a peer that has already died fails here (its shared memory or socket
     // is gone): that is the peer's failure, like any later request to it.
-    if (!ring::transport::local_peer_alive(c->rdv.self(), c->peers[peer])) {
+    if (!local_peer_alive(c->rdv.self(), c->peers[peer])) {
       mark_failed(c, peer, gone(c, peer));
       return peer_failed(c, peer);
     }
@@ -364,7 +334,7 @@ Result finish(Comm* c, Req* r, size_t* bytes) {
     // peer is gone: look now rather than at the next liveness round.
     if (res.status != RING_TRANSPORT_ERR_PEER_FAILED && res.status !=
         RING_TRANSPORT_ERR_INVALID_ARGUMENT && c->failed[r->peer].empty() &&
-        !ring::transport::local_peer_alive(c->rdv.self(), c->peers[r->peer]))
+        !local_peer_alive(c->rdv.self(), c->peers[r->peer]))
       mark_failed(c, r->peer, gone(c, r->peer));
     if (!c->failed[r->peer].empty()) res.status = RING_TRANSPORT_ERR_PEER_FAILED;
     res.message = describe(c, r) + ": " + ucs_status_string(r->status);
@@ -417,12 +387,6 @@ Result wait_until(Comm* c, Req* r, Clock::time_point deadline, bool all_peers, s
   }
 }
 
-int effective_timeout(const Comm* c, int timeout_ms) {
-  return timeout_ms > 0 ? timeout_ms : c->op_timeout_ms;
-}
-
-bool bad_peer(const Comm* c, int peer) { return peer < 0 || peer >= c->world; }
-
 // ---- ABI members ------------------------------------------------------------------------------
 
 ring_transport_status_t ucx_probe(char* reason, size_t reason_len) {
@@ -432,31 +396,14 @@ ring_transport_status_t ucx_probe(char* reason, size_t reason_len) {
 
 ring_transport_status_t ucx_finalize(ring_transport_comm_t* c);
 
-ring_transport_status_t ucx_init(const ring_transport_config_v1_t* cfg,
+ring_transport_status_t ucx_init(const ring_transport_config_t* config,
                                  ring_transport_comm_t** out) {
-  if (!out) {
-    t_last_error = "ucx init: comm is NULL";
-    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  }
-  *out = nullptr;
-  if (!cfg || cfg->world_size < 1 || cfg->world_size > kMaxRanks || cfg->rank < 0 ||
-      cfg->rank >= cfg->world_size) {
-    t_last_error = cfg ? "ucx init: rank " + std::to_string(cfg->rank) + " of world size " +
-                             std::to_string(cfg->world_size) + " is out of range"
-                       : "ucx init: config is NULL";
-    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  }
-  auto c = std::make_unique<Comm>();
-  c->rank = cfg->rank;
-  c->world = cfg->world_size;
-  if (cfg->bootstrap_timeout_ms > 0) c->bootstrap_timeout_ms = cfg->bootstrap_timeout_ms;
-  if (cfg->op_timeout_ms > 0) c->op_timeout_ms = cfg->op_timeout_ms;
-  auto fail = [&](const Result& r) {
-    t_last_error = r.message;
-    ucx_finalize(c.release());
-    return r.status;
-  };
-  Result res = c->rdv.open(cfg->rendezvous, c->rank, c->world);
+  ring_transport_config_t cfg;
+  std::unique_ptr<Comm> c;
+  ring_transport_status_t s0 = start_init("ucx", config, kMaxRanks, out, &cfg, &c);
+  if (s0 != RING_TRANSPORT_OK) return s0;
+  auto fail = [&](const Result& r) { return abandon_init<ucx_finalize>(c, r); };
+  Result res = c->rdv.open(cfg.rendezvous, c->rank, c->world);
   if (!res.ok()) return fail(res);
   Clock::time_point deadline = deadline_after_ms(c->bootstrap_timeout_ms);
 
@@ -466,7 +413,7 @@ ring_transport_status_t ucx_init(const ring_transport_config_v1_t* cfg,
   if (!(res = c->rdv.gather("host", {}, deadline, &c->peers, &unused)).ok()) return fail(res);
   c->all_local = true;
   for (const PeerIdentity& p : c->peers)
-    c->all_local = c->all_local && ring::transport::same_pid_space(c->rdv.self(), p);
+    c->all_local = c->all_local && same_pid_space(c->rdv.self(), p);
 
   ucp_config_t* ucfg = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucfg);
@@ -585,7 +532,7 @@ ring_transport_status_t ucx_isend(ring_transport_comm_t* c, const void* buf, siz
                                   uint32_t tag, ring_transport_request_t** request) {
   if (!c || !request) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   *request = nullptr;
-  if (bad_peer(c, peer) || (!buf && size))
+  if (c->bad_peer(peer) || (!buf && size))
     return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
                    c->who() + ": isend to rank " + std::to_string(peer) + " of " +
                        std::to_string(c->world) + (buf || !size ? "" : " with a NULL buffer"));
@@ -597,7 +544,7 @@ ring_transport_status_t ucx_irecv(ring_transport_comm_t* c, void* buf, size_t si
                                   uint32_t tag, ring_transport_request_t** request) {
   if (!c || !request) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   *request = nullptr;
-  if (bad_peer(c, peer) || (!buf && size))
+  if (c->bad_peer(peer) || (!buf && size))
     return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
                    c->who() + ": irecv from rank " + std::to_string(peer) + " of " +
                        std::to_string(c->world) + (buf || !size ? "" : " with a NULL buffer"));
@@ -627,27 +574,16 @@ ring_transport_status_t ucx_test(ring_transport_comm_t* c, ring_transport_reques
 ring_transport_status_t ucx_wait(ring_transport_comm_t* c, ring_transport_request_t* r,
                                  int timeout_ms, size_t* bytes) {
   if (!c || !r) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
-  Result res = wait_until(c, r, deadline_after_ms(effective_timeout(c, timeout_ms)), false, bytes);
+  Result res = wait_until(c, r, deadline_after_ms(c->timeout(timeout_ms)), false, bytes);
   return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
 }
 
 ring_transport_status_t ucx_connect(ring_transport_comm_t* c, const int* peers, int n_peers,
                                     int timeout_ms) {
-  if (!c || n_peers < 0 || (n_peers > 0 && !peers)) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  if (!c) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   std::vector<int> list;
-  if (n_peers == 0) {
-    for (int p = 0; p < c->world; ++p) list.push_back(p);
-  } else {
-    list.assign(peers, peers + n_peers);
-  }
-  std::sort(list.begin(), list.end());
-  list.erase(std::unique(list.begin(), list.end()), list.end());
-  for (int p : list)
-    if (bad_peer(c, p))
-      return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
-                     c->who() + ": connect to rank " + std::to_string(p) + " of " +
-                         std::to_string(c->world));
-  Clock::time_point deadline = deadline_after_ms(effective_timeout(c, timeout_ms));
+  if (Result r = c->connect_list(peers, n_peers, &list); !r.ok()) return c->fail(r);
+  Clock::time_point deadline = deadline_after_ms(c->timeout(timeout_ms));
   // A one-byte hello each way: it proves the wire-up and that the peer runs this code.
   std::vector<uint8_t> in(list.size(), 0);
   const uint8_t out = 1;
@@ -684,7 +620,7 @@ struct Coll {
 Result coll_begin(Comm* c, int timeout_ms, Coll* k) {
   k->c = c;
   k->seq = c->coll_seq++ & 0xffff;
-  k->deadline = deadline_after_ms(effective_timeout(c, timeout_ms));
+  k->deadline = deadline_after_ms(c->timeout(timeout_ms));
   k->next = (c->rank + 1) % c->world;
   k->prev = (c->rank + c->world - 1) % c->world;
   if (!c->coll_broken.ok()) return c->coll_broken;
@@ -835,19 +771,10 @@ ring_transport_status_t ucx_barrier(ring_transport_comm_t* c, int timeout_ms) {
   return coll_end(c, res, "barrier");
 }
 
-const char* ucx_last_error(const ring_transport_comm_t* c) {
-  return c ? c->last_error.c_str() : t_last_error.c_str();
-}
-
-void set_thread_error(std::string m) { t_last_error = std::move(m); }
-
-// Every entry point but last_error (which cannot throw) goes through NoThrow.
-template <auto F>
-constexpr auto guarded = &ring::transport::NoThrow<set_thread_error, F>::call;
-
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring_transport_v1 = {
+extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_transport_plugin = {
+    RING_TRANSPORT_HEADER,
     .name = "ucx",
     .caps = RING_TRANSPORT_CAP_HOST_MEMORY | RING_TRANSPORT_CAP_TAG_MATCHING |
             RING_TRANSPORT_CAP_RING_SUM_ORDER,
@@ -863,5 +790,5 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_v1_t ring
     .reduce_scatter_sum_f32 = guarded<ucx_reduce_scatter>,
     .all_gather = guarded<ucx_all_gather>,
     .barrier = guarded<ucx_barrier>,
-    .last_error = ucx_last_error,
+    .last_error = last_error_of<ring_transport_comm>,
 };
