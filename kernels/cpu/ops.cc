@@ -1,6 +1,6 @@
 // CPU ops: argument validation, thread splitting (OpenMP), run-time ISA dispatch, and the parts
-// that are not per-ISA (GEMM through OpenBLAS, embedding copies, top-k selection logic, RoPE
-// angle tables). The vector kernels live in ops_isa.inc, compiled here once per ISA.
+// that are not per-ISA (GEMM argument checks, the GEMM itself being gemm.h's provider; embedding
+// copies, top-k selection logic, RoPE angle tables). The vector kernels live in ops_isa.inc, compiled here once per ISA.
 // GCC 12 warns (-Wmaybe-uninitialized) inside its own avx512fintrin.h, where intrinsics use
 // _mm512_undefined_*() as a pass-through operand: a false positive (GCC bug 105593, fixed in 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -8,7 +8,6 @@
 
 #include "kernels/cpu/ops.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -23,10 +22,8 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/simd.h"
-
-extern "C" void openblas_set_num_threads(int num_threads);
-extern "C" int openblas_get_num_threads(void);
 
 namespace ring::kernels::cpu {
 namespace {
@@ -222,7 +219,7 @@ Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
   if (m < 0 || n < 0 || k < 0) return Status::kInvalidArgument;
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (m > kMax || n > kMax || k > kMax || lda > kMax || ldb > kMax || ldc > kMax) {
-    return Status::kInvalidArgument;  // cblas takes int
+    return Status::kInvalidArgument;  // cblas takes int (so does every provider here)
   }
   // Row-major leading dimensions: columns of the stored matrix, at least 1.
   int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
@@ -244,14 +241,9 @@ Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     }
     return Status::kOk;
   }
-  // The OpenBLAS thread count is process-wide (other callers may change it): set it per call,
-  // only when it differs (setting it resizes OpenBLAS's pool).
-  if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, static_cast<const float*>(a), static_cast<int>(lda),
-              static_cast<const float*>(b), static_cast<int>(ldb), beta, cf, static_cast<int>(ldc));
-  return Status::kOk;
+  return sgemm(active_gemm_provider(), trans_a, trans_b, m, n, k, alpha,
+               static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta, cf, ldc,
+               threads);
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------
