@@ -8,8 +8,11 @@
 // OpenBLAS picks its kernels once, when it loads, so every configuration runs in a child process
 // (this binary with --child); each repetition runs one child per configuration in turn, so load
 // drifts hit all of them alike. A child makes one warm-up call per shape, then times one call.
-// Reported: GFLOP/s median [min..max] per configuration and shape, the best configuration per
-// shape, and what RING_GEMM=auto chooses here (kernels/cpu/gemm.h).
+// Reported, per configuration and shape, median [min..max] of: wall-clock GFLOP/s, and FLOPs per
+// CPU-second of the child times the thread count (what the rate would be had the threads had
+// their cores: on a loaded machine the first drops with the share of the cores the run gets,
+// the second far less); the best configuration per shape; what RING_GEMM=auto chooses here
+// (kernels/cpu/gemm.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,7 +24,10 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "bench/bench_stats.h"
 #include "bench/gemm_timing.h"
@@ -44,7 +50,8 @@ std::vector<GemmShape> shapes(bool quick) {
   return s;
 }
 
-// Child: times every shape through one provider and prints "core NAME" then "LABEL GFLOPS" lines.
+// Child: times every shape through one provider and prints "core NAME", then one
+// "LABEL WALL_GFLOPS CPU_GFLOPS" line per shape.
 int child(const std::string& provider, int threads, bool quick) {
   cpu::GemmProvider p = provider == "onednn" ? cpu::GemmProvider::kOneDnn
                                              : cpu::GemmProvider::kOpenBlas;
@@ -52,18 +59,21 @@ int child(const std::string& provider, int threads, bool quick) {
   for (const GemmShape& s : shapes(quick)) {
     ring::bench::GemmTimer t(s, 1);
     if (t.gflops(p, threads) < 0) return 1;  // warm-up: thread pools, page faults, JIT
-    const double g = t.gflops(p, threads);
+    double cpu_rate = 0;
+    const double g = t.gflops(p, threads, &cpu_rate);
     if (g < 0) return 1;
-    std::printf("%s %.3f\n", s.label().c_str(), g);
+    std::printf("%s %.3f %.3f\n", s.label().c_str(), g, cpu_rate);
   }
   return 0;
 }
 
 struct Config {
+  Config(cpu::GemmProvider p, std::string core) : provider(p), coretype(std::move(core)) {}
   cpu::GemmProvider provider;
   std::string coretype;  // OPENBLAS_CORETYPE for the child; empty: as this process has it
   std::string name;      // filled from the first child's report
-  std::map<std::string, std::vector<double>> gflops;  // by shape label
+  // By shape label: wall-clock GFLOP/s, and per CPU-second times threads.
+  std::map<std::string, std::vector<double>> wall, cpu;
 };
 
 std::string self_exe() {
@@ -117,8 +127,12 @@ bool run_child(const std::string& exe, Config& c, int threads, bool quick,
                    : "openblas " + core + (c.coretype.empty() ? " (own)" : " (forced)");
       continue;
     }
-    const size_t sp = line.rfind(' ');
-    if (sp != std::string::npos) c.gflops[line.substr(0, sp)].push_back(std::atof(&line[sp + 1]));
+    // "NN 2048x2048x2048 41.2 80.3": the label is everything before the last two fields.
+    const size_t b = line.rfind(' '), a = b == std::string::npos ? b : line.rfind(' ', b - 1);
+    if (a == std::string::npos) continue;
+    const std::string label = line.substr(0, a);
+    c.wall[label].push_back(std::atof(&line[a + 1]));
+    c.cpu[label].push_back(std::atof(&line[b + 1]));
   }
   return true;
 }
@@ -129,29 +143,21 @@ int main(int argc, char** argv) {
   int threads = 2, reps = 5;
   bool quick = false;
   std::string child_provider, coretypes = "Haswell,SkylakeX";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--threads" && i + 1 < argc) {
-      threads = std::atoi(argv[++i]);
-    } else if (arg == "--reps" && i + 1 < argc) {
-      reps = std::atoi(argv[++i]);
-    } else if (arg == "--coretypes" && i + 1 < argc) {
-      coretypes = argv[++i];
-    } else if (arg == "--child" && i + 1 < argc) {
-      child_provider = argv[++i];
-    } else if (arg == "--quick") {
-      quick = true;
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--threads N] [--reps R] [--coretypes Haswell,SkylakeX] [--quick]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
-  if (threads < 1 || reps < 1) {
-    std::fprintf(stderr, "gemm_bench: --threads and --reps must be >= 1\n");
-    return 2;
-  }
+  CLI::App app{"GEMM providers (OpenBLAS, oneDNN) at 2048^3 and the worker model's shapes"};
+  app.add_option("--threads", threads, "threads per GEMM")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--reps", reps, "repetitions per configuration")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--coretypes", coretypes,
+                 "OpenBLAS kernel sets to force (OPENBLAS_CORETYPE), comma-separated")
+      ->capture_default_str();
+  app.add_flag("--quick", quick, "2048^3 and one model shape only");
+  app.add_option("--child", child_provider, "internal: time one provider in this process")
+      ->check(CLI::IsMember({"openblas", "onednn"}))
+      ->group("");
+  CLI11_PARSE(app, argc, argv);
   if (!child_provider.empty()) return child(child_provider, threads, quick);
 
   const char* own_coretype = std::getenv("OPENBLAS_CORETYPE");
@@ -167,10 +173,10 @@ int main(int argc, char** argv) {
               cpu::gemm_provider_name(choice.provider), choice.reason.c_str());
 
   std::vector<Config> configs;
-  for (auto p : ring::bench::built_gemm_providers()) configs.push_back({p, "", "", {}});
+  for (auto p : ring::bench::built_gemm_providers()) configs.push_back(Config{p, ""});
   std::stringstream list(coretypes);
   for (std::string core; std::getline(list, core, ',');) {
-    if (!core.empty()) configs.push_back({cpu::GemmProvider::kOpenBlas, core, "", {}});
+    if (!core.empty()) configs.push_back(Config{cpu::GemmProvider::kOpenBlas, core});
   }
   const std::string exe = self_exe();
   for (int r = 0; r < reps; ++r) {
@@ -179,24 +185,26 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("%-22s", "GFLOP/s");
-  for (const Config& c : configs) std::printf(" %26s", c.name.c_str());
-  std::printf("  best\n");
-  for (const GemmShape& s : shapes(quick)) {
-    std::printf("%-22s", s.label().c_str());
-    double best = -1;
-    std::string best_name;
-    for (Config& c : configs) {
-      const ring::bench::Spread sp = ring::bench::spread(c.gflops[s.label()]);
-      char cell[64];
-      std::snprintf(cell, sizeof(cell), "%.1f [%.1f..%.1f]", sp.median, sp.min, sp.max);
-      std::printf(" %26s", cell);
-      if (sp.median > best) {
-        best = sp.median;
-        best_name = c.name;
+  for (bool wall : {true, false}) {
+    std::printf("\n%-22s", wall ? "GFLOP/s (wall clock)" : "GFLOP/CPU-s x threads");
+    for (const Config& c : configs) std::printf(" %26s", c.name.c_str());
+    std::printf("  best\n");
+    for (const GemmShape& s : shapes(quick)) {
+      std::printf("%-22s", s.label().c_str());
+      double best = -1;
+      std::string best_name;
+      for (Config& c : configs) {
+        const ring::bench::Spread sp = ring::bench::spread((wall ? c.wall : c.cpu)[s.label()]);
+        char cell[64];
+        std::snprintf(cell, sizeof(cell), "%.1f [%.1f..%.1f]", sp.median, sp.min, sp.max);
+        std::printf(" %26s", cell);
+        if (sp.median > best) {
+          best = sp.median;
+          best_name = c.name;
+        }
       }
+      std::printf("  %s\n", best_name.c_str());
     }
-    std::printf("  %s\n", best_name.c_str());
   }
   return 0;
 }

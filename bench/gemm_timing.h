@@ -3,6 +3,8 @@
 // run by an OpenBLAS that fell back to old kernels measures nothing (docs/performance.md).
 #pragma once
 
+#include <time.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -48,13 +50,23 @@ class GemmTimer {
   }
   const GemmShape& shape() const { return s_; }
 
-  // GFLOP/s of one call; negative when the provider failed (the status is printed).
-  double gflops(kernels::cpu::GemmProvider p, int threads) {
+  // GFLOP/s of one call; negative when the provider failed (the status is printed). When
+  // cpu_gflops is given: FLOPs per second of this process's CPU time (all threads) times
+  // `threads`, the rate had the threads had their cores, which load on a shared machine lowers
+  // far less than the wall-clock rate.
+  double gflops(kernels::cpu::GemmProvider p, int threads, double* cpu_gflops = nullptr) {
+    timespec c0{}, c1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
     const auto t0 = std::chrono::steady_clock::now();
     const kernels::Status st =
         kernels::cpu::sgemm(p, s_.ta, s_.tb, s_.m, s_.n, s_.k, 1.f, a_.data(), s_.ta ? s_.m : s_.k,
                             b_.data(), s_.tb ? s_.k : s_.n, 0.f, c_.data(), s_.n, threads);
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    if (cpu_gflops) {
+      const double cpu = (c1.tv_sec - c0.tv_sec) + 1e-9 * (c1.tv_nsec - c0.tv_nsec);
+      *cpu_gflops = s_.flops() / cpu * threads * 1e-9;
+    }
     if (st != kernels::Status::kOk) {
       std::fprintf(stderr, "sgemm %s through %s failed: %s\n", s_.label().c_str(),
                    kernels::cpu::gemm_provider_name(p), kernels::status_string(st));
