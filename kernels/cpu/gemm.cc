@@ -3,11 +3,10 @@
 #include <cblas.h>
 #include <omp.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 
+#include "kernels/cpu/env_choice.h"
 #include "kernels/cpu/ops.h"
 
 #if RING_HAVE_ONEDNN
@@ -21,7 +20,15 @@ extern "C" char* openblas_get_corename(void);
 namespace ring::kernels::cpu {
 namespace {
 
-std::atomic<int> g_provider{-1};  // -1: not chosen yet
+EnvChoice g_provider;
+
+int choose_provider() {
+  const char* env = std::getenv("RING_GEMM");
+  GemmChoice choice = resolve_gemm_provider(env ? env : "", gemm_facts());
+  std::fprintf(stderr, "ring kernels: %sGEMM provider %s (%s)\n", choice.warning ? "warning: " : "",
+               gemm_provider_name(choice.provider), choice.reason.c_str());
+  return static_cast<int>(choice.provider);
+}
 
 const char* level_name(int level) {
   return level >= 2 ? "AVX-512" : level == 1 ? "AVX2+FMA" : "SSE";
@@ -106,27 +113,14 @@ GemmChoice resolve_gemm_provider(const std::string& env_value, const GemmFacts& 
 }
 
 GemmProvider active_gemm_provider() {
-  int v = g_provider.load(std::memory_order_acquire);
-  if (v >= 0) return static_cast<GemmProvider>(v);
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* env = std::getenv("RING_GEMM");
-    GemmChoice choice = resolve_gemm_provider(env ? env : "", gemm_facts());
-    std::fprintf(stderr, "ring kernels: %sGEMM provider %s (%s)\n",
-                 choice.warning ? "warning: " : "", gemm_provider_name(choice.provider),
-                 choice.reason.c_str());
-    int expected = -1;
-    g_provider.compare_exchange_strong(expected, static_cast<int>(choice.provider));
-  });
-  return static_cast<GemmProvider>(g_provider.load(std::memory_order_acquire));
+  return static_cast<GemmProvider>(g_provider.get(choose_provider));
 }
 
 Status set_gemm_provider(GemmProvider p) {
   int v = static_cast<int>(p);
   if (v < 0 || v > 1) return Status::kInvalidArgument;
   if (!gemm_provider_built(p)) return Status::kUnsupported;
-  active_gemm_provider();  // consume the environment once, so it cannot override this later
-  g_provider.store(v, std::memory_order_release);
+  g_provider.set(v, choose_provider);
   return Status::kOk;
 }
 

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cpu/env_choice.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/simd.h"
 
@@ -81,7 +82,15 @@ struct Kernels {
 constexpr Kernels kKernels[3] = {scalar::make_kernels(), avx2::make_kernels(),
                                  avx512::make_kernels()};
 
-std::atomic<int> g_isa{-1};  // -1: not chosen yet
+EnvChoice g_isa;
+
+int choose_isa() {
+  const char* env = std::getenv("RING_CPU_ISA");
+  std::string warning;
+  Isa isa = resolve_isa(env ? env : "", &warning);
+  if (!warning.empty()) std::fprintf(stderr, "ring kernels: %s\n", warning.c_str());
+  return static_cast<int>(isa);
+}
 
 const Kernels& kernels() {
   return kKernels[static_cast<int>(active_isa())];
@@ -182,26 +191,14 @@ Isa resolve_isa(const std::string& env_value, std::string* warning) {
 }
 
 Isa active_isa() {
-  int v = g_isa.load(std::memory_order_acquire);
-  if (v >= 0) return static_cast<Isa>(v);
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* env = std::getenv("RING_CPU_ISA");
-    std::string warning;
-    Isa isa = resolve_isa(env ? env : "", &warning);
-    if (!warning.empty()) std::fprintf(stderr, "ring kernels: %s\n", warning.c_str());
-    int expected = -1;
-    g_isa.compare_exchange_strong(expected, static_cast<int>(isa));
-  });
-  return static_cast<Isa>(g_isa.load(std::memory_order_acquire));
+  return static_cast<Isa>(g_isa.get(choose_isa));
 }
 
 Status set_isa(Isa isa) {
   int v = static_cast<int>(isa);
   if (v < 0 || v > 2) return Status::kInvalidArgument;
   if (!isa_supported(isa)) return Status::kUnsupported;
-  active_isa();  // consume the environment once, so it cannot override this later
-  g_isa.store(v, std::memory_order_release);
+  g_isa.set(v, choose_isa);
   return Status::kOk;
 }
 
