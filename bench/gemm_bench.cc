@@ -53,8 +53,8 @@ std::vector<GemmShape> shapes(bool quick) {
 // Child: times every shape through one provider and prints "core NAME", then one
 // "LABEL WALL_GFLOPS CPU_GFLOPS" line per shape.
 int child(const std::string& provider, int threads, bool quick) {
-  cpu::GemmProvider p = provider == "onednn" ? cpu::GemmProvider::kOneDnn
-                                             : cpu::GemmProvider::kOpenBlas;
+  cpu::GemmProvider p =
+      provider == "onednn" ? cpu::GemmProvider::kOneDnn : cpu::GemmProvider::kOpenBlas;
   std::printf("core %s\n", openblas_get_corename());
   for (const GemmShape& s : shapes(quick)) {
     ring::bench::GemmTimer t(s, 1);

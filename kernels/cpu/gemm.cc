@@ -96,9 +96,8 @@ GemmChoice resolve_gemm_provider(const std::string& env_value, const GemmFacts& 
     choice.warning = true;
   }
   const int core_level = openblas_core_vector_level(facts.openblas_core);
-  const std::string core = "OpenBLAS core " + facts.openblas_core + " (" +
-                           level_name(core_level) + " kernels), CPU " +
-                           level_name(facts.cpu_vector_level);
+  const std::string core = "OpenBLAS core " + facts.openblas_core + " (" + level_name(core_level) +
+                           " kernels), CPU " + level_name(facts.cpu_vector_level);
   if (core_level >= facts.cpu_vector_level) {
     choice.reason = prefix + "auto: " + core + ": OpenBLAS runs the CPU's widest kernels";
   } else if (!facts.onednn_built) {

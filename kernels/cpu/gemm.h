@@ -41,8 +41,8 @@ int openblas_core_vector_level(const std::string& core);
 
 struct GemmChoice {
   GemmProvider provider = GemmProvider::kOpenBlas;
-  std::string reason;   // why, in one line (logged)
-  bool warning = false; // the RING_GEMM value was not honoured as written
+  std::string reason;    // why, in one line (logged)
+  bool warning = false;  // the RING_GEMM value was not honoured as written
 };
 // Resolves a RING_GEMM value: empty or "auto" applies the rule above; "openblas" or "onednn"
 // selects that provider (oneDNN when not built: OpenBLAS, with a warning); anything else: the

@@ -1,6 +1,7 @@
 // CPU ops: argument validation, thread splitting (OpenMP), run-time ISA dispatch, and the parts
 // that are not per-ISA (GEMM argument checks, the GEMM itself being gemm.h's provider; embedding
-// copies, top-k selection logic, RoPE angle tables). The vector kernels live in ops_isa.inc, compiled here once per ISA.
+// copies, top-k selection logic, RoPE angle tables). The vector kernels live in ops_isa.inc,
+// compiled here once per ISA.
 // GCC 12 warns (-Wmaybe-uninitialized) inside its own avx512fintrin.h, where intrinsics use
 // _mm512_undefined_*() as a pass-through operand: a false positive (GCC bug 105593, fixed in 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

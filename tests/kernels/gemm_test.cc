@@ -46,7 +46,8 @@ struct Problem {
   Vec a, b, c0;
   std::vector<double> want, bound;  // float64 result; error bound per element
 
-  Problem(Shape shape, float alpha_, float beta_, uint32_t seed) : s(shape), alpha(alpha_), beta(beta_) {
+  Problem(Shape shape, float alpha_, float beta_, uint32_t seed)
+      : s(shape), alpha(alpha_), beta(beta_) {
     lda = (s.ta ? s.m : s.k) + 3;
     ldb = (s.tb ? s.k : s.n) + 1;
     ldc = s.n + 2;
@@ -73,9 +74,9 @@ struct Problem {
         want[at] = static_cast<double>(alpha) * sum + c;
         // fp32 rounding in any summation order, with or without FMA: |err| <= (k + 2) u (|alpha|
         // sum |a b| + |beta c|), u = 2^-24; doubled for the final scaling and the store.
-        bound[at] = 2.0 * (s.k + 2) * std::ldexp(1.0, -24) *
-                        (std::fabs(alpha) * mag + std::fabs(c)) +
-                    std::numeric_limits<float>::denorm_min();
+        bound[at] =
+            2.0 * (s.k + 2) * std::ldexp(1.0, -24) * (std::fabs(alpha) * mag + std::fabs(c)) +
+            std::numeric_limits<float>::denorm_min();
       }
     }
   }
@@ -127,7 +128,7 @@ class GemmProviderTest : public ::testing::TestWithParam<GemmProvider> {
 TEST_P(GemmProviderTest, MatchesFloat64ReferenceForAllTransposesAndOddShapes) {
   // Degenerate vectors, primes below and above the providers' block sizes, and the model's
   // shapes scaled down (tokens x d_model x mlp_hidden).
-  const int64_t dims[][3] = {{1, 1, 1},   {1, 17, 1},  {19, 1, 23}, {1, 1, 300},
+  const int64_t dims[][3] = {{1, 1, 1},    {1, 17, 1},   {19, 1, 23},    {1, 1, 300},
                              {37, 29, 53}, {67, 5, 129}, {131, 97, 257}, {256, 88, 32}};
   uint32_t seed = 1;
   for (const auto& d : dims) {
@@ -138,8 +139,8 @@ TEST_P(GemmProviderTest, MatchesFloat64ReferenceForAllTransposesAndOddShapes) {
           for (int threads : {1, 3}) {
             Vec c;
             ASSERT_EQ(run(GetParam(), pr, c, threads), Status::kOk);
-            EXPECT_TRUE(pr.check(c)) << label(pr.s) << " alpha " << alpha << " beta " << beta
-                                     << " threads " << threads;
+            EXPECT_TRUE(pr.check(c))
+                << label(pr.s) << " alpha " << alpha << " beta " << beta << " threads " << threads;
           }
         }
       }
@@ -197,7 +198,8 @@ TEST(GemmChoice, CoreVectorLevels) {
   EXPECT_EQ(cpu::openblas_core_vector_level("Cooperlake"), 2);
   EXPECT_EQ(cpu::openblas_core_vector_level("Haswell"), 1);
   EXPECT_EQ(cpu::openblas_core_vector_level("Zen"), 1);
-  for (const char* old : {"Prescott", "Core2", "Nehalem", "Sandybridge", "Barcelona", "Unknown", ""}) {
+  for (const char* old :
+       {"Prescott", "Core2", "Nehalem", "Sandybridge", "Barcelona", "Unknown", ""}) {
     EXPECT_EQ(cpu::openblas_core_vector_level(old), 0) << old;
   }
 }
@@ -208,9 +210,9 @@ TEST(GemmChoice, AutoPicksOneDnnOnlyWhenOpenBlasFellBack) {
     int level;
     GemmProvider want;
   } cases[] = {
-      {"Prescott", 2, GemmProvider::kOneDnn},     // AVX-512 Xeon unknown to the model table
-      {"Haswell", 2, GemmProvider::kOneDnn},      // AVX2 kernels on an AVX-512 CPU
-      {"SkylakeX", 2, GemmProvider::kOpenBlas},   // its own kernels
+      {"Prescott", 2, GemmProvider::kOneDnn},    // AVX-512 Xeon unknown to the model table
+      {"Haswell", 2, GemmProvider::kOneDnn},     // AVX2 kernels on an AVX-512 CPU
+      {"SkylakeX", 2, GemmProvider::kOpenBlas},  // its own kernels
       {"Cooperlake", 2, GemmProvider::kOpenBlas},
       {"Haswell", 1, GemmProvider::kOpenBlas},    // AVX2 Intel
       {"Zen", 1, GemmProvider::kOpenBlas},        // AMD EPYC (Zen maps to Haswell kernels)
@@ -277,8 +279,8 @@ TEST(GemmEnv, ActiveProviderFollowsRingGemmAndIsLoggedOnce) {
   const std::string log = ::testing::internal::GetCapturedStderr();
   if (log.empty()) GTEST_SKIP() << "another test in this process chose the provider first";
   EXPECT_EQ(got, want.provider);
-  const std::string line = std::string("GEMM provider ") + cpu::gemm_provider_name(got) + " (" +
-                           want.reason + ")\n";
+  const std::string line =
+      std::string("GEMM provider ") + cpu::gemm_provider_name(got) + " (" + want.reason + ")\n";
   EXPECT_NE(log.find(line), std::string::npos) << log;
   EXPECT_EQ(log.find("GEMM provider"), log.rfind("GEMM provider")) << "logged twice: " << log;
   // The spelled-out overrides, independently of resolve_gemm_provider.
