@@ -119,8 +119,9 @@ class GemmProviderTest : public ::testing::TestWithParam<GemmProvider> {
  protected:
   void SetUp() override {
     if (!cpu::gemm_provider_built(GetParam())) {
-      GTEST_SKIP() << cpu::gemm_provider_name(GetParam())
-                   << " is not built in (libdnnl-dev was missing at configure time)";
+      GTEST_SKIP()
+          << cpu::gemm_provider_name(GetParam())
+          << " is not built in (libdnnl-dev missing at configure time, or RING_WITH_ONEDNN=OFF)";
     }
   }
 };
