@@ -11,7 +11,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   # libraries the code links against
   libyaml-cpp-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
-  libopenblas-dev libopenblas0-pthread
+  libopenblas-dev libopenblas0-pthread libdnnl-dev
   libucx-dev ucx-utils
   libzmq3-dev cppzmq-dev
   libsqlite3-dev sqlite3

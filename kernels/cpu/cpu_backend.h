@@ -1,6 +1,7 @@
 // The CPU backend: every Backend op on host memory. Attention forwards to kernels/cpu/attention.h,
-// everything else to kernels/cpu/ops.h; GEMM goes through OpenBLAS. Calls run synchronously on
-// the calling thread plus up to threads() OpenMP (and OpenBLAS) threads.
+// everything else to kernels/cpu/ops.h; GEMM goes through the provider of kernels/cpu/gemm.h
+// (OpenBLAS or oneDNN). Calls run synchronously on the calling thread plus up to threads() OpenMP
+// (or OpenBLAS) threads.
 #pragma once
 
 #include "kernels/backend.h"

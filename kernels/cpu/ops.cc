@@ -1,6 +1,7 @@
 // CPU ops: argument validation, thread splitting (OpenMP), run-time ISA dispatch, and the parts
-// that are not per-ISA (GEMM through OpenBLAS, embedding copies, top-k selection logic, RoPE
-// angle tables). The vector kernels live in ops_isa.inc, compiled here once per ISA.
+// that are not per-ISA (GEMM argument checks, the GEMM itself being gemm.h's provider; embedding
+// copies, top-k selection logic, RoPE angle tables). The vector kernels live in ops_isa.inc,
+// compiled here once per ISA.
 // GCC 12 warns (-Wmaybe-uninitialized) inside its own avx512fintrin.h, where intrinsics use
 // _mm512_undefined_*() as a pass-through operand: a false positive (GCC bug 105593, fixed in 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -8,7 +9,6 @@
 
 #include "kernels/cpu/ops.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -23,10 +23,9 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cpu/env_choice.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/simd.h"
-
-extern "C" void openblas_set_num_threads(int num_threads);
-extern "C" int openblas_get_num_threads(void);
 
 namespace ring::kernels::cpu {
 namespace {
@@ -84,7 +83,15 @@ struct Kernels {
 constexpr Kernels kKernels[3] = {scalar::make_kernels(), avx2::make_kernels(),
                                  avx512::make_kernels()};
 
-std::atomic<int> g_isa{-1};  // -1: not chosen yet
+EnvChoice g_isa;
+
+int choose_isa() {
+  const char* env = std::getenv("RING_CPU_ISA");
+  std::string warning;
+  Isa isa = resolve_isa(env ? env : "", &warning);
+  if (!warning.empty()) std::fprintf(stderr, "ring kernels: %s\n", warning.c_str());
+  return static_cast<int>(isa);
+}
 
 const Kernels& kernels() {
   return kKernels[static_cast<int>(active_isa())];
@@ -185,26 +192,14 @@ Isa resolve_isa(const std::string& env_value, std::string* warning) {
 }
 
 Isa active_isa() {
-  int v = g_isa.load(std::memory_order_acquire);
-  if (v >= 0) return static_cast<Isa>(v);
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* env = std::getenv("RING_CPU_ISA");
-    std::string warning;
-    Isa isa = resolve_isa(env ? env : "", &warning);
-    if (!warning.empty()) std::fprintf(stderr, "ring kernels: %s\n", warning.c_str());
-    int expected = -1;
-    g_isa.compare_exchange_strong(expected, static_cast<int>(isa));
-  });
-  return static_cast<Isa>(g_isa.load(std::memory_order_acquire));
+  return static_cast<Isa>(g_isa.get(choose_isa));
 }
 
 Status set_isa(Isa isa) {
   int v = static_cast<int>(isa);
   if (v < 0 || v > 2) return Status::kInvalidArgument;
   if (!isa_supported(isa)) return Status::kUnsupported;
-  active_isa();  // consume the environment once, so it cannot override this later
-  g_isa.store(v, std::memory_order_release);
+  g_isa.set(v, choose_isa);
   return Status::kOk;
 }
 
@@ -222,7 +217,7 @@ Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
   if (m < 0 || n < 0 || k < 0) return Status::kInvalidArgument;
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (m > kMax || n > kMax || k > kMax || lda > kMax || ldb > kMax || ldc > kMax) {
-    return Status::kInvalidArgument;  // cblas takes int
+    return Status::kInvalidArgument;  // cblas takes int (so does every provider here)
   }
   // Row-major leading dimensions: columns of the stored matrix, at least 1.
   int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
@@ -244,14 +239,9 @@ Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     }
     return Status::kOk;
   }
-  // The OpenBLAS thread count is process-wide (other callers may change it): set it per call,
-  // only when it differs (setting it resizes OpenBLAS's pool).
-  if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, static_cast<const float*>(a), static_cast<int>(lda),
-              static_cast<const float*>(b), static_cast<int>(ldb), beta, cf, static_cast<int>(ldc));
-  return Status::kOk;
+  return sgemm(active_gemm_provider(), trans_a, trans_b, m, n, k, alpha,
+               static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta, cf, ldc,
+               threads);
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ Status set_isa(Isa isa);
 // Number of threads the machine offers (what threads = 0 means).
 int hardware_threads();
 
-// ---- dense linear algebra (OpenBLAS cblas_sgemm; threads set with openblas_set_num_threads) --
+// ---- dense linear algebra (through the GEMM provider of gemm.h: OpenBLAS or oneDNN) ----------
 Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
             int64_t ldc, int threads);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/reference/ops_ref.h"
 
@@ -818,6 +819,9 @@ TEST(OpsValidation, BadArgumentsAreRejected) {
 }
 
 TEST(Gemm, OpenBlasThreadsFollowTheBackend) {
+  // Through the OpenBLAS provider whatever RING_GEMM says (gemm_test covers both providers).
+  const cpu::GemmProvider before = cpu::active_gemm_provider();
+  ASSERT_EQ(cpu::set_gemm_provider(cpu::GemmProvider::kOpenBlas), Status::kOk);
   const int64_t m = 257, n = 263, k = 129;  // large enough for OpenBLAS to use its threads
   Vec a = randn(m * k, 130), b = randn(k * n, 131), c(m * n), c_ref(m * n);
   ref::gemm(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c_ref.data(), n);
@@ -829,6 +833,7 @@ TEST(Gemm, OpenBlasThreadsFollowTheBackend) {
     EXPECT_EQ(openblas_get_num_threads(), threads);
     EXPECT_TRUE(close(c, c_ref, 1e-4, 1e-4)) << "threads=" << threads;
   }
+  ASSERT_EQ(cpu::set_gemm_provider(before), Status::kOk);
 }
 
 TEST(OpsValidation, GemmWithZeroKScalesC) {

@@ -1,0 +1,67 @@
+// The CPU GEMM provider: which library runs fp32 C = alpha op(A) op(B) + beta C (row-major).
+//
+// Providers: OpenBLAS (cblas_sgemm) and oneDNN (dnnl_sgemm, when built with libdnnl-dev).
+// Debian's OpenBLAS picks its kernels from a table of CPU models; on a model newer than the table
+// it can run kernels far older than the CPU (Prescott SSE3 on an AVX-512 Xeon, a fifth of the
+// speed), while oneDNN picks its kernels from CPU feature flags. The automatic choice is a pure
+// function of cpuid and OpenBLAS's reported core (no timing), so one machine always makes the
+// same choice and results stay bit-identical run to run (resume relies on it):
+//   - oneDNN when OpenBLAS's core lacks the widest vector kernels this CPU runs (it fell back);
+//   - OpenBLAS otherwise (its own kernels for this CPU), or when oneDNN is not built in.
+// RING_GEMM=openblas|onednn|auto overrides it (read once, at the first GEMM); the choice and the
+// reason go to stderr once per process. docs/performance.md has the measurements behind it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace ring::kernels::cpu {
+
+enum class GemmProvider : int { kOpenBlas = 0, kOneDnn = 1 };
+inline constexpr GemmProvider kGemmProviders[] = {GemmProvider::kOpenBlas, GemmProvider::kOneDnn};
+
+// "openblas", "onednn" (the RING_GEMM spellings).
+const char* gemm_provider_name(GemmProvider p);
+// Whether the provider is compiled into this build (OpenBLAS always is).
+bool gemm_provider_built(GemmProvider p);
+
+// What the automatic choice looks at.
+struct GemmFacts {
+  std::string openblas_core;  // openblas_get_corename(): "SkylakeX", "Haswell", "Prescott", ...
+  int cpu_vector_level = 0;   // 2: AVX-512, 1: AVX2+FMA, 0: neither (from cpuid)
+  bool onednn_built = false;
+};
+// The facts of this machine and build.
+GemmFacts gemm_facts();
+// The widest vectors an OpenBLAS core's kernels use, on the same scale as cpu_vector_level:
+// 2 for SkylakeX/Cooperlake/SapphireRapids, 1 for Haswell/Zen, 0 for the older ones.
+int openblas_core_vector_level(const std::string& core);
+
+struct GemmChoice {
+  GemmProvider provider = GemmProvider::kOpenBlas;
+  std::string reason;    // why, in one line (logged)
+  bool warning = false;  // the RING_GEMM value was not honoured as written
+};
+// Resolves a RING_GEMM value: empty or "auto" applies the rule above; "openblas" or "onednn"
+// selects that provider (oneDNN when not built: OpenBLAS, with a warning); anything else: the
+// automatic choice, with a warning naming RING_GEMM and the accepted values.
+GemmChoice resolve_gemm_provider(const std::string& env_value, const GemmFacts& facts);
+
+// The provider GEMMs run with now (RING_GEMM at first use, or the last set_gemm_provider()).
+GemmProvider active_gemm_provider();
+// Switches the provider for all later GEMMs in this process (tests and benchmarks use it).
+// kUnsupported if it is not built. Not thread-safe against concurrent GEMM calls.
+Status set_gemm_provider(GemmProvider p);
+
+// Row-major fp32 GEMM through provider p on up to `threads` threads. Arguments must already be
+// valid (cpu::gemm in ops.h checks them): m, n, k >= 1, each below 2^31, leading dimensions at
+// least the stored row length. OpenBLAS's thread count is process-wide and is set per call;
+// oneDNN runs on OpenMP and gets `threads` through the calling thread's OpenMP setting, restored
+// after the call. Both give the same bits for the same inputs, shape and thread count.
+Status sgemm(GemmProvider p, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+             float* c, int64_t ldc, int threads);
+
+}  // namespace ring::kernels::cpu
