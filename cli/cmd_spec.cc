@@ -251,7 +251,7 @@ Subcommand add_init(CLI::App& app) {
   std::string list;
   for (const auto& t : spec_templates()) list += "\n  " + t.name + ": " + t.description;
   auto* s = app.add_subcommand("init", "Write a commented starting spec (a template)");
-  s->footer("Templates:" + list);
+  s->footer("Templates:" + list + "\n");
   s->add_option("-t,--template", o->name, "The template (listed below)")
       ->capture_default_str()
       ->check(CLI::Validator(

@@ -474,7 +474,7 @@ TEST(Ringctl, UnknownCommandsAndFlagsAreNamed) {
   auto r = ring::test::run(kRingctl + " statsu");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "unknown command 'statsu'; did you mean 'status'?")) << r.output;
-  EXPECT_TRUE(contains(r.output, "commands: validate, plan, run, status")) << r.output;
+  EXPECT_TRUE(contains(r.output, "commands: validate, plan, init, run, status")) << r.output;
   r = ring::test::run(kRingctl + " frobnicate");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "unknown command 'frobnicate'")) << r.output;
@@ -538,7 +538,8 @@ TEST(Ringctl, StatusSelectsAndFormatsLikeSqueue) {
   EXPECT_TRUE(contains(r.output, "no jobs of any user in failed")) << r.output;
   // Every state ring-coord has is one -t knows.
   for (auto st : ring::coord::kAllJobStates)
-    EXPECT_EQ(c.ctl(std::string("status -t ") + ring::coord::to_string(st)).exit_code, 0) << st;
+    EXPECT_EQ(c.ctl(std::string("status -t ") + ring::coord::to_string(st)).exit_code, 0)
+        << ring::coord::to_string(st);
   r = c.ctl("status -t runing");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "unknown state 'runing'; did you mean 'running'?")) << r.output;

@@ -108,7 +108,7 @@ TEST(RingctlSet, ValidateAndPlanApplyOverrides) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "ok (tiny: 2 layers, d_model 256, seq_len 8192")) << r.output;
   // A positional after --set is still a file (one value per --set).
-  r = run(kRingctl + " validate --set train.steps=3 " + tiny + " " + tiny);
+  r = run(kRingctl + " validate --set train.steps=30 " + tiny + " " + tiny);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "2 valid, 0 invalid")) << r.output;
   r = run(kRingctl + " validate " + tiny + " --set model.layrs=2");
@@ -137,13 +137,13 @@ TEST(RingctlValidate, JsonResult) {
   TempDir t;
   const std::string tiny = source_path("configs/examples/tiny.yaml");
   const std::string bad = source_path("configs/invalid/bad-enum.yaml");
-  auto r = run(kRingctl + " validate --json " + tiny + " " + bad + " --set train.steps=3");
+  auto r = run(kRingctl + " validate --json " + tiny + " " + bad + " --set train.steps=30");
   EXPECT_EQ(r.exit_code, 1);
   auto j = json::parse(r.output);  // stdout and stderr: all of it is the JSON
   EXPECT_EQ(j["ok"], false);
   EXPECT_EQ(j["valid"], 1);
   EXPECT_EQ(j["invalid"], 1);
-  EXPECT_EQ(j["overrides"], json::array({"train.steps=3"}));
+  EXPECT_EQ(j["overrides"], json::array({"train.steps=30"}));
   ASSERT_EQ(j["files"].size(), 2u);
   EXPECT_EQ(j["files"][0]["file"], tiny);
   EXPECT_EQ(j["files"][0]["ok"], true);

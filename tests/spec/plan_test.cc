@@ -149,9 +149,14 @@ TEST(Plan, RingctlPlanTextJsonAndCheck) {
   auto text = test::run(ringctl + " plan " + test::source_path("configs/examples/tiny.yaml"));
   EXPECT_EQ(text.exit_code, 0) << text.output;
   EXPECT_NE(text.output.find("verdict: fits"), std::string::npos) << text.output;
-  // The tiny model's count in K, not "0.000 B params".
-  EXPECT_NE(text.output.find(" K params ("), std::string::npos) << text.output;
-  EXPECT_EQ(text.output.find("0.000 B"), std::string::npos) << text.output;
+  // The tiny model's count in its own unit (millions), not "0.003 B params".
+  auto tiny = nlohmann::json::parse(
+      test::run(ringctl + " plan --json " + test::source_path("configs/examples/tiny.yaml")).output);
+  const auto params = tiny["model"]["params"].get<double>();
+  ASSERT_LT(params, 1e8);
+  EXPECT_NE(text.output.find("model: " + human_count(params) + " params ("), std::string::npos)
+      << text.output;
+  EXPECT_EQ(text.output.find(" B params"), std::string::npos) << text.output;
   // (--what-if prints this build's limits as warnings on stderr: only stdout is JSON)
   auto json =
       test::run("(" + ringctl + " plan --what-if --json " +
