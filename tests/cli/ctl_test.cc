@@ -709,12 +709,17 @@ TEST(RingctlSubmit, SpecCopyIsPrivateAndTheJobDirIsChecked) {
   std::string spec = ring::test::source_path("configs/examples/tiny.yaml");
   // (--ringd: any executable; the script is never run)
   auto r = ring::test::run("umask 022; " + env + kRingctl + " submit " + spec +
-                           " --spank off --ringd /bin/true --job-dir " + dir + "/job");
+                           " --spank off --ringd /bin/true --job-dir " + dir +
+                           "/job --set train.log_every=5");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "stand-in refuses")) << r.output;
   struct stat st {};
   ASSERT_EQ(stat((dir + "/job/spec-1.yaml").c_str(), &st), 0) << r.output;
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // The copy is the spec the --set made, and lists it.
+  std::string copy = read_text(dir + "/job/spec-1.yaml");
+  EXPECT_TRUE(contains(copy, "#   --set train.log_every=5\n")) << copy;
+  EXPECT_TRUE(contains(copy, "log_every: 5\n")) << copy;
   ASSERT_EQ(stat((dir + "/job/job-1.sbatch").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   ASSERT_EQ(stat((dir + "/job").c_str(), &st), 0);

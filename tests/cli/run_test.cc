@@ -84,25 +84,17 @@ bool contains(const std::string& hay, const std::string& needle) {
   return hay.find(needle) != std::string::npos;
 }
 
-// A coordinator in this process at the endpoint env() names, state in <t>/state.
-struct InProcessCoordinator {
-  explicit InProcessCoordinator(const TempDir& t)
-      : ep("ipc://" + t.path + "/sock/coord.sock"), coord(options(t, ep)), th([this] { coord.run(); }) {}
-  ~InProcessCoordinator() {
-    coord.stop();
-    th.join();
-  }
-  static CoordinatorOptions options(const TempDir& t, const std::string& ep) {
-    CoordinatorOptions o;
+// A coordinator in this process (coord_test_util.h) at the endpoint env() names, state in
+// <t>/state, with the production heartbeat settings (ringd's heartbeats under load).
+std::unique_ptr<InProcessCoordinator> coordinator_at(const TempDir& t) {
+  return std::make_unique<InProcessCoordinator>([&](CoordinatorOptions& o) {
+    const CoordinatorOptions defaults;
     o.state_dir = t.path + "/state";
-    o.endpoints = {ep};
-    o.synchronous_full = false;
-    return o;
-  }
-  std::string ep;
-  Coordinator coord;
-  std::thread th;
-};
+    o.endpoints = {"ipc://" + t.path + "/sock/coord.sock"};
+    o.heartbeat_interval_s = defaults.heartbeat_interval_s;
+    o.heartbeat_timeout_s = defaults.heartbeat_timeout_s;
+  });
+}
 
 }  // namespace
 
@@ -145,8 +137,8 @@ TEST(RingctlRun, StatusWhileRunningCtrlCAndResume) {
   TempDir t;
   std::string job_dir = t.path + "/job";
   // A coordinator that is already there is used (and left running).
-  InProcessCoordinator coord(t);
-  const std::string& ep = coord.ep;
+  auto coord = coordinator_at(t);
+  const std::string ep = "ipc://" + t.path + "/sock/coord.sock";
 
   {
     RunProc run(t, kSpec + " --steps 100000 --job-dir " + job_dir);
@@ -200,8 +192,8 @@ TEST(RingctlRun, StatusWhileRunningCtrlCAndResume) {
 TEST(RingctlRun, OverridesAreRecordedAndCancelledIsItsOwnCode) {
   TempDir t;
   std::string job_dir = t.path + "/job";
-  auto coord = std::make_unique<InProcessCoordinator>(t);
-  const std::string ep = coord->ep;
+  auto coord = coordinator_at(t);
+  const std::string ep = "ipc://" + t.path + "/sock/coord.sock";
   {
     RunProc run(t, kSpec + " --set train.steps=100000 --set checkpoint.every_steps=1000 " +
                        "--job-dir " + job_dir);
@@ -222,7 +214,7 @@ TEST(RingctlRun, OverridesAreRecordedAndCancelledIsItsOwnCode) {
     EXPECT_EQ(rc, 8) << run.output();
     EXPECT_TRUE(contains(run.output(), "cancelled (ringctl cancel)")) << run.output();
   }
-  coord.reset();  // its database, closed
+  coord->stop();  // its database, closed
   Store store(t.path + "/state/coord.db", {false, 0});
   auto job = store.job(1);
   ASSERT_TRUE(job);
