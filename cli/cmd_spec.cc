@@ -253,6 +253,7 @@ Subcommand add_init(CLI::App& app) {
   auto* s = app.add_subcommand("init", "Write a commented starting spec (a template)");
   s->footer("Templates:" + list + "\n");
   s->add_option("-t,--template", o->name, "The template (listed below)")
+      ->type_name("NAME")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
@@ -264,7 +265,7 @@ Subcommand add_init(CLI::App& app) {
             return "unknown template '" + printable(v) + "'" +
                    (c.empty() ? "" : "; did you mean '" + c + "'?") + " (templates: " + all + ")";
           },
-          "NAME", "TEMPLATE"));
+          "", "TEMPLATE"));
   s->add_option("-o,--output", o->output, "Write to FILE (- or none: standard output)")
       ->type_name("FILE");
   s->add_flag("--force", o->force, "Overwrite FILE if it exists (a regular file only)");

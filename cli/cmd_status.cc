@@ -397,7 +397,7 @@ Subcommand add_status(CLI::App& app) {
                     " (default id,name,user,state,step,loss,tok_s,attempt,nodes,age,ckpt, and "
                     "slurm when a job has a Slurm id)")
       ->type_name("FIELDS")
-      ->check(CLI::Validator([](std::string& v) { return parse_format(v, nullptr); }, "FIELDS",
+      ->check(CLI::Validator([](std::string& v) { return parse_format(v, nullptr); }, "",
                              "FORMAT"));
   s->add_option("-u,--user", o->users, "Only jobs of these users (comma list of names or uids)")
       ->delimiter(',')
@@ -410,7 +410,7 @@ Subcommand add_status(CLI::App& app) {
             if (uid || ::getpwnam(v.c_str())) return "";
             return "unknown user '" + printable(v) + "' (a user name of this system, or a uid)";
           },
-          "USER", "USER"));
+          "", "USER"));
   s->add_option("-t,--states", o->states,
                 "Only jobs in these states (comma list, any case): " + joined(job_states(), ","))
       ->delimiter(',')
@@ -426,7 +426,7 @@ Subcommand add_status(CLI::App& app) {
                    (near.empty() ? "" : "; did you mean '" + near + "'?") +
                    " (states: " + joined(all, ",") + ")";
           },
-          "STATE", "STATE"));
+          "", "STATE"));
   o->coord.add_to(s);
   return {s, [o] { return run_status(*o); }};
 }

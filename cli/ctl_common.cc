@@ -90,7 +90,7 @@ coord::ClientOptions CoordFlags::client_options() const {
 void SetFlags::add_to(CLI::App* app) {
   app->add_option("--set", args,
                   "Override a key of the spec: SECTION.KEY=VALUE, VALUE as YAML (train.steps=5, "
-                  "resources.gpus=[0,1]); repeatable, checked like the file's keys")
+                  "data.paths=[/a,/b]); repeatable, checked like the file's keys")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false)
       ->check(CLI::Validator(
@@ -98,7 +98,7 @@ void SetFlags::add_to(CLI::App* app) {
             if (spec::parse_override(v)) return "";
             return "expected SECTION.KEY=VALUE (train.steps=5), got '" + printable(v) + "'";
           },
-          "KEY=VALUE", "OVERRIDE"));
+          "", "OVERRIDE"));
 }
 
 std::vector<spec::Override> SetFlags::overrides() const {

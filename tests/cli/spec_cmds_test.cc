@@ -157,6 +157,10 @@ TEST(RingctlValidate, JsonResult) {
   EXPECT_TRUE(e[0]["column"].is_number()) << e[0];
   EXPECT_FALSE(e[0]["key"].get<std::string>().empty()) << e[0];
   EXPECT_TRUE(contains(e[0]["rule"], "is not one of")) << e[0];
+  // --json may come before the command, as the coordinator commands' options may.
+  r = run(kRingctl + " --json validate " + tiny);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.output)["ok"], true);
   // Warnings are listed apart (the sizing example under --what-if).
   r = run(kRingctl + " validate --json --what-if " +
           source_path("configs/examples/llama7b-1m-64x8-h100.yaml"));
