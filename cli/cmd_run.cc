@@ -640,8 +640,12 @@ int run_run(const RunOpts& o) {
       }
     }
     const auto& pr = disp.progress();
-    std::string set_args;
-    for (const auto& a : o.set.args) set_args += " --set '" + a + "'";
+    std::string set_args;  // shell-quoted, to paste
+    for (const auto& a : o.set.args) {
+      std::string q;
+      for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      set_args += " --set '" + q + "'";
+    }
     std::ostringstream sum;
     const std::string outcome = describe_ringd_status(st);
     const int rc = from_ringd_status(st);

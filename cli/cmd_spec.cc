@@ -87,8 +87,8 @@ int run_validate(const ValidateOpts& o) {
       for (const auto& d : r.diagnostics)
         (d.severity == spec::Diagnostic::Severity::kError ? errors : warnings)
             .push_back(diagnostic_json(d));
-      nlohmann::json one{{"file", shown}, {"ok", r.ok()}, {"errors", errors},
-                         {"warnings", warnings}};
+      nlohmann::json one{
+          {"file", shown}, {"ok", r.ok()}, {"errors", errors}, {"warnings", warnings}};
       if (r.ok())
         one["job"] = {{"name", r.spec->job.name},
                       {"layers", r.spec->model.layers},
@@ -142,8 +142,10 @@ int run_plan(const PlanOpts& o) {
               << ": planned with --what-if: any 'not supported by this build' above is a "
                  "spec that `ringctl run` and `submit` refuse\n";
   auto p = plan::make_plan(*r.spec);
-  if (o.json) std::cout << plan::to_json(p, *r.spec).dump(2) << "\n";
-  else std::cout << plan::to_text(p, *r.spec);
+  if (o.json)
+    std::cout << plan::to_json(p, *r.spec).dump(2) << "\n";
+  else
+    std::cout << plan::to_text(p, *r.spec);
   return o.check && !p.fits() ? kExitNoFit : kExitOk;
 }
 

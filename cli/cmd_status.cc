@@ -194,8 +194,8 @@ std::vector<Column> columns(const StatusOpts& o, const std::vector<protocol::Job
     parse_format(o.format, &cols);  // checked when parsed
     return cols;
   }
-  bool slurm = std::any_of(jobs.begin(), jobs.end(),
-                           [](const auto& j) { return !j.slurm_job_id.empty(); });
+  bool slurm =
+      std::any_of(jobs.begin(), jobs.end(), [](const auto& j) { return !j.slurm_job_id.empty(); });
   parse_format(std::string("id,name,user,state,step,loss,tok_s,attempt,nodes,age,ckpt") +
                    (slurm ? ",slurm" : ""),
                &cols);
@@ -226,8 +226,10 @@ std::string fit(const std::string& cell, size_t width) {
 std::string strip_ansi(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\033') i = s.find('m', i);
-    else out += s[i];
+    if (s[i] == '\033')
+      i = s.find('m', i);
+    else
+      out += s[i];
   }
   return out;
 }
@@ -236,7 +238,8 @@ std::string table(const std::vector<protocol::JobInfo>& jobs, const StatusOpts& 
   double now = now_unix();
   auto cols = columns(o, jobs);
   Views views;
-  if (std::any_of(cols.begin(), cols.end(), [](const Column& c) { return c.field->name == "slurm"; }))
+  if (std::any_of(cols.begin(), cols.end(),
+                  [](const Column& c) { return c.field->name == "slurm"; }))
     views = slurm_views(jobs);
   std::vector<std::string> header;
   std::vector<size_t> right;
@@ -265,12 +268,12 @@ std::string table(const std::vector<protocol::JobInfo>& jobs, const StatusOpts& 
 // -u and -t: the jobs of these users (names or uids) in these states; all when not given.
 std::vector<protocol::JobInfo> selected(std::vector<protocol::JobInfo> jobs, const StatusOpts& o) {
   auto keep = [&](const protocol::JobInfo& j) {
-    bool user = o.users.empty() ||
-                std::any_of(o.users.begin(), o.users.end(), [&](const std::string& u) {
-                  return u == j.owner || u == std::to_string(j.owner_uid);
-                });
-    bool state = o.states.empty() || std::find(o.states.begin(), o.states.end(),
-                                               lower(j.state)) != o.states.end();
+    bool user =
+        o.users.empty() || std::any_of(o.users.begin(), o.users.end(), [&](const std::string& u) {
+          return u == j.owner || u == std::to_string(j.owner_uid);
+        });
+    bool state = o.states.empty() ||
+                 std::find(o.states.begin(), o.states.end(), lower(j.state)) != o.states.end();
     return user && state;
   };
   jobs.erase(std::remove_if(jobs.begin(), jobs.end(), [&](const auto& j) { return !keep(j); }),
@@ -397,8 +400,8 @@ Subcommand add_status(CLI::App& app) {
                     " (default id,name,user,state,step,loss,tok_s,attempt,nodes,age,ckpt, and "
                     "slurm when a job has a Slurm id)")
       ->type_name("FIELDS")
-      ->check(CLI::Validator([](std::string& v) { return parse_format(v, nullptr); }, "",
-                             "FORMAT"));
+      ->check(
+          CLI::Validator([](std::string& v) { return parse_format(v, nullptr); }, "", "FORMAT"));
   s->add_option("-u,--user", o->users, "Only jobs of these users (comma list of names or uids)")
       ->delimiter(',')
       ->allow_extra_args(false)

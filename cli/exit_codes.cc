@@ -19,10 +19,12 @@ constexpr int kRingdStopped = 75;
 const std::vector<ExitCodeDoc>& exit_code_table() {
   static const std::vector<ExitCodeDoc> t{
       {kExitOk, "success"},
-      {kExitFailed, "invalid input (a spec with errors, a missing file or job directory), or the "
-                    "job failed (run: ringd failed or refused the job)"},
-      {kExitUsage, "usage error: an unknown command or flag, a missing or malformed argument, a "
-                   "number out of its range"},
+      {kExitFailed,
+       "invalid input (a spec with errors, a missing file or job directory), or the "
+       "job failed (run: ringd failed or refused the job)"},
+      {kExitUsage,
+       "usage error: an unknown command or flag, a missing or malformed argument, a "
+       "number out of its range"},
       {kExitNoFit, "plan --check: the job does not fit its resources"},
       {kExitNoCoord, "no coordinator answers at the endpoint"},
       {kExitNotFound, "no such job"},
@@ -44,10 +46,14 @@ std::string exit_code_help() {
 int from_ringd_status(int st) {
   if (!WIFEXITED(st)) return kExitKilled;
   switch (WEXITSTATUS(st)) {
-    case kRingdOk: return kExitOk;
-    case kRingdCancelled: return kExitCancelled;
-    case kRingdStopped: return kExitStopped;
-    default: return kExitFailed;  // 1 failed, 2 refused, anything else
+    case kRingdOk:
+      return kExitOk;
+    case kRingdCancelled:
+      return kExitCancelled;
+    case kRingdStopped:
+      return kExitStopped;
+    default:
+      return kExitFailed;  // 1 failed, 2 refused, anything else
   }
 }
 
@@ -56,11 +62,16 @@ std::string describe_ringd_status(int st) {
     return fmt::format("ringd killed by signal {} ({})", WTERMSIG(st), strsignal(WTERMSIG(st)));
   if (!WIFEXITED(st)) return "ringd ended abnormally";
   switch (WEXITSTATUS(st)) {
-    case kRingdOk: return "completed";
-    case kRingdStopped: return "stopped (resumable)";
-    case kRingdUsage: return "refused by ringd (usage or spec error)";
-    case kRingdCancelled: return "cancelled (ringctl cancel)";
-    default: return fmt::format("failed (ringd exit {})", WEXITSTATUS(st));
+    case kRingdOk:
+      return "completed";
+    case kRingdStopped:
+      return "stopped (resumable)";
+    case kRingdUsage:
+      return "refused by ringd (usage or spec error)";
+    case kRingdCancelled:
+      return "cancelled (ringctl cancel)";
+    default:
+      return fmt::format("failed (ringd exit {})", WEXITSTATUS(st));
   }
 }
 

@@ -16,8 +16,8 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
-#include "cli/commands.h"
 #include "cli/cmd_checkpoints.h"
+#include "cli/commands.h"
 #include "cli/exit_codes.h"
 
 namespace {
@@ -82,8 +82,10 @@ struct SharedOption {
   const char* name;
   bool takes_value;
 };
-constexpr SharedOption kSharedOptions[] = {{"--coord", true},      {"--timeout", true},
-                                           {"--server-key", true}, {"--client-key", true},
+constexpr SharedOption kSharedOptions[] = {{"--coord", true},
+                                           {"--timeout", true},
+                                           {"--server-key", true},
+                                           {"--client-key", true},
                                            {"--json", false}};
 
 // Before CLI11 sees argv: shared options written before the command move to just after it,

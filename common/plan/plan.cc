@@ -290,8 +290,8 @@ std::string to_text(const Plan& p, const JobSpec& s) {
       "model: {} params ({} layers, d_model {}, heads {}/{} kv, head_dim {}, {} "
       "hidden {}, vocab {}), {}\n",
       human_count(static_cast<double>(p.params)), s.model.layers, s.model.d_model, s.model.heads,
-      s.resolved.kv_heads, s.resolved.head_dim, spec::to_string(s.model.mlp),
-      s.resolved.mlp_hidden, s.model.vocab, spec::to_string(s.model.dtype));
+      s.resolved.kv_heads, s.resolved.head_dim, spec::to_string(s.model.mlp), s.resolved.mlp_hidden,
+      s.model.vocab, spec::to_string(s.model.dtype));
   o += fmt::format("sequence: {} tokens over {} ranks ({}): {} tokens per rank; {} x {} nodes "
                    "= {} workers, {} replica(s)\n\n",
                    s.data.seq_len, p.ranks, spec::to_string(s.parallel.causal_balance),

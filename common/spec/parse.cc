@@ -570,7 +570,9 @@ std::string overridden_text(const std::string& name, const YAML::Node& root,
 
 // Whether `text` names the key path `key` as a whole ("model.heads (5)", not "model.heads_x").
 bool mentions(std::string_view text, std::string_view key) {
-  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; };
+  auto word = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+  };
   for (size_t at = text.find(key); at != std::string_view::npos; at = text.find(key, at + 1)) {
     bool start = at == 0 || !word(text[at - 1]);
     const size_t e = at + key.size();
@@ -648,8 +650,10 @@ LoadResult load_spec_string(std::string_view text, const std::string& name,
   for (auto& d : r.diagnostics) {
     std::string named;
     for (const auto& [key, arg] : r.source.overrides) {
-      if (d.key.substr(0, d.key.find('[')) == key) d.where = {};
-      else if (!mentions(d.message, key)) continue;
+      if (d.key.substr(0, d.key.find('[')) == key)
+        d.where = {};
+      else if (!mentions(d.message, key))
+        continue;
       named += (named.empty() ? " (--set " : ", --set ") + arg;
     }
     if (!named.empty()) d.message += named + ")";
@@ -662,7 +666,10 @@ LoadResult load_spec_string(std::string_view text, const std::string& name,
     auto back = load_spec_string(r.text, name, plain);
     std::string diff = back.spec ? first_difference(*back.spec, spec) : "the whole spec";
     if (!diff.empty())
-      r.diagnostics.push_back({Diagnostic::Severity::kError, name, {}, diff,
+      r.diagnostics.push_back({Diagnostic::Severity::kError,
+                               name,
+                               {},
+                               diff,
                                "the spec with the --set overrides does not read back the same "
                                "(an internal error: please report it with the spec)"});
   }

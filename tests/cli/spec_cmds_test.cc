@@ -113,12 +113,14 @@ TEST(RingctlSet, ValidateAndPlanApplyOverrides) {
   EXPECT_TRUE(contains(r.output, "2 valid, 0 invalid")) << r.output;
   r = run(kRingctl + " validate " + tiny + " --set model.layrs=2");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "error: model.layrs: unknown key; did you mean 'model.layers'? "
-                                 "(--set model.layrs=2)"))
+  EXPECT_TRUE(contains(r.output,
+                       "error: model.layrs: unknown key; did you mean 'model.layers'? "
+                       "(--set model.layrs=2)"))
       << r.output;
   r = run(kRingctl + " validate " + tiny + " --set model.recompute=sometimes");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "model.recompute: value 'sometimes' is not a boolean")) << r.output;
+  EXPECT_TRUE(contains(r.output, "model.recompute: value 'sometimes' is not a boolean"))
+      << r.output;
   // The flag's own form is a usage error.
   r = run(kRingctl + " validate " + tiny + " --set model.layers");
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -127,10 +129,10 @@ TEST(RingctlSet, ValidateAndPlanApplyOverrides) {
   auto a = json::parse(run(kRingctl + " plan --json " + tiny + " 2>/dev/null").output);
   auto b = json::parse(
       run(kRingctl + " plan --json " + tiny + " --set model.layers=8 2>/dev/null").output);
-  EXPECT_EQ(b["model"]["params"].get<int64_t>() - b["model"]["params_embedding"].get<int64_t>(),
-            2 * (a["model"]["params"].get<int64_t>() -
-                 a["model"]["params_embedding"].get<int64_t>()) -
-                256);  // twice the blocks; the final norm (d_model) once
+  EXPECT_EQ(
+      b["model"]["params"].get<int64_t>() - b["model"]["params_embedding"].get<int64_t>(),
+      2 * (a["model"]["params"].get<int64_t>() - a["model"]["params_embedding"].get<int64_t>()) -
+          256);  // twice the blocks; the final norm (d_model) once
 }
 
 TEST(RingctlValidate, JsonResult) {

@@ -151,7 +151,8 @@ TEST(Plan, RingctlPlanTextJsonAndCheck) {
   EXPECT_NE(text.output.find("verdict: fits"), std::string::npos) << text.output;
   // The tiny model's count in its own unit (millions), not "0.003 B params".
   auto tiny = nlohmann::json::parse(
-      test::run(ringctl + " plan --json " + test::source_path("configs/examples/tiny.yaml")).output);
+      test::run(ringctl + " plan --json " + test::source_path("configs/examples/tiny.yaml"))
+          .output);
   const auto params = tiny["model"]["params"].get<double>();
   ASSERT_LT(params, 1e8);
   EXPECT_NE(text.output.find("model: " + human_count(params) + " params ("), std::string::npos)

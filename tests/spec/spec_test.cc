@@ -405,8 +405,8 @@ TEST(SpecOverrides, ApplyJudgeAndRecord) {
   EXPECT_EQ(parse_override("job.name=a=b")->value, "a=b");
 
   // A key of the file replaced, a key the file lacks added, a section the file lacks created.
-  auto r = with_overrides(kMinimal, {"train.steps=7", "model.kv_heads=2", "slurm.partition=gpu",
-                                     "train.steps=9"});
+  auto r = with_overrides(
+      kMinimal, {"train.steps=7", "model.kv_heads=2", "slurm.partition=gpu", "train.steps=9"});
   ASSERT_TRUE(r.ok()) << all_diagnostics(r);
   EXPECT_EQ(r.spec->train.steps, 9);  // the later override wins
   EXPECT_EQ(r.spec->model.kv_heads, 2);
