@@ -1,9 +1,11 @@
-// ringctl cancel JOB / ringctl restart JOB [--from STEP]: steer a job through ring-coord. Only
+// ringctl cancel JOB... / ringctl restart JOB [--from STEP]: steer jobs through ring-coord. Only
 // the job's owner (or root, or an admin uid of the coordinator) may; the coordinator checks the
 // caller's uid from the connection. cancel stops the job's workers on every node (the job goes
 // cancelling, then cancelled); restart ends the current attempt and starts the next from the
 // latest complete checkpoint, or from --from STEP. --wait waits until the job has left the
-// transitional state.
+// transitional state. cancel takes several jobs: each is reported on its own line, and the exit
+// code is that of the first one that could not be cancelled (0 when all were).
+#include <algorithm>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -17,6 +19,7 @@ namespace {
 struct ControlOpts {
   CoordFlags coord;
   std::string job;
+  std::vector<std::string> jobs;  // cancel
   std::optional<int64_t> from_step;
   bool json = false;
   bool wait = false;
@@ -47,22 +50,43 @@ int finish(coord::Client& c, const ControlOpts& o, const protocol::OkReply& r,
   return kExitOk;
 }
 
+int cancel_one(coord::Client& c, const ControlOpts& o, int64_t job) {
+  auto r = c.cancel(job);
+  // A job submitted to Slurm (`ringctl submit`): end its Slurm job too (cli/slurm_control.h).
+  try {
+    if (auto note = slurm_cancel(c.status(job)); !note.empty()) r.message += "; " + note;
+  } catch (const slurm::SlurmError& e) {
+    std::cerr << "ringctl: job " << job << " is cancelled in ring-coord, but " << e.what() << "\n";
+    return kExitFailed;
+  }
+  return finish(c, o, r, "cancelling");
+}
+
 int run_cancel(const ControlOpts& o) {
   std::string ep = o.coord.resolved_endpoint();
-  return guarded(ep, [&] {
-    int64_t job = parse_job_id(o.job);
-    coord::Client c(o.coord.client_options());
-    auto r = c.cancel(job);
-    // A job submitted to Slurm (`ringctl submit`): end its Slurm job too (cli/slurm_control.h).
-    try {
-      if (auto note = slurm_cancel(c.status(job)); !note.empty()) r.message += "; " + note;
-    } catch (const slurm::SlurmError& e) {
-      std::cerr << "ringctl: job " << job << " is cancelled in ring-coord, but " << e.what()
-                << "\n";
-      return kExitFailed;
-    }
-    return finish(c, o, r, "cancelling");
+  // Every id is checked before any job is cancelled; a repeated one counts once.
+  std::vector<int64_t> ids;
+  int rc = guarded(ep, [&] {
+    for (const auto& text : o.jobs)
+      if (int64_t id = parse_job_id(text); std::find(ids.begin(), ids.end(), id) == ids.end())
+        ids.push_back(id);
+    return kExitOk;
   });
+  if (rc != kExitOk) return rc;
+  int first_failure = kExitOk;
+  for (int64_t id : ids) {
+    int one = guarded(ep, [&] {
+      coord::Client c(o.coord.client_options());
+      return cancel_one(c, o, id);
+    });
+    if (one != kExitOk && first_failure == kExitOk) first_failure = one;
+    // No coordinator: the others would fail the same way.
+    if (one == kExitNoCoord) break;
+  }
+  if (first_failure != kExitOk && ids.size() > 1)
+    std::cerr << "ringctl: not every job was cancelled (exit " << first_failure
+              << ": the first failure's code)\n";
+  return first_failure;
 }
 
 int run_restart(const ControlOpts& o) {
@@ -92,7 +116,6 @@ int run_restart(const ControlOpts& o) {
 }
 
 void common_flags(CLI::App* s, ControlOpts& o) {
-  s->add_option("job", o.job, "Job id")->required();
   s->add_flag("--json", o.json, "Machine-readable output");
   s->add_flag("--wait", o.wait, "Wait until the job has left the transitional state");
   s->add_option("--wait-timeout", o.wait_timeout, "Seconds --wait waits at most")
@@ -105,7 +128,8 @@ void common_flags(CLI::App* s, ControlOpts& o) {
 
 Subcommand add_cancel(CLI::App& app) {
   auto o = std::make_shared<ControlOpts>();
-  auto* s = app.add_subcommand("cancel", "Cancel a job: stop its workers on every node");
+  auto* s = app.add_subcommand("cancel", "Cancel jobs: stop their workers on every node");
+  s->add_option("jobs", o->jobs, "Job ids")->required();
   common_flags(s, *o);
   return {s, [o] { return run_cancel(*o); }};
 }
@@ -114,6 +138,7 @@ Subcommand add_restart(CLI::App& app) {
   auto o = std::make_shared<ControlOpts>();
   auto* s = app.add_subcommand(
       "restart", "Restart a job from its latest complete checkpoint (or --from STEP)");
+  s->add_option("job", o->job, "Job id")->required();
   common_flags(s, *o);
   s->add_option("--from", o->from_step, "Resume from this checkpoint step instead")
       ->check(integer_in(0, int64_t{1} << 40));

@@ -18,8 +18,9 @@
 //    terminal, or one plain line per step otherwise; event lines are printed as they come.
 // 5. Ctrl-C forwards SIGINT (ringd checkpoints and stops, exit 75); a second Ctrl-C forwards it
 //    again (ringd stops at once, skipping the checkpoint); a third kills ringd's process group.
-// 6. Prints a summary and exits with ringd's status (0 done, 1 failed, 2 refused, 3 cancelled
-//    through ring-coord, 75 stopped and resumable; 128+signal if it was killed).
+// 6. Prints a summary and exits with ringd's status mapped onto ringctl's codes (cli/exit_codes.h:
+//    0 done, 1 failed or refused, 8 cancelled through ring-coord, 9 ringd killed by a signal,
+//    75 stopped and resumable).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -63,6 +64,7 @@ struct RunOpts {
   std::optional<int64_t> threads;
   bool verbose = false;
   std::string name;
+  SetFlags set;
 };
 
 std::atomic<int> g_sigint{0};
@@ -183,13 +185,13 @@ int exit_status(int st) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-// Waits for a child up to `timeout_s`; -1 if it is still running.
+// Waits for a child up to `timeout_s`: its wait status, or -1 if it is still running.
 int wait_child(pid_t pid, double timeout_s) {
   auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (true) {
     int st = 0;
     pid_t r = ::waitpid(pid, &st, WNOHANG);
-    if (r == pid) return exit_status(st);
+    if (r == pid) return st;
     if (r < 0 && errno != EINTR) return -1;
     if (std::chrono::steady_clock::now() >= end) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -377,7 +379,9 @@ class LogFollower {
 
 int run_run(const RunOpts& o) {
   // 1. The spec.
-  auto r = spec::load_spec_file(o.spec, spec::job_spec_options());
+  auto load = spec::job_spec_options();
+  load.overrides = o.set.overrides();
+  auto r = spec::load_spec_file(o.spec, load);
   for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
   if (!r.ok()) {
     std::cerr << o.spec << ": " << r.error_count() << " error(s); `ringctl validate " << o.spec
@@ -392,7 +396,6 @@ int run_run(const RunOpts& o) {
                  "to Slurm with `ringctl submit`\n";
     return kExitFailed;
   }
-  std::string spec_path = fs::absolute(o.spec).string();
   const std::string& spec_text = r.text;  // what was validated, not a second read of the file
   const auto& spec = *r.spec;
   int64_t total = o.steps ? *o.steps : spec.train.steps;
@@ -485,6 +488,16 @@ int run_run(const RunOpts& o) {
               << "\n  follow it from another terminal: ringctl status " << sub.job
               << "  |  ringctl logs " << sub.job << " -f\n"
               << std::flush;
+    // ringd runs the spec the coordinator recorded (with any --set overrides), from a private
+    // copy in the job directory as `submit` makes, not from a second read of the file.
+    const std::string spec_path = job_dir + "/spec-" + std::to_string(sub.job) + ".yaml";
+    try {
+      write_file_as(spec_path, spec_text, 0600);
+    } catch (const std::runtime_error& e) {
+      std::cerr << "ringctl: " << e.what() << "\n";
+      client.cancel(sub.job);  // no daemon will serve it
+      return kExitFailed;
+    }
 
     // 4. ringd.
     std::vector<std::string> argv{ringd,       "--spec", spec_path,
@@ -627,13 +640,15 @@ int run_run(const RunOpts& o) {
       }
     }
     const auto& pr = disp.progress();
+    std::string set_args;  // shell-quoted, to paste
+    for (const auto& a : o.set.args) {
+      std::string q;
+      for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      set_args += " --set '" + q + "'";
+    }
     std::ostringstream sum;
-    std::string outcome = st == 0              ? "completed"
-                          : st == kExitStopped ? "stopped (resumable)"
-                          : st == kExitUsage   ? "refused by ringd (usage or spec error)"
-                          : st == 3            ? "cancelled (ringctl cancel)"
-                          : st > 128 ? "ringd killed by signal " + std::to_string(st - 128)
-                                     : "failed";
+    const std::string outcome = describe_ringd_status(st);
+    const int rc = from_ringd_status(st);
     sum << "job " << sub.job << " (" << sub.name << ") " << outcome << " after "
         << format_duration(wall);
     if (pr.n > 0) {
@@ -658,13 +673,13 @@ int run_run(const RunOpts& o) {
                   : (!last_ckpt.empty() ? " (last saved: step " + last_ckpt + ")" : ""))
           << "\n";
     sum << "  logs: " << job_dir << "/logs (ringctl logs " << sub.job << ")\n";
-    if (st == kExitStopped)
+    if (rc == kExitStopped)
       sum << "  resume with: ringctl run " << o.spec << " --resume"
-          << (o.job_dir.empty() ? "" : " --job-dir " + o.job_dir) << "\n";
+          << (o.job_dir.empty() ? "" : " --job-dir " + o.job_dir) << set_args << "\n";
     std::cout << sum.str() << std::flush;
     // Failed: what ringd said last, from its log (the cause: "cannot open .../worker-0.log:
     // Permission denied", "restart.max_restarts exhausted") and from its stderr.
-    if (st != 0 && st != kExitStopped) {
+    if (rc != kExitOk && rc != kExitStopped) {
       if (!ringd_log.tail().empty() && !o.verbose) {
         std::cerr << "last lines of ringd's log (" << ringd_log.path() << "):\n";
         for (const auto& l : ringd_log.tail()) std::cerr << "  | " << l << "\n";
@@ -674,7 +689,7 @@ int run_run(const RunOpts& o) {
         for (const auto& l : err_tail) std::cerr << "  | " << l << "\n";
       }
     }
-    return st;
+    return rc;
   });
 }
 
@@ -694,6 +709,7 @@ Subcommand add_run(CLI::App& app) {
   s->add_option("--threads", o->threads, "Optimizer threads of ringd")->check(integer_in(1, 4096));
   s->add_option("--name", o->name, "Job name in the coordinator (default: job.name)")
       ->check(job_name_rule());
+  o->set.add_to(s);
   s->add_flag(
       "-v,--verbose", o->verbose,
       "Show ringd's own log lines (<job-dir>/logs/ringd-0.log and its stderr) as they come");

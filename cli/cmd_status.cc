@@ -7,6 +7,13 @@
 // --json: the coordinator's job objects (an array; one object with JOB). --follow: refresh every
 // --interval seconds until Ctrl-C; with JOB it ends when the job reaches a final state. Not on
 // a terminal, --follow prints a new table (or JSON line) only when something changed.
+// As squeue and sacct: -u/--user and -t/--states select jobs, --format chooses the columns
+// ("id,name:20,state,step,loss,elapsed"), --noheader leaves the header out, --parsable prints
+// the cells '|'-separated without padding.
+#include <pwd.h>
+
+#include <algorithm>
+#include <cctype>
 #include <iostream>
 #include <sstream>
 
@@ -24,51 +31,254 @@ struct StatusOpts {
   bool json = false;
   bool follow = false;
   double interval = 2;
+  bool noheader = false;
+  bool parsable = false;
+  std::string format;
+  std::vector<std::string> users;   // -u: names or uids
+  std::vector<std::string> states;  // -t: as given; checked and lowered when parsed
 };
+
+// The job states ring-coord reports (coordinator/job_state.h, kAllJobStates).
+const std::vector<std::string>& job_states() {
+  static const std::vector<std::string> s{"pending",    "starting",   "running",
+                                          "restarting", "completing", "completed",
+                                          "failed",     "cancelling", "cancelled"};
+  return s;
+}
 
 bool final_state(const std::string& s) {
   return s == "completed" || s == "failed" || s == "cancelled";
 }
 
-std::vector<std::string> row(const protocol::JobInfo& j, double now) {
-  char loss[32] = "-";
-  if (j.loss) std::snprintf(loss, sizeof loss, "%.4f", *j.loss);
-  return {std::to_string(j.job),
-          printable(j.name),
-          j.owner.empty() ? std::to_string(j.owner_uid) : printable(j.owner),
-          state_color(j.state),
-          std::to_string(j.step) + "/" + std::to_string(j.total_steps),
-          loss,
-          j.tokens_per_s ? format_rate(*j.tokens_per_s) : "-",
-          std::to_string(j.attempt),
-          j.nodes.empty() ? "-" : std::to_string(j.nodes.size()),
-          format_duration(now - j.created_at),
-          j.last_checkpoint_step ? std::to_string(*j.last_checkpoint_step) : "-"};
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
-std::string table(const std::vector<protocol::JobInfo>& jobs) {
+std::string joined(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string text_or_dash(const std::string& s) {
+  return s.empty() ? "-" : printable(s);
+}
+
+using Views = std::map<std::string, slurm::JobView>;
+
+// One column of the table: its --format name, header, alignment and cell.
+struct Field {
+  std::string name;
+  std::string header;
+  bool right = false;
+  std::function<std::string(const protocol::JobInfo&, double now, Views&)> cell;
+};
+
+const std::vector<Field>& fields() {
+  using J = protocol::JobInfo;
+  static const std::vector<Field> f{
+      {"id", "JOBID", true, [](const J& j, double, Views&) { return std::to_string(j.job); }},
+      {"name", "NAME", false, [](const J& j, double, Views&) { return printable(j.name); }},
+      {"user", "USER", false,
+       [](const J& j, double, Views&) {
+         return j.owner.empty() ? std::to_string(j.owner_uid) : printable(j.owner);
+       }},
+      {"uid", "UID", true, [](const J& j, double, Views&) { return std::to_string(j.owner_uid); }},
+      {"state", "STATE", false, [](const J& j, double, Views&) { return state_color(j.state); }},
+      {"reason", "REASON", false,
+       [](const J& j, double, Views&) { return text_or_dash(j.state_reason); }},
+      {"step", "STEP/TOTAL", false,
+       [](const J& j, double, Views&) {
+         return std::to_string(j.step) + "/" + std::to_string(j.total_steps);
+       }},
+      {"loss", "LOSS", true,
+       [](const J& j, double, Views&) {
+         char loss[32] = "-";
+         if (j.loss) std::snprintf(loss, sizeof loss, "%.4f", *j.loss);
+         return std::string(loss);
+       }},
+      {"tok_s", "TOK/S", true,
+       [](const J& j, double, Views&) {
+         return j.tokens_per_s ? format_rate(*j.tokens_per_s) : "-";
+       }},
+      {"attempt", "ATTEMPT", true,
+       [](const J& j, double, Views&) { return std::to_string(j.attempt); }},
+      {"restarts", "RESTARTS", true,
+       [](const J& j, double, Views&) { return std::to_string(j.restarts); }},
+      {"nodes", "NODES", true,
+       [](const J& j, double, Views&) {
+         return j.nodes.empty() ? std::string("-") : std::to_string(j.nodes.size());
+       }},
+      {"nodelist", "NODELIST", false,
+       [](const J& j, double, Views&) {
+         std::vector<std::string> n;
+         for (const auto& x : j.nodes) n.push_back(printable(x));
+         return n.empty() ? std::string("-") : joined(n, ",");
+       }},
+      {"age", "AGE", false,
+       [](const J& j, double now, Views&) { return format_duration(now - j.created_at); }},
+      // Like sacct's Elapsed: until now, or until the job ended.
+      {"elapsed", "ELAPSED", false,
+       [](const J& j, double now, Views&) {
+         return format_duration((final_state(j.state) ? j.updated_at : now) - j.created_at);
+       }},
+      {"submitted", "SUBMITTED", false,
+       [](const J& j, double, Views&) { return format_time(j.created_at); }},
+      {"ckpt", "CKPT", true,
+       [](const J& j, double, Views&) {
+         return j.last_checkpoint_step ? std::to_string(*j.last_checkpoint_step) : "-";
+       }},
+      {"jobdir", "JOBDIR", false,
+       [](const J& j, double, Views&) { return text_or_dash(j.job_dir); }},
+      // Jobs submitted to Slurm: its id and state ("1234:RUNNING", "1234:PENDING(Resources)").
+      {"slurm", "SLURM", false,
+       [](const J& j, double, Views& views) {
+         if (j.slurm_job_id.empty()) return std::string("-");
+         const auto& v = views[j.slurm_job_id];
+         std::string cell = j.slurm_job_id + ":" + (v.found ? v.state : "?");
+         if (v.found && v.state == "PENDING" && !v.reason.empty()) cell += "(" + v.reason + ")";
+         return printable(cell);
+       }},
+  };
+  return f;
+}
+
+std::vector<std::string> field_names() {
+  std::vector<std::string> n;
+  for (const auto& f : fields()) n.push_back(f.name);
+  return n;
+}
+
+// A --format column: a field and its width (0: as wide as its widest cell).
+struct Column {
+  const Field* field = nullptr;
+  size_t width = 0;
+};
+
+// --format "id,name:20,state" (names case-insensitive). Returns "" or what is wrong.
+std::string parse_format(const std::string& format, std::vector<Column>* out) {
+  std::vector<Column> cols;
+  std::stringstream ss(format);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::string name = lower(item.substr(0, item.find(':')));
+    Column c;
+    for (const auto& f : fields())
+      if (f.name == name) c.field = &f;
+    if (!c.field) {
+      auto near = closest(name, field_names());
+      return "unknown field '" + printable(name) + "'" +
+             (near.empty() ? "" : "; did you mean '" + near + "'?") +
+             " (fields: " + joined(field_names(), ",") + ")";
+    }
+    if (auto colon = item.find(':'); colon != std::string::npos) {
+      std::string w = item.substr(colon + 1);
+      bool digits = !w.empty() && w.size() <= 4 &&
+                    std::all_of(w.begin(), w.end(), [](char ch) { return std::isdigit(ch); });
+      if (!digits || std::stoi(w) < 1 || std::stoi(w) > 1000)
+        return "field '" + name + "': width '" + printable(w) + "' is not an integer in [1, 1000]";
+      c.width = static_cast<size_t>(std::stoi(w));
+    }
+    cols.push_back(c);
+  }
+  if (cols.empty()) return "no fields (fields: " + joined(field_names(), ",") + ")";
+  if (out) *out = std::move(cols);
+  return "";
+}
+
+// The default columns; SLURM only when some job was submitted to Slurm.
+std::vector<Column> columns(const StatusOpts& o, const std::vector<protocol::JobInfo>& jobs) {
+  std::vector<Column> cols;
+  if (!o.format.empty()) {
+    parse_format(o.format, &cols);  // checked when parsed
+    return cols;
+  }
+  bool slurm =
+      std::any_of(jobs.begin(), jobs.end(), [](const auto& j) { return !j.slurm_job_id.empty(); });
+  parse_format(std::string("id,name,user,state,step,loss,tok_s,attempt,nodes,age,ckpt") +
+                   (slurm ? ",slurm" : ""),
+               &cols);
+  return cols;
+}
+
+// A cell cut to a --format width (as squeue does), counting characters, not bytes; ANSI colour
+// codes take no room.
+std::string fit(const std::string& cell, size_t width) {
+  std::string out;
+  size_t chars = 0;
+  bool painted = false;
+  for (size_t i = 0; i < cell.size(); ++i) {
+    if (cell[i] == '\033') {
+      size_t end = cell.find('m', i);
+      out += cell.substr(i, end - i + 1);
+      painted = true;
+      i = end;
+      continue;
+    }
+    if ((static_cast<unsigned char>(cell[i]) & 0xC0) != 0x80 && chars++ == width) break;
+    out += cell[i];
+  }
+  if (painted && out.rfind("\033[0m") != out.size() - 4) out += "\033[0m";
+  return out + std::string(width > chars ? width - chars : 0, ' ');
+}
+
+std::string strip_ansi(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\033')
+      i = s.find('m', i);
+    else
+      out += s[i];
+  }
+  return out;
+}
+
+std::string table(const std::vector<protocol::JobInfo>& jobs, const StatusOpts& o) {
   double now = now_unix();
-  std::vector<std::vector<std::string>> rows;
-  for (const auto& j : jobs) rows.push_back(row(j, now));
-  std::vector<std::string> header{"JOBID", "NAME", "USER", "STATE", "STEP/TOTAL", "LOSS",
-                                  "TOK/S", "ATTEMPT", "NODES", "AGE", "CKPT"};
-  // Jobs submitted to Slurm: its id and state ("1234:RUNNING", "1234:PENDING(Resources)").
-  auto views = slurm_views(jobs);
-  if (!views.empty()) {
-    header.push_back("SLURM");
+  auto cols = columns(o, jobs);
+  Views views;
+  if (std::any_of(cols.begin(), cols.end(),
+                  [](const Column& c) { return c.field->name == "slurm"; }))
+    views = slurm_views(jobs);
+  std::vector<std::string> header;
+  std::vector<size_t> right;
+  std::vector<std::vector<std::string>> rows(jobs.size());
+  for (size_t c = 0; c < cols.size(); ++c) {
+    const auto& col = cols[c];
+    header.push_back(col.width ? fit(col.field->header, col.width) : col.field->header);
+    if (col.field->right) right.push_back(c);
     for (size_t i = 0; i < jobs.size(); ++i) {
-      const auto& id = jobs[i].slurm_job_id;
-      if (id.empty()) {
-        rows[i].push_back("-");
-        continue;
-      }
-      const auto& v = views[id];
-      std::string cell = id + ":" + (v.found ? v.state : "?");
-      if (v.found && v.state == "PENDING" && !v.reason.empty()) cell += "(" + v.reason + ")";
-      rows[i].push_back(printable(cell));
+      std::string cell = col.field->cell(jobs[i], now, views);
+      rows[i].push_back(col.width ? fit(cell, col.width) : cell);
     }
   }
-  return format_table(header, rows, {0, 5, 6, 7, 8, 10});
+  if (o.parsable) {
+    std::string out = o.noheader ? "" : joined(header, "|") + "\n";
+    for (auto& r : rows) {
+      for (auto& cell : r) cell = strip_ansi(cell);
+      out += joined(r, "|") + "\n";
+    }
+    return out;
+  }
+  std::string out = format_table(header, rows, right);
+  return o.noheader ? out.substr(out.find('\n') + 1) : out;
+}
+
+// -u and -t: the jobs of these users (names or uids) in these states; all when not given.
+std::vector<protocol::JobInfo> selected(std::vector<protocol::JobInfo> jobs, const StatusOpts& o) {
+  auto keep = [&](const protocol::JobInfo& j) {
+    bool user =
+        o.users.empty() || std::any_of(o.users.begin(), o.users.end(), [&](const std::string& u) {
+          return u == j.owner || u == std::to_string(j.owner_uid);
+        });
+    bool state = o.states.empty() ||
+                 std::find(o.states.begin(), o.states.end(), lower(j.state)) != o.states.end();
+    return user && state;
+  };
+  jobs.erase(std::remove_if(jobs.begin(), jobs.end(), [&](const auto& j) { return !keep(j); }),
+             jobs.end());
+  return jobs;
 }
 
 // job_json plus, for a job submitted to Slurm, "slurm": Slurm's view (slurm::to_json).
@@ -86,7 +296,7 @@ std::string details(const protocol::JobInfo& j) {
     for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + printable(v[i]);
     return s.empty() ? std::string("-") : s;
   };
-  os << table({j}) << "\n";
+  os << table({j}, StatusOpts{}) << "\n";
   os << "state:        " << state_color(j.state)
      << (j.state_reason.empty() ? "" : " (" + printable(j.state_reason) + ")") << "\n";
   os << "restarts:     " << j.restarts << " of " << j.max_restarts << " automatic\n";
@@ -115,17 +325,27 @@ int run_status(const StatusOpts& o) {
     std::optional<int64_t> job;
     if (!o.job.empty()) job = parse_job_id(o.job);
     coord::Client c(o.coord.client_options());
-    auto fetch = [&] { return job ? std::vector<protocol::JobInfo>{c.status(*job)} : c.status(); };
+    auto fetch = [&] {
+      return selected(job ? std::vector<protocol::JobInfo>{c.status(*job)} : c.status(), o);
+    };
+    // With JOB, the details; with a column option, the rows (a script's view of one job).
+    const bool rows_only = !o.format.empty() || o.noheader || o.parsable;
     auto render = [&](const std::vector<protocol::JobInfo>& jobs) -> std::string {
       if (o.json) {
         auto views = slurm_views(jobs);
-        if (job) return job_json_with_slurm(jobs[0], views).dump(o.follow ? -1 : 2) + "\n";
+        if (job && !jobs.empty())
+          return job_json_with_slurm(jobs[0], views).dump(o.follow ? -1 : 2) + "\n";
         nlohmann::json a = nlohmann::json::array();
         for (const auto& j : jobs) a.push_back(job_json_with_slurm(j, views));
         return a.dump(o.follow ? -1 : 2) + "\n";
       }
-      if (jobs.empty()) return "no jobs (submit one with `ringctl run SPEC` or `ringctl submit`)\n";
-      return job ? details(jobs[0]) : table(jobs);
+      if (jobs.empty() && rows_only) return table(jobs, o);
+      if (jobs.empty())
+        return o.users.empty() && o.states.empty()
+                   ? "no jobs (submit one with `ringctl run SPEC` or `ringctl submit`)\n"
+                   : "no jobs of " + (o.users.empty() ? "any user" : joined(o.users, ",")) +
+                         " in " + (o.states.empty() ? "any state" : joined(o.states, ",")) + "\n";
+      return job && !rows_only ? details(jobs[0]) : table(jobs, o);
     };
     if (!o.follow) {
       std::cout << render(fetch());
@@ -150,7 +370,7 @@ int run_status(const StatusOpts& o) {
         std::cout << render(jobs) << (o.json ? "" : "\n") << std::flush;
       }
       last = key;
-      if (job && final_state(jobs[0].state)) break;
+      if (job && (jobs.empty() || final_state(jobs[0].state))) break;
       if (!sleep_unless_stopped(o.interval)) break;
     }
     return kExitOk;
@@ -170,6 +390,46 @@ Subcommand add_status(CLI::App& app) {
   s->add_option("--interval", o->interval, "Seconds between refreshes with --follow")
       ->check(seconds_in(0.1, 3600.0))
       ->capture_default_str();
+  s->add_flag("--noheader", o->noheader, "Leave the header line out");
+  s->add_flag("--parsable", o->parsable,
+              "Cells separated by '|', no padding, no colour (for scripts)");
+  s->add_option("-o,--format", o->format,
+                "Columns: a comma list of fields, each with an optional width (name:20 cuts or "
+                "pads to 20): " +
+                    joined(field_names(), ",") +
+                    " (default id,name,user,state,step,loss,tok_s,attempt,nodes,age,ckpt, and "
+                    "slurm when a job has a Slurm id)")
+      ->type_name("FIELDS")
+      ->check(
+          CLI::Validator([](std::string& v) { return parse_format(v, nullptr); }, "", "FORMAT"));
+  s->add_option("-u,--user", o->users, "Only jobs of these users (comma list of names or uids)")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->type_name("USERS")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            bool uid = !v.empty() && v.size() <= 10 &&
+                       std::all_of(v.begin(), v.end(), [](char c) { return std::isdigit(c); });
+            if (uid || ::getpwnam(v.c_str())) return "";
+            return "unknown user '" + printable(v) + "' (a user name of this system, or a uid)";
+          },
+          "", "USER"));
+  s->add_option("-t,--states", o->states,
+                "Only jobs in these states (comma list, any case): " + joined(job_states(), ","))
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->type_name("STATES")
+      ->transform(CLI::Validator(  // lowers the state it accepts
+          [](std::string& v) -> std::string {
+            v = lower(v);
+            const auto& all = job_states();
+            if (std::find(all.begin(), all.end(), v) != all.end()) return "";
+            auto near = closest(v, all);
+            return "unknown state '" + printable(v) + "'" +
+                   (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                   " (states: " + joined(all, ",") + ")";
+          },
+          "", "STATE"));
   o->coord.add_to(s);
   return {s, [o] { return run_status(*o); }};
 }

@@ -42,6 +42,7 @@ struct SubmitOpts {
   bool dry_run = false;
   bool json = false;
   bool local_job_dir_ok = false;
+  SetFlags set;
 };
 
 std::string self_exe() {
@@ -77,35 +78,10 @@ std::string find_ringd(const std::string& given) {
   return "";
 }
 
-// Writes `text` to p with exactly `mode` from the start (a temp name, then rename): the spec copy
-// is private (0600), like every per-user file; O_NOFOLLOW|O_EXCL never writes through a link.
-void write_file(const fs::path& p, const std::string& text, mode_t mode) {
-  fs::path tmp = p;
-  tmp += ".tmp";
-  ::unlink(tmp.c_str());  // a leftover of an interrupted submit (our own directory)
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0)
-    throw slurm::SlurmError("cannot create " + tmp.string() + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw slurm::SlurmError("cannot write " + tmp.string() + ": " + std::strerror(e));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::fchmod(fd, mode);  // the umask may have removed bits we want (the script's x)
-  if (::close(fd) != 0)
-    throw slurm::SlurmError("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  fs::rename(tmp, p);
-}
-
 int run_submit(const SubmitOpts& o) {
-  auto r = spec::load_spec_file(o.spec, spec::job_spec_options());
+  auto load = spec::job_spec_options();
+  load.overrides = o.set.overrides();
+  auto r = spec::load_spec_file(o.spec, load);
   for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
   if (!r.ok()) {
     std::cerr << o.spec << ": " << r.error_count()
@@ -220,9 +196,9 @@ int run_submit(const SubmitOpts& o) {
     fs::path script;
     try {
       in.spec_path = jd + "/spec-" + std::to_string(sub.job) + ".yaml";
-      write_file(in.spec_path, text, 0600);
+      write_file_as(in.spec_path, text, 0600);
       script = job_dir / ("job-" + std::to_string(sub.job) + ".sbatch");
-      write_file(script, slurm::render_sbatch_script(spec, in), 0700);
+      write_file_as(script, slurm::render_sbatch_script(spec, in), 0700);
     } catch (const std::exception& e) {
       return fail(e.what());
     }
@@ -243,7 +219,8 @@ int run_submit(const SubmitOpts& o) {
                                   {"slurm_job_id", sid},
                                   {"job_dir", jd},
                                   {"script", script.string()},
-                                  {"output", jd + "/slurm-" + sid + ".out"}}
+                                  {"output", jd + "/slurm-" + sid + ".out"},
+                                  {"overrides", o.set.args}}
                        .dump()
                 << "\n";
     } else {
@@ -312,6 +289,7 @@ Subcommand add_submit(CLI::App& app) {
                  "(nodes that cannot reach the endpoint); Slurm starts are recorded either way")
       ->check(CLI::IsMember({"on", "off"}));
   sc->add_flag("--json", o->json, "Machine-readable output");
+  o->set.add_to(sc);
   o->coord.add_to(sc);
   return {sc, [o] { return run_submit(*o); }};
 }

@@ -7,6 +7,11 @@
 
 namespace ring::cli {
 
+// The spec alone, no coordinator (cmd_spec.cc).
+Subcommand add_validate(CLI::App& app);
+Subcommand add_plan(CLI::App& app);
+Subcommand add_init(CLI::App& app);
+
 Subcommand add_status(CLI::App& app);   // cmd_status.cc
 Subcommand add_events(CLI::App& app);   // cmd_events.cc
 Subcommand add_logs(CLI::App& app);     // cmd_logs.cc

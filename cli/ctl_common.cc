@@ -1,6 +1,8 @@
 #include "cli/ctl_common.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -82,6 +85,53 @@ coord::ClientOptions CoordFlags::client_options() const {
     }
   }
   return o;
+}
+
+void SetFlags::add_to(CLI::App* app) {
+  app->add_option("--set", args,
+                  "Override a key of the spec: SECTION.KEY=VALUE, VALUE as YAML (train.steps=5, "
+                  "data.paths=[/a,/b]); repeatable, checked like the file's keys")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false)
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (spec::parse_override(v)) return "";
+            return "expected SECTION.KEY=VALUE (train.steps=5), got '" + printable(v) + "'";
+          },
+          "", "OVERRIDE"));
+}
+
+std::vector<spec::Override> SetFlags::overrides() const {
+  std::vector<spec::Override> out;
+  for (const auto& a : args) out.push_back(*spec::parse_override(a));
+  return out;
+}
+
+// Writes `text` to p with exactly `mode` from the start (a temp name, then rename): the spec copy
+// is private (0600), like every per-user file; O_NOFOLLOW|O_EXCL never writes through a link.
+void write_file_as(const std::filesystem::path& p, const std::string& text, mode_t mode) {
+  std::filesystem::path tmp = p;
+  tmp += ".tmp";
+  ::unlink(tmp.c_str());  // a leftover of an interrupted submit (our own directory)
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0)
+    throw std::runtime_error("cannot create " + tmp.string() + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("cannot write " + tmp.string() + ": " + std::strerror(e));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fchmod(fd, mode);  // the umask may have removed bits we want (the script's x)
+  if (::close(fd) != 0)
+    throw std::runtime_error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  std::filesystem::rename(tmp, p);
 }
 
 int guarded(const std::string& endpoint, const std::function<int()>& body) {

@@ -7,7 +7,10 @@
 //   if (*s.app) return s.run();        // runs it; typed errors become exit codes
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -17,21 +20,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/exit_codes.h"
 #include "common/protocol/protocol.h"
+#include "common/spec/parse.h"
 #include "coordinator/client.h"
 
 namespace ring::cli {
-
-// Exit codes of every ringctl subcommand (docs/operator-guide.md, "Exit codes").
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailed = 1;        // invalid input (spec errors), or the job failed
-inline constexpr int kExitUsage = 2;         // bad flags or arguments
-inline constexpr int kExitNoFit = 3;         // plan --check: the job does not fit
-inline constexpr int kExitNoCoord = 4;       // no coordinator answered at the endpoint
-inline constexpr int kExitNotFound = 5;      // no such job
-inline constexpr int kExitDenied = 6;        // the job belongs to another user
-inline constexpr int kExitInvalidState = 7;  // refused in the job's state (cancel a done job)
-inline constexpr int kExitStopped = 75;      // run: stopped early and resumable (ringd's 75)
 
 struct Subcommand {
   CLI::App* app = nullptr;
@@ -53,6 +47,20 @@ struct CoordFlags {
   std::string resolved_endpoint() const;
   coord::ClientOptions client_options() const;
 };
+
+// --set KEY=VALUE (repeatable) of validate, plan, run and submit: overrides applied to the spec
+// before it is checked (common/spec/parse.h, Override). The flag checks the KEY=VALUE form; the
+// key table and the rules judge KEY and VALUE when the spec loads.
+struct SetFlags {
+  std::vector<std::string> args;
+
+  void add_to(CLI::App* app);
+  std::vector<spec::Override> overrides() const;
+};
+
+// Writes `text` to `path` with exactly `mode` (a temp name beside it, then rename; never through a
+// symbolic link). Throws std::runtime_error naming the file and the reason.
+void write_file_as(const std::filesystem::path& path, const std::string& text, mode_t mode);
 
 // Runs `body`, turning typed errors into a message on stderr and an exit code:
 // ConnectError/TimeoutError -> kExitNoCoord (with what to do), RemoteError not_found ->

@@ -1,14 +1,12 @@
 // ringctl: the command line of ringmaster.
 //
-//   ringctl validate FILE...      check specs; every error with file:line:col, key and rule
-//   ringctl plan FILE [--json]    memory, communication and fit, from the spec alone
-//   ringctl checkpoints DIR [--verify]   checkpoints and their state (cli/cmd_checkpoints.cc)
-//   ringctl run|status|events|logs|cancel|restart|nodes ...   cli/cmd_*.cc (cli/commands.h)
+//   ringctl validate|plan|init ...            the spec alone (cli/cmd_spec.cc)
+//   ringctl checkpoints DIR [--verify]        checkpoints and their state (cli/cmd_checkpoints.cc)
+//   ringctl run|status|events|logs|cancel|restart|nodes|submit ...   cli/cmd_*.cc (cli/commands.h)
 //
-// Exit codes (cli/ctl_common.h, docs/operator-guide.md): 0 success, 1 invalid input (a spec with
-// errors) or a failed job, 2 usage error, 3 the plan does not fit (plan --check only), 4 no
-// coordinator, 5 no such job, 6 another user's job, 7 refused in the job's state, 75 run stopped
-// early and resumable.
+// The options the coordinator commands share (--coord, --timeout, --server-key, --client-key,
+// --json) may also come before the command: `ringctl --coord X status` is `ringctl status
+// --coord X`. Exit codes: cli/exit_codes.h, printed by `ringctl --help`.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -18,89 +16,16 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
-#include "cli/commands.h"
 #include "cli/cmd_checkpoints.h"
-#include "common/plan/plan.h"
-#include "common/spec/parse.h"
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
 
 namespace {
 
 using ring::cli::closest;
 
-constexpr int kExitOk = 0;
-constexpr int kExitInvalid = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitNoFit = 3;
-
-void print_diagnostics(const ring::spec::LoadResult& r, bool color) {
-  for (const auto& d : r.diagnostics) {
-    std::string s = d.str();
-    if (color) {
-      const char* c = d.severity == ring::spec::Diagnostic::Severity::kError ? "\033[31m"
-                                                                              : "\033[33m";
-      auto pos = s.find(d.severity == ring::spec::Diagnostic::Severity::kError ? ": error:"
-                                                                                : ": warning:");
-      if (pos != std::string::npos) s = s.substr(0, pos + 2) + c + s.substr(pos + 2);
-      auto end = s.find(':', pos + 2 + 5);
-      if (end != std::string::npos) s.insert(end, "\033[0m");
-    }
-    std::cerr << s << "\n";
-  }
-}
-
-// What ringctl checks a spec with: every rule (ringd's included); with --what-if the limits of
-// this build are warnings, to size a design it cannot run yet.
-ring::spec::LoadOptions load_options(bool what_if) {
-  auto o = ring::spec::job_spec_options();
-  o.allow_stdin = true;
-  o.runtime_limits_are_errors = !what_if;
-  return o;
-}
-
-int cmd_validate(const std::vector<std::string>& files, bool quiet, bool what_if) {
-  bool color = isatty(STDERR_FILENO) && !getenv("NO_COLOR");
-  int bad = 0;
-  int stdin_uses = 0;
-  for (const auto& f : files) stdin_uses += f == "-";
-  if (stdin_uses > 1) {
-    std::cerr << "ringctl validate: '-' (standard input) may be given once\n";
-    return kExitUsage;
-  }
-  for (const auto& f : files) {
-    auto r = ring::spec::load_spec_file(f, load_options(what_if));
-    const std::string shown = f == "-" ? "<stdin>" : f;
-    print_diagnostics(r, color);
-    if (!r.ok()) {
-      ++bad;
-      std::cerr << shown << ": " << r.error_count() << " error(s)\n";
-    } else if (!quiet) {
-      std::cout << shown << ": ok (" << r.spec->job.name << ": " << r.spec->model.layers
-                << " layers, d_model " << r.spec->model.d_model << ", seq_len "
-                << r.spec->data.seq_len << ", " << r.spec->resolved.total_workers << " workers)\n";
-    }
-  }
-  if (files.size() > 1 && !quiet)
-    std::cout << files.size() - bad << " valid, " << bad << " invalid\n";
-  return bad ? kExitInvalid : kExitOk;
-}
-
-int cmd_plan(const std::string& file, bool json, bool check, bool what_if) {
-  auto r = ring::spec::load_spec_file(file, load_options(what_if));
-  print_diagnostics(r, isatty(STDERR_FILENO) && !getenv("NO_COLOR"));
-  if (!r.ok()) {
-    std::cerr << file << ": " << r.error_count() << " error(s); fix them before planning"
-              << " (`--what-if` plans a design that only breaks this build's limits)\n";
-    return kExitInvalid;
-  }
-  if (what_if && !r.diagnostics.empty())
-    std::cerr << file
-              << ": planned with --what-if: any 'not supported by this build' above is a "
-                 "spec that `ringctl run` and `submit` refuse\n";
-  auto p = ring::plan::make_plan(*r.spec);
-  if (json) std::cout << ring::plan::to_json(p, *r.spec).dump(2) << "\n";
-  else std::cout << ring::plan::to_text(p, *r.spec);
-  return check && !p.fits() ? kExitNoFit : kExitOk;
-}
+using ring::cli::kExitFailed;
+using ring::cli::kExitUsage;
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -152,6 +77,63 @@ int check_command(const CLI::App& app, int argc, char** argv) {
                (c.empty() ? "" : "; did you mean '" + c + "'?"));
 }
 
+// The options the coordinator commands share (cli/ctl_common.h CoordFlags, and --json).
+struct SharedOption {
+  const char* name;
+  bool takes_value;
+};
+constexpr SharedOption kSharedOptions[] = {{"--coord", true},
+                                           {"--timeout", true},
+                                           {"--server-key", true},
+                                           {"--client-key", true},
+                                           {"--json", false}};
+
+// Before CLI11 sees argv: shared options written before the command move to just after it,
+// where the command's own flags parse and check them (`ringctl --coord X status 7` is `ringctl
+// status --coord X 7`). Each subcommand keeps its flags; nothing is parsed twice. Returns an exit
+// code, or -1 to go on with `args` rewritten.
+int hoist_shared_options(const CLI::App& app, std::vector<std::string>& args) {
+  std::vector<std::string> shared;
+  size_t i = 1;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const SharedOption* opt = nullptr;
+    for (const auto& o : kSharedOptions)
+      if (a == o.name || (o.takes_value && a.rfind(std::string(o.name) + "=", 0) == 0)) opt = &o;
+    if (!opt) break;
+    shared.push_back(a);
+    if (opt->takes_value && a.find('=') == std::string::npos) {
+      if (i + 1 == args.size()) {
+        std::cerr << "ringctl: " << a << " needs a value (ringctl " << a << " VALUE COMMAND ...)\n";
+        return kExitUsage;
+      }
+      shared.push_back(args[++i]);
+    }
+  }
+  if (shared.empty()) return -1;
+  std::vector<std::string> rest(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  if (!rest.empty() && !rest[0].empty() && rest[0][0] != '-') {
+    const CLI::App* sc = nullptr;
+    for (const auto* c : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (c->get_name() == rest[0]) sc = c;
+    for (const auto& a : shared) {
+      std::string flag = a.substr(0, a.find('='));
+      if (sc && flag.rfind("--", 0) == 0 && !sc->get_option_no_throw(flag)) {
+        std::cerr << "ringctl " << rest[0] << ": takes no " << flag
+                  << " (an option before the command must be one of the command's; `ringctl "
+                  << rest[0] << " --help` lists them)\n";
+        return kExitUsage;
+      }
+    }
+  }
+  args.resize(1);
+  if (rest.empty()) return -1;  // "a command is required" follows
+  args.push_back(rest[0]);
+  args.insert(args.end(), shared.begin(), shared.end());
+  args.insert(args.end(), rest.begin() + 1, rest.end());
+  return -1;
+}
+
 // After CLI11 refused arguments of a subcommand: name the first, with the closest flag and the
 // flags it has.
 int report_extras(CLI::App& app) {
@@ -181,27 +163,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "ringctl 0.1.0");
 
-  std::vector<std::string> vfiles;
-  bool quiet = false, what_if = false;
-  auto* validate = app.add_subcommand(
-      "validate", "Check job specs: print every error (file:line:col, key, rule); exit 1 if any");
-  validate->add_option("files", vfiles, "Spec files (YAML, regular files); - reads standard input")
-      ->required();
-  validate->add_flag("-q,--quiet", quiet, "Print errors only");
-  validate->add_flag("--what-if", what_if,
-                     "Report what this build cannot run (bf16, data replicas, ...) as warnings");
-
-  std::string pfile;
-  bool json = false, check = false;
-  auto* plan = app.add_subcommand(
-      "plan", "Memory per worker and node, communication per step, and fit, from the spec");
-  plan->add_option("file", pfile, "Spec file (YAML, a regular file); - reads standard input")
-      ->required();
-  plan->add_flag("--json", json, "Machine-readable output");
-  plan->add_flag("--check", check, "Exit 3 when the job does not fit its resources");
-  plan->add_flag("--what-if", what_if,
-                 "Plan a design this build cannot run yet (bf16, data replicas, ...): its limits "
-                 "become warnings");
+  app.footer(ring::cli::exit_code_help() +
+             "\nThe options --coord, --timeout, --server-key, --client-key and --json of the "
+             "commands that have them may also come before the command (ringctl --coord "
+             "tcp://login1:5555 status).");
+  std::vector<ring::cli::Subcommand> spec_commands{
+      ring::cli::add_validate(app), ring::cli::add_plan(app), ring::cli::add_init(app)};
 
   // Subcommands in their own files (cli/commands.h).
   std::vector<ring::cli::Subcommand> subcommands{
@@ -211,6 +178,13 @@ int main(int argc, char** argv) {
 
   auto checkpoints = ring::cli::add_checkpoints(app);  // cli/cmd_checkpoints.cc
 
+  std::vector<std::string> args(argv, argv + argc);
+  if (int rc = hoist_shared_options(app, args); rc >= 0) return rc;
+  std::vector<char*> arg_ptrs;
+  for (auto& a : args) arg_ptrs.push_back(a.data());
+  arg_ptrs.push_back(nullptr);
+  argc = static_cast<int>(args.size());
+  argv = arg_ptrs.data();
   if (int rc = check_command(app, argc, argv); rc >= 0) return rc;
   try {
     app.parse(argc, argv);
@@ -233,14 +207,14 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
-    if (*validate) return cmd_validate(vfiles, quiet, what_if);
-    if (*plan) return cmd_plan(pfile, json, check, what_if);
+    for (const auto& sc : spec_commands)
+      if (*sc.app) return sc.run();
     if (*checkpoints.app) return checkpoints.run();
     for (const auto& sc : subcommands)
       if (*sc.app) return sc.run();
   } catch (const std::exception& e) {
     std::cerr << "ringctl: internal error: " << e.what() << "\n";
-    return kExitInvalid;
+    return kExitFailed;
   }
   return kExitUsage;
 }

@@ -42,6 +42,16 @@ std::string human_bytes(double b) {
   return fmt::format("{:.{}f} {}", b, b >= 100 ? 1 : 3, units[u]);
 }
 
+std::string human_count(double n) {
+  const char* units[] = {"", " K", " M", " B", " T"};
+  int u = 0;
+  // Step up where the value would round to 1000: 999,999 reads "1.00 M", not "1000 K".
+  while (u < 4 && std::fabs(n) >= 999.5) n /= 1000.0, ++u;
+  if (u == 0) return fmt::format("{:.0f}", n);
+  const double a = std::fabs(n);
+  return fmt::format("{:.{}f}{}", n, a >= 99.95 ? 0 : a >= 9.995 ? 1 : 2, units[u]);
+}
+
 FlatLayout flat_layout(const JobSpec& s) {
   // __int128: a spec's largest shapes (d_model, vocab, layers at their key maxima) overflow
   // int64 only in products we then saturate.
@@ -277,11 +287,11 @@ std::string to_text(const Plan& p, const JobSpec& s) {
   };
   o += fmt::format("plan for job '{}'\n\n", s.job.name);
   o += fmt::format(
-      "model: {:.3f} B params ({} layers, d_model {}, heads {}/{} kv, head_dim {}, {} "
+      "model: {} params ({} layers, d_model {}, heads {}/{} kv, head_dim {}, {} "
       "hidden {}, vocab {}), {}\n",
-      static_cast<double>(p.params) / 1e9, s.model.layers, s.model.d_model, s.model.heads,
-      s.resolved.kv_heads, s.resolved.head_dim, spec::to_string(s.model.mlp),
-      s.resolved.mlp_hidden, s.model.vocab, spec::to_string(s.model.dtype));
+      human_count(static_cast<double>(p.params)), s.model.layers, s.model.d_model, s.model.heads,
+      s.resolved.kv_heads, s.resolved.head_dim, spec::to_string(s.model.mlp), s.resolved.mlp_hidden,
+      s.model.vocab, spec::to_string(s.model.dtype));
   o += fmt::format("sequence: {} tokens over {} ranks ({}): {} tokens per rank; {} x {} nodes "
                    "= {} workers, {} replica(s)\n\n",
                    s.data.seq_len, p.ranks, spec::to_string(s.parallel.causal_balance),

@@ -92,5 +92,7 @@ std::string to_text(const Plan& p, const spec::JobSpec& spec);
 
 // "16.384 GB", "512 B", "1.5 MB": decimal units (10^3 steps), as in the plan output.
 std::string human_bytes(double bytes);
+// "812", "50.2 K", "124 M", "6.74 B": a count with three significant digits (parameters).
+std::string human_count(double n);
 
 }  // namespace ring::plan

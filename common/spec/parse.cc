@@ -1,6 +1,7 @@
 #include "common/spec/parse.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -134,9 +135,13 @@ class DocumentCounter : public YAML::EventHandler {
 
 class Parser {
  public:
-  Parser(std::string name, LoadResult& out) : name_(std::move(name)), out_(out) {
+  Parser(std::string name, LoadResult& out, const std::vector<Override>& overrides = {})
+      : name_(std::move(name)), out_(out), overrides_(overrides) {
     out_.source.file = name_;
   }
+
+  // The document after the overrides (defined once run() got that far).
+  const YAML::Node& root() const { return root_; }
 
   void error(Location where, std::string key, std::string msg) {
     out_.diagnostics.push_back(
@@ -198,6 +203,8 @@ class Parser {
                         node_kind(root)));
       return;
     }
+    apply_overrides(root);
+    root_ = root;
     std::set<std::string> seen_sections;
     for (auto it = root.begin(); it != root.end(); ++it) {
       const YAML::Node k = it->first;  // a copy: it-> points into a temporary
@@ -241,6 +248,53 @@ class Parser {
   }
 
  private:
+  // Each --set KEY=VALUE replaces (or adds) KEY in the document before anything is checked. An
+  // unknown KEY is an error naming it, with the closest key; VALUE is judged by the key's type
+  // and range below like a value of the file.
+  void apply_overrides(YAML::Node& root) {
+    for (const auto& o : overrides_) {
+      const std::string sec = o.key.substr(0, o.key.find('.'));
+      const std::string name =
+          o.key.find('.') == std::string::npos ? "" : o.key.substr(o.key.find('.') + 1);
+      auto refuse = [&](const std::string& msg) {
+        error({}, o.key, msg + " (--set " + o.arg() + ")");
+      };
+      if (!find_key(o.key)) {
+        std::string hint;
+        if (!is_section(sec)) {
+          auto s = find_key_by_name(o.key) ? find_key_by_name(o.key)->path : suggest_section(sec);
+          hint = s.empty() ? section_list_hint("") : "; did you mean '" + s + "'?";
+          refuse((name.empty() ? "not a key: --set takes SECTION.KEY=VALUE" : "unknown section") +
+                 hint);
+        } else if (name.empty()) {
+          refuse("a section, not a key: --set takes SECTION.KEY=VALUE (keys of " + sec + ": " +
+                 keys_of(sec) + ")");
+        } else {
+          auto s = suggest_key(sec, name);
+          refuse(s.empty() ? fmt::format("unknown key (keys of {}: {})", sec, keys_of(sec))
+                           : fmt::format("unknown key; did you mean '{}'?", s));
+        }
+        continue;
+      }
+      YAML::Node value;
+      try {
+        value = YAML::Load(o.value);
+      } catch (const YAML::Exception& e) {
+        refuse("value " + shown(o.value) + " is not a YAML value: " + e.msg);
+        continue;
+      }
+      const YAML::Node& const_root = root;  // a lookup that adds nothing
+      if (!const_root[sec] || const_root[sec].IsNull()) {
+        root[sec] = YAML::Node(YAML::NodeType::Map);
+      } else if (!const_root[sec].IsMap()) {
+        continue;  // the section's own error is reported with the file's
+      }
+      YAML::Node section = root[sec];
+      section[name] = value;
+      out_.source.overrides[o.key] = o.arg();
+    }
+  }
+
   static bool is_section(const std::string& s) {
     for (const auto& [name, _] : spec_sections())
       if (name == s) return true;
@@ -293,7 +347,9 @@ class Parser {
               fmt::format("duplicate key (first at line {})", out_.source.keys[path].line));
         continue;
       }
-      out_.source.keys[path] = loc(v.Mark().is_null() ? k.Mark() : v.Mark());
+      out_.source.keys[path] = out_.source.overrides.count(path)
+                                   ? Location{}
+                                   : loc(v.Mark().is_null() ? k.Mark() : v.Mark());
       if (auto val = convert(*kd, v)) kd->set(spec, *val);
     }
   }
@@ -491,9 +547,57 @@ class Parser {
 
   std::string name_;
   LoadResult& out_;
+  const std::vector<Override>& overrides_;
+  YAML::Node root_;
 };
 
+// The spec text the overrides made: the document as YAML under a comment naming the file and
+// the overrides. Deterministic: the same file and overrides give the same bytes (a resumed run
+// compares them).
+std::string overridden_text(const std::string& name, const YAML::Node& root,
+                            const std::vector<Override>& overrides) {
+  auto comment = [](std::string_view s) {
+    std::string out;
+    for (unsigned char c : s) out += c < 0x20 || c == 0x7f ? '?' : static_cast<char>(c);
+    return out;
+  };
+  std::string t = "# " + comment(name) + " with these overrides (its comments are not kept):\n";
+  for (const auto& o : overrides) t += "#   --set " + comment(o.arg()) + "\n";
+  YAML::Emitter e;
+  e << root;
+  return t + e.c_str() + "\n";
+}
+
+// Whether `text` names the key path `key` as a whole ("model.heads (5)", not "model.heads_x").
+bool mentions(std::string_view text, std::string_view key) {
+  auto word = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+  };
+  for (size_t at = text.find(key); at != std::string_view::npos; at = text.find(key, at + 1)) {
+    bool start = at == 0 || !word(text[at - 1]);
+    const size_t e = at + key.size();
+    // A full stop ends a sentence; a dot before a letter continues a path.
+    bool end = e == text.size() || !word(text[e]) ||
+               (text[e] == '.' && (e + 1 == text.size() || !word(text[e + 1])));
+    if (start && end) return true;
+  }
+  return false;
+}
+
+// Whether two specs hold the same value for every key of the table.
+std::string first_difference(const JobSpec& a, const JobSpec& b) {
+  for (const auto& k : spec_keys())
+    if (k.get && k.get(a) != k.get(b)) return k.path;
+  return "";
+}
+
 }  // namespace
+
+std::optional<Override> parse_override(std::string_view arg) {
+  auto eq = arg.find('=');
+  if (eq == std::string_view::npos || eq == 0) return std::nullopt;
+  return Override{std::string(arg.substr(0, eq)), std::string(arg.substr(eq + 1))};
+}
 
 std::string Diagnostic::str() const {
   std::string s = file;
@@ -535,10 +639,39 @@ LoadResult load_spec_string(std::string_view text, const std::string& name,
   LoadResult r;
   if (text.size() <= kMaxSpecBytes) r.text = std::string(text);
   JobSpec spec = default_spec();
-  Parser(name, r).run(text, spec);
+  Parser parser(name, r, options.overrides);
+  parser.run(text, spec);
   if (r.error_count() == 0) {
     auto more = validate_spec(spec, r.source, options);
     r.diagnostics.insert(r.diagnostics.end(), more.begin(), more.end());
+  }
+  // A problem with an overridden key names the override; one about the key itself has no place
+  // in the file. A cross-field rule names every override among the keys its message mentions.
+  for (auto& d : r.diagnostics) {
+    std::string named;
+    for (const auto& [key, arg] : r.source.overrides) {
+      if (d.key.substr(0, d.key.find('[')) == key)
+        d.where = {};
+      else if (!mentions(d.message, key))
+        continue;
+      named += (named.empty() ? " (--set " : ", --set ") + arg;
+    }
+    if (!named.empty()) d.message += named + ")";
+  }
+  if (r.error_count() == 0 && !options.overrides.empty()) {
+    // What callers submit and record: the spec the overrides made, checked to read back the same.
+    r.text = overridden_text(name, parser.root(), options.overrides);
+    LoadOptions plain = options;
+    plain.overrides.clear();
+    auto back = load_spec_string(r.text, name, plain);
+    std::string diff = back.spec ? first_difference(*back.spec, spec) : "the whole spec";
+    if (!diff.empty())
+      r.diagnostics.push_back({Diagnostic::Severity::kError,
+                               name,
+                               {},
+                               diff,
+                               "the spec with the --set overrides does not read back the same "
+                               "(an internal error: please report it with the spec)"});
   }
   if (r.error_count() == 0) {
     resolve_spec(spec);

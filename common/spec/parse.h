@@ -42,13 +42,30 @@ struct SourceMap {
   std::string file;
   std::map<std::string, Location> keys;
   std::map<std::string, Location> sections;
+  // Keys a --set override gave, with the override as written ("train.steps=5"): they have no
+  // position in the file, and their diagnostics name the override instead.
+  std::map<std::string, std::string> overrides;
   Location at(const std::string& key) const;
 };
+
+// One `--set KEY=VALUE` of ringctl validate/plan/run/submit: KEY a key path of the table
+// ("train.steps"), VALUE YAML as it would be written after "KEY:" in the file ("5", "true",
+// "[0, 1]", "'text'"). Applied to the parsed file before any check, so the key table and every
+// rule judge it like a key of the file.
+struct Override {
+  std::string key;
+  std::string value;
+  std::string arg() const { return key + "=" + value; }
+};
+// Splits "KEY=VALUE" at the first '='; nullopt when there is no '=' or no KEY.
+std::optional<Override> parse_override(std::string_view arg);
 
 struct LoadResult {
   std::optional<JobSpec> spec;  // set when there are no errors (warnings allowed)
   // The text that was parsed (empty when the file could not be read): what a caller submits,
-  // so that it is exactly what was validated, without opening the file again.
+  // so that it is exactly what was validated, without opening the file again. With overrides,
+  // the spec they made: the file's YAML with the overrides applied, under a comment that lists
+  // them (the file's own comments are not kept); it reads back to the same spec.
   std::string text;
   std::vector<Diagnostic> diagnostics;
   SourceMap source;
@@ -70,6 +87,8 @@ struct LoadOptions {
   bool ringd_job = false;
   // load_spec_file("-") reads standard input (`ringctl validate -`); otherwise "-" is a file name.
   bool allow_stdin = false;
+  // --set overrides, applied in order (a later one for the same key wins).
+  std::vector<Override> overrides;
 };
 
 // What ringctl checks a job spec with: every rule, runtime limits as errors.

@@ -548,7 +548,12 @@ std::string spec_reference_markdown() {
       "`file:line:column: error: key.path: message` and exits 1.\n\n"
       "Ranges are inclusive unless written with a parenthesis. Integers are decimal; an exact "
       "integer in exponent form (`1e6`) is accepted. Booleans are `true` or `false`. A quoted "
-      "value is a string, never a number. A list of strings also accepts a single string.\n\n";
+      "value is a string, never a number. A list of strings also accepts a single string.\n\n"
+      "`ringctl validate`, `plan`, `run` and `submit` take `--set SECTION.KEY=VALUE` "
+      "(repeatable): the key as if the file said `KEY: VALUE`, VALUE written in YAML (`5`, "
+      "`true`, `[0, 1]`, `'text'`), checked by the same table and rules; a message about an "
+      "overridden key ends with the override. `ringctl init --template NAME` writes a commented "
+      "starting spec (one of configs/examples).\n\n";
   for (const auto& [sec, desc] : spec_sections()) {
     o += "## " + sec + "\n\n" + desc + "\n\n";
     o += "| key | type | default | allowed | description |\n|---|---|---|---|---|\n";

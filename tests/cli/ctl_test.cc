@@ -4,9 +4,10 @@
 // another user's job, bad arguments) and their exit codes.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 
 #include "../common/run.h"
 #include "../coordinator/coord_test_util.h"
+#include "coordinator/job_state.h"
 #include "other_user.h"
 
 using namespace ring::coord;
@@ -472,7 +474,7 @@ TEST(Ringctl, UnknownCommandsAndFlagsAreNamed) {
   auto r = ring::test::run(kRingctl + " statsu");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "unknown command 'statsu'; did you mean 'status'?")) << r.output;
-  EXPECT_TRUE(contains(r.output, "commands: validate, plan, run, status")) << r.output;
+  EXPECT_TRUE(contains(r.output, "commands: validate, plan, init, run, status")) << r.output;
   r = ring::test::run(kRingctl + " frobnicate");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "unknown command 'frobnicate'")) << r.output;
@@ -495,9 +497,152 @@ TEST(Ringctl, UnknownCommandsAndFlagsAreNamed) {
   EXPECT_TRUE(contains(r.output, "unknown flag '--follw'; did you mean '--follow'?")) << r.output;
   r = ring::test::run(kRingctl + " validate --quiet=yes x.yaml --bogus-flag");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  r = ring::test::run(kRingctl + " cancel 1 2");
+  r = ring::test::run(kRingctl + " restart 1 2");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "ringctl cancel: unexpected argument '2'")) << r.output;
+  EXPECT_TRUE(contains(r.output, "ringctl restart: unexpected argument '2'")) << r.output;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string l;
+  while (std::getline(ss, l)) out.push_back(l);
+  return out;
+}
+
+// status as squeue/sacct: -u, -t, --format with widths, --noheader, --parsable.
+TEST(Ringctl, StatusSelectsAndFormatsLikeSqueue) {
+  Coord c;
+  auto client = c.client();
+  auto job = start_job(c, c.dir() + "/job", 5);
+  const std::string run_id = std::to_string(job.id);
+  const std::string done_id = std::to_string(client.submit(test_spec(1, 0, 1, 1)).job);
+  client.cancel(std::stoll(done_id));
+  ASSERT_TRUE(wait_for([&] { return client.status(std::stoll(done_id)).state == "cancelled"; }));
+
+  auto r = c.ctl("status --noheader --parsable --format=id,name,state,step");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_of(r.output), (std::vector<std::string>{run_id + "|tiny|running|5/200",
+                                                          done_id + "|tiny|cancelled|0/200"}))
+      << r.output;
+  // With a header; field names in any case.
+  r = c.ctl("status --parsable -o ID,State");
+  EXPECT_EQ(lines_of(r.output)[0], "JOBID|STATE") << r.output;
+  // -t: states in any case, a comma list.
+  r = c.ctl("status --noheader --parsable -o id -t RUNNING");
+  EXPECT_EQ(r.output, run_id + "\n");
+  r = c.ctl("status --noheader --parsable -o id --states running,Cancelled");
+  EXPECT_EQ(lines_of(r.output).size(), 2u) << r.output;
+  r = c.ctl("status -t failed");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "no jobs of any user in failed")) << r.output;
+  // Every state ring-coord has is one -t knows.
+  for (auto st : ring::coord::kAllJobStates)
+    EXPECT_EQ(c.ctl(std::string("status -t ") + ring::coord::to_string(st)).exit_code, 0)
+        << ring::coord::to_string(st);
+  r = c.ctl("status -t runing");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown state 'runing'; did you mean 'running'?")) << r.output;
+  // -u: names or uids.
+  const std::string me = getpwuid(geteuid())->pw_name;
+  r = c.ctl("status --noheader --parsable -o id -u " + me);
+  EXPECT_EQ(lines_of(r.output).size(), 2u) << r.output;
+  r = c.ctl("status --noheader --parsable -o id -u " + std::to_string(geteuid()) + " -t running");
+  EXPECT_EQ(r.output, run_id + "\n");
+  r = c.ctl("status --noheader -o id -u 4000000");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output, "");
+  r = c.ctl("status -u no-such-user-here");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown user 'no-such-user-here'")) << r.output;
+  // Widths cut or pad (header too); elapsed like sacct's.
+  r = c.ctl("status --format=id,name:2,state:10,elapsed -t running");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto l = lines_of(r.output);
+  ASSERT_EQ(l.size(), 2u) << r.output;
+  EXPECT_EQ(l[0].rfind("JOBID  NA  STATE       ELAPSED", 0), 0u) << r.output;
+  EXPECT_TRUE(contains(l[1], "  ti  running    ")) << r.output;
+  // The default columns, without the header.
+  r = c.ctl("status --noheader");
+  EXPECT_FALSE(contains(r.output, "JOBID")) << r.output;
+  EXPECT_TRUE(contains(r.output, "5/200")) << r.output;
+  // With JOB and a column option: the row, not the details.
+  r = c.ctl("status " + run_id + " --parsable --noheader -o id,loss");
+  EXPECT_EQ(r.output, run_id + "|1.7500\n");
+  // Bad fields and widths are named.
+  r = c.ctl("status --format=id,nmae");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown field 'nmae'; did you mean 'name'?")) << r.output;
+  r = c.ctl("status --format=name:0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "width '0' is not an integer in [1, 1000]")) << r.output;
+  // -t selects what --json prints too.
+  auto j = parse_json(c.ctl("status --json -t cancelled").output);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(std::to_string(j[0]["job"].get<int64_t>()), done_id);
+}
+
+// cancel of several jobs: each reported, every id checked first, the first failure's code.
+TEST(Ringctl, CancelSeveralJobs) {
+  Coord c;
+  auto client = c.client();
+  auto a = std::to_string(client.submit(test_spec(1, 0, 1, 1)).job);
+  auto b = std::to_string(client.submit(test_spec(1, 0, 1, 1)).job);
+  auto keep = client.submit(test_spec(1, 0, 1, 1)).job;
+  // A malformed id: nothing is cancelled.
+  auto r = c.ctl("cancel " + std::to_string(keep) + " seven");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "'seven' is not a job id")) << r.output;
+  EXPECT_EQ(client.status(keep).state, "pending");
+  r = c.ctl("cancel " + a + " 99 " + b + " " + a);
+  EXPECT_EQ(r.exit_code, 5) << r.output;  // 99: no such job
+  EXPECT_TRUE(contains(r.output, "job " + a + ": cancelled")) << r.output;
+  EXPECT_TRUE(contains(r.output, "job " + b + ": cancelled")) << r.output;
+  EXPECT_TRUE(contains(r.output, "job 99 does not exist")) << r.output;
+  EXPECT_TRUE(contains(r.output, "not every job was cancelled (exit 5")) << r.output;
+  EXPECT_EQ(client.status(std::stoll(b)).state, "cancelled");
+  // All cancelled: 0; one per line with --json.
+  r = c.ctl("cancel " + std::to_string(keep) + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = c.ctl("cancel " + a + " " + b);
+  EXPECT_EQ(r.exit_code, 7) << r.output;  // already cancelled
+}
+
+// The options the coordinator commands share may come before the command.
+TEST(Ringctl, SharedOptionsBeforeTheCommand) {
+  Coord c;
+  auto client = c.client();
+  auto id = client.submit(test_spec(1, 0, 1, 1)).job;
+  auto r = ring::test::run(kRingctl + " --coord " + c.ep() + " --timeout 2 status --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(parse_json(r.output)[0]["job"], id);
+  r = ring::test::run(kRingctl + " --json --coord=" + c.ep() + " status " + std::to_string(id));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(parse_json(r.output)["job"], id);
+  r = ring::test::run(kRingctl + " --coord " + c.ep() + " cancel " + std::to_string(id));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Checked by the command's own rules, before and after alike.
+  r = ring::test::run(kRingctl + " --timeout nan --coord " + c.ep() + " status");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--timeout: expected seconds in [0.05, 3600], got 'nan'"))
+      << r.output;
+  r = ring::test::run(kRingctl + " --coord ipc://relative.sock nodes");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "ipc:// needs an absolute path")) << r.output;
+  // A command without the option, a missing value, a missing command.
+  r = ring::test::run(kRingctl + " --coord " + c.ep() + " validate x.yaml");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "ringctl validate: takes no --coord")) << r.output;
+  r = ring::test::run(kRingctl + " --coord");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--coord needs a value")) << r.output;
+  r = ring::test::run(kRingctl + " --coord " + c.ep());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "a command is required")) << r.output;
+  // An option that is not shared is still an unknown flag before the command.
+  r = ring::test::run(kRingctl + " --follow status");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown flag '--follow'")) << r.output;
 }
 
 // `ringctl submit` of a multi-node job: its nodes must all see the job directory (spec copy,
@@ -564,12 +709,17 @@ TEST(RingctlSubmit, SpecCopyIsPrivateAndTheJobDirIsChecked) {
   std::string spec = ring::test::source_path("configs/examples/tiny.yaml");
   // (--ringd: any executable; the script is never run)
   auto r = ring::test::run("umask 022; " + env + kRingctl + " submit " + spec +
-                           " --spank off --ringd /bin/true --job-dir " + dir + "/job");
+                           " --spank off --ringd /bin/true --job-dir " + dir +
+                           "/job --set train.log_every=5");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "stand-in refuses")) << r.output;
   struct stat st {};
   ASSERT_EQ(stat((dir + "/job/spec-1.yaml").c_str(), &st), 0) << r.output;
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // The copy is the spec the --set made, and lists it.
+  std::string copy = read_text(dir + "/job/spec-1.yaml");
+  EXPECT_TRUE(contains(copy, "#   --set train.log_every=5\n")) << copy;
+  EXPECT_TRUE(contains(copy, "log_every: 5\n")) << copy;
   ASSERT_EQ(stat((dir + "/job/job-1.sbatch").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   ASSERT_EQ(stat((dir + "/job").c_str(), &st), 0);

@@ -84,6 +84,18 @@ bool contains(const std::string& hay, const std::string& needle) {
   return hay.find(needle) != std::string::npos;
 }
 
+// A coordinator in this process (coord_test_util.h) at the endpoint env() names, state in
+// <t>/state, with the production heartbeat settings (ringd's heartbeats under load).
+std::unique_ptr<InProcessCoordinator> coordinator_at(const TempDir& t) {
+  return std::make_unique<InProcessCoordinator>([&](CoordinatorOptions& o) {
+    const CoordinatorOptions defaults;
+    o.state_dir = t.path + "/state";
+    o.endpoints = {"ipc://" + t.path + "/sock/coord.sock"};
+    o.heartbeat_interval_s = defaults.heartbeat_interval_s;
+    o.heartbeat_timeout_s = defaults.heartbeat_timeout_s;
+  });
+}
+
 }  // namespace
 
 TEST(RingctlRun, TrainsWithItsOwnCoordinator) {
@@ -125,13 +137,8 @@ TEST(RingctlRun, StatusWhileRunningCtrlCAndResume) {
   TempDir t;
   std::string job_dir = t.path + "/job";
   // A coordinator that is already there is used (and left running).
-  std::string ep = "ipc://" + t.path + "/sock/coord.sock";
-  CoordinatorOptions o;
-  o.state_dir = t.path + "/state";
-  o.endpoints = {ep};
-  o.synchronous_full = false;
-  Coordinator coord(o);
-  std::thread th([&] { coord.run(); });
+  auto coord = coordinator_at(t);
+  const std::string ep = "ipc://" + t.path + "/sock/coord.sock";
 
   {
     RunProc run(t, kSpec + " --steps 100000 --job-dir " + job_dir);
@@ -178,8 +185,40 @@ TEST(RingctlRun, StatusWhileRunningCtrlCAndResume) {
       contains(r.output, "steps " + std::to_string(last + 1) + "-" + std::to_string(last + 2)))
       << r.output;
   EXPECT_EQ(c.status(2).state, "completed");
-  coord.stop();
-  th.join();
+}
+
+// --set reaches ringd and the coordinator's record (one spec, the overrides listed in it), and a
+// run whose job is cancelled from another terminal exits 8 (cancelled), not plan's 3 (no fit).
+TEST(RingctlRun, OverridesAreRecordedAndCancelledIsItsOwnCode) {
+  TempDir t;
+  std::string job_dir = t.path + "/job";
+  auto coord = coordinator_at(t);
+  const std::string ep = "ipc://" + t.path + "/sock/coord.sock";
+  {
+    RunProc run(t, kSpec + " --set train.steps=100000 --set checkpoint.every_steps=1000 " +
+                       "--job-dir " + job_dir);
+    ASSERT_TRUE(wait_for([&] { return contains(run.output(), "step 2/100000"); }, 120s))
+        << run.output();
+    // The spec ringd runs is the recorded one, private, with the overrides listed.
+    std::string copy = read_text(job_dir + "/spec-1.yaml");
+    EXPECT_TRUE(contains(copy, "#   --set train.steps=100000\n")) << copy;
+    EXPECT_TRUE(contains(copy, "#   --set checkpoint.every_steps=1000\n")) << copy;
+    struct stat st {};
+    ASSERT_EQ(::stat((job_dir + "/spec-1.yaml").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    Client c(ClientOptions{ep, 3000ms, "", "", ""});
+    EXPECT_EQ(c.status(1).total_steps, 100000);
+    auto r = ring::test::run(env(t) + kRingctl + " cancel 1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    int rc = run.wait(60);
+    EXPECT_EQ(rc, 8) << run.output();
+    EXPECT_TRUE(contains(run.output(), "cancelled (ringctl cancel)")) << run.output();
+  }
+  coord->stop();  // its database, closed
+  Store store(t.path + "/state/coord.db", {false, 0});
+  auto job = store.job(1);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->spec, read_text(job_dir + "/spec-1.yaml"));
 }
 
 TEST(RingctlRun, RefusesBadSpecMissingRingdAndBadSteps) {

@@ -65,6 +65,24 @@ TEST(Plan, ParameterCountMatchesLlama7B) {
   EXPECT_EQ(p.params_per_layer, 4LL * 4096 * 4096 + 3LL * 4096 * 11008 + 2 * 4096);
 }
 
+// Parameter counts read at any size: three significant digits, never "0.000 B".
+TEST(Plan, HumanCount) {
+  EXPECT_EQ(human_count(0), "0");
+  EXPECT_EQ(human_count(812), "812");
+  EXPECT_EQ(human_count(999.4), "999");
+  EXPECT_EQ(human_count(999.6), "1.00 K");
+  EXPECT_EQ(human_count(50213), "50.2 K");
+  EXPECT_EQ(human_count(99960), "100 K");
+  EXPECT_EQ(human_count(123456789), "123 M");
+  EXPECT_EQ(human_count(999999), "1.00 M");
+  EXPECT_EQ(human_count(6738415616), "6.74 B");
+  EXPECT_EQ(human_count(270e9), "270 B");
+  EXPECT_EQ(human_count(4.2e12), "4.20 T");
+  Plan p = make_plan(load(gpu_spec(1 << 20, 64, true, "")));
+  EXPECT_NE(to_text(p, load(gpu_spec(1 << 20, 64, true, ""))).find("model: 6.74 B params"),
+            std::string::npos);
+}
+
 TEST(Plan, WorkerMemoryItemsAndRecompute) {
   Plan with = make_plan(load(gpu_spec(1 << 20, 64, true, "")));
   Plan without = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
@@ -131,6 +149,15 @@ TEST(Plan, RingctlPlanTextJsonAndCheck) {
   auto text = test::run(ringctl + " plan " + test::source_path("configs/examples/tiny.yaml"));
   EXPECT_EQ(text.exit_code, 0) << text.output;
   EXPECT_NE(text.output.find("verdict: fits"), std::string::npos) << text.output;
+  // The tiny model's count in its own unit (millions), not "0.003 B params".
+  auto tiny = nlohmann::json::parse(
+      test::run(ringctl + " plan --json " + test::source_path("configs/examples/tiny.yaml"))
+          .output);
+  const auto params = tiny["model"]["params"].get<double>();
+  ASSERT_LT(params, 1e8);
+  EXPECT_NE(text.output.find("model: " + human_count(params) + " params ("), std::string::npos)
+      << text.output;
+  EXPECT_EQ(text.output.find(" B params"), std::string::npos) << text.output;
   // (--what-if prints this build's limits as warnings on stderr: only stdout is JSON)
   auto json =
       test::run("(" + ringctl + " plan --what-if --json " +

@@ -380,6 +380,89 @@ TEST(SpecFiles, RingctlValidateRefusesAFifoAndReadsStdinWhenAsked) {
   fs::remove_all(dir);
 }
 
+LoadResult with_overrides(const std::string& text, std::vector<std::string> args) {
+  LoadOptions o = job_spec_options();
+  for (const auto& a : args) {
+    auto ov = parse_override(a);
+    EXPECT_TRUE(ov) << a;
+    if (ov) o.overrides.push_back(*ov);
+  }
+  return load_spec_string(text, "t.yaml", o);
+}
+
+std::string all_diagnostics(const LoadResult& r) {
+  std::string s;
+  for (const auto& d : r.diagnostics) s += d.str() + "\n";
+  return s;
+}
+
+// --set KEY=VALUE: applied before any check, judged by the key table like a key of the file,
+// named in its diagnostics, and part of the text callers submit.
+TEST(SpecOverrides, ApplyJudgeAndRecord) {
+  EXPECT_FALSE(parse_override("train.steps"));
+  EXPECT_FALSE(parse_override("=5"));
+  ASSERT_TRUE(parse_override("job.name=a=b"));
+  EXPECT_EQ(parse_override("job.name=a=b")->value, "a=b");
+
+  // A key of the file replaced, a key the file lacks added, a section the file lacks created.
+  auto r = with_overrides(
+      kMinimal, {"train.steps=7", "model.kv_heads=2", "slurm.partition=gpu", "train.steps=9"});
+  ASSERT_TRUE(r.ok()) << all_diagnostics(r);
+  EXPECT_EQ(r.spec->train.steps, 9);  // the later override wins
+  EXPECT_EQ(r.spec->model.kv_heads, 2);
+  EXPECT_EQ(r.spec->slurm.partition, "gpu");
+  // The recorded text lists the overrides and reads back to the same spec.
+  EXPECT_NE(r.text.find("#   --set train.steps=7\n"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("#   --set slurm.partition=gpu\n"), std::string::npos) << r.text;
+  auto back = load_spec_string(r.text, "back.yaml", job_spec_options());
+  ASSERT_TRUE(back.ok()) << all_diagnostics(back);
+  EXPECT_EQ(back.spec->train.steps, 9);
+  EXPECT_EQ(back.spec->slurm.partition, "gpu");
+  EXPECT_EQ(back.spec->model.layers, 2);
+  // Without overrides the text is the file's, byte for byte.
+  EXPECT_EQ(load_spec_string(kMinimal, "t.yaml", job_spec_options()).text, kMinimal);
+  // Lists and quoted strings are YAML values.
+  r = with_overrides(kMinimal, {"data.source=text", "data.paths=[/a, '/b c']"});
+  ASSERT_TRUE(r.ok()) << all_diagnostics(r);
+  EXPECT_EQ(r.spec->data.paths, (std::vector<std::string>{"/a", "/b c"}));
+
+  // An unknown key: named, with the closest one, attributed to the override.
+  r = with_overrides(kMinimal, {"train.stpes=5"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(all_diagnostics(r).find("t.yaml: error: train.stpes: unknown key; did you mean "
+                                    "'train.steps'? (--set train.stpes=5)"),
+            std::string::npos)
+      << all_diagnostics(r);
+  r = with_overrides(kMinimal, {"modle.layers=5"});
+  EXPECT_NE(all_diagnostics(r).find("modle.layers: unknown section; did you mean 'model'?"),
+            std::string::npos)
+      << all_diagnostics(r);
+  r = with_overrides(kMinimal, {"model=5"});
+  EXPECT_NE(all_diagnostics(r).find("model: a section, not a key: --set takes SECTION.KEY=VALUE"),
+            std::string::npos)
+      << all_diagnostics(r);
+  // A wrong type or range: the key's own rule, no line of the file, the override named.
+  r = with_overrides(kMinimal, {"model.layers=many"});
+  EXPECT_NE(all_diagnostics(r).find("t.yaml: error: model.layers: value 'many' is not an "
+                                    "integer (--set model.layers=many)"),
+            std::string::npos)
+      << all_diagnostics(r);
+  r = with_overrides(kMinimal, {"train.steps=0"});
+  EXPECT_NE(all_diagnostics(r).find("train.steps: value 0 is out of range"), std::string::npos)
+      << all_diagnostics(r);
+  r = with_overrides(kMinimal, {"model.recompute=[1"});
+  EXPECT_NE(all_diagnostics(r).find("is not a YAML value"), std::string::npos)
+      << all_diagnostics(r);
+  r = with_overrides(kMinimal, {"job.name="});
+  EXPECT_NE(all_diagnostics(r).find("job.name: key has no value"), std::string::npos)
+      << all_diagnostics(r);
+  // A cross-field rule broken by an override names it too.
+  r = with_overrides(kMinimal, {"model.heads=5"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(all_diagnostics(r).find("(--set model.heads=5)"), std::string::npos)
+      << all_diagnostics(r);
+}
+
 TEST(SpecExamples, AllExamplesValidate) {
   int n = 0;
   // The two sizing examples (bf16 on H100/H200, data replicas) are designs this build cannot run:
