@@ -1,7 +1,6 @@
 #include "worker/ring/ring_main.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,8 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/flags.h"
-#include "common/proc/close_fds.h"
 #include "common/proc/reap.h"
+#include "common/proc/spawn.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
 #include "worker/data/cursor.h"
@@ -433,37 +432,28 @@ int launch_local(int argc, char** argv, const Args& args) {
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
   sigprocmask(SIG_BLOCK, &handled, &old);
 
-  const pid_t self = getpid();
-  const int max_fd = ring::proc::descriptor_limit();  // before fork: the child only closes
+  // The ranks run this very binary (its path now, not argv[0], which may be a bare name).
+  std::error_code exe_ec;
+  const std::string self_exe = std::filesystem::read_symlink("/proc/self/exe", exe_ec).string();
   std::vector<pid_t> pids(world, -1);
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> cmd = base;
+    proc::SpawnOptions so;
+    so.argv = {exe_ec ? std::string("/proc/self/exe") : self_exe};
+    so.argv.insert(so.argv.end(), base.begin(), base.end());
     for (const std::string& x : {std::string("--rank"), std::to_string(r), std::string("--world"),
                                  std::to_string(world), std::string("--rendezvous"), dir})
-      cmd.push_back(x);
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::cerr << "ring-worker: fork: " << std::strerror(errno) << "\n";
+      so.argv.push_back(x);
+    so.death_signal = SIGKILL;  // no orphans, even if the launcher is SIGKILLed
+    const proc::Spawned child = proc::spawn(so);
+    if (!child) {
+      std::cerr << "ring-worker: rank " << r << ": " << child.error << "\n";
       for (int q = 0; q < r; ++q) kill(pids[q], SIGKILL);
       for (int q = 0; q < r; ++q) waitpid(pids[q], nullptr, 0);
       std::filesystem::remove_all(dir);
+      sigprocmask(SIG_SETMASK, &old, nullptr);
       return kExitRuntime;
     }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans, even if the launcher is SIGKILLed
-      if (getppid() != self) _exit(kExitRuntime);
-      sigprocmask(SIG_SETMASK, &old, nullptr);
-      std::vector<char*> cargv;
-      cargv.push_back(argv[0]);
-      for (std::string& x : cmd) cargv.push_back(x.data());
-      cargv.push_back(nullptr);
-      ring::proc::close_descriptors_from(3, max_fd);
-      execv("/proc/self/exe", cargv.data());
-      const char msg[] = "ring-worker: exec /proc/self/exe failed\n";
-      if (::write(2, msg, sizeof msg - 1) < 0) _exit(127);
-      _exit(127);
-    }
-    pids[r] = pid;
+    pids[r] = child.pid;
   }
   std::fprintf(stderr, "ring-worker: launched %d ranks (pids", world);
   for (pid_t p : pids) std::fprintf(stderr, " %d", static_cast<int>(p));
