@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/cli/job_dir.h"
+#include "common/files/atomic_write.h"
 #include "common/slurm/sbatch_script.h"
 #include "common/slurm/slurm_cli.h"
 #include "common/spec/parse.h"
@@ -77,31 +78,14 @@ std::string find_ringd(const std::string& given) {
   return "";
 }
 
-// Writes `text` to p with exactly `mode` from the start (a temp name, then rename): the spec copy
-// is private (0600), like every per-user file; O_NOFOLLOW|O_EXCL never writes through a link.
+// Writes `text` to p with exactly `mode` (common/files/atomic_write.h): the spec copy is private
+// (0600), like every per-user file, and a link at p is never written through.
 void write_file(const fs::path& p, const std::string& text, mode_t mode) {
-  fs::path tmp = p;
-  tmp += ".tmp";
-  ::unlink(tmp.c_str());  // a leftover of an interrupted submit (our own directory)
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0)
-    throw slurm::SlurmError("cannot create " + tmp.string() + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw slurm::SlurmError("cannot write " + tmp.string() + ": " + std::strerror(e));
-    }
-    done += static_cast<size_t>(n);
+  try {
+    files::write_file_atomic(p.string(), text, mode);
+  } catch (const files::AtomicWriteError& e) {
+    throw slurm::SlurmError(e.what());
   }
-  ::fchmod(fd, mode);  // the umask may have removed bits we want (the script's x)
-  if (::close(fd) != 0)
-    throw slurm::SlurmError("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  fs::rename(tmp, p);
 }
 
 int run_submit(const SubmitOpts& o) {
