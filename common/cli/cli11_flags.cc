@@ -71,7 +71,8 @@ void parse_or_exit(CLI::App& app, int argc, char** argv) {
   if (extra.empty()) return;
   const std::string word = extra.front().substr(0, extra.front().find('='));
   const std::string c = closest_option(app, word);
-  usage_error(app, "unknown argument '" + word + "'" + (c.empty() ? "" : "; did you mean '" + c + "'?"));
+  usage_error(app,
+              "unknown argument '" + word + "'" + (c.empty() ? "" : "; did you mean '" + c + "'?"));
 }
 
 }  // namespace ring::flags

@@ -31,20 +31,12 @@ CLI::Option* add_custom(CLI::App& app, const std::string& name,
                         std::function<void(const std::string& flag, const std::string& value)> on,
                         const std::string& help);
 
-template <typename T>
-struct IntegerTarget {
-  using type = T;
-};
-template <typename T>
-struct IntegerTarget<std::optional<T>> {
-  using type = T;
-};
-
 // parse_int(name, value, lo, hi) into an integer or an optional integer.
 template <typename T>
 CLI::Option* add_integer(CLI::App& app, const std::string& name, T* out, int64_t lo, int64_t hi,
                          const std::string& help) {
-  using Target = typename IntegerTarget<T>::type;
+  // int for int and for std::optional<int> (deduction of std::optional{x} unwraps an optional).
+  using Target = typename decltype(std::optional{*out})::value_type;
   return add_custom(
              app, name,
              [out, lo, hi](const std::string& flag, const std::string& v) {

@@ -2,8 +2,8 @@
 //
 //   ring::log::setup("ring-worker", ring::log::Format::kJsonLines, spdlog::level::info);
 //   auto lg = ring::log::get("worker");          // one named logger per subsystem
-//   lg->info("launched {} ranks", n);            // {"ts":...,"level":"info",...,"msg":"launched 2 ranks"}
-//   ring::log::event(*lg, spdlog::level::warn, "rank_failed", {{"rank", 2}, {"signal", 9}});
+//   lg->info("launched {} ranks", n);   // {"ts":...,"level":"info",...,"msg":"launched 2 ranks"}
+//   ring::log::event(*lg, spdlog::level::warn, "rank failed", {{"rank", 2}, {"signal", 9}});
 //
 // Text: spdlog's usual "[2026-12-02 06:25:14.123] [worker] [info] msg key=value" line. JSON lines:
 // one object per line, keys in this order: ts (UTC, ISO 8601 with milliseconds), level, program,
@@ -18,8 +18,8 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 namespace ring::log {
 
@@ -31,7 +31,7 @@ std::optional<Format> parse_format(std::string_view name);
 std::optional<spdlog::level::level_enum> parse_level(std::string_view name);
 // What parse_format and parse_level accept, for help texts and validators.
 inline constexpr const char* kFormatNames[] = {"text", "json"};
-inline constexpr const char* kLevelNames[] = {"trace", "debug", "info", "warn",
+inline constexpr const char* kLevelNames[] = {"trace", "debug",    "info", "warn",
                                               "error", "critical", "off"};
 
 // The formatter of `format` for `program` (setup installs it; tests and other sinks use it).

@@ -71,7 +71,8 @@ std::string search_in_path(const std::string& name, const std::string& path) {
     const size_t end = path.find(':', begin);
     const size_t len = (end == std::string::npos ? path.size() : end) - begin;
     // An empty entry is the working directory, as for execvp.
-    const std::string candidate = (len == 0 ? std::string(".") : path.substr(begin, len)) + "/" + name;
+    const std::string candidate =
+        (len == 0 ? std::string(".") : path.substr(begin, len)) + "/" + name;
     struct stat st {};
     if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
         ::access(candidate.c_str(), X_OK) == 0)
@@ -83,19 +84,29 @@ std::string search_in_path(const std::string& name, const std::string& path) {
 
 std::string step_name(int step, const SpawnOptions& o, const std::string& path) {
   switch (step) {
-    case kSetpgid: return "setpgid";
-    case kDeathSignal: return "prctl(PR_SET_PDEATHSIG)";
-    case kChdir: return "chdir " + o.cwd;
-    case kAffinity: return "sched_setaffinity";
-    case kStdin: return "stdin";
-    case kStdout: return "stdout";
-    case kStderr: return "stderr";
-    case kExec: return path == o.argv[0] ? "exec" : "exec " + path;
+    case kSetpgid:
+      return "setpgid";
+    case kDeathSignal:
+      return "prctl(PR_SET_PDEATHSIG)";
+    case kChdir:
+      return "chdir " + o.cwd;
+    case kAffinity:
+      return "sched_setaffinity";
+    case kStdin:
+      return "stdin";
+    case kStdout:
+      return "stdout";
+    case kStderr:
+      return "stderr";
+    case kExec:
+      return path == o.argv[0] ? "exec" : "exec " + path;
   }
   return "step " + std::to_string(step);
 }
 
-Spawned failed(std::string error) { return Spawned{-1, std::move(error)}; }
+Spawned failed(std::string error) {
+  return Spawned{-1, std::move(error)};
+}
 
 // Async-signal-safe from here to the end of the child: no allocation, no locks, no stdio.
 [[noreturn]] void child_fail(int report_fd, int step) {

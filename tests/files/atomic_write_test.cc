@@ -100,10 +100,9 @@ TEST(AtomicWrite, FailuresNameThePathAndTheStep) {
     write_file_atomic(missing, "x");
     FAIL() << "no error";
   } catch (const AtomicWriteError& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("cannot write " + missing + ": create " + missing +
-                                              ".tmp-",
-                                          0),
-              0u)
+    EXPECT_EQ(
+        std::string(e.what()).rfind("cannot write " + missing + ": create " + missing + ".tmp-", 0),
+        0u)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos);
   }

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/sinks/ostream_sink.h>
+#include <nlohmann/json.hpp>
 
 namespace ring::log {
 namespace {

@@ -105,8 +105,7 @@ TEST(Spawn, RunsInTheGivenDirectory) {
   std::filesystem::create_directory(sub);
   SpawnOptions o;
   o.cwd = sub;
-  EXPECT_EQ(sh_output(dir, "pwd -P", o),
-            std::filesystem::canonical(sub).string() + "\n");
+  EXPECT_EQ(sh_output(dir, "pwd -P", o), std::filesystem::canonical(sub).string() + "\n");
 
   o.argv = {"/bin/true"};
   o.cwd = dir.path + "/missing";
@@ -197,7 +196,8 @@ TEST(Spawn, ClosesEveryDescriptorAboveTwo) {
   ASSERT_TRUE(s) << s.error;
   // spawn returns after the exec, so /proc/<pid>/fd is the program's own table now.
   std::vector<int> fds;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(s.pid) + "/fd"))
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(s.pid) + "/fd"))
     fds.push_back(std::stoi(e.path().filename().string()));
   kill(s.pid, SIGKILL);
   wait_for(s.pid);
@@ -328,13 +328,15 @@ TEST(Spawn, SearchesPath) {
 bool mask_has(const std::string& status, const std::string& field, int sig) {
   const size_t at = status.find(field + ":\t");
   if (at == std::string::npos) return false;
-  const unsigned long long mask = std::stoull(status.substr(at + field.size() + 2, 16), nullptr, 16);
+  const unsigned long long mask =
+      std::stoull(status.substr(at + field.size() + 2, 16), nullptr, 16);
   return (mask >> (sig - 1)) & 1;
 }
 
 TEST(Spawn, ClearsTheSignalMaskAndResetsSignals) {
   TempDir dir("spawn-signals");
-  struct sigaction ign {}, old_pipe {}, old_hup {};
+  struct sigaction ign {
+  }, old_pipe{}, old_hup{};
   ign.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ign, &old_pipe);
   sigaction(SIGHUP, &ign, &old_hup);

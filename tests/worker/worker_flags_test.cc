@@ -32,43 +32,25 @@ TEST(WorkerFlags, VersionIsTheProjectVersion) {
 TEST(WorkerFlags, HelpListsTheFlagsOfEveryMode) {
   auto r = worker("--help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* flag :
-       {"--spec", "--steps", "--threads", "--backend", "--log-json", "--max-corpus-mb",
-        "--log-format", "--log-level", "--single-rank", "--passkey-labels", "--eval-every",
-        "--eval-samples", "--seqs-per-step", "--passkey-curriculum", "--launch-local", "--rank",
-        "--world", "--rendezvous", "--transport", "--stagger-us", "--timeout-ms", "--ringd",
-        "--local-rank", "--version"})
-    EXPECT_TRUE(has(r.output, std::string("  ") + flag + " ")) << flag << " missing:\n"
-                                                               << r.output;
+  for (const char* flag : {"--spec",          "--steps",
+                           "--threads",       "--backend",
+                           "--log-json",      "--max-corpus-mb",
+                           "--log-format",    "--log-level",
+                           "--single-rank",   "--passkey-labels",
+                           "--eval-every",    "--eval-samples",
+                           "--seqs-per-step", "--passkey-curriculum",
+                           "--launch-local",  "--rank",
+                           "--world",         "--rendezvous",
+                           "--transport",     "--stagger-us",
+                           "--timeout-ms",    "--ringd",
+                           "--local-rank",    "--version"})
+    EXPECT_TRUE(has(r.output, std::string("  ") + flag + " ")) << flag << " missing:\n" << r.output;
   EXPECT_TRUE(has(r.output, "Single process")) << r.output;
   EXPECT_TRUE(has(r.output, "Ring (--launch-local")) << r.output;
 }
 
-TEST(WorkerFlags, UnknownFlagsAreNamedWithTheClosestOne) {
-  auto r = worker("--spec x.yaml --thread 2");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(has(r.output, "ring-worker: unknown argument '--thread'; did you mean '--threads'?"))
-      << r.output;
-  r = worker("--spec x.yaml --rank 0 --world 2 --rendezvous /tmp/x --tranport ucx");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(has(r.output, "unknown argument '--tranport'; did you mean '--transport'?"))
-      << r.output;
-  r = worker("--spec x.yaml surplus");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(has(r.output, "unknown argument 'surplus'")) << r.output;
-}
-
-TEST(WorkerFlags, NumbersAndChoicesAreStrict) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--steps 1e3", "--steps: expected an integer in [1, 1099511627776], got '1e3'"},
-      {"--steps 0", "--steps: expected an integer in [1, 1099511627776], got '0'"},
-      {"--threads -1", "--threads: expected an integer in [0, 4096], got '-1'"},
-      {"--max-corpus-mb 12abc", "--max-corpus-mb: expected an integer in [1, 1048576], got '12abc'"},
-      {"--passkey-labels some", "--passkey-labels: expected all or answer, got 'some'"},
-      {"--log-format xml", "--log-format: expected text or json, got 'xml'"},
-      {"--rank 0 --world 2 --rendezvous /tmp/x --timeout-ms 5",
-       "--timeout-ms: expected an integer in [100, 3600000], got '5'"},
-  };
+// Each (arguments after --spec x.yaml, message): exit 2 with "ring-worker: MESSAGE".
+void expect_usage_errors(const std::vector<std::pair<std::string, std::string>>& cases) {
   for (const auto& [args, message] : cases) {
     auto r = worker("--spec x.yaml " + args);
     EXPECT_EQ(r.exit_code, 2) << args;
@@ -76,22 +58,42 @@ TEST(WorkerFlags, NumbersAndChoicesAreStrict) {
   }
 }
 
+TEST(WorkerFlags, UnknownFlagsAreNamedWithTheClosestOne) {
+  expect_usage_errors({
+      {"--thread 2", "unknown argument '--thread'; did you mean '--threads'?"},
+      {"--rank 0 --world 2 --rendezvous /tmp/x --tranport ucx",
+       "unknown argument '--tranport'; did you mean '--transport'?"},
+      {"surplus", "unknown argument 'surplus'"},
+  });
+}
+
+TEST(WorkerFlags, NumbersAndChoicesAreStrict) {
+  expect_usage_errors({
+      {"--steps 1e3", "--steps: expected an integer in [1, 1099511627776], got '1e3'"},
+      {"--steps 0", "--steps: expected an integer in [1, 1099511627776], got '0'"},
+      {"--threads -1", "--threads: expected an integer in [0, 4096], got '-1'"},
+      {"--max-corpus-mb 12abc",
+       "--max-corpus-mb: expected an integer in [1, 1048576], got '12abc'"},
+      {"--passkey-labels some", "--passkey-labels: expected all or answer, got 'some'"},
+      {"--log-format xml", "--log-format: expected text or json, got 'xml'"},
+      {"--log-level loud",
+       "--log-level: expected trace, debug, info, warn, error, critical or off, got 'loud'"},
+      {"--rank 0 --world 2 --rendezvous /tmp/x --timeout-ms 5",
+       "--timeout-ms: expected an integer in [100, 3600000], got '5'"},
+  });
+}
+
 TEST(WorkerFlags, FlagsOfTheOtherModeAndMissingOnesAreNamed) {
-  auto r = worker("--spec x.yaml --rank 0 --world 2 --rendezvous /tmp/x --single-rank");
+  expect_usage_errors({
+      {"--rank 0 --world 2 --rendezvous /tmp/x --single-rank",
+       "--single-rank is not a flag of the ring mode"},
+      {"--transport ucx", "--transport is a flag of the ring mode"},
+      {"--rank 2 --world 2 --rendezvous /tmp/x", "--rank 2 is not below --world 2"},
+      {"--launch-local --rank 0", "--launch-local chooses ranks and the rendezvous itself"},
+  });
+  auto r = worker("--steps 3");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(has(r.output, "--single-rank is not a flag of the ring mode")) << r.output;
-  r = worker("--spec x.yaml --transport ucx");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(has(r.output, "--transport is a flag of the ring mode")) << r.output;
-  r = worker("--steps 3");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(has(r.output, "--spec FILE is required")) << r.output;
-  r = worker("--spec x.yaml --rank 2 --world 2 --rendezvous /tmp/x");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(has(r.output, "--rank 2 is not below --world 2")) << r.output;
-  r = worker("--spec x.yaml --launch-local --rank 0");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_TRUE(has(r.output, "--launch-local chooses ranks and the rendezvous itself")) << r.output;
+  EXPECT_TRUE(has(r.output, "ring-worker: --spec FILE is required")) << r.output;
 }
 
 // What ringd and the launcher pass parses (the spec is then what fails), the last of a repeated
