@@ -24,7 +24,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -46,7 +45,7 @@
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/cli/job_dir.h"
-#include "common/proc/close_fds.h"
+#include "common/proc/spawn.h"
 #include "common/spec/parse.h"
 
 namespace ring::cli {
@@ -147,38 +146,20 @@ bool coordinator_answers(const CoordFlags& flags, double timeout_s) {
   }
 }
 
-// A child process in its own process group that dies (SIGTERM) with us.
+// A child process in its own process group (Ctrl-C reaches only us) that dies (SIGTERM) with us;
+// stdin /dev/null, no descriptor of ours above 2 (common/proc/spawn.h).
 pid_t spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
-  // Everything the child needs is prepared before fork (zmq threads exist in this process).
-  std::vector<char*> a;
-  for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-  a.push_back(nullptr);
-  pid_t parent = ::getpid();
-  const int max_fd = ring::proc::descriptor_limit();
-  pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) _exit(127);
-    struct sigaction sa {};
-    sa.sa_handler = SIG_DFL;
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
-    sigaction(SIGPIPE, &sa, nullptr);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    if (out_fd >= 0) ::dup2(out_fd, 1);
-    if (err_fd >= 0) ::dup2(err_fd, 2);
-    ring::proc::close_descriptors_from(3, max_fd);  // ringctl's sockets and files stay ours
-    ::execv(a[0], a.data());
-    const char msg[] = "ringctl: exec failed\n";
-    ssize_t n = ::write(2, msg, sizeof msg - 1);
-    (void)n;
-    _exit(127);
-  }
-  ::setpgid(pid, pid);  // both sides, so it holds before either runs on
-  return pid;
+  proc::SpawnOptions o;
+  o.argv = argv;
+  o.new_process_group = true;
+  o.death_signal = SIGTERM;
+  o.stdin_fd = proc::kDevNull;
+  o.stdout_fd = out_fd;
+  o.stderr_fd = err_fd;
+  o.reset_signals = {SIGINT, SIGTERM, SIGPIPE};
+  proc::Spawned child = proc::spawn(o);
+  if (!child) throw std::runtime_error(child.error);
+  return child.pid;
 }
 
 int exit_status(int st) {

@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/cli/job_dir.h"
+#include "common/files/atomic_write.h"
 #include "common/slurm/sbatch_script.h"
 #include "common/slurm/slurm_cli.h"
 #include "common/spec/parse.h"

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "common/cli/edit_distance.h"
+#include "common/files/atomic_write.h"
 #include "common/spec/parse.h"
 #include "coordinator/security.h"
 
@@ -107,31 +108,11 @@ std::vector<spec::Override> SetFlags::overrides() const {
   return out;
 }
 
-// Writes `text` to p with exactly `mode` from the start (a temp name, then rename): the spec copy
-// is private (0600), like every per-user file; O_NOFOLLOW|O_EXCL never writes through a link.
+// Writes `text` to p with exactly `mode` (common/files/atomic_write.h): a unique temporary, then
+// rename; the spec copy is private (0600), like every per-user file, and a link at p is never
+// written through.
 void write_file_as(const std::filesystem::path& p, const std::string& text, mode_t mode) {
-  std::filesystem::path tmp = p;
-  tmp += ".tmp";
-  ::unlink(tmp.c_str());  // a leftover of an interrupted submit (our own directory)
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0)
-    throw std::runtime_error("cannot create " + tmp.string() + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw std::runtime_error("cannot write " + tmp.string() + ": " + std::strerror(e));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::fchmod(fd, mode);  // the umask may have removed bits we want (the script's x)
-  if (::close(fd) != 0)
-    throw std::runtime_error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  std::filesystem::rename(tmp, p);
+  files::write_file_atomic(p.string(), text, mode);
 }
 
 int guarded(const std::string& endpoint, const std::function<int()>& body) {

@@ -4,11 +4,11 @@
 //   ring-coord [--state-dir DIR] [--endpoint ipc://...|tcp://...]... [--socket-mode shared]
 //              [--heartbeat-interval S] [--heartbeat-timeout S] [--admin-uid UID]...
 //              [--sync full|normal] [--topology topology.conf|cluster.yaml] [--log-level L]
+//              [--log-format text|json]
 //   ring-coord --state-dir DIR --print-public-key     the CURVE key tcp clients need
 //
 // Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot start (the reason is printed), 2 usage.
 #include <signal.h>
-#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,7 +21,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/log/log.h"
 #include "common/protocol/protocol.h"
+#include "common/version.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/security.h"
 
@@ -85,10 +87,11 @@ int main(int argc, char** argv) {
   CLI::App app{"ring-coord: ringmaster's coordinator (job state in SQLite, ZeroMQ control plane)",
                "ring-coord"};
   app.set_version_flag(
-      "--version", "ring-coord 0.1.0 (protocol v" + std::to_string(ring::protocol::kVersion) + ")");
+      "--version", std::string("ring-coord ") + ring::kVersion + " (protocol v" +
+                       std::to_string(ring::protocol::kVersion) + ")");
   ring::coord::CoordinatorOptions o;
   o.state_dir = default_state_dir();
-  std::string mode = "private", sync = "full", level = "info";
+  std::string mode = "private", sync = "full", level = "info", log_format = "text";
   bool print_key = false;
   app.add_option("--state-dir", o.state_dir,
                  "Directory for coord.db, coord.lock and curve/ keys (created 0700; an existing "
@@ -125,6 +128,11 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", level, "trace, debug, info, warn, error, critical or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
+  app.add_option("--log-format", log_format,
+                 "The log on stderr: text, or json (one JSON object per line: ts, level, "
+                 "program, pid, logger, msg)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   app.add_flag("--print-public-key", print_key,
                "Print the CURVE public key for tcp clients (creating the key pair) and exit");
   try {
@@ -139,7 +147,11 @@ int main(int argc, char** argv) {
               << " s) must be less than --heartbeat-timeout (" << o.heartbeat_timeout_s << " s)\n";
     return 2;
   }
-  spdlog::set_level(spdlog::level::from_str(level));
+  // The common setup (common/log/log.h); the coordinator's "coord" logger is made on it (the
+  // coordinator adds its escaping of client-supplied text).
+  ring::log::setup("ring-coord", *ring::log::parse_format(log_format),
+                   *ring::log::parse_level(level));
+  ring::log::get("coord");
   o.socket_mode =
       mode == "shared" ? ring::coord::SocketMode::kShared : ring::coord::SocketMode::kPrivate;
   o.synchronous_full = sync == "full";

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/files/atomic_write.h"
+
 namespace ring::coord {
 
 namespace {
@@ -24,19 +26,11 @@ std::string octal(mode_t m) {
 }
 
 void write_file_mode(const std::string& path, const std::string& text, mode_t mode) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
-  if (fd < 0) throw SecurityError("cannot create " + tmp + ": " + std::strerror(errno));
-  if (::fchmod(fd, mode) != 0 ||
-      ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
-      ::fsync(fd) != 0) {
-    int e = errno;
-    ::close(fd);
-    throw SecurityError("cannot write " + tmp + ": " + std::strerror(e));
+  try {
+    files::write_file_atomic(path, text, mode);
+  } catch (const files::AtomicWriteError& e) {
+    throw SecurityError(e.what());
   }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw SecurityError("cannot rename " + tmp + ": " + std::strerror(errno));
 }
 
 }  // namespace

@@ -17,12 +17,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/cli/flags.h"
+#include "common/log/log.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
 #include "worker/data/errors.h"
 #include "worker/data/loader.h"
 #include "worker/data/passkey.h"
+#include "worker/flags.h"
 #include "worker/model/attention.h"
 #include "worker/ring/ring_main.h"
 #include "worker/train/passkey_curriculum.h"
@@ -34,117 +35,35 @@ namespace {
 constexpr int kExitUsage = 2;
 constexpr int kExitRuntime = 1;
 
-const char* kUsage =
-    "usage: ring-worker --spec FILE [options]\n"
-    "Trains the spec's model alone on this process (one rank, in-process AdamW).\n"
-    "  --spec FILE           job spec (YAML); validated, diagnostics printed\n"
-    "  --steps N             optimizer steps (default: train.steps)\n"
-    "  --threads T           CPU threads (default: resources.cpus_per_worker, 0 = all cores)\n"
-    "  --backend NAME        kernel backend (default: resources.backend)\n"
-    "  --log-json FILE       append one JSON object per logged step (and per evaluation)\n"
-    "  --single-rank         run a spec with parallel.context_ranks > 1 or data_replicas > 1\n"
-    "                        as ONE rank holding the whole sequence (required for such specs)\n"
-    "  --max-corpus-mb M     cap on the text corpus read into memory (default 256)\n"
-    "  --passkey-labels L    passkey source: all (language modelling on the whole sample,\n"
-    "                        default) or answer (loss on the answer digits only)\n"
-    "  --eval-every K        passkey source: evaluate retrieval every K steps (default: at end)\n"
-    "  --eval-samples N      passkey source: held-out samples per evaluation (default 32)\n"
-    "  --seqs-per-step N     sequences per optimizer step, gradients accumulated (default 1)\n"
-    "  --passkey-curriculum LEN:STEPS[:SEQS][,LEN:STEPS[:SEQS]...]\n"
-    "                        passkey source: a length curriculum. Each stage in turn trains\n"
-    "                        STEPS steps on LEN-token samples, SEQS per step (default\n"
-    "                        --seqs-per-step); then data.seq_len for the remaining steps.\n"
-    "                        Evaluation is always at data.seq_len.\n"
-    "  --help\n";
-
-struct Args {
-  std::string spec;
-  std::optional<int64_t> steps;
-  std::optional<int> threads;
-  std::optional<std::string> backend;
-  std::string log_json;
-  bool single_rank = false;
-  int64_t max_corpus_mb = 256;
-  ring::data::PasskeyLabels passkey_labels = ring::data::PasskeyLabels::kAll;
-  int64_t eval_every = 0;
-  int64_t eval_samples = 32;
-  int64_t seqs_per_step = 1;
-  std::vector<ring::train::PasskeyStage> curriculum;
-};
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  ring::flags::usage_exit("ring-worker", msg, kUsage, kExitUsage);
-}
-
-Args parse_args(int argc, char** argv) try {
-  Args a;
-  ring::flags::FlagSet fs(kUsage);
-  fs.text("--spec", &a.spec)
-      .integer("--steps", &a.steps, 1, int64_t{1} << 40)
-      .integer("--threads", &a.threads, 0, 4096)
-      .text("--backend", &a.backend)
-      .text("--log-json", &a.log_json)
-      .toggle("--single-rank", &a.single_rank)
-      .integer("--max-corpus-mb", &a.max_corpus_mb, 1, 1 << 20)
-      .custom("--passkey-labels",
-              [&](const std::string& flag, const char* v) {
-                if (std::strcmp(v, "all") == 0) {
-                  a.passkey_labels = ring::data::PasskeyLabels::kAll;
-                } else if (std::strcmp(v, "answer") == 0) {
-                  a.passkey_labels = ring::data::PasskeyLabels::kAnswer;
-                } else {
-                  throw ring::flags::FlagError(flag + ": expected all or answer, got '" + v + "'");
-                }
-              })
-      .integer("--eval-every", &a.eval_every, 0, int64_t{1} << 40)
-      .integer("--eval-samples", &a.eval_samples, 1, 1 << 20)
-      .integer("--seqs-per-step", &a.seqs_per_step, 1, 1 << 20)
-      .custom("--passkey-curriculum", [&](const std::string& flag, const char* v) {
-        try {
-          a.curriculum = ring::train::parse_passkey_curriculum(v);
-        } catch (const std::invalid_argument& e) {
-          throw ring::flags::FlagError(flag + ": " + e.what());
-        }
-      });
-  fs.parse(argc, argv);
-  if (a.spec.empty()) usage_error("--spec FILE is required");
-  return a;
-} catch (const ring::flags::FlagError& e) {
-  usage_error(e.what());
-}
+using Args = ring::worker::Flags;
 
 int run(const Args& args) {
-  ring::spec::LoadResult loaded = ring::spec::load_spec_file(args.spec);
-  for (const auto& d : loaded.diagnostics) std::cerr << d.str() << "\n";
-  if (!loaded.ok()) {
-    std::cerr << "ring-worker: " << args.spec << ": invalid spec (" << loaded.error_count()
-              << " error(s))\n";
-    return kExitUsage;
-  }
-  ring::spec::JobSpec spec = *loaded.spec;
+  auto lg = ring::log::get("ring-worker");
+  std::optional<ring::spec::JobSpec> loaded = ring::worker::load_spec(args.spec);
+  if (!loaded) return kExitUsage;
+  ring::spec::JobSpec spec = *loaded;
   const int64_t ranks = spec.parallel.context_ranks * spec.parallel.data_replicas;
   if (ranks > 1 && !args.single_rank) {
-    std::cerr << "ring-worker: the spec asks for parallel.context_ranks = "
-              << spec.parallel.context_ranks << " and data_replicas = "
-              << spec.parallel.data_replicas
-              << "; alone, ring-worker trains one rank only. Pass --single-rank to train the "
-                 "whole sequence on this one process.\n";
+    lg->error("the spec asks for parallel.context_ranks = {} and data_replicas = {}; alone, "
+              "ring-worker trains one rank only. Pass --single-rank to train the whole sequence "
+              "on this one process.",
+              spec.parallel.context_ranks, spec.parallel.data_replicas);
     return kExitUsage;
   }
   if (ranks > 1) {
-    std::cerr << "ring-worker: note: --single-rank: context_ranks and data_replicas overridden "
-                 "to 1; the whole "
-              << spec.data.seq_len << "-token sequence runs on this process\n";
+    lg->info("note: --single-rank: context_ranks and data_replicas overridden to 1; the whole "
+             "{}-token sequence runs on this process",
+             spec.data.seq_len);
     spec.parallel.context_ranks = spec.parallel.data_replicas = 1;
   }
   if (spec.optimizer.offload == ring::spec::Offload::kCpu ||
       spec.optimizer.compression != ring::spec::Compression::kNone) {
-    std::cerr << "ring-worker: note: standalone: AdamW runs in this process (optimizer.offload and "
-                 "optimizer.compression apply under ringd)\n";
+    lg->info("note: standalone: AdamW runs in this process (optimizer.offload and "
+             "optimizer.compression apply under ringd)");
   }
   const int64_t steps = args.steps.value_or(spec.train.steps);
   if (!args.curriculum.empty() && spec.data.source != ring::spec::DataSource::kPasskey) {
-    std::cerr << "ring-worker: --passkey-curriculum needs data.source: passkey\n";
+    lg->error("--passkey-curriculum needs data.source: passkey");
     return kExitUsage;
   }
   const int threads =
@@ -154,7 +73,7 @@ int run(const Args& args) {
   std::string err;
   auto backend = ring::kernels::create_backend(backend_name, threads, &err);
   if (!backend) {
-    std::cerr << "ring-worker: backend '" << backend_name << "': " << err << "\n";
+    lg->error("backend '{}': {}", backend_name, err);
     return kExitUsage;
   }
 
@@ -180,7 +99,7 @@ int run(const Args& args) {
   if (!args.log_json.empty()) {
     log_json.open(args.log_json, std::ios::app);
     if (!log_json) {
-      std::cerr << "ring-worker: --log-json: cannot open " << args.log_json << "\n";
+      lg->error("--log-json: cannot open {}", args.log_json);
       return kExitUsage;
     }
   }
@@ -256,17 +175,19 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const Args args = ring::worker::parse_flags(argc, argv);
+  ring::log::setup("ring-worker", args.log_format, args.log_level);
   // --rank / --launch-local: a rank of a context-parallel ring (worker/ring/ring_main.h).
-  if (ring::cp::is_ring_invocation(argc, argv)) return ring::cp::ring_main(argc, argv);
-  Args args = parse_args(argc, argv);
+  if (args.mode != ring::worker::Mode::kSingle) return ring::cp::ring_main(args, argc, argv);
+  auto lg = ring::log::get("ring-worker");
   try {
     return run(args);
   } catch (const ring::data::DataError& e) {
-    std::cerr << "ring-worker: data: " << e.what() << "\n";
+    lg->error("data: {}", e.what());
   } catch (const ring::model::ModelError& e) {
-    std::cerr << "ring-worker: model: " << e.what() << "\n";
+    lg->error("model: {}", e.what());
   } catch (const std::exception& e) {
-    std::cerr << "ring-worker: " << e.what() << "\n";
+    lg->error("{}", e.what());
   }
   return kExitRuntime;
 }

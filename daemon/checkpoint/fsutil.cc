@@ -1,6 +1,5 @@
 #include "daemon/checkpoint/fsutil.h"
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/files/atomic_write.h"
 #include "daemon/checkpoint/checkpoint.h"
 
 namespace ring::ckpt::fs {
@@ -87,32 +87,11 @@ void pread_all(int fd, void* p, size_t n, uint64_t off, const std::string& path)
 
 void write_atomic(const std::string& dir, const std::string& name, const std::string& text,
                   bool do_fsync) {
-  static std::atomic<uint64_t> counter{0};
-  std::string tmp = join(dir, name + ".tmp-" + std::to_string(::getpid()) + "-" +
-                                  std::to_string(counter.fetch_add(1)));
-  std::string dst = join(dir, name);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) throw CheckpointError(tmp + ": cannot create: " + errno_text(errno));
   try {
-    pwrite_all(fd, text.data(), text.size(), 0, tmp);
-    if (do_fsync && ::fsync(fd) != 0)
-      throw CheckpointError(tmp + ": fsync failed: " + errno_text(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+    files::write_file_atomic(join(dir, name), text, 0600, do_fsync);
+  } catch (const files::AtomicWriteError& e) {
+    throw CheckpointError(e.what());
   }
-  if (::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw CheckpointError(tmp + ": close failed: " + errno_text(err));
-  }
-  if (::rename(tmp.c_str(), dst.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw CheckpointError(dst + ": rename from " + tmp + " failed: " + errno_text(err));
-  }
-  if (do_fsync) fsync_dir(dir);
 }
 
 std::string read_file(const std::string& path, size_t max_bytes) {

@@ -18,7 +18,7 @@ void mkdirs(const std::string& dir);  // like mkdir -p
 void fsync_dir(const std::string& dir);
 void pwrite_all(int fd, const void* p, size_t n, uint64_t off, const std::string& path);
 void pread_all(int fd, void* p, size_t n, uint64_t off, const std::string& path);
-// Writes `text` to dir/name through dir/name.tmp-<unique>, fsyncs it and dir (when do_fsync).
+// Writes `text` to dir/name (0600) with common/files/atomic_write.h; fsyncs when do_fsync.
 void write_atomic(const std::string& dir, const std::string& name, const std::string& text,
                   bool do_fsync);
 // Reads a whole file of at most max_bytes; throws naming the file when missing, unreadable or

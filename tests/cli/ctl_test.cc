@@ -22,6 +22,7 @@
 #include "../common/run.h"
 #include "../coordinator/coord_test_util.h"
 #include "coordinator/job_state.h"
+#include "tests/common/test_proc.h"
 #include "other_user.h"
 
 using namespace ring::coord;
@@ -40,21 +41,11 @@ class Coord {
     dir_ = make_temp_dir("ctl");
     ::chmod(dir_.c_str(), 0711);
     ep_ = "ipc://" + dir_ + "/sock/coord.sock";
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = ::open((dir_ + "/coord.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<std::string> args{
-          kCoordBin, "--state-dir", dir_ + "/state",       "--endpoint", ep_,
-          "--sync",  "normal",      "--heartbeat-timeout", "30"};
-      if (shared) args.insert(args.end(), {"--socket-mode", "shared"});
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(kCoordBin.c_str(), argv.data());
-      _exit(127);
-    }
+    std::vector<std::string> args{
+        kCoordBin, "--state-dir", dir_ + "/state",       "--endpoint", ep_,
+        "--sync",  "normal",      "--heartbeat-timeout", "30"};
+    if (shared) args.insert(args.end(), {"--socket-mode", "shared"});
+    pid_ = ring::test::start_logged(args, dir_ + "/coord.log");
     EXPECT_TRUE(wait_for(
         [&] { return read_text(dir_ + "/coord.log").find("state in") != std::string::npos; }, 10s))
         << read_text(dir_ + "/coord.log");

@@ -17,6 +17,7 @@
 
 #include "../common/run.h"
 #include "../coordinator/coord_test_util.h"
+#include "tests/common/test_proc.h"
 #include "coordinator/store.h"
 #include "other_user.h"
 
@@ -44,15 +45,8 @@ std::string env(const TempDir& t) {
 class RunProc {
  public:
   RunProc(const TempDir& t, const std::string& args) : out_(t.path + "/run.out") {
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      execl("/bin/sh", "sh", "-c", ("exec env " + env(t) + kRingctl + " run " + args).c_str(),
-            nullptr);
-      _exit(127);
-    }
+    pid_ = ring::test::start_logged(
+        {"/bin/sh", "-c", "exec env " + env(t) + kRingctl + " run " + args}, out_);
   }
   ~RunProc() {
     if (pid_ > 0) {

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include <thread>
 
 #include "common/proc/read_file.h"
+#include "common/proc/spawn.h"
 
 namespace ring::test {
 
@@ -45,32 +45,59 @@ ProcOptions ucx_loopback() {
   return o;
 }
 
+namespace {
+
+// An output file opened ("w", like freopen) for a child; throws naming it when it cannot be.
+int open_output(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) throw std::runtime_error("Proc: cannot open " + path + ": " + std::strerror(errno));
+  return fd;
+}
+
+// What every child of a test gets: the test's environment changed by opts, death with the test.
+ring::proc::SpawnOptions child_options(std::vector<std::string> argv, const ProcOptions& opts) {
+  ring::proc::SpawnOptions so;
+  so.argv = std::move(argv);
+  so.env_set = opts.set_env;
+  so.env_unset = opts.unset_env;
+  so.death_signal = SIGKILL;
+  return so;
+}
+
+}  // namespace
+
 Proc::Proc(std::vector<std::string> args, const std::string& out, const std::string& err,
            ProcOptions opts)
     : kill_on_timeout_(opts.kill_on_timeout) {
   if (args.empty()) throw std::invalid_argument("Proc: empty argv");
-  // Everything the child needs is built before fork: after it, only async-signal-safe calls
-  // and exec (the test process may have threads).
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t p = fork();
-  if (p < 0) throw std::runtime_error(std::string("Proc: fork: ") + std::strerror(errno));
-  if (p == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    for (const auto& [k, v] : opts.set_env) setenv(k.c_str(), v.c_str(), 1);
-    for (const std::string& k : opts.unset_env) unsetenv(k.c_str());
-    if (!out.empty() && out == err) {
-      if (!std::freopen(err.c_str(), "w", stderr)) _exit(126);
-      dup2(fileno(stderr), 1);
-    } else {
-      if (!out.empty() && !std::freopen(out.c_str(), "w", stdout)) _exit(126);
-      if (!err.empty() && !std::freopen(err.c_str(), "w", stderr)) _exit(126);
-    }
-    execv(argv[0], argv.data());
-    _exit(127);
+  ring::proc::SpawnOptions so = child_options(std::move(args), opts);
+  const int out_fd = out.empty() ? -1 : open_output(out);
+  int err_fd = -1;
+  try {
+    err_fd = err.empty() ? -1 : err == out ? out_fd : open_output(err);
+  } catch (...) {
+    if (out_fd >= 0) ::close(out_fd);
+    throw;
   }
-  pid = p;
+  so.stdout_fd = out_fd;
+  so.stderr_fd = err_fd;
+  const ring::proc::Spawned child = ring::proc::spawn(so);
+  if (out_fd >= 0) ::close(out_fd);
+  if (err_fd >= 0 && err_fd != out_fd) ::close(err_fd);
+  if (!child) throw std::runtime_error("Proc: " + child.error);
+  pid = child.pid;
+}
+
+pid_t start_logged(const std::vector<std::string>& argv, const std::string& log,
+                   const ProcOptions& opts) {
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::runtime_error("cannot open " + log + ": " + std::strerror(errno));
+  ring::proc::SpawnOptions so = child_options(argv, opts);
+  so.stdout_fd = so.stderr_fd = fd;
+  const ring::proc::Spawned child = ring::proc::spawn(so);
+  ::close(fd);
+  if (!child) throw std::runtime_error(child.error);
+  return child.pid;
 }
 
 bool Proc::poll() {

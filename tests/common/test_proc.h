@@ -32,8 +32,8 @@ struct TempDir {
 
 // What a child gets besides its argv and output files.
 struct ProcOptions {
-  std::vector<std::pair<std::string, std::string>> set_env;  // setenv in the child
-  std::vector<std::string> unset_env;                         // unsetenv in the child
+  std::vector<std::pair<std::string, std::string>> set_env;  // set in the child's environment
+  std::vector<std::string> unset_env;                         // removed from it
   // wait() that runs out of time kills (SIGKILL) and reaps the process before returning -1;
   // otherwise it stays running until kill9() or the destructor.
   bool kill_on_timeout = false;
@@ -42,10 +42,11 @@ struct ProcOptions {
 // UCX on this host only (shared memory and loopback): what transport runs use in tests.
 ProcOptions ucx_loopback();
 
-// One child process: argv[0] is the binary's path (execv, no PATH search). stdout goes to `out`
-// and stderr to `err` (truncated); "" leaves that stream to the test's own, and out == err puts
-// both in one file. The child dies with the test (PR_SET_PDEATHSIG) and exits 126 when an output
-// file cannot be opened, 127 when the exec fails. Killed (SIGKILL) and reaped on destruction.
+// One child process (common/proc/spawn.h): argv[0] is the binary's path (no PATH search). stdout
+// goes to `out` and stderr to `err` (truncated); "" leaves that stream to the test's own, and
+// out == err puts both in one file. The child dies with the test (death signal SIGKILL) and gets
+// no descriptor of the test above 2. An output file that cannot be opened or a failed exec throw
+// std::runtime_error naming the file or the program. Killed (SIGKILL) and reaped on destruction.
 class Proc {
  public:
   Proc(std::vector<std::string> args, const std::string& out, const std::string& err,
@@ -67,6 +68,12 @@ class Proc {
  private:
   bool kill_on_timeout_;
 };
+
+// Starts argv (argv[0]: the binary's path) with stdout and stderr appended to `log` (created
+// 0600), dying with the test; returns its pid, which the caller waits for. Throws
+// std::runtime_error naming the log or the program when it cannot start.
+pid_t start_logged(const std::vector<std::string>& argv, const std::string& log,
+                   const ProcOptions& opts = {});
 
 // A waitpid status as a shell reports it: the exit code, or 128 + the signal.
 int exit_code(int wait_status);

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "../common/run.h"
+#include "tests/common/test_proc.h"
 #include "coord_test_util.h"
 #include "coordinator/security.h"
 #include "coordinator/store.h"
@@ -32,17 +33,9 @@ class CoordProcess {
   ~CoordProcess() { kill_now(SIGKILL); }
   void start() {
     log_ = dir_ + "/coord.log";
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> argv{const_cast<char*>(kCoordBin.c_str())};
-      for (auto& a : args_) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(kCoordBin.c_str(), argv.data());
-      _exit(127);
-    }
+    std::vector<std::string> argv{kCoordBin};
+    argv.insert(argv.end(), args_.begin(), args_.end());
+    pid_ = ring::test::start_logged(argv, log_);
   }
   // Waits for "listening on" lines; returns the log.
   std::string wait_ready(int listeners = 1) {

@@ -33,7 +33,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -55,6 +54,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/proc/spawn.h"
 #include "tests/common/test_json.h"
 #include "tests/common/test_proc.h"
 #include "tests/ringd/ringd_test_util.h"
@@ -233,26 +233,14 @@ TEST(RingdHardening, SighupWithStdoutGoneStopsWithACheckpoint) {
   const std::string job = t.path + "/job";
   int p[2];
   ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
-  std::vector<std::string> args = ringd_args(kOnDemand, job, {"--steps", "100000"});
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  env.push_back("XDG_RUNTIME_DIR=" + xdg);
-  for (const auto& [k, v] : ucx_loopback().set_env) env.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(p[1], 1);
-    dup2(p[1], 2);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
+  ring::proc::SpawnOptions so;
+  so.argv = ringd_args(kOnDemand, job, {"--steps", "100000"});
+  so.env_set = opts(xdg).set_env;
+  so.death_signal = SIGKILL;
+  so.stdout_fd = so.stderr_fd = p[1];
+  const ring::proc::Spawned child = ring::proc::spawn(so);
+  ASSERT_TRUE(child) << child.error;
+  const pid_t pid = child.pid;
   ::close(p[1]);
   // Read until a step line has come, as `ringctl run` would, then die like it.
   std::string got;
@@ -378,14 +366,14 @@ TEST(RingdHardening, InheritedDescriptorIsNotPassedToWorkers) {
     rl.rlim_cur = kFd + 1;
     ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
   }
-  const int f = ::open("/dev/null", O_RDONLY);  // no O_CLOEXEC: inherited by ringd
-  ASSERT_GE(f, 0);
-  ASSERT_EQ(::dup2(f, kFd), kFd);
-  ::close(f);
   const std::string out = t.path + "/ringd.out";
-  Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}), out,
-         t.path + "/ringd.err", opts(make_xdg(t)));
-  ::close(kFd);
+  // Started through bash, which opens it without close-on-exec as a library's socket may be
+  // (the test's own children get no descriptor above 2).
+  std::vector<std::string> args = {"/bin/bash", "-c", "exec " + std::to_string(kFd) +
+                                                         "</dev/null; exec \"$0\" \"$@\""};
+  for (std::string& a : ringd_args(kSpec4, t.path + "/job", {"--steps", "100000"}))
+    args.push_back(std::move(a));
+  Proc d(args, out, t.path + "/ringd.err", opts(make_xdg(t)));
   setrlimit(RLIMIT_NOFILE, &old);
   ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 1; }, 60).is_null())
       << diag(t);

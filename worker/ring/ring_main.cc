@@ -1,7 +1,6 @@
 #include "worker/ring/ring_main.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,15 +19,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/cli/flags.h"
-#include "common/proc/close_fds.h"
+#include "common/log/log.h"
 #include "common/proc/reap.h"
+#include "common/proc/spawn.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
 #include "worker/data/cursor.h"
 #include "worker/data/errors.h"
 #include "worker/data/loader.h"
 #include "worker/data/split.h"
+#include "worker/flags.h"
 #include "worker/offload/ringd_client.h"
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_rank.h"
@@ -40,96 +40,17 @@ namespace {
 constexpr int kExitUsage = 2;
 constexpr int kExitRuntime = 1;
 
-const char* kUsage =
-    "usage: ring-worker --spec FILE (--launch-local | --rank R --world P --rendezvous DIR)\n"
-    "                   [options]\n"
-    "Context parallelism: the spec's sequence split over P = parallel.context_ranks processes\n"
-    "that pass K/V blocks around a ring (ring attention); gradients summed over the ranks.\n"
-    "  --launch-local        fork the P ranks here (fresh rendezvous dir), wait for them\n"
-    "  --rank R --world P    run rank R of P (P must equal parallel.context_ranks)\n"
-    "  --rendezvous DIR      directory unique to this ring attempt (file rendezvous)\n"
-    "  --transport NAME      transport plugin (default ucx)\n"
-    "  --steps N             optimizer steps (default: train.steps)\n"
-    "  --threads T           CPU threads per rank (default: resources.cpus_per_worker)\n"
-    "  --backend NAME        kernel backend (default: resources.backend)\n"
-    "  --stagger-us US       override parallel.stagger_us\n"
-    "  --timeout-ms MS       bound on every transfer and collective (default 60000)\n"
-    "  --log-json FILE       rank 0: append one JSON object per logged step\n"
-    "  --max-corpus-mb M     cap on the text corpus read into memory (default 256)\n"
-    "  --ringd SOCKET        run under ringd: weights and optimizer live there; gradients go\n"
-    "                        to its shared memory bucket by bucket (spawned by ringd only)\n"
-    "  --local-rank L        this rank's slot on its node (with --ringd)\n"
-    "  --help\n";
+using Args = worker::Flags;
 
-struct Args {
-  std::string spec;
-  bool launch_local = false;
-  int rank = -1;
-  int world = -1;
-  std::string rendezvous;
-  std::string transport = "ucx";
-  std::optional<int64_t> steps;
-  std::optional<int> threads;
-  std::optional<std::string> backend;
-  std::optional<int64_t> stagger_us;
-  int timeout_ms = 60000;
-  std::string log_json;
-  int64_t max_corpus_mb = 256;
-  std::string ringd;
-  int local_rank = -1;
-};
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  flags::usage_exit("ring-worker", msg, kUsage, kExitUsage);
-}
-
-Args parse_args(int argc, char** argv) try {
-  Args a;
-  flags::FlagSet fs(kUsage);
-  fs.text("--spec", &a.spec)
-      .toggle("--launch-local", &a.launch_local)
-      .integer("--rank", &a.rank, 0, 65535)
-      .integer("--world", &a.world, 1, 65536)
-      .text("--rendezvous", &a.rendezvous)
-      .text("--transport", &a.transport)
-      .integer("--steps", &a.steps, 1, int64_t{1} << 40)
-      .integer("--threads", &a.threads, 0, 4096)
-      .text("--backend", &a.backend)
-      .integer("--stagger-us", &a.stagger_us, 0, 1000000)
-      .integer("--timeout-ms", &a.timeout_ms, 100, 3600000)
-      .text("--log-json", &a.log_json)
-      .integer("--max-corpus-mb", &a.max_corpus_mb, 1, 1 << 20)
-      .text("--ringd", &a.ringd)
-      .integer("--local-rank", &a.local_rank, 0, 65535)
-      .unknown_note(" (multi-rank mode)");
-  fs.parse(argc, argv);
-  if (a.spec.empty()) usage_error("--spec FILE is required");
-  if (a.launch_local && (a.rank >= 0 || !a.rendezvous.empty()))
-    usage_error("--launch-local chooses ranks and the rendezvous itself: drop --rank/--rendezvous");
-  if (!a.launch_local && (a.rank < 0 || a.world < 1 || a.rendezvous.empty()))
-    usage_error("a rank needs --rank R, --world P and --rendezvous DIR (or use --launch-local)");
-  if (!a.ringd.empty() && (a.launch_local || a.local_rank < 0))
-    usage_error("--ringd needs --local-rank L and a rank's flags (ringd spawns such ranks)");
-  if (!a.launch_local && a.rank >= a.world)
-    usage_error("--rank " + std::to_string(a.rank) + " is not below --world " +
-                std::to_string(a.world));
-  return a;
-} catch (const flags::FlagError& e) {
-  usage_error(e.what());
-}
+std::shared_ptr<spdlog::logger> logger() { return log::get("ring-worker"); }
 
 std::optional<spec::JobSpec> load(const Args& a) {
-  spec::LoadResult loaded = spec::load_spec_file(a.spec);
-  for (const auto& d : loaded.diagnostics) std::cerr << d.str() << "\n";
-  if (!loaded.ok()) {
-    std::cerr << "ring-worker: " << a.spec << ": invalid spec (" << loaded.error_count()
-              << " error(s))\n";
-    return std::nullopt;
-  }
-  spec::JobSpec s = *loaded.spec;
-  if (s.parallel.data_replicas != 1) {
-    std::cerr << "ring-worker: parallel.data_replicas = " << s.parallel.data_replicas
-              << ": several rings need ringd (a later issue); this mode runs one ring\n";
+  std::optional<spec::JobSpec> s = worker::load_spec(a.spec);
+  if (s && s->parallel.data_replicas != 1) {
+    logger()->error(
+        "parallel.data_replicas = {}: several rings need ringd (a later issue); this mode runs "
+        "one ring",
+        s->parallel.data_replicas);
     return std::nullopt;
   }
   return s;
@@ -144,8 +65,8 @@ int run_rank(const Args& args) {
   if (!loaded) return kExitUsage;
   spec::JobSpec spec = *loaded;
   if (spec.parallel.context_ranks != args.world) {
-    std::cerr << "ring-worker: --world " << args.world << " but parallel.context_ranks is "
-              << spec.parallel.context_ranks << "\n";
+    logger()->error("--world {} but parallel.context_ranks is {}", args.world,
+                    spec.parallel.context_ranks);
     return kExitUsage;
   }
   if (args.stagger_us) spec.parallel.stagger_us = *args.stagger_us;
@@ -158,7 +79,7 @@ int run_rank(const Args& args) {
   std::string err;
   auto backend = kernels::create_backend(backend_name, threads, &err);
   if (!backend) {
-    std::cerr << "ring-worker: backend '" << backend_name << "': " << err << "\n";
+    logger()->error("backend '{}': {}", backend_name, err);
     return kExitUsage;
   }
 
@@ -169,7 +90,7 @@ int run_rank(const Args& args) {
   ro.transport = args.transport;
   ro.op_timeout_ms = args.timeout_ms;
   RingRank rr(spec, ro);
-  if (lead && !rr.note().empty()) std::cerr << "ring-worker: note: " << rr.note() << "\n";
+  if (lead && !rr.note().empty()) logger()->info("note: {}", rr.note());
 
   data::CorpusOptions corpus;
   corpus.max_total_bytes = args.max_corpus_mb << 20;
@@ -208,7 +129,7 @@ int run_rank(const Args& args) {
   if (lead && !args.log_json.empty()) {
     log_json.open(args.log_json, std::ios::app);
     if (!log_json) {
-      std::cerr << "ring-worker: --log-json: cannot open " << args.log_json << "\n";
+      logger()->error("--log-json: cannot open {}", args.log_json);
       return kExitUsage;
     }
   }
@@ -292,7 +213,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   std::string err;
   auto backend = kernels::create_backend(backend_name, threads, &err);
   if (!backend) {
-    std::cerr << "ring-worker: backend '" << backend_name << "': " << err << "\n";
+    logger()->error("backend '{}': {}", backend_name, err);
     return kExitUsage;
   }
   RankOptions ro;
@@ -416,7 +337,7 @@ int launch_local(int argc, char** argv, const Args& args) {
 
   std::string tmpl = std::filesystem::temp_directory_path().string() + "/ring-rdv-XXXXXX";
   if (!mkdtemp(tmpl.data())) {
-    std::cerr << "ring-worker: mkdtemp " << tmpl << ": " << std::strerror(errno) << "\n";
+    logger()->error("mkdtemp {}: {}", tmpl, std::strerror(errno));
     return kExitRuntime;
   }
   const std::string dir = tmpl;
@@ -431,41 +352,34 @@ int launch_local(int argc, char** argv, const Args& args) {
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
   sigprocmask(SIG_BLOCK, &handled, &old);
 
-  const pid_t self = getpid();
-  const int max_fd = ring::proc::descriptor_limit();  // before fork: the child only closes
+  // The ranks run this very binary (its path now, not argv[0], which may be a bare name).
+  std::error_code exe_ec;
+  const std::string self_exe = std::filesystem::read_symlink("/proc/self/exe", exe_ec).string();
   std::vector<pid_t> pids(world, -1);
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> cmd = base;
+    proc::SpawnOptions so;
+    so.argv = {exe_ec ? std::string("/proc/self/exe") : self_exe};
+    so.argv.insert(so.argv.end(), base.begin(), base.end());
     for (const std::string& x : {std::string("--rank"), std::to_string(r), std::string("--world"),
                                  std::to_string(world), std::string("--rendezvous"), dir})
-      cmd.push_back(x);
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::cerr << "ring-worker: fork: " << std::strerror(errno) << "\n";
+      so.argv.push_back(x);
+    so.death_signal = SIGKILL;  // no orphans, even if the launcher is SIGKILLed
+    const proc::Spawned child = proc::spawn(so);
+    if (!child) {
+      logger()->error("rank {}: {}", r, child.error);
       for (int q = 0; q < r; ++q) kill(pids[q], SIGKILL);
       for (int q = 0; q < r; ++q) waitpid(pids[q], nullptr, 0);
       std::filesystem::remove_all(dir);
+      sigprocmask(SIG_SETMASK, &old, nullptr);
       return kExitRuntime;
     }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans, even if the launcher is SIGKILLed
-      if (getppid() != self) _exit(kExitRuntime);
-      sigprocmask(SIG_SETMASK, &old, nullptr);
-      std::vector<char*> cargv;
-      cargv.push_back(argv[0]);
-      for (std::string& x : cmd) cargv.push_back(x.data());
-      cargv.push_back(nullptr);
-      ring::proc::close_descriptors_from(3, max_fd);
-      execv("/proc/self/exe", cargv.data());
-      const char msg[] = "ring-worker: exec /proc/self/exe failed\n";
-      if (::write(2, msg, sizeof msg - 1) < 0) _exit(127);
-      _exit(127);
-    }
-    pids[r] = pid;
+    pids[r] = child.pid;
   }
-  std::fprintf(stderr, "ring-worker: launched %d ranks (pids", world);
-  for (pid_t p : pids) std::fprintf(stderr, " %d", static_cast<int>(p));
-  std::fprintf(stderr, "), rendezvous %s\n", dir.c_str());
+  std::string pid_list;
+  for (pid_t p : pids) pid_list += " " + std::to_string(p);
+  log::event(*logger(), spdlog::level::info,
+             fmt::format("launched {} ranks (pids{}), rendezvous {}", world, pid_list, dir),
+             {{"event", "ranks_launched"}, {"pids", pids}, {"rendezvous", dir}});
 
   using Clock = std::chrono::steady_clock;
   int exit_code = 0;
@@ -480,7 +394,7 @@ int launch_local(int argc, char** argv, const Args& args) {
     siginfo_t info;
     int sig = sigtimedwait(&handled, &info, &ts);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      std::fprintf(stderr, "ring-worker: %s: stopping the %d ranks\n", strsignal(sig), running);
+      logger()->warn("{}: stopping the {} ranks", strsignal(sig), running);
       if (exit_code == 0) exit_code = 128 + sig;
       stop_others(sig == SIGHUP ? SIGTERM : sig);
       if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(10);
@@ -500,14 +414,16 @@ int launch_local(int argc, char** argv, const Args& args) {
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
       if (!ok && exit_code == 0) {
         exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        std::fprintf(stderr, "ring-worker: rank %d (pid %d) %s; stopping the other %d ranks\n", r,
-                     static_cast<int>(got), describe_status(st).c_str(), running);
+        log::event(*logger(), spdlog::level::err,
+                   fmt::format("rank {} (pid {}) {}; stopping the other {} ranks", r, got,
+                               describe_status(st), running),
+                   {{"event", "rank_failed"}, {"rank", r}, {"pid", got}, {"status", exit_code}});
         stop_others(SIGTERM);
         kill_at = Clock::now() + std::chrono::seconds(5);
       }
     }
     if (kill_at && Clock::now() >= *kill_at && running > 0) {
-      std::fprintf(stderr, "ring-worker: %d ranks still running: SIGKILL\n", running);
+      logger()->warn("{} ranks still running: SIGKILL", running);
       stop_others(SIGKILL);
       kill_at = Clock::now() + std::chrono::seconds(3600);
     }
@@ -520,36 +436,28 @@ int launch_local(int argc, char** argv, const Args& args) {
 
 }  // namespace
 
-bool is_ring_invocation(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--rank") == 0 || std::strcmp(argv[i], "--launch-local") == 0)
-      return true;
-  return false;
-}
-
-int ring_main(int argc, char** argv) {
-  Args args = parse_args(argc, argv);
+int ring_main(const worker::Flags& args, int argc, char** argv) {
   if (args.launch_local) return launch_local(argc, argv, args);
   try {
     return run_rank(args);
   } catch (const offload::RingdGone& e) {
-    std::fprintf(stderr, "ring-worker: rank %d: %s\n", args.rank, e.what());
+    logger()->error("rank {}: {}", args.rank, e.what());
     std::fflush(stdout);
     std::fflush(stderr);
     _exit(kExitRuntime);
   } catch (const transport::TransportError& e) {
     // Thrown while setting up (bootstrap, connect): nothing is in flight yet. Errors during the
     // steps never get here: run_then_exit_on_error exits before anything is unwound.
-    std::fprintf(stderr, "ring-worker: rank %d: %s\n", args.rank, e.what());
+    logger()->error("rank {}: {}", args.rank, e.what());
     std::fflush(stdout);
     std::fflush(stderr);
     _exit(kExitRuntime);
   } catch (const data::DataError& e) {
-    std::cerr << "ring-worker: rank " << args.rank << ": data: " << e.what() << "\n";
+    logger()->error("rank {}: data: {}", args.rank, e.what());
   } catch (const model::ModelError& e) {
-    std::cerr << "ring-worker: rank " << args.rank << ": model: " << e.what() << "\n";
+    logger()->error("rank {}: model: {}", args.rank, e.what());
   } catch (const std::exception& e) {
-    std::cerr << "ring-worker: rank " << args.rank << ": " << e.what() << "\n";
+    logger()->error("rank {}: {}", args.rank, e.what());
   }
   std::fflush(stdout);
   std::fflush(stderr);

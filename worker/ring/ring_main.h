@@ -3,19 +3,19 @@
 //   ring-worker --spec F --rank R --world P --rendezvous DIR [--transport ucx]   one rank
 //   ring-worker --spec F --launch-local                       forks P = context_ranks ranks
 //
-// The launcher makes a fresh rendezvous directory, starts the P ranks (each dies with it:
-// PR_SET_PDEATHSIG), forwards SIGINT/SIGTERM/SIGHUP to them, and when one rank fails stops the
-// others (SIGTERM, SIGKILL after 5 s); it exits with the first failure's status and removes the
+// The launcher makes a fresh rendezvous directory, starts the P ranks (common/proc/spawn.h; each
+// dies with it), forwards SIGINT/SIGTERM/SIGHUP to them, and when one rank fails stops the others
+// (SIGTERM, SIGKILL after 5 s); it exits with the first failure's status and removes the
 // directory. ringd (a later issue) spawns ranks with the same flags.
 #pragma once
 
+#include "worker/flags.h"
+
 namespace ring::cp {
 
-// Whether argv asks for the multi-rank mode (--rank or --launch-local is present).
-bool is_ring_invocation(int argc, char** argv);
-
-// main() of the multi-rank mode; returns the process exit status (0 ok, 1 runtime failure,
-// 2 usage or spec error).
-int ring_main(int argc, char** argv);
+// main() of the multi-rank mode (flags.mode is kLaunchLocal or kRank; argc/argv are the
+// launcher's own, passed on to its ranks); returns the process exit status (0 ok, 1 runtime
+// failure, 2 usage or spec error).
+int ring_main(const worker::Flags& flags, int argc, char** argv);
 
 }  // namespace ring::cp

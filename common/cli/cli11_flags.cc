@@ -1,0 +1,78 @@
+#include "common/cli/cli11_flags.h"
+
+#include <cstdlib>
+#include <iostream>
+
+#include "common/cli/edit_distance.h"
+
+namespace ring::flags {
+
+CLI::Option* add_custom(CLI::App& app, const std::string& name,
+                        std::function<void(const std::string& flag, const std::string& value)> on,
+                        const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          name,
+          [name, on = std::move(on)](const std::string& v) {
+            try {
+              on(name, v);
+            } catch (const FlagError& e) {
+              throw CLI::ValidationError(std::string(e.what()));
+            }
+          },
+          help)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+CLI::Option* add_seconds(CLI::App& app, const std::string& name, double* out,
+                         const std::string& help) {
+  return add_custom(
+             app, name,
+             [out](const std::string& flag, const std::string& v) {
+               *out = parse_seconds(flag, v.c_str());
+             },
+             help)
+      ->type_name("SECONDS");
+}
+
+std::string closest_option(const CLI::App& app, const std::string& word) {
+  if (word.size() < 3 || word[0] != '-') return "";
+  std::string best;
+  size_t best_d = 3;  // two edits at most: a typo, not another flag
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& l : o->get_lnames()) {
+      const std::string name = "--" + l;
+      if (size_t d = cli::edit_distance(word, name); d < best_d) best_d = d, best = name;
+    }
+  }
+  return best;
+}
+
+void usage_error(const CLI::App& app, const std::string& message) {
+  const std::string& program = app.get_name();
+  std::cerr << program << ": " << message << "\n  `" << program << " --help` lists the flags\n";
+  std::exit(2);
+}
+
+void parse_or_exit(CLI::App& app, int argc, char** argv) {
+  app.allow_extras(true);  // reported below, with a suggestion
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::CallForAllHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::CallForVersion& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    usage_error(app, e.what());
+  }
+  const std::vector<std::string> extra = app.remaining();
+  if (extra.empty()) return;
+  const std::string word = extra.front().substr(0, extra.front().find('='));
+  const std::string c = closest_option(app, word);
+  usage_error(app,
+              "unknown argument '" + word + "'" + (c.empty() ? "" : "; did you mean '" + c + "'?"));
+}
+
+}  // namespace ring::flags
