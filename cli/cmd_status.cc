@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
+#include "cli/local_state.h"
 #include "cli/slurm_control.h"
 
 namespace ring::cli {
@@ -114,7 +115,7 @@ int run_status(const StatusOpts& o) {
   return guarded(ep, [&] {
     std::optional<int64_t> job;
     if (!o.job.empty()) job = parse_job_id(o.job);
-    coord::Client c(o.coord.client_options());
+    coord::Client c(with_local_state(o.coord.client_options()));
     auto fetch = [&] { return job ? std::vector<protocol::JobInfo>{c.status(*job)} : c.status(); };
     auto render = [&](const std::vector<protocol::JobInfo>& jobs) -> std::string {
       if (o.json) {

@@ -25,6 +25,7 @@
 #include "common/topology/cluster.h"
 #include "common/topology/global_order.h"
 #include "common/topology/hostlist.h"
+#include "coordinator/queries.h"
 #include "coordinator/store.h"
 
 namespace ring::coord {
@@ -83,14 +84,6 @@ constexpr double kSlow = 0.02;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// A request/daemon message refused with a reply (not a bug).
-struct Refused : std::runtime_error {
-  Refused(std::string c, const std::string& m, std::string f = "")
-      : std::runtime_error(m), code(std::move(c)), field(std::move(f)) {}
-  std::string code;
-  std::string field;
-};
 
 int64_t request_id(const proto::Message& m) {
   return std::visit(
@@ -300,6 +293,31 @@ struct Coordinator::Impl {
       logger()->info("listening on {}{}", l.endpoint, l.curve ? " (CURVE)" : "");
       listeners.push_back(std::move(l));
     }
+    record_endpoints();
+  }
+
+  // <state_dir>/endpoints: every endpoint this state was served at, one a line. ringctl reads
+  // the state read-only when nothing answers at one of them (cli/local_state.h), e.g. after the
+  // ring-coord a `ringctl run` started has stopped.
+  void record_endpoints() {
+    const std::string path = opts.state_dir + "/" + kEndpointsFile;
+    int fd = open_private_file(path, "endpoints file");
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+    std::set<std::string> known;
+    for (size_t a = 0, b; a < text.size(); a = b + 1) {
+      b = text.find('\n', a);
+      if (b == std::string::npos) b = text.size();
+      known.insert(text.substr(a, b - a));
+    }
+    std::string add;
+    for (const auto& l : listeners)
+      if (!known.count(l.endpoint)) add += l.endpoint + "\n";
+    if (!text.empty() && text.back() != '\n') add = "\n" + add;
+    if (!add.empty() && ::pwrite(fd, add.data(), add.size(), static_cast<off_t>(text.size())) < 0)
+      logger()->warn("cannot record the endpoints in {}: {}", path, std::strerror(errno));
+    ::close(fd);
   }
 
   // ---- ZAP (RFC 27) --------------------------------------------------------------------------
@@ -861,44 +879,22 @@ struct Coordinator::Impl {
     commands.erase(it);
   }
 
-  proto::JobInfo job_info(const JobRow& j) {
-    proto::JobInfo i;
-    i.job = j.id;
-    i.name = j.name;
-    i.owner_uid = j.owner_uid;
-    i.owner = j.owner_user;
-    i.state = to_string(j.state);
-    i.state_reason = j.state_reason;
-    i.spec_hash = j.spec_hash;
-    i.attempt = j.attempt;
-    i.restarts = j.restarts;
-    i.max_restarts = j.max_restarts;
-    i.step = j.last_step;
-    i.total_steps = j.total_steps;
-    i.loss = j.last_loss;
-    i.tokens_per_s = j.last_tokens_per_s;
-    auto pb = progress_buf.find(j.id);
-    if (pb != progress_buf.end()) {
-      i.step = pb->second.step;
-      i.loss = pb->second.loss;
-      i.tokens_per_s = pb->second.tps;
-    }
-    i.last_checkpoint_step = store->latest_complete_checkpoint(j.id, j.nodes);
-    i.slurm_job_id = j.slurm_job_id;
-    for (const auto& jn : store->job_nodes(j.id)) i.nodes.push_back(jn.node);
-    if (!j.ring_order.empty()) {
-      json o = json::parse(j.ring_order, nullptr, false);
-      if (o.is_array())
-        for (const auto& n : o)
-          if (n.is_string()) i.ring_order.push_back(n.get<std::string>());
-    }
-    i.job_dir = j.job_dir;
-    i.checkpoint_dir = j.checkpoint_dir;
-    i.created_at = j.created_at;
-    i.updated_at = j.updated_at;
-    // Progress not yet flushed counts as written: the same answer before and after the flush.
-    if (pb != progress_buf.end()) i.updated_at = std::max(i.updated_at, pb->second.at);
-    return i;
+  // What the read-only requests (coordinator/queries.h) add to the database: progress and step
+  // reports not yet flushed, and the nodes' liveness.
+  LiveView live_view() const {
+    LiveView v;
+    v.progress = [this](int64_t job) -> std::optional<LiveView::Progress> {
+      auto it = progress_buf.find(job);
+      if (it == progress_buf.end()) return std::nullopt;
+      return LiveView::Progress{it->second.step, it->second.loss, it->second.tps, it->second.at};
+    };
+    v.node = [this](uint32_t uid, const std::string& name) -> std::optional<LiveView::Node> {
+      auto it = nodes.find(NodeId{uid, name});
+      if (it == nodes.end()) return std::nullopt;
+      return LiveView::Node{it->second.up, it->second.last_unix};
+    };
+    v.unflushed_steps = &step_buf;
+    return v;
   }
 
   void on(const std::string& peer, uint32_t uid, const proto::SubmitRequest& m) {
@@ -941,24 +937,15 @@ struct Coordinator::Impl {
   }
 
   void on(const std::string& peer, uint32_t, const proto::StatusRequest& m) {
-    proto::StatusReply r{m.id, {}};
-    if (m.job) {
-      auto j = store->job(*m.job);
-      if (!j)
-        throw Refused(proto::code::kNotFound, "job " + std::to_string(*m.job) + " does not exist",
-                      "job");
-      r.jobs.push_back(job_info(*j));
-    } else {
-      for (const auto& j : store->jobs()) r.jobs.push_back(job_info(j));
-    }
-    queue(peer, r);
+    queue(peer, answer(*store, m, live_view()));
   }
 
   void on(const std::string& peer, uint32_t, const proto::EventsRequest& m) {
-    if (!store->job(m.job))
-      throw Refused(proto::code::kNotFound, "job " + std::to_string(m.job) + " does not exist",
-                    "job");
-    queue(peer, proto::EventsReply{m.id, store->events(m.job, m.after, m.limit)});
+    queue(peer, answer(*store, m));
+  }
+
+  void on(const std::string& peer, uint32_t, const proto::StepsRequest& m) {
+    queue(peer, answer(*store, m, live_view()));
   }
 
   void on(const std::string& peer, uint32_t uid, const proto::CancelRequest& m) {
@@ -1016,22 +1003,7 @@ struct Coordinator::Impl {
   }
 
   void on(const std::string& peer, uint32_t, const proto::NodesRequest& m) {
-    proto::NodesReply r{m.id, {}};
-    for (const auto& n : store->nodes()) {
-      proto::NodeInfo i;
-      i.name = n.name;
-      auto it = nodes.find(NodeId{static_cast<uint32_t>(n.uid), n.name});
-      i.state = it != nodes.end() ? (it->second.up ? "up" : "lost") : n.state;
-      i.uid = n.uid;
-      i.last_heartbeat =
-          it != nodes.end() ? std::max(it->second.last_unix, n.last_heartbeat) : n.last_heartbeat;
-      json g = json::parse(n.gpus, nullptr, false);
-      i.gpus = g.is_array() ? static_cast<int64_t>(g.size()) : 0;
-      i.ringd_version = n.ringd_version;
-      for (int64_t jid : store->jobs_of_node(n.uid, n.name)) i.jobs.push_back(jid);
-      r.nodes.push_back(std::move(i));
-    }
-    queue(peer, r);
+    queue(peer, answer(*store, m, live_view()));
   }
 
   // What Slurm did with the job (issue 8): recorded with the job; a start after a requeue (node

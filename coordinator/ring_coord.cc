@@ -6,6 +6,9 @@
 //              [--sync full|normal] [--topology topology.conf|cluster.yaml] [--log-level L]
 //   ring-coord --state-dir DIR --print-public-key     the CURVE key tcp clients need
 //
+// Without --endpoint it binds $RING_COORD (the endpoint ringctl and ringd use) when that is set,
+// else the default ipc socket.
+//
 // Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot start (the reason is printed), 2 usage.
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -72,13 +75,6 @@ CLI::Validator endpoint_value() {
       "ENDPOINT");
 }
 
-std::string default_state_dir() {
-  if (const char* s = std::getenv("RING_STATE_DIR"); s && *s) return s;
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/ringmaster";
-  if (const char* h = std::getenv("HOME"); h && *h)
-    return std::string(h) + "/.local/state/ringmaster";
-  return "/var/lib/ringmaster";
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,7 +83,7 @@ int main(int argc, char** argv) {
   app.set_version_flag(
       "--version", "ring-coord 0.1.0 (protocol v" + std::to_string(ring::protocol::kVersion) + ")");
   ring::coord::CoordinatorOptions o;
-  o.state_dir = default_state_dir();
+  o.state_dir = ring::coord::default_state_dir();
   std::string mode = "private", sync = "full", level = "info";
   bool print_key = false;
   app.add_option("--state-dir", o.state_dir,
@@ -97,7 +93,8 @@ int main(int argc, char** argv) {
           [](std::string& s) { return s.empty() ? std::string("must not be empty") : ""; }, ""))
       ->capture_default_str();
   app.add_option("--endpoint", o.endpoints,
-                 "ipc://PATH or tcp://HOST:PORT (CURVE); repeatable. Default: ipc://" +
+                 "ipc://PATH or tcp://HOST:PORT (CURVE); repeatable. Default: $RING_COORD (the "
+                 "endpoint ringctl and ringd use) when set, else ipc://" +
                      ring::coord::default_socket_dir() + "/coord.sock")
       ->check(endpoint_value());
   app.add_option("--socket-mode", mode,
@@ -138,6 +135,17 @@ int main(int argc, char** argv) {
     std::cerr << "ring-coord: --heartbeat-interval (" << o.heartbeat_interval_s
               << " s) must be less than --heartbeat-timeout (" << o.heartbeat_timeout_s << " s)\n";
     return 2;
+  }
+  // Like ringctl: --endpoint, else $RING_COORD, else the default socket.
+  if (o.endpoints.empty()) {
+    if (const char* env = std::getenv("RING_COORD"); env && *env) {
+      if (std::string why = ring::coord::endpoint_error(env); !why.empty()) {
+        std::cerr << "ring-coord: $RING_COORD '" << env << "': " << why
+                  << " (use ipc://PATH or tcp://HOST:PORT, or give --endpoint)\n";
+        return 2;
+      }
+      o.endpoints.push_back(env);
+    }
   }
   spdlog::set_level(spdlog::level::from_str(level));
   o.socket_mode =

@@ -460,6 +460,36 @@ Message read_body(const std::string& type, Reader& r) {
     return m;
   }
   if (type == "cancel") return CancelRequest{id, r.i64("job", 1, kMaxId)};
+  if (type == "steps") {
+    StepsRequest m;
+    m.id = id;
+    m.job = r.i64("job", 1, kMaxId);
+    m.after = r.i64_or("after", 0, kMaxId, 0);
+    m.limit = r.i64_or("limit", 1, 10000, 1000);
+    return m;
+  }
+  if (type == "steps_reply") {
+    StepsReply m;
+    m.id = id;
+    m.job = r.i64("job", 1, kMaxId);
+    if (const json* a = r.array("steps", 10000, true)) {
+      for (size_t i = 0; i < a->size(); ++i) {
+        Reader e((*a)[i], item(r.field("steps"), i));
+        StepRecord s;
+        s.attempt = e.i64("attempt", 0, kMaxId);
+        s.step = e.i64("step", 0, kMaxId);
+        s.node = e.node("node");
+        s.loss = e.num("loss", -1e30, 1e30);
+        s.tokens_per_s = e.num("tokens_per_s", 0, 1e15);
+        s.step_time_s = e.num("step_time_s", 0, 1e7);
+        s.comm_time_s = e.num("comm_time_s", 0, 1e7);
+        s.time = e.num("time", 0, 1e12);
+        e.finish();
+        m.steps.push_back(std::move(s));
+      }
+    }
+    return m;
+  }
   if (type == "restart") {
     RestartRequest m;
     m.id = id;
@@ -658,6 +688,8 @@ const char* type_name(const Message& m) {
                         [](const OkReply&) { return "ok"; },
                         [](const ErrorReply&) { return "error"; },
                         [](const SlurmJobRequest&) { return "slurm_job"; },
+                        [](const StepsRequest&) { return "steps"; },
+                        [](const StepsReply&) { return "steps_reply"; },
                     },
                     m);
 }
@@ -750,6 +782,22 @@ json to_json(const Message& msg) {
           },
           [](const CancelRequest& m) {
             return json{{"id", m.id}, {"job", m.job}};
+          },
+          [](const StepsRequest& m) {
+            return json{{"id", m.id}, {"job", m.job}, {"after", m.after}, {"limit", m.limit}};
+          },
+          [](const StepsReply& m) {
+            json a = json::array();
+            for (const auto& s : m.steps)
+              a.push_back({{"attempt", s.attempt},
+                           {"step", s.step},
+                           {"node", s.node},
+                           {"loss", s.loss},
+                           {"tokens_per_s", s.tokens_per_s},
+                           {"step_time_s", s.step_time_s},
+                           {"comm_time_s", s.comm_time_s},
+                           {"time", s.time}});
+            return json{{"id", m.id}, {"job", m.job}, {"steps", a}};
           },
           [](const RestartRequest& m) {
             json j{{"id", m.id}, {"job", m.job}};
@@ -850,7 +898,7 @@ Message from_json(const json& j) {
       "registered",   "command",      "submit",      "status", "events",
       "cancel",       "restart",      "checkpoint",  "nodes",  "submit_reply",
       "status_reply", "events_reply", "nodes_reply", "ok",     "error",
-      "slurm_job"};
+      "slurm_job",    "steps",        "steps_reply"};
   if (!kTypes.count(type))
     throw ProtocolError(code::kUnknownType, "type",
                         "field 'type': unknown message type '" + type + "'");
