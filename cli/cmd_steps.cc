@@ -110,15 +110,14 @@ std::string render(const std::vector<json>& recs, bool from_file) {
       row.push_back(fixed(r, "step_ms", "%.1f"));
     } else {
       auto st = r.find("step_time_s");
-      row.push_back(st != r.end() && st->is_number() ? fixed({{"ms", 1e3 * st->get<double>()}},
-                                                              "ms", "%.1f")
-                                                     : "-");
+      row.push_back(st != r.end() && st->is_number()
+                        ? fixed({{"ms", 1e3 * st->get<double>()}}, "ms", "%.1f")
+                        : "-");
     }
     if (nodes) row.push_back(printable(r.value("node", "")));
     rows.push_back(std::move(row));
   }
-  std::vector<std::string> header{"STEP", "ATTEMPT", "LOSS", "LR", "GRAD_NORM", "TOK/S",
-                                  "STEP_MS"};
+  std::vector<std::string> header{"STEP", "ATTEMPT", "LOSS", "LR", "GRAD_NORM", "TOK/S", "STEP_MS"};
   if (nodes) header.push_back("NODE");
   return format_table(header, rows, {0, 1, 5, 6});
 }

@@ -49,8 +49,8 @@ coord::ClientOptions with_local_state(coord::ClientOptions o, std::string state_
         *store = std::make_unique<coord::Store>(
             db, coord::Store::Options{.synchronous_full = false, .read_only = true});
       } catch (const std::exception& e) {
-        std::cerr << "ringctl: no coordinator answers at " << endpoint << ", and its state "
-                  << db << " cannot be read: " << e.what() << "\n";
+        std::cerr << "ringctl: no coordinator answers at " << endpoint << ", and its state " << db
+                  << " cannot be read: " << e.what() << "\n";
         return std::nullopt;
       }
       std::cerr << "ringctl: no coordinator answers at " << endpoint
@@ -59,15 +59,8 @@ coord::ClientOptions with_local_state(coord::ClientOptions o, std::string state_
     try {
       return coord::answer_read_only(**store, request);
     } catch (const coord::Refused& e) {
-      int64_t id = std::visit(
-          [](const auto& m) -> int64_t {
-            if constexpr (requires { m.id; })
-              return m.id;
-            else
-              return 0;
-          },
-          request);
-      return proto::ErrorReply{id, e.code, e.what(), e.field};
+      // The client turns it into a RemoteError (not_found: exit 5), as from a coordinator.
+      return proto::ErrorReply{0, e.code, e.what(), e.field};
     }
   };
   return o;

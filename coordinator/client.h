@@ -61,7 +61,8 @@ struct ClientOptions {
   // to use instead: ringctl's read-only commands answer from the state a stopped coordinator left
   // (cli/local_state.h). nullopt (or unset): the ConnectError/TimeoutError as usual. An
   // ErrorReply becomes a RemoteError as from a coordinator.
-  std::function<std::optional<protocol::Message>(const protocol::Message&)> when_unreachable;
+  std::function<std::optional<protocol::Message>(const protocol::Message&)> when_unreachable =
+      nullptr;
 };
 
 class Client {

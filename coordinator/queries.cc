@@ -83,7 +83,7 @@ proto::StepsReply answer(Store& store, const proto::StepsRequest& m, const LiveV
     double now = now_unix();
     for (const auto& s : *live.unflushed_steps) {
       if (s.job != m.job || s.step <= m.after) continue;
-      proto::StepRecord rec{s.attempt,       s.step,        s.node,        s.loss,
+      proto::StepRecord rec{s.attempt,      s.step,        s.node,        s.loss,
                             s.tokens_per_s, s.step_time_s, s.comm_time_s, now};
       auto same = std::find_if(rows.begin(), rows.end(), [&](const proto::StepRecord& r) {
         return r.attempt == s.attempt && r.step == s.step && r.node == s.node;
