@@ -152,8 +152,10 @@ TEST(CoordProcess, AnotherUserIsRefused) {
 TEST(CoordProcess, EndpointFromRingCoordEnvironment) {
   std::string dir = make_temp_dir("envep");
   std::string ep = "ipc://" + dir + "/sock/env.sock";
+  // Each ring-coord logs to its own <run>/coord.log.
+  for (const char* run : {"/a", "/b", "/c"}) mkdir((dir + run).c_str(), 0700);
   {
-    CoordProcess coord(dir, {"--state-dir", dir + "/state", "--sync", "normal"});
+    CoordProcess coord(dir + "/a", {"--state-dir", dir + "/state", "--sync", "normal"});
     coord.set_env("RING_COORD", ep);
     coord.start();
     std::string log = coord.wait_ready();
@@ -164,8 +166,8 @@ TEST(CoordProcess, EndpointFromRingCoordEnvironment) {
   }
   {
     std::string flag_ep = "ipc://" + dir + "/sock/flag.sock";
-    CoordProcess coord(dir, {"--state-dir", dir + "/state", "--sync", "normal", "--endpoint",
-                             flag_ep});
+    CoordProcess coord(dir + "/b",
+                       {"--state-dir", dir + "/state", "--sync", "normal", "--endpoint", flag_ep});
     coord.set_env("RING_COORD", ep);
     coord.start();
     std::string log = coord.wait_ready();
@@ -174,7 +176,7 @@ TEST(CoordProcess, EndpointFromRingCoordEnvironment) {
     coord.kill_now(SIGTERM);
   }
   {
-    CoordProcess coord(dir, {"--state-dir", dir + "/state"});
+    CoordProcess coord(dir + "/c", {"--state-dir", dir + "/state"});
     coord.set_env("RING_COORD", "ipc://relative/coord.sock");
     coord.start();
     EXPECT_EQ(coord.wait_exit(), 2);
@@ -268,8 +270,9 @@ TEST(CoordProcess, CurveOverTcp) {
 TEST(CoordProcess, KillDashNineLosesNothingCommitted) {
   std::string dir = make_temp_dir("kill9");
   std::string ep = "ipc://" + dir + "/sock/coord.sock";
-  std::vector<std::string> args{"--state-dir",          dir + "/state", "--endpoint",          ep,
-                                "--heartbeat-interval", "0.1",          "--heartbeat-timeout", "30"};
+  std::vector<std::string> args{
+      "--state-dir",          dir + "/state", "--endpoint",          ep,
+      "--heartbeat-interval", "0.1",          "--heartbeat-timeout", "30"};
   auto coord = std::make_unique<CoordProcess>(dir, args);
   coord->start();
   coord->wait_ready();
