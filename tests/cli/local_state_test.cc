@@ -4,8 +4,12 @@
 // 4. And `ringctl steps` from a live coordinator: losses exactly as reported, from the job's
 // steps.jsonl (with learning rate and gradient norm) or the coordinator's records.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -115,6 +119,21 @@ TEST(RingctlLocalState, AnswersFromTheStateAStoppedCoordinatorLeft) {
   // An endpoint this state was never served at: no coordinator, as before.
   auto other = f.ringctl("status " + j, "ipc://" + f.coord.dir() + "/sock/other.sock");
   EXPECT_EQ(other.exit_code, 4) << other.output;
+
+  // A socket file nobody listens on (a coordinator killed with -9): after --timeout, the same.
+  {
+    std::string path = f.coord.endpoint().substr(6);
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, path.c_str());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ::close(fd);
+    auto stale = f.ringctl("status " + j + " --timeout 0.3");
+    EXPECT_EQ(stale.exit_code, 0) << stale.output;
+    EXPECT_TRUE(contains(stale.output, "answering from the state it left")) << stale.output;
+    std::filesystem::remove(path);
+  }
 
   // Read-only: the database was not changed (no new events) and ring-coord starts on it again.
   {
