@@ -589,8 +589,8 @@ std::vector<protocol::StepRecord> Store::steps(int64_t job, int64_t after, int64
   s.args(job, after, limit);
   std::vector<protocol::StepRecord> out;
   while (s.step())
-    out.push_back({s.i64(0), s.i64(1), s.text(2), s.f64(3), s.f64(4), s.f64(5), s.f64(6),
-                   s.f64(7)});
+    out.push_back(
+        {s.i64(0), s.i64(1), s.text(2), s.f64(3), s.f64(4), s.f64(5), s.f64(6), s.f64(7)});
   return out;
 }
 

@@ -345,11 +345,11 @@ struct ErrorReply {
   std::string field;
 };
 
-using Message = std::variant<Register, Heartbeat, StepReport, Event, CommandAck, Registered,
-                             Command, SubmitRequest, StatusRequest, EventsRequest, CancelRequest,
-                             RestartRequest, CheckpointRequest, NodesRequest, SubmitReply,
-                             StatusReply, EventsReply, NodesReply, OkReply, ErrorReply,
-                             SlurmJobRequest, StepsRequest, StepsReply>;
+using Message =
+    std::variant<Register, Heartbeat, StepReport, Event, CommandAck, Registered, Command,
+                 SubmitRequest, StatusRequest, EventsRequest, CancelRequest, RestartRequest,
+                 CheckpointRequest, NodesRequest, SubmitReply, StatusReply, EventsReply, NodesReply,
+                 OkReply, ErrorReply, SlurmJobRequest, StepsRequest, StepsReply>;
 
 // The `type` string of a message ("register", "status_reply", ...).
 const char* type_name(const Message& m);

@@ -109,8 +109,8 @@ TEST(RingctlRun, TrainsWithItsOwnCoordinator) {
   auto st = ring::test::run(env(t) + kRingctl + " status 1 --timeout 0.5");
   EXPECT_EQ(st.exit_code, 0) << st.output;
   EXPECT_TRUE(contains(st.output, "completed")) << st.output;
-  EXPECT_TRUE(contains(st.output, "answering from the state it left in " + t.path +
-                                      "/state/coord.db (read-only)"))
+  EXPECT_TRUE(contains(
+      st.output, "answering from the state it left in " + t.path + "/state/coord.db (read-only)"))
       << st.output;
   auto ev = ring::test::run(env(t) + kRingctl + " events 1 --json");
   EXPECT_EQ(ev.exit_code, 0) << ev.output;

@@ -269,9 +269,7 @@ TEST(Store, ReadOnlyReadsAndNeverWrites) {
   EXPECT_EQ(ro.steps(id, 1, 10).size(), 1u);
   EXPECT_THROW(ro.insert_job(sample_job()), coord::DbError);
   EXPECT_EQ(ro.jobs().size(), 1u);
-  {
-    coord::Store old(dir + "/old.db", {.target_version = 1});
-  }
+  { coord::Store old(dir + "/old.db", {.target_version = 1}); }
   try {
     coord::Store st(dir + "/old.db", {.read_only = true});
     FAIL() << "read a schema of another version";
