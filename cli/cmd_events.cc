@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
+#include "cli/local_state.h"
 
 namespace ring::cli {
 
@@ -40,7 +41,7 @@ int run_events(const EventsOpts& o) {
   std::string ep = o.coord.resolved_endpoint();
   return guarded(ep, [&] {
     int64_t job = parse_job_id(o.job);
-    coord::Client c(o.coord.client_options());
+    coord::Client c(with_local_state(o.coord.client_options()));
     int64_t after = o.after;
     if (o.follow) install_stop_signals();
     bool header = false;

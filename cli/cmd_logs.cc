@@ -19,6 +19,7 @@
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
+#include "cli/local_state.h"
 
 namespace ring::cli {
 
@@ -115,7 +116,7 @@ int run_logs(const LogsOpts& o) {
   std::string ep = o.coord.resolved_endpoint();
   return guarded(ep, [&] {
     int64_t job = parse_job_id(o.job);
-    coord::Client c(o.coord.client_options());
+    coord::Client c(with_local_state(o.coord.client_options()));
     auto st = c.status(job);
     if (st.job_dir.empty()) {
       std::cerr << "ringctl: job " << job

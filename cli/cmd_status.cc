@@ -19,6 +19,7 @@
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
+#include "cli/local_state.h"
 #include "cli/slurm_control.h"
 
 namespace ring::cli {
@@ -324,7 +325,7 @@ int run_status(const StatusOpts& o) {
   return guarded(ep, [&] {
     std::optional<int64_t> job;
     if (!o.job.empty()) job = parse_job_id(o.job);
-    coord::Client c(o.coord.client_options());
+    coord::Client c(with_local_state(o.coord.client_options()));
     auto fetch = [&] {
       return selected(job ? std::vector<protocol::JobInfo>{c.status(*job)} : c.status(), o);
     };

@@ -174,7 +174,8 @@ int main(int argc, char** argv) {
   std::vector<ring::cli::Subcommand> subcommands{
       ring::cli::add_run(app),    ring::cli::add_status(app),  ring::cli::add_events(app),
       ring::cli::add_logs(app),   ring::cli::add_cancel(app),  ring::cli::add_restart(app),
-      ring::cli::add_nodes(app),  ring::cli::add_submit(app),  ring::cli::add_slurm_started(app)};
+      ring::cli::add_nodes(app),  ring::cli::add_submit(app),  ring::cli::add_slurm_started(app),
+      ring::cli::add_steps(app)};
 
   auto checkpoints = ring::cli::add_checkpoints(app);  // cli/cmd_checkpoints.cc
 

@@ -20,12 +20,24 @@ struct Client::Impl {
   zmq::context_t ctx{1};
   zmq::socket_t sock{ctx, zmq::socket_type::dealer};
   int64_t next_id = 1;
+  // Why the socket could not connect, when when_unreachable may answer instead.
+  std::optional<ConnectError> unreachable;
+  void connect();
 };
 
 Client::Client(ClientOptions opts) : impl_(std::make_unique<Impl>()) {
   if (opts.endpoint.empty()) opts.endpoint = default_endpoint();
-  impl_->opts = opts;
-  auto& s = impl_->sock;
+  impl_->opts = std::move(opts);
+  try {
+    impl_->connect();
+  } catch (const ConnectError& e) {
+    if (!impl_->opts.when_unreachable) throw;
+    impl_->unreachable = e;
+  }
+}
+
+void Client::Impl::connect() {
+  auto& s = sock;
   s.set(zmq::sockopt::linger, 0);
   s.set(zmq::sockopt::immediate, 1);  // do not queue requests to a peer that is not there
   if (opts.endpoint.rfind("ipc://", 0) == 0) {
@@ -60,14 +72,48 @@ Client::Client(ClientOptions opts) : impl_(std::make_unique<Impl>()) {
 
 Client::~Client() = default;
 
+namespace {
+int64_t id_of(const proto::Message& m) {
+  return std::visit(
+      [](const auto& x) -> int64_t {
+        if constexpr (requires { x.id; })
+          return x.id;
+        else
+          return -1;
+      },
+      m);
+}
+}  // namespace
+
 proto::Message Client::call(proto::Message request) {
-  auto& s = impl_->sock;
   int64_t id = impl_->next_id++;
   std::visit(
       [&](auto& m) {
         if constexpr (requires { m.id; }) m.id = id;
       },
       request);
+  auto fallback = [&]() -> std::optional<proto::Message> {
+    if (!impl_->opts.when_unreachable) return std::nullopt;
+    auto reply = impl_->opts.when_unreachable(request);
+    if (reply)
+      if (auto* err = std::get_if<proto::ErrorReply>(&*reply))
+        throw RemoteError(err->code, err->field, err->message);
+    return reply;
+  };
+  if (impl_->unreachable) {
+    if (auto reply = fallback()) return *reply;
+    throw *impl_->unreachable;
+  }
+  try {
+    return call_coordinator(request, id);
+  } catch (const TimeoutError&) {
+    if (auto reply = fallback()) return *reply;
+    throw;
+  }
+}
+
+proto::Message Client::call_coordinator(const proto::Message& request, int64_t id) {
+  auto& s = impl_->sock;
   std::string wire = proto::encode(request);
   auto deadline = std::chrono::steady_clock::now() + impl_->opts.timeout;
   auto left = [&] {
@@ -112,14 +158,7 @@ proto::Message Client::call(proto::Message request) {
     } catch (const std::exception& e) {
       throw ClientError(std::string("malformed reply from the coordinator: ") + e.what());
     }
-    int64_t rid = std::visit(
-        [](const auto& m) -> int64_t {
-          if constexpr (requires { m.id; })
-            return m.id;
-          else
-            return -1;
-        },
-        reply);
+    int64_t rid = id_of(reply);
     if (auto* err = std::get_if<proto::ErrorReply>(&reply)) {
       if (rid == id || rid == 0) throw RemoteError(err->code, err->field, err->message);
       continue;
@@ -175,6 +214,10 @@ proto::OkReply Client::checkpoint(int64_t job) {
 
 proto::OkReply Client::slurm_job(const proto::SlurmJobRequest& request) {
   return expect<proto::OkReply>(call(request), "slurm_job");
+}
+
+std::vector<proto::StepRecord> Client::steps(int64_t job, int64_t after, int64_t limit) {
+  return expect<proto::StepsReply>(call(proto::StepsRequest{0, job, after, limit}), "steps").steps;
 }
 
 std::vector<proto::NodeInfo> Client::nodes() {

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -56,6 +57,12 @@ struct ClientOptions {
   std::string server_public_key;
   std::string client_public_key;
   std::string client_secret_key;
+  // When no coordinator answers (nothing listens at the endpoint, or no reply in time), the reply
+  // to use instead: ringctl's read-only commands answer from the state a stopped coordinator left
+  // (cli/local_state.h). nullopt (or unset): the ConnectError/TimeoutError as usual. An
+  // ErrorReply becomes a RemoteError as from a coordinator.
+  std::function<std::optional<protocol::Message>(const protocol::Message&)> when_unreachable =
+      nullptr;
 };
 
 class Client {
@@ -80,10 +87,13 @@ class Client {
   // What Slurm did with the job (protocol::SlurmJobRequest: submitted, submit_failed, started).
   protocol::OkReply slurm_job(const protocol::SlurmJobRequest& request);
 
+  std::vector<protocol::StepRecord> steps(int64_t job, int64_t after = 0, int64_t limit = 1000);
+
   // Sends any request and returns the reply (RemoteError for an error reply).
   protocol::Message call(protocol::Message request);
 
  private:
+  protocol::Message call_coordinator(const protocol::Message& request, int64_t id);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

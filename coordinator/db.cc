@@ -78,9 +78,8 @@ std::optional<double> Stmt::opt_f64(int col) const {
 }
 
 Db::Db(const std::string& path, Options opts) {
-  int rc =
-      sqlite3_open_v2(path.c_str(), &db_,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  int flags = opts.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  int rc = sqlite3_open_v2(path.c_str(), &db_, flags | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
     sqlite3_close(db_);
@@ -88,6 +87,10 @@ Db::Db(const std::string& path, Options opts) {
     throw DbError("cannot open database " + path + ": " + msg);
   }
   sqlite3_busy_timeout(db_, opts.busy_timeout_ms);
+  if (opts.read_only) {
+    exec("PRAGMA query_only=ON");
+    return;
+  }
   exec("PRAGMA journal_mode=WAL");
   exec(std::string("PRAGMA synchronous=") + (opts.synchronous_full ? "FULL" : "NORMAL"));
   exec("PRAGMA foreign_keys=ON");

@@ -70,6 +70,9 @@ class Db {
   struct Options {
     bool synchronous_full = true;  // FULL survives power loss; NORMAL survives process crashes
     int busy_timeout_ms = 5000;
+    // Opens an existing database for reading only (SQLITE_OPEN_READONLY, query_only): ringctl
+    // reading the state a stopped coordinator left. Nothing is created, migrated or written.
+    bool read_only = false;
   };
   Db(const std::string& path, Options opts);
   ~Db();

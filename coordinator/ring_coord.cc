@@ -7,6 +7,9 @@
 //              [--log-format text|json]
 //   ring-coord --state-dir DIR --print-public-key     the CURVE key tcp clients need
 //
+// Without --endpoint it binds $RING_COORD (the endpoint ringctl and ringd use) when that is set,
+// else the default ipc socket.
+//
 // Exit codes: 0 after SIGINT/SIGTERM, 1 when it cannot start (the reason is printed), 2 usage.
 #include <signal.h>
 #include <sys/stat.h>
@@ -74,13 +77,6 @@ CLI::Validator endpoint_value() {
       "ENDPOINT");
 }
 
-std::string default_state_dir() {
-  if (const char* s = std::getenv("RING_STATE_DIR"); s && *s) return s;
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/ringmaster";
-  if (const char* h = std::getenv("HOME"); h && *h)
-    return std::string(h) + "/.local/state/ringmaster";
-  return "/var/lib/ringmaster";
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +86,7 @@ int main(int argc, char** argv) {
       "--version", std::string("ring-coord ") + ring::kVersion + " (protocol v" +
                        std::to_string(ring::protocol::kVersion) + ")");
   ring::coord::CoordinatorOptions o;
-  o.state_dir = default_state_dir();
+  o.state_dir = ring::coord::default_state_dir();
   std::string mode = "private", sync = "full", level = "info", log_format = "text";
   bool print_key = false;
   app.add_option("--state-dir", o.state_dir,
@@ -100,7 +96,8 @@ int main(int argc, char** argv) {
           [](std::string& s) { return s.empty() ? std::string("must not be empty") : ""; }, ""))
       ->capture_default_str();
   app.add_option("--endpoint", o.endpoints,
-                 "ipc://PATH or tcp://HOST:PORT (CURVE); repeatable. Default: ipc://" +
+                 "ipc://PATH or tcp://HOST:PORT (CURVE); repeatable. Default: $RING_COORD (the "
+                 "endpoint ringctl and ringd use) when set, else ipc://" +
                      ring::coord::default_socket_dir() + "/coord.sock")
       ->check(endpoint_value());
   app.add_option("--socket-mode", mode,
@@ -146,6 +143,17 @@ int main(int argc, char** argv) {
     std::cerr << "ring-coord: --heartbeat-interval (" << o.heartbeat_interval_s
               << " s) must be less than --heartbeat-timeout (" << o.heartbeat_timeout_s << " s)\n";
     return 2;
+  }
+  // Like ringctl: --endpoint, else $RING_COORD, else the default socket.
+  if (o.endpoints.empty()) {
+    if (const char* env = std::getenv("RING_COORD"); env && *env) {
+      if (std::string why = ring::coord::endpoint_error(env); !why.empty()) {
+        std::cerr << "ring-coord: $RING_COORD '" << env << "': " << why
+                  << " (use ipc://PATH or tcp://HOST:PORT, or give --endpoint)\n";
+        return 2;
+      }
+      o.endpoints.push_back(env);
+    }
   }
   // The common setup (common/log/log.h); the coordinator's "coord" logger is made on it (the
   // coordinator adds its escaping of client-supplied text).

@@ -9,6 +9,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -41,6 +42,14 @@ std::string default_socket_dir() {
   if (xdg && *xdg && ::stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid())
     return std::string(xdg) + "/ringmaster";
   return "/tmp/ringmaster-" + std::to_string(::geteuid());
+}
+
+std::string default_state_dir() {
+  if (const char* s = std::getenv("RING_STATE_DIR"); s && *s) return s;
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/ringmaster";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return std::string(h) + "/.local/state/ringmaster";
+  return "/var/lib/ringmaster";
 }
 
 std::string default_endpoint() {

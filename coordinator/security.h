@@ -32,6 +32,12 @@ enum class SocketMode { kPrivate, kShared };
 std::string default_socket_dir();
 // ipc://<default_socket_dir()>/coord.sock
 std::string default_endpoint();
+// ring-coord's state directory when --state-dir is not given: $RING_STATE_DIR, else
+// $XDG_STATE_HOME/ringmaster, else ~/.local/state/ringmaster, else /var/lib/ringmaster. ringctl
+// reads the state a stopped coordinator left there (cli/local_state.h).
+std::string default_state_dir();
+// In the state directory: the endpoints the state has been served at, one a line.
+inline constexpr const char* kEndpointsFile = "endpoints";
 
 // Empty when `ep` is an endpoint ring-coord can listen on; else the rule it breaks:
 // ipc://ABSOLUTE/PATH (in a directory, shorter than a Unix socket path may be) or

@@ -233,8 +233,15 @@ int Store::latest_schema_version() {
 }
 
 Store::Store(const std::string& path, Options opts)
-    : db_(path, Db::Options{opts.synchronous_full, 5000}) {
+    : db_(path, Db::Options{opts.synchronous_full, 5000, opts.read_only}) {
   if (sodium_init() < 0) throw DbError("libsodium failed to initialise");
+  if (opts.read_only) {
+    int v = schema_version();
+    if (v != latest_schema_version())
+      throw DbError("database " + path + " has schema version " + std::to_string(v) +
+                    "; this build reads version " + std::to_string(latest_schema_version()));
+    return;
+  }
   migrate(opts.target_version ? opts.target_version : latest_schema_version());
 }
 
@@ -573,6 +580,18 @@ void Store::add_step(const protocol::StepReport& r, double t) {
       .args(r.job, r.attempt, r.step, r.node, r.loss, r.tokens_per_s, r.step_time_s, r.comm_time_s,
             t)
       .run();
+}
+
+std::vector<protocol::StepRecord> Store::steps(int64_t job, int64_t after, int64_t limit) {
+  Stmt& s = db_.prepare(
+      "SELECT attempt, step, node, loss, tokens_per_s, step_time_s, comm_time_s, time "
+      "FROM step_metrics WHERE job_id=? AND step>? ORDER BY step, attempt, node LIMIT ?");
+  s.args(job, after, limit);
+  std::vector<protocol::StepRecord> out;
+  while (s.step())
+    out.push_back(
+        {s.i64(0), s.i64(1), s.text(2), s.f64(3), s.f64(4), s.f64(5), s.f64(6), s.f64(7)});
+  return out;
 }
 
 int64_t Store::count(const std::string& table) {

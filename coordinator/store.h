@@ -90,6 +90,9 @@ class Store {
     bool synchronous_full = true;
     // Stop migrating at this version (tests of migrations); 0: the latest.
     int target_version = 0;
+    // Read an existing database without writing (Db::Options::read_only); its schema must be
+    // the latest this build knows (a newer or older one is a DbError naming both versions).
+    bool read_only = false;
   };
   Store(const std::string& path, Options opts);
 
@@ -157,6 +160,8 @@ class Store {
 
   // ---- step metrics
   void add_step(const protocol::StepReport& s, double t);
+  // A job's step reports with step > after, by step then node, at most `limit`.
+  std::vector<protocol::StepRecord> steps(int64_t job, int64_t after, int64_t limit);
   int64_t count(const std::string& table);
 
  private:

@@ -1,12 +1,15 @@
 #include "common/protocol/protocol.h"
 
 #include <algorithm>
-
 #include <cctype>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <sstream>
+#include <utility>
+
+#include "common/protocol/fields.h"
 
 namespace ring::protocol {
 
@@ -48,10 +51,27 @@ std::string show(const json& v) {
   return s;
 }
 
+// ---- the three ways through a message's field table -------------------------------------------
+//
+// Each message (and each object inside one) is described ONCE, by a `fields(io, m)` function
+// below that lists its fields in order with their rules. The same description drives:
+//   Reader    JSON -> struct: checks type, range, length, required/optional; finish() refuses
+//             fields that were not described ("unknown field"); errors name "type.path.key".
+//   Writer    struct -> JSON: writes every described field (an optional one only when set, or
+//             always where the wire format has always carried it: Write::kAlways).
+//   Describer the table as data (fields.h), for tests and tools.
+// Rules that span fields (an event kind's required fields, a Slurm job id's format) are checks
+// in the description that only the Reader runs (`if constexpr (IO::kReading)`).
+
+// When an optional field is written.
+enum class Write { kIfSet, kAlways };
+
 // Reads the fields of one JSON object, with the dotted path used in errors. finish() refuses
 // fields that were not read.
 class Reader {
  public:
+  static constexpr bool kReading = true;
+
   Reader(const json& obj, std::string path) : obj_(obj), path_(std::move(path)) {
     if (!obj_.is_object()) fail(path_, std::string("expected an object, got ") + json_kind(obj_));
   }
@@ -73,48 +93,132 @@ class Reader {
     return *v;
   }
 
-  int64_t i64(const char* key, int64_t lo, int64_t hi) { return as_i64(need(key), key, lo, hi); }
-  std::optional<int64_t> opt_i64(const char* key, int64_t lo, int64_t hi) {
-    const json* v = find(key);
-    if (!v || v->is_null()) return std::nullopt;
-    return as_i64(*v, key, lo, hi);
-  }
-  int64_t i64_or(const char* key, int64_t lo, int64_t hi, int64_t dflt) {
-    return opt_i64(key, lo, hi).value_or(dflt);
-  }
+  // ---- the field kinds (Writer and Describer have the same ones)
 
-  double num(const char* key, double lo, double hi) { return as_num(need(key), key, lo, hi); }
-  std::optional<double> opt_num(const char* key, double lo, double hi) {
-    const json* v = find(key);
-    if (!v || v->is_null()) return std::nullopt;
-    return as_num(*v, key, lo, hi);
+  void i64(const char* key, int64_t& out, int64_t lo, int64_t hi) {
+    out = as_i64(need(key), key, lo, hi);
   }
-
-  bool boolean(const char* key) {
+  void opt_i64(const char* key, std::optional<int64_t>& out, int64_t lo, int64_t hi) {
+    const json* v = find(key);
+    if (!v || v->is_null())
+      out.reset();
+    else
+      out = as_i64(*v, key, lo, hi);
+  }
+  // Optional on the wire with a default; always written.
+  void i64_or(const char* key, int64_t& out, int64_t lo, int64_t hi, int64_t dflt) {
+    std::optional<int64_t> v;
+    opt_i64(key, v, lo, hi);
+    out = v.value_or(dflt);
+  }
+  void num(const char* key, double& out, double lo, double hi) {
+    out = as_num(need(key), key, lo, hi);
+  }
+  void opt_num(const char* key, std::optional<double>& out, double lo, double hi) {
+    const json* v = find(key);
+    if (!v || v->is_null())
+      out.reset();
+    else
+      out = as_num(*v, key, lo, hi);
+  }
+  void boolean(const char* key, bool& out) {
     const json& v = need(key);
     if (!v.is_boolean()) fail(field(key), std::string("expected a boolean, got ") + json_kind(v));
-    return v.get<bool>();
+    out = v.get<bool>();
   }
-  std::optional<bool> opt_bool(const char* key) {
+  void opt_bool(const char* key, std::optional<bool>& out) {
     const json* v = find(key);
-    if (!v || v->is_null()) return std::nullopt;
+    if (!v || v->is_null()) {
+      out.reset();
+      return;
+    }
     if (!v->is_boolean()) fail(field(key), std::string("expected a boolean, got ") + json_kind(*v));
-    return v->get<bool>();
+    out = v->get<bool>();
+  }
+  void str(const char* key, std::string& out, size_t min_len, size_t max_len) {
+    out = as_str(need(key), field(key), min_len, max_len);
+  }
+  void opt_str(const char* key, std::string& out, size_t max_len, Write = Write::kIfSet) {
+    const json* v = find(key);
+    out = !v || v->is_null() ? std::string() : as_str(*v, field(key), 0, max_len);
+  }
+  void node(const char* key, std::string& out) {
+    str(key, out, 1, kMaxName);
+    if (!valid_node_name(out))
+      fail(field(key), "'" + out + "' is not a node name (letters, digits, '.', '_', '-')");
+  }
+  template <typename E, size_t N>
+  void enumeration(const char* key, E& out, const std::pair<E, const char*> (&names)[N]) {
+    std::string s;
+    str(key, s, 1, 64);
+    std::string allowed;
+    for (const auto& [e, n] : names) {
+      if (s == n) {
+        out = e;
+        return;
+      }
+      allowed += (allowed.empty() ? "" : ", ") + std::string(n);
+    }
+    fail(field(key), "'" + s + "' is not one of: " + allowed);
+  }
+  // A list of strings (optional: missing means empty).
+  void strings(const char* key, std::vector<std::string>& out, size_t max_items, size_t max_len,
+               Write = Write::kIfSet) {
+    out.clear();
+    const json* a = array(key, max_items, false);
+    if (!a) return;
+    for (size_t i = 0; i < a->size(); ++i)
+      out.push_back(as_str((*a)[i], item(field(key), i), 0, max_len));
+  }
+  // A list of integers (optional: missing means empty).
+  void integers(const char* key, std::vector<int64_t>& out, size_t max_items) {
+    out.clear();
+    const json* a = array(key, max_items, false);
+    if (!a) return;
+    for (size_t k = 0; k < a->size(); ++k) {
+      const json& v = (*a)[k];
+      if (!v.is_number_integer()) fail(item(field(key), k), "expected an integer");
+      out.push_back(v.get<int64_t>());
+    }
+  }
+  // Any JSON object (optional: missing means {}).
+  void object(const char* key, json& out) {
+    const json* d = find(key);
+    if (d && !d->is_object())
+      fail(field(key), std::string("expected an object, got ") + json_kind(*d));
+    out = d ? *d : json::object();
+  }
+  // One object described by fields(io, T&) (required).
+  template <typename T>
+  void sub(const char* key, T& out) {
+    Reader r(need(key), field(key));
+    fields(r, out);
+    r.finish();
+  }
+  // A list of objects described by fields(io, T&); `required` or missing means empty.
+  template <typename T>
+  void objects(const char* key, std::vector<T>& out, size_t max_items, bool required,
+               Write = Write::kAlways) {
+    out.clear();
+    const json* a = array(key, max_items, required);
+    if (!a) return;
+    for (size_t i = 0; i < a->size(); ++i) {
+      Reader r((*a)[i], item(field(key), i));
+      T t;
+      fields(r, t);
+      r.finish();
+      out.push_back(std::move(t));
+    }
   }
 
-  std::string str(const char* key, size_t min_len, size_t max_len) {
-    return as_str(need(key), field(key), min_len, max_len);
+  void finish() const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it)
+      if (!seen_.count(it.key())) fail(field(it.key().c_str()), "unknown field");
   }
-  std::string opt_str(const char* key, size_t max_len) {
-    const json* v = find(key);
-    if (!v || v->is_null()) return {};
-    return as_str(*v, field(key), 0, max_len);
-  }
-  std::string node(const char* key) {
-    std::string s = str(key, 1, kMaxName);
-    if (!valid_node_name(s))
-      fail(field(key), "'" + s + "' is not a node name (letters, digits, '.', '_', '-')");
-    return s;
+
+ private:
+  static std::string item(const std::string& base, size_t i) {
+    return base + "[" + std::to_string(i) + "]";
   }
 
   // An array of at most max_items; missing means empty when optional.
@@ -138,13 +242,6 @@ class Reader {
       fail(f, "at most " + std::to_string(max_len) + " bytes, got " + std::to_string(s.size()));
     return s;
   }
-
-  void finish() const {
-    for (auto it = obj_.begin(); it != obj_.end(); ++it)
-      if (!seen_.count(it.key())) fail(field(it.key().c_str()), "unknown field");
-  }
-
- private:
   int64_t as_i64(const json& v, const char* key, int64_t lo, int64_t hi) const {
     int64_t x = 0;
     if (v.is_number_integer() && !v.is_number_unsigned()) {
@@ -180,43 +277,113 @@ class Reader {
   std::set<std::string> seen_;
 };
 
-std::string item(const std::string& base, size_t i) {
-  return base + "[" + std::to_string(i) + "]";
-}
+// Writes the described fields of a struct into one JSON object. The descriptions take the
+// struct by non-const reference (the Reader fills it); the Writer only reads it.
+class Writer {
+ public:
+  static constexpr bool kReading = false;
+  json j = json::object();
 
-std::vector<JobProgress> read_progress(Reader& r, const char* key, const std::string& type) {
-  std::vector<JobProgress> out;
-  const json* a = r.array(key, kMaxList, false);
-  if (!a) return out;
-  for (size_t i = 0; i < a->size(); ++i) {
-    Reader e((*a)[i], item(r.field(key), i));
-    JobProgress p;
-    p.job = e.i64("job", 1, kMaxId);
-    p.attempt = e.i64("attempt", 0, kMaxId);
-    p.step = e.i64("step", 0, kMaxId);
-    e.finish();
-    out.push_back(p);
+  void i64(const char* key, const int64_t& v, int64_t, int64_t) { j[key] = v; }
+  void opt_i64(const char* key, const std::optional<int64_t>& v, int64_t, int64_t) {
+    if (v) j[key] = *v;
   }
-  return out;
-}
+  void i64_or(const char* key, const int64_t& v, int64_t, int64_t, int64_t) { j[key] = v; }
+  void num(const char* key, const double& v, double, double) { j[key] = v; }
+  void opt_num(const char* key, const std::optional<double>& v, double, double) {
+    if (v) j[key] = *v;
+  }
+  void boolean(const char* key, const bool& v) { j[key] = v; }
+  void opt_bool(const char* key, const std::optional<bool>& v) {
+    if (v) j[key] = *v;
+  }
+  void str(const char* key, const std::string& v, size_t, size_t) { j[key] = v; }
+  void opt_str(const char* key, const std::string& v, size_t, Write w = Write::kIfSet) {
+    if (w == Write::kAlways || !v.empty()) j[key] = v;
+  }
+  void node(const char* key, const std::string& v) { j[key] = v; }
+  template <typename E, size_t N>
+  void enumeration(const char* key, const E& v, const std::pair<E, const char*> (&names)[N]) {
+    for (const auto& [e, n] : names)
+      if (e == v) j[key] = n;
+  }
+  void strings(const char* key, const std::vector<std::string>& v, size_t, size_t,
+               Write w = Write::kIfSet) {
+    if (w == Write::kAlways || !v.empty()) j[key] = v;
+  }
+  void integers(const char* key, const std::vector<int64_t>& v, size_t) { j[key] = v; }
+  void object(const char* key, const json& v) { j[key] = v; }
+  template <typename T>
+  void sub(const char* key, T& v) {
+    Writer w;
+    fields(w, v);
+    j[key] = std::move(w.j);
+  }
+  template <typename T>
+  void objects(const char* key, std::vector<T>& v, size_t, bool, Write = Write::kAlways) {
+    json a = json::array();
+    for (auto& t : v) {
+      Writer w;
+      fields(w, t);
+      a.push_back(std::move(w.j));
+    }
+    j[key] = std::move(a);
+  }
+};
 
-json write_progress(const std::vector<JobProgress>& v) {
-  json a = json::array();
-  for (const auto& p : v) a.push_back({{"job", p.job}, {"attempt", p.attempt}, {"step", p.step}});
-  return a;
-}
+// Records the description as FieldRules (fields.h).
+class Describer {
+ public:
+  static constexpr bool kReading = false;
+  std::vector<FieldRule> rules;
 
-std::vector<std::string> read_strings(Reader& r, const char* key, size_t max_items,
-                                      size_t max_len) {
-  std::vector<std::string> out;
-  const json* a = r.array(key, max_items, false);
-  if (!a) return out;
-  for (size_t i = 0; i < a->size(); ++i)
-    out.push_back(Reader::as_str((*a)[i], item(r.field(key), i), 0, max_len));
-  return out;
-}
+  void i64(const char* key, int64_t&, int64_t lo, int64_t hi) { add(key, "integer", true, lo, hi); }
+  void opt_i64(const char* key, std::optional<int64_t>&, int64_t lo, int64_t hi) {
+    add(key, "integer", false, lo, hi);
+  }
+  void i64_or(const char* key, int64_t&, int64_t lo, int64_t hi, int64_t) {
+    add(key, "integer", false, lo, hi);
+  }
+  void num(const char* key, double&, double lo, double hi) { add(key, "number", true, lo, hi); }
+  void opt_num(const char* key, std::optional<double>&, double lo, double hi) {
+    add(key, "number", false, lo, hi);
+  }
+  void boolean(const char* key, bool&) { add(key, "boolean", true); }
+  void opt_bool(const char* key, std::optional<bool>&) { add(key, "boolean", false); }
+  void str(const char* key, std::string&, size_t lo, size_t hi) {
+    add(key, "string", true, static_cast<double>(lo), static_cast<double>(hi));
+  }
+  void opt_str(const char* key, std::string&, size_t hi, Write = Write::kIfSet) {
+    add(key, "string", false, 0.0, static_cast<double>(hi));
+  }
+  void node(const char* key, std::string&) { add(key, "node", true, 1.0, double(kMaxName)); }
+  template <typename E, size_t N>
+  void enumeration(const char* key, E&, const std::pair<E, const char*> (&names)[N]) {
+    add(key, "enum", true);
+    for (const auto& [e, n] : names) rules.back().choices.push_back(n);
+  }
+  void strings(const char* key, std::vector<std::string>&, size_t, size_t, Write = Write::kIfSet) {
+    add(key, "strings", false);
+  }
+  void integers(const char* key, std::vector<int64_t>&, size_t) { add(key, "integers", false); }
+  void object(const char* key, json&) { add(key, "object", false); }
+  template <typename T>
+  void sub(const char* key, T&) {
+    add(key, "object", true);
+  }
+  template <typename T>
+  void objects(const char* key, std::vector<T>&, size_t, bool required, Write = Write::kAlways) {
+    add(key, "objects", required);
+  }
 
-// ---- per type ---------------------------------------------------------------------------------
+ private:
+  void add(const char* key, const char* kind, bool required,
+           std::optional<double> lo = std::nullopt, std::optional<double> hi = std::nullopt) {
+    rules.push_back({key, kind, required, lo, hi, {}});
+  }
+};
+
+// ---- the field tables ---------------------------------------------------------------------------
 
 constexpr std::pair<EventKind, const char*> kEventNames[] = {
     {EventKind::kWorkerStarted, "worker_started"},
@@ -233,352 +400,352 @@ constexpr std::pair<CommandKind, const char*> kCommandNames[] = {
     {CommandKind::kCheckpointNow, "checkpoint_now"},
 };
 
-template <typename E, size_t N>
-E read_enum(Reader& r, const char* key, const std::pair<E, const char*> (&names)[N]) {
-  std::string s = r.str(key, 1, 64);
-  std::string allowed;
-  for (const auto& [e, n] : names) {
-    if (s == n) return e;
-    allowed += (allowed.empty() ? "" : ", ") + std::string(n);
-  }
-  Reader::fail(r.field(key), "'" + s + "' is not one of: " + allowed);
+// Pieces.
+
+// The numbers of one step report (StepReport from ringd, StepRecord as recorded).
+template <class IO, class M>
+void step_numbers(IO& io, M& m) {
+  io.num("loss", m.loss, -1e30, 1e30);
+  io.num("tokens_per_s", m.tokens_per_s, 0, 1e15);
+  io.num("step_time_s", m.step_time_s, 0, 1e7);
+  io.num("comm_time_s", m.comm_time_s, 0, 1e7);
 }
 
-Register read_register(Reader& r) {
-  Register m;
-  m.node = r.node("node");
-  if (const json* a = r.array("gpus", 1024, true)) {
-    for (size_t i = 0; i < a->size(); ++i) {
-      Reader g((*a)[i], item(r.field("gpus"), i));
-      GpuInfo gi;
-      gi.index = g.i64("index", 0, 1023);
-      gi.model = g.opt_str("model", 256);
-      gi.memory_mib = g.i64("memory_mib", 0, int64_t{1} << 30);
-      g.finish();
-      m.gpus.push_back(gi);
+template <class IO>
+void fields(IO& io, GpuInfo& m) {
+  io.i64("index", m.index, 0, 1023);
+  io.opt_str("model", m.model, 256, Write::kAlways);
+  io.i64("memory_mib", m.memory_mib, 0, int64_t{1} << 30);
+}
+template <class IO>
+void fields(IO& io, Topology& m) {
+  io.i64("numa_nodes", m.numa_nodes, 1, 1024);
+  io.i64("cpus", m.cpus, 1, 1 << 20);
+  io.i64("host_memory_mib", m.host_memory_mib, 0, int64_t{1} << 40);
+  io.opt_str("leaf_switch", m.leaf_switch, kMaxName, Write::kAlways);
+  io.opt_str("summary", m.summary, 1024, Write::kAlways);
+}
+template <class IO>
+void fields(IO& io, JobProgress& m) {
+  io.i64("job", m.job, 1, kMaxId);
+  io.i64("attempt", m.attempt, 0, kMaxId);
+  io.i64("step", m.step, 0, kMaxId);
+}
+template <class IO>
+void fields(IO& io, Assignment& m) {
+  io.i64("job", m.job, 1, kMaxId);
+  io.i64("attempt", m.attempt, 0, kMaxId);
+  io.i64("resume_step", m.resume_step, 0, kMaxId);
+  io.str("state", m.state, 1, 32);
+}
+template <class IO>
+void fields(IO& io, JobInfo& m) {
+  io.i64("job", m.job, 1, kMaxId);
+  io.str("name", m.name, 1, kMaxName);
+  io.i64("owner_uid", m.owner_uid, 0, std::numeric_limits<uint32_t>::max());
+  io.opt_str("owner", m.owner, kMaxName, Write::kAlways);
+  io.str("state", m.state, 1, 32);
+  io.opt_str("state_reason", m.state_reason, kMaxText, Write::kAlways);
+  io.str("spec_hash", m.spec_hash, 1, 128);
+  io.i64("attempt", m.attempt, 0, kMaxId);
+  io.i64("restarts", m.restarts, 0, kMaxId);
+  io.i64("max_restarts", m.max_restarts, 0, kMaxId);
+  io.i64("step", m.step, 0, kMaxId);
+  io.i64("total_steps", m.total_steps, 0, kMaxId);
+  io.opt_num("loss", m.loss, -1e300, 1e300);
+  io.opt_num("tokens_per_s", m.tokens_per_s, 0, 1e300);
+  io.opt_i64("last_checkpoint_step", m.last_checkpoint_step, 0, kMaxId);
+  io.opt_str("slurm_job_id", m.slurm_job_id, 64, Write::kAlways);
+  io.strings("nodes", m.nodes, kMaxList, kMaxName, Write::kAlways);
+  io.strings("ring_order", m.ring_order, kMaxList, kMaxName, Write::kAlways);
+  io.opt_str("job_dir", m.job_dir, kMaxPath, Write::kAlways);
+  io.opt_str("checkpoint_dir", m.checkpoint_dir, kMaxPath, Write::kAlways);
+  io.num("created_at", m.created_at, 0, 1e12);
+  io.num("updated_at", m.updated_at, 0, 1e12);
+}
+template <class IO>
+void fields(IO& io, EventRecord& m) {
+  io.i64("id", m.id, 1, std::numeric_limits<int64_t>::max());
+  io.num("time", m.time, 0, 1e12);
+  io.opt_i64("job", m.job, 1, kMaxId);
+  io.i64("attempt", m.attempt, 0, kMaxId);
+  io.opt_str("node", m.node, kMaxName, Write::kAlways);
+  io.str("kind", m.kind, 1, 64);
+  io.object("data", m.data);
+}
+template <class IO>
+void fields(IO& io, NodeInfo& m) {
+  io.node("name", m.name);
+  io.str("state", m.state, 1, 16);
+  io.i64("uid", m.uid, 0, std::numeric_limits<uint32_t>::max());
+  io.num("last_heartbeat", m.last_heartbeat, 0, 1e12);
+  io.i64("gpus", m.gpus, 0, 1024);
+  io.opt_str("ringd_version", m.ringd_version, 64, Write::kAlways);
+  io.integers("jobs", m.jobs, kMaxList);
+}
+template <class IO>
+void fields(IO& io, StepRecord& m) {
+  io.i64("attempt", m.attempt, 0, kMaxId);
+  io.i64("step", m.step, 0, kMaxId);
+  io.node("node", m.node);
+  step_numbers(io, m);
+  io.num("time", m.time, 0, 1e12);
+}
+
+// daemon -> coordinator.
+
+template <class IO>
+void fields(IO& io, Register& m) {
+  io.node("node", m.node);
+  io.objects("gpus", m.gpus, 1024, true);
+  io.sub("topology", m.topology);
+  io.str("ringd_version", m.ringd_version, 1, 64);
+  io.objects("jobs", m.jobs, kMaxList, false);
+}
+template <class IO>
+void fields(IO& io, Heartbeat& m) {
+  io.node("node", m.node);
+  io.i64("seq", m.seq, 0, std::numeric_limits<int64_t>::max());
+  io.objects("jobs", m.jobs, kMaxList, false);
+}
+template <class IO>
+void fields(IO& io, StepReport& m) {
+  io.node("node", m.node);
+  io.i64("job", m.job, 1, kMaxId);
+  io.i64("attempt", m.attempt, 1, kMaxId);
+  io.i64("step", m.step, 0, kMaxId);
+  step_numbers(io, m);
+}
+template <class IO>
+void fields(IO& io, Event& m) {
+  io.node("node", m.node);
+  io.enumeration("kind", m.kind, kEventNames);
+  io.i64("job", m.job, 1, kMaxId);
+  io.i64("attempt", m.attempt, 0, kMaxId);
+  io.opt_i64("rank", m.rank, 0, 1 << 24);
+  io.opt_i64("pid", m.pid, 1, std::numeric_limits<int32_t>::max());
+  io.opt_i64("exit_code", m.exit_code, 0, 255);
+  io.opt_i64("signal", m.signal, 1, 64);
+  io.opt_i64("step", m.step, 0, kMaxId);
+  io.opt_i64("bytes", m.bytes, 0, std::numeric_limits<int64_t>::max());
+  io.opt_str("path", m.path, kMaxText);
+  io.opt_bool("complete", m.complete);
+  io.strings("last_log", m.last_log, kMaxLogLines, kMaxLogLineBytes);
+  io.opt_str("message", m.message, kMaxText);
+  if constexpr (IO::kReading) {
+    // Per-kind required fields.
+    auto require = [&](bool ok, const char* key, const char* why) {
+      if (!ok) Reader::fail(io.field(key), why);
+    };
+    switch (m.kind) {
+      case EventKind::kWorkerStarted:
+        require(m.rank.has_value(), "rank", "required for worker_started");
+        break;
+      case EventKind::kWorkerExited:
+        require(m.rank.has_value(), "rank", "required for worker_exited");
+        require(m.exit_code.has_value(), "exit_code", "required for worker_exited");
+        break;
+      case EventKind::kWorkerDied:
+        require(m.rank.has_value(), "rank", "required for worker_died");
+        require(m.signal.has_value() != m.exit_code.has_value(), "signal",
+                "worker_died needs exactly one of signal and exit_code");
+        break;
+      case EventKind::kCheckpointSaved:
+        require(m.step.has_value(), "step", "required for checkpoint_saved");
+        require(!m.path.empty(), "path", "required for checkpoint_saved");
+        require(m.bytes.has_value(), "bytes", "required for checkpoint_saved");
+        require(m.complete.has_value(), "complete", "required for checkpoint_saved");
+        break;
+      case EventKind::kCheckpointFailed:
+        require(m.step.has_value(), "step", "required for checkpoint_failed");
+        break;
+      case EventKind::kJobCompleted:
+        require(m.step.has_value(), "step", "required for job_completed");
+        break;
+      case EventKind::kJobStopped:
+        break;
     }
   }
-  {
-    Reader t(r.need("topology"), r.field("topology"));
-    m.topology.numa_nodes = t.i64("numa_nodes", 1, 1024);
-    m.topology.cpus = t.i64("cpus", 1, 1 << 20);
-    m.topology.host_memory_mib = t.i64("host_memory_mib", 0, int64_t{1} << 40);
-    m.topology.leaf_switch = t.opt_str("leaf_switch", kMaxName);
-    m.topology.summary = t.opt_str("summary", 1024);
-    t.finish();
-  }
-  m.ringd_version = r.str("ringd_version", 1, 64);
-  m.jobs = read_progress(r, "jobs", "register");
-  return m;
+}
+template <class IO>
+void fields(IO& io, CommandAck& m) {
+  io.node("node", m.node);
+  io.i64("cmd", m.id, 1, kMaxId);
+  io.boolean("ok", m.ok);
+  io.opt_str("error", m.error, kMaxText);
 }
 
-Event read_event(Reader& r) {
-  Event m;
-  m.node = r.node("node");
-  m.kind = read_enum(r, "kind", kEventNames);
-  m.job = r.i64("job", 1, kMaxId);
-  m.attempt = r.i64("attempt", 0, kMaxId);
-  m.rank = r.opt_i64("rank", 0, 1 << 24);
-  m.pid = r.opt_i64("pid", 1, std::numeric_limits<int32_t>::max());
-  m.exit_code = r.opt_i64("exit_code", 0, 255);
-  m.signal = r.opt_i64("signal", 1, 64);
-  m.step = r.opt_i64("step", 0, kMaxId);
-  m.bytes = r.opt_i64("bytes", 0, std::numeric_limits<int64_t>::max());
-  m.path = r.opt_str("path", kMaxText);
-  m.complete = r.opt_bool("complete");
-  m.last_log = read_strings(r, "last_log", kMaxLogLines, kMaxLogLineBytes);
-  m.message = r.opt_str("message", kMaxText);
-  // Per-kind required fields.
-  auto require = [&](bool ok, const char* key, const char* why) {
-    if (!ok) Reader::fail(r.field(key), why);
+// coordinator -> daemon.
+
+template <class IO>
+void fields(IO& io, Registered& m) {
+  io.node("node", m.node);
+  io.num("heartbeat_interval_s", m.heartbeat_interval_s, 0.001, 3600);
+  io.num("heartbeat_timeout_s", m.heartbeat_timeout_s, 0.001, 86400);
+  io.objects("jobs", m.jobs, kMaxList, false);
+}
+template <class IO>
+void fields(IO& io, Command& m) {
+  io.i64("cmd", m.id, 1, kMaxId);
+  io.enumeration("command", m.command, kCommandNames);
+  io.i64("job", m.job, 1, kMaxId);
+  io.i64("attempt", m.attempt, 0, kMaxId);
+  io.i64("step", m.step, 0, kMaxId);
+  io.opt_str("reason", m.reason, kMaxText, Write::kAlways);
+}
+
+// ringctl -> coordinator. Requests and replies carry the client's id, checked first.
+
+template <class IO>
+void request_id(IO& io, int64_t& id) {
+  io.i64("id", id, 0, kMaxId);
+}
+
+bool slurm_job_id_ok(const std::string& v) {
+  auto digits = [](const std::string& d) {
+    return !d.empty() && std::all_of(d.begin(), d.end(), ::isdigit);
   };
-  switch (m.kind) {
-    case EventKind::kWorkerStarted:
-      require(m.rank.has_value(), "rank", "required for worker_started");
-      break;
-    case EventKind::kWorkerExited:
-      require(m.rank.has_value(), "rank", "required for worker_exited");
-      require(m.exit_code.has_value(), "exit_code", "required for worker_exited");
-      break;
-    case EventKind::kWorkerDied:
-      require(m.rank.has_value(), "rank", "required for worker_died");
-      require(m.signal.has_value() != m.exit_code.has_value(), "signal",
-              "worker_died needs exactly one of signal and exit_code");
-      break;
-    case EventKind::kCheckpointSaved:
-      require(m.step.has_value(), "step", "required for checkpoint_saved");
-      require(!m.path.empty(), "path", "required for checkpoint_saved");
-      require(m.bytes.has_value(), "bytes", "required for checkpoint_saved");
-      require(m.complete.has_value(), "complete", "required for checkpoint_saved");
-      break;
-    case EventKind::kCheckpointFailed:
-      require(m.step.has_value(), "step", "required for checkpoint_failed");
-      break;
-    case EventKind::kJobCompleted:
-      require(m.step.has_value(), "step", "required for job_completed");
-      break;
-    case EventKind::kJobStopped:
-      break;
-  }
-  return m;
+  auto us = v.find('_');
+  return us == std::string::npos ? digits(v) : digits(v.substr(0, us)) && digits(v.substr(us + 1));
 }
 
-JobInfo read_job_info(const json& j, const std::string& path) {
-  Reader r(j, path);
-  JobInfo m;
-  m.job = r.i64("job", 1, kMaxId);
-  m.name = r.str("name", 1, kMaxName);
-  m.owner_uid = r.i64("owner_uid", 0, std::numeric_limits<uint32_t>::max());
-  m.owner = r.opt_str("owner", kMaxName);
-  m.state = r.str("state", 1, 32);
-  m.state_reason = r.opt_str("state_reason", kMaxText);
-  m.spec_hash = r.str("spec_hash", 1, 128);
-  m.attempt = r.i64("attempt", 0, kMaxId);
-  m.restarts = r.i64("restarts", 0, kMaxId);
-  m.max_restarts = r.i64("max_restarts", 0, kMaxId);
-  m.step = r.i64("step", 0, kMaxId);
-  m.total_steps = r.i64("total_steps", 0, kMaxId);
-  m.loss = r.opt_num("loss", -1e300, 1e300);
-  m.tokens_per_s = r.opt_num("tokens_per_s", 0, 1e300);
-  m.last_checkpoint_step = r.opt_i64("last_checkpoint_step", 0, kMaxId);
-  m.slurm_job_id = r.opt_str("slurm_job_id", 64);
-  m.nodes = read_strings(r, "nodes", kMaxList, kMaxName);
-  m.ring_order = read_strings(r, "ring_order", kMaxList, kMaxName);
-  m.job_dir = r.opt_str("job_dir", kMaxPath);
-  m.checkpoint_dir = r.opt_str("checkpoint_dir", kMaxPath);
-  m.created_at = r.num("created_at", 0, 1e12);
-  m.updated_at = r.num("updated_at", 0, 1e12);
-  r.finish();
-  return m;
-}
-
-json write_job_info(const JobInfo& m) {
-  json j = {{"job", m.job},
-            {"name", m.name},
-            {"owner_uid", m.owner_uid},
-            {"owner", m.owner},
-            {"state", m.state},
-            {"state_reason", m.state_reason},
-            {"spec_hash", m.spec_hash},
-            {"attempt", m.attempt},
-            {"restarts", m.restarts},
-            {"max_restarts", m.max_restarts},
-            {"step", m.step},
-            {"total_steps", m.total_steps},
-            {"slurm_job_id", m.slurm_job_id},
-            {"nodes", m.nodes},
-            {"ring_order", m.ring_order},
-            {"job_dir", m.job_dir},
-            {"checkpoint_dir", m.checkpoint_dir},
-            {"created_at", m.created_at},
-            {"updated_at", m.updated_at}};
-  if (m.loss) j["loss"] = *m.loss;
-  if (m.tokens_per_s) j["tokens_per_s"] = *m.tokens_per_s;
-  if (m.last_checkpoint_step) j["last_checkpoint_step"] = *m.last_checkpoint_step;
-  return j;
-}
-
-Message read_body(const std::string& type, Reader& r) {
-  if (type == "register") return read_register(r);
-  if (type == "heartbeat") {
-    Heartbeat m;
-    m.node = r.node("node");
-    m.seq = r.i64("seq", 0, std::numeric_limits<int64_t>::max());
-    m.jobs = read_progress(r, "jobs", type);
-    return m;
-  }
-  if (type == "step") {
-    StepReport m;
-    m.node = r.node("node");
-    m.job = r.i64("job", 1, kMaxId);
-    m.attempt = r.i64("attempt", 1, kMaxId);
-    m.step = r.i64("step", 0, kMaxId);
-    m.loss = r.num("loss", -1e30, 1e30);
-    m.tokens_per_s = r.num("tokens_per_s", 0, 1e15);
-    m.step_time_s = r.num("step_time_s", 0, 1e7);
-    m.comm_time_s = r.num("comm_time_s", 0, 1e7);
-    return m;
-  }
-  if (type == "event") return read_event(r);
-  if (type == "command_ack") {
-    CommandAck m;
-    m.node = r.node("node");
-    m.id = r.i64("cmd", 1, kMaxId);
-    m.ok = r.boolean("ok");
-    m.error = r.opt_str("error", kMaxText);
-    return m;
-  }
-  if (type == "registered") {
-    Registered m;
-    m.node = r.node("node");
-    m.heartbeat_interval_s = r.num("heartbeat_interval_s", 0.001, 3600);
-    m.heartbeat_timeout_s = r.num("heartbeat_timeout_s", 0.001, 86400);
-    if (const json* a = r.array("jobs", kMaxList, false)) {
-      for (size_t i = 0; i < a->size(); ++i) {
-        Reader e((*a)[i], item(r.field("jobs"), i));
-        Assignment as;
-        as.job = e.i64("job", 1, kMaxId);
-        as.attempt = e.i64("attempt", 0, kMaxId);
-        as.resume_step = e.i64("resume_step", 0, kMaxId);
-        as.state = e.str("state", 1, 32);
-        e.finish();
-        m.jobs.push_back(as);
-      }
-    }
-    return m;
-  }
-  if (type == "command") {
-    Command m;
-    m.id = r.i64("cmd", 1, kMaxId);
-    m.command = read_enum(r, "command", kCommandNames);
-    m.job = r.i64("job", 1, kMaxId);
-    m.attempt = r.i64("attempt", 0, kMaxId);
-    m.step = r.i64("step", 0, kMaxId);
-    m.reason = r.opt_str("reason", kMaxText);
-    return m;
-  }
-  // Requests and replies carry the client's id.
-  int64_t id = r.i64("id", 0, kMaxId);
-  if (type == "submit") {
-    SubmitRequest m;
-    m.id = id;
-    m.spec = r.str("spec", 1, kMaxSpecBytes);
-    m.name = r.opt_str("name", kMaxName);
-    m.job_dir = r.opt_str("job_dir", kMaxPath);
+template <class IO>
+void fields(IO& io, SubmitRequest& m) {
+  request_id(io, m.id);
+  io.str("spec", m.spec, 1, kMaxSpecBytes);
+  io.opt_str("name", m.name, kMaxName);
+  io.opt_str("job_dir", m.job_dir, kMaxPath);
+  if constexpr (IO::kReading)
     if (!m.job_dir.empty() && m.job_dir[0] != '/')
-      Reader::fail(r.field("job_dir"), "must be an absolute path, got '" + m.job_dir + "'");
-    m.steps = r.opt_i64("steps", 1, kMaxId);
-    return m;
-  }
-  if (type == "status") return StatusRequest{id, r.opt_i64("job", 1, kMaxId)};
-  if (type == "events") {
-    EventsRequest m;
-    m.id = id;
-    m.job = r.i64("job", 1, kMaxId);
-    m.after = r.i64_or("after", 0, kMaxId, 0);
-    m.limit = r.i64_or("limit", 1, 1000, 100);
-    return m;
-  }
-  if (type == "cancel") return CancelRequest{id, r.i64("job", 1, kMaxId)};
-  if (type == "restart") {
-    RestartRequest m;
-    m.id = id;
-    m.job = r.i64("job", 1, kMaxId);
-    m.from_step = r.opt_i64("from_step", 0, kMaxId);
-    return m;
-  }
-  if (type == "checkpoint") return CheckpointRequest{id, r.i64("job", 1, kMaxId)};
-  if (type == "slurm_job") {
-    SlurmJobRequest m;
-    m.id = id;
-    m.job = r.i64("job", 1, kMaxId);
-    m.event = r.str("event", 1, 32);
+      Reader::fail(io.field("job_dir"), "must be an absolute path, got '" + m.job_dir + "'");
+  io.opt_i64("steps", m.steps, 1, kMaxId);
+}
+template <class IO>
+void fields(IO& io, StatusRequest& m) {
+  request_id(io, m.id);
+  io.opt_i64("job", m.job, 1, kMaxId);
+}
+template <class IO>
+void fields(IO& io, EventsRequest& m) {
+  request_id(io, m.id);
+  io.i64("job", m.job, 1, kMaxId);
+  io.i64_or("after", m.after, 0, kMaxId, 0);
+  io.i64_or("limit", m.limit, 1, 1000, 100);
+}
+template <class IO>
+void fields(IO& io, StepsRequest& m) {
+  request_id(io, m.id);
+  io.i64("job", m.job, 1, kMaxId);
+  io.i64_or("after", m.after, 0, kMaxId, 0);
+  io.i64_or("limit", m.limit, 1, 10000, 1000);
+}
+template <class IO>
+void fields(IO& io, CancelRequest& m) {
+  request_id(io, m.id);
+  io.i64("job", m.job, 1, kMaxId);
+}
+template <class IO>
+void fields(IO& io, RestartRequest& m) {
+  request_id(io, m.id);
+  io.i64("job", m.job, 1, kMaxId);
+  io.opt_i64("from_step", m.from_step, 0, kMaxId);
+}
+template <class IO>
+void fields(IO& io, CheckpointRequest& m) {
+  request_id(io, m.id);
+  io.i64("job", m.job, 1, kMaxId);
+}
+template <class IO>
+void fields(IO& io, NodesRequest& m) {
+  request_id(io, m.id);
+}
+template <class IO>
+void fields(IO& io, SlurmJobRequest& m) {
+  request_id(io, m.id);
+  io.i64("job", m.job, 1, kMaxId);
+  io.str("event", m.event, 1, 32);
+  if constexpr (IO::kReading)
     if (m.event != "submitted" && m.event != "submit_failed" && m.event != "started")
-      Reader::fail(r.field("event"),
+      Reader::fail(io.field("event"),
                    "'" + m.event + "' is not one of submitted, submit_failed, started");
-    m.slurm_job_id = r.opt_str("slurm_job_id", 64);
-    {
-      const auto& v = m.slurm_job_id;
-      auto us = v.find('_');
-      auto digits = [](const std::string& d) {
-        return !d.empty() && std::all_of(d.begin(), d.end(), ::isdigit);
-      };
-      bool ok = us == std::string::npos ? digits(v)
-                                        : digits(v.substr(0, us)) && digits(v.substr(us + 1));
-      if (!ok && !(v.empty() && m.event == "submit_failed"))
-        Reader::fail(r.field("slurm_job_id"),
-                     "'" + v + "' is not a Slurm job id (digits, optionally _N)");
-    }
-    m.restarts = r.i64_or("restarts", 0, 1000000, 0);
-    m.nodes = r.opt_str("nodes", kMaxText);
-    m.message = r.opt_str("message", kMaxText);
-    return m;
-  }
-  if (type == "nodes") return NodesRequest{id};
-  if (type == "submit_reply") {
-    SubmitReply m;
-    m.id = id;
-    m.job = r.i64("job", 1, kMaxId);
-    m.name = r.str("name", 1, kMaxName);
-    m.spec_hash = r.str("spec_hash", 1, 128);
-    m.state = r.str("state", 1, 32);
-    return m;
-  }
-  if (type == "status_reply") {
-    StatusReply m;
-    m.id = id;
-    if (const json* a = r.array("jobs", 100000, true))
-      for (size_t i = 0; i < a->size(); ++i)
-        m.jobs.push_back(read_job_info((*a)[i], item(r.field("jobs"), i)));
-    return m;
-  }
-  if (type == "events_reply") {
-    EventsReply m;
-    m.id = id;
-    if (const json* a = r.array("events", 1000, true)) {
-      for (size_t i = 0; i < a->size(); ++i) {
-        Reader e((*a)[i], item(r.field("events"), i));
-        EventRecord ev;
-        ev.id = e.i64("id", 1, std::numeric_limits<int64_t>::max());
-        ev.time = e.num("time", 0, 1e12);
-        ev.job = e.opt_i64("job", 1, kMaxId);
-        ev.attempt = e.i64("attempt", 0, kMaxId);
-        ev.node = e.opt_str("node", kMaxName);
-        ev.kind = e.str("kind", 1, 64);
-        const json* d = e.find("data");
-        if (d && !d->is_object())
-          Reader::fail(e.field("data"), std::string("expected an object, got ") + json_kind(*d));
-        if (d) ev.data = *d;
-        e.finish();
-        m.events.push_back(std::move(ev));
-      }
-    }
-    return m;
-  }
-  if (type == "nodes_reply") {
-    NodesReply m;
-    m.id = id;
-    if (const json* a = r.array("nodes", 100000, true)) {
-      for (size_t i = 0; i < a->size(); ++i) {
-        Reader e((*a)[i], item(r.field("nodes"), i));
-        NodeInfo n;
-        n.name = e.node("name");
-        n.state = e.str("state", 1, 16);
-        n.uid = e.i64("uid", 0, std::numeric_limits<uint32_t>::max());
-        n.last_heartbeat = e.num("last_heartbeat", 0, 1e12);
-        n.gpus = e.i64("gpus", 0, 1024);
-        n.ringd_version = e.opt_str("ringd_version", 64);
-        if (const json* js = e.array("jobs", kMaxList, false))
-          for (size_t k = 0; k < js->size(); ++k) {
-            const json& v = (*js)[k];
-            if (!v.is_number_integer())
-              Reader::fail(item(e.field("jobs"), k), "expected an integer");
-            n.jobs.push_back(v.get<int64_t>());
-          }
-        e.finish();
-        m.nodes.push_back(std::move(n));
-      }
-    }
-    return m;
-  }
-  if (type == "ok") {
-    OkReply m;
-    m.id = id;
-    m.job = r.i64_or("job", 0, kMaxId, 0);
-    m.state = r.opt_str("state", 32);
-    m.message = r.opt_str("message", kMaxText);
-    return m;
-  }
-  if (type == "error") {
-    ErrorReply m;
-    m.id = id;
-    m.code = r.str("code", 1, 64);
-    m.message = r.str("message", 1, 16 * 1024);
-    m.field = r.opt_str("field", kMaxName);
-    return m;
-  }
-  throw ProtocolError(code::kUnknownType, "type",
-                      "field 'type': unknown message type '" + type + "'");
+  io.opt_str("slurm_job_id", m.slurm_job_id, 64);
+  if constexpr (IO::kReading)
+    if (!slurm_job_id_ok(m.slurm_job_id) && !(m.slurm_job_id.empty() && m.event == "submit_failed"))
+      Reader::fail(io.field("slurm_job_id"),
+                   "'" + m.slurm_job_id + "' is not a Slurm job id (digits, optionally _N)");
+  io.i64_or("restarts", m.restarts, 0, 1000000, 0);
+  io.opt_str("nodes", m.nodes, kMaxText);
+  io.opt_str("message", m.message, kMaxText);
+}
+
+// coordinator -> ringctl.
+
+template <class IO>
+void fields(IO& io, SubmitReply& m) {
+  request_id(io, m.id);
+  io.i64("job", m.job, 1, kMaxId);
+  io.str("name", m.name, 1, kMaxName);
+  io.str("spec_hash", m.spec_hash, 1, 128);
+  io.str("state", m.state, 1, 32);
+}
+template <class IO>
+void fields(IO& io, StatusReply& m) {
+  request_id(io, m.id);
+  io.objects("jobs", m.jobs, 100000, true);
+}
+template <class IO>
+void fields(IO& io, EventsReply& m) {
+  request_id(io, m.id);
+  io.objects("events", m.events, 1000, true);
+}
+template <class IO>
+void fields(IO& io, StepsReply& m) {
+  request_id(io, m.id);
+  io.i64("job", m.job, 1, kMaxId);
+  io.objects("steps", m.steps, 10000, true);
+}
+template <class IO>
+void fields(IO& io, NodesReply& m) {
+  request_id(io, m.id);
+  io.objects("nodes", m.nodes, 100000, true);
+}
+template <class IO>
+void fields(IO& io, OkReply& m) {
+  request_id(io, m.id);
+  io.i64_or("job", m.job, 0, kMaxId, 0);
+  io.opt_str("state", m.state, 32, Write::kAlways);
+  io.opt_str("message", m.message, kMaxText, Write::kAlways);
+}
+template <class IO>
+void fields(IO& io, ErrorReply& m) {
+  request_id(io, m.id);
+  io.str("code", m.code, 1, 64);
+  io.str("message", m.message, 1, 16 * 1024);
+  io.opt_str("field", m.field, kMaxName);
+}
+
+// The `type` of each alternative of Message, in its order.
+constexpr const char* kTypeNames[] = {
+    "register",   "heartbeat", "step",         "event",        "command_ack",  "registered",
+    "command",    "submit",    "status",       "events",       "cancel",       "restart",
+    "checkpoint", "nodes",     "submit_reply", "status_reply", "events_reply", "nodes_reply",
+    "ok",         "error",     "slurm_job",    "steps",        "steps_reply"};
+static_assert(std::size(kTypeNames) == std::variant_size_v<Message>,
+              "every message type needs its name");
+
+// The index of a type name in Message; -1 when unknown.
+int type_index(std::string_view type) {
+  for (size_t i = 0; i < std::size(kTypeNames); ++i)
+    if (type == kTypeNames[i]) return static_cast<int>(i);
+  return -1;
+}
+
+// Runs f(T{}) for the alternative T of Message at `index`.
+template <typename F, size_t... I>
+Message with_alternative(size_t index, F&& f, std::index_sequence<I...>) {
+  Message out;
+  ((index == I ? (out = f(std::variant_alternative_t<I, Message>{}), 0) : 0), ...);
+  return out;
 }
 
 // Maximum nesting of objects/arrays, outside strings; stops counting past the limit.
@@ -606,13 +773,6 @@ int nesting_depth(std::string_view s) {
   return max_depth;
 }
 
-template <class... Ts>
-struct overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-overloaded(Ts...) -> overloaded<Ts...>;
-
 }  // namespace
 
 const char* to_string(EventKind k) {
@@ -636,186 +796,16 @@ bool valid_node_name(std::string_view s) {
 }
 
 const char* type_name(const Message& m) {
-  return std::visit(overloaded{
-                        [](const Register&) { return "register"; },
-                        [](const Heartbeat&) { return "heartbeat"; },
-                        [](const StepReport&) { return "step"; },
-                        [](const Event&) { return "event"; },
-                        [](const CommandAck&) { return "command_ack"; },
-                        [](const Registered&) { return "registered"; },
-                        [](const Command&) { return "command"; },
-                        [](const SubmitRequest&) { return "submit"; },
-                        [](const StatusRequest&) { return "status"; },
-                        [](const EventsRequest&) { return "events"; },
-                        [](const CancelRequest&) { return "cancel"; },
-                        [](const RestartRequest&) { return "restart"; },
-                        [](const CheckpointRequest&) { return "checkpoint"; },
-                        [](const NodesRequest&) { return "nodes"; },
-                        [](const SubmitReply&) { return "submit_reply"; },
-                        [](const StatusReply&) { return "status_reply"; },
-                        [](const EventsReply&) { return "events_reply"; },
-                        [](const NodesReply&) { return "nodes_reply"; },
-                        [](const OkReply&) { return "ok"; },
-                        [](const ErrorReply&) { return "error"; },
-                        [](const SlurmJobRequest&) { return "slurm_job"; },
-                    },
-                    m);
+  return kTypeNames[m.index()];
 }
 
 json to_json(const Message& msg) {
-  json j = std::visit(
-      overloaded{
-          [](const Register& m) {
-            json gpus = json::array();
-            for (const auto& g : m.gpus)
-              gpus.push_back(
-                  {{"index", g.index}, {"model", g.model}, {"memory_mib", g.memory_mib}});
-            return json{{"node", m.node},
-                        {"gpus", gpus},
-                        {"topology",
-                         {{"numa_nodes", m.topology.numa_nodes},
-                          {"cpus", m.topology.cpus},
-                          {"host_memory_mib", m.topology.host_memory_mib},
-                          {"leaf_switch", m.topology.leaf_switch},
-                          {"summary", m.topology.summary}}},
-                        {"ringd_version", m.ringd_version},
-                        {"jobs", write_progress(m.jobs)}};
-          },
-          [](const Heartbeat& m) {
-            return json{{"node", m.node}, {"seq", m.seq}, {"jobs", write_progress(m.jobs)}};
-          },
-          [](const StepReport& m) {
-            return json{{"node", m.node},
-                        {"job", m.job},
-                        {"attempt", m.attempt},
-                        {"step", m.step},
-                        {"loss", m.loss},
-                        {"tokens_per_s", m.tokens_per_s},
-                        {"step_time_s", m.step_time_s},
-                        {"comm_time_s", m.comm_time_s}};
-          },
-          [](const Event& m) {
-            json j{{"node", m.node},
-                   {"kind", to_string(m.kind)},
-                   {"job", m.job},
-                   {"attempt", m.attempt}};
-            if (m.rank) j["rank"] = *m.rank;
-            if (m.pid) j["pid"] = *m.pid;
-            if (m.exit_code) j["exit_code"] = *m.exit_code;
-            if (m.signal) j["signal"] = *m.signal;
-            if (m.step) j["step"] = *m.step;
-            if (m.bytes) j["bytes"] = *m.bytes;
-            if (!m.path.empty()) j["path"] = m.path;
-            if (m.complete) j["complete"] = *m.complete;
-            if (!m.last_log.empty()) j["last_log"] = m.last_log;
-            if (!m.message.empty()) j["message"] = m.message;
-            return j;
-          },
-          [](const CommandAck& m) {
-            json j{{"node", m.node}, {"cmd", m.id}, {"ok", m.ok}};
-            if (!m.error.empty()) j["error"] = m.error;
-            return j;
-          },
-          [](const Registered& m) {
-            json a = json::array();
-            for (const auto& s : m.jobs)
-              a.push_back({{"job", s.job},
-                           {"attempt", s.attempt},
-                           {"resume_step", s.resume_step},
-                           {"state", s.state}});
-            return json{{"node", m.node},
-                        {"heartbeat_interval_s", m.heartbeat_interval_s},
-                        {"heartbeat_timeout_s", m.heartbeat_timeout_s},
-                        {"jobs", a}};
-          },
-          [](const Command& m) {
-            return json{{"cmd", m.id},    {"command", to_string(m.command)},
-                        {"job", m.job},   {"attempt", m.attempt},
-                        {"step", m.step}, {"reason", m.reason}};
-          },
-          [](const SubmitRequest& m) {
-            json j{{"id", m.id}, {"spec", m.spec}};
-            if (!m.name.empty()) j["name"] = m.name;
-            if (!m.job_dir.empty()) j["job_dir"] = m.job_dir;
-            if (m.steps) j["steps"] = *m.steps;
-            return j;
-          },
-          [](const StatusRequest& m) {
-            json j{{"id", m.id}};
-            if (m.job) j["job"] = *m.job;
-            return j;
-          },
-          [](const EventsRequest& m) {
-            return json{{"id", m.id}, {"job", m.job}, {"after", m.after}, {"limit", m.limit}};
-          },
-          [](const CancelRequest& m) {
-            return json{{"id", m.id}, {"job", m.job}};
-          },
-          [](const RestartRequest& m) {
-            json j{{"id", m.id}, {"job", m.job}};
-            if (m.from_step) j["from_step"] = *m.from_step;
-            return j;
-          },
-          [](const CheckpointRequest& m) {
-            return json{{"id", m.id}, {"job", m.job}};
-          },
-          [](const NodesRequest& m) {
-            return json{{"id", m.id}};
-          },
-          [](const SubmitReply& m) {
-            return json{{"id", m.id},
-                        {"job", m.job},
-                        {"name", m.name},
-                        {"spec_hash", m.spec_hash},
-                        {"state", m.state}};
-          },
-          [](const StatusReply& m) {
-            json a = json::array();
-            for (const auto& ji : m.jobs) a.push_back(write_job_info(ji));
-            return json{{"id", m.id}, {"jobs", a}};
-          },
-          [](const EventsReply& m) {
-            json a = json::array();
-            for (const auto& e : m.events) {
-              json j{{"id", e.id},     {"time", e.time}, {"attempt", e.attempt},
-                     {"node", e.node}, {"kind", e.kind}, {"data", e.data}};
-              if (e.job) j["job"] = *e.job;
-              a.push_back(std::move(j));
-            }
-            return json{{"id", m.id}, {"events", a}};
-          },
-          [](const NodesReply& m) {
-            json a = json::array();
-            for (const auto& n : m.nodes)
-              a.push_back({{"name", n.name},
-                           {"state", n.state},
-                           {"uid", n.uid},
-                           {"last_heartbeat", n.last_heartbeat},
-                           {"gpus", n.gpus},
-                           {"ringd_version", n.ringd_version},
-                           {"jobs", n.jobs}});
-            return json{{"id", m.id}, {"nodes", a}};
-          },
-          [](const OkReply& m) {
-            return json{{"id", m.id}, {"job", m.job}, {"state", m.state}, {"message", m.message}};
-          },
-          [](const ErrorReply& m) {
-            json j{{"id", m.id}, {"code", m.code}, {"message", m.message}};
-            if (!m.field.empty()) j["field"] = m.field;
-            return j;
-          },
-          [](const SlurmJobRequest& m) {
-            json j{{"id", m.id}, {"job", m.job}, {"event", m.event}, {"restarts", m.restarts}};
-            if (!m.slurm_job_id.empty()) j["slurm_job_id"] = m.slurm_job_id;
-            if (!m.nodes.empty()) j["nodes"] = m.nodes;
-            if (!m.message.empty()) j["message"] = m.message;
-            return j;
-          },
-      },
-      msg);
-  j["v"] = kVersion;
-  j["type"] = type_name(msg);
-  return j;
+  Writer w;
+  // The descriptions take the message by reference to fill it; the Writer only reads it.
+  std::visit([&](const auto& m) { fields(w, const_cast<std::decay_t<decltype(m)>&>(m)); }, msg);
+  w.j["v"] = kVersion;
+  w.j["type"] = type_name(msg);
+  return std::move(w.j);
 }
 
 // Invalid UTF-8 (e.g. a spec diagnostic cut mid-character) is replaced, never thrown.
@@ -845,21 +835,40 @@ Message from_json(const json& j) {
     throw ProtocolError(code::kBadField, "type",
                         std::string("field 'type': expected a string, got ") + json_kind(*tit));
   const std::string type = tit->get<std::string>();
-  static const std::set<std::string> kTypes = {
-      "register",     "heartbeat",    "step",        "event",  "command_ack",
-      "registered",   "command",      "submit",      "status", "events",
-      "cancel",       "restart",      "checkpoint",  "nodes",  "submit_reply",
-      "status_reply", "events_reply", "nodes_reply", "ok",     "error",
-      "slurm_job"};
-  if (!kTypes.count(type))
+  int index = type_index(type);
+  if (index < 0)
     throw ProtocolError(code::kUnknownType, "type",
                         "field 'type': unknown message type '" + type + "'");
   Reader r(j, type);
   r.find("v");
   r.find("type");
-  Message m = read_body(type, r);
+  Message m = with_alternative(
+      static_cast<size_t>(index),
+      [&](auto t) -> Message {
+        fields(r, t);
+        return t;
+      },
+      std::make_index_sequence<std::variant_size_v<Message>>{});
   r.finish();
   return m;
+}
+
+std::vector<std::string> message_types() {
+  return {std::begin(kTypeNames), std::end(kTypeNames)};
+}
+
+std::vector<FieldRule> field_rules(std::string_view type) {
+  int index = type_index(type);
+  if (index < 0) return {};
+  Describer d;
+  with_alternative(
+      static_cast<size_t>(index),
+      [&](auto t) -> Message {
+        fields(d, t);
+        return t;
+      },
+      std::make_index_sequence<std::variant_size_v<Message>>{});
+  return d.rules;
 }
 
 Message parse(std::string_view bytes) {

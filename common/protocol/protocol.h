@@ -13,8 +13,9 @@
 // Who sends what (docs/architecture.md, "Coordinator"):
 //   ringd -> coord   register, heartbeat, step, event, command_ack
 //   coord -> ringd   registered, command (stop | roll_back | checkpoint_now), error
-//   ringctl -> coord submit, status, events, cancel, restart, checkpoint, nodes, slurm_job
-//   coord -> ringctl submit_reply, status_reply, events_reply, nodes_reply, ok, error
+//   ringctl -> coord submit, status, events, steps, cancel, restart, checkpoint, nodes, slurm_job
+//   coord -> ringctl submit_reply, status_reply, events_reply, steps_reply, nodes_reply, ok,
+//                    error
 #pragma once
 
 #include <cstddef>
@@ -210,6 +211,13 @@ struct EventsRequest {
   int64_t after = 0;  // only events with a larger id (for --follow)
   int64_t limit = 100;
 };
+// The step reports the coordinator recorded for a job (`ringctl steps`).
+struct StepsRequest {
+  int64_t id = 0;
+  int64_t job = 0;
+  int64_t after = 0;  // only steps > after
+  int64_t limit = 1000;
+};
 struct CancelRequest {
   int64_t id = 0;
   int64_t job = 0;
@@ -278,6 +286,18 @@ struct EventRecord {
   nlohmann::json data = nlohmann::json::object();
 };
 
+// One step report as recorded (StepReport of one node; loss as sent, full precision).
+struct StepRecord {
+  int64_t attempt = 0;
+  int64_t step = 0;
+  std::string node;
+  double loss = 0;
+  double tokens_per_s = 0;
+  double step_time_s = 0;
+  double comm_time_s = 0;
+  double time = 0;  // Unix seconds the coordinator recorded it
+};
+
 struct NodeInfo {
   std::string name;
   std::string state;  // up | lost
@@ -303,6 +323,11 @@ struct EventsReply {
   int64_t id = 0;
   std::vector<EventRecord> events;
 };
+struct StepsReply {
+  int64_t id = 0;
+  int64_t job = 0;
+  std::vector<StepRecord> steps;
+};
 struct NodesReply {
   int64_t id = 0;
   std::vector<NodeInfo> nodes;
@@ -320,11 +345,11 @@ struct ErrorReply {
   std::string field;
 };
 
-using Message = std::variant<Register, Heartbeat, StepReport, Event, CommandAck, Registered,
-                             Command, SubmitRequest, StatusRequest, EventsRequest, CancelRequest,
-                             RestartRequest, CheckpointRequest, NodesRequest, SubmitReply,
-                             StatusReply, EventsReply, NodesReply, OkReply, ErrorReply,
-                             SlurmJobRequest>;
+using Message =
+    std::variant<Register, Heartbeat, StepReport, Event, CommandAck, Registered, Command,
+                 SubmitRequest, StatusRequest, EventsRequest, CancelRequest, RestartRequest,
+                 CheckpointRequest, NodesRequest, SubmitReply, StatusReply, EventsReply, NodesReply,
+                 OkReply, ErrorReply, SlurmJobRequest, StepsRequest, StepsReply>;
 
 // The `type` string of a message ("register", "status_reply", ...).
 const char* type_name(const Message& m);

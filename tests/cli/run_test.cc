@@ -12,6 +12,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -108,9 +110,42 @@ TEST(RingctlRun, TrainsWithItsOwnCoordinator) {
   EXPECT_TRUE(contains(r.output, "coordinator: completed")) << r.output;
   EXPECT_TRUE(contains(r.output, "checkpoints: " + job_dir + "/checkpoints")) << r.output;
 
-  // The coordinator it started is gone; what it recorded stays in its state dir.
-  auto st = ring::test::run(env(t) + kRingctl + " status --timeout 0.5");
-  EXPECT_EQ(st.exit_code, 4) << st.output;
+  // The coordinator it started is gone; what it recorded stays in its state dir, where status,
+  // events, logs and steps still find it (read-only, with a note).
+  auto st = ring::test::run(env(t) + kRingctl + " status 1 --timeout 0.5");
+  EXPECT_EQ(st.exit_code, 0) << st.output;
+  EXPECT_TRUE(contains(st.output, "completed")) << st.output;
+  EXPECT_TRUE(contains(
+      st.output, "answering from the state it left in " + t.path + "/state/coord.db (read-only)"))
+      << st.output;
+  auto ev = ring::test::run(env(t) + kRingctl + " events 1 --json");
+  EXPECT_EQ(ev.exit_code, 0) << ev.output;
+  EXPECT_TRUE(contains(ev.output, "\"kind\":\"job_completed\"")) << ev.output;
+  auto logs = ring::test::run(env(t) + kRingctl + " logs 1 -n 5");
+  EXPECT_EQ(logs.exit_code, 0) << logs.output;
+  EXPECT_TRUE(contains(logs.output, "[worker 0] ")) << logs.output;
+  // The exact losses: `steps --json` gives steps.jsonl's records, the coordinator's records the
+  // same loss of every step.
+  auto file_steps = ring::test::run(env(t) + kRingctl + " steps 1 --json");
+  auto coord_steps = ring::test::run(env(t) + kRingctl + " steps 1 --json --source coordinator");
+  ASSERT_EQ(file_steps.exit_code, 0) << file_steps.output;
+  ASSERT_EQ(coord_steps.exit_code, 0) << coord_steps.output;
+  std::istringstream fl(file_steps.output), cl(coord_steps.output);
+  std::map<int64_t, double> file_loss, coord_loss;
+  // (stdout and stderr together: the records and the note that no coordinator answered)
+  for (std::string l; std::getline(fl, l);) {
+    if (l.empty() || l[0] != '{') continue;
+    auto j = json::parse(l);
+    file_loss[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    EXPECT_TRUE(j.contains("lr") && j.contains("grad_norm")) << l;
+  }
+  for (std::string l; std::getline(cl, l);) {
+    if (l.empty() || l[0] != '{') continue;
+    auto j = json::parse(l);
+    coord_loss[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  EXPECT_EQ(file_loss.size(), 4u) << file_steps.output;
+  EXPECT_EQ(file_loss, coord_loss) << file_steps.output << coord_steps.output;
   Store store(t.path + "/state/coord.db", {false, 0});
   auto job = store.job(1);
   ASSERT_TRUE(job);

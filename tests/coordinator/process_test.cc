@@ -31,11 +31,20 @@ class CoordProcess {
   CoordProcess(std::string dir, std::vector<std::string> args)
       : dir_(std::move(dir)), args_(std::move(args)) {}
   ~CoordProcess() { kill_now(SIGKILL); }
+  // Set in the child's environment (empty value: unset).
+  void set_env(std::string name, std::string value) { env_.emplace_back(name, value); }
   void start() {
     log_ = dir_ + "/coord.log";
     std::vector<std::string> argv{kCoordBin};
     argv.insert(argv.end(), args_.begin(), args_.end());
-    pid_ = ring::test::start_logged(argv, log_);
+    ring::test::ProcOptions po;
+    for (const auto& [k, v] : env_) {
+      if (v.empty())
+        po.unset_env.push_back(k);
+      else
+        po.set_env.emplace_back(k, v);
+    }
+    pid_ = ring::test::start_logged(argv, log_, po);
   }
   // Waits for "listening on" lines; returns the log.
   std::string wait_ready(int listeners = 1) {
@@ -69,6 +78,7 @@ class CoordProcess {
  private:
   std::string dir_;
   std::vector<std::string> args_;
+  std::vector<std::pair<std::string, std::string>> env_;
   std::string log_;
   pid_t pid_ = -1;
 };
@@ -129,6 +139,49 @@ TEST(CoordProcess, AnotherUserIsRefused) {
   int64_t theirs2 = root.status().back().job;
   EXPECT_EQ(root.cancel(theirs2).state, "cancelled");
   coord.kill_now(SIGTERM);
+  std::filesystem::remove_all(dir);
+}
+
+// Without --endpoint, ring-coord listens where ringctl looks: $RING_COORD; --endpoint wins; a
+// malformed $RING_COORD is a usage error naming the variable.
+TEST(CoordProcess, EndpointFromRingCoordEnvironment) {
+  std::string dir = make_temp_dir("envep");
+  std::string ep = "ipc://" + dir + "/sock/env.sock";
+  // Each ring-coord logs to its own <run>/coord.log.
+  for (const char* run : {"/a", "/b", "/c"}) mkdir((dir + run).c_str(), 0700);
+  {
+    CoordProcess coord(dir + "/a", {"--state-dir", dir + "/state", "--sync", "normal"});
+    coord.set_env("RING_COORD", ep);
+    coord.start();
+    std::string log = coord.wait_ready();
+    EXPECT_NE(log.find("listening on " + ep), std::string::npos) << log;
+    Client c(ClientOptions{ep, 3000ms, "", "", ""});
+    EXPECT_TRUE(c.status().empty());
+    coord.kill_now(SIGTERM);
+  }
+  {
+    std::string flag_ep = "ipc://" + dir + "/sock/flag.sock";
+    CoordProcess coord(dir + "/b",
+                       {"--state-dir", dir + "/state", "--sync", "normal", "--endpoint", flag_ep});
+    coord.set_env("RING_COORD", ep);
+    coord.start();
+    std::string log = coord.wait_ready();
+    EXPECT_NE(log.find("listening on " + flag_ep), std::string::npos) << log;
+    EXPECT_EQ(log.find("env.sock"), std::string::npos) << log;
+    coord.kill_now(SIGTERM);
+  }
+  {
+    CoordProcess coord(dir + "/c", {"--state-dir", dir + "/state"});
+    coord.set_env("RING_COORD", "ipc://relative/coord.sock");
+    coord.start();
+    EXPECT_EQ(coord.wait_exit(), 2);
+    std::string log = read_text(coord.log());
+    EXPECT_NE(log.find("$RING_COORD 'ipc://relative/coord.sock'"), std::string::npos) << log;
+  }
+  {
+    auto help = ring::test::run(kCoordBin + " --help");
+    EXPECT_NE(help.output.find("$RING_COORD"), std::string::npos) << help.output;
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -212,8 +265,9 @@ TEST(CoordProcess, CurveOverTcp) {
 TEST(CoordProcess, KillDashNineLosesNothingCommitted) {
   std::string dir = make_temp_dir("kill9");
   std::string ep = "ipc://" + dir + "/sock/coord.sock";
-  std::vector<std::string> args{"--state-dir",          dir + "/state", "--endpoint",          ep,
-                                "--heartbeat-interval", "0.1",          "--heartbeat-timeout", "30"};
+  std::vector<std::string> args{
+      "--state-dir",          dir + "/state", "--endpoint",          ep,
+      "--heartbeat-interval", "0.1",          "--heartbeat-timeout", "30"};
   auto coord = std::make_unique<CoordProcess>(dir, args);
   coord->start();
   coord->wait_ready();

@@ -242,3 +242,41 @@ TEST(Store, Sha256) {
   EXPECT_EQ(coord::sha256_hex("abc"),
             "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
+
+// ringctl reads a stopped coordinator's database read-only (cli/local_state.h): nothing is
+// created or written, steps come back as recorded, and a schema other than this build's is
+// refused naming both versions.
+TEST(Store, ReadOnlyReadsAndNeverWrites) {
+  std::string dir = temp_dir();
+  std::string path = dir + "/coord.db";
+  EXPECT_THROW(coord::Store(path, {.read_only = true}), coord::DbError);  // not created
+  EXPECT_FALSE(std::filesystem::exists(path));
+  int64_t id = 0;
+  {
+    coord::Store st(path, {});
+    id = st.insert_job(sample_job());
+    ring::protocol::StepReport r{"n0", id, 1, 2, 0.30000000000000004, 10, 0.5, 0.1};
+    st.add_step(r, 100);
+    r.step = 1;
+    st.add_step(r, 99);
+  }
+  coord::Store ro(path, {.read_only = true});
+  ASSERT_TRUE(ro.job(id));
+  auto steps = ro.steps(id, 0, 10);
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step, 1);  // by step
+  EXPECT_EQ(steps[1].loss, 0.30000000000000004);
+  EXPECT_EQ(ro.steps(id, 1, 10).size(), 1u);
+  EXPECT_THROW(ro.insert_job(sample_job()), coord::DbError);
+  EXPECT_EQ(ro.jobs().size(), 1u);
+  { coord::Store old(dir + "/old.db", {.target_version = 1}); }
+  try {
+    coord::Store st(dir + "/old.db", {.read_only = true});
+    FAIL() << "read a schema of another version";
+  } catch (const coord::DbError& e) {
+    EXPECT_NE(std::string(e.what()).find("has schema version 1; this build reads version"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,172 @@
+#include "coordinator/client_requests.h"
+
+#include <algorithm>
+
+#include "common/cli/job_dir.h"
+#include "common/spec/parse.h"
+#include "coordinator/security.h"
+
+namespace ring::coord {
+
+using nlohmann::json;
+
+void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::SubmitRequest& m) {
+  auto r = ring::spec::load_spec_string(m.spec, "submitted spec");
+  if (!r.ok()) {
+    std::string msg = std::to_string(r.error_count()) + " error(s) in the spec:";
+    int shown = 0;
+    for (const auto& d : r.diagnostics) {
+      if (d.severity != ring::spec::Diagnostic::Severity::kError) continue;
+      if (++shown > 10) {
+        msg += "\n  ...";
+        break;
+      }
+      msg += "\n  " + d.str();
+    }
+    throw Refused(proto::code::kInvalidSpec, msg, "spec");
+  }
+  const auto& s = *r.spec;
+  JobRow j;
+  j.name = m.name.empty() ? s.job.name : m.name;
+  if (j.name.empty()) j.name = "job";
+  j.owner_uid = uid;
+  j.owner_user = user_name(uid);
+  j.spec = m.spec;
+  j.spec_hash = sha256_hex(m.spec);
+  j.nodes = s.resources.nodes;
+  j.total_steps = m.steps.value_or(s.train.steps);
+  j.max_restarts = s.restart.max_restarts;
+  j.backoff_s = s.restart.backoff_s;
+  j.backoff_max_s = std::max(s.restart.backoff_max_s, 0.0);
+  // daemon/INTERFACE.md: the job dir defaults to the owner's (common/cli/job_dir.h);
+  // checkpoints go to checkpoint.dir, a relative one under the job dir; none when it is empty.
+  j.job_dir = m.job_dir.empty() ? jobdir::default_job_dir(s.job.name, uid) : m.job_dir;
+  while (j.job_dir.size() > 1 && j.job_dir.back() == '/') j.job_dir.pop_back();
+  j.checkpoint_dir = s.checkpoint.dir.empty() || s.checkpoint.dir[0] == '/'
+                         ? s.checkpoint.dir
+                         : j.job_dir + "/" + s.checkpoint.dir;
+  int64_t id = e_.store->insert_job(j);
+  e_.queue(peer, proto::SubmitReply{m.id, id, j.name, j.spec_hash, "pending"});
+}
+
+void ClientRequests::on(const std::string& peer, uint32_t, const proto::StatusRequest& m) {
+  e_.queue(peer, answer(*e_.store, m, e_.live_view()));
+}
+
+void ClientRequests::on(const std::string& peer, uint32_t, const proto::EventsRequest& m) {
+  e_.queue(peer, answer(*e_.store, m));
+}
+
+void ClientRequests::on(const std::string& peer, uint32_t, const proto::StepsRequest& m) {
+  e_.queue(peer, answer(*e_.store, m, e_.live_view()));
+}
+
+void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::CancelRequest& m) {
+  JobRow j = e_.owned_job(m.job, uid, "cancel");
+  std::string who = "cancelled by " + user_name(uid);
+  if (j.state == JobState::kCancelling) {
+    e_.queue(peer, proto::OkReply{m.id, j.id, "cancelling", "already cancelling"});
+    return;
+  }
+  if (j.state == JobState::kPending) {
+    e_.store->set_state(j.id, JobState::kCancelled, who);
+  } else {
+    e_.store->set_state(j.id, JobState::kCancelling, who);  // refuses terminal states
+    for (const auto& n : e_.live_members(j.id))
+      e_.command(n, proto::CommandKind::kStop, j.id, j.attempt, 0, who);
+    e_.maybe_cancelled(j.id);
+  }
+  e_.queue(peer, proto::OkReply{m.id, j.id, to_string(e_.store->job(j.id)->state), who});
+}
+
+void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::RestartRequest& m) {
+  JobRow j = e_.owned_job(m.job, uid, "restart");
+  std::string who = "restart requested by " + user_name(uid);
+  if (m.from_step) who += " from step " + std::to_string(*m.from_step);
+  if (j.state == JobState::kRestarting) {
+    e_.store->set_restart(j.id, now_unix(), m.from_step);
+  } else {
+    check_transition(j.state, JobState::kRestarting, "job " + std::to_string(j.id));
+    if (is_active(j.state)) {
+      e_.store->end_attempt(j.id, j.attempt, who);
+      for (const auto& n : e_.live_members(j.id))
+        e_.command(n, proto::CommandKind::kStop, j.id, j.attempt, 0, who);
+    }
+    e_.store->set_restart(j.id, now_unix(), m.from_step);
+    e_.store->set_state(j.id, JobState::kRestarting, who);
+  }
+  e_.queue(peer, proto::OkReply{m.id, j.id, "restarting", who});
+}
+
+void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::CheckpointRequest& m) {
+  JobRow j = e_.owned_job(m.job, uid, "checkpoint");
+  if (j.state != JobState::kRunning)
+    throw Refused(proto::code::kInvalidState,
+                  "job " + std::to_string(j.id) + " is " + to_string(j.state) +
+                      "; only a running job can checkpoint",
+                  "job");
+  int sent = 0;
+  for (const auto& n : e_.live_members(j.id))
+    sent += e_.command(n, proto::CommandKind::kCheckpointNow, j.id, j.attempt, 0,
+                       "requested by " + user_name(uid));
+  e_.store->add_event(j.id, j.attempt, "", "checkpoint_requested",
+                      {{"by", user_name(uid)}, {"nodes", sent}});
+  e_.queue(peer, proto::OkReply{m.id, j.id, to_string(j.state),
+                                "checkpoint_now sent to " + std::to_string(sent) + " node(s)"});
+}
+
+void ClientRequests::on(const std::string& peer, uint32_t, const proto::NodesRequest& m) {
+  e_.queue(peer, answer(*e_.store, m, e_.live_view()));
+}
+
+// What Slurm did with the job: recorded with the job; a start after a requeue (node
+// failure, preemption, `ringctl restart`) ends the attempt Slurm killed and begins the next one
+// from the latest complete checkpoint. The new allocation's daemons join it afresh (the old
+// members are marked lost; the ones that come back re-join).
+void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::SlurmJobRequest& m) {
+  JobRow j = e_.owned_job(m.job, uid, "record Slurm state of");
+  json data = {{"slurm_job_id", m.slurm_job_id}};
+  if (m.event == "submit_failed") {
+    if (j.state != JobState::kPending)
+      throw Refused(proto::code::kInvalidState,
+                    "job " + std::to_string(j.id) + " is " + to_string(j.state) +
+                        "; only a pending job can fail to submit",
+                    "job");
+    e_.store->add_event(j.id, 0, "", "slurm_submit_failed", {{"message", m.message}});
+    e_.store->set_state(j.id, JobState::kFailed, "sbatch refused the job: " + m.message);
+    e_.queue(peer, proto::OkReply{m.id, j.id, "failed", "recorded"});
+    return;
+  }
+  if (m.slurm_job_id != j.slurm_job_id) e_.store->set_slurm_job_id(j.id, m.slurm_job_id);
+  if (m.event == "submitted") {
+    e_.store->add_event(j.id, j.attempt, "", "slurm_submitted", data);
+    e_.queue(peer, proto::OkReply{m.id, j.id, to_string(j.state),
+                                  "Slurm job " + m.slurm_job_id + " recorded"});
+    return;
+  }
+  data["restarts"] = m.restarts;
+  data["nodes"] = m.nodes;
+  e_.store->add_event(j.id, j.attempt, "", "slurm_started", data);
+  std::string msg = "start recorded";
+  if (m.restarts > 0 && j.attempt > 0 && !is_terminal(j.state) &&
+      j.state != JobState::kCancelling) {
+    std::string why = "Slurm requeue " + std::to_string(m.restarts) + " of job " + m.slurm_job_id +
+                      " on " + m.nodes;
+    if (is_active(j.state)) e_.store->end_attempt(j.id, j.attempt, why);
+    if (j.state != JobState::kRestarting) e_.store->set_state(j.id, JobState::kRestarting, why);
+    for (const auto& jn : e_.store->job_nodes(j.id))
+      if (jn.state != "lost") e_.store->set_job_node_state(j.id, jn.node, "lost");
+    int64_t n = j.attempt + 1;
+    int64_t resume = e_.store->latest_complete_checkpoint(j.id, j.nodes).value_or(0);
+    e_.store->begin_attempt(j.id, n, why, resume);
+    e_.store->set_attempt(j.id, n, j.restarts);
+    e_.store->set_restart(j.id, std::nullopt, std::nullopt);
+    e_.store->set_state(
+        j.id, JobState::kStarting,
+        "attempt " + std::to_string(n) + " from step " + std::to_string(resume) + " (" + why + ")");
+    msg = "attempt " + std::to_string(n) + " from step " + std::to_string(resume);
+  }
+  e_.queue(peer, proto::OkReply{m.id, j.id, to_string(e_.store->job(j.id)->state), msg});
+}
+
+}  // namespace ring::coord

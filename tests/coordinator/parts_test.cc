@@ -1,0 +1,192 @@
+// The parts of ring-coord, each alone and without sockets (coordinator/engine.h): client requests
+// (ownership, replies), daemon messages (register joins a job, steps are batched, a connection
+// speaks for one node), timers (a silent node is lost and its attempt fails; batched steps are
+// written) and authentication (ZAP decisions).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <zmq.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "coord_test_util.h"
+#include "coordinator/auth.h"
+#include "coordinator/client_requests.h"
+#include "coordinator/daemon_messages.h"
+#include "coordinator/engine.h"
+#include "coordinator/timers.h"
+
+using namespace ring::coord;
+using namespace ring::coord::test;
+
+namespace {
+
+// One Engine over a fresh Store; what the parts send is parsed back into `sent`.
+struct Parts {
+  std::string dir = make_temp_dir("parts");
+  CoordinatorOptions opts;
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<DaemonMessages> daemons;
+  std::unique_ptr<ClientRequests> requests;
+  std::unique_ptr<Timers> timers;
+  std::vector<std::pair<std::string, proto::Message>> sent;
+
+  explicit Parts(double heartbeat_timeout_s = 10) {
+    opts.heartbeat_interval_s = 0.05;
+    opts.heartbeat_timeout_s = heartbeat_timeout_s;
+    opts.synchronous_full = false;
+    store = std::make_unique<Store>(dir + "/coord.db", Store::Options{false, 0});
+    engine = std::make_unique<Engine>(opts, *store);
+    engine->send = [this](const std::string& peer, const std::string& payload) {
+      sent.emplace_back(peer, proto::parse(payload));
+    };
+    daemons = std::make_unique<DaemonMessages>(*engine);
+    requests = std::make_unique<ClientRequests>(*engine);
+    timers = std::make_unique<Timers>(*engine);
+  }
+  ~Parts() { std::filesystem::remove_all(dir); }
+
+  // One message as the coordinator handles it: in a transaction, sent after the commit.
+  template <typename Part, typename M>
+  void handle(Part& part, const std::string& peer, uint32_t uid, const M& m) {
+    engine->outbox.clear();
+    Txn t(store->db());
+    part.on(peer, uid, m);
+    t.commit();
+    engine->flush_outbox();
+  }
+  template <typename T>
+  T last() {
+    EXPECT_FALSE(sent.empty());
+    auto* m = std::get_if<T>(&sent.back().second);
+    EXPECT_NE(m, nullptr) << proto::type_name(sent.back().second);
+    return m ? *m : T{};
+  }
+  int64_t submit(uint32_t uid, int max_restarts = 0) {
+    handle(*requests, "client", uid,
+           proto::SubmitRequest{1, test_spec(1, max_restarts, 1, 1), "", dir + "/job", 3});
+    return last<proto::SubmitReply>().job;
+  }
+  proto::Registered register_node(const std::string& peer, uint32_t uid, const std::string& node,
+                                  int64_t job) {
+    auto r = SimDaemon::make_reg(node);
+    r.jobs = {{job, 0, 0}};
+    handle(*daemons, peer, uid, r);
+    return last<proto::Registered>();
+  }
+};
+
+}  // namespace
+
+TEST(CoordParts, ClientRequestsSubmitAndOnlyTheOwnerCancels) {
+  Parts p;
+  int64_t job = p.submit(1000);
+  EXPECT_EQ(job, 1);
+  EXPECT_EQ(p.last<proto::SubmitReply>().state, "pending");
+  EXPECT_EQ(p.store->job(job)->owner_uid, 1000);
+  try {
+    p.handle(*p.requests, "client", 1001, proto::CancelRequest{2, job});
+    FAIL() << "another user cancelled the job";
+  } catch (const Refused& e) {
+    EXPECT_EQ(e.code, proto::code::kPermissionDenied);
+    EXPECT_NE(std::string(e.what()).find("may not cancel it"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(to_string(p.store->job(job)->state), std::string("pending"));
+  p.handle(*p.requests, "client", 1000, proto::CancelRequest{3, job});
+  EXPECT_EQ(p.last<proto::OkReply>().state, "cancelled");
+  EXPECT_EQ(p.last<proto::OkReply>().id, 3);
+  // Reads through coordinator/queries.h: the job as recorded.
+  p.handle(*p.requests, "client", 1001, proto::StatusRequest{4, job});
+  EXPECT_EQ(p.last<proto::StatusReply>().jobs.at(0).state, "cancelled");
+  EXPECT_THROW(p.handle(*p.requests, "client", 1000, proto::EventsRequest{5, 99, 0, 10}), Refused);
+}
+
+TEST(CoordParts, DaemonMessagesJoinBatchAndBindOneNodePerConnection) {
+  Parts p;
+  int64_t job = p.submit(1000);
+  auto reg = p.register_node("peer-a", 1000, "n0", job);
+  ASSERT_EQ(reg.jobs.size(), 1u);
+  EXPECT_EQ(reg.jobs[0].attempt, 1);
+  EXPECT_EQ(reg.jobs[0].state, "starting");
+  EXPECT_EQ(p.sent.back().first, "peer-a");
+
+  p.handle(*p.daemons, "peer-a", 1000, proto::StepReport{"n0", job, 1, 1, 2.5, 100, 0.1, 0.01});
+  EXPECT_EQ(to_string(p.store->job(job)->state), std::string("running"));
+  EXPECT_EQ(p.engine->step_buf.size(), 1u);  // batched, not yet written
+  EXPECT_TRUE(p.store->steps(job, 0, 10).empty());
+  p.timers->flush_metrics();
+  auto rows = p.store->steps(job, 0, 10);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].loss, 2.5);
+
+  // The connection registered as n0 cannot speak for n1; an unknown node must register first.
+  try {
+    p.handle(*p.daemons, "peer-a", 1000, proto::Heartbeat{"n1", 1, {}});
+    FAIL();
+  } catch (const Refused& e) {
+    EXPECT_EQ(e.code, proto::code::kWrongPeer);
+  }
+  try {
+    p.handle(*p.daemons, "peer-b", 1001, proto::Heartbeat{"n0", 1, {}});
+    FAIL();
+  } catch (const Refused& e) {
+    EXPECT_EQ(e.code, proto::code::kNotRegistered);
+  }
+  // Another uid's daemon may not serve the job.
+  auto other = p.register_node("peer-c", 1001, "n9", job);
+  EXPECT_TRUE(other.jobs.empty());
+}
+
+TEST(CoordParts, TimersLoseASilentNodeAndFailItsAttempt) {
+  Parts p(/*heartbeat_timeout_s=*/0.2);
+  int64_t job = p.submit(1000, /*max_restarts=*/0);
+  p.register_node("peer-a", 1000, "n0", job);
+  EXPECT_TRUE(wait_for(
+      [&] {
+        p.timers->tick();
+        auto n = p.store->node(1000, "n0");
+        return n && n->state == "lost";
+      },
+      30s));
+  auto j = p.store->job(job);
+  EXPECT_EQ(to_string(j->state), std::string("failed"));
+  EXPECT_NE(j->state_reason.find("node n0 lost"), std::string::npos) << j->state_reason;
+  bool lost_event = false;
+  for (const auto& e : p.store->events(job, 0, 100)) lost_event |= e.kind == "node_lost";
+  EXPECT_TRUE(lost_event);
+}
+
+TEST(CoordParts, ZapAdmitsNullAndListedCurveKeysOnly) {
+  std::string dir = make_temp_dir("zap");
+  char pub[41], sec[41];
+  ASSERT_EQ(zmq_curve_keypair(pub, sec), 0);
+  std::string clients = dir + "/clients";
+  std::ofstream(clients) << pub << " 4242 test client\n";
+  chmod(clients.c_str(), 0600);
+  auto req = [](const std::string& mech, const std::string& cred) {
+    std::vector<std::string> r{"1.0", "7", "ringmaster", "127.0.0.1", "", mech};
+    if (!cred.empty()) r.push_back(cred);
+    return r;
+  };
+  EXPECT_EQ(zap_decide(req("NULL", ""), clients).status, "200");
+  EXPECT_EQ(zap_decide({"1.0", "7"}, clients).status, "500");
+  EXPECT_EQ(zap_decide(req("PLAIN", "x"), clients).text, "mechanism not allowed");
+  uint8_t key[32];
+  ASSERT_NE(zmq_z85_decode(key, pub), nullptr);
+  auto ok = zap_decide(req("CURVE", std::string(reinterpret_cast<char*>(key), 32)), clients);
+  EXPECT_EQ(ok.status, "200");
+  EXPECT_EQ(ok.user, "4242");
+  key[0] ^= 1;
+  auto bad = zap_decide(req("CURVE", std::string(reinterpret_cast<char*>(key), 32)), clients);
+  EXPECT_EQ(bad.status, "400");
+  EXPECT_EQ(bad.text, "unknown client key");
+  // A clients file others may write admits no one.
+  chmod(clients.c_str(), 0666);
+  key[0] ^= 1;
+  auto unsafe = zap_decide(req("CURVE", std::string(reinterpret_cast<char*>(key), 32)), clients);
+  EXPECT_EQ(unsafe.status, "400");
+  EXPECT_EQ(unsafe.text, "clients file refused");
+  std::filesystem::remove_all(dir);
+}
