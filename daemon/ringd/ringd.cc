@@ -38,7 +38,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "common/cli/flags.h"
 #include "common/cli/job_dir.h"
 #include "common/proc/close_fds.h"
 #include "common/proc/reap.h"
@@ -49,6 +48,8 @@
 #include "daemon/placement/cpu_topology.h"
 #include "daemon/placement/discovery.h"
 #include "daemon/placement/placement.h"
+#include "daemon/ringd/attempt.h"
+#include "daemon/ringd/control_server.h"
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/owned_paths.h"
 #include "daemon/ringd/transport_exchange.h"
@@ -66,30 +67,12 @@ namespace ring::ringd {
 namespace {
 
 namespace asio = boost::asio;
-using local_stream = asio::local::stream_protocol;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 // ringd stops its workers with this signal (workers ignore SIGTERM and SIGINT), then SIGKILL.
 constexpr int kWorkerStopSignal = SIGUSR2;
-
-const char* kUsage =
-    "usage: ringd --spec FILE [--job-dir DIR] [--node-rank N --nodes M] [--rendezvous DIR]\n"
-    "             [--coord ENDPOINT --job ID] [--steps N] [--resume] [--threads T] [--json]\n"
-    "The node daemon: runs this node's ring-worker processes, owns the optimizer (CPU AdamW,\n"
-    "top-k), checkpoints, restarts. Contract: daemon/INTERFACE.md.\n"
-    "  --worker-bin PATH          ring-worker to spawn (default: next to ringd, then PATH)\n"
-    "  --transport NAME           transport plugin for workers and daemons (default ucx)\n"
-    "  --worker-threads T         kernel threads per worker (default resources.cpus_per_worker)\n"
-    "  --heartbeat-timeout S      worker silence counted as a hang (default 30)\n"
-    "  --startup-timeout S        spawn to first contact (default 300)\n"
-    "  --stop-grace S             SIGUSR2 to SIGKILL when stopping workers (default 5)\n"
-    "  --hash-weights             steps carry weights_xxh, a hash of the master weights\n";
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  flags::usage_exit("ringd", msg, kUsage, kExitUsage);
-}
 
 std::string describe_status(int st) {
   if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
@@ -214,37 +197,17 @@ struct Worker {
   offload::control::Done done_msg;
 };
 
-// A worker's control messages are JSON lines of a few hundred bytes (the loader cursor is the
-// largest part); a line longer than this is a protocol error, not a reason to grow a buffer.
-constexpr size_t kMaxControlLine = 1 << 20;
-// ringd -> worker lines waiting to be written; a worker that stops reading fails past this.
-constexpr size_t kMaxQueuedBytes = 16 << 20;
-
-// A control message that breaks the protocol (a missing field, a wrong type, a value out of
-// range); the message names the field and the rule.
-class ProtocolError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-struct Conn {
-  explicit Conn(asio::io_context& io) : sock(io), buf(kMaxControlLine) {}
-  local_stream::socket sock;
-  asio::streambuf buf;
-  int local = -1;  // -1 until hello
-  // Writes are asynchronous (a worker that does not read must not stop the event loop): a queue
-  // of lines, one async_write at a time.
-  std::deque<std::string> out;
-  size_t out_bytes = 0;
-  bool writing = false;
-  bool close_after = false;  // close once the queue is written (a refusal)
-};
-
 class Daemon {
  public:
   Daemon(const Options& o, spec::JobSpec spec, std::string spec_text)
       : o_(o), spec_(std::move(spec)), spec_text_(std::move(spec_text)), signals_(io_),
-        tick_(io_), acceptor_(io_) {}
+        tick_(io_),
+        control_(io_, {[this](const ConnPtr& c, const offload::control::WorkerMessage& m) {
+                         on_message(c, m);
+                       },
+                       [this](const ConnPtr& c, const std::string& what) {
+                         protocol_error(c, what);
+                       }}) {}
 
   int run();
 
@@ -252,27 +215,31 @@ class Daemon {
   // ---- logging and events
   void log(const std::string& line);
   void event(const std::string& name, json fields);
+  // ---- the attempt state machine (attempt.h): events in, actions carried out here
+  void dispatch(const attempt::Event& e);
+  void execute(const attempt::State& before, const attempt::Action& a);
+  void say(const attempt::Action& a);
+  attempt::Event event_of(attempt::EventKind kind, std::string text = {}) const;
+  bool ready() const;
   // ---- attempts
   void start_attempt();
   void spawn(Worker& w);
-  void stop_workers(const std::string& why);
+  void stop_workers(const std::string& why, bool already_stopping);
   void end_attempt();
   void finish(int code);
   void fatal(const std::string& why);
+  void announce_fatal(const std::string& why);
   void remove_stale_attempts();
   bool make_attempt_dirs(std::string* why);
-  // ---- sockets
-  void accept();
-  void read(std::shared_ptr<Conn> c);
-  void on_message(const std::shared_ptr<Conn>& c, const offload::control::WorkerMessage& msg);
-  void send(int local, const json& m);
-  void write(const std::shared_ptr<Conn>& c, const json& m);
-  void write_next(const std::shared_ptr<Conn>& c);
-  void protocol_error(const std::shared_ptr<Conn>& c, const std::string& what);
-  std::string peer_name(const std::shared_ptr<Conn>& c) const;
+  // ---- the workers' control messages (control_server.h does the socket)
+  void on_message(const ConnPtr& c, const offload::control::WorkerMessage& msg);
+  void send(int local, const json& m) { control_.send(local, m); }
+  void protocol_error(const ConnPtr& c, const std::string& what);
+  std::string peer_name(const ConnPtr& c) const;
   // ---- steps
   void maybe_begin();
   void begin_step();
+  void stop_at_boundary(const attempt::Action& a);
   void on_bucket(Worker& w, int b);
   void maybe_finish_step();
   void checkpoint_now(int64_t step, bool wait);
@@ -287,8 +254,6 @@ class Daemon {
   void on_coord(const protocol::Message& m);
   void on_command(const protocol::Command& c);
   void coord_decide(const std::string& state);
-  void await_coord(int what, double seconds);
-  void apply_restart_policy();
 
   Options o_;
   spec::JobSpec spec_;
@@ -296,7 +261,7 @@ class Daemon {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer tick_;
-  local_stream::acceptor acceptor_;
+  ControlServer control_;
   std::string sock_dir_, sock_path_;
 
   std::string job_dir_, rdv_root_, worker_bin_, ckpt_dir_;
@@ -309,13 +274,15 @@ class Daemon {
   std::unique_ptr<model::ParamLayout> layout_;
   placement::Placement placement_;
 
-  // Attempt state.
-  int attempt_ = 0, restarts_ = 0;
-  bool attempt_live_ = false;
-  bool stopping_workers_ = false;
+  // The attempt's lifecycle (phase, failure, stop requests, the coordinator's commands) and
+  // the fixed facts its transitions depend on; the deadlines its actions arm are below.
+  attempt::Config machine_;
+  attempt::State state_;
+  uint64_t dispatches_ = 0;
+  int last_signal_ = 0;
+  int64_t command_id_ = 0;  // the ring-coord command being handled (its ack)
   Clock::time_point kill_at_;
   std::vector<Worker> workers_;
-  std::vector<std::shared_ptr<Conn>> conns_;
   offload::ShmRegion shm_;
   std::unique_ptr<TransportExchange> exchange_;
   optim::LocalExchange local_exchange_;
@@ -326,18 +293,15 @@ class Daemon {
   int64_t done_step_ = 0;        // last completed step
   int64_t cur_step_ = 0;         // step in flight (0: none)
   int buckets_ready_ = 0;        // node buckets handed to the optimizer this step
-  bool finishing_ = false;       // every step done, workers told to stop
   json cursor_;                  // loader cursor after done_step_
   Clock::time_point step_t0_;
   double ckpt_stall_s_ = 0;
   int64_t last_ckpt_step_ = -1;
   int64_t stop_ckpt_saved_ = -1;  // step of a checkpoint written and waited for (on a stop)
   bool last_all_changed_ = true;
-  bool attempt_failed_ = false;
   std::string attempt_rdv_;
 
-  // Exit.
-  int stop_signals_ = 0;         // SIGTERM/SIGINT/SIGUSR1 received (repeats within 1 s: once)
+  // Stop signals (state_.stop_signals counts them; repeats within 1 s are one).
   Clock::time_point first_stop_signal_;
   // Time the event loop spent in blocking calls (checkpoint drains, the optimizer's step end):
   // a signal that arrived during one is handled late, so "within 1 s" discounts it.
@@ -359,12 +323,7 @@ class Daemon {
   // its params; the workers pass it on in the step's loss all_gather and report it in "done", so
   // every ringd learns it at the end of the same step (the signal reaches the nodes at slightly
   // different times, often in different steps; a node stopping alone would leave the others'
-  // workers waiting in a collective for it).
-  bool stop_agreed_ = false;
-  bool stop_requested() const { return stop_signals_ > 0 || stop_agreed_; }
-  bool exiting_ = false;
-  int exit_code_ = kExitOk;
-  bool restart_pending_ = false;
+  // workers waiting in a collective for it): state_.stop_agreed.
   Clock::time_point restart_at_;
   Clock::time_point stop_deadline_{Clock::time_point::max()};
 
@@ -373,20 +332,13 @@ class Daemon {
   // falls back to its own policy only when the coordinator stays silent.
   std::unique_ptr<CoordLink> coord_;
   std::optional<int64_t> resume_to_;  // resume from the newest complete checkpoint <= this step
-  enum Await { kAwaitNone, kAwaitAfterFailure, kAwaitState, kAwaitRollBack };
-  int await_ = kAwaitNone;
   Clock::time_point await_deadline_;
-  bool coord_stop_ = false;           // a stop command: stop the workers, then ask for the state
-  std::string coord_stop_reason_;
-  bool rollback_pending_ = false;     // a roll_back command while an attempt is live
-  int64_t rollback_attempt_ = 0, rollback_step_ = 0;
-  bool ckpt_requested_ = false;       // checkpoint_now: at the next step boundary
   std::string fatal_error_;           // fatal(): the exit message
   // Checkpoint results by step (this node's view: ok = its shard is durable, and on node 0 the
   // commit done): the last one of a run must not fail silently.
   std::map<int64_t, std::string> ckpt_failed_;
   std::set<int64_t> ckpt_ok_;
-  bool final_checkpoint_failed();
+  std::string final_checkpoint_error();
   std::string newest_complete_checkpoint();
 };
 
@@ -426,7 +378,7 @@ void Daemon::out_line(const std::string& line) {
 void Daemon::event(const std::string& name, json fields) {
   fields["event"] = name;
   fields["node"] = o_.node_rank;
-  fields["attempt"] = attempt_;
+  fields["attempt"] = state_.attempt;
   const std::string s = fields.dump();
   log_line("event " + s);
   if (o_.json && o_.node_rank == 0) out_line(s);
@@ -553,9 +505,7 @@ int Daemon::run() {
     const std::string& dir;
     ~RemoveOnExit() { remove_own_dir(dir); }
   } remove_sock_dir{sock_dir_};
-  acceptor_.open(local_stream());
-  acceptor_.bind(local_stream::endpoint(sock_path_));
-  acceptor_.listen();
+  control_.listen(sock_path_);
 
   log(fmt::format("job {} | node {} of {} | {} workers per node, world {} | {} steps | {} "
                   "parameters, {} buckets | optimizer {} {}{} | job dir {}",
@@ -573,15 +523,15 @@ int Daemon::run() {
       [this, &on_sig](const boost::system::error_code& e, int sig) {
         if (e) return;
         on_signal(sig);
-        if (!exiting_) signals_.async_wait(on_sig);
+        if (state_.phase != attempt::Phase::kExiting) signals_.async_wait(on_sig);
       };
   signals_.async_wait(on_sig);
-  accept();
   tick_.expires_after(std::chrono::milliseconds(100));
   tick_.async_wait([this](const boost::system::error_code& e) {
     if (!e) on_tick();
   });
 
+  int first_attempt = 0;
   if (!o_.coord.empty()) {
     // Register (node, GPUs, topology, the job) and learn the attempt to run.
     protocol::Register reg;
@@ -614,7 +564,7 @@ int Daemon::run() {
     log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node, o_.job));
     std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
     if (!a) {
-      attempt_ = 1;
+      first_attempt = 1;
       log("ring-coord did not answer within 30 s (or does not list the job): starting attempt 1; "
           "the link keeps trying and the coordinator reconciles when it answers");
     } else {
@@ -630,12 +580,19 @@ int Daemon::run() {
         coord_.reset();
         return code;
       }
-      attempt_ = static_cast<int>(std::max<int64_t>(1, a->attempt));
+      first_attempt = static_cast<int>(std::max<int64_t>(1, a->attempt));
       if (a->resume_step > 0) resume_to_ = a->resume_step;
     }
   }
 
-  start_attempt();
+  machine_.nodes = o_.nodes;
+  machine_.coordinated = coord_ != nullptr;
+  machine_.max_restarts = spec_.restart.max_restarts;
+  machine_.backoff_s = spec_.restart.backoff_s;
+  machine_.backoff_max_s = spec_.restart.backoff_max_s;
+  attempt::Event start = event_of(attempt::EventKind::kStart);
+  start.attempt = first_attempt;
+  dispatch(start);
   io_.run();
 
   // Every exit path: no worker survives.
@@ -649,23 +606,169 @@ int Daemon::run() {
       log("ring-coord did not confirm the last reports within 5 s");
     coord_.reset();
   }
-  return exit_code_;
+  return state_.exit_code;
+}
+
+// ---- the attempt state machine -----------------------------------------------------------------
+
+attempt::Event Daemon::event_of(attempt::EventKind kind, std::string text) const {
+  attempt::Event e;
+  e.kind = kind;
+  e.text = std::move(text);
+  e.ready = ready();
+  e.more_steps = done_step_ + 1 <= total_steps_;
+  e.has_checkpointer = ck_ != nullptr;
+  return e;
+}
+
+// Every worker mapped the shared memory and the master weights exist: steps can begin.
+bool Daemon::ready() const {
+  return have_master_ && !workers_.empty() &&
+         std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; });
+}
+
+void Daemon::dispatch(const attempt::Event& e) {
+  const attempt::State before = state_;
+  const attempt::Transition t = attempt::next(machine_, state_, e);
+  if (!t.accepted) return;
+  state_ = t.state;
+  const uint64_t mine = ++dispatches_;
+  for (const attempt::Action& a : t.actions) {
+    execute(before, a);
+    // An action's own outcome (a fatal error while starting) ended the run: the rest is moot.
+    if (dispatches_ != mine && state_.phase == attempt::Phase::kExiting) return;
+  }
+}
+
+void Daemon::execute(const attempt::State& before, const attempt::Action& a) {
+  using attempt::ActionKind;
+  const auto after = [](double s) {
+    return Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(s * 1e3));
+  };
+  switch (a.kind) {
+    case ActionKind::kStopWorkers:
+      stop_workers(a.text, before.phase == attempt::Phase::kStopping);
+      return;
+    case ActionKind::kBeginStep:
+      begin_step();
+      return;
+    case ActionKind::kStopAtBoundary:
+      stop_at_boundary(a);
+      return;
+    case ActionKind::kCheckpoint:
+      checkpoint_now(done_step_, false);
+      return;
+    case ActionKind::kArmStopDeadline:
+      stop_deadline_ = Clock::now() + std::chrono::seconds(60);
+      return;
+    case ActionKind::kStartAttempt:
+      start_attempt();
+      return;
+    case ActionKind::kScheduleRestart:
+      if (a.resume) resume_to_ = a.step;
+      restart_at_ = after(a.seconds);
+      return;
+    case ActionKind::kAwaitCoord:
+      await_deadline_ = after(a.seconds);
+      // The answer (registered) carries the job's state.
+      if (state_.await == attempt::Await::kState) coord_->sync();
+      return;
+    case ActionKind::kAck:
+      coord_->ack(command_id_, a.ok, a.text);
+      return;
+    case ActionKind::kExit:
+      finish(a.code);
+      return;
+    case ActionKind::kSay:
+      say(a);
+      return;
+  }
+}
+
+// The log lines and events of the lifecycle's transitions.
+void Daemon::say(const attempt::Action& a) {
+  using attempt::Note;
+  switch (a.note) {
+    case Note::kNone:
+      return;
+    case Note::kStopping:
+      log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(last_signal_)));
+      event("stopping", {{"signal", last_signal_}, {"step", done_step_}});
+      return;
+    case Note::kStopNow:
+      log(fmt::format("{} again: stopping the workers now, no checkpoint",
+                      strsignal(last_signal_)));
+      return;
+    case Note::kStopAgreed:
+      log(fmt::format("step {}: every node knows of the stop: checkpoint, then stop", done_step_));
+      return;
+    case Note::kStopFromOtherNode:
+      log(fmt::format("step {}: another node was asked to stop: checkpoint, then stop",
+                      done_step_));
+      event("stopping", {{"step", done_step_}, {"from", "another node"}});
+      return;
+    case Note::kCheckpointAsked:
+      log(fmt::format("checkpoint at step {} (asked by ring-coord)", done_step_));
+      return;
+    case Note::kStoppedByCoord:
+      log(fmt::format("stopped at step {} by ring-coord ({})", done_step_, a.text));
+      event("stopped", {{"step", done_step_}, {"reason", a.text}});
+      return;
+    case Note::kStoppedResumable:
+      log(fmt::format("stopped at step {} on request (resumable)", done_step_));
+      event("stopped", {{"step", done_step_}});
+      return;
+    case Note::kStoppedAfterFailure:
+      event("stopped", {{"step", done_step_}});
+      return;
+    case Note::kCompleted:
+      log(fmt::format("completed {} steps", done_step_));
+      event("completed", {{"step", done_step_}});
+      return;
+    case Note::kRestarting:
+      log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", a.restart,
+                      spec_.restart.max_restarts, a.seconds, a.attempt));
+      event("restarting", {{"restart", a.restart}, {"delay_s", a.seconds}});
+      return;
+    case Note::kRestartsExhausted:
+      log(fmt::format("failed: restart.max_restarts ({}) exhausted", spec_.restart.max_restarts));
+      event("failed", {{"step", done_step_}, {"restarts", state_.restarts}});
+      return;
+    case Note::kRollBack:
+      log(fmt::format("ring-coord: roll back to attempt {} from step {}", a.attempt, a.step));
+      return;
+    case Note::kStartFromCoord:
+      log(fmt::format("ring-coord: starting attempt {} from step {}", a.attempt, a.step));
+      return;
+    case Note::kWaitForCoord:
+      log("attempt failed: waiting for ring-coord's decision (roll back or stop)");
+      return;
+    case Note::kCoordSilent:
+      log("ring-coord did not answer: applying the spec's restart policy here");
+      return;
+    case Note::kCoordNoState:
+      log("ring-coord did not say how to go on after its stop: exiting (resumable)");
+      return;
+    case Note::kCoordStoppedIdle:
+      event("stopped", {{"step", done_step_}, {"reason", a.text}});
+      return;
+    case Note::kFinalCheckpointFailed:
+      event("checkpoint_failed", {{"step", done_step_}, {"error", a.text}, {"final", true}});
+      announce_fatal(a.text);
+      return;
+  }
 }
 
 // ---- attempts ----------------------------------------------------------------------------------
 
+// The kStartAttempt action: state_ is kStarting (attempt::next reset the attempt's flags).
 void Daemon::start_attempt() {
-  restart_pending_ = false;
-  attempt_live_ = true;
-  attempt_failed_ = false;
-  stopping_workers_ = false;
-  finishing_ = false;
   cur_step_ = 0;
   last_all_changed_ = true;
   have_master_ = false;
   done_step_ = 0;
   cursor_ = json();
-  attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, attempt_);
+  attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, state_.attempt);
   std::string rdv_error;
   if (!make_attempt_dirs(&rdv_error)) {
     fatal("rendezvous: " + rdv_error);
@@ -675,12 +778,13 @@ void Daemon::start_attempt() {
     // The name carries this process's pid and the attempt, so a segment of that name is the
     // leftover of an earlier ringd that had the same pid and was killed before its workers
     // mapped it (shared memory outlives processes): replace it.
-    const std::string shm = offload::shm_name(spec_.job.name, o_.node_rank, getpid(), attempt_);
+    const std::string shm =
+        offload::shm_name(spec_.job.name, o_.node_rank, getpid(), state_.attempt);
     if (shm_unlink(shm.c_str()) == 0) log("removed a stale shared-memory segment " + shm);
     shm_ = offload::ShmRegion::create(shm, layout_->total(), wpn_);
   } catch (const std::exception& e) {
     log(std::string("fatal: ") + e.what());
-    finish(kExitFailed);
+    dispatch(event_of(attempt::EventKind::kFatal, e.what()));
     return;
   }
   workers_.assign(wpn_, Worker{});
@@ -690,14 +794,14 @@ void Daemon::start_attempt() {
     w.rank = o_.node_rank * wpn_ + l;
     w.log = fmt::format("{}/logs/worker-{}.log", job_dir_, w.rank);
     spawn(w);
-    if (exiting_) return;  // fatal(): the workers already started are killed on the way out
+    // fatal(): the workers already started are killed on the way out
+    if (state_.phase == attempt::Phase::kExiting) return;
   }
   if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.running; })) {
-    attempt_failed_ = true;
-    stop_workers("a worker could not be started");
+    dispatch(event_of(attempt::EventKind::kStartFailed, "a worker could not be started"));
     return;
   }
-  log(fmt::format("attempt {}: spawned {} workers (ranks {}..{}), rendezvous {}", attempt_, wpn_,
+  log(fmt::format("attempt {}: spawned {} workers (ranks {}..{}), rendezvous {}", state_.attempt, wpn_,
                   o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, attempt_rdv_));
   try {
     optim::Exchange* ex = &local_exchange_;
@@ -709,7 +813,7 @@ void Daemon::start_attempt() {
     opt_ = std::make_unique<optim::NodeOptimizer>(spec_, *layout_, total_steps_, o_.threads, ex);
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
     const bool want_resume =
-        coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || attempt_ > 0);
+        coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
     const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
     if (want_resume && ckpt_dir_.empty()) {
       log("checkpoints are off (checkpoint.dir is empty): starting from step 0");
@@ -758,7 +862,7 @@ void Daemon::start_attempt() {
       co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
       co.node_rank = o_.node_rank;
       co.nodes = o_.nodes;
-      co.tag = std::to_string(attempt_);
+      co.tag = std::to_string(state_.attempt);
       co.spec_hash = spec_hash_;
       ck_ = std::make_unique<ckpt::Checkpointer>(co);
       for (const optim::StateTensor& t : opt_->state_tensors())
@@ -771,12 +875,11 @@ void Daemon::start_attempt() {
   } catch (const std::exception& e) {
     log(std::string("attempt failed to start: ") + e.what());
     event("attempt_failed", {{"error", e.what()}});
-    attempt_failed_ = true;
-    stop_workers("the attempt could not start");
+    dispatch(event_of(attempt::EventKind::kStartFailed, "the attempt could not start"));
     return;
   }
   unblocked_at_ = Clock::now();  // the exchange bootstrap and the resume load blocked the loop
-  if (coord_) coord_->set_progress(attempt_, done_step_);
+  if (coord_) coord_->set_progress(state_.attempt, done_step_);
   event("attempt_started", {{"workers", wpn_}, {"start_step", done_step_}});
 }
 
@@ -788,7 +891,7 @@ void Daemon::spawn(Worker& w) {
     fatal(fmt::format("worker rank {}: {}", w.rank, why));
     return;
   }
-  const std::string banner = fmt::format("=== attempt {} ===\n", attempt_);
+  const std::string banner = fmt::format("=== attempt {} ===\n", state_.attempt);
   if (::write(fd, banner.data(), banner.size()) < 0) {
     const int e = errno;
     ::close(fd);
@@ -897,15 +1000,15 @@ void Daemon::spawn(Worker& w) {
   event("worker_started", {{"rank", w.rank}, {"pid", pid}, {"cpus", pl.cpus}});
 }
 
-void Daemon::stop_workers(const std::string& why) {
+// The kStopWorkers action (state_ is kStopping): SIGUSR2 now, SIGKILL after the grace (on_tick).
+void Daemon::stop_workers(const std::string& why, bool already_stopping) {
   int n = 0;
   for (Worker& w : workers_)
     if (w.running) {
       kill(-w.pid, kWorkerStopSignal);
       ++n;
     }
-  if (!stopping_workers_ && n > 0) log(fmt::format("stopping {} workers: {}", n, why));
-  stopping_workers_ = true;
+  if (!already_stopping && n > 0) log(fmt::format("stopping {} workers: {}", n, why));
   kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.stop_grace_s * 1e3));
   if (n == 0) asio::post(io_, [this] { end_attempt(); });
 }
@@ -928,15 +1031,10 @@ void Daemon::await_commit(int64_t step) {
 }
 
 void Daemon::end_attempt() {
-  if (!attempt_live_) return;
+  if (!state_.live()) return;
   for (const Worker& w : workers_)
     if (w.running) return;
-  attempt_live_ = false;
-  for (auto& c : conns_) {
-    boost::system::error_code ec;
-    c->sock.close(ec);
-  }
-  conns_.clear();
+  control_.close_all();
   const bool had_checkpointer = ck_ != nullptr;
   if (ck_) {
     int64_t saved = stop_ckpt_saved_;  // the newest checkpoint this node wrote its shard of
@@ -944,7 +1042,7 @@ void Daemon::end_attempt() {
     // committing it): ring-coord resumes from the newest one reported saved.
     for (const ckpt::SaveResult& r : ck_->drain())
       if (report_checkpoint(r)) saved = std::max(saved, r.step);
-    if (stop_requested() && o_.node_rank > 0 && saved == done_step_ && saved > 0)
+    if (state_.stop_requested() && o_.node_rank > 0 && saved == done_step_ && saved > 0)
       await_commit(saved);
     ck_.reset();
   }
@@ -955,73 +1053,15 @@ void Daemon::end_attempt() {
     std::string why;
     if (!remove_own_dir(attempt_rdv_, &why)) log("rendezvous directory left in place: " + why);
   }
-  if (coord_ && rollback_pending_ && !stop_requested()) {
-    rollback_pending_ = false;
-    attempt_ = static_cast<int>(rollback_attempt_);
-    resume_to_ = rollback_step_;
-    log(fmt::format("ring-coord: roll back to attempt {} from step {}", attempt_, rollback_step_));
-    restart_pending_ = true;
-    restart_at_ = Clock::now();
-    return;
-  }
-  if (coord_ && coord_stop_ && !stop_requested()) {
-    log(fmt::format("stopped at step {} by ring-coord ({})", done_step_, coord_stop_reason_));
-    event("stopped", {{"step", done_step_}, {"reason", coord_stop_reason_}});
-    await_coord(kAwaitState, 10);
-    return;
-  }
-  if (!attempt_failed_ && had_checkpointer && final_checkpoint_failed()) return;
-  if (!attempt_failed_) {
-    if (stop_requested()) {
-      log(fmt::format("stopped at step {} on request (resumable)", done_step_));
-      event("stopped", {{"step", done_step_}});
-      finish(kExitStopped);
-    } else {
-      log(fmt::format("completed {} steps", done_step_));
-      event("completed", {{"step", done_step_}});
-      finish(kExitOk);
-    }
-    return;
-  }
-  if (stop_requested()) {
-    event("stopped", {{"step", done_step_}});
-    finish(kExitStopped);
-    return;
-  }
-  if (coord_) {
-    // ring-coord heard of the death (worker_died) and applies the restart policy: it sends stop,
-    // then roll_back (or stop alone when restarts are exhausted). Silent: ringd's own policy.
-    log("attempt failed: waiting for ring-coord's decision (roll back or stop)");
-    await_coord(kAwaitAfterFailure, 15);
-    return;
-  }
-  apply_restart_policy();
+  attempt::Event e = event_of(attempt::EventKind::kAllExited);
+  if (had_checkpointer) e.final_checkpoint_error = final_checkpoint_error();
+  dispatch(e);
 }
 
-void Daemon::apply_restart_policy() {
-  if (restarts_ < spec_.restart.max_restarts) {
-    const double delay =
-        std::min(spec_.restart.backoff_s * std::pow(2.0, restarts_), spec_.restart.backoff_max_s);
-    ++restarts_;
-    ++attempt_;
-    if (coord_) resume_to_ = INT64_MAX;  // the newest complete checkpoint
-    log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", restarts_,
-                    spec_.restart.max_restarts, delay, attempt_));
-    event("restarting", {{"restart", restarts_}, {"delay_s", delay}});
-    restart_pending_ = true;
-    restart_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(delay * 1e3));
-    return;
-  }
-  log(fmt::format("failed: restart.max_restarts ({}) exhausted", spec_.restart.max_restarts));
-  event("failed", {{"step", done_step_}, {"restarts", restarts_}});
-  finish(kExitFailed);
-}
-
-void Daemon::finish(int code) {
-  exit_code_ = code;
-  exiting_ = true;
+// The kExit action: leave the event loop (run() returns state_.exit_code).
+void Daemon::finish(int) {
   boost::system::error_code ec;
-  acceptor_.close(ec);
+  control_.stop();
   signals_.cancel(ec);
   tick_.cancel();
   io_.stop();
@@ -1031,13 +1071,16 @@ void Daemon::finish(int code) {
 // is not ours): say it on stderr whatever the output mode (ringctl shows ringd's stderr), in the
 // log and as the `failed` event, and exit 1 at once instead of retrying.
 void Daemon::fatal(const std::string& why) {
-  if (exiting_) return;
+  if (state_.phase == attempt::Phase::kExiting) return;
+  announce_fatal(why);
+  dispatch(event_of(attempt::EventKind::kFatal, why));
+}
+
+void Daemon::announce_fatal(const std::string& why) {
   log("fatal: " + why);
   if (o_.json) std::cerr << "ringd: " << why << std::endl;  // log() wrote it otherwise
   event("failed", {{"step", done_step_}, {"error", why}});
   fatal_error_ = why;
-  attempt_failed_ = true;
-  finish(kExitFailed);
 }
 
 void Daemon::remove_stale_attempts() {
@@ -1073,7 +1116,7 @@ bool Daemon::make_attempt_dirs(std::string* why) {
                       " exists and was not made by ringd (no marker); choose another "
                       "--rendezvous or remove it");
     mark_own_dir(attempt_rdv_, fmt::format("ringd rendezvous of job {} attempt {}",
-                                           spec_.job.name, attempt_));
+                                           spec_.job.name, state_.attempt));
     ensure_own_dir(attempt_rdv_ + "/workers", 0022);
     ensure_own_dir(attempt_rdv_ + "/daemons", 0022);
     return true;
@@ -1085,65 +1128,7 @@ bool Daemon::make_attempt_dirs(std::string* why) {
 
 // ---- sockets -----------------------------------------------------------------------------------
 
-void Daemon::accept() {
-  auto c = std::make_shared<Conn>(io_);
-  acceptor_.async_accept(c->sock, [this, c](const boost::system::error_code& e) {
-    if (e) return;
-    conns_.push_back(c);
-    read(c);
-    accept();
-  });
-}
-
-void Daemon::read(std::shared_ptr<Conn> c) {
-  asio::async_read_until(
-      c->sock, c->buf, '\n', [this, c](const boost::system::error_code& e, size_t n) {
-        if (exiting_) return;
-        if (e == asio::error::not_found) {  // kMaxControlLine bytes and no newline
-          protocol_error(c, fmt::format("sent a control message longer than the {} byte limit",
-                                        kMaxControlLine));
-          return;
-        }
-        if (e) {
-          conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
-          return;
-        }
-        std::string line(asio::buffers_begin(c->buf.data()),
-                         asio::buffers_begin(c->buf.data()) + n);
-        c->buf.consume(n);
-        json m = json::parse(line, nullptr, false);
-        if (m.is_discarded() || !m.is_object()) {
-          protocol_error(c, "sent a message that is not a JSON object: " + line.substr(0, 200));
-          return;
-        }
-        // A field of the wrong type or out of range is the worker's protocol error: it fails that
-        // worker, never the daemon. Lines are parsed and checked by the one parser both ends
-        // share (worker/offload/control.h, fuzzed); ringd acts only on the parsed message.
-        try {
-          on_message(c, offload::control::worker_from_json(m));
-        } catch (const offload::control::ControlError& x) {
-          protocol_error(c, std::string("sent a malformed message: ") + x.what());
-          return;
-        } catch (const ProtocolError& x) {
-          protocol_error(c, std::string("sent a malformed '") +
-                                (m.contains("t") && m["t"].is_string()
-                                     ? m["t"].get<std::string>()
-                                     : std::string("?")) +
-                                "' message: " + x.what());
-          return;
-        } catch (const json::exception& x) {
-          protocol_error(c, std::string("sent a malformed '") +
-                                (m.contains("t") && m["t"].is_string()
-                                     ? m["t"].get<std::string>()
-                                     : std::string("?")) +
-                                "' message (" + x.what() + "): " + line.substr(0, 200));
-          return;
-        }
-        if (c->sock.is_open()) read(c);
-      });
-}
-
-std::string Daemon::peer_name(const std::shared_ptr<Conn>& c) const {
+std::string Daemon::peer_name(const ConnPtr& c) const {
   if (c->local >= 0 && c->local < static_cast<int>(workers_.size()))
     return fmt::format("worker rank {} (local {}, pid {})", workers_[c->local].rank, c->local,
                        workers_[c->local].pid);
@@ -1153,92 +1138,43 @@ std::string Daemon::peer_name(const std::shared_ptr<Conn>& c) const {
 // A message that breaks the protocol: the worker that sent it is failed (killed, the attempt
 // ends as after any worker failure); a connection that is not a worker yet is closed. ringd
 // itself goes on.
-void Daemon::protocol_error(const std::shared_ptr<Conn>& c, const std::string& what) {
+void Daemon::protocol_error(const ConnPtr& c, const std::string& what) {
   const std::string who = peer_name(c);
-  boost::system::error_code ec;
-  c->sock.close(ec);
-  conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
-  if (c->local >= 0 && workers_[c->local].running && !stopping_workers_) {
+  if (c->local >= 0 && workers_[c->local].running &&
+      state_.phase != attempt::Phase::kStopping) {
     worker_failed(workers_[c->local], "protocol error: " + what);
   } else {
     log(fmt::format("protocol error from {}: {}; connection closed", who, what));
   }
 }
 
-void Daemon::send(int local, const json& m) {
-  for (auto& c : conns_)
-    if (c->local == local) {
-      write(c, m);
-      return;
-    }
-}
-
-void Daemon::write(const std::shared_ptr<Conn>& c, const json& m) {
-  if (!c->sock.is_open()) return;
-  std::string s = m.dump() + "\n";
-  c->out_bytes += s.size();
-  c->out.push_back(std::move(s));
-  if (c->out_bytes > kMaxQueuedBytes) {
-    protocol_error(c, fmt::format("does not read its control socket ({} bytes waiting)",
-                                  c->out_bytes));
-    return;
-  }
-  if (!c->writing) write_next(c);
-}
-
-void Daemon::write_next(const std::shared_ptr<Conn>& c) {
-  if (c->out.empty() || !c->sock.is_open()) {
-    c->writing = false;
-    if (c->close_after) {
-      boost::system::error_code ec;
-      c->sock.close(ec);
-    }
-    return;
-  }
-  c->writing = true;
-  asio::async_write(c->sock, asio::buffer(c->out.front()),
-                    [this, c](const boost::system::error_code& e, size_t) {
-                      if (e) {  // the worker is gone: SIGCHLD tells the rest
-                        c->out.clear();
-                        c->out_bytes = 0;
-                        c->writing = false;
-                        return;
-                      }
-                      c->out_bytes -= c->out.front().size();
-                      c->out.pop_front();
-                      write_next(c);
-                    });
-}
-
-void Daemon::on_message(const std::shared_ptr<Conn>& c,
-                        const offload::control::WorkerMessage& msg) {
+void Daemon::on_message(const ConnPtr& c, const offload::control::WorkerMessage& msg) {
   namespace ctl = offload::control;
   if (const auto* h = std::get_if<ctl::Hello>(&msg)) {
     if (c->local >= 0) throw ProtocolError("a second hello on one connection");
     const int local = static_cast<int>(h->local);
     // Who is really at the other end (SO_PEERCRED), not what the message says.
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    const bool have_cred =
-        getsockopt(c->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    pid_t peer_pid = -1;
+    uid_t peer_uid = 0;
+    const bool have_cred = ControlServer::peer(c, &peer_pid, &peer_uid);
     std::string why;
-    if (!have_cred || cred.uid != geteuid())
-      why = have_cred ? fmt::format("uid {} is not ringd's", cred.uid) : "no peer credentials";
+    if (!have_cred || peer_uid != geteuid())
+      why = have_cred ? fmt::format("uid {} is not ringd's", peer_uid) : "no peer credentials";
     else if (local >= wpn_ || !workers_[local].running)
       why = fmt::format("local rank {} is not a worker of this attempt", local);
     else if (h->rank != workers_[local].rank)
       why = fmt::format("rank {} should be {}", h->rank, workers_[local].rank);
     else if (h->n != layout_->total())
       why = fmt::format("model of {} floats, ringd's has {} (same spec?)", h->n, layout_->total());
-    else if (h->pid != workers_[local].pid || cred.pid != workers_[local].pid)
+    else if (h->pid != workers_[local].pid || peer_pid != workers_[local].pid)
       why = fmt::format("pid {} (connected from pid {}) is not the worker ringd spawned", h->pid,
-                        cred.pid);
+                        peer_pid);
     else if (workers_[local].connected)
       why = fmt::format("local rank {} is connected already", local);
     if (!why.empty()) {
       log("refused a worker: " + why);
       c->close_after = true;
-      write(c, {{"t", "stop"}, {"reason", why}});
+      control_.write(c, {{"t", "stop"}, {"reason", why}});
       return;
     }
     c->local = local;
@@ -1256,7 +1192,7 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c,
     throw ProtocolError("'" + ctl::to_json(msg).value("t", std::string("?")) + "' before hello");
   Worker& w = workers_[c->local];
   w.last_seen = Clock::now();
-  if (stopping_workers_) return;
+  if (state_.phase == attempt::Phase::kStopping) return;
   if (std::holds_alternative<ctl::Mapped>(msg)) {
     w.mapped = true;
     if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; })) {
@@ -1293,25 +1229,22 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c,
 // ---- steps -------------------------------------------------------------------------------------
 
 void Daemon::maybe_begin() {
-  if (cur_step_ != 0 || finishing_ || !have_master_ || stopping_workers_) return;
-  if (!std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; }))
-    return;
-  begin_step();
+  if (cur_step_ != 0 || state_.finishing || state_.phase == attempt::Phase::kStopping) return;
+  if (!ready()) return;
+  dispatch(event_of(attempt::EventKind::kBoundary));  // the first step, or the end of the run
 }
 
+// The kStopAtBoundary action (state_ is kFinishing): every step is done or a stop is agreed.
+void Daemon::stop_at_boundary(const attempt::Action& a) {
+  if (ck_ && a.checkpoint && last_ckpt_step_ != done_step_ && done_step_ > 0)
+    checkpoint_now(done_step_, true);
+  stop_deadline_ = Clock::now() + std::chrono::seconds(60);
+  for (const Worker& w : workers_) send(w.local, {{"t", "stop"}, {"reason", a.text}});
+}
+
+// The kBeginStep action: the next step's weights into shared memory, its params to the workers.
 void Daemon::begin_step() {
   const int64_t s = done_step_ + 1;
-  // One node decides alone; several stop after the step in which all of them learnt of it.
-  const bool stop_now = stop_agreed_ || (stop_signals_ > 0 && o_.nodes == 1);
-  if (s > total_steps_ || stop_now) {
-    if (ck_ && stop_signals_ < 2 && last_ckpt_step_ != done_step_ && done_step_ > 0)
-      checkpoint_now(done_step_, true);
-    finishing_ = true;
-    stop_deadline_ = Clock::now() + std::chrono::seconds(60);
-    for (const Worker& w : workers_)
-      send(w.local, {{"t", "stop"}, {"reason", stop_requested() ? "stop requested" : "done"}});
-    return;
-  }
   const int64_t n = layout_->total();
   int64_t changed = -1;
   const float* master = opt_->master();
@@ -1338,7 +1271,7 @@ void Daemon::begin_step() {
   step_t0_ = Clock::now();
   for (const Worker& w : workers_)
     send(w.local,
-         {{"t", "params"}, {"step", s}, {"changed", changed}, {"stop", stop_signals_ > 0}});
+         {{"t", "params"}, {"step", s}, {"changed", changed}, {"stop", state_.stop_signals > 0}});
 }
 
 void Daemon::on_bucket(Worker& w, int b) {
@@ -1388,8 +1321,7 @@ void Daemon::maybe_finish_step() {
   } catch (const std::exception& e) {
     log(fmt::format("step {}: optimizer failed: {}", cur_step_, e.what()));
     event("optimizer_failed", {{"step", cur_step_}, {"error", e.what()}});
-    attempt_failed_ = true;
-    stop_workers("the optimizer failed");
+    dispatch(event_of(attempt::EventKind::kStepFailed, "the optimizer failed"));
     return;
   }
   const double wall_s = std::chrono::duration<double>(Clock::now() - step_t0_).count();
@@ -1398,17 +1330,7 @@ void Daemon::maybe_finish_step() {
   last_all_changed_ = r.all_changed;
   const offload::control::Done& d = workers_[0].done_msg;
   cursor_ = d.cursor;
-  if (!stop_agreed_ && d.stop) {
-    stop_agreed_ = true;
-    log(stop_signals_ > 0
-            ? fmt::format("step {}: every node knows of the stop: checkpoint, then stop", done_step_)
-            : fmt::format("step {}: another node was asked to stop: checkpoint, then stop",
-                          done_step_));
-    if (stop_signals_ == 0) {
-      event("stopping", {{"step", done_step_}, {"from", "another node"}});
-      stop_deadline_ = Clock::now() + std::chrono::seconds(60);
-    }
-  }
+  if (d.stop) dispatch(event_of(attempt::EventKind::kStopInStep));
   // loss_sum is NaN when the worker's loss was NaN or infinite (JSON null).
   const double loss_sum = d.loss_sum;
   const int64_t valid = d.valid;
@@ -1423,7 +1345,7 @@ void Daemon::maybe_finish_step() {
   st.step_ms = wall_s * 1e3;
   st.tokens_per_s = wall_s > 0 ? tokens / wall_s : 0;
   json j = json::parse(train::step_json(st));
-  j["attempt"] = attempt_;
+  j["attempt"] = state_.attempt;
   j["comm_s"] = d.ring_wait_ms / 1e3;
   j["optimizer_s"] = r.optimizer_s;
   j["exposed_optimizer_s"] = r.exposed_s;
@@ -1456,18 +1378,17 @@ void Daemon::maybe_finish_step() {
     }
   }
   if (coord_) {
-    coord_->set_progress(attempt_, done_step_);
-    coord_->send(protocol::StepReport{coord_->node(), coord_->job(), attempt_, done_step_, st.loss,
+    coord_->set_progress(state_.attempt, done_step_);
+    coord_->send(protocol::StepReport{coord_->node(), coord_->job(), state_.attempt, done_step_, st.loss,
                                       st.tokens_per_s, wall_s, j["comm_s"].get<double>()});
   }
-  if (ck_ && ((spec_.checkpoint.every_steps > 0 &&
-               done_step_ % spec_.checkpoint.every_steps == 0 && done_step_ < total_steps_) ||
-              ckpt_requested_)) {
-    if (ckpt_requested_) log(fmt::format("checkpoint at step {} (asked by ring-coord)", done_step_));
-    ckpt_requested_ = false;
-    checkpoint_now(done_step_, false);
-  }
-  begin_step();
+  // A checkpoint at this boundary (periodic, or asked by ring-coord), then the next step or the
+  // end of the run.
+  attempt::Event e = event_of(attempt::EventKind::kStepDone);
+  e.periodic_checkpoint = spec_.checkpoint.every_steps > 0 &&
+                          done_step_ % spec_.checkpoint.every_steps == 0 &&
+                          done_step_ < total_steps_;
+  dispatch(e);
 }
 
 // Logs a finished checkpoint and reports it (ring-coord resumes from the steps reported saved).
@@ -1493,15 +1414,12 @@ bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
 // ends at, failed (a full disk): the exit status must not say "completed" or "resumable from
 // here" when the newest weights on disk are older. Exit 1 naming the failed checkpoint, the
 // reason and the newest complete checkpoint; ring-coord hears it as checkpoint_failed.
-bool Daemon::final_checkpoint_failed() {
+std::string Daemon::final_checkpoint_error() {
   auto it = ckpt_failed_.find(done_step_);
-  if (done_step_ <= 0 || it == ckpt_failed_.end() || ckpt_ok_.count(done_step_)) return false;
-  const std::string msg = fmt::format(
-      "the {} checkpoint (step {}) failed: {}; the newest complete checkpoint is {}",
-      stop_requested() ? "stop" : "final", done_step_, it->second, newest_complete_checkpoint());
-  event("checkpoint_failed", {{"step", done_step_}, {"error", msg}, {"final", true}});
-  fatal(msg);
-  return true;
+  if (done_step_ <= 0 || it == ckpt_failed_.end() || ckpt_ok_.count(done_step_)) return "";
+  return fmt::format("the {} checkpoint (step {}) failed: {}; the newest complete checkpoint is {}",
+                     state_.stop_requested() ? "stop" : "final", done_step_, it->second,
+                     newest_complete_checkpoint());
 }
 
 std::string Daemon::newest_complete_checkpoint() {
@@ -1518,7 +1436,7 @@ std::string Daemon::newest_complete_checkpoint() {
 
 void Daemon::checkpoint_now(int64_t step, bool wait) {
   if (!ck_) return;
-  ck_->start(step, {{"cursor", cursor_}, {"attempt", attempt_}, {"world", world_}});
+  ck_->start(step, {{"cursor", cursor_}, {"attempt", state_.attempt}, {"world", world_}});
   last_ckpt_step_ = step;
   if (wait) {
     Blocking b{this};
@@ -1540,39 +1458,16 @@ void Daemon::on_signal(int sig) {
   // call of the loop (a checkpoint drain): that time does not count.
   const auto now = Clock::now();
   const auto unblocked = (now - first_stop_signal_) - (blocked_ - blocked_at_first_signal_);
-  if (stop_signals_ == 1 && unblocked < std::chrono::seconds(1)) {
+  if (state_.stop_signals == 1 && unblocked < std::chrono::seconds(1)) {
     log(fmt::format("{} again within 1 s: taken as the same stop request", strsignal(sig)));
     return;
   }
-  if (stop_signals_ == 0) {
+  if (state_.stop_signals == 0) {
     first_stop_signal_ = now;
     blocked_at_first_signal_ = blocked_;
   }
-  ++stop_signals_;
-  if (stop_signals_ == 1) {
-    log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(sig)));
-    event("stopping", {{"signal", sig}, {"step", done_step_}});
-    if (!attempt_live_) {
-      finish(kExitStopped);
-      return;
-    }
-    stop_deadline_ = Clock::now() + std::chrono::seconds(60);
-    if (cur_step_ == 0 && !finishing_) {
-      const bool ready =
-          have_master_ &&
-          std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; });
-      if (ready) begin_step();  // sends stop (after the checkpoint)
-      else stop_workers("stop requested before the first step");
-    }
-  } else {
-    log(fmt::format("{} again: stopping the workers now, no checkpoint", strsignal(sig)));
-    if (!attempt_live_) {
-      finish(kExitStopped);
-      return;
-    }
-    attempt_failed_ = true;
-    stop_workers("second stop signal");
-  }
+  last_signal_ = sig;
+  dispatch(event_of(attempt::EventKind::kStopSignal));
 }
 
 void Daemon::reap() {
@@ -1583,7 +1478,7 @@ void Daemon::reap() {
   std::vector<pid_t> watched;
   for (const Worker& w : workers_)
     if (w.running) watched.push_back(w.pid);
-  const bool expected = finishing_ || stopping_workers_;
+  const bool expected = state_.finishing || state_.phase == attempt::Phase::kStopping;
   const std::vector<std::pair<pid_t, int>> ended = proc::reap_ended(
       watched, [](int st) { return WIFSIGNALED(st) && WTERMSIG(st) != kWorkerStopSignal; },
       expected ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
@@ -1592,10 +1487,10 @@ void Daemon::reap() {
       if (w.pid != got || !w.running) continue;
       w.running = false;
       const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (finishing_ && clean) {
+      if (state_.finishing && clean) {
         log(fmt::format("worker rank {} exited", w.rank));
         event("worker_exited", {{"rank", w.rank}, {"pid", got}, {"exit_code", 0}});
-      } else if (stopping_workers_) {
+      } else if (state_.phase == attempt::Phase::kStopping) {  // the first death stops the rest
         const bool ours = WIFSIGNALED(st) && WTERMSIG(st) == kWorkerStopSignal;
         log(fmt::format("worker rank {} (pid {}) {}", w.rank, got,
                         ours ? std::string("stopped") : describe_status(st)));
@@ -1613,12 +1508,11 @@ void Daemon::reap() {
           ev["exit_code"] = WEXITSTATUS(st);
         }
         event("worker_died", ev);
-        attempt_failed_ = true;
-        stop_workers(fmt::format("rank {} died", w.rank));
+        dispatch(event_of(attempt::EventKind::kWorkerFailed, fmt::format("rank {} died", w.rank)));
       }
     }
   }
-  if (attempt_live_ &&
+  if (state_.live() &&
       std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }))
     end_attempt();
 }
@@ -1626,14 +1520,14 @@ void Daemon::reap() {
 void Daemon::worker_failed(Worker& w, const std::string& what) {
   log(fmt::format("worker rank {} (pid {}) {}: killing it", w.rank, w.pid, what));
   event("worker_failed", {{"rank", w.rank}, {"pid", w.pid}, {"error", what}});
-  attempt_failed_ = true;
   if (w.running) kill(-w.pid, SIGKILL);
-  stop_workers(fmt::format("rank {} failed", w.rank));
+  dispatch(event_of(attempt::EventKind::kWorkerFailed, fmt::format("rank {} failed", w.rank)));
 }
 
 void Daemon::on_tick() {
   const auto now = Clock::now();
-  if (attempt_live_ && !stopping_workers_) {
+  using attempt::Phase;
+  if (state_.live() && state_.phase != Phase::kStopping) {
     for (Worker& w : workers_) {
       if (!w.running) continue;
       const double silent =
@@ -1647,12 +1541,10 @@ void Daemon::on_tick() {
         break;
       }
     }
-    if ((finishing_ || stop_requested()) && now > stop_deadline_) {
-      attempt_failed_ = finishing_ ? attempt_failed_ : true;
-      stop_workers("workers did not stop in time");
-    }
+    if ((state_.finishing || state_.stop_requested()) && now > stop_deadline_)
+      dispatch(event_of(attempt::EventKind::kStopTimeout));
   }
-  if (stopping_workers_ && now > kill_at_) {
+  if (state_.phase == Phase::kStopping && now > kill_at_) {
     for (Worker& w : workers_)
       if (w.running) kill(-w.pid, SIGKILL);
     kill_at_ = now + std::chrono::seconds(3600);
@@ -1660,19 +1552,11 @@ void Daemon::on_tick() {
   if (ck_) {
     while (auto r = ck_->poll()) report_checkpoint(*r);
   }
-  if (restart_pending_ && now >= restart_at_) start_attempt();
-  if (await_ != kAwaitNone && !attempt_live_ && !restart_pending_ && now > await_deadline_) {
-    const int was = await_;
-    await_ = kAwaitNone;
-    if (was == kAwaitAfterFailure) {
-      log("ring-coord did not answer: applying the spec's restart policy here");
-      apply_restart_policy();
-    } else {
-      log("ring-coord did not say how to go on after its stop: exiting (resumable)");
-      finish(kExitStopped);
-    }
-  }
-  if (exiting_) return;
+  if (state_.phase == Phase::kRestarting && now >= restart_at_)
+    dispatch(event_of(attempt::EventKind::kRestartDue));
+  if (state_.phase == Phase::kAwaitingCoord && now > await_deadline_)
+    dispatch(event_of(attempt::EventKind::kAwaitTimeout));
+  if (state_.phase == Phase::kExiting) return;
   tick_.expires_after(std::chrono::milliseconds(100));
   tick_.async_wait([this](const boost::system::error_code& e) {
     if (!e) on_tick();
@@ -1682,25 +1566,20 @@ void Daemon::on_tick() {
 // ---- ring-coord -------------------------------------------------------------------------------
 // Messages from the coordinator arrive on the link thread and are posted here (the event loop).
 
-void Daemon::await_coord(int what, double seconds) {
-  await_ = what;
-  await_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3));
-  if (what == kAwaitState) coord_->sync();  // the answer (registered) carries the job's state
-}
-
 void Daemon::on_coord(const protocol::Message& m) {
-  if (exiting_) return;
+  if (state_.phase == attempt::Phase::kExiting) return;
   if (const auto* c = std::get_if<protocol::Command>(&m)) {
     on_command(*c);
   } else if (const auto* r = std::get_if<protocol::Registered>(&m)) {
     for (const protocol::Assignment& a : r->jobs)
-      if (a.job == coord_->job() && await_ == kAwaitState) coord_decide(a.state);
+      if (a.job == coord_->job() && state_.await == attempt::Await::kState) coord_decide(a.state);
   } else if (const auto* e = std::get_if<protocol::ErrorReply>(&m)) {
     log(fmt::format("ring-coord: {} ({}{}{})", e->message, e->code, e->field.empty() ? "" : ", ",
                     e->field));
   }
 }
 
+// A command is acknowledged (attempt::next decides how: kAck) and becomes an event.
 void Daemon::on_command(const protocol::Command& c) {
   const char* kind = protocol::to_string(c.command);
   if (c.job != coord_->job()) {
@@ -1709,115 +1588,33 @@ void Daemon::on_command(const protocol::Command& c) {
   }
   log(fmt::format("ring-coord: {} (attempt {}, step {}): {}", kind, c.attempt, c.step, c.reason));
   event("command", {{"command", kind}, {"id", c.id}, {"reason", c.reason}});
+  command_id_ = c.id;
+  attempt::Event e = event_of(attempt::EventKind::kCoordStop, c.reason);
   switch (c.command) {
     case protocol::CommandKind::kCheckpointNow:
-      if (!attempt_live_ || finishing_) {
-        coord_->ack(c.id, false, "no attempt is training on this node now");
-      } else if (!ck_) {
-        coord_->ack(c.id, false, "checkpoints are off for this job (checkpoint.dir is empty)");
-      } else {
-        ckpt_requested_ = true;  // maybe_finish_step: at the next step boundary
-        coord_->ack(c.id, true);
-      }
-      return;
+      e.kind = attempt::EventKind::kCoordCheckpointNow;
+      break;
     case protocol::CommandKind::kStop:
-      coord_->ack(c.id, true);
-      if (coord_stop_ && await_ != kAwaitRollBack) return;  // already stopping
-      coord_stop_ = true;
-      coord_stop_reason_ = c.reason;
-      rollback_pending_ = false;
-      if (attempt_live_) {
-        stop_workers("ring-coord: " + c.reason);  // end_attempt() goes on
-      } else {
-        restart_pending_ = false;
-        event("stopped", {{"step", done_step_}, {"reason", c.reason}});
-        await_coord(kAwaitState, 10);
-      }
-      return;
+      e.kind = attempt::EventKind::kCoordStop;
+      break;
     case protocol::CommandKind::kRollBack:
-      coord_->ack(c.id, true);
-      if (attempt_live_ && c.attempt == attempt_ && !stopping_workers_) return;  // on it already
-      coord_stop_ = false;
-      await_ = kAwaitNone;
-      if (attempt_live_) {
-        rollback_pending_ = true;
-        rollback_attempt_ = c.attempt;
-        rollback_step_ = c.step;
-        stop_workers(fmt::format("ring-coord: roll back to attempt {}", c.attempt));
-      } else {
-        attempt_ = static_cast<int>(c.attempt);
-        resume_to_ = c.step;
-        log(fmt::format("ring-coord: starting attempt {} from step {}", attempt_, c.step));
-        restart_pending_ = true;
-        restart_at_ = Clock::now();
-      }
-      return;
+      e.kind = attempt::EventKind::kCoordRollBack;
+      e.attempt = c.attempt;
+      e.step = c.step;
+      break;
   }
+  dispatch(e);
 }
 
+// The job's state, asked for after the coordinator's stop.
 void Daemon::coord_decide(const std::string& state) {
   log("ring-coord: the job is " + state);
-  if (state == "cancelling" || state == "cancelled") {
-    await_ = kAwaitNone;
-    finish(kExitCancelled);
-  } else if (state == "failed") {
-    await_ = kAwaitNone;
-    finish(kExitFailed);
-  } else if (state == "completed" || state == "completing") {
-    await_ = kAwaitNone;
-    finish(kExitOk);
-  } else {
-    // restarting (or starting/running after a restart request): roll_back comes after the
-    // coordinator's backoff.
-    await_coord(kAwaitRollBack, spec_.restart.backoff_max_s + 60);
-  }
+  dispatch(event_of(attempt::EventKind::kCoordState, state));
 }
 
 }  // namespace
 
 // ---- entry -------------------------------------------------------------------------------------
-
-Options parse_options(int argc, char** argv) try {
-  Options o;
-  flags::FlagSet fs(kUsage);
-  // Grouped by kind; the order of the command line is what counts.
-  fs.text("--spec", &o.spec)
-      .text("--job-dir", &o.job_dir)
-      .text("--coord", &o.coord)
-      .text("--job", &o.job)
-      .text("--rendezvous", &o.rendezvous)
-      .text("--worker-bin", &o.worker_bin)
-      .text("--transport", &o.transport);
-  fs.integer("--node-rank", &o.node_rank, 0, 65535)
-      .integer("--nodes", &o.nodes, 1, 65536)
-      .integer("--steps", &o.steps, 1, int64_t{1} << 40)
-      .integer("--threads", &o.threads, 0, 4096)
-      .integer("--worker-threads", &o.worker_threads, 0, 4096);
-  fs.seconds("--heartbeat-timeout", &o.heartbeat_timeout_s)
-      .seconds("--startup-timeout", &o.startup_timeout_s)
-      .seconds("--stop-grace", &o.stop_grace_s);
-  fs.toggle("--resume", &o.resume).toggle("--json", &o.json).toggle("--hash-weights", &o.hash_weights);
-  fs.parse(argc, argv);
-  const bool node_given = fs.seen("--node-rank"), nodes_given = fs.seen("--nodes");
-  if (o.spec.empty()) usage_error("--spec FILE is required");
-  if (node_given != nodes_given) usage_error("--node-rank and --nodes go together");
-  if (!node_given) {
-    const char* id = std::getenv("SLURM_NODEID");
-    const char* nn = std::getenv("SLURM_NNODES");
-    if (id && nn && *id && *nn) {
-      o.node_rank = static_cast<int>(flags::parse_int("SLURM_NODEID", id, 0, 65535));
-      o.nodes = static_cast<int>(flags::parse_int("SLURM_NNODES", nn, 1, 65536));
-    }
-  }
-  if (o.node_rank >= o.nodes)
-    usage_error("--node-rank " + std::to_string(o.node_rank) + " is not below --nodes " +
-                std::to_string(o.nodes));
-  if (o.coord.empty() != o.job.empty()) usage_error("--coord and --job go together");
-  if (!o.job.empty()) flags::parse_int("--job", o.job.c_str(), 1, int64_t{1} << 53);
-  return o;
-} catch (const flags::FlagError& e) {
-  usage_error(e.what());
-}
 
 int run(const Options& o) {
   // ringd outlives its stdout and stderr (`ringctl run` killed, a closed pipe): a write there
