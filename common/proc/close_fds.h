@@ -21,4 +21,7 @@ int descriptor_limit();
 // Async-signal-safe.
 void close_descriptors_from(int low, int max_fd) noexcept;
 
+// The same, but `keep` stays open (a close-on-exec pipe that reports a failed exec). Async-signal-safe.
+void close_descriptors_except(int low, int keep, int max_fd) noexcept;
+
 }  // namespace ring::proc
