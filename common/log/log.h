@@ -1,0 +1,55 @@
+// Logging for every binary: spdlog loggers writing to stderr, as text or as JSON lines.
+//
+//   ring::log::setup("ring-worker", ring::log::Format::kJsonLines, spdlog::level::info);
+//   auto lg = ring::log::get("worker");          // one named logger per subsystem
+//   lg->info("launched {} ranks", n);            // {"ts":...,"level":"info",...,"msg":"launched 2 ranks"}
+//   ring::log::event(*lg, spdlog::level::warn, "rank_failed", {{"rank", 2}, {"signal", 9}});
+//
+// Text: spdlog's usual "[2026-12-02 06:25:14.123] [worker] [info] msg key=value" line. JSON lines:
+// one object per line, keys in this order: ts (UTC, ISO 8601 with milliseconds), level, program,
+// pid, logger, msg, then the event's fields; what operators and scripts query.
+// In both formats control bytes of a message cannot start a new line or drive a terminal: JSON
+// escapes them (\u000a), text writes them as \xHH; invalid UTF-8 becomes U+FFFD in JSON.
+// Loggers are synchronous: event() hands its fields to the formatter on the calling thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+namespace ring::log {
+
+enum class Format { kText, kJsonLines };
+
+// "text" -> kText, "json" -> kJsonLines; nullopt for anything else.
+std::optional<Format> parse_format(std::string_view name);
+// "trace", "debug", "info", "warn", "error", "critical", "off"; nullopt for anything else.
+std::optional<spdlog::level::level_enum> parse_level(std::string_view name);
+// What parse_format and parse_level accept, for help texts and validators.
+inline constexpr const char* kFormatNames[] = {"text", "json"};
+inline constexpr const char* kLevelNames[] = {"trace", "debug", "info", "warn",
+                                              "error", "critical", "off"};
+
+// The formatter of `format` for `program` (setup installs it; tests and other sinks use it).
+std::unique_ptr<spdlog::formatter> make_formatter(std::string_view program, Format format);
+
+// The process's logging: spdlog's default logger and every logger made by get() write to stderr
+// in `format` at `level` and above. Loggers made before are switched over too. Call it once,
+// early in main; before it, get() loggers write text to stderr.
+void setup(std::string_view program, Format format,
+           spdlog::level::level_enum level = spdlog::level::info);
+
+// The named logger of a subsystem ("coord", "worker"), made on first use with setup's sink,
+// formatter and level, and registered with spdlog (spdlog::get(name) finds it).
+std::shared_ptr<spdlog::logger> get(const std::string& name);
+
+// A message with fields (a JSON object): members of the line in JSON, " key=value" after the
+// message in text (strings as they are, other values as JSON).
+void event(spdlog::logger& logger, spdlog::level::level_enum level, std::string_view msg,
+           const nlohmann::json& fields);
+
+}  // namespace ring::log
