@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -39,8 +38,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/job_dir.h"
-#include "common/proc/close_fds.h"
-#include "common/proc/reap.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
@@ -51,7 +48,9 @@
 #include "daemon/ringd/attempt.h"
 #include "daemon/ringd/control_server.h"
 #include "daemon/ringd/coord_link.h"
+#include "daemon/ringd/job_files.h"
 #include "daemon/ringd/owned_paths.h"
+#include "daemon/ringd/supervisor.h"
 #include "daemon/ringd/transport_exchange.h"
 #include "worker/model/config.h"
 #include "worker/model/layout.h"
@@ -67,37 +66,8 @@ namespace ring::ringd {
 namespace {
 
 namespace asio = boost::asio;
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-// ringd stops its workers with this signal (workers ignore SIGTERM and SIGINT), then SIGKILL.
-constexpr int kWorkerStopSignal = SIGUSR2;
-
-std::string describe_status(int st) {
-  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
-  if (WIFSIGNALED(st))
-    return std::string("was killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
-           strsignal(WTERMSIG(st)) + ")";
-  return "stopped";
-}
-
-std::vector<std::string> last_lines(const std::string& path, size_t count) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  const std::streamoff from = std::max<std::streamoff>(0, size - 16384);
-  in.seekg(from);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> lines;
-  std::stringstream ss(text);
-  for (std::string l; std::getline(ss, l);)
-    if (!l.empty()) lines.push_back(l);
-  if (from > 0 && !lines.empty()) lines.erase(lines.begin());  // a partial first line
-  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
-  return lines;
-}
 
 uint64_t fnv1a(const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -120,88 +90,12 @@ std::string find_worker_bin(const std::string& given) {
   return RING_WORKER_BUILD_PATH;
 }
 
-// Opens a file ringd writes into the job directory (its log, steps.jsonl, a worker's log) for
-// appending: never through a symbolic link (O_NOFOLLOW), only a regular file (a FIFO would block
-// the open, so O_NONBLOCK until checked), created 0600 and made 0600 when an earlier version left
-// it readable by others. Returns the descriptor, or -1 with the reason in `why`.
-int open_private_append(const std::string& path, std::string* why) {
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK,
-             0600);
-  if (fd < 0) {
-    const int e = errno;
-    *why = e == ELOOP ? path + " is a symbolic link; refusing to write through it"
-                      : "cannot open " + path + ": " + std::strerror(e);
-    return -1;
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    *why = path + " is not a regular file; refusing to write into it";
-    return -1;
-  }
-  if (st.st_uid == ::geteuid() && (st.st_mode & 077)) ::fchmod(fd, 0600);
-  ::fcntl(fd, F_SETFL, O_WRONLY | O_APPEND);  // clears O_NONBLOCK
-  return fd;
-}
-
-// A line-oriented append-only file (ringd's log, steps.jsonl). A write error (a full disk) is
-// kept, not thrown: the caller says it once.
-class AppendFile {
- public:
-  AppendFile() = default;
-  AppendFile(const AppendFile&) = delete;
-  AppendFile& operator=(const AppendFile&) = delete;
-  ~AppendFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool open(const std::string& path, std::string* why) {
-    path_ = path;
-    fd_ = open_private_append(path, why);
-    return fd_ >= 0;
-  }
-  bool is_open() const { return fd_ >= 0; }
-  const std::string& path() const { return path_; }
-  // Appends `line` and a newline; false (errno text in *why) when the write failed.
-  bool write_line(const std::string& line, std::string* why) {
-    if (fd_ < 0) return false;
-    const std::string s = line + "\n";
-    size_t off = 0;
-    while (off < s.size()) {
-      const ssize_t n = ::write(fd_, s.data() + off, s.size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        *why = "cannot write " + path_ + ": " + std::strerror(n < 0 ? errno : EIO);
-        return false;
-      }
-      off += static_cast<size_t>(n);
-    }
-    return true;
-  }
-
- private:
-  int fd_ = -1;
-  std::string path_;
-};
-
-struct Worker {
-  int local = 0;
-  int rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  std::string log;
-  Clock::time_point spawned, last_seen;
-  bool connected = false, mapped = false;
-  int buckets = 0;        // buckets delivered this step
-  bool done = false;      // step finished
-  offload::control::Done done_msg;
-};
-
 class Daemon {
  public:
   Daemon(const Options& o, spec::JobSpec spec, std::string spec_text)
       : o_(o), spec_(std::move(spec)), spec_text_(std::move(spec_text)), signals_(io_),
         tick_(io_),
+        supervisor_({o.heartbeat_timeout_s, o.startup_timeout_s, o.stop_grace_s}),
         control_(io_, {[this](const ConnPtr& c, const offload::control::WorkerMessage& m) {
                          on_message(c, m);
                        },
@@ -261,6 +155,8 @@ class Daemon {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer tick_;
+  Supervisor supervisor_;
+  std::vector<Worker>& workers_ = supervisor_.workers();
   ControlServer control_;
   std::string sock_dir_, sock_path_;
 
@@ -281,8 +177,6 @@ class Daemon {
   uint64_t dispatches_ = 0;
   int last_signal_ = 0;
   int64_t command_id_ = 0;  // the ring-coord command being handled (its ack)
-  Clock::time_point kill_at_;
-  std::vector<Worker> workers_;
   offload::ShmRegion shm_;
   std::unique_ptr<TransportExchange> exchange_;
   optim::LocalExchange local_exchange_;
@@ -596,10 +490,7 @@ int Daemon::run() {
   io_.run();
 
   // Every exit path: no worker survives.
-  for (Worker& w : workers_)
-    if (w.running) kill(-w.pid, SIGKILL);
-  for (Worker& w : workers_)
-    if (w.running) waitpid(w.pid, nullptr, 0);
+  supervisor_.kill_all_and_wait();
   if (coord_) {
     // A barrier: the coordinator answers this registration after it handled every report before.
     if (!coord_->sync_and_wait(std::chrono::seconds(5)))
@@ -787,12 +678,10 @@ void Daemon::start_attempt() {
     dispatch(event_of(attempt::EventKind::kFatal, e.what()));
     return;
   }
-  workers_.assign(wpn_, Worker{});
-  for (int l = 0; l < wpn_; ++l) {
-    Worker& w = workers_[l];
-    w.local = l;
-    w.rank = o_.node_rank * wpn_ + l;
-    w.log = fmt::format("{}/logs/worker-{}.log", job_dir_, w.rank);
+  supervisor_.reset(wpn_, o_.node_rank * wpn_, [this](int rank) {
+    return fmt::format("{}/logs/worker-{}.log", job_dir_, rank);
+  });
+  for (Worker& w : workers_) {
     spawn(w);
     // fatal(): the workers already started are killed on the way out
     if (state_.phase == attempt::Phase::kExiting) return;
@@ -883,133 +772,55 @@ void Daemon::start_attempt() {
   event("attempt_started", {{"workers", wpn_}, {"start_step", done_step_}});
 }
 
+// Starts one worker (supervisor.h) with its command line, cpuset and GPU.
 void Daemon::spawn(Worker& w) {
-  std::string why;
-  const int fd = open_private_append(w.log, &why);
-  if (fd < 0) {
-    // No restart mends this (a job directory the user cannot write, a planted symlink).
-    fatal(fmt::format("worker rank {}: {}", w.rank, why));
-    return;
-  }
-  const std::string banner = fmt::format("=== attempt {} ===\n", state_.attempt);
-  if (::write(fd, banner.data(), banner.size()) < 0) {
-    const int e = errno;
-    ::close(fd);
-    fatal(fmt::format("worker rank {}: cannot write {}: {}", w.rank, w.log, std::strerror(e)));
-    return;
-  }
-  // Everything the child needs is built before fork: ringd has other threads (the optimizer's
-  // pipeline, the checkpoint writer, the ring-coord link), so between fork and exec only
-  // async-signal-safe calls are made (no allocation, no setenv, no stdio).
-  std::vector<std::string> args = {worker_bin_,
-                                   "--spec",
-                                   fs::absolute(o_.spec).string(),
-                                   "--rank",
-                                   std::to_string(w.rank),
-                                   "--world",
-                                   std::to_string(world_),
-                                   "--rendezvous",
-                                   attempt_rdv_ + "/workers",
-                                   "--ringd",
-                                   sock_path_,
-                                   "--local-rank",
-                                   std::to_string(w.local),
-                                   "--transport",
-                                   o_.transport};
-  if (o_.worker_threads >= 0) {
-    args.push_back("--threads");
-    args.push_back(std::to_string(o_.worker_threads));
-  }
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   const placement::WorkerPlacement& pl = placement_.workers[w.local];
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : pl.cpus)
-    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
-  const bool pin = !pl.cpus.empty();
-  const std::string cuda = pl.cuda_visible_devices;
-  // The environment: ours, with CUDA_VISIBLE_DEVICES replaced when placement chose a GPU.
-  std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e)
-    if (cuda.empty() || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env.emplace_back(*e);
-  if (!cuda.empty()) env.push_back("CUDA_VISIBLE_DEVICES=" + cuda);
-  std::vector<char*> envp;
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const std::string exec_failed = "ringd: exec " + worker_bin_ + " failed, errno ";
-  // Descriptors above 2 are closed in the child (common/proc/close_fds.h).
-  const int max_fd = proc::descriptor_limit();
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    log(fmt::format("fork: {}", std::strerror(errno)));
-    ::close(fd);
+  Supervisor::Launch launch;
+  launch.argv = {worker_bin_,
+                 "--spec",
+                 fs::absolute(o_.spec).string(),
+                 "--rank",
+                 std::to_string(w.rank),
+                 "--world",
+                 std::to_string(world_),
+                 "--rendezvous",
+                 attempt_rdv_ + "/workers",
+                 "--ringd",
+                 sock_path_,
+                 "--local-rank",
+                 std::to_string(w.local),
+                 "--transport",
+                 o_.transport};
+  if (o_.worker_threads >= 0) {
+    launch.argv.push_back("--threads");
+    launch.argv.push_back(std::to_string(o_.worker_threads));
+  }
+  launch.cpus = pl.cpus;
+  launch.cuda_visible_devices = pl.cuda_visible_devices;
+  launch.banner = fmt::format("=== attempt {} ===\n", state_.attempt);
+  std::string fatal_why, failed;
+  supervisor_.spawn(w, launch, &fatal_why, &failed);
+  if (!fatal_why.empty()) {
+    fatal(fatal_why);
     return;
   }
-  if (pid == 0) {
-    // The child: its own process group (ringd stops it with the group), dies with ringd.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGCHLD, SIGUSR1, SIGUSR2, SIGHUP, SIGPIPE, SIGXFSZ}) sigaction(sig, &dfl, nullptr);
-    // Stopping the job is ringd's business: Slurm (proctrack signals every process of the step)
-    // and terminals send SIGTERM/SIGINT to the workers too, and a worker dying on it would look
-    // like a failure before ringd has finished the step and written its checkpoint. ringd stops
-    // workers with SIGUSR2, then SIGKILL; PR_SET_PDEATHSIG covers ringd's own death.
-    struct sigaction ign {};
-    ign.sa_handler = SIG_IGN;
-    sigaction(SIGTERM, &ign, nullptr);
-    sigaction(SIGINT, &ign, nullptr);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    const int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0 && devnull != 0) dup2(devnull, 0);
-    proc::close_descriptors_from(3, max_fd);
-    if (pin) sched_setaffinity(0, sizeof(set), &set);
-    execve(argv[0], argv.data(), envp.data());
-    // Async-signal-safe report: the prepared text and the errno in decimal.
-    const int e = errno;
-    char num[16];
-    int n = 0;
-    for (int v = e; n == 0 || v > 0; v /= 10) num[n++] = static_cast<char>('0' + v % 10);
-    if (::write(2, exec_failed.data(), exec_failed.size()) < 0) _exit(127);
-    while (n > 0)
-      if (::write(2, &num[--n], 1) < 0) _exit(127);
-    if (::write(2, "\n", 1) < 0) _exit(127);
-    _exit(127);
+  if (!w.running) {
+    log(fmt::format("worker rank {}: {}", w.rank, failed));
+    return;
   }
-  setpgid(pid, pid);
-  ::close(fd);
-  w.pid = pid;
-  w.running = true;
-  w.connected = w.mapped = w.done = false;
-  w.buckets = 0;
-  w.spawned = w.last_seen = Clock::now();
+  const std::string& cuda = pl.cuda_visible_devices;
   std::string cpus;
   for (int c : pl.cpus) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
-  log(fmt::format("worker rank {} (local {}) pid {} | cpus {}{}{}", w.rank, w.local, pid,
+  log(fmt::format("worker rank {} (local {}) pid {} | cpus {}{}{}", w.rank, w.local, w.pid,
                   cpus.empty() ? "any" : cpus, pl.shared ? " (shared)" : "",
                   cuda.empty() ? "" : " | CUDA_VISIBLE_DEVICES=" + cuda));
-  event("worker_started", {{"rank", w.rank}, {"pid", pid}, {"cpus", pl.cpus}});
+  event("worker_started", {{"rank", w.rank}, {"pid", w.pid}, {"cpus", pl.cpus}});
 }
 
 // The kStopWorkers action (state_ is kStopping): SIGUSR2 now, SIGKILL after the grace (on_tick).
 void Daemon::stop_workers(const std::string& why, bool already_stopping) {
-  int n = 0;
-  for (Worker& w : workers_)
-    if (w.running) {
-      kill(-w.pid, kWorkerStopSignal);
-      ++n;
-    }
+  const int n = supervisor_.stop();
   if (!already_stopping && n > 0) log(fmt::format("stopping {} workers: {}", n, why));
-  kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.stop_grace_s * 1e3));
   if (n == 0) asio::post(io_, [this] { end_attempt(); });
 }
 
@@ -1471,56 +1282,43 @@ void Daemon::on_signal(int sig) {
 }
 
 void Daemon::reap() {
-  // Every child that has ended, those killed by a signal first: when one worker is killed its
-  // peers fail within milliseconds, and a busy ringd reaps them all at once; the killed one is
-  // the cause to report. reap_ended also waits briefly for a killed worker that is a zombie but
-  // not yet reapable (its threads still exiting) when only its peers' failures are in.
-  std::vector<pid_t> watched;
-  for (const Worker& w : workers_)
-    if (w.running) watched.push_back(w.pid);
   const bool expected = state_.finishing || state_.phase == attempt::Phase::kStopping;
-  const std::vector<std::pair<pid_t, int>> ended = proc::reap_ended(
-      watched, [](int st) { return WIFSIGNALED(st) && WTERMSIG(st) != kWorkerStopSignal; },
-      expected ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
-  for (const auto& [got, st] : ended) {
-    for (Worker& w : workers_) {
-      if (w.pid != got || !w.running) continue;
-      w.running = false;
-      const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (state_.finishing && clean) {
-        log(fmt::format("worker rank {} exited", w.rank));
-        event("worker_exited", {{"rank", w.rank}, {"pid", got}, {"exit_code", 0}});
-      } else if (state_.phase == attempt::Phase::kStopping) {  // the first death stops the rest
-        const bool ours = WIFSIGNALED(st) && WTERMSIG(st) == kWorkerStopSignal;
-        log(fmt::format("worker rank {} (pid {}) {}", w.rank, got,
-                        ours ? std::string("stopped") : describe_status(st)));
-      } else {
-        const std::vector<std::string> lines = last_lines(w.log, 10);
-        std::string text;
-        for (const std::string& l : lines) text += "\n    | " + l;
-        log(fmt::format("worker rank {} (pid {}) {} during step {}; last log lines:{}", w.rank, got,
-                        describe_status(st), cur_step_, text));
-        json ev{{"rank", w.rank}, {"pid", got}, {"step", cur_step_}, {"last_lines", lines}};
-        if (WIFSIGNALED(st)) {
-          ev["signal"] = WTERMSIG(st);
-          ev["signal_name"] = strsignal(WTERMSIG(st));
-        } else if (WIFEXITED(st)) {
-          ev["exit_code"] = WEXITSTATUS(st);
-        }
-        event("worker_died", ev);
-        dispatch(event_of(attempt::EventKind::kWorkerFailed, fmt::format("rank {} died", w.rank)));
+  for (const auto& [wp, st] : supervisor_.reap(expected)) {
+    Worker& w = *wp;
+    const pid_t got = w.pid;
+    w.running = false;
+    const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (state_.finishing && clean) {
+      log(fmt::format("worker rank {} exited", w.rank));
+      event("worker_exited", {{"rank", w.rank}, {"pid", got}, {"exit_code", 0}});
+    } else if (state_.phase == attempt::Phase::kStopping) {  // the first death stops the rest
+      const bool ours = WIFSIGNALED(st) && WTERMSIG(st) == kWorkerStopSignal;
+      log(fmt::format("worker rank {} (pid {}) {}", w.rank, got,
+                      ours ? std::string("stopped") : describe_status(st)));
+    } else {
+      const std::vector<std::string> lines = last_lines(w.log, 10);
+      std::string text;
+      for (const std::string& l : lines) text += "\n    | " + l;
+      log(fmt::format("worker rank {} (pid {}) {} during step {}; last log lines:{}", w.rank, got,
+                      describe_status(st), cur_step_, text));
+      json ev{{"rank", w.rank}, {"pid", got}, {"step", cur_step_}, {"last_lines", lines}};
+      if (WIFSIGNALED(st)) {
+        ev["signal"] = WTERMSIG(st);
+        ev["signal_name"] = strsignal(WTERMSIG(st));
+      } else if (WIFEXITED(st)) {
+        ev["exit_code"] = WEXITSTATUS(st);
       }
+      event("worker_died", ev);
+      dispatch(event_of(attempt::EventKind::kWorkerFailed, fmt::format("rank {} died", w.rank)));
     }
   }
-  if (state_.live() &&
-      std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }))
-    end_attempt();
+  if (state_.live() && !supervisor_.any_running()) end_attempt();
 }
 
 void Daemon::worker_failed(Worker& w, const std::string& what) {
   log(fmt::format("worker rank {} (pid {}) {}: killing it", w.rank, w.pid, what));
   event("worker_failed", {{"rank", w.rank}, {"pid", w.pid}, {"error", what}});
-  if (w.running) kill(-w.pid, SIGKILL);
+  supervisor_.kill(w);
   dispatch(event_of(attempt::EventKind::kWorkerFailed, fmt::format("rank {} failed", w.rank)));
 }
 
@@ -1528,27 +1326,12 @@ void Daemon::on_tick() {
   const auto now = Clock::now();
   using attempt::Phase;
   if (state_.live() && state_.phase != Phase::kStopping) {
-    for (Worker& w : workers_) {
-      if (!w.running) continue;
-      const double silent =
-          std::chrono::duration<double>(now - std::max(w.last_seen, unblocked_at_)).count();
-      if (w.connected && silent > o_.heartbeat_timeout_s) {
-        worker_failed(w, fmt::format("sent no heartbeat for {:.1f} s (hung)", silent));
-        break;
-      }
-      if (!w.connected && silent > o_.startup_timeout_s) {
-        worker_failed(w, fmt::format("did not connect within {:.0f} s", o_.startup_timeout_s));
-        break;
-      }
-    }
+    if (auto late = supervisor_.overdue(now, unblocked_at_))
+      worker_failed(*late->first, late->second);
     if ((state_.finishing || state_.stop_requested()) && now > stop_deadline_)
       dispatch(event_of(attempt::EventKind::kStopTimeout));
   }
-  if (state_.phase == Phase::kStopping && now > kill_at_) {
-    for (Worker& w : workers_)
-      if (w.running) kill(-w.pid, SIGKILL);
-    kill_at_ = now + std::chrono::seconds(3600);
-  }
+  if (state_.phase == Phase::kStopping) supervisor_.kill_overdue(now);
   if (ck_) {
     while (auto r = ck_->poll()) report_checkpoint(*r);
   }
