@@ -103,6 +103,10 @@ ParsedOptions parse_options(int argc, const char* const* argv, const char* (*env
   app.add_option("--threads", o.threads, "Optimizer threads (default 0: all cores)")
       ->check(integer_in(0, 4096));
   app.add_flag("--json", o.json, "stdout carries the steps.jsonl lines and events as JSON");
+  app.add_option("--log-format", o.log_format,
+                 "stderr's log lines: text, or json (one object per line, through spdlog)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   const std::string ops = "Beyond the contract (tests, operators)";
   app.add_option("--worker-bin", o.worker_bin,
                  "ring-worker to spawn (default: next to ringd, then PATH)")

@@ -25,6 +25,7 @@ struct Options {
   bool resume = false;
   int threads = 0;              // optimizer threads (0: all cores)
   bool json = false;
+  std::string log_format = "text";  // stderr's log lines: text (ringd's own lines) or json
   // Beyond the contract (tests, operators):
   std::string worker_bin;       // ring-worker to spawn (default: next to ringd, then PATH)
   std::string transport = "ucx";

@@ -36,8 +36,11 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "common/cli/job_dir.h"
+#include "common/log/log.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
@@ -88,6 +91,20 @@ std::string find_worker_bin(const std::string& given) {
   std::string p = placement::find_executable("ring-worker");
   if (!p.empty()) return p;
   return RING_WORKER_BUILD_PATH;
+}
+
+// The logger of ringd's stderr lines. Text: the lines as ringd always wrote them
+// ("2026-12-02 06:25:14 ringd[0] msg"); json: common/log's JSON lines (ts, level, program, pid,
+// logger, msg, node).
+std::shared_ptr<spdlog::logger> make_stderr_log(const Options& o) {
+  if (o.log_format == "json") {
+    ring::log::setup("ringd", ring::log::Format::kJsonLines);
+    return ring::log::get("ringd");
+  }
+  auto lg = std::make_shared<spdlog::logger>("ringd-stderr",
+                                             std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  lg->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S ringd[{}] %v", o.node_rank));
+  return lg;
 }
 
 class Daemon {
@@ -161,6 +178,8 @@ class Daemon {
   std::string sock_dir_, sock_path_;
 
   std::string job_dir_, rdv_root_, worker_bin_, ckpt_dir_;
+  // stderr's log lines (without --json): ringd's own text lines, or JSON lines (--log-format).
+  std::shared_ptr<spdlog::logger> stderr_log_ = make_stderr_log(o_);
   AppendFile log_file_, steps_file_;
   bool log_write_failed_ = false, steps_write_failed_ = false, stdout_gone_ = false;
   void log_line(const std::string& line);
@@ -243,9 +262,12 @@ void Daemon::log(const std::string& line) {
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
   char ts[32];
   std::strftime(ts, sizeof(ts), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  const std::string l = fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line);
-  log_line(l);
-  if (!o_.json) std::cerr << l << std::endl;
+  log_line(fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line));
+  if (o_.json) return;  // stdout carries the JSON lines; the log file has everything
+  if (o_.log_format == "json")
+    ring::log::event(*stderr_log_, spdlog::level::info, line, {{"node", o_.node_rank}});
+  else
+    stderr_log_->info(line);
 }
 
 // ringd's log file; a failed write is said once on stderr (the log itself cannot carry it).
@@ -1180,6 +1202,8 @@ void Daemon::maybe_finish_step() {
     }
     if (o_.json) {
       out_line(line);
+    } else if (o_.log_format == "json") {
+      ring::log::event(*stderr_log_, spdlog::level::info, "step", j);
     } else if (done_step_ % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step_ == 1 ||
                done_step_ == total_steps_) {
       std::cerr << fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",

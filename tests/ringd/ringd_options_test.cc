@@ -46,7 +46,7 @@ TEST(RingdOptions, HelpListsEveryFlag) {
   for (const char* f : {"--spec", "--job-dir", "--node-rank", "--nodes", "--rendezvous", "--coord",
                         "--job", "--steps", "--resume", "--threads", "--json", "--worker-bin",
                         "--transport", "--worker-threads", "--heartbeat-timeout",
-                        "--startup-timeout", "--stop-grace", "--hash-weights", "--version"})
+                        "--startup-timeout", "--stop-grace", "--hash-weights", "--log-format", "--version"})
     EXPECT_NE(r.out.find(f), std::string::npos) << f << " missing from --help:\n" << r.out;
 }
 
@@ -62,7 +62,8 @@ TEST(RingdOptions, EveryFlagIsTaken) {
                     "--rendezvous", "/r", "--coord", "ipc:///c", "--job", "12", "--steps", "7",
                     "--resume", "--threads", "3", "--json", "--worker-bin", "/w",
                     "--transport", "tcp", "--worker-threads", "2", "--heartbeat-timeout", "1.5",
-                    "--startup-timeout", "9", "--stop-grace", "0.5", "--hash-weights"});
+                    "--startup-timeout", "9", "--stop-grace", "0.5", "--hash-weights",
+                    "--log-format", "json"});
   ASSERT_FALSE(r.parsed.exit_code.has_value()) << r.err;
   const ring::ringd::Options& o = r.parsed.options;
   EXPECT_EQ(o.spec, "s.yaml");
@@ -84,6 +85,7 @@ TEST(RingdOptions, EveryFlagIsTaken) {
   EXPECT_DOUBLE_EQ(o.startup_timeout_s, 9);
   EXPECT_DOUBLE_EQ(o.stop_grace_s, 0.5);
   EXPECT_TRUE(o.hash_weights);
+  EXPECT_EQ(o.log_format, "json");
 }
 
 TEST(RingdOptions, Defaults) {
@@ -119,6 +121,7 @@ TEST(RingdOptions, UsageErrorsNameTheFlagAndExit2) {
        "--heartbeat-timeout: expected seconds in [0.001, 1e6], got '0x10'"},
       {{"--spec", "s", "--job", "x", "--coord", "ipc:///c"},
        "--job: expected an integer in [1, 9007199254740992], got 'x'"},
+      {{"--spec", "s", "--log-format", "yaml"}, "--log-format: yaml not in {text,json}"},
       {{"--spec"}, "--spec"},
       {{}, "--spec FILE is required"},
       {{"--spec", "s", "--node-rank", "1"}, "--node-rank and --nodes go together"},
