@@ -16,14 +16,6 @@
 
 namespace ring::ringd {
 
-std::string describe_status(int st) {
-  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
-  if (WIFSIGNALED(st))
-    return std::string("was killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
-           strsignal(WTERMSIG(st)) + ")";
-  return "stopped";
-}
-
 void Supervisor::spawn(Worker& w, const Launch& launch, std::string* fatal, std::string* failed) {
   std::string why;
   const int fd = open_private_append(w.log, &why);

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/proc/reap.h"
 #include "worker/offload/control.h"
 
 namespace ring::ringd {
@@ -40,7 +41,7 @@ struct Worker {
 };
 
 // "exited with status 3", "was killed by signal 9 (Killed)".
-std::string describe_status(int status);
+using proc::describe_status;
 
 class Supervisor {
  public:

@@ -5,7 +5,6 @@
 #include "daemon/ringd/control_server.h"
 
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "tests/common/test_proc.h"
+#include "tests/ringd/socket_util.h"
 
 namespace {
 
@@ -29,27 +29,6 @@ struct Recorder {
   std::vector<std::string> errors;
   ConnPtr last;
 };
-
-int connect_to(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-void send_text(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t n = ::write(fd, s.data() + off, s.size() - off);
-    ASSERT_GT(n, 0);
-    off += static_cast<size_t>(n);
-  }
-}
 
 // Runs the loop until `done` or 20 s.
 template <typename F>
@@ -89,9 +68,9 @@ const std::string kHello = R"({"t":"hello","rank":0,"local":0,"pid":1,"n":10})";
 
 TEST(ControlServer, LinesBecomeMessagesAndRepliesArrive) {
   Fixture f;
-  const int fd = connect_to(f.path);
+  const int fd = ring::test::connect_unix(f.path);
   ASSERT_GE(fd, 0);
-  send_text(fd, kHello + "\n" + R"({"t":"mapped"})" + "\n" + R"({"t":"hb"})" + "\n");
+  ring::test::send_all(fd, kHello + "\n" + R"({"t":"mapped"})" + "\n" + R"({"t":"hb"})" + "\n");
   ASSERT_TRUE(run_until(f.io, [&] { return f.rec.messages.size() == 3; }));
   EXPECT_TRUE(std::holds_alternative<ctl::Hello>(f.rec.messages[0]));
   EXPECT_TRUE(std::holds_alternative<ctl::Mapped>(f.rec.messages[1]));
@@ -124,12 +103,12 @@ TEST(ControlServer, BrokenLinesCloseOnlyTheirConnection) {
       {R"({"t":"hello","rank":"zero","local":0,"pid":1,"n":10})", "sent a malformed message: "},
       {R"({"t":"init"})", "sent a malformed 'init' message: init is refused here"},
   };
-  const int good = connect_to(f.path);
+  const int good = ring::test::connect_unix(f.path);
   for (const auto& [line, want] : cases) {
     const size_t before = f.rec.errors.size();
-    const int fd = connect_to(f.path);
+    const int fd = ring::test::connect_unix(f.path);
     ASSERT_GE(fd, 0);
-    send_text(fd, line + "\n");
+    ring::test::send_all(fd, line + "\n");
     ASSERT_TRUE(run_until(f.io, [&] { return f.rec.errors.size() == before + 1; })) << line;
     EXPECT_EQ(f.rec.errors.back().rfind(want, 0), 0u) << f.rec.errors.back();
     // The server closed it: the client reads end of file.
@@ -138,15 +117,15 @@ TEST(ControlServer, BrokenLinesCloseOnlyTheirConnection) {
     ::close(fd);
   }
   // The other connection goes on.
-  send_text(good, R"({"t":"hb"})" "\n");
+  ring::test::send_all(good, R"({"t":"hb"})" "\n");
   ASSERT_TRUE(run_until(f.io, [&] { return f.rec.messages.size() == 1; }));
   ::close(good);
 }
 
 TEST(ControlServer, OverlongLineIsAProtocolError) {
   Fixture f(/*max_line=*/4096);
-  const int fd = connect_to(f.path);
-  send_text(fd, std::string(5000, 'x'));
+  const int fd = ring::test::connect_unix(f.path);
+  ring::test::send_all(fd, std::string(5000, 'x'));
   ASSERT_TRUE(run_until(f.io, [&] { return f.rec.errors.size() == 1; }));
   EXPECT_EQ(f.rec.errors[0], "sent a control message longer than the 4096 byte limit");
   ::close(fd);
@@ -154,8 +133,8 @@ TEST(ControlServer, OverlongLineIsAProtocolError) {
 
 TEST(ControlServer, PeerThatDoesNotReadFailsPastTheQueueLimit) {
   Fixture f(ControlServer::kMaxLine, /*max_queued=*/64 << 10);
-  const int fd = connect_to(f.path);
-  send_text(fd, kHello + "\n");
+  const int fd = ring::test::connect_unix(f.path);
+  ring::test::send_all(fd, kHello + "\n");
   ASSERT_TRUE(run_until(f.io, [&] { return f.rec.messages.size() == 1; }));
   // The client never reads: the socket buffer fills, then the queue.
   const nlohmann::json big = {{"t", "params"}, {"pad", std::string(8192, 'p')}};
@@ -172,8 +151,8 @@ TEST(ControlServer, PeerThatDoesNotReadFailsPastTheQueueLimit) {
 
 TEST(ControlServer, StopEndsAcceptingAndCloseAllDropsConnections) {
   Fixture f;
-  const int fd = connect_to(f.path);
-  send_text(fd, kHello + "\n");
+  const int fd = ring::test::connect_unix(f.path);
+  ring::test::send_all(fd, kHello + "\n");
   ASSERT_TRUE(run_until(f.io, [&] { return f.server.connections() == 1; }));
   f.server.close_all();
   EXPECT_EQ(f.server.connections(), 0u);
@@ -183,7 +162,7 @@ TEST(ControlServer, StopEndsAcceptingAndCloseAllDropsConnections) {
   f.server.stop();
   f.io.restart();
   f.io.poll();
-  EXPECT_LT(connect_to(f.path), 0);
+  EXPECT_LT(ring::test::connect_unix(f.path), 0);
 }
 
 }  // namespace

@@ -48,6 +48,13 @@ Supervisor::Launch sh(const std::string& script) {
   return l;
 }
 
+// A supervisor with `n` slots whose logs are <dir>/w<rank>.log.
+Supervisor with_slots(const ring::test::TempDir& t, int n) {
+  Supervisor s(fast());
+  s.reset(n, 0, [&](int rank) { return t.path + "/w" + std::to_string(rank) + ".log"; });
+  return s;
+}
+
 // Reaps until every worker has ended (60 s at most); returns the (rank, status) pairs in order.
 std::vector<std::pair<int, int>> reap_all(Supervisor& s, bool expected) {
   std::vector<std::pair<int, int>> out;
@@ -93,8 +100,7 @@ TEST(Supervisor, SpawnWritesTheLogAndTheEnvironment) {
 
 TEST(Supervisor, StopSendsSigusr2ThenSigkillAfterTheGrace) {
   ring::test::TempDir t("supervisor");
-  Supervisor s(fast());
-  s.reset(2, 0, [&](int rank) { return t.path + "/w" + std::to_string(rank) + ".log"; });
+  Supervisor s = with_slots(t, 2);
   std::string fatal, failed;
   // Rank 0 dies on SIGUSR2 (the default); rank 1 ignores it and also SIGTERM (ringd's workers
   // start with SIGTERM ignored): only SIGKILL ends it.
@@ -129,8 +135,7 @@ TEST(Supervisor, StopSendsSigusr2ThenSigkillAfterTheGrace) {
 
 TEST(Supervisor, ReapReportsTheKilledWorkerFirst) {
   ring::test::TempDir t("supervisor");
-  Supervisor s(fast());
-  s.reset(2, 0, [&](int rank) { return t.path + "/w" + std::to_string(rank) + ".log"; });
+  Supervisor s = with_slots(t, 2);
   std::string fatal, failed;
   s.spawn(s.workers()[0], sh("exec sleep 60"), &fatal, &failed);
   s.spawn(s.workers()[1], sh("exit 3"), &fatal, &failed);
@@ -156,8 +161,7 @@ TEST(Supervisor, ReapReportsTheKilledWorkerFirst) {
 
 TEST(Supervisor, SilentWorkersAreOverdue) {
   ring::test::TempDir t("supervisor");
-  Supervisor s(fast());
-  s.reset(1, 0, [&](int rank) { return t.path + "/w" + std::to_string(rank) + ".log"; });
+  Supervisor s = with_slots(t, 1);
   std::string fatal, failed;
   Worker& w = s.workers()[0];
   s.spawn(w, sh("exec sleep 60"), &fatal, &failed);
@@ -183,8 +187,7 @@ TEST(Supervisor, SilentWorkersAreOverdue) {
 
 TEST(Supervisor, UnusableLogIsFatalAndAMissingProgramFails) {
   ring::test::TempDir t("supervisor");
-  Supervisor s(fast());
-  s.reset(2, 0, [&](int rank) { return t.path + "/w" + std::to_string(rank) + ".log"; });
+  Supervisor s = with_slots(t, 2);
   ASSERT_EQ(::symlink("/etc/passwd", (t.path + "/w0.log").c_str()), 0);
   std::string fatal, failed;
   s.spawn(s.workers()[0], sh("true"), &fatal, &failed);
