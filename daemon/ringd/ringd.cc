@@ -50,6 +50,7 @@
 #include "daemon/placement/placement.h"
 #include "daemon/ringd/attempt.h"
 #include "daemon/ringd/control_server.h"
+#include "daemon/ringd/coord_commands.h"
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/job_files.h"
 #include "daemon/ringd/owned_paths.h"
@@ -161,10 +162,8 @@ class Daemon {
   void reap();
   void on_tick();
   void worker_failed(Worker& w, const std::string& what);
-  // ---- ring-coord (--coord): coord_link.h
+  // ---- ring-coord (--coord): coord_link.h carries the messages, coord_commands.h reads them
   void on_coord(const protocol::Message& m);
-  void on_command(const protocol::Command& c);
-  void coord_decide(const std::string& state);
 
   Options o_;
   spec::JobSpec spec_;
@@ -1375,48 +1374,15 @@ void Daemon::on_tick() {
 
 void Daemon::on_coord(const protocol::Message& m) {
   if (state_.phase == attempt::Phase::kExiting) return;
-  if (const auto* c = std::get_if<protocol::Command>(&m)) {
-    on_command(*c);
-  } else if (const auto* r = std::get_if<protocol::Registered>(&m)) {
-    for (const protocol::Assignment& a : r->jobs)
-      if (a.job == coord_->job() && state_.await == attempt::Await::kState) coord_decide(a.state);
-  } else if (const auto* e = std::get_if<protocol::ErrorReply>(&m)) {
-    log(fmt::format("ring-coord: {} ({}{}{})", e->message, e->code, e->field.empty() ? "" : ", ",
-                    e->field));
-  }
-}
-
-// A command is acknowledged (attempt::next decides how: kAck) and becomes an event.
-void Daemon::on_command(const protocol::Command& c) {
-  const char* kind = protocol::to_string(c.command);
-  if (c.job != coord_->job()) {
-    coord_->ack(c.id, false, fmt::format("this ringd serves job {}, not {}", coord_->job(), c.job));
+  const CoordInput in = interpret(m, coord_->job(), state_, ck_ != nullptr);
+  if (in.refusal) {
+    coord_->ack(in.command_id, false, *in.refusal);
     return;
   }
-  log(fmt::format("ring-coord: {} (attempt {}, step {}): {}", kind, c.attempt, c.step, c.reason));
-  event("command", {{"command", kind}, {"id", c.id}, {"reason", c.reason}});
-  command_id_ = c.id;
-  attempt::Event e = event_of(attempt::EventKind::kCoordStop, c.reason);
-  switch (c.command) {
-    case protocol::CommandKind::kCheckpointNow:
-      e.kind = attempt::EventKind::kCoordCheckpointNow;
-      break;
-    case protocol::CommandKind::kStop:
-      e.kind = attempt::EventKind::kCoordStop;
-      break;
-    case protocol::CommandKind::kRollBack:
-      e.kind = attempt::EventKind::kCoordRollBack;
-      e.attempt = c.attempt;
-      e.step = c.step;
-      break;
-  }
-  dispatch(e);
-}
-
-// The job's state, asked for after the coordinator's stop.
-void Daemon::coord_decide(const std::string& state) {
-  log("ring-coord: the job is " + state);
-  dispatch(event_of(attempt::EventKind::kCoordState, state));
+  if (!in.note.empty()) log(in.note);
+  if (in.report) event("command", *in.report);
+  command_id_ = in.command_id;  // attempt::next acknowledges it (kAck)
+  if (in.event) dispatch(*in.event);
 }
 
 }  // namespace
