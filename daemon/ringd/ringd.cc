@@ -54,6 +54,7 @@
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/job_files.h"
 #include "daemon/ringd/owned_paths.h"
+#include "daemon/ringd/step_driver.h"
 #include "daemon/ringd/supervisor.h"
 #include "daemon/ringd/transport_exchange.h"
 #include "worker/model/config.h"
@@ -72,13 +73,6 @@ namespace {
 namespace asio = boost::asio;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-uint64_t fnv1a(const void* data, size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 std::string find_worker_bin(const std::string& given) {
   if (!given.empty()) return given;
@@ -200,17 +194,10 @@ class Daemon {
   optim::LocalExchange local_exchange_;
   std::unique_ptr<optim::NodeOptimizer> opt_;
   std::unique_ptr<ckpt::Checkpointer> ck_;
-  std::vector<float> node_grad_;
-  bool have_master_ = false;
-  int64_t done_step_ = 0;        // last completed step
-  int64_t cur_step_ = 0;         // step in flight (0: none)
-  int buckets_ready_ = 0;        // node buckets handed to the optimizer this step
-  json cursor_;                  // loader cursor after done_step_
-  Clock::time_point step_t0_;
+  std::unique_ptr<StepDriver> steps_;  // the step in flight, the checkpoint results (step_driver.h)
   double ckpt_stall_s_ = 0;
   int64_t last_ckpt_step_ = -1;
   int64_t stop_ckpt_saved_ = -1;  // step of a checkpoint written and waited for (on a stop)
-  bool last_all_changed_ = true;
   std::string attempt_rdv_;
 
   // Stop signals (state_.stop_signals counts them; repeats within 1 s are one).
@@ -248,8 +235,6 @@ class Daemon {
   std::string fatal_error_;           // fatal(): the exit message
   // Checkpoint results by step (this node's view: ok = its shard is durable, and on node 0 the
   // commit done): the last one of a run must not fail silently.
-  std::map<int64_t, std::string> ckpt_failed_;
-  std::set<int64_t> ckpt_ok_;
   std::string final_checkpoint_error();
   std::string newest_complete_checkpoint();
 };
@@ -387,7 +372,7 @@ int Daemon::run() {
   world_ = wpn_ * o_.nodes;
   total_steps_ = o_.steps.value_or(spec_.train.steps);
   layout_ = std::make_unique<model::ParamLayout>(model::ModelConfig::from_spec(spec_));
-  node_grad_.assign(static_cast<size_t>(layout_->total()), 0.f);
+  steps_ = std::make_unique<StepDriver>(*layout_);
 
   // Placement: GPUs (CUDA backend) and cores for each local worker.
   try {
@@ -528,14 +513,14 @@ attempt::Event Daemon::event_of(attempt::EventKind kind, std::string text) const
   e.kind = kind;
   e.text = std::move(text);
   e.ready = ready();
-  e.more_steps = done_step_ + 1 <= total_steps_;
+  e.more_steps = steps_->done_step() + 1 <= total_steps_;
   e.has_checkpointer = ck_ != nullptr;
   return e;
 }
 
 // Every worker mapped the shared memory and the master weights exist: steps can begin.
 bool Daemon::ready() const {
-  return have_master_ && !workers_.empty() &&
+  return steps_->have_master() && !workers_.empty() &&
          std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; });
 }
 
@@ -568,7 +553,7 @@ void Daemon::execute(const attempt::State& before, const attempt::Action& a) {
       stop_at_boundary(a);
       return;
     case ActionKind::kCheckpoint:
-      checkpoint_now(done_step_, false);
+      checkpoint_now(steps_->done_step(), false);
       return;
     case ActionKind::kArmStopDeadline:
       stop_deadline_ = Clock::now() + std::chrono::seconds(60);
@@ -605,37 +590,37 @@ void Daemon::say(const attempt::Action& a) {
       return;
     case Note::kStopping:
       log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(last_signal_)));
-      event("stopping", {{"signal", last_signal_}, {"step", done_step_}});
+      event("stopping", {{"signal", last_signal_}, {"step", steps_->done_step()}});
       return;
     case Note::kStopNow:
       log(fmt::format("{} again: stopping the workers now, no checkpoint",
                       strsignal(last_signal_)));
       return;
     case Note::kStopAgreed:
-      log(fmt::format("step {}: every node knows of the stop: checkpoint, then stop", done_step_));
+      log(fmt::format("step {}: every node knows of the stop: checkpoint, then stop", steps_->done_step()));
       return;
     case Note::kStopFromOtherNode:
       log(fmt::format("step {}: another node was asked to stop: checkpoint, then stop",
-                      done_step_));
-      event("stopping", {{"step", done_step_}, {"from", "another node"}});
+                      steps_->done_step()));
+      event("stopping", {{"step", steps_->done_step()}, {"from", "another node"}});
       return;
     case Note::kCheckpointAsked:
-      log(fmt::format("checkpoint at step {} (asked by ring-coord)", done_step_));
+      log(fmt::format("checkpoint at step {} (asked by ring-coord)", steps_->done_step()));
       return;
     case Note::kStoppedByCoord:
-      log(fmt::format("stopped at step {} by ring-coord ({})", done_step_, a.text));
-      event("stopped", {{"step", done_step_}, {"reason", a.text}});
+      log(fmt::format("stopped at step {} by ring-coord ({})", steps_->done_step(), a.text));
+      event("stopped", {{"step", steps_->done_step()}, {"reason", a.text}});
       return;
     case Note::kStoppedResumable:
-      log(fmt::format("stopped at step {} on request (resumable)", done_step_));
-      event("stopped", {{"step", done_step_}});
+      log(fmt::format("stopped at step {} on request (resumable)", steps_->done_step()));
+      event("stopped", {{"step", steps_->done_step()}});
       return;
     case Note::kStoppedAfterFailure:
-      event("stopped", {{"step", done_step_}});
+      event("stopped", {{"step", steps_->done_step()}});
       return;
     case Note::kCompleted:
-      log(fmt::format("completed {} steps", done_step_));
-      event("completed", {{"step", done_step_}});
+      log(fmt::format("completed {} steps", steps_->done_step()));
+      event("completed", {{"step", steps_->done_step()}});
       return;
     case Note::kRestarting:
       log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", a.restart,
@@ -644,7 +629,7 @@ void Daemon::say(const attempt::Action& a) {
       return;
     case Note::kRestartsExhausted:
       log(fmt::format("failed: restart.max_restarts ({}) exhausted", spec_.restart.max_restarts));
-      event("failed", {{"step", done_step_}, {"restarts", state_.restarts}});
+      event("failed", {{"step", steps_->done_step()}, {"restarts", state_.restarts}});
       return;
     case Note::kRollBack:
       log(fmt::format("ring-coord: roll back to attempt {} from step {}", a.attempt, a.step));
@@ -662,10 +647,10 @@ void Daemon::say(const attempt::Action& a) {
       log("ring-coord did not say how to go on after its stop: exiting (resumable)");
       return;
     case Note::kCoordStoppedIdle:
-      event("stopped", {{"step", done_step_}, {"reason", a.text}});
+      event("stopped", {{"step", steps_->done_step()}, {"reason", a.text}});
       return;
     case Note::kFinalCheckpointFailed:
-      event("checkpoint_failed", {{"step", done_step_}, {"error", a.text}, {"final", true}});
+      event("checkpoint_failed", {{"step", steps_->done_step()}, {"error", a.text}, {"final", true}});
       announce_fatal(a.text);
       return;
   }
@@ -675,11 +660,7 @@ void Daemon::say(const attempt::Action& a) {
 
 // The kStartAttempt action: state_ is kStarting (attempt::next reset the attempt's flags).
 void Daemon::start_attempt() {
-  cur_step_ = 0;
-  last_all_changed_ = true;
-  have_master_ = false;
-  done_step_ = 0;
-  cursor_ = json();
+  steps_->reset();
   attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, state_.attempt);
   std::string rdv_error;
   if (!make_attempt_dirs(&rdv_error)) {
@@ -756,9 +737,7 @@ void Daemon::start_attempt() {
           log("note: checkpoint " + r.path + " was written with another spec (hash " +
               r.spec_hash + ", now " + spec_hash_ + ")");
         opt_->restore_step(r.step);
-        have_master_ = true;
-        done_step_ = r.step;
-        cursor_ = r.meta.value("cursor", json());
+        steps_->resumed(r.step, r.meta.value("cursor", json()));
         log(fmt::format("resuming from {} (step {})", r.path, r.step));
         event("resumed", {{"step", r.step}, {"path", r.path}});
       } else {
@@ -789,8 +768,8 @@ void Daemon::start_attempt() {
     return;
   }
   unblocked_at_ = Clock::now();  // the exchange bootstrap and the resume load blocked the loop
-  if (coord_) coord_->set_progress(state_.attempt, done_step_);
-  event("attempt_started", {{"workers", wpn_}, {"start_step", done_step_}});
+  if (coord_) coord_->set_progress(state_.attempt, steps_->done_step());
+  event("attempt_started", {{"workers", wpn_}, {"start_step", steps_->done_step()}});
 }
 
 // Starts one worker (supervisor.h) with its command line, cpuset and GPU.
@@ -874,7 +853,7 @@ void Daemon::end_attempt() {
     // committing it): ring-coord resumes from the newest one reported saved.
     for (const ckpt::SaveResult& r : ck_->drain())
       if (report_checkpoint(r)) saved = std::max(saved, r.step);
-    if (state_.stop_requested() && o_.node_rank > 0 && saved == done_step_ && saved > 0)
+    if (state_.stop_requested() && o_.node_rank > 0 && saved == steps_->done_step() && saved > 0)
       await_commit(saved);
     ck_.reset();
   }
@@ -911,7 +890,7 @@ void Daemon::fatal(const std::string& why) {
 void Daemon::announce_fatal(const std::string& why) {
   log("fatal: " + why);
   if (o_.json) std::cerr << "ringd: " << why << std::endl;  // log() wrote it otherwise
-  event("failed", {{"step", done_step_}, {"error", why}});
+  event("failed", {{"step", steps_->done_step()}, {"error", why}});
   fatal_error_ = why;
 }
 
@@ -1015,9 +994,9 @@ void Daemon::on_message(const ConnPtr& c, const offload::control::WorkerMessage&
     w.last_seen = Clock::now();
     send(local, {{"t", "welcome"},
                  {"shm", shm_.name()},
-                 {"start_step", done_step_},
-                 {"need_init", !have_master_ && local == 0},
-                 {"cursor", cursor_}});
+                 {"start_step", steps_->done_step()},
+                 {"need_init", !steps_->have_master() && local == 0},
+                 {"cursor", steps_->cursor()}});
     return;
   }
   if (c->local < 0)
@@ -1034,20 +1013,19 @@ void Daemon::on_message(const ConnPtr& c, const offload::control::WorkerMessage&
       maybe_begin();
     }
   } else if (std::holds_alternative<ctl::Init>(msg)) {
-    if (c->local == 0 && !have_master_) {
-      opt_->init_master(shm_.params());
-      have_master_ = true;
+    if (c->local == 0 && !steps_->have_master()) {
+      steps_->init_master(*opt_, shm_);
       log("master weights initialised from rank " + std::to_string(w.rank));
       maybe_begin();
     }
   } else if (const auto* b = std::get_if<ctl::Bucket>(&msg)) {
-    if (b->step != cur_step_) {
-      worker_failed(w, fmt::format("sent bucket of step {} during step {}", b->step, cur_step_));
+    if (b->step != steps_->cur_step()) {
+      worker_failed(w, fmt::format("sent bucket of step {} during step {}", b->step, steps_->cur_step()));
       return;
     }
     on_bucket(w, static_cast<int>(b->b));
   } else if (const auto* d = std::get_if<ctl::Done>(&msg)) {
-    if (d->step != cur_step_) {
+    if (d->step != steps_->cur_step()) {
       worker_failed(w, "finished a step that is not in flight");
       return;
     }
@@ -1061,136 +1039,72 @@ void Daemon::on_message(const ConnPtr& c, const offload::control::WorkerMessage&
 // ---- steps -------------------------------------------------------------------------------------
 
 void Daemon::maybe_begin() {
-  if (cur_step_ != 0 || state_.finishing || state_.phase == attempt::Phase::kStopping) return;
+  if (steps_->cur_step() != 0 || state_.finishing || state_.phase == attempt::Phase::kStopping) return;
   if (!ready()) return;
   dispatch(event_of(attempt::EventKind::kBoundary));  // the first step, or the end of the run
 }
 
 // The kStopAtBoundary action (state_ is kFinishing): every step is done or a stop is agreed.
 void Daemon::stop_at_boundary(const attempt::Action& a) {
-  if (ck_ && a.checkpoint && last_ckpt_step_ != done_step_ && done_step_ > 0)
-    checkpoint_now(done_step_, true);
+  if (ck_ && a.checkpoint && last_ckpt_step_ != steps_->done_step() && steps_->done_step() > 0)
+    checkpoint_now(steps_->done_step(), true);
   stop_deadline_ = Clock::now() + std::chrono::seconds(60);
   for (const Worker& w : workers_) send(w.local, {{"t", "stop"}, {"reason", a.text}});
 }
 
 // The kBeginStep action: the next step's weights into shared memory, its params to the workers.
 void Daemon::begin_step() {
-  const int64_t s = done_step_ + 1;
-  const int64_t n = layout_->total();
-  int64_t changed = -1;
-  const float* master = opt_->master();
-  if (last_all_changed_) {
-    // Dense: the whole copy (also the first step of every attempt: workers start from nothing).
-    std::memcpy(shm_.params(), master, static_cast<size_t>(n) * sizeof(float));
-  } else {
-    const std::vector<int64_t>& ch = opt_->changed();
-    uint32_t* idx = shm_.index();
-    float* dst = shm_.params();
-    for (size_t i = 0; i < ch.size(); ++i) {
-      idx[i] = static_cast<uint32_t>(ch[i]);
-      dst[ch[i]] = master[ch[i]];
-    }
-    changed = static_cast<int64_t>(ch.size());
-  }
-  for (Worker& w : workers_) {
-    w.buckets = 0;
-    w.done = false;
-  }
-  cur_step_ = s;
-  buckets_ready_ = 0;
-  opt_->begin_step(s);
-  step_t0_ = Clock::now();
+  const int64_t changed = steps_->begin_step(workers_, shm_, *opt_);
   for (const Worker& w : workers_)
-    send(w.local,
-         {{"t", "params"}, {"step", s}, {"changed", changed}, {"stop", state_.stop_signals > 0}});
+    send(w.local, {{"t", "params"},
+                   {"step", steps_->cur_step()},
+                   {"changed", changed},
+                   {"stop", state_.stop_signals > 0}});
 }
 
 void Daemon::on_bucket(Worker& w, int b) {
-  const int nb = static_cast<int>(layout_->buckets().size());
-  if (b != w.buckets || b >= nb) {
-    worker_failed(w, fmt::format("sent bucket {} when {} was due", b, w.buckets));
+  const std::string wrong = steps_->on_bucket(workers_, w, b, shm_, *opt_, [this] {
+    if (!ck_ || !ck_->busy()) return;
+    // The optimizer is about to change the state the checkpoint is still writing.
+    const auto t0 = Clock::now();
+    const std::vector<ckpt::SaveResult> done = ck_->drain();
+    const Clock::duration stalled = Clock::now() - t0;
+    ckpt_stall_s_ += std::chrono::duration<double>(stalled).count();
+    blocked_ += stalled;
+    unblocked_at_ = Clock::now();
+    for (const ckpt::SaveResult& r : done) report_checkpoint(r);
+  });
+  if (!wrong.empty()) {
+    worker_failed(w, wrong);
     return;
-  }
-  ++w.buckets;
-  while (buckets_ready_ < nb &&
-         std::all_of(workers_.begin(), workers_.end(),
-                     [&](const Worker& x) { return x.buckets > buckets_ready_; })) {
-    const model::GradBucket& bk = layout_->buckets()[buckets_ready_];
-    float* dst = node_grad_.data() + bk.begin;
-    const int64_t len = bk.end - bk.begin;
-    // The node's gradient: the workers' slots summed in local-rank order (deterministic).
-    std::memcpy(dst, shm_.grads(0) + bk.begin, static_cast<size_t>(len) * sizeof(float));
-    for (int l = 1; l < wpn_; ++l) {
-      const float* src = shm_.grads(l) + bk.begin;
-      for (int64_t i = 0; i < len; ++i) dst[i] += src[i];
-    }
-    if (ck_ && ck_->busy()) {
-      // The optimizer is about to change the state the checkpoint is still writing.
-      const auto t0 = Clock::now();
-      const std::vector<ckpt::SaveResult> done = ck_->drain();
-      const Clock::duration stalled = Clock::now() - t0;
-      ckpt_stall_s_ += std::chrono::duration<double>(stalled).count();
-      blocked_ += stalled;
-      unblocked_at_ = Clock::now();
-      for (const ckpt::SaveResult& r : done) report_checkpoint(r);
-    }
-    opt_->bucket_ready(bk.index, dst);
-    ++buckets_ready_;
   }
   maybe_finish_step();
 }
 
 void Daemon::maybe_finish_step() {
-  const int nb = static_cast<int>(layout_->buckets().size());
-  if (cur_step_ == 0 || buckets_ready_ < nb) return;
-  if (!std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.done; }))
-    return;
-  optim::StepResult r;
+  if (!steps_->step_complete(workers_)) return;
+  StepDriver::Finished f;
   try {
     Blocking b{this};
-    r = opt_->finish_step();
+    f = steps_->finish_step(workers_, *opt_, state_.attempt);
   } catch (const std::exception& e) {
-    log(fmt::format("step {}: optimizer failed: {}", cur_step_, e.what()));
-    event("optimizer_failed", {{"step", cur_step_}, {"error", e.what()}});
+    log(fmt::format("step {}: optimizer failed: {}", steps_->cur_step(), e.what()));
+    event("optimizer_failed", {{"step", steps_->cur_step()}, {"error", e.what()}});
     dispatch(event_of(attempt::EventKind::kStepFailed, "the optimizer failed"));
     return;
   }
-  const double wall_s = std::chrono::duration<double>(Clock::now() - step_t0_).count();
-  done_step_ = cur_step_;
-  cur_step_ = 0;
-  last_all_changed_ = r.all_changed;
-  const offload::control::Done& d = workers_[0].done_msg;
-  cursor_ = d.cursor;
-  if (d.stop) dispatch(event_of(attempt::EventKind::kStopInStep));
-  // loss_sum is NaN when the worker's loss was NaN or infinite (JSON null).
-  const double loss_sum = d.loss_sum;
-  const int64_t valid = d.valid;
-  const int64_t tokens = d.tokens;
-  train::StepStats st;
-  st.step = done_step_;
-  st.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : 0.0;
-  st.tokens = tokens;
-  st.valid = valid;
-  st.grad_norm = r.grad_norm;
-  st.lr = r.lr;
-  st.step_ms = wall_s * 1e3;
-  st.tokens_per_s = wall_s > 0 ? tokens / wall_s : 0;
-  json j = json::parse(train::step_json(st));
-  j["attempt"] = state_.attempt;
-  j["comm_s"] = d.ring_wait_ms / 1e3;
-  j["optimizer_s"] = r.optimizer_s;
-  j["exposed_optimizer_s"] = r.exposed_s;
-  j["bytes_exchanged"] = r.bytes_sent;
-  j["bytes_dense"] = r.bytes_dense;
-  j["compressed"] = r.compressed;
+  const int64_t done_step = steps_->done_step();
+  if (f.done.stop) dispatch(event_of(attempt::EventKind::kStopInStep));
+  const optim::StepResult& r = f.result;
+  const train::StepStats& st = f.stats;
+  json& j = f.record;
   if (o_.hash_weights) {
     char h[17];
     std::snprintf(h, sizeof(h), "%016llx",
                   static_cast<unsigned long long>(
                       fnv1a(opt_->master(), static_cast<size_t>(layout_->total()) * 4)));
     j["weights_xxh"] = h;
-    log_line(fmt::format("step {} weights {}", done_step_, h));
+    log_line(fmt::format("step {} weights {}", done_step, h));
   }
   if (o_.node_rank == 0) {
     const std::string line = j.dump();
@@ -1203,8 +1117,8 @@ void Daemon::maybe_finish_step() {
       out_line(line);
     } else if (o_.log_format == "json") {
       ring::log::event(*stderr_log_, spdlog::level::info, "step", j);
-    } else if (done_step_ % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step_ == 1 ||
-               done_step_ == total_steps_) {
+    } else if (done_step % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step == 1 ||
+               done_step == total_steps_) {
       std::cerr << fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
                                train::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
                                r.bytes_sent / 1e6)
@@ -1212,27 +1126,23 @@ void Daemon::maybe_finish_step() {
     }
   }
   if (coord_) {
-    coord_->set_progress(state_.attempt, done_step_);
-    coord_->send(protocol::StepReport{coord_->node(), coord_->job(), state_.attempt, done_step_, st.loss,
-                                      st.tokens_per_s, wall_s, j["comm_s"].get<double>()});
+    coord_->set_progress(state_.attempt, done_step);
+    coord_->send(protocol::StepReport{coord_->node(), coord_->job(), state_.attempt, done_step,
+                                      st.loss, st.tokens_per_s, f.wall_s,
+                                      j["comm_s"].get<double>()});
   }
   // A checkpoint at this boundary (periodic, or asked by ring-coord), then the next step or the
   // end of the run.
   attempt::Event e = event_of(attempt::EventKind::kStepDone);
   e.periodic_checkpoint = spec_.checkpoint.every_steps > 0 &&
-                          done_step_ % spec_.checkpoint.every_steps == 0 &&
-                          done_step_ < total_steps_;
+                          done_step % spec_.checkpoint.every_steps == 0 &&
+                          done_step < total_steps_;
   dispatch(e);
 }
 
 // Logs a finished checkpoint and reports it (ring-coord resumes from the steps reported saved).
 bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
-  if (r.ok) {
-    ckpt_ok_.insert(r.step);
-    ckpt_failed_.erase(r.step);
-  } else if (!ckpt_ok_.count(r.step)) {
-    ckpt_failed_[r.step] = r.error;
-  }
+  steps_->record(r);
   if (r.ok) {
     log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r.step, r.path,
                     r.bytes / 1e6, r.total_s));
@@ -1249,10 +1159,10 @@ bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
 // here" when the newest weights on disk are older. Exit 1 naming the failed checkpoint, the
 // reason and the newest complete checkpoint; ring-coord hears it as checkpoint_failed.
 std::string Daemon::final_checkpoint_error() {
-  auto it = ckpt_failed_.find(done_step_);
-  if (done_step_ <= 0 || it == ckpt_failed_.end() || ckpt_ok_.count(done_step_)) return "";
+  const std::string* error = steps_->failed_at_done_step();
+  if (!error) return "";
   return fmt::format("the {} checkpoint (step {}) failed: {}; the newest complete checkpoint is {}",
-                     state_.stop_requested() ? "stop" : "final", done_step_, it->second,
+                     state_.stop_requested() ? "stop" : "final", steps_->done_step(), *error,
                      newest_complete_checkpoint());
 }
 
@@ -1270,7 +1180,7 @@ std::string Daemon::newest_complete_checkpoint() {
 
 void Daemon::checkpoint_now(int64_t step, bool wait) {
   if (!ck_) return;
-  ck_->start(step, {{"cursor", cursor_}, {"attempt", state_.attempt}, {"world", world_}});
+  ck_->start(step, {{"cursor", steps_->cursor()}, {"attempt", state_.attempt}, {"world", world_}});
   last_ckpt_step_ = step;
   if (wait) {
     Blocking b{this};
@@ -1323,8 +1233,8 @@ void Daemon::reap() {
       std::string text;
       for (const std::string& l : lines) text += "\n    | " + l;
       log(fmt::format("worker rank {} (pid {}) {} during step {}; last log lines:{}", w.rank, got,
-                      describe_status(st), cur_step_, text));
-      json ev{{"rank", w.rank}, {"pid", got}, {"step", cur_step_}, {"last_lines", lines}};
+                      describe_status(st), steps_->cur_step(), text));
+      json ev{{"rank", w.rank}, {"pid", got}, {"step", steps_->cur_step()}, {"last_lines", lines}};
       if (WIFSIGNALED(st)) {
         ev["signal"] = WTERMSIG(st);
         ev["signal_name"] = strsignal(WTERMSIG(st));
