@@ -54,6 +54,7 @@
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/job_files.h"
 #include "daemon/ringd/owned_paths.h"
+#include "daemon/ringd/startup.h"
 #include "daemon/ringd/step_driver.h"
 #include "daemon/ringd/supervisor.h"
 #include "daemon/ringd/transport_exchange.h"
@@ -296,27 +297,10 @@ int Daemon::run() {
   signals_.add(SIGHUP);
   // Job directory and files.
   job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(spec_.job.name) : o_.job_dir;
-  std::error_code ec;
-  // What ringd creates is private: the job directory (when missing) and logs/ are 0700.
-  if (!fs::exists(fs::symlink_status(job_dir_, ec))) {
-    fs::create_directories(job_dir_, ec);
-    if (!ec && ::chmod(job_dir_.c_str(), 0700) != 0) ec.assign(errno, std::generic_category());
+  if (auto f = prepare_job_dir(&job_dir_)) {
+    std::cerr << "ringd: " << f->message << "\n";
+    return f->code;
   }
-  if (!ec && ::mkdir((job_dir_ + "/logs").c_str(), 0700) != 0 && errno != EEXIST)
-    ec.assign(errno, std::generic_category());
-  if (ec) {
-    std::cerr << "ringd: --job-dir " << job_dir_ << ": " << ec.message() << "\n";
-    return kExitUsage;
-  }
-  {
-    struct stat st;
-    if (::lstat((job_dir_ + "/logs").c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      std::cerr << "ringd: --job-dir " << job_dir_
-                << ": logs is not a directory (a symbolic link?); refusing to write there\n";
-      return kExitFailed;
-    }
-  }
-  job_dir_ = fs::absolute(job_dir_).string();
   // The job's own files: a job directory the user cannot write is a fatal error now, named on
   // stderr, not a log line nobody sees followed by restarts.
   {
@@ -327,38 +311,17 @@ int Daemon::run() {
       return kExitFailed;
     }
   }
-  rdv_root_ = o_.rendezvous.empty() ? job_dir_ + "/rendezvous" : o_.rendezvous;
-  if (const char* id = std::getenv("SLURM_JOB_ID"); id && *id && o_.rendezvous.empty()) {
-    const char* rc = std::getenv("SLURM_RESTART_COUNT");
-    rdv_root_ += fmt::format("/slurm-{}.{}", id, rc && *rc ? rc : "0");
-  } else if (o_.nodes == 1) {
+  rdv_root_ = rendezvous_root(o_, job_dir_);
+  const char* slurm_job = std::getenv("SLURM_JOB_ID");
+  if ((!slurm_job || !*slurm_job || !o_.rendezvous.empty()) && o_.nodes == 1) {
     // One node: the attempt directories an earlier run left go. Only those: a real directory of
     // ours named attempt-<N> holding ringd's marker (owned_paths.h), never the directory the
     // user named (--rendezvous ~/work must not lose the user's files).
     remove_stale_attempts();
   }
-  // checkpoint.dir (common/spec/keys.cc): empty means no checkpoints; a relative path is taken
-  // from the job directory. With a directory, stop and on-demand checkpoints are written even
-  // when checkpoint.every_steps is 0 (no periodic ones then).
-  ckpt_dir_ = spec_.checkpoint.dir;
-  if (!ckpt_dir_.empty() && ckpt_dir_[0] != '/')
-    ckpt_dir_ = (fs::path(job_dir_) / ckpt_dir_).lexically_normal().string();
-  if (!ckpt_dir_.empty()) {
-    // A checkpoint directory that cannot be written is said now, not at the first checkpoint
-    // (which could be the stop checkpoint of a preemption). Created 0700: it holds the weights.
-    std::error_code cec;
-    if (!fs::exists(ckpt_dir_, cec)) {
-      fs::create_directories(ckpt_dir_, cec);
-      if (!cec) ::chmod(ckpt_dir_.c_str(), 0700);
-    }
-    if (cec || !fs::is_directory(ckpt_dir_, cec) || ::access(ckpt_dir_.c_str(), W_OK | X_OK) != 0) {
-      std::cerr << "ringd: checkpoint.dir " << ckpt_dir_ << ": "
-                << (cec ? cec.message()
-                        : fs::is_directory(ckpt_dir_) ? std::string(std::strerror(errno))
-                                                      : std::string("not a directory"))
-                << "\n";
-      return kExitFailed;
-    }
+  if (auto f = prepare_checkpoint_dir(spec_.checkpoint.dir, job_dir_, &ckpt_dir_)) {
+    std::cerr << "ringd: " << f->message << "\n";
+    return f->code;
   }
   spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
   worker_bin_ = find_worker_bin(o_.worker_bin);
@@ -1313,39 +1276,9 @@ int run(const Options& o) {
     return kExitUsage;
   }
   spec::JobSpec s = *loaded.spec;
-  const int64_t world = s.resources.workers_per_node * o.nodes;
-  if (s.parallel.data_replicas != 1) {
-    std::cerr << "ringd: " << o.spec << ": parallel.data_replicas = " << s.parallel.data_replicas
-              << ": ringd runs one ring (data_replicas 1)\n";
-    return kExitUsage;
-  }
-  if (s.parallel.context_ranks != world) {
-    std::cerr << "ringd: " << o.spec << ": parallel.context_ranks = " << s.parallel.context_ranks
-              << " but " << o.nodes << " node(s) x resources.workers_per_node "
-              << s.resources.workers_per_node << " = " << world << " workers\n";
-    return kExitUsage;
-  }
-  if (s.resources.nodes != o.nodes) {
-    std::cerr << "ringd: " << o.spec << ": resources.nodes = " << s.resources.nodes << " but "
-              << o.nodes << " ringd node(s) were started (--nodes / SLURM_NNODES)\n";
-    return kExitUsage;
-  }
-  if (s.optimizer.offload != spec::Offload::kCpu) {
-    std::cerr << "ringd: " << o.spec
-              << ": optimizer.offload = none: the in-worker optimizer is ring-worker "
-                 "--launch-local; ringd runs optimizer.offload: cpu\n";
-    return kExitUsage;
-  }
-  if (s.optimizer.update == spec::UpdateMode::kLazy) {
-    // The lazy-update index in shared memory (worker/offload/shm.h) holds 32-bit coordinates:
-    // a larger model would update the wrong coordinates silently.
-    const int64_t n = model::ParamLayout(model::ModelConfig::from_spec(s)).total();
-    if (n > (int64_t{1} << 32)) {
-      std::cerr << "ringd: " << o.spec << ": optimizer.update = lazy with " << n
-                << " parameters: the lazy-update index holds 32-bit coordinates (at most "
-                << (int64_t{1} << 32) << " parameters); use optimizer.update: dense\n";
-      return kExitUsage;
-    }
+  if (auto f = check_spec(s, o)) {
+    std::cerr << "ringd: " << f->message << "\n";
+    return f->code;
   }
   std::ifstream in(o.spec, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
