@@ -13,50 +13,41 @@ constexpr double kStateAnswerS = 10;
 constexpr double kRestartDecisionS = 15;
 constexpr double kRollBackSlackS = 60;
 
-Action act(ActionKind k, std::string text = {}) {
+// An action of kind `k` with the fields `set` gives it.
+template <typename Set>
+Action make(ActionKind k, Set set) {
   Action a;
   a.kind = k;
-  a.text = std::move(text);
+  set(a);
   return a;
+}
+
+Action act(ActionKind k, std::string text = {}) {
+  return make(k, [&](Action& a) { a.text = std::move(text); });
 }
 
 Action say(Note n, std::string text = {}) {
-  Action a = act(ActionKind::kSay, std::move(text));
-  a.note = n;
-  return a;
-}
-
-Action exit_with(int code) {
-  Action a = act(ActionKind::kExit);
-  a.code = code;
-  return a;
+  return make(ActionKind::kSay, [&](Action& a) { a.note = n, a.text = std::move(text); });
 }
 
 Action ack(bool ok, std::string why = {}) {
-  Action a = act(ActionKind::kAck, std::move(why));
-  a.ok = ok;
-  return a;
+  return make(ActionKind::kAck, [&](Action& a) { a.ok = ok, a.text = std::move(why); });
 }
 
 Action await_coord(double seconds) {
-  Action a = act(ActionKind::kAwaitCoord);
-  a.seconds = seconds;
-  return a;
+  return make(ActionKind::kAwaitCoord, [&](Action& a) { a.seconds = seconds; });
 }
 
 Action schedule_restart(double seconds, bool resume, int64_t step) {
-  Action a = act(ActionKind::kScheduleRestart);
-  a.seconds = seconds;
-  a.resume = resume;
-  a.step = step;
-  return a;
+  return make(ActionKind::kScheduleRestart,
+              [&](Action& a) { a.seconds = seconds, a.resume = resume, a.step = step; });
 }
 
 void exit_now(Transition& t, int code) {
   t.state.phase = Phase::kExiting;
   t.state.await = Await::kNone;
   t.state.exit_code = code;
-  t.actions.push_back(exit_with(code));
+  t.actions.push_back(make(ActionKind::kExit, [&](Action& a) { a.code = code; }));
 }
 
 void stop_workers(Transition& t, std::string why) {
