@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "daemon/ringd/options.h"
+
 namespace ring::ringd::attempt {
 namespace {
 
@@ -93,7 +95,7 @@ void restart_policy(const Config& c, Transition& t) {
     return;
   }
   t.actions.push_back(say(Note::kRestartsExhausted));
-  exit_now(t, 1);
+  exit_now(t, kExitFailed);
 }
 
 // Every worker of the attempt is gone: what comes next.
@@ -120,17 +122,17 @@ void after_attempt(const Config& c, Transition& t, const Event& e) {
   if (!s.failed && !e.final_checkpoint_error.empty()) {
     s.failed = true;
     t.actions.push_back(say(Note::kFinalCheckpointFailed, e.final_checkpoint_error));
-    exit_now(t, 1);
+    exit_now(t, kExitFailed);
     return;
   }
   if (!s.failed) {
     t.actions.push_back(say(s.stop_requested() ? Note::kStoppedResumable : Note::kCompleted));
-    exit_now(t, s.stop_requested() ? 75 : 0);
+    exit_now(t, s.stop_requested() ? kExitStopped : kExitOk);
     return;
   }
   if (s.stop_requested()) {
     t.actions.push_back(say(Note::kStoppedAfterFailure));
-    exit_now(t, 75);
+    exit_now(t, kExitStopped);
     return;
   }
   if (c.coordinated) {
@@ -222,7 +224,7 @@ Transition next(const Config& c, const State& state, const Event& e) {
       if (s.stop_signals == 1) {
         t.actions.push_back(say(Note::kStopping));
         if (!live) {
-          exit_now(t, 75);
+          exit_now(t, kExitStopped);
           return t;
         }
         t.actions.push_back(act(ActionKind::kArmStopDeadline));
@@ -234,7 +236,7 @@ Transition next(const Config& c, const State& state, const Event& e) {
       }
       t.actions.push_back(say(Note::kStopNow));
       if (!live) {
-        exit_now(t, 75);
+        exit_now(t, kExitStopped);
         return t;
       }
       s.failed = true;
@@ -259,7 +261,7 @@ Transition next(const Config& c, const State& state, const Event& e) {
         restart_policy(c, t);
       } else {
         t.actions.push_back(say(Note::kCoordNoState));
-        exit_now(t, 75);
+        exit_now(t, kExitStopped);
       }
       return t;
     case EventKind::kCoordStop:
@@ -313,12 +315,8 @@ Transition next(const Config& c, const State& state, const Event& e) {
       return t;
     case EventKind::kCoordState:
       if (s.phase != Phase::kAwaitingCoord || s.await != Await::kState) return refuse();
-      if (e.text == "cancelling" || e.text == "cancelled") {
-        exit_now(t, 3);
-      } else if (e.text == "failed") {
-        exit_now(t, 1);
-      } else if (e.text == "completed" || e.text == "completing") {
-        exit_now(t, 0);
+      if (const std::optional<int> code = exit_for_job_state(e.text)) {
+        exit_now(t, *code);
       } else {
         // restarting (or starting/running after a restart request): roll_back comes after the
         // coordinator's backoff.
@@ -328,10 +326,17 @@ Transition next(const Config& c, const State& state, const Event& e) {
       return t;
     case EventKind::kFatal:
       s.failed = true;
-      exit_now(t, 1);
+      exit_now(t, kExitFailed);
       return t;
   }
   return refuse();
+}
+
+std::optional<int> exit_for_job_state(std::string_view s) {
+  if (s == "cancelled" || s == "cancelling") return kExitCancelled;
+  if (s == "failed") return kExitFailed;
+  if (s == "completed" || s == "completing") return kExitOk;
+  return std::nullopt;
 }
 
 std::string_view to_string(Phase p) {

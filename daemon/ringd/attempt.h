@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -155,6 +156,10 @@ struct Transition {
   std::vector<Action> actions;
   bool accepted = true;  // false: the event means nothing in this phase (no change, no action)
 };
+
+// The exit status for a job ring-coord has ended: cancelled/cancelling 3, failed 1,
+// completed/completing 0; nothing for a job that goes on (pending, running, restarting, ...).
+std::optional<int> exit_for_job_state(std::string_view job_state);
 
 // The transition for `event` in `state`. Pure: the same inputs give the same result.
 Transition next(const Config& config, const State& state, const Event& event);

@@ -397,25 +397,8 @@ int Daemon::run() {
   int first_attempt = 0;
   if (!o_.coord.empty()) {
     // Register (node, GPUs, topology, the job) and learn the attempt to run.
-    protocol::Register reg;
-    reg.node = coord_node_name(std::stoll(o_.job), o_.node_rank);
-    try {
-      for (const placement::GpuInfo& g : placement::discover_gpus().topology.gpus)
-        reg.gpus.push_back({g.index, g.name.empty() ? "unknown" : g.name,
-                            static_cast<int64_t>(g.memory_mib)});
-      const placement::CpuTopology cpu = placement::discover_cpu_topology();
-      reg.topology.numa_nodes = std::max<int64_t>(1, static_cast<int64_t>(cpu.numa_nodes.size()));
-      reg.topology.cpus = std::max<int64_t>(1, static_cast<int64_t>(cpu.cores.size()));
-    } catch (const std::exception& e) {
-      log(std::string("topology for ring-coord: ") + e.what());
-    }
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0)
-      reg.topology.host_memory_mib = static_cast<int64_t>(pages) * page / (1024 * 1024);
-    reg.topology.summary =
-        fmt::format("{} GPU(s), {} core(s), {} NUMA node(s), {} worker(s) per node",
-                    reg.gpus.size(), reg.topology.cpus, reg.topology.numa_nodes, wpn_);
-    reg.ringd_version = "ringd 1 (protocol " + std::to_string(protocol::kVersion) + ")";
+    const protocol::Register reg = make_registration(
+        std::stoll(o_.job), o_.node_rank, wpn_, [this](const std::string& n) { log(n); });
     try {
       coord_ = std::make_unique<CoordLink>(
           CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
@@ -433,15 +416,10 @@ int Daemon::run() {
     } else {
       log(fmt::format("ring-coord: job {} is {}, attempt {}, resume step {}", a->job, a->state,
                       a->attempt, a->resume_step));
-      const std::string& st = a->state;
-      int code = -1;
-      if (st == "cancelled" || st == "cancelling") code = kExitCancelled;
-      else if (st == "failed") code = kExitFailed;
-      else if (st == "completed" || st == "completing") code = kExitOk;
-      if (code >= 0) {
-        log("nothing to run: the job is " + st);
+      if (const std::optional<int> code = attempt::exit_for_job_state(a->state)) {
+        log("nothing to run: the job is " + a->state);
         coord_.reset();
-        return code;
+        return *code;
       }
       first_attempt = static_cast<int>(std::max<int64_t>(1, a->attempt));
       if (a->resume_step > 0) resume_to_ = a->resume_step;

@@ -663,6 +663,16 @@ TEST(Attempt, EveryPhaseRefusesWhatDoesNotApply) {
     for (Phase p : kAllPhases) EXPECT_FALSE(next(alone(), in(p), ev(k)).accepted);
 }
 
+TEST(Attempt, ExitForJobState) {
+  EXPECT_EQ(exit_for_job_state("cancelled"), 3);
+  EXPECT_EQ(exit_for_job_state("cancelling"), 3);
+  EXPECT_EQ(exit_for_job_state("failed"), 1);
+  EXPECT_EQ(exit_for_job_state("completed"), 0);
+  EXPECT_EQ(exit_for_job_state("completing"), 0);
+  for (const char* going_on : {"pending", "starting", "running", "restarting", ""})
+    EXPECT_FALSE(exit_for_job_state(going_on).has_value()) << going_on;
+}
+
 TEST(Attempt, NamesAreDistinct) {
   std::set<std::string_view> seen;
   for (Phase p : kAllPhases) EXPECT_TRUE(seen.insert(to_string(p)).second);
