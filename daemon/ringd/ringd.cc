@@ -653,25 +653,8 @@ void Daemon::start_attempt() {
       std::vector<ckpt::LoadTarget> targets;
       for (const optim::StateTensor& t : opt_->state_tensors())
         targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
-      ckpt::LoadResult r =
-          ckpt::load_latest(ckpt_dir_, o_.node_rank, o_.nodes, targets, max_step);
-      if (o_.nodes > 1) {
-        // Every node must resume from the same step: the smallest one any node loaded.
-        int64_t mine = r.loaded ? r.step : -1;
-        auto all = ex->allgather(&mine, sizeof(mine));
-        int64_t least = mine;
-        for (auto& b : all) {
-          int64_t v;
-          std::memcpy(&v, b.data(), sizeof(v));
-          least = std::min(least, v);
-        }
-        if (least < 0 && r.loaded) {
-          r.loaded = false;
-          r.message = "another node has no checkpoint: starting from step 0";
-        } else if (least >= 0 && least != mine) {
-          r = ckpt::load_latest(ckpt_dir_, o_.node_rank, o_.nodes, targets, least);
-        }
-      }
+      const ckpt::LoadResult r =
+          load_agreed_checkpoint(ckpt_dir_, o_.node_rank, o_.nodes, targets, max_step, *ex);
       for (const std::string& sk : r.skipped) log("checkpoint skipped: " + sk);
       if (r.loaded) {
         if (!r.spec_hash.empty() && r.spec_hash != spec_hash_)

@@ -16,6 +16,29 @@ uint64_t fnv1a(const void* data, size_t bytes) {
   return h;
 }
 
+ckpt::LoadResult load_agreed_checkpoint(const std::string& dir, int node_rank, int nodes,
+                                        const std::vector<ckpt::LoadTarget>& targets,
+                                        int64_t max_step, optim::Exchange& ex) {
+  ckpt::LoadResult r = ckpt::load_latest(dir, node_rank, nodes, targets, max_step);
+  if (nodes == 1) return r;
+  // Every node must resume from the same step: the smallest one any node loaded.
+  int64_t mine = r.loaded ? r.step : -1;
+  auto all = ex.allgather(&mine, sizeof(mine));
+  int64_t least = mine;
+  for (auto& b : all) {
+    int64_t v;
+    std::memcpy(&v, b.data(), sizeof(v));
+    least = std::min(least, v);
+  }
+  if (least < 0 && r.loaded) {
+    r.loaded = false;
+    r.message = "another node has no checkpoint: starting from step 0";
+  } else if (least >= 0 && least != mine) {
+    r = ckpt::load_latest(dir, node_rank, nodes, targets, least);
+  }
+  return r;
+}
+
 void StepDriver::reset() {
   cur_step_ = 0;
   last_all_changed_ = true;

@@ -13,7 +13,12 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
 #include "common/spec/parse.h"
+#include "tests/common/test_proc.h"
 #include "worker/model/config.h"
 
 namespace {
@@ -138,6 +143,71 @@ TEST(StepDriver, ResumeAndCheckpointResults) {
   d.reset();
   EXPECT_EQ(d.done_step(), 0);
   EXPECT_FALSE(d.have_master());
+}
+
+// Two nodes' checkpoints at steps 2 and 4 in `dir` (tensor "w", 64 floats of value node+step).
+void write_two_node_checkpoints(const std::string& dir) {
+  std::vector<std::vector<float>> w(2, std::vector<float>(64));
+  std::vector<std::unique_ptr<ckpt::Checkpointer>> cs;
+  for (int node = 0; node < 2; ++node) {
+    ckpt::Options o;
+    o.dir = dir;
+    o.node_rank = node;
+    o.nodes = 2;
+    o.keep_last = 5;
+    o.fsync = false;
+    cs.push_back(std::make_unique<ckpt::Checkpointer>(o));
+    cs.back()->add_tensor("w", ckpt::DType::kF32, {64}, w[node].data());
+  }
+  for (int64_t step : {2, 4}) {
+    for (int node = 0; node < 2; ++node) std::fill(w[node].begin(), w[node].end(), node + step);
+    for (int node = 1; node >= 0; --node) cs[node]->start(step, {{"node", node}});
+    for (int node = 1; node >= 0; --node) ASSERT_TRUE(cs[node]->wait().ok);
+  }
+}
+
+void damage(const std::string& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(8);
+  f.put('\x7f');
+}
+
+// Both nodes load in threads over an in-process exchange; returns their results.
+std::vector<ckpt::LoadResult> load_both(const std::string& dir) {
+  optim::InProcessExchange ex(2, 30);
+  std::vector<std::vector<float>> got(2, std::vector<float>(64, -1.f));
+  std::vector<ckpt::LoadResult> r(2);
+  std::vector<std::thread> ts;
+  for (int node = 0; node < 2; ++node)
+    ts.emplace_back([&, node] {
+      std::vector<ckpt::LoadTarget> t = {{"w", ckpt::DType::kF32, {64}, got[node].data()}};
+      r[node] = ringd::load_agreed_checkpoint(dir, node, 2, t, INT64_MAX, *ex.endpoint(node));
+    });
+  for (auto& t : ts) t.join();
+  for (int node = 0; node < 2; ++node)
+    if (r[node].loaded) EXPECT_EQ(got[node][0], static_cast<float>(node + r[node].step));
+  return r;
+}
+
+TEST(StepDriver, EveryNodeResumesFromTheSameStep) {
+  test::TempDir t("step-driver");
+  write_two_node_checkpoints(t.path + "/ck");
+  std::vector<ckpt::LoadResult> r = load_both(t.path + "/ck");
+  ASSERT_TRUE(r[0].loaded && r[1].loaded) << r[0].message << r[1].message;
+  EXPECT_EQ(r[0].step, 4);
+  EXPECT_EQ(r[1].step, 4);
+  // Node 1's shard of step 4 is damaged: node 1 falls back to 2, and node 0 follows it.
+  damage(t.path + "/ck/step-00000004/node-00001.bin");
+  r = load_both(t.path + "/ck");
+  ASSERT_TRUE(r[0].loaded && r[1].loaded) << r[0].message << r[1].message;
+  EXPECT_EQ(r[0].step, 2);
+  EXPECT_EQ(r[1].step, 2);
+  // Node 1 has none left: neither resumes, node 0 says why.
+  damage(t.path + "/ck/step-00000002/node-00001.bin");
+  r = load_both(t.path + "/ck");
+  EXPECT_FALSE(r[0].loaded);
+  EXPECT_FALSE(r[1].loaded);
+  EXPECT_EQ(r[0].message, "another node has no checkpoint: starting from step 0");
 }
 
 TEST(StepDriver, WeightHashIsAStableFingerprint) {
