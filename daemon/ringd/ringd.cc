@@ -3,11 +3,8 @@
 // NodeOptimizer (whose pipeline thread does the exchange between daemons and the AdamW update).
 #include "daemon/ringd/ringd.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,19 +14,14 @@
 
 #include <boost/asio.hpp>
 #include <chrono>
-#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <limits>
-#include <map>
-#include <set>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -219,11 +211,8 @@ class Daemon {
   // end, the resume load): workers' heartbeats queued meanwhile have not been read yet, so
   // silence is counted from here at the earliest, or a long drain would look like hung workers.
   Clock::time_point unblocked_at_{};
-  // Several nodes: every node stops after the same step. A node with a stop signal says so in
-  // its params; the workers pass it on in the step's loss all_gather and report it in "done", so
-  // every ringd learns it at the end of the same step (the signal reaches the nodes at slightly
-  // different times, often in different steps; a node stopping alone would leave the others'
-  // workers waiting in a collective for it): state_.stop_agreed.
+  // Deadlines the attempt's actions arm and on_tick watches: the restart backoff, the workers'
+  // stop at a step boundary (60 s), ring-coord's answer (await_deadline_).
   Clock::time_point restart_at_;
   Clock::time_point stop_deadline_{Clock::time_point::max()};
 
@@ -234,8 +223,8 @@ class Daemon {
   std::optional<int64_t> resume_to_;  // resume from the newest complete checkpoint <= this step
   Clock::time_point await_deadline_;
   std::string fatal_error_;           // fatal(): the exit message
-  // Checkpoint results by step (this node's view: ok = its shard is durable, and on node 0 the
-  // commit done): the last one of a run must not fail silently.
+  // The run's last checkpoint (of the step it ends at) failed: the message that fails the run
+  // (it must not end "completed" or "resumable from here" with older weights on disk), or "".
   std::string final_checkpoint_error();
   std::string newest_complete_checkpoint();
 };
