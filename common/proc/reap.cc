@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -11,6 +12,14 @@
 namespace ring::proc {
 
 bool is_zombie(pid_t pid) { return process_state(pid) == 'Z'; }
+
+std::string describe_status(int st) {
+  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st))
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
+           strsignal(WTERMSIG(st)) + ")";
+  return "stopped";
+}
 
 std::vector<std::pair<pid_t, int>> reap_ended(const std::vector<pid_t>& watched,
                                               const std::function<bool(int)>& is_cause,

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -31,5 +32,8 @@ bool is_zombie(pid_t pid);
 std::vector<std::pair<pid_t, int>> reap_ended(
     const std::vector<pid_t>& watched, const std::function<bool(int status)>& is_cause,
     std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
+
+// A wait status in words: "exited with status 3", "was killed by signal 9 (Killed)", "stopped".
+std::string describe_status(int status);
 
 }  // namespace ring::proc

@@ -8,8 +8,14 @@
 #include <cstdlib>
 #include <utility>
 
+#include <algorithm>
+
+#include <fmt/format.h>
+
 #include "coordinator/daemon_link.h"
 #include "coordinator/security.h"
+#include "daemon/placement/cpu_topology.h"
+#include "daemon/placement/discovery.h"
 
 namespace ring::ringd {
 
@@ -226,6 +232,30 @@ void CoordLink::report(const std::string& name, const json& f) {
     return;  // ringd-only events (attempt_started, restarting, ...) stay in its log
   }
   send(e);
+}
+
+protocol::Register make_registration(int64_t job, int node_rank, int workers_per_node,
+                                     const std::function<void(const std::string&)>& note) {
+  protocol::Register reg;
+  reg.node = coord_node_name(job, node_rank);
+  try {
+    for (const placement::GpuInfo& g : placement::discover_gpus().topology.gpus)
+      reg.gpus.push_back(
+          {g.index, g.name.empty() ? "unknown" : g.name, static_cast<int64_t>(g.memory_mib)});
+    const placement::CpuTopology cpu = placement::discover_cpu_topology();
+    reg.topology.numa_nodes = std::max<int64_t>(1, static_cast<int64_t>(cpu.numa_nodes.size()));
+    reg.topology.cpus = std::max<int64_t>(1, static_cast<int64_t>(cpu.cores.size()));
+  } catch (const std::exception& e) {
+    note(std::string("topology for ring-coord: ") + e.what());
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0)
+    reg.topology.host_memory_mib = static_cast<int64_t>(pages) * page / (1024 * 1024);
+  reg.topology.summary =
+      fmt::format("{} GPU(s), {} core(s), {} NUMA node(s), {} worker(s) per node",
+                  reg.gpus.size(), reg.topology.cpus, reg.topology.numa_nodes, workers_per_node);
+  reg.ringd_version = "ringd 1 (protocol " + std::to_string(protocol::kVersion) + ")";
+  return reg;
 }
 
 }  // namespace ring::ringd

@@ -95,4 +95,9 @@ class CoordLink {
 // topology (coordinator.cc, host_of_node).
 std::string coord_node_name(int64_t job, int node_rank);
 
+// ringd's registration for `job`: its node name, GPUs and topology (placement discovery; a
+// discovery that fails is said through `note` and leaves the defaults), the job.
+protocol::Register make_registration(int64_t job, int node_rank, int workers_per_node,
+                                     const std::function<void(const std::string&)>& note);
+
 }  // namespace ring::ringd

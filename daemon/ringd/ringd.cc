@@ -3,12 +3,8 @@
 // NodeOptimizer (whose pipeline thread does the exchange between daemons and the AdamW update).
 #include "daemon/ringd/ringd.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,35 +14,25 @@
 
 #include <boost/asio.hpp>
 #include <chrono>
-#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <limits>
-#include <map>
-#include <set>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
-#include "common/cli/flags.h"
 #include "common/cli/job_dir.h"
-#include "common/contract/control.h"
-#include "common/contract/layout.h"
-#include "common/contract/model_config.h"
-#include "common/contract/shm.h"
-#include "common/contract/step_stats.h"
-#include "common/proc/close_fds.h"
-#include "common/proc/reap.h"
+#include "common/log/log.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
@@ -54,9 +40,21 @@
 #include "daemon/placement/cpu_topology.h"
 #include "daemon/placement/discovery.h"
 #include "daemon/placement/placement.h"
+#include "daemon/ringd/attempt.h"
+#include "daemon/ringd/control_server.h"
+#include "daemon/ringd/coord_commands.h"
 #include "daemon/ringd/coord_link.h"
+#include "daemon/ringd/job_files.h"
 #include "daemon/ringd/owned_paths.h"
+#include "daemon/ringd/startup.h"
+#include "daemon/ringd/step_driver.h"
+#include "daemon/ringd/supervisor.h"
 #include "daemon/ringd/transport_exchange.h"
+#include "common/contract/model_config.h"
+#include "common/contract/layout.h"
+#include "common/contract/control.h"
+#include "common/contract/shm.h"
+#include "common/contract/step_stats.h"
 
 #ifndef RING_WORKER_BUILD_PATH
 #define RING_WORKER_BUILD_PATH ""
@@ -66,62 +64,8 @@ namespace ring::ringd {
 namespace {
 
 namespace asio = boost::asio;
-using local_stream = asio::local::stream_protocol;
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-// ringd stops its workers with this signal (workers ignore SIGTERM and SIGINT), then SIGKILL.
-constexpr int kWorkerStopSignal = SIGUSR2;
-
-const char* kUsage =
-    "usage: ringd --spec FILE [--job-dir DIR] [--node-rank N --nodes M] [--rendezvous DIR]\n"
-    "             [--coord ENDPOINT --job ID] [--steps N] [--resume] [--threads T] [--json]\n"
-    "The node daemon: runs this node's ring-worker processes, owns the optimizer (CPU AdamW,\n"
-    "top-k), checkpoints, restarts. Contract: daemon/INTERFACE.md.\n"
-    "  --worker-bin PATH          ring-worker to spawn (default: next to ringd, then PATH)\n"
-    "  --transport NAME           transport plugin for workers and daemons (default ucx)\n"
-    "  --worker-threads T         kernel threads per worker (default resources.cpus_per_worker)\n"
-    "  --heartbeat-timeout S      worker silence counted as a hang (default 30)\n"
-    "  --startup-timeout S        spawn to first contact (default 300)\n"
-    "  --stop-grace S             SIGUSR2 to SIGKILL when stopping workers (default 5)\n"
-    "  --hash-weights             steps carry weights_xxh, a hash of the master weights\n";
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  flags::usage_exit("ringd", msg, kUsage, kExitUsage);
-}
-
-std::string describe_status(int st) {
-  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
-  if (WIFSIGNALED(st))
-    return std::string("was killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
-           strsignal(WTERMSIG(st)) + ")";
-  return "stopped";
-}
-
-std::vector<std::string> last_lines(const std::string& path, size_t count) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  const std::streamoff from = std::max<std::streamoff>(0, size - 16384);
-  in.seekg(from);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> lines;
-  std::stringstream ss(text);
-  for (std::string l; std::getline(ss, l);)
-    if (!l.empty()) lines.push_back(l);
-  if (from > 0 && !lines.empty()) lines.erase(lines.begin());  // a partial first line
-  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
-  return lines;
-}
-
-uint64_t fnv1a(const void* data, size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 std::string find_worker_bin(const std::string& given) {
   if (!given.empty()) return given;
@@ -137,114 +81,32 @@ std::string find_worker_bin(const std::string& given) {
   return RING_WORKER_BUILD_PATH;
 }
 
-// Opens a file ringd writes into the job directory (its log, steps.jsonl, a worker's log) for
-// appending: never through a symbolic link (O_NOFOLLOW), only a regular file (a FIFO would block
-// the open, so O_NONBLOCK until checked), created 0600 and made 0600 when an earlier version left
-// it readable by others. Returns the descriptor, or -1 with the reason in `why`.
-int open_private_append(const std::string& path, std::string* why) {
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK,
-             0600);
-  if (fd < 0) {
-    const int e = errno;
-    *why = e == ELOOP ? path + " is a symbolic link; refusing to write through it"
-                      : "cannot open " + path + ": " + std::strerror(e);
-    return -1;
+// The logger of ringd's stderr lines. Text: the lines as ringd always wrote them
+// ("2026-12-02 06:25:14 ringd[0] msg"); json: common/log's JSON lines (ts, level, program, pid,
+// logger, msg, node).
+std::shared_ptr<spdlog::logger> make_stderr_log(const Options& o) {
+  if (o.log_format == "json") {
+    ring::log::setup("ringd", ring::log::Format::kJsonLines);
+    return ring::log::get("ringd");
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    *why = path + " is not a regular file; refusing to write into it";
-    return -1;
-  }
-  if (st.st_uid == ::geteuid() && (st.st_mode & 077)) ::fchmod(fd, 0600);
-  ::fcntl(fd, F_SETFL, O_WRONLY | O_APPEND);  // clears O_NONBLOCK
-  return fd;
+  auto lg = std::make_shared<spdlog::logger>("ringd-stderr",
+                                             std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  lg->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S ringd[{}] %v", o.node_rank));
+  return lg;
 }
-
-// A line-oriented append-only file (ringd's log, steps.jsonl). A write error (a full disk) is
-// kept, not thrown: the caller says it once.
-class AppendFile {
- public:
-  AppendFile() = default;
-  AppendFile(const AppendFile&) = delete;
-  AppendFile& operator=(const AppendFile&) = delete;
-  ~AppendFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool open(const std::string& path, std::string* why) {
-    path_ = path;
-    fd_ = open_private_append(path, why);
-    return fd_ >= 0;
-  }
-  bool is_open() const { return fd_ >= 0; }
-  const std::string& path() const { return path_; }
-  // Appends `line` and a newline; false (errno text in *why) when the write failed.
-  bool write_line(const std::string& line, std::string* why) {
-    if (fd_ < 0) return false;
-    const std::string s = line + "\n";
-    size_t off = 0;
-    while (off < s.size()) {
-      const ssize_t n = ::write(fd_, s.data() + off, s.size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        *why = "cannot write " + path_ + ": " + std::strerror(n < 0 ? errno : EIO);
-        return false;
-      }
-      off += static_cast<size_t>(n);
-    }
-    return true;
-  }
-
- private:
-  int fd_ = -1;
-  std::string path_;
-};
-
-struct Worker {
-  int local = 0;
-  int rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  std::string log;
-  Clock::time_point spawned, last_seen;
-  bool connected = false, mapped = false;
-  int buckets = 0;        // buckets delivered this step
-  bool done = false;      // step finished
-  contract::control::Done done_msg;
-};
-
-// A worker's control messages are JSON lines of a few hundred bytes (the loader cursor is the
-// largest part); a line longer than this is a protocol error, not a reason to grow a buffer.
-constexpr size_t kMaxControlLine = 1 << 20;
-// ringd -> worker lines waiting to be written; a worker that stops reading fails past this.
-constexpr size_t kMaxQueuedBytes = 16 << 20;
-
-// A control message that breaks the protocol (a missing field, a wrong type, a value out of
-// range); the message names the field and the rule.
-class ProtocolError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-struct Conn {
-  explicit Conn(asio::io_context& io) : sock(io), buf(kMaxControlLine) {}
-  local_stream::socket sock;
-  asio::streambuf buf;
-  int local = -1;  // -1 until hello
-  // Writes are asynchronous (a worker that does not read must not stop the event loop): a queue
-  // of lines, one async_write at a time.
-  std::deque<std::string> out;
-  size_t out_bytes = 0;
-  bool writing = false;
-  bool close_after = false;  // close once the queue is written (a refusal)
-};
 
 class Daemon {
  public:
   Daemon(const Options& o, spec::JobSpec spec, std::string spec_text)
       : o_(o), spec_(std::move(spec)), spec_text_(std::move(spec_text)), signals_(io_),
-        tick_(io_), acceptor_(io_) {}
+        tick_(io_),
+        supervisor_({o.heartbeat_timeout_s, o.startup_timeout_s, o.stop_grace_s}),
+        control_(io_, {[this](const ConnPtr& c, const contract::control::WorkerMessage& m) {
+                         on_message(c, m);
+                       },
+                       [this](const ConnPtr& c, const std::string& what) {
+                         protocol_error(c, what);
+                       }}) {}
 
   int run();
 
@@ -252,27 +114,31 @@ class Daemon {
   // ---- logging and events
   void log(const std::string& line);
   void event(const std::string& name, json fields);
+  // ---- the attempt state machine (attempt.h): events in, actions carried out here
+  void dispatch(const attempt::Event& e);
+  void execute(const attempt::State& before, const attempt::Action& a);
+  void say(const attempt::Action& a);
+  attempt::Event event_of(attempt::EventKind kind, std::string text = {}) const;
+  bool ready() const;
   // ---- attempts
   void start_attempt();
   void spawn(Worker& w);
-  void stop_workers(const std::string& why);
+  void stop_workers(const std::string& why, bool already_stopping);
   void end_attempt();
   void finish(int code);
   void fatal(const std::string& why);
+  void announce_fatal(const std::string& why);
   void remove_stale_attempts();
   bool make_attempt_dirs(std::string* why);
-  // ---- sockets
-  void accept();
-  void read(std::shared_ptr<Conn> c);
-  void on_message(const std::shared_ptr<Conn>& c, const contract::control::WorkerMessage& msg);
-  void send(int local, const json& m);
-  void write(const std::shared_ptr<Conn>& c, const json& m);
-  void write_next(const std::shared_ptr<Conn>& c);
-  void protocol_error(const std::shared_ptr<Conn>& c, const std::string& what);
-  std::string peer_name(const std::shared_ptr<Conn>& c) const;
+  // ---- the workers' control messages (control_server.h does the socket)
+  void on_message(const ConnPtr& c, const contract::control::WorkerMessage& msg);
+  void send(int local, const json& m) { control_.send(local, m); }
+  void protocol_error(const ConnPtr& c, const std::string& what);
+  std::string peer_name(const ConnPtr& c) const;
   // ---- steps
   void maybe_begin();
   void begin_step();
+  void stop_at_boundary(const attempt::Action& a);
   void on_bucket(Worker& w, int b);
   void maybe_finish_step();
   void checkpoint_now(int64_t step, bool wait);
@@ -283,12 +149,8 @@ class Daemon {
   void reap();
   void on_tick();
   void worker_failed(Worker& w, const std::string& what);
-  // ---- ring-coord (--coord): coord_link.h
+  // ---- ring-coord (--coord): coord_link.h carries the messages, coord_commands.h reads them
   void on_coord(const protocol::Message& m);
-  void on_command(const protocol::Command& c);
-  void coord_decide(const std::string& state);
-  void await_coord(int what, double seconds);
-  void apply_restart_policy();
 
   Options o_;
   spec::JobSpec spec_;
@@ -296,10 +158,14 @@ class Daemon {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer tick_;
-  local_stream::acceptor acceptor_;
+  Supervisor supervisor_;
+  std::vector<Worker>& workers_ = supervisor_.workers();
+  ControlServer control_;
   std::string sock_dir_, sock_path_;
 
   std::string job_dir_, rdv_root_, worker_bin_, ckpt_dir_;
+  // stderr's log lines (without --json): ringd's own text lines, or JSON lines (--log-format).
+  std::shared_ptr<spdlog::logger> stderr_log_ = make_stderr_log(o_);
   AppendFile log_file_, steps_file_;
   bool log_write_failed_ = false, steps_write_failed_ = false, stdout_gone_ = false;
   void log_line(const std::string& line);
@@ -309,35 +175,25 @@ class Daemon {
   std::unique_ptr<contract::ParamLayout> layout_;
   placement::Placement placement_;
 
-  // Attempt state.
-  int attempt_ = 0, restarts_ = 0;
-  bool attempt_live_ = false;
-  bool stopping_workers_ = false;
-  Clock::time_point kill_at_;
-  std::vector<Worker> workers_;
-  std::vector<std::shared_ptr<Conn>> conns_;
+  // The attempt's lifecycle (phase, failure, stop requests, the coordinator's commands) and
+  // the fixed facts its transitions depend on; the deadlines its actions arm are below.
+  attempt::Config machine_;
+  attempt::State state_;
+  uint64_t dispatches_ = 0;
+  int last_signal_ = 0;
+  int64_t command_id_ = 0;  // the ring-coord command being handled (its ack)
   contract::ShmRegion shm_;
   std::unique_ptr<TransportExchange> exchange_;
   optim::LocalExchange local_exchange_;
   std::unique_ptr<optim::NodeOptimizer> opt_;
   std::unique_ptr<ckpt::Checkpointer> ck_;
-  std::vector<float> node_grad_;
-  bool have_master_ = false;
-  int64_t done_step_ = 0;        // last completed step
-  int64_t cur_step_ = 0;         // step in flight (0: none)
-  int buckets_ready_ = 0;        // node buckets handed to the optimizer this step
-  bool finishing_ = false;       // every step done, workers told to stop
-  json cursor_;                  // loader cursor after done_step_
-  Clock::time_point step_t0_;
+  std::unique_ptr<StepDriver> steps_;  // the step in flight, the checkpoint results (step_driver.h)
   double ckpt_stall_s_ = 0;
   int64_t last_ckpt_step_ = -1;
   int64_t stop_ckpt_saved_ = -1;  // step of a checkpoint written and waited for (on a stop)
-  bool last_all_changed_ = true;
-  bool attempt_failed_ = false;
   std::string attempt_rdv_;
 
-  // Exit.
-  int stop_signals_ = 0;         // SIGTERM/SIGINT/SIGUSR1 received (repeats within 1 s: once)
+  // Stop signals (state_.stop_signals counts them; repeats within 1 s are one).
   Clock::time_point first_stop_signal_;
   // Time the event loop spent in blocking calls (checkpoint drains, the optimizer's step end):
   // a signal that arrived during one is handled late, so "within 1 s" discounts it.
@@ -355,16 +211,8 @@ class Daemon {
   // end, the resume load): workers' heartbeats queued meanwhile have not been read yet, so
   // silence is counted from here at the earliest, or a long drain would look like hung workers.
   Clock::time_point unblocked_at_{};
-  // Several nodes: every node stops after the same step. A node with a stop signal says so in
-  // its params; the workers pass it on in the step's loss all_gather and report it in "done", so
-  // every ringd learns it at the end of the same step (the signal reaches the nodes at slightly
-  // different times, often in different steps; a node stopping alone would leave the others'
-  // workers waiting in a collective for it).
-  bool stop_agreed_ = false;
-  bool stop_requested() const { return stop_signals_ > 0 || stop_agreed_; }
-  bool exiting_ = false;
-  int exit_code_ = kExitOk;
-  bool restart_pending_ = false;
+  // Deadlines the attempt's actions arm and on_tick watches: the restart backoff, the workers'
+  // stop at a step boundary (60 s), ring-coord's answer (await_deadline_).
   Clock::time_point restart_at_;
   Clock::time_point stop_deadline_{Clock::time_point::max()};
 
@@ -373,20 +221,11 @@ class Daemon {
   // falls back to its own policy only when the coordinator stays silent.
   std::unique_ptr<CoordLink> coord_;
   std::optional<int64_t> resume_to_;  // resume from the newest complete checkpoint <= this step
-  enum Await { kAwaitNone, kAwaitAfterFailure, kAwaitState, kAwaitRollBack };
-  int await_ = kAwaitNone;
   Clock::time_point await_deadline_;
-  bool coord_stop_ = false;           // a stop command: stop the workers, then ask for the state
-  std::string coord_stop_reason_;
-  bool rollback_pending_ = false;     // a roll_back command while an attempt is live
-  int64_t rollback_attempt_ = 0, rollback_step_ = 0;
-  bool ckpt_requested_ = false;       // checkpoint_now: at the next step boundary
   std::string fatal_error_;           // fatal(): the exit message
-  // Checkpoint results by step (this node's view: ok = its shard is durable, and on node 0 the
-  // commit done): the last one of a run must not fail silently.
-  std::map<int64_t, std::string> ckpt_failed_;
-  std::set<int64_t> ckpt_ok_;
-  bool final_checkpoint_failed();
+  // The run's last checkpoint (of the step it ends at) failed: the message that fails the run
+  // (it must not end "completed" or "resumable from here" with older weights on disk), or "".
+  std::string final_checkpoint_error();
   std::string newest_complete_checkpoint();
 };
 
@@ -397,9 +236,12 @@ void Daemon::log(const std::string& line) {
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
   char ts[32];
   std::strftime(ts, sizeof(ts), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  const std::string l = fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line);
-  log_line(l);
-  if (!o_.json) std::cerr << l << std::endl;
+  log_line(fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line));
+  if (o_.json) return;  // stdout carries the JSON lines; the log file has everything
+  if (o_.log_format == "json")
+    ring::log::event(*stderr_log_, spdlog::level::info, line, {{"node", o_.node_rank}});
+  else
+    stderr_log_->info(line);
 }
 
 // ringd's log file; a failed write is said once on stderr (the log itself cannot carry it).
@@ -426,7 +268,7 @@ void Daemon::out_line(const std::string& line) {
 void Daemon::event(const std::string& name, json fields) {
   fields["event"] = name;
   fields["node"] = o_.node_rank;
-  fields["attempt"] = attempt_;
+  fields["attempt"] = state_.attempt;
   const std::string s = fields.dump();
   log_line("event " + s);
   if (o_.json && o_.node_rank == 0) out_line(s);
@@ -444,27 +286,10 @@ int Daemon::run() {
   signals_.add(SIGHUP);
   // Job directory and files.
   job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(spec_.job.name) : o_.job_dir;
-  std::error_code ec;
-  // What ringd creates is private: the job directory (when missing) and logs/ are 0700.
-  if (!fs::exists(fs::symlink_status(job_dir_, ec))) {
-    fs::create_directories(job_dir_, ec);
-    if (!ec && ::chmod(job_dir_.c_str(), 0700) != 0) ec.assign(errno, std::generic_category());
+  if (auto f = prepare_job_dir(&job_dir_)) {
+    std::cerr << "ringd: " << f->message << "\n";
+    return f->code;
   }
-  if (!ec && ::mkdir((job_dir_ + "/logs").c_str(), 0700) != 0 && errno != EEXIST)
-    ec.assign(errno, std::generic_category());
-  if (ec) {
-    std::cerr << "ringd: --job-dir " << job_dir_ << ": " << ec.message() << "\n";
-    return kExitUsage;
-  }
-  {
-    struct stat st;
-    if (::lstat((job_dir_ + "/logs").c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      std::cerr << "ringd: --job-dir " << job_dir_
-                << ": logs is not a directory (a symbolic link?); refusing to write there\n";
-      return kExitFailed;
-    }
-  }
-  job_dir_ = fs::absolute(job_dir_).string();
   // The job's own files: a job directory the user cannot write is a fatal error now, named on
   // stderr, not a log line nobody sees followed by restarts.
   {
@@ -475,38 +300,17 @@ int Daemon::run() {
       return kExitFailed;
     }
   }
-  rdv_root_ = o_.rendezvous.empty() ? job_dir_ + "/rendezvous" : o_.rendezvous;
-  if (const char* id = std::getenv("SLURM_JOB_ID"); id && *id && o_.rendezvous.empty()) {
-    const char* rc = std::getenv("SLURM_RESTART_COUNT");
-    rdv_root_ += fmt::format("/slurm-{}.{}", id, rc && *rc ? rc : "0");
-  } else if (o_.nodes == 1) {
+  rdv_root_ = rendezvous_root(o_, job_dir_);
+  const char* slurm_job = std::getenv("SLURM_JOB_ID");
+  if ((!slurm_job || !*slurm_job || !o_.rendezvous.empty()) && o_.nodes == 1) {
     // One node: the attempt directories an earlier run left go. Only those: a real directory of
     // ours named attempt-<N> holding ringd's marker (owned_paths.h), never the directory the
     // user named (--rendezvous ~/work must not lose the user's files).
     remove_stale_attempts();
   }
-  // checkpoint.dir (common/spec/keys.cc): empty means no checkpoints; a relative path is taken
-  // from the job directory. With a directory, stop and on-demand checkpoints are written even
-  // when checkpoint.every_steps is 0 (no periodic ones then).
-  ckpt_dir_ = spec_.checkpoint.dir;
-  if (!ckpt_dir_.empty() && ckpt_dir_[0] != '/')
-    ckpt_dir_ = (fs::path(job_dir_) / ckpt_dir_).lexically_normal().string();
-  if (!ckpt_dir_.empty()) {
-    // A checkpoint directory that cannot be written is said now, not at the first checkpoint
-    // (which could be the stop checkpoint of a preemption). Created 0700: it holds the weights.
-    std::error_code cec;
-    if (!fs::exists(ckpt_dir_, cec)) {
-      fs::create_directories(ckpt_dir_, cec);
-      if (!cec) ::chmod(ckpt_dir_.c_str(), 0700);
-    }
-    if (cec || !fs::is_directory(ckpt_dir_, cec) || ::access(ckpt_dir_.c_str(), W_OK | X_OK) != 0) {
-      std::cerr << "ringd: checkpoint.dir " << ckpt_dir_ << ": "
-                << (cec ? cec.message()
-                        : fs::is_directory(ckpt_dir_) ? std::string(std::strerror(errno))
-                                                      : std::string("not a directory"))
-                << "\n";
-      return kExitFailed;
-    }
+  if (auto f = prepare_checkpoint_dir(spec_.checkpoint.dir, job_dir_, &ckpt_dir_)) {
+    std::cerr << "ringd: " << f->message << "\n";
+    return f->code;
   }
   spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
   worker_bin_ = find_worker_bin(o_.worker_bin);
@@ -520,7 +324,7 @@ int Daemon::run() {
   world_ = wpn_ * o_.nodes;
   total_steps_ = o_.steps.value_or(spec_.train.steps);
   layout_ = std::make_unique<contract::ParamLayout>(contract::ModelConfig::from_spec(spec_));
-  node_grad_.assign(static_cast<size_t>(layout_->total()), 0.f);
+  steps_ = std::make_unique<StepDriver>(*layout_);
 
   // Placement: GPUs (CUDA backend) and cores for each local worker.
   try {
@@ -553,9 +357,7 @@ int Daemon::run() {
     const std::string& dir;
     ~RemoveOnExit() { remove_own_dir(dir); }
   } remove_sock_dir{sock_dir_};
-  acceptor_.open(local_stream());
-  acceptor_.bind(local_stream::endpoint(sock_path_));
-  acceptor_.listen();
+  control_.listen(sock_path_);
 
   log(fmt::format("job {} | node {} of {} | {} workers per node, world {} | {} steps | {} "
                   "parameters, {} buckets | optimizer {} {}{} | job dir {}",
@@ -573,36 +375,19 @@ int Daemon::run() {
       [this, &on_sig](const boost::system::error_code& e, int sig) {
         if (e) return;
         on_signal(sig);
-        if (!exiting_) signals_.async_wait(on_sig);
+        if (state_.phase != attempt::Phase::kExiting) signals_.async_wait(on_sig);
       };
   signals_.async_wait(on_sig);
-  accept();
   tick_.expires_after(std::chrono::milliseconds(100));
   tick_.async_wait([this](const boost::system::error_code& e) {
     if (!e) on_tick();
   });
 
+  int first_attempt = 0;
   if (!o_.coord.empty()) {
     // Register (node, GPUs, topology, the job) and learn the attempt to run.
-    protocol::Register reg;
-    reg.node = coord_node_name(std::stoll(o_.job), o_.node_rank);
-    try {
-      for (const placement::GpuInfo& g : placement::discover_gpus().topology.gpus)
-        reg.gpus.push_back({g.index, g.name.empty() ? "unknown" : g.name,
-                            static_cast<int64_t>(g.memory_mib)});
-      const placement::CpuTopology cpu = placement::discover_cpu_topology();
-      reg.topology.numa_nodes = std::max<int64_t>(1, static_cast<int64_t>(cpu.numa_nodes.size()));
-      reg.topology.cpus = std::max<int64_t>(1, static_cast<int64_t>(cpu.cores.size()));
-    } catch (const std::exception& e) {
-      log(std::string("topology for ring-coord: ") + e.what());
-    }
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0)
-      reg.topology.host_memory_mib = static_cast<int64_t>(pages) * page / (1024 * 1024);
-    reg.topology.summary =
-        fmt::format("{} GPU(s), {} core(s), {} NUMA node(s), {} worker(s) per node",
-                    reg.gpus.size(), reg.topology.cpus, reg.topology.numa_nodes, wpn_);
-    reg.ringd_version = "ringd 1 (protocol " + std::to_string(protocol::kVersion) + ")";
+    const protocol::Register reg = make_registration(
+        std::stoll(o_.job), o_.node_rank, wpn_, [this](const std::string& n) { log(n); });
     try {
       coord_ = std::make_unique<CoordLink>(
           CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
@@ -614,58 +399,199 @@ int Daemon::run() {
     log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node, o_.job));
     std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
     if (!a) {
-      attempt_ = 1;
+      first_attempt = 1;
       log("ring-coord did not answer within 30 s (or does not list the job): starting attempt 1; "
           "the link keeps trying and the coordinator reconciles when it answers");
     } else {
       log(fmt::format("ring-coord: job {} is {}, attempt {}, resume step {}", a->job, a->state,
                       a->attempt, a->resume_step));
-      const std::string& st = a->state;
-      int code = -1;
-      if (st == "cancelled" || st == "cancelling") code = kExitCancelled;
-      else if (st == "failed") code = kExitFailed;
-      else if (st == "completed" || st == "completing") code = kExitOk;
-      if (code >= 0) {
-        log("nothing to run: the job is " + st);
+      if (const std::optional<int> code = attempt::exit_for_job_state(a->state)) {
+        log("nothing to run: the job is " + a->state);
         coord_.reset();
-        return code;
+        return *code;
       }
-      attempt_ = static_cast<int>(std::max<int64_t>(1, a->attempt));
+      first_attempt = static_cast<int>(std::max<int64_t>(1, a->attempt));
       if (a->resume_step > 0) resume_to_ = a->resume_step;
     }
   }
 
-  start_attempt();
+  machine_.nodes = o_.nodes;
+  machine_.coordinated = coord_ != nullptr;
+  machine_.max_restarts = spec_.restart.max_restarts;
+  machine_.backoff_s = spec_.restart.backoff_s;
+  machine_.backoff_max_s = spec_.restart.backoff_max_s;
+  attempt::Event start = event_of(attempt::EventKind::kStart);
+  start.attempt = first_attempt;
+  dispatch(start);
   io_.run();
 
   // Every exit path: no worker survives.
-  for (Worker& w : workers_)
-    if (w.running) kill(-w.pid, SIGKILL);
-  for (Worker& w : workers_)
-    if (w.running) waitpid(w.pid, nullptr, 0);
+  supervisor_.kill_all_and_wait();
   if (coord_) {
     // A barrier: the coordinator answers this registration after it handled every report before.
     if (!coord_->sync_and_wait(std::chrono::seconds(5)))
       log("ring-coord did not confirm the last reports within 5 s");
     coord_.reset();
   }
-  return exit_code_;
+  return state_.exit_code;
+}
+
+// ---- the attempt state machine -----------------------------------------------------------------
+
+attempt::Event Daemon::event_of(attempt::EventKind kind, std::string text) const {
+  attempt::Event e;
+  e.kind = kind;
+  e.text = std::move(text);
+  e.ready = ready();
+  e.more_steps = steps_->done_step() + 1 <= total_steps_;
+  e.has_checkpointer = ck_ != nullptr;
+  return e;
+}
+
+// Every worker mapped the shared memory and the master weights exist: steps can begin.
+bool Daemon::ready() const {
+  return steps_->have_master() && !workers_.empty() &&
+         std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; });
+}
+
+void Daemon::dispatch(const attempt::Event& e) {
+  const attempt::State before = state_;
+  const attempt::Transition t = attempt::next(machine_, state_, e);
+  if (!t.accepted) return;
+  state_ = t.state;
+  const uint64_t mine = ++dispatches_;
+  for (const attempt::Action& a : t.actions) {
+    execute(before, a);
+    // An action's own outcome (a fatal error while starting) ended the run: the rest is moot.
+    if (dispatches_ != mine && state_.phase == attempt::Phase::kExiting) return;
+  }
+}
+
+void Daemon::execute(const attempt::State& before, const attempt::Action& a) {
+  using attempt::ActionKind;
+  const auto after = [](double s) {
+    return Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(s * 1e3));
+  };
+  switch (a.kind) {
+    case ActionKind::kStopWorkers:
+      stop_workers(a.text, before.phase == attempt::Phase::kStopping);
+      return;
+    case ActionKind::kBeginStep:
+      begin_step();
+      return;
+    case ActionKind::kStopAtBoundary:
+      stop_at_boundary(a);
+      return;
+    case ActionKind::kCheckpoint:
+      checkpoint_now(steps_->done_step(), false);
+      return;
+    case ActionKind::kArmStopDeadline:
+      stop_deadline_ = Clock::now() + std::chrono::seconds(60);
+      return;
+    case ActionKind::kStartAttempt:
+      start_attempt();
+      return;
+    case ActionKind::kScheduleRestart:
+      if (a.resume) resume_to_ = a.step;
+      restart_at_ = after(a.seconds);
+      return;
+    case ActionKind::kAwaitCoord:
+      await_deadline_ = after(a.seconds);
+      // The answer (registered) carries the job's state.
+      if (state_.await == attempt::Await::kState) coord_->sync();
+      return;
+    case ActionKind::kAck:
+      coord_->ack(command_id_, a.ok, a.text);
+      return;
+    case ActionKind::kExit:
+      finish(a.code);
+      return;
+    case ActionKind::kSay:
+      say(a);
+      return;
+  }
+}
+
+// The log lines and events of the lifecycle's transitions.
+void Daemon::say(const attempt::Action& a) {
+  using attempt::Note;
+  switch (a.note) {
+    case Note::kNone:
+      return;
+    case Note::kStopping:
+      log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(last_signal_)));
+      event("stopping", {{"signal", last_signal_}, {"step", steps_->done_step()}});
+      return;
+    case Note::kStopNow:
+      log(fmt::format("{} again: stopping the workers now, no checkpoint",
+                      strsignal(last_signal_)));
+      return;
+    case Note::kStopAgreed:
+      log(fmt::format("step {}: every node knows of the stop: checkpoint, then stop", steps_->done_step()));
+      return;
+    case Note::kStopFromOtherNode:
+      log(fmt::format("step {}: another node was asked to stop: checkpoint, then stop",
+                      steps_->done_step()));
+      event("stopping", {{"step", steps_->done_step()}, {"from", "another node"}});
+      return;
+    case Note::kCheckpointAsked:
+      log(fmt::format("checkpoint at step {} (asked by ring-coord)", steps_->done_step()));
+      return;
+    case Note::kStoppedByCoord:
+      log(fmt::format("stopped at step {} by ring-coord ({})", steps_->done_step(), a.text));
+      event("stopped", {{"step", steps_->done_step()}, {"reason", a.text}});
+      return;
+    case Note::kStoppedResumable:
+      log(fmt::format("stopped at step {} on request (resumable)", steps_->done_step()));
+      event("stopped", {{"step", steps_->done_step()}});
+      return;
+    case Note::kStoppedAfterFailure:
+      event("stopped", {{"step", steps_->done_step()}});
+      return;
+    case Note::kCompleted:
+      log(fmt::format("completed {} steps", steps_->done_step()));
+      event("completed", {{"step", steps_->done_step()}});
+      return;
+    case Note::kRestarting:
+      log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", a.restart,
+                      spec_.restart.max_restarts, a.seconds, a.attempt));
+      event("restarting", {{"restart", a.restart}, {"delay_s", a.seconds}});
+      return;
+    case Note::kRestartsExhausted:
+      log(fmt::format("failed: restart.max_restarts ({}) exhausted", spec_.restart.max_restarts));
+      event("failed", {{"step", steps_->done_step()}, {"restarts", state_.restarts}});
+      return;
+    case Note::kRollBack:
+      log(fmt::format("ring-coord: roll back to attempt {} from step {}", a.attempt, a.step));
+      return;
+    case Note::kStartFromCoord:
+      log(fmt::format("ring-coord: starting attempt {} from step {}", a.attempt, a.step));
+      return;
+    case Note::kWaitForCoord:
+      log("attempt failed: waiting for ring-coord's decision (roll back or stop)");
+      return;
+    case Note::kCoordSilent:
+      log("ring-coord did not answer: applying the spec's restart policy here");
+      return;
+    case Note::kCoordNoState:
+      log("ring-coord did not say how to go on after its stop: exiting (resumable)");
+      return;
+    case Note::kCoordStoppedIdle:
+      event("stopped", {{"step", steps_->done_step()}, {"reason", a.text}});
+      return;
+    case Note::kFinalCheckpointFailed:
+      event("checkpoint_failed", {{"step", steps_->done_step()}, {"error", a.text}, {"final", true}});
+      announce_fatal(a.text);
+      return;
+  }
 }
 
 // ---- attempts ----------------------------------------------------------------------------------
 
+// The kStartAttempt action: state_ is kStarting (attempt::next reset the attempt's flags).
 void Daemon::start_attempt() {
-  restart_pending_ = false;
-  attempt_live_ = true;
-  attempt_failed_ = false;
-  stopping_workers_ = false;
-  finishing_ = false;
-  cur_step_ = 0;
-  last_all_changed_ = true;
-  have_master_ = false;
-  done_step_ = 0;
-  cursor_ = json();
-  attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, attempt_);
+  steps_->reset();
+  attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, state_.attempt);
   std::string rdv_error;
   if (!make_attempt_dirs(&rdv_error)) {
     fatal("rendezvous: " + rdv_error);
@@ -675,29 +601,28 @@ void Daemon::start_attempt() {
     // The name carries this process's pid and the attempt, so a segment of that name is the
     // leftover of an earlier ringd that had the same pid and was killed before its workers
     // mapped it (shared memory outlives processes): replace it.
-    const std::string shm = contract::shm_name(spec_.job.name, o_.node_rank, getpid(), attempt_);
+    const std::string shm =
+        contract::shm_name(spec_.job.name, o_.node_rank, getpid(), state_.attempt);
     if (shm_unlink(shm.c_str()) == 0) log("removed a stale shared-memory segment " + shm);
     shm_ = contract::ShmRegion::create(shm, layout_->total(), wpn_);
   } catch (const std::exception& e) {
     log(std::string("fatal: ") + e.what());
-    finish(kExitFailed);
+    dispatch(event_of(attempt::EventKind::kFatal, e.what()));
     return;
   }
-  workers_.assign(wpn_, Worker{});
-  for (int l = 0; l < wpn_; ++l) {
-    Worker& w = workers_[l];
-    w.local = l;
-    w.rank = o_.node_rank * wpn_ + l;
-    w.log = fmt::format("{}/logs/worker-{}.log", job_dir_, w.rank);
+  supervisor_.reset(wpn_, o_.node_rank * wpn_, [this](int rank) {
+    return fmt::format("{}/logs/worker-{}.log", job_dir_, rank);
+  });
+  for (Worker& w : workers_) {
     spawn(w);
-    if (exiting_) return;  // fatal(): the workers already started are killed on the way out
+    // fatal(): the workers already started are killed on the way out
+    if (state_.phase == attempt::Phase::kExiting) return;
   }
   if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.running; })) {
-    attempt_failed_ = true;
-    stop_workers("a worker could not be started");
+    dispatch(event_of(attempt::EventKind::kStartFailed, "a worker could not be started"));
     return;
   }
-  log(fmt::format("attempt {}: spawned {} workers (ranks {}..{}), rendezvous {}", attempt_, wpn_,
+  log(fmt::format("attempt {}: spawned {} workers (ranks {}..{}), rendezvous {}", state_.attempt, wpn_,
                   o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, attempt_rdv_));
   try {
     optim::Exchange* ex = &local_exchange_;
@@ -709,7 +634,7 @@ void Daemon::start_attempt() {
     opt_ = std::make_unique<optim::NodeOptimizer>(spec_, *layout_, total_steps_, o_.threads, ex);
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
     const bool want_resume =
-        coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || attempt_ > 0);
+        coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
     const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
     if (want_resume && ckpt_dir_.empty()) {
       log("checkpoints are off (checkpoint.dir is empty): starting from step 0");
@@ -717,34 +642,15 @@ void Daemon::start_attempt() {
       std::vector<ckpt::LoadTarget> targets;
       for (const optim::StateTensor& t : opt_->state_tensors())
         targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
-      ckpt::LoadResult r =
-          ckpt::load_latest(ckpt_dir_, o_.node_rank, o_.nodes, targets, max_step);
-      if (o_.nodes > 1) {
-        // Every node must resume from the same step: the smallest one any node loaded.
-        int64_t mine = r.loaded ? r.step : -1;
-        auto all = ex->allgather(&mine, sizeof(mine));
-        int64_t least = mine;
-        for (auto& b : all) {
-          int64_t v;
-          std::memcpy(&v, b.data(), sizeof(v));
-          least = std::min(least, v);
-        }
-        if (least < 0 && r.loaded) {
-          r.loaded = false;
-          r.message = "another node has no checkpoint: starting from step 0";
-        } else if (least >= 0 && least != mine) {
-          r = ckpt::load_latest(ckpt_dir_, o_.node_rank, o_.nodes, targets, least);
-        }
-      }
+      const ckpt::LoadResult r =
+          load_agreed_checkpoint(ckpt_dir_, o_.node_rank, o_.nodes, targets, max_step, *ex);
       for (const std::string& sk : r.skipped) log("checkpoint skipped: " + sk);
       if (r.loaded) {
         if (!r.spec_hash.empty() && r.spec_hash != spec_hash_)
           log("note: checkpoint " + r.path + " was written with another spec (hash " +
               r.spec_hash + ", now " + spec_hash_ + ")");
         opt_->restore_step(r.step);
-        have_master_ = true;
-        done_step_ = r.step;
-        cursor_ = r.meta.value("cursor", json());
+        steps_->resumed(r.step, r.meta.value("cursor", json()));
         log(fmt::format("resuming from {} (step {})", r.path, r.step));
         event("resumed", {{"step", r.step}, {"path", r.path}});
       } else {
@@ -758,7 +664,7 @@ void Daemon::start_attempt() {
       co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
       co.node_rank = o_.node_rank;
       co.nodes = o_.nodes;
-      co.tag = std::to_string(attempt_);
+      co.tag = std::to_string(state_.attempt);
       co.spec_hash = spec_hash_;
       ck_ = std::make_unique<ckpt::Checkpointer>(co);
       for (const optim::StateTensor& t : opt_->state_tensors())
@@ -771,142 +677,63 @@ void Daemon::start_attempt() {
   } catch (const std::exception& e) {
     log(std::string("attempt failed to start: ") + e.what());
     event("attempt_failed", {{"error", e.what()}});
-    attempt_failed_ = true;
-    stop_workers("the attempt could not start");
+    dispatch(event_of(attempt::EventKind::kStartFailed, "the attempt could not start"));
     return;
   }
   unblocked_at_ = Clock::now();  // the exchange bootstrap and the resume load blocked the loop
-  if (coord_) coord_->set_progress(attempt_, done_step_);
-  event("attempt_started", {{"workers", wpn_}, {"start_step", done_step_}});
+  if (coord_) coord_->set_progress(state_.attempt, steps_->done_step());
+  event("attempt_started", {{"workers", wpn_}, {"start_step", steps_->done_step()}});
 }
 
+// Starts one worker (supervisor.h) with its command line, cpuset and GPU.
 void Daemon::spawn(Worker& w) {
-  std::string why;
-  const int fd = open_private_append(w.log, &why);
-  if (fd < 0) {
-    // No restart mends this (a job directory the user cannot write, a planted symlink).
-    fatal(fmt::format("worker rank {}: {}", w.rank, why));
-    return;
-  }
-  const std::string banner = fmt::format("=== attempt {} ===\n", attempt_);
-  if (::write(fd, banner.data(), banner.size()) < 0) {
-    const int e = errno;
-    ::close(fd);
-    fatal(fmt::format("worker rank {}: cannot write {}: {}", w.rank, w.log, std::strerror(e)));
-    return;
-  }
-  // Everything the child needs is built before fork: ringd has other threads (the optimizer's
-  // pipeline, the checkpoint writer, the ring-coord link), so between fork and exec only
-  // async-signal-safe calls are made (no allocation, no setenv, no stdio).
-  std::vector<std::string> args = {worker_bin_,
-                                   "--spec",
-                                   fs::absolute(o_.spec).string(),
-                                   "--rank",
-                                   std::to_string(w.rank),
-                                   "--world",
-                                   std::to_string(world_),
-                                   "--rendezvous",
-                                   attempt_rdv_ + "/workers",
-                                   "--ringd",
-                                   sock_path_,
-                                   "--local-rank",
-                                   std::to_string(w.local),
-                                   "--transport",
-                                   o_.transport};
-  if (o_.worker_threads >= 0) {
-    args.push_back("--threads");
-    args.push_back(std::to_string(o_.worker_threads));
-  }
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   const placement::WorkerPlacement& pl = placement_.workers[w.local];
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : pl.cpus)
-    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
-  const bool pin = !pl.cpus.empty();
-  const std::string cuda = pl.cuda_visible_devices;
-  // The environment: ours, with CUDA_VISIBLE_DEVICES replaced when placement chose a GPU.
-  std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e)
-    if (cuda.empty() || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env.emplace_back(*e);
-  if (!cuda.empty()) env.push_back("CUDA_VISIBLE_DEVICES=" + cuda);
-  std::vector<char*> envp;
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const std::string exec_failed = "ringd: exec " + worker_bin_ + " failed, errno ";
-  // Descriptors above 2 are closed in the child (common/proc/close_fds.h).
-  const int max_fd = proc::descriptor_limit();
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    log(fmt::format("fork: {}", std::strerror(errno)));
-    ::close(fd);
+  Supervisor::Launch launch;
+  launch.argv = {worker_bin_,
+                 "--spec",
+                 fs::absolute(o_.spec).string(),
+                 "--rank",
+                 std::to_string(w.rank),
+                 "--world",
+                 std::to_string(world_),
+                 "--rendezvous",
+                 attempt_rdv_ + "/workers",
+                 "--ringd",
+                 sock_path_,
+                 "--local-rank",
+                 std::to_string(w.local),
+                 "--transport",
+                 o_.transport};
+  if (o_.worker_threads >= 0) {
+    launch.argv.push_back("--threads");
+    launch.argv.push_back(std::to_string(o_.worker_threads));
+  }
+  launch.cpus = pl.cpus;
+  launch.cuda_visible_devices = pl.cuda_visible_devices;
+  launch.banner = fmt::format("=== attempt {} ===\n", state_.attempt);
+  std::string fatal_why, failed;
+  supervisor_.spawn(w, launch, &fatal_why, &failed);
+  if (!fatal_why.empty()) {
+    fatal(fatal_why);
     return;
   }
-  if (pid == 0) {
-    // The child: its own process group (ringd stops it with the group), dies with ringd.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGCHLD, SIGUSR1, SIGUSR2, SIGHUP, SIGPIPE, SIGXFSZ}) sigaction(sig, &dfl, nullptr);
-    // Stopping the job is ringd's business: Slurm (proctrack signals every process of the step)
-    // and terminals send SIGTERM/SIGINT to the workers too, and a worker dying on it would look
-    // like a failure before ringd has finished the step and written its checkpoint. ringd stops
-    // workers with SIGUSR2, then SIGKILL; PR_SET_PDEATHSIG covers ringd's own death.
-    struct sigaction ign {};
-    ign.sa_handler = SIG_IGN;
-    sigaction(SIGTERM, &ign, nullptr);
-    sigaction(SIGINT, &ign, nullptr);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    const int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0 && devnull != 0) dup2(devnull, 0);
-    proc::close_descriptors_from(3, max_fd);
-    if (pin) sched_setaffinity(0, sizeof(set), &set);
-    execve(argv[0], argv.data(), envp.data());
-    // Async-signal-safe report: the prepared text and the errno in decimal.
-    const int e = errno;
-    char num[16];
-    int n = 0;
-    for (int v = e; n == 0 || v > 0; v /= 10) num[n++] = static_cast<char>('0' + v % 10);
-    if (::write(2, exec_failed.data(), exec_failed.size()) < 0) _exit(127);
-    while (n > 0)
-      if (::write(2, &num[--n], 1) < 0) _exit(127);
-    if (::write(2, "\n", 1) < 0) _exit(127);
-    _exit(127);
+  if (!w.running) {
+    log(fmt::format("worker rank {}: {}", w.rank, failed));
+    return;
   }
-  setpgid(pid, pid);
-  ::close(fd);
-  w.pid = pid;
-  w.running = true;
-  w.connected = w.mapped = w.done = false;
-  w.buckets = 0;
-  w.spawned = w.last_seen = Clock::now();
+  const std::string& cuda = pl.cuda_visible_devices;
   std::string cpus;
   for (int c : pl.cpus) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
-  log(fmt::format("worker rank {} (local {}) pid {} | cpus {}{}{}", w.rank, w.local, pid,
+  log(fmt::format("worker rank {} (local {}) pid {} | cpus {}{}{}", w.rank, w.local, w.pid,
                   cpus.empty() ? "any" : cpus, pl.shared ? " (shared)" : "",
                   cuda.empty() ? "" : " | CUDA_VISIBLE_DEVICES=" + cuda));
-  event("worker_started", {{"rank", w.rank}, {"pid", pid}, {"cpus", pl.cpus}});
+  event("worker_started", {{"rank", w.rank}, {"pid", w.pid}, {"cpus", pl.cpus}});
 }
 
-void Daemon::stop_workers(const std::string& why) {
-  int n = 0;
-  for (Worker& w : workers_)
-    if (w.running) {
-      kill(-w.pid, kWorkerStopSignal);
-      ++n;
-    }
-  if (!stopping_workers_ && n > 0) log(fmt::format("stopping {} workers: {}", n, why));
-  stopping_workers_ = true;
-  kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.stop_grace_s * 1e3));
+// The kStopWorkers action (state_ is kStopping): SIGUSR2 now, SIGKILL after the grace (on_tick).
+void Daemon::stop_workers(const std::string& why, bool already_stopping) {
+  const int n = supervisor_.stop();
+  if (!already_stopping && n > 0) log(fmt::format("stopping {} workers: {}", n, why));
   if (n == 0) asio::post(io_, [this] { end_attempt(); });
 }
 
@@ -928,15 +755,10 @@ void Daemon::await_commit(int64_t step) {
 }
 
 void Daemon::end_attempt() {
-  if (!attempt_live_) return;
+  if (!state_.live()) return;
   for (const Worker& w : workers_)
     if (w.running) return;
-  attempt_live_ = false;
-  for (auto& c : conns_) {
-    boost::system::error_code ec;
-    c->sock.close(ec);
-  }
-  conns_.clear();
+  control_.close_all();
   const bool had_checkpointer = ck_ != nullptr;
   if (ck_) {
     int64_t saved = stop_ckpt_saved_;  // the newest checkpoint this node wrote its shard of
@@ -944,7 +766,7 @@ void Daemon::end_attempt() {
     // committing it): ring-coord resumes from the newest one reported saved.
     for (const ckpt::SaveResult& r : ck_->drain())
       if (report_checkpoint(r)) saved = std::max(saved, r.step);
-    if (stop_requested() && o_.node_rank > 0 && saved == done_step_ && saved > 0)
+    if (state_.stop_requested() && o_.node_rank > 0 && saved == steps_->done_step() && saved > 0)
       await_commit(saved);
     ck_.reset();
   }
@@ -955,73 +777,15 @@ void Daemon::end_attempt() {
     std::string why;
     if (!remove_own_dir(attempt_rdv_, &why)) log("rendezvous directory left in place: " + why);
   }
-  if (coord_ && rollback_pending_ && !stop_requested()) {
-    rollback_pending_ = false;
-    attempt_ = static_cast<int>(rollback_attempt_);
-    resume_to_ = rollback_step_;
-    log(fmt::format("ring-coord: roll back to attempt {} from step {}", attempt_, rollback_step_));
-    restart_pending_ = true;
-    restart_at_ = Clock::now();
-    return;
-  }
-  if (coord_ && coord_stop_ && !stop_requested()) {
-    log(fmt::format("stopped at step {} by ring-coord ({})", done_step_, coord_stop_reason_));
-    event("stopped", {{"step", done_step_}, {"reason", coord_stop_reason_}});
-    await_coord(kAwaitState, 10);
-    return;
-  }
-  if (!attempt_failed_ && had_checkpointer && final_checkpoint_failed()) return;
-  if (!attempt_failed_) {
-    if (stop_requested()) {
-      log(fmt::format("stopped at step {} on request (resumable)", done_step_));
-      event("stopped", {{"step", done_step_}});
-      finish(kExitStopped);
-    } else {
-      log(fmt::format("completed {} steps", done_step_));
-      event("completed", {{"step", done_step_}});
-      finish(kExitOk);
-    }
-    return;
-  }
-  if (stop_requested()) {
-    event("stopped", {{"step", done_step_}});
-    finish(kExitStopped);
-    return;
-  }
-  if (coord_) {
-    // ring-coord heard of the death (worker_died) and applies the restart policy: it sends stop,
-    // then roll_back (or stop alone when restarts are exhausted). Silent: ringd's own policy.
-    log("attempt failed: waiting for ring-coord's decision (roll back or stop)");
-    await_coord(kAwaitAfterFailure, 15);
-    return;
-  }
-  apply_restart_policy();
+  attempt::Event e = event_of(attempt::EventKind::kAllExited);
+  if (had_checkpointer) e.final_checkpoint_error = final_checkpoint_error();
+  dispatch(e);
 }
 
-void Daemon::apply_restart_policy() {
-  if (restarts_ < spec_.restart.max_restarts) {
-    const double delay =
-        std::min(spec_.restart.backoff_s * std::pow(2.0, restarts_), spec_.restart.backoff_max_s);
-    ++restarts_;
-    ++attempt_;
-    if (coord_) resume_to_ = INT64_MAX;  // the newest complete checkpoint
-    log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", restarts_,
-                    spec_.restart.max_restarts, delay, attempt_));
-    event("restarting", {{"restart", restarts_}, {"delay_s", delay}});
-    restart_pending_ = true;
-    restart_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(delay * 1e3));
-    return;
-  }
-  log(fmt::format("failed: restart.max_restarts ({}) exhausted", spec_.restart.max_restarts));
-  event("failed", {{"step", done_step_}, {"restarts", restarts_}});
-  finish(kExitFailed);
-}
-
-void Daemon::finish(int code) {
-  exit_code_ = code;
-  exiting_ = true;
+// The kExit action: leave the event loop (run() returns state_.exit_code).
+void Daemon::finish(int) {
   boost::system::error_code ec;
-  acceptor_.close(ec);
+  control_.stop();
   signals_.cancel(ec);
   tick_.cancel();
   io_.stop();
@@ -1031,13 +795,16 @@ void Daemon::finish(int code) {
 // is not ours): say it on stderr whatever the output mode (ringctl shows ringd's stderr), in the
 // log and as the `failed` event, and exit 1 at once instead of retrying.
 void Daemon::fatal(const std::string& why) {
-  if (exiting_) return;
+  if (state_.phase == attempt::Phase::kExiting) return;
+  announce_fatal(why);
+  dispatch(event_of(attempt::EventKind::kFatal, why));
+}
+
+void Daemon::announce_fatal(const std::string& why) {
   log("fatal: " + why);
   if (o_.json) std::cerr << "ringd: " << why << std::endl;  // log() wrote it otherwise
-  event("failed", {{"step", done_step_}, {"error", why}});
+  event("failed", {{"step", steps_->done_step()}, {"error", why}});
   fatal_error_ = why;
-  attempt_failed_ = true;
-  finish(kExitFailed);
 }
 
 void Daemon::remove_stale_attempts() {
@@ -1073,7 +840,7 @@ bool Daemon::make_attempt_dirs(std::string* why) {
                       " exists and was not made by ringd (no marker); choose another "
                       "--rendezvous or remove it");
     mark_own_dir(attempt_rdv_, fmt::format("ringd rendezvous of job {} attempt {}",
-                                           spec_.job.name, attempt_));
+                                           spec_.job.name, state_.attempt));
     ensure_own_dir(attempt_rdv_ + "/workers", 0022);
     ensure_own_dir(attempt_rdv_ + "/daemons", 0022);
     return true;
@@ -1085,65 +852,7 @@ bool Daemon::make_attempt_dirs(std::string* why) {
 
 // ---- sockets -----------------------------------------------------------------------------------
 
-void Daemon::accept() {
-  auto c = std::make_shared<Conn>(io_);
-  acceptor_.async_accept(c->sock, [this, c](const boost::system::error_code& e) {
-    if (e) return;
-    conns_.push_back(c);
-    read(c);
-    accept();
-  });
-}
-
-void Daemon::read(std::shared_ptr<Conn> c) {
-  asio::async_read_until(
-      c->sock, c->buf, '\n', [this, c](const boost::system::error_code& e, size_t n) {
-        if (exiting_) return;
-        if (e == asio::error::not_found) {  // kMaxControlLine bytes and no newline
-          protocol_error(c, fmt::format("sent a control message longer than the {} byte limit",
-                                        kMaxControlLine));
-          return;
-        }
-        if (e) {
-          conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
-          return;
-        }
-        std::string line(asio::buffers_begin(c->buf.data()),
-                         asio::buffers_begin(c->buf.data()) + n);
-        c->buf.consume(n);
-        json m = json::parse(line, nullptr, false);
-        if (m.is_discarded() || !m.is_object()) {
-          protocol_error(c, "sent a message that is not a JSON object: " + line.substr(0, 200));
-          return;
-        }
-        // A field of the wrong type or out of range is the worker's protocol error: it fails that
-        // worker, never the daemon. Lines are parsed and checked by the one parser both ends
-        // share (common/contract/control.h, fuzzed); ringd acts only on the parsed message.
-        try {
-          on_message(c, contract::control::worker_from_json(m));
-        } catch (const contract::control::ControlError& x) {
-          protocol_error(c, std::string("sent a malformed message: ") + x.what());
-          return;
-        } catch (const ProtocolError& x) {
-          protocol_error(c, std::string("sent a malformed '") +
-                                (m.contains("t") && m["t"].is_string()
-                                     ? m["t"].get<std::string>()
-                                     : std::string("?")) +
-                                "' message: " + x.what());
-          return;
-        } catch (const json::exception& x) {
-          protocol_error(c, std::string("sent a malformed '") +
-                                (m.contains("t") && m["t"].is_string()
-                                     ? m["t"].get<std::string>()
-                                     : std::string("?")) +
-                                "' message (" + x.what() + "): " + line.substr(0, 200));
-          return;
-        }
-        if (c->sock.is_open()) read(c);
-      });
-}
-
-std::string Daemon::peer_name(const std::shared_ptr<Conn>& c) const {
+std::string Daemon::peer_name(const ConnPtr& c) const {
   if (c->local >= 0 && c->local < static_cast<int>(workers_.size()))
     return fmt::format("worker rank {} (local {}, pid {})", workers_[c->local].rank, c->local,
                        workers_[c->local].pid);
@@ -1153,92 +862,43 @@ std::string Daemon::peer_name(const std::shared_ptr<Conn>& c) const {
 // A message that breaks the protocol: the worker that sent it is failed (killed, the attempt
 // ends as after any worker failure); a connection that is not a worker yet is closed. ringd
 // itself goes on.
-void Daemon::protocol_error(const std::shared_ptr<Conn>& c, const std::string& what) {
+void Daemon::protocol_error(const ConnPtr& c, const std::string& what) {
   const std::string who = peer_name(c);
-  boost::system::error_code ec;
-  c->sock.close(ec);
-  conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
-  if (c->local >= 0 && workers_[c->local].running && !stopping_workers_) {
+  if (c->local >= 0 && workers_[c->local].running &&
+      state_.phase != attempt::Phase::kStopping) {
     worker_failed(workers_[c->local], "protocol error: " + what);
   } else {
     log(fmt::format("protocol error from {}: {}; connection closed", who, what));
   }
 }
 
-void Daemon::send(int local, const json& m) {
-  for (auto& c : conns_)
-    if (c->local == local) {
-      write(c, m);
-      return;
-    }
-}
-
-void Daemon::write(const std::shared_ptr<Conn>& c, const json& m) {
-  if (!c->sock.is_open()) return;
-  std::string s = m.dump() + "\n";
-  c->out_bytes += s.size();
-  c->out.push_back(std::move(s));
-  if (c->out_bytes > kMaxQueuedBytes) {
-    protocol_error(c, fmt::format("does not read its control socket ({} bytes waiting)",
-                                  c->out_bytes));
-    return;
-  }
-  if (!c->writing) write_next(c);
-}
-
-void Daemon::write_next(const std::shared_ptr<Conn>& c) {
-  if (c->out.empty() || !c->sock.is_open()) {
-    c->writing = false;
-    if (c->close_after) {
-      boost::system::error_code ec;
-      c->sock.close(ec);
-    }
-    return;
-  }
-  c->writing = true;
-  asio::async_write(c->sock, asio::buffer(c->out.front()),
-                    [this, c](const boost::system::error_code& e, size_t) {
-                      if (e) {  // the worker is gone: SIGCHLD tells the rest
-                        c->out.clear();
-                        c->out_bytes = 0;
-                        c->writing = false;
-                        return;
-                      }
-                      c->out_bytes -= c->out.front().size();
-                      c->out.pop_front();
-                      write_next(c);
-                    });
-}
-
-void Daemon::on_message(const std::shared_ptr<Conn>& c,
-                        const contract::control::WorkerMessage& msg) {
+void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage& msg) {
   namespace ctl = contract::control;
   if (const auto* h = std::get_if<ctl::Hello>(&msg)) {
     if (c->local >= 0) throw ProtocolError("a second hello on one connection");
     const int local = static_cast<int>(h->local);
     // Who is really at the other end (SO_PEERCRED), not what the message says.
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    const bool have_cred =
-        getsockopt(c->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    pid_t peer_pid = -1;
+    uid_t peer_uid = 0;
+    const bool have_cred = ControlServer::peer(c, &peer_pid, &peer_uid);
     std::string why;
-    if (!have_cred || cred.uid != geteuid())
-      why = have_cred ? fmt::format("uid {} is not ringd's", cred.uid) : "no peer credentials";
+    if (!have_cred || peer_uid != geteuid())
+      why = have_cred ? fmt::format("uid {} is not ringd's", peer_uid) : "no peer credentials";
     else if (local >= wpn_ || !workers_[local].running)
       why = fmt::format("local rank {} is not a worker of this attempt", local);
     else if (h->rank != workers_[local].rank)
       why = fmt::format("rank {} should be {}", h->rank, workers_[local].rank);
     else if (h->n != layout_->total())
       why = fmt::format("model of {} floats, ringd's has {} (same spec?)", h->n, layout_->total());
-    else if (h->pid != workers_[local].pid || cred.pid != workers_[local].pid)
+    else if (h->pid != workers_[local].pid || peer_pid != workers_[local].pid)
       why = fmt::format("pid {} (connected from pid {}) is not the worker ringd spawned", h->pid,
-                        cred.pid);
+                        peer_pid);
     else if (workers_[local].connected)
       why = fmt::format("local rank {} is connected already", local);
     if (!why.empty()) {
       log("refused a worker: " + why);
       c->close_after = true;
-      write(c, {{"t", "stop"}, {"reason", why}});
+      control_.write(c, {{"t", "stop"}, {"reason", why}});
       return;
     }
     c->local = local;
@@ -1247,16 +907,16 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c,
     w.last_seen = Clock::now();
     send(local, {{"t", "welcome"},
                  {"shm", shm_.name()},
-                 {"start_step", done_step_},
-                 {"need_init", !have_master_ && local == 0},
-                 {"cursor", cursor_}});
+                 {"start_step", steps_->done_step()},
+                 {"need_init", !steps_->have_master() && local == 0},
+                 {"cursor", steps_->cursor()}});
     return;
   }
   if (c->local < 0)
     throw ProtocolError("'" + ctl::to_json(msg).value("t", std::string("?")) + "' before hello");
   Worker& w = workers_[c->local];
   w.last_seen = Clock::now();
-  if (stopping_workers_) return;
+  if (state_.phase == attempt::Phase::kStopping) return;
   if (std::holds_alternative<ctl::Mapped>(msg)) {
     w.mapped = true;
     if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; })) {
@@ -1266,20 +926,19 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c,
       maybe_begin();
     }
   } else if (std::holds_alternative<ctl::Init>(msg)) {
-    if (c->local == 0 && !have_master_) {
-      opt_->init_master(shm_.params());
-      have_master_ = true;
+    if (c->local == 0 && !steps_->have_master()) {
+      steps_->init_master(*opt_, shm_);
       log("master weights initialised from rank " + std::to_string(w.rank));
       maybe_begin();
     }
   } else if (const auto* b = std::get_if<ctl::Bucket>(&msg)) {
-    if (b->step != cur_step_) {
-      worker_failed(w, fmt::format("sent bucket of step {} during step {}", b->step, cur_step_));
+    if (b->step != steps_->cur_step()) {
+      worker_failed(w, fmt::format("sent bucket of step {} during step {}", b->step, steps_->cur_step()));
       return;
     }
     on_bucket(w, static_cast<int>(b->b));
   } else if (const auto* d = std::get_if<ctl::Done>(&msg)) {
-    if (d->step != cur_step_) {
+    if (d->step != steps_->cur_step()) {
       worker_failed(w, "finished a step that is not in flight");
       return;
     }
@@ -1293,150 +952,72 @@ void Daemon::on_message(const std::shared_ptr<Conn>& c,
 // ---- steps -------------------------------------------------------------------------------------
 
 void Daemon::maybe_begin() {
-  if (cur_step_ != 0 || finishing_ || !have_master_ || stopping_workers_) return;
-  if (!std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; }))
-    return;
-  begin_step();
+  if (steps_->cur_step() != 0 || state_.finishing || state_.phase == attempt::Phase::kStopping) return;
+  if (!ready()) return;
+  dispatch(event_of(attempt::EventKind::kBoundary));  // the first step, or the end of the run
 }
 
+// The kStopAtBoundary action (state_ is kFinishing): every step is done or a stop is agreed.
+void Daemon::stop_at_boundary(const attempt::Action& a) {
+  if (ck_ && a.checkpoint && last_ckpt_step_ != steps_->done_step() && steps_->done_step() > 0)
+    checkpoint_now(steps_->done_step(), true);
+  stop_deadline_ = Clock::now() + std::chrono::seconds(60);
+  for (const Worker& w : workers_) send(w.local, {{"t", "stop"}, {"reason", a.text}});
+}
+
+// The kBeginStep action: the next step's weights into shared memory, its params to the workers.
 void Daemon::begin_step() {
-  const int64_t s = done_step_ + 1;
-  // One node decides alone; several stop after the step in which all of them learnt of it.
-  const bool stop_now = stop_agreed_ || (stop_signals_ > 0 && o_.nodes == 1);
-  if (s > total_steps_ || stop_now) {
-    if (ck_ && stop_signals_ < 2 && last_ckpt_step_ != done_step_ && done_step_ > 0)
-      checkpoint_now(done_step_, true);
-    finishing_ = true;
-    stop_deadline_ = Clock::now() + std::chrono::seconds(60);
-    for (const Worker& w : workers_)
-      send(w.local, {{"t", "stop"}, {"reason", stop_requested() ? "stop requested" : "done"}});
-    return;
-  }
-  const int64_t n = layout_->total();
-  int64_t changed = -1;
-  const float* master = opt_->master();
-  if (last_all_changed_) {
-    // Dense: the whole copy (also the first step of every attempt: workers start from nothing).
-    std::memcpy(shm_.params(), master, static_cast<size_t>(n) * sizeof(float));
-  } else {
-    const std::vector<int64_t>& ch = opt_->changed();
-    uint32_t* idx = shm_.index();
-    float* dst = shm_.params();
-    for (size_t i = 0; i < ch.size(); ++i) {
-      idx[i] = static_cast<uint32_t>(ch[i]);
-      dst[ch[i]] = master[ch[i]];
-    }
-    changed = static_cast<int64_t>(ch.size());
-  }
-  for (Worker& w : workers_) {
-    w.buckets = 0;
-    w.done = false;
-  }
-  cur_step_ = s;
-  buckets_ready_ = 0;
-  opt_->begin_step(s);
-  step_t0_ = Clock::now();
+  const int64_t changed = steps_->begin_step(workers_, shm_, *opt_);
   for (const Worker& w : workers_)
-    send(w.local,
-         {{"t", "params"}, {"step", s}, {"changed", changed}, {"stop", stop_signals_ > 0}});
+    send(w.local, {{"t", "params"},
+                   {"step", steps_->cur_step()},
+                   {"changed", changed},
+                   {"stop", state_.stop_signals > 0}});
 }
 
 void Daemon::on_bucket(Worker& w, int b) {
-  const int nb = static_cast<int>(layout_->buckets().size());
-  if (b != w.buckets || b >= nb) {
-    worker_failed(w, fmt::format("sent bucket {} when {} was due", b, w.buckets));
+  const std::string wrong = steps_->on_bucket(workers_, w, b, shm_, *opt_, [this] {
+    if (!ck_ || !ck_->busy()) return;
+    // The optimizer is about to change the state the checkpoint is still writing.
+    const auto t0 = Clock::now();
+    const std::vector<ckpt::SaveResult> done = ck_->drain();
+    const Clock::duration stalled = Clock::now() - t0;
+    ckpt_stall_s_ += std::chrono::duration<double>(stalled).count();
+    blocked_ += stalled;
+    unblocked_at_ = Clock::now();
+    for (const ckpt::SaveResult& r : done) report_checkpoint(r);
+  });
+  if (!wrong.empty()) {
+    worker_failed(w, wrong);
     return;
-  }
-  ++w.buckets;
-  while (buckets_ready_ < nb &&
-         std::all_of(workers_.begin(), workers_.end(),
-                     [&](const Worker& x) { return x.buckets > buckets_ready_; })) {
-    const contract::GradBucket& bk = layout_->buckets()[buckets_ready_];
-    float* dst = node_grad_.data() + bk.begin;
-    const int64_t len = bk.end - bk.begin;
-    // The node's gradient: the workers' slots summed in local-rank order (deterministic).
-    std::memcpy(dst, shm_.grads(0) + bk.begin, static_cast<size_t>(len) * sizeof(float));
-    for (int l = 1; l < wpn_; ++l) {
-      const float* src = shm_.grads(l) + bk.begin;
-      for (int64_t i = 0; i < len; ++i) dst[i] += src[i];
-    }
-    if (ck_ && ck_->busy()) {
-      // The optimizer is about to change the state the checkpoint is still writing.
-      const auto t0 = Clock::now();
-      const std::vector<ckpt::SaveResult> done = ck_->drain();
-      const Clock::duration stalled = Clock::now() - t0;
-      ckpt_stall_s_ += std::chrono::duration<double>(stalled).count();
-      blocked_ += stalled;
-      unblocked_at_ = Clock::now();
-      for (const ckpt::SaveResult& r : done) report_checkpoint(r);
-    }
-    opt_->bucket_ready(bk.index, dst);
-    ++buckets_ready_;
   }
   maybe_finish_step();
 }
 
 void Daemon::maybe_finish_step() {
-  const int nb = static_cast<int>(layout_->buckets().size());
-  if (cur_step_ == 0 || buckets_ready_ < nb) return;
-  if (!std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.done; }))
-    return;
-  optim::StepResult r;
+  if (!steps_->step_complete(workers_)) return;
+  StepDriver::Finished f;
   try {
     Blocking b{this};
-    r = opt_->finish_step();
+    f = steps_->finish_step(workers_, *opt_, state_.attempt);
   } catch (const std::exception& e) {
-    log(fmt::format("step {}: optimizer failed: {}", cur_step_, e.what()));
-    event("optimizer_failed", {{"step", cur_step_}, {"error", e.what()}});
-    attempt_failed_ = true;
-    stop_workers("the optimizer failed");
+    log(fmt::format("step {}: optimizer failed: {}", steps_->cur_step(), e.what()));
+    event("optimizer_failed", {{"step", steps_->cur_step()}, {"error", e.what()}});
+    dispatch(event_of(attempt::EventKind::kStepFailed, "the optimizer failed"));
     return;
   }
-  const double wall_s = std::chrono::duration<double>(Clock::now() - step_t0_).count();
-  done_step_ = cur_step_;
-  cur_step_ = 0;
-  last_all_changed_ = r.all_changed;
-  const contract::control::Done& d = workers_[0].done_msg;
-  cursor_ = d.cursor;
-  if (!stop_agreed_ && d.stop) {
-    stop_agreed_ = true;
-    log(stop_signals_ > 0
-            ? fmt::format("step {}: every node knows of the stop: checkpoint, then stop", done_step_)
-            : fmt::format("step {}: another node was asked to stop: checkpoint, then stop",
-                          done_step_));
-    if (stop_signals_ == 0) {
-      event("stopping", {{"step", done_step_}, {"from", "another node"}});
-      stop_deadline_ = Clock::now() + std::chrono::seconds(60);
-    }
-  }
-  // loss_sum is NaN when the worker's loss was NaN or infinite (JSON null).
-  const double loss_sum = d.loss_sum;
-  const int64_t valid = d.valid;
-  const int64_t tokens = d.tokens;
-  contract::StepStats st;
-  st.step = done_step_;
-  st.loss = valid > 0 ? loss_sum / static_cast<double>(valid) : 0.0;
-  st.tokens = tokens;
-  st.valid = valid;
-  st.grad_norm = r.grad_norm;
-  st.lr = r.lr;
-  st.step_ms = wall_s * 1e3;
-  st.tokens_per_s = wall_s > 0 ? tokens / wall_s : 0;
-  json j = json::parse(contract::step_json(st));
-  j["attempt"] = attempt_;
-  j["comm_s"] = d.ring_wait_ms / 1e3;
-  j["optimizer_s"] = r.optimizer_s;
-  j["exposed_optimizer_s"] = r.exposed_s;
-  j["bytes_exchanged"] = r.bytes_sent;
-  j["bytes_dense"] = r.bytes_dense;
-  j["compressed"] = r.compressed;
+  const int64_t done_step = steps_->done_step();
+  if (f.done.stop) dispatch(event_of(attempt::EventKind::kStopInStep));
+  const optim::StepResult& r = f.result;
+  const contract::StepStats& st = f.stats;
+  json& j = f.record;
   if (o_.hash_weights) {
     char h[17];
     std::snprintf(h, sizeof(h), "%016llx",
                   static_cast<unsigned long long>(
                       fnv1a(opt_->master(), static_cast<size_t>(layout_->total()) * 4)));
     j["weights_xxh"] = h;
-    log_line(fmt::format("step {} weights {}", done_step_, h));
+    log_line(fmt::format("step {} weights {}", done_step, h));
   }
   if (o_.node_rank == 0) {
     const std::string line = j.dump();
@@ -1447,8 +1028,10 @@ void Daemon::maybe_finish_step() {
     }
     if (o_.json) {
       out_line(line);
-    } else if (done_step_ % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step_ == 1 ||
-               done_step_ == total_steps_) {
+    } else if (o_.log_format == "json") {
+      ring::log::event(*stderr_log_, spdlog::level::info, "step", j);
+    } else if (done_step % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step == 1 ||
+               done_step == total_steps_) {
       std::cerr << fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
                                contract::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
                                r.bytes_sent / 1e6)
@@ -1456,28 +1039,23 @@ void Daemon::maybe_finish_step() {
     }
   }
   if (coord_) {
-    coord_->set_progress(attempt_, done_step_);
-    coord_->send(protocol::StepReport{coord_->node(), coord_->job(), attempt_, done_step_, st.loss,
-                                      st.tokens_per_s, wall_s, j["comm_s"].get<double>()});
+    coord_->set_progress(state_.attempt, done_step);
+    coord_->send(protocol::StepReport{coord_->node(), coord_->job(), state_.attempt, done_step,
+                                      st.loss, st.tokens_per_s, f.wall_s,
+                                      j["comm_s"].get<double>()});
   }
-  if (ck_ && ((spec_.checkpoint.every_steps > 0 &&
-               done_step_ % spec_.checkpoint.every_steps == 0 && done_step_ < total_steps_) ||
-              ckpt_requested_)) {
-    if (ckpt_requested_) log(fmt::format("checkpoint at step {} (asked by ring-coord)", done_step_));
-    ckpt_requested_ = false;
-    checkpoint_now(done_step_, false);
-  }
-  begin_step();
+  // A checkpoint at this boundary (periodic, or asked by ring-coord), then the next step or the
+  // end of the run.
+  attempt::Event e = event_of(attempt::EventKind::kStepDone);
+  e.periodic_checkpoint = spec_.checkpoint.every_steps > 0 &&
+                          done_step % spec_.checkpoint.every_steps == 0 &&
+                          done_step < total_steps_;
+  dispatch(e);
 }
 
 // Logs a finished checkpoint and reports it (ring-coord resumes from the steps reported saved).
 bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
-  if (r.ok) {
-    ckpt_ok_.insert(r.step);
-    ckpt_failed_.erase(r.step);
-  } else if (!ckpt_ok_.count(r.step)) {
-    ckpt_failed_[r.step] = r.error;
-  }
+  steps_->record(r);
   if (r.ok) {
     log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r.step, r.path,
                     r.bytes / 1e6, r.total_s));
@@ -1493,15 +1071,12 @@ bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
 // ends at, failed (a full disk): the exit status must not say "completed" or "resumable from
 // here" when the newest weights on disk are older. Exit 1 naming the failed checkpoint, the
 // reason and the newest complete checkpoint; ring-coord hears it as checkpoint_failed.
-bool Daemon::final_checkpoint_failed() {
-  auto it = ckpt_failed_.find(done_step_);
-  if (done_step_ <= 0 || it == ckpt_failed_.end() || ckpt_ok_.count(done_step_)) return false;
-  const std::string msg = fmt::format(
-      "the {} checkpoint (step {}) failed: {}; the newest complete checkpoint is {}",
-      stop_requested() ? "stop" : "final", done_step_, it->second, newest_complete_checkpoint());
-  event("checkpoint_failed", {{"step", done_step_}, {"error", msg}, {"final", true}});
-  fatal(msg);
-  return true;
+std::string Daemon::final_checkpoint_error() {
+  const std::string* error = steps_->failed_at_done_step();
+  if (!error) return "";
+  return fmt::format("the {} checkpoint (step {}) failed: {}; the newest complete checkpoint is {}",
+                     state_.stop_requested() ? "stop" : "final", steps_->done_step(), *error,
+                     newest_complete_checkpoint());
 }
 
 std::string Daemon::newest_complete_checkpoint() {
@@ -1518,7 +1093,7 @@ std::string Daemon::newest_complete_checkpoint() {
 
 void Daemon::checkpoint_now(int64_t step, bool wait) {
   if (!ck_) return;
-  ck_->start(step, {{"cursor", cursor_}, {"attempt", attempt_}, {"world", world_}});
+  ck_->start(step, {{"cursor", steps_->cursor()}, {"attempt", state_.attempt}, {"world", world_}});
   last_ckpt_step_ = step;
   if (wait) {
     Blocking b{this};
@@ -1540,139 +1115,77 @@ void Daemon::on_signal(int sig) {
   // call of the loop (a checkpoint drain): that time does not count.
   const auto now = Clock::now();
   const auto unblocked = (now - first_stop_signal_) - (blocked_ - blocked_at_first_signal_);
-  if (stop_signals_ == 1 && unblocked < std::chrono::seconds(1)) {
+  if (state_.stop_signals == 1 && unblocked < std::chrono::seconds(1)) {
     log(fmt::format("{} again within 1 s: taken as the same stop request", strsignal(sig)));
     return;
   }
-  if (stop_signals_ == 0) {
+  if (state_.stop_signals == 0) {
     first_stop_signal_ = now;
     blocked_at_first_signal_ = blocked_;
   }
-  ++stop_signals_;
-  if (stop_signals_ == 1) {
-    log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(sig)));
-    event("stopping", {{"signal", sig}, {"step", done_step_}});
-    if (!attempt_live_) {
-      finish(kExitStopped);
-      return;
-    }
-    stop_deadline_ = Clock::now() + std::chrono::seconds(60);
-    if (cur_step_ == 0 && !finishing_) {
-      const bool ready =
-          have_master_ &&
-          std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; });
-      if (ready) begin_step();  // sends stop (after the checkpoint)
-      else stop_workers("stop requested before the first step");
-    }
-  } else {
-    log(fmt::format("{} again: stopping the workers now, no checkpoint", strsignal(sig)));
-    if (!attempt_live_) {
-      finish(kExitStopped);
-      return;
-    }
-    attempt_failed_ = true;
-    stop_workers("second stop signal");
-  }
+  last_signal_ = sig;
+  dispatch(event_of(attempt::EventKind::kStopSignal));
 }
 
 void Daemon::reap() {
-  // Every child that has ended, those killed by a signal first: when one worker is killed its
-  // peers fail within milliseconds, and a busy ringd reaps them all at once; the killed one is
-  // the cause to report. reap_ended also waits briefly for a killed worker that is a zombie but
-  // not yet reapable (its threads still exiting) when only its peers' failures are in.
-  std::vector<pid_t> watched;
-  for (const Worker& w : workers_)
-    if (w.running) watched.push_back(w.pid);
-  const bool expected = finishing_ || stopping_workers_;
-  const std::vector<std::pair<pid_t, int>> ended = proc::reap_ended(
-      watched, [](int st) { return WIFSIGNALED(st) && WTERMSIG(st) != kWorkerStopSignal; },
-      expected ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
-  for (const auto& [got, st] : ended) {
-    for (Worker& w : workers_) {
-      if (w.pid != got || !w.running) continue;
-      w.running = false;
-      const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (finishing_ && clean) {
-        log(fmt::format("worker rank {} exited", w.rank));
-        event("worker_exited", {{"rank", w.rank}, {"pid", got}, {"exit_code", 0}});
-      } else if (stopping_workers_) {
-        const bool ours = WIFSIGNALED(st) && WTERMSIG(st) == kWorkerStopSignal;
-        log(fmt::format("worker rank {} (pid {}) {}", w.rank, got,
-                        ours ? std::string("stopped") : describe_status(st)));
-      } else {
-        const std::vector<std::string> lines = last_lines(w.log, 10);
-        std::string text;
-        for (const std::string& l : lines) text += "\n    | " + l;
-        log(fmt::format("worker rank {} (pid {}) {} during step {}; last log lines:{}", w.rank, got,
-                        describe_status(st), cur_step_, text));
-        json ev{{"rank", w.rank}, {"pid", got}, {"step", cur_step_}, {"last_lines", lines}};
-        if (WIFSIGNALED(st)) {
-          ev["signal"] = WTERMSIG(st);
-          ev["signal_name"] = strsignal(WTERMSIG(st));
-        } else if (WIFEXITED(st)) {
-          ev["exit_code"] = WEXITSTATUS(st);
-        }
-        event("worker_died", ev);
-        attempt_failed_ = true;
-        stop_workers(fmt::format("rank {} died", w.rank));
+  const bool expected = state_.finishing || state_.phase == attempt::Phase::kStopping;
+  for (const auto& [wp, st] : supervisor_.reap(expected)) {
+    Worker& w = *wp;
+    const pid_t got = w.pid;
+    w.running = false;
+    const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (state_.finishing && clean) {
+      log(fmt::format("worker rank {} exited", w.rank));
+      event("worker_exited", {{"rank", w.rank}, {"pid", got}, {"exit_code", 0}});
+    } else if (state_.phase == attempt::Phase::kStopping) {  // the first death stops the rest
+      const bool ours = WIFSIGNALED(st) && WTERMSIG(st) == kWorkerStopSignal;
+      log(fmt::format("worker rank {} (pid {}) {}", w.rank, got,
+                      ours ? std::string("stopped") : describe_status(st)));
+    } else {
+      const std::vector<std::string> lines = last_lines(w.log, 10);
+      std::string text;
+      for (const std::string& l : lines) text += "\n    | " + l;
+      log(fmt::format("worker rank {} (pid {}) {} during step {}; last log lines:{}", w.rank, got,
+                      describe_status(st), steps_->cur_step(), text));
+      json ev{{"rank", w.rank}, {"pid", got}, {"step", steps_->cur_step()}, {"last_lines", lines}};
+      if (WIFSIGNALED(st)) {
+        ev["signal"] = WTERMSIG(st);
+        ev["signal_name"] = strsignal(WTERMSIG(st));
+      } else if (WIFEXITED(st)) {
+        ev["exit_code"] = WEXITSTATUS(st);
       }
+      event("worker_died", ev);
+      dispatch(event_of(attempt::EventKind::kWorkerFailed, fmt::format("rank {} died", w.rank)));
     }
   }
-  if (attempt_live_ &&
-      std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }))
-    end_attempt();
+  if (state_.live() && !supervisor_.any_running()) end_attempt();
 }
 
 void Daemon::worker_failed(Worker& w, const std::string& what) {
   log(fmt::format("worker rank {} (pid {}) {}: killing it", w.rank, w.pid, what));
   event("worker_failed", {{"rank", w.rank}, {"pid", w.pid}, {"error", what}});
-  attempt_failed_ = true;
-  if (w.running) kill(-w.pid, SIGKILL);
-  stop_workers(fmt::format("rank {} failed", w.rank));
+  supervisor_.kill(w);
+  dispatch(event_of(attempt::EventKind::kWorkerFailed, fmt::format("rank {} failed", w.rank)));
 }
 
 void Daemon::on_tick() {
   const auto now = Clock::now();
-  if (attempt_live_ && !stopping_workers_) {
-    for (Worker& w : workers_) {
-      if (!w.running) continue;
-      const double silent =
-          std::chrono::duration<double>(now - std::max(w.last_seen, unblocked_at_)).count();
-      if (w.connected && silent > o_.heartbeat_timeout_s) {
-        worker_failed(w, fmt::format("sent no heartbeat for {:.1f} s (hung)", silent));
-        break;
-      }
-      if (!w.connected && silent > o_.startup_timeout_s) {
-        worker_failed(w, fmt::format("did not connect within {:.0f} s", o_.startup_timeout_s));
-        break;
-      }
-    }
-    if ((finishing_ || stop_requested()) && now > stop_deadline_) {
-      attempt_failed_ = finishing_ ? attempt_failed_ : true;
-      stop_workers("workers did not stop in time");
-    }
+  using attempt::Phase;
+  if (state_.live() && state_.phase != Phase::kStopping) {
+    if (auto late = supervisor_.overdue(now, unblocked_at_))
+      worker_failed(*late->first, late->second);
+    if ((state_.finishing || state_.stop_requested()) && now > stop_deadline_)
+      dispatch(event_of(attempt::EventKind::kStopTimeout));
   }
-  if (stopping_workers_ && now > kill_at_) {
-    for (Worker& w : workers_)
-      if (w.running) kill(-w.pid, SIGKILL);
-    kill_at_ = now + std::chrono::seconds(3600);
-  }
+  if (state_.phase == Phase::kStopping) supervisor_.kill_overdue(now);
   if (ck_) {
     while (auto r = ck_->poll()) report_checkpoint(*r);
   }
-  if (restart_pending_ && now >= restart_at_) start_attempt();
-  if (await_ != kAwaitNone && !attempt_live_ && !restart_pending_ && now > await_deadline_) {
-    const int was = await_;
-    await_ = kAwaitNone;
-    if (was == kAwaitAfterFailure) {
-      log("ring-coord did not answer: applying the spec's restart policy here");
-      apply_restart_policy();
-    } else {
-      log("ring-coord did not say how to go on after its stop: exiting (resumable)");
-      finish(kExitStopped);
-    }
-  }
-  if (exiting_) return;
+  if (state_.phase == Phase::kRestarting && now >= restart_at_)
+    dispatch(event_of(attempt::EventKind::kRestartDue));
+  if (state_.phase == Phase::kAwaitingCoord && now > await_deadline_)
+    dispatch(event_of(attempt::EventKind::kAwaitTimeout));
+  if (state_.phase == Phase::kExiting) return;
   tick_.expires_after(std::chrono::milliseconds(100));
   tick_.async_wait([this](const boost::system::error_code& e) {
     if (!e) on_tick();
@@ -1682,142 +1195,22 @@ void Daemon::on_tick() {
 // ---- ring-coord -------------------------------------------------------------------------------
 // Messages from the coordinator arrive on the link thread and are posted here (the event loop).
 
-void Daemon::await_coord(int what, double seconds) {
-  await_ = what;
-  await_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3));
-  if (what == kAwaitState) coord_->sync();  // the answer (registered) carries the job's state
-}
-
 void Daemon::on_coord(const protocol::Message& m) {
-  if (exiting_) return;
-  if (const auto* c = std::get_if<protocol::Command>(&m)) {
-    on_command(*c);
-  } else if (const auto* r = std::get_if<protocol::Registered>(&m)) {
-    for (const protocol::Assignment& a : r->jobs)
-      if (a.job == coord_->job() && await_ == kAwaitState) coord_decide(a.state);
-  } else if (const auto* e = std::get_if<protocol::ErrorReply>(&m)) {
-    log(fmt::format("ring-coord: {} ({}{}{})", e->message, e->code, e->field.empty() ? "" : ", ",
-                    e->field));
-  }
-}
-
-void Daemon::on_command(const protocol::Command& c) {
-  const char* kind = protocol::to_string(c.command);
-  if (c.job != coord_->job()) {
-    coord_->ack(c.id, false, fmt::format("this ringd serves job {}, not {}", coord_->job(), c.job));
+  if (state_.phase == attempt::Phase::kExiting) return;
+  const CoordInput in = interpret(m, coord_->job(), state_, ck_ != nullptr);
+  if (in.refusal) {
+    coord_->ack(in.command_id, false, *in.refusal);
     return;
   }
-  log(fmt::format("ring-coord: {} (attempt {}, step {}): {}", kind, c.attempt, c.step, c.reason));
-  event("command", {{"command", kind}, {"id", c.id}, {"reason", c.reason}});
-  switch (c.command) {
-    case protocol::CommandKind::kCheckpointNow:
-      if (!attempt_live_ || finishing_) {
-        coord_->ack(c.id, false, "no attempt is training on this node now");
-      } else if (!ck_) {
-        coord_->ack(c.id, false, "checkpoints are off for this job (checkpoint.dir is empty)");
-      } else {
-        ckpt_requested_ = true;  // maybe_finish_step: at the next step boundary
-        coord_->ack(c.id, true);
-      }
-      return;
-    case protocol::CommandKind::kStop:
-      coord_->ack(c.id, true);
-      if (coord_stop_ && await_ != kAwaitRollBack) return;  // already stopping
-      coord_stop_ = true;
-      coord_stop_reason_ = c.reason;
-      rollback_pending_ = false;
-      if (attempt_live_) {
-        stop_workers("ring-coord: " + c.reason);  // end_attempt() goes on
-      } else {
-        restart_pending_ = false;
-        event("stopped", {{"step", done_step_}, {"reason", c.reason}});
-        await_coord(kAwaitState, 10);
-      }
-      return;
-    case protocol::CommandKind::kRollBack:
-      coord_->ack(c.id, true);
-      if (attempt_live_ && c.attempt == attempt_ && !stopping_workers_) return;  // on it already
-      coord_stop_ = false;
-      await_ = kAwaitNone;
-      if (attempt_live_) {
-        rollback_pending_ = true;
-        rollback_attempt_ = c.attempt;
-        rollback_step_ = c.step;
-        stop_workers(fmt::format("ring-coord: roll back to attempt {}", c.attempt));
-      } else {
-        attempt_ = static_cast<int>(c.attempt);
-        resume_to_ = c.step;
-        log(fmt::format("ring-coord: starting attempt {} from step {}", attempt_, c.step));
-        restart_pending_ = true;
-        restart_at_ = Clock::now();
-      }
-      return;
-  }
-}
-
-void Daemon::coord_decide(const std::string& state) {
-  log("ring-coord: the job is " + state);
-  if (state == "cancelling" || state == "cancelled") {
-    await_ = kAwaitNone;
-    finish(kExitCancelled);
-  } else if (state == "failed") {
-    await_ = kAwaitNone;
-    finish(kExitFailed);
-  } else if (state == "completed" || state == "completing") {
-    await_ = kAwaitNone;
-    finish(kExitOk);
-  } else {
-    // restarting (or starting/running after a restart request): roll_back comes after the
-    // coordinator's backoff.
-    await_coord(kAwaitRollBack, spec_.restart.backoff_max_s + 60);
-  }
+  if (!in.note.empty()) log(in.note);
+  if (in.report) event("command", *in.report);
+  command_id_ = in.command_id;  // attempt::next acknowledges it (kAck)
+  if (in.event) dispatch(*in.event);
 }
 
 }  // namespace
 
 // ---- entry -------------------------------------------------------------------------------------
-
-Options parse_options(int argc, char** argv) try {
-  Options o;
-  flags::FlagSet fs(kUsage);
-  // Grouped by kind; the order of the command line is what counts.
-  fs.text("--spec", &o.spec)
-      .text("--job-dir", &o.job_dir)
-      .text("--coord", &o.coord)
-      .text("--job", &o.job)
-      .text("--rendezvous", &o.rendezvous)
-      .text("--worker-bin", &o.worker_bin)
-      .text("--transport", &o.transport);
-  fs.integer("--node-rank", &o.node_rank, 0, 65535)
-      .integer("--nodes", &o.nodes, 1, 65536)
-      .integer("--steps", &o.steps, 1, int64_t{1} << 40)
-      .integer("--threads", &o.threads, 0, 4096)
-      .integer("--worker-threads", &o.worker_threads, 0, 4096);
-  fs.seconds("--heartbeat-timeout", &o.heartbeat_timeout_s)
-      .seconds("--startup-timeout", &o.startup_timeout_s)
-      .seconds("--stop-grace", &o.stop_grace_s);
-  fs.toggle("--resume", &o.resume).toggle("--json", &o.json).toggle("--hash-weights", &o.hash_weights);
-  fs.parse(argc, argv);
-  const bool node_given = fs.seen("--node-rank"), nodes_given = fs.seen("--nodes");
-  if (o.spec.empty()) usage_error("--spec FILE is required");
-  if (node_given != nodes_given) usage_error("--node-rank and --nodes go together");
-  if (!node_given) {
-    const char* id = std::getenv("SLURM_NODEID");
-    const char* nn = std::getenv("SLURM_NNODES");
-    if (id && nn && *id && *nn) {
-      o.node_rank = static_cast<int>(flags::parse_int("SLURM_NODEID", id, 0, 65535));
-      o.nodes = static_cast<int>(flags::parse_int("SLURM_NNODES", nn, 1, 65536));
-    }
-  }
-  if (o.node_rank >= o.nodes)
-    usage_error("--node-rank " + std::to_string(o.node_rank) + " is not below --nodes " +
-                std::to_string(o.nodes));
-  if (o.coord.empty() != o.job.empty()) usage_error("--coord and --job go together");
-  if (!o.job.empty()) flags::parse_int("--job", o.job.c_str(), 1, int64_t{1} << 53);
-  return o;
-} catch (const flags::FlagError& e) {
-  usage_error(e.what());
-}
 
 int run(const Options& o) {
   // ringd outlives its stdout and stderr (`ringctl run` killed, a closed pipe): a write there
@@ -1833,39 +1226,9 @@ int run(const Options& o) {
     return kExitUsage;
   }
   spec::JobSpec s = *loaded.spec;
-  const int64_t world = s.resources.workers_per_node * o.nodes;
-  if (s.parallel.data_replicas != 1) {
-    std::cerr << "ringd: " << o.spec << ": parallel.data_replicas = " << s.parallel.data_replicas
-              << ": ringd runs one ring (data_replicas 1)\n";
-    return kExitUsage;
-  }
-  if (s.parallel.context_ranks != world) {
-    std::cerr << "ringd: " << o.spec << ": parallel.context_ranks = " << s.parallel.context_ranks
-              << " but " << o.nodes << " node(s) x resources.workers_per_node "
-              << s.resources.workers_per_node << " = " << world << " workers\n";
-    return kExitUsage;
-  }
-  if (s.resources.nodes != o.nodes) {
-    std::cerr << "ringd: " << o.spec << ": resources.nodes = " << s.resources.nodes << " but "
-              << o.nodes << " ringd node(s) were started (--nodes / SLURM_NNODES)\n";
-    return kExitUsage;
-  }
-  if (s.optimizer.offload != spec::Offload::kCpu) {
-    std::cerr << "ringd: " << o.spec
-              << ": optimizer.offload = none: the in-worker optimizer is ring-worker "
-                 "--launch-local; ringd runs optimizer.offload: cpu\n";
-    return kExitUsage;
-  }
-  if (s.optimizer.update == spec::UpdateMode::kLazy) {
-    // The lazy-update index in shared memory (common/contract/shm.h) holds 32-bit coordinates:
-    // a larger model would update the wrong coordinates silently.
-    const int64_t n = contract::ParamLayout(contract::ModelConfig::from_spec(s)).total();
-    if (n > (int64_t{1} << 32)) {
-      std::cerr << "ringd: " << o.spec << ": optimizer.update = lazy with " << n
-                << " parameters: the lazy-update index holds 32-bit coordinates (at most "
-                << (int64_t{1} << 32) << " parameters); use optimizer.update: dense\n";
-      return kExitUsage;
-    }
+  if (auto f = check_spec(s, o)) {
+    std::cerr << "ringd: " << f->message << "\n";
+    return f->code;
   }
   std::ifstream in(o.spec, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -1,42 +1,11 @@
-// ringd: the node daemon (issue 5). See daemon/INTERFACE.md for the contract (command line, job
-// directory, exit codes) and daemon/README.md for how it works.
+// ringd: the node daemon. See daemon/INTERFACE.md for the contract (command line, job directory,
+// exit codes) and daemon/README.md for how it works.
 #pragma once
 
-#include <optional>
-#include <string>
+#include "daemon/ringd/options.h"
 
 namespace ring::ringd {
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailed = 1;
-inline constexpr int kExitUsage = 2;
-inline constexpr int kExitStopped = 75;
-// ring-coord stopped the job for good (ringctl cancel): not resumable, not a failure.
-inline constexpr int kExitCancelled = 3;
-
-struct Options {
-  std::string spec;
-  std::string job_dir;          // empty: /tmp/ringmaster-<uid>/jobs/<job.name>
-  int node_rank = 0;
-  int nodes = 1;
-  std::string rendezvous;       // empty: <job-dir>/rendezvous
-  std::string coord, job;
-  std::optional<int64_t> steps;
-  bool resume = false;
-  int threads = 0;              // optimizer threads (0: all cores)
-  bool json = false;
-  // Beyond the contract (tests, operators):
-  std::string worker_bin;       // ring-worker to spawn (default: next to ringd, then PATH)
-  std::string transport = "ucx";
-  double heartbeat_timeout_s = 30;  // silence on a worker's control socket that counts as a hang
-  double startup_timeout_s = 300;   // spawn to hello (corpus loading, bootstrap)
-  double stop_grace_s = 5;          // SIGUSR2 to SIGKILL when stopping workers
-  bool hash_weights = false;        // add "weights_xxh" (FNV-1a 64 of the master weights) per step
-  int worker_threads = -1;          // --threads of each worker (-1: resources.cpus_per_worker)
-};
-
-// Parses argv (exit 2 with a message naming the flag on error).
-Options parse_options(int argc, char** argv);
 // Runs the daemon to the end; returns the exit status of the contract.
 int run(const Options& options);
 

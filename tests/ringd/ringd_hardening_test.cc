@@ -58,6 +58,7 @@
 #include "tests/common/test_json.h"
 #include "tests/common/test_proc.h"
 #include "tests/ringd/ringd_test_util.h"
+#include "tests/ringd/socket_util.h"
 
 namespace {
 
@@ -114,27 +115,6 @@ std::string ringd_socket_of(pid_t worker) {
   for (size_t i = 0; i + 1 < args.size(); ++i)
     if (args[i] == "--ringd") return args[i + 1];
   return "";
-}
-
-int connect_unix(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-void send_all(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) return;  // ringd closed it: what some cases expect
-    off += static_cast<size_t>(n);
-  }
 }
 
 // True when ringd closed the connection (EOF or reset) within `seconds`.

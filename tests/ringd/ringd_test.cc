@@ -7,6 +7,7 @@
 //   KilledRingdLeavesNoOrphans: kill -9 of ringd itself: its workers die (PR_SET_PDEATHSIG).
 //   TwoDaemonsKeepIdenticalWeights: two ringd processes (2 nodes x 2 workers) form one job;
 //     the hash of every node's master weights is the same after every step.
+//   LogFormatJsonWritesJsonLinesOnStderr: --log-format json: stderr is JSON lines, steps too.
 //   SigtermStopsResumably: SIGTERM -> exit 75, workers stopped in order, no process left.
 //   SigtermToEveryProcessStopsResumably: SIGTERM to ringd and all its workers at once (what
 //     Slurm's proctrack does on preemption or scancel): still exit 75, no worker counted as dead.
@@ -140,6 +141,35 @@ TEST(Ringd, RestartResumesFromLatestCheckpoint) {
     if (j.value("attempt", -1) == 1) last = j["step"];
   EXPECT_EQ(last, 30);
   EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
+// --log-format json (without --json): every stderr line is a JSON object (common/log), the log
+// lines and one per step; the log file and steps.jsonl keep their content.
+TEST(Ringd, LogFormatJsonWritesJsonLinesOnStderr) {
+  TempDir t("ringd-test");
+  Proc d({RINGD_BIN, "--spec", kSpec4, "--job-dir", t.path + "/job", "--steps", "2",
+          "--worker-threads", "1", "--worker-bin", RING_WORKER, "--threads", "1", "--log-format",
+          "json"},
+         t.path + "/ringd.out", t.path + "/ringd.err");
+  ASSERT_EQ(d.wait(120), 0) << slurp(t.path + "/ringd.err");
+  std::istringstream err(slurp(t.path + "/ringd.err"));
+  int lines = 0, steps = 0;
+  for (std::string line; std::getline(err, line);) {
+    const json j = json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << "not JSON: " << line;
+    EXPECT_EQ(j.value("program", ""), "ringd") << line;
+    if (j.value("msg", "") == "step") {
+      EXPECT_EQ(j.at("step").get<int64_t>(), ++steps) << line;
+      EXPECT_TRUE(j.contains("loss")) << line;
+    }
+    ++lines;
+  }
+  EXPECT_EQ(steps, 2);
+  EXPECT_GT(lines, steps);
+  EXPECT_EQ(json_lines(t.path + "/job/steps.jsonl").size(), 2u);
+  // The log file keeps ringd's own lines.
+  EXPECT_NE(slurp(t.path + "/job/logs/ringd-0.log").find(" ringd[0] completed 2 steps"),
+            std::string::npos);
 }
 
 TEST(Ringd, SigtermStopsResumably) {

@@ -322,13 +322,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
 
 // ---- launcher ---------------------------------------------------------------------------------
 
-std::string describe_status(int st) {
-  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
-  if (WIFSIGNALED(st))
-    return std::string("was killed by signal ") + std::to_string(WTERMSIG(st)) + " (" +
-           strsignal(WTERMSIG(st)) + ")";
-  return "stopped";
-}
+using proc::describe_status;
 
 int launch_local(int argc, char** argv, const Args& args) {
   std::optional<spec::JobSpec> loaded = load(args);

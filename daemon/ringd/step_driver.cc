@@ -1,0 +1,171 @@
+#include "daemon/ringd/step_driver.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace ring::ringd {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t fnv1a(const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+ckpt::LoadResult load_agreed_checkpoint(const std::string& dir, int node_rank, int nodes,
+                                        const std::vector<ckpt::LoadTarget>& targets,
+                                        int64_t max_step, optim::Exchange& ex) {
+  ckpt::LoadResult r = ckpt::load_latest(dir, node_rank, nodes, targets, max_step);
+  if (nodes == 1) return r;
+  // Every node must resume from the same step: the smallest one any node loaded.
+  int64_t mine = r.loaded ? r.step : -1;
+  auto all = ex.allgather(&mine, sizeof(mine));
+  int64_t least = mine;
+  for (auto& b : all) {
+    int64_t v;
+    std::memcpy(&v, b.data(), sizeof(v));
+    least = std::min(least, v);
+  }
+  if (least < 0 && r.loaded) {
+    r.loaded = false;
+    r.message = "another node has no checkpoint: starting from step 0";
+  } else if (least >= 0 && least != mine) {
+    r = ckpt::load_latest(dir, node_rank, nodes, targets, least);
+  }
+  return r;
+}
+
+void StepDriver::reset() {
+  cur_step_ = 0;
+  last_all_changed_ = true;
+  have_master_ = false;
+  done_step_ = 0;
+  cursor_ = nlohmann::json();
+}
+
+void StepDriver::resumed(int64_t step, nlohmann::json cursor) {
+  have_master_ = true;
+  done_step_ = step;
+  cursor_ = std::move(cursor);
+}
+
+void StepDriver::init_master(optim::NodeOptimizer& opt, const contract::ShmRegion& shm) {
+  opt.init_master(shm.params());
+  have_master_ = true;
+}
+
+int64_t StepDriver::begin_step(std::vector<Worker>& workers, contract::ShmRegion& shm,
+                               optim::NodeOptimizer& opt) {
+  const int64_t s = done_step_ + 1;
+  const int64_t n = layout_.total();
+  int64_t changed = -1;
+  const float* master = opt.master();
+  if (last_all_changed_) {
+    // Dense: the whole copy (also the first step of every attempt: workers start from nothing).
+    std::memcpy(shm.params(), master, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    const std::vector<int64_t>& ch = opt.changed();
+    uint32_t* idx = shm.index();
+    float* dst = shm.params();
+    for (size_t i = 0; i < ch.size(); ++i) {
+      idx[i] = static_cast<uint32_t>(ch[i]);
+      dst[ch[i]] = master[ch[i]];
+    }
+    changed = static_cast<int64_t>(ch.size());
+  }
+  for (Worker& w : workers) {
+    w.buckets = 0;
+    w.done = false;
+  }
+  cur_step_ = s;
+  buckets_ready_ = 0;
+  opt.begin_step(s);
+  step_t0_ = Clock::now();
+  return changed;
+}
+
+std::string StepDriver::on_bucket(std::vector<Worker>& workers, Worker& w, int b,
+                                  const contract::ShmRegion& shm, optim::NodeOptimizer& opt,
+                                  const std::function<void()>& before_update) {
+  const int nb = static_cast<int>(layout_.buckets().size());
+  if (b != w.buckets || b >= nb) return fmt::format("sent bucket {} when {} was due", b, w.buckets);
+  ++w.buckets;
+  while (buckets_ready_ < nb &&
+         std::all_of(workers.begin(), workers.end(),
+                     [&](const Worker& x) { return x.buckets > buckets_ready_; })) {
+    const contract::GradBucket& bk = layout_.buckets()[buckets_ready_];
+    float* dst = node_grad_.data() + bk.begin;
+    const int64_t len = bk.end - bk.begin;
+    // The node's gradient: the workers' slots summed in local-rank order (deterministic).
+    std::memcpy(dst, shm.grads(0) + bk.begin, static_cast<size_t>(len) * sizeof(float));
+    for (int l = 1; l < static_cast<int>(workers.size()); ++l) {
+      const float* src = shm.grads(l) + bk.begin;
+      for (int64_t i = 0; i < len; ++i) dst[i] += src[i];
+    }
+    before_update();
+    opt.bucket_ready(bk.index, dst);
+    ++buckets_ready_;
+  }
+  return "";
+}
+
+bool StepDriver::step_complete(const std::vector<Worker>& workers) const {
+  const int nb = static_cast<int>(layout_.buckets().size());
+  if (cur_step_ == 0 || buckets_ready_ < nb) return false;
+  return std::all_of(workers.begin(), workers.end(), [](const Worker& x) { return x.done; });
+}
+
+StepDriver::Finished StepDriver::finish_step(const std::vector<Worker>& workers,
+                                             optim::NodeOptimizer& opt, int attempt) {
+  Finished f;
+  f.result = opt.finish_step();
+  const optim::StepResult& r = f.result;
+  f.wall_s = std::chrono::duration<double>(Clock::now() - step_t0_).count();
+  done_step_ = cur_step_;
+  cur_step_ = 0;
+  last_all_changed_ = r.all_changed;
+  f.done = workers[0].done_msg;
+  const contract::control::Done& d = f.done;
+  cursor_ = d.cursor;
+  // loss_sum is NaN when the worker's loss was NaN or infinite (JSON null).
+  contract::StepStats& st = f.stats;
+  st.step = done_step_;
+  st.loss = d.valid > 0 ? d.loss_sum / static_cast<double>(d.valid) : 0.0;
+  st.tokens = d.tokens;
+  st.valid = d.valid;
+  st.grad_norm = r.grad_norm;
+  st.lr = r.lr;
+  st.step_ms = f.wall_s * 1e3;
+  st.tokens_per_s = f.wall_s > 0 ? d.tokens / f.wall_s : 0;
+  nlohmann::json& j = f.record;
+  j = nlohmann::json::parse(contract::step_json(st));
+  j["attempt"] = attempt;
+  j["comm_s"] = d.ring_wait_ms / 1e3;
+  j["optimizer_s"] = r.optimizer_s;
+  j["exposed_optimizer_s"] = r.exposed_s;
+  j["bytes_exchanged"] = r.bytes_sent;
+  j["bytes_dense"] = r.bytes_dense;
+  j["compressed"] = r.compressed;
+  return f;
+}
+
+void StepDriver::record(const ckpt::SaveResult& r) {
+  if (r.ok) {
+    ckpt_ok_.insert(r.step);
+    ckpt_failed_.erase(r.step);
+  } else if (!ckpt_ok_.count(r.step)) {
+    ckpt_failed_[r.step] = r.error;
+  }
+}
+
+const std::string* StepDriver::failed_at_done_step() const {
+  auto it = ckpt_failed_.find(done_step_);
+  if (done_step_ <= 0 || it == ckpt_failed_.end() || ckpt_ok_.count(done_step_)) return nullptr;
+  return &it->second;
+}
+
+}  // namespace ring::ringd

@@ -1,0 +1,136 @@
+#include "daemon/ringd/supervisor.h"
+
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/proc/reap.h"
+#include "common/proc/spawn.h"
+#include "daemon/ringd/job_files.h"
+
+namespace ring::ringd {
+
+void Supervisor::spawn(Worker& w, const Launch& launch, std::string* fatal, std::string* failed) {
+  std::string why;
+  const int fd = open_private_append(w.log, &why);
+  if (fd < 0) {
+    // No restart mends this (a job directory the user cannot write, a planted symlink).
+    *fatal = fmt::format("worker rank {}: {}", w.rank, why);
+    return;
+  }
+  if (::write(fd, launch.banner.data(), launch.banner.size()) < 0) {
+    const int e = errno;
+    ::close(fd);
+    *fatal = fmt::format("worker rank {}: cannot write {}: {}", w.rank, w.log, std::strerror(e));
+    return;
+  }
+  proc::SpawnOptions so;
+  so.argv = launch.argv;
+  // The child: its own process group (ringd stops it with the group), dies with ringd.
+  so.new_process_group = true;
+  so.death_signal = SIGKILL;
+  for (int c : launch.cpus)
+    if (c >= 0 && c < CPU_SETSIZE) so.cpus.push_back(c);
+  // The environment: ours, with CUDA_VISIBLE_DEVICES replaced when placement chose a GPU.
+  if (!launch.cuda_visible_devices.empty())
+    so.env_set.emplace_back("CUDA_VISIBLE_DEVICES", launch.cuda_visible_devices);
+  so.stdin_fd = proc::kDevNull;
+  so.stdout_fd = so.stderr_fd = fd;
+  so.reset_signals = {SIGCHLD, SIGUSR1, SIGUSR2, SIGHUP, SIGPIPE, SIGXFSZ};
+  // Stopping the job is ringd's business: Slurm (proctrack signals every process of the step)
+  // and terminals send SIGTERM/SIGINT to the workers too, and a worker dying on it would look
+  // like a failure before ringd has finished the step and written its checkpoint. ringd stops
+  // workers with SIGUSR2, then SIGKILL; the death signal covers ringd's own death.
+  so.ignore_signals = {SIGTERM, SIGINT};
+  const proc::Spawned s = proc::spawn(so);
+  if (!s) {
+    const std::string line = "ringd: " + s.error + "\n";
+    if (::write(fd, line.data(), line.size()) < 0) {
+      // The log is the operator's copy only: the caller reports the failure anyway.
+    }
+    ::close(fd);
+    *failed = s.error;
+    return;
+  }
+  ::close(fd);
+  w.pid = s.pid;
+  w.running = true;
+  w.connected = w.mapped = w.done = false;
+  w.buckets = 0;
+  w.spawned = w.last_seen = Clock::now();
+}
+
+int Supervisor::stop() {
+  int n = 0;
+  for (Worker& w : workers_)
+    if (w.running) {
+      ::kill(-w.pid, kWorkerStopSignal);
+      ++n;
+    }
+  kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.stop_grace_s * 1e3));
+  return n;
+}
+
+void Supervisor::kill(const Worker& w) {
+  if (w.running) ::kill(-w.pid, SIGKILL);
+}
+
+void Supervisor::kill_overdue(Clock::time_point now) {
+  if (now <= kill_at_) return;
+  for (Worker& w : workers_) kill(w);
+  kill_at_ = now + std::chrono::seconds(3600);
+}
+
+void Supervisor::kill_all_and_wait() {
+  for (Worker& w : workers_) kill(w);
+  for (Worker& w : workers_)
+    if (w.running) {
+      waitpid(w.pid, nullptr, 0);
+      w.running = false;
+    }
+}
+
+std::vector<std::pair<Worker*, int>> Supervisor::reap(bool expected) {
+  // Every child that has ended, those killed by a signal first: when one worker is killed its
+  // peers fail within milliseconds, and a busy ringd reaps them all at once; the killed one is
+  // the cause to report. reap_ended also waits briefly for a killed worker that is a zombie but
+  // not yet reapable (its threads still exiting) when only its peers' failures are in.
+  std::vector<pid_t> watched;
+  for (const Worker& w : workers_)
+    if (w.running) watched.push_back(w.pid);
+  const std::vector<std::pair<pid_t, int>> ended = proc::reap_ended(
+      watched, [](int st) { return WIFSIGNALED(st) && WTERMSIG(st) != kWorkerStopSignal; },
+      expected ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
+  std::vector<std::pair<Worker*, int>> out;
+  for (const auto& [got, st] : ended)
+    for (Worker& w : workers_)
+      if (w.pid == got && w.running) out.emplace_back(&w, st);
+  return out;
+}
+
+std::optional<std::pair<Worker*, std::string>> Supervisor::overdue(
+    Clock::time_point now, Clock::time_point unblocked_at) {
+  for (Worker& w : workers_) {
+    if (!w.running) continue;
+    const double silent =
+        std::chrono::duration<double>(now - std::max(w.last_seen, unblocked_at)).count();
+    if (w.connected && silent > o_.heartbeat_timeout_s)
+      return std::make_pair(&w, fmt::format("sent no heartbeat for {:.1f} s (hung)", silent));
+    if (!w.connected && silent > o_.startup_timeout_s)
+      return std::make_pair(&w,
+                            fmt::format("did not connect within {:.0f} s", o_.startup_timeout_s));
+  }
+  return std::nullopt;
+}
+
+bool Supervisor::any_running() const {
+  return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+}
+
+}  // namespace ring::ringd

@@ -1,0 +1,108 @@
+// Worker supervision: ringd's part that spawns the node's worker processes (through
+// common/proc/spawn.h: own process group, death signal, cpuset, environment, stdout and stderr
+// appended to the worker's log), stops them (SIGUSR2 to each process group, SIGKILL after the
+// grace), reaps them (the killed one first), and finds the silent ones (no hello within the
+// startup timeout, no message within the heartbeat timeout). What a death means for the attempt
+// is the caller's business (attempt.h).
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/proc/reap.h"
+#include "common/contract/control.h"
+
+namespace ring::ringd {
+
+using Clock = std::chrono::steady_clock;
+
+// ringd stops its workers with this signal (workers ignore SIGTERM and SIGINT), then SIGKILL.
+inline constexpr int kWorkerStopSignal = SIGUSR2;
+
+// One worker slot of the attempt: its process (the supervisor's) and its progress in the step
+// (the step driver's).
+struct Worker {
+  int local = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  std::string log;
+  Clock::time_point spawned, last_seen;
+  bool connected = false, mapped = false;
+  int buckets = 0;        // buckets delivered this step
+  bool done = false;      // step finished
+  contract::control::Done done_msg;
+};
+
+// "exited with status 3", "was killed by signal 9 (Killed)".
+using proc::describe_status;
+
+class Supervisor {
+ public:
+  struct Options {
+    double heartbeat_timeout_s = 30;  // silence of a connected worker that counts as a hang
+    double startup_timeout_s = 300;   // spawn to hello
+    double stop_grace_s = 5;          // SIGUSR2 to SIGKILL
+  };
+  // How to start one worker.
+  struct Launch {
+    std::vector<std::string> argv;    // argv[0]: the executable's path
+    std::vector<int> cpus;            // its cpuset (empty: ours)
+    std::string cuda_visible_devices;  // replaces ours when not empty
+    std::string banner;                // appended to the log before the worker's output
+  };
+
+  explicit Supervisor(Options o) : o_(o) {}
+
+  std::vector<Worker>& workers() { return workers_; }
+  const std::vector<Worker>& workers() const { return workers_; }
+  // A new attempt: `count` empty slots, local ranks 0.., global ranks first_rank + local, logs
+  // `log_of(rank)`.
+  template <typename LogOf>
+  void reset(int count, int first_rank, LogOf log_of) {
+    workers_.assign(static_cast<size_t>(count), Worker{});
+    for (int l = 0; l < count; ++l) {
+      workers_[l].local = l;
+      workers_[l].rank = first_rank + l;
+      workers_[l].log = log_of(workers_[l].rank);
+    }
+  }
+
+  // Starts slot `w`. A log that cannot be opened or written is fatal (no restart mends it): the
+  // reason in *fatal, nothing started. A spawn that fails (fork, exec, affinity) leaves
+  // w.running false with the reason in *failed (also appended to the worker's log).
+  void spawn(Worker& w, const Launch& launch, std::string* fatal, std::string* failed);
+  // kWorkerStopSignal to every running worker's process group; SIGKILL follows the grace
+  // (kill_overdue). Returns how many were signalled.
+  int stop();
+  // SIGKILL to the process group of `w` (a failed worker).
+  void kill(const Worker& w);
+  // After stop(): SIGKILL to the groups of those still running once the grace is over.
+  void kill_overdue(Clock::time_point now);
+  // Every exit path: SIGKILL to every running worker's group, then wait for each.
+  void kill_all_and_wait();
+  // The workers that have ended (reaped), with their wait status: those killed by a signal other
+  // than ours first. The caller marks each not running as it handles it (in this order: the
+  // first failure stops the ones still marked running). When no end is `expected`, waits up to 1 s for a killed
+  // worker whose threads are still exiting (its peers' failures may be reapable first).
+  std::vector<std::pair<Worker*, int>> reap(bool expected);
+  // A running worker silent too long, with the reason ("sent no heartbeat for 31.2 s (hung)",
+  // "did not connect within 300 s"); silence counts from `unblocked_at` at the earliest (the
+  // event loop did not read while it was blocked).
+  std::optional<std::pair<Worker*, std::string>> overdue(Clock::time_point now,
+                                                         Clock::time_point unblocked_at);
+  bool any_running() const;
+
+ private:
+  Options o_;
+  std::vector<Worker> workers_;
+  Clock::time_point kill_at_ = Clock::time_point::max();
+};
+
+}  // namespace ring::ringd
