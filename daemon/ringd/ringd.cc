@@ -40,6 +40,7 @@
 
 #include "common/cli/flags.h"
 #include "common/cli/job_dir.h"
+#include "common/install/locate.h"
 #include "common/proc/close_fds.h"
 #include "common/proc/reap.h"
 #include "common/spec/parse.h"
@@ -125,16 +126,14 @@ uint64_t fnv1a(const void* data, size_t bytes) {
 
 std::string find_worker_bin(const std::string& given) {
   if (!given.empty()) return given;
-  if (const char* e = std::getenv("RING_WORKER_BIN"); e && *e) return e;
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    fs::path sib = self.parent_path() / "ring-worker";
-    if (fs::exists(sib)) return sib.string();
-  }
-  std::string p = placement::find_executable("ring-worker");
-  if (!p.empty()) return p;
-  return RING_WORKER_BUILD_PATH;
+  // Next to ringd, the install bindir, the build tree when ringd runs from it, PATH; when none
+  // is executable the caller's message shows every place tried.
+  std::vector<std::string> tried;
+  std::string found = install::find_program("ring-worker", {"RING_WORKER_BIN"}, "worker", &tried);
+  if (!found.empty()) return found;
+  std::string all;
+  for (const auto& t : tried) all += (all.empty() ? "" : ", ") + t;
+  return all;
 }
 
 // Opens a file ringd writes into the job directory (its log, steps.jsonl, a worker's log) for
