@@ -38,7 +38,7 @@ ring_check_no_build_paths() {
 ring_run_installed() {
   local bindir=$1 examples=$2 w=$3; shift 3
   mkdir -p "$w/home" "$w/state" "$w/run" "$w/sock" "$w/job"
-  chmod 700 "$w/run" "$w/sock"
+  chmod 700 "$w/home" "$w/state" "$w/run" "$w/sock" "$w/job"
   local envs=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$w/home" XDG_RUNTIME_DIR="$w/run"
               RING_COORD="ipc://$w/sock/coord.sock" RING_STATE_DIR="$w/state"
               UCX_TLS=self,posix UCX_NET_DEVICES=lo)
