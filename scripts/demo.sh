@@ -6,14 +6,15 @@
 #
 # Installs only what the demo needs (scripts/install-deps.sh --demo: compilers and the libraries
 # ringmaster links; no Slurm, no database server, no PyTorch, no test frameworks) and, in a fresh
-# build directory, configures without tests and benchmarks. An existing build is reused as it is.
+# build directory, configures without tests, benchmarks and the CUDA backend (the demo trains on
+# the CPU). An existing build is reused as it is.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$RING_ROOT"
 
 start=$(date +%s)
 ./scripts/install-deps.sh --demo
-ring_build -DRING_BUILD_TESTS=OFF -DRING_BUILD_BENCH=OFF >/dev/null
+ring_build -DRING_BUILD_TESTS=OFF -DRING_BUILD_BENCH=OFF -DRING_WITH_CUDA=OFF >/dev/null
 ringctl="$RING_BUILD/cli/ringctl"
 
 echo
