@@ -59,10 +59,6 @@
 #include "worker/offload/shm.h"
 #include "worker/train/trainer.h"
 
-#ifndef RING_WORKER_BUILD_PATH
-#define RING_WORKER_BUILD_PATH ""
-#endif
-
 namespace ring::ringd {
 namespace {
 
