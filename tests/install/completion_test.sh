@@ -24,13 +24,14 @@ complete_words() {
   "$fn" "${COMP_WORDS[0]}" "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"
   printf '%s\n' "${COMPREPLY[@]}"
 }
+oneline() { tr '\n' ' ' <<<"$1"; }
 expect_exactly() {  # expect_exactly "what" "got" "want..." (order-insensitive)
   local what=$1 got; got=$(sort <<<"$2" | grep -v '^$' || true); shift 2
   local want; want=$(printf '%s\n' "$@" | sort)
-  [ "$got" = "$want" ] || fail "$what: got [$(echo $got)], want [$(echo $want)]"
-  echo "ok: $what -> $(echo $got)"
+  [ "$got" = "$want" ] || fail "$what: got [$(oneline "$got")], want [$(oneline "$want")]"
+  echo "ok: $what -> $(oneline "$got")"
 }
-has() { grep -qxF -- "$2" <<<"$1" || fail "$3: '$2' not offered (got: $(echo $1))"; }
+has() { grep -qxF -- "$2" <<<"$1" || fail "$3: '$2' not offered (got: $(oneline "$1"))"; }
 lacks() { ! grep -qxF -- "$2" <<<"$1" || fail "$3: '$2' offered"; }
 
 # Subcommands: the ones `ringctl --help` lists that start with "st".
@@ -45,7 +46,7 @@ has "$(complete_words "$ringctl" "")" run "ringctl <TAB>"
 got=$(complete_words "$ringctl" plan --)
 for f in --json --check --what-if --help; do has "$got" "$f" "ringctl plan --<TAB>"; done
 lacks "$got" --steps "ringctl plan --<TAB>"
-echo "ok: ringctl plan --<TAB> -> $(echo $got)"
+echo "ok: ringctl plan --<TAB> -> $(oneline "$got")"
 got=$(complete_words "$ringctl" run --st)
 expect_exactly "ringctl run --st<TAB>" "$got" --steps
 # Global flags before the subcommand do not hide it.

@@ -39,6 +39,7 @@ ring_run_installed() {
   local bindir=$1 examples=$2 w=$3; shift 3
   mkdir -p "$w/home" "$w/state" "$w/run" "$w/sock" "$w/job"
   chmod 700 "$w/home" "$w/state" "$w/run" "$w/sock" "$w/job"
+  # shellcheck disable=SC2054  # commas are part of the values
   local envs=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$w/home" XDG_RUNTIME_DIR="$w/run"
               RING_COORD="ipc://$w/sock/coord.sock" RING_STATE_DIR="$w/state"
               UCX_TLS=self,posix UCX_NET_DEVICES=lo)
@@ -49,7 +50,7 @@ ring_run_installed() {
     hide+="mount -t tmpfs -o size=1m,mode=0755 ringmaster-hidden $(printf %q "$d") || exit 99; "
   done
   local rc=0
-  cd "$w"
+  cd "$w" || fail "cannot enter $w"
   if [ "$(id -u)" = 0 ] && unshare --mount --propagation private true 2>/dev/null; then
     echo "== ringctl run with the source and build trees hidden (private mount namespace): $*"
     unshare --mount --propagation private bash -c "$hide"'exec "$@"' _ "${run[@]}" \
