@@ -45,6 +45,7 @@
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/cli/job_dir.h"
+#include "common/install/locate.h"
 #include "common/proc/spawn.h"
 #include "common/spec/parse.h"
 
@@ -73,41 +74,6 @@ void on_sigint(int) {
 }
 void on_sigterm(int) {
   g_sigterm.fetch_add(1);
-}
-
-std::string self_dir() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : p.parent_path().string();
-}
-
-bool executable(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-}
-
-// A sibling binary: $env, next to ringctl (installed), the build tree's folder for it, PATH.
-std::string find_binary(const std::string& name, const char* env,
-                        const std::vector<std::string>& build_dirs,
-                        std::vector<std::string>& tried) {
-  if (const char* e = std::getenv(env); e && *e) {
-    tried.push_back(std::string("$") + env + "=" + e);
-    return executable(e) ? std::string(e) : std::string();
-  }
-  std::string here = self_dir();
-  std::vector<std::string> cands{here + "/" + name};
-  for (const auto& d : build_dirs) cands.push_back(here + "/../" + d + "/" + name);
-  if (const char* path = std::getenv("PATH")) {
-    std::stringstream ss(path);
-    std::string d;
-    while (std::getline(ss, d, ':'))
-      if (!d.empty()) cands.push_back(d + "/" + name);
-  }
-  for (const auto& c : cands) {
-    tried.push_back(c);
-    if (executable(c)) return fs::weakly_canonical(c).string();
-  }
-  return {};
 }
 
 std::string join(const std::vector<std::string>& v, const std::string& sep) {
@@ -395,11 +361,12 @@ int run_run(const RunOpts& o) {
 
   // The daemon binary, before anything starts.
   std::vector<std::string> tried;
-  std::string ringd = find_binary("ringd", "RING_RINGD", {"daemon/ringd", "daemon"}, tried);
-  if (ringd.empty()) {
+  std::string ringd = install::find_program("ringd", {"RING_RINGD_BIN", "RING_RINGD", "RINGD"},
+                                            "daemon/ringd", &tried);
+  if (ringd.empty() || ::access(ringd.c_str(), X_OK) != 0) {
     std::cerr << "ringctl: ringd not found (tried " << join(tried, ", ")
               << "); build it (cmake --build build --target ringd), install it next to "
-                 "ringctl, or set RING_RINGD\n";
+                 "ringctl, or set RING_RINGD_BIN\n";
     return kExitFailed;
   }
 
@@ -422,8 +389,8 @@ int run_run(const RunOpts& o) {
         return kExitNoCoord;
       }
       std::vector<std::string> t2;
-      std::string bin = find_binary("ring-coord", "RING_COORD_BIN", {"coordinator"}, t2);
-      if (bin.empty()) {
+      std::string bin = install::find_program("ring-coord", {"RING_COORD_BIN"}, "coordinator", &t2);
+      if (bin.empty() || ::access(bin.c_str(), X_OK) != 0) {
         std::cerr << "ringctl: no coordinator at " << ep << " and ring-coord not found (tried "
                   << join(t2, ", ") << "); build it or set RING_COORD_BIN\n";
         return kExitNoCoord;

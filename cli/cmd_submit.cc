@@ -22,6 +22,7 @@
 #include "cli/ctl_common.h"
 #include "common/cli/job_dir.h"
 #include "common/files/atomic_write.h"
+#include "common/install/locate.h"
 #include "common/slurm/sbatch_script.h"
 #include "common/slurm/slurm_cli.h"
 #include "common/spec/parse.h"
@@ -58,25 +59,12 @@ bool executable(const fs::path& p) {
   return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
 }
 
-// --ringd, $RINGD, next to ringctl (an install: bin/), the build tree (cli/../daemon/ringd/),
-// then PATH. Returns "" when none is found.
+// --ringd, $RING_RINGD_BIN, next to ringctl, the install bindir, the build tree, then PATH
+// (common/install/locate.h). Returns "" when none is found.
 std::string find_ringd(const std::string& given) {
   if (!given.empty()) return fs::absolute(given).lexically_normal().string();
-  if (const char* e = std::getenv("RINGD"); e && *e)
-    return fs::absolute(e).lexically_normal().string();
-  fs::path self = self_exe();
-  if (!self.empty()) {
-    fs::path dir = self.parent_path();
-    for (const fs::path& c : {dir / "ringd", dir / ".." / "daemon" / "ringd" / "ringd"})
-      if (executable(c)) return fs::weakly_canonical(c).string();
-  }
-  const char* path = std::getenv("PATH");
-  std::stringstream ps(path ? path : "");
-  std::string d;
-  while (std::getline(ps, d, ':'))
-    if (!d.empty() && executable(fs::path(d) / "ringd"))
-      return fs::absolute(fs::path(d) / "ringd").string();
-  return "";
+  return install::find_program("ringd", {"RING_RINGD_BIN", "RINGD", "RING_RINGD"}, "daemon/ringd",
+                               nullptr);
 }
 
 int run_submit(const SubmitOpts& o) {
@@ -138,7 +126,7 @@ int run_submit(const SubmitOpts& o) {
   if (in.ringd.empty()) {
     if (!o.dry_run) {
       std::cerr << "ringctl: ringd not found (next to ringctl, in the build tree or in PATH); give "
-                   "--ringd PATH or set RINGD\n";
+                   "--ringd PATH or set RING_RINGD_BIN\n";
       return kExitUsage;
     }
     in.ringd = (fs::path(self_exe()).parent_path() / "ringd").string();
@@ -279,8 +267,8 @@ Subcommand add_submit(CLI::App& app) {
   sc->add_option("--name", o->name, "Job name (default: job.name of the spec)")
       ->check(job_name_rule());
   sc->add_option("--ringd", o->ringd,
-                 "ringd on the compute nodes (default: $RINGD, next to ringctl, the build tree, "
-                 "PATH)");
+                 "ringd on the compute nodes (default: $RING_RINGD_BIN, next to ringctl, the "
+                 "install, the build tree, PATH)");
   sc->add_option("--spank", o->spank,
                  "Pass --ring-job/--ring-coord to srun: on, off, or auto (when srun --help "
                  "shows them)")

@@ -1,34 +1,90 @@
 #!/usr/bin/env bash
-# Installs every Debian package ringmaster needs to build, test, benchmark and run its local
-# Slurm cluster. Installs only what is missing; runs `apt-get update` at most once. Idempotent.
+# Installs the Debian packages ringmaster needs. Installs only what is missing; runs
+# `apt-get update` at most once. Idempotent.
 #
-#   scripts/install-deps.sh            # everything (build, tests, slurm, torch reference)
+#   scripts/install-deps.sh            # everything: build, tests, benchmarks, fuzzing, packaging,
+#                                      # the local Slurm cluster, the PyTorch reference
+#   scripts/install-deps.sh --demo     # only what scripts/demo.sh needs: the compilers and the
+#                                      # libraries ringmaster links (no database server, no Slurm,
+#                                      # no munge, no PyTorch, no test frameworks)
 #   RING_DEPS_QUIET=0 scripts/install-deps.sh   # show apt output
+#
+# One package per line, so that lists merge cleanly.
 set -euo pipefail
 
-PACKAGES=(
+DEMO_PACKAGES=(
   # toolchain
-  build-essential cmake ninja-build pkg-config git
+  build-essential
+  cmake
+  ninja-build
+  pkg-config
   # libraries the code links against
-  libyaml-cpp-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
-  libopenblas-dev libopenblas0-pthread libdnnl-dev
-  libucx-dev ucx-utils
-  libzmq3-dev cppzmq-dev
-  libsqlite3-dev sqlite3
+  libyaml-cpp-dev
+  libcli11-dev
+  libfmt-dev
+  libspdlog-dev
+  nlohmann-json3-dev
+  libopenblas-dev
+  libopenblas0-pthread
+  libdnnl-dev
+  libucx-dev
+  libzmq3-dev
+  cppzmq-dev
+  libsodium-dev
+  libsqlite3-dev
   libboost-dev
-  libxxhash-dev libzstd-dev zlib1g-dev libhwloc-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy python3-torch python3-yaml
-  # fuzzing (libFuzzer through clang)
-  clang libclang-rt-14-dev libomp-14-dev
-  # local Slurm cluster (slurm/), SPANK plugin
-  slurm-wlm slurmctld slurmd slurm-client libslurm-dev munge libmunge-dev
-  # optional slurmdbd accounting for the local cluster (slurm/cluster.sh --with-dbd)
-  slurmdbd slurm-wlm-mysql-plugin mariadb-server mariadb-client
-  # process tools used by tests (pkill/pgrep, ps)
-  procps psmisc util-linux
+  libxxhash-dev
+  libzstd-dev
+  zlib1g-dev
+  libhwloc-dev
 )
+
+FULL_PACKAGES=(
+  git
+  ucx-utils
+  sqlite3
+  # tests and benchmarks
+  libgtest-dev
+  libgmock-dev
+  libbenchmark-dev
+  python3
+  python3-numpy
+  python3-torch
+  python3-yaml
+  # fuzzing (libFuzzer through clang)
+  clang
+  libclang-rt-14-dev
+  libomp-14-dev
+  # man pages, the Debian package and its checks (tests/install)
+  help2man
+  dpkg-dev
+  file
+  fakeroot
+  lintian
+  # local Slurm cluster (slurm/), SPANK plugin
+  slurm-wlm
+  slurmctld
+  slurmd
+  slurm-client
+  libslurm-dev
+  munge
+  libmunge-dev
+  # optional slurmdbd accounting for the local cluster (slurm/cluster.sh --with-dbd)
+  slurmdbd
+  slurm-wlm-mysql-plugin
+  mariadb-server
+  mariadb-client
+  # process tools used by tests (pkill/pgrep, ps)
+  procps
+  psmisc
+  util-linux
+)
+
+case "${1:-}" in
+  --demo) PACKAGES=("${DEMO_PACKAGES[@]}") ;;
+  "") PACKAGES=("${DEMO_PACKAGES[@]}" "${FULL_PACKAGES[@]}") ;;
+  *) echo "install-deps: unknown argument '$1' (use --demo, or nothing for everything)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -64,7 +120,7 @@ fi
 rm -f "$log"
 # The Debian slurm packages start their services on install; the project runs its own cluster
 # (slurm/) with its own configuration, so stop the distribution's units if they were started.
-if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+if [ "${1:-}" != "--demo" ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   $SUDO systemctl disable --now slurmctld slurmd >/dev/null 2>&1 || true
 fi
 echo "install-deps: done"

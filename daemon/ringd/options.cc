@@ -13,10 +13,7 @@
 #include "common/cli/edit_distance.h"
 #include "common/cli/flags.h"
 #include "common/protocol/protocol.h"
-
-#ifndef RING_PROJECT_VERSION
-#define RING_PROJECT_VERSION "0.0.0"
-#endif
+#include "common/version.h"
 
 namespace ring::ringd {
 namespace {
@@ -75,7 +72,7 @@ ParsedOptions parse_options(int argc, const char* const* argv, const char* (*env
       "The node daemon: runs this node's ring-worker processes, owns the optimizer (CPU AdamW, "
       "top-k), checkpoints, restarts. Contract: daemon/INTERFACE.md.",
       "ringd"};
-  app.set_version_flag("--version", std::string("ringd ") + RING_PROJECT_VERSION +
+  app.set_version_flag("--version", std::string("ringd ") + ring::kVersion +
                                         " (coordinator protocol v" +
                                         std::to_string(protocol::kVersion) + ")");
   app.allow_extras();  // unknown flags are named below, with the closest one
@@ -109,7 +106,8 @@ ParsedOptions parse_options(int argc, const char* const* argv, const char* (*env
       ->capture_default_str();
   const std::string ops = "Beyond the contract (tests, operators)";
   app.add_option("--worker-bin", o.worker_bin,
-                 "ring-worker to spawn (default: next to ringd, then PATH)")
+                 "ring-worker to spawn (default: $RING_WORKER_BIN, next to ringd, the install bindir, "
+                 "the build tree when ringd runs from one, PATH)")
       ->group(ops);
   app.add_option("--transport", o.transport, "Transport plugin for workers and daemons")
       ->capture_default_str()

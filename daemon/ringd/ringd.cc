@@ -32,6 +32,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/cli/job_dir.h"
+#include "common/install/locate.h"
 #include "common/log/log.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
@@ -56,10 +57,6 @@
 #include "common/contract/shm.h"
 #include "common/contract/step_stats.h"
 
-#ifndef RING_WORKER_BUILD_PATH
-#define RING_WORKER_BUILD_PATH ""
-#endif
-
 namespace ring::ringd {
 namespace {
 
@@ -69,16 +66,14 @@ namespace fs = std::filesystem;
 
 std::string find_worker_bin(const std::string& given) {
   if (!given.empty()) return given;
-  if (const char* e = std::getenv("RING_WORKER_BIN"); e && *e) return e;
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    fs::path sib = self.parent_path() / "ring-worker";
-    if (fs::exists(sib)) return sib.string();
-  }
-  std::string p = placement::find_executable("ring-worker");
-  if (!p.empty()) return p;
-  return RING_WORKER_BUILD_PATH;
+  // Next to ringd, the install bindir, the build tree when ringd runs from it, PATH; when none
+  // is executable the caller's message shows every place tried.
+  std::vector<std::string> tried;
+  std::string found = install::find_program("ring-worker", {"RING_WORKER_BIN"}, "worker", &tried);
+  if (!found.empty()) return found;
+  std::string all;
+  for (const auto& t : tried) all += (all.empty() ? "" : ", ") + t;
+  return all;
 }
 
 // The logger of ringd's stderr lines. Text: the lines as ringd always wrote them

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/install/locate.h"
 #include "kernels/cuda/plugin_abi.h"
 
 namespace ring::kernels::cuda {
@@ -45,12 +46,7 @@ std::vector<std::string> cuda_library_candidates() {
   if (const char* dir = std::getenv("RING_KERNELS_PATH"); dir != nullptr && *dir != '\0') {
     candidates.push_back(std::string(dir) + "/" + kLibName);
   }
-#ifdef RING_KERNELS_CUDA_BUILD_DIR
-  candidates.push_back(std::string(RING_KERNELS_CUDA_BUILD_DIR) + "/" + kLibName);
-#endif
-#ifdef RING_KERNELS_CUDA_INSTALL_DIR
-  candidates.push_back(std::string(RING_KERNELS_CUDA_INSTALL_DIR) + "/" + kLibName);
-#endif
+  for (const std::string& dir : install::plugin_dirs("lib")) candidates.push_back(dir + "/" + kLibName);
   candidates.push_back(kLibName);
   return candidates;
 }

@@ -11,8 +11,9 @@
 
 namespace ring::kernels::cuda {
 
-// Search order: $RING_KERNELS_PATH (a directory), the build tree, the install directory
-// (<libdir>/ringmaster), then the dynamic linker's path. Returns nullptr and sets *error naming
+// Search order: $RING_KERNELS_PATH (a directory), the install directory relative to the
+// executable (<bin>/../lib/ringmaster), the configured install directory, the build tree's lib/
+// only when running from it (common/install/locate.h), then the dynamic linker's path. Returns nullptr and sets *error naming
 // every place tried, or what the library said (e.g. "no usable CUDA device: ...").
 std::unique_ptr<Backend> load_cuda_backend(std::string* error);
 

@@ -9,6 +9,8 @@
 #include <memory>
 #include <mutex>
 
+#include "common/install/locate.h"
+
 namespace ring::transport {
 namespace {
 
@@ -51,13 +53,7 @@ std::vector<std::string> plugin_search_path() {
     }
     return dirs;
   }
-#ifdef RING_TRANSPORT_BUILD_DIR
-  dirs.push_back(RING_TRANSPORT_BUILD_DIR);
-#endif
-#ifdef RING_TRANSPORT_INSTALL_DIR
-  dirs.push_back(RING_TRANSPORT_INSTALL_DIR);
-#endif
-  return dirs;
+  return install::plugin_dirs("plugins");
 }
 
 std::vector<std::string> available_transports() {

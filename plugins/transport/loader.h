@@ -2,9 +2,10 @@
 // communicator for the length of a scope.
 //
 // Search path, first match wins: the directories in $RING_TRANSPORT_PATH (colon-separated) when
-// it is set - an override, nothing else is searched then - otherwise the build tree's plugins/
-// folder and the install folder (<libdir>/ringmaster). A name containing '/' is a path to a
-// plugin file.
+// it is set - an override, nothing else is searched then - otherwise the install folder relative
+// to the executable (<bin>/../lib/ringmaster), the configured install folder, and the build tree's
+// plugins/ folder only when running from the build tree (common/install/locate.h). A name
+// containing '/' is a path to a plugin file.
 #pragma once
 
 #include <stdexcept>

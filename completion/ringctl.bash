@@ -1,0 +1,106 @@
+# bash completion for ringctl (installed as share/bash-completion/completions/ringctl).
+#
+# Subcommands and each subcommand's flags are read from `ringctl --help` and `ringctl SUB --help`
+# of the ringctl being completed (cached per shell), so they always match that binary. Job ids
+# come from `ringctl status` (1 s timeout: nothing when no coordinator answers); spec arguments
+# complete to *.yaml / *.yml files and directories.
+
+# The help text of "ringctl [SUB]", cached per binary and subcommand.
+declare -gA _ringctl_help_cache 2>/dev/null || true
+_ringctl_help() {
+  local cmd=$1 sub=$2 key="$1|$2"
+  if [[ -z ${_ringctl_help_cache[$key]+set} ]]; then
+    if [[ -n $sub ]]; then
+      _ringctl_help_cache[$key]=$("$cmd" "$sub" --help 2>&1)
+    else
+      _ringctl_help_cache[$key]=$("$cmd" --help 2>&1)
+    fi
+  fi
+  printf '%s\n' "${_ringctl_help_cache[$key]}"
+}
+
+# Subcommand names: the lines of the "Subcommands:" section (CLI11's help layout).
+_ringctl_subcommands() {
+  _ringctl_help "$1" "" | awk '
+    tolower($0) ~ /^subcommands:/ { f = 1; next }
+    /^[^ ]/ { f = 0 }
+    f && $1 ~ /^[a-z][-a-z0-9]*$/ { print $1 }'
+}
+
+# Flags of a subcommand (or of ringctl itself): every -x / --name at the start of a help line.
+_ringctl_flags() {
+  _ringctl_help "$1" "$2" | awk '
+    /^ +-/ { n = split($1, names, ","); for (i = 1; i <= n; i++) if (names[i] ~ /^-/) print names[i] }'
+}
+
+# True when flag $3 of subcommand $2 takes a value (its help line names a type: TEXT, INT, ...).
+_ringctl_flag_takes_value() {
+  _ringctl_help "$1" "$2" | awk -v flag="$3" '
+    /^ +-/ { n = split($1, names, ","); for (i = 1; i <= n; i++)
+               if (names[i] == flag) { found = 1; if ($2 ~ /^[A-Z][A-Z:]*$/) v = 1 } }
+    END { exit !(found && v) }'
+}
+
+# Job ids the coordinator knows: the first column of `ringctl status` without its header.
+_ringctl_jobs() {
+  timeout 2 "$1" status --timeout 1 2>/dev/null | awk '$1 ~ /^[0-9]+$/ { print $1 }'
+}
+
+_ringctl() {
+  local cur prev cmd sub="" i w
+  COMPREPLY=()
+  cur=${COMP_WORDS[COMP_CWORD]}
+  prev=${COMP_WORDS[COMP_CWORD - 1]}
+  cmd=${COMP_WORDS[0]}
+  cmd=${cmd/#\~/$HOME}
+  if ! command -v "$cmd" >/dev/null 2>&1; then return 0; fi
+
+  # The subcommand: the first word before the cursor that names one (global flags may precede it).
+  local subs
+  subs=$(_ringctl_subcommands "$cmd")
+  for ((i = 1; i < COMP_CWORD; i++)); do
+    w=${COMP_WORDS[i]}
+    if [[ $w != -* ]] && grep -qxF -- "$w" <<<"$subs"; then sub=$w; break; fi
+  done
+
+  if [[ -z $sub ]]; then
+    if [[ $cur == -* ]]; then
+      mapfile -t COMPREPLY < <(compgen -W "$(_ringctl_flags "$cmd" "")" -- "$cur")
+    else
+      mapfile -t COMPREPLY < <(compgen -W "$subs" -- "$cur")
+    fi
+    return 0
+  fi
+
+  if [[ $cur == -* ]]; then
+    mapfile -t COMPREPLY < <(compgen -W "$(_ringctl_flags "$cmd" "$sub")" -- "$cur")
+    return 0
+  fi
+
+  # The value of a flag: directories for --*dir, files for other typed values.
+  if [[ $prev == -* ]] && _ringctl_flag_takes_value "$cmd" "$sub" "$prev"; then
+    case $prev in
+      *dir) mapfile -t COMPREPLY < <(compgen -d -- "$cur") ;;
+      *) mapfile -t COMPREPLY < <(compgen -f -- "$cur") ;;
+    esac
+    return 0
+  fi
+
+  case $sub in
+    validate | plan | run | submit)
+      mapfile -t COMPREPLY < <(compgen -f -X '!*.yaml' -- "$cur"
+        compgen -f -X '!*.yml' -- "$cur"; compgen -d -- "$cur")
+      compopt -o filenames 2>/dev/null
+      ;;
+    status | events | logs | cancel | restart)
+      mapfile -t COMPREPLY < <(compgen -W "$(_ringctl_jobs "$cmd")" -- "$cur")
+      ;;
+    checkpoints)
+      mapfile -t COMPREPLY < <(compgen -W "$(_ringctl_jobs "$cmd")" -- "$cur"; compgen -d -- "$cur")
+      compopt -o filenames 2>/dev/null
+      ;;
+  esac
+  return 0
+}
+
+complete -F _ringctl ringctl
