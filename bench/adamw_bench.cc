@@ -1,4 +1,4 @@
-// AdamW step throughput (issue 3): bytes/s of one fused step over n fp32 parameters (param,
+// AdamW step throughput: bytes/s of one fused step over n fp32 parameters (param,
 // grad, m, v read; param, m, v written: 28 bytes per parameter) against
 //   - a memory copy of the same state size (16 n bytes copied with memcpy, split over the same
 //     threads; counted as 32 n bytes moved: read + write), measured interleaved in the same run:

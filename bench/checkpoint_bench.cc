@@ -1,6 +1,6 @@
 // Checkpoint save throughput against a plain sequential write of the same bytes to the same
 // disk, and the training stall a checkpoint causes at the tiny example's size, measured in the
-// same run (issue 6).
+// same run.
 //
 //   checkpoint_bench [--dir /var/tmp/ringmaster-ckpt-bench] [--mib 256] [--reps 5]
 //                    [--spec configs/examples/tiny.yaml] [--tokens 4096] [--threads 1]

@@ -1,4 +1,4 @@
-// ring-coord under load (issue 7): 1000 simulated daemons heartbeating every second plus a
+// ring-coord under load: 1000 simulated daemons heartbeating every second plus a
 // stream of status queries -> coordinator CPU use and status latency (p50/p99/max, target p99 <
 // 50 ms); then 1000 job submissions -> time and database size.
 //

@@ -1,4 +1,4 @@
-// GPU figures of the CUDA backend against baselines measured in the same run (issue 9):
+// GPU figures of the CUDA backend against baselines measured in the same run:
 //   - attention block forward and backward TFLOP/s (bf16 storage, causal, one block pair
 //     q_len = kv_len = L) vs cuBLAS bf16 GEMM TFLOP/s (C[n,n] = A B, n = 8192, fp32 accumulate);
 //     targets: forward >= 0.5, backward >= 0.35 of the GEMM rate;

@@ -1,4 +1,4 @@
-// ringd's optimizer (daemon/optim NodeOptimizer, issue 5) against baselines measured in the same
+// ringd's optimizer (daemon/optim NodeOptimizer) against baselines measured in the same
 // run, on the same threads:
 //   1. dense AdamW step through NodeOptimizer (bucket handover, norm, AdamW per tensor) in
 //      "useful" bytes/s (28 per parameter: param, grad, m, v read; param, m, v written) against

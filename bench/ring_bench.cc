@@ -1,4 +1,4 @@
-// Ring attention benchmarks (issue 4), P real processes (this binary forks them):
+// Ring attention benchmarks, P real processes (this binary forks them):
 //
 //   ring_bench --what hop     --world P   per hop: bytes, time, effective GB/s (K/V-block-sized
 //                                          messages around the ring, through the same progress

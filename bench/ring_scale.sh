@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ring attention at scale (issue 4): one training step (plus a warm-up step) of a tiny model on
+# Ring attention at scale: one training step (plus a warm-up step) of a tiny model on
 # packed Debian text (documents up to 8K tokens, recompute on) across 4 ring-worker processes,
 # 1 thread each, at 256K, 512K and 1M tokens; prints time per step and each rank's VmHWM.
 #   bench/ring_scale.sh [BUILD_DIR] [SEQ_LENS...]     (default build-ring; 262144 524288 1048576)

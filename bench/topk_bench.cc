@@ -1,4 +1,4 @@
-// Top-k by magnitude (issue 3, gradient compression at density 0.001): our topk_abs on n fp32
+// Top-k by magnitude (gradient compression at density 0.001): our topk_abs on n fp32
 // values (default 256M = 1 GiB) against
 //   - one streaming read of the same memory (a vectorized sum, same threads): target within 2x;
 //   - std::nth_element (the textbook way: |x| copied into a buffer, nth_element for the k-th

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5's convergence check for top-k gradient compression: the same job trained twice through
+# The convergence check for top-k gradient compression: the same job trained twice through
 # ringd (offloaded AdamW), once dense and once with top-k density 0.001 + error feedback + dense
 # warm-up steps, on the text task (Debian's /usr/share/common-licenses), same seed and data order.
 # Reports final loss (mean of the last 20 steps) of each run and their ratio (target: top-k within

@@ -1,4 +1,4 @@
-// Transport bandwidth and latency between 2 processes (issue 4), against memcpy of the same size
+// Transport bandwidth and latency between 2 processes, against memcpy of the same size
 // measured interleaved in the same run.
 //
 //   transport_bench [transport=ucx] [max_mib=256]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 9), for a short GPU lease: builds only the CUDA backend, the gpu tests and the
+# GPU check, for a short GPU lease: builds only the CUDA backend, the gpu tests and the
 # GPU benchmark for the local GPU (all cores), runs the gpu tests, then the benchmark, which
 # prints attention forward/backward TFLOP/s against cuBLAS bf16 GEMM TFLOP/s and the offload
 # path's device-to-host GB/s against plain cudaMemcpy, all measured in the same run. Also checks

@@ -2,8 +2,8 @@
 //
 //   ring-worker --spec configs/examples/tiny.yaml --single-rank --steps 100 --log-json run.jsonl
 //
-// The daemon-driven mode (a rank of a ring, optimizer in ringd) comes with issues 4 and 5; this
-// binary already runs the same model, data and training step on one rank.
+// The same binary is also a rank of a ring driven by ringd (--rank/--world/--rendezvous, the
+// optimizer in ringd) and the local launcher (--launch-local): worker/README.md.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Exact resume on the CPU backend, end to end with real ringd and ring-worker processes
-// (issue 6): the hash of ringd's master weights (--hash-weights: weights_xxh in every step line)
+//: the hash of ringd's master weights (--hash-weights: weights_xxh in every step line)
 // after 30 steps straight must equal the hash after
 //   - 30 steps with kill -9 of a worker at step 17: ringd stops the node's workers, rolls back to
 //     the step-10 checkpoint by itself and trains on to 30;

@@ -1,4 +1,4 @@
-// ring-coord and Slurm (issue 8): the slurm_job message records the Slurm job id, a refused
+// ring-coord and Slurm: the slurm_job message records the Slurm job id, a refused
 // sbatch fails the pending job, and a start after a requeue ends the killed attempt and begins the
 // next one from the latest complete checkpoint; the new allocation's daemons join it.
 #include <gtest/gtest.h>

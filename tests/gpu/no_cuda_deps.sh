@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the dynamic dependencies of built binaries (issue 9):
+# Checks the dynamic dependencies of built binaries:
 #   --cpu FILE...   must need none of the CUDA driver, runtime, cuBLAS or NCCL (ldd, so also
 #                   nothing pulled in indirectly): CPU-only machines run them.
 #   --gpu FILE...   GPU libraries loaded on demand: may need libcudart/libcublas/libnccl, never

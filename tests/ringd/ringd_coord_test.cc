@@ -1,4 +1,4 @@
-// ringd with a real ring-coord (issue 5/7): `ringd --coord EP --job ID` registers, heartbeats,
+// ringd with a real ring-coord: `ringd --coord EP --job ID` registers, heartbeats,
 // reports steps and events, obeys commands. A private ring-coord per test (temp state dir, ipc).
 //
 //   CompletesWithStepsAndLoss: the job goes pending -> running -> completed; status shows every

@@ -1,4 +1,4 @@
-// ringd hardening (issue 14): real ringd processes and ring-worker ranks.
+// ringd hardening: real ringd processes and ring-worker ranks.
 //
 //   RendezvousDirOfTheUserIsKept: `--rendezvous DIR` with the user's files in DIR (a file, an
 //     unmarked attempt-7 directory, a symlink attempt-9 to another directory): all kept; only

@@ -1,5 +1,5 @@
 #!/bin/bash
-# ringmaster on the local Slurm cluster (issue 8): `ringctl submit` of a 2-node job (one ringd
+# ringmaster on the local Slurm cluster: `ringctl submit` of a 2-node job (one ringd
 # per node, 2 CPU workers each) with ring-coord as the system of record, then what Slurm does to
 # it: completion, `ringctl cancel` (scancel), `ringctl restart` (scontrol requeue) resuming from
 # the latest checkpoint, a node whose slurmd dies (Slurm requeues, the job finishes from a

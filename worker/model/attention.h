@@ -1,7 +1,7 @@
 // How the model's attention is computed, behind one small interface: the model hands over this
 // rank's q/k/v (after RoPE) with their global positions and document ids and gets the attention
 // output back; it never knows whether the keys live on this rank only (LocalAttention) or travel
-// around a ring of processes (RingAttention, issue 4).
+// around a ring of processes (RingAttention).
 //
 // A query token i attends to key token j iff pos[j] <= pos[i] and doc[i] == doc[j] (causal mask
 // at global positions + packed-document mask), over ALL tokens of the sequence (every rank's).
