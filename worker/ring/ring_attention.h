@@ -60,7 +60,7 @@ struct RingTopology {
 RingTopology make_ring(int rank, int world, const std::vector<int>& order);
 
 // The order the spec asks for: natural (0..P-1) or list (parallel.ring_order_list). topology and
-// slurm orders come from the coordinator (a later issue): they are given as natural here and
+// slurm orders come from ringd and the coordinator (common/topology): they are given as natural here and
 // *note says so (empty otherwise).
 std::vector<int> ring_order_from_spec(const spec::ParallelSection& p, int world,
                                       std::string* note);

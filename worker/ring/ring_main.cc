@@ -48,7 +48,7 @@ std::optional<spec::JobSpec> load(const Args& a) {
   std::optional<spec::JobSpec> s = worker::load_spec(a.spec);
   if (s && s->parallel.data_replicas != 1) {
     logger()->error(
-        "parallel.data_replicas = {}: several rings need ringd (a later issue); this mode runs "
+        "parallel.data_replicas = {}: data parallelism is not implemented (ringd runs one ring per job); this mode runs "
         "one ring",
         s->parallel.data_replicas);
     return std::nullopt;

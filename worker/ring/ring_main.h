@@ -6,7 +6,7 @@
 // The launcher makes a fresh rendezvous directory, starts the P ranks (common/proc/spawn.h; each
 // dies with it), forwards SIGINT/SIGTERM/SIGHUP to them, and when one rank fails stops the others
 // (SIGTERM, SIGKILL after 5 s); it exits with the first failure's status and removes the
-// directory. ringd (a later issue) spawns ranks with the same flags.
+// directory. ringd spawns ranks with the same flags (daemon/ringd/supervisor.h).
 #pragma once
 
 #include "worker/flags.h"
