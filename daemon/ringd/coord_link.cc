@@ -13,9 +13,8 @@
 #include <fmt/format.h>
 
 #include "coordinator/daemon_link.h"
+#include "common/version.h"
 #include "coordinator/security.h"
-#include "daemon/placement/cpu_topology.h"
-#include "daemon/placement/discovery.h"
 
 namespace ring::ringd {
 
@@ -235,18 +234,17 @@ void CoordLink::report(const std::string& name, const json& f) {
 }
 
 protocol::Register make_registration(int64_t job, int node_rank, int workers_per_node,
-                                     const std::function<void(const std::string&)>& note) {
+                                     const NodeFacts& facts) {
   protocol::Register reg;
   reg.node = coord_node_name(job, node_rank);
-  try {
-    for (const placement::GpuInfo& g : placement::discover_gpus().topology.gpus)
+  if (facts.gpus)
+    for (const placement::GpuInfo& g : facts.gpus->gpus)
       reg.gpus.push_back(
           {g.index, g.name.empty() ? "unknown" : g.name, static_cast<int64_t>(g.memory_mib)});
-    const placement::CpuTopology cpu = placement::discover_cpu_topology();
-    reg.topology.numa_nodes = std::max<int64_t>(1, static_cast<int64_t>(cpu.numa_nodes.size()));
-    reg.topology.cpus = std::max<int64_t>(1, static_cast<int64_t>(cpu.cores.size()));
-  } catch (const std::exception& e) {
-    note(std::string("topology for ring-coord: ") + e.what());
+  if (facts.cpu) {
+    reg.topology.numa_nodes =
+        std::max<int64_t>(1, static_cast<int64_t>(facts.cpu->numa_nodes.size()));
+    reg.topology.cpus = std::max<int64_t>(1, static_cast<int64_t>(facts.cpu->cores.size()));
   }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page > 0)
@@ -254,7 +252,8 @@ protocol::Register make_registration(int64_t job, int node_rank, int workers_per
   reg.topology.summary =
       fmt::format("{} GPU(s), {} core(s), {} NUMA node(s), {} worker(s) per node",
                   reg.gpus.size(), reg.topology.cpus, reg.topology.numa_nodes, workers_per_node);
-  reg.ringd_version = "ringd 1 (protocol " + std::to_string(protocol::kVersion) + ")";
+  reg.ringd_version =
+      fmt::format("ringd {} (protocol {})", ring::kVersion, protocol::kVersion);
   return reg;
 }
 

@@ -27,6 +27,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/protocol/protocol.h"
+#include "daemon/placement/cpu_topology.h"
+#include "daemon/placement/gpu_topology.h"
 
 namespace ring::coord {
 class DaemonLink;
@@ -95,9 +97,16 @@ class CoordLink {
 // topology (coordinator.cc, host_of_node).
 std::string coord_node_name(int64_t job, int node_rank);
 
-// ringd's registration for `job`: its node name, GPUs and topology (placement discovery; a
-// discovery that fails is said through `note` and leaves the defaults), the job.
+// What ringd found on its node at start-up (placement discovery runs once per ringd: placement
+// and the registration read the same facts). Absent: that discovery failed (said in its log).
+struct NodeFacts {
+  std::optional<placement::GpuTopology> gpus;
+  std::optional<placement::CpuTopology> cpu;
+};
+
+// ringd's registration for `job`: its node name, GPUs and topology (what discovery found;
+// defaults where it failed), the job.
 protocol::Register make_registration(int64_t job, int node_rank, int workers_per_node,
-                                     const std::function<void(const std::string&)>& note);
+                                     const NodeFacts& facts);
 
 }  // namespace ring::ringd

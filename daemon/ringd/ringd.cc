@@ -321,19 +321,29 @@ int Daemon::run() {
   layout_ = std::make_unique<contract::ParamLayout>(contract::ModelConfig::from_spec(spec_));
   steps_ = std::make_unique<StepDriver>(*layout_);
 
+  // Discovery, once per ringd (nvidia-smi or NVML, sysfs): placement and the registration with
+  // ring-coord read the same facts. GPUs matter only to a CUDA job's placement: elsewhere a
+  // failed GPU discovery is logged and the node registers without GPUs.
+  const bool cuda = spec_.resources.backend == spec::Backend::kCuda;
+  NodeFacts facts;
+  try {
+    facts.gpus = placement::discover_gpus().topology;
+  } catch (const std::exception& e) {
+    if (cuda) {
+      std::cerr << "ringd: placement: " << e.what() << "\n";
+      return kExitFailed;
+    }
+    log(std::string("GPU discovery: ") + e.what());
+  }
   // Placement: GPUs (CUDA backend) and cores for each local worker.
   try {
+    facts.cpu = placement::discover_cpu_topology();
     placement::PlacementRequest req;
     req.workers = wpn_;
     req.cpus_per_worker = static_cast<int>(spec_.resources.cpus_per_worker);
-    placement::GpuTopology gpus;
-    if (spec_.resources.backend == spec::Backend::kCuda) {
-      req.device = placement::Device::kGpu;
-      gpus = placement::discover_gpus().topology;
-    } else {
-      req.device = placement::Device::kCpu;
-    }
-    placement_ = placement::place_workers(gpus, placement::discover_cpu_topology(), req);
+    req.device = cuda ? placement::Device::kGpu : placement::Device::kCpu;
+    placement_ = placement::place_workers(cuda ? *facts.gpus : placement::GpuTopology{},
+                                          *facts.cpu, req);
   } catch (const std::exception& e) {
     std::cerr << "ringd: placement: " << e.what() << "\n";
     return kExitFailed;
@@ -381,8 +391,7 @@ int Daemon::run() {
   int first_attempt = 0;
   if (!o_.coord.empty()) {
     // Register (node, GPUs, topology, the job) and learn the attempt to run.
-    const protocol::Register reg = make_registration(
-        std::stoll(o_.job), o_.node_rank, wpn_, [this](const std::string& n) { log(n); });
+    const protocol::Register reg = make_registration(std::stoll(o_.job), o_.node_rank, wpn_, facts);
     try {
       coord_ = std::make_unique<CoordLink>(
           CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
