@@ -63,7 +63,9 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR
         FILES_MATCHING PATTERN "*.md")
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/daemon/INTERFACE.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR})
-foreach(f LICENSE CHANGELOG.md CONTRIBUTING.md)
+# LICENSE is not installed: the package's copyright file names Apache-2.0 from
+# /usr/share/common-licenses, as Debian policy asks.
+foreach(f CHANGELOG.md CONTRIBUTING.md)
   if(EXISTS ${PROJECT_SOURCE_DIR}/${f})
     install(FILES ${PROJECT_SOURCE_DIR}/${f} DESTINATION ${CMAKE_INSTALL_DOCDIR})
   endif()

@@ -55,13 +55,10 @@ by ring-worker) and the NCCL transport plugin. They need the CUDA runtime,
 cuBLAS and NCCL of an NVIDIA CUDA installation on the dynamic linker's path,
 and a GPU at run time.")
 
-# Debian policy files: copyright (with LICENSE when the tree has one) and changelog.gz (the
-# name for a native package: the version has no Debian revision).
+# Debian policy files: copyright (machine-readable, Apache-2.0 by reference to
+# /usr/share/common-licenses as policy asks; the LICENSE file is the same text) and changelog.gz
+# (the name for a native package: the version has no Debian revision).
 set(ring_pkg_dir ${CMAKE_BINARY_DIR}/packaging)
-set(ring_license_text "")
-if(EXISTS ${PROJECT_SOURCE_DIR}/LICENSE)
-  file(READ ${PROJECT_SOURCE_DIR}/LICENSE ring_license_text)
-endif()
 configure_file(${PROJECT_SOURCE_DIR}/packaging/copyright.in ${ring_pkg_dir}/copyright @ONLY)
 string(TIMESTAMP ring_pkg_date "%a, %d %b %Y %H:%M:%S +0000" UTC)
 configure_file(${PROJECT_SOURCE_DIR}/packaging/changelog.in ${ring_pkg_dir}/changelog.Debian @ONLY)

@@ -93,7 +93,9 @@ TEST(RingctlInit, RefusesToOverwriteAndNamesUnknownTemplates) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   r = run(kRingctl + " init -o " + t.path + "/no/such/dir/spec.yaml");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "cannot create")) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot write " + t.path + "/no/such/dir/spec.yaml"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "No such file or directory")) << r.output;
   // An unknown template: named, with the closest one and the list (usage, exit 2).
   r = run(kRingctl + " init --template passky");
   EXPECT_EQ(r.exit_code, 2) << r.output;

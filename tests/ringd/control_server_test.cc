@@ -64,7 +64,8 @@ struct Fixture {
   }
 };
 
-const std::string kHello = R"({"t":"hello","rank":0,"local":0,"pid":1,"n":10})";
+const std::string kHello = R"({"t":"hello","rank":0,"local":0,"pid":1,"n":10,"proto":)" +
+                           std::to_string(ring::contract::control::kProtocolVersion) + "}";
 
 TEST(ControlServer, LinesBecomeMessagesAndRepliesArrive) {
   Fixture f;
@@ -100,7 +101,7 @@ TEST(ControlServer, BrokenLinesCloseOnlyTheirConnection) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"not json", "sent a message that is not a JSON object: not json"},
       {"[1,2]", "sent a message that is not a JSON object"},
-      {R"({"t":"hello","rank":"zero","local":0,"pid":1,"n":10})", "sent a malformed message: "},
+      {R"({"t":"hello","rank":"zero","local":0,"pid":1,"n":10,"proto":1})", "sent a malformed message: "},
       {R"({"t":"init"})", "sent a malformed 'init' message: init is refused here"},
   };
   const int good = ring::test::connect_unix(f.path);
