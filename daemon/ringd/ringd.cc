@@ -42,6 +42,9 @@
 #include "daemon/placement/discovery.h"
 #include "daemon/placement/placement.h"
 #include "daemon/ringd/attempt.h"
+#include "daemon/ringd/attempt_notes.h"
+#include "daemon/ringd/attempt_resources.h"
+#include "daemon/ringd/checkpoints.h"
 #include "daemon/ringd/control_server.h"
 #include "daemon/ringd/coord_commands.h"
 #include "daemon/ringd/coord_link.h"
@@ -123,8 +126,6 @@ class Daemon {
   void finish(int code);
   void fatal(const std::string& why);
   void announce_fatal(const std::string& why);
-  void remove_stale_attempts();
-  bool make_attempt_dirs(std::string* why);
   // ---- the workers' control messages (control_server.h does the socket)
   void on_message(const ConnPtr& c, const contract::control::WorkerMessage& msg);
   void send(int local, const json& m) { control_.send(local, m); }
@@ -137,10 +138,8 @@ class Daemon {
   void on_bucket(Worker& w, int b);
   void maybe_finish_step();
   void checkpoint_now(int64_t step, bool wait);
-  bool report_checkpoint(const ckpt::SaveResult& r);
   // ---- watching
   void on_signal(int sig);
-  void await_commit(int64_t step);
   void reap();
   void on_tick();
   void worker_failed(Worker& w, const std::string& what);
@@ -158,7 +157,7 @@ class Daemon {
   ControlServer control_;
   std::string sock_dir_, sock_path_;
 
-  std::string job_dir_, rdv_root_, worker_bin_, ckpt_dir_;
+  std::string job_dir_, rdv_root_, worker_bin_;
   // stderr's log lines (without --json): ringd's own text lines, or JSON lines (--log-format).
   std::shared_ptr<spdlog::logger> stderr_log_ = make_stderr_log(o_);
   AppendFile log_file_, steps_file_;
@@ -177,16 +176,10 @@ class Daemon {
   uint64_t dispatches_ = 0;
   int last_signal_ = 0;
   int64_t command_id_ = 0;  // the ring-coord command being handled (its ack)
-  contract::ShmRegion shm_;
-  std::unique_ptr<TransportExchange> exchange_;
-  optim::LocalExchange local_exchange_;
-  std::unique_ptr<optim::NodeOptimizer> opt_;
-  std::unique_ptr<ckpt::Checkpointer> ck_;
+  // The attempt's directories, shared memory, exchange and optimizer (attempt_resources.h).
+  std::unique_ptr<AttemptResources> res_;
+  std::unique_ptr<Checkpoints> ckpts_;  // the run's checkpoints (checkpoints.h)
   std::unique_ptr<StepDriver> steps_;  // the step in flight, the checkpoint results (step_driver.h)
-  double ckpt_stall_s_ = 0;
-  int64_t last_ckpt_step_ = -1;
-  int64_t stop_ckpt_saved_ = -1;  // step of a checkpoint written and waited for (on a stop)
-  std::string attempt_rdv_;
 
   // Stop signals (state_.stop_signals counts them; repeats within 1 s are one).
   Clock::time_point first_stop_signal_;
@@ -218,10 +211,6 @@ class Daemon {
   std::optional<int64_t> resume_to_;  // resume from the newest complete checkpoint <= this step
   Clock::time_point await_deadline_;
   std::string fatal_error_;           // fatal(): the exit message
-  // The run's last checkpoint (of the step it ends at) failed: the message that fails the run
-  // (it must not end "completed" or "resumable from here" with older weights on disk), or "".
-  std::string final_checkpoint_error();
-  std::string newest_complete_checkpoint();
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -301,13 +290,26 @@ int Daemon::run() {
     // One node: the attempt directories an earlier run left go. Only those: a real directory of
     // ours named attempt-<N> holding ringd's marker (owned_paths.h), never the directory the
     // user named (--rendezvous ~/work must not lose the user's files).
-    remove_stale_attempts();
+    remove_stale_attempts(rdv_root_, [this](const std::string& n) { log(n); });
   }
-  if (auto f = prepare_checkpoint_dir(spec_.checkpoint.dir, job_dir_, &ckpt_dir_)) {
+  std::string ckpt_dir;
+  if (auto f = prepare_checkpoint_dir(spec_.checkpoint.dir, job_dir_, &ckpt_dir)) {
     std::cerr << "ringd: " << f->message << "\n";
     return f->code;
   }
   spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
+  {
+    ckpt::Options co;
+    co.dir = ckpt_dir;
+    co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
+    co.node_rank = o_.node_rank;
+    co.nodes = o_.nodes;
+    co.spec_hash = spec_hash_;
+    ckpts_ = std::make_unique<Checkpoints>(
+        co, Checkpoints::Hooks{[this](const std::string& l) { log(l); },
+                               [this](const std::string& n, json f) { event(n, std::move(f)); },
+                               [this](const ckpt::SaveResult& r) { steps_->record(r); }});
+  }
   worker_bin_ = find_worker_bin(o_.worker_bin);
   if (worker_bin_.empty() || access(worker_bin_.c_str(), X_OK) != 0) {
     std::cerr << "ringd: no ring-worker executable found (tried '" << worker_bin_
@@ -320,6 +322,10 @@ int Daemon::run() {
   total_steps_ = o_.steps.value_or(spec_.train.steps);
   layout_ = std::make_unique<contract::ParamLayout>(contract::ModelConfig::from_spec(spec_));
   steps_ = std::make_unique<StepDriver>(*layout_);
+  res_ = std::make_unique<AttemptResources>(
+      AttemptResources::Config{rdv_root_, o_.node_rank, o_.nodes, o_.transport, o_.threads,
+                               total_steps_},
+      spec_, *layout_, [this](const std::string& n) { log(n); });
 
   // Discovery, once per ringd (nvidia-smi or NVML, sysfs): placement and the registration with
   // ring-coord read the same facts. GPUs matter only to a CUDA job's placement: elsewhere a
@@ -448,7 +454,7 @@ attempt::Event Daemon::event_of(attempt::EventKind kind, std::string text) const
   e.text = std::move(text);
   e.ready = ready();
   e.more_steps = steps_->done_step() + 1 <= total_steps_;
-  e.has_checkpointer = ck_ != nullptr;
+  e.has_checkpointer = ckpts_->active();
   return e;
 }
 
@@ -516,78 +522,13 @@ void Daemon::execute(const attempt::State& before, const attempt::Action& a) {
   }
 }
 
-// The log lines and events of the lifecycle's transitions.
+// The log lines and events of the lifecycle's transitions (their words: attempt_notes.h).
 void Daemon::say(const attempt::Action& a) {
-  using attempt::Note;
-  switch (a.note) {
-    case Note::kNone:
-      return;
-    case Note::kStopping:
-      log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(last_signal_)));
-      event("stopping", {{"signal", last_signal_}, {"step", steps_->done_step()}});
-      return;
-    case Note::kStopNow:
-      log(fmt::format("{} again: stopping the workers now, no checkpoint",
-                      strsignal(last_signal_)));
-      return;
-    case Note::kStopAgreed:
-      log(fmt::format("step {}: every node knows of the stop: checkpoint, then stop", steps_->done_step()));
-      return;
-    case Note::kStopFromOtherNode:
-      log(fmt::format("step {}: another node was asked to stop: checkpoint, then stop",
-                      steps_->done_step()));
-      event("stopping", {{"step", steps_->done_step()}, {"from", "another node"}});
-      return;
-    case Note::kCheckpointAsked:
-      log(fmt::format("checkpoint at step {} (asked by ring-coord)", steps_->done_step()));
-      return;
-    case Note::kStoppedByCoord:
-      log(fmt::format("stopped at step {} by ring-coord ({})", steps_->done_step(), a.text));
-      event("stopped", {{"step", steps_->done_step()}, {"reason", a.text}});
-      return;
-    case Note::kStoppedResumable:
-      log(fmt::format("stopped at step {} on request (resumable)", steps_->done_step()));
-      event("stopped", {{"step", steps_->done_step()}});
-      return;
-    case Note::kStoppedAfterFailure:
-      event("stopped", {{"step", steps_->done_step()}});
-      return;
-    case Note::kCompleted:
-      log(fmt::format("completed {} steps", steps_->done_step()));
-      event("completed", {{"step", steps_->done_step()}});
-      return;
-    case Note::kRestarting:
-      log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", a.restart,
-                      spec_.restart.max_restarts, a.seconds, a.attempt));
-      event("restarting", {{"restart", a.restart}, {"delay_s", a.seconds}});
-      return;
-    case Note::kRestartsExhausted:
-      log(fmt::format("failed: restart.max_restarts ({}) exhausted", spec_.restart.max_restarts));
-      event("failed", {{"step", steps_->done_step()}, {"restarts", state_.restarts}});
-      return;
-    case Note::kRollBack:
-      log(fmt::format("ring-coord: roll back to attempt {} from step {}", a.attempt, a.step));
-      return;
-    case Note::kStartFromCoord:
-      log(fmt::format("ring-coord: starting attempt {} from step {}", a.attempt, a.step));
-      return;
-    case Note::kWaitForCoord:
-      log("attempt failed: waiting for ring-coord's decision (roll back or stop)");
-      return;
-    case Note::kCoordSilent:
-      log("ring-coord did not answer: applying the spec's restart policy here");
-      return;
-    case Note::kCoordNoState:
-      log("ring-coord did not say how to go on after its stop: exiting (resumable)");
-      return;
-    case Note::kCoordStoppedIdle:
-      event("stopped", {{"step", steps_->done_step()}, {"reason", a.text}});
-      return;
-    case Note::kFinalCheckpointFailed:
-      event("checkpoint_failed", {{"step", steps_->done_step()}, {"error", a.text}, {"final", true}});
-      announce_fatal(a.text);
-      return;
-  }
+  const Words w = words_of(a, {last_signal_, steps_->done_step(), spec_.restart.max_restarts,
+                               state_.restarts});
+  if (!w.line.empty()) log(w.line);
+  if (!w.event.empty()) event(w.event, w.fields);
+  if (w.fatal) announce_fatal(a.text);
 }
 
 // ---- attempts ----------------------------------------------------------------------------------
@@ -595,20 +536,13 @@ void Daemon::say(const attempt::Action& a) {
 // The kStartAttempt action: state_ is kStarting (attempt::next reset the attempt's flags).
 void Daemon::start_attempt() {
   steps_->reset();
-  attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, state_.attempt);
   std::string rdv_error;
-  if (!make_attempt_dirs(&rdv_error)) {
+  if (!res_->make_dirs(state_.attempt, &rdv_error)) {
     fatal("rendezvous: " + rdv_error);
     return;
   }
   try {
-    // The name carries this process's pid and the attempt, so a segment of that name is the
-    // leftover of an earlier ringd that had the same pid and was killed before its workers
-    // mapped it (shared memory outlives processes): replace it.
-    const std::string shm =
-        contract::shm_name(spec_.job.name, o_.node_rank, getpid(), state_.attempt);
-    if (shm_unlink(shm.c_str()) == 0) log("removed a stale shared-memory segment " + shm);
-    shm_ = contract::ShmRegion::create(shm, layout_->total(), wpn_);
+    res_->create_shm(state_.attempt, wpn_);
   } catch (const std::exception& e) {
     log(std::string("fatal: ") + e.what());
     dispatch(event_of(attempt::EventKind::kFatal, e.what()));
@@ -627,53 +561,37 @@ void Daemon::start_attempt() {
     return;
   }
   log(fmt::format("attempt {}: spawned {} workers (ranks {}..{}), rendezvous {}", state_.attempt, wpn_,
-                  o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, attempt_rdv_));
+                  o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, res_->rdv()));
   try {
-    optim::Exchange* ex = &local_exchange_;
-    if (o_.nodes > 1) {
-      exchange_ = std::make_unique<TransportExchange>(o_.transport, o_.node_rank, o_.nodes,
-                                                      attempt_rdv_ + "/daemons", 120000, 60000);
-      ex = exchange_.get();
-    }
-    opt_ = std::make_unique<optim::NodeOptimizer>(spec_, *layout_, total_steps_, o_.threads, ex);
+    optim::NodeOptimizer& opt = res_->make_optimizer();
+    const std::string& ckpt_dir = ckpts_->dir();
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
     const bool want_resume =
         coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
     const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
-    if (want_resume && ckpt_dir_.empty()) {
+    if (want_resume && ckpt_dir.empty()) {
       log("checkpoints are off (checkpoint.dir is empty): starting from step 0");
     } else if (want_resume) {
       std::vector<ckpt::LoadTarget> targets;
-      for (const optim::StateTensor& t : opt_->state_tensors())
+      for (const optim::StateTensor& t : opt.state_tensors())
         targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
-      const ckpt::LoadResult r =
-          load_agreed_checkpoint(ckpt_dir_, o_.node_rank, o_.nodes, targets, max_step, *ex);
+      const ckpt::LoadResult r = load_agreed_checkpoint(ckpt_dir, o_.node_rank, o_.nodes, targets,
+                                                        max_step, res_->exchange());
       for (const std::string& sk : r.skipped) log("checkpoint skipped: " + sk);
       if (r.loaded) {
         if (!r.spec_hash.empty() && r.spec_hash != spec_hash_)
           log("note: checkpoint " + r.path + " was written with another spec (hash " +
               r.spec_hash + ", now " + spec_hash_ + ")");
-        opt_->restore_step(r.step);
+        opt.restore_step(r.step);
         steps_->resumed(r.step, r.meta.value("cursor", json()));
         log(fmt::format("resuming from {} (step {})", r.path, r.step));
         event("resumed", {{"step", r.step}, {"path", r.path}});
       } else {
-        log("no complete checkpoint in " + ckpt_dir_ + ": starting from step 0" +
+        log("no complete checkpoint in " + ckpt_dir + ": starting from step 0" +
             (r.message.empty() ? "" : " (" + r.message + ")"));
       }
     }
-    if (!ckpt_dir_.empty()) {
-      ckpt::Options co;
-      co.dir = ckpt_dir_;
-      co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
-      co.node_rank = o_.node_rank;
-      co.nodes = o_.nodes;
-      co.tag = std::to_string(state_.attempt);
-      co.spec_hash = spec_hash_;
-      ck_ = std::make_unique<ckpt::Checkpointer>(co);
-      for (const optim::StateTensor& t : opt_->state_tensors())
-        ck_->add_tensor(t.name, ckpt::DType::kF32, {t.size}, t.data);
-    }
+    ckpts_->open(state_.attempt, opt.state_tensors());
   } catch (const ckpt::CheckpointMismatch& e) {
     // A sound checkpoint of another model: every restart would find the same one.
     fatal(std::string("cannot resume: ") + e.what());
@@ -701,7 +619,7 @@ void Daemon::spawn(Worker& w) {
                  "--world",
                  std::to_string(world_),
                  "--rendezvous",
-                 attempt_rdv_ + "/workers",
+                 res_->rdv() + "/workers",
                  "--ringd",
                  sock_path_,
                  "--local-rank",
@@ -741,48 +659,20 @@ void Daemon::stop_workers(const std::string& why, bool already_stopping) {
   if (n == 0) asio::post(io_, [this] { end_attempt(); });
 }
 
-// A node other than 0 has written its shard of the checkpoint taken on a stop signal; node 0
-// commits it once every shard is there. Exiting before that commit would let srun
-// (--kill-on-bad-exit: exit 75 counts as bad) kill node 0 mid-commit, so wait for the step's
-// final directory, bounded: Slurm's SIGKILL follows KillWait seconds after the SIGTERM anyway.
-void Daemon::await_commit(int64_t step) {
-  const fs::path final_dir = fs::path(ck_->options().dir) / ckpt::step_dir_name(step);
-  const auto end = Clock::now() + std::chrono::seconds(10);
-  std::error_code ec;
-  while (!fs::exists(final_dir, ec) && Clock::now() < end)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (fs::exists(final_dir, ec))
-    log(fmt::format("checkpoint step {} committed by node 0", step));
-  else
-    log(fmt::format("checkpoint step {}: node 0 has not committed it within 10 s; exiting anyway",
-                    step));
-}
-
 void Daemon::end_attempt() {
   if (!state_.live()) return;
   for (const Worker& w : workers_)
     if (w.running) return;
   control_.close_all();
-  const bool had_checkpointer = ck_ != nullptr;
-  if (ck_) {
-    int64_t saved = stop_ckpt_saved_;  // the newest checkpoint this node wrote its shard of
-    // Every checkpoint of the attempt, the one in flight included (node 0 may still be
-    // committing it): ring-coord resumes from the newest one reported saved.
-    for (const ckpt::SaveResult& r : ck_->drain())
-      if (report_checkpoint(r)) saved = std::max(saved, r.step);
-    if (state_.stop_requested() && o_.node_rank > 0 && saved == steps_->done_step() && saved > 0)
-      await_commit(saved);
-    ck_.reset();
-  }
-  opt_.reset();
-  exchange_.reset();
-  shm_ = contract::ShmRegion();
-  if (o_.node_rank == 0) {
-    std::string why;
-    if (!remove_own_dir(attempt_rdv_, &why)) log("rendezvous directory left in place: " + why);
-  }
+  const bool had_checkpointer = ckpts_->active();
+  ckpts_->close(state_.stop_requested(), steps_->done_step());
+  res_->release();
   attempt::Event e = event_of(attempt::EventKind::kAllExited);
-  if (had_checkpointer) e.final_checkpoint_error = final_checkpoint_error();
+  // The run's last checkpoint (of the step it ends at) failed: the message that fails the run
+  // (it must not end "completed" or "resumable from here" with older weights on disk), or "".
+  if (had_checkpointer)
+    e.final_checkpoint_error = ckpts_->final_error(steps_->failed_at_done_step(),
+                                                   state_.stop_requested(), steps_->done_step());
   dispatch(e);
 }
 
@@ -809,49 +699,6 @@ void Daemon::announce_fatal(const std::string& why) {
   if (o_.json) std::cerr << "ringd: " << why << std::endl;  // log() wrote it otherwise
   event("failed", {{"step", steps_->done_step()}, {"error", why}});
   fatal_error_ = why;
-}
-
-void Daemon::remove_stale_attempts() {
-  std::error_code ec;
-  fs::directory_iterator it(rdv_root_, ec), end;
-  std::vector<std::string> stale;
-  for (; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind("attempt-", 0) == 0) stale.push_back(it->path().string());
-  }
-  for (const std::string& d : stale) {
-    std::string why;
-    if (remove_own_dir(d, &why)) log("removed the rendezvous of an earlier run: " + d);
-    else log("left in place (not a rendezvous directory ringd made): " + why);
-  }
-}
-
-// <rdv>/attempt-<A>/{workers,daemons}: created 0700 and marked as ringd's (owned_paths.h), so
-// that only they are ever removed. With several nodes another node may have made it already
-// (same user); with one node an existing unmarked directory is not ours and is refused.
-bool Daemon::make_attempt_dirs(std::string* why) {
-  try {
-    std::error_code ec;
-    if (!fs::exists(rdv_root_, ec)) {
-      fs::create_directories(rdv_root_, ec);
-      if (ec) throw PathError("cannot create " + rdv_root_ + ": " + ec.message());
-      ::chmod(rdv_root_.c_str(), 0700);
-    }
-    const bool existed = fs::exists(fs::symlink_status(attempt_rdv_, ec));
-    ensure_own_dir(attempt_rdv_, 0022);
-    if (existed && o_.nodes == 1 && !is_own_marked_dir(attempt_rdv_))
-      throw PathError(attempt_rdv_ +
-                      " exists and was not made by ringd (no marker); choose another "
-                      "--rendezvous or remove it");
-    mark_own_dir(attempt_rdv_, fmt::format("ringd rendezvous of job {} attempt {}",
-                                           spec_.job.name, state_.attempt));
-    ensure_own_dir(attempt_rdv_ + "/workers", 0022);
-    ensure_own_dir(attempt_rdv_ + "/daemons", 0022);
-    return true;
-  } catch (const std::exception& e) {
-    *why = e.what();
-    return false;
-  }
 }
 
 // ---- sockets -----------------------------------------------------------------------------------
@@ -910,7 +757,7 @@ void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage
     w.connected = true;
     w.last_seen = Clock::now();
     send(local, {{"t", "welcome"},
-                 {"shm", shm_.name()},
+                 {"shm", res_->shm().name()},
                  {"start_step", steps_->done_step()},
                  {"need_init", !steps_->have_master() && local == 0},
                  {"cursor", steps_->cursor()}});
@@ -924,14 +771,15 @@ void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage
   if (std::holds_alternative<ctl::Mapped>(msg)) {
     w.mapped = true;
     if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; })) {
-      shm_.unlink();
+      contract::ShmRegion& shm = res_->shm();
+      shm.unlink();
       log(fmt::format("all {} workers connected; shared memory {} ({:.1f} MiB) mapped and unlinked",
-                      wpn_, shm_.name(), shm_.bytes() / 1048576.0));
+                      wpn_, shm.name(), shm.bytes() / 1048576.0));
       maybe_begin();
     }
   } else if (std::holds_alternative<ctl::Init>(msg)) {
     if (c->local == 0 && !steps_->have_master()) {
-      steps_->init_master(*opt_, shm_);
+      steps_->init_master(res_->opt(), res_->shm());
       log("master weights initialised from rank " + std::to_string(w.rank));
       maybe_begin();
     }
@@ -963,7 +811,8 @@ void Daemon::maybe_begin() {
 
 // The kStopAtBoundary action (state_ is kFinishing): every step is done or a stop is agreed.
 void Daemon::stop_at_boundary(const attempt::Action& a) {
-  if (ck_ && a.checkpoint && last_ckpt_step_ != steps_->done_step() && steps_->done_step() > 0)
+  if (ckpts_->active() && a.checkpoint && ckpts_->last_started() != steps_->done_step() &&
+      steps_->done_step() > 0)
     checkpoint_now(steps_->done_step(), true);
   stop_deadline_ = Clock::now() + std::chrono::seconds(60);
   for (const Worker& w : workers_) send(w.local, {{"t", "stop"}, {"reason", a.text}});
@@ -971,7 +820,7 @@ void Daemon::stop_at_boundary(const attempt::Action& a) {
 
 // The kBeginStep action: the next step's weights into shared memory, its params to the workers.
 void Daemon::begin_step() {
-  const int64_t changed = steps_->begin_step(workers_, shm_, *opt_);
+  const int64_t changed = steps_->begin_step(workers_, res_->shm(), res_->opt());
   for (const Worker& w : workers_)
     send(w.local, {{"t", "params"},
                    {"step", steps_->cur_step()},
@@ -980,16 +829,12 @@ void Daemon::begin_step() {
 }
 
 void Daemon::on_bucket(Worker& w, int b) {
-  const std::string wrong = steps_->on_bucket(workers_, w, b, shm_, *opt_, [this] {
-    if (!ck_ || !ck_->busy()) return;
+  const std::string wrong = steps_->on_bucket(workers_, w, b, res_->shm(), res_->opt(), [this] {
     // The optimizer is about to change the state the checkpoint is still writing.
-    const auto t0 = Clock::now();
-    const std::vector<ckpt::SaveResult> done = ck_->drain();
-    const Clock::duration stalled = Clock::now() - t0;
-    ckpt_stall_s_ += std::chrono::duration<double>(stalled).count();
-    blocked_ += stalled;
-    unblocked_at_ = Clock::now();
-    for (const ckpt::SaveResult& r : done) report_checkpoint(r);
+    if (const auto stalled = ckpts_->drain_before_update()) {
+      blocked_ += *stalled;
+      unblocked_at_ = Clock::now();
+    }
   });
   if (!wrong.empty()) {
     worker_failed(w, wrong);
@@ -1003,7 +848,7 @@ void Daemon::maybe_finish_step() {
   StepDriver::Finished f;
   try {
     Blocking b{this};
-    f = steps_->finish_step(workers_, *opt_, state_.attempt);
+    f = steps_->finish_step(workers_, res_->opt(), state_.attempt);
   } catch (const std::exception& e) {
     log(fmt::format("step {}: optimizer failed: {}", steps_->cur_step(), e.what()));
     event("optimizer_failed", {{"step", steps_->cur_step()}, {"error", e.what()}});
@@ -1019,7 +864,7 @@ void Daemon::maybe_finish_step() {
     char h[17];
     std::snprintf(h, sizeof(h), "%016llx",
                   static_cast<unsigned long long>(
-                      fnv1a(opt_->master(), static_cast<size_t>(layout_->total()) * 4)));
+                      fnv1a(res_->opt().master(), static_cast<size_t>(layout_->total()) * 4)));
     j["weights_xxh"] = h;
     log_line(fmt::format("step {} weights {}", done_step, h));
   }
@@ -1057,52 +902,12 @@ void Daemon::maybe_finish_step() {
   dispatch(e);
 }
 
-// Logs a finished checkpoint and reports it (ring-coord resumes from the steps reported saved).
-bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
-  steps_->record(r);
-  if (r.ok) {
-    log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r.step, r.path,
-                    r.bytes / 1e6, r.total_s));
-    event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
-  } else {
-    log(fmt::format("checkpoint step {} failed: {}", r.step, r.error));
-    event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
-  }
-  return r.ok;
-}
-
-// The run ends (every step done, or a resumable stop) and its last checkpoint, of the step it
-// ends at, failed (a full disk): the exit status must not say "completed" or "resumable from
-// here" when the newest weights on disk are older. Exit 1 naming the failed checkpoint, the
-// reason and the newest complete checkpoint; ring-coord hears it as checkpoint_failed.
-std::string Daemon::final_checkpoint_error() {
-  const std::string* error = steps_->failed_at_done_step();
-  if (!error) return "";
-  return fmt::format("the {} checkpoint (step {}) failed: {}; the newest complete checkpoint is {}",
-                     state_.stop_requested() ? "stop" : "final", steps_->done_step(), *error,
-                     newest_complete_checkpoint());
-}
-
-std::string Daemon::newest_complete_checkpoint() {
-  try {
-    const std::vector<ckpt::CheckpointInfo> all = ckpt::list_checkpoints(ckpt_dir_, false);
-    for (auto it = all.rbegin(); it != all.rend(); ++it)
-      if (it->status == ckpt::Status::kComplete)
-        return fmt::format("{} (step {})", it->path, it->step);
-    return "none (in " + ckpt_dir_ + ")";
-  } catch (const std::exception& e) {
-    return std::string("unknown (") + e.what() + ")";
-  }
-}
-
 void Daemon::checkpoint_now(int64_t step, bool wait) {
-  if (!ck_) return;
-  ck_->start(step, {{"cursor", steps_->cursor()}, {"attempt", state_.attempt}, {"world", world_}});
-  last_ckpt_step_ = step;
+  if (!ckpts_->active()) return;
+  ckpts_->start(step, {{"cursor", steps_->cursor()}, {"attempt", state_.attempt}, {"world", world_}});
   if (wait) {
     Blocking b{this};
-    for (const ckpt::SaveResult& r : ck_->drain())
-      if (report_checkpoint(r) && r.step == step) stop_ckpt_saved_ = r.step;
+    ckpts_->wait(step);
   }
 }
 
@@ -1182,9 +987,7 @@ void Daemon::on_tick() {
       dispatch(event_of(attempt::EventKind::kStopTimeout));
   }
   if (state_.phase == Phase::kStopping) supervisor_.kill_overdue(now);
-  if (ck_) {
-    while (auto r = ck_->poll()) report_checkpoint(*r);
-  }
+  ckpts_->poll();
   if (state_.phase == Phase::kRestarting && now >= restart_at_)
     dispatch(event_of(attempt::EventKind::kRestartDue));
   if (state_.phase == Phase::kAwaitingCoord && now > await_deadline_)
@@ -1201,7 +1004,7 @@ void Daemon::on_tick() {
 
 void Daemon::on_coord(const protocol::Message& m) {
   if (state_.phase == attempt::Phase::kExiting) return;
-  const CoordInput in = interpret(m, coord_->job(), state_, ck_ != nullptr);
+  const CoordInput in = interpret(m, coord_->job(), state_, ckpts_->active());
   if (in.refusal) {
     coord_->ack(in.command_id, false, *in.refusal);
     return;
