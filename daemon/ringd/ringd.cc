@@ -109,6 +109,20 @@ class Daemon {
   int run();
 
  private:
+  // ---- start-up, in run()'s order; each step gives an exit status when ringd must stop now
+  using Exit = std::optional<int>;
+  void catch_signals();
+  Exit open_job_files();
+  Exit prepare_directories();
+  Exit find_worker();
+  void make_parts();
+  Exit place(NodeFacts* facts);
+  Exit make_control_dir_or_fail();
+  void announce();
+  void arm_loop();
+  Exit register_with_coord(const NodeFacts& facts, int* first_attempt);
+  void run_attempts(int first_attempt);
+  void shut_down();
   // ---- logging and events
   void log(const std::string& line);
   void event(const std::string& name, json fields);
@@ -152,6 +166,7 @@ class Daemon {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer tick_;
+  std::function<void(const boost::system::error_code&, int)> on_sig_;  // re-arms itself
   Supervisor supervisor_;
   std::vector<Worker>& workers_ = supervisor_.workers();
   ControlServer control_;
@@ -259,16 +274,44 @@ void Daemon::event(const std::string& name, json fields) {
   if (coord_) coord_->report(name, fields);
 }
 
+// Start-up in steps (each says on stderr why it stops ringd), the attempts on the event loop, and
+// the way out that leaves no worker behind.
 int Daemon::run() {
-  // Stop signals from the start (placement and registration take seconds): they wait in the
-  // signal_set until the loop runs. SIGHUP (the terminal of `ringctl run` hung up) is a stop
-  // like SIGTERM: checkpoint, then exit 75.
+  catch_signals();
+  if (Exit e = open_job_files()) return *e;
+  if (Exit e = prepare_directories()) return *e;
+  if (Exit e = find_worker()) return *e;
+  make_parts();
+  NodeFacts facts;
+  if (Exit e = place(&facts)) return *e;
+  if (Exit e = make_control_dir_or_fail()) return *e;
+  struct RemoveOnExit {  // every way out of run(), exceptions included
+    const std::string& dir;
+    ~RemoveOnExit() { remove_own_dir(dir); }
+  } remove_sock_dir{sock_dir_};
+  control_.listen(sock_path_);
+  announce();
+  arm_loop();
+  int first_attempt = 0;
+  if (Exit e = register_with_coord(facts, &first_attempt)) return *e;
+  run_attempts(first_attempt);
+  shut_down();
+  return state_.exit_code;
+}
+
+// Stop signals from the start (placement and registration take seconds): they wait in the
+// signal_set until the loop runs. SIGHUP (the terminal of `ringctl run` hung up) is a stop
+// like SIGTERM: checkpoint, then exit 75.
+void Daemon::catch_signals() {
   signals_.add(SIGCHLD);
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
   signals_.add(SIGUSR1);
   signals_.add(SIGHUP);
-  // Job directory and files.
+}
+
+// Job directory and files.
+Daemon::Exit Daemon::open_job_files() {
   job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(spec_.job.name) : o_.job_dir;
   if (auto f = prepare_job_dir(&job_dir_)) {
     std::cerr << "ringd: " << f->message << "\n";
@@ -276,14 +319,17 @@ int Daemon::run() {
   }
   // The job's own files: a job directory the user cannot write is a fatal error now, named on
   // stderr, not a log line nobody sees followed by restarts.
-  {
-    std::string why;
-    if (!log_file_.open(fmt::format("{}/logs/ringd-{}.log", job_dir_, o_.node_rank), &why) ||
-        (o_.node_rank == 0 && !steps_file_.open(job_dir_ + "/steps.jsonl", &why))) {
-      std::cerr << "ringd: " << why << "\n";
-      return kExitFailed;
-    }
+  std::string why;
+  if (!log_file_.open(fmt::format("{}/logs/ringd-{}.log", job_dir_, o_.node_rank), &why) ||
+      (o_.node_rank == 0 && !steps_file_.open(job_dir_ + "/steps.jsonl", &why))) {
+    std::cerr << "ringd: " << why << "\n";
+    return kExitFailed;
   }
+  return std::nullopt;
+}
+
+// The rendezvous root (stale attempts of an earlier run removed) and the checkpoint directory.
+Daemon::Exit Daemon::prepare_directories() {
   rdv_root_ = rendezvous_root(o_, job_dir_);
   const char* slurm_job = std::getenv("SLURM_JOB_ID");
   if ((!slurm_job || !*slurm_job || !o_.rendezvous.empty()) && o_.nodes == 1) {
@@ -298,25 +344,31 @@ int Daemon::run() {
     return f->code;
   }
   spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
-  {
-    ckpt::Options co;
-    co.dir = ckpt_dir;
-    co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
-    co.node_rank = o_.node_rank;
-    co.nodes = o_.nodes;
-    co.spec_hash = spec_hash_;
-    ckpts_ = std::make_unique<Checkpoints>(
-        co, Checkpoints::Hooks{[this](const std::string& l) { log(l); },
-                               [this](const std::string& n, json f) { event(n, std::move(f)); },
-                               [this](const ckpt::SaveResult& r) { steps_->record(r); }});
-  }
+  ckpt::Options co;
+  co.dir = ckpt_dir;
+  co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
+  co.node_rank = o_.node_rank;
+  co.nodes = o_.nodes;
+  co.spec_hash = spec_hash_;
+  ckpts_ = std::make_unique<Checkpoints>(
+      co, Checkpoints::Hooks{[this](const std::string& l) { log(l); },
+                             [this](const std::string& n, json f) { event(n, std::move(f)); },
+                             [this](const ckpt::SaveResult& r) { steps_->record(r); }});
+  return std::nullopt;
+}
+
+Daemon::Exit Daemon::find_worker() {
   worker_bin_ = find_worker_bin(o_.worker_bin);
   if (worker_bin_.empty() || access(worker_bin_.c_str(), X_OK) != 0) {
     std::cerr << "ringd: no ring-worker executable found (tried '" << worker_bin_
               << "'); give --worker-bin PATH or RING_WORKER_BIN\n";
     return kExitUsage;
   }
+  return std::nullopt;
+}
 
+// The run's sizes, the parameter layout, the step driver and the attempts' resources.
+void Daemon::make_parts() {
   wpn_ = static_cast<int>(spec_.resources.workers_per_node);
   world_ = wpn_ * o_.nodes;
   total_steps_ = o_.steps.value_or(spec_.train.steps);
@@ -326,14 +378,15 @@ int Daemon::run() {
       AttemptResources::Config{rdv_root_, o_.node_rank, o_.nodes, o_.transport, o_.threads,
                                total_steps_},
       spec_, *layout_, [this](const std::string& n) { log(n); });
+}
 
-  // Discovery, once per ringd (nvidia-smi or NVML, sysfs): placement and the registration with
-  // ring-coord read the same facts. GPUs matter only to a CUDA job's placement: elsewhere a
-  // failed GPU discovery is logged and the node registers without GPUs.
+// Discovery, once per ringd (nvidia-smi or NVML, sysfs): placement and the registration with
+// ring-coord read the same facts. GPUs matter only to a CUDA job's placement: elsewhere a
+// failed GPU discovery is logged and the node registers without GPUs.
+Daemon::Exit Daemon::place(NodeFacts* facts) {
   const bool cuda = spec_.resources.backend == spec::Backend::kCuda;
-  NodeFacts facts;
   try {
-    facts.gpus = placement::discover_gpus().topology;
+    facts->gpus = placement::discover_gpus().topology;
   } catch (const std::exception& e) {
     if (cuda) {
       std::cerr << "ringd: placement: " << e.what() << "\n";
@@ -343,20 +396,23 @@ int Daemon::run() {
   }
   // Placement: GPUs (CUDA backend) and cores for each local worker.
   try {
-    facts.cpu = placement::discover_cpu_topology();
+    facts->cpu = placement::discover_cpu_topology();
     placement::PlacementRequest req;
     req.workers = wpn_;
     req.cpus_per_worker = static_cast<int>(spec_.resources.cpus_per_worker);
     req.device = cuda ? placement::Device::kGpu : placement::Device::kCpu;
-    placement_ = placement::place_workers(cuda ? *facts.gpus : placement::GpuTopology{},
-                                          *facts.cpu, req);
+    placement_ = placement::place_workers(cuda ? *facts->gpus : placement::GpuTopology{},
+                                          *facts->cpu, req);
   } catch (const std::exception& e) {
     std::cerr << "ringd: placement: " << e.what() << "\n";
     return kExitFailed;
   }
+  return std::nullopt;
+}
 
-  // Control socket: a short path (108-byte limit) in a private per-user directory, marked so
-  // that the next ringd removes it when this one is killed (owned_paths.h).
+// Control socket: a short path (108-byte limit) in a private per-user directory, marked so
+// that the next ringd removes it when this one is killed (owned_paths.h).
+Daemon::Exit Daemon::make_control_dir_or_fail() {
   try {
     sock_dir_ = make_control_dir([this](const std::string& n) { log(n); });
   } catch (const std::exception& e) {
@@ -364,12 +420,10 @@ int Daemon::run() {
     return kExitFailed;
   }
   sock_path_ = sock_dir_ + "/ctl.sock";
-  struct RemoveOnExit {  // every way out of run(), exceptions included
-    const std::string& dir;
-    ~RemoveOnExit() { remove_own_dir(dir); }
-  } remove_sock_dir{sock_dir_};
-  control_.listen(sock_path_);
+  return std::nullopt;
+}
 
+void Daemon::announce() {
   log(fmt::format("job {} | node {} of {} | {} workers per node, world {} | {} steps | {} "
                   "parameters, {} buckets | optimizer {} {}{} | job dir {}",
                   spec_.job.name, o_.node_rank, o_.nodes, wpn_, world_, total_steps_,
@@ -381,50 +435,57 @@ int Daemon::run() {
                       : "",
                   job_dir_));
   for (const std::string& n : placement_.notes) log("placement: " + n);
+}
 
-  std::function<void(const boost::system::error_code&, int)> on_sig =
-      [this, &on_sig](const boost::system::error_code& e, int sig) {
-        if (e) return;
-        on_signal(sig);
-        if (state_.phase != attempt::Phase::kExiting) signals_.async_wait(on_sig);
-      };
-  signals_.async_wait(on_sig);
+// The signals and the 100 ms tick, handled once the loop runs.
+void Daemon::arm_loop() {
+  on_sig_ = [this](const boost::system::error_code& e, int sig) {
+    if (e) return;
+    on_signal(sig);
+    if (state_.phase != attempt::Phase::kExiting) signals_.async_wait(on_sig_);
+  };
+  signals_.async_wait(on_sig_);
   tick_.expires_after(std::chrono::milliseconds(100));
   tick_.async_wait([this](const boost::system::error_code& e) {
     if (!e) on_tick();
   });
+}
 
-  int first_attempt = 0;
-  if (!o_.coord.empty()) {
-    // Register (node, GPUs, topology, the job) and learn the attempt to run.
-    const protocol::Register reg = make_registration(std::stoll(o_.job), o_.node_rank, wpn_, facts);
-    try {
-      coord_ = std::make_unique<CoordLink>(
-          CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
-          [this](const protocol::Message& m) { asio::post(io_, [this, m] { on_coord(m); }); });
-    } catch (const std::exception& e) {
-      std::cerr << "ringd: " << e.what() << "\n";
-      return kExitUsage;
-    }
-    log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node, o_.job));
-    std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
-    if (!a) {
-      first_attempt = 1;
-      log("ring-coord did not answer within 30 s (or does not list the job): starting attempt 1; "
-          "the link keeps trying and the coordinator reconciles when it answers");
-    } else {
-      log(fmt::format("ring-coord: job {} is {}, attempt {}, resume step {}", a->job, a->state,
-                      a->attempt, a->resume_step));
-      if (const std::optional<int> code = attempt::exit_for_job_state(a->state)) {
-        log("nothing to run: the job is " + a->state);
-        coord_.reset();
-        return *code;
-      }
-      first_attempt = static_cast<int>(std::max<int64_t>(1, a->attempt));
-      if (a->resume_step > 0) resume_to_ = a->resume_step;
-    }
+// With --coord: register (node, GPUs, topology, the job) and learn the attempt to run
+// (*first_attempt; 0 without a coordinator: the state machine's first).
+Daemon::Exit Daemon::register_with_coord(const NodeFacts& facts, int* first_attempt) {
+  if (o_.coord.empty()) return std::nullopt;
+  const protocol::Register reg = make_registration(std::stoll(o_.job), o_.node_rank, wpn_, facts);
+  try {
+    coord_ = std::make_unique<CoordLink>(
+        CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
+        [this](const protocol::Message& m) { asio::post(io_, [this, m] { on_coord(m); }); });
+  } catch (const std::exception& e) {
+    std::cerr << "ringd: " << e.what() << "\n";
+    return kExitUsage;
   }
+  log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node, o_.job));
+  std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
+  if (!a) {
+    *first_attempt = 1;
+    log("ring-coord did not answer within 30 s (or does not list the job): starting attempt 1; "
+        "the link keeps trying and the coordinator reconciles when it answers");
+    return std::nullopt;
+  }
+  log(fmt::format("ring-coord: job {} is {}, attempt {}, resume step {}", a->job, a->state,
+                  a->attempt, a->resume_step));
+  if (const std::optional<int> code = attempt::exit_for_job_state(a->state)) {
+    log("nothing to run: the job is " + a->state);
+    coord_.reset();
+    return *code;
+  }
+  *first_attempt = static_cast<int>(std::max<int64_t>(1, a->attempt));
+  if (a->resume_step > 0) resume_to_ = a->resume_step;
+  return std::nullopt;
+}
 
+// The attempt state machine's facts, its start, and the event loop until it exits.
+void Daemon::run_attempts(int first_attempt) {
   machine_.nodes = o_.nodes;
   machine_.coordinated = coord_ != nullptr;
   machine_.max_restarts = spec_.restart.max_restarts;
@@ -434,8 +495,10 @@ int Daemon::run() {
   start.attempt = first_attempt;
   dispatch(start);
   io_.run();
+}
 
-  // Every exit path: no worker survives.
+// Every exit path: no worker survives.
+void Daemon::shut_down() {
   supervisor_.kill_all_and_wait();
   if (coord_) {
     // A barrier: the coordinator answers this registration after it handled every report before.
@@ -443,7 +506,6 @@ int Daemon::run() {
       log("ring-coord did not confirm the last reports within 5 s");
     coord_.reset();
   }
-  return state_.exit_code;
 }
 
 // ---- the attempt state machine -----------------------------------------------------------------
