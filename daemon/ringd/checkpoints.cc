@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "daemon/ringd/step_driver.h"
+
 namespace ring::ringd {
 
 namespace fs = std::filesystem;
@@ -19,6 +21,33 @@ void Checkpoints::open(int attempt, const std::vector<optim::StateTensor>& tenso
   ck_ = std::make_unique<ckpt::Checkpointer>(co);
   for (const optim::StateTensor& t : tensors)
     ck_->add_tensor(t.name, ckpt::DType::kF32, {t.size}, t.data);
+}
+
+ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tensors,
+                                     int64_t max_step, optim::Exchange& ex,
+                                     const std::function<void(const ckpt::LoadResult&)>& restore) {
+  if (base_.dir.empty()) {
+    hooks_.log("checkpoints are off (checkpoint.dir is empty): starting from step 0");
+    return {};
+  }
+  std::vector<ckpt::LoadTarget> targets;
+  for (const optim::StateTensor& t : tensors)
+    targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
+  const ckpt::LoadResult r =
+      load_agreed_checkpoint(base_.dir, base_.node_rank, base_.nodes, targets, max_step, ex);
+  for (const std::string& sk : r.skipped) hooks_.log("checkpoint skipped: " + sk);
+  if (r.loaded) {
+    if (!r.spec_hash.empty() && r.spec_hash != base_.spec_hash)
+      hooks_.log("note: checkpoint " + r.path + " was written with another spec (hash " +
+                 r.spec_hash + ", now " + base_.spec_hash + ")");
+    restore(r);
+    hooks_.log(fmt::format("resuming from {} (step {})", r.path, r.step));
+    hooks_.event("resumed", {{"step", r.step}, {"path", r.path}});
+  } else {
+    hooks_.log("no complete checkpoint in " + base_.dir + ": starting from step 0" +
+               (r.message.empty() ? "" : " (" + r.message + ")"));
+  }
+  return r;
 }
 
 void Checkpoints::start(int64_t step, nlohmann::json meta) {

@@ -54,6 +54,16 @@ class Checkpoints {
   // node 0's commit (await_commit); the Checkpointer goes.
   void close(bool stop_requested, int64_t done_step);
 
+  // An attempt's resume point: the newest complete checkpoint at or below `max_step` that every
+  // node has (agreed over `ex`) is loaded into `tensors`, `restore` sets the run's state from it,
+  // then it is told ("resuming from ..." and the resumed event); what was skipped, a checkpoint
+  // of another spec, none at all or checkpoints off are said too. Returns the load's result
+  // (loaded false: start from step 0). Throws ckpt::CheckpointMismatch for a checkpoint of
+  // another model, and what the load or `restore` throws.
+  ckpt::LoadResult resume(const std::vector<optim::StateTensor>& tensors, int64_t max_step,
+                          optim::Exchange& ex,
+                          const std::function<void(const ckpt::LoadResult&)>& restore);
+
   // Logs a finished checkpoint, records it and sends its event. Returns r.ok.
   bool report(const ckpt::SaveResult& r);
   // Node 0 commits a checkpoint once every node's shard is there: waits (bounded, 10 s) for

@@ -626,33 +626,16 @@ void Daemon::start_attempt() {
                   o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, res_->rdv()));
   try {
     optim::NodeOptimizer& opt = res_->make_optimizer();
-    const std::string& ckpt_dir = ckpts_->dir();
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
     const bool want_resume =
         coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
     const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
-    if (want_resume && ckpt_dir.empty()) {
-      log("checkpoints are off (checkpoint.dir is empty): starting from step 0");
-    } else if (want_resume) {
-      std::vector<ckpt::LoadTarget> targets;
-      for (const optim::StateTensor& t : opt.state_tensors())
-        targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
-      const ckpt::LoadResult r = load_agreed_checkpoint(ckpt_dir, o_.node_rank, o_.nodes, targets,
-                                                        max_step, res_->exchange());
-      for (const std::string& sk : r.skipped) log("checkpoint skipped: " + sk);
-      if (r.loaded) {
-        if (!r.spec_hash.empty() && r.spec_hash != spec_hash_)
-          log("note: checkpoint " + r.path + " was written with another spec (hash " +
-              r.spec_hash + ", now " + spec_hash_ + ")");
-        opt.restore_step(r.step);
-        steps_->resumed(r.step, r.meta.value("cursor", json()));
-        log(fmt::format("resuming from {} (step {})", r.path, r.step));
-        event("resumed", {{"step", r.step}, {"path", r.path}});
-      } else {
-        log("no complete checkpoint in " + ckpt_dir + ": starting from step 0" +
-            (r.message.empty() ? "" : " (" + r.message + ")"));
-      }
-    }
+    if (want_resume)
+      ckpts_->resume(opt.state_tensors(), max_step, res_->exchange(),
+                     [&](const ckpt::LoadResult& r) {
+                       opt.restore_step(r.step);
+                       steps_->resumed(r.step, r.meta.value("cursor", json()));
+                     });
     ckpts_->open(state_.attempt, opt.state_tensors());
   } catch (const ckpt::CheckpointMismatch& e) {
     // A sound checkpoint of another model: every restart would find the same one.

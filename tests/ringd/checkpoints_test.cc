@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -27,13 +29,14 @@ struct Rig {
   std::vector<float> master = std::vector<float>(4096, 1.5f);
 
   std::string dir() const { return t.path + "/ck"; }
-  Checkpoints make(const std::string& dir, int node_rank = 0, int nodes = 1) {
+  Checkpoints make(const std::string& dir, int node_rank = 0, int nodes = 1,
+                   const std::string& spec_hash = "spec-hash") {
     ckpt::Options co;
     co.dir = dir;
     co.keep_last = 2;
     co.node_rank = node_rank;
     co.nodes = nodes;
-    co.spec_hash = "spec-hash";
+    co.spec_hash = spec_hash;
     co.fsync = false;
     return Checkpoints(
         co, {[this](const std::string& l) { lines.push_back(l); },
@@ -128,6 +131,70 @@ TEST(Checkpoints, AFailedCheckpointIsToldAndFailsTheRun) {
   EXPECT_EQ(c.final_error(&error, false, 7),
             "the final checkpoint (step 7) failed: no space left on device; the newest complete "
             "checkpoint is " + rig.dir() + "/" + ckpt::step_dir_name(5) + " (step 5)");
+}
+
+TEST(Checkpoints, ResumesFromTheNewestCompleteOneAtOrBelowTheStep) {
+  Rig rig;
+  optim::LocalExchange ex;
+  int restores = 0;
+  const auto count = [&](const ckpt::LoadResult&) { ++restores; };
+  // Checkpoints off, then none written yet: step 0, said.
+  Checkpoints off = rig.make("");
+  EXPECT_FALSE(off.resume(rig.tensors(), INT64_MAX, ex, count).loaded);
+  ASSERT_EQ(rig.lines.size(), 1u);
+  EXPECT_EQ(rig.lines[0], "checkpoints are off (checkpoint.dir is empty): starting from step 0");
+  Checkpoints c = rig.make(rig.dir());
+  fs::create_directories(rig.dir());
+  EXPECT_FALSE(c.resume(rig.tensors(), INT64_MAX, ex, count).loaded);
+  ASSERT_EQ(rig.lines.size(), 2u);
+  EXPECT_EQ(rig.lines[1].rfind("no complete checkpoint in " + rig.dir() + ": starting from step 0", 0),
+            0u)
+      << rig.lines[1];
+  EXPECT_EQ(restores, 0);
+
+  // Steps 2 (weights 1.5) and 4 (weights 9) on disk.
+  c.open(1, rig.tensors());
+  c.start(2, {{"cursor", {{"pos", 7}}}});
+  c.wait(2);
+  std::fill(rig.master.begin(), rig.master.end(), 9.f);
+  c.start(4, {{"cursor", {{"pos", 9}}}});
+  c.wait(4);
+  c.close(false, 4);
+  std::fill(rig.master.begin(), rig.master.end(), 0.f);
+  rig.lines.clear();
+  rig.events.clear();
+  int64_t restored_step = -1;
+  nlohmann::json cursor;
+  const ckpt::LoadResult r =
+      c.resume(rig.tensors(), 3, ex, [&](const ckpt::LoadResult& l) {
+        // The state is loaded before the run's step is set from it.
+        EXPECT_EQ(rig.master[0], 1.5f);
+        restored_step = l.step;
+        cursor = l.meta.value("cursor", nlohmann::json());
+      });
+  ASSERT_TRUE(r.loaded) << r.message;
+  EXPECT_EQ(r.step, 2);
+  EXPECT_EQ(restored_step, 2);
+  EXPECT_EQ(cursor, (nlohmann::json{{"pos", 7}}));
+  const std::string step2 = rig.dir() + "/" + ckpt::step_dir_name(2);
+  ASSERT_FALSE(rig.lines.empty());
+  EXPECT_EQ(rig.lines.back(), "resuming from " + step2 + " (step 2)");
+  ASSERT_EQ(rig.events.size(), 1u);
+  EXPECT_EQ(rig.events[0]["event"], "resumed");
+  EXPECT_EQ(rig.events[0]["step"], 2);
+  EXPECT_EQ(rig.events[0]["path"], step2);
+
+  // Written with another spec: loaded, and said.
+  rig.lines.clear();
+  Checkpoints other = rig.make(rig.dir(), 0, 1, "other-hash");
+  EXPECT_EQ(other.resume(rig.tensors(), INT64_MAX, ex, count).step, 4);
+  EXPECT_EQ(rig.master[0], 9.f);
+  const std::string step4 = rig.dir() + "/" + ckpt::step_dir_name(4);
+  ASSERT_EQ(rig.lines.size(), 2u);
+  EXPECT_EQ(rig.lines[0], "note: checkpoint " + step4 +
+                              " was written with another spec (hash spec-hash, now other-hash)");
+  EXPECT_EQ(rig.lines[1], "resuming from " + step4 + " (step 4)");
+  EXPECT_EQ(restores, 1);
 }
 
 TEST(Checkpoints, WaitsForNodeZerosCommit) {
