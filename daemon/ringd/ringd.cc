@@ -777,20 +777,8 @@ void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage
     pid_t peer_pid = -1;
     uid_t peer_uid = 0;
     const bool have_cred = ControlServer::peer(c, &peer_pid, &peer_uid);
-    std::string why;
-    if (!have_cred || peer_uid != geteuid())
-      why = have_cred ? fmt::format("uid {} is not ringd's", peer_uid) : "no peer credentials";
-    else if (local >= wpn_ || !workers_[local].running)
-      why = fmt::format("local rank {} is not a worker of this attempt", local);
-    else if (h->rank != workers_[local].rank)
-      why = fmt::format("rank {} should be {}", h->rank, workers_[local].rank);
-    else if (h->n != layout_->total())
-      why = fmt::format("model of {} floats, ringd's has {} (same spec?)", h->n, layout_->total());
-    else if (h->pid != workers_[local].pid || peer_pid != workers_[local].pid)
-      why = fmt::format("pid {} (connected from pid {}) is not the worker ringd spawned", h->pid,
-                        peer_pid);
-    else if (workers_[local].connected)
-      why = fmt::format("local rank {} is connected already", local);
+    const std::string why =
+        hello_refusal(*h, workers_, layout_->total(), have_cred, peer_pid, peer_uid, geteuid());
     if (!why.empty()) {
       log("refused a worker: " + why);
       c->close_after = true;

@@ -40,6 +40,15 @@ struct Worker {
   contract::control::Done done_msg;
 };
 
+// Whether a hello on the control socket comes from a worker this attempt spawned: "" when it is
+// local rank h.local's running worker, not connected yet, with the model's size (`model_floats`),
+// and the other end (SO_PEERCRED: `have_cred`, `peer_pid`, `peer_uid`) is that worker's pid of
+// our `euid`; otherwise why it is refused. Who is really at the other end counts, not what the
+// message says.
+std::string hello_refusal(const contract::control::Hello& h, const std::vector<Worker>& workers,
+                          int64_t model_floats, bool have_cred, pid_t peer_pid, uid_t peer_uid,
+                          uid_t euid);
+
 // "exited with status 3", "was killed by signal 9 (Killed)".
 using proc::describe_status;
 
