@@ -28,12 +28,9 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "common/cli/job_dir.h"
 #include "common/install/locate.h"
-#include "common/log/log.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
@@ -49,6 +46,7 @@
 #include "daemon/ringd/coord_commands.h"
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/job_files.h"
+#include "daemon/ringd/output.h"
 #include "daemon/ringd/owned_paths.h"
 #include "daemon/ringd/startup.h"
 #include "daemon/ringd/step_driver.h"
@@ -77,20 +75,6 @@ std::string find_worker_bin(const std::string& given) {
   std::string all;
   for (const auto& t : tried) all += (all.empty() ? "" : ", ") + t;
   return all;
-}
-
-// The logger of ringd's stderr lines. Text: the lines as ringd always wrote them
-// ("2026-12-02 06:25:14 ringd[0] msg"); json: common/log's JSON lines (ts, level, program, pid,
-// logger, msg, node).
-std::shared_ptr<spdlog::logger> make_stderr_log(const Options& o) {
-  if (o.log_format == "json") {
-    ring::log::setup("ringd", ring::log::Format::kJsonLines);
-    return ring::log::get("ringd");
-  }
-  auto lg = std::make_shared<spdlog::logger>("ringd-stderr",
-                                             std::make_shared<spdlog::sinks::stderr_sink_mt>());
-  lg->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S ringd[{}] %v", o.node_rank));
-  return lg;
 }
 
 class Daemon {
@@ -173,12 +157,7 @@ class Daemon {
   std::string sock_dir_, sock_path_;
 
   std::string job_dir_, rdv_root_, worker_bin_;
-  // stderr's log lines (without --json): ringd's own text lines, or JSON lines (--log-format).
-  std::shared_ptr<spdlog::logger> stderr_log_ = make_stderr_log(o_);
-  AppendFile log_file_, steps_file_;
-  bool log_write_failed_ = false, steps_write_failed_ = false, stdout_gone_ = false;
-  void log_line(const std::string& line);
-  void out_line(const std::string& line);
+  Output out_{o_};  // the log file, stderr, stdout, steps.jsonl (output.h)
   int wpn_ = 1, world_ = 1;
   int64_t total_steps_ = 0;
   std::unique_ptr<contract::ParamLayout> layout_;
@@ -230,48 +209,11 @@ class Daemon {
 
 // ---------------------------------------------------------------------------------------------
 
-void Daemon::log(const std::string& line) {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  char ts[32];
-  std::strftime(ts, sizeof(ts), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  log_line(fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line));
-  if (o_.json) return;  // stdout carries the JSON lines; the log file has everything
-  if (o_.log_format == "json")
-    ring::log::event(*stderr_log_, spdlog::level::info, line, {{"node", o_.node_rank}});
-  else
-    stderr_log_->info(line);
-}
-
-// ringd's log file; a failed write is said once on stderr (the log itself cannot carry it).
-void Daemon::log_line(const std::string& line) {
-  std::string why;
-  if (log_file_.is_open() && !log_file_.write_line(line, &why) && !log_write_failed_) {
-    log_write_failed_ = true;
-    std::cerr << "ringd: " << why << "; the log goes on on stderr only" << std::endl;
-  }
-}
-
-// stdout (--json lines). Once it is gone (EPIPE: the reader, e.g. `ringctl run`, died) ringd
-// stops writing there and goes on: the log file and steps.jsonl keep everything.
-void Daemon::out_line(const std::string& line) {
-  if (stdout_gone_) return;
-  std::cout << line << std::endl;
-  if (!std::cout) {
-    stdout_gone_ = true;
-    log_line("stdout is closed (" + std::string(std::strerror(errno)) +
-             "): no more lines there; the log file and steps.jsonl go on");
-  }
-}
+void Daemon::log(const std::string& line) { out_.log(line); }
 
 void Daemon::event(const std::string& name, json fields) {
-  fields["event"] = name;
-  fields["node"] = o_.node_rank;
-  fields["attempt"] = state_.attempt;
-  const std::string s = fields.dump();
-  log_line("event " + s);
-  if (o_.json && o_.node_rank == 0) out_line(s);
-  if (coord_) coord_->report(name, fields);
+  const json sent = out_.event(name, std::move(fields), state_.attempt);
+  if (coord_) coord_->report(name, sent);
 }
 
 // Start-up in steps (each says on stderr why it stops ringd), the attempts on the event loop, and
@@ -320,8 +262,7 @@ Daemon::Exit Daemon::open_job_files() {
   // The job's own files: a job directory the user cannot write is a fatal error now, named on
   // stderr, not a log line nobody sees followed by restarts.
   std::string why;
-  if (!log_file_.open(fmt::format("{}/logs/ringd-{}.log", job_dir_, o_.node_rank), &why) ||
-      (o_.node_rank == 0 && !steps_file_.open(job_dir_ + "/steps.jsonl", &why))) {
+  if (!out_.open(job_dir_, &why)) {
     std::cerr << "ringd: " << why << "\n";
     return kExitFailed;
   }
@@ -899,27 +840,14 @@ void Daemon::maybe_finish_step() {
                   static_cast<unsigned long long>(
                       fnv1a(res_->opt().master(), static_cast<size_t>(layout_->total()) * 4)));
     j["weights_xxh"] = h;
-    log_line(fmt::format("step {} weights {}", done_step, h));
+    out_.log_file(fmt::format("step {} weights {}", done_step, h));
   }
-  if (o_.node_rank == 0) {
-    const std::string line = j.dump();
-    std::string why;
-    if (!steps_file_.write_line(line, &why) && !steps_write_failed_) {
-      steps_write_failed_ = true;  // said once; the step reports still reach ring-coord
-      log(why + " (steps are no longer recorded there)");
-    }
-    if (o_.json) {
-      out_line(line);
-    } else if (o_.log_format == "json") {
-      ring::log::event(*stderr_log_, spdlog::level::info, "step", j);
-    } else if (done_step % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step == 1 ||
-               done_step == total_steps_) {
-      std::cerr << fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
-                               contract::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
-                               r.bytes_sent / 1e6)
-                << std::endl;
-    }
-  }
+  out_.step(j,
+            fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
+                        contract::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
+                        r.bytes_sent / 1e6),
+            done_step % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step == 1 ||
+                done_step == total_steps_);
   if (coord_) {
     coord_->set_progress(state_.attempt, done_step);
     coord_->send(protocol::StepReport{coord_->node(), coord_->job(), state_.attempt, done_step,
