@@ -597,25 +597,10 @@ void Daemon::start_attempt() {
 void Daemon::spawn(Worker& w) {
   const placement::WorkerPlacement& pl = placement_.workers[w.local];
   Supervisor::Launch launch;
-  launch.argv = {worker_bin_,
-                 "--spec",
-                 fs::absolute(o_.spec).string(),
-                 "--rank",
-                 std::to_string(w.rank),
-                 "--world",
-                 std::to_string(world_),
-                 "--rendezvous",
-                 res_->rdv() + "/workers",
-                 "--ringd",
-                 sock_path_,
-                 "--local-rank",
-                 std::to_string(w.local),
-                 "--transport",
-                 o_.transport};
-  if (o_.worker_threads >= 0) {
-    launch.argv.push_back("--threads");
-    launch.argv.push_back(std::to_string(o_.worker_threads));
-  }
+  launch.argv = worker_argv({worker_bin_, fs::absolute(o_.spec).string(), world_,
+                             res_->rdv() + "/workers", sock_path_, o_.transport,
+                             o_.worker_threads},
+                            w);
   launch.cpus = pl.cpus;
   launch.cuda_visible_devices = pl.cuda_visible_devices;
   launch.banner = fmt::format("=== attempt {} ===\n", state_.attempt);

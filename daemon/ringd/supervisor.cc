@@ -133,6 +133,29 @@ bool Supervisor::any_running() const {
   return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
 }
 
+std::vector<std::string> worker_argv(const WorkerCommand& c, const Worker& w) {
+  std::vector<std::string> argv = {c.bin,
+                                   "--spec",
+                                   c.spec,
+                                   "--rank",
+                                   std::to_string(w.rank),
+                                   "--world",
+                                   std::to_string(c.world),
+                                   "--rendezvous",
+                                   c.rendezvous,
+                                   "--ringd",
+                                   c.ringd,
+                                   "--local-rank",
+                                   std::to_string(w.local),
+                                   "--transport",
+                                   c.transport};
+  if (c.threads >= 0) {
+    argv.push_back("--threads");
+    argv.push_back(std::to_string(c.threads));
+  }
+  return argv;
+}
+
 std::string hello_refusal(const contract::control::Hello& h, const std::vector<Worker>& workers,
                           int64_t model_floats, bool have_cred, pid_t peer_pid, uid_t peer_uid,
                           uid_t euid) {

@@ -250,3 +250,25 @@ TEST(Supervisor, HelloIsTakenOnlyFromTheSpawnedWorker) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Supervisor, WorkerCommandLineNamesItsRankAndTheAttempt) {
+  Worker w;
+  w.local = 1;
+  w.rank = 5;
+  ring::ringd::WorkerCommand c{"/bin/ring-worker", "/jobs/a.yaml", 8, "/rdv/attempt-2/workers",
+                               "/run/ctl.sock", "ucx", -1};
+  const std::vector<std::string> want = {
+      "/bin/ring-worker", "--spec", "/jobs/a.yaml", "--rank", "5", "--world", "8",
+      "--rendezvous", "/rdv/attempt-2/workers", "--ringd", "/run/ctl.sock", "--local-rank", "1",
+      "--transport", "ucx"};
+  EXPECT_EQ(ring::ringd::worker_argv(c, w), want);
+  c.threads = 3;
+  std::vector<std::string> with_threads = want;
+  with_threads.push_back("--threads");
+  with_threads.push_back("3");
+  EXPECT_EQ(ring::ringd::worker_argv(c, w), with_threads);
+}
+
+}  // namespace
