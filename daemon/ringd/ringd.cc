@@ -28,12 +28,9 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "common/cli/job_dir.h"
 #include "common/install/locate.h"
-#include "common/log/log.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
@@ -42,10 +39,14 @@
 #include "daemon/placement/discovery.h"
 #include "daemon/placement/placement.h"
 #include "daemon/ringd/attempt.h"
+#include "daemon/ringd/attempt_notes.h"
+#include "daemon/ringd/attempt_resources.h"
+#include "daemon/ringd/checkpoints.h"
 #include "daemon/ringd/control_server.h"
 #include "daemon/ringd/coord_commands.h"
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/job_files.h"
+#include "daemon/ringd/output.h"
 #include "daemon/ringd/owned_paths.h"
 #include "daemon/ringd/startup.h"
 #include "daemon/ringd/step_driver.h"
@@ -76,20 +77,6 @@ std::string find_worker_bin(const std::string& given) {
   return all;
 }
 
-// The logger of ringd's stderr lines. Text: the lines as ringd always wrote them
-// ("2026-12-02 06:25:14 ringd[0] msg"); json: common/log's JSON lines (ts, level, program, pid,
-// logger, msg, node).
-std::shared_ptr<spdlog::logger> make_stderr_log(const Options& o) {
-  if (o.log_format == "json") {
-    ring::log::setup("ringd", ring::log::Format::kJsonLines);
-    return ring::log::get("ringd");
-  }
-  auto lg = std::make_shared<spdlog::logger>("ringd-stderr",
-                                             std::make_shared<spdlog::sinks::stderr_sink_mt>());
-  lg->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S ringd[{}] %v", o.node_rank));
-  return lg;
-}
-
 class Daemon {
  public:
   Daemon(const Options& o, spec::JobSpec spec, std::string spec_text)
@@ -106,6 +93,20 @@ class Daemon {
   int run();
 
  private:
+  // ---- start-up, in run()'s order; each step gives an exit status when ringd must stop now
+  using Exit = std::optional<int>;
+  void catch_signals();
+  Exit open_job_files();
+  Exit prepare_directories();
+  Exit find_worker();
+  void make_parts();
+  Exit place(NodeFacts* facts);
+  Exit make_control_dir_or_fail();
+  void announce();
+  void arm_loop();
+  Exit register_with_coord(const NodeFacts& facts, int* first_attempt);
+  void run_attempts(int first_attempt);
+  void shut_down();
   // ---- logging and events
   void log(const std::string& line);
   void event(const std::string& name, json fields);
@@ -123,8 +124,6 @@ class Daemon {
   void finish(int code);
   void fatal(const std::string& why);
   void announce_fatal(const std::string& why);
-  void remove_stale_attempts();
-  bool make_attempt_dirs(std::string* why);
   // ---- the workers' control messages (control_server.h does the socket)
   void on_message(const ConnPtr& c, const contract::control::WorkerMessage& msg);
   void send(int local, const json& m) { control_.send(local, m); }
@@ -137,10 +136,8 @@ class Daemon {
   void on_bucket(Worker& w, int b);
   void maybe_finish_step();
   void checkpoint_now(int64_t step, bool wait);
-  bool report_checkpoint(const ckpt::SaveResult& r);
   // ---- watching
   void on_signal(int sig);
-  void await_commit(int64_t step);
   void reap();
   void on_tick();
   void worker_failed(Worker& w, const std::string& what);
@@ -153,18 +150,14 @@ class Daemon {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer tick_;
+  std::function<void(const boost::system::error_code&, int)> on_sig_;  // re-arms itself
   Supervisor supervisor_;
   std::vector<Worker>& workers_ = supervisor_.workers();
   ControlServer control_;
   std::string sock_dir_, sock_path_;
 
-  std::string job_dir_, rdv_root_, worker_bin_, ckpt_dir_;
-  // stderr's log lines (without --json): ringd's own text lines, or JSON lines (--log-format).
-  std::shared_ptr<spdlog::logger> stderr_log_ = make_stderr_log(o_);
-  AppendFile log_file_, steps_file_;
-  bool log_write_failed_ = false, steps_write_failed_ = false, stdout_gone_ = false;
-  void log_line(const std::string& line);
-  void out_line(const std::string& line);
+  std::string job_dir_, rdv_root_, worker_bin_;
+  Output out_{o_};  // the log file, stderr, stdout, steps.jsonl (output.h)
   int wpn_ = 1, world_ = 1;
   int64_t total_steps_ = 0;
   std::unique_ptr<contract::ParamLayout> layout_;
@@ -177,16 +170,10 @@ class Daemon {
   uint64_t dispatches_ = 0;
   int last_signal_ = 0;
   int64_t command_id_ = 0;  // the ring-coord command being handled (its ack)
-  contract::ShmRegion shm_;
-  std::unique_ptr<TransportExchange> exchange_;
-  optim::LocalExchange local_exchange_;
-  std::unique_ptr<optim::NodeOptimizer> opt_;
-  std::unique_ptr<ckpt::Checkpointer> ck_;
+  // The attempt's directories, shared memory, exchange and optimizer (attempt_resources.h).
+  std::unique_ptr<AttemptResources> res_;
+  std::unique_ptr<Checkpoints> ckpts_;  // the run's checkpoints (checkpoints.h)
   std::unique_ptr<StepDriver> steps_;  // the step in flight, the checkpoint results (step_driver.h)
-  double ckpt_stall_s_ = 0;
-  int64_t last_ckpt_step_ = -1;
-  int64_t stop_ckpt_saved_ = -1;  // step of a checkpoint written and waited for (on a stop)
-  std::string attempt_rdv_;
 
   // Stop signals (state_.stop_signals counts them; repeats within 1 s are one).
   Clock::time_point first_stop_signal_;
@@ -218,68 +205,55 @@ class Daemon {
   std::optional<int64_t> resume_to_;  // resume from the newest complete checkpoint <= this step
   Clock::time_point await_deadline_;
   std::string fatal_error_;           // fatal(): the exit message
-  // The run's last checkpoint (of the step it ends at) failed: the message that fails the run
-  // (it must not end "completed" or "resumable from here" with older weights on disk), or "".
-  std::string final_checkpoint_error();
-  std::string newest_complete_checkpoint();
 };
 
 // ---------------------------------------------------------------------------------------------
 
-void Daemon::log(const std::string& line) {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  char ts[32];
-  std::strftime(ts, sizeof(ts), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  log_line(fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line));
-  if (o_.json) return;  // stdout carries the JSON lines; the log file has everything
-  if (o_.log_format == "json")
-    ring::log::event(*stderr_log_, spdlog::level::info, line, {{"node", o_.node_rank}});
-  else
-    stderr_log_->info(line);
-}
-
-// ringd's log file; a failed write is said once on stderr (the log itself cannot carry it).
-void Daemon::log_line(const std::string& line) {
-  std::string why;
-  if (log_file_.is_open() && !log_file_.write_line(line, &why) && !log_write_failed_) {
-    log_write_failed_ = true;
-    std::cerr << "ringd: " << why << "; the log goes on on stderr only" << std::endl;
-  }
-}
-
-// stdout (--json lines). Once it is gone (EPIPE: the reader, e.g. `ringctl run`, died) ringd
-// stops writing there and goes on: the log file and steps.jsonl keep everything.
-void Daemon::out_line(const std::string& line) {
-  if (stdout_gone_) return;
-  std::cout << line << std::endl;
-  if (!std::cout) {
-    stdout_gone_ = true;
-    log_line("stdout is closed (" + std::string(std::strerror(errno)) +
-             "): no more lines there; the log file and steps.jsonl go on");
-  }
-}
+void Daemon::log(const std::string& line) { out_.log(line); }
 
 void Daemon::event(const std::string& name, json fields) {
-  fields["event"] = name;
-  fields["node"] = o_.node_rank;
-  fields["attempt"] = state_.attempt;
-  const std::string s = fields.dump();
-  log_line("event " + s);
-  if (o_.json && o_.node_rank == 0) out_line(s);
-  if (coord_) coord_->report(name, fields);
+  const json sent = out_.event(name, std::move(fields), state_.attempt);
+  if (coord_) coord_->report(name, sent);
 }
 
+// Start-up in steps (each says on stderr why it stops ringd), the attempts on the event loop, and
+// the way out that leaves no worker behind.
 int Daemon::run() {
-  // Stop signals from the start (placement and registration take seconds): they wait in the
-  // signal_set until the loop runs. SIGHUP (the terminal of `ringctl run` hung up) is a stop
-  // like SIGTERM: checkpoint, then exit 75.
+  catch_signals();
+  if (Exit e = open_job_files()) return *e;
+  if (Exit e = prepare_directories()) return *e;
+  if (Exit e = find_worker()) return *e;
+  make_parts();
+  NodeFacts facts;
+  if (Exit e = place(&facts)) return *e;
+  if (Exit e = make_control_dir_or_fail()) return *e;
+  struct RemoveOnExit {  // every way out of run(), exceptions included
+    const std::string& dir;
+    ~RemoveOnExit() { remove_own_dir(dir); }
+  } remove_sock_dir{sock_dir_};
+  control_.listen(sock_path_);
+  announce();
+  arm_loop();
+  int first_attempt = 0;
+  if (Exit e = register_with_coord(facts, &first_attempt)) return *e;
+  run_attempts(first_attempt);
+  shut_down();
+  return state_.exit_code;
+}
+
+// Stop signals from the start (placement and registration take seconds): they wait in the
+// signal_set until the loop runs. SIGHUP (the terminal of `ringctl run` hung up) is a stop
+// like SIGTERM: checkpoint, then exit 75.
+void Daemon::catch_signals() {
   signals_.add(SIGCHLD);
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
   signals_.add(SIGUSR1);
   signals_.add(SIGHUP);
-  // Job directory and files.
+}
+
+// Job directory and files.
+Daemon::Exit Daemon::open_job_files() {
   job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(spec_.job.name) : o_.job_dir;
   if (auto f = prepare_job_dir(&job_dir_)) {
     std::cerr << "ringd: " << f->message << "\n";
@@ -287,47 +261,73 @@ int Daemon::run() {
   }
   // The job's own files: a job directory the user cannot write is a fatal error now, named on
   // stderr, not a log line nobody sees followed by restarts.
-  {
-    std::string why;
-    if (!log_file_.open(fmt::format("{}/logs/ringd-{}.log", job_dir_, o_.node_rank), &why) ||
-        (o_.node_rank == 0 && !steps_file_.open(job_dir_ + "/steps.jsonl", &why))) {
-      std::cerr << "ringd: " << why << "\n";
-      return kExitFailed;
-    }
+  std::string why;
+  if (!out_.open(job_dir_, &why)) {
+    std::cerr << "ringd: " << why << "\n";
+    return kExitFailed;
   }
+  return std::nullopt;
+}
+
+// The rendezvous root (stale attempts of an earlier run removed) and the checkpoint directory.
+Daemon::Exit Daemon::prepare_directories() {
   rdv_root_ = rendezvous_root(o_, job_dir_);
   const char* slurm_job = std::getenv("SLURM_JOB_ID");
   if ((!slurm_job || !*slurm_job || !o_.rendezvous.empty()) && o_.nodes == 1) {
     // One node: the attempt directories an earlier run left go. Only those: a real directory of
     // ours named attempt-<N> holding ringd's marker (owned_paths.h), never the directory the
     // user named (--rendezvous ~/work must not lose the user's files).
-    remove_stale_attempts();
+    remove_stale_attempts(rdv_root_, [this](const std::string& n) { log(n); });
   }
-  if (auto f = prepare_checkpoint_dir(spec_.checkpoint.dir, job_dir_, &ckpt_dir_)) {
+  std::string ckpt_dir;
+  if (auto f = prepare_checkpoint_dir(spec_.checkpoint.dir, job_dir_, &ckpt_dir)) {
     std::cerr << "ringd: " << f->message << "\n";
     return f->code;
   }
   spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
+  ckpt::Options co;
+  co.dir = ckpt_dir;
+  co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
+  co.node_rank = o_.node_rank;
+  co.nodes = o_.nodes;
+  co.spec_hash = spec_hash_;
+  ckpts_ = std::make_unique<Checkpoints>(
+      co, Checkpoints::Hooks{[this](const std::string& l) { log(l); },
+                             [this](const std::string& n, json f) { event(n, std::move(f)); },
+                             [this](const ckpt::SaveResult& r) { steps_->record(r); }});
+  return std::nullopt;
+}
+
+Daemon::Exit Daemon::find_worker() {
   worker_bin_ = find_worker_bin(o_.worker_bin);
   if (worker_bin_.empty() || access(worker_bin_.c_str(), X_OK) != 0) {
     std::cerr << "ringd: no ring-worker executable found (tried '" << worker_bin_
               << "'); give --worker-bin PATH or RING_WORKER_BIN\n";
     return kExitUsage;
   }
+  return std::nullopt;
+}
 
+// The run's sizes, the parameter layout, the step driver and the attempts' resources.
+void Daemon::make_parts() {
   wpn_ = static_cast<int>(spec_.resources.workers_per_node);
   world_ = wpn_ * o_.nodes;
   total_steps_ = o_.steps.value_or(spec_.train.steps);
   layout_ = std::make_unique<contract::ParamLayout>(contract::ModelConfig::from_spec(spec_));
   steps_ = std::make_unique<StepDriver>(*layout_);
+  res_ = std::make_unique<AttemptResources>(
+      AttemptResources::Config{rdv_root_, o_.node_rank, o_.nodes, o_.transport, o_.threads,
+                               total_steps_},
+      spec_, *layout_, [this](const std::string& n) { log(n); });
+}
 
-  // Discovery, once per ringd (nvidia-smi or NVML, sysfs): placement and the registration with
-  // ring-coord read the same facts. GPUs matter only to a CUDA job's placement: elsewhere a
-  // failed GPU discovery is logged and the node registers without GPUs.
+// Discovery, once per ringd (nvidia-smi or NVML, sysfs): placement and the registration with
+// ring-coord read the same facts. GPUs matter only to a CUDA job's placement: elsewhere a
+// failed GPU discovery is logged and the node registers without GPUs.
+Daemon::Exit Daemon::place(NodeFacts* facts) {
   const bool cuda = spec_.resources.backend == spec::Backend::kCuda;
-  NodeFacts facts;
   try {
-    facts.gpus = placement::discover_gpus().topology;
+    facts->gpus = placement::discover_gpus().topology;
   } catch (const std::exception& e) {
     if (cuda) {
       std::cerr << "ringd: placement: " << e.what() << "\n";
@@ -337,20 +337,23 @@ int Daemon::run() {
   }
   // Placement: GPUs (CUDA backend) and cores for each local worker.
   try {
-    facts.cpu = placement::discover_cpu_topology();
+    facts->cpu = placement::discover_cpu_topology();
     placement::PlacementRequest req;
     req.workers = wpn_;
     req.cpus_per_worker = static_cast<int>(spec_.resources.cpus_per_worker);
     req.device = cuda ? placement::Device::kGpu : placement::Device::kCpu;
-    placement_ = placement::place_workers(cuda ? *facts.gpus : placement::GpuTopology{},
-                                          *facts.cpu, req);
+    placement_ = placement::place_workers(cuda ? *facts->gpus : placement::GpuTopology{},
+                                          *facts->cpu, req);
   } catch (const std::exception& e) {
     std::cerr << "ringd: placement: " << e.what() << "\n";
     return kExitFailed;
   }
+  return std::nullopt;
+}
 
-  // Control socket: a short path (108-byte limit) in a private per-user directory, marked so
-  // that the next ringd removes it when this one is killed (owned_paths.h).
+// Control socket: a short path (108-byte limit) in a private per-user directory, marked so
+// that the next ringd removes it when this one is killed (owned_paths.h).
+Daemon::Exit Daemon::make_control_dir_or_fail() {
   try {
     sock_dir_ = make_control_dir([this](const std::string& n) { log(n); });
   } catch (const std::exception& e) {
@@ -358,12 +361,10 @@ int Daemon::run() {
     return kExitFailed;
   }
   sock_path_ = sock_dir_ + "/ctl.sock";
-  struct RemoveOnExit {  // every way out of run(), exceptions included
-    const std::string& dir;
-    ~RemoveOnExit() { remove_own_dir(dir); }
-  } remove_sock_dir{sock_dir_};
-  control_.listen(sock_path_);
+  return std::nullopt;
+}
 
+void Daemon::announce() {
   log(fmt::format("job {} | node {} of {} | {} workers per node, world {} | {} steps | {} "
                   "parameters, {} buckets | optimizer {} {}{} | job dir {}",
                   spec_.job.name, o_.node_rank, o_.nodes, wpn_, world_, total_steps_,
@@ -375,50 +376,57 @@ int Daemon::run() {
                       : "",
                   job_dir_));
   for (const std::string& n : placement_.notes) log("placement: " + n);
+}
 
-  std::function<void(const boost::system::error_code&, int)> on_sig =
-      [this, &on_sig](const boost::system::error_code& e, int sig) {
-        if (e) return;
-        on_signal(sig);
-        if (state_.phase != attempt::Phase::kExiting) signals_.async_wait(on_sig);
-      };
-  signals_.async_wait(on_sig);
+// The signals and the 100 ms tick, handled once the loop runs.
+void Daemon::arm_loop() {
+  on_sig_ = [this](const boost::system::error_code& e, int sig) {
+    if (e) return;
+    on_signal(sig);
+    if (state_.phase != attempt::Phase::kExiting) signals_.async_wait(on_sig_);
+  };
+  signals_.async_wait(on_sig_);
   tick_.expires_after(std::chrono::milliseconds(100));
   tick_.async_wait([this](const boost::system::error_code& e) {
     if (!e) on_tick();
   });
+}
 
-  int first_attempt = 0;
-  if (!o_.coord.empty()) {
-    // Register (node, GPUs, topology, the job) and learn the attempt to run.
-    const protocol::Register reg = make_registration(std::stoll(o_.job), o_.node_rank, wpn_, facts);
-    try {
-      coord_ = std::make_unique<CoordLink>(
-          CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
-          [this](const protocol::Message& m) { asio::post(io_, [this, m] { on_coord(m); }); });
-    } catch (const std::exception& e) {
-      std::cerr << "ringd: " << e.what() << "\n";
-      return kExitUsage;
-    }
-    log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node, o_.job));
-    std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
-    if (!a) {
-      first_attempt = 1;
-      log("ring-coord did not answer within 30 s (or does not list the job): starting attempt 1; "
-          "the link keeps trying and the coordinator reconciles when it answers");
-    } else {
-      log(fmt::format("ring-coord: job {} is {}, attempt {}, resume step {}", a->job, a->state,
-                      a->attempt, a->resume_step));
-      if (const std::optional<int> code = attempt::exit_for_job_state(a->state)) {
-        log("nothing to run: the job is " + a->state);
-        coord_.reset();
-        return *code;
-      }
-      first_attempt = static_cast<int>(std::max<int64_t>(1, a->attempt));
-      if (a->resume_step > 0) resume_to_ = a->resume_step;
-    }
+// With --coord: register (node, GPUs, topology, the job) and learn the attempt to run
+// (*first_attempt; 0 without a coordinator: the state machine's first).
+Daemon::Exit Daemon::register_with_coord(const NodeFacts& facts, int* first_attempt) {
+  if (o_.coord.empty()) return std::nullopt;
+  const protocol::Register reg = make_registration(std::stoll(o_.job), o_.node_rank, wpn_, facts);
+  try {
+    coord_ = std::make_unique<CoordLink>(
+        CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
+        [this](const protocol::Message& m) { asio::post(io_, [this, m] { on_coord(m); }); });
+  } catch (const std::exception& e) {
+    std::cerr << "ringd: " << e.what() << "\n";
+    return kExitUsage;
   }
+  log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node, o_.job));
+  std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
+  if (!a) {
+    *first_attempt = 1;
+    log("ring-coord did not answer within 30 s (or does not list the job): starting attempt 1; "
+        "the link keeps trying and the coordinator reconciles when it answers");
+    return std::nullopt;
+  }
+  log(fmt::format("ring-coord: job {} is {}, attempt {}, resume step {}", a->job, a->state,
+                  a->attempt, a->resume_step));
+  if (const std::optional<int> code = attempt::exit_for_job_state(a->state)) {
+    log("nothing to run: the job is " + a->state);
+    coord_.reset();
+    return *code;
+  }
+  *first_attempt = static_cast<int>(std::max<int64_t>(1, a->attempt));
+  if (a->resume_step > 0) resume_to_ = a->resume_step;
+  return std::nullopt;
+}
 
+// The attempt state machine's facts, its start, and the event loop until it exits.
+void Daemon::run_attempts(int first_attempt) {
   machine_.nodes = o_.nodes;
   machine_.coordinated = coord_ != nullptr;
   machine_.max_restarts = spec_.restart.max_restarts;
@@ -428,8 +436,10 @@ int Daemon::run() {
   start.attempt = first_attempt;
   dispatch(start);
   io_.run();
+}
 
-  // Every exit path: no worker survives.
+// Every exit path: no worker survives.
+void Daemon::shut_down() {
   supervisor_.kill_all_and_wait();
   if (coord_) {
     // A barrier: the coordinator answers this registration after it handled every report before.
@@ -437,7 +447,6 @@ int Daemon::run() {
       log("ring-coord did not confirm the last reports within 5 s");
     coord_.reset();
   }
-  return state_.exit_code;
 }
 
 // ---- the attempt state machine -----------------------------------------------------------------
@@ -448,7 +457,7 @@ attempt::Event Daemon::event_of(attempt::EventKind kind, std::string text) const
   e.text = std::move(text);
   e.ready = ready();
   e.more_steps = steps_->done_step() + 1 <= total_steps_;
-  e.has_checkpointer = ck_ != nullptr;
+  e.has_checkpointer = ckpts_->active();
   return e;
 }
 
@@ -516,78 +525,13 @@ void Daemon::execute(const attempt::State& before, const attempt::Action& a) {
   }
 }
 
-// The log lines and events of the lifecycle's transitions.
+// The log lines and events of the lifecycle's transitions (their words: attempt_notes.h).
 void Daemon::say(const attempt::Action& a) {
-  using attempt::Note;
-  switch (a.note) {
-    case Note::kNone:
-      return;
-    case Note::kStopping:
-      log(fmt::format("{}: finishing the step, checkpoint, then stop", strsignal(last_signal_)));
-      event("stopping", {{"signal", last_signal_}, {"step", steps_->done_step()}});
-      return;
-    case Note::kStopNow:
-      log(fmt::format("{} again: stopping the workers now, no checkpoint",
-                      strsignal(last_signal_)));
-      return;
-    case Note::kStopAgreed:
-      log(fmt::format("step {}: every node knows of the stop: checkpoint, then stop", steps_->done_step()));
-      return;
-    case Note::kStopFromOtherNode:
-      log(fmt::format("step {}: another node was asked to stop: checkpoint, then stop",
-                      steps_->done_step()));
-      event("stopping", {{"step", steps_->done_step()}, {"from", "another node"}});
-      return;
-    case Note::kCheckpointAsked:
-      log(fmt::format("checkpoint at step {} (asked by ring-coord)", steps_->done_step()));
-      return;
-    case Note::kStoppedByCoord:
-      log(fmt::format("stopped at step {} by ring-coord ({})", steps_->done_step(), a.text));
-      event("stopped", {{"step", steps_->done_step()}, {"reason", a.text}});
-      return;
-    case Note::kStoppedResumable:
-      log(fmt::format("stopped at step {} on request (resumable)", steps_->done_step()));
-      event("stopped", {{"step", steps_->done_step()}});
-      return;
-    case Note::kStoppedAfterFailure:
-      event("stopped", {{"step", steps_->done_step()}});
-      return;
-    case Note::kCompleted:
-      log(fmt::format("completed {} steps", steps_->done_step()));
-      event("completed", {{"step", steps_->done_step()}});
-      return;
-    case Note::kRestarting:
-      log(fmt::format("restart {} of {} in {:.1f} s (attempt {})", a.restart,
-                      spec_.restart.max_restarts, a.seconds, a.attempt));
-      event("restarting", {{"restart", a.restart}, {"delay_s", a.seconds}});
-      return;
-    case Note::kRestartsExhausted:
-      log(fmt::format("failed: restart.max_restarts ({}) exhausted", spec_.restart.max_restarts));
-      event("failed", {{"step", steps_->done_step()}, {"restarts", state_.restarts}});
-      return;
-    case Note::kRollBack:
-      log(fmt::format("ring-coord: roll back to attempt {} from step {}", a.attempt, a.step));
-      return;
-    case Note::kStartFromCoord:
-      log(fmt::format("ring-coord: starting attempt {} from step {}", a.attempt, a.step));
-      return;
-    case Note::kWaitForCoord:
-      log("attempt failed: waiting for ring-coord's decision (roll back or stop)");
-      return;
-    case Note::kCoordSilent:
-      log("ring-coord did not answer: applying the spec's restart policy here");
-      return;
-    case Note::kCoordNoState:
-      log("ring-coord did not say how to go on after its stop: exiting (resumable)");
-      return;
-    case Note::kCoordStoppedIdle:
-      event("stopped", {{"step", steps_->done_step()}, {"reason", a.text}});
-      return;
-    case Note::kFinalCheckpointFailed:
-      event("checkpoint_failed", {{"step", steps_->done_step()}, {"error", a.text}, {"final", true}});
-      announce_fatal(a.text);
-      return;
-  }
+  const Words w = words_of(a, {last_signal_, steps_->done_step(), spec_.restart.max_restarts,
+                               state_.restarts});
+  if (!w.line.empty()) log(w.line);
+  if (!w.event.empty()) event(w.event, w.fields);
+  if (w.fatal) announce_fatal(a.text);
 }
 
 // ---- attempts ----------------------------------------------------------------------------------
@@ -595,20 +539,13 @@ void Daemon::say(const attempt::Action& a) {
 // The kStartAttempt action: state_ is kStarting (attempt::next reset the attempt's flags).
 void Daemon::start_attempt() {
   steps_->reset();
-  attempt_rdv_ = fmt::format("{}/attempt-{}", rdv_root_, state_.attempt);
   std::string rdv_error;
-  if (!make_attempt_dirs(&rdv_error)) {
+  if (!res_->make_dirs(state_.attempt, &rdv_error)) {
     fatal("rendezvous: " + rdv_error);
     return;
   }
   try {
-    // The name carries this process's pid and the attempt, so a segment of that name is the
-    // leftover of an earlier ringd that had the same pid and was killed before its workers
-    // mapped it (shared memory outlives processes): replace it.
-    const std::string shm =
-        contract::shm_name(spec_.job.name, o_.node_rank, getpid(), state_.attempt);
-    if (shm_unlink(shm.c_str()) == 0) log("removed a stale shared-memory segment " + shm);
-    shm_ = contract::ShmRegion::create(shm, layout_->total(), wpn_);
+    res_->create_shm(state_.attempt, wpn_);
   } catch (const std::exception& e) {
     log(std::string("fatal: ") + e.what());
     dispatch(event_of(attempt::EventKind::kFatal, e.what()));
@@ -627,53 +564,20 @@ void Daemon::start_attempt() {
     return;
   }
   log(fmt::format("attempt {}: spawned {} workers (ranks {}..{}), rendezvous {}", state_.attempt, wpn_,
-                  o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, attempt_rdv_));
+                  o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, res_->rdv()));
   try {
-    optim::Exchange* ex = &local_exchange_;
-    if (o_.nodes > 1) {
-      exchange_ = std::make_unique<TransportExchange>(o_.transport, o_.node_rank, o_.nodes,
-                                                      attempt_rdv_ + "/daemons", 120000, 60000);
-      ex = exchange_.get();
-    }
-    opt_ = std::make_unique<optim::NodeOptimizer>(spec_, *layout_, total_steps_, o_.threads, ex);
+    optim::NodeOptimizer& opt = res_->make_optimizer();
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
     const bool want_resume =
         coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
     const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
-    if (want_resume && ckpt_dir_.empty()) {
-      log("checkpoints are off (checkpoint.dir is empty): starting from step 0");
-    } else if (want_resume) {
-      std::vector<ckpt::LoadTarget> targets;
-      for (const optim::StateTensor& t : opt_->state_tensors())
-        targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
-      const ckpt::LoadResult r =
-          load_agreed_checkpoint(ckpt_dir_, o_.node_rank, o_.nodes, targets, max_step, *ex);
-      for (const std::string& sk : r.skipped) log("checkpoint skipped: " + sk);
-      if (r.loaded) {
-        if (!r.spec_hash.empty() && r.spec_hash != spec_hash_)
-          log("note: checkpoint " + r.path + " was written with another spec (hash " +
-              r.spec_hash + ", now " + spec_hash_ + ")");
-        opt_->restore_step(r.step);
-        steps_->resumed(r.step, r.meta.value("cursor", json()));
-        log(fmt::format("resuming from {} (step {})", r.path, r.step));
-        event("resumed", {{"step", r.step}, {"path", r.path}});
-      } else {
-        log("no complete checkpoint in " + ckpt_dir_ + ": starting from step 0" +
-            (r.message.empty() ? "" : " (" + r.message + ")"));
-      }
-    }
-    if (!ckpt_dir_.empty()) {
-      ckpt::Options co;
-      co.dir = ckpt_dir_;
-      co.keep_last = std::max<int64_t>(1, spec_.checkpoint.keep_last);
-      co.node_rank = o_.node_rank;
-      co.nodes = o_.nodes;
-      co.tag = std::to_string(state_.attempt);
-      co.spec_hash = spec_hash_;
-      ck_ = std::make_unique<ckpt::Checkpointer>(co);
-      for (const optim::StateTensor& t : opt_->state_tensors())
-        ck_->add_tensor(t.name, ckpt::DType::kF32, {t.size}, t.data);
-    }
+    if (want_resume)
+      ckpts_->resume(opt.state_tensors(), max_step, res_->exchange(),
+                     [&](const ckpt::LoadResult& r) {
+                       opt.restore_step(r.step);
+                       steps_->resumed(r.step, r.meta.value("cursor", json()));
+                     });
+    ckpts_->open(state_.attempt, opt.state_tensors());
   } catch (const ckpt::CheckpointMismatch& e) {
     // A sound checkpoint of another model: every restart would find the same one.
     fatal(std::string("cannot resume: ") + e.what());
@@ -693,25 +597,10 @@ void Daemon::start_attempt() {
 void Daemon::spawn(Worker& w) {
   const placement::WorkerPlacement& pl = placement_.workers[w.local];
   Supervisor::Launch launch;
-  launch.argv = {worker_bin_,
-                 "--spec",
-                 fs::absolute(o_.spec).string(),
-                 "--rank",
-                 std::to_string(w.rank),
-                 "--world",
-                 std::to_string(world_),
-                 "--rendezvous",
-                 attempt_rdv_ + "/workers",
-                 "--ringd",
-                 sock_path_,
-                 "--local-rank",
-                 std::to_string(w.local),
-                 "--transport",
-                 o_.transport};
-  if (o_.worker_threads >= 0) {
-    launch.argv.push_back("--threads");
-    launch.argv.push_back(std::to_string(o_.worker_threads));
-  }
+  launch.argv = worker_argv({worker_bin_, fs::absolute(o_.spec).string(), world_,
+                             res_->rdv() + "/workers", sock_path_, o_.transport,
+                             o_.worker_threads},
+                            w);
   launch.cpus = pl.cpus;
   launch.cuda_visible_devices = pl.cuda_visible_devices;
   launch.banner = fmt::format("=== attempt {} ===\n", state_.attempt);
@@ -741,48 +630,20 @@ void Daemon::stop_workers(const std::string& why, bool already_stopping) {
   if (n == 0) asio::post(io_, [this] { end_attempt(); });
 }
 
-// A node other than 0 has written its shard of the checkpoint taken on a stop signal; node 0
-// commits it once every shard is there. Exiting before that commit would let srun
-// (--kill-on-bad-exit: exit 75 counts as bad) kill node 0 mid-commit, so wait for the step's
-// final directory, bounded: Slurm's SIGKILL follows KillWait seconds after the SIGTERM anyway.
-void Daemon::await_commit(int64_t step) {
-  const fs::path final_dir = fs::path(ck_->options().dir) / ckpt::step_dir_name(step);
-  const auto end = Clock::now() + std::chrono::seconds(10);
-  std::error_code ec;
-  while (!fs::exists(final_dir, ec) && Clock::now() < end)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (fs::exists(final_dir, ec))
-    log(fmt::format("checkpoint step {} committed by node 0", step));
-  else
-    log(fmt::format("checkpoint step {}: node 0 has not committed it within 10 s; exiting anyway",
-                    step));
-}
-
 void Daemon::end_attempt() {
   if (!state_.live()) return;
   for (const Worker& w : workers_)
     if (w.running) return;
   control_.close_all();
-  const bool had_checkpointer = ck_ != nullptr;
-  if (ck_) {
-    int64_t saved = stop_ckpt_saved_;  // the newest checkpoint this node wrote its shard of
-    // Every checkpoint of the attempt, the one in flight included (node 0 may still be
-    // committing it): ring-coord resumes from the newest one reported saved.
-    for (const ckpt::SaveResult& r : ck_->drain())
-      if (report_checkpoint(r)) saved = std::max(saved, r.step);
-    if (state_.stop_requested() && o_.node_rank > 0 && saved == steps_->done_step() && saved > 0)
-      await_commit(saved);
-    ck_.reset();
-  }
-  opt_.reset();
-  exchange_.reset();
-  shm_ = contract::ShmRegion();
-  if (o_.node_rank == 0) {
-    std::string why;
-    if (!remove_own_dir(attempt_rdv_, &why)) log("rendezvous directory left in place: " + why);
-  }
+  const bool had_checkpointer = ckpts_->active();
+  ckpts_->close(state_.stop_requested(), steps_->done_step());
+  res_->release();
   attempt::Event e = event_of(attempt::EventKind::kAllExited);
-  if (had_checkpointer) e.final_checkpoint_error = final_checkpoint_error();
+  // The run's last checkpoint (of the step it ends at) failed: the message that fails the run
+  // (it must not end "completed" or "resumable from here" with older weights on disk), or "".
+  if (had_checkpointer)
+    e.final_checkpoint_error = ckpts_->final_error(steps_->failed_at_done_step(),
+                                                   state_.stop_requested(), steps_->done_step());
   dispatch(e);
 }
 
@@ -809,49 +670,6 @@ void Daemon::announce_fatal(const std::string& why) {
   if (o_.json) std::cerr << "ringd: " << why << std::endl;  // log() wrote it otherwise
   event("failed", {{"step", steps_->done_step()}, {"error", why}});
   fatal_error_ = why;
-}
-
-void Daemon::remove_stale_attempts() {
-  std::error_code ec;
-  fs::directory_iterator it(rdv_root_, ec), end;
-  std::vector<std::string> stale;
-  for (; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind("attempt-", 0) == 0) stale.push_back(it->path().string());
-  }
-  for (const std::string& d : stale) {
-    std::string why;
-    if (remove_own_dir(d, &why)) log("removed the rendezvous of an earlier run: " + d);
-    else log("left in place (not a rendezvous directory ringd made): " + why);
-  }
-}
-
-// <rdv>/attempt-<A>/{workers,daemons}: created 0700 and marked as ringd's (owned_paths.h), so
-// that only they are ever removed. With several nodes another node may have made it already
-// (same user); with one node an existing unmarked directory is not ours and is refused.
-bool Daemon::make_attempt_dirs(std::string* why) {
-  try {
-    std::error_code ec;
-    if (!fs::exists(rdv_root_, ec)) {
-      fs::create_directories(rdv_root_, ec);
-      if (ec) throw PathError("cannot create " + rdv_root_ + ": " + ec.message());
-      ::chmod(rdv_root_.c_str(), 0700);
-    }
-    const bool existed = fs::exists(fs::symlink_status(attempt_rdv_, ec));
-    ensure_own_dir(attempt_rdv_, 0022);
-    if (existed && o_.nodes == 1 && !is_own_marked_dir(attempt_rdv_))
-      throw PathError(attempt_rdv_ +
-                      " exists and was not made by ringd (no marker); choose another "
-                      "--rendezvous or remove it");
-    mark_own_dir(attempt_rdv_, fmt::format("ringd rendezvous of job {} attempt {}",
-                                           spec_.job.name, state_.attempt));
-    ensure_own_dir(attempt_rdv_ + "/workers", 0022);
-    ensure_own_dir(attempt_rdv_ + "/daemons", 0022);
-    return true;
-  } catch (const std::exception& e) {
-    *why = e.what();
-    return false;
-  }
 }
 
 // ---- sockets -----------------------------------------------------------------------------------
@@ -885,20 +703,8 @@ void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage
     pid_t peer_pid = -1;
     uid_t peer_uid = 0;
     const bool have_cred = ControlServer::peer(c, &peer_pid, &peer_uid);
-    std::string why;
-    if (!have_cred || peer_uid != geteuid())
-      why = have_cred ? fmt::format("uid {} is not ringd's", peer_uid) : "no peer credentials";
-    else if (local >= wpn_ || !workers_[local].running)
-      why = fmt::format("local rank {} is not a worker of this attempt", local);
-    else if (h->rank != workers_[local].rank)
-      why = fmt::format("rank {} should be {}", h->rank, workers_[local].rank);
-    else if (h->n != layout_->total())
-      why = fmt::format("model of {} floats, ringd's has {} (same spec?)", h->n, layout_->total());
-    else if (h->pid != workers_[local].pid || peer_pid != workers_[local].pid)
-      why = fmt::format("pid {} (connected from pid {}) is not the worker ringd spawned", h->pid,
-                        peer_pid);
-    else if (workers_[local].connected)
-      why = fmt::format("local rank {} is connected already", local);
+    const std::string why =
+        hello_refusal(*h, workers_, layout_->total(), have_cred, peer_pid, peer_uid, geteuid());
     if (!why.empty()) {
       log("refused a worker: " + why);
       c->close_after = true;
@@ -910,7 +716,7 @@ void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage
     w.connected = true;
     w.last_seen = Clock::now();
     send(local, {{"t", "welcome"},
-                 {"shm", shm_.name()},
+                 {"shm", res_->shm().name()},
                  {"start_step", steps_->done_step()},
                  {"need_init", !steps_->have_master() && local == 0},
                  {"cursor", steps_->cursor()}});
@@ -924,14 +730,15 @@ void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage
   if (std::holds_alternative<ctl::Mapped>(msg)) {
     w.mapped = true;
     if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; })) {
-      shm_.unlink();
+      contract::ShmRegion& shm = res_->shm();
+      shm.unlink();
       log(fmt::format("all {} workers connected; shared memory {} ({:.1f} MiB) mapped and unlinked",
-                      wpn_, shm_.name(), shm_.bytes() / 1048576.0));
+                      wpn_, shm.name(), shm.bytes() / 1048576.0));
       maybe_begin();
     }
   } else if (std::holds_alternative<ctl::Init>(msg)) {
     if (c->local == 0 && !steps_->have_master()) {
-      steps_->init_master(*opt_, shm_);
+      steps_->init_master(res_->opt(), res_->shm());
       log("master weights initialised from rank " + std::to_string(w.rank));
       maybe_begin();
     }
@@ -963,7 +770,8 @@ void Daemon::maybe_begin() {
 
 // The kStopAtBoundary action (state_ is kFinishing): every step is done or a stop is agreed.
 void Daemon::stop_at_boundary(const attempt::Action& a) {
-  if (ck_ && a.checkpoint && last_ckpt_step_ != steps_->done_step() && steps_->done_step() > 0)
+  if (ckpts_->active() && a.checkpoint && ckpts_->last_started() != steps_->done_step() &&
+      steps_->done_step() > 0)
     checkpoint_now(steps_->done_step(), true);
   stop_deadline_ = Clock::now() + std::chrono::seconds(60);
   for (const Worker& w : workers_) send(w.local, {{"t", "stop"}, {"reason", a.text}});
@@ -971,7 +779,7 @@ void Daemon::stop_at_boundary(const attempt::Action& a) {
 
 // The kBeginStep action: the next step's weights into shared memory, its params to the workers.
 void Daemon::begin_step() {
-  const int64_t changed = steps_->begin_step(workers_, shm_, *opt_);
+  const int64_t changed = steps_->begin_step(workers_, res_->shm(), res_->opt());
   for (const Worker& w : workers_)
     send(w.local, {{"t", "params"},
                    {"step", steps_->cur_step()},
@@ -980,16 +788,12 @@ void Daemon::begin_step() {
 }
 
 void Daemon::on_bucket(Worker& w, int b) {
-  const std::string wrong = steps_->on_bucket(workers_, w, b, shm_, *opt_, [this] {
-    if (!ck_ || !ck_->busy()) return;
+  const std::string wrong = steps_->on_bucket(workers_, w, b, res_->shm(), res_->opt(), [this] {
     // The optimizer is about to change the state the checkpoint is still writing.
-    const auto t0 = Clock::now();
-    const std::vector<ckpt::SaveResult> done = ck_->drain();
-    const Clock::duration stalled = Clock::now() - t0;
-    ckpt_stall_s_ += std::chrono::duration<double>(stalled).count();
-    blocked_ += stalled;
-    unblocked_at_ = Clock::now();
-    for (const ckpt::SaveResult& r : done) report_checkpoint(r);
+    if (const auto stalled = ckpts_->drain_before_update()) {
+      blocked_ += *stalled;
+      unblocked_at_ = Clock::now();
+    }
   });
   if (!wrong.empty()) {
     worker_failed(w, wrong);
@@ -1003,7 +807,7 @@ void Daemon::maybe_finish_step() {
   StepDriver::Finished f;
   try {
     Blocking b{this};
-    f = steps_->finish_step(workers_, *opt_, state_.attempt);
+    f = steps_->finish_step(workers_, res_->opt(), state_.attempt);
   } catch (const std::exception& e) {
     log(fmt::format("step {}: optimizer failed: {}", steps_->cur_step(), e.what()));
     event("optimizer_failed", {{"step", steps_->cur_step()}, {"error", e.what()}});
@@ -1019,29 +823,16 @@ void Daemon::maybe_finish_step() {
     char h[17];
     std::snprintf(h, sizeof(h), "%016llx",
                   static_cast<unsigned long long>(
-                      fnv1a(opt_->master(), static_cast<size_t>(layout_->total()) * 4)));
+                      fnv1a(res_->opt().master(), static_cast<size_t>(layout_->total()) * 4)));
     j["weights_xxh"] = h;
-    log_line(fmt::format("step {} weights {}", done_step, h));
+    out_.log_file(fmt::format("step {} weights {}", done_step, h));
   }
-  if (o_.node_rank == 0) {
-    const std::string line = j.dump();
-    std::string why;
-    if (!steps_file_.write_line(line, &why) && !steps_write_failed_) {
-      steps_write_failed_ = true;  // said once; the step reports still reach ring-coord
-      log(why + " (steps are no longer recorded there)");
-    }
-    if (o_.json) {
-      out_line(line);
-    } else if (o_.log_format == "json") {
-      ring::log::event(*stderr_log_, spdlog::level::info, "step", j);
-    } else if (done_step % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step == 1 ||
-               done_step == total_steps_) {
-      std::cerr << fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
-                               contract::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
-                               r.bytes_sent / 1e6)
-                << std::endl;
-    }
-  }
+  out_.step(j,
+            fmt::format("{} | optimizer {:.1f} ms ({:.1f} exposed) | {:.2f} MB exchanged",
+                        contract::format_step(st), r.optimizer_s * 1e3, r.exposed_s * 1e3,
+                        r.bytes_sent / 1e6),
+            done_step % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step == 1 ||
+                done_step == total_steps_);
   if (coord_) {
     coord_->set_progress(state_.attempt, done_step);
     coord_->send(protocol::StepReport{coord_->node(), coord_->job(), state_.attempt, done_step,
@@ -1057,52 +848,12 @@ void Daemon::maybe_finish_step() {
   dispatch(e);
 }
 
-// Logs a finished checkpoint and reports it (ring-coord resumes from the steps reported saved).
-bool Daemon::report_checkpoint(const ckpt::SaveResult& r) {
-  steps_->record(r);
-  if (r.ok) {
-    log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r.step, r.path,
-                    r.bytes / 1e6, r.total_s));
-    event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
-  } else {
-    log(fmt::format("checkpoint step {} failed: {}", r.step, r.error));
-    event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});
-  }
-  return r.ok;
-}
-
-// The run ends (every step done, or a resumable stop) and its last checkpoint, of the step it
-// ends at, failed (a full disk): the exit status must not say "completed" or "resumable from
-// here" when the newest weights on disk are older. Exit 1 naming the failed checkpoint, the
-// reason and the newest complete checkpoint; ring-coord hears it as checkpoint_failed.
-std::string Daemon::final_checkpoint_error() {
-  const std::string* error = steps_->failed_at_done_step();
-  if (!error) return "";
-  return fmt::format("the {} checkpoint (step {}) failed: {}; the newest complete checkpoint is {}",
-                     state_.stop_requested() ? "stop" : "final", steps_->done_step(), *error,
-                     newest_complete_checkpoint());
-}
-
-std::string Daemon::newest_complete_checkpoint() {
-  try {
-    const std::vector<ckpt::CheckpointInfo> all = ckpt::list_checkpoints(ckpt_dir_, false);
-    for (auto it = all.rbegin(); it != all.rend(); ++it)
-      if (it->status == ckpt::Status::kComplete)
-        return fmt::format("{} (step {})", it->path, it->step);
-    return "none (in " + ckpt_dir_ + ")";
-  } catch (const std::exception& e) {
-    return std::string("unknown (") + e.what() + ")";
-  }
-}
-
 void Daemon::checkpoint_now(int64_t step, bool wait) {
-  if (!ck_) return;
-  ck_->start(step, {{"cursor", steps_->cursor()}, {"attempt", state_.attempt}, {"world", world_}});
-  last_ckpt_step_ = step;
+  if (!ckpts_->active()) return;
+  ckpts_->start(step, {{"cursor", steps_->cursor()}, {"attempt", state_.attempt}, {"world", world_}});
   if (wait) {
     Blocking b{this};
-    for (const ckpt::SaveResult& r : ck_->drain())
-      if (report_checkpoint(r) && r.step == step) stop_ckpt_saved_ = r.step;
+    ckpts_->wait(step);
   }
 }
 
@@ -1182,9 +933,7 @@ void Daemon::on_tick() {
       dispatch(event_of(attempt::EventKind::kStopTimeout));
   }
   if (state_.phase == Phase::kStopping) supervisor_.kill_overdue(now);
-  if (ck_) {
-    while (auto r = ck_->poll()) report_checkpoint(*r);
-  }
+  ckpts_->poll();
   if (state_.phase == Phase::kRestarting && now >= restart_at_)
     dispatch(event_of(attempt::EventKind::kRestartDue));
   if (state_.phase == Phase::kAwaitingCoord && now > await_deadline_)
@@ -1201,7 +950,7 @@ void Daemon::on_tick() {
 
 void Daemon::on_coord(const protocol::Message& m) {
   if (state_.phase == attempt::Phase::kExiting) return;
-  const CoordInput in = interpret(m, coord_->job(), state_, ck_ != nullptr);
+  const CoordInput in = interpret(m, coord_->job(), state_, ckpts_->active());
   if (in.refusal) {
     coord_->ack(in.command_id, false, *in.refusal);
     return;

@@ -133,4 +133,46 @@ bool Supervisor::any_running() const {
   return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
 }
 
+std::vector<std::string> worker_argv(const WorkerCommand& c, const Worker& w) {
+  std::vector<std::string> argv = {c.bin,
+                                   "--spec",
+                                   c.spec,
+                                   "--rank",
+                                   std::to_string(w.rank),
+                                   "--world",
+                                   std::to_string(c.world),
+                                   "--rendezvous",
+                                   c.rendezvous,
+                                   "--ringd",
+                                   c.ringd,
+                                   "--local-rank",
+                                   std::to_string(w.local),
+                                   "--transport",
+                                   c.transport};
+  if (c.threads >= 0) {
+    argv.push_back("--threads");
+    argv.push_back(std::to_string(c.threads));
+  }
+  return argv;
+}
+
+std::string hello_refusal(const contract::control::Hello& h, const std::vector<Worker>& workers,
+                          int64_t model_floats, bool have_cred, pid_t peer_pid, uid_t peer_uid,
+                          uid_t euid) {
+  const int local = static_cast<int>(h.local);
+  if (!have_cred || peer_uid != euid)
+    return have_cred ? fmt::format("uid {} is not ringd's", peer_uid) : "no peer credentials";
+  if (local < 0 || local >= static_cast<int>(workers.size()) || !workers[local].running)
+    return fmt::format("local rank {} is not a worker of this attempt", local);
+  const Worker& w = workers[local];
+  if (h.rank != w.rank) return fmt::format("rank {} should be {}", h.rank, w.rank);
+  if (h.n != model_floats)
+    return fmt::format("model of {} floats, ringd's has {} (same spec?)", h.n, model_floats);
+  if (h.pid != w.pid || peer_pid != w.pid)
+    return fmt::format("pid {} (connected from pid {}) is not the worker ringd spawned", h.pid,
+                       peer_pid);
+  if (w.connected) return fmt::format("local rank {} is connected already", local);
+  return "";
+}
+
 }  // namespace ring::ringd

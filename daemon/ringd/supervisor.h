@@ -40,6 +40,29 @@ struct Worker {
   contract::control::Done done_msg;
 };
 
+// What every worker of an attempt is started with; worker_argv adds the worker's own rank.
+struct WorkerCommand {
+  std::string bin;          // ring-worker
+  std::string spec;         // the spec file (absolute)
+  int world = 1;            // ranks in the job
+  std::string rendezvous;   // <rdv>/attempt-<A>/workers
+  std::string ringd;        // the control socket
+  std::string transport;
+  int threads = -1;         // --threads (-1: not given: resources.cpus_per_worker)
+};
+// "<bin> --spec S --rank R --world P --rendezvous D --ringd SOCK --local-rank L --transport T
+// [--threads N]".
+std::vector<std::string> worker_argv(const WorkerCommand& c, const Worker& w);
+
+// Whether a hello on the control socket comes from a worker this attempt spawned: "" when it is
+// local rank h.local's running worker, not connected yet, with the model's size (`model_floats`),
+// and the other end (SO_PEERCRED: `have_cred`, `peer_pid`, `peer_uid`) is that worker's pid of
+// our `euid`; otherwise why it is refused. Who is really at the other end counts, not what the
+// message says.
+std::string hello_refusal(const contract::control::Hello& h, const std::vector<Worker>& workers,
+                          int64_t model_floats, bool have_cred, pid_t peer_pid, uid_t peer_uid,
+                          uid_t euid);
+
 // "exited with status 3", "was killed by signal 9 (Killed)".
 using proc::describe_status;
 

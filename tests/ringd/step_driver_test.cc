@@ -185,7 +185,9 @@ std::vector<ckpt::LoadResult> load_both(const std::string& dir) {
     });
   for (auto& t : ts) t.join();
   for (int node = 0; node < 2; ++node)
-    if (r[node].loaded) EXPECT_EQ(got[node][0], static_cast<float>(node + r[node].step));
+    if (r[node].loaded) {
+      EXPECT_EQ(got[node][0], static_cast<float>(node + r[node].step));
+    }
   return r;
 }
 

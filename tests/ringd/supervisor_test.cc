@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/common/test_proc.h"
 
@@ -201,6 +202,73 @@ TEST(Supervisor, UnusableLogIsFatalAndAMissingProgramFails) {
   EXPECT_FALSE(s.workers()[1].running);
   EXPECT_NE(failed.find("no-such-worker"), std::string::npos) << failed;
   EXPECT_NE(slurp(t.path + "/w1.log").find(failed), std::string::npos);  // the operator's copy
+}
+
+}  // namespace
+
+namespace {
+
+// A hello is taken only from the running worker ringd spawned for that local rank.
+TEST(Supervisor, HelloIsTakenOnlyFromTheSpawnedWorker) {
+  std::vector<Worker> ws(2);
+  for (int l = 0; l < 2; ++l) {
+    ws[l].local = l;
+    ws[l].rank = 4 + l;
+    ws[l].pid = 1000 + l;
+    ws[l].running = true;
+  }
+  ring::contract::control::Hello h;
+  h.local = 1;
+  h.rank = 5;
+  h.pid = 1001;
+  h.n = 77;
+  const uid_t me = 500;
+  using ring::ringd::hello_refusal;
+  EXPECT_EQ(hello_refusal(h, ws, 77, true, 1001, me, me), "");
+  EXPECT_EQ(hello_refusal(h, ws, 77, false, -1, 0, me), "no peer credentials");
+  EXPECT_EQ(hello_refusal(h, ws, 77, true, 1001, 501, me), "uid 501 is not ringd's");
+  EXPECT_EQ(hello_refusal(h, ws, 78, true, 1001, me, me),
+            "model of 77 floats, ringd's has 78 (same spec?)");
+  EXPECT_EQ(hello_refusal(h, ws, 77, true, 999, me, me),
+            "pid 1001 (connected from pid 999) is not the worker ringd spawned");
+  ring::contract::control::Hello wrong_rank = h;
+  wrong_rank.rank = 4;
+  EXPECT_EQ(hello_refusal(wrong_rank, ws, 77, true, 1001, me, me), "rank 4 should be 5");
+  ring::contract::control::Hello far = h;
+  far.local = 2;
+  EXPECT_EQ(hello_refusal(far, ws, 77, true, 1001, me, me),
+            "local rank 2 is not a worker of this attempt");
+  // Before any attempt there are no workers at all.
+  EXPECT_EQ(hello_refusal(h, {}, 77, true, 1001, me, me),
+            "local rank 1 is not a worker of this attempt");
+  ws[1].connected = true;
+  EXPECT_EQ(hello_refusal(h, ws, 77, true, 1001, me, me), "local rank 1 is connected already");
+  ws[1].connected = false;
+  ws[1].running = false;
+  EXPECT_EQ(hello_refusal(h, ws, 77, true, 1001, me, me),
+            "local rank 1 is not a worker of this attempt");
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Supervisor, WorkerCommandLineNamesItsRankAndTheAttempt) {
+  Worker w;
+  w.local = 1;
+  w.rank = 5;
+  ring::ringd::WorkerCommand c{"/bin/ring-worker", "/jobs/a.yaml", 8, "/rdv/attempt-2/workers",
+                               "/run/ctl.sock", "ucx", -1};
+  const std::vector<std::string> want = {
+      "/bin/ring-worker", "--spec", "/jobs/a.yaml", "--rank", "5", "--world", "8",
+      "--rendezvous", "/rdv/attempt-2/workers", "--ringd", "/run/ctl.sock", "--local-rank", "1",
+      "--transport", "ucx"};
+  EXPECT_EQ(ring::ringd::worker_argv(c, w), want);
+  c.threads = 3;
+  std::vector<std::string> with_threads = want;
+  with_threads.push_back("--threads");
+  with_threads.push_back("3");
+  EXPECT_EQ(ring::ringd::worker_argv(c, w), with_threads);
 }
 
 }  // namespace

@@ -1,0 +1,87 @@
+// ringd's checkpoints of a run: the attempt's Checkpointer (daemon/checkpoint) over the
+// optimizer's state, the checkpoints started at step boundaries, their results told as log lines
+// and events (ring-coord resumes from the steps reported saved) and kept in the StepDriver, the
+// wait for node 0's commit after a stop, and the message that fails a run whose last checkpoint
+// failed. When a checkpoint is taken is the attempt's business (attempt.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/checkpoint/checkpoint.h"
+#include "daemon/optim/node_optimizer.h"
+
+namespace ring::ringd {
+
+class Checkpoints {
+ public:
+  struct Hooks {
+    std::function<void(const std::string&)> log;                            // ringd's log line
+    std::function<void(const std::string&, nlohmann::json)> event;          // an event
+    std::function<void(const ckpt::SaveResult&)> record;                    // StepDriver::record
+  };
+  // `base`: dir ("" : checkpoints are off), keep_last, node_rank, nodes, spec_hash (its tag is
+  // the attempt's, set by open()).
+  Checkpoints(ckpt::Options base, Hooks hooks) : base_(std::move(base)), hooks_(std::move(hooks)) {}
+
+  const std::string& dir() const { return base_.dir; }
+  // A Checkpointer for the attempt (open() was called and close() not yet).
+  bool active() const { return ck_ != nullptr; }
+
+  // The attempt's Checkpointer over the optimizer's state tensors; nothing when the dir is "".
+  // Throws CheckpointError on bad options.
+  void open(int attempt, const std::vector<optim::StateTensor>& tensors);
+  // A checkpoint of `step` begins (in the background); nothing when not active().
+  void start(int64_t step, nlohmann::json meta);
+  int64_t last_started() const { return last_started_; }  // -1: none yet
+  // Blocks until the checkpoint in flight is done and reports it; `step`'s, saved, is the one a
+  // stop waits for (close()).
+  void wait(int64_t step);
+  // Reports the checkpoints finished meanwhile (never blocks).
+  void poll();
+  // The optimizer is about to change the state a checkpoint in flight is still writing: waits
+  // for it and reports it. Returns how long it waited, or nothing when none was in flight.
+  std::optional<std::chrono::steady_clock::duration> drain_before_update();
+  // The attempt is over: every checkpoint of it, the one in flight included, is reported; on a
+  // stop (`stop_requested`) a node other than 0 whose shard of `done_step` is saved waits for
+  // node 0's commit (await_commit); the Checkpointer goes.
+  void close(bool stop_requested, int64_t done_step);
+
+  // An attempt's resume point: the newest complete checkpoint at or below `max_step` that every
+  // node has (agreed over `ex`) is loaded into `tensors`, `restore` sets the run's state from it,
+  // then it is told ("resuming from ..." and the resumed event); what was skipped, a checkpoint
+  // of another spec, none at all or checkpoints off are said too. Returns the load's result
+  // (loaded false: start from step 0). Throws ckpt::CheckpointMismatch for a checkpoint of
+  // another model, and what the load or `restore` throws.
+  ckpt::LoadResult resume(const std::vector<optim::StateTensor>& tensors, int64_t max_step,
+                          optim::Exchange& ex,
+                          const std::function<void(const ckpt::LoadResult&)>& restore);
+
+  // Logs a finished checkpoint, records it and sends its event. Returns r.ok.
+  bool report(const ckpt::SaveResult& r);
+  // Node 0 commits a checkpoint once every node's shard is there: waits (bounded, 10 s) for
+  // `step`'s final directory, so that exiting does not let srun kill node 0 mid-commit.
+  void await_commit(int64_t step, std::chrono::milliseconds bound = std::chrono::seconds(10));
+
+  // The run ends at `done_step` and that step's checkpoint failed with `error` (null: it did
+  // not): the message that fails the run ("" when none), naming the newest complete one.
+  std::string final_error(const std::string* error, bool stop, int64_t done_step) const;
+  // "<path> (step N)", "none (in <dir>)" or "unknown (<why>)".
+  std::string newest_complete() const;
+
+ private:
+  ckpt::Options base_;
+  Hooks hooks_;
+  std::unique_ptr<ckpt::Checkpointer> ck_;
+  int64_t last_started_ = -1;
+  int64_t stop_saved_ = -1;  // step of a checkpoint written and waited for (on a stop)
+};
+
+}  // namespace ring::ringd

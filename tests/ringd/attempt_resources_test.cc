@@ -1,0 +1,154 @@
+// An attempt's resources (daemon/ringd/attempt_resources.h) alone, without processes: the
+// rendezvous directories in a temp dir, a real shared-memory region, the in-process exchange and
+// a real NodeOptimizer for the tiny4 spec; set up, then released, and stale attempts removed.
+#include "daemon/ringd/attempt_resources.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/contract/model_config.h"
+#include "common/spec/parse.h"
+#include "daemon/ringd/owned_paths.h"
+#include "tests/common/test_proc.h"
+
+namespace {
+
+using namespace ring;
+using ringd::AttemptResources;
+namespace fs = std::filesystem;
+
+bool shm_exists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+struct Rig {
+  test::TempDir t{"attempt-resources"};
+  spec::JobSpec spec;
+  std::unique_ptr<contract::ParamLayout> layout;
+  std::vector<std::string> notes;
+
+  Rig() {
+    spec::LoadResult r =
+        spec::load_spec_file(std::string(RING_SOURCE_DIR) + "/tests/ringd/tiny4.yaml");
+    if (!r.ok()) throw std::runtime_error("tiny4.yaml does not load");
+    spec = *r.spec;
+    // A name of this test process alone: the shared-memory name carries job, node and pid.
+    spec.job.name = "attempt-resources-test";
+    layout = std::make_unique<contract::ParamLayout>(contract::ModelConfig::from_spec(spec));
+  }
+  std::string root() const { return t.path + "/rdv"; }
+  std::unique_ptr<AttemptResources> make(int node_rank = 0, int nodes = 1) {
+    return std::make_unique<AttemptResources>(
+        AttemptResources::Config{root(), node_rank, nodes, "ucx", 1, 10}, spec, *layout,
+        [this](const std::string& n) { notes.push_back(n); });
+  }
+};
+
+TEST(AttemptResources, SetsUpAnAttemptAndReleasesEverything) {
+  Rig rig;
+  auto res = rig.make();
+  std::string why;
+  ASSERT_TRUE(res->make_dirs(3, &why)) << why;
+  EXPECT_EQ(res->rdv(), rig.root() + "/attempt-3");
+  EXPECT_TRUE(fs::is_directory(res->rdv() + "/workers"));
+  EXPECT_TRUE(fs::is_directory(res->rdv() + "/daemons"));
+  EXPECT_TRUE(ringd::is_own_marked_dir(res->rdv()));
+  struct stat st{};
+  ASSERT_EQ(::stat(rig.root().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);  // the root it created is private
+
+  res->create_shm(3, 2);
+  const std::string name =
+      contract::shm_name(rig.spec.job.name, 0, static_cast<int>(getpid()), 3);
+  EXPECT_EQ(res->shm().name(), name);
+  EXPECT_EQ(res->shm().workers(), 2);
+  EXPECT_TRUE(shm_exists(name));
+
+  EXPECT_FALSE(res->has_optimizer());
+  optim::NodeOptimizer& opt = res->make_optimizer();
+  EXPECT_TRUE(res->has_optimizer());
+  EXPECT_EQ(&opt, &res->opt());
+  EXPECT_EQ(res->exchange().nodes(), 1);  // one node: the in-process exchange
+  ASSERT_FALSE(opt.state_tensors().empty());
+  EXPECT_EQ(opt.state_tensors()[0].size, rig.layout->total());
+
+  res->release();
+  EXPECT_FALSE(res->has_optimizer());
+  EXPECT_FALSE(shm_exists(name));  // the segment is gone with the region
+  EXPECT_FALSE(fs::exists(rig.root() + "/attempt-3"));  // node 0 removes the rendezvous
+  EXPECT_TRUE(rig.notes.empty()) << rig.notes[0];
+}
+
+TEST(AttemptResources, ReplacesAStaleSegmentOfTheSameName) {
+  Rig rig;
+  auto res = rig.make();
+  const std::string name =
+      contract::shm_name(rig.spec.job.name, 0, static_cast<int>(getpid()), 5);
+  const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  res->create_shm(5, 1);
+  ASSERT_EQ(rig.notes.size(), 1u);
+  EXPECT_EQ(rig.notes[0], "removed a stale shared-memory segment " + name);
+  EXPECT_EQ(res->shm().workers(), 1);
+  res->release();
+  EXPECT_FALSE(shm_exists(name));
+}
+
+TEST(AttemptResources, RefusesADirectoryItDidNotMakeOnOneNode) {
+  Rig rig;
+  fs::create_directories(rig.root() + "/attempt-1");
+  auto one = rig.make(0, 1);
+  std::string why;
+  EXPECT_FALSE(one->make_dirs(1, &why));
+  EXPECT_NE(why.find(rig.root() + "/attempt-1 exists and was not made by ringd (no marker)"),
+            std::string::npos)
+      << why;
+  // With several nodes another node (same user) may have made it first: taken.
+  auto two = rig.make(1, 2);
+  why.clear();
+  EXPECT_TRUE(two->make_dirs(1, &why)) << why;
+  EXPECT_TRUE(fs::is_directory(rig.root() + "/attempt-1/daemons"));
+  // Only node 0 removes the rendezvous: node 1 leaves it.
+  two->release();
+  EXPECT_TRUE(fs::exists(rig.root() + "/attempt-1"));
+}
+
+TEST(AttemptResources, RemovesOnlyTheStaleAttemptsItMade) {
+  Rig rig;
+  std::string why;
+  ASSERT_TRUE(rig.make()->make_dirs(1, &why)) << why;      // ringd's, marked
+  fs::create_directories(rig.root() + "/attempt-2");       // not ringd's
+  fs::create_directories(rig.root() + "/mine");            // not an attempt at all
+  rig.notes.clear();
+  ringd::remove_stale_attempts(rig.root(),
+                               [&](const std::string& n) { rig.notes.push_back(n); });
+  EXPECT_FALSE(fs::exists(rig.root() + "/attempt-1"));
+  EXPECT_TRUE(fs::exists(rig.root() + "/attempt-2"));
+  EXPECT_TRUE(fs::exists(rig.root() + "/mine"));
+  ASSERT_EQ(rig.notes.size(), 2u);
+  std::sort(rig.notes.begin(), rig.notes.end());
+  EXPECT_EQ(rig.notes[1], "removed the rendezvous of an earlier run: " + rig.root() + "/attempt-1");
+  EXPECT_EQ(rig.notes[0].rfind("left in place (not a rendezvous directory ringd made): ", 0), 0u)
+      << rig.notes[0];
+  // A root that does not exist: nothing to do, nothing said.
+  rig.notes.clear();
+  ringd::remove_stale_attempts(rig.t.path + "/none",
+                               [&](const std::string& n) { rig.notes.push_back(n); });
+  EXPECT_TRUE(rig.notes.empty());
+}
+
+}  // namespace

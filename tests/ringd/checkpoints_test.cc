@@ -1,0 +1,219 @@
+// ringd's checkpoints (daemon/ringd/checkpoints.h) alone: a real Checkpointer writing into a temp
+// dir, its results told as log lines and events and recorded, the newest complete checkpoint,
+// the message of a failed final checkpoint, the wait for node 0's commit.
+#include "daemon/ringd/checkpoints.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/common/test_proc.h"
+
+namespace {
+
+using namespace ring;
+using ringd::Checkpoints;
+namespace fs = std::filesystem;
+
+struct Rig {
+  test::TempDir t{"ringd-checkpoints"};
+  std::vector<std::string> lines;
+  std::vector<nlohmann::json> events;
+  std::vector<ckpt::SaveResult> recorded;
+  std::vector<float> master = std::vector<float>(4096, 1.5f);
+
+  std::string dir() const { return t.path + "/ck"; }
+  Checkpoints make(const std::string& dir, int node_rank = 0, int nodes = 1,
+                   const std::string& spec_hash = "spec-hash") {
+    ckpt::Options co;
+    co.dir = dir;
+    co.keep_last = 2;
+    co.node_rank = node_rank;
+    co.nodes = nodes;
+    co.spec_hash = spec_hash;
+    co.fsync = false;
+    return Checkpoints(
+        co, {[this](const std::string& l) { lines.push_back(l); },
+             [this](const std::string& n, nlohmann::json f) {
+               f["event"] = n;
+               events.push_back(f);
+             },
+             [this](const ckpt::SaveResult& r) { recorded.push_back(r); }});
+  }
+  std::vector<optim::StateTensor> tensors() {
+    return {{"master", master.data(), static_cast<int64_t>(master.size())}};
+  }
+};
+
+TEST(Checkpoints, OffWithoutADirectory) {
+  Rig rig;
+  Checkpoints c = rig.make("");
+  c.open(1, rig.tensors());
+  EXPECT_FALSE(c.active());
+  c.start(3, {});
+  EXPECT_EQ(c.last_started(), -1);
+  EXPECT_FALSE(c.drain_before_update().has_value());
+  c.poll();
+  c.close(true, 3);
+  EXPECT_TRUE(rig.lines.empty());
+  EXPECT_TRUE(rig.recorded.empty());
+}
+
+TEST(Checkpoints, SavesReportsAndNamesTheNewestComplete) {
+  Rig rig;
+  Checkpoints c = rig.make(rig.dir());
+  c.open(1, rig.tensors());
+  ASSERT_TRUE(c.active());
+  c.start(2, {{"attempt", 1}});
+  EXPECT_EQ(c.last_started(), 2);
+  c.wait(2);
+  const std::string step_dir = rig.dir() + "/" + ckpt::step_dir_name(2);
+  ASSERT_EQ(rig.recorded.size(), 1u);
+  EXPECT_TRUE(rig.recorded[0].ok) << rig.recorded[0].error;
+  ASSERT_EQ(rig.lines.size(), 1u);
+  EXPECT_EQ(rig.lines[0].rfind("checkpoint step 2 saved: " + step_dir + " (", 0), 0u)
+      << rig.lines[0];
+  ASSERT_EQ(rig.events.size(), 1u);
+  EXPECT_EQ(rig.events[0]["event"], "checkpoint_saved");
+  EXPECT_EQ(rig.events[0]["step"], 2);
+  EXPECT_EQ(rig.events[0]["path"], step_dir);
+  EXPECT_TRUE(fs::is_directory(step_dir));
+  EXPECT_EQ(c.newest_complete(), step_dir + " (step 2)");
+
+  // One in the background, found by poll().
+  c.start(4, {{"attempt", 1}});
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (rig.recorded.size() < 2 && std::chrono::steady_clock::now() < end) {
+    c.poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(rig.recorded.size(), 2u);
+  EXPECT_EQ(rig.recorded[1].step, 4);
+  EXPECT_EQ(c.newest_complete(), rig.dir() + "/" + ckpt::step_dir_name(4) + " (step 4)");
+  // Nothing in flight: nothing to wait for before the optimizer's update.
+  EXPECT_FALSE(c.drain_before_update().has_value());
+  c.close(false, 4);
+  EXPECT_FALSE(c.active());
+  EXPECT_EQ(rig.recorded.size(), 2u);  // nothing more was in flight
+}
+
+TEST(Checkpoints, AFailedCheckpointIsToldAndFailsTheRun) {
+  Rig rig;
+  Checkpoints c = rig.make(rig.dir());
+  ckpt::SaveResult bad;
+  bad.ok = false;
+  bad.step = 7;
+  bad.error = "no space left on device";
+  EXPECT_FALSE(c.report(bad));
+  ASSERT_EQ(rig.lines.size(), 1u);
+  EXPECT_EQ(rig.lines[0], "checkpoint step 7 failed: no space left on device");
+  ASSERT_EQ(rig.events.size(), 1u);
+  EXPECT_EQ(rig.events[0]["event"], "checkpoint_failed");
+  EXPECT_EQ(rig.events[0]["error"], "no space left on device");
+  ASSERT_EQ(rig.recorded.size(), 1u);
+
+  EXPECT_EQ(c.final_error(nullptr, false, 7), "");
+  fs::create_directories(rig.dir());  // checkpoints on, none written yet
+  const std::string error = "no space left on device";
+  EXPECT_EQ(c.final_error(&error, true, 7),
+            "the stop checkpoint (step 7) failed: no space left on device; the newest complete "
+            "checkpoint is none (in " + rig.dir() + ")");
+  // With a complete one on disk, it is named.
+  c.open(2, rig.tensors());
+  c.start(5, {});
+  c.wait(5);
+  EXPECT_EQ(c.final_error(&error, false, 7),
+            "the final checkpoint (step 7) failed: no space left on device; the newest complete "
+            "checkpoint is " + rig.dir() + "/" + ckpt::step_dir_name(5) + " (step 5)");
+}
+
+TEST(Checkpoints, ResumesFromTheNewestCompleteOneAtOrBelowTheStep) {
+  Rig rig;
+  optim::LocalExchange ex;
+  int restores = 0;
+  const auto count = [&](const ckpt::LoadResult&) { ++restores; };
+  // Checkpoints off, then none written yet: step 0, said.
+  Checkpoints off = rig.make("");
+  EXPECT_FALSE(off.resume(rig.tensors(), INT64_MAX, ex, count).loaded);
+  ASSERT_EQ(rig.lines.size(), 1u);
+  EXPECT_EQ(rig.lines[0], "checkpoints are off (checkpoint.dir is empty): starting from step 0");
+  Checkpoints c = rig.make(rig.dir());
+  fs::create_directories(rig.dir());
+  EXPECT_FALSE(c.resume(rig.tensors(), INT64_MAX, ex, count).loaded);
+  ASSERT_EQ(rig.lines.size(), 2u);
+  EXPECT_EQ(rig.lines[1].rfind("no complete checkpoint in " + rig.dir() + ": starting from step 0", 0),
+            0u)
+      << rig.lines[1];
+  EXPECT_EQ(restores, 0);
+
+  // Steps 2 (weights 1.5) and 4 (weights 9) on disk.
+  c.open(1, rig.tensors());
+  c.start(2, {{"cursor", {{"pos", 7}}}});
+  c.wait(2);
+  std::fill(rig.master.begin(), rig.master.end(), 9.f);
+  c.start(4, {{"cursor", {{"pos", 9}}}});
+  c.wait(4);
+  c.close(false, 4);
+  std::fill(rig.master.begin(), rig.master.end(), 0.f);
+  rig.lines.clear();
+  rig.events.clear();
+  int64_t restored_step = -1;
+  nlohmann::json cursor;
+  const ckpt::LoadResult r =
+      c.resume(rig.tensors(), 3, ex, [&](const ckpt::LoadResult& l) {
+        // The state is loaded before the run's step is set from it.
+        EXPECT_EQ(rig.master[0], 1.5f);
+        restored_step = l.step;
+        cursor = l.meta.value("cursor", nlohmann::json());
+      });
+  ASSERT_TRUE(r.loaded) << r.message;
+  EXPECT_EQ(r.step, 2);
+  EXPECT_EQ(restored_step, 2);
+  EXPECT_EQ(cursor, (nlohmann::json{{"pos", 7}}));
+  const std::string step2 = rig.dir() + "/" + ckpt::step_dir_name(2);
+  ASSERT_FALSE(rig.lines.empty());
+  EXPECT_EQ(rig.lines.back(), "resuming from " + step2 + " (step 2)");
+  ASSERT_EQ(rig.events.size(), 1u);
+  EXPECT_EQ(rig.events[0]["event"], "resumed");
+  EXPECT_EQ(rig.events[0]["step"], 2);
+  EXPECT_EQ(rig.events[0]["path"], step2);
+
+  // Written with another spec: loaded, and said.
+  rig.lines.clear();
+  Checkpoints other = rig.make(rig.dir(), 0, 1, "other-hash");
+  EXPECT_EQ(other.resume(rig.tensors(), INT64_MAX, ex, count).step, 4);
+  EXPECT_EQ(rig.master[0], 9.f);
+  const std::string step4 = rig.dir() + "/" + ckpt::step_dir_name(4);
+  ASSERT_EQ(rig.lines.size(), 2u);
+  EXPECT_EQ(rig.lines[0], "note: checkpoint " + step4 +
+                              " was written with another spec (hash spec-hash, now other-hash)");
+  EXPECT_EQ(rig.lines[1], "resuming from " + step4 + " (step 4)");
+  EXPECT_EQ(restores, 1);
+}
+
+TEST(Checkpoints, WaitsForNodeZerosCommit) {
+  Rig rig;
+  Checkpoints c = rig.make(rig.dir(), 1, 2);
+  // Committed meanwhile (node 0 renames the step's directory into place).
+  std::thread commit([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    fs::create_directories(rig.dir() + "/" + ckpt::step_dir_name(3));
+  });
+  c.await_commit(3);
+  commit.join();
+  ASSERT_EQ(rig.lines.size(), 1u);
+  EXPECT_EQ(rig.lines[0], "checkpoint step 3 committed by node 0");
+  // Never committed: bounded.
+  c.await_commit(9, std::chrono::seconds(1));
+  ASSERT_EQ(rig.lines.size(), 2u);
+  EXPECT_EQ(rig.lines[1],
+            "checkpoint step 9: node 0 has not committed it within 1 s; exiting anyway");
+}
+
+}  // namespace
