@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "common/proc/spawn.h"
 #include "common/slurm/sbatch_script.h"
 #include "common/slurm/slurm_cli.h"
 #include "common/spec/parse.h"
@@ -292,13 +293,17 @@ TEST(SbatchScript, TimeLimitWarningReachesRingdAndRequeues) {
   std::ofstream(dir / "job.sbatch") << ring::slurm::render_sbatch_script(s, in);
   std::string cmd = "cd " + dir.string() + " && PATH=" + (dir / "bin").string() +
                     ":$PATH SLURM_JOB_ID=99 SLURM_JOB_NODELIST=node1 exec bash job.sbatch > out.txt 2>&1";
-  pid_t pid = fork();
-  if (pid == 0) {
-    execl("/bin/bash", "bash", "-c", cmd.c_str(), nullptr);
-    _exit(127);
-  }
-  for (int i = 0; i < 200 && !fs::exists(dir / "job/ringd.ready"); ++i)
+  ring::proc::SpawnOptions so;
+  so.argv = {"/bin/bash", "-c", cmd};
+  so.death_signal = SIGKILL;
+  const ring::proc::Spawned child = ring::proc::spawn(so);
+  ASSERT_TRUE(child) << child.error;
+  const pid_t pid = child.pid;
+  // Generous: the script starts bash, the fake srun and the fake ringd on a loaded machine.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir / "job/ringd.ready") && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  if (!fs::exists(dir / "job/ringd.ready")) kill(pid, SIGKILL);
   ASSERT_TRUE(fs::exists(dir / "job/ringd.ready"));
   kill(pid, SIGUSR1);  // what --signal=B:USR1@60 does
   int status = 0;
