@@ -148,8 +148,9 @@ int main(int argc, char** argv) {
   if (o.endpoints.empty()) {
     if (const char* env = std::getenv("RING_COORD"); env && *env) {
       if (std::string why = ring::coord::endpoint_error(env); !why.empty()) {
+        // endpoint_error() already says which forms are accepted.
         std::cerr << "ring-coord: $RING_COORD '" << env << "': " << why
-                  << " (use ipc://PATH or tcp://HOST:PORT, or give --endpoint)\n";
+                  << "; set it to a valid endpoint or give --endpoint\n";
         return 2;
       }
       o.endpoints.push_back(env);
