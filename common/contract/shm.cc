@@ -48,6 +48,7 @@ std::string shm_header_problem(const ShmHeader& h, int64_t size, int64_t n) {
   // Every bound below is computed in 128 bits: the header is data, its sums may overflow.
   using I = __int128;
   const I bytes = I{n} * 4;
+  const I index_bytes = I{n} * 8;
   const auto region = [&](const char* what, int64_t off, I len, I lo) -> std::string {
     if (off % 64 != 0)
       return std::string(what) + " offset " + std::to_string(off) + " is not 64-aligned";
@@ -57,13 +58,13 @@ std::string shm_header_problem(const ShmHeader& h, int64_t size, int64_t n) {
     return "";
   };
   std::string p = region("params", h.params_off, bytes, sizeof(ShmHeader));
-  if (p.empty()) p = region("index", h.index_off, bytes, I{h.params_off} + bytes);
+  if (p.empty()) p = region("index", h.index_off, index_bytes, I{h.params_off} + bytes);
   if (!p.empty()) return p;
   if (h.slot_stride % 64 != 0 || I{h.slot_stride} < bytes)
     return "gradient slot stride " + std::to_string(h.slot_stride) + " is not a 64-aligned " +
            "size of at least " + std::to_string(n * 4) + " bytes";
   return region("gradients", h.grads_off, I{h.slot_stride} * (h.workers - 1) + bytes,
-                I{h.index_off} + bytes);
+                I{h.index_off} + index_bytes);
 }
 
 ShmRegion ShmRegion::create(const std::string& name, int64_t n, int workers) {
@@ -75,7 +76,7 @@ ShmRegion ShmRegion::create(const std::string& name, int64_t n, int workers) {
   h.n = n;
   h.params_off = align64(sizeof(ShmHeader));
   h.index_off = align64(h.params_off + n * 4);
-  h.grads_off = align64(h.index_off + n * 4);
+  h.grads_off = align64(h.index_off + n * 8);
   h.slot_stride = align64(n * 4);
   h.total_bytes = h.grads_off + h.slot_stride * workers;
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);

@@ -4,7 +4,8 @@
 //   layout (byte offsets 64-aligned, all sizes in the header):
 //     header                       ShmHeader
 //     params   [n] fp32            ringd -> workers: the weights for the next step
-//     index    [n] uint32          ringd -> workers: lazy mode, the coordinates that changed
+//     index    [n] uint64          ringd -> workers: lazy mode, the coordinates that changed
+//                                  (64-bit: models over 2^32 floats)
 //     grads    [workers][n] fp32   worker k -> ringd: its gradient, written bucket by bucket
 //
 // ringd creates one segment per attempt (name unique per job, node, ringd pid and attempt),
@@ -18,7 +19,7 @@
 namespace ring::contract {
 
 inline constexpr uint64_t kShmMagic = 0x52494e47534d3031ull;  // "RINGSM01"
-inline constexpr uint32_t kShmVersion = 1;
+inline constexpr uint32_t kShmVersion = 2;  // 2: 64-bit lazy index
 
 struct ShmHeader {
   uint64_t magic = 0;
@@ -50,7 +51,7 @@ class ShmRegion {
   int64_t n() const { return header()->n; }
   int workers() const { return static_cast<int>(header()->workers); }
   float* params() const { return reinterpret_cast<float*>(base_ + header()->params_off); }
-  uint32_t* index() const { return reinterpret_cast<uint32_t*>(base_ + header()->index_off); }
+  uint64_t* index() const { return reinterpret_cast<uint64_t*>(base_ + header()->index_off); }
   float* grads(int slot) const {
     return reinterpret_cast<float*>(base_ + header()->grads_off + slot * header()->slot_stride);
   }

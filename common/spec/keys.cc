@@ -18,6 +18,7 @@ constexpr std::array kDTypeNames{"fp32", "bf16", "fp16"};
 constexpr std::array kSourceNames{"text", "passkey"};
 constexpr std::array kRingOrderNames{"topology", "slurm", "natural", "list"};
 constexpr std::array kBalanceNames{"zigzag", "contiguous"};
+constexpr std::array kShardNames{"none", "optimizer", "full"};
 constexpr std::array kOffloadNames{"cpu", "none"};
 constexpr std::array kUpdateNames{"dense", "lazy"};
 constexpr std::array kCompressionNames{"none", "topk"};
@@ -237,6 +238,15 @@ std::vector<KeyDef> build_table() {
             Value{int64_t{0}}),
         0, 1000000);
 
+  choices(b.add("parallel.shard", KT::kEnum, &J::parallel, &ParallelSection::shard,
+                "What is sharded over the nodes: none (every node's ringd keeps the whole "
+                "optimizer state), optimizer (each node's ringd keeps the master weights, AdamW "
+                "moments and top-k residual of a contiguous, bucket-aligned 1/nodes of the "
+                "parameters and updates only that range; the new weights reach every node), or "
+                "full (additionally each worker keeps only its 1/(data_replicas x context_ranks) "
+                "shard of the working weights and gradients; layers are all-gathered before use)."),
+          names(kShardNames), 0);
+
   // ---- optimizer
   range(def(b.add("optimizer.lr", KT::kFloat, &J::optimizer, &OptimizerSection::lr,
                   "Peak learning rate of AdamW."),
@@ -321,6 +331,13 @@ std::vector<KeyDef> build_table() {
                   "Report loss and throughput every this many steps."),
             Value{int64_t{1}}),
         1, kIntMax);
+
+  range(def(b.add("train.micro_batches", KT::kInt, &J::train, &TrainSection::micro_batches,
+                  "Sequences per data replica per optimizer step (gradient accumulation): the "
+                  "step's gradient is the sum over all of them, the loss normalised by their "
+                  "valid tokens together, as one larger batch would be."),
+            Value{int64_t{1}}),
+        1, 65536);
 
   // ---- checkpoint
   def(b.add("checkpoint.dir", KT::kString, &J::checkpoint, &CheckpointSection::dir,
@@ -435,6 +452,7 @@ const char* to_string(DType v) { return kDTypeNames[static_cast<size_t>(v)]; }
 const char* to_string(DataSource v) { return kSourceNames[static_cast<size_t>(v)]; }
 const char* to_string(RingOrder v) { return kRingOrderNames[static_cast<size_t>(v)]; }
 const char* to_string(CausalBalance v) { return kBalanceNames[static_cast<size_t>(v)]; }
+const char* to_string(ShardMode v) { return kShardNames[static_cast<size_t>(v)]; }
 const char* to_string(Offload v) { return kOffloadNames[static_cast<size_t>(v)]; }
 const char* to_string(UpdateMode v) { return kUpdateNames[static_cast<size_t>(v)]; }
 const char* to_string(Compression v) { return kCompressionNames[static_cast<size_t>(v)]; }

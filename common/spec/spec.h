@@ -17,6 +17,7 @@ enum class DType { kFp32, kBf16, kFp16 };
 enum class DataSource { kText, kPasskey };
 enum class RingOrder { kTopology, kSlurm, kNatural, kList };
 enum class CausalBalance { kZigzag, kContiguous };
+enum class ShardMode { kNone, kOptimizer, kFull };
 enum class Offload { kCpu, kNone };
 enum class UpdateMode { kDense, kLazy };
 enum class Compression { kNone, kTopk };
@@ -62,6 +63,7 @@ struct ParallelSection {
   std::vector<int64_t> ring_order_list;
   CausalBalance causal_balance{};
   int64_t stagger_us{};
+  ShardMode shard{};
 };
 
 struct OptimizerSection {
@@ -86,6 +88,7 @@ struct TrainSection {
   double grad_clip{};
   int64_t seed{};
   int64_t log_every{};
+  int64_t micro_batches{};  // sequences per data replica per optimizer step
 };
 
 struct CheckpointSection {
@@ -149,6 +152,7 @@ const char* to_string(DType v);
 const char* to_string(DataSource v);
 const char* to_string(RingOrder v);
 const char* to_string(CausalBalance v);
+const char* to_string(ShardMode v);
 const char* to_string(Offload v);
 const char* to_string(UpdateMode v);
 const char* to_string(Compression v);

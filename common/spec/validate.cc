@@ -231,6 +231,22 @@ const std::vector<Rule>& rules() {
                                p.context_ranks * p.data_replicas, r.nodes, r.workers_per_node,
                                r.nodes * r.workers_per_node));
        }},
+      {{"parallel.shard, optimizer.offload, resources.nodes",
+        "shard optimizer or full needs offload cpu (the shards are ringd's); warning: shard "
+        "optimizer on one node shards nothing."},
+       [](Ctx& c) {
+         const auto& p = c.s.parallel;
+         if (p.shard == ShardMode::kNone) return;
+         if (c.s.optimizer.offload != Offload::kCpu)
+           c.error("parallel.shard",
+                   fmt::format("shard {} needs optimizer.offload: cpu (each node's ringd owns a "
+                               "range of the optimizer state); offload is none",
+                               to_string(p.shard)));
+         else if (p.shard == ShardMode::kOptimizer && c.s.resources.nodes == 1)
+           c.warning("parallel.shard",
+                     "shard optimizer with resources.nodes 1: the one ringd owns every range "
+                     "(nothing is sharded)");
+       }},
       {{"parallel.ring_order, parallel.ring_order_list",
         "ring_order list needs ring_order_list, a permutation of 0 .. context_ranks-1; "
         "ring_order_list is only allowed with ring_order list."},
@@ -438,21 +454,17 @@ const std::vector<Rule>& rules() {
                                "CUDA attention kernel takes head_dim <= 128)",
                                hd));
        }},
-      {{"optimizer.update, model.*",
-        "update lazy: the model's flat parameter buffer must have at most 2^32 floats (ringd "
-        "sends the changed coordinates to the workers as 32-bit indices).",
+      {{"parallel.shard",
+        "shard full: not run by this build (ring-worker holds the whole model; use none or "
+        "optimizer, and `ringctl plan --what-if` to size a full design).",
         RuleScope::kRuntime},
        [](Ctx& c) {
-         if (c.s.optimizer.update != UpdateMode::kLazy) return;
-         const auto f = resolved_layout(c.s);
-         constexpr int64_t kMax = int64_t{1} << 32;
-         if (f.elements > kMax)
-           c.error("optimizer.update",
-                   fmt::format("not supported by this build: update lazy with a model of {} "
-                               "floats in its flat parameter buffer (more than 2^32 = {}): the "
-                               "lazy index ringd shares with the workers is 32-bit and would "
-                               "update the wrong coordinates; use update: dense",
-                               f.elements, kMax));
+         if (c.s.parallel.shard == ShardMode::kFull)
+           c.error("parallel.shard",
+                   "not supported by this build: shard full (ring-worker keeps the whole model's "
+                   "weights and gradients; layer all-gather and gradient reduce-scatter are not "
+                   "implemented): use shard none or optimizer, or `ringctl plan --what-if` to "
+                   "size a full design");
        }},
       {{"optimizer.offload",
         "offload cpu: ringd owns the optimizer (offload none is for "

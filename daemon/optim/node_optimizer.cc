@@ -112,6 +112,7 @@ struct NodeOptimizer::Impl {
   std::unique_ptr<Backend> backend;
   int64_t total = 0;
   int nbuckets = 0;
+  contract::NodeRange range;  // this node's range (checkpoints; the owned state with shard)
   std::vector<std::vector<TensorRef>> tensors;  // per bucket
   bool topk = false, error_feedback = false, lazy = false;
 
@@ -415,6 +416,7 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
                                  exchange, std::move(backend));
   Impl& s = *impl_;
   s.total = layout.total();
+  s.range = contract::shard_ranges(layout, exchange->nodes())[exchange->node()];
   s.nbuckets = static_cast<int>(layout.buckets().size());
   s.topk = topk;
   s.error_feedback = topk && o.error_feedback;
@@ -597,11 +599,42 @@ const contract::ParamLayout& NodeOptimizer::layout() const {
 
 std::vector<StateTensor> NodeOptimizer::state_tensors() {
   Impl& s = *impl_;
-  std::vector<StateTensor> out{{"master", s.master, s.total},
-                               {"adam_m", s.m, s.total},
-                               {"adam_v", s.v, s.total}};
-  if (s.residual) out.push_back({"residual", s.residual, s.total});
+  std::vector<StateTensor> out;
+  const std::pair<const char*, float*> kinds[] = {
+      {"master", s.master}, {"adam_m", s.m}, {"adam_v", s.v}, {"residual", s.residual}};
+  for (const auto& [kind, base] : kinds) {
+    if (base == nullptr) continue;
+    const bool per_node = base == s.residual;
+    for (const contract::ParamView& pv : s.layout.views()) {
+      StateTensor t;
+      t.kind = kind;
+      t.param = pv.name;
+      t.name = std::string(kind) + "/" + pv.name;
+      t.shape = pv.shape;
+      t.offset = pv.offset;
+      t.data = base + pv.offset;
+      t.size = pv.size;
+      t.per_node = per_node;
+      t.saved = per_node || s.range.contains(pv.offset);
+      out.push_back(std::move(t));
+    }
+  }
   return out;
+}
+
+NodeOptimizer::StateBuffer NodeOptimizer::state_buffer(const std::string& kind) {
+  Impl& s = *impl_;
+  float* p = kind == "master"   ? s.master
+             : kind == "adam_m" ? s.m
+             : kind == "adam_v" ? s.v
+             : kind == "residual" ? s.residual
+                                  : throw OptimError("NodeOptimizer::state_buffer: unknown kind '" + kind + "'");
+  if (p == nullptr) return {};
+  return {p, 0, s.total};
+}
+
+const contract::NodeRange& NodeOptimizer::range() const {
+  return impl_->range;
 }
 
 void NodeOptimizer::restore_step(int64_t completed_step) {

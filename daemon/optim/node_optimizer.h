@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "common/contract/layout.h"
+#include "common/contract/shard.h"
 #include "common/spec/spec.h"
 
 namespace ring::optim {
@@ -136,12 +137,24 @@ struct StepResult {
   }
 };
 
-// A named state tensor of the optimizer, for checkpoints: write it out as is; to restore, fill
-// `data` (size floats) and call restore_step().
+// A named state tensor of the optimizer, for checkpoints: one per parameter (ParamView) and kind.
+// Write the `saved` ones out as they are; to restore, fill `data` (size floats) of each and call
+// restore_step(). Checkpoints name every tensor, so a reader needs no knowledge of the flat layout
+// and a job resumes on another node count or shard mode (docs/checkpoints.md).
 struct StateTensor {
-  std::string name;  // "master", "adam_m", "adam_v", "residual" (top-k with error feedback only)
+  std::string name;            // kind + "/" + param: "master/layers.0.attn.wq"
+  std::string kind;            // "master", "adam_m", "adam_v", "residual" (top-k with error feedback)
+  std::string param;           // the parameter (contract::ParamView::name)
+  std::vector<int64_t> shape;  // the parameter's shape
+  int64_t offset = 0;          // the parameter's offset in the flat layout (floats)
   float* data = nullptr;
-  int64_t size = 0;  // floats (layout.total())
+  int64_t size = 0;            // floats (product of shape)
+  // residual: every node has its own (the error feedback of what that node sent), saved by each
+  // node; the others have one owner in the job (contract::shard_ranges).
+  bool per_node = false;
+  // This node writes it into its checkpoint shard: the tensors of its range (range()) and its
+  // per-node ones. With shard none a node holds every tensor but saves only its range's.
+  bool saved = true;
 };
 
 class NodeOptimizer {
@@ -180,8 +193,21 @@ class NodeOptimizer {
   int64_t step() const;
   const contract::ParamLayout& layout() const;
 
-  // Checkpoint state, in a fixed order; the data pointers stay valid for the object's life.
+  // Checkpoint state: every tensor this node holds (the load targets), kinds in the order
+  // master, adam_m, adam_v, residual and parameters in layout order within each; the data
+  // pointers stay valid for the object's life.
   std::vector<StateTensor> state_tensors();
+  // This node's range of the layout (contract::shard_ranges over the exchange's nodes): what it
+  // saves in checkpoints and, with parallel.shard optimizer, the only part of the state it keeps.
+  const contract::NodeRange& range() const;
+  // One kind's whole buffer ("master", "adam_m", "adam_v", "residual"): data[i] is flat offset
+  // begin + i, for i < end - begin (alignment gaps included). data is null for a kind this
+  // optimizer does not keep (residual without error feedback).
+  struct StateBuffer {
+    float* data = nullptr;
+    int64_t begin = 0, end = 0;
+  };
+  StateBuffer state_buffer(const std::string& kind);
   // After filling the state tensors from a checkpoint: the next step is completed_step + 1.
   void restore_step(int64_t completed_step);
 

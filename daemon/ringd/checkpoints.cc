@@ -20,7 +20,7 @@ void Checkpoints::open(int attempt, const std::vector<optim::StateTensor>& tenso
   co.tag = std::to_string(attempt);
   ck_ = std::make_unique<ckpt::Checkpointer>(co);
   for (const optim::StateTensor& t : tensors)
-    ck_->add_tensor(t.name, ckpt::DType::kF32, {t.size}, t.data);
+    ck_->add_tensor(t.name, ckpt::DType::kF32, t.shape, t.data);
 }
 
 ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tensors,
@@ -32,7 +32,7 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
   }
   std::vector<ckpt::LoadTarget> targets;
   for (const optim::StateTensor& t : tensors)
-    targets.push_back({t.name, ckpt::DType::kF32, {t.size}, t.data});
+    targets.push_back({t.name, ckpt::DType::kF32, t.shape, t.data});
   const ckpt::LoadResult r =
       load_agreed_checkpoint(base_.dir, base_.node_rank, base_.nodes, targets, max_step, ex);
   for (const std::string& sk : r.skipped) hooks_.log("checkpoint skipped: " + sk);

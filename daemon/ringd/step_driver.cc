@@ -69,10 +69,10 @@ int64_t StepDriver::begin_step(std::vector<Worker>& workers, contract::ShmRegion
     std::memcpy(shm.params(), master, static_cast<size_t>(n) * sizeof(float));
   } else {
     const std::vector<int64_t>& ch = opt.changed();
-    uint32_t* idx = shm.index();
+    uint64_t* idx = shm.index();
     float* dst = shm.params();
     for (size_t i = 0; i < ch.size(); ++i) {
-      idx[i] = static_cast<uint32_t>(ch[i]);
+      idx[i] = static_cast<uint64_t>(ch[i]);
       dst[ch[i]] = master[ch[i]];
     }
     changed = static_cast<int64_t>(ch.size());

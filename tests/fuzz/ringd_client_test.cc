@@ -104,12 +104,12 @@ std::string next_error(FakeRingd& fake, int local = 0) {
 TEST(RingdClient, LazyIndexOutsideTheModelIsRefused) {
   FakeRingd fake(1, [](int fd, ShmRegion& shm) {
     shm.index()[0] = 3;
-    shm.index()[1] = 0xfffffff0u;  // far past the worker's weights
+    shm.index()[1] = 0x1fffffff0ull;  // far past the worker's weights (and past 2^32)
     FakeRingd::write_line(fd, {{"t", "params"}, {"step", 1}, {"changed", 2}, {"stop", false}});
     (void)FakeRingd::read_line(fd);
   });
   const std::string e = next_error(fake);
-  EXPECT_NE(e.find("changed coordinate 4294967280 is outside the model's 1000"), std::string::npos)
+  EXPECT_NE(e.find("changed coordinate 8589934576 is outside the model's 1000"), std::string::npos)
       << e;
 }
 

@@ -68,22 +68,22 @@ void shm_input(const uint8_t* data, size_t size) {
   }
   shm_unlink(nm.c_str());
   // Independent bounds check, in 128 bits, from the header as the fuzzer wrote it.
-  const I seg_size = static_cast<I>(len), bytes = I{h.n} * 4;
+  const I seg_size = static_cast<I>(len), bytes = I{h.n} * 4, index_bytes = I{h.n} * 8;
   const auto within = [&](int64_t offset, I extent, const char* what) {
     if (offset < static_cast<int64_t>(sizeof(contract::ShmHeader)) || I{offset} + extent > seg_size)
       fail("shm", std::string("opened a segment whose ") + what + " lie outside it");
   };
   within(h.params_off, bytes, "params");
-  within(h.index_off, bytes, "index");
+  within(h.index_off, index_bytes, "index");
   if (h.workers == 0) fail("shm", "opened a segment without gradient slots");
   if (h.slot_stride < bytes) fail("shm", "opened a segment whose gradient slots overlap");
   within(h.grads_off, I{h.slot_stride} * (h.workers - 1) + bytes, "gradients");
-  if (I{h.params_off} + bytes > I{h.index_off} || I{h.index_off} + bytes > I{h.grads_off})
+  if (I{h.params_off} + bytes > I{h.index_off} || I{h.index_off} + index_bytes > I{h.grads_off})
     fail("shm", "opened a segment whose regions overlap");
   // Touch the ends of every array through the accessors, as the worker and ringd do.
   volatile float sink = 0;
   sink = sink + r.params()[0] + r.params()[r.n() - 1];
-  volatile uint32_t isink = r.index()[0] + r.index()[r.n() - 1];
+  volatile uint64_t isink = r.index()[0] + r.index()[r.n() - 1];
   (void)isink;
   for (int k = 0; k < std::min(r.workers(), 64); ++k)
     sink = sink + r.grads(k)[0] + r.grads(k)[r.n() - 1];

@@ -163,8 +163,8 @@ TEST(OptimTopk, ErrorFeedbackResidualPlusSentEqualsAccumulated) {
     ASSERT_FALSE(r.all_changed);
     const std::vector<int64_t>& sent = opt.changed();
     ASSERT_TRUE(std::is_sorted(sent.begin(), sent.end()));
-    const float* res = opt.state_tensors()[3].data;
-    ASSERT_EQ(opt.state_tensors()[3].name, "residual");
+    const float* res = opt.state_buffer("residual").data;
+    ASSERT_NE(res, nullptr);
     std::vector<char> is_sent(n, 0);
     for (int64_t i : sent) is_sent[i] = 1;
     int64_t expected_sent = 0;
@@ -245,14 +245,14 @@ void expect_lazy_exact(double grad_clip) {
   }
   std::vector<float> residual(n, 0.f);
   for (int s = 1; s <= 4; ++s) {
-    auto st = opt.state_tensors();
-    std::vector<float> p0 = copy_of(st[0].data, n), m0 = copy_of(st[1].data, n),
-                       v0 = copy_of(st[2].data, n);
+    const float* st[4] = {opt.state_buffer("master").data, opt.state_buffer("adam_m").data,
+                          opt.state_buffer("adam_v").data, opt.state_buffer("residual").data};
+    std::vector<float> p0 = copy_of(st[0], n), m0 = copy_of(st[1], n), v0 = copy_of(st[2], n);
     std::vector<float> g = make_grad(layout, 300 + s);
     std::vector<float> acc(n);
     for (int64_t i = 0; i < n; ++i) acc[i] = residual[i] + g[i];
     StepResult r = run_step(opt, s, g);
-    residual = copy_of(st[3].data, n);
+    residual = copy_of(st[3], n);
     std::vector<char> sel(n, 0);
     double ss = 0;
     for (int64_t i : opt.changed()) {
@@ -313,8 +313,9 @@ std::vector<std::vector<float>> run_nodes(const spec::JobSpec& spec, int nodes, 
           StepResult r = run_step(*opts[i], s, make_grad(layout, 1000 * s + i));
           if (i == 0 && node0_results) node0_results->push_back(r);
           std::vector<float> snap;
-          for (const StateTensor& t : opts[i]->state_tensors()) {
-            if (t.name != "residual") snap.insert(snap.end(), t.data, t.data + t.size);
+          for (const char* kind : {"master", "adam_m", "adam_v"}) {
+            const NodeOptimizer::StateBuffer b = opts[i]->state_buffer(kind);
+            snap.insert(snap.end(), b.data, b.data + (b.end - b.begin));
           }
           states[i].push_back(std::move(snap));
         }
@@ -386,7 +387,9 @@ TEST(OptimState, RestoreContinuesBitIdentically) {
     saved.push_back(copy_of(t.data, t.size));
     names.push_back(t.name);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"master", "adam_m", "adam_v", "residual"}));
+  EXPECT_EQ(names.size(), 4 * layout.views().size());
+  EXPECT_EQ(names.front(), "master/" + layout.views().front().name);
+  EXPECT_EQ(names.back(), "residual/" + layout.views().back().name);
   for (int s = 4; s <= 5; ++s) run_step(a, s, make_grad(layout, 500 + s));
 
   NodeOptimizer b(spec, layout, 20, 2, &one);

@@ -83,7 +83,7 @@ TEST(AttemptResources, SetsUpAnAttemptAndReleasesEverything) {
   EXPECT_EQ(&opt, &res->opt());
   EXPECT_EQ(res->exchange().nodes(), 1);  // one node: the in-process exchange
   ASSERT_FALSE(opt.state_tensors().empty());
-  EXPECT_EQ(opt.state_tensors()[0].size, rig.layout->total());
+  EXPECT_EQ(opt.state_buffer("master").end, rig.layout->total());
 
   res->release();
   EXPECT_FALSE(res->has_optimizer());

@@ -47,7 +47,14 @@ struct Rig {
              [this](const ckpt::SaveResult& r) { recorded.push_back(r); }});
   }
   std::vector<optim::StateTensor> tensors() {
-    return {{"master", master.data(), static_cast<int64_t>(master.size())}};
+    optim::StateTensor t;
+    t.name = "master/w";
+    t.kind = "master";
+    t.param = "w";
+    t.shape = {static_cast<int64_t>(master.size())};
+    t.data = master.data();
+    t.size = static_cast<int64_t>(master.size());
+    return {t};
   }
 };
 

@@ -130,9 +130,9 @@ Command RingdClient::next(float* params) {
   if (c.changed < 0) {
     std::memcpy(params, src, static_cast<size_t>(opt_.n) * sizeof(float));
   } else {
-    const uint32_t* idx = shm_.index();
+    const uint64_t* idx = shm_.index();
     for (int64_t i = 0; i < c.changed; ++i) {
-      const uint32_t k = idx[i];
+      const uint64_t k = idx[i];
       if (k >= static_cast<uint64_t>(opt_.n))
         throw RingdGone("shared memory " + shm_.name() + ": changed coordinate " +
                         std::to_string(k) + " is outside the model's " + std::to_string(opt_.n));
