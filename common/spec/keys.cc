@@ -240,9 +240,10 @@ std::vector<KeyDef> build_table() {
 
   choices(b.add("parallel.shard", KT::kEnum, &J::parallel, &ParallelSection::shard,
                 "What is sharded over the nodes: none (every node's ringd keeps the whole "
-                "optimizer state), optimizer (each node's ringd keeps the master weights, AdamW "
-                "moments and top-k residual of a contiguous, bucket-aligned 1/nodes of the "
-                "parameters and updates only that range; the new weights reach every node), or "
+                "optimizer state), optimizer (each node's ringd keeps the master weights and AdamW "
+                "moments of a contiguous, bucket-aligned 1/nodes of the parameters and updates "
+                "only that range; the new weights reach every node; a top-k residual stays with "
+                "the node that sent the gradient), or "
                 "full (additionally each worker keeps only its 1/(data_replicas x context_ranks) "
                 "shard of the working weights and gradients; layers are all-gathered before use)."),
           names(kShardNames), 0);

@@ -206,7 +206,7 @@ TEST(OptimTopk, WarmupStepsAreDenseThenCompressed) {
   opt.init_master(make_params(layout, 2).data());
   for (int s = 1; s <= 4; ++s) {
     StepResult r = run_step(opt, s, make_grad(layout, 200 + s));
-    const float* res = opt.state_tensors()[3].data;
+    const float* res = opt.state_buffer("residual").data;
     if (s <= 2) {
       EXPECT_FALSE(r.compressed) << "step " << s;
       EXPECT_TRUE(r.all_changed);

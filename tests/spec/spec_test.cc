@@ -515,7 +515,7 @@ TEST(SpecLimits, FlatLayoutIsTheWorkersLayout) {
 // The limits of this build are errors for ringctl, warnings for --what-if; ringd's own rule
 // (offload cpu) applies to jobs, not to `ring-worker --spec` alone.
 TEST(SpecLimits, ScopesOfTheRules) {
-  auto lazy = source_path("configs/invalid/lazy-index-over-2-32.yaml");
+  auto lazy = source_path("configs/invalid/shard-full.yaml");
   EXPECT_FALSE(load_spec_file(lazy).ok());
   LoadOptions what_if;
   what_if.runtime_limits_are_errors = false;
@@ -523,9 +523,9 @@ TEST(SpecLimits, ScopesOfTheRules) {
   ASSERT_TRUE(r.ok()) << errors_of(r)[0];
   ASSERT_EQ(r.diagnostics.size(), 1u);
   EXPECT_EQ(r.diagnostics[0].severity, Diagnostic::Severity::kWarning);
-  // The same model with dense updates is fine: the limit is the lazy index.
+  // The same job with shard optimizer is fine: the limit is shard full.
   std::string text = read_file(lazy);
-  text.replace(text.find("update: lazy"), 12, "update: dense");
+  text.replace(text.find("shard: full"), 11, "shard: optimizer");
   EXPECT_TRUE(load_spec_string(text, "dense.yaml", job_spec_options()).ok());
   auto none = source_path("configs/invalid/offload-none-under-ringd.yaml");
   EXPECT_TRUE(load_spec_file(none).ok());                       // ring-worker alone
