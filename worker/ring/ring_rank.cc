@@ -21,13 +21,16 @@ void exit_now(const std::string& who, const char* message, int exit_code) {
 
 namespace {
 
-// A communicator of `world` ranks on the rendezvous directory `dir` (created when missing, so
-// that ranks arriving in any order find it).
+// A communicator of `world` ranks on the rendezvous `dir` (a directory path or file:<path>).
+// A sub-directory of the given rendezvous (`make_dir`) is created first, so that ranks arriving
+// in any order find it; the plugin reports a directory it cannot use.
 std::unique_ptr<transport::TransportComm> make_comm(const transport::TransportPlugin& plugin,
                                                     const RankOptions& o, int rank, int world,
-                                                    const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);  // the plugin reports a directory it cannot use
+                                                    const std::string& dir, bool make_dir) {
+  if (make_dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir.rfind("file:", 0) == 0 ? dir.substr(5) : dir, ec);
+  }
   ring_transport_config_t cfg{};
   cfg.rank = rank;
   cfg.world_size = world;
@@ -56,17 +59,19 @@ RingRank::RingRank(const spec::JobSpec& spec, const RankOptions& o)
   ring_ = make_ring(c, ctx, order);
   // One replica: the ring's communicator is the job's, on the directory given (as without
   // replicas). Several: one per replica, then one over every rank, in that order on every rank.
-  comm_ = make_comm(
-      plugin_, o, c, ctx,
-      o.replicas == 1 ? o.rendezvous : o.rendezvous + "/replica-" + std::to_string(replica_));
+  const bool replicated = o.replicas > 1;
+  comm_ =
+      make_comm(plugin_, o, c, ctx,
+                replicated ? o.rendezvous + "/replica-" + std::to_string(replica_) : o.rendezvous,
+                replicated);
   if (ctx > 1) {
     const int peers[2] = {ring_.prev, ring_.next};
     comm_->check(comm_->api().connect(comm_->get(), peers, ring_.prev == ring_.next ? 1 : 2, 0),
                  "connect to ring neighbours");
   }
   progress_ = std::make_unique<ProgressEngine>(comm_.get());
-  if (o.replicas > 1) {
-    world_comm_ = make_comm(plugin_, o, o.rank, o.world, o.rendezvous + "/world");
+  if (replicated) {
+    world_comm_ = make_comm(plugin_, o, o.rank, o.world, o.rendezvous + "/world", true);
     world_progress_ = std::make_unique<ProgressEngine>(world_comm_.get());
   }
 }
