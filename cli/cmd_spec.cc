@@ -223,7 +223,7 @@ Subcommand add_validate(CLI::App& app) {
       ->required();
   s->add_flag("-q,--quiet", o->quiet, "Print errors only");
   s->add_flag("--what-if", o->what_if,
-              "Report what this build cannot run (bf16, data replicas, ...) as warnings");
+              "Report what this build cannot run (bf16, ...) as warnings");
   s->add_flag("--json", o->json,
               "Machine-readable result on stdout: ok, and per file its errors and warnings "
               "(file, line, column, key, rule)");
@@ -241,7 +241,7 @@ Subcommand add_plan(CLI::App& app) {
   s->add_flag("--check", o->check,
               "Exit " + std::to_string(kExitNoFit) + " when the job does not fit its resources");
   s->add_flag("--what-if", o->what_if,
-              "Plan a design this build cannot run yet (bf16, data replicas, ...): its limits "
+              "Plan a design this build cannot run yet (bf16, ...): its limits "
               "become warnings");
   o->set.add_to(s);
   return {s, [o] { return run_plan(*o); }};

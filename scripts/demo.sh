@@ -23,7 +23,7 @@ echo "== ringctl validate configs/examples/{tiny,passkey,slurm-2node}.yaml"
   configs/examples/slurm-2node.yaml
 
 echo
-echo "== design specs beyond this build (bf16, data replicas): ringctl validate names the limits"
+echo "== design specs beyond this build (bf16): ringctl validate names the limits"
 "$ringctl" validate configs/examples/llama7b-1m-64x8-h100.yaml || \
   echo "(exit $?: refused, as run and submit would; --what-if below plans the design anyway)"
 

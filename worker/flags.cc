@@ -12,9 +12,9 @@ namespace {
 const char* kDescription =
     "ring-worker: trains the model of a job spec.\n"
     "  single process (default): the whole sequence on this process, AdamW in it\n"
-    "  ring: --launch-local starts P = parallel.context_ranks ranks here (fresh rendezvous\n"
-    "        dir) and waits for them; --rank R --world P --rendezvous DIR runs one rank\n"
-    "        (ringd starts ranks that way, with --ringd and --local-rank)";
+    "  ring: --launch-local starts P = parallel.context_ranks x data_replicas ranks here\n"
+    "        (fresh rendezvous dir) and waits for them; --rank R --world P --rendezvous DIR\n"
+    "        runs one rank (ringd starts ranks that way, with --ringd and --local-rank)";
 
 const char* kCommon = "Every mode";
 const char* kSingleGroup = "Single process (without --rank or --launch-local)";
@@ -105,7 +105,7 @@ Flags parse_flags(int argc, char** argv) {
   CLI::Option* rank = add_integer(app, "--rank", &a.rank, 0, 65535, "Run rank R of P");
   in_ring(rank->type_name("R"));
   in_ring(add_integer(app, "--world", &a.world, 1, 65536,
-                      "P: the number of ranks (must equal parallel.context_ranks)")
+                      "P: the number of ranks (must equal parallel.context_ranks x data_replicas)")
               ->type_name("P"));
   in_ring(app.add_option("--rendezvous", a.rendezvous,
                          "Directory unique to this ring attempt (file rendezvous)")

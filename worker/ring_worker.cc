@@ -44,9 +44,9 @@ int run(const Args& args) {
   ring::spec::JobSpec spec = *loaded;
   const int64_t ranks = spec.parallel.context_ranks * spec.parallel.data_replicas;
   if (ranks > 1 && !args.single_rank) {
-    lg->error("the spec asks for parallel.context_ranks = {} and data_replicas = {}; alone, "
-              "ring-worker trains one rank only. Pass --single-rank to train the whole sequence "
-              "on this one process.",
+    lg->error("the spec asks for parallel.context_ranks = {} and data_replicas = {}; this mode "
+              "trains one rank only. Run the ranks with --launch-local (or under ringd), or pass "
+              "--single-rank to train the whole sequence on this one process.",
               spec.parallel.context_ranks, spec.parallel.data_replicas);
     return kExitUsage;
   }

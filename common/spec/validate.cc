@@ -431,18 +431,6 @@ const std::vector<Rule>& rules() {
                                "size a {} design",
                                to_string(c.s.model.dtype), to_string(c.s.model.dtype)));
        }},
-      {{"parallel.data_replicas",
-        "1 only: ringd runs one ring per job (data parallelism is not implemented).",
-        RuleScope::kRuntime},
-       [](Ctx& c) {
-         if (c.s.parallel.data_replicas != 1)
-           c.error("parallel.data_replicas",
-                   fmt::format("not supported by this build: data_replicas {} (ringd runs one "
-                               "ring per job; data parallelism is not implemented): set 1 and "
-                               "context_ranks to nodes x workers_per_node ({})",
-                               c.s.parallel.data_replicas,
-                               c.s.resources.nodes * c.s.resources.workers_per_node));
-       }},
       {{"resources.backend, model.head_dim",
         "backend cuda: head_dim <= 128 (the CUDA attention kernel's tile).", RuleScope::kRuntime},
        [](Ctx& c) {

@@ -22,13 +22,14 @@ std::optional<StartupFailure> check_spec(const spec::JobSpec& s, const Options& 
     return StartupFailure{kExitUsage, o.spec + ": " + std::move(what)};
   };
   const int64_t world = s.resources.workers_per_node * o.nodes;
-  if (s.parallel.data_replicas != 1)
-    return usage(fmt::format("parallel.data_replicas = {}: ringd runs one ring (data_replicas 1)",
-                             s.parallel.data_replicas));
-  if (s.parallel.context_ranks != world)
-    return usage(fmt::format(
-        "parallel.context_ranks = {} but {} node(s) x resources.workers_per_node {} = {} workers",
-        s.parallel.context_ranks, o.nodes, s.resources.workers_per_node, world));
+  // One worker per rank: D data replicas of context_ranks ranks each (ring-worker forms the rings).
+  if (s.parallel.context_ranks * s.parallel.data_replicas != world)
+    return usage(
+        fmt::format("parallel.context_ranks {} x data_replicas {} = {} ranks but {} node(s) x "
+                    "resources.workers_per_node {} = {} workers",
+                    s.parallel.context_ranks, s.parallel.data_replicas,
+                    s.parallel.context_ranks * s.parallel.data_replicas, o.nodes,
+                    s.resources.workers_per_node, world));
   if (s.resources.nodes != o.nodes)
     return usage(fmt::format(
         "resources.nodes = {} but {} ringd node(s) were started (--nodes / SLURM_NNODES)",

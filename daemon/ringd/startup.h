@@ -16,7 +16,7 @@ struct StartupFailure {
   std::string message;
 };
 
-// The spec is one ringd can run with these options: one ring (data_replicas 1), context_ranks =
+// The spec is one ringd can run with these options: context_ranks x data_replicas =
 // nodes x workers_per_node, resources.nodes = --nodes, optimizer.offload cpu, a lazy update
 // within 32-bit coordinates. Exit 2 naming the spec file and the key.
 std::optional<StartupFailure> check_spec(const spec::JobSpec& s, const Options& o);

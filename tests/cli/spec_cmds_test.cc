@@ -55,7 +55,7 @@ TEST(RingctlInit, EveryTemplateValidates) {
     EXPECT_EQ(run(kRingctl + " init --template " + name + " 2>/dev/null").output, text);
     EXPECT_EQ(run(kRingctl + " init -t " + name + " -o - 2>/dev/null").output, text);
     if (name == "llama7b-1m") {
-      // A sizing design beyond this build (bf16, data replicas): its comments say so, it
+      // A sizing design beyond this build (bf16): its comments say so, it
       // validates with --what-if and plain validate names the limits.
       EXPECT_TRUE(contains(text, "--what-if")) << text;
       r = run(kRingctl + " validate --what-if " + file);

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -335,6 +336,64 @@ std::string write_spec(const std::string& dir, int ranks) {
                          "resources: {nodes: 1, workers_per_node: "
                       << ranks << ", backend: cpu, cpus_per_worker: 1}\n";
   return path;
+}
+
+// ring-worker --launch-local with data replicas: D x C ranks, two rings of C training on the
+// step's two sequences; D=2, C=2 follows the D=2, C=1 run (the same data per step, attention
+// split over a ring of 2 instead of one rank) within the ring's 20-step curve tolerance.
+std::string write_replicas_spec(const std::string& dir, int ctx, int replicas) {
+  const std::string path =
+      dir + "/spec-" + std::to_string(replicas) + "x" + std::to_string(ctx) + ".yaml";
+  std::ofstream(path) << "job: {name: replicas-launch-test}\n"
+                         "model: {layers: 2, d_model: 32, heads: 4, kv_heads: 2, mlp: swiglu, "
+                         "mlp_hidden: 64, vocab: 256}\n"
+                         "data: {source: passkey, seq_len: 512}\n"
+                         "parallel: {context_ranks: "
+                      << ctx << ", data_replicas: " << replicas
+                      << ", ring_order: natural, causal_balance: zigzag}\n"
+                         "optimizer: {lr: 1.0e-3, offload: none}\n"
+                         "train: {steps: 5, seed: 1, log_every: 1}\n"
+                         "resources: {nodes: 1, workers_per_node: "
+                      << ctx * replicas << ", backend: cpu, cpus_per_worker: 1}\n";
+  return path;
+}
+
+std::vector<double> launch_losses(const TempDir& dir, int ctx, int replicas, std::string* logs) {
+  const std::string spec = write_replicas_spec(dir.path, ctx, replicas);
+  const std::string out =
+      dir.path + "/steps-" + std::to_string(replicas) + "x" + std::to_string(ctx) + ".jsonl";
+  Procs procs;
+  procs.start({RING_WORKER, "--spec", spec, "--launch-local", "--threads", "1", "--log-json", out},
+              out + ".log");
+  const bool ended = procs.wait_all(300s);
+  *logs = procs.logs();
+  if (!ended || procs.status(0) != 0) return {};
+  std::vector<double> loss;
+  std::ifstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("\"loss\":");
+    if (at != std::string::npos) loss.push_back(std::strtod(line.c_str() + at + 7, nullptr));
+  }
+  return loss;
+}
+
+TEST(RingLaunch, DataReplicasFollowOneRankPerReplica) {
+  TempDir dir("ring-test");
+  std::string log1, log2;
+  const std::vector<double> one = launch_losses(dir, 1, 2, &log1);
+  ASSERT_EQ(one.size(), 5u) << log1;
+  const std::vector<double> two = launch_losses(dir, 2, 2, &log2);
+  ASSERT_EQ(two.size(), 5u) << log2;
+  EXPECT_NE(log2.find("4 (2 data replicas x 2) ranks"), std::string::npos) << log2;
+  EXPECT_NE(log2.find(" 3: "), std::string::npos) << log2;  // every rank's peak memory
+  double worst = 0;
+  for (size_t s = 0; s < one.size(); ++s) {
+    const double r = std::fabs(two[s] - one[s]) / one[s];
+    worst = std::max(worst, r);
+    EXPECT_LE(r, 1e-4) << "step " << s + 1 << ": " << two[s] << " vs " << one[s];
+  }
+  std::printf("D=2 C=2 vs D=2 C=1: max per-step loss difference %.3g (relative)\n", worst);
+  EXPECT_EQ(processes_using(dir.path), 0);
 }
 
 TEST(RingLaunch, LaunchLocalTrainsAndReports) {

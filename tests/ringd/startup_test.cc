@@ -37,17 +37,24 @@ TEST(RingdStartup, SpecMustFitTheCommandLine) {
   o.spec = "job.yaml";
   const spec::JobSpec good = tiny4();
   EXPECT_FALSE(ringd::check_spec(good, o).has_value());
+  // Data replicas: context_ranks x data_replicas workers (2 rings of 2 on the 4 workers).
   spec::JobSpec s = good;
+  s.parallel.context_ranks = 2;
   s.parallel.data_replicas = 2;
+  EXPECT_FALSE(ringd::check_spec(s, o).has_value());
+  s.parallel.data_replicas = 3;
   auto f = ringd::check_spec(s, o);
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(f->code, ringd::kExitUsage);
-  EXPECT_EQ(f->message, "job.yaml: parallel.data_replicas = 2: ringd runs one ring (data_replicas 1)");
+  EXPECT_EQ(f->message,
+            "job.yaml: parallel.context_ranks 2 x data_replicas 3 = 6 ranks but 1 node(s) x "
+            "resources.workers_per_node 4 = 4 workers");
   Options two = o;
   two.nodes = 2;
   f = ringd::check_spec(good, two);
   ASSERT_TRUE(f.has_value());
-  EXPECT_NE(f->message.find("parallel.context_ranks = 4 but 2 node(s) x resources.workers_per_node 4 = 8 workers"),
+  EXPECT_NE(f->message.find("parallel.context_ranks 4 x data_replicas 1 = 4 ranks but 2 node(s) "
+                            "x resources.workers_per_node 4 = 8 workers"),
             std::string::npos) << f->message;
   s = good;
   s.optimizer.offload = spec::Offload::kNone;

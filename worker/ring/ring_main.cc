@@ -44,16 +44,41 @@ using Args = worker::Flags;
 
 std::shared_ptr<spdlog::logger> logger() { return log::get("ring-worker"); }
 
-std::optional<spec::JobSpec> load(const Args& a) {
-  std::optional<spec::JobSpec> s = worker::load_spec(a.spec);
-  if (s && s->parallel.data_replicas != 1) {
-    logger()->error(
-        "parallel.data_replicas = {}: data parallelism is not implemented (ringd runs one ring per job); this mode runs "
-        "one ring",
-        s->parallel.data_replicas);
-    return std::nullopt;
+std::optional<spec::JobSpec> load(const Args& a) { return worker::load_spec(a.spec); }
+
+// One step's data: every rank reads the same D x M sequences j = 0 .. D*M-1 of the stream (so
+// the loader's cursor after the step is the same on every rank) and keeps those of its replica d,
+// j = d*M + m for micro-batch m, each cut to this rank's shard of the ring (rank c of C).
+struct StepData {
+  std::vector<data::SequenceShard> shards;  // [M]
+  int64_t local_valid = 0;                  // valid labels of this rank's M shards
+  int64_t tokens = 0;                       // tokens of all D x M sequences
+};
+
+StepData next_step_data(data::SequenceSource& source, const spec::JobSpec& spec,
+                        const RingRank& rr) {
+  const int64_t m_count = spec.train.micro_batches;
+  StepData sd;
+  for (int64_t j = 0; j < rr.replicas() * m_count; ++j) {
+    data::Sequence seq = source.next_sequence();
+    sd.tokens += seq.size();
+    if (j / m_count != rr.replica()) continue;
+    sd.shards.push_back(
+        data::shard_sequence(seq, rr.ring().world, rr.ring().rank, spec.parallel.causal_balance));
+    sd.local_valid += valid_labels(sd.shards.back());
   }
-  return s;
+  return sd;
+}
+
+RankOptions rank_options(const Args& args, const spec::JobSpec& spec) {
+  RankOptions ro;
+  ro.rank = args.rank;
+  ro.world = args.world;
+  ro.replicas = static_cast<int>(spec.parallel.data_replicas);
+  ro.rendezvous = args.rendezvous;
+  ro.transport = args.transport;
+  ro.op_timeout_ms = args.timeout_ms;
+  return ro;
 }
 
 int run_offloaded_rank(const Args& args, const spec::JobSpec& spec);
@@ -64,9 +89,10 @@ int run_rank(const Args& args) {
   std::optional<spec::JobSpec> loaded = load(args);
   if (!loaded) return kExitUsage;
   spec::JobSpec spec = *loaded;
-  if (spec.parallel.context_ranks != args.world) {
-    logger()->error("--world {} but parallel.context_ranks is {}", args.world,
-                    spec.parallel.context_ranks);
+  if (spec.parallel.context_ranks * spec.parallel.data_replicas != args.world) {
+    logger()->error("--world {} but parallel.context_ranks {} x data_replicas {} = {}", args.world,
+                    spec.parallel.context_ranks, spec.parallel.data_replicas,
+                    spec.parallel.context_ranks * spec.parallel.data_replicas);
     return kExitUsage;
   }
   if (args.stagger_us) spec.parallel.stagger_us = *args.stagger_us;
@@ -83,18 +109,13 @@ int run_rank(const Args& args) {
     return kExitUsage;
   }
 
-  RankOptions ro;
-  ro.rank = rank;
-  ro.world = world;
-  ro.rendezvous = args.rendezvous;
-  ro.transport = args.transport;
-  ro.op_timeout_ms = args.timeout_ms;
-  RingRank rr(spec, ro);
+  RingRank rr(spec, rank_options(args, spec));
   if (lead && !rr.note().empty()) logger()->info("note: {}", rr.note());
+  const int ctx = rr.ring().world;  // C: ranks of this replica's ring
 
   data::CorpusOptions corpus;
   corpus.max_total_bytes = args.max_corpus_mb << 20;
-  // Every rank builds the same sequences (same spec, same seed) and keeps its shard.
+  // Every rank builds the same sequences (same spec, same seed) and keeps its shards.
   std::unique_ptr<data::SequenceSource> source =
       data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
 
@@ -112,17 +133,26 @@ int run_rank(const Args& args) {
       if (!order.empty()) order += ',';
       order += std::to_string(r);
     }
+    const std::string ranks =
+        rr.replicas() == 1 ? std::to_string(world)
+                           : fmt::format("{} ({} data replicas x {})", world, rr.replicas(), ctx);
+    const std::string micro =
+        spec.train.micro_batches == 1
+            ? ""
+            : fmt::format(", {} micro-batches per replica", spec.train.micro_batches);
     std::printf(
-        "ring-worker: %s | %d ranks, ring order %s, %s split, stagger %lld us, %s transport | "
+        "ring-worker: %s | %s ranks, ring order %s, %s split, stagger %lld us, %s transport | "
         "%s backend, %d threads per rank | %lld layers, d_model %lld, heads %lld/%lld, %lld "
-        "parameters%s | seq_len %lld (%lld per rank) | %lld steps\n",
-        spec.job.name.c_str(), world, order.c_str(), spec::to_string(spec.parallel.causal_balance),
+        "parameters%s | seq_len %lld (%lld per rank)%s | %lld steps\n",
+        spec.job.name.c_str(), ranks.c_str(), order.c_str(),
+        spec::to_string(spec.parallel.causal_balance),
         static_cast<long long>(spec.parallel.stagger_us), args.transport.c_str(), backend->name(),
         threads, static_cast<long long>(cfg.layers), static_cast<long long>(cfg.d_model),
         static_cast<long long>(cfg.heads), static_cast<long long>(cfg.kv_heads),
         static_cast<long long>(trainer.model().layout().num_params()),
         cfg.recompute ? ", recompute" : "", static_cast<long long>(spec.data.seq_len),
-        static_cast<long long>(spec.data.seq_len / world), static_cast<long long>(steps));
+        static_cast<long long>(spec.data.seq_len / ctx), micro.c_str(),
+        static_cast<long long>(steps));
     std::fflush(stdout);
   }
   std::ofstream log_json;
@@ -137,21 +167,20 @@ int run_rank(const Args& args) {
   // From here on transfers may be in flight: an error exits at once, without unwinding.
   return run_then_exit_on_error("ring-worker: rank " + std::to_string(rank), kExitRuntime, [&] {
     for (int64_t s = 1; s <= steps; ++s) {
-      data::Sequence seq = source->next_sequence();
-      data::SequenceShard shard =
-          data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
-      const int64_t local_valid = valid_labels(shard);
+      const StepData sd = next_step_data(*source, spec, rr);
+      std::vector<model::Batch> batches;
+      for (const data::SequenceShard& shard : sd.shards) batches.push_back(shard_batch(shard));
       const RingStats r0 = attention.ring_stats();
       const double reduce0 = rr.reduce_seconds();
       const auto t0 = std::chrono::steady_clock::now();
-      const int64_t global_valid = rr.global_count(local_valid);
-      train::StepStats st = trainer.train_step(shard_batch(shard), global_valid);
+      const int64_t global_valid = rr.global_count(sd.local_valid);
+      train::StepStats st = trainer.train_step(batches, global_valid);
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const RingStats& r1 = attention.ring_stats();
       const double ring_wait_ms = (r1.wait_s - r0.wait_s) * 1e3;
       const double reduce_ms = (rr.reduce_seconds() - reduce0) * 1e3;
-      st.tokens = seq.size();  // the whole sequence: the ring's throughput
+      st.tokens = sd.tokens;  // every replica's whole sequences: the job's throughput
       st.step_ms = step_ms;
       st.tokens_per_s = step_ms > 0 ? st.tokens * 1000.0 / step_ms : 0;
       if (lead && (s % spec.train.log_every == 0 || s == steps || s == 1)) {
@@ -180,10 +209,7 @@ int run_rank(const Args& args) {
     // Peak memory of every rank, printed by rank 0.
     std::vector<int64_t> peaks(world);
     int64_t mine = peak_rss_bytes();
-    rr.progress().collective([&](transport::TransportComm& c) {
-      c.check(c.api().all_gather(c.get(), &mine, peaks.data(), sizeof(int64_t), 0),
-              "all_gather of peak memory");
-    });
+    rr.all_gather(&mine, peaks.data(), sizeof(int64_t), 0, "all_gather of peak memory");
     if (lead) {
       std::printf("peak memory (VmHWM) per rank:");
       for (int r = 0; r < world; ++r) std::printf(" %d: %.1f MiB", r, peaks[r] / 1048576.0);
@@ -203,8 +229,11 @@ int run_rank(const Args& args) {
 // The optimizer lives in ringd: per step the rank takes the weights ringd put in shared memory,
 // runs forward and backward and hands each gradient bucket to ringd's shm slot the moment the
 // backward finishes it (ringd sums the node's slots and updates that bucket while this backward
-// goes on). Only the loss and the valid-label count still cross the ring (all_gather), so rank 0
-// reports the global loss. No gradient all-reduce between workers.
+// goes on). Only the loss and the valid-label count still cross ranks (all_gather over every
+// rank of every replica), so rank 0 reports the global loss. No gradient all-reduce between
+// workers: ringd sums its workers' slots (every replica's), the nodes sum their node gradients.
+// With micro-batches the gradients accumulate over the M forward/backward passes and only the
+// last backward hands buckets to ringd.
 
 int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   const int rank = args.rank, world = args.world;  // ringd decides the number of steps
@@ -216,13 +245,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
     logger()->error("backend '{}': {}", backend_name, err);
     return kExitUsage;
   }
-  RankOptions ro;
-  ro.rank = rank;
-  ro.world = world;
-  ro.rendezvous = args.rendezvous;
-  ro.transport = args.transport;
-  ro.op_timeout_ms = args.timeout_ms;
-  RingRank rr(spec, ro);
+  RingRank rr(spec, rank_options(args, spec));
 
   data::CorpusOptions corpus;
   corpus.max_total_bytes = args.max_corpus_mb << 20;
@@ -259,26 +282,33 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       offload::Command cmd = client.next(weights);
       if (cmd.stop) break;
       if (!host_backend) model.set_params(host);
-      data::Sequence seq = source->next_sequence();
-      data::SequenceShard shard =
-          data::shard_sequence(seq, world, rank, spec.parallel.causal_balance);
-      const int64_t local_valid = valid_labels(shard);
+      const StepData sd = next_step_data(*source, spec, rr);
       const RingStats r0 = attention.ring_stats();
       const auto t0 = std::chrono::steady_clock::now();
-      const int64_t global_valid = std::max<int64_t>(rr.global_count(local_valid), 1);
+      const int64_t global_valid = std::max<int64_t>(rr.global_count(sd.local_valid), 1);
+      // Micro-batches accumulate into the gradient buffer; a bucket is complete only in the last
+      // one's backward, so only that backward hands buckets to ringd.
       model.zero_grads();
       std::vector<float> dev_grads;
-      model::LossResult loss =
-          model.forward_backward(shard_batch(shard), global_valid, [&](const model::GradBucket& b) {
-            if (host_backend) {
-              client.bucket(cmd.step, b, model.grads());
-            } else {
-              dev_grads = model.get_grads();  // a device backend: one copy out per bucket
-              client.bucket(cmd.step, b, dev_grads.data());
-            }
-          });
-      // The step's global loss: (loss_sum, valid) of every rank, summed in rank order; and
-      // whether any node's ringd has a stop request, so that every node stops after this step.
+      const model::BucketReadyFn to_ringd = [&](const model::GradBucket& b) {
+        if (host_backend) {
+          client.bucket(cmd.step, b, model.grads());
+        } else {
+          dev_grads = model.get_grads();  // a device backend: one copy out per bucket
+          client.bucket(cmd.step, b, dev_grads.data());
+        }
+      };
+      model::LossResult loss;
+      for (size_t m = 0; m < sd.shards.size(); ++m) {
+        const bool last = m + 1 == sd.shards.size();
+        const model::LossResult r = model.forward_backward(
+            shard_batch(sd.shards[m]), global_valid, last ? to_ringd : model::BucketReadyFn{});
+        loss.loss_sum += r.loss_sum;
+        loss.valid += r.valid;
+      }
+      // The step's global loss: (loss_sum, valid) of every rank (all replicas), summed in rank
+      // order; and whether any node's ringd has a stop request, so that every node stops after
+      // this step.
       struct Part {
         double loss_sum;
         int64_t valid;
@@ -286,14 +316,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       };
       Part mine{loss.loss_sum, loss.valid, cmd.stop_requested ? 1 : 0};
       std::vector<Part> all(world);
-      if (world > 1) {
-        rr.progress().collective([&](transport::TransportComm& c) {
-          c.check(c.api().all_gather(c.get(), &mine, all.data(), sizeof(Part), args.timeout_ms),
-                  "all_gather of the loss");
-        });
-      } else {
-        all[0] = mine;
-      }
+      rr.all_gather(&mine, all.data(), sizeof(Part), args.timeout_ms, "all_gather of the loss");
       double loss_sum = 0;
       int64_t valid = 0;
       bool stop = false;
@@ -308,7 +331,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       client.done(contract::control::Done{.step = cmd.step,
                                           .loss_sum = loss_sum,
                                           .valid = valid,
-                                          .tokens = seq.size(),
+                                          .tokens = sd.tokens,
                                           .step_ms = step_ms,
                                           .ring_wait_ms = (r1.wait_s - r0.wait_s) * 1e3,
                                           .bytes_sent = r1.bytes_sent - r0.bytes_sent,
@@ -327,7 +350,9 @@ using proc::describe_status;
 int launch_local(int argc, char** argv, const Args& args) {
   std::optional<spec::JobSpec> loaded = load(args);
   if (!loaded) return kExitUsage;
-  const int world = static_cast<int>(loaded->parallel.context_ranks);
+  // C x D ranks: rank g is position g % C of replica g / C (ring_rank.h).
+  const int world =
+      static_cast<int>(loaded->parallel.context_ranks * loaded->parallel.data_replicas);
 
   std::string tmpl = std::filesystem::temp_directory_path().string() + "/ring-rdv-XXXXXX";
   if (!mkdtemp(tmpl.data())) {

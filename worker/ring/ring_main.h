@@ -1,7 +1,11 @@
 // ring-worker's multi-rank mode (context parallelism over P processes, no daemon needed):
 //
 //   ring-worker --spec F --rank R --world P --rendezvous DIR [--transport ucx]   one rank
-//   ring-worker --spec F --launch-local                       forks P = context_ranks ranks
+//   ring-worker --spec F --launch-local          forks P = context_ranks x data_replicas ranks
+//
+// With data replicas (D > 1) the P ranks form D rings of context_ranks ranks, each training on
+// its own sequences of the step (ring_rank.h); train.micro_batches sequences per replica per
+// step accumulate their gradients before the one update.
 //
 // The launcher makes a fresh rendezvous directory, starts the P ranks (common/proc/spawn.h; each
 // dies with it), forwards SIGINT/SIGTERM/SIGHUP to them, and when one rank fails stops the others

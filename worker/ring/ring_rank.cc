@@ -5,6 +5,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
 #include <vector>
 
 namespace ring::cp {
@@ -16,53 +19,101 @@ void exit_now(const std::string& who, const char* message, int exit_code) {
   _exit(exit_code);
 }
 
-RingRank::RingRank(const spec::JobSpec& spec, const RankOptions& o)
-    : plugin_(transport::TransportPlugin::load(o.transport)), timeout_ms_(o.op_timeout_ms) {
-  std::vector<int> order = ring_order_from_spec(spec.parallel, o.world, &note_);
-  ring_ = make_ring(o.rank, o.world, order);
+namespace {
+
+// A communicator of `world` ranks on the rendezvous `dir` (a directory path or file:<path>).
+// A sub-directory of the given rendezvous (`make_dir`) is created first, so that ranks arriving
+// in any order find it; the plugin reports a directory it cannot use.
+std::unique_ptr<transport::TransportComm> make_comm(const transport::TransportPlugin& plugin,
+                                                    const RankOptions& o, int rank, int world,
+                                                    const std::string& dir, bool make_dir) {
+  if (make_dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir.rfind("file:", 0) == 0 ? dir.substr(5) : dir, ec);
+  }
   ring_transport_config_t cfg{};
-  cfg.rank = o.rank;
-  cfg.world_size = o.world;
-  cfg.rendezvous = o.rendezvous.c_str();
+  cfg.rank = rank;
+  cfg.world_size = world;
+  cfg.rendezvous = dir.c_str();
   cfg.bootstrap_timeout_ms = o.bootstrap_timeout_ms;
   cfg.op_timeout_ms = o.op_timeout_ms;
   cfg.device = -1;
-  comm_ = std::make_unique<transport::TransportComm>(plugin_, cfg);
-  if (o.world > 1) {
+  return std::make_unique<transport::TransportComm>(plugin, cfg);
+}
+
+}  // namespace
+
+RingRank::RingRank(const spec::JobSpec& spec, const RankOptions& o)
+    : plugin_(transport::TransportPlugin::load(o.transport)), timeout_ms_(o.op_timeout_ms) {
+  if (o.replicas < 1 || o.world % o.replicas != 0 || o.rank < 0 || o.rank >= o.world)
+    throw std::invalid_argument("rank " + std::to_string(o.rank) + " of " +
+                                std::to_string(o.world) + " with " + std::to_string(o.replicas) +
+                                " data replicas: the world must be a multiple of the replicas");
+  const int ctx = o.world / o.replicas;
+  replicas_ = o.replicas;
+  replica_ = o.rank / ctx;
+  world_rank_ = o.rank;
+  world_size_ = o.world;
+  const int c = o.rank % ctx;
+  std::vector<int> order = ring_order_from_spec(spec.parallel, ctx, &note_);
+  ring_ = make_ring(c, ctx, order);
+  // One replica: the ring's communicator is the job's, on the directory given (as without
+  // replicas). Several: one per replica, then one over every rank, in that order on every rank.
+  const bool replicated = o.replicas > 1;
+  comm_ =
+      make_comm(plugin_, o, c, ctx,
+                replicated ? o.rendezvous + "/replica-" + std::to_string(replica_) : o.rendezvous,
+                replicated);
+  if (ctx > 1) {
     const int peers[2] = {ring_.prev, ring_.next};
     comm_->check(comm_->api().connect(comm_->get(), peers, ring_.prev == ring_.next ? 1 : 2, 0),
                  "connect to ring neighbours");
   }
   progress_ = std::make_unique<ProgressEngine>(comm_.get());
+  if (replicated) {
+    world_comm_ = make_comm(plugin_, o, o.rank, o.world, o.rendezvous + "/world", true);
+    world_progress_ = std::make_unique<ProgressEngine>(world_comm_.get());
+  }
 }
 
 RingRank::~RingRank() {
-  progress_.reset();  // stop the thread before the comm is finalized
+  // Stop the threads before their comms are finalized.
+  world_progress_.reset();
+  world_comm_.reset();
+  progress_.reset();
   comm_.reset();
 }
 
-int64_t RingRank::global_count(int64_t local) {
-  if (ring_.world == 1) return local;
-  std::vector<int64_t> all(ring_.world);
-  progress_->collective([&](transport::TransportComm& c) {
-    c.check(c.api().all_gather(c.get(), &local, all.data(), sizeof(int64_t), timeout_ms_),
-            "all_gather of valid-label counts");
+void RingRank::all_gather(const void* send, void* recv, size_t bytes, int timeout_ms,
+                          const char* what) {
+  if (world_size_ == 1) {
+    std::memcpy(recv, send, bytes);
+    return;
+  }
+  world_engine().collective([&](transport::TransportComm& c) {
+    c.check(c.api().all_gather(c.get(), send, recv, bytes, timeout_ms), what);
   });
+}
+
+int64_t RingRank::global_count(int64_t local) {
+  if (world_size_ == 1) return local;
+  std::vector<int64_t> all(world_size_);
+  all_gather(&local, all.data(), sizeof(int64_t), timeout_ms_, "all_gather of valid-label counts");
   int64_t sum = 0;
   for (int64_t x : all) sum += x;
   return sum;
 }
 
 void RingRank::reduce(float* grads, int64_t n, model::LossResult* loss) {
-  if (ring_.world == 1) return;
+  if (world_size_ == 1) return;
   const auto t0 = std::chrono::steady_clock::now();
   struct Part {
     double loss_sum;
     int64_t valid;
   };
   Part mine{loss->loss_sum, loss->valid};
-  std::vector<Part> all(ring_.world);
-  progress_->collective([&](transport::TransportComm& c) {
+  std::vector<Part> all(world_size_);
+  world_engine().collective([&](transport::TransportComm& c) {
     c.check(c.api().all_reduce_sum_f32(c.get(), grads, grads, static_cast<size_t>(n), timeout_ms_),
             "all_reduce_sum_f32 of the weight gradients");
     c.check(c.api().all_gather(c.get(), &mine, all.data(), sizeof(Part), timeout_ms_),
@@ -78,28 +129,28 @@ void RingRank::reduce(float* grads, int64_t n, model::LossResult* loss) {
 }
 
 void RingRank::shutdown() {
-  if (ring_.world == 1) return;
+  if (world_size_ == 1) return;
+  ProgressEngine& engine = world_engine();
   constexpr uint32_t kTagDone = 0x52410010, kTagRelease = 0x52410011;
   auto check = [&](int h, const char* what, int peer) {
-    ProgressEngine::Result r = progress_->wait(h, timeout_ms_);
+    ProgressEngine::Result r = engine.wait(h, timeout_ms_);
     if (r.status != RING_TRANSPORT_OK)
       throw transport::TransportError(r.status, "shutdown: " + std::string(what) + " rank " +
                                                     std::to_string(peer) + ": " + r.error);
   };
   char token = 1;
-  if (ring_.rank == 0) {
-    std::vector<char> in(ring_.world);
+  if (world_rank_ == 0) {
+    std::vector<char> in(world_size_);
     std::vector<int> h;
-    for (int r = 1; r < ring_.world; ++r) h.push_back(progress_->post_recv(&in[r], 1, r, kTagDone));
-    for (int r = 1; r < ring_.world; ++r) check(h[r - 1], "done from", r);
+    for (int r = 1; r < world_size_; ++r) h.push_back(engine.post_recv(&in[r], 1, r, kTagDone));
+    for (int r = 1; r < world_size_; ++r) check(h[r - 1], "done from", r);
     h.clear();
-    for (int r = 1; r < ring_.world; ++r)
-      h.push_back(progress_->post_send(&token, 1, r, kTagRelease));
-    for (int r = 1; r < ring_.world; ++r) check(h[r - 1], "release to", r);
+    for (int r = 1; r < world_size_; ++r) h.push_back(engine.post_send(&token, 1, r, kTagRelease));
+    for (int r = 1; r < world_size_; ++r) check(h[r - 1], "release to", r);
   } else {
     char in = 0;
-    const int hr = progress_->post_recv(&in, 1, 0, kTagRelease);
-    check(progress_->post_send(&token, 1, 0, kTagDone), "done to", 0);
+    const int hr = engine.post_recv(&in, 1, 0, kTagRelease);
+    check(engine.post_send(&token, 1, 0, kTagDone), "done to", 0);
     check(hr, "release from", 0);
   }
 }

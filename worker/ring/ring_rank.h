@@ -3,11 +3,18 @@
 // count, and the sum of weight gradients and losses (so every rank applies the identical AdamW
 // update and the parameters stay bit-identical across ranks).
 //
-//   RingRank rr(spec, {.rank = r, .world = P, .rendezvous = dir});
+// Data replicas: the job's W = C x D ranks form D rings of C ranks (context_ranks C,
+// data_replicas D). Global rank g is ring position c = g % C of replica d = g / C. The K/V ring
+// runs on a communicator of the replica's C ranks (rendezvous <dir>/replica-<d>, rank c of C);
+// what spans the job - the valid-label count, the gradient and loss sums, gathers, the clean
+// shutdown - runs on a second communicator of all W ranks (<dir>/world). With D = 1 there is one
+// communicator on <dir> itself, used for both.
+//
+//   RingRank rr(spec, {.rank = g, .world = W, .replicas = D, .rendezvous = dir});
 //   RingAttention attention(backend, &rr.progress(), rr.ring(), {.stagger_us = ...});
 //   Trainer trainer(spec, backend, &attention, steps);
 //   trainer.set_grad_reduce(rr.grad_reducer());
-//   SequenceShard shard = shard_sequence(seq, P, r, spec.parallel.causal_balance);
+//   SequenceShard shard = shard_sequence(seq, C, rr.ring().rank, spec.parallel.causal_balance);
 //   trainer.train_step(shard_batch(shard), rr.global_count(local_valid));
 #pragma once
 
@@ -26,8 +33,9 @@
 namespace ring::cp {
 
 struct RankOptions {
-  int rank = 0;
-  int world = 1;
+  int rank = 0;            // global rank g
+  int world = 1;           // W: every rank of the job (context_ranks x replicas)
+  int replicas = 1;        // D: data replicas, each a ring of W / D ranks
   std::string rendezvous;  // directory unique to this ring attempt
   std::string transport = "ucx";
   int bootstrap_timeout_ms = 60000;
@@ -53,39 +61,54 @@ int run_then_exit_on_error(const std::string& who, int exit_code, Body&& body) {
 
 class RingRank {
  public:
-  // Loads the transport, runs the bootstrap, connects to the ring neighbours and starts the
-  // progress thread. Throws transport::TransportError (with the plugin's message) or
-  // std::invalid_argument (a bad ring order).
+  // Loads the transport, runs the bootstrap(s), connects to the ring neighbours and starts the
+  // progress thread(s). Throws transport::TransportError (with the plugin's message) or
+  // std::invalid_argument (a bad ring order, a world that is not a multiple of replicas).
   RingRank(const spec::JobSpec& spec, const RankOptions& options);
   ~RingRank();
 
+  // The ring of this rank's replica: rank c of C (ring().rank, ring().world).
   const RingTopology& ring() const { return ring_; }
   ProgressEngine& progress() { return *progress_; }
   transport::TransportComm& comm() { return *comm_; }
   const std::string& note() const { return note_; }  // e.g. how ring_order was interpreted
+  int replica() const { return replica_; }           // d
+  int replicas() const { return replicas_; }         // D
+  int world_rank() const { return world_rank_; }     // g
+  int world_size() const { return world_size_; }     // W
 
-  // Sum over ranks of a count (all_gather, summed in rank order: identical on every rank).
+  // Every rank's `bytes` at `send` into recv (W x bytes, in global rank order), over all W ranks.
+  // No ring transfer may be in flight.
+  void all_gather(const void* send, void* recv, size_t bytes, int timeout_ms, const char* what);
+
+  // Sum over all W ranks of a count (all_gather, summed in rank order: identical on every rank).
   int64_t global_count(int64_t local);
   // Sums the gradient buffer (all_reduce_sum_f32 over the whole flat buffer: one bucket) and the
-  // loss (loss_sum, valid: all_gather, summed in rank order) in place.
+  // loss (loss_sum, valid: all_gather, summed in rank order) in place, over all W ranks.
   void reduce(float* grads, int64_t n, model::LossResult* loss);
   train::Trainer::GradReduceFn grad_reducer() {
     return [this](float* g, int64_t n, model::LossResult* r) { reduce(g, n, r); };
   }
   double reduce_seconds() const { return reduce_s_; }  // time in reduce() since construction
 
-  // Clean exit: returns once every rank has called it, so no rank leaves while another still
-  // waits in a collective (the transport fails a collective when any rank is gone, even one that
-  // already did its part). Point-to-point only - every rank sends "done" to rank 0, which
+  // Clean exit: returns once every rank (all W) has called it, so no rank leaves while another
+  // still waits in a collective (the transport fails a collective when any rank is gone, even one
+  // that already did its part). Point-to-point only - every rank sends "done" to rank 0, which
   // answers "release" to each - because a p2p wait fails only on the death of its own peer, and
   // a message sent just before its sender exits is still delivered.
   void shutdown();
 
  private:
+  // The engine of the all-rank communicator: the world one with D > 1, else the ring's.
+  ProgressEngine& world_engine() { return world_progress_ ? *world_progress_ : *progress_; }
+
   transport::TransportPlugin plugin_;
-  std::unique_ptr<transport::TransportComm> comm_;
+  std::unique_ptr<transport::TransportComm> comm_;  // the replica's ring (C ranks)
   std::unique_ptr<ProgressEngine> progress_;
+  std::unique_ptr<transport::TransportComm> world_comm_;  // all W ranks; only with D > 1
+  std::unique_ptr<ProgressEngine> world_progress_;
   RingTopology ring_;
+  int replica_ = 0, replicas_ = 1, world_rank_ = 0, world_size_ = 1;
   std::string note_;
   int timeout_ms_;
   double reduce_s_ = 0;
