@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,8 @@ struct Mode {
   bool topk = false;
   std::string name() const { return shard + (topk ? "-topk" : "-dense"); }
 };
+// gtest names the parameter by this (not by its bytes) in test lists and failures.
+void PrintTo(const Mode& m, std::ostream* os) { *os << m.name(); }
 
 // The job on `nodes` nodes of one worker each: a tiny model, AdamW offloaded to ringd, a
 // constant learning rate after warm-up (so `--steps 10` trains the first 10 of the 20 steps
