@@ -81,6 +81,8 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
       hooks_.log("note: checkpoint " + r.path + " was written with another spec (hash " +
                  r.spec_hash + ", now " + base_.spec_hash + ")");
     const bool other_shard = r.layout && base_.layout && r.layout->shard != base_.layout->shard;
+    const bool per_node = std::any_of(tensors.begin(), tensors.end(),
+                                      [](const optim::StateTensor& t) { return t.per_node; });
     if (r.nodes != base_.nodes || other_shard) {
       const std::string was = r.layout ? ckpt::describe_layout(*r.layout)
                                        : fmt::format("{} nodes (format {})", r.nodes,
@@ -90,7 +92,9 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
       hooks_.log(fmt::format(
           "checkpoint {} was written by {}; this job is {}: state resharded{} (read {})", r.path,
           was, now,
-          r.nodes != base_.nodes ? ", per-node residuals summed onto node 0, zero elsewhere" : "",
+          r.nodes != base_.nodes && per_node
+              ? ", per-node residuals summed onto node 0, zero elsewhere"
+              : "",
           fmt::join(r.shards_read, ", ")));
     }
     restore(r);
