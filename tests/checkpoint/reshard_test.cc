@@ -10,7 +10,8 @@
 //     from the checkpoint's weights alone) must equal the uninterrupted 2-node run's within
 //     1e-6, and steps 12-20 stay within 1e-2 of it;
 //   - resumed on the same 2 nodes it is bit-exact: loss bits and master-weight hashes
-//     (--hash-weights) of steps 11-20 equal the uninterrupted 2-node run's.
+//     (--hash-weights) of steps 11-20 equal the uninterrupted 2-node run's;
+//   - a model with the same shapes but other heads is refused (exit 1, what differs named).
 #include <sys/wait.h>
 
 #include <cmath>
@@ -56,12 +57,15 @@ void PrintTo(const Mode& m, std::ostream* os) { *os << m.name(); }
 // The job on `nodes` nodes of one worker each: a tiny model, AdamW offloaded to ringd, a
 // constant learning rate after warm-up (so `--steps 10` trains the first 10 of the 20 steps
 // exactly), a checkpoint every 10 steps.
-std::string write_spec(const std::string& dir, int nodes, const Mode& mode) {
+std::string write_spec(const std::string& dir, int nodes, const Mode& mode, int heads = 4) {
   const std::string& shard = mode.shard;
-  const std::string path = dir + "/spec-" + std::to_string(nodes) + "-" + mode.name() + ".yaml";
+  const std::string path = dir + "/spec-" + std::to_string(nodes) + "-" + mode.name() + "-" +
+                           std::to_string(heads) + ".yaml";
   std::ofstream f(path);
   f << "job:\n  name: ckpt-reshard\n"
-       "model:\n  layers: 2\n  d_model: 64\n  heads: 4\n  mlp: swiglu\n  vocab: 256\n"
+       "model:\n  layers: 2\n  d_model: 64\n  heads: "
+    << heads
+    << "\n  mlp: swiglu\n  vocab: 256\n"
        "data:\n  source: text\n  paths: [/usr/share/common-licenses]\n  seq_len: 256\n"
        "  seed: 1\n"
        "parallel:\n  context_ranks: "
@@ -221,6 +225,33 @@ TEST_P(Reshard, SameTwoNodesResumeIsBitExact) {
         << "step " << s << ": " << got.loss[s] << " vs " << want.loss.at(s);
     EXPECT_EQ(got.hash[s], want.hash.at(s)) << "step " << s;
   }
+}
+
+// Another model with the same parameter shapes (8 heads of 8 instead of 4 of 16): the resume is
+// refused naming what differs, and ringd exits 1 instead of training from the wrong state.
+TEST(ReshardRefusal, AnotherModelWithEqualShapesIsRefused) {
+  Rig& r = rig();
+  const std::string& from = two_node_checkpoint(Mode{"none", false});
+  const std::string job = r.t.path + "/other-model";
+  fsys::create_directories(job);
+  fsys::copy(from, job + "/checkpoints", fsys::copy_options::recursive);
+  const std::string out = r.t.path + "/other-model.out";
+  ring::test::ProcOptions o = ring::test::ucx_loopback();
+  o.kill_on_timeout = true;
+  ring::test::Proc d({bin("RINGD_BIN", RINGD_BIN), "--spec",
+                      write_spec(r.t.path, 1, Mode{"none", false}, 8), "--job-dir", job,
+                      "--worker-threads", "1", "--worker-bin", bin("RING_WORKER", RING_WORKER),
+                      "--threads", "1", "--resume"},
+                     out, out, o);
+  const int st = d.wait(120);
+  const std::string log = slurp(job + "/logs/ringd-0.log") + slurp(out);
+  ASSERT_TRUE(WIFEXITED(st)) << st << log;
+  EXPECT_EQ(WEXITSTATUS(st), 1) << log;
+  EXPECT_NE(log.find("cannot resume: " + job +
+                     "/checkpoints/step-00000010/checkpoint.json: written for another model: "
+                     "head_dim 16 (this job: 8), heads 4 (this job: 8)"),
+            std::string::npos)
+      << log;
 }
 
 INSTANTIATE_TEST_SUITE_P(Mode, Reshard,
