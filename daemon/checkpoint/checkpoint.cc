@@ -452,11 +452,10 @@ void Checkpointer::commit(int64_t step, SaveResult& r) {
                               std::to_string(step) + ", tag '" + opt_.tag + "'");
       if (sm.layout.has_value() != opt_.layout.has_value() ||
           (sm.layout && !(*sm.layout == *opt_.layout)))
-        throw CheckpointError(path + ": records another layout than node 0's (" +
-                              (sm.layout ? describe_layout(*sm.layout) : std::string("none")) +
-                              ", node 0: " +
-                              (opt_.layout ? describe_layout(*opt_.layout) : std::string("none")) +
-                              ")");
+        throw CheckpointError(
+            path + ": records another layout than node 0's (" +
+            (sm.layout ? describe_layout(*sm.layout) : std::string("none")) + ", node 0: " +
+            (opt_.layout ? describe_layout(*opt_.layout) : std::string("none")) + ")");
       parsed[n] = std::move(sm);
       got[n] = true;
       ++have;

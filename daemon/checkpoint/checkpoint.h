@@ -297,7 +297,7 @@ struct LoadResult {
   std::string message;               // one line for the log: what was loaded, what was skipped
   int nodes = 0;                     // the writer's node count
   int format_version = 0;
-  std::optional<Layout> layout;      // the writer's layout (format 2)
+  std::optional<Layout> layout;          // the writer's layout (format 2)
   std::vector<std::string> shards_read;  // the data files this node read
 };
 
@@ -311,7 +311,7 @@ struct LoadResult {
 // (format 1). Several nodes agree on a step by calling again with max_step = the smallest step
 // loaded.
 LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
-                       const std::vector<LoadTarget>& targets,
-                       int64_t max_step = INT64_MAX, const Layout* job = nullptr);
+                       const std::vector<LoadTarget>& targets, int64_t max_step = INT64_MAX,
+                       const Layout* job = nullptr);
 
 }  // namespace ring::ckpt

@@ -613,7 +613,9 @@ void read_entry(int fd, const TensorEntry& e, const std::vector<Sink>& sinks,
                           e.xxh3 + ", data " + got + ")");
 }
 
-std::string json_value_text(const json* v) { return v ? v->dump() : std::string("unset"); }
+std::string json_value_text(const json* v) {
+  return v ? v->dump() : std::string("unset");
+}
 
 // The checkpoint's model record against the job's: "" when equal, else what differs.
 std::string model_difference(const json& ckpt_model, const json& job_model) {
@@ -817,10 +819,10 @@ LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
   if (res.loaded) {
     res.message = "loaded " + step_dir_name(res.step) + " from " + dir;
     if (res.nodes != nodes)
-      res.message += " (written by " +
-                     (res.layout ? describe_layout(*res.layout)
-                                 : std::to_string(res.nodes) + " nodes") +
-                     "; resharded onto " + std::to_string(nodes) + " nodes)";
+      res.message +=
+          " (written by " +
+          (res.layout ? describe_layout(*res.layout) : std::to_string(res.nodes) + " nodes") +
+          "; resharded onto " + std::to_string(nodes) + " nodes)";
     if (!res.skipped.empty()) {
       res.message += "; fell back past " + std::to_string(res.skipped.size()) + " damaged: ";
       for (size_t i = 0; i < res.skipped.size(); ++i)

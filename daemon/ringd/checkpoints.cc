@@ -84,9 +84,9 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
     const bool per_node = std::any_of(tensors.begin(), tensors.end(),
                                       [](const optim::StateTensor& t) { return t.per_node; });
     if (r.nodes != base_.nodes || other_shard) {
-      const std::string was = r.layout ? ckpt::describe_layout(*r.layout)
-                                       : fmt::format("{} nodes (format {})", r.nodes,
-                                                     r.format_version);
+      const std::string was = r.layout
+                                  ? ckpt::describe_layout(*r.layout)
+                                  : fmt::format("{} nodes (format {})", r.nodes, r.format_version);
       const std::string now = base_.layout ? ckpt::describe_layout(*base_.layout)
                                            : fmt::format("{} nodes", base_.nodes);
       hooks_.log(fmt::format(

@@ -40,9 +40,11 @@ struct Model {
   int64_t total = 0;
   json config = {{"layers", 2}, {"d_model", 64}, {"heads", 4}};
   Model() {
-    const std::vector<std::pair<std::string, std::vector<int64_t>>> ps = {
-        {"head", {30, 10}}, {"layers.1.w", {17}}, {"layers.1.v", {25, 40}},
-        {"layers.0.w", {64}}, {"embedding", {43, 3}}};
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> ps = {{"head", {30, 10}},
+                                                                          {"layers.1.w", {17}},
+                                                                          {"layers.1.v", {25, 40}},
+                                                                          {"layers.0.w", {64}},
+                                                                          {"embedding", {43, 3}}};
     for (const auto& [n, s] : ps) {
       Param p{n, s, total, 1};
       for (int64_t d : s) p.size *= d;
@@ -136,8 +138,7 @@ struct Targets {
     for (const char* kind : kKinds)
       for (int i = 0; i < static_cast<int>(m.params.size()); ++i) {
         const bool per_node = std::string(kind) == "residual";
-        if (only && !per_node && std::find(only->begin(), only->end(), i) == only->end())
-          continue;
+        if (only && !per_node && std::find(only->begin(), only->end(), i) == only->end()) continue;
         const Param& p = m.params[i];
         LoadTarget lt(std::string(kind) + "/" + p.name, DType::kF32, p.shape, got.at(kind, p));
         lt.per_node = per_node;
@@ -178,7 +179,9 @@ void expect_loaded(const Model& m, const std::vector<NodeState>& writers, Target
   }
 }
 
-std::string read_text(const std::string& p) { return ring::test::slurp(p); }
+std::string read_text(const std::string& p) {
+  return ring::test::slurp(p);
+}
 
 void write_text(const std::string& p, const std::string& s) {
   FILE* f = std::fopen(p.c_str(), "wb");
@@ -361,10 +364,10 @@ TEST(ReshardLoad, FormatOneFlatCheckpointsLoadBySlicing) {
     load_latest(d.path, 0, 1, tg.t, INT64_MAX, &job);
     FAIL() << "no throw";
   } catch (const CheckpointMismatch& e) {
-    EXPECT_NE(std::string(e.what()).find("flat tensor 'master' holds " + std::to_string(m.total) +
-                                         " elements, this job's layout " +
-                                         std::to_string(m.total + 16)),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("flat tensor 'master' holds " + std::to_string(m.total) +
+                                   " elements, this job's layout " + std::to_string(m.total + 16)),
+        std::string::npos)
         << e.what();
   }
 }

@@ -52,7 +52,9 @@ struct Mode {
   std::string name() const { return shard + (topk ? "-topk" : "-dense"); }
 };
 // gtest names the parameter by this (not by its bytes) in test lists and failures.
-void PrintTo(const Mode& m, std::ostream* os) { *os << m.name(); }
+void PrintTo(const Mode& m, std::ostream* os) {
+  *os << m.name();
+}
 
 // The job on `nodes` nodes of one worker each: a tiny model, AdamW offloaded to ringd, a
 // constant learning rate after warm-up (so `--steps 10` trains the first 10 of the 20 steps
@@ -74,8 +76,7 @@ std::string write_spec(const std::string& dir, int nodes, const Mode& mode, int 
        "optimizer:\n  lr: 1.0e-3\n  lr_warmup_steps: 2\n  schedule: constant\n"
        "  weight_decay: 0.1\n  offload: cpu\n"
     << (mode.topk ? "  compression: topk\n  density: 0.05\n  error_feedback: true\n" : "")
-    << 
-       "train:\n  steps: 20\n  grad_clip: 1.0\n  seed: 1\n  log_every: 1\n"
+    << "train:\n  steps: 20\n  grad_clip: 1.0\n  seed: 1\n  log_every: 1\n"
        "checkpoint:\n  every_steps: 10\n  keep_last: 3\n  dir: checkpoints\n"
        "resources:\n  nodes: "
     << nodes
@@ -85,9 +86,9 @@ std::string write_spec(const std::string& dir, int nodes, const Mode& mode, int 
 }
 
 struct Steps {
-  std::map<int64_t, double> loss;         // step -> loss (node 0's steps.jsonl)
-  std::map<int64_t, std::string> hash;    // step -> weights_xxh
-  std::string log0;                       // node 0's log
+  std::map<int64_t, double> loss;       // step -> loss (node 0's steps.jsonl)
+  std::map<int64_t, std::string> hash;  // step -> weights_xxh
+  std::string log0;                     // node 0's log
 };
 
 // Runs the job on `nodes` ringd processes in `job` until they exit; every one must exit 0.
@@ -97,13 +98,23 @@ Steps run_job(const std::string& tmp, const std::string& spec, const std::string
   const std::string tag = std::to_string(++runs);
   std::vector<std::unique_ptr<ring::test::Proc>> procs;
   for (int k = 0; k < nodes; ++k) {
-    std::vector<std::string> a = {bin("RINGD_BIN", RINGD_BIN), "--spec", spec, "--job-dir", job,
-                                  "--json", "--hash-weights", "--worker-threads", "1",
-                                  "--worker-bin", bin("RING_WORKER", RING_WORKER), "--threads",
+    std::vector<std::string> a = {bin("RINGD_BIN", RINGD_BIN),
+                                  "--spec",
+                                  spec,
+                                  "--job-dir",
+                                  job,
+                                  "--json",
+                                  "--hash-weights",
+                                  "--worker-threads",
+                                  "1",
+                                  "--worker-bin",
+                                  bin("RING_WORKER", RING_WORKER),
+                                  "--threads",
                                   "1"};
     if (nodes > 1) {
-      for (std::string s : {std::string("--nodes"), std::to_string(nodes), std::string("--node-rank"),
-                            std::to_string(k), std::string("--rendezvous"), tmp + "/rdv-" + tag})
+      for (std::string s :
+           {std::string("--nodes"), std::to_string(nodes), std::string("--node-rank"),
+            std::to_string(k), std::string("--rendezvous"), tmp + "/rdv-" + tag})
         a.push_back(s);
     }
     a.insert(a.end(), extra.begin(), extra.end());
@@ -131,7 +142,7 @@ Steps run_job(const std::string& tmp, const std::string& spec, const std::string
 
 struct Rig {
   TempDir t{"ckpt-reshard"};
-  std::map<std::string, Steps> straight;  // "nodes/mode" -> the uninterrupted 20 steps
+  std::map<std::string, Steps> straight;    // "nodes/mode" -> the uninterrupted 20 steps
   std::map<std::string, std::string> ckpt;  // mode -> the 2-node run's checkpoints (step 10)
 };
 Rig& rig() {
@@ -205,9 +216,10 @@ TEST_P(Reshard, TwoNodeCheckpointResumesOnOneAndFourNodes) {
       const double tolerance = mode.topk && s > 11 ? 1e-2 : 1e-6;
       EXPECT_LE(rel, tolerance) << "step " << s << ": resumed " << a << ", straight " << b;
     }
-    std::printf("[ reshard ] 2 -> %d nodes, %s: relative loss difference step 11 %.3g, worst "
-                "%.3g\n",
-                nodes, mode.name().c_str(), first, worst);
+    std::printf(
+        "[ reshard ] 2 -> %d nodes, %s: relative loss difference step 11 %.3g, worst "
+        "%.3g\n",
+        nodes, mode.name().c_str(), first, worst);
   }
 }
 
@@ -238,11 +250,11 @@ TEST(ReshardRefusal, AnotherModelWithEqualShapesIsRefused) {
   const std::string out = r.t.path + "/other-model.out";
   ring::test::ProcOptions o = ring::test::ucx_loopback();
   o.kill_on_timeout = true;
-  ring::test::Proc d({bin("RINGD_BIN", RINGD_BIN), "--spec",
-                      write_spec(r.t.path, 1, Mode{"none", false}, 8), "--job-dir", job,
-                      "--worker-threads", "1", "--worker-bin", bin("RING_WORKER", RING_WORKER),
-                      "--threads", "1", "--resume"},
-                     out, out, o);
+  ring::test::Proc d(
+      {bin("RINGD_BIN", RINGD_BIN), "--spec", write_spec(r.t.path, 1, Mode{"none", false}, 8),
+       "--job-dir", job, "--worker-threads", "1", "--worker-bin", bin("RING_WORKER", RING_WORKER),
+       "--threads", "1", "--resume"},
+      out, out, o);
   const int st = d.wait(120);
   const std::string log = slurp(job + "/logs/ringd-0.log") + slurp(out);
   ASSERT_TRUE(WIFEXITED(st)) << st << log;

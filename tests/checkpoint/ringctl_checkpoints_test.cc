@@ -158,8 +158,9 @@ TEST(RingctlCheckpoints, ShowsTheWritersLayout) {
   EXPECT_EQ(arr[1]["format_version"], 2);
   EXPECT_EQ(arr[1]["layout"]["shard"], "optimizer");
   EXPECT_EQ(arr[1]["layout"]["nodes"], 2);
-  EXPECT_EQ(arr[1]["layout"]["ranges"][1],
-            (nlohmann::json{{"node", 1}, {"begin", 1000}, {"end", 4000}, {"first_bucket", 1},
-                            {"end_bucket", 3}}));
+  EXPECT_EQ(
+      arr[1]["layout"]["ranges"][1],
+      (nlohmann::json{
+          {"node", 1}, {"begin", 1000}, {"end", 4000}, {"first_bucket", 1}, {"end_bucket", 3}}));
   EXPECT_EQ(arr[1]["layout"]["model"]["d_model"], 64);
 }

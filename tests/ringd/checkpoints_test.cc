@@ -292,8 +292,7 @@ TEST(Checkpoints, SavesOnlyItsOwnTensorsAndResumesThemAll) {
   co.fsync = false;
   co.layout = l;
   Checkpoints c(co, {[&](const std::string& s) { rig.lines.push_back(s); },
-                     [](const std::string&, nlohmann::json) {},
-                     [](const ckpt::SaveResult&) {}});
+                     [](const std::string&, nlohmann::json) {}, [](const ckpt::SaveResult&) {}});
   c.open(1, ts);
   c.start(5, {});
   c.wait(5);
