@@ -11,7 +11,8 @@
 //     1e-6, and steps 12-20 stay within 1e-2 of it;
 //   - resumed on the same 2 nodes it is bit-exact: loss bits and master-weight hashes
 //     (--hash-weights) of steps 11-20 equal the uninterrupted 2-node run's;
-//   - a model with the same shapes but other heads is refused (exit 1, what differs named).
+//   - a model with the same shapes but other heads is refused (exit 1, what differs named);
+//   - a format 1 checkpoint (flat tensors) of the same state resumes bit-exactly like it.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -29,6 +30,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/contract/layout.h"
+#include "common/contract/model_config.h"
+#include "common/spec/parse.h"
+#include "daemon/checkpoint/checkpoint.h"
 #include "tests/common/test_json.h"
 #include "tests/common/test_proc.h"
 
@@ -264,6 +269,73 @@ TEST(ReshardRefusal, AnotherModelWithEqualShapesIsRefused) {
                      "head_dim 16 (this job: 8), heads 4 (this job: 8)"),
             std::string::npos)
       << log;
+}
+
+// A format 1 checkpoint (flat tensors "master", "adam_m", "adam_v" of the whole layout, written
+// whole by both nodes, no layout record) of the same state as the 2-node run's step 10 resumes
+// on 1 node exactly like that checkpoint: the same loss bits and weights for steps 11-20.
+TEST(ReshardFormatOne, FlatCheckpointResumesLikeTheNamedOne) {
+  Rig& r = rig();
+  const Mode dense{"none", false};
+  const std::string& from = two_node_checkpoint(dense);
+  auto loaded = ring::spec::load_spec_file(write_spec(r.t.path, 1, dense));
+  ASSERT_TRUE(loaded.ok());
+  const ring::contract::ParamLayout layout(ring::contract::ModelConfig::from_spec(*loaded.spec));
+  // The flat state, gathered from the named checkpoint by the library itself.
+  const char* kinds[] = {"master", "adam_m", "adam_v"};
+  std::map<std::string, std::vector<float>> flat;
+  std::vector<ring::ckpt::LoadTarget> targets;
+  for (const char* kind : kinds) {
+    flat[kind].assign(static_cast<size_t>(layout.total()), 0.f);
+    for (const ring::contract::ParamView& pv : layout.views())
+      targets.emplace_back(std::string(kind) + "/" + pv.name, ring::ckpt::DType::kF32, pv.shape,
+                           flat[kind].data() + pv.offset);
+  }
+  const ring::ckpt::LoadResult named = ring::ckpt::load_latest(from, 0, 1, targets);
+  ASSERT_TRUE(named.loaded) << named.message;
+  ASSERT_EQ(named.step, 10);
+  // Written as the format 1 writer did.
+  const std::string job = r.t.path + "/format1";
+  const std::string dir = job + "/checkpoints";
+  {
+    std::vector<std::unique_ptr<ring::ckpt::Checkpointer>> cs;
+    for (int k = 0; k < 2; ++k) {
+      ring::ckpt::Options o;
+      o.dir = dir;
+      o.node_rank = k;
+      o.nodes = 2;
+      o.fsync = false;
+      cs.push_back(std::make_unique<ring::ckpt::Checkpointer>(o));
+      for (const char* kind : kinds)
+        cs[k]->add_tensor(kind, ring::ckpt::DType::kF32, {layout.total()}, flat[kind].data());
+    }
+    for (auto& c : cs) c->start(10, named.meta);
+    for (auto& c : cs) ASSERT_TRUE(c->wait().ok);
+  }
+  const std::string sd = dir + "/step-00000010";
+  json top = json::parse(slurp(sd + "/checkpoint.json"));
+  top["format_version"] = 1;
+  for (int k = 0; k < 2; ++k) {
+    const std::string p = sd + "/node-0000" + std::to_string(k) + ".json";
+    json sm = json::parse(slurp(p));
+    sm["format_version"] = 1;
+    const std::string text = sm.dump(1) + "\n";
+    std::ofstream(p, std::ios::trunc) << text;
+    top["shards"][k]["manifest_xxh3"] = ring::ckpt::xxh3_hex(text.data(), text.size());
+  }
+  std::ofstream(sd + "/checkpoint.json", std::ios::trunc) << top.dump(1) + "\n";
+  ASSERT_EQ(ring::ckpt::inspect_checkpoint(sd, true).status, ring::ckpt::Status::kComplete);
+
+  const Steps want = resume_on(1, dense);
+  ASSERT_EQ(want.loss.size(), 10u) << want.log0;
+  const Steps got = run_job(r.t.path, write_spec(r.t.path, 1, dense), job, 1, {"--resume"});
+  ASSERT_EQ(got.loss.size(), 10u) << got.log0;
+  EXPECT_NE(got.log0.find("was written by 2 nodes (format 1)"), std::string::npos) << got.log0;
+  for (int64_t s = 11; s <= 20; ++s) {
+    EXPECT_EQ(std::memcmp(&got.loss.at(s), &want.loss.at(s), sizeof(double)), 0)
+        << "step " << s << ": " << got.loss.at(s) << " vs " << want.loss.at(s);
+    EXPECT_EQ(got.hash.at(s), want.hash.at(s)) << "step " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Mode, Reshard,
