@@ -150,6 +150,8 @@ Checkpointer::Checkpointer(Options opt) : opt_(std::move(opt)) {
   if (!(opt_.commit_timeout_s > 0))
     throw CheckpointError("checkpoint commit_timeout_s: must be positive");
   if (opt_.layout) {
+    // As it reads back (manifests are compared with node 0's record at the commit).
+    if (opt_.layout->model.is_null()) opt_.layout->model = nlohmann::json::object();
     const Layout& l = *opt_.layout;
     if (l.nodes != opt_.nodes || l.ranges.size() != static_cast<size_t>(opt_.nodes))
       throw CheckpointError("checkpoint layout: " + std::to_string(l.nodes) + " nodes, " +

@@ -301,6 +301,20 @@ TEST(ReshardLoad, LayoutIsRecordedAndListed) {
     EXPECT_NE(std::string(e.what()).find("f.json: layout.ranges[1].begin"), std::string::npos)
         << e.what();
   }
+  // A record without a model config commits too (recorded as {}).
+  {
+    Options o = opts(d.path + "/nomodel", 0, 1);
+    o.layout = m.layout(1, "none");
+    o.layout->model = nullptr;
+    Checkpointer c(o);
+    c.add_tensor("x", DType::kF32, {4}, writers[0].kinds.at("master").data());
+    c.start(1, {});
+    SaveResult r = c.wait();
+    ASSERT_TRUE(r.ok) << r.error;
+    auto l1 = inspect_checkpoint(d.path + "/nomodel/step-00000001", true);
+    ASSERT_TRUE(l1.layout.has_value());
+    EXPECT_EQ(l1.layout->model, json::object());
+  }
   // A writer whose layout does not have its node count is refused.
   Options o = opts(d.path, 0, 2);
   o.layout = m.layout(3, "none");
