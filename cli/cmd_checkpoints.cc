@@ -60,6 +60,8 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
                      {"bytes", c.bytes},
                      {"nodes", c.nodes},
                      {"latest", c.latest},
+                     {"format_version", c.format_version},
+                     {"layout", c.layout ? ckpt::layout_json(*c.layout) : nlohmann::json()},
                      {"verified", verify},
                      {"problems", c.problems}});
     std::cout << arr.dump(1) << "\n";
@@ -70,7 +72,8 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
     return 0;
   }
   bool color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
-  std::printf("%-10s %-19s %10s %5s  %s\n", "STEP", "TIME", "SIZE", "NODES", "STATUS");
+  std::printf("%-10s %-19s %10s %5s %-9s  %s\n", "STEP", "TIME", "SIZE", "NODES", "SHARD",
+              "STATUS");
   for (const auto& c : list) {
     std::string status = ckpt::status_name(c.status);
     if (c.status == ckpt::Status::kComplete && verify) status += " (verified)";
@@ -79,9 +82,11 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
     const char* on = "";
     const char* off = "";
     if (color && c.status == ckpt::Status::kCorrupt) on = "\033[31m", off = "\033[0m";
-    std::printf("%-10lld %-19s %10s %5d  %s%s%s\n", static_cast<long long>(c.step),
-                local_time(c.time).c_str(), human_bytes(c.bytes).c_str(), c.nodes, on,
-                status.c_str(), off);
+    // The writer's shard mode (format 2 records it); "-" for format 1 or when unknown.
+    const std::string shard = c.layout ? c.layout->shard : "-";
+    std::printf("%-10lld %-19s %10s %5d %-9s  %s%s%s\n", static_cast<long long>(c.step),
+                local_time(c.time).c_str(), human_bytes(c.bytes).c_str(), c.nodes, shard.c_str(),
+                on, status.c_str(), off);
     if (c.status == ckpt::Status::kCorrupt)
       for (const auto& p : c.problems) std::printf("           %s\n", p.c_str());
   }
@@ -102,14 +107,17 @@ CheckpointsCommand add_checkpoints(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sc = app.add_subcommand(
       "checkpoints",
-      "List the checkpoints in a checkpoint directory, or of a job (step, time, size, nodes, "
-      "complete/incomplete/corrupt); exit 1 if one is corrupt");
+      "List the checkpoints in a checkpoint directory, or of a job (step, time, size, the "
+      "writer's node count and shard mode, complete/incomplete/corrupt); exit 1 if one is "
+      "corrupt");
   sc->add_option("dir", a->dir,
                  "Checkpoint directory (the spec's checkpoint.dir), or a job id: the job's "
                  "checkpoint directory as ring-coord recorded it")
       ->required();
   sc->add_flag("--verify", a->verify, "Read every data file and check every tensor checksum");
-  sc->add_flag("--json", a->json, "Machine-readable output (an array of objects)");
+  sc->add_flag("--json", a->json,
+               "Machine-readable output (an array of objects, with each writer's layout: shard "
+               "mode, nodes, node ranges, model)");
   a->coord.add_to(sc);
   return {sc, [a] {
             // A job id (and no directory of that name): ask ring-coord where its checkpoints are.

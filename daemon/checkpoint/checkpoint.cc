@@ -149,6 +149,17 @@ Checkpointer::Checkpointer(Options opt) : opt_(std::move(opt)) {
                           ", must be at least 4096");
   if (!(opt_.commit_timeout_s > 0))
     throw CheckpointError("checkpoint commit_timeout_s: must be positive");
+  if (opt_.layout) {
+    // As it reads back (manifests are compared with node 0's record at the commit).
+    if (opt_.layout->model.is_null()) opt_.layout->model = nlohmann::json::object();
+    const Layout& l = *opt_.layout;
+    if (l.nodes != opt_.nodes || l.ranges.size() != static_cast<size_t>(opt_.nodes))
+      throw CheckpointError("checkpoint layout: " + std::to_string(l.nodes) + " nodes, " +
+                            std::to_string(l.ranges.size()) + " ranges, the job has " +
+                            std::to_string(opt_.nodes) + " nodes");
+    // The record must read back: the reader's rules are the writer's.
+    parse_layout(layout_json(l), "checkpoint layout");
+  }
 }
 
 Checkpointer::~Checkpointer() {
@@ -400,6 +411,7 @@ void Checkpointer::write_shard(int64_t step, const nlohmann::json& meta, SaveRes
   m.data_bytes = total;
   m.time = detail::now_unix();
   m.meta = meta;
+  m.layout = opt_.layout;
   for (size_t i = 0; i < nt; ++i) {
     const Tensor& T = *tensors_[i];
     m.tensors.push_back(
@@ -440,6 +452,12 @@ void Checkpointer::commit(int64_t step, SaveResult& r) {
                               std::to_string(sm.step) + ", tag '" + sm.tag + "', nodes " +
                               std::to_string(sm.nodes) + "), expected step " +
                               std::to_string(step) + ", tag '" + opt_.tag + "'");
+      if (sm.layout.has_value() != opt_.layout.has_value() ||
+          (sm.layout && !(*sm.layout == *opt_.layout)))
+        throw CheckpointError(
+            path + ": records another layout than node 0's (" +
+            (sm.layout ? describe_layout(*sm.layout) : std::string("none")) + ", node 0: " +
+            (opt_.layout ? describe_layout(*opt_.layout) : std::string("none")) + ")");
       parsed[n] = std::move(sm);
       got[n] = true;
       ++have;
@@ -466,6 +484,7 @@ void Checkpointer::commit(int64_t step, SaveResult& r) {
   top["tag"] = opt_.tag;
   top["spec_hash"] = opt_.spec_hash;
   top["time"] = detail::now_unix();
+  if (opt_.layout) top["layout"] = layout_json(*opt_.layout);
   auto shards = nlohmann::json::array();
   uint64_t total = 0;
   for (int n = 0; n < opt_.nodes; ++n) {

@@ -34,7 +34,10 @@
 //
 // Loading: load_latest() tries complete checkpoints from the newest down; a missing file, a
 // truncated or malformed manifest, a size or checksum mismatch makes it say what is wrong
-// (file and rule) in LoadResult::skipped and fall back to the previous complete one.
+// (file and rule) in LoadResult::skipped and fall back to the previous complete one. Tensors are
+// found by name in whichever shard holds them, so a checkpoint written by N nodes loads on M
+// (per-node tensors follow the rule of LoadTarget::per_node); format 1 checkpoints (flat
+// tensors) load by slicing (LoadTarget::flat_name).
 #pragma once
 
 #include <atomic>
@@ -56,7 +59,9 @@
 
 namespace ring::ckpt {
 
-inline constexpr int kFormatVersion = 1;
+// 2: the shard layout record (Layout) in checkpoint.json and every shard manifest; format 1
+// checkpoints (no layout) are still read.
+inline constexpr int kFormatVersion = 2;
 inline constexpr const char* kWriterVersion = "ringmaster 0.1.0";
 
 // Bad input (a path, a registration, a manifest) or an I/O failure; the message names the file
@@ -81,6 +86,33 @@ size_t dtype_size(DType t);
 std::string xxh3_hex(const void* data, size_t bytes);
 std::string step_dir_name(int64_t step);  // "step-00000050"
 
+// One node's part of the writer's flat parameter layout (contract::NodeRange): floats
+// [begin, end), gradient buckets [first_bucket, end_bucket).
+struct LayoutRange {
+  int node = 0;
+  int64_t begin = 0, end = 0;
+  int first_bucket = 0, end_bucket = 0;
+  bool operator==(const LayoutRange&) const = default;
+};
+
+// How the job that wrote a checkpoint divided its state (format 2): recorded in checkpoint.json
+// and every shard manifest as the `layout` object, so a reader can tell the node count, shard
+// mode and model apart without knowing the flat layout. The library only records and compares
+// it; ringd fills it (daemon/ringd/checkpoints.h checkpoint_layout).
+struct Layout {
+  std::string shard;                // the writer's parallel.shard: "none", "optimizer"
+  int nodes = 0;                    // = ranges.size()
+  std::vector<LayoutRange> ranges;  // node order, covering [0, total_floats)
+  int64_t total_floats = 0;         // the flat layout's size (alignment gaps included)
+  nlohmann::json model;             // the model config (object): layers, d_model, heads, ...
+};
+bool operator==(const Layout& a, const Layout& b);
+nlohmann::json layout_json(const Layout& l);
+// Strict: every key's type and range checked; throws CheckpointError naming `file` and the key.
+Layout parse_layout(const nlohmann::json& j, const std::string& file);
+// "2 nodes, shard optimizer".
+std::string describe_layout(const Layout& l);
+
 struct Options {
   std::string dir;             // checkpoint root (created when missing)
   int64_t keep_last = 3;       // complete checkpoints kept after a commit (>= 1)
@@ -92,6 +124,8 @@ struct Options {
   size_t staging_bytes = 16 << 20;   // copy-on-modify budget (not per tensor: in all)
   double commit_timeout_s = 600;     // node 0: how long to wait for the other nodes' shards
   bool fsync = true;                 // false only for tests/benchmarks on tmpfs
+  // The job's layout, recorded in every manifest (nullopt: none; layout.nodes must equal nodes).
+  std::optional<Layout> layout;
 };
 
 struct SaveResult {
@@ -202,6 +236,7 @@ struct ShardManifest {
   double time = 0;           // unix seconds when the shard was done
   std::vector<TensorEntry> tensors;
   nlohmann::json meta;
+  std::optional<Layout> layout;  // format 2 with a layout record
 };
 
 // Parses and checks a shard manifest's text; throws CheckpointError naming `file` and the rule
@@ -221,6 +256,8 @@ struct CheckpointInfo {
   uint64_t bytes = 0;   // data bytes of all shards
   double time = 0;      // unix seconds of the commit (0 when unknown)
   bool latest = false;  // `latest` names it
+  int format_version = 0;        // of checkpoint.json (0 when unknown)
+  std::optional<Layout> layout;  // the writer's layout (format 2), when recorded
 };
 
 // Lists step directories under dir (complete, partial and damaged), oldest step first. With
@@ -230,10 +267,24 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, bool verify
 CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify);
 
 struct LoadTarget {
+  LoadTarget() = default;
+  LoadTarget(std::string n, DType t, std::vector<int64_t> s, void* d)
+      : name(std::move(n)), dtype(t), shape(std::move(s)), data(d) {}
+
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   void* data = nullptr;  // product(shape) * dtype_size bytes
+  // Every node of the writer saved its own (ringd: the top-k residual). Same node count as the
+  // writer: this node's own shard's. Another node count: node 0 gets the sum over all the
+  // writer's nodes (f32 only, added in node order), the other nodes zeros, so the total owed
+  // to the model is kept. Not per_node: the copy in whichever shard holds the name (this node's
+  // own shard first).
+  bool per_node = false;
+  // Format 1 (flat tensors): when no shard has `name`, the elements [flat_offset, flat_offset +
+  // product(shape)) of the flat tensor `flat_name` ("" : none) are loaded instead.
+  std::string flat_name;
+  int64_t flat_offset = 0;  // elements
 };
 
 struct LoadResult {
@@ -244,15 +295,23 @@ struct LoadResult {
   nlohmann::json meta;
   std::vector<std::string> skipped;  // "step-00000050: node-00000.bin: tensor 'adam.m' ..."
   std::string message;               // one line for the log: what was loaded, what was skipped
+  int nodes = 0;                     // the writer's node count
+  int format_version = 0;
+  std::optional<Layout> layout;          // the writer's layout (format 2)
+  std::vector<std::string> shards_read;  // the data files this node read
 };
 
-// Loads this node's shard of the newest complete checkpoint with step <= max_step into the
-// targets, verifying every checksum; falls back to older ones on damage. A checkpoint whose
-// tensors do not match the targets (missing name, other shape or dtype) is a hard error, not a
-// fallback (the model changed): throws CheckpointMismatch naming the tensor and both shapes.
-// Several nodes agree on a step by calling again with max_step = the smallest step loaded.
+// Loads the targets of node `node_rank` of `nodes` from the newest complete checkpoint with
+// step <= max_step, whatever node count wrote it: each target is looked up by name in the shards
+// (LoadTarget says which), and only the data files holding a needed tensor are read, every
+// checksum verified; falls back to older ones on damage. A checkpoint that does not fit the job
+// is a hard error, not a fallback (older ones would not fit either): throws CheckpointMismatch
+// naming the tensor (missing, other shape or dtype) or, with `job`, the model config that
+// differs from job->model (format 2), or a flat tensor that is not job->total_floats long
+// (format 1). Several nodes agree on a step by calling again with max_step = the smallest step
+// loaded.
 LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
-                       const std::vector<LoadTarget>& targets,
-                       int64_t max_step = INT64_MAX);
+                       const std::vector<LoadTarget>& targets, int64_t max_step = INT64_MAX,
+                       const Layout* job = nullptr);
 
 }  // namespace ring::ckpt

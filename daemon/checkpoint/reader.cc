@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <utility>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -59,6 +62,7 @@ json shard_manifest_json(const ShardManifest& m) {
                   {"xxh3", t.xxh3}});
   j["tensors"] = ts;
   j["meta"] = m.meta;
+  if (m.layout) j["layout"] = layout_json(*m.layout);
   return j;
 }
 
@@ -131,6 +135,71 @@ json parse_json_text(const std::string& text, const std::string& file) {
   return j;
 }
 
+}  // namespace
+
+bool operator==(const Layout& a, const Layout& b) {
+  return a.shard == b.shard && a.nodes == b.nodes && a.ranges == b.ranges &&
+         a.total_floats == b.total_floats && a.model == b.model;
+}
+
+json layout_json(const Layout& l) {
+  auto ranges = json::array();
+  for (const LayoutRange& r : l.ranges)
+    ranges.push_back({{"node", r.node},
+                      {"begin", r.begin},
+                      {"end", r.end},
+                      {"first_bucket", r.first_bucket},
+                      {"end_bucket", r.end_bucket}});
+  return {{"shard", l.shard},
+          {"nodes", l.nodes},
+          {"ranges", ranges},
+          {"total_floats", l.total_floats},
+          {"model", l.model.is_null() ? json::object() : l.model}};
+}
+
+Layout parse_layout(const json& j, const std::string& file) {
+  if (!j.is_object()) throw CheckpointError(file + ": layout: must be an object");
+  Fields f{j, file, "layout."};
+  Layout l;
+  l.shard = f.str("shard");
+  if (l.shard.empty() || l.shard.size() > 64) f.fail("shard", "must be 1-64 characters");
+  l.nodes = static_cast<int>(f.i64("nodes", 1, 1 << 20));
+  l.total_floats = f.i64("total_floats", 0, int64_t{1} << 62);
+  const json& rs = f.at("ranges");
+  if (!rs.is_array()) f.fail("ranges", "must be an array");
+  if (rs.size() != static_cast<size_t>(l.nodes))
+    f.fail("ranges", std::to_string(rs.size()) + " entries, expected one per node (" +
+                         std::to_string(l.nodes) + ")");
+  for (size_t i = 0; i < rs.size(); ++i) {
+    std::string w = "layout.ranges[" + std::to_string(i) + "].";
+    if (!rs[i].is_object()) throw CheckpointError(file + ": " + w + ": must be an object");
+    Fields g{rs[i], file, w};
+    LayoutRange r;
+    r.node = static_cast<int>(g.i64("node", static_cast<int64_t>(i), static_cast<int64_t>(i)));
+    const int64_t prev_end = i == 0 ? 0 : l.ranges.back().end;
+    const int64_t prev_bucket = i == 0 ? 0 : l.ranges.back().end_bucket;
+    // Contiguous in node order, no gap, no overlap: the begin is where the previous one ended.
+    r.begin = g.i64("begin", prev_end, prev_end);
+    r.end = g.i64("end", r.begin, l.total_floats);
+    r.first_bucket = static_cast<int>(g.i64("first_bucket", prev_bucket, prev_bucket));
+    r.end_bucket = static_cast<int>(g.i64("end_bucket", r.first_bucket, INT32_MAX));
+    l.ranges.push_back(r);
+  }
+  if (l.ranges.back().end != l.total_floats)
+    f.fail("ranges", "end at " + std::to_string(l.ranges.back().end) + ", not at total_floats " +
+                         std::to_string(l.total_floats));
+  const json& model = f.at("model");
+  if (!model.is_object()) f.fail("model", "must be an object");
+  l.model = model;
+  return l;
+}
+
+std::string describe_layout(const Layout& l) {
+  return std::to_string(l.nodes) + (l.nodes == 1 ? " node" : " nodes") + ", shard " + l.shard;
+}
+
+namespace {
+
 void check_format(const Fields& f, const char* expected) {
   std::string got = f.str("format");
   if (got != expected) {
@@ -149,6 +218,8 @@ void check_format(const Fields& f, const char* expected) {
 }
 
 struct TopManifest {
+  int format_version = 0;
+  std::optional<Layout> layout;
   int64_t step = -1;
   int nodes = 0;
   std::string tag, spec_hash;
@@ -171,6 +242,7 @@ TopManifest parse_top_manifest(const std::string& text, const std::string& file)
   Fields f{j, file, ""};
   check_format(f, "ringmaster-checkpoint");
   TopManifest m;
+  m.format_version = static_cast<int>(f.i64("format_version", 1, INT32_MAX));
   m.step = f.i64("step", 0, INT64_MAX);
   m.nodes = static_cast<int>(f.i64("nodes", 1, 1 << 20));
   m.tag = f.str("tag");
@@ -194,6 +266,12 @@ TopManifest parse_top_manifest(const std::string& text, const std::string& file)
     if (!safe_file_name(s.data_file)) g.fail("data_file", "not a plain file name");
     if (!is_hex16(s.manifest_xxh3)) g.fail("manifest_xxh3", "must be 16 lower-case hex digits");
     m.shards.push_back(s);
+  }
+  if (auto li = j.find("layout"); li != j.end()) {
+    m.layout = parse_layout(*li, file);
+    if (m.layout->nodes != m.nodes)
+      f.fail("layout", "records " + std::to_string(m.layout->nodes) + " nodes, the checkpoint " +
+                           std::to_string(m.nodes));
   }
   return m;
 }
@@ -266,6 +344,12 @@ ShardManifest parse_shard_manifest(const std::string& text, const std::string& f
   // (Checkpointer::start(step, {}) writes null); anything else is damage.
   if (mi != j.end() && !mi->is_object() && !mi->is_null()) f.fail("meta", "must be an object");
   m.meta = mi == j.end() || mi->is_null() ? json::object() : *mi;
+  if (auto li = j.find("layout"); li != j.end()) {
+    m.layout = parse_layout(*li, file);
+    if (m.layout->nodes != m.nodes)
+      f.fail("layout", "records " + std::to_string(m.layout->nodes) + " nodes, the shard " +
+                           std::to_string(m.nodes));
+  }
   return m;
 }
 
@@ -348,6 +432,9 @@ std::pair<TopManifest, std::vector<ShardManifest>> check_step_dir(const std::str
                             ") disagree with checkpoint.json");
     if (sm.data_file != s.data_file || sm.data_bytes != s.data_bytes)
       throw CheckpointError(mpath + ": data_file/data_bytes disagree with checkpoint.json");
+    if (sm.layout.has_value() != top.layout.has_value() ||
+        (sm.layout && !(*sm.layout == *top.layout)))
+      throw CheckpointError(mpath + ": layout disagrees with checkpoint.json");
     std::string dpath = fs::join(dir, sm.data_file);
     uint64_t size = fs::file_size(dpath);
     if (size != sm.data_bytes)
@@ -401,6 +488,7 @@ CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify) {
                 fs::read_file(fs::join(step_dir, n), detail::kManifestLimit), n);
             info.bytes += sm.data_bytes;
             info.time = std::max(info.time, sm.time);
+            if (sm.layout) info.layout = sm.layout;
           } catch (const CheckpointError&) {
           }
         }
@@ -414,6 +502,8 @@ CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify) {
     info.status = Status::kComplete;
     info.nodes = top.nodes;
     info.time = top.time;
+    info.format_version = top.format_version;
+    info.layout = top.layout;
     for (const auto& s : shards) info.bytes += s.data_bytes;
   } catch (const CheckpointError& e) {
     info.status = Status::kCorrupt;
@@ -451,10 +541,215 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return o + "]";
 }
 
+uint64_t elements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// Where a target's bytes come from: bytes [src, src + bytes) of one tensor of a shard, copied
+// to dst or (add, f32) added to the floats at dst.
+struct Sink {
+  char* dst;
+  uint64_t src;
+  uint64_t bytes;
+  bool add;
+};
+
+// One tensor of one shard this node reads (each read once, however many targets take from it).
+struct Read {
+  size_t entry;
+  std::vector<Sink> sinks;
+};
+
+// Streams tensor e of the data file through XXH3 and hands each chunk's part to the sinks; a
+// single whole-tensor copy goes straight into its destination. Throws CheckpointError on a
+// checksum mismatch (damage: the caller falls back).
+void read_entry(int fd, const TensorEntry& e, const std::vector<Sink>& sinks,
+                const std::string& dpath) {
+  std::string got;
+  if (sinks.size() == 1 && !sinks[0].add && sinks[0].src == 0 && sinks[0].bytes == e.bytes) {
+    got = hash_range(fd, e.offset, e.bytes, sinks[0].dst, dpath);
+  } else {
+    constexpr uint64_t kChunk = 8u << 20;  // a multiple of 4: f32 sinks split on floats
+    auto buf = std::make_unique<char[]>(std::min<uint64_t>(kChunk, e.bytes ? e.bytes : 1));
+    XXH3_state_t* st = XXH3_createState();
+    XXH3_64bits_reset(st);
+    try {
+      for (uint64_t pos = 0; pos < e.bytes;) {
+        const uint64_t n = std::min<uint64_t>(kChunk, e.bytes - pos);
+        fs::pread_all(fd, buf.get(), n, e.offset + pos, dpath);
+        XXH3_64bits_update(st, buf.get(), n);
+        for (const Sink& k : sinks) {
+          const uint64_t a = std::max(pos, k.src), b = std::min(pos + n, k.src + k.bytes);
+          if (a >= b) continue;
+          char* dst = k.dst + (a - k.src);
+          const char* src = buf.get() + (a - pos);
+          if (!k.add) {
+            std::memcpy(dst, src, b - a);
+            continue;
+          }
+          for (uint64_t i = 0; i < b - a; i += 4) {
+            float x, y;
+            std::memcpy(&x, dst + i, 4);
+            std::memcpy(&y, src + i, 4);
+            x += y;
+            std::memcpy(dst + i, &x, 4);
+          }
+        }
+        pos += n;
+      }
+    } catch (...) {
+      XXH3_freeState(st);
+      throw;
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016" PRIx64, XXH3_64bits_digest(st));
+    XXH3_freeState(st);
+    got = hex;
+  }
+  if (got != e.xxh3)
+    throw CheckpointError(dpath + ": tensor '" + e.name + "' checksum mismatch (manifest " +
+                          e.xxh3 + ", data " + got + ")");
+}
+
+std::string json_value_text(const json* v) {
+  return v ? v->dump() : std::string("unset");
+}
+
+// The checkpoint's model record against the job's: "" when equal, else what differs.
+std::string model_difference(const json& ckpt_model, const json& job_model) {
+  std::string out;
+  std::vector<std::string> keys;
+  for (auto it = ckpt_model.begin(); it != ckpt_model.end(); ++it) keys.push_back(it.key());
+  for (auto it = job_model.begin(); it != job_model.end(); ++it)
+    if (!ckpt_model.contains(it.key())) keys.push_back(it.key());
+  for (const std::string& k : keys) {
+    const json* a = ckpt_model.contains(k) ? &ckpt_model.at(k) : nullptr;
+    const json* b = job_model.contains(k) ? &job_model.at(k) : nullptr;
+    if (a && b && *a == *b) continue;
+    if (!out.empty()) out += ", ";
+    out += k + " " + json_value_text(a) + " (this job: " + json_value_text(b) + ")";
+  }
+  return out;
+}
+
+// Where each target comes from in one checkpoint: per shard, the tensors to read; the targets
+// this node fills with zeros. Throws CheckpointMismatch when a target has no source that fits.
+struct Plan {
+  std::vector<std::vector<Read>> reads;  // per shard of the checkpoint
+  std::vector<size_t> zero;              // target indices
+};
+
+Plan plan_load(const std::string& path, const std::vector<ShardManifest>& shards, int node_rank,
+               int nodes, const std::vector<LoadTarget>& targets, const Layout* job) {
+  const int writers = static_cast<int>(shards.size());
+  const bool same_count = writers == nodes;
+  Plan plan;
+  plan.reads.resize(shards.size());
+  std::vector<std::map<size_t, size_t>> read_of(shards.size());  // entry -> index in reads[s]
+  auto add_sink = [&](int s, size_t entry, Sink k) {
+    auto [it, fresh] = read_of[s].try_emplace(entry, plan.reads[s].size());
+    if (fresh) plan.reads[s].push_back({entry, {}});
+    plan.reads[s][it->second].sinks.push_back(k);
+  };
+  auto manifest = [&](int s) { return path + "/" + detail::shard_manifest_name(s); };
+  auto find = [&](int s, const std::string& name) -> const TensorEntry* {
+    for (const TensorEntry& e : shards[s].tensors)
+      if (e.name == name) return &e;
+    return nullptr;
+  };
+  for (size_t ti = 0; ti < targets.size(); ++ti) {
+    const LoadTarget& t = targets[ti];
+    const uint64_t n = elements(t.shape);
+    const uint64_t tbytes = n * dtype_size(t.dtype);
+    // Shard s's copy of t: by name, else (format 1) a slice of the flat tensor. nullopt: none.
+    auto source = [&](int s) -> std::optional<std::pair<size_t, uint64_t>> {
+      if (const TensorEntry* e = find(s, t.name)) {
+        if (e->dtype != t.dtype || e->shape != t.shape)
+          throw CheckpointMismatch(manifest(s) + ": tensor '" + t.name + "' is " +
+                                   dtype_name(e->dtype) + " " + shape_str(e->shape) +
+                                   ", this job expects " + dtype_name(t.dtype) + " " +
+                                   shape_str(t.shape));
+        return std::pair{static_cast<size_t>(e - shards[s].tensors.data()), uint64_t{0}};
+      }
+      if (t.flat_name.empty()) return std::nullopt;
+      const TensorEntry* f = find(s, t.flat_name);
+      if (!f) return std::nullopt;
+      const uint64_t fn = elements(f->shape);
+      if (f->dtype != t.dtype || f->shape.size() != 1)
+        throw CheckpointMismatch(manifest(s) + ": flat tensor '" + t.flat_name + "' is " +
+                                 dtype_name(f->dtype) + " " + shape_str(f->shape) +
+                                 ", this job expects a flat " + dtype_name(t.dtype) + " one");
+      if (job && job->total_floats > 0 && fn != static_cast<uint64_t>(job->total_floats))
+        throw CheckpointMismatch(manifest(s) + ": flat tensor '" + t.flat_name + "' holds " +
+                                 std::to_string(fn) + " elements, this job's layout " +
+                                 std::to_string(job->total_floats) + " (another model)");
+      if (t.flat_offset < 0 || static_cast<uint64_t>(t.flat_offset) > fn ||
+          n > fn - static_cast<uint64_t>(t.flat_offset))
+        throw CheckpointMismatch(manifest(s) + ": flat tensor '" + t.flat_name + "' holds " +
+                                 std::to_string(fn) + " elements, too few for '" + t.name +
+                                 "' at " + std::to_string(t.flat_offset) + " (another model)");
+      return std::pair{static_cast<size_t>(f - shards[s].tensors.data()),
+                       static_cast<uint64_t>(t.flat_offset) * dtype_size(t.dtype)};
+    };
+    char* dst = static_cast<char*>(t.data);
+    if (t.per_node) {
+      if (same_count) {
+        auto src = source(node_rank);
+        if (!src)
+          throw CheckpointMismatch(manifest(node_rank) + ": has no tensor '" + t.name +
+                                   "' (the model or optimizer changed)");
+        add_sink(node_rank, src->first, {dst, src->second, tbytes, false});
+        continue;
+      }
+      // Another node count: node 0 takes the sum over the writer's nodes, the others zeros.
+      // Every node checks every shard, so all of them refuse the same checkpoint.
+      for (int s = 0; s < writers; ++s) {
+        auto src = source(s);
+        if (!src)
+          throw CheckpointMismatch(manifest(s) + ": has no tensor '" + t.name +
+                                   "' (the model or optimizer changed)");
+        if (t.dtype != DType::kF32 && writers > 1)
+          throw CheckpointMismatch(manifest(s) + ": per-node tensor '" + t.name + "' is " +
+                                   dtype_name(t.dtype) +
+                                   "; only f32 ones can be summed onto another node count");
+        if (node_rank == 0) add_sink(s, src->first, {dst, src->second, tbytes, s > 0});
+      }
+      if (node_rank != 0) plan.zero.push_back(ti);
+      continue;
+    }
+    // One copy: this node's own shard first (same node count), else the lowest node with it.
+    std::vector<int> order;
+    if (same_count) order.push_back(node_rank);
+    for (int s = 0; s < writers; ++s)
+      if (!same_count || s != node_rank) order.push_back(s);
+    int chosen = -1;
+    for (int s : order)
+      if (find(s, t.name)) {
+        chosen = s;
+        break;
+      }
+    if (chosen < 0 && !t.flat_name.empty())
+      for (int s : order)
+        if (find(s, t.flat_name)) {
+          chosen = s;
+          break;
+        }
+    if (chosen < 0)
+      throw CheckpointMismatch(path + ": no shard has tensor '" + t.name +
+                               "' (the model or optimizer changed)");
+    auto src = source(chosen);
+    add_sink(chosen, src->first, {dst, src->second, tbytes, false});
+  }
+  return plan;
+}
+
 }  // namespace
 
 LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
-                       const std::vector<LoadTarget>& targets, int64_t max_step) {
+                       const std::vector<LoadTarget>& targets, int64_t max_step,
+                       const Layout* job) {
   LoadResult res;
   if (nodes < 1 || node_rank < 0 || node_rank >= nodes)
     throw CheckpointError("load: node_rank " + std::to_string(node_rank) + " of " +
@@ -475,49 +770,45 @@ LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
     }
     try {
       auto [top, shards] = check_step_dir(info.path, info.step, false);
-      if (top.nodes != nodes)
-        throw CheckpointMismatch(info.path + ": written by " + std::to_string(top.nodes) +
-                              " nodes, this job has " + std::to_string(nodes) +
-                              " (resuming on another node count is not supported)");
-      const ShardManifest& sm = shards[node_rank];
-      // Structure first: a mismatch with the model is a hard error, not damage.
-      std::vector<const TensorEntry*> entries;
-      for (const auto& t : targets) {
-        auto it = std::find_if(sm.tensors.begin(), sm.tensors.end(),
-                               [&](const TensorEntry& e) { return e.name == t.name; });
-        if (it == sm.tensors.end())
-          throw CheckpointMismatch(info.path + "/" + detail::shard_manifest_name(node_rank) +
-                                   ": has no tensor '" + t.name + "' (the model or optimizer changed)");
-        if (it->dtype != t.dtype || it->shape != t.shape)
-          throw CheckpointMismatch(info.path + "/" + detail::shard_manifest_name(node_rank) +
-                                   ": tensor '" + t.name + "' is " + dtype_name(it->dtype) + " " +
-                                shape_str(it->shape) + ", this job expects " +
-                                dtype_name(t.dtype) + " " + shape_str(t.shape));
-        entries.push_back(&*it);
+      // Structure first: a checkpoint of another model is a hard error, not damage.
+      if (job && top.layout && !job->model.empty() && !top.layout->model.empty()) {
+        std::string diff = model_difference(top.layout->model, job->model);
+        if (!diff.empty())
+          throw CheckpointMismatch(info.path + "/" + detail::kTopManifest +
+                                   ": written for another model: " + diff);
       }
-      // Then data, checksum by checksum.
-      std::string dpath = fs::join(info.path, sm.data_file);
+      Plan plan = plan_load(info.path, shards, node_rank, nodes, targets, job);
+      // Then data, checksum by checksum, only from the shards that hold a needed tensor, in
+      // node order (a per-node sum adds node 1 onto node 0's copy, then node 2, ...).
       bool bad = false;
+      std::vector<std::string> read;
       try {
-        Fd fd(dpath);
-        for (size_t i = 0; i < targets.size(); ++i) {
-          const TensorEntry& e = *entries[i];
-          std::string got =
-              hash_range(fd.fd, e.offset, e.bytes, static_cast<char*>(targets[i].data), dpath);
-          if (got != e.xxh3)
-            throw CheckpointError(dpath + ": tensor '" + e.name + "' checksum mismatch (manifest " +
-                                  e.xxh3 + ", data " + got + ")");
+        for (size_t s = 0; s < shards.size(); ++s) {
+          if (plan.reads[s].empty()) continue;
+          const std::string dpath = fs::join(info.path, shards[s].data_file);
+          Fd fd(dpath);
+          read.push_back(shards[s].data_file);
+          for (const Read& r : plan.reads[s])
+            read_entry(fd.fd, shards[s].tensors[r.entry], r.sinks, dpath);
         }
       } catch (const CheckpointError& e) {
         res.skipped.push_back(info.name + ": " + e.what());
         bad = true;
       }
       if (bad) continue;
+      for (size_t ti : plan.zero)
+        std::memset(targets[ti].data, 0,
+                    elements(targets[ti].shape) * dtype_size(targets[ti].dtype));
+      const ShardManifest& sm = shards[node_rank < top.nodes ? node_rank : 0];
       res.loaded = true;
       res.step = info.step;
       res.path = info.path;
       res.spec_hash = sm.spec_hash;
       res.meta = sm.meta;
+      res.nodes = top.nodes;
+      res.format_version = top.format_version;
+      res.layout = top.layout;
+      res.shards_read = std::move(read);
       break;
     } catch (const CheckpointMismatch&) {
       throw;
@@ -527,6 +818,11 @@ LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
   }
   if (res.loaded) {
     res.message = "loaded " + step_dir_name(res.step) + " from " + dir;
+    if (res.nodes != nodes)
+      res.message +=
+          " (written by " +
+          (res.layout ? describe_layout(*res.layout) : std::to_string(res.nodes) + " nodes") +
+          "; resharded onto " + std::to_string(nodes) + " nodes)";
     if (!res.skipped.empty()) {
       res.message += "; fell back past " + std::to_string(res.skipped.size()) + " damaged: ";
       for (size_t i = 0; i < res.skipped.size(); ++i)

@@ -6,7 +6,10 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "common/contract/model_config.h"
+#include "common/contract/shard.h"
 #include "daemon/ringd/step_driver.h"
 
 namespace ring::ringd {
@@ -14,13 +17,43 @@ namespace ring::ringd {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, int nodes) {
+  return checkpoint_layout(spec, contract::ParamLayout(contract::ModelConfig::from_spec(spec)),
+                           nodes);
+}
+
+ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, const contract::ParamLayout& layout,
+                               int nodes) {
+  const contract::ModelConfig mc = contract::ModelConfig::from_spec(spec);
+  ckpt::Layout l;
+  l.shard = spec::to_string(spec.parallel.shard);
+  l.nodes = nodes;
+  l.total_floats = layout.total();
+  for (const contract::NodeRange& r : contract::shard_ranges(layout, nodes))
+    l.ranges.push_back({r.node, r.begin, r.end, r.first_bucket, r.end_bucket});
+  // What fixes the parameters' names, shapes and meaning (two models with equal shapes may
+  // still differ in heads).
+  l.model = {{"layers", mc.layers},
+             {"d_model", mc.d_model},
+             {"heads", mc.heads},
+             {"kv_heads", mc.kv_heads},
+             {"head_dim", mc.head_dim},
+             {"mlp", spec::to_string(mc.mlp)},
+             {"mlp_hidden", mc.mlp_hidden},
+             {"vocab", mc.vocab},
+             {"tie_embeddings", mc.tie_embeddings}};
+  return l;
+}
+
 void Checkpoints::open(int attempt, const std::vector<optim::StateTensor>& tensors) {
   if (base_.dir.empty()) return;
   ckpt::Options co = base_;
   co.tag = std::to_string(attempt);
   ck_ = std::make_unique<ckpt::Checkpointer>(co);
+  // Only this node's range and its per-node tensors: every other tensor has one owner that
+  // saves it (with shard none a node holds them all, but writes only its own part).
   for (const optim::StateTensor& t : tensors)
-    ck_->add_tensor(t.name, ckpt::DType::kF32, t.shape, t.data);
+    if (t.saved) ck_->add_tensor(t.name, ckpt::DType::kF32, t.shape, t.data);
 }
 
 ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tensors,
@@ -31,15 +64,39 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
     return {};
   }
   std::vector<ckpt::LoadTarget> targets;
-  for (const optim::StateTensor& t : tensors)
-    targets.push_back({t.name, ckpt::DType::kF32, t.shape, t.data});
+  for (const optim::StateTensor& t : tensors) {
+    ckpt::LoadTarget lt{t.name, ckpt::DType::kF32, t.shape, t.data};
+    lt.per_node = t.per_node;
+    // Format 1 wrote each kind as one flat tensor of the layout ("master", ...).
+    lt.flat_name = t.kind;
+    lt.flat_offset = t.offset;
+    targets.push_back(std::move(lt));
+  }
   const ckpt::LoadResult r =
-      load_agreed_checkpoint(base_.dir, base_.node_rank, base_.nodes, targets, max_step, ex);
+      load_agreed_checkpoint(base_.dir, base_.node_rank, base_.nodes, targets, max_step, ex,
+                             base_.layout ? &*base_.layout : nullptr);
   for (const std::string& sk : r.skipped) hooks_.log("checkpoint skipped: " + sk);
   if (r.loaded) {
     if (!r.spec_hash.empty() && r.spec_hash != base_.spec_hash)
       hooks_.log("note: checkpoint " + r.path + " was written with another spec (hash " +
                  r.spec_hash + ", now " + base_.spec_hash + ")");
+    const bool other_shard = r.layout && base_.layout && r.layout->shard != base_.layout->shard;
+    const bool per_node = std::any_of(tensors.begin(), tensors.end(),
+                                      [](const optim::StateTensor& t) { return t.per_node; });
+    if (r.nodes != base_.nodes || other_shard) {
+      const std::string was = r.layout
+                                  ? ckpt::describe_layout(*r.layout)
+                                  : fmt::format("{} nodes (format {})", r.nodes, r.format_version);
+      const std::string now = base_.layout ? ckpt::describe_layout(*base_.layout)
+                                           : fmt::format("{} nodes", base_.nodes);
+      hooks_.log(fmt::format(
+          "checkpoint {} was written by {}; this job is {}: state resharded{} (read {})", r.path,
+          was, now,
+          r.nodes != base_.nodes && per_node
+              ? ", per-node residuals summed onto node 0, zero elsewhere"
+              : "",
+          fmt::join(r.shards_read, ", ")));
+    }
     restore(r);
     hooks_.log(fmt::format("resuming from {} (step {})", r.path, r.step));
     hooks_.event("resumed", {{"step", r.step}, {"path", r.path}});

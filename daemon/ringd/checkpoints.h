@@ -3,6 +3,11 @@
 // and events (ring-coord resumes from the steps reported saved) and kept in the StepDriver, the
 // wait for node 0's commit after a stop, and the message that fails a run whose last checkpoint
 // failed. When a checkpoint is taken is the attempt's business (attempt.h).
+//
+// Each node saves only its range's tensors (StateTensor::saved: contract::shard_ranges) and its
+// own per-node ones, with the job's layout recorded (checkpoint_layout); a resume loads every
+// tensor the node holds from whichever shard has it, so a checkpoint resumes on any node count
+// and shard mode (docs/checkpoints.md).
 #pragma once
 
 #include <chrono>
@@ -15,10 +20,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/contract/layout.h"
+#include "common/spec/spec.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
 
 namespace ring::ringd {
+
+// The layout record of a job's checkpoints: spec.parallel.shard, the node ranges
+// (contract::shard_ranges of the model's flat layout over `nodes`), the layout's size and the
+// model config (resolved: kv_heads, head_dim, mlp_hidden filled). Throws what the model config
+// throws for a spec it cannot take.
+ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, int nodes);
+ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, const contract::ParamLayout& layout,
+                               int nodes);
 
 class Checkpoints {
  public:
@@ -27,16 +42,16 @@ class Checkpoints {
     std::function<void(const std::string&, nlohmann::json)> event;          // an event
     std::function<void(const ckpt::SaveResult&)> record;                    // StepDriver::record
   };
-  // `base`: dir ("" : checkpoints are off), keep_last, node_rank, nodes, spec_hash (its tag is
-  // the attempt's, set by open()).
+  // `base`: dir ("" : checkpoints are off), keep_last, node_rank, nodes, spec_hash, layout (the
+  // job's: checkpoint_layout; its tag is the attempt's, set by open()).
   Checkpoints(ckpt::Options base, Hooks hooks) : base_(std::move(base)), hooks_(std::move(hooks)) {}
 
   const std::string& dir() const { return base_.dir; }
   // A Checkpointer for the attempt (open() was called and close() not yet).
   bool active() const { return ck_ != nullptr; }
 
-  // The attempt's Checkpointer over the optimizer's state tensors; nothing when the dir is "".
-  // Throws CheckpointError on bad options.
+  // The attempt's Checkpointer over the optimizer's state tensors this node saves (`saved`);
+  // nothing when the dir is "". Throws CheckpointError on bad options.
   void open(int attempt, const std::vector<optim::StateTensor>& tensors);
   // A checkpoint of `step` begins (in the background); nothing when not active().
   void start(int64_t step, nlohmann::json meta);
@@ -55,7 +70,9 @@ class Checkpoints {
   void close(bool stop_requested, int64_t done_step);
 
   // An attempt's resume point: the newest complete checkpoint at or below `max_step` that every
-  // node has (agreed over `ex`) is loaded into `tensors`, `restore` sets the run's state from it,
+  // node has (agreed over `ex`) is loaded into `tensors` (all of them, saved or not, found by
+  // name in whichever shard holds them; per_node ones by LoadTarget's rule; a format 1
+  // checkpoint sliced at each tensor's flat offset), `restore` sets the run's state from it,
   // then it is told ("resuming from ..." and the resumed event); what was skipped, a checkpoint
   // of another spec, none at all or checkpoints off are said too. Returns the load's result
   // (loaded false: start from step 0). Throws ckpt::CheckpointMismatch for a checkpoint of

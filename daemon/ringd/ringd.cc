@@ -291,6 +291,7 @@ Daemon::Exit Daemon::prepare_directories() {
   co.node_rank = o_.node_rank;
   co.nodes = o_.nodes;
   co.spec_hash = spec_hash_;
+  co.layout = checkpoint_layout(spec_, o_.nodes);  // recorded in every checkpoint
   ckpts_ = std::make_unique<Checkpoints>(
       co, Checkpoints::Hooks{[this](const std::string& l) { log(l); },
                              [this](const std::string& n, json f) { event(n, std::move(f)); },

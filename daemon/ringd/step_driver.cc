@@ -18,8 +18,9 @@ uint64_t fnv1a(const void* data, size_t bytes) {
 
 ckpt::LoadResult load_agreed_checkpoint(const std::string& dir, int node_rank, int nodes,
                                         const std::vector<ckpt::LoadTarget>& targets,
-                                        int64_t max_step, optim::Exchange& ex) {
-  ckpt::LoadResult r = ckpt::load_latest(dir, node_rank, nodes, targets, max_step);
+                                        int64_t max_step, optim::Exchange& ex,
+                                        const ckpt::Layout* job) {
+  ckpt::LoadResult r = ckpt::load_latest(dir, node_rank, nodes, targets, max_step, job);
   if (nodes == 1) return r;
   // Every node must resume from the same step: the smallest one any node loaded.
   int64_t mine = r.loaded ? r.step : -1;
@@ -34,7 +35,7 @@ ckpt::LoadResult load_agreed_checkpoint(const std::string& dir, int node_rank, i
     r.loaded = false;
     r.message = "another node has no checkpoint: starting from step 0";
   } else if (least >= 0 && least != mine) {
-    r = ckpt::load_latest(dir, node_rank, nodes, targets, least);
+    r = ckpt::load_latest(dir, node_rank, nodes, targets, least, job);
   }
   return r;
 }

@@ -91,10 +91,12 @@ class StepDriver {
 // The resume point of an attempt: the newest complete checkpoint at or below `max_step` in `dir`,
 // the same step on every node. Each node loads its newest; with several nodes they agree over
 // `ex` on the smallest step any of them loaded and load that one (one node without any: none of
-// them resumes, r.message says why).
+// them resumes, r.message says why). `job`: the job's layout, to refuse another model
+// (ckpt::load_latest).
 ckpt::LoadResult load_agreed_checkpoint(const std::string& dir, int node_rank, int nodes,
                                         const std::vector<ckpt::LoadTarget>& targets,
-                                        int64_t max_step, optim::Exchange& ex);
+                                        int64_t max_step, optim::Exchange& ex,
+                                        const ckpt::Layout* job = nullptr);
 
 // FNV-1a 64 of `bytes` bytes with ringd's own offset basis 1469598103934665603 (--hash-weights:
 // a cheap fingerprint of the master weights, comparable across runs and nodes).

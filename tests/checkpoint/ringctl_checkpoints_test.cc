@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -104,4 +105,62 @@ TEST(RingctlCheckpoints, ListsVerifiesAndExitCodes) {
   EXPECT_NE(missing.text.find("/nope: no such directory"), std::string::npos) << missing.text;
   EXPECT_EQ(run("checkpoints").code, 2);
   EXPECT_EQ(run("checkpoints --frobnicate " + d.path).code, 2);
+}
+
+// The writer's layout: nodes and shard mode in the table ("-" for a checkpoint without a layout
+// record), the whole record, node ranges included, in --json.
+TEST(RingctlCheckpoints, ShowsTheWritersLayout) {
+  TmpDir d;
+  std::vector<float> a(1000, 1.f), b(3000, 2.f);
+  {
+    ring::ckpt::Layout l;
+    l.shard = "optimizer";
+    l.nodes = 2;
+    l.total_floats = 4000;
+    l.ranges = {{0, 0, 1000, 0, 1}, {1, 1000, 4000, 1, 3}};
+    l.model = {{"layers", 2}, {"d_model", 64}};
+    std::vector<std::unique_ptr<ring::ckpt::Checkpointer>> cs;
+    for (int k = 0; k < 2; ++k) {
+      ring::ckpt::Options o;
+      o.dir = d.path;
+      o.node_rank = k;
+      o.nodes = 2;
+      o.fsync = false;
+      o.layout = l;
+      cs.push_back(std::make_unique<ring::ckpt::Checkpointer>(o));
+    }
+    cs[0]->add_tensor("master/a", ring::ckpt::DType::kF32, {1000}, a.data());
+    cs[1]->add_tensor("master/b", ring::ckpt::DType::kF32, {3000}, b.data());
+    for (auto& c : cs) c->start(20, {});
+    for (auto& c : cs) ASSERT_TRUE(c->wait().ok);
+    // One without a layout record, of an older step.
+    ring::ckpt::Options o;
+    o.dir = d.path;
+    o.fsync = false;
+    o.keep_last = 5;
+    ring::ckpt::Checkpointer c(o);
+    c.add_tensor("master", ring::ckpt::DType::kF32, {1000}, a.data());
+    c.start(10, {});
+    ASSERT_TRUE(c.wait().ok);
+  }
+  Out t = run("checkpoints " + d.path);
+  EXPECT_EQ(t.code, 0) << t.text;
+  EXPECT_NE(t.text.find("NODES SHARD"), std::string::npos) << t.text;
+  // (`latest` names step 10, written last)
+  EXPECT_NE(t.text.find("    1 -          complete  <- latest"), std::string::npos) << t.text;
+  EXPECT_NE(t.text.find("    2 optimizer  complete\n"), std::string::npos) << t.text;
+  Out j = run("checkpoints --json " + d.path);
+  EXPECT_EQ(j.code, 0) << j.text;
+  auto arr = nlohmann::json::parse(j.text, nullptr, false);
+  ASSERT_TRUE(arr.is_array()) << j.text;
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_TRUE(arr[0]["layout"].is_null());
+  EXPECT_EQ(arr[1]["format_version"], 2);
+  EXPECT_EQ(arr[1]["layout"]["shard"], "optimizer");
+  EXPECT_EQ(arr[1]["layout"]["nodes"], 2);
+  EXPECT_EQ(
+      arr[1]["layout"]["ranges"][1],
+      (nlohmann::json{
+          {"node", 1}, {"begin", 1000}, {"end", 4000}, {"first_bucket", 1}, {"end_bucket", 3}}));
+  EXPECT_EQ(arr[1]["layout"]["model"]["d_model"], 64);
 }

@@ -13,6 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/contract/layout.h"
+#include "common/contract/model_config.h"
+#include "common/contract/shard.h"
+#include "common/spec/parse.h"
 #include "tests/common/test_proc.h"
 
 namespace {
@@ -221,6 +225,100 @@ TEST(Checkpoints, WaitsForNodeZerosCommit) {
   ASSERT_EQ(rig.lines.size(), 2u);
   EXPECT_EQ(rig.lines[1],
             "checkpoint step 9: node 0 has not committed it within 1 s; exiting anyway");
+}
+
+}  // namespace
+
+namespace {
+
+// The layout record of a spec: shard mode, the node ranges of the model's flat layout, its size
+// and the resolved model config.
+TEST(Checkpoints, LayoutRecordOfASpec) {
+  auto r = spec::load_spec_file(std::string(RING_SOURCE_DIR) + "/tests/checkpoint/resume.yaml");
+  ASSERT_TRUE(r.ok());
+  spec::JobSpec s = *r.spec;
+  s.parallel.shard = spec::ShardMode::kOptimizer;
+  const contract::ParamLayout layout(contract::ModelConfig::from_spec(s));
+  const ckpt::Layout l = ringd::checkpoint_layout(s, 3);
+  EXPECT_EQ(ckpt::describe_layout(l), "3 nodes, shard optimizer");
+  EXPECT_EQ(l.total_floats, layout.total());
+  const auto ranges = contract::shard_ranges(layout, 3);
+  ASSERT_EQ(l.ranges.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(l.ranges[k].begin, ranges[k].begin);
+    EXPECT_EQ(l.ranges[k].end, ranges[k].end);
+    EXPECT_EQ(l.ranges[k].first_bucket, ranges[k].first_bucket);
+    EXPECT_EQ(l.ranges[k].end_bucket, ranges[k].end_bucket);
+  }
+  EXPECT_EQ(l.model["d_model"], 64);
+  EXPECT_EQ(l.model["heads"], 4);
+  EXPECT_EQ(l.model["kv_heads"], 4);  // resolved: unset means heads
+  EXPECT_EQ(l.model["head_dim"], 16);
+  EXPECT_EQ(l.model["mlp"], "swiglu");
+  EXPECT_TRUE(l.model.contains("mlp_hidden"));
+  EXPECT_EQ(ckpt::parse_layout(ckpt::layout_json(l), "x"), l);
+}
+
+// A node writes only the tensors it saves (its range's and its own per-node ones), with the
+// job's layout; resuming loads every tensor it holds, saved or not, from whichever shard has it.
+TEST(Checkpoints, SavesOnlyItsOwnTensorsAndResumesThemAll) {
+  Rig rig;
+  std::vector<float> a(64, 1.f), b(32, 2.f), res(96, 3.f);
+  auto tensor = [](const std::string& kind, const std::string& param, std::vector<float>& v,
+                   int64_t offset, bool saved, bool per_node) {
+    optim::StateTensor t;
+    t.name = kind + "/" + param;
+    t.kind = kind;
+    t.param = param;
+    t.shape = {static_cast<int64_t>(v.size())};
+    t.offset = offset;
+    t.data = v.data();
+    t.size = static_cast<int64_t>(v.size());
+    t.saved = saved;
+    t.per_node = per_node;
+    return t;
+  };
+  std::vector<optim::StateTensor> ts = {tensor("master", "a", a, 0, true, false),
+                                        tensor("master", "b", b, 64, false, false),
+                                        tensor("residual", "all", res, 0, true, true)};
+  ckpt::Layout l;
+  l.shard = "none";
+  l.nodes = 1;
+  l.total_floats = 96;
+  l.ranges = {{0, 0, 96, 0, 2}};
+  l.model = {{"d_model", 8}};
+  ckpt::Options co;
+  co.dir = rig.dir();
+  co.fsync = false;
+  co.layout = l;
+  Checkpoints c(co, {[&](const std::string& s) { rig.lines.push_back(s); },
+                     [](const std::string&, nlohmann::json) {}, [](const ckpt::SaveResult&) {}});
+  c.open(1, ts);
+  c.start(5, {});
+  c.wait(5);
+  c.close(false, 5);
+  const auto sm = ckpt::parse_shard_manifest(
+      test::slurp(rig.dir() + "/step-00000005/node-00000.json"), "node-00000.json");
+  ASSERT_EQ(sm.tensors.size(), 2u);
+  EXPECT_EQ(sm.tensors[0].name, "master/a");
+  EXPECT_EQ(sm.tensors[1].name, "residual/all");
+  ASSERT_TRUE(sm.layout.has_value());
+  EXPECT_EQ(*sm.layout, l);
+  // Resuming wants master/b too: no shard has it, and the message names it.
+  optim::LocalExchange ex;
+  std::fill(a.begin(), a.end(), 0.f);
+  try {
+    c.resume(ts, INT64_MAX, ex, [](const ckpt::LoadResult&) {});
+    FAIL() << "no throw";
+  } catch (const ckpt::CheckpointMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("no shard has tensor 'master/b'"), std::string::npos)
+        << e.what();
+  }
+  // Without it, the rest loads.
+  ts.erase(ts.begin() + 1);
+  const ckpt::LoadResult r = c.resume(ts, INT64_MAX, ex, [](const ckpt::LoadResult&) {});
+  ASSERT_TRUE(r.loaded) << r.message;
+  EXPECT_EQ(a[0], 1.f);
 }
 
 }  // namespace

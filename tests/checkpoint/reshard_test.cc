@@ -1,0 +1,348 @@
+// Resuming on another node count, end to end with real ringd and ring-worker processes (CPU
+// backend, one worker per node, UCX on loopback), for shard none and shard optimizer, dense
+// gradients and top-k with error feedback (a per-node residual):
+//   - 10 steps on 2 nodes (the final checkpoint is step 10's), then `ringd --resume` to step 20
+//     on 1 node and on 4 nodes: the per-step loss of steps 11-20 equals, within 1e-6 relative,
+//     an uninterrupted 20-step run on that node count (context_ranks follows the worker count;
+//     the data stream is the same). With top-k each node selects from its own gradient, so
+//     runs on different node counts part from the first compressed step on, and the 2 nodes'
+//     residuals are summed onto node 0 (docs/checkpoints.md): there step 11's loss (computed
+//     from the checkpoint's weights alone) must equal the uninterrupted 2-node run's within
+//     1e-6, and steps 12-20 stay within 1e-2 of it;
+//   - resumed on the same 2 nodes it is bit-exact: loss bits and master-weight hashes
+//     (--hash-weights) of steps 11-20 equal the uninterrupted 2-node run's;
+//   - a model with the same shapes but other heads is refused (exit 1, what differs named);
+//   - a format 1 checkpoint (flat tensors) of the same state resumes bit-exactly like it.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/contract/layout.h"
+#include "common/contract/model_config.h"
+#include "common/spec/parse.h"
+#include "daemon/checkpoint/checkpoint.h"
+#include "tests/common/test_json.h"
+#include "tests/common/test_proc.h"
+
+namespace {
+
+using json = nlohmann::json;
+using ring::test::json_lines;
+using ring::test::slurp;
+using ring::test::TempDir;
+namespace fsys = std::filesystem;
+
+std::string bin(const char* env, const char* dflt) {
+  const char* e = std::getenv(env);  // RINGD_BIN / RING_WORKER: try another build's binaries
+  return e ? e : dflt;
+}
+
+// The variant under test: parallel.shard, and top-k compression with error feedback or none.
+struct Mode {
+  std::string shard;
+  bool topk = false;
+  std::string name() const { return shard + (topk ? "-topk" : "-dense"); }
+};
+// gtest names the parameter by this (not by its bytes) in test lists and failures.
+void PrintTo(const Mode& m, std::ostream* os) {
+  *os << m.name();
+}
+
+// The job on `nodes` nodes of one worker each: a tiny model, AdamW offloaded to ringd, a
+// constant learning rate after warm-up (so `--steps 10` trains the first 10 of the 20 steps
+// exactly), a checkpoint every 10 steps.
+std::string write_spec(const std::string& dir, int nodes, const Mode& mode, int heads = 4) {
+  const std::string& shard = mode.shard;
+  const std::string path = dir + "/spec-" + std::to_string(nodes) + "-" + mode.name() + "-" +
+                           std::to_string(heads) + ".yaml";
+  std::ofstream f(path);
+  f << "job:\n  name: ckpt-reshard\n"
+       "model:\n  layers: 2\n  d_model: 64\n  heads: "
+    << heads
+    << "\n  mlp: swiglu\n  vocab: 256\n"
+       "data:\n  source: text\n  paths: [/usr/share/common-licenses]\n  seq_len: 256\n"
+       "  seed: 1\n"
+       "parallel:\n  context_ranks: "
+    << nodes << "\n  ring_order: natural\n  shard: " << shard
+    << "\n"
+       "optimizer:\n  lr: 1.0e-3\n  lr_warmup_steps: 2\n  schedule: constant\n"
+       "  weight_decay: 0.1\n  offload: cpu\n"
+    << (mode.topk ? "  compression: topk\n  density: 0.05\n  error_feedback: true\n" : "")
+    << "train:\n  steps: 20\n  grad_clip: 1.0\n  seed: 1\n  log_every: 1\n"
+       "checkpoint:\n  every_steps: 10\n  keep_last: 3\n  dir: checkpoints\n"
+       "resources:\n  nodes: "
+    << nodes
+    << "\n  workers_per_node: 1\n  backend: cpu\n  cpus_per_worker: 1\n"
+       "restart:\n  max_restarts: 0\n";
+  return path;
+}
+
+struct Steps {
+  std::map<int64_t, double> loss;       // step -> loss (node 0's steps.jsonl)
+  std::map<int64_t, std::string> hash;  // step -> weights_xxh
+  std::string log0;                     // node 0's log
+};
+
+// Runs the job on `nodes` ringd processes in `job` until they exit; every one must exit 0.
+Steps run_job(const std::string& tmp, const std::string& spec, const std::string& job, int nodes,
+              const std::vector<std::string>& extra) {
+  static int runs = 0;
+  const std::string tag = std::to_string(++runs);
+  std::vector<std::unique_ptr<ring::test::Proc>> procs;
+  for (int k = 0; k < nodes; ++k) {
+    std::vector<std::string> a = {bin("RINGD_BIN", RINGD_BIN),
+                                  "--spec",
+                                  spec,
+                                  "--job-dir",
+                                  job,
+                                  "--json",
+                                  "--hash-weights",
+                                  "--worker-threads",
+                                  "1",
+                                  "--worker-bin",
+                                  bin("RING_WORKER", RING_WORKER),
+                                  "--threads",
+                                  "1"};
+    if (nodes > 1) {
+      for (std::string s :
+           {std::string("--nodes"), std::to_string(nodes), std::string("--node-rank"),
+            std::to_string(k), std::string("--rendezvous"), tmp + "/rdv-" + tag})
+        a.push_back(s);
+    }
+    a.insert(a.end(), extra.begin(), extra.end());
+    ring::test::ProcOptions o = ring::test::ucx_loopback();
+    o.kill_on_timeout = true;
+    const std::string out = tmp + "/out-" + tag + "-" + std::to_string(k);
+    procs.push_back(std::make_unique<ring::test::Proc>(a, out, out + ".err", o));
+  }
+  Steps s;
+  for (int k = 0; k < nodes; ++k) {
+    const int st = procs[k]->wait(300);
+    const std::string log = slurp(job + "/logs/ringd-" + std::to_string(k) + ".log");
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        << "node " << k << " of " << nodes << ": status " << st << "\n"
+        << slurp(tmp + "/out-" + tag + "-" + std::to_string(k) + ".err") << log;
+  }
+  for (const json& j : json_lines(job + "/steps.jsonl")) {
+    if (!j.contains("step") || !j.contains("loss")) continue;
+    s.loss[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    if (j.contains("weights_xxh")) s.hash[j["step"].get<int64_t>()] = j["weights_xxh"];
+  }
+  s.log0 = slurp(job + "/logs/ringd-0.log");
+  return s;
+}
+
+struct Rig {
+  TempDir t{"ckpt-reshard"};
+  std::map<std::string, Steps> straight;    // "nodes/mode" -> the uninterrupted 20 steps
+  std::map<std::string, std::string> ckpt;  // mode -> the 2-node run's checkpoints (step 10)
+};
+Rig& rig() {
+  static Rig r;
+  return r;
+}
+
+const Steps& straight(int nodes, const Mode& mode) {
+  const std::string key = std::to_string(nodes) + "/" + mode.name();
+  Rig& r = rig();
+  if (!r.straight.count(key)) {
+    const std::string job = r.t.path + "/straight-" + std::to_string(nodes) + "-" + mode.name();
+    r.straight[key] = run_job(r.t.path, write_spec(r.t.path, nodes, mode), job, nodes, {});
+  }
+  return r.straight[key];
+}
+
+// The checkpoint directory of 10 steps on 2 nodes.
+const std::string& two_node_checkpoint(const Mode& mode) {
+  Rig& r = rig();
+  if (!r.ckpt.count(mode.name())) {
+    const std::string job = r.t.path + "/first10-" + mode.name();
+    Steps s = run_job(r.t.path, write_spec(r.t.path, 2, mode), job, 2, {"--steps", "10"});
+    EXPECT_EQ(s.loss.size(), 10u) << s.log0;
+    EXPECT_EQ(slurp(job + "/checkpoints/latest"), "step-00000010\n") << s.log0;
+    r.ckpt[mode.name()] = job + "/checkpoints";
+  }
+  return r.ckpt[mode.name()];
+}
+
+// Steps 11-20 resumed on `nodes` nodes from the 2-node checkpoint (a copy: each resume writes
+// its own step 20).
+Steps resume_on(int nodes, const Mode& mode) {
+  Rig& r = rig();
+  const std::string& from = two_node_checkpoint(mode);
+  const std::string job = r.t.path + "/resume-" + std::to_string(nodes) + "-" + mode.name();
+  fsys::create_directories(job);
+  fsys::copy(from, job + "/checkpoints", fsys::copy_options::recursive);
+  return run_job(r.t.path, write_spec(r.t.path, nodes, mode), job, nodes, {"--resume"});
+}
+
+class Reshard : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(Reshard, TwoNodeCheckpointResumesOnOneAndFourNodes) {
+  const Mode mode = GetParam();
+  const std::string& shard = mode.shard;
+  for (int nodes : {1, 4}) {
+    SCOPED_TRACE(std::to_string(nodes) + " nodes, " + mode.name());
+    // The straight run with shard none (shard optimizer gives the same steps): on the target
+    // node count, or with top-k on the writer's.
+    const Steps& want = straight(mode.topk ? 2 : nodes, Mode{"none", mode.topk});
+    ASSERT_EQ(want.loss.size(), 20u) << want.log0;
+    Steps got = resume_on(nodes, mode);
+    ASSERT_EQ(got.loss.size(), 10u) << got.log0;
+    EXPECT_NE(got.log0.find("resuming from "), std::string::npos) << got.log0;
+    EXPECT_NE(got.log0.find("was written by 2 nodes, shard " + shard), std::string::npos)
+        << got.log0;
+    EXPECT_NE(got.log0.find("state resharded"), std::string::npos) << got.log0;
+    // Only top-k with error feedback keeps a per-node residual.
+    EXPECT_EQ(got.log0.find("per-node residuals summed onto node 0") != std::string::npos,
+              mode.topk)
+        << got.log0;
+
+    double worst = 0, first = 0;
+    for (int64_t s = 11; s <= 20; ++s) {
+      ASSERT_EQ(got.loss.count(s), 1u) << "step " << s;
+      const double a = got.loss[s], b = want.loss.at(s);
+      const double rel = std::fabs(a - b) / std::fabs(b);
+      worst = std::max(worst, rel);
+      if (s == 11) first = rel;
+      const double tolerance = mode.topk && s > 11 ? 1e-2 : 1e-6;
+      EXPECT_LE(rel, tolerance) << "step " << s << ": resumed " << a << ", straight " << b;
+    }
+    std::printf(
+        "[ reshard ] 2 -> %d nodes, %s: relative loss difference step 11 %.3g, worst "
+        "%.3g\n",
+        nodes, mode.name().c_str(), first, worst);
+  }
+}
+
+TEST_P(Reshard, SameTwoNodesResumeIsBitExact) {
+  const Mode mode = GetParam();
+  const Steps& want = straight(2, mode);
+  ASSERT_EQ(want.loss.size(), 20u) << want.log0;
+  Steps got = resume_on(2, mode);
+  ASSERT_EQ(got.loss.size(), 10u) << got.log0;
+  EXPECT_EQ(got.log0.find("state resharded"), std::string::npos) << got.log0;
+  for (int64_t s = 11; s <= 20; ++s) {
+    ASSERT_EQ(got.loss.count(s), 1u) << "step " << s;
+    // Loss bits: the JSON carries doubles that round-trip.
+    EXPECT_EQ(std::memcmp(&got.loss[s], &want.loss.at(s), sizeof(double)), 0)
+        << "step " << s << ": " << got.loss[s] << " vs " << want.loss.at(s);
+    EXPECT_EQ(got.hash[s], want.hash.at(s)) << "step " << s;
+  }
+}
+
+// Another model with the same parameter shapes (8 heads of 8 instead of 4 of 16): the resume is
+// refused naming what differs, and ringd exits 1 instead of training from the wrong state.
+TEST(ReshardRefusal, AnotherModelWithEqualShapesIsRefused) {
+  Rig& r = rig();
+  const std::string& from = two_node_checkpoint(Mode{"none", false});
+  const std::string job = r.t.path + "/other-model";
+  fsys::create_directories(job);
+  fsys::copy(from, job + "/checkpoints", fsys::copy_options::recursive);
+  const std::string out = r.t.path + "/other-model.out";
+  ring::test::ProcOptions o = ring::test::ucx_loopback();
+  o.kill_on_timeout = true;
+  ring::test::Proc d(
+      {bin("RINGD_BIN", RINGD_BIN), "--spec", write_spec(r.t.path, 1, Mode{"none", false}, 8),
+       "--job-dir", job, "--worker-threads", "1", "--worker-bin", bin("RING_WORKER", RING_WORKER),
+       "--threads", "1", "--resume"},
+      out, out, o);
+  const int st = d.wait(120);
+  const std::string log = slurp(job + "/logs/ringd-0.log") + slurp(out);
+  ASSERT_TRUE(WIFEXITED(st)) << st << log;
+  EXPECT_EQ(WEXITSTATUS(st), 1) << log;
+  EXPECT_NE(log.find("cannot resume: " + job +
+                     "/checkpoints/step-00000010/checkpoint.json: written for another model: "
+                     "head_dim 16 (this job: 8), heads 4 (this job: 8)"),
+            std::string::npos)
+      << log;
+}
+
+// A format 1 checkpoint (flat tensors "master", "adam_m", "adam_v" of the whole layout, written
+// whole by both nodes, no layout record) of the same state as the 2-node run's step 10 resumes
+// on 1 node exactly like that checkpoint: the same loss bits and weights for steps 11-20.
+TEST(ReshardFormatOne, FlatCheckpointResumesLikeTheNamedOne) {
+  Rig& r = rig();
+  const Mode dense{"none", false};
+  const std::string& from = two_node_checkpoint(dense);
+  auto loaded = ring::spec::load_spec_file(write_spec(r.t.path, 1, dense));
+  ASSERT_TRUE(loaded.ok());
+  const ring::contract::ParamLayout layout(ring::contract::ModelConfig::from_spec(*loaded.spec));
+  // The flat state, gathered from the named checkpoint by the library itself.
+  const char* kinds[] = {"master", "adam_m", "adam_v"};
+  std::map<std::string, std::vector<float>> flat;
+  std::vector<ring::ckpt::LoadTarget> targets;
+  for (const char* kind : kinds) {
+    flat[kind].assign(static_cast<size_t>(layout.total()), 0.f);
+    for (const ring::contract::ParamView& pv : layout.views())
+      targets.emplace_back(std::string(kind) + "/" + pv.name, ring::ckpt::DType::kF32, pv.shape,
+                           flat[kind].data() + pv.offset);
+  }
+  const ring::ckpt::LoadResult named = ring::ckpt::load_latest(from, 0, 1, targets);
+  ASSERT_TRUE(named.loaded) << named.message;
+  ASSERT_EQ(named.step, 10);
+  // Written as the format 1 writer did.
+  const std::string job = r.t.path + "/format1";
+  const std::string dir = job + "/checkpoints";
+  {
+    std::vector<std::unique_ptr<ring::ckpt::Checkpointer>> cs;
+    for (int k = 0; k < 2; ++k) {
+      ring::ckpt::Options o;
+      o.dir = dir;
+      o.node_rank = k;
+      o.nodes = 2;
+      o.fsync = false;
+      cs.push_back(std::make_unique<ring::ckpt::Checkpointer>(o));
+      for (const char* kind : kinds)
+        cs[k]->add_tensor(kind, ring::ckpt::DType::kF32, {layout.total()}, flat[kind].data());
+    }
+    for (auto& c : cs) c->start(10, named.meta);
+    for (auto& c : cs) ASSERT_TRUE(c->wait().ok);
+  }
+  const std::string sd = dir + "/step-00000010";
+  json top = json::parse(slurp(sd + "/checkpoint.json"));
+  top["format_version"] = 1;
+  for (int k = 0; k < 2; ++k) {
+    const std::string p = sd + "/node-0000" + std::to_string(k) + ".json";
+    json sm = json::parse(slurp(p));
+    sm["format_version"] = 1;
+    const std::string text = sm.dump(1) + "\n";
+    std::ofstream(p, std::ios::trunc) << text;
+    top["shards"][k]["manifest_xxh3"] = ring::ckpt::xxh3_hex(text.data(), text.size());
+  }
+  std::ofstream(sd + "/checkpoint.json", std::ios::trunc) << top.dump(1) + "\n";
+  ASSERT_EQ(ring::ckpt::inspect_checkpoint(sd, true).status, ring::ckpt::Status::kComplete);
+
+  const Steps want = resume_on(1, dense);
+  ASSERT_EQ(want.loss.size(), 10u) << want.log0;
+  const Steps got = run_job(r.t.path, write_spec(r.t.path, 1, dense), job, 1, {"--resume"});
+  ASSERT_EQ(got.loss.size(), 10u) << got.log0;
+  EXPECT_NE(got.log0.find("was written by 2 nodes (format 1)"), std::string::npos) << got.log0;
+  for (int64_t s = 11; s <= 20; ++s) {
+    EXPECT_EQ(std::memcmp(&got.loss.at(s), &want.loss.at(s), sizeof(double)), 0)
+        << "step " << s << ": " << got.loss.at(s) << " vs " << want.loss.at(s);
+    EXPECT_EQ(got.hash.at(s), want.hash.at(s)) << "step " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Mode, Reshard,
+                         ::testing::Values(Mode{"none", false}, Mode{"optimizer", false},
+                                           Mode{"none", true}, Mode{"optimizer", true}),
+                         [](const ::testing::TestParamInfo<Mode>& i) {
+                           return i.param.shard + (i.param.topk ? "_topk" : "_dense");
+                         });
+
+}  // namespace
