@@ -108,7 +108,7 @@ FlatLayout flat_layout(const JobSpec& s) {
   return f;
 }
 
-std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& b, int64_t nodes) {
+std::vector<size_t> shard_first_buckets(const std::vector<int64_t>& b, int64_t nodes) {
   // The algorithm of common/contract/shard.cc on sizes alone: the smallest bound for which a
   // greedy fill of whole buckets needs at most `nodes` nodes, then the fill that also moves on
   // when the buckets left are just enough to give every remaining node one.
@@ -129,7 +129,9 @@ std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& b, int64_t no
     if (needed(mid) <= nodes) hi = mid;
     else lo = mid + 1;
   }
-  std::vector<int64_t> out(static_cast<size_t>(nodes), 0);
+  // Nodes past the last used one own nothing: their first bucket is b.size().
+  std::vector<size_t> first(static_cast<size_t>(nodes) + 1, b.size());
+  first[0] = 0;
   int64_t k = 0, fill = 0;
   for (size_t i = 0; i < b.size(); ++i) {
     const int64_t left_buckets = static_cast<int64_t>(b.size() - i);
@@ -137,10 +139,18 @@ std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& b, int64_t no
     if (k + 1 < nodes && fill > 0 && (fill + b[i] > lo || left_buckets <= left_nodes)) {
       ++k;
       fill = 0;
+      first[static_cast<size_t>(k)] = i;
     }
     fill += b[i];
-    out[static_cast<size_t>(k)] += b[i];
   }
+  return first;
+}
+
+std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& b, int64_t nodes) {
+  const auto first = shard_first_buckets(b, nodes);
+  std::vector<int64_t> out(first.size() - 1, 0);
+  for (size_t k = 0; k + 1 < first.size(); ++k)
+    for (size_t i = first[k]; i < first[k + 1]; ++i) out[k] += b[i];
   return out;
 }
 
@@ -286,38 +296,81 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   const double wpn = static_cast<double>(wpn_i);
   if (offload) {
     auto& r = p.host_ringd;
+    const bool sharded = mode != ShardMode::kNone;
+    const bool lazy = topk && s.optimizer.update == spec::UpdateMode::kLazy;
+    // Dense exchanges happen with compression none and in top-k's dense warm-up steps.
+    const bool dense_steps = !topk || s.optimizer.warmup_steps > 0;
+    const auto& bs = flat.bucket_sizes;
+    std::vector<size_t> first = {0, bs.size()};  // shard none: every node holds every bucket
+    if (sharded) first = shard_first_buckets(bs, nodes_i);
+    // Per bucket: the most entries of its summed sparse gradient, the union of the nodes' sets.
+    auto union_bound = [&](size_t i) {
+      return std::min(nodes * static_cast<double>(bucket_topk(s.optimizer.density, bs[i])),
+                      static_cast<double>(bs[i]));
+    };
+    double u_all = 0;
+    int64_t kmax = 0;
+    for (size_t i = 0; i < bs.size(); ++i) {
+      u_all += union_bound(i);
+      kmax = std::max(kmax, bucket_topk(s.optimizer.density, bs[i]));
+    }
+    // The lines that depend on what the node owns: each the largest over the nodes (so the
+    // total bounds every node's).
+    struct NodeLines {
+      double state = 0, reduce_stage = 0, summed = 0, lazy_lists = 0;
+    };
+    NodeLines worst;
+    for (size_t k = 0; k + 1 < first.size(); ++k) {
+      NodeLines l;
+      double floats = 0, biggest = 0, u_own = 0;
+      for (size_t i = first[k]; i < first[k + 1]; ++i) {
+        floats += static_cast<double>(bs[i]);
+        biggest = std::max(biggest, static_cast<double>(bs[i]));
+        u_own += union_bound(i);
+      }
+      l.state = 12.0 * (sharded ? floats : n);
+      // ringd's TransportExchange::reduce_sum: the owner receives every other node's bucket
+      // into its own staging vector, kept (and grown) for the attempt.
+      if (mode == ShardMode::kOptimizer && nodes_i > 1 && dense_steps) l.reduce_stage = (nodes - 1.0) * 4.0 * biggest;
+      if (topk) l.summed = 8.0 * (sharded ? u_own : u_all);
+      // Lazy: the changed coordinates (int64); sharded, also this node's own list and its
+      // (uint64, float) payload, and every node's pairs as the all-gather returns them.
+      if (lazy) l.lazy_lists = sharded ? 20.0 * u_own + 20.0 * u_all : 8.0 * u_all;
+      worst.state = std::max(worst.state, l.state);
+      worst.reduce_stage = std::max(worst.reduce_stage, l.reduce_stage);
+      worst.summed = std::max(worst.summed, l.summed);
+      worst.lazy_lists = std::max(worst.lazy_lists, l.lazy_lists);
+    }
+    if (bs.empty()) worst.state = 12.0 * R;
+
     // daemon/optim/node_optimizer.cc: master, adam_m, adam_v of what the node owns.
-    r.push_back({"optimizer master + AdamW m, v (fp32)", 3.0 * 4.0 * R,
-                 mode == ShardMode::kNone ? "3 x 4 x n" : "3 x 4 x range (largest node)"});
+    r.push_back({"optimizer master + AdamW m, v (fp32)", worst.state,
+                 sharded ? "3 x 4 x range (the largest node)" : "3 x 4 x n"});
     if (ef)
       r.push_back({"error-feedback residual (fp32, this node's)", 4.0 * n,
                    "4 x n (per sender: full size in every mode)"});
     // daemon/ringd/step_driver.h: the node's gradient, summed over its workers' slots. With
     // shard full the workers reduce-scatter to the owners: the node receives its range only.
-    r.push_back({"node gradient (fp32)", 4.0 * (full ? R : n),
-                 full ? "4 x range" : "4 x n"});
+    r.push_back({"node gradient (fp32)", 4.0 * (full ? R : n), full ? "4 x range" : "4 x n"});
+    if (worst.reduce_stage > 0)
+      r.push_back({"dense reduce staging at the owner", worst.reduce_stage,
+                   "(nodes - 1) x 4 x its largest bucket"});
     if (topk) {
-      int64_t kmax = 0;
-      double summed = 0;
-      for (int64_t x : flat.bucket_sizes) {
-        const int64_t k = bucket_topk(s.optimizer.density, x);
-        kmax = std::max(kmax, k);
-        // The summed sparse gradient of every bucket is kept until the step's update: the
-        // union of the nodes' sets, at most nodes x k entries (and the bucket's floats).
-        summed += std::min(nodes * static_cast<double>(k), static_cast<double>(x));
-      }
       p.topk_bucket_k = kmax;
       const double K8 = 8.0 * static_cast<double>(kmax);
       r.push_back({"top-k scratch (index, value)", K8, "8 x k of the largest bucket"});
       if (nodes_i > 1)
-        r.push_back({"top-k exchange of one bucket (at most)", (nodes + 1.0) * (4.0 + K8),
-                     "(nodes + 1) x (4 + 8 k): own payload + every node's set"});
-      r.push_back({"summed sparse gradient (at most)", 8.0 * summed,
-                   "8 x sum over buckets of min(nodes x k, floats)"});
+        r.push_back({"top-k exchange of one bucket (at most)", (2.0 * nodes + 2.0) * (4.0 + K8),
+                     "(2 nodes + 2) x (4 + 8 k): payload, transport buffers, every node's set"});
+      r.push_back({"summed sparse gradient (at most)", worst.summed,
+                   sharded ? "8 x sum over its buckets of min(nodes x k, floats)"
+                           : "8 x sum over buckets of min(nodes x k, floats)"});
+      if (lazy)
+        r.push_back({"lazy changed coordinates (at most)", worst.lazy_lists,
+                     sharded ? "20 x (its + all buckets') union bound" : "8 x union bound"});
     }
-    if (mode == ShardMode::kOptimizer && nodes_i > 1)
-      r.push_back({"weight all-gather receive buffer (assumed)", 4.0 * n,
-                   "4 x n: the other nodes' new weights (assumed full size)"});
+    // Shard optimizer's weight all-gather writes straight into the shared segment's weights
+    // (NodeOptimizer::set_weights_buffer): no receive buffer of its own.
     if (!s.checkpoint.dir.empty())
       r.push_back({"checkpoint staging (at most)", kCheckpointStagingBytes,
                    "ckpt::Options::staging_bytes, 16 MiB"});

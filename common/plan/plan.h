@@ -49,6 +49,9 @@ FlatLayout flat_layout(const spec::JobSpec& s);
 // contract::shard_ranges (contiguous runs of whole buckets minimising the largest; nodes past
 // the last used one own nothing), which tests/spec checks this against.
 std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& bucket_sizes, int64_t nodes);
+// The same division as each node's first bucket, plus bucket_sizes.size() at the end: node k
+// owns buckets [first[k], first[k + 1]).
+std::vector<size_t> shard_first_buckets(const std::vector<int64_t>& bucket_sizes, int64_t nodes);
 
 // ringd's top-k selection per bucket: k = ceil(density x floats), at least 1, at most floats
 // (daemon/optim NodeOptimizer::bucket_k).

@@ -251,7 +251,17 @@ TEST(Plan, ShardModesDivideWhatTheyShard) {
   EXPECT_EQ(o.largest_range, o.largest_bucket);
   EXPECT_EQ(item(o.host_ringd, "optimizer master"), 12.0 * static_cast<double>(o.largest_range));
   EXPECT_EQ(item(o.host_ringd, "error-feedback residual"), 4 * n);  // per sender, full size
-  EXPECT_EQ(item(o.host_ringd, "weight all-gather"), 4 * n);        // assumed until measured
+  // The weights are all-gathered straight into the shared segment: no buffer of ringd's own.
+  EXPECT_EQ(item(o.host_ringd, "weight all-gather"), -1);
+  // Dense steps (200 warm-up steps) reduce each bucket to its owner, which stages the other 63
+  // nodes' copies of its largest bucket.
+  EXPECT_EQ(item(o.host_ringd, "dense reduce staging"), 63.0 * 4 * o.largest_bucket);
+  auto no_warmup = s;
+  no_warmup.optimizer.warmup_steps = 0;
+  EXPECT_EQ(item(make_plan(no_warmup).host_ringd, "dense reduce staging"), -1);
+  // The owner sums the sparse sets of its own buckets only.
+  EXPECT_LT(item(o.host_ringd, "summed sparse"),
+            item(make_plan(example("llama7b-1m-64x8-h100.yaml")).host_ringd, "summed sparse") / 20);
   EXPECT_EQ(o.worker_total, make_plan(example("llama7b-1m-64x8-h100.yaml")).worker_total);
 
   s.parallel.shard = spec::ShardMode::kFull;
