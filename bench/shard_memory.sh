@@ -5,6 +5,8 @@
 # node, one CPU worker per node, one ring over the nodes), dense AdamW, no checkpoints.
 #
 #   bench/shard_memory.sh [BUILD_DIR] [STEPS]     (defaults: build, 3)
+#   RINGCTL=other/ringctl bench/shard_memory.sh ...  (the plan from another build's ringctl: to
+#                                                    measure one build's ringd against another's plan)
 #
 # Needs ringd, ring-worker and ringctl built (cmake --build BUILD_DIR --target ringd ring-worker
 # ringctl). Peak 4 x ~1.9 GB of memory with 4 nodes.
@@ -27,7 +29,7 @@ build="${1:-$src/build}"
 steps="${2:-3}"
 ringd="$build/daemon/ringd/ringd"
 worker="$build/worker/ring-worker"
-ringctl="$build/cli/ringctl"
+ringctl="${RINGCTL:-$build/cli/ringctl}"
 for x in "$ringd" "$worker" "$ringctl"; do
   [[ -x "$x" ]] || { echo "shard_memory: no $x (build ringd, ring-worker, ringctl)" >&2; exit 2; }
 done
