@@ -20,6 +20,9 @@
 #include "common/spec/parse.h"
 #include "daemon/optim/node_optimizer.h"
 #include "daemon/ringd/step_driver.h"
+#include "kernels/backend.h"
+#include "worker/model/attention.h"
+#include "worker/model/model.h"
 
 namespace ring {
 namespace {
@@ -160,6 +163,26 @@ INSTANTIATE_TEST_SUITE_P(
                          : i.param.compression.find("true") != std::string::npos ? "topk_ef"
                                                                                   : "topk");
     });
+
+// A worker's weights and gradients (fp32 here) are the Model's two flat buffers of n floats: the
+// heap the Model takes at construction (before any activation exists).
+TEST(PlanWorker, WeightsAndGradientsAreTheModelsBuffers) {
+  const spec::JobSpec s = load(spec_text("none", 1, 1, "compression: none"));
+  const plan::Plan p = plan::make_plan(s);
+  std::string err;
+  auto backend = kernels::create_backend("cpu", 1, &err);
+  ASSERT_TRUE(backend) << err;
+  model::LocalAttention attention(backend.get());
+  const double before = heap_bytes();
+  model::Model m(contract::ModelConfig::from_spec(s), backend.get(), &attention);
+  const double heap = heap_bytes() - before;
+  const double planned = item(p.worker, "weights") + item(p.worker, "weight gradients");
+  EXPECT_EQ(planned, 8.0 * static_cast<double>(m.layout().total()));
+  EXPECT_GE(heap, planned);
+  EXPECT_LE(heap, planned + 64 * 1024);
+  // The offloaded rank's host copy of the weights: listed with the CPU backend too.
+  EXPECT_EQ(item(p.worker, "host copy of the weights"), 4.0 * static_cast<double>(m.layout().total()));
+}
 
 // plan::shard_range_sizes divides the layout as contract::shard_ranges does, for models whose
 // buckets differ in size and for more nodes than buckets.
