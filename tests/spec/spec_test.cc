@@ -465,8 +465,8 @@ TEST(SpecOverrides, ApplyJudgeAndRecord) {
 
 TEST(SpecExamples, AllExamplesValidate) {
   int n = 0;
-  // The sizing examples (bf16 on H100/H200, data replicas, shard full) are designs this build
-  // cannot run: they validate with the runtime's limits as warnings (`--what-if`), and only so.
+  // The sizing examples (bf16 on H100/H200; shard full) are designs this build cannot run:
+  // they validate with the runtime's limits as warnings (`--what-if`), and only so.
   const std::set<std::string> designs = {"llama7b-1m-64x8-h100.yaml", "270b-1.2m-64x8-h200.yaml",
                                          "70b-1m-64x8-h100.yaml"};
   LoadOptions what_if = job_spec_options();
