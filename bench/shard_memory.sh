@@ -5,6 +5,8 @@
 # node, one CPU worker per node, one ring over the nodes), dense AdamW, no checkpoints.
 #
 #   bench/shard_memory.sh [BUILD_DIR] [STEPS]     (defaults: build, 3)
+#   COMPRESSION=topk bench/shard_memory.sh ...       (top-k density 0.01 + error feedback after
+#                                                    one dense step, instead of dense AdamW)
 #   RINGCTL=other/ringctl bench/shard_memory.sh ...  (the plan from another build's ringctl: to
 #                                                    measure one build's ringd against another's plan)
 #
@@ -58,7 +60,7 @@ parallel:
 optimizer:
   lr: 1.0e-4
   offload: cpu
-  compression: none
+$compression
 train:
   steps: $steps
   grad_clip: 1.0
@@ -118,6 +120,15 @@ while True:
 json.dump(list(seen.values()), open(out, "w"))
 PY
 }
+
+case "${COMPRESSION:-none}" in
+  none) compression="  compression: none" ;;
+  topk) compression="  compression: topk
+  density: 0.01
+  error_feedback: true
+  warmup_steps: 1" ;;
+  *) echo "shard_memory: COMPRESSION is none or topk" >&2; exit 2 ;;
+esac
 
 configs=("none 1" "optimizer 1" "none 2" "optimizer 2" "none 4" "optimizer 4")
 for c in "${configs[@]}"; do
