@@ -47,7 +47,7 @@ FlatLayout flat_layout(const spec::JobSpec& s);
 
 // Floats of each node's range when `nodes` nodes share buckets of these sizes: the division of
 // contract::shard_ranges (contiguous runs of whole buckets minimising the largest; nodes past
-// the last used one own nothing), which tests/spec checks this against.
+// the last used one own nothing), which tests/plan checks this against.
 std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& bucket_sizes, int64_t nodes);
 // The same division as each node's first bucket, plus bucket_sizes.size() at the end: node k
 // owns buckets [first[k], first[k + 1]).
