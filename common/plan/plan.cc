@@ -13,6 +13,7 @@ using spec::Compression;
 using spec::JobSpec;
 using spec::MlpKind;
 using spec::Offload;
+using spec::ShardMode;
 
 const std::vector<GpuModel>& gpu_models() {
   // Total memory as the driver reports it (nvidia-smi "FB Memory Usage: Total").
@@ -73,6 +74,7 @@ FlatLayout flat_layout(const JobSpec& s) {
   add(d);                             // final_norm.gain
   if (!m.tie_embeddings) add(V * d);  // lm_head.weight
   close("head");
+  const I head_bucket = total;
   // Every block has the same shape: lay out one and repeat it (each block starts aligned).
   const I block_begin = total;
   add(d);                                           // attn_norm.gain
@@ -89,6 +91,7 @@ FlatLayout flat_layout(const JobSpec& s) {
   if (m.layers > 0 && block > largest) largest = block, largest_name = "layers.N (each block)";
   total = block_begin + block * I{m.layers};
   bucket_begin = total;
+  const I embedding_begin = total;
   add(V * d);  // embedding.weight
   close("embedding");
   const I cap = std::numeric_limits<int64_t>::max();
@@ -96,10 +99,79 @@ FlatLayout flat_layout(const JobSpec& s) {
   f.elements = static_cast<int64_t>(std::min(total, cap));
   f.largest_bucket = static_cast<int64_t>(std::min(largest, cap));
   f.largest_bucket_name = largest_name;
+  if (total < cap) {
+    f.bucket_sizes.reserve(static_cast<size_t>(m.layers) + 2);
+    f.bucket_sizes.push_back(static_cast<int64_t>(head_bucket));
+    for (int64_t l = 0; l < m.layers; ++l) f.bucket_sizes.push_back(static_cast<int64_t>(block));
+    f.bucket_sizes.push_back(static_cast<int64_t>(total - embedding_begin));
+  }
   return f;
 }
 
-Plan make_plan(const JobSpec& s) {
+std::vector<size_t> shard_first_buckets(const std::vector<int64_t>& b, int64_t nodes) {
+  // The algorithm of common/contract/shard.cc on sizes alone: the smallest bound for which a
+  // greedy fill of whole buckets needs at most `nodes` nodes, then the fill that also moves on
+  // when the buckets left are just enough to give every remaining node one.
+  nodes = std::max<int64_t>(nodes, 1);
+  auto needed = [&](int64_t bound) {
+    int64_t used = 1, fill = 0;
+    for (int64_t x : b) {
+      if (fill + x > bound && fill > 0) ++used, fill = 0;
+      fill += x;
+    }
+    return used;
+  };
+  int64_t lo = 0, hi = 0;
+  for (int64_t x : b) lo = std::max(lo, x), hi += x;
+  hi = std::max(hi, lo);
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (needed(mid) <= nodes) hi = mid;
+    else lo = mid + 1;
+  }
+  // Nodes past the last used one own nothing: their first bucket is b.size().
+  std::vector<size_t> first(static_cast<size_t>(nodes) + 1, b.size());
+  first[0] = 0;
+  int64_t k = 0, fill = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const int64_t left_buckets = static_cast<int64_t>(b.size() - i);
+    const int64_t left_nodes = nodes - 1 - k;
+    if (k + 1 < nodes && fill > 0 && (fill + b[i] > lo || left_buckets <= left_nodes)) {
+      ++k;
+      fill = 0;
+      first[static_cast<size_t>(k)] = i;
+    }
+    fill += b[i];
+  }
+  return first;
+}
+
+std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& b, int64_t nodes) {
+  const auto first = shard_first_buckets(b, nodes);
+  std::vector<int64_t> out(first.size() - 1, 0);
+  for (size_t k = 0; k + 1 < first.size(); ++k)
+    for (size_t i = first[k]; i < first[k + 1]; ++i) out[k] += b[i];
+  return out;
+}
+
+int64_t bucket_topk(double density, int64_t floats) {
+  const auto k = static_cast<int64_t>(std::ceil(density * static_cast<double>(floats)));
+  return std::clamp<int64_t>(k, floats > 0 ? 1 : 0, floats);
+}
+
+double shm_bytes(int64_t n, int64_t workers) {
+  auto align64 = [](double x) { return std::ceil(x / 64.0) * 64.0; };
+  const double N = static_cast<double>(n);
+  const double params_off = 64.0;  // sizeof(ShmHeader), 64-aligned
+  const double index_off = align64(params_off + 4.0 * N);
+  const double grads_off = align64(index_off + 8.0 * N);
+  return grads_off + static_cast<double>(workers) * align64(4.0 * N);
+}
+
+namespace {
+
+// The plan of `s` with parallel.shard = `mode` (the spec's own, or another for the comparison).
+Plan plan_for(const JobSpec& s, ShardMode mode) {
   Plan p;
   const auto& m = s.model;
   const double d = static_cast<double>(m.d_model);
@@ -125,6 +197,30 @@ Plan make_plan(const JobSpec& s) {
   p.params = p.params_embedding + m.layers * p.params_per_layer + m.d_model;
   const double Pn = static_cast<double>(p.params);
 
+  // ---- the flat layout every buffer below is a copy of, and its division over the nodes
+  const FlatLayout flat = flat_layout(s);
+  const int64_t nodes_i = std::max<int64_t>(s.resources.nodes, 1);
+  const int64_t wpn_i = std::max<int64_t>(s.resources.workers_per_node, 1);
+  const int64_t G = nodes_i * wpn_i;
+  p.shard = mode;
+  p.flat_floats = flat.elements;
+  p.largest_bucket = flat.largest_bucket;
+  p.largest_range = flat.elements;
+  if (mode != ShardMode::kNone && !flat.bucket_sizes.empty()) {
+    const auto ranges = shard_range_sizes(flat.bucket_sizes, nodes_i);
+    p.largest_range = *std::max_element(ranges.begin(), ranges.end());
+  }
+  p.worker_shard = mode == ShardMode::kFull ? (flat.elements + G - 1) / G : flat.elements;
+  const double n = static_cast<double>(flat.elements);
+  const double R = static_cast<double>(p.largest_range);
+  const double S = static_cast<double>(p.worker_shard);
+  const double B = static_cast<double>(flat.largest_bucket);
+  const bool full = mode == ShardMode::kFull;
+  const bool offload = s.optimizer.offload == Offload::kCpu;
+  const bool topk = s.optimizer.compression == Compression::kTopk;
+  const bool ef = topk && s.optimizer.error_feedback;
+  const bool host_backend = s.resources.backend == Backend::kCpu;
+
   // ---- activations saved for backward, per layer per local token (storage dtype, lse fp32):
   // layer input and attention residual (2d), both norm outputs (2d), q and attention output
   // (2 H hd), k and v (2 K hd), MLP intermediates (swiglu: gate, up, product = 3h; gelu: 2h),
@@ -142,13 +238,22 @@ Plan make_plan(const JobSpec& s) {
   p.kv_sequence_per_layer = 2.0 * N * K * hd * b;
   p.kv_sequence_total = L * p.kv_sequence_per_layer;
 
-  // ---- per worker
+  // ---- per worker (the model's flat buffers: worker/model/model.h; run_offloaded_rank)
   auto& w = p.worker;
-  w.push_back({"weights", Pn * b, "params x dtype bytes"});
-  w.push_back({"weight gradients (fp32)", Pn * 4.0, "params x 4"});
-  if (s.optimizer.offload == Offload::kNone) {
-    w.push_back({"AdamW moments (fp32)", Pn * 8.0, "params x 8 (m, v)"});
-    if (b != 4.0) w.push_back({"master weights (fp32)", Pn * 4.0, "params x 4"});
+  if (!full) {
+    w.push_back({"weights", n * b, "n x b (the flat layout, whole model)"});
+    w.push_back({"weight gradients (fp32)", n * 4.0, "n x 4"});
+  } else {
+    w.push_back({"weight shard", S * b, "ceil(n / G) x b"});
+    w.push_back({"gradient shard (fp32)", S * 4.0, "ceil(n / G) x 4"});
+    w.push_back({"gathered layer weights (in use + prefetch)", 2.0 * B * b,
+                 "largest bucket x b x (1 + prefetch depth 1)"});
+    w.push_back({"gathered layer gradient (fp32, reduce-scatter)", B * 4.0,
+                 "largest bucket x 4"});
+  }
+  if (!offload) {
+    w.push_back({"AdamW moments (fp32)", n * 8.0, "n x 8 (m, v)"});
+    if (b != 4.0) w.push_back({"master weights (fp32)", n * 4.0, "n x 4"});
   }
   w.push_back({m.recompute ? "activations (recompute)" : "activations",
                activations,
@@ -165,23 +270,138 @@ Plan make_plan(const JobSpec& s) {
   w.push_back({"attention accumulators (fp32)", 2.0 * T * H * hd * 4.0 + T * H * 4.0,
                "2 T H hd 4 + T H 4"});
   w.push_back({"logits and their gradient (fp32)", 2.0 * T * V * 4.0, "2 T V 4"});
+
+  // The offloaded rank's host-side buffers (worker/ring/ring_main.cc run_offloaded_rank): the
+  // weights ringd publishes are copied out of the shared memory into a host vector of n floats,
+  // allocated with every backend (a device backend then uploads it; the CPU backend reads its
+  // own buffer and leaves the vector zeroed but resident). A device backend also copies the
+  // whole gradient out for every bucket (Model::get_grads), and the previous copy is freed only
+  // after the next exists: two n-float copies at the peak. Shard full sizes both by the shard.
+  auto& wh = p.worker_host;
+  if (offload) {
+    wh.push_back({"host copy of the weights (fp32)", (full ? S : n) * 4.0,
+                  full ? "ceil(n / G) x 4" : "n x 4 (every backend)"});
+    if (!host_backend)
+      wh.push_back({"gradient host staging (fp32)", full ? S * 4.0 : 2.0 * n * 4.0,
+                    full ? "ceil(n / G) x 4" : "2 x n x 4 (whole gradient per bucket, 2 at the peak)"});
+  }
+  p.worker_host_total = sum(wh);
+  if (host_backend)
+    for (const auto& i : wh) w.push_back(i);
   p.worker_total = sum(w);
 
   // ---- per node host memory
-  auto& hs = p.host;
-  const double wpn = static_cast<double>(s.resources.workers_per_node);
-  if (s.optimizer.offload == Offload::kCpu) {
-    hs.push_back({"master weights (fp32)", Pn * 4.0, "params x 4"});
-    hs.push_back({"AdamW moments (fp32)", Pn * 8.0, "params x 8"});
-    hs.push_back({"node gradient (fp32, shared memory)", Pn * 4.0, "params x 4"});
-    hs.push_back({"weights for workers (shared memory)", Pn * b, "params x b"});
-    if (s.optimizer.compression == Compression::kTopk && s.optimizer.error_feedback)
-      hs.push_back({"error-feedback residual (fp32)", Pn * 4.0, "params x 4"});
+  p.topk_k = static_cast<int64_t>(std::ceil(s.optimizer.density * Pn));
+  const double nodes = static_cast<double>(nodes_i);
+  const double wpn = static_cast<double>(wpn_i);
+  if (offload) {
+    auto& r = p.host_ringd;
+    const bool sharded = mode != ShardMode::kNone;
+    const bool lazy = topk && s.optimizer.update == spec::UpdateMode::kLazy;
+    // Dense exchanges happen with compression none and in top-k's dense warm-up steps.
+    const bool dense_steps = !topk || s.optimizer.warmup_steps > 0;
+    const auto& bs = flat.bucket_sizes;
+    std::vector<size_t> first = {0, bs.size()};  // shard none: every node holds every bucket
+    if (sharded) first = shard_first_buckets(bs, nodes_i);
+    // Per bucket: the most entries of its summed sparse gradient, the union of the nodes' sets.
+    auto union_bound = [&](size_t i) {
+      return std::min(nodes * static_cast<double>(bucket_topk(s.optimizer.density, bs[i])),
+                      static_cast<double>(bs[i]));
+    };
+    double u_all = 0;
+    int64_t kmax = 0;
+    for (size_t i = 0; i < bs.size(); ++i) {
+      u_all += union_bound(i);
+      kmax = std::max(kmax, bucket_topk(s.optimizer.density, bs[i]));
+    }
+    // The lines that depend on what the node owns: each the largest over the nodes (so the
+    // total bounds every node's).
+    struct NodeLines {
+      double state = 0, reduce_stage = 0, summed = 0, lazy_lists = 0;
+    };
+    NodeLines worst;
+    for (size_t k = 0; k + 1 < first.size(); ++k) {
+      NodeLines l;
+      double floats = 0, biggest = 0, u_own = 0;
+      for (size_t i = first[k]; i < first[k + 1]; ++i) {
+        floats += static_cast<double>(bs[i]);
+        biggest = std::max(biggest, static_cast<double>(bs[i]));
+        u_own += union_bound(i);
+      }
+      l.state = 12.0 * (sharded ? floats : n);
+      // ringd's TransportExchange::reduce_sum: the owner receives every other node's bucket
+      // into its own staging vector, kept (and grown) for the attempt.
+      if (mode == ShardMode::kOptimizer && nodes_i > 1 && dense_steps) l.reduce_stage = (nodes - 1.0) * 4.0 * biggest;
+      if (topk) l.summed = 8.0 * (sharded ? u_own : u_all);
+      // Lazy: the changed coordinates (int64); sharded, also this node's own list and its
+      // (uint64, float) payload, and every node's pairs as the all-gather returns them.
+      if (lazy) l.lazy_lists = sharded ? 20.0 * u_own + 20.0 * u_all : 8.0 * u_all;
+      worst.state = std::max(worst.state, l.state);
+      worst.reduce_stage = std::max(worst.reduce_stage, l.reduce_stage);
+      worst.summed = std::max(worst.summed, l.summed);
+      worst.lazy_lists = std::max(worst.lazy_lists, l.lazy_lists);
+    }
+    if (bs.empty()) worst.state = 12.0 * R;
+
+    // daemon/optim/node_optimizer.cc: master, adam_m, adam_v of what the node owns.
+    r.push_back({"optimizer master + AdamW m, v (fp32)", worst.state,
+                 sharded ? "3 x 4 x range (the largest node)" : "3 x 4 x n"});
+    if (ef)
+      r.push_back({"error-feedback residual (fp32, this node's)", 4.0 * n,
+                   "4 x n (per sender: full size in every mode)"});
+    // daemon/ringd/step_driver.h: the node's gradient, summed over its workers' slots. With
+    // shard full the workers reduce-scatter to the owners: the node receives its range only.
+    r.push_back({"node gradient (fp32)", 4.0 * (full ? R : n), full ? "4 x range" : "4 x n"});
+    if (worst.reduce_stage > 0)
+      r.push_back({"dense reduce staging at the owner", worst.reduce_stage,
+                   "(nodes - 1) x 4 x its largest bucket"});
+    if (topk) {
+      p.topk_bucket_k = kmax;
+      const double K8 = 8.0 * static_cast<double>(kmax);
+      r.push_back({"top-k scratch (index, value)", K8, "8 x k of the largest bucket"});
+      if (nodes_i > 1)
+        r.push_back({"top-k exchange of one bucket (at most)", (2.0 * nodes + 2.0) * (4.0 + K8),
+                     "(2 nodes + 2) x (4 + 8 k): payload, transport buffers, every node's set"});
+      r.push_back({"summed sparse gradient (at most)", worst.summed,
+                   sharded ? "8 x sum over its buckets of min(nodes x k, floats)"
+                           : "8 x sum over buckets of min(nodes x k, floats)"});
+      if (lazy)
+        r.push_back({"lazy changed coordinates (at most)", worst.lazy_lists,
+                     sharded ? "20 x (its + all buckets') union bound" : "8 x union bound"});
+    }
+    // Shard optimizer's weight all-gather writes straight into the shared segment's weights
+    // (NodeOptimizer::set_weights_buffer): no receive buffer of its own.
+    if (!s.checkpoint.dir.empty())
+      r.push_back({"checkpoint staging (at most)", kCheckpointStagingBytes,
+                   "ckpt::Options::staging_bytes, 16 MiB"});
+
+    // common/contract/shm.cc: one segment per node, mapped by ringd and every worker.
+    auto& sh = p.host_shm;
+    const int64_t pub = full ? p.largest_range : flat.elements;  // floats ringd publishes
+    const int64_t slot = full ? p.worker_shard : flat.elements;  // floats per gradient slot
+    auto a64 = [](double x) { return std::ceil(x / 64.0) * 64.0; };
+    sh.push_back({"shm header", 64.0, "64 B"});
+    sh.push_back({"shm weights (fp32)", a64(4.0 * static_cast<double>(pub)),
+                  full ? "4 x range" : "4 x n"});
+    sh.push_back({"shm lazy index (uint64)", a64(8.0 * static_cast<double>(pub)),
+                  full ? "8 x range" : "8 x n"});
+    sh.push_back({fmt::format("shm gradient slots ({} workers)", wpn_i),
+                  wpn * a64(4.0 * static_cast<double>(slot)),
+                  full ? "workers_per_node x 4 x ceil(n / G)" : "workers_per_node x 4 x n"});
   }
-  if (s.resources.backend == Backend::kCpu)
-    hs.push_back({fmt::format("workers ({} x worker total)", s.resources.workers_per_node),
-                  wpn * p.worker_total, "workers_per_node x worker total"});
-  p.host_total = sum(hs);
+  if (host_backend)
+    p.host_workers.push_back({fmt::format("workers ({} x worker total)", wpn_i),
+                              wpn * p.worker_total, "workers_per_node x worker total"});
+  else if (!wh.empty())
+    p.host_workers.push_back({fmt::format("workers' host buffers ({} x {})", wpn_i,
+                                          human_bytes(p.worker_host_total)),
+                              wpn * p.worker_host_total, "workers_per_node x worker host total"});
+  p.host_ringd_total = sum(p.host_ringd);
+  p.host_shm_total = sum(p.host_shm);
+  p.host_workers_total = sum(p.host_workers);
+  for (const auto* part : {&p.host_ringd, &p.host_shm, &p.host_workers})
+    p.host.insert(p.host.end(), part->begin(), part->end());
+  p.host_total = sum(p.host);
 
   // ---- communication per step, per rank
   p.ring_bytes_per_hop = kv_block;
@@ -193,9 +413,7 @@ Plan make_plan(const JobSpec& s) {
     if (m.recompute) per_layer += Pm1 * kv_block;
     p.ring_bytes_per_step = L * per_layer;
   }
-  const double nodes = static_cast<double>(s.resources.nodes);
   p.grad_payload_dense = Pn * 4.0;
-  p.topk_k = static_cast<int64_t>(std::ceil(s.optimizer.density * Pn));
   p.grad_payload_topk = static_cast<double>(p.topk_k) * 8.0;  // u32 index + fp32 value
   p.grad_sent_dense_per_node = 2.0 * (nodes - 1.0) / nodes * p.grad_payload_dense;
   p.grad_sent_topk_per_node = (nodes - 1.0) * p.grad_payload_topk;
@@ -220,12 +438,39 @@ Plan make_plan(const JobSpec& s) {
   return p;
 }
 
+}  // namespace
+
+Plan make_plan(const JobSpec& s) {
+  Plan p = plan_for(s, s.parallel.shard);
+  if (s.optimizer.offload == Offload::kCpu) {
+    for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kFull}) {
+      const Plan q = mode == s.parallel.shard ? p : plan_for(s, mode);
+      p.modes.push_back({mode, q.worker_total, q.host_total, q.fits_device, q.fits_host,
+                         mode != ShardMode::kFull});
+    }
+  }
+  return p;
+}
+
 namespace {
 
 nlohmann::json items_json(const std::vector<Item>& items) {
   nlohmann::json a = nlohmann::json::array();
   for (const auto& i : items) a.push_back({{"name", i.name}, {"bytes", i.bytes},
                                            {"formula", i.formula}});
+  return a;
+}
+
+nlohmann::json modes_json(const std::vector<ModeTotals>& modes) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& m : modes)
+    a.push_back({{"mode", spec::to_string(m.mode)},
+                 {"worker_total_bytes", m.worker_total},
+                 {"host_total_bytes", m.host_total},
+                 {"fits_device", m.fits_device},
+                 {"fits_host", m.fits_host},
+                 {"fits", m.fits_device && m.fits_host},
+                 {"runs_in_this_build", m.runs}});
   return a;
 }
 
@@ -259,7 +504,25 @@ nlohmann::json to_json(const Plan& p, const JobSpec& s) {
         {"activations_recompute_bytes", p.activations_recompute},
         {"kv_local_per_layer_bytes", p.kv_local_per_layer},
         {"kv_local_total_bytes", p.kv_local_total}}},
-      {"host", {{"items", items_json(p.host)}, {"total_bytes", p.host_total}}},
+      {"worker_host",
+       {{"items", items_json(p.worker_host)}, {"total_bytes", p.worker_host_total}}},
+      {"host",
+       {{"items", items_json(p.host)},
+        {"total_bytes", p.host_total},
+        {"ringd", {{"items", items_json(p.host_ringd)}, {"total_bytes", p.host_ringd_total}}},
+        {"shm", {{"items", items_json(p.host_shm)}, {"total_bytes", p.host_shm_total}}},
+        {"workers",
+         {{"items", items_json(p.host_workers)}, {"total_bytes", p.host_workers_total}}}}},
+      {"shard",
+       {{"mode", spec::to_string(p.shard)},
+        {"nodes", s.resources.nodes},
+        {"workers_per_node", s.resources.workers_per_node},
+        {"flat_floats", p.flat_floats},
+        {"largest_bucket_floats", p.largest_bucket},
+        {"largest_range_floats", p.largest_range},
+        {"worker_shard_floats", p.worker_shard},
+        {"topk_bucket_k", p.topk_bucket_k},
+        {"modes", modes_json(p.modes)}}},
       {"communication",
        {{"ring_bytes_per_hop", p.ring_bytes_per_hop},
         {"ring_bytes_per_step_per_rank", p.ring_bytes_per_step},
@@ -282,7 +545,7 @@ nlohmann::json to_json(const Plan& p, const JobSpec& s) {
 std::string to_text(const Plan& p, const JobSpec& s) {
   std::string o;
   auto line = [&](const std::string& name, double bytes, const std::string& note = "") {
-    o += fmt::format("  {:<40} {:>12}{}\n", name, human_bytes(bytes),
+    o += fmt::format("  {:<48} {:>12}{}\n", name, human_bytes(bytes),
                      note.empty() ? "" : "   " + note);
   };
   o += fmt::format("plan for job '{}'\n\n", s.job.name);
@@ -309,10 +572,39 @@ std::string to_text(const Plan& p, const JobSpec& s) {
   line("all layers, this rank", p.kv_local_total);
   line("per layer, whole sequence", p.kv_sequence_per_layer);
   line("all layers, whole sequence", p.kv_sequence_total);
-  o += "\nhost memory per node:\n";
+  if (!p.worker_host.empty() && s.resources.backend != Backend::kCpu) {
+    o += "\nhost memory per worker (its host-side buffers):\n";
+    for (const auto& i : p.worker_host) line(i.name, i.bytes, i.formula);
+    line("total", p.worker_host_total);
+  }
+  o += fmt::format("\nhost memory per node (shard {}, {} node(s); n = {} floats, largest node's "
+                   "range {} floats):\n",
+                   spec::to_string(p.shard), s.resources.nodes, p.flat_floats, p.largest_range);
   if (p.host.empty()) o += "  (nothing: optimizer on the workers)\n";
-  for (const auto& i : p.host) line(i.name, i.bytes);
+  auto part = [&](const char* title, const std::vector<Item>& items, double total) {
+    if (items.empty()) return;
+    o += fmt::format("  {}:\n", title);
+    for (const auto& i : items)
+      o += fmt::format("    {:<46} {:>12}   {}\n", i.name, human_bytes(i.bytes), i.formula);
+    o += fmt::format("    {:<46} {:>12}\n", "subtotal", human_bytes(total));
+  };
+  part("ringd", p.host_ringd, p.host_ringd_total);
+  part("shared memory (once per node)", p.host_shm, p.host_shm_total);
+  part("workers", p.host_workers, p.host_workers_total);
   line("total", p.host_total);
+  if (!p.modes.empty()) {
+    o += "\nshard modes (the rest of the spec unchanged):\n";
+    o += fmt::format("  {:<10} {:>14} {:>14}   {}\n", "mode", "per worker", "per node", "fit");
+    for (const auto& md : p.modes)
+      o += fmt::format("  {:<10} {:>14} {:>14}   {}{}{}\n", spec::to_string(md.mode),
+                       human_bytes(md.worker_total), human_bytes(md.host_total),
+                       md.fits_device && md.fits_host ? "fits"
+                       : !md.fits_device && s.resources.backend == Backend::kCuda
+                           ? "does not fit the GPU"
+                           : "does not fit host memory",
+                       md.runs ? "" : " (sized only: not run by this build)",
+                       md.mode == p.shard ? "   <- this spec" : "");
+  }
   o += "\ncommunication per step:\n";
   line("ring K/V per hop (one layer)", p.ring_bytes_per_hop);
   line("ring sent per rank (fwd + bwd)", p.ring_bytes_per_step);

@@ -1,6 +1,8 @@
 // Resource plan of a job, computed from the spec alone: memory per worker and per node, bytes
 // communicated per step, and whether it fits the memory the spec's resources give.
-// The formulas are documented in docs/planning.md; tests check them against hand computation.
+// The formulas are documented in docs/planning.md; tests check them against hand computation
+// and the host-memory lines against what ringd's NodeOptimizer, StepDriver and ShmRegion
+// allocate (tests/plan).
 #pragma once
 
 #include <cstdint>
@@ -37,8 +39,40 @@ struct FlatLayout {
   int64_t elements = 0;        // floats in the flat buffer, alignment included
   int64_t largest_bucket = 0;  // floats in the largest gradient bucket
   std::string largest_bucket_name;
+  // Floats of every gradient bucket in layout order: head, layers.L-1 .. layers.0, embedding
+  // (the blocks all have the same size). Empty when a size saturated.
+  std::vector<int64_t> bucket_sizes;
 };
 FlatLayout flat_layout(const spec::JobSpec& s);
+
+// Floats of each node's range when `nodes` nodes share buckets of these sizes: the division of
+// contract::shard_ranges (contiguous runs of whole buckets minimising the largest; nodes past
+// the last used one own nothing), which tests/plan checks this against.
+std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& bucket_sizes, int64_t nodes);
+// The same division as each node's first bucket, plus bucket_sizes.size() at the end: node k
+// owns buckets [first[k], first[k + 1]).
+std::vector<size_t> shard_first_buckets(const std::vector<int64_t>& bucket_sizes, int64_t nodes);
+
+// ringd's top-k selection per bucket: k = ceil(density x floats), at least 1, at most floats
+// (daemon/optim NodeOptimizer::bucket_k).
+int64_t bucket_topk(double density, int64_t floats);
+
+// Bytes of a shared-memory segment of n floats for `workers` gradient slots: header, params
+// [n] fp32, lazy index [n] uint64, slots [workers][n] fp32, each 64-byte aligned
+// (common/contract/shm.cc ShmRegion::create).
+double shm_bytes(int64_t n, int64_t workers);
+// ckpt::Options::staging_bytes: the copy-on-modify budget of ringd's checkpointer.
+inline constexpr double kCheckpointStagingBytes = 16.0 * (1 << 20);
+
+// One shard mode's totals, for the comparison `ringctl plan` prints.
+struct ModeTotals {
+  spec::ShardMode mode{};
+  double worker_total = 0;  // per worker (GPU with backend cuda, host with cpu)
+  double host_total = 0;    // per node
+  bool fits_device = false;
+  bool fits_host = false;
+  bool runs = false;        // this build runs the mode (shard full is sized only)
+};
 
 struct Plan {
   // Model and shapes.
@@ -61,9 +95,27 @@ struct Plan {
   double kv_sequence_per_layer = 0;  // K+V of all seq_len tokens for one layer
   double kv_sequence_total = 0;      // ... for all layers
 
-  // Per node host memory (ringd's optimizer state; workers too with backend cpu).
-  std::vector<Item> host;
+  // Sharding (parallel.shard over resources.nodes; G = nodes x workers_per_node).
+  spec::ShardMode shard{};
+  int64_t flat_floats = 0;     // n: the flat layout's floats, alignment gaps included
+  int64_t largest_bucket = 0;  // floats
+  int64_t largest_range = 0;   // floats of the largest node's range (n with shard none)
+  int64_t worker_shard = 0;    // shard full: floats of one worker's shard, ceil(n / G); else n
+  int64_t topk_bucket_k = 0;   // the largest bucket's k (top-k only)
+
+  // Per node host memory, in three parts: ringd's own allocations, the node's shared-memory
+  // segment (counted once per node, however many processes map it), and the workers' host
+  // memory (all of it with backend cpu; their host-side copies with a device backend).
+  std::vector<Item> host_ringd, host_shm, host_workers;
+  double host_ringd_total = 0, host_shm_total = 0, host_workers_total = 0;
+  std::vector<Item> host;  // the three parts in that order
   double host_total = 0;
+  std::vector<Item> worker_host;  // per worker, host memory with a device backend
+  double worker_host_total = 0;
+
+  // Every shard mode's totals with the rest of the spec unchanged (offload cpu only: none
+  // otherwise), in the order none, optimizer, full.
+  std::vector<ModeTotals> modes;
 
   // Communication per step.
   double ring_bytes_per_hop = 0;        // one K/V block (one layer)

@@ -131,8 +131,15 @@ TEST(Plan, TopkPayloadIsSmallerByOneOverTwoDensity) {
 }
 
 TEST(Plan, FitVerdicts) {
-  Plan fits = make_plan(load(gpu_spec(1 << 20, 64, true, "")));
-  EXPECT_TRUE(fits.fits());
+  // 64 CUDA workers on one node: each keeps a host copy of the weights and two of the gradient
+  // (12 n bytes, 81 GB), 5.2 TB in all; spread over 8 nodes of 8 the node fits its 2 TB.
+  auto one_node = load(gpu_spec(1 << 20, 64, true, ""));
+  EXPECT_TRUE(make_plan(one_node).fits_device);
+  EXPECT_FALSE(make_plan(one_node).fits_host);
+  one_node.resources.nodes = 8;
+  one_node.resources.workers_per_node = 8;
+  Plan fits = make_plan(one_node);
+  EXPECT_TRUE(fits.fits()) << to_text(fits, one_node);
   EXPECT_EQ(fits.device_name, "H100-80G");
   EXPECT_DOUBLE_EQ(fits.device_usable, 81559.0 * (1 << 20) - kGpuReserveBytes);
   // Without recompute, 16K tokens per rank of a 7B model no longer fit in 80 GB.
@@ -167,11 +174,17 @@ TEST(Plan, RingctlPlanTextJsonAndCheck) {
   EXPECT_EQ(j["model"]["params"].get<int64_t>(), 6738415616);
   EXPECT_TRUE(j["fit"]["fits"].get<bool>());
   EXPECT_EQ(j["sequence"]["tokens_per_rank"].get<int64_t>(), 16384);
-  // The 270B example does not fit (weights alone exceed an H200); --check says so with exit 3.
+  // The 270B example fits fully sharded; without sharding the weights alone exceed an H200,
+  // and --check says so with exit 3.
   auto big = test::run(ringctl + " plan --what-if --check " +
                        test::source_path("configs/examples/270b-1.2m-64x8-h200.yaml"));
-  EXPECT_EQ(big.exit_code, 3) << big.output;
-  EXPECT_NE(big.output.find("DOES NOT FIT"), std::string::npos);
+  EXPECT_EQ(big.exit_code, 0) << big.output;
+  EXPECT_NE(big.output.find("verdict: fits"), std::string::npos) << big.output;
+  EXPECT_NE(big.output.find("full       "), std::string::npos) << big.output;
+  auto unsharded = test::run(ringctl + " plan --what-if --check --set parallel.shard=none " +
+                             test::source_path("configs/examples/270b-1.2m-64x8-h200.yaml"));
+  EXPECT_EQ(unsharded.exit_code, 3) << unsharded.output;
+  EXPECT_NE(unsharded.output.find("DOES NOT FIT"), std::string::npos);
   // Without --what-if, plan refuses what `run`/`submit` would refuse, with the reason.
   auto refused = test::run(ringctl + " plan " +
                            test::source_path("configs/examples/270b-1.2m-64x8-h200.yaml"));
@@ -181,6 +194,128 @@ TEST(Plan, RingctlPlanTextJsonAndCheck) {
   EXPECT_NE(refused.output.find("--what-if"), std::string::npos) << refused.output;
   auto bad = test::run(ringctl + " plan " + test::source_path("configs/invalid/bad-enum.yaml"));
   EXPECT_EQ(bad.exit_code, 1);
+}
+
+spec::JobSpec example(const std::string& name) {
+  spec::LoadOptions o = spec::job_spec_options();
+  o.runtime_limits_are_errors = false;
+  auto r = spec::load_spec_file(test::source_path("configs/examples/" + name), o);
+  EXPECT_TRUE(r.ok()) << name;
+  return r.ok() ? *r.spec : spec::JobSpec{};
+}
+
+double item(const std::vector<Item>& items, const std::string& prefix) {
+  for (const auto& i : items)
+    if (i.name.rfind(prefix, 0) == 0) return i.bytes;
+  return -1;
+}
+
+// The llama7b example (shard none, 64 nodes, top-k with error feedback, CUDA workers): ringd
+// keeps master, m, v, the residual and the node gradient (20 n bytes) and the node's segment
+// holds the weights, the lazy index and 8 gradient slots (44 n): 64 n ~ 431 GB plus the
+// top-k buffers, where the planner used to show 148 GB. The 8 CUDA workers add their host-side
+// copies (a weight copy and two whole-gradient copies each: 12 n bytes).
+TEST(Plan, Llama7bHostMemoryIsWhatTheCodeAllocates) {
+  const auto s = example("llama7b-1m-64x8-h100.yaml");
+  const Plan p = make_plan(s);
+  const double n = 6738415616.0;  // every tensor of this model is a multiple of 16 floats
+  ASSERT_EQ(p.flat_floats, 6738415616);
+  EXPECT_EQ(item(p.host_ringd, "optimizer master"), 12 * n);
+  EXPECT_EQ(item(p.host_ringd, "error-feedback residual"), 4 * n);
+  EXPECT_EQ(item(p.host_ringd, "node gradient"), 4 * n);
+  EXPECT_EQ(item(p.host_ringd, "checkpoint staging"), 16.0 * (1 << 20));
+  EXPECT_EQ(item(p.host_ringd, "weight all-gather"), -1);  // shard none
+  EXPECT_NEAR(p.host_shm_total, 44 * n, 256);
+  EXPECT_EQ(p.host_shm_total, shm_bytes(6738415616, 8));
+  // The top-k buffers: at most 64 nodes' sets of k = 0.001 x bucket, 8 bytes an entry.
+  EXPECT_LT(p.host_ringd_total - 20 * n, 0.001 * 64 * 8 * n * 1.01 + 200e6);
+  EXPECT_NEAR(p.host_ringd_total + p.host_shm_total, 64 * n, 4e9);
+  EXPECT_EQ(p.host_ringd_total + p.host_shm_total > 430e9, true);
+  EXPECT_EQ(p.worker_host_total, 12 * n);
+  EXPECT_EQ(p.host_workers_total, 8 * 12 * n);
+  EXPECT_DOUBLE_EQ(p.host_total,
+                   p.host_ringd_total + p.host_shm_total + p.host_workers_total);
+  EXPECT_TRUE(p.fits());  // 1.08 TB of the 1.8 TB it declares
+  EXPECT_LT(p.host_total, 1.1e12);
+}
+
+// Every mode's lines: shard optimizer divides ringd's state by the node ranges, shard full also
+// the workers' weights and gradients (n / G each, plus a gathered block twice and its gradient).
+TEST(Plan, ShardModesDivideWhatTheyShard) {
+  auto s = example("llama7b-1m-64x8-h100.yaml");
+  const double n = 6738415616.0;
+  s.parallel.shard = spec::ShardMode::kOptimizer;
+  const Plan o = make_plan(s);
+  // 34 buckets over 64 nodes: the largest node owns the largest bucket (the untied head or the
+  // embedding, V d + 16 floats... or one block).
+  EXPECT_EQ(o.largest_range, o.largest_bucket);
+  EXPECT_EQ(item(o.host_ringd, "optimizer master"), 12.0 * static_cast<double>(o.largest_range));
+  EXPECT_EQ(item(o.host_ringd, "error-feedback residual"), 4 * n);  // per sender, full size
+  // The weights are all-gathered straight into the shared segment: no buffer of ringd's own.
+  EXPECT_EQ(item(o.host_ringd, "weight all-gather"), -1);
+  // Dense steps (200 warm-up steps) reduce each bucket to its owner, which stages the other 63
+  // nodes' copies of its largest bucket.
+  EXPECT_EQ(item(o.host_ringd, "dense reduce staging"), 63.0 * 4 * o.largest_bucket);
+  auto no_warmup = s;
+  no_warmup.optimizer.warmup_steps = 0;
+  EXPECT_EQ(item(make_plan(no_warmup).host_ringd, "dense reduce staging"), -1);
+  // The owner sums the sparse sets of its own buckets only.
+  EXPECT_LT(item(o.host_ringd, "summed sparse"),
+            item(make_plan(example("llama7b-1m-64x8-h100.yaml")).host_ringd, "summed sparse") / 20);
+  EXPECT_EQ(o.worker_total, make_plan(example("llama7b-1m-64x8-h100.yaml")).worker_total);
+
+  s.parallel.shard = spec::ShardMode::kFull;
+  const Plan f = make_plan(s);
+  const double shard = std::ceil(n / 512);
+  EXPECT_EQ(f.worker_shard, static_cast<int64_t>(shard));
+  EXPECT_EQ(item(f.worker, "weight shard"), shard * 2);
+  EXPECT_EQ(item(f.worker, "gradient shard"), shard * 4);
+  EXPECT_EQ(item(f.worker, "gathered layer weights"), 2.0 * f.largest_bucket * 2);
+  EXPECT_EQ(item(f.worker, "gathered layer gradient"), 4.0 * f.largest_bucket);
+  EXPECT_LT(f.worker_total, o.worker_total);
+  EXPECT_EQ(item(f.host_ringd, "node gradient"), 4.0 * f.largest_range);
+  EXPECT_LT(f.host_shm_total, o.host_shm_total / 20);
+  EXPECT_LT(f.host_total, o.host_total);
+  // The comparison lists the three modes, the spec's own totals among them.
+  ASSERT_EQ(f.modes.size(), 3u);
+  EXPECT_EQ(f.modes[2].mode, spec::ShardMode::kFull);
+  EXPECT_DOUBLE_EQ(f.modes[2].host_total, f.host_total);
+  EXPECT_DOUBLE_EQ(f.modes[1].host_total, o.host_total);
+  EXPECT_FALSE(f.modes[2].runs);
+  EXPECT_TRUE(f.modes[0].runs && f.modes[1].runs);
+}
+
+// The large examples fit only fully sharded; the 70B one says which mode in its comment.
+TEST(Plan, LargeExamplesFitFullySharded) {
+  for (const char* name : {"270b-1.2m-64x8-h200.yaml", "70b-1m-64x8-h100.yaml"}) {
+    const auto s = example(name);
+    EXPECT_EQ(s.parallel.shard, spec::ShardMode::kFull) << name;
+    const Plan p = make_plan(s);
+    EXPECT_TRUE(p.fits()) << name << "\n" << to_text(p, s);
+    ASSERT_EQ(p.modes.size(), 3u);
+    EXPECT_FALSE(p.modes[0].fits_device) << name;  // whole bf16 weights on every GPU
+    EXPECT_FALSE(p.modes[1].fits_device) << name;
+    EXPECT_TRUE(p.modes[2].fits_device && p.modes[2].fits_host) << name;
+  }
+  const std::string text = test::read_file(test::source_path("configs/examples/70b-1m-64x8-h100.yaml"));
+  EXPECT_NE(text.find("Mode: parallel.shard: full"), std::string::npos);
+}
+
+// --json carries every line and the comparison.
+TEST(Plan, JsonHasTheShardSection) {
+  const auto s = example("270b-1.2m-64x8-h200.yaml");
+  const Plan p = make_plan(s);
+  const auto j = to_json(p, s);
+  EXPECT_EQ(j["shard"]["mode"], "full");
+  EXPECT_EQ(j["shard"]["largest_range_floats"].get<int64_t>(), p.largest_range);
+  EXPECT_EQ(j["shard"]["modes"].size(), 3u);
+  EXPECT_EQ(j["host"]["ringd"]["items"].size(), p.host_ringd.size());
+  EXPECT_DOUBLE_EQ(j["host"]["shm"]["total_bytes"].get<double>(), p.host_shm_total);
+  EXPECT_DOUBLE_EQ(j["host"]["total_bytes"].get<double>(), p.host_total);
+  EXPECT_EQ(j["worker_host"]["items"].size(), p.worker_host.size());
+  const std::string t = to_text(p, s);
+  EXPECT_NE(t.find("shard modes"), std::string::npos) << t;
+  EXPECT_NE(t.find("sized only: not run by this build"), std::string::npos) << t;
 }
 
 }  // namespace
