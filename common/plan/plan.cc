@@ -271,23 +271,12 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
                "2 T H hd 4 + T H 4"});
   w.push_back({"logits and their gradient (fp32)", 2.0 * T * V * 4.0, "2 T V 4"});
 
-  // The offloaded rank's host-side buffers (worker/ring/ring_main.cc run_offloaded_rank): the
-  // weights ringd publishes are copied out of the shared memory into a host vector of n floats,
-  // allocated with every backend (a device backend then uploads it; the CPU backend reads its
-  // own buffer and leaves the vector zeroed but resident). A device backend also copies the
-  // whole gradient out for every bucket (Model::get_grads), and the previous copy is freed only
-  // after the next exists: two n-float copies at the peak. Shard full sizes both by the shard.
+  // The offloaded rank's host-side buffers (worker/ring/ring_main.cc run_offloaded_rank): none.
+  // The CPU backend's weights are its host memory (copied in from the shared memory); a device
+  // backend uploads the weights straight from the shared memory and copies each finished
+  // gradient bucket straight into its slot. The list stays for the JSON and the node total.
   auto& wh = p.worker_host;
-  if (offload) {
-    wh.push_back({"host copy of the weights (fp32)", (full ? S : n) * 4.0,
-                  full ? "ceil(n / G) x 4" : "n x 4 (every backend)"});
-    if (!host_backend)
-      wh.push_back({"gradient host staging (fp32)", full ? S * 4.0 : 2.0 * n * 4.0,
-                    full ? "ceil(n / G) x 4" : "2 x n x 4 (whole gradient per bucket, 2 at the peak)"});
-  }
   p.worker_host_total = sum(wh);
-  if (host_backend)
-    for (const auto& i : wh) w.push_back(i);
   p.worker_total = sum(w);
 
   // ---- per node host memory
@@ -346,9 +335,12 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     // daemon/optim/node_optimizer.cc: master, adam_m, adam_v of what the node owns.
     r.push_back({"optimizer master + AdamW m, v (fp32)", worst.state,
                  sharded ? "3 x 4 x range (the largest node)" : "3 x 4 x n"});
+    // Error feedback: per sender (every node keeps a residual of all it sent) with shard none
+    // and optimizer; with shard full the gradient reaches the owner already summed, and top-k
+    // runs there, so the residual is the owner's, of its range (docs/architecture.md).
     if (ef)
-      r.push_back({"error-feedback residual (fp32, this node's)", 4.0 * n,
-                   "4 x n (per sender: full size in every mode)"});
+      r.push_back({"error-feedback residual (fp32, this node's)", 4.0 * (full ? R : n),
+                   full ? "4 x range (at the owner)" : "4 x n (per sender: full size)"});
     // daemon/ringd/step_driver.h: the node's gradient, summed over its workers' slots. With
     // shard full the workers reduce-scatter to the owners: the node receives its range only.
     r.push_back({"node gradient (fp32)", 4.0 * (full ? R : n), full ? "4 x range" : "4 x n"});

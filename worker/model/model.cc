@@ -92,6 +92,25 @@ void Model::set_params(const std::vector<float>& host) {
                "copy_to_device");
 }
 
+void Model::set_params(const float* host, int64_t n) {
+  if (n != layout_.total()) {
+    throw ModelError("set_params: expected " + std::to_string(layout_.total()) + " floats, got " +
+                     std::to_string(n));
+  }
+  check_status(backend_->copy_to_device(params_.data(), host, params_.bytes()), "copy_to_device");
+}
+
+void Model::copy_grads_to_host(int64_t begin, int64_t end, float* dst) const {
+  if (begin < 0 || end < begin || end > layout_.total()) {
+    throw ModelError("copy_grads_to_host: range [" + std::to_string(begin) + ", " +
+                     std::to_string(end) + ") is outside the " + std::to_string(layout_.total()) +
+                     " floats of the gradient buffer");
+  }
+  check_status(backend_->copy_to_host(dst, grads_.data() + begin,
+                                      static_cast<size_t>(end - begin) * sizeof(float)),
+               "copy_to_host");
+}
+
 std::vector<float> Model::get_params() const {
   std::vector<float> host(layout_.total());
   check_status(backend_->copy_to_host(host.data(), params_.data(), params_.bytes()),

@@ -77,6 +77,11 @@ class Model {
   void init_params(uint64_t seed);
   // Host copies of the flat buffers ([layout().total()] floats).
   void set_params(const std::vector<float>& host);
+  // The same from n host floats (n == layout().total()), e.g. straight from ringd's shared memory.
+  void set_params(const float* host, int64_t n);
+  // grads()[begin, end) into host memory dst[0 .. end-begin) (a device backend: one copy of just
+  // that range, e.g. a finished bucket straight into ringd's shared memory).
+  void copy_grads_to_host(int64_t begin, int64_t end, float* dst) const;
   std::vector<float> get_params() const;
   std::vector<float> get_grads() const;
   void zero_grads();

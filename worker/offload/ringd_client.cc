@@ -127,6 +127,7 @@ Command RingdClient::next(float* params) {
   c.changed = p->changed;  // -1..n (checked by the parser)
   c.stop_requested = p->stop;
   const float* src = shm_.params();
+  if (params == src) return c;  // the caller reads the weights where ringd put them
   if (c.changed < 0) {
     std::memcpy(params, src, static_cast<size_t>(opt_.n) * sizeof(float));
   } else {
@@ -145,6 +146,10 @@ Command RingdClient::next(float* params) {
 void RingdClient::bucket(int64_t step, const contract::GradBucket& b, const float* grads) {
   std::memcpy(shm_.grads(opt_.local) + b.begin, grads + b.begin,
               static_cast<size_t>(b.end - b.begin) * sizeof(float));
+  send(control::Bucket{.step = step, .b = b.index});
+}
+
+void RingdClient::bucket_written(int64_t step, const contract::GradBucket& b) {
   send(control::Bucket{.step = step, .b = b.index});
 }
 

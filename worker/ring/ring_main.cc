@@ -270,18 +270,19 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
     model.init_params(static_cast<uint64_t>(spec.train.seed));
     client.send_init(model.params());
   }
-  // The host copy of the weights (the CPU backend's memory is host memory; a device backend
-  // copies it in with set_params).
-  std::vector<float> host(static_cast<size_t>(n));
+  // The CPU backend's weights are host memory: ringd's new weights (or the changed coordinates)
+  // are copied into them. A device backend copies the shm's weights to the device as a whole and
+  // each finished gradient bucket from the device straight into its shm slot: no host copy of
+  // the model in the worker.
   const bool host_backend = backend_name == "cpu";
-  float* weights = host_backend ? model.params() : host.data();
+  float* weights = host_backend ? model.params() : client.shm().params();
 
   // From here on transfers may be in flight: an error exits at once, without unwinding.
   return run_then_exit_on_error("ring-worker: rank " + std::to_string(rank), kExitRuntime, [&] {
     for (;;) {
       offload::Command cmd = client.next(weights);
       if (cmd.stop) break;
-      if (!host_backend) model.set_params(host);
+      if (!host_backend) model.set_params(client.shm().params(), n);
       const StepData sd = next_step_data(*source, spec, rr);
       const RingStats r0 = attention.ring_stats();
       const auto t0 = std::chrono::steady_clock::now();
@@ -289,13 +290,12 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       // Micro-batches accumulate into the gradient buffer; a bucket is complete only in the last
       // one's backward, so only that backward hands buckets to ringd.
       model.zero_grads();
-      std::vector<float> dev_grads;
       const model::BucketReadyFn to_ringd = [&](const model::GradBucket& b) {
         if (host_backend) {
           client.bucket(cmd.step, b, model.grads());
         } else {
-          dev_grads = model.get_grads();  // a device backend: one copy out per bucket
-          client.bucket(cmd.step, b, dev_grads.data());
+          model.copy_grads_to_host(b.begin, b.end, client.slot() + b.begin);
+          client.bucket_written(cmd.step, b);
         }
       };
       model::LossResult loss;
