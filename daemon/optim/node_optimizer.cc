@@ -118,7 +118,6 @@ struct NodeOptimizer::Impl {
   int64_t state_begin = 0;    // flat offset of master[0], m[0], v[0] (range.begin when sharded)
   int64_t state_size = 0;     // floats of master, m, v
   float* weights = nullptr;   // the caller's full weights buffer (set_weights_buffer)
-  std::vector<int64_t> lazy_changed;  // sharded lazy step: this node's changes (global offsets)
   std::vector<std::vector<TensorRef>> tensors;  // per bucket
   bool topk = false, error_feedback = false, lazy = false;
 
@@ -455,9 +454,11 @@ struct NodeOptimizer::Impl {
   }
 
   // The changed coordinates of a lazy step: shard none copies them from the master (changed
-  // already lists them); shard optimizer all-gathers each owner's (uint64 index, float value)
-  // pairs, writes them into the buffer and lists them all in `changed` (node order = ascending,
-  // the ranges being in node order). Returns the bytes this node sent.
+  // already lists them); shard optimizer all-gathers what each owner changed, writes it into
+  // the buffer and lists every node's changes in `changed` (node order = ascending, the ranges
+  // being in node order). Payload per owned bucket, in bucket order: [uint32 count][count x
+  // uint32 offset from the bucket's begin, ascending][count x float value]. Returns the bytes
+  // this node sent.
   int64_t publish_lazy() {
     if (!sharded) {
       if (weights != nullptr && weights != master) {
@@ -466,19 +467,19 @@ struct NodeOptimizer::Impl {
       return 0;
     }
     const int n = exchange->nodes();
-    const size_t c = lazy_changed.size();
-    if (n == 1) {
-      changed = lazy_changed;
-      for (int64_t i : changed) weights[i] = master[i - state_begin];
-      return 0;
-    }
-    // Payload: [c x uint64 index][c x float value].
-    std::vector<uint8_t> payload(12 * c);
-    for (size_t q = 0; q < c; ++q) {
-      const uint64_t i = static_cast<uint64_t>(lazy_changed[q]);
-      const float val = master[lazy_changed[q] - state_begin];
-      std::memcpy(payload.data() + 8 * q, &i, 8);
-      std::memcpy(payload.data() + 8 * c + 4 * q, &val, 4);
+    size_t bytes = 0;
+    for (int b = range.first_bucket; b < range.end_bucket; ++b) bytes += 4 + 8 * sparse_idx[b].size();
+    std::vector<uint8_t> payload(bytes);
+    uint8_t* w = payload.data();
+    for (int b = range.first_bucket; b < range.end_bucket; ++b) {
+      const std::vector<uint32_t>& idx = sparse_idx[b];
+      const uint32_t c = static_cast<uint32_t>(idx.size());
+      const float* base = master + (layout.buckets()[b].begin - state_begin);
+      std::memcpy(w, &c, 4);
+      std::memcpy(w + 4, idx.data(), 4 * static_cast<size_t>(c));
+      float* vals = reinterpret_cast<float*>(w + 4 + 4 * static_cast<size_t>(c));
+      for (uint32_t q = 0; q < c; ++q) std::memcpy(vals + q, base + idx[q], 4);
+      w += 4 + 8 * static_cast<size_t>(c);
     }
     std::vector<std::vector<uint8_t>> all;
     try {
@@ -496,24 +497,37 @@ struct NodeOptimizer::Impl {
     changed.clear();
     for (int k = 0; k < n; ++k) {
       const std::vector<uint8_t>& p = all[k];
-      if (p.size() % 12 != 0) {
-        throw OptimError("NodeOptimizer: node " + std::to_string(k) + " sent " +
-                         std::to_string(p.size()) + " bytes of changed weights (not 12 x count)");
-      }
-      const size_t ck = p.size() / 12;
-      for (size_t q = 0; q < ck; ++q) {
-        uint64_t i;
-        float val;
-        std::memcpy(&i, p.data() + 8 * q, 8);
-        std::memcpy(&val, p.data() + 8 * ck + 4 * q, 4);
-        if (i < static_cast<uint64_t>(ranges[k].begin) ||
-            i >= static_cast<uint64_t>(ranges[k].end) ||
-            (!changed.empty() && static_cast<int64_t>(i) <= changed.back())) {
-          throw OptimError("NodeOptimizer: node " + std::to_string(k) + " sent changed weight " +
-                           std::to_string(i) + " outside its range or out of order");
+      size_t at = 0;
+      for (int b = ranges[k].first_bucket; b < ranges[k].end_bucket; ++b) {
+        const contract::GradBucket& bk = layout.buckets()[b];
+        uint32_t c = 0;
+        if (p.size() - at >= 4) std::memcpy(&c, p.data() + at, 4);
+        if (p.size() - at < 4 || p.size() - at - 4 < 8 * static_cast<size_t>(c)) {
+          throw OptimError("NodeOptimizer: node " + std::to_string(k) + " sent malformed changed "
+                           "weights for bucket " + std::to_string(b) + " (" +
+                           std::to_string(p.size()) + " bytes)");
         }
-        changed.push_back(static_cast<int64_t>(i));
-        weights[i] = val;
+        const uint8_t* offs = p.data() + at + 4;
+        const uint8_t* vals = offs + 4 * static_cast<size_t>(c);
+        for (uint32_t q = 0; q < c; ++q) {
+          uint32_t off;
+          float val;
+          std::memcpy(&off, offs + 4 * static_cast<size_t>(q), 4);
+          std::memcpy(&val, vals + 4 * static_cast<size_t>(q), 4);
+          const int64_t i = bk.begin + off;
+          if (i >= bk.end || (!changed.empty() && i <= changed.back())) {
+            throw OptimError("NodeOptimizer: node " + std::to_string(k) + " sent changed offset " +
+                             std::to_string(off) + " out of order or outside bucket " +
+                             std::to_string(b));
+          }
+          changed.push_back(i);
+          weights[i] = val;
+        }
+        at += 4 + 8 * static_cast<size_t>(c);
+      }
+      if (at != p.size()) {
+        throw OptimError("NodeOptimizer: node " + std::to_string(k) + " sent " +
+                         std::to_string(p.size() - at) + " bytes of changed weights too many");
       }
     }
     return static_cast<int64_t>(payload.size()) * (n - 1);
@@ -720,14 +734,11 @@ StepResult NodeOptimizer::finish_step() {
     }
   }
   const bool all_changed = !(s.compressed && s.lazy);
-  std::vector<int64_t>& mine = s.sharded ? s.lazy_changed : s.changed;
   s.changed.clear();
-  s.lazy_changed.clear();
-  if (!all_changed) {
+  if (!all_changed && !s.sharded) {  // shard optimizer: publish_lazy gathers every node's
     for (int b = 0; b < s.nbuckets; ++b) {
-      if (!s.owns(b)) continue;
       const contract::GradBucket& bk = s.layout.buckets()[b];
-      for (uint32_t off : s.sparse_idx[b]) mine.push_back(bk.begin + off);
+      for (uint32_t off : s.sparse_idx[b]) s.changed.push_back(bk.begin + off);
     }
   }
   // The new weights into the weights buffer (shard optimizer: gathered from the owners).

@@ -55,14 +55,15 @@
 // per-bucket sums (exact: one non-zero term each) and adds them in bucket order, so the norm has
 // the bits of shard none. Only o updates the bucket. The new weights then reach every node's
 // weights buffer: dense, an all-gather of the owned master ranges (Exchange::allgather_spans,
-// straight into the buffer); lazy, an all-gather of the (index, value) pairs each owner changed,
-// so changed() lists every node's changes. With the in-process exchange (sums in node order) the
+// straight into the buffer); lazy, an all-gather of the (offset, value) pairs each owner changed
+// (uint32 offset in its bucket, a count per bucket), so changed() lists every node's changes. With the in-process exchange (sums in node order) the
 // weights and norms are bit-identical to shard none for any node count; over the transport with
 // two nodes too (a + b == b + a).
 //
 // Per step, a node sends: dense, 4 bytes x the floats of the buckets it does not own, plus
 // 4 x range().size() to each other node; top-k, its sparse sets of the buckets it does not own,
-// plus (lazy) 12 bytes per coordinate it changed to each other node (dense update: its range).
+// plus (lazy) 8 bytes per coordinate it changed and 4 per bucket it owns, to each other node
+// (dense update: its range).
 //
 // Threads: `threads` OpenMP threads (0: all cores) run every heavy loop (AdamW, top-k, sums)
 // inside each bucket; buckets are processed in order by one pipeline thread, which is also the
@@ -173,8 +174,8 @@ struct StepResult {
                                // shard optimizer: what leaves this node (to the buckets' owners,
                                // and bytes_weights), 0 with one node
   int64_t bytes_weights = 0;   // shard optimizer: of bytes_sent, this node's part of the weight
-                               // all-gather (its range, or its changed (uint64, float) pairs, to
-                               // each other node); 0 with shard none
+                               // all-gather (its range, or its changed (uint32 offset, float)
+                               // pairs, to each other node); 0 with shard none
   int64_t bytes_dense = 0;     // what a dense exchange of the same gradient sends (4 x total)
   double optimizer_s = 0;      // seconds of optimizer work this step (exchange waits included):
                                // pipeline busy time + update time in finish_step
