@@ -6,7 +6,8 @@
 // same as with shard none: in process every sum is a left fold in node order (reduce_sum to the
 // owner and allreduce_sum fold alike; the per-bucket sums of squares have one non-zero term), so
 // the bits agree for any N. Each node keeps master and moments of its range only (equal to that
-// slice of shard none's), and its checkpoint tensors are that range's plus its residual.
+// slice of shard none's), and its checkpoint tensors are that range's plus its residual. With
+// more nodes than buckets a node owns nothing and still takes part.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,10 +25,11 @@
 namespace ring::optim {
 namespace {
 
-spec::JobSpec load(const std::string& optimizer, double grad_clip, const char* shard) {
+spec::JobSpec load(const std::string& optimizer, double grad_clip, const char* shard,
+                   int layers = 3) {
   const std::string yaml = R"(
 job: {name: shard-test}
-model: {layers: 3, d_model: 64, heads: 4, kv_heads: 2, mlp: swiglu, vocab: 256}
+model: {layers: )" + std::to_string(layers) + R"(, d_model: 64, heads: 4, kv_heads: 2, mlp: swiglu, vocab: 256}
 data: {source: passkey, seq_len: 128, passkey_digits: 5, seed: 7}
 parallel: {shard: )" + std::string(shard) + R"(, context_ranks: 2}
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, schedule: cosine, lr_warmup_steps: 2, weight_decay: 0.1,
@@ -154,19 +156,24 @@ struct Case {
   const char* optimizer;
 };
 
-void expect_shard_matches_none(const Case& c, double grad_clip) {
+void expect_shard_matches_none(const Case& c, double grad_clip, int layers = 3,
+                               int min_nodes = 1) {
   const int steps = 8;
-  for (int nodes = 1; nodes <= 4; ++nodes) {
+  for (int nodes = min_nodes; nodes <= 4; ++nodes) {
     SCOPED_TRACE(std::string(c.name) + ", grad_clip " + std::to_string(grad_clip) + ", " +
-                 std::to_string(nodes) + " node(s)");
-    const spec::JobSpec none = load(c.optimizer, grad_clip, "none");
-    const spec::JobSpec shard = load(c.optimizer, grad_clip, "optimizer");
+                 std::to_string(nodes) + " node(s), " + std::to_string(layers) + " layer(s)");
+    const spec::JobSpec none = load(c.optimizer, grad_clip, "none", layers);
+    const spec::JobSpec shard = load(c.optimizer, grad_clip, "optimizer", layers);
     const contract::ParamLayout layout(contract::ModelConfig::from_spec(none));
     const int64_t n = layout.total();
     const Run a = run_nodes(none, nodes, steps);
     const Run b = run_nodes(shard, nodes, steps);
     ASSERT_FALSE(::testing::Test::HasFailure());
-    int clipped = 0, lazy = 0;
+    int clipped = 0, lazy = 0, empty = 0;
+    for (const contract::NodeRange& r : b.ranges) empty += r.empty();
+    if (nodes > static_cast<int>(layout.buckets().size())) {
+      EXPECT_GT(empty, 0) << "more nodes than buckets: some node owns nothing";
+    }
     for (int i = 0; i < nodes; ++i) {
       ASSERT_EQ(a.steps[i].size(), static_cast<size_t>(steps));
       ASSERT_EQ(b.steps[i].size(), static_cast<size_t>(steps));
@@ -240,6 +247,12 @@ TEST(ShardOptimizer, TopkLazyMatchesShardNone) {
 }
 TEST(ShardOptimizer, TopkLazyClippedMatchesShardNone) {
   expect_shard_matches_none(kTopkLazyCase, 1.0);
+}
+
+// One layer: 3 buckets, so with 4 nodes one node owns nothing (it only sends and receives).
+TEST(ShardOptimizer, ANodeOwningNothingStillMatches) {
+  expect_shard_matches_none(kDenseCase, 1.0, 1, 4);
+  expect_shard_matches_none(kTopkLazyCase, 0.0, 1, 4);
 }
 
 TEST(ShardOptimizer, NeedsAWeightsBuffer) {
