@@ -147,8 +147,8 @@ class InProcessExchange::Endpoint final : public Exchange {
   // Every node deposits its x; only the root folds them (node order, as allreduce_sum does).
   void reduce_sum(float* x, int64_t n, int root) override {
     if (root < 0 || root >= shared_->n) {
-      throw OptimError("InProcessExchange::reduce_sum: node " + std::to_string(node_) +
-                       ": root " + std::to_string(root) + " out of range");
+      throw OptimError("InProcessExchange::reduce_sum: node " + std::to_string(node_) + ": root " +
+                       std::to_string(root) + " out of range");
     }
     if (n < 0 || (n > 0 && x == nullptr)) {
       throw OptimError("InProcessExchange::reduce_sum: n must be >= 0 with a non-null buffer");

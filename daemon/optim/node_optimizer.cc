@@ -247,7 +247,8 @@ struct NodeOptimizer::Impl {
       selected += size;
       if (sharded) {
         const int o = owner(b);
-        if (exchange->nodes() > 1) on_bucket(b, "reduce", [&] { exchange->reduce_sum(g, size, o); });
+        if (exchange->nodes() > 1)
+          on_bucket(b, "reduce", [&] { exchange->reduce_sum(g, size, o); });
         if (o != exchange->node()) {
           bytes_sent += 4 * size;
           ss[b] = 0;  // the owner's sum counts
@@ -256,7 +257,8 @@ struct NodeOptimizer::Impl {
         check(backend->sum_squares(size, g, &ss[b]), "sum_squares", b);
         return;
       }
-      if (exchange->nodes() > 1) on_bucket(b, "all-reduce", [&] { exchange->allreduce_sum(g, size); });
+      if (exchange->nodes() > 1)
+        on_bucket(b, "all-reduce", [&] { exchange->allreduce_sum(g, size); });
       bytes_sent += 4 * size;
       check(backend->sum_squares(size, g, &ss[b]), "sum_squares", b);
       return;
@@ -468,7 +470,8 @@ struct NodeOptimizer::Impl {
     }
     const int n = exchange->nodes();
     size_t bytes = 0;
-    for (int b = range.first_bucket; b < range.end_bucket; ++b) bytes += 4 + 8 * sparse_idx[b].size();
+    for (int b = range.first_bucket; b < range.end_bucket; ++b)
+      bytes += 4 + 8 * sparse_idx[b].size();
     std::vector<uint8_t> payload(bytes);
     uint8_t* w = payload.data();
     for (int b = range.first_bucket; b < range.end_bucket; ++b) {
@@ -503,9 +506,9 @@ struct NodeOptimizer::Impl {
         uint32_t c = 0;
         if (p.size() - at >= 4) std::memcpy(&c, p.data() + at, 4);
         if (p.size() - at < 4 || p.size() - at - 4 < 8 * static_cast<size_t>(c)) {
-          throw OptimError("NodeOptimizer: node " + std::to_string(k) + " sent malformed changed "
-                           "weights for bucket " + std::to_string(b) + " (" +
-                           std::to_string(p.size()) + " bytes)");
+          throw OptimError("NodeOptimizer: node " + std::to_string(k) +
+                           " sent malformed changed weights for bucket " + std::to_string(b) +
+                           " (" + std::to_string(p.size()) + " bytes)");
         }
         const uint8_t* offs = p.data() + at + 4;
         const uint8_t* vals = offs + 4 * static_cast<size_t>(c);
@@ -615,7 +618,8 @@ void NodeOptimizer::init_master(const float* params) {
     throw OptimError("NodeOptimizer::init_master: params must not be null");
   }
   if (s.state_size > 0) {
-    std::memcpy(s.master, params + s.state_begin, static_cast<size_t>(s.state_size) * sizeof(float));
+    std::memcpy(s.master, params + s.state_begin,
+                static_cast<size_t>(s.state_size) * sizeof(float));
   }
   check(s.backend->fill(s.state_size, 0.f, s.m), "fill");
   check(s.backend->fill(s.state_size, 0.f, s.v), "fill");
@@ -635,8 +639,9 @@ void NodeOptimizer::begin_step(int64_t step) {
                      std::to_string(s.completed + 1));
   }
   if (s.sharded && s.weights == nullptr) {
-    throw OptimError("NodeOptimizer::begin_step(" + std::to_string(step) + "): parallel.shard "
-                     "optimizer needs a weights buffer (set_weights_buffer) to gather into");
+    throw OptimError("NodeOptimizer::begin_step(" + std::to_string(step) +
+                     "): parallel.shard optimizer needs a weights buffer (set_weights_buffer) "
+                     "to gather into");
   }
   const spec::OptimizerSection& o = s.spec.optimizer;
   s.step = step;
@@ -721,8 +726,8 @@ StepResult NodeOptimizer::finish_step() {
       s.exchange->allreduce_sum(s.ss.data(), s.nbuckets);
     } catch (const std::exception& e) {
       throw OptimError("NodeOptimizer: node " + std::to_string(s.exchange->node()) + ": step " +
-                       std::to_string(s.step) + ": all-reduce of the buckets' sums of squares "
-                       "failed: " + e.what());
+                       std::to_string(s.step) +
+                       ": all-reduce of the buckets' sums of squares failed: " + e.what());
     }
   }
   double ss = 0;
@@ -795,8 +800,9 @@ int64_t NodeOptimizer::publish_all() {
     throw OptimError("NodeOptimizer::publish_all: called during step " + std::to_string(s.step));
   }
   if (s.sharded && s.weights == nullptr) {
-    throw OptimError("NodeOptimizer::publish_all: parallel.shard optimizer needs a weights "
-                     "buffer (set_weights_buffer)");
+    throw OptimError(
+        "NodeOptimizer::publish_all: parallel.shard optimizer needs a weights "
+        "buffer (set_weights_buffer)");
   }
   return s.publish_dense();
 }

@@ -56,9 +56,9 @@
 // the bits of shard none. Only o updates the bucket. The new weights then reach every node's
 // weights buffer: dense, an all-gather of the owned master ranges (Exchange::allgather_spans,
 // straight into the buffer); lazy, an all-gather of the (offset, value) pairs each owner changed
-// (uint32 offset in its bucket, a count per bucket), so changed() lists every node's changes. With the in-process exchange (sums in node order) the
-// weights and norms are bit-identical to shard none for any node count; over the transport with
-// two nodes too (a + b == b + a).
+// (uint32 offset in its bucket, a count per bucket), so changed() lists every node's changes. With
+// the in-process exchange (sums in node order) the weights and norms are bit-identical to shard
+// none for any node count; over the transport with two nodes too (a + b == b + a).
 //
 // Per step, a node sends: dense, 4 bytes x the floats of the buckets it does not own, plus
 // 4 x range().size() to each other node; top-k, its sparse sets of the buckets it does not own,

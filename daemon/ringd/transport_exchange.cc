@@ -27,8 +27,8 @@ void TransportExchange::usable(const char* what) const {
   }
 }
 
-void TransportExchange::post(std::vector<Pending>& ps, bool recv, void* buf, size_t size,
-                             int peer, uint32_t tag, const char* what) {
+void TransportExchange::post(std::vector<Pending>& ps, bool recv, void* buf, size_t size, int peer,
+                             uint32_t tag, const char* what) {
   ring_transport_request_t* r = nullptr;
   const ring_transport_t& api = comm_->api();
   const ring_transport_status_t st = recv ? api.irecv(comm_->get(), buf, size, peer, tag, &r)
@@ -48,7 +48,8 @@ void TransportExchange::wait_all(std::vector<Pending>& ps, const char* what) {
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
   const ring_transport_t& api = comm_->api();
   for (size_t i = 0; i < ps.size(); ++i) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     const int ms = static_cast<int>(std::max<int64_t>(1, left.count()));
     size_t got = 0;
     const ring_transport_status_t st = api.wait(comm_->get(), ps[i].req, ms, &got);
@@ -111,12 +112,12 @@ void TransportExchange::reduce_sum(float* x, int64_t n, int root) {
 }
 
 std::vector<std::vector<uint8_t>> TransportExchange::gather(const void* data, int64_t bytes,
-                                                             int root) {
+                                                            int root) {
   usable("gather");
   if (root < 0 || root >= nodes_ || bytes < 0) {
-    throw transport::TransportError(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
-                                    fmt::format("daemons: gather: root {} of {}, {} bytes", root,
-                                                nodes_, bytes));
+    throw transport::TransportError(
+        RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+        fmt::format("daemons: gather: root {} of {}, {} bytes", root, nodes_, bytes));
   }
   const auto* p = static_cast<const uint8_t*>(data);
   if (nodes_ == 1) return {std::vector<uint8_t>(p, p + bytes)};

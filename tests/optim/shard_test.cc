@@ -27,16 +27,17 @@ namespace {
 
 spec::JobSpec load(const std::string& optimizer, double grad_clip, const char* shard,
                    int layers = 3) {
-  const std::string yaml = R"(
-job: {name: shard-test}
-model: {layers: )" + std::to_string(layers) + R"(, d_model: 64, heads: 4, kv_heads: 2, mlp: swiglu, vocab: 256}
-data: {source: passkey, seq_len: 128, passkey_digits: 5, seed: 7}
-parallel: {shard: )" + std::string(shard) + R"(, context_ranks: 2}
-optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, schedule: cosine, lr_warmup_steps: 2, weight_decay: 0.1,
-            offload: cpu, )" + optimizer + R"(}
-train: {steps: 20, grad_clip: )" + std::to_string(grad_clip) + R"(, seed: 1, log_every: 10}
-resources: {nodes: 2, workers_per_node: 1, backend: cpu, host_memory_gb: 4}
-)";
+  const std::string yaml =
+      "job: {name: shard-test}\n"
+      "model: {layers: " + std::to_string(layers) +
+      ", d_model: 64, heads: 4, kv_heads: 2, mlp: swiglu, vocab: 256}\n"
+      "data: {source: passkey, seq_len: 128, passkey_digits: 5, seed: 7}\n"
+      "parallel: {shard: " + std::string(shard) + ", context_ranks: 2}\n"
+      "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, schedule: cosine, lr_warmup_steps: 2, "
+      "weight_decay: 0.1, offload: cpu, " + optimizer + "}\n"
+      "train: {steps: 20, grad_clip: " + std::to_string(grad_clip) +
+      ", seed: 1, log_every: 10}\n"
+      "resources: {nodes: 2, workers_per_node: 1, backend: cpu, host_memory_gb: 4}\n";
   spec::LoadResult r = spec::load_spec_string(yaml, "shard_test.yaml");
   for (const auto& d : r.diagnostics) {
     if (d.str().find("error") != std::string::npos) ADD_FAILURE() << d.str();
@@ -46,8 +47,7 @@ resources: {nodes: 2, workers_per_node: 1, backend: cpu, host_memory_gb: 4}
 }
 
 const char* kDense = "compression: none";
-const char* kTopkDense =
-    "compression: topk, density: 0.02, warmup_steps: 1, error_feedback: true";
+const char* kTopkDense = "compression: topk, density: 0.02, warmup_steps: 1, error_feedback: true";
 const char* kTopkLazy =
     "compression: topk, density: 0.02, warmup_steps: 1, error_feedback: true, update: lazy";
 
@@ -74,7 +74,7 @@ struct StepView {
 };
 
 struct Run {
-  std::vector<std::vector<StepView>> steps;  // [node][step]
+  std::vector<std::vector<StepView>> steps;            // [node][step]
   std::vector<std::vector<std::vector<float>>> state;  // [node][kind]: master, adam_m, adam_v
   std::vector<contract::NodeRange> ranges;
   std::vector<int64_t> master_floats, state_bytes;
@@ -156,8 +156,7 @@ struct Case {
   const char* optimizer;
 };
 
-void expect_shard_matches_none(const Case& c, double grad_clip, int layers = 3,
-                               int min_nodes = 1) {
+void expect_shard_matches_none(const Case& c, double grad_clip, int layers = 3, int min_nodes = 1) {
   const int steps = 8;
   for (int nodes = min_nodes; nodes <= 4; ++nodes) {
     SCOPED_TRACE(std::string(c.name) + ", grad_clip " + std::to_string(grad_clip) + ", " +
@@ -293,7 +292,8 @@ TEST(ShardOptimizer, ExchangeFailureNamesNodeAndBucket) {
   opt.set_weights_buffer(w.data());
   opt.init_master(w.data());
   opt.begin_step(1);
-  for (const contract::GradBucket& b : layout.buckets()) opt.bucket_ready(b.index, g.data() + b.begin);
+  for (const contract::GradBucket& b : layout.buckets())
+    opt.bucket_ready(b.index, g.data() + b.begin);
   std::string msg;
   try {
     opt.finish_step();

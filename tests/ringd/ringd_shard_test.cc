@@ -34,8 +34,7 @@ using json = nlohmann::json;
 using namespace ring::test;
 
 const std::string kSpec2x2 = std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes.yaml";
-const std::string kSpec2x2Ckpt =
-    std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes_ckpt.yaml";
+const std::string kSpec2x2Ckpt = std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes_ckpt.yaml";
 
 struct Proc : ring::test::Proc {
   Proc(std::vector<std::string> args, const std::string& out, const std::string& err)
@@ -78,9 +77,9 @@ struct Result {
 Result run_two(const std::string& root, const std::string& spec, const std::string& name,
                int steps = 6, bool resume = false, const std::string& tag = "") {
   const std::string job = root + "/" + name;
-  std::vector<std::string> common = {"--nodes",        "2", "--rendezvous",
-                                     root + "/rdv-" + name + tag, "--hash-weights",
-                                     "--steps",        std::to_string(steps)};
+  std::vector<std::string> common = {
+      "--nodes",        "2",       "--rendezvous",       root + "/rdv-" + name + tag,
+      "--hash-weights", "--steps", std::to_string(steps)};
   if (resume) common.push_back("--resume");
   auto args = [&](int node) {
     std::vector<std::string> e = common;
@@ -117,7 +116,8 @@ bool same_bits(double a, double b) {
 // The "optimizer state (shard ...): 3 x N floats" count a ringd logged.
 long long state_floats(const std::string& log) {
   std::smatch m;
-  if (!std::regex_search(log, m, std::regex(R"(optimizer state \(shard \w+\): 3 x ([0-9]+) floats)")))
+  if (!std::regex_search(log, m,
+                         std::regex(R"(optimizer state \(shard \w+\): 3 x ([0-9]+) floats)")))
     return -1;
   return std::stoll(m[1]);
 }
@@ -182,7 +182,8 @@ TEST(RingdShard, ResumeMatchesShardNone) {
   ASSERT_EQ(none.steps.size(), 6u);  // steps.jsonl holds both runs' steps
   ASSERT_EQ(shard.steps.size(), 6u);
   for (size_t s = 0; s < 6; ++s) {
-    EXPECT_TRUE(same_bits(none.steps[s]["loss"].get<double>(), shard.steps[s]["loss"].get<double>()))
+    EXPECT_TRUE(
+        same_bits(none.steps[s]["loss"].get<double>(), shard.steps[s]["loss"].get<double>()))
         << "step " << s + 1;
     EXPECT_TRUE(same_bits(none.steps[s]["grad_norm"].get<double>(),
                           shard.steps[s]["grad_norm"].get<double>()))

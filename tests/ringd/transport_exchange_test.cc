@@ -113,8 +113,8 @@ TEST_F(TransportExchangeTest, ShardCollectivesWithThreeNodes) {
     if (node == 2) {
       require(got.size() == 3u, "gather: 3 contributions at the root");
       for (int k = 0; k < nodes; ++k)
-        require(got[k] == std::vector<uint8_t>(static_cast<size_t>(k) * 100,
-                                               static_cast<uint8_t>(k + 1)),
+        require(got[k] ==
+                    std::vector<uint8_t>(static_cast<size_t>(k) * 100, static_cast<uint8_t>(k + 1)),
                 "gather: node " + std::to_string(k) + "'s bytes");
     } else {
       require(got.empty(), "gather: nothing at a non-root");
