@@ -113,11 +113,11 @@ bool same_bits(double a, double b) {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
-// The "optimizer state (shard ...): 3 x N floats" count a ringd logged.
+// The "optimizer state: 3 x N floats" count a ringd logged.
 long long state_floats(const std::string& log) {
   std::smatch m;
   if (!std::regex_search(log, m,
-                         std::regex(R"(optimizer state \(shard \w+\): 3 x ([0-9]+) floats)")))
+                         std::regex(R"(optimizer state: 3 x ([0-9]+) floats)")))
     return -1;
   return std::stoll(m[1]);
 }
