@@ -576,12 +576,12 @@ void Daemon::start_attempt() {
       held.end_bucket = static_cast<int>(layout_->buckets().size());
     }
     const bool residual = opt.state_buffer("residual").data != nullptr;
-    log(fmt::format("optimizer state: 3 x {} floats of range [{}, {}) (buckets [{}, {}), shard {}){}"
-                    ": {} bytes",
-                    held.size(), held.begin, held.end, held.first_bucket, held.end_bucket,
-                    spec::to_string(spec_.parallel.shard),
-                    residual ? fmt::format(" + residual {} floats", layout_->total()) : "",
-                    opt.state_bytes()));
+    log(fmt::format(
+        "optimizer state: 3 x {} floats of range [{}, {}) (buckets [{}, {}), shard {}){}"
+        ": {} bytes",
+        held.size(), held.begin, held.end, held.first_bucket, held.end_bucket,
+        spec::to_string(spec_.parallel.shard),
+        residual ? fmt::format(" + residual {} floats", layout_->total()) : "", opt.state_bytes()));
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
     const bool want_resume =
         coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);

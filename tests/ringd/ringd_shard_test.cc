@@ -116,9 +116,7 @@ bool same_bits(double a, double b) {
 // The "optimizer state: 3 x N floats" count a ringd logged.
 long long state_floats(const std::string& log) {
   std::smatch m;
-  if (!std::regex_search(log, m,
-                         std::regex(R"(optimizer state: 3 x ([0-9]+) floats)")))
-    return -1;
+  if (!std::regex_search(log, m, std::regex(R"(optimizer state: 3 x ([0-9]+) floats)"))) return -1;
   return std::stoll(m[1]);
 }
 
