@@ -136,6 +136,8 @@ struct NodeOptimizer::Impl {
   int64_t step = 0;
   bool compressed = false;
   bool update_on_pipeline = false;  // grad_clip == 0: buckets updated as they are exchanged
+  bool publish_on_pipeline = false;  // shard optimizer, grad_clip == 0: and their weights sent
+  bool step_all_changed = true;      // a dense update (false: lazy)
   double lr = 0;
   int next_bucket = 0;
   std::vector<float*> grad;      // per bucket: the caller's node_grad
@@ -224,6 +226,12 @@ struct NodeOptimizer::Impl {
       try {
         exchange_bucket(b);
         if (update_on_pipeline && owns(b)) update_bucket(b, 1.f, false);
+        // Shard optimizer without clipping: the owner's new weights of the bucket go out at
+        // once, hidden behind the backward of the next buckets like the gradients. (Every
+        // worker has copied this step's weights before its gradient of b could arrive.)
+        if (publish_on_pipeline) {
+          bytes_weights += step_all_changed ? publish_dense(b, b + 1) : publish_lazy(b, b + 1);
+        }
       } catch (...) {
         err = std::current_exception();
       }
@@ -425,9 +433,10 @@ struct NodeOptimizer::Impl {
   }
 
   // ---- the weights buffer ----
-  // Every coordinate: shard none copies the master; shard optimizer copies its range and
-  // all-gathers the others' straight into the buffer. Returns the bytes this node sent.
-  int64_t publish_dense() {
+  // Every coordinate of buckets [b0, b1) (shard none: every coordinate): shard none copies the
+  // master; shard optimizer copies its part and all-gathers the others' straight into the
+  // buffer. Returns the bytes this node sent.
+  int64_t publish_dense(int b0, int b1) {
     if (weights == nullptr) return 0;
     if (!sharded) {
       if (weights != master) {
@@ -437,31 +446,39 @@ struct NodeOptimizer::Impl {
       }
       return 0;
     }
-    float* dst = weights + range.begin;
-    parallel_ranges(state_size, threads, [this, dst](int64_t lo, int64_t hi) {
-      std::memcpy(dst + lo, master + lo, sizeof(float) * (hi - lo));
+    if (b0 >= b1) return 0;
+    // Floats [lo, hi) of the buckets (the whole layout for all of them).
+    const int64_t lo = b0 == 0 ? 0 : layout.buckets()[b0].begin;
+    const int64_t hi = b1 == nbuckets ? total : layout.buckets()[b1 - 1].end;
+    const auto clamp = [lo, hi](int64_t x) { return std::clamp(x, lo, hi); };
+    const int64_t mine_lo = clamp(range.begin), mine_hi = clamp(range.end);
+    float* dst = weights + mine_lo;
+    const float* src = master + (mine_lo - state_begin);
+    parallel_ranges(mine_hi - mine_lo, threads, [dst, src](int64_t a, int64_t e) {
+      std::memcpy(dst + a, src + a, sizeof(float) * (e - a));
     });
     const int n = exchange->nodes();
     if (n == 1) return 0;
     std::vector<int64_t> offsets(n + 1);
-    for (int k = 0; k < n; ++k) offsets[k] = ranges[k].begin;
-    offsets[n] = ranges[n - 1].end;
+    for (int k = 0; k < n; ++k) offsets[k] = clamp(ranges[k].begin);
+    offsets[n] = hi;
     try {
       exchange->allgather_spans(weights, offsets);
     } catch (const std::exception& e) {
-      throw OptimError("NodeOptimizer: node " + std::to_string(exchange->node()) + ": weight " +
-                       "all-gather (step " + std::to_string(completed) + ") failed: " + e.what());
+      throw OptimError("NodeOptimizer: node " + std::to_string(exchange->node()) + ", step " +
+                       std::to_string(step) + ": weight all-gather of buckets [" +
+                       std::to_string(b0) + ", " + std::to_string(b1) + ") failed: " + e.what());
     }
-    return 4 * state_size * (n - 1);
+    return 4 * (mine_hi - mine_lo) * (n - 1);
   }
 
-  // The changed coordinates of a lazy step: shard none copies them from the master (changed
-  // already lists them); shard optimizer all-gathers what each owner changed, writes it into
-  // the buffer and lists every node's changes in `changed` (node order = ascending, the ranges
-  // being in node order). Payload per owned bucket, in bucket order: [uint32 count][count x
-  // uint32 offset from the bucket's begin, ascending][count x float value]. Returns the bytes
-  // this node sent.
-  int64_t publish_lazy() {
+  // The changed coordinates of buckets [b0, b1) in a lazy step: shard none copies them from the
+  // master (changed already lists them); shard optimizer all-gathers what each owner changed,
+  // writes it into the buffer and appends every node's changes to `changed` (node order =
+  // ascending, the ranges being in node order). Payload per owned bucket, in bucket order:
+  // [uint32 count][count x uint32 offset from the bucket's begin, ascending][count x float
+  // value]. Returns the bytes this node sent.
+  int64_t publish_lazy(int b0, int b1) {
     if (!sharded) {
       if (weights != nullptr && weights != master) {
         for (int64_t i : changed) weights[i] = master[i];
@@ -469,12 +486,12 @@ struct NodeOptimizer::Impl {
       return 0;
     }
     const int n = exchange->nodes();
+    const int my0 = std::max(b0, range.first_bucket), my1 = std::min(b1, range.end_bucket);
     size_t bytes = 0;
-    for (int b = range.first_bucket; b < range.end_bucket; ++b)
-      bytes += 4 + 8 * sparse_idx[b].size();
+    for (int b = my0; b < my1; ++b) bytes += 4 + 8 * sparse_idx[b].size();
     std::vector<uint8_t> payload(bytes);
     uint8_t* w = payload.data();
-    for (int b = range.first_bucket; b < range.end_bucket; ++b) {
+    for (int b = my0; b < my1; ++b) {
       const std::vector<uint32_t>& idx = sparse_idx[b];
       const uint32_t c = static_cast<uint32_t>(idx.size());
       const float* base = master + (layout.buckets()[b].begin - state_begin);
@@ -488,20 +505,20 @@ struct NodeOptimizer::Impl {
     try {
       all = exchange->allgather(payload.data(), static_cast<int64_t>(payload.size()));
     } catch (const std::exception& e) {
-      throw OptimError("NodeOptimizer: node " + std::to_string(exchange->node()) +
-                       ": changed-weights all-gather (step " + std::to_string(step) +
-                       ") failed: " + e.what());
+      throw OptimError("NodeOptimizer: node " + std::to_string(exchange->node()) + ", step " +
+                       std::to_string(step) + ": changed-weights all-gather of buckets [" +
+                       std::to_string(b0) + ", " + std::to_string(b1) + ") failed: " + e.what());
     }
     if (static_cast<int>(all.size()) != n) {
       throw OptimError("NodeOptimizer: changed-weights all-gather returned " +
                        std::to_string(all.size()) + " contributions for " + std::to_string(n) +
                        " nodes");
     }
-    changed.clear();
     for (int k = 0; k < n; ++k) {
       const std::vector<uint8_t>& p = all[k];
       size_t at = 0;
-      for (int b = ranges[k].first_bucket; b < ranges[k].end_bucket; ++b) {
+      const int k0 = std::max(b0, ranges[k].first_bucket), k1 = std::min(b1, ranges[k].end_bucket);
+      for (int b = k0; b < k1; ++b) {
         const contract::GradBucket& bk = layout.buckets()[b];
         uint32_t c = 0;
         if (p.size() - at >= 4) std::memcpy(&c, p.data() + at, 4);
@@ -647,6 +664,9 @@ void NodeOptimizer::begin_step(int64_t step) {
   s.step = step;
   s.compressed = s.topk && step > o.warmup_steps;
   s.update_on_pipeline = !contract::clipping_enabled(s.spec.train.grad_clip);
+  s.step_all_changed = !(s.compressed && s.lazy);
+  s.publish_on_pipeline = s.sharded && s.update_on_pipeline;
+  if (s.sharded) s.changed.clear();  // the publishing appends to it
   s.lr = contract::learning_rate(o, step, s.total_steps);
   s.next_bucket = 0;
   s.bytes_sent = 0;
@@ -738,18 +758,21 @@ StepResult NodeOptimizer::finish_step() {
       if (s.owns(b)) s.update_bucket(b, clip.scale, clip.clipped);
     }
   }
-  const bool all_changed = !(s.compressed && s.lazy);
-  s.changed.clear();
-  if (!all_changed && !s.sharded) {  // shard optimizer: publish_lazy gathers every node's
-    for (int b = 0; b < s.nbuckets; ++b) {
-      const contract::GradBucket& bk = s.layout.buckets()[b];
-      for (uint32_t off : s.sparse_idx[b]) s.changed.push_back(bk.begin + off);
+  const bool all_changed = s.step_all_changed;
+  if (!s.sharded) {  // shard optimizer: the publishing gathers every node's changes
+    s.changed.clear();
+    if (!all_changed) {
+      for (int b = 0; b < s.nbuckets; ++b) {
+        const contract::GradBucket& bk = s.layout.buckets()[b];
+        for (uint32_t off : s.sparse_idx[b]) s.changed.push_back(bk.begin + off);
+      }
     }
   }
-  // The new weights into the weights buffer (shard optimizer: gathered from the owners).
+  // The new weights into the weights buffer (shard optimizer: gathered from the owners),
+  // unless the pipeline sent them bucket by bucket.
   s.completed = s.step;
-  if (s.weights != nullptr) {
-    s.bytes_weights = all_changed ? s.publish_dense() : s.publish_lazy();
+  if (s.weights != nullptr && !s.publish_on_pipeline) {
+    s.bytes_weights += all_changed ? s.publish_dense(0, s.nbuckets) : s.publish_lazy(0, s.nbuckets);
   }
   s.bytes_sent += s.bytes_weights;
   const double update_s = seconds_since(t_update);
@@ -804,7 +827,7 @@ int64_t NodeOptimizer::publish_all() {
         "NodeOptimizer::publish_all: parallel.shard optimizer needs a weights "
         "buffer (set_weights_buffer)");
   }
-  return s.publish_dense();
+  return s.publish_dense(0, s.nbuckets);
 }
 const std::vector<int64_t>& NodeOptimizer::changed() const {
   return impl_->changed;

@@ -60,6 +60,12 @@
 // the in-process exchange (sums in node order) the weights and norms are bit-identical to shard
 // none for any node count; over the transport with two nodes too (a + b == b + a).
 //
+// With grad_clip 0 the owner updates a bucket on the pipeline thread as soon as it has its sum
+// and sends its new weights at once (the same gathers, per bucket), so they travel during the
+// backward like the gradients; with clipping the update waits for the norm and the weights are
+// gathered at the end of finish_step. (The weights buffer may be written during a step: the
+// workers copy it when the step starts, before any of their gradients can arrive.)
+//
 // Per step, a node sends: dense, 4 bytes x the floats of the buckets it does not own, plus
 // 4 x range().size() to each other node; top-k, its sparse sets of the buckets it does not own,
 // plus (lazy) 8 bytes per coordinate it changed and 4 per bucket it owns, to each other node

@@ -5,8 +5,10 @@
 //     grad_norm in steps.jsonl have the same bits, and every node's --hash-weights line (the
 //     FULL weights the workers get) is the same in both runs. With two nodes the owner's reduce
 //     (a + b) and the ring all-reduce (b + a) agree bit for bit.
+//   DenseWithoutClippingShardMatchesNone: the same with grad_clip 0, where each owner sends a
+//     bucket's new weights as soon as it updated it, during the backward.
 //   TopkLazyShardMatchesNone: the same with top-k (error feedback) and the lazy update, a dense
-//     warm-up step first.
+//     warm-up step first, grad_clip 0.
 //   ResumeMatchesShardNone: top-k lazy, a checkpoint at step 3 of a 3-step run, then --resume
 //     to step 6 (each node loads its range's master and moments and its residual, then gathers
 //     the full weights): every step and weight hash as with shard none.
@@ -48,20 +50,21 @@ std::string replaced(std::string s, const std::string& from, const std::string& 
   return s;
 }
 
-// two_nodes.yaml with parallel.shard `shard` and, with `topk`, top-k lazy compression;
-// `ckpt`: two_nodes_ckpt.yaml with a checkpoint every 3 steps instead.
-std::string write_spec(const std::string& dir, const std::string& shard, bool topk,
+// two_nodes.yaml with parallel.shard `shard` and, with `topk`, top-k lazy compression; `clip`
+// false: grad_clip 0; `ckpt`: two_nodes_ckpt.yaml with a checkpoint every 3 steps instead.
+std::string write_spec(const std::string& dir, const std::string& shard, bool topk, bool clip,
                        bool ckpt = false) {
   std::string y = slurp(ckpt ? kSpec2x2Ckpt : kSpec2x2);
   if (ckpt) y = replaced(y, "  every_steps: 100000\n", "  every_steps: 3\n");
+  if (!clip) y = replaced(y, "  grad_clip: 1.0\n", "  grad_clip: 0.0\n");
   y = replaced(y, "  ring_order: natural\n", "  ring_order: natural\n  shard: " + shard + "\n");
   if (topk) {
     y = replaced(y, "  offload: cpu\n",
                  "  offload: cpu\n  compression: topk\n  density: 0.05\n  warmup_steps: 1\n"
                  "  error_feedback: true\n  update: lazy\n");
   }
-  const std::string path =
-      dir + "/spec-" + shard + (topk ? "-topk" : "") + (ckpt ? "-ckpt" : "") + ".yaml";
+  const std::string path = dir + "/spec-" + shard + (topk ? "-topk" : "") +
+                           (clip ? "" : "-noclip") + (ckpt ? "-ckpt" : "") + ".yaml";
   std::ofstream(path) << y;
   return path;
 }
@@ -120,10 +123,10 @@ long long state_floats(const std::string& log) {
   return std::stoll(m[1]);
 }
 
-void expect_shard_matches_none(bool topk) {
+void expect_shard_matches_none(bool topk, bool clip) {
   TempDir t("ringd-shard-test");
-  const Result none = run_two(t.path, write_spec(t.path, "none", topk), "none");
-  const Result shard = run_two(t.path, write_spec(t.path, "optimizer", topk), "optimizer");
+  const Result none = run_two(t.path, write_spec(t.path, "none", topk, clip), "none");
+  const Result shard = run_two(t.path, write_spec(t.path, "optimizer", topk, clip), "optimizer");
   ASSERT_EQ(none.steps.size(), 6u);
   ASSERT_EQ(shard.steps.size(), 6u);
   for (size_t s = 0; s < 6; ++s) {
@@ -159,18 +162,22 @@ void expect_shard_matches_none(bool topk) {
 }
 
 TEST(RingdShard, DenseShardMatchesNone) {
-  expect_shard_matches_none(false);
+  expect_shard_matches_none(false, true);
+}
+
+TEST(RingdShard, DenseWithoutClippingShardMatchesNone) {
+  expect_shard_matches_none(false, false);
 }
 
 TEST(RingdShard, TopkLazyShardMatchesNone) {
-  expect_shard_matches_none(true);
+  expect_shard_matches_none(true, false);
 }
 
 TEST(RingdShard, ResumeMatchesShardNone) {
   TempDir t("ringd-shard-test");
   std::vector<Result> runs;
   for (const char* shard : {"none", "optimizer"}) {
-    const std::string spec = write_spec(t.path, shard, true, true);
+    const std::string spec = write_spec(t.path, shard, true, true, true);
     run_two(t.path, spec, shard, 3, false, "-a");
     runs.push_back(run_two(t.path, spec, shard, 6, true, "-b"));
     ASSERT_NE(runs.back().logs[1].find("resuming from"), std::string::npos) << runs.back().logs[1];
