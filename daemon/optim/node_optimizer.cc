@@ -432,6 +432,51 @@ struct NodeOptimizer::Impl {
     }
   }
 
+  // Shard optimizer, after the norm: this thread updates the owned buckets in order while a
+  // publisher thread, the only one to call the exchange meanwhile, gathers every bucket's new
+  // weights in bucket order (an owned bucket once it is updated).
+  void update_and_publish(const contract::ClipRule& clip) {
+    std::mutex pm;
+    std::condition_variable pcv;
+    int updated = range.first_bucket;  // owned buckets [first_bucket, updated) are done
+    bool abort = false;
+    std::exception_ptr publish_error, update_error;
+    std::thread publisher([&] {
+      try {
+        for (int b = 0; b < nbuckets; ++b) {
+          if (owns(b)) {
+            std::unique_lock<std::mutex> lock(pm);
+            pcv.wait(lock, [&] { return updated > b || abort; });
+            if (abort) return;
+          }
+          bytes_weights += step_all_changed ? publish_dense(b, b + 1) : publish_lazy(b, b + 1);
+        }
+      } catch (...) {
+        publish_error = std::current_exception();
+      }
+    });
+    try {
+      for (int b = range.first_bucket; b < range.end_bucket; ++b) {
+        update_bucket(b, clip.scale, clip.clipped);
+        {
+          std::lock_guard<std::mutex> lock(pm);
+          updated = b + 1;
+        }
+        pcv.notify_all();
+      }
+    } catch (...) {
+      update_error = std::current_exception();
+      {
+        std::lock_guard<std::mutex> lock(pm);
+        abort = true;
+      }
+      pcv.notify_all();
+    }
+    publisher.join();
+    if (update_error) std::rethrow_exception(update_error);
+    if (publish_error) std::rethrow_exception(publish_error);
+  }
+
   // ---- the weights buffer ----
   // Every coordinate of buckets [b0, b1) (shard none: every coordinate): shard none copies the
   // master; shard optimizer copies its part and all-gathers the others' straight into the
@@ -753,12 +798,18 @@ StepResult NodeOptimizer::finish_step() {
   double ss = 0;
   for (double x : s.ss) ss += x;
   const contract::ClipRule clip = contract::clip_rule(ss, s.spec.train.grad_clip);
-  if (!s.update_on_pipeline) {
+  const bool all_changed = s.step_all_changed;
+  // Shard optimizer with clipping over several nodes: the weights of the buckets updated so far
+  // travel while the next ones are updated.
+  const bool overlap = s.sharded && !s.update_on_pipeline && s.weights != nullptr &&
+                       s.exchange->nodes() > 1;
+  if (overlap) {
+    s.update_and_publish(clip);
+  } else if (!s.update_on_pipeline) {
     for (int b = 0; b < s.nbuckets; ++b) {
       if (s.owns(b)) s.update_bucket(b, clip.scale, clip.clipped);
     }
   }
-  const bool all_changed = s.step_all_changed;
   if (!s.sharded) {  // shard optimizer: the publishing gathers every node's changes
     s.changed.clear();
     if (!all_changed) {
@@ -771,7 +822,7 @@ StepResult NodeOptimizer::finish_step() {
   // The new weights into the weights buffer (shard optimizer: gathered from the owners),
   // unless the pipeline sent them bucket by bucket.
   s.completed = s.step;
-  if (s.weights != nullptr && !s.publish_on_pipeline) {
+  if (s.weights != nullptr && !s.publish_on_pipeline && !overlap) {
     s.bytes_weights += all_changed ? s.publish_dense(0, s.nbuckets) : s.publish_lazy(0, s.nbuckets);
   }
   s.bytes_sent += s.bytes_weights;

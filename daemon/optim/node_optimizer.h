@@ -62,8 +62,9 @@
 //
 // With grad_clip 0 the owner updates a bucket on the pipeline thread as soon as it has its sum
 // and sends its new weights at once (the same gathers, per bucket), so they travel during the
-// backward like the gradients; with clipping the update waits for the norm and the weights are
-// gathered at the end of finish_step. (The weights buffer may be written during a step: the
+// backward like the gradients; with clipping the update waits for the norm, and in finish_step
+// the weights of the buckets updated so far are gathered (bucket by bucket, by a helper thread)
+// while the owner updates the next ones. (The weights buffer may be written during a step: the
 // workers copy it when the step starts, before any of their gradients can arrive.)
 //
 // Per step, a node sends: dense, 4 bytes x the floats of the buckets it does not own, plus
@@ -73,8 +74,10 @@
 //
 // Threads: `threads` OpenMP threads (0: all cores) run every heavy loop (AdamW, top-k, sums)
 // inside each bucket; buckets are processed in order by one pipeline thread, which is also the
-// only thread that calls the Exchange during a step. Not thread-safe: one caller drives a
-// NodeOptimizer (begin_step, bucket_ready..., finish_step).
+// only thread that calls the Exchange until every bucket is through; then finish_step calls it
+// from the caller's thread (the norm, the weights) or, overlapping the update with the weight
+// gather, from one helper thread. Not thread-safe: one caller drives a NodeOptimizer
+// (begin_step, bucket_ready..., finish_step).
 #pragma once
 
 #include <algorithm>
