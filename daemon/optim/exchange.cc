@@ -1,4 +1,6 @@
-// LocalExchange and InProcessExchange (see node_optimizer.h).
+// The Exchange's default shard collectives, LocalExchange and InProcessExchange (see
+// node_optimizer.h).
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -8,6 +10,56 @@
 #include "daemon/optim/node_optimizer.h"
 
 namespace ring::optim {
+
+namespace {
+
+void check_root(const Exchange& ex, int root, const char* what) {
+  if (root < 0 || root >= ex.nodes()) {
+    throw OptimError(std::string(what) + ": node " + std::to_string(ex.node()) + ": root " +
+                     std::to_string(root) + " out of range [0, " + std::to_string(ex.nodes()) +
+                     ")");
+  }
+}
+
+void check_offsets(const Exchange& ex, const std::vector<int64_t>& offsets, const char* what) {
+  bool ok = offsets.size() == static_cast<size_t>(ex.nodes()) + 1;
+  for (size_t i = 1; ok && i < offsets.size(); ++i) ok = offsets[i] >= offsets[i - 1];
+  if (!ok || offsets[0] < 0) {
+    throw OptimError(std::string(what) + ": node " + std::to_string(ex.node()) +
+                     ": offsets must be nodes() + 1 ascending entries >= 0");
+  }
+}
+
+}  // namespace
+
+void Exchange::reduce_sum(float* x, int64_t n, int root) {
+  check_root(*this, root, "Exchange::reduce_sum");
+  allreduce_sum(x, n);
+}
+
+std::vector<std::vector<uint8_t>> Exchange::gather(const void* data, int64_t bytes, int root) {
+  check_root(*this, root, "Exchange::gather");
+  std::vector<std::vector<uint8_t>> all = allgather(data, bytes);
+  if (node() != root) all.clear();
+  return all;
+}
+
+void Exchange::allgather_spans(float* x, const std::vector<int64_t>& offsets) {
+  check_offsets(*this, offsets, "Exchange::allgather_spans");
+  const int me = node();
+  const int64_t mine = offsets[me + 1] - offsets[me];
+  std::vector<std::vector<uint8_t>> all = allgather(x + offsets[me], 4 * mine);
+  for (int k = 0; k < nodes(); ++k) {
+    if (k == me) continue;
+    const int64_t len = offsets[k + 1] - offsets[k];
+    if (all[k].size() != static_cast<size_t>(4 * len)) {
+      throw OptimError("Exchange::allgather_spans: node " + std::to_string(k) + " sent " +
+                       std::to_string(all[k].size()) + " bytes for a span of " +
+                       std::to_string(len) + " floats");
+    }
+    if (len > 0) std::memcpy(x + offsets[k], all[k].data(), all[k].size());
+  }
+}
 
 std::vector<std::vector<uint8_t>> LocalExchange::allgather(const void* data, int64_t bytes) {
   if (bytes < 0 || (bytes > 0 && data == nullptr)) {
@@ -92,6 +144,19 @@ class InProcessExchange::Endpoint final : public Exchange {
   std::vector<std::vector<uint8_t>> allgather(const void* data, int64_t bytes) override {
     return shared_->gather(node_, data, bytes);
   }
+  // Every node deposits its x; only the root folds them (node order, as allreduce_sum does).
+  void reduce_sum(float* x, int64_t n, int root) override {
+    if (root < 0 || root >= shared_->n) {
+      throw OptimError("InProcessExchange::reduce_sum: node " + std::to_string(node_) + ": root " +
+                       std::to_string(root) + " out of range");
+    }
+    if (n < 0 || (n > 0 && x == nullptr)) {
+      throw OptimError("InProcessExchange::reduce_sum: n must be >= 0 with a non-null buffer");
+    }
+    auto all = shared_->gather(node_, x, n * static_cast<int64_t>(sizeof(float)));
+    if (node_ != root) return;
+    fold(x, n, all);
+  }
 
  private:
   template <class T>
@@ -100,6 +165,11 @@ class InProcessExchange::Endpoint final : public Exchange {
       throw OptimError("InProcessExchange::allreduce_sum: n must be >= 0 with a non-null buffer");
     }
     auto all = shared_->gather(node_, x, n * static_cast<int64_t>(sizeof(T)));
+    fold(x, n, all);
+  }
+
+  template <class T>
+  void fold(T* x, int64_t n, const std::vector<std::vector<uint8_t>>& all) {
     for (size_t j = 0; j < all.size(); ++j) {
       if (all[j].size() != static_cast<size_t>(n) * sizeof(T)) {
         throw OptimError("InProcessExchange::allreduce_sum: node " + std::to_string(j) +

@@ -112,7 +112,12 @@ struct NodeOptimizer::Impl {
   std::unique_ptr<Backend> backend;
   int64_t total = 0;
   int nbuckets = 0;
+  std::vector<contract::NodeRange> ranges;  // every node's (contract::shard_ranges)
   contract::NodeRange range;  // this node's range (checkpoints; the owned state with shard)
+  bool sharded = false;       // parallel.shard optimizer: master, m, v of `range` only
+  int64_t state_begin = 0;    // flat offset of master[0], m[0], v[0] (range.begin when sharded)
+  int64_t state_size = 0;     // floats of master, m, v
+  float* weights = nullptr;   // the caller's full weights buffer (set_weights_buffer)
   std::vector<std::vector<TensorRef>> tensors;  // per bucket
   bool topk = false, error_feedback = false, lazy = false;
 
@@ -131,13 +136,15 @@ struct NodeOptimizer::Impl {
   int64_t step = 0;
   bool compressed = false;
   bool update_on_pipeline = false;  // grad_clip == 0: buckets updated as they are exchanged
+  bool publish_on_pipeline = false;  // shard optimizer, grad_clip == 0: and their weights sent
+  bool step_all_changed = true;      // a dense update (false: lazy)
   double lr = 0;
   int next_bucket = 0;
   std::vector<float*> grad;      // per bucket: the caller's node_grad
   std::vector<double> ss;        // per bucket: sum of squares of the exchanged gradient
   std::vector<std::vector<uint32_t>> sparse_idx;  // per bucket: summed sparse gradient,
   std::vector<std::vector<float>> sparse_val;     // ascending offsets from bucket.begin
-  int64_t bytes_sent = 0, selected = 0;
+  int64_t bytes_sent = 0, selected = 0, bytes_weights = 0;
   double busy_s = 0;
 
   // ---- pipeline thread ----
@@ -161,17 +168,32 @@ struct NodeOptimizer::Impl {
     }
   }
 
-  float* alloc_zeroed(const char* what) {
+  float* alloc_zeroed(const char* what, int64_t n) {
     void* p = nullptr;
-    if (backend->alloc(static_cast<size_t>(std::max<int64_t>(total, 1)) * sizeof(float), &p) !=
+    if (backend->alloc(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float), &p) !=
         kernels::Status::kOk) {
       throw OptimError(std::string("NodeOptimizer: cannot allocate ") + what + " (" +
-                       std::to_string(total * 4) + " bytes)");
+                       std::to_string(n * 4) + " bytes)");
     }
     float* f = static_cast<float*>(p);
     // Zeroed by the threads that will stream it (first touch places the pages).
-    check(backend->fill(total, 0.f, f), "fill");
+    check(backend->fill(n, 0.f, f), "fill");
     return f;
+  }
+
+  bool owns(int b) const { return !sharded || (b >= range.first_bucket && b < range.end_bucket); }
+  int owner(int b) const { return sharded ? contract::bucket_owner(ranges, b) : exchange->node(); }
+
+  // An exchange failure with the node and the bucket named (the exchange's message kept).
+  template <class F>
+  auto on_bucket(int b, const char* what, F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      throw OptimError("NodeOptimizer: node " + std::to_string(exchange->node()) + ", step " +
+                       std::to_string(step) + ", bucket " + std::to_string(b) + ": " + what +
+                       " failed: " + e.what());
+    }
   }
 
   Backend::AdamWParams hparams(bool decay) const {
@@ -203,7 +225,13 @@ struct NodeOptimizer::Impl {
       const auto t0 = Clock::now();
       try {
         exchange_bucket(b);
-        if (update_on_pipeline) update_bucket(b, 1.f, false);
+        if (update_on_pipeline && owns(b)) update_bucket(b, 1.f, false);
+        // Shard optimizer without clipping: the owner's new weights of the bucket go out at
+        // once, hidden behind the backward of the next buckets like the gradients. (Every
+        // worker has copied this step's weights before its gradient of b could arrive.)
+        if (publish_on_pipeline) {
+          bytes_weights += step_all_changed ? publish_dense(b, b + 1) : publish_lazy(b, b + 1);
+        }
       } catch (...) {
         err = std::current_exception();
       }
@@ -224,9 +252,22 @@ struct NodeOptimizer::Impl {
     const int64_t size = bk.end - bk.begin;
     float* g = grad[b];
     if (!compressed) {
-      if (exchange->nodes() > 1) exchange->allreduce_sum(g, size);
-      bytes_sent += 4 * size;
       selected += size;
+      if (sharded) {
+        const int o = owner(b);
+        if (exchange->nodes() > 1)
+          on_bucket(b, "reduce", [&] { exchange->reduce_sum(g, size, o); });
+        if (o != exchange->node()) {
+          bytes_sent += 4 * size;
+          ss[b] = 0;  // the owner's sum counts
+          return;
+        }
+        check(backend->sum_squares(size, g, &ss[b]), "sum_squares", b);
+        return;
+      }
+      if (exchange->nodes() > 1)
+        on_bucket(b, "all-reduce", [&] { exchange->allreduce_sum(g, size); });
+      bytes_sent += 4 * size;
       check(backend->sum_squares(size, g, &ss[b]), "sum_squares", b);
       return;
     }
@@ -254,7 +295,8 @@ struct NodeOptimizer::Impl {
     }
     selected += count;
     const int64_t payload_bytes = 4 + 8 * static_cast<int64_t>(count);
-    bytes_sent += payload_bytes;
+    const int o = owner(b);
+    if (!sharded || o != exchange->node()) bytes_sent += payload_bytes;
     std::vector<uint32_t>& out_idx = sparse_idx[b];
     std::vector<float>& out_val = sparse_val[b];
     out_idx.clear();
@@ -268,8 +310,16 @@ struct NodeOptimizer::Impl {
       std::memcpy(payload.data() + 4, topk_idx.data(), 4 * static_cast<size_t>(count));
       std::memcpy(payload.data() + 4 + 4 * static_cast<size_t>(count), topk_val.data(),
                   4 * static_cast<size_t>(count));
-      std::vector<std::vector<uint8_t>> all = exchange->allgather(payload.data(), payload_bytes);
-      merge(b, size, all);
+      if (sharded) {
+        // To the owner only; the others hold nothing of this bucket (sum of squares 0).
+        std::vector<std::vector<uint8_t>> all = on_bucket(
+            b, "gather", [&] { return exchange->gather(payload.data(), payload_bytes, o); });
+        if (o == exchange->node()) merge(b, size, all);
+      } else {
+        std::vector<std::vector<uint8_t>> all = on_bucket(
+            b, "all-gather", [&] { return exchange->allgather(payload.data(), payload_bytes); });
+        merge(b, size, all);
+      }
     }
     double s = 0;
     for (float x : out_val) s += static_cast<double>(x) * x;
@@ -358,7 +408,7 @@ struct NodeOptimizer::Impl {
           const int64_t off = idx[q];
           while (t < ts.size() && off >= ts[t].offset + ts[t].size) ++t;
           if (t == ts.size() || off < ts[t].offset) continue;  // alignment gap: not a parameter
-          const int64_t i = bk.begin + off;
+          const int64_t i = bk.begin + off - state_begin;
           (ts[t].decay ? with_decay : no_decay).apply(vals[q], master + i, m + i, v + i);
         }
         return;
@@ -376,10 +426,176 @@ struct NodeOptimizer::Impl {
       });
     }
     for (const TensorRef& t : tensors[b]) {
-      const int64_t i = bk.begin + t.offset;
+      const int64_t i = bk.begin + t.offset - state_begin;
       check(backend->adamw_step(t.size, hparams(t.decay), master + i, g + t.offset, m + i, v + i),
             "adamw_step", b);
     }
+  }
+
+  // Shard optimizer, after the norm: this thread updates the owned buckets in order while a
+  // publisher thread, the only one to call the exchange meanwhile, gathers every bucket's new
+  // weights in bucket order (an owned bucket once it is updated).
+  void update_and_publish(const contract::ClipRule& clip) {
+    std::mutex pm;
+    std::condition_variable pcv;
+    int updated = range.first_bucket;  // owned buckets [first_bucket, updated) are done
+    bool abort = false;
+    std::exception_ptr publish_error, update_error;
+    std::thread publisher([&] {
+      try {
+        for (int b = 0; b < nbuckets; ++b) {
+          if (owns(b)) {
+            std::unique_lock<std::mutex> lock(pm);
+            pcv.wait(lock, [&] { return updated > b || abort; });
+            if (abort) return;
+          }
+          bytes_weights += step_all_changed ? publish_dense(b, b + 1) : publish_lazy(b, b + 1);
+        }
+      } catch (...) {
+        publish_error = std::current_exception();
+      }
+    });
+    try {
+      for (int b = range.first_bucket; b < range.end_bucket; ++b) {
+        update_bucket(b, clip.scale, clip.clipped);
+        {
+          std::lock_guard<std::mutex> lock(pm);
+          updated = b + 1;
+        }
+        pcv.notify_all();
+      }
+    } catch (...) {
+      update_error = std::current_exception();
+      {
+        std::lock_guard<std::mutex> lock(pm);
+        abort = true;
+      }
+      pcv.notify_all();
+    }
+    publisher.join();
+    if (update_error) std::rethrow_exception(update_error);
+    if (publish_error) std::rethrow_exception(publish_error);
+  }
+
+  // ---- the weights buffer ----
+  // Every coordinate of buckets [b0, b1) (shard none: every coordinate): shard none copies the
+  // master; shard optimizer copies its part and all-gathers the others' straight into the
+  // buffer. Returns the bytes this node sent.
+  int64_t publish_dense(int b0, int b1) {
+    if (weights == nullptr) return 0;
+    if (!sharded) {
+      if (weights != master) {
+        parallel_ranges(total, threads, [this](int64_t lo, int64_t hi) {
+          std::memcpy(weights + lo, master + lo, sizeof(float) * (hi - lo));
+        });
+      }
+      return 0;
+    }
+    if (b0 >= b1) return 0;
+    // Floats [lo, hi) of the buckets (the whole layout for all of them).
+    const int64_t lo = b0 == 0 ? 0 : layout.buckets()[b0].begin;
+    const int64_t hi = b1 == nbuckets ? total : layout.buckets()[b1 - 1].end;
+    const auto clamp = [lo, hi](int64_t x) { return std::clamp(x, lo, hi); };
+    const int64_t mine_lo = clamp(range.begin), mine_hi = clamp(range.end);
+    float* dst = weights + mine_lo;
+    const float* src = master + (mine_lo - state_begin);
+    parallel_ranges(mine_hi - mine_lo, threads, [dst, src](int64_t a, int64_t e) {
+      std::memcpy(dst + a, src + a, sizeof(float) * (e - a));
+    });
+    const int n = exchange->nodes();
+    if (n == 1) return 0;
+    std::vector<int64_t> offsets(n + 1);
+    for (int k = 0; k < n; ++k) offsets[k] = clamp(ranges[k].begin);
+    offsets[n] = hi;
+    try {
+      exchange->allgather_spans(weights, offsets);
+    } catch (const std::exception& e) {
+      throw OptimError("NodeOptimizer: node " + std::to_string(exchange->node()) + ", step " +
+                       std::to_string(step) + ": weight all-gather of buckets [" +
+                       std::to_string(b0) + ", " + std::to_string(b1) + ") failed: " + e.what());
+    }
+    return 4 * (mine_hi - mine_lo) * (n - 1);
+  }
+
+  // The changed coordinates of buckets [b0, b1) in a lazy step: shard none copies them from the
+  // master (changed already lists them); shard optimizer all-gathers what each owner changed,
+  // writes it into the buffer and appends every node's changes to `changed` (node order =
+  // ascending, the ranges being in node order). Payload per owned bucket, in bucket order:
+  // [uint32 count][count x uint32 offset from the bucket's begin, ascending][count x float
+  // value]. Returns the bytes this node sent.
+  int64_t publish_lazy(int b0, int b1) {
+    if (!sharded) {
+      if (weights != nullptr && weights != master) {
+        for (int64_t i : changed) weights[i] = master[i];
+      }
+      return 0;
+    }
+    const int n = exchange->nodes();
+    const int my0 = std::max(b0, range.first_bucket), my1 = std::min(b1, range.end_bucket);
+    size_t bytes = 0;
+    for (int b = my0; b < my1; ++b) bytes += 4 + 8 * sparse_idx[b].size();
+    std::vector<uint8_t> payload(bytes);
+    uint8_t* w = payload.data();
+    for (int b = my0; b < my1; ++b) {
+      const std::vector<uint32_t>& idx = sparse_idx[b];
+      const uint32_t c = static_cast<uint32_t>(idx.size());
+      const float* base = master + (layout.buckets()[b].begin - state_begin);
+      std::memcpy(w, &c, 4);
+      std::memcpy(w + 4, idx.data(), 4 * static_cast<size_t>(c));
+      float* vals = reinterpret_cast<float*>(w + 4 + 4 * static_cast<size_t>(c));
+      for (uint32_t q = 0; q < c; ++q) std::memcpy(vals + q, base + idx[q], 4);
+      w += 4 + 8 * static_cast<size_t>(c);
+    }
+    std::vector<std::vector<uint8_t>> all;
+    try {
+      all = exchange->allgather(payload.data(), static_cast<int64_t>(payload.size()));
+    } catch (const std::exception& e) {
+      throw OptimError("NodeOptimizer: node " + std::to_string(exchange->node()) + ", step " +
+                       std::to_string(step) + ": changed-weights all-gather of buckets [" +
+                       std::to_string(b0) + ", " + std::to_string(b1) + ") failed: " + e.what());
+    }
+    if (static_cast<int>(all.size()) != n) {
+      throw OptimError("NodeOptimizer: changed-weights all-gather returned " +
+                       std::to_string(all.size()) + " contributions for " + std::to_string(n) +
+                       " nodes");
+    }
+    for (int k = 0; k < n; ++k) {
+      const std::vector<uint8_t>& p = all[k];
+      size_t at = 0;
+      const int k0 = std::max(b0, ranges[k].first_bucket), k1 = std::min(b1, ranges[k].end_bucket);
+      for (int b = k0; b < k1; ++b) {
+        const contract::GradBucket& bk = layout.buckets()[b];
+        uint32_t c = 0;
+        if (p.size() - at >= 4) std::memcpy(&c, p.data() + at, 4);
+        if (p.size() - at < 4 || p.size() - at - 4 < 8 * static_cast<size_t>(c)) {
+          throw OptimError("NodeOptimizer: node " + std::to_string(k) +
+                           " sent malformed changed weights for bucket " + std::to_string(b) +
+                           " (" + std::to_string(p.size()) + " bytes)");
+        }
+        const uint8_t* offs = p.data() + at + 4;
+        const uint8_t* vals = offs + 4 * static_cast<size_t>(c);
+        for (uint32_t q = 0; q < c; ++q) {
+          uint32_t off;
+          float val;
+          std::memcpy(&off, offs + 4 * static_cast<size_t>(q), 4);
+          std::memcpy(&val, vals + 4 * static_cast<size_t>(q), 4);
+          const int64_t i = bk.begin + off;
+          if (i >= bk.end || (!changed.empty() && i <= changed.back())) {
+            throw OptimError("NodeOptimizer: node " + std::to_string(k) + " sent changed offset " +
+                             std::to_string(off) + " out of order or outside bucket " +
+                             std::to_string(b));
+          }
+          changed.push_back(i);
+          weights[i] = val;
+        }
+        at += 4 + 8 * static_cast<size_t>(c);
+      }
+      if (at != p.size()) {
+        throw OptimError("NodeOptimizer: node " + std::to_string(k) + " sent " +
+                         std::to_string(p.size() - at) + " bytes of changed weights too many");
+      }
+    }
+    return static_cast<int64_t>(payload.size()) * (n - 1);
   }
 };
 
@@ -416,7 +632,11 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
                                  exchange, std::move(backend));
   Impl& s = *impl_;
   s.total = layout.total();
-  s.range = contract::shard_ranges(layout, exchange->nodes())[exchange->node()];
+  s.ranges = contract::shard_ranges(layout, exchange->nodes());
+  s.range = s.ranges[exchange->node()];
+  s.sharded = spec.parallel.shard == spec::ShardMode::kOptimizer;
+  s.state_begin = s.sharded ? s.range.begin : 0;
+  s.state_size = s.sharded ? s.range.size() : s.total;
   s.nbuckets = static_cast<int>(layout.buckets().size());
   s.topk = topk;
   s.error_feedback = topk && o.error_feedback;
@@ -437,10 +657,10 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
               [](const TensorRef& a, const TensorRef& c) { return a.offset < c.offset; });
     if (topk) max_k = std::max(max_k, s.bucket_k(b.end - b.begin));
   }
-  s.master = s.alloc_zeroed("master weights");
-  s.m = s.alloc_zeroed("adam_m");
-  s.v = s.alloc_zeroed("adam_v");
-  if (s.error_feedback) s.residual = s.alloc_zeroed("residual");
+  s.master = s.alloc_zeroed("master weights", s.state_size);
+  s.m = s.alloc_zeroed("adam_m", s.state_size);
+  s.v = s.alloc_zeroed("adam_v", s.state_size);
+  if (s.error_feedback) s.residual = s.alloc_zeroed("residual", s.total);
   s.topk_idx.resize(std::max<int64_t>(max_k, 1));
   s.topk_val.resize(std::max<int64_t>(max_k, 1));
   s.grad.assign(s.nbuckets, nullptr);
@@ -459,9 +679,12 @@ void NodeOptimizer::init_master(const float* params) {
   if (params == nullptr && s.total > 0) {
     throw OptimError("NodeOptimizer::init_master: params must not be null");
   }
-  std::memcpy(s.master, params, static_cast<size_t>(s.total) * sizeof(float));
-  check(s.backend->fill(s.total, 0.f, s.m), "fill");
-  check(s.backend->fill(s.total, 0.f, s.v), "fill");
+  if (s.state_size > 0) {
+    std::memcpy(s.master, params + s.state_begin,
+                static_cast<size_t>(s.state_size) * sizeof(float));
+  }
+  check(s.backend->fill(s.state_size, 0.f, s.m), "fill");
+  check(s.backend->fill(s.state_size, 0.f, s.v), "fill");
   if (s.residual) check(s.backend->fill(s.total, 0.f, s.residual), "fill");
   s.completed = 0;
   s.changed.clear();
@@ -477,13 +700,22 @@ void NodeOptimizer::begin_step(int64_t step) {
     throw OptimError("NodeOptimizer::begin_step(" + std::to_string(step) + "): the next step is " +
                      std::to_string(s.completed + 1));
   }
+  if (s.sharded && s.weights == nullptr) {
+    throw OptimError("NodeOptimizer::begin_step(" + std::to_string(step) +
+                     "): parallel.shard optimizer needs a weights buffer (set_weights_buffer) "
+                     "to gather into");
+  }
   const spec::OptimizerSection& o = s.spec.optimizer;
   s.step = step;
   s.compressed = s.topk && step > o.warmup_steps;
   s.update_on_pipeline = !contract::clipping_enabled(s.spec.train.grad_clip);
+  s.step_all_changed = !(s.compressed && s.lazy);
+  s.publish_on_pipeline = s.sharded && s.update_on_pipeline;
+  if (s.sharded) s.changed.clear();  // the publishing appends to it
   s.lr = contract::learning_rate(o, step, s.total_steps);
   s.next_bucket = 0;
   s.bytes_sent = 0;
+  s.bytes_weights = 0;
   s.selected = 0;
   std::fill(s.grad.begin(), s.grad.end(), nullptr);
   std::fill(s.ss.begin(), s.ss.end(), 0.0);
@@ -551,24 +783,51 @@ StepResult NodeOptimizer::finish_step() {
                        ": exchange failed: " + e.what());
     }
   }
+  const auto t_update = Clock::now();
+  if (s.sharded && s.exchange->nodes() > 1) {
+    // Each bucket's sum of squares is its owner's; the others hold 0, so the sum over nodes is
+    // exact and the bucket-order sum below has the bits of shard none.
+    try {
+      s.exchange->allreduce_sum(s.ss.data(), s.nbuckets);
+    } catch (const std::exception& e) {
+      throw OptimError("NodeOptimizer: node " + std::to_string(s.exchange->node()) + ": step " +
+                       std::to_string(s.step) +
+                       ": all-reduce of the buckets' sums of squares failed: " + e.what());
+    }
+  }
   double ss = 0;
   for (double x : s.ss) ss += x;
   const contract::ClipRule clip = contract::clip_rule(ss, s.spec.train.grad_clip);
-  const auto t_update = Clock::now();
-  if (!s.update_on_pipeline) {
-    for (int b = 0; b < s.nbuckets; ++b) s.update_bucket(b, clip.scale, clip.clipped);
-  }
-  s.changed.clear();
-  if (s.compressed && s.lazy) {
+  const bool all_changed = s.step_all_changed;
+  // Shard optimizer with clipping over several nodes: the weights of the buckets updated so far
+  // travel while the next ones are updated.
+  const bool overlap = s.sharded && !s.update_on_pipeline && s.weights != nullptr &&
+                       s.exchange->nodes() > 1;
+  if (overlap) {
+    s.update_and_publish(clip);
+  } else if (!s.update_on_pipeline) {
     for (int b = 0; b < s.nbuckets; ++b) {
-      const contract::GradBucket& bk = s.layout.buckets()[b];
-      for (uint32_t off : s.sparse_idx[b]) s.changed.push_back(bk.begin + off);
+      if (s.owns(b)) s.update_bucket(b, clip.scale, clip.clipped);
     }
   }
-  const double update_s = seconds_since(t_update);
+  if (!s.sharded) {  // shard optimizer: the publishing gathers every node's changes
+    s.changed.clear();
+    if (!all_changed) {
+      for (int b = 0; b < s.nbuckets; ++b) {
+        const contract::GradBucket& bk = s.layout.buckets()[b];
+        for (uint32_t off : s.sparse_idx[b]) s.changed.push_back(bk.begin + off);
+      }
+    }
+  }
+  // The new weights into the weights buffer (shard optimizer: gathered from the owners),
+  // unless the pipeline sent them bucket by bucket.
   s.completed = s.step;
+  if (s.weights != nullptr && !s.publish_on_pipeline && !overlap) {
+    s.bytes_weights += all_changed ? s.publish_dense(0, s.nbuckets) : s.publish_lazy(0, s.nbuckets);
+  }
+  s.bytes_sent += s.bytes_weights;
+  const double update_s = seconds_since(t_update);
 
-  const bool all_changed = !(s.compressed && s.lazy);
   StepResult r{.step = s.step,
                .lr = s.lr,
                .grad_norm = clip.norm,
@@ -578,6 +837,7 @@ StepResult NodeOptimizer::finish_step() {
                .changed_count = all_changed ? s.total : static_cast<int64_t>(s.changed.size()),
                .selected = s.selected,
                .bytes_sent = s.bytes_sent,
+               .bytes_weights = s.bytes_weights,
                .bytes_dense = 4 * s.total,
                .optimizer_s = busy + update_s};
   r.exposed_s = seconds_since(t0);
@@ -586,6 +846,39 @@ StepResult NodeOptimizer::finish_step() {
 
 const float* NodeOptimizer::master() const {
   return impl_->master;
+}
+const float* NodeOptimizer::weights() const {
+  if (impl_->weights != nullptr) return impl_->weights;
+  return impl_->sharded ? nullptr : impl_->master;
+}
+bool NodeOptimizer::sharded() const {
+  return impl_->sharded;
+}
+int64_t NodeOptimizer::state_bytes() const {
+  const Impl& s = *impl_;
+  return 4 * (3 * s.state_size + (s.residual != nullptr ? s.total : 0));
+}
+
+void NodeOptimizer::set_weights_buffer(float* params) {
+  Impl& s = *impl_;
+  if (s.in_step) {
+    throw OptimError("NodeOptimizer::set_weights_buffer: called during step " +
+                     std::to_string(s.step));
+  }
+  s.weights = params;
+}
+
+int64_t NodeOptimizer::publish_all() {
+  Impl& s = *impl_;
+  if (s.in_step) {
+    throw OptimError("NodeOptimizer::publish_all: called during step " + std::to_string(s.step));
+  }
+  if (s.sharded && s.weights == nullptr) {
+    throw OptimError(
+        "NodeOptimizer::publish_all: parallel.shard optimizer needs a weights "
+        "buffer (set_weights_buffer)");
+  }
+  return s.publish_dense(0, s.nbuckets);
 }
 const std::vector<int64_t>& NodeOptimizer::changed() const {
   return impl_->changed;
@@ -606,13 +899,15 @@ std::vector<StateTensor> NodeOptimizer::state_tensors() {
     if (base == nullptr) continue;
     const bool per_node = base == s.residual;
     for (const contract::ParamView& pv : s.layout.views()) {
+      // Shard optimizer: master and moments of this node's range only.
+      if (!per_node && s.sharded && !s.range.contains(pv.offset)) continue;
       StateTensor t;
       t.kind = kind;
       t.param = pv.name;
       t.name = std::string(kind) + "/" + pv.name;
       t.shape = pv.shape;
       t.offset = pv.offset;
-      t.data = base + pv.offset;
+      t.data = base + pv.offset - (per_node ? 0 : s.state_begin);
       t.size = pv.size;
       t.per_node = per_node;
       t.saved = per_node || s.range.contains(pv.offset);
@@ -630,7 +925,8 @@ NodeOptimizer::StateBuffer NodeOptimizer::state_buffer(const std::string& kind) 
              : kind == "residual" ? s.residual
                                   : throw OptimError("NodeOptimizer::state_buffer: unknown kind '" + kind + "'");
   if (p == nullptr) return {};
-  return {p, 0, s.total};
+  if (p == s.residual) return {p, 0, s.total};
+  return {p, s.state_begin, s.state_begin + s.state_size};
 }
 
 const contract::NodeRange& NodeOptimizer::range() const {

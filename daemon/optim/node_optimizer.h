@@ -1,16 +1,19 @@
 // The optimizer that ringd owns in host memory: fp32 master weights and AdamW moments
-// of the whole model, the top-k residual, the gradient exchange between node daemons, global
-// gradient-norm clipping and the update, overlapped with the workers' backward bucket by bucket.
+// (of the whole model, or with parallel.shard optimizer of this node's range only), the top-k
+// residual, the gradient exchange between node daemons, global gradient-norm clipping and the
+// update, overlapped with the workers' backward bucket by bucket.
 //
 //   ring::optim::LocalExchange one_node;                      // or ringd's transport exchange
 //   NodeOptimizer opt(spec, layout, total_steps, threads, &one_node);
+//   opt.set_weights_buffer(workers_params);                   // [layout.total()] fp32
 //   opt.init_master(initial_params);                          // [layout.total()] fp32
+//   opt.publish_all();                                        // every weight into the buffer
 //   for (int64_t step = 1; step <= total_steps; ++step) {
 //     opt.begin_step(step);
 //     for (const auto& b : layout.buckets())                  // backward completion order
 //       opt.bucket_ready(b.index, node_grad + b.begin);       // as each bucket completes
-//     StepResult r = opt.finish_step();                       // waits; new weights in master()
-//     // dense: copy master() to the workers; lazy: only opt.changed() coordinates
+//     StepResult r = opt.finish_step();                       // waits; new weights in the buffer
+//     // dense: every coordinate changed; lazy: only opt.changed() coordinates
 //   }
 //
 // Math (the rule of common/contract/optimizer_rule.h, which the in-worker Trainer applies too, so
@@ -42,10 +45,39 @@
 // bucket is updated on the pipeline thread as soon as it is exchanged, so only the last
 // bucket's work is exposed. StepResult says how much optimizer time was hidden.
 //
+// parallel.shard optimizer: node k owns the contiguous, bucket-aligned range
+// contract::shard_ranges(layout, nodes)[k] (range()) and keeps master weights and moments of that
+// range only (3 x range().size() floats); the residual stays full size on every node (error
+// feedback is per sender). Per bucket b with owner o = bucket_owner(ranges, b): dense, the
+// gradient is reduced to o (Exchange::reduce_sum, node order); top-k, every node compresses as
+// above and sends its sparse set to o only (Exchange::gather), which merges them in node order.
+// Only o has the bucket's sum of squares (the others count 0); finish_step all-reduces the
+// per-bucket sums (exact: one non-zero term each) and adds them in bucket order, so the norm has
+// the bits of shard none. Only o updates the bucket. The new weights then reach every node's
+// weights buffer: dense, an all-gather of the owned master ranges (Exchange::allgather_spans,
+// straight into the buffer); lazy, an all-gather of the (offset, value) pairs each owner changed
+// (uint32 offset in its bucket, a count per bucket), so changed() lists every node's changes. With
+// the in-process exchange (sums in node order) the weights and norms are bit-identical to shard
+// none for any node count; over the transport with two nodes too (a + b == b + a).
+//
+// With grad_clip 0 the owner updates a bucket on the pipeline thread as soon as it has its sum
+// and sends its new weights at once (the same gathers, per bucket), so they travel during the
+// backward like the gradients; with clipping the update waits for the norm, and in finish_step
+// the weights of the buckets updated so far are gathered (bucket by bucket, by a helper thread)
+// while the owner updates the next ones. (The weights buffer may be written during a step: the
+// workers copy it when the step starts, before any of their gradients can arrive.)
+//
+// Per step, a node sends: dense, 4 bytes x the floats of the buckets it does not own, plus
+// 4 x range().size() to each other node; top-k, its sparse sets of the buckets it does not own,
+// plus (lazy) 8 bytes per coordinate it changed and 4 per bucket it owns, to each other node
+// (dense update: its range).
+//
 // Threads: `threads` OpenMP threads (0: all cores) run every heavy loop (AdamW, top-k, sums)
 // inside each bucket; buckets are processed in order by one pipeline thread, which is also the
-// only thread that calls the Exchange during a step. Not thread-safe: one caller drives a
-// NodeOptimizer (begin_step, bucket_ready..., finish_step).
+// only thread that calls the Exchange until every bucket is through; then finish_step calls it
+// from the caller's thread (the norm, the weights) or, overlapping the update with the weight
+// gather, from one helper thread. Not thread-safe: one caller drives a NodeOptimizer
+// (begin_step, bucket_ready..., finish_step).
 #pragma once
 
 #include <algorithm>
@@ -83,6 +115,21 @@ class Exchange {
   // Each node contributes `bytes` bytes (the count may differ by node); returns every node's
   // contribution, indexed by node (this node's own included).
   virtual std::vector<std::vector<uint8_t>> allgather(const void* data, int64_t bytes) = 0;
+
+  // The collectives of parallel.shard optimizer, where one node owns each bucket. The defaults
+  // express them with the three above (correct, not economical); the exchanges of this project
+  // override them with point-to-point traffic.
+  //
+  // Reduce to `root`: root's x[i] = sum over nodes of their x[i], a left fold in node order
+  // (node 0 first); the other nodes' x is unspecified afterwards.
+  virtual void reduce_sum(float* x, int64_t n, int root);
+  // Each node sends `bytes` bytes (the count may differ by node) to `root`: root gets every
+  // node's contribution indexed by node (its own included), the others an empty vector.
+  virtual std::vector<std::vector<uint8_t>> gather(const void* data, int64_t bytes, int root);
+  // All-gather of disjoint spans in place: `offsets` has nodes() + 1 ascending entries and node k
+  // owns x[offsets[k] .. offsets[k+1]); on entry each node's own span holds its data, on return
+  // every node's x holds every span (x outside [offsets[0], offsets[nodes()]) is not touched).
+  virtual void allgather_spans(float* x, const std::vector<int64_t>& offsets);
 };
 
 // One node: sums are the identity and allgather returns the node's own bytes.
@@ -93,6 +140,11 @@ class LocalExchange final : public Exchange {
   void allreduce_sum(float*, int64_t) override {}
   void allreduce_sum(double*, int64_t) override {}
   std::vector<std::vector<uint8_t>> allgather(const void* data, int64_t bytes) override;
+  void reduce_sum(float*, int64_t, int) override {}
+  std::vector<std::vector<uint8_t>> gather(const void* data, int64_t bytes, int) override {
+    return allgather(data, bytes);
+  }
+  void allgather_spans(float*, const std::vector<int64_t>&) override {}
 };
 
 // Several nodes in one process (tests, benchmarks): endpoint(i) is node i's Exchange, to be
@@ -127,7 +179,12 @@ struct StepResult {
   int64_t selected = 0;        // entries this node sent (top-k), or layout.total() (dense)
   int64_t bytes_sent = 0;      // payload this node contributed to the exchange this step: 4 per
                                // float dense, 8 per (uint32 index, float value) sparse, plus a
-                               // 4-byte count per bucket; counted also with one node
+                               // 4-byte count per bucket; shard none: counted also with one node;
+                               // shard optimizer: what leaves this node (to the buckets' owners,
+                               // and bytes_weights), 0 with one node
+  int64_t bytes_weights = 0;   // shard optimizer: of bytes_sent, this node's part of the weight
+                               // all-gather (its range, or its changed (uint32 offset, float)
+                               // pairs, to each other node); 0 with shard none
   int64_t bytes_dense = 0;     // what a dense exchange of the same gradient sends (4 x total)
   double optimizer_s = 0;      // seconds of optimizer work this step (exchange waits included):
                                // pipeline busy time + update time in finish_step
@@ -161,15 +218,28 @@ class NodeOptimizer {
  public:
   // spec: validated. layout: the model's flat layout (copied). total_steps: the lr schedule's
   // horizon (>= 1). threads: >= 0 (0: all cores). exchange: not null, outlives this object.
-  // Allocates 3 (4 with a residual) x layout.total() floats. Throws OptimError.
+  // Allocates 3 x layout.total() floats (shard optimizer: 3 x range().size()), plus
+  // layout.total() for a residual. Throws OptimError.
   NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLayout& layout, int64_t total_steps,
                 int threads, Exchange* exchange);
   ~NodeOptimizer();
   NodeOptimizer(const NodeOptimizer&) = delete;
   NodeOptimizer& operator=(const NodeOptimizer&) = delete;
 
-  // Master weights = params [layout.total()]; moments and residual zero; step() = 0.
+  // Master weights = params [layout.total()] (shard optimizer: its range() part only); moments
+  // and residual zero; step() = 0.
   void init_master(const float* params);
+
+  // Where the full weights [layout.total()] fp32 go (not owned; e.g. the shared memory the
+  // workers read): every finish_step writes the new weights into it (dense: all of them; lazy:
+  // the changed() coordinates), so the caller publishes them without a copy. Required with shard
+  // optimizer (where they are gathered from the owners) before publish_all or a step; optional
+  // with shard none. Set the same way on every node.
+  void set_weights_buffer(float* params);
+  // Collective (every node, between steps): every coordinate of the current weights into the
+  // weights buffer, as the first step of an attempt needs after init_master or a restore.
+  // Returns the bytes this node sent (shard optimizer: its range to each other node).
+  int64_t publish_all();
 
   // Starts step `step` (1-based); step == step() + 1, else OptimError.
   void begin_step(int64_t step);
@@ -184,10 +254,18 @@ class NodeOptimizer {
   // restored from a checkpoint.
   StepResult finish_step();
 
-  // fp32 master weights [layout.total()].
+  // fp32 master weights this node keeps: [layout.total()] with shard none; with shard optimizer
+  // range().size() floats, master()[i] being flat offset range().begin + i.
   const float* master() const;
-  // Lazy steps: ascending flat indices of the coordinates the last step changed (empty after a
-  // dense step, where every coordinate did; see StepResult::all_changed).
+  // The full weights after the last step [layout.total()]: the weights buffer when one is set,
+  // else (shard none) master(); null with shard optimizer and no buffer.
+  const float* weights() const;
+  // Whether parallel.shard optimizer is on (the state of range() only).
+  bool sharded() const;
+  // Bytes of optimizer state this node holds (master, moments, residual).
+  int64_t state_bytes() const;
+  // Lazy steps: ascending flat indices of the coordinates the last step changed, on every node
+  // (empty after a dense step, where every coordinate did; see StepResult::all_changed).
   const std::vector<int64_t>& changed() const;
   // Last completed step (0 before the first).
   int64_t step() const;
@@ -195,14 +273,16 @@ class NodeOptimizer {
 
   // Checkpoint state: every tensor this node holds (the load targets), kinds in the order
   // master, adam_m, adam_v, residual and parameters in layout order within each; the data
-  // pointers stay valid for the object's life.
+  // pointers stay valid for the object's life. Shard optimizer: master, adam_m and adam_v of the
+  // parameters in range() only (all saved), then every residual tensor (per node).
   std::vector<StateTensor> state_tensors();
   // This node's range of the layout (contract::shard_ranges over the exchange's nodes): what it
   // saves in checkpoints and, with parallel.shard optimizer, the only part of the state it keeps.
   const contract::NodeRange& range() const;
   // One kind's whole buffer ("master", "adam_m", "adam_v", "residual"): data[i] is flat offset
-  // begin + i, for i < end - begin (alignment gaps included). data is null for a kind this
-  // optimizer does not keep (residual without error feedback).
+  // begin + i, for i < end - begin (alignment gaps included): [0, layout.total()), or with shard
+  // optimizer range() for master and moments. data is null for a kind this optimizer does not
+  // keep (residual without error feedback).
   struct StateBuffer {
     float* data = nullptr;
     int64_t begin = 0, end = 0;

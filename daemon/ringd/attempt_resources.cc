@@ -74,6 +74,9 @@ optim::NodeOptimizer& AttemptResources::make_optimizer() {
     ex = exchange_.get();
   }
   opt_ = std::make_unique<optim::NodeOptimizer>(spec_, layout_, c_.total_steps, c_.threads, ex);
+  // The optimizer writes (shard optimizer: gathers) the new weights straight into the workers'
+  // shared memory.
+  if (shm_.valid()) opt_->set_weights_buffer(shm_.params());
   return *opt_;
 }
 

@@ -53,7 +53,8 @@ class AttemptResources {
   contract::ShmRegion& shm() { return shm_; }
 
   // The Exchange (in process for one node, over the transport for several: this blocks until
-  // every daemon joined) and the NodeOptimizer over it. Throws on failure.
+  // every daemon joined) and the NodeOptimizer over it, writing its weights into shm()'s params
+  // once create_shm made it (NodeOptimizer::set_weights_buffer). Throws on failure.
   optim::NodeOptimizer& make_optimizer();
   optim::NodeOptimizer& opt() { return *opt_; }
   optim::Exchange& exchange();

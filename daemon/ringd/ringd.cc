@@ -568,6 +568,21 @@ void Daemon::start_attempt() {
                   o_.node_rank * wpn_, o_.node_rank * wpn_ + wpn_ - 1, res_->rdv()));
   try {
     optim::NodeOptimizer& opt = res_->make_optimizer();
+    // What this node holds: shard optimizer, master and moments of its range only.
+    contract::NodeRange held = opt.range();
+    if (!opt.sharded()) {
+      held.begin = 0;
+      held.end = layout_->total();
+      held.first_bucket = 0;
+      held.end_bucket = static_cast<int>(layout_->buckets().size());
+    }
+    const bool residual = opt.state_buffer("residual").data != nullptr;
+    log(fmt::format(
+        "optimizer state: 3 x {} floats of range [{}, {}) (buckets [{}, {}), shard {}){}"
+        ": {} bytes",
+        held.size(), held.begin, held.end, held.first_bucket, held.end_bucket,
+        spec::to_string(spec_.parallel.shard),
+        residual ? fmt::format(" + residual {} floats", layout_->total()) : "", opt.state_bytes()));
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
     const bool want_resume =
         coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
@@ -780,7 +795,18 @@ void Daemon::stop_at_boundary(const attempt::Action& a) {
 
 // The kBeginStep action: the next step's weights into shared memory, its params to the workers.
 void Daemon::begin_step() {
-  const int64_t changed = steps_->begin_step(workers_, res_->shm(), res_->opt());
+  int64_t changed = -1;
+  try {
+    // The attempt's first step gathers every weight from the other nodes (shard optimizer).
+    Blocking b{this};
+    changed = steps_->begin_step(workers_, res_->shm(), res_->opt());
+  } catch (const std::exception& e) {
+    log(fmt::format("step {}: publishing the weights failed: {}", steps_->done_step() + 1,
+                    e.what()));
+    event("optimizer_failed", {{"step", steps_->done_step() + 1}, {"error", e.what()}});
+    dispatch(event_of(attempt::EventKind::kStepFailed, "the optimizer failed"));
+    return;
+  }
   for (const Worker& w : workers_)
     send(w.local, {{"t", "params"},
                    {"step", steps_->cur_step()},
@@ -824,7 +850,7 @@ void Daemon::maybe_finish_step() {
     char h[17];
     std::snprintf(h, sizeof(h), "%016llx",
                   static_cast<unsigned long long>(
-                      fnv1a(res_->opt().master(), static_cast<size_t>(layout_->total()) * 4)));
+                      fnv1a(res_->opt().weights(), static_cast<size_t>(layout_->total()) * 4)));
     j["weights_xxh"] = h;
     out_.log_file(fmt::format("step {} weights {}", done_step, h));
   }

@@ -43,6 +43,7 @@ ckpt::LoadResult load_agreed_checkpoint(const std::string& dir, int node_rank, i
 void StepDriver::reset() {
   cur_step_ = 0;
   last_all_changed_ = true;
+  publish_all_ = true;
   have_master_ = false;
   done_step_ = 0;
   cursor_ = nlohmann::json();
@@ -62,20 +63,18 @@ void StepDriver::init_master(optim::NodeOptimizer& opt, const contract::ShmRegio
 int64_t StepDriver::begin_step(std::vector<Worker>& workers, contract::ShmRegion& shm,
                                optim::NodeOptimizer& opt) {
   const int64_t s = done_step_ + 1;
-  const int64_t n = layout_.total();
   int64_t changed = -1;
-  const float* master = opt.master();
-  if (last_all_changed_) {
-    // Dense: the whole copy (also the first step of every attempt: workers start from nothing).
-    std::memcpy(shm.params(), master, static_cast<size_t>(n) * sizeof(float));
-  } else {
+  // The optimizer writes the new weights straight into the shared memory at every finish_step.
+  opt.set_weights_buffer(shm.params());
+  if (publish_all_) {
+    // The first step of the attempt (workers start from nothing): every weight, gathered from
+    // the owners with shard optimizer.
+    opt.publish_all();
+    publish_all_ = false;
+  } else if (!last_all_changed_) {
     const std::vector<int64_t>& ch = opt.changed();
     uint64_t* idx = shm.index();
-    float* dst = shm.params();
-    for (size_t i = 0; i < ch.size(); ++i) {
-      idx[i] = static_cast<uint64_t>(ch[i]);
-      dst[ch[i]] = master[ch[i]];
-    }
+    for (size_t i = 0; i < ch.size(); ++i) idx[i] = static_cast<uint64_t>(ch[i]);
     changed = static_cast<int64_t>(ch.size());
   }
   for (Worker& w : workers) {
@@ -149,6 +148,7 @@ StepDriver::Finished StepDriver::finish_step(const std::vector<Worker>& workers,
   j["optimizer_s"] = r.optimizer_s;
   j["exposed_optimizer_s"] = r.exposed_s;
   j["bytes_exchanged"] = r.bytes_sent;
+  j["bytes_weights"] = r.bytes_weights;
   j["bytes_dense"] = r.bytes_dense;
   j["compressed"] = r.compressed;
   return f;

@@ -1,5 +1,7 @@
-// ringd's step driver: one step of the node at a time. It publishes the master weights into the
-// shared memory (whole, or only the coordinates the last lazy step changed), sums each gradient
+// ringd's step driver: one step of the node at a time. It publishes the weights into the
+// shared memory (the optimizer writes them there: set_weights_buffer; the first step of an
+// attempt gathers all of them, later steps name the coordinates the last lazy step changed in
+// the shared index), sums each gradient
 // bucket over the node's workers in local-rank order once every worker delivered it and hands it
 // to the NodeOptimizer, finishes the step (the optimizer's result and the step's record), and
 // keeps the checkpoint results of the run (which step's checkpoint is durable, which failed).
@@ -43,8 +45,11 @@ class StepDriver {
   bool have_master() const { return have_master_; }
   const nlohmann::json& cursor() const { return cursor_; }  // loader cursor after done_step()
 
-  // The next step: the master weights into `shm`, the workers' step progress cleared, the
-  // optimizer begun. Returns the number of coordinates published (-1: all of them).
+  // The next step: the weights into `shm` (the first step of an attempt: every coordinate,
+  // a collective of all nodes that throws what NodeOptimizer::publish_all throws; later the last
+  // step's finish_step wrote them and a lazy step's changed coordinates go into the index), the
+  // workers' step progress cleared, the optimizer begun. Returns the number of coordinates
+  // published (-1: all of them).
   int64_t begin_step(std::vector<Worker>& workers, contract::ShmRegion& shm,
                      optim::NodeOptimizer& opt);
   // Worker `w` delivered bucket `b`: "" or what is wrong (out of order). Every bucket that all
@@ -82,6 +87,7 @@ class StepDriver {
   int64_t cur_step_ = 0;
   int buckets_ready_ = 0;  // node buckets handed to the optimizer this step
   bool last_all_changed_ = true;
+  bool publish_all_ = true;  // the attempt's first step: every weight into the shared memory
   nlohmann::json cursor_;
   std::chrono::steady_clock::time_point step_t0_;
   std::map<int64_t, std::string> ckpt_failed_;

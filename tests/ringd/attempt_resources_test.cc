@@ -84,6 +84,8 @@ TEST(AttemptResources, SetsUpAnAttemptAndReleasesEverything) {
   EXPECT_EQ(res->exchange().nodes(), 1);  // one node: the in-process exchange
   ASSERT_FALSE(opt.state_tensors().empty());
   EXPECT_EQ(opt.state_buffer("master").end, rig.layout->total());
+  // The optimizer publishes its weights straight into the workers' shared memory.
+  EXPECT_EQ(opt.weights(), res->shm().params());
 
   res->release();
   EXPECT_FALSE(res->has_optimizer());
