@@ -89,14 +89,17 @@ note_ringd_dirs() {  # $1 sessions, $2 trial dir
     inodes=$(ls -l "/proc/$pid/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | sort -u)
     [ -n "$inodes" ] || continue
     awk -v ids=" $(echo $inodes) " 'NR > 1 && $8 != "" && index(ids, " " $7 " ") { print $8 }' \
-      /proc/net/unix | while read -r path; do dirname "$path"; done >>"$2/ringd-dirs"
+      /proc/net/unix | while read -r path; do
+        # Only path names: an abstract socket ("@...", e.g. the transport's) has no directory.
+        case "$path" in /*) dirname "$path" ;; esac
+      done >>"$2/ringd-dirs"
   done < <(trial_procs "$1" "$2")
   # Workers name ringd's socket on their command line (--ringd PATH): catches a ringd killed
   # between two samples.
   while read -r pid comm; do
     [ "$comm" = ring-worker ] || continue
     { tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null | awk 'p { print; p = 0 } $0 == "--ringd" { p = 1 }' |
-      while read -r path; do dirname "$path"; done >>"$2/ringd-dirs"
+      while read -r path; do case "$path" in /*) dirname "$path" ;; esac; done >>"$2/ringd-dirs"
   done < <(trial_procs "$1" "$2")
 }
 
