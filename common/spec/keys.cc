@@ -25,6 +25,7 @@ constexpr std::array kCompressionNames{"none", "topk"};
 constexpr std::array kBackendNames{"cpu", "cuda"};
 constexpr std::array kGpuNames{"A100-80G", "H100-80G", "H200-141G"};
 constexpr std::array kScheduleNames{"constant", "cosine"};
+constexpr std::array kRopeScalingNames{"none", "linear", "llama3", "yarn"};
 
 template <size_t N>
 std::vector<std::string> names(const std::array<const char*, N>& a) {
@@ -168,6 +169,52 @@ std::vector<KeyDef> build_table() {
             Value{1e-5}),
         0.0, 1.0)
       .min_exclusive = true;
+  choices(b.add("model.rope_scaling", KT::kEnum, &J::model, &ModelSection::rope_scaling,
+                "RoPE scaling for context extension, as rope_scaling in Hugging Face "
+                "transformers: none; linear (positions divided by rope_scaling_factor); llama3 "
+                "(wavelengths above rope_original_context / rope_low_freq_factor divided by the "
+                "factor, below rope_original_context / rope_high_freq_factor kept, smoothed "
+                "between); yarn (interpolation ramped between rope_beta_fast and rope_beta_slow "
+                "rotations, cos and sin scaled by 0.1 ln(factor) + 1)."),
+          names(kRopeScalingNames), 0);
+  range(def(b.add("model.rope_scaling_factor", KT::kFloat, &J::model,
+                  &ModelSection::rope_scaling_factor,
+                  "Context extension factor of model.rope_scaling (factor in Hugging Face)."),
+            Value{1.0}),
+        1.0, 1e6);
+  range(def(b.add("model.rope_original_context", KT::kInt, &J::model,
+                  &ModelSection::rope_original_context,
+                  "The context the model was trained with (original_max_position_embeddings): "
+                  "required by llama3 and yarn. 0: unset."),
+            Value{int64_t{0}}),
+        0, int64_t{1} << 40);
+  range(def(b.add("model.rope_low_freq_factor", KT::kFloat, &J::model,
+                  &ModelSection::rope_low_freq_factor, "llama3 scaling: low_freq_factor."),
+            Value{1.0}),
+        0.0, 1e6)
+      .min_exclusive = true;
+  range(def(b.add("model.rope_high_freq_factor", KT::kFloat, &J::model,
+                  &ModelSection::rope_high_freq_factor, "llama3 scaling: high_freq_factor."),
+            Value{4.0}),
+        0.0, 1e6)
+      .min_exclusive = true;
+  range(def(b.add("model.rope_beta_fast", KT::kFloat, &J::model, &ModelSection::rope_beta_fast,
+                  "yarn scaling: beta_fast (rotations where interpolation stops)."),
+            Value{32.0}),
+        0.0, 1e6)
+      .min_exclusive = true;
+  range(def(b.add("model.rope_beta_slow", KT::kFloat, &J::model, &ModelSection::rope_beta_slow,
+                  "yarn scaling: beta_slow (rotations where interpolation is complete)."),
+            Value{1.0}),
+        0.0, 1e6)
+      .min_exclusive = true;
+  def(b.add("model.init_from", KT::kString, &J::model, &ModelSection::init_from,
+            "An absolute path to a ringmaster checkpoint (a step directory, or a checkpoint "
+            "directory: its newest complete step) whose master/<param> tensors initialise the "
+            "weights (fine-tuning, e.g. a model imported with ringctl import). The optimizer "
+            "state starts fresh at step 0 and the data from its start. A checkpoint in "
+            "checkpoint.dir (a resume) wins over it. \"\": random initialisation."),
+      Value{std::string{}});
 
   // ---- data
   choices(b.add("data.source", KT::kEnum, &J::data, &DataSection::source,
@@ -460,6 +507,7 @@ const char* to_string(Compression v) { return kCompressionNames[static_cast<size
 const char* to_string(Backend v) { return kBackendNames[static_cast<size_t>(v)]; }
 const char* to_string(GpuType v) { return kGpuNames[static_cast<size_t>(v)]; }
 const char* to_string(LrSchedule v) { return kScheduleNames[static_cast<size_t>(v)]; }
+const char* to_string(RopeScaling v) { return kRopeScalingNames[static_cast<size_t>(v)]; }
 
 int dtype_bytes(DType v) { return v == DType::kFp32 ? 4 : 2; }
 

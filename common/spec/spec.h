@@ -24,6 +24,7 @@ enum class Compression { kNone, kTopk };
 enum class Backend { kCpu, kCuda };
 enum class GpuType { kA100_80G, kH100_80G, kH200_141G };
 enum class LrSchedule { kConstant, kCosine };
+enum class RopeScaling { kNone, kLinear, kLlama3, kYarn };
 
 struct JobSection {
   std::string name;
@@ -43,6 +44,18 @@ struct ModelSection {
   bool tie_embeddings{};
   double rope_theta{};
   double norm_eps{};
+  // RoPE scaling for context extension, with the Hugging Face transformers semantics of each
+  // type (rope_scaling in config.json).
+  RopeScaling rope_scaling{};
+  double rope_scaling_factor{};
+  int64_t rope_original_context{};  // original_max_position_embeddings; 0: unset
+  double rope_low_freq_factor{};    // llama3
+  double rope_high_freq_factor{};   // llama3
+  double rope_beta_fast{};          // yarn
+  double rope_beta_slow{};          // yarn
+  // A ringmaster checkpoint (a step directory, or a checkpoint directory) whose master/<param>
+  // tensors initialise the weights; "" : random init.
+  std::string init_from;
 };
 
 struct DataSection {
@@ -159,6 +172,7 @@ const char* to_string(Compression v);
 const char* to_string(Backend v);
 const char* to_string(GpuType v);
 const char* to_string(LrSchedule v);
+const char* to_string(RopeScaling v);
 
 // Bytes per element of a storage dtype.
 int dtype_bytes(DType v);

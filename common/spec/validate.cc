@@ -2,6 +2,7 @@
 // line of documentation (docs/spec-reference.md is generated from it) and a check.
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <set>
@@ -148,6 +149,50 @@ const std::vector<Rule>& rules() {
          if (hd % 2 != 0)
            c.error(m.head_dim ? "model.head_dim" : "model.d_model",
                    fmt::format("head_dim {} is odd; RoPE needs an even head size", hd));
+       }},
+      {{"model.rope_scaling, model.rope_original_context",
+        "llama3 and yarn scaling need rope_original_context (the context the model was trained "
+        "with); llama3 needs rope_high_freq_factor > rope_low_freq_factor, yarn rope_beta_fast > "
+        "rope_beta_slow."},
+       [](Ctx& c) {
+         const auto& m = c.s.model;
+         const bool banded =
+             m.rope_scaling == RopeScaling::kLlama3 || m.rope_scaling == RopeScaling::kYarn;
+         if (banded && m.rope_original_context <= 0)
+           c.error("model.rope_scaling",
+                   fmt::format("model.rope_scaling {} needs model.rope_original_context (the "
+                               "context the model was trained with, "
+                               "original_max_position_embeddings)",
+                               to_string(m.rope_scaling)));
+         if (m.rope_scaling == RopeScaling::kLlama3 &&
+             !(m.rope_high_freq_factor > m.rope_low_freq_factor))
+           c.error("model.rope_high_freq_factor",
+                   fmt::format("model.rope_high_freq_factor ({:g}) must be larger than "
+                               "model.rope_low_freq_factor ({:g})",
+                               m.rope_high_freq_factor, m.rope_low_freq_factor));
+         if (m.rope_scaling == RopeScaling::kYarn && !(m.rope_beta_fast > m.rope_beta_slow))
+           c.error("model.rope_beta_fast",
+                   fmt::format("model.rope_beta_fast ({:g}) must be larger than "
+                               "model.rope_beta_slow ({:g})",
+                               m.rope_beta_fast, m.rope_beta_slow));
+         if (m.rope_scaling == RopeScaling::kNone && m.rope_scaling_factor != 1.0)
+           c.warning("model.rope_scaling_factor", "ignored: model.rope_scaling is none");
+       }},
+      {{"model.init_from",
+        "An absolute path; a path missing here is a warning (it may exist only on the cluster), "
+        "ringd refuses to start without it."},
+       [](Ctx& c) {
+         const std::string& p = c.s.model.init_from;
+         if (p.empty()) return;
+         if (p.front() != '/') {
+           c.error("model.init_from",
+                   fmt::format("model.init_from '{}' must be an absolute path", p));
+           return;
+         }
+         std::error_code ec;
+         if (!std::filesystem::exists(p, ec))
+           c.warning("model.init_from",
+                     fmt::format("{} does not exist here; ringd refuses to start without it", p));
        }},
       {{"model.vocab, data.source",
         "The text and passkey sources are byte-level: vocab must be at least 256."},
