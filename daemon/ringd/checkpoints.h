@@ -35,6 +35,17 @@ ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, int nodes);
 ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, const contract::ParamLayout& layout,
                                int nodes);
 
+// model.init_from: the master weights of this node (the "master" tensors of `tensors`: all of
+// them with shard none, its range with shard optimizer) are loaded by name from the checkpoint at
+// `path` (a step directory: that step exactly; a checkpoint directory: its newest complete step),
+// whatever node count and shard mode wrote it; the other tensors are left alone. Throws
+// ckpt::CheckpointMismatch naming the tensor that is missing or of another shape (or, with `job`,
+// the model config that differs) and ckpt::CheckpointError when `path` holds no readable
+// checkpoint. Returns what was loaded (loaded is true).
+ckpt::LoadResult load_init_from(const std::string& path,
+                                const std::vector<optim::StateTensor>& tensors, int node_rank,
+                                int nodes, const ckpt::Layout* job);
+
 class Checkpoints {
  public:
   struct Hooks {

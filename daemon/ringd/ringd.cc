@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "common/cli/job_dir.h"
@@ -587,12 +588,37 @@ void Daemon::start_attempt() {
     const bool want_resume =
         coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
     const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
+    bool resumed = false;
     if (want_resume)
-      ckpts_->resume(opt.state_tensors(), max_step, res_->exchange(),
-                     [&](const ckpt::LoadResult& r) {
-                       opt.restore_step(r.step);
-                       steps_->resumed(r.step, r.meta.value("cursor", json()));
-                     });
+      resumed = ckpts_
+                    ->resume(opt.state_tensors(), max_step, res_->exchange(),
+                             [&](const ckpt::LoadResult& r) {
+                               opt.restore_step(r.step);
+                               steps_->resumed(r.step, r.meta.value("cursor", json()));
+                             })
+                    .loaded;
+    const std::string& init_from = spec_.model.init_from;
+    if (resumed && !init_from.empty()) {
+      log("model.init_from " + init_from + " not used: resuming from checkpoint.dir");
+    } else if (!init_from.empty()) {
+      // Fine-tuning: the master weights come from the checkpoint, the moments (and residual)
+      // stay zero, and the run starts at step 0 with the data from its start.
+      ckpt::LoadResult r;
+      try {
+        const ckpt::Layout job = checkpoint_layout(spec_, *layout_, o_.nodes);
+        r = load_init_from(init_from, opt.state_tensors(), o_.node_rank, o_.nodes, &job);
+      } catch (const ckpt::CheckpointError& e) {
+        fatal(std::string("cannot initialise from model.init_from: ") + e.what());
+        return;
+      }
+      opt.restore_step(0);
+      steps_->resumed(0, json());
+      log(fmt::format(
+          "master weights initialised from {} (step {}, written by {} node{}; read "
+          "{}); optimizer state zero, starting at step 0",
+          r.path, r.step, r.nodes, r.nodes == 1 ? "" : "s", fmt::join(r.shards_read, ", ")));
+      event("initialised_from", {{"path", r.path}, {"step", r.step}});
+    }
     ckpts_->open(state_.attempt, opt.state_tensors());
   } catch (const ckpt::CheckpointMismatch& e) {
     // A sound checkpoint of another model: every restart would find the same one.
