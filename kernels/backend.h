@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/rope.h"
+
 namespace ring::kernels {
 
 enum class Status : int {
@@ -151,9 +153,19 @@ class Backend {
                                   float* dgain) = 0;
 
   // Rotary embedding in place on x [n, heads, head_dim], rotating pairs (x[2j], x[2j+1]) by
-  // angle pos[i] * theta^(-2j/head_dim). inverse rotates by the negative angle (the backward).
-  virtual Status rope(int64_t n, int64_t heads, int64_t head_dim, float theta,
+  // angle pos[i] * rope_inv_freq(p, j, head_dim) and multiplying by rope_attention_factor(p)
+  // (kernels/rope.h: theta^(-2j/head_dim) and 1 without scaling). inverse applies the transpose
+  // (negative angle, same factor): the backward, and the inverse when the factor is 1.
+  // kInvalidArgument unless rope_params_valid(p).
+  virtual Status rope(int64_t n, int64_t heads, int64_t head_dim, const RopeParams& p,
                       const int64_t* pos, bool inverse, float* x) = 0;
+  // Without scaling: base frequency theta.
+  Status rope(int64_t n, int64_t heads, int64_t head_dim, float theta, const int64_t* pos,
+              bool inverse, float* x) {
+    RopeParams p;
+    p.theta = static_cast<double>(theta);
+    return rope(n, heads, head_dim, p, pos, inverse, x);
+  }
 
   // out = silu(gate) * up; all [n].
   virtual Status swiglu_forward(int64_t n, const float* gate, const float* up, float* out) = 0;

@@ -23,6 +23,13 @@ ModelConfig ModelConfig::from_spec(const spec::JobSpec& spec) {
   c.recompute = m.recompute;
   c.rope_theta = static_cast<float>(m.rope_theta);
   c.norm_eps = static_cast<float>(m.norm_eps);
+  c.rope_scaling = m.rope_scaling;
+  c.rope_scaling_factor = m.rope_scaling_factor;
+  c.rope_original_context = static_cast<double>(m.rope_original_context);
+  c.rope_low_freq_factor = m.rope_low_freq_factor;
+  c.rope_high_freq_factor = m.rope_high_freq_factor;
+  c.rope_beta_fast = m.rope_beta_fast;
+  c.rope_beta_slow = m.rope_beta_slow;
   c.check();
   return c;
 }

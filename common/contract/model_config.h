@@ -31,6 +31,14 @@ struct ModelConfig {
   bool recompute = false;
   float rope_theta = 10000.f;
   float norm_eps = 1e-5f;
+  // RoPE scaling (spec model.rope_*; kernels/rope.h has the formulas).
+  spec::RopeScaling rope_scaling = spec::RopeScaling::kNone;
+  double rope_scaling_factor = 1.0;
+  double rope_original_context = 0.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  double rope_beta_fast = 32.0;
+  double rope_beta_slow = 1.0;
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }

@@ -87,9 +87,9 @@ Status CpuBackend::rmsnorm_backward(int64_t n, int64_t d, const float* x, const 
   return cpu::rmsnorm_backward(n, d, x, gain, rstd, dy, dx, dgain, threads_);
 }
 
-Status CpuBackend::rope(int64_t n, int64_t heads, int64_t head_dim, float theta, const int64_t* pos,
-                        bool inverse, float* x) {
-  return cpu::rope(n, heads, head_dim, theta, pos, inverse, x, threads_);
+Status CpuBackend::rope(int64_t n, int64_t heads, int64_t head_dim, const RopeParams& p,
+                        const int64_t* pos, bool inverse, float* x) {
+  return cpu::rope(n, heads, head_dim, p, pos, inverse, x, threads_);
 }
 
 Status CpuBackend::swiglu_forward(int64_t n, const float* gate, const float* up, float* out) {

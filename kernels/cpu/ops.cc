@@ -283,21 +283,20 @@ Status rmsnorm_backward(int64_t n, int64_t d, const float* x, const float* gain,
 }
 
 // ---- RoPE ---------------------------------------------------------------------------------
-Status rope(int64_t n, int64_t heads, int64_t head_dim, float theta, const int64_t* pos,
+Status rope(int64_t n, int64_t heads, int64_t head_dim, const RopeParams& rp, const int64_t* pos,
             bool inverse, float* x, int threads) {
-  if (bad(n) || bad(heads) || bad(head_dim) || head_dim % 2 != 0 || !(theta > 0.f) ||
-      !std::isfinite(theta) || any_null(n, pos, x)) {
+  if (bad(n) || bad(heads) || bad(head_dim) || head_dim % 2 != 0 || !rope_params_valid(rp) ||
+      any_null(n, pos, x)) {
     return Status::kInvalidArgument;
   }
   if (n == 0 || heads == 0 || head_dim == 0) return Status::kOk;
   const Kernels& k = kernels();
   const int64_t half = head_dim / 2;
-  // inv_freq[j] = theta^(-2j/head_dim), fp64: angles pos * inv_freq reach 1e6 rad, where fp32
-  // would lose whole radians.
+  // inv_freq[j] = theta^(-2j/head_dim) (scaled: kernels/rope.h), fp64: angles pos * inv_freq
+  // reach 1e6 rad, where fp32 would lose whole radians.
   std::vector<double> inv_freq(half);
-  for (int64_t j = 0; j < half; ++j) {
-    inv_freq[j] = std::pow(static_cast<double>(theta), -2.0 * j / static_cast<double>(head_dim));
-  }
+  for (int64_t j = 0; j < half; ++j) inv_freq[j] = rope_inv_freq(rp, j, head_dim);
+  const double mscale = rope_attention_factor(rp);  // yarn's attention factor, else 1
   const double sign = inverse ? -1.0 : 1.0;
   parallel_ranges(n, threads, std::max<int64_t>(1, 256 / std::max<int64_t>(heads, 1)),
                   [&](int, int64_t b, int64_t e) {
@@ -306,8 +305,8 @@ Status rope(int64_t n, int64_t heads, int64_t head_dim, float theta, const int64
                       double p = static_cast<double>(pos[i]);
                       for (int64_t j = 0; j < half; ++j) {
                         double ang = p * inv_freq[j];
-                        float c = static_cast<float>(std::cos(ang));
-                        float s = static_cast<float>(sign * std::sin(ang));
+                        float c = static_cast<float>(mscale * std::cos(ang));
+                        float s = static_cast<float>(sign * mscale * std::sin(ang));
                         cc[2 * j] = cc[2 * j + 1] = c;
                         ss[2 * j] = -s;
                         ss[2 * j + 1] = s;

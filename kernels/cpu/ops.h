@@ -45,8 +45,9 @@ Status rmsnorm_forward(int64_t n, int64_t d, float eps, const float* x, const fl
                        float* rstd, int threads);
 Status rmsnorm_backward(int64_t n, int64_t d, const float* x, const float* gain, const float* rstd,
                         const float* dy, float* dx, float* dgain, int threads);
-// head_dim must be even. Angles are computed in fp64 (positions reach 1e6 and beyond).
-Status rope(int64_t n, int64_t heads, int64_t head_dim, float theta, const int64_t* pos,
+// head_dim must be even. Angles are computed in fp64 (positions reach 1e6 and beyond);
+// frequencies and the attention factor as kernels/rope.h says.
+Status rope(int64_t n, int64_t heads, int64_t head_dim, const RopeParams& p, const int64_t* pos,
             bool inverse, float* x, int threads);
 Status swiglu_forward(int64_t n, const float* gate, const float* up, float* out, int threads);
 Status swiglu_backward(int64_t n, const float* gate, const float* up, const float* dout,

@@ -58,7 +58,8 @@ class CudaBackend final : public Backend {
                          float* y, float* rstd) override;
   Status rmsnorm_backward(int64_t n, int64_t d, const float* x, const float* gain,
                           const float* rstd, const float* dy, float* dx, float* dgain) override;
-  Status rope(int64_t n, int64_t heads, int64_t head_dim, float theta, const int64_t* pos,
+  using Backend::rope;
+  Status rope(int64_t n, int64_t heads, int64_t head_dim, const RopeParams& p, const int64_t* pos,
               bool inverse, float* x) override;
   Status swiglu_forward(int64_t n, const float* gate, const float* up, float* out) override;
   Status swiglu_backward(int64_t n, const float* gate, const float* up, const float* dout,

@@ -136,17 +136,18 @@ __global__ void rmsnorm_bwd_dgain_kernel(int64_t n, int64_t d, int64_t rows_per_
 }
 
 // ---- rope -------------------------------------------------------------------------------------
-__global__ void rope_kernel(int64_t n, int64_t heads, int64_t head_dim, double theta,
+__global__ void rope_kernel(int64_t n, int64_t heads, int64_t head_dim, RopeParams rp,
                             const int64_t* pos, double sign, float* x) {
+  const double m = rope_attention_factor(rp);
   const int64_t half = head_dim / 2;
   RING_GRID_STRIDE(idx, n * heads * half) {
     const int64_t j = idx % half;
     const int64_t th = idx / half;  // token * heads + head
     const int64_t t = th / heads;
-    const double inv = pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(head_dim));
+    const double inv = rope_inv_freq(rp, j, head_dim);
     double sn, cs;
     sincos(static_cast<double>(pos[t]) * inv, &sn, &cs);
-    const float c = static_cast<float>(cs), s = static_cast<float>(sign * sn);
+    const float c = static_cast<float>(m * cs), s = static_cast<float>(sign * m * sn);
     float* p = x + th * head_dim + 2 * j;
     const float x0 = p[0], x1 = p[1];
     p[0] = x0 * c - x1 * s;
@@ -460,16 +461,17 @@ Status CudaBackend::rmsnorm_backward(int64_t n, int64_t d, const float* x, const
   RING_LAUNCH(rmsnorm_bwd_dgain_kernel, grid, kBlock, n, d, chunk, x, rstd, dy, dgain);
 }
 
-Status CudaBackend::rope(int64_t n, int64_t heads, int64_t head_dim, float theta,
+Status CudaBackend::rope(int64_t n, int64_t heads, int64_t head_dim, const RopeParams& rp,
                          const int64_t* pos, bool inverse, float* x) {
-  if (n < 0 || heads < 0 || head_dim < 0 || head_dim % 2 != 0 || !(theta > 0.f) ||
-      !std::isfinite(theta) || any_null(n, pos, x)) {
-    return invalid("rope: n, heads >= 0, even head_dim, finite theta > 0, non-null pointers");
+  if (n < 0 || heads < 0 || head_dim < 0 || head_dim % 2 != 0 || !rope_params_valid(rp) ||
+      any_null(n, pos, x)) {
+    return invalid("rope: n, heads >= 0, even head_dim, valid RoPE parameters (finite theta > 0, "
+                   "scaling as kernels/rope.h), non-null pointers");
   }
   if (n == 0 || heads == 0 || head_dim == 0) return Status::kOk;
   const int64_t total = n * heads * (head_dim / 2);
-  RING_LAUNCH(rope_kernel, grid_for(total), kBlock, n, heads, head_dim, static_cast<double>(theta),
-              pos, inverse ? -1.0 : 1.0, x);
+  RING_LAUNCH(rope_kernel, grid_for(total), kBlock, n, heads, head_dim, rp, pos,
+              inverse ? -1.0 : 1.0, x);
 }
 
 namespace {

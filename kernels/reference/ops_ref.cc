@@ -67,6 +67,24 @@ void rope(int64_t n, int64_t heads, int64_t head_dim, float theta, const int64_t
   }
 }
 
+void rope(int64_t n, int64_t heads, int64_t head_dim, const RopeParams& p, const int64_t* pos,
+          bool inverse, float* x) {
+  const double m = rope_attention_factor(p);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* row = x + (i * heads + h) * head_dim;
+      for (int64_t j = 0; j < head_dim / 2; ++j) {
+        double angle = static_cast<double>(pos[i]) * rope_inv_freq(p, j, head_dim);
+        if (inverse) angle = -angle;
+        double c = m * std::cos(angle), s = m * std::sin(angle);
+        double x0 = row[2 * j], x1 = row[2 * j + 1];
+        row[2 * j] = static_cast<float>(x0 * c - x1 * s);
+        row[2 * j + 1] = static_cast<float>(x0 * s + x1 * c);
+      }
+    }
+  }
+}
+
 namespace {
 double sigmoid(double x) {
   return 1.0 / (1.0 + std::exp(-x));

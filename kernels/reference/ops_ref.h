@@ -23,6 +23,9 @@ void rmsnorm_backward(int64_t n, int64_t d, const float* x, const float* gain, c
 // x [n, heads, head_dim] in place; pairs (2j, 2j+1) rotated by pos * theta^(-2j/head_dim).
 void rope(int64_t n, int64_t heads, int64_t head_dim, float theta, const int64_t* pos, bool inverse,
           float* x);
+// With scaling (kernels/rope.h): angle pos * rope_inv_freq(p, j), times rope_attention_factor.
+void rope(int64_t n, int64_t heads, int64_t head_dim, const RopeParams& p, const int64_t* pos,
+          bool inverse, float* x);
 void swiglu_forward(int64_t n, const float* gate, const float* up, float* out);
 void swiglu_backward(int64_t n, const float* gate, const float* up, const float* dout, float* dgate,
                      float* dup);

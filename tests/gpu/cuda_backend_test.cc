@@ -467,6 +467,31 @@ TEST(CudaOps, RopeForwardAndInverseAtLargePositions) {
   }
 }
 
+TEST(CudaOps, RopeScalingMatchesCpu) {
+  REQUIRE_GPU();
+  const int64_t n = 40, h = 2, hd = 64;
+  std::vector<int64_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = i * 1601;
+  RopeParams rp;
+  rp.theta = 500000.0;
+  rp.factor = 8.0;
+  rp.original_context = 8192.0;
+  for (RopeScaling s : {RopeScaling::kLinear, RopeScaling::kLlama3, RopeScaling::kYarn}) {
+    rp.scaling = s;
+    for (bool inverse : {false, true}) {
+      Vec got, want;
+      for (Backend* b : {backends().gpu.get(), backends().cpu.get()}) {
+        Dev<float> x(b, randn(n * h * hd, 6));
+        Dev<int64_t> p(b, pos);
+        ASSERT_EQ(b->rope(n, h, hd, rp, p.get(), inverse, x.get()), Status::kOk);
+        (b == backends().cpu.get() ? want : got) = x.host();
+      }
+      EXPECT_TRUE(all_close("rope", got, want, kEw))
+          << "scaling " << static_cast<int>(s) << " inverse " << inverse;
+    }
+  }
+}
+
 TEST(CudaOps, ActivationsForwardBackward) {
   REQUIRE_GPU();
   const int64_t n = 10001;

@@ -182,6 +182,50 @@ TEST_P(OpsTest, RopeMatchesReferenceAndInverts) {
   }
 }
 
+TEST_P(OpsTest, RopeScalingMatchesReferenceAndDefinitions) {
+  // Tolerance: atol 2e-6 on values ~1 (as above).
+  const int64_t n = 17, heads = 2, hd = 64;
+  std::vector<int64_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = i * 4 * 997;  // multiples of 4
+  RopeParams none, p;
+  none.theta = p.theta = 500000.0;
+  p.factor = 4.0;
+  p.original_context = 8192.0;
+  for (RopeScaling s : {RopeScaling::kLinear, RopeScaling::kLlama3, RopeScaling::kYarn}) {
+    p.scaling = s;
+    Vec x = randn(n * heads * hd, 40), x_ref = x, orig = x;
+    ASSERT_EQ(be_->rope(n, heads, hd, p, pos.data(), false, x.data()), Status::kOk);
+    ref::rope(n, heads, hd, p, pos.data(), false, x_ref.data());
+    EXPECT_TRUE(close(x, x_ref, 2e-6, 1e-5)) << static_cast<int>(s);
+    // The backward is the transpose: forward then backward scales by the factor squared.
+    ASSERT_EQ(be_->rope(n, heads, hd, p, pos.data(), true, x.data()), Status::kOk);
+    const double m2 = rope_attention_factor(p) * rope_attention_factor(p);
+    Vec scaled = orig;
+    for (float& v : scaled) v = static_cast<float>(v * m2);
+    EXPECT_TRUE(close(x, scaled, 5e-6, 1e-5)) << static_cast<int>(s);
+  }
+  // linear: position p with factor 4 is position p / 4 without scaling.
+  p.scaling = RopeScaling::kLinear;
+  std::vector<int64_t> quarter(n);
+  for (int64_t i = 0; i < n; ++i) quarter[i] = pos[i] / 4;
+  Vec a = randn(n * heads * hd, 41), b = a;
+  ASSERT_EQ(be_->rope(n, heads, hd, p, pos.data(), false, a.data()), Status::kOk);
+  ASSERT_EQ(be_->rope(n, heads, hd, none, quarter.data(), false, b.data()), Status::kOk);
+  EXPECT_TRUE(close(a, b, 2e-6, 1e-5));
+  // llama3 keeps the high frequencies (short wavelengths) and divides the low ones; yarn's
+  // attention factor is 0.1 ln(factor) + 1.
+  p.scaling = RopeScaling::kLlama3;
+  EXPECT_EQ(rope_inv_freq(p, 0, hd), rope_inv_freq(none, 0, hd));
+  EXPECT_DOUBLE_EQ(rope_inv_freq(p, hd / 2 - 1, hd), rope_inv_freq(none, hd / 2 - 1, hd) / 4.0);
+  p.scaling = RopeScaling::kYarn;
+  EXPECT_DOUBLE_EQ(rope_attention_factor(p), 0.1 * std::log(4.0) + 1.0);
+  EXPECT_EQ(rope_inv_freq(p, 0, hd), rope_inv_freq(none, 0, hd));
+  EXPECT_DOUBLE_EQ(rope_inv_freq(p, hd / 2 - 1, hd), rope_inv_freq(none, hd / 2 - 1, hd) / 4.0);
+  // Invalid parameters are refused.
+  p.original_context = 0;
+  EXPECT_EQ(be_->rope(n, heads, hd, p, pos.data(), false, a.data()), Status::kInvalidArgument);
+}
+
 TEST_P(OpsTest, SwiGluForwardBackwardMatchReference) {
   // Tolerance: atol 1e-6, rtol 1e-5 (vector exp ~2 ulp, one division).
   for (int64_t n : kSizes) {
@@ -510,7 +554,11 @@ TorchRun run_torch() {
        {"emb_vocab", 17}, {"emb_d", 13},           {"rope_n", 33},     {"rope_heads", 3},
        {"rope_hd", 18},   {"rope_theta", 10000.0}, {"adam_n", 1003},   {"adam_lr", 1e-3},
        {"adam_b1", 0.9},  {"adam_b2", 0.95},       {"adam_eps", 1e-8}, {"adam_wd", 0.1},
-       {"adam_step", 3}};
+       {"adam_step", 3},
+       // RoPE scaling: a Llama-3-like base and original context, positions up to 64k.
+       {"rs_n", 29},      {"rs_heads", 2},         {"rs_hd", 64},      {"rs_theta", 500000.0},
+       {"rs_factor", 8.0}, {"rs_orig", 8192},      {"rs_low", 1.0},    {"rs_high", 4.0},
+       {"rs_beta_fast", 32.0}, {"rs_beta_slow", 1.0}};
   auto I = [&](const char* k) { return static_cast<int64_t>(P[k]); };
   r.f32["rms_x"] = randn(I("rms_n") * I("rms_d"), 200, 2.f);
   r.f32["rms_gain"] = randn(I("rms_d"), 201);
@@ -532,6 +580,10 @@ TorchRun run_torch() {
   r.f32["rope_x"] = randn(I("rope_n") * I("rope_heads") * I("rope_hd"), 210);
   auto& pos = r.i64["rope_pos"];
   for (int64_t i = 0; i < I("rope_n"); ++i) pos.push_back(static_cast<int64_t>(rng() % 1000000));
+  r.f32["rs_x"] = randn(I("rs_n") * I("rs_heads") * I("rs_hd"), 215);
+  r.f32["rs_dout"] = randn(I("rs_n") * I("rs_heads") * I("rs_hd"), 216);
+  auto& rs_pos = r.i64["rs_pos"];
+  for (int64_t i = 0; i < I("rs_n"); ++i) rs_pos.push_back(static_cast<int64_t>(rng() % 65536));
   r.f32["adam_p"] = randn(I("adam_n"), 211);
   r.f32["adam_g"] = randn(I("adam_n"), 212, 0.1f);
   r.f32["adam_m"] = randn(I("adam_n"), 213, 0.01f);
@@ -688,6 +740,39 @@ void torch_rope(Backend* be_) {
   EXPECT_TRUE(close(x, TORCH_OUT("rope_out"), 2e-6, 1e-5));
 }
 
+void torch_rope_scaling(Backend* be_) {
+  // Tolerance vs the transformers formulas in fp64 (torch_ops.py): 1e-6 relative (values ~1,
+  // atol 1e-6): fp64 frequencies and angles in both, fp32 rotation here. Forward, and the
+  // backward (inverse = true: the transpose, times the attention factor) vs autograd.
+  REQUIRE_TORCH();
+  const int64_t n = I("rs_n"), heads = I("rs_heads"), hd = I("rs_hd");
+  RopeParams p;
+  p.theta = T.params.at("rs_theta");
+  p.factor = T.params.at("rs_factor");
+  p.original_context = T.params.at("rs_orig");
+  p.low_freq_factor = T.params.at("rs_low");
+  p.high_freq_factor = T.params.at("rs_high");
+  p.beta_fast = T.params.at("rs_beta_fast");
+  p.beta_slow = T.params.at("rs_beta_slow");
+  for (auto [type, name] : {std::pair{RopeScaling::kLinear, "linear"},
+                            std::pair{RopeScaling::kLlama3, "llama3"},
+                            std::pair{RopeScaling::kYarn, "yarn"}}) {
+    SCOPED_TRACE(name);
+    p.scaling = type;
+    Vec x = T.f32.at("rs_x"), dx = T.f32.at("rs_dout"), x_ref = x;
+    const std::string key = std::string("rs_") + name;
+    ASSERT_EQ(be_->rope(n, heads, hd, p, T.i64.at("rs_pos").data(), false, x.data()),
+              Status::kOk);
+    EXPECT_TRUE(close(x, TORCH_OUT(key + "_out"), 1e-6, 1e-6));
+    ASSERT_EQ(be_->rope(n, heads, hd, p, T.i64.at("rs_pos").data(), true, dx.data()),
+              Status::kOk);
+    EXPECT_TRUE(close(dx, TORCH_OUT(key + "_dx"), 1e-6, 1e-6));
+    // The reference implementation (the model tests' oracle) agrees too.
+    ref::rope(n, heads, hd, p, T.i64.at("rs_pos").data(), false, x_ref.data());
+    EXPECT_TRUE(close(x_ref, TORCH_OUT(key + "_out"), 1e-6, 1e-6));
+  }
+}
+
 void torch_adamw(Backend* be_) {
   // Tolerance vs torch.optim.AdamW (fp32, different operation order): p atol 1e-6 rtol 1e-6;
   // m, v rtol 1e-6 plus an atol of a few ulp of (1 - beta) g: torch updates m with
@@ -727,6 +812,10 @@ TEST_P(TorchOpsTest, AllOpsMatchTorch) {
   {
     SCOPED_TRACE("rope");
     torch_rope(be_.get());
+  }
+  {
+    SCOPED_TRACE("rope_scaling");
+    torch_rope_scaling(be_.get());
   }
   {
     SCOPED_TRACE("adamw");

@@ -110,6 +110,69 @@ def main():
     out[..., 1::2] = x0 * sin + x1 * cos
     save("rope_out", out)
 
+    # RoPE scaling, independently of kernels/rope.h: the inverse frequencies and attention
+    # factor of transformers' rope init functions (modeling_rope_utils.py: linear, llama3, yarn),
+    # written out here in float64 (transformers computes them in float32, which at positions of
+    # 1e4+ moves angles by far more than the 1e-6 compared), applied to interleaved pairs. The
+    # backward is autograd's gradient of the forward.
+    import math
+    n, heads, hd = params["rs_n"], params["rs_heads"], params["rs_hd"]
+    base, factor = float(params["rs_theta"]), float(params["rs_factor"])
+    orig = float(params["rs_orig"])
+    x = load("rs_x", np.float32, (n, heads, hd)).to(torch.float64)
+    dout = load("rs_dout", np.float32, (n, heads, hd)).to(torch.float64)
+    pos = load("rs_pos", np.int64, (n,)).to(torch.float64)
+
+    def default_inv_freq():
+        return 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+
+    def linear():
+        return default_inv_freq() / factor, 1.0
+
+    def llama3():
+        inv_freq = default_inv_freq()
+        low_freq_factor, high_freq_factor = float(params["rs_low"]), float(params["rs_high"])
+        low_freq_wavelen = orig / low_freq_factor
+        high_freq_wavelen = orig / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth_factor = (orig / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, inv_freq_llama), 1.0
+
+    def yarn():
+        beta_fast, beta_slow = float(params["rs_beta_fast"]), float(params["rs_beta_slow"])
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        def find_correction_dim(num_rotations):
+            return (hd * math.log(orig / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low = max(math.floor(find_correction_dim(beta_fast)), 0)
+        high = min(math.ceil(find_correction_dim(beta_slow)), hd - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(hd // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+        pos_freqs = base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        extrapolation = 1.0 / pos_freqs
+        interpolation = 1.0 / (factor * pos_freqs)
+        extrapolation_factor = 1 - ramp
+        inv_freq = (interpolation * (1 - extrapolation_factor) +
+                    extrapolation * extrapolation_factor)
+        return inv_freq, attention_factor
+
+    for name, fn in (("linear", linear), ("llama3", llama3), ("yarn", yarn)):
+        inv_freq, attention_factor = fn()
+        ang = pos[:, None] * inv_freq[None, :]
+        cos = (torch.cos(ang) * attention_factor)[:, None, :]
+        sin = (torch.sin(ang) * attention_factor)[:, None, :]
+        xi = x.clone().requires_grad_(True)
+        x0, x1 = xi[..., 0::2], xi[..., 1::2]
+        out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).reshape(x.shape)
+        out.backward(dout)
+        save(f"rs_{name}_out", out.to(torch.float32))
+        save(f"rs_{name}_dx", xi.grad.to(torch.float32))
+
     # AdamW: one step of torch.optim.AdamW from given (m, v) at step `adam_step`.
     n = params["adam_n"]
     p = torch.nn.Parameter(load("adam_p", np.float32, (n,)))

@@ -39,6 +39,16 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExecutor* attention)
     : config_(config), layout_(config), backend_(backend), attention_(attention) {
+  rope_.theta = static_cast<double>(config_.rope_theta);
+  rope_.scaling = static_cast<kernels::RopeScaling>(config_.rope_scaling);
+  rope_.factor = config_.rope_scaling_factor;
+  rope_.original_context = config_.rope_original_context;
+  rope_.low_freq_factor = config_.rope_low_freq_factor;
+  rope_.high_freq_factor = config_.rope_high_freq_factor;
+  rope_.beta_fast = config_.rope_beta_fast;
+  rope_.beta_slow = config_.rope_beta_slow;
+  if (!kernels::rope_params_valid(rope_))
+    throw ModelError("model config: invalid RoPE scaling parameters (see model.rope_*)");
   const std::string mlp_gate = config_.mlp == spec::MlpKind::kSwiGLU ? "mlp.w_gate" : "";
   off_.resize(config_.layers);
   for (int l = 0; l < config_.layers; ++l) {
@@ -235,12 +245,12 @@ void Model::layer_forward(int l, LayerActs& a) {
   linear(a.h1.data(), w + o.wq, qd, d, a.q.data());
   linear(a.h1.data(), w + o.wk, kvd, d, a.k.data());
   linear(a.h1.data(), w + o.wv, kvd, d, a.v.data());
-  check_status(backend_->rope(t, config_.heads, config_.head_dim, config_.rope_theta, pos_.data(),
-                              false, a.q.data()),
-               "rope");
-  check_status(backend_->rope(t, config_.kv_heads, config_.head_dim, config_.rope_theta,
-                              pos_.data(), false, a.k.data()),
-               "rope");
+  check_status(
+      backend_->rope(t, config_.heads, config_.head_dim, rope_, pos_.data(), false, a.q.data()),
+      "rope");
+  check_status(
+      backend_->rope(t, config_.kv_heads, config_.head_dim, rope_, pos_.data(), false, a.k.data()),
+      "rope");
   attention_->forward(attention_call(l, a), a.o.data(), a.lse.data());
   linear(a.o.data(), w + o.wo, d, qd, a.x_mid.data());
   check_status(backend_->add(t * d, xs_[l].data(), a.x_mid.data(), a.x_mid.data()), "add");
@@ -301,13 +311,13 @@ void Model::layer_backward(int l, LayerActs& a) {
   linear_dx(dx_.data(), w + o.wo, d, qd, 0.f, do_.data());  // [T, H, hd]
   attention_->backward(attention_call(l, a), a.o.data(), a.lse.data(), do_.data(), dq_.data(),
                        dk_.data(), dv_.data());
-  // RoPE is a rotation: its backward is the inverse rotation.
-  check_status(backend_->rope(t, config_.heads, config_.head_dim, config_.rope_theta, pos_.data(),
-                              true, dq_.data()),
-               "rope");
-  check_status(backend_->rope(t, config_.kv_heads, config_.head_dim, config_.rope_theta,
-                              pos_.data(), true, dk_.data()),
-               "rope");
+  // RoPE is a rotation (times yarn's attention factor): its backward is the transpose.
+  check_status(
+      backend_->rope(t, config_.heads, config_.head_dim, rope_, pos_.data(), true, dq_.data()),
+      "rope");
+  check_status(
+      backend_->rope(t, config_.kv_heads, config_.head_dim, rope_, pos_.data(), true, dk_.data()),
+      "rope");
   linear_dw(dq_.data(), a.h1.data(), qd, d, gr + o.wq);
   linear_dw(dk_.data(), a.h1.data(), kvd, d, gr + o.wk);
   linear_dw(dv_.data(), a.h1.data(), kvd, d, gr + o.wv);

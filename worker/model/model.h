@@ -119,6 +119,7 @@ class Model {
   ParamLayout layout_;
   kernels::Backend* backend_;
   AttentionExecutor* attention_;
+  kernels::RopeParams rope_;  // from config_ (theta and scaling)
 
   // Per-layer offsets of each named tensor, cached: [layers][kind].
   struct LayerOffsets {
