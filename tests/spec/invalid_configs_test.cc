@@ -73,6 +73,15 @@ TEST(Ringctl, ValidateExamplesAndUsageErrors) {
       test::run(ringctl + " validate --what-if " + test::source_path("configs/examples/*.yaml"));
   EXPECT_EQ(what_if.exit_code, 0) << what_if.output;
   EXPECT_NE(what_if.output.find("0 invalid"), std::string::npos) << what_if.output;
+  // The fine-tuning example validates with a warning: its init_from (an imported checkpoint)
+  // does not exist here.
+  auto finetune = test::run(ringctl + " validate " +
+                            test::source_path("configs/examples/finetune-longctx.yaml"));
+  EXPECT_EQ(finetune.exit_code, 0) << finetune.output;
+  EXPECT_NE(finetune.output.find("/models/tiny-llama-ckpt does not exist here; ringd refuses to "
+                                 "start without it"),
+            std::string::npos)
+      << finetune.output;
   auto design = test::run(ringctl + " validate " +
                           test::source_path("configs/examples/llama7b-1m-64x8-h100.yaml"));
   EXPECT_EQ(design.exit_code, 1) << design.output;
