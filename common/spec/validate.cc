@@ -179,8 +179,8 @@ const std::vector<Rule>& rules() {
            c.warning("model.rope_scaling_factor", "ignored: model.rope_scaling is none");
        }},
       {{"model.init_from",
-        "An absolute path; a path missing here is a warning (it may exist only on the cluster), "
-        "ringd refuses to start without it."},
+        "An absolute path; a path missing here is a warning (it may exist only on the cluster); "
+        "the job cannot start without it."},
        [](Ctx& c) {
          const std::string& p = c.s.model.init_from;
          if (p.empty()) return;
@@ -192,7 +192,7 @@ const std::vector<Rule>& rules() {
          std::error_code ec;
          if (!std::filesystem::exists(p, ec))
            c.warning("model.init_from",
-                     fmt::format("{} does not exist here; ringd refuses to start without it", p));
+                     fmt::format("{} does not exist here; the job cannot start without it", p));
        }},
       {{"model.vocab, data.source",
         "The text and passkey sources are byte-level: vocab must be at least 256."},

@@ -314,4 +314,12 @@ LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
                        const std::vector<LoadTarget>& targets, int64_t max_step = INT64_MAX,
                        const Layout* job = nullptr);
 
+// Loads the targets from the checkpoint at `path` (model.init_from): a step directory (it holds
+// checkpoint.json; named step-N) loads exactly that step; any other directory is a checkpoint
+// root and loads its newest complete step, as load_latest. Throws CheckpointError naming the path
+// when it is not a directory or nothing loads (with what was skipped), CheckpointMismatch as
+// load_latest. The result has loaded == true.
+LoadResult load_from_path(const std::string& path, int node_rank, int nodes,
+                          const std::vector<LoadTarget>& targets, const Layout* job = nullptr);
+
 }  // namespace ring::ckpt

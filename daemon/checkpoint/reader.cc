@@ -840,4 +840,32 @@ LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
   return res;
 }
 
+LoadResult load_from_path(const std::string& path, int node_rank, int nodes,
+                          const std::vector<LoadTarget>& targets, const Layout* job) {
+  if (!fs::is_dir(path)) throw CheckpointError(path + " is not a directory");
+  // A step directory (it has the commit record) loads that step and nothing older; otherwise
+  // the directory is a checkpoint root: its newest complete step.
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  std::string dir = p;
+  int64_t max_step = INT64_MAX;
+  if (fs::exists(fs::join(p, "checkpoint.json"))) {
+    const std::optional<detail::StepName> name = detail::parse_step_name(fs::basename(p));
+    if (!name || name->partial)
+      throw CheckpointError(p + " has a checkpoint.json but is not named step-<N>");
+    max_step = name->step;
+    const size_t slash = p.rfind('/');
+    dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+  }
+  LoadResult r = load_latest(dir, node_rank, nodes, targets, max_step, job);
+  if (!r.loaded || (max_step != INT64_MAX && r.step != max_step)) {
+    std::string why = r.message;
+    for (const std::string& sk : r.skipped) why += (why.empty() ? "" : "; ") + sk;
+    throw CheckpointError("no complete checkpoint" +
+                          (max_step != INT64_MAX ? " of step " + std::to_string(max_step) : "") +
+                          " in " + dir + (why.empty() ? "" : " (" + why + ")"));
+  }
+  return r;
+}
+
 }  // namespace ring::ckpt

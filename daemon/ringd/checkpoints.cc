@@ -48,24 +48,6 @@ ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, const contract::ParamL
 ckpt::LoadResult load_init_from(const std::string& path,
                                 const std::vector<optim::StateTensor>& tensors, int node_rank,
                                 int nodes, const ckpt::Layout* job) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec))
-    throw ckpt::CheckpointError("model.init_from: " + path + " is not a directory");
-  // A step directory (it has the commit record) loads that step and nothing older; otherwise
-  // the directory is a checkpoint.dir: its newest complete step.
-  std::string dir = path;
-  int64_t max_step = INT64_MAX;
-  const fs::path p = fs::path(path).lexically_normal();
-  const std::string base = (p.has_filename() ? p : p.parent_path()).filename().string();
-  if (fs::exists(p / "checkpoint.json", ec)) {
-    const std::string digits = base.rfind("step-", 0) == 0 ? base.substr(5) : "";
-    if (digits.empty() || digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      throw ckpt::CheckpointError("model.init_from: " + path +
-                                  " has a checkpoint.json but is not named step-<N>");
-    max_step = std::stoll(digits);
-    dir = (p.has_filename() ? p : p.parent_path()).parent_path().string();
-  }
   std::vector<ckpt::LoadTarget> targets;
   for (const optim::StateTensor& t : tensors) {
     if (t.kind != "master") continue;
@@ -74,16 +56,7 @@ ckpt::LoadResult load_init_from(const std::string& path,
     lt.flat_offset = t.offset;
     targets.push_back(std::move(lt));
   }
-  ckpt::LoadResult r = ckpt::load_latest(dir, node_rank, nodes, targets, max_step, job);
-  if (!r.loaded || (max_step != INT64_MAX && r.step != max_step)) {
-    std::string why = r.message;
-    for (const std::string& sk : r.skipped) why += (why.empty() ? "" : "; ") + sk;
-    throw ckpt::CheckpointError(
-        fmt::format("model.init_from: no complete checkpoint{} in {}{}",
-                    max_step != INT64_MAX ? fmt::format(" of step {}", max_step) : "", dir,
-                    why.empty() ? "" : " (" + why + ")"));
-  }
-  return r;
+  return ckpt::load_from_path(path, node_rank, nodes, targets, job);
 }
 
 void Checkpoints::open(int attempt, const std::vector<optim::StateTensor>& tensors) {

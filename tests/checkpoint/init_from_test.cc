@@ -243,3 +243,34 @@ TEST(InitFrom, AResumeFromCheckpointDirWins) {
   EXPECT_NE(b.log.find("resuming from " + t.path + "/ckpt/step-00000006"), std::string::npos)
       << b.log;
 }
+
+// ring-worker alone (single process, AdamW in it): the same checkpoint gives the same losses as
+// the random init it holds.
+TEST(InitFrom, RingWorkerAloneStartsFromTheCheckpoint) {
+  TempDir t("init-from");
+  auto losses = [&](const std::string& name, int seed, const std::string& init,
+                    bool ok = true) {
+    const std::string d = t.path + "/" + name;
+    std::filesystem::create_directories(d);
+    const std::string spec = write_spec(d, seed, init, "");
+    ring::test::Proc p({RING_WORKER, "--spec", spec, "--single-rank", "--steps", "4", "--threads",
+                        "1", "--log-json", d + "/steps.jsonl"},
+                       d + "/out", d + "/out");
+    const int st = p.wait(120);
+    EXPECT_TRUE(WIFEXITED(st) && (WEXITSTATUS(st) == 0) == ok) << st << slurp(d + "/out");
+    std::vector<double> l;
+    for (const json& j : json_lines(d + "/steps.jsonl"))
+      if (j.contains("loss") && j.contains("step")) l.push_back(j["loss"].get<double>());
+    return std::make_pair(l, slurp(d + "/out"));
+  };
+  const auto [a, a_out] = losses("a", 7, "");
+  ASSERT_EQ(a.size(), 4u) << a_out;
+  write_init_checkpoint(t.path + "/a/spec.yaml", t.path + "/init");
+  const auto [b, b_out] = losses("b", 99, t.path + "/init");
+  EXPECT_EQ(b, a) << b_out;
+  const auto [c, c_out] = losses("c", 99, t.path + "/nothing-here", false);
+  EXPECT_NE(c_out.find("cannot initialise from model.init_from: " + t.path +
+                       "/nothing-here is not a directory"),
+            std::string::npos)
+      << c_out;
+}

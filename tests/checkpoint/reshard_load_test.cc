@@ -491,3 +491,56 @@ TEST(ReshardLoad, DamagedTensorFallsBackWhereItIsNeeded) {
     EXPECT_TRUE(r.skipped.empty());
   }
 }
+
+TEST(ReshardLoad, LoadFromPathTakesAStepDirectoryOrARoot) {
+  ring::test::TempDir d("ckpt-reshard");
+  Model m;
+  std::vector<NodeState> old_state = {NodeState(m, 6, 600), NodeState(m, 6, 601)};
+  write_v2(d.path, m, old_state, 10, "optimizer");
+  std::vector<NodeState> writers = {NodeState(m, 7, 700), NodeState(m, 7, 701)};
+  write_v2(d.path, m, writers, 20, "optimizer");
+  // The master tensors only (model.init_from), on one node, from two writers' shards.
+  auto masters = [&](Targets& tg) {
+    std::vector<LoadTarget> t;
+    for (const LoadTarget& x : tg.t)
+      if (x.name.rfind("master/", 0) == 0) t.push_back(x);
+    return t;
+  };
+  {
+    Targets tg(m);
+    LoadResult r = load_from_path(d.path, 0, 1, masters(tg));  // the root: its newest step
+    EXPECT_EQ(r.step, 20);
+    for (const Param& p : m.params)
+      EXPECT_TRUE(same_floats(tg.got.at("master", p), writers[0].at("master", p), p.size));
+  }
+  {
+    Targets tg(m);
+    LoadResult r = load_from_path(d.path + "/step-00000010/", 0, 1, masters(tg));
+    EXPECT_EQ(r.step, 10);
+    for (const Param& p : m.params)
+      EXPECT_TRUE(same_floats(tg.got.at("master", p), old_state[0].at("master", p), p.size));
+  }
+  // A damaged step directory is an error, not a fallback to an older step.
+  const std::string sd = d.path + "/step-00000020";
+  json sm = json::parse(read_text(sd + "/node-00000.json"));
+  uint64_t off = 0;
+  for (const json& t : sm["tensors"])
+    if (t["name"] == "master/head") off = t["offset"].get<uint64_t>() + 8;
+  flip_byte(sd + "/node-00000.bin", off);
+  {
+    Targets tg(m);
+    try {
+      load_from_path(sd, 0, 1, masters(tg));
+      ADD_FAILURE() << "a damaged step directory loaded";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("no complete checkpoint of step 20 in " + d.path),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("tensor 'master/head' checksum mismatch"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  Targets tg(m);
+  EXPECT_THROW(load_from_path(d.path + "/nothing", 0, 1, masters(tg)), CheckpointError);
+}

@@ -78,7 +78,7 @@ TEST(Ringctl, ValidateExamplesAndUsageErrors) {
   auto finetune = test::run(ringctl + " validate " +
                             test::source_path("configs/examples/finetune-longctx.yaml"));
   EXPECT_EQ(finetune.exit_code, 0) << finetune.output;
-  EXPECT_NE(finetune.output.find("/models/tiny-llama-ckpt does not exist here; ringd refuses to "
+  EXPECT_NE(finetune.output.find("/models/tiny-llama-ckpt does not exist here; the job cannot "
                                  "start without it"),
             std::string::npos)
       << finetune.output;

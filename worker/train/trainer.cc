@@ -1,6 +1,10 @@
 #include "worker/train/trainer.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
+
+#include "daemon/checkpoint/checkpoint.h"
 
 namespace ring::train {
 
@@ -12,8 +16,27 @@ Trainer::Trainer(const spec::JobSpec& spec, kernels::Backend* backend,
       backend_(backend),
       model_(model::ModelConfig::from_spec(spec), backend, attention),
       total_steps_(total_steps) {
-  model_.init_params(static_cast<uint64_t>(spec.train.seed));
   const int64_t n = model_.layout().total();
+  if (spec.model.init_from.empty()) {
+    model_.init_params(static_cast<uint64_t>(spec.train.seed));
+  } else {
+    // model.init_from: the checkpoint's master/<param> tensors, found by name in any shard
+    // (names and shapes checked); the moments below start at zero.
+    std::vector<float> host(static_cast<size_t>(n), 0.f);
+    std::vector<ckpt::LoadTarget> targets;
+    for (const auto& v : model_.layout().views()) {
+      ckpt::LoadTarget t{"master/" + v.name, ckpt::DType::kF32, v.shape, host.data() + v.offset};
+      t.flat_name = "master";  // format 1
+      t.flat_offset = v.offset;
+      targets.push_back(std::move(t));
+    }
+    try {
+      ckpt::load_from_path(spec.model.init_from, 0, 1, targets);
+    } catch (const ckpt::CheckpointError& e) {
+      throw model::ModelError(std::string("cannot initialise from model.init_from: ") + e.what());
+    }
+    model_.set_params(host);
+  }
   m_.resize(backend_, n);
   v_.resize(backend_, n);
   check_status(backend_->fill(n, 0.f, m_.data()), "fill");
