@@ -7,7 +7,8 @@
 // forward of those weights on the first batch) and the same losses and master-weight hashes
 // after it (fresh optimizer at step 0, data from the start); training lowers the loss. A
 // checkpoint missing a tensor or holding another shape is refused naming the tensor; a
-// checkpoint in checkpoint.dir wins over init_from.
+// checkpoint in checkpoint.dir wins over init_from. The same on 2 nodes with shard optimizer
+// (each node loads its range), and in ring-worker alone.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,7 @@ data:
 parallel:
   context_ranks: 2
   ring_order: natural
+  shard: {shard}
 optimizer:
   lr: 3.0e-3
   lr_warmup_steps: 0
@@ -66,8 +69,8 @@ checkpoint:
   every_steps: 0
   dir: "{ckpt}"
 resources:
-  nodes: 1
-  workers_per_node: 2
+  nodes: {nodes}
+  workers_per_node: {wpn}
   backend: cpu
   cpus_per_worker: 1
 )";
@@ -77,10 +80,13 @@ std::string subst(std::string s, const std::string& key, const std::string& v) {
   return s;
 }
 
+// nodes 2: one worker each, parallel.shard optimizer (the master weights split over the nodes).
 std::string write_spec(const std::string& dir, int seed, const std::string& init,
-                       const std::string& ckpt) {
+                       const std::string& ckpt, int nodes = 1) {
   std::string s =
       subst(subst(subst(kSpec, "{seed}", std::to_string(seed)), "{init}", init), "{ckpt}", ckpt);
+  s = subst(subst(subst(s, "{nodes}", std::to_string(nodes)), "{wpn}", nodes == 1 ? "2" : "1"),
+            "{shard}", nodes == 1 ? "none" : "optimizer");
   const std::string path = dir + "/spec.yaml";
   std::ofstream(path) << s;
   return path;
@@ -93,28 +99,41 @@ struct JobRun {
   std::string log, err;
 };
 
+// Runs the job on `nodes` ringd processes; the status is node 0's, or the first other non-zero.
 JobRun run_ringd(const std::string& dir, const std::string& spec,
-              std::vector<std::string> extra = {}) {
+                 std::vector<std::string> extra = {}, int nodes = 1) {
   ring::test::ProcOptions o = ring::test::ucx_loopback();
   o.kill_on_timeout = true;
-  std::vector<std::string> args = {RINGD_BIN,
-                                   "--spec",
-                                   spec,
-                                   "--job-dir",
-                                   dir + "/job",
-                                   "--json",
-                                   "--hash-weights",
-                                   "--worker-threads",
-                                   "1",
-                                   "--worker-bin",
-                                   RING_WORKER,
-                                   "--threads",
-                                   "1"};
-  args.insert(args.end(), extra.begin(), extra.end());
   JobRun r;
   {
-    ring::test::Proc p(args, dir + "/out", dir + "/err", o);
-    r.status = p.wait(180);
+    std::vector<std::unique_ptr<ring::test::Proc>> procs;
+    for (int k = 0; k < nodes; ++k) {
+      std::vector<std::string> args = {RINGD_BIN,
+                                       "--spec",
+                                       spec,
+                                       "--job-dir",
+                                       dir + "/job",
+                                       "--json",
+                                       "--hash-weights",
+                                       "--worker-threads",
+                                       "1",
+                                       "--worker-bin",
+                                       RING_WORKER,
+                                       "--threads",
+                                       "1"};
+      if (nodes > 1)
+        for (std::string s :
+             {std::string("--nodes"), std::to_string(nodes), std::string("--node-rank"),
+              std::to_string(k), std::string("--rendezvous"), dir + "/rdv"})
+          args.push_back(s);
+      args.insert(args.end(), extra.begin(), extra.end());
+      const std::string out = k == 0 ? dir + "/out" : dir + "/out-" + std::to_string(k);
+      procs.push_back(std::make_unique<ring::test::Proc>(args, out, out + ".err", o));
+    }
+    for (int k = 0; k < nodes; ++k) {
+      const int st = procs[k]->wait(180);
+      if (k == 0 || (r.status == 0 && st != 0)) r.status = st;
+    }
   }
   for (const json& j : json_lines(dir + "/out")) {
     if (j.contains("event") || !j.contains("step") || !j.contains("loss")) continue;
@@ -122,7 +141,7 @@ JobRun run_ringd(const std::string& dir, const std::string& spec,
     if (j.contains("weights_xxh")) r.hash[j["step"]] = j["weights_xxh"];
   }
   r.log = slurp(dir + "/job/logs/ringd-0.log");
-  r.err = slurp(dir + "/err");
+  r.err = slurp(dir + "/out.err");
   return r;
 }
 
@@ -273,4 +292,29 @@ TEST(InitFrom, RingWorkerAloneStartsFromTheCheckpoint) {
                        "/nothing-here is not a directory"),
             std::string::npos)
       << c_out;
+}
+
+// Two nodes with parallel.shard optimizer: each node loads the master tensors of its own range
+// from the one-node checkpoint; the run equals the same job from random init.
+TEST(InitFrom, TwoNodesWithShardOptimizerStartFromTheCheckpoint) {
+  TempDir t("init-from");
+  std::filesystem::create_directories(t.path + "/a");
+  const JobRun a = run_ringd(t.path + "/a", write_spec(t.path + "/a", 7, "", "", 2), {}, 2);
+  ASSERT_TRUE(WIFEXITED(a.status) && WEXITSTATUS(a.status) == 0) << a.err << a.log;
+  ASSERT_EQ(a.loss.size(), 6u) << a.log;
+  write_init_checkpoint(t.path + "/a/spec.yaml", t.path + "/init");
+  std::filesystem::create_directories(t.path + "/b");
+  const JobRun b =
+      run_ringd(t.path + "/b", write_spec(t.path + "/b", 99, t.path + "/init", "", 2), {}, 2);
+  ASSERT_TRUE(WIFEXITED(b.status) && WEXITSTATUS(b.status) == 0) << b.err << b.log;
+  EXPECT_NE(b.log.find("master weights initialised from " + t.path + "/init/step-00000000"),
+            std::string::npos)
+      << b.log;
+  ASSERT_EQ(b.loss.size(), 6u) << b.log;
+  for (int64_t s = 1; s <= 6; ++s) {
+    EXPECT_EQ(b.loss.at(s), a.loss.at(s)) << "step " << s;
+    EXPECT_EQ(b.hash.at(s), a.hash.at(s)) << "step " << s;
+  }
+  std::printf("init_from on 2 nodes, shard optimizer: loss step 1 %.6f, step 6 %.6f\n",
+              b.loss.at(1), b.loss.at(6));
 }
