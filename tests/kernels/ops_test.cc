@@ -740,6 +740,17 @@ void torch_rope(Backend* be_) {
   EXPECT_TRUE(close(x, TORCH_OUT("rope_out"), 2e-6, 1e-5));
 }
 
+// Largest |got - want| and largest |got - want| / |want| (over |want| > 1e-3), for the log.
+std::pair<double, double> worst_error(const Vec& got, const Vec& want) {
+  double abs = 0, rel = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    abs = std::max(abs, d);
+    if (std::fabs(want[i]) > 1e-3) rel = std::max(rel, d / std::fabs(want[i]));
+  }
+  return {abs, rel};
+}
+
 void torch_rope_scaling(Backend* be_) {
   // Tolerance vs the transformers formulas in fp64 (torch_ops.py): 1e-6 relative (values ~1,
   // atol 1e-6): fp64 frequencies and angles in both, fp32 rotation here. Forward, and the
@@ -767,6 +778,11 @@ void torch_rope_scaling(Backend* be_) {
     ASSERT_EQ(be_->rope(n, heads, hd, p, T.i64.at("rs_pos").data(), true, dx.data()),
               Status::kOk);
     EXPECT_TRUE(close(dx, TORCH_OUT(key + "_dx"), 1e-6, 1e-6));
+    const auto [fa, fr] = worst_error(x, TORCH_OUT(key + "_out"));
+    const auto [ba, br] = worst_error(dx, TORCH_OUT(key + "_dx"));
+    std::printf("[ rope_scaling ] %s vs torch: forward max abs %.2e rel %.2e; backward max abs "
+                "%.2e rel %.2e\n",
+                name, fa, fr, ba, br);
     // The reference implementation (the model tests' oracle) agrees too.
     ref::rope(n, heads, hd, p, T.i64.at("rs_pos").data(), false, x_ref.data());
     EXPECT_TRUE(close(x_ref, TORCH_OUT(key + "_out"), 1e-6, 1e-6));
