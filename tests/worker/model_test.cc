@@ -35,6 +35,7 @@ struct Case {
   bool tied;
   int64_t heads, kv_heads;
   bool zigzag_positions;  // positions of a zigzag shard (two runs) instead of 0..T-1
+  spec::RopeScaling rope_scaling = spec::RopeScaling::kNone;  // factor 4, original context 64
 };
 
 ModelConfig make_config(const Case& c) {
@@ -50,6 +51,9 @@ ModelConfig make_config(const Case& c) {
   m.tie_embeddings = c.tied;
   m.rope_theta = 500.f;  // small base: positions up to ~200 turn many times
   m.norm_eps = 1e-5f;
+  m.rope_scaling = c.rope_scaling;
+  m.rope_scaling_factor = c.rope_scaling == spec::RopeScaling::kNone ? 1.0 : 4.0;
+  m.rope_original_context = 64.0;
   return m;
 }
 
@@ -178,6 +182,12 @@ TEST_P(ModelVsTorch, LossAndEveryGradient) {
   j["tie_embeddings"] = cfg.tie_embeddings;
   j["rope_theta"] = cfg.rope_theta;
   j["norm_eps"] = cfg.norm_eps;
+  if (cfg.rope_scaling != spec::RopeScaling::kNone)
+    j["rope_scaling"] = {{"type", spec::to_string(cfg.rope_scaling)},
+                         {"factor", cfg.rope_scaling_factor},
+                         {"original", cfg.rope_original_context},
+                         {"beta_fast", cfg.rope_beta_fast},
+                         {"beta_slow", cfg.rope_beta_slow}};
   j["global_valid"] = global_valid;
   j["total"] = layout.total();
   for (const ParamView& v : layout.views()) {
@@ -225,7 +235,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"swiglu_tied_gqa", spec::MlpKind::kSwiGLU, true, 4, 2, false},
                       Case{"gelu_untied_mha", spec::MlpKind::kGelu, false, 4, 4, false},
                       Case{"swiglu_untied_mqa_zigzag", spec::MlpKind::kSwiGLU, false, 4, 1, true},
-                      Case{"gelu_tied_gqa_zigzag", spec::MlpKind::kGelu, true, 4, 2, true}),
+                      Case{"gelu_tied_gqa_zigzag", spec::MlpKind::kGelu, true, 4, 2, true},
+                      Case{"swiglu_tied_gqa_zigzag_yarn", spec::MlpKind::kSwiGLU, true, 4, 2,
+                           true, spec::RopeScaling::kYarn},
+                      Case{"gelu_untied_mha_linear", spec::MlpKind::kGelu, false, 4, 4, false,
+                           spec::RopeScaling::kLinear}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(ParamLayout, BucketsArePrefixesInBackwardOrder) {

@@ -34,14 +34,33 @@ def rmsnorm(x, g, eps):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * g
 
 
-def rope(x, pos, theta):
-    # x: [T, H, hd]; rotates (x[2j], x[2j+1]) by pos * theta^(-2j/hd).
+def rope(x, pos, theta, scaling=None):
+    # x: [T, H, hd]; rotates (x[2j], x[2j+1]) by pos * theta^(-2j/hd). scaling: None, or
+    # {"type": "linear"|"yarn", "factor", "original", "beta_fast", "beta_slow"} with the
+    # transformers semantics (yarn: ramped interpolation, cos and sin times 0.1 ln(factor) + 1).
     hd = x.shape[-1]
     j = torch.arange(hd // 2, dtype=torch.float64)
     inv = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -2.0 * j / hd)
+    mscale = 1.0
+    if scaling and scaling["type"] == "linear":
+        inv = inv / scaling["factor"]
+    elif scaling and scaling["type"] == "yarn":
+        import math
+        factor, orig = scaling["factor"], scaling["original"]
+
+        def corr(rot):
+            return (hd * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
+
+        low = max(math.floor(corr(scaling["beta_fast"])), 0)
+        high = min(math.ceil(corr(scaling["beta_slow"])), hd - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((j - low) / (high - low), 0, 1)
+        inv = inv / factor * ramp + inv * (1 - ramp)
+        mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
     ang = pos.to(torch.float64)[:, None] * inv[None, :]
-    c = torch.cos(ang).to(x.dtype)[:, None, :]
-    s = torch.sin(ang).to(x.dtype)[:, None, :]
+    c = (torch.cos(ang) * mscale).to(x.dtype)[:, None, :]
+    s = (torch.sin(ang) * mscale).to(x.dtype)[:, None, :]
     x0, x1 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1).flatten(-2)
 
@@ -69,7 +88,8 @@ def model_loss(cfg, P, ids, labels, pos, docs, global_valid):
         q = (h @ P[p + "attn.wq"].t()).view(T, H, hd)
         k = (h @ P[p + "attn.wk"].t()).view(T, KH, hd)
         v = (h @ P[p + "attn.wv"].t()).view(T, KH, hd)
-        q, k = rope(q, pos, theta), rope(k, pos, theta)
+        scaling = cfg.get("rope_scaling")
+        q, k = rope(q, pos, theta, scaling), rope(k, pos, theta, scaling)
         o = attention(q, k, v, pos, docs, 1.0 / (hd ** 0.5)).reshape(T, H * hd)
         x = x + o @ P[p + "attn.wo"].t()
         h = rmsnorm(x, P[p + "mlp_norm.gain"], eps)
