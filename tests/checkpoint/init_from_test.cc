@@ -97,6 +97,7 @@ struct JobRun {
   std::map<int64_t, double> loss;
   std::map<int64_t, std::string> hash;
   std::string log, err;
+  json initialised;  // the initialised_from event (null: none)
 };
 
 // Runs the job on `nodes` ringd processes; the status is node 0's, or the first other non-zero.
@@ -136,6 +137,7 @@ JobRun run_ringd(const std::string& dir, const std::string& spec,
     }
   }
   for (const json& j : json_lines(dir + "/out")) {
+    if (j.value("event", "") == "initialised_from") r.initialised = j;
     if (j.contains("event") || !j.contains("step") || !j.contains("loss")) continue;
     r.loss[j["step"]] = j["loss"].get<double>();
     if (j.contains("weights_xxh")) r.hash[j["step"]] = j["weights_xxh"];
@@ -199,6 +201,8 @@ TEST(InitFrom, StartsFromTheCheckpointsWeightsWithAFreshOptimizer) {
     EXPECT_NE(b.log.find("master weights initialised from " + t.path + "/init/step-00000000"),
               std::string::npos)
         << b.log;
+    EXPECT_EQ(b.initialised.value("path", ""), t.path + "/init/step-00000000");
+    EXPECT_EQ(b.initialised.value("step", -1), 0);
     ASSERT_EQ(b.loss.size(), 6u) << b.log;
     // Step 1's loss is the forward of the checkpoint's weights: the reference's first loss.
     EXPECT_EQ(b.loss.at(1), a.loss.at(1));
@@ -261,6 +265,7 @@ TEST(InitFrom, AResumeFromCheckpointDirWins) {
   EXPECT_NE(b.log.find("not used: resuming from checkpoint.dir"), std::string::npos) << b.log;
   EXPECT_NE(b.log.find("resuming from " + t.path + "/ckpt/step-00000006"), std::string::npos)
       << b.log;
+  EXPECT_TRUE(b.initialised.is_null());
 }
 
 // ring-worker alone (single process, AdamW in it): the same checkpoint gives the same losses as
