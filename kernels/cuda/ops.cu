@@ -465,8 +465,9 @@ Status CudaBackend::rope(int64_t n, int64_t heads, int64_t head_dim, const RopeP
                          const int64_t* pos, bool inverse, float* x) {
   if (n < 0 || heads < 0 || head_dim < 0 || head_dim % 2 != 0 || !rope_params_valid(rp) ||
       any_null(n, pos, x)) {
-    return invalid("rope: n, heads >= 0, even head_dim, valid RoPE parameters (finite theta > 0, "
-                   "scaling as kernels/rope.h), non-null pointers");
+    return invalid(
+        "rope: n, heads >= 0, even head_dim, valid RoPE parameters (finite theta > 0, "
+        "scaling as kernels/rope.h), non-null pointers");
   }
   if (n == 0 || heads == 0 || head_dim == 0) return Status::kOk;
   const int64_t total = n * heads * (head_dim / 2);

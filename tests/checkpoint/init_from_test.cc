@@ -272,8 +272,7 @@ TEST(InitFrom, AResumeFromCheckpointDirWins) {
 // the random init it holds.
 TEST(InitFrom, RingWorkerAloneStartsFromTheCheckpoint) {
   TempDir t("init-from");
-  auto losses = [&](const std::string& name, int seed, const std::string& init,
-                    bool ok = true) {
+  auto losses = [&](const std::string& name, int seed, const std::string& init, bool ok = true) {
     const std::string d = t.path + "/" + name;
     std::filesystem::create_directories(d);
     const std::string spec = write_spec(d, seed, init, "");

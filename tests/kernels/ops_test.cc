@@ -554,11 +554,18 @@ TorchRun run_torch() {
        {"emb_vocab", 17}, {"emb_d", 13},           {"rope_n", 33},     {"rope_heads", 3},
        {"rope_hd", 18},   {"rope_theta", 10000.0}, {"adam_n", 1003},   {"adam_lr", 1e-3},
        {"adam_b1", 0.9},  {"adam_b2", 0.95},       {"adam_eps", 1e-8}, {"adam_wd", 0.1},
-       {"adam_step", 3},
-       // RoPE scaling: a Llama-3-like base and original context, positions up to 64k.
-       {"rs_n", 29},      {"rs_heads", 2},         {"rs_hd", 64},      {"rs_theta", 500000.0},
-       {"rs_factor", 8.0}, {"rs_orig", 8192},      {"rs_low", 1.0},    {"rs_high", 4.0},
-       {"rs_beta_fast", 32.0}, {"rs_beta_slow", 1.0}};
+       {"adam_step", 3}};
+  // RoPE scaling: a Llama-3-like base and original context, positions up to 64k.
+  P.insert({{"rs_n", 29},
+            {"rs_heads", 2},
+            {"rs_hd", 64},
+            {"rs_theta", 500000.0},
+            {"rs_factor", 8.0},
+            {"rs_orig", 8192},
+            {"rs_low", 1.0},
+            {"rs_high", 4.0},
+            {"rs_beta_fast", 32.0},
+            {"rs_beta_slow", 1.0}});
   auto I = [&](const char* k) { return static_cast<int64_t>(P[k]); };
   r.f32["rms_x"] = randn(I("rms_n") * I("rms_d"), 200, 2.f);
   r.f32["rms_gain"] = randn(I("rms_d"), 201);
@@ -765,24 +772,23 @@ void torch_rope_scaling(Backend* be_) {
   p.high_freq_factor = T.params.at("rs_high");
   p.beta_fast = T.params.at("rs_beta_fast");
   p.beta_slow = T.params.at("rs_beta_slow");
-  for (auto [type, name] : {std::pair{RopeScaling::kLinear, "linear"},
-                            std::pair{RopeScaling::kLlama3, "llama3"},
-                            std::pair{RopeScaling::kYarn, "yarn"}}) {
+  for (auto [type, name] :
+       {std::pair{RopeScaling::kLinear, "linear"}, std::pair{RopeScaling::kLlama3, "llama3"},
+        std::pair{RopeScaling::kYarn, "yarn"}}) {
     SCOPED_TRACE(name);
     p.scaling = type;
     Vec x = T.f32.at("rs_x"), dx = T.f32.at("rs_dout"), x_ref = x;
     const std::string key = std::string("rs_") + name;
-    ASSERT_EQ(be_->rope(n, heads, hd, p, T.i64.at("rs_pos").data(), false, x.data()),
-              Status::kOk);
+    ASSERT_EQ(be_->rope(n, heads, hd, p, T.i64.at("rs_pos").data(), false, x.data()), Status::kOk);
     EXPECT_TRUE(close(x, TORCH_OUT(key + "_out"), 1e-6, 1e-6));
-    ASSERT_EQ(be_->rope(n, heads, hd, p, T.i64.at("rs_pos").data(), true, dx.data()),
-              Status::kOk);
+    ASSERT_EQ(be_->rope(n, heads, hd, p, T.i64.at("rs_pos").data(), true, dx.data()), Status::kOk);
     EXPECT_TRUE(close(dx, TORCH_OUT(key + "_dx"), 1e-6, 1e-6));
     const auto [fa, fr] = worst_error(x, TORCH_OUT(key + "_out"));
     const auto [ba, br] = worst_error(dx, TORCH_OUT(key + "_dx"));
-    std::printf("[ rope_scaling ] %s vs torch: forward max abs %.2e rel %.2e; backward max abs "
-                "%.2e rel %.2e\n",
-                name, fa, fr, ba, br);
+    std::printf(
+        "[ rope_scaling ] %s vs torch: forward max abs %.2e rel %.2e; backward max abs "
+        "%.2e rel %.2e\n",
+        name, fa, fr, ba, br);
     // The reference implementation (the model tests' oracle) agrees too.
     ref::rope(n, heads, hd, p, T.i64.at("rs_pos").data(), false, x_ref.data());
     EXPECT_TRUE(close(x_ref, TORCH_OUT(key + "_out"), 1e-6, 1e-6));
