@@ -310,4 +310,123 @@ TEST(HfImport, RopeRowPermutationInverts) {
   EXPECT_EQ(p, w);
 }
 
+// A tiny Llama in the Hugging Face layout under dir (one model.safetensors), all weights 0.5
+// except what `mutate` changes in the tensor list.
+struct TinyHf {
+  fs::path dir;
+  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 16},
+                           {"intermediate_size", 32}, {"num_hidden_layers", 1},
+                           {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+                           {"vocab_size", 20}, {"tie_word_embeddings", false}};
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
+      {"model.embed_tokens.weight", {20, 16}},
+      {"model.layers.0.input_layernorm.weight", {16}},
+      {"model.layers.0.self_attn.q_proj.weight", {16, 16}},
+      {"model.layers.0.self_attn.k_proj.weight", {8, 16}},
+      {"model.layers.0.self_attn.v_proj.weight", {8, 16}},
+      {"model.layers.0.self_attn.o_proj.weight", {16, 16}},
+      {"model.layers.0.post_attention_layernorm.weight", {16}},
+      {"model.layers.0.mlp.gate_proj.weight", {32, 16}},
+      {"model.layers.0.mlp.up_proj.weight", {32, 16}},
+      {"model.layers.0.mlp.down_proj.weight", {16, 32}},
+      {"model.norm.weight", {16}},
+      {"lm_head.weight", {20, 16}}};
+  void write() {
+    fs::create_directories(dir);
+    std::ofstream((dir / "config.json").string()) << config.dump();
+    std::vector<float> ones(1024, 0.5f);
+    std::vector<ring::st::WriteTensor> ws;
+    for (const auto& [n, s] : tensors) ws.push_back({n, s, ones.data()});
+    ring::st::write_file((dir / "model.safetensors").string(), ws, DType::kBF16);
+  }
+};
+
+ring::hf::ImportResult import_to(const fs::path& src, const std::string& out) {
+  ring::hf::ImportOptions o;
+  o.src = src.string();
+  o.out = out;
+  o.fsync = false;
+  return ring::hf::import_model(o);
+}
+
+std::string import_error(const TinyHf& m, const std::string& out) {
+  try {
+    import_to(m.dir, out);
+  } catch (const ring::hf::ConvertError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfImport, RefusesModelsThatDoNotMatchTheirConfig) {
+  const fs::path root = fs::temp_directory_path() / ("st-imp-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  TinyHf m{root / "hf"};
+  m.write();
+  const std::string out = (root / "ck").string();
+  ASSERT_EQ(import_error(m, out), "");
+  EXPECT_TRUE(fs::exists(root / "ck" / "model.yaml"));
+  EXPECT_TRUE(fs::exists(root / "ck" / "step-00000000" / "checkpoint.json"));
+  // Not into a non-empty directory.
+  EXPECT_NE(import_error(m, out).find("not empty"), std::string::npos);
+  // A bias (no counterpart), a missing tensor, a wrong shape, a hostile file.
+  auto expect = [&](TinyHf bad, const std::string& what) {
+    fs::remove_all(bad.dir);
+    bad.write();
+    std::string err = import_error(bad, (root / "ck-bad").string());
+    EXPECT_NE(err.find(what), std::string::npos) << err;
+    EXPECT_FALSE(fs::exists(root / "ck-bad" / "latest")) << what;
+    fs::remove_all(root / "ck-bad");
+  };
+  TinyHf bias = m;
+  bias.tensors.push_back({"model.layers.0.self_attn.q_proj.bias", {16}});
+  expect(bias, "q_proj.bias' has no ringmaster counterpart");
+  TinyHf missing = m;
+  missing.tensors.erase(missing.tensors.begin() + 3);
+  expect(missing, "model.layers.0.self_attn.k_proj.weight' (layers.0.attn.wk) is missing");
+  TinyHf shape = m;
+  shape.tensors[3].second = {16, 16};
+  expect(shape, "has shape [16,16] but config.json gives layers.0.attn.wk the shape [8,16]");
+  TinyHf extra_layer = m;
+  extra_layer.tensors.push_back({"model.layers.1.input_layernorm.weight", {16}});
+  expect(extra_layer, "no ringmaster counterpart");
+  // A truncated file: the reader's rule, with the file's path.
+  fs::remove_all(m.dir);
+  m.write();
+  fs::resize_file(m.dir / "model.safetensors", fs::file_size(m.dir / "model.safetensors") - 2);
+  std::string err = import_error(m, (root / "ck-trunc").string());
+  EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("offsets inside the data section"), std::string::npos) << err;
+  fs::remove_all(root);
+}
+
+TEST(HfExport, UsesTheLayoutRecordWithoutModelYaml) {
+  const fs::path root = fs::temp_directory_path() / ("st-exp-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  TinyHf m{root / "hf"};
+  m.write();
+  import_to(m.dir, (root / "ck").string());
+  fs::remove(root / "ck" / "model.yaml");  // as a training checkpoint has none
+  std::vector<std::string> notes;
+  ring::hf::ExportOptions eo;
+  eo.ckpt = (root / "ck" / "step-00000000").string();
+  eo.out = (root / "out").string();
+  eo.dtype = "bf16";
+  auto r = ring::hf::export_model(eo, [&](const std::string& l) { notes.push_back(l); });
+  EXPECT_EQ(r.step, 0);
+  ASSERT_EQ(r.files.size(), 1u);
+  ring::st::Model back = ring::st::Model::open((root / "out").string());
+  EXPECT_EQ(back.names().size(), m.tensors.size());
+  // bf16 0.5 survives exactly, whatever the permutation.
+  for (const auto& n : back.names())
+    for (float x : back.find(n)->file->to_f32(*back.find(n)->info)) ASSERT_EQ(x, 0.5f) << n;
+  bool noted = false;
+  for (const auto& l : notes) noted |= l.find("no model.yaml") != std::string::npos;
+  EXPECT_TRUE(noted);
+  auto cfg = nlohmann::json::parse(std::ifstream((root / "out" / "config.json").string()));
+  EXPECT_EQ(cfg["num_key_value_heads"], 1);
+  EXPECT_EQ(cfg["tie_word_embeddings"], false);
+  fs::remove_all(root);
+}
+
 }  // namespace
