@@ -30,6 +30,13 @@ namespace {
   throw ConvertError(file + ": " + what);
 }
 
+// A checkpoint library error, with the path in front unless it names it already.
+[[noreturn]] void rethrow_naming(const std::string& path, const std::exception& e) {
+  const std::string what = e.what();
+  if (what.find(path) != std::string::npos) throw ConvertError(what);
+  fail(path, what);
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "cannot read");
@@ -559,7 +566,7 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
       if (list.empty()) fail(o.ckpt, "holds no checkpoint");
     }
   } catch (const ckpt::CheckpointError& e) {
-    fail(o.ckpt, e.what());
+    rethrow_naming(o.ckpt, e);
   }
 
   HfConfig c;
@@ -612,7 +619,7 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
     res.step = lr.step;
     say("loaded " + lr.path);
   } catch (const ckpt::CheckpointError& e) {
-    fail(o.ckpt, e.what());
+    rethrow_naming(o.ckpt, e);
   }
 
   // Back to the Hugging Face layout, in the usual order (embedding, layers, norm, head).
