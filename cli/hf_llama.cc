@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -72,9 +74,17 @@ bool truthy(const json& j, const char* key) {
 
 // A number as YAML / JSON text that reads back to the same double.
 std::string num(double x) {
-  std::ostringstream s;
-  s << std::setprecision(17) << x;
-  return s.str();
+  // The shortest %g form that reads back to x (1e-05, not 1.0000000000000001e-05).
+  char buf[64];
+  if (x == std::floor(x) && std::fabs(x) < 1e15) {  // 500000, not 5e+05
+    std::snprintf(buf, sizeof buf, "%.0f", x);
+    return buf;
+  }
+  for (int p = 1; p <= 17; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  return buf;
 }
 
 std::string ring_param_of(const std::string& hf, int64_t layers, bool* is_q, bool* is_k) {
