@@ -13,6 +13,12 @@
 #include <set>
 #include <sstream>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
@@ -115,6 +121,51 @@ std::string ring_param_of(const std::string& hf, int64_t layers, bool* is_q, boo
   *is_k = it->second == "attn.wk";
   return "layers." + idx + "." + it->second;
 }
+
+// fp32 host memory for every parameter, one region: anonymous memory, or above
+// `scratch_threshold` bytes a file in `dir` mapped shared and unlinked at once, so that the
+// kernel can write pages back instead of the process needing the whole model in RAM (a 7B model
+// is 28 GB of fp32). Tensor i starts at float offset(i).
+class Staging {
+ public:
+  Staging(const contract::ParamLayout& pl, const std::string& dir, uint64_t scratch_threshold) {
+    for (const auto& v : pl.views()) {
+      offsets_.push_back(floats_);
+      floats_ += v.size;
+    }
+    bytes_ = std::max<uint64_t>(static_cast<uint64_t>(floats_) * 4, 4);
+    int fd = -1;
+    if (bytes_ > scratch_threshold) {
+      std::string tmpl = dir + "/.import-scratch-XXXXXX";
+      fd = mkstemp(tmpl.data());
+      if (fd < 0) fail(tmpl, std::string("cannot create scratch file: ") + std::strerror(errno));
+      unlink(tmpl.c_str());
+      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+        std::string e = std::strerror(errno);
+        close(fd);
+        fail(tmpl, "cannot size scratch file: " + e);
+      }
+      scratch_ = true;
+    }
+    void* m = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                   fd >= 0 ? MAP_SHARED : (MAP_PRIVATE | MAP_ANONYMOUS), fd, 0);
+    if (fd >= 0) close(fd);
+    if (m == MAP_FAILED) fail(dir, std::string("cannot map memory: ") + std::strerror(errno));
+    base_ = static_cast<float*>(m);
+  }
+  ~Staging() { munmap(base_, bytes_); }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  float* at(size_t i) { return base_ + offsets_[i]; }
+  bool scratch() const { return scratch_; }
+
+ private:
+  std::vector<int64_t> offsets_;
+  int64_t floats_ = 0;
+  uint64_t bytes_ = 0;
+  float* base_ = nullptr;
+  bool scratch_ = false;
+};
 
 ckpt::Layout make_layout(const contract::ModelConfig& mc, const contract::ParamLayout& pl) {
   // As ringd records it (daemon/ringd/checkpoints.cc checkpoint_layout), one node, shard none.
@@ -485,18 +536,19 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
   if (ec) fail(o.out, "cannot create: " + ec.message());
 
   // Convert into fp32 host tensors (the checkpoint writer reads them from memory).
-  std::vector<std::vector<float>> host(pl.views().size());
+  Staging host(pl, o.out, o.scratch_threshold_bytes);
+  if (host.scratch()) say("staging the fp32 weights in a scratch file under " + o.out);
   int64_t done = 0;
   const int64_t total = pl.num_params();
   int last_pct = -1;
   for (size_t i = 0; i < pl.views().size(); ++i) {
     const auto& v = pl.views()[i];
     const auto* e = src.find(from[v.name]);
-    host[i] = e->file->to_f32(*e->info);
+    e->file->to_f32(*e->info, host.at(i));
     if (v.name.find("attn.wq") != std::string::npos)
-      hf_to_ring_rope_rows(host[i].data(), mc.heads, mc.head_dim, mc.d_model);
+      hf_to_ring_rope_rows(host.at(i), mc.heads, mc.head_dim, mc.d_model);
     else if (v.name.find("attn.wk") != std::string::npos)
-      hf_to_ring_rope_rows(host[i].data(), mc.kv_heads, mc.head_dim, mc.d_model);
+      hf_to_ring_rope_rows(host.at(i), mc.kv_heads, mc.head_dim, mc.d_model);
     done += v.size;
     int pct = static_cast<int>(100 * done / std::max<int64_t>(total, 1));
     if (total > (64 << 20) && pct / 10 != last_pct / 10) {
@@ -519,7 +571,7 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
     ckpt::Checkpointer ck(co);
     for (size_t i = 0; i < pl.views().size(); ++i)
       ck.add_tensor("master/" + pl.views()[i].name, ckpt::DType::kF32, pl.views()[i].shape,
-                    host[i].data());
+                    host.at(i));
     say("writing the checkpoint (" + std::to_string(total * 4 / (1 << 20)) + " MiB)");
     ck.start(0, {{"imported_from", fs::absolute(o.src).string()},
                  {"architecture", res.config.architecture}});

@@ -73,6 +73,9 @@ struct ImportOptions {
   std::string out;             // the checkpoint directory to create (must be absent or empty)
   std::string dtype = "fp32";  // model.dtype written to model.yaml (master weights stay fp32)
   bool fsync = true;
+  // The fp32 weights are staged in memory up to this size, above it in a scratch file under
+  // `out` (mapped, unlinked at once) so that a model larger than RAM still imports.
+  uint64_t scratch_threshold_bytes = 8ull << 30;
 };
 struct ImportResult {
   HfConfig config;

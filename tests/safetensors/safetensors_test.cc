@@ -341,11 +341,13 @@ struct TinyHf {
   }
 };
 
-ring::hf::ImportResult import_to(const fs::path& src, const std::string& out) {
+ring::hf::ImportResult import_to(const fs::path& src, const std::string& out,
+                                 uint64_t scratch_threshold = 8ull << 30) {
   ring::hf::ImportOptions o;
   o.src = src.string();
   o.out = out;
   o.fsync = false;
+  o.scratch_threshold_bytes = scratch_threshold;
   return ring::hf::import_model(o);
 }
 
@@ -397,6 +399,25 @@ TEST(HfImport, RefusesModelsThatDoNotMatchTheirConfig) {
   std::string err = import_error(m, (root / "ck-trunc").string());
   EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
   EXPECT_NE(err.find("offsets inside the data section"), std::string::npos) << err;
+  fs::remove_all(root);
+}
+
+TEST(HfImport, ScratchFileStagingWritesTheSameCheckpoint) {
+  const fs::path root = fs::temp_directory_path() / ("st-scr-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  TinyHf m{root / "hf"};
+  m.write();
+  import_to(m.dir, (root / "mem").string());
+  import_to(m.dir, (root / "file").string(), 0);  // always a scratch file
+  auto data = [&](const char* which) {
+    std::ifstream in((root / which / "step-00000000" / "node-00000.bin").string(),
+                     std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  EXPECT_FALSE(data("mem").empty());
+  EXPECT_EQ(data("mem"), data("file"));
+  for (const auto& e : fs::directory_iterator(root / "file"))  // the scratch file is gone
+    EXPECT_EQ(e.path().filename().string().find(".import-scratch"), std::string::npos);
   fs::remove_all(root);
 }
 
