@@ -507,7 +507,7 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
   for (const std::string& n : src.names()) {
     bool q, k;
     std::string p = ring_param_of(n, mc.layers, &q, &k);
-    if (n.size() >= 22 && n.substr(n.size() - 22) == "rotary_emb.inv_freq") continue;
+    if (n.ends_with(".rotary_emb.inv_freq")) continue;  // a buffer, recomputed from rope_theta
     if (p.empty())
       fail(src.find(n)->file->path(),
            "tensor '" + n + "' has no ringmaster counterpart (a bias, an extra layer, ...)");

@@ -392,6 +392,12 @@ TEST(HfImport, RefusesModelsThatDoNotMatchTheirConfig) {
   TinyHf extra_layer = m;
   extra_layer.tensors.push_back({"model.layers.1.input_layernorm.weight", {16}});
   expect(extra_layer, "no ringmaster counterpart");
+  // Old checkpoints carry RoPE's inv_freq buffers: skipped, not refused.
+  TinyHf inv = m;
+  inv.dir = root / "hf-inv";
+  inv.tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", {4}});
+  inv.write();
+  EXPECT_EQ(import_error(inv, (root / "ck-inv").string()), "");
   // A truncated file: the reader's rule, with the file's path.
   fs::remove_all(m.dir);
   m.write();
