@@ -191,7 +191,17 @@ ckpt::Layout make_layout(const contract::ModelConfig& mc, const contract::ParamL
 
 // ---- config --------------------------------------------------------------------------------
 
+static HfConfig parse_config_json(const std::string& text, const std::string& file);
+
 HfConfig parse_config(const std::string& text, const std::string& file) {
+  try {
+    return parse_config_json(text, file);
+  } catch (const json::exception& e) {  // a value of the wrong type met by get<>()
+    fail(file, std::string("unexpected value: ") + e.what());
+  }
+}
+
+static HfConfig parse_config_json(const std::string& text, const std::string& file) {
   json j;
   try {
     j = json::parse(text);
@@ -658,7 +668,11 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
       fail(o.ckpt, std::string("layout record: ") + e.what());
     }
     c.architecture = "LlamaForCausalLM";
-    mc.check();
+    try {
+      mc.check();
+    } catch (const std::exception& e) {
+      fail(o.ckpt, std::string("layout record: ") + e.what());
+    }
   } else {
     fail(o.ckpt, "no model.yaml and no layout record: the model's shape is unknown "
                  "(--model-yaml names a spec with the model section)");

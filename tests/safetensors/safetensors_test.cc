@@ -289,6 +289,7 @@ TEST(HfImport, ConfigRefusesWhatTheModelCannotRepresent) {
   refused(with("head_dim", 15), "odd");
   refused(with("rope_theta", 1e9 + 1), "fp32");
   refused(with("hidden_size", "64"), "hidden_size");
+  refused(with("rope_scaling", {{"rope_type", 3}}), "unexpected value");
   // A Mistral window as long as the context is no window at all.
   EXPECT_NO_THROW(ring::hf::parse_config(with("sliding_window", 4096).dump(), "c"));
 }
