@@ -76,10 +76,10 @@ Subcommand add_export(CLI::App& app) {
             try {
               hf::ExportResult r =
                   hf::export_model(*o, [](const std::string& l) { progress("export", l); });
-              std::cout << fmt::format("exported step {}: {} parameters, {} file(s), {} bytes in "
-                                       "{:.2f} s to {}\n",
-                                       r.step, r.params, r.files.size(), r.bytes, r.seconds,
-                                       o->out);
+              std::cout << fmt::format(
+                  "exported step {}: {} parameters, {} file(s), {} bytes in "
+                  "{:.2f} s to {}\n",
+                  r.step, r.params, r.files.size(), r.bytes, r.seconds, o->out);
               return 0;
             } catch (const hf::ConvertError& e) {
               std::cerr << "ringctl export: " << e.what() << "\n";

@@ -19,8 +19,8 @@
 
 #include <cerrno>
 
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "common/contract/layout.h"
 #include "common/contract/shard.h"
@@ -110,10 +110,14 @@ std::string ring_param_of(const std::string& hf, int64_t layers, bool* is_q, boo
   if (i >= layers) return "";
   std::string rest = hf.substr(dot + 1);
   static const std::map<std::string, std::string> kMap{
-      {"self_attn.q_proj.weight", "attn.wq"},       {"self_attn.k_proj.weight", "attn.wk"},
-      {"self_attn.v_proj.weight", "attn.wv"},       {"self_attn.o_proj.weight", "attn.wo"},
-      {"mlp.gate_proj.weight", "mlp.w_gate"},       {"mlp.up_proj.weight", "mlp.w_up"},
-      {"mlp.down_proj.weight", "mlp.w_down"},       {"input_layernorm.weight", "attn_norm.gain"},
+      {"self_attn.q_proj.weight", "attn.wq"},
+      {"self_attn.k_proj.weight", "attn.wk"},
+      {"self_attn.v_proj.weight", "attn.wv"},
+      {"self_attn.o_proj.weight", "attn.wo"},
+      {"mlp.gate_proj.weight", "mlp.w_gate"},
+      {"mlp.up_proj.weight", "mlp.w_up"},
+      {"mlp.down_proj.weight", "mlp.w_down"},
+      {"input_layernorm.weight", "attn_norm.gain"},
       {"post_attention_layernorm.weight", "mlp_norm.gain"}};
   auto it = kMap.find(rest);
   if (it == kMap.end()) return "";
@@ -212,8 +216,9 @@ static HfConfig parse_config_json(const std::string& text, const std::string& fi
   HfConfig c;
   if (!j.contains("architectures") || !j["architectures"].is_array() ||
       j["architectures"].size() != 1 || !j["architectures"][0].is_string())
-    fail(file, "'architectures' must list one architecture (LlamaForCausalLM or "
-               "MistralForCausalLM)");
+    fail(file,
+         "'architectures' must list one architecture (LlamaForCausalLM or "
+         "MistralForCausalLM)");
   c.architecture = j["architectures"][0].get<std::string>();
   if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM")
     fail(file, "architecture " + c.architecture +
@@ -296,8 +301,7 @@ static HfConfig parse_config_json(const std::string& text, const std::string& fi
       if (type == "yarn" && r.contains("attention_factor") && !r["attention_factor"].is_null())
         fail(file, "rope_scaling.attention_factor is not supported (yarn's default only)");
     } else {
-      fail(file, "rope_scaling type '" + type +
-                     "' is not supported (none, linear, llama3, yarn)");
+      fail(file, "rope_scaling type '" + type + "' is not supported (none, linear, llama3, yarn)");
     }
   }
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string())
@@ -312,24 +316,24 @@ static HfConfig parse_config_json(const std::string& text, const std::string& fi
 
 std::string config_json(const HfConfig& c) {
   const auto& m = c.model;
-  json j = {{"architectures", {c.architecture.empty() ? "LlamaForCausalLM" : c.architecture}},
-            {"model_type", c.architecture == "MistralForCausalLM" ? "mistral" : "llama"},
-            {"hidden_size", m.d_model},
-            {"intermediate_size", m.mlp_hidden},
-            {"num_hidden_layers", m.layers},
-            {"num_attention_heads", m.heads},
-            {"num_key_value_heads", m.kv_heads},
-            {"head_dim", m.head_dim},
-            {"vocab_size", m.vocab},
-            {"rms_norm_eps", c.norm_eps},
-            {"rope_theta", c.rope_theta},
-            {"tie_word_embeddings", m.tie_embeddings},
-            {"hidden_act", "silu"},
-            {"attention_bias", false},
-            {"mlp_bias", false},
-            {"max_position_embeddings",
-             c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096},
-            {"torch_dtype", c.torch_dtype.empty() ? "float32" : c.torch_dtype}};
+  json j = {
+      {"architectures", {c.architecture.empty() ? "LlamaForCausalLM" : c.architecture}},
+      {"model_type", c.architecture == "MistralForCausalLM" ? "mistral" : "llama"},
+      {"hidden_size", m.d_model},
+      {"intermediate_size", m.mlp_hidden},
+      {"num_hidden_layers", m.layers},
+      {"num_attention_heads", m.heads},
+      {"num_key_value_heads", m.kv_heads},
+      {"head_dim", m.head_dim},
+      {"vocab_size", m.vocab},
+      {"rms_norm_eps", c.norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"tie_word_embeddings", m.tie_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"max_position_embeddings", c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096},
+      {"torch_dtype", c.torch_dtype.empty() ? "float32" : c.torch_dtype}};
   if (c.rope_scaling != "none") {
     json r = {{"rope_type", c.rope_scaling}, {"factor", c.rope_scaling_factor}};
     if (c.rope_original_context > 0)
@@ -471,10 +475,14 @@ std::string hf_name(const std::string& p, bool tied) {
   std::string idx = p.substr(pre.size(), dot - pre.size());
   std::string rest = p.substr(dot + 1);
   static const std::map<std::string, std::string> kMap{
-      {"attn.wq", "self_attn.q_proj.weight"},       {"attn.wk", "self_attn.k_proj.weight"},
-      {"attn.wv", "self_attn.v_proj.weight"},       {"attn.wo", "self_attn.o_proj.weight"},
-      {"mlp.w_gate", "mlp.gate_proj.weight"},       {"mlp.w_up", "mlp.up_proj.weight"},
-      {"mlp.w_down", "mlp.down_proj.weight"},       {"attn_norm.gain", "input_layernorm.weight"},
+      {"attn.wq", "self_attn.q_proj.weight"},
+      {"attn.wk", "self_attn.k_proj.weight"},
+      {"attn.wv", "self_attn.v_proj.weight"},
+      {"attn.wo", "self_attn.o_proj.weight"},
+      {"mlp.w_gate", "mlp.gate_proj.weight"},
+      {"mlp.w_up", "mlp.up_proj.weight"},
+      {"mlp.w_down", "mlp.down_proj.weight"},
+      {"attn_norm.gain", "input_layernorm.weight"},
       {"mlp_norm.gain", "post_attention_layernorm.weight"}};
   auto it = kMap.find(rest);
   return it == kMap.end() ? "" : "model.layers." + idx + "." + it->second;
@@ -492,7 +500,7 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
   if (!src_dir && !fs::exists(o.src, ec)) fail(o.src, "does not exist");
   std::string cfg_path = !o.config.empty() ? o.config
                          : src_dir         ? o.src + "/config.json"
-                                           : (fs::path(o.src).parent_path() / "config.json").string();
+                                   : (fs::path(o.src).parent_path() / "config.json").string();
   if (cfg_path.empty() || !fs::exists(cfg_path, ec))
     fail(cfg_path.empty() ? o.src : cfg_path, "config.json not found (--config names it)");
   ImportResult res;
@@ -537,8 +545,8 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
   }
   for (const auto& v : pl.views())
     if (!from.count(v.name))
-      fail(o.src, "tensor '" + hf_name(v.name, mc.tie_embeddings) + "' (" + v.name +
-                      ") is missing");
+      fail(o.src,
+           "tensor '" + hf_name(v.name, mc.tie_embeddings) + "' (" + v.name + ") is missing");
 
   if (fs::exists(o.out, ec) && !fs::is_empty(o.out, ec))
     fail(o.out, "exists and is not empty (import writes a new checkpoint directory)");
@@ -610,9 +618,12 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   };
   std::error_code ec;
   st::DType dt;
-  if (o.dtype == "bf16") dt = st::DType::kBF16;
-  else if (o.dtype == "fp32") dt = st::DType::kF32;
-  else fail(o.dtype, "--dtype must be bf16 or fp32");
+  if (o.dtype == "bf16")
+    dt = st::DType::kBF16;
+  else if (o.dtype == "fp32")
+    dt = st::DType::kF32;
+  else
+    fail(o.dtype, "--dtype must be bf16 or fp32");
 
   // A step directory (has checkpoint.json) or a checkpoint directory.
   std::string root = o.ckpt;
@@ -674,8 +685,9 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
       fail(o.ckpt, std::string("layout record: ") + e.what());
     }
   } else {
-    fail(o.ckpt, "no model.yaml and no layout record: the model's shape is unknown "
-                 "(--model-yaml names a spec with the model section)");
+    fail(o.ckpt,
+         "no model.yaml and no layout record: the model's shape is unknown "
+         "(--model-yaml names a spec with the model section)");
   }
   const contract::ModelConfig& mc = c.model;
   const contract::ParamLayout pl(mc);
@@ -690,8 +702,7 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   ExportResult res;
   try {
     ckpt::LoadResult lr = ckpt::load_latest(root, 0, 1, targets, max_step);
-    if (!lr.loaded)
-      fail(o.ckpt, "no loadable checkpoint: " + lr.message);
+    if (!lr.loaded) fail(o.ckpt, "no loadable checkpoint: " + lr.message);
     res.step = lr.step;
     say("loaded " + lr.path);
   } catch (const ckpt::CheckpointError& e) {
@@ -709,7 +720,8 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
     if (v.layer >= 0) return P(v.layer, v.offset);
     return P(1 << 30, v.name == "lm_head.weight" ? 1 : 0);
   };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rank(a) < rank(b); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return rank(a) < rank(b); });
   for (size_t i : order) {
     const auto& v = pl.views()[i];
     std::string n = hf_name(v.name, mc.tie_embeddings);

@@ -36,8 +36,8 @@ class ConvertError : public std::runtime_error {
 // What config.json says, beyond the ModelConfig (rope scaling is carried to model.yaml).
 struct HfConfig {
   contract::ModelConfig model;
-  std::string architecture;       // "LlamaForCausalLM" / "MistralForCausalLM"
-  double rope_theta = 10000;      // as written (ModelConfig keeps a float)
+  std::string architecture;   // "LlamaForCausalLM" / "MistralForCausalLM"
+  double rope_theta = 10000;  // as written (ModelConfig keeps a float)
   double norm_eps = 1e-5;
   std::string rope_scaling = "none";  // none|linear|llama3|yarn
   double rope_scaling_factor = 1;
@@ -45,7 +45,7 @@ struct HfConfig {
   double rope_low_freq_factor = 1, rope_high_freq_factor = 4;
   double rope_beta_fast = 32, rope_beta_slow = 1;
   int64_t max_position_embeddings = 0;
-  std::string torch_dtype;        // informative
+  std::string torch_dtype;  // informative
 };
 
 // Parses and checks config.json text; refuses what ringmaster's model cannot represent
@@ -80,8 +80,8 @@ struct ImportOptions {
 struct ImportResult {
   HfConfig config;
   std::string step_dir;
-  int64_t params = 0;          // floats
-  uint64_t source_bytes = 0;   // of the safetensors files
+  int64_t params = 0;         // floats
+  uint64_t source_bytes = 0;  // of the safetensors files
   double seconds = 0;
 };
 ImportResult import_model(const ImportOptions& o, const Progress& progress = {});
@@ -91,7 +91,7 @@ struct ExportOptions {
   std::string out;             // the directory to write (created; existing model files replaced)
   std::string dtype = "bf16";  // bf16 | fp32
   uint64_t shard_bytes = 5ull << 30;  // larger models are split in files of about this size
-  std::string model_yaml;      // "" = CKPT/model.yaml (or its parent's for a step directory)
+  std::string model_yaml;             // "" = CKPT/model.yaml (or its parent's for a step directory)
 };
 struct ExportResult {
   std::vector<std::string> files;

@@ -36,9 +36,9 @@ using nlohmann::json;
 
 // The dtypes of the format this reader knows but does not convert.
 const std::set<std::string>& unsupported_dtypes() {
-  static const std::set<std::string> s{"F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16",
-                                       "U8",  "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3",
-                                       "F6_E3M2", "F4", "C64"};
+  static const std::set<std::string> s{
+      "F64",  "I64",     "I32",     "I16",     "I8",      "U64",     "U32", "U16", "U8",
+      "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",  "C64"};
   return s;
 }
 
@@ -48,11 +48,21 @@ bool valid_utf8(const std::string& s) {
     unsigned char c = static_cast<unsigned char>(s[i]);
     int len;
     uint32_t cp;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else
+      return false;
     if (i + len > n) return false;
     for (int k = 1; k < len; ++k) {
       unsigned char d = static_cast<unsigned char>(s[i + k]);
@@ -70,7 +80,10 @@ bool valid_utf8(const std::string& s) {
 // A JSON value as a non-negative integer that fits uint64 (nlohmann keeps large ones unsigned,
 // negative ones signed, others float).
 bool as_u64(const json& v, uint64_t& out) {
-  if (v.is_number_unsigned()) { out = v.get<uint64_t>(); return true; }
+  if (v.is_number_unsigned()) {
+    out = v.get<uint64_t>();
+    return true;
+  }
   if (v.is_number_integer()) {
     int64_t x = v.get<int64_t>();
     if (x < 0) return false;
@@ -80,20 +93,27 @@ bool as_u64(const json& v, uint64_t& out) {
   return false;
 }
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 }  // namespace
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }
 
-size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
@@ -136,7 +156,9 @@ uint16_t f32_to_bf16(float f) {
 
 // ---- File ----------------------------------------------------------------------------------
 
-File::File(File&& o) noexcept { *this = std::move(o); }
+File::File(File&& o) noexcept {
+  *this = std::move(o);
+}
 
 File& File::operator=(File&& o) noexcept {
   if (this != &o) {
@@ -268,9 +290,12 @@ void File::validate() {
     const std::string ds = v["dtype"].get<std::string>();
     TensorInfo t;
     t.name = name;
-    if (ds == "F32") t.dtype = DType::kF32;
-    else if (ds == "F16") t.dtype = DType::kF16;
-    else if (ds == "BF16") t.dtype = DType::kBF16;
+    if (ds == "F32")
+      t.dtype = DType::kF32;
+    else if (ds == "F16")
+      t.dtype = DType::kF16;
+    else if (ds == "BF16")
+      t.dtype = DType::kBF16;
     else if (unsupported_dtypes().count(ds))
       fail_t(p, name, "dtype " + ds + " is unsupported (rule: dtype F32, F16 or BF16)");
     else
@@ -282,7 +307,8 @@ void File::validate() {
     for (const json& d : v["shape"]) {
       uint64_t x;
       if (!as_u64(d, x))
-        fail_t(p, name, "shape dimension " + d.dump() + " is not an integer >= 0 (rule: dims >= 0)");
+        fail_t(p, name,
+               "shape dimension " + d.dump() + " is not an integer >= 0 (rule: dims >= 0)");
       if (x > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(elems, x, &elems))
         overflow = true;
       t.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(x, INT64_MAX)));
@@ -291,25 +317,26 @@ void File::validate() {
     if (overflow || elems > static_cast<uint64_t>(INT64_MAX) ||
         __builtin_mul_overflow(elems, static_cast<uint64_t>(dtype_size(t.dtype)), &bytes) ||
         bytes > static_cast<uint64_t>(INT64_MAX))
-      fail_t(p, name, "shape " + v["shape"].dump() +
-                          " overflows (rule: product of dims x dtype size fits int64)");
+      fail_t(p, name,
+             "shape " + v["shape"].dump() +
+                 " overflows (rule: product of dims x dtype size fits int64)");
     if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
         v["data_offsets"].size() != 2)
       fail_t(p, name, "data_offsets missing or not [begin, end]");
     if (!as_u64(v["data_offsets"][0], t.begin) || !as_u64(v["data_offsets"][1], t.end))
-      fail_t(p, name, "data_offsets " + v["data_offsets"].dump() +
-                          " are not integers >= 0");
+      fail_t(p, name, "data_offsets " + v["data_offsets"].dump() + " are not integers >= 0");
     if (t.end < t.begin)
       fail_t(p, name, "data_offsets " + v["data_offsets"].dump() + " end before they begin");
     if (t.end > data_bytes_)
-      fail_t(p, name, "data_offsets " + v["data_offsets"].dump() +
-                          " past the end of the data section (" + std::to_string(data_bytes_) +
-                          " bytes; rule: offsets inside the data section)");
+      fail_t(p, name,
+             "data_offsets " + v["data_offsets"].dump() + " past the end of the data section (" +
+                 std::to_string(data_bytes_) + " bytes; rule: offsets inside the data section)");
     if (t.end - t.begin != bytes)
-      fail_t(p, name, "data_offsets " + v["data_offsets"].dump() + " hold " +
-                          std::to_string(t.end - t.begin) + " bytes but shape " +
-                          v["shape"].dump() + " x " + ds + " needs " + std::to_string(bytes) +
-                          " (rule: end - begin == product x dtype size)");
+      fail_t(p, name,
+             "data_offsets " + v["data_offsets"].dump() + " hold " +
+                 std::to_string(t.end - t.begin) + " bytes but shape " + v["shape"].dump() + " x " +
+                 ds + " needs " + std::to_string(bytes) +
+                 " (rule: end - begin == product x dtype size)");
     tensors_.push_back(std::move(t));
   }
   // File order (nlohmann's object iterates by name): by offset, then name for empty tensors.
@@ -420,8 +447,8 @@ Model Model::open(const std::string& file_or_dir) {
   for (const auto& f : m.files_)
     for (const auto& t : f->tensors()) {
       if (m.entries_.count(t.name))
-        fail(f->path(), "tensor '" + t.name + "' is also in " +
-                            m.entries_[t.name].file->path() + " (rule: names unique)");
+        fail(f->path(), "tensor '" + t.name + "' is also in " + m.entries_[t.name].file->path() +
+                            " (rule: names unique)");
       m.entries_[t.name] = Entry{f.get(), &t};
     }
   return m;

@@ -86,7 +86,7 @@ class File {
   uint64_t size_ = 0;
   const uint8_t* data_ = nullptr;  // the data section
   uint64_t data_bytes_ = 0;
-  void* map_ = nullptr;            // owned mapping (open), or nullptr (parse)
+  void* map_ = nullptr;  // owned mapping (open), or nullptr (parse)
   size_t map_bytes_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

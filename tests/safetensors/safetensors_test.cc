@@ -42,12 +42,12 @@ std::string error_of(const std::string& bytes) {
   return "";
 }
 
-#define EXPECT_ERROR(bytes, ...)                                                   \
-  do {                                                                             \
-    std::string err_ = error_of(bytes);                                            \
-    ASSERT_FALSE(err_.empty()) << "accepted";                                      \
-    EXPECT_NE(err_.find("x.safetensors"), std::string::npos) << err_;              \
-    for (const char* part_ : {__VA_ARGS__})                                         \
+#define EXPECT_ERROR(bytes, ...)                                                        \
+  do {                                                                                  \
+    std::string err_ = error_of(bytes);                                                 \
+    ASSERT_FALSE(err_.empty()) << "accepted";                                           \
+    EXPECT_NE(err_.find("x.safetensors"), std::string::npos) << err_;                   \
+    for (const char* part_ : {__VA_ARGS__})                                             \
       EXPECT_NE(err_.find(part_), std::string::npos) << err_ << "\n  lacks: " << part_; \
   } while (0)
 
@@ -57,9 +57,10 @@ TEST(Safetensors, ParsesAValidFile) {
   std::memcpy(data.data(), a, 8);
   uint16_t b[2] = {0x3FC0, 0xC000};  // bf16 1.5, -2
   std::memcpy(data.data() + 8, b, 4);
-  std::string h = R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],)"
-                  R"("data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[1,2],"data_offsets":[8,12]},)"
-                  R"("e":{"dtype":"F16","shape":[0,3],"data_offsets":[12,12]}})";
+  std::string h =
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],)"
+      R"("data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[1,2],"data_offsets":[8,12]},)"
+      R"("e":{"dtype":"F16","shape":[0,3],"data_offsets":[12,12]}})";
   std::string bytes = make(h, data);
   File f = File::parse(bytes.data(), bytes.size(), "ok");
   ASSERT_EQ(f.tensors().size(), 3u);
@@ -92,19 +93,20 @@ TEST(Safetensors, HostileFilesNameTheRule) {
                     R"("w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})"),
                "'w'", "names unique");
   // Dtypes: known but unsupported, unknown.
-  EXPECT_ERROR(make(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})",
-                    std::string(8, '\0')),
-               "'w'", "I64 is unsupported", "dtype F32, F16 or BF16");
-  EXPECT_ERROR(make(R"({"w":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})",
-                    std::string(4, '\0')),
-               "unknown dtype 'F33'");
+  EXPECT_ERROR(
+      make(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0')),
+      "'w'", "I64 is unsupported", "dtype F32, F16 or BF16");
+  EXPECT_ERROR(
+      make(R"({"w":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0')),
+      "unknown dtype 'F33'");
   EXPECT_ERROR(make(R"({"w":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", std::string(4, 0)),
                "dtype missing or not a string");
   // Shapes: negative, not integers, overflowing.
   EXPECT_ERROR(make(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})"), "dims >= 0");
   EXPECT_ERROR(make(R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,0]}})"), "dims >= 0");
-  EXPECT_ERROR(make(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"),
-               "overflows", "fits int64");
+  EXPECT_ERROR(
+      make(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"),
+      "overflows", "fits int64");
   EXPECT_ERROR(make(R"({"w":{"dtype":"BF16","shape":[9223372036854775807],"data_offsets":[0,0]}})"),
                "overflows");
   EXPECT_ERROR(make(R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})"),
@@ -123,8 +125,9 @@ TEST(Safetensors, HostileFilesNameTheRule) {
                "overlap", "no overlaps");
   EXPECT_ERROR(make(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", std::string(8, 0)),
                "data_offsets missing");
-  EXPECT_ERROR(make(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", std::string(8, 0)),
-               "integers >= 0");
+  EXPECT_ERROR(
+      make(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", std::string(8, 0)),
+      "integers >= 0");
   // Entries that are not {dtype, shape, data_offsets}, metadata that is not strings.
   EXPECT_ERROR(make(R"({"w":5})"), "'w'", "not an object");
   EXPECT_ERROR(make(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0],"x":1}})"),
@@ -137,8 +140,8 @@ TEST(Safetensors, OpenNamesThePathAndMapsTheFile) {
   fs::path dir = fs::temp_directory_path() / ("st-test-" + std::to_string(getpid()));
   fs::create_directories(dir);
   const std::string p = (dir / "t.safetensors").string();
-  std::ofstream(p, std::ios::binary) << make(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-                                             std::string(8, 0));
+  std::ofstream(p, std::ios::binary)
+      << make(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, 0));
   try {
     File::open(p);
     FAIL() << "accepted";
@@ -189,7 +192,8 @@ TEST(Safetensors, WriterPadsTheHeaderAndRoundTrips) {
   std::vector<float> a{1.f, -0.f, 3.25f, 1e-30f, 65504.f, 1.f / 3}, b{2.f, 7.f};
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const std::string p = (dir / "m.safetensors").string();
-    std::vector<ring::st::WriteTensor> ts{{"z.first", {2, 3}, a.data()}, {"a.second", {2}, b.data()}};
+    std::vector<ring::st::WriteTensor> ts{{"z.first", {2, 3}, a.data()},
+                                          {"a.second", {2}, b.data()}};
     ring::st::write_file(p, ts, dt, {{"format", "pt"}});
     EXPECT_EQ(fs::file_size(p), ring::st::file_size(ts, dt, {{"format", "pt"}}));
     File f = File::open(p);
@@ -205,8 +209,8 @@ TEST(Safetensors, WriterPadsTheHeaderAndRoundTrips) {
     EXPECT_EQ(f.find("z.first")->shape, (std::vector<int64_t>{2, 3}));
     std::vector<float> got = f.to_f32(*f.find("z.first"));
     for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_EQ(got[i], dt == DType::kF32 ? a[i]
-                                          : ring::st::bf16_to_f32(ring::st::f32_to_bf16(a[i])));
+      EXPECT_EQ(got[i],
+                dt == DType::kF32 ? a[i] : ring::st::bf16_to_f32(ring::st::f32_to_bf16(a[i])));
     EXPECT_EQ(f.to_f32(*f.find("a.second")), b);
   }
   std::vector<ring::st::WriteTensor> dup{{"x", {1}, a.data()}, {"x", {1}, a.data()}};
@@ -315,10 +319,14 @@ TEST(HfImport, RopeRowPermutationInverts) {
 // except what `mutate` changes in the tensor list.
 struct TinyHf {
   fs::path dir;
-  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 16},
-                           {"intermediate_size", 32}, {"num_hidden_layers", 1},
-                           {"num_attention_heads", 2}, {"num_key_value_heads", 1},
-                           {"vocab_size", 20}, {"tie_word_embeddings", false}};
+  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                           {"hidden_size", 16},
+                           {"intermediate_size", 32},
+                           {"num_hidden_layers", 1},
+                           {"num_attention_heads", 2},
+                           {"num_key_value_heads", 1},
+                           {"vocab_size", 20},
+                           {"tie_word_embeddings", false}};
   std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
       {"model.embed_tokens.weight", {20, 16}},
       {"model.layers.0.input_layernorm.weight", {16}},
