@@ -749,6 +749,15 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   }
   fs::create_directories(o.out, ec);
   if (ec) fail(o.out, "cannot create: " + ec.message());
+  // Shards of an earlier export to the same directory would be left beside the new index.
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(o.out, ec)) {
+    const std::string f = e.path().filename().string();  // model-00001-of-00002.safetensors
+    if (f.size() == 32 && f.starts_with("model-") && f.ends_with(".safetensors") &&
+        f.substr(11, 4) == "-of-")
+      stale.push_back(e.path());
+  }
+  for (const auto& f : stale) fs::remove(f, ec);
   const std::map<std::string, std::string> meta{{"format", "pt"}};
   try {
     if (shards.size() == 1) {

@@ -459,6 +459,19 @@ TEST(HfExport, UsesTheLayoutRecordWithoutModelYaml) {
   bool noted = false;
   for (const auto& l : notes) noted |= l.find("no model.yaml") != std::string::npos;
   EXPECT_TRUE(noted);
+  // Sharded into the same directory, then whole again: no stale files stay.
+  eo.shard_bytes = 200;
+  EXPECT_GT(ring::hf::export_model(eo).files.size(), 5u);
+  EXPECT_TRUE(fs::exists(root / "out" / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(root / "out" / "model.safetensors"));
+  eo.shard_bytes = 1 << 30;
+  EXPECT_EQ(ring::hf::export_model(eo).files.size(), 1u);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(root / "out")) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 2) << "config.json and model.safetensors only";
   auto cfg = nlohmann::json::parse(std::ifstream((root / "out" / "config.json").string()));
   EXPECT_EQ(cfg["num_key_value_heads"], 1);
   EXPECT_EQ(cfg["tie_word_embeddings"], false);
