@@ -22,5 +22,7 @@ Subcommand add_nodes(CLI::App& app);    // cmd_nodes.cc
 Subcommand add_run(CLI::App& app);      // cmd_run.cc
 Subcommand add_submit(CLI::App& app);          // cmd_submit.cc
 Subcommand add_slurm_started(CLI::App& app);   // cmd_submit.cc
+Subcommand add_import(CLI::App& app);   // cmd_import.cc
+Subcommand add_export(CLI::App& app);   // cmd_import.cc
 
 }  // namespace ring::cli

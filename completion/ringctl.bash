@@ -78,6 +78,12 @@ _ringctl() {
   fi
 
   # The value of a flag: directories for --*dir, files for other typed values.
+  case $sub:$prev in
+    import:--dtype) mapfile -t COMPREPLY < <(compgen -W "fp32 bf16 fp16" -- "$cur"); return 0 ;;
+    export:--dtype) mapfile -t COMPREPLY < <(compgen -W "bf16 fp32" -- "$cur"); return 0 ;;
+    import:-o | import:--output | export:-o | export:--output)
+      mapfile -t COMPREPLY < <(compgen -d -- "$cur"); compopt -o filenames 2>/dev/null; return 0 ;;
+  esac
   if [[ $prev == -* ]] && _ringctl_flag_takes_value "$cmd" "$sub" "$prev"; then
     case $prev in
       *dir) mapfile -t COMPREPLY < <(compgen -d -- "$cur") ;;
@@ -97,6 +103,14 @@ _ringctl() {
       ;;
     checkpoints)
       mapfile -t COMPREPLY < <(compgen -W "$(_ringctl_jobs "$cmd")" -- "$cur"; compgen -d -- "$cur")
+      compopt -o filenames 2>/dev/null
+      ;;
+    import)  # a model directory or one .safetensors file
+      mapfile -t COMPREPLY < <(compgen -f -X '!*.safetensors' -- "$cur"; compgen -d -- "$cur")
+      compopt -o filenames 2>/dev/null
+      ;;
+    export)  # a checkpoint directory or a step directory
+      mapfile -t COMPREPLY < <(compgen -d -- "$cur")
       compopt -o filenames 2>/dev/null
       ;;
   esac

@@ -51,4 +51,8 @@ TEST(FuzzReplay, ShmCorpus) {
   EXPECT_GE(replay({"tests/fuzz/corpus/shm"}, ring::fuzz::shm_input), 2);
 }
 
+TEST(FuzzReplay, SafetensorsCorpus) {
+  EXPECT_GE(replay({"tests/fuzz/corpus/safetensors"}, ring::fuzz::safetensors_input), 6);
+}
+
 }  // namespace

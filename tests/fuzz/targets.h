@@ -24,6 +24,8 @@ void worker_control_input(const uint8_t* data, size_t size);
 void checkpoint_input(const uint8_t* data, size_t size);
 // A shared-memory segment as a worker maps it: header and size (shm_target.cc).
 void shm_input(const uint8_t* data, size_t size);
+// A safetensors file, whole (safetensors_target.cc).
+void safetensors_input(const uint8_t* data, size_t size);
 
 [[noreturn]] void fail(const char* target, const std::string& what);
 

@@ -1,0 +1,806 @@
+#include "cli/hf_llama.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
+
+#include "common/contract/layout.h"
+#include "common/contract/shard.h"
+#include "common/safetensors/safetensors.h"
+#include "daemon/checkpoint/checkpoint.h"
+
+namespace ring::hf {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& file, const std::string& what) {
+  throw ConvertError(file + ": " + what);
+}
+
+// A checkpoint library error, with the path in front unless it names it already.
+[[noreturn]] void rethrow_naming(const std::string& path, const std::exception& e) {
+  const std::string what = e.what();
+  if (what.find(path) != std::string::npos) throw ConvertError(what);
+  fail(path, what);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t get_int(const json& j, const char* key, const std::string& file, int64_t lo, int64_t hi) {
+  if (!j.contains(key)) fail(file, std::string("'") + key + "' is missing");
+  const json& v = j[key];
+  if (!v.is_number_integer()) fail(file, std::string("'") + key + "' is not an integer");
+  int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    fail(file, std::string("'") + key + "' = " + std::to_string(x) + " is outside [" +
+                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+double get_num(const json& j, const char* key, const std::string& file, double def) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  if (!j[key].is_number()) fail(file, std::string("'") + key + "' is not a number");
+  return j[key].get<double>();
+}
+
+bool truthy(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_boolean() && j[key].get<bool>();
+}
+
+// A number as YAML / JSON text that reads back to the same double.
+std::string num(double x) {
+  // The shortest %g form that reads back to x (1e-05, not 1.0000000000000001e-05).
+  char buf[64];
+  if (x == std::floor(x) && std::fabs(x) < 1e15) {  // 500000, not 5e+05
+    std::snprintf(buf, sizeof buf, "%.0f", x);
+    return buf;
+  }
+  for (int p = 1; p <= 17; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  return buf;
+}
+
+std::string ring_param_of(const std::string& hf, int64_t layers, bool* is_q, bool* is_k) {
+  *is_q = *is_k = false;
+  if (hf == "model.embed_tokens.weight") return "embedding.weight";
+  if (hf == "model.norm.weight") return "final_norm.gain";
+  if (hf == "lm_head.weight") return "lm_head.weight";
+  const std::string pre = "model.layers.";
+  if (hf.rfind(pre, 0) != 0) return "";
+  size_t dot = hf.find('.', pre.size());
+  if (dot == std::string::npos) return "";
+  std::string idx = hf.substr(pre.size(), dot - pre.size());
+  if (idx.empty() || idx.size() > 6 || !std::all_of(idx.begin(), idx.end(), ::isdigit) ||
+      (idx.size() > 1 && idx[0] == '0'))
+    return "";
+  int64_t i = std::stoll(idx);
+  if (i >= layers) return "";
+  std::string rest = hf.substr(dot + 1);
+  static const std::map<std::string, std::string> kMap{
+      {"self_attn.q_proj.weight", "attn.wq"},
+      {"self_attn.k_proj.weight", "attn.wk"},
+      {"self_attn.v_proj.weight", "attn.wv"},
+      {"self_attn.o_proj.weight", "attn.wo"},
+      {"mlp.gate_proj.weight", "mlp.w_gate"},
+      {"mlp.up_proj.weight", "mlp.w_up"},
+      {"mlp.down_proj.weight", "mlp.w_down"},
+      {"input_layernorm.weight", "attn_norm.gain"},
+      {"post_attention_layernorm.weight", "mlp_norm.gain"}};
+  auto it = kMap.find(rest);
+  if (it == kMap.end()) return "";
+  *is_q = it->second == "attn.wq";
+  *is_k = it->second == "attn.wk";
+  return "layers." + idx + "." + it->second;
+}
+
+// fp32 host memory for every parameter, one region: anonymous memory, or above
+// `scratch_threshold` bytes a file in `dir` mapped shared and unlinked at once, so that the
+// kernel can write pages back instead of the process needing the whole model in RAM (a 7B model
+// is 28 GB of fp32). Tensor i starts at float offset(i).
+class Staging {
+ public:
+  Staging(const contract::ParamLayout& pl, const std::string& dir, uint64_t scratch_threshold) {
+    for (const auto& v : pl.views()) {
+      offsets_.push_back(floats_);
+      floats_ += v.size;
+    }
+    bytes_ = std::max<uint64_t>(static_cast<uint64_t>(floats_) * 4, 4);
+    int fd = -1;
+    if (bytes_ > scratch_threshold) {
+      std::string tmpl = dir + "/.import-scratch-XXXXXX";
+      fd = mkstemp(tmpl.data());
+      if (fd < 0) fail(tmpl, std::string("cannot create scratch file: ") + std::strerror(errno));
+      unlink(tmpl.c_str());
+      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+        std::string e = std::strerror(errno);
+        close(fd);
+        fail(tmpl, "cannot size scratch file: " + e);
+      }
+      scratch_ = true;
+    }
+    void* m = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                   fd >= 0 ? MAP_SHARED : (MAP_PRIVATE | MAP_ANONYMOUS), fd, 0);
+    if (fd >= 0) close(fd);
+    if (m == MAP_FAILED) fail(dir, std::string("cannot map memory: ") + std::strerror(errno));
+    base_ = static_cast<float*>(m);
+  }
+  ~Staging() { munmap(base_, bytes_); }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  float* at(size_t i) { return base_ + offsets_[i]; }
+  bool scratch() const { return scratch_; }
+
+ private:
+  std::vector<int64_t> offsets_;
+  int64_t floats_ = 0;
+  uint64_t bytes_ = 0;
+  float* base_ = nullptr;
+  bool scratch_ = false;
+};
+
+ckpt::Layout make_layout(const contract::ModelConfig& mc, const contract::ParamLayout& pl) {
+  // As ringd records it (daemon/ringd/checkpoints.cc checkpoint_layout), one node, shard none.
+  ckpt::Layout l;
+  l.shard = "none";
+  l.nodes = 1;
+  l.total_floats = pl.total();
+  for (const contract::NodeRange& r : contract::shard_ranges(pl, 1))
+    l.ranges.push_back({r.node, r.begin, r.end, r.first_bucket, r.end_bucket});
+  l.model = {{"layers", mc.layers},
+             {"d_model", mc.d_model},
+             {"heads", mc.heads},
+             {"kv_heads", mc.kv_heads},
+             {"head_dim", mc.head_dim},
+             {"mlp", spec::to_string(mc.mlp)},
+             {"mlp_hidden", mc.mlp_hidden},
+             {"vocab", mc.vocab},
+             {"tie_embeddings", mc.tie_embeddings}};
+  return l;
+}
+
+}  // namespace
+
+// ---- config --------------------------------------------------------------------------------
+
+static HfConfig parse_config_json(const std::string& text, const std::string& file);
+
+HfConfig parse_config(const std::string& text, const std::string& file) {
+  try {
+    return parse_config_json(text, file);
+  } catch (const json::exception& e) {  // a value of the wrong type met by get<>()
+    fail(file, std::string("unexpected value: ") + e.what());
+  }
+}
+
+static HfConfig parse_config_json(const std::string& text, const std::string& file) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(file, std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) fail(file, "not a JSON object");
+  HfConfig c;
+  if (!j.contains("architectures") || !j["architectures"].is_array() ||
+      j["architectures"].size() != 1 || !j["architectures"][0].is_string())
+    fail(file,
+         "'architectures' must list one architecture (LlamaForCausalLM or "
+         "MistralForCausalLM)");
+  c.architecture = j["architectures"][0].get<std::string>();
+  if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM")
+    fail(file, "architecture " + c.architecture +
+                   " is not supported (LlamaForCausalLM or MistralForCausalLM)");
+  if (truthy(j, "attention_bias"))
+    fail(file, "attention_bias is true: ringmaster's attention projections have no bias");
+  if (truthy(j, "mlp_bias")) fail(file, "mlp_bias is true: ringmaster's MLP has no bias");
+  for (const char* k : {"num_local_experts", "num_experts", "n_routed_experts"})
+    if (j.contains(k) && !j[k].is_null() && !(j[k].is_number() && j[k].get<double>() <= 1))
+      fail(file, std::string("'") + k + "' present: mixture-of-experts models are not supported");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    fail(file, "hidden_act " + j["hidden_act"].dump() +
+                   " is not supported (silu: ringmaster's swiglu MLP)");
+  if (j.contains("pretraining_tp") && j["pretraining_tp"].is_number_integer() &&
+      j["pretraining_tp"].get<int64_t>() != 1)
+    fail(file, "pretraining_tp != 1 is not supported");
+  auto& m = c.model;
+  m.d_model = get_int(j, "hidden_size", file, 8, 65536);
+  m.mlp_hidden = get_int(j, "intermediate_size", file, 1, 1 << 20);
+  m.layers = get_int(j, "num_hidden_layers", file, 1, 1024);
+  m.heads = get_int(j, "num_attention_heads", file, 1, 1024);
+  m.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                   ? get_int(j, "num_key_value_heads", file, 1, 1024)
+                   : m.heads;
+  if (m.heads % m.kv_heads != 0)
+    fail(file, "num_attention_heads " + std::to_string(m.heads) +
+                   " is not a multiple of num_key_value_heads " + std::to_string(m.kv_heads));
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    m.head_dim = get_int(j, "head_dim", file, 2, 1024);
+  } else {
+    if (m.d_model % m.heads != 0)
+      fail(file, "hidden_size is not a multiple of num_attention_heads and head_dim is unset");
+    m.head_dim = m.d_model / m.heads;
+  }
+  if (m.head_dim % 2) fail(file, "head_dim " + std::to_string(m.head_dim) + " is odd (RoPE)");
+  m.vocab = get_int(j, "vocab_size", file, 2, 1 << 22);
+  m.mlp = spec::MlpKind::kSwiGLU;
+  m.tie_embeddings = truthy(j, "tie_word_embeddings");
+  c.norm_eps = get_num(j, "rms_norm_eps", file, 1e-6);
+  if (!(c.norm_eps > 0 && c.norm_eps < 1)) fail(file, "rms_norm_eps must be in (0, 1)");
+  c.rope_theta = get_num(j, "rope_theta", file, 10000);
+  if (!(c.rope_theta >= 1 && c.rope_theta <= 1e12)) fail(file, "rope_theta must be in [1, 1e12]");
+  m.norm_eps = static_cast<float>(c.norm_eps);
+  m.rope_theta = static_cast<float>(c.rope_theta);
+  if (static_cast<double>(m.rope_theta) != c.rope_theta)
+    fail(file, "rope_theta " + num(c.rope_theta) + " is not exact in fp32 (ringmaster keeps fp32)");
+  c.max_position_embeddings =
+      j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer()
+          ? j["max_position_embeddings"].get<int64_t>()
+          : 0;
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    if (!j["sliding_window"].is_number_integer()) fail(file, "sliding_window is not an integer");
+    int64_t w = j["sliding_window"].get<int64_t>();
+    bool used = !j.contains("use_sliding_window") || truthy(j, "use_sliding_window");
+    if (used && (c.max_position_embeddings == 0 || w < c.max_position_embeddings))
+      fail(file, "sliding_window " + std::to_string(w) + " is shorter than the context (" +
+                     std::to_string(c.max_position_embeddings) +
+                     "): ringmaster's attention is full causal, not windowed");
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& r = j["rope_scaling"];
+    if (!r.is_object()) fail(file, "rope_scaling is not an object");
+    std::string type = r.contains("rope_type") ? r["rope_type"].get<std::string>()
+                       : r.contains("type")    ? r["type"].get<std::string>()
+                                               : "";
+    if (type == "default" || type.empty()) {
+      c.rope_scaling = "none";
+    } else if (type == "linear" || type == "llama3" || type == "yarn") {
+      c.rope_scaling = type;
+      c.rope_scaling_factor = get_num(r, "factor", file + " rope_scaling", 1);
+      if (!(c.rope_scaling_factor >= 1)) fail(file, "rope_scaling.factor must be >= 1");
+      c.rope_original_context = r.contains("original_max_position_embeddings") &&
+                                        r["original_max_position_embeddings"].is_number_integer()
+                                    ? r["original_max_position_embeddings"].get<int64_t>()
+                                    : 0;
+      c.rope_low_freq_factor = get_num(r, "low_freq_factor", file, 1);
+      c.rope_high_freq_factor = get_num(r, "high_freq_factor", file, 4);
+      c.rope_beta_fast = get_num(r, "beta_fast", file, 32);
+      c.rope_beta_slow = get_num(r, "beta_slow", file, 1);
+      if (type == "yarn" && r.contains("attention_factor") && !r["attention_factor"].is_null())
+        fail(file, "rope_scaling.attention_factor is not supported (yarn's default only)");
+    } else {
+      fail(file, "rope_scaling type '" + type + "' is not supported (none, linear, llama3, yarn)");
+    }
+  }
+  if (j.contains("torch_dtype") && j["torch_dtype"].is_string())
+    c.torch_dtype = j["torch_dtype"].get<std::string>();
+  try {
+    m.check();
+  } catch (const std::exception& e) {
+    fail(file, e.what());
+  }
+  return c;
+}
+
+std::string config_json(const HfConfig& c) {
+  const auto& m = c.model;
+  json j = {
+      {"architectures", {c.architecture.empty() ? "LlamaForCausalLM" : c.architecture}},
+      {"model_type", c.architecture == "MistralForCausalLM" ? "mistral" : "llama"},
+      {"hidden_size", m.d_model},
+      {"intermediate_size", m.mlp_hidden},
+      {"num_hidden_layers", m.layers},
+      {"num_attention_heads", m.heads},
+      {"num_key_value_heads", m.kv_heads},
+      {"head_dim", m.head_dim},
+      {"vocab_size", m.vocab},
+      {"rms_norm_eps", c.norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"tie_word_embeddings", m.tie_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"max_position_embeddings", c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096},
+      {"torch_dtype", c.torch_dtype.empty() ? "float32" : c.torch_dtype}};
+  if (c.rope_scaling != "none") {
+    json r = {{"rope_type", c.rope_scaling}, {"factor", c.rope_scaling_factor}};
+    if (c.rope_original_context > 0)
+      r["original_max_position_embeddings"] = c.rope_original_context;
+    if (c.rope_scaling == "llama3") {
+      r["low_freq_factor"] = c.rope_low_freq_factor;
+      r["high_freq_factor"] = c.rope_high_freq_factor;
+    }
+    if (c.rope_scaling == "yarn") {
+      r["beta_fast"] = c.rope_beta_fast;
+      r["beta_slow"] = c.rope_beta_slow;
+    }
+    j["rope_scaling"] = r;
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string model_yaml(const HfConfig& c, const std::string& init_from, const std::string& dtype,
+                       const std::string& source) {
+  const auto& m = c.model;
+  std::ostringstream y;
+  y << "# The model section of a job spec for the model imported by `ringctl import` from\n"
+    << "# " << source << " (" << c.architecture << ").\n"
+    << "model:\n"
+    << "  layers: " << m.layers << "\n"
+    << "  d_model: " << m.d_model << "\n"
+    << "  heads: " << m.heads << "\n"
+    << "  kv_heads: " << m.kv_heads << "\n"
+    << "  head_dim: " << m.head_dim << "\n"
+    << "  mlp: swiglu\n"
+    << "  mlp_hidden: " << m.mlp_hidden << "\n"
+    << "  vocab: " << m.vocab << "\n"
+    << "  dtype: " << dtype << "\n"
+    << "  tie_embeddings: " << (m.tie_embeddings ? "true" : "false") << "\n"
+    << "  rope_theta: " << num(c.rope_theta) << "\n"
+    << "  norm_eps: " << num(c.norm_eps) << "\n";
+  if (c.rope_scaling != "none") {
+    y << "  rope_scaling: " << c.rope_scaling << "\n"
+      << "  rope_scaling_factor: " << num(c.rope_scaling_factor) << "\n";
+    if (c.rope_original_context > 0)
+      y << "  rope_original_context: " << c.rope_original_context << "\n";
+    if (c.rope_scaling == "llama3")
+      y << "  rope_low_freq_factor: " << num(c.rope_low_freq_factor) << "\n"
+        << "  rope_high_freq_factor: " << num(c.rope_high_freq_factor) << "\n";
+    if (c.rope_scaling == "yarn")
+      y << "  rope_beta_fast: " << num(c.rope_beta_fast) << "\n"
+        << "  rope_beta_slow: " << num(c.rope_beta_slow) << "\n";
+  }
+  y << "  init_from: " << json(init_from).dump() << "\n";
+  return y.str();
+}
+
+// model.yaml back into an HfConfig (export).
+static HfConfig config_from_model_yaml(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const std::exception& e) {
+    fail(path, std::string("cannot parse: ") + e.what());
+  }
+  YAML::Node m = root["model"];
+  if (!m || !m.IsMap()) fail(path, "no 'model' section");
+  HfConfig c;
+  c.architecture = "LlamaForCausalLM";
+  auto& mc = c.model;
+  try {
+    auto i = [&](const char* k, int64_t def) { return m[k] ? m[k].as<int64_t>() : def; };
+    auto d = [&](const char* k, double def) { return m[k] ? m[k].as<double>() : def; };
+    mc.layers = i("layers", 0);
+    mc.d_model = i("d_model", 0);
+    mc.heads = i("heads", 0);
+    mc.kv_heads = i("kv_heads", mc.heads);
+    mc.head_dim = i("head_dim", mc.heads ? mc.d_model / mc.heads : 0);
+    mc.mlp_hidden = i("mlp_hidden", 0);
+    mc.vocab = i("vocab", 256);
+    mc.tie_embeddings = m["tie_embeddings"] ? m["tie_embeddings"].as<bool>() : true;
+    if (m["mlp"] && m["mlp"].as<std::string>() != "swiglu")
+      fail(path, "model.mlp is " + m["mlp"].as<std::string>() +
+                     ": only swiglu models have a Llama equivalent");
+    c.rope_theta = d("rope_theta", 10000);
+    c.norm_eps = d("norm_eps", 1e-5);
+    c.rope_scaling = m["rope_scaling"] ? m["rope_scaling"].as<std::string>() : "none";
+    c.rope_scaling_factor = d("rope_scaling_factor", 1);
+    c.rope_original_context = i("rope_original_context", 0);
+    c.rope_low_freq_factor = d("rope_low_freq_factor", 1);
+    c.rope_high_freq_factor = d("rope_high_freq_factor", 4);
+    c.rope_beta_fast = d("rope_beta_fast", 32);
+    c.rope_beta_slow = d("rope_beta_slow", 1);
+  } catch (const YAML::Exception& e) {
+    fail(path, std::string("bad value: ") + e.what());
+  }
+  mc.rope_theta = static_cast<float>(c.rope_theta);
+  mc.norm_eps = static_cast<float>(c.norm_eps);
+  try {
+    mc.check();
+  } catch (const std::exception& e) {
+    fail(path, e.what());
+  }
+  return c;
+}
+
+// ---- RoPE rows -----------------------------------------------------------------------------
+
+void hf_to_ring_rope_rows(float* w, int64_t heads, int64_t hd, int64_t cols) {
+  std::vector<float> tmp(static_cast<size_t>(hd * cols));
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* head = w + h * hd * cols;
+    for (int64_t j = 0; j < half; ++j) {
+      std::memcpy(&tmp[(2 * j) * cols], head + j * cols, cols * sizeof(float));
+      std::memcpy(&tmp[(2 * j + 1) * cols], head + (j + half) * cols, cols * sizeof(float));
+    }
+    std::memcpy(head, tmp.data(), tmp.size() * sizeof(float));
+  }
+}
+
+void ring_to_hf_rope_rows(float* w, int64_t heads, int64_t hd, int64_t cols) {
+  std::vector<float> tmp(static_cast<size_t>(hd * cols));
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* head = w + h * hd * cols;
+    for (int64_t j = 0; j < half; ++j) {
+      std::memcpy(&tmp[j * cols], head + (2 * j) * cols, cols * sizeof(float));
+      std::memcpy(&tmp[(j + half) * cols], head + (2 * j + 1) * cols, cols * sizeof(float));
+    }
+    std::memcpy(head, tmp.data(), tmp.size() * sizeof(float));
+  }
+}
+
+std::string hf_name(const std::string& p, bool tied) {
+  if (p == "embedding.weight") return "model.embed_tokens.weight";
+  if (p == "final_norm.gain") return "model.norm.weight";
+  if (p == "lm_head.weight") return tied ? "" : "lm_head.weight";
+  const std::string pre = "layers.";
+  if (p.rfind(pre, 0) != 0) return "";
+  size_t dot = p.find('.', pre.size());
+  std::string idx = p.substr(pre.size(), dot - pre.size());
+  std::string rest = p.substr(dot + 1);
+  static const std::map<std::string, std::string> kMap{
+      {"attn.wq", "self_attn.q_proj.weight"},
+      {"attn.wk", "self_attn.k_proj.weight"},
+      {"attn.wv", "self_attn.v_proj.weight"},
+      {"attn.wo", "self_attn.o_proj.weight"},
+      {"mlp.w_gate", "mlp.gate_proj.weight"},
+      {"mlp.w_up", "mlp.up_proj.weight"},
+      {"mlp.w_down", "mlp.down_proj.weight"},
+      {"attn_norm.gain", "input_layernorm.weight"},
+      {"mlp_norm.gain", "post_attention_layernorm.weight"}};
+  auto it = kMap.find(rest);
+  return it == kMap.end() ? "" : "model.layers." + idx + "." + it->second;
+}
+
+// ---- import --------------------------------------------------------------------------------
+
+ImportResult import_model(const ImportOptions& o, const Progress& progress) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const std::string& s) {
+    if (progress) progress(s);
+  };
+  std::error_code ec;
+  const bool src_dir = fs::is_directory(o.src, ec);
+  if (!src_dir && !fs::exists(o.src, ec)) fail(o.src, "does not exist");
+  std::string cfg_path = !o.config.empty() ? o.config
+                         : src_dir         ? o.src + "/config.json"
+                                   : (fs::path(o.src).parent_path() / "config.json").string();
+  if (cfg_path.empty() || !fs::exists(cfg_path, ec))
+    fail(cfg_path.empty() ? o.src : cfg_path, "config.json not found (--config names it)");
+  ImportResult res;
+  res.config = parse_config(read_text(cfg_path), cfg_path);
+  const contract::ModelConfig& mc = res.config.model;
+  if (o.dtype != "fp32" && o.dtype != "bf16" && o.dtype != "fp16")
+    fail(o.dtype, "--dtype must be fp32, bf16 or fp16");
+
+  st::Model src = [&] {
+    try {
+      return st::Model::open(o.src);
+    } catch (const st::SafetensorsError& e) {
+      throw ConvertError(e.what());
+    }
+  }();
+  res.source_bytes = src.total_bytes();
+
+  // Every source tensor must map to a parameter of the right shape, and every parameter be
+  // present: nothing is dropped or invented silently.
+  const contract::ParamLayout pl(mc);
+  std::map<std::string, std::string> from;  // ring param -> hf name
+  for (const std::string& n : src.names()) {
+    bool q, k;
+    std::string p = ring_param_of(n, mc.layers, &q, &k);
+    if (n.ends_with(".rotary_emb.inv_freq")) continue;  // a buffer, recomputed from rope_theta
+    if (p.empty())
+      fail(src.find(n)->file->path(),
+           "tensor '" + n + "' has no ringmaster counterpart (a bias, an extra layer, ...)");
+    if (p == "lm_head.weight" && mc.tie_embeddings) {
+      say("note: lm_head.weight ignored (tie_word_embeddings: the embedding is the head)");
+      continue;
+    }
+    const auto& view = pl.view(p);
+    const st::TensorInfo& t = *src.find(n)->info;
+    if (t.shape != view.shape) {
+      auto dims = [](const std::vector<int64_t>& s) { return json(s).dump(); };
+      fail(src.find(n)->file->path(), "tensor '" + n + "' has shape " + dims(t.shape) +
+                                          " but config.json gives " + p + " the shape " +
+                                          dims(view.shape));
+    }
+    from[p] = n;
+  }
+  for (const auto& v : pl.views())
+    if (!from.count(v.name))
+      fail(o.src,
+           "tensor '" + hf_name(v.name, mc.tie_embeddings) + "' (" + v.name + ") is missing");
+
+  if (fs::exists(o.out, ec) && !fs::is_empty(o.out, ec))
+    fail(o.out, "exists and is not empty (import writes a new checkpoint directory)");
+  fs::create_directories(o.out, ec);
+  if (ec) fail(o.out, "cannot create: " + ec.message());
+
+  // Convert into fp32 host tensors (the checkpoint writer reads them from memory).
+  Staging host(pl, o.out, o.scratch_threshold_bytes);
+  if (host.scratch()) say("staging the fp32 weights in a scratch file under " + o.out);
+  int64_t done = 0;
+  const int64_t total = pl.num_params();
+  int last_pct = -1;
+  for (size_t i = 0; i < pl.views().size(); ++i) {
+    const auto& v = pl.views()[i];
+    const auto* e = src.find(from[v.name]);
+    e->file->to_f32(*e->info, host.at(i));
+    if (v.name.find("attn.wq") != std::string::npos)
+      hf_to_ring_rope_rows(host.at(i), mc.heads, mc.head_dim, mc.d_model);
+    else if (v.name.find("attn.wk") != std::string::npos)
+      hf_to_ring_rope_rows(host.at(i), mc.kv_heads, mc.head_dim, mc.d_model);
+    done += v.size;
+    int pct = static_cast<int>(100 * done / std::max<int64_t>(total, 1));
+    if (total > (64 << 20) && pct / 10 != last_pct / 10) {
+      last_pct = pct;
+      say("read " + std::to_string(pct) + "% (" + std::to_string(done) + " of " +
+          std::to_string(total) + " parameters)");
+    }
+  }
+
+  ckpt::Options co;
+  co.dir = o.out;
+  co.keep_last = 1;
+  co.nodes = 1;
+  co.node_rank = 0;
+  co.tag = "import";
+  co.fsync = o.fsync;
+  co.spec_hash = "import";
+  co.layout = make_layout(mc, pl);
+  try {
+    ckpt::Checkpointer ck(co);
+    for (size_t i = 0; i < pl.views().size(); ++i)
+      ck.add_tensor("master/" + pl.views()[i].name, ckpt::DType::kF32, pl.views()[i].shape,
+                    host.at(i));
+    say("writing the checkpoint (" + std::to_string(total * 4 / (1 << 20)) + " MiB)");
+    ck.start(0, {{"imported_from", fs::absolute(o.src).string()},
+                 {"architecture", res.config.architecture}});
+    ckpt::SaveResult r = ck.wait();
+    if (!r.ok) fail(o.out, "writing the checkpoint failed: " + r.error);
+    res.step_dir = r.path;
+  } catch (const ckpt::CheckpointError& e) {
+    fail(o.out, e.what());
+  }
+  const std::string yaml = model_yaml(res.config, fs::absolute(o.out).lexically_normal().string(),
+                                      o.dtype, fs::absolute(o.src).string());
+  std::ofstream y(o.out + "/model.yaml");
+  y << yaml;
+  if (!y) fail(o.out + "/model.yaml", "cannot write");
+  res.params = total;
+  res.seconds = seconds_since(t0);
+  return res;
+}
+
+// ---- export --------------------------------------------------------------------------------
+
+ExportResult export_model(const ExportOptions& o, const Progress& progress) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto say = [&](const std::string& s) {
+    if (progress) progress(s);
+  };
+  std::error_code ec;
+  st::DType dt;
+  if (o.dtype == "bf16")
+    dt = st::DType::kBF16;
+  else if (o.dtype == "fp32")
+    dt = st::DType::kF32;
+  else
+    fail(o.dtype, "--dtype must be bf16 or fp32");
+
+  // A step directory (has checkpoint.json) or a checkpoint directory.
+  std::string root = o.ckpt;
+  int64_t max_step = INT64_MAX;
+  std::optional<ckpt::Layout> layout;
+  try {
+    if (fs::exists(o.ckpt + "/checkpoint.json", ec)) {
+      ckpt::CheckpointInfo info = ckpt::inspect_checkpoint(o.ckpt, false);
+      if (info.status != ckpt::Status::kComplete)
+        fail(o.ckpt, "not a complete checkpoint: " +
+                         (info.problems.empty() ? std::string("?") : info.problems.front()));
+      root = fs::path(o.ckpt).lexically_normal().parent_path().string();
+      if (root.empty()) root = ".";
+      max_step = info.step;
+      layout = info.layout;
+    } else {
+      auto list = ckpt::list_checkpoints(o.ckpt, false);
+      for (auto it = list.rbegin(); it != list.rend(); ++it)
+        if (it->status == ckpt::Status::kComplete) {
+          layout = it->layout;
+          break;
+        }
+      if (list.empty()) fail(o.ckpt, "holds no checkpoint");
+    }
+  } catch (const ckpt::CheckpointError& e) {
+    rethrow_naming(o.ckpt, e);
+  }
+
+  HfConfig c;
+  std::string yaml_path = o.model_yaml;
+  if (yaml_path.empty()) {
+    yaml_path = o.ckpt + "/model.yaml";
+    if (!fs::exists(yaml_path, ec)) yaml_path = root + "/model.yaml";
+  }
+  if (fs::exists(yaml_path, ec)) {
+    c = config_from_model_yaml(yaml_path);
+  } else if (layout && layout->model.is_object()) {
+    say("note: no model.yaml; the model comes from the checkpoint's layout record, rope_theta "
+        "10000 and norm_eps 1e-5 (the spec defaults) are assumed (--model-yaml names the spec's)");
+    const json& m = layout->model;
+    auto& mc = c.model;
+    try {
+      mc.layers = m.at("layers");
+      mc.d_model = m.at("d_model");
+      mc.heads = m.at("heads");
+      mc.kv_heads = m.at("kv_heads");
+      mc.head_dim = m.at("head_dim");
+      mc.mlp_hidden = m.at("mlp_hidden");
+      mc.vocab = m.at("vocab");
+      mc.tie_embeddings = m.at("tie_embeddings");
+      if (m.at("mlp") != "swiglu") fail(o.ckpt, "model.mlp is not swiglu: no Llama equivalent");
+    } catch (const json::exception& e) {
+      fail(o.ckpt, std::string("layout record: ") + e.what());
+    }
+    c.architecture = "LlamaForCausalLM";
+    try {
+      mc.check();
+    } catch (const std::exception& e) {
+      fail(o.ckpt, std::string("layout record: ") + e.what());
+    }
+  } else {
+    fail(o.ckpt,
+         "no model.yaml and no layout record: the model's shape is unknown "
+         "(--model-yaml names a spec with the model section)");
+  }
+  const contract::ModelConfig& mc = c.model;
+  const contract::ParamLayout pl(mc);
+
+  std::vector<std::vector<float>> host(pl.views().size());
+  std::vector<ckpt::LoadTarget> targets;
+  for (size_t i = 0; i < pl.views().size(); ++i) {
+    host[i].resize(static_cast<size_t>(pl.views()[i].size));
+    targets.emplace_back("master/" + pl.views()[i].name, ckpt::DType::kF32, pl.views()[i].shape,
+                         host[i].data());
+  }
+  ExportResult res;
+  try {
+    ckpt::LoadResult lr = ckpt::load_latest(root, 0, 1, targets, max_step);
+    if (!lr.loaded) fail(o.ckpt, "no loadable checkpoint: " + lr.message);
+    res.step = lr.step;
+    say("loaded " + lr.path);
+  } catch (const ckpt::CheckpointError& e) {
+    rethrow_naming(o.ckpt, e);
+  }
+
+  // Back to the Hugging Face layout, in the usual order (embedding, layers, norm, head).
+  std::vector<st::WriteTensor> all;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < pl.views().size(); ++i) order.push_back(i);
+  auto rank = [&](size_t i) {
+    const auto& v = pl.views()[i];
+    using P = std::pair<int64_t, int64_t>;
+    if (v.name == "embedding.weight") return P(-1, 0);
+    if (v.layer >= 0) return P(v.layer, v.offset);
+    return P(1 << 30, v.name == "lm_head.weight" ? 1 : 0);
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return rank(a) < rank(b); });
+  for (size_t i : order) {
+    const auto& v = pl.views()[i];
+    std::string n = hf_name(v.name, mc.tie_embeddings);
+    if (n.empty()) continue;
+    if (v.name.find("attn.wq") != std::string::npos)
+      ring_to_hf_rope_rows(host[i].data(), mc.heads, mc.head_dim, mc.d_model);
+    else if (v.name.find("attn.wk") != std::string::npos)
+      ring_to_hf_rope_rows(host[i].data(), mc.kv_heads, mc.head_dim, mc.d_model);
+    all.push_back({n, v.shape, host[i].data()});
+  }
+
+  // Shards: consecutive tensors up to shard_bytes each.
+  std::vector<std::vector<st::WriteTensor>> shards(1);
+  uint64_t cur = 0;
+  for (const auto& t : all) {
+    uint64_t b = 1;
+    for (int64_t d : t.shape) b *= static_cast<uint64_t>(d);
+    b *= st::dtype_size(dt);
+    if (cur > 0 && cur + b > o.shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(t);
+    cur += b;
+  }
+  fs::create_directories(o.out, ec);
+  if (ec) fail(o.out, "cannot create: " + ec.message());
+  // Shards of an earlier export to the same directory would be left beside the new index.
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(o.out, ec)) {
+    const std::string f = e.path().filename().string();  // model-00001-of-00002.safetensors
+    if (f.size() == 32 && f.starts_with("model-") && f.ends_with(".safetensors") &&
+        f.substr(11, 4) == "-of-")
+      stale.push_back(e.path());
+  }
+  for (const auto& f : stale) fs::remove(f, ec);
+  const std::map<std::string, std::string> meta{{"format", "pt"}};
+  try {
+    if (shards.size() == 1) {
+      std::string f = o.out + "/model.safetensors";
+      st::write_file(f, shards[0], dt, meta);
+      res.files.push_back(f);
+      res.bytes += fs::file_size(f);
+      fs::remove(o.out + "/model.safetensors.index.json", ec);
+    } else {
+      json wm = json::object();
+      uint64_t data_bytes = 0;
+      const size_t n = shards.size();
+      for (size_t s = 0; s < n; ++s) {
+        char name[64];
+        std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, n);
+        std::string f = o.out + "/" + name;
+        say("writing " + std::string(name));
+        st::write_file(f, shards[s], dt, meta);
+        res.files.push_back(f);
+        res.bytes += fs::file_size(f);
+        for (const auto& t : shards[s]) {
+          wm[t.name] = name;
+          uint64_t b = 1;
+          for (int64_t d : t.shape) b *= static_cast<uint64_t>(d);
+          data_bytes += b * st::dtype_size(dt);
+        }
+      }
+      json idx = {{"metadata", {{"total_size", data_bytes}}}, {"weight_map", wm}};
+      std::ofstream out(o.out + "/model.safetensors.index.json");
+      out << idx.dump(2) << "\n";
+      if (!out) fail(o.out + "/model.safetensors.index.json", "cannot write");
+      fs::remove(o.out + "/model.safetensors", ec);
+    }
+  } catch (const st::SafetensorsError& e) {
+    throw ConvertError(e.what());
+  }
+  c.torch_dtype = dt == st::DType::kBF16 ? "bfloat16" : "float32";
+  std::ofstream cj(o.out + "/config.json");
+  cj << config_json(c);
+  if (!cj) fail(o.out + "/config.json", "cannot write");
+  res.params = pl.num_params();
+  res.seconds = seconds_since(t0);
+  return res;
+}
+
+}  // namespace ring::hf
