@@ -118,6 +118,7 @@ int run_rank(const Args& args) {
   // Every rank builds the same sequences (same spec, same seed) and keeps its shards.
   std::unique_ptr<data::SequenceSource> source =
       data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
+  data::check_vocab(*source, spec.model.vocab);
 
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;
@@ -251,6 +252,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   corpus.max_total_bytes = args.max_corpus_mb << 20;
   std::unique_ptr<data::SequenceSource> source =
       data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
+  data::check_vocab(*source, spec.model.vocab);
 
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;
