@@ -22,5 +22,6 @@ Subcommand add_nodes(CLI::App& app);    // cmd_nodes.cc
 Subcommand add_run(CLI::App& app);      // cmd_run.cc
 Subcommand add_submit(CLI::App& app);          // cmd_submit.cc
 Subcommand add_slurm_started(CLI::App& app);   // cmd_submit.cc
+Subcommand add_tokenize(CLI::App& app);        // cmd_tokenize.cc
 
 }  // namespace ring::cli
