@@ -203,11 +203,30 @@ const std::vector<Rule>& rules() {
        }},
       {{"model.vocab, data.source, data.tokenizer",
         "Byte-level text (no data.tokenizer) and passkey need vocab >= 256; with data.tokenizer "
-        "(text source) vocab >= the model's piece count, read from the file (which must exist)."},
+        "(text source) vocab >= the model's piece count, read from the file (which must exist); "
+        "tokens: vocab >= the vocab in each .idx header that exists."},
        [](Ctx& c) {
          const auto& d = c.s.data;
          const bool tokenized = d.source == DataSource::kText && !d.tokenizer.empty();
-         if (d.source == DataSource::kTokens) return;  // ids are checked against the data
+         if (d.source == DataSource::kTokens) {
+           // The vocab recorded in each dataset's .idx header (docs/data.md), when the file is
+           // here; the worker checks every id against model.vocab when it opens the data.
+           for (const auto& path : d.paths) {
+             std::string prefix = path;
+             if (prefix.size() > 4 && (prefix.ends_with(".bin") || prefix.ends_with(".idx")))
+               prefix.resize(prefix.size() - 4);
+             std::ifstream idx(prefix + ".idx", std::ios::binary);
+             char h[40] = {};
+             if (!idx.read(h, sizeof h) || std::memcmp(h, "RINGTOK\0", 8) != 0) continue;
+             uint64_t vocab = 0;
+             std::memcpy(&vocab, h + 32, 8);
+             if (vocab > static_cast<uint64_t>(c.s.model.vocab))
+               c.error("model.vocab",
+                       fmt::format("model.vocab ({}) is below the vocab {} recorded in '{}.idx'",
+                                   c.s.model.vocab, vocab, prefix));
+           }
+           return;
+         }
          if (!tokenized) {
            if (c.s.model.vocab < 256)
              c.error("model.vocab",

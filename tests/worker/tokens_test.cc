@@ -348,6 +348,19 @@ TEST(TokenSpec, ValidationReadsThePieceCount) {
   EXPECT_NE(r.second.find("below 256"), std::string::npos) << r.second;
   r = load(200, "source: tokens, paths: [/x]");
   EXPECT_TRUE(r.first) << r.second;
+  // A token dataset's .idx records its vocab: checked when the file is there.
+  TempDir dir;
+  {
+    TokenFileWriter w(dir / "ds", 2, 1000);
+    w.add_document(std::vector<int32_t>{1, 2, 3});
+    w.finish();
+  }
+  r = load(999, "source: tokens, paths: [" + dir / "ds.bin" + "]");
+  EXPECT_NE(r.second.find("model.vocab (999) is below the vocab 1000 recorded in"),
+            std::string::npos)
+      << r.second;
+  r = load(1000, "source: tokens, paths: [" + dir / "ds" + "]");
+  EXPECT_TRUE(r.first) << r.second;
   r = load(256, "source: tokens");
   EXPECT_NE(r.second.find("data.source is tokens but data.paths is empty"), std::string::npos)
       << r.second;
