@@ -1,8 +1,8 @@
 // tokenize_bench: SentencePiece encoding throughput (MB of text per second) of our tokenizer
 // (worker/data/tokenizer.h over Debian's libsentencepiece) against python3-sentencepiece
 // (bench/spm_encode.py) on the same documents in the same run, one thread each, repetitions
-// interleaved; the ratio's median, min and max over repetitions, plus our multi-threaded corpus encoding
-// (TokenCorpus::encode, what data.tokenizer and ringctl tokenize run).
+// interleaved; the ratio's median, min and max over repetitions, plus our multi-threaded corpus
+// encoding (TokenCorpus::encode, what data.tokenizer and ringctl tokenize run).
 //
 //   tokenize_bench [--paths=/usr/share/doc] [--mb=16] [--reps=5] [--vocab=8000] [--threads=0]
 //
@@ -24,8 +24,7 @@
 namespace {
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -42,11 +41,16 @@ int main(int argc, char** argv) {
       return true;
     };
     std::string v;
-    if (val("paths", &v)) paths = v;
-    else if (val("mb", &v)) mb = std::atoll(v.c_str());
-    else if (val("reps", &v)) reps = std::atoll(v.c_str());
-    else if (val("vocab", &v)) vocab = std::atoll(v.c_str());
-    else if (val("threads", &v)) threads = std::atoll(v.c_str());
+    if (val("paths", &v))
+      paths = v;
+    else if (val("mb", &v))
+      mb = std::atoll(v.c_str());
+    else if (val("reps", &v))
+      reps = std::atoll(v.c_str());
+    else if (val("vocab", &v))
+      vocab = std::atoll(v.c_str());
+    else if (val("threads", &v))
+      threads = std::atoll(v.c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;

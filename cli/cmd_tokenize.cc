@@ -41,8 +41,7 @@ struct TokenizeOpts {
 class Progress {
  public:
   Progress(int64_t total, bool quiet)
-      : total_(total), quiet_(quiet), tty_(::isatty(2) == 1), start_(Clock::now()),
-        last_(start_) {}
+      : total_(total), quiet_(quiet), tty_(::isatty(2) == 1), start_(Clock::now()), last_(start_) {}
 
   void update(int64_t done, bool final = false) {
     if (quiet_) return;
@@ -54,9 +53,9 @@ class Progress {
     const double mbs = static_cast<double>(done) / 1e6 / secs;
     const double eta = done > 0 ? secs * static_cast<double>(total_ - done) / done : 0.0;
     const double pct = total_ > 0 ? 100.0 * static_cast<double>(done) / total_ : 100.0;
-    std::string line = fmt::format("tokenize: {:.1f}/{:.1f} MB ({:.0f}%)  {:.1f} MB/s  ETA {}",
-                                   done / 1e6, total_ / 1e6, pct, mbs,
-                                   final ? "0s" : format_duration(eta));
+    std::string line =
+        fmt::format("tokenize: {:.1f}/{:.1f} MB ({:.0f}%)  {:.1f} MB/s  ETA {}", done / 1e6,
+                    total_ / 1e6, pct, mbs, final ? "0s" : format_duration(eta));
     if (tty_) {
       int width = 28;
       int fill = static_cast<int>(pct / 100.0 * width);
@@ -67,9 +66,7 @@ class Progress {
     }
     std::fflush(stderr);
   }
-  double seconds() const {
-    return std::chrono::duration<double>(Clock::now() - start_).count();
-  }
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -104,8 +101,9 @@ int run_tokenize(const TokenizeOpts& o) {
     const std::string prefix = data::token_file_prefix(o.out);
     data::TokenFileWriter w(prefix, width, static_cast<uint64_t>(tok->vocab_size()));
 
-    int threads = o.threads > 0 ? o.threads
-                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    int threads = o.threads > 0
+                      ? o.threads
+                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     Progress progress(text.total_tokens(), o.quiet);
     const int64_t n = text.num_docs();
     constexpr int64_t kBatchBytes = 4 << 20;
@@ -165,15 +163,15 @@ Subcommand add_tokenize(CLI::App& app) {
   s->add_option("--tokenizer", o->tokenizer, "SentencePiece model (.model)")
       ->required()
       ->check(CLI::ExistingFile);
-  s->add_option("--dtype", o->dtype, "Token width: uint16 or uint32 (default: uint16 when the "
-                                     "model has at most 65536 pieces)")
+  s->add_option("--dtype", o->dtype,
+                "Token width: uint16 or uint32 (default: uint16 when the "
+                "model has at most 65536 pieces)")
       ->check(CLI::IsMember({"uint16", "uint32"}));
   s->add_option("-o,--output", o->out, "Output prefix: writes OUT.bin and OUT.idx")->required();
   s->add_option("--threads", o->threads, "Encoding threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
   s->add_flag("-q,--quiet", o->quiet, "No progress on stderr");
-  s->add_option("inputs", o->inputs, "Text files or directories (recursive; .gz read)")
-      ->required();
+  s->add_option("inputs", o->inputs, "Text files or directories (recursive; .gz read)")->required();
   return {s, [o] { return run_tokenize(*o); }};
 }
 

@@ -43,7 +43,7 @@ const std::string& spec_path() {
   static std::string path = [] {
     std::string inputs;
     for (const auto& e : std::filesystem::directory_iterator("/usr/share/common-licenses"))
-      if (e.is_regular_file()) inputs += (inputs.empty() ? "" : ",") + e.path().string();
+      if (e.is_regular_file()) inputs.append(inputs.empty() ? "" : ",").append(e.path().string());
     if (std::system(("spm_train --input=" + inputs + " --model_prefix=" + t.path +
                      "/tok --vocab_size=512 --model_type=unigram --minloglevel=2 >/dev/null 2>&1")
                         .c_str()) != 0)
@@ -73,10 +73,10 @@ restart: {max_restarts: 0}
 }
 
 std::vector<std::string> ringd_args(const std::string& job, std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {RINGD_BIN,     "--spec",         spec_path(), "--job-dir",
-                                job,           "--json",         "--hash-weights",
-                                "--worker-threads", "1",         "--worker-bin", RING_WORKER,
-                                "--threads",   "1"};
+  std::vector<std::string> a = {RINGD_BIN, "--spec",       spec_path(),      "--job-dir",
+                                job,       "--json",       "--hash-weights", "--worker-threads",
+                                "1",       "--worker-bin", RING_WORKER,      "--threads",
+                                "1"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }

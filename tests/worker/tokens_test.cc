@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,7 +42,9 @@ struct TempDir {
   std::string operator/(const std::string& n) const { return (p / n).string(); }
 };
 
-int run(const std::string& cmd) { return std::system(cmd.c_str()); }
+int run(const std::string& cmd) {
+  return std::system(cmd.c_str());
+}
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -63,7 +65,7 @@ const std::string& model_path() {
     std::string inputs;
     for (const auto& e : fs::directory_iterator(kLicenses)) {
       if (!e.is_regular_file()) continue;
-      inputs += (inputs.empty() ? "" : ",") + e.path().string();
+      inputs.append(inputs.empty() ? "" : ",").append(e.path().string());
     }
     std::string prefix = dir / "tok";
     int rc = run("spm_train --input=" + inputs + " --model_prefix=" + prefix +
@@ -137,7 +139,8 @@ TEST(Tokenizer, IdsMatchPythonSentencepieceOnEveryDocument) {
     tok->encode(std::string_view(reinterpret_cast<const char*>(d.data()), d.size()), got);
     ASSERT_EQ(got, want) << "document " << i;
     // The loader's document: BOS, the ids, EOS; decoding gives the text back.
-    auto framed = tok->encode_document(std::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
+    auto framed =
+        tok->encode_document(std::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
     ASSERT_EQ(framed.front(), 1);
     ASSERT_EQ(framed.back(), 2);
     ASSERT_EQ(tok->decode(framed), std::string(d.begin(), d.end()));
@@ -216,8 +219,9 @@ TEST(TokenFiles, WriteOpenAndResumeExactly) {
   // model.vocab must be above the largest id in the data.
   TextLoader big(c4_for_vocab_check(dir), {.seq_len = 64});
   EXPECT_NO_THROW(check_vocab(big, 60000));
-  EXPECT_NE(throw_message([&] { check_vocab(big, 1000); })
-                .find("model.vocab (1000) is not above the largest token id in the data"),
+  EXPECT_NE(throw_message([&] {
+              check_vocab(big, 1000);
+            }).find("model.vocab (1000) is not above the largest token id in the data"),
             std::string::npos);
   // Same ids in either width: same documents.
   auto c2 = TokenCorpus::open({dir / "ds2"}, 0, 1);
@@ -225,7 +229,9 @@ TEST(TokenFiles, WriteOpenAndResumeExactly) {
   for (int d = 0; d < 40; ++d) ASSERT_EQ(c2->doc(d), c4->doc(d));
   // An id that does not fit.
   TokenFileWriter w(dir / "big", 2, 0);
-  EXPECT_NE(throw_message([&] { w.add_document(std::vector<int32_t>{1, 70000}); }).find("70000"),
+  EXPECT_NE(throw_message([&] {
+              w.add_document(std::vector<int32_t>{1, 70000});
+            }).find("70000"),
             std::string::npos);
 }
 
@@ -394,8 +400,8 @@ TEST(TokenSpec, MakeSourceReadsTokenizerAndTokenDatasets) {
   TokenFileWriter w(dir / "lic", 2, 1000);
   for (int64_t i = 0; i < text.num_docs(); ++i) {
     auto b = text.doc(i);
-    w.add_document(tok->encode_document(
-        std::string_view(reinterpret_cast<const char*>(b.data()), b.size())));
+    w.add_document(
+        tok->encode_document(std::string_view(reinterpret_cast<const char*>(b.data()), b.size())));
   }
   w.finish();
   ring::spec::DataSection t = d;

@@ -32,12 +32,12 @@ TEST(TokensSource, LossFallsWellBelowUnigramEntropy) {
   const fs::path dir = ::mkdtemp(t);
   std::string inputs;
   for (const auto& e : fs::directory_iterator("/usr/share/common-licenses"))
-    if (e.is_regular_file()) inputs += (inputs.empty() ? "" : ",") + e.path().string();
-  ASSERT_EQ(std::system(("spm_train --input=" + inputs + " --model_prefix=" +
-                         (dir / "tok").string() +
-                         " --vocab_size=512 --model_type=unigram --minloglevel=2 >/dev/null 2>&1")
-                            .c_str()),
-            0);
+    if (e.is_regular_file()) inputs.append(inputs.empty() ? "" : ",").append(e.path().string());
+  ASSERT_EQ(
+      std::system(("spm_train --input=" + inputs + " --model_prefix=" + (dir / "tok").string() +
+                   " --vocab_size=512 --model_type=unigram --minloglevel=2 >/dev/null 2>&1")
+                      .c_str()),
+      0);
   auto tok = data::Tokenizer::load((dir / "tok.model").string());
   auto text = data::TextCorpus::load({"/usr/share/common-licenses"}, {.max_doc_len = 0});
   {
@@ -54,7 +54,8 @@ job: {name: tokens-small}
 model: {layers: 2, d_model: 128, heads: 4, kv_heads: 2, mlp: swiglu, vocab: 512}
 data:
   source: tokens
-  paths: [)" + (dir / "lic.bin").string() + R"(]
+  paths: [)" + (dir / "lic.bin").string() +
+                           R"(]
   seq_len: 512
   seed: 3
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, schedule: cosine, lr_warmup_steps: 20,
@@ -107,11 +108,11 @@ resources: {nodes: 1, workers_per_node: 1, backend: cpu, host_memory_gb: 4}
       window = 0;
     }
   }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("first window %.4f, final (mean of the last 30 steps) %.4f nats vs unigram "
-              "entropy %.4f, %.1f s\n",
-              first, tail, entropy, secs);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "first window %.4f, final (mean of the last 30 steps) %.4f nats vs unigram "
+      "entropy %.4f, %.1f s\n",
+      first, tail, entropy, secs);
   EXPECT_LT(tail, entropy - 0.5) << "the model did not learn beyond id frequencies";
   fs::remove_all(dir);
 }

@@ -39,6 +39,9 @@ struct CorpusOptions {
   int64_t min_doc_len = 1;  // tokens
   int64_t max_total_bytes = kDefaultMaxTotalBytes;
   double max_invalid_utf8_fraction = 0.1;
+  // Threads that encode the text with data.tokenizer (token_corpus.h); 0: every core. A worker
+  // passes its own thread count so that the ranks of a node do not oversubscribe it.
+  int encode_threads = 0;
 };
 
 struct CorpusStats {

@@ -192,7 +192,7 @@ std::unique_ptr<SequenceSource> make_source(const spec::DataSection& d, PasskeyL
     whole.max_doc_len = 0;
     whole.min_doc_len = 1;
     TextCorpus text = TextCorpus::load(d.paths, whole);
-    corpus = TokenCorpus::encode(text, *tok, co.max_doc_len, co.min_doc_len);
+    corpus = TokenCorpus::encode(text, *tok, co.max_doc_len, co.min_doc_len, co.encode_threads);
   } else {
     corpus = std::make_shared<const TextCorpus>(TextCorpus::load(d.paths, co));
   }

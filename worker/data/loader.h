@@ -106,8 +106,8 @@ class PasskeyLoader final : public SequenceSource {
 
 // The source the spec asks for. Text: loads the corpus (max_doc_len 0 -> seq_len), encoded with
 // data.tokenizer when set (token_corpus.h); tokens: memory-maps the .bin/.idx files in data.paths.
-// Throws DataError. `corpus_options` overrides the byte cap and binary threshold (lengths come from the
-// spec).
+// Throws DataError. `corpus_options` overrides the byte cap, binary threshold and encoding threads
+// (lengths come from the spec).
 std::unique_ptr<SequenceSource> make_source(const spec::DataSection& data,
                                             PasskeyLabels passkey_labels = PasskeyLabels::kAll,
                                             const CorpusOptions& corpus_options = {});

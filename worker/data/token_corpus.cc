@@ -9,8 +9,8 @@
 
 namespace ring::data {
 
-void TokenCorpus::add_document(const uint8_t* data, int64_t len, int32_t width,
-                               int64_t max_doc_len, int64_t min_doc_len) {
+void TokenCorpus::add_document(const uint8_t* data, int64_t len, int32_t width, int64_t max_doc_len,
+                               int64_t min_doc_len) {
   const int64_t piece = max_doc_len > 0 ? max_doc_len : std::max<int64_t>(len, 1);
   for (int64_t s = 0; s < len; s += piece) {
     const int64_t e = std::min(len, s + piece);
@@ -75,9 +75,9 @@ std::vector<int32_t> TokenCorpus::doc(int64_t i) const {
   return out;
 }
 
-std::shared_ptr<const TokenCorpus> TokenCorpus::encode(const TextCorpus& text,
-                                                       const Tokenizer& tok, int64_t max_doc_len,
-                                                       int64_t min_doc_len, int threads) {
+std::shared_ptr<const TokenCorpus> TokenCorpus::encode(const TextCorpus& text, const Tokenizer& tok,
+                                                       int64_t max_doc_len, int64_t min_doc_len,
+                                                       int threads) {
   const int64_t n = text.num_docs();
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = static_cast<int>(std::min<int64_t>(threads, std::max<int64_t>(n, 1)));

@@ -72,7 +72,8 @@ TokenFileWriter::TokenFileWriter(const std::string& prefix, int width, uint64_t 
   const std::string bin = prefix_ + ".bin";
   bin_ = std::fopen(bin.c_str(), "wb");
   if (bin_ == nullptr)
-    throw DataError(fmt::format("token dataset: cannot create '{}': {}", bin, std::strerror(errno)));
+    throw DataError(
+        fmt::format("token dataset: cannot create '{}': {}", bin, std::strerror(errno)));
 }
 
 TokenFileWriter::~TokenFileWriter() {
@@ -96,7 +97,8 @@ void TokenFileWriter::add_document(std::span<const int32_t> ids) {
     }
   }
   if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), bin_) != buf_.size())
-    throw DataError(fmt::format("token dataset: writing '{}.bin': {}", prefix_, std::strerror(errno)));
+    throw DataError(
+        fmt::format("token dataset: writing '{}.bin': {}", prefix_, std::strerror(errno)));
   offsets_.push_back(offsets_.back() + ids.size());
 }
 
@@ -104,7 +106,8 @@ void TokenFileWriter::finish() {
   if (bin_ == nullptr) return;
   if (std::fclose(bin_) != 0) {
     bin_ = nullptr;
-    throw DataError(fmt::format("token dataset: writing '{}.bin': {}", prefix_, std::strerror(errno)));
+    throw DataError(
+        fmt::format("token dataset: writing '{}.bin': {}", prefix_, std::strerror(errno)));
   }
   bin_ = nullptr;
   std::vector<uint8_t> h(kTokenIdxHeaderBytes, 0);
@@ -119,7 +122,8 @@ void TokenFileWriter::finish() {
   const std::string idx = prefix_ + ".idx";
   std::FILE* f = std::fopen(idx.c_str(), "wb");
   if (f == nullptr)
-    throw DataError(fmt::format("token dataset: cannot create '{}': {}", idx, std::strerror(errno)));
+    throw DataError(
+        fmt::format("token dataset: cannot create '{}': {}", idx, std::strerror(errno)));
   bool ok = std::fwrite(h.data(), 1, h.size(), f) == h.size() &&
             std::fwrite(offsets_.data(), 8, offsets_.size(), f) == offsets_.size();
   ok = (std::fclose(f) == 0) && ok;
@@ -146,8 +150,9 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path) {
                           kTokenIdxHeaderBytes));
   const uint8_t* h = f->idx_;
   if (std::memcmp(h, kTokenIdxMagic, 8) != 0)
-    throw bad("bad magic (expected \"RINGTOK\\0\"; Megatron .idx files start with \"MMIDIDX\" and "
-              "are not read)");
+    throw bad(
+        "bad magic (expected \"RINGTOK\\0\"; Megatron .idx files start with \"MMIDIDX\" and "
+        "are not read)");
   const uint32_t version = read_u32(h + 8);
   if (version != kTokenIdxVersion)
     throw bad(fmt::format("version {} is not supported (this build reads {})", version,
@@ -162,27 +167,29 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path) {
   if (read_u64(h + 40) != 0) throw bad("reserved header field is not 0");
   const uint64_t body = f->idx_size_ - kTokenIdxHeaderBytes;
   if (body % 8 != 0 || f->num_docs_ != body / 8 - 1 || body < 8)
-    throw bad(fmt::format("the header says {} documents but the file holds {} bytes of offsets "
-                          "(expected 8 x (documents + 1) = {})",
-                          f->num_docs_, body,
-                          f->num_docs_ < (uint64_t{1} << 60) ? 8 * (f->num_docs_ + 1) : 0));
-  if (f->num_tokens_ > (uint64_t{1} << 62)) throw bad(fmt::format("token count {} is not plausible", f->num_tokens_));
+    throw bad(fmt::format(
+        "the header says {} documents but the file holds {} bytes of offsets "
+        "(expected 8 x (documents + 1) = {})",
+        f->num_docs_, body, f->num_docs_ < (uint64_t{1} << 60) ? 8 * (f->num_docs_ + 1) : 0));
+  if (f->num_tokens_ > (uint64_t{1} << 62))
+    throw bad(fmt::format("token count {} is not plausible", f->num_tokens_));
   // The offsets start 8-byte aligned (48-byte header on a page-aligned mapping).
   f->offsets_ = reinterpret_cast<const uint64_t*>(h + kTokenIdxHeaderBytes);
   if (f->offsets_[0] != 0) throw bad(fmt::format("offsets[0] is {}, not 0", f->offsets_[0]));
   for (uint64_t i = 0; i < f->num_docs_; ++i)
     if (f->offsets_[i + 1] < f->offsets_[i])
-      throw bad(fmt::format("offsets[{}] = {} is below offsets[{}] = {} (offsets must not "
-                            "decrease)",
-                            i + 1, f->offsets_[i + 1], i, f->offsets_[i]));
+      throw bad(
+          fmt::format("offsets[{}] = {} is below offsets[{}] = {} (offsets must not "
+                      "decrease)",
+                      i + 1, f->offsets_[i + 1], i, f->offsets_[i]));
   if (f->offsets_[f->num_docs_] != f->num_tokens_)
-    throw bad(fmt::format("the last offset {} is not the token count {}",
-                          f->offsets_[f->num_docs_], f->num_tokens_));
+    throw bad(fmt::format("the last offset {} is not the token count {}", f->offsets_[f->num_docs_],
+                          f->num_tokens_));
   std::tie(f->bin_, f->bin_size_) = map_file(bin);
   if (f->bin_size_ != f->num_tokens_ * width)
-    throw DataError(fmt::format(
-        "token dataset '{}': {} bytes, but '{}' says {} tokens of {} bytes = {} bytes", bin,
-        f->bin_size_, idx, f->num_tokens_, width, f->num_tokens_ * width));
+    throw DataError(
+        fmt::format("token dataset '{}': {} bytes, but '{}' says {} tokens of {} bytes = {} bytes",
+                    bin, f->bin_size_, idx, f->num_tokens_, width, f->num_tokens_ * width));
   if (f->bin_ != nullptr) ::madvise(const_cast<uint8_t*>(f->bin_), f->bin_size_, MADV_RANDOM);
   return f;
 }

@@ -73,7 +73,7 @@ class TokenFile {
   uint64_t vocab() const { return vocab_; }
   int64_t doc_begin(int64_t i) const { return static_cast<int64_t>(offsets_[i]); }
   int64_t doc_len(int64_t i) const { return static_cast<int64_t>(offsets_[i + 1] - offsets_[i]); }
-  const uint8_t* data() const { return bin_; }  // [num_tokens x width]
+  const uint8_t* data() const { return bin_; }          // [num_tokens x width]
   const uint64_t* offsets() const { return offsets_; }  // [num_docs + 1]
   const std::string& prefix() const { return prefix_; }
 

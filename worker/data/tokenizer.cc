@@ -24,9 +24,15 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   return t;
 }
 
-int64_t Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
-int32_t Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
-int32_t Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
+int64_t Tokenizer::vocab_size() const {
+  return impl_->sp.GetPieceSize();
+}
+int32_t Tokenizer::bos_id() const {
+  return impl_->sp.bos_id();
+}
+int32_t Tokenizer::eos_id() const {
+  return impl_->sp.eos_id();
+}
 
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
   std::vector<int> ids;
