@@ -6,7 +6,8 @@
 // them; documents are written whole (the loader cuts them to max_doc_len). The input is read into
 // memory first (as the text source does), then encoded in batches on --threads threads, with a
 // progress line on stderr (bytes encoded / total, MB/s, ETA; plain lines when stderr is not a
-// terminal).
+// terminal). `--index-flat FILE.bin --eot ID` instead writes only FILE.idx for a flat id file
+// without an index (nanoGPT's train.bin), documents ending after each EOT id.
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,9 @@ struct TokenizeOpts {
   std::vector<std::string> inputs;
   int threads = 0;
   bool quiet = false;
+  std::string index_flat;  // a flat .bin (nanoGPT) to index
+  int64_t eot = 50256;
+  int64_t vocab = 0;
 };
 
 class Progress {
@@ -75,7 +79,33 @@ class Progress {
   Clock::time_point start_, last_;
 };
 
+// --index-flat FILE.bin: writes FILE.idx (documents end after each --eot id).
+int run_index_flat(const TokenizeOpts& o) {
+  if (!o.tokenizer.empty() || !o.out.empty() || !o.inputs.empty()) {
+    std::cerr << "ringctl tokenize: --index-flat takes no --tokenizer, -o or inputs\n";
+    return kExitUsage;
+  }
+  try {
+    const int width = o.dtype == "uint32" ? 4 : 2;
+    int64_t docs =
+        data::write_index_for_flat_bin(o.index_flat, width, o.eot, static_cast<uint64_t>(o.vocab));
+    const std::string prefix = data::token_file_prefix(o.index_flat);
+    std::cerr << fmt::format("wrote {}.idx: {} documents (split after each id {}) over {}.bin\n",
+                             prefix, docs, o.eot, prefix);
+    return kExitOk;
+  } catch (const data::DataError& e) {
+    std::cerr << "ringctl tokenize: " << e.what() << "\n";
+    return kExitFailed;
+  }
+}
+
 int run_tokenize(const TokenizeOpts& o) {
+  if (!o.index_flat.empty()) return run_index_flat(o);
+  if (o.tokenizer.empty() || o.out.empty() || o.inputs.empty()) {
+    std::cerr << "ringctl tokenize: needs --tokenizer, -o and at least one input (or "
+                 "--index-flat FILE.bin)\n  `ringctl tokenize --help` shows its arguments\n";
+    return kExitUsage;
+  }
   try {
     auto tok = data::Tokenizer::load(o.tokenizer);
     int width = 0;
@@ -160,18 +190,27 @@ Subcommand add_tokenize(CLI::App& app) {
       "tokenize",
       "Encode text files/directories with a SentencePiece model into OUT.bin + OUT.idx "
       "(data.source: tokens)");
-  s->add_option("--tokenizer", o->tokenizer, "SentencePiece model (.model)")
-      ->required()
+  s->add_option("--tokenizer", o->tokenizer, "SentencePiece model (.model) (required)")
       ->check(CLI::ExistingFile);
   s->add_option("--dtype", o->dtype,
                 "Token width: uint16 or uint32 (default: uint16 when the "
                 "model has at most 65536 pieces)")
       ->check(CLI::IsMember({"uint16", "uint32"}));
-  s->add_option("-o,--output", o->out, "Output prefix: writes OUT.bin and OUT.idx")->required();
+  s->add_option("-o,--output", o->out, "Output prefix: writes OUT.bin and OUT.idx (required)");
   s->add_option("--threads", o->threads, "Encoding threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
   s->add_flag("-q,--quiet", o->quiet, "No progress on stderr");
-  s->add_option("inputs", o->inputs, "Text files or directories (recursive; .gz read)")->required();
+  s->add_option("inputs", o->inputs, "Text files or directories (recursive; .gz read)");
+  s->add_option("--index-flat", o->index_flat,
+                "Instead: write FILE.idx for an existing flat FILE.bin of ids without an index "
+                "(nanoGPT's train.bin), documents ending after each --eot id; --dtype gives the "
+                "width (default uint16)")
+      ->check(CLI::ExistingFile);
+  s->add_option("--eot", o->eot, "With --index-flat: the end-of-text id (default 50256, GPT-2)")
+      ->check(CLI::Range(int64_t{0}, int64_t{0xffffffff}));
+  s->add_option("--vocab", o->vocab,
+                "With --index-flat: the vocab to record in the header (default 0: not recorded)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
   return {s, [o] { return run_tokenize(*o); }};
 }
 

@@ -325,6 +325,32 @@ TEST(RingctlTokenize, CommonLicensesRoundTrip) {
   EXPECT_NE(slurp(dir / "err2").find("cannot read '/nonexistent'"), std::string::npos);
 }
 
+TEST(RingctlTokenize, IndexesAFlatNanoGptBin) {
+  TempDir dir;
+  // Flat uint16 ids, documents separated by the GPT-2 EOT id, the last one without it.
+  std::vector<uint16_t> flat = {10, 11, 50256, 12, 50256, 13, 14, 15};
+  write_file(dir / "train.bin",
+             std::string(reinterpret_cast<const char*>(flat.data()), flat.size() * 2));
+  ASSERT_EQ(run(std::string(RINGCTL) + " tokenize --index-flat " + dir / "train.bin" +
+                " --vocab 50304 2> " + dir / "err"),
+            0)
+      << slurp(dir / "err");
+  EXPECT_NE(slurp(dir / "err").find("3 documents"), std::string::npos) << slurp(dir / "err");
+  auto c = TokenCorpus::open({dir / "train"}, 0, 1);
+  ASSERT_EQ(c->num_docs(), 3);
+  EXPECT_EQ(c->doc(0), (std::vector<int32_t>{10, 11, 50256}));
+  EXPECT_EQ(c->doc(1), (std::vector<int32_t>{12, 50256}));
+  EXPECT_EQ(c->doc(2), (std::vector<int32_t>{13, 14, 15}));
+  EXPECT_EQ(TokenFile::open(dir / "train")->vocab(), 50304u);
+  // An odd byte count is refused, naming the file.
+  write_file(dir / "odd.bin", "abc");
+  EXPECT_EQ(run(std::string(RINGCTL) + " tokenize --index-flat " + dir / "odd.bin" + " 2> " +
+                dir / "err2"),
+            1 << 8);
+  EXPECT_NE(slurp(dir / "err2").find("odd.bin': 3 bytes is not a whole number"), std::string::npos)
+      << slurp(dir / "err2");
+}
+
 TEST(TokenSpec, ValidationReadsThePieceCount) {
   ASSERT_FALSE(model_path().empty());
   auto load = [](int vocab, const std::string& data) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -128,6 +129,55 @@ void TokenFileWriter::finish() {
             std::fwrite(offsets_.data(), 8, offsets_.size(), f) == offsets_.size();
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) throw DataError(fmt::format("token dataset: writing '{}' failed", idx));
+}
+
+int64_t write_index_for_flat_bin(const std::string& path, int width, int64_t eot, uint64_t vocab) {
+  const std::string prefix = token_file_prefix(path), bin = prefix + ".bin";
+  if (width != 2 && width != 4)
+    throw DataError(fmt::format("token dataset: token width {} must be 2 or 4 bytes", width));
+  auto [data, size] = map_file(bin);
+  struct Unmap {
+    const uint8_t* p;
+    size_t n;
+    ~Unmap() {
+      if (p != nullptr) ::munmap(const_cast<uint8_t*>(p), n);
+    }
+  } unmap{data, size};
+  if (size % static_cast<size_t>(width) != 0)
+    throw DataError(fmt::format("token dataset '{}': {} bytes is not a whole number of {}-byte ids",
+                                bin, size, width));
+  const uint64_t n = size / static_cast<size_t>(width);
+  std::vector<uint64_t> offsets{0};
+  uint64_t max_id = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t v = 0;
+    std::memcpy(&v, data + i * static_cast<size_t>(width), static_cast<size_t>(width));
+    max_id = std::max<uint64_t>(max_id, v);
+    if (static_cast<int64_t>(v) == eot) offsets.push_back(i + 1);
+  }
+  if (offsets.back() != n) offsets.push_back(n);
+  if (vocab > 0 && n > 0 && max_id >= vocab)
+    throw DataError(
+        fmt::format("token dataset '{}': id {} is not below the vocab {}", bin, max_id, vocab));
+  std::vector<uint8_t> h(kTokenIdxHeaderBytes, 0);
+  std::memcpy(h.data(), kTokenIdxMagic, 8);
+  const uint32_t version = kTokenIdxVersion, w = static_cast<uint32_t>(width);
+  const uint64_t docs = offsets.size() - 1;
+  std::memcpy(h.data() + 8, &version, 4);
+  std::memcpy(h.data() + 12, &w, 4);
+  std::memcpy(h.data() + 16, &docs, 8);
+  std::memcpy(h.data() + 24, &n, 8);
+  std::memcpy(h.data() + 32, &vocab, 8);
+  const std::string idx = prefix + ".idx";
+  std::FILE* f = std::fopen(idx.c_str(), "wb");
+  if (f == nullptr)
+    throw DataError(
+        fmt::format("token dataset: cannot create '{}': {}", idx, std::strerror(errno)));
+  bool ok = std::fwrite(h.data(), 1, h.size(), f) == h.size() &&
+            std::fwrite(offsets.data(), 8, offsets.size(), f) == offsets.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) throw DataError(fmt::format("token dataset: writing '{}' failed", idx));
+  return static_cast<int64_t>(docs);
 }
 
 // ---- reader ----------------------------------------------------------------------------------

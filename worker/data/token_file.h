@@ -58,6 +58,12 @@ class TokenFileWriter {
   std::vector<uint8_t> buf_;
 };
 
+// Writes <prefix>.idx for an existing flat <prefix>.bin of `width`-byte ids without an index
+// (nanoGPT's train.bin: uint16, documents separated by the GPT-2 EOT id 50256): a document ends
+// after each `eot` id; ids after the last EOT form the last document. The .bin is not changed.
+// Returns the number of documents. Throws DataError naming the file.
+int64_t write_index_for_flat_bin(const std::string& path, int width, int64_t eot, uint64_t vocab);
+
 // One memory-mapped .bin/.idx pair, every header field and offset checked.
 class TokenFile {
  public:
