@@ -25,7 +25,9 @@
 namespace ring::data {
 
 inline constexpr int32_t kIgnoreLabel = -1;
-inline constexpr int32_t kPadToken = 0;  // NUL never occurs in text documents (binary files)
+// NUL never occurs in byte-level text (binary files are skipped); with token ids, 0 may be a real
+// id (SentencePiece's <unk>): padding is told apart by its segment (doc -1) and label -1.
+inline constexpr int32_t kPadToken = 0;
 
 struct SegmentSource {
   int64_t doc = -1;    // corpus document index (passkey: sample index); -1 for padding
