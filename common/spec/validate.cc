@@ -1,12 +1,14 @@
 // Cross-field rules of the job spec: checked after every key parsed cleanly. Each rule has one
 // line of documentation (docs/spec-reference.md is generated from it) and a check.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string>
@@ -45,6 +47,16 @@ struct Ctx {
 // SentencePiece pieces = 1`), counted by walking the protobuf wire format, so that the spec
 // library needs no SentencePiece. nullopt with `why` set when the file is not such a model.
 std::optional<int64_t> sentencepiece_pieces(const std::string& path, std::string& why) {
+  // Only a regular file of plausible size is read (never a FIFO or /dev/zero).
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    why = std::strerror(errno);
+    return std::nullopt;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size > (int64_t{1} << 30)) {
+    why = "not a regular file of at most 1 GiB";
+    return std::nullopt;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     why = std::strerror(errno);

@@ -267,6 +267,7 @@ TEST(TokenFiles, HostileIndexAndBinGiveClearErrors) {
       {"doc count", patch(16, 5, 8), bin, "says 5 documents"},
       {"huge doc count", patch(16, ~uint64_t{0}, 8), bin, "documents"},
       {"token count", patch(24, 9, 8), bin, "last offset 6 is not the token count 9"},
+      {"wrapping token count", patch(24, uint64_t{1} << 62, 8), "", "not plausible"},
       {"reserved", patch(40, 1, 8), bin, "reserved"},
       {"first offset", patch(48, 1, 8), bin, "offsets[0] is 1"},
       {"decreasing", patch(56, 7, 8), bin, "offsets[1] = 7"},
@@ -376,6 +377,8 @@ TEST(TokenSpec, ValidationReadsThePieceCount) {
       << r.second;
   r = load(300, "source: text, paths: [/x], tokenizer: /etc/hostname");
   EXPECT_NE(r.second.find("not a SentencePiece model"), std::string::npos) << r.second;
+  r = load(300, "source: text, paths: [/x], tokenizer: /dev/zero");
+  EXPECT_NE(r.second.find("not a regular file"), std::string::npos) << r.second;
   r = load(200, "source: text, paths: [/x]");  // byte-level
   EXPECT_NE(r.second.find("below 256"), std::string::npos) << r.second;
   r = load(200, "source: tokens, paths: [/x]");

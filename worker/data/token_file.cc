@@ -221,8 +221,9 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path) {
         "the header says {} documents but the file holds {} bytes of offsets "
         "(expected 8 x (documents + 1) = {})",
         f->num_docs_, body, f->num_docs_ < (uint64_t{1} << 60) ? 8 * (f->num_docs_ + 1) : 0));
-  if (f->num_tokens_ > (uint64_t{1} << 62))
-    throw bad(fmt::format("token count {} is not plausible", f->num_tokens_));
+  // At most 2^60 ids: T x width cannot wrap around 2^64 and match a short .bin.
+  if (f->num_tokens_ > (uint64_t{1} << 60))
+    throw bad(fmt::format("token count {} is not plausible (at most 2^60)", f->num_tokens_));
   // The offsets start 8-byte aligned (48-byte header on a page-aligned mapping).
   f->offsets_ = reinterpret_cast<const uint64_t*>(h + kTokenIdxHeaderBytes);
   if (f->offsets_[0] != 0) throw bad(fmt::format("offsets[0] is {}, not 0", f->offsets_[0]));
