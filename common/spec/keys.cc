@@ -144,8 +144,8 @@ std::vector<KeyDef> build_table() {
     k.derived = "swiglu: 8/3 x d_model rounded up to a multiple of 64; gelu: 4 x d_model";
   }
   range(def(b.add("model.vocab", KT::kInt, &J::model, &ModelSection::vocab,
-                  "Vocabulary size. Byte-level text and passkey need at least 256; with "
-                  "data.tokenizer at least the tokenizer's piece count."),
+                  "Vocabulary size. The text and passkey sources are byte-level and need at "
+                  "least 256."),
             Value{int64_t{256}}),
         2, 1 << 22);
   choices(b.add("model.dtype", KT::kEnum, &J::model, &ModelSection::dtype,
