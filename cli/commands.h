@@ -24,5 +24,6 @@ Subcommand add_submit(CLI::App& app);          // cmd_submit.cc
 Subcommand add_slurm_started(CLI::App& app);   // cmd_submit.cc
 Subcommand add_import(CLI::App& app);   // cmd_import.cc
 Subcommand add_export(CLI::App& app);   // cmd_import.cc
+Subcommand add_tokenize(CLI::App& app);        // cmd_tokenize.cc
 
 }  // namespace ring::cli

@@ -3,7 +3,8 @@
 # Subcommands and each subcommand's flags are read from `ringctl --help` and `ringctl SUB --help`
 # of the ringctl being completed (cached per shell), so they always match that binary. Job ids
 # come from `ringctl status` (1 s timeout: nothing when no coordinator answers); spec arguments
-# complete to *.yaml / *.yml files and directories.
+# complete to *.yaml / *.yml files and directories; `tokenize` inputs to files and directories,
+# its --tokenizer to *.model files, its --dtype to uint16 / uint32.
 
 # The help text of "ringctl [SUB]", cached per binary and subcommand.
 declare -gA _ringctl_help_cache 2>/dev/null || true
@@ -77,6 +78,17 @@ _ringctl() {
     return 0
   fi
 
+  # tokenize: the two token widths; the tokenizer is a *.model file.
+  if [[ $sub == tokenize && $prev == --dtype ]]; then
+    mapfile -t COMPREPLY < <(compgen -W "uint16 uint32" -- "$cur")
+    return 0
+  fi
+  if [[ $sub == tokenize && $prev == --tokenizer ]]; then
+    mapfile -t COMPREPLY < <(compgen -f -X '!*.model' -- "$cur"; compgen -d -- "$cur")
+    compopt -o filenames 2>/dev/null
+    return 0
+  fi
+
   # The value of a flag: directories for --*dir, files for other typed values.
   case $sub:$prev in
     import:--dtype) mapfile -t COMPREPLY < <(compgen -W "fp32 bf16 fp16" -- "$cur"); return 0 ;;
@@ -100,6 +112,10 @@ _ringctl() {
       ;;
     status | events | logs | cancel | restart)
       mapfile -t COMPREPLY < <(compgen -W "$(_ringctl_jobs "$cmd")" -- "$cur")
+      ;;
+    tokenize)
+      mapfile -t COMPREPLY < <(compgen -f -- "$cur")
+      compopt -o filenames 2>/dev/null
       ;;
     checkpoints)
       mapfile -t COMPREPLY < <(compgen -W "$(_ringctl_jobs "$cmd")" -- "$cur"; compgen -d -- "$cur")

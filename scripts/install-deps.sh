@@ -37,6 +37,7 @@ DEMO_PACKAGES=(
   libzstd-dev
   zlib1g-dev
   libhwloc-dev
+  libsentencepiece-dev
 )
 
 FULL_PACKAGES=(
@@ -51,6 +52,9 @@ FULL_PACKAGES=(
   python3-numpy
   python3-torch
   python3-yaml
+  # SentencePiece: spm_train and the Python reference for the tokenizer tests and bench
+  sentencepiece
+  python3-sentencepiece
   # fuzzing (libFuzzer through clang)
   clang
   libclang-rt-14-dev

@@ -79,8 +79,10 @@ int run(const Args& args) {
 
   ring::data::CorpusOptions corpus;
   corpus.max_total_bytes = args.max_corpus_mb << 20;
+  corpus.encode_threads = threads;
   std::unique_ptr<ring::data::SequenceSource> source =
       ring::data::make_source(spec.data, args.passkey_labels, corpus);
+  ring::data::check_vocab(*source, spec.model.vocab);
 
   ring::model::LocalAttention attention(backend.get());
   ring::train::Trainer trainer(spec, backend.get(), &attention, steps);

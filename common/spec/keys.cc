@@ -15,7 +15,7 @@ namespace {
 // Names of enum values, in enum declaration order. The key table and to_string() share them.
 constexpr std::array kMlpNames{"swiglu", "gelu"};
 constexpr std::array kDTypeNames{"fp32", "bf16", "fp16"};
-constexpr std::array kSourceNames{"text", "passkey"};
+constexpr std::array kSourceNames{"text", "passkey", "tokens"};
 constexpr std::array kRingOrderNames{"topology", "slurm", "natural", "list"};
 constexpr std::array kBalanceNames{"zigzag", "contiguous"};
 constexpr std::array kShardNames{"none", "optimizer", "full"};
@@ -145,8 +145,8 @@ std::vector<KeyDef> build_table() {
     k.derived = "swiglu: 8/3 x d_model rounded up to a multiple of 64; gelu: 4 x d_model";
   }
   range(def(b.add("model.vocab", KT::kInt, &J::model, &ModelSection::vocab,
-                  "Vocabulary size. The text and passkey sources are byte-level and need at "
-                  "least 256."),
+                  "Vocabulary size. Byte-level text and passkey need at least 256; with "
+                  "data.tokenizer, at least the tokenizer's piece count."),
             Value{int64_t{256}}),
         2, 1 << 22);
   choices(b.add("model.dtype", KT::kEnum, &J::model, &ModelSection::dtype,
@@ -218,14 +218,21 @@ std::vector<KeyDef> build_table() {
 
   // ---- data
   choices(b.add("data.source", KT::kEnum, &J::data, &DataSection::source,
-                "text: byte-level documents read from data.paths; passkey: synthetic "
-                "long-range retrieval (a key planted far back in filler text, asked for at the "
-                "end)."),
+                "text: documents read from data.paths (bytes, or ids of data.tokenizer); "
+                "passkey: synthetic long-range retrieval (a key planted far back in filler text, "
+                "asked for at the end); tokens: pre-tokenized .bin/.idx files listed in "
+                "data.paths (docs/data.md, ringctl tokenize)."),
           names(kSourceNames), 0);
   def(b.add("data.paths", KT::kStringList, &J::data, &DataSection::paths,
             "Files or directories (read recursively) for the text source. Each text file "
-            "(plain or .gz) is one document; binary files are skipped."),
+            "(plain or .gz) is one document; binary files are skipped. Tokens source: token "
+            "datasets, each as <name>, <name>.bin or <name>.idx."),
       Value{std::vector<std::string>{}});
+  def(b.add("data.tokenizer", KT::kString, &J::data, &DataSection::tokenizer,
+            "SentencePiece model (.model) that encodes the text source: documents become its "
+            "ids, with BOS first and EOS last when the model defines them. Empty: byte-level "
+            "(ids 0..255). model.vocab must be at least the model's piece count."),
+      Value{std::string{}});
   range(req(b.add("data.seq_len", KT::kInt, &J::data, &DataSection::seq_len,
                   "Tokens per training sequence (the whole context, split over "
                   "parallel.context_ranks).")),

@@ -14,7 +14,7 @@ namespace ring::spec {
 
 enum class MlpKind { kSwiGLU, kGelu };
 enum class DType { kFp32, kBf16, kFp16 };
-enum class DataSource { kText, kPasskey };
+enum class DataSource { kText, kPasskey, kTokens };
 enum class RingOrder { kTopology, kSlurm, kNatural, kList };
 enum class CausalBalance { kZigzag, kContiguous };
 enum class ShardMode { kNone, kOptimizer, kFull };
@@ -61,6 +61,7 @@ struct ModelSection {
 struct DataSection {
   DataSource source{};
   std::vector<std::string> paths;
+  std::string tokenizer;  // SentencePiece model for the text source; "": byte-level
   int64_t seq_len{};
   bool pack{};
   int64_t max_doc_len{};  // 0: no limit beyond seq_len

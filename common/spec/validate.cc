@@ -1,9 +1,15 @@
 // Cross-field rules of the job spec: checked after every key parsed cleanly. Each rule has one
 // line of documentation (docs/spec-reference.md is generated from it) and a check.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string>
@@ -37,6 +43,64 @@ struct Ctx {
   }
   bool given(const std::string& key) const { return src.keys.count(key) > 0; }
 };
+
+// Pieces in a SentencePiece model file: the entries of ModelProto field 1 (`repeated
+// SentencePiece pieces = 1`), counted by walking the protobuf wire format, so that the spec
+// library needs no SentencePiece. nullopt with `why` set when the file is not such a model.
+std::optional<int64_t> sentencepiece_pieces(const std::string& path, std::string& why) {
+  // Only a regular file of plausible size is read (never a FIFO or /dev/zero).
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    why = std::strerror(errno);
+    return std::nullopt;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size > (int64_t{1} << 30)) {
+    why = "not a regular file of at most 1 GiB";
+    return std::nullopt;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    why = std::strerror(errno);
+    return std::nullopt;
+  }
+  std::string b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t i = 0;
+  auto varint = [&](uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64 && i < b.size(); shift += 7) {
+      auto byte = static_cast<uint8_t>(b[i++]);
+      v |= uint64_t{byte & 0x7fu} << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  };
+  int64_t pieces = 0;
+  while (i < b.size()) {
+    uint64_t key, v;
+    if (!varint(key)) break;
+    const uint64_t wire = key & 7;
+    if (wire == 0) {
+      if (!varint(v)) break;
+    } else if (wire == 1 || wire == 5) {
+      i += wire == 1 ? 8 : 4;
+    } else if (wire == 2) {
+      if (!varint(v) || v > b.size() - std::min(i, b.size())) {
+        i = b.size() + 1;
+        break;
+      }
+      i += v;
+      if (key >> 3 == 1) ++pieces;
+    } else {
+      i = b.size() + 1;
+      break;
+    }
+  }
+  if (i != b.size() || pieces == 0) {
+    why = "not a SentencePiece model (no pieces, or not protobuf)";
+    return std::nullopt;
+  }
+  return pieces;
+}
 
 struct Rule {
   RuleDoc doc;
@@ -194,14 +258,56 @@ const std::vector<Rule>& rules() {
            c.warning("model.init_from",
                      fmt::format("{} does not exist here; the job cannot start without it", p));
        }},
-      {{"model.vocab, data.source",
-        "The text and passkey sources are byte-level: vocab must be at least 256."},
+      {{"model.vocab, data.source, data.tokenizer",
+        "Byte-level text (no data.tokenizer) and passkey need vocab >= 256; with data.tokenizer "
+        "(text source) vocab >= the model's piece count, read from the file (which must exist); "
+        "tokens: vocab >= the vocab in each .idx header that exists."},
        [](Ctx& c) {
-         if (c.s.model.vocab < 256)
+         const auto& d = c.s.data;
+         const bool tokenized = d.source == DataSource::kText && !d.tokenizer.empty();
+         if (d.source == DataSource::kTokens) {
+           // The vocab recorded in each dataset's .idx header (docs/data.md), when the file is
+           // here; the worker checks every id against model.vocab when it opens the data.
+           for (const auto& path : d.paths) {
+             std::string prefix = path;
+             if (prefix.size() > 4 && (prefix.ends_with(".bin") || prefix.ends_with(".idx")))
+               prefix.resize(prefix.size() - 4);
+             std::ifstream idx(prefix + ".idx", std::ios::binary);
+             char h[40] = {};
+             if (!idx.read(h, sizeof h) || std::memcmp(h, "RINGTOK\0", 8) != 0) continue;
+             uint64_t vocab = 0;
+             std::memcpy(&vocab, h + 32, 8);
+             if (vocab > static_cast<uint64_t>(c.s.model.vocab))
+               c.error("model.vocab",
+                       fmt::format("model.vocab ({}) is below the vocab {} recorded in '{}.idx'",
+                                   c.s.model.vocab, vocab, prefix));
+           }
+           return;
+         }
+         if (!tokenized) {
+           if (c.s.model.vocab < 256)
+             c.error("model.vocab",
+                     fmt::format("model.vocab ({}) is below 256; the {} source produces byte "
+                                 "tokens 0..255",
+                                 c.s.model.vocab, to_string(d.source)));
+           return;
+         }
+         std::string why;
+         auto pieces = sentencepiece_pieces(d.tokenizer, why);
+         if (!pieces) {
+           c.error("data.tokenizer",
+                   fmt::format("cannot read the SentencePiece model '{}': {}", d.tokenizer, why));
+         } else if (c.s.model.vocab < *pieces) {
            c.error("model.vocab",
-                   fmt::format("model.vocab ({}) is below 256; the {} source produces byte "
-                               "tokens 0..255",
-                               c.s.model.vocab, to_string(c.s.data.source)));
+                   fmt::format("model.vocab ({}) is below the {} pieces of data.tokenizer '{}'",
+                               c.s.model.vocab, *pieces, d.tokenizer));
+         }
+       }},
+      {{"data.tokenizer, data.source", "data.tokenizer is read by the text source only."},
+       [](Ctx& c) {
+         if (!c.s.data.tokenizer.empty() && c.s.data.source != DataSource::kText)
+           c.warning("data.tokenizer",
+                     fmt::format("ignored: data.source is {}", to_string(c.s.data.source)));
        }},
       {{"model.dtype, resources.backend", "The CPU backend computes in fp32 only."},
        [](Ctx& c) {
@@ -212,13 +318,18 @@ const std::vector<Rule>& rules() {
                                to_string(c.s.model.dtype)));
        }},
       {{"data.source, data.paths",
-        "The text source needs at least one path; paths are ignored by the passkey source."},
+        "The text and tokens sources need at least one path; paths are ignored by the passkey "
+        "source."},
        [](Ctx& c) {
          const auto& d = c.s.data;
          if (d.source == DataSource::kText && d.paths.empty())
            c.error("data.paths",
                    "data.source is text but data.paths is empty: list files or directories "
                    "of text (e.g. /usr/share/doc)");
+         if (d.source == DataSource::kTokens && d.paths.empty())
+           c.error("data.paths",
+                   "data.source is tokens but data.paths is empty: list token datasets "
+                   "(<name>.bin + <name>.idx, see ringctl tokenize)");
          if (d.source == DataSource::kPasskey && !d.paths.empty())
            c.warning("data.paths", "ignored: data.source is passkey (synthetic data)");
          for (size_t i = 0; i < d.paths.size(); ++i)

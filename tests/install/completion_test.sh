@@ -59,6 +59,15 @@ touch "$w/specs/a.yaml" "$w/specs/b.yml" "$w/specs/notes.txt"
 got=$(complete_words "$ringctl" validate "$w/specs/")
 expect_exactly "ringctl validate DIR/<TAB>" "$got" "$w/specs/a.yaml" "$w/specs/b.yml" "$w/specs/sub"
 
+# tokenize: its flags, the two dtypes, *.model files for --tokenizer.
+got=$(complete_words "$ringctl" tokenize --)
+for f in --tokenizer --dtype --output --threads; do has "$got" "$f" "ringctl tokenize --<TAB>"; done
+expect_exactly "ringctl tokenize --dtype <TAB>" "$(complete_words "$ringctl" tokenize --dtype "")" \
+  uint16 uint32
+touch "$w/specs/tok.model"
+expect_exactly "ringctl tokenize --tokenizer DIR/t<TAB>" \
+  "$(complete_words "$ringctl" tokenize --tokenizer "$w/specs/t")" "$w/specs/tok.model"
+
 # Job ids come from `ringctl status`: a stand-in ringctl prints a status table.
 cat >"$w/ringctl" <<EOS
 #!/bin/sh

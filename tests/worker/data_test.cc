@@ -488,7 +488,7 @@ TEST(Loader, CommonLicenses) {
   auto src = make_source(d);
   auto* loader = dynamic_cast<TextLoader*>(src.get());
   ASSERT_NE(loader, nullptr);
-  const TextCorpus& c = loader->corpus();
+  const auto& c = dynamic_cast<const TextCorpus&>(loader->corpus());
   EXPECT_GT(c.stats().files_used, 5);
   EXPECT_GT(c.stats().files_duplicate, 0);  // GPL -> GPL-3 and friends are read once
   for (int64_t i = 0; i < c.num_docs(); ++i) {
@@ -504,7 +504,8 @@ TEST(Loader, CommonLicenses) {
       found = doc_string(c, i) == gpl_text.substr(0, 4096);
     EXPECT_TRUE(found);
   }
-  check_epoch_accounting(loader->shared_corpus(), 4096, true, 1);
+  check_epoch_accounting(std::dynamic_pointer_cast<const TextCorpus>(loader->shared_corpus()),
+                         4096, true, 1);
 }
 
 TEST(Loader, MakeSourceFromSpecFile) {

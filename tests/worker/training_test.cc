@@ -62,7 +62,7 @@ TEST(DebianText, LossFallsWellBelowUnigramEntropy) {
 
   // Unigram (byte) entropy of the corpus, in nats: the loss of the best context-free model.
   std::array<double, 256> count{};
-  const data::TextCorpus& corpus = text->corpus();
+  const auto& corpus = dynamic_cast<const data::TextCorpus&>(text->corpus());
   for (int64_t d = 0; d < corpus.num_docs(); ++d) {
     for (uint8_t b : corpus.doc(d)) count[b] += 1;
   }

@@ -25,6 +25,8 @@ std::string os_error(int err) {
   return std::strerror(err);
 }
 
+}  // namespace
+
 // Mixes 8 bytes at a time (tail padded with zeros); not cryptographic, only to tell corpora apart.
 uint64_t hash_bytes(uint64_t h, const uint8_t* p, size_t n) {
   constexpr uint64_t kMul = 0x9e3779b97f4a7c15ull;
@@ -44,6 +46,8 @@ uint64_t hash_bytes(uint64_t h, const uint8_t* p, size_t n) {
   mix(tail ^ (uint64_t{n - i} << 56));
   return h;
 }
+
+namespace {
 
 struct FileEntry {
   std::string path;

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/data/documents.h"
+
 namespace ring::data {
 
 inline constexpr int64_t kDefaultMaxTotalBytes = int64_t{256} << 20;
@@ -37,6 +39,9 @@ struct CorpusOptions {
   int64_t min_doc_len = 1;  // tokens
   int64_t max_total_bytes = kDefaultMaxTotalBytes;
   double max_invalid_utf8_fraction = 0.1;
+  // Threads that encode the text with data.tokenizer (token_corpus.h); 0: every core. A worker
+  // passes its own thread count so that the ranks of a node do not oversubscribe it.
+  int encode_threads = 0;
 };
 
 struct CorpusStats {
@@ -53,7 +58,7 @@ struct CorpusStats {
   std::vector<std::string> skipped_examples;  // "path: reason" for the first few skipped entries
 };
 
-class TextCorpus {
+class TextCorpus final : public Documents {
  public:
   // Reads the paths as described above. Throws DataError.
   static TextCorpus load(const std::vector<std::string>& paths, const CorpusOptions& options);
@@ -61,16 +66,22 @@ class TextCorpus {
   static TextCorpus from_documents(const std::vector<std::string>& docs,
                                    const CorpusOptions& options);
 
-  int64_t num_docs() const { return static_cast<int64_t>(offsets_.size()) - 1; }
-  int64_t doc_len(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }
+  int64_t num_docs() const override { return static_cast<int64_t>(offsets_.size()) - 1; }
+  int64_t doc_len(int64_t i) const override { return offsets_[i + 1] - offsets_[i]; }
+  void copy_tokens(int64_t doc, int64_t offset, int64_t n, int32_t* out) const override {
+    const uint8_t* p = bytes_.data() + offsets_[doc] + offset;
+    for (int64_t k = 0; k < n; ++k) out[k] = p[k];
+  }
+  const char* source_name() const override { return "text"; }
+  int64_t max_token() const override { return 255; }
   // Bytes of document i; valid as long as the corpus lives.
   std::span<const uint8_t> doc(int64_t i) const {
     return {bytes_.data() + offsets_[i], static_cast<size_t>(doc_len(i))};
   }
-  int64_t total_tokens() const { return static_cast<int64_t>(bytes_.size()); }
+  int64_t total_tokens() const override { return static_cast<int64_t>(bytes_.size()); }
   // A 64-bit hash of every byte and every document boundary: a cursor saved against one corpus
   // is refused against another (worker/data/cursor.h).
-  uint64_t content_hash() const { return content_hash_; }
+  uint64_t content_hash() const override { return content_hash_; }
   const CorpusStats& stats() const { return stats_; }
 
  private:
@@ -82,6 +93,9 @@ class TextCorpus {
   uint64_t content_hash_ = 0;
   CorpusStats stats_;
 };
+
+// Folds n bytes into the running hash h (content_hash of corpora; not cryptographic).
+uint64_t hash_bytes(uint64_t h, const uint8_t* p, size_t n);
 
 // Fraction of bytes in `bytes` that are not part of a valid UTF-8 sequence (0 for empty input).
 double invalid_utf8_fraction(std::span<const uint8_t> bytes);

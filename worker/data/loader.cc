@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "worker/data/errors.h"
 #include "worker/data/shuffle.h"
+#include "worker/data/token_corpus.h"
 
 namespace ring::data {
 namespace {
@@ -32,7 +33,7 @@ Sequence empty_sequence(int64_t seq_len) {
 
 // ---- TextLoader ------------------------------------------------------------------------------
 
-TextLoader::TextLoader(std::shared_ptr<const TextCorpus> corpus, const TextLoaderOptions& o)
+TextLoader::TextLoader(std::shared_ptr<const Documents> corpus, const TextLoaderOptions& o)
     : corpus_(std::move(corpus)), o_(o) {
   if (!corpus_ || corpus_->num_docs() == 0) throw DataError("text loader: the corpus is empty");
   check_seq_len(o_.seq_len);
@@ -40,7 +41,7 @@ TextLoader::TextLoader(std::shared_ptr<const TextCorpus> corpus, const TextLoade
 }
 
 DataIdentity TextLoader::identity() const {
-  return DataIdentity{.source = "text",
+  return DataIdentity{.source = corpus_->source_name(),
                       .seed = o_.seed,
                       .seq_len = o_.seq_len,
                       .pack = o_.pack,
@@ -86,20 +87,18 @@ void TextLoader::advance_document() {
 
 int64_t TextLoader::emit_segment(Sequence& seq, int64_t pos, int64_t room) {
   const uint32_t doc = order_[index_];
-  auto bytes = corpus_->doc(doc);
-  const int64_t take = std::min(static_cast<int64_t>(bytes.size()) - offset_, room);
+  const int64_t len = corpus_->doc_len(doc);
+  const int64_t take = std::min(len - offset_, room);
   const auto seg = static_cast<int32_t>(seq.segments.size());
-  for (int64_t k = 0; k < take; ++k) {
-    seq.tokens[pos + k] = bytes[offset_ + k];
-    seq.doc_ids[pos + k] = seg;
-  }
+  corpus_->copy_tokens(doc, offset_, take, seq.tokens.data() + pos);
+  for (int64_t k = 0; k < take; ++k) seq.doc_ids[pos + k] = seg;
   // Shifted labels within the segment; the last token has no next token here.
   for (int64_t k = 0; k + 1 < take; ++k) seq.labels[pos + k] = seq.tokens[pos + k + 1];
   seq.labels[pos + take - 1] = kIgnoreLabel;
   seq.segments.push_back(SegmentSource{doc, offset_});
   seq.cu_seqlens.push_back(static_cast<int32_t>(pos + take));
   offset_ += take;
-  if (offset_ == static_cast<int64_t>(bytes.size())) advance_document();
+  if (offset_ == len) advance_document();
   return take;
 }
 
@@ -163,6 +162,14 @@ void PasskeyLoader::seek(const Cursor& c) {
   index_ = c.index;
 }
 
+void check_vocab(const SequenceSource& source, int64_t vocab) {
+  if (source.max_token() >= vocab)
+    throw DataError(fmt::format(
+        "model.vocab ({}) is not above the largest token id in the data ({}, data.source {}): "
+        "raise model.vocab or use data made with a smaller tokenizer",
+        vocab, source.max_token(), source.identity().source));
+}
+
 // ---- make_source -----------------------------------------------------------------------------
 
 std::unique_ptr<SequenceSource> make_source(const spec::DataSection& d, PasskeyLabels labels,
@@ -175,7 +182,20 @@ std::unique_ptr<SequenceSource> make_source(const spec::DataSection& d, PasskeyL
   CorpusOptions co = corpus_options;
   co.max_doc_len = d.max_doc_len == 0 ? d.seq_len : d.max_doc_len;
   co.min_doc_len = d.min_doc_len;
-  auto corpus = std::make_shared<const TextCorpus>(TextCorpus::load(d.paths, co));
+  std::shared_ptr<const Documents> corpus;
+  if (d.source == spec::DataSource::kTokens) {
+    corpus = TokenCorpus::open(d.paths, co.max_doc_len, co.min_doc_len);
+  } else if (!d.tokenizer.empty()) {
+    auto tok = Tokenizer::load(d.tokenizer);
+    // Whole files first: lengths and the min/max cut apply to ids, not bytes.
+    CorpusOptions whole = co;
+    whole.max_doc_len = 0;
+    whole.min_doc_len = 1;
+    TextCorpus text = TextCorpus::load(d.paths, whole);
+    corpus = TokenCorpus::encode(text, *tok, co.max_doc_len, co.min_doc_len, co.encode_threads);
+  } else {
+    corpus = std::make_shared<const TextCorpus>(TextCorpus::load(d.paths, co));
+  }
   return std::make_unique<TextLoader>(
       std::move(corpus), TextLoaderOptions{.seq_len = d.seq_len, .pack = d.pack, .seed = d.seed});
 }

@@ -22,6 +22,7 @@
 #include "common/spec/spec.h"
 #include "worker/data/corpus.h"
 #include "worker/data/cursor.h"
+#include "worker/data/documents.h"
 #include "worker/data/passkey.h"
 #include "worker/data/sequence.h"
 
@@ -39,7 +40,13 @@ class SequenceSource {
   virtual void seek(const Cursor& cursor) = 0;
   virtual DataIdentity identity() const = 0;
   virtual int64_t seq_len() const = 0;
+  // The largest token id the source can produce (byte-level: 255).
+  virtual int64_t max_token() const { return 255; }
 };
+
+// Throws DataError when `vocab` (model.vocab) is not above source.max_token(): an id outside the
+// embedding table would be read out of bounds.
+void check_vocab(const SequenceSource& source, int64_t vocab);
 
 struct TextLoaderOptions {
   int64_t seq_len = 0;
@@ -49,18 +56,21 @@ struct TextLoaderOptions {
 
 class TextLoader final : public SequenceSource {
  public:
-  // The corpus is shared (read-only) so several loaders, e.g. one per data replica, hold one copy.
-  TextLoader(std::shared_ptr<const TextCorpus> corpus, const TextLoaderOptions& options);
+  // The documents are shared (read-only) so several loaders, e.g. one per data replica, hold one
+  // copy. Byte-level text (TextCorpus) or token ids (TokenCorpus): packing, masks, shuffle and
+  // the cursor are the same for both.
+  TextLoader(std::shared_ptr<const Documents> corpus, const TextLoaderOptions& options);
 
   Sequence next_sequence() override;
   Cursor cursor() const override;
   void seek(const Cursor& cursor) override;
   DataIdentity identity() const override;
   int64_t seq_len() const override { return o_.seq_len; }
+  int64_t max_token() const override { return corpus_->max_token(); }
 
-  const TextCorpus& corpus() const { return *corpus_; }
+  const Documents& corpus() const { return *corpus_; }
   // For more loaders on the same corpus (one per data replica) without another copy.
-  std::shared_ptr<const TextCorpus> shared_corpus() const { return corpus_; }
+  std::shared_ptr<const Documents> shared_corpus() const { return corpus_; }
   // The document order of the current epoch: [num_docs] corpus document indices.
   const std::vector<uint32_t>& epoch_order() const { return order_; }
 
@@ -69,7 +79,7 @@ class TextLoader final : public SequenceSource {
   int64_t emit_segment(Sequence& seq, int64_t pos, int64_t room);
   void advance_document();
 
-  std::shared_ptr<const TextCorpus> corpus_;
+  std::shared_ptr<const Documents> corpus_;
   TextLoaderOptions o_;
   int64_t epoch_ = 0;
   int64_t index_ = 0;
@@ -94,9 +104,10 @@ class PasskeyLoader final : public SequenceSource {
   int64_t index_ = 0;
 };
 
-// The source the spec asks for. Text: loads the corpus (max_doc_len 0 -> seq_len). Throws
-// DataError. `corpus_options` overrides the byte cap and binary threshold (lengths come from the
-// spec).
+// The source the spec asks for. Text: loads the corpus (max_doc_len 0 -> seq_len), encoded with
+// data.tokenizer when set (token_corpus.h); tokens: memory-maps the .bin/.idx files in data.paths.
+// Throws DataError. `corpus_options` overrides the byte cap, binary threshold and encoding threads
+// (lengths come from the spec).
 std::unique_ptr<SequenceSource> make_source(const spec::DataSection& data,
                                             PasskeyLabels passkey_labels = PasskeyLabels::kAll,
                                             const CorpusOptions& corpus_options = {});

@@ -16,7 +16,7 @@ int64_t Sequence::valid_labels() const {
   return n;
 }
 
-void check_sequence(const Sequence& s) {
+void check_sequence(const Sequence& s, int64_t vocab) {
   auto fail = [](const std::string& m) { throw DataError("invalid sequence: " + m); };
   const size_t L = s.tokens.size();
   if (L == 0) fail("no tokens");
@@ -37,8 +37,10 @@ void check_sequence(const Sequence& s) {
       if (s.positions[i] != i) fail(fmt::format("positions[{}] = {}", i, s.positions[i]));
       if (s.doc_ids[i] != static_cast<int32_t>(seg))
         fail(fmt::format("doc_ids[{}] = {}, expected segment {}", i, s.doc_ids[i], seg));
-      if (s.tokens[i] < 0 || s.tokens[i] > 255)
-        fail(fmt::format("tokens[{}] = {} is not a byte", i, s.tokens[i]));
+      if (s.tokens[i] < 0 || s.tokens[i] >= vocab)
+        fail(vocab == 256 ? fmt::format("tokens[{}] = {} is not a byte", i, s.tokens[i])
+                          : fmt::format("tokens[{}] = {} is outside the vocab 0..{}", i,
+                                        s.tokens[i], vocab - 1));
       const int32_t want_if_set = i + 1 < e ? s.tokens[i + 1] : kIgnoreLabel;
       if (s.labels[i] != kIgnoreLabel && (pad || s.labels[i] != want_if_set))
         fail(fmt::format("labels[{}] = {}, expected {} or -1", i, s.labels[i],

@@ -1,7 +1,8 @@
-// One training sequence of seq_len byte tokens with its document structure.
+// One training sequence of seq_len tokens (bytes, or token ids with data.tokenizer or the tokens
+// source) with its document structure.
 //
 // Every array has exactly seq_len entries (L):
-//   tokens    [L] int32  byte values 0..255 (kPadToken in padding)
+//   tokens    [L] int32  byte values 0..255, or token ids 0..vocab-1 (kPadToken in padding)
 //   labels    [L] int32  next token within the same segment; kIgnoreLabel (-1) at the last token
 //                        of each segment and in padding. Labels are shifted here, before any
 //                        split across ranks (worker/data/split.h), so a rank never needs its
@@ -24,7 +25,9 @@
 namespace ring::data {
 
 inline constexpr int32_t kIgnoreLabel = -1;
-inline constexpr int32_t kPadToken = 0;  // NUL never occurs in text documents (binary files)
+// NUL never occurs in byte-level text (binary files are skipped); with token ids, 0 may be a real
+// id (SentencePiece's <unk>): padding is told apart by its segment (doc -1) and label -1.
+inline constexpr int32_t kPadToken = 0;
 
 struct SegmentSource {
   int64_t doc = -1;    // corpus document index (passkey: sample index); -1 for padding
@@ -48,7 +51,8 @@ struct Sequence {
 };
 
 // Checks every invariant listed above; throws DataError naming the first one broken. Cheap (one
-// pass); used by tests and worth calling on sequences that crossed a process boundary.
-void check_sequence(const Sequence& seq);
+// pass); used by tests and worth calling on sequences that crossed a process boundary. Tokens
+// must be below `vocab` (256: byte-level).
+void check_sequence(const Sequence& seq, int64_t vocab = 256);
 
 }  // namespace ring::data

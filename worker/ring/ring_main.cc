@@ -115,9 +115,11 @@ int run_rank(const Args& args) {
 
   data::CorpusOptions corpus;
   corpus.max_total_bytes = args.max_corpus_mb << 20;
+  corpus.encode_threads = threads;
   // Every rank builds the same sequences (same spec, same seed) and keeps its shards.
   std::unique_ptr<data::SequenceSource> source =
       data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
+  data::check_vocab(*source, spec.model.vocab);
 
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;
@@ -249,8 +251,10 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
 
   data::CorpusOptions corpus;
   corpus.max_total_bytes = args.max_corpus_mb << 20;
+  corpus.encode_threads = threads;
   std::unique_ptr<data::SequenceSource> source =
       data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
+  data::check_vocab(*source, spec.model.vocab);
 
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;

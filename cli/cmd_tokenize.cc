@@ -1,0 +1,217 @@
+// ringctl tokenize --tokenizer M [--dtype uint16|uint32] -o OUT INPUT...: text files and
+// directories (the text source's rules: recursive, sorted, .gz decompressed, binary and empty
+// files skipped; worker/data/corpus.h) encoded with a SentencePiece model into a token dataset
+// OUT.bin + OUT.idx (worker/data/token_file.h) for `data.source: tokens`. Every document is framed
+// like the text source frames it with data.tokenizer: BOS first, EOS last when the model has
+// them; documents are written whole (the loader cuts them to max_doc_len). The input is read into
+// memory first (as the text source does), then encoded in batches on --threads threads, with a
+// progress line on stderr (bytes encoded / total, MB/s, ETA; plain lines when stderr is not a
+// terminal). `--index-flat FILE.bin --eot ID` instead writes only FILE.idx for a flat id file
+// without an index (nanoGPT's train.bin), documents ending after each EOT id.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <limits>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/ctl_common.h"
+#include "worker/data/corpus.h"
+#include "worker/data/errors.h"
+#include "worker/data/token_file.h"
+#include "worker/data/tokenizer.h"
+
+namespace ring::cli {
+namespace {
+
+struct TokenizeOpts {
+  std::string tokenizer;
+  std::string dtype;  // "", uint16, uint32
+  std::string out;
+  std::vector<std::string> inputs;
+  int threads = 0;
+  bool quiet = false;
+  std::string index_flat;  // a flat .bin (nanoGPT) to index
+  int64_t eot = 50256;
+  int64_t vocab = 0;
+};
+
+class Progress {
+ public:
+  Progress(int64_t total, bool quiet)
+      : total_(total), quiet_(quiet), tty_(::isatty(2) == 1), start_(Clock::now()), last_(start_) {}
+
+  void update(int64_t done, bool final = false) {
+    if (quiet_) return;
+    const auto now = Clock::now();
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (!final && since < (tty_ ? 0.2 : 5.0)) return;
+    last_ = now;
+    const double secs = std::max(1e-9, std::chrono::duration<double>(now - start_).count());
+    const double mbs = static_cast<double>(done) / 1e6 / secs;
+    const double eta = done > 0 ? secs * static_cast<double>(total_ - done) / done : 0.0;
+    const double pct = total_ > 0 ? 100.0 * static_cast<double>(done) / total_ : 100.0;
+    std::string line =
+        fmt::format("tokenize: {:.1f}/{:.1f} MB ({:.0f}%)  {:.1f} MB/s  ETA {}", done / 1e6,
+                    total_ / 1e6, pct, mbs, final ? "0s" : format_duration(eta));
+    if (tty_) {
+      int width = 28;
+      int fill = static_cast<int>(pct / 100.0 * width);
+      std::string bar = "[" + std::string(fill, '#') + std::string(width - fill, '.') + "] ";
+      std::fprintf(stderr, "\r%s%s\033[K%s", bar.c_str(), line.c_str(), final ? "\n" : "");
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    std::fflush(stderr);
+  }
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  int64_t total_;
+  bool quiet_, tty_;
+  Clock::time_point start_, last_;
+};
+
+// --index-flat FILE.bin: writes FILE.idx (documents end after each --eot id).
+int run_index_flat(const TokenizeOpts& o) {
+  if (!o.tokenizer.empty() || !o.out.empty() || !o.inputs.empty()) {
+    std::cerr << "ringctl tokenize: --index-flat takes no --tokenizer, -o or inputs\n";
+    return kExitUsage;
+  }
+  try {
+    const int width = o.dtype == "uint32" ? 4 : 2;
+    int64_t docs =
+        data::write_index_for_flat_bin(o.index_flat, width, o.eot, static_cast<uint64_t>(o.vocab));
+    const std::string prefix = data::token_file_prefix(o.index_flat);
+    std::cerr << fmt::format("wrote {}.idx: {} documents (split after each id {}) over {}.bin\n",
+                             prefix, docs, o.eot, prefix);
+    return kExitOk;
+  } catch (const data::DataError& e) {
+    std::cerr << "ringctl tokenize: " << e.what() << "\n";
+    return kExitFailed;
+  }
+}
+
+int run_tokenize(const TokenizeOpts& o) {
+  if (!o.index_flat.empty()) return run_index_flat(o);
+  if (o.tokenizer.empty() || o.out.empty() || o.inputs.empty()) {
+    std::cerr << "ringctl tokenize: needs --tokenizer, -o and at least one input (or "
+                 "--index-flat FILE.bin)\n  `ringctl tokenize --help` shows its arguments\n";
+    return kExitUsage;
+  }
+  try {
+    auto tok = data::Tokenizer::load(o.tokenizer);
+    int width = 0;
+    if (o.dtype == "uint16") {
+      width = 2;
+    } else if (o.dtype == "uint32") {
+      width = 4;
+    } else {
+      width = tok->vocab_size() <= 65536 ? 2 : 4;
+    }
+    if (width == 2 && tok->vocab_size() > 65536) {
+      std::cerr << fmt::format(
+          "ringctl tokenize: --dtype uint16 holds ids below 65536 but '{}' has {} pieces; use "
+          "--dtype uint32\n",
+          o.tokenizer, tok->vocab_size());
+      return kExitUsage;
+    }
+    data::CorpusOptions co;
+    co.max_doc_len = 0;
+    co.min_doc_len = 1;
+    co.max_total_bytes = std::numeric_limits<int64_t>::max();
+    data::TextCorpus text = data::TextCorpus::load(o.inputs, co);
+    const std::string prefix = data::token_file_prefix(o.out);
+    data::TokenFileWriter w(prefix, width, static_cast<uint64_t>(tok->vocab_size()));
+
+    int threads = o.threads > 0
+                      ? o.threads
+                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    Progress progress(text.total_tokens(), o.quiet);
+    const int64_t n = text.num_docs();
+    constexpr int64_t kBatchBytes = 4 << 20;
+    int64_t done_bytes = 0;
+    for (int64_t first = 0; first < n;) {
+      // A batch of whole documents of about kBatchBytes, encoded in parallel, written in order.
+      int64_t last = first, bytes = 0;
+      while (last < n && (last == first || bytes < kBatchBytes)) bytes += text.doc_len(last++);
+      std::vector<std::vector<int32_t>> ids(static_cast<size_t>(last - first));
+      std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+      auto work = [&](int t) {
+        try {
+          for (int64_t i = first + t; i < last; i += threads) {
+            auto d = text.doc(i);
+            ids[i - first] = tok->encode_document(
+                std::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
+          }
+        } catch (...) {
+          errors[t] = std::current_exception();
+        }
+      };
+      std::vector<std::thread> pool;
+      for (int t = 1; t < threads && first + t < last; ++t) pool.emplace_back(work, t);
+      work(0);
+      for (auto& th : pool) th.join();
+      for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+      for (const auto& d : ids) w.add_document(d);
+      done_bytes += bytes;
+      progress.update(done_bytes);
+      first = last;
+    }
+    w.finish();
+    progress.update(done_bytes, true);
+    const auto& st = text.stats();
+    std::cerr << fmt::format(
+        "wrote {}.bin and {}.idx: {} documents, {} tokens ({}), {:.1f} MB of text in {:.1f}s; "
+        "skipped {} binary, {} empty, {} unreadable, {} duplicate files\n",
+        prefix, prefix, w.documents(), w.tokens(), width == 2 ? "uint16" : "uint32",
+        text.total_tokens() / 1e6, progress.seconds(), st.files_binary, st.files_empty,
+        st.entries_skipped, st.files_duplicate);
+    return kExitOk;
+  } catch (const data::DataError& e) {
+    std::cerr << "ringctl tokenize: " << e.what() << "\n";
+    return kExitFailed;
+  }
+}
+
+}  // namespace
+
+Subcommand add_tokenize(CLI::App& app) {
+  auto o = std::make_shared<TokenizeOpts>();
+  auto* s = app.add_subcommand(
+      "tokenize",
+      "Encode text files/directories with a SentencePiece model into OUT.bin + OUT.idx "
+      "(data.source: tokens)");
+  s->add_option("--tokenizer", o->tokenizer, "SentencePiece model (.model) (required)")
+      ->check(CLI::ExistingFile);
+  s->add_option("--dtype", o->dtype,
+                "Token width: uint16 or uint32 (default: uint16 when the "
+                "model has at most 65536 pieces)")
+      ->check(CLI::IsMember({"uint16", "uint32"}));
+  s->add_option("-o,--output", o->out, "Output prefix: writes OUT.bin and OUT.idx (required)");
+  s->add_option("--threads", o->threads, "Encoding threads (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  s->add_flag("-q,--quiet", o->quiet, "No progress on stderr");
+  s->add_option("inputs", o->inputs, "Text files or directories (recursive; .gz read)");
+  s->add_option("--index-flat", o->index_flat,
+                "Instead: write FILE.idx for an existing flat FILE.bin of ids without an index "
+                "(nanoGPT's train.bin), documents ending after each --eot id; --dtype gives the "
+                "width (default uint16)")
+      ->check(CLI::ExistingFile);
+  s->add_option("--eot", o->eot, "With --index-flat: the end-of-text id (default 50256, GPT-2)")
+      ->check(CLI::Range(int64_t{0}, int64_t{0xffffffff}));
+  s->add_option("--vocab", o->vocab,
+                "With --index-flat: the vocab to record in the header (default 0: not recorded)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
+  return {s, [o] { return run_tokenize(*o); }};
+}
+
+}  // namespace ring::cli
