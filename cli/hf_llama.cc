@@ -179,15 +179,7 @@ ckpt::Layout make_layout(const contract::ModelConfig& mc, const contract::ParamL
   l.total_floats = pl.total();
   for (const contract::NodeRange& r : contract::shard_ranges(pl, 1))
     l.ranges.push_back({r.node, r.begin, r.end, r.first_bucket, r.end_bucket});
-  l.model = {{"layers", mc.layers},
-             {"d_model", mc.d_model},
-             {"heads", mc.heads},
-             {"kv_heads", mc.kv_heads},
-             {"head_dim", mc.head_dim},
-             {"mlp", spec::to_string(mc.mlp)},
-             {"mlp_hidden", mc.mlp_hidden},
-             {"vocab", mc.vocab},
-             {"tie_embeddings", mc.tie_embeddings}};
+  l.model = contract::model_record(mc);
   return l;
 }
 

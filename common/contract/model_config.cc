@@ -44,4 +44,12 @@ void ModelConfig::check() const {
   if (head_dim % 2 != 0) fail("head_dim must be even (RoPE)");
 }
 
+nlohmann::json model_record(const ModelConfig& c) {
+  return {{"layers", c.layers},           {"d_model", c.d_model},
+          {"heads", c.heads},             {"kv_heads", c.kv_heads},
+          {"head_dim", c.head_dim},       {"mlp", spec::to_string(c.mlp)},
+          {"mlp_hidden", c.mlp_hidden},   {"vocab", c.vocab},
+          {"tie_embeddings", c.tie_embeddings}};
+}
+
 }  // namespace ring::contract

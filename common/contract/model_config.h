@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "common/spec/spec.h"
 
 namespace ring::contract {
@@ -48,5 +50,10 @@ struct ModelConfig {
   // Throws ModelError naming the first inconsistent field.
   void check() const;
 };
+
+// What fixes the parameters' names, shapes and meaning (two models with equal shapes may still
+// differ in heads): the `model` object of a checkpoint's layout record. ringd and `ringctl
+// import` both write it, and a resume or init_from compares it key by key.
+nlohmann::json model_record(const ModelConfig& c);
 
 }  // namespace ring::contract

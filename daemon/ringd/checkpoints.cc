@@ -31,17 +31,7 @@ ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, const contract::ParamL
   l.total_floats = layout.total();
   for (const contract::NodeRange& r : contract::shard_ranges(layout, nodes))
     l.ranges.push_back({r.node, r.begin, r.end, r.first_bucket, r.end_bucket});
-  // What fixes the parameters' names, shapes and meaning (two models with equal shapes may
-  // still differ in heads).
-  l.model = {{"layers", mc.layers},
-             {"d_model", mc.d_model},
-             {"heads", mc.heads},
-             {"kv_heads", mc.kv_heads},
-             {"head_dim", mc.head_dim},
-             {"mlp", spec::to_string(mc.mlp)},
-             {"mlp_hidden", mc.mlp_hidden},
-             {"vocab", mc.vocab},
-             {"tie_embeddings", mc.tie_embeddings}};
+  l.model = contract::model_record(mc);
   return l;
 }
 
