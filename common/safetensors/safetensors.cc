@@ -528,7 +528,7 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
   }
   const std::string header = make_header(tensors, dtype, metadata);
   const std::string tmp = path + ".tmp-" + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) fail(tmp, "cannot create: " + errno_text());
   auto put = [&](const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);

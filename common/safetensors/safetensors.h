@@ -126,7 +126,8 @@ struct WriteTensor {
 };
 
 // Writes `tensors` (fp32 in memory) as `dtype` (kF32 or kBF16) to `path` (temp + rename),
-// with `metadata` as "__metadata__" when not empty. Throws SafetensorsError.
+// with `metadata` as "__metadata__" when not empty; the file is created 0600 (weights are
+// private until the user shares them). Throws SafetensorsError.
 void write_file(const std::string& path, const std::vector<WriteTensor>& tensors, DType dtype,
                 const std::map<std::string, std::string>& metadata = {});
 
