@@ -15,6 +15,19 @@
 #include "worker/data/errors.h"
 
 namespace ring::data {
+
+namespace {
+// A new token file, 0600 (it holds the user's data, derived from texts that may be private),
+// never through a symbolic link; an existing regular file is truncated. nullptr: errno says why.
+std::FILE* create_private(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return nullptr;
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (f == nullptr) ::close(fd);
+  return f;
+}
+}  // namespace
+
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "token files are little-endian");
@@ -71,7 +84,7 @@ TokenFileWriter::TokenFileWriter(const std::string& prefix, int width, uint64_t 
     throw DataError(fmt::format(
         "token dataset: vocab {} does not fit uint16 ids (at most 65536); use uint32", vocab));
   const std::string bin = prefix_ + ".bin";
-  bin_ = std::fopen(bin.c_str(), "wb");
+  bin_ = create_private(bin);
   if (bin_ == nullptr)
     throw DataError(
         fmt::format("token dataset: cannot create '{}': {}", bin, std::strerror(errno)));
@@ -121,7 +134,7 @@ void TokenFileWriter::finish() {
   std::memcpy(h.data() + 24, &t, 8);
   std::memcpy(h.data() + 32, &vocab_, 8);
   const std::string idx = prefix_ + ".idx";
-  std::FILE* f = std::fopen(idx.c_str(), "wb");
+  std::FILE* f = create_private(idx);
   if (f == nullptr)
     throw DataError(
         fmt::format("token dataset: cannot create '{}': {}", idx, std::strerror(errno)));
@@ -169,7 +182,7 @@ int64_t write_index_for_flat_bin(const std::string& path, int width, int64_t eot
   std::memcpy(h.data() + 24, &n, 8);
   std::memcpy(h.data() + 32, &vocab, 8);
   const std::string idx = prefix + ".idx";
-  std::FILE* f = std::fopen(idx.c_str(), "wb");
+  std::FILE* f = create_private(idx);
   if (f == nullptr)
     throw DataError(
         fmt::format("token dataset: cannot create '{}': {}", idx, std::strerror(errno)));
