@@ -183,6 +183,24 @@ ALTER TABLE nodes_v4 RENAME TO nodes;
 ALTER TABLE job_nodes_v4 RENAME TO job_nodes;
 CREATE INDEX job_nodes_node ON job_nodes(node_uid, node);
 )sql"},
+    {5, "per-rank step timings (each node's workers), for straggler attribution and dashboards",
+     R"sql(
+CREATE TABLE rank_steps (
+  job_id      INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+  attempt     INTEGER NOT NULL,
+  step        INTEGER NOT NULL,
+  rank        INTEGER NOT NULL,
+  node        TEXT NOT NULL,
+  step_time_s REAL NOT NULL,
+  data_s      REAL NOT NULL,
+  compute_s   REAL NOT NULL,
+  wait_s      REAL NOT NULL,
+  comm_s      REAL NOT NULL,
+  hop_bytes   INTEGER NOT NULL,
+  time        REAL NOT NULL,
+  PRIMARY KEY (job_id, attempt, step, rank)
+);
+)sql"},
 };
 
 constexpr const char* kJobCols =
@@ -580,6 +598,39 @@ void Store::add_step(const protocol::StepReport& r, double t) {
       .args(r.job, r.attempt, r.step, r.node, r.loss, r.tokens_per_s, r.step_time_s, r.comm_time_s,
             t)
       .run();
+  for (const auto& k : r.ranks)
+    db_.prepare(
+           "INSERT OR REPLACE INTO rank_steps(job_id, attempt, step, rank, node, step_time_s, "
+           "data_s, compute_s, wait_s, comm_s, hop_bytes, time) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)")
+        .args(r.job, r.attempt, r.step, k.rank, r.node, k.step_time_s, k.data_s, k.compute_s,
+              k.wait_s, k.comm_s, k.hop_bytes, t)
+        .run();
+}
+
+std::vector<protocol::RankStepRecord> Store::rank_steps(int64_t job, int64_t from_step,
+                                                        int64_t to_step, int64_t limit) {
+  Stmt& s = db_.prepare(
+      "SELECT attempt, step, node, rank, step_time_s, data_s, compute_s, wait_s, comm_s, "
+      "hop_bytes, time FROM rank_steps WHERE job_id=? AND step>=? AND step<=? "
+      "ORDER BY step, attempt, rank LIMIT ?");
+  s.args(job, from_step, to_step, limit);
+  std::vector<protocol::RankStepRecord> out;
+  while (s.step()) {
+    protocol::RankStepRecord r;
+    r.attempt = s.i64(0);
+    r.step = s.i64(1);
+    r.node = s.text(2);
+    r.rank.rank = s.i64(3);
+    r.rank.step_time_s = s.f64(4);
+    r.rank.data_s = s.f64(5);
+    r.rank.compute_s = s.f64(6);
+    r.rank.wait_s = s.f64(7);
+    r.rank.comm_s = s.f64(8);
+    r.rank.hop_bytes = s.i64(9);
+    r.time = s.f64(10);
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 std::vector<protocol::StepRecord> Store::steps(int64_t job, int64_t after, int64_t limit) {

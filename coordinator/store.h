@@ -162,6 +162,10 @@ class Store {
   void add_step(const protocol::StepReport& s, double t);
   // A job's step reports with step > after, by step then node, at most `limit`.
   std::vector<protocol::StepRecord> steps(int64_t job, int64_t after, int64_t limit);
+  // A job's per-rank timings (add_step writes a report's `ranks`) with from_step <= step <=
+  // to_step, by step, attempt, rank; at most `limit`.
+  std::vector<protocol::RankStepRecord> rank_steps(int64_t job, int64_t from_step,
+                                                   int64_t to_step, int64_t limit);
   int64_t count(const std::string& table);
 
  private:

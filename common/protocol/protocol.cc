@@ -320,7 +320,8 @@ class Writer {
     j[key] = std::move(w.j);
   }
   template <typename T>
-  void objects(const char* key, std::vector<T>& v, size_t, bool, Write = Write::kAlways) {
+  void objects(const char* key, std::vector<T>& v, size_t, bool, Write when = Write::kAlways) {
+    if (when == Write::kIfSet && v.empty()) return;
     json a = json::array();
     for (auto& t : v) {
       Writer w;
@@ -509,12 +510,23 @@ void fields(IO& io, Heartbeat& m) {
   io.objects("jobs", m.jobs, kMaxList, false);
 }
 template <class IO>
+void fields(IO& io, RankStep& m) {
+  io.i64("rank", m.rank, 0, 1 << 24);
+  io.num("step_time_s", m.step_time_s, 0, 1e7);
+  io.num("data_s", m.data_s, 0, 1e7);
+  io.num("compute_s", m.compute_s, 0, 1e7);
+  io.num("wait_s", m.wait_s, 0, 1e7);
+  io.num("comm_s", m.comm_s, 0, 1e7);
+  io.i64("hop_bytes", m.hop_bytes, 0, int64_t{1} << 50);
+}
+template <class IO>
 void fields(IO& io, StepReport& m) {
   io.node("node", m.node);
   io.i64("job", m.job, 1, kMaxId);
   io.i64("attempt", m.attempt, 1, kMaxId);
   io.i64("step", m.step, 0, kMaxId);
   step_numbers(io, m);
+  io.objects("ranks", m.ranks, 512, false, Write::kIfSet);
 }
 template <class IO>
 void fields(IO& io, Event& m) {

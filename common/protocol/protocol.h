@@ -121,6 +121,18 @@ struct Heartbeat {
   std::vector<JobProgress> jobs;
 };
 
+// One worker's share of a step, as its node's ringd measured it (seconds on the node's steady
+// clock; `wait_s` is time blocked on peers: ring receives and collectives).
+struct RankStep {
+  int64_t rank = 0;  // global rank
+  double step_time_s = 0;
+  double data_s = 0;      // reading and packing the batch
+  double compute_s = 0;   // forward and backward kernels
+  double wait_s = 0;      // blocked on a peer (ring receive, collective)
+  double comm_s = 0;      // sending (ring hops, gradient handover)
+  int64_t hop_bytes = 0;  // bytes this rank sent along the ring
+};
+
 struct StepReport {
   std::string node;
   int64_t job = 0;
@@ -130,6 +142,7 @@ struct StepReport {
   double tokens_per_s = 0;
   double step_time_s = 0;
   double comm_time_s = 0;
+  std::vector<RankStep> ranks;  // the node's workers (optional; empty: not measured)
 };
 
 enum class EventKind {
@@ -284,6 +297,15 @@ struct EventRecord {
   std::string node;
   std::string kind;
   nlohmann::json data = nlohmann::json::object();
+};
+
+// One rank's share of a step as recorded (RankStep with its step and node).
+struct RankStepRecord {
+  int64_t attempt = 0;
+  int64_t step = 0;
+  std::string node;
+  RankStep rank;
+  double time = 0;  // Unix seconds the coordinator recorded it
 };
 
 // One step report as recorded (StepReport of one node; loss as sent, full precision).

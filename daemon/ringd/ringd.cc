@@ -890,7 +890,7 @@ void Daemon::maybe_finish_step() {
     coord_->set_progress(state_.attempt, done_step);
     coord_->send(protocol::StepReport{coord_->node(), coord_->job(), state_.attempt, done_step,
                                       st.loss, st.tokens_per_s, f.wall_s,
-                                      j["comm_s"].get<double>()});
+                                      j["comm_s"].get<double>(), {}});
   }
   // A checkpoint at this boundary (periodic, or asked by ring-coord), then the next step or the
   // end of the run.

@@ -161,7 +161,7 @@ class SimDaemon {
   }
 
   void step(int64_t job, int64_t attempt, int64_t step, double loss = 2.0) {
-    link_.send(proto::StepReport{node(), job, attempt, step, loss, 1000.0, 0.5, 0.1});
+    link_.send(proto::StepReport{node(), job, attempt, step, loss, 1000.0, 0.5, 0.1, {}});
   }
   void event(proto::Event e) {
     e.node = node();

@@ -112,7 +112,7 @@ TEST(CoordParts, DaemonMessagesJoinBatchAndBindOneNodePerConnection) {
   EXPECT_EQ(reg.jobs[0].state, "starting");
   EXPECT_EQ(p.sent.back().first, "peer-a");
 
-  p.handle(*p.daemons, "peer-a", 1000, proto::StepReport{"n0", job, 1, 1, 2.5, 100, 0.1, 0.01});
+  p.handle(*p.daemons, "peer-a", 1000, proto::StepReport{"n0", job, 1, 1, 2.5, 100, 0.1, 0.01, {}});
   EXPECT_EQ(to_string(p.store->job(job)->state), std::string("running"));
   EXPECT_EQ(p.engine->step_buf.size(), 1u);  // batched, not yet written
   EXPECT_TRUE(p.store->steps(job, 0, 10).empty());

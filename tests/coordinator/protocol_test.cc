@@ -67,7 +67,9 @@ json base(const proto::Message& m) {
 TEST(Protocol, EveryMessageRoundTrips) {
   round_trip(sample_register());
   round_trip(proto::Heartbeat{"n0", 17, {{1, 1, 5}}});
-  round_trip(proto::StepReport{"n0", 1, 1, 10, 2.5, 12345.5, 0.8, 0.1});
+  round_trip(proto::StepReport{"n0", 1, 1, 10, 2.5, 12345.5, 0.8, 0.1, {}});
+  round_trip(proto::StepReport{"n0", 1, 1, 10, 2.5, 12345.5, 0.8, 0.1,
+                               {{0, 0.8, 0.01, 0.5, 0.2, 0.09, 1 << 20}, {1, 0.7, 0, 0, 0, 0, 0}}});
   round_trip(died());
   proto::Event ck;
   ck.node = "n0";
@@ -168,7 +170,7 @@ TEST(Protocol, FieldsAreValidated) {
     const char* field;
   };
   json reg = base(sample_register());
-  json step = base(proto::StepReport{"n0", 1, 1, 10, 2.5, 100, 0.8, 0.1});
+  json step = base(proto::StepReport{"n0", 1, 1, 10, 2.5, 100, 0.8, 0.1, {}});
   json ev = base(died());
   std::vector<Case> cases;
   auto with = [](json j, const std::string& ptr, json v) {
@@ -229,7 +231,7 @@ TEST(Protocol, FieldsAreValidated) {
 
 TEST(Protocol, ErrorsReadable) {
   try {
-    json j = base(proto::StepReport{"n0", 1, 1, 10, 2.5, 100, 0.8, 0.1});
+    json j = base(proto::StepReport{"n0", 1, 1, 10, 2.5, 100, 0.8, 0.1, {}});
     j["tokens_per_s"] = -3;
     proto::parse(j.dump());
   } catch (const proto::ProtocolError& e) {
@@ -249,7 +251,7 @@ TEST(Protocol, NodeNames) {
 // Random mutations of valid messages never crash the parser: they parse or throw ProtocolError.
 TEST(Protocol, MutationsNeverCrash) {
   std::vector<std::string> seeds = {proto::encode(sample_register()), proto::encode(died()),
-                                    proto::encode(proto::StepReport{"n0", 1, 1, 1, 1, 1, 1, 1})};
+                                    proto::encode(proto::StepReport{"n0", 1, 1, 1, 1, 1, 1, 1, {}})};
   uint64_t x = 88172645463325252ull;
   auto rnd = [&] {
     x ^= x << 13;

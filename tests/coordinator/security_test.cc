@@ -98,7 +98,7 @@ std::string forge_everything(const std::string& ep, const std::string& node, int
   ckpt.bytes = 1;
   ckpt.complete = true;
   out << "checkpoint_saved " << error_for(d, ckpt) << "\n";
-  out << "step " << error_for(d, proto::StepReport{node, job, attempt, 99, 0.001, 1.0, 1.0, 0.0})
+  out << "step " << error_for(d, proto::StepReport{node, job, attempt, 99, 0.001, 1.0, 1.0, 0.0, {}})
       << "\n";
   auto died = event_of(proto::EventKind::kWorkerDied, job, attempt);
   died.node = node;

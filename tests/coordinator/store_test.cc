@@ -179,7 +179,7 @@ TEST(Store, MigratesV1ToLatestKeepingData) {
         latest.db().prepare("SELECT version, description FROM schema_version ORDER BY version");
     std::vector<int64_t> versions;
     while (s.step()) versions.push_back(s.i64(0));
-    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4}));
+    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4, 5}));
     EXPECT_EQ(latest.job(id)->job_dir, "");  // v3 column, default for old rows
     // v4: the node kept its row under (uid, name), the member knows its node's uid, and the
     // same name under another uid is another node.
@@ -255,9 +255,11 @@ TEST(Store, ReadOnlyReadsAndNeverWrites) {
   {
     coord::Store st(path, {});
     id = st.insert_job(sample_job());
-    ring::protocol::StepReport r{"n0", id, 1, 2, 0.30000000000000004, 10, 0.5, 0.1};
+    ring::protocol::StepReport r{"n0", id, 1, 2, 0.30000000000000004, 10, 0.5, 0.1, {}};
+    r.ranks = {{3, 0.5, 0.01, 0.3, 0.15, 0.04, 4096}, {2, 0.49, 0.02, 0.2, 0.25, 0.02, 1024}};
     st.add_step(r, 100);
     r.step = 1;
+    r.ranks.clear();
     st.add_step(r, 99);
   }
   coord::Store ro(path, {.read_only = true});
@@ -267,6 +269,17 @@ TEST(Store, ReadOnlyReadsAndNeverWrites) {
   EXPECT_EQ(steps[0].step, 1);  // by step
   EXPECT_EQ(steps[1].loss, 0.30000000000000004);
   EXPECT_EQ(ro.steps(id, 1, 10).size(), 1u);
+  // Each rank's share of step 2, by rank; step 1's report had none.
+  auto ranks = ro.rank_steps(id, 0, 10, 100);
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks[0].rank.rank, 2);
+  EXPECT_EQ(ranks[0].step, 2);
+  EXPECT_EQ(ranks[0].node, "n0");
+  EXPECT_EQ(ranks[0].rank.wait_s, 0.25);
+  EXPECT_EQ(ranks[1].rank.hop_bytes, 4096);
+  EXPECT_EQ(ranks[1].rank.compute_s, 0.3);
+  EXPECT_TRUE(ro.rank_steps(id, 3, 10, 100).empty());
+  EXPECT_EQ(ro.rank_steps(id, 0, 10, 1).size(), 1u);
   EXPECT_THROW(ro.insert_job(sample_job()), coord::DbError);
   EXPECT_EQ(ro.jobs().size(), 1u);
   { coord::Store old(dir + "/old.db", {.target_version = 1}); }
