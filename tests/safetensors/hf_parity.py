@@ -5,7 +5,7 @@ and the export -> import round trip.
 Usage: hf_parity.py RINGCTL ST_FORWARD [WORKDIR]
 
 For each case (GQA or not, tied or untied embeddings, two rope_theta values, bf16 and fp32
-storage) this writes a small random Llama in the Hugging Face layout (config.json, two
+storage, RoPE scaling none / linear / llama3 / yarn) this writes a small random Llama in the Hugging Face layout (config.json, two
 .safetensors shards and model.safetensors.index.json, written here with numpy from the format's
 definition), imports it with `ringctl import`, runs ringmaster's forward on the imported master
 weights (st_forward, CPU backend, fp32) and compares the logits and the per-sequence mean
@@ -144,16 +144,49 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_inv_freq(c, hd):
+    """inv_freq [hd/2] (fp32) and the cos/sin factor of config c, with transformers' semantics
+    (modeling_rope_utils: default, linear, llama3, yarn), computed here in fp64 from the
+    published formulas."""
+    base = c["rope_theta"]
+    inv = 1.0 / (base ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    r = c.get("rope_scaling") or {}
+    kind, factor, att = r.get("rope_type", "default"), r.get("factor", 1.0), 1.0
+    if kind == "linear":
+        inv = inv / factor
+    elif kind == "llama3":
+        old = r["original_max_position_embeddings"]
+        lo, hi = r["low_freq_factor"], r["high_freq_factor"]
+        wavelen = 2 * np.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        inv = np.where(wavelen > old / lo, inv / factor, np.where(wavelen < old / hi, inv, mid))
+    elif kind == "yarn":
+        old = r["original_max_position_embeddings"]
+        bf, bs = r.get("beta_fast", 32), r.get("beta_slow", 1)
+
+        def corr(rot):  # the dimension whose wavelength makes `rot` turns over `old` positions
+            return hd * np.log(old / (rot * 2 * np.pi)) / (2 * np.log(base))
+        low, high = max(np.floor(corr(bf)), 0), min(np.ceil(corr(bs)), hd - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(hd // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        inv = inv / factor * (1 - extrapolation) + inv * extrapolation
+        att = 0.1 * np.log(factor) + 1.0 if factor > 1 else 1.0
+    return torch.from_numpy(inv.astype(np.float32)), att
+
+
 def hf_forward(c, w, ids):
     """ids: [B, T] int64 -> logits [B, T, V] fp32."""
     W = {k: torch.from_numpy(v) for k, v in w.items()}
     B, T = ids.shape
     H, KH, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
-    inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    inv_freq, att = rope_inv_freq(c, hd)
     pos = torch.arange(T, dtype=torch.float32)
     freqs = pos[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, T, hd]
+    cos, sin = (emb.cos() * att)[None, None], (emb.sin() * att)[None, None]  # [1, 1, T, hd]
     mask = torch.full((T, T), float("-inf")).triu(1)
     x = W["model.embed_tokens.weight"][ids]
     for i in range(c["num_hidden_layers"]):
@@ -204,19 +237,28 @@ def main():
             "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
             "vocab_size": 301, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
             "attention_bias": False, "rope_scaling": None, "torch_dtype": "float32"}
+    # Context-extension scalings, with an original context (16) below the test's 40 positions.
+    linear = {"rope_type": "linear", "factor": 4.0}
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32.0, "beta_slow": 1.0}
     cases = [
-        # name, heads, kv_heads, head_dim, tied, theta, storage
-        ("mha_untied_1e4_f32", 4, 4, 16, False, 10000.0, "F32"),
-        ("gqa_tied_5e5_f32", 4, 2, 32, True, 500000.0, "F32"),
-        ("gqa_untied_1e4_bf16", 8, 2, 8, False, 10000.0, "BF16"),
-        ("mha_tied_5e5_bf16", 4, 4, 16, True, 500000.0, "BF16"),
+        # name, heads, kv_heads, head_dim, tied, theta, storage, rope_scaling
+        ("mha_untied_1e4_f32", 4, 4, 16, False, 10000.0, "F32", None),
+        ("gqa_tied_5e5_f32", 4, 2, 32, True, 500000.0, "F32", None),
+        ("gqa_untied_1e4_bf16", 8, 2, 8, False, 10000.0, "BF16", None),
+        ("mha_tied_5e5_bf16", 4, 4, 16, True, 500000.0, "BF16", None),
+        ("gqa_linear4_f32", 4, 2, 16, False, 10000.0, "F32", linear),
+        ("gqa_llama3x8_f32", 4, 2, 32, True, 500000.0, "F32", llama3),
+        ("gqa_yarn4_f32", 4, 2, 32, False, 10000.0, "F32", yarn),
     ]
     B, T = 2, 40
     failures = 0
-    for ci, (name, H, KH, hd, tied, theta, dtype) in enumerate(cases):
+    for ci, (name, H, KH, hd, tied, theta, dtype, scaling) in enumerate(cases):
         rng = np.random.default_rng(1000 + ci)
         c = dict(base, num_attention_heads=H, num_key_value_heads=KH, head_dim=hd,
-                 tie_word_embeddings=tied, rope_theta=theta)
+                 tie_word_embeddings=tied, rope_theta=theta, rope_scaling=scaling)
         if name.startswith("mha"):
             del c["head_dim"]  # derived: hidden_size / heads
             c["_hd"] = hd

@@ -40,6 +40,23 @@ int main(int argc, char** argv) {
     cfg.tie_embeddings = m["tie_embeddings"].as<bool>();
     cfg.rope_theta = m["rope_theta"].as<float>();
     cfg.norm_eps = m["norm_eps"].as<float>();
+    if (m["rope_scaling"]) {  // the scaling keys model.yaml carries (see cli/hf_llama.cc)
+      const std::string type = m["rope_scaling"].as<std::string>();
+      using ring::spec::RopeScaling;
+      cfg.rope_scaling = type == "linear"   ? RopeScaling::kLinear
+                         : type == "llama3" ? RopeScaling::kLlama3
+                         : type == "yarn"   ? RopeScaling::kYarn
+                                            : RopeScaling::kNone;
+      auto num = [&](const char* key, double def) {
+        return m[key] ? m[key].as<double>() : def;
+      };
+      cfg.rope_scaling_factor = num("rope_scaling_factor", 1);
+      cfg.rope_original_context = num("rope_original_context", 0);
+      cfg.rope_low_freq_factor = num("rope_low_freq_factor", 1);
+      cfg.rope_high_freq_factor = num("rope_high_freq_factor", 4);
+      cfg.rope_beta_fast = num("rope_beta_fast", 32);
+      cfg.rope_beta_slow = num("rope_beta_slow", 1);
+    }
     cfg.check();
 
     std::string err;
