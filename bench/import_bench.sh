@@ -70,13 +70,21 @@ json.dump({"metadata": {}, "weight_map": wm}, open(os.path.join(hf, "model.safet
 src_bytes = sum(os.path.getsize(os.path.join(hf, f)) for f in os.listdir(hf) if f.endswith(".safetensors"))
 params = sum(int(np.prod(s)) for s in shapes.values())
 
-def timed(cmd):
+def settle(dst=None):
+    """Before every timed run: remove its output (unlinking a large file inside the timing costs
+    time that is not the command's) and flush what earlier runs left dirty."""
+    if dst:
+        shutil.rmtree(dst, ignore_errors=True)
+    subprocess.run(["sync"], check=True)
+
+def timed(cmd, dst=None):
+    settle(dst)
     t = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t
 
 def copy_and_sync(files, dst):
-    shutil.rmtree(dst, ignore_errors=True)
+    settle(dst)
     os.makedirs(dst)
     t = time.perf_counter()
     subprocess.run(["cp"] + files + [dst], check=True)
@@ -84,7 +92,7 @@ def copy_and_sync(files, dst):
     return time.perf_counter() - t
 
 def dd_copy(files, dst):
-    shutil.rmtree(dst, ignore_errors=True)
+    settle(dst)
     os.makedirs(dst)
     t = time.perf_counter()
     for f in files:
@@ -98,13 +106,14 @@ res = {k: [] for k in ("cp_src", "dd_src", "import", "cp_bin", "dd_bin", "export
 for r in range(reps):
     res["cp_src"].append(copy_and_sync(shards, os.path.join(work, "copy")))
     res["dd_src"].append(dd_copy(shards, os.path.join(work, "copy")))
-    shutil.rmtree(ck, ignore_errors=True)
-    res["import"].append(timed([ringctl, "import", hf, "-o", ck]))
+    res["import"].append(timed([ringctl, "import", hf, "-o", ck], ck))
     binf = os.path.join(ck, "step-00000000", "node-00000.bin")
     res["cp_bin"].append(copy_and_sync([binf], os.path.join(work, "copy")))
     res["dd_bin"].append(dd_copy([binf], os.path.join(work, "copy")))
-    res["export_fp32"].append(timed([ringctl, "export", ck, "-o", os.path.join(work, "e32"), "--dtype", "fp32"]))
-    res["export_bf16"].append(timed([ringctl, "export", ck, "-o", os.path.join(work, "e16"), "--dtype", "bf16"]))
+    res["export_fp32"].append(timed([ringctl, "export", ck, "-o", os.path.join(work, "e32"), "--dtype", "fp32"],
+                                       os.path.join(work, "e32")))
+    res["export_bf16"].append(timed([ringctl, "export", ck, "-o", os.path.join(work, "e16"), "--dtype", "bf16"],
+                                       os.path.join(work, "e16")))
 bin_bytes = os.path.getsize(binf)
 print(f"model: {params / 1e6:.0f} M parameters; source {src_bytes / 1e6:.0f} MB bf16 (2 shards), "
       f"checkpoint data {bin_bytes / 1e6:.0f} MB fp32; {reps} repetitions")
