@@ -270,6 +270,12 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   w.push_back({"attention accumulators (fp32)", 2.0 * T * H * hd * 4.0 + T * H * 4.0,
                "2 T H hd 4 + T H 4"});
   w.push_back({"logits and their gradient (fp32)", 2.0 * T * V * 4.0, "2 T V 4"});
+  // What a CPU worker process holds besides its buffers: code and shared libraries (UCX,
+  // OpenBLAS, oneDNN), thread stacks, the allocator's slack. Measured by bench/shard_memory.sh
+  // (VmHWM less shared memory less the buffers above: 38-73 MB, median 48 MB, one thread per
+  // worker). A device worker's process lives in host memory beside its GPU and is not counted.
+  if (host_backend)
+    w.push_back({"process (code, libraries, stacks)", 48e6, "48 MB, measured (bench/shard_memory.sh)"});
 
   // The offloaded rank's host-side buffers (worker/ring/ring_main.cc run_offloaded_rank): none.
   // The CPU backend's weights are its host memory (copied in from the shared memory); a device
