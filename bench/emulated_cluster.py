@@ -186,6 +186,22 @@ def run_job(args, c, work):
     return [json.loads(l) for l in open(os.path.join(job, "steps.jsonl")) if l.strip()]
 
 
+def graph_yaml(c, n, delay_ms):
+    """The emulated cluster as a `ringctl simulate --topology FILE` graph: nodes node0.., the
+    fabric's bridges as switches, every tc-limited link with its rate (duplex: both directions
+    are limited alike) and the latency to assume."""
+    switches = sorted({x for l in c.links for x in (l["a"], l["b"]) if not x.startswith("node")})
+    out = ["# written by bench/emulated_cluster.py: the links tc enforces", "gpus_per_node: 1",
+           f"nodes: [{', '.join(f'node{i}' for i in range(n))}]"]
+    if switches:
+        out.append(f"switches: [{', '.join(switches)}]")
+    out.append("links:")
+    for l in c.links:
+        out.append(f"  - {{from: {l['a']}, to: {l['b']}, gbytes_per_s: {l['bandwidth_Bps'] / 1e9:.6g}, "
+                   f"latency_us: {delay_ms * 1e3:.6g}}}")
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
@@ -200,6 +216,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out")
+    ap.add_argument("--graph-out", help="write the link graph for ringctl simulate --topology")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("emulated_cluster: needs root (network namespaces, tc)", file=sys.stderr)
@@ -220,6 +237,8 @@ def main():
         steps = run_job(args, c, work)
     finally:
         c.remove()
+    if args.graph_out:
+        open(args.graph_out, "w").write(graph_yaml(c, args.nodes, args.delay_ms))
     times = [s["step_ms"] / 1e3 for s in steps[1:]]
     rec = {"topology": args.topology, "nodes": args.nodes, "leaf_size": args.leaf_size,
            "node_mbit": args.node_mbit, "uplink_mbit": args.uplink_mbit,
