@@ -87,9 +87,21 @@ class Cluster:
         self.namespaces.clear()
 
 
-def dev_name(prefix, tag):
-    # Interface names have at most 15 characters.
-    return (prefix.replace("rc", "r")[-6:] + tag)[-15:]
+def remove_stale():
+    """Namespaces an earlier run of this script left when it was killed (SIGKILL skips the
+    clean-up): named rc<pid>-fabric or rc<pid>-n<i>, with <pid> no longer this script."""
+    import re
+    for line in sh("ip", "netns", "list").stdout.splitlines():
+        m = re.match(r"^(rc(\d+)-(fabric|n\d+))\b", line)
+        if not m:
+            continue
+        pid = int(m.group(2))
+        try:
+            alive = "emulated_cluster" in open(f"/proc/{pid}/cmdline").read()
+        except OSError:
+            alive = False
+        if not alive:
+            sh("ip", "netns", "del", m.group(1), check=False)
 
 
 def build_fat_tree(c, n, leaf_size, node_mbit, uplink_mbit, delay_ms):
@@ -224,6 +236,7 @@ def main():
     if args.nodes < 2 or args.nodes > 32:
         print("emulated_cluster: --nodes must be in [2, 32]", file=sys.stderr)
         return 2
+    remove_stale()
     c = Cluster(f"rc{os.getpid()}")
     work = tempfile.mkdtemp(prefix="emulated-cluster-")
     keep = os.environ.get("KEEP")
