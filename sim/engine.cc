@@ -100,7 +100,7 @@ void Engine::start_flow(int id, double t) {
   Task& k = tasks_[id];
   k.start = t;
   if (k.bytes <= 0 || routes_[k.route].empty()) {
-    heap_.push({t + net_->route_latency(routes_[k.route]), seq_++, id, Ev::kFlowDone});
+    heap_.push({t + net_->route_latency(routes_[k.route]) + k.extra_latency, seq_++, id, Ev::kFlowDone});
     return;
   }
   remaining_[id] = k.bytes;
@@ -159,12 +159,13 @@ double Engine::run() {
   rate_.reserve(1024);
   active_routes_.reserve(1024);
   now_ = 0;
+  // The tasks ready at 0, collected first: completing one makes others ready on the way.
+  std::vector<int> initial;
   for (int i = 0; i < n; ++i)
-    if (pending_[i] == 0) make_ready(i, 0.0);
+    if (pending_[i] == 0) initial.push_back(i);
+  for (int i : initial) make_ready(i, 0.0);
   if (rates_dirty_) recompute_rates();
 
-  int done_count = 0;
-  for (const Task& t : tasks_) done_count += t.end >= 0;
   double last = 0;
   while (!heap_.empty() || !active_.empty()) {
     ++events_;
@@ -183,8 +184,9 @@ double Engine::run() {
         const double left = remaining_[id] - rate_[a] * dt_flow;
         if (left <= 1e-12 * tasks_[id].bytes || remaining_[id] / rate_[a] <= dt_flow) {
           remaining_[id] = 0;
-          heap_.push({t_flow + net_->route_latency(routes_[tasks_[id].route]), seq_++, id,
-                      Ev::kFlowDone});
+          heap_.push({t_flow + net_->route_latency(routes_[tasks_[id].route]) +
+                          tasks_[id].extra_latency,
+                      seq_++, id, Ev::kFlowDone});
         } else {
           remaining_[id] = left;
           rate_[w] = rate_[a];
@@ -221,7 +223,6 @@ double Engine::run() {
           "simulation: task {} (track {}, phase {}) never ran: its dependencies form a cycle", i,
           tasks_[i].track, tasks_[i].phase));
   for (const Task& t : tasks_) last = std::max(last, t.end);
-  (void)done_count;
   return last;
 }
 

@@ -32,6 +32,7 @@ struct Task {
   double duration = 0;
   double bytes = 0;
   double delay = 0;
+  double extra_latency = 0;  // flow: added to the route's latency (a chain of steps folded in one)
   // What it is, for reports and traces: a track (rank / node), a phase, a layer and a step.
   int track = 0;
   int phase = 0;
@@ -56,6 +57,7 @@ class Engine {
   void depend(int task, int on);
   // A flow's ready time is at least t (an absolute start, e.g. the step's beginning).
   void not_before(int task, double t) { release_[task] = t; }
+  void add_latency(int task, double seconds) { tasks_[task].extra_latency += seconds; }
 
   // Runs every task to completion; returns the time of the last completion. Throws
   // std::runtime_error when tasks remain that can never run (a dependency cycle).

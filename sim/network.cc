@@ -110,26 +110,49 @@ void MaxMinSolver::solve(const std::vector<double>& capacity,
   }
   // Bottleneck filling: the link with the least fair share x = remaining / unfrozen flows fixes
   // all its unfrozen flows at x; they leave every other link they use. Equivalent to raising all
-  // rates together until a link saturates.
-  while (left > 0) {
-    int best = -1;
-    double share = std::numeric_limits<double>::infinity();
-    for (int l : touched_) {
-      if (unfrozen_count_[l] == 0) continue;
-      const double x = std::max(0.0, remaining_[l]) / unfrozen_count_[l];
-      if (x < share) share = x, best = l;
+  // rates together until a link saturates. A link's share never decreases as flows freeze
+  // (x is the least share), so a lazy min-heap of shares finds the next bottleneck.
+  if (local_.size() < capacity.size()) local_.resize(capacity.size());
+  const size_t nt = touched_.size();
+  for (size_t i = 0; i < nt; ++i) local_[touched_[i]] = static_cast<int>(i);
+  link_begin_.assign(nt + 1, 0);
+  for (size_t f = 0; f < nf; ++f)
+    if (!frozen_[f])
+      for (int l : *routes[f]) ++link_begin_[local_[l] + 1];
+  for (size_t i = 0; i < nt; ++i) link_begin_[i + 1] += link_begin_[i];
+  link_flows_.resize(link_begin_[nt]);
+  fill_.assign(link_begin_.begin(), link_begin_.end() - 1);
+  for (size_t f = 0; f < nf; ++f)
+    if (!frozen_[f])
+      for (int l : *routes[f]) link_flows_[fill_[local_[l]]++] = static_cast<int>(f);
+  heap_.clear();
+  auto share_of = [&](int l) { return std::max(0.0, remaining_[l]) / unfrozen_count_[l]; };
+  for (size_t i = 0; i < nt; ++i) heap_.emplace_back(share_of(touched_[i]), static_cast<int>(i));
+  auto cmp = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  };
+  std::make_heap(heap_.begin(), heap_.end(), cmp);
+  while (left > 0 && !heap_.empty()) {
+    std::pop_heap(heap_.begin(), heap_.end(), cmp);
+    const auto [x, li] = heap_.back();
+    heap_.pop_back();
+    const int l = touched_[li];
+    if (unfrozen_count_[l] == 0) continue;
+    const double share = share_of(l);
+    if (share > x * (1 + 1e-15) + 1e-300) {  // stale: its flows changed since it was pushed
+      heap_.emplace_back(share, li);
+      std::push_heap(heap_.begin(), heap_.end(), cmp);
+      continue;
     }
-    if (best < 0) break;
-    for (size_t f = 0; f < nf; ++f) {
+    for (int k = link_begin_[li]; k < link_begin_[li + 1]; ++k) {
+      const int f = link_flows_[k];
       if (frozen_[f]) continue;
-      const auto& r = *routes[f];
-      if (std::find(r.begin(), r.end(), best) == r.end()) continue;
       frozen_[f] = 1;
       (*rates)[f] = share;
       --left;
-      for (int l : r) {
-        remaining_[l] -= share;
-        --unfrozen_count_[l];
+      for (int m : *routes[f]) {
+        remaining_[m] -= share;
+        --unfrozen_count_[m];
       }
     }
   }

@@ -65,6 +65,9 @@ class MaxMinSolver {
   std::vector<int> touched_;
   std::vector<char> frozen_;
   std::vector<char> link_seen_;
+  std::vector<int> link_begin_, link_flows_, fill_;  // CSR: flows on each touched link
+  std::vector<int> local_;                           // link id -> index into touched_
+  std::vector<std::pair<double, int>> heap_;         // (share, touched index), lazy
 };
 
 }  // namespace ring::sim

@@ -225,17 +225,19 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
   }
   // Node ring of the gradient exchange (ringd's traffic leaves through the node's first NIC).
   std::vector<std::vector<int>> x_route(N);
-  double x_alpha = 0, x_rate = std::numeric_limits<double>::infinity();
-  if (N > 1) {
-    std::vector<const std::vector<int>*> rr;
-    for (int64_t k = 0; k < N; ++k) {
+  if (N > 1)
+    for (int64_t k = 0; k < N; ++k)
       x_route[k] = cl->route(static_cast<int>(k), 0, static_cast<int>((k + 1) % N), 0);
-      x_alpha = std::max(x_alpha, net.route_latency(x_route[k]));
-      rr.push_back(&x_route[k]);
-    }
+  // Ring hops while every node's exchange runs too: which ranks share links with ringd's
+  // traffic (part of the symmetry test below).
+  std::vector<double> rate_joint(W, 0);
+  if (P > 1 && N > 1) {
+    std::vector<const std::vector<int>*> rr;
+    for (int64_t g = 0; g < W; ++g) rr.push_back(&hop_route[g]);
+    for (int64_t k = 0; k < N; ++k) rr.push_back(&x_route[k]);
     std::vector<double> rates;
     solver.solve(cap, rr, &rates);
-    x_rate = *std::min_element(rates.begin(), rates.end());
+    for (int64_t g = 0; g < W; ++g) rate_joint[g] = rates[g];
   }
 
   // ---- which ranks to simulate
@@ -260,9 +262,10 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
       for (int64_t c = 0; c < P && ok; ++c) {
         const int64_t a = ring * P + c, b = ring * P + (c + g) % P;
         ok = close_rel(rate_fwd[a], rate_fwd[b]) && close_rel(rate_bwd[a], rate_bwd[b]) &&
-             close_rel(hop_lat[a], hop_lat[b]);
+             close_rel(rate_joint[a], rate_joint[b]) && close_rel(hop_lat[a], hop_lat[b]);
       }
-      if (ok) {
+      // Whole nodes only: a simulated node's ringd stands for the others.
+      if (ok && (g % wpn == 0 || wpn % g == 0 || g == P)) {
         period = g;
         break;
       }
@@ -297,36 +300,39 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
     }
   }
 
-  // ---- the engine's network: the real one, or one private link per simulated hop
-  Network vnet;
-  const Network* enet = &net;
-  std::vector<double> ecap = cap;
-  std::vector<int> vfwd(S, -1), vbwd(S, -1);
-  if (!full && P > 1) {
-    ecap.clear();
+  // ---- the engine's network: the real links. Reduced, the simulated ranks stand for all:
+  // every link keeps the share of its capacity that their flows have in the whole job's pattern
+  // (ring hops of every rank, exchange of every node), so their flows meet as many competitors,
+  // in proportion, as the whole job's would.
+  std::vector<int64_t> x_nodes;  // nodes whose ringd exchange is simulated
+  if (full) {
+    for (int64_t k = 0; k < N; ++k) x_nodes.push_back(k);
+  } else {
+    std::vector<char> seen(N, 0);
     for (int64_t i = 0; i < S; ++i) {
-      const int a = vnet.add_vertex(fmt::format("rank{}", grank[i]));
-      const int b = vnet.add_vertex(fmt::format("rank{}-next", grank[i]));
-      const int64_t g = grank[i];
-      vfwd[i] = vnet.add_link(a, b, rate_fwd[g], hop_lat[g], "hop");
-      vbwd[i] = vnet.add_link(a, b, rate_bwd[g], hop_lat[g], "hop");
-      ecap.push_back(rate_fwd[g]);
-      ecap.push_back(rate_bwd[g]);
+      const int k = slot[grank[i]].first;
+      if (k < N && !seen[k]) seen[k] = 1, x_nodes.push_back(k);
     }
-    enet = &vnet;
   }
-  Engine e(enet, ecap);
+  std::vector<double> ecap = cap;
+  if (!full) {
+    std::vector<double> total(net.link_count(), 0), mine(net.link_count(), 0);
+    for (int64_t g = 0; g < W; ++g)
+      for (int l : hop_route[g]) total[l] += 1;
+    for (int64_t k = 0; k < N; ++k)
+      for (int l : x_route[k]) total[l] += 1;
+    for (int64_t i = 0; i < S; ++i)
+      for (int l : hop_route[grank[i]]) mine[l] += 1;
+    for (int64_t k : x_nodes)
+      for (int l : x_route[k]) mine[l] += 1;
+    for (int l = 0; l < net.link_count(); ++l)
+      if (total[l] > 0 && mine[l] > 0) ecap[l] = cap[l] * mine[l] / total[l];
+  }
+  Engine e(&net, ecap);
   std::vector<int> route_fwd(S, -1), route_bwd(S, -1);
   if (P > 1)
-    for (int64_t i = 0; i < S; ++i) {
-      if (full) {
-        route_fwd[i] = route_bwd[i] = e.add_route(hop_route[i]);
-      } else {
-        route_fwd[i] = e.add_route({vfwd[i]});
-        route_bwd[i] = e.add_route({vbwd[i]});
-      }
-    }
-  const int dev_ex = static_cast<int>(S), dev_opt = static_cast<int>(S + 1);
+    for (int64_t i = 0; i < S; ++i) route_fwd[i] = route_bwd[i] = e.add_route(hop_route[grank[i]]);
+  const int dev_opt = static_cast<int>(S);
   const int track_ringd = static_cast<int>(S);
 
   const double heads_hd = static_cast<double>(w.heads * w.head_dim);
@@ -513,8 +519,23 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
   const bool topk = w.compression == spec::Compression::kTopk;
   const bool sharded = w.shard != spec::ShardMode::kNone;
   std::vector<int> xroutes;
-  if (full && N > 1)
-    for (int64_t k = 0; k < N; ++k) xroutes.push_back(e.add_route(x_route[k]));
+  if (N > 1)
+    for (int64_t k : x_nodes) xroutes.push_back(e.add_route(x_route[k]));
+  // Reduced: each simulated node's collective step waits for its own send of the previous step
+  // (its predecessor in the node ring, being alike, sends at the same time), so the steps fold
+  // into one flow of steps x chunk bytes and steps x the route's latency.
+  auto collective = [&](int64_t steps, double chunk, int after) {
+    if (full) return add_ring_collective(e, xroutes, steps, chunk, after, kExchange, track_ringd + 1);
+    const int done = e.join(track_ringd, kExchange);
+    for (size_t k = 0; k < xroutes.size(); ++k) {
+      const int f = e.flow(xroutes[k], chunk * static_cast<double>(steps),
+                           track_ringd + 1 + static_cast<int>(k), kExchange);
+      e.add_latency(f, static_cast<double>(steps - 1) * net.route_latency(e.route(xroutes[k])));
+      e.depend(f, after);
+      e.depend(done, f);
+    }
+    return done;
+  };
   int prev_x = -1, last_opt = -1;
   double x_total = 0, opt_total = 0;
   std::vector<int> x_tasks;
@@ -522,26 +543,14 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
     const double payload = w.bucket_payload(b);
     const double floats = static_cast<double>(w.bucket_floats[b]);
     int x = -1;
+    const int after = e.join(track_ringd, kSync);
+    e.depend(after, bucket_ready[b]);
+    e.depend(after, prev_x);
     if (N > 1) {
-      if (full) {
-        const int after = e.join(track_ringd, kSync);
-        e.depend(after, bucket_ready[b]);
-        e.depend(after, prev_x);
-        x = topk ? add_ring_collective(e, xroutes, N - 1, payload, after, kExchange, track_ringd + 1)
-                 : add_ring_collective(e, xroutes, 2 * (N - 1), payload / N, after, kExchange, track_ringd + 1);
-        if (topk && sharded)
-          x = add_ring_collective(e, xroutes, N - 1, 4 * floats / N, x, kExchange, track_ringd + 1);
-      } else {
-        double t = topk ? ring_allgather_time(N, payload, x_alpha, x_rate)
-                        : ring_allreduce_time(N, payload, x_alpha, x_rate);
-        if (topk && sharded) t += ring_allgather_time(N, 4 * floats / N, x_alpha, x_rate);
-        x = e.compute(dev_ex, t, track_ringd, kExchange);
-        e.depend(x, bucket_ready[b]);
-        e.depend(x, prev_x);
-      }
+      x = topk ? collective(N - 1, payload, after) : collective(2 * (N - 1), payload / N, after);
+      if (topk && sharded) x = collective(N - 1, 4 * floats / N, x);
     } else {
-      x = e.join(track_ringd, kSync);
-      e.depend(x, bucket_ready[b]);
+      x = after;
     }
     x_tasks.push_back(x);
     prev_x = x;
@@ -680,8 +689,6 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
     res.notes.push_back(fmt::format("top-k step (after optimizer.warmup_steps {} dense steps)", w.warmup_steps));
   if (w.doc_len < w.seq_len)
     res.notes.push_back(fmt::format("packed documents taken as {} tokens each (data.max_doc_len)", w.doc_len));
-  if (!full)
-    res.notes.push_back("gradient exchange: alpha-beta ring collective at the node ring's max-min rate");
 
   if (o.keep_trace) {
     for (int id = 0; id < e.task_count(); ++id) {
