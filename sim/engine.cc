@@ -207,14 +207,24 @@ double Engine::run() {
       for (size_t a = 0; a < active_.size(); ++a) remaining_[active_[a]] -= rate_[a] * dt;
     now_ = e.t;
     last = std::max(last, now_);
-    switch (e.what) {
-      case Ev::kRelease:
-        start_flow(e.task, now_);
-        break;
-      case Ev::kComputeDone:
-      case Ev::kFlowDone:
-        complete(e.task, now_);
-        break;
+    auto handle = [&](const Event& ev) {
+      switch (ev.what) {
+        case Ev::kRelease:
+          start_flow(ev.task, now_);
+          break;
+        case Ev::kComputeDone:
+        case Ev::kFlowDone:
+          complete(ev.task, now_);
+          break;
+      }
+    };
+    handle(e);
+    // Every event of the same instant before the rates are recomputed once (ranks in lockstep
+    // start their hops together).
+    while (!heap_.empty() && heap_.top().t == now_) {
+      const Event same = heap_.top();
+      heap_.pop();
+      handle(same);
     }
   }
   for (int i = 0; i < n; ++i)

@@ -109,7 +109,12 @@ int add_ring_collective(Engine& e, const std::vector<int>& routes, int64_t steps
   return done;
 }
 
-SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
+namespace {
+
+// One simulation at the spec's depth. With fold_budget > 0 and a task graph larger than it,
+// returns early with *per_layer_tasks set and res.tasks = -1.
+SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t fold_budget,
+                        double* per_layer_tasks_out) {
   SimResult res;
   const Workload w = make_workload(spec);
   const int64_t P = w.P, D = w.D, N = w.nodes, wpn = w.workers_per_node, W = P * D;
@@ -277,6 +282,14 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
               (o.expand == Expand::kAuto && full_tasks <= static_cast<double>(o.full_task_limit));
   const int64_t S = full ? W : period;
   res.simulated_positions = S;
+  {
+    const double per_layer = static_cast<double>(S) * per_layer_tasks * static_cast<double>(M);
+    if (per_layer_tasks_out) *per_layer_tasks_out = per_layer;
+    if (fold_budget > 0 && per_layer * static_cast<double>(L) > static_cast<double>(fold_budget)) {
+      res.tasks = -1;
+      return res;
+    }
+  }
   res.mode = full ? fmt::format("full: all {} ranks, flows on the real links", W)
                   : fmt::format("reduced: {} of ring {}'s {} positions stand for all {} ranks "
                                 "(hop rates from one max-min solve of all {} rings)",
@@ -709,6 +722,72 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
     }
   }
   return res;
+}
+
+}  // namespace
+
+SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
+  double per_layer = 0;
+  SimResult r = simulate_once(spec, o, o.fold_task_budget, &per_layer);
+  if (r.tasks >= 0) return r;
+  // Too deep to build at once: every layer is the same, so simulate two depths L1 < L2 that
+  // fit and extend linearly in the layer count (the step's increment per layer).
+  const int64_t L = spec.model.layers;
+  const int64_t l2 = std::clamp<int64_t>(
+      static_cast<int64_t>(static_cast<double>(o.fold_task_budget) / std::max(1.0, per_layer)), 2, L);
+  const int64_t l1 = l2 - 1;
+  if (o.keep_trace && l2 < L) throw std::invalid_argument(fmt::format(
+      "simulate: --trace needs the whole task graph, {:.0f} tasks for {} layers, more than the "
+      "budget of {}: trace a spec with fewer layers (--set model.layers=N)", per_layer * L, L, o.fold_task_budget));
+  auto at = [&](int64_t layers) {
+    spec::JobSpec s = spec;
+    s.model.layers = layers;
+    return simulate_once(s, o, 0, nullptr);
+  };
+  SimResult a = at(l1), b = at(l2);
+  const double k = static_cast<double>(L - l2);
+  auto ext = [&](double va, double vb) { return vb + k * (vb - va); };
+  SimResult out = b;
+  out.step_s = ext(a.step_s, b.step_s);
+  out.forward_s = ext(a.forward_s, b.forward_s);
+  out.backward_s = ext(a.backward_s, b.backward_s);
+  out.attention_compute_s = ext(a.attention_compute_s, b.attention_compute_s);
+  out.projection_compute_s = ext(a.projection_compute_s, b.projection_compute_s);
+  out.ring_bytes_per_rank = ext(a.ring_bytes_per_rank, b.ring_bytes_per_rank);
+  out.ring_comm_s = ext(a.ring_comm_s, b.ring_comm_s);
+  out.ring_exposed_s = ext(a.ring_exposed_s, b.ring_exposed_s);
+  out.hidden_share = out.ring_comm_s > 0 ? std::clamp(1.0 - out.ring_exposed_s / out.ring_comm_s, 0.0, 1.0) : 1.0;
+  out.exchange_s = ext(a.exchange_s, b.exchange_s);
+  out.exchange_exposed_s = ext(a.exchange_exposed_s, b.exchange_exposed_s);
+  out.optimizer_s = ext(a.optimizer_s, b.optimizer_s);
+  out.optimizer_exposed_s = ext(a.optimizer_exposed_s, b.optimizer_exposed_s);
+  out.checkpoint_amortised_s = ext(a.checkpoint_amortised_s, b.checkpoint_amortised_s);
+  for (HopStats* h : {&out.hop_forward, &out.hop_backward_kv, &out.hop_dkv}) {
+    const HopStats& ha = h == &out.hop_forward ? a.hop_forward : h == &out.hop_backward_kv ? a.hop_backward_kv : a.hop_dkv;
+    h->count = static_cast<int64_t>(std::llround(ext(static_cast<double>(ha.count), static_cast<double>(h->count))));
+  }
+  for (auto& p : out.critical_path) {
+    double va = 0;
+    for (const auto& q : a.critical_path)
+      if (q.name == p.name) va = q.seconds;
+    p.seconds = std::max(0.0, ext(va, p.seconds));
+  }
+  std::sort(out.critical_path.begin(), out.critical_path.end(),
+            [](const PhaseTime& x, const PhaseTime& y) { return x.seconds > y.seconds; });
+  // Layers beyond the simulated depth take the inner layers' times.
+  const double f_mid = b.layer_forward_s[l2 / 2], b_mid = b.layer_backward_s[l2 / 2];
+  out.layer_forward_s.assign(L, f_mid);
+  out.layer_backward_s.assign(L, b_mid);
+  out.layer_forward_s.front() = b.layer_forward_s.front();
+  out.layer_backward_s.front() = b.layer_backward_s.front();
+  out.layer_forward_s.back() = b.layer_forward_s.back();
+  out.layer_backward_s.back() = b.layer_backward_s.back();
+  out.tokens_per_s = b.tokens_per_s * b.step_s / out.step_s;
+  out.tasks = a.tasks + b.tasks;
+  out.events = a.events + b.events;
+  out.mode += fmt::format("; layers folded: {} and {} of {} layers simulated, the step extended "
+                          "linearly ({:.4g} s per layer)", l1, l2, L, b.step_s - a.step_s);
+  return out;
 }
 
 nlohmann::json to_json(const SimResult& r) {

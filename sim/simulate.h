@@ -58,6 +58,9 @@ struct SimOptions {
   Expand expand = Expand::kAuto;
   int64_t full_task_limit = 3'000'000;  // expand auto: full simulation up to this many tasks
   bool keep_trace = false;              // keep every task for write_trace
+  // A deeper task graph than this is folded: two depths are simulated and the step extended
+  // linearly in the layer count (layers are alike). Bounds memory (about 150 bytes a task).
+  int64_t fold_task_budget = 6'000'000;
 };
 
 struct HopStats {
