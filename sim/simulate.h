@@ -91,6 +91,7 @@ struct SimResult {
   std::vector<double> hop_layer0_forward_s;  // every hop of layer 0's forward, representative rank
   double ring_bytes_per_rank = 0;
   double effective_ring_bw = 0;   // K/V block bytes / mean forward hop time
+  double bottleneck_ring_bw = 0;  // K/V block bytes / slowest forward hop (the ring's pace)
   double ring_comm_s = 0, ring_exposed_s = 0;
   double hidden_share = 0;        // of ring communication, behind compute
   double exchange_s = 0, exchange_exposed_s = 0;
