@@ -104,8 +104,67 @@ void Engine::start_flow(int id, double t) {
     return;
   }
   remaining_[id] = k.bytes;
+  rate_[id] = 0;
+  t_upd_[id] = t;
+  active_pos_[id] = static_cast<int>(active_.size());
   active_.push_back(id);
-  rates_dirty_ = true;
+  for (int l : routes_[k.route]) {
+    on_link_[l].push_back(id);
+    dirty_links_.push_back(l);
+  }
+}
+
+// The flow's last byte has left: it leaves its links (their other flows get new rates) and
+// completes after the route's latency.
+void Engine::drain(int id, double t) {
+  const Task& k = tasks_[id];
+  remaining_[id] = 0;
+  const int pos = active_pos_[id];
+  active_[pos] = active_.back();
+  active_pos_[active_[pos]] = pos;
+  active_.pop_back();
+  active_pos_[id] = -1;
+  ++version_[id];
+  for (int l : routes_[k.route]) {
+    auto& v = on_link_[l];
+    v.erase(std::find(v.begin(), v.end(), id));
+    dirty_links_.push_back(l);
+  }
+  heap_.push({t + net_->route_latency(routes_[k.route]) + k.extra_latency, seq_++, id, Ev::kFlowDone});
+}
+
+// New max-min rates for the flows connected (through shared links) to the links that changed.
+void Engine::update_components() {
+  comp_flows_.clear();
+  comp_links_.clear();
+  for (int l : dirty_links_)
+    if (!link_mark_[l]) link_mark_[l] = 1, comp_links_.push_back(l);
+  dirty_links_.clear();
+  for (size_t i = 0; i < comp_links_.size(); ++i) {
+    for (int f : on_link_[comp_links_[i]]) {
+      if (flow_mark_[f]) continue;
+      flow_mark_[f] = 1;
+      comp_flows_.push_back(f);
+      for (int m : routes_[tasks_[f].route])
+        if (!link_mark_[m]) link_mark_[m] = 1, comp_links_.push_back(m);
+    }
+  }
+  comp_routes_.clear();
+  for (int f : comp_flows_) {
+    // Bring the flow's progress up to now at its old rate.
+    remaining_[f] = std::max(0.0, remaining_[f] - rate_[f] * (now_ - t_upd_[f]));
+    t_upd_[f] = now_;
+    comp_routes_.push_back(&routes_[tasks_[f].route]);
+  }
+  solver_.solve(capacity_, comp_routes_, &comp_rates_);
+  for (size_t i = 0; i < comp_flows_.size(); ++i) {
+    const int f = comp_flows_[i];
+    rate_[f] = std::max(comp_rates_[i], 1e-300);
+    ++version_[f];
+    heap_.push({now_ + remaining_[f] / rate_[f], seq_++, f, Ev::kDrain, version_[f]});
+    flow_mark_[f] = 0;
+  }
+  for (int l : comp_links_) link_mark_[l] = 0;
 }
 
 void Engine::complete(int id, double t) {
@@ -131,13 +190,6 @@ void Engine::complete(int id, double t) {
   }
 }
 
-void Engine::recompute_rates() {
-  active_routes_.clear();
-  for (int id : active_) active_routes_.push_back(&routes_[tasks_[id].route]);
-  solver_.solve(capacity_, active_routes_, &rate_);
-  rates_dirty_ = false;
-}
-
 double Engine::run() {
   const int n = task_count();
   // CSR of successors.
@@ -154,78 +206,45 @@ double Engine::run() {
     for (const auto& [on, t] : edges_) succ_[fill[on]++] = t;
   }
   remaining_.assign(n, 0);
+  rate_.assign(n, 0);
+  t_upd_.assign(n, 0);
+  version_.assign(n, 0);
+  active_pos_.assign(n, -1);
   cause_.assign(n, -1);
-  active_.reserve(1024);
-  rate_.reserve(1024);
-  active_routes_.reserve(1024);
+  on_link_.assign(net_->link_count(), {});
+  link_mark_.assign(net_->link_count(), 0);
+  flow_mark_.assign(n, 0);
   now_ = 0;
   // The tasks ready at 0, collected first: completing one makes others ready on the way.
   std::vector<int> initial;
   for (int i = 0; i < n; ++i)
     if (pending_[i] == 0) initial.push_back(i);
   for (int i : initial) make_ready(i, 0.0);
-  if (rates_dirty_) recompute_rates();
+  if (!dirty_links_.empty()) update_components();
 
   double last = 0;
-  while (!heap_.empty() || !active_.empty()) {
-    ++events_;
-    if (rates_dirty_) recompute_rates();
-    // The next flow to drain.
-    double dt_flow = std::numeric_limits<double>::infinity();
-    for (size_t a = 0; a < active_.size(); ++a)
-      dt_flow = std::min(dt_flow, remaining_[active_[a]] / rate_[a]);
-    const double t_flow = now_ + dt_flow;
-    const double t_ev = heap_.empty() ? std::numeric_limits<double>::infinity() : heap_.top().t;
-    if (t_flow <= t_ev) {
-      // Advance every active flow; those that drained leave (their latency still to come).
-      size_t w = 0;
-      for (size_t a = 0; a < active_.size(); ++a) {
-        const int id = active_[a];
-        const double left = remaining_[id] - rate_[a] * dt_flow;
-        if (left <= 1e-12 * tasks_[id].bytes || remaining_[id] / rate_[a] <= dt_flow) {
-          remaining_[id] = 0;
-          heap_.push({t_flow + net_->route_latency(routes_[tasks_[id].route]) +
-                          tasks_[id].extra_latency,
-                      seq_++, id, Ev::kFlowDone});
-        } else {
-          remaining_[id] = left;
-          rate_[w] = rate_[a];
-          active_[w++] = id;
-        }
-      }
-      active_.resize(w);
-      rate_.resize(w);
-      rates_dirty_ = true;
-      now_ = t_flow;
-      continue;
-    }
-    // A timed event first: advance the active flows to it.
-    const Event e = heap_.top();
-    heap_.pop();
-    const double dt = e.t - now_;
-    if (dt > 0)
-      for (size_t a = 0; a < active_.size(); ++a) remaining_[active_[a]] -= rate_[a] * dt;
-    now_ = e.t;
+  while (!heap_.empty()) {
+    // Every event of one instant, then new rates once for what changed.
+    now_ = heap_.top().t;
     last = std::max(last, now_);
-    auto handle = [&](const Event& ev) {
-      switch (ev.what) {
+    while (!heap_.empty() && heap_.top().t == now_) {
+      const Event e = heap_.top();
+      heap_.pop();
+      ++events_;
+      switch (e.what) {
         case Ev::kRelease:
-          start_flow(ev.task, now_);
+          start_flow(e.task, now_);
+          break;
+        case Ev::kDrain:
+          if (e.version == version_[e.task] && active_pos_[e.task] >= 0) drain(e.task, now_);
           break;
         case Ev::kComputeDone:
         case Ev::kFlowDone:
-          complete(ev.task, now_);
+          complete(e.task, now_);
           break;
       }
-    };
-    handle(e);
-    // Every event of the same instant before the rates are recomputed once (ranks in lockstep
-    // start their hops together).
-    while (!heap_.empty() && heap_.top().t == now_) {
-      const Event same = heap_.top();
-      heap_.pop();
-      handle(same);
     }
+    if (!dirty_links_.empty()) update_components();
   }
   for (int i = 0; i < n; ++i)
     if (tasks_[i].end < 0)

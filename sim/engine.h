@@ -77,7 +77,8 @@ class Engine {
   void make_ready(int id, double t);
   void start_flow(int id, double t);
   void complete(int id, double t);
-  void recompute_rates();
+  void update_components();
+  void drain(int id, double t);
 
   const Network* net_;
   std::vector<double> capacity_;
@@ -99,24 +100,36 @@ class Engine {
   std::vector<DeviceState> devices_;
 
   // Timed events: (time, seq, task, what).
-  enum class Ev : uint8_t { kComputeDone, kFlowDone, kRelease };
+  enum class Ev : uint8_t { kComputeDone, kFlowDone, kRelease, kDrain };
   struct Event {
     double t;
     int64_t seq;
     int task;
     Ev what;
+    int64_t version = 0;  // kDrain: the flow's version when scheduled
     bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
   };
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> heap_;
   int64_t seq_ = 0;
 
-  // Active flows (transmitting).
-  std::vector<int> active_;
-  std::vector<double> remaining_;  // per task (flows)
-  std::vector<double> rate_;       // per active index
-  std::vector<const std::vector<int>*> active_routes_;
+  // Active flows (transmitting). Progress is lazy: a flow's remaining bytes are exact at
+  // t_upd_, and it drains at t_upd_ + remaining / rate unless its rate changes first (then its
+  // version moves on and the old drain event is ignored). When a flow starts or drains, only the
+  // flows connected to it through shared links get new rates (max-min fairness decomposes over
+  // such components).
+  std::vector<int> active_;        // task ids
+  std::vector<int> active_pos_;    // per task: index in active_, -1 when not active
+  std::vector<double> remaining_;  // per task
+  std::vector<double> rate_;       // per task
+  std::vector<double> t_upd_;      // per task
+  std::vector<int64_t> version_;   // per task
+  std::vector<std::vector<int>> on_link_;  // active flows per link
+  std::vector<int> dirty_links_;
+  std::vector<char> link_mark_, flow_mark_;
+  std::vector<int> comp_flows_, comp_links_;
+  std::vector<const std::vector<int>*> comp_routes_;
+  std::vector<double> comp_rates_;
   MaxMinSolver solver_;
-  bool rates_dirty_ = false;
   double now_ = 0;
   int64_t events_ = 0;
 };
