@@ -301,7 +301,8 @@ Subcommand add_simulate(CLI::App& app) {
   s->add_option("--ring-order", o->ring_order, "natural or topology (default: the spec's)")
       ->type_name("ORDER")
       ->check(one_of({"natural", "topology"}, "ring order"));
-  s->add_option("--stagger", o->stagger, "on or off: staggered ring sends (default: the spec's)")
+  s->add_option("--stagger", o->stagger, "on or off: staggered ring sends (default: the spec's; on without --stagger-us: the spec's "
+                   "stagger_us, else 50 us)")
       ->type_name("on|off")
       ->check(one_of({"on", "off"}, "stagger setting"));
   s->add_option("--stagger-us", o->stagger_us, "Stagger per ring position, microseconds")

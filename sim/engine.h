@@ -10,8 +10,11 @@
 // - join: zero time; completes when its dependencies have (a point to depend on).
 // A task is ready when every task it depends on has completed.
 //
-// run() does not allocate per event once the task graph is built (the active-flow list, the
-// rate workspace and the event heap are reserved up front).
+// run() reuses its buffers (active flows, per-link flow lists, the component and rate
+// workspaces, the event heap): once they have grown to the job's size, events allocate nothing.
+// A flow's progress is kept lazily (remaining bytes at its last rate change, a drain event that
+// a later change supersedes), and a start or drain recomputes rates only for the flows connected
+// to it through shared links, so an event costs O(log events + its component), not O(flows).
 #pragma once
 
 #include <cstdint>
