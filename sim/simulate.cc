@@ -1,6 +1,12 @@
 #include "sim/simulate.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -285,6 +291,11 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   {
     const double per_layer = static_cast<double>(S) * per_layer_tasks * static_cast<double>(M);
     if (per_layer_tasks_out) *per_layer_tasks_out = per_layer;
+    if (o.keep_trace && per_layer * static_cast<double>(L) > 3e6)
+      throw std::invalid_argument(fmt::format(
+          "--trace: the step has about {:.3g} M tasks, too many for a readable trace (at most 3 M); "
+          "trace fewer layers or nodes (--set model.layers=N, --nodes N)",
+          per_layer * static_cast<double>(L) / 1e6));
     if (fold_budget > 0 && per_layer * static_cast<double>(L) > static_cast<double>(fold_budget)) {
       res.tasks = -1;
       return res;
@@ -902,8 +913,6 @@ std::string to_text(const SimResult& r) {
 }
 
 void write_trace(const SimResult& r, const std::string& path) {
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error(fmt::format("{}: cannot write the trace", path));
   nlohmann::json ev = nlohmann::json::array();
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "ranks (compute)"}}}});
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 3}, {"args", {{"name", "ring sends (by sender)"}}}});
@@ -916,8 +925,23 @@ void write_trace(const SimResult& r, const std::string& path) {
     ev.push_back({{"name", t.name}, {"ph", "X"}, {"pid", t.pid}, {"tid", t.tid},
                   {"ts", t.start * 1e6}, {"dur", (t.end - t.start) * 1e6}, {"args", args}});
   }
-  out << nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  if (!out) throw std::runtime_error(fmt::format("{}: writing the trace failed", path));
+  // A per-user file: 0600, never written through a symbolic link.
+  const std::string text = nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump() + "\n";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot write the trace: {}", path, std::strerror(errno)));
+  size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + off, text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = errno;
+      ::close(fd);
+      throw std::runtime_error(fmt::format("{}: writing the trace failed: {}", path, std::strerror(e)));
+    }
+    off += static_cast<size_t>(w);
+  }
+  ::fchmod(fd, 0600);
+  if (::close(fd) != 0) throw std::runtime_error(fmt::format("{}: writing the trace failed", path));
 }
 
 }  // namespace ring::sim
