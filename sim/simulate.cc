@@ -303,8 +303,8 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   }
   res.mode = full ? fmt::format("full: all {} ranks, flows on the real links", W)
                   : fmt::format("reduced: {} of ring {}'s {} positions stand for all {} ranks "
-                                "(hop rates from one max-min solve of all {} rings)",
-                                S, ring, P, W, D);
+                                "(symmetry found by one max-min solve of the whole job's traffic)",
+                                S, ring, P, W);
 
   // Global rank, ring position, next and previous of each simulated position.
   std::vector<int64_t> grank(S), pos(S);
