@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/spec/parse.h"
+#include "fmt/format.h"
 #include "common/topology/hostlist.h"
 #include "sim/cluster.h"
 #include "sim/engine.h"
@@ -86,7 +87,7 @@ struct RingNet {
   std::vector<std::vector<int>> routes;
   RingNet(int n, double bw, double alpha) {
     std::vector<int> v;
-    for (int k = 0; k < n; ++k) v.push_back(net.add_vertex("p" + std::to_string(k)));
+    for (int k = 0; k < n; ++k) v.push_back(net.add_vertex(fmt::format("p{}", k)));
     for (int k = 0; k < n; ++k) routes.push_back({net.add_link(v[k], v[(k + 1) % n], bw, alpha, "x")});
   }
 };
