@@ -119,8 +119,15 @@ namespace {
 
 // One simulation at the spec's depth. With fold_budget > 0 and a task graph larger than it,
 // returns early with *per_layer_tasks set and res.tasks = -1.
+// The rank placement does not depend on the depth: folding reuses the first one computed
+// (the global order of 2,048 torus nodes takes a noticeable share of a run).
+struct Placement {
+  std::vector<std::pair<int, int>> slot;
+  std::string ring_order;
+};
+
 SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t fold_budget,
-                        double* per_layer_tasks_out) {
+                        double* per_layer_tasks_out, Placement* cache) {
   SimResult res;
   const Workload w = make_workload(spec);
   const int64_t P = w.P, D = w.D, N = w.nodes, wpn = w.workers_per_node, W = P * D;
@@ -164,7 +171,10 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   }
   std::vector<std::string> job_nodes(cl->node_names().begin(), cl->node_names().begin() + N);
   std::vector<std::pair<int, int>> slot(W);
-  if (ord == RingOrderChoice::kNatural) {
+  if (cache && !cache->slot.empty()) {
+    slot = cache->slot;
+    res.ring_order = cache->ring_order;
+  } else if (ord == RingOrderChoice::kNatural) {
     for (int64_t g = 0; g < W; ++g) slot[g] = {static_cast<int>(g / wpn), static_cast<int>(g % wpn)};
     res.ring_order = "natural";
   } else if (cl->shape() == Shape::kGraphFile) {
@@ -194,6 +204,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
       slot[g] = {cl->node_index(go.nodes[go.ranks[g].node]), go.ranks[g].local};
     res.ring_order = fmt::format("topology ({})", go.method);
   }
+  if (cache && cache->slot.empty()) cache->slot = slot, cache->ring_order = res.ring_order;
 
   // ---- what-ifs on the network
   const Network& net = cl->net();
@@ -748,7 +759,8 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
 
 SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
   double per_layer = 0;
-  SimResult r = simulate_once(spec, o, o.fold_task_budget, &per_layer);
+  Placement placement;
+  SimResult r = simulate_once(spec, o, o.fold_task_budget, &per_layer, &placement);
   if (r.tasks >= 0) return r;
   // Too deep to build at once: every layer is the same, so simulate two depths L1 < L2 that
   // fit and extend linearly in the layer count (the step's increment per layer).
@@ -762,7 +774,7 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
   auto at = [&](int64_t layers) {
     spec::JobSpec s = spec;
     s.model.layers = layers;
-    return simulate_once(s, o, 0, nullptr);
+    return simulate_once(s, o, 0, nullptr, &placement);
   };
   SimResult a = at(l1), b = at(l2);
   const double k = static_cast<double>(L - l2);
