@@ -3,8 +3,9 @@
 # Subcommands and each subcommand's flags are read from `ringctl --help` and `ringctl SUB --help`
 # of the ringctl being completed (cached per shell), so they always match that binary. Job ids
 # come from `ringctl status` (1 s timeout: nothing when no coordinator answers); spec arguments
-# complete to *.yaml / *.yml files and directories; `tokenize` inputs to files and directories,
-# its --tokenizer to *.model files, its --dtype to uint16 / uint32.
+# complete to *.yaml / *.yml files and directories (simulate too, and its flags' named choices);
+# `tokenize` inputs to files and directories, its --tokenizer to *.model files, its --dtype to
+# uint16 / uint32.
 
 # The help text of "ringctl [SUB]", cached per binary and subcommand.
 declare -gA _ringctl_help_cache 2>/dev/null || true
@@ -89,6 +90,24 @@ _ringctl() {
     return 0
   fi
 
+  # simulate: the named choices of its flags; --topology also takes a file.
+  case $sub:$prev in
+    simulate:--topology)
+      mapfile -t COMPREPLY < <(compgen -W "fat-tree dragonfly+ torus3d" -- "$cur"; compgen -f -- "$cur")
+      compopt -o filenames 2>/dev/null; return 0 ;;
+    simulate:--gpu) mapfile -t COMPREPLY < <(compgen -W "H100 H200 A100 cpu" -- "$cur"); return 0 ;;
+    simulate:--ring-order) mapfile -t COMPREPLY < <(compgen -W "natural topology" -- "$cur"); return 0 ;;
+    simulate:--stagger) mapfile -t COMPREPLY < <(compgen -W "on off" -- "$cur"); return 0 ;;
+    simulate:--routing) mapfile -t COMPREPLY < <(compgen -W "minimal valiant" -- "$cur"); return 0 ;;
+    simulate:--node-names) mapfile -t COMPREPLY < <(compgen -W "wired shuffled" -- "$cur"); return 0 ;;
+    simulate:--shard) mapfile -t COMPREPLY < <(compgen -W "none optimizer full" -- "$cur"); return 0 ;;
+    simulate:--compression) mapfile -t COMPREPLY < <(compgen -W "none topk" -- "$cur"); return 0 ;;
+    simulate:--expand) mapfile -t COMPREPLY < <(compgen -W "auto full reduced" -- "$cur"); return 0 ;;
+    simulate:--calibration)
+      mapfile -t COMPREPLY < <(compgen -f -X '!*.json' -- "$cur"; compgen -d -- "$cur")
+      compopt -o filenames 2>/dev/null; return 0 ;;
+  esac
+
   # The value of a flag: directories for --*dir, files for other typed values.
   case $sub:$prev in
     import:--dtype) mapfile -t COMPREPLY < <(compgen -W "fp32 bf16 fp16" -- "$cur"); return 0 ;;
@@ -105,7 +124,7 @@ _ringctl() {
   fi
 
   case $sub in
-    validate | plan | run | submit)
+    validate | plan | run | submit | simulate)
       mapfile -t COMPREPLY < <(compgen -f -X '!*.yaml' -- "$cur"
         compgen -f -X '!*.yml' -- "$cur"; compgen -d -- "$cur")
       compopt -o filenames 2>/dev/null

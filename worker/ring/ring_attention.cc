@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "fmt/format.h"
+#include "worker/ring/ring_messages.h"
 
 namespace ring::cp {
 
@@ -92,6 +93,9 @@ RingAttention::Offsets RingAttention::offsets(int64_t t) const {
   o.k = o.doc + align64(static_cast<size_t>(t) * sizeof(int32_t));
   o.v = o.k + align64(static_cast<size_t>(t * kvd_) * sizeof(float));
   o.total = o.v + align64(static_cast<size_t>(t * kvd_) * sizeof(float));
+  static_assert(sizeof(Header) <= kRingHeaderBytes);
+  // ring_messages.h states the same size for the simulator.
+  if (o.total != packed_block_bytes(t, kvd_)) throw std::logic_error("ring: block layout");
   return o;
 }
 
@@ -447,7 +451,7 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
                                         dst + (ir.lo - o.lo) * kvd_),
                          "axpy");
         }
-        out_bytes = 64 + static_cast<size_t>(2 * on * kvd_) * sizeof(float);
+        out_bytes = dkv_message_bytes(on, kvd_);
       }
       rstats_.compute_s += seconds_since(t0);
     }

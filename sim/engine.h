@@ -1,0 +1,140 @@
+// A discrete-event engine of tasks with dependencies.
+//
+// Three kinds of task:
+// - compute: `duration` seconds on a device; a device runs one compute task at a time, in the
+//   order they became ready (ties: lower task id first), like a GPU stream.
+// - flow: `bytes` over a route of the network; it starts when ready (+ `delay`, a send held
+//   back on purpose), shares every link of its route with the other active flows by max-min
+//   fairness (rates recomputed whenever a flow starts or finishes transmitting), and completes
+//   the route's latency after its last byte left: a flow alone takes delay + bytes / bw + latency.
+// - join: zero time; completes when its dependencies have (a point to depend on).
+// A task is ready when every task it depends on has completed.
+//
+// run() reuses its buffers (active flows, per-link flow lists, the component and rate
+// workspaces, the event heap): once they have grown to the job's size, events allocate nothing.
+// A flow's progress is kept lazily (remaining bytes at its last rate change, a drain event that
+// a later change supersedes), and a start or drain recomputes rates only for the flows connected
+// to it through shared links, so an event costs O(log events + its component), not O(flows).
+#pragma once
+
+#include <cstdint>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "sim/network.h"
+
+namespace ring::sim {
+
+enum class TaskKind : uint8_t { kCompute, kFlow, kJoin };
+
+struct Task {
+  TaskKind kind = TaskKind::kJoin;
+  int device = -1;  // compute
+  int route = -1;   // flow: index into the engine's routes
+  double duration = 0;
+  double bytes = 0;
+  double delay = 0;
+  double extra_latency = 0;  // flow: added to the route's latency (a chain of steps folded in one)
+  // What it is, for reports and traces: a track (rank / node), a phase, a layer and a step.
+  int track = 0;
+  int phase = 0;
+  int layer = -1;
+  int step = -1;
+  // Filled by run().
+  double ready = -1, start = -1, end = -1;
+};
+
+class Engine {
+ public:
+  // capacity: bytes/s per link of `net`, usually net.link(i).bandwidth (a what-if can slow one).
+  Engine(const Network* net, std::vector<double> capacity);
+  explicit Engine(const Network* net);
+
+  int add_route(std::vector<int> links);
+  int compute(int device, double seconds, int track, int phase, int layer = -1, int step = -1);
+  int flow(int route, double bytes, int track, int phase, int layer = -1, int step = -1,
+           double delay = 0);
+  int join(int track = 0, int phase = 0);
+  // `task` starts only after `on` completed. on < 0 is ignored (no such task).
+  void depend(int task, int on);
+  // A flow's ready time is at least t (an absolute start, e.g. the step's beginning).
+  void not_before(int task, double t) { release_[task] = t; }
+  void add_latency(int task, double seconds) { tasks_[task].extra_latency += seconds; }
+
+  // Runs every task to completion; returns the time of the last completion. Throws
+  // std::runtime_error when tasks remain that can never run (a dependency cycle).
+  double run();
+
+  const Task& task(int id) const { return tasks_[id]; }
+  // The task whose completion let `id` start (its last dependency, or the compute task before
+  // it on its device when it had to queue); -1 for a task that was ready at 0.
+  int cause(int id) const { return cause_[id]; }
+  // The chain of causes back from `id` (the critical path when `id` ends last), last first.
+  std::vector<int> critical_path(int id) const;
+  int task_count() const { return static_cast<int>(tasks_.size()); }
+  const std::vector<int>& route(int id) const { return routes_[id]; }
+  int64_t events() const { return events_; }
+
+ private:
+  void make_ready(int id, double t);
+  void start_flow(int id, double t);
+  void complete(int id, double t);
+  void update_components();
+  void drain(int id, double t);
+
+  const Network* net_;
+  std::vector<double> capacity_;
+  std::vector<std::vector<int>> routes_;
+  std::vector<Task> tasks_;
+  std::vector<double> release_;
+  std::vector<std::pair<int, int>> edges_;  // (on, task)
+  // Built by run(): successors in CSR form and pending dependency counts.
+  std::vector<int> succ_begin_, succ_;
+  std::vector<int> pending_;
+  std::vector<int> cause_;
+
+  // Devices: ready compute tasks waiting, and whether each device is busy.
+  struct DeviceState {
+    std::vector<int> queue;  // FIFO (index head_)
+    size_t head = 0;
+    bool busy = false;
+  };
+  std::vector<DeviceState> devices_;
+
+  // Timed events: (time, seq, task, what).
+  enum class Ev : uint8_t { kComputeDone, kFlowDone, kRelease, kDrain };
+  struct Event {
+    double t;
+    int64_t seq;
+    int task;
+    Ev what;
+    int64_t version = 0;  // kDrain: the flow's version when scheduled
+    bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> heap_;
+  int64_t seq_ = 0;
+
+  // Active flows (transmitting). Progress is lazy: a flow's remaining bytes are exact at
+  // t_upd_, and it drains at t_upd_ + remaining / rate unless its rate changes first (then its
+  // version moves on and the old drain event is ignored). When a flow starts or drains, only the
+  // flows connected to it through shared links get new rates (max-min fairness decomposes over
+  // such components).
+  std::vector<int> active_;        // task ids
+  std::vector<int> active_pos_;    // per task: index in active_, -1 when not active
+  std::vector<double> remaining_;  // per task
+  std::vector<double> rate_;       // per task
+  std::vector<double> t_upd_;      // per task
+  std::vector<int64_t> version_;   // per task
+  std::vector<std::vector<int>> on_link_;  // active flows per link
+  std::vector<int> dirty_links_;
+  std::vector<char> link_mark_, flow_mark_;
+  std::vector<int> comp_flows_, comp_links_;
+  std::vector<const std::vector<int>*> comp_routes_;
+  std::vector<double> comp_rates_;
+  MaxMinSolver solver_;
+  double now_ = 0;
+  int64_t events_ = 0;
+};
+
+}  // namespace ring::sim

@@ -1,0 +1,96 @@
+#include "sim/rates.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "fmt/format.h"
+
+namespace ring::sim {
+
+namespace {
+
+constexpr double kGemmEff = 0.60, kAttnFwdEff = 0.45, kAttnBwdEff = 0.35;
+
+Rates gpu(const char* name, double peak, double nvlink_bidir, const char* source) {
+  Rates r;
+  r.name = name;
+  r.gemm_flops = peak * kGemmEff;
+  r.attention_fwd_flops = peak * kAttnFwdEff;
+  r.attention_bwd_flops = peak * kAttnBwdEff;
+  r.intra_node_bw = nvlink_bidir / 2;
+  r.intra_node_latency = 1e-6;
+  r.adamw_params_per_s = 2e9;
+  r.checkpoint_bytes_per_s = 2e9;
+  r.source = source;
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() { return {"H100", "H200", "A100"}; }
+
+Rates preset_rates(const std::string& name) {
+  std::string n;
+  for (char c : name) n += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (n == "H100" || n == "H100-80G")
+    return gpu("H100", 989.4e12, 900e9, "NVIDIA H100 SXM datasheet: 989.4 TFLOP/s dense BF16, NVLink 900 GB/s");
+  if (n == "H200" || n == "H200-141G")
+    return gpu("H200", 989.4e12, 900e9, "NVIDIA H200 SXM datasheet: 989.4 TFLOP/s dense BF16, NVLink 900 GB/s");
+  if (n == "A100" || n == "A100-80G")
+    return gpu("A100", 312e12, 600e9, "NVIDIA A100 SXM datasheet: 312 TFLOP/s dense BF16, NVLink 600 GB/s");
+  throw std::invalid_argument(
+      fmt::format("unknown GPU type '{}' (choose H100, H200, A100, or cpu with a calibration file)", name));
+}
+
+Rates load_calibration(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open the calibration file", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("{}: not JSON: {}", path, e.what()));
+  }
+  if (!j.is_object()) throw std::runtime_error(fmt::format("{}: a calibration file is a JSON object", path));
+  auto num = [&](const char* key, bool required) {
+    if (!j.contains(key)) {
+      if (required)
+        throw std::runtime_error(fmt::format("{}: key '{}' is missing (bench/sim_calibrate.sh writes it)", path, key));
+      return 0.0;
+    }
+    if (!j[key].is_number() || !(j[key].get<double>() > 0))
+      throw std::runtime_error(fmt::format("{}: key '{}' must be a positive number", path, key));
+    return j[key].get<double>();
+  };
+  Rates r;
+  r.name = "cpu";
+  r.gemm_flops = num("gemm_flops", true);
+  r.attention_fwd_flops = num("attention_fwd_flops", true);
+  r.attention_bwd_flops = num("attention_bwd_flops", true);
+  r.intra_node_bw = num("intra_node_bytes_per_s", true);
+  r.intra_node_latency = j.contains("intra_node_latency_s") ? num("intra_node_latency_s", false) : 5e-6;
+  r.adamw_params_per_s = num("adamw_params_per_s", true);
+  r.checkpoint_bytes_per_s = j.contains("checkpoint_bytes_per_s") ? num("checkpoint_bytes_per_s", false) : 1e9;
+  r.network_bw = j.contains("network_bytes_per_s") ? num("network_bytes_per_s", false) : 0;
+  r.network_latency = j.contains("network_latency_s") ? num("network_latency_s", false) : 0;
+  r.source = fmt::format("calibration file {}", path);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    static const char* known[] = {"gemm_flops", "attention_fwd_flops", "attention_bwd_flops",
+                                  "intra_node_bytes_per_s", "intra_node_latency_s",
+                                  "adamw_params_per_s", "checkpoint_bytes_per_s",
+                                  "network_bytes_per_s", "network_latency_s", "machine", "measured",
+                                  "threads", "notes"};
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) == std::end(known))
+      throw std::runtime_error(fmt::format("{}: unknown key '{}'", path, it.key()));
+  }
+  return r;
+}
+
+}  // namespace ring::sim

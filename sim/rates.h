@@ -1,0 +1,36 @@
+// Compute and host rates of a device type: presets for GPUs, or a calibration file measured on
+// this machine by bench/sim_calibrate.sh (CPU backend).
+//
+// Preset numbers (docs/simulation.md lists them with their sources): peak dense bf16 tensor
+// throughput from NVIDIA's datasheets times an achieved fraction that is this simulator's
+// assumption (GEMM 60 %, attention forward 45 %, attention backward 35 %); NVLink bandwidth per
+// GPU and direction (half the datasheet's bidirectional figure).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ring::sim {
+
+struct Rates {
+  std::string name;               // "H100", "cpu (calibrated: <file>)"
+  double gemm_flops = 0;          // achieved FLOP/s of the projections and MLP
+  double attention_fwd_flops = 0; // achieved FLOP/s of attention forward (4 x heads x hd per pair)
+  double attention_bwd_flops = 0; // ... backward (10 x heads x hd per pair)
+  double intra_node_bw = 0;       // bytes/s per device and direction (NVLink, or shared memory)
+  double intra_node_latency = 1e-6;
+  double adamw_params_per_s = 0;  // ringd's host AdamW, per node
+  double checkpoint_bytes_per_s = 0;  // per node, to the checkpoint directory
+  double network_bw = 0;          // calibration only: measured per-node bandwidth (0: unknown)
+  double network_latency = 0;     // calibration only
+  std::string source;
+};
+
+// "H100", "H200", "A100" (case-insensitive; "H100-80G" etc. accepted). Throws
+// std::invalid_argument naming the choices.
+Rates preset_rates(const std::string& gpu);
+std::vector<std::string> preset_names();
+// A calibration JSON (bench/sim_calibrate.sh). Throws std::runtime_error naming the file and key.
+Rates load_calibration(const std::string& path);
+
+}  // namespace ring::sim

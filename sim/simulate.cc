@@ -1,0 +1,959 @@
+#include "sim/simulate.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+#include "common/plan/plan.h"
+#include "common/topology/global_order.h"
+#include "common/topology/tsp.h"
+#include "fmt/format.h"
+#include "sim/engine.h"
+#include "worker/ring/ring_messages.h"
+
+namespace ring::sim {
+
+namespace {
+
+enum Phase : int {
+  kSync = 0,
+  kProjFwd,
+  kAttnFwd,
+  kHopFwd,
+  kHead,
+  kProjBwd,
+  kAttnBwd,
+  kHopBwdKv,
+  kHopDkv,
+  kExchange,
+  kOptimizer,
+  kCheckpoint,
+  kProjRecompute,
+  kAttnRecompute,
+  kHopRecompute,
+  kPhaseCount
+};
+
+const char* phase_name(int p) {
+  static const char* names[] = {"wait/sync",           "projections+MLP forward",
+                                "attention forward",   "ring K/V hop (forward)",
+                                "LM head",             "projections+MLP backward",
+                                "attention backward",  "ring K/V hop (backward)",
+                                "ring dK/dV hop",      "gradient exchange",
+                                "optimizer (host AdamW)", "checkpoint (amortised)",
+                                "projections+MLP recompute", "attention recompute",
+                                "ring K/V hop (recompute)"};
+  return names[p];
+}
+
+bool close_rel(double a, double b) {
+  return std::fabs(a - b) <= 1e-12 * std::max(std::fabs(a), std::fabs(b));
+}
+
+// Per-step record of the representative rank, for the hidden-communication account.
+struct StepRec {
+  int start = -1;   // join: the step begins
+  int compute = -1; // the block's compute
+  std::vector<int> flows;  // flows in and out of this step
+};
+struct PassRec {
+  int begin = -1, end = -1;  // joins / tasks bounding the ring part
+  std::vector<StepRec> steps;
+};
+
+}  // namespace
+
+double ring_allreduce_time(int64_t n, double bytes, double alpha, double bw) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) * (alpha + bytes / static_cast<double>(n) / bw);
+}
+double ring_allgather_time(int64_t n, double per, double alpha, double bw) {
+  if (n <= 1) return 0;
+  return (n - 1) * (alpha + per / bw);
+}
+double ring_reduce_scatter_time(int64_t n, double bytes, double alpha, double bw) {
+  if (n <= 1) return 0;
+  return (n - 1) * (alpha + bytes / static_cast<double>(n) / bw);
+}
+
+int add_ring_collective(Engine& e, const std::vector<int>& routes, int64_t steps, double chunk,
+                        int after, int phase, int track_base) {
+  const int n = static_cast<int>(routes.size());
+  const int done = e.join(track_base, phase);
+  if (n <= 1 || steps <= 0) {
+    e.depend(done, after);
+    return done;
+  }
+  std::vector<int> ready(n, -1), flows(n, -1);
+  for (int k = 0; k < n; ++k) {
+    ready[k] = e.join(track_base + k, phase);
+    e.depend(ready[k], after);
+  }
+  for (int64_t j = 0; j < steps; ++j) {
+    for (int k = 0; k < n; ++k) {
+      flows[k] = e.flow(routes[k], chunk, track_base + k, phase, -1, static_cast<int>(j));
+      e.depend(flows[k], ready[k]);
+    }
+    for (int k = 0; k < n; ++k) {
+      const int r = e.join(track_base + k, phase);
+      e.depend(r, flows[k]);                  // own send
+      e.depend(r, flows[(k + n - 1) % n]);    // receive from the previous participant
+      ready[k] = r;
+    }
+  }
+  for (int k = 0; k < n; ++k) e.depend(done, ready[k]);
+  return done;
+}
+
+namespace {
+
+// One simulation at the spec's depth. With fold_budget > 0 and a task graph larger than it,
+// returns early with *per_layer_tasks set and res.tasks = -1.
+// The rank placement does not depend on the depth: folding reuses the first one computed
+// (the global order of 2,048 torus nodes takes a noticeable share of a run).
+struct Placement {
+  std::vector<std::pair<int, int>> slot;
+  std::string ring_order;
+};
+
+SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t fold_budget,
+                        double* per_layer_tasks_out, Placement* cache) {
+  SimResult res;
+  const Workload w = make_workload(spec);
+  const int64_t P = w.P, D = w.D, N = w.nodes, wpn = w.workers_per_node, W = P * D;
+  const int64_t L = w.layers, M = w.micro_batches;
+  if (W != N * wpn)
+    throw std::invalid_argument(fmt::format(
+        "simulate: context_ranks {} x data_replicas {} = {} ranks but {} node(s) x {} workers",
+        P, D, W, N, wpn));
+  const Rates& rt = o.rates;
+
+  // ---- the cluster
+  ClusterOptions co = o.cluster;
+  co.gpus_per_node = static_cast<int>(wpn);
+  co.nodes = static_cast<int>(std::max<int64_t>(co.nodes, N));
+  co.nvlink_bw = rt.intra_node_bw;
+  co.nvlink_latency = rt.intra_node_latency;
+  auto cl = Cluster::build(co);
+  if (cl->nodes() < N)
+    throw std::invalid_argument(fmt::format("simulate: the topology has {} nodes, the job needs {}",
+                                            cl->nodes(), N));
+  if (cl->gpus_per_node() != wpn)
+    throw std::invalid_argument(fmt::format(
+        "simulate: the topology has {} GPUs per node, the spec {} workers per node",
+        cl->gpus_per_node(), wpn));
+  res.cluster = cl->describe();
+  res.rates_source = rt.name + ": " + rt.source;
+  res.ranks = W;
+  res.ring_size = P;
+  res.rings = D;
+  res.nodes = N;
+
+  // ---- placement: global rank -> (node, local GPU)
+  RingOrderChoice ord = o.ring_order;
+  if (ord == RingOrderChoice::kSpec) {
+    ord = (spec.parallel.ring_order == spec::RingOrder::kTopology ||
+           spec.parallel.ring_order == spec::RingOrder::kSlurm)
+              ? RingOrderChoice::kTopology
+              : RingOrderChoice::kNatural;
+    if (spec.parallel.ring_order == spec::RingOrder::kList)
+      res.notes.push_back("parallel.ring_order list: simulated as the natural order");
+  }
+  std::vector<std::string> job_nodes(cl->node_names().begin(), cl->node_names().begin() + N);
+  std::vector<std::pair<int, int>> slot(W);
+  if (cache && !cache->slot.empty()) {
+    slot = cache->slot;
+    res.ring_order = cache->ring_order;
+  } else if (ord == RingOrderChoice::kNatural) {
+    for (int64_t g = 0; g < W; ++g) slot[g] = {static_cast<int>(g / wpn), static_cast<int>(g % wpn)};
+    res.ring_order = "natural";
+  } else if (cl->shape() == Shape::kGraphFile) {
+    // The graph's own hop counts between the job's nodes; the same tour solvers as the
+    // coordinator's global order, and its alternating local paths.
+    topology::CostTable<int64_t> cost(N, std::vector<int64_t>(N, 0));
+    for (int64_t a = 0; a < N; ++a)
+      for (int64_t b = 0; b < N; ++b)
+        if (a != b) cost[a][b] = static_cast<int64_t>(cl->route(a, 0, b, 0).size());
+    std::vector<int> tour;
+    if (N <= topology::kExactMaxNodes) {
+      tour = topology::held_karp_cycle(cost).cycle;
+    } else {
+      tour.resize(N);
+      std::iota(tour.begin(), tour.end(), 0);
+      topology::two_opt(cost, tour);
+    }
+    for (int64_t g = 0; g < W; ++g) {
+      const int64_t k = g / wpn, l = g % wpn;
+      slot[g] = {tour[k], static_cast<int>(k % 2 ? wpn - 1 - l : l)};
+    }
+    res.ring_order = "topology (graph hops)";
+  } else {
+    const topology::GlobalOrder go =
+        topology::global_ring_order(cl->topology(), job_nodes, {}, static_cast<int>(wpn));
+    for (int64_t g = 0; g < W; ++g)
+      slot[g] = {cl->node_index(go.nodes[go.ranks[g].node]), go.ranks[g].local};
+    res.ring_order = fmt::format("topology ({})", go.method);
+  }
+  if (cache && cache->slot.empty()) cache->slot = slot, cache->ring_order = res.ring_order;
+
+  // ---- what-ifs on the network
+  const Network& net = cl->net();
+  std::vector<double> cap(net.link_count());
+  for (int i = 0; i < net.link_count(); ++i) cap[i] = net.link(i).bandwidth;
+  for (const SlowLink& s : o.slow_links) {
+    if (s.node < 0 || s.node >= N)
+      throw std::invalid_argument(fmt::format("slow link: node {} is not one of the job's 0..{}", s.node, N - 1));
+    for (int id : cl->nic_links(static_cast<int>(s.node))) cap[id] /= s.factor;
+    res.notes.push_back(fmt::format("node {} ({}): NIC bandwidth / {:g}", s.node, job_nodes[s.node], s.factor));
+  }
+  std::vector<double> factor(W, 1.0);
+  for (const Straggler& s : o.stragglers) {
+    if (s.rank < 0 || s.rank >= W)
+      throw std::invalid_argument(fmt::format("straggler: rank {} is not one of the job's 0..{}", s.rank, W - 1));
+    factor[s.rank] *= s.factor;
+    res.notes.push_back(fmt::format("rank {}: compute x {:g}", s.rank, s.factor));
+  }
+  const int64_t stagger_us = o.stagger_us ? *o.stagger_us : w.stagger_us;
+
+  // ---- one max-min solve of the whole job's ring traffic
+  std::vector<std::vector<int>> hop_route(W);
+  std::vector<double> hop_lat(W, 0), rate_fwd(W, 0), rate_bwd(W, 0);
+  MaxMinSolver solver;
+  if (P > 1) {
+    for (int64_t g = 0; g < W; ++g) {
+      const int64_t d = g / P, c = g % P, ng = d * P + (c + 1) % P;
+      hop_route[g] = cl->route(slot[g].first, slot[g].second, slot[ng].first, slot[ng].second);
+      hop_lat[g] = net.route_latency(hop_route[g]);
+    }
+    std::vector<const std::vector<int>*> rr;
+    for (int64_t g = 0; g < W; ++g) rr.push_back(&hop_route[g]);
+    std::vector<double> rates;
+    solver.solve(cap, rr, &rates);
+    rate_fwd = rates;
+    std::vector<const std::vector<int>*> rr2;
+    for (int64_t g = 0; g < W; ++g) rr2.push_back(&hop_route[g]), rr2.push_back(&hop_route[g]);
+    solver.solve(cap, rr2, &rates);
+    for (int64_t g = 0; g < W; ++g) rate_bwd[g] = 2 * rates[2 * g];
+  }
+  // Node ring of the gradient exchange (ringd's traffic leaves through the node's first NIC).
+  std::vector<std::vector<int>> x_route(N);
+  if (N > 1)
+    for (int64_t k = 0; k < N; ++k)
+      x_route[k] = cl->route(static_cast<int>(k), 0, static_cast<int>((k + 1) % N), 0);
+  // Ring hops while every node's exchange runs too: which ranks share links with ringd's
+  // traffic (part of the symmetry test below).
+  std::vector<double> rate_joint(W, 0);
+  if (P > 1 && N > 1) {
+    std::vector<const std::vector<int>*> rr;
+    for (int64_t g = 0; g < W; ++g) rr.push_back(&hop_route[g]);
+    for (int64_t k = 0; k < N; ++k) rr.push_back(&x_route[k]);
+    std::vector<double> rates;
+    solver.solve(cap, rr, &rates);
+    for (int64_t g = 0; g < W; ++g) rate_joint[g] = rates[g];
+  }
+
+  // ---- which ranks to simulate
+  auto hop_time = [&](int64_t g) { return P > 1 ? hop_lat[g] + w.kv_block_bytes / rate_fwd[g] : 0; };
+  int64_t ring = 0;
+  {
+    double worst = -1;
+    for (int64_t d = 0; d < D; ++d) {
+      double m = 0;
+      for (int64_t c = 0; c < P; ++c) m = std::max(m, hop_time(d * P + c));
+      if (m > worst * (1 + 1e-12)) worst = m, ring = d;
+    }
+    for (const Straggler& s : o.stragglers) ring = s.rank / P;
+  }
+  bool symmetric = w.compute_rotation_invariant() && stagger_us == 0;
+  for (int64_t c = 0; c < P && symmetric; ++c) symmetric = factor[ring * P + c] == 1.0;
+  int64_t period = P;
+  if (symmetric) {
+    for (int64_t g = 1; g <= P; ++g) {
+      if (P % g) continue;
+      bool ok = true;
+      for (int64_t c = 0; c < P && ok; ++c) {
+        const int64_t a = ring * P + c, b = ring * P + (c + g) % P;
+        ok = close_rel(rate_fwd[a], rate_fwd[b]) && close_rel(rate_bwd[a], rate_bwd[b]) &&
+             close_rel(rate_joint[a], rate_joint[b]) && close_rel(hop_lat[a], hop_lat[b]);
+      }
+      // Whole nodes only: a simulated node's ringd stands for the others.
+      if (ok && (g % wpn == 0 || wpn % g == 0 || g == P)) {
+        period = g;
+        break;
+      }
+    }
+  }
+  const double per_layer_tasks = static_cast<double>(P) * (8 + (w.recompute ? 4 : 0));
+  const double full_tasks = static_cast<double>(W) * per_layer_tasks * L * M;
+  bool full = o.expand == Expand::kFull ||
+              (o.expand == Expand::kAuto && full_tasks <= static_cast<double>(o.full_task_limit));
+  const int64_t S = full ? W : period;
+  res.simulated_positions = S;
+  {
+    const double per_layer = static_cast<double>(S) * per_layer_tasks * static_cast<double>(M);
+    if (per_layer_tasks_out) *per_layer_tasks_out = per_layer;
+    if (o.keep_trace && per_layer * static_cast<double>(L) > 3e6)
+      throw std::invalid_argument(fmt::format(
+          "--trace: the step has about {:.3g} M tasks, too many for a readable trace (at most 3 M); "
+          "trace fewer layers or nodes (--set model.layers=N, --nodes N)",
+          per_layer * static_cast<double>(L) / 1e6));
+    if (fold_budget > 0 && per_layer * static_cast<double>(L) > static_cast<double>(fold_budget)) {
+      res.tasks = -1;
+      return res;
+    }
+  }
+  res.mode = full ? fmt::format("full: all {} ranks, flows on the real links", W)
+                  : fmt::format("reduced: {} of ring {}'s {} positions stand for all {} ranks "
+                                "(symmetry found by one max-min solve of the whole job's traffic)",
+                                S, ring, P, W);
+
+  // Global rank, ring position, next and previous of each simulated position.
+  std::vector<int64_t> grank(S), pos(S);
+  std::vector<int> nxt(S), prv(S);
+  for (int64_t i = 0; i < S; ++i) {
+    if (full) {
+      grank[i] = i;
+      pos[i] = i % P;
+      const int64_t d = i / P;
+      nxt[i] = static_cast<int>(d * P + (pos[i] + 1) % P);
+      prv[i] = static_cast<int>(d * P + (pos[i] + P - 1) % P);
+    } else {
+      grank[i] = ring * P + i;
+      pos[i] = i;
+      nxt[i] = static_cast<int>((i + 1) % S);
+      prv[i] = static_cast<int>((i + S - 1) % S);
+    }
+  }
+
+  // ---- the engine's network: the real links. Reduced, the simulated ranks stand for all:
+  // every link keeps the share of its capacity that their flows have in the whole job's pattern
+  // (ring hops of every rank, exchange of every node), so their flows meet as many competitors,
+  // in proportion, as the whole job's would.
+  std::vector<int64_t> x_nodes;  // nodes whose ringd exchange is simulated
+  if (full) {
+    for (int64_t k = 0; k < N; ++k) x_nodes.push_back(k);
+  } else {
+    // The nodes of the simulated ranks, and every node whose exchange enters or leaves through
+    // a NIC link their hops use (its traffic meets theirs there, not a copy of it).
+    std::vector<char> seen(N, 0), used(net.link_count(), 0);
+    for (int64_t i = 0; i < S; ++i) {
+      const int k = slot[grank[i]].first;
+      if (k < N) seen[k] = 1;
+      for (int l : hop_route[grank[i]]) used[l] = 1;
+    }
+    for (int64_t k = 0; k < N; ++k) {
+      if (!seen[k] && !x_route[k].empty() && (used[x_route[k].front()] || used[x_route[k].back()]))
+        seen[k] = 1;
+      if (seen[k]) x_nodes.push_back(k);
+    }
+  }
+  std::vector<double> ecap = cap;
+  if (!full) {
+    std::vector<double> total(net.link_count(), 0), mine(net.link_count(), 0);
+    for (int64_t g = 0; g < W; ++g)
+      for (int l : hop_route[g]) total[l] += 1;
+    for (int64_t k = 0; k < N; ++k)
+      for (int l : x_route[k]) total[l] += 1;
+    for (int64_t i = 0; i < S; ++i)
+      for (int l : hop_route[grank[i]]) mine[l] += 1;
+    for (int64_t k : x_nodes)
+      for (int l : x_route[k]) mine[l] += 1;
+    for (int l = 0; l < net.link_count(); ++l)
+      if (total[l] > 0 && mine[l] > 0) ecap[l] = cap[l] * mine[l] / total[l];
+  }
+  Engine e(&net, ecap);
+  std::vector<int> route_fwd(S, -1), route_bwd(S, -1);
+  if (P > 1)
+    for (int64_t i = 0; i < S; ++i) route_fwd[i] = route_bwd[i] = e.add_route(hop_route[grank[i]]);
+  const int dev_opt = static_cast<int>(S);
+  const int track_ringd = static_cast<int>(S);
+
+  const double heads_hd = static_cast<double>(w.heads * w.head_dim);
+  auto attn_fwd_s = [&](int64_t i, int64_t s) {
+    const int64_t origin = (pos[i] - s % P + P) % P;
+    return w.pairs(pos[i], origin) * 4 * heads_hd / rt.attention_fwd_flops * factor[grank[i]];
+  };
+  auto attn_bwd_s = [&](int64_t i, int64_t s) {
+    const int64_t origin = (pos[i] - s % P + P) % P;
+    return w.pairs(pos[i], origin) * 10 * heads_hd / rt.attention_bwd_flops * factor[grank[i]];
+  };
+  auto gemm_s = [&](int64_t i, double flops) { return flops / rt.gemm_flops * factor[grank[i]]; };
+
+  std::vector<int> prev_end(S, -1);
+  std::vector<int> layer_fwd_begin(L, -1), layer_fwd_end(L, -1), layer_bwd_begin(L, -1),
+      layer_bwd_end(L, -1);
+  std::vector<PassRec> passes;
+  std::vector<int> cur(S), nstart(S), blk(S), kv(S), dsend(S, -1), dsend1(S, -1), dsend2(S, -1),
+      djoin(S);
+
+  // One forward pass of a layer (the forward, or its recompute in the backward).
+  auto forward_layer = [&](int64_t l, bool recompute, bool last_micro) {
+    const int pp = recompute ? kProjRecompute : kProjFwd;
+    const int pa = recompute ? kAttnRecompute : kAttnFwd;
+    const int ph = recompute ? kHopRecompute : kHopFwd;
+    PassRec rec;
+    for (int64_t i = 0; i < S; ++i) {
+      const int t = e.compute(static_cast<int>(i), gemm_s(i, w.pre_fwd_flops), static_cast<int>(i), pp, static_cast<int>(l));
+      e.depend(t, prev_end[i]);
+      if (i == 0 && !recompute && last_micro) layer_fwd_begin[l] = t;
+      cur[i] = e.join(static_cast<int>(i), kSync);
+      e.depend(cur[i], t);
+    }
+    rec.begin = cur[0];
+    for (int64_t s = 0; s < P; ++s) {
+      for (int64_t i = 0; i < S; ++i) {
+        blk[i] = e.compute(static_cast<int>(i), attn_fwd_s(i, s), static_cast<int>(i), pa, static_cast<int>(l), static_cast<int>(s));
+        e.depend(blk[i], cur[i]);
+        kv[i] = -1;
+        if (s + 1 < P) {
+          kv[i] = e.flow(route_fwd[i], w.kv_block_bytes, static_cast<int>(i), ph, static_cast<int>(l), static_cast<int>(s),
+                         1e-6 * static_cast<double>(stagger_us * pos[i]));
+          e.depend(kv[i], cur[i]);
+          e.depend(kv[i], cur[nxt[i]]);  // the receive is posted when the next rank's step begins
+        }
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        nstart[i] = e.join(static_cast<int>(i), kSync);
+        e.depend(nstart[i], blk[i]);
+        if (s + 1 < P) {
+          e.depend(nstart[i], kv[i]);
+          e.depend(nstart[i], kv[prv[i]]);
+        }
+      }
+      StepRec sr{cur[0], blk[0], {}};
+      if (s + 1 < P) sr.flows = {kv[0], kv[prv[0]]};
+      rec.steps.push_back(sr);
+      cur.swap(nstart);
+    }
+    rec.end = cur[0];
+    passes.push_back(std::move(rec));
+    for (int64_t i = 0; i < S; ++i) {
+      const int t = e.compute(static_cast<int>(i), gemm_s(i, w.post_fwd_flops), static_cast<int>(i), pp, static_cast<int>(l));
+      e.depend(t, cur[i]);
+      prev_end[i] = t;
+      if (i == 0 && !recompute && last_micro) layer_fwd_end[l] = t;
+    }
+  };
+
+  auto backward_layer = [&](int64_t l, bool last_micro) {
+    if (w.recompute) forward_layer(l, true, last_micro);
+    PassRec rec;
+    for (int64_t i = 0; i < S; ++i) {
+      const int t = e.compute(static_cast<int>(i), 2 * gemm_s(i, w.post_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
+      e.depend(t, prev_end[i]);
+      if (i == 0 && last_micro) layer_bwd_begin[l] = t;
+      cur[i] = e.join(static_cast<int>(i), kSync);
+      e.depend(cur[i], t);
+      dsend1[i] = dsend2[i] = -1;
+    }
+    rec.begin = cur[0];
+    for (int64_t s = 0; s < P; ++s) {
+      for (int64_t i = 0; i < S; ++i) {
+        blk[i] = e.compute(static_cast<int>(i), attn_bwd_s(i, s), static_cast<int>(i), kAttnBwd, static_cast<int>(l), static_cast<int>(s));
+        e.depend(blk[i], cur[i]);
+        kv[i] = -1;
+        if (s + 1 < P) {
+          kv[i] = e.flow(route_bwd[i], w.kv_block_bytes, static_cast<int>(i), kHopBwdKv, static_cast<int>(l), static_cast<int>(s),
+                         1e-6 * static_cast<double>(stagger_us * pos[i]));
+          e.depend(kv[i], cur[i]);
+          e.depend(kv[i], cur[nxt[i]]);
+        }
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        // The accumulator goes out once the block's partial is computed, the incoming
+        // accumulator (sent by prev at step s-1) is in, and this buffer's send of step s-2 left.
+        djoin[i] = e.join(static_cast<int>(i), kSync);
+        e.depend(djoin[i], blk[i]);
+        if (P > 1) {
+          e.depend(djoin[i], dsend1[prv[i]]);
+          e.depend(djoin[i], dsend2[i]);
+        }
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        nstart[i] = e.join(static_cast<int>(i), kSync);
+        e.depend(nstart[i], djoin[i]);
+        if (s + 1 < P) {
+          e.depend(nstart[i], kv[i]);
+          e.depend(nstart[i], kv[prv[i]]);
+        }
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        dsend[i] = -1;
+        if (P > 1) {
+          const int64_t origin = (pos[i] - s + P) % P;
+          const double bytes = s == 0 ? 0.0
+                                      : static_cast<double>(cp::dkv_message_bytes(
+                                            w.dkv_rows(origin, s), w.kvd));
+          dsend[i] = e.flow(route_bwd[i], bytes, static_cast<int>(i), kHopDkv, static_cast<int>(l), static_cast<int>(s));
+          e.depend(dsend[i], djoin[i]);
+          e.depend(dsend[i], nstart[nxt[i]]);  // next posts this receive as its step s+1 begins
+        }
+      }
+      StepRec sr{cur[0], blk[0], {}};
+      if (s + 1 < P) sr.flows = {kv[0], kv[prv[0]]};
+      if (P > 1) sr.flows.push_back(dsend[0]);
+      rec.steps.push_back(sr);
+      cur.swap(nstart);
+      dsend2.swap(dsend1);
+      dsend1.swap(dsend);
+    }
+    rec.end = cur[0];
+    passes.push_back(std::move(rec));
+    for (int64_t i = 0; i < S; ++i) {
+      // The own block's accumulator comes home; every send has left.
+      const int home = e.join(static_cast<int>(i), kSync);
+      e.depend(home, cur[i]);
+      if (P > 1) {
+        e.depend(home, dsend1[prv[i]]);
+        e.depend(home, dsend1[i]);
+        e.depend(home, dsend2[i]);
+      }
+      const int t = e.compute(static_cast<int>(i), 2 * gemm_s(i, w.pre_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
+      e.depend(t, home);
+      prev_end[i] = t;
+      if (i == 0 && last_micro) layer_bwd_end[l] = t;
+    }
+  };
+
+  // Buckets: head, layers L-1..0, embedding. ready[b]: every simulated rank is done with it.
+  std::vector<int> bucket_ready(w.bucket_floats.size(), -1);
+  int fwd_end0 = -1, head_task0 = -1;
+  for (int64_t m = 0; m < M; ++m) {
+    const bool last = m + 1 == M;
+    for (int64_t l = 0; l < L; ++l) forward_layer(l, false, last);
+    if (last) fwd_end0 = prev_end[0];
+    // LM head forward, loss and head backward.
+    const int head_join = e.join(track_ringd, kSync);
+    for (int64_t i = 0; i < S; ++i) {
+      const int t = e.compute(static_cast<int>(i), gemm_s(i, 3 * w.head_fwd_flops), static_cast<int>(i), kHead);
+      e.depend(t, prev_end[i]);
+      prev_end[i] = t;
+      e.depend(head_join, t);
+      if (i == 0) head_task0 = t;
+    }
+    if (last) bucket_ready[0] = head_join;
+    for (int64_t l = L - 1; l >= 0; --l) {
+      backward_layer(l, last);
+      if (last) {
+        const int j = e.join(track_ringd, kSync);
+        for (int64_t i = 0; i < S; ++i) e.depend(j, prev_end[i]);
+        bucket_ready[1 + (L - 1 - l)] = j;
+      }
+    }
+    if (last) {
+      const int j = e.join(track_ringd, kSync);
+      for (int64_t i = 0; i < S; ++i) e.depend(j, prev_end[i]);
+      bucket_ready.back() = j;
+    }
+  }
+  const int backward_done = bucket_ready.back();
+
+  // ---- gradient exchange and optimizer, bucket by bucket on ringd's pipeline
+  const bool topk = w.compression == spec::Compression::kTopk;
+  const bool sharded = w.shard != spec::ShardMode::kNone;
+  std::vector<int> xroutes;
+  if (N > 1)
+    for (int64_t k : x_nodes) xroutes.push_back(e.add_route(x_route[k]));
+  // Reduced: each simulated node's collective step waits for its own send of the previous step
+  // (its predecessor in the node ring, being alike, sends at the same time), so the steps fold
+  // into one flow of steps x chunk bytes and steps x the route's latency.
+  auto collective = [&](int64_t steps, double chunk, int after) {
+    if (full) return add_ring_collective(e, xroutes, steps, chunk, after, kExchange, track_ringd + 1);
+    const int done = e.join(track_ringd, kExchange);
+    for (size_t k = 0; k < xroutes.size(); ++k) {
+      const int f = e.flow(xroutes[k], chunk * static_cast<double>(steps),
+                           track_ringd + 1 + static_cast<int>(k), kExchange);
+      e.add_latency(f, static_cast<double>(steps - 1) * net.route_latency(e.route(xroutes[k])));
+      e.depend(f, after);
+      e.depend(done, f);
+    }
+    return done;
+  };
+  int prev_x = -1, last_opt = -1;
+  double x_total = 0, opt_total = 0;
+  std::vector<int> x_tasks;
+  for (size_t b = 0; b < w.bucket_floats.size(); ++b) {
+    const double payload = w.bucket_payload(b);
+    const double floats = static_cast<double>(w.bucket_floats[b]);
+    int x = -1;
+    const int after = e.join(track_ringd, kSync);
+    e.depend(after, bucket_ready[b]);
+    e.depend(after, prev_x);
+    if (N > 1) {
+      x = topk ? collective(N - 1, payload, after) : collective(2 * (N - 1), payload / N, after);
+      if (topk && sharded) x = collective(N - 1, 4 * floats / N, x);
+    } else {
+      x = after;
+    }
+    x_tasks.push_back(x);
+    prev_x = x;
+    const double owned = sharded ? floats / static_cast<double>(N) : floats;
+    const double ot = owned / rt.adamw_params_per_s;
+    opt_total += ot;
+    if (w.grad_clip == 0) {
+      last_opt = e.compute(dev_opt, ot, track_ringd, kOptimizer);
+      e.depend(last_opt, x);
+    }
+  }
+  if (w.grad_clip != 0) {
+    // The update needs the global norm: every bucket's AdamW after the last exchange.
+    last_opt = e.compute(dev_opt, opt_total, track_ringd, kOptimizer);
+    e.depend(last_opt, prev_x);
+  }
+  // Checkpoint amortised: master weights and both moments (fp32) of what the node owns.
+  double ckpt = 0;
+  if (w.checkpoint_every > 0) {
+    const double bytes = 12.0 * static_cast<double>(w.params) / (sharded ? static_cast<double>(N) : 1.0);
+    ckpt = bytes / rt.checkpoint_bytes_per_s / static_cast<double>(w.checkpoint_every);
+  }
+  int ck = -1;
+  if (ckpt > 0 && !w.checkpoint_async) {
+    ck = e.compute(dev_opt, ckpt, track_ringd, kCheckpoint);
+    e.depend(ck, last_opt);
+  }
+
+  // ---- run
+  const double end = e.run();
+  res.tasks = e.task_count();
+  res.events = e.events();
+  res.step_s = end;
+  res.tokens_per_s = static_cast<double>(w.seq_len * D * M) / end;
+
+  // Per-layer times of the representative rank.
+  for (int64_t l = 0; l < L; ++l) {
+    res.layer_forward_s.push_back(e.task(layer_fwd_end[l]).end - e.task(layer_fwd_begin[l]).start);
+    res.layer_backward_s.push_back(e.task(layer_bwd_end[l]).end - e.task(layer_bwd_begin[l]).start);
+  }
+  res.forward_s = e.task(fwd_end0).end - e.task(layer_fwd_begin[0]).start;
+  res.head_s = e.task(head_task0).end - e.task(head_task0).start;
+  res.backward_s = e.task(backward_done).end - e.task(head_task0).end;
+
+  // Hops, compute, exchange.
+  struct Acc {
+    int64_t n = 0;
+    double sum = 0, mn = std::numeric_limits<double>::infinity(), mx = 0, bytes = 0;
+  } acc[kPhaseCount];
+  double attn0 = 0, proj0 = 0, ring_bytes0 = 0;
+  for (int id = 0; id < e.task_count(); ++id) {
+    const Task& t = e.task(id);
+    const double dur = t.end - t.start;
+    if (t.kind == TaskKind::kFlow) {
+      Acc& a = acc[t.phase];
+      ++a.n;
+      a.sum += dur;
+      a.mn = std::min(a.mn, dur);
+      a.mx = std::max(a.mx, dur);
+      a.bytes = std::max(a.bytes, t.bytes);
+      if (t.track == 0 && (t.phase == kHopFwd || t.phase == kHopBwdKv || t.phase == kHopDkv || t.phase == kHopRecompute))
+        ring_bytes0 += t.bytes;
+      if (t.track == 0 && t.phase == kHopFwd && t.layer == 0 && layer_fwd_begin[0] >= 0 &&
+          t.start >= e.task(layer_fwd_begin[0]).start)
+        res.hop_layer0_forward_s.push_back(dur);
+    } else if (t.kind == TaskKind::kCompute && t.track == 0 && t.device == 0) {
+      if (t.phase == kAttnFwd || t.phase == kAttnBwd || t.phase == kAttnRecompute) attn0 += dur;
+      if (t.phase == kProjFwd || t.phase == kProjBwd || t.phase == kProjRecompute || t.phase == kHead) proj0 += dur;
+    }
+  }
+  auto hop = [&](int ph) {
+    HopStats h;
+    const Acc& a = acc[ph];
+    h.count = a.n;
+    h.bytes = a.bytes;
+    if (a.n) h.mean_s = a.sum / a.n, h.min_s = a.mn, h.max_s = a.mx;
+    return h;
+  };
+  res.hop_forward = hop(kHopFwd);
+  res.hop_backward_kv = hop(kHopBwdKv);
+  res.hop_dkv = hop(kHopDkv);
+  res.attention_compute_s = attn0;
+  res.projection_compute_s = proj0;
+  res.ring_bytes_per_rank = ring_bytes0 / static_cast<double>(M);
+  if (res.hop_forward.mean_s > 0) res.effective_ring_bw = w.kv_block_bytes / res.hop_forward.mean_s;
+  if (res.hop_forward.max_s > 0) res.bottleneck_ring_bw = w.kv_block_bytes / res.hop_forward.max_s;
+
+  // Ring communication hidden behind compute (representative rank): per ring step, the
+  // communication time is the span from the step's start to its last flow's end; the exposed part
+  // is the time the step outlasts its block's compute.
+  for (const PassRec& pr : passes) {
+    for (size_t k = 0; k < pr.steps.size(); ++k) {
+      const StepRec& s = pr.steps[k];
+      const double st = e.task(s.start).end;
+      const double next = k + 1 < pr.steps.size() ? e.task(pr.steps[k + 1].start).end : e.task(pr.end).end;
+      double comm_end = st;
+      for (int f : s.flows)
+        if (f >= 0) comm_end = std::max(comm_end, e.task(f).end);
+      res.ring_comm_s += comm_end - st;
+      res.ring_exposed_s += std::max(0.0, next - std::max(st, e.task(s.compute).end));
+    }
+  }
+  res.ring_comm_s /= static_cast<double>(M);
+  res.ring_exposed_s /= static_cast<double>(M);
+  res.hidden_share = res.ring_comm_s > 0 ? std::clamp(1.0 - res.ring_exposed_s / res.ring_comm_s, 0.0, 1.0) : 1.0;
+
+  double x_first = std::numeric_limits<double>::infinity(), x_last = 0;
+  for (size_t b = 0; b < x_tasks.size(); ++b) {
+    x_first = std::min(x_first, e.task(bucket_ready[b]).end);
+    x_last = std::max(x_last, e.task(x_tasks[b]).end);
+  }
+  const double bwd_end = e.task(backward_done).end;
+  x_total = 0;
+  for (size_t b = 0; b < x_tasks.size(); ++b) x_total += e.task(x_tasks[b]).end - std::max(e.task(bucket_ready[b]).end, b ? e.task(x_tasks[b - 1]).end : 0.0);
+  res.exchange_s = x_total;
+  res.exchange_exposed_s = std::max(0.0, x_last - bwd_end);
+  res.optimizer_s = opt_total;
+  res.optimizer_exposed_s = std::max(0.0, e.task(last_opt).end - std::max(x_last, bwd_end));
+  res.checkpoint_amortised_s = ckpt;
+  res.checkpoint_hidden = w.checkpoint_async;
+
+  // Critical path: from the last task back through what let each task start.
+  int last_task = 0;
+  for (int id = 0; id < e.task_count(); ++id)
+    if (e.task(id).end > e.task(last_task).end) last_task = id;
+  std::vector<double> cp(kPhaseCount, 0);
+  for (int t : e.critical_path(last_task)) {
+    const int c = e.cause(t);
+    cp[e.task(t).phase] += e.task(t).end - (c >= 0 ? e.task(c).end : 0.0);
+  }
+  for (int p = 0; p < kPhaseCount; ++p)
+    if (cp[p] > 0) res.critical_path.push_back({phase_name(p), cp[p]});
+  std::sort(res.critical_path.begin(), res.critical_path.end(),
+            [](const PhaseTime& a, const PhaseTime& b) { return a.seconds > b.seconds; });
+
+  if (topk && w.warmup_steps > 0)
+    res.notes.push_back(fmt::format("top-k step (after optimizer.warmup_steps {} dense steps)", w.warmup_steps));
+  if (w.doc_len < w.seq_len)
+    res.notes.push_back(fmt::format("packed documents taken as {} tokens each (data.max_doc_len)", w.doc_len));
+
+  if (o.keep_trace) {
+    for (int id = 0; id < e.task_count(); ++id) {
+      const Task& t = e.task(id);
+      if (t.kind == TaskKind::kJoin) continue;
+      SimResult::TraceEvent ev;
+      ev.name = phase_name(t.phase);
+      const bool ringd = t.track >= track_ringd;
+      ev.pid = ringd ? 2 : 1;
+      ev.tid = ringd ? t.track - track_ringd : static_cast<int>(grank[t.track]);
+      if (t.kind == TaskKind::kFlow && !ringd) ev.pid = 3;  // network lane per sending rank
+      ev.start = t.start;
+      ev.end = t.end;
+      ev.bytes = t.bytes;
+      ev.layer = t.layer;
+      ev.step = t.step;
+      res.trace.push_back(ev);
+    }
+  }
+  return res;
+}
+
+}  // namespace
+
+SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
+  double per_layer = 0;
+  Placement placement;
+  SimResult r = simulate_once(spec, o, o.fold_task_budget, &per_layer, &placement);
+  if (r.tasks >= 0) return r;
+  // Too deep to build at once: every layer is the same, so simulate two depths L1 < L2 that
+  // fit and extend linearly in the layer count (the step's increment per layer).
+  const int64_t L = spec.model.layers;
+  const int64_t l2 = std::clamp<int64_t>(
+      static_cast<int64_t>(static_cast<double>(o.fold_task_budget) / std::max(1.0, per_layer)), 2, L);
+  const int64_t l1 = l2 - 1;
+  if (o.keep_trace && l2 < L) throw std::invalid_argument(fmt::format(
+      "simulate: --trace needs the whole task graph, {:.0f} tasks for {} layers, more than the "
+      "budget of {}: trace a spec with fewer layers (--set model.layers=N)", per_layer * L, L, o.fold_task_budget));
+  auto at = [&](int64_t layers) {
+    spec::JobSpec s = spec;
+    s.model.layers = layers;
+    return simulate_once(s, o, 0, nullptr, &placement);
+  };
+  SimResult a = at(l1), b = at(l2);
+  const double k = static_cast<double>(L - l2);
+  auto ext = [&](double va, double vb) { return vb + k * (vb - va); };
+  SimResult out = b;
+  out.step_s = ext(a.step_s, b.step_s);
+  out.forward_s = ext(a.forward_s, b.forward_s);
+  out.backward_s = ext(a.backward_s, b.backward_s);
+  out.attention_compute_s = ext(a.attention_compute_s, b.attention_compute_s);
+  out.projection_compute_s = ext(a.projection_compute_s, b.projection_compute_s);
+  out.ring_bytes_per_rank = ext(a.ring_bytes_per_rank, b.ring_bytes_per_rank);
+  out.ring_comm_s = ext(a.ring_comm_s, b.ring_comm_s);
+  out.ring_exposed_s = ext(a.ring_exposed_s, b.ring_exposed_s);
+  out.hidden_share = out.ring_comm_s > 0 ? std::clamp(1.0 - out.ring_exposed_s / out.ring_comm_s, 0.0, 1.0) : 1.0;
+  out.exchange_s = ext(a.exchange_s, b.exchange_s);
+  out.exchange_exposed_s = ext(a.exchange_exposed_s, b.exchange_exposed_s);
+  out.optimizer_s = ext(a.optimizer_s, b.optimizer_s);
+  out.optimizer_exposed_s = ext(a.optimizer_exposed_s, b.optimizer_exposed_s);
+  out.checkpoint_amortised_s = ext(a.checkpoint_amortised_s, b.checkpoint_amortised_s);
+  for (HopStats* h : {&out.hop_forward, &out.hop_backward_kv, &out.hop_dkv}) {
+    const HopStats& ha = h == &out.hop_forward ? a.hop_forward : h == &out.hop_backward_kv ? a.hop_backward_kv : a.hop_dkv;
+    h->count = static_cast<int64_t>(std::llround(ext(static_cast<double>(ha.count), static_cast<double>(h->count))));
+  }
+  for (auto& p : out.critical_path) {
+    double va = 0;
+    for (const auto& q : a.critical_path)
+      if (q.name == p.name) va = q.seconds;
+    p.seconds = std::max(0.0, ext(va, p.seconds));
+  }
+  std::sort(out.critical_path.begin(), out.critical_path.end(),
+            [](const PhaseTime& x, const PhaseTime& y) { return x.seconds > y.seconds; });
+  // Layers beyond the simulated depth take the inner layers' times.
+  const double f_mid = b.layer_forward_s[l2 / 2], b_mid = b.layer_backward_s[l2 / 2];
+  out.layer_forward_s.assign(L, f_mid);
+  out.layer_backward_s.assign(L, b_mid);
+  out.layer_forward_s.front() = b.layer_forward_s.front();
+  out.layer_backward_s.front() = b.layer_backward_s.front();
+  out.layer_forward_s.back() = b.layer_forward_s.back();
+  out.layer_backward_s.back() = b.layer_backward_s.back();
+  out.tokens_per_s = b.tokens_per_s * b.step_s / out.step_s;
+  out.tasks = a.tasks + b.tasks;
+  out.events = a.events + b.events;
+  out.mode += fmt::format("; layers folded: {} and {} of {} layers simulated, the step extended "
+                          "linearly ({:.4g} s per layer)", l1, l2, L, b.step_s - a.step_s);
+  return out;
+}
+
+nlohmann::json to_json(const SimResult& r) {
+  auto hop = [](const HopStats& h) {
+    return nlohmann::json{{"count", h.count}, {"bytes", h.bytes}, {"mean_s", h.mean_s},
+                          {"min_s", h.min_s}, {"max_s", h.max_s}};
+  };
+  nlohmann::json cp = nlohmann::json::array();
+  for (const auto& p : r.critical_path) cp.push_back({{"phase", p.name}, {"seconds", p.seconds}});
+  return {
+      {"cluster", r.cluster},
+      {"rates", r.rates_source},
+      {"mode", r.mode},
+      {"ring_order", r.ring_order},
+      {"ranks", r.ranks},
+      {"ring_size", r.ring_size},
+      {"rings", r.rings},
+      {"nodes", r.nodes},
+      {"simulated_positions", r.simulated_positions},
+      {"tasks", r.tasks},
+      {"events", r.events},
+      {"step_s", r.step_s},
+      {"tokens_per_s", r.tokens_per_s},
+      {"forward_s", r.forward_s},
+      {"head_s", r.head_s},
+      {"backward_s", r.backward_s},
+      {"layer_forward_s", r.layer_forward_s},
+      {"layer_backward_s", r.layer_backward_s},
+      {"attention_compute_s", r.attention_compute_s},
+      {"projection_compute_s", r.projection_compute_s},
+      {"hops", {{"forward", hop(r.hop_forward)}, {"backward_kv", hop(r.hop_backward_kv)}, {"dkv", hop(r.hop_dkv)}}},
+      {"hop_layer0_forward_s", r.hop_layer0_forward_s},
+      {"ring_bytes_per_rank", r.ring_bytes_per_rank},
+      {"effective_ring_bw_bytes_per_s", r.effective_ring_bw},
+      {"bottleneck_ring_bw_bytes_per_s", r.bottleneck_ring_bw},
+      {"ring_comm_s", r.ring_comm_s},
+      {"ring_exposed_s", r.ring_exposed_s},
+      {"hidden_share", r.hidden_share},
+      {"exchange_s", r.exchange_s},
+      {"exchange_exposed_s", r.exchange_exposed_s},
+      {"optimizer_s", r.optimizer_s},
+      {"optimizer_exposed_s", r.optimizer_exposed_s},
+      {"checkpoint_amortised_s", r.checkpoint_amortised_s},
+      {"checkpoint_hidden", r.checkpoint_hidden},
+      {"critical_path", cp},
+      {"notes", r.notes},
+  };
+}
+
+namespace {
+std::string secs(double s) {
+  if (s >= 1) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.3f} us", s * 1e6);
+}
+}  // namespace
+
+std::string to_text(const SimResult& r) {
+  std::string o;
+  auto line = [&](const std::string& k, const std::string& v) { o += fmt::format("  {:<34} {}\n", k, v); };
+  o += fmt::format("cluster   {}\n", r.cluster);
+  o += fmt::format("rates     {}\n", r.rates_source);
+  o += fmt::format("job       {} ranks: {} ring(s) of {} on {} node(s), ring order {}\n", r.ranks,
+                   r.rings, r.ring_size, r.nodes, r.ring_order);
+  o += fmt::format("simulated {} ({} tasks, {} events)\n\n", r.mode, r.tasks, r.events);
+  o += fmt::format("step      {}   ({:.0f} tokens/s)\n", secs(r.step_s), r.tokens_per_s);
+  line("forward (all layers)", secs(r.forward_s));
+  line("LM head fwd+bwd", secs(r.head_s));
+  line("backward (all layers)", secs(r.backward_s));
+  if (!r.layer_forward_s.empty()) {
+    auto mm = [](const std::vector<double>& v) {
+      auto [a, b] = std::minmax_element(v.begin(), v.end());
+      return std::make_pair(*a, *b);
+    };
+    auto [f0, f1] = mm(r.layer_forward_s);
+    auto [b0, b1] = mm(r.layer_backward_s);
+    line("per layer forward", f0 == f1 ? secs(f0) : secs(f0) + " .. " + secs(f1));
+    line("per layer backward", b0 == b1 ? secs(b0) : secs(b0) + " .. " + secs(b1));
+  }
+  line("attention compute (per rank)", secs(r.attention_compute_s));
+  line("projections+MLP (per rank)", secs(r.projection_compute_s));
+  auto hop = [&](const char* name, const HopStats& h) {
+    if (h.count == 0) return;
+    line(name, fmt::format("{} hops of up to {}, mean {} (min {}, max {})", h.count,
+                           plan::human_bytes(h.bytes), secs(h.mean_s), secs(h.min_s), secs(h.max_s)));
+  };
+  hop("ring K/V hop (forward)", r.hop_forward);
+  hop("ring K/V hop (backward)", r.hop_backward_kv);
+  hop("ring dK/dV hop", r.hop_dkv);
+  line("ring bytes sent per rank", plan::human_bytes(r.ring_bytes_per_rank));
+  line("effective ring bandwidth", fmt::format("{:.2f} GB/s (mean hop; slowest hop {:.2f} GB/s)",
+                                               r.effective_ring_bw / 1e9, r.bottleneck_ring_bw / 1e9));
+  line("ring communication", fmt::format("{} ({} exposed, {:.1f} % hidden behind compute)",
+                                         secs(r.ring_comm_s), secs(r.ring_exposed_s), 100 * r.hidden_share));
+  line("gradient exchange", fmt::format("{} ({} after the backward)", secs(r.exchange_s), secs(r.exchange_exposed_s)));
+  line("optimizer (host AdamW)", fmt::format("{} ({} exposed)", secs(r.optimizer_s), secs(r.optimizer_exposed_s)));
+  line("checkpoint (amortised)", fmt::format("{}{}", secs(r.checkpoint_amortised_s), r.checkpoint_hidden ? " (async: hidden)" : ""));
+  o += "critical path\n";
+  for (const auto& p : r.critical_path)
+    line(p.name, fmt::format("{} ({:.1f} %)", secs(p.seconds), 100 * p.seconds / r.step_s));
+  for (const auto& n : r.notes) o += fmt::format("note: {}\n", n);
+  return o;
+}
+
+void write_trace(const SimResult& r, const std::string& path) {
+  nlohmann::json ev = nlohmann::json::array();
+  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "ranks (compute)"}}}});
+  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 3}, {"args", {{"name", "ring sends (by sender)"}}}});
+  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 2}, {"args", {{"name", "ringd (exchange, optimizer)"}}}});
+  for (const auto& t : r.trace) {
+    nlohmann::json args = nlohmann::json::object();
+    if (t.layer >= 0) args["layer"] = t.layer;
+    if (t.step >= 0) args["step"] = t.step;
+    if (t.bytes > 0) args["bytes"] = t.bytes;
+    ev.push_back({{"name", t.name}, {"ph", "X"}, {"pid", t.pid}, {"tid", t.tid},
+                  {"ts", t.start * 1e6}, {"dur", (t.end - t.start) * 1e6}, {"args", args}});
+  }
+  // A per-user file: 0600, never written through a symbolic link.
+  const std::string text = nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump() + "\n";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot write the trace: {}", path, std::strerror(errno)));
+  size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + off, text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = errno;
+      ::close(fd);
+      throw std::runtime_error(fmt::format("{}: writing the trace failed: {}", path, std::strerror(e)));
+    }
+    off += static_cast<size_t>(w);
+  }
+  ::fchmod(fd, 0600);
+  if (::close(fd) != 0) throw std::runtime_error(fmt::format("{}: writing the trace failed", path));
+}
+
+}  // namespace ring::sim

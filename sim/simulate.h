@@ -1,0 +1,137 @@
+// One training step of a spec on a simulated cluster (`ringctl simulate`).
+//
+//   sim::SimOptions o;                       // topology, rates, what-ifs
+//   o.cluster.shape = sim::Shape::kFatTree;
+//   o.rates = sim::preset_rates("H100");
+//   sim::SimResult r = sim::simulate(spec, o);
+//   std::cout << sim::to_text(r);
+//
+// The step is a task graph in the discrete-event engine (sim/engine.h): per rank and layer the
+// projections, P attention blocks with the K/V hops of the ring between them (double-buffered:
+// the hop of step s runs while block s is computed; step s+1 starts when block s, the incoming
+// and the outgoing hop are done), the backward's K/V hops and dK/dV accumulators one hop behind,
+// the LM head; then per gradient bucket, as soon as its layer's backward is done, the node
+// gradient exchange and ringd's AdamW; the checkpoint amortised over its interval.
+//
+// Symmetry: every rank's hops are sized by one max-min solve of the whole job's ring traffic
+// (all rings at once, so rings that share links slow each other down). When the ring's hop
+// times, compute and sends repeat with a period g (g = the node's GPU count, or two nodes with
+// the topology order's alternating local paths), only g positions of one ring are simulated,
+// standing for all; the ring simulated is the slowest (or the one a straggler sits in). Small
+// jobs are simulated in full instead, every rank of every ring, flows on the real links with
+// fairness recomputed as they start and end (expand: auto picks by size).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/spec/spec.h"
+#include "sim/cluster.h"
+#include "sim/rates.h"
+#include "sim/workload.h"
+
+namespace ring::sim {
+
+enum class RingOrderChoice { kSpec, kNatural, kTopology };
+enum class Expand { kAuto, kFull, kReduced };
+
+struct Straggler {
+  int64_t rank = 0;     // global rank
+  double factor = 1;    // its compute takes factor x as long
+};
+struct SlowLink {
+  int64_t node = 0;     // job node index: every NIC link of the node
+  double factor = 1;    // bandwidth / factor
+};
+
+struct SimOptions {
+  ClusterOptions cluster;  // shape, bandwidths; nodes: at least the job's
+  Rates rates;
+  RingOrderChoice ring_order = RingOrderChoice::kSpec;
+  std::optional<int64_t> stagger_us;  // overrides parallel.stagger_us
+  std::vector<Straggler> stragglers;
+  std::vector<SlowLink> slow_links;
+  Expand expand = Expand::kAuto;
+  int64_t full_task_limit = 3'000'000;  // expand auto: full simulation up to this many tasks
+  bool keep_trace = false;              // keep every task for write_trace
+  // A deeper task graph than this is folded: two depths are simulated and the step extended
+  // linearly in the layer count (layers are alike). Bounds memory (about 150 bytes a task).
+  int64_t fold_task_budget = 6'000'000;
+};
+
+struct HopStats {
+  int64_t count = 0;
+  double bytes = 0;            // per hop (largest)
+  double mean_s = 0, min_s = 0, max_s = 0;
+};
+
+struct PhaseTime {
+  std::string name;
+  double seconds = 0;
+};
+
+struct SimResult {
+  std::string cluster;         // description
+  std::string rates_source;
+  std::string mode;            // "full" or "reduced (g of P positions, ring r of D)"
+  std::string ring_order;      // "natural" / "topology (tree-dfs)" ...
+  int64_t ranks = 0, ring_size = 0, rings = 0, nodes = 0;
+  int64_t simulated_positions = 0;
+  int64_t tasks = 0, events = 0;
+  double step_s = 0;
+  double tokens_per_s = 0;
+  std::vector<double> layer_forward_s, layer_backward_s;  // per layer, representative rank
+  double forward_s = 0, backward_s = 0, head_s = 0;
+  double attention_compute_s = 0, projection_compute_s = 0;  // per rank, whole step
+  HopStats hop_forward, hop_backward_kv, hop_dkv;
+  std::vector<double> hop_layer0_forward_s;  // every hop of layer 0's forward, representative rank
+  double ring_bytes_per_rank = 0;
+  double effective_ring_bw = 0;   // K/V block bytes / mean forward hop time
+  double bottleneck_ring_bw = 0;  // K/V block bytes / slowest forward hop (the ring's pace)
+  double ring_comm_s = 0, ring_exposed_s = 0;
+  double hidden_share = 0;        // of ring communication, behind compute
+  double exchange_s = 0, exchange_exposed_s = 0;
+  double optimizer_s = 0, optimizer_exposed_s = 0;
+  double checkpoint_amortised_s = 0;
+  bool checkpoint_hidden = false;
+  std::vector<PhaseTime> critical_path;  // seconds per phase on the critical path
+  std::vector<std::string> notes;
+  // For --trace: every task (kept when SimOptions::keep_trace).
+  struct TraceEvent {
+    std::string name;
+    int pid = 0, tid = 0;
+    double start = 0, end = 0;
+    double bytes = 0;
+    int layer = -1, step = -1;
+  };
+  std::vector<TraceEvent> trace;
+};
+
+// spec valid and resolved. Throws std::invalid_argument / topology::TopologyError on options
+// that cannot be simulated (a what-if naming a rank or node the job does not have, ...).
+SimResult simulate(const spec::JobSpec& spec, const SimOptions& options);
+
+nlohmann::json to_json(const SimResult& r);
+std::string to_text(const SimResult& r);
+// Chrome / Perfetto trace JSON ("traceEvents", times in microseconds).
+void write_trace(const SimResult& r, const std::string& path);
+
+// Alpha-beta building blocks, also used by the tests: ring collectives over n participants whose
+// every ring hop has latency alpha and bandwidth bw; bytes = the whole buffer.
+double ring_allreduce_time(int64_t n, double bytes, double alpha, double bw);
+double ring_allgather_time(int64_t n, double bytes_per_participant, double alpha, double bw);
+double ring_reduce_scatter_time(int64_t n, double bytes, double alpha, double bw);
+
+// Adds a ring collective to an engine: participants[k] sends to participants[k+1 mod n] over
+// routes[k] (engine route ids); steps x chunk bytes; every participant's step j+1 waits for its
+// own send and its receive of step j. Returns a join task that completes with the collective.
+// `after` (if >= 0) must complete before the first step.
+class Engine;
+int add_ring_collective(Engine& e, const std::vector<int>& routes, int64_t steps, double chunk,
+                        int after, int phase, int track_base);
+
+}  // namespace ring::sim

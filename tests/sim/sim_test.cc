@@ -1,0 +1,426 @@
+// The simulator's exact parts: single flows and ring collectives against alpha-beta closed forms
+// (1e-9 relative), max-min fairness on graphs solved by hand, routing hop counts on every
+// topology, the workload's hops and bytes for configs/examples/tiny.yaml computed independently
+// from the spec's numbers, and the symmetric reduction against the full simulation.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/spec/parse.h"
+#include "fmt/format.h"
+#include "common/topology/hostlist.h"
+#include "sim/cluster.h"
+#include "sim/engine.h"
+#include "sim/network.h"
+#include "sim/simulate.h"
+#include "sim/workload.h"
+
+namespace {
+
+using namespace ring::sim;
+
+void expect_rel(double got, double want, double tol = 1e-9) {
+  EXPECT_LE(std::fabs(got - want), tol * std::fabs(want)) << "got " << got << " want " << want;
+}
+
+ring::spec::JobSpec load(const std::string& rel) {
+  // As ringctl simulate loads a spec: a design beyond this build's limits (bf16) is fine.
+  auto lo = ring::spec::job_spec_options();
+  lo.runtime_limits_are_errors = false;
+  auto r = ring::spec::load_spec_file(std::string(RING_SOURCE_DIR) + "/" + rel, lo);
+  EXPECT_TRUE(r.ok()) << rel;
+  return *r.spec;
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = "/tmp/ring-sim-XXXXXX";
+    EXPECT_NE(mkdtemp(t.data()), nullptr);
+    path = t;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path + "/" + name) << text;
+    return path + "/" + name;
+  }
+};
+
+// ---- single flows
+
+TEST(SimFlow, SingleFlowIsLatencyPlusBytesOverBottleneck) {
+  Network net;
+  const int a = net.add_vertex("a"), b = net.add_vertex("b"), c = net.add_vertex("c");
+  const int ab = net.add_link(a, b, 25e9, 2e-6, "x");
+  const int bc = net.add_link(b, c, 10e9, 3e-6, "x");
+  Engine e(&net);
+  const int r = e.add_route({ab, bc});
+  const int f = e.flow(r, 3e6, 0, 0);
+  e.run();
+  // 3 MB over min(25, 10) GB/s plus 2 + 3 us.
+  expect_rel(e.task(f).end, 3e6 / 10e9 + 5e-6);
+}
+
+TEST(SimFlow, FlowAfterComputeAndDelay) {
+  Network net;
+  const int a = net.add_vertex("a"), b = net.add_vertex("b");
+  const int ab = net.add_link(a, b, 1e9, 1e-6, "x");
+  Engine e(&net);
+  const int c = e.compute(0, 0.5, 0, 0);
+  const int f = e.flow(e.add_route({ab}), 1e6, 0, 0, -1, -1, /*delay=*/0.25);
+  e.depend(f, c);
+  e.run();
+  expect_rel(e.task(f).end, 0.5 + 0.25 + 1e-3 + 1e-6);
+}
+
+// ---- ring collectives against alpha-beta closed forms
+
+struct RingNet {
+  Network net;
+  std::vector<std::vector<int>> routes;
+  RingNet(int n, double bw, double alpha) {
+    std::vector<int> v;
+    for (int k = 0; k < n; ++k) v.push_back(net.add_vertex(fmt::format("p{}", k)));
+    for (int k = 0; k < n; ++k) routes.push_back({net.add_link(v[k], v[(k + 1) % n], bw, alpha, "x")});
+  }
+};
+
+double run_collective(int n, double bw, double alpha, int64_t steps, double chunk) {
+  RingNet rn(n, bw, alpha);
+  Engine e(&rn.net);
+  std::vector<int> ids;
+  for (auto& r : rn.routes) ids.push_back(e.add_route(r));
+  const int done = add_ring_collective(e, ids, steps, chunk, -1, 0, 0);
+  e.run();
+  return e.task(done).end;
+}
+
+TEST(SimCollective, RingAllReduce) {
+  for (int n : {2, 3, 4, 8, 16}) {
+    const double bytes = 64e6, bw = 12.5e9, alpha = 4e-6;
+    // 2 (n-1) steps of bytes / n each: 2 (n-1) (alpha + bytes / (n bw)).
+    const double want = 2.0 * (n - 1) * (alpha + bytes / n / bw);
+    expect_rel(run_collective(n, bw, alpha, 2 * (n - 1), bytes / n), want);
+    expect_rel(ring_allreduce_time(n, bytes, alpha, bw), want);
+  }
+}
+
+TEST(SimCollective, RingAllGatherAndReduceScatter) {
+  for (int n : {2, 5, 8}) {
+    const double per = 3e6, bw = 50e9, alpha = 1.5e-6;
+    const double ag = (n - 1) * (alpha + per / bw);
+    expect_rel(run_collective(n, bw, alpha, n - 1, per), ag);
+    expect_rel(ring_allgather_time(n, per, alpha, bw), ag);
+    const double bytes = 80e6;
+    const double rs = (n - 1) * (alpha + bytes / n / bw);
+    expect_rel(run_collective(n, bw, alpha, n - 1, bytes / n), rs);
+    expect_rel(ring_reduce_scatter_time(n, bytes, alpha, bw), rs);
+  }
+}
+
+// ---- max-min fairness, solved by hand
+
+TEST(SimMaxMin, TwoLinksOneBottleneck) {
+  // Link A (10) carries f0 and f1; link B (4) carries f1 only.
+  // Fair shares: A 10/2 = 5, B 4/1 = 4 -> B is the bottleneck: f1 = 4.
+  // A then has 10 - 4 = 6 for f0 alone: f0 = 6.
+  std::vector<double> cap = {10, 4};
+  std::vector<int> r0 = {0}, r1 = {0, 1};
+  MaxMinSolver s;
+  std::vector<double> rates;
+  s.solve(cap, {&r0, &r1}, &rates);
+  expect_rel(rates[0], 6);
+  expect_rel(rates[1], 4);
+}
+
+TEST(SimMaxMin, ThreeFlowsParkingLot) {
+  // Link 0 (1) carries f0, f1; link 1 (2) carries f0, f2; link 2 (3) carries f2, f3.
+  // Shares: L0 1/2 = 0.5, L1 2/2 = 1, L2 3/2 = 1.5 -> L0: f0 = f1 = 0.5.
+  // L1 left 2 - 0.5 = 1.5 for f2 alone -> 1.5; L2 left 3 - 1.5 = 1.5 for f3 -> 1.5.
+  // (L1 and L2 both give 1.5 next; either order gives the same rates.)
+  std::vector<double> cap = {1, 2, 3};
+  std::vector<int> r0 = {0, 1}, r1 = {0}, r2 = {1, 2}, r3 = {2};
+  MaxMinSolver s;
+  std::vector<double> rates;
+  s.solve(cap, {&r0, &r1, &r2, &r3}, &rates);
+  expect_rel(rates[0], 0.5);
+  expect_rel(rates[1], 0.5);
+  expect_rel(rates[2], 1.5);
+  expect_rel(rates[3], 1.5);
+}
+
+TEST(SimMaxMin, RatesChangeWhenAFlowEnds) {
+  // One link of 10 B/s, no latency; flows of 10 and 30 bytes start together.
+  // Both run at 5 until the first has sent 10 bytes: t = 2. The second has 30 - 10 = 20 left,
+  // now alone at 10 B/s: it ends at 2 + 2 = 4.
+  Network net;
+  const int a = net.add_vertex("a"), b = net.add_vertex("b");
+  const int l = net.add_link(a, b, 10, 0, "x");
+  Engine e(&net);
+  const int r = e.add_route({l});
+  const int f0 = e.flow(r, 10, 0, 0), f1 = e.flow(r, 30, 1, 0);
+  e.run();
+  expect_rel(e.task(f0).end, 2);
+  expect_rel(e.task(f1).end, 4);
+}
+
+TEST(SimMaxMin, LateFlowJoins) {
+  // Link of 10 B/s. f0 (40 bytes) starts at 0; f1 (10 bytes) after a 1 s compute.
+  // 0..1: f0 alone at 10 -> 30 left. Then both at 5: f1 ends at 1 + 10/5 = 3; f0 has
+  // 30 - 10 = 20 left at 10 B/s: ends at 5.
+  Network net;
+  const int a = net.add_vertex("a"), b = net.add_vertex("b");
+  const int l = net.add_link(a, b, 10, 0, "x");
+  Engine e(&net);
+  const int r = e.add_route({l});
+  const int f0 = e.flow(r, 40, 0, 0);
+  const int c = e.compute(0, 1.0, 1, 0);
+  const int f1 = e.flow(r, 10, 1, 0);
+  e.depend(f1, c);
+  e.run();
+  expect_rel(e.task(f1).end, 3);
+  expect_rel(e.task(f0).end, 5);
+  // The critical path of f0's end: f0 alone (started at 0).
+  EXPECT_EQ(e.critical_path(f1), (std::vector<int>{f1, c}));
+}
+
+TEST(SimEngine, DeviceRunsOneComputeAtATime) {
+  Network net;
+  Engine e(&net);
+  const int a = e.compute(0, 1.0, 0, 0), b = e.compute(0, 2.0, 0, 0), c = e.compute(1, 0.5, 1, 0);
+  e.run();
+  expect_rel(e.task(a).end, 1.0);
+  expect_rel(e.task(b).end, 3.0);  // queued behind a
+  expect_rel(e.task(c).end, 0.5);  // another device
+  EXPECT_EQ(e.cause(b), a);
+}
+
+// ---- routing
+
+ClusterOptions opts(Shape shape, int nodes, int gpn) {
+  ClusterOptions o;
+  o.shape = shape;
+  o.nodes = nodes;
+  o.gpus_per_node = gpn;
+  o.node_bw = 200e9;
+  return o;
+}
+
+TEST(SimRouting, FatTreeRailOptimised) {
+  auto o = opts(Shape::kFatTree, 32, 8);
+  o.pod_nodes = 16;
+  auto c = Cluster::build(o);
+  EXPECT_EQ(c->route(0, 0, 0, 5).size(), 2u);   // NVLink: GPU-NVSwitch-GPU
+  EXPECT_EQ(c->route(0, 3, 7, 3).size(), 2u);   // same pod, same rail: NIC-leaf-NIC
+  EXPECT_EQ(c->route(0, 3, 7, 4).size(), 4u);   // other rail: through the core
+  EXPECT_EQ(c->route(0, 3, 20, 3).size(), 4u);  // other pod
+  // Leaf uplink: 16 nodes x 25 GB/s, no oversubscription.
+  EXPECT_DOUBLE_EQ(c->net().link(c->route(0, 3, 20, 3)[1]).bandwidth, 16 * 25e9);
+  o.oversubscription = 4;
+  auto c4 = Cluster::build(o);
+  EXPECT_DOUBLE_EQ(c4->net().link(c4->route(0, 3, 20, 3)[1]).bandwidth, 16 * 25e9 / 4);
+}
+
+TEST(SimRouting, DragonflyPlusMinimalAndValiant) {
+  auto o = opts(Shape::kDragonflyPlus, 64, 2);
+  o.group_routers = 4;
+  o.router_nodes = 4;  // 16 nodes per group, 4 groups
+  auto c = Cluster::build(o);
+  EXPECT_EQ(c->route(0, 0, 1, 0).size(), 2u);   // same router
+  EXPECT_EQ(c->route(0, 0, 5, 1).size(), 4u);   // same group: leaf-spine-leaf
+  EXPECT_EQ(c->route(0, 0, 40, 1).size(), 5u);  // minimal: local, global, local
+  o.valiant = true;
+  auto v = Cluster::build(o);
+  const auto r = v->route(0, 0, 40, 1);
+  EXPECT_EQ(r.size(), 6u);  // two global links through an intermediate group
+  std::set<std::string> kinds;
+  int globals = 0;
+  for (int id : r) globals += v->net().link(id).kind == "global";
+  EXPECT_EQ(globals, 2);
+}
+
+TEST(SimRouting, Torus3dDimensionOrder) {
+  auto o = opts(Shape::kTorus3d, 64, 1);  // 4 x 4 x 4
+  auto c = Cluster::build(o);
+  // Slot s = x + 4 (y + 4 z). From (0,0,0) to (2,1,3): x 2, y 1, z 1 (wrap) + 2 NIC links.
+  const int to = 2 + 4 * (1 + 4 * 3);
+  const auto r = c->route(0, 0, to, 0);
+  EXPECT_EQ(r.size(), 2u + 2 + 1 + 1);
+  // Dimension order: the x links come first (router0 -> router1 -> router2).
+  EXPECT_EQ(c->net().vertex_name(c->net().link(r[1]).to), "router1");
+  EXPECT_EQ(c->net().vertex_name(c->net().link(r[2]).to), "router2");
+  int dims[3];
+  torus_dims(2048, dims);
+  EXPECT_EQ(dims[0] * dims[1] * dims[2], 2048);
+  EXPECT_EQ(dims[0], 16);
+}
+
+TEST(SimRouting, GraphFileAndTopologyConf) {
+  TempDir t;
+  const std::string g = t.write("g.yaml",
+                                "nodes: [a, b, c]\nswitches: [s1, s2]\nlinks:\n"
+                                "  - {from: a, to: s1, gbytes_per_s: 25}\n"
+                                "  - {from: b, to: s1, gbytes_per_s: 25}\n"
+                                "  - {from: s1, to: s2, gbytes_per_s: 10, latency_us: 3}\n"
+                                "  - {from: c, to: s2, gbytes_per_s: 25}\n");
+  auto o = opts(Shape::kGraphFile, 1, 1);
+  o.file = g;
+  auto c = Cluster::build(o);
+  EXPECT_EQ(c->nodes(), 3);
+  // GPU -> a -> s1 -> b -> GPU ; and to c through s2.
+  EXPECT_EQ(c->route(0, 0, 1, 0).size(), 4u);
+  EXPECT_EQ(c->route(0, 0, 2, 0).size(), 5u);
+  const std::string bad = t.write("bad.yaml", "nodes: [a]\nlinks:\n  - {from: a, to: z, gbytes_per_s: 1}\n");
+  o.file = bad;
+  try {
+    Cluster::build(o);
+    FAIL() << "expected an error";
+  } catch (const ring::topology::TopologyError& e) {
+    EXPECT_NE(std::string(e.what()).find(bad + ":3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'z'"), std::string::npos) << e.what();
+  }
+  const std::string conf = t.write("topology.conf",
+                                   "SwitchName=root Switches=leaf[1-2]\n"
+                                   "SwitchName=leaf1 Nodes=n[1-2] LinkSpeed=5\n"
+                                   "SwitchName=leaf2 Nodes=n[3-4]\n");
+  o.shape = Shape::kSlurmConf;
+  o.file = conf;
+  auto s = Cluster::build(o);
+  EXPECT_EQ(s->nodes(), 4);
+  EXPECT_EQ(s->route(0, 0, 1, 0).size(), 4u);  // GPU-host-leaf-host-GPU
+  const auto r = s->route(0, 0, 2, 0);
+  EXPECT_EQ(r.size(), 6u);  // up through root
+  EXPECT_DOUBLE_EQ(s->net().link(r[2]).bandwidth, 5e9);  // leaf1's LinkSpeed
+}
+
+// ---- the workload of tiny.yaml, computed independently
+
+// RingAttention's key_range from token positions and document ids (brute force).
+std::pair<int64_t, int64_t> brute_rows(const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+                                       int64_t doc) {
+  int64_t lo = -1, hi = -1;
+  for (size_t j = 0; j < k.size(); ++j)
+    for (int64_t p : q)
+      if (p / doc == k[j] / doc && k[j] <= p) {
+        if (lo < 0) lo = static_cast<int64_t>(j);
+        hi = static_cast<int64_t>(j) + 1;
+        break;
+      }
+  return lo < 0 ? std::make_pair(int64_t{0}, int64_t{0}) : std::make_pair(lo, hi);
+}
+
+TEST(SimWorkload, TinyHopsAndBytesMatchTheRing) {
+  const auto spec = load("configs/examples/tiny.yaml");
+  // tiny: 4 layers, d_model 256, 8 heads (head_dim 32), 4 K/V heads, seq 16384, packed documents
+  // of 4096, zigzag over 4 ranks: 8 chunks of 2048; rank r holds chunks r and 7 - r.
+  const int64_t P = 4, L = 4, T = 4096, kvd = 4 * 32, seq = 16384, doc = 4096, chunk = 2048;
+  std::vector<std::vector<int64_t>> tok(P);
+  for (int64_t r = 0; r < P; ++r)
+    for (int64_t c : {r, 2 * P - 1 - r})
+      for (int64_t i = c * chunk; i < (c + 1) * chunk; ++i) tok[r].push_back(i);
+  // K/V block: 64 header + T int64 positions + T int32 doc ids + K and V fp32.
+  const double kv_bytes = 64 + T * 8 + T * 4 + 2.0 * T * kvd * 4;
+  // dK/dV accumulators of rank 0 per layer: steps s = 0..P-1, s = 0 empty; block origin
+  // o = -s mod P carries the hull of the rows ranks o+1..o+s attended.
+  double dkv0 = 0;
+  for (int64_t s = 1; s < P; ++s) {
+    const int64_t o = (0 - s + P) % P;
+    int64_t lo = -1, hi = -1;
+    for (int64_t k = 1; k <= s; ++k) {
+      auto [a, b] = brute_rows(tok[(o + k) % P], tok[o], doc);
+      if (b > a) lo = lo < 0 ? a : std::min(lo, a), hi = std::max(hi, b);
+    }
+    if (hi > lo) dkv0 += 64 + 2.0 * (hi - lo) * kvd * 4;
+  }
+  const double rank0_bytes = L * ((P - 1) * kv_bytes * 2 + dkv0);
+
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  o.expand = Expand::kFull;
+  const SimResult r = simulate(spec, o);
+  EXPECT_EQ(r.ranks, 4);
+  EXPECT_EQ(r.hop_forward.count, P * L * (P - 1));
+  EXPECT_EQ(r.hop_backward_kv.count, P * L * (P - 1));
+  EXPECT_EQ(r.hop_dkv.count, P * L * P);
+  EXPECT_DOUBLE_EQ(r.hop_forward.bytes, kv_bytes);
+  EXPECT_DOUBLE_EQ(r.ring_bytes_per_rank, rank0_bytes);
+  (void)seq;
+
+  // The workload's attention pairs against brute force on a small packed sequence.
+  auto s2 = spec;
+  s2.data.seq_len = 96;
+  s2.data.max_doc_len = 20;
+  const Workload w = make_workload(s2);
+  std::vector<std::vector<int64_t>> t2(P);
+  for (int64_t r = 0; r < P; ++r)
+    for (const auto& rg : w.ranges[r])
+      for (int64_t i = rg.begin; i < rg.end; ++i) t2[r].push_back(i);
+  for (int64_t q = 0; q < P; ++q)
+    for (int64_t k = 0; k < P; ++k) {
+      double pairs = 0;
+      for (int64_t a : t2[q])
+        for (int64_t b : t2[k]) pairs += (a / 20 == b / 20 && b <= a);
+      EXPECT_DOUBLE_EQ(w.pairs(q, k), pairs) << q << " " << k;
+      EXPECT_EQ(w.key_rows(q, k), brute_rows(t2[q], t2[k], 20)) << q << " " << k;
+    }
+}
+
+TEST(SimWorkload, ReducedAgreesWithFull) {
+  // 70b at 64 nodes: every ring is alike, so 8 positions of one ring stand for all 512 ranks.
+  // The full simulation of a smaller version (2 layers, 8 nodes) must give the same step.
+  auto spec = load("configs/examples/70b-1m-64x8-h100.yaml");
+  spec.model.layers = 2;
+  spec.data.seq_len = 65536;
+  spec.resources.nodes = 16;
+  spec.parallel.data_replicas = 2;
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  o.expand = Expand::kFull;
+  const SimResult full = simulate(spec, o);
+  o.expand = Expand::kReduced;
+  const SimResult red = simulate(spec, o);
+  EXPECT_LT(red.simulated_positions, full.simulated_positions);
+  expect_rel(red.step_s, full.step_s, 1e-3);
+}
+
+TEST(SimWorkload, WhatIfsMoveTheStep) {
+  auto spec = load("configs/examples/70b-1m-64x8-h100.yaml");
+  spec.model.layers = 2;
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  const SimResult base = simulate(spec, o);
+  o.stragglers = {{5, 2.0}};
+  const SimResult slow = simulate(spec, o);
+  EXPECT_GT(slow.step_s, 1.5 * base.step_s);
+  o.stragglers.clear();
+  o.stragglers = {{100000, 2.0}};
+  EXPECT_THROW(simulate(spec, o), std::invalid_argument);
+}
+
+TEST(SimTrace, WritesChromeJson) {
+  TempDir t;
+  const auto spec = load("configs/examples/tiny.yaml");
+  SimOptions o;
+  o.rates = preset_rates("A100");
+  o.keep_trace = true;
+  const SimResult r = simulate(spec, o);
+  write_trace(r, t.path + "/trace.json");
+  std::ifstream in(t.path + "/trace.json");
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_TRUE(j.contains("traceEvents"));
+  int complete = 0;
+  double last = 0;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X") ++complete, last = std::max(last, e["ts"].get<double>() + e["dur"].get<double>());
+  EXPECT_GT(complete, 100);
+  expect_rel(last, r.step_s * 1e6, 1e-9);
+}
+
+}  // namespace
