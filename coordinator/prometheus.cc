@@ -97,7 +97,7 @@ bool Exposition::valid_name(const std::string& n) {
 namespace {
 
 Labels job_labels(const JobRow& j) {
-  return {{"job", std::to_string(j.id)}, {"slurm_job_id", j.slurm_job_id}};
+  return {{"job_id", std::to_string(j.id)}, {"slurm_job_id", j.slurm_job_id}};
 }
 
 Labels with(Labels l, std::initializer_list<std::pair<std::string, std::string>> more) {

@@ -134,7 +134,7 @@ TEST(Prometheus, MetricsParseStrictlyAndCarryTheRecordedNumbers) {
   Parsed x;
   ASSERT_NO_THROW(x = parse_exposition(text)) << text;
 
-  const std::map<std::string, std::string> job{{"job", "1"}, {"slurm_job_id", "4242"}};
+  const std::map<std::string, std::string> job{{"job_id", "1"}, {"slurm_job_id", "4242"}};
   ASSERT_EQ(x.find("ring_jobs", {{"state", "running"}}).size(), 1u);
   EXPECT_EQ(x.find("ring_jobs", {{"state", "running"}})[0].value, 1);
   EXPECT_EQ(x.find("ring_jobs", {{"state", "failed"}})[0].value, 0);
@@ -153,20 +153,20 @@ TEST(Prometheus, MetricsParseStrictlyAndCarryTheRecordedNumbers) {
 
   // Per rank: 64 ranks one by one, 6 folded into "other".
   EXPECT_EQ(x.type["ring_rank_step_seconds"], "summary");
-  auto rank5 = x.find("ring_rank_step_seconds", {{"job", "1"}, {"rank", "5"}, {"quantile", "0.5"}});
+  auto rank5 = x.find("ring_rank_step_seconds", {{"job_id", "1"}, {"rank", "5"}, {"quantile", "0.5"}});
   ASSERT_EQ(rank5.size(), 1u);
   EXPECT_EQ(rank5[0].labels["node"], "n0");
   EXPECT_DOUBLE_EQ(rank5[0].value, 1 + 0.05 + 3);
-  auto count5 = x.find("ring_rank_step_seconds_count", {{"job", "1"}, {"rank", "5"}});
+  auto count5 = x.find("ring_rank_step_seconds_count", {{"job_id", "1"}, {"rank", "5"}});
   ASSERT_EQ(count5.size(), 1u);
   EXPECT_EQ(count5[0].value, 10);  // the window: steps 21..30
-  auto sum5 = x.find("ring_rank_step_seconds_sum", {{"job", "1"}, {"rank", "5"}});
+  auto sum5 = x.find("ring_rank_step_seconds_sum", {{"job_id", "1"}, {"rank", "5"}});
   EXPECT_NEAR(sum5[0].value, 10 * 4.05, 1e-9);
-  auto other = x.find("ring_rank_step_seconds_count", {{"job", "1"}, {"rank", "other"}});
+  auto other = x.find("ring_rank_step_seconds_count", {{"job_id", "1"}, {"rank", "other"}});
   ASSERT_EQ(other.size(), 1u);
   EXPECT_EQ(other[0].value, 6 * 10);  // ranks 64..69
   std::set<std::string> ranks;
-  for (const auto& s : x.find("ring_rank_step_seconds_count", {{"job", "1"}}))
+  for (const auto& s : x.find("ring_rank_step_seconds_count", {{"job_id", "1"}}))
     ranks.insert(s.labels.at("rank"));
   EXPECT_EQ(ranks.size(), 65u);
   EXPECT_EQ(x.find("ring_job_folded_ranks", job)[0].value, 6);
