@@ -30,7 +30,7 @@ using nlohmann::json;
 using ring::test::Proc;
 using ring::test::slurp;
 
-TEST(Scrape, PrometheusScrapesTheJobsStepAndLoss) {
+TEST(WebScrape, PrometheusScrapesTheJobsStepAndLoss) {
   if (::access("/usr/bin/prometheus", X_OK) != 0)
     GTEST_SKIP() << "/usr/bin/prometheus is not installed (Debian package prometheus; "
                     "scripts/install-deps.sh installs it)";
@@ -102,7 +102,7 @@ TEST(Scrape, PrometheusScrapesTheJobsStepAndLoss) {
   EXPECT_EQ(done[0]["value"][1], "1");
 }
 
-TEST(Browser, DashboardShowsTheJobItsLossCurveAndAStraggler) {
+TEST(WebBrowser, DashboardShowsTheJobItsLossCurveAndAStraggler) {
   if (::access("/usr/bin/chromium", X_OK) != 0)
     GTEST_SKIP() << "/usr/bin/chromium is not installed (Debian package chromium; "
                     "scripts/install-deps.sh installs it)";

@@ -406,7 +406,7 @@ TEST(HttpServer, BoundsRequestsTimesOutIdleClientsAndCapsConnections) {
   EXPECT_TRUE(served);
 }
 
-TEST(Retention, KeepsTheLastStepsAndBoundsEachCall) {
+TEST(MetricsPrune, KeepsTheLastStepsAndBoundsEachCall) {
   ring::test::TempDir d("ring-web-ret");
   Store st(d.path + "/coord.db", {false});
   Txn fill(st.db());
