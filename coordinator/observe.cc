@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace ring::coord {
 
@@ -22,14 +23,120 @@ std::vector<JobRow> exported_jobs(Store& store, const ExportLimits& lim, double 
   return out;
 }
 
+namespace {
+
+// The latest (attempt, step) of a job in a table keyed (job_id, attempt, step, ...): one
+// descent of the primary key, whatever the table's size.
+std::optional<std::pair<int64_t, int64_t>> latest_key(Store& store, const char* table,
+                                                      int64_t job) {
+  Stmt& s = store.db().prepare(std::string("SELECT attempt, step FROM ") + table +
+                               " WHERE job_id=? ORDER BY attempt DESC, step DESC LIMIT 1");
+  s.args(job);
+  std::optional<std::pair<int64_t, int64_t>> out;
+  if (s.step()) out = std::pair{s.i64(0), s.i64(1)};
+  s.reset();
+  return out;
+}
+
+}  // namespace
+
+std::vector<proto::RankStepRecord> rank_rows(Store& store, int64_t job, int64_t from_step,
+                                             int64_t to_step, int64_t limit) {
+  // Each attempt is a range of the primary key (job_id, attempt, step, rank).
+  std::vector<proto::RankStepRecord> out;
+  auto last = latest_key(store, "rank_steps", job);
+  if (!last) return out;
+  Stmt& s = store.db().prepare(
+      "SELECT attempt, step, node, rank, step_time_s, data_s, compute_s, wait_s, comm_s, "
+      "hop_bytes, time FROM rank_steps WHERE job_id=? AND attempt=? AND step>=? AND step<=? "
+      "ORDER BY step, rank LIMIT ?");
+  for (int64_t a = 1; a <= last->first && static_cast<int64_t>(out.size()) < limit; ++a) {
+    s.args(job, a, from_step, to_step, limit - static_cast<int64_t>(out.size()));
+    while (s.step()) {
+      proto::RankStepRecord r;
+      r.attempt = s.i64(0);
+      r.step = s.i64(1);
+      r.node = s.text(2);
+      r.rank.rank = s.i64(3);
+      r.rank.step_time_s = s.f64(4);
+      r.rank.data_s = s.f64(5);
+      r.rank.compute_s = s.f64(6);
+      r.rank.wait_s = s.f64(7);
+      r.rank.comm_s = s.f64(8);
+      r.rank.hop_bytes = s.i64(9);
+      r.time = s.f64(10);
+      out.push_back(std::move(r));
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.step, a.attempt, a.rank.rank) < std::tie(b.step, b.attempt, b.rank.rank);
+  });
+  return out;
+}
+
 std::vector<proto::RankStepRecord> rank_window(Store& store, int64_t job, int64_t steps) {
-  Stmt& m = store.db().prepare("SELECT max(step) FROM rank_steps WHERE job_id=?");
-  m.args(job);
-  std::optional<int64_t> last;
-  if (m.step()) last = m.opt_i64(0);
-  m.reset();
+  // The latest attempt's last `steps` steps (a restarted job's earlier attempts are history).
+  auto last = latest_key(store, "rank_steps", job);
   if (!last) return {};
-  return store.rank_steps(job, *last - steps + 1, *last, 1000000);
+  auto [attempt, step] = *last;
+  Stmt& s = store.db().prepare(
+      "SELECT attempt, step, node, rank, step_time_s, data_s, compute_s, wait_s, comm_s, "
+      "hop_bytes, time FROM rank_steps WHERE job_id=? AND attempt=? AND step>? AND step<=? "
+      "ORDER BY step, rank");
+  s.args(job, attempt, step - steps, step);
+  std::vector<proto::RankStepRecord> out;
+  while (s.step()) {
+    proto::RankStepRecord r;
+    r.attempt = s.i64(0);
+    r.step = s.i64(1);
+    r.node = s.text(2);
+    r.rank.rank = s.i64(3);
+    r.rank.step_time_s = s.f64(4);
+    r.rank.data_s = s.f64(5);
+    r.rank.compute_s = s.f64(6);
+    r.rank.wait_s = s.f64(7);
+    r.rank.comm_s = s.f64(8);
+    r.rank.hop_bytes = s.i64(9);
+    r.time = s.f64(10);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::optional<double> latest_step_seconds(Store& store, int64_t job) {
+  auto last = latest_key(store, "step_metrics", job);
+  if (!last) return std::nullopt;
+  Stmt& s = store.db().prepare(
+      "SELECT max(step_time_s) FROM step_metrics WHERE job_id=? AND attempt=? AND step=?");
+  s.args(job, last->first, last->second);
+  std::optional<double> v;
+  if (s.step()) v = s.opt_f64(0);
+  s.reset();
+  return v;
+}
+
+std::vector<StepPoint> step_points(Store& store, int64_t job, int64_t from_step) {
+  auto last = latest_key(store, "step_metrics", job);
+  std::map<int64_t, StepPoint> by_step;
+  if (!last) return {};
+  // Attempt by attempt (primary-key ranges); a later attempt's report of a step replaces an
+  // earlier one's (a restart re-runs steps after its checkpoint).
+  Stmt& s = store.db().prepare(
+      "SELECT step, loss, tokens_per_s, step_time_s FROM step_metrics WHERE job_id=? AND "
+      "attempt=? AND step>=? ORDER BY step, node");
+  for (int64_t a = 1; a <= last->first; ++a) {
+    s.args(job, a, from_step);
+    std::map<int64_t, bool> seen;  // the first node's report of each step
+    while (s.step()) {
+      int64_t st = s.i64(0);
+      if (seen[st]) continue;
+      seen[st] = true;
+      by_step[st] = StepPoint{st, s.f64(1), s.f64(2), s.f64(3)};
+    }
+  }
+  std::vector<StepPoint> out;
+  for (auto& [st, p] : by_step) out.push_back(p);
+  return out;
 }
 
 double quantile_sorted(const std::vector<double>& v, double q) {

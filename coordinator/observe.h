@@ -32,8 +32,22 @@ struct ExportLimits {
 };
 std::vector<JobRow> exported_jobs(Store& store, const ExportLimits& lim, double now);
 
-// rank_steps rows of a job's last `steps` recorded steps (by step, attempt, rank).
+// rank_steps rows of the job's latest attempt's last `steps` steps (by step, rank). Reads only
+// the rows it returns (primary-key ranges), however large the table.
 std::vector<protocol::RankStepRecord> rank_window(Store& store, int64_t job, int64_t steps);
+// rank_steps rows with from_step <= step <= to_step of every attempt (by step, attempt, rank), at
+// most `limit`; one primary-key range per attempt.
+std::vector<protocol::RankStepRecord> rank_rows(Store& store, int64_t job, int64_t from_step,
+                                                int64_t to_step, int64_t limit);
+// The slowest node's step time of the job's latest recorded step (step_metrics).
+std::optional<double> latest_step_seconds(Store& store, int64_t job);
+// One point per step from from_step on (the latest attempt's report of each step, its first
+// node's), by step.
+struct StepPoint {
+  int64_t step = 0;
+  double loss = 0, tokens_per_s = 0, step_time_s = 0;
+};
+std::vector<StepPoint> step_points(Store& store, int64_t job, int64_t from_step);
 
 // One rank's numbers over a window. rank < 0: the ranks past the cap, folded together.
 struct RankSummary {

@@ -164,16 +164,7 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
   // Latest step time: the slowest node's report of the latest step in step_metrics.
   per_job("ring_job_step_seconds", "gauge",
           "Step time of the job's latest recorded step (the slowest node's report)",
-          [&](const JobRow& j) -> OptD {
-            Stmt& s = store.db().prepare(
-                "SELECT max(step_time_s) FROM step_metrics WHERE job_id=? AND step="
-                "(SELECT max(step) FROM step_metrics WHERE job_id=?)");
-            s.args(j.id, j.id);
-            OptD v;
-            if (s.step()) v = s.opt_f64(0);
-            s.reset();
-            return v;
-          });
+          [&](const JobRow& j) -> OptD { return latest_step_seconds(store, j.id); });
 
   // Checkpoints: the latest complete one.
   std::map<int64_t, CheckpointInfo> latest_ckpt;

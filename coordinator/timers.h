@@ -30,7 +30,7 @@ class Timers {
   // Retention (CoordinatorOptions::metrics_retention_steps): deletes old step metrics, at most
   // kPruneRows rows a call, once a second (again at once while rows remain).
   void prune_metrics();
-  static constexpr int64_t kPruneRows = 2000;
+  static constexpr int64_t kPruneRows = 500;
 
  private:
   Engine& e_;

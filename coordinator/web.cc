@@ -236,24 +236,6 @@ json rank_json(const proto::RankStepRecord& r) {
           {"time", r.time}};
 }
 
-// One value per step: the latest attempt's record of the step (the first node's), as the
-// coordinator's progress keeps the latest report.
-struct Point {
-  int64_t step;
-  double loss, tps, step_s;
-};
-std::vector<Point> step_series(Store& store, int64_t job, int64_t after, int64_t limit) {
-  std::vector<Point> out;
-  std::map<int64_t, std::pair<int64_t, Point>> by_step;  // step -> (attempt, point)
-  for (const auto& s : store.steps(job, after, limit)) {
-    auto it = by_step.find(s.step);
-    if (it == by_step.end() || s.attempt > it->second.first)
-      by_step[s.step] = {s.attempt, Point{s.step, s.loss, s.tokens_per_s, s.step_time_s}};
-  }
-  for (auto& [st, p] : by_step) out.push_back(p.second);
-  return out;
-}
-
 // Keeps at most n points, evenly spaced, the last one always.
 template <typename T>
 std::vector<T> thin(const std::vector<T>& v, size_t n) {
@@ -511,7 +493,7 @@ HttpResponse WebApp::route(const HttpRequest& r) {
         auto step = int_param(r, "step", 0, int64_t{1} << 53, bad);
         auto steps = int_param(r, "steps", 1, 1000, bad).value_or(1);
         if (!bad.empty()) return json_error(400, bad);
-        auto rows = step ? store().rank_steps(j->id, *step - steps + 1, *step, 100000)
+        auto rows = step ? rank_rows(store(), j->id, *step - steps + 1, *step, 100000)
                          : rank_window(store(), j->id, steps);
         json out = json::array();
         for (const auto& x : rows) out.push_back(rank_json(x));
@@ -624,11 +606,11 @@ HttpResponse WebApp::route(const HttpRequest& r) {
 
     // Curves: the last 5000 steps, at most 500 points each.
     int64_t after = std::max<int64_t>(0, j->last_step - 5000);
-    auto series = thin(step_series(store(), j->id, after, 100000), 500);
+    auto series = thin(step_points(store(), j->id, after + 1), 500);
     std::vector<std::pair<double, double>> loss, tps;
     for (const auto& p : series) {
       loss.emplace_back(static_cast<double>(p.step), p.loss);
-      tps.emplace_back(static_cast<double>(p.step), p.tps);
+      tps.emplace_back(static_cast<double>(p.step), p.tokens_per_s);
     }
     b += "<h2>Training</h2>" + line_chart("loss", "loss", loss) +
          line_chart("tokens_per_s", "tokens/s", tps);
