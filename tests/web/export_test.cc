@@ -1,7 +1,8 @@
 // `ringctl metrics` and step-metric retention with a real job: the CSV and JSON exports carry
 // every step report the coordinator recorded (compared with its database), --from-step, the
 // export after the coordinator stopped (its state read-only), and ring-coord
-// --metrics-retention-steps pruning step_metrics and rank_steps to the last N steps.
+// --metrics-retention-steps pruning step_metrics and rank_steps to the last N steps. The web
+// endpoint's options, and stalled or busy HTTP clients not delaying the ZeroMQ side.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -9,8 +10,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+
 #include "coord_with_job.h"
 #include "coordinator/store.h"
+#include "web_util.h"
 
 using namespace ring::web_test;
 using nlohmann::json;
@@ -111,4 +115,58 @@ TEST(MetricsRetention, RingCoordKeepsTheLastStepsOfEachJob) {
   ASSERT_TRUE(pruned) << left.size() << " step rows, " << ranks_left << " rank rows\n"
                       << slurp(c.dir.path + "/coord2.log");
   EXPECT_EQ(left.back().step, 6);
+}
+
+TEST(WebEndpoint, BusyHttpClientsDoNotDelayTheCoordinator) {
+  CoordWithJob c("none");
+  ASSERT_EQ(c.run_exit, 0) << c.run_output << c.log();
+  const int port = port_of(c.url);
+  // Fill the connection cap with clients that send half a request and stall, and keep another
+  // thread asking for the heaviest page: the ZeroMQ side answers as usual meanwhile.
+  std::vector<int> stalled;
+  for (int i = 0; i < 40; ++i) {
+    int fd = connect_to(port);
+    if (fd < 0) continue;
+    std::string half = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+    (void)!::write(fd, half.data(), half.size());
+    stalled.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::thread load([&] {
+    while (!stop) http(port, "GET", "/jobs/1", {}, "", 5);
+  });
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto st = c.ringctl("status 1 --timeout 10");
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(st.exit_code, 0) << st.output;
+    EXPECT_NE(st.output.find("completed"), std::string::npos) << st.output;
+    EXPECT_LT(s, 10) << "ringctl status took " << s << " s";
+  }
+  stop = true;
+  load.join();
+  for (int fd : stalled) ::close(fd);
+  // The stalled clients were dropped or are being served: the endpoint answers again.
+  EXPECT_TRUE(wait_until(60, [&] { return http(port, "GET", "/metrics").status == 200; }));
+}
+
+TEST(WebEndpoint, OptionsAreChecked) {
+  ring::test::TempDir d("ring-web-opt");
+  auto coord = [&](const std::string& args) {
+    return ring::test::run(kBin + "/coordinator/ring-coord --state-dir " + d.path +
+                           "/state --endpoint ipc://" + d.path + "/sock/c.sock " + args);
+  };
+  auto name = coord("--http localhost:9464");
+  EXPECT_EQ(name.exit_code, 2) << name.output;
+  EXPECT_NE(name.output.find("not an IPv4 or IPv6 address"), std::string::npos) << name.output;
+  auto port = coord("--http 127.0.0.1:70000");
+  EXPECT_EQ(port.exit_code, 2) << port.output;
+  EXPECT_NE(port.output.find("0..65535"), std::string::npos) << port.output;
+  auto auth = coord("--http 127.0.0.1:0 --http-auth maybe");
+  EXPECT_EQ(auth.exit_code, 2) << auth.output;
+  // No token on a wider address: refused at start, naming the rule.
+  auto wide = coord("--http 0.0.0.0:0 --http-auth none");
+  EXPECT_EQ(wide.exit_code, 1) << wide.output;
+  EXPECT_NE(wide.output.find("not a loopback address: it needs the token"), std::string::npos)
+      << wide.output;
 }
