@@ -86,9 +86,9 @@ int run_metrics(const MetricsOpts& o) {
     }
     std::string text = "step,attempt,node,loss,tokens_per_s,step_time_s,comm_time_s,time\n";
     for (const auto& s : recs)
-      text += std::to_string(s.step) + "," + std::to_string(s.attempt) + "," +
-              csv_field(s.node) + "," + number(s.loss) + "," + number(s.tokens_per_s) + "," +
-              number(s.step_time_s) + "," + number(s.comm_time_s) + "," + number(s.time) + "\n";
+      text += std::to_string(s.step) + "," + std::to_string(s.attempt) + "," + csv_field(s.node) +
+              "," + number(s.loss) + "," + number(s.tokens_per_s) + "," + number(s.step_time_s) +
+              "," + number(s.comm_time_s) + "," + number(s.time) + "\n";
     std::cout << text;
     return kExitOk;
   });
@@ -99,8 +99,9 @@ int run_metrics(const MetricsOpts& o) {
 Subcommand add_metrics(CLI::App& app) {
   auto o = std::make_shared<MetricsOpts>();
   auto* s = app.add_subcommand(
-      "metrics", "Export a job's recorded step series (loss, tokens/s, step time per node) as "
-                 "CSV or JSON");
+      "metrics",
+      "Export a job's recorded step series (loss, tokens/s, step time per node) as "
+      "CSV or JSON");
   s->add_option("job", o->job, "Job id")->required();
   auto* csv = s->add_flag("--csv", o->csv, "CSV with a header line (the default)");
   s->add_flag("--json", o->json, "One JSON array of step records")->excludes(csv);

@@ -213,9 +213,8 @@ struct Coordinator::Impl {
     so.port = where->port;
     so.timeout_s = opts.http_timeout_s;
     so.max_connections = opts.http_max_connections;
-    http = std::make_unique<HttpServer>(so, [app = web.get()](const HttpRequest& r) {
-      return app->handle(r);
-    });
+    http = std::make_unique<HttpServer>(
+        so, [app = web.get()](const HttpRequest& r) { return app->handle(r); });
     http_url = "http://" + http->address() + "/";
     record_http_address(opts.state_dir, http_url);
     logger()->info("web endpoint on {} ({})", http_url,

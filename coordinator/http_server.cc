@@ -77,8 +77,8 @@ bool split_target(const std::string& target, HttpRequest& r) {
     if (kv.empty()) continue;
     size_t eq = kv.find('=');
     auto k = percent_decode(kv.substr(0, eq), true);
-    auto v = percent_decode(eq == std::string_view::npos ? std::string_view() : kv.substr(eq + 1),
-                            true);
+    auto v =
+        percent_decode(eq == std::string_view::npos ? std::string_view() : kv.substr(eq + 1), true);
     if (!k || !v) return false;
     r.query[*k] = *v;
   }
@@ -116,10 +116,9 @@ struct HttpServer::Impl {
       parser->header_limit(static_cast<uint32_t>(srv.opts.max_header_bytes));
       parser->body_limit(srv.opts.max_body_bytes);
       stream.expires_after(timeout());
-      http::async_read(stream, buf, *parser,
-                       [self = shared_from_this()](beast::error_code ec, size_t) {
-                         self->on_read(ec);
-                       });
+      http::async_read(
+          stream, buf, *parser,
+          [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
     }
 
     void on_read(beast::error_code ec) {

@@ -28,9 +28,9 @@
 namespace ring::coord {
 
 struct HttpRequest {
-  std::string method;  // "GET"
-  std::string target;  // as sent: "/api/jobs/3?from_step=10"
-  std::string path;    // percent-decoded path: "/api/jobs/3"
+  std::string method;                        // "GET"
+  std::string target;                        // as sent: "/api/jobs/3?from_step=10"
+  std::string path;                          // percent-decoded path: "/api/jobs/3"
   std::map<std::string, std::string> query;  // decoded; a repeated key keeps the last value
   std::string authorization;                 // the Authorization header, verbatim
   std::string cookie;                        // the Cookie header, verbatim
@@ -56,7 +56,7 @@ class HttpServer {
     std::string host = "127.0.0.1";  // an IPv4 or IPv6 address (no names)
     uint16_t port = 0;               // 0: any free port
     size_t max_connections = 32;
-    double timeout_s = 10;           // per read or write of one request/response
+    double timeout_s = 10;  // per read or write of one request/response
     size_t max_header_bytes = 8192;
     size_t max_body_bytes = 4096;
   };

@@ -156,8 +156,8 @@ std::vector<RankSummary> summarize_ranks(const std::vector<proto::RankStepRecord
   };
   std::map<int64_t, Acc> by;  // rank (-1: folded) -> accumulated
   for (const auto& r : rows) {
-    int64_t key = r.rank.rank >= 0 && static_cast<size_t>(r.rank.rank) < max_ranks ? r.rank.rank
-                                                                                    : -1;
+    int64_t key =
+        r.rank.rank >= 0 && static_cast<size_t>(r.rank.rank) < max_ranks ? r.rank.rank : -1;
     Acc& a = by[key];
     a.s.rank = key;
     if (key >= 0) a.s.node = r.node;  // the latest row's node (a rank may move on restart)
@@ -224,7 +224,8 @@ std::vector<proto::EventRecord> latest_events(Store& store, int64_t job,
   std::string in;
   for (size_t i = 0; i < kinds.size(); ++i) in += i ? ",?" : "?";
   Stmt& s = store.db().prepare(
-      "SELECT id, time, job_id, attempt, node, kind, data FROM events WHERE job_id=? AND kind IN (" +
+      "SELECT id, time, job_id, attempt, node, kind, data FROM events WHERE job_id=? AND kind IN "
+      "(" +
       in + ") ORDER BY id DESC LIMIT ?");
   int i = 1;
   s.bind(i++, job);

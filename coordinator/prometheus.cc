@@ -8,8 +8,7 @@
 
 namespace ring::coord {
 
-void Exposition::family(const std::string& name, const std::string& type,
-                        const std::string& help) {
+void Exposition::family(const std::string& name, const std::string& type, const std::string& help) {
   if (!valid_name(name)) throw std::invalid_argument("invalid metric name '" + name + "'");
   for (size_t i = 0; i < families_.size(); ++i)
     if (families_[i].name == name) {

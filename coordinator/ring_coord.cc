@@ -159,8 +159,9 @@ int main(int argc, char** argv) {
                  "many steps")
       ->check(CLI::Range(int64_t{1}, int64_t{10000}))
       ->capture_default_str();
-  app.add_option("--metrics-max-ranks", o.metrics_max_ranks,
-                 "Per-rank series per job in /metrics; ranks past it are folded into rank=\"other\"")
+  app.add_option(
+         "--metrics-max-ranks", o.metrics_max_ranks,
+         "Per-rank series per job in /metrics; ranks past it are folded into rank=\"other\"")
       ->check(CLI::Range(size_t{1}, size_t{100000}))
       ->capture_default_str();
   app.add_option("--metrics-retention-steps", o.metrics_retention_steps,

@@ -64,8 +64,7 @@ void Timers::prune_metrics() {
   prune_more_ = n >= kPruneRows;
   if (n > 0) logger()->debug("retention: deleted {} step metric rows", n);
   if (seconds_since(t0) > kSlow)
-    logger()->warn("slow: pruning {} step metric rows took {:.1f} ms", n,
-                   1e3 * seconds_since(t0));
+    logger()->warn("slow: pruning {} step metric rows took {:.1f} ms", n, 1e3 * seconds_since(t0));
 }
 
 void Timers::flush() {

@@ -44,8 +44,8 @@ std::optional<HttpListen> parse_http_listen(const std::string& s, std::string* w
   // An IP literal only: a name could resolve to a wider address than it looks.
   if (!is_ip_address(host))
     return fail("'" + host + "' is not an IPv4 or IPv6 address (names are not accepted)");
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port) > 65535)
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535)
     return fail("port '" + port + "' is not a number 0..65535 (0: any free port)");
   return HttpListen{host, static_cast<uint16_t>(std::stoul(port))};
 }
@@ -68,13 +68,12 @@ std::string read_or_create_http_token(const std::string& state_dir) {
       text += hex[c & 15];
     }
     std::string line = text + "\n";
-    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) !=
-                                       static_cast<ssize_t>(line.size())) {
+    if (::ftruncate(fd, 0) != 0 ||
+        ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size())) {
       ::close(fd);
       throw SecurityError("cannot write the http token file " + path);
     }
-  } else if (text.size() < 32 ||
-             text.find_first_of(" \t\r\n\"\\;,") != std::string::npos) {
+  } else if (text.size() < 32 || text.find_first_of(" \t\r\n\"\\;,") != std::string::npos) {
     ::close(fd);
     throw SecurityError("http token file " + path +
                         ": expected one token of at least 32 characters without spaces, quotes, "
@@ -109,7 +108,9 @@ HttpResponse text_reply(int status, const std::string& t) {
 
 HttpResponse json_reply(const json& j, int status = 200) {
   // error_handler::replace: text from peers is not guaranteed UTF-8.
-  return {status, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
+  return {status,
+          "application/json",
+          j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
           {}};
 }
 
@@ -122,11 +123,21 @@ std::string h(const std::string& s) {  // HTML-escaped
   o.reserve(s.size());
   for (unsigned char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&#39;"; break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&#39;";
+        break;
       default:
         if (c < 0x20 && c != '\n' && c != '\t')
           o += "&#xFFFD;";
@@ -218,7 +229,7 @@ json job_json(Store& store, const JobRow& j) {
 }
 
 json event_json(const proto::EventRecord& e) {
-  return {{"id", e.id},   {"time", e.time}, {"attempt", e.attempt},
+  return {{"id", e.id},     {"time", e.time}, {"attempt", e.attempt},
           {"node", e.node}, {"kind", e.kind}, {"data", e.data}};
 }
 
@@ -254,8 +265,10 @@ std::string line_chart(const std::string& id, const std::string& title,
     if (std::isfinite(p.first) && std::isfinite(p.second)) pts.push_back(p);
   const double W = 640, H = 200, L = 60, R = 10, T = 20, B = 30;
   std::string s = "<figure class=\"chart\"><figcaption>" + h(title) + "</figcaption>";
-  s += "<svg id=\"" + id + "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"200\" "
-       "viewBox=\"0 0 640 200\" role=\"img\" aria-label=\"" + h(title) + "\">";
+  s += "<svg id=\"" + id +
+       "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"200\" "
+       "viewBox=\"0 0 640 200\" role=\"img\" aria-label=\"" +
+       h(title) + "\">";
   s += "<rect x=\"" + num(L) + "\" y=\"" + num(T) + "\" width=\"" + num(W - L - R) +
        "\" height=\"" + num(H - T - B) + "\" class=\"plot\"/>";
   if (pts.empty()) {
@@ -313,14 +326,17 @@ polyline.series{stroke:#1f5fbf;stroke-width:1.5}circle.pt{fill:#1f5fbf}
 std::string page(const std::string& title, const std::string& body) {
   return "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
          "<meta http-equiv=\"refresh\" content=\"10\">"
-         "<title>" + h(title) + "</title><style>" + kCss + "</style></head><body>" + body +
+         "<title>" +
+         h(title) + "</title><style>" + kCss + "</style></head><body>" + body +
          "<p class=\"muted\">ring-coord dashboard, read-only; refreshes every 10 s. "
          "<a href=\"/\">jobs</a> · <a href=\"/metrics\">metrics</a> · "
          "<a href=\"/api/jobs\">api</a></p></body></html>";
 }
 
 HttpResponse html(const std::string& title, const std::string& body, int status = 200) {
-  return {status, "text/html; charset=utf-8", page(title, body),
+  return {status,
+          "text/html; charset=utf-8",
+          page(title, body),
           {{"Content-Security-Policy",
             "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
             "frame-ancestors 'none'"},
@@ -382,7 +398,9 @@ HttpResponse WebApp::handle(const HttpRequest& r) {
 HttpResponse WebApp::route(const HttpRequest& r) {
   const bool is_login = r.path == "/login";
   if (r.method != "GET" && !(is_login && r.method == "POST"))
-    return {405, "text/plain; charset=utf-8", "only GET (and POST /login) are served\n",
+    return {405,
+            "text/plain; charset=utf-8",
+            "only GET (and POST /login) are served\n",
             {{"Allow", is_login ? "GET, POST" : "GET"}}};
   if (is_login) {
     if (r.method == "GET")
@@ -524,7 +542,8 @@ HttpResponse WebApp::route(const HttpRequest& r) {
   if (r.path == "/") {
     std::string b = "<h1>ringmaster jobs</h1>";
     auto jobs = exported_jobs(store(), o_.limits, now);
-    if (jobs.empty()) b += "<p>No jobs that are live or finished in the last hour.</p>";
+    if (jobs.empty())
+      b += "<p>No jobs that are live or finished in the last hour.</p>";
     else {
       b += "<table id=\"jobs\"><tr><th>job</th><th>name</th><th>owner</th><th>state</th>"
            "<th>step</th><th>loss</th><th>tokens/s</th><th>Slurm job</th><th>restarts</th>"
@@ -564,13 +583,14 @@ HttpResponse WebApp::route(const HttpRequest& r) {
     auto j = id ? store().job(*id) : std::nullopt;
     if (!j) return html("not found", "<h1>No job " + h(seg[1]) + "</h1>", 404);
     const std::string jid = std::to_string(j->id);
-    std::string b = "<h1 id=\"job\" data-job=\"" + jid + "\">Job " + jid + ": " + h(j->name) +
-                    "</h1>";
-    b += std::string("<p>State <b class=\"state-") + to_string(j->state) + "\">" + to_string(j->state) +
-         "</b>" + (j->state_reason.empty() ? "" : " (" + h(j->state_reason) + ")") +
-         " · owner " + h(j->owner_user) + " · attempt " + std::to_string(j->attempt) +
-         " · restarts " + std::to_string(j->restarts) + "/" + std::to_string(j->max_restarts) +
-         " · step " + std::to_string(j->last_step) + "/" + std::to_string(j->total_steps) +
+    std::string b =
+        "<h1 id=\"job\" data-job=\"" + jid + "\">Job " + jid + ": " + h(j->name) + "</h1>";
+    b += std::string("<p>State <b class=\"state-") + to_string(j->state) + "\">" +
+         to_string(j->state) + "</b>" +
+         (j->state_reason.empty() ? "" : " (" + h(j->state_reason) + ")") + " · owner " +
+         h(j->owner_user) + " · attempt " + std::to_string(j->attempt) + " · restarts " +
+         std::to_string(j->restarts) + "/" + std::to_string(j->max_restarts) + " · step " +
+         std::to_string(j->last_step) + "/" + std::to_string(j->total_steps) +
          (j->slurm_job_id.empty() ? "" : " · Slurm job " + h(j->slurm_job_id)) + "</p>";
 
     // Findings.
@@ -588,15 +608,15 @@ HttpResponse WebApp::route(const HttpRequest& r) {
       if (auto m = e.data.find("missing"); m != e.data.end() && m->is_array()) missing = m->dump();
       b += "<div class=\"finding hang\"><b>Hang at step " +
            (e.data.contains("step") ? e.data["step"].dump() : std::string("?")) + "</b>" +
-           (missing.empty() ? "" : ", missing ranks " + h(missing)) + " — " +
-           h(finding_text(e)) + " <span class=\"muted\">(" + when(e.time) + ")</span>";
+           (missing.empty() ? "" : ", missing ranks " + h(missing)) + " — " + h(finding_text(e)) +
+           " <span class=\"muted\">(" + when(e.time) + ")</span>";
       if (auto w = e.data.find("waiting"); w != e.data.end() && w->is_array() && !w->empty()) {
         b += "<ul>";
         size_t n = 0;
         for (const auto& x : *w) {
           if (++n > 16) break;
-          b += "<li>rank " + (x.contains("rank") ? x["rank"].dump() : std::string("?")) +
-               ": " + h(x.value("where", "")) + "</li>";
+          b += "<li>rank " + (x.contains("rank") ? x["rank"].dump() : std::string("?")) + ": " +
+               h(x.value("where", "")) + "</li>";
         }
         b += "</ul>";
       }
@@ -630,7 +650,8 @@ HttpResponse WebApp::route(const HttpRequest& r) {
       b += "<figure class=\"chart\"><figcaption>step time per rank, median and p90 over the last " +
            std::to_string(o_.limits.window_steps) +
            " steps (s)</figcaption><svg id=\"rank_step_time\" xmlns=\"http://www.w3.org/2000/svg\" "
-           "width=\"640\" height=\"" + num(H, "%.0f") + "\">";
+           "width=\"640\" height=\"" +
+           num(H, "%.0f") + "\">";
       double y = 10;
       for (const auto& s : sums) {
         std::string label = s.rank < 0 ? "other (" + std::to_string(s.folded_ranks) + ")"
@@ -660,19 +681,21 @@ HttpResponse WebApp::route(const HttpRequest& r) {
       H = 30 + rowh * static_cast<double>(latest.size());
       b += "<figure class=\"chart\"><figcaption>step " + std::to_string(last_step) +
            ": phases per rank (data, compute, wait, comm)</figcaption><svg id=\"phases\" "
-           "xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"" + num(H, "%.0f") + "\">";
+           "xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"" +
+           num(H, "%.0f") + "\">";
       y = 10;
       for (const auto& x : latest) {
         b += "<text x=\"0\" y=\"" + num(y + 11) + "\">rank " + std::to_string(x.rank.rank) +
              "</text>";
         double xx = 70;
-        for (auto [name, v] : {std::pair{"data", x.rank.data_s}, {"compute", x.rank.compute_s},
-                               {"wait", x.rank.wait_s}, {"comm", x.rank.comm_s}}) {
+        for (auto [name, v] : {std::pair{"data", x.rank.data_s},
+                               {"compute", x.rank.compute_s},
+                               {"wait", x.rank.wait_s},
+                               {"comm", x.rank.comm_s}}) {
           double w = v / maxs * 420;
-          b += "<rect class=\"ph-" + std::string(name) + "\" x=\"" + num(xx, "%.1f") +
-               "\" y=\"" + num(y + 2) + "\" width=\"" + num(w, "%.1f") +
-               "\" height=\"11\"><title>rank " + std::to_string(x.rank.rank) + " " + name + " " +
-               num(v) + " s</title></rect>";
+          b += "<rect class=\"ph-" + std::string(name) + "\" x=\"" + num(xx, "%.1f") + "\" y=\"" +
+               num(y + 2) + "\" width=\"" + num(w, "%.1f") + "\" height=\"11\"><title>rank " +
+               std::to_string(x.rank.rank) + " " + name + " " + num(v) + " s</title></rect>";
           xx += w;
         }
         std::string bw = x.rank.comm_s > 0
@@ -701,7 +724,8 @@ HttpResponse WebApp::route(const HttpRequest& r) {
     // Checkpoints.
     auto ck = checkpoints(store(), j->id, 20);
     b += "<h2>Checkpoints</h2>";
-    if (ck.empty()) b += "<p class=\"muted\">None recorded.</p>";
+    if (ck.empty())
+      b += "<p class=\"muted\">None recorded.</p>";
     else {
       b += "<table id=\"checkpoints\"><tr><th>step</th><th>shards</th><th>size</th>"
            "<th>created</th></tr>";

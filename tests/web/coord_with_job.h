@@ -74,8 +74,14 @@ struct CoordWithJob {
   int run_exit = -1;
 
   explicit CoordWithJob(const std::string& auth, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args{kBin + "/coordinator/ring-coord", "--state-dir", state,
-                                  "--endpoint", endpoint, "--http", "127.0.0.1:0", "--http-auth",
+    std::vector<std::string> args{kBin + "/coordinator/ring-coord",
+                                  "--state-dir",
+                                  state,
+                                  "--endpoint",
+                                  endpoint,
+                                  "--http",
+                                  "127.0.0.1:0",
+                                  "--http-auth",
                                   auth};
     args.insert(args.end(), extra.begin(), extra.end());
     coord = std::make_unique<Proc>(args, dir.path + "/coord.log", dir.path + "/coord.log");
@@ -83,10 +89,10 @@ struct CoordWithJob {
     if (!wait_until(60, [&] { return slurp(state + "/http").find("http://") == 0; })) return;
     url = slurp(state + "/http");
     url.erase(url.find('\n'));
-    auto r = ring::test::run("env RING_COORD=" + endpoint + " RING_STATE_DIR=" + state +
-                             " UCX_TLS=self,posix UCX_NET_DEVICES=lo " + kBin +
-                             "/cli/ringctl run " + kSpec + " --steps 6 --job-dir " + dir.path +
-                             "/job");
+    auto r =
+        ring::test::run("env RING_COORD=" + endpoint + " RING_STATE_DIR=" + state +
+                        " UCX_TLS=self,posix UCX_NET_DEVICES=lo " + kBin + "/cli/ringctl run " +
+                        kSpec + " --steps 6 --job-dir " + dir.path + "/job");
     run_exit = r.exit_code;
     run_output = r.output;
   }

@@ -93,10 +93,7 @@ TEST(MetricsRetention, RingCoordKeepsTheLastStepsOfEachJob) {
     ASSERT_EQ(st.steps(1, 0, 1000).front().step, 1);
     ring::coord::Txn t(st.db());
     for (int64_t s = 1; s <= 6; ++s)
-      st.db()
-          .prepare("INSERT INTO rank_steps VALUES (1,1,?,0,'n0',1,0,0,0,0,0,0)")
-          .args(s)
-          .run();
+      st.db().prepare("INSERT INTO rank_steps VALUES (1,1,?,0,'n0',1,0,0,0,0,0,0)").args(s).run();
     t.commit();
   }
   // The coordinator again, keeping 2 steps per job: steps <= 6 - 2 go within a few of its

@@ -19,10 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coord_with_job.h"
 #include "coordinator/store.h"
 #include "tests/common/run.h"
 #include "tests/common/test_proc.h"
-#include "coord_with_job.h"
 #include "web_util.h"
 
 using namespace ring::web_test;
@@ -55,8 +55,7 @@ TEST(WebScrape, PrometheusScrapesTheJobsStepAndLoss) {
       << "scrape_configs:\n  - job_name: ring-coord\n    metrics_path: /metrics\n"
       << "    authorization:\n      type: Bearer\n      credentials_file: " << c.state
       << "/http.token\n"
-      << "    static_configs:\n      - targets: ['" << c.url.substr(7, c.url.size() - 8)
-      << "']\n";
+      << "    static_configs:\n      - targets: ['" << c.url.substr(7, c.url.size() - 8) << "']\n";
   std::unique_ptr<Proc> prom;
   int port = 0;
   // A port picked free may be taken before Prometheus binds it: try a few.
@@ -67,9 +66,8 @@ TEST(WebScrape, PrometheusScrapesTheJobsStepAndLoss) {
                                  "--storage.tsdb.path=" + pdir + "/tsdb",
                                  "--web.listen-address=127.0.0.1:" + std::to_string(port)},
         pdir + "/log", pdir + "/log");
-    bool up = wait_until(60, [&] {
-      return http(port, "GET", "/-/ready").status == 200 || p->poll();
-    });
+    bool up =
+        wait_until(60, [&] { return http(port, "GET", "/-/ready").status == 200 || p->poll(); });
     if (up && p->pid > 0) prom = std::move(p);
   }
   ASSERT_TRUE(prom) << slurp(pdir + "/log");
@@ -78,7 +76,7 @@ TEST(WebScrape, PrometheusScrapesTheJobsStepAndLoss) {
     auto r = http(port, "GET", "/api/v1/query?query=" + url_encode(q));
     json j = json::parse(r.body, nullptr, false);
     return j.is_object() && j.value("status", "") == "success" ? j["data"]["result"]
-                                                                : json::array();
+                                                               : json::array();
   };
   json step, loss_series;
   bool seen = wait_until(90, [&] {
@@ -123,7 +121,8 @@ TEST(WebBrowser, DashboardShowsTheJobItsLossCurveAndAStraggler) {
       st.db()
           .prepare(
               "INSERT OR REPLACE INTO rank_steps(job_id, attempt, step, rank, node, step_time_s, "
-              "data_s, compute_s, wait_s, comm_s, hop_bytes, time) VALUES (1,1,6,?,?,?,?,?,?,?,?,?)")
+              "data_s, compute_s, wait_s, comm_s, hop_bytes, time) VALUES "
+              "(1,1,6,?,?,?,?,?,?,?,?,?)")
           .args(int64_t{rank}, node, rank ? 0.05 : 0.02, 0.001, rank ? 0.045 : 0.01,
                 rank ? 0.001 : 0.008, 0.003, int64_t{65536}, ring::coord::now_unix())
           .run();
@@ -139,8 +138,9 @@ TEST(WebBrowser, DashboardShowsTheJobItsLossCurveAndAStraggler) {
   const std::string page = c.url + "jobs/1";
   const std::string profile = c.dir.path + "/chromium";
   auto chromium = [&](const std::vector<std::string>& extra, const std::string& out) {
-    std::vector<std::string> args{"/usr/bin/chromium", "--headless", "--no-sandbox",
-                                  "--disable-gpu", "--no-first-run", "--user-data-dir=" + profile,
+    std::vector<std::string> args{"/usr/bin/chromium",      "--headless",
+                                  "--no-sandbox",           "--disable-gpu",
+                                  "--no-first-run",         "--user-data-dir=" + profile,
                                   "--window-size=1280,1800"};
     args.insert(args.end(), extra.begin(), extra.end());
     args.push_back(page);
@@ -160,7 +160,7 @@ TEST(WebBrowser, DashboardShowsTheJobItsLossCurveAndAStraggler) {
       << dom.substr(0, 3000);
   EXPECT_EQ(m[1], "6");
   std::string pts = m[2];
-  EXPECT_EQ(std::count(pts.begin(), pts.end(), ',') , 6) << pts;
+  EXPECT_EQ(std::count(pts.begin(), pts.end(), ','), 6) << pts;
   // The straggler finding, with its rank and node.
   EXPECT_NE(dom.find("class=\"finding straggler\" data-rank=\"1\""), std::string::npos);
   EXPECT_NE(dom.find("Straggler: rank 1 on " + node), std::string::npos);

@@ -87,7 +87,11 @@ struct Fixture {
     store->set_progress(job, 30, 2.5, 1030, now_unix());
     store->upsert_checkpoint(job, 20, "n0", "/ck/step-20", 1 << 20, true);
     store->add_event(job, 1, "n0", "straggler",
-                     {{"rank", 5}, {"node", "n0"}, {"step", 30}, {"steps", 5}, {"behind_s", 3.0},
+                     {{"rank", 5},
+                      {"node", "n0"},
+                      {"step", 30},
+                      {"steps", 5},
+                      {"behind_s", 3.0},
                       {"message", "rank 5 on n0 arrived last in 5 of the last 5 steps"}});
     store->add_event(job, 1, "n0", "straggler",
                      {{"rank", 7}, {"node", "n0"}, {"step", 10}, {"message", "rank 7 slow"}});
@@ -153,7 +157,8 @@ TEST(Prometheus, MetricsParseStrictlyAndCarryTheRecordedNumbers) {
 
   // Per rank: 64 ranks one by one, 6 folded into "other".
   EXPECT_EQ(x.type["ring_rank_step_seconds"], "summary");
-  auto rank5 = x.find("ring_rank_step_seconds", {{"job_id", "1"}, {"rank", "5"}, {"quantile", "0.5"}});
+  auto rank5 =
+      x.find("ring_rank_step_seconds", {{"job_id", "1"}, {"rank", "5"}, {"quantile", "0.5"}});
   ASSERT_EQ(rank5.size(), 1u);
   EXPECT_EQ(rank5[0].labels["node"], "n0");
   EXPECT_DOUBLE_EQ(rank5[0].value, 1 + 0.05 + 3);
@@ -367,7 +372,11 @@ TEST(HttpServer, BoundsRequestsTimesOutIdleClientsAndCapsConnections) {
   o.max_connections = 2;
   o.max_body_bytes = 100;
   HttpServer s(o, [](const HttpRequest& r) {
-    return HttpResponse{200, "text/plain", "path=" + r.path + " q=" + (r.query.count("a") ? r.query.at("a") : "") + "\n", {}};
+    return HttpResponse{
+        200,
+        "text/plain",
+        "path=" + r.path + " q=" + (r.query.count("a") ? r.query.at("a") : "") + "\n",
+        {}};
   });
   int port = s.port();
   auto ok = http(port, "GET", "/x%2Fy?a=b%20c");

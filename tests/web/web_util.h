@@ -132,8 +132,8 @@ inline Parsed parse_exposition(const std::string& text) {
   Parsed x;
   static const std::regex name_re("[a-zA-Z_:][a-zA-Z0-9_:]*");
   static const std::regex label_name_re("[a-zA-Z_][a-zA-Z0-9_]*");
-  std::set<std::string> closed;  // families whose samples ended
-  std::string current;           // family of the last sample or TYPE
+  std::set<std::string> closed;   // families whose samples ended
+  std::string current;            // family of the last sample or TYPE
   std::set<std::string> sampled;  // families with samples so far
   size_t lineno = 0;
   auto fail = [&](const std::string& why, const std::string& line) {
