@@ -12,14 +12,19 @@ namespace proto = ring::protocol;
 using nlohmann::json;
 
 std::vector<JobRow> exported_jobs(Store& store, const ExportLimits& lim, double now) {
+  // Ids first (no spec text is read), then the chosen rows.
+  std::string terminal;
+  for (JobState st : kAllJobStates)
+    if (is_terminal(st))
+      terminal += std::string(terminal.empty() ? "'" : ",'") + to_string(st) + "'";
+  Stmt& s = store.db().prepare("SELECT id FROM jobs WHERE state NOT IN (" + terminal +
+                               ") OR updated_at >= ? ORDER BY updated_at DESC, id DESC LIMIT ?");
+  s.args(now - lim.recent_s, static_cast<int64_t>(lim.max_jobs));
+  std::vector<int64_t> ids;
+  while (s.step()) ids.push_back(s.i64(0));
   std::vector<JobRow> out;
-  for (auto& j : store.jobs())
-    if (!is_terminal(j.state) || j.updated_at >= now - lim.recent_s) out.push_back(std::move(j));
-  std::stable_sort(out.begin(), out.end(), [](const JobRow& a, const JobRow& b) {
-    if (a.updated_at != b.updated_at) return a.updated_at > b.updated_at;
-    return a.id > b.id;
-  });
-  if (out.size() > lim.max_jobs) out.resize(lim.max_jobs);
+  for (int64_t id : ids)
+    if (auto j = store.job(id)) out.push_back(std::move(*j));
   return out;
 }
 
