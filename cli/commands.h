@@ -16,6 +16,7 @@ Subcommand add_status(CLI::App& app);   // cmd_status.cc
 Subcommand add_events(CLI::App& app);   // cmd_events.cc
 Subcommand add_logs(CLI::App& app);     // cmd_logs.cc
 Subcommand add_steps(CLI::App& app);    // cmd_steps.cc
+Subcommand add_metrics(CLI::App& app);  // cmd_metrics.cc
 Subcommand add_cancel(CLI::App& app);   // cmd_control.cc
 Subcommand add_restart(CLI::App& app);  // cmd_control.cc
 Subcommand add_nodes(CLI::App& app);    // cmd_nodes.cc

@@ -27,6 +27,7 @@
 #include "coordinator/security.h"
 #include "coordinator/store.h"
 #include "coordinator/timers.h"
+#include "coordinator/web.h"
 
 namespace ring::coord {
 
@@ -89,6 +90,11 @@ struct Coordinator::Impl {
   std::unique_ptr<DaemonMessages> daemons;
   std::unique_ptr<ClientRequests> requests;
   std::unique_ptr<Timers> timers;
+  // The web endpoint: its own thread and read-only connection (declared after the engine so it
+  // stops first; the server before the app its handler uses).
+  std::unique_ptr<WebApp> web;
+  std::unique_ptr<HttpServer> http;
+  std::string http_url;
 
   Impl(CoordinatorOptions o, std::atomic<bool>& s) : opts(std::move(o)), stop(s), ctx(1) {}
 
@@ -185,6 +191,34 @@ struct Coordinator::Impl {
       listeners.push_back(std::move(l));
     }
     record_endpoints();
+  }
+
+  void start_http() {
+    if (opts.http_listen.empty()) return;
+    std::string why;
+    auto where = parse_http_listen(opts.http_listen, &why);
+    if (!where) throw std::invalid_argument("--http '" + opts.http_listen + "': " + why);
+    if (!opts.http_token && !is_loopback_host(where->host))
+      throw SecurityError("--http " + opts.http_listen +
+                          " is not a loopback address: it needs the token (leave out "
+                          "--http-auth none)");
+    WebOptions w;
+    w.db_path = opts.state_dir + "/coord.db";
+    if (opts.http_token) w.token = read_or_create_http_token(opts.state_dir);
+    w.limits.window_steps = opts.metrics_window_steps;
+    w.limits.max_ranks = opts.metrics_max_ranks;
+    web = std::make_unique<WebApp>(std::move(w));
+    HttpServer::Options so;
+    so.host = where->host;
+    so.port = where->port;
+    so.timeout_s = opts.http_timeout_s;
+    so.max_connections = opts.http_max_connections;
+    http = std::make_unique<HttpServer>(
+        so, [app = web.get()](const HttpRequest& r) { return app->handle(r); });
+    http_url = "http://" + http->address() + "/";
+    record_http_address(opts.state_dir, http_url);
+    logger()->info("web endpoint on {} ({})", http_url,
+                   opts.http_token ? "token required" : "no token: every local user may read it");
   }
 
   // <state_dir>/endpoints: every endpoint this state was served at, one a line. ringctl reads
@@ -362,6 +396,7 @@ Coordinator::Coordinator(CoordinatorOptions opts)
   impl_->requests = std::make_unique<ClientRequests>(*impl_->engine);
   impl_->timers = std::make_unique<Timers>(*impl_->engine);
   impl_->bind_all();
+  impl_->start_http();
 }
 
 Coordinator::~Coordinator() = default;
@@ -374,6 +409,10 @@ std::vector<std::string> Coordinator::endpoints() const {
   std::vector<std::string> out;
   for (const auto& l : impl_->listeners) out.push_back(l.endpoint);
   return out;
+}
+
+std::string Coordinator::http_url() const {
+  return impl_->http_url;
 }
 
 std::string Coordinator::server_public_key() const {

@@ -37,6 +37,20 @@ struct CoordinatorOptions {
   // Slurm topology.conf or cluster YAML (common/topology) for the jobs' global ring order;
   // empty: built from the leaf switches the daemons register with. Throws TopologyError.
   std::string topology_file;
+  // The web endpoint (coordinator/web.h: /metrics, dashboard, /api/): "HOST:PORT" with an IP
+  // address (port 0: any free port; the URL is written to <state_dir>/http); empty: none.
+  std::string http_listen;
+  // Require <state_dir>/http.token (created 0600 on first use) on every request. false is
+  // allowed only on a loopback address (every local user may then read the endpoint).
+  bool http_token = true;
+  double http_timeout_s = 10;
+  size_t http_max_connections = 32;
+  // The /metrics and dashboard limits: per-rank summaries over the last metrics_window_steps
+  // steps; at most metrics_max_ranks ranks per job one by one (the rest folded together).
+  int64_t metrics_window_steps = 20;
+  size_t metrics_max_ranks = 64;
+  // Keep step_metrics and rank_steps rows of each job's last N steps; 0: keep everything.
+  int64_t metrics_retention_steps = 0;
 };
 
 class Coordinator {
@@ -56,6 +70,8 @@ class Coordinator {
   std::vector<std::string> endpoints() const;
   // Empty when no tcp:// endpoint.
   std::string server_public_key() const;
+  // "http://127.0.0.1:41234/" when the web endpoint is on; else empty.
+  std::string http_url() const;
 
   struct Stats {
     uint64_t messages = 0;

@@ -4,7 +4,8 @@
 //   ring-coord [--state-dir DIR] [--endpoint ipc://...|tcp://...]... [--socket-mode shared]
 //              [--heartbeat-interval S] [--heartbeat-timeout S] [--admin-uid UID]...
 //              [--sync full|normal] [--topology topology.conf|cluster.yaml] [--log-level L]
-//              [--log-format text|json]
+//              [--log-format text|json] [--http HOST:PORT [--http-auth token|none]]
+//              [--metrics-window STEPS] [--metrics-max-ranks N] [--metrics-retention-steps N]
 //   ring-coord --state-dir DIR --print-public-key     the CURVE key tcp clients need
 //
 // Without --endpoint it binds $RING_COORD (the endpoint ringctl and ringd use) when that is set,
@@ -29,6 +30,7 @@
 #include "common/version.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/security.h"
+#include "coordinator/web.h"
 
 namespace {
 std::atomic<ring::coord::Coordinator*> g_coord{nullptr};
@@ -66,6 +68,15 @@ CLI::Validator uid_value() {
         return "";
       },
       "UID");
+}
+
+CLI::Validator http_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        std::string why;
+        return ring::coord::parse_http_listen(s, &why) ? "" : "'" + s + "': " + why;
+      },
+      "HOST:PORT");
 }
 
 CLI::Validator endpoint_value() {
@@ -130,6 +141,34 @@ int main(int argc, char** argv) {
                  "program, pid, logger, msg)")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
+  std::string http_auth = "token";
+  app.add_option("--http", o.http_listen,
+                 "Serve /metrics (Prometheus), a read-only dashboard and /api/ on this IP "
+                 "address and port (port 0: any free port; the URL is written to "
+                 "<state-dir>/http). Off by default")
+      ->check(http_value());
+  app.add_option("--http-auth", http_auth,
+                 "token: every request needs `Authorization: Bearer <token>` (or the dashboard's "
+                 "sign-in cookie), the token being <state-dir>/http.token (made 0600 on first "
+                 "use); none: no token, allowed only on a loopback address (every local user "
+                 "can then read job status, metrics and events)")
+      ->check(CLI::IsMember({"token", "none"}))
+      ->capture_default_str();
+  app.add_option("--metrics-window", o.metrics_window_steps,
+                 "Per-rank step time summaries (/metrics, dashboard) cover a job's last this "
+                 "many steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{10000}))
+      ->capture_default_str();
+  app.add_option(
+         "--metrics-max-ranks", o.metrics_max_ranks,
+         "Per-rank series per job in /metrics; ranks past it are folded into rank=\"other\"")
+      ->check(CLI::Range(size_t{1}, size_t{100000}))
+      ->capture_default_str();
+  app.add_option("--metrics-retention-steps", o.metrics_retention_steps,
+                 "Keep each job's step metrics and per-rank timings of its last N steps in "
+                 "coord.db and delete older ones (a bounded batch per second); 0: keep all")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 53))
+      ->capture_default_str();
   app.add_flag("--print-public-key", print_key,
                "Print the CURVE public key for tcp clients (creating the key pair) and exit");
   try {
@@ -164,6 +203,7 @@ int main(int argc, char** argv) {
   o.socket_mode =
       mode == "shared" ? ring::coord::SocketMode::kShared : ring::coord::SocketMode::kPrivate;
   o.synchronous_full = sync == "full";
+  o.http_token = http_auth == "token";
   if (print_key) {
     try {
       ring::coord::prepare_state_dir(o.state_dir);
@@ -187,6 +227,8 @@ int main(int argc, char** argv) {
     if (!c.server_public_key().empty())
       std::cout << "ring-coord: CURVE public key " << c.server_public_key() << " (" << o.state_dir
                 << "/curve/server.pub)\n";
+    if (!c.http_url().empty())
+      std::cout << "ring-coord: web endpoint " << c.http_url() << " (/metrics, dashboard)\n";
     std::cout << "ring-coord: state in " << o.state_dir << "/coord.db" << std::endl;
     c.run();
     g_coord.store(nullptr);

@@ -51,6 +51,20 @@ void Timers::tick() {
         [&] { flush_metrics(); });
   every(last_hb_flush_, e_.opts.heartbeat_flush_s, "writing heartbeat times",
         [&] { flush_heartbeats(); });
+  if (e_.opts.metrics_retention_steps > 0)
+    every(last_prune_, prune_more_ ? 0.0 : 1.0, "pruning step metrics", [&] { prune_metrics(); });
+}
+
+void Timers::prune_metrics() {
+  auto t0 = Clock::now();
+  RelaxedSync relaxed(e_);
+  Txn t(e_.store->db());
+  int64_t n = retention_.prune(*e_.store, kPruneRows);
+  t.commit();
+  prune_more_ = n >= kPruneRows;
+  if (n > 0) logger()->debug("retention: deleted {} step metric rows", n);
+  if (seconds_since(t0) > kSlow)
+    logger()->warn("slow: pruning {} step metric rows took {:.1f} ms", n, 1e3 * seconds_since(t0));
 }
 
 void Timers::flush() {

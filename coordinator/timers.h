@@ -9,6 +9,7 @@
 #include <map>
 
 #include "coordinator/engine.h"
+#include "coordinator/observe.h"
 
 namespace ring::coord {
 
@@ -26,6 +27,10 @@ class Timers {
   void check_abandoned();
   void flush_metrics();
   void flush_heartbeats();
+  // Retention (CoordinatorOptions::metrics_retention_steps): deletes old step metrics, at most
+  // kPruneRows rows a call, once a second (again at once while rows remain).
+  void prune_metrics();
+  static constexpr int64_t kPruneRows = 500;
 
  private:
   Engine& e_;
@@ -34,6 +39,9 @@ class Timers {
   Clock::time_point last_abandon_check_ = Clock::now();
   Clock::time_point last_metrics_flush_ = Clock::now();
   Clock::time_point last_hb_flush_ = Clock::now();
+  Clock::time_point last_prune_ = Clock::now();
+  bool prune_more_ = false;
+  MetricsRetention retention_{e_.opts.metrics_retention_steps};
 };
 
 }  // namespace ring::coord

@@ -52,6 +52,10 @@ FULL_PACKAGES=(
   python3-numpy
   python3-torch
   python3-yaml
+  # ring-coord's web endpoint tests: a Prometheus server scraping /metrics (and promtool), and a
+  # headless browser opening the dashboard
+  prometheus
+  chromium
   # SentencePiece: spm_train and the Python reference for the tokenizer tests and bench
   sentencepiece
   python3-sentencepiece

@@ -1,0 +1,96 @@
+// A small HTTP/1.1 server (Boost.Beast over Asio) for ring-coord's read-only web endpoint
+// (coordinator/web.h: /metrics, the dashboard, /api/).
+//
+// Threading: everything runs in the server's own thread (one io_context); the handler is called
+// there, one request at a time, and never touches the coordinator's ZeroMQ loop or its database
+// connection. Limits keep a slow or hostile client from holding it: request head and body are
+// bounded (431/413), every read and write has a deadline (the connection is closed), and at most
+// max_connections are open at once (more are closed at accept).
+//
+//   HttpServer s({.host = "127.0.0.1", .port = 0}, [](const HttpRequest& r) {
+//     return HttpResponse{200, "text/plain", "hello\n"};
+//   });
+//   s.address();   // "127.0.0.1:41234"
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ring::coord {
+
+struct HttpRequest {
+  std::string method;                        // "GET"
+  std::string target;                        // as sent: "/api/jobs/3?from_step=10"
+  std::string path;                          // percent-decoded path: "/api/jobs/3"
+  std::map<std::string, std::string> query;  // decoded; a repeated key keeps the last value
+  std::string authorization;                 // the Authorization header, verbatim
+  std::string cookie;                        // the Cookie header, verbatim
+  std::string content_type;
+  std::string body;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra headers
+};
+
+class HttpError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class HttpServer {
+ public:
+  struct Options {
+    std::string host = "127.0.0.1";  // an IPv4 or IPv6 address (no names)
+    uint16_t port = 0;               // 0: any free port
+    size_t max_connections = 32;
+    double timeout_s = 10;  // per read or write of one request/response
+    size_t max_header_bytes = 8192;
+    size_t max_body_bytes = 4096;
+  };
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
+
+  // Binds and starts serving. Throws HttpError naming the address and the reason.
+  HttpServer(Options opts, Handler handler);
+  // Stops accepting, closes every connection and joins the thread.
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // The bound address: "127.0.0.1:41234", "[::1]:41234".
+  std::string address() const;
+  uint16_t port() const;
+
+  struct Stats {
+    uint64_t requests = 0;
+    uint64_t refused_connections = 0;  // over max_connections
+  };
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// "%41" -> "A"; with plus_is_space, '+' -> ' ' (form and query encoding). nullopt when a '%' is
+// not followed by two hex digits.
+std::optional<std::string> percent_decode(std::string_view s, bool plus_is_space);
+
+// true when `host` is an IPv4 or IPv6 address literal.
+bool is_ip_address(const std::string& host);
+// true when `host` is a loopback address (127.0.0.0/8, ::1).
+bool is_loopback_host(const std::string& host);
+
+}  // namespace ring::coord

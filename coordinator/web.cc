@@ -1,0 +1,754 @@
+#include "coordinator/web.h"
+
+#include <sodium.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <map>
+
+#include "common/protocol/protocol.h"
+#include "coordinator/prometheus.h"
+#include "coordinator/queries.h"
+#include "coordinator/security.h"
+
+namespace ring::coord {
+
+namespace proto = ring::protocol;
+using nlohmann::json;
+
+// ---- listen address, token ------------------------------------------------------------------
+
+std::optional<HttpListen> parse_http_listen(const std::string& s, std::string* why) {
+  auto fail = [&](const std::string& w) -> std::optional<HttpListen> {
+    if (why) *why = w;
+    return std::nullopt;
+  };
+  std::string host, port;
+  if (!s.empty() && s[0] == '[') {
+    size_t close = s.find(']');
+    if (close == std::string::npos || close + 1 >= s.size() || s[close + 1] != ':')
+      return fail("expected [IPV6]:PORT");
+    host = s.substr(1, close - 1);
+    port = s.substr(close + 2);
+  } else {
+    size_t colon = s.rfind(':');
+    if (colon == std::string::npos) return fail("expected HOST:PORT (e.g. 127.0.0.1:9464)");
+    host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+    if (host.find(':') != std::string::npos) return fail("write an IPv6 address as [ADDR]:PORT");
+  }
+  if (host.empty()) return fail("no address before the port (e.g. 127.0.0.1:9464)");
+  // An IP literal only: a name could resolve to a wider address than it looks.
+  if (!is_ip_address(host))
+    return fail("'" + host + "' is not an IPv4 or IPv6 address (names are not accepted)");
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535)
+    return fail("port '" + port + "' is not a number 0..65535 (0: any free port)");
+  return HttpListen{host, static_cast<uint16_t>(std::stoul(port))};
+}
+
+std::string read_or_create_http_token(const std::string& state_dir) {
+  const std::string path = state_dir + "/" + kHttpTokenFile;
+  int fd = open_private_file(path, "http token file");
+  std::string text;
+  char buf[256];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0 && text.size() < 4096;)
+    text.append(buf, static_cast<size_t>(n));
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.pop_back();
+  if (text.empty()) {
+    unsigned char raw[32];
+    randombytes_buf(raw, sizeof raw);
+    static const char* hex = "0123456789abcdef";
+    for (unsigned char c : raw) {
+      text += hex[c >> 4];
+      text += hex[c & 15];
+    }
+    std::string line = text + "\n";
+    if (::ftruncate(fd, 0) != 0 ||
+        ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size())) {
+      ::close(fd);
+      throw SecurityError("cannot write the http token file " + path);
+    }
+  } else if (text.size() < 32 || text.find_first_of(" \t\r\n\"\\;,") != std::string::npos) {
+    ::close(fd);
+    throw SecurityError("http token file " + path +
+                        ": expected one token of at least 32 characters without spaces, quotes, "
+                        "';' or ','; delete the file to have a new one made");
+  }
+  ::close(fd);
+  return text;
+}
+
+void record_http_address(const std::string& state_dir, const std::string& url) {
+  const std::string path = state_dir + "/" + kHttpAddressFile;
+  int fd = open_private_file(path, "http address file");
+  std::string line = url + "\n";
+  bool ok = ::ftruncate(fd, 0) == 0 &&
+            ::pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size());
+  ::close(fd);
+  if (!ok) throw SecurityError("cannot write " + path);
+}
+
+bool token_matches(const std::string& presented, const std::string& expected) {
+  if (presented.size() != expected.size() || expected.empty()) return false;
+  return sodium_memcmp(presented.data(), expected.data(), expected.size()) == 0;
+}
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+namespace {
+
+HttpResponse text_reply(int status, const std::string& t) {
+  return {status, "text/plain; charset=utf-8", t + "\n", {}};
+}
+
+HttpResponse json_reply(const json& j, int status = 200) {
+  // error_handler::replace: text from peers is not guaranteed UTF-8.
+  return {status,
+          "application/json",
+          j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
+          {}};
+}
+
+HttpResponse json_error(int status, const std::string& msg) {
+  return json_reply({{"error", msg}}, status);
+}
+
+std::string h(const std::string& s) {  // HTML-escaped
+  std::string o;
+  o.reserve(s.size());
+  for (unsigned char c : s) {
+    switch (c) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&#39;";
+        break;
+      default:
+        if (c < 0x20 && c != '\n' && c != '\t')
+          o += "&#xFFFD;";
+        else
+          o += static_cast<char>(c);
+    }
+  }
+  return o;
+}
+
+std::string num(double v, const char* fmt = "%.6g") {
+  if (std::isnan(v)) return "NaN";
+  char b[64];
+  std::snprintf(b, sizeof b, fmt, v);
+  return b;
+}
+
+std::string rate(double v) {
+  if (v >= 1e9) return num(v / 1e9, "%.3g") + "G";
+  if (v >= 1e6) return num(v / 1e6, "%.3g") + "M";
+  if (v >= 1e3) return num(v / 1e3, "%.3g") + "k";
+  return num(v, "%.3g");
+}
+
+std::string bytes_text(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) {
+    b /= 1024;
+    ++i;
+  }
+  return num(b, "%.3g") + " " + u[i];
+}
+
+std::string when(double unix_s) {
+  if (unix_s <= 0) return "-";
+  time_t t = static_cast<time_t>(unix_s);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%d %H:%M:%SZ", &tm);
+  return b;
+}
+
+// A query parameter as an integer in [lo, hi]; nullopt when absent. Sets `bad` when present but
+// not such an integer.
+std::optional<int64_t> int_param(const HttpRequest& r, const std::string& key, int64_t lo,
+                                 int64_t hi, std::string& bad) {
+  auto it = r.query.find(key);
+  if (it == r.query.end()) return std::nullopt;
+  const std::string& v = it->second;
+  bool neg = !v.empty() && v[0] == '-';
+  std::string digits = neg ? v.substr(1) : v;
+  if (digits.empty() || digits.size() > 18 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    bad = "query parameter " + key + "='" + v + "' is not an integer";
+    return std::nullopt;
+  }
+  int64_t x = std::stoll(v);
+  if (x < lo || x > hi) {
+    bad = "query parameter " + key + "=" + v + " is out of range [" + std::to_string(lo) + ", " +
+          std::to_string(hi) + "]";
+    return std::nullopt;
+  }
+  return x;
+}
+
+// "/api/jobs/12/steps" -> {"api","jobs","12","steps"}
+std::vector<std::string> segments(const std::string& path) {
+  std::vector<std::string> out;
+  for (size_t a = 0; a < path.size();) {
+    size_t b = path.find('/', a);
+    if (b == std::string::npos) b = path.size();
+    if (b > a) out.push_back(path.substr(a, b - a));
+    a = b + 1;
+  }
+  return out;
+}
+
+std::optional<int64_t> job_id_of(const std::string& s) {
+  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoll(s);
+}
+
+json job_json(Store& store, const JobRow& j) {
+  auto m = proto::to_json(proto::Message{proto::StatusReply{0, {job_info(store, j, {})}}});
+  return m["jobs"][0];
+}
+
+json event_json(const proto::EventRecord& e) {
+  return {{"id", e.id},     {"time", e.time}, {"attempt", e.attempt},
+          {"node", e.node}, {"kind", e.kind}, {"data", e.data}};
+}
+
+json rank_json(const proto::RankStepRecord& r) {
+  return {{"attempt", r.attempt},
+          {"step", r.step},
+          {"node", r.node},
+          {"rank", r.rank.rank},
+          {"step_time_s", r.rank.step_time_s},
+          {"data_s", r.rank.data_s},
+          {"compute_s", r.rank.compute_s},
+          {"wait_s", r.rank.wait_s},
+          {"comm_s", r.rank.comm_s},
+          {"hop_bytes", r.rank.hop_bytes},
+          {"time", r.time}};
+}
+
+// Keeps at most n points, evenly spaced, the last one always.
+template <typename T>
+std::vector<T> thin(const std::vector<T>& v, size_t n) {
+  if (v.size() <= n || n < 2) return v;
+  std::vector<T> out;
+  for (size_t i = 0; i < n - 1; ++i) out.push_back(v[i * (v.size() - 1) / (n - 1)]);
+  out.push_back(v.back());
+  return out;
+}
+
+// A line chart: x = step, y = value. Finite values only (a NaN loss is left out).
+std::string line_chart(const std::string& id, const std::string& title,
+                       const std::vector<std::pair<double, double>>& pts_in) {
+  std::vector<std::pair<double, double>> pts;
+  for (auto p : pts_in)
+    if (std::isfinite(p.first) && std::isfinite(p.second)) pts.push_back(p);
+  const double W = 640, H = 200, L = 60, R = 10, T = 20, B = 30;
+  std::string s = "<figure class=\"chart\"><figcaption>" + h(title) + "</figcaption>";
+  s += "<svg id=\"" + id +
+       "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"200\" "
+       "viewBox=\"0 0 640 200\" role=\"img\" aria-label=\"" +
+       h(title) + "\">";
+  s += "<rect x=\"" + num(L) + "\" y=\"" + num(T) + "\" width=\"" + num(W - L - R) +
+       "\" height=\"" + num(H - T - B) + "\" class=\"plot\"/>";
+  if (pts.empty()) {
+    s += "<text x=\"320\" y=\"110\" text-anchor=\"middle\">no steps recorded yet</text></svg>"
+         "</figure>";
+    return s;
+  }
+  double x0 = pts.front().first, x1 = pts.back().first, y0 = pts[0].second, y1 = pts[0].second;
+  for (auto [x, y] : pts) {
+    y0 = std::min(y0, y);
+    y1 = std::max(y1, y);
+  }
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) {
+    y0 -= 0.5;
+    y1 += 0.5;
+  }
+  auto X = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto Y = [&](double y) { return T + (1 - (y - y0) / (y1 - y0)) * (H - T - B); };
+  std::string points;
+  for (auto [x, y] : pts) points += num(X(x), "%.1f") + "," + num(Y(y), "%.1f") + " ";
+  if (!points.empty()) points.pop_back();
+  s += "<polyline class=\"series\" data-series=\"" + id + "\" data-points=\"" +
+       std::to_string(pts.size()) + "\" fill=\"none\" points=\"" + points + "\"/>";
+  if (pts.size() <= 200)
+    for (auto [x, y] : pts)
+      s += "<circle class=\"pt\" r=\"2\" cx=\"" + num(X(x), "%.1f") + "\" cy=\"" +
+           num(Y(y), "%.1f") + "\"><title>step " + num(x, "%.0f") + ": " + num(y) +
+           "</title></circle>";
+  s += "<text x=\"" + num(L - 4) + "\" y=\"" + num(T + 4) + "\" text-anchor=\"end\">" + num(y1) +
+       "</text>";
+  s += "<text x=\"" + num(L - 4) + "\" y=\"" + num(H - B) + "\" text-anchor=\"end\">" + num(y0) +
+       "</text>";
+  s += "<text x=\"" + num(L) + "\" y=\"" + num(H - 8) + "\">step " + num(x0, "%.0f") + "</text>";
+  s += "<text x=\"" + num(W - R) + "\" y=\"" + num(H - 8) + "\" text-anchor=\"end\">step " +
+       num(pts.back().first, "%.0f") + "</text>";
+  s += "</svg></figure>";
+  return s;
+}
+
+const char* kCss = R"css(
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
+table{border-collapse:collapse;background:#fff}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.state-running,.state-completed{color:#176b1a}.state-failed{color:#b00020}.state-restarting{color:#a56a00}
+figure.chart{display:inline-block;margin:0 1em 1em 0;background:#fff;border:1px solid #ddd;padding:4px}
+svg text{font-size:11px;fill:#444}rect.plot{fill:#fff;stroke:#ccc}
+polyline.series{stroke:#1f5fbf;stroke-width:1.5}circle.pt{fill:#1f5fbf}
+.finding{border-left:4px solid #b00020;background:#fff;padding:4px 10px;margin:4px 0}
+.finding.cleared{border-color:#176b1a}.muted{color:#777}code{font-size:12px}
+.ph-data{fill:#8e6bbf}.ph-compute{fill:#3a8d3a}.ph-wait{fill:#d9822b}.ph-comm{fill:#1f5fbf}.bar{fill:#1f5fbf}
+)css";
+
+std::string page(const std::string& title, const std::string& body) {
+  return "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+         "<meta http-equiv=\"refresh\" content=\"10\">"
+         "<title>" +
+         h(title) + "</title><style>" + kCss + "</style></head><body>" + body +
+         "<p class=\"muted\">ring-coord dashboard, read-only; refreshes every 10 s. "
+         "<a href=\"/\">jobs</a> · <a href=\"/metrics\">metrics</a> · "
+         "<a href=\"/api/jobs\">api</a></p></body></html>";
+}
+
+HttpResponse html(const std::string& title, const std::string& body, int status = 200) {
+  return {status,
+          "text/html; charset=utf-8",
+          page(title, body),
+          {{"Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
+            "frame-ancestors 'none'"},
+           {"X-Frame-Options", "DENY"}}};
+}
+
+std::string rank_label_text(const RankSummary& s) {
+  return s.rank < 0 ? "other" : std::to_string(s.rank);
+}
+
+std::string finding_text(const proto::EventRecord& e) {
+  std::string msg = e.data.value("message", "");
+  if (!msg.empty()) return msg;
+  return e.data.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string cookie_token(const std::string& cookie) {
+  // "a=b; ring_token=XYZ; c=d"
+  for (size_t a = 0; a < cookie.size();) {
+    size_t b = cookie.find(';', a);
+    if (b == std::string::npos) b = cookie.size();
+    std::string kv = cookie.substr(a, b - a);
+    size_t s = kv.find_first_not_of(' ');
+    if (s != std::string::npos) kv = kv.substr(s);
+    if (kv.rfind("ring_token=", 0) == 0) return kv.substr(11);
+    a = b + 1;
+  }
+  return "";
+}
+
+}  // namespace
+
+// ---- the app ----------------------------------------------------------------------------------
+
+WebApp::WebApp(WebOptions o) : o_(std::move(o)) {}
+WebApp::~WebApp() = default;
+
+Store& WebApp::store() {
+  if (!store_) {
+    Store::Options so;
+    so.read_only = true;
+    store_ = std::make_unique<Store>(o_.db_path, so);
+  }
+  return *store_;
+}
+
+HttpResponse WebApp::handle(const HttpRequest& r) {
+  try {
+    return route(r);
+  } catch (const Refused& e) {
+    return json_error(404, e.what());
+  } catch (const DbError& e) {
+    // A failed read (database busy, or replaced): open a fresh connection next time.
+    store_.reset();
+    return text_reply(503, std::string("database: ") + e.what());
+  }
+}
+
+HttpResponse WebApp::route(const HttpRequest& r) {
+  const bool is_login = r.path == "/login";
+  if (r.method != "GET" && !(is_login && r.method == "POST"))
+    return {405,
+            "text/plain; charset=utf-8",
+            "only GET (and POST /login) are served\n",
+            {{"Allow", is_login ? "GET, POST" : "GET"}}};
+  if (is_login) {
+    if (r.method == "GET")
+      return html("ring-coord: sign in",
+                  "<h1>ring-coord</h1><form method=\"post\" action=\"/login\">"
+                  "<label>Token (<code>http.token</code> in the coordinator's state directory) "
+                  "<input type=\"password\" name=\"token\" autocomplete=\"off\"></label> "
+                  "<button>Sign in</button></form>");
+    std::string presented;
+    for (size_t a = 0; a < r.body.size();) {
+      size_t b = r.body.find('&', a);
+      if (b == std::string::npos) b = r.body.size();
+      std::string kv = r.body.substr(a, b - a);
+      if (kv.rfind("token=", 0) == 0) presented = percent_decode(kv.substr(6), true).value_or("");
+      a = b + 1;
+    }
+    if (o_.token.empty())
+      return {303, "text/plain; charset=utf-8", "no token needed\n", {{"Location", "/"}}};
+    if (!token_matches(presented, o_.token))
+      return html("ring-coord: sign in", "<h1>Wrong token</h1><p><a href=\"/login\">again</a></p>",
+                  401);
+    return {303,
+            "text/plain; charset=utf-8",
+            "signed in\n",
+            {{"Location", "/"},
+             {"Set-Cookie", "ring_token=" + o_.token + "; Path=/; HttpOnly; SameSite=Strict"}}};
+  }
+  if (!o_.token.empty()) {
+    std::string presented;
+    if (r.authorization.rfind("Bearer ", 0) == 0)
+      presented = r.authorization.substr(7);
+    else
+      presented = cookie_token(r.cookie);
+    if (!token_matches(presented, o_.token)) {
+      bool page_req = r.path == "/" || r.path.rfind("/jobs", 0) == 0;
+      HttpResponse resp =
+          page_req ? html("ring-coord: sign in",
+                          "<h1>Token required</h1><p><a href=\"/login\">Sign in</a> with the "
+                          "token in the coordinator's state directory.</p>",
+                          401)
+                   : text_reply(401,
+                                "this endpoint needs `Authorization: Bearer <token>` (the token "
+                                "is in the coordinator's state directory, file http.token)");
+      resp.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"ring-coord\"");
+      return resp;
+    }
+  }
+
+  const double now = now_unix();
+  if (r.path == "/metrics")
+    return {200, kPrometheusContentType, render_metrics(store(), o_.limits, now), {}};
+
+  auto seg = segments(r.path);
+  std::string bad;
+
+  // ---- JSON API
+  if (!seg.empty() && seg[0] == "api") {
+    if (seg.size() == 2 && seg[1] == "jobs") {
+      json out = json::array();
+      for (const auto& j : exported_jobs(store(), o_.limits, now))
+        out.push_back(job_json(store(), j));
+      return json_reply(out);
+    }
+    if (seg.size() == 2 && seg[1] == "nodes") {
+      json out = json::array();
+      for (const auto& n : exported_nodes(store(), o_.limits, now))
+        out.push_back({{"node", n.name},
+                       {"uid", n.uid},
+                       {"state", n.state},
+                       {"last_heartbeat", n.last_heartbeat},
+                       {"heartbeat_age_s", std::max(0.0, now - n.last_heartbeat)}});
+      return json_reply(out);
+    }
+    if (seg.size() >= 3 && seg[1] == "jobs") {
+      auto id = job_id_of(seg[2]);
+      if (!id) return json_error(404, "'" + seg[2] + "' is not a job id");
+      auto j = store().job(*id);
+      if (!j) return json_error(404, "job " + seg[2] + " does not exist");
+      if (seg.size() == 3) {
+        json out = job_json(store(), *j);
+        json s = json::array();
+        for (const auto& f : current_stragglers(store(), j->id))
+          s.push_back({{"rank", f.rank}, {"node", f.node}, {"event", event_json(f.event)}});
+        out["stragglers"] = s;
+        json hangs = json::array();
+        for (const auto& e : latest_events(store(), j->id, {"hang"}, 5))
+          hangs.push_back(event_json(e));
+        out["hangs"] = hangs;
+        return json_reply(out);
+      }
+      if (seg.size() == 4 && seg[3] == "steps") {
+        auto from = int_param(r, "from_step", 0, int64_t{1} << 53, bad).value_or(0);
+        auto limit = int_param(r, "limit", 1, 100000, bad).value_or(10000);
+        if (!bad.empty()) return json_error(400, bad);
+        json out = json::array();
+        for (const auto& s : store().steps(j->id, from > 0 ? from - 1 : 0, limit))
+          out.push_back({{"step", s.step},
+                         {"attempt", s.attempt},
+                         {"node", s.node},
+                         {"loss", s.loss},
+                         {"tokens_per_s", s.tokens_per_s},
+                         {"step_time_s", s.step_time_s},
+                         {"comm_time_s", s.comm_time_s},
+                         {"time", s.time}});
+        return json_reply(out);
+      }
+      if (seg.size() == 4 && seg[3] == "ranks") {
+        auto step = int_param(r, "step", 0, int64_t{1} << 53, bad);
+        auto steps = int_param(r, "steps", 1, 1000, bad).value_or(1);
+        if (!bad.empty()) return json_error(400, bad);
+        auto rows = step ? rank_rows(store(), j->id, *step - steps + 1, *step, 100000)
+                         : rank_window(store(), j->id, steps);
+        json out = json::array();
+        for (const auto& x : rows) out.push_back(rank_json(x));
+        return json_reply(out);
+      }
+      if (seg.size() == 4 && seg[3] == "events") {
+        auto limit = int_param(r, "limit", 1, 10000, bad).value_or(100);
+        if (!bad.empty()) return json_error(400, bad);
+        json out = json::array();
+        for (const auto& e : recent_events(store(), j->id, limit)) out.push_back(event_json(e));
+        return json_reply(out);
+      }
+      if (seg.size() == 4 && seg[3] == "checkpoints") {
+        json out = json::array();
+        for (const auto& c : checkpoints(store(), j->id, 100))
+          out.push_back({{"step", c.step},
+                         {"shards", c.shards},
+                         {"complete_shards", c.complete_shards},
+                         {"bytes", c.bytes},
+                         {"created_at", c.created_at}});
+        return json_reply(out);
+      }
+    }
+    return json_error(404, "no such API path: " + r.path);
+  }
+
+  // ---- dashboard
+  if (r.path == "/") {
+    std::string b = "<h1>ringmaster jobs</h1>";
+    auto jobs = exported_jobs(store(), o_.limits, now);
+    if (jobs.empty())
+      b += "<p>No jobs that are live or finished in the last hour.</p>";
+    else {
+      b += "<table id=\"jobs\"><tr><th>job</th><th>name</th><th>owner</th><th>state</th>"
+           "<th>step</th><th>loss</th><th>tokens/s</th><th>Slurm job</th><th>restarts</th>"
+           "<th>findings</th><th>updated</th></tr>";
+      for (const auto& j : jobs) {
+        auto strag = current_stragglers(store(), j.id);
+        std::string findings;
+        if (!strag.empty())
+          findings = std::to_string(strag.size()) + " straggler" + (strag.size() > 1 ? "s" : "");
+        b += "<tr data-job=\"" + std::to_string(j.id) + "\"><td><a href=\"/jobs/" +
+             std::to_string(j.id) + "\">" + std::to_string(j.id) + "</a></td><td>" + h(j.name) +
+             "</td><td>" + h(j.owner_user) + "</td><td class=\"state-" + to_string(j.state) +
+             "\">" + to_string(j.state) + "</td><td class=\"n\">" + std::to_string(j.last_step) +
+             "/" + std::to_string(j.total_steps) + "</td><td class=\"n\">" +
+             (j.last_loss ? num(*j.last_loss) : "-") + "</td><td class=\"n\">" +
+             (j.last_tokens_per_s ? rate(*j.last_tokens_per_s) : "-") + "</td><td>" +
+             h(j.slurm_job_id.empty() ? "-" : j.slurm_job_id) + "</td><td class=\"n\">" +
+             std::to_string(j.restarts) + "</td><td>" + findings + "</td><td>" +
+             when(j.updated_at) + "</td></tr>";
+      }
+      b += "</table>";
+    }
+    auto nodes = exported_nodes(store(), o_.limits, now);
+    if (!nodes.empty()) {
+      b += "<h2>Nodes</h2><table id=\"nodes\"><tr><th>node</th><th>state</th>"
+           "<th>heartbeat age</th></tr>";
+      for (const auto& n : nodes)
+        b += "<tr><td>" + h(n.name) + "</td><td>" + h(n.state) + "</td><td class=\"n\">" +
+             num(std::max(0.0, now - n.last_heartbeat), "%.1f") + " s</td></tr>";
+      b += "</table>";
+    }
+    return html("ringmaster jobs", b);
+  }
+
+  if (seg.size() == 2 && seg[0] == "jobs") {
+    auto id = job_id_of(seg[1]);
+    auto j = id ? store().job(*id) : std::nullopt;
+    if (!j) return html("not found", "<h1>No job " + h(seg[1]) + "</h1>", 404);
+    const std::string jid = std::to_string(j->id);
+    std::string b =
+        "<h1 id=\"job\" data-job=\"" + jid + "\">Job " + jid + ": " + h(j->name) + "</h1>";
+    b += std::string("<p>State <b class=\"state-") + to_string(j->state) + "\">" +
+         to_string(j->state) + "</b>" +
+         (j->state_reason.empty() ? "" : " (" + h(j->state_reason) + ")") + " · owner " +
+         h(j->owner_user) + " · attempt " + std::to_string(j->attempt) + " · restarts " +
+         std::to_string(j->restarts) + "/" + std::to_string(j->max_restarts) + " · step " +
+         std::to_string(j->last_step) + "/" + std::to_string(j->total_steps) +
+         (j->slurm_job_id.empty() ? "" : " · Slurm job " + h(j->slurm_job_id)) + "</p>";
+
+    // Findings.
+    b += "<h2>Findings</h2><div id=\"findings\">";
+    auto strag = current_stragglers(store(), j->id);
+    auto hangs = latest_events(store(), j->id, {"hang"}, 3);
+    if (strag.empty() && hangs.empty()) b += "<p class=\"muted\">No straggler or hang.</p>";
+    for (const auto& f : strag)
+      b += "<div class=\"finding straggler\" data-rank=\"" + std::to_string(f.rank) +
+           "\"><b>Straggler: rank " + std::to_string(f.rank) + " on " + h(f.node) + "</b> — " +
+           h(finding_text(f.event)) + " <span class=\"muted\">(" + when(f.event.time) +
+           ")</span></div>";
+    for (const auto& e : hangs) {
+      std::string missing;
+      if (auto m = e.data.find("missing"); m != e.data.end() && m->is_array()) missing = m->dump();
+      b += "<div class=\"finding hang\"><b>Hang at step " +
+           (e.data.contains("step") ? e.data["step"].dump() : std::string("?")) + "</b>" +
+           (missing.empty() ? "" : ", missing ranks " + h(missing)) + " — " + h(finding_text(e)) +
+           " <span class=\"muted\">(" + when(e.time) + ")</span>";
+      if (auto w = e.data.find("waiting"); w != e.data.end() && w->is_array() && !w->empty()) {
+        b += "<ul>";
+        size_t n = 0;
+        for (const auto& x : *w) {
+          if (++n > 16) break;
+          b += "<li>rank " + (x.contains("rank") ? x["rank"].dump() : std::string("?")) + ": " +
+               h(x.value("where", "")) + "</li>";
+        }
+        b += "</ul>";
+      }
+      b += "</div>";
+    }
+    b += "</div>";
+
+    // Curves: the last 5000 steps, at most 500 points each.
+    int64_t after = std::max<int64_t>(0, j->last_step - 5000);
+    auto series = thin(step_points(store(), j->id, after + 1), 500);
+    std::vector<std::pair<double, double>> loss, tps;
+    for (const auto& p : series) {
+      loss.emplace_back(static_cast<double>(p.step), p.loss);
+      tps.emplace_back(static_cast<double>(p.step), p.tokens_per_s);
+    }
+    b += "<h2>Training</h2>" + line_chart("loss", "loss", loss) +
+         line_chart("tokens_per_s", "tokens/s", tps);
+
+    // Per-rank step time over the window, and the phases of the latest step.
+    auto window = rank_window(store(), j->id, o_.limits.window_steps);
+    auto sums = summarize_ranks(window, o_.limits.max_ranks);
+    b += "<h2>Ranks</h2>";
+    if (sums.empty()) {
+      b += "<p class=\"muted\">No per-rank timings recorded.</p>";
+    } else {
+      double maxt = 0;
+      for (const auto& s : sums) maxt = std::max(maxt, s.p90);
+      if (maxt <= 0) maxt = 1;
+      const double rowh = 16;
+      double H = 20 + rowh * static_cast<double>(sums.size());
+      b += "<figure class=\"chart\"><figcaption>step time per rank, median and p90 over the last " +
+           std::to_string(o_.limits.window_steps) +
+           " steps (s)</figcaption><svg id=\"rank_step_time\" xmlns=\"http://www.w3.org/2000/svg\" "
+           "width=\"640\" height=\"" +
+           num(H, "%.0f") + "\">";
+      double y = 10;
+      for (const auto& s : sums) {
+        std::string label = s.rank < 0 ? "other (" + std::to_string(s.folded_ranks) + ")"
+                                       : "rank " + std::to_string(s.rank);
+        double w50 = s.p50 / maxt * 440, w90 = s.p90 / maxt * 440;
+        b += "<text x=\"0\" y=\"" + num(y + 11) + "\">" + h(label) + "</text>";
+        b += "<rect class=\"bar\" data-rank=\"" + rank_label_text(s) + "\" x=\"110\" y=\"" +
+             num(y + 2) + "\" width=\"" + num(w50, "%.1f") + "\" height=\"11\"><title>median " +
+             num(s.p50) + " s, p90 " + num(s.p90) + " s</title></rect>";
+        b += "<line x1=\"" + num(110 + w90, "%.1f") + "\" x2=\"" + num(110 + w90, "%.1f") +
+             "\" y1=\"" + num(y + 1) + "\" y2=\"" + num(y + 14) + "\" stroke=\"#b00020\"/>";
+        b += "<text x=\"" + num(560) + "\" y=\"" + num(y + 11) + "\">" + num(s.p50, "%.4g") +
+             " s</text>";
+        y += rowh;
+      }
+      b += "</svg></figure>";
+      // The latest step's phases per rank (stacked bars), and hop bandwidth.
+      int64_t last_step = window.back().step;
+      std::vector<proto::RankStepRecord> latest;
+      for (const auto& x : window)
+        if (x.step == last_step && static_cast<size_t>(x.rank.rank) < o_.limits.max_ranks)
+          latest.push_back(x);
+      double maxs = 0;
+      for (const auto& x : latest)
+        maxs = std::max(maxs, x.rank.data_s + x.rank.compute_s + x.rank.wait_s + x.rank.comm_s);
+      if (maxs <= 0) maxs = 1;
+      H = 30 + rowh * static_cast<double>(latest.size());
+      b += "<figure class=\"chart\"><figcaption>step " + std::to_string(last_step) +
+           ": phases per rank (data, compute, wait, comm)</figcaption><svg id=\"phases\" "
+           "xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"" +
+           num(H, "%.0f") + "\">";
+      y = 10;
+      for (const auto& x : latest) {
+        b += "<text x=\"0\" y=\"" + num(y + 11) + "\">rank " + std::to_string(x.rank.rank) +
+             "</text>";
+        double xx = 70;
+        for (auto [name, v] : {std::pair{"data", x.rank.data_s},
+                               {"compute", x.rank.compute_s},
+                               {"wait", x.rank.wait_s},
+                               {"comm", x.rank.comm_s}}) {
+          double w = v / maxs * 420;
+          b += "<rect class=\"ph-" + std::string(name) + "\" x=\"" + num(xx, "%.1f") + "\" y=\"" +
+               num(y + 2) + "\" width=\"" + num(w, "%.1f") + "\" height=\"11\"><title>rank " +
+               std::to_string(x.rank.rank) + " " + name + " " + num(v) + " s</title></rect>";
+          xx += w;
+        }
+        std::string bw = x.rank.comm_s > 0
+                             ? rate(static_cast<double>(x.rank.hop_bytes) / x.rank.comm_s) + "B/s"
+                             : "-";
+        b += "<text x=\"500\" y=\"" + num(y + 11) + "\">" + num(x.rank.step_time_s, "%.4g") +
+             " s · " + bw + "</text>";
+        y += rowh;
+      }
+      b += "<text x=\"70\" y=\"" + num(y + 14) +
+           "\"><tspan class=\"ph-data\">■</tspan> data <tspan class=\"ph-compute\">■</tspan> "
+           "compute <tspan class=\"ph-wait\">■</tspan> wait <tspan class=\"ph-comm\">■</tspan> "
+           "comm</text></svg></figure>";
+      b += "<table id=\"ranks\"><tr><th>rank</th><th>node</th><th>median s</th><th>p90 s</th>"
+           "<th>p99 s</th><th>wait s</th><th>hop bandwidth</th></tr>";
+      for (const auto& s : sums)
+        b += "<tr><td>" + rank_label_text(s) + "</td><td>" + h(s.node) + "</td><td class=\"n\">" +
+             num(s.p50, "%.4g") + "</td><td class=\"n\">" + num(s.p90, "%.4g") +
+             "</td><td class=\"n\">" + num(s.p99, "%.4g") + "</td><td class=\"n\">" +
+             num(s.mean_wait_s, "%.4g") + "</td><td class=\"n\">" +
+             (s.comm_s > 0 ? rate(static_cast<double>(s.hop_bytes) / s.comm_s) + "B/s" : "-") +
+             "</td></tr>";
+      b += "</table>";
+    }
+
+    // Checkpoints.
+    auto ck = checkpoints(store(), j->id, 20);
+    b += "<h2>Checkpoints</h2>";
+    if (ck.empty())
+      b += "<p class=\"muted\">None recorded.</p>";
+    else {
+      b += "<table id=\"checkpoints\"><tr><th>step</th><th>shards</th><th>size</th>"
+           "<th>created</th></tr>";
+      for (const auto& c : ck)
+        b += "<tr><td class=\"n\">" + std::to_string(c.step) + "</td><td class=\"n\">" +
+             std::to_string(c.complete_shards) + "/" + std::to_string(c.shards) +
+             (c.complete_shards == c.shards ? "" : " (incomplete)") + "</td><td class=\"n\">" +
+             bytes_text(static_cast<double>(c.bytes)) + "</td><td>" + when(c.created_at) +
+             "</td></tr>";
+      b += "</table>";
+    }
+
+    // Events.
+    b += "<h2>Events</h2><table id=\"events\"><tr><th>time</th><th>attempt</th><th>node</th>"
+         "<th>kind</th><th>data</th></tr>";
+    for (const auto& e : recent_events(store(), j->id, 50))
+      b += "<tr><td>" + when(e.time) + "</td><td class=\"n\">" + std::to_string(e.attempt) +
+           "</td><td>" + h(e.node) + "</td><td>" + h(e.kind) + "</td><td><code>" +
+           h(e.data.dump(-1, ' ', false, json::error_handler_t::replace)) + "</code></td></tr>";
+    b += "</table>";
+    return html("job " + jid + ": " + j->name, b);
+  }
+  return html("not found", "<h1>Not found</h1>", 404);
+}
+
+}  // namespace ring::coord
