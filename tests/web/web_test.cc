@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <fmt/format.h>
 
 #include "coordinator/http_server.h"
 #include "coordinator/observe.h"
@@ -201,7 +202,7 @@ TEST(Prometheus, MetricsParseStrictlyAndCarryTheRecordedNumbers) {
 
 TEST(Prometheus, FinishedJobsLeaveAfterTheRecentWindowAndJobsAreCapped) {
   Fixture f;
-  for (int i = 0; i < 5; ++i) f.store->insert_job(sample_job("p" + std::to_string(i)));
+  for (int i = 0; i < 5; ++i) f.store->insert_job(sample_job(fmt::format("p{}", i)));
   ExportLimits lim;
   lim.max_jobs = 3;
   auto x = parse_exposition(render_metrics(*f.store, lim, now_unix()));
