@@ -1,0 +1,392 @@
+// Generation over the paged KV cache against a teacher-forced full forward.
+//
+// A tiny random model (GQA: 4 query heads over 2 K/V heads; attention sharpened by scaling wq and
+// wk so the softmax is far from uniform) prefills prompts of packed documents and decodes greedily;
+// the logits of the prompt's last token and of every generated position must equal those of one
+// full training forward (Model::forward with LocalAttention) over the same tokens:
+//   max_i |logit_i - ref_i| <= 1e-5 * max_i |ref_i|      per position (relative to the row's scale)
+// for every tier configuration (all fast, all host, mixed with promotion, a disk tier), and with
+// prefix sharing for batches of 1-8 prompts. The fast tier's resident bytes never exceed its size.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "worker/generate/generator.h"
+#include "worker/generate/sampling.h"
+#include "worker/model/attention.h"
+#include "worker/model/model.h"
+
+namespace ring::gen {
+namespace {
+
+namespace fs = std::filesystem;
+
+model::ModelConfig tiny_config() {
+  model::ModelConfig m;
+  m.layers = 2;
+  m.d_model = 64;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.head_dim = 16;
+  m.mlp_hidden = 128;
+  m.vocab = 256;
+  m.mlp = spec::MlpKind::kSwiGLU;
+  m.tie_embeddings = true;
+  m.rope_theta = 10000.f;
+  return m;
+}
+
+std::unique_ptr<kernels::Backend> cpu() {
+  std::string err;
+  auto b = kernels::create_backend("cpu", 2, &err);
+  EXPECT_NE(b, nullptr) << err;
+  return b;
+}
+
+// Random weights with sharpened attention (wq, wk x 6).
+std::vector<float> tiny_params(const model::ModelConfig& c, kernels::Backend* be, uint64_t seed) {
+  model::LocalAttention att(be);
+  model::Model m(c, be, &att);
+  m.init_params(seed);
+  std::vector<float> p = m.get_params();
+  for (const auto& v : m.layout().views())
+    if (v.name.find("attn.wq") != std::string::npos || v.name.find("attn.wk") != std::string::npos)
+      for (int64_t i = 0; i < v.size; ++i) p[static_cast<size_t>(v.offset + i)] *= 6.f;
+  return p;
+}
+
+struct Prompt {
+  std::vector<int32_t> ids, docs;
+};
+
+// Packed documents: lengths drawn at random, ids at random.
+Prompt packed_prompt(int64_t tokens, uint64_t seed, int docs) {
+  std::mt19937_64 rng(seed);
+  Prompt p;
+  std::vector<int64_t> cuts;
+  for (int d = 1; d < docs; ++d) cuts.push_back(static_cast<int64_t>(rng() % tokens));
+  std::sort(cuts.begin(), cuts.end());
+  int32_t doc = 0;
+  size_t c = 0;
+  for (int64_t i = 0; i < tokens; ++i) {
+    while (c < cuts.size() && cuts[c] <= i) {
+      ++doc;
+      ++c;
+    }
+    p.ids.push_back(static_cast<int32_t>(rng() % 256));
+    p.docs.push_back(doc);
+  }
+  return p;
+}
+
+// Teacher-forced logits of every position: [T, vocab].
+std::vector<float> teacher(const model::ModelConfig& c, kernels::Backend* be,
+                           const std::vector<float>& params, const Prompt& p) {
+  model::LocalAttention att(be);
+  model::ModelConfig rc = c;
+  rc.recompute = true;
+  model::Model m(rc, be, &att);
+  m.set_params(params);
+  const int64_t t = static_cast<int64_t>(p.ids.size());
+  std::vector<int32_t> labels(p.ids.size(), -1);
+  std::vector<int64_t> pos(p.ids.size());
+  for (int64_t i = 0; i < t; ++i) pos[static_cast<size_t>(i)] = i;
+  model::Batch b{t, p.ids.data(), labels.data(), pos.data(), p.docs.data()};
+  m.forward(b, 1);
+  return std::vector<float>(m.logits(), m.logits() + t * c.vocab);
+}
+
+double rel_err(const float* got, const float* ref, int64_t n) {
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
+  }
+  return diff / scale;
+}
+
+int32_t argmax(const float* x, int64_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "ring-gen-test-XXXXXX").string();
+    path_ = ::mkdtemp(t.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct GenRun {
+  std::vector<std::vector<float>> logits;  // [prompt][position - first] rows of vocab
+  std::vector<Prompt> full;                // prompt + generated tokens
+  CacheStats stats;
+  DecodeStats dstats;
+  int64_t fast_peak = 0;
+};
+
+// Prefills every prompt, then decodes `steps` greedy tokens for all of them in one batch.
+GenRun generate(const model::ModelConfig& c, kernels::Backend* be, const std::vector<float>& params,
+             const GeneratorOptions& opt, const std::vector<Prompt>& prompts, int steps) {
+  Generator g(c, params.data(), be, opt);
+  GenRun r;
+  std::vector<int> handles;
+  std::vector<int32_t> next;
+  for (const Prompt& p : prompts) {
+    std::vector<float> l;
+    handles.push_back(g.prefill(p.ids, p.docs, &l));
+    r.logits.push_back(l);
+    r.full.push_back(p);
+    next.push_back(argmax(l.data(), c.vocab));
+  }
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> l;
+    g.step(handles, next, &l);
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      r.full[b].ids.push_back(next[b]);
+      r.full[b].docs.push_back(r.full[b].docs.back());
+      const float* row = l.data() + static_cast<int64_t>(b) * c.vocab;
+      r.logits[b].insert(r.logits[b].end(), row, row + c.vocab);
+      next[b] = argmax(row, c.vocab);
+    }
+    const CacheStats cs = g.cache().stats();
+    EXPECT_LE(cs.fast_resident_bytes, opt.cache.fast_bytes);
+    r.fast_peak = std::max(r.fast_peak, cs.fast_peak_bytes);
+  }
+  r.stats = g.cache().stats();
+  r.dstats = g.decode_stats();
+  return r;
+}
+
+// Every generated position against the teacher-forced forward.
+void expect_exact(const model::ModelConfig& c, kernels::Backend* be,
+                  const std::vector<float>& params, const GenRun& r, const std::vector<Prompt>& prompts) {
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const std::vector<float> ref = teacher(c, be, params, r.full[b]);
+    const int64_t first = static_cast<int64_t>(prompts[b].ids.size()) - 1;
+    const int64_t rows = static_cast<int64_t>(r.logits[b].size()) / c.vocab;
+    ASSERT_EQ(first + rows, static_cast<int64_t>(r.full[b].ids.size()));
+    for (int64_t i = 0; i < rows; ++i) {
+      const double e = rel_err(r.logits[b].data() + i * c.vocab,
+                               ref.data() + (first + i) * c.vocab, c.vocab);
+      EXPECT_LE(e, 1e-5) << "prompt " << b << " position " << first + i;
+    }
+  }
+}
+
+GeneratorOptions options(int64_t page_tokens, int64_t fast_bytes, int64_t window) {
+  GeneratorOptions o;
+  o.threads = 2;
+  o.cache.page_tokens = page_tokens;
+  o.cache.fast_bytes = fast_bytes;
+  o.cache.window = window;
+  return o;
+}
+
+TEST(Generate, AllFastAllHostMixedAndDiskAreExactAndIdentical) {
+  auto be = cpu();
+  const auto c = tiny_config();
+  const auto params = tiny_params(c, be.get(), 7);
+  const std::vector<Prompt> prompts = {packed_prompt(2000, 11, 3)};
+  const int64_t page = 256, page_bytes = 2 * page * c.head_dim * 4;
+  const int64_t pages = (2000 / page + 2) * c.layers * c.kv_heads;
+  TempDir disk;
+  struct Tiering {
+    const char* name;
+    GeneratorOptions opt;
+  };
+  std::vector<Tiering> cases;
+  cases.push_back({"all fast", options(page, pages * page_bytes * 2, -1)});
+  cases.push_back({"all host", options(page, 0, 0)});
+  // The window (2 pages per layer and head) plus 3 more slots: pages compete by attention mass.
+  cases.push_back({"mixed", options(page, (2 * c.layers * c.kv_heads + 3) * page_bytes, 64)});
+  GeneratorOptions d = options(page, 0, 0);
+  d.cache.host_bytes = 6 * page_bytes;  // most pages spill to the disk tier
+  d.cache.disk_dir = disk.path();
+  cases.push_back({"disk", d});
+  std::vector<GenRun> runs;
+  for (const auto& t : cases) {
+    SCOPED_TRACE(t.name);
+    runs.push_back(generate(c, be.get(), params, t.opt, prompts, 6));
+    EXPECT_LE(runs.back().fast_peak, t.opt.cache.fast_bytes);
+  }
+  expect_exact(c, be.get(), params, runs[0], prompts);
+  // Where a page lives never changes a bit of the result.
+  for (size_t i = 1; i < runs.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    EXPECT_EQ(runs[i].logits, runs[0].logits);
+  }
+  // Each configuration computed where it said: fast only, host only, both, disk.
+  EXPECT_EQ(runs[0].dstats.host_tasks, 0);
+  EXPECT_EQ(runs[1].dstats.fast_tasks, 0);
+  EXPECT_GT(runs[2].dstats.fast_tasks, 0);
+  EXPECT_GT(runs[2].dstats.host_tasks, 0);
+  EXPECT_GT(runs[2].stats.promotions, 2 * c.layers * c.kv_heads);
+  EXPECT_GT(runs[3].dstats.disk_tasks, 0);
+  EXPECT_GT(runs[3].stats.disk_pages, 0);
+  // The disk tier's directory is gone with the generator.
+  EXPECT_TRUE(fs::is_empty(disk.path()));
+}
+
+TEST(Generate, PromptLengthsOneToSixteenK) {
+  auto be = cpu();
+  const auto c = tiny_config();
+  const auto params = tiny_params(c, be.get(), 3);
+  for (int64_t t : {1024, 4096, 16384}) {
+    SCOPED_TRACE(t);
+    const std::vector<Prompt> prompts = {packed_prompt(t, 100 + t, 4)};
+    const int64_t page = 1024, page_bytes = 2 * page * c.head_dim * 4;
+    GeneratorOptions o = options(page, 12 * page_bytes, 512);  // mostly host, some promoted
+    GenRun r = generate(c, be.get(), params, o, prompts, 3);
+    expect_exact(c, be.get(), params, r, prompts);
+    EXPECT_LE(r.fast_peak, o.cache.fast_bytes);
+  }
+}
+
+TEST(Generate, PrefixSharingStoresThePrefixOnceAndStaysExact) {
+  auto be = cpu();
+  const auto c = tiny_config();
+  const auto params = tiny_params(c, be.get(), 5);
+  const int64_t page = 128;
+  const Prompt prefix = packed_prompt(1024, 42, 2);  // 8 full pages
+  for (int batch : {1, 3, 8}) {
+    SCOPED_TRACE(batch);
+    std::vector<Prompt> prompts;
+    for (int b = 0; b < batch; ++b) {
+      Prompt p = prefix;
+      // Each prompt's own text continues the prefix's last document (its queries attend into
+      // the shared pages).
+      Prompt tail = packed_prompt(40 + 37 * b, 1000 + b, 1);
+      for (size_t i = 0; i < tail.ids.size(); ++i) {
+        p.ids.push_back(tail.ids[i]);
+        p.docs.push_back(prefix.docs.back());
+      }
+      prompts.push_back(p);
+    }
+    GeneratorOptions o = options(page, 0, 0);
+    GenRun r = generate(c, be.get(), params, o, prompts, 3);
+    expect_exact(c, be.get(), params, r, prompts);
+    const int64_t prefix_pages = 1024 / page * c.layers * c.kv_heads;
+    EXPECT_EQ(r.stats.shared_hits, (batch - 1) * prefix_pages);
+    // Stored once: the prefix pages plus each sequence's own tail pages.
+    const int64_t own = static_cast<int64_t>(batch) * c.layers * c.kv_heads *
+                        ((40 + 37 * (batch - 1) + 3 + page - 1) / page + 1);
+    EXPECT_LE(r.stats.pages, prefix_pages + own);
+    if (batch > 1) {
+      EXPECT_EQ(r.dstats.shared_tasks, 3 * prefix_pages);  // one task per prefix page per step
+    }
+  }
+}
+
+TEST(Generate, DiskTierFileIsPrivate) {
+  auto be = cpu();
+  const auto c = tiny_config();
+  const auto params = tiny_params(c, be.get(), 9);
+  TempDir disk;
+  GeneratorOptions o = options(64, 0, 0);
+  o.cache.host_bytes = 1;  // everything on disk
+  o.cache.disk_dir = disk.path();
+  {
+    Generator g(c, params.data(), be.get(), o);
+    std::vector<float> l;
+    const Prompt p = packed_prompt(300, 1, 1);
+    g.prefill(p.ids, p.docs, &l);
+    std::vector<fs::path> dirs{fs::directory_iterator(disk.path()), fs::directory_iterator()};
+    ASSERT_EQ(dirs.size(), 1u);
+    struct stat st {};
+    ASSERT_EQ(::stat(dirs[0].c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    std::vector<fs::path> files{fs::directory_iterator(dirs[0]), fs::directory_iterator()};
+    ASSERT_EQ(files.size(), 1u);
+    ASSERT_EQ(::stat(files[0].c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_GT(g.cache().stats().disk_pages, 0);
+  }
+  EXPECT_TRUE(fs::is_empty(disk.path()));
+}
+
+TEST(Generate, ConfigurationErrorsNameTheSetting) {
+  auto be = cpu();
+  const auto c = tiny_config();
+  const auto params = tiny_params(c, be.get(), 9);
+  {
+    GeneratorOptions o = options(64, 64 * 16 * 4 * 2 * 3, 64);  // 3 slots: window needs 8
+    Generator g(c, params.data(), be.get(), o);
+    std::vector<float> l;
+    const Prompt p = packed_prompt(100, 1, 1);
+    const int s = g.prefill(p.ids, p.docs, &l);
+    try {
+      g.step({s}, {1}, &l);
+      FAIL() << "expected an error";
+    } catch (const GenerateError& e) {
+      EXPECT_NE(std::string(e.what()).find("fast_bytes"), std::string::npos) << e.what();
+    }
+  }
+  {
+    GeneratorOptions o = options(64, 0, 0);
+    o.cache.host_bytes = 1;  // no room, no disk tier
+    Generator g(c, params.data(), be.get(), o);
+    const Prompt p = packed_prompt(100, 1, 1);
+    try {
+      g.prefill(p.ids, p.docs, nullptr);
+      FAIL() << "expected an error";
+    } catch (const GenerateError& e) {
+      EXPECT_NE(std::string(e.what()).find("host_bytes"), std::string::npos) << e.what();
+    }
+  }
+  GeneratorOptions bad = options(8, 0, 0);
+  EXPECT_THROW(Generator(c, params.data(), be.get(), bad), GenerateError);
+  Generator g(c, params.data(), be.get(), options(64, 0, 0));
+  EXPECT_THROW(g.prefill({1, 300}, {}, nullptr), GenerateError);
+}
+
+TEST(Sampling, GreedyTopPAndSeeds) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f};
+  Sampler greedy(SamplingParams{}, 0);
+  EXPECT_EQ(greedy.sample(logits.data(), 5), 1);  // first of the tied maxima
+  // top_p tiny: only the most likely token (the first of the ties by id).
+  Sampler nucleus(SamplingParams{1.0, 1e-6, 3}, 0);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(nucleus.sample(logits.data(), 5), 1);
+  // Same seed and stream: same tokens; another seed: another sequence.
+  auto draw = [&](uint64_t seed, uint64_t stream) {
+    Sampler s(SamplingParams{1.0, 1.0, seed}, stream);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(s.sample(logits.data(), 5));
+    return out;
+  };
+  EXPECT_EQ(draw(5, 0), draw(5, 0));
+  EXPECT_NE(draw(5, 0), draw(6, 0));
+  EXPECT_NE(draw(5, 0), draw(5, 1));
+  // Temperature 1: frequencies follow the softmax (20000 draws, within 0.02 absolute).
+  Sampler s(SamplingParams{1.0, 1.0, 1}, 0);
+  std::vector<int> count(5, 0);
+  for (int i = 0; i < 20000; ++i) ++count[static_cast<size_t>(s.sample(logits.data(), 5))];
+  double z = 0;
+  for (float l : logits) z += std::exp(l);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_NEAR(count[static_cast<size_t>(i)] / 20000.0, std::exp(logits[i]) / z, 0.02) << i;
+  // top_p 0.5 keeps the two tied most likely tokens (mass 0.37 each) only.
+  Sampler half(SamplingParams{1.0, 0.5, 2}, 0);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = half.sample(logits.data(), 5);
+    EXPECT_TRUE(t == 1 || t == 4) << t;
+  }
+  EXPECT_THROW(Sampler(SamplingParams{-1.0, 1.0, 0}, 0), GenerateError);
+  EXPECT_THROW(Sampler(SamplingParams{1.0, 0.0, 0}, 0), GenerateError);
+}
+
+}  // namespace
+}  // namespace ring::gen

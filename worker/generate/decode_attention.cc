@@ -1,0 +1,260 @@
+#include "worker/generate/decode_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+namespace ring::gen {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// q . k over n floats with 8 independent accumulators summed in a fixed order: the same bits
+// whatever the caller, and vectorisable without reassociation.
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+inline void axpy(float alpha, const float* __restrict x, float* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::work() {
+  uint64_t seen = 0;
+  for (;;) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    while (next_ < n_) {
+      const int64_t i = next_++;
+      const auto* fn = fn_;
+      l.unlock();
+      (*fn)(i);
+      l.lock();
+      if (++done_ == n_) done_cv_.notify_all();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::unique_lock<std::mutex> l(mu_);
+  fn_ = &fn;
+  n_ = n;
+  next_ = 0;
+  done_ = 0;
+  ++generation_;
+  cv_.notify_all();
+  while (next_ < n_) {
+    const int64_t i = next_++;
+    l.unlock();
+    fn(i);
+    l.lock();
+    ++done_;
+  }
+  done_cv_.wait(l, [&] { return done_ == n_; });
+  fn_ = nullptr;
+  n_ = 0;
+}
+
+void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b) {
+  if (lse_b == kNegInf) return;
+  if (*lse_a == kNegInf) {
+    std::copy(o_b, o_b + head_dim, o_a);
+    *lse_a = lse_b;
+    return;
+  }
+  const float m = std::max(*lse_a, lse_b);
+  const float lse = m + std::log(std::exp(*lse_a - m) + std::exp(lse_b - m));
+  const float wa = std::exp(*lse_a - lse), wb = std::exp(lse_b - lse);
+  for (int64_t d = 0; d < head_dim; ++d) o_a[d] = wa * o_a[d] + wb * o_b[d];
+  *lse_a = lse;
+}
+
+void page_partial(int64_t m, int64_t hd, float scale, const float* q, int64_t q_stride,
+                  const int32_t* q_doc, int64_t tokens, const float* k, const float* v,
+                  const int32_t* docs, float* out, int64_t out_stride, float* lse, float* s) {
+  constexpr int64_t kBlock = 64;  // keys per block: K/V rows stay in L1 across the query rows
+  for (int64_t j0 = 0; j0 < tokens; j0 += kBlock) {
+    const int64_t j1 = std::min(tokens, j0 + kBlock);
+    for (int64_t r = 0; r < m; ++r) {
+      const float* qr = q + r * q_stride;
+      float* sr = s + r * tokens;
+      for (int64_t j = j0; j < j1; ++j)
+        sr[j] = docs[j] == q_doc[r] ? dot(qr, k + j * hd, hd) * scale : kNegInf;
+    }
+  }
+  std::vector<float> inv(static_cast<size_t>(m), 0.f);
+  for (int64_t r = 0; r < m; ++r) {
+    float* sr = s + r * tokens;
+    float mx = kNegInf;
+    for (int64_t j = 0; j < tokens; ++j) mx = std::max(mx, sr[j]);
+    float* o = out + r * out_stride;
+    std::fill(o, o + hd, 0.f);
+    if (mx == kNegInf) {
+      lse[r] = kNegInf;
+      for (int64_t j = 0; j < tokens; ++j) sr[j] = 0.f;
+      continue;
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j < tokens; ++j) {
+      const float p = sr[j] == kNegInf ? 0.f : std::exp(sr[j] - mx);
+      sr[j] = p;
+      sum += p;
+    }
+    lse[r] = mx + std::log(sum);
+    inv[static_cast<size_t>(r)] = 1.f / sum;
+  }
+  for (int64_t j0 = 0; j0 < tokens; j0 += kBlock) {
+    const int64_t j1 = std::min(tokens, j0 + kBlock);
+    for (int64_t r = 0; r < m; ++r) {
+      if (lse[r] == kNegInf) continue;
+      const float* sr = s + r * tokens;
+      float* o = out + r * out_stride;
+      for (int64_t j = j0; j < j1; ++j)
+        if (sr[j] != 0.f) axpy(sr[j], v + j * hd, o, hd);
+    }
+  }
+  for (int64_t r = 0; r < m; ++r) {
+    if (lse[r] == kNegInf) continue;
+    float* o = out + r * out_stride;
+    for (int64_t d = 0; d < hd; ++d) o[d] *= inv[static_cast<size_t>(r)];
+  }
+}
+
+DecodeAttention::DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim)
+    : cache_(cache),
+      pool_(pool),
+      heads_(heads),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      group_(heads / kv_heads),
+      scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {}
+
+void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, float* out,
+                              float* lse, DecodeStats* stats) {
+  const int64_t B = static_cast<int64_t>(seqs.size()), hd = head_dim_, g = group_;
+  // Partials: sequence b, page i, query head h at (base[b] + i * heads + h).
+  std::vector<int64_t> base(static_cast<size_t>(B) + 1, 0);
+  for (int64_t b = 0; b < B; ++b)
+    base[b + 1] = base[b] + static_cast<int64_t>((*seqs[b].pages)[0].size()) * heads_;
+  std::vector<float> part_o(static_cast<size_t>(base[B] * hd));
+  std::vector<float> part_lse(static_cast<size_t>(base[B]));
+
+  // One task per distinct page: the (sequence, page index) pairs that hold it.
+  struct Task {
+    PageId page;
+    int64_t kv_head;
+    std::vector<std::pair<int64_t, int64_t>> users;
+  };
+  std::vector<Task> tasks;
+  std::unordered_map<PageId, size_t> index;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t kh = 0; kh < kv_heads_; ++kh) {
+      const auto& list = (*seqs[b].pages)[static_cast<size_t>(kh)];
+      for (int64_t i = 0; i < static_cast<int64_t>(list.size()); ++i) {
+        auto [it, fresh] = index.emplace(list[static_cast<size_t>(i)], tasks.size());
+        if (fresh) tasks.push_back(Task{list[static_cast<size_t>(i)], kh, {}});
+        tasks[it->second].users.emplace_back(b, i);
+      }
+    }
+  }
+  const int64_t pt = cache_->page_tokens();
+  pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+    const Task& task = tasks[static_cast<size_t>(t)];
+    const Page& page = cache_->page(task.page);
+    const int64_t m = static_cast<int64_t>(task.users.size()) * g;
+    thread_local std::vector<float> qm, om, lm, sc;
+    thread_local std::vector<int32_t> dm;
+    qm.resize(static_cast<size_t>(m * hd));
+    om.resize(static_cast<size_t>(m * hd));
+    lm.resize(static_cast<size_t>(m));
+    dm.resize(static_cast<size_t>(m));
+    sc.resize(static_cast<size_t>(m * std::max<int64_t>(pt, 1)));
+    for (size_t u = 0; u < task.users.size(); ++u) {
+      const int64_t b = task.users[u].first;
+      const float* src = q + (b * heads_ + task.kv_head * g) * hd;
+      std::copy(src, src + g * hd, qm.data() + static_cast<int64_t>(u) * g * hd);
+      for (int64_t r = 0; r < g; ++r) dm[u * g + r] = seqs[static_cast<size_t>(b)].doc;
+    }
+    page_partial(m, hd, scale_, qm.data(), hd, dm.data(), page.tokens, cache_->k_of(task.page),
+                 cache_->v_of(task.page), page.docs.data(), om.data(), hd, lm.data(), sc.data());
+    for (size_t u = 0; u < task.users.size(); ++u) {
+      const auto [b, i] = task.users[u];
+      for (int64_t r = 0; r < g; ++r) {
+        const int64_t h = task.kv_head * g + r;
+        const int64_t at = base[b] + i * heads_ + h;
+        const int64_t row = static_cast<int64_t>(u) * g + r;
+        std::copy(om.data() + row * hd, om.data() + (row + 1) * hd, part_o.data() + at * hd);
+        part_lse[static_cast<size_t>(at)] = lm[static_cast<size_t>(row)];
+      }
+    }
+  });
+  // Merge in page order, per (sequence, head).
+  pool_->parallel_for(B * heads_, [&](int64_t bh) {
+    const int64_t b = bh / heads_, h = bh % heads_;
+    float* o = out + bh * hd;
+    float* l = lse + bh;
+    std::fill(o, o + hd, 0.f);
+    *l = kNegInf;
+    const int64_t pages = (base[b + 1] - base[b]) / heads_;
+    for (int64_t i = 0; i < pages; ++i) {
+      const int64_t at = base[b] + i * heads_ + h;
+      merge_partial(hd, o, l, part_o.data() + at * hd, part_lse[static_cast<size_t>(at)]);
+    }
+  });
+  // Attention mass per page: the share of each head's softmax it holds.
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t pages = (base[b + 1] - base[b]) / heads_;
+    for (int64_t i = 0; i < pages; ++i) {
+      for (int64_t h = 0; h < heads_; ++h) {
+        const float pl = part_lse[static_cast<size_t>(base[b] + i * heads_ + h)];
+        if (pl == kNegInf) continue;
+        const PageId id = (*seqs[b].pages)[static_cast<size_t>(h / g)][static_cast<size_t>(i)];
+        cache_->add_mass(id, std::exp(static_cast<double>(pl) - lse[b * heads_ + h]));
+      }
+    }
+  }
+  if (stats != nullptr) {
+    for (const Task& t : tasks) {
+      ++stats->tasks;
+      switch (cache_->tier_of(t.page)) {
+        case Tier::kFast: ++stats->fast_tasks; break;
+        case Tier::kHost: ++stats->host_tasks; break;
+        case Tier::kDisk: ++stats->disk_tasks; break;
+      }
+      if (t.users.size() > 1) ++stats->shared_tasks;
+      stats->kv_bytes += 2 * cache_->page(t.page).tokens * hd * 4;
+    }
+  }
+}
+
+}  // namespace ring::gen

@@ -1,0 +1,89 @@
+// Exact decode attention over the paged KV cache, and the log-sum-exp merge.
+//
+// For one layer and a batch of sequences each with one new query token: every page the batch
+// references (a shared prefix page once, whatever the number of sequences holding it) is a task;
+// a task computes, in place where the page lives (fast copy or host/disk backing: never copied
+// for the computation), the partial (o, lse) of every query head of every sequence that holds
+// it, as a matrix product Q [m, head_dim] x K^T [head_dim, tokens] (m = sequences x query heads
+// of the K/V head) then P V. Tasks run on a pool of CPU threads. Each sequence's partials are
+// then merged in page order with the rule ring attention uses (kernels/backend.h
+// attention_merge):
+//   m = max(lse_a, lse_b); lse = m + log(exp(lse_a - m) + exp(lse_b - m))
+//   o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b        (empty partials: lse = -inf)
+// Each query row's arithmetic is the same whatever the batch, the page's tier or the thread that
+// runs it, and the merge order is fixed (page order), so neither prefix sharing nor promotion
+// changes a single bit of the result.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "worker/generate/kv_cache.h"
+
+namespace ring::gen {
+
+// A fixed pool of threads running parallel_for; the caller's thread takes part.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // 0: hardware concurrency
+  ~ThreadPool();
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // Runs fn(i) for i in [0, n), each once, on the pool; returns when all are done.
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+
+ private:
+  void work();
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, next_ = 0, done_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+// Merges (o_b, lse_b) into (o_a, lse_a) for one query head: o [head_dim].
+void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b);
+
+// One page's partial for m query rows: q [m, head_dim] (row stride q_stride), keys/values
+// [tokens, head_dim]; row r may attend to key j iff docs[j] == q_doc[r]. out [m, head_dim]
+// (row stride out_stride) normalised, lse [m] (natural log, -inf when no key is allowed).
+// scores: scratch of m x tokens floats.
+void page_partial(int64_t m, int64_t head_dim, float scale, const float* q, int64_t q_stride,
+                  const int32_t* q_doc, int64_t tokens, const float* k, const float* v,
+                  const int32_t* docs, float* out, int64_t out_stride, float* lse, float* scores);
+
+// A sequence as decode attention sees it in one layer: its pages of each K/V head in order.
+struct SeqView {
+  const std::vector<std::vector<PageId>>* pages = nullptr;  // [kv_heads][page index]
+  int32_t doc = 0;                                          // the query token's document
+};
+
+struct DecodeStats {
+  int64_t tasks = 0, fast_tasks = 0, host_tasks = 0, disk_tasks = 0;
+  int64_t shared_tasks = 0;  // tasks serving more than one sequence
+  int64_t kv_bytes = 0;      // K/V bytes read (each page once)
+};
+
+class DecodeAttention {
+ public:
+  DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads, int64_t kv_heads,
+                  int64_t head_dim);
+  // q [B, heads, head_dim] (RoPE applied) -> out [B, heads, head_dim], lse [B, heads]. Adds each
+  // page's attention mass (exp(lse_page - lse), summed over heads and sequences) to its
+  // promotion statistic.
+  void forward(const std::vector<SeqView>& seqs, const float* q, float* out, float* lse,
+               DecodeStats* stats = nullptr);
+
+ private:
+  KvCache* cache_;
+  ThreadPool* pool_;
+  int64_t heads_, kv_heads_, head_dim_, group_;
+  float scale_;
+};
+
+}  // namespace ring::gen
