@@ -1,87 +1,57 @@
 #include "worker/generate/decode_attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/simd.h"
+
+// GCC 12 warns inside its own avx512fintrin.h (bug 105593), as kernels/cpu/ops.cc notes.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace ring::gen {
+#define RING_ISA_NS avx512
+#define RING_ISA_TARGET RING_TARGET_AVX512
+#include "worker/generate/page_kernel_isa.inc"
+#undef RING_ISA_NS
+#undef RING_ISA_TARGET
+#define RING_ISA_NS avx2
+#define RING_ISA_TARGET RING_TARGET_AVX2
+#include "worker/generate/page_kernel_isa.inc"
+#undef RING_ISA_NS
+#undef RING_ISA_TARGET
+#define RING_ISA_NS scalar
+#define RING_ISA_TARGET
+#include "worker/generate/page_kernel_isa.inc"
+#undef RING_ISA_NS
+#undef RING_ISA_TARGET
+}  // namespace ring::gen
 
 namespace ring::gen {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// q . k over n floats with 8 independent accumulators summed in a fixed order: the same bits
-// whatever the caller, and vectorisable without reassociation.
-inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  for (; i < n; ++i) acc[0] += a[i] * b[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-inline void axpy(float alpha, const float* __restrict x, float* __restrict y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
-}
-
-ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  for (auto& t : workers_) t.join();
-}
-
-void ThreadPool::work() {
-  uint64_t seen = 0;
-  for (;;) {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return stop_ || generation_ != seen; });
-    if (stop_) return;
-    seen = generation_;
-    while (next_ < n_) {
-      const int64_t i = next_++;
-      const auto* fn = fn_;
-      l.unlock();
-      (*fn)(i);
-      l.lock();
-      if (++done_ == n_) done_cv_.notify_all();
-    }
-  }
+  threads_ = threads > 0 ? threads : std::max(1, omp_get_num_procs());
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
-  if (workers_.empty() || n == 1) {
+  if (threads_ == 1 || n == 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::unique_lock<std::mutex> l(mu_);
-  fn_ = &fn;
-  n_ = n;
-  next_ = 0;
-  done_ = 0;
-  ++generation_;
-  cv_.notify_all();
-  while (next_ < n_) {
-    const int64_t i = next_++;
-    l.unlock();
-    fn(i);
-    l.lock();
-    ++done_;
-  }
-  done_cv_.wait(l, [&] { return done_ == n_; });
-  fn_ = nullptr;
-  n_ = 0;
+  // The OpenMP team the CPU kernels use: no second set of threads spinning against it.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+  for (int64_t i = 0; i < n; ++i) fn(i);
 }
 
 void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b) {
@@ -98,55 +68,20 @@ void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b,
   *lse_a = lse;
 }
 
-void page_partial(int64_t m, int64_t hd, float scale, const float* q, int64_t q_stride,
-                  const int32_t* q_doc, int64_t tokens, const float* k, const float* v,
-                  const int32_t* docs, float* out, int64_t out_stride, float* lse, float* s) {
-  constexpr int64_t kBlock = 64;  // keys per block: K/V rows stay in L1 across the query rows
-  for (int64_t j0 = 0; j0 < tokens; j0 += kBlock) {
-    const int64_t j1 = std::min(tokens, j0 + kBlock);
-    for (int64_t r = 0; r < m; ++r) {
-      const float* qr = q + r * q_stride;
-      float* sr = s + r * tokens;
-      for (int64_t j = j0; j < j1; ++j)
-        sr[j] = docs[j] == q_doc[r] ? dot(qr, k + j * hd, hd) * scale : kNegInf;
-    }
+void page_partial(int64_t m, int64_t hd, float scale, const float* q, const int32_t* q_doc,
+                  int64_t tokens, const float* k, const float* v, const int32_t* docs, float* out,
+                  float* lse, float* scores, float* inv) {
+  switch (kernels::cpu::active_isa()) {
+    case kernels::cpu::Isa::kAvx512:
+      avx512::page_partial(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
+      return;
+    case kernels::cpu::Isa::kAvx2:
+      avx2::page_partial(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
+      return;
+    case kernels::cpu::Isa::kScalar:
+      break;
   }
-  std::vector<float> inv(static_cast<size_t>(m), 0.f);
-  for (int64_t r = 0; r < m; ++r) {
-    float* sr = s + r * tokens;
-    float mx = kNegInf;
-    for (int64_t j = 0; j < tokens; ++j) mx = std::max(mx, sr[j]);
-    float* o = out + r * out_stride;
-    std::fill(o, o + hd, 0.f);
-    if (mx == kNegInf) {
-      lse[r] = kNegInf;
-      for (int64_t j = 0; j < tokens; ++j) sr[j] = 0.f;
-      continue;
-    }
-    float sum = 0.f;
-    for (int64_t j = 0; j < tokens; ++j) {
-      const float p = sr[j] == kNegInf ? 0.f : std::exp(sr[j] - mx);
-      sr[j] = p;
-      sum += p;
-    }
-    lse[r] = mx + std::log(sum);
-    inv[static_cast<size_t>(r)] = 1.f / sum;
-  }
-  for (int64_t j0 = 0; j0 < tokens; j0 += kBlock) {
-    const int64_t j1 = std::min(tokens, j0 + kBlock);
-    for (int64_t r = 0; r < m; ++r) {
-      if (lse[r] == kNegInf) continue;
-      const float* sr = s + r * tokens;
-      float* o = out + r * out_stride;
-      for (int64_t j = j0; j < j1; ++j)
-        if (sr[j] != 0.f) axpy(sr[j], v + j * hd, o, hd);
-    }
-  }
-  for (int64_t r = 0; r < m; ++r) {
-    if (lse[r] == kNegInf) continue;
-    float* o = out + r * out_stride;
-    for (int64_t d = 0; d < hd; ++d) o[d] *= inv[static_cast<size_t>(r)];
-  }
+  scalar::page_partial(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
 }
 
 DecodeAttention::DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads,
@@ -192,11 +127,12 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
     const Task& task = tasks[static_cast<size_t>(t)];
     const Page& page = cache_->page(task.page);
     const int64_t m = static_cast<int64_t>(task.users.size()) * g;
-    thread_local std::vector<float> qm, om, lm, sc;
+    thread_local std::vector<float> qm, om, lm, sc, inv;
     thread_local std::vector<int32_t> dm;
     qm.resize(static_cast<size_t>(m * hd));
     om.resize(static_cast<size_t>(m * hd));
     lm.resize(static_cast<size_t>(m));
+    inv.resize(static_cast<size_t>(m));
     dm.resize(static_cast<size_t>(m));
     sc.resize(static_cast<size_t>(m * std::max<int64_t>(pt, 1)));
     for (size_t u = 0; u < task.users.size(); ++u) {
@@ -205,8 +141,9 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       std::copy(src, src + g * hd, qm.data() + static_cast<int64_t>(u) * g * hd);
       for (int64_t r = 0; r < g; ++r) dm[u * g + r] = seqs[static_cast<size_t>(b)].doc;
     }
-    page_partial(m, hd, scale_, qm.data(), hd, dm.data(), page.tokens, cache_->k_of(task.page),
-                 cache_->v_of(task.page), page.docs.data(), om.data(), hd, lm.data(), sc.data());
+    page_partial(m, hd, scale_, qm.data(), dm.data(), page.tokens, cache_->k_of(task.page),
+                 cache_->v_of(task.page), page.docs.data(), om.data(), lm.data(), sc.data(),
+                 inv.data());
     for (size_t u = 0; u < task.users.size(); ++u) {
       const auto [b, i] = task.users[u];
       for (int64_t r = 0; r < g; ++r) {
@@ -218,8 +155,9 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       }
     }
   });
-  // Merge in page order, per (sequence, head).
-  pool_->parallel_for(B * heads_, [&](int64_t bh) {
+  // Merge in page order, per (sequence, head): cheap next to the pages, so on this thread (one
+  // parallel region per layer: on a loaded machine every region's join costs a time slice).
+  for (int64_t bh = 0; bh < B * heads_; ++bh) {
     const int64_t b = bh / heads_, h = bh % heads_;
     float* o = out + bh * hd;
     float* l = lse + bh;
@@ -230,7 +168,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       const int64_t at = base[b] + i * heads_ + h;
       merge_partial(hd, o, l, part_o.data() + at * hd, part_lse[static_cast<size_t>(at)]);
     }
-  });
+  }
   // Attention mass per page: the share of each head's softmax it holds.
   for (int64_t b = 0; b < B; ++b) {
     const int64_t pages = (base[b + 1] - base[b]) / heads_;

@@ -15,47 +15,37 @@
 // changes a single bit of the result.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "worker/generate/kv_cache.h"
 
 namespace ring::gen {
 
-// A fixed pool of threads running parallel_for; the caller's thread takes part.
+// The CPU threads of decode attention: an OpenMP team (the one the CPU kernels use, so no two
+// sets of threads spin against each other); the caller's thread takes part.
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);  // 0: hardware concurrency
-  ~ThreadPool();
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
-  // Runs fn(i) for i in [0, n), each once, on the pool; returns when all are done.
+  explicit ThreadPool(int threads);  // 0: all cores
+  int size() const { return threads_; }
+  // Runs fn(i) for i in [0, n), each once, dynamically scheduled; returns when all are done.
   void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
 
  private:
-  void work();
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0, next_ = 0, done_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  int threads_ = 1;
 };
 
 // Merges (o_b, lse_b) into (o_a, lse_a) for one query head: o [head_dim].
 void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b);
 
-// One page's partial for m query rows: q [m, head_dim] (row stride q_stride), keys/values
-// [tokens, head_dim]; row r may attend to key j iff docs[j] == q_doc[r]. out [m, head_dim]
-// (row stride out_stride) normalised, lse [m] (natural log, -inf when no key is allowed).
-// scores: scratch of m x tokens floats.
-void page_partial(int64_t m, int64_t head_dim, float scale, const float* q, int64_t q_stride,
-                  const int32_t* q_doc, int64_t tokens, const float* k, const float* v,
-                  const int32_t* docs, float* out, int64_t out_stride, float* lse, float* scores);
+// One page's partial for m query rows: q [m, head_dim], keys/values [tokens, head_dim]; row r
+// may attend to key j iff docs[j] == q_doc[r]. out [m, head_dim] normalised, lse [m] (natural
+// log, -inf when no key is allowed). Scratch: scores [m x tokens], inv [m]. Vectorised for the
+// CPU backend's active ISA (AVX-512, AVX2+FMA, scalar); exp is the kernels' Cephes expf.
+void page_partial(int64_t m, int64_t head_dim, float scale, const float* q, const int32_t* q_doc,
+                  int64_t tokens, const float* k, const float* v, const int32_t* docs, float* out,
+                  float* lse, float* scores, float* inv);
 
 // A sequence as decode attention sees it in one layer: its pages of each K/V head in order.
 struct SeqView {

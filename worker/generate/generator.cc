@@ -37,6 +37,13 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
     : config_(config), backend_(backend), options_(options) {
   config_.recompute = true;  // prefill keeps one layer's activations
   config_.check();
+  if (std::string(backend_->name()) != "cpu")
+    throw GenerateError(fmt::format(
+        "generation runs on the cpu backend (asked for '{}'; the device fast tier is not built)",
+        backend_->name()));
+  std::string err;
+  step_backend_ = kernels::create_backend("cpu", 1, &err);
+  if (!step_backend_) throw GenerateError("cannot create the cpu backend: " + err);
   cache_ = std::make_unique<KvCache>(options_.cache, static_cast<int>(config_.layers),
                                      static_cast<int>(config_.kv_heads), config_.head_dim);
   pool_ = std::make_unique<ThreadPool>(options_.threads);
@@ -227,7 +234,7 @@ std::vector<PageId> Generator::window_pages() const {
 
 void Generator::linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in,
                        float* y) {
-  check_status(backend_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in,
+  check_status(step_backend_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in,
                               w(off_w), in, 0.f, y, out),
                "gemm");
 }
@@ -237,6 +244,7 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   StepTiming timing;
+  kernels::Backend* sb = step_backend_.get();
   const int64_t B = static_cast<int64_t>(seqs.size());
   if (B < 1 || tokens.size() != seqs.size())
     throw GenerateError("a decode step needs one token per sequence");
@@ -274,24 +282,24 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
   cache_->place(window_pages(), options_.max_promotions_per_step);
   cache_->decay_mass();
 
-  ids_.resize(backend_, B);
-  pos_.resize(backend_, B);
-  x_.resize(backend_, B * d);
-  h_.resize(backend_, B * d);
-  tmp_.resize(backend_, B * d);
-  q_.resize(backend_, B * qd);
-  o_.resize(backend_, B * qd);
-  k_.resize(backend_, B * kvd);
-  v_.resize(backend_, B * kvd);
-  rstd_.resize(backend_, B);
-  gate_.resize(backend_, B * f);
-  up_.resize(backend_, B * f);
-  act_.resize(backend_, B * f);
-  logits_.resize(backend_, B * config_.vocab);
-  check_status(backend_->copy_to_device(ids_.data(), tokens.data(), ids_.bytes()),
+  ids_.resize(sb, B);
+  pos_.resize(sb, B);
+  x_.resize(sb, B * d);
+  h_.resize(sb, B * d);
+  tmp_.resize(sb, B * d);
+  q_.resize(sb, B * qd);
+  o_.resize(sb, B * qd);
+  k_.resize(sb, B * kvd);
+  v_.resize(sb, B * kvd);
+  rstd_.resize(sb, B);
+  gate_.resize(sb, B * f);
+  up_.resize(sb, B * f);
+  act_.resize(sb, B * f);
+  logits_.resize(sb, B * config_.vocab);
+  check_status(sb->copy_to_device(ids_.data(), tokens.data(), ids_.bytes()),
                "copy_to_device");
-  check_status(backend_->copy_to_device(pos_.data(), pos.data(), pos_.bytes()), "copy_to_device");
-  check_status(backend_->embedding_forward(B, config_.vocab, d, ids_.data(), w(off_embedding_),
+  check_status(sb->copy_to_device(pos_.data(), pos.data(), pos_.bytes()), "copy_to_device");
+  check_status(sb->embedding_forward(B, config_.vocab, d, ids_.data(), w(off_embedding_),
                                            x_.data()),
                "embedding_forward");
   std::vector<float> qh(static_cast<size_t>(B * qd)), kh(static_cast<size_t>(B * kvd)),
@@ -300,18 +308,18 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
   std::vector<SeqView> views(static_cast<size_t>(B));
   for (int l = 0; l < config_.layers; ++l) {
     const Off& o = off_[static_cast<size_t>(l)];
-    check_status(backend_->rmsnorm_forward(B, d, config_.norm_eps, x_.data(), w(o.attn_norm),
+    check_status(sb->rmsnorm_forward(B, d, config_.norm_eps, x_.data(), w(o.attn_norm),
                                            h_.data(), rstd_.data()),
                  "rmsnorm_forward");
     linear(B, h_.data(), o.wq, qd, d, q_.data());
     linear(B, h_.data(), o.wk, kvd, d, k_.data());
     linear(B, h_.data(), o.wv, kvd, d, v_.data());
-    check_status(backend_->rope(B, config_.heads, hd, rope_, pos_.data(), false, q_.data()),
+    check_status(sb->rope(B, config_.heads, hd, rope_, pos_.data(), false, q_.data()),
                  "rope");
-    check_status(backend_->rope(B, kvh, hd, rope_, pos_.data(), false, k_.data()), "rope");
-    check_status(backend_->copy_to_host(qh.data(), q_.data(), q_.bytes()), "copy_to_host");
-    check_status(backend_->copy_to_host(kh.data(), k_.data(), k_.bytes()), "copy_to_host");
-    check_status(backend_->copy_to_host(vh.data(), v_.data(), v_.bytes()), "copy_to_host");
+    check_status(sb->rope(B, kvh, hd, rope_, pos_.data(), false, k_.data()), "rope");
+    check_status(sb->copy_to_host(qh.data(), q_.data(), q_.bytes()), "copy_to_host");
+    check_status(sb->copy_to_host(kh.data(), k_.data(), k_.bytes()), "copy_to_host");
+    check_status(sb->copy_to_host(vh.data(), v_.data(), v_.bytes()), "copy_to_host");
     for (int64_t b = 0; b < B; ++b) {
       Sequence& s = seqs_[static_cast<size_t>(seqs[static_cast<size_t>(b)])];
       const int64_t n = pos[static_cast<size_t>(b)], row = n % pt;
@@ -326,31 +334,31 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
     const auto a0 = Clock::now();
     attention_->forward(views, qh.data(), oh.data(), lse.data(), &dstats_);
     timing.attention_seconds += std::chrono::duration<double>(Clock::now() - a0).count();
-    check_status(backend_->copy_to_device(o_.data(), oh.data(), o_.bytes()), "copy_to_device");
+    check_status(sb->copy_to_device(o_.data(), oh.data(), o_.bytes()), "copy_to_device");
     linear(B, o_.data(), o.wo, d, qd, tmp_.data());
-    check_status(backend_->add(B * d, x_.data(), tmp_.data(), x_.data()), "add");  // x_mid
-    check_status(backend_->rmsnorm_forward(B, d, config_.norm_eps, x_.data(), w(o.mlp_norm),
+    check_status(sb->add(B * d, x_.data(), tmp_.data(), x_.data()), "add");  // x_mid
+    check_status(sb->rmsnorm_forward(B, d, config_.norm_eps, x_.data(), w(o.mlp_norm),
                                            h_.data(), rstd_.data()),
                  "rmsnorm_forward");
     if (config_.mlp == spec::MlpKind::kSwiGLU) {
       linear(B, h_.data(), o.w_gate, f, d, gate_.data());
       linear(B, h_.data(), o.w_up, f, d, up_.data());
-      check_status(backend_->swiglu_forward(B * f, gate_.data(), up_.data(), act_.data()),
+      check_status(sb->swiglu_forward(B * f, gate_.data(), up_.data(), act_.data()),
                    "swiglu_forward");
     } else {
       linear(B, h_.data(), o.w_up, f, d, up_.data());
-      check_status(backend_->gelu_forward(B * f, up_.data(), act_.data()), "gelu_forward");
+      check_status(sb->gelu_forward(B * f, up_.data(), act_.data()), "gelu_forward");
     }
     linear(B, act_.data(), o.w_down, d, f, tmp_.data());
-    check_status(backend_->add(B * d, x_.data(), tmp_.data(), x_.data()), "add");
+    check_status(sb->add(B * d, x_.data(), tmp_.data(), x_.data()), "add");
   }
-  check_status(backend_->rmsnorm_forward(B, d, config_.norm_eps, x_.data(), w(off_final_norm_),
+  check_status(sb->rmsnorm_forward(B, d, config_.norm_eps, x_.data(), w(off_final_norm_),
                                          h_.data(), rstd_.data()),
                "rmsnorm_forward");
   linear(B, h_.data(), off_head_, config_.vocab, d, logits_.data());
   if (logits != nullptr) {
     logits->resize(static_cast<size_t>(B * config_.vocab));
-    check_status(backend_->copy_to_host(logits->data(), logits_.data(), logits_.bytes()),
+    check_status(sb->copy_to_host(logits->data(), logits_.data(), logits_.bytes()),
                  "copy_to_host");
   }
   timing.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

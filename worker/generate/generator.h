@@ -43,8 +43,10 @@ struct StepTiming {
 
 class Generator {
  public:
-  // params: the flat parameter buffer (host, layout().total() floats). backend: a host-memory
-  // backend (cpu); it must outlive the generator.
+  // params: the flat parameter buffer (host, layout().total() floats). backend: the cpu backend
+  // (prefill runs on it with its threads); it must outlive the generator. The decode step's
+  // dense ops (B rows) run on a one-thread cpu backend of the generator's own: splitting a
+  // one-row product over threads costs more in joins than it saves.
   Generator(const model::ModelConfig& config, const float* params, kernels::Backend* backend,
             const GeneratorOptions& options);
   ~Generator();
@@ -88,6 +90,7 @@ class Generator {
 
   model::ModelConfig config_;
   kernels::Backend* backend_;
+  std::unique_ptr<kernels::Backend> step_backend_;  // decode step ops, one thread
   GeneratorOptions options_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ThreadPool> pool_;

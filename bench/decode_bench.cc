@@ -1,0 +1,209 @@
+// Decode time per token over a long KV cache against the memory-bandwidth floor measured in the
+// same run, and against a PyTorch 1.13 KV-cache decode of the same model (bench/torch_decode.py).
+//
+//   decode_bench [--threads N] [--reps R] [--lens 32768,131072,1048576] [--page-tokens P]
+//                [--no-torch]
+//
+// Model: 2 layers, d_model 256, 4 query heads over 2 K/V heads, head_dim 64, swiglu 512, byte
+// vocab; random weights. The cache of each context length is filled with random K/V (attach: a
+// prefill of 1M tokens is not what is measured here) and held in the HOST tier only (fast_bytes
+// 0, window 0): every page is read in place by the CPU threads.
+//
+// Floor: bytes of K/V that must be read once per token (context x layers x kv_heads x head_dim x
+// 4 bytes x 2) / streaming-read bandwidth, measured in the same run as a sum over a buffer of the
+// same size on the same threads (best of 3 passes). Reported per length: decode step time (whole
+// step: projections, MLP, head, attention) median and min..max over repetitions, its ratio to
+// the floor (target <= 1.3), and torch's step time and our speed-up over it.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_stats.h"
+#include "kernels/backend.h"
+#include "worker/generate/generator.h"
+#include "worker/model/attention.h"
+#include "worker/model/model.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Streaming-read bandwidth (bytes/s) over `bytes` bytes on the pool's threads: best of 3.
+double read_bandwidth(ring::gen::ThreadPool* pool, int64_t bytes) {
+  const int64_t n = bytes / 4;
+  std::vector<float> buf(static_cast<size_t>(n), 1.f);
+  const int64_t chunks = pool->size() * 16;
+  std::vector<double> sums(static_cast<size_t>(chunks));
+  double best = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const auto t0 = Clock::now();
+    pool->parallel_for(chunks, [&](int64_t c) {
+      const int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+      float acc[16] = {};
+      int64_t i = lo;
+      for (; i + 16 <= hi; i += 16)
+        for (int l = 0; l < 16; ++l) acc[l] += buf[static_cast<size_t>(i + l)];
+      float s = 0;
+      for (float a : acc) s += a;
+      sums[static_cast<size_t>(c)] = s;
+    });
+    const double t = seconds_since(t0);
+    if (pass > 0) best = std::max(best, static_cast<double>(bytes) / t);
+  }
+  double total = 0;
+  for (double s : sums) total += s;
+  if (total < 0) std::printf("%f\n", total);  // keep the sums alive
+  return best;
+}
+
+std::vector<int64_t> parse_lens(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
+// torch's median step seconds per length, from bench/torch_decode.py (one line "LEN SECONDS").
+std::vector<double> torch_times(const std::vector<int64_t>& lens, int threads, int reps) {
+  std::string lens_arg;
+  for (int64_t l : lens) lens_arg += (lens_arg.empty() ? "" : ",") + std::to_string(l);
+  std::string cmd = "/usr/bin/python3 ";
+  cmd += RING_SOURCE_DIR;
+  cmd += "/bench/torch_decode.py --threads ";
+  cmd += std::to_string(threads);
+  cmd += " --reps ";
+  cmd += std::to_string(reps);
+  cmd += " --lens ";
+  cmd += lens_arg;
+  std::vector<double> out(lens.size(), 0.0);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char line[256];
+  while (std::fgets(line, sizeof line, p) != nullptr) {
+    long long len = 0;
+    double sec = 0;
+    if (std::sscanf(line, "%lld %lf", &len, &sec) == 2)
+      for (size_t i = 0; i < lens.size(); ++i)
+        if (lens[i] == len) out[i] = sec;
+  }
+  ::pclose(p);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Idle OpenMP threads sleep instead of spinning (for us and for torch, which inherits it): on
+  // a shared machine a spinning team steals the cores the other side of a comparison needs.
+  ::setenv("OMP_WAIT_POLICY", "passive", 0);
+  int threads = 2, reps = 9;
+  int64_t page_tokens = 1024;
+  std::string lens_s = "32768,131072";
+  bool torch = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&](const char* name, std::string* out) {
+      const std::string p = std::string(name) + "=";
+      if (a.rfind(p, 0) != 0) return false;
+      *out = a.substr(p.size());
+      return true;
+    };
+    std::string v;
+    if (val("--threads", &v)) threads = std::stoi(v);
+    else if (val("--reps", &v)) reps = std::stoi(v);
+    else if (val("--lens", &v)) lens_s = v;
+    else if (val("--page-tokens", &v)) page_tokens = std::stoll(v);
+    else if (a == "--no-torch") torch = false;
+    else {
+      std::fprintf(stderr,
+                   "decode_bench: unknown argument '%s' (--threads=N --reps=R --lens=L1,L2 "
+                   "--page-tokens=P --no-torch)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  const std::vector<int64_t> lens = parse_lens(lens_s);
+
+  ring::model::ModelConfig c;
+  c.layers = 2;
+  c.d_model = 256;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.mlp_hidden = 512;
+  c.vocab = 256;
+  std::string err;
+  auto be = ring::kernels::create_backend("cpu", threads, &err);
+  if (!be) {
+    std::fprintf(stderr, "decode_bench: %s\n", err.c_str());
+    return 1;
+  }
+  std::vector<float> params;
+  {
+    ring::model::LocalAttention att(be.get());
+    ring::model::Model m(c, be.get(), &att);
+    m.init_params(1);
+    params = m.get_params();
+  }
+  ring::gen::ThreadPool bw_pool(threads);
+
+  std::printf(
+      "decode step, batch 1, all pages in the host tier, %d threads, page %lld tokens, "
+      "OMP_WAIT_POLICY=%s\n",
+      threads, static_cast<long long>(page_tokens), std::getenv("OMP_WAIT_POLICY"));
+  std::printf("%9s %10s %9s %22s %10s %9s %12s %9s\n", "context", "KV MiB", "GB/s",
+              "step ms (min..max)", "floor ms", "x floor", "torch ms", "speed-up");
+  std::vector<double> torch_s;
+  if (torch) torch_s = torch_times(lens, threads, reps);
+  for (size_t li = 0; li < lens.size(); ++li) {
+    const int64_t len = lens[li];
+    ring::gen::GeneratorOptions o;
+    o.threads = threads;
+    o.cache.page_tokens = page_tokens;
+    o.cache.fast_bytes = 0;
+    o.cache.window = 0;
+    ring::gen::Generator g(c, params.data(), be.get(), o);
+    std::vector<int32_t> ids(static_cast<size_t>(len));
+    std::mt19937_64 rng(len);
+    for (auto& id : ids) id = static_cast<int32_t>(rng() % 256);
+    const int seq = g.attach(ids, {}, [&](int, float* k, float* v) {
+      std::normal_distribution<float> nd(0.f, 1.f);
+      const int64_t n = len * c.kv_dim();
+      for (int64_t i = 0; i < n; ++i) {
+        k[i] = nd(rng);
+        v[i] = nd(rng);
+      }
+    });
+    const int64_t kv_bytes = len * c.layers * c.kv_dim() * 4 * 2;
+    const double bw = read_bandwidth(&bw_pool, kv_bytes);
+    const double floor_s = static_cast<double>(kv_bytes) / bw;
+    std::vector<double> steps;
+    std::vector<float> logits;
+    int32_t tok = 1;
+    for (int r = 0; r < reps + 1; ++r) {
+      ring::gen::StepTiming t = g.step({seq}, {tok}, &logits);
+      tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      if (r > 0) steps.push_back(t.seconds);  // the first step warms the threads
+    }
+    const auto s = ring::bench::spread(steps);
+    const double ts = torch ? torch_s[li] : 0.0;
+    std::printf("%9lld %10.1f %9.2f %8.2f (%6.2f..%6.2f) %10.2f %9.2f %12.2f %9.2f\n",
+                static_cast<long long>(len), kv_bytes / 1048576.0, bw / 1e9, s.median * 1e3,
+                s.min * 1e3, s.max * 1e3, floor_s * 1e3, s.median / floor_s, ts * 1e3,
+                ts > 0 ? ts / s.median : 0.0);
+    std::fflush(stdout);
+  }
+  return 0;
+}
