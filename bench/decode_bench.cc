@@ -9,11 +9,13 @@
 // prefill of 1M tokens is not what is measured here) and held in the HOST tier only (fast_bytes
 // 0, window 0): every page is read in place by the CPU threads.
 //
-// Floor: bytes of K/V that must be read once per token (context x layers x kv_heads x head_dim x
-// 4 bytes x 2) / streaming-read bandwidth, measured in the same run as a sum over a buffer of the
-// same size on the same threads (best of 3 passes). Reported per length: decode step time (whole
-// step: projections, MLP, head, attention) median and min..max over repetitions, its ratio to
-// the floor (target <= 1.3), and torch's step time and our speed-up over it.
+// Floor: the time to stream the bytes of K/V that must be read once per token (context x layers x
+// kv_heads x head_dim x 4 bytes x 2) through the same threads: a sum over a buffer of that size,
+// read just before each decode step (paired per repetition: this machine's bandwidth drifts with
+// its load). Reported per length: decode step time (the whole step: projections, MLP, head,
+// attention) median and min..max, the floor's median (and the bandwidth it implies), the paired
+// ratio step / floor, median and min..max (target <= 1.3), torch's median step time and our
+// speed-up over it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,32 +41,27 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Streaming-read bandwidth (bytes/s) over `bytes` bytes on the pool's threads: best of 3.
-double read_bandwidth(ring::gen::ThreadPool* pool, int64_t bytes) {
-  const int64_t n = bytes / 4;
-  std::vector<float> buf(static_cast<size_t>(n), 1.f);
+// One streaming read of buf on the pool's threads (a sum, kept): seconds.
+double read_pass(ring::gen::ThreadPool* pool, const std::vector<float>& buf) {
+  const int64_t n = static_cast<int64_t>(buf.size());
   const int64_t chunks = pool->size() * 16;
   std::vector<double> sums(static_cast<size_t>(chunks));
-  double best = 0;
-  for (int pass = 0; pass < 4; ++pass) {
-    const auto t0 = Clock::now();
-    pool->parallel_for(chunks, [&](int64_t c) {
-      const int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
-      float acc[16] = {};
-      int64_t i = lo;
-      for (; i + 16 <= hi; i += 16)
-        for (int l = 0; l < 16; ++l) acc[l] += buf[static_cast<size_t>(i + l)];
-      float s = 0;
-      for (float a : acc) s += a;
-      sums[static_cast<size_t>(c)] = s;
-    });
-    const double t = seconds_since(t0);
-    if (pass > 0) best = std::max(best, static_cast<double>(bytes) / t);
-  }
+  const auto t0 = Clock::now();
+  pool->parallel_for(chunks, [&](int64_t c) {
+    const int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+    float acc[16] = {};
+    int64_t i = lo;
+    for (; i + 16 <= hi; i += 16)
+      for (int l = 0; l < 16; ++l) acc[l] += buf[static_cast<size_t>(i + l)];
+    float s = 0;
+    for (float a : acc) s += a;
+    sums[static_cast<size_t>(c)] = s;
+  });
+  const double t = seconds_since(t0);
   double total = 0;
-  for (double s : sums) total += s;
+  for (double x : sums) total += x;
   if (total < 0) std::printf("%f\n", total);  // keep the sums alive
-  return best;
+  return t;
 }
 
 std::vector<int64_t> parse_lens(const std::string& s) {
@@ -78,7 +75,10 @@ std::vector<int64_t> parse_lens(const std::string& s) {
 // torch's median step seconds per length, from bench/torch_decode.py (one line "LEN SECONDS").
 std::vector<double> torch_times(const std::vector<int64_t>& lens, int threads, int reps) {
   std::string lens_arg;
-  for (int64_t l : lens) lens_arg += (lens_arg.empty() ? "" : ",") + std::to_string(l);
+  for (int64_t l : lens) {
+    if (!lens_arg.empty()) lens_arg += ',';
+    lens_arg += std::to_string(l);
+  }
   std::string cmd = "/usr/bin/python3 ";
   cmd += RING_SOURCE_DIR;
   cmd += "/bench/torch_decode.py --threads ";
@@ -163,8 +163,8 @@ int main(int argc, char** argv) {
       "decode step, batch 1, all pages in the host tier, %d threads, page %lld tokens, "
       "OMP_WAIT_POLICY=%s\n",
       threads, static_cast<long long>(page_tokens), std::getenv("OMP_WAIT_POLICY"));
-  std::printf("%9s %10s %9s %22s %10s %9s %12s %9s\n", "context", "KV MiB", "GB/s",
-              "step ms (min..max)", "floor ms", "x floor", "torch ms", "speed-up");
+  std::printf("%9s %10s %9s %22s %10s %18s %10s %9s\n", "context", "KV MiB", "GB/s",
+              "step ms (min..max)", "floor ms", "x floor (min..max)", "torch ms", "speed-up");
   std::vector<double> torch_s;
   if (torch) torch_s = torch_times(lens, threads, reps);
   for (size_t li = 0; li < lens.size(); ++li) {
@@ -187,22 +187,29 @@ int main(int argc, char** argv) {
       }
     });
     const int64_t kv_bytes = len * c.layers * c.kv_dim() * 4 * 2;
-    const double bw = read_bandwidth(&bw_pool, kv_bytes);
-    const double floor_s = static_cast<double>(kv_bytes) / bw;
-    std::vector<double> steps;
+    // Each repetition: one streaming read of the same number of bytes, then one decode step;
+    // the ratio is paired per repetition (the bandwidth of this machine drifts with its load).
+    std::vector<float> buf(static_cast<size_t>(kv_bytes / 4), 1.f);
+    std::vector<double> steps, floors;
     std::vector<float> logits;
     int32_t tok = 1;
+    read_pass(&bw_pool, buf);  // touch the buffer
     for (int r = 0; r < reps + 1; ++r) {
+      const double read_s = read_pass(&bw_pool, buf);
       ring::gen::StepTiming t = g.step({seq}, {tok}, &logits);
       tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      if (r > 0) steps.push_back(t.seconds);  // the first step warms the threads
+      if (r == 0) continue;  // the first step warms the threads
+      steps.push_back(t.seconds);
+      floors.push_back(read_s);
     }
     const auto s = ring::bench::spread(steps);
+    const auto f = ring::bench::spread(floors);
+    const auto ratio = ring::bench::paired_ratio(steps, floors);
     const double ts = torch ? torch_s[li] : 0.0;
-    std::printf("%9lld %10.1f %9.2f %8.2f (%6.2f..%6.2f) %10.2f %9.2f %12.2f %9.2f\n",
-                static_cast<long long>(len), kv_bytes / 1048576.0, bw / 1e9, s.median * 1e3,
-                s.min * 1e3, s.max * 1e3, floor_s * 1e3, s.median / floor_s, ts * 1e3,
-                ts > 0 ? ts / s.median : 0.0);
+    std::printf("%9lld %10.1f %9.2f %8.2f (%6.2f..%6.2f) %10.2f %5.2f (%4.2f..%4.2f) %10.2f %9.2f\n",
+                static_cast<long long>(len), kv_bytes / 1048576.0, kv_bytes / f.median / 1e9,
+                s.median * 1e3, s.min * 1e3, s.max * 1e3, f.median * 1e3, ratio.median,
+                ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0);
     std::fflush(stdout);
   }
   return 0;
