@@ -58,6 +58,9 @@ struct GenerateOpts {
   int64_t window = -1;
   std::string spec;
   int threads = 0;
+  // Cache flags given on the command line (they override the spec's generate section).
+  bool has_page_tokens = false, has_fast = false, has_host = false, has_disk = false,
+       has_window = false;
 };
 
 // A usage error naming the flag.
@@ -177,11 +180,12 @@ std::string read_file(const std::string& path) {
 
 // The cache's messages name its settings; here they are flags.
 std::string as_flags(std::string m) {
-  const std::pair<const char*, const char*> names[] = {{"fast_bytes", "--fast-bytes"},
-                                                       {"host_bytes", "--host-bytes"},
-                                                       {"disk_dir", "--disk-dir"},
-                                                       {"page_tokens", "--page-tokens"},
-                                                       {"lower window", "lower --window"}};
+  const std::pair<const char*, const char*> names[] = {
+      {"fast_bytes", "--fast-bytes (generate.fast_gb)"},
+      {"host_bytes", "--host-bytes (generate.host_gb)"},
+      {"disk_dir", "--disk-dir (generate.disk_dir)"},
+      {"page_tokens", "--page-tokens (generate.page_tokens)"},
+      {"lower window", "lower --window (generate.window)"}};
   for (const auto& [from, to] : names) {
     for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + 1)) {
       m.replace(at, std::strlen(from), to);
@@ -209,6 +213,13 @@ int run_generate(const GenerateOpts& o) {
     auto r = spec::load_spec_file(o.spec, spec::job_spec_options());
     for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
     if (!r.ok()) throw InputError(fmt::format("--spec {}: {} error(s)", o.spec, r.error_count()));
+    // The spec's generate section, where no flag says otherwise.
+    const spec::GenerateSection& gs = r.spec->generate;
+    if (!o.has_page_tokens) go.cache.page_tokens = gs.page_tokens;
+    if (!o.has_fast) go.cache.fast_bytes = static_cast<int64_t>(gs.fast_gb * 1e9);
+    if (!o.has_host) go.cache.host_bytes = static_cast<int64_t>(gs.host_gb * 1e9);
+    if (!o.has_disk) go.cache.disk_dir = gs.disk_dir;
+    if (!o.has_window) go.cache.window = gs.window;
     try {
       mc = contract::ModelConfig::from_spec(*r.spec);
     } catch (const contract::ModelError& e) {
@@ -414,11 +425,17 @@ Subcommand add_generate(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   sc->add_option("--spec", o->spec,
                  "The training spec: model config (and data.tokenizer) instead of the "
-                 "checkpoint's layout record")
+                 "checkpoint's layout record; its generate section sets the cache where no flag "
+                 "does")
       ->check(CLI::ExistingFile);
   sc->add_option("--threads", o->threads, "CPU threads (default 0: all cores)")
       ->check(CLI::Range(0, 4096));
-  return {sc, [o]() {
+  return {sc, [o, sc]() {
+            o->has_page_tokens = sc->count("--page-tokens") > 0;
+            o->has_fast = sc->count("--fast-bytes") > 0;
+            o->has_host = sc->count("--host-bytes") > 0;
+            o->has_disk = sc->count("--disk-dir") > 0;
+            o->has_window = sc->count("--window") > 0;
             try {
               return run_generate(*o);
             } catch (const UsageError& e) {

@@ -194,4 +194,44 @@ TEST_F(GenerateCli, BadInputsNameTheFlag) {
   EXPECT_NE(r.out.find("missing.txt"), std::string::npos) << r.out;
 }
 
+// --spec: the model from the spec, the cache from its generate section (flags win over it).
+TEST_F(GenerateCli, SpecGivesModelAndCacheSettings) {
+  auto spec = [&](const std::string& name, int d_model, const std::string& generate) {
+    std::ofstream f(dir_ + "/" + name);
+    f << "job: {name: gen}\n"
+         "model: {layers: 2, d_model: " << d_model << ", heads: 4, kv_heads: 2, head_dim: 16, "
+         "mlp_hidden: 128, vocab: 256}\n"
+         "data: {source: passkey, seq_len: 1024}\n"
+         "train: {steps: 1}\n"
+      << generate;
+    return dir_ + "/" + name;
+  };
+  const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                           "/p1.txt --max-tokens 6 --json --threads 2 ";
+  const Result plain = run(base);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  const json pj = json::parse(plain.out.substr(plain.out.find('{')));
+  const std::string good =
+      spec("good.yaml", 64, "generate: {page_tokens: 32, fast_gb: 0, window: 0}\n");
+  Result r = run(base + "--spec " + good);
+  ASSERT_EQ(r.code, 0) << r.out;
+  json j = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["cache"]["page_tokens"], 32);
+  EXPECT_EQ(j["cache"]["fast_capacity_bytes"], 0);
+  EXPECT_EQ(j["cache"]["page_tasks"]["fast"], 0);
+  EXPECT_EQ(j["prompts"][0]["tokens"], pj["prompts"][0]["tokens"]);  // same model, same tokens
+  r = run(base + "--spec " + good + " --page-tokens 64");
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["cache"]["page_tokens"], 64);
+  // A spec whose model is not the checkpoint's: the mismatching tensor is named.
+  r = run(base + "--spec " + spec("other.yaml", 32, ""));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("this job expects"), std::string::npos) << r.out;
+  // A window that the spec's fast tier cannot hold names both settings.
+  r = run(base + "--spec " + spec("small.yaml", 64, "generate: {fast_gb: 0.00001, window: 4096}\n"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("generate.fast_gb"), std::string::npos) << r.out;
+}
+
 }  // namespace
