@@ -2,7 +2,7 @@
 // same run, and against a PyTorch 1.13 KV-cache decode of the same model (bench/torch_decode.py).
 //
 //   decode_bench [--threads N] [--reps R] [--lens 32768,131072,1048576] [--page-tokens P]
-//                [--no-torch]
+//                [--prefix T] [--batch B] [--no-torch]
 //
 // Model: 2 layers, d_model 256, 4 query heads over 2 K/V heads, head_dim 64, swiglu 512, byte
 // vocab; random weights. The cache of each context length is filled with random K/V (attach: a
@@ -15,7 +15,9 @@
 // its load). Reported per length: decode step time (the whole step: projections, MLP, head,
 // attention) median and min..max, the floor's median (and the bandwidth it implies), the paired
 // ratio step / floor, median and min..max (target <= 1.3), torch's median step time and our
-// speed-up over it.
+// speed-up over it. Then prefix sharing: the step time of a batch of B sequences sharing a
+// T-token prefix (stored once; each prefix page is one task for all B queries) against B
+// sequences with nothing shared. OMP_WAIT_POLICY is passive unless set (for both sides).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -112,6 +114,8 @@ int main(int argc, char** argv) {
   int64_t page_tokens = 1024;
   std::string lens_s = "32768,131072";
   bool torch = true;
+  int64_t prefix = 131072;
+  int batch = 8;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&](const char* name, std::string* out) {
@@ -125,11 +129,13 @@ int main(int argc, char** argv) {
     else if (val("--reps", &v)) reps = std::stoi(v);
     else if (val("--lens", &v)) lens_s = v;
     else if (val("--page-tokens", &v)) page_tokens = std::stoll(v);
+    else if (val("--prefix", &v)) prefix = std::stoll(v);
+    else if (val("--batch", &v)) batch = std::stoi(v);
     else if (a == "--no-torch") torch = false;
     else {
       std::fprintf(stderr,
                    "decode_bench: unknown argument '%s' (--threads=N --reps=R --lens=L1,L2 "
-                   "--page-tokens=P --no-torch)\n",
+                   "--page-tokens=P --prefix=T --batch=B --no-torch)\n",
                    argv[i]);
       return 2;
     }
@@ -211,6 +217,56 @@ int main(int argc, char** argv) {
                 s.median * 1e3, s.min * 1e3, s.max * 1e3, f.median * 1e3, ratio.median,
                 ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0);
     std::fflush(stdout);
+  }
+  // Prefix sharing: a batch of `batch` sequences sharing a `prefix`-token prefix (each with one
+  // page of its own after it) against the same batch with nothing shared (other prefix tokens,
+  // same lengths). Pages in the host tier; one batch decode step per repetition.
+  if (prefix > 0 && batch > 0) {
+    std::printf("\nprefix sharing: batch %d, %lld-token prefix, host tier, %d threads\n", batch,
+                static_cast<long long>(prefix), threads);
+    std::printf("%10s %22s %22s %9s\n", "", "shared ms (min..max)", "separate ms (min..max)",
+                "speed-up");
+    auto run_batch = [&](bool shared) {
+      ring::gen::GeneratorOptions o;
+      o.threads = threads;
+      o.cache.page_tokens = page_tokens;
+      o.cache.fast_bytes = 0;
+      o.cache.window = 0;
+      ring::gen::Generator g(c, params.data(), be.get(), o);
+      std::vector<int> seqs;
+      std::mt19937_64 rng(7);
+      std::vector<int32_t> common(static_cast<size_t>(prefix));
+      for (auto& id : common) id = static_cast<int32_t>(rng() % 256);
+      std::vector<float> kv_common;  // the shared prefix's K/V per layer
+      for (int b = 0; b < batch; ++b) {
+        std::vector<int32_t> ids = common;
+        if (!shared)
+          for (auto& id : ids) id = static_cast<int32_t>(rng() % 256);
+        for (int64_t i = 0; i < page_tokens; ++i) ids.push_back(static_cast<int32_t>(rng() % 256));
+        const int64_t len = static_cast<int64_t>(ids.size());
+        seqs.push_back(g.attach(ids, {}, [&](int, float* k, float* v) {
+          std::normal_distribution<float> nd(0.f, 1.f);
+          for (int64_t i = 0; i < len * c.kv_dim(); ++i) {
+            k[i] = nd(rng);
+            v[i] = nd(rng);
+          }
+        }));
+      }
+      std::vector<int32_t> toks(static_cast<size_t>(batch), 1);
+      std::vector<float> logits;
+      std::vector<double> t;
+      for (int r = 0; r < reps + 1; ++r) {
+        ring::gen::StepTiming st = g.step(seqs, toks, &logits);
+        if (r > 0) t.push_back(st.seconds);
+      }
+      return t;
+    };
+    const auto shared = run_batch(true);
+    const auto separate = run_batch(false);
+    const auto a = ring::bench::spread(shared), b = ring::bench::spread(separate);
+    std::printf("%10s %8.2f (%6.2f..%6.2f) %8.2f (%6.2f..%6.2f) %9.2f\n", "step", a.median * 1e3,
+                a.min * 1e3, a.max * 1e3, b.median * 1e3, b.min * 1e3, b.max * 1e3,
+                b.median / a.median);
   }
   return 0;
 }
