@@ -2,7 +2,7 @@
 // same run, and against a PyTorch 1.13 KV-cache decode of the same model (bench/torch_decode.py).
 //
 //   decode_bench [--threads N] [--reps R] [--lens 32768,131072,1048576] [--page-tokens P]
-//                [--prefix T] [--batch B] [--no-torch]
+//                [--prefix T] [--batch B] [--prefill T] [--no-torch]
 //
 // Model: 2 layers, d_model 256, 4 query heads over 2 K/V heads, head_dim 64, swiglu 512, byte
 // vocab; random weights. The cache of each context length is filled with random K/V (attach: a
@@ -17,7 +17,9 @@
 // ratio step / floor, median and min..max (target <= 1.3), torch's median step time and our
 // speed-up over it. Then prefix sharing: the step time of a batch of B sequences sharing a
 // T-token prefix (stored once; each prefix page is one task for all B queries) against B
-// sequences with nothing shared. OMP_WAIT_POLICY is passive unless set (for both sides).
+// sequences with nothing shared. Last, prefill tokens/s (the training forward writing each
+// layer's K/V into pages) against the training forward alone (Model::forward) on the same
+// tokens, interleaved. OMP_WAIT_POLICY is passive unless set (for both sides).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -116,6 +118,7 @@ int main(int argc, char** argv) {
   bool torch = true;
   int64_t prefix = 131072;
   int batch = 8;
+  int64_t prefill_len = 16384;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&](const char* name, std::string* out) {
@@ -131,11 +134,12 @@ int main(int argc, char** argv) {
     else if (val("--page-tokens", &v)) page_tokens = std::stoll(v);
     else if (val("--prefix", &v)) prefix = std::stoll(v);
     else if (val("--batch", &v)) batch = std::stoi(v);
+    else if (val("--prefill", &v)) prefill_len = std::stoll(v);
     else if (a == "--no-torch") torch = false;
     else {
       std::fprintf(stderr,
                    "decode_bench: unknown argument '%s' (--threads=N --reps=R --lens=L1,L2 "
-                   "--page-tokens=P --prefix=T --batch=B --no-torch)\n",
+                   "--page-tokens=P --prefix=T --batch=B --prefill=T --no-torch)\n",
                    argv[i]);
       return 2;
     }
@@ -267,6 +271,45 @@ int main(int argc, char** argv) {
     std::printf("%10s %8.2f (%6.2f..%6.2f) %8.2f (%6.2f..%6.2f) %9.2f\n", "step", a.median * 1e3,
                 a.min * 1e3, a.max * 1e3, b.median * 1e3, b.min * 1e3, b.max * 1e3,
                 b.median / a.median);
+  }
+  if (prefill_len > 0) {
+    std::printf("\nprefill: %lld tokens, host tier, %d threads\n",
+                static_cast<long long>(prefill_len), threads);
+    std::vector<int32_t> ids(static_cast<size_t>(prefill_len));
+    std::mt19937_64 rng(3);
+    for (auto& id : ids) id = static_cast<int32_t>(rng() % 256);
+    std::vector<int32_t> labels(ids.size(), -1);
+    std::vector<int64_t> pos(ids.size());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i);
+    ring::model::LocalAttention att(be.get());
+    ring::model::ModelConfig rc = c;
+    rc.recompute = true;  // as the generator's prefill model
+    ring::model::Model m(rc, be.get(), &att);
+    m.set_params(params);
+    ring::gen::GeneratorOptions o;
+    o.threads = threads;
+    o.cache.page_tokens = page_tokens;
+    o.cache.fast_bytes = 0;
+    o.cache.window = 0;
+    ring::gen::Generator g(c, params.data(), be.get(), o);
+    std::vector<double> fwd, pre;
+    for (int r = 0; r < std::max(3, reps / 3); ++r) {
+      auto t0 = Clock::now();
+      m.forward({prefill_len, ids.data(), labels.data(), pos.data(), nullptr}, 1);
+      fwd.push_back(seconds_since(t0));
+      t0 = Clock::now();
+      const int seq = g.prefill(ids, {}, nullptr);
+      pre.push_back(seconds_since(t0));
+      g.release(seq);
+    }
+    const auto a = ring::bench::spread(pre), b = ring::bench::spread(fwd);
+    const auto ratio = ring::bench::paired_ratio(fwd, pre);
+    std::printf("%22s %22s %18s\n", "prefill tok/s (min..max)", "forward tok/s (min..max)",
+                "prefill / forward");
+    std::printf("%8.0f (%6.0f..%6.0f) %8.0f (%6.0f..%6.0f) %6.2f (%4.2f..%4.2f)\n",
+                prefill_len / a.median, prefill_len / a.max, prefill_len / a.min,
+                prefill_len / b.median, prefill_len / b.max, prefill_len / b.min, ratio.median,
+                ratio.min, ratio.max);
   }
   return 0;
 }
