@@ -192,6 +192,23 @@ TEST_F(GenerateCli, BadInputsNameTheFlag) {
   r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/missing.txt");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("missing.txt"), std::string::npos) << r.out;
+  std::ofstream(dir_ + "/empty.txt").close();
+  r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/empty.txt");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("empty.txt"), std::string::npos) << r.out;
+}
+
+// The smallest cases: a one-byte prompt, one token, no fast tier at all.
+TEST_F(GenerateCli, OneBytePromptOneToken) {
+  std::ofstream(dir_ + "/one.txt") << "T";
+  const Result r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                       "/one.txt --max-tokens 1 --fast-bytes 0 --window 0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')));
+  const auto tokens = j["prompts"][0]["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(tokens.size(), 1u);
+  EXPECT_EQ(teacher_next({'T'}, 1), tokens);
+  EXPECT_EQ(j["prompts"][0]["step_s"].size(), 0u);
 }
 
 // --spec: the model from the spec, the cache from its generate section (flags win over it).

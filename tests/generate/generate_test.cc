@@ -269,7 +269,9 @@ TEST(Generate, PrefixSharingStoresThePrefixOnceAndStaysExact) {
       Prompt p = prefix;
       // Each prompt's own text continues the prefix's last document (its queries attend into
       // the shared pages).
-      Prompt tail = packed_prompt(40 + 37 * b, 1000 + b, 1);
+      // The first prompt is the prefix alone: all its pages are shared, its first decoded token
+      // opens a page of its own.
+      Prompt tail = packed_prompt(b == 0 ? 0 : 40 + 37 * b, 1000 + b, 1);
       for (size_t i = 0; i < tail.ids.size(); ++i) {
         p.ids.push_back(tail.ids[i]);
         p.docs.push_back(prefix.docs.back());
