@@ -58,6 +58,7 @@ struct GenerateOpts {
   int64_t window = -1;
   std::string spec;
   int threads = 0;
+  double approximate = 0.0;
   // Cache flags given on the command line (they override the spec's generate section).
   bool has_page_tokens = false, has_fast = false, has_host = false, has_disk = false,
        has_window = false;
@@ -204,6 +205,7 @@ int run_generate(const GenerateOpts& o) {
   go.cache.host_bytes = parse_size("--host-bytes", o.host_bytes);
   go.cache.disk_dir = o.disk_dir;
   go.cache.window = o.window;
+  go.approximate = o.approximate;
   gen::SamplingParams sp{o.temperature, o.top_p, o.seed};
   if (o.prompts.empty()) throw UsageError("at least one PROMPT_FILE is required");
 
@@ -283,6 +285,7 @@ int run_generate(const GenerateOpts& o) {
   struct Out {
     std::vector<int32_t> tokens;
     std::vector<double> times;
+    std::vector<double> bounds;  // approximate mode: skipped-mass bound per decode step
     double prefill_s = 0;
     bool done = false;
     int handle = -1;
@@ -320,6 +323,7 @@ int run_generate(const GenerateOpts& o) {
     for (size_t b = 0; b < which.size(); ++b) {
       Out& x = outs[which[b]];
       x.times.push_back(t.seconds);
+      x.bounds.push_back(t.skipped_mass_bound[b]);
       x.next = x.sampler->sample(logits.data() + static_cast<int64_t>(b) * mc.vocab, mc.vocab);
     }
   }
@@ -330,11 +334,23 @@ int run_generate(const GenerateOpts& o) {
     for (int32_t id : t) s.push_back(static_cast<char>(id & 0xff));
     return s;
   };
+  if (o.approximate > 0) {
+    // Labelled wherever it shows: here on stderr, in --json under "attention".
+    double worst = 0;
+    for (const auto& x : outs)
+      for (double b : x.bounds) worst = std::max(worst, b);
+    std::cerr << fmt::format(
+        "APPROXIMATE attention (--approximate {}): {} page computations skipped; largest bound "
+        "on the skipped softmax mass of a token: {:.3g}\n",
+        o.approximate, g.decode_stats().skipped_tasks, worst);
+  }
   std::string result;
   if (o.json) {
     json j;
     j["model"] = contract::model_record(mc);
     j["sampling"] = {{"temperature", sp.temperature}, {"top_p", sp.top_p}, {"seed", sp.seed}};
+    j["attention"] = o.approximate > 0 ? json{{"mode", "approximate"}, {"threshold", o.approximate}}
+                                       : json{{"mode", "exact"}};
     const gen::CacheStats cs = g.cache().stats();
     const gen::DecodeStats& ds = g.decode_stats();
     j["cache"] = {{"page_tokens", go.cache.page_tokens},
@@ -349,7 +365,8 @@ int run_generate(const GenerateOpts& o) {
                   {"disk_bytes", cs.disk_bytes},
                   {"promotions", cs.promotions},
                   {"page_tasks", {{"fast", ds.fast_tasks}, {"host", ds.host_tasks},
-                                  {"disk", ds.disk_tasks}, {"shared", ds.shared_tasks}}}};
+                                  {"disk", ds.disk_tasks}, {"shared", ds.shared_tasks},
+                                  {"skipped", ds.skipped_tasks}}}};
     j["prompts"] = json::array();
     for (size_t i = 0; i < outs.size(); ++i) {
       // The first token comes from the prefill's logits; each later one from a decode step.
@@ -359,6 +376,7 @@ int run_generate(const GenerateOpts& o) {
                               {"text", text_of(outs[i].tokens)},
                               {"prefill_s", outs[i].prefill_s},
                               {"step_s", outs[i].times}});
+      if (o.approximate > 0) j["prompts"].back()["skipped_mass_bound"] = outs[i].bounds;
     }
     result = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   } else {
@@ -430,6 +448,11 @@ Subcommand add_generate(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sc->add_option("--threads", o->threads, "CPU threads (default 0: all cores)")
       ->check(CLI::Range(0, 4096));
+  sc->add_option("--approximate", o->approximate,
+                 "APPROXIMATE attention: skip pages whose bound on softmax share is below this "
+                 "threshold in (0, 1); each token's bound on the skipped mass is reported "
+                 "(default 0: exact)")
+      ->check(CLI::Range(0.0, 0.999999));
   return {sc, [o, sc]() {
             o->has_page_tokens = sc->count("--page-tokens") > 0;
             o->has_fast = sc->count("--fast-bytes") > 0;

@@ -251,4 +251,24 @@ TEST_F(GenerateCli, SpecGivesModelAndCacheSettings) {
   EXPECT_NE(r.out.find("generate.fast_gb"), std::string::npos) << r.out;
 }
 
+// --approximate: labelled approximate on stderr and in --json, with a bound per token.
+TEST_F(GenerateCli, ApproximateModeIsLabelled) {
+  const Result r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                       "/p1.txt --max-tokens 5 --page-tokens 64 --json --approximate 0.01");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("APPROXIMATE attention"), std::string::npos) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["attention"]["mode"], "approximate");
+  const auto bounds = j["prompts"][0]["skipped_mass_bound"].get<std::vector<double>>();
+  ASSERT_EQ(bounds.size(), 4u);
+  for (double b : bounds) EXPECT_GE(b, 0.0);
+  const Result exact = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                           "/p1.txt --max-tokens 5 --page-tokens 64 --json");
+  ASSERT_EQ(exact.code, 0) << exact.out;
+  EXPECT_EQ(json::parse(exact.out.substr(exact.out.find('{')))["attention"]["mode"], "exact");
+  EXPECT_EQ(run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt --approximate 1")
+                .code,
+            2);
+}
+
 }  // namespace

@@ -355,6 +355,63 @@ TEST(Generate, ConfigurationErrorsNameTheSetting) {
   EXPECT_THROW(g.prefill({1, 300}, {}, nullptr), GenerateError);
 }
 
+// The approximate mode against the exact one on a cache built by hand: 20 pages of weak keys and
+// a last page of keys aligned with the queries. Skipped pages must exist, and for every head the
+// softmax mass actually left out, 1 - exp(lse_approx - lse_exact), must be within the reported
+// bound; the output moves by at most 2 x that mass x max |v|. Threshold 0 is the exact result.
+TEST(Generate, ApproximateModeBoundsTheSkippedMass) {
+  const int64_t hd = 16, heads = 2, kv_heads = 1, pt = 64, pages = 21;
+  CacheConfig cc;
+  cc.page_tokens = pt;
+  cc.fast_bytes = 0;
+  cc.window = 0;
+  KvCache cache(cc, 1, static_cast<int>(kv_heads), hd);
+  ThreadPool pool(2);
+  DecodeAttention att(&cache, &pool, heads, kv_heads, hd);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> q(static_cast<size_t>(heads * hd));
+  for (auto& x : q) x = nd(rng);
+  std::vector<std::vector<PageId>> list(1);
+  float vmax = 0;
+  for (int64_t p = 0; p < pages; ++p) {
+    const PageId id = cache.create(0, 0);
+    list[0].push_back(id);
+    for (int64_t r = 0; r < pt; ++r) {
+      std::vector<float> k(static_cast<size_t>(hd)), v(static_cast<size_t>(hd));
+      for (int64_t d = 0; d < hd; ++d) {
+        // The last page: keys along the queries (large scores); the others weak.
+        k[static_cast<size_t>(d)] = p == pages - 1 ? 5.f * (q[d] + q[hd + d]) + 0.1f * nd(rng)
+                                                   : 0.2f * nd(rng);
+        v[static_cast<size_t>(d)] = nd(rng);
+        vmax = std::max(vmax, std::fabs(v[static_cast<size_t>(d)]));
+      }
+      cache.write_row(id, r, k.data(), v.data(), 0);
+    }
+  }
+  std::vector<SeqView> views = {SeqView{&list, 0}};
+  std::vector<float> o_exact(static_cast<size_t>(heads * hd)), l_exact(heads);
+  std::vector<float> o_approx(o_exact.size()), l_approx(heads), bound(heads, -1.f);
+  DecodeStats es, as;
+  att.forward(views, q.data(), o_exact.data(), l_exact.data(), &es);
+  att.forward(views, q.data(), o_approx.data(), l_approx.data(), &as, 1e-3, bound.data());
+  EXPECT_EQ(es.skipped_tasks, 0);
+  EXPECT_GT(as.skipped_tasks, 0);
+  for (int64_t h = 0; h < heads; ++h) {
+    const double left_out = 1.0 - std::exp(static_cast<double>(l_approx[h]) - l_exact[h]);
+    EXPECT_GE(left_out, -1e-6) << h;
+    EXPECT_LE(left_out, bound[h] + 1e-6) << h << " bound " << bound[h];
+    EXPECT_LE(bound[h], 1e-3 * static_cast<double>(as.skipped_tasks)) << h;
+    for (int64_t d = 0; d < hd; ++d)
+      EXPECT_LE(std::fabs(o_exact[h * hd + d] - o_approx[h * hd + d]),
+                2 * left_out * vmax + 1e-5);
+  }
+  std::vector<float> o_zero(o_exact.size()), l_zero(heads);
+  att.forward(views, q.data(), o_zero.data(), l_zero.data(), nullptr, 0.0, nullptr);
+  EXPECT_EQ(o_zero, o_exact);
+  EXPECT_EQ(l_zero, l_exact);
+}
+
 TEST(Sampling, GreedyTopPAndSeeds) {
   std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f};
   Sampler greedy(SamplingParams{}, 0);

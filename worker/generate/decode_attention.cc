@@ -95,7 +95,8 @@ DecodeAttention::DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads
       scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {}
 
 void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, float* out,
-                              float* lse, DecodeStats* stats) {
+                              float* lse, DecodeStats* stats, double skip_threshold,
+                              float* skipped_bound) {
   const int64_t B = static_cast<int64_t>(seqs.size()), hd = head_dim_, g = group_;
   // Partials: sequence b, page i, query head h at (base[b] + i * heads + h).
   std::vector<int64_t> base(static_cast<size_t>(B) + 1, 0);
@@ -123,7 +124,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
     }
   }
   const int64_t pt = cache_->page_tokens();
-  pool_->parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+  auto compute = [&](int64_t t) {
     const Task& task = tasks[static_cast<size_t>(t)];
     const Page& page = cache_->page(task.page);
     const int64_t m = static_cast<int64_t>(task.users.size()) * g;
@@ -154,7 +155,77 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
         part_lse[static_cast<size_t>(at)] = lm[static_cast<size_t>(row)];
       }
     }
-  });
+  };
+  std::vector<char> skipped(tasks.size(), 0);
+  if (skip_threshold <= 0.0) {
+    pool_->parallel_for(static_cast<int64_t>(tasks.size()), compute);
+  } else {
+    // Approximate mode. Phase 1: the tasks holding some sequence's last page (always computed)
+    // give each (sequence, head) a lower bound L on its final lse.
+    std::vector<int64_t> first, rest;
+    for (size_t t = 0; t < tasks.size(); ++t) {
+      bool last = false;
+      for (const auto& [b, i] : tasks[t].users)
+        last = last || i + 1 == static_cast<int64_t>((*seqs[b].pages)[0].size());
+      (last ? first : rest).push_back(static_cast<int64_t>(t));
+    }
+    pool_->parallel_for(static_cast<int64_t>(first.size()),
+                        [&](int64_t x) { compute(first[static_cast<size_t>(x)]); });
+    std::vector<double> low(static_cast<size_t>(B * heads_), -INFINITY);
+    for (int64_t t : first)
+      for (const auto& [b, i] : tasks[static_cast<size_t>(t)].users)
+        for (int64_t r = 0; r < g; ++r) {
+          const int64_t h = tasks[static_cast<size_t>(t)].kv_head * g + r;
+          const double pl = part_lse[static_cast<size_t>(base[b] + i * heads_ + h)];
+          double& l = low[static_cast<size_t>(b * heads_ + h)];
+          if (pl == -INFINITY) continue;
+          const double m = std::max(l, pl);
+          l = m + std::log(std::exp(l - m) + std::exp(pl - m));
+        }
+    // Phase 2: a page is skipped when, for every query row using it, its softmax mass is below
+    // the threshold for certain: mass <= tokens x exp(scale x max_j q.k_j - L), with
+    // max_j q.k_j <= sum_d max(q_d kmin_d, q_d kmax_d) (the page's per-channel key bounds).
+    std::vector<int64_t> run;
+    std::vector<double> bound(static_cast<size_t>(B * heads_), 0.0);
+    for (int64_t t : rest) {
+      const Task& task = tasks[static_cast<size_t>(t)];
+      const Page& page = cache_->page(task.page);
+      bool skip = page.tokens > 0;
+      std::vector<std::pair<int64_t, double>> fracs;
+      for (const auto& [b, i] : task.users) {
+        for (int64_t r = 0; r < g && skip; ++r) {
+          const int64_t h = task.kv_head * g + r;
+          const float* qr = q + (b * heads_ + h) * hd;
+          double ub = 0;
+          for (int64_t d = 0; d < hd; ++d)
+            ub += std::max(static_cast<double>(qr[d]) * page.kmin[static_cast<size_t>(d)],
+                           static_cast<double>(qr[d]) * page.kmax[static_cast<size_t>(d)]);
+          const double l = low[static_cast<size_t>(b * heads_ + h)];
+          const double frac =
+              l == -INFINITY ? INFINITY
+                             : std::exp(std::log(static_cast<double>(page.tokens)) +
+                                        static_cast<double>(scale_) * ub - l);
+          if (!(frac < skip_threshold)) skip = false;
+          fracs.emplace_back(b * heads_ + h, frac);
+        }
+      }
+      if (!skip) {
+        run.push_back(t);
+        continue;
+      }
+      skipped[static_cast<size_t>(t)] = 1;
+      for (const auto& [bh, frac] : fracs) bound[static_cast<size_t>(bh)] += frac;
+      for (const auto& [b, i] : task.users)
+        for (int64_t r = 0; r < g; ++r) {
+          const int64_t at = base[b] + i * heads_ + task.kv_head * g + r;
+          part_lse[static_cast<size_t>(at)] = -INFINITY;  // an empty partial: merged as nothing
+        }
+    }
+    pool_->parallel_for(static_cast<int64_t>(run.size()),
+                        [&](int64_t x) { compute(run[static_cast<size_t>(x)]); });
+    if (skipped_bound != nullptr)
+      for (size_t i = 0; i < bound.size(); ++i) skipped_bound[i] = static_cast<float>(bound[i]);
+  }
   // Merge in page order, per (sequence, head): cheap next to the pages, so on this thread (one
   // parallel region per layer: on a loaded machine every region's join costs a time slice).
   for (int64_t bh = 0; bh < B * heads_; ++bh) {
@@ -182,8 +253,13 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
     }
   }
   if (stats != nullptr) {
-    for (const Task& t : tasks) {
+    for (size_t ti = 0; ti < tasks.size(); ++ti) {
+      const Task& t = tasks[ti];
       ++stats->tasks;
+      if (skipped[ti]) {
+        ++stats->skipped_tasks;
+        continue;
+      }
       switch (cache_->tier_of(t.page)) {
         case Tier::kFast: ++stats->fast_tasks; break;
         case Tier::kHost: ++stats->host_tasks; break;

@@ -57,6 +57,7 @@ struct DecodeStats {
   int64_t tasks = 0, fast_tasks = 0, host_tasks = 0, disk_tasks = 0;
   int64_t shared_tasks = 0;  // tasks serving more than one sequence
   int64_t kv_bytes = 0;      // K/V bytes read (each page once)
+  int64_t skipped_tasks = 0; // approximate mode: pages not computed
 };
 
 class DecodeAttention {
@@ -66,8 +67,16 @@ class DecodeAttention {
   // q [B, heads, head_dim] (RoPE applied) -> out [B, heads, head_dim], lse [B, heads]. Adds each
   // page's attention mass (exp(lse_page - lse), summed over heads and sequences) to its
   // promotion statistic.
+  //
+  // skip_threshold > 0: the APPROXIMATE mode. Each sequence's last page is computed first; its
+  // lse L is a lower bound of the final lse. Another page is skipped when for every query row
+  // using it tokens x exp(scale x sum_d max(q_d kmin_d, q_d kmax_d) - L) < skip_threshold (an
+  // upper bound of its share of the softmax, from the page's per-channel key bounds);
+  // skipped_bound [B, heads] (if given) receives the sum of those bounds over skipped pages: a
+  // bound on the softmax mass left out of each (sequence, head). 0: exact.
   void forward(const std::vector<SeqView>& seqs, const float* q, float* out, float* lse,
-               DecodeStats* stats = nullptr);
+               DecodeStats* stats = nullptr, double skip_threshold = 0.0,
+               float* skipped_bound = nullptr);
 
  private:
   KvCache* cache_;

@@ -37,6 +37,9 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
     : config_(config), backend_(backend), options_(options) {
   config_.recompute = true;  // prefill keeps one layer's activations
   config_.check();
+  if (!(options_.approximate >= 0.0 && options_.approximate < 1.0))
+    throw GenerateError(fmt::format("approximate threshold {} must be in [0, 1) (0: exact)",
+                                    options_.approximate));
   if (std::string(backend_->name()) != "cpu")
     throw GenerateError(fmt::format(
         "generation runs on the cpu backend (asked for '{}'; the device fast tier is not built)",
@@ -306,6 +309,8 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
       vh(static_cast<size_t>(B * kvd)), oh(static_cast<size_t>(B * qd)),
       lse(static_cast<size_t>(B * config_.heads));
   std::vector<SeqView> views(static_cast<size_t>(B));
+  std::vector<float> bound(static_cast<size_t>(B * config_.heads), 0.f);
+  timing.skipped_mass_bound.assign(static_cast<size_t>(B), 0.0);
   for (int l = 0; l < config_.layers; ++l) {
     const Off& o = off_[static_cast<size_t>(l)];
     check_status(sb->rmsnorm_forward(B, d, config_.norm_eps, x_.data(), w(o.attn_norm),
@@ -332,7 +337,13 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
       views[static_cast<size_t>(b)] = SeqView{&s.pages[static_cast<size_t>(l)], s.docs.back()};
     }
     const auto a0 = Clock::now();
-    attention_->forward(views, qh.data(), oh.data(), lse.data(), &dstats_);
+    attention_->forward(views, qh.data(), oh.data(), lse.data(), &dstats_, options_.approximate,
+                        bound.data());
+    for (int64_t b = 0; b < B && options_.approximate > 0; ++b)
+      for (int64_t h = 0; h < config_.heads; ++h)
+        timing.skipped_mass_bound[static_cast<size_t>(b)] =
+            std::max(timing.skipped_mass_bound[static_cast<size_t>(b)],
+                     static_cast<double>(bound[static_cast<size_t>(b * config_.heads + h)]));
     timing.attention_seconds += std::chrono::duration<double>(Clock::now() - a0).count();
     check_status(sb->copy_to_device(o_.data(), oh.data(), o_.bytes()), "copy_to_device");
     linear(B, o_.data(), o.wo, d, qd, tmp_.data());

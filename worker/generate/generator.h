@@ -34,11 +34,18 @@ struct GeneratorOptions {
   CacheConfig cache;
   int threads = 0;  // decode attention threads (0: all cores)
   int64_t max_promotions_per_step = -1;  // -1: no limit
+  // > 0: the APPROXIMATE mode (DecodeAttention::forward's skip_threshold): pages whose bound on
+  // softmax share is below it are skipped, and each step reports the bound on what was left out.
+  // 0 (default): exact.
+  double approximate = 0.0;
 };
 
 struct StepTiming {
   double seconds = 0;            // the whole step
   double attention_seconds = 0;  // DecodeAttention over all layers
+  // Approximate mode: per sequence of the step, the largest bound over layers and heads on the
+  // softmax mass skipped (0 in exact mode).
+  std::vector<double> skipped_mass_bound;
 };
 
 class Generator {

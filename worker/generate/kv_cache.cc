@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -174,6 +175,8 @@ PageId KvCache::create(int layer, int head) {
   p.head = head;
   p.refs = 1;
   p.docs.assign(static_cast<size_t>(config_.page_tokens), 0);
+  p.kmin.assign(static_cast<size_t>(head_dim_), std::numeric_limits<float>::infinity());
+  p.kmax.assign(static_cast<size_t>(head_dim_), -std::numeric_limits<float>::infinity());
   p.backing_data = host_alloc();
   if (p.backing_data != nullptr) {
     p.backing = Tier::kHost;
@@ -237,6 +240,10 @@ void KvCache::write_row(PageId id, int64_t row, const float* k, const float* v, 
     std::memcpy(f + off_v + row * hd, v, n);
   }
   p.docs[static_cast<size_t>(row)] = doc;
+  for (int64_t d = 0; d < hd; ++d) {
+    p.kmin[static_cast<size_t>(d)] = std::min(p.kmin[static_cast<size_t>(d)], k[d]);
+    p.kmax[static_cast<size_t>(d)] = std::max(p.kmax[static_cast<size_t>(d)], k[d]);
+  }
   p.tokens = std::max(p.tokens, row + 1);
 }
 

@@ -85,6 +85,8 @@ struct Page {
   std::vector<int32_t> docs;      // [page_tokens]
   double mass = 0;                // decayed attention mass (promotion statistic)
   bool pinned = false;            // in some sequence's window this step
+  // Per-channel bounds of the page's keys (approximate mode: an upper bound on q . k).
+  std::vector<float> kmin, kmax;  // [head_dim]
 };
 
 struct CacheStats {
