@@ -15,7 +15,8 @@
 // its load). Reported per length: decode step time (the whole step: projections, MLP, head,
 // attention) median and min..max, the floor's median (and the bandwidth it implies), the paired
 // ratio step / floor, median and min..max (target <= 1.3), torch's median step time and our
-// speed-up over it. Then prefix sharing: the step time of a batch of B sequences sharing a
+// speed-up over it, and the host tier's bytes and the process's resident set (linear in the
+// context). Then prefix sharing: the step time of a batch of B sequences sharing a
 // T-token prefix (stored once; each prefix page is one task for all B queries) against B
 // sequences with nothing shared. Last, prefill tokens/s (the training forward writing each
 // layer's K/V into pages) against the training forward alone (Model::forward) on the same
@@ -66,6 +67,19 @@ double read_pass(ring::gen::ThreadPool* pool, const std::vector<float>& buf) {
   for (double x : sums) total += x;
   if (total < 0) std::printf("%f\n", total);  // keep the sums alive
   return t;
+}
+
+// This process's resident set (VmRSS of /proc/self/status), MiB: the cache, the bandwidth
+// buffer and the model.
+double rss_mib() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib / 1024.0;
 }
 
 std::vector<int64_t> parse_lens(const std::string& s) {
@@ -173,8 +187,9 @@ int main(int argc, char** argv) {
       "decode step, batch 1, all pages in the host tier, %d threads, page %lld tokens, "
       "OMP_WAIT_POLICY=%s\n",
       threads, static_cast<long long>(page_tokens), std::getenv("OMP_WAIT_POLICY"));
-  std::printf("%9s %10s %9s %22s %10s %18s %10s %9s\n", "context", "KV MiB", "GB/s",
-              "step ms (min..max)", "floor ms", "x floor (min..max)", "torch ms", "speed-up");
+  std::printf("%9s %10s %9s %22s %10s %18s %10s %9s %9s %9s\n", "context", "KV MiB", "GB/s",
+              "step ms (min..max)", "floor ms", "x floor (min..max)", "torch ms", "speed-up",
+              "host MiB", "RSS MiB");
   std::vector<double> torch_s;
   if (torch) torch_s = torch_times(lens, threads, reps);
   for (size_t li = 0; li < lens.size(); ++li) {
@@ -216,10 +231,13 @@ int main(int argc, char** argv) {
     const auto f = ring::bench::spread(floors);
     const auto ratio = ring::bench::paired_ratio(steps, floors);
     const double ts = torch ? torch_s[li] : 0.0;
-    std::printf("%9lld %10.1f %9.2f %8.2f (%6.2f..%6.2f) %10.2f %5.2f (%4.2f..%4.2f) %10.2f %9.2f\n",
+    const ring::gen::CacheStats cs = g.cache().stats();
+    std::printf("%9lld %10.1f %9.2f %8.2f (%6.2f..%6.2f) %10.2f %5.2f (%4.2f..%4.2f) %10.2f %9.2f"
+                " %9.1f %9.1f\n",
                 static_cast<long long>(len), kv_bytes / 1048576.0, kv_bytes / f.median / 1e9,
                 s.median * 1e3, s.min * 1e3, s.max * 1e3, f.median * 1e3, ratio.median,
-                ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0);
+                ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0,
+                cs.host_bytes / 1048576.0, rss_mib());
     std::fflush(stdout);
   }
   // Prefix sharing: a batch of `batch` sequences sharing a `prefix`-token prefix (each with one
