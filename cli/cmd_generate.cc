@@ -59,6 +59,7 @@ struct GenerateOpts {
   std::string spec;
   int threads = 0;
   double approximate = 0.0;
+  bool host_int8 = false;
   // Cache flags given on the command line (they override the spec's generate section).
   bool has_page_tokens = false, has_fast = false, has_host = false, has_disk = false,
        has_window = false;
@@ -206,6 +207,7 @@ int run_generate(const GenerateOpts& o) {
   go.cache.disk_dir = o.disk_dir;
   go.cache.window = o.window;
   go.approximate = o.approximate;
+  go.cache.host_int8 = o.host_int8;
   gen::SamplingParams sp{o.temperature, o.top_p, o.seed};
   if (o.prompts.empty()) throw UsageError("at least one PROMPT_FILE is required");
 
@@ -334,6 +336,9 @@ int run_generate(const GenerateOpts& o) {
     for (int32_t id : t) s.push_back(static_cast<char>(id & 0xff));
     return s;
   };
+  if (o.host_int8)
+    std::cerr << "INT8 host-tier K/V (--host-int8): full pages in host memory are quantized; "
+                 "results are not exact\n";
   if (o.approximate > 0) {
     // Labelled wherever it shows: here on stderr, in --json under "attention".
     double worst = 0;
@@ -351,6 +356,7 @@ int run_generate(const GenerateOpts& o) {
     j["sampling"] = {{"temperature", sp.temperature}, {"top_p", sp.top_p}, {"seed", sp.seed}};
     j["attention"] = o.approximate > 0 ? json{{"mode", "approximate"}, {"threshold", o.approximate}}
                                        : json{{"mode", "exact"}};
+    j["attention"]["host_kv"] = o.host_int8 ? "int8 (not exact)" : "fp32";
     const gen::CacheStats cs = g.cache().stats();
     const gen::DecodeStats& ds = g.decode_stats();
     j["cache"] = {{"page_tokens", go.cache.page_tokens},
@@ -448,6 +454,9 @@ Subcommand add_generate(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sc->add_option("--threads", o->threads, "CPU threads (default 0: all cores)")
       ->check(CLI::Range(0, 4096));
+  sc->add_flag("--host-int8", o->host_int8,
+              "Store full host-tier pages as int8 (K per channel, V per token): about 0.29 of "
+              "the bytes, NOT exact (labelled)");
   sc->add_option("--approximate", o->approximate,
                  "APPROXIMATE attention: skip pages whose bound on softmax share is below this "
                  "threshold in (0, 1); each token's bound on the skipped mass is reported "

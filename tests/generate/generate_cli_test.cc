@@ -265,7 +265,16 @@ TEST_F(GenerateCli, ApproximateModeIsLabelled) {
   const Result exact = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
                            "/p1.txt --max-tokens 5 --page-tokens 64 --json");
   ASSERT_EQ(exact.code, 0) << exact.out;
-  EXPECT_EQ(json::parse(exact.out.substr(exact.out.find('{')))["attention"]["mode"], "exact");
+  const json ej = json::parse(exact.out.substr(exact.out.find('{')));
+  EXPECT_EQ(ej["attention"]["mode"], "exact");
+  EXPECT_EQ(ej["attention"]["host_kv"], "fp32");
+  const Result q8 = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                        "/p1.txt --max-tokens 5 --page-tokens 64 --json --host-int8");
+  ASSERT_EQ(q8.code, 0) << q8.out;
+  EXPECT_NE(q8.out.find("INT8 host-tier"), std::string::npos) << q8.out;
+  const json qj = json::parse(q8.out.substr(q8.out.find('{')));
+  EXPECT_EQ(qj["attention"]["host_kv"], "int8 (not exact)");
+  EXPECT_LT(qj["cache"]["host_bytes"].get<int64_t>(), ej["cache"]["host_bytes"].get<int64_t>() / 2);
   EXPECT_EQ(run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt --approximate 1")
                 .code,
             2);

@@ -142,9 +142,21 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       std::copy(src, src + g * hd, qm.data() + static_cast<int64_t>(u) * g * hd);
       for (int64_t r = 0; r < g; ++r) dm[u * g + r] = seqs[static_cast<size_t>(b)].doc;
     }
-    page_partial(m, hd, scale_, qm.data(), dm.data(), page.tokens, cache_->k_of(task.page),
-                 cache_->v_of(task.page), page.docs.data(), om.data(), lm.data(), sc.data(),
-                 inv.data());
+    const float* kp;
+    const float* vp;
+    thread_local std::vector<float> deq;
+    if (cache_->needs_dequant(task.page)) {
+      // An int8 host page (opt-in): dequantized into this thread's scratch as it is read.
+      deq.resize(static_cast<size_t>(2 * pt * hd));
+      cache_->dequantize(task.page, deq.data());
+      kp = deq.data();
+      vp = deq.data() + pt * hd;
+    } else {
+      kp = cache_->k_of(task.page);
+      vp = cache_->v_of(task.page);
+    }
+    page_partial(m, hd, scale_, qm.data(), dm.data(), page.tokens, kp, vp, page.docs.data(),
+                 om.data(), lm.data(), sc.data(), inv.data());
     for (size_t u = 0; u < task.users.size(); ++u) {
       const auto [b, i] = task.users[u];
       for (int64_t r = 0; r < g; ++r) {
@@ -266,7 +278,9 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
         case Tier::kDisk: ++stats->disk_tasks; break;
       }
       if (t.users.size() > 1) ++stats->shared_tasks;
-      stats->kv_bytes += 2 * cache_->page(t.page).tokens * hd * 4;
+      stats->kv_bytes += cache_->page(t.page).q8 != nullptr && cache_->tier_of(t.page) != Tier::kFast
+                             ? 2 * cache_->page(t.page).tokens * hd
+                             : 2 * cache_->page(t.page).tokens * hd * 4;
     }
   }
 }

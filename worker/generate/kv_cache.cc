@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -81,8 +82,10 @@ KvCache::~KvCache() {
   if (disk_fd_ >= 0) ::close(disk_fd_);
   if (!disk_path_.empty()) ::unlink(disk_path_.c_str());
   if (!disk_subdir_.empty()) ::rmdir(disk_subdir_.c_str());
-  for (auto& p : pages_)
+  for (auto& p : pages_) {
     if (p.backing == Tier::kHost && p.backing_data != nullptr) std::free(p.backing_data);
+    std::free(p.q8);
+  }
   for (float* p : host_free_) std::free(p);
   std::free(fast_pool_);
 }
@@ -201,6 +204,56 @@ void KvCache::seal(PageId id, const PageKey& key) {
   p.keyed = true;
   p.key = key;
   by_key_[key] = id;
+  if (config_.host_int8 && p.backing == Tier::kHost && p.tokens == config_.page_tokens) quantize(id);
+}
+
+void KvCache::quantize(PageId id) {
+  Page& p = pages_[id];
+  const int64_t pt = config_.page_tokens, hd = head_dim_;
+  char* q = static_cast<char*>(std::malloc(static_cast<size_t>(q8_bytes())));
+  if (q == nullptr) throw GenerateError("out of host memory for int8 KV pages");
+  int8_t* kq = reinterpret_cast<int8_t*>(q);
+  int8_t* vq = kq + pt * hd;
+  float* ks = reinterpret_cast<float*>(q + 2 * pt * hd);
+  float* vs = ks + hd;
+  const float* k = p.backing_data;
+  const float* v = p.backing_data + pt * hd;
+  for (int64_t d = 0; d < hd; ++d) {
+    float m = 0.f;
+    for (int64_t t = 0; t < pt; ++t) m = std::max(m, std::fabs(k[t * hd + d]));
+    ks[d] = m > 0.f ? m / 127.f : 1.f;
+  }
+  for (int64_t t = 0; t < pt; ++t) {
+    float m = 0.f;
+    for (int64_t d = 0; d < hd; ++d) m = std::max(m, std::fabs(v[t * hd + d]));
+    vs[t] = m > 0.f ? m / 127.f : 1.f;
+    for (int64_t d = 0; d < hd; ++d) {
+      kq[t * hd + d] = static_cast<int8_t>(std::lrint(k[t * hd + d] / ks[d]));
+      vq[t * hd + d] = static_cast<int8_t>(std::lrint(v[t * hd + d] / vs[t]));
+    }
+  }
+  host_free_.push_back(p.backing_data);
+  host_used_ += q8_bytes() - page_bytes();
+  p.backing_data = nullptr;
+  p.q8 = q;
+  // A fast copy takes the dequantized values: where the page is read never changes a bit.
+  if (p.fast_slot >= 0) dequantize_into(id, fast_pool_ + p.fast_slot * page_floats());
+}
+
+void KvCache::dequantize(PageId id, float* kv) const { dequantize_into(id, kv); }
+
+void KvCache::dequantize_into(PageId id, float* kv) const {
+  const Page& p = pages_[id];
+  const int64_t pt = config_.page_tokens, hd = head_dim_;
+  const int8_t* kq = reinterpret_cast<const int8_t*>(p.q8);
+  const int8_t* vq = kq + pt * hd;
+  const float* ks = reinterpret_cast<const float*>(p.q8 + 2 * pt * hd);
+  const float* vs = ks + hd;
+  for (int64_t t = 0; t < p.tokens; ++t)
+    for (int64_t d = 0; d < hd; ++d) {
+      kv[t * hd + d] = static_cast<float>(kq[t * hd + d]) * ks[d];
+      kv[pt * hd + t * hd + d] = static_cast<float>(vq[t * hd + d]) * vs[t];
+    }
 }
 
 void KvCache::release(PageId id) {
@@ -208,7 +261,10 @@ void KvCache::release(PageId id) {
   if (--p.refs > 0) return;
   if (p.keyed) by_key_.erase(p.key);
   if (p.fast_slot >= 0) drop_fast(id);
-  if (p.backing == Tier::kHost) {
+  if (p.q8 != nullptr) {
+    std::free(p.q8);
+    host_used_ -= q8_bytes();
+  } else if (p.backing == Tier::kHost) {
     host_free_.push_back(p.backing_data);
     host_used_ -= page_bytes();
   } else {
@@ -230,6 +286,7 @@ const float* KvCache::v_of(PageId id) const {
 
 void KvCache::write_row(PageId id, int64_t row, const float* k, const float* v, int32_t doc) {
   Page& p = pages_[id];
+  if (p.q8 != nullptr) throw GenerateError("internal: a write to a full (int8) page");
   const int64_t hd = head_dim_, off_v = config_.page_tokens * hd;
   const size_t n = static_cast<size_t>(hd) * sizeof(float);
   std::memcpy(p.backing_data + row * hd, k, n);
@@ -256,9 +313,13 @@ void KvCache::make_fast(PageId id) {
   // The rows written so far (the rest is written through write_row).
   float* f = fast_pool_ + s * page_floats();
   const int64_t pt = config_.page_tokens, hd = head_dim_;
-  std::memcpy(f, p.backing_data, static_cast<size_t>(p.tokens * hd) * sizeof(float));
-  std::memcpy(f + pt * hd, p.backing_data + pt * hd,
-              static_cast<size_t>(p.tokens * hd) * sizeof(float));
+  if (p.q8 != nullptr) {
+    dequantize_into(id, f);
+  } else {
+    std::memcpy(f, p.backing_data, static_cast<size_t>(p.tokens * hd) * sizeof(float));
+    std::memcpy(f + pt * hd, p.backing_data + pt * hd,
+                static_cast<size_t>(p.tokens * hd) * sizeof(float));
+  }
   ++promotions_;
   const int64_t used = (fast_slots_ - static_cast<int64_t>(fast_free_.size())) * page_bytes();
   fast_peak_ = std::max(fast_peak_, used);

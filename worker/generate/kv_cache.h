@@ -45,6 +45,10 @@ struct CacheConfig {
   int64_t window = -1;               // tokens always fast; -1: page_tokens
   bool promote = true;               // promote pages by attention mass
   double mass_decay = 0.5;           // per step: mass = decay * mass + this step's mass
+  // Opt-in, NOT exact: full pages backed in the host tier are stored as int8 (K per channel, V
+  // per token, symmetric scales over the page); attention dequantizes them as it reads them, and
+  // a fast copy holds the same dequantized values (so tiers still never change a bit).
+  bool host_int8 = false;
   // Throws GenerateError naming the field and the rule.
   void check() const;
   int64_t window_tokens() const { return window < 0 ? page_tokens : window; }
@@ -87,6 +91,10 @@ struct Page {
   bool pinned = false;            // in some sequence's window this step
   // Per-channel bounds of the page's keys (approximate mode: an upper bound on q . k).
   std::vector<float> kmin, kmax;  // [head_dim]
+  // host_int8: the backing as int8 (backing_data is then null): K [page_tokens, head_dim], V
+  // [page_tokens, head_dim], then fp32 scales: K per channel [head_dim], V per token
+  // [page_tokens]. value = int8 x scale.
+  char* q8 = nullptr;
 };
 
 struct CacheStats {
@@ -132,6 +140,11 @@ class KvCache {
   const float* k_of(PageId id) const;
   const float* v_of(PageId id) const;
   Tier tier_of(PageId id) const { return pages_[id].fast_slot >= 0 ? Tier::kFast : pages_[id].backing; }
+  // Whether attention must dequantize the page (int8 backing, no fast copy), and into what:
+  // kv [2, page_tokens, head_dim] (K then V), the page's rows filled.
+  bool needs_dequant(PageId id) const { return pages_[id].q8 != nullptr && pages_[id].fast_slot < 0; }
+  void dequantize(PageId id, float* kv) const;
+  int64_t q8_bytes() const { return 2 * config_.page_tokens * head_dim_ + 4 * (head_dim_ + config_.page_tokens); }
   // Writes row `row` of a page (k, v: [head_dim]) to its backing and its fast copy.
   void write_row(PageId id, int64_t row, const float* k, const float* v, int32_t doc);
 
@@ -146,6 +159,8 @@ class KvCache {
 
  private:
   float* host_alloc();
+  void quantize(PageId id);
+  void dequantize_into(PageId id, float* kv) const;
   void make_fast(PageId id);
   void drop_fast(PageId id);
   void open_disk();
