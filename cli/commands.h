@@ -27,5 +27,6 @@ Subcommand add_import(CLI::App& app);   // cmd_import.cc
 Subcommand add_export(CLI::App& app);   // cmd_import.cc
 Subcommand add_tokenize(CLI::App& app);        // cmd_tokenize.cc
 Subcommand add_simulate(CLI::App& app);        // cmd_simulate.cc
+Subcommand add_generate(CLI::App& app);        // cmd_generate.cc
 
 }  // namespace ring::cli

@@ -5,6 +5,7 @@
 //   ringctl import|export ...                 Hugging Face Llama <-> checkpoints (cli/cmd_import.cc)
 //   ringctl run|status|events|logs|cancel|restart|nodes|submit ...   cli/cmd_*.cc (cli/commands.h)
 //   ringctl tokenize --tokenizer M -o OUT INPUT...   text -> token dataset (cli/cmd_tokenize.cc)
+//   ringctl generate --checkpoint DIR PROMPT...      generation over a tiered KV cache (cli/cmd_generate.cc)
 //
 // The options the coordinator commands share (--coord, --timeout, --server-key, --client-key,
 // --json) may also come before the command: `ringctl --coord X status` is `ringctl status
@@ -178,7 +179,8 @@ int main(int argc, char** argv) {
       ring::cli::add_logs(app),   ring::cli::add_cancel(app),  ring::cli::add_restart(app),
       ring::cli::add_nodes(app),  ring::cli::add_submit(app),  ring::cli::add_slurm_started(app),
       ring::cli::add_steps(app),  ring::cli::add_import(app),  ring::cli::add_export(app),
-      ring::cli::add_tokenize(app), ring::cli::add_simulate(app), ring::cli::add_metrics(app)};
+      ring::cli::add_tokenize(app), ring::cli::add_simulate(app), ring::cli::add_metrics(app),
+      ring::cli::add_generate(app)};
 
   auto checkpoints = ring::cli::add_checkpoints(app);  // cli/cmd_checkpoints.cc
 

@@ -414,6 +414,33 @@ std::vector<KeyDef> build_table() {
             "Write checkpoints in the background while training continues."),
       Value{true});
 
+  // ---- generate
+  range(def(b.add("generate.page_tokens", KT::kInt, &J::generate, &GenerateSection::page_tokens,
+                  "Tokens per KV-cache page of `ringctl generate` (one page per layer and K/V "
+                  "head)."),
+            Value{int64_t{1024}}),
+        16, 1048576);
+  range(def(b.add("generate.fast_gb", KT::kFloat, &J::generate, &GenerateSection::fast_gb,
+                  "Fast tier of the KV cache in GB (10^9 bytes): GPU memory in the design, a "
+                  "bounded host pool on CPU builds; its resident size never exceeds it. 0: none "
+                  "(then generate.window must be 0)."),
+            Value{0.25}),
+        0.0, 1e6);
+  range(def(b.add("generate.host_gb", KT::kFloat, &J::generate, &GenerateSection::host_gb,
+                  "Host tier limit of the KV cache in GB; pages beyond it go to "
+                  "generate.disk_dir. 0: no limit."),
+            Value{0.0}),
+        0.0, 1e6);
+  def(b.add("generate.disk_dir", KT::kString, &J::generate, &GenerateSection::disk_dir,
+            "Directory of the disk tier (a 0600 file per process in a private 0700 directory, "
+            "removed at exit). Empty: no disk tier."),
+      Value{std::string{}});
+  range(def(b.add("generate.window", KT::kInt, &J::generate, &GenerateSection::window,
+                  "Most recent tokens of each sequence always kept in the fast tier; -1: one "
+                  "page."),
+            Value{int64_t{-1}}),
+        -1, kIntMax);
+
   // ---- resources
   range(def(b.add("resources.nodes", KT::kInt, &J::resources, &ResourcesSection::nodes,
                   "Nodes (one ringd each)."),
@@ -548,6 +575,7 @@ const std::vector<std::pair<std::string, std::string>>& spec_sections() {
       {"resources", "What each node provides."},
       {"slurm", "Options of `ringctl submit` (sbatch)."},
       {"restart", "Automatic recovery after failures."},
+      {"generate", "The KV cache of `ringctl generate`."},
   };
   return s;
 }

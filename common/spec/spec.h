@@ -139,6 +139,15 @@ struct RestartSection {
   double backoff_max_s{};
 };
 
+// The KV cache of `ringctl generate` (docs/generation.md); flags override each key.
+struct GenerateSection {
+  int64_t page_tokens{};
+  double fast_gb{};
+  double host_gb{};
+  std::string disk_dir;
+  int64_t window{};
+};
+
 struct JobSpec {
   JobSection job;
   ModelSection model;
@@ -150,6 +159,7 @@ struct JobSpec {
   ResourcesSection resources;
   SlurmSection slurm;
   RestartSection restart;
+  GenerateSection generate;
 
   // Values derived from optional fields, filled by resolve() after a successful validation.
   struct Resolved {

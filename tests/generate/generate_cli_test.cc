@@ -1,0 +1,283 @@
+// `ringctl generate` end to end: a checkpoint written with the checkpoint library (format 2, its
+// layout record names the model), byte prompts, greedy tokens equal to the argmax of a
+// teacher-forced forward over the same tokens, --json, -o (0600), sampling seeds, flag errors.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/contract/layout.h"
+#include "common/contract/shard.h"
+#include "daemon/checkpoint/checkpoint.h"
+#include "kernels/backend.h"
+#include "worker/model/attention.h"
+#include "worker/model/model.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ring::model::ModelConfig;
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  Result r;
+  const std::string cmd = std::string(RINGCTL) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class GenerateCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string t = (fs::temp_directory_path() / "ring-gencli-XXXXXX").string();
+    dir_ = ::mkdtemp(t.data());
+    c_.layers = 2;
+    c_.d_model = 64;
+    c_.heads = 4;
+    c_.kv_heads = 2;
+    c_.head_dim = 16;
+    c_.mlp_hidden = 128;
+    c_.vocab = 256;
+    std::string err;
+    be_ = ring::kernels::create_backend("cpu", 2, &err);
+    ASSERT_NE(be_, nullptr) << err;
+    ring::model::LocalAttention att(be_.get());
+    ring::model::Model m(c_, be_.get(), &att);
+    m.init_params(21);
+    params_ = m.get_params();
+    for (const auto& v : m.layout().views())
+      if (v.name.find("attn.w") != std::string::npos || v.name == "embedding.weight")
+        for (int64_t i = 0; i < v.size; ++i) params_[static_cast<size_t>(v.offset + i)] *= 8.f;
+    const ring::contract::ParamLayout pl(c_);
+    ring::ckpt::Options co;
+    co.dir = dir_ + "/ckpt";
+    co.keep_last = 1;
+    co.fsync = false;
+    co.spec_hash = "test";
+    ring::ckpt::Layout l;
+    l.shard = "none";
+    l.nodes = 1;
+    l.total_floats = pl.total();
+    for (const auto& r : ring::contract::shard_ranges(pl, 1))
+      l.ranges.push_back({r.node, r.begin, r.end, r.first_bucket, r.end_bucket});
+    l.model = ring::contract::model_record(c_);
+    co.layout = l;
+    ring::ckpt::Checkpointer ck(co);
+    for (const auto& v : pl.views())
+      ck.add_tensor("master/" + v.name, ring::ckpt::DType::kF32, v.shape,
+                    params_.data() + v.offset);
+    ck.start(2, {});
+    ASSERT_TRUE(ck.wait().ok);
+    prompt_ = "The quick brown fox jumps over the lazy dog. ";
+    for (int i = 0; i < 4; ++i) prompt_ += prompt_;  // 720 bytes: several 64-token pages
+    std::ofstream(dir_ + "/p1.txt") << prompt_;
+    std::ofstream(dir_ + "/p2.txt") << prompt_ << "And then";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Teacher-forced argmax after every prefix of ids[0..n) for n >= first.
+  std::vector<int32_t> teacher_next(const std::vector<int32_t>& ids, size_t first) {
+    ring::model::LocalAttention att(be_.get());
+    ring::model::Model m(c_, be_.get(), &att);
+    m.set_params(params_);
+    std::vector<int32_t> labels(ids.size(), -1);
+    std::vector<int64_t> pos(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) pos[i] = static_cast<int64_t>(i);
+    m.forward({static_cast<int64_t>(ids.size()), ids.data(), labels.data(), pos.data(), nullptr},
+              1);
+    std::vector<int32_t> out;
+    for (size_t i = first - 1; i < ids.size(); ++i) {
+      const float* row = m.logits() + static_cast<int64_t>(i) * c_.vocab;
+      out.push_back(static_cast<int32_t>(std::max_element(row, row + c_.vocab) - row));
+    }
+    return out;
+  }
+
+  std::string dir_;
+  ModelConfig c_;
+  std::unique_ptr<ring::kernels::Backend> be_;
+  std::vector<float> params_;
+  std::string prompt_;
+};
+
+TEST_F(GenerateCli, GreedyTokensEqualTheTeacherForcedArgmax) {
+  const Result r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt " + dir_ +
+                       "/p2.txt --json --max-tokens 12 --page-tokens 64 --fast-bytes 160K "
+                       "--window 64 --threads 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')));
+  ASSERT_EQ(j["prompts"].size(), 2u);
+  for (const auto& p : j["prompts"]) {
+    const std::string text =
+        p["file"].get<std::string>().find("p2") != std::string::npos ? prompt_ + "And then"
+                                                                      : prompt_;
+    std::vector<int32_t> ids(text.begin(), text.end());
+    const auto gen = p["tokens"].get<std::vector<int32_t>>();
+    ASSERT_EQ(gen.size(), 12u);
+    EXPECT_EQ(p["prompt_tokens"], ids.size());
+    EXPECT_EQ(p["step_s"].size(), 11u);
+    const size_t first = ids.size();
+    ids.insert(ids.end(), gen.begin(), gen.end() - 1);
+    EXPECT_EQ(teacher_next(ids, first), gen) << p["file"];
+  }
+  // The two prompts share their first 11 full pages (704 bytes) in both layers and heads.
+  EXPECT_EQ(j["cache"]["shared_page_hits"], 11 * 2 * 2);
+  EXPECT_LE(j["cache"]["fast_peak_bytes"].get<int64_t>(), 160 * 1024);
+  EXPECT_GT(j["cache"]["page_tasks"]["host"].get<int64_t>(), 0);
+  EXPECT_GT(j["cache"]["page_tasks"]["shared"].get<int64_t>(), 0);
+}
+
+TEST_F(GenerateCli, OutputFileSeedsAndDiskTier) {
+  const std::string out = dir_ + "/out.txt";
+  fs::create_directory(dir_ + "/disk");
+  const std::string base = "generate --checkpoint " + dir_ + "/ckpt/step-00000002 " + dir_ +
+                           "/p1.txt --page-tokens 64 --threads 2 ";
+  Result r = run(base + "--max-tokens 10 -o " + out + " --host-bytes 64K --disk-dir " + dir_ + "/disk");
+  ASSERT_EQ(r.code, 0) << r.out;
+  struct stat st {};
+  ASSERT_EQ(::stat(out.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::ifstream in(out, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.size(), 10u);
+  EXPECT_TRUE(fs::is_empty(dir_ + "/disk"));  // the disk tier is gone at exit
+  // The same greedy text without a disk tier.
+  r = run(base + "--max-tokens 10");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(text), std::string::npos);
+  // Sampling: the same seed gives the same text; another seed another text.
+  const std::string s = base + "--temperature 1.5 --top-p 0.95 --max-tokens 32 --json ";
+  auto tokens = [&](const std::string& args) {
+    Result x = run(args);
+    EXPECT_EQ(x.code, 0) << x.out;
+    return json::parse(x.out.substr(x.out.find('{')))["prompts"][0]["tokens"];
+  };
+  const json five = tokens(s + "--seed 5");
+  EXPECT_EQ(tokens(s + "--seed 5"), five);
+  EXPECT_NE(tokens(s + "--seed 6"), five);
+}
+
+TEST_F(GenerateCli, BadInputsNameTheFlag) {
+  const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt ";
+  Result r = run(base + "--fast-bytes 12Q");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--fast-bytes"), std::string::npos) << r.out;
+  r = run("generate --checkpoint " + dir_ + "/nope " + dir_ + "/p1.txt");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--checkpoint"), std::string::npos) << r.out;
+  r = run(base + "--top-p 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--top-p"), std::string::npos) << r.out;
+  r = run(base + "--fast-bytes 1K --window 4096");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--fast-bytes"), std::string::npos) << r.out;
+  r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/missing.txt");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("missing.txt"), std::string::npos) << r.out;
+  std::ofstream(dir_ + "/empty.txt").close();
+  r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/empty.txt");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("empty.txt"), std::string::npos) << r.out;
+}
+
+// The smallest cases: a one-byte prompt, one token, no fast tier at all.
+TEST_F(GenerateCli, OneBytePromptOneToken) {
+  std::ofstream(dir_ + "/one.txt") << "T";
+  const Result r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                       "/one.txt --max-tokens 1 --fast-bytes 0 --window 0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')));
+  const auto tokens = j["prompts"][0]["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(tokens.size(), 1u);
+  EXPECT_EQ(teacher_next({'T'}, 1), tokens);
+  EXPECT_EQ(j["prompts"][0]["step_s"].size(), 0u);
+}
+
+// --spec: the model from the spec, the cache from its generate section (flags win over it).
+TEST_F(GenerateCli, SpecGivesModelAndCacheSettings) {
+  auto spec = [&](const std::string& name, int d_model, const std::string& generate) {
+    std::ofstream f(dir_ + "/" + name);
+    f << "job: {name: gen}\n"
+         "model: {layers: 2, d_model: " << d_model << ", heads: 4, kv_heads: 2, head_dim: 16, "
+         "mlp_hidden: 128, vocab: 256}\n"
+         "data: {source: passkey, seq_len: 1024}\n"
+         "train: {steps: 1}\n"
+      << generate;
+    return dir_ + "/" + name;
+  };
+  const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                           "/p1.txt --max-tokens 6 --json --threads 2 ";
+  const Result plain = run(base);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  const json pj = json::parse(plain.out.substr(plain.out.find('{')));
+  const std::string good =
+      spec("good.yaml", 64, "generate: {page_tokens: 32, fast_gb: 0, window: 0}\n");
+  Result r = run(base + "--spec " + good);
+  ASSERT_EQ(r.code, 0) << r.out;
+  json j = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["cache"]["page_tokens"], 32);
+  EXPECT_EQ(j["cache"]["fast_capacity_bytes"], 0);
+  EXPECT_EQ(j["cache"]["page_tasks"]["fast"], 0);
+  EXPECT_EQ(j["prompts"][0]["tokens"], pj["prompts"][0]["tokens"]);  // same model, same tokens
+  r = run(base + "--spec " + good + " --page-tokens 64");
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["cache"]["page_tokens"], 64);
+  // A spec whose model is not the checkpoint's: the mismatching tensor is named.
+  r = run(base + "--spec " + spec("other.yaml", 32, ""));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("this job expects"), std::string::npos) << r.out;
+  // A window that the spec's fast tier cannot hold names both settings.
+  r = run(base + "--spec " + spec("small.yaml", 64, "generate: {fast_gb: 0.00001, window: 4096}\n"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("generate.fast_gb"), std::string::npos) << r.out;
+}
+
+// --approximate: labelled approximate on stderr and in --json, with a bound per token.
+TEST_F(GenerateCli, ApproximateModeIsLabelled) {
+  const Result r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                       "/p1.txt --max-tokens 5 --page-tokens 64 --json --approximate 0.01");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("APPROXIMATE attention"), std::string::npos) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["attention"]["mode"], "approximate");
+  const auto bounds = j["prompts"][0]["skipped_mass_bound"].get<std::vector<double>>();
+  ASSERT_EQ(bounds.size(), 4u);
+  for (double b : bounds) EXPECT_GE(b, 0.0);
+  const Result exact = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                           "/p1.txt --max-tokens 5 --page-tokens 64 --json");
+  ASSERT_EQ(exact.code, 0) << exact.out;
+  const json ej = json::parse(exact.out.substr(exact.out.find('{')));
+  EXPECT_EQ(ej["attention"]["mode"], "exact");
+  EXPECT_EQ(ej["attention"]["host_kv"], "fp32");
+  const Result q8 = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                        "/p1.txt --max-tokens 5 --page-tokens 64 --json --host-int8");
+  ASSERT_EQ(q8.code, 0) << q8.out;
+  EXPECT_NE(q8.out.find("INT8 host-tier"), std::string::npos) << q8.out;
+  const json qj = json::parse(q8.out.substr(q8.out.find('{')));
+  EXPECT_EQ(qj["attention"]["host_kv"], "int8 (not exact)");
+  EXPECT_LT(qj["cache"]["host_bytes"].get<int64_t>(), ej["cache"]["host_bytes"].get<int64_t>() / 2);
+  EXPECT_EQ(run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt --approximate 1")
+                .code,
+            2);
+}
+
+}  // namespace

@@ -1,0 +1,288 @@
+#include "worker/generate/decode_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/simd.h"
+
+// GCC 12 warns inside its own avx512fintrin.h (bug 105593), as kernels/cpu/ops.cc notes.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace ring::gen {
+#define RING_ISA_NS avx512
+#define RING_ISA_TARGET RING_TARGET_AVX512
+#include "worker/generate/page_kernel_isa.inc"
+#undef RING_ISA_NS
+#undef RING_ISA_TARGET
+#define RING_ISA_NS avx2
+#define RING_ISA_TARGET RING_TARGET_AVX2
+#include "worker/generate/page_kernel_isa.inc"
+#undef RING_ISA_NS
+#undef RING_ISA_TARGET
+#define RING_ISA_NS scalar
+#define RING_ISA_TARGET
+#include "worker/generate/page_kernel_isa.inc"
+#undef RING_ISA_NS
+#undef RING_ISA_TARGET
+}  // namespace ring::gen
+
+namespace ring::gen {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  threads_ = threads > 0 ? threads : std::max(1, omp_get_num_procs());
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  if (threads_ == 1 || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  // The OpenMP team the CPU kernels use: no second set of threads spinning against it.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+  for (int64_t i = 0; i < n; ++i) fn(i);
+}
+
+void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b) {
+  if (lse_b == kNegInf) return;
+  if (*lse_a == kNegInf) {
+    std::copy(o_b, o_b + head_dim, o_a);
+    *lse_a = lse_b;
+    return;
+  }
+  const float m = std::max(*lse_a, lse_b);
+  const float lse = m + std::log(std::exp(*lse_a - m) + std::exp(lse_b - m));
+  const float wa = std::exp(*lse_a - lse), wb = std::exp(lse_b - lse);
+  for (int64_t d = 0; d < head_dim; ++d) o_a[d] = wa * o_a[d] + wb * o_b[d];
+  *lse_a = lse;
+}
+
+void page_partial(int64_t m, int64_t hd, float scale, const float* q, const int32_t* q_doc,
+                  int64_t tokens, const float* k, const float* v, const int32_t* docs, float* out,
+                  float* lse, float* scores, float* inv) {
+  switch (kernels::cpu::active_isa()) {
+    case kernels::cpu::Isa::kAvx512:
+      avx512::page_partial(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
+      return;
+    case kernels::cpu::Isa::kAvx2:
+      avx2::page_partial(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
+      return;
+    case kernels::cpu::Isa::kScalar:
+      break;
+  }
+  scalar::page_partial(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
+}
+
+DecodeAttention::DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim)
+    : cache_(cache),
+      pool_(pool),
+      heads_(heads),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      group_(heads / kv_heads),
+      scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {}
+
+void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, float* out,
+                              float* lse, DecodeStats* stats, double skip_threshold,
+                              float* skipped_bound) {
+  const int64_t B = static_cast<int64_t>(seqs.size()), hd = head_dim_, g = group_;
+  // Partials: sequence b, page i, query head h at (base[b] + i * heads + h).
+  std::vector<int64_t> base(static_cast<size_t>(B) + 1, 0);
+  for (int64_t b = 0; b < B; ++b)
+    base[b + 1] = base[b] + static_cast<int64_t>((*seqs[b].pages)[0].size()) * heads_;
+  std::vector<float> part_o(static_cast<size_t>(base[B] * hd));
+  std::vector<float> part_lse(static_cast<size_t>(base[B]));
+
+  // One task per distinct page: the (sequence, page index) pairs that hold it.
+  struct Task {
+    PageId page;
+    int64_t kv_head;
+    std::vector<std::pair<int64_t, int64_t>> users;
+  };
+  std::vector<Task> tasks;
+  std::unordered_map<PageId, size_t> index;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t kh = 0; kh < kv_heads_; ++kh) {
+      const auto& list = (*seqs[b].pages)[static_cast<size_t>(kh)];
+      for (int64_t i = 0; i < static_cast<int64_t>(list.size()); ++i) {
+        auto [it, fresh] = index.emplace(list[static_cast<size_t>(i)], tasks.size());
+        if (fresh) tasks.push_back(Task{list[static_cast<size_t>(i)], kh, {}});
+        tasks[it->second].users.emplace_back(b, i);
+      }
+    }
+  }
+  const int64_t pt = cache_->page_tokens();
+  auto compute = [&](int64_t t) {
+    const Task& task = tasks[static_cast<size_t>(t)];
+    const Page& page = cache_->page(task.page);
+    const int64_t m = static_cast<int64_t>(task.users.size()) * g;
+    thread_local std::vector<float> qm, om, lm, sc, inv;
+    thread_local std::vector<int32_t> dm;
+    qm.resize(static_cast<size_t>(m * hd));
+    om.resize(static_cast<size_t>(m * hd));
+    lm.resize(static_cast<size_t>(m));
+    inv.resize(static_cast<size_t>(m));
+    dm.resize(static_cast<size_t>(m));
+    sc.resize(static_cast<size_t>(m * std::max<int64_t>(pt, 1)));
+    for (size_t u = 0; u < task.users.size(); ++u) {
+      const int64_t b = task.users[u].first;
+      const float* src = q + (b * heads_ + task.kv_head * g) * hd;
+      std::copy(src, src + g * hd, qm.data() + static_cast<int64_t>(u) * g * hd);
+      for (int64_t r = 0; r < g; ++r) dm[u * g + r] = seqs[static_cast<size_t>(b)].doc;
+    }
+    const float* kp;
+    const float* vp;
+    thread_local std::vector<float> deq;
+    if (cache_->needs_dequant(task.page)) {
+      // An int8 host page (opt-in): dequantized into this thread's scratch as it is read.
+      deq.resize(static_cast<size_t>(2 * pt * hd));
+      cache_->dequantize(task.page, deq.data());
+      kp = deq.data();
+      vp = deq.data() + pt * hd;
+    } else {
+      kp = cache_->k_of(task.page);
+      vp = cache_->v_of(task.page);
+    }
+    page_partial(m, hd, scale_, qm.data(), dm.data(), page.tokens, kp, vp, page.docs.data(),
+                 om.data(), lm.data(), sc.data(), inv.data());
+    for (size_t u = 0; u < task.users.size(); ++u) {
+      const auto [b, i] = task.users[u];
+      for (int64_t r = 0; r < g; ++r) {
+        const int64_t h = task.kv_head * g + r;
+        const int64_t at = base[b] + i * heads_ + h;
+        const int64_t row = static_cast<int64_t>(u) * g + r;
+        std::copy(om.data() + row * hd, om.data() + (row + 1) * hd, part_o.data() + at * hd);
+        part_lse[static_cast<size_t>(at)] = lm[static_cast<size_t>(row)];
+      }
+    }
+  };
+  std::vector<char> skipped(tasks.size(), 0);
+  if (skip_threshold <= 0.0) {
+    pool_->parallel_for(static_cast<int64_t>(tasks.size()), compute);
+  } else {
+    // Approximate mode. Phase 1: the tasks holding some sequence's last page (always computed)
+    // give each (sequence, head) a lower bound L on its final lse.
+    std::vector<int64_t> first, rest;
+    for (size_t t = 0; t < tasks.size(); ++t) {
+      bool last = false;
+      for (const auto& [b, i] : tasks[t].users)
+        last = last || i + 1 == static_cast<int64_t>((*seqs[b].pages)[0].size());
+      (last ? first : rest).push_back(static_cast<int64_t>(t));
+    }
+    pool_->parallel_for(static_cast<int64_t>(first.size()),
+                        [&](int64_t x) { compute(first[static_cast<size_t>(x)]); });
+    std::vector<double> low(static_cast<size_t>(B * heads_), -INFINITY);
+    for (int64_t t : first)
+      for (const auto& [b, i] : tasks[static_cast<size_t>(t)].users)
+        for (int64_t r = 0; r < g; ++r) {
+          const int64_t h = tasks[static_cast<size_t>(t)].kv_head * g + r;
+          const double pl = part_lse[static_cast<size_t>(base[b] + i * heads_ + h)];
+          double& l = low[static_cast<size_t>(b * heads_ + h)];
+          if (pl == -INFINITY) continue;
+          const double m = std::max(l, pl);
+          l = m + std::log(std::exp(l - m) + std::exp(pl - m));
+        }
+    // Phase 2: a page is skipped when, for every query row using it, its softmax mass is below
+    // the threshold for certain: mass <= tokens x exp(scale x max_j q.k_j - L), with
+    // max_j q.k_j <= sum_d max(q_d kmin_d, q_d kmax_d) (the page's per-channel key bounds).
+    std::vector<int64_t> run;
+    std::vector<double> bound(static_cast<size_t>(B * heads_), 0.0);
+    for (int64_t t : rest) {
+      const Task& task = tasks[static_cast<size_t>(t)];
+      const Page& page = cache_->page(task.page);
+      bool skip = page.tokens > 0;
+      std::vector<std::pair<int64_t, double>> fracs;
+      for (const auto& [b, i] : task.users) {
+        for (int64_t r = 0; r < g && skip; ++r) {
+          const int64_t h = task.kv_head * g + r;
+          const float* qr = q + (b * heads_ + h) * hd;
+          double ub = 0;
+          for (int64_t d = 0; d < hd; ++d)
+            ub += std::max(static_cast<double>(qr[d]) * page.kmin[static_cast<size_t>(d)],
+                           static_cast<double>(qr[d]) * page.kmax[static_cast<size_t>(d)]);
+          const double l = low[static_cast<size_t>(b * heads_ + h)];
+          const double frac =
+              l == -INFINITY ? INFINITY
+                             : std::exp(std::log(static_cast<double>(page.tokens)) +
+                                        static_cast<double>(scale_) * ub - l);
+          if (!(frac < skip_threshold)) skip = false;
+          fracs.emplace_back(b * heads_ + h, frac);
+        }
+      }
+      if (!skip) {
+        run.push_back(t);
+        continue;
+      }
+      skipped[static_cast<size_t>(t)] = 1;
+      for (const auto& [bh, frac] : fracs) bound[static_cast<size_t>(bh)] += frac;
+      for (const auto& [b, i] : task.users)
+        for (int64_t r = 0; r < g; ++r) {
+          const int64_t at = base[b] + i * heads_ + task.kv_head * g + r;
+          part_lse[static_cast<size_t>(at)] = -INFINITY;  // an empty partial: merged as nothing
+        }
+    }
+    pool_->parallel_for(static_cast<int64_t>(run.size()),
+                        [&](int64_t x) { compute(run[static_cast<size_t>(x)]); });
+    if (skipped_bound != nullptr)
+      for (size_t i = 0; i < bound.size(); ++i) skipped_bound[i] = static_cast<float>(bound[i]);
+  }
+  // Merge in page order, per (sequence, head): cheap next to the pages, so on this thread (one
+  // parallel region per layer: on a loaded machine every region's join costs a time slice).
+  for (int64_t bh = 0; bh < B * heads_; ++bh) {
+    const int64_t b = bh / heads_, h = bh % heads_;
+    float* o = out + bh * hd;
+    float* l = lse + bh;
+    std::fill(o, o + hd, 0.f);
+    *l = kNegInf;
+    const int64_t pages = (base[b + 1] - base[b]) / heads_;
+    for (int64_t i = 0; i < pages; ++i) {
+      const int64_t at = base[b] + i * heads_ + h;
+      merge_partial(hd, o, l, part_o.data() + at * hd, part_lse[static_cast<size_t>(at)]);
+    }
+  }
+  // Attention mass per page: the share of each head's softmax it holds.
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t pages = (base[b + 1] - base[b]) / heads_;
+    for (int64_t i = 0; i < pages; ++i) {
+      for (int64_t h = 0; h < heads_; ++h) {
+        const float pl = part_lse[static_cast<size_t>(base[b] + i * heads_ + h)];
+        if (pl == kNegInf) continue;
+        const PageId id = (*seqs[b].pages)[static_cast<size_t>(h / g)][static_cast<size_t>(i)];
+        cache_->add_mass(id, std::exp(static_cast<double>(pl) - lse[b * heads_ + h]));
+      }
+    }
+  }
+  if (stats != nullptr) {
+    for (size_t ti = 0; ti < tasks.size(); ++ti) {
+      const Task& t = tasks[ti];
+      ++stats->tasks;
+      if (skipped[ti]) {
+        ++stats->skipped_tasks;
+        continue;
+      }
+      switch (cache_->tier_of(t.page)) {
+        case Tier::kFast: ++stats->fast_tasks; break;
+        case Tier::kHost: ++stats->host_tasks; break;
+        case Tier::kDisk: ++stats->disk_tasks; break;
+      }
+      if (t.users.size() > 1) ++stats->shared_tasks;
+      stats->kv_bytes += cache_->page(t.page).q8 != nullptr && cache_->tier_of(t.page) != Tier::kFast
+                             ? 2 * cache_->page(t.page).tokens * hd
+                             : 2 * cache_->page(t.page).tokens * hd * 4;
+    }
+  }
+}
+
+}  // namespace ring::gen

@@ -1,0 +1,88 @@
+// Exact decode attention over the paged KV cache, and the log-sum-exp merge.
+//
+// For one layer and a batch of sequences each with one new query token: every page the batch
+// references (a shared prefix page once, whatever the number of sequences holding it) is a task;
+// a task computes, in place where the page lives (fast copy or host/disk backing: never copied
+// for the computation), the partial (o, lse) of every query head of every sequence that holds
+// it, as a matrix product Q [m, head_dim] x K^T [head_dim, tokens] (m = sequences x query heads
+// of the K/V head) then P V. Tasks run on a pool of CPU threads. Each sequence's partials are
+// then merged in page order with the rule ring attention uses (kernels/backend.h
+// attention_merge):
+//   m = max(lse_a, lse_b); lse = m + log(exp(lse_a - m) + exp(lse_b - m))
+//   o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b        (empty partials: lse = -inf)
+// Each query row's arithmetic is the same whatever the batch, the page's tier or the thread that
+// runs it, and the merge order is fixed (page order), so neither prefix sharing nor promotion
+// changes a single bit of the result.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "worker/generate/kv_cache.h"
+
+namespace ring::gen {
+
+// The CPU threads of decode attention: an OpenMP team (the one the CPU kernels use, so no two
+// sets of threads spin against each other); the caller's thread takes part.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // 0: all cores
+  int size() const { return threads_; }
+  // Runs fn(i) for i in [0, n), each once, dynamically scheduled; returns when all are done.
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+
+ private:
+  int threads_ = 1;
+};
+
+// Merges (o_b, lse_b) into (o_a, lse_a) for one query head: o [head_dim].
+void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b);
+
+// One page's partial for m query rows: q [m, head_dim], keys/values [tokens, head_dim]; row r
+// may attend to key j iff docs[j] == q_doc[r]. out [m, head_dim] normalised, lse [m] (natural
+// log, -inf when no key is allowed). Scratch: scores [m x tokens], inv [m]. Vectorised for the
+// CPU backend's active ISA (AVX-512, AVX2+FMA, scalar); exp is the kernels' Cephes expf.
+void page_partial(int64_t m, int64_t head_dim, float scale, const float* q, const int32_t* q_doc,
+                  int64_t tokens, const float* k, const float* v, const int32_t* docs, float* out,
+                  float* lse, float* scores, float* inv);
+
+// A sequence as decode attention sees it in one layer: its pages of each K/V head in order.
+struct SeqView {
+  const std::vector<std::vector<PageId>>* pages = nullptr;  // [kv_heads][page index]
+  int32_t doc = 0;                                          // the query token's document
+};
+
+struct DecodeStats {
+  int64_t tasks = 0, fast_tasks = 0, host_tasks = 0, disk_tasks = 0;
+  int64_t shared_tasks = 0;  // tasks serving more than one sequence
+  int64_t kv_bytes = 0;      // K/V bytes read (each page once)
+  int64_t skipped_tasks = 0; // approximate mode: pages not computed
+};
+
+class DecodeAttention {
+ public:
+  DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads, int64_t kv_heads,
+                  int64_t head_dim);
+  // q [B, heads, head_dim] (RoPE applied) -> out [B, heads, head_dim], lse [B, heads]. Adds each
+  // page's attention mass (exp(lse_page - lse), summed over heads and sequences) to its
+  // promotion statistic.
+  //
+  // skip_threshold > 0: the APPROXIMATE mode. Each sequence's last page is computed first; its
+  // lse L is a lower bound of the final lse. Another page is skipped when for every query row
+  // using it tokens x exp(scale x sum_d max(q_d kmin_d, q_d kmax_d) - L) < skip_threshold (an
+  // upper bound of its share of the softmax, from the page's per-channel key bounds);
+  // skipped_bound [B, heads] (if given) receives the sum of those bounds over skipped pages: a
+  // bound on the softmax mass left out of each (sequence, head). 0: exact.
+  void forward(const std::vector<SeqView>& seqs, const float* q, float* out, float* lse,
+               DecodeStats* stats = nullptr, double skip_threshold = 0.0,
+               float* skipped_bound = nullptr);
+
+ private:
+  KvCache* cache_;
+  ThreadPool* pool_;
+  int64_t heads_, kv_heads_, head_dim_, group_;
+  float scale_;
+};
+
+}  // namespace ring::gen

@@ -1,0 +1,123 @@
+// Generation over the paged KV cache (worker/generate/kv_cache.h).
+//
+// Prefill runs the training forward (worker/model: Model::forward, no backward) over a prompt
+// with an AttentionExecutor that hands each layer's K/V (after RoPE, exactly what attention saw)
+// to the cache as pages before computing the attention itself with the wrapped executor
+// (LocalAttention here; any executor, RingAttention included, can be wrapped). Full pages already
+// in the cache under the same prefix key are shared instead of stored again.
+//
+// A decode step takes one new token per sequence of a batch and runs the same layers as the
+// training forward with the same backend ops on B rows (embedding, rmsnorm, the projections,
+// RoPE at the token's position, the MLP, the head), but attention is DecodeAttention over the
+// cache (exact: partial (o, lse) per page, merged with the log-sum-exp rule). Before each step
+// the cache places pages: each sequence's window pages fast, then pages by attention mass.
+//
+// Logits of every step equal those of a teacher-forced full forward over the same tokens up to
+// fp32 rounding of the different summation orders (tests/generate/).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "worker/generate/decode_attention.h"
+#include "worker/generate/kv_cache.h"
+#include "worker/model/attention.h"
+#include "worker/model/buffer.h"
+#include "worker/model/model.h"
+
+namespace ring::gen {
+
+struct GeneratorOptions {
+  CacheConfig cache;
+  int threads = 0;  // decode attention threads (0: all cores)
+  int64_t max_promotions_per_step = -1;  // -1: no limit
+  // > 0: the APPROXIMATE mode (DecodeAttention::forward's skip_threshold): pages whose bound on
+  // softmax share is below it are skipped, and each step reports the bound on what was left out.
+  // 0 (default): exact.
+  double approximate = 0.0;
+};
+
+struct StepTiming {
+  double seconds = 0;            // the whole step
+  double attention_seconds = 0;  // DecodeAttention over all layers
+  // Approximate mode: per sequence of the step, the largest bound over layers and heads on the
+  // softmax mass skipped (0 in exact mode).
+  std::vector<double> skipped_mass_bound;
+};
+
+class Generator {
+ public:
+  // params: the flat parameter buffer (host, layout().total() floats). backend: the cpu backend
+  // (prefill runs on it with its threads); it must outlive the generator. The decode step's
+  // dense ops (B rows) run on a one-thread cpu backend of the generator's own: splitting a
+  // one-row product over threads costs more in joins than it saves.
+  Generator(const model::ModelConfig& config, const float* params, kernels::Backend* backend,
+            const GeneratorOptions& options);
+  ~Generator();
+
+  const model::ModelConfig& config() const { return config_; }
+  KvCache& cache() { return *cache_; }
+  const DecodeStats& decode_stats() const { return dstats_; }
+
+  // Prefills a prompt (ids [T], docs [T] document ids, or empty: one document) and returns the
+  // sequence's handle; logits [vocab] of the prompt's last token go to *last_logits.
+  int prefill(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
+              std::vector<float>* last_logits);
+  // A sequence whose K/V come from elsewhere (a benchmark's synthetic cache, a saved one):
+  // fill(layer, k, v) writes layer's K and V, [T, kv_heads, head_dim] each (K after RoPE).
+  int attach(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
+             const std::function<void(int layer, float* k, float* v)>& fill);
+  // One decode step: token tokens[i] is appended to sequence seqs[i] (same document as its last
+  // token); logits [B, vocab] are the next-token logits after it.
+  StepTiming step(const std::vector<int>& seqs, const std::vector<int32_t>& tokens,
+                  std::vector<float>* logits);
+  // Frees a sequence's pages (shared pages stay while other sequences hold them).
+  void release(int seq);
+  int64_t length(int seq) const { return static_cast<int64_t>(seqs_[seq].ids.size()); }
+
+ private:
+  struct Sequence {
+    bool live = false;
+    std::vector<int32_t> ids, docs;
+    PrefixHash hash;  // over every token so far
+    std::vector<std::vector<std::vector<PageId>>> pages;  // [layer][kv_head][page]
+  };
+  class Capture;
+  // A new live sequence and the keys of its full pages, [layer][page * kv_heads + head].
+  int open_sequence(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
+                    std::vector<std::vector<PageKey>>* keys);
+  void ingest_layer(Sequence& s, const std::vector<PageKey>& page_keys_of_layer, int layer,
+                    const float* k, const float* v);
+  std::vector<PageId> window_pages() const;
+  const float* w(int64_t offset) const { return model_->params() + offset; }
+  void linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in, float* y);
+
+  model::ModelConfig config_;
+  kernels::Backend* backend_;
+  std::unique_ptr<kernels::Backend> step_backend_;  // decode step ops, one thread
+  GeneratorOptions options_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<DecodeAttention> attention_;
+  std::unique_ptr<model::LocalAttention> local_;
+  std::unique_ptr<Capture> capture_;
+  std::unique_ptr<model::Model> model_;  // prefill, and the weights of the decode step
+  kernels::RopeParams rope_;
+  std::vector<Sequence> seqs_;
+  DecodeStats dstats_;
+
+  struct Off {
+    int64_t attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
+  };
+  std::vector<Off> off_;
+  int64_t off_final_norm_ = 0, off_head_ = 0, off_embedding_ = 0;
+  // Decode step scratch (backend memory), [B, ...].
+  model::DeviceArray<int32_t> ids_;
+  model::DeviceArray<int64_t> pos_;
+  model::DeviceArray<float> x_, h_, q_, k_, v_, o_, tmp_, rstd_, gate_, up_, act_, logits_;
+};
+
+}  // namespace ring::gen
