@@ -139,6 +139,10 @@ struct RestartSection {
   double backoff_max_s{};
 };
 
+struct ObservabilitySection {
+  double step_deadline_s{};
+};
+
 struct JobSpec {
   JobSection job;
   ModelSection model;
@@ -150,6 +154,7 @@ struct JobSpec {
   ResourcesSection resources;
   SlurmSection slurm;
   RestartSection restart;
+  ObservabilitySection observability;
 
   // Values derived from optional fields, filled by resolve() after a successful validation.
   struct Resolved {
