@@ -25,5 +25,6 @@ Subcommand add_slurm_started(CLI::App& app);   // cmd_submit.cc
 Subcommand add_import(CLI::App& app);   // cmd_import.cc
 Subcommand add_export(CLI::App& app);   // cmd_import.cc
 Subcommand add_tokenize(CLI::App& app);        // cmd_tokenize.cc
+Subcommand add_trace(CLI::App& app);    // cmd_trace.cc
 
 }  // namespace ring::cli
