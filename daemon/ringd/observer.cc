@@ -125,7 +125,7 @@ std::string describe_wait(const tl::Event& c) {
     case tl::Phase::kRingSend:
       return fmt::format("ring send to rank {}, layer {} hop {}", c.peer, c.layer, c.hop);
     case tl::Phase::kCollective:
-      return "collective over all ranks (label count or loss all_gather)";
+      return "collective over all ranks (label count, loss or token-count all_gather)";
     case tl::Phase::kParamsWait:
       return "waiting for ringd's weights";
     default:

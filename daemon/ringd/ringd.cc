@@ -929,6 +929,8 @@ void Daemon::maybe_finish_step() {
                           done_step % spec_.checkpoint.every_steps == 0 &&
                           done_step < total_steps_;
   dispatch(e);
+  // After the next step's weights went out: the workers compute while the file is written.
+  if (state_.live()) dump_timeline(false);
 }
 
 void Daemon::checkpoint_now(int64_t step, bool wait) {
@@ -1091,7 +1093,6 @@ std::vector<protocol::RankStep> Daemon::observe_step(int64_t step) {
     log(d["message"].get<std::string>());
     event("straggler", d);
   }
-  dump_timeline(false);
   return ranks;
 }
 

@@ -101,10 +101,22 @@ RingAttention::Offsets RingAttention::offsets(int64_t t) const {
 void RingAttention::exchange_token_counts(int64_t tokens) {
   std::vector<int64_t> by_rank(ring_.world, 0);
   if (ring_.world > 1) {
+    // A collective of the ring: in the timeline (and the flight recorder) as a wait on all.
+    timeline::TimelineWriter* tl = timeline::active();
+    const int64_t step_no = tl ? tl->step() : 0;
+    if (tl) tl->wait_begin(timeline::Phase::kCollective, step_no, -1, -1, -1);
+    const int64_t c0 = timeline::now_ns();
     progress_->collective([&](transport::TransportComm& c) {
       c.check(c.api().all_gather(c.get(), &tokens, by_rank.data(), sizeof(int64_t), 0),
               "ring attention: all_gather of token counts");
     });
+    const int64_t c1 = timeline::now_ns();
+    rstats_.recv_wait_s += (c1 - c0) * 1e-9;
+    if (tl) {
+      tl->wait_end();
+      tl->record({.kind = timeline::Phase::kCollective, .step = step_no, .begin_ns = c0,
+                  .end_ns = c1});
+    }
   } else {
     by_rank[0] = tokens;
   }
