@@ -134,8 +134,10 @@ json build_trace(const std::vector<std::pair<std::string, std::string>>& files,
       std::string name = r.phase;
       if (r.layer >= 0) {
         args["layer"] = r.layer;
-        if (r.phase != "handover") name += fmt::format(" L{}", r.layer);
-        else name += fmt::format(" bucket {}", r.layer);
+        if (r.phase == "handover" || r.phase == "exchange")
+          name += fmt::format(" bucket {}", r.layer);
+        else
+          name += fmt::format(" L{}", r.layer);
       }
       if (r.hop >= 0) {
         args["hop"] = r.hop;

@@ -885,6 +885,16 @@ void Daemon::maybe_finish_step() {
   try {
     Blocking b{this};
     f = steps_->finish_step(workers_, res_->opt(), state_.attempt);
+    // steady_clock is CLOCK_MONOTONIC here, the timeline's clock.
+    auto ns = [](Clock::time_point t) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    };
+    for (const optim::ExchangeSpan& x : f.result.exchanges)
+      daemon_tl_.record({.kind = contract::timeline::Phase::kExchange,
+                         .step = step_in_flight,
+                         .layer = x.bucket,
+                         .begin_ns = ns(x.begin),
+                         .end_ns = ns(x.end)});
     daemon_tl_.record({.kind = contract::timeline::Phase::kOptimizer,
                        .step = step_in_flight,
                        .begin_ns = opt0,
