@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Overhead of the always-on phase timeline (common/contract/timeline.h): ringd runs the same job
-# (4 CPU workers on this node, a small model, 16K tokens, ring hops and gradient handovers every
-# step) with RING_TIMELINE=off (the baseline: no records; the step summary and the progress
+# (4 CPU workers on this node, a small 4-layer model, 2K tokens: short steps with ring hops,
+# waits and gradient handovers in every layer, so the records weigh as much as they can) with RING_TIMELINE=off (the baseline: no records; the step summary and the progress
 # counter still run) and on, alternating off/on PAIRS times in this one run. Per run the median
 # step time (steps.jsonl step_ms, the first 3 steps skipped); per pair the ratio on/off; printed:
 # the median ratio and its spread (min, max). Target: median ratio <= 1.01.
-#   bench/timeline_overhead.sh [BUILD_DIR] [PAIRS] [STEPS]     (default build 5 20)
+#   bench/timeline_overhead.sh [BUILD_DIR] [PAIRS] [STEPS]     (default build 5 30)
 set -euo pipefail
 build=${1:-build}
 pairs=${2:-5}
-steps=${3:-20}
+steps=${3:-30}
 dir=$(mktemp -d /tmp/timeline-bench-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 cat > "$dir/spec.yaml" <<YAML
 job: {name: timeline-bench}
-model: {layers: 4, d_model: 128, heads: 4, mlp: swiglu, vocab: 256}
-data: {source: text, paths: [/usr/share/common-licenses], seq_len: 16384, seed: 1}
+model: {layers: 4, d_model: 64, heads: 4, mlp: swiglu, vocab: 256}
+data: {source: text, paths: [/usr/share/common-licenses], seq_len: 2048, seed: 1}
 parallel: {context_ranks: 4, ring_order: natural}
 optimizer: {lr: 1.0e-3, offload: cpu}
 train: {steps: $steps, seed: 1, log_every: 1000}

@@ -296,8 +296,9 @@ nlohmann::json job_json_with_slurm(const protocol::JobInfo& j,
 
 // The job's current observability findings from its events (docs/observability.md):
 // "straggler": the latest `straggler` event of the current attempt not followed by a
-// `straggler_cleared` of that rank (null: none), "hang": the latest `hang` event of any attempt
-// (null: none), each the event's data plus "attempt" and "time".
+// `straggler_cleared` of that rank (null: none), "hang": the latest hang of any attempt, the
+// `hang` events of every node for that attempt and step merged (null: none); each the event's
+// data plus "attempt" and "time".
 nlohmann::json findings(coord::Client& c, const protocol::JobInfo& j) {
   nlohmann::json straggler, hang;
   int64_t after = 0;
@@ -308,7 +309,24 @@ nlohmann::json findings(coord::Client& c, const protocol::JobInfo& j) {
       nlohmann::json d = e.data;
       d["attempt"] = e.attempt;
       d["time"] = e.time;
-      if (e.kind == "hang") hang = d;
+      if (e.kind == "hang") {
+        // Each node reports what it sees of one hang: merge the reports of the same attempt and
+        // step (the ranks missing anywhere, every waiting rank), the latest hang wins.
+        if (hang.is_object() && hang.value("attempt", -1) == e.attempt &&
+            hang.value("step", -1) == d.value("step", -2)) {
+          for (const auto& r : d.value("missing", nlohmann::json::array()))
+            if (std::find(hang["missing"].begin(), hang["missing"].end(), r) ==
+                hang["missing"].end())
+              hang["missing"].push_back(r);
+          for (const auto& w : d.value("waiting", nlohmann::json::array()))
+            hang["waiting"].push_back(w);
+          hang["time"] = e.time;
+        } else {
+          hang = d;
+          if (!hang.contains("missing")) hang["missing"] = nlohmann::json::array();
+          if (!hang.contains("waiting")) hang["waiting"] = nlohmann::json::array();
+        }
+      }
       if (e.attempt != j.attempt) continue;
       if (e.kind == "straggler") straggler = d;
       if (e.kind == "straggler_cleared" && straggler.is_object() &&

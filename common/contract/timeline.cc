@@ -92,8 +92,18 @@ int64_t unix_ns() {
 }
 
 std::string create_file(const std::string& path, int64_t rank) {
-  const int fd =
-      ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, S_IRUSR | S_IWUSR);
+  // A new file (O_EXCL: in a shared directory such as /dev/shm nobody can plant it first); one of
+  // ours left by an earlier attempt is replaced, anything else there is refused.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  S_IRUSR | S_IWUSR);
+  if (fd < 0 && errno == EEXIST) {
+    struct stat old {};
+    if (::lstat(path.c_str(), &old) != 0 || !S_ISREG(old.st_mode) || old.st_uid != ::geteuid())
+      return "timeline " + path + " exists and is not a regular file of ours: not replaced";
+    ::unlink(path.c_str());
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                S_IRUSR | S_IWUSR);
+  }
   if (fd < 0) return errno_text("cannot create timeline", path);
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -1,5 +1,6 @@
-// The per-rank phase timeline and flight recorder: a fixed-size file that ringd creates in its
-// private control directory (one per worker, `timeline-<rank>.bin`) and both map. The worker's
+// The per-rank phase timeline and flight recorder: a fixed-size file that ringd creates (one per
+// worker: in /dev/shm, a tmpfs, so that records never cause disk writeback; else in its private
+// control directory) and both map. The worker's
 // main thread appends one record per finished phase (data, forward/backward of a layer, each
 // ring hop's send, receive and wait, each gradient bucket handed to ringd, collectives) into a
 // ring of kCapacity records, and keeps in the header what it is doing right now (the wait it is
@@ -122,8 +123,9 @@ int64_t now_ns();
 // CLOCK_REALTIME, nanoseconds.
 int64_t unix_ns();
 
-// ringd: creates (or truncates) the file at `path` for `rank`, 0600, O_NOFOLLOW (a symbolic
-// link or a non-regular file there is refused), zeroed, header written. Returns "" or the error.
+// ringd: creates the file at `path` for `rank`: new (O_EXCL, O_NOFOLLOW), 0600, zeroed, header
+// written; a regular file of ours already there (an earlier attempt's) is replaced, anything
+// else (a symbolic link, another user's file) refused. Returns "" or the error.
 std::string create_file(const std::string& path, int64_t rank);
 
 // The writer side (the worker). Single writer: the main thread.

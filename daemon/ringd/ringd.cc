@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <linux/magic.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -149,6 +151,7 @@ class Daemon {
   void on_coord(const protocol::Message& m);
   // ---- observability (observer.h): timelines, the step's per-rank summary, stragglers, hangs
   void open_timelines();
+  void unlink_timelines();
   std::vector<protocol::RankStep> observe_step(int64_t step);
   void check_hang(Clock::time_point now);
   void dump_timeline(bool force);
@@ -220,6 +223,7 @@ class Daemon {
   // directory and stays mapped here, so the flight recorder of a stopped, stuck or dead worker
   // can still be read; ringd's own phases go to daemon_tl_.
   std::vector<contract::timeline::Mapping> tl_maps_;  // [local rank]
+  std::vector<std::string> tl_paths_;  // their names until unlinked
   DaemonTimeline daemon_tl_;
   StragglerTracker stragglers_;
   Clock::time_point step_began_{};
@@ -462,6 +466,7 @@ void Daemon::run_attempts(int first_attempt) {
 // Every exit path: no worker survives.
 void Daemon::shut_down() {
   supervisor_.kill_all_and_wait();
+  unlink_timelines();
   if (coord_) {
     // A barrier: the coordinator answers this registration after it handled every report before.
     if (!coord_->sync_and_wait(std::chrono::seconds(5)))
@@ -697,6 +702,7 @@ void Daemon::end_attempt() {
   for (const Worker& w : workers_)
     if (w.running) return;
   control_.close_all();
+  unlink_timelines();
   dump_timeline(true);  // the attempt's last steps (a failure's flight recorder) stay readable
   const bool had_checkpointer = ckpts_->active();
   ckpts_->close(state_.stop_requested(), steps_->done_step());
@@ -795,6 +801,7 @@ void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage
     if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; })) {
       contract::ShmRegion& shm = res_->shm();
       shm.unlink();
+      unlink_timelines();
       log(fmt::format("all {} workers connected; shared memory {} ({:.1f} MiB) mapped and unlinked",
                       wpn_, shm.name(), shm.bytes() / 1048576.0));
       maybe_begin();
@@ -1059,8 +1066,16 @@ std::string Daemon::node_label() const {
 void Daemon::open_timelines() {
   tl_maps_.clear();
   tl_maps_.resize(workers_.size());
+  unlink_timelines();
+  // tmpfs: /dev/shm when it is one (records then never cause disk writeback in the worker),
+  // else the private control directory (XDG_RUNTIME_DIR is a tmpfs on most systems).
+  struct statfs fs {};
+  const bool shm = ::statfs("/dev/shm", &fs) == 0 && fs.f_type == TMPFS_MAGIC;
   for (Worker& w : workers_) {
-    const std::string path = fmt::format("{}/timeline-{}.bin", sock_dir_, w.rank);
+    const std::string path =
+        shm ? fmt::format("/dev/shm/ringmaster-timeline-u{}-p{}-r{}", ::geteuid(), ::getpid(),
+                          w.rank)
+            : fmt::format("{}/timeline-{}.bin", sock_dir_, w.rank);
     std::string e = contract::timeline::create_file(path, w.rank);
     if (e.empty()) e = tl_maps_[w.local].open(path);
     if (!e.empty()) {
@@ -1069,9 +1084,17 @@ void Daemon::open_timelines() {
       continue;
     }
     w.timeline = path;
+    tl_paths_.push_back(path);
   }
   stragglers_.reset();
   hang_step_ = 0;
+}
+
+// The timeline files' names go once every worker has mapped its file (ringd keeps its own
+// mappings), at the end of an attempt and on exit: nothing is left in /dev/shm.
+void Daemon::unlink_timelines() {
+  for (const std::string& p : tl_paths_) ::unlink(p.c_str());
+  tl_paths_.clear();
 }
 
 // The step's per-rank summary (the step report's ranks) from the workers' done messages, and
