@@ -1,8 +1,8 @@
 // ringctl trace JOB [--step N] -o trace.json: the job's recent phase timeline of every rank as a
 // Chrome / Perfetto trace (open it in ui.perfetto.dev or chrome://tracing).
 //
-// Where it comes from: every ringd keeps its workers' timelines node-local (files in its private
-// control directory that it maps; common/contract/timeline.h) and writes the last 32 steps of
+// Where it comes from: every ringd keeps its workers' timelines node-local (files on /dev/shm
+// that it maps; common/contract/timeline.h) and writes the last 32 steps of
 // them to <job dir>/timeline/node-<K>.jsonl at most every 5 s, at once on a hang and at the end
 // of an attempt. ringctl reads those files from the job directory the coordinator recorded (or
 // --job-dir DIR without a coordinator): the job directory is where `ringctl logs` reads too, on a

@@ -87,9 +87,9 @@ Node parse_node(const std::string& file, const std::string& text) {
       bad(file, no, "expected [rank, step, \"phase\", layer, hop, peer, begin_ns, end_ns, bytes]");
     for (size_t i : {0, 1, 3, 4, 5, 6, 7, 8})
       if (!j[i].is_number_integer()) bad(file, no, fmt::format("item {} is not an integer", i));
-    Rec r{j[0].get<int64_t>(), j[1].get<int64_t>(), j[2].get<std::string>(), j[3].get<int64_t>(),
-          j[4].get<int64_t>(), j[5].get<int64_t>(), j[6].get<int64_t>(), j[7].get<int64_t>(),
-          j[8].get<int64_t>()};
+    Rec r{j[0].get<int64_t>(), j[1].get<int64_t>(), j[2].get<std::string>(),
+          j[3].get<int64_t>(), j[4].get<int64_t>(), j[5].get<int64_t>(),
+          j[6].get<int64_t>(), j[7].get<int64_t>(), j[8].get<int64_t>()};
     if (r.end_ns < r.begin_ns) bad(file, no, "the record ends before it begins");
     n.recs.push_back(std::move(r));
   }
@@ -112,10 +112,13 @@ json build_trace(const std::vector<std::pair<std::string, std::string>>& files,
   json events = json::array();
   for (const Node& n : nodes) {
     const int64_t pid = n.node_rank;
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
-                      {"args", {{"name", n.name.empty() ? fmt::format("node {}", n.node_rank)
-                                                         : fmt::format("node {} ({})",
-                                                                       n.node_rank, n.name)}}}});
+    events.push_back(
+        {{"name", "process_name"},
+         {"ph", "M"},
+         {"pid", pid},
+         {"args",
+          {{"name", n.name.empty() ? fmt::format("node {}", n.node_rank)
+                                   : fmt::format("node {} ({})", n.node_rank, n.name)}}}});
     std::map<int64_t, std::string> threads;
     for (const Rec& r : n.recs) {
       if (o.step && r.step != *o.step) continue;
@@ -156,9 +159,15 @@ json build_trace(const std::vector<std::pair<std::string, std::string>>& files,
                         {"args", args}});
     }
     for (const auto& [tid, tname] : threads) {
-      events.push_back(
-          {{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", tname}}}});
-      events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", tid},
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", pid},
+                        {"tid", tid},
+                        {"args", {{"name", tname}}}});
+      events.push_back({{"name", "thread_sort_index"},
+                        {"ph", "M"},
+                        {"pid", pid},
+                        {"tid", tid},
                         {"args", {{"sort_index", tid}}}});
     }
   }

@@ -12,17 +12,18 @@
 namespace ring::contract::timeline {
 namespace {
 
-constexpr const char* kNames[] = {"none",      "step",       "data",       "forward",
-                                  "backward",  "ring_send",  "ring_recv",  "ring_wait",
-                                  "handover",  "collective", "exchange",   "optimizer",
-                                  "checkpoint", "params_wait"};
+constexpr const char* kNames[] = {
+    "none",      "step",     "data",       "forward",  "backward",  "ring_send",  "ring_recv",
+    "ring_wait", "handover", "collective", "exchange", "optimizer", "checkpoint", "params_wait"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Phase::kMax));
 
 std::string errno_text(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
 }
 
-Header* header_of(void* base) { return static_cast<Header*>(base); }
+Header* header_of(void* base) {
+  return static_cast<Header*>(base);
+}
 Record* records_of(void* base) {
   return reinterpret_cast<Record*>(static_cast<char*>(base) + kHeaderBytes);
 }
@@ -37,12 +38,11 @@ void* map_file(const std::string& path, bool writable, std::string* error) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
       static_cast<size_t>(st.st_size) != kFileBytes) {
     ::close(fd);
-    *error = "timeline " + path + ": not a regular file of " + std::to_string(kFileBytes) +
-             " bytes";
+    *error =
+        "timeline " + path + ": not a regular file of " + std::to_string(kFileBytes) + " bytes";
     return nullptr;
   }
-  void* p = ::mmap(nullptr, kFileBytes, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd,
-                   0);
+  void* p = ::mmap(nullptr, kFileBytes, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) {
     *error = errno_text("cannot map timeline", path);
@@ -78,7 +78,9 @@ TimelineWriter* g_active = nullptr;
 const char* phase_name(uint16_t p) {
   return p < static_cast<uint16_t>(Phase::kMax) ? kNames[p] : "?";
 }
-const char* phase_name(Phase p) { return phase_name(static_cast<uint16_t>(p)); }
+const char* phase_name(Phase p) {
+  return phase_name(static_cast<uint16_t>(p));
+}
 
 int64_t now_ns() {
   timespec ts;
@@ -94,15 +96,15 @@ int64_t unix_ns() {
 std::string create_file(const std::string& path, int64_t rank) {
   // A new file (O_EXCL: in a shared directory such as /dev/shm nobody can plant it first); one of
   // ours left by an earlier attempt is replaced, anything else there is refused.
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                  S_IRUSR | S_IWUSR);
+  int fd =
+      ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, S_IRUSR | S_IWUSR);
   if (fd < 0 && errno == EEXIST) {
     struct stat old {};
     if (::lstat(path.c_str(), &old) != 0 || !S_ISREG(old.st_mode) || old.st_uid != ::geteuid())
       return "timeline " + path + " exists and is not a regular file of ours: not replaced";
     ::unlink(path.c_str());
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                S_IRUSR | S_IWUSR);
+    fd =
+        ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, S_IRUSR | S_IWUSR);
   }
   if (fd < 0) return errno_text("cannot create timeline", path);
   struct stat st {};
@@ -217,8 +219,12 @@ void TimelineWriter::progress() {
   h_->progress_ns.store(now_ns(), std::memory_order_relaxed);
 }
 
-TimelineWriter* active() { return g_active; }
-void set_active(TimelineWriter* w) { g_active = w; }
+TimelineWriter* active() {
+  return g_active;
+}
+void set_active(TimelineWriter* w) {
+  g_active = w;
+}
 
 Snapshot read_mapped(const void* base, int64_t min_step) {
   Snapshot s;
@@ -283,7 +289,9 @@ Snapshot read_file(const std::string& path, int64_t min_step) {
 Mapping::~Mapping() {
   if (base_) ::munmap(base_, kFileBytes);
 }
-Mapping::Mapping(Mapping&& o) noexcept : base_(o.base_) { o.base_ = nullptr; }
+Mapping::Mapping(Mapping&& o) noexcept : base_(o.base_) {
+  o.base_ = nullptr;
+}
 Mapping& Mapping::operator=(Mapping&& o) noexcept {
   if (this != &o) {
     if (base_) ::munmap(base_, kFileBytes);

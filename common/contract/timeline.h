@@ -36,19 +36,19 @@ inline constexpr uint64_t kCapacity = 65536;
 
 enum class Phase : uint16_t {
   kNone = 0,
-  kStep = 1,        // the worker's whole step (params received -> done sent)
-  kData = 2,        // reading and packing the step's sequences (and an injected debug delay)
-  kForward = 3,     // one layer's forward (layer)
-  kBackward = 4,    // one layer's backward (layer)
-  kRingSend = 5,    // a hop's send: posted -> completed (layer, hop, peer = receiver, bytes)
-  kRingRecv = 6,    // a hop's receive: posted -> completed (layer, hop, peer = sender, bytes)
-  kRingWait = 7,    // blocked waiting for a hop's receive (layer, hop, peer = sender)
-  kHandover = 8,    // a gradient bucket copied into ringd's slot (layer = bucket index, bytes)
-  kCollective = 9,  // a collective over all ranks (the loss all_gather, the label count)
-  kExchange = 10,   // ringd: exchange between nodes
-  kOptimizer = 11,  // ringd: the optimizer's end of the step (exposed part)
-  kCheckpoint = 12, // ringd: a checkpoint write (step)
-  kParamsWait = 13, // waiting for ringd's weights of the next step
+  kStep = 1,         // the worker's whole step (params received -> done sent)
+  kData = 2,         // reading and packing the step's sequences (and an injected debug delay)
+  kForward = 3,      // one layer's forward (layer)
+  kBackward = 4,     // one layer's backward (layer)
+  kRingSend = 5,     // a hop's send: posted -> completed (layer, hop, peer = receiver, bytes)
+  kRingRecv = 6,     // a hop's receive: posted -> completed (layer, hop, peer = sender, bytes)
+  kRingWait = 7,     // blocked waiting for a hop's receive (layer, hop, peer = sender)
+  kHandover = 8,     // a gradient bucket copied into ringd's slot (layer = bucket index, bytes)
+  kCollective = 9,   // a collective over all ranks (the loss all_gather, the label count)
+  kExchange = 10,    // ringd: exchange between nodes
+  kOptimizer = 11,   // ringd: the optimizer's end of the step (exposed part)
+  kCheckpoint = 12,  // ringd: a checkpoint write (step)
+  kParamsWait = 13,  // waiting for ringd's weights of the next step
   kMax = 14,
 };
 // "forward", "ring_recv", ... (the trace's event names); "?" for an unknown value.
@@ -115,7 +115,8 @@ inline constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(Header) <= kHeaderBytes);
 inline constexpr size_t kFileBytes = kHeaderBytes + kCapacity * sizeof(Record);
 
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<int64_t>::is_always_lock_free,
               "the timeline's atomics live in shared memory: they must be lock-free");
 
 // CLOCK_MONOTONIC, nanoseconds.
@@ -172,7 +173,7 @@ struct Snapshot {
   uint64_t progress = 0;
   int64_t progress_ns = 0;
   int64_t step = 0;
-  Event current;  // kind kNone: not waiting
+  Event current;              // kind kNone: not waiting
   std::vector<Event> events;  // valid records, oldest first
 };
 // Reads the file at `path`; `min_step` > 0 keeps only records of steps >= min_step.

@@ -610,7 +610,8 @@ void fields(IO& io, Event& m) {
         break;
     }
     for (int64_t r : m.missing)
-      if (r < 0 || r > (1 << 24)) Reader::fail(io.field("missing"), "a rank is out of range [0, 16777216]");
+      if (r < 0 || r > (1 << 24))
+        Reader::fail(io.field("missing"), "a rank is out of range [0, 16777216]");
   }
 }
 template <class IO>

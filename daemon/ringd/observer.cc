@@ -70,8 +70,7 @@ StragglerTracker::Finding StragglerTracker::summarise(int64_t rank) const {
   return f;
 }
 
-StragglerTracker::Change StragglerTracker::add(int64_t step,
-                                               const std::vector<RankSample>& ranks) {
+StragglerTracker::Change StragglerTracker::add(int64_t step, const std::vector<RankSample>& ranks) {
   const auto [rank, behind] = last_of(ranks, o_.min_behind_s, o_.min_fraction);
   last_.push_back({step, rank, behind});
   while (static_cast<int>(last_.size()) > o_.window) last_.pop_front();
@@ -104,15 +103,20 @@ StragglerTracker::Change StragglerTracker::add(int64_t step,
 }
 
 json straggler_data(const StragglerTracker::Finding& f, const std::string& node, bool cleared) {
-  json d = {{"rank", f.rank}, {"node", node},          {"step", f.step},
-            {"steps", f.steps}, {"behind_s", f.behind_s}};
-  d["message"] =
-      cleared ? fmt::format("rank {} on {} is no longer a straggler (last in {} of the recent "
-                            "steps)",
-                            f.rank, node, f.steps)
-              : fmt::format("rank {} on {} is a straggler: the ranks after it waited {:.3f} s for "
-                            "it per step (median), last in {} of the recent steps (step {})",
-                            f.rank, node, f.behind_s, f.steps, f.step);
+  json d = {{"rank", f.rank},
+            {"node", node},
+            {"step", f.step},
+            {"steps", f.steps},
+            {"behind_s", f.behind_s}};
+  d["message"] = cleared
+                     ? fmt::format(
+                           "rank {} on {} is no longer a straggler (last in {} of the recent "
+                           "steps)",
+                           f.rank, node, f.steps)
+                     : fmt::format(
+                           "rank {} on {} is a straggler: the ranks after it waited {:.3f} s for "
+                           "it per step (median), last in {} of the recent steps (step {})",
+                           f.rank, node, f.behind_s, f.steps, f.step);
   return d;
 }
 
@@ -170,9 +174,10 @@ HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
         last = fmt::format("{} of step {}{}", tl::phase_name(e.kind), e.step,
                            e.layer >= 0 ? fmt::format(" layer {}", e.layer) : "");
       }
-      why.push_back(fmt::format("rank {} made no progress for {:.1f} s outside any wait (main "
-                                "thread stuck; last finished {})",
-                                w.rank, (now_ns - w.snap.progress_ns) * 1e-9, last));
+      why.push_back(
+          fmt::format("rank {} made no progress for {:.1f} s outside any wait (main "
+                      "thread stuck; last finished {})",
+                      w.rank, (now_ns - w.snap.progress_ns) * 1e-9, last));
     }
   }
   std::string waits;
@@ -181,8 +186,7 @@ HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
   std::string whys;
   for (const std::string& s : why) whys += (whys.empty() ? "" : "; ") + s;
   f.message = fmt::format(
-      "step {} still in flight after {:.1f} s (deadline {:g} s): {}{}", step, elapsed_s,
-      deadline_s,
+      "step {} still in flight after {:.1f} s (deadline {:g} s): {}{}", step, elapsed_s, deadline_s,
       f.missing.empty() ? std::string("no rank of this node is stuck: its ranks wait on ranks of "
                                       "other nodes")
                         : "never arrived: " + whys,

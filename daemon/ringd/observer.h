@@ -36,9 +36,9 @@ namespace ring::ringd {
 
 struct RankSample {
   int64_t rank = 0;
-  int64_t prev = -1;   // the global rank it receives from (-1: no ring)
+  int64_t prev = -1;  // the global rank it receives from (-1: no ring)
   double step_s = 0;
-  double wait_s = 0;   // blocked on peers: ring receives and collectives
+  double wait_s = 0;  // blocked on peers: ring receives and collectives
 };
 
 class StragglerTracker {
@@ -94,9 +94,9 @@ nlohmann::json straggler_data(const StragglerTracker::Finding& f, const std::str
 struct HangInput {
   int64_t rank = 0;
   pid_t pid = -1;
-  bool done = false;     // finished the step
+  bool done = false;  // finished the step
   bool running = true;
-  char proc_state = '?';  // /proc/<pid>/stat state ('T': stopped), '?' unknown
+  char proc_state = '?';              // /proc/<pid>/stat state ('T': stopped), '?' unknown
   contract::timeline::Snapshot snap;  // its flight recorder (snap.ok false: none)
 };
 struct HangFinding {

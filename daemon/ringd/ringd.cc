@@ -219,9 +219,9 @@ class Daemon {
   Clock::time_point await_deadline_;
   std::string fatal_error_;           // fatal(): the exit message
 
-  // Observability (observer.h). Each worker's timeline file lives in the private control
-  // directory and stays mapped here, so the flight recorder of a stopped, stuck or dead worker
-  // can still be read; ringd's own phases go to daemon_tl_.
+  // Observability (observer.h). Each worker's timeline file (on /dev/shm, else in the private
+  // control directory) stays mapped here, so the flight recorder of a stopped, stuck or dead
+  // worker can still be read; ringd's own phases go to daemon_tl_.
   std::vector<contract::timeline::Mapping> tl_maps_;  // [local rank]
   std::vector<std::string> tl_paths_;  // their names until unlinked
   DaemonTimeline daemon_tl_;
@@ -1060,8 +1060,8 @@ std::string Daemon::node_label() const {
   return coord_ ? coord_->node() : fmt::format("node{}", o_.node_rank);
 }
 
-// One timeline file per worker in the private control directory, created (zeroed) before the
-// worker starts and mapped here for the whole attempt. A file that cannot be made leaves that
+// One timeline file per worker, created (zeroed) before the worker starts and mapped here for
+// the whole attempt. A file that cannot be made leaves that
 // worker without a timeline (said in the log); training does not depend on it.
 void Daemon::open_timelines() {
   tl_maps_.clear();

@@ -263,7 +263,8 @@ TEST(Ringctl, StatusShowsStragglerAndMergedHang) {
     h.step = 6;
     h.deadline_s = 8;
     h.missing = {missing};
-    h.waiting = {{missing - 1, "ring recv from rank " + std::to_string(missing) + ", layer 0 hop 0"}};
+    h.waiting = {
+        {missing - 1, "ring recv from rank " + std::to_string(missing) + ", layer 0 hop 0"}};
     job.d->event(h);
   }
   ASSERT_TRUE(wait_for([&] { return client.events(job.id, 0, 1000).size() >= 3; }));
@@ -286,7 +287,8 @@ TEST(Ringctl, StatusShowsStragglerAndMergedHang) {
   r = c.ctl("status " + std::to_string(job.id));
   EXPECT_TRUE(contains(r.output, "straggler:    rank 2 on node-a (0.250 s behind per step"))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "hang:         attempt 1 step 6 (deadline 8 s): never arrived: 1, 3"))
+  EXPECT_TRUE(contains(
+      r.output, "hang:         attempt 1 step 6 (deadline 8 s): never arrived: 1, 3"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "rank 0 waits: ring recv from rank 1, layer 0 hop 0")) << r.output;
   // Cleared: no straggler any more; the hang stays (it happened).
@@ -296,7 +298,8 @@ TEST(Ringctl, StatusShowsStragglerAndMergedHang) {
   cl.attempt = 1;
   cl.rank = 2;
   job.d->event(cl);
-  ASSERT_TRUE(wait_for([&] { return client.events(job.id, 0, 1000).back().kind == "straggler_cleared"; }));
+  ASSERT_TRUE(wait_for(
+      [&] { return client.events(job.id, 0, 1000).back().kind == "straggler_cleared"; }));
   one = parse_json(c.ctl("status " + std::to_string(job.id) + " --json").output);
   EXPECT_TRUE(one["straggler"].is_null()) << one;
   EXPECT_TRUE(one["hang"].is_object()) << one;

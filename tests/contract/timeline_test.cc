@@ -40,7 +40,10 @@ TEST(Timeline, RecordsReadBackInOrderWithCurrentWaitAndProgress) {
   ASSERT_EQ(w.open(f, 3, ::getpid()), "");
   w.set_step(7);
   for (int i = 0; i < 10; ++i)
-    w.record({.kind = tl::Phase::kForward, .step = 7, .layer = i, .begin_ns = 100 + i,
+    w.record({.kind = tl::Phase::kForward,
+              .step = 7,
+              .layer = i,
+              .begin_ns = 100 + i,
               .end_ns = 200 + i});
   w.wait_begin(tl::Phase::kRingWait, 7, 4, 2, 1);
 
@@ -83,7 +86,8 @@ TEST(Timeline, TheRingKeepsTheNewestRecords) {
   tl::TimelineWriter w;
   ASSERT_EQ(w.open(f, 0, 1), "");
   const int64_t n = static_cast<int64_t>(tl::kCapacity) + 1000;
-  for (int64_t i = 0; i < n; ++i) w.record({.kind = tl::Phase::kStep, .step = i, .begin_ns = i, .end_ns = i});
+  for (int64_t i = 0; i < n; ++i)
+    w.record({.kind = tl::Phase::kStep, .step = i, .begin_ns = i, .end_ns = i});
   const tl::Snapshot s = tl::read_file(f);
   ASSERT_EQ(s.events.size(), tl::kCapacity);
   EXPECT_EQ(s.events.front().step, 1000);

@@ -1,4 +1,5 @@
-// Observability on real ringd and ring-worker processes (one node, 4 workers, tests/ringd/tiny4.yaml):
+// Observability on real ringd and ring-worker processes (one node, 4 workers,
+// tests/ringd/tiny4.yaml):
 //
 //   TimelineTraceHasEveryRankNestedAndEveryHop: after a run, <job dir>/timeline/node-0.jsonl
 //     turned into a Chrome trace (cli/trace_export.h) has every rank; on each rank's phase track
@@ -104,8 +105,12 @@ TEST(Observe, TimelineTraceHasEveryRankNestedAndEveryHop) {
     ASSERT_GE(e["dur"].get<double>(), 0.0);
     const int64_t tid = e["tid"];
     const json& a = e["args"];
-    Ev ev{e["cat"], e["ts"], e["ts"].get<double>() + e["dur"].get<double>(), a.value("step", 0),
-          a.value("layer", -1), a.value("hop", -1)};
+    Ev ev{e["cat"],
+          e["ts"],
+          e["ts"].get<double>() + e["dur"].get<double>(),
+          a.value("step", 0),
+          a.value("layer", -1),
+          a.value("hop", -1)};
     if (tid == 0) {
       optimizer = optimizer || ev.cat == "optimizer";
       continue;
@@ -171,10 +176,10 @@ TEST(Observe, TimelineTraceHasEveryRankNestedAndEveryHop) {
               (l.cat == "forward" ? fwd_hops : bwd_hops).insert(e.hop);
         }
         for (int h = 0; h + 1 < kRanks; ++h) {
-          EXPECT_TRUE(fwd_hops.count(h)) << "step " << s << " layer " << layer << " forward hop "
-                                         << h;
-          EXPECT_TRUE(bwd_hops.count(h)) << "step " << s << " layer " << layer << " backward hop "
-                                         << h;
+          EXPECT_TRUE(fwd_hops.count(h))
+              << "step " << s << " layer " << layer << " forward hop " << h;
+          EXPECT_TRUE(bwd_hops.count(h))
+              << "step " << s << " layer " << layer << " backward hop " << h;
         }
       }
     }
@@ -240,12 +245,13 @@ void expect_hang(const TempDir& t, Proc& d, int64_t missing, double max_s) {
 TEST(Observe, SigstoppedWorkerIsNamedAsHung) {
   TempDir t("ringd-observe");
   const std::string spec = spec_with(t, "observability:\n  step_deadline_s: 8\n");
-  Proc d(ringd_args(spec, t.path + "/job", {"--steps", "100000", "--heartbeat-timeout", "60",
-                                            "--stop-grace", "1"}),
+  Proc d(ringd_args(spec, t.path + "/job",
+                    {"--steps", "100000", "--heartbeat-timeout", "60", "--stop-grace", "1"}),
          t.path + "/ringd.out", t.path + "/ringd.err");
   const json s2 = wait_line(
-      t.path + "/ringd.out", [](const json& j) { return j.value("step", 0) >= 2 && !j.contains("event"); },
-      180, std::chrono::milliseconds(50));
+      t.path + "/ringd.out",
+      [](const json& j) { return j.value("step", 0) >= 2 && !j.contains("event"); }, 180,
+      std::chrono::milliseconds(50));
   ASSERT_FALSE(s2.is_null()) << diag(t);
   pid_t victim = -1;
   for (const json& j : events_named(t.path + "/ringd.out", "worker_started"))
@@ -258,8 +264,8 @@ TEST(Observe, SigstoppedWorkerIsNamedAsHung) {
 TEST(Observe, BlockedMainThreadIsNamedAsHung) {
   TempDir t("ringd-observe");
   const std::string spec = spec_with(t, "observability:\n  step_deadline_s: 8\n");
-  Proc d(ringd_args(spec, t.path + "/job", {"--steps", "100000", "--heartbeat-timeout", "60",
-                                            "--stop-grace", "1"}),
+  Proc d(ringd_args(spec, t.path + "/job",
+                    {"--steps", "100000", "--heartbeat-timeout", "60", "--stop-grace", "1"}),
          t.path + "/ringd.out", t.path + "/ringd.err", {{"RING_DEBUG_BLOCK", "rank=3,step=3"}});
   expect_hang(t, d, 3, 180);
 }
@@ -283,8 +289,8 @@ TEST(Observe, StatusAndTraceThroughTheCoordinator) {
     }
   }
   ASSERT_GT(job, 0) << slurp(t.path + "/coord.log");
-  Proc d(ringd_args(kSpec4, t.path + "/job", {"--steps", "8", "--coord", ep, "--job",
-                                              std::to_string(job)}),
+  Proc d(ringd_args(kSpec4, t.path + "/job",
+                    {"--steps", "8", "--coord", ep, "--job", std::to_string(job)}),
          t.path + "/ringd.out", t.path + "/ringd.err", {{"RING_DEBUG_DELAY", "rank=2,ms=250"}});
   ASSERT_EQ(d.wait(240), 0) << diag(t);
   bool found = false;
@@ -317,7 +323,8 @@ TEST(Observe, StatusAndTraceThroughTheCoordinator) {
   const json trace = json::parse(slurp(t.path + "/trace.json"));
   std::set<int64_t> ranks;
   for (const json& e : trace["traceEvents"])
-    if (e["ph"] == "X" && e["tid"].get<int64_t>() % 10 == 1) ranks.insert(e["tid"].get<int64_t>() / 10);
+    if (e["ph"] == "X" && e["tid"].get<int64_t>() % 10 == 1)
+      ranks.insert(e["tid"].get<int64_t>() / 10);
   EXPECT_EQ(ranks, (std::set<int64_t>{0, 1, 2, 3}));
 }
 

@@ -134,12 +134,14 @@ TEST(NodeTimeline, WrittenAndReadBackAsATraceKeepingTheNewestSteps) {
     snaps[r].ok = true;
     snaps[r].rank = r;
     for (int s = 1; s <= 10; ++s)
-      snaps[r].events.push_back({.kind = tl::Phase::kStep, .step = s, .begin_ns = s * 1000,
-                                 .end_ns = s * 1000 + 500});
+      snaps[r].events.push_back(
+          {.kind = tl::Phase::kStep, .step = s, .begin_ns = s * 1000, .end_ns = s * 1000 + 500});
   }
   DaemonTimeline d(4);
   for (int s = 1; s <= 6; ++s)
-    d.record({.kind = tl::Phase::kOptimizer, .step = s, .begin_ns = s * 1000 + 600,
+    d.record({.kind = tl::Phase::kOptimizer,
+              .step = s,
+              .begin_ns = s * 1000 + 600,
               .end_ns = s * 1000 + 700});
   EXPECT_EQ(d.events(0).size(), 4u);  // a fixed ring
   const std::string path = t.path + "/node-0.jsonl";
@@ -156,8 +158,8 @@ TEST(NodeTimeline, WrittenAndReadBackAsATraceKeepingTheNewestSteps) {
   EXPECT_EQ(min_step, 7);  // the newest steps kept whole: 7..10 (2 ranks) + ringd's 7..
   // A malformed file names itself and the line.
   try {
-    ring::cli::build_trace({{"f.jsonl", "{\"node_rank\":0,\"clock\":{\"mono_ns\":1,\"unix_ns\":2}}\n[1,2]\n"}},
-                           {});
+    ring::cli::build_trace(
+        {{"f.jsonl", "{\"node_rank\":0,\"clock\":{\"mono_ns\":1,\"unix_ns\":2}}\n[1,2]\n"}}, {});
     FAIL() << "accepted a short record";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("f.jsonl:2"), std::string::npos) << e.what();

@@ -11,10 +11,9 @@ namespace {
 std::string parse_pairs(const char* var, const char* text, const std::map<std::string, bool>& keys,
                         std::map<std::string, int64_t>* out) {
   std::string_view s(text);
-  const std::string expected = std::string(var) + " must look like \"" +
-                               (std::string(var) == "RING_DEBUG_DELAY" ? "rank=R,ms=M[,from=S]"
-                                                                       : "rank=R,step=S") +
-                               "\"";
+  const std::string expected =
+      std::string(var) + " must look like \"" +
+      (std::string(var) == "RING_DEBUG_DELAY" ? "rank=R,ms=M[,from=S]" : "rank=R,step=S") + "\"";
   while (!s.empty()) {
     const size_t comma = s.find(',');
     std::string_view item = s.substr(0, comma);

@@ -8,7 +8,9 @@
 //                                            phase of step S; its heartbeat thread goes on.
 //   RING_TIMELINE=off                        no timeline records (the overhead benchmark's
 //                                            baseline); the progress counter and the step
-//                                            summary still work.
+//                                            summary still work. `alternate`: records in even
+//                                            steps only (the benchmark compares the two halves
+//                                            of one run).
 //
 // A malformed value is an error naming the variable and the rule (the worker exits 2).
 #pragma once
@@ -20,9 +22,9 @@
 namespace ring::cp {
 
 struct DebugInject {
-  int64_t delay_ms = 0;      // this rank's delay per step (0: none)
-  int64_t delay_from = 1;    // first delayed step
-  int64_t block_step = 0;    // this rank blocks in this step (0: never)
+  int64_t delay_ms = 0;    // this rank's delay per step (0: none)
+  int64_t delay_from = 1;  // first delayed step
+  int64_t block_step = 0;  // this rank blocks in this step (0: never)
 };
 
 // Parses the variables' values for `rank` (null: unset). Returns "" or the error.

@@ -277,13 +277,20 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   }
   namespace tl = contract::timeline;
   tl::TimelineWriter timeline;
+  bool timeline_alternate = false;  // the benchmark's mode: records in even steps only
   if (!args.timeline.empty()) {
     if (const std::string e = timeline.open(args.timeline, rank, ::getpid()); !e.empty()) {
       logger()->error("rank {}: {}", rank, e);
       return kExitRuntime;
     }
-    const char* off = std::getenv("RING_TIMELINE");
-    timeline.set_enabled(!(off && std::string(off) == "off"));
+    const char* mode = std::getenv("RING_TIMELINE");
+    const std::string m = mode ? mode : "";
+    if (!m.empty() && m != "on" && m != "off" && m != "alternate") {
+      logger()->error("rank {}: RING_TIMELINE must be on, off or alternate, not '{}'", rank, m);
+      return kExitUsage;
+    }
+    timeline.set_enabled(m != "off");
+    timeline_alternate = m == "alternate";
     tl::set_active(&timeline);
   }
   // A collective over every rank, recorded as a wait on all of them (peer -1).
@@ -326,6 +333,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       timeline.wait_end();
       if (cmd.stop) break;
       timeline.set_step(cmd.step);
+      if (timeline_alternate) timeline.set_enabled(cmd.step % 2 == 0);
       const int64_t s0 = tl::now_ns();
       timeline.record({.kind = tl::Phase::kParamsWait, .step = cmd.step, .begin_ns = p0,
                        .end_ns = s0});
