@@ -15,6 +15,10 @@
 //     naming it missing and the others waiting with where, fails it, and exits 1.
 //   BlockedMainThreadIsNamedAsHung: RING_DEBUG_BLOCK blocks rank 3's main thread in step 3 while
 //     its heartbeat thread runs: the same `hang` finding names rank 3.
+//   HangAcrossTwoNodesIsNamedByTheStuckRanksNode: 2 nodes x 2 workers, rank 3 (node 1)
+//     SIGSTOPped: node 1 reports it missing with rank 2 waiting and fails it; node 0 (when its
+//     check comes first) reports its ranks waiting and none of its own missing; both ringd exit
+//     1 (max_restarts 0).
 //   StatusAndTraceThroughTheCoordinator: with a ring-coord, the straggler reaches its events table
 //     (kind straggler, data with rank, node, step, steps, behind_s, message), `ringctl status
 //     JOB --json` shows it as "straggler" (and "hang": null), the text status names it, and
@@ -268,6 +272,71 @@ TEST(Observe, BlockedMainThreadIsNamedAsHung) {
                     {"--steps", "100000", "--heartbeat-timeout", "60", "--stop-grace", "1"}),
          t.path + "/ringd.out", t.path + "/ringd.err", {{"RING_DEBUG_BLOCK", "rank=3,step=3"}});
   expect_hang(t, d, 3, 180);
+}
+
+// The events a ringd logged (the `event {json}` lines of logs/ringd-<node>.log).
+std::vector<json> logged_events(const std::string& log, const std::string& name) {
+  std::vector<json> v;
+  std::istringstream in(slurp(log));
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("event {");
+    if (at == std::string::npos) continue;
+    const json j = json::parse(line.substr(at + 6), nullptr, false);
+    if (j.is_object() && j.value("event", "") == name) v.push_back(j);
+  }
+  return v;
+}
+
+TEST(Observe, HangAcrossTwoNodesIsNamedByTheStuckRanksNode) {
+  TempDir t("ringd-observe");
+  const std::string spec = t.path + "/spec.yaml";
+  std::ofstream(spec) << slurp(std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes.yaml")
+                      << "observability:\n  step_deadline_s: 8\n";
+  const std::string jd = t.path + "/job";
+  auto args = [&](int node) {
+    return ringd_args(spec, jd,
+                      {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous",
+                       t.path + "/rdv", "--steps", "100000", "--heartbeat-timeout", "60",
+                       "--stop-grace", "1"});
+  };
+  Proc d0(args(0), t.path + "/d0.out", t.path + "/d0.err");
+  Proc d1(args(1), t.path + "/d1.out", t.path + "/d1.err");
+  ASSERT_FALSE(wait_line(t.path + "/d0.out",
+                         [](const json& j) { return j.value("step", 0) >= 2 && !j.contains("event"); },
+                         180, std::chrono::milliseconds(50))
+                   .is_null())
+      << slurp(jd + "/logs/ringd-0.log");
+  pid_t victim = -1;
+  for (const json& j : logged_events(jd + "/logs/ringd-1.log", "worker_started"))
+    if (j.value("rank", -1) == 3) victim = j.at("pid").get<pid_t>();
+  ASSERT_GT(victim, 0) << slurp(jd + "/logs/ringd-1.log");
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  for (Proc* d : {&d1, &d0}) {
+    const int st = d->wait(90);
+    ASSERT_TRUE(WIFEXITED(st)) << st << slurp(jd + "/logs/ringd-0.log")
+                               << slurp(jd + "/logs/ringd-1.log");
+    EXPECT_EQ(WEXITSTATUS(st), 1);
+  }
+  const std::vector<json> h1 = logged_events(jd + "/logs/ringd-1.log", "hang");
+  ASSERT_EQ(h1.size(), 1u) << slurp(jd + "/logs/ringd-1.log");
+  EXPECT_EQ(h1[0]["missing"], json::array({3})) << h1[0];
+  ASSERT_EQ(h1[0]["waiting"].size(), 1u) << h1[0];
+  EXPECT_EQ(h1[0]["waiting"][0]["rank"], 2) << h1[0];
+  // Node 0 reports only where its ranks wait, never a rank of its own as missing; when node 1
+  // failed the stuck rank a moment before node 0's own deadline check, node 0's ranks ended on
+  // the lost peer first and node 0 has nothing to report.
+  const std::vector<json> h0 = logged_events(jd + "/logs/ringd-0.log", "hang");
+  ASSERT_LE(h0.size(), 1u) << slurp(jd + "/logs/ringd-0.log");
+  for (const json& h : h0) {
+    EXPECT_TRUE(h["missing"].empty()) << h;
+    EXPECT_NE(h["message"].get<std::string>().find("other nodes"), std::string::npos) << h;
+  }
+  bool failed = false;
+  for (const json& j : logged_events(jd + "/logs/ringd-1.log", "worker_failed"))
+    failed = failed || j.value("rank", -1) == 3;
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(ring::cli::timeline_files(jd).size(), 2u);
 }
 
 TEST(Observe, StatusAndTraceThroughTheCoordinator) {
