@@ -295,16 +295,17 @@ TEST(Observe, HangAcrossTwoNodesIsNamedByTheStuckRanksNode) {
                       << "observability:\n  step_deadline_s: 8\n";
   const std::string jd = t.path + "/job";
   auto args = [&](int node) {
-    return ringd_args(spec, jd,
-                      {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous",
-                       t.path + "/rdv", "--steps", "100000", "--heartbeat-timeout", "60",
-                       "--stop-grace", "1"});
+    return ringd_args(
+        spec, jd,
+        {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous", t.path + "/rdv",
+         "--steps", "100000", "--heartbeat-timeout", "60", "--stop-grace", "1"});
   };
   Proc d0(args(0), t.path + "/d0.out", t.path + "/d0.err");
   Proc d1(args(1), t.path + "/d1.out", t.path + "/d1.err");
-  ASSERT_FALSE(wait_line(t.path + "/d0.out",
-                         [](const json& j) { return j.value("step", 0) >= 2 && !j.contains("event"); },
-                         180, std::chrono::milliseconds(50))
+  ASSERT_FALSE(wait_line(
+                   t.path + "/d0.out",
+                   [](const json& j) { return j.value("step", 0) >= 2 && !j.contains("event"); },
+                   180, std::chrono::milliseconds(50))
                    .is_null())
       << slurp(jd + "/logs/ringd-0.log");
   pid_t victim = -1;
