@@ -41,6 +41,7 @@
 
 #include "cli/trace_export.h"
 #include "coordinator/client.h"
+#include "coordinator/store.h"
 #include "tests/common/test_json.h"
 #include "tests/common/test_proc.h"
 #include "tests/ringd/ringd_test_util.h"
@@ -373,6 +374,26 @@ TEST(Observe, StatusAndTraceThroughTheCoordinator) {
         EXPECT_TRUE(e.data.contains(k)) << k << " in " << e.data.dump();
     }
   EXPECT_TRUE(found) << "no straggler event in ring-coord";
+  // Every step report carried the 4 ranks' summaries (ring-coord's rank_steps): the delayed
+  // rank's data phase holds its 250 ms, the others waited for it.
+  std::vector<ring::protocol::RankStepRecord> rows;
+  const auto rows_end = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < rows_end) {
+    ring::coord::Store::Options so;
+    so.read_only = true;
+    rows = ring::coord::Store(t.path + "/state/coord.db", so).rank_steps(job, 1, 100, 1000);
+    if (rows.size() >= 32) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(rows.size(), 32u);  // 8 steps x 4 ranks
+  for (const auto& r : rows) {
+    SCOPED_TRACE("step " + std::to_string(r.step) + " rank " + std::to_string(r.rank.rank));
+    EXPECT_GT(r.rank.step_time_s, 0);
+    EXPECT_GT(r.rank.hop_bytes, 0);
+    EXPECT_LE(r.rank.data_s + r.rank.wait_s + r.rank.comm_s, r.rank.step_time_s + 1e-6);
+    if (r.rank.rank == 2) EXPECT_GE(r.rank.data_s, 0.25);
+    if (r.rank.rank != 2 && r.step >= 2) EXPECT_GE(r.rank.wait_s, 0.1);
+  }
 
   Proc st({RINGCTL_BIN, "status", std::to_string(job), "--json", "--coord", ep},
           t.path + "/status.json", t.path + "/status.err");
