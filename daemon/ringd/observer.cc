@@ -153,6 +153,9 @@ HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
   std::vector<std::string> why;
   for (const HangInput& w : workers) {
     if (w.done) continue;
+    // Ended or ending (a zombie not reaped yet, e.g. a rank that just failed on a lost peer):
+    // its death is reported as such, it is not what the step waits for.
+    if (!w.running || w.proc_state == 'Z' || w.proc_state == 'X') continue;
     const bool stopped = w.proc_state == 'T' || w.proc_state == 't';
     const tl::Event& cur = w.snap.current;
     const bool peer_wait =
@@ -162,6 +165,9 @@ HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
       f.waiting.push_back({w.rank, describe_wait(cur)});
       continue;
     }
+    // Moving right now (its main thread recorded progress within the last second): not stuck.
+    const double idle_s = (now_ns - w.snap.progress_ns) * 1e-9;
+    if (!stopped && w.snap.ok && idle_s < std::min(1.0, 0.5 * deadline_s)) continue;
     f.missing.push_back(w.rank);
     if (stopped) {
       why.push_back(fmt::format("rank {} is stopped (SIGSTOP)", w.rank));

@@ -153,7 +153,8 @@ class Daemon {
   void open_timelines();
   void unlink_timelines();
   std::vector<protocol::RankStep> observe_step(int64_t step);
-  void check_hang(Clock::time_point now);
+  bool check_hang(Clock::time_point now);
+  bool report_hang(Clock::time_point now, double deadline, bool fail);
   void dump_timeline(bool force);
   std::string node_label() const;
 
@@ -1035,9 +1036,14 @@ void Daemon::on_tick() {
   const auto now = Clock::now();
   using attempt::Phase;
   if (state_.live() && state_.phase != Phase::kStopping) {
-    check_hang(now);
-    if (auto late = supervisor_.overdue(now, unblocked_at_))
-      worker_failed(*late->first, late->second);
+    if (!check_hang(now)) {
+      if (auto late = supervisor_.overdue(now, unblocked_at_)) {
+        // A worker silent past the heartbeat timeout (stopped, or stuck as a whole) during a
+        // step: the flight recorders say where the others wait before it is failed.
+        if (late->first->connected) report_hang(now, o_.heartbeat_timeout_s, false);
+        worker_failed(*late->first, late->second);
+      }
+    }
     if ((state_.finishing || state_.stop_requested()) && now > stop_deadline_)
       dispatch(event_of(attempt::EventKind::kStopTimeout));
   }
@@ -1129,18 +1135,30 @@ std::vector<protocol::RankStep> Daemon::observe_step(int64_t step) {
   return ranks;
 }
 
-// A step in flight past observability.step_deadline_s: read every worker's flight recorder,
-// report the hang (once per step), and fail the attempt when a rank of this node is stuck (it is
-// killed like a hung worker; the restart policy follows). When every local rank waits on ranks
-// of other nodes, those nodes' ringd report the stuck ones; this node only says where it waits.
-void Daemon::check_hang(Clock::time_point now) {
+// A step in flight past observability.step_deadline_s: report the hang (report_hang), once per
+// step. True when that failed a worker.
+bool Daemon::check_hang(Clock::time_point now) {
   const double deadline = spec_.observability.step_deadline_s;
   const int64_t step = steps_->cur_step();
-  if (deadline <= 0 || step == 0 || hang_step_ == step) return;
+  if (deadline <= 0 || step == 0 || hang_step_ == step) return false;
   const double elapsed =
       std::chrono::duration<double>(now - std::max(step_began_, unblocked_at_)).count();
-  if (elapsed <= deadline) return;
+  if (elapsed <= deadline) return false;
+  return report_hang(now, deadline, true);
+}
+
+// Reads every worker's flight recorder, reports the hang of the step in flight (`hang`: the ranks
+// that never arrived, where the others wait; `deadline` is what passed: the step deadline, or the
+// heartbeat timeout of a silent worker) and writes the node's timeline into the job directory.
+// With `fail`, a stuck rank of this node is failed like a hung worker (the restart policy
+// follows). When every local rank waits on ranks of other nodes, those nodes' ringd report the
+// stuck ones; this node only says where it waits. True when it failed a worker.
+bool Daemon::report_hang(Clock::time_point now, double deadline, bool fail) {
+  const int64_t step = steps_->cur_step();
+  if (step == 0 || hang_step_ == step) return false;
   hang_step_ = step;
+  const double elapsed =
+      std::chrono::duration<double>(now - std::max(step_began_, unblocked_at_)).count();
   std::vector<HangInput> in;
   for (const Worker& w : workers_) {
     HangInput h;
@@ -1157,13 +1175,14 @@ void Daemon::check_hang(Clock::time_point now) {
   log("hang: " + f.message);
   event("hang", hang_data(step, deadline, f));
   dump_timeline(true);
-  if (f.missing.empty()) return;
+  if (!fail || f.missing.empty()) return false;
   for (Worker& w : workers_)
     if (w.rank == f.missing.front() && w.running) {
       worker_failed(w, fmt::format("hung in step {} (no progress past the {:g} s step deadline)",
                                    step, deadline));
-      return;
+      return true;
     }
+  return false;
 }
 
 // The node's recent timeline into <job dir>/timeline/node-<K>.jsonl, what `ringctl trace` reads

@@ -116,6 +116,14 @@ TEST(Hang, StoppedAndStuckRanksMissingOthersWaitingWithWhere) {
   const nlohmann::json d = hang_data(5, 8, f);
   EXPECT_EQ(d["missing"], nlohmann::json::array({2, 3}));
   EXPECT_EQ(d["waiting"][0]["rank"], 0);
+  // A rank that is ending (a zombie not reaped yet, after a failure on a lost peer) is neither.
+  in[3].proc_state = 'Z';
+  EXPECT_EQ(analyse_hang(5, 9.5, 8, in, now).missing, (std::vector<int64_t>{2}));
+  in[3].proc_state = 'S';
+  // Nor one whose main thread recorded progress a moment ago (between two waits).
+  in[3].snap.progress_ns = now - 100'000'000;
+  EXPECT_EQ(analyse_hang(5, 9.5, 8, in, now).missing, (std::vector<int64_t>{2}));
+  in[3].snap.progress_ns = now - 9'000'000'000;
   // A rank that finished the step is neither.
   in[3].done = true;
   in[2].done = true;
