@@ -3,7 +3,9 @@
 //   JOBID  NAME  USER  STATE    STEP/TOTAL  LOSS    TOK/S  ATTEMPT  NODES  AGE    CKPT
 //   7      tiny  ada   running  120/200     2.3456  14.2k  1        1      3m05s  100
 //
-// With JOB: the same row plus the details (reason, restarts, ring order, directories).
+// With JOB: the same row plus the details (reason, restarts, ring order, directories) and the
+// observability findings: the current straggler and the latest hang (docs/observability.md;
+// --json: "straggler" and "hang", null when none).
 // --json: the coordinator's job objects (an array; one object with JOB). --follow: refresh every
 // --interval seconds until Ctrl-C; with JOB it ends when the job reaches a final state. Not on
 // a terminal, --follow prints a new table (or JSON line) only when something changed.
@@ -16,6 +18,8 @@
 #include <cctype>
 #include <iostream>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
@@ -290,6 +294,77 @@ nlohmann::json job_json_with_slurm(const protocol::JobInfo& j,
   return o;
 }
 
+// The job's current observability findings from its events (docs/observability.md):
+// "straggler": the latest `straggler` event of the current attempt not followed by a
+// `straggler_cleared` of that rank (null: none), "hang": the latest hang of any attempt, the
+// `hang` events of every node for that attempt and step merged (null: none); each the event's
+// data plus "attempt" and "time".
+nlohmann::json findings(coord::Client& c, const protocol::JobInfo& j) {
+  nlohmann::json straggler, hang;
+  int64_t after = 0;
+  for (int page = 0; page < 500; ++page) {
+    const auto ev = c.events(j.job, after, 200);
+    for (const auto& e : ev) {
+      after = std::max(after, e.id);
+      nlohmann::json d = e.data;
+      d["attempt"] = e.attempt;
+      d["time"] = e.time;
+      if (e.kind == "hang") {
+        // Each node reports what it sees of one hang: merge the reports of the same attempt and
+        // step (the ranks missing anywhere, every waiting rank), the latest hang wins.
+        if (hang.is_object() && hang.value("attempt", -1) == e.attempt &&
+            hang.value("step", -1) == d.value("step", -2)) {
+          for (const auto& r : d.value("missing", nlohmann::json::array()))
+            if (std::find(hang["missing"].begin(), hang["missing"].end(), r) ==
+                hang["missing"].end())
+              hang["missing"].push_back(r);
+          for (const auto& w : d.value("waiting", nlohmann::json::array()))
+            hang["waiting"].push_back(w);
+          hang["time"] = e.time;
+        } else {
+          hang = d;
+          if (!hang.contains("missing")) hang["missing"] = nlohmann::json::array();
+          if (!hang.contains("waiting")) hang["waiting"] = nlohmann::json::array();
+        }
+      }
+      if (e.attempt != j.attempt) continue;
+      if (e.kind == "straggler") straggler = d;
+      if (e.kind == "straggler_cleared" && straggler.is_object() &&
+          straggler.value("rank", -1) == e.data.value("rank", -2))
+        straggler = nullptr;
+    }
+    if (ev.size() < 200) break;
+  }
+  return {{"straggler", straggler}, {"hang", hang}};
+}
+
+std::string finding_lines(const nlohmann::json& f) {
+  std::ostringstream os;
+  const nlohmann::json& s = f["straggler"];
+  if (s.is_object()) {
+    os << "straggler:    rank " << s.value("rank", -1) << " on "
+       << printable(s.value("node", std::string("?")))
+       << fmt::format(" ({:.3f} s behind per step, last in {} of the recent steps, step {})",
+                      s.value("behind_s", 0.0), s.value("steps", 0), s.value("step", 0))
+       << "\n";
+  } else {
+    os << "straggler:    none\n";
+  }
+  const nlohmann::json& h = f["hang"];
+  if (h.is_object()) {
+    std::string missing;
+    for (const auto& r : h.value("missing", nlohmann::json::array()))
+      missing += (missing.empty() ? "" : ", ") + r.dump();
+    os << "hang:         attempt " << h.value("attempt", 0) << " step " << h.value("step", 0)
+       << fmt::format(" (deadline {:g} s): never arrived: ", h.value("deadline_s", 0.0))
+       << (missing.empty() ? "none on the reporting node" : missing) << "\n";
+    for (const auto& w : h.value("waiting", nlohmann::json::array()))
+      os << "              rank " << w.value("rank", -1) << " waits: "
+         << printable(w.value("where", std::string("?"))) << "\n";
+  }
+  return os.str();
+}
+
 std::string details(const protocol::JobInfo& j) {
   std::ostringstream os;
   auto join = [](const std::vector<std::string>& v, const char* sep) {
@@ -334,8 +409,13 @@ int run_status(const StatusOpts& o) {
     auto render = [&](const std::vector<protocol::JobInfo>& jobs) -> std::string {
       if (o.json) {
         auto views = slurm_views(jobs);
-        if (job && !jobs.empty())
-          return job_json_with_slurm(jobs[0], views).dump(o.follow ? -1 : 2) + "\n";
+        if (job && !jobs.empty()) {
+          nlohmann::json one = job_json_with_slurm(jobs[0], views);
+          const nlohmann::json f = findings(c, jobs[0]);
+          one["straggler"] = f["straggler"];
+          one["hang"] = f["hang"];
+          return one.dump(o.follow ? -1 : 2) + "\n";
+        }
         nlohmann::json a = nlohmann::json::array();
         for (const auto& j : jobs) a.push_back(job_json_with_slurm(j, views));
         return a.dump(o.follow ? -1 : 2) + "\n";
@@ -346,7 +426,8 @@ int run_status(const StatusOpts& o) {
                    ? "no jobs (submit one with `ringctl run SPEC` or `ringctl submit`)\n"
                    : "no jobs of " + (o.users.empty() ? "any user" : joined(o.users, ",")) +
                          " in " + (o.states.empty() ? "any state" : joined(o.states, ",")) + "\n";
-      return job && !rows_only ? details(jobs[0]) : table(jobs, o);
+      return job && !rows_only ? details(jobs[0]) + finding_lines(findings(c, jobs[0]))
+                               : table(jobs, o);
     };
     if (!o.follow) {
       std::cout << render(fetch());

@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
       ring::cli::add_nodes(app),  ring::cli::add_submit(app),  ring::cli::add_slurm_started(app),
       ring::cli::add_steps(app),  ring::cli::add_import(app),  ring::cli::add_export(app),
       ring::cli::add_tokenize(app), ring::cli::add_simulate(app), ring::cli::add_metrics(app),
-      ring::cli::add_generate(app)};
+      ring::cli::add_generate(app), ring::cli::add_trace(app)};
 
   auto checkpoints = ring::cli::add_checkpoints(app);  // cli/cmd_checkpoints.cc
 

@@ -120,6 +120,18 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
   if (m.complete) data["complete"] = *m.complete;
   if (!m.last_log.empty()) data["last_log"] = m.last_log;
   if (!m.message.empty()) data["message"] = m.message;
+  if (m.steps) data["steps"] = *m.steps;
+  if (m.behind_s) data["behind_s"] = *m.behind_s;
+  if (m.deadline_s) data["deadline_s"] = *m.deadline_s;
+  if (m.kind == proto::EventKind::kHang) {
+    data["missing"] = m.missing;
+    json waiting = json::array();
+    for (const auto& w : m.waiting) waiting.push_back({{"rank", w.rank}, {"where", w.where}});
+    data["waiting"] = waiting;
+  }
+  // The straggler's node (the agreed data of straggler events: docs/observability.md).
+  if (m.kind == proto::EventKind::kStraggler || m.kind == proto::EventKind::kStragglerCleared)
+    data["node"] = m.node;
   bool current = m.attempt == j.attempt;
   if (!current) data["stale"] = true;
   e_.store->add_event(j.id, m.attempt, m.node, proto::to_string(m.kind), data);
@@ -170,6 +182,12 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
     case proto::EventKind::kJobStopped:
       e_.store->set_job_node_state(j.id, m.node, "stopped");
       e_.maybe_cancelled(j.id);
+      break;
+    case proto::EventKind::kStraggler:
+    case proto::EventKind::kStragglerCleared:
+    case proto::EventKind::kHang:
+      // Findings only: a hang fails the attempt through the worker_died that ringd reports
+      // for the stuck rank it kills.
       break;
   }
 }

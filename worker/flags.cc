@@ -125,6 +125,10 @@ Flags parse_flags(int argc, char** argv) {
   in_ring(add_integer(app, "--local-rank", &a.local_rank, 0, 65535,
                       "This rank's slot on its node (with --ringd)")
               ->type_name("L"));
+  in_ring(app.add_option("--timeline", a.timeline,
+                         "With --ringd: the phase timeline file ringd created for this rank "
+                         "(spawned by ringd only)")
+              ->type_name("FILE"));
 
   flags::parse_or_exit(app, argc, argv);
 
@@ -151,6 +155,8 @@ Flags parse_flags(int argc, char** argv) {
   if (!a.ringd.empty() && (a.launch_local || a.local_rank < 0))
     flags::usage_error(app,
                        "--ringd needs --local-rank L and a rank's flags (ringd spawns such ranks)");
+  if (!a.timeline.empty() && a.ringd.empty())
+    flags::usage_error(app, "--timeline needs --ringd (ringd creates the file)");
   if (!a.launch_local && a.rank >= a.world)
     flags::usage_error(app, "--rank " + std::to_string(a.rank) + " is not below --world " +
                                 std::to_string(a.world));

@@ -54,6 +54,7 @@ struct Flags {
   int timeout_ms = 60000;
   std::string ringd;
   int local_rank = -1;
+  std::string timeline;  // with --ringd: the timeline file ringd created (contract/timeline.h)
 };
 
 // Parses argv; on --help/--version or a usage error prints and exits (0 or 2).

@@ -121,7 +121,12 @@ const auto& tables() {
           number("ring_wait_ms", &Done::ring_wait_ms, false, true),
           integer("bytes_sent", &Done::bytes_sent, 0, kInt64Max, /*required=*/false),
           object_or_null("cursor", &Done::cursor),
-          boolean("stop", &Done::stop, /*required=*/false, /*write_false=*/false)}},
+          boolean("stop", &Done::stop, /*required=*/false, /*write_false=*/false),
+          number("data_ms", &Done::data_ms, false, true),
+          number("compute_ms", &Done::compute_ms, false, true),
+          number("wait_ms", &Done::wait_ms, false, true),
+          number("comm_ms", &Done::comm_ms, false, true),
+          integer("prev", &Done::prev, -1, kInt32Max, /*required=*/false)}},
       // ringd -> worker
       Message<Welcome>{"welcome", false, {
           string("shm", &Welcome::shm, /*required=*/true, valid_shm_name,

@@ -6,7 +6,7 @@
 //
 //   worker -> ringd:  hello {rank, local, pid, n, proto}, mapped, init, hb, bucket {step, b},
 //                     done {step, loss_sum, valid, tokens, step_ms, ring_wait_ms, bytes_sent,
-//                           cursor, stop}
+//                           cursor, stop, data_ms, compute_ms, wait_ms, comm_ms, prev}
 //   ringd -> worker:  welcome {shm, start_step, need_init, cursor}, params {step, changed, stop},
 //                     stop {reason}
 //
@@ -80,6 +80,12 @@ struct Done {
   int64_t bytes_sent = 0;
   nlohmann::json cursor;  // the loader cursor after the step: an object, or null
   bool stop = false;      // some rank's ringd has a stop request (every rank passes it on)
+  // The step's phases (optional; the per-rank summary of the step report, protocol::RankStep):
+  double data_ms = 0;     // reading and packing the batch
+  double compute_ms = 0;  // the rest: kernels and what is not waiting or sending
+  double wait_ms = 0;     // blocked on a peer: ring receives and collectives
+  double comm_ms = 0;     // blocked on sends and handing gradient buckets to ringd
+  int64_t prev = -1;      // global rank this rank's ring receives from (-1: no ring)
 };
 using WorkerMessage = std::variant<Hello, Mapped, Init, Heartbeat, Bucket, Done>;
 

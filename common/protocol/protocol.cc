@@ -171,7 +171,8 @@ class Reader {
       out.push_back(as_str((*a)[i], item(field(key), i), 0, max_len));
   }
   // A list of integers (optional: missing means empty).
-  void integers(const char* key, std::vector<int64_t>& out, size_t max_items) {
+  void integers(const char* key, std::vector<int64_t>& out, size_t max_items,
+                Write = Write::kAlways) {
     out.clear();
     const json* a = array(key, max_items, false);
     if (!a) return;
@@ -311,7 +312,10 @@ class Writer {
                Write w = Write::kIfSet) {
     if (w == Write::kAlways || !v.empty()) j[key] = v;
   }
-  void integers(const char* key, const std::vector<int64_t>& v, size_t) { j[key] = v; }
+  void integers(const char* key, const std::vector<int64_t>& v, size_t,
+                Write w = Write::kAlways) {
+    if (w == Write::kAlways || !v.empty()) j[key] = v;
+  }
   void object(const char* key, const json& v) { j[key] = v; }
   template <typename T>
   void sub(const char* key, T& v) {
@@ -366,7 +370,9 @@ class Describer {
   void strings(const char* key, std::vector<std::string>&, size_t, size_t, Write = Write::kIfSet) {
     add(key, "strings", false);
   }
-  void integers(const char* key, std::vector<int64_t>&, size_t) { add(key, "integers", false); }
+  void integers(const char* key, std::vector<int64_t>&, size_t, Write = Write::kAlways) {
+    add(key, "integers", false);
+  }
   void object(const char* key, json&) { add(key, "object", false); }
   template <typename T>
   void sub(const char* key, T&) {
@@ -394,6 +400,9 @@ constexpr std::pair<EventKind, const char*> kEventNames[] = {
     {EventKind::kCheckpointFailed, "checkpoint_failed"},
     {EventKind::kJobCompleted, "job_completed"},
     {EventKind::kJobStopped, "job_stopped"},
+    {EventKind::kStraggler, "straggler"},
+    {EventKind::kStragglerCleared, "straggler_cleared"},
+    {EventKind::kHang, "hang"},
 };
 constexpr std::pair<CommandKind, const char*> kCommandNames[] = {
     {CommandKind::kStop, "stop"},
@@ -529,6 +538,11 @@ void fields(IO& io, StepReport& m) {
   io.objects("ranks", m.ranks, 512, false, Write::kIfSet);
 }
 template <class IO>
+void fields(IO& io, WaitingRank& m) {
+  io.i64("rank", m.rank, 0, 1 << 24);
+  io.str("where", m.where, 1, 512);
+}
+template <class IO>
 void fields(IO& io, Event& m) {
   io.node("node", m.node);
   io.enumeration("kind", m.kind, kEventNames);
@@ -544,6 +558,11 @@ void fields(IO& io, Event& m) {
   io.opt_bool("complete", m.complete);
   io.strings("last_log", m.last_log, kMaxLogLines, kMaxLogLineBytes);
   io.opt_str("message", m.message, kMaxText);
+  io.opt_i64("steps", m.steps, 0, 1 << 20);
+  io.opt_num("behind_s", m.behind_s, 0, 1e7);
+  io.opt_num("deadline_s", m.deadline_s, 0, 1e7);
+  io.integers("missing", m.missing, 512, Write::kIfSet);
+  io.objects("waiting", m.waiting, 512, false, Write::kIfSet);
   if constexpr (IO::kReading) {
     // Per-kind required fields.
     auto require = [&](bool ok, const char* key, const char* why) {
@@ -576,7 +595,23 @@ void fields(IO& io, Event& m) {
         break;
       case EventKind::kJobStopped:
         break;
+      case EventKind::kStraggler:
+        require(m.rank.has_value(), "rank", "required for straggler");
+        require(m.step.has_value(), "step", "required for straggler");
+        require(m.steps.has_value(), "steps", "required for straggler");
+        require(m.behind_s.has_value(), "behind_s", "required for straggler");
+        break;
+      case EventKind::kStragglerCleared:
+        require(m.rank.has_value(), "rank", "required for straggler_cleared");
+        break;
+      case EventKind::kHang:
+        require(m.step.has_value(), "step", "required for hang");
+        require(m.deadline_s.has_value(), "deadline_s", "required for hang");
+        break;
     }
+    for (int64_t r : m.missing)
+      if (r < 0 || r > (1 << 24))
+        Reader::fail(io.field("missing"), "a rank is out of range [0, 16777216]");
   }
 }
 template <class IO>

@@ -153,8 +153,17 @@ enum class EventKind {
   kCheckpointFailed,  // step, message
   kJobCompleted,      // step: this node finished the job's last step
   kJobStopped,        // this node stopped the job's workers (after a stop command)
+  kStraggler,         // rank, step, steps, behind_s: the rank the others repeatedly wait for
+  kStragglerCleared,  // rank: that rank is no longer a straggler
+  kHang,              // step, deadline_s, missing, waiting: a step past its deadline
 };
 const char* to_string(EventKind k);
+
+// A rank blocked on a peer when a step hung, and where (hang events).
+struct WaitingRank {
+  int64_t rank = 0;
+  std::string where;  // "ring recv from rank 3, layer 2 hop 1"
+};
 
 struct Event {
   std::string node;
@@ -171,6 +180,12 @@ struct Event {
   std::optional<bool> complete;
   std::vector<std::string> last_log;
   std::string message;
+  // Stragglers and hangs (docs/observability.md).
+  std::optional<int64_t> steps;       // straggler: of the recent steps, how many it was last in
+  std::optional<double> behind_s;     // straggler: median seconds the others waited for it
+  std::optional<double> deadline_s;   // hang: the step deadline that passed
+  std::vector<int64_t> missing;       // hang: ranks that never arrived
+  std::vector<WaitingRank> waiting;   // hang: ranks blocked on a peer
 };
 
 struct CommandAck {

@@ -519,6 +519,17 @@ std::vector<KeyDef> build_table() {
                   &RestartSection::backoff_max_s, "Upper bound of the restart delay."),
             Value{300.0}),
         0.0, 86400.0);
+
+  // ---- observability
+  range(def(b.add("observability.step_deadline_s", KT::kFloat, &J::observability,
+                  &ObservabilitySection::step_deadline_s,
+                  "A step still in flight after this many seconds is a hang: ringd reads its "
+                  "workers' flight recorders, reports the ranks that never arrived and where the "
+                  "others wait (event `hang`), and fails the attempt when a rank of its node is "
+                  "stuck (then the restart policy applies). 0: no step deadline (a SIGSTOPped "
+                  "worker is still found by its missing heartbeats)."),
+            Value{600.0}),
+        0.0, 1e6);
   return t;
 }
 
@@ -576,6 +587,7 @@ const std::vector<std::pair<std::string, std::string>>& spec_sections() {
       {"slurm", "Options of `ringctl submit` (sbatch)."},
       {"restart", "Automatic recovery after failures."},
       {"generate", "The KV cache of `ringctl generate`."},
+      {"observability", "Timelines, straggler and hang attribution."},
   };
   return s;
 }

@@ -148,6 +148,10 @@ struct GenerateSection {
   int64_t window{};
 };
 
+struct ObservabilitySection {
+  double step_deadline_s{};
+};
+
 struct JobSpec {
   JobSection job;
   ModelSection model;
@@ -160,6 +164,7 @@ struct JobSpec {
   SlurmSection slurm;
   RestartSection restart;
   GenerateSection generate;
+  ObservabilitySection observability;
 
   // Values derived from optional fields, filled by resolve() after a successful validation.
   struct Resolved {

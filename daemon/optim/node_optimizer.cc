@@ -112,6 +112,7 @@ struct NodeOptimizer::Impl {
   std::unique_ptr<Backend> backend;
   int64_t total = 0;
   int nbuckets = 0;
+  std::vector<ExchangeSpan> spans;  // this step's exchanges between nodes (pipeline thread)
   std::vector<contract::NodeRange> ranges;  // every node's (contract::shard_ranges)
   contract::NodeRange range;  // this node's range (checkpoints; the owned state with shard)
   bool sharded = false;       // parallel.shard optimizer: master, m, v of `range` only
@@ -188,6 +189,17 @@ struct NodeOptimizer::Impl {
   template <class F>
   auto on_bucket(int b, const char* what, F&& f) {
     try {
+      // The exchange's span for ringd's timeline (the vector's capacity is reserved: no
+      // allocation on the pipeline thread).
+      struct Span {
+        Impl* s;
+        int b;
+        std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+        ~Span() {
+          if (s->spans.size() < s->spans.capacity())
+            s->spans.push_back({b, t0, std::chrono::steady_clock::now()});
+        }
+      } span{this, b};
       return f();
     } catch (const std::exception& e) {
       throw OptimError("NodeOptimizer: node " + std::to_string(exchange->node()) + ", step " +
@@ -638,6 +650,7 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
   s.state_begin = s.sharded ? s.range.begin : 0;
   s.state_size = s.sharded ? s.range.size() : s.total;
   s.nbuckets = static_cast<int>(layout.buckets().size());
+  s.spans.reserve(static_cast<size_t>(4 * s.nbuckets));
   s.topk = topk;
   s.error_feedback = topk && o.error_feedback;
   s.lazy = o.update == spec::UpdateMode::kLazy;
@@ -716,6 +729,7 @@ void NodeOptimizer::begin_step(int64_t step) {
   s.next_bucket = 0;
   s.bytes_sent = 0;
   s.bytes_weights = 0;
+  s.spans.clear();
   s.selected = 0;
   std::fill(s.grad.begin(), s.grad.end(), nullptr);
   std::fill(s.ss.begin(), s.ss.end(), 0.0);
@@ -841,6 +855,7 @@ StepResult NodeOptimizer::finish_step() {
                .bytes_dense = 4 * s.total,
                .optimizer_s = busy + update_s};
   r.exposed_s = seconds_since(t0);
+  r.exchanges = s.spans;
   return r;
 }
 

@@ -81,6 +81,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -167,6 +168,13 @@ class InProcessExchange {
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
 };
 
+// One exchange of a bucket between nodes (reduce, all-reduce or all-gather), on the steady
+// clock: ringd's timeline shows them.
+struct ExchangeSpan {
+  int bucket = 0;
+  std::chrono::steady_clock::time_point begin, end;
+};
+
 struct StepResult {
   int64_t step = 0;          // the 1-based step just taken
   double lr = 0;             // learning rate used
@@ -189,6 +197,7 @@ struct StepResult {
   double optimizer_s = 0;      // seconds of optimizer work this step (exchange waits included):
                                // pipeline busy time + update time in finish_step
   double exposed_s = 0;        // seconds finish_step took (what the caller waited)
+  std::vector<ExchangeSpan> exchanges;  // the step's bucket exchanges between nodes
   double hidden_fraction() const {  // share of optimizer_s overlapped with the caller's work
     return optimizer_s > 0 ? std::max(0.0, 1.0 - exposed_s / optimizer_s) : 0.0;
   }

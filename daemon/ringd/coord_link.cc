@@ -227,6 +227,27 @@ void CoordLink::report(const std::string& name, const json& f) {
   } else if (name == "stopped") {
     e.kind = proto::EventKind::kJobStopped;
     e.message = clip(f.value("reason", ""), 4000);
+  } else if (name == "straggler" || name == "straggler_cleared") {
+    e.kind = name == "straggler" ? proto::EventKind::kStraggler
+                                 : proto::EventKind::kStragglerCleared;
+    e.steps = opt_i64(f, "steps");
+    if (f.contains("behind_s") && f["behind_s"].is_number())
+      e.behind_s = std::clamp(f["behind_s"].get<double>(), 0.0, 1e7);
+    e.message = clip(f.value("message", ""), 4000);
+    if (!e.rank || (name == "straggler" && (!e.step || !e.steps || !e.behind_s))) return;
+  } else if (name == "hang") {
+    e.kind = proto::EventKind::kHang;
+    if (f.contains("deadline_s") && f["deadline_s"].is_number())
+      e.deadline_s = std::clamp(f["deadline_s"].get<double>(), 0.0, 1e7);
+    if (f.contains("missing") && f["missing"].is_array())
+      for (const json& r : f["missing"])
+        if (r.is_number_integer() && e.missing.size() < 512) e.missing.push_back(r.get<int64_t>());
+    if (f.contains("waiting") && f["waiting"].is_array())
+      for (const json& w : f["waiting"])
+        if (w.is_object() && w.contains("rank") && e.waiting.size() < 512)
+          e.waiting.push_back({w["rank"].get<int64_t>(), clip(w.value("where", "?"), 500)});
+    e.message = clip(f.value("message", ""), 4000);
+    if (!e.step || !e.deadline_s) return;
   } else {
     return;  // ringd-only events (attempt_started, restarting, ...) stay in its log
   }

@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <linux/magic.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -47,6 +50,7 @@
 #include "daemon/ringd/coord_commands.h"
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/job_files.h"
+#include "daemon/ringd/observer.h"
 #include "daemon/ringd/output.h"
 #include "daemon/ringd/owned_paths.h"
 #include "daemon/ringd/startup.h"
@@ -58,6 +62,7 @@
 #include "common/contract/control.h"
 #include "common/contract/shm.h"
 #include "common/contract/step_stats.h"
+#include "common/contract/timeline.h"
 
 namespace ring::ringd {
 namespace {
@@ -144,6 +149,14 @@ class Daemon {
   void worker_failed(Worker& w, const std::string& what);
   // ---- ring-coord (--coord): coord_link.h carries the messages, coord_commands.h reads them
   void on_coord(const protocol::Message& m);
+  // ---- observability (observer.h): timelines, the step's per-rank summary, stragglers, hangs
+  void open_timelines();
+  void unlink_timelines();
+  std::vector<protocol::RankStep> observe_step(int64_t step);
+  bool check_hang(Clock::time_point now);
+  bool report_hang(Clock::time_point now, double deadline, bool fail);
+  void dump_timeline(bool force);
+  std::string node_label() const;
 
   Options o_;
   spec::JobSpec spec_;
@@ -206,6 +219,17 @@ class Daemon {
   std::optional<int64_t> resume_to_;  // resume from the newest complete checkpoint <= this step
   Clock::time_point await_deadline_;
   std::string fatal_error_;           // fatal(): the exit message
+
+  // Observability (observer.h). Each worker's timeline file (on /dev/shm, else in the private
+  // control directory) stays mapped here, so the flight recorder of a stopped, stuck or dead
+  // worker can still be read; ringd's own phases go to daemon_tl_.
+  std::vector<contract::timeline::Mapping> tl_maps_;  // [local rank]
+  std::vector<std::string> tl_paths_;  // their names until unlinked
+  DaemonTimeline daemon_tl_;
+  StragglerTracker stragglers_;
+  Clock::time_point step_began_{};
+  int64_t hang_step_ = 0;        // the step a hang was reported for (once per step)
+  Clock::time_point last_dump_{};
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -443,6 +467,7 @@ void Daemon::run_attempts(int first_attempt) {
 // Every exit path: no worker survives.
 void Daemon::shut_down() {
   supervisor_.kill_all_and_wait();
+  unlink_timelines();
   if (coord_) {
     // A barrier: the coordinator answers this registration after it handled every report before.
     if (!coord_->sync_and_wait(std::chrono::seconds(5)))
@@ -556,6 +581,7 @@ void Daemon::start_attempt() {
   supervisor_.reset(wpn_, o_.node_rank * wpn_, [this](int rank) {
     return fmt::format("{}/logs/worker-{}.log", job_dir_, rank);
   });
+  open_timelines();
   for (Worker& w : workers_) {
     spawn(w);
     // fatal(): the workers already started are killed on the way out
@@ -677,6 +703,8 @@ void Daemon::end_attempt() {
   for (const Worker& w : workers_)
     if (w.running) return;
   control_.close_all();
+  unlink_timelines();
+  dump_timeline(true);  // the attempt's last steps (a failure's flight recorder) stay readable
   const bool had_checkpointer = ckpts_->active();
   ckpts_->close(state_.stop_requested(), steps_->done_step());
   res_->release();
@@ -774,6 +802,7 @@ void Daemon::on_message(const ConnPtr& c, const contract::control::WorkerMessage
     if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.mapped; })) {
       contract::ShmRegion& shm = res_->shm();
       shm.unlink();
+      unlink_timelines();
       log(fmt::format("all {} workers connected; shared memory {} ({:.1f} MiB) mapped and unlinked",
                       wpn_, shm.name(), shm.bytes() / 1048576.0));
       maybe_begin();
@@ -833,6 +862,7 @@ void Daemon::begin_step() {
     dispatch(event_of(attempt::EventKind::kStepFailed, "the optimizer failed"));
     return;
   }
+  step_began_ = Clock::now();
   for (const Worker& w : workers_)
     send(w.local, {{"t", "params"},
                    {"step", steps_->cur_step()},
@@ -858,9 +888,26 @@ void Daemon::on_bucket(Worker& w, int b) {
 void Daemon::maybe_finish_step() {
   if (!steps_->step_complete(workers_)) return;
   StepDriver::Finished f;
+  const int64_t step_in_flight = steps_->cur_step();
+  const int64_t opt0 = contract::timeline::now_ns();
   try {
     Blocking b{this};
     f = steps_->finish_step(workers_, res_->opt(), state_.attempt);
+    // steady_clock is CLOCK_MONOTONIC here, the timeline's clock.
+    auto ns = [](Clock::time_point t) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+    };
+    for (const optim::ExchangeSpan& x : f.result.exchanges)
+      daemon_tl_.record({.kind = contract::timeline::Phase::kExchange,
+                         .step = step_in_flight,
+                         .layer = x.bucket,
+                         .begin_ns = ns(x.begin),
+                         .end_ns = ns(x.end)});
+    daemon_tl_.record({.kind = contract::timeline::Phase::kOptimizer,
+                       .step = step_in_flight,
+                       .begin_ns = opt0,
+                       .end_ns = contract::timeline::now_ns(),
+                       .bytes = f.result.bytes_sent});
   } catch (const std::exception& e) {
     log(fmt::format("step {}: optimizer failed: {}", steps_->cur_step(), e.what()));
     event("optimizer_failed", {{"step", steps_->cur_step()}, {"error", e.what()}});
@@ -886,11 +933,12 @@ void Daemon::maybe_finish_step() {
                         r.bytes_sent / 1e6),
             done_step % std::max<int64_t>(1, spec_.train.log_every) == 0 || done_step == 1 ||
                 done_step == total_steps_);
+  if (coord_) coord_->set_progress(state_.attempt, done_step);
+  std::vector<protocol::RankStep> ranks = observe_step(done_step);
   if (coord_) {
-    coord_->set_progress(state_.attempt, done_step);
     coord_->send(protocol::StepReport{coord_->node(), coord_->job(), state_.attempt, done_step,
                                       st.loss, st.tokens_per_s, f.wall_s,
-                                      j["comm_s"].get<double>(), {}});
+                                      j["comm_s"].get<double>(), std::move(ranks)});
   }
   // A checkpoint at this boundary (periodic, or asked by ring-coord), then the next step or the
   // end of the run.
@@ -899,15 +947,23 @@ void Daemon::maybe_finish_step() {
                           done_step % spec_.checkpoint.every_steps == 0 &&
                           done_step < total_steps_;
   dispatch(e);
+  // After the next step's weights went out: the workers compute while the file is written.
+  if (state_.live()) dump_timeline(false);
 }
 
 void Daemon::checkpoint_now(int64_t step, bool wait) {
   if (!ckpts_->active()) return;
+  const int64_t c0 = contract::timeline::now_ns();
   ckpts_->start(step, {{"cursor", steps_->cursor()}, {"attempt", state_.attempt}, {"world", world_}});
   if (wait) {
     Blocking b{this};
     ckpts_->wait(step);
   }
+  // The part of the checkpoint the loop waited for (the write goes on asynchronously).
+  daemon_tl_.record({.kind = contract::timeline::Phase::kCheckpoint,
+                     .step = step,
+                     .begin_ns = c0,
+                     .end_ns = contract::timeline::now_ns()});
 }
 
 // ---- watching ----------------------------------------------------------------------------------
@@ -980,8 +1036,14 @@ void Daemon::on_tick() {
   const auto now = Clock::now();
   using attempt::Phase;
   if (state_.live() && state_.phase != Phase::kStopping) {
-    if (auto late = supervisor_.overdue(now, unblocked_at_))
-      worker_failed(*late->first, late->second);
+    if (!check_hang(now)) {
+      if (auto late = supervisor_.overdue(now, unblocked_at_)) {
+        // A worker silent past the heartbeat timeout (stopped, or stuck as a whole) during a
+        // step: the flight recorders say where the others wait before it is failed.
+        if (late->first->connected) report_hang(now, o_.heartbeat_timeout_s, false);
+        worker_failed(*late->first, late->second);
+      }
+    }
     if ((state_.finishing || state_.stop_requested()) && now > stop_deadline_)
       dispatch(event_of(attempt::EventKind::kStopTimeout));
   }
@@ -996,6 +1058,159 @@ void Daemon::on_tick() {
   tick_.async_wait([this](const boost::system::error_code& e) {
     if (!e) on_tick();
   });
+}
+
+// ---- observability -----------------------------------------------------------------------------
+
+std::string Daemon::node_label() const {
+  return coord_ ? coord_->node() : fmt::format("node{}", o_.node_rank);
+}
+
+// One timeline file per worker, created (zeroed) before the worker starts and mapped here for
+// the whole attempt. A file that cannot be made leaves that
+// worker without a timeline (said in the log); training does not depend on it.
+void Daemon::open_timelines() {
+  tl_maps_.clear();
+  tl_maps_.resize(workers_.size());
+  unlink_timelines();
+  // tmpfs: /dev/shm when it is one (records then never cause disk writeback in the worker),
+  // else the private control directory (XDG_RUNTIME_DIR is a tmpfs on most systems).
+  struct statfs fs {};
+  const bool shm = ::statfs("/dev/shm", &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+  for (Worker& w : workers_) {
+    const std::string path =
+        shm ? fmt::format("/dev/shm/ringmaster-timeline-u{}-p{}-r{}", ::geteuid(), ::getpid(),
+                          w.rank)
+            : fmt::format("{}/timeline-{}.bin", sock_dir_, w.rank);
+    std::string e = contract::timeline::create_file(path, w.rank);
+    if (e.empty()) e = tl_maps_[w.local].open(path);
+    if (!e.empty()) {
+      log(fmt::format("worker rank {}: no timeline: {}", w.rank, e));
+      w.timeline.clear();
+      continue;
+    }
+    w.timeline = path;
+    tl_paths_.push_back(path);
+  }
+  stragglers_.reset();
+  hang_step_ = 0;
+}
+
+// The timeline files' names go once every worker has mapped its file (ringd keeps its own
+// mappings), at the end of an attempt and on exit: nothing is left in /dev/shm.
+void Daemon::unlink_timelines() {
+  for (const std::string& p : tl_paths_) ::unlink(p.c_str());
+  tl_paths_.clear();
+}
+
+// The step's per-rank summary (the step report's ranks) from the workers' done messages, and
+// the straggler finding it moves.
+std::vector<protocol::RankStep> Daemon::observe_step(int64_t step) {
+  std::vector<protocol::RankStep> ranks;
+  std::vector<RankSample> samples;
+  for (const Worker& w : workers_) {
+    const contract::control::Done& d = w.done_msg;
+    protocol::RankStep r;
+    r.rank = w.rank;
+    r.step_time_s = (d.step_ms + d.data_ms) / 1e3;
+    r.data_s = d.data_ms / 1e3;
+    r.compute_s = d.compute_ms / 1e3;
+    r.wait_s = d.wait_ms / 1e3;
+    r.comm_s = d.comm_ms / 1e3;
+    r.hop_bytes = d.bytes_sent;
+    ranks.push_back(r);
+    samples.push_back({w.rank, d.prev, r.step_time_s, r.wait_s});
+  }
+  const StragglerTracker::Change c = stragglers_.add(step, samples);
+  if (c.cleared) {
+    const json d = straggler_data(*c.cleared, node_label(), true);
+    log(d["message"].get<std::string>());
+    event("straggler_cleared", d);
+  }
+  if (c.named) {
+    const json d = straggler_data(*c.named, node_label(), false);
+    log(d["message"].get<std::string>());
+    event("straggler", d);
+  }
+  return ranks;
+}
+
+// A step in flight past observability.step_deadline_s: report the hang (report_hang), once per
+// step. True when that failed a worker.
+bool Daemon::check_hang(Clock::time_point now) {
+  const double deadline = spec_.observability.step_deadline_s;
+  const int64_t step = steps_->cur_step();
+  if (deadline <= 0 || step == 0 || hang_step_ == step) return false;
+  const double elapsed =
+      std::chrono::duration<double>(now - std::max(step_began_, unblocked_at_)).count();
+  if (elapsed <= deadline) return false;
+  return report_hang(now, deadline, true);
+}
+
+// Reads every worker's flight recorder, reports the hang of the step in flight (`hang`: the ranks
+// that never arrived, where the others wait; `deadline` is what passed: the step deadline, or the
+// heartbeat timeout of a silent worker) and writes the node's timeline into the job directory.
+// With `fail`, a stuck rank of this node is failed like a hung worker (the restart policy
+// follows). When every local rank waits on ranks of other nodes, those nodes' ringd report the
+// stuck ones; this node only says where it waits. True when it failed a worker.
+bool Daemon::report_hang(Clock::time_point now, double deadline, bool fail) {
+  const int64_t step = steps_->cur_step();
+  if (step == 0 || hang_step_ == step) return false;
+  hang_step_ = step;
+  const double elapsed =
+      std::chrono::duration<double>(now - std::max(step_began_, unblocked_at_)).count();
+  std::vector<HangInput> in;
+  for (const Worker& w : workers_) {
+    HangInput h;
+    h.rank = w.rank;
+    h.pid = w.pid;
+    h.done = w.done;
+    h.running = w.running;
+    h.proc_state = proc_state(w.pid);
+    if (w.local < static_cast<int>(tl_maps_.size()) && tl_maps_[w.local].valid())
+      h.snap = contract::timeline::read_mapped(tl_maps_[w.local].data(), step);
+    in.push_back(std::move(h));
+  }
+  const HangFinding f = analyse_hang(step, elapsed, deadline, in, contract::timeline::now_ns());
+  log("hang: " + f.message);
+  event("hang", hang_data(step, deadline, f));
+  dump_timeline(true);
+  if (!fail || f.missing.empty()) return false;
+  for (Worker& w : workers_)
+    if (w.rank == f.missing.front() && w.running) {
+      worker_failed(w, fmt::format("hung in step {} (no progress past the {:g} s step deadline)",
+                                   step, deadline));
+      return true;
+    }
+  return false;
+}
+
+// The node's recent timeline into <job dir>/timeline/node-<K>.jsonl, what `ringctl trace` reads
+// (docs/observability.md): at most every 5 s at a step end, and at once (force) on a hang and at
+// the end of an attempt.
+void Daemon::dump_timeline(bool force) {
+  const auto now = Clock::now();
+  if (!force && now - last_dump_ < std::chrono::seconds(5)) return;
+  if (tl_maps_.empty()) return;
+  last_dump_ = now;
+  const std::string dir = job_dir_ + "/timeline";
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    log(fmt::format("timeline: cannot create {}: {}", dir, std::strerror(errno)));
+    return;
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+    log(fmt::format("timeline: {} is not a directory of ours (a symbolic link?): not written",
+                    dir));
+    return;
+  }
+  std::vector<contract::timeline::Snapshot> snaps;
+  for (const contract::timeline::Mapping& m : tl_maps_)
+    if (m.valid()) snaps.push_back(contract::timeline::read_mapped(m.data()));
+  const std::string e = write_node_timeline(
+      fmt::format("{}/node-{}.jsonl", dir, o_.node_rank), o_.node_rank, node_label(), snaps,
+      daemon_tl_.events(0), 32, 2000000);
+  if (!e.empty()) log("timeline: " + e);
 }
 
 // ---- ring-coord -------------------------------------------------------------------------------

@@ -153,6 +153,10 @@ std::vector<std::string> worker_argv(const WorkerCommand& c, const Worker& w) {
     argv.push_back("--threads");
     argv.push_back(std::to_string(c.threads));
   }
+  if (!w.timeline.empty()) {
+    argv.push_back("--timeline");
+    argv.push_back(w.timeline);
+  }
   return argv;
 }
 

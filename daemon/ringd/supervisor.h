@@ -38,6 +38,7 @@ struct Worker {
   int buckets = 0;        // buckets delivered this step
   bool done = false;      // step finished
   contract::control::Done done_msg;
+  std::string timeline;   // its timeline file (contract/timeline.h), passed as --timeline
 };
 
 // What every worker of an attempt is started with; worker_argv adds the worker's own rank.
@@ -51,7 +52,7 @@ struct WorkerCommand {
   int threads = -1;         // --threads (-1: not given: resources.cpus_per_worker)
 };
 // "<bin> --spec S --rank R --world P --rendezvous D --ringd SOCK --local-rank L --transport T
-// [--threads N]".
+// [--threads N] [--timeline FILE]".
 std::vector<std::string> worker_argv(const WorkerCommand& c, const Worker& w);
 
 // Whether a hello on the control socket comes from a worker this attempt spawned: "" when it is

@@ -172,6 +172,11 @@ TEST(Ringctl, StatusTableJsonAndDetails) {
   ASSERT_TRUE(all.is_array());
   ASSERT_EQ(all.size(), 1u);
   auto one = parse_json(c.ctl("status " + std::to_string(job.id) + " --json").output);
+  // One job's object adds its observability findings (none here).
+  EXPECT_TRUE(one["straggler"].is_null()) << one;
+  EXPECT_TRUE(one["hang"].is_null()) << one;
+  one.erase("straggler");
+  one.erase("hang");
   EXPECT_EQ(one, all[0]);
   EXPECT_EQ(one["job"], job.id);
   EXPECT_EQ(one["state"], "running");
@@ -231,6 +236,74 @@ TEST(Ringctl, UnknownJobAndBadArguments) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   r = c.ctl("status --bogus");
   EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// The observability findings of `status JOB` (docs/observability.md): the current straggler
+// from `straggler` / `straggler_cleared` events, the latest hang with the reports of one attempt
+// and step merged (each node reports what it sees).
+TEST(Ringctl, StatusShowsStragglerAndMergedHang) {
+  Coord c;
+  auto job = start_job(c, c.dir() + "/job", 5);
+  auto client = c.client();
+  proto::Event st;
+  st.kind = proto::EventKind::kStraggler;
+  st.job = job.id;
+  st.attempt = 1;
+  st.rank = 2;
+  st.step = 5;
+  st.steps = 3;
+  st.behind_s = 0.25;
+  st.message = "rank 2 is a straggler";
+  job.d->event(st);
+  for (int64_t missing : {1, 3}) {
+    proto::Event h;
+    h.kind = proto::EventKind::kHang;
+    h.job = job.id;
+    h.attempt = 1;
+    h.step = 6;
+    h.deadline_s = 8;
+    h.missing = {missing};
+    h.waiting = {
+        {missing - 1, "ring recv from rank " + std::to_string(missing) + ", layer 0 hop 0"}};
+    job.d->event(h);
+  }
+  ASSERT_TRUE(wait_for([&] { return client.events(job.id, 0, 1000).size() >= 3; }));
+  ASSERT_TRUE(wait_for([&] {
+    int n = 0;
+    for (const auto& e : client.events(job.id, 0, 1000)) n += e.kind == "hang";
+    return n == 2;
+  }));
+  auto r = c.ctl("status " + std::to_string(job.id) + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json one = parse_json(r.output);
+  ASSERT_TRUE(one["straggler"].is_object()) << one;
+  EXPECT_EQ(one["straggler"]["rank"], 2);
+  EXPECT_EQ(one["straggler"]["node"], "node-a");
+  EXPECT_EQ(one["straggler"]["steps"], 3);
+  ASSERT_TRUE(one["hang"].is_object()) << one;
+  EXPECT_EQ(one["hang"]["step"], 6);
+  EXPECT_EQ(one["hang"]["missing"], json::array({1, 3}));
+  EXPECT_EQ(one["hang"]["waiting"].size(), 2u);
+  r = c.ctl("status " + std::to_string(job.id));
+  EXPECT_TRUE(contains(r.output, "straggler:    rank 2 on node-a (0.250 s behind per step"))
+      << r.output;
+  EXPECT_TRUE(contains(
+      r.output, "hang:         attempt 1 step 6 (deadline 8 s): never arrived: 1, 3"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "rank 0 waits: ring recv from rank 1, layer 0 hop 0")) << r.output;
+  // Cleared: no straggler any more; the hang stays (it happened).
+  proto::Event cl;
+  cl.kind = proto::EventKind::kStragglerCleared;
+  cl.job = job.id;
+  cl.attempt = 1;
+  cl.rank = 2;
+  job.d->event(cl);
+  ASSERT_TRUE(wait_for(
+      [&] { return client.events(job.id, 0, 1000).back().kind == "straggler_cleared"; }));
+  one = parse_json(c.ctl("status " + std::to_string(job.id) + " --json").output);
+  EXPECT_TRUE(one["straggler"].is_null()) << one;
+  EXPECT_TRUE(one["hang"].is_object()) << one;
+  EXPECT_TRUE(contains(c.ctl("status " + std::to_string(job.id)).output, "straggler:    none"));
 }
 
 TEST(Ringctl, EventsTellTheStory) {

@@ -30,7 +30,8 @@ const char* const kSamples[] = {
                   "comm_s":0.03125,"hop_bytes":65536}]})",
     R"({"type":"event","node":"n-0","kind":"worker_exited","job":7,"attempt":2,"rank":3,"pid":4242,
         "signal":9,"exit_code":1,"step":31,"bytes":100,"path":"/ck/31","complete":false,
-        "last_log":["a","b"],"message":"oom"})",
+        "last_log":["a","b"],"message":"oom","steps":3,"behind_s":0.25,"deadline_s":30,
+        "missing":[2],"waiting":[{"rank":1,"where":"ring recv from rank 2, layer 0 hop 0"}]})",
     R"({"type":"command_ack","node":"n-0","cmd":5,"ok":false,"error":"busy"})",
     R"({"type":"registered","node":"n-0","heartbeat_interval_s":0.5,"heartbeat_timeout_s":5,
         "jobs":[{"job":7,"attempt":2,"resume_step":20,"state":"running"}]})",
@@ -216,6 +217,29 @@ TEST(ProtocolTable, EveryMalformedFieldIsRefusedNamingMessageAndField) {
   saved["kind"] = "checkpoint_saved";
   saved.erase("bytes");
   expect_refused(saved, "event", "bytes", "checkpoint_saved without bytes");
+  // The observability kinds: a sample of each parses, and each refuses its missing field.
+  json straggler = sample("event");
+  straggler["kind"] = "straggler";
+  EXPECT_EQ(refusal(straggler), "");
+  straggler.erase("behind_s");
+  expect_refused(straggler, "event", "behind_s", "straggler without behind_s");
+  json cleared = sample("event");
+  cleared["kind"] = "straggler_cleared";
+  EXPECT_EQ(refusal(cleared), "");
+  cleared.erase("rank");
+  expect_refused(cleared, "event", "rank", "straggler_cleared without rank");
+  json hang = sample("event");
+  hang["kind"] = "hang";
+  EXPECT_EQ(refusal(hang), "");
+  hang.erase("deadline_s");
+  expect_refused(hang, "event", "deadline_s", "hang without deadline_s");
+  json bad_missing = sample("event");
+  bad_missing["kind"] = "hang";
+  bad_missing["missing"] = json::array({-1});
+  expect_refused(bad_missing, "event", "missing", "hang with a negative rank");
+  json bad_where = sample("event");
+  bad_where["waiting"][0]["where"] = "";
+  expect_refused(bad_where, "event", "waiting[0].where", "empty where");
   json sj = sample("slurm_job");
   sj["slurm_job_id"] = "12x";
   expect_refused(sj, "slurm_job", "slurm_job_id", "not a Slurm job id");

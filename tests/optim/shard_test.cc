@@ -123,6 +123,15 @@ Run run_nodes(const spec::JobSpec& spec, int nodes, int steps) {
             opt.bucket_ready(b.index, g.data() + b.begin);
           }
           const StepResult r = opt.finish_step();
+          // Every bucket's exchange between nodes is reported for ringd's timeline.
+          if (nodes > 1 && r.exchanges.size() < layout.buckets().size())
+            throw std::runtime_error("step " + std::to_string(s) + ": " +
+                                     std::to_string(r.exchanges.size()) + " exchange spans for " +
+                                     std::to_string(layout.buckets().size()) + " buckets");
+          for (const ExchangeSpan& x : r.exchanges)
+            if (x.end < x.begin || x.bucket < 0 ||
+                x.bucket >= static_cast<int>(layout.buckets().size()))
+              throw std::runtime_error("a malformed exchange span");
           StepView v;
           v.weights = weights[i];
           v.grad_norm = r.grad_norm;

@@ -10,7 +10,8 @@
 //   KilledWorkerRolledBack: kill -9 of a worker: ring-coord applies the restart policy (stop,
 //     roll_back to attempt 2 from the latest checkpoint), ringd resumes and the job completes.
 //   HungWorkerIsDetected: SIGSTOP of a worker: ringd reports it hung (worker_died, "hung") within
-//     its --heartbeat-timeout, stops the node, the job fails (max_restarts 0), ringd exits 1.
+//     its --heartbeat-timeout, with a `hang` event (it missing, the other rank waiting), stops the
+//     node, the job fails (max_restarts 0), ringd exits 1.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -279,6 +280,18 @@ TEST(RingdCoord, HungWorkerIsDetected) {
     if (e.kind == "worker_died" && e.data.value("message", "").find("hung") != std::string::npos)
       hung = true;
   EXPECT_TRUE(hung) << "no worker_died event saying the worker hung";
+  // Before failing it ringd read the flight recorders: a `hang` event names rank 1 missing and
+  // rank 0 waiting (the step deadline is far; the heartbeat timeout passed).
+  bool hang = false;
+  for (const auto& e : c.events(job))
+    if (e.kind == "hang") {
+      hang = true;
+      EXPECT_EQ(e.data.value("missing", json::array()), json::array({1})) << e.data.dump();
+      ASSERT_EQ(e.data.value("waiting", json::array()).size(), 1u) << e.data.dump();
+      EXPECT_EQ(e.data["waiting"][0].value("rank", -1), 0) << e.data.dump();
+      EXPECT_DOUBLE_EQ(e.data.value("deadline_s", 0.0), 5.0) << e.data.dump();
+    }
+  EXPECT_TRUE(hang) << "no hang event";
   EXPECT_TRUE(processes_mentioning(jd).empty());
 }
 

@@ -4,7 +4,10 @@
 #include <random>
 #include <string>
 
+#include "common/contract/timeline.h"
+
 namespace ring::model {
+namespace timeline = contract::timeline;
 namespace {
 
 uint64_t splitmix64(uint64_t x) {
@@ -371,15 +374,29 @@ LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
   prepare(batch);
   embed_forward();
   const int layers = static_cast<int>(config_.layers);
-  for (int l = 0; l < layers; ++l) layer_forward(l, acts_[config_.recompute ? 0 : l]);
+  // Each layer's forward and backward into the process's timeline (contract/timeline.h), when
+  // there is one; the ring hops inside them are recorded by the attention executor.
+  timeline::TimelineWriter* tl = timeline::active();
+  auto phase = [tl](timeline::Phase kind, int l, int64_t t0) {
+    if (tl)
+      tl->record({.kind = kind, .step = tl->step(), .layer = l, .begin_ns = t0,
+                  .end_ns = timeline::now_ns()});
+  };
+  for (int l = 0; l < layers; ++l) {
+    const int64_t t0 = tl ? timeline::now_ns() : 0;
+    layer_forward(l, acts_[config_.recompute ? 0 : l]);
+    phase(timeline::Phase::kForward, l, t0);
+  }
   LossResult r = head_forward(global_valid, true);
   head_backward();
   if (on_bucket) on_bucket(layout_.head_bucket());
   for (int l = layers - 1; l >= 0; --l) {
+    const int64_t t0 = tl ? timeline::now_ns() : 0;
     LayerActs& a = acts_[config_.recompute ? 0 : l];
     // With recompute the shared activations still hold the last block's forward.
     if (config_.recompute && l != layers - 1) layer_forward(l, a);
     layer_backward(l, a);
+    phase(timeline::Phase::kBackward, l, t0);
     if (on_bucket) on_bucket(layout_.layer_bucket(l));
   }
   check_status(backend_->embedding_backward(t_, config_.vocab, config_.d_model, ids_.data(),

@@ -10,10 +10,13 @@
 #include "fmt/format.h"
 #include "worker/ring/ring_messages.h"
 
+#include "common/contract/timeline.h"
+
 namespace ring::cp {
 
 using model::check_status;
 using Clock = std::chrono::steady_clock;
+namespace timeline = contract::timeline;
 
 namespace {
 
@@ -102,10 +105,22 @@ RingAttention::Offsets RingAttention::offsets(int64_t t) const {
 void RingAttention::exchange_token_counts(int64_t tokens) {
   std::vector<int64_t> by_rank(ring_.world, 0);
   if (ring_.world > 1) {
+    // A collective of the ring: in the timeline (and the flight recorder) as a wait on all.
+    timeline::TimelineWriter* tl = timeline::active();
+    const int64_t step_no = tl ? tl->step() : 0;
+    if (tl) tl->wait_begin(timeline::Phase::kCollective, step_no, -1, -1, -1);
+    const int64_t c0 = timeline::now_ns();
     progress_->collective([&](transport::TransportComm& c) {
       c.check(c.api().all_gather(c.get(), &tokens, by_rank.data(), sizeof(int64_t), 0),
               "ring attention: all_gather of token counts");
     });
+    const int64_t c1 = timeline::now_ns();
+    rstats_.recv_wait_s += (c1 - c0) * 1e-9;
+    if (tl) {
+      tl->wait_end();
+      tl->record({.kind = timeline::Phase::kCollective, .step = step_no, .begin_ns = c0,
+                  .end_ns = c1});
+    }
   } else {
     by_rank[0] = tokens;
   }
@@ -296,21 +311,58 @@ int RingAttention::send_kv(int buf_index, size_t bytes, uint32_t tag) {
       Clock::now() + std::chrono::microseconds(options_.stagger_us * ring_.position);
   rstats_.hops++;
   rstats_.bytes_sent += static_cast<int64_t>(bytes);
-  return progress_->post_send(kv_buf_[buf_index].data(), bytes, ring_.next, tag,
-                              options_.stagger_us > 0 ? not_before : Clock::time_point{});
+  const int h = progress_->post_send(kv_buf_[buf_index].data(), bytes, ring_.next, tag,
+                                     options_.stagger_us > 0 ? not_before : Clock::time_point{});
+  posted(h);
+  return h;
 }
 
 int RingAttention::recv_kv(int buf_index, uint32_t tag) {
-  return progress_->post_recv(kv_buf_[buf_index].data(), offsets(max_tokens_).total, ring_.prev,
-                              tag);
+  const int h = progress_->post_recv(kv_buf_[buf_index].data(), offsets(max_tokens_).total,
+                                     ring_.prev, tag);
+  posted(h);
+  return h;
 }
 
-size_t RingAttention::finish(int* handle, const char* what, int peer, int layer, int step) {
+void RingAttention::posted(int handle) {
+  if (handle >= 0 && handle < kMaxTracked) posted_ns_[handle] = timeline::now_ns();
+}
+
+size_t RingAttention::finish(int* handle, const char* what, int peer, int layer, int step,
+                             bool recv) {
   if (*handle < 0) return 0;
-  const auto t0 = Clock::now();
+  timeline::TimelineWriter* tl = timeline::active();
+  const int64_t step_no = tl ? tl->step() : 0;
+  // The flight recorder's "where": blocked on a receive from prev or on a send to next (a
+  // large send completes only when the receiver takes it).
+  if (tl)
+    tl->wait_begin(recv ? timeline::Phase::kRingWait : timeline::Phase::kRingSend, step_no, layer,
+                   static_cast<int16_t>(step), peer + options_.rank_offset);
+  const int64_t w0 = timeline::now_ns();
   ProgressEngine::Result r = progress_->wait(*handle, options_.timeout_ms);
-  rstats_.wait_s += seconds_since(t0);
+  const int64_t w1 = timeline::now_ns();
+  const double waited = (w1 - w0) * 1e-9;
+  rstats_.wait_s += waited;
+  (recv ? rstats_.recv_wait_s : rstats_.send_wait_s) += waited;
   rstats_.stagger_s += r.held_back_s;
+  if (tl) {
+    tl->wait_end();
+    const int64_t p0 = *handle < kMaxTracked ? posted_ns_[*handle] : w0;
+    timeline::Event e{.kind = recv ? timeline::Phase::kRingRecv : timeline::Phase::kRingSend,
+                      .step = step_no,
+                      .layer = layer,
+                      .hop = static_cast<int16_t>(step),
+                      .peer = peer + options_.rank_offset,
+                      .begin_ns = std::min(p0, w0),
+                      .end_ns = w1,
+                      .bytes = static_cast<int64_t>(r.bytes)};
+    tl->record(e);
+    if (recv) {
+      e.kind = timeline::Phase::kRingWait;
+      e.begin_ns = w0;
+      tl->record(e);
+    }
+  }
   *handle = -1;
   if (r.status != RING_TRANSPORT_OK)
     throw transport::TransportError(
@@ -352,8 +404,8 @@ void RingAttention::forward(const model::AttentionCall& call, float* out, float*
       ++rstats_.blocks_skipped;
     }
     rstats_.compute_s += seconds_since(t0);
-    received = finish(&hr, "receive of a K/V block from", ring_.prev, call.layer, s);
-    finish(&hs, "send of a K/V block to", ring_.next, call.layer, s);
+    received = finish(&hr, "receive of a K/V block from", ring_.prev, call.layer, s, true);
+    finish(&hs, "send of a K/V block to", ring_.next, call.layer, s, false);
   }
   if (!have_out) {  // no key anywhere (only possible with no tokens)
     check_status(backend_->fill(rows * call.head_dim, 0.f, out), "fill");
@@ -402,7 +454,10 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
       hs = send_kv(cur, offsets(bt).total, kTagBackwardKv);
     }
     // The accumulator of this block arrives from prev (it left there at step s-1).
-    if (comm && s > 0) hd = progress_->post_recv(dkv_in_[cur].data(), dkv_cap, ring_.prev, kTagDkv);
+    if (comm && s > 0) {
+      hd = progress_->post_recv(dkv_in_[cur].data(), dkv_cap, ring_.prev, kTagDkv);
+      posted(hd);
+    }
     ++rstats_.blocks_total;
     auto t0 = Clock::now();
     const auto [plo, phi] = key_range(call, b);
@@ -421,13 +476,13 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
     if (!comm) continue;
     // Outgoing accumulator = incoming (+ this rank's partial rows [plo, phi)); the buffer's send
     // of step s-2 must be complete before it is rewritten.
-    finish(&dkv_send[cur], "send of a dK/dV accumulator to", ring_.next, call.layer, s);
+    finish(&dkv_send[cur], "send of a dK/dV accumulator to", ring_.next, call.layer, s, false);
     char* out = dkv_out_[cur].data();
     size_t out_bytes = 0;
     if (s > 0) {
       const char* in = dkv_in_[cur].data();
       const size_t in_bytes =
-          finish(&hd, "receive of a dK/dV accumulator from", ring_.prev, call.layer, s);
+          finish(&hd, "receive of a dK/dV accumulator from", ring_.prev, call.layer, s, true);
       const Range ir = parse(in, in_bytes, bt, s);
       t0 = Clock::now();
       if (!allowed) {
@@ -458,17 +513,20 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
     rstats_.hops++;
     rstats_.bytes_sent += static_cast<int64_t>(out_bytes);
     dkv_send[cur] = progress_->post_send(out, out_bytes, ring_.next, kTagDkv);
-    received = finish(&hr, "receive of a K/V block from", ring_.prev, call.layer, s);
-    finish(&hs, "send of a K/V block to", ring_.next, call.layer, s);
+    posted(dkv_send[cur]);
+    received = finish(&hr, "receive of a K/V block from", ring_.prev, call.layer, s, true);
+    finish(&hs, "send of a K/V block to", ring_.next, call.layer, s, false);
   }
   // The own block's accumulator comes home after its P-th hop: dK/dV = own partial + its rows.
   float* own = dkv_own_.data();
   if (comm) {
     const char* home = dkv_in_[p % 2].data();
     int hd = progress_->post_recv(dkv_in_[p % 2].data(), dkv_cap, ring_.prev, kTagDkv);
+    posted(hd);
     const size_t got = finish(&hd, "receive of the own dK/dV accumulator from", ring_.prev,
-                              call.layer, p);
-    for (int& h : dkv_send) finish(&h, "send of a dK/dV accumulator to", ring_.next, call.layer, p);
+                              call.layer, p, true);
+    for (int& h : dkv_send)
+      finish(&h, "send of a dK/dV accumulator to", ring_.next, call.layer, p, false);
     const Range r = parse(home, got, t, p);
     if (got) {
       const auto t0 = Clock::now();

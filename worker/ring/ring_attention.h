@@ -73,6 +73,8 @@ struct RingStats {
   int64_t blocks_skipped = 0;  // pairs with no allowed (q, k) pair: no kernel call
   double compute_s = 0;        // time in kernels (attention, merge, adds)
   double wait_s = 0;           // time blocked in wait() after the compute ran out
+  double recv_wait_s = 0;      // of wait_s: blocked on a receive (the sender is late)
+  double send_wait_s = 0;      // of wait_s: blocked on a send
   double stagger_s = 0;        // of wait_s: time spent holding back a staggered send
 };
 
@@ -90,6 +92,7 @@ class RingAttention final : public model::AttentionExecutor {
   struct Options {
     int64_t stagger_us = 0;  // per ring position: position x stagger_us
     int timeout_ms = 60000;  // bound on each wait for a transfer
+    int rank_offset = 0;     // global rank of ring rank 0 (the timeline names global ranks)
   };
 
   // progress (and its comm, a host-memory transport) and backend must outlive this object.
@@ -152,7 +155,13 @@ class RingAttention final : public model::AttentionExecutor {
   // Transfers of one step; handle -1 = none.
   int send_kv(int buf_index, size_t bytes, uint32_t tag);
   int recv_kv(int buf_index, uint32_t tag);
-  size_t finish(int* handle, const char* what, int peer, int layer, int step);
+  // Waits for a transfer of ring step `step` (the hop) and records it in the process's timeline
+  // (contract/timeline.h: the send or receive from post to completion, and for a receive the
+  // blocked part as a wait on `peer`).
+  size_t finish(int* handle, const char* what, int peer, int layer, int step, bool recv);
+  void posted(int handle);  // remembers when a transfer was posted (the timeline's hop start)
+  static constexpr int kMaxTracked = 64;
+  int64_t posted_ns_[kMaxTracked] = {};
 
   kernels::Backend* backend_;
   ProgressEngine* progress_;

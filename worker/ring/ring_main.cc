@@ -15,10 +15,12 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "common/contract/timeline.h"
 #include "common/log/log.h"
 #include "common/proc/reap.h"
 #include "common/proc/spawn.h"
@@ -30,6 +32,7 @@
 #include "worker/data/split.h"
 #include "worker/flags.h"
 #include "worker/offload/ringd_client.h"
+#include "worker/ring/debug_inject.h"
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_rank.h"
 #include "worker/train/trainer.h"
@@ -259,9 +262,49 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;
   ao.timeout_ms = args.timeout_ms;
+  ao.rank_offset = rr.replica() * rr.ring().world;
   RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
   model::Model model(model::ModelConfig::from_spec(spec), backend.get(), &attention);
   const int64_t n = model.layout().total();
+
+  // The phase timeline (ringd's file, contract/timeline.h) and the debug aids (debug_inject.h).
+  DebugInject inject;
+  if (const std::string e = parse_debug_inject(std::getenv("RING_DEBUG_DELAY"),
+                                               std::getenv("RING_DEBUG_BLOCK"), rank, &inject);
+      !e.empty()) {
+    logger()->error("rank {}: {}", rank, e);
+    return kExitUsage;
+  }
+  namespace tl = contract::timeline;
+  tl::TimelineWriter timeline;
+  bool timeline_alternate = false;  // the benchmark's mode: records in even steps only
+  if (!args.timeline.empty()) {
+    if (const std::string e = timeline.open(args.timeline, rank, ::getpid()); !e.empty()) {
+      logger()->error("rank {}: {}", rank, e);
+      return kExitRuntime;
+    }
+    const char* mode = std::getenv("RING_TIMELINE");
+    const std::string m = mode ? mode : "";
+    if (!m.empty() && m != "on" && m != "off" && m != "alternate") {
+      logger()->error("rank {}: RING_TIMELINE must be on, off or alternate, not '{}'", rank, m);
+      return kExitUsage;
+    }
+    timeline.set_enabled(m != "off");
+    timeline_alternate = m == "alternate";
+    tl::set_active(&timeline);
+  }
+  // A collective over every rank, recorded as a wait on all of them (peer -1).
+  double collective_s = 0;
+  auto collective = [&](int64_t step, auto&& body) {
+    timeline.wait_begin(tl::Phase::kCollective, step, -1, -1, -1);
+    const int64_t c0 = tl::now_ns();
+    body();
+    const int64_t c1 = tl::now_ns();
+    timeline.wait_end();
+    timeline.record({.kind = tl::Phase::kCollective, .step = step, .begin_ns = c0, .end_ns = c1});
+    collective_s += (c1 - c0) * 1e-9;
+  };
+  const int64_t prev_rank = rr.ring().world > 1 ? rr.ring().prev + ao.rank_offset : -1;
 
   offload::ClientOptions co;
   co.rank = rank;
@@ -284,23 +327,50 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   // From here on transfers may be in flight: an error exits at once, without unwinding.
   return run_then_exit_on_error("ring-worker: rank " + std::to_string(rank), kExitRuntime, [&] {
     for (;;) {
+      timeline.wait_begin(tl::Phase::kParamsWait, timeline.step() + 1, -1, -1, -1);
+      const int64_t p0 = tl::now_ns();
       offload::Command cmd = client.next(weights);
+      timeline.wait_end();
       if (cmd.stop) break;
+      timeline.set_step(cmd.step);
+      if (timeline_alternate) timeline.set_enabled(cmd.step % 2 == 0);
+      const int64_t s0 = tl::now_ns();
+      timeline.record({.kind = tl::Phase::kParamsWait, .step = cmd.step, .begin_ns = p0,
+                       .end_ns = s0});
       if (!host_backend) model.set_params(client.shm().params(), n);
+      if (inject.block_step == cmd.step) {
+        logger()->warn("rank {}: RING_DEBUG_BLOCK: blocking the main thread in step {}", rank,
+                       cmd.step);
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      if (inject.delay_ms > 0 && cmd.step >= inject.delay_from)
+        std::this_thread::sleep_for(std::chrono::milliseconds(inject.delay_ms));
       const StepData sd = next_step_data(*source, spec, rr);
+      const int64_t d1 = tl::now_ns();
+      timeline.record({.kind = tl::Phase::kData, .step = cmd.step, .begin_ns = s0, .end_ns = d1});
       const RingStats r0 = attention.ring_stats();
+      collective_s = 0;
+      double handover_s = 0;
       const auto t0 = std::chrono::steady_clock::now();
-      const int64_t global_valid = std::max<int64_t>(rr.global_count(sd.local_valid), 1);
+      int64_t global_count = 0;
+      collective(cmd.step, [&] { global_count = rr.global_count(sd.local_valid); });
+      const int64_t global_valid = std::max<int64_t>(global_count, 1);
       // Micro-batches accumulate into the gradient buffer; a bucket is complete only in the last
       // one's backward, so only that backward hands buckets to ringd.
       model.zero_grads();
       const model::BucketReadyFn to_ringd = [&](const model::GradBucket& b) {
+        const int64_t h0 = tl::now_ns();
         if (host_backend) {
           client.bucket(cmd.step, b, model.grads());
         } else {
           model.copy_grads_to_host(b.begin, b.end, client.slot() + b.begin);
           client.bucket_written(cmd.step, b);
         }
+        const int64_t h1 = tl::now_ns();
+        timeline.record({.kind = tl::Phase::kHandover, .step = cmd.step,
+                         .layer = static_cast<int32_t>(b.index), .begin_ns = h0, .end_ns = h1,
+                         .bytes = (b.end - b.begin) * static_cast<int64_t>(sizeof(float))});
+        handover_s += (h1 - h0) * 1e-9;
       };
       model::LossResult loss;
       for (size_t m = 0; m < sd.shards.size(); ++m) {
@@ -320,7 +390,9 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       };
       Part mine{loss.loss_sum, loss.valid, cmd.stop_requested ? 1 : 0};
       std::vector<Part> all(world);
-      rr.all_gather(&mine, all.data(), sizeof(Part), args.timeout_ms, "all_gather of the loss");
+      collective(cmd.step, [&] {
+        rr.all_gather(&mine, all.data(), sizeof(Part), args.timeout_ms, "all_gather of the loss");
+      });
       double loss_sum = 0;
       int64_t valid = 0;
       bool stop = false;
@@ -332,6 +404,13 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const RingStats& r1 = attention.ring_stats();
+      // The step's summary: waits on peers (ring receives, collectives), sends and handovers,
+      // and the rest as compute.
+      const double data_ms = (d1 - s0) * 1e-6;
+      const double wait_ms = ((r1.recv_wait_s - r0.recv_wait_s) + collective_s) * 1e3;
+      const double comm_ms = ((r1.send_wait_s - r0.send_wait_s) + handover_s) * 1e3;
+      const int64_t s1 = tl::now_ns();
+      timeline.record({.kind = tl::Phase::kStep, .step = cmd.step, .begin_ns = s0, .end_ns = s1});
       client.done(contract::control::Done{.step = cmd.step,
                                           .loss_sum = loss_sum,
                                           .valid = valid,
@@ -340,7 +419,12 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
                                           .ring_wait_ms = (r1.wait_s - r0.wait_s) * 1e3,
                                           .bytes_sent = r1.bytes_sent - r0.bytes_sent,
                                           .cursor = source->cursor(),
-                                          .stop = stop});
+                                          .stop = stop,
+                                          .data_ms = data_ms,
+                                          .compute_ms = std::max(0.0, step_ms - wait_ms - comm_ms),
+                                          .wait_ms = wait_ms,
+                                          .comm_ms = comm_ms,
+                                          .prev = prev_rank});
     }
     rr.shutdown();
     return 0;

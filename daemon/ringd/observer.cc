@@ -1,0 +1,284 @@
+#include "daemon/ringd/observer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "common/files/atomic_write.h"
+
+namespace ring::ringd {
+
+namespace tl = contract::timeline;
+using json = nlohmann::json;
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+// ---- stragglers --------------------------------------------------------------------------------
+
+std::pair<int64_t, double> StragglerTracker::last_of(const std::vector<RankSample>& ranks,
+                                                     double min_behind_s, double min_fraction) {
+  if (ranks.size() < 2) return {-1, 0};
+  std::vector<double> steps;
+  for (const RankSample& r : ranks) steps.push_back(r.step_s);
+  const double threshold = std::max(min_behind_s, min_fraction * median(steps));
+  int64_t best = -1;
+  double best_score = 0;
+  for (const RankSample& s : ranks) {
+    // What s's successor waited (the rank receiving from s), or the others' median wait when
+    // the successor is not among the samples (on another node, or no ring).
+    std::optional<double> succ;
+    std::vector<double> others;
+    for (const RankSample& r : ranks) {
+      if (r.rank == s.rank) continue;
+      others.push_back(r.wait_s);
+      if (r.prev == s.rank) succ = r.wait_s;
+    }
+    const double score = succ.value_or(median(others)) - s.wait_s;
+    if (score > best_score) {
+      best_score = score;
+      best = s.rank;
+    }
+  }
+  if (best_score <= threshold) return {-1, 0};
+  return {best, best_score};
+}
+
+StragglerTracker::Finding StragglerTracker::summarise(int64_t rank) const {
+  Finding f;
+  f.rank = rank;
+  std::vector<double> behind;
+  for (const Last& l : last_)
+    if (l.rank == rank) {
+      ++f.steps;
+      f.step = std::max(f.step, l.step);
+      behind.push_back(l.behind_s);
+    }
+  f.behind_s = median(behind);
+  return f;
+}
+
+StragglerTracker::Change StragglerTracker::add(int64_t step, const std::vector<RankSample>& ranks) {
+  const auto [rank, behind] = last_of(ranks, o_.min_behind_s, o_.min_fraction);
+  last_.push_back({step, rank, behind});
+  while (static_cast<int>(last_.size()) > o_.window) last_.pop_front();
+  // The rank last most often in the window.
+  std::map<int64_t, int> count;
+  for (const Last& l : last_)
+    if (l.rank >= 0) ++count[l.rank];
+  int64_t top = -1;
+  int top_n = 0;
+  for (const auto& [r, n] : count)
+    if (n > top_n) {
+      top = r;
+      top_n = n;
+    }
+  Change c;
+  if (current_) {
+    const int n = count.count(current_->rank) ? count[current_->rank] : 0;
+    if (n <= o_.clear_at || (top != current_->rank && top_n >= o_.name_after && top_n > n)) {
+      c.cleared = summarise(current_->rank);
+      current_.reset();
+    } else {
+      current_ = summarise(current_->rank);
+    }
+  }
+  if (!current_ && top >= 0 && top_n >= o_.name_after) {
+    current_ = summarise(top);
+    c.named = current_;
+  }
+  return c;
+}
+
+json straggler_data(const StragglerTracker::Finding& f, const std::string& node, bool cleared) {
+  json d = {{"rank", f.rank},
+            {"node", node},
+            {"step", f.step},
+            {"steps", f.steps},
+            {"behind_s", f.behind_s}};
+  d["message"] = cleared
+                     ? fmt::format(
+                           "rank {} on {} is no longer a straggler (last in {} of the recent "
+                           "steps)",
+                           f.rank, node, f.steps)
+                     : fmt::format(
+                           "rank {} on {} is a straggler: the ranks after it waited {:.3f} s for "
+                           "it per step (median), last in {} of the recent steps (step {})",
+                           f.rank, node, f.behind_s, f.steps, f.step);
+  return d;
+}
+
+// ---- hangs -------------------------------------------------------------------------------------
+
+std::string describe_wait(const tl::Event& c) {
+  switch (c.kind) {
+    case tl::Phase::kRingWait:
+      return fmt::format("ring recv from rank {}, layer {} hop {}", c.peer, c.layer, c.hop);
+    case tl::Phase::kRingSend:
+      return fmt::format("ring send to rank {}, layer {} hop {}", c.peer, c.layer, c.hop);
+    case tl::Phase::kCollective:
+      return "collective over all ranks (label count, loss or token-count all_gather)";
+    case tl::Phase::kParamsWait:
+      return "waiting for ringd's weights";
+    default:
+      return tl::phase_name(c.kind);
+  }
+}
+
+char proc_state(pid_t pid) {
+  if (pid <= 0) return '?';
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos || close + 2 >= text.size()) return '?';
+  return text[close + 2];
+}
+
+HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
+                         const std::vector<HangInput>& workers, int64_t now_ns) {
+  HangFinding f;
+  std::vector<std::string> why;
+  for (const HangInput& w : workers) {
+    if (w.done) continue;
+    // Ended or ending (a zombie not reaped yet, e.g. a rank that just failed on a lost peer):
+    // its death is reported as such, it is not what the step waits for.
+    if (!w.running || w.proc_state == 'Z' || w.proc_state == 'X') continue;
+    const bool stopped = w.proc_state == 'T' || w.proc_state == 't';
+    const tl::Event& cur = w.snap.current;
+    const bool peer_wait =
+        w.snap.ok && (cur.kind == tl::Phase::kRingWait || cur.kind == tl::Phase::kRingSend ||
+                      cur.kind == tl::Phase::kCollective);
+    if (!stopped && peer_wait) {
+      f.waiting.push_back({w.rank, describe_wait(cur)});
+      continue;
+    }
+    // Moving right now (its main thread recorded progress within the last second): not stuck.
+    const double idle_s = (now_ns - w.snap.progress_ns) * 1e-9;
+    if (!stopped && w.snap.ok && idle_s < std::min(1.0, 0.5 * deadline_s)) continue;
+    f.missing.push_back(w.rank);
+    if (stopped) {
+      why.push_back(fmt::format("rank {} is stopped (SIGSTOP)", w.rank));
+    } else if (!w.snap.ok) {
+      why.push_back(fmt::format("rank {} has no flight recorder", w.rank));
+    } else {
+      std::string last = "nothing yet";
+      if (!w.snap.events.empty()) {
+        const tl::Event& e = w.snap.events.back();
+        last = fmt::format("{} of step {}{}", tl::phase_name(e.kind), e.step,
+                           e.layer >= 0 ? fmt::format(" layer {}", e.layer) : "");
+      }
+      why.push_back(
+          fmt::format("rank {} made no progress for {:.1f} s outside any wait (main "
+                      "thread stuck; last finished {})",
+                      w.rank, (now_ns - w.snap.progress_ns) * 1e-9, last));
+    }
+  }
+  std::string waits;
+  for (const auto& w : f.waiting)
+    waits += fmt::format("{}rank {}: {}", waits.empty() ? "" : "; ", w.rank, w.where);
+  std::string whys;
+  for (const std::string& s : why) whys += (whys.empty() ? "" : "; ") + s;
+  f.message = fmt::format(
+      "step {} still in flight after {:.1f} s (deadline {:g} s): {}{}", step, elapsed_s, deadline_s,
+      f.missing.empty() ? std::string("no rank of this node is stuck: its ranks wait on ranks of "
+                                      "other nodes")
+                        : "never arrived: " + whys,
+      waits.empty() ? "" : "; waiting: " + waits);
+  return f;
+}
+
+json hang_data(int64_t step, double deadline_s, const HangFinding& f) {
+  json waiting = json::array();
+  for (const auto& w : f.waiting) waiting.push_back({{"rank", w.rank}, {"where", w.where}});
+  return {{"step", step},
+          {"deadline_s", deadline_s},
+          {"missing", f.missing},
+          {"waiting", waiting},
+          {"message", f.message}};
+}
+
+// ---- the node's timeline file ------------------------------------------------------------------
+
+void DaemonTimeline::record(const tl::Event& e) {
+  if (ring_.empty()) return;
+  ring_[next_ % ring_.size()] = e;
+  ++next_;
+}
+
+std::vector<tl::Event> DaemonTimeline::events(int64_t min_step) const {
+  std::vector<tl::Event> out;
+  const uint64_t first = next_ > ring_.size() ? next_ - ring_.size() : 0;
+  for (uint64_t i = first; i < next_; ++i) {
+    const tl::Event& e = ring_[i % ring_.size()];
+    if (e.step >= min_step) out.push_back(e);
+  }
+  return out;
+}
+
+std::string write_node_timeline(const std::string& path, int node_rank, const std::string& node,
+                                const std::vector<tl::Snapshot>& ranks,
+                                const std::vector<tl::Event>& ringd_events, int64_t steps,
+                                size_t max_records) {
+  int64_t newest = 0;
+  for (const tl::Snapshot& s : ranks)
+    for (const tl::Event& e : s.events) newest = std::max(newest, e.step);
+  for (const tl::Event& e : ringd_events) newest = std::max(newest, e.step);
+  int64_t from = std::max<int64_t>(0, newest - steps + 1);
+  // Fewer steps when the records of `steps` steps would pass max_records (the newest kept).
+  std::map<int64_t, size_t> per_step;
+  size_t total = 0;
+  auto count = [&](const tl::Event& e) {
+    if (e.step >= from) {
+      ++per_step[e.step];
+      ++total;
+    }
+  };
+  for (const tl::Snapshot& s : ranks)
+    for (const tl::Event& e : s.events) count(e);
+  for (const tl::Event& e : ringd_events) count(e);
+  for (auto it = per_step.begin(); total > max_records && it != per_step.end(); ++it) {
+    total -= it->second;
+    from = it->first + 1;
+  }
+  std::string out;
+  json ids = json::array();
+  for (const tl::Snapshot& s : ranks) ids.push_back(s.rank);
+  const int64_t mono = tl::now_ns(), unix_now = tl::unix_ns();
+  out += json{{"node_rank", node_rank},
+              {"node", node},
+              {"ranks", ids},
+              {"clock", {{"mono_ns", mono}, {"unix_ns", unix_now}}}}
+             .dump() +
+         "\n";
+  size_t n = 0;
+  auto line = [&](int64_t rank, const tl::Event& e) {
+    if (e.step < from || n >= max_records) return;
+    ++n;
+    out += fmt::format("[{},{},\"{}\",{},{},{},{},{},{}]\n", rank, e.step, tl::phase_name(e.kind),
+                       e.layer, e.hop, e.peer, e.begin_ns, e.end_ns, e.bytes);
+  };
+  for (const tl::Event& e : ringd_events) line(-1, e);
+  for (const tl::Snapshot& s : ranks)
+    for (const tl::Event& e : s.events) line(s.rank, e);
+  try {
+    files::write_file_atomic(path, out, 0600, false);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace ring::ringd
