@@ -51,26 +51,14 @@ std::vector<proto::RankStepRecord> rank_rows(Store& store, int64_t job, int64_t 
   std::vector<proto::RankStepRecord> out;
   auto last = latest_key(store, "rank_steps", job);
   if (!last) return out;
-  Stmt& s = store.db().prepare(
-      "SELECT attempt, step, node, rank, step_time_s, data_s, compute_s, wait_s, comm_s, "
-      "hop_bytes, time FROM rank_steps WHERE job_id=? AND attempt=? AND step>=? AND step<=? "
-      "ORDER BY step, rank LIMIT ?");
+  Stmt& s =
+      store.db().prepare(std::string("SELECT ") + Store::kRankStepColumns +
+                         " FROM rank_steps WHERE job_id=? AND attempt=? AND step>=? AND step<=? "
+                         "ORDER BY step, rank LIMIT ?");
   for (int64_t a = 1; a <= last->first && static_cast<int64_t>(out.size()) < limit; ++a) {
     s.args(job, a, from_step, to_step, limit - static_cast<int64_t>(out.size()));
     while (s.step()) {
-      proto::RankStepRecord r;
-      r.attempt = s.i64(0);
-      r.step = s.i64(1);
-      r.node = s.text(2);
-      r.rank.rank = s.i64(3);
-      r.rank.step_time_s = s.f64(4);
-      r.rank.data_s = s.f64(5);
-      r.rank.compute_s = s.f64(6);
-      r.rank.wait_s = s.f64(7);
-      r.rank.comm_s = s.f64(8);
-      r.rank.hop_bytes = s.i64(9);
-      r.time = s.f64(10);
-      out.push_back(std::move(r));
+      out.push_back(Store::read_rank_step(s));
     }
   }
   std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
@@ -84,26 +72,14 @@ std::vector<proto::RankStepRecord> rank_window(Store& store, int64_t job, int64_
   auto last = latest_key(store, "rank_steps", job);
   if (!last) return {};
   auto [attempt, step] = *last;
-  Stmt& s = store.db().prepare(
-      "SELECT attempt, step, node, rank, step_time_s, data_s, compute_s, wait_s, comm_s, "
-      "hop_bytes, time FROM rank_steps WHERE job_id=? AND attempt=? AND step>? AND step<=? "
-      "ORDER BY step, rank");
+  Stmt& s =
+      store.db().prepare(std::string("SELECT ") + Store::kRankStepColumns +
+                         " FROM rank_steps WHERE job_id=? AND attempt=? AND step>? AND step<=? "
+                         "ORDER BY step, rank");
   s.args(job, attempt, step - steps, step);
   std::vector<proto::RankStepRecord> out;
   while (s.step()) {
-    proto::RankStepRecord r;
-    r.attempt = s.i64(0);
-    r.step = s.i64(1);
-    r.node = s.text(2);
-    r.rank.rank = s.i64(3);
-    r.rank.step_time_s = s.f64(4);
-    r.rank.data_s = s.f64(5);
-    r.rank.compute_s = s.f64(6);
-    r.rank.wait_s = s.f64(7);
-    r.rank.comm_s = s.f64(8);
-    r.rank.hop_bytes = s.i64(9);
-    r.time = s.f64(10);
-    out.push_back(std::move(r));
+    out.push_back(Store::read_rank_step(s));
   }
   return out;
 }

@@ -607,29 +607,33 @@ void Store::add_step(const protocol::StepReport& r, double t) {
         .run();
 }
 
+const char* const Store::kRankStepColumns =
+    "attempt, step, node, rank, step_time_s, data_s, compute_s, wait_s, comm_s, hop_bytes, time";
+
+protocol::RankStepRecord Store::read_rank_step(const Stmt& s) {
+  protocol::RankStepRecord r;
+  r.attempt = s.i64(0);
+  r.step = s.i64(1);
+  r.node = s.text(2);
+  r.rank.rank = s.i64(3);
+  r.rank.step_time_s = s.f64(4);
+  r.rank.data_s = s.f64(5);
+  r.rank.compute_s = s.f64(6);
+  r.rank.wait_s = s.f64(7);
+  r.rank.comm_s = s.f64(8);
+  r.rank.hop_bytes = s.i64(9);
+  r.time = s.f64(10);
+  return r;
+}
+
 std::vector<protocol::RankStepRecord> Store::rank_steps(int64_t job, int64_t from_step,
                                                         int64_t to_step, int64_t limit) {
-  Stmt& s = db_.prepare(
-      "SELECT attempt, step, node, rank, step_time_s, data_s, compute_s, wait_s, comm_s, "
-      "hop_bytes, time FROM rank_steps WHERE job_id=? AND step>=? AND step<=? "
-      "ORDER BY step, attempt, rank LIMIT ?");
+  Stmt& s = db_.prepare(std::string("SELECT ") + kRankStepColumns +
+                        " FROM rank_steps WHERE job_id=? AND step>=? AND step<=? "
+                        "ORDER BY step, attempt, rank LIMIT ?");
   s.args(job, from_step, to_step, limit);
   std::vector<protocol::RankStepRecord> out;
-  while (s.step()) {
-    protocol::RankStepRecord r;
-    r.attempt = s.i64(0);
-    r.step = s.i64(1);
-    r.node = s.text(2);
-    r.rank.rank = s.i64(3);
-    r.rank.step_time_s = s.f64(4);
-    r.rank.data_s = s.f64(5);
-    r.rank.compute_s = s.f64(6);
-    r.rank.wait_s = s.f64(7);
-    r.rank.comm_s = s.f64(8);
-    r.rank.hop_bytes = s.i64(9);
-    r.time = s.f64(10);
-    out.push_back(std::move(r));
-  }
+  while (s.step()) out.push_back(read_rank_step(s));
   return out;
 }
 

@@ -164,8 +164,11 @@ class Store {
   std::vector<protocol::StepRecord> steps(int64_t job, int64_t after, int64_t limit);
   // A job's per-rank timings (add_step writes a report's `ranks`) with from_step <= step <=
   // to_step, by step, attempt, rank; at most `limit`.
-  std::vector<protocol::RankStepRecord> rank_steps(int64_t job, int64_t from_step,
-                                                   int64_t to_step, int64_t limit);
+  std::vector<protocol::RankStepRecord> rank_steps(int64_t job, int64_t from_step, int64_t to_step,
+                                                   int64_t limit);
+  // The columns of a rank_steps row in the order read_rank_step reads them, and the reader.
+  static const char* const kRankStepColumns;
+  static protocol::RankStepRecord read_rank_step(const Stmt& s);
   int64_t count(const std::string& table);
 
  private:
