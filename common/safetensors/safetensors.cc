@@ -369,6 +369,7 @@ const TensorInfo* File::find(const std::string& name) const {
 void File::to_f32(const TensorInfo& t, float* out) const {
   const uint8_t* src = raw(t);
   const int64_t n = t.numel();
+  if (n == 0) return;  // an empty tensor: `out` may be null (an empty vector's data())
   switch (t.dtype) {
     case DType::kF32:
       std::memcpy(out, src, static_cast<size_t>(n) * 4);
