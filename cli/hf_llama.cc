@@ -9,12 +9,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -606,6 +609,98 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
 
 // ---- export --------------------------------------------------------------------------------
 
+// The fp32 master tensors of a format-2 checkpoint step found in its data files and checked
+// against their checksums in place (mapped, not copied), for an fp32 export that then copies each
+// unchanged tensor file to file. Null when the checkpoint cannot be read this way (format 1, a
+// tensor missing or of another shape, a checksum that differs, a file that does not open): the
+// export then loads it the usual way, with load_latest's fallbacks and error messages.
+class MappedMasters {
+ public:
+  struct Loc {
+    int fd = -1;
+    uint64_t offset = 0;
+    const uint8_t* data = nullptr;
+  };
+  static std::unique_ptr<MappedMasters> open(const std::string& root, int64_t max_step,
+                                             const contract::ParamLayout& pl) {
+    std::unique_ptr<MappedMasters> m(new MappedMasters);
+    try {
+      std::optional<ckpt::CheckpointInfo> pick;
+      for (auto& c : ckpt::list_checkpoints(root, false))
+        if (c.status == ckpt::Status::kComplete && c.step <= max_step) pick = c;
+      if (!pick || pick->format_version < 2 || pick->nodes < 1) return nullptr;
+      m->step_ = pick->step;
+      m->path_ = pick->path;
+      std::map<std::string, std::pair<size_t, ckpt::TensorEntry>> where;
+      for (int k = 0; k < pick->nodes; ++k) {
+        char name[32];
+        std::snprintf(name, sizeof name, "node-%05d.json", k);
+        const std::string man = pick->path + "/" + name;
+        std::ifstream in(man);
+        std::stringstream text;
+        text << in.rdbuf();
+        if (!in) return nullptr;
+        ckpt::ShardManifest sm = ckpt::parse_shard_manifest(text.str(), man);
+        const std::string bin = pick->path + "/" + sm.data_file;
+        int fd = ::open(bin.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return nullptr;
+        m->files_.push_back({fd, nullptr, 0});
+        struct stat st {};
+        if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < sm.data_bytes)
+          return nullptr;
+        m->files_.back().bytes = static_cast<size_t>(st.st_size);
+        if (st.st_size > 0) {
+          void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+          if (p == MAP_FAILED) return nullptr;
+          (void)::madvise(p, static_cast<size_t>(st.st_size), MADV_SEQUENTIAL);
+          m->files_.back().map = p;
+        }
+        for (auto& t : sm.tensors)
+          if (t.name.starts_with("master/") && !where.count(t.name))
+            where.emplace(t.name, std::pair{m->files_.size() - 1, t});
+      }
+      for (const auto& v : pl.views()) {
+        auto it = where.find("master/" + v.name);
+        if (it == where.end()) return nullptr;
+        const auto& [fi, t] = it->second;
+        const File& f = m->files_[fi];
+        if (t.dtype != ckpt::DType::kF32 || t.shape != v.shape ||
+            t.bytes != static_cast<uint64_t>(v.size) * 4 || t.offset + t.bytes > f.bytes)
+          return nullptr;
+        const uint8_t* data = static_cast<const uint8_t*>(f.map) + t.offset;
+        if (ckpt::xxh3_hex(data, t.bytes) != t.xxh3) return nullptr;
+        m->locs_.push_back({f.fd, t.offset, data});
+      }
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+    return m;
+  }
+  ~MappedMasters() {
+    for (auto& f : files_) {
+      if (f.map) ::munmap(f.map, f.bytes);
+      ::close(f.fd);
+    }
+  }
+  MappedMasters(const MappedMasters&) = delete;
+  MappedMasters& operator=(const MappedMasters&) = delete;
+  const Loc& at(size_t i) const { return locs_[i]; }  // by the layout's view index
+  int64_t step() const { return step_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedMasters() = default;
+  struct File {
+    int fd = -1;
+    void* map = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<File> files_;
+  std::vector<Loc> locs_;
+  int64_t step_ = -1;
+  std::string path_;
+};
+
 ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   auto t0 = std::chrono::steady_clock::now();
   auto say = [&](const std::string& s) {
@@ -687,20 +782,32 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   const contract::ModelConfig& mc = c.model;
   const contract::ParamLayout pl(mc);
 
-  Staging host(pl, o.out, UINT64_MAX);  // anonymous: export holds the model in memory
-  std::vector<ckpt::LoadTarget> targets;
-  for (size_t i = 0; i < pl.views().size(); ++i)
-    targets.emplace_back("master/" + pl.views()[i].name, ckpt::DType::kF32, pl.views()[i].shape,
-                         host.at(i));
   ExportResult res;
-  try {
-    ckpt::LoadResult lr = ckpt::load_latest(root, 0, 1, targets, max_step);
-    if (!lr.loaded) fail(o.ckpt, "no loadable checkpoint: " + lr.message);
-    res.step = lr.step;
-    say("loaded " + lr.path);
-  } catch (const ckpt::CheckpointError& e) {
-    rethrow_naming(o.ckpt, e);
+  // fp32 from a format-2 checkpoint: the tensors stay in the checkpoint's files (checksums
+  // checked in place) and are copied file to file; otherwise loaded into memory.
+  std::unique_ptr<MappedMasters> mapped;
+  if (dt == st::DType::kF32) mapped = MappedMasters::open(root, max_step, pl);
+  std::unique_ptr<Staging> host;
+  if (mapped) {
+    res.step = mapped->step();
+    say("read " + mapped->path() + " (checksums verified; copied file to file)");
+  } else {
+    host = std::make_unique<Staging>(pl, o.out, UINT64_MAX);  // anonymous: the model in memory
+    std::vector<ckpt::LoadTarget> targets;
+    for (size_t i = 0; i < pl.views().size(); ++i)
+      targets.emplace_back("master/" + pl.views()[i].name, ckpt::DType::kF32,
+                           pl.views()[i].shape, host->at(i));
+    try {
+      ckpt::LoadResult lr = ckpt::load_latest(root, 0, 1, targets, max_step);
+      if (!lr.loaded) fail(o.ckpt, "no loadable checkpoint: " + lr.message);
+      res.step = lr.step;
+      say("loaded " + lr.path);
+    } catch (const ckpt::CheckpointError& e) {
+      rethrow_naming(o.ckpt, e);
+    }
   }
+  std::vector<std::vector<float>> permuted;  // wq and wk of the mapped path, rows reordered
+  permuted.reserve(pl.views().size());
 
   // Back to the Hugging Face layout, in the usual order (embedding, layers, norm, head).
   std::vector<st::WriteTensor> all;
@@ -719,11 +826,24 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
     const auto& v = pl.views()[i];
     std::string n = hf_name(v.name, mc.tie_embeddings);
     if (n.empty()) continue;
-    if (v.name.find("attn.wq") != std::string::npos)
-      ring_to_hf_rope_rows(host.at(i), mc.heads, mc.head_dim, mc.d_model);
-    else if (v.name.find("attn.wk") != std::string::npos)
-      ring_to_hf_rope_rows(host.at(i), mc.kv_heads, mc.head_dim, mc.d_model);
-    all.push_back({n, v.shape, host.at(i)});
+    const bool wq = v.name.find("attn.wq") != std::string::npos;
+    const bool wk = v.name.find("attn.wk") != std::string::npos;
+    float* data = nullptr;
+    if (!mapped) {
+      data = host->at(i);
+    } else if (wq || wk) {
+      permuted.emplace_back(static_cast<size_t>(v.size));
+      std::memcpy(permuted.back().data(), mapped->at(i).data, static_cast<size_t>(v.size) * 4);
+      data = permuted.back().data();
+    }
+    if (wq) ring_to_hf_rope_rows(data, mc.heads, mc.head_dim, mc.d_model);
+    if (wk) ring_to_hf_rope_rows(data, mc.kv_heads, mc.head_dim, mc.d_model);
+    st::WriteTensor t{n, v.shape, data};
+    if (!data) {
+      t.src_fd = mapped->at(i).fd;
+      t.src_offset = mapped->at(i).offset;
+    }
+    all.push_back(std::move(t));
   }
 
   // Shards: consecutive tensors up to shard_bytes each.

@@ -537,6 +537,14 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
   // and the writer is not throttled on a mountain of dirty pages.
   constexpr size_t kWriteChunk = size_t{4} << 20, kFlushEvery = size_t{64} << 20;
   uint64_t written = 0, flushed = 0;
+  auto kick = [&] {
+    if (written - flushed >= kFlushEvery) {
+      // Advisory: an error here shows again at fsync.
+      (void)::sync_file_range(fd, static_cast<off_t>(flushed),
+                              static_cast<off_t>(written - flushed), SYNC_FILE_RANGE_WRITE);
+      flushed = written;
+    }
+  };
   auto put = [&](const void* p, size_t n) {
     const char* c = static_cast<const char*>(p);
     while (n > 0) {
@@ -551,12 +559,7 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
       c += w;
       n -= static_cast<size_t>(w);
       written += static_cast<uint64_t>(w);
-      if (written - flushed >= kFlushEvery) {
-        // Advisory: an error here shows again at fsync.
-        (void)::sync_file_range(fd, static_cast<off_t>(flushed),
-                                static_cast<off_t>(written - flushed), SYNC_FILE_RANGE_WRITE);
-        flushed = written;
-      }
+      kick();
     }
   };
   uint64_t n = header.size();
@@ -567,7 +570,47 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
   for (const auto& t : tensors) {
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
-    if (dtype == DType::kF32) {
+    if (dtype == DType::kF32 && t.src_fd >= 0) {
+      // File to file in the kernel; where the kernel cannot (another file system on an old
+      // kernel), through a buffer.
+      loff_t in = static_cast<loff_t>(t.src_offset);
+      size_t left = static_cast<size_t>(numel) * 4;
+      while (left > 0) {
+        ssize_t c = ::copy_file_range(t.src_fd, &in, fd, nullptr, std::min(left, kFlushEvery), 0);
+        if (c > 0) {
+          left -= static_cast<size_t>(c);
+          written += static_cast<uint64_t>(c);
+          kick();
+          continue;
+        }
+        if (c < 0 && errno == EINTR) continue;
+        if (c < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+          std::string e = errno_text();
+          ::close(fd);
+          ::unlink(tmp.c_str());
+          fail_t(path, t.name, "copy failed: " + e);
+        }
+        if (c == 0 && left > 0) {
+          ::close(fd);
+          ::unlink(tmp.c_str());
+          fail_t(path, t.name, "source file ended early");
+        }
+        std::vector<char> b(std::min<size_t>(left, size_t{4} << 20));
+        while (left > 0) {
+          ssize_t r = ::pread(t.src_fd, b.data(), std::min(left, b.size()), in);
+          if (r < 0 && errno == EINTR) continue;
+          if (r <= 0) {
+            std::string e = r < 0 ? errno_text() : std::string("source file ended early");
+            ::close(fd);
+            ::unlink(tmp.c_str());
+            fail_t(path, t.name, "read failed: " + e);
+          }
+          put(b.data(), static_cast<size_t>(r));
+          in += r;
+          left -= static_cast<size_t>(r);
+        }
+      }
+    } else if (dtype == DType::kF32) {
       put(t.data, static_cast<size_t>(numel) * 4);
     } else {
       for (int64_t i = 0; i < numel; i += kChunk) {

@@ -123,6 +123,10 @@ struct WriteTensor {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;  // product(shape) floats
+  // Or, for an F32 file only: the same fp32 bytes at `src_offset` of the open file `src_fd`,
+  // copied file to file inside the kernel (copy_file_range) instead of through memory.
+  int src_fd = -1;
+  uint64_t src_offset = 0;
 };
 
 // Writes `tensors` (fp32 in memory) as `dtype` (kF32 or kBF16) to `path` (temp + rename),
