@@ -795,8 +795,8 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
     host = std::make_unique<Staging>(pl, o.out, UINT64_MAX);  // anonymous: the model in memory
     std::vector<ckpt::LoadTarget> targets;
     for (size_t i = 0; i < pl.views().size(); ++i)
-      targets.emplace_back("master/" + pl.views()[i].name, ckpt::DType::kF32,
-                           pl.views()[i].shape, host->at(i));
+      targets.emplace_back("master/" + pl.views()[i].name, ckpt::DType::kF32, pl.views()[i].shape,
+                           host->at(i));
     try {
       ckpt::LoadResult lr = ckpt::load_latest(root, 0, 1, targets, max_step);
       if (!lr.loaded) fail(o.ckpt, "no loadable checkpoint: " + lr.message);
