@@ -115,6 +115,9 @@ for r in range(reps):
     res["export_bf16"].append(timed([ringctl, "export", ck, "-o", os.path.join(work, "e16"), "--dtype", "bf16"],
                                        os.path.join(work, "e16")))
 bin_bytes = os.path.getsize(binf)
+if os.environ.get("VERBOSE"):
+    for k, v in res.items():
+        print(f"{k:<12} " + " ".join(f"{x:.2f}" for x in v))
 print(f"model: {params / 1e6:.0f} M parameters; source {src_bytes / 1e6:.0f} MB bf16 (2 shards), "
       f"checkpoint data {bin_bytes / 1e6:.0f} MB fp32; {reps} repetitions")
 def line(name, ours, base, nbytes):

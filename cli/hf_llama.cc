@@ -652,7 +652,6 @@ class MappedMasters {
         if (st.st_size > 0) {
           void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
           if (p == MAP_FAILED) return nullptr;
-          (void)::madvise(p, static_cast<size_t>(st.st_size), MADV_SEQUENTIAL);
           m->files_.back().map = p;
         }
         for (auto& t : sm.tensors)
