@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -194,11 +195,21 @@ TEST(Spawn, ClosesEveryDescriptorAboveTwo) {
   close(leaked);
   close(high);
   ASSERT_TRUE(s) << s.error;
-  // spawn returns after the exec, so /proc/<pid>/fd is the program's own table now.
+  // spawn returns after the exec, so /proc/<pid>/fd is the program's own table now; but the
+  // dynamic loader of the new program briefly opens its libraries (fd 3) while it starts, so
+  // the table is read until it holds nothing above 2 (an inherited descriptor never goes) or
+  // 10 s pass.
   std::vector<int> fds;
-  for (const auto& e :
-       std::filesystem::directory_iterator("/proc/" + std::to_string(s.pid) + "/fd"))
-    fds.push_back(std::stoi(e.path().filename().string()));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    fds.clear();
+    for (const auto& e :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(s.pid) + "/fd"))
+      fds.push_back(std::stoi(e.path().filename().string()));
+    const bool clean = std::all_of(fds.begin(), fds.end(), [](int fd) { return fd <= 2; });
+    if (clean || std::chrono::steady_clock::now() > until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   kill(s.pid, SIGKILL);
   wait_for(s.pid);
   ASSERT_FALSE(fds.empty());
