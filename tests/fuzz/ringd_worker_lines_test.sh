@@ -63,7 +63,9 @@ run() {
     # The worker that broke the protocol fails (max_restarts 0: the job fails, exit 1); ringd
     # itself ends through its normal failure path and names the field.
     [ "$rc" = 1 ] || fail "$1" "ringd exited $rc, expected 1 (the worker failed)"
-    cat "$t/err" "$t"/job/logs/* 2>/dev/null | grep -q "protocol error: sent a malformed message" ||
+    # grep reads the files itself: `cat | grep -q` under pipefail fails when grep stops early
+    # and cat gets SIGPIPE.
+    grep -q "protocol error: sent a malformed message" "$t/err" "$t"/job/logs/* 2>/dev/null ||
       fail "$1" "ringd did not name the malformed worker line"
   fi
 }
@@ -76,8 +78,8 @@ rm -rf "$t/job"
 RING_FAKE_PROTO=999 RING_FAKE_HOSTILE=0 RING_FAKE_BUCKETS=4 timeout 300 "$ringd" --spec "$t/spec.yaml" \
   --job-dir "$t/job" --json --worker-bin "$here/fake_worker.py" >"$t/out" 2>"$t/err" || rc=$?
 if [ "$rc" != 1 ] ||
-   ! cat "$t/err" "$t"/job/logs/* 2>/dev/null |
-     grep -q "hello': proto: the worker speaks control protocol 999, ringd speaks 1"; then
+   ! grep -q "hello': proto: the worker speaks control protocol 999, ringd speaks 1" \
+       "$t/err" "$t"/job/logs/* 2>/dev/null; then
   echo "FAIL (protocol 999): ringd exited $rc or did not name both versions"
   echo "--- ringd stderr"; tail -n 20 "$t/err"
   for f in "$t"/job/logs/*; do echo "--- $f"; tail -n 20 "$f"; done
