@@ -60,8 +60,11 @@ if [ ${#expect_cuda[@]} -gt 0 ]; then
   cdeb="$w/out/ringmaster-cuda_${version}_${arch}.deb"
   [ -f "$cdeb" ] || fail "no ringmaster-cuda_${version}_${arch}.deb"
   [[ "$(field "$cdeb" Depends)" == *"ringmaster (= $version)"* ]] || fail "ringmaster-cuda Depends: $(field "$cdeb" Depends)"
+  # The listing once, then each name in it (a `| grep -q` pipeline under pipefail fails when grep
+  # stops reading early and the writer gets SIGPIPE).
+  cuda_files=$(dpkg-deb -c "$cdeb" | awk '{print $6}' | sed 's|^\./||')
   for f in "${expect_cuda[@]}"; do
-    dpkg-deb -c "$cdeb" | awk '{print $6}' | sed 's|^\./||' | grep -qxF "$f" || fail "ringmaster-cuda deb lacks $f"
+    grep -qxF "$f" <<<"$cuda_files" || fail "ringmaster-cuda deb lacks $f"
   done
   echo "ok: the ringmaster-cuda deb holds all ${#expect_cuda[@]} expected files"
 fi
