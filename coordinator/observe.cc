@@ -183,21 +183,6 @@ std::vector<CheckpointInfo> checkpoints(Store& store, int64_t job, int64_t limit
   return out;
 }
 
-namespace {
-proto::EventRecord read_event(const Stmt& s) {
-  proto::EventRecord e;
-  e.id = s.i64(0);
-  e.time = s.f64(1);
-  e.job = s.opt_i64(2);
-  e.attempt = s.i64(3);
-  e.node = s.text(4);
-  e.kind = s.text(5);
-  e.data = json::parse(s.text(6), nullptr, false);
-  if (!e.data.is_object()) e.data = json::object();
-  return e;
-}
-}  // namespace
-
 std::vector<proto::EventRecord> latest_events(Store& store, int64_t job,
                                               const std::vector<std::string>& kinds,
                                               int64_t limit) {
@@ -213,7 +198,7 @@ std::vector<proto::EventRecord> latest_events(Store& store, int64_t job,
   for (const auto& k : kinds) s.bind(i++, k);
   s.bind(i, limit);
   std::vector<proto::EventRecord> out;
-  while (s.step()) out.push_back(read_event(s));
+  while (s.step()) out.push_back(Store::read_event(s));
   return out;
 }
 
@@ -223,7 +208,7 @@ std::vector<proto::EventRecord> recent_events(Store& store, int64_t job, int64_t
       "ORDER BY id DESC LIMIT ?");
   s.args(job, limit);
   std::vector<proto::EventRecord> out;
-  while (s.step()) out.push_back(read_event(s));
+  while (s.step()) out.push_back(Store::read_event(s));
   return out;
 }
 

@@ -549,24 +549,26 @@ int64_t Store::add_event(std::optional<int64_t> job, int64_t attempt, const std:
   return db_.last_insert_id();
 }
 
+protocol::EventRecord Store::read_event(const Stmt& s) {
+  protocol::EventRecord e;
+  e.id = s.i64(0);
+  e.time = s.f64(1);
+  e.job = s.opt_i64(2);
+  e.attempt = s.i64(3);
+  e.node = s.text(4);
+  e.kind = s.text(5);
+  e.data = json::parse(s.text(6), nullptr, false);
+  if (!e.data.is_object()) e.data = json::object();
+  return e;
+}
+
 std::vector<protocol::EventRecord> Store::events(int64_t job, int64_t after, int64_t limit) {
   std::vector<protocol::EventRecord> out;
   Stmt& s = db_.prepare(
       "SELECT id, time, job_id, attempt, node, kind, data FROM events "
       "WHERE job_id=? AND id>? ORDER BY id LIMIT ?");
   s.args(job, after, limit);
-  while (s.step()) {
-    protocol::EventRecord e;
-    e.id = s.i64(0);
-    e.time = s.f64(1);
-    e.job = s.opt_i64(2);
-    e.attempt = s.i64(3);
-    e.node = s.text(4);
-    e.kind = s.text(5);
-    e.data = json::parse(s.text(6), nullptr, false);
-    if (!e.data.is_object()) e.data = json::object();
-    out.push_back(std::move(e));
-  }
+  while (s.step()) out.push_back(read_event(s));
   return out;
 }
 

@@ -169,6 +169,8 @@ class Store {
   // The columns of a rank_steps row in the order read_rank_step reads them, and the reader.
   static const char* const kRankStepColumns;
   static protocol::RankStepRecord read_rank_step(const Stmt& s);
+  // An events row read as SELECT id, time, job_id, attempt, node, kind, data.
+  static protocol::EventRecord read_event(const Stmt& s);
   int64_t count(const std::string& table);
 
  private:
