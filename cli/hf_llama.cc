@@ -1,6 +1,7 @@
 #include "cli/hf_llama.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -129,52 +131,33 @@ std::string ring_param_of(const std::string& hf, int64_t layers, bool* is_q, boo
   return "layers." + idx + "." + it->second;
 }
 
-// fp32 host memory for every parameter, one region: anonymous memory, or above
-// `scratch_threshold` bytes a file in `dir` mapped shared and unlinked at once, so that the
-// kernel can write pages back instead of the process needing the whole model in RAM (a 7B model
-// is 28 GB of fp32). Tensor i starts at float offset(i).
+// fp32 host memory for every parameter, one anonymous region (an export that cannot read the
+// checkpoint in place loads it here). Tensor i starts at float offset(i).
 class Staging {
  public:
-  Staging(const contract::ParamLayout& pl, const std::string& dir, uint64_t scratch_threshold) {
+  explicit Staging(const contract::ParamLayout& pl, const std::string& what) {
     for (const auto& v : pl.views()) {
       offsets_.push_back(floats_);
       floats_ += v.size;
     }
     bytes_ = std::max<uint64_t>(static_cast<uint64_t>(floats_) * 4, 4);
-    int fd = -1;
-    if (bytes_ > scratch_threshold) {
-      std::string tmpl = dir + "/.import-scratch-XXXXXX";
-      fd = mkstemp(tmpl.data());
-      if (fd < 0) fail(tmpl, std::string("cannot create scratch file: ") + std::strerror(errno));
-      unlink(tmpl.c_str());
-      if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-        std::string e = std::strerror(errno);
-        close(fd);
-        fail(tmpl, "cannot size scratch file: " + e);
-      }
-      scratch_ = true;
-    }
-    void* m = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
-                   fd >= 0 ? MAP_SHARED : (MAP_PRIVATE | MAP_ANONYMOUS), fd, 0);
-    if (fd >= 0) close(fd);
-    if (m == MAP_FAILED) fail(dir, std::string("cannot map memory: ") + std::strerror(errno));
+    void* m = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) fail(what, std::string("cannot map memory: ") + std::strerror(errno));
     // Transparent huge pages where the system gives them on request: first touch of the region
     // then costs one fault per 2 MiB instead of per 4 KiB (advisory; ignored when refused).
-    if (fd < 0) (void)madvise(m, bytes_, MADV_HUGEPAGE);
+    (void)madvise(m, bytes_, MADV_HUGEPAGE);
     base_ = static_cast<float*>(m);
   }
   ~Staging() { munmap(base_, bytes_); }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
   float* at(size_t i) { return base_ + offsets_[i]; }
-  bool scratch() const { return scratch_; }
 
  private:
   std::vector<int64_t> offsets_;
   int64_t floats_ = 0;
   uint64_t bytes_ = 0;
   float* base_ = nullptr;
-  bool scratch_ = false;
 };
 
 ckpt::Layout make_layout(const contract::ModelConfig& mc, const contract::ParamLayout& pl) {
@@ -437,6 +420,11 @@ static HfConfig config_from_model_yaml(const std::string& path) {
 
 // ---- RoPE rows -----------------------------------------------------------------------------
 
+int64_t hf_row_of_ring_row(int64_t row, int64_t hd) {
+  const int64_t head = row / hd, i = row % hd;
+  return head * hd + (i % 2 == 0 ? i / 2 : i / 2 + hd / 2);
+}
+
 void hf_to_ring_rope_rows(float* w, int64_t heads, int64_t hd, int64_t cols) {
   std::vector<float> tmp(static_cast<size_t>(hd * cols));
   const int64_t half = hd / 2;
@@ -551,29 +539,15 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
   fs::create_directories(o.out, ec);
   if (ec) fail(o.out, "cannot create: " + ec.message());
 
-  // Convert into fp32 host tensors (the checkpoint writer reads them from memory).
-  Staging host(pl, o.out, o.scratch_threshold_bytes);
-  if (host.scratch()) say("staging the fp32 weights in a scratch file under " + o.out);
-  int64_t done = 0;
+  // The checkpoint writer takes each master tensor from the mapped source files chunk by chunk
+  // as it writes it (wq/wk rows moved to the interleaved RoPE layout), in the source's own
+  // precision: a bf16 or fp16 tensor stays 16-bit in the checkpoint (ringd and every reader
+  // widen it to fp32 exactly when they load it), so an import writes the bytes it reads, no
+  // more. No copy of the model is ever in memory: a model larger than RAM imports, and nothing
+  // pays for first touching a model-sized buffer.
   const int64_t total = pl.num_params();
-  int last_pct = -1;
-  for (size_t i = 0; i < pl.views().size(); ++i) {
-    const auto& v = pl.views()[i];
-    const auto* e = src.find(from[v.name]);
-    e->file->to_f32(*e->info, host.at(i));
-    if (v.name.find("attn.wq") != std::string::npos)
-      hf_to_ring_rope_rows(host.at(i), mc.heads, mc.head_dim, mc.d_model);
-    else if (v.name.find("attn.wk") != std::string::npos)
-      hf_to_ring_rope_rows(host.at(i), mc.kv_heads, mc.head_dim, mc.d_model);
-    done += v.size;
-    int pct = static_cast<int>(100 * done / std::max<int64_t>(total, 1));
-    if (total > (64 << 20) && pct / 10 != last_pct / 10) {
-      last_pct = pct;
-      say("read " + std::to_string(pct) + "% (" + std::to_string(done) + " of " +
-          std::to_string(total) + " parameters)");
-    }
-  }
-
+  uint64_t written_bytes = 0;
+  std::atomic<int64_t> converted{0};
   ckpt::Options co;
   co.dir = o.out;
   co.keep_last = 1;
@@ -583,17 +557,58 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
   co.fsync = o.fsync;
   co.spec_hash = "import";
   co.layout = make_layout(mc, pl);
+  co.chunk_bytes = o.chunk_bytes;
   try {
     ckpt::Checkpointer ck(co);
-    for (size_t i = 0; i < pl.views().size(); ++i)
-      ck.add_tensor("master/" + pl.views()[i].name, ckpt::DType::kF32, pl.views()[i].shape,
-                    host.at(i));
-    say("writing the checkpoint (" + std::to_string(total * 4 / (1 << 20)) + " MiB)");
+    for (const auto& v : pl.views()) {
+      const auto* e = src.find(from[v.name]);
+      const ckpt::DType dt = e->info->dtype == st::DType::kBF16  ? ckpt::DType::kBF16
+                             : e->info->dtype == st::DType::kF16 ? ckpt::DType::kF16
+                                                                 : ckpt::DType::kF32;
+      int64_t rope_heads = 0;  // wq / wk: rows move to the interleaved RoPE layout
+      if (v.name.find("attn.wq") != std::string::npos) rope_heads = mc.heads;
+      if (v.name.find("attn.wk") != std::string::npos) rope_heads = mc.kv_heads;
+      const int64_t hd = mc.head_dim, cols = mc.d_model;
+      const int64_t es = static_cast<int64_t>(ckpt::dtype_size(dt));
+      written_bytes += static_cast<uint64_t>(v.size * es);
+      ck.add_tensor_source(
+          "master/" + v.name, dt, v.shape,
+          [e, rope_heads, hd, cols, es, &converted](uint64_t offset, uint64_t bytes, void* out) {
+            const int64_t first = static_cast<int64_t>(offset) / es;
+            const int64_t count = static_cast<int64_t>(bytes) / es;
+            const uint8_t* raw = e->file->raw(*e->info);
+            char* dst = static_cast<char*>(out);
+            if (rope_heads == 0) {
+              std::memcpy(dst, raw + first * es, static_cast<size_t>(count * es));
+            } else {
+              for (int64_t i = first; i < first + count;) {
+                const int64_t row = i / cols, col = i % cols;
+                const int64_t run = std::min(cols - col, first + count - i);
+                std::memcpy(dst + (i - first) * es,
+                            raw + (hf_row_of_ring_row(row, hd) * cols + col) * es,
+                            static_cast<size_t>(run * es));
+                i += run;
+              }
+            }
+            converted.fetch_add(count, std::memory_order_relaxed);
+          });
+    }
+    say("writing the checkpoint (" + std::to_string(written_bytes >> 20) + " MiB)");
     ck.start(0, {{"imported_from", fs::absolute(o.src).string()},
                  {"architecture", res.config.architecture}});
-    ckpt::SaveResult r = ck.wait();
-    if (!r.ok) fail(o.out, "writing the checkpoint failed: " + r.error);
-    res.step_dir = r.path;
+    std::optional<ckpt::SaveResult> r;
+    int last_pct = 0;
+    while (!(r = ck.poll())) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const int pct = static_cast<int>(100 * converted.load() / std::max<int64_t>(total, 1));
+      if (total > (64 << 20) && pct / 10 > last_pct / 10 && pct < 100) {
+        last_pct = pct;
+        say("written " + std::to_string(pct) + "% (" + std::to_string(converted.load()) +
+            " of " + std::to_string(total) + " parameters)");
+      }
+    }
+    if (!r->ok) fail(o.out, "writing the checkpoint failed: " + r->error);
+    res.step_dir = r->path;
   } catch (const ckpt::CheckpointError& e) {
     fail(o.out, e.what());
   }
@@ -609,17 +624,20 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
 
 // ---- export --------------------------------------------------------------------------------
 
-// The fp32 master tensors of a format-2 checkpoint step found in its data files and checked
-// against their checksums in place (mapped, not copied), for an fp32 export that then copies each
-// unchanged tensor file to file. Null when the checkpoint cannot be read this way (format 1, a
-// tensor missing or of another shape, a checksum that differs, a file that does not open): the
-// export then loads it the usual way, with load_latest's fallbacks and error messages.
+// The master tensors (fp32, or bf16 as an import of a bf16 model keeps them) of a format-2
+// checkpoint step found in its data files and checked against their checksums in place (mapped,
+// not copied), for an export that then copies each unchanged tensor file to file when it is in
+// the output's dtype, or converts it straight from the mapping. Null when the checkpoint cannot
+// be read this way (format 1, a tensor missing, of another shape or dtype, a checksum that
+// differs, a file that does not open): the export then loads it the usual way, with
+// load_latest's fallbacks and error messages.
 class MappedMasters {
  public:
   struct Loc {
     int fd = -1;
     uint64_t offset = 0;
     const uint8_t* data = nullptr;
+    ckpt::DType dtype = ckpt::DType::kF32;  // or kBF16 (an import of a bf16 model)
   };
   static std::unique_ptr<MappedMasters> open(const std::string& root, int64_t max_step,
                                              const contract::ParamLayout& pl) {
@@ -663,12 +681,14 @@ class MappedMasters {
         if (it == where.end()) return nullptr;
         const auto& [fi, t] = it->second;
         const File& f = m->files_[fi];
-        if (t.dtype != ckpt::DType::kF32 || t.shape != v.shape ||
-            t.bytes != static_cast<uint64_t>(v.size) * 4 || t.offset + t.bytes > f.bytes)
+        if ((t.dtype != ckpt::DType::kF32 && t.dtype != ckpt::DType::kBF16) ||
+            t.shape != v.shape ||
+            t.bytes != static_cast<uint64_t>(v.size) * ckpt::dtype_size(t.dtype) ||
+            t.offset + t.bytes > f.bytes)
           return nullptr;
         const uint8_t* data = static_cast<const uint8_t*>(f.map) + t.offset;
         if (ckpt::xxh3_hex(data, t.bytes) != t.xxh3) return nullptr;
-        m->locs_.push_back({f.fd, t.offset, data});
+        m->locs_.push_back({f.fd, t.offset, data, t.dtype});
       }
     } catch (const std::exception&) {
       return nullptr;
@@ -782,16 +802,20 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   const contract::ParamLayout pl(mc);
 
   ExportResult res;
-  // fp32 from a format-2 checkpoint: the tensors stay in the checkpoint's files (checksums
-  // checked in place) and are copied file to file; otherwise loaded into memory.
-  std::unique_ptr<MappedMasters> mapped;
-  if (dt == st::DType::kF32) mapped = MappedMasters::open(root, max_step, pl);
+  // From a format-2 checkpoint the tensors stay in the checkpoint's files (mapped, checksums
+  // checked in place): those already in the output's precision are copied file to file, the
+  // others converted from the mapping chunk by chunk, and only wq and wk (rows reordered) pass
+  // through memory of our own. A model-sized buffer of fresh memory would cost more than the
+  // export's I/O (first touch of new pages). Otherwise (format 1, a checksum that differs, ...)
+  // the checkpoint is loaded into memory.
+  std::unique_ptr<MappedMasters> mapped = MappedMasters::open(root, max_step, pl);
   std::unique_ptr<Staging> host;
   if (mapped) {
     res.step = mapped->step();
-    say("read " + mapped->path() + " (checksums verified; copied file to file)");
+    say("read " + mapped->path() + " (checksums verified; tensors in the output's precision "
+        "copied file to file, the others converted from the mapped files)");
   } else {
-    host = std::make_unique<Staging>(pl, o.out, UINT64_MAX);  // anonymous: the model in memory
+    host = std::make_unique<Staging>(pl, o.ckpt);
     std::vector<ckpt::LoadTarget> targets;
     for (size_t i = 0; i < pl.views().size(); ++i)
       targets.emplace_back("master/" + pl.views()[i].name, ckpt::DType::kF32, pl.views()[i].shape,
@@ -831,16 +855,33 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
     if (!mapped) {
       data = host->at(i);
     } else if (wq || wk) {
+      const MappedMasters::Loc& l = mapped->at(i);
       permuted.emplace_back(static_cast<size_t>(v.size));
-      std::memcpy(permuted.back().data(), mapped->at(i).data, static_cast<size_t>(v.size) * 4);
+      if (l.dtype == ckpt::DType::kF32) {
+        std::memcpy(permuted.back().data(), l.data, static_cast<size_t>(v.size) * 4);
+      } else {
+        for (int64_t k = 0; k < v.size; ++k) {
+          uint16_t h;
+          std::memcpy(&h, l.data + 2 * k, 2);
+          permuted.back()[k] = st::bf16_to_f32(h);
+        }
+      }
       data = permuted.back().data();
     }
     if (wq) ring_to_hf_rope_rows(data, mc.heads, mc.head_dim, mc.d_model);
     if (wk) ring_to_hf_rope_rows(data, mc.kv_heads, mc.head_dim, mc.d_model);
     st::WriteTensor t{n, v.shape, data};
-    if (!data) {
-      t.src_fd = mapped->at(i).fd;
-      t.src_offset = mapped->at(i).offset;
+    if (!data) {  // mapped, 64-byte aligned in the data file
+      const MappedMasters::Loc& l = mapped->at(i);
+      const bool same = (l.dtype == ckpt::DType::kF32) == (dt == st::DType::kF32);
+      if (same) {
+        t.src_fd = l.fd;
+        t.src_offset = l.offset;
+      } else if (l.dtype == ckpt::DType::kF32) {
+        t.data = reinterpret_cast<const float*>(l.data);
+      } else {
+        t.bf16 = reinterpret_cast<const uint16_t*>(l.data);
+      }
     }
     all.push_back(std::move(t));
   }

@@ -58,7 +58,9 @@ std::string config_json(const HfConfig& c);
 std::string model_yaml(const HfConfig& c, const std::string& init_from, const std::string& dtype,
                        const std::string& source);
 
-// Row permutations of wq / wk ([heads * hd, d] row-major, in place).
+// Row permutations of wq / wk ([heads * hd, d] row-major, in place): ring row 2j of a head is
+// Hugging Face row j, ring row 2j + 1 is row j + head_dim / 2 (hf_row_of_ring_row).
+int64_t hf_row_of_ring_row(int64_t ring_row, int64_t head_dim);
 void hf_to_ring_rope_rows(float* w, int64_t heads, int64_t head_dim, int64_t cols);
 void ring_to_hf_rope_rows(float* w, int64_t heads, int64_t head_dim, int64_t cols);
 
@@ -73,9 +75,9 @@ struct ImportOptions {
   std::string out;             // the checkpoint directory to create (must be absent or empty)
   std::string dtype = "fp32";  // model.dtype written to model.yaml (master weights stay fp32)
   bool fsync = true;
-  // The fp32 weights are staged in memory up to this size, above it in a scratch file under
-  // `out` (mapped, unlinked at once) so that a model larger than RAM still imports.
-  uint64_t scratch_threshold_bytes = 8ull << 30;
+  // The unit in which the checkpoint writer converts and writes (a multiple of 4; tests use
+  // small ones to cross rows and tensors at odd places).
+  size_t chunk_bytes = 4 << 20;
 };
 struct ImportResult {
   HfConfig config;

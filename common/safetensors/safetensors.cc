@@ -570,11 +570,11 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
   for (const auto& t : tensors) {
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
-    if (dtype == DType::kF32 && t.src_fd >= 0) {
+    if (t.src_fd >= 0) {
       // File to file in the kernel; where the kernel cannot (another file system on an old
       // kernel), through a buffer.
       loff_t in = static_cast<loff_t>(t.src_offset);
-      size_t left = static_cast<size_t>(numel) * 4;
+      size_t left = static_cast<size_t>(numel) * dtype_size(dtype);
       while (left > 0) {
         ssize_t c = ::copy_file_range(t.src_fd, &in, fd, nullptr, std::min(left, kFlushEvery), 0);
         if (c > 0) {
@@ -609,6 +609,16 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
           in += r;
           left -= static_cast<size_t>(r);
         }
+      }
+    } else if (t.bf16 && dtype == DType::kBF16) {
+      put(t.bf16, static_cast<size_t>(numel) * 2);
+    } else if (t.bf16) {
+      std::vector<float> wide;
+      for (int64_t i = 0; i < numel; i += kChunk) {
+        int64_t m = std::min(kChunk, numel - i);
+        wide.resize(static_cast<size_t>(m));
+        for (int64_t k = 0; k < m; ++k) wide[k] = bf16_to_f32(t.bf16[i + k]);
+        put(wide.data(), static_cast<size_t>(m) * 4);
       }
     } else if (dtype == DType::kF32) {
       put(t.data, static_cast<size_t>(numel) * 4);

@@ -123,13 +123,15 @@ struct WriteTensor {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;  // product(shape) floats
-  // Or, for an F32 file only: the same fp32 bytes at `src_offset` of the open file `src_fd`,
-  // copied file to file inside the kernel (copy_file_range) instead of through memory.
+  // Or the same values as bf16 in memory (widened exactly for an F32 file, copied for BF16).
+  const uint16_t* bf16 = nullptr;
+  // Or the bytes the file holds, already in its dtype, at `src_offset` of the open file
+  // `src_fd`: copied file to file inside the kernel (copy_file_range), not through memory.
   int src_fd = -1;
   uint64_t src_offset = 0;
 };
 
-// Writes `tensors` (fp32 in memory) as `dtype` (kF32 or kBF16) to `path` (temp + rename),
+// Writes `tensors` as `dtype` (kF32 or kBF16) to `path` (temp + rename),
 // with `metadata` as "__metadata__" when not empty; the file is created 0600 (weights are
 // private until the user shares them). Throws SafetensorsError.
 void write_file(const std::string& path, const std::vector<WriteTensor>& tensors, DType dtype,

@@ -126,9 +126,10 @@ struct Checkpointer::Tensor {
   std::string name;
   DType dtype;
   std::vector<int64_t> shape;
-  const char* data;
+  const char* data;  // live memory, or null with `fill`
   size_t bytes;
   uint64_t offset;  // in the data file
+  Fill fill;        // add_tensor_source: produces the bytes when they are written
 };
 
 Checkpointer::Checkpointer(Options opt) : opt_(std::move(opt)) {
@@ -168,6 +169,21 @@ Checkpointer::~Checkpointer() {
 
 void Checkpointer::add_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape,
                               const void* data) {
+  register_tensor(name, dtype, std::move(shape), data, nullptr);
+}
+
+void Checkpointer::add_tensor_source(const std::string& name, DType dtype,
+                                     std::vector<int64_t> shape, Fill fill) {
+  if (!fill) throw CheckpointError("add_tensor_source '" + name + "': no fill function");
+  if (opt_.chunk_bytes % dtype_size(dtype) != 0)
+    throw CheckpointError("add_tensor_source '" + name + "': chunk_bytes " +
+                          std::to_string(opt_.chunk_bytes) + " is not a multiple of " +
+                          dtype_name(dtype) + "'s size");
+  register_tensor(name, dtype, std::move(shape), nullptr, std::move(fill));
+}
+
+void Checkpointer::register_tensor(const std::string& name, DType dtype,
+                                   std::vector<int64_t> shape, const void* data, Fill fill) {
   if (busy() || thread_.joinable()) {
     std::lock_guard lk(mu_);
     if (running_) throw CheckpointError("add_tensor '" + name + "': a checkpoint is in flight");
@@ -185,15 +201,15 @@ void Checkpointer::add_tensor(const std::string& name, DType dtype, std::vector<
     n *= static_cast<uint64_t>(d);
   }
   size_t bytes = n * dtype_size(dtype);
-  if (bytes > 0 && !data) throw CheckpointError("add_tensor '" + name + "': null data");
+  if (bytes > 0 && !data && !fill) throw CheckpointError("add_tensor '" + name + "': null data");
   uint64_t off = 0;
   if (!tensors_.empty()) {
     auto& last = *tensors_.back();
     off = (last.offset + last.bytes + kAlign - 1) / kAlign * kAlign;
   }
-  tensors_.push_back(std::make_unique<Tensor>(
-      Tensor{name, dtype, std::move(shape), static_cast<const char*>(data), bytes, off}));
-  by_addr_.push_back(static_cast<int>(tensors_.size() - 1));
+  tensors_.push_back(std::make_unique<Tensor>(Tensor{
+      name, dtype, std::move(shape), static_cast<const char*>(data), bytes, off, std::move(fill)}));
+  if (!tensors_.back()->fill) by_addr_.push_back(static_cast<int>(tensors_.size() - 1));
   std::sort(by_addr_.begin(), by_addr_.end(),
             [&](int a, int b) { return tensors_[a]->data < tensors_[b]->data; });
   std::lock_guard lk(mu_);
@@ -342,6 +358,9 @@ void Checkpointer::write_shard(int64_t step, const nlohmann::json& meta, SaveRes
     const char* src;
   };
   std::vector<Piece> pieces;
+  std::unique_ptr<char[]> filled;  // one chunk of a source tensor (add_tensor_source)
+  for (const auto& T : tensors_)
+    if (T->fill && !filled) filled = std::make_unique<char[]>(opt_.chunk_bytes);
   size_t unflushed = 0;  // bytes written since writeback was last started
   for (;;) {
     // The tensor that is least far along (relative to its size) gets the next chunk.
@@ -374,7 +393,11 @@ void Checkpointer::write_shard(int64_t step, const nlohmann::json& meta, SaveRes
         pieces.push_back({sb, se, it->second.data.get() + (sb - it->first)});
         cur = se;
       }
-      if (cur < y) pieces.push_back({cur, y, T.data + cur});
+      if (cur < y && !T.fill) pieces.push_back({cur, y, T.data + cur});
+    }
+    if (T.fill) {  // outside the lock: producing the bytes may take a while
+      T.fill(x, y - x, filled.get());
+      pieces.push_back({x, y, filled.get()});
     }
     for (const Piece& p : pieces) {
       fs::pwrite_all(fd, p.src, p.end - p.begin, T.offset + p.begin, data_path);

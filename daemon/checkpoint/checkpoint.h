@@ -157,6 +157,16 @@ class Checkpointer {
   void add_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape,
                   const void* data);
 
+  // Registers a tensor whose bytes are produced when written instead of read from live memory:
+  // fill(offset, bytes, out) writes bytes [offset, offset + bytes) of the tensor to `out`
+  // (offset and bytes multiples of the dtype's size, bytes <= Options::chunk_bytes). Called on
+  // the writer thread, chunk by chunk, once per checkpoint; an exception it throws fails that
+  // checkpoint with its message. For data held elsewhere in another form (an import converting
+  // its source files): no copy of the whole tensor exists. before_modify does not apply.
+  using Fill = std::function<void(uint64_t offset, uint64_t bytes, void* out)>;
+  void add_tensor_source(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                         Fill fill);
+
   // Begins a checkpoint of the registered tensors as they are now, plus `meta` (free JSON: the
   // loader cursor, RNG state, ...). Waits first for a previous one still in flight. Returns at
   // once; the writer thread does the rest. Never throws for I/O: failures land in SaveResult.
@@ -183,6 +193,8 @@ class Checkpointer {
 
  private:
   struct Tensor;
+  void register_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                       const void* data, Fill fill);
   struct Staged {
     size_t end;                 // [begin (map key), end) in tensor bytes
     std::unique_ptr<char[]> data;

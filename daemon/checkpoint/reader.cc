@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "common/safetensors/safetensors.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "daemon/checkpoint/fsutil.h"
 #include "daemon/checkpoint/internal.h"
@@ -551,10 +552,19 @@ uint64_t elements(const std::vector<int64_t>& shape) {
 // to dst or (add, f32) added to the floats at dst.
 struct Sink {
   char* dst;
-  uint64_t src;
+  uint64_t src;    // [src, src + bytes) of the tensor's bytes in the data file
   uint64_t bytes;
   bool add;
+  DType widen = DType::kF32;  // kBF16 / kF16: the bytes are 16-bit, dst takes them as f32
 };
+
+bool widens_exactly(DType from, DType to) {
+  return to == DType::kF32 && (from == DType::kBF16 || from == DType::kF16);
+}
+
+float half_to_f32(DType t, uint16_t h) {
+  return t == DType::kBF16 ? st::bf16_to_f32(h) : st::f16_to_f32(h);
+}
 
 // One tensor of one shard this node reads (each read once, however many targets take from it).
 struct Read {
@@ -568,7 +578,8 @@ struct Read {
 void read_entry(int fd, const TensorEntry& e, const std::vector<Sink>& sinks,
                 const std::string& dpath) {
   std::string got;
-  if (sinks.size() == 1 && !sinks[0].add && sinks[0].src == 0 && sinks[0].bytes == e.bytes) {
+  if (sinks.size() == 1 && !sinks[0].add && sinks[0].src == 0 && sinks[0].bytes == e.bytes &&
+      sinks[0].widen == DType::kF32) {
     got = hash_range(fd, e.offset, e.bytes, sinks[0].dst, dpath);
   } else {
     constexpr uint64_t kChunk = 8u << 20;  // a multiple of 4: f32 sinks split on floats
@@ -583,8 +594,17 @@ void read_entry(int fd, const TensorEntry& e, const std::vector<Sink>& sinks,
         for (const Sink& k : sinks) {
           const uint64_t a = std::max(pos, k.src), b = std::min(pos + n, k.src + k.bytes);
           if (a >= b) continue;
-          char* dst = k.dst + (a - k.src);
           const char* src = buf.get() + (a - pos);
+          if (k.widen != DType::kF32) {  // 16-bit elements into f32 (chunks split on 2 bytes)
+            float* wide = reinterpret_cast<float*>(k.dst) + (a - k.src) / 2;
+            for (uint64_t i = 0; i < (b - a) / 2; ++i) {
+              uint16_t h;
+              std::memcpy(&h, src + 2 * i, 2);
+              wide[i] = half_to_f32(k.widen, h);
+            }
+            continue;
+          }
+          char* dst = k.dst + (a - k.src);
           if (!k.add) {
             std::memcpy(dst, src, b - a);
             continue;
@@ -664,9 +684,15 @@ Plan plan_load(const std::string& path, const std::vector<ShardManifest>& shards
     const uint64_t n = elements(t.shape);
     const uint64_t tbytes = n * dtype_size(t.dtype);
     // Shard s's copy of t: by name, else (format 1) a slice of the flat tensor. nullopt: none.
+    // A bf16 / f16 copy (ringctl import keeps a 16-bit source's precision) loads into an f32
+    // target, widened exactly; `widen` says so.
+    DType widen = DType::kF32;
     auto source = [&](int s) -> std::optional<std::pair<size_t, uint64_t>> {
       if (const TensorEntry* e = find(s, t.name)) {
-        if (e->dtype != t.dtype || e->shape != t.shape)
+        widen = DType::kF32;
+        if (e->shape == t.shape && !t.per_node && widens_exactly(e->dtype, t.dtype)) {
+          widen = e->dtype;
+        } else if (e->dtype != t.dtype || e->shape != t.shape)
           throw CheckpointMismatch(manifest(s) + ": tensor '" + t.name + "' is " +
                                    dtype_name(e->dtype) + " " + shape_str(e->shape) +
                                    ", this job expects " + dtype_name(t.dtype) + " " +
@@ -740,7 +766,8 @@ Plan plan_load(const std::string& path, const std::vector<ShardManifest>& shards
       throw CheckpointMismatch(path + ": no shard has tensor '" + t.name +
                                "' (the model or optimizer changed)");
     auto src = source(chosen);
-    add_sink(chosen, src->first, {dst, src->second, tbytes, false});
+    add_sink(chosen, src->first,
+             {dst, src->second, widen == DType::kF32 ? tbytes : n * 2, false, widen});
   }
   return plan;
 }

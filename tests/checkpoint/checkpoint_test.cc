@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -154,6 +156,101 @@ TEST(Checkpoint, RoundTripWithMetaAndLatest) {
   EXPECT_TRUE(list[0].latest);
   EXPECT_EQ(list[0].nodes, 1);
   EXPECT_GT(list[0].time, 0);
+}
+
+TEST(Checkpoint, SourceTensorsWriteWhatTheirFillProducesChunkByChunk) {
+  // One tensor from memory, one produced by a fill function over several (odd-sized) chunks:
+  // the checkpoint loads back both exactly, and the fill saw every chunk once, in order.
+  TmpDir d("src");
+  auto o = opts(d.path);
+  o.chunk_bytes = 4 * 1025;  // 100,003 floats: 98 chunks, the last one short
+  std::vector<float> mem(5000), want(100003);
+  for (size_t i = 0; i < mem.size(); ++i) mem[i] = 0.5f * static_cast<float>(i);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  {
+    Checkpointer c(o);
+    c.add_tensor("mem", DType::kF32, {5000}, mem.data());
+    c.add_tensor_source("made", DType::kF32, {100003},
+                        [&](uint64_t off, uint64_t bytes, void* out) {
+                          calls.push_back({off, bytes});
+                          std::memcpy(out, reinterpret_cast<const char*>(want.data()) + off, bytes);
+                        });
+    c.start(3);
+    SaveResult r = c.wait();
+    ASSERT_TRUE(r.ok) << r.error;
+  }
+  ASSERT_EQ(calls.size(), 98u);
+  for (size_t k = 0; k < calls.size(); ++k) {
+    EXPECT_EQ(calls[k].first, k * 4100u);
+    EXPECT_EQ(calls[k].second, k + 1 < calls.size() ? 4100u : 100003u * 4 - 97 * 4100u);
+  }
+  std::vector<float> got_mem(5000), got(100003);
+  std::vector<LoadTarget> targets{LoadTarget("mem", DType::kF32, {5000}, got_mem.data()),
+                                  LoadTarget("made", DType::kF32, {100003}, got.data())};
+  LoadResult lr = load_latest(d.path, 0, 1, targets);
+  ASSERT_TRUE(lr.loaded) << lr.message;
+  EXPECT_EQ(got_mem, mem);
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(list_checkpoints(d.path, /*verify=*/true).at(0).status == Status::kComplete);
+}
+
+TEST(Checkpoint, AFailingSourceFailsThatCheckpointWithItsMessage) {
+  TmpDir d("srcfail");
+  auto o = opts(d.path);
+  Checkpointer c(o);
+  int calls = 0;
+  c.add_tensor_source("made", DType::kF32, {100000}, [&](uint64_t, uint64_t, void*) {
+    if (++calls == 3) throw std::runtime_error("model.safetensors: cannot read tensor 'x'");
+  });
+  c.start(1);
+  SaveResult r = c.wait();
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("cannot read tensor 'x'"), std::string::npos) << r.error;
+  EXPECT_FALSE(fsys::exists(d.path + "/latest"));
+  EXPECT_TRUE(list_checkpoints(d.path, false).empty() ||
+              list_checkpoints(d.path, false).at(0).status != Status::kComplete);
+  // Registration rules: a null fill, a chunk that is not a multiple of the element size.
+  EXPECT_THROW(c.add_tensor_source("none", DType::kF32, {4}, nullptr), CheckpointError);
+  auto odd = opts(d.path + "/odd");
+  odd.chunk_bytes = 4100;  // not a multiple of 8
+  Checkpointer c2(odd);
+  EXPECT_THROW(c2.add_tensor_source("x", DType::kI64, {4}, [](uint64_t, uint64_t, void*) {}),
+               CheckpointError);
+}
+
+TEST(Checkpoint, SixteenBitTensorsLoadIntoF32TargetsExactly) {
+  // An import keeps a bf16 / f16 model's precision; ringd loads its fp32 masters from them.
+  TmpDir d("widen");
+  const uint16_t bf[4] = {0x3f80, 0xc040, 0x0001, 0x7f80};  // 1, -3, the least subnormal, inf
+  const uint16_t hf[4] = {0x3c00, 0xc200, 0x0001, 0x7bff};  // 1, -3, 2^-24, 65504
+  {
+    Checkpointer c(opts(d.path));
+    c.add_tensor("master/a", DType::kBF16, {2, 2}, bf);
+    c.add_tensor("master/b", DType::kF16, {4}, hf);
+    c.start(0);
+    ASSERT_TRUE(c.wait().ok);
+  }
+  float a[4] = {}, b[4] = {};
+  LoadResult lr = load_latest(d.path, 0, 1,
+                              {LoadTarget("master/a", DType::kF32, {2, 2}, a),
+                               LoadTarget("master/b", DType::kF32, {4}, b)});
+  ASSERT_TRUE(lr.loaded) << lr.message;
+  EXPECT_EQ(a[0], 1.0f);
+  EXPECT_EQ(a[1], -3.0f);
+  EXPECT_EQ(a[2], std::ldexp(1.0f, -133));
+  EXPECT_EQ(a[3], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], -3.0f);
+  EXPECT_EQ(b[2], std::ldexp(1.0f, -24));
+  EXPECT_EQ(b[3], 65504.0f);
+  // Only into f32 and with the same shape: another shape, or narrowing, stays a mismatch.
+  float wrong[4];
+  EXPECT_THROW(load_latest(d.path, 0, 1, {LoadTarget("master/a", DType::kF32, {4}, wrong)}),
+               CheckpointMismatch);
+  uint16_t narrow[4];
+  EXPECT_THROW(load_latest(d.path, 0, 1, {LoadTarget("master/b", DType::kBF16, {4}, narrow)}),
+               CheckpointMismatch);
 }
 
 TEST(Checkpoint, SnapshotIsTheStateAtStartDespiteConcurrentUpdates) {

@@ -5,8 +5,9 @@
 Usage: finetune_e2e.py RINGCTL [WORKDIR]
 
 A random Llama in the Hugging Face layout (GQA, untied head, yarn RoPE scaling x4 over an
-original context of 64 so the context-extension knobs matter at the 256-token sequence) is
-written with numpy (hf_parity.py's writer), imported, and trained for a few steps from a token
+original context of 64 so the context-extension knobs matter at the 256-token sequence), in
+bf16 as published models are, is written with numpy (hf_parity.py's writer), imported (the
+checkpoint keeps bf16 master tensors, which ringd widens to its fp32 masters), and trained for a few steps from a token
 dataset holding one document of exactly seq_len ids (written here from docs/data.md's layout),
 so every step's sequence is that document. Checked:
 - step 1's loss (the forward of the imported weights, before any update) equals the PyTorch
@@ -61,8 +62,11 @@ def main():
                           "beta_fast": 32.0, "beta_slow": 1.0}}
     rng = np.random.default_rng(7)
     w = hf.make_model(rng, c)
+    # Stored as bf16, as published models are: the import keeps the checkpoint's master tensors
+    # bf16 and ringd widens them to its fp32 masters. The reference uses the same bf16 values.
+    w = {k: hf.bf16_bits_to_f32(hf.to_bf16_bits(v)) for k, v in w.items()}
     hf_dir, ck = os.path.join(work, "hf"), os.path.join(work, "imported")
-    hf.save_hf(hf_dir, c, w, "F32")
+    hf.save_hf(hf_dir, c, w, "BF16")
     hf.run([ringctl, "import", hf_dir, "-o", ck])
 
     ids = rng.integers(0, c["vocab_size"], size=SEQ)

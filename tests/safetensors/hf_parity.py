@@ -222,10 +222,32 @@ def run(cmd):
 
 
 def ckpt_tensors(ckpt):
+    """name -> (shape, the values as fp32 bytes): a master tensor kept as bf16 or f16 (an import
+    of a 16-bit model) compares equal to the same values in fp32."""
     step = open(os.path.join(ckpt, "latest")).read().strip()
     man = json.load(open(os.path.join(ckpt, step, "node-00000.json")))
     data = open(os.path.join(ckpt, step, man.get("data_file", "node-00000.bin")), "rb").read()
-    return {t["name"]: (t["xxh3"], data[t["offset"]:t["offset"] + t["bytes"]]) for t in man["tensors"]}
+    out = {}
+    for t in man["tensors"]:
+        raw = data[t["offset"]:t["offset"] + t["bytes"]]
+        if t["dtype"] == "bf16":
+            raw = bf16_bits_to_f32(np.frombuffer(raw, "<u2")).tobytes()
+        elif t["dtype"] == "f16":
+            raw = np.frombuffer(raw, "<f2").astype("<f4").tobytes()
+        out[t["name"]] = (tuple(t["shape"]), raw)
+    return out
+
+
+def ckpt_raw(ckpt):
+    """name -> (dtype, the bytes on disk)."""
+    step = open(os.path.join(ckpt, "latest")).read().strip()
+    man = json.load(open(os.path.join(ckpt, step, "node-00000.json")))
+    data = open(os.path.join(ckpt, step, man.get("data_file", "node-00000.bin")), "rb").read()
+    return {t["name"]: (t["dtype"], data[t["offset"]:t["offset"] + t["bytes"]]) for t in man["tensors"]}
+
+
+def ckpt_dtypes(ckpt):
+    return {n: v[0] for n, v in ckpt_raw(ckpt).items()}
 
 
 def main():
@@ -308,14 +330,26 @@ def main():
             if bad:
                 print(f"{name}: bf16 export differs from the bf16 source: {bad[:3]}")
                 failures += 1
+        # The import keeps the source's precision: bf16 in, bf16 master tensors.
+        want_dt = {"F32": "f32", "BF16": "bf16", "F16": "f16"}[dtype]
+        kept = set(ckpt_dtypes(ck).values())
+        if kept != {want_dt}:
+            print(f"{name}: a {dtype} import stored master tensors as {sorted(kept)}")
+            failures += 1
         ck2 = os.path.join(work, name, "ckpt2")
         run([ringctl, "import", exp, "-o", ck2])
         a, b = ckpt_tensors(ck), ckpt_tensors(ck2)
         same = a.keys() == b.keys() and all(a[k] == b[k] for k in a)
         print(f"{name}: export fp32 ({len(got)} tensors, "
               f"{len([f for f in os.listdir(exp) if f.endswith('.safetensors')])} files) -> import: "
-              f"{'bit-identical' if same else 'DIFFERENT'} master tensors")
+              f"{'bit-identical' if same else 'DIFFERENT'} master values")
         failures += not same
+        if dtype == "BF16":  # bf16 out and in again: the same bytes on disk
+            ck3 = os.path.join(work, name, "ckpt3")
+            run([ringctl, "import", exp16, "-o", ck3])
+            same16 = ckpt_raw(ck) == ckpt_raw(ck3)
+            print(f"{name}: export bf16 -> import: {'bit-identical' if same16 else 'DIFFERENT'}")
+            failures += not same16
     if len(sys.argv) <= 3:
         shutil.rmtree(work, ignore_errors=True)
     sys.exit(1 if failures else 0)
