@@ -214,7 +214,9 @@ int run_generate(const GenerateOpts& o) {
   contract::ModelConfig mc;
   std::unique_ptr<data::Tokenizer> tok;
   if (!o.spec.empty()) {
-    auto r = spec::load_spec_file(o.spec, spec::job_spec_options());
+    // The rules of a spec ring-worker runs alone, not ringd's: only the model, data.tokenizer
+    // and generate sections are used here (a passkey spec trained with offload none is fine).
+    auto r = spec::load_spec_file(o.spec);
     for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
     if (!r.ok()) throw InputError(fmt::format("--spec {}: {} error(s)", o.spec, r.error_count()));
     // The spec's generate section, where no flag says otherwise.

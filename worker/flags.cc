@@ -81,6 +81,11 @@ Flags parse_flags(int argc, char** argv) {
                 ->type_name("K"));
   in_single(add_integer(app, "--eval-samples", &a.eval_samples, 1, 1 << 20,
                         "Passkey source: held-out samples per evaluation (default 32)"));
+  in_single(app.add_option("--save-weights", a.save_weights,
+                           "After the last step, write the trained weights as a checkpoint in "
+                           "DIR (master/<param> tensors and the layout record, step = steps; "
+                           "for ringctl generate / export, or model.init_from)")
+                ->type_name("DIR"));
   in_single(add_integer(app, "--seqs-per-step", &a.seqs_per_step, 1, 1 << 20,
                         "Sequences per optimizer step, gradients accumulated (default 1)"));
   in_single(add_custom(

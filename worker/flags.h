@@ -44,6 +44,7 @@ struct Flags {
   int64_t eval_samples = 32;
   int64_t seqs_per_step = 1;
   std::vector<train::PasskeyStage> curriculum;
+  std::string save_weights;  // a checkpoint directory for the trained weights ("" = none)
   // Ring.
   bool launch_local = false;
   int rank = -1;

@@ -171,6 +171,11 @@ int run(const Args& args) {
     if (passkey && args.eval_every > 0 && s % args.eval_every == 0 && s != steps) evaluate(s);
   }
   if (passkey) evaluate(steps);
+  if (!args.save_weights.empty()) {
+    const std::string path = trainer.save_weights(args.save_weights, {{"spec", args.spec}});
+    std::printf("weights: %s\n", path.c_str());
+    std::fflush(stdout);
+  }
   return 0;
 }
 

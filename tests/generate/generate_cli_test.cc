@@ -251,6 +251,40 @@ TEST_F(GenerateCli, SpecGivesModelAndCacheSettings) {
   EXPECT_NE(r.out.find("generate.fast_gb"), std::string::npos) << r.out;
 }
 
+// ring-worker alone (offload none) trains and saves its weights (--save-weights); ringctl
+// generate takes that checkpoint with the same spec, whose ringd-only rules do not apply here.
+TEST_F(GenerateCli, WeightsSavedByRingWorkerAloneGenerate) {
+  const std::string spec = dir_ + "/alone.yaml";
+  std::ofstream(spec) << "job: {name: alone}\n"
+                         "model: {layers: 1, d_model: 32, heads: 2, vocab: 256, rope_theta: 1.0e6}\n"
+                         "data: {source: passkey, seq_len: 256, passkey_digits: 3}\n"
+                         "optimizer: {lr: 1.0e-3, offload: none}\n"
+                         "train: {steps: 3, seed: 5}\n"
+                         "resources: {backend: cpu, cpus_per_worker: 1}\n";
+  const std::string weights = dir_ + "/weights";
+  const std::string cmd = std::string(RING_WORKER) + " --spec " + spec +
+                          " --threads 1 --eval-samples 1 --save-weights " + weights + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0) << out;
+  EXPECT_NE(out.find("weights: " + weights + "/step-00000003"), std::string::npos) << out;
+  auto list = ring::ckpt::list_checkpoints(weights, /*verify=*/true);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].status, ring::ckpt::Status::kComplete);
+  ASSERT_TRUE(list[0].layout.has_value());
+  EXPECT_EQ(list[0].layout->model["d_model"], 32);
+  EXPECT_EQ(list[0].layout->shard, "none");
+  std::ofstream(dir_ + "/q.txt") << "What is the pass key? The pass key is ";
+  const Result r = run("generate --checkpoint " + weights + " --spec " + spec + " " + dir_ +
+                       "/q.txt --max-tokens 3 --json --threads 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["prompts"][0]["tokens"].size(), 3u);
+}
+
 // --approximate: labelled approximate on stderr and in --json, with a bound per token.
 TEST_F(GenerateCli, ApproximateModeIsLabelled) {
   const Result r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ +

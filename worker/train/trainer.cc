@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "common/contract/model_config.h"
+#include "common/contract/shard.h"
 #include "daemon/checkpoint/checkpoint.h"
 
 namespace ring::train {
@@ -41,6 +43,31 @@ Trainer::Trainer(const spec::JobSpec& spec, kernels::Backend* backend,
   v_.resize(backend_, n);
   check_status(backend_->fill(n, 0.f, m_.data()), "fill");
   check_status(backend_->fill(n, 0.f, v_.data()), "fill");
+}
+
+std::string Trainer::save_weights(const std::string& dir, const nlohmann::json& meta) {
+  const contract::ParamLayout& pl = model_.layout();
+  ckpt::Layout layout;
+  layout.shard = "none";
+  layout.nodes = 1;
+  layout.total_floats = pl.total();
+  for (const contract::NodeRange& r : contract::shard_ranges(pl, 1))
+    layout.ranges.push_back({r.node, r.begin, r.end, r.first_bucket, r.end_bucket});
+  layout.model = contract::model_record(model_.config());
+  ckpt::Options o;
+  o.dir = dir;
+  o.keep_last = 1 << 20;  // nothing of an earlier run in dir is removed
+  o.tag = "weights";
+  o.spec_hash = "weights";
+  o.layout = std::move(layout);
+  const std::vector<float> host = model_.get_params();
+  ckpt::Checkpointer ck(o);
+  for (const auto& v : pl.views())
+    ck.add_tensor("master/" + v.name, ckpt::DType::kF32, v.shape, host.data() + v.offset);
+  ck.start(step_, meta.is_object() ? meta : nlohmann::json::object());
+  ckpt::SaveResult r = ck.wait();
+  if (!r.ok) throw ckpt::CheckpointError(dir + ": writing the weights failed: " + r.error);
+  return r.path;
 }
 
 StepStats Trainer::train_step(const model::Batch& batch, int64_t global_valid) {

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/contract/optimizer_rule.h"
 #include "common/contract/step_stats.h"
 #include "common/spec/spec.h"
@@ -62,6 +64,11 @@ class Trainer {
   // One optimizer step on several whole sequences (one rank): their gradients are accumulated
   // and the loss is the mean over all their valid labels, as if they were one batch.
   StepStats train_step(const std::vector<data::Sequence>& seqs);
+
+  // Writes the current weights as a one-node checkpoint under dir (docs/checkpoints.md:
+  // master/<param> f32 tensors, the layout record, shard none) at train step step(); returns the
+  // step directory. Throws ckpt::CheckpointError naming the directory on failure.
+  std::string save_weights(const std::string& dir, const nlohmann::json& meta = {});
 
  private:
   spec::JobSpec spec_;
