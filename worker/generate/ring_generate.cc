@@ -55,6 +55,8 @@ void GenerateRing::all_gather(const void* send, void* recv, size_t bytes) {
   rank_->all_gather(send, recv, bytes, options_.timeout_ms, "all_gather of decode partials");
 }
 
+model::AttentionExecutor* GenerateRing::attention() { return attention_.get(); }
+
 void GenerateRing::shutdown() { rank_->shutdown(); }
 
 }  // namespace ring::gen

@@ -53,6 +53,8 @@ class GenerateRing {
   ShardOptions shard(spec::CausalBalance balance);
   // Every rank's `bytes` at send into recv (ranks x bytes, rank order).
   void all_gather(const void* send, void* recv, size_t bytes);
+  // The ring's attention executor (RingAttention): the training forward across the ranks.
+  model::AttentionExecutor* attention();
   // Clean exit: returns once every rank has called it.
   void shutdown();
 
