@@ -1,7 +1,7 @@
 // One rank of a sharded generation for generate_ring_test.cc:
 //   generate_rank_helper key=value...
 // keys: rank, ranks, dir (rendezvous), out (result file), tokens, docs, seed, batch, prefix (common
-// prefix tokens), steps (greedy decode steps), page, fast (bytes), host (bytes), disk (directory or
+// prefix tokens), vary (prompt b is b x vary tokens shorter), steps (greedy decode steps), page, fast (bytes), host (bytes), disk (directory or
 // empty), window (-1: a page), balance (zigzag|contiguous), threads.
 // Every prompt is prefilled over the ranks, then `steps` tokens are decoded for the whole batch;
 // rank 0's greedy choice is the next token of every rank. The result file (raw):
@@ -46,7 +46,7 @@ int run(const std::map<std::string, std::string>& kv) {
   const std::vector<float> params = test::ring_params(cfg, backend.get(), 7);
   const auto prompts = test::ring_prompts(num("tokens", 1000), static_cast<int>(num("docs", 4)),
                                           static_cast<uint64_t>(num("seed", 5)), batch,
-                                          num("prefix", 0));
+                                          num("prefix", 0), num("vary", 0));
   GeneratorOptions go;
   go.threads = static_cast<int>(num("threads", 1));
   go.cache.page_tokens = num("page", 64);

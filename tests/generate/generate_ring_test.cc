@@ -37,6 +37,7 @@ struct Case {
   uint64_t seed = 5;
   int batch = 1;
   int64_t prefix = 0;
+  int64_t vary = 0;  // prompt b is b x vary tokens shorter
   int steps = 40;
   int64_t page = 64;
   int64_t fast = 0;
@@ -55,7 +56,8 @@ struct Result {
           fast_peak = 0, fast_limit = 0;
 };
 
-Result read_result(const std::string& path, int64_t prompt_tokens, int64_t vocab) {
+Result read_result(const std::string& path, const std::vector<test::Prompt>& prompts,
+                   int64_t vocab) {
   const std::string raw = ring::test::slurp(path);
   size_t at = 0;
   auto take = [&](void* dst, size_t n) {
@@ -72,6 +74,7 @@ Result read_result(const std::string& path, int64_t prompt_tokens, int64_t vocab
   r.batch = i64();
   r.rows = i64();
   for (int64_t b = 0; b < r.batch; ++b) {
+    const int64_t prompt_tokens = static_cast<int64_t>(prompts.at(static_cast<size_t>(b)).ids.size());
     std::vector<int32_t> t(static_cast<size_t>(prompt_tokens + r.rows - 1));
     take(t.data(), t.size() * sizeof(int32_t));
     std::vector<float> l(static_cast<size_t>(r.rows * vocab));
@@ -105,7 +108,8 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
     procs.start({GENERATE_RANK_HELPER, kv("rank", r), kv("ranks", c.ranks), kv("dir", rdv),
                  kv("out", dir + "/out-" + std::to_string(r)), kv("tokens", c.tokens),
                  kv("docs", c.docs), kv("seed", c.seed), kv("batch", c.batch),
-                 kv("prefix", c.prefix), kv("steps", c.steps), kv("page", c.page),
+                 kv("prefix", c.prefix), kv("vary", c.vary), kv("steps", c.steps),
+                 kv("page", c.page),
                  kv("fast", c.fast), kv("host", c.host), kv("disk", c.disk),
                  kv("window", c.window), kv("balance", c.balance)},
                 dir + "/log-" + std::to_string(r), dir + "/log-" + std::to_string(r),
@@ -116,8 +120,9 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
   for (int r = 0; r < c.ranks; ++r) EXPECT_EQ(procs.status(r), 0) << procs.logs("rank");
   if (::testing::Test::HasFailure()) return out;
   const auto cfg = test::ring_config();
+  const auto prompts = test::ring_prompts(c.tokens, c.docs, c.seed, c.batch, c.prefix, c.vary);
   for (int r = 0; r < c.ranks; ++r)
-    out.push_back(read_result(dir + "/out-" + std::to_string(r), c.tokens, cfg.vocab));
+    out.push_back(read_result(dir + "/out-" + std::to_string(r), prompts, cfg.vocab));
   return out;
 }
 
@@ -158,17 +163,18 @@ double expect_exact(const Case& c, const std::vector<Result>& res) {
     EXPECT_EQ(res[static_cast<size_t>(r)].tokens, res[0].tokens) << "rank " << r;
     EXPECT_EQ(res[static_cast<size_t>(r)].logits, res[0].logits) << "rank " << r;
   }
+  const auto prompts = test::ring_prompts(c.tokens, c.docs, c.seed, c.batch, c.prefix, c.vary);
   for (int64_t b = 0; b < c.batch; ++b) {
     int64_t held = 0;
     for (const Result& r : res) {
       EXPECT_GT(r.local[static_cast<size_t>(b)], 0);
       held += r.local[static_cast<size_t>(b)];
     }
-    EXPECT_EQ(held, c.tokens + c.steps) << "prompt " << b << ": pages must partition it";
+    EXPECT_EQ(held, static_cast<int64_t>(prompts[static_cast<size_t>(b)].ids.size()) + c.steps)
+        << "prompt " << b << ": pages must partition it";
   }
   auto be = test::cpu(1);
   const std::vector<float> params = test::ring_params(cfg, be.get(), 7);
-  const auto prompts = test::ring_prompts(c.tokens, c.docs, c.seed, c.batch, c.prefix);
   double worst = 0;
   for (int64_t b = 0; b < c.batch; ++b) {
     const auto& ids = res[0].tokens[static_cast<size_t>(b)];
@@ -178,7 +184,7 @@ double expect_exact(const Case& c, const std::vector<Result>& res) {
     docs.resize(ids.size(), docs.back());
     const std::vector<float> ref = teacher(params, ids, docs);
     for (int64_t i = 0; i < res[0].rows; ++i) {
-      const int64_t p = c.tokens - 1 + i;
+      const int64_t p = static_cast<int64_t>(prompts[static_cast<size_t>(b)].ids.size()) - 1 + i;
       const double e = rel_err(res[0].logits[static_cast<size_t>(b)].data() + i * cfg.vocab,
                                ref.data() + p * cfg.vocab, cfg.vocab);
       worst = std::max(worst, e);
@@ -275,6 +281,21 @@ TEST(GenerateRanksPrefix, SharedPrefixBatchOverTwoRanksIsExact) {
   if (!res.empty()) {
     EXPECT_EQ(res[0].shared_hits, 2 * 7 * 2 * 2);
   }
+}
+
+// A batch of 4 prompts of different lengths (1000, 969, 938, 907 tokens) over 4 ranks: each
+// sequence's new tokens go to the rank of its own position (different ranks in one step), each
+// prompt is cut differently, and every position of every prompt is exact.
+TEST(GenerateRanksBatch, PromptsOfDifferentLengthsOverFourRanksAreExact) {
+  TempDir dir("gen-ring-batch");
+  Case c;
+  c.ranks = 4;
+  c.batch = 4;
+  c.vary = 31;
+  c.page = 16;
+  c.steps = 24;
+  const auto res = run_case(c, dir.path);
+  expect_exact(c, res);
 }
 
 // A prompt too short to cut over the ranks is an error naming the rule, on every rank.

@@ -57,10 +57,11 @@ struct Prompt {
   std::vector<int32_t> ids, docs;
 };
 
-// `batch` prompts of `tokens` tokens in packed documents (`docs` documents of random lengths);
-// the first `prefix` tokens are common to all of them (then each has its own ids).
+// `batch` prompts in packed documents (`docs` documents of random lengths over `tokens`); prompt
+// b has tokens - b x vary tokens (the documents cut to fit); the first `prefix` tokens are common
+// to all of them (then each has its own ids).
 inline std::vector<Prompt> ring_prompts(int64_t tokens, int docs, uint64_t seed, int batch,
-                                        int64_t prefix) {
+                                        int64_t prefix, int64_t vary = 0) {
   std::mt19937_64 rng(seed);
   std::vector<int64_t> cuts;
   for (int d = 1; d < docs; ++d) cuts.push_back(static_cast<int64_t>(rng() % tokens));
@@ -78,10 +79,12 @@ inline std::vector<Prompt> ring_prompts(int64_t tokens, int docs, uint64_t seed,
   std::vector<int32_t> common(static_cast<size_t>(prefix));
   for (auto& x : common) x = static_cast<int32_t>(rng() % 256);
   std::vector<Prompt> out(static_cast<size_t>(batch));
-  for (auto& p : out) {
-    p.docs = doc_of;
-    p.ids = common;
-    while (static_cast<int64_t>(p.ids.size()) < tokens)
+  for (size_t b = 0; b < out.size(); ++b) {
+    Prompt& p = out[b];
+    const int64_t len = tokens - static_cast<int64_t>(b) * vary;
+    p.docs.assign(doc_of.begin(), doc_of.begin() + len);
+    p.ids.assign(common.begin(), common.begin() + std::min(prefix, len));
+    while (static_cast<int64_t>(p.ids.size()) < len)
       p.ids.push_back(static_cast<int32_t>(rng() % 256));
   }
   return out;
