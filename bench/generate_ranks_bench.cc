@@ -150,8 +150,7 @@ int run_rank(const Opts& o) {
     std::vector<int32_t> labels(lid.size(), -1);
     ring::model::Batch b{static_cast<int64_t>(lid.size()), lid.data(), labels.data(), pos.data(),
                          ldoc.data()};
-    std::ofstream out(o.dir + "/result-" + std::to_string(o.world) + "-" +
-                      std::to_string(o.rank));
+    std::ofstream out(o.dir + "/result-" + std::to_string(o.world) + "-" + std::to_string(o.rank));
     char barrier_in = 0;
     std::vector<char> barrier_out(static_cast<size_t>(o.world));
     auto barrier = [&] {
@@ -168,14 +167,14 @@ int run_rank(const Opts& o) {
       const int h = g->prefill(ids, docs, &logits);
       barrier();
       out << "prefill " << since(t0) << "\n";
-      std::vector<int32_t> next = {static_cast<int32_t>(
-          std::max_element(logits.begin(), logits.end()) - logits.begin())};
+      std::vector<int32_t> next = {
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
       for (int s = 0; s < o.steps; ++s) {
         t0 = Clock::now();
         const ring::gen::StepTiming t = g->step({h}, next, &logits);
         out << "step " << since(t0) << " " << t.exchange_seconds << "\n";
-        next[0] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                       logits.begin());
+        next[0] =
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       }
       g->release(h);
     }
@@ -256,16 +255,26 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : "";
-    if (f == "--ranks") o.ranks = std::atoi(v), ++i;
-    else if (f == "--tokens") o.tokens = std::atoll(v), ++i;
-    else if (f == "--steps") o.steps = std::atoi(v), ++i;
-    else if (f == "--reps") o.reps = std::atoi(v), ++i;
-    else if (f == "--threads") o.threads = std::atoi(v), ++i;
-    else if (f == "--page-tokens") o.page_tokens = std::atoll(v), ++i;
-    else if (f == "--max-doc") o.max_doc = std::atoll(v), ++i;
-    else if (f == "--rank") o.rank = std::atoi(v), ++i;
-    else if (f == "--world") o.world = std::atoi(v), ++i;
-    else if (f == "--dir") o.dir = v, ++i;
+    if (f == "--ranks")
+      o.ranks = std::atoi(v), ++i;
+    else if (f == "--tokens")
+      o.tokens = std::atoll(v), ++i;
+    else if (f == "--steps")
+      o.steps = std::atoi(v), ++i;
+    else if (f == "--reps")
+      o.reps = std::atoi(v), ++i;
+    else if (f == "--threads")
+      o.threads = std::atoi(v), ++i;
+    else if (f == "--page-tokens")
+      o.page_tokens = std::atoll(v), ++i;
+    else if (f == "--max-doc")
+      o.max_doc = std::atoll(v), ++i;
+    else if (f == "--rank")
+      o.rank = std::atoi(v), ++i;
+    else if (f == "--world")
+      o.world = std::atoi(v), ++i;
+    else if (f == "--dir")
+      o.dir = v, ++i;
     else {
       std::fprintf(stderr,
                    "usage: %s [--ranks P] [--tokens T] [--steps S] [--reps R] [--threads N] "
@@ -281,20 +290,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (o.ranks < 2 || o.tokens < 2 * o.ranks || o.reps < 1 || o.steps < 1) {
-    std::fprintf(stderr, "generate_ranks_bench: --ranks >= 2, --tokens >= 2 x ranks, --reps and "
-                         "--steps >= 1\n");
+    std::fprintf(stderr,
+                 "generate_ranks_bench: --ranks >= 2, --tokens >= 2 x ranks, --reps and "
+                 "--steps >= 1\n");
     return 2;
   }
   std::string tmpl = std::filesystem::temp_directory_path().string() + "/gen-ranks-bench-XXXXXX";
   const std::string dir = mkdtemp(tmpl.data());
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::printf("generate_ranks_bench: %lld-token prompt%s, %d decode steps x %d reps, %d threads "
-              "in all, pages of %lld (host tier)\n",
-              static_cast<long long>(o.tokens),
-              o.max_doc > 0 ? (" (documents up to " + std::to_string(o.max_doc) + ")").c_str()
-                            : " (one document)",
-              o.steps, o.reps, o.threads > 0 ? o.threads : cores,
-              static_cast<long long>(o.page_tokens));
+  std::printf(
+      "generate_ranks_bench: %lld-token prompt%s, %d decode steps x %d reps, %d threads "
+      "in all, pages of %lld (host tier)\n",
+      static_cast<long long>(o.tokens),
+      o.max_doc > 0 ? (" (documents up to " + std::to_string(o.max_doc) + ")").c_str()
+                    : " (one document)",
+      o.steps, o.reps, o.threads > 0 ? o.threads : cores, static_cast<long long>(o.page_tokens));
   std::vector<Measured> m;
   for (int world : {1, o.ranks}) {
     if (!launch(argv, argc, world, dir)) {
@@ -313,8 +323,8 @@ int main(int argc, char** argv) {
     for (double s : m[c].prefill) pre_tps.push_back(t / s);
     print("training forward, tokens/s", spread(fwd_tps), 1e-3, "K");
     print("prefill, tokens/s", spread(pre_tps), 1e-3, "K");
-    print("prefill / training forward (paired)",
-          ring::bench::paired_ratio(pre_tps, fwd_tps), 1, "x");
+    print("prefill / training forward (paired)", ring::bench::paired_ratio(pre_tps, fwd_tps), 1,
+          "x");
     print("decode step", spread(m[c].step), 1e3, "ms");
     if (world > 1) print("  of it exchanging partials", spread(m[c].exchange), 1e3, "ms");
   }

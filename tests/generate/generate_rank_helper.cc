@@ -1,10 +1,11 @@
 // One rank of a sharded generation for generate_ring_test.cc:
 //   generate_rank_helper key=value...
 // keys: rank, ranks, dir (rendezvous), out (result file), tokens, docs, seed, batch, prefix (common
-// prefix tokens), vary (prompt b is b x vary tokens shorter), steps (greedy decode steps), page, fast (bytes), host (bytes), disk (directory or
-// empty), window (-1: a page), balance (zigzag|contiguous), threads.
-// Every prompt is prefilled over the ranks, then `steps` tokens are decoded for the whole batch;
-// rank 0's greedy choice is the next token of every rank. The result file (raw):
+// prefix tokens), vary (prompt b is b x vary tokens shorter), steps (greedy decode steps), page,
+// fast (bytes), host (bytes), disk (directory or empty), window (-1: a page), balance
+// (zigzag|contiguous), threads. Every prompt is prefilled over the ranks, then `steps` tokens are
+// decoded for the whole batch; rank 0's greedy choice is the next token of every rank. The result
+// file (raw):
 //   int64 batch, int64 rows (steps + 1), then per prompt: int32 tokens [prompt + steps],
 //   float logits [rows, vocab] (the prompt's last token, then each step), then int64 stats:
 //   local tokens per prompt [batch], shared page hits, fast tasks, host tasks, disk tasks,
@@ -64,9 +65,9 @@ int run(const std::map<std::string, std::string>& kv) {
     ro.bootstrap_timeout_ms = 60000;
     ro.timeout_ms = 120000;
     ring.emplace(backend.get(), ro);
-    go.shard = ring->shard(get("balance", "zigzag") == "contiguous"
-                               ? spec::CausalBalance::kContiguous
-                               : spec::CausalBalance::kZigzag);
+    go.shard =
+        ring->shard(get("balance", "zigzag") == "contiguous" ? spec::CausalBalance::kContiguous
+                                                             : spec::CausalBalance::kZigzag);
   }
   std::optional<Generator> g;
   return cp::run_then_exit_on_error("generate_rank_helper rank " + std::to_string(rank), 1, [&] {

@@ -74,7 +74,8 @@ Result read_result(const std::string& path, const std::vector<test::Prompt>& pro
   r.batch = i64();
   r.rows = i64();
   for (int64_t b = 0; b < r.batch; ++b) {
-    const int64_t prompt_tokens = static_cast<int64_t>(prompts.at(static_cast<size_t>(b)).ids.size());
+    const int64_t prompt_tokens =
+        static_cast<int64_t>(prompts.at(static_cast<size_t>(b)).ids.size());
     std::vector<int32_t> t(static_cast<size_t>(prompt_tokens + r.rows - 1));
     take(t.data(), t.size() * sizeof(int32_t));
     std::vector<float> l(static_cast<size_t>(r.rows * vocab));
@@ -105,15 +106,14 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
         return k + "=" + std::to_string(v);
       }
     };
-    procs.start({GENERATE_RANK_HELPER, kv("rank", r), kv("ranks", c.ranks), kv("dir", rdv),
-                 kv("out", dir + "/out-" + std::to_string(r)), kv("tokens", c.tokens),
-                 kv("docs", c.docs), kv("seed", c.seed), kv("batch", c.batch),
-                 kv("prefix", c.prefix), kv("vary", c.vary), kv("steps", c.steps),
-                 kv("page", c.page),
-                 kv("fast", c.fast), kv("host", c.host), kv("disk", c.disk),
-                 kv("window", c.window), kv("balance", c.balance)},
-                dir + "/log-" + std::to_string(r), dir + "/log-" + std::to_string(r),
-                ring::test::ucx_loopback());
+    procs.start(
+        {GENERATE_RANK_HELPER, kv("rank", r), kv("ranks", c.ranks), kv("dir", rdv),
+         kv("out", dir + "/out-" + std::to_string(r)), kv("tokens", c.tokens), kv("docs", c.docs),
+         kv("seed", c.seed), kv("batch", c.batch), kv("prefix", c.prefix), kv("vary", c.vary),
+         kv("steps", c.steps), kv("page", c.page), kv("fast", c.fast), kv("host", c.host),
+         kv("disk", c.disk), kv("window", c.window), kv("balance", c.balance)},
+        dir + "/log-" + std::to_string(r), dir + "/log-" + std::to_string(r),
+        ring::test::ucx_loopback());
   }
   std::vector<Result> out;
   EXPECT_TRUE(procs.wait_all(300s)) << "ranks did not finish in 300 s\n" << procs.logs("rank");

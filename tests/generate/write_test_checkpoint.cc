@@ -54,8 +54,7 @@ int main(int argc, char** argv) {
     co.layout = l;
     ring::ckpt::Checkpointer ck(co);
     for (const auto& v : pl.views())
-      ck.add_tensor("master/" + v.name, ring::ckpt::DType::kF32, v.shape,
-                    params.data() + v.offset);
+      ck.add_tensor("master/" + v.name, ring::ckpt::DType::kF32, v.shape, params.data() + v.offset);
     ck.start(2, {});
     if (!ck.wait().ok) throw std::runtime_error("the checkpoint was not written");
     return 0;

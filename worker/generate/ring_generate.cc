@@ -30,8 +30,7 @@ GenerateRing::GenerateRing(kernels::Backend* backend, const RingOptions& o) : op
   rank_ = std::make_unique<cp::RingRank>(spec, ro);
   cp::RingAttention::Options ao;
   ao.timeout_ms = o.timeout_ms;
-  attention_ =
-      std::make_unique<cp::RingAttention>(backend, &rank_->progress(), rank_->ring(), ao);
+  attention_ = std::make_unique<cp::RingAttention>(backend, &rank_->progress(), rank_->ring(), ao);
 }
 
 GenerateRing::~GenerateRing() {
@@ -55,8 +54,12 @@ void GenerateRing::all_gather(const void* send, void* recv, size_t bytes) {
   rank_->all_gather(send, recv, bytes, options_.timeout_ms, "all_gather of decode partials");
 }
 
-model::AttentionExecutor* GenerateRing::attention() { return attention_.get(); }
+model::AttentionExecutor* GenerateRing::attention() {
+  return attention_.get();
+}
 
-void GenerateRing::shutdown() { rank_->shutdown(); }
+void GenerateRing::shutdown() {
+  rank_->shutdown();
+}
 
 }  // namespace ring::gen
