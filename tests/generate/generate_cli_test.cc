@@ -295,7 +295,7 @@ json read_json(const std::string& path) {
 TEST_F(GenerateCli, RanksGiveTheTokensOfOneProcess) {
   const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt " + dir_ +
                            "/p2.txt --json --page-tokens 64 --fast-bytes 0 --window 0 "
-                           "--max-tokens 12 --threads 1 ";
+                           "--max-tokens 12 --threads 1 --timeout 120 ";
   int n = 0;
   auto gen = [&](const std::string& extra) {
     const std::string out = dir_ + "/r" + std::to_string(n++) + ".json";
@@ -335,7 +335,8 @@ TEST_F(GenerateCli, RanksGiveTheTokensOfOneProcess) {
 // Under srun every task is a rank: SLURM_PROCID of SLURM_STEP_NUM_TASKS, on --rendezvous.
 TEST_F(GenerateCli, SrunTaskVariablesMakeTheRanks) {
   const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ +
-                           "/p1.txt --json --page-tokens 64 --max-tokens 8 --threads 1 ";
+                           "/p1.txt --json --page-tokens 64 --max-tokens 8 --threads 1 "
+                           "--timeout 120 ";
   const Result one = run(base + "-o " + dir_ + "/one.json");
   ASSERT_EQ(one.code, 0) << one.out;
   std::vector<Result> res(2);
