@@ -40,6 +40,7 @@
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/contract/layout.h"
+#include "common/proc/reap.h"
 #include "common/proc/spawn.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
@@ -274,8 +275,8 @@ Inputs load_inputs(const GenerateOpts& o, bool quiet) {
     mc = config_from_checkpoint(o.checkpoint);
     if (!quiet)
       std::cerr << "note: the model comes from the checkpoint's layout record; rope_theta 10000, "
-                 "norm_eps 1e-5 and no RoPE scaling (the spec defaults) are assumed (--spec "
-                 "names the training spec)\n";
+                   "norm_eps 1e-5 and no RoPE scaling (the spec defaults) are assumed (--spec "
+                   "names the training spec)\n";
   }
   if (!tok && mc.vocab < 256)
     throw InputError(fmt::format(
@@ -329,10 +330,10 @@ CacheTotals cache_totals(gen::Generator& g, gen::GenerateRing* ring) {
   const gen::CacheStats& c = t.cs;
   const gen::DecodeStats& d = t.ds;
   constexpr int kN = 15;
-  const int64_t mine[kN] = {c.pages,       c.shared_hits,     c.fast_pages,   c.host_pages,
-                            c.disk_pages,  c.fast_capacity_bytes, c.fast_peak_bytes,
-                            c.host_bytes,  c.disk_bytes,      c.promotions,   d.fast_tasks,
-                            d.host_tasks,  d.disk_tasks,      d.shared_tasks, d.skipped_tasks};
+  const int64_t mine[kN] = {c.pages,      c.shared_hits,         c.fast_pages,      c.host_pages,
+                            c.disk_pages, c.fast_capacity_bytes, c.fast_peak_bytes, c.host_bytes,
+                            c.disk_bytes, c.promotions,          d.fast_tasks,      d.host_tasks,
+                            d.disk_tasks, d.shared_tasks,        d.skipped_tasks};
   std::vector<int64_t> all(static_cast<size_t>(kN * ring->ranks()));
   ring->all_gather(mine, all.data(), sizeof(mine));
   int64_t sum[kN] = {};
@@ -476,9 +477,12 @@ int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator& g,
                   {"host_bytes", cs.host_bytes},
                   {"disk_bytes", cs.disk_bytes},
                   {"promotions", cs.promotions},
-                  {"page_tasks", {{"fast", ds.fast_tasks}, {"host", ds.host_tasks},
-                                  {"disk", ds.disk_tasks}, {"shared", ds.shared_tasks},
-                                  {"skipped", ds.skipped_tasks}}}};
+                  {"page_tasks",
+                   {{"fast", ds.fast_tasks},
+                    {"host", ds.host_tasks},
+                    {"disk", ds.disk_tasks},
+                    {"shared", ds.shared_tasks},
+                    {"skipped", ds.skipped_tasks}}}};
     j["prompts"] = json::array();
     for (size_t i = 0; i < outs.size(); ++i) {
       // The first token comes from the prefill's logits; each later one from a decode step.
@@ -501,9 +505,10 @@ int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator& g,
   if (o.out.empty()) {
     std::cout << result << std::flush;
   } else {
-    const int fd = ::open(o.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                          0600);
-    if (fd < 0) throw InputError(fmt::format("-o {}: cannot create: {}", o.out, std::strerror(errno)));
+    const int fd =
+        ::open(o.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+      throw InputError(fmt::format("-o {}: cannot create: {}", o.out, std::strerror(errno)));
     size_t off = 0;
     while (off < result.size()) {
       const ssize_t w = ::write(fd, result.data() + off, result.size() - off);
@@ -547,9 +552,9 @@ Identity identity(const GenerateOpts& o) {
   } else if (const int tasks = env_int("SLURM_STEP_NUM_TASKS", 1); tasks > 1) {
     // Under srun: every task of the step is one rank.
     if (o.ranks > 1)
-      throw UsageError(fmt::format(
-          "--ranks {} under srun with {} tasks: srun starts the ranks (drop --ranks)", o.ranks,
-          tasks));
+      throw UsageError(
+          fmt::format("--ranks {} under srun with {} tasks: srun starts the ranks (drop --ranks)",
+                      o.ranks, tasks));
     if (o.rendezvous.empty())
       throw UsageError(fmt::format(
           "under srun with {} tasks, --rendezvous DIR (a directory every task can reach, unique "
@@ -557,9 +562,10 @@ Identity identity(const GenerateOpts& o) {
           tasks));
     const int procid = env_int("SLURM_PROCID", -1);
     if (procid < 0 || procid >= tasks)
-      throw UsageError(fmt::format("under srun with {} tasks: SLURM_PROCID is missing or out of "
-                                   "range",
-                                   tasks));
+      throw UsageError(
+          fmt::format("under srun with {} tasks: SLURM_PROCID is missing or out of "
+                      "range",
+                      tasks));
     id = {procid, tasks, o.rendezvous};
   }
   return id;
@@ -609,8 +615,8 @@ int run_rank(const GenerateOpts& o, const Identity& id) {
 }
 
 // The command line of rank r of a local launch: the flags as given, and the rank's identity.
-std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& o, int r,
-                                   int world, const std::string& dir) {
+std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& o, int r, int world,
+                                   const std::string& dir) {
   std::vector<std::string> a = {self, "generate", "--checkpoint", o.checkpoint};
   auto add = [&](const std::string& flag, const std::string& v) {
     a.push_back(flag);
@@ -704,9 +710,9 @@ int launch_ranks(const GenerateOpts& o) {
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
       if (!ok && exit_code == 0) {
         exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : kExitFailed;
-        if (running > 0)
-          std::cerr << fmt::format("ringctl generate: rank {} failed; stopping the other {}\n", r,
-                                   running);
+        std::cerr << fmt::format(
+            "ringctl generate: rank {} {}{}\n", r, proc::describe_status(st),
+            running > 0 ? fmt::format("; stopping the other {}", running) : std::string());
         signal_all(SIGTERM);
         kill_at = Clock::now() + std::chrono::seconds(5);
       }

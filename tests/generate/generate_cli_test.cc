@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include "common/contract/shard.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
+#include "tests/common/test_proc.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
 
@@ -345,8 +348,7 @@ TEST_F(GenerateCli, SrunTaskVariablesMakeTheRanks) {
     tasks.emplace_back([&, r] {
       res[static_cast<size_t>(r)] =
           run(base + "--rendezvous " + dir_ + "/rdv -o " + dir_ + "/srun.json",
-              std::string(kUcxLocal) + " SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=" +
-                  std::to_string(r));
+              std::string(kUcxLocal) + " SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=" + std::to_string(r));
     });
   for (auto& t : tasks) t.join();
   for (const Result& r : res) ASSERT_EQ(r.code, 0) << r.out;
@@ -379,6 +381,40 @@ TEST_F(GenerateCli, RankFlagErrorsNameTheRule) {
                        "at least 4)"),
             std::string::npos)
       << r.out;
+}
+
+// A rank killed in the middle of a run: the launcher stops the other, names the rank and how it
+// ended, exits 1, and leaves no process behind.
+TEST_F(GenerateCli, KilledRankStopsTheOthers) {
+  using namespace std::chrono_literals;
+  const std::string out = dir_ + "/big.txt";
+  ring::test::ProcOptions opts = ring::test::ucx_loopback();
+  opts.kill_on_timeout = true;
+  ring::test::Proc launcher({RINGCTL, "generate", "--checkpoint", dir_ + "/ckpt", dir_ + "/p1.txt",
+                             "--page-tokens", "64", "--max-tokens", "100000000", "--ranks", "2",
+                             "--threads", "1", "--timeout", "120", "-o", out},
+                            dir_ + "/launcher.log", dir_ + "/launcher.log", opts);
+  // Rank 1: the process whose command line has "--rank" then "1" (and names `out`).
+  auto rank1 = [&]() -> pid_t {
+    for (pid_t p : ring::test::processes_mentioning(out)) {
+      const std::string cmd = ring::test::slurp("/proc/" + std::to_string(p) + "/cmdline");
+      if (cmd.find(std::string("--rank\0001\0", 9)) != std::string::npos) return p;
+    }
+    return -1;
+  };
+  pid_t victim = -1;
+  for (auto until = std::chrono::steady_clock::now() + 120s;
+       victim < 0 && std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(50ms))
+    victim = rank1();
+  ASSERT_GT(victim, 0) << ring::test::slurp(dir_ + "/launcher.log");
+  ::kill(victim, SIGKILL);
+  const int st = launcher.wait(120);
+  ASSERT_NE(st, -1) << "the launcher did not end\n" << ring::test::slurp(dir_ + "/launcher.log");
+  EXPECT_EQ(ring::test::exit_code(st), 1);
+  EXPECT_NE(ring::test::slurp(dir_ + "/launcher.log").find("rank 1 was killed by signal 9"),
+            std::string::npos)
+      << ring::test::slurp(dir_ + "/launcher.log");
+  EXPECT_TRUE(ring::test::wait_for_no_processes(out, 60));
 }
 
 }  // namespace
