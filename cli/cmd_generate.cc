@@ -731,7 +731,12 @@ int run_generate(const GenerateOpts& o) {
   if (o.split != "zigzag" && o.split != "contiguous")
     throw UsageError(fmt::format("--split '{}': zigzag or contiguous", o.split));
   const Identity id = identity(o);
-  if (id.world > 1) return run_rank(o, id);
+  if (id.world > 1) {
+    // A rank's threads: --threads, else srun's CPUs per task (-c), else every core.
+    GenerateOpts ro = o;
+    if (ro.threads == 0) ro.threads = env_int("SLURM_CPUS_PER_TASK", 0);
+    return run_rank(ro, id);
+  }
   if (o.ranks > 1) return launch_ranks(o);
   Inputs in = load_inputs(o, false);
   std::string err;
