@@ -10,7 +10,17 @@
 // batch step per token. Output: the generated text of each prompt (bytes for byte models), or
 // with --json one object with the tokens, text and per-token timing of each prompt and the
 // cache's tier statistics.
+//
+// Over P ranks (docs/generation.md, "Generation over several ranks"): --ranks P starts P local
+// processes of this command (a fresh rendezvous directory; each rank dies with the launcher, and
+// when one fails the others are stopped), each with --rank R --world P --rendezvous DIR; under
+// srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS > 1) every task is one rank and --rendezvous names a
+// directory all tasks reach. The prompts are prefilled with ring attention across the ranks, the
+// cache stays sharded, each decode step exchanges only the partial (o, lse) of every layer, and
+// rank 0's sampled tokens are every rank's; rank 0 writes the output.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,7 +30,9 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -28,13 +40,17 @@
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/contract/layout.h"
+#include "common/proc/reap.h"
+#include "common/proc/spawn.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "worker/data/errors.h"
 #include "worker/data/tokenizer.h"
 #include "worker/generate/generator.h"
+#include "worker/generate/ring_generate.h"
 #include "worker/generate/sampling.h"
+#include "worker/ring/ring_rank.h"
 
 namespace ring::cli {
 namespace {
@@ -60,6 +76,14 @@ struct GenerateOpts {
   int threads = 0;
   double approximate = 0.0;
   bool host_int8 = false;
+  // Several ranks: --ranks P launches P local ranks; a rank has --rank/--world/--rendezvous
+  // (or SLURM_PROCID / SLURM_STEP_NUM_TASKS under srun).
+  int ranks = 1;
+  std::string split = "zigzag";
+  int rank = -1, world = 0;
+  std::string rendezvous;
+  std::string transport = "ucx";
+  int timeout_s = 600;
   // Cache flags given on the command line (they override the spec's generate section).
   bool has_page_tokens = false, has_fast = false, has_host = false, has_disk = false,
        has_window = false;
@@ -197,9 +221,19 @@ std::string as_flags(std::string m) {
   return m;
 }
 
-int run_generate(const GenerateOpts& o) {
-  // Flags first (usage errors), then inputs.
+// Everything a generation needs, checked: flags first (usage errors), then the inputs.
+struct Inputs {
   gen::GeneratorOptions go;
+  gen::SamplingParams sp;
+  contract::ModelConfig mc;
+  std::unique_ptr<data::Tokenizer> tok;
+  std::vector<float> params;
+  std::vector<std::vector<int32_t>> ids;
+};
+
+Inputs load_inputs(const GenerateOpts& o, bool quiet) {
+  Inputs in;
+  gen::GeneratorOptions& go = in.go;
   go.threads = o.threads;
   go.cache.page_tokens = o.page_tokens;
   go.cache.fast_bytes = parse_size("--fast-bytes", o.fast_bytes);
@@ -208,16 +242,18 @@ int run_generate(const GenerateOpts& o) {
   go.cache.window = o.window;
   go.approximate = o.approximate;
   go.cache.host_int8 = o.host_int8;
-  gen::SamplingParams sp{o.temperature, o.top_p, o.seed};
+  in.sp = gen::SamplingParams{o.temperature, o.top_p, o.seed};
   if (o.prompts.empty()) throw UsageError("at least one PROMPT_FILE is required");
 
-  contract::ModelConfig mc;
-  std::unique_ptr<data::Tokenizer> tok;
+  contract::ModelConfig& mc = in.mc;
+  std::unique_ptr<data::Tokenizer>& tok = in.tok;
   if (!o.spec.empty()) {
     // The rules of a spec ring-worker runs alone, not ringd's: only the model, data.tokenizer
     // and generate sections are used here (a passkey spec trained with offload none is fine).
     auto r = spec::load_spec_file(o.spec);
-    for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
+    if (!quiet || !r.ok())
+      for (const auto& d : r.diagnostics) std::cerr << d.str() << "
+";
     if (!r.ok()) throw InputError(fmt::format("--spec {}: {} error(s)", o.spec, r.error_count()));
     // The spec's generate section, where no flag says otherwise.
     const spec::GenerateSection& gs = r.spec->generate;
@@ -240,9 +276,10 @@ int run_generate(const GenerateOpts& o) {
     }
   } else {
     mc = config_from_checkpoint(o.checkpoint);
-    std::cerr << "note: the model comes from the checkpoint's layout record; rope_theta 10000, "
-                 "norm_eps 1e-5 and no RoPE scaling (the spec defaults) are assumed (--spec "
-                 "names the training spec)\n";
+    if (!quiet)
+      std::cerr << "note: the model comes from the checkpoint's layout record; rope_theta 10000, "
+                   "norm_eps 1e-5 and no RoPE scaling (the spec defaults) are assumed (--spec "
+                   "names the training spec)\n";
   }
   if (!tok && mc.vocab < 256)
     throw InputError(fmt::format(
@@ -252,7 +289,8 @@ int run_generate(const GenerateOpts& o) {
 
   // Weights: master/<param> of the checkpoint, by name.
   const contract::ParamLayout pl(mc);
-  std::vector<float> params(static_cast<size_t>(pl.total()), 0.f);
+  std::vector<float>& params = in.params;
+  params.assign(static_cast<size_t>(pl.total()), 0.f);
   std::vector<ckpt::LoadTarget> targets;
   for (const auto& v : pl.views()) {
     ckpt::LoadTarget t{"master/" + v.name, ckpt::DType::kF32, v.shape, params.data() + v.offset};
@@ -267,7 +305,7 @@ int run_generate(const GenerateOpts& o) {
   }
 
   // Prompts.
-  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<int32_t>>& ids = in.ids;
   for (const auto& f : o.prompts) {
     const std::string text = read_file(f);
     std::vector<int32_t> p;
@@ -280,12 +318,66 @@ int run_generate(const GenerateOpts& o) {
     if (p.empty()) throw InputError(fmt::format("prompt {}: is empty (no tokens)", f));
     ids.push_back(std::move(p));
   }
+  return in;
+}
 
-  std::string err;
-  auto backend = kernels::create_backend("cpu", o.threads, &err);
-  if (!backend) throw InputError("cannot create the cpu backend: " + err);
+// Sums of every rank's cache statistics (one rank: its own).
+struct CacheTotals {
+  gen::CacheStats cs;
+  gen::DecodeStats ds;
+};
+
+CacheTotals cache_totals(gen::Generator& g, gen::GenerateRing* ring) {
+  CacheTotals t{g.cache().stats(), g.decode_stats()};
+  if (ring == nullptr) return t;
+  const gen::CacheStats& c = t.cs;
+  const gen::DecodeStats& d = t.ds;
+  constexpr int kN = 15;
+  const int64_t mine[kN] = {c.pages,      c.shared_hits,         c.fast_pages,      c.host_pages,
+                            c.disk_pages, c.fast_capacity_bytes, c.fast_peak_bytes, c.host_bytes,
+                            c.disk_bytes, c.promotions,          d.fast_tasks,      d.host_tasks,
+                            d.disk_tasks, d.shared_tasks,        d.skipped_tasks};
+  std::vector<int64_t> all(static_cast<size_t>(kN * ring->ranks()));
+  ring->all_gather(mine, all.data(), sizeof(mine));
+  int64_t sum[kN] = {};
+  for (int r = 0; r < ring->ranks(); ++r)
+    for (int i = 0; i < kN; ++i) sum[i] += all[static_cast<size_t>(r * kN + i)];
+  t.cs.pages = sum[0];
+  t.cs.shared_hits = sum[1];
+  t.cs.fast_pages = sum[2];
+  t.cs.host_pages = sum[3];
+  t.cs.disk_pages = sum[4];
+  t.cs.fast_capacity_bytes = sum[5];
+  t.cs.fast_peak_bytes = sum[6];
+  t.cs.host_bytes = sum[7];
+  t.cs.disk_bytes = sum[8];
+  t.cs.promotions = sum[9];
+  t.ds.fast_tasks = sum[10];
+  t.ds.host_tasks = sum[11];
+  t.ds.disk_tasks = sum[12];
+  t.ds.shared_tasks = sum[13];
+  t.ds.skipped_tasks = sum[14];
+  return t;
+}
+
+// Generates from every prompt with g (ring: a rank of a sharded generation, where rank 0's
+// sampled tokens are every rank's) and writes the output (on rank 0 only).
+int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator& g,
+                       gen::GenerateRing* ring) {
+  const gen::GeneratorOptions& go = in.go;
+  const gen::SamplingParams& sp = in.sp;
+  const contract::ModelConfig& mc = in.mc;
+  const std::unique_ptr<data::Tokenizer>& tok = in.tok;
+  const std::vector<std::vector<int32_t>>& ids = in.ids;
   using Clock = std::chrono::steady_clock;
-  gen::Generator g(mc, params.data(), backend.get(), go);
+  // Rank 0's choice of next token for each entry is every rank's (the logits are the same on
+  // every rank; this keeps the ranks in step even where floating point differs between hosts).
+  auto agree = [&](std::vector<int32_t>* t) {
+    if (ring == nullptr || t->empty()) return;
+    std::vector<int32_t> all(t->size() * static_cast<size_t>(ring->ranks()));
+    ring->all_gather(t->data(), all.data(), t->size() * sizeof(int32_t));
+    std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(t->size()), t->begin());
+  };
   struct Out {
     std::vector<int32_t> tokens;
     std::vector<double> times;
@@ -304,6 +396,12 @@ int run_generate(const GenerateOpts& o) {
     outs[i].prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
     outs[i].sampler = std::make_unique<gen::Sampler>(sp, i);
     outs[i].next = outs[i].sampler->sample(logits.data(), mc.vocab);
+  }
+  if (ring != nullptr) {
+    std::vector<int32_t> first;
+    for (const Out& x : outs) first.push_back(x.next);
+    agree(&first);
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].next = first[i];
   }
   const int32_t eos = tok ? tok->eos_id() : -1;
   for (int64_t n = 0; n < o.max_tokens; ++n) {
@@ -324,13 +422,21 @@ int run_generate(const GenerateOpts& o) {
     }
     if (seqs.empty()) break;
     gen::StepTiming t = g.step(seqs, next, &logits);
+    std::vector<int32_t> chosen;
     for (size_t b = 0; b < which.size(); ++b) {
       Out& x = outs[which[b]];
       x.times.push_back(t.seconds);
       x.bounds.push_back(t.skipped_mass_bound[b]);
       x.next = x.sampler->sample(logits.data() + static_cast<int64_t>(b) * mc.vocab, mc.vocab);
+      chosen.push_back(x.next);
+    }
+    if (ring != nullptr) {
+      agree(&chosen);
+      for (size_t b = 0; b < which.size(); ++b) outs[which[b]].next = chosen[b];
     }
   }
+  const CacheTotals totals = cache_totals(g, ring);
+  if (ring != nullptr && ring->rank() != 0) return kExitOk;  // rank 0 writes the output
 
   auto text_of = [&](const std::vector<int32_t>& t) {
     if (tok) return tok->decode(t);
@@ -349,7 +455,7 @@ int run_generate(const GenerateOpts& o) {
     std::cerr << fmt::format(
         "APPROXIMATE attention (--approximate {}): {} page computations skipped; largest bound "
         "on the skipped softmax mass of a token: {:.3g}\n",
-        o.approximate, g.decode_stats().skipped_tasks, worst);
+        o.approximate, totals.ds.skipped_tasks, worst);
   }
   std::string result;
   if (o.json) {
@@ -359,8 +465,10 @@ int run_generate(const GenerateOpts& o) {
     j["attention"] = o.approximate > 0 ? json{{"mode", "approximate"}, {"threshold", o.approximate}}
                                        : json{{"mode", "exact"}};
     j["attention"]["host_kv"] = o.host_int8 ? "int8 (not exact)" : "fp32";
-    const gen::CacheStats cs = g.cache().stats();
-    const gen::DecodeStats& ds = g.decode_stats();
+    // Sharded: the cache's statistics are the sums over the ranks.
+    if (ring != nullptr) j["ranks"] = {{"ranks", ring->ranks()}, {"split", o.split}};
+    const gen::CacheStats& cs = totals.cs;
+    const gen::DecodeStats& ds = totals.ds;
     j["cache"] = {{"page_tokens", go.cache.page_tokens},
                   {"pages", cs.pages},
                   {"shared_page_hits", cs.shared_hits},
@@ -372,9 +480,12 @@ int run_generate(const GenerateOpts& o) {
                   {"host_bytes", cs.host_bytes},
                   {"disk_bytes", cs.disk_bytes},
                   {"promotions", cs.promotions},
-                  {"page_tasks", {{"fast", ds.fast_tasks}, {"host", ds.host_tasks},
-                                  {"disk", ds.disk_tasks}, {"shared", ds.shared_tasks},
-                                  {"skipped", ds.skipped_tasks}}}};
+                  {"page_tasks",
+                   {{"fast", ds.fast_tasks},
+                    {"host", ds.host_tasks},
+                    {"disk", ds.disk_tasks},
+                    {"shared", ds.shared_tasks},
+                    {"skipped", ds.skipped_tasks}}}};
     j["prompts"] = json::array();
     for (size_t i = 0; i < outs.size(); ++i) {
       // The first token comes from the prefill's logits; each later one from a decode step.
@@ -397,9 +508,10 @@ int run_generate(const GenerateOpts& o) {
   if (o.out.empty()) {
     std::cout << result << std::flush;
   } else {
-    const int fd = ::open(o.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                          0600);
-    if (fd < 0) throw InputError(fmt::format("-o {}: cannot create: {}", o.out, std::strerror(errno)));
+    const int fd =
+        ::open(o.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+      throw InputError(fmt::format("-o {}: cannot create: {}", o.out, std::strerror(errno)));
     size_t off = 0;
     while (off < result.size()) {
       const ssize_t w = ::write(fd, result.data() + off, result.size() - off);
@@ -414,6 +526,227 @@ int run_generate(const GenerateOpts& o) {
     if (::close(fd) != 0) throw InputError(fmt::format("-o {}: close failed", o.out));
   }
   return kExitOk;
+}
+
+// This process's place among the ranks: world 1 when it runs alone.
+struct Identity {
+  int rank = 0, world = 1;
+  std::string rendezvous;
+};
+
+int env_int(const char* name, int def) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return def;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1 << 20)
+    throw UsageError(fmt::format("environment {}='{}': expected a count", name, v));
+  return static_cast<int>(x);
+}
+
+Identity identity(const GenerateOpts& o) {
+  Identity id;
+  if (o.rank >= 0 || o.world > 0) {
+    if (o.rank < 0 || o.world < 1 || o.rank >= o.world)
+      throw UsageError(fmt::format(
+          "--rank {} --world {}: a rank needs both, with 0 <= --rank < --world", o.rank, o.world));
+    if (o.rendezvous.empty()) throw UsageError("--rank/--world need --rendezvous DIR");
+    id = {o.rank, o.world, o.rendezvous};
+  } else if (const int tasks = env_int("SLURM_STEP_NUM_TASKS", 1); tasks > 1) {
+    // Under srun: every task of the step is one rank.
+    if (o.ranks > 1)
+      throw UsageError(
+          fmt::format("--ranks {} under srun with {} tasks: srun starts the ranks (drop --ranks)",
+                      o.ranks, tasks));
+    if (o.rendezvous.empty())
+      throw UsageError(fmt::format(
+          "under srun with {} tasks, --rendezvous DIR (a directory every task can reach, unique "
+          "to this run) is required",
+          tasks));
+    const int procid = env_int("SLURM_PROCID", -1);
+    if (procid < 0 || procid >= tasks)
+      throw UsageError(
+          fmt::format("under srun with {} tasks: SLURM_PROCID is missing or out of "
+                      "range",
+                      tasks));
+    id = {procid, tasks, o.rendezvous};
+  }
+  return id;
+}
+
+// Every prompt can be cut over the ranks (before any rank joins the others).
+void check_split(const GenerateOpts& o, const Inputs& in, int world) {
+  const int64_t need = o.split == "zigzag" ? 2LL * world : world;
+  for (size_t i = 0; i < in.ids.size(); ++i)
+    if (static_cast<int64_t>(in.ids[i].size()) < need)
+      throw InputError(fmt::format(
+          "prompt {}: {} tokens cannot be cut over {} ranks (the {} split needs at least {})",
+          o.prompts[i], in.ids[i].size(), world, o.split, need));
+}
+
+// One rank of a sharded generation.
+int run_rank(const GenerateOpts& o, const Identity& id) {
+  Inputs in = load_inputs(o, id.rank != 0);
+  check_split(o, in, id.world);
+  std::string err;
+  auto backend = kernels::create_backend("cpu", o.threads, &err);
+  if (!backend) throw InputError("cannot create the cpu backend: " + err);
+  gen::RingOptions ro;
+  ro.rank = id.rank;
+  ro.ranks = id.world;
+  ro.rendezvous = id.rendezvous;
+  ro.transport = o.transport;
+  ro.bootstrap_timeout_ms = o.timeout_s * 1000;
+  ro.timeout_ms = o.timeout_s * 1000;
+  std::optional<gen::GenerateRing> ring;
+  try {
+    ring.emplace(backend.get(), ro);
+  } catch (const transport::TransportError& e) {
+    throw InputError(fmt::format("rank {} of {}: transport: {}", id.rank, id.world, e.what()));
+  }
+  in.go.shard = ring->shard(o.split == "contiguous" ? spec::CausalBalance::kContiguous
+                                                    : spec::CausalBalance::kZigzag);
+  // From here on transfers may be in flight: an error ends the process at once (ring_rank.h).
+  std::optional<gen::Generator> g;
+  const std::string who = fmt::format("ringctl generate: rank {} of {}", id.rank, id.world);
+  return cp::run_then_exit_on_error(who, kExitFailed, [&] {
+    g.emplace(in.mc, in.params.data(), backend.get(), in.go);
+    const int rc = generate_and_write(o, in, *g, &*ring);
+    ring->shutdown();
+    return rc;
+  });
+}
+
+// The command line of rank r of a local launch: the flags as given, and the rank's identity.
+std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& o, int r, int world,
+                                   const std::string& dir) {
+  std::vector<std::string> a = {self, "generate", "--checkpoint", o.checkpoint};
+  auto add = [&](const std::string& flag, const std::string& v) {
+    a.push_back(flag);
+    a.push_back(v);
+  };
+  if (!o.out.empty()) add("--output", o.out);
+  if (o.json) a.push_back("--json");
+  add("--max-tokens", std::to_string(o.max_tokens));
+  add("--temperature", fmt::format("{:.17g}", o.temperature));
+  add("--top-p", fmt::format("{:.17g}", o.top_p));
+  add("--seed", std::to_string(o.seed));
+  if (o.has_page_tokens) add("--page-tokens", std::to_string(o.page_tokens));
+  if (o.has_fast) add("--fast-bytes", o.fast_bytes);
+  if (o.has_host) add("--host-bytes", o.host_bytes);
+  if (o.has_disk) add("--disk-dir", o.disk_dir);
+  if (o.has_window) add("--window", std::to_string(o.window));
+  if (!o.spec.empty()) add("--spec", o.spec);
+  // Threads: the cores shared among the ranks unless given.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  add("--threads", std::to_string(o.threads > 0 ? o.threads : std::max(1, cores / world)));
+  if (o.host_int8) a.push_back("--host-int8");
+  if (o.approximate > 0) add("--approximate", fmt::format("{:.17g}", o.approximate));
+  add("--split", o.split);
+  add("--transport", o.transport);
+  add("--timeout", std::to_string(o.timeout_s));
+  add("--rank", std::to_string(r));
+  add("--world", std::to_string(world));
+  add("--rendezvous", dir);
+  a.push_back("--");
+  for (const auto& p : o.prompts) a.push_back(p);
+  return a;
+}
+
+// --ranks P: starts P ranks of this command on this host and waits for them. When one fails the
+// others are stopped (SIGTERM, SIGKILL 5 s later); SIGINT/SIGTERM/SIGHUP are passed on. Exits
+// with the first failure's status.
+int launch_ranks(const GenerateOpts& o) {
+  // The inputs once here, so that a bad flag or file is reported once (the ranks load them too).
+  check_split(o, load_inputs(o, true), o.ranks);
+  std::string tmpl = fs::temp_directory_path().string() + "/ring-gen-rdv-XXXXXX";
+  if (!::mkdtemp(tmpl.data()))
+    throw InputError(fmt::format("mkdtemp {}: {}", tmpl, std::strerror(errno)));
+  const std::string dir = tmpl;
+  std::error_code ec;
+  const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+  sigset_t handled, old;
+  sigemptyset(&handled);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
+  sigprocmask(SIG_BLOCK, &handled, &old);
+  std::vector<pid_t> pids(static_cast<size_t>(o.ranks), -1);
+  int exit_code = 0;
+  for (int r = 0; r < o.ranks && exit_code == 0; ++r) {
+    proc::SpawnOptions so;
+    so.argv = rank_argv(ec ? std::string("/proc/self/exe") : self, o, r, o.ranks, dir);
+    so.death_signal = SIGKILL;  // no orphans, even if the launcher is SIGKILLed
+    const proc::Spawned child = proc::spawn(so);
+    if (!child) {
+      std::cerr << fmt::format("ringctl generate: rank {}: {}\n", r, child.error);
+      exit_code = kExitFailed;
+    } else {
+      pids[static_cast<size_t>(r)] = child.pid;
+    }
+  }
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> kill_at;
+  auto signal_all = [&](int sig) {
+    for (pid_t p : pids)
+      if (p > 0) ::kill(p, sig);
+  };
+  if (exit_code != 0) {
+    signal_all(SIGKILL);
+    kill_at = Clock::now();
+  }
+  int running = 0;
+  for (pid_t p : pids) running += p > 0;
+  while (running > 0) {
+    timespec ts{0, 200 * 1000 * 1000};
+    siginfo_t info;
+    const int sig = sigtimedwait(&handled, &info, &ts);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (exit_code == 0) exit_code = 128 + sig;
+      signal_all(SIGTERM);
+      if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(5);
+    }
+    for (size_t r = 0; r < pids.size(); ++r) {
+      if (pids[r] <= 0) continue;
+      int st = 0;
+      if (::waitpid(pids[r], &st, WNOHANG) != pids[r]) continue;
+      pids[r] = -1;
+      --running;
+      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (!ok && exit_code == 0) {
+        exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : kExitFailed;
+        std::cerr << fmt::format(
+            "ringctl generate: rank {} {}{}\n", r, proc::describe_status(st),
+            running > 0 ? fmt::format("; stopping the other {}", running) : std::string());
+        signal_all(SIGTERM);
+        kill_at = Clock::now() + std::chrono::seconds(5);
+      }
+    }
+    if (kill_at && Clock::now() >= *kill_at && running > 0) {
+      signal_all(SIGKILL);
+      kill_at = Clock::now() + std::chrono::hours(1);
+    }
+  }
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+  fs::remove_all(dir, ec);
+  return exit_code;
+}
+
+int run_generate(const GenerateOpts& o) {
+  if (o.split != "zigzag" && o.split != "contiguous")
+    throw UsageError(fmt::format("--split '{}': zigzag or contiguous", o.split));
+  const Identity id = identity(o);
+  if (id.world > 1) {
+    // A rank's threads: --threads, else srun's CPUs per task (-c), else every core.
+    GenerateOpts ro = o;
+    if (ro.threads == 0) ro.threads = env_int("SLURM_CPUS_PER_TASK", 0);
+    return run_rank(ro, id);
+  }
+  if (o.ranks > 1) return launch_ranks(o);
+  Inputs in = load_inputs(o, false);
+  std::string err;
+  auto backend = kernels::create_backend("cpu", o.threads, &err);
+  if (!backend) throw InputError("cannot create the cpu backend: " + err);
+  gen::Generator g(in.mc, in.params.data(), backend.get(), in.go);
+  return generate_and_write(o, in, g, nullptr);
 }
 
 }  // namespace
@@ -464,6 +797,22 @@ Subcommand add_generate(CLI::App& app) {
                  "threshold in (0, 1); each token's bound on the skipped mass is reported "
                  "(default 0: exact)")
       ->check(CLI::Range(0.0, 0.999999));
+  sc->add_option("--ranks", o->ranks,
+                 "Generate over P local ranks: ring-attention prefill, the cache sharded over "
+                 "the ranks, only (o, lse) partials exchanged per layer and token (default 1)")
+      ->check(CLI::Range(1, 4096));
+  sc->add_option("--split", o->split,
+                 "How a prompt is cut over the ranks: zigzag (default) or contiguous");
+  sc->add_option("--rank", o->rank, "This process is rank R of --world (set by --ranks)")
+      ->check(CLI::Range(0, 1 << 20));
+  sc->add_option("--world", o->world, "Ranks of a sharded generation (set by --ranks)")
+      ->check(CLI::Range(1, 1 << 20));
+  sc->add_option("--rendezvous", o->rendezvous,
+                 "A directory every rank reaches, unique to the run (with --rank, or under srun)");
+  sc->add_option("--transport", o->transport, "The ranks' transport plugin (default ucx)");
+  sc->add_option("--timeout", o->timeout_s,
+                 "Seconds a rank waits for the others at start and in each exchange (default 600)")
+      ->check(CLI::Range(1, 86400));
   return {sc, [o, sc]() {
             o->has_page_tokens = sc->count("--page-tokens") > 0;
             o->has_fast = sc->count("--fast-bytes") > 0;

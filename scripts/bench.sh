@@ -4,14 +4,14 @@
 #
 #   ./scripts/bench.sh                  # all
 #   ./scripts/bench.sh attention adamw  # some: attention gemm adamw topk transport train_step
-#                                       # tokenize decode timeline
+#                                       # tokenize decode generate_ranks timeline
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$RING_ROOT"
 ./scripts/install-deps.sh
 ring_build >/dev/null
 
-all=(attention gemm adamw topk transport train_step tokenize decode timeline)
+all=(attention gemm adamw topk transport train_step tokenize decode generate_ranks timeline)
 [ $# -gt 0 ] && all=("$@")
 for b in "${all[@]}"; do
   if [ "$b" = timeline ]; then  # a script: ringd runs with the timeline off and on
@@ -21,7 +21,7 @@ for b in "${all[@]}"; do
   fi
   exe="$RING_BUILD/bench/${b}_bench"
   if [ ! -x "$exe" ]; then
-    echo "bench: unknown benchmark '$b' (have: attention gemm adamw topk transport train_step tokenize decode timeline)" >&2
+    echo "bench: unknown benchmark '$b' (have: attention gemm adamw topk transport train_step tokenize decode generate_ranks timeline)" >&2
     exit 2
   fi
   echo "== $b  ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"

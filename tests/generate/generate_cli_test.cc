@@ -1,14 +1,18 @@
 // `ringctl generate` end to end: a checkpoint written with the checkpoint library (format 2, its
 // layout record names the model), byte prompts, greedy tokens equal to the argmax of a
-// teacher-forced forward over the same tokens, --json, -o (0600), sampling seeds, flag errors.
+// teacher-forced forward over the same tokens, --json, -o (0600), sampling seeds, flag errors;
+// over several ranks (--ranks P, and srun's task variables) the tokens of one process.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +21,7 @@
 #include "common/contract/shard.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
+#include "tests/common/test_proc.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
 
@@ -31,9 +36,10 @@ struct Result {
   std::string out;
 };
 
-Result run(const std::string& args) {
+// env: "NAME=value ..." for the command (the ranks' UCX stays on this host, as in the ring tests).
+Result run(const std::string& args, const std::string& env = "") {
   Result r;
-  const std::string cmd = std::string(RINGCTL) + " " + args + " 2>&1";
+  const std::string cmd = env + " " + std::string(RINGCTL) + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
@@ -312,6 +318,137 @@ TEST_F(GenerateCli, ApproximateModeIsLabelled) {
   EXPECT_EQ(run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt --approximate 1")
                 .code,
             2);
+}
+
+// Over ranks: the prompts prefilled with ring attention, the cache sharded, the decode steps
+// merging the ranks' partials. The tokens (greedy and sampled) are those of one process.
+constexpr const char* kUcxLocal = "UCX_TLS=self,posix UCX_NET_DEVICES=lo";
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+TEST_F(GenerateCli, RanksGiveTheTokensOfOneProcess) {
+  const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt " + dir_ +
+                           "/p2.txt --json --page-tokens 64 --fast-bytes 0 --window 0 "
+                           "--max-tokens 12 --threads 1 --timeout 120 ";
+  int n = 0;
+  auto gen = [&](const std::string& extra) {
+    const std::string out = dir_ + "/r" + std::to_string(n++) + ".json";
+    const Result r = run(base + extra + " -o " + out, kUcxLocal);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.code == 0 ? read_json(out) : json();
+  };
+  const std::string sampled = "--temperature 1.2 --top-p 0.95 --seed 4 ";
+  const json one = gen(""), one_s = gen(sampled);
+  ASSERT_FALSE(one.is_null());
+  for (const std::string split : {"zigzag", "contiguous"}) {
+    for (int ranks : {2, 4}) {
+      SCOPED_TRACE(split + " over " + std::to_string(ranks));
+      const std::string flags = "--ranks " + std::to_string(ranks) + " --split " + split + " ";
+      const json j = gen(flags);
+      if (j.is_null()) continue;
+      EXPECT_EQ(j["ranks"]["ranks"], ranks);
+      EXPECT_EQ(j["ranks"]["split"], split);
+      for (size_t p = 0; p < 2; ++p)
+        EXPECT_EQ(j["prompts"][p]["tokens"], one["prompts"][p]["tokens"]) << p;
+      // Every rank's pages together: as many as one process holds or more (partial pages).
+      EXPECT_GE(j["cache"]["pages"].get<int64_t>(), one["cache"]["pages"].get<int64_t>());
+      const json s = gen(flags + sampled);
+      for (size_t p = 0; p < 2 && !s.is_null(); ++p)
+        EXPECT_EQ(s["prompts"][p]["tokens"], one_s["prompts"][p]["tokens"]) << p;
+    }
+  }
+  // The greedy tokens are the teacher's.
+  const std::string text = prompt_;
+  std::vector<int32_t> ids(text.begin(), text.end());
+  const auto tokens = one["prompts"][0]["tokens"].get<std::vector<int32_t>>();
+  const size_t first = ids.size();
+  ids.insert(ids.end(), tokens.begin(), tokens.end() - 1);
+  EXPECT_EQ(teacher_next(ids, first), tokens);
+}
+
+// Under srun every task is a rank: SLURM_PROCID of SLURM_STEP_NUM_TASKS, on --rendezvous.
+TEST_F(GenerateCli, SrunTaskVariablesMakeTheRanks) {
+  const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ +
+                           "/p1.txt --json --page-tokens 64 --max-tokens 8 --threads 1 "
+                           "--timeout 120 ";
+  const Result one = run(base + "-o " + dir_ + "/one.json");
+  ASSERT_EQ(one.code, 0) << one.out;
+  std::vector<Result> res(2);
+  std::vector<std::thread> tasks;
+  for (int r = 0; r < 2; ++r)
+    tasks.emplace_back([&, r] {
+      res[static_cast<size_t>(r)] =
+          run(base + "--rendezvous " + dir_ + "/rdv -o " + dir_ + "/srun.json",
+              std::string(kUcxLocal) + " SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=" + std::to_string(r));
+    });
+  for (auto& t : tasks) t.join();
+  for (const Result& r : res) ASSERT_EQ(r.code, 0) << r.out;
+  const json j = read_json(dir_ + "/srun.json");  // written by rank 0 only
+  EXPECT_EQ(j["ranks"]["ranks"], 2);
+  EXPECT_EQ(j["prompts"][0]["tokens"], read_json(dir_ + "/one.json")["prompts"][0]["tokens"]);
+}
+
+TEST_F(GenerateCli, RankFlagErrorsNameTheRule) {
+  const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt ";
+  Result r = run(base + "--rank 0 --world 2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--rendezvous"), std::string::npos) << r.out;
+  r = run(base + "--rank 2 --world 2 --rendezvous " + dir_ + "/x");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("0 <= --rank < --world"), std::string::npos) << r.out;
+  r = run(base, "SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("under srun with 2 tasks, --rendezvous DIR"), std::string::npos) << r.out;
+  r = run(base + "--ranks 2", "SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("srun starts the ranks"), std::string::npos) << r.out;
+  r = run(base + "--ranks 2 --split diagonal");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--split 'diagonal'"), std::string::npos) << r.out;
+  std::ofstream(dir_ + "/three.txt") << "The";
+  r = run("generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/three.txt --ranks 2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("three.txt: 3 tokens cannot be cut over 2 ranks (the zigzag split needs "
+                       "at least 4)"),
+            std::string::npos)
+      << r.out;
+}
+
+// A rank killed in the middle of a run: the launcher stops the other, names the rank and how it
+// ended, exits 1, and leaves no process behind.
+TEST_F(GenerateCli, KilledRankStopsTheOthers) {
+  using namespace std::chrono_literals;
+  const std::string out = dir_ + "/big.txt";
+  ring::test::ProcOptions opts = ring::test::ucx_loopback();
+  opts.kill_on_timeout = true;
+  ring::test::Proc launcher({RINGCTL, "generate", "--checkpoint", dir_ + "/ckpt", dir_ + "/p1.txt",
+                             "--page-tokens", "64", "--max-tokens", "100000000", "--ranks", "2",
+                             "--threads", "1", "--timeout", "120", "-o", out},
+                            dir_ + "/launcher.log", dir_ + "/launcher.log", opts);
+  // Rank 1: the process whose command line has "--rank" then "1" (and names `out`).
+  auto rank1 = [&]() -> pid_t {
+    for (pid_t p : ring::test::processes_mentioning(out)) {
+      const std::string cmd = ring::test::slurp("/proc/" + std::to_string(p) + "/cmdline");
+      if (cmd.find(std::string("--rank\0001\0", 9)) != std::string::npos) return p;
+    }
+    return -1;
+  };
+  pid_t victim = -1;
+  for (auto until = std::chrono::steady_clock::now() + 120s;
+       victim < 0 && std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(50ms))
+    victim = rank1();
+  ASSERT_GT(victim, 0) << ring::test::slurp(dir_ + "/launcher.log");
+  ::kill(victim, SIGKILL);
+  const int st = launcher.wait(120);
+  ASSERT_NE(st, -1) << "the launcher did not end\n" << ring::test::slurp(dir_ + "/launcher.log");
+  EXPECT_EQ(ring::test::exit_code(st), 1);
+  EXPECT_NE(ring::test::slurp(dir_ + "/launcher.log").find("rank 1 was killed by signal 9"),
+            std::string::npos)
+      << ring::test::slurp(dir_ + "/launcher.log");
+  EXPECT_TRUE(ring::test::wait_for_no_processes(out, 60));
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "worker/data/errors.h"
+#include "worker/data/split.h"
+
 namespace ring::gen {
 
 using model::check_status;
@@ -52,8 +55,9 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   pool_ = std::make_unique<ThreadPool>(options_.threads);
   attention_ = std::make_unique<DecodeAttention>(cache_.get(), pool_.get(), config_.heads,
                                                  config_.kv_heads, config_.head_dim);
+  check_shard();
   local_ = std::make_unique<model::LocalAttention>(backend_);
-  capture_ = std::make_unique<Capture>(local_.get());
+  capture_ = std::make_unique<Capture>(sharded() ? options_.shard.prefill_attention : local_.get());
   model_ = std::make_unique<model::Model>(config_, backend_, capture_.get());
   model_->set_params(params, model_->layout().total());
   rope_.theta = static_cast<double>(config_.rope_theta);
@@ -77,6 +81,16 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   off_final_norm_ = layout.offset("final_norm.gain");
   off_embedding_ = layout.offset("embedding.weight");
   off_head_ = config_.tie_embeddings ? off_embedding_ : layout.offset("lm_head.weight");
+}
+
+void Generator::check_shard() const {
+  const ShardOptions& sh = options_.shard;
+  if (sh.ranks < 1 || sh.rank < 0 || sh.rank >= sh.ranks)
+    throw GenerateError(fmt::format("shard: rank {} of {} ranks (0 <= rank < ranks)", sh.rank,
+                                    sh.ranks));
+  if (sh.ranks > 1 && (sh.prefill_attention == nullptr || !sh.all_gather))
+    throw GenerateError(fmt::format(
+        "shard: {} ranks need the ring's attention executor and an all_gather", sh.ranks));
 }
 
 Generator::~Generator() {
@@ -114,7 +128,8 @@ void Generator::ingest_layer(Sequence& s, const std::vector<PageKey>& keys, int 
 }
 
 int Generator::open_sequence(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
-                             std::vector<std::vector<PageKey>>* keys) {
+                             std::vector<std::vector<PageKey>>* keys,
+                             const std::vector<int64_t>* local) {
   const int64_t t = static_cast<int64_t>(ids.size());
   if (t < 1) throw GenerateError("a prompt needs at least one token");
   if (!docs.empty() && docs.size() != ids.size())
@@ -133,24 +148,52 @@ int Generator::open_sequence(const std::vector<int32_t>& ids, const std::vector<
   Sequence& s = seqs_[static_cast<size_t>(handle)];
   s = Sequence{};
   s.live = true;
-  s.ids = ids;
-  s.docs = docs.empty() ? std::vector<int32_t>(ids.size(), 0) : docs;
+  const std::vector<int32_t> all_docs =
+      docs.empty() ? std::vector<int32_t>(ids.size(), 0) : docs;
+  s.total = t;
+  s.last_doc = all_docs.back();
+  if (local == nullptr) {
+    s.ids = ids;
+    s.docs = all_docs;
+  } else {
+    for (int64_t g : *local) {
+      s.ids.push_back(ids[static_cast<size_t>(g)]);
+      s.docs.push_back(all_docs[static_cast<size_t>(g)]);
+    }
+  }
   s.pages.assign(static_cast<size_t>(config_.layers),
                  std::vector<std::vector<PageId>>(static_cast<size_t>(config_.kv_heads)));
   const int64_t pt = cache_->page_tokens(), kvh = config_.kv_heads;
   keys->assign(static_cast<size_t>(config_.layers), {});
-  for (int64_t i = 0; i < t; ++i) {
-    s.hash.add(s.ids[static_cast<size_t>(i)], s.docs[static_cast<size_t>(i)]);
-    if ((i + 1) % pt == 0)
-      for (int l = 0; l < config_.layers; ++l)
-        for (int64_t h = 0; h < kvh; ++h)
-          (*keys)[static_cast<size_t>(l)].push_back(s.hash.key(l, static_cast<int>(h)));
+  auto page_keys = [&] {
+    for (int l = 0; l < config_.layers; ++l)
+      for (int64_t h = 0; h < kvh; ++h)
+        (*keys)[static_cast<size_t>(l)].push_back(s.hash.key(l, static_cast<int>(h)));
+  };
+  if (local == nullptr) {
+    for (int64_t i = 0; i < t; ++i) {
+      s.hash.add(s.ids[static_cast<size_t>(i)], s.docs[static_cast<size_t>(i)]);
+      if ((i + 1) % pt == 0) page_keys();
+    }
+  } else {
+    // This rank's tokens are keyed by the whole prefix up to each and its position.
+    size_t next = 0;
+    for (int64_t g = 0; g < t; ++g) {
+      s.prefix.add(ids[static_cast<size_t>(g)], all_docs[static_cast<size_t>(g)]);
+      if (next < local->size() && (*local)[next] == g) {
+        s.hash.add(s.prefix, g);
+        ++next;
+        if (next % static_cast<size_t>(pt) == 0) page_keys();
+      }
+    }
   }
   return handle;
 }
 
 int Generator::attach(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
                       const std::function<void(int layer, float* k, float* v)>& fill) {
+  if (sharded())
+    throw GenerateError("attach: a sharded generator's pages come from its prefill only");
   std::vector<std::vector<PageKey>> keys;
   const int handle = open_sequence(ids, docs, &keys);
   Sequence& s = seqs_[static_cast<size_t>(handle)];
@@ -171,9 +214,27 @@ int Generator::attach(const std::vector<int32_t>& ids, const std::vector<int32_t
 int Generator::prefill(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
                        std::vector<float>* last_logits) {
   std::vector<std::vector<PageKey>> keys;
-  const int handle = open_sequence(ids, docs, &keys);
-  Sequence& s = seqs_[static_cast<size_t>(handle)];
   const int64_t t = static_cast<int64_t>(ids.size());
+  const ShardOptions& sh = options_.shard;
+  // Sharded: this rank's tokens (global indices), cut as training cuts a sequence.
+  std::vector<int64_t> local;
+  if (sharded()) {
+    const bool zigzag = sh.balance == spec::CausalBalance::kZigzag;
+    const int64_t need = zigzag ? 2LL * sh.ranks : sh.ranks;
+    if (t < need)
+      throw GenerateError(fmt::format(
+          "a prompt of {} tokens cannot be cut over {} ranks (the {} split needs at least {})", t,
+          sh.ranks, spec::to_string(sh.balance), need));
+    try {
+      local = data::rank_token_indices(t, sh.ranks, sh.rank, sh.balance);
+    } catch (const data::DataError& e) {
+      throw GenerateError(fmt::format("prompt of {} tokens over {} ranks: {}", t, sh.ranks,
+                                      e.what()));
+    }
+  }
+  const int handle = open_sequence(ids, docs, &keys, sharded() ? &local : nullptr);
+  Sequence& s = seqs_[static_cast<size_t>(handle)];
+  const int64_t lt = static_cast<int64_t>(s.ids.size());  // this rank's tokens
   std::vector<float> kh, vh;
   capture_->set_sink([&](const model::AttentionCall& c) {
     const size_t n = static_cast<size_t>(c.tokens * c.kv_heads * c.head_dim);
@@ -183,11 +244,12 @@ int Generator::prefill(const std::vector<int32_t>& ids, const std::vector<int32_
     check_status(backend_->copy_to_host(vh.data(), c.v, n * sizeof(float)), "copy_to_host");
     ingest_layer(s, keys[static_cast<size_t>(c.layer)], c.layer, kh.data(), vh.data());
   });
-  std::vector<int32_t> labels(ids.size(), -1);
-  std::vector<int64_t> pos(ids.size());
-  for (int64_t i = 0; i < t; ++i) pos[static_cast<size_t>(i)] = i;
+  std::vector<int32_t> labels(s.ids.size(), -1);
+  std::vector<int64_t> pos(s.ids.size());
+  for (int64_t i = 0; i < lt; ++i)
+    pos[static_cast<size_t>(i)] = sharded() ? local[static_cast<size_t>(i)] : i;
   model::Batch b;
-  b.tokens = t;
+  b.tokens = lt;
   b.ids = s.ids.data();
   b.labels = labels.data();
   b.positions = pos.data();
@@ -200,7 +262,23 @@ int Generator::prefill(const std::vector<int32_t>& ids, const std::vector<int32_
     throw;
   }
   capture_->set_sink({});
-  if (last_logits != nullptr) {
+  if (sharded()) {
+    // The last token's logits, from the rank holding it: [flag, logits] per rank.
+    const int64_t vocab = config_.vocab;
+    std::vector<float> mine(static_cast<size_t>(vocab + 1), 0.f);
+    std::vector<float> all(static_cast<size_t>(sh.ranks * (vocab + 1)));
+    if (local.back() == t - 1) {
+      mine[0] = 1.f;
+      check_status(backend_->copy_to_host(mine.data() + 1, model_->logits() + (lt - 1) * vocab,
+                                          static_cast<size_t>(vocab) * sizeof(float)),
+                   "copy_to_host");
+    }
+    sh.all_gather(mine.data(), all.data(), mine.size() * sizeof(float));
+    for (int r = 0; r < sh.ranks; ++r) {
+      const float* row = all.data() + static_cast<int64_t>(r) * (vocab + 1);
+      if (row[0] == 1.f && last_logits != nullptr) last_logits->assign(row + 1, row + 1 + vocab);
+    }
+  } else if (last_logits != nullptr) {
     last_logits->resize(static_cast<size_t>(config_.vocab));
     check_status(backend_->copy_to_host(last_logits->data(),
                                         model_->logits() + (t - 1) * config_.vocab,
@@ -266,16 +344,29 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
   const int64_t d = config_.d_model, f = config_.mlp_hidden, qd = config_.q_dim();
   const int64_t kvd = config_.kv_dim(), hd = config_.head_dim, kvh = config_.kv_heads;
   const int64_t pt = cache_->page_tokens();
+  const ShardOptions& sh = options_.shard;
   // The new tokens' places: a fresh page per (layer, head) when a page boundary is crossed.
+  // Sharded, only the rank holding position n stores it: rank (n / page_tokens) mod P.
   std::vector<int64_t> pos(static_cast<size_t>(B));
+  std::vector<int64_t> row_of(static_cast<size_t>(B), -1);  // row in its page; -1: not here
   for (int64_t b = 0; b < B; ++b) {
     Sequence& s = seqs_[static_cast<size_t>(seqs[static_cast<size_t>(b)])];
-    const int64_t n = static_cast<int64_t>(s.ids.size());
+    const int64_t n = s.total;
+    const int32_t tok = tokens[static_cast<size_t>(b)];
     pos[static_cast<size_t>(b)] = n;
-    s.ids.push_back(tokens[static_cast<size_t>(b)]);
-    s.docs.push_back(s.docs.back());
-    s.hash.add(s.ids.back(), s.docs.back());
-    if (n % pt == 0)
+    s.total = n + 1;
+    if (sharded()) s.prefix.add(tok, s.last_doc);
+    if (sharded() && (n / pt) % sh.ranks != sh.rank) continue;
+    const int64_t ln = static_cast<int64_t>(s.ids.size());
+    row_of[static_cast<size_t>(b)] = ln % pt;
+    s.ids.push_back(tok);
+    s.docs.push_back(s.last_doc);
+    if (sharded()) {
+      s.hash.add(s.prefix, n);
+    } else {
+      s.hash.add(s.ids.back(), s.docs.back());
+    }
+    if (ln % pt == 0)
       for (int l = 0; l < config_.layers; ++l)
         for (int64_t h = 0; h < kvh; ++h)
           s.pages[static_cast<size_t>(l)][static_cast<size_t>(h)].push_back(
@@ -327,18 +418,42 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
     check_status(sb->copy_to_host(vh.data(), v_.data(), v_.bytes()), "copy_to_host");
     for (int64_t b = 0; b < B; ++b) {
       Sequence& s = seqs_[static_cast<size_t>(seqs[static_cast<size_t>(b)])];
-      const int64_t n = pos[static_cast<size_t>(b)], row = n % pt;
-      for (int64_t h = 0; h < kvh; ++h) {
+      const int64_t row = row_of[static_cast<size_t>(b)];
+      for (int64_t h = 0; h < kvh && row >= 0; ++h) {
         const PageId id = s.pages[static_cast<size_t>(l)][static_cast<size_t>(h)].back();
         cache_->write_row(id, row, kh.data() + (b * kvh + h) * hd, vh.data() + (b * kvh + h) * hd,
-                          s.docs.back());
+                          s.last_doc);
         if (row == pt - 1) cache_->seal(id, s.hash.key(l, static_cast<int>(h)));
       }
-      views[static_cast<size_t>(b)] = SeqView{&s.pages[static_cast<size_t>(l)], s.docs.back()};
+      views[static_cast<size_t>(b)] = SeqView{&s.pages[static_cast<size_t>(l)], s.last_doc};
     }
     const auto a0 = Clock::now();
     attention_->forward(views, qh.data(), oh.data(), lse.data(), &dstats_, options_.approximate,
                         bound.data());
+    if (sharded()) {
+      // Only the partials cross ranks: [o B x heads x head_dim | lse B x heads | bound B x
+      // heads] per rank, merged in rank order (the same on every rank).
+      const auto e0 = Clock::now();
+      const int64_t bh = B * config_.heads, per = bh * hd + 2 * bh;
+      std::vector<float> mine(static_cast<size_t>(per));
+      std::copy(oh.begin(), oh.end(), mine.begin());
+      std::copy(lse.begin(), lse.end(), mine.begin() + bh * hd);
+      std::copy(bound.begin(), bound.end(), mine.begin() + bh * hd + bh);
+      std::vector<float> all(static_cast<size_t>(per * sh.ranks));
+      sh.all_gather(mine.data(), all.data(), mine.size() * sizeof(float));
+      const float* r0 = all.data();
+      std::copy(r0, r0 + bh * hd, oh.begin());
+      std::copy(r0 + bh * hd, r0 + bh * hd + bh, lse.begin());
+      std::copy(r0 + bh * hd + bh, r0 + per, bound.begin());
+      for (int r = 1; r < sh.ranks; ++r) {
+        const float* part = all.data() + static_cast<int64_t>(r) * per;
+        for (int64_t i = 0; i < bh; ++i) {
+          merge_partial(hd, oh.data() + i * hd, lse.data() + i, part + i * hd, part[bh * hd + i]);
+          bound[static_cast<size_t>(i)] += part[bh * hd + bh + i];
+        }
+      }
+      timing.exchange_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
+    }
     for (int64_t b = 0; b < B && options_.approximate > 0; ++b)
       for (int64_t h = 0; h < config_.heads; ++h)
         timing.skipped_mass_bound[static_cast<size_t>(b)] =

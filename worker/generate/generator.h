@@ -14,6 +14,23 @@
 //
 // Logits of every step equal those of a teacher-forced full forward over the same tokens up to
 // fp32 rounding of the different summation orders (tests/generate/).
+//
+// Sharded (ShardOptions.ranks = P > 1; one Generator per rank of a context-parallel ring, every
+// rank calling prefill and step with the same arguments in the same order). Prefill cuts the
+// prompt as training does (worker/data/split.h: zigzag or contiguous) and runs the training
+// forward on this rank's tokens with the ring's attention executor (RingAttention) wrapped by the
+// capture: the K/V of this rank's tokens become this rank's pages (in local token order; decode
+// attention needs no positions, only document ids, since every cached token precedes the query).
+// The prompt's last-token logits are all_gathered from the rank holding that token. A decode step
+// runs the (cheap) dense layers on every rank, replicated; per layer each rank computes the
+// partial (o, lse) of the new queries over its own pages, and only those vectors cross the
+// transport (one all_gather of [B, heads, head_dim + 2] floats per layer: o, lse and the
+// approximate mode's bound); every rank merges the P partials in rank order with the same
+// log-sum-exp rule, so every rank holds bit-identical logits. The new token at global position n
+// is stored on rank (n / page_tokens) mod P: generated tokens go to the ranks a page at a time,
+// round robin, so the cache grows evenly. Pages are content-addressed by the whole prefix up to
+// each of their tokens and those tokens' positions, so prompts sharing a prefix and a split
+// still share pages.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +38,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/spec/spec.h"
 #include "kernels/backend.h"
 #include "worker/generate/decode_attention.h"
 #include "worker/generate/kv_cache.h"
@@ -30,8 +48,22 @@
 
 namespace ring::gen {
 
+// Multi-process generation: this process is rank `rank` of `ranks` (see the header comment).
+struct ShardOptions {
+  int ranks = 1;  // P; 1: the whole cache in this process (the rest is unused)
+  int rank = 0;
+  spec::CausalBalance balance = spec::CausalBalance::kZigzag;  // how prompts are cut
+  // The prefill's attention across the ranks (RingAttention over the same P ranks); required
+  // with ranks > 1. Must outlive the generator.
+  model::AttentionExecutor* prefill_attention = nullptr;
+  // Every rank's `bytes` at send into recv (ranks x bytes, in rank order); a collective that
+  // every rank calls in the same order. Required with ranks > 1.
+  std::function<void(const void* send, void* recv, size_t bytes)> all_gather;
+};
+
 struct GeneratorOptions {
   CacheConfig cache;
+  ShardOptions shard;
   int threads = 0;  // decode attention threads (0: all cores)
   int64_t max_promotions_per_step = -1;  // -1: no limit
   // > 0: the APPROXIMATE mode (DecodeAttention::forward's skip_threshold): pages whose bound on
@@ -42,7 +74,8 @@ struct GeneratorOptions {
 
 struct StepTiming {
   double seconds = 0;            // the whole step
-  double attention_seconds = 0;  // DecodeAttention over all layers
+  double attention_seconds = 0;  // DecodeAttention over all layers (exchange included)
+  double exchange_seconds = 0;   // sharded: the all_gathers of the partials and their merge
   // Approximate mode: per sequence of the step, the largest bound over layers and heads on the
   // softmax mass skipped (0 in exact mode).
   std::vector<double> skipped_mass_bound;
@@ -63,11 +96,13 @@ class Generator {
   const DecodeStats& decode_stats() const { return dstats_; }
 
   // Prefills a prompt (ids [T], docs [T] document ids, or empty: one document) and returns the
-  // sequence's handle; logits [vocab] of the prompt's last token go to *last_logits.
+  // sequence's handle; logits [vocab] of the prompt's last token go to *last_logits (on every
+  // rank when sharded; a sharded prompt needs at least 2P tokens for zigzag, P for contiguous).
   int prefill(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
               std::vector<float>* last_logits);
   // A sequence whose K/V come from elsewhere (a benchmark's synthetic cache, a saved one):
   // fill(layer, k, v) writes layer's K and V, [T, kv_heads, head_dim] each (K after RoPE).
+  // Not sharded (throws GenerateError with ranks > 1).
   int attach(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
              const std::function<void(int layer, float* k, float* v)>& fill);
   // One decode step: token tokens[i] is appended to sequence seqs[i] (same document as its last
@@ -76,19 +111,32 @@ class Generator {
                   std::vector<float>* logits);
   // Frees a sequence's pages (shared pages stay while other sequences hold them).
   void release(int seq);
-  int64_t length(int seq) const { return static_cast<int64_t>(seqs_[seq].ids.size()); }
+  int64_t length(int seq) const { return seqs_[static_cast<size_t>(seq)].total; }
+  // Tokens of sequence seq whose K/V this rank holds (length() when not sharded).
+  int64_t local_length(int seq) const {
+    return static_cast<int64_t>(seqs_[static_cast<size_t>(seq)].ids.size());
+  }
+  bool sharded() const { return options_.shard.ranks > 1; }
 
  private:
   struct Sequence {
     bool live = false;
-    std::vector<int32_t> ids, docs;
-    PrefixHash hash;  // over every token so far
+    std::vector<int32_t> ids, docs;  // the tokens whose K/V this rank holds, in order
+    int64_t total = 0;               // tokens of the sequence (every rank's)
+    int32_t last_doc = 0;            // document of the sequence's last token
+    // Keys of this rank's pages: over (id, doc) of every token when not sharded; sharded, over
+    // (prefix hash, position) of each token this rank holds (`prefix` runs over every token).
+    PrefixHash hash;
+    PrefixHash prefix;
     std::vector<std::vector<std::vector<PageId>>> pages;  // [layer][kv_head][page]
   };
   class Capture;
   // A new live sequence and the keys of its full pages, [layer][page * kv_heads + head].
+  // Sharded: only the tokens at `local` (global indices, ascending) are this rank's.
   int open_sequence(const std::vector<int32_t>& ids, const std::vector<int32_t>& docs,
-                    std::vector<std::vector<PageKey>>* keys);
+                    std::vector<std::vector<PageKey>>* keys,
+                    const std::vector<int64_t>* local = nullptr);
+  void check_shard() const;
   void ingest_layer(Sequence& s, const std::vector<PageKey>& page_keys_of_layer, int layer,
                     const float* k, const float* v);
   std::vector<PageId> window_pages() const;

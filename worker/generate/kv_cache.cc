@@ -55,6 +55,15 @@ void PrefixHash::add(int32_t id, int32_t doc) {
   b_ = mix64(b_ + x * 0xff51afd7ed558ccdULL + 1);
 }
 
+void PrefixHash::add(const PrefixHash& prefix, int64_t position) {
+  auto lo = [](uint64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v)); };
+  auto hi = [](uint64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v >> 32)); };
+  add(lo(prefix.a_), hi(prefix.a_));
+  add(lo(prefix.b_), hi(prefix.b_));
+  const uint64_t p = static_cast<uint64_t>(position);
+  add(lo(p), hi(p));
+}
+
 PageKey PrefixHash::key(int layer, int head) const {
   const uint64_t lh = (static_cast<uint64_t>(layer) << 32) | static_cast<uint32_t>(head);
   return PageKey{mix64(a_ ^ mix64(lh)), mix64(b_ ^ mix64(lh + 0x5555))};

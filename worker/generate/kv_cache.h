@@ -68,6 +68,9 @@ struct PageKey {
 class PrefixHash {
  public:
   void add(int32_t id, int32_t doc);
+  // Feeds the state of another running hash and a position (a sharded cache's keys: the prefix
+  // up to a token and where it stands determine its K/V).
+  void add(const PrefixHash& prefix, int64_t position);
   PageKey key(int layer, int head) const;
 
  private:
