@@ -252,8 +252,7 @@ Inputs load_inputs(const GenerateOpts& o, bool quiet) {
     // and generate sections are used here (a passkey spec trained with offload none is fine).
     auto r = spec::load_spec_file(o.spec);
     if (!quiet || !r.ok())
-      for (const auto& d : r.diagnostics) std::cerr << d.str() << "
-";
+      for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
     if (!r.ok()) throw InputError(fmt::format("--spec {}: {} error(s)", o.spec, r.error_count()));
     // The spec's generate section, where no flag says otherwise.
     const spec::GenerateSection& gs = r.spec->generate;
