@@ -10,8 +10,9 @@
 #   1. bench/passkey_generate (the library): the training forward's accuracy; for exact,
 #      int8 host pages and approximate 0.001 / 0.01 / 0.05: teacher-forced digit and key
 #      accuracy, KL(exact || mode) at the answer positions, the skipped-mass bound;
-#   2. `ringctl generate --max-tokens 5` on the prompts (free-running greedy decoding, as a user
-#      runs it), exact / --host-int8 / --approximate 0.01: digit and key accuracy.
+#   2. `ringctl generate --max-tokens 5` on the prompts, all 32 in one batch (free-running
+#      greedy decoding, as a user runs it; the fast tier holds each prompt's window), exact /
+#      --host-int8 / --approximate 0.01: digit and key accuracy.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$src/build}"
@@ -39,7 +40,7 @@ for mode in exact int8 approximate; do
   [[ $mode == int8 ]] && extra=(--host-int8)
   [[ $mode == approximate ]] && extra=(--approximate 0.01)
   "$build/cli/ringctl" generate --checkpoint "$ck" --spec "$spec" --max-tokens 5 --threads 1 \
-    --page-tokens 256 --fast-bytes 2MiB --json "${extra[@]}" "${prompts[@]}" \
+    --page-tokens 256 --fast-bytes 64MiB --json "${extra[@]}" "${prompts[@]}" \
     > "$work/gen-$mode.json" 2> "$work/gen-$mode.err" \
     || { cat "$work/gen-$mode.err" >&2; exit 1; }
   /usr/bin/python3 - "$work/gen-$mode.json" "$work/prompts/answers.txt" "$mode" <<'PY'
