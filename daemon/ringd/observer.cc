@@ -99,6 +99,21 @@ HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
                       w.rank, (now_ns - w.snap.progress_ns) * 1e-9, last));
     }
   }
+  // A rank that finished the step waits for its end too: ringd's next weights come only when
+  // every rank is done. (A rank stopped in the step's last collective, after its last send, lets
+  // the others finish it; they are listed here, not left out.)
+  std::string held_by;
+  for (int64_t r : f.missing) held_by += fmt::format("{}rank {}", held_by.empty() ? "" : ", ", r);
+  for (const HangInput& w : workers)
+    if (w.done)
+      f.waiting.push_back(
+          {w.rank, fmt::format("finished step {}: waits for the step's end (ringd's next weights), "
+                               "held up by {}",
+                               step, held_by.empty() ? "ranks of other nodes" : held_by)});
+  std::sort(f.waiting.begin(), f.waiting.end(),
+            [](const HangFinding::Waiting& a, const HangFinding::Waiting& b) {
+              return a.rank < b.rank;
+            });
   std::string waits;
   for (const auto& w : f.waiting)
     waits += fmt::format("{}rank {}: {}", waits.empty() ? "" : "; ", w.rank, w.where);

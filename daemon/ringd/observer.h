@@ -11,8 +11,9 @@
 // a ring send, a collective) is waiting, with where (`ring recv from rank 3, layer 2 hop 1`); one
 // that is
 // stopped (SIGSTOP: state T in /proc) or whose main thread is outside any wait without progress
-// never arrived (missing). A worker that has ended or is ending (not running, a zombie) is
-// neither: its death is reported as a death.
+// never arrived (missing). A worker that finished the step waits for its end (ringd's next
+// weights) and is listed waiting too, with the missing ranks that hold it up. A worker that has
+// ended or is ending (not running, a zombie) is neither: its death is reported as a death.
 #pragma once
 
 #include <sys/types.h>

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -231,12 +232,12 @@ void expect_hang(const TempDir& t, Proc& d, int64_t missing, double max_s) {
   for (int r = 0; r < kRanks; ++r)
     if (r != missing) others.insert(r);
   EXPECT_EQ(waiting, others) << h.dump();
-  // Someone waits on the stuck rank itself (a ring receive from it or a send to it), or on the
-  // step's collective.
+  // Someone waits on the stuck rank itself (a ring receive from it or a send to it, or the
+  // step's end it holds up), or on the step's collective.
   bool names_it = false;
-  const std::string r = "rank " + std::to_string(missing) + ",";
+  const std::regex r("rank " + std::to_string(missing) + "(\\D|$)");
   for (const json& w : h["waiting"])
-    names_it = names_it || w["where"].get<std::string>().find(r) != std::string::npos ||
+    names_it = names_it || std::regex_search(w["where"].get<std::string>(), r) ||
                w["where"].get<std::string>().find("collective") != std::string::npos;
   EXPECT_TRUE(names_it) << h.dump();
   // Then the attempt fails (max_restarts 0): the stuck worker is killed, ringd exits 1.
