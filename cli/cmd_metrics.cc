@@ -98,9 +98,9 @@ int print_ranks(const MetricsOpts& o, const std::vector<protocol::RankStepRecord
   for (const auto& s : recs)
     text += std::to_string(s.step) + "," + std::to_string(s.attempt) + "," + csv_field(s.node) +
             "," + std::to_string(s.rank.rank) + "," + number(s.rank.step_time_s) + "," +
-            number(s.rank.data_s) + "," + number(s.rank.compute_s) + "," +
-            number(s.rank.wait_s) + "," + number(s.rank.comm_s) + "," +
-            std::to_string(s.rank.hop_bytes) + "," + number(s.time) + "\n";
+            number(s.rank.data_s) + "," + number(s.rank.compute_s) + "," + number(s.rank.wait_s) +
+            "," + number(s.rank.comm_s) + "," + std::to_string(s.rank.hop_bytes) + "," +
+            number(s.time) + "\n";
   std::cout << text;
   return kExitOk;
 }
@@ -112,10 +112,10 @@ int run_metrics(const MetricsOpts& o) {
     coord::Client c(with_local_state(o.coord.client_options()));
     c.status(job);  // a job that does not exist is an error, not an empty series
     if (o.ranks)
-      return print_ranks(o, all_pages<protocol::RankStepRecord>(
-                                o.from_step, [&](int64_t after, int64_t n) {
-                                  return c.rank_steps(job, after, n);
-                                }));
+      return print_ranks(
+          o, all_pages<protocol::RankStepRecord>(o.from_step, [&](int64_t after, int64_t n) {
+            return c.rank_steps(job, after, n);
+          }));
     const auto recs = all_pages<protocol::StepRecord>(
         o.from_step, [&](int64_t after, int64_t n) { return c.steps(job, after, n); });
     if (o.json) {

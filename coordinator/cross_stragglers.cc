@@ -20,15 +20,19 @@ CrossNodeStragglers::Emit CrossNodeStragglers::emit(int64_t job, const JobTrack&
   e.rank = f.rank;
   auto n = js.rank_node.find(f.rank);
   e.node = n == js.rank_node.end() ? std::string("?") : n->second;
-  e.data = {{"rank", f.rank},        {"node", e.node},         {"step", f.step},
-            {"steps", f.steps},      {"behind_s", f.behind_s}, {"source", "coordinator"},
+  e.data = {{"rank", f.rank},
+            {"node", e.node},
+            {"step", f.step},
+            {"steps", f.steps},
+            {"behind_s", f.behind_s},
+            {"source", "coordinator"},
             {"ranks", js.rank_node.size()}};
   e.data["message"] =
-      cleared ? fmt::format("rank {} on {} is no longer a straggler ({}; judged by ring-coord over "
-                            "every node's ranks)",
-                            f.rank, e.node,
-                            why.empty() ? fmt::format("last in {} of the recent steps", f.steps)
-                                        : why)
+      cleared ? fmt::format(
+                    "rank {} on {} is no longer a straggler ({}; judged by ring-coord over "
+                    "every node's ranks)",
+                    f.rank, e.node,
+                    why.empty() ? fmt::format("last in {} of the recent steps", f.steps) : why)
               : fmt::format(
                     "rank {} on {} is a straggler: the ranks after it waited {:.3f} s for it per "
                     "step (median), last in {} of the recent steps (step {}); judged by ring-coord "

@@ -102,10 +102,10 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Step
                         "first step of attempt " + std::to_string(j.attempt));
   e_.step_buf.push_back(m);
   // Straggler attribution over every node's ranks, once all nodes reported this step.
-  for (const auto& f : e_.cross_stragglers.add(
-           m, j.nodes, [&](int64_t job, int64_t attempt, int64_t rank) {
-             return e_.named_by_node(job, attempt, rank);
-           })) {
+  for (const auto& f :
+       e_.cross_stragglers.add(m, j.nodes, [&](int64_t job, int64_t attempt, int64_t rank) {
+         return e_.named_by_node(job, attempt, rank);
+       })) {
     logger()->info("job {}: {}", f.job, f.data.value("message", std::string()));
     e_.store->add_event(f.job, f.attempt, f.node, f.kind, f.data);
   }
@@ -169,8 +169,7 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
       break;
     }
     case proto::EventKind::kCheckpointSaved:
-      e_.store->upsert_checkpoint(j.id, *m.step, m.node, m.path, *m.bytes, *m.complete,
-                                  m.seconds);
+      e_.store->upsert_checkpoint(j.id, *m.step, m.node, m.path, *m.bytes, *m.complete, m.seconds);
       break;
     case proto::EventKind::kCheckpointFailed:
       break;

@@ -179,8 +179,7 @@ std::vector<CheckpointInfo> checkpoints(Store& store, int64_t job, int64_t limit
       "checkpoints WHERE job_id=? GROUP BY step ORDER BY step DESC LIMIT ?");
   s.args(job, limit);
   std::vector<CheckpointInfo> out;
-  while (s.step())
-    out.push_back({s.i64(0), s.i64(1), s.i64(2), s.i64(3), s.f64(4), s.opt_f64(5)});
+  while (s.step()) out.push_back({s.i64(0), s.i64(1), s.i64(2), s.i64(3), s.f64(4), s.opt_f64(5)});
   return out;
 }
 
@@ -219,8 +218,7 @@ std::vector<StragglerFinding> current_stragglers(Store& store, int64_t job) {
   for (auto& e : latest_events(store, job, {"straggler", "straggler_cleared"}, 1000)) {
     auto r = e.data.find("rank");
     if (r == e.data.end() || !r->is_number_integer()) continue;
-    const auto key =
-        std::make_pair(r->get<int64_t>(), e.data.value("source", std::string("node")));
+    const auto key = std::make_pair(r->get<int64_t>(), e.data.value("source", std::string("node")));
     if (seen.count(key)) continue;
     seen[key] = e.kind == "straggler" ? std::optional(std::move(e)) : std::nullopt;
   }

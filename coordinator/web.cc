@@ -605,9 +605,8 @@ HttpResponse WebApp::route(const HttpRequest& r) {
     for (const auto& f : strag)
       b += "<div class=\"finding straggler\" data-rank=\"" + std::to_string(f.rank) +
            "\" data-source=\"" + h(f.source) + "\"><b>Straggler: rank " + std::to_string(f.rank) +
-           " on " + h(f.node) + "</b>" +
-           (f.source == "coordinator" ? " (across nodes)" : "") + " — " +
-           h(finding_text(f.event)) + " <span class=\"muted\">(" + when(f.event.time) +
+           " on " + h(f.node) + "</b>" + (f.source == "coordinator" ? " (across nodes)" : "") +
+           " — " + h(finding_text(f.event)) + " <span class=\"muted\">(" + when(f.event.time) +
            ")</span></div>";
     for (const auto& e : hangs) {
       std::string missing;
@@ -741,8 +740,7 @@ HttpResponse WebApp::route(const HttpRequest& r) {
              (c.complete_shards == c.shards ? "" : " (incomplete)") + "</td><td class=\"n\">" +
              bytes_text(static_cast<double>(c.bytes)) + "</td><td class=\"n\">" +
              (c.seconds ? num(*c.seconds, "%.3f") : std::string("-")) + "</td><td>" +
-             when(c.created_at) +
-             "</td></tr>";
+             when(c.created_at) + "</td></tr>";
       b += "</table>";
     }
 

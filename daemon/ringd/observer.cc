@@ -110,10 +110,9 @@ HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
           {w.rank, fmt::format("finished step {}: waits for the step's end (ringd's next weights), "
                                "held up by {}",
                                step, held_by.empty() ? "ranks of other nodes" : held_by)});
-  std::sort(f.waiting.begin(), f.waiting.end(),
-            [](const HangFinding::Waiting& a, const HangFinding::Waiting& b) {
-              return a.rank < b.rank;
-            });
+  std::sort(
+      f.waiting.begin(), f.waiting.end(),
+      [](const HangFinding::Waiting& a, const HangFinding::Waiting& b) { return a.rank < b.rank; });
   std::string waits;
   for (const auto& w : f.waiting)
     waits += fmt::format("{}rank {}: {}", waits.empty() ? "" : "; ", w.rank, w.where);

@@ -298,13 +298,14 @@ TEST(Protocol, MessagesWithoutTheLaterOptionalFieldsStillParse) {
       R"("data_s":0,"compute_s":1,"wait_s":0,"comm_s":0,"hop_bytes":0}]})"));
   ASSERT_EQ(step.ranks.size(), 1u);
   EXPECT_FALSE(step.ranks[0].prev);
-  auto ev = std::get<Event>(parse(
-      R"({"v":1,"type":"event","node":"n0","kind":"checkpoint_saved","job":1,"attempt":1,)"
-      R"("step":4,"path":"/ck/4","bytes":10,"complete":true})"));
+  auto ev = std::get<Event>(
+      parse(R"({"v":1,"type":"event","node":"n0","kind":"checkpoint_saved","job":1,"attempt":1,)"
+            R"("step":4,"path":"/ck/4","bytes":10,"complete":true})"));
   EXPECT_FALSE(ev.seconds);
   auto req = std::get<StepsRequest>(parse(R"({"v":1,"type":"steps","id":1,"job":1})"));
   EXPECT_FALSE(req.ranks);
-  auto rep = std::get<StepsReply>(parse(R"({"v":1,"type":"steps_reply","id":1,"job":1,"steps":[]})"));
+  auto rep =
+      std::get<StepsReply>(parse(R"({"v":1,"type":"steps_reply","id":1,"job":1,"steps":[]})"));
   EXPECT_TRUE(rep.ranks.empty());
   // Written only when set: an old reader sees the same bytes as before.
   EXPECT_EQ(encode(step).find("prev"), std::string::npos);

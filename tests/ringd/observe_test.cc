@@ -433,8 +433,9 @@ TEST(Observe, CrossNodeStragglerIsNamedByTheCoordinator) {
              t.path + "/coord.out", t.path + "/coord.log");
   // two_nodes.yaml with one worker per node: ranks 0 (node 0) and 1 (node 1).
   std::string text = slurp(std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes.yaml");
-  for (auto [from, to] : {std::pair<std::string, std::string>{"context_ranks: 4", "context_ranks: 2"},
-                          {"workers_per_node: 2", "workers_per_node: 1"}}) {
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{"context_ranks: 4", "context_ranks: 2"},
+        {"workers_per_node: 2", "workers_per_node: 1"}}) {
     const size_t at = text.find(from);
     ASSERT_NE(at, std::string::npos) << from;
     text.replace(at, from.size(), to);
@@ -456,10 +457,10 @@ TEST(Observe, CrossNodeStragglerIsNamedByTheCoordinator) {
   ASSERT_GT(job, 0) << slurp(t.path + "/coord.log");
   const std::string jd = t.path + "/job";
   auto args = [&](int node) {
-    return ringd_args(spec, jd,
-                      {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous",
-                       t.path + "/rdv", "--steps", "8", "--coord", ep, "--job",
-                       std::to_string(job)});
+    return ringd_args(
+        spec, jd,
+        {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous", t.path + "/rdv",
+         "--steps", "8", "--coord", ep, "--job", std::to_string(job)});
   };
   const std::vector<std::pair<std::string, std::string>> delay = {
       {"RING_DEBUG_DELAY", "rank=0,ms=250"}};
