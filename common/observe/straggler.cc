@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 
 namespace ring::observe {
 
@@ -24,19 +25,26 @@ std::pair<int64_t, double> StragglerTracker::last_of(const std::vector<RankSampl
   std::vector<double> steps;
   for (const RankSample& r : ranks) steps.push_back(r.step_s);
   const double threshold = std::max(min_behind_s, min_fraction * median(steps));
+  // The wait of each rank's successor (the rank receiving from it), found in one pass: ring-coord
+  // judges every rank of a job, thousands, each step.
+  std::unordered_map<int64_t, double> succ_wait;
+  for (const RankSample& r : ranks)
+    if (r.prev >= 0 && r.prev != r.rank) succ_wait[r.prev] = r.wait_s;
   int64_t best = -1;
   double best_score = 0;
   for (const RankSample& s : ranks) {
-    // What s's successor waited (the rank receiving from s), or the others' median wait when
-    // the successor is not among the samples (on another node, or no ring).
-    std::optional<double> succ;
-    std::vector<double> others;
-    for (const RankSample& r : ranks) {
-      if (r.rank == s.rank) continue;
-      others.push_back(r.wait_s);
-      if (r.prev == s.rank) succ = r.wait_s;
+    // What s's successor waited, or the others' median wait when the successor is not among the
+    // samples (on another node, or no ring).
+    double succ = 0;
+    if (auto it = succ_wait.find(s.rank); it != succ_wait.end()) {
+      succ = it->second;
+    } else {
+      std::vector<double> others;
+      for (const RankSample& r : ranks)
+        if (r.rank != s.rank) others.push_back(r.wait_s);
+      succ = median(others);
     }
-    const double score = succ.value_or(median(others)) - s.wait_s;
+    const double score = succ - s.wait_s;
     if (score > best_score) {
       best_score = score;
       best = s.rank;
