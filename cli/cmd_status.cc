@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cctype>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -296,11 +297,16 @@ nlohmann::json job_json_with_slurm(const protocol::JobInfo& j,
 
 // The job's current observability findings from its events (docs/observability.md):
 // "straggler": the latest `straggler` event of the current attempt not followed by a
-// `straggler_cleared` of that rank (null: none), "hang": the latest hang of any attempt, the
+// `straggler_cleared` of that rank from the same source (null: none; sources: "node", a ringd
+// over its own ranks, and "coordinator", ring-coord over every node's ranks), "stragglers": every
+// such rank once (the newest of its sources' findings), "hang": the latest hang of any attempt, the
 // `hang` events of every node for that attempt and step merged (null: none); each the event's
 // data plus "attempt" and "time".
 nlohmann::json findings(coord::Client& c, const protocol::JobInfo& j) {
-  nlohmann::json straggler, hang;
+  nlohmann::json hang;
+  // (rank, source) -> its current finding (null: cleared), and the order they were named in.
+  std::map<std::pair<int64_t, std::string>, nlohmann::json> named;
+  int64_t seq = 0;
   int64_t after = 0;
   for (int page = 0; page < 500; ++page) {
     const auto ev = c.events(j.job, after, 200);
@@ -328,28 +334,48 @@ nlohmann::json findings(coord::Client& c, const protocol::JobInfo& j) {
         }
       }
       if (e.attempt != j.attempt) continue;
-      if (e.kind == "straggler") straggler = d;
-      if (e.kind == "straggler_cleared" && straggler.is_object() &&
-          straggler.value("rank", -1) == e.data.value("rank", -2))
-        straggler = nullptr;
+      if (e.kind != "straggler" && e.kind != "straggler_cleared") continue;
+      if (!e.data.contains("rank") || !e.data["rank"].is_number_integer()) continue;
+      const auto key = std::make_pair(e.data["rank"].get<int64_t>(),
+                                      e.data.value("source", std::string("node")));
+      if (!d.contains("source")) d["source"] = key.second;
+      d["seq"] = ++seq;
+      named[key] = e.kind == "straggler" ? d : nlohmann::json();
     }
     if (ev.size() < 200) break;
   }
-  return {{"straggler", straggler}, {"hang", hang}};
+  // One finding per rank (a rank both a ringd and ring-coord name is one culprit), newest first.
+  std::map<int64_t, nlohmann::json> per_rank;
+  for (auto& [key, d] : named) {
+    if (!d.is_object()) continue;
+    auto it = per_rank.find(key.first);
+    if (it == per_rank.end() || it->second.value("seq", 0) < d.value("seq", 0))
+      per_rank[key.first] = d;
+  }
+  nlohmann::json stragglers = nlohmann::json::array();
+  for (auto& [rank, d] : per_rank) stragglers.push_back(d);
+  std::sort(stragglers.begin(), stragglers.end(),
+            [](const nlohmann::json& a, const nlohmann::json& b) {
+              return a.value("seq", 0) > b.value("seq", 0);
+            });
+  for (auto& d : stragglers) d.erase("seq");
+  nlohmann::json straggler = stragglers.empty() ? nlohmann::json() : stragglers[0];
+  return {{"straggler", straggler}, {"stragglers", stragglers}, {"hang", hang}};
 }
 
 std::string finding_lines(const nlohmann::json& f) {
   std::ostringstream os;
-  const nlohmann::json& s = f["straggler"];
-  if (s.is_object()) {
+  for (const nlohmann::json& s : f["stragglers"]) {
     os << "straggler:    rank " << s.value("rank", -1) << " on "
        << printable(s.value("node", std::string("?")))
-       << fmt::format(" ({:.3f} s behind per step, last in {} of the recent steps, step {})",
-                      s.value("behind_s", 0.0), s.value("steps", 0), s.value("step", 0))
+       << fmt::format(" ({:.3f} s behind per step, last in {} of the recent steps, step {}{})",
+                      s.value("behind_s", 0.0), s.value("steps", 0), s.value("step", 0),
+                      s.value("source", std::string()) == "coordinator"
+                          ? "; named by ring-coord across nodes"
+                          : "")
        << "\n";
-  } else {
-    os << "straggler:    none\n";
   }
+  if (f["stragglers"].empty()) os << "straggler:    none\n";
   const nlohmann::json& h = f["hang"];
   if (h.is_object()) {
     std::string missing;
@@ -413,6 +439,7 @@ int run_status(const StatusOpts& o) {
           nlohmann::json one = job_json_with_slurm(jobs[0], views);
           const nlohmann::json f = findings(c, jobs[0]);
           one["straggler"] = f["straggler"];
+          one["stragglers"] = f["stragglers"];
           one["hang"] = f["hang"];
           return one.dump(o.follow ? -1 : 2) + "\n";
         }

@@ -217,7 +217,14 @@ proto::OkReply Client::slurm_job(const proto::SlurmJobRequest& request) {
 }
 
 std::vector<proto::StepRecord> Client::steps(int64_t job, int64_t after, int64_t limit) {
-  return expect<proto::StepsReply>(call(proto::StepsRequest{0, job, after, limit}), "steps").steps;
+  return expect<proto::StepsReply>(call(proto::StepsRequest{0, job, after, limit, std::nullopt}),
+                                   "steps")
+      .steps;
+}
+
+std::vector<proto::RankStepRecord> Client::rank_steps(int64_t job, int64_t after, int64_t limit) {
+  return expect<proto::StepsReply>(call(proto::StepsRequest{0, job, after, limit, true}), "steps")
+      .ranks;
 }
 
 std::vector<proto::NodeInfo> Client::nodes() {

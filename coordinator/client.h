@@ -88,6 +88,9 @@ class Client {
   protocol::OkReply slurm_job(const protocol::SlurmJobRequest& request);
 
   std::vector<protocol::StepRecord> steps(int64_t job, int64_t after = 0, int64_t limit = 1000);
+  // The per-rank rows (rank_steps) of steps > after, at most `limit`, by step, attempt, rank.
+  std::vector<protocol::RankStepRecord> rank_steps(int64_t job, int64_t after = 0,
+                                                   int64_t limit = 1000);
 
   // Sends any request and returns the reply (RemoteError for an error reply).
   protocol::Message call(protocol::Message request);

@@ -101,6 +101,14 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Step
     e_.store->set_state(j.id, JobState::kRunning,
                         "first step of attempt " + std::to_string(j.attempt));
   e_.step_buf.push_back(m);
+  // Straggler attribution over every node's ranks, once all nodes reported this step.
+  for (const auto& f :
+       e_.cross_stragglers.add(m, j.nodes, [&](int64_t job, int64_t attempt, int64_t rank) {
+         return e_.named_by_node(job, attempt, rank);
+       })) {
+    logger()->info("job {}: {}", f.job, f.data.value("message", std::string()));
+    e_.store->add_event(f.job, f.attempt, f.node, f.kind, f.data);
+  }
   auto& p = e_.progress_buf[j.id];
   if (m.step >= p.step) p = {m.step, m.loss, m.tokens_per_s, now_unix()};
 }
@@ -130,8 +138,13 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
     data["waiting"] = waiting;
   }
   // The straggler's node (the agreed data of straggler events: docs/observability.md).
-  if (m.kind == proto::EventKind::kStraggler || m.kind == proto::EventKind::kStragglerCleared)
+  if (m.kind == proto::EventKind::kStraggler || m.kind == proto::EventKind::kStragglerCleared) {
     data["node"] = m.node;
+    data["source"] = "node";  // the reporting ringd judged its own ranks
+    if (m.attempt == j.attempt && m.rank)
+      e_.node_straggler_event(j.id, m.attempt, *m.rank, m.kind == proto::EventKind::kStraggler);
+  }
+  if (m.seconds) data["seconds"] = *m.seconds;
   bool current = m.attempt == j.attempt;
   if (!current) data["stale"] = true;
   e_.store->add_event(j.id, m.attempt, m.node, proto::to_string(m.kind), data);
@@ -156,7 +169,7 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
       break;
     }
     case proto::EventKind::kCheckpointSaved:
-      e_.store->upsert_checkpoint(j.id, *m.step, m.node, m.path, *m.bytes, *m.complete);
+      e_.store->upsert_checkpoint(j.id, *m.step, m.node, m.path, *m.bytes, *m.complete, m.seconds);
       break;
     case proto::EventKind::kCheckpointFailed:
       break;

@@ -5,6 +5,7 @@
 
 #include "common/topology/global_order.h"
 #include "common/topology/hostlist.h"
+#include "coordinator/observe.h"
 #include "coordinator/security.h"
 
 namespace ring::coord {
@@ -349,6 +350,37 @@ LiveView Engine::live_view() const {
   };
   v.unflushed_steps = &step_buf;
   return v;
+}
+
+// The ranks a job attempt's ringd name stragglers now: their `straggler` events not followed by
+// `straggler_cleared` (the coordinator's own findings, source "coordinator", aside).
+static std::set<int64_t>& node_named(Engine& e, int64_t job, int64_t attempt) {
+  auto key = std::make_pair(job, attempt);
+  auto it = e.node_stragglers.find(key);
+  if (it != e.node_stragglers.end()) return it->second;
+  std::set<int64_t> named, decided;
+  // Newest first: a rank's newest event decides.
+  for (const auto& ev : latest_events(*e.store, job, {"straggler", "straggler_cleared"}, 1000)) {
+    if (ev.attempt != attempt || ev.data.value("source", std::string("node")) == "coordinator")
+      continue;
+    auto r = ev.data.find("rank");
+    if (r == ev.data.end() || !r->is_number_integer()) continue;
+    if (!decided.insert(r->get<int64_t>()).second) continue;
+    if (ev.kind == "straggler") named.insert(r->get<int64_t>());
+  }
+  return e.node_stragglers.emplace(key, std::move(named)).first->second;
+}
+
+bool Engine::named_by_node(int64_t job, int64_t attempt, int64_t rank) {
+  return node_named(*this, job, attempt).count(rank) > 0;
+}
+
+void Engine::node_straggler_event(int64_t job, int64_t attempt, int64_t rank, bool named) {
+  auto& s = node_named(*this, job, attempt);
+  if (named)
+    s.insert(rank);
+  else
+    s.erase(rank);
 }
 
 }  // namespace ring::coord

@@ -25,6 +25,7 @@
 #include "common/protocol/protocol.h"
 #include "common/topology/cluster.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/cross_stragglers.h"
 #include "coordinator/log.h"
 #include "coordinator/queries.h"
 #include "coordinator/store.h"
@@ -75,6 +76,14 @@ struct Engine {
     double at;  // when it arrived: the job's updated_at, before and after the flush
   };
   std::map<int64_t, Progress> progress_buf;
+
+  // Straggler attribution over every node's ranks (cross_stragglers.h), and the ranks each
+  // job attempt's ringd currently name stragglers themselves (from their events; loaded from the
+  // store on first use, so a restarted coordinator knows them too).
+  CrossNodeStragglers cross_stragglers;
+  std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> node_stragglers;  // (job, attempt)
+  bool named_by_node(int64_t job, int64_t attempt, int64_t rank);
+  void node_straggler_event(int64_t job, int64_t attempt, int64_t rank, bool named);
 
   // Commands in flight, for the ack's event.
   struct CmdInfo {

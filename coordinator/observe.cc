@@ -175,11 +175,11 @@ std::vector<RankSummary> summarize_ranks(const std::vector<proto::RankStepRecord
 
 std::vector<CheckpointInfo> checkpoints(Store& store, int64_t job, int64_t limit) {
   Stmt& s = store.db().prepare(
-      "SELECT step, count(*), sum(complete), sum(bytes), min(created_at) FROM checkpoints "
-      "WHERE job_id=? GROUP BY step ORDER BY step DESC LIMIT ?");
+      "SELECT step, count(*), sum(complete), sum(bytes), min(created_at), max(seconds) FROM "
+      "checkpoints WHERE job_id=? GROUP BY step ORDER BY step DESC LIMIT ?");
   s.args(job, limit);
   std::vector<CheckpointInfo> out;
-  while (s.step()) out.push_back({s.i64(0), s.i64(1), s.i64(2), s.i64(3), s.f64(4)});
+  while (s.step()) out.push_back({s.i64(0), s.i64(1), s.i64(2), s.i64(3), s.f64(4), s.opt_f64(5)});
   return out;
 }
 
@@ -213,23 +213,28 @@ std::vector<proto::EventRecord> recent_events(Store& store, int64_t job, int64_t
 }
 
 std::vector<StragglerFinding> current_stragglers(Store& store, int64_t job) {
-  // Newest first: a rank's first event decides (a straggler_cleared after it clears it).
-  std::map<int64_t, std::optional<proto::EventRecord>> seen;
+  // Newest first: a (rank, source)'s first event decides (a straggler_cleared after it clears it).
+  std::map<std::pair<int64_t, std::string>, std::optional<proto::EventRecord>> seen;
   for (auto& e : latest_events(store, job, {"straggler", "straggler_cleared"}, 1000)) {
     auto r = e.data.find("rank");
     if (r == e.data.end() || !r->is_number_integer()) continue;
-    int64_t rank = r->get<int64_t>();
-    if (seen.count(rank)) continue;
-    seen[rank] = e.kind == "straggler" ? std::optional(std::move(e)) : std::nullopt;
+    const auto key = std::make_pair(r->get<int64_t>(), e.data.value("source", std::string("node")));
+    if (seen.count(key)) continue;
+    seen[key] = e.kind == "straggler" ? std::optional(std::move(e)) : std::nullopt;
   }
-  std::vector<StragglerFinding> out;
-  for (auto& [rank, e] : seen) {
+  // One finding per rank: the newest of its sources' current events.
+  std::map<int64_t, StragglerFinding> by_rank;
+  for (auto& [key, e] : seen) {
     if (!e) continue;
+    auto it = by_rank.find(key.first);
+    if (it != by_rank.end() && it->second.event.id > e->id) continue;
     std::string node = e->node;
     if (auto n = e->data.find("node"); n != e->data.end() && n->is_string())
       node = n->get<std::string>();
-    out.push_back({rank, node, std::move(*e)});
+    by_rank[key.first] = {key.first, node, key.second, std::move(*e)};
   }
+  std::vector<StragglerFinding> out;
+  for (auto& [rank, f] : by_rank) out.push_back(std::move(f));
   return out;
 }
 

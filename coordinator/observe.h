@@ -74,6 +74,8 @@ struct CheckpointInfo {
   int64_t complete_shards = 0;
   int64_t bytes = 0;
   double created_at = 0;  // the first shard's
+  // The slowest node's shard write in seconds (none: no node reported it, an older ringd).
+  std::optional<double> seconds;
 };
 // A job's checkpoints, newest first, at most `limit`.
 std::vector<CheckpointInfo> checkpoints(Store& store, int64_t job, int64_t limit);
@@ -86,9 +88,13 @@ std::vector<protocol::EventRecord> latest_events(Store& store, int64_t job,
 std::vector<protocol::EventRecord> recent_events(Store& store, int64_t job, int64_t limit);
 
 // A rank named a straggler and not cleared since (events `straggler` / `straggler_cleared`).
+// ringd (source "node", its own ranks) and ring-coord's pass over every node's ranks (source
+// "coordinator") name stragglers; each source's findings are followed separately and a rank
+// named by both is one finding (the newest event).
 struct StragglerFinding {
   int64_t rank = -1;
   std::string node;
+  std::string source;           // "node" | "coordinator"
   protocol::EventRecord event;  // the straggler event
 };
 std::vector<StragglerFinding> current_stragglers(Store& store, int64_t job);

@@ -186,6 +186,14 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
             if (it == latest_ckpt.end()) return std::nullopt;
             return static_cast<double>(it->second.bytes);
           });
+  per_job("ring_job_checkpoint_seconds", "gauge",
+          "Seconds the job's latest complete checkpoint took to write (the slowest node's shard, "
+          "start to durable)",
+          [&](const JobRow& j) -> OptD {
+            auto it = latest_ckpt.find(j.id);
+            if (it == latest_ckpt.end()) return std::nullopt;
+            return it->second.seconds;
+          });
 
   // Per rank, over the last window_steps steps of rank_steps.
   std::vector<std::pair<const JobRow*, std::vector<RankSummary>>> ranks;
@@ -235,12 +243,15 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
   // Findings: ranks named stragglers and not cleared since.
   x.family("ring_rank_straggler", "gauge",
            "1 for each rank currently named a straggler (events `straggler` not followed by "
-           "`straggler_cleared`)");
+           "`straggler_cleared`; source: node = its ringd over the node's ranks, coordinator = "
+           "ring-coord over every node's ranks)");
   for (const auto& j : jobs) {
     size_t n = 0;
     for (const auto& f : current_stragglers(store, j.id)) {
       if (++n > lim.max_ranks) break;
-      x.sample(with(job_labels(j), {{"node", f.node}, {"rank", std::to_string(f.rank)}}), 1);
+      x.sample(with(job_labels(j),
+                    {{"node", f.node}, {"rank", std::to_string(f.rank)}, {"source", f.source}}),
+               1);
     }
   }
 

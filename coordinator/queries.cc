@@ -1,6 +1,7 @@
 #include "coordinator/queries.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 
 namespace ring::coord {
@@ -74,8 +75,38 @@ proto::EventsReply answer(Store& store, const proto::EventsRequest& m) {
   return proto::EventsReply{m.id, store.events(m.job, m.after, m.limit)};
 }
 
+// The per-rank rows of steps > after (StepsRequest.ranks), the unflushed reports' included.
+static proto::StepsReply answer_ranks(Store& store, const proto::StepsRequest& m,
+                                      const LiveView& live) {
+  auto rows = store.rank_steps(m.job, m.after + 1, std::numeric_limits<int64_t>::max(), m.limit);
+  if (live.unflushed_steps) {
+    const double now = now_unix();
+    for (const auto& s : *live.unflushed_steps) {
+      if (s.job != m.job || s.step <= m.after) continue;
+      for (const auto& r : s.ranks) {
+        proto::RankStepRecord rec{s.attempt, s.step, s.node, r, now};
+        auto same = std::find_if(rows.begin(), rows.end(), [&](const proto::RankStepRecord& x) {
+          return x.attempt == s.attempt && x.step == s.step && x.rank.rank == r.rank;
+        });
+        if (same != rows.end())
+          *same = rec;
+        else
+          rows.push_back(rec);
+      }
+    }
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.step, a.attempt, a.rank.rank) < std::tie(b.step, b.attempt, b.rank.rank);
+    });
+    if (rows.size() > static_cast<size_t>(m.limit)) rows.resize(static_cast<size_t>(m.limit));
+  }
+  for (auto& r : rows) r.rank.prev.reset();  // not recorded: the same answer before the flush
+  proto::StepsReply out{m.id, m.job, {}, std::move(rows)};
+  return out;
+}
+
 proto::StepsReply answer(Store& store, const proto::StepsRequest& m, const LiveView& live) {
   existing_job(store, m.job);
+  if (m.ranks.value_or(false)) return answer_ranks(store, m, live);
   auto rows = store.steps(m.job, m.after, m.limit);
   if (live.unflushed_steps) {
     // Reports not yet written replace a recorded one of the same (attempt, step, node), as the
@@ -98,7 +129,7 @@ proto::StepsReply answer(Store& store, const proto::StepsRequest& m, const LiveV
     });
     if (rows.size() > static_cast<size_t>(m.limit)) rows.resize(static_cast<size_t>(m.limit));
   }
-  return proto::StepsReply{m.id, m.job, std::move(rows)};
+  return proto::StepsReply{m.id, m.job, std::move(rows), {}};
 }
 
 proto::NodesReply answer(Store& store, const proto::NodesRequest& m, const LiveView& live) {

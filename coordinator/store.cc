@@ -201,6 +201,10 @@ CREATE TABLE rank_steps (
   PRIMARY KEY (job_id, attempt, step, rank)
 );
 )sql"},
+    {6, "checkpoint write seconds per node shard (NULL: not reported, an older ringd)",
+     R"sql(
+ALTER TABLE checkpoints ADD COLUMN seconds REAL;
+)sql"},
 };
 
 constexpr const char* kJobCols =
@@ -573,12 +577,14 @@ std::vector<protocol::EventRecord> Store::events(int64_t job, int64_t after, int
 }
 
 void Store::upsert_checkpoint(int64_t job, int64_t step, const std::string& node,
-                              const std::string& path, int64_t bytes, bool complete) {
+                              const std::string& path, int64_t bytes, bool complete,
+                              std::optional<double> seconds) {
   db_.prepare(
-         "INSERT INTO checkpoints(job_id, step, node, path, bytes, complete, created_at) "
-         "VALUES (?,?,?,?,?,?,?) ON CONFLICT(job_id, step, node) DO UPDATE SET "
-         "path=excluded.path, bytes=excluded.bytes, complete=excluded.complete")
-      .args(job, step, node, path, bytes, int64_t{complete ? 1 : 0}, now_unix())
+         "INSERT INTO checkpoints(job_id, step, node, path, bytes, complete, created_at, seconds) "
+         "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(job_id, step, node) DO UPDATE SET "
+         "path=excluded.path, bytes=excluded.bytes, complete=excluded.complete, "
+         "seconds=coalesce(excluded.seconds, seconds)")
+      .args(job, step, node, path, bytes, int64_t{complete ? 1 : 0}, now_unix(), seconds)
       .run();
 }
 

@@ -152,9 +152,11 @@ class Store {
                     const std::string& kind, const nlohmann::json& data);
   std::vector<protocol::EventRecord> events(int64_t job, int64_t after, int64_t limit);
 
-  // ---- checkpoints (one row per node shard)
+  // ---- checkpoints (one row per node shard; `seconds`: how long the node's shard took to write,
+  // when its ringd reported it, schema v6)
   void upsert_checkpoint(int64_t job, int64_t step, const std::string& node,
-                         const std::string& path, int64_t bytes, bool complete);
+                         const std::string& path, int64_t bytes, bool complete,
+                         std::optional<double> seconds = std::nullopt);
   // Largest step whose shards are all complete and come from at least `nodes` nodes.
   std::optional<int64_t> latest_complete_checkpoint(int64_t job, int64_t nodes);
 

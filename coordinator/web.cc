@@ -483,7 +483,10 @@ HttpResponse WebApp::route(const HttpRequest& r) {
         json out = job_json(store(), *j);
         json s = json::array();
         for (const auto& f : current_stragglers(store(), j->id))
-          s.push_back({{"rank", f.rank}, {"node", f.node}, {"event", event_json(f.event)}});
+          s.push_back({{"rank", f.rank},
+                       {"node", f.node},
+                       {"source", f.source},
+                       {"event", event_json(f.event)}});
         out["stragglers"] = s;
         json hangs = json::array();
         for (const auto& e : latest_events(store(), j->id, {"hang"}, 5))
@@ -531,6 +534,7 @@ HttpResponse WebApp::route(const HttpRequest& r) {
                          {"shards", c.shards},
                          {"complete_shards", c.complete_shards},
                          {"bytes", c.bytes},
+                         {"seconds", c.seconds ? json(*c.seconds) : json(nullptr)},
                          {"created_at", c.created_at}});
         return json_reply(out);
       }
@@ -600,8 +604,9 @@ HttpResponse WebApp::route(const HttpRequest& r) {
     if (strag.empty() && hangs.empty()) b += "<p class=\"muted\">No straggler or hang.</p>";
     for (const auto& f : strag)
       b += "<div class=\"finding straggler\" data-rank=\"" + std::to_string(f.rank) +
-           "\"><b>Straggler: rank " + std::to_string(f.rank) + " on " + h(f.node) + "</b> — " +
-           h(finding_text(f.event)) + " <span class=\"muted\">(" + when(f.event.time) +
+           "\" data-source=\"" + h(f.source) + "\"><b>Straggler: rank " + std::to_string(f.rank) +
+           " on " + h(f.node) + "</b>" + (f.source == "coordinator" ? " (across nodes)" : "") +
+           " — " + h(finding_text(f.event)) + " <span class=\"muted\">(" + when(f.event.time) +
            ")</span></div>";
     for (const auto& e : hangs) {
       std::string missing;
@@ -728,13 +733,14 @@ HttpResponse WebApp::route(const HttpRequest& r) {
       b += "<p class=\"muted\">None recorded.</p>";
     else {
       b += "<table id=\"checkpoints\"><tr><th>step</th><th>shards</th><th>size</th>"
-           "<th>created</th></tr>";
+           "<th>write s</th><th>created</th></tr>";
       for (const auto& c : ck)
         b += "<tr><td class=\"n\">" + std::to_string(c.step) + "</td><td class=\"n\">" +
              std::to_string(c.complete_shards) + "/" + std::to_string(c.shards) +
              (c.complete_shards == c.shards ? "" : " (incomplete)") + "</td><td class=\"n\">" +
-             bytes_text(static_cast<double>(c.bytes)) + "</td><td>" + when(c.created_at) +
-             "</td></tr>";
+             bytes_text(static_cast<double>(c.bytes)) + "</td><td class=\"n\">" +
+             (c.seconds ? num(*c.seconds, "%.3f") : std::string("-")) + "</td><td>" +
+             when(c.created_at) + "</td></tr>";
       b += "</table>";
     }
 

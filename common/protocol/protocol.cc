@@ -527,6 +527,16 @@ void fields(IO& io, RankStep& m) {
   io.num("wait_s", m.wait_s, 0, 1e7);
   io.num("comm_s", m.comm_s, 0, 1e7);
   io.i64("hop_bytes", m.hop_bytes, 0, int64_t{1} << 50);
+  io.opt_i64("prev", m.prev, 0, 1 << 24);
+}
+// A recorded rank row: the RankStep's fields flattened beside attempt, step, node and time.
+template <class IO>
+void fields(IO& io, RankStepRecord& m) {
+  io.i64("attempt", m.attempt, 0, kMaxId);
+  io.i64("step", m.step, 0, kMaxId);
+  io.node("node", m.node);
+  fields(io, m.rank);
+  io.num("time", m.time, 0, 1e12);
 }
 template <class IO>
 void fields(IO& io, StepReport& m) {
@@ -558,6 +568,7 @@ void fields(IO& io, Event& m) {
   io.opt_bool("complete", m.complete);
   io.strings("last_log", m.last_log, kMaxLogLines, kMaxLogLineBytes);
   io.opt_str("message", m.message, kMaxText);
+  io.opt_num("seconds", m.seconds, 0, 1e7);
   io.opt_i64("steps", m.steps, 0, 1 << 20);
   io.opt_num("behind_s", m.behind_s, 0, 1e7);
   io.opt_num("deadline_s", m.deadline_s, 0, 1e7);
@@ -685,6 +696,7 @@ void fields(IO& io, StepsRequest& m) {
   io.i64("job", m.job, 1, kMaxId);
   io.i64_or("after", m.after, 0, kMaxId, 0);
   io.i64_or("limit", m.limit, 1, 10000, 1000);
+  io.opt_bool("ranks", m.ranks);
 }
 template <class IO>
 void fields(IO& io, CancelRequest& m) {
@@ -750,6 +762,7 @@ void fields(IO& io, StepsReply& m) {
   request_id(io, m.id);
   io.i64("job", m.job, 1, kMaxId);
   io.objects("steps", m.steps, 10000, true);
+  io.objects("ranks", m.ranks, 10000, false, Write::kIfSet);
 }
 template <class IO>
 void fields(IO& io, NodesReply& m) {

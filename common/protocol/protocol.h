@@ -131,6 +131,9 @@ struct RankStep {
   double wait_s = 0;      // blocked on a peer (ring receive, collective)
   double comm_s = 0;      // sending (ring hops, gradient handover)
   int64_t hop_bytes = 0;  // bytes this rank sent along the ring
+  // The global rank it receives from on the ring (its predecessor), so that ring-coord can charge
+  // a rank what its successor on another node waited. Optional: older ringd do not send it.
+  std::optional<int64_t> prev;
 };
 
 struct StepReport {
@@ -149,7 +152,7 @@ enum class EventKind {
   kWorkerStarted,     // rank, pid
   kWorkerExited,      // rank, exit_code (a normal exit)
   kWorkerDied,        // rank, signal or exit_code, last_log
-  kCheckpointSaved,   // step, path, bytes, complete
+  kCheckpointSaved,   // step, path, bytes, complete, seconds (optional)
   kCheckpointFailed,  // step, message
   kJobCompleted,      // step: this node finished the job's last step
   kJobStopped,        // this node stopped the job's workers (after a stop command)
@@ -180,6 +183,9 @@ struct Event {
   std::optional<bool> complete;
   std::vector<std::string> last_log;
   std::string message;
+  // checkpoint_saved: seconds this node's shard took to write (start to durable). Optional: older
+  // ringd do not send it.
+  std::optional<double> seconds;
   // Stragglers and hangs (docs/observability.md).
   std::optional<int64_t> steps;       // straggler: of the recent steps, how many it was last in
   std::optional<double> behind_s;     // straggler: median seconds the others waited for it
@@ -245,6 +251,9 @@ struct StepsRequest {
   int64_t job = 0;
   int64_t after = 0;  // only steps > after
   int64_t limit = 1000;
+  // true: the per-rank rows (rank_steps) instead of the node reports, `limit` rows. Optional,
+  // written only when true (a request without it reads as before).
+  std::optional<bool> ranks;
 };
 struct CancelRequest {
   int64_t id = 0;
@@ -364,6 +373,7 @@ struct StepsReply {
   int64_t id = 0;
   int64_t job = 0;
   std::vector<StepRecord> steps;
+  std::vector<RankStepRecord> ranks;  // StepsRequest.ranks: by step, attempt, rank
 };
 struct NodesReply {
   int64_t id = 0;

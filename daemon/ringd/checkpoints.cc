@@ -154,7 +154,8 @@ bool Checkpoints::report(const ckpt::SaveResult& r) {
   if (r.ok) {
     hooks_.log(fmt::format("checkpoint step {} saved: {} ({:.1f} MB in {:.2f} s)", r.step, r.path,
                            r.bytes / 1e6, r.total_s));
-    hooks_.event("checkpoint_saved", {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}});
+    hooks_.event("checkpoint_saved",
+                 {{"step", r.step}, {"path", r.path}, {"bytes", r.bytes}, {"seconds", r.write_s}});
   } else {
     hooks_.log(fmt::format("checkpoint step {} failed: {}", r.step, r.error));
     hooks_.event("checkpoint_failed", {{"step", r.step}, {"error", r.error}});

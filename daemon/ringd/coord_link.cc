@@ -216,6 +216,8 @@ void CoordLink::report(const std::string& name, const json& f) {
     e.path = f.value("path", "");
     e.bytes = opt_i64(f, "bytes").value_or(0);
     e.complete = true;  // this node's shard is durable
+    if (f.contains("seconds") && f["seconds"].is_number())
+      e.seconds = std::clamp(f["seconds"].get<double>(), 0.0, 1e7);
     if (!e.step || e.path.empty()) return;
   } else if (name == "checkpoint_failed") {
     e.kind = proto::EventKind::kCheckpointFailed;

@@ -2,23 +2,18 @@
 // (common/contract/timeline.h). No sockets, no processes: the Daemon feeds it and sends what it
 // returns (events, the step report's ranks, the node's timeline file in the job directory).
 //
-// Straggler attribution. In a ring a slow rank makes its successor wait on the receive, that
-// one's successor on the next hop, and every rank at the step's collectives; the slow rank
-// itself waits least. So each rank s is charged what its ring successor waited beyond what s
-// waited itself: score(s) = wait(succ(s)) - wait(s) (succ: the rank whose `prev` is s; when the
-// successor is on another node, the median wait of the node's other ranks stands in). The rank
-// with the largest score, when it exceeds max(min_behind_s, min_fraction x the median step time),
-// was "last" in that step. A rank last in at least `name_after` of the last `window` steps is the
-// straggler (event `straggler`); it is cleared (`straggler_cleared`) when it is last in at most
-// `clear_at` of them. Ranks that waited are never charged their own waiting.
+// Straggler attribution (common/observe/straggler.h, the tracker ring-coord also runs over every
+// node's ranks): each step's samples of this node's ranks; a rank last in enough recent steps is
+// the straggler (event `straggler`), until it is not (`straggler_cleared`).
 //
 // Hang attribution. When a step is in flight past its deadline, every worker that has not
 // finished it is classified from its flight recorder: a worker blocked on a peer (a ring receive,
 // a ring send, a collective) is waiting, with where (`ring recv from rank 3, layer 2 hop 1`); one
 // that is
 // stopped (SIGSTOP: state T in /proc) or whose main thread is outside any wait without progress
-// never arrived (missing). A worker that has ended or is ending (not running, a zombie) is
-// neither: its death is reported as a death.
+// never arrived (missing). A worker that finished the step waits for its end (ringd's next
+// weights) and is listed waiting too, with the missing ranks that hold it up. A worker that has
+// ended or is ending (not running, a zombie) is neither: its death is reported as a death.
 #pragma once
 
 #include <sys/types.h>
@@ -32,60 +27,14 @@
 #include <nlohmann/json.hpp>
 
 #include "common/contract/timeline.h"
+#include "common/observe/straggler.h"
 
 namespace ring::ringd {
 
-struct RankSample {
-  int64_t rank = 0;
-  int64_t prev = -1;  // the global rank it receives from (-1: no ring)
-  double step_s = 0;
-  double wait_s = 0;  // blocked on peers: ring receives and collectives
-};
-
-class StragglerTracker {
- public:
-  struct Options {
-    int window = 8;
-    int name_after = 3;
-    int clear_at = 1;
-    double min_behind_s = 0.005;
-    double min_fraction = 0.05;
-  };
-  struct Finding {
-    int64_t rank = -1;
-    int64_t step = 0;     // latest step it was last in
-    int steps = 0;        // of the window's steps, how many it was last in
-    double behind_s = 0;  // median score over those steps
-  };
-  struct Change {
-    std::optional<Finding> named;    // a new straggler (or another rank replaced the old one)
-    std::optional<Finding> cleared;  // the previous straggler is no longer one
-  };
-
-  StragglerTracker() : StragglerTracker(Options{}) {}
-  explicit StragglerTracker(Options o) : o_(o) {}
-  // One step's samples (the node's ranks). Returns what changed.
-  Change add(int64_t step, const std::vector<RankSample>& ranks);
-  const std::optional<Finding>& current() const { return current_; }
-  void reset() {
-    last_.clear();
-    current_.reset();
-  }
-  // The rank that was last in `ranks` and by how much (rank -1: nobody clearly).
-  static std::pair<int64_t, double> last_of(const std::vector<RankSample>& ranks,
-                                            double min_behind_s, double min_fraction);
-
- private:
-  Finding summarise(int64_t rank) const;
-  Options o_;
-  struct Last {
-    int64_t step;
-    int64_t rank;
-    double behind_s;
-  };
-  std::deque<Last> last_;
-  std::optional<Finding> current_;
-};
+// The straggler tracker is shared with ring-coord, which runs it over every node's ranks
+// (common/observe/straggler.h).
+using observe::RankSample;
+using observe::StragglerTracker;
 
 // The event data of the agreed kinds (docs/observability.md).
 nlohmann::json straggler_data(const StragglerTracker::Finding& f, const std::string& node,

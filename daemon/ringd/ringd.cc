@@ -1148,6 +1148,7 @@ std::vector<protocol::RankStep> Daemon::observe_step(int64_t step) {
     r.wait_s = d.wait_ms / 1e3;
     r.comm_s = d.comm_ms / 1e3;
     r.hop_bytes = d.bytes_sent;
+    if (d.prev >= 0) r.prev = d.prev;
     ranks.push_back(r);
     samples.push_back({w.rank, d.prev, r.step_time_s, r.wait_s});
   }

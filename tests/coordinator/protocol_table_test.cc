@@ -27,10 +27,10 @@ const char* const kSamples[] = {
     R"({"type":"step","node":"n-0","job":7,"attempt":2,"step":31,"loss":0.30000000000000004,
         "tokens_per_s":1234.5,"step_time_s":0.25,"comm_time_s":0.125,
         "ranks":[{"rank":1,"step_time_s":0.25,"data_s":0.01,"compute_s":0.125,"wait_s":0.0625,
-                  "comm_s":0.03125,"hop_bytes":65536}]})",
+                  "comm_s":0.03125,"hop_bytes":65536,"prev":0}]})",
     R"({"type":"event","node":"n-0","kind":"worker_exited","job":7,"attempt":2,"rank":3,"pid":4242,
         "signal":9,"exit_code":1,"step":31,"bytes":100,"path":"/ck/31","complete":false,
-        "last_log":["a","b"],"message":"oom","steps":3,"behind_s":0.25,"deadline_s":30,
+        "last_log":["a","b"],"message":"oom","seconds":1.5,"steps":3,"behind_s":0.25,"deadline_s":30,
         "missing":[2],"waiting":[{"rank":1,"where":"ring recv from rank 2, layer 0 hop 0"}]})",
     R"({"type":"command_ack","node":"n-0","cmd":5,"ok":false,"error":"busy"})",
     R"({"type":"registered","node":"n-0","heartbeat_interval_s":0.5,"heartbeat_timeout_s":5,
@@ -61,10 +61,13 @@ const char* const kSamples[] = {
         "field":"job"})",
     R"({"type":"slurm_job","id":8,"job":7,"event":"started","slurm_job_id":"123_4",
         "restarts":2,"nodes":"n[0-1]","message":"requeued"})",
-    R"({"type":"steps","id":9,"job":7,"after":3,"limit":20})",
+    R"({"type":"steps","id":9,"job":7,"after":3,"limit":20,"ranks":true})",
     R"({"type":"steps_reply","id":9,"job":7,"steps":[{"attempt":2,"step":31,"node":"n-0",
         "loss":0.30000000000000004,"tokens_per_s":1234.5,"step_time_s":0.25,
-        "comm_time_s":0.125,"time":1700000000.5}]})",
+        "comm_time_s":0.125,"time":1700000000.5}],
+        "ranks":[{"attempt":2,"step":31,"node":"n-0","rank":1,"step_time_s":0.25,"data_s":0.01,
+                  "compute_s":0.125,"wait_s":0.0625,"comm_s":0.03125,"hop_bytes":65536,
+                  "time":1700000000.5}]})",
 };
 
 json sample(const std::string& type) {

@@ -287,3 +287,37 @@ TEST(Protocol, MutationsNeverCrash) {
   EXPECT_EQ(parsed + refused, 20000);
   EXPECT_GT(refused, 10000);
 }
+
+// Fields added later are optional: messages of a peer that predates them read as before (the
+// field absent), and the new fields are checked like any other.
+TEST(Protocol, MessagesWithoutTheLaterOptionalFieldsStillParse) {
+  using namespace ring::protocol;
+  auto step = std::get<StepReport>(parse(
+      R"({"v":1,"type":"step","node":"n0","job":1,"attempt":1,"step":2,"loss":1,)"
+      R"("tokens_per_s":1,"step_time_s":1,"comm_time_s":0,"ranks":[{"rank":0,"step_time_s":1,)"
+      R"("data_s":0,"compute_s":1,"wait_s":0,"comm_s":0,"hop_bytes":0}]})"));
+  ASSERT_EQ(step.ranks.size(), 1u);
+  EXPECT_FALSE(step.ranks[0].prev);
+  auto ev = std::get<Event>(
+      parse(R"({"v":1,"type":"event","node":"n0","kind":"checkpoint_saved","job":1,"attempt":1,)"
+            R"("step":4,"path":"/ck/4","bytes":10,"complete":true})"));
+  EXPECT_FALSE(ev.seconds);
+  auto req = std::get<StepsRequest>(parse(R"({"v":1,"type":"steps","id":1,"job":1})"));
+  EXPECT_FALSE(req.ranks);
+  auto rep =
+      std::get<StepsReply>(parse(R"({"v":1,"type":"steps_reply","id":1,"job":1,"steps":[]})"));
+  EXPECT_TRUE(rep.ranks.empty());
+  // Written only when set: an old reader sees the same bytes as before.
+  EXPECT_EQ(encode(step).find("prev"), std::string::npos);
+  EXPECT_EQ(encode(ev).find("seconds"), std::string::npos);
+  EXPECT_EQ(encode(req).find("ranks"), std::string::npos);
+  EXPECT_EQ(encode(rep).find("ranks"), std::string::npos);
+  // The new fields are checked.
+  try {
+    parse(R"({"v":1,"type":"event","node":"n0","kind":"checkpoint_saved","job":1,"attempt":1,)"
+          R"("step":4,"path":"/ck/4","bytes":10,"complete":true,"seconds":-1})");
+    ADD_FAILURE() << "negative seconds accepted";
+  } catch (const ProtocolError& e) {
+    EXPECT_EQ(e.field(), "event.seconds");
+  }
+}

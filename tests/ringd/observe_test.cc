@@ -23,6 +23,11 @@
 //     (kind straggler, data with rank, node, step, steps, behind_s, message), `ringctl status
 //     JOB --json` shows it as "straggler" (and "hang": null), the text status names it, and
 //     `ringctl trace JOB -o FILE` writes a trace of the 4 ranks from the recorded job directory.
+//   CrossNodeStragglerIsNamedByTheCoordinator: 2 nodes x 1 worker under a ring-coord, rank 0
+//     (node 0) delayed 250 ms per step: its only victim, its ring successor rank 1, is on node 1,
+//     so neither ringd can name it (each sees one rank); ring-coord's pass over both nodes' rows
+//     names rank 0 on node 0 within 5 steps (source coordinator), never another rank, once, and
+//     `ringctl status` shows it (text and --json).
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -31,6 +36,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -226,12 +232,12 @@ void expect_hang(const TempDir& t, Proc& d, int64_t missing, double max_s) {
   for (int r = 0; r < kRanks; ++r)
     if (r != missing) others.insert(r);
   EXPECT_EQ(waiting, others) << h.dump();
-  // Someone waits on the stuck rank itself (a ring receive from it or a send to it), or on the
-  // step's collective.
+  // Someone waits on the stuck rank itself (a ring receive from it or a send to it, or the
+  // step's end it holds up), or on the step's collective.
   bool names_it = false;
-  const std::string r = "rank " + std::to_string(missing) + ",";
+  const std::regex r("rank " + std::to_string(missing) + "(\\D|$)");
   for (const json& w : h["waiting"])
-    names_it = names_it || w["where"].get<std::string>().find(r) != std::string::npos ||
+    names_it = names_it || std::regex_search(w["where"].get<std::string>(), r) ||
                w["where"].get<std::string>().find("collective") != std::string::npos;
   EXPECT_TRUE(names_it) << h.dump();
   // Then the attempt fails (max_restarts 0): the stuck worker is killed, ringd exits 1.
@@ -417,6 +423,96 @@ TEST(Observe, StatusAndTraceThroughTheCoordinator) {
     if (e["ph"] == "X" && e["tid"].get<int64_t>() % 10 == 1)
       ranks.insert(e["tid"].get<int64_t>() / 10);
   EXPECT_EQ(ranks, (std::set<int64_t>{0, 1, 2, 3}));
+}
+
+TEST(Observe, CrossNodeStragglerIsNamedByTheCoordinator) {
+  TempDir t("ringd-observe");
+  const std::string ep = "ipc://" + t.path + "/coord.sock";
+  Proc coord({RING_COORD_BIN, "--state-dir", t.path + "/state", "--endpoint", ep,
+              "--heartbeat-interval", "0.2", "--heartbeat-timeout", "20", "--sync", "normal"},
+             t.path + "/coord.out", t.path + "/coord.log");
+  // two_nodes.yaml with one worker per node: ranks 0 (node 0) and 1 (node 1).
+  std::string text = slurp(std::string(RING_SOURCE_DIR) + "/tests/ringd/two_nodes.yaml");
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{"context_ranks: 4", "context_ranks: 2"},
+        {"workers_per_node: 2", "workers_per_node: 1"}}) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+  }
+  const std::string spec = t.path + "/spec.yaml";
+  std::ofstream(spec) << text;
+  ring::coord::ClientOptions co;
+  co.endpoint = ep;
+  co.timeout = std::chrono::milliseconds(10000);
+  int64_t job = 0;
+  const auto end = Clock::now() + std::chrono::seconds(30);
+  while (job == 0 && Clock::now() < end) {
+    try {
+      job = ring::coord::Client(co).submit(text, "", t.path + "/job").job;
+    } catch (const ring::coord::ClientError&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ASSERT_GT(job, 0) << slurp(t.path + "/coord.log");
+  const std::string jd = t.path + "/job";
+  auto args = [&](int node) {
+    return ringd_args(
+        spec, jd,
+        {"--nodes", "2", "--node-rank", std::to_string(node), "--rendezvous", t.path + "/rdv",
+         "--steps", "8", "--coord", ep, "--job", std::to_string(job)});
+  };
+  const std::vector<std::pair<std::string, std::string>> delay = {
+      {"RING_DEBUG_DELAY", "rank=0,ms=250"}};
+  Proc d0(args(0), t.path + "/d0.out", t.path + "/d0.err", delay);
+  Proc d1(args(1), t.path + "/d1.out", t.path + "/d1.err", delay);
+  auto logs = [&] {
+    return "\n--- ringd-0.log\n" + slurp(jd + "/logs/ringd-0.log") + "\n--- ringd-1.log\n" +
+           slurp(jd + "/logs/ringd-1.log") + "\n--- coord.log\n" + slurp(t.path + "/coord.log");
+  };
+  ASSERT_EQ(d0.wait(240), 0) << logs();
+  ASSERT_EQ(d1.wait(60), 0) << logs();
+  // The finding is recorded when the step's last report arrives: poll until the job completed.
+  std::vector<ring::protocol::EventRecord> named;
+  const auto ev_end = Clock::now() + std::chrono::seconds(30);
+  bool completed = false;
+  while (Clock::now() < ev_end && !completed) {
+    named.clear();
+    for (const auto& e : ring::coord::Client(co).events(job, 0, 1000)) {
+      if (e.kind == "straggler") named.push_back(e);
+      if (e.kind == "state" && e.data.value("to", "") == "completed") completed = true;
+    }
+    if (!completed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(named.empty()) << "no straggler event" << logs();
+  // Once, by ring-coord (each ringd sees one rank: it cannot name any).
+  ASSERT_EQ(named.size(), 1u) << logs();
+  const json& d = named[0].data;
+  EXPECT_EQ(d.value("rank", -1), 0) << d.dump();
+  EXPECT_EQ(d.value("source", ""), "coordinator") << d.dump();
+  EXPECT_NE(d.value("node", "").find("-n0"), std::string::npos) << d.dump();
+  EXPECT_EQ(named[0].node, d.value("node", "?"));
+  EXPECT_LE(d.value("step", 99), 5) << d.dump();
+  EXPECT_GT(d.value("behind_s", 0.0), 0.1) << d.dump();
+  for (const auto& e : ring::coord::Client(co).events(job, 0, 1000))
+    if (e.kind == "straggler_cleared") ADD_FAILURE() << "cleared: " << e.data.dump();
+  for (const auto& node_log : {jd + "/logs/ringd-0.log", jd + "/logs/ringd-1.log"})
+    EXPECT_TRUE(logged_events(node_log, "straggler").empty()) << slurp(node_log);
+
+  Proc st({RINGCTL_BIN, "status", std::to_string(job), "--json", "--coord", ep},
+          t.path + "/status.json", t.path + "/status.err");
+  ASSERT_EQ(st.wait(30), 0) << slurp(t.path + "/status.err");
+  const json s = json::parse(slurp(t.path + "/status.json"));
+  ASSERT_TRUE(s["straggler"].is_object()) << s.dump();
+  EXPECT_EQ(s["straggler"]["rank"], 0);
+  EXPECT_EQ(s["straggler"]["source"], "coordinator");
+  EXPECT_EQ(s["stragglers"].size(), 1u) << s.dump();
+  Proc txt({RINGCTL_BIN, "status", std::to_string(job), "--coord", ep}, t.path + "/status.txt",
+           t.path + "/status.err");
+  ASSERT_EQ(txt.wait(30), 0) << slurp(t.path + "/status.err");
+  const std::string out = slurp(t.path + "/status.txt");
+  EXPECT_NE(out.find("straggler:    rank 0 on "), std::string::npos) << out;
+  EXPECT_NE(out.find("named by ring-coord across nodes"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -124,10 +124,20 @@ TEST(Hang, StoppedAndStuckRanksMissingOthersWaitingWithWhere) {
   in[3].snap.progress_ns = now - 100'000'000;
   EXPECT_EQ(analyse_hang(5, 9.5, 8, in, now).missing, (std::vector<int64_t>{2}));
   in[3].snap.progress_ns = now - 9'000'000'000;
-  // A rank that finished the step is neither.
+  // A rank that finished the step is not missing: it waits for the step's end, held up by the
+  // missing ranks.
   in[3].done = true;
+  const HangFinding g = analyse_hang(5, 9.5, 8, in, now);
+  EXPECT_EQ(g.missing, (std::vector<int64_t>{2}));
+  ASSERT_EQ(g.waiting.size(), 3u);  // by rank: 0, 1, 3
+  EXPECT_EQ(g.waiting[2].rank, 3);
+  EXPECT_EQ(g.waiting[2].where,
+            "finished step 5: waits for the step's end (ringd's next weights), held up by rank 2");
   in[2].done = true;
-  EXPECT_TRUE(analyse_hang(5, 9.5, 8, in, now).missing.empty());
+  const HangFinding h = analyse_hang(5, 9.5, 8, in, now);
+  EXPECT_TRUE(h.missing.empty());
+  ASSERT_EQ(h.waiting.size(), 4u);
+  EXPECT_NE(h.waiting[3].where.find("held up by ranks of other nodes"), std::string::npos);
 }
 
 TEST(Hang, ProcStateOfThisProcessIsRunning) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/proc/read_file.h"
 #include "plugins/transport/loader.h"
 #include "tests/common/test_proc.h"
 
@@ -179,8 +180,13 @@ TEST_P(PerTransport, FirstSendToADeadPeerIsAPeerFailure) {
   {
     Ranks ranks(GetParam(), 2, dir.path, "dead_before_first_send");
     const auto deadline = Clock::now() + 60s;
+    // Dead means a zombie (our child, not reaped until wait_all, so its pid is not reused): the
+    // kernel makes it one only after it closed its files. `alive()` turns false earlier, once
+    // its memory is gone (its command line reads empty), while its shared-memory file is still
+    // open: a send then attaches to it and completes into a FIFO nobody reads, which is a send
+    // to a peer that died after it, not before it (the test failed so under load, 15 in 300).
     while (!std::filesystem::exists(dir.path + "/ready-1") ||
-           ring::test::alive(ranks.pid(1), "transport_helper")) {
+           ring::proc::process_state(ranks.pid(1)) != 'Z') {
       ASSERT_LT(Clock::now(), deadline) << "rank 1 never died\n" << ranks.logs();
       std::this_thread::sleep_for(5ms);
     }

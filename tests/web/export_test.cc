@@ -1,5 +1,6 @@
 // `ringctl metrics` and step-metric retention with a real job: the CSV and JSON exports carry
-// every step report the coordinator recorded (compared with its database), --from-step, the
+// every step report the coordinator recorded (compared with its database), and with --ranks every
+// per-rank row; the checkpoint write seconds in /metrics; --from-step, the
 // export after the coordinator stopped (its state read-only), and ring-coord
 // --metrics-retention-steps pruning step_metrics and rank_steps to the last N steps. The web
 // endpoint's options, and stalled or busy HTTP clients not delaying the ZeroMQ side.
@@ -66,6 +67,56 @@ TEST(MetricsExport, CsvAndJsonCarryTheRecordedSteps) {
   ASSERT_EQ(arr.size(), from4);
   EXPECT_EQ(arr[0]["step"], 4);
   EXPECT_EQ(arr.back()["loss"].get<double>(), want.back().loss);
+
+  // --ranks: the per-rank series (rank_steps), every row the coordinator recorded.
+  std::vector<ring::protocol::RankStepRecord> rwant;
+  ASSERT_TRUE(wait_until(30, [&] {
+    ring::coord::Store st(c.state + "/coord.db", {true, 0, true});
+    rwant = st.rank_steps(1, 1, 1000, 100000);
+    return !rwant.empty() && rwant.back().step == 6;
+  }));
+  auto rcsv = c.ringctl("metrics 1 --ranks");
+  ASSERT_EQ(rcsv.exit_code, 0) << rcsv.output;
+  auto rls = lines(rcsv.output);
+  ASSERT_EQ(rls.size(), rwant.size() + 1) << rcsv.output;
+  EXPECT_EQ(rls[0],
+            "step,attempt,node,rank,step_time_s,data_s,compute_s,wait_s,comm_s,hop_bytes,time");
+  for (size_t i = 0; i < rwant.size(); ++i) {
+    std::vector<std::string> f;
+    std::istringstream row(rls[i + 1]);
+    for (std::string x; std::getline(row, x, ',');) f.push_back(x);
+    ASSERT_EQ(f.size(), 11u) << rls[i + 1];
+    EXPECT_EQ(std::stoll(f[0]), rwant[i].step);
+    EXPECT_EQ(f[2], rwant[i].node);
+    EXPECT_EQ(std::stoll(f[3]), rwant[i].rank.rank);
+    EXPECT_EQ(std::stod(f[4]), rwant[i].rank.step_time_s);  // full precision
+    EXPECT_EQ(std::stod(f[7]), rwant[i].rank.wait_s);
+    EXPECT_EQ(std::stoll(f[9]), rwant[i].rank.hop_bytes);
+  }
+  auto rjs = c.ringctl("metrics 1 --ranks --json --from-step 5");
+  ASSERT_EQ(rjs.exit_code, 0) << rjs.output;
+  json rarr = json::parse(rjs.output);
+  size_t rfrom5 = 0;
+  for (const auto& w : rwant) rfrom5 += w.step >= 5;
+  ASSERT_EQ(rarr.size(), rfrom5);
+  EXPECT_EQ(rarr[0]["step"], 5);
+  EXPECT_EQ(rarr.back()["rank"], rwant.back().rank.rank);
+  EXPECT_EQ(rarr.back()["compute_s"].get<double>(), rwant.back().rank.compute_s);
+
+  // The run checkpointed every 2 steps: ringd reported each shard's write seconds, and /metrics
+  // exports the latest complete checkpoint's bytes and seconds.
+  Parsed m;
+  ASSERT_TRUE(wait_until(30, [&] {
+    auto r = http(port_of(c.url), "GET", "/metrics");
+    if (r.status != 200) return false;
+    m = parse_exposition(r.body);
+    return !m.find("ring_job_checkpoint_seconds", {{"job_id", "1"}}).empty();
+  })) << c.log();
+  EXPECT_EQ(m.find("ring_job_checkpoint_step", {{"job_id", "1"}})[0].value, 6);
+  EXPECT_GT(m.find("ring_job_checkpoint_bytes", {{"job_id", "1"}})[0].value, 0);
+  const double ck_s = m.find("ring_job_checkpoint_seconds", {{"job_id", "1"}})[0].value;
+  EXPECT_GT(ck_s, 0);
+  EXPECT_LT(ck_s, 600);
 
   auto both = c.ringctl("metrics 1 --csv --json");
   EXPECT_NE(both.exit_code, 0);

@@ -86,7 +86,7 @@ struct Fixture {
       }
     }
     store->set_progress(job, 30, 2.5, 1030, now_unix());
-    store->upsert_checkpoint(job, 20, "n0", "/ck/step-20", 1 << 20, true);
+    store->upsert_checkpoint(job, 20, "n0", "/ck/step-20", 1 << 20, true, 2.5);
     store->add_event(job, 1, "n0", "straggler",
                      {{"rank", 5},
                       {"node", "n0"},
@@ -97,6 +97,17 @@ struct Fixture {
     store->add_event(job, 1, "n0", "straggler",
                      {{"rank", 7}, {"node", "n0"}, {"step", 10}, {"message", "rank 7 slow"}});
     store->add_event(job, 1, "n0", "straggler_cleared", {{"rank", 7}, {"node", "n0"}});
+    // ring-coord's pass over every node's ranks: rank 5 again (one finding per culprit) and rank
+    // 9, whose victims are on another node.
+    for (int rank : {5, 9})
+      store->add_event(job, 1, rank == 5 ? "n0" : "n1", "straggler",
+                       {{"rank", rank},
+                        {"node", rank == 5 ? "n0" : "n1"},
+                        {"step", 30},
+                        {"steps", 4},
+                        {"behind_s", 0.5},
+                        {"source", "coordinator"},
+                        {"message", "judged by ring-coord"}});
     store->add_event(job, 1, "n1", "hang",
                      {{"step", 31},
                       {"deadline_s", 60},
@@ -150,6 +161,7 @@ TEST(Prometheus, MetricsParseStrictlyAndCarryTheRecordedNumbers) {
   EXPECT_EQ(x.find("ring_job_step_seconds", job)[0].value, 1.5);
   EXPECT_EQ(x.find("ring_job_checkpoint_step", job)[0].value, 20);
   EXPECT_EQ(x.find("ring_job_checkpoint_bytes", job)[0].value, 1 << 20);
+  EXPECT_EQ(x.find("ring_job_checkpoint_seconds", job)[0].value, 2.5);
   EXPECT_EQ(x.find("ring_job_hangs_total", job)[0].value, 1);
   EXPECT_EQ(x.type["ring_job_restarts_total"], "counter");
   // The job name round-trips through the label escaping.
@@ -188,11 +200,15 @@ TEST(Prometheus, MetricsParseStrictlyAndCarryTheRecordedNumbers) {
   ASSERT_EQ(wait5.size(), 1u);
   EXPECT_NEAR(wait5[0].value, 0.01, 1e-12);
 
-  // Findings: rank 5 is a straggler; rank 7 was cleared.
+  // Findings: rank 5 is a straggler (named by its ringd and by ring-coord: one series), rank 9
+  // by ring-coord only; rank 7 was cleared.
   auto st = x.find("ring_rank_straggler", job);
-  ASSERT_EQ(st.size(), 1u);
+  ASSERT_EQ(st.size(), 2u);
   EXPECT_EQ(st[0].labels["rank"], "5");
   EXPECT_EQ(st[0].labels["node"], "n0");
+  EXPECT_EQ(st[1].labels["rank"], "9");
+  EXPECT_EQ(st[1].labels["node"], "n1");
+  EXPECT_EQ(st[1].labels["source"], "coordinator");
 
   auto hb = x.find("ring_node_heartbeat_age_seconds", {{"node", "n0"}, {"uid", "1000"}});
   ASSERT_EQ(hb.size(), 1u);
@@ -248,14 +264,18 @@ TEST(Web, DashboardAndApiShowTheJob) {
   // Names are escaped, never markup.
   EXPECT_EQ(home.body.find("tiny <\"b"), std::string::npos);
   EXPECT_NE(home.body.find("tiny &lt;&quot;b\\ad&quot;&gt;"), std::string::npos);
-  EXPECT_NE(home.body.find("1 straggler"), std::string::npos);
+  EXPECT_NE(home.body.find("2 stragglers"), std::string::npos);
 
   auto page = get("/jobs/1");
   EXPECT_EQ(page.status, 200);
   EXPECT_NE(page.body.find("data-series=\"loss\" data-points=\"30\""), std::string::npos)
       << page.body;
   EXPECT_NE(page.body.find("class=\"finding straggler\" data-rank=\"5\""), std::string::npos);
-  EXPECT_EQ(page.body.find("data-rank=\"7\"><b>Straggler"), std::string::npos);  // cleared
+  EXPECT_EQ(page.body.find("straggler\" data-rank=\"7\""), std::string::npos);  // cleared
+  EXPECT_NE(page.body.find("data-rank=\"9\" data-source=\"coordinator\"><b>Straggler: rank 9 on "
+                           "n1</b> (across nodes)"),
+            std::string::npos);
+  EXPECT_NE(page.body.find("<td class=\"n\">2.500</td>"), std::string::npos);  // write seconds
   EXPECT_NE(page.body.find("Hang at step 31"), std::string::npos);
   EXPECT_NE(page.body.find("ring recv from rank 40"), std::string::npos);
   EXPECT_NE(page.body.find("id=\"phases\""), std::string::npos);
@@ -278,8 +298,9 @@ TEST(Web, DashboardAndApiShowTheJob) {
   EXPECT_EQ(jobs[0]["step"], 30);
   EXPECT_FALSE(jobs[0].contains("spec"));  // the spec text is never served
   auto one = json::parse(get("/api/jobs/1").body);
-  ASSERT_EQ(one["stragglers"].size(), 1u);
+  ASSERT_EQ(one["stragglers"].size(), 2u);
   EXPECT_EQ(one["stragglers"][0]["rank"], 5);
+  EXPECT_EQ(one["stragglers"][1]["source"], "coordinator");
   EXPECT_EQ(one["hangs"][0]["data"]["missing"][0], 40);
   auto steps = json::parse(get("/api/jobs/1/steps?from_step=29").body);
   ASSERT_EQ(steps.size(), 4u);  // steps 29 and 30, two nodes each
@@ -288,6 +309,7 @@ TEST(Web, DashboardAndApiShowTheJob) {
   ASSERT_EQ(ranks.size(), 70u);
   EXPECT_EQ(ranks[5]["step_time_s"], 4.05);
   EXPECT_EQ(json::parse(get("/api/jobs/1/checkpoints").body)[0]["bytes"], 1 << 20);
+  EXPECT_EQ(json::parse(get("/api/jobs/1/checkpoints").body)[0]["seconds"], 2.5);
   EXPECT_GE(json::parse(get("/api/jobs/1/events").body).size(), 5u);
 
   EXPECT_EQ(get("/api/jobs/1/steps?from_step=x").status, 400);
