@@ -102,14 +102,23 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
         if interleaved:
             cmd.append("--interleaved")
         run(cmd)
-        sim = json.loads(run([os.path.join(a.build, "cli", "ringctl"), "simulate", spec,
-                              "--topology", graph, "--gpu", "cpu", "--calibration", cal, "--json"]))
+        predict = lambda c: json.loads(run([os.path.join(a.build, "cli", "ringctl"), "simulate", spec,
+                                            "--topology", graph, "--gpu", "cpu", "--calibration", c,
+                                            "--json"]))
+        sim = predict(cal)
+        after = None
+        if a.after:  # the machine measured again after the run: the load may have moved
+            cal2 = os.path.join(work, f"cal-{tag}-{rep}-after.json")
+            run([os.path.join(a.build, "bench", "sim_calibrate"), "--spec", spec, "--reps", "3",
+                 "--as-run", "--ringd-threads", "1", "--host-probe", str(2 * nodes), "-o", cal2])
+            after = predict(cal2)["step_s"]
         steps = json.load(open(rec))["steps"]
         ms = [s["step_ms"] / 1e3 for s in steps[1:]]
         kv = int(sim["hops"]["forward"]["bytes"])
         mf, mb = measured_hops(tl, kv)
         runs.append({"load": load, "measured_s": statistics.median(ms), "steps_s": ms,
-                     "predicted_s": sim["step_s"], "pred_hop_fwd_s": sim["hops"]["forward"]["mean_s"],
+                     "predicted_s": sim["step_s"], "predicted_after_s": after,
+                     "load_after": os.getloadavg()[0], "pred_hop_fwd_s": sim["hops"]["forward"]["mean_s"],
                      "pred_hop_bwd_s": sim["hops"]["backward_kv"]["mean_s"],
                      "meas_hop_fwd_s": mf, "meas_hop_bwd_s": mb,
                      "host_speed": json.load(open(cal)).get("host_speed", [])})
@@ -156,6 +165,8 @@ def main():
     ap.add_argument("--order-nodes", type=int, default=8)
     ap.add_argument("--stagger-us", type=int, default=20000)
     ap.add_argument("--json", help="write every run's numbers here")
+    ap.add_argument("--after", action="store_true",
+                    help="calibrate again after each run and predict with that too")
     ap.add_argument("--keep", action="store_true", help="keep the specs, calibrations, records and timelines")
     a = ap.parse_args()
     if os.geteuid() != 0:
