@@ -101,7 +101,12 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
                "--out", rec, "--graph-out", graph, "--timeline-out", tl]
         if interleaved:
             cmd.append("--interleaved")
-        run(cmd)
+        try:
+            run(cmd)
+        except RuntimeError as e:  # reported, not hidden: a run that failed or timed out
+            print(f"run {rep} of {tag} failed: {str(e)[-600:]}", file=sys.stderr, flush=True)
+            runs.append({"load": load, "failed": str(e)[-2000:]})
+            continue
         predict = lambda c: json.loads(run([os.path.join(a.build, "cli", "ringctl"), "simulate", spec,
                                             "--topology", graph, "--gpu", "cpu", "--calibration", c,
                                             "--json"]))
@@ -127,7 +132,9 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
 
 
 def summary(case):
-    rs = case["runs"]
+    rs = [r for r in case["runs"] if "failed" not in r]
+    if not rs:
+        return None
     med = lambda k: statistics.median(r[k] for r in rs)
     m, p = med("measured_s"), med("predicted_s")
     err = [100 * (r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rs]
@@ -143,13 +150,20 @@ def summary(case):
 
 def print_row(case):
     s = summary(case)
+    failed = sum("failed" in r for r in case["runs"])
+    if s is None:
+        loads = " ".join("%.1f" % r["load"] for r in case["runs"])
+        print(f"| {case['topology']} {case['label']} | {case['nodes']} | every run failed "
+              f"({failed}) | | | | | {loads} |", flush=True)
+        return
     hf, hb = s["hop_fwd"], s["hop_bwd"]
     print(f"| {case['topology']} {case['label']} | {case['nodes']} | {s['predicted']:.3f} "
           f"({s['predicted_lo']:.3f}..{s['predicted_hi']:.3f}) | {s['measured']:.3f} "
           f"({s['measured_lo']:.3f}..{s['measured_hi']:.3f}) | {s['error_pct']:+.0f} % "
           f"({', '.join(f'{x:+.0f}' for x in s['run_errors_pct'])}) | "
           f"{hf[0] * 1e3:.1f} / {hf[1] * 1e3:.1f} | {hb[0] * 1e3:.1f} / {hb[1] * 1e3:.1f} | "
-          f"{' '.join(f'{x:.1f}' for x in s['load'])} |", flush=True)
+          f"{' '.join(f'{x:.1f}' for x in s['load'])}"
+          f"{f' ({failed} run(s) failed)' if failed else ''} |", flush=True)
 
 
 def main():

@@ -31,6 +31,8 @@ import json, sys
 cases, tol = json.load(open(sys.argv[1])), float(sys.argv[2])
 assert len(cases) == 1 and len(cases[0]["runs"]) == 1, cases
 r = cases[0]["runs"][0]
+if "failed" in r:
+    sys.exit("the emulated run failed: " + r["failed"])
 lo = min(r["predicted_s"], r["predicted_after_s"])
 hi = max(r["predicted_s"], r["predicted_after_s"])
 m = r["measured_s"]
