@@ -2,13 +2,12 @@
 """A small emulated cluster on this machine, and ringmaster jobs measured on it.
 
 Each "node" is a network namespace running one ringd (and its ring-worker processes); the nodes
-are linked by veth pairs through Linux bridges in a fabric namespace, with tc (netem: rate and
-delay) on every link, so ring hops and the gradient exchange between daemons go over UCX/TCP
+are linked by veth pairs through Linux bridges in a fabric namespace, with tc tbf rate limits on every link, so ring hops and the gradient exchange between daemons go over UCX/TCP
 through links of known bandwidth and latency. Two topologies:
 
   fat-tree  nodes in leaves of `--leaf-size`; each node's link to its leaf runs at --node-mbit;
             each leaf's uplink to the root bridge at --uplink-mbit (below leaf-size x node-mbit:
-            an oversubscribed root).
+            an oversubscribed root). --interleaved puts node i in leaf i mod leaves.
   ring      node i linked directly to node i+1 (and the last to the first) at --node-mbit;
             traffic between non-adjacent nodes is routed through the nodes between them.
 
@@ -28,6 +27,7 @@ steps after the first (warm-up).
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -104,7 +104,7 @@ def remove_stale():
             sh("ip", "netns", "del", m.group(1), check=False)
 
 
-def build_fat_tree(c, n, leaf_size, node_mbit, uplink_mbit, delay_ms):
+def build_fat_tree(c, n, leaf_size, node_mbit, uplink_mbit, delay_ms, interleaved=False):
     fab = c.ns("fabric")
     sh("ip", "-n", fab, "link", "add", "root", "type", "bridge")
     sh("ip", "-n", fab, "link", "set", "root", "up")
@@ -122,14 +122,17 @@ def build_fat_tree(c, n, leaf_size, node_mbit, uplink_mbit, delay_ms):
         c.shape(fab, down, uplink_mbit, delay_ms)  # root -> leaf
         c.link(f"leaf{l}", "root", uplink_mbit, delay_ms)
     for i in range(n):
+        # interleaved: node i in leaf i mod leaves (names that do not follow the racks, so the
+        # natural ring order crosses the root at every hop)
+        leaf = i % leaves if interleaved else i // leaf_size
         ns = c.ns(f"n{i}")
         dev, peer = f"{p}n{i}", f"{p}p{i}"
         c.veth(ns, dev, fab, peer)
-        sh("ip", "-n", fab, "link", "set", peer, "master", f"leaf{i // leaf_size}")
+        sh("ip", "-n", fab, "link", "set", peer, "master", f"leaf{leaf}")
         sh("ip", "-n", ns, "addr", "add", f"10.213.0.{i + 1}/24", "dev", dev)
         c.shape(ns, dev, node_mbit, delay_ms)   # node -> leaf
         c.shape(fab, peer, node_mbit, delay_ms)  # leaf -> node
-        c.link(f"node{i}", f"leaf{i // leaf_size}", node_mbit, delay_ms)
+        c.link(f"node{i}", f"leaf{leaf}", node_mbit, delay_ms)
         c.node_dev[i], c.node_ns[i] = dev, ns
 
 
@@ -203,7 +206,9 @@ def graph_yaml(c, n, delay_ms):
     fabric's bridges as switches, every tc-limited link with its rate (duplex: both directions
     are limited alike) and the latency to assume."""
     switches = sorted({x for l in c.links for x in (l["a"], l["b"]) if not x.startswith("node")})
-    out = ["# written by bench/emulated_cluster.py: the links tc enforces", "gpus_per_node: 1",
+    out = ["# written by bench/emulated_cluster.py: the links tc enforces; every node runs on",
+           "# this one machine, whose cores its ringd and workers share", "gpus_per_node: 1",
+           f"host_cores: {os.cpu_count()}",
            f"nodes: [{', '.join(f'node{i}' for i in range(n))}]"]
     if switches:
         out.append(f"switches: [{', '.join(switches)}]")
@@ -220,6 +225,8 @@ def main():
     ap.add_argument("--topology", choices=["fat-tree", "ring"], default="fat-tree")
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--leaf-size", type=int, default=2)
+    ap.add_argument("--interleaved", action="store_true",
+                    help="fat-tree: node i in leaf i mod leaves (natural order crosses the root)")
     ap.add_argument("--node-mbit", type=float, default=400)
     ap.add_argument("--uplink-mbit", type=float, default=200)
     ap.add_argument("--delay-ms", type=float, default=0.02,
@@ -229,6 +236,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out")
     ap.add_argument("--graph-out", help="write the link graph for ringctl simulate --topology")
+    ap.add_argument("--timeline-out", help="copy the job's per-node timelines (node-K.jsonl) here")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("emulated_cluster: needs root (network namespaces, tc)", file=sys.stderr)
@@ -244,10 +252,15 @@ def main():
     try:
         if args.topology == "fat-tree":
             build_fat_tree(c, args.nodes, args.leaf_size, args.node_mbit, args.uplink_mbit,
-                           args.delay_ms)
+                           args.delay_ms, args.interleaved)
         else:
             build_ring(c, args.nodes, args.node_mbit, args.delay_ms)
         steps = run_job(args, c, work)
+        if args.timeline_out:
+            os.makedirs(args.timeline_out, mode=0o700, exist_ok=True)
+            src = os.path.join(work, "job", "timeline")
+            for f in sorted(os.listdir(src)) if os.path.isdir(src) else []:
+                shutil.copyfile(os.path.join(src, f), os.path.join(args.timeline_out, f))
     finally:
         c.remove()
     if args.graph_out:

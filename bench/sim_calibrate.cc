@@ -1,17 +1,41 @@
 // Measures this machine's rates for `ringctl simulate --gpu cpu --calibration FILE` with the CPU
-// backend, at a spec's shapes (default configs/examples/tiny.yaml), on its cpus_per_worker threads:
+// backend, at a spec's shapes (default configs/examples/tiny.yaml), on its cpus_per_worker threads.
+//
+// Default (kernels): single kernels at the spec's shapes:
 //   gemm_flops            the projections' GEMM [T, d] x [d, 3 d] (2 T d 3d FLOPs), median
 //   attention_fwd_flops   one fully allowed T x T block (every key before every query): the
 //   attention_bwd_flops   simulator's convention, 4 (forward) and 10 (backward) x heads x
 //                         head_dim per allowed (query, key) pair
+// --as-run: the worker's step as one ring rank executes it, without the transfers: the model's
+// forward and forward+backward (worker/model) on ring position 0's tokens (its zigzag or
+// contiguous share, the spec's packed documents taken max_doc_len long as the simulator takes
+// them) with RingAttention in its compute-only mode (every block of the ring, the same kernels,
+// merges and accumulator adds). The simulator's FLOP counts for that rank divided by the measured
+// times give effective rates that include everything the model does besides its GEMMs and
+// attention kernels (norms, RoPE, activations, adds, the loss):
+//   gemm_flops            projections, MLP and LM head forward / their measured time
+//   gemm_bwd_flops        their backward (2x the forward FLOPs) / the backward's time
+//   attention_fwd_flops   the rank's allowed pairs x 4 x heads x head_dim x layers / time
+//   attention_bwd_flops   ... x 10 ... / time
+// Always:
 //   intra_node_bytes_per_s  one-thread memcpy of 64 MiB / 2 (the shared-memory transport copies
 //                         into the segment and out of it)
-//   adamw_params_per_s    Backend::adamw_step over 16 Mi floats, all cores (ringd's threads)
+//   adamw_params_per_s    ringd's optimizer per parameter: Backend::adamw_step over 16 Mi floats
+//                         plus the copy of the new weights into the workers' segment, on
+//                         --ringd-threads threads (default all cores; ringd --threads)
 //   checkpoint_bytes_per_s  256 MiB write + fdatasync in the output file's directory
+//   host_speed            --host-probe N: the speed of each of n single-thread GEMM processes
+//                         running at once, relative to one alone, n = 1..N (how the cores, and
+//                         whatever else runs on this machine now, divide among concurrent
+//                         ranks and daemons: the simulator's shared-host model)
+//   host_poll_load        with --host-probe: one GEMM beside N/2 processes that wait the way a
+//                         rank waits for a transfer (sched_yield, then 20 us sleeps): the load
+//                         of one waiter, in processes (from the host_speed table)
 // Every figure is the median of --reps repetitions; the spread (min..max) is printed.
 //
-//   sim_calibrate [--spec FILE] [--reps N] -o FILE
+//   sim_calibrate [--spec FILE] [--reps N] [--as-run] [--ringd-threads N] [--host-probe N] -o FILE
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,8 +50,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/contract/model_config.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
+#include "sim/workload.h"
+#include "worker/data/split.h"
+#include "worker/model/model.h"
+#include "worker/ring/ring_attention.h"
 
 namespace {
 
@@ -53,18 +82,225 @@ void check(Status s, const char* what) {
   }
 }
 
+// Wall time of the attention calls (forward / backward), around the ring's executor.
+class TimedAttention final : public ring::model::AttentionExecutor {
+ public:
+  explicit TimedAttention(ring::model::AttentionExecutor* inner) : inner_(inner) {}
+  void forward(const ring::model::AttentionCall& c, float* out, float* lse) override {
+    auto t0 = Clock::now();
+    inner_->forward(c, out, lse);
+    fwd_s += seconds(t0);
+  }
+  void backward(const ring::model::AttentionCall& c, const float* out, const float* lse,
+                const float* dout, float* dq, float* dk, float* dv) override {
+    auto t0 = Clock::now();
+    inner_->backward(c, out, lse, dout, dq, dk, dv);
+    bwd_s += seconds(t0);
+  }
+  ring::kernels::AttentionStats stats() const override { return inner_->stats(); }
+  double fwd_s = 0, bwd_s = 0;
+
+ private:
+  ring::model::AttentionExecutor* inner_;
+};
+
+struct AsRun {
+  std::vector<double> gemm, gemm_bwd, attn_fwd, attn_bwd;
+};
+
+// The model's step on ring position 0 (see the header), reps times.
+AsRun measure_as_run(const ring::spec::JobSpec& s, ring::kernels::Backend* be, int reps) {
+  namespace rm = ring::model;
+  const ring::sim::Workload w = ring::sim::make_workload(s);
+  const int64_t P = w.P, seq = w.seq_len;
+  const int64_t doc = w.doc_len > 0 ? w.doc_len : seq;
+  struct Shard {
+    std::vector<int64_t> pos;
+    std::vector<int32_t> doc;
+    std::vector<float> k, v;
+  };
+  std::vector<Shard> sh(P);
+  for (int64_t p = 0; p < P; ++p) {
+    sh[p].pos = ring::data::rank_token_indices(seq, P, p, w.balance);
+    for (int64_t x : sh[p].pos) sh[p].doc.push_back(static_cast<int32_t>(x / doc));
+    sh[p].k.assign(sh[p].pos.size() * w.kvd, 0.05f);
+    sh[p].v.assign(sh[p].pos.size() * w.kvd, 0.05f);
+  }
+  const bool docs = doc < seq;
+  std::vector<int64_t> tokens(P);
+  for (int64_t p = 0; p < P; ++p) tokens[p] = static_cast<int64_t>(sh[p].pos.size());
+  ring::cp::RingAttention ra(be, nullptr, ring::cp::make_ring(0, static_cast<int>(P), [&] {
+                               std::vector<int> o(P);
+                               for (int64_t p = 0; p < P; ++p) o[p] = static_cast<int>(p);
+                               return o;
+                             }()),
+                             {});
+  ra.set_compute_only(
+      [&](int, int origin) {
+        const Shard& x = sh[origin];
+        return ring::cp::BlockView{static_cast<int64_t>(x.pos.size()), x.k.data(), x.v.data(),
+                                   x.pos.data(), docs ? x.doc.data() : nullptr};
+      },
+      tokens);
+  TimedAttention att(&ra);
+  rm::Model model(ring::contract::ModelConfig::from_spec(s), be, &att);
+  model.init_params(1);
+  const int64_t T = tokens[0];
+  std::vector<int32_t> ids(T), labels(T);
+  for (int64_t i = 0; i < T; ++i) {
+    ids[i] = static_cast<int32_t>((i * 7919) % w.vocab);
+    labels[i] = static_cast<int32_t>((i * 104729 + 1) % w.vocab);
+  }
+  rm::Batch b;
+  b.tokens = T;
+  b.ids = ids.data();
+  b.labels = labels.data();
+  b.positions = sh[0].pos.data();
+  b.doc_ids = docs ? sh[0].doc.data() : nullptr;
+  // The simulator's FLOPs for this rank (sim/workload.h, sim/simulate.cc).
+  double pairs = 0;
+  for (int64_t o = 0; o < P; ++o) pairs += w.pairs(0, o);
+  const double hh = static_cast<double>(w.heads * w.head_dim), L = static_cast<double>(w.layers);
+  const double proj_fwd = L * (w.pre_fwd_flops + w.post_fwd_flops) + w.head_fwd_flops;
+  AsRun r;
+  model.forward_backward(b, T);  // warm-up: buffers
+  for (int k = 0; k < reps; ++k) {
+    att.fwd_s = att.bwd_s = 0;
+    auto t0 = Clock::now();
+    model.forward(b, T);
+    const double tf = seconds(t0), af = att.fwd_s;
+    att.fwd_s = att.bwd_s = 0;
+    model.zero_grads();
+    t0 = Clock::now();
+    model.forward_backward(b, T);
+    const double tfb = seconds(t0), ab = att.bwd_s;
+    const double nonattn_fwd = std::max(1e-9, tf - af);
+    const double nonattn_bwd = std::max(1e-9, tfb - att.fwd_s - ab - nonattn_fwd);
+    r.gemm.push_back(proj_fwd / nonattn_fwd);
+    r.gemm_bwd.push_back(2 * proj_fwd / nonattn_bwd);
+    r.attn_fwd.push_back(pairs * 4 * hh * L / std::max(1e-9, att.fwd_s));
+    r.attn_bwd.push_back(pairs * 10 * hh * L / std::max(1e-9, ab));
+  }
+  return r;
+}
+
+// Speed of each of n concurrent single-thread GEMM processes relative to one alone, n = 1..max_n:
+// every child runs the GEMM for `secs` seconds after a common start and reports its rate.
+struct HostProbe {
+  std::vector<double> speed;
+  double poll = 0;  // one polling waiter's load, in processes
+};
+HostProbe host_probe(int max_n, int64_t T, int64_t d, double secs) {
+  // n GEMM processes and `pollers` processes that wait the way a rank waits for a transfer
+  // (worker/ring/progress.cc: 16 sched_yield rounds, then 20 us sleeps); the GEMMs' rates.
+  auto rates = [&](int n, int pollers = 0) {
+    int go[2], back[2];
+    if (::pipe(go) != 0 || ::pipe(back) != 0) return std::vector<double>{};
+    std::vector<pid_t> kids;
+    for (int i = 0; i < n; ++i) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::close(go[1]);
+        ::close(back[0]);
+        std::string err;
+        auto be = ring::kernels::create_backend("cpu", 1, &err);
+        std::vector<float> A(T * d, 0.01f), B(d * 3 * d, 0.02f), C(T * 3 * d);
+        char c;
+        if (!be || ::read(go[0], &c, 1) != 1) ::_exit(1);
+        double flops = 0;
+        const auto t0 = Clock::now();
+        while (seconds(t0) < secs) {
+          be->gemm(ring::kernels::DType::kF32, false, false, T, 3 * d, d, 1.f, A.data(), d,
+                   B.data(), 3 * d, 0.f, C.data(), 3 * d);
+          flops += 2.0 * T * d * 3 * d;
+        }
+        const double rate = flops / seconds(t0);
+        if (::write(back[1], &rate, sizeof(rate)) != sizeof(rate)) ::_exit(1);
+        ::_exit(0);
+      }
+      if (pid > 0) kids.push_back(pid);
+    }
+    std::vector<pid_t> waiters;
+    for (int i = 0; i < pollers; ++i) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::close(go[1]);
+        ::close(back[0]);
+        const auto t0 = Clock::now();
+        unsigned idle = 0;
+        while (seconds(t0) < secs + 0.3) {
+          if (++idle > 16)
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          else
+            sched_yield();
+        }
+        ::_exit(0);
+      }
+      if (pid > 0) waiters.push_back(pid);
+    }
+    ::close(go[0]);
+    ::close(back[1]);
+    ::usleep(200000);  // the children have created their backends
+    const std::string start(kids.size(), 'g');
+    if (::write(go[1], start.data(), start.size()) < 0) std::perror("sim_calibrate: probe");
+    std::vector<double> out;
+    double x;
+    while (::read(back[0], &x, sizeof(x)) == sizeof(x)) out.push_back(x);
+    for (pid_t k : kids) ::waitpid(k, nullptr, 0);
+    for (pid_t k : waiters) ::waitpid(k, nullptr, 0);
+    ::close(go[1]);
+    ::close(back[0]);
+    return out;
+  };
+  HostProbe hp;
+  double solo = 0;
+  auto mean = [](const std::vector<double>& r) {
+    double m = 0;
+    for (double x : r) m += x / static_cast<double>(r.size());
+    return m;
+  };
+  for (int n = 1; n <= max_n; ++n) {
+    const std::vector<double> r = rates(n);
+    if (r.empty()) break;
+    if (n == 1) solo = mean(r);
+    hp.speed.push_back(solo > 0 ? mean(r) / solo : 1.0);
+  }
+  // One GEMM beside m waiters: the load n_eq whose speed in the table matches, (n_eq - 1) / m.
+  const int m = std::max(1, max_n / 2);
+  const std::vector<double> r = rates(1, m);
+  if (!r.empty() && solo > 0 && hp.speed.size() > 1) {
+    const double s = std::min(1.0, mean(r) / solo);
+    double n_eq = 1;
+    for (size_t i = 1; i < hp.speed.size(); ++i) {
+      const double a = hp.speed[i - 1], b = hp.speed[i];
+      if (s <= a && s >= b && a > b) {
+        n_eq = static_cast<double>(i) + (a - s) / (a - b);
+        break;
+      }
+      if (s < b) n_eq = static_cast<double>(i + 1);
+    }
+    hp.poll = std::max(0.0, (n_eq - 1) / m);
+  }
+  return hp;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string spec_path = "configs/examples/tiny.yaml", out_path;
-  int reps = 5;
+  int reps = 5, ringd_threads = 0, probe = 0;
+  bool as_run = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--spec" && i + 1 < argc) spec_path = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--as-run") as_run = true;
+    else if (a == "--ringd-threads" && i + 1 < argc) ringd_threads = std::max(0, std::atoi(argv[++i]));
+    else if (a == "--host-probe" && i + 1 < argc) probe = std::clamp(std::atoi(argv[++i]), 0, 64);
     else if ((a == "-o" || a == "--output") && i + 1 < argc) out_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: sim_calibrate [--spec FILE] [--reps N] -o FILE\n");
+      std::fprintf(stderr, "usage: sim_calibrate [--spec FILE] [--reps N] [--as-run] "
+                           "[--ringd-threads N] [--host-probe N] -o FILE\n");
       return 2;
     }
   }
@@ -142,18 +378,31 @@ int main(int argc, char** argv) {
     std::memcpy(dst.data(), src.data(), mb);
     cp.push_back(static_cast<double>(mb) / seconds(t0) / 2);
   }
-  // AdamW on all cores.
-  auto all = ring::kernels::create_backend("cpu", 0, &err);
+  // ringd's optimizer: AdamW on its threads, then the new weights into the workers' segment.
+  auto all = ring::kernels::create_backend("cpu", ringd_threads, &err);
   const int64_t n = 16 << 20;
-  std::vector<float> p(n, 0.1f), gr(n, 0.01f), m(n), vv(n);
+  std::vector<float> p(n, 0.1f), gr(n, 0.01f), m(n), vv(n), seg(n);
   ring::kernels::Backend::AdamWParams hp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
   std::vector<double> ad;
   for (int k = 0; k < reps; ++k) {
     auto t0 = Clock::now();
     check(all->adamw_step(n, hp, p.data(), gr.data(), m.data(), vv.data()), "adamw_step");
+    std::memcpy(seg.data(), p.data(), n * sizeof(float));
     ad.push_back(static_cast<double>(n) / seconds(t0));
     ++hp.step;
   }
+  // The step as the worker runs it (replaces the single-kernel rates).
+  Stat GB{};
+  if (as_run) {
+    AsRun ar = measure_as_run(s, be.get(), reps);
+    g = ar.gemm;
+    af = ar.attn_fwd;
+    ab = ar.attn_bwd;
+    GB = summary(ar.gemm_bwd);
+  }
+  HostProbe hprobe;
+  if (probe > 0) hprobe = host_probe(probe, T, d, 0.4);
+  const std::vector<double>& speed = hprobe.speed;
   // Checkpoint write.
   const std::string tmp = out_path + ".write-test";
   std::vector<char> blob(256u << 20, 7);
@@ -181,11 +430,12 @@ int main(int argc, char** argv) {
     std::printf("  %-26s %10.3f %s  (min %.3f, max %.3f)\n", name, x.median / unit, u, x.lo / unit, x.hi / unit);
   };
   const Stat G = summary(g), AF = summary(af), AB = summary(ab), CP = summary(cp), AD = summary(ad), CK = summary(ck);
-  show("gemm", G, 1e9, "GFLOP/s");
+  show(as_run ? "gemm (as run: forward)" : "gemm", G, 1e9, "GFLOP/s");
+  if (as_run) show("gemm (as run: backward)", GB, 1e9, "GFLOP/s");
   show("attention forward", AF, 1e9, "GFLOP/s");
   show("attention backward", AB, 1e9, "GFLOP/s");
   show("intra-node copy", CP, 1e9, "GB/s");
-  show("AdamW (all cores)", AD, 1e9, "Gparam/s");
+  show("ringd AdamW + weights copy", AD, 1e9, "Gparam/s");
   show("checkpoint write", CK, 1e9, "GB/s");
   nlohmann::json j = {{"gemm_flops", G.median},
                       {"attention_fwd_flops", AF.median},
@@ -194,8 +444,18 @@ int main(int argc, char** argv) {
                       {"adamw_params_per_s", AD.median},
                       {"checkpoint_bytes_per_s", CK.median},
                       {"threads", threads},
+                      {"ringd_threads", ringd_threads},
                       {"machine", std::to_string(std::thread::hardware_concurrency()) + " cores"},
-                      {"measured", "bench/sim_calibrate on " + spec_path}};
+                      {"measured", std::string("bench/sim_calibrate") + (as_run ? " --as-run" : "") +
+                                       " on " + spec_path}};
+  if (as_run) j["gemm_bwd_flops"] = GB.median;
+  if (!speed.empty()) {
+    j["host_speed"] = speed;
+    std::printf("  host speed per process, n = 1..%zu at once:", speed.size());
+    for (double x : speed) std::printf(" %.2f", x);
+    std::printf("\n  a waiting (polling) rank loads the host as %.3f process\n", hprobe.poll);
+    j["host_poll_load"] = hprobe.poll;
+  }
   const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     std::fprintf(stderr, "sim_calibrate: %s: %s\n", out_path.c_str(), std::strerror(errno));

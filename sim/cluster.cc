@@ -174,10 +174,12 @@ namespace {
 
 double gb(double x) { return x * 1e9; }
 
-// Reads the graph YAML. Keys: gpus_per_node, nic_gbytes_per_s, nodes, switches, links.
+// Reads the graph YAML. Keys: gpus_per_node, nic_gbytes_per_s, host_cores, nodes, switches,
+// links.
 struct GraphFile {
   int gpus_per_node = 0;
   double nic = 0;
+  double host_cores = 0;
   std::vector<std::string> nodes, switches;
   struct L {
     std::string from, to;
@@ -201,17 +203,23 @@ GraphFile parse_graph(const std::string& path) {
   }
   if (!root.IsMap()) fail(fmt::format("{}: a topology graph is a mapping with nodes and links", path));
   GraphFile g;
-  static const std::set<std::string> known = {"gpus_per_node", "nic_gbytes_per_s", "nodes",
-                                              "switches", "links"};
+  static const std::set<std::string> known = {"gpus_per_node", "nic_gbytes_per_s", "host_cores",
+                                              "nodes", "switches", "links"};
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string k = it->first.as<std::string>();
     if (!known.count(k))
-      fail(fmt::format("{}: unknown key '{}' (known: gpus_per_node, nic_gbytes_per_s, nodes, "
-                       "switches, links)", where(it->first), k));
+      fail(fmt::format("{}: unknown key '{}' (known: gpus_per_node, nic_gbytes_per_s, "
+                       "host_cores, nodes, switches, links)", where(it->first), k));
   }
   try {
     if (root["gpus_per_node"]) g.gpus_per_node = root["gpus_per_node"].as<int>();
     if (root["nic_gbytes_per_s"]) g.nic = root["nic_gbytes_per_s"].as<double>();
+    if (root["host_cores"]) {
+      g.host_cores = root["host_cores"].as<double>();
+      if (!(g.host_cores > 0))
+        fail(fmt::format("{}: host_cores must be > 0 (the cores of the one machine every node "
+                         "of the graph runs on)", where(root["host_cores"])));
+    }
     if (!root["nodes"] || !root["nodes"].IsSequence())
       fail(fmt::format("{}: 'nodes' (a list of node names) is required", path));
     for (const auto& n : root["nodes"]) {
@@ -299,6 +307,7 @@ std::unique_ptr<Cluster> Cluster::build(const ClusterOptions& o) {
     graph = parse_graph(o.file);
     if (graph.gpus_per_node > 0) C.gpn_ = graph.gpus_per_node;
     if (graph.nic > 0) C.o_.node_bw = gb(graph.nic) * C.gpn_;
+    C.host_cores_ = graph.host_cores;
     nodes = static_cast<int>(graph.nodes.size());
   } else if (o.shape == Shape::kSlurmConf) {
     slurm_text = read_text(o.file);
@@ -507,6 +516,8 @@ std::unique_ptr<Cluster> Cluster::build(const ClusterOptions& o) {
       C.topo_ = std::make_unique<topology::ClusterTopology>(topology::ClusterTopology::tree(sw));
       C.describe_ = fmt::format("graph {}: {} nodes x {} GPUs, {} switches, {} links", o.file,
                                 nodes, C.gpn_, graph.switches.size(), net.link_count());
+      if (graph.host_cores > 0)
+        C.describe_ += fmt::format(", all nodes on one host of {:g} cores", graph.host_cores);
       break;
     }
     case Shape::kSlurmConf: {

@@ -72,6 +72,9 @@ class Cluster {
   // The NIC links of a node's GPUs, both directions (for a slow-link what-if).
   std::vector<int> nic_links(int node) const;
   std::string describe() const { return describe_; }
+  // > 0: every node of the cluster runs on one machine of this many cores (a graph file's
+  // host_cores: emulated nodes), whose ranks and daemons share them; 0: a machine per node.
+  double host_cores() const { return host_cores_; }
   Shape shape() const { return o_.shape; }
 
  private:
@@ -102,6 +105,7 @@ class Cluster {
   mutable std::map<std::pair<int, int>, std::vector<int>> bfs_cache_;
   std::unique_ptr<topology::ClusterTopology> topo_;
   std::string describe_;
+  double host_cores_ = 0;
 };
 
 // Splits n into three factors as equal as possible (x >= y >= z), for the torus's shape.

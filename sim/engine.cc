@@ -21,6 +21,72 @@ int Engine::add_route(std::vector<int> links) {
   return static_cast<int>(routes_.size()) - 1;
 }
 
+int Engine::add_host(std::vector<double> speed, double poll) {
+  if (speed.empty()) speed = {1.0};
+  for (double& x : speed) x = std::max(x, 1e-9);
+  hosts_.push_back({std::move(speed), {}, 1.0, std::max(0.0, poll), 0});
+  return static_cast<int>(hosts_.size()) - 1;
+}
+
+void Engine::set_device_host(int device, int host, bool polls) {
+  if (device >= static_cast<int>(devices_.size())) devices_.resize(device + 1);
+  if (device >= static_cast<int>(device_host_.size())) {
+    device_host_.resize(device + 1, -1);
+    device_polls_.resize(device + 1, 0);
+  }
+  device_host_[device] = host;
+  device_polls_[device] = polls;
+  if (polls) ++hosts_[host].pollers;
+}
+
+// speed[n-1] for a load of n processes; between whole numbers linear; below one process 1;
+// beyond the table speed.back() x size / n.
+double Engine::host_speed(int host, double n) const {
+  const auto& sp = hosts_[host].speed;
+  if (n <= 1) return sp[0];
+  const double m = static_cast<double>(sp.size());
+  if (n >= m) return sp.back() * m / n;
+  const size_t i = static_cast<size_t>(n);  // 1 <= i < size
+  const double f = n - static_cast<double>(i);
+  return sp[i - 1] + f * (sp[i] - sp[i - 1]);
+}
+
+// A compute task takes its device: alone on its core it ends after its duration; on a shared
+// host it joins the host's running tasks, and every one of them gets the host's new speed.
+void Engine::start_compute(int id, double t) {
+  Task& k = tasks_[id];
+  k.start = t;
+  const int h = k.device < static_cast<int>(device_host_.size()) ? device_host_[k.device] : -1;
+  if (h < 0) {
+    heap_.push({t + k.duration, seq_++, id, Ev::kComputeDone});
+    return;
+  }
+  remaining_[id] = k.duration;
+  t_upd_[id] = t;
+  rate_[id] = 0;
+  hosts_[h].active.push_back(id);
+  reshare(h, t);
+}
+
+// Progress of the host's running tasks up to t at the old speed, then the speed for their new
+// number and new completion events (older ones are superseded by the version).
+void Engine::reshare(int h, double t) {
+  HostState& hs = hosts_[h];
+  for (int f : hs.active) {
+    remaining_[f] = std::max(0.0, remaining_[f] - rate_[f] * (t - t_upd_[f]));
+    t_upd_[f] = t;
+  }
+  int polling_busy = 0;
+  for (int f : hs.active) polling_busy += device_polls_[tasks_[f].device];
+  hs.cur = host_speed(h, static_cast<double>(hs.active.size()) +
+                             hs.poll * static_cast<double>(hs.pollers - polling_busy));
+  for (int f : hs.active) {
+    rate_[f] = hs.cur;
+    ++version_[f];
+    heap_.push({t + remaining_[f] / hs.cur, seq_++, f, Ev::kComputeDone, version_[f]});
+  }
+}
+
 int Engine::compute(int device, double seconds, int track, int phase, int layer, int step) {
   Task t;
   t.kind = TaskKind::kCompute;
@@ -78,8 +144,7 @@ void Engine::make_ready(int id, double t) {
       DeviceState& d = devices_[k.device];
       if (!d.busy) {
         d.busy = true;
-        k.start = t;
-        heap_.push({t + k.duration, seq_++, id, Ev::kComputeDone});
+        start_compute(id, t);
       } else {
         d.queue.push_back(id);
       }
@@ -173,12 +238,17 @@ void Engine::complete(int id, double t) {
   if (k.kind == TaskKind::kCompute) {
     DeviceState& d = devices_[k.device];
     d.busy = false;
+    const int h = k.device < static_cast<int>(device_host_.size()) ? device_host_[k.device] : -1;
+    if (h >= 0) {
+      auto& act = hosts_[h].active;
+      act.erase(std::find(act.begin(), act.end(), id));
+      reshare(h, t);
+    }
     if (d.head < d.queue.size()) {
       const int next = d.queue[d.head++];
       d.busy = true;
       cause_[next] = id;
-      tasks_[next].start = t;
-      heap_.push({t + tasks_[next].duration, seq_++, next, Ev::kComputeDone});
+      start_compute(next, t);
     }
   }
   for (int i = succ_begin_[id]; i < succ_begin_[id + 1]; ++i) {
@@ -215,6 +285,7 @@ double Engine::run() {
   link_mark_.assign(net_->link_count(), 0);
   flow_mark_.assign(n, 0);
   now_ = 0;
+  for (auto& h : hosts_) h.active.clear(), h.cur = 1;
   // The tasks ready at 0, collected first: completing one makes others ready on the way.
   std::vector<int> initial;
   for (int i = 0; i < n; ++i)
@@ -238,7 +309,13 @@ double Engine::run() {
         case Ev::kDrain:
           if (e.version == version_[e.task] && active_pos_[e.task] >= 0) drain(e.task, now_);
           break;
-        case Ev::kComputeDone:
+        case Ev::kComputeDone: {
+          const Task& k = tasks_[e.task];
+          const bool shared = k.device < static_cast<int>(device_host_.size()) &&
+                              device_host_[k.device] >= 0;
+          if (!shared || e.version == version_[e.task]) complete(e.task, now_);
+          break;
+        }
         case Ev::kFlowDone:
           complete(e.task, now_);
           break;

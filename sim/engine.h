@@ -52,6 +52,14 @@ class Engine {
   explicit Engine(const Network* net);
 
   int add_route(std::vector<int> links);
+  // Devices that share one host's cores (ranks and daemons of several "nodes" on one machine):
+  // while n compute tasks of the host's devices run at once, each progresses at speed[n - 1] x
+  // its own rate (processor sharing; beyond the table, speed.back() x speed.size() / n).
+  // speed[0] is 1 for a table measured relative to one task alone. Returns the host's id.
+  // `poll`: a device marked `polls` that runs no compute still loads the host as poll x one
+  // process (a rank waiting for a transfer polls for it); fractional loads interpolate speed.
+  int add_host(std::vector<double> speed, double poll = 0);
+  void set_device_host(int device, int host, bool polls = false);
   int compute(int device, double seconds, int track, int phase, int layer = -1, int step = -1);
   int flow(int route, double bytes, int track, int phase, int layer = -1, int step = -1,
            double delay = 0);
@@ -82,6 +90,9 @@ class Engine {
   void complete(int id, double t);
   void update_components();
   void drain(int id, double t);
+  void start_compute(int id, double t);
+  void reshare(int host, double t);
+  double host_speed(int host, double n) const;
 
   const Network* net_;
   std::vector<double> capacity_;
@@ -101,6 +112,16 @@ class Engine {
     bool busy = false;
   };
   std::vector<DeviceState> devices_;
+  std::vector<int> device_host_;  // per device: host id or -1 (a core of its own)
+  std::vector<char> device_polls_;
+  struct HostState {
+    std::vector<double> speed;
+    std::vector<int> active;  // compute tasks running on the host's devices
+    double cur = 1;           // their speed now
+    double poll = 0;
+    int pollers = 0;          // devices marked polls
+  };
+  std::vector<HostState> hosts_;
 
   // Timed events: (time, seq, task, what).
   enum class Ev : uint8_t { kComputeDone, kFlowDone, kRelease, kDrain };

@@ -78,6 +78,22 @@ Rates load_calibration(const std::string& path) {
   r.intra_node_latency = j.contains("intra_node_latency_s") ? num("intra_node_latency_s", false) : 5e-6;
   r.adamw_params_per_s = num("adamw_params_per_s", true);
   r.checkpoint_bytes_per_s = j.contains("checkpoint_bytes_per_s") ? num("checkpoint_bytes_per_s", false) : 1e9;
+  r.gemm_bwd_flops = j.contains("gemm_bwd_flops") ? num("gemm_bwd_flops", false) : 0;
+  if (j.contains("host_speed")) {
+    const auto& hs = j["host_speed"];
+    if (!hs.is_array() || hs.empty())
+      throw std::runtime_error(fmt::format("{}: key 'host_speed' must be a non-empty list of positive numbers", path));
+    for (const auto& x : hs) {
+      if (!x.is_number() || !(x.get<double>() > 0))
+        throw std::runtime_error(fmt::format("{}: key 'host_speed' must be a non-empty list of positive numbers", path));
+      r.host_speed.push_back(x.get<double>());
+    }
+  }
+  if (j.contains("host_poll_load")) {
+    if (!j["host_poll_load"].is_number() || j["host_poll_load"].get<double>() < 0)
+      throw std::runtime_error(fmt::format("{}: key 'host_poll_load' must be a number >= 0", path));
+    r.host_poll_load = j["host_poll_load"].get<double>();
+  }
   r.network_bw = j.contains("network_bytes_per_s") ? num("network_bytes_per_s", false) : 0;
   r.network_latency = j.contains("network_latency_s") ? num("network_latency_s", false) : 0;
   r.source = fmt::format("calibration file {}", path);
@@ -86,7 +102,8 @@ Rates load_calibration(const std::string& path) {
                                   "intra_node_bytes_per_s", "intra_node_latency_s",
                                   "adamw_params_per_s", "checkpoint_bytes_per_s",
                                   "network_bytes_per_s", "network_latency_s", "machine", "measured",
-                                  "threads", "notes"};
+                                  "threads", "notes", "gemm_bwd_flops", "host_speed", "host_poll_load",
+                                  "ringd_threads"};
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) == std::end(known))
       throw std::runtime_error(fmt::format("{}: unknown key '{}'", path, it.key()));
   }

@@ -15,6 +15,7 @@ namespace ring::sim {
 struct Rates {
   std::string name;               // "H100", "cpu (calibrated: <file>)"
   double gemm_flops = 0;          // achieved FLOP/s of the projections and MLP
+  double gemm_bwd_flops = 0;      // ... of their backward (0: gemm_flops)
   double attention_fwd_flops = 0; // achieved FLOP/s of attention forward (4 x heads x hd per pair)
   double attention_bwd_flops = 0; // ... backward (10 x heads x hd per pair)
   double intra_node_bw = 0;       // bytes/s per device and direction (NVLink, or shared memory)
@@ -23,6 +24,10 @@ struct Rates {
   double checkpoint_bytes_per_s = 0;  // per node, to the checkpoint directory
   double network_bw = 0;          // calibration only: measured per-node bandwidth (0: unknown)
   double network_latency = 0;     // calibration only
+  // Calibration only: speed of each of n single-thread processes running at once on this
+  // machine, relative to one alone (n = 1..size); used when the cluster's nodes share one host.
+  std::vector<double> host_speed;
+  double host_poll_load = 0;  // a waiting rank's load on a shared host, in processes
   std::string source;
 };
 

@@ -161,19 +161,27 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
 
   // ---- placement: global rank -> (node, local GPU)
   RingOrderChoice ord = o.ring_order;
+  bool listed = false;  // the spec's parallel.ring_order_list
   if (ord == RingOrderChoice::kSpec) {
+    listed = spec.parallel.ring_order == spec::RingOrder::kList &&
+             static_cast<int64_t>(spec.parallel.ring_order_list.size()) == P;
     ord = (spec.parallel.ring_order == spec::RingOrder::kTopology ||
            spec.parallel.ring_order == spec::RingOrder::kSlurm)
               ? RingOrderChoice::kTopology
               : RingOrderChoice::kNatural;
-    if (spec.parallel.ring_order == spec::RingOrder::kList)
-      res.notes.push_back("parallel.ring_order list: simulated as the natural order");
   }
   std::vector<std::string> job_nodes(cl->node_names().begin(), cl->node_names().begin() + N);
   std::vector<std::pair<int, int>> slot(W);
   if (cache && !cache->slot.empty()) {
     slot = cache->slot;
     res.ring_order = cache->ring_order;
+  } else if (listed) {
+    // Ring d's position c is rank d P + list[c] (the ring's ranks in the listed order).
+    for (int64_t g = 0; g < W; ++g) {
+      const int64_t r = (g / P) * P + spec.parallel.ring_order_list[g % P];
+      slot[g] = {static_cast<int>(r / wpn), static_cast<int>(r % wpn)};
+    }
+    res.ring_order = "list (parallel.ring_order_list)";
   } else if (ord == RingOrderChoice::kNatural) {
     for (int64_t g = 0; g < W; ++g) slot[g] = {static_cast<int>(g / wpn), static_cast<int>(g % wpn)};
     res.ring_order = "natural";
@@ -205,6 +213,8 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     res.ring_order = fmt::format("topology ({})", go.method);
   }
   if (cache && cache->slot.empty()) cache->slot = slot, cache->ring_order = res.ring_order;
+  if (D == 1 && wpn == 1)
+    for (int64_t c = 0; c < P; ++c) res.ring_nodes.push_back(slot[c].first);
 
   // ---- what-ifs on the network
   const Network& net = cl->net();
@@ -295,7 +305,10 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   }
   const double per_layer_tasks = static_cast<double>(P) * (8 + (w.recompute ? 4 : 0));
   const double full_tasks = static_cast<double>(W) * per_layer_tasks * L * M;
-  bool full = o.expand == Expand::kFull ||
+  // Nodes on one shared host: every rank and daemon competes for its cores, so all of them are
+  // simulated.
+  const bool shared_host = cl->host_cores() > 0;
+  bool full = o.expand == Expand::kFull || shared_host ||
               (o.expand == Expand::kAuto && full_tasks <= static_cast<double>(o.full_task_limit));
   const int64_t S = full ? W : period;
   res.simulated_positions = S;
@@ -377,6 +390,27 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     for (int64_t i = 0; i < S; ++i) route_fwd[i] = route_bwd[i] = e.add_route(hop_route[grank[i]]);
   const int dev_opt = static_cast<int>(S);
   const int track_ringd = static_cast<int>(S);
+  // Shared host: the ranks' devices and every node's ringd (devices S .. S+N-1) divide the
+  // host's cores: measured speeds per number of concurrent processes (calibration host_speed),
+  // else host_cores ideal cores (min(1, cores / n)).
+  const int64_t opt_devices = shared_host ? N : 1;
+  if (shared_host) {
+    std::vector<double> speed = rt.host_speed;
+    if (speed.empty())
+      for (int n = 1; n <= 1024; ++n) speed.push_back(std::min(1.0, cl->host_cores() / n));
+    // Ranks poll while they wait for a transfer (worker/ring/progress.cc): each idle rank
+    // device loads the host as host_poll_load processes.
+    const int h = e.add_host(speed, rt.host_poll_load);
+    for (int64_t i = 0; i < S + opt_devices; ++i) e.set_device_host(static_cast<int>(i), h, i < S);
+    res.notes.push_back(
+        rt.host_speed.empty()
+            ? fmt::format("all nodes share one host of {:g} cores: concurrent compute divides them",
+                          cl->host_cores())
+            : fmt::format("all nodes share one host: concurrent compute runs at the calibrated "
+                          "host_speed (measured for 1..{} processes at once), a waiting rank "
+                          "loading it as {:.3g} process",
+                          rt.host_speed.size(), rt.host_poll_load));
+  }
 
   const double heads_hd = static_cast<double>(w.heads * w.head_dim);
   auto attn_fwd_s = [&](int64_t i, int64_t s) {
@@ -388,6 +422,8 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     return w.pairs(pos[i], origin) * 10 * heads_hd / rt.attention_bwd_flops * factor[grank[i]];
   };
   auto gemm_s = [&](int64_t i, double flops) { return flops / rt.gemm_flops * factor[grank[i]]; };
+  const double gemm_bwd_rate = rt.gemm_bwd_flops > 0 ? rt.gemm_bwd_flops : rt.gemm_flops;
+  auto gemm_bwd_s = [&](int64_t i, double flops) { return flops / gemm_bwd_rate * factor[grank[i]]; };
 
   std::vector<int> prev_end(S, -1);
   std::vector<int> layer_fwd_begin(L, -1), layer_fwd_end(L, -1), layer_bwd_begin(L, -1),
@@ -449,7 +485,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     if (w.recompute) forward_layer(l, true, last_micro);
     PassRec rec;
     for (int64_t i = 0; i < S; ++i) {
-      const int t = e.compute(static_cast<int>(i), 2 * gemm_s(i, w.post_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
+      const int t = e.compute(static_cast<int>(i), gemm_bwd_s(i, 2 * w.post_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
       e.depend(t, prev_end[i]);
       if (i == 0 && last_micro) layer_bwd_begin[l] = t;
       cur[i] = e.join(static_cast<int>(i), kSync);
@@ -518,7 +554,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
         e.depend(home, dsend1[i]);
         e.depend(home, dsend2[i]);
       }
-      const int t = e.compute(static_cast<int>(i), 2 * gemm_s(i, w.pre_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
+      const int t = e.compute(static_cast<int>(i), gemm_bwd_s(i, 2 * w.pre_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
       e.depend(t, home);
       prev_end[i] = t;
       if (i == 0 && last_micro) layer_bwd_end[l] = t;
@@ -535,7 +571,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     // LM head forward, loss and head backward.
     const int head_join = e.join(track_ringd, kSync);
     for (int64_t i = 0; i < S; ++i) {
-      const int t = e.compute(static_cast<int>(i), gemm_s(i, 3 * w.head_fwd_flops), static_cast<int>(i), kHead);
+      const int t = e.compute(static_cast<int>(i), gemm_s(i, w.head_fwd_flops) + gemm_bwd_s(i, 2 * w.head_fwd_flops), static_cast<int>(i), kHead);
       e.depend(t, prev_end[i]);
       prev_end[i] = t;
       e.depend(head_join, t);
@@ -601,14 +637,27 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     const double ot = owned / rt.adamw_params_per_s;
     opt_total += ot;
     if (w.grad_clip == 0) {
-      last_opt = e.compute(dev_opt, ot, track_ringd, kOptimizer);
-      e.depend(last_opt, x);
+      // Every node's ringd updates the bucket (one device for all unless they share a host).
+      const int j = e.join(track_ringd, kSync);
+      for (int64_t k = 0; k < opt_devices; ++k) {
+        const int t = e.compute(dev_opt + static_cast<int>(k), ot, track_ringd, kOptimizer);
+        e.depend(t, x);
+        e.depend(j, t);
+        if (k == 0) last_opt = t;
+      }
+      if (opt_devices > 1) last_opt = j;
     }
   }
   if (w.grad_clip != 0) {
     // The update needs the global norm: every bucket's AdamW after the last exchange.
-    last_opt = e.compute(dev_opt, opt_total, track_ringd, kOptimizer);
-    e.depend(last_opt, prev_x);
+    const int j = e.join(track_ringd, kSync);
+    for (int64_t k = 0; k < opt_devices; ++k) {
+      const int t = e.compute(dev_opt + static_cast<int>(k), opt_total, track_ringd, kOptimizer);
+      e.depend(t, prev_x);
+      e.depend(j, t);
+      if (k == 0) last_opt = t;
+    }
+    if (opt_devices > 1) last_opt = j;
   }
   // Checkpoint amortised: master weights and both moments (fp32) of what the node owns.
   double ckpt = 0;
@@ -834,6 +883,7 @@ nlohmann::json to_json(const SimResult& r) {
       {"rates", r.rates_source},
       {"mode", r.mode},
       {"ring_order", r.ring_order},
+      {"ring_nodes", r.ring_nodes},
       {"ranks", r.ranks},
       {"ring_size", r.ring_size},
       {"rings", r.rings},

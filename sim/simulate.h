@@ -79,6 +79,7 @@ struct SimResult {
   std::string rates_source;
   std::string mode;            // "full" or "reduced (g of P positions, ring r of D)"
   std::string ring_order;      // "natural" / "topology (tree-dfs)" ...
+  std::vector<int64_t> ring_nodes;  // one ring of one rank per node: its job nodes in ring order
   int64_t ranks = 0, ring_size = 0, rings = 0, nodes = 0;
   int64_t simulated_positions = 0;
   int64_t tasks = 0, events = 0;

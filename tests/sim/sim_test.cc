@@ -202,6 +202,38 @@ TEST(SimEngine, DeviceRunsOneComputeAtATime) {
   EXPECT_EQ(e.cause(b), a);
 }
 
+// Three devices on one host of 2 cores (ideal speeds min(1, 2 / n)), by hand:
+//   a (1 s of work) and b (1 s) start at 0, c (1 s) is ready at 0.5 (after d, 0.5 s on its own
+//   core). 0..0.5: a, b alone -> speed 1, 0.5 s done each. 0.5..: a, b, c at 2/3: a and b end
+//   0.5 / (2/3) = 0.75 s later (1.25); c has 0.5 s done, then runs alone: ends at 1.75.
+//   A second task on a's device (e, 0.25 s) waits for a and starts at 1.25 with c: 2 tasks at
+//   speed 1: e ends at 1.5.
+TEST(SimEngine, SharedHostDividesItsCores) {
+  Network net;
+  Engine e(&net);
+  const int h = e.add_host({1.0, 1.0, 2.0 / 3, 0.5});
+  for (int dev : {0, 1, 2}) e.set_device_host(dev, h);
+  const int a = e.compute(0, 1.0, 0, 0), b = e.compute(1, 1.0, 1, 0);
+  const int d = e.compute(3, 0.5, 3, 0);  // its own core
+  const int c = e.compute(2, 1.0, 2, 0);
+  e.depend(c, d);
+  const int x = e.compute(0, 0.25, 0, 0);
+  e.run();
+  expect_rel(e.task(d).end, 0.5);
+  expect_rel(e.task(a).end, 1.25);
+  expect_rel(e.task(b).end, 1.25);
+  expect_rel(e.task(x).start, 1.25);
+  expect_rel(e.task(x).end, 1.5);
+  expect_rel(e.task(c).end, 1.75);
+  // Beyond the table: speed.back() x size / n (4 tasks at 0.5 -> 5 at 0.4).
+  Engine f(&net);
+  const int g = f.add_host({1.0, 1.0, 2.0 / 3, 0.5});
+  std::vector<int> t;
+  for (int dev = 0; dev < 5; ++dev) f.set_device_host(dev, g), t.push_back(f.compute(dev, 1.0, dev, 0));
+  f.run();
+  for (int id : t) expect_rel(f.task(id).end, 2.5);
+}
+
 // ---- routing
 
 ClusterOptions opts(Shape shape, int nodes, int gpn) {
@@ -402,6 +434,45 @@ TEST(SimWorkload, WhatIfsMoveTheStep) {
   o.stragglers.clear();
   o.stragglers = {{100000, 2.0}};
   EXPECT_THROW(simulate(spec, o), std::invalid_argument);
+}
+
+// Nodes declared on one host (a graph's host_cores, as bench/emulated_cluster.py writes it): the
+// ranks' compute divides the cores. tiny.yaml on 4 nodes of 1 worker: with 4 cores (one each)
+// the step is the unshared one; with 1 core it is longer, and a table of measured speeds
+// (calibration host_speed) is used instead of the ideal min(1, cores / n).
+TEST(SimWorkload, SharedHostSlowsConcurrentCompute) {
+  TempDir t;
+  auto spec = load("configs/examples/tiny.yaml");
+  spec.resources.nodes = 4;
+  spec.resources.workers_per_node = 1;
+  auto graph = [&](const std::string& cores) {
+    return t.write("g" + cores + ".yaml",
+                   "gpus_per_node: 1\n" + (cores.empty() ? "" : "host_cores: " + cores + "\n") +
+                       "nodes: [n0, n1, n2, n3]\nswitches: [s]\nlinks:\n"
+                       "  - {from: n0, to: s, gbytes_per_s: 1000}\n  - {from: n1, to: s, gbytes_per_s: 1000}\n"
+                       "  - {from: n2, to: s, gbytes_per_s: 1000}\n  - {from: n3, to: s, gbytes_per_s: 1000}\n");
+  };
+  SimOptions o;
+  o.rates = preset_rates("A100");
+  o.cluster.shape = Shape::kGraphFile;
+  o.cluster.file = graph("");
+  const SimResult own = simulate(spec, o);
+  o.cluster.file = graph("4");
+  const SimResult four = simulate(spec, o);
+  o.cluster.file = graph("1");
+  const SimResult one = simulate(spec, o);
+  expect_rel(four.step_s, own.step_s, 1e-9);
+  EXPECT_GT(one.step_s, 2.0 * own.step_s);
+  o.rates.host_speed = {1.0, 0.5, 1.0 / 3, 0.25};  // the same as one ideal core, measured
+  const SimResult measured = simulate(spec, o);
+  expect_rel(measured.step_s, one.step_s, 1e-9);
+  o.cluster.file = t.write("bad.yaml", "host_cores: 0\nnodes: [a]\nlinks: []\n");
+  try {
+    simulate(spec, o);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("host_cores must be > 0"), std::string::npos) << e.what();
+  }
 }
 
 TEST(SimTrace, WritesChromeJson) {

@@ -1,0 +1,243 @@
+#!/usr/bin/python3
+"""`ringctl simulate` against real ringd runs on emulated links (bench/emulated_cluster.py).
+
+For each case (topology, nodes, ring order, stagger) and each repetition: bench/sim_calibrate
+measures this machine right before the run (the case's spec, --as-run: the worker's step as a
+ring rank runs it; ringd's optimizer on ringd's one thread; --host-probe: how concurrent
+processes share the cores now), then the emulated cluster trains STEPS steps and keeps its
+timelines, then `ringctl simulate` predicts the step on the same links (the graph the cluster
+script wrote, which says that every node runs on this one machine) with that calibration. The
+simulator never sees the run's own numbers.
+
+Compared: the step (measured: the median over the steps after the first, per run; reported:
+the median over runs and its min..max), and the ring's K/V hop in the forward and in the
+backward (measured from the timeline: every forward or backward ring_send of a K/V block,
+posted to completed, median over ranks, layers, hops and steps; predicted: the simulator's mean
+hop). The load average before each run is printed.
+
+  sudo bench/sim_validate.py [--nodes 2 4 8] [--topologies fat-tree ring] [--reps 3]
+                             [--order-stagger] [--json OUT]
+--order-stagger adds, on the fat-tree with interleaved leaves (node i in leaf i mod leaves, so
+the natural order crosses the oversubscribed root at every hop), the natural and the
+topology-aware ring order (the simulator's own choice on the graph, run as
+parallel.ring_order: list) and the stagger on and off.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def spec_text(nodes, work, tag, order=None, stagger_us=0):
+    base = open(os.path.join(ROOT, "configs", "examples", "tiny.yaml")).read()
+    subs = [("seq_len: 16384", f"seq_len: {2048 * nodes}"),
+            ("context_ranks: 4", f"context_ranks: {nodes}"),
+            ("nodes: 1", f"nodes: {nodes}"), ("workers_per_node: 4", "workers_per_node: 1"),
+            ("log_every: 10", "log_every: 1"), ("every_steps: 50", "every_steps: 1000")]
+    for a, b in subs:
+        assert a in base, a
+        base = base.replace(a, b)
+    lines = []
+    for line in base.splitlines():
+        if line.strip().startswith("dir: checkpoints"):
+            line = f"  dir: {work}/ck-{tag}"
+        if order is not None and line.strip().startswith("ring_order:"):
+            line = "  ring_order: list\n  ring_order_list: [" + ", ".join(map(str, order)) + "]"
+        if stagger_us and line.strip().startswith("causal_balance:"):
+            line += f"\n  stagger_us: {stagger_us}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr[-3000:]}{r.stdout[-2000:]}")
+    return r.stdout
+
+
+def measured_hops(tl_dir, kv_bytes):
+    """Median K/V hop (send posted -> completed) in the forward and in the backward, steps >= 2."""
+    fwd, bwd = [], []
+    for f in sorted(os.listdir(tl_dir)):
+        rows = [json.loads(l) for l in open(os.path.join(tl_dir, f)).read().splitlines()[1:] if l.strip()]
+        windows = {}  # (rank, step) -> [(kind, begin, end)]
+        for r in rows:
+            rank, step, kind, layer, hop, peer, b, e, by = r
+            if kind in ("forward", "backward"):
+                windows.setdefault((rank, step), []).append((kind, b, e))
+        for r in rows:
+            rank, step, kind, layer, hop, peer, b, e, by = r
+            if step < 2 or kind != "ring_send" or by != kv_bytes:
+                continue
+            for k, wb, we in windows.get((rank, step), []):
+                if wb <= b <= we:
+                    (fwd if k == "forward" else bwd).append((e - b) / 1e9)
+                    break
+    med = lambda v: statistics.median(v) if v else float("nan")
+    return med(fwd), med(bwd)
+
+
+def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, label=""):
+    tag = f"{topo}-{nodes}-{label or 'base'}"
+    spec = os.path.join(work, f"spec-{tag}.yaml")
+    open(spec, "w").write(spec_text(nodes, work, tag, order, stagger_us))
+    runs = []
+    for rep in range(a.reps):
+        cal = os.path.join(work, f"cal-{tag}-{rep}.json")
+        run([os.path.join(a.build, "bench", "sim_calibrate"), "--spec", spec, "--reps", "3",
+             "--as-run", "--ringd-threads", "1", "--host-probe", str(2 * nodes), "-o", cal])
+        load = os.getloadavg()[0]
+        rec, graph = os.path.join(work, f"{tag}-{rep}.json"), os.path.join(work, f"{tag}.yaml")
+        tl = os.path.join(work, f"tl-{tag}-{rep}")
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "emulated_cluster.py"), "--build", a.build,
+               "--topology", topo, "--nodes", str(nodes), "--node-mbit", str(a.node_mbit),
+               "--uplink-mbit", str(a.uplink_mbit), "--spec", spec, "--steps", str(a.steps),
+               "--out", rec, "--graph-out", graph, "--timeline-out", tl]
+        if interleaved:
+            cmd.append("--interleaved")
+        try:
+            run(cmd)
+        except RuntimeError as e:  # reported, not hidden: a run that failed or timed out
+            print(f"run {rep} of {tag} failed: {str(e)[-600:]}", file=sys.stderr, flush=True)
+            runs.append({"load": load, "failed": str(e)[-2000:]})
+            continue
+        predict = lambda c: json.loads(run([os.path.join(a.build, "cli", "ringctl"), "simulate", spec,
+                                            "--topology", graph, "--gpu", "cpu", "--calibration", c,
+                                            "--json"]))
+        sim = predict(cal)
+        after = None
+        if a.after:  # the machine measured again after the run: the load may have moved
+            cal2 = os.path.join(work, f"cal-{tag}-{rep}-after.json")
+            run([os.path.join(a.build, "bench", "sim_calibrate"), "--spec", spec, "--reps", "3",
+                 "--as-run", "--ringd-threads", "1", "--host-probe", str(2 * nodes), "-o", cal2])
+            after = predict(cal2)["step_s"]
+        steps = json.load(open(rec))["steps"]
+        ms = [s["step_ms"] / 1e3 for s in steps[1:]]
+        kv = int(sim["hops"]["forward"]["bytes"])
+        mf, mb = measured_hops(tl, kv)
+        runs.append({"load": load, "measured_s": statistics.median(ms), "steps_s": ms,
+                     "predicted_s": sim["step_s"], "predicted_after_s": after,
+                     "load_after": os.getloadavg()[0], "pred_hop_fwd_s": sim["hops"]["forward"]["mean_s"],
+                     "pred_hop_bwd_s": sim["hops"]["backward_kv"]["mean_s"],
+                     "meas_hop_fwd_s": mf, "meas_hop_bwd_s": mb,
+                     "host_speed": json.load(open(cal)).get("host_speed", [])})
+    return {"topology": topo + (" interleaved" if interleaved else ""), "nodes": nodes,
+            "label": label, "runs": runs}
+
+
+def summary(case):
+    rs = [r for r in case["runs"] if "failed" not in r]
+    if not rs:
+        return None
+    med = lambda k: statistics.median(r[k] for r in rs)
+    m, p = med("measured_s"), med("predicted_s")
+    err = [100 * (r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rs]
+    return {"measured": m, "measured_lo": min(r["measured_s"] for r in rs),
+            "measured_hi": max(r["measured_s"] for r in rs), "predicted": p,
+            "predicted_lo": min(r["predicted_s"] for r in rs),
+            "predicted_hi": max(r["predicted_s"] for r in rs),
+            "error_pct": 100 * (p - m) / m, "run_errors_pct": err,
+            "hop_fwd": (med("pred_hop_fwd_s"), med("meas_hop_fwd_s")),
+            "hop_bwd": (med("pred_hop_bwd_s"), med("meas_hop_bwd_s")),
+            "load": [r["load"] for r in rs]}
+
+
+def print_row(case):
+    s = summary(case)
+    failed = sum("failed" in r for r in case["runs"])
+    if s is None:
+        loads = " ".join("%.1f" % r["load"] for r in case["runs"])
+        print(f"| {case['topology']} {case['label']} | {case['nodes']} | every run failed "
+              f"({failed}) | | | | | {loads} |", flush=True)
+        return
+    hf, hb = s["hop_fwd"], s["hop_bwd"]
+    print(f"| {case['topology']} {case['label']} | {case['nodes']} | {s['predicted']:.3f} "
+          f"({s['predicted_lo']:.3f}..{s['predicted_hi']:.3f}) | {s['measured']:.3f} "
+          f"({s['measured_lo']:.3f}..{s['measured_hi']:.3f}) | {s['error_pct']:+.0f} % "
+          f"({', '.join(f'{x:+.0f}' for x in s['run_errors_pct'])}) | "
+          f"{hf[0] * 1e3:.1f} / {hf[1] * 1e3:.1f} | {hb[0] * 1e3:.1f} / {hb[1] * 1e3:.1f} | "
+          f"{' '.join(f'{x:.1f}' for x in s['load'])}"
+          f"{f' ({failed} run(s) failed)' if failed else ''} |", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--nodes", type=int, nargs="*", default=[2, 4, 8])
+    ap.add_argument("--topologies", nargs="+", default=["fat-tree", "ring"])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--node-mbit", type=float, default=400)
+    ap.add_argument("--uplink-mbit", type=float, default=200)
+    ap.add_argument("--order-stagger", action="store_true")
+    ap.add_argument("--order-nodes", type=int, default=8)
+    ap.add_argument("--stagger-us", type=int, default=20000)
+    ap.add_argument("--json", help="write every run's numbers here")
+    ap.add_argument("--after", action="store_true",
+                    help="calibrate again after each run and predict with that too")
+    ap.add_argument("--keep", action="store_true", help="keep the specs, calibrations, records and timelines")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("sim_validate: needs root (network namespaces)", file=sys.stderr)
+        return 77
+    for b in ("daemon/ringd/ringd", "worker/ring-worker", "cli/ringctl", "bench/sim_calibrate"):
+        if not os.access(os.path.join(a.build, b), os.X_OK):
+            print(f"sim_validate: {a.build}/{b} not built", file=sys.stderr)
+            return 2
+    work = tempfile.mkdtemp(prefix="sim-validate-")
+    cases = []
+    print("| case | nodes | predicted s (min..max) | measured s (min..max) | error of medians (per run) "
+          "| fwd K/V hop ms pred / meas | bwd K/V hop ms pred / meas | load avg |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    try:
+        for topo in a.topologies:
+            for n in a.nodes:
+                cases.append(one_case(a, work, topo, n))
+                print_row(cases[-1])
+        if a.order_stagger:
+            n = a.order_nodes
+            # The topology-aware order the simulator picks on the interleaved graph (the
+            # coordinator's tour solver on the graph's hop counts), run as an explicit list.
+            probe = one_case_graph(a, work, n)
+            for label, order, stagger in (("natural", None, 0), ("topology", probe, 0),
+                                          ("natural+stagger", None, a.stagger_us),
+                                          ("topology+stagger", probe, a.stagger_us)):
+                cases.append(one_case(a, work, "fat-tree", n, True, order, stagger, label))
+                print_row(cases[-1])
+    finally:
+        if a.json:
+            json.dump(cases, open(a.json, "w"), indent=1)
+        if a.keep:
+            print(f"kept {work}")
+        else:
+            subprocess.run(["rm", "-rf", work])
+    return 0
+
+
+def one_case_graph(a, work, n):
+    """The topology-aware ring order on the interleaved fat-tree of n nodes: the same graph the
+    cluster script writes, asked of `ringctl simulate --ring-order topology`."""
+    leaves = (n + 1) // 2
+    g = os.path.join(work, f"order-{n}.yaml")
+    out = ["gpus_per_node: 1", f"nodes: [{', '.join(f'node{i}' for i in range(n))}]",
+           f"switches: [{', '.join(f'leaf{l}' for l in range(leaves))}, root]", "links:"]
+    for l in range(leaves):
+        out.append(f"  - {{from: leaf{l}, to: root, gbytes_per_s: {a.uplink_mbit / 8e3}}}")
+    for i in range(n):
+        out.append(f"  - {{from: node{i}, to: leaf{i % leaves}, gbytes_per_s: {a.node_mbit / 8e3}}}")
+    open(g, "w").write("\n".join(out) + "\n")
+    spec = os.path.join(work, f"spec-order-{n}.yaml")
+    open(spec, "w").write(spec_text(n, work, "order"))
+    sim = json.loads(run([os.path.join(a.build, "cli", "ringctl"), "simulate", spec, "--topology", g,
+                          "--gpu", "H100", "--ring-order", "topology", "--json"]))
+    return sim["ring_nodes"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
