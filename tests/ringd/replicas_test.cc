@@ -344,6 +344,62 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ReplicaShardModes,
                                   "_" + i.param.compression;
                          });
 
+// ---- shard full ---------------------------------------------------------------------------------
+
+// shard full vs shard none on the same layout. Dense: the workers' reduce-scatter sums in shard
+// none's order (per node, local ranks left to right, then nodes), and ringd's slot sum adds
+// only zeros to it, so loss, grad_norm and final weights are bit-identical. Top-k with one node:
+// the node's top-k runs on the job's gradient in both modes, bit-identical too. Top-k with two
+// nodes is another algorithm under shard full (the owner compresses the job's summed gradient,
+// where shard none compresses each node's part and sums the sparse sets): its reference is
+// shard none on ONE node with the same replicas and ring (top-k of the job's sum, the same
+// data split), within 1e-6 relative.
+class ReplicaFullShard : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ReplicaFullShard, FullAgreesWithNone) {
+  const Case k = GetParam();
+  Overrides none, full;
+  none.compression = full.compression = k.compression;
+  full.shard = "full";
+  const bool other_algorithm = k.compression == "topk" && k.n > 1;
+  const RunResult a = run_layout(k.d, k.c, other_algorithm ? 1 : k.n, none);
+  ASSERT_TRUE(a.ok) << a.error;
+  const RunResult b = run_layout(k.d, k.c, k.n, full);
+  ASSERT_TRUE(b.ok) << b.error;
+  for (size_t s = 0; s < a.loss.size(); ++s) {
+    EXPECT_TRUE(std::isfinite(b.loss[s])) << "step " << s + 1;
+    EXPECT_LE(rel(b.loss[s], a.loss[s]), kSameMathTol) << "step " << s + 1;
+  }
+  bool bitwise = false;
+  const double w = weights_diff(b, a, &bitwise);
+  EXPECT_LE(w, kSameMathTol);
+  if (!other_algorithm) {
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+    EXPECT_TRUE(bitwise);
+  }
+  EXPECT_LT(b.loss.back(), b.loss.front());
+  for (int64_t t : b.tokens) EXPECT_EQ(t, k.d * kSeqLen);
+  std::printf(
+      "full D=%d C=%d N=%d %s vs none N=%d: %.1f s (none %.1f s); loss %.4f -> %.4f; max loss "
+      "diff %.3g, weights diff %.3g%s\n",
+      k.d, k.c, k.n, k.compression.c_str(), other_algorithm ? 1 : k.n, b.seconds, a.seconds,
+      b.loss.front(), b.loss.back(), max_rel(b.loss, a.loss), w,
+      bitwise ? " (bit-identical)" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ReplicaFullShard,
+                         ::testing::Values(Case{1, 2, 1, "none"}, Case{2, 1, 1, "none"},
+                                           Case{2, 2, 1, "none"}, Case{1, 2, 2, "none"},
+                                           Case{2, 2, 2, "none"}, Case{1, 2, 1, "topk"},
+                                           Case{2, 1, 1, "topk"}, Case{2, 2, 1, "topk"},
+                                           Case{1, 2, 2, "topk"}, Case{2, 2, 2, "topk"}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return "D" + std::to_string(i.param.d) + "C" +
+                                  std::to_string(i.param.c) + "N" + std::to_string(i.param.n) +
+                                  "_" + i.param.compression;
+                         });
+
 // ---- the same data, split differently ---------------------------------------------------------
 
 TEST(ReplicaLayouts, SameDataSplitDifferentlyFollowsOneCurve) {
