@@ -156,8 +156,8 @@ void FullShardStore::release(int b) {
 float* FullShardStore::grads(int b) {
   auto it = std::find_if(grads_.begin(), grads_.end(), [b](const auto& h) { return h.first == b; });
   if (it != grads_.end()) return it->second->data();
-  // At most two reduce-scatters in flight: the oldest finishes before another buffer is used.
-  while (scatters_.size() >= 2) {
+  // One reduce-scatter in flight: it finishes before another block gradient is handed out.
+  while (!scatters_.empty()) {
     finish_scatter(scatters_.front());
     scatters_.pop_front();
   }
@@ -174,6 +174,12 @@ void FullShardStore::grads_done(int b) {
     throw std::logic_error(fmt::format("FullShardStore: grads_done of bucket {} not handed out", b));
   std::vector<float>* buf = it->second;
   grads_.erase(it);
+  // One reduce-scatter in flight (they share the receive window): with tied embeddings the
+  // embedding's gradient was handed out before the layers', so the last layer's may still be.
+  while (!scatters_.empty()) {
+    finish_scatter(scatters_.front());
+    scatters_.pop_front();
+  }
   start_scatter(b, buf);
 }
 
@@ -181,17 +187,18 @@ void FullShardStore::start_scatter(int b, std::vector<float>* buf) {
   Scatter s;
   s.bucket = b;
   s.buf = buf;
-  s.in.resize(world_);
   const int64_t base = layout_.buckets()[b].begin;
   const auto [mlo, mhi] = part(b, rank_);
-  if (mhi > mlo) {
-    for (int q = 0; q < world_; ++q) {
-      if (q == rank_) continue;
-      s.in[q].resize(static_cast<size_t>(mhi - mlo));
-      s.recvs.push_back(engine_->post_recv(s.in[q].data(),
-                                           static_cast<size_t>(mhi - mlo) * sizeof(float), q,
-                                           kTagScatter));
-      s.from.push_back(q);
+  const size_t len = static_cast<size_t>(mhi - mlo);
+  s.handle.assign(kWindow, -1);
+  if (len > 0) {
+    for (int q = 0; q < world_; ++q)
+      if (q != rank_) s.from.push_back(q);
+    if (window_.empty()) window_.resize(kWindow);
+    for (int w = 0; w < kWindow && s.posted < s.from.size(); ++w, ++s.posted) {
+      if (window_[w].size() < len) window_[w].resize(len);
+      s.handle[w] = engine_->post_recv(window_[w].data(), len * sizeof(float), s.from[s.posted],
+                                       kTagScatter);
     }
   }
   for (int q = 0; q < world_; ++q) {
@@ -212,33 +219,41 @@ void FullShardStore::finish_scatter(Scatter& s) {
   namespace tl = contract::timeline;
   const auto t0 = Clock::now();
   const int64_t n0 = tl::now_ns();
-  for (size_t i = 0; i < s.recvs.size(); ++i) wait(s.recvs[i], "reduce-scatter", s.from[i], s.bucket);
-  for (int h : s.sends) wait(h, "reduce-scatter", -1, s.bucket);
-  stats_.scatter_wait_s += since(t0);
-  if (tl::TimelineWriter* w = tl::active())
-    w->record({.kind = tl::Phase::kCollective, .step = w->step(), .layer = s.bucket,
-               .begin_ns = n0, .end_ns = tl::now_ns()});
   const int64_t base = layout_.buckets()[s.bucket].begin;
   const auto [mlo, mhi] = part(s.bucket, rank_);
   const int64_t len = mhi - mlo;
   if (len > 0) {
-    // Rank q's contribution: q's block gradient at this rank's part.
-    auto src = [&](int q) -> const float* {
-      return q == rank_ ? s.buf->data() + (mlo - base) : s.in[q].data();
-    };
-    // shard none's order: per node its workers left to right, then the nodes left to right.
+    // shard none's order: per node its workers left to right, then the nodes left to right,
+    // each a left fold; the parts are taken in rank order as they arrive.
     sum_.resize(static_cast<size_t>(len));
-    std::vector<float> node_sum(static_cast<size_t>(len));
-    const int nodes = world_ / per_node_;
-    for (int k = 0; k < nodes; ++k) {
-      float* acc = k == 0 ? sum_.data() : node_sum.data();
-      std::memcpy(acc, src(k * per_node_), static_cast<size_t>(len) * sizeof(float));
-      for (int l = 1; l < per_node_; ++l) {
-        const float* x = src(k * per_node_ + l);
+    node_sum_.resize(static_cast<size_t>(len));
+    size_t next = 0;  // index into s.from of the next part to arrive
+    for (int q = 0; q < world_; ++q) {
+      const float* x = nullptr;
+      int w = -1;
+      if (q == rank_) {
+        x = s.buf->data() + (mlo - base);
+      } else {
+        w = static_cast<int>(next % kWindow);
+        wait(s.handle[w], "reduce-scatter", q, s.bucket);
+        x = window_[w].data();
+        ++next;
+      }
+      const int l = q % per_node_, k = q / per_node_;
+      float* acc = k == 0 ? sum_.data() : node_sum_.data();
+      if (l == 0) {
+        std::memcpy(acc, x, static_cast<size_t>(len) * sizeof(float));
+      } else {
         for (int64_t i = 0; i < len; ++i) acc[i] += x[i];
       }
-      if (k > 0)
-        for (int64_t i = 0; i < len; ++i) sum_[i] += node_sum[i];
+      if (w >= 0 && s.posted < s.from.size()) {  // the window buffer is free again
+        s.handle[w] = engine_->post_recv(window_[w].data(),
+                                         static_cast<size_t>(len) * sizeof(float),
+                                         s.from[s.posted], kTagScatter);
+        ++s.posted;
+      }
+      if (k > 0 && l == per_node_ - 1)
+        for (int64_t i = 0; i < len; ++i) sum_[i] += node_sum_[i];
     }
     float* g = grad_.data() + (mlo - shard().begin);
     if (first_) {
@@ -247,6 +262,11 @@ void FullShardStore::finish_scatter(Scatter& s) {
       for (int64_t i = 0; i < len; ++i) g[i] += sum_[i];
     }
   }
+  for (int h : s.sends) wait(h, "reduce-scatter", -1, s.bucket);
+  stats_.scatter_wait_s += since(t0);
+  if (tl::TimelineWriter* w = tl::active())
+    w->record({.kind = tl::Phase::kCollective, .step = w->step(), .layer = s.bucket,
+               .begin_ns = n0, .end_ns = tl::now_ns()});
   give_back(s.buf);
   s.buf = nullptr;
   if (last_ && deliver_)

@@ -10,16 +10,17 @@
 // at release. A block's gradient, once the backward has finished it (grads_done), is
 // reduce-scattered the same way: each rank sends every other rank the part of the block inside
 // that rank's shard, and sums what it receives while the backward goes on with the next block
-// (two gradient buffers in flight). The sum is taken in the order shard none sums the same
+// (one reduce-scatter in flight while the next block's gradient is written). The sum is taken in the order shard none sums the same
 // gradients - per node, its workers in local-rank order, then the nodes in node order, each a
 // left fold - so one node and two nodes give shard none's bits. Micro-batches: each batch's sum
 // is added to the shard's gradient; after the last one, deliver(bucket, begin, end, grad) hands
 // the finished part [begin, end) of each bucket (possibly empty) in bucket order.
 //
-// Memory per rank (floats): shard weights + shard gradient (its size each), up to three gathered
-// blocks (current, prefetched, and the embedding next to the head when tied) and three block
-// gradients (two in flight, the tied embedding's held through the backward), each the largest
-// bucket, plus the receive buffers of a reduce-scatter ((W - 1) x the shard's part of a block).
+// Memory per rank (floats): shard weights + shard gradient (its size each), and block buffers
+// of the largest bucket each: 2 gathered blocks (in use, prefetched) and 1 block gradient,
+// plus with tied embeddings 1 gathered (the embedding beside the head) and 1 gradient (the
+// embedding's, held through the backward): 3 + 2 x tied buffers at the peak, plus 4 parts (this shard's part of a bucket, at most its size) of reduce-scatter
+// buffers: two receive buffers and two running sums.
 // Host memory: the CPU backend only.
 #pragma once
 
@@ -84,10 +85,14 @@ class FullShardStore final : public model::BlockStore {
   struct Scatter {
     int bucket = -1;
     std::vector<float>* buf = nullptr;  // the block gradient (sent from)
-    std::vector<int> sends, recvs;
-    std::vector<int> from;              // rank of each recv
-    std::vector<std::vector<float>> in;  // [W]: what rank q sent (this rank's part)
+    std::vector<int> sends;
+    std::vector<int> from;              // the other ranks, ascending: the receive order
+    size_t posted = 0;                  // receives posted so far (from[0 .. posted))
+    std::vector<int> handle;            // [kWindow]: the receive in each window buffer
   };
+  // Receives of a reduce-scatter in flight at once: the parts arrive into a window of buffers
+  // and are summed in rank order as they come, so a rank holds 2 + kWindow parts, not W.
+  static constexpr int kWindow = 2;
   std::vector<float>* take_buffer();
   void give_back(std::vector<float>* buf);
   // The part of bucket b inside rank q's shard: [lo, hi) (empty: lo == hi).
@@ -111,7 +116,8 @@ class FullShardStore final : public model::BlockStore {
   std::vector<std::pair<int, std::vector<float>*>> held_;    // acquired weights
   std::vector<std::pair<int, std::vector<float>*>> grads_;   // handed-out block gradients
   std::deque<Scatter> scatters_;               // reduce-scatters in flight, bucket order
-  std::vector<float> sum_;                     // scratch [part]
+  std::vector<std::vector<float>> window_;     // [kWindow] receive buffers [largest part]
+  std::vector<float> sum_, node_sum_;          // [largest part]: the running sums
   bool first_ = true, last_ = true;
   DeliverFn deliver_;
   ShardStats stats_;
