@@ -121,7 +121,8 @@ struct NodeOptimizer::Impl {
                               // but the buckets' sums of squares
   int64_t state_begin = 0;    // flat offset of master[0], m[0], v[0] (range.begin when sharded)
   int64_t state_size = 0;     // floats of master, m, v
-  float* weights = nullptr;   // the caller's full weights buffer (set_weights_buffer)
+  float* weights = nullptr;   // the caller's weights buffer (set_weights_buffer)
+  int64_t weights_first = 0;  // the flat offset of weights[0]
   std::vector<std::vector<TensorRef>> tensors;  // per bucket
   bool topk = false, error_feedback = false, lazy = false;
 
@@ -523,7 +524,7 @@ struct NodeOptimizer::Impl {
     const int64_t hi = b1 == nbuckets ? total : layout.buckets()[b1 - 1].end;
     const auto clamp = [lo, hi](int64_t x) { return std::clamp(x, lo, hi); };
     const int64_t mine_lo = clamp(range.begin), mine_hi = clamp(range.end);
-    float* dst = weights + mine_lo;
+    float* dst = weights + (mine_lo - weights_first);
     const float* src = master + (mine_lo - state_begin);
     parallel_ranges(mine_hi - mine_lo, threads, [dst, src](int64_t a, int64_t e) {
       std::memcpy(dst + a, src + a, sizeof(float) * (e - a));
@@ -701,15 +702,20 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
 
 NodeOptimizer::~NodeOptimizer() = default;
 
-void NodeOptimizer::init_master(const float* params) {
+void NodeOptimizer::init_master(const float* params, int64_t params_first) {
   Impl& s = *impl_;
   if (s.in_step) throw OptimError("NodeOptimizer::init_master: called during step " +
                                   std::to_string(s.step));
   if (params == nullptr && s.total > 0) {
     throw OptimError("NodeOptimizer::init_master: params must not be null");
   }
+  if (params_first < 0 || params_first > s.state_begin) {
+    throw OptimError("NodeOptimizer::init_master: params start at float " +
+                     std::to_string(params_first) + ", after the state's first float " +
+                     std::to_string(s.state_begin));
+  }
   if (s.state_size > 0) {
-    std::memcpy(s.master, params + s.state_begin,
+    std::memcpy(s.master, params + (s.state_begin - params_first),
                 static_cast<size_t>(s.state_size) * sizeof(float));
   }
   check(s.backend->fill(s.state_size, 0.f, s.m), "fill");
@@ -774,7 +780,7 @@ void NodeOptimizer::bucket_ready(int bucket, float* node_grad) {
                                                        std::to_string(s.nbuckets) + " handed over)"));
   }
   const contract::GradBucket& b = s.layout.buckets()[bucket];
-  if (node_grad == nullptr && b.end > b.begin) {
+  if (node_grad == nullptr && b.end > b.begin && !(s.full && !s.owns(bucket))) {
     throw OptimError("NodeOptimizer::bucket_ready(" + std::to_string(bucket) +
                      "): node_grad must not be null");
   }
@@ -892,13 +898,25 @@ int64_t NodeOptimizer::state_bytes() const {
   return 4 * (3 * s.state_size + (s.residual != nullptr ? (s.full ? s.state_size : s.total) : 0));
 }
 
-void NodeOptimizer::set_weights_buffer(float* params) {
+void NodeOptimizer::set_weights_buffer(float* params, int64_t params_first) {
   Impl& s = *impl_;
   if (s.in_step) {
     throw OptimError("NodeOptimizer::set_weights_buffer: called during step " +
                      std::to_string(s.step));
   }
+  // Only shard full publishes just its range (no gather into the rest of the buffer).
+  if (params_first != 0 && !(s.full && params_first == s.range.begin)) {
+    throw OptimError("NodeOptimizer::set_weights_buffer: a buffer from float " +
+                     std::to_string(params_first) +
+                     " needs shard full and this node's range start (" +
+                     std::to_string(s.range.begin) + ")");
+  }
   s.weights = params;
+  s.weights_first = params_first;
+}
+
+int64_t NodeOptimizer::weights_first() const {
+  return impl_->weights_first;
 }
 
 int64_t NodeOptimizer::publish_all() {

@@ -277,13 +277,14 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       return kExitUsage;
     }
     const contract::ParamLayout layout(model::ModelConfig::from_spec(spec));
-    const int nodes = static_cast<int>(spec.resources.nodes);
+    // ringd's node count: --world / workers_per_node (the shards are its ranges, cut).
     const int per_node = static_cast<int>(spec.resources.workers_per_node);
-    if (nodes * per_node != args.world) {
-      logger()->error("rank {}: shard full needs resources.nodes ({}) x workers_per_node ({}) = "
-                      "--world {}", rank, nodes, per_node, args.world);
+    if (per_node < 1 || args.world % per_node != 0) {
+      logger()->error("rank {}: shard full needs --world {} to be a multiple of "
+                      "resources.workers_per_node {}", rank, args.world, per_node);
       return kExitUsage;
     }
+    const int nodes = args.world / per_node;
     store = std::make_unique<FullShardStore>(layout, contract::worker_shards(layout, nodes, per_node),
                                              rank, per_node, &rr.world_progress(),
                                              args.timeout_ms);
@@ -368,7 +369,8 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
                        .end_ns = s0});
       if (full) {
         const contract::WorkerShard& sh = store->shard();
-        std::memcpy(store->shard_weights(), client.shm().params() + sh.begin,
+        std::memcpy(store->shard_weights(),
+                    client.shm().params() + (sh.begin - client.shm().params_begin()),
                     static_cast<size_t>(sh.size()) * sizeof(float));
       } else if (!host_backend) {
         model.set_params(client.shm().params(), n);
@@ -413,7 +415,9 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       const FullShardStore::DeliverFn shard_to_ringd = [&](int b, int64_t lo, int64_t hi,
                                                            const float* g) {
         const int64_t h0 = tl::now_ns();
-        if (hi > lo) std::memcpy(client.slot() + lo, g, static_cast<size_t>(hi - lo) * sizeof(float));
+        if (hi > lo)
+          std::memcpy(client.slot() + (lo - store->shard().begin), g,
+                      static_cast<size_t>(hi - lo) * sizeof(float));
         const model::GradBucket& bk = model.layout().buckets()[b];
         client.bucket_written(cmd.step, bk);
         const int64_t h1 = tl::now_ns();
