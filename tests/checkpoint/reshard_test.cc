@@ -185,6 +185,8 @@ Steps resume_on(int nodes, const Mode& mode, const Mode* writer = nullptr) {
   const std::string& from = two_node_checkpoint(writer ? *writer : mode);
   const std::string job = r.t.path + "/resume-" + std::to_string(nodes) + "-" + mode.name() +
                           (writer ? "-from-" + writer->name() : "");
+  // A fresh copy each time (another test may have resumed the same layout before).
+  fsys::remove_all(job);
   fsys::create_directories(job);
   fsys::copy(from, job + "/checkpoints", fsys::copy_options::recursive);
   return run_job(r.t.path, write_spec(r.t.path, nodes, mode), job, nodes, {"--resume"});
