@@ -60,6 +60,14 @@
 // the in-process exchange (sums in node order) the weights and norms are bit-identical to shard
 // none for any node count; over the transport with two nodes too (a + b == b + a).
 //
+// parallel.shard full: ranges, state and checkpoints as shard optimizer, but the node gradient
+// of range() is already the job's sum (the workers reduce-scattered it): no gradient reduce,
+// no gather of sparse sets and no weight all-gather between nodes (only the per-bucket sums of
+// squares are all-reduced, exact as above). Top-k selects at the owner from the summed gradient
+// with a residual of range() (saved by the owner, not per node). Every step publishes the range
+// densely into the weights buffer, which may hold the range alone (set_weights_buffer's
+// params_first); a lazy step applies AdamW at the selected coordinates only.
+//
 // With grad_clip 0 the owner updates a bucket on the pipeline thread as soon as it has its sum
 // and sends its new weights at once (the same gathers, per bucket), so they travel during the
 // backward like the gradients; with clipping the update waits for the norm, and in finish_step
