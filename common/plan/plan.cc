@@ -265,9 +265,12 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
                                   : "block gradient (fp32, being written or reduce-scattered)",
                  (1.0 + tied) * B * 4.0, m.tie_embeddings ? "2 x largest bucket x 4"
                                                           : "largest bucket x 4"});
-    if (G > 1)
-      w.push_back({"reduce-scatter window and sums (fp32, at most)", 4.0 * 4.0 * std::min(S, B),
-                   "4 x 4 x min(shard, largest bucket)"});
+    if (G > 1) {
+      const double parts = static_cast<double>(std::min<int64_t>(2, G - 1)) + 1.0 +
+                           (nodes_i > 1 ? 1.0 : 0.0);
+      w.push_back({"reduce-scatter window and sums (fp32, at most)", parts * 4.0 * std::min(S, B),
+                   "(min(2, G - 1) + 1 + [nodes > 1]) x 4 x min(shard, largest bucket)"});
+    }
   }
   if (!offload) {
     w.push_back({"AdamW moments (fp32)", n * 8.0, "n x 8 (m, v)"});

@@ -277,6 +277,7 @@ TEST(Plan, ShardModesDivideWhatTheyShard) {
   EXPECT_FALSE(s.model.tie_embeddings);
   EXPECT_EQ(item(f.worker, "gathered blocks"), 2.0 * f.largest_bucket * 2);
   EXPECT_EQ(item(f.worker, "block gradient"), 4.0 * f.largest_bucket);
+  // Two receive buffers, the running sum and a node's running sum (64 nodes).
   EXPECT_EQ(item(f.worker, "reduce-scatter window"), 16.0 * std::min<double>(shard, f.largest_bucket));
   EXPECT_LT(f.worker_total, o.worker_total);
   EXPECT_EQ(item(f.host_ringd, "node gradient"), 4.0 * f.largest_range);

@@ -66,13 +66,15 @@ std::pair<int64_t, int64_t> FullShardStore::part(int b, int q) const {
   return lo < hi ? std::make_pair(lo, hi) : std::make_pair(lo, lo);
 }
 
-void FullShardStore::wait(int handle, const char* what, int peer, int b) {
+ProgressEngine::Clock::time_point FullShardStore::wait(int handle, const char* what, int peer,
+                                                       int b) {
   const ProgressEngine::Result r = engine_->wait(handle, timeout_ms_);
   if (r.status != RING_TRANSPORT_OK) {
     throw transport::TransportError(
         r.status, fmt::format("shard full: {} of bucket {} with rank {}: {}", what,
                               layout_.buckets()[b].name, peer, r.error));
   }
+  return r.done_at;
 }
 
 void FullShardStore::begin_batch(bool first, bool last, DeliverFn deliver) {
@@ -87,6 +89,7 @@ void FullShardStore::start_gather(int b) {
   Gather g;
   g.bucket = b;
   g.buf = take_buffer();
+  g.posted = Clock::now();
   const int64_t base = layout_.buckets()[b].begin;
   const auto [mlo, mhi] = part(b, rank_);
   // Receives first, then this rank's part to every other rank, then its own copy.
@@ -113,7 +116,10 @@ void FullShardStore::start_gather(int b) {
 }
 
 void FullShardStore::finish_gather(Gather& g) {
-  for (int h : g.handles) wait(h, "all-gather", -1, g.bucket);
+  Clock::time_point last = g.posted;
+  for (int h : g.handles) last = std::max(last, wait(h, "all-gather", -1, g.bucket));
+  if (!g.handles.empty())
+    stats_.gather_flight_s += std::chrono::duration<double>(last - g.posted).count();
   g.handles.clear();
 }
 
@@ -187,6 +193,7 @@ void FullShardStore::start_scatter(int b, std::vector<float>* buf) {
   Scatter s;
   s.bucket = b;
   s.buf = buf;
+  s.posted_at = s.last_done = Clock::now();
   const int64_t base = layout_.buckets()[b].begin;
   const auto [mlo, mhi] = part(b, rank_);
   const size_t len = static_cast<size_t>(mhi - mlo);
@@ -222,11 +229,20 @@ void FullShardStore::finish_scatter(Scatter& s) {
   const int64_t base = layout_.buckets()[s.bucket].begin;
   const auto [mlo, mhi] = part(s.bucket, rank_);
   const int64_t len = mhi - mlo;
-  if (len > 0) {
+  if (len > 0 && world_ == 1) {
+    // One rank: its block gradient is the sum.
+    const float* x = s.buf->data() + (mlo - base);
+    float* g = grad_.data() + (mlo - shard().begin);
+    if (first_) {
+      std::memcpy(g, x, static_cast<size_t>(len) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < len; ++i) g[i] += x[i];
+    }
+  } else if (len > 0) {
     // shard none's order: per node its workers left to right, then the nodes left to right,
     // each a left fold; the parts are taken in rank order as they arrive.
     sum_.resize(static_cast<size_t>(len));
-    node_sum_.resize(static_cast<size_t>(len));
+    if (world_ > per_node_) node_sum_.resize(static_cast<size_t>(len));
     size_t next = 0;  // index into s.from of the next part to arrive
     for (int q = 0; q < world_; ++q) {
       const float* x = nullptr;
@@ -235,7 +251,7 @@ void FullShardStore::finish_scatter(Scatter& s) {
         x = s.buf->data() + (mlo - base);
       } else {
         w = static_cast<int>(next % kWindow);
-        wait(s.handle[w], "reduce-scatter", q, s.bucket);
+        s.last_done = std::max(s.last_done, wait(s.handle[w], "reduce-scatter", q, s.bucket));
         x = window_[w].data();
         ++next;
       }
@@ -262,8 +278,9 @@ void FullShardStore::finish_scatter(Scatter& s) {
       for (int64_t i = 0; i < len; ++i) g[i] += sum_[i];
     }
   }
-  for (int h : s.sends) wait(h, "reduce-scatter", -1, s.bucket);
+  for (int h : s.sends) s.last_done = std::max(s.last_done, wait(h, "reduce-scatter", -1, s.bucket));
   stats_.scatter_wait_s += since(t0);
+  stats_.scatter_flight_s += std::chrono::duration<double>(s.last_done - s.posted_at).count();
   if (tl::TimelineWriter* w = tl::active())
     w->record({.kind = tl::Phase::kCollective, .step = w->step(), .layer = s.bucket,
                .begin_ns = n0, .end_ns = tl::now_ns()});

@@ -19,8 +19,9 @@
 // Memory per rank (floats): shard weights + shard gradient (its size each), and block buffers
 // of the largest bucket each: 2 gathered blocks (in use, prefetched) and 1 block gradient,
 // plus with tied embeddings 1 gathered (the embedding beside the head) and 1 gradient (the
-// embedding's, held through the backward): 3 + 2 x tied buffers at the peak, plus 4 parts (this shard's part of a bucket, at most its size) of reduce-scatter
-// buffers: two receive buffers and two running sums.
+// embedding's, held through the backward): 3 + 2 x tied buffers at the peak; plus with W > 1
+// reduce-scatter buffers of one part each (this shard's part of a bucket, at most its size):
+// min(2, W - 1) receive buffers, the running sum, and with several nodes a node's running sum.
 // Host memory: the CPU backend only.
 #pragma once
 
@@ -43,6 +44,10 @@ struct ShardStats {
   int64_t gathers = 0, scatters = 0;
   double gather_wait_s = 0;   // acquire() blocked on a gather
   double scatter_wait_s = 0;  // blocked on a reduce-scatter (buffer reuse, end of the pass)
+  // In flight: from posting a gather (reduce-scatter) to the completion of its last transfer,
+  // as the progress engine saw it (so at most a progress round late). hidden = in flight -
+  // waited: the transfer time the compute covered.
+  double gather_flight_s = 0, scatter_flight_s = 0;
   int64_t bytes_sent = 0;
 };
 
@@ -81,6 +86,7 @@ class FullShardStore final : public model::BlockStore {
     int bucket = -1;
     std::vector<float>* buf = nullptr;
     std::vector<int> handles;
+    ProgressEngine::Clock::time_point posted{};
   };
   struct Scatter {
     int bucket = -1;
@@ -89,6 +95,7 @@ class FullShardStore final : public model::BlockStore {
     std::vector<int> from;              // the other ranks, ascending: the receive order
     size_t posted = 0;                  // receives posted so far (from[0 .. posted))
     std::vector<int> handle;            // [kWindow]: the receive in each window buffer
+    ProgressEngine::Clock::time_point posted_at{}, last_done{};
   };
   // Receives of a reduce-scatter in flight at once: the parts arrive into a window of buffers
   // and are summed in rank order as they come, so a rank holds 2 + kWindow parts, not W.
@@ -101,7 +108,8 @@ class FullShardStore final : public model::BlockStore {
   void finish_gather(Gather& g);
   void start_scatter(int b, std::vector<float>* buf);
   void finish_scatter(Scatter& s);
-  void wait(int handle, const char* what, int peer, int b);
+  // Waits for a request; returns when it completed (the engine's done_at).
+  ProgressEngine::Clock::time_point wait(int handle, const char* what, int peer, int b);
 
   contract::ParamLayout layout_;
   std::vector<contract::WorkerShard> shards_;

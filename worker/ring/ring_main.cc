@@ -354,6 +354,12 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   // the model in the worker. Shard full: only this rank's shard is copied from the segment.
   float* weights = host_backend && !full ? model.params() : client.shm().params();
 
+  struct StepOverlap {
+    int64_t step;
+    double flight_s, wait_s;
+  };
+  std::vector<StepOverlap> overlap;  // shard full, per step
+
   // From here on transfers may be in flight: an error exits at once, without unwinding.
   return run_then_exit_on_error("ring-worker: rank " + std::to_string(rank), kExitRuntime, [&] {
     for (;;) {
@@ -439,8 +445,12 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       }
       if (store) {  // the waits on block gathers and gradient reduce-scatters
         const ShardStats& s1 = store->stats();
-        collective_s += (s1.gather_wait_s - shard0.gather_wait_s) +
-                        (s1.scatter_wait_s - shard0.scatter_wait_s);
+        const double waited = (s1.gather_wait_s - shard0.gather_wait_s) +
+                              (s1.scatter_wait_s - shard0.scatter_wait_s);
+        const double flight = (s1.gather_flight_s - shard0.gather_flight_s) +
+                              (s1.scatter_flight_s - shard0.scatter_flight_s);
+        collective_s += waited;
+        overlap.push_back({cmd.step, flight, waited});
       }
       // The step's global loss: (loss_sum, valid) of every rank (all replicas), summed in rank
       // order; and whether any node's ringd has a stop request, so that every node stops after
@@ -487,6 +497,17 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
                                           .wait_ms = wait_ms,
                                           .comm_ms = comm_ms,
                                           .prev = prev_rank});
+    }
+    if (store && !overlap.empty()) {
+      // Per step: seconds the gathers and reduce-scatters were in flight and seconds this rank
+      // waited on them (bench/shard_overlap.sh reads this line from the worker's log).
+      nlohmann::json j = {{"event", "shard_overlap"}, {"rank", rank}};
+      for (const auto& o : overlap) {
+        j["step"].push_back(o.step);
+        j["flight_s"].push_back(o.flight_s);
+        j["wait_s"].push_back(o.wait_s);
+      }
+      logger()->info("shard full overlap {}", j.dump());
     }
     rr.shutdown();
     return 0;
