@@ -1,5 +1,6 @@
 #include "worker/model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -98,20 +99,41 @@ void Model::init_params(uint64_t seed) {
 
 std::vector<float> Model::initial_params(uint64_t seed) const {
   std::vector<float> host(layout_.total(), 0.f);
+  initial_params(seed, 0, layout_.total(), host.data());
+  return host;
+}
+
+void Model::initial_params(uint64_t seed, int64_t begin, int64_t end, float* out) const {
+  if (begin < 0 || end < begin || end > layout_.total()) {
+    throw ModelError("initial_params: range [" + std::to_string(begin) + ", " +
+                     std::to_string(end) + ") is outside the " + std::to_string(layout_.total()) +
+                     " floats of the layout");
+  }
+  std::fill(out, out + (end - begin), 0.f);  // the alignment gaps
   const float kStd = 0.02f;
   const float out_std = kStd / std::sqrt(2.f * static_cast<float>(config_.layers));
   const auto& views = layout_.views();
+  std::vector<float> whole;  // a tensor cut by the range: drawn whole, then its part copied
   for (size_t i = 0; i < views.size(); ++i) {
     const ParamView& v = views[i];
-    float* dst = host.data() + v.offset;
+    const int64_t lo = std::max(begin, v.offset), hi = std::min(end, v.offset + v.size);
+    if (lo >= hi) continue;
+    float* dst = out + (lo - begin);
     if (ends_with(v.name, ".gain")) {
-      for (int64_t j = 0; j < v.size; ++j) dst[j] = 1.f;
+      std::fill(dst, dst + (hi - lo), 1.f);
       continue;
     }
     const bool residual_out = ends_with(v.name, ".wo") || ends_with(v.name, ".w_down");
-    fill_normal(splitmix64(seed ^ splitmix64(i + 1)), residual_out ? out_std : kStd, v.size, dst);
+    const uint64_t stream = splitmix64(seed ^ splitmix64(i + 1));
+    const float sd = residual_out ? out_std : kStd;
+    if (lo == v.offset && hi == v.offset + v.size) {
+      fill_normal(stream, sd, v.size, dst);
+    } else {
+      whole.resize(static_cast<size_t>(v.size));
+      fill_normal(stream, sd, v.size, whole.data());
+      std::copy(whole.begin() + (lo - v.offset), whole.begin() + (hi - v.offset), dst);
+    }
   }
-  return host;
 }
 
 void Model::set_params(const std::vector<float>& host) {

@@ -101,6 +101,10 @@ class Model {
   void init_params(uint64_t seed);
   // The same initial weights as a host vector [layout().total()] (works with a store too).
   std::vector<float> initial_params(uint64_t seed) const;
+  // Floats [begin, end) of them into out[0 .. end-begin) (e.g. one node's range, straight into
+  // the shared memory), without the whole model in memory: a tensor cut by the range is drawn
+  // whole into a scratch vector.
+  void initial_params(uint64_t seed, int64_t begin, int64_t end, float* out) const;
   // Host copies of the flat buffers ([layout().total()] floats).
   void set_params(const std::vector<float>& host);
   // The same from n host floats (n == layout().total()), e.g. straight from ringd's shared memory.

@@ -115,6 +115,10 @@ void RingdClient::send_init(const float* params) {
   send(control::Init{});
 }
 
+void RingdClient::send_init_written() {
+  send(control::Init{});
+}
+
 Command RingdClient::next(float* params) {
   const control::RingdMessage m = recv();
   Command c;

@@ -75,6 +75,9 @@ class RingdClient {
   // Fresh start, the worker ringd named: copies params [n] (the segment's part of them:
   // shm().params_begin(), params_n()) into the shm and tells ringd.
   void send_init(const float* params);
+  // The same when the caller wrote the segment's part of the initial weights into shm().params()
+  // itself.
+  void send_init_written();
   // Blocks until ringd sends the weights for the next step (copied into params [n]: all of them,
   // or only the changed coordinates in lazy mode) or stop. params == shm().params(): nothing is
   // copied (a device backend copies the whole vector from there to the device itself).

@@ -340,9 +340,11 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   if (!w.cursor.is_null()) source->seek(w.cursor.get<data::Cursor>());
   if (w.need_init) {
     if (full) {
-      // The whole model once, on this one worker, for ringd's master weights.
-      const std::vector<float> init = model.initial_params(static_cast<uint64_t>(spec.train.seed));
-      client.send_init(init.data());
+      // The node's range only, straight into the segment (never the whole model).
+      contract::ShmRegion& shm = client.shm();
+      model.initial_params(static_cast<uint64_t>(spec.train.seed), shm.params_begin(),
+                           shm.params_begin() + shm.params_n(), shm.params());
+      client.send_init_written();
     } else {
       model.init_params(static_cast<uint64_t>(spec.train.seed));
       client.send_init(model.params());
