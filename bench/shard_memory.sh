@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Host memory of parallel.shard none and optimizer, measured against `ringctl plan`: one model
+# Host memory of parallel.shard none, optimizer and full, measured against `ringctl plan`: one model
 # whose optimizer state dominates (4 layers, d_model 1024: 51 M parameters, 204 MB per fp32
 # copy) trained a few steps through ringd on 1, 2 and 4 nodes of this machine (one ringd per
 # node, one CPU worker per node, one ring over the nodes), dense AdamW, no checkpoints.
@@ -130,7 +130,8 @@ case "${COMPRESSION:-none}" in
   *) echo "shard_memory: COMPRESSION is none or topk" >&2; exit 2 ;;
 esac
 
-configs=("none 1" "optimizer 1" "none 2" "optimizer 2" "none 4" "optimizer 4")
+configs=("none 1" "optimizer 1" "full 1" "none 2" "optimizer 2" "full 2" "none 4" "optimizer 4"
+         "full 4")
 for c in "${configs[@]}"; do
   read -r shard nodes <<< "$c"
   tag="$shard-$nodes"

@@ -74,6 +74,31 @@ int bucket_owner(const std::vector<NodeRange>& ranges, int bucket) {
   throw std::invalid_argument(fmt::format("bucket_owner: bucket {} is in no range", bucket));
 }
 
+std::vector<WorkerShard> worker_shards(const ParamLayout& layout, int nodes,
+                                       int workers_per_node) {
+  if (workers_per_node < 1)
+    throw std::invalid_argument(
+        fmt::format("worker_shards: workers_per_node must be >= 1, got {}", workers_per_node));
+  std::vector<WorkerShard> out;
+  out.reserve(static_cast<size_t>(nodes) * workers_per_node);
+  for (const NodeRange& r : shard_ranges(layout, nodes)) {
+    const int64_t per = ((r.size() + workers_per_node - 1) / workers_per_node + kParamAlign - 1) /
+                        kParamAlign * kParamAlign;
+    for (int l = 0; l < workers_per_node; ++l) {
+      const int64_t b = std::min(r.end, r.begin + l * per);
+      out.push_back({b, std::min(r.end, b + per)});
+    }
+  }
+  return out;
+}
+
+int64_t largest_worker_shard(const ParamLayout& layout, int nodes, int workers_per_node) {
+  int64_t m = 0;
+  for (const WorkerShard& w : worker_shards(layout, nodes, workers_per_node))
+    m = std::max(m, w.size());
+  return m;
+}
+
 std::string describe(const ParamLayout& layout, const std::vector<NodeRange>& ranges) {
   std::string s;
   const auto& b = layout.buckets();

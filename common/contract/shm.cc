@@ -42,13 +42,20 @@ std::string shm_header_problem(const ShmHeader& h, int64_t size, int64_t n) {
   if (h.n != n)
     return "holds " + std::to_string(h.n) + " floats per tensor, this model has " +
            std::to_string(n) + " (different spec?)";
-  if (n <= 0 || n > size / 4) return "n " + std::to_string(n) + " does not fit the segment";
+  if (n <= 0) return "n " + std::to_string(n) + " is not positive";
   if (h.workers == 0 || h.workers > (1u << 16))
     return "gradient slots " + std::to_string(h.workers) + " outside [1, 65536]";
+  if (h.params_begin < 0 || h.params_n < 0 || h.params_begin > n || h.params_n > n - h.params_begin)
+    return "params [" + std::to_string(h.params_begin) + ", +" + std::to_string(h.params_n) +
+           ") outside the model's " + std::to_string(n) + " floats";
+  if (h.index_n < 0 || h.index_n > n || h.slot_n < 0 || h.slot_n > n)
+    return "index " + std::to_string(h.index_n) + " or slot " + std::to_string(h.slot_n) +
+           " floats outside [0, " + std::to_string(n) + "]";
   // Every bound below is computed in 128 bits: the header is data, its sums may overflow.
   using I = __int128;
-  const I bytes = I{n} * 4;
-  const I index_bytes = I{n} * 8;
+  const I bytes = I{h.params_n} * 4;
+  const I index_bytes = I{h.index_n} * 8;
+  const I slot_bytes = I{h.slot_n} * 4;
   const auto region = [&](const char* what, int64_t off, I len, I lo) -> std::string {
     if (off % 64 != 0)
       return std::string(what) + " offset " + std::to_string(off) + " is not 64-aligned";
@@ -60,25 +67,44 @@ std::string shm_header_problem(const ShmHeader& h, int64_t size, int64_t n) {
   std::string p = region("params", h.params_off, bytes, sizeof(ShmHeader));
   if (p.empty()) p = region("index", h.index_off, index_bytes, I{h.params_off} + bytes);
   if (!p.empty()) return p;
-  if (h.slot_stride % 64 != 0 || I{h.slot_stride} < bytes)
+  if (h.slot_stride % 64 != 0 || I{h.slot_stride} < slot_bytes)
     return "gradient slot stride " + std::to_string(h.slot_stride) + " is not a 64-aligned " +
-           "size of at least " + std::to_string(n * 4) + " bytes";
-  return region("gradients", h.grads_off, I{h.slot_stride} * (h.workers - 1) + bytes,
+           "size of at least " + std::to_string(h.slot_n * 4) + " bytes";
+  return region("gradients", h.grads_off, I{h.slot_stride} * (h.workers - 1) + slot_bytes,
                 I{h.index_off} + index_bytes);
 }
 
-ShmRegion ShmRegion::create(const std::string& name, int64_t n, int workers) {
-  if (n <= 0 || workers <= 0) fail(name, "n and workers must be positive");
+namespace {
+
+ShmHeader header_for(const ShmShape& s) {
   ShmHeader h;
   h.magic = kShmMagic;
   h.version = kShmVersion;
-  h.workers = static_cast<uint32_t>(workers);
-  h.n = n;
+  h.workers = static_cast<uint32_t>(s.workers);
+  h.n = s.n;
+  h.params_begin = s.params_begin;
+  h.params_n = s.params_n;
+  h.index_n = s.index_n;
+  h.slot_n = s.slot_n;
   h.params_off = align64(sizeof(ShmHeader));
-  h.index_off = align64(h.params_off + n * 4);
-  h.grads_off = align64(h.index_off + n * 8);
-  h.slot_stride = align64(n * 4);
-  h.total_bytes = h.grads_off + h.slot_stride * workers;
+  h.index_off = align64(h.params_off + s.params_n * 4);
+  h.grads_off = align64(h.index_off + s.index_n * 8);
+  h.slot_stride = align64(s.slot_n * 4);
+  h.total_bytes = h.grads_off + h.slot_stride * s.workers;
+  return h;
+}
+
+}  // namespace
+
+int64_t shm_total_bytes(const ShmShape& shape) { return header_for(shape).total_bytes; }
+
+ShmRegion ShmRegion::create(const std::string& name, const ShmShape& shape) {
+  if (shape.n <= 0 || shape.workers <= 0) fail(name, "n and workers must be positive");
+  if (shape.params_begin < 0 || shape.params_n < 0 || shape.params_begin + shape.params_n > shape.n ||
+      shape.index_n < 0 || shape.index_n > shape.n || shape.slot_n < 0 || shape.slot_n > shape.n)
+    fail(name, "params, index or slot sizes outside the model's " + std::to_string(shape.n) +
+                   " floats");
+  const ShmHeader h = header_for(shape);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) fail(name, std::string("shm_open: ") + std::strerror(errno));
   if (ftruncate(fd, h.total_bytes) != 0) {

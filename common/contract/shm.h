@@ -2,11 +2,16 @@
 // tensors of the offloaded optimizer step never go through a socket.
 //
 //   layout (byte offsets 64-aligned, all sizes in the header):
-//     header                       ShmHeader
-//     params   [n] fp32            ringd -> workers: the weights for the next step
-//     index    [n] uint64          ringd -> workers: lazy mode, the coordinates that changed
-//                                  (64-bit: models over 2^32 floats)
-//     grads    [workers][n] fp32   worker k -> ringd: its gradient, written bucket by bucket
+//     header                            ShmHeader
+//     params   [params_n] fp32          ringd -> workers: the weights for the next step, floats
+//                                       [params_begin, params_begin + params_n) of the layout
+//     index    [index_n] uint64         ringd -> workers: lazy mode, the coordinates that changed
+//                                       (64-bit: models over 2^32 floats)
+//     grads    [workers][slot_n] fp32   worker k -> ringd: its gradient, written bucket by bucket
+//
+//   The whole model (ShmShape::whole): params_begin 0, params_n = index_n = slot_n = n.
+//   parallel.shard full: params hold the node's range only, no lazy index (index_n 0), and each
+//   slot the worker's shard (contract::worker_shards; slot_n = the largest of the node's).
 //
 // ringd creates one segment per attempt (name unique per job, node, ringd pid and attempt),
 // and unlinks the name as soon as every worker has mapped it, so nothing is left in /dev/shm
@@ -19,7 +24,7 @@
 namespace ring::contract {
 
 inline constexpr uint64_t kShmMagic = 0x52494e47534d3031ull;  // "RINGSM01"
-inline constexpr uint32_t kShmVersion = 2;  // 2: 64-bit lazy index
+inline constexpr uint32_t kShmVersion = 3;  // 2: 64-bit lazy index; 3: partial params and slots
 
 struct ShmHeader {
   uint64_t magic = 0;
@@ -31,13 +36,30 @@ struct ShmHeader {
   int64_t grads_off = 0;
   int64_t slot_stride = 0;   // bytes between two workers' gradient slots
   int64_t total_bytes = 0;
+  int64_t params_begin = 0;  // flat offset of params[0]
+  int64_t params_n = 0;      // floats of params
+  int64_t index_n = 0;       // entries of the lazy index
+  int64_t slot_n = 0;        // floats per gradient slot
 };
+
+// What a segment holds (see the layout above).
+struct ShmShape {
+  int64_t n = 0;  // floats of the model's flat layout
+  int workers = 0;
+  int64_t params_begin = 0, params_n = 0, index_n = 0, slot_n = 0;
+  static ShmShape whole(int64_t n, int workers) { return {n, workers, 0, n, n, n}; }
+};
+// The segment's bytes for `shape` (header, regions and alignment), as create() sizes it.
+int64_t shm_total_bytes(const ShmShape& shape);
 
 class ShmRegion {
  public:
   // ringd: creates (O_EXCL) and sizes the segment. Throws std::runtime_error naming the segment
   // and the errno text.
-  static ShmRegion create(const std::string& name, int64_t n, int workers);
+  static ShmRegion create(const std::string& name, const ShmShape& shape);
+  static ShmRegion create(const std::string& name, int64_t n, int workers) {
+    return create(name, ShmShape::whole(n, workers));
+  }
   // A worker: maps an existing segment and checks its header against n (shm_header_problem).
   // Throws std::runtime_error naming the segment and what does not match.
   static ShmRegion open(const std::string& name, int64_t n);
@@ -50,7 +72,13 @@ class ShmRegion {
   const std::string& name() const { return name_; }
   int64_t n() const { return header()->n; }
   int workers() const { return static_cast<int>(header()->workers); }
+  // params()[0] is float params_begin() of the layout; params_n() floats.
   float* params() const { return reinterpret_cast<float*>(base_ + header()->params_off); }
+  int64_t params_begin() const { return header()->params_begin; }
+  int64_t params_n() const { return header()->params_n; }
+  int64_t index_n() const { return header()->index_n; }
+  int64_t slot_n() const { return header()->slot_n; }
+  bool whole() const { return params_n() == n() && slot_n() == n(); }
   uint64_t* index() const { return reinterpret_cast<uint64_t*>(base_ + header()->index_off); }
   float* grads(int slot) const {
     return reinterpret_cast<float*>(base_ + header()->grads_off + slot * header()->slot_stride);

@@ -162,7 +162,7 @@ int64_t bucket_topk(double density, int64_t floats) {
 double shm_bytes(int64_t n, int64_t workers) {
   auto align64 = [](double x) { return std::ceil(x / 64.0) * 64.0; };
   const double N = static_cast<double>(n);
-  const double params_off = 64.0;  // sizeof(ShmHeader), 64-aligned
+  const double params_off = 128.0;  // sizeof(ShmHeader) (96 B), 64-aligned
   const double index_off = align64(params_off + 4.0 * N);
   const double grads_off = align64(index_off + 8.0 * N);
   return grads_off + static_cast<double>(workers) * align64(4.0 * N);
@@ -210,7 +210,14 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     const auto ranges = shard_range_sizes(flat.bucket_sizes, nodes_i);
     p.largest_range = *std::max_element(ranges.begin(), ranges.end());
   }
-  p.worker_shard = mode == ShardMode::kFull ? (flat.elements + G - 1) / G : flat.elements;
+  // Shard full: each node's range cut among its workers (contract::worker_shards), the largest
+  // piece ceil(range / workers_per_node) rounded up to 16 floats (64 bytes).
+  if (mode == ShardMode::kFull) {
+    const int64_t per = ((p.largest_range + wpn_i - 1) / wpn_i + 15) / 16 * 16;
+    p.worker_shard = std::min(per, p.largest_range);
+  } else {
+    p.worker_shard = flat.elements;
+  }
   const double n = static_cast<double>(flat.elements);
   const double R = static_cast<double>(p.largest_range);
   const double S = static_cast<double>(p.worker_shard);
@@ -244,12 +251,26 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     w.push_back({"weights", n * b, "n x b (the flat layout, whole model)"});
     w.push_back({"weight gradients (fp32)", n * 4.0, "n x 4"});
   } else {
-    w.push_back({"weight shard", S * b, "ceil(n / G) x b"});
-    w.push_back({"gradient shard (fp32)", S * 4.0, "ceil(n / G) x 4"});
-    w.push_back({"gathered layer weights (in use + prefetch)", 2.0 * B * b,
-                 "largest bucket x b x (1 + prefetch depth 1)"});
-    w.push_back({"gathered layer gradient (fp32, reduce-scatter)", B * 4.0,
-                 "largest bucket x 4"});
+    // worker/ring/full_shard.h: the shard, and block buffers of the largest bucket each at the
+    // peak (tied embeddings: the embedding's weights beside the head, and its gradient held
+    // through the backward).
+    const double tied = m.tie_embeddings ? 1.0 : 0.0;
+    w.push_back({"weight shard", S * b, "shard x b, shard = ceil(range / workers_per_node)"});
+    w.push_back({"gradient shard (fp32)", S * 4.0, "shard x 4"});
+    w.push_back({m.tie_embeddings ? "gathered blocks (in use + prefetch + tied embedding)"
+                                  : "gathered blocks (in use + prefetch)",
+                 (2.0 + tied) * B * b, m.tie_embeddings ? "3 x largest bucket x b"
+                                                        : "2 x largest bucket x b"});
+    w.push_back({m.tie_embeddings ? "block gradients (fp32: being written + tied embedding)"
+                                  : "block gradient (fp32, being written or reduce-scattered)",
+                 (1.0 + tied) * B * 4.0, m.tie_embeddings ? "2 x largest bucket x 4"
+                                                          : "largest bucket x 4"});
+    if (G > 1) {
+      const double parts = static_cast<double>(std::min<int64_t>(2, G - 1)) + 1.0 +
+                           (nodes_i > 1 ? 1.0 : 0.0);
+      w.push_back({"reduce-scatter window and sums (fp32, at most)", parts * 4.0 * std::min(S, B),
+                   "(min(2, G - 1) + 1 + [nodes > 1]) x 4 x min(shard, largest bucket)"});
+    }
   }
   if (!offload) {
     w.push_back({"AdamW moments (fp32)", n * 8.0, "n x 8 (m, v)"});
@@ -327,10 +348,17 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
       // ringd's TransportExchange::reduce_sum: the owner receives every other node's bucket
       // into its own staging vector, kept (and grown) for the attempt.
       if (mode == ShardMode::kOptimizer && nodes_i > 1 && dense_steps) l.reduce_stage = (nodes - 1.0) * 4.0 * biggest;
-      if (topk) l.summed = 8.0 * (sharded ? u_own : u_all);
+      if (topk) {
+        // Shard full: the owner selects from the job's sum (k per bucket, one set).
+        double k_own = 0;
+        for (size_t i = first[k]; i < first[k + 1]; ++i)
+          k_own += static_cast<double>(bucket_topk(s.optimizer.density, bs[i]));
+        l.summed = 8.0 * (full ? k_own : sharded ? u_own : u_all);
+      }
       // Lazy: the changed coordinates (int64); sharded, also this node's own list and its
       // (uint64, float) payload, and every node's pairs as the all-gather returns them.
-      if (lazy) l.lazy_lists = sharded ? 20.0 * u_own + 20.0 * u_all : 8.0 * u_all;
+      // Shard full publishes its range densely: no lists.
+      if (lazy && !full) l.lazy_lists = sharded ? 20.0 * u_own + 20.0 * u_all : 8.0 * u_all;
       worst.state = std::max(worst.state, l.state);
       worst.reduce_stage = std::max(worst.reduce_stage, l.reduce_stage);
       worst.summed = std::max(worst.summed, l.summed);
@@ -357,13 +385,14 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
       p.topk_bucket_k = kmax;
       const double K8 = 8.0 * static_cast<double>(kmax);
       r.push_back({"top-k scratch (index, value)", K8, "8 x k of the largest bucket"});
-      if (nodes_i > 1)
+      if (nodes_i > 1 && !full)
         r.push_back({"top-k exchange of one bucket (at most)", (2.0 * nodes + 2.0) * (4.0 + K8),
                      "(2 nodes + 2) x (4 + 8 k): payload, transport buffers, every node's set"});
       r.push_back({"summed sparse gradient (at most)", worst.summed,
-                   sharded ? "8 x sum over its buckets of min(nodes x k, floats)"
-                           : "8 x sum over buckets of min(nodes x k, floats)"});
-      if (lazy)
+                   full      ? "8 x sum over its buckets of k"
+                   : sharded ? "8 x sum over its buckets of min(nodes x k, floats)"
+                             : "8 x sum over buckets of min(nodes x k, floats)"});
+      if (lazy && !full)
         r.push_back({"lazy changed coordinates (at most)", worst.lazy_lists,
                      sharded ? "20 x (its + all buckets') union bound" : "8 x union bound"});
     }
@@ -378,14 +407,15 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     const int64_t pub = full ? p.largest_range : flat.elements;  // floats ringd publishes
     const int64_t slot = full ? p.worker_shard : flat.elements;  // floats per gradient slot
     auto a64 = [](double x) { return std::ceil(x / 64.0) * 64.0; };
-    sh.push_back({"shm header", 64.0, "64 B"});
+    sh.push_back({"shm header", 128.0, "128 B"});
     sh.push_back({"shm weights (fp32)", a64(4.0 * static_cast<double>(pub)),
                   full ? "4 x range" : "4 x n"});
-    sh.push_back({"shm lazy index (uint64)", a64(8.0 * static_cast<double>(pub)),
-                  full ? "8 x range" : "8 x n"});
+    // Shard full has no lazy index: the workers copy their whole shard each step.
+    if (!full)
+      sh.push_back({"shm lazy index (uint64)", a64(8.0 * static_cast<double>(pub)), "8 x n"});
     sh.push_back({fmt::format("shm gradient slots ({} workers)", wpn_i),
                   wpn * a64(4.0 * static_cast<double>(slot)),
-                  full ? "workers_per_node x 4 x ceil(n / G)" : "workers_per_node x 4 x n"});
+                  full ? "workers_per_node x 4 x shard" : "workers_per_node x 4 x n"});
   }
   if (host_backend)
     p.host_workers.push_back({fmt::format("workers ({} x worker total)", wpn_i),
@@ -443,8 +473,9 @@ Plan make_plan(const JobSpec& s) {
   if (s.optimizer.offload == Offload::kCpu) {
     for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kFull}) {
       const Plan q = mode == s.parallel.shard ? p : plan_for(s, mode);
+      // Shard full runs with backend cpu in this build (validate.cc).
       p.modes.push_back({mode, q.worker_total, q.host_total, q.fits_device, q.fits_host,
-                         mode != ShardMode::kFull});
+                         mode != ShardMode::kFull || s.resources.backend == Backend::kCpu});
     }
   }
   return p;
@@ -600,7 +631,7 @@ std::string to_text(const Plan& p, const JobSpec& s) {
                        : !md.fits_device && s.resources.backend == Backend::kCuda
                            ? "does not fit the GPU"
                            : "does not fit host memory",
-                       md.runs ? "" : " (sized only: not run by this build)",
+                       md.runs ? "" : " (sized only: not run by this build with this backend)",
                        md.mode == p.shard ? "   <- this spec" : "");
   }
   o += "\ncommunication per step:\n";

@@ -71,7 +71,7 @@ struct ModeTotals {
   double host_total = 0;    // per node
   bool fits_device = false;
   bool fits_host = false;
-  bool runs = false;        // this build runs the mode (shard full is sized only)
+  bool runs = false;        // this build runs the mode (shard full: with backend cpu only)
 };
 
 struct Plan {
@@ -100,7 +100,8 @@ struct Plan {
   int64_t flat_floats = 0;     // n: the flat layout's floats, alignment gaps included
   int64_t largest_bucket = 0;  // floats
   int64_t largest_range = 0;   // floats of the largest node's range (n with shard none)
-  int64_t worker_shard = 0;    // shard full: floats of one worker's shard, ceil(n / G); else n
+  int64_t worker_shard = 0;    // shard full: floats of the largest worker shard (its node's
+                               // range cut among workers_per_node, 64-byte aligned); else n
   int64_t topk_bucket_k = 0;   // the largest bucket's k (top-k only)
 
   // Per node host memory, in three parts: ringd's own allocations, the node's shared-memory

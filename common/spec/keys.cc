@@ -298,8 +298,13 @@ std::vector<KeyDef> build_table() {
                 "moments of a contiguous, bucket-aligned 1/nodes of the parameters and updates "
                 "only that range; the new weights reach every node; a top-k residual stays with "
                 "the node that sent the gradient), or "
-                "full (additionally each worker keeps only its 1/(data_replicas x context_ranks) "
-                "shard of the working weights and gradients; layers are all-gathered before use)."),
+                "full (additionally each worker keeps only its shard of the working weights and "
+                "gradients, its node's range cut evenly among the node's workers; each block - "
+                "embedding, layer, head - is all-gathered over all data_replicas x context_ranks "
+                "workers just before use, the next one fetched meanwhile, and its gradient "
+                "reduce-scattered to the shards, so ringd receives its range's summed gradient and "
+                "nodes exchange nothing; top-k then runs at the owner on the summed gradient, "
+                "with the residual of its range)."),
           names(kShardNames), 0);
 
   // ---- optimizer

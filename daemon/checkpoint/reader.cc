@@ -720,8 +720,14 @@ Plan plan_load(const std::string& path, const std::vector<ShardManifest>& shards
                        static_cast<uint64_t>(t.flat_offset) * dtype_size(t.dtype)};
     };
     char* dst = static_cast<char*>(t.data);
+    // The writers holding t's name: every one for a per-node tensor; with parallel.shard full
+    // the residual is the owner's (one copy), which as a per-node tensor is the sum over the
+    // writers that have it.
+    int holders = 0;
+    for (int s = 0; s < writers; ++s) holders += find(s, t.name) != nullptr;
+    const bool owner_only = holders > 0 && holders < writers;
     if (t.per_node) {
-      if (same_count) {
+      if (same_count && !owner_only) {
         auto src = source(node_rank);
         if (!src)
           throw CheckpointMismatch(manifest(node_rank) + ": has no tensor '" + t.name +
@@ -729,10 +735,13 @@ Plan plan_load(const std::string& path, const std::vector<ShardManifest>& shards
         add_sink(node_rank, src->first, {dst, src->second, tbytes, false});
         continue;
       }
-      // Another node count: node 0 takes the sum over the writer's nodes, the others zeros.
-      // Every node checks every shard, so all of them refuse the same checkpoint.
+      // Another node count (or an owner's copy): node 0 takes the sum over the writer's nodes,
+      // the others zeros. Every node checks every shard, so all of them refuse the same
+      // checkpoint.
+      bool first = true;
       for (int s = 0; s < writers; ++s) {
         auto src = source(s);
+        if (!src && owner_only) continue;
         if (!src)
           throw CheckpointMismatch(manifest(s) + ": has no tensor '" + t.name +
                                    "' (the model or optimizer changed)");
@@ -740,9 +749,23 @@ Plan plan_load(const std::string& path, const std::vector<ShardManifest>& shards
           throw CheckpointMismatch(manifest(s) + ": per-node tensor '" + t.name + "' is " +
                                    dtype_name(t.dtype) +
                                    "; only f32 ones can be summed onto another node count");
-        if (node_rank == 0) add_sink(s, src->first, {dst, src->second, tbytes, s > 0});
+        if (node_rank == 0) add_sink(s, src->first, {dst, src->second, tbytes, !first});
+        first = false;
       }
       if (node_rank != 0) plan.zero.push_back(ti);
+      continue;
+    }
+    // The top-k residual of a shard full job (one copy, the owner's) from a checkpoint whose
+    // nodes each saved their own (shard none or optimizer): the sum over the writers, which is
+    // what error feedback owes the model.
+    if (holders > 1 && t.name.rfind("residual/", 0) == 0 && t.dtype == DType::kF32) {
+      bool first = true;
+      for (int s = 0; s < writers; ++s) {
+        auto src = source(s);
+        if (!src) continue;
+        add_sink(s, src->first, {dst, src->second, tbytes, !first});
+        first = false;
+      }
       continue;
     }
     // One copy: this node's own shard first (same node count), else the lowest node with it.

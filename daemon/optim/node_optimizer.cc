@@ -115,17 +115,21 @@ struct NodeOptimizer::Impl {
   std::vector<ExchangeSpan> spans;  // this step's exchanges between nodes (pipeline thread)
   std::vector<contract::NodeRange> ranges;  // every node's (contract::shard_ranges)
   contract::NodeRange range;  // this node's range (checkpoints; the owned state with shard)
-  bool sharded = false;       // parallel.shard optimizer: master, m, v of `range` only
+  bool sharded = false;       // parallel.shard optimizer or full: master, m, v of `range` only
+  bool full = false;          // parallel.shard full: the node gradient of `range` is already the
+                              // job's sum (the workers reduce-scattered it); nothing crosses nodes
+                              // but the buckets' sums of squares
   int64_t state_begin = 0;    // flat offset of master[0], m[0], v[0] (range.begin when sharded)
   int64_t state_size = 0;     // floats of master, m, v
-  float* weights = nullptr;   // the caller's full weights buffer (set_weights_buffer)
+  float* weights = nullptr;   // the caller's weights buffer (set_weights_buffer)
+  int64_t weights_first = 0;  // the flat offset of weights[0]
   std::vector<std::vector<TensorRef>> tensors;  // per bucket
   bool topk = false, error_feedback = false, lazy = false;
 
   float* master = nullptr;
   float* m = nullptr;
   float* v = nullptr;
-  float* residual = nullptr;  // top-k with error feedback only
+  float* residual = nullptr;  // top-k with error feedback only ([total]; shard full: [range])
   std::vector<uint32_t> topk_idx;   // scratch [max bucket k]
   std::vector<float> topk_val;
 
@@ -263,8 +267,19 @@ struct NodeOptimizer::Impl {
     const contract::GradBucket& bk = layout.buckets()[b];
     const int64_t size = bk.end - bk.begin;
     float* g = grad[b];
+    if (full && !owns(b)) {
+      // Shard full: another node's range; its owner has the job's sum already.
+      ss[b] = 0;
+      sparse_idx[b].clear();
+      sparse_val[b].clear();
+      return;
+    }
     if (!compressed) {
       selected += size;
+      if (full) {
+        check(backend->sum_squares(size, g, &ss[b]), "sum_squares", b);
+        return;
+      }
       if (sharded) {
         const int o = owner(b);
         if (exchange->nodes() > 1)
@@ -286,7 +301,7 @@ struct NodeOptimizer::Impl {
     // acc = residual + g (error feedback) or g.
     float* acc = g;
     if (error_feedback) {
-      acc = residual + bk.begin;
+      acc = residual + (bk.begin - (full ? range.begin : 0));
       parallel_ranges(size, threads, [acc, g](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) acc[i] += g[i];
       });
@@ -308,12 +323,12 @@ struct NodeOptimizer::Impl {
     selected += count;
     const int64_t payload_bytes = 4 + 8 * static_cast<int64_t>(count);
     const int o = owner(b);
-    if (!sharded || o != exchange->node()) bytes_sent += payload_bytes;
+    if (!full && (!sharded || o != exchange->node())) bytes_sent += payload_bytes;
     std::vector<uint32_t>& out_idx = sparse_idx[b];
     std::vector<float>& out_val = sparse_val[b];
     out_idx.clear();
     out_val.clear();
-    if (exchange->nodes() == 1) {
+    if (exchange->nodes() == 1 || full) {
       out_idx.assign(topk_idx.begin(), topk_idx.begin() + count);
       out_val.assign(topk_val.begin(), topk_val.begin() + count);
     } else {
@@ -509,13 +524,14 @@ struct NodeOptimizer::Impl {
     const int64_t hi = b1 == nbuckets ? total : layout.buckets()[b1 - 1].end;
     const auto clamp = [lo, hi](int64_t x) { return std::clamp(x, lo, hi); };
     const int64_t mine_lo = clamp(range.begin), mine_hi = clamp(range.end);
-    float* dst = weights + mine_lo;
+    float* dst = weights + (mine_lo - weights_first);
     const float* src = master + (mine_lo - state_begin);
     parallel_ranges(mine_hi - mine_lo, threads, [dst, src](int64_t a, int64_t e) {
       std::memcpy(dst + a, src + a, sizeof(float) * (e - a));
     });
     const int n = exchange->nodes();
-    if (n == 1) return 0;
+    // Shard full: the workers read only their shards, which lie in this node's range.
+    if (n == 1 || full) return 0;
     std::vector<int64_t> offsets(n + 1);
     for (int k = 0; k < n; ++k) offsets[k] = clamp(ranges[k].begin);
     offsets[n] = hi;
@@ -646,7 +662,8 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
   s.total = layout.total();
   s.ranges = contract::shard_ranges(layout, exchange->nodes());
   s.range = s.ranges[exchange->node()];
-  s.sharded = spec.parallel.shard == spec::ShardMode::kOptimizer;
+  s.full = spec.parallel.shard == spec::ShardMode::kFull;
+  s.sharded = spec.parallel.shard == spec::ShardMode::kOptimizer || s.full;
   s.state_begin = s.sharded ? s.range.begin : 0;
   s.state_size = s.sharded ? s.range.size() : s.total;
   s.nbuckets = static_cast<int>(layout.buckets().size());
@@ -673,7 +690,7 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
   s.master = s.alloc_zeroed("master weights", s.state_size);
   s.m = s.alloc_zeroed("adam_m", s.state_size);
   s.v = s.alloc_zeroed("adam_v", s.state_size);
-  if (s.error_feedback) s.residual = s.alloc_zeroed("residual", s.total);
+  if (s.error_feedback) s.residual = s.alloc_zeroed("residual", s.full ? s.state_size : s.total);
   s.topk_idx.resize(std::max<int64_t>(max_k, 1));
   s.topk_val.resize(std::max<int64_t>(max_k, 1));
   s.grad.assign(s.nbuckets, nullptr);
@@ -685,20 +702,25 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
 
 NodeOptimizer::~NodeOptimizer() = default;
 
-void NodeOptimizer::init_master(const float* params) {
+void NodeOptimizer::init_master(const float* params, int64_t params_first) {
   Impl& s = *impl_;
   if (s.in_step) throw OptimError("NodeOptimizer::init_master: called during step " +
                                   std::to_string(s.step));
   if (params == nullptr && s.total > 0) {
     throw OptimError("NodeOptimizer::init_master: params must not be null");
   }
+  if (params_first < 0 || params_first > s.state_begin) {
+    throw OptimError("NodeOptimizer::init_master: params start at float " +
+                     std::to_string(params_first) + ", after the state's first float " +
+                     std::to_string(s.state_begin));
+  }
   if (s.state_size > 0) {
-    std::memcpy(s.master, params + s.state_begin,
+    std::memcpy(s.master, params + (s.state_begin - params_first),
                 static_cast<size_t>(s.state_size) * sizeof(float));
   }
   check(s.backend->fill(s.state_size, 0.f, s.m), "fill");
   check(s.backend->fill(s.state_size, 0.f, s.v), "fill");
-  if (s.residual) check(s.backend->fill(s.total, 0.f, s.residual), "fill");
+  if (s.residual) check(s.backend->fill(s.full ? s.state_size : s.total, 0.f, s.residual), "fill");
   s.completed = 0;
   s.changed.clear();
 }
@@ -722,7 +744,9 @@ void NodeOptimizer::begin_step(int64_t step) {
   s.step = step;
   s.compressed = s.topk && step > o.warmup_steps;
   s.update_on_pipeline = !contract::clipping_enabled(s.spec.train.grad_clip);
-  s.step_all_changed = !(s.compressed && s.lazy);
+  // Shard full publishes the owned range densely even in a lazy step (each worker copies its
+  // whole shard every step; the lazy index would serve nobody).
+  s.step_all_changed = !(s.compressed && s.lazy) || s.full;
   s.publish_on_pipeline = s.sharded && s.update_on_pipeline;
   if (s.sharded) s.changed.clear();  // the publishing appends to it
   s.lr = contract::learning_rate(o, step, s.total_steps);
@@ -756,7 +780,7 @@ void NodeOptimizer::bucket_ready(int bucket, float* node_grad) {
                                                        std::to_string(s.nbuckets) + " handed over)"));
   }
   const contract::GradBucket& b = s.layout.buckets()[bucket];
-  if (node_grad == nullptr && b.end > b.begin) {
+  if (node_grad == nullptr && b.end > b.begin && !(s.full && !s.owns(bucket))) {
     throw OptimError("NodeOptimizer::bucket_ready(" + std::to_string(bucket) +
                      "): node_grad must not be null");
   }
@@ -871,16 +895,28 @@ bool NodeOptimizer::sharded() const {
 }
 int64_t NodeOptimizer::state_bytes() const {
   const Impl& s = *impl_;
-  return 4 * (3 * s.state_size + (s.residual != nullptr ? s.total : 0));
+  return 4 * (3 * s.state_size + (s.residual != nullptr ? (s.full ? s.state_size : s.total) : 0));
 }
 
-void NodeOptimizer::set_weights_buffer(float* params) {
+void NodeOptimizer::set_weights_buffer(float* params, int64_t params_first) {
   Impl& s = *impl_;
   if (s.in_step) {
     throw OptimError("NodeOptimizer::set_weights_buffer: called during step " +
                      std::to_string(s.step));
   }
+  // Only shard full publishes just its range (no gather into the rest of the buffer).
+  if (params_first != 0 && !(s.full && params_first == s.range.begin)) {
+    throw OptimError("NodeOptimizer::set_weights_buffer: a buffer from float " +
+                     std::to_string(params_first) +
+                     " needs shard full and this node's range start (" +
+                     std::to_string(s.range.begin) + ")");
+  }
   s.weights = params;
+  s.weights_first = params_first;
+}
+
+int64_t NodeOptimizer::weights_first() const {
+  return impl_->weights_first;
 }
 
 int64_t NodeOptimizer::publish_all() {
@@ -912,7 +948,9 @@ std::vector<StateTensor> NodeOptimizer::state_tensors() {
       {"master", s.master}, {"adam_m", s.m}, {"adam_v", s.v}, {"residual", s.residual}};
   for (const auto& [kind, base] : kinds) {
     if (base == nullptr) continue;
-    const bool per_node = base == s.residual;
+    // The top-k residual is the sender's (per node), except with shard full, where the owner
+    // compresses the job's sum: then it is the owner's, like the master.
+    const bool per_node = base == s.residual && !s.full;
     for (const contract::ParamView& pv : s.layout.views()) {
       // Shard optimizer: master and moments of this node's range only.
       if (!per_node && s.sharded && !s.range.contains(pv.offset)) continue;
@@ -940,7 +978,7 @@ NodeOptimizer::StateBuffer NodeOptimizer::state_buffer(const std::string& kind) 
              : kind == "residual" ? s.residual
                                   : throw OptimError("NodeOptimizer::state_buffer: unknown kind '" + kind + "'");
   if (p == nullptr) return {};
-  if (p == s.residual) return {p, 0, s.total};
+  if (p == s.residual && !s.full) return {p, 0, s.total};
   return {p, s.state_begin, s.state_begin + s.state_size};
 }
 

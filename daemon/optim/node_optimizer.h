@@ -60,6 +60,14 @@
 // the in-process exchange (sums in node order) the weights and norms are bit-identical to shard
 // none for any node count; over the transport with two nodes too (a + b == b + a).
 //
+// parallel.shard full: ranges, state and checkpoints as shard optimizer, but the node gradient
+// of range() is already the job's sum (the workers reduce-scattered it): no gradient reduce,
+// no gather of sparse sets and no weight all-gather between nodes (only the per-bucket sums of
+// squares are all-reduced, exact as above). Top-k selects at the owner from the summed gradient
+// with a residual of range() (saved by the owner, not per node). Every step publishes the range
+// densely into the weights buffer, which may hold the range alone (set_weights_buffer's
+// params_first); a lazy step applies AdamW at the selected coordinates only.
+//
 // With grad_clip 0 the owner updates a bucket on the pipeline thread as soon as it has its sum
 // and sends its new weights at once (the same gathers, per bucket), so they travel during the
 // backward like the gradients; with clipping the update waits for the norm, and in finish_step
@@ -237,14 +245,19 @@ class NodeOptimizer {
 
   // Master weights = params [layout.total()] (shard optimizer: its range() part only); moments
   // and residual zero; step() = 0.
-  void init_master(const float* params);
+  // params_first: the flat offset of params[0] (shard full passes its range, params_first =
+  // range().begin); params must cover what the node keeps.
+  void init_master(const float* params, int64_t params_first = 0);
 
   // Where the full weights [layout.total()] fp32 go (not owned; e.g. the shared memory the
   // workers read): every finish_step writes the new weights into it (dense: all of them; lazy:
   // the changed() coordinates), so the caller publishes them without a copy. Required with shard
   // optimizer (where they are gathered from the owners) before publish_all or a step; optional
   // with shard none. Set the same way on every node.
-  void set_weights_buffer(float* params);
+  // params_first: the flat offset of params[0]; shard full, whose workers read only the
+  // node's range, takes a buffer of range() alone (params_first = range().begin).
+  void set_weights_buffer(float* params, int64_t params_first = 0);
+  int64_t weights_first() const;  // params_first of the weights buffer
   // Collective (every node, between steps): every coordinate of the current weights into the
   // weights buffer, as the first step of an attempt needs after init_master or a restore.
   // Returns the bytes this node sent (shard optimizer: its range to each other node).
@@ -256,7 +269,8 @@ class NodeOptimizer {
   // the in-worker Trainer would use it): node_grad[0 .. end-begin) of layout.buckets()[bucket].
   // Buckets must come in index order 0, 1, ..., each once. The optimizer uses node_grad as
   // scratch: it may overwrite it, and the caller must keep it alive and not touch it until
-  // finish_step() returns. Returns at once (the work runs on the pipeline thread).
+  // finish_step() returns. Returns at once (the work runs on the pipeline thread). Shard full:
+  // node_grad is read for the buckets of range() only and may be null for the others.
   void bucket_ready(int bucket, float* node_grad);
   // Waits for the step's work and applies the update; all buckets must have been handed over.
   // Rethrows a pipeline or exchange failure as OptimError: the state is then undefined until

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/contract/shard.h"
 #include "daemon/ringd/owned_paths.h"
 
 namespace ring::ringd {
@@ -63,7 +64,17 @@ void AttemptResources::create_shm(int attempt, int workers) {
   // mapped it (shared memory outlives processes): replace it.
   const std::string shm = contract::shm_name(spec_.job.name, c_.node_rank, getpid(), attempt);
   if (shm_unlink(shm.c_str()) == 0) note_("removed a stale shared-memory segment " + shm);
-  shm_ = contract::ShmRegion::create(shm, layout_.total(), workers);
+  contract::ShmShape shape = contract::ShmShape::whole(layout_.total(), workers);
+  if (spec_.parallel.shard == spec::ShardMode::kFull) {
+    // Shard full: the weights of this node's range (no lazy index: the workers copy their whole
+    // shard each step) and a slot of each worker's shard.
+    const contract::NodeRange r = contract::shard_ranges(layout_, c_.nodes)[c_.node_rank];
+    shape.params_begin = r.begin;
+    shape.params_n = r.size();
+    shape.index_n = 0;
+    shape.slot_n = contract::largest_worker_shard(layout_, c_.nodes, workers);
+  }
+  shm_ = contract::ShmRegion::create(shm, shape);
 }
 
 optim::NodeOptimizer& AttemptResources::make_optimizer() {
@@ -76,7 +87,7 @@ optim::NodeOptimizer& AttemptResources::make_optimizer() {
   opt_ = std::make_unique<optim::NodeOptimizer>(spec_, layout_, c_.total_steps, c_.threads, ex);
   // The optimizer writes (shard optimizer: gathers) the new weights straight into the workers'
   // shared memory.
-  if (shm_.valid()) opt_->set_weights_buffer(shm_.params());
+  if (shm_.valid()) opt_->set_weights_buffer(shm_.params(), shm_.params_begin());
   return *opt_;
 }
 

@@ -131,7 +131,8 @@ ParsedOptions parse_options(int argc, const char* const* argv, const char* (*env
       ->capture_default_str()
       ->group(ops);
   app.add_flag("--hash-weights", o.hash_weights,
-               "Steps carry weights_xxh, a hash of the master weights")
+               "Steps carry weights_xxh, a hash of the weights the workers read (shard full: "
+               "this node's range)")
       ->group(ops);
   try {
     app.parse(argc, argv);

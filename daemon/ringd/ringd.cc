@@ -341,7 +341,16 @@ void Daemon::make_parts() {
   world_ = wpn_ * o_.nodes;
   total_steps_ = o_.steps.value_or(spec_.train.steps);
   layout_ = std::make_unique<contract::ParamLayout>(contract::ModelConfig::from_spec(spec_));
-  steps_ = std::make_unique<StepDriver>(*layout_);
+  if (spec_.parallel.shard == spec::ShardMode::kFull) {
+    // The node gradient of this node's range only, from its workers' shards.
+    const std::vector<contract::WorkerShard> all = contract::worker_shards(*layout_, o_.nodes, wpn_);
+    steps_ = std::make_unique<StepDriver>(
+        *layout_, contract::shard_ranges(*layout_, o_.nodes)[o_.node_rank],
+        std::vector<contract::WorkerShard>(all.begin() + o_.node_rank * wpn_,
+                                           all.begin() + (o_.node_rank + 1) * wpn_));
+  } else {
+    steps_ = std::make_unique<StepDriver>(*layout_);
+  }
   res_ = std::make_unique<AttemptResources>(
       AttemptResources::Config{rdv_root_, o_.node_rank, o_.nodes, o_.transport, o_.threads,
                                total_steps_},
@@ -610,7 +619,10 @@ void Daemon::start_attempt() {
         ": {} bytes",
         held.size(), held.begin, held.end, held.first_bucket, held.end_bucket,
         spec::to_string(spec_.parallel.shard),
-        residual ? fmt::format(" + residual {} floats", layout_->total()) : "", opt.state_bytes()));
+        residual ? fmt::format(" + residual {} floats", opt.state_buffer("residual").end -
+                                                                opt.state_buffer("residual").begin)
+                 : "",
+        opt.state_bytes()));
     // Resume (asked for, or any restart): the newest complete checkpoint of every node.
     const bool want_resume =
         coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
@@ -924,7 +936,7 @@ void Daemon::maybe_finish_step() {
     char h[17];
     std::snprintf(h, sizeof(h), "%016llx",
                   static_cast<unsigned long long>(
-                      fnv1a(res_->opt().weights(), static_cast<size_t>(layout_->total()) * 4)));
+                      fnv1a(res_->opt().weights(), static_cast<size_t>(res_->shm().params_n()) * 4)));
     j["weights_xxh"] = h;
     out_.log_file(fmt::format("step {} weights {}", done_step, h));
   }

@@ -56,7 +56,7 @@ void StepDriver::resumed(int64_t step, nlohmann::json cursor) {
 }
 
 void StepDriver::init_master(optim::NodeOptimizer& opt, const contract::ShmRegion& shm) {
-  opt.init_master(shm.params());
+  opt.init_master(shm.params(), shm.params_begin());
   have_master_ = true;
 }
 
@@ -65,7 +65,7 @@ int64_t StepDriver::begin_step(std::vector<Worker>& workers, contract::ShmRegion
   const int64_t s = done_step_ + 1;
   int64_t changed = -1;
   // The optimizer writes the new weights straight into the shared memory at every finish_step.
-  opt.set_weights_buffer(shm.params());
+  opt.set_weights_buffer(shm.params(), shm.params_begin());
   if (publish_all_) {
     // The first step of the attempt (workers start from nothing): every weight, gathered from
     // the owners with shard optimizer.
@@ -98,6 +98,25 @@ std::string StepDriver::on_bucket(std::vector<Worker>& workers, Worker& w, int b
          std::all_of(workers.begin(), workers.end(),
                      [&](const Worker& x) { return x.buckets > buckets_ready_; })) {
     const contract::GradBucket& bk = layout_.buckets()[buckets_ready_];
+    if (full_) {
+      // Shard full: each worker's slot holds its shard of the job's sum; outside the range
+      // nothing is this node's.
+      float* dst = nullptr;
+      if (bk.begin >= range_.begin && bk.end <= range_.end && bk.end > bk.begin) {
+        dst = node_grad_.data() + (bk.begin - range_.begin);
+        for (size_t l = 0; l < workers.size() && l < shards_.size(); ++l) {
+          const int64_t lo = std::max(bk.begin, shards_[l].begin);
+          const int64_t hi = std::min(bk.end, shards_[l].end);
+          if (hi > lo)
+            std::memcpy(dst + (lo - bk.begin), shm.grads(static_cast<int>(l)) + (lo - shards_[l].begin),
+                        static_cast<size_t>(hi - lo) * sizeof(float));
+        }
+      }
+      before_update();
+      opt.bucket_ready(bk.index, dst);
+      ++buckets_ready_;
+      continue;
+    }
     float* dst = node_grad_.data() + bk.begin;
     const int64_t len = bk.end - bk.begin;
     // The node's gradient: the workers' slots summed in local-rank order (deterministic).

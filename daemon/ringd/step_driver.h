@@ -23,6 +23,7 @@
 #include "daemon/optim/node_optimizer.h"
 #include "daemon/ringd/supervisor.h"
 #include "common/contract/layout.h"
+#include "common/contract/shard.h"
 #include "common/contract/shm.h"
 #include "common/contract/step_stats.h"
 
@@ -32,6 +33,14 @@ class StepDriver {
  public:
   explicit StepDriver(const contract::ParamLayout& layout)
       : layout_(layout), node_grad_(static_cast<size_t>(layout.total()), 0.f) {}
+  // parallel.shard full: this node's range and its workers' shards (contract::worker_shards, in
+  // local-rank order). The workers' slots hold their shards of the job's summed gradient, so the
+  // node gradient is the range's only ([range] floats), copied together from the slots; the
+  // buckets outside the range reach the optimizer as null.
+  StepDriver(const contract::ParamLayout& layout, const contract::NodeRange& range,
+             std::vector<contract::WorkerShard> shards)
+      : layout_(layout), node_grad_(static_cast<size_t>(range.size()), 0.f), full_(true),
+        range_(range), shards_(std::move(shards)) {}
 
   // A new attempt (start from nothing until a resume or an init sets the weights).
   void reset();
@@ -82,6 +91,9 @@ class StepDriver {
  private:
   const contract::ParamLayout& layout_;
   std::vector<float> node_grad_;
+  bool full_ = false;
+  contract::NodeRange range_;
+  std::vector<contract::WorkerShard> shards_;
   bool have_master_ = false;
   int64_t done_step_ = 0;
   int64_t cur_step_ = 0;

@@ -179,11 +179,14 @@ const std::string& two_node_checkpoint(const Mode& mode) {
 }
 
 // Steps 11-20 resumed on `nodes` nodes from the 2-node checkpoint (a copy: each resume writes
-// its own step 20).
-Steps resume_on(int nodes, const Mode& mode) {
+// its own step 20), written with `writer` (default: mode).
+Steps resume_on(int nodes, const Mode& mode, const Mode* writer = nullptr) {
   Rig& r = rig();
-  const std::string& from = two_node_checkpoint(mode);
-  const std::string job = r.t.path + "/resume-" + std::to_string(nodes) + "-" + mode.name();
+  const std::string& from = two_node_checkpoint(writer ? *writer : mode);
+  const std::string job = r.t.path + "/resume-" + std::to_string(nodes) + "-" + mode.name() +
+                          (writer ? "-from-" + writer->name() : "");
+  // A fresh copy each time (another test may have resumed the same layout before).
+  fsys::remove_all(job);
   fsys::create_directories(job);
   fsys::copy(from, job + "/checkpoints", fsys::copy_options::recursive);
   return run_job(r.t.path, write_spec(r.t.path, nodes, mode), job, nodes, {"--resume"});
@@ -228,8 +231,7 @@ TEST_P(Reshard, TwoNodeCheckpointResumesOnOneAndFourNodes) {
   }
 }
 
-TEST_P(Reshard, SameTwoNodesResumeIsBitExact) {
-  const Mode mode = GetParam();
+void expect_same_two_nodes_bit_exact(const Mode& mode) {
   const Steps& want = straight(2, mode);
   ASSERT_EQ(want.loss.size(), 20u) << want.log0;
   Steps got = resume_on(2, mode);
@@ -243,6 +245,20 @@ TEST_P(Reshard, SameTwoNodesResumeIsBitExact) {
     EXPECT_EQ(got.hash[s], want.hash.at(s)) << "step " << s;
   }
 }
+
+TEST_P(Reshard, SameTwoNodesResumeIsBitExact) { expect_same_two_nodes_bit_exact(GetParam()); }
+
+// Shard full on the same two nodes: bit-exact too (loss bits; the hashes are of each node's
+// range of the weights, the part its workers read).
+class ReshardFullSame : public ::testing::TestWithParam<Mode> {};
+TEST_P(ReshardFullSame, SameTwoNodesResumeIsBitExact) {
+  expect_same_two_nodes_bit_exact(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Mode, ReshardFullSame,
+                         ::testing::Values(Mode{"full", false}, Mode{"full", true}),
+                         [](const ::testing::TestParamInfo<Mode>& i) {
+                           return i.param.shard + (i.param.topk ? "_topk" : "_dense");
+                         });
 
 // Another model with the same parameter shapes (8 heads of 8 instead of 4 of 16): the resume is
 // refused naming what differs, and ringd exits 1 instead of training from the wrong state.
@@ -336,6 +352,50 @@ TEST(ReshardFormatOne, FlatCheckpointResumesLikeTheNamedOne) {
         << "step " << s << ": " << got.loss.at(s) << " vs " << want.loss.at(s);
     EXPECT_EQ(got.hash.at(s), want.hash.at(s)) << "step " << s;
   }
+}
+
+// Shard full: written by 2 nodes (1 worker each), resumed under other shard modes and node
+// counts. Dense: steps 11-20 within 1e-6 of shard none's uninterrupted run on the target node
+// count (shard full's steps are shard none's bits). Top-k: the full job compresses the job's
+// summed gradient at the owner, so its reference is its own uninterrupted 2-node run: step 11
+// (from the checkpoint's weights alone) within 1e-6, steps 12-20 within 1e-2 (the target's
+// compression differs: per node with shard none / optimizer on 4 nodes); the owner's residuals
+// become node 0's per-node residual there. `ringctl checkpoints --verify` shows the layout.
+TEST(ReshardFull, TwoNodeFullCheckpointResumesUnderOtherModes) {
+  for (bool topk : {false, true}) {
+    const Mode writer{"full", topk};
+    for (const auto& [nodes, shard] : std::vector<std::pair<int, std::string>>{
+             {1, "none"}, {4, "optimizer"}, {1, "full"}, {4, "full"}}) {
+      const Mode target{shard, topk};
+      SCOPED_TRACE("2 nodes full -> " + std::to_string(nodes) + " nodes " + target.name());
+      const Steps& want = topk ? straight(2, writer) : straight(nodes, Mode{"none", false});
+      ASSERT_EQ(want.loss.size(), 20u) << want.log0;
+      Steps got = resume_on(nodes, target, &writer);
+      ASSERT_EQ(got.loss.size(), 10u) << got.log0;
+      EXPECT_NE(got.log0.find("was written by 2 nodes, shard full"), std::string::npos)
+          << got.log0;
+      EXPECT_NE(got.log0.find("state resharded"), std::string::npos) << got.log0;
+      double worst = 0;
+      for (int64_t s = 11; s <= 20; ++s) {
+        ASSERT_EQ(got.loss.count(s), 1u) << "step " << s;
+        const double a = got.loss[s], b = want.loss.at(s);
+        const double rel = std::fabs(a - b) / std::fabs(b);
+        worst = std::max(worst, rel);
+        EXPECT_LE(rel, topk && s > 11 ? 1e-2 : 1e-6)
+            << "step " << s << ": resumed " << a << ", reference " << b;
+      }
+      std::printf("[ reshard ] 2 nodes full-%s -> %d nodes %s: worst relative loss diff %.3g\n",
+                  topk ? "topk" : "dense", nodes, target.name().c_str(), worst);
+    }
+  }
+  // The writer's layout as ringctl reports it.
+  const std::string dir = two_node_checkpoint(Mode{"full", false});
+  const std::string out = rig().t.path + "/verify.txt";
+  const std::string cmd = std::string(RINGCTL_BIN) + " checkpoints " + dir + " --verify > " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(out);
+  const std::string text = slurp(out);
+  EXPECT_NE(text.find("full"), std::string::npos) << text;
+  std::printf("%s", text.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Mode, Reshard,

@@ -68,7 +68,11 @@ void shm_input(const uint8_t* data, size_t size) {
   }
   shm_unlink(nm.c_str());
   // Independent bounds check, in 128 bits, from the header as the fuzzer wrote it.
-  const I seg_size = static_cast<I>(len), bytes = I{h.n} * 4, index_bytes = I{h.n} * 8;
+  const I seg_size = static_cast<I>(len), bytes = I{h.params_n} * 4,
+          index_bytes = I{h.index_n} * 8, slot_bytes = I{h.slot_n} * 4;
+  if (h.params_begin < 0 || h.params_n < 0 || I{h.params_begin} + h.params_n > I{h.n} ||
+      h.index_n < 0 || h.index_n > h.n || h.slot_n < 0 || h.slot_n > h.n)
+    fail("shm", "opened a segment whose params, index or slots exceed the model");
   const auto within = [&](int64_t offset, I extent, const char* what) {
     if (offset < static_cast<int64_t>(sizeof(contract::ShmHeader)) || I{offset} + extent > seg_size)
       fail("shm", std::string("opened a segment whose ") + what + " lie outside it");
@@ -76,17 +80,20 @@ void shm_input(const uint8_t* data, size_t size) {
   within(h.params_off, bytes, "params");
   within(h.index_off, index_bytes, "index");
   if (h.workers == 0) fail("shm", "opened a segment without gradient slots");
-  if (h.slot_stride < bytes) fail("shm", "opened a segment whose gradient slots overlap");
-  within(h.grads_off, I{h.slot_stride} * (h.workers - 1) + bytes, "gradients");
+  if (h.slot_stride < slot_bytes) fail("shm", "opened a segment whose gradient slots overlap");
+  within(h.grads_off, I{h.slot_stride} * (h.workers - 1) + slot_bytes, "gradients");
   if (I{h.params_off} + bytes > I{h.index_off} || I{h.index_off} + index_bytes > I{h.grads_off})
     fail("shm", "opened a segment whose regions overlap");
   // Touch the ends of every array through the accessors, as the worker and ringd do.
   volatile float sink = 0;
-  sink = sink + r.params()[0] + r.params()[r.n() - 1];
-  volatile uint64_t isink = r.index()[0] + r.index()[r.n() - 1];
-  (void)isink;
-  for (int k = 0; k < std::min(r.workers(), 64); ++k)
-    sink = sink + r.grads(k)[0] + r.grads(k)[r.n() - 1];
+  if (r.params_n() > 0) sink = sink + r.params()[0] + r.params()[r.params_n() - 1];
+  if (r.index_n() > 0) {
+    volatile uint64_t isink = r.index()[0] + r.index()[r.index_n() - 1];
+    (void)isink;
+  }
+  if (r.slot_n() > 0)
+    for (int k = 0; k < std::min(r.workers(), 64); ++k)
+      sink = sink + r.grads(k)[0] + r.grads(k)[r.slot_n() - 1];
 }
 
 }  // namespace ring::fuzz

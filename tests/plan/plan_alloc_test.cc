@@ -1,6 +1,6 @@
 // `ringctl plan`'s host memory per node (common/plan) against what the code allocates for the
 // same spec: ringd's NodeOptimizer (its state buffers and the heap it takes), StepDriver's node
-// gradient and the node's ShmRegion, for shard none and optimizer on 1, 2 and 4 nodes; and the
+// gradient and the node's ShmRegion, for shard none, optimizer and full on 1, 2 and 4 nodes; and the
 // planner's division of the layout against contract::shard_ranges.
 #include <malloc.h>
 #include <unistd.h>
@@ -86,7 +86,7 @@ TEST_P(PlanAllocation, HostLinesAreWhatRingdAllocates) {
 
   // Every node's optimizer, as each node's ringd builds it; the plan sizes the largest.
   optim::InProcessExchange ex(c.nodes);
-  double state_max = 0, heap_max = 0;
+  double state_max = 0, heap_max = 0, resid_max = 0;
   bool sharded_build = true;
   for (int k = 0; k < c.nodes; ++k) {
     const double before = heap_bytes();
@@ -100,12 +100,15 @@ TEST_P(PlanAllocation, HostLinesAreWhatRingdAllocates) {
     }
     const auto r = opt->state_buffer("residual");
     EXPECT_EQ(r.data != nullptr, ef);
-    if (ef) {
-      EXPECT_EQ(4.0 * static_cast<double>(r.end - r.begin), item(p.host_ringd, "error-feedback"));
-    }
+    // The residual: full size per sender, or with shard full the node's range (the largest
+    // node's is the plan's).
+    if (ef) resid_max = std::max(resid_max, 4.0 * static_cast<double>(r.end - r.begin));
     sharded_build &= c.nodes == 1 || state < 12.0 * static_cast<double>(n);
     state_max = std::max(state_max, state);
     heap_max = std::max(heap_max, heap);
+  }
+  if (ef) {
+    EXPECT_EQ(resid_max, item(p.host_ringd, "error-feedback"));
   }
   const double planned_state = item(p.host_ringd, "optimizer master");
   if (s.parallel.shard == spec::ShardMode::kNone || sharded_build) {
@@ -124,24 +127,50 @@ TEST_P(PlanAllocation, HostLinesAreWhatRingdAllocates) {
   EXPECT_GE(heap_max, planned_heap);
   EXPECT_LE(heap_max, planned_heap + 64 * 1024) << "unplanned heap in NodeOptimizer";
 
-  // StepDriver's node gradient.
-  {
-    const double before = heap_bytes();
-    ringd::StepDriver d(layout);
-    EXPECT_NEAR(heap_bytes() - before, item(p.host_ringd, "node gradient"), 4096);
-    EXPECT_EQ(item(p.host_ringd, "node gradient"), 4.0 * static_cast<double>(n));
-  }
-
-  // The node's shared-memory segment, byte for byte.
-  auto shm = contract::ShmRegion::create(
-      contract::shm_name("plan-alloc-test", 0, static_cast<int>(getpid()), c.nodes), n, kWorkers);
-  shm.unlink();
-  EXPECT_EQ(static_cast<double>(shm.bytes()), p.host_shm_total);
-  EXPECT_EQ(p.host_shm_total, plan::shm_bytes(n, kWorkers));
-
-  // The largest node's range is contract::shard_ranges'.
+  const bool full = s.parallel.shard == spec::ShardMode::kFull;
   int64_t largest = 0;
   for (const auto& r : contract::shard_ranges(layout, c.nodes)) largest = std::max(largest, r.size());
+  // The largest node: the one ringd's plan sizes.
+  int big = 0;
+  const auto ranges = contract::shard_ranges(layout, c.nodes);
+  for (int k = 0; k < c.nodes; ++k)
+    if (ranges[k].size() == largest) big = k;
+
+  // StepDriver's node gradient (shard full: the range's only).
+  {
+    const double before = heap_bytes();
+    std::unique_ptr<ringd::StepDriver> d;
+    if (full) {
+      const auto shards = contract::worker_shards(layout, c.nodes, kWorkers);
+      d = std::make_unique<ringd::StepDriver>(
+          layout, ranges[big],
+          std::vector<contract::WorkerShard>(shards.begin() + big * kWorkers,
+                                             shards.begin() + (big + 1) * kWorkers));
+    } else {
+      d = std::make_unique<ringd::StepDriver>(layout);
+    }
+    EXPECT_NEAR(heap_bytes() - before, item(p.host_ringd, "node gradient"), 4096);
+    EXPECT_EQ(item(p.host_ringd, "node gradient"), 4.0 * static_cast<double>(full ? largest : n));
+  }
+
+  // The node's shared-memory segment, byte for byte (ringd's AttemptResources::create_shm).
+  contract::ShmShape shape = contract::ShmShape::whole(n, kWorkers);
+  if (full) {
+    shape.params_begin = ranges[big].begin;
+    shape.params_n = ranges[big].size();
+    shape.index_n = 0;
+    shape.slot_n = contract::largest_worker_shard(layout, c.nodes, kWorkers);
+    EXPECT_EQ(shape.slot_n, p.worker_shard);
+  }
+  auto shm = contract::ShmRegion::create(
+      contract::shm_name("plan-alloc-test", 0, static_cast<int>(getpid()), c.nodes), shape);
+  shm.unlink();
+  EXPECT_EQ(static_cast<double>(shm.bytes()), p.host_shm_total);
+  if (!full) {
+    EXPECT_EQ(p.host_shm_total, plan::shm_bytes(n, kWorkers));
+  }
+
+  // The largest node's range is contract::shard_ranges'.
   EXPECT_EQ(p.largest_range, s.parallel.shard == spec::ShardMode::kNone ? n : largest);
   // No checkpoint directory: no checkpoint staging.
   EXPECT_EQ(item(p.host_ringd, "checkpoint staging"), -1);
@@ -157,7 +186,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"optimizer", 1, "compression: topk, error_feedback: true"},
                       Case{"optimizer", 2, "compression: none"},
                       Case{"optimizer", 2, "compression: topk, error_feedback: true"},
-                      Case{"optimizer", 4, "compression: topk, error_feedback: true"}),
+                      Case{"optimizer", 4, "compression: topk, error_feedback: true"},
+                      Case{"full", 1, "compression: none"},
+                      Case{"full", 2, "compression: topk, error_feedback: true"},
+                      Case{"full", 4, "compression: topk, error_feedback: false"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return fmt::format("{}_{}nodes_{}", i.param.shard, i.param.nodes,
                          i.param.compression.find("topk") == std::string::npos ? "dense"

@@ -241,7 +241,8 @@ TEST(Plan, Llama7bHostMemoryIsWhatTheCodeAllocates) {
 }
 
 // Every mode's lines: shard optimizer divides ringd's state by the node ranges, shard full also
-// the workers' weights and gradients (n / G each, plus a gathered block twice and its gradient).
+// the workers' weights and gradients (range / workers_per_node each, plus two gathered blocks and
+// a block gradient).
 TEST(Plan, ShardModesDivideWhatTheyShard) {
   auto s = example("llama7b-1m-64x8-h100.yaml");
   const double n = 6738415616.0;
@@ -267,12 +268,17 @@ TEST(Plan, ShardModesDivideWhatTheyShard) {
 
   s.parallel.shard = spec::ShardMode::kFull;
   const Plan f = make_plan(s);
-  const double shard = std::ceil(n / 512);
+  // The largest node's range cut among its 8 workers, 64-byte aligned.
+  const double shard = std::ceil(std::ceil(f.largest_range / 8.0) / 16) * 16;
   EXPECT_EQ(f.worker_shard, static_cast<int64_t>(shard));
   EXPECT_EQ(item(f.worker, "weight shard"), shard * 2);
   EXPECT_EQ(item(f.worker, "gradient shard"), shard * 4);
-  EXPECT_EQ(item(f.worker, "gathered layer weights"), 2.0 * f.largest_bucket * 2);
-  EXPECT_EQ(item(f.worker, "gathered layer gradient"), 4.0 * f.largest_bucket);
+  // llama7b: untied head, so two gathered blocks and one block gradient.
+  EXPECT_FALSE(s.model.tie_embeddings);
+  EXPECT_EQ(item(f.worker, "gathered blocks"), 2.0 * f.largest_bucket * 2);
+  EXPECT_EQ(item(f.worker, "block gradient"), 4.0 * f.largest_bucket);
+  // Two receive buffers, the running sum and a node's running sum (64 nodes).
+  EXPECT_EQ(item(f.worker, "reduce-scatter window"), 16.0 * std::min<double>(shard, f.largest_bucket));
   EXPECT_LT(f.worker_total, o.worker_total);
   EXPECT_EQ(item(f.host_ringd, "node gradient"), 4.0 * f.largest_range);
   EXPECT_LT(f.host_shm_total, o.host_shm_total / 20);
@@ -282,7 +288,7 @@ TEST(Plan, ShardModesDivideWhatTheyShard) {
   EXPECT_EQ(f.modes[2].mode, spec::ShardMode::kFull);
   EXPECT_DOUBLE_EQ(f.modes[2].host_total, f.host_total);
   EXPECT_DOUBLE_EQ(f.modes[1].host_total, o.host_total);
-  EXPECT_FALSE(f.modes[2].runs);
+  EXPECT_FALSE(f.modes[2].runs);  // backend cuda
   EXPECT_TRUE(f.modes[0].runs && f.modes[1].runs);
 }
 

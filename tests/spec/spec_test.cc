@@ -516,7 +516,7 @@ TEST(SpecLimits, FlatLayoutIsTheWorkersLayout) {
 // The limits of this build are errors for ringctl, warnings for --what-if; ringd's own rule
 // (offload cpu) applies to jobs, not to `ring-worker --spec` alone.
 TEST(SpecLimits, ScopesOfTheRules) {
-  auto lazy = source_path("configs/invalid/shard-full.yaml");
+  auto lazy = source_path("configs/invalid/shard-full-cuda.yaml");
   EXPECT_FALSE(load_spec_file(lazy).ok());
   LoadOptions what_if;
   what_if.runtime_limits_are_errors = false;
@@ -524,7 +524,7 @@ TEST(SpecLimits, ScopesOfTheRules) {
   ASSERT_TRUE(r.ok()) << errors_of(r)[0];
   ASSERT_EQ(r.diagnostics.size(), 1u);
   EXPECT_EQ(r.diagnostics[0].severity, Diagnostic::Severity::kWarning);
-  // The same job with shard optimizer is fine: the limit is shard full.
+  // The same job with shard optimizer is fine: the limit is shard full with backend cuda.
   std::string text = read_file(lazy);
   text.replace(text.find("shard: full"), 11, "shard: optimizer");
   EXPECT_TRUE(load_spec_string(text, "dense.yaml", job_spec_options()).ok());

@@ -7,6 +7,7 @@
 // Frobenius norm per tensor, ours in fp32 vs torch in fp64); the loss to 1e-5 relative.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -306,6 +307,26 @@ TEST(Model, InitIsDeterministicAndSeedDependent) {
   for (int64_t i = 0; i < e.size; ++i) ss += double(p[e.offset + i]) * p[e.offset + i];
   EXPECT_NEAR(std::sqrt(ss / e.size), 0.02, 0.002);
   EXPECT_EQ(p[a.layout().offset("final_norm.gain")], 1.f);
+}
+
+// Any range of the initial weights (shard full initialises one node's range, cutting tensors
+// anywhere) is that slice of the whole.
+TEST(Model, InitialParamsOfARangeAreTheSlice) {
+  ModelConfig cfg = make_config(Case{"x", spec::MlpKind::kGelu, false, 4, 2, false});
+  auto backend = cpu_backend();
+  LocalAttention attention(backend.get());
+  Model m(cfg, backend.get(), &attention);
+  const std::vector<float> whole = m.initial_params(7);
+  const int64_t n = m.layout().total();
+  for (const auto& [b, e] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, n}, {0, 1}, {5, 37}, {n / 3, 2 * n / 3}, {n - 3, n}, {n, n}}) {
+    std::vector<float> part(static_cast<size_t>(e - b) + 1, -9.f);
+    m.initial_params(7, b, e, part.data());
+    EXPECT_TRUE(std::equal(part.begin(), part.end() - 1, whole.begin() + b)) << b << ", " << e;
+    EXPECT_EQ(part.back(), -9.f);  // nothing written past the range
+  }
+  std::vector<float> one(1);
+  EXPECT_THROW(m.initial_params(7, n, n + 1, one.data()), ModelError);
 }
 
 TEST(Model, RejectsBadTokenIds) {

@@ -1,5 +1,6 @@
 #include "worker/model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -40,8 +41,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExecutor* attention)
-    : config_(config), layout_(config), backend_(backend), attention_(attention) {
+Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExecutor* attention,
+             BlockStore* store)
+    : config_(config), layout_(config), backend_(backend), attention_(attention), store_(store) {
   rope_.theta = static_cast<double>(config_.rope_theta);
   rope_.scaling = static_cast<kernels::RopeScaling>(config_.rope_scaling);
   rope_.factor = config_.rope_scaling_factor;
@@ -57,46 +59,85 @@ Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExec
   for (int l = 0; l < config_.layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     LayerOffsets& o = off_[l];
-    o.attn_norm = layout_.offset(p + "attn_norm.gain");
-    o.wq = layout_.offset(p + "attn.wq");
-    o.wk = layout_.offset(p + "attn.wk");
-    o.wv = layout_.offset(p + "attn.wv");
-    o.wo = layout_.offset(p + "attn.wo");
-    o.mlp_norm = layout_.offset(p + "mlp_norm.gain");
-    o.w_gate = mlp_gate.empty() ? -1 : layout_.offset(p + mlp_gate);
-    o.w_up = layout_.offset(p + "mlp.w_up");
-    o.w_down = layout_.offset(p + "mlp.w_down");
+    const int64_t b = layout_.layer_bucket(l).begin;
+    o.attn_norm = layout_.offset(p + "attn_norm.gain") - b;
+    o.wq = layout_.offset(p + "attn.wq") - b;
+    o.wk = layout_.offset(p + "attn.wk") - b;
+    o.wv = layout_.offset(p + "attn.wv") - b;
+    o.wo = layout_.offset(p + "attn.wo") - b;
+    o.mlp_norm = layout_.offset(p + "mlp_norm.gain") - b;
+    o.w_gate = mlp_gate.empty() ? -1 : layout_.offset(p + mlp_gate) - b;
+    o.w_up = layout_.offset(p + "mlp.w_up") - b;
+    o.w_down = layout_.offset(p + "mlp.w_down") - b;
   }
-  off_final_norm_ = layout_.offset("final_norm.gain");
-  off_embedding_ = layout_.offset("embedding.weight");
-  off_head_ = config_.tie_embeddings ? off_embedding_ : layout_.offset("lm_head.weight");
-  params_.resize(backend_, layout_.total());
-  grads_.resize(backend_, layout_.total());
-  check_status(backend_->fill(layout_.total(), 0.f, params_.data()), "fill");
-  zero_grads();
+  const int64_t head_b = layout_.head_bucket().begin, emb_b = layout_.embedding_bucket().begin;
+  off_final_norm_ = layout_.offset("final_norm.gain") - head_b;
+  off_embedding_ = layout_.offset("embedding.weight") - emb_b;
+  off_head_ = config_.tie_embeddings ? off_embedding_ : layout_.offset("lm_head.weight") - head_b;
+  if (!store_) {
+    params_.resize(backend_, layout_.total());
+    grads_.resize(backend_, layout_.total());
+    check_status(backend_->fill(layout_.total(), 0.f, params_.data()), "fill");
+    zero_grads();
+  }
   xs_.resize(config_.layers + 1);
   acts_.resize(config_.recompute ? 1 : config_.layers);
 }
 
+void Model::require_flat(const char* what) const {
+  if (store_) {
+    throw ModelError(std::string(what) +
+                     ": this model has no flat weight or gradient buffer (its blocks come from a "
+                     "block store, parallel.shard full)");
+  }
+}
+
 void Model::init_params(uint64_t seed) {
+  require_flat("init_params");
+  set_params(initial_params(seed));
+}
+
+std::vector<float> Model::initial_params(uint64_t seed) const {
   std::vector<float> host(layout_.total(), 0.f);
+  initial_params(seed, 0, layout_.total(), host.data());
+  return host;
+}
+
+void Model::initial_params(uint64_t seed, int64_t begin, int64_t end, float* out) const {
+  if (begin < 0 || end < begin || end > layout_.total()) {
+    throw ModelError("initial_params: range [" + std::to_string(begin) + ", " +
+                     std::to_string(end) + ") is outside the " + std::to_string(layout_.total()) +
+                     " floats of the layout");
+  }
+  std::fill(out, out + (end - begin), 0.f);  // the alignment gaps
   const float kStd = 0.02f;
   const float out_std = kStd / std::sqrt(2.f * static_cast<float>(config_.layers));
   const auto& views = layout_.views();
+  std::vector<float> whole;  // a tensor cut by the range: drawn whole, then its part copied
   for (size_t i = 0; i < views.size(); ++i) {
     const ParamView& v = views[i];
-    float* dst = host.data() + v.offset;
+    const int64_t lo = std::max(begin, v.offset), hi = std::min(end, v.offset + v.size);
+    if (lo >= hi) continue;
+    float* dst = out + (lo - begin);
     if (ends_with(v.name, ".gain")) {
-      for (int64_t j = 0; j < v.size; ++j) dst[j] = 1.f;
+      std::fill(dst, dst + (hi - lo), 1.f);
       continue;
     }
     const bool residual_out = ends_with(v.name, ".wo") || ends_with(v.name, ".w_down");
-    fill_normal(splitmix64(seed ^ splitmix64(i + 1)), residual_out ? out_std : kStd, v.size, dst);
+    const uint64_t stream = splitmix64(seed ^ splitmix64(i + 1));
+    const float sd = residual_out ? out_std : kStd;
+    if (lo == v.offset && hi == v.offset + v.size) {
+      fill_normal(stream, sd, v.size, dst);
+    } else {
+      whole.resize(static_cast<size_t>(v.size));
+      fill_normal(stream, sd, v.size, whole.data());
+      std::copy(whole.begin() + (lo - v.offset), whole.begin() + (hi - v.offset), dst);
+    }
   }
-  set_params(host);
 }
 
 void Model::set_params(const std::vector<float>& host) {
+  require_flat("set_params");
   if (static_cast<int64_t>(host.size()) != layout_.total()) {
     throw ModelError("set_params: expected " + std::to_string(layout_.total()) + " floats, got " +
                      std::to_string(host.size()));
@@ -106,6 +147,7 @@ void Model::set_params(const std::vector<float>& host) {
 }
 
 void Model::set_params(const float* host, int64_t n) {
+  require_flat("set_params");
   if (n != layout_.total()) {
     throw ModelError("set_params: expected " + std::to_string(layout_.total()) + " floats, got " +
                      std::to_string(n));
@@ -114,6 +156,7 @@ void Model::set_params(const float* host, int64_t n) {
 }
 
 void Model::copy_grads_to_host(int64_t begin, int64_t end, float* dst) const {
+  require_flat("copy_grads_to_host");
   if (begin < 0 || end < begin || end > layout_.total()) {
     throw ModelError("copy_grads_to_host: range [" + std::to_string(begin) + ", " +
                      std::to_string(end) + ") is outside the " + std::to_string(layout_.total()) +
@@ -125,6 +168,7 @@ void Model::copy_grads_to_host(int64_t begin, int64_t end, float* dst) const {
 }
 
 std::vector<float> Model::get_params() const {
+  require_flat("get_params");
   std::vector<float> host(layout_.total());
   check_status(backend_->copy_to_host(host.data(), params_.data(), params_.bytes()),
                "copy_to_host");
@@ -132,6 +176,7 @@ std::vector<float> Model::get_params() const {
 }
 
 std::vector<float> Model::get_grads() const {
+  require_flat("get_grads");
   std::vector<float> host(layout_.total());
   check_status(backend_->copy_to_host(host.data(), grads_.data(), grads_.bytes()),
                "copy_to_host");
@@ -139,6 +184,7 @@ std::vector<float> Model::get_grads() const {
 }
 
 void Model::zero_grads() {
+  if (store_) return;  // the store hands out zeroed block gradients
   check_status(backend_->fill(layout_.total(), 0.f, grads_.data()), "fill");
 }
 
@@ -231,15 +277,27 @@ AttentionCall Model::attention_call(int l, LayerActs& a) const {
   return c;
 }
 
-void Model::embed_forward() {
+const float* Model::acquire(const GradBucket& b, int next) {
+  return store_ ? store_->acquire(b.index, next) : params_.data() + b.begin;
+}
+void Model::release(const GradBucket& b) {
+  if (store_) store_->release(b.index);
+}
+float* Model::block_grads(const GradBucket& b) {
+  return store_ ? store_->grads(b.index) : grads_.data() + b.begin;
+}
+void Model::grads_done(const GradBucket& b) {
+  if (store_) store_->grads_done(b.index);
+}
+
+void Model::embed_forward(const float* we) {
   check_status(backend_->embedding_forward(t_, config_.vocab, config_.d_model, ids_.data(),
-                                           params_.data() + off_embedding_, xs_[0].data()),
+                                           we + off_embedding_, xs_[0].data()),
                "embedding_forward");
 }
 
-void Model::layer_forward(int l, LayerActs& a) {
+void Model::layer_forward(int l, LayerActs& a, const float* w) {
   const LayerOffsets& o = off_[l];
-  const float* w = params_.data();
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
   const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
   check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[l].data(), w + o.attn_norm,
@@ -273,11 +331,9 @@ void Model::layer_forward(int l, LayerActs& a) {
   check_status(backend_->add(t * d, a.x_mid.data(), xs_[l + 1].data(), xs_[l + 1].data()), "add");
 }
 
-void Model::layer_backward(int l, LayerActs& a) {
+void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
   // In: dx_ = dL/d(block output) [T, d]. Out: dx_ = dL/d(block input).
   const LayerOffsets& o = off_[l];
-  const float* w = params_.data();
-  float* gr = grads_.data();
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
   const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
 
@@ -333,13 +389,14 @@ void Model::layer_backward(int l, LayerActs& a) {
   check_status(backend_->add(t * d, dx_.data(), dtmp_.data(), dx_.data()), "add");
 }
 
-LossResult Model::head_forward(int64_t global_valid, bool with_grad) {
+LossResult Model::head_forward(int64_t global_valid, bool with_grad, const float* wh,
+                               const float* we) {
   const int64_t t = t_, d = config_.d_model, v = config_.vocab;
-  const float* w = params_.data();
+  const float* head = (config_.tie_embeddings ? we : wh) + off_head_;
   check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[config_.layers].data(),
-                                         w + off_final_norm_, xf_.data(), rstd_f_.data()),
+                                         wh + off_final_norm_, xf_.data(), rstd_f_.data()),
                "rmsnorm_forward");
-  linear(xf_.data(), w + off_head_, v, d, logits_.data());
+  linear(xf_.data(), head, v, d, logits_.data());
   LossResult r;
   const float scale = 1.f / static_cast<float>(global_valid);
   check_status(backend_->cross_entropy(t, v, logits_.data(), labels_.data(), scale, &r.loss_sum,
@@ -349,31 +406,50 @@ LossResult Model::head_forward(int64_t global_valid, bool with_grad) {
   return r;
 }
 
-void Model::head_backward() {
+void Model::head_backward(const float* wh, const float* we, float* gh, float* ge) {
   // logits_ holds dL/dlogits [T, vocab].
   const int64_t t = t_, d = config_.d_model, v = config_.vocab;
-  linear_dw(logits_.data(), xf_.data(), v, d, grads_.data() + off_head_);
-  linear_dx(logits_.data(), params_.data() + off_head_, v, d, 0.f, dh_.data());
-  check_status(backend_->rmsnorm_backward(t, d, xs_[config_.layers].data(),
-                                          params_.data() + off_final_norm_, rstd_f_.data(),
-                                          dh_.data(), dx_.data(), grads_.data() + off_final_norm_),
+  const bool tied = config_.tie_embeddings;
+  linear_dw(logits_.data(), xf_.data(), v, d, (tied ? ge : gh) + off_head_);
+  linear_dx(logits_.data(), (tied ? we : wh) + off_head_, v, d, 0.f, dh_.data());
+  check_status(backend_->rmsnorm_backward(t, d, xs_[config_.layers].data(), wh + off_final_norm_,
+                                          rstd_f_.data(), dh_.data(), dx_.data(),
+                                          gh + off_final_norm_),
                "rmsnorm_backward");
 }
 
 LossResult Model::forward(const Batch& batch, int64_t global_valid) {
   if (global_valid < 1) throw ModelError("forward: global_valid must be >= 1");
   prepare(batch);
-  embed_forward();
-  for (int l = 0; l < config_.layers; ++l) layer_forward(l, acts_[config_.recompute ? 0 : l]);
-  return head_forward(global_valid, false);
+  const int layers = static_cast<int>(config_.layers);
+  const bool tied = config_.tie_embeddings;
+  const GradBucket& eb = layout_.embedding_bucket();
+  const GradBucket& hb = layout_.head_bucket();
+  embed_forward(acquire(eb, layers > 0 ? layout_.layer_bucket(0).index : hb.index));
+  release(eb);
+  for (int l = 0; l < layers; ++l) {
+    const GradBucket& lb = layout_.layer_bucket(l);
+    layer_forward(l, acts_[config_.recompute ? 0 : l],
+                  acquire(lb, l + 1 < layers ? layout_.layer_bucket(l + 1).index : hb.index));
+    release(lb);
+  }
+  const float* wh = acquire(hb, tied ? eb.index : -1);
+  const float* we = tied ? acquire(eb, -1) : nullptr;
+  LossResult r = head_forward(global_valid, false, wh, we);
+  release(hb);
+  if (tied) release(eb);
+  if (store_) store_->end_pass();
+  return r;
 }
 
 LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
                                    const BucketReadyFn& on_bucket) {
   if (global_valid < 1) throw ModelError("forward_backward: global_valid must be >= 1");
   prepare(batch);
-  embed_forward();
   const int layers = static_cast<int>(config_.layers);
+  const bool tied = config_.tie_embeddings;
+  const GradBucket& eb = layout_.embedding_bucket();
+  const GradBucket& hb = layout_.head_bucket();
   // Each layer's forward and backward into the process's timeline (contract/timeline.h), when
   // there is one; the ring hops inside them are recorded by the attention executor.
   timeline::TimelineWriter* tl = timeline::active();
@@ -382,27 +458,50 @@ LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
       tl->record({.kind = kind, .step = tl->step(), .layer = l, .begin_ns = t0,
                   .end_ns = timeline::now_ns()});
   };
+  auto layer_index = [&](int l) { return l >= 0 && l < layers ? layout_.layer_bucket(l).index : -1; };
+  // Blocks with a store: the weights are acquired just before use (and the next block's
+  // fetched meanwhile), released after.
+  embed_forward(acquire(eb, layers > 0 ? layer_index(0) : hb.index));
+  release(eb);
   for (int l = 0; l < layers; ++l) {
     const int64_t t0 = tl ? timeline::now_ns() : 0;
-    layer_forward(l, acts_[config_.recompute ? 0 : l]);
+    const GradBucket& lb = layout_.layer_bucket(l);
+    layer_forward(l, acts_[config_.recompute ? 0 : l],
+                  acquire(lb, l + 1 < layers ? layer_index(l + 1) : hb.index));
+    release(lb);
     phase(timeline::Phase::kForward, l, t0);
   }
-  LossResult r = head_forward(global_valid, true);
-  head_backward();
-  if (on_bucket) on_bucket(layout_.head_bucket());
+  const float* wh = acquire(hb, tied ? eb.index : layer_index(layers - 1));
+  const float* we = tied ? acquire(eb, layer_index(layers - 1)) : nullptr;
+  LossResult r = head_forward(global_valid, true, wh, we);
+  // Tied embeddings: the LM head's gradient goes into the embedding's, complete only after the
+  // embedding backward at the end.
+  float* ge = tied ? block_grads(eb) : nullptr;
+  head_backward(wh, we, block_grads(hb), ge);
+  release(hb);
+  if (tied) release(eb);
+  grads_done(hb);
+  if (on_bucket) on_bucket(hb);
   for (int l = layers - 1; l >= 0; --l) {
     const int64_t t0 = tl ? timeline::now_ns() : 0;
     LayerActs& a = acts_[config_.recompute ? 0 : l];
+    const GradBucket& lb = layout_.layer_bucket(l);
+    const float* w = acquire(lb, layer_index(l - 1));
     // With recompute the shared activations still hold the last block's forward.
-    if (config_.recompute && l != layers - 1) layer_forward(l, a);
-    layer_backward(l, a);
+    if (config_.recompute && l != layers - 1) layer_forward(l, a, w);
+    layer_backward(l, a, w, block_grads(lb));
+    release(lb);
+    grads_done(lb);
     phase(timeline::Phase::kBackward, l, t0);
-    if (on_bucket) on_bucket(layout_.layer_bucket(l));
+    if (on_bucket) on_bucket(lb);
   }
+  if (!tied) ge = block_grads(eb);
   check_status(backend_->embedding_backward(t_, config_.vocab, config_.d_model, ids_.data(),
-                                            dx_.data(), grads_.data() + off_embedding_),
+                                            dx_.data(), ge + off_embedding_),
                "embedding_backward");
-  if (on_bucket) on_bucket(layout_.embedding_bucket());
+  grads_done(eb);
+  if (on_bucket) on_bucket(eb);
+  if (store_) store_->end_pass();
   return r;
 }
 

@@ -54,10 +54,34 @@ struct LossResult {
 // order: head, layers L-1 .. 0, embedding). See layout.h.
 using BucketReadyFn = std::function<void(const GradBucket&)>;
 
+// Where a model without flat buffers (parallel.shard full) gets each block's weights and leaves
+// each block's gradient. A block is a gradient bucket of the layout (head, one layer, the
+// embedding); pointers address the bucket's first float, [bucket floats] each, in backend memory.
+// The model calls, per forward_backward: acquire/release around every block's use, in the order
+// embedding, layers 0 .. L-1, head (+ embedding when tied), then layers L-1 .. 0 again for the
+// backward; grads(b) once per block before its backward writes it (accumulating, +=), and
+// grads_done(b) when the block's gradient of this batch is final, in bucket order; end_pass()
+// last. Every rank of the store's group makes the same calls in the same order.
+class BlockStore {
+ public:
+  virtual ~BlockStore() = default;
+  // The weights of bucket b, valid until release(b). `next` (-1: none) is the bucket the model
+  // acquires after this one: the store may start fetching it now.
+  virtual const float* acquire(int b, int next) = 0;
+  virtual void release(int b) = 0;
+  // A zeroed gradient buffer for bucket b, valid until grads_done(b).
+  virtual float* grads(int b) = 0;
+  virtual void grads_done(int b) = 0;
+  virtual void end_pass() = 0;
+};
+
 class Model {
  public:
-  // backend and attention must outlive the model.
-  Model(const ModelConfig& config, kernels::Backend* backend, AttentionExecutor* attention);
+  // backend and attention (and store) must outlive the model. With a store the model allocates
+  // no flat weight or gradient buffer (params() and grads() are null; set_params, get_params,
+  // get_grads, copy_grads_to_host and init_params throw): every block comes from the store.
+  Model(const ModelConfig& config, kernels::Backend* backend, AttentionExecutor* attention,
+        BlockStore* store = nullptr);
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -75,6 +99,12 @@ class Model {
   // (SplitMix64(seed, tensor index) -> mt19937_64 -> Box-Muller), independent of the platform's
   // <random> distributions.
   void init_params(uint64_t seed);
+  // The same initial weights as a host vector [layout().total()] (works with a store too).
+  std::vector<float> initial_params(uint64_t seed) const;
+  // Floats [begin, end) of them into out[0 .. end-begin) (e.g. one node's range, straight into
+  // the shared memory), without the whole model in memory: a tensor cut by the range is drawn
+  // whole into a scratch vector.
+  void initial_params(uint64_t seed, int64_t begin, int64_t end, float* out) const;
   // Host copies of the flat buffers ([layout().total()] floats).
   void set_params(const std::vector<float>& host);
   // The same from n host floats (n == layout().total()), e.g. straight from ringd's shared memory.
@@ -101,11 +131,20 @@ class Model {
   const float* p(const std::string& name) const;
   float* g(const std::string& name);
   void prepare(const Batch& batch);
-  void layer_forward(int l, LayerActs& a);
-  void layer_backward(int l, LayerActs& a);
-  void embed_forward();
-  LossResult head_forward(int64_t global_valid, bool with_grad);
-  void head_backward();
+  // w: the block's weights (its bucket's first float), gr: its gradient; offsets in off_ and
+  // off_*_ are relative to the bucket.
+  void layer_forward(int l, LayerActs& a, const float* w);
+  void layer_backward(int l, LayerActs& a, const float* w, float* gr);
+  void embed_forward(const float* we);
+  // wh: the head bucket; we: the embedding bucket (tied embeddings' LM head, else unused).
+  LossResult head_forward(int64_t global_valid, bool with_grad, const float* wh, const float* we);
+  void head_backward(const float* wh, const float* we, float* gh, float* ge);
+  // A bucket's weights and gradient: from the flat buffers or the store.
+  const float* acquire(const GradBucket& b, int next);
+  void release(const GradBucket& b);
+  float* block_grads(const GradBucket& b);
+  void grads_done(const GradBucket& b);
+  void require_flat(const char* what) const;
   AttentionCall attention_call(int l, LayerActs& a) const;
   void ensure(LayerActs& a);
   // y[T, out] = x[T, in] w[out, in]^T
@@ -121,12 +160,15 @@ class Model {
   AttentionExecutor* attention_;
   kernels::RopeParams rope_;  // from config_ (theta and scaling)
 
-  // Per-layer offsets of each named tensor, cached: [layers][kind].
+  // Per-layer offsets of each named tensor from the layer's bucket, cached: [layers][kind].
   struct LayerOffsets {
     int64_t attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down;
   };
   std::vector<LayerOffsets> off_;
+  // final_norm from the head bucket; the LM head from the head bucket (untied) or the embedding
+  // bucket (tied); the embedding from the embedding bucket.
   int64_t off_final_norm_ = 0, off_head_ = 0, off_embedding_ = 0;
+  BlockStore* store_ = nullptr;
 
   DeviceArray<float> params_, grads_;
 

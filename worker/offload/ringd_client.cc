@@ -109,7 +109,13 @@ control::RingdMessage RingdClient::recv() {
 }
 
 void RingdClient::send_init(const float* params) {
-  std::memcpy(shm_.params(), params, static_cast<size_t>(opt_.n) * sizeof(float));
+  // The segment's part of the model (shard full: the node's range).
+  std::memcpy(shm_.params(), params + shm_.params_begin(),
+              static_cast<size_t>(shm_.params_n()) * sizeof(float));
+  send(control::Init{});
+}
+
+void RingdClient::send_init_written() {
   send(control::Init{});
 }
 
@@ -128,6 +134,10 @@ Command RingdClient::next(float* params) {
   c.stop_requested = p->stop;
   const float* src = shm_.params();
   if (params == src) return c;  // the caller reads the weights where ringd put them
+  if (!shm_.whole())
+    throw RingdGone("shared memory " + shm_.name() + " holds part of the model (shard full): " +
+                    "read the weights from it, not through a copy of all " +
+                    std::to_string(opt_.n));
   if (c.changed < 0) {
     std::memcpy(params, src, static_cast<size_t>(opt_.n) * sizeof(float));
   } else {
@@ -144,6 +154,9 @@ Command RingdClient::next(float* params) {
 }
 
 void RingdClient::bucket(int64_t step, const contract::GradBucket& b, const float* grads) {
+  if (!shm_.whole())
+    throw RingdGone("shared memory " + shm_.name() + " has shard-sized gradient slots: write "
+                    "this worker's shard into slot() and call bucket_written");
   std::memcpy(shm_.grads(opt_.local) + b.begin, grads + b.begin,
               static_cast<size_t>(b.end - b.begin) * sizeof(float));
   send(control::Bucket{.step = step, .b = b.index});

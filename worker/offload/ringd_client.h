@@ -72,16 +72,21 @@ class RingdClient {
   const Welcome& welcome() const { return welcome_; }
   contract::ShmRegion& shm() { return shm_; }
 
-  // Fresh start, the worker ringd named: copies params [n] into the shm and tells ringd.
+  // Fresh start, the worker ringd named: copies params [n] (the segment's part of them:
+  // shm().params_begin(), params_n()) into the shm and tells ringd.
   void send_init(const float* params);
+  // The same when the caller wrote the segment's part of the initial weights into shm().params()
+  // itself.
+  void send_init_written();
   // Blocks until ringd sends the weights for the next step (copied into params [n]: all of them,
   // or only the changed coordinates in lazy mode) or stop. params == shm().params(): nothing is
   // copied (a device backend copies the whole vector from there to the device itself).
   Command next(float* params);
   // Copies grads[bucket.begin, bucket.end) into this worker's slot and notifies ringd.
   void bucket(int64_t step, const contract::GradBucket& b, const float* grads);
-  // This worker's gradient slot [n] in the shm: write a bucket's range there yourself (e.g. from
-  // the device), then call bucket_written.
+  // This worker's gradient slot in the shm ([n], or with shard full its shard [slot_n], slot()[0]
+  // being the shard's first float): write a bucket's range there yourself (e.g. from the
+  // device), then call bucket_written.
   float* slot() { return shm_.grads(opt_.local); }
   void bucket_written(int64_t step, const contract::GradBucket& b);
   // End of the step: the step's figures (loss_sum, valid, tokens, step_ms, cursor, stop, ...).

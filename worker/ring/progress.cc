@@ -43,6 +43,7 @@ void ProgressEngine::post_locked(Op& op) {
     op.req = nullptr;
     op.result.status = s;
     op.result.error = api.last_error(comm_->get());
+    op.result.done_at = op.posted_at;
   }
 }
 
@@ -154,6 +155,7 @@ bool ProgressEngine::progress_round_locked() {
       op.req = done ? nullptr : op.req;
       op.result.status = s;
       op.result.bytes = bytes;
+      op.result.done_at = now;
       if (s != RING_TRANSPORT_OK) op.result.error = api.last_error(comm_->get());
       completed = true;
     }

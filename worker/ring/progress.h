@@ -49,6 +49,7 @@ class ProgressEngine {
     size_t bytes = 0;
     std::string error;      // the plugin's last_error when status is not OK
     double held_back_s = 0; // time a staggered send was held before it was posted
+    Clock::time_point done_at{};  // when the request was seen complete (a test or post)
   };
   // Blocks until the request finishes or timeout_ms passes (then status TIMEOUT; the request is
   // left to the comm's finalize). The handle is released.

@@ -33,6 +33,7 @@
 #include "worker/flags.h"
 #include "worker/offload/ringd_client.h"
 #include "worker/ring/debug_inject.h"
+#include "worker/ring/full_shard.h"
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_rank.h"
 #include "worker/train/trainer.h"
@@ -264,7 +265,31 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   ao.timeout_ms = args.timeout_ms;
   ao.rank_offset = rr.replica() * rr.ring().world;
   RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
-  model::Model model(model::ModelConfig::from_spec(spec), backend.get(), &attention);
+  // parallel.shard full: this rank keeps only its shard of the weights and gradient; the model
+  // takes every block from the store (gathered over all W ranks just before use).
+  const bool full = spec.parallel.shard == spec::ShardMode::kFull;
+  const bool host_backend = backend_name == "cpu";
+  std::unique_ptr<FullShardStore> store;
+  if (full) {
+    if (!host_backend) {
+      logger()->error("rank {}: parallel.shard full runs with backend cpu only in this build, "
+                      "not '{}'", rank, backend_name);
+      return kExitUsage;
+    }
+    const contract::ParamLayout layout(model::ModelConfig::from_spec(spec));
+    // ringd's node count: --world / workers_per_node (the shards are its ranges, cut).
+    const int per_node = static_cast<int>(spec.resources.workers_per_node);
+    if (per_node < 1 || args.world % per_node != 0) {
+      logger()->error("rank {}: shard full needs --world {} to be a multiple of "
+                      "resources.workers_per_node {}", rank, args.world, per_node);
+      return kExitUsage;
+    }
+    const int nodes = args.world / per_node;
+    store = std::make_unique<FullShardStore>(layout, contract::worker_shards(layout, nodes, per_node),
+                                             rank, per_node, &rr.world_progress(),
+                                             args.timeout_ms);
+  }
+  model::Model model(model::ModelConfig::from_spec(spec), backend.get(), &attention, store.get());
   const int64_t n = model.layout().total();
 
   // The phase timeline (ringd's file, contract/timeline.h) and the debug aids (debug_inject.h).
@@ -314,15 +339,28 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   const offload::Welcome& w = client.welcome();
   if (!w.cursor.is_null()) source->seek(w.cursor.get<data::Cursor>());
   if (w.need_init) {
-    model.init_params(static_cast<uint64_t>(spec.train.seed));
-    client.send_init(model.params());
+    if (full) {
+      // The node's range only, straight into the segment (never the whole model).
+      contract::ShmRegion& shm = client.shm();
+      model.initial_params(static_cast<uint64_t>(spec.train.seed), shm.params_begin(),
+                           shm.params_begin() + shm.params_n(), shm.params());
+      client.send_init_written();
+    } else {
+      model.init_params(static_cast<uint64_t>(spec.train.seed));
+      client.send_init(model.params());
+    }
   }
   // The CPU backend's weights are host memory: ringd's new weights (or the changed coordinates)
   // are copied into them. A device backend copies the shm's weights to the device as a whole and
   // each finished gradient bucket from the device straight into its shm slot: no host copy of
-  // the model in the worker.
-  const bool host_backend = backend_name == "cpu";
-  float* weights = host_backend ? model.params() : client.shm().params();
+  // the model in the worker. Shard full: only this rank's shard is copied from the segment.
+  float* weights = host_backend && !full ? model.params() : client.shm().params();
+
+  struct StepOverlap {
+    int64_t step;
+    double flight_s, wait_s;
+  };
+  std::vector<StepOverlap> overlap;  // shard full, per step
 
   // From here on transfers may be in flight: an error exits at once, without unwinding.
   return run_then_exit_on_error("ring-worker: rank " + std::to_string(rank), kExitRuntime, [&] {
@@ -337,7 +375,14 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       const int64_t s0 = tl::now_ns();
       timeline.record({.kind = tl::Phase::kParamsWait, .step = cmd.step, .begin_ns = p0,
                        .end_ns = s0});
-      if (!host_backend) model.set_params(client.shm().params(), n);
+      if (full) {
+        const contract::WorkerShard& sh = store->shard();
+        std::memcpy(store->shard_weights(),
+                    client.shm().params() + (sh.begin - client.shm().params_begin()),
+                    static_cast<size_t>(sh.size()) * sizeof(float));
+      } else if (!host_backend) {
+        model.set_params(client.shm().params(), n);
+      }
       if (inject.block_step == cmd.step) {
         logger()->warn("rank {}: RING_DEBUG_BLOCK: blocking the main thread in step {}", rank,
                        cmd.step);
@@ -372,13 +417,42 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
                          .bytes = (b.end - b.begin) * static_cast<int64_t>(sizeof(float))});
         handover_s += (h1 - h0) * 1e-9;
       };
+      // Shard full: the store hands each bucket's part of this rank's shard over once its
+      // reduce-scatter is summed (the rest of the slot stays zero, so ringd's sum of the node's
+      // slots is the job's gradient of the node's range).
+      const FullShardStore::DeliverFn shard_to_ringd = [&](int b, int64_t lo, int64_t hi,
+                                                           const float* g) {
+        const int64_t h0 = tl::now_ns();
+        if (hi > lo)
+          std::memcpy(client.slot() + (lo - store->shard().begin), g,
+                      static_cast<size_t>(hi - lo) * sizeof(float));
+        const model::GradBucket& bk = model.layout().buckets()[b];
+        client.bucket_written(cmd.step, bk);
+        const int64_t h1 = tl::now_ns();
+        timeline.record({.kind = tl::Phase::kHandover, .step = cmd.step,
+                         .layer = static_cast<int32_t>(b), .begin_ns = h0, .end_ns = h1,
+                         .bytes = (hi - lo) * static_cast<int64_t>(sizeof(float))});
+        handover_s += (h1 - h0) * 1e-9;
+      };
+      const ShardStats shard0 = store ? store->stats() : ShardStats{};
       model::LossResult loss;
       for (size_t m = 0; m < sd.shards.size(); ++m) {
         const bool last = m + 1 == sd.shards.size();
+        if (full) store->begin_batch(m == 0, last, shard_to_ringd);
         const model::LossResult r = model.forward_backward(
-            shard_batch(sd.shards[m]), global_valid, last ? to_ringd : model::BucketReadyFn{});
+            shard_batch(sd.shards[m]), global_valid,
+            last && !full ? to_ringd : model::BucketReadyFn{});
         loss.loss_sum += r.loss_sum;
         loss.valid += r.valid;
+      }
+      if (store) {  // the waits on block gathers and gradient reduce-scatters
+        const ShardStats& s1 = store->stats();
+        const double waited = (s1.gather_wait_s - shard0.gather_wait_s) +
+                              (s1.scatter_wait_s - shard0.scatter_wait_s);
+        const double flight = (s1.gather_flight_s - shard0.gather_flight_s) +
+                              (s1.scatter_flight_s - shard0.scatter_flight_s);
+        collective_s += waited;
+        overlap.push_back({cmd.step, flight, waited});
       }
       // The step's global loss: (loss_sum, valid) of every rank (all replicas), summed in rank
       // order; and whether any node's ringd has a stop request, so that every node stops after
@@ -425,6 +499,17 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
                                           .wait_ms = wait_ms,
                                           .comm_ms = comm_ms,
                                           .prev = prev_rank});
+    }
+    if (store && !overlap.empty()) {
+      // Per step: seconds the gathers and reduce-scatters were in flight and seconds this rank
+      // waited on them (bench/shard_overlap.sh reads this line from the worker's log).
+      nlohmann::json j = {{"event", "shard_overlap"}, {"rank", rank}};
+      for (const auto& o : overlap) {
+        j["step"].push_back(o.step);
+        j["flight_s"].push_back(o.flight_s);
+        j["wait_s"].push_back(o.wait_s);
+      }
+      logger()->info("shard full overlap {}", j.dump());
     }
     rr.shutdown();
     return 0;

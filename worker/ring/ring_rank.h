@@ -71,6 +71,10 @@ class RingRank {
   const RingTopology& ring() const { return ring_; }
   ProgressEngine& progress() { return *progress_; }
   transport::TransportComm& comm() { return *comm_; }
+  // The progress engine of the communicator of all W ranks (rank g there): the ring's with D = 1.
+  // Point-to-point traffic on it may run during the ring's transfers (other tags), never during
+  // a collective (all_gather, global_count, reduce).
+  ProgressEngine& world_progress() { return world_engine(); }
   const std::string& note() const { return note_; }  // e.g. how ring_order was interpreted
   int replica() const { return replica_; }           // d
   int replicas() const { return replicas_; }         // D
