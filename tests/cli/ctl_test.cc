@@ -175,8 +175,10 @@ TEST(Ringctl, StatusTableJsonAndDetails) {
   // One job's object adds its observability findings (none here).
   EXPECT_TRUE(one["straggler"].is_null()) << one;
   EXPECT_TRUE(one["hang"].is_null()) << one;
+  EXPECT_EQ(one["stragglers"], nlohmann::json::array()) << one;  // every finding, none here
   one.erase("straggler");
   one.erase("hang");
+  one.erase("stragglers");
   EXPECT_EQ(one, all[0]);
   EXPECT_EQ(one["job"], job.id);
   EXPECT_EQ(one["state"], "running");
