@@ -4,8 +4,9 @@ and the export -> import round trip.
 
 Usage: hf_parity.py RINGCTL ST_FORWARD [WORKDIR]
 
-For each case (GQA or not, tied or untied embeddings, two rope_theta values, bf16 and fp32
-storage, RoPE scaling none / linear / llama3 / yarn) this writes a small random Llama in the Hugging Face layout (config.json, two
+For each case (GQA or not, tied or untied embeddings, two rope_theta values, bf16, fp16 and
+fp32 storage, RoPE scaling none / linear / llama3 / yarn) this writes a small random Llama in the
+Hugging Face layout (config.json, two
 .safetensors shards and model.safetensors.index.json, written here with numpy from the format's
 definition), imports it with `ringctl import`, runs ringmaster's forward on the imported master
 weights (st_forward, CPU backend, fp32) and compares the logits and the per-sequence mean
@@ -15,8 +16,9 @@ Tolerance: max |logit difference| <= 1e-5 x max |logit|, loss relative differenc
 
 Then `ringctl export --dtype fp32` (and bf16 for the bf16 case): the exported tensors must equal
 the source tensors bit for bit (fp32: the same bytes; a bf16 source exported as bf16: the same
-bytes), and importing the export must give master tensors with the same checksums and bytes as
-the first import. Exit 0 on success, 1 on a mismatch, 77 when torch cannot be imported (skip).
+bytes); the import must keep the source's precision in the checkpoint (bf16 / f16 master
+tensors for a 16-bit source); importing the fp32 export must give master tensors of the same
+values as the first import, and importing a bf16 export of a bf16 source the same bytes. Exit 0 on success, 1 on a mismatch, 77 when torch cannot be imported (skip).
 """
 import json
 import os
@@ -50,10 +52,11 @@ def bf16_bits_to_f32(b):
 
 
 def write_safetensors(path, tensors, dtype):
-    """tensors: list of (name, fp32 array); dtype 'F32' or 'BF16'."""
+    """tensors: list of (name, fp32 array); dtype 'F32', 'BF16' or 'F16'."""
     header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
     for name, a in tensors:
         raw = (np.ascontiguousarray(a, dtype="<f4").tobytes() if dtype == "F32"
+               else np.ascontiguousarray(a, dtype="<f2").tobytes() if dtype == "F16"
                else to_bf16_bits(a).astype("<u2").tobytes())
         header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
@@ -271,6 +274,7 @@ def main():
         ("gqa_tied_5e5_f32", 4, 2, 32, True, 500000.0, "F32", None),
         ("gqa_untied_1e4_bf16", 8, 2, 8, False, 10000.0, "BF16", None),
         ("mha_tied_5e5_bf16", 4, 4, 16, True, 500000.0, "BF16", None),
+        ("gqa_untied_1e4_f16", 4, 2, 16, False, 10000.0, "F16", None),
         ("gqa_linear4_f32", 4, 2, 16, False, 10000.0, "F32", linear),
         ("gqa_llama3x8_f32", 4, 2, 32, True, 500000.0, "F32", llama3),
         ("gqa_yarn4_f32", 4, 2, 32, False, 10000.0, "F32", yarn),
@@ -287,6 +291,8 @@ def main():
         w = make_model(rng, dict(c, head_dim=hd))
         if dtype == "BF16":  # what the file holds, as fp32
             w = {k: bf16_bits_to_f32(to_bf16_bits(v)) for k, v in w.items()}
+        if dtype == "F16":
+            w = {k: v.astype(np.float16).astype(np.float32) for k, v in w.items()}
         hf_dir, ck = os.path.join(work, name, "hf"), os.path.join(work, name, "ckpt")
         shutil.rmtree(os.path.join(work, name), ignore_errors=True)
         cfg = {k: v for k, v in c.items() if k != "_hd"}
@@ -318,7 +324,9 @@ def main():
             print(f"{name}: export names differ: {sorted(set(src) ^ set(got))}")
             failures += 1
         for n, (dt, shape, raw) in src.items():
-            want = raw if dt == "F32" else bf16_bits_to_f32(np.frombuffer(raw, "<u2")).tobytes()
+            want = (raw if dt == "F32" else
+                    np.frombuffer(raw, "<f2").astype("<f4").tobytes() if dt == "F16" else
+                    bf16_bits_to_f32(np.frombuffer(raw, "<u2")).tobytes())
             if n in got and (got[n][1] != shape or got[n][2] != want):
                 print(f"{name}: exported {n} differs from the source")
                 failures += 1
