@@ -445,6 +445,13 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   p.grad_payload_topk = static_cast<double>(p.topk_k) * 8.0;  // u32 index + fp32 value
   p.grad_sent_dense_per_node = 2.0 * (nodes - 1.0) / nodes * p.grad_payload_dense;
   p.grad_sent_topk_per_node = (nodes - 1.0) * p.grad_payload_topk;
+  if (full) {
+    const double mb = static_cast<double>(std::max<int64_t>(s.train.micro_batches, 1));
+    p.shard_gathered_per_rank = mb * 2.0 * (n - S) * b;
+    p.shard_scattered_per_rank = mb * (n - S) * 4.0;
+    p.grad_sent_dense_per_node = 0;  // the workers' reduce-scatter already summed the job's
+    p.grad_sent_topk_per_node = 0;
+  }
 
   // ---- fit
   p.host_capacity = s.resources.host_memory_gb * 1e9;
@@ -559,7 +566,9 @@ nlohmann::json to_json(const Plan& p, const JobSpec& s) {
         {"grad_payload_topk_bytes", p.grad_payload_topk},
         {"topk_k", p.topk_k},
         {"grad_sent_dense_per_node_bytes", p.grad_sent_dense_per_node},
-        {"grad_sent_topk_per_node_bytes", p.grad_sent_topk_per_node}}},
+        {"grad_sent_topk_per_node_bytes", p.grad_sent_topk_per_node},
+        {"shard_gathered_per_rank_bytes", p.shard_gathered_per_rank},
+        {"shard_scattered_per_rank_bytes", p.shard_scattered_per_rank}}},
       {"fit",
        {{"device", p.device_name},
         {"device_capacity_bytes", p.device_capacity},
@@ -643,8 +652,15 @@ std::string to_text(const Plan& p, const JobSpec& s) {
        p.grad_payload_topk > 0
            ? fmt::format("{:.0f}x smaller", p.grad_payload_dense / p.grad_payload_topk)
            : "");
-  line("sent per node, dense all-reduce", p.grad_sent_dense_per_node);
-  line("sent per node, top-k all-gather", p.grad_sent_topk_per_node);
+  if (p.shard == ShardMode::kFull) {
+    line("weights gathered per rank (fwd + bwd)", p.shard_gathered_per_rank,
+         "2 x (n - shard) x dtype, every micro-batch");
+    line("gradient reduce-scattered per rank", p.shard_scattered_per_rank,
+         "(n - shard) x 4; nothing between the nodes' ringd");
+  } else {
+    line("sent per node, dense all-reduce", p.grad_sent_dense_per_node);
+    line("sent per node, top-k all-gather", p.grad_sent_topk_per_node);
+  }
   o += "\nfit:\n";
   if (s.resources.backend == Backend::kCuda) {
     o += fmt::format("  GPU {}: {} needed, {} usable ({} less {} reserve): {}\n", p.device_name,

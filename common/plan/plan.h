@@ -126,6 +126,12 @@ struct Plan {
   double grad_sent_dense_per_node = 0;  // ring all-reduce between nodes
   double grad_sent_topk_per_node = 0;   // all-gather of sparse sets between nodes
   int64_t topk_k = 0;
+  // Shard full (0 otherwise), per rank and step, every micro-batch: the weights it receives in
+  // the block all-gathers of the forward and the backward, 2 x (n - shard) x b, and the gradient
+  // parts it sends in the reduce-scatters, (n - shard) x 4 (worker/ring/full_shard.h). The
+  // nodes' ringd then exchange no gradient: the two lines above are 0.
+  double shard_gathered_per_rank = 0;
+  double shard_scattered_per_rank = 0;
 
   // Fit.
   std::string device_name;  // "H100-80G" or "host"

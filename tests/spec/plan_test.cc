@@ -130,6 +130,26 @@ TEST(Plan, TopkPayloadIsSmallerByOneOverTwoDensity) {
   EXPECT_TRUE(has_residual);
 }
 
+// Shard full: the ranks gather every block's weights in the forward and again in the backward
+// and reduce-scatter the gradient, every micro-batch; the nodes' ringd exchange nothing.
+TEST(Plan, ShardFullCommunicationIsTheGathersAndTheReduceScatter) {
+  auto s = load(gpu_spec(1 << 20, 8, true, "optimizer: {compression: topk, density: 0.001}"));
+  s.resources.nodes = 4;
+  s.parallel.shard = spec::ShardMode::kFull;
+  s.train.micro_batches = 2;
+  Plan p = make_plan(s);
+  const double n = static_cast<double>(p.flat_floats), S = static_cast<double>(p.worker_shard);
+  ASSERT_LT(S, n / 8);  // 32 ranks share the model
+  EXPECT_DOUBLE_EQ(p.shard_gathered_per_rank, 2 * 2.0 * (n - S) * 2);  // bf16 weights
+  EXPECT_DOUBLE_EQ(p.shard_scattered_per_rank, 2 * (n - S) * 4.0);
+  EXPECT_EQ(p.grad_sent_dense_per_node, 0);
+  EXPECT_EQ(p.grad_sent_topk_per_node, 0);
+  s.parallel.shard = spec::ShardMode::kOptimizer;
+  Plan o = make_plan(s);
+  EXPECT_EQ(o.shard_gathered_per_rank, 0);
+  EXPECT_GT(o.grad_sent_dense_per_node, 0);
+}
+
 TEST(Plan, FitVerdicts) {
   // 64 CUDA workers on one node: the segment holds 64 gradient slots of 4 n (1.7 TB) besides
   // ringd's state (1.9 TB in all), over the 1.5 TB given; spread over 8 nodes of 8 it fits.
