@@ -253,23 +253,39 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   } else {
     // worker/ring/full_shard.h: the shard, and block buffers of the largest bucket each at the
     // peak (tied embeddings: the embedding's weights beside the head, and its gradient held
-    // through the backward).
+    // through the backward). The shard and the transfers' buffers are host memory; a device
+    // worker (staged blocks) keeps them in host memory and only the blocks the model uses, and
+    // the gradient it writes, on the device.
     const double tied = m.tie_embeddings ? 1.0 : 0.0;
-    w.push_back({"weight shard", S * b, "shard x b, shard = ceil(range / workers_per_node)"});
-    w.push_back({"gradient shard (fp32)", S * 4.0, "shard x 4"});
-    w.push_back({m.tie_embeddings ? "gathered blocks (in use + prefetch + tied embedding)"
-                                  : "gathered blocks (in use + prefetch)",
-                 (2.0 + tied) * B * b, m.tie_embeddings ? "3 x largest bucket x b"
-                                                        : "2 x largest bucket x b"});
-    w.push_back({m.tie_embeddings ? "block gradients (fp32: being written + tied embedding)"
-                                  : "block gradient (fp32, being written or reduce-scattered)",
-                 (1.0 + tied) * B * 4.0, m.tie_embeddings ? "2 x largest bucket x 4"
-                                                          : "largest bucket x 4"});
+    auto& hw = host_backend ? w : p.worker_host;
+    hw.push_back({"weight shard", S * b, "shard x b, shard = ceil(range / workers_per_node)"});
+    hw.push_back({"gradient shard (fp32)", S * 4.0, "shard x 4"});
+    if (host_backend) {
+      w.push_back({m.tie_embeddings ? "gathered blocks (in use + prefetch + tied embedding)"
+                                    : "gathered blocks (in use + prefetch)",
+                   (2.0 + tied) * B * b, m.tie_embeddings ? "3 x largest bucket x b"
+                                                          : "2 x largest bucket x b"});
+      w.push_back({m.tie_embeddings ? "block gradients (fp32: being written + tied embedding)"
+                                    : "block gradient (fp32, being written or reduce-scattered)",
+                   (1.0 + tied) * B * 4.0, m.tie_embeddings ? "2 x largest bucket x 4"
+                                                            : "largest bucket x 4"});
+    } else {
+      w.push_back({m.tie_embeddings ? "staged blocks (in use + tied embedding)"
+                                    : "staged block (in use)",
+                   (1.0 + tied) * B * b, m.tie_embeddings ? "2 x largest bucket x b"
+                                                          : "largest bucket x b"});
+      w.push_back({m.tie_embeddings ? "staged block gradients (fp32: being written + tied embedding)"
+                                    : "staged block gradient (fp32, being written)",
+                   (1.0 + tied) * B * 4.0, m.tie_embeddings ? "2 x largest bucket x 4"
+                                                            : "largest bucket x 4"});
+      p.worker_host.push_back({"block buffers (fp32: prefetched gather + reduce-scatter)",
+                               2.0 * B * 4.0, "2 x largest bucket x 4"});
+    }
     if (G > 1) {
       const double parts = static_cast<double>(std::min<int64_t>(2, G - 1)) + 1.0 +
                            (nodes_i > 1 ? 1.0 : 0.0);
-      w.push_back({"reduce-scatter window and sums (fp32, at most)", parts * 4.0 * std::min(S, B),
-                   "(min(2, G - 1) + 1 + [nodes > 1]) x 4 x min(shard, largest bucket)"});
+      hw.push_back({"reduce-scatter window and sums (fp32, at most)", parts * 4.0 * std::min(S, B),
+                    "(min(2, G - 1) + 1 + [nodes > 1]) x 4 x min(shard, largest bucket)"});
     }
   }
   if (!offload) {
@@ -298,10 +314,11 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   if (host_backend)
     w.push_back({"process (code, libraries, stacks)", 48e6, "48 MB, measured (bench/shard_memory.sh)"});
 
-  // The offloaded rank's host-side buffers (worker/ring/ring_main.cc run_offloaded_rank): none.
-  // The CPU backend's weights are its host memory (copied in from the shared memory); a device
+  // The offloaded rank's host-side buffers (worker/ring/ring_main.cc run_offloaded_rank): the
+  // CPU backend's weights are its host memory (copied in from the shared memory); a device
   // backend uploads the weights straight from the shared memory and copies each finished
-  // gradient bucket straight into its slot. The list stays for the JSON and the node total.
+  // gradient bucket straight into its slot, so it has none, except with shard full (the shard
+  // and the transfers' buffers, above).
   auto& wh = p.worker_host;
   p.worker_host_total = sum(wh);
   p.worker_total = sum(w);
@@ -480,9 +497,8 @@ Plan make_plan(const JobSpec& s) {
   if (s.optimizer.offload == Offload::kCpu) {
     for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kFull}) {
       const Plan q = mode == s.parallel.shard ? p : plan_for(s, mode);
-      // Shard full runs with backend cpu in this build (validate.cc).
-      p.modes.push_back({mode, q.worker_total, q.host_total, q.fits_device, q.fits_host,
-                         mode != ShardMode::kFull || s.resources.backend == Backend::kCpu});
+      // Every mode runs with every backend; shard full on a device stages its blocks (full_shard.h).
+      p.modes.push_back({mode, q.worker_total, q.host_total, q.fits_device, q.fits_host});
     }
   }
   return p;
@@ -505,8 +521,7 @@ nlohmann::json modes_json(const std::vector<ModeTotals>& modes) {
                  {"host_total_bytes", m.host_total},
                  {"fits_device", m.fits_device},
                  {"fits_host", m.fits_host},
-                 {"fits", m.fits_device && m.fits_host},
-                 {"runs_in_this_build", m.runs}});
+                 {"fits", m.fits_device && m.fits_host}});
   return a;
 }
 
@@ -634,13 +649,12 @@ std::string to_text(const Plan& p, const JobSpec& s) {
     o += "\nshard modes (the rest of the spec unchanged):\n";
     o += fmt::format("  {:<10} {:>14} {:>14}   {}\n", "mode", "per worker", "per node", "fit");
     for (const auto& md : p.modes)
-      o += fmt::format("  {:<10} {:>14} {:>14}   {}{}{}\n", spec::to_string(md.mode),
+      o += fmt::format("  {:<10} {:>14} {:>14}   {}{}\n", spec::to_string(md.mode),
                        human_bytes(md.worker_total), human_bytes(md.host_total),
                        md.fits_device && md.fits_host ? "fits"
                        : !md.fits_device && s.resources.backend == Backend::kCuda
                            ? "does not fit the GPU"
                            : "does not fit host memory",
-                       md.runs ? "" : " (sized only: not run by this build with this backend)",
                        md.mode == p.shard ? "   <- this spec" : "");
   }
   o += "\ncommunication per step:\n";

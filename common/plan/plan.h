@@ -71,7 +71,6 @@ struct ModeTotals {
   double host_total = 0;    // per node
   bool fits_device = false;
   bool fits_host = false;
-  bool runs = false;        // this build runs the mode (shard full: with backend cpu only)
 };
 
 struct Plan {

@@ -598,19 +598,6 @@ const std::vector<Rule>& rules() {
                                "CUDA attention kernel takes head_dim <= 128)",
                                hd));
        }},
-      {{"parallel.shard, resources.backend",
-        "shard full runs with backend cpu in this build (the gathered blocks and shard gradients "
-        "are host memory).",
-        RuleScope::kRuntime},
-       [](Ctx& c) {
-         if (c.s.parallel.shard == ShardMode::kFull && c.s.resources.backend != Backend::kCpu)
-           c.error("parallel.shard",
-                   fmt::format("not supported by this build: shard full with backend {} "
-                               "(ring-worker gathers blocks and reduce-scatters gradients in "
-                               "host memory, backend cpu only): use backend cpu, or shard "
-                               "optimizer",
-                               to_string(c.s.resources.backend)));
-       }},
       {{"optimizer.offload",
         "offload cpu: ringd owns the optimizer (offload none is for "
         "ring-worker alone).",

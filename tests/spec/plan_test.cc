@@ -291,14 +291,27 @@ TEST(Plan, ShardModesDivideWhatTheyShard) {
   // The largest node's range cut among its 8 workers, 64-byte aligned.
   const double shard = std::ceil(std::ceil(f.largest_range / 8.0) / 16) * 16;
   EXPECT_EQ(f.worker_shard, static_cast<int64_t>(shard));
-  EXPECT_EQ(item(f.worker, "weight shard"), shard * 2);
-  EXPECT_EQ(item(f.worker, "gradient shard"), shard * 4);
-  // llama7b: untied head, so two gathered blocks and one block gradient.
+  // Backend cuda: the shard and the transfers' buffers are the worker's host memory; the GPU
+  // holds only the staged block in use and the block gradient being written (untied head).
+  EXPECT_EQ(item(f.worker_host, "weight shard"), shard * 2);
+  EXPECT_EQ(item(f.worker_host, "gradient shard"), shard * 4);
+  EXPECT_EQ(item(f.worker, "weight shard"), -1);
   EXPECT_FALSE(s.model.tie_embeddings);
-  EXPECT_EQ(item(f.worker, "gathered blocks"), 2.0 * f.largest_bucket * 2);
-  EXPECT_EQ(item(f.worker, "block gradient"), 4.0 * f.largest_bucket);
+  EXPECT_EQ(item(f.worker, "staged block"), 1.0 * f.largest_bucket * 2);
+  EXPECT_EQ(item(f.worker, "staged block gradient"), 4.0 * f.largest_bucket);
+  EXPECT_EQ(item(f.worker_host, "block buffers"), 2.0 * 4 * f.largest_bucket);
   // Two receive buffers, the running sum and a node's running sum (64 nodes).
-  EXPECT_EQ(item(f.worker, "reduce-scatter window"), 16.0 * std::min<double>(shard, f.largest_bucket));
+  EXPECT_EQ(item(f.worker_host, "reduce-scatter window"),
+            16.0 * std::min<double>(shard, f.largest_bucket));
+  EXPECT_DOUBLE_EQ(item(f.host_workers, "workers' host buffers"), 8 * f.worker_host_total);
+  // Backend cpu: all of it is the worker's (host) memory, blocks prefetched in place.
+  auto c = s;
+  c.resources.backend = spec::Backend::kCpu;
+  const Plan fc = make_plan(c);
+  EXPECT_EQ(item(fc.worker, "weight shard"), shard * 2);
+  EXPECT_EQ(item(fc.worker, "gathered blocks"), 2.0 * fc.largest_bucket * 2);
+  EXPECT_EQ(item(fc.worker, "block gradient"), 4.0 * fc.largest_bucket);
+  EXPECT_TRUE(fc.worker_host.empty());
   EXPECT_LT(f.worker_total, o.worker_total);
   EXPECT_EQ(item(f.host_ringd, "node gradient"), 4.0 * f.largest_range);
   EXPECT_LT(f.host_shm_total, o.host_shm_total / 20);
@@ -308,8 +321,6 @@ TEST(Plan, ShardModesDivideWhatTheyShard) {
   EXPECT_EQ(f.modes[2].mode, spec::ShardMode::kFull);
   EXPECT_DOUBLE_EQ(f.modes[2].host_total, f.host_total);
   EXPECT_DOUBLE_EQ(f.modes[1].host_total, o.host_total);
-  EXPECT_FALSE(f.modes[2].runs);  // backend cuda
-  EXPECT_TRUE(f.modes[0].runs && f.modes[1].runs);
 }
 
 // The large examples fit only fully sharded; the 70B one says which mode in its comment.
@@ -342,7 +353,6 @@ TEST(Plan, JsonHasTheShardSection) {
   EXPECT_EQ(j["worker_host"]["items"].size(), p.worker_host.size());
   const std::string t = to_text(p, s);
   EXPECT_NE(t.find("shard modes"), std::string::npos) << t;
-  EXPECT_NE(t.find("sized only: not run by this build"), std::string::npos) << t;
 }
 
 }  // namespace

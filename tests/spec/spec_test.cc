@@ -516,18 +516,18 @@ TEST(SpecLimits, FlatLayoutIsTheWorkersLayout) {
 // The limits of this build are errors for ringctl, warnings for --what-if; ringd's own rule
 // (offload cpu) applies to jobs, not to `ring-worker --spec` alone.
 TEST(SpecLimits, ScopesOfTheRules) {
-  auto lazy = source_path("configs/invalid/shard-full-cuda.yaml");
-  EXPECT_FALSE(load_spec_file(lazy).ok());
+  auto wide = source_path("configs/invalid/cuda-head-dim-over-128.yaml");
+  EXPECT_FALSE(load_spec_file(wide).ok());
   LoadOptions what_if;
   what_if.runtime_limits_are_errors = false;
-  auto r = load_spec_file(lazy, what_if);
+  auto r = load_spec_file(wide, what_if);
   ASSERT_TRUE(r.ok()) << errors_of(r)[0];
   ASSERT_EQ(r.diagnostics.size(), 1u);
   EXPECT_EQ(r.diagnostics[0].severity, Diagnostic::Severity::kWarning);
-  // The same job with shard optimizer is fine: the limit is shard full with backend cuda.
-  std::string text = read_file(lazy);
-  text.replace(text.find("shard: full"), 11, "shard: optimizer");
-  EXPECT_TRUE(load_spec_string(text, "dense.yaml", job_spec_options()).ok());
+  // The same job with 8 heads (head_dim 128) is fine: the limit is head_dim with backend cuda.
+  std::string text = read_file(wide);
+  text.replace(text.find("heads: 4"), 8, "heads: 8");
+  EXPECT_TRUE(load_spec_string(text, "narrow.yaml", job_spec_options()).ok());
   auto none = source_path("configs/invalid/offload-none-under-ringd.yaml");
   EXPECT_TRUE(load_spec_file(none).ok());                       // ring-worker alone
   EXPECT_FALSE(load_spec_file(none, job_spec_options()).ok());  // ringctl, ringd

@@ -29,10 +29,11 @@ double since(Clock::time_point t0) {
 
 FullShardStore::FullShardStore(const contract::ParamLayout& layout,
                                std::vector<contract::WorkerShard> shards, int rank,
-                               int workers_per_node, ProgressEngine* engine, int timeout_ms)
+                               int workers_per_node, ProgressEngine* engine, int timeout_ms,
+                               kernels::Backend* stage)
     : layout_(layout), shards_(std::move(shards)), rank_(rank),
       world_(static_cast<int>(shards_.size())), per_node_(workers_per_node), engine_(engine),
-      timeout_ms_(timeout_ms) {
+      timeout_ms_(timeout_ms), stage_(stage) {
   if (rank_ < 0 || rank_ >= world_ || per_node_ < 1 || world_ % per_node_ != 0 ||
       (engine_ == nullptr && world_ > 1)) {
     throw std::invalid_argument(fmt::format(
@@ -58,6 +59,28 @@ std::vector<float>* FullShardStore::take_buffer() {
 }
 
 void FullShardStore::give_back(std::vector<float>* buf) { free_.push_back(buf); }
+
+float* FullShardStore::take_device_buffer() {
+  if (dev_free_.empty()) {
+    dev_pool_.push_back(std::make_unique<model::DeviceArray<float>>(stage_, max_bucket_));
+    return dev_pool_.back()->data();
+  }
+  float* p = dev_free_.back();
+  dev_free_.pop_back();
+  return p;
+}
+
+void FullShardStore::give_back(const Block& b) {
+  if (b.dev) dev_free_.push_back(b.dev);
+  if (b.host) give_back(b.host);
+}
+
+void FullShardStore::check(kernels::Status st, const char* what, int b) const {
+  if (st != kernels::Status::kOk)
+    throw std::runtime_error(fmt::format("shard full: {} of bucket {} on backend {}: {} {}", what,
+                                         layout_.buckets()[b].name, stage_->name(),
+                                         kernels::status_string(st), stage_->last_error()));
+}
 
 std::pair<int64_t, int64_t> FullShardStore::part(int b, int q) const {
   const contract::GradBucket& bk = layout_.buckets()[b];
@@ -138,53 +161,77 @@ const float* FullShardStore::acquire(int b, int next) {
   if (tl::TimelineWriter* w = tl::active())
     w->record({.kind = tl::Phase::kCollective, .step = w->step(), .layer = b, .begin_ns = n0,
                .end_ns = tl::now_ns()});
-  std::vector<float>* buf = it->buf;
+  Block blk{b, it->buf, nullptr};
   gathers_.erase(it);
-  held_.push_back({b, buf});
+  if (stage_) {  // into the backend's memory; the host buffer is free again
+    const contract::GradBucket& bk = layout_.buckets()[b];
+    blk.dev = take_device_buffer();
+    check(stage_->copy_to_device(blk.dev, blk.host->data(),
+                                 static_cast<size_t>(bk.end - bk.begin) * sizeof(float)),
+          "copy to the device", b);
+    give_back(blk.host);
+    blk.host = nullptr;
+  }
+  held_.push_back(blk);
   // The next block travels while this one computes.
   if (next >= 0 &&
       std::none_of(gathers_.begin(), gathers_.end(), [next](const Gather& g) { return g.bucket == next; }) &&
-      std::none_of(held_.begin(), held_.end(), [next](const auto& h) { return h.first == next; }))
+      std::none_of(held_.begin(), held_.end(), [next](const Block& h) { return h.bucket == next; }))
     start_gather(next);
-  return buf->data();
+  return blk.data();
 }
 
 void FullShardStore::release(int b) {
-  auto it = std::find_if(held_.begin(), held_.end(), [b](const auto& h) { return h.first == b; });
+  auto it = std::find_if(held_.begin(), held_.end(), [b](const Block& h) { return h.bucket == b; });
   if (it == held_.end())
     throw std::logic_error(fmt::format("FullShardStore: release of bucket {} not acquired", b));
-  give_back(it->second);
+  give_back(*it);
   held_.erase(it);
 }
 
 // ---- gradients -------------------------------------------------------------------------------
 
 float* FullShardStore::grads(int b) {
-  auto it = std::find_if(grads_.begin(), grads_.end(), [b](const auto& h) { return h.first == b; });
-  if (it != grads_.end()) return it->second->data();
+  auto it = std::find_if(grads_.begin(), grads_.end(), [b](const Block& h) { return h.bucket == b; });
+  if (it != grads_.end()) return it->data();
   // One reduce-scatter in flight: it finishes before another block gradient is handed out.
   while (!scatters_.empty()) {
     finish_scatter(scatters_.front());
     scatters_.pop_front();
   }
-  std::vector<float>* buf = take_buffer();
   const contract::GradBucket& bk = layout_.buckets()[b];
-  std::fill(buf->begin(), buf->begin() + (bk.end - bk.begin), 0.f);
-  grads_.push_back({b, buf});
-  return buf->data();
+  Block blk{b, nullptr, nullptr};
+  if (stage_) {
+    blk.dev = take_device_buffer();
+    check(stage_->fill(bk.end - bk.begin, 0.f, blk.dev), "zeroing the gradient", b);
+  } else {
+    blk.host = take_buffer();
+    std::fill(blk.host->begin(), blk.host->begin() + (bk.end - bk.begin), 0.f);
+  }
+  grads_.push_back(blk);
+  return blk.data();
 }
 
 void FullShardStore::grads_done(int b) {
-  auto it = std::find_if(grads_.begin(), grads_.end(), [b](const auto& h) { return h.first == b; });
+  auto it = std::find_if(grads_.begin(), grads_.end(), [b](const Block& h) { return h.bucket == b; });
   if (it == grads_.end())
     throw std::logic_error(fmt::format("FullShardStore: grads_done of bucket {} not handed out", b));
-  std::vector<float>* buf = it->second;
+  const Block blk = *it;
   grads_.erase(it);
   // One reduce-scatter in flight (they share the receive window): with tied embeddings the
   // embedding's gradient was handed out before the layers', so the last layer's may still be.
   while (!scatters_.empty()) {
     finish_scatter(scatters_.front());
     scatters_.pop_front();
+  }
+  std::vector<float>* buf = blk.host;
+  if (stage_) {  // back to host memory for the transfers (after the backward's kernels)
+    const contract::GradBucket& bk = layout_.buckets()[b];
+    buf = take_buffer();
+    check(stage_->copy_to_host(buf->data(), blk.dev,
+                               static_cast<size_t>(bk.end - bk.begin) * sizeof(float)),
+          "copy to the host", b);
+    dev_free_.push_back(blk.dev);
   }
   start_scatter(b, buf);
 }

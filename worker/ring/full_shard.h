@@ -22,7 +22,16 @@
 // embedding's, held through the backward): 3 + 2 x tied buffers at the peak; plus with W > 1
 // reduce-scatter buffers of one part each (this shard's part of a bucket, at most its size):
 // min(2, W - 1) receive buffers, the running sum, and with several nodes a node's running sum.
-// Host memory: the CPU backend only.
+// All of that is host memory: the transfers take host buffers.
+//
+// A device backend (`stage`, e.g. CUDA): the model's blocks must live in its memory, so the
+// store stages them. A gathered block is copied to a device buffer when the model acquires it
+// (the host buffer is free again at once), and a block gradient is written by the model into a
+// zeroed device buffer and copied back to a host buffer when done, before its reduce-scatter.
+// The backend's copies are ordered after the kernels already queued (the CUDA backend copies on
+// its compute stream and waits), so a released device buffer is never overwritten while a kernel
+// still reads it. Device memory at the peak: the blocks in use and the gradient being written,
+// 2 + 2 x tied buffers of the largest bucket; host memory as above.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +42,8 @@
 
 #include "common/contract/layout.h"
 #include "common/contract/shard.h"
+#include "kernels/backend.h"
+#include "worker/model/buffer.h"
 #include "worker/model/model.h"
 #include "worker/ring/progress.h"
 
@@ -60,9 +71,12 @@ class FullShardStore final : public model::BlockStore {
 
   // shards: every rank's (worker_shards), rank: this rank g, workers_per_node: to sum in shard
   // none's order. engine: the progress engine of a communicator of all W ranks, rank g = its
-  // rank there. Throws std::invalid_argument on inconsistent arguments.
+  // rank there (its transport takes host buffers). stage: the model's backend when its memory is
+  // not host memory (blocks are staged through it, see above); null for the CPU backend. Throws
+  // std::invalid_argument on inconsistent arguments.
   FullShardStore(const contract::ParamLayout& layout, std::vector<contract::WorkerShard> shards,
-                 int rank, int workers_per_node, ProgressEngine* engine, int timeout_ms);
+                 int rank, int workers_per_node, ProgressEngine* engine, int timeout_ms,
+                 kernels::Backend* stage = nullptr);
   ~FullShardStore() override;
 
   const contract::WorkerShard& shard() const { return shards_[rank_]; }
@@ -97,11 +111,21 @@ class FullShardStore final : public model::BlockStore {
     std::vector<int> handle;            // [kWindow]: the receive in each window buffer
     ProgressEngine::Clock::time_point posted_at{}, last_done{};
   };
+  // A block handed to the model: its host buffer, or with staging its device buffer.
+  struct Block {
+    int bucket = -1;
+    std::vector<float>* host = nullptr;
+    float* dev = nullptr;
+    float* data() const { return dev ? dev : host->data(); }
+  };
   // Receives of a reduce-scatter in flight at once: the parts arrive into a window of buffers
   // and are summed in rank order as they come, so a rank holds 2 + kWindow parts, not W.
   static constexpr int kWindow = 2;
   std::vector<float>* take_buffer();
   void give_back(std::vector<float>* buf);
+  float* take_device_buffer();
+  void give_back(const Block& b);
+  void check(kernels::Status st, const char* what, int b) const;
   // The part of bucket b inside rank q's shard: [lo, hi) (empty: lo == hi).
   std::pair<int64_t, int64_t> part(int b, int q) const;
   void start_gather(int b);
@@ -121,8 +145,11 @@ class FullShardStore final : public model::BlockStore {
   std::vector<std::unique_ptr<std::vector<float>>> pool_;  // every block buffer
   std::vector<std::vector<float>*> free_;
   std::deque<Gather> gathers_;                 // posted, not yet acquired (or acquired: held)
-  std::vector<std::pair<int, std::vector<float>*>> held_;    // acquired weights
-  std::vector<std::pair<int, std::vector<float>*>> grads_;   // handed-out block gradients
+  std::vector<Block> held_;                    // acquired weights
+  std::vector<Block> grads_;                   // handed-out block gradients
+  kernels::Backend* stage_ = nullptr;
+  std::vector<std::unique_ptr<model::DeviceArray<float>>> dev_pool_;  // staging: every buffer
+  std::vector<float*> dev_free_;
   std::deque<Scatter> scatters_;               // reduce-scatters in flight, bucket order
   std::vector<std::vector<float>> window_;     // [kWindow] receive buffers [largest part]
   std::vector<float> sum_, node_sum_;          // [largest part]: the running sums

@@ -271,9 +271,11 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   const bool host_backend = backend_name == "cpu";
   std::unique_ptr<FullShardStore> store;
   if (full) {
-    if (!host_backend) {
-      logger()->error("rank {}: parallel.shard full runs with backend cpu only in this build, "
-                      "not '{}'", rank, backend_name);
+    // The gathers and reduce-scatters travel in host buffers; a device backend's blocks are
+    // staged through them (full_shard.h).
+    if (!(rr.comm().api().caps & RING_TRANSPORT_CAP_HOST_MEMORY)) {
+      logger()->error("rank {}: parallel.shard full needs a transport that takes host buffers "
+                      "(ucx); '{}' takes device buffers only", rank, rr.comm().api().name);
       return kExitUsage;
     }
     const contract::ParamLayout layout(model::ModelConfig::from_spec(spec));
@@ -287,7 +289,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
     const int nodes = args.world / per_node;
     store = std::make_unique<FullShardStore>(layout, contract::worker_shards(layout, nodes, per_node),
                                              rank, per_node, &rr.world_progress(),
-                                             args.timeout_ms);
+                                             args.timeout_ms, host_backend ? nullptr : backend.get());
   }
   model::Model model(model::ModelConfig::from_spec(spec), backend.get(), &attention, store.get());
   const int64_t n = model.layout().total();

@@ -1,0 +1,113 @@
+// One rank's FullShardStore (parallel.shard full) against the model's own flat buffers: the same
+// weights and tokens through Model with and without the store, the store's blocks optionally
+// staged through a backend's memory (as a device worker stages them). Shared by the CPU test
+// (tests/worker/full_shard_stage_test.cc) and the GPU one (tests/gpu/full_shard_gpu_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/contract/shard.h"
+#include "kernels/backend.h"
+#include "worker/model/attention.h"
+#include "worker/model/model.h"
+#include "worker/ring/full_shard.h"
+
+namespace ring::test {
+
+inline model::ModelConfig stage_model(bool tied, bool recompute) {
+  model::ModelConfig m;
+  m.layers = 3;
+  m.d_model = 64;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.head_dim = 16;
+  m.mlp_hidden = 96;
+  m.vocab = 97;
+  m.tie_embeddings = tied;
+  m.recompute = recompute;
+  m.rope_theta = 10000.f;
+  m.norm_eps = 1e-5f;
+  return m;
+}
+
+struct StageTokens {
+  std::vector<int32_t> ids, labels, docs;
+  std::vector<int64_t> pos;
+  int64_t valid = 0;
+  model::Batch batch() const {
+    return {static_cast<int64_t>(ids.size()), ids.data(), labels.data(), pos.data(), docs.data()};
+  }
+};
+
+// Packed documents of 70 tokens; the last token of each has no label.
+inline StageTokens stage_tokens(int64_t t, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  StageTokens b;
+  for (int64_t i = 0; i < t; ++i) {
+    b.ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+    b.docs.push_back(static_cast<int32_t>(i / 70));
+    b.pos.push_back(i % 70);
+  }
+  for (int64_t i = 0; i < t; ++i) {
+    const bool last = i + 1 == t || b.docs[i + 1] != b.docs[i];
+    b.labels.push_back(last ? -1 : b.ids[i + 1]);
+    if (!last) ++b.valid;
+  }
+  return b;
+}
+
+struct StageRun {
+  double loss = 0;            // summed over the micro-batches
+  std::vector<float> grads;   // [layout total], host
+};
+
+inline int64_t total_valid(const std::vector<StageTokens>& batches) {
+  int64_t v = 0;
+  for (const auto& b : batches) v += b.valid;
+  return v;
+}
+
+// The model's flat buffers on `backend`, gradients accumulated over the batches.
+inline StageRun run_flat(const model::ModelConfig& cfg, kernels::Backend* backend,
+                         const std::vector<float>& params, const std::vector<StageTokens>& batches) {
+  model::LocalAttention attention(backend);
+  model::Model m(cfg, backend, &attention);
+  m.set_params(params);
+  m.zero_grads();
+  StageRun r;
+  for (const auto& b : batches) r.loss += m.forward_backward(b.batch(), total_valid(batches)).loss;
+  r.grads = m.get_grads();
+  return r;
+}
+
+// The same through a one-rank FullShardStore; stage: the backend the blocks are staged through
+// (null: host buffers handed to the model as they are, the CPU worker's way).
+inline StageRun run_store(const model::ModelConfig& cfg, kernels::Backend* backend,
+                          kernels::Backend* stage, const std::vector<float>& params,
+                          const std::vector<StageTokens>& batches) {
+  const contract::ParamLayout layout(cfg);
+  cp::FullShardStore store(layout, contract::worker_shards(layout, 1, 1), 0, 1, nullptr, 10000,
+                           stage);
+  const contract::WorkerShard& sh = store.shard();
+  std::memcpy(store.shard_weights(), params.data() + sh.begin,
+              static_cast<size_t>(sh.size()) * sizeof(float));
+  model::LocalAttention attention(backend);
+  model::Model m(cfg, backend, &attention, &store);
+  StageRun r;
+  r.grads.assign(static_cast<size_t>(layout.total()), 0.f);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    store.begin_batch(i == 0, i + 1 == batches.size(),
+                      [&](int, int64_t lo, int64_t hi, const float* g) {
+                        if (hi > lo)
+                          std::memcpy(r.grads.data() + lo, g,
+                                      static_cast<size_t>(hi - lo) * sizeof(float));
+                      });
+    r.loss += m.forward_backward(batches[i].batch(), total_valid(batches)).loss;
+  }
+  return r;
+}
+
+}  // namespace ring::test
