@@ -290,6 +290,11 @@ Status CudaBackend::attention_merge(int64_t tokens, int64_t heads, int64_t head_
   return cuda::attention_merge(*this, tokens, heads, head_dim, out_a, lse_a, out_b, lse_b);
 }
 
+Status CudaBackend::paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse) {
+  if (Status s = use_device(); s != Status::kOk) return s;
+  return cuda::paged_decode_attention(*this, a, out, lse);
+}
+
 Status CudaBackend::attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads,
                                                int64_t head_dim, const float* out, const void* dout,
                                                float* delta) {
