@@ -43,15 +43,24 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   if (!(options_.approximate >= 0.0 && options_.approximate < 1.0))
     throw GenerateError(fmt::format("approximate threshold {} must be in [0, 1) (0: exact)",
                                     options_.approximate));
-  if (std::string(backend_->name()) != "cpu")
+  const bool host_backend = std::string(backend_->name()) == "cpu";
+  const bool device_tier = !host_backend || options_.fast_on_backend;
+  if (device_tier && !backend_->supports(kernels::Op::kPagedDecode, kernels::DType::kF32))
     throw GenerateError(fmt::format(
-        "generation runs on the cpu backend (asked for '{}'; the device fast tier is not built)",
+        "generation on the '{}' backend needs its paged decode attention for the fast tier, "
+        "which it does not implement",
         backend_->name()));
+  if (!host_backend && options_.shard.ranks > 1)
+    throw GenerateError(fmt::format(
+        "generation over {} ranks runs on the cpu backend (asked for '{}'; the device fast tier "
+        "runs in one process)",
+        options_.shard.ranks, backend_->name()));
   std::string err;
   step_backend_ = kernels::create_backend("cpu", 1, &err);
   if (!step_backend_) throw GenerateError("cannot create the cpu backend: " + err);
   cache_ = std::make_unique<KvCache>(options_.cache, static_cast<int>(config_.layers),
-                                     static_cast<int>(config_.kv_heads), config_.head_dim);
+                                     static_cast<int>(config_.kv_heads), config_.head_dim,
+                                     device_tier ? backend_ : nullptr);
   pool_ = std::make_unique<ThreadPool>(options_.threads);
   attention_ = std::make_unique<DecodeAttention>(cache_.get(), pool_.get(), config_.heads,
                                                  config_.kv_heads, config_.head_dim);
@@ -60,6 +69,13 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   capture_ = std::make_unique<Capture>(sharded() ? options_.shard.prefill_attention : local_.get());
   model_ = std::make_unique<model::Model>(config_, backend_, capture_.get());
   model_->set_params(params, model_->layout().total());
+  if (host_backend) {
+    weights_ = model_->params();
+  } else {
+    // The model's buffer is device memory: the decode step reads a host copy.
+    host_params_.assign(params, params + model_->layout().total());
+    weights_ = host_params_.data();
+  }
   rope_.theta = static_cast<double>(config_.rope_theta);
   rope_.scaling = static_cast<kernels::RopeScaling>(config_.rope_scaling);
   rope_.factor = config_.rope_scaling_factor;

@@ -70,6 +70,11 @@ struct GeneratorOptions {
   // softmax share is below it are skipped, and each step reports the bound on what was left out.
   // 0 (default): exact.
   double approximate = 0.0;
+  // The fast tier in the backend's memory, its pages' partials by the backend's paged decode
+  // kernel (the device fast tier: kv_cache.h, decode_attention.h). Always so on a backend other
+  // than cpu; on cpu it is opt-in (the cpu backend's kernel on a host pool: the same code path,
+  // for tests and comparisons).
+  bool fast_on_backend = false;
 };
 
 struct StepTiming {
@@ -83,10 +88,13 @@ struct StepTiming {
 
 class Generator {
  public:
-  // params: the flat parameter buffer (host, layout().total() floats). backend: the cpu backend
-  // (prefill runs on it with its threads); it must outlive the generator. The decode step's
-  // dense ops (B rows) run on a one-thread cpu backend of the generator's own: splitting a
-  // one-row product over threads costs more in joins than it saves.
+  // params: the flat parameter buffer (host, layout().total() floats). backend: where prefill
+  // runs (the training forward) and, on a backend other than cpu, where the fast tier lives
+  // (device memory; the cuda backend's paged decode kernel computes the fast pages' partials);
+  // it must outlive the generator. A backend other than cpu needs paged_decode_attention and
+  // runs in one process (not sharded). The decode step's dense ops (B rows) run on a one-thread
+  // cpu backend of the generator's own, from a host copy of the weights, whatever the backend:
+  // splitting a one-row product over threads costs more in joins than it saves.
   Generator(const model::ModelConfig& config, const float* params, kernels::Backend* backend,
             const GeneratorOptions& options);
   ~Generator();
@@ -140,7 +148,7 @@ class Generator {
   void ingest_layer(Sequence& s, const std::vector<PageKey>& page_keys_of_layer, int layer,
                     const float* k, const float* v);
   std::vector<PageId> window_pages() const;
-  const float* w(int64_t offset) const { return model_->params() + offset; }
+  const float* w(int64_t offset) const { return weights_ + offset; }
   void linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in, float* y);
 
   model::ModelConfig config_;
@@ -154,6 +162,9 @@ class Generator {
   std::unique_ptr<Capture> capture_;
   std::unique_ptr<model::Model> model_;  // prefill, and the weights of the decode step
   kernels::RopeParams rope_;
+  // The decode step's weights (host): the model's own buffer on the cpu backend, else a copy.
+  std::vector<float> host_params_;
+  const float* weights_ = nullptr;
   std::vector<Sequence> seqs_;
   DecodeStats dstats_;
 
