@@ -1,0 +1,215 @@
+// The fast tier in a backend's memory (the device fast tier's code path) on the cpu backend:
+// the cpu backend's paged decode kernel against the CPU decode attention's page kernel, and whole
+// generations with the fast tier held by the backend against the host pool.
+//
+// Tolerances: paged decode rows and merged heads, |out - want| <= 1e-5 x max|want| per row and
+// |lse - want| <= 1e-5 x max(1, |lse|) (std::exp against the page kernel's Cephes exp, other
+// summation order). Generation: the logits of every position with the backend fast tier within
+// max_i |logit_i - ref_i| <= 1e-5 x max_i |ref_i| of the host pool's (the same pages, the fast
+// ones computed by the other kernel).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "tests/generate/paged_decode_check.h"
+#include "worker/generate/generator.h"
+#include "worker/model/attention.h"
+#include "worker/model/model.h"
+
+namespace ring::gen {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::unique_ptr<kernels::Backend> cpu() {
+  std::string err;
+  auto b = kernels::create_backend("cpu", 2, &err);
+  EXPECT_NE(b, nullptr) << err;
+  return b;
+}
+
+TEST(PagedDecode, CpuBackendMatchesThePageKernel) {
+  auto be = cpu();
+  ASSERT_TRUE(be->supports(kernels::Op::kPagedDecode, kernels::DType::kF32));
+  for (int64_t hd : {16, 64})
+    for (int64_t pages : {1, 2, 5}) {
+      SCOPED_TRACE("head_dim " + std::to_string(hd) + ", pages " + std::to_string(pages));
+      testing::PagedCase c;
+      c.head_dim = hd;
+      c.pages = pages;
+      c.seed = static_cast<uint64_t>(hd * 10 + pages);
+      testing::check_paged_decode(be.get(), c, 1e-5, 1e-5);
+    }
+}
+
+TEST(PagedDecode, BadArgumentsAreRefused) {
+  auto be = cpu();
+  kernels::PagedDecodeArgs a;
+  a.rows = 1;
+  a.head_dim = 0;
+  a.page_tokens = 16;
+  float o[1], l[1];
+  EXPECT_EQ(be->paged_decode_attention(a, o, l), kernels::Status::kInvalidArgument);
+  a.head_dim = 1;
+  EXPECT_EQ(be->paged_decode_attention(a, o, l), kernels::Status::kInvalidArgument);  // nulls
+}
+
+model::ModelConfig tiny_config() {
+  model::ModelConfig m;
+  m.layers = 2;
+  m.d_model = 64;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.head_dim = 16;
+  m.mlp_hidden = 128;
+  m.vocab = 256;
+  m.mlp = spec::MlpKind::kSwiGLU;
+  m.tie_embeddings = true;
+  m.rope_theta = 10000.f;
+  return m;
+}
+
+std::vector<float> tiny_params(const model::ModelConfig& c, kernels::Backend* be, uint64_t seed) {
+  model::LocalAttention att(be);
+  model::Model m(c, be, &att);
+  m.init_params(seed);
+  std::vector<float> p = m.get_params();
+  for (const auto& v : m.layout().views())
+    if (v.name.find("attn.wq") != std::string::npos || v.name.find("attn.wk") != std::string::npos)
+      for (int64_t i = 0; i < v.size; ++i) p[static_cast<size_t>(v.offset + i)] *= 6.f;
+  return p;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
+  }
+  return diff / scale;
+}
+
+struct GenRun {
+  std::vector<std::vector<float>> logits;  // prefill, then every step: [B x vocab] each
+  CacheStats stats;
+  DecodeStats dstats;
+};
+
+// Two prompts of two documents each; `steps` decode steps on fixed tokens (the same for every
+// configuration, so the runs stay comparable).
+GenRun run(const model::ModelConfig& c, kernels::Backend* be, const std::vector<float>& params,
+        const GeneratorOptions& opt, int steps) {
+  Generator g(c, params.data(), be, opt);
+  GenRun r;
+  std::vector<int> h;
+  for (int p = 0; p < 2; ++p) {
+    std::mt19937_64 rng(100 + p);
+    const int64_t t = p == 0 ? 1100 : 700;
+    std::vector<int32_t> ids, docs;
+    for (int64_t i = 0; i < t; ++i) {
+      ids.push_back(static_cast<int32_t>(rng() % 256));
+      docs.push_back(i < t / 3 ? 0 : 1);
+    }
+    std::vector<float> l;
+    h.push_back(g.prefill(ids, docs, &l));
+    r.logits.push_back(l);
+  }
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> l;
+    g.step(h, {static_cast<int32_t>(s * 7 % 256), static_cast<int32_t>(s * 13 % 256)}, &l);
+    r.logits.push_back(l);
+    EXPECT_LE(g.cache().stats().fast_resident_bytes, opt.cache.fast_bytes);
+  }
+  r.stats = g.cache().stats();
+  r.dstats = g.decode_stats();
+  return r;
+}
+
+GeneratorOptions mixed(const model::ModelConfig& c, bool on_backend) {
+  GeneratorOptions o;
+  o.threads = 2;
+  o.cache.page_tokens = 128;
+  const int64_t page_bytes = 2 * 128 * c.head_dim * 4;
+  // Both sequences' windows (2 pages per layer and head each) and 5 more slots: pages compete
+  // by attention mass, so some are promoted and some stay in the host tier.
+  o.cache.fast_bytes = (2 * 2 * c.layers * c.kv_heads + 5) * page_bytes;
+  o.cache.window = 64;
+  o.fast_on_backend = on_backend;
+  return o;
+}
+
+TEST(GenerateBackendFastTier, MatchesTheHostPool) {
+  auto be = cpu();
+  const auto c = tiny_config();
+  const auto params = tiny_params(c, be.get(), 5);
+  struct Case {
+    const char* name;
+    GeneratorOptions host, dev;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"mixed", mixed(c, false), mixed(c, true)});
+  Case all{"all fast", mixed(c, false), mixed(c, true)};
+  all.host.cache.fast_bytes = all.dev.cache.fast_bytes = 64LL << 20;
+  cases.push_back(all);
+  Case q8{"int8 host pages", mixed(c, false), mixed(c, true)};
+  q8.host.cache.host_int8 = q8.dev.cache.host_int8 = true;
+  cases.push_back(q8);
+  Case ap{"approximate", mixed(c, false), mixed(c, true)};
+  ap.host.approximate = ap.dev.approximate = 0.01;
+  cases.push_back(ap);
+  std::string tmpl = (fs::temp_directory_path() / "ring-fast-tier-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const fs::path disk = tmpl;
+  Case dk{"disk tier", mixed(c, false), mixed(c, true)};
+  dk.host.cache.host_bytes = dk.dev.cache.host_bytes = 8 * 2 * 128 * c.head_dim * 4;
+  dk.host.cache.disk_dir = dk.dev.cache.disk_dir = disk.string();
+  cases.push_back(dk);
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const GenRun h = run(c, be.get(), params, k.host, 8);
+    const GenRun d = run(c, be.get(), params, k.dev, 8);
+    ASSERT_EQ(h.logits.size(), d.logits.size());
+    double worst = 0;
+    for (size_t i = 0; i < h.logits.size(); ++i) {
+      const double e = rel_err(d.logits[i], h.logits[i]);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, 1e-5) << "row " << i;
+    }
+    std::printf("%s: logits max relative difference %.3g over %zu rows\n", k.name, worst,
+                h.logits.size());
+    // The same placement: the backend tier moves the same pages; its kernel computed the fast
+    // pages (every (page, sequence, query head) row), the CPU threads the others.
+    EXPECT_TRUE(d.stats.fast_on_device);
+    EXPECT_FALSE(h.stats.fast_on_device);
+    EXPECT_EQ(d.stats.promotions, h.stats.promotions);
+    EXPECT_EQ(d.dstats.fast_tasks, h.dstats.fast_tasks);
+    EXPECT_EQ(d.dstats.host_tasks + d.dstats.disk_tasks, h.dstats.host_tasks + h.dstats.disk_tasks);
+    EXPECT_GT(d.dstats.device_rows, 0);
+    EXPECT_EQ(h.dstats.device_rows, 0);
+    EXPECT_GT(d.stats.pinned_buffers, 0);  // the cpu backend's pin_host: a no-op that succeeds
+  }
+  EXPECT_GT(cases.size(), 0u);
+  fs::remove_all(disk);
+}
+
+TEST(GenerateBackendFastTier, MixedRunsBothSidesAndPromotes) {
+  auto be = cpu();
+  const auto c = tiny_config();
+  const auto params = tiny_params(c, be.get(), 9);
+  const GenRun d = run(c, be.get(), params, mixed(c, true), 8);
+  EXPECT_GT(d.dstats.fast_tasks, 0);
+  EXPECT_GT(d.dstats.host_tasks, 0);
+  EXPECT_GT(d.stats.promotions, 2 * 2 * c.layers * c.kv_heads);  // beyond the windows
+}
+
+}  // namespace
+}  // namespace ring::gen
