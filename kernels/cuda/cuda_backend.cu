@@ -155,6 +155,9 @@ Status CudaBackend::fail(cudaError_t e, const char* what) {
     last_error_ =
         std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
   }
+  // A non-sticky error (a failed allocation or cudaHostRegister) stays in the runtime's
+  // last-error slot until read: clear it, or the next launch's check_launch would report it.
+  (void)cudaGetLastError();
   return e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kDeviceError;
 }
 
