@@ -169,13 +169,16 @@ float* KvCache::host_alloc() {
     return p;
   }
   if (config_.host_bytes > 0 && host_used_ + page_bytes() > config_.host_bytes) return nullptr;
-  void* p = std::aligned_alloc(64, static_cast<size_t>(page_bytes()));
+  // Device tier: whole OS pages, so each buffer's pinning covers pages of its own.
+  const size_t align = device_ != nullptr ? static_cast<size_t>(kOsPage) : 64;
+  const size_t bytes = (static_cast<size_t>(page_bytes()) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, bytes);
   if (p == nullptr) throw GenerateError("out of host memory for KV cache pages");
   host_used_ += page_bytes();
   // Device tier: pinned, so promotions are DMA from it. A buffer that cannot be pinned still
   // works (the driver copies it through its staging); it is simply slower.
   if (device_ != nullptr &&
-      device_->pin_host(p, static_cast<size_t>(page_bytes())) == kernels::Status::kOk)
+      device_->pin_host(p, bytes) == kernels::Status::kOk)
     pinned_.push_back(static_cast<float*>(p));
   return static_cast<float*>(p);
 }
