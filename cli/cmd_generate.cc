@@ -798,8 +798,8 @@ Subcommand add_generate(CLI::App& app) {
   sc->add_option("--threads", o->threads, "CPU threads (default 0: all cores)")
       ->check(CLI::Range(0, 4096));
   sc->add_option("--backend", o->backend,
-                 "Kernel backend: cpu (default) or cuda (prefill and the fast tier's attention on "
-                 "the GPU, the fast tier in GPU memory; one process)")
+                 "Kernel backend: cpu (default) or cuda (prefill, the decode step's layers and the "
+                 "fast tier's attention on the GPU, the fast tier in GPU memory; one process)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sc->add_flag("--host-int8", o->host_int8,
               "Store full host-tier pages as int8 (K per channel, V per token): about 0.29 of "

@@ -7,9 +7,9 @@
 //     |out - want| <= 1e-5 x max|want| and |lse - want| <= 1e-5 x max(1, |lse|) (fp32 on both
 //     sides; other summation order, expf against the CPU's Cephes exp).
 //   generation: the logits of the prefill and of every decode step on cuda (prefill: the
-//     training forward on the GPU; decode: fast pages on the GPU kernel, host pages on the CPU
-//     threads, dense layers on the CPU) within max_i |logit_i - ref_i| <= 1e-5 x max_i |ref_i|
-//     of the cpu backend's (host fast pool).
+//     training forward on the GPU; decode: the dense layers on the GPU, fast pages on the GPU
+//     kernel, host pages on the CPU threads) within
+//     max_i |logit_i - ref_i| <= 1e-5 x max_i |ref_i| of the cpu backend's (host fast pool).
 #include <gtest/gtest.h>
 
 #include <algorithm>

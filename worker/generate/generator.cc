@@ -55,9 +55,16 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
         "generation over {} ranks runs on the cpu backend (asked for '{}'; the device fast tier "
         "runs in one process)",
         options_.shard.ranks, backend_->name()));
-  std::string err;
-  step_backend_ = kernels::create_backend("cpu", 1, &err);
-  if (!step_backend_) throw GenerateError("cannot create the cpu backend: " + err);
+  if (host_backend) {
+    // One row per sequence: splitting a one-row product over threads costs more in joins than
+    // it saves, so the decode step has a one-thread cpu backend of its own.
+    std::string err;
+    step_backend_ = kernels::create_backend("cpu", 1, &err);
+    if (!step_backend_) throw GenerateError("cannot create the cpu backend: " + err);
+    step_ = step_backend_.get();
+  } else {
+    step_ = backend_;  // the device: the dense step runs where the weights are
+  }
   cache_ = std::make_unique<KvCache>(options_.cache, static_cast<int>(config_.layers),
                                      static_cast<int>(config_.kv_heads), config_.head_dim,
                                      device_tier ? backend_ : nullptr);
@@ -69,13 +76,6 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   capture_ = std::make_unique<Capture>(sharded() ? options_.shard.prefill_attention : local_.get());
   model_ = std::make_unique<model::Model>(config_, backend_, capture_.get());
   model_->set_params(params, model_->layout().total());
-  if (host_backend) {
-    weights_ = model_->params();
-  } else {
-    // The model's buffer is device memory: the decode step reads a host copy.
-    host_params_.assign(params, params + model_->layout().total());
-    weights_ = host_params_.data();
-  }
   rope_.theta = static_cast<double>(config_.rope_theta);
   rope_.scaling = static_cast<kernels::RopeScaling>(config_.rope_scaling);
   rope_.factor = config_.rope_scaling_factor;
@@ -331,7 +331,7 @@ std::vector<PageId> Generator::window_pages() const {
 
 void Generator::linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in,
                        float* y) {
-  check_status(step_backend_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in,
+  check_status(step_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in,
                               w(off_w), in, 0.f, y, out),
                "gemm");
 }
@@ -341,7 +341,7 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   StepTiming timing;
-  kernels::Backend* sb = step_backend_.get();
+  kernels::Backend* sb = step_;
   const int64_t B = static_cast<int64_t>(seqs.size());
   if (B < 1 || tokens.size() != seqs.size())
     throw GenerateError("a decode step needs one token per sequence");

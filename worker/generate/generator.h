@@ -92,9 +92,11 @@ class Generator {
   // runs (the training forward) and, on a backend other than cpu, where the fast tier lives
   // (device memory; the cuda backend's paged decode kernel computes the fast pages' partials);
   // it must outlive the generator. A backend other than cpu needs paged_decode_attention and
-  // runs in one process (not sharded). The decode step's dense ops (B rows) run on a one-thread
-  // cpu backend of the generator's own, from a host copy of the weights, whatever the backend:
-  // splitting a one-row product over threads costs more in joins than it saves.
+  // runs in one process (not sharded); the decode step's dense ops (embedding, norms,
+  // projections, RoPE, MLP, head on B rows) run on it too, on the model's device weights, and
+  // only q, k, v and the attention output cross to the host per layer. On the cpu backend they
+  // run on a one-thread cpu backend of the generator's own: splitting a one-row product over
+  // threads costs more in joins than it saves.
   Generator(const model::ModelConfig& config, const float* params, kernels::Backend* backend,
             const GeneratorOptions& options);
   ~Generator();
@@ -148,12 +150,13 @@ class Generator {
   void ingest_layer(Sequence& s, const std::vector<PageKey>& page_keys_of_layer, int layer,
                     const float* k, const float* v);
   std::vector<PageId> window_pages() const;
-  const float* w(int64_t offset) const { return weights_ + offset; }
+  const float* w(int64_t offset) const { return model_->params() + offset; }
   void linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in, float* y);
 
   model::ModelConfig config_;
   kernels::Backend* backend_;
-  std::unique_ptr<kernels::Backend> step_backend_;  // decode step ops, one thread
+  std::unique_ptr<kernels::Backend> step_backend_;  // cpu: the decode step's one-thread backend
+  kernels::Backend* step_ = nullptr;                // where the decode step's dense ops run
   GeneratorOptions options_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ThreadPool> pool_;
@@ -162,9 +165,6 @@ class Generator {
   std::unique_ptr<Capture> capture_;
   std::unique_ptr<model::Model> model_;  // prefill, and the weights of the decode step
   kernels::RopeParams rope_;
-  // The decode step's weights (host): the model's own buffer on the cpu backend, else a copy.
-  std::vector<float> host_params_;
-  const float* weights_ = nullptr;
   std::vector<Sequence> seqs_;
   DecodeStats dstats_;
 
