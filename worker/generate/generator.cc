@@ -331,8 +331,8 @@ std::vector<PageId> Generator::window_pages() const {
 
 void Generator::linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in,
                        float* y) {
-  check_status(step_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in,
-                              w(off_w), in, 0.f, y, out),
+  check_status(step_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in, w(off_w),
+                           in, 0.f, y, out),
                "gemm");
 }
 
