@@ -74,6 +74,7 @@ struct GenerateOpts {
   int64_t window = -1;
   std::string spec;
   int threads = 0;
+  std::string backend = "cpu";
   double approximate = 0.0;
   bool host_int8 = false;
   // Several ranks: --ranks P launches P local ranks; a rank has --rank/--world/--rendezvous
@@ -466,6 +467,7 @@ int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator& g,
     j["attention"]["host_kv"] = o.host_int8 ? "int8 (not exact)" : "fp32";
     // Sharded: the cache's statistics are the sums over the ranks.
     if (ring != nullptr) j["ranks"] = {{"ranks", ring->ranks()}, {"split", o.split}};
+    j["backend"] = o.backend;
     const gen::CacheStats& cs = totals.cs;
     const gen::DecodeStats& ds = totals.ds;
     j["cache"] = {{"page_tokens", go.cache.page_tokens},
@@ -733,6 +735,11 @@ int run_generate(const GenerateOpts& o) {
   if (o.split != "zigzag" && o.split != "contiguous")
     throw UsageError(fmt::format("--split '{}': zigzag or contiguous", o.split));
   const Identity id = identity(o);
+  if (o.backend != "cpu" && (id.world > 1 || o.ranks > 1))
+    throw UsageError(fmt::format(
+        "--backend {}: generation over several ranks runs on the cpu backend (the device fast "
+        "tier runs in one process)",
+        o.backend));
   if (id.world > 1) {
     // A rank's threads: --threads, else srun's CPUs per task (-c), else every core.
     GenerateOpts ro = o;
@@ -742,8 +749,10 @@ int run_generate(const GenerateOpts& o) {
   if (o.ranks > 1) return launch_ranks(o);
   Inputs in = load_inputs(o, false);
   std::string err;
-  auto backend = kernels::create_backend("cpu", o.threads, &err);
-  if (!backend) throw InputError("cannot create the cpu backend: " + err);
+  auto backend = kernels::create_backend(o.backend, o.threads, &err);
+  if (!backend)
+    throw InputError(fmt::format("--backend {}: cannot create the {} backend: {}", o.backend,
+                                 o.backend, err));
   gen::Generator g(in.mc, in.params.data(), backend.get(), in.go);
   return generate_and_write(o, in, g, nullptr);
 }
@@ -788,6 +797,10 @@ Subcommand add_generate(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sc->add_option("--threads", o->threads, "CPU threads (default 0: all cores)")
       ->check(CLI::Range(0, 4096));
+  sc->add_option("--backend", o->backend,
+                 "Kernel backend: cpu (default) or cuda (prefill, the decode step's layers and the "
+                 "fast tier's attention on the GPU, the fast tier in GPU memory; one process)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sc->add_flag("--host-int8", o->host_int8,
               "Store full host-tier pages as int8 (K per channel, V per token): about 0.29 of "
               "the bytes, NOT exact (labelled)");

@@ -53,6 +53,7 @@ enum class Op : int {
   kAdamW,
   kTopK,
   kElementwise,
+  kPagedDecode,
 };
 
 // Attention over one (query block, key/value block) pair, as ring attention calls it: the query
@@ -78,6 +79,28 @@ struct AttentionArgs {
   const int64_t* k_pos = nullptr; // [kv_len]
   const int32_t* q_doc = nullptr; // [q_len] document ids, or nullptr (no document mask)
   const int32_t* k_doc = nullptr; // [kv_len], nullptr iff q_doc is
+};
+
+// Decode attention over a pool of K/V pages (generation's fast tier, worker/generate): the partial
+// (out, lse) of each query row over ONE page of the pool. The pool holds `slots` pages of
+// `page_tokens` rows each: slot s is K [page_tokens, head_dim] then V [page_tokens, head_dim],
+// fp32, at pool + s * 2 * page_tokens * head_dim, and the document id of each row at
+// pool_docs + s * page_tokens. Row r reads the first tokens[r] rows of page slot[r]; it may
+// attend to row j iff pool_docs[slot[r]][j] == q_doc[r] (every cached key precedes the query and
+// carries its RoPE already, so there is no causal or position test). Accumulation in fp32;
+// out [rows, head_dim] normalised, lse [rows] natural log; a row with no allowed key gets out 0
+// and lse -inf (an empty partial, merged as nothing).
+struct PagedDecodeArgs {
+  int64_t rows = 0;          // query rows (one per (page, sequence, query head) the caller needs)
+  int64_t head_dim = 0;
+  int64_t page_tokens = 0;   // rows per page slot (the pool's layout)
+  float scale = 0.f;         // softmax scale, usually 1/sqrt(head_dim)
+  const float* pool = nullptr;        // [slots, 2, page_tokens, head_dim]
+  const int32_t* pool_docs = nullptr; // [slots, page_tokens]
+  const float* q = nullptr;           // [rows, head_dim]
+  const int32_t* q_doc = nullptr;     // [rows]
+  const int32_t* slot = nullptr;      // [rows] the pool slot row r reads
+  const int32_t* tokens = nullptr;    // [rows] filled rows of that slot, in [0, page_tokens]
 };
 
 // Work accounting, accumulated by the attention calls when a pointer is given.
@@ -141,6 +164,14 @@ class Backend {
   virtual Status attention_backward(const AttentionArgs& a, const void* dout, const float* lse,
                                     const float* delta, float* dq, float* dk, float* dv,
                                     AttentionStats* stats) = 0;
+
+  // Paged decode attention (PagedDecodeArgs above): out [rows, head_dim], lse [rows], fp32. All
+  // pointers are backend memory. Asynchronous on the CUDA stream like every op: the caller
+  // may work on the host meanwhile and reads the results after copy_to_host/synchronize().
+  // Backends without it return kUnsupported (supports(kPagedDecode, kF32) says).
+  virtual Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse) {
+    return Status::kUnsupported;
+  }
 
   // ---- normalisation, position, activations -------------------------------------------------
   // y = x / rms(x) * gain over the last dim; rstd[i] = 1 / sqrt(mean(x_i^2) + eps).

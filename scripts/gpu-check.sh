@@ -32,7 +32,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 fi
 jobs=$(nproc)
-targets=(ring_kernels_cuda cuda_backend_test full_shard_gpu_test cuda_bench ops_test)
+targets=(ring_kernels_cuda cuda_backend_test full_shard_gpu_test generate_cuda_test cuda_bench ops_test)
 if grep -q "ring_transport_nccl" "$build/CMakeFiles/TargetDirectories.txt" 2>/dev/null; then
   targets+=(ring_transport_nccl nccl_transport_test)
 fi
@@ -44,11 +44,13 @@ echo "== gpu tests"
 rc=0
 (cd "$RING_ROOT" && timeout 180 "$build/tests/gpu/cuda_backend_test" --gtest_color=no) || rc=1
 (cd "$RING_ROOT" && timeout 60 "$build/tests/gpu/full_shard_gpu_test" --gtest_color=no) || rc=1
+(cd "$RING_ROOT" && timeout 120 "$build/tests/gpu/generate_cuda_test" --gtest_color=no) || rc=1
 if [ -x "$build/tests/gpu/nccl_transport_test" ]; then
   (cd "$RING_ROOT" && timeout 60 "$build/tests/gpu/nccl_transport_test" --gtest_color=no) || rc=1
 fi
 echo "== CPU binaries need no CUDA library"
-bins=("$build/tests/gpu/cuda_backend_test" "$build/tests/gpu/full_shard_gpu_test" "$build/tests/kernels/ops_test" "$build/bench/cuda_bench")
+bins=("$build/tests/gpu/cuda_backend_test" "$build/tests/gpu/full_shard_gpu_test"
+      "$build/tests/gpu/generate_cuda_test" "$build/tests/kernels/ops_test" "$build/bench/cuda_bench")
 gpu_libs=("$build/lib/libring_kernels_cuda.so")
 [ -f "$build/plugins/libring_transport_nccl.so" ] && gpu_libs+=("$build/plugins/libring_transport_nccl.so")
 tests/gpu/no_cuda_deps.sh --cpu "${bins[@]}" --gpu "${gpu_libs[@]}" || rc=1

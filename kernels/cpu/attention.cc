@@ -609,4 +609,50 @@ Status attention_backward(const AttentionArgs& a, const void* dout, const float*
   return Status::kOk;
 }
 
+Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse, int threads) {
+  if (a.rows < 0 || a.head_dim <= 0 || a.page_tokens <= 0) return Status::kInvalidArgument;
+  if (a.rows == 0) return Status::kOk;
+  if (a.pool == nullptr || a.pool_docs == nullptr || a.q == nullptr || a.q_doc == nullptr ||
+      a.slot == nullptr || a.tokens == nullptr || out == nullptr || lse == nullptr)
+    return Status::kInvalidArgument;
+  for (int64_t r = 0; r < a.rows; ++r)
+    if (a.slot[r] < 0 || a.tokens[r] < 0 || a.tokens[r] > a.page_tokens)
+      return Status::kInvalidArgument;
+  const int64_t hd = a.head_dim, pt = a.page_tokens;
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const float* k = a.pool + static_cast<int64_t>(a.slot[r]) * 2 * pt * hd;
+    const float* v = k + pt * hd;
+    const int32_t* docs = a.pool_docs + static_cast<int64_t>(a.slot[r]) * pt;
+    const float* q = a.q + r * hd;
+    float* o = out + r * hd;
+    const int64_t n = a.tokens[r];
+    float m = -std::numeric_limits<float>::infinity();
+    std::vector<float> s(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) {
+      if (docs[j] != a.q_doc[r]) continue;
+      float dot = 0.f;
+      for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[j * hd + d];
+      s[static_cast<size_t>(j)] = dot * a.scale;
+      m = std::max(m, s[static_cast<size_t>(j)]);
+    }
+    std::fill(o, o + hd, 0.f);
+    if (m == -std::numeric_limits<float>::infinity()) {
+      lse[r] = m;
+      continue;
+    }
+    float l = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      if (docs[j] != a.q_doc[r]) continue;
+      const float p = std::exp(s[static_cast<size_t>(j)] - m);
+      l += p;
+      for (int64_t d = 0; d < hd; ++d) o[d] += p * v[j * hd + d];
+    }
+    for (int64_t d = 0; d < hd; ++d) o[d] /= l;
+    lse[r] = m + std::log(l);
+  }
+  return Status::kOk;
+}
+
 }  // namespace ring::kernels::cpu

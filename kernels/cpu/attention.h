@@ -22,6 +22,11 @@ Status attention_forward(const AttentionArgs& a, float* out, float* lse, Attenti
 Status attention_merge(int64_t tokens, int64_t heads, int64_t head_dim, float* out_a, float* lse_a,
                        const float* out_b, const float* lse_b, int threads);
 
+// Paged decode attention (backend.h PagedDecodeArgs): rows in parallel, two passes per row (max
+// score, then exp-weighted sums), fp32, std::exp. The plain version the device kernels are
+// checked against through the same interface.
+Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse, int threads);
+
 // delta [tokens, heads] = rowwise dot(dout, out).
 Status attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads, int64_t head_dim,
                                   const float* out, const void* dout, float* delta, int threads);

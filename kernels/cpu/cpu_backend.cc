@@ -64,6 +64,10 @@ Status CpuBackend::attention_merge(int64_t tokens, int64_t heads, int64_t head_d
   return cpu::attention_merge(tokens, heads, head_dim, out_a, lse_a, out_b, lse_b, threads_);
 }
 
+Status CpuBackend::paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse) {
+  return cpu::paged_decode_attention(a, out, lse, threads_);
+}
+
 Status CpuBackend::attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads,
                                               int64_t head_dim, const float* out, const void* dout,
                                               float* delta) {

@@ -32,6 +32,7 @@ class CpuBackend final : public Backend {
                            AttentionStats* stats) override;
   Status attention_merge(int64_t tokens, int64_t heads, int64_t head_dim, float* out_a,
                          float* lse_a, const float* out_b, const float* lse_b) override;
+  Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse) override;
   Status attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads, int64_t head_dim,
                                     const float* out, const void* dout, float* delta) override;
   Status attention_backward(const AttentionArgs& a, const void* dout, const float* lse,

@@ -155,6 +155,9 @@ Status CudaBackend::fail(cudaError_t e, const char* what) {
     last_error_ =
         std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
   }
+  // A non-sticky error (a failed allocation or cudaHostRegister) stays in the runtime's
+  // last-error slot until read: clear it, or the next launch's check_launch would report it.
+  (void)cudaGetLastError();
   return e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kDeviceError;
 }
 
@@ -288,6 +291,11 @@ Status CudaBackend::attention_forward(const AttentionArgs& a, float* out, float*
 Status CudaBackend::attention_merge(int64_t tokens, int64_t heads, int64_t head_dim, float* out_a,
                                     float* lse_a, const float* out_b, const float* lse_b) {
   return cuda::attention_merge(*this, tokens, heads, head_dim, out_a, lse_a, out_b, lse_b);
+}
+
+Status CudaBackend::paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse) {
+  if (Status s = use_device(); s != Status::kOk) return s;
+  return cuda::paged_decode_attention(*this, a, out, lse);
 }
 
 Status CudaBackend::attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads,

@@ -48,6 +48,7 @@ class CudaBackend final : public Backend {
                            AttentionStats* stats) override;
   Status attention_merge(int64_t tokens, int64_t heads, int64_t head_dim, float* out_a,
                          float* lse_a, const float* out_b, const float* lse_b) override;
+  Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse) override;
   Status attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads, int64_t head_dim,
                                     const float* out, const void* dout, float* delta) override;
   Status attention_backward(const AttentionArgs& a, const void* dout, const float* lse,
@@ -133,6 +134,8 @@ Status attention_forward(CudaBackend& be, const AttentionArgs& a, float* out, fl
                          AttentionStats* stats);
 Status attention_merge(CudaBackend& be, int64_t tokens, int64_t heads, int64_t head_dim,
                        float* out_a, float* lse_a, const float* out_b, const float* lse_b);
+// paged_decode.cu
+Status paged_decode_attention(CudaBackend& be, const PagedDecodeArgs& a, float* out, float* lse);
 Status attention_backward_prepare(CudaBackend& be, DType dtype, int64_t tokens, int64_t heads,
                                   int64_t head_dim, const float* out, const void* dout,
                                   float* delta);

@@ -204,6 +204,35 @@ TEST_F(GenerateCli, BadInputsNameTheFlag) {
   EXPECT_NE(r.out.find("empty.txt"), std::string::npos) << r.out;
 }
 
+// --backend: cpu or cuda; cuda runs in one process; without a usable GPU (or a build without the
+// CUDA backend) the error names the backend and why. With a GPU the run succeeds and says so.
+TEST_F(GenerateCli, BackendFlag) {
+  const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt ";
+  Result r = run(base + "--backend tpu");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--backend"), std::string::npos) << r.out;
+  r = run(base + "--backend cuda --ranks 2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--backend cuda: generation over several ranks runs on the cpu backend"),
+            std::string::npos)
+      << r.out;
+  r = run(base + "--backend cuda --json --max-tokens 3 --page-tokens 64 --threads 2");
+  if (r.code == 0) {
+    const json j = json::parse(r.out.substr(r.out.find('{')));
+    EXPECT_EQ(j["backend"], "cuda");
+    EXPECT_GT(j["cache"]["page_tasks"]["fast"].get<int64_t>(), 0);
+  } else {
+    EXPECT_EQ(r.code, 1) << r.out;
+    const std::string want = "--backend cuda: cannot create the cuda backend: ";
+    const size_t at = r.out.find(want);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_GT(r.out.size(), at + want.size() + 5) << "no reason given: " << r.out;
+  }
+  r = run(base + "--backend cpu --json --max-tokens 2 --page-tokens 64 --threads 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out.substr(r.out.find('{')))["backend"], "cpu");
+}
+
 // The smallest cases: a one-byte prompt, one token, no fast tier at all.
 TEST_F(GenerateCli, OneBytePromptOneToken) {
   std::ofstream(dir_ + "/one.txt") << "T";

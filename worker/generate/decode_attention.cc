@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <unordered_map>
+
+#include <fmt/format.h>
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
@@ -92,7 +95,60 @@ DecodeAttention::DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       group_(heads / kv_heads),
-      scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {}
+      scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {
+  if (cache_->fast_on_device() &&
+      !cache_->device()->supports(kernels::Op::kPagedDecode, kernels::DType::kF32))
+    throw GenerateError(fmt::format(
+        "the {} backend has no paged decode attention (kernels/backend.h): it cannot hold the "
+        "fast tier",
+        cache_->device()->name()));
+}
+
+DecodeAttention::~DecodeAttention() {
+  if (kernels::Backend* dev = cache_->fast_on_device() ? cache_->device() : nullptr) {
+    dev->synchronize();
+    dev->free(dev_q_);
+    dev->free(dev_meta_);
+    dev->free(dev_out_);
+    dev->free(dev_lse_);
+  }
+}
+
+namespace {
+
+void device_check(kernels::Backend* dev, kernels::Status st, const char* what) {
+  if (st == kernels::Status::kOk) return;
+  const std::string why = dev->last_error();
+  throw GenerateError(fmt::format("decode attention on the {} backend: {} failed: {}{}",
+                                  dev->name(), what, kernels::status_string(st),
+                                  why.empty() ? "" : " (" + why + ")"));
+}
+
+}  // namespace
+
+void DecodeAttention::reserve_device(int64_t rows) {
+  if (rows <= dev_rows_) return;
+  kernels::Backend* dev = cache_->device();
+  const int64_t n = std::max(rows, 2 * dev_rows_);
+  device_check(dev, dev->synchronize(), "synchronize");  // the old buffers may still be read
+  dev->free(dev_q_);
+  dev->free(dev_meta_);
+  dev->free(dev_out_);
+  dev->free(dev_lse_);
+  dev_q_ = dev_out_ = dev_lse_ = nullptr;
+  dev_meta_ = nullptr;
+  dev_rows_ = 0;
+  void* p = nullptr;
+  device_check(dev, dev->alloc(static_cast<size_t>(n * head_dim_) * 4, &p), "alloc");
+  dev_q_ = static_cast<float*>(p);
+  device_check(dev, dev->alloc(static_cast<size_t>(3 * n) * 4, &p), "alloc");
+  dev_meta_ = static_cast<int32_t*>(p);
+  device_check(dev, dev->alloc(static_cast<size_t>(n * head_dim_) * 4, &p), "alloc");
+  dev_out_ = static_cast<float*>(p);
+  device_check(dev, dev->alloc(static_cast<size_t>(n) * 4, &p), "alloc");
+  dev_lse_ = static_cast<float*>(p);
+  dev_rows_ = n;
+}
 
 void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, float* out,
                               float* lse, DecodeStats* stats, double skip_threshold,
@@ -168,9 +224,86 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       }
     }
   };
+  // Runs tasks `list`: with a device fast tier, the fast pages' rows go to the backend's kernel
+  // (asynchronous) while the CPU threads compute the others, then the kernel's partials are
+  // copied back (waiting for it) into the partial arrays.
+  int64_t device_rows = 0;
+  auto run = [&](const std::vector<int64_t>& list) {
+    if (!cache_->fast_on_device()) {
+      pool_->parallel_for(static_cast<int64_t>(list.size()),
+                          [&](int64_t x) { compute(list[static_cast<size_t>(x)]); });
+      return;
+    }
+    kernels::Backend* dev = cache_->device();
+    std::vector<int64_t> on_cpu, on_dev;
+    for (int64_t t : list)
+      (cache_->tier_of(tasks[static_cast<size_t>(t)].page) == Tier::kFast ? on_dev : on_cpu)
+          .push_back(t);
+    // Rows of the kernel: (task, user, query head of the group); at[r]: its partial's index.
+    std::vector<float> hq;
+    std::vector<int32_t> meta;
+    std::vector<int64_t> at;
+    for (int64_t t : on_dev) {
+      const Task& task = tasks[static_cast<size_t>(t)];
+      const Page& page = cache_->page(task.page);
+      for (const auto& [b, i] : task.users)
+        for (int64_t r = 0; r < g; ++r) {
+          const int64_t h = task.kv_head * g + r;
+          const float* src = q + (b * heads_ + h) * hd;
+          hq.insert(hq.end(), src, src + hd);
+          at.push_back(base[b] + i * heads_ + h);
+          meta.push_back(seqs[static_cast<size_t>(b)].doc);
+          meta.push_back(static_cast<int32_t>(page.fast_slot));
+          meta.push_back(static_cast<int32_t>(page.tokens));
+        }
+    }
+    const int64_t rows = static_cast<int64_t>(at.size());
+    if (rows > 0) {
+      reserve_device(rows);
+      // meta as [3, rows]: q_doc, slot, tokens.
+      std::vector<int32_t> planar(static_cast<size_t>(3 * rows));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < 3; ++c)
+          planar[static_cast<size_t>(c * rows + r)] = meta[static_cast<size_t>(r * 3 + c)];
+      device_check(dev, dev->copy_to_device(dev_q_, hq.data(), hq.size() * 4), "copy_to_device");
+      device_check(dev, dev->copy_to_device(dev_meta_, planar.data(), planar.size() * 4),
+                   "copy_to_device");
+      kernels::PagedDecodeArgs a;
+      a.rows = rows;
+      a.head_dim = hd;
+      a.page_tokens = cache_->page_tokens();
+      a.scale = scale_;
+      a.pool = cache_->device_pool();
+      a.pool_docs = cache_->device_docs();
+      a.q = dev_q_;
+      a.q_doc = dev_meta_;
+      a.slot = dev_meta_ + rows;
+      a.tokens = dev_meta_ + 2 * rows;
+      device_check(dev, dev->paged_decode_attention(a, dev_out_, dev_lse_),
+                   "paged_decode_attention");
+    }
+    // Host and disk pages on the CPU threads while the device works.
+    pool_->parallel_for(static_cast<int64_t>(on_cpu.size()),
+                        [&](int64_t x) { compute(on_cpu[static_cast<size_t>(x)]); });
+    if (rows > 0) {
+      std::vector<float> ho(static_cast<size_t>(rows * hd)), hl(static_cast<size_t>(rows));
+      device_check(dev, dev->copy_to_host(ho.data(), dev_out_, ho.size() * 4), "copy_to_host");
+      device_check(dev, dev->copy_to_host(hl.data(), dev_lse_, hl.size() * 4), "copy_to_host");
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t x = at[static_cast<size_t>(r)];
+        std::copy(ho.data() + r * hd, ho.data() + (r + 1) * hd, part_o.data() + x * hd);
+        part_lse[static_cast<size_t>(x)] = hl[static_cast<size_t>(r)];
+      }
+      device_rows += rows;
+    }
+    // The fast tier's copies issued before this layer are complete: their sources may change.
+    cache_->sync_fast();
+  };
   std::vector<char> skipped(tasks.size(), 0);
   if (skip_threshold <= 0.0) {
-    pool_->parallel_for(static_cast<int64_t>(tasks.size()), compute);
+    std::vector<int64_t> all(tasks.size());
+    for (size_t t = 0; t < tasks.size(); ++t) all[t] = static_cast<int64_t>(t);
+    run(all);
   } else {
     // Approximate mode. Phase 1: the tasks holding some sequence's last page (always computed)
     // give each (sequence, head) a lower bound L on its final lse.
@@ -181,8 +314,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
         last = last || i + 1 == static_cast<int64_t>((*seqs[b].pages)[0].size());
       (last ? first : rest).push_back(static_cast<int64_t>(t));
     }
-    pool_->parallel_for(static_cast<int64_t>(first.size()),
-                        [&](int64_t x) { compute(first[static_cast<size_t>(x)]); });
+    run(first);
     std::vector<double> low(static_cast<size_t>(B * heads_), -INFINITY);
     for (int64_t t : first)
       for (const auto& [b, i] : tasks[static_cast<size_t>(t)].users)
@@ -197,7 +329,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
     // Phase 2: a page is skipped when, for every query row using it, its softmax mass is below
     // the threshold for certain: mass <= tokens x exp(scale x max_j q.k_j - L), with
     // max_j q.k_j <= sum_d max(q_d kmin_d, q_d kmax_d) (the page's per-channel key bounds).
-    std::vector<int64_t> run;
+    std::vector<int64_t> rest_run;
     std::vector<double> bound(static_cast<size_t>(B * heads_), 0.0);
     for (int64_t t : rest) {
       const Task& task = tasks[static_cast<size_t>(t)];
@@ -222,7 +354,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
         }
       }
       if (!skip) {
-        run.push_back(t);
+        rest_run.push_back(t);
         continue;
       }
       skipped[static_cast<size_t>(t)] = 1;
@@ -233,8 +365,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
           part_lse[static_cast<size_t>(at)] = -INFINITY;  // an empty partial: merged as nothing
         }
     }
-    pool_->parallel_for(static_cast<int64_t>(run.size()),
-                        [&](int64_t x) { compute(run[static_cast<size_t>(x)]); });
+    run(rest_run);
     if (skipped_bound != nullptr)
       for (size_t i = 0; i < bound.size(); ++i) skipped_bound[i] = static_cast<float>(bound[i]);
   }
@@ -265,6 +396,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
     }
   }
   if (stats != nullptr) {
+    stats->device_rows += device_rows;
     for (size_t ti = 0; ti < tasks.size(); ++ti) {
       const Task& t = tasks[ti];
       ++stats->tasks;

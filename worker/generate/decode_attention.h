@@ -13,12 +13,21 @@
 // Each query row's arithmetic is the same whatever the batch, the page's tier or the thread that
 // runs it, and the merge order is fixed (page order), so neither prefix sharing nor promotion
 // changes a single bit of the result.
+//
+// Device fast tier (a cache whose fast pool is backend memory): the fast pages' partials come
+// from the backend's paged decode kernel (kernels/backend.h paged_decode_attention), one query
+// row per (page, sequence, query head), launched asynchronously; the CPU threads compute the
+// host and disk pages' partials in place meanwhile; then the results are copied back (which
+// waits for the kernel) and every partial is merged on the host in page order with the same
+// merge_partial. The merge is the same bit for bit; the fast partials carry the kernel's own
+// rounding, so results then depend on placement within that rounding.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "worker/generate/kv_cache.h"
 
 namespace ring::gen {
@@ -58,12 +67,17 @@ struct DecodeStats {
   int64_t shared_tasks = 0;  // tasks serving more than one sequence
   int64_t kv_bytes = 0;      // K/V bytes read (each page once)
   int64_t skipped_tasks = 0; // approximate mode: pages not computed
+  int64_t device_rows = 0;   // device fast tier: query rows computed by the backend's kernel
 };
 
 class DecodeAttention {
  public:
+  // With a device fast tier (cache->fast_on_device()), its backend runs the fast pages.
   DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads, int64_t kv_heads,
                   int64_t head_dim);
+  ~DecodeAttention();
+  DecodeAttention(const DecodeAttention&) = delete;
+  DecodeAttention& operator=(const DecodeAttention&) = delete;
   // q [B, heads, head_dim] (RoPE applied) -> out [B, heads, head_dim], lse [B, heads]. Adds each
   // page's attention mass (exp(lse_page - lse), summed over heads and sequences) to its
   // promotion statistic.
@@ -79,10 +93,20 @@ class DecodeAttention {
                float* skipped_bound = nullptr);
 
  private:
+  // Device tier: backend buffers for `rows` query rows (grown on demand).
+  void reserve_device(int64_t rows);
+
   KvCache* cache_;
   ThreadPool* pool_;
   int64_t heads_, kv_heads_, head_dim_, group_;
   float scale_;
+  // Device tier scratch (backend memory): q [rows, head_dim], meta [3, rows] (q_doc, slot,
+  // tokens), out [rows, head_dim], lse [rows].
+  int64_t dev_rows_ = 0;
+  float* dev_q_ = nullptr;
+  int32_t* dev_meta_ = nullptr;
+  float* dev_out_ = nullptr;
+  float* dev_lse_ = nullptr;
 };
 
 }  // namespace ring::gen

@@ -43,15 +43,31 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   if (!(options_.approximate >= 0.0 && options_.approximate < 1.0))
     throw GenerateError(fmt::format("approximate threshold {} must be in [0, 1) (0: exact)",
                                     options_.approximate));
-  if (std::string(backend_->name()) != "cpu")
+  const bool host_backend = std::string(backend_->name()) == "cpu";
+  const bool device_tier = !host_backend || options_.fast_on_backend;
+  if (device_tier && !backend_->supports(kernels::Op::kPagedDecode, kernels::DType::kF32))
     throw GenerateError(fmt::format(
-        "generation runs on the cpu backend (asked for '{}'; the device fast tier is not built)",
+        "generation on the '{}' backend needs its paged decode attention for the fast tier, "
+        "which it does not implement",
         backend_->name()));
-  std::string err;
-  step_backend_ = kernels::create_backend("cpu", 1, &err);
-  if (!step_backend_) throw GenerateError("cannot create the cpu backend: " + err);
+  if (!host_backend && options_.shard.ranks > 1)
+    throw GenerateError(fmt::format(
+        "generation over {} ranks runs on the cpu backend (asked for '{}'; the device fast tier "
+        "runs in one process)",
+        options_.shard.ranks, backend_->name()));
+  if (host_backend) {
+    // One row per sequence: splitting a one-row product over threads costs more in joins than
+    // it saves, so the decode step has a one-thread cpu backend of its own.
+    std::string err;
+    step_backend_ = kernels::create_backend("cpu", 1, &err);
+    if (!step_backend_) throw GenerateError("cannot create the cpu backend: " + err);
+    step_ = step_backend_.get();
+  } else {
+    step_ = backend_;  // the device: the dense step runs where the weights are
+  }
   cache_ = std::make_unique<KvCache>(options_.cache, static_cast<int>(config_.layers),
-                                     static_cast<int>(config_.kv_heads), config_.head_dim);
+                                     static_cast<int>(config_.kv_heads), config_.head_dim,
+                                     device_tier ? backend_ : nullptr);
   pool_ = std::make_unique<ThreadPool>(options_.threads);
   attention_ = std::make_unique<DecodeAttention>(cache_.get(), pool_.get(), config_.heads,
                                                  config_.kv_heads, config_.head_dim);
@@ -315,8 +331,8 @@ std::vector<PageId> Generator::window_pages() const {
 
 void Generator::linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in,
                        float* y) {
-  check_status(step_backend_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in,
-                              w(off_w), in, 0.f, y, out),
+  check_status(step_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in, w(off_w),
+                           in, 0.f, y, out),
                "gemm");
 }
 
@@ -325,7 +341,7 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   StepTiming timing;
-  kernels::Backend* sb = step_backend_.get();
+  kernels::Backend* sb = step_;
   const int64_t B = static_cast<int64_t>(seqs.size());
   if (B < 1 || tokens.size() != seqs.size())
     throw GenerateError("a decode step needs one token per sequence");

@@ -70,6 +70,11 @@ struct GeneratorOptions {
   // softmax share is below it are skipped, and each step reports the bound on what was left out.
   // 0 (default): exact.
   double approximate = 0.0;
+  // The fast tier in the backend's memory, its pages' partials by the backend's paged decode
+  // kernel (the device fast tier: kv_cache.h, decode_attention.h). Always so on a backend other
+  // than cpu; on cpu it is opt-in (the cpu backend's kernel on a host pool: the same code path,
+  // for tests and comparisons).
+  bool fast_on_backend = false;
 };
 
 struct StepTiming {
@@ -83,10 +88,15 @@ struct StepTiming {
 
 class Generator {
  public:
-  // params: the flat parameter buffer (host, layout().total() floats). backend: the cpu backend
-  // (prefill runs on it with its threads); it must outlive the generator. The decode step's
-  // dense ops (B rows) run on a one-thread cpu backend of the generator's own: splitting a
-  // one-row product over threads costs more in joins than it saves.
+  // params: the flat parameter buffer (host, layout().total() floats). backend: where prefill
+  // runs (the training forward) and, on a backend other than cpu, where the fast tier lives
+  // (device memory; the cuda backend's paged decode kernel computes the fast pages' partials);
+  // it must outlive the generator. A backend other than cpu needs paged_decode_attention and
+  // runs in one process (not sharded); the decode step's dense ops (embedding, norms,
+  // projections, RoPE, MLP, head on B rows) run on it too, on the model's device weights, and
+  // only q, k, v and the attention output cross to the host per layer. On the cpu backend they
+  // run on a one-thread cpu backend of the generator's own: splitting a one-row product over
+  // threads costs more in joins than it saves.
   Generator(const model::ModelConfig& config, const float* params, kernels::Backend* backend,
             const GeneratorOptions& options);
   ~Generator();
@@ -145,7 +155,8 @@ class Generator {
 
   model::ModelConfig config_;
   kernels::Backend* backend_;
-  std::unique_ptr<kernels::Backend> step_backend_;  // decode step ops, one thread
+  std::unique_ptr<kernels::Backend> step_backend_;  // cpu: the decode step's one-thread backend
+  kernels::Backend* step_ = nullptr;                // where the decode step's dense ops run
   GeneratorOptions options_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ThreadPool> pool_;

@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/backend.h"
+
 namespace ring::gen {
 namespace {
 
@@ -69,11 +71,32 @@ PageKey PrefixHash::key(int layer, int head) const {
   return PageKey{mix64(a_ ^ mix64(lh)), mix64(b_ ^ mix64(lh + 0x5555))};
 }
 
-KvCache::KvCache(const CacheConfig& config, int layers, int kv_heads, int64_t head_dim)
-    : config_(config), layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim) {
+KvCache::KvCache(const CacheConfig& config, int layers, int kv_heads, int64_t head_dim,
+                 kernels::Backend* device)
+    : config_(config), layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), device_(device) {
   config_.check();
   fast_slots_ = config_.fast_bytes / page_bytes();
-  if (fast_slots_ > 0) {
+  if (fast_slots_ > 0 && device_ != nullptr) {
+    // The device fast tier: the pool and the rows' document ids in the backend's memory.
+    void* pool = nullptr;
+    void* docs = nullptr;
+    const size_t pool_bytes = static_cast<size_t>(fast_slots_ * page_bytes());
+    const size_t doc_bytes = static_cast<size_t>(fast_slots_ * config_.page_tokens) * 4;
+    kernels::Status st = device_->alloc(pool_bytes, &pool);
+    if (st == kernels::Status::kOk) st = device_->alloc(doc_bytes, &docs);
+    if (st != kernels::Status::kOk) {
+      const std::string why = device_->last_error();
+      if (pool != nullptr) device_->free(pool);
+      throw GenerateError(fmt::format(
+          "cannot allocate the fast tier ({} bytes, fast_bytes) on the {} backend: {}{}",
+          pool_bytes + doc_bytes, device_->name(), kernels::status_string(st),
+          why.empty() ? "" : " (" + why + ")"));
+    }
+    fast_pool_ = static_cast<float*>(pool);
+    fast_docs_ = static_cast<int32_t*>(docs);
+    fast_owner_.assign(static_cast<size_t>(fast_slots_), -1);
+    for (int64_t s = fast_slots_ - 1; s >= 0; --s) fast_free_.push_back(s);
+  } else if (fast_slots_ > 0) {
     void* p = std::aligned_alloc(64, static_cast<size_t>(fast_slots_ * page_bytes()));
     if (p == nullptr)
       throw GenerateError(fmt::format("cannot allocate the fast tier ({} bytes)",
@@ -86,17 +109,49 @@ KvCache::KvCache(const CacheConfig& config, int layers, int kv_heads, int64_t he
 }
 
 KvCache::~KvCache() {
+  // Device tier: copies in flight read host and disk buffers and write the pool: let them
+  // finish before anything is unmapped or freed.
+  if (device_ != nullptr) device_->offload_wait();
   for (float* p : disk_map_)
     if (p != nullptr) ::munmap(p, static_cast<size_t>(disk_slot_bytes_));
   if (disk_fd_ >= 0) ::close(disk_fd_);
   if (!disk_path_.empty()) ::unlink(disk_path_.c_str());
   if (!disk_subdir_.empty()) ::rmdir(disk_subdir_.c_str());
+  if (device_ != nullptr)
+    for (float* p : pinned_) device_->unpin_host(p);
   for (auto& p : pages_) {
     if (p.backing == Tier::kHost && p.backing_data != nullptr) std::free(p.backing_data);
     std::free(p.q8);
   }
   for (float* p : host_free_) std::free(p);
-  std::free(fast_pool_);
+  if (device_ != nullptr) {
+    device_->free(fast_pool_);
+    device_->free(fast_docs_);
+  } else {
+    std::free(fast_pool_);
+  }
+}
+
+void KvCache::to_device(void* dst, const void* src, size_t bytes, const char* what) {
+  const kernels::Status st = device_->offload_to_device(dst, src, bytes);
+  if (st != kernels::Status::kOk) {
+    const std::string why = device_->last_error();
+    throw GenerateError(fmt::format("fast tier on the {} backend: {} failed: {}{}",
+                                    device_->name(), what, kernels::status_string(st),
+                                    why.empty() ? "" : " (" + why + ")"));
+  }
+}
+
+void KvCache::sync_fast() {
+  if (device_ == nullptr) return;
+  const kernels::Status st = device_->offload_wait();
+  if (st != kernels::Status::kOk) {
+    const std::string why = device_->last_error();
+    throw GenerateError(fmt::format("fast tier on the {} backend: waiting for copies failed: {}{}",
+                                    device_->name(), kernels::status_string(st),
+                                    why.empty() ? "" : " (" + why + ")"));
+  }
+  staging_.clear();
 }
 
 int64_t KvCache::window_slots() const {
@@ -114,9 +169,17 @@ float* KvCache::host_alloc() {
     return p;
   }
   if (config_.host_bytes > 0 && host_used_ + page_bytes() > config_.host_bytes) return nullptr;
-  void* p = std::aligned_alloc(64, static_cast<size_t>(page_bytes()));
+  // Device tier: whole OS pages, so each buffer's pinning covers pages of its own.
+  const size_t align = device_ != nullptr ? static_cast<size_t>(kOsPage) : 64;
+  const size_t bytes = (static_cast<size_t>(page_bytes()) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, bytes);
   if (p == nullptr) throw GenerateError("out of host memory for KV cache pages");
   host_used_ += page_bytes();
+  // Device tier: pinned, so promotions are DMA from it. A buffer that cannot be pinned still
+  // works (the driver copies it through its staging); it is simply slower.
+  if (device_ != nullptr &&
+      device_->pin_host(p, bytes) == kernels::Status::kOk)
+    pinned_.push_back(static_cast<float*>(p));
   return static_cast<float*>(p);
 }
 
@@ -246,7 +309,16 @@ void KvCache::quantize(PageId id) {
   p.backing_data = nullptr;
   p.q8 = q;
   // A fast copy takes the dequantized values: where the page is read never changes a bit.
-  if (p.fast_slot >= 0) dequantize_into(id, fast_pool_ + p.fast_slot * page_floats());
+  if (p.fast_slot >= 0) {
+    if (device_ != nullptr) {
+      staging_.emplace_back(static_cast<size_t>(page_floats()));
+      dequantize_into(id, staging_.back().data());
+      to_device(fast_pool_ + p.fast_slot * page_floats(), staging_.back().data(),
+                static_cast<size_t>(page_bytes()), "int8 page's fast copy");
+    } else {
+      dequantize_into(id, fast_pool_ + p.fast_slot * page_floats());
+    }
+  }
 }
 
 void KvCache::dequantize(PageId id, float* kv) const { dequantize_into(id, kv); }
@@ -286,7 +358,8 @@ void KvCache::release(PageId id) {
 
 const float* KvCache::k_of(PageId id) const {
   const Page& p = pages_[id];
-  return p.fast_slot >= 0 ? fast_pool_ + p.fast_slot * page_floats() : p.backing_data;
+  return p.fast_slot >= 0 && device_ == nullptr ? fast_pool_ + p.fast_slot * page_floats()
+                                                : p.backing_data;
 }
 
 const float* KvCache::v_of(PageId id) const {
@@ -300,12 +373,19 @@ void KvCache::write_row(PageId id, int64_t row, const float* k, const float* v, 
   const size_t n = static_cast<size_t>(hd) * sizeof(float);
   std::memcpy(p.backing_data + row * hd, k, n);
   std::memcpy(p.backing_data + off_v + row * hd, v, n);
-  if (p.fast_slot >= 0) {
+  p.docs[static_cast<size_t>(row)] = doc;
+  if (p.fast_slot >= 0 && device_ != nullptr) {
+    // From the backing (unchanged until sync_fast), on the copy stream, in order with promotions.
+    float* f = fast_pool_ + p.fast_slot * page_floats();
+    to_device(f + row * hd, p.backing_data + row * hd, n, "row copy (K)");
+    to_device(f + off_v + row * hd, p.backing_data + off_v + row * hd, n, "row copy (V)");
+    to_device(fast_docs_ + p.fast_slot * config_.page_tokens + row,
+              p.docs.data() + row, sizeof(int32_t), "row copy (document id)");
+  } else if (p.fast_slot >= 0) {
     float* f = fast_pool_ + p.fast_slot * page_floats();
     std::memcpy(f + row * hd, k, n);
     std::memcpy(f + off_v + row * hd, v, n);
   }
-  p.docs[static_cast<size_t>(row)] = doc;
   for (int64_t d = 0; d < hd; ++d) {
     p.kmin[static_cast<size_t>(d)] = std::min(p.kmin[static_cast<size_t>(d)], k[d]);
     p.kmax[static_cast<size_t>(d)] = std::max(p.kmax[static_cast<size_t>(d)], k[d]);
@@ -322,7 +402,20 @@ void KvCache::make_fast(PageId id) {
   // The rows written so far (the rest is written through write_row).
   float* f = fast_pool_ + s * page_floats();
   const int64_t pt = config_.page_tokens, hd = head_dim_;
-  if (p.q8 != nullptr) {
+  if (device_ != nullptr) {
+    // Asynchronous copies of the filled rows (pinned backing: DMA) and their document ids.
+    const size_t rows = static_cast<size_t>(p.tokens * hd) * sizeof(float);
+    const float* src = p.backing_data;
+    if (p.q8 != nullptr) {
+      staging_.emplace_back(static_cast<size_t>(page_floats()));
+      dequantize_into(id, staging_.back().data());
+      src = staging_.back().data();
+    }
+    to_device(f, src, rows, "promotion (K)");
+    to_device(f + pt * hd, src + pt * hd, rows, "promotion (V)");
+    to_device(fast_docs_ + s * pt, p.docs.data(), static_cast<size_t>(p.tokens) * sizeof(int32_t),
+              "promotion (document ids)");
+  } else if (p.q8 != nullptr) {
     dequantize_into(id, f);
   } else {
     std::memcpy(f, p.backing_data, static_cast<size_t>(p.tokens * hd) * sizeof(float));
@@ -407,6 +500,8 @@ CacheStats KvCache::stats() const {
   s.disk_bytes = disk_slots_ * disk_slot_bytes_;
   s.promotions = promotions_;
   s.demotions = demotions_;
+  s.fast_on_device = device_ != nullptr;
+  s.pinned_buffers = static_cast<int64_t>(pinned_.size());
   return s;
 }
 

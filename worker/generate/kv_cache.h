@@ -8,17 +8,31 @@
 // Tiers. Every page has a BACKING copy in the host tier (aligned host memory, at most host_bytes
 // in all) or, when that is full, in the disk tier (one file per process, 0600, in a private 0700
 // directory under disk_dir, mmapped; removed when the cache is destroyed). The FAST tier is a
-// bounded pool of page slots allocated once (fast_bytes: its resident size never exceeds it;
-// GPU HBM stands in for it on a CUDA build, host memory here) holding copies of some pages:
-// the pages of each sequence's sliding window (the most recent `window` tokens: always fast) and
-// the pages with the most attention mass in recent steps (promoted ahead of need). Attention reads
-// a page where it is (fast copy if any, else the backing in place): no K/V moves between tiers for
-// the computation, and where a page is never changes the arithmetic done on it.
+// bounded pool of page slots allocated once (fast_bytes: its resident size never exceeds it)
+// holding copies of some pages, in host memory or, given a backend (the DEVICE fast tier), in
+// that backend's memory (GPU HBM with the CUDA backend), where the backend's paged decode kernel
+// reads them; see "Device fast tier" below. The fast tier holds the pages of each sequence's
+// sliding window (the most recent `window` tokens: always fast) and the pages with the most
+// attention mass in recent steps (promoted ahead of need). Attention reads a page where it is
+// (fast copy if any, else the backing in place): no K/V moves between tiers for the computation.
+// With a host pool, where a page is never changes the arithmetic done on it; with a device pool,
+// fast pages are computed by the backend's kernel (same math, its own rounding).
 //
 // Content addressing. A full page's key is a 128-bit hash of the (token id, document id) pairs of
 // the sequence's prefix up to and including the page, with its layer and head: sequences with a
 // common prefix share the prefix pages (stored once, reference counted). The page being written
 // (a sequence's last, partial page) is private until it is full.
+//
+// Device fast tier (constructed with a backend). The pool is one backend allocation of fast
+// slots x page bytes (K then V per slot, kernels/backend.h PagedDecodeArgs's layout) plus the
+// rows' document ids [slots, page_tokens]. Promotion copies a page's filled rows and ids from
+// its backing with the backend's asynchronous host-to-device copy (offload_to_device: ordered
+// before every later kernel); a row written to a page with a fast copy goes to both the
+// same way. Host-tier page buffers are pinned when allocated (pin_host: cudaHostRegister on the
+// CUDA backend; a page that cannot be pinned is copied through the driver's staging, still
+// correct), so promotions are DMA from pinned memory. Copies read their source after the call
+// returns: sources stay untouched until sync_fast() (which DecodeAttention calls after each
+// layer's kernel), and int8 pages are dequantized into staging buffers kept until then.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +42,10 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace ring::kernels {
+class Backend;
+}
 
 namespace ring::gen {
 
@@ -109,11 +127,16 @@ struct CacheStats {
   int64_t fast_peak_bytes = 0;       // the most fast_resident_bytes ever was
   int64_t host_bytes = 0, disk_bytes = 0;
   int64_t promotions = 0, demotions = 0;
+  bool fast_on_device = false;   // the fast pool is backend (device) memory
+  int64_t pinned_buffers = 0;    // device tier: host page buffers pinned for DMA
 };
 
 class KvCache {
  public:
-  KvCache(const CacheConfig& config, int layers, int kv_heads, int64_t head_dim);
+  // device: null for a host fast pool; else the backend whose memory holds the fast pool (the
+  // device fast tier, header comment). It must outlive the cache.
+  KvCache(const CacheConfig& config, int layers, int kv_heads, int64_t head_dim,
+          kernels::Backend* device = nullptr);
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -138,14 +161,17 @@ class KvCache {
 
   Page& page(PageId id) { return pages_[id]; }
   const Page& page(PageId id) const { return pages_[id]; }
-  // Where attention reads page id: K [tokens, head_dim], V [tokens, head_dim] (row stride
-  // head_dim), and the tier it is read from.
+  // Where the CPU reads page id: K [tokens, head_dim], V [tokens, head_dim] (row stride
+  // head_dim): its fast copy with a host pool, else its backing (a device fast copy is read by
+  // the backend's kernel from device_pool(), never by the CPU). tier_of: where attention reads it.
   const float* k_of(PageId id) const;
   const float* v_of(PageId id) const;
   Tier tier_of(PageId id) const { return pages_[id].fast_slot >= 0 ? Tier::kFast : pages_[id].backing; }
   // Whether attention must dequantize the page (int8 backing, no fast copy), and into what:
   // kv [2, page_tokens, head_dim] (K then V), the page's rows filled.
-  bool needs_dequant(PageId id) const { return pages_[id].q8 != nullptr && pages_[id].fast_slot < 0; }
+  bool needs_dequant(PageId id) const {
+    return pages_[id].q8 != nullptr && (pages_[id].fast_slot < 0 || device_ != nullptr);
+  }
   void dequantize(PageId id, float* kv) const;
   int64_t q8_bytes() const { return 2 * config_.page_tokens * head_dim_ + 4 * (head_dim_ + config_.page_tokens); }
   // Writes row `row` of a page (k, v: [head_dim]) to its backing and its fast copy.
@@ -160,6 +186,15 @@ class KvCache {
 
   CacheStats stats() const;
 
+  // ---- device fast tier ----
+  bool fast_on_device() const { return device_ != nullptr; }
+  kernels::Backend* device() const { return device_; }
+  // Backend memory: [fast_slots, 2, page_tokens, head_dim] and [fast_slots, page_tokens].
+  const float* device_pool() const { return fast_pool_; }
+  const int32_t* device_docs() const { return fast_docs_; }
+  // Waits for the fast tier's copies in flight and frees their staging (no-op on a host pool).
+  void sync_fast();
+
  private:
   float* host_alloc();
   void quantize(PageId id);
@@ -168,6 +203,8 @@ class KvCache {
   void drop_fast(PageId id);
   void open_disk();
   int64_t disk_grow();
+  // Device tier: an asynchronous copy into the pool (throws GenerateError on failure).
+  void to_device(void* dst, const void* src, size_t bytes, const char* what);
 
   CacheConfig config_;
   int layers_, kv_heads_;
@@ -181,6 +218,10 @@ class KvCache {
   int64_t fast_slots_ = 0;
   std::vector<PageId> fast_owner_;
   std::vector<int64_t> fast_free_;
+  kernels::Backend* device_ = nullptr;          // device tier: the pool's backend
+  int32_t* fast_docs_ = nullptr;                // device tier: [fast_slots_, page_tokens]
+  std::vector<std::vector<float>> staging_;     // device tier: sources of copies in flight
+  std::vector<float*> pinned_;                  // device tier: pinned host page buffers
 
   int64_t host_used_ = 0;
   std::vector<float*> host_free_;  // recycled host page buffers
