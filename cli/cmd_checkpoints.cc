@@ -87,8 +87,8 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
     // Where the writer kept the top-k residual: at the owners of the ranges, per node, or "-"
     // (none, or not recorded).
     const std::string residual = !c.layout || c.layout->residual.empty() ? "-"
-                                 : c.layout->residual == "owner"          ? "owner"
-                                                                          : "per-node";
+                                 : c.layout->residual == "owner"         ? "owner"
+                                                                         : "per-node";
     std::printf("%-10lld %-19s %10s %5d %-9s %-8s  %s%s%s\n", static_cast<long long>(c.step),
                 local_time(c.time).c_str(), human_bytes(c.bytes).c_str(), c.nodes, shard.c_str(),
                 residual.c_str(), on, status.c_str(), off);

@@ -228,8 +228,7 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   const bool ef = topk && s.optimizer.error_feedback;
   // Where top-k selects (docs/architecture.md): at each range's owner from the nodes' summed
   // gradient (compress_at owner; shard full always), or at each sender.
-  const bool at_owner =
-      topk && (full || s.optimizer.compress_at == spec::CompressAt::kOwner);
+  const bool at_owner = topk && (full || s.optimizer.compress_at == spec::CompressAt::kOwner);
   p.topk_at_owner = at_owner;
   // The owners' ranges whatever the shard mode (shard none's owner-side top-k uses them too).
   int64_t owner_range = flat.elements;

@@ -105,8 +105,8 @@ struct Plan {
   int64_t topk_bucket_k = 0;   // the largest bucket's k (top-k only)
   bool topk_at_owner = false;  // top-k selects at each range's owner (optimizer.compress_at
                                // owner, or shard full); false: at each sender, or no top-k
-  int64_t residual_floats = 0; // error feedback: one node's residual, the largest range at the
-                               // owner (any shard mode), n at the sender; 0 without
+  int64_t residual_floats = 0;  // error feedback: one node's residual, the largest range at the
+                                // owner (any shard mode), n at the sender; 0 without
 
   // Per node host memory, in three parts: ringd's own allocations, the node's shared-memory
   // segment (counted once per node, however many processes map it), and the workers' host

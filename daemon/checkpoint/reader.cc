@@ -140,8 +140,7 @@ json parse_json_text(const std::string& text, const std::string& file) {
 
 bool operator==(const Layout& a, const Layout& b) {
   return a.shard == b.shard && a.residual == b.residual && a.nodes == b.nodes &&
-         a.ranges == b.ranges &&
-         a.total_floats == b.total_floats && a.model == b.model;
+         a.ranges == b.ranges && a.total_floats == b.total_floats && a.model == b.model;
 }
 
 json layout_json(const Layout& l) {

@@ -125,15 +125,15 @@ struct NodeOptimizer::Impl {
   int64_t weights_first = 0;  // the flat offset of weights[0]
   std::vector<std::vector<TensorRef>> tensors;  // per bucket
   bool topk = false, error_feedback = false, lazy = false;
-  bool at_owner = false;      // top-k selects at each range's owner from the nodes' summed
-                              // gradient (optimizer.compress_at owner; shard full always)
-  int64_t res_begin = 0;      // flat offset of residual[0] (range.begin at the owner)
-  int64_t res_size = 0;       // floats of the residual (range.size() at the owner, else total)
+  bool at_owner = false;  // top-k selects at each range's owner from the nodes' summed
+                          // gradient (optimizer.compress_at owner; shard full always)
+  int64_t res_begin = 0;  // flat offset of residual[0] (range.begin at the owner)
+  int64_t res_size = 0;   // floats of the residual (range.size() at the owner, else total)
 
   float* master = nullptr;
   float* m = nullptr;
   float* v = nullptr;
-  float* residual = nullptr;  // top-k with error feedback only ([res_size] from res_begin)
+  float* residual = nullptr;        // top-k with error feedback only ([res_size] from res_begin)
   std::vector<uint32_t> topk_idx;   // scratch [max bucket k]
   std::vector<float> topk_val;
 

@@ -31,10 +31,10 @@ ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, const contract::ParamL
   // every node's own (compress_at sender).
   const spec::OptimizerSection& o = spec.optimizer;
   if (o.compression == spec::Compression::kTopk && o.error_feedback)
-    l.residual = o.compress_at == spec::CompressAt::kSender &&
-                         spec.parallel.shard != spec::ShardMode::kFull
-                     ? "per_node"
-                     : "owner";
+    l.residual =
+        o.compress_at == spec::CompressAt::kSender && spec.parallel.shard != spec::ShardMode::kFull
+            ? "per_node"
+            : "owner";
   l.nodes = nodes;
   l.total_floats = layout.total();
   for (const contract::NodeRange& r : contract::shard_ranges(layout, nodes))
@@ -101,10 +101,10 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
     // The writer's residual: recorded, else per node when it had several nodes and wrote no
     // layout with an owner's residual (format 1, or a record from before the field).
     const bool was_owner = r.layout && r.layout->residual == "owner";
-    const bool was_per_node =
-        r.layout ? r.layout->residual == "per_node" ||
-                       (r.layout->residual.empty() && r.layout->shard != "full")
-                 : true;
+    const bool was_per_node = r.layout
+                                  ? r.layout->residual == "per_node" ||
+                                        (r.layout->residual.empty() && r.layout->shard != "full")
+                                  : true;
     std::string residuals;
     if (per_node && (r.nodes != base_.nodes || was_owner))
       residuals = was_owner ? ", the owners' residuals summed onto node 0, zero elsewhere"
@@ -119,9 +119,7 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
                                            : fmt::format("{} nodes", base_.nodes);
       hooks_.log(fmt::format(
           "checkpoint {} was written by {}; this job is {}: state resharded{} (read {})", r.path,
-          was, now,
-          residuals,
-          fmt::join(r.shards_read, ", ")));
+          was, now, residuals, fmt::join(r.shards_read, ", ")));
     }
     restore(r);
     hooks_.log(fmt::format("resuming from {} (step {})", r.path, r.step));

@@ -211,8 +211,7 @@ TEST_P(Reshard, TwoNodeCheckpointResumesOnOneAndFourNodes) {
     // The straight run with shard none (shard optimizer gives the same steps): on the target
     // node count, or with top-k at the sender on the writer's.
     const bool approximate = mode.topk && mode.sender;
-    const Steps& want =
-        straight(approximate ? 2 : nodes, Mode{"none", mode.topk, mode.sender});
+    const Steps& want = straight(approximate ? 2 : nodes, Mode{"none", mode.topk, mode.sender});
     ASSERT_EQ(want.loss.size(), 20u) << want.log0;
     Steps got = resume_on(nodes, mode);
     ASSERT_EQ(got.loss.size(), 10u) << got.log0;
@@ -225,8 +224,9 @@ TEST_P(Reshard, TwoNodeCheckpointResumesOnOneAndFourNodes) {
     EXPECT_EQ(got.log0.find("per-node residuals summed onto node 0") != std::string::npos,
               approximate)
         << got.log0;
-    if (mode.topk && !mode.sender)
+    if (mode.topk && !mode.sender) {
       EXPECT_EQ(got.log0.find("residuals summed"), std::string::npos) << got.log0;
+    }
 
     double worst = 0, first = 0;
     for (int64_t s = 11; s <= 20; ++s) {
@@ -407,8 +407,7 @@ TEST(ReshardFull, TwoNodeFullCheckpointResumesUnderOtherModes) {
   const std::string cmd = std::string(RINGCTL_BIN) + " checkpoints " + dir + " --verify > " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(out);
   const std::string text = slurp(out);
-  EXPECT_NE(text.find("    2 full      owner     complete (verified)"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("    2 full      owner     complete (verified)"), std::string::npos) << text;
   std::printf("%s", text.c_str());
 }
 
@@ -426,9 +425,11 @@ TEST(ReshardCompressAt, SenderAndOwnerCheckpointsResumeUnderTheOther) {
     Mode target;
     const char* clause;
   };
-  for (const Hop& h : {Hop{&sender, 1, Mode{"optimizer", true}, "summed in node order into the owners' ranges"},
-                       Hop{&sender, 4, Mode{"none", true}, "summed in node order into the owners' ranges"},
-                       Hop{&owner, 2, Mode{"optimizer", true, true}, "the owners' residuals summed onto node 0"}}) {
+  for (const Hop& h :
+       {Hop{&sender, 1, Mode{"optimizer", true}, "summed in node order into the owners' ranges"},
+        Hop{&sender, 4, Mode{"none", true}, "summed in node order into the owners' ranges"},
+        Hop{&owner, 2, Mode{"optimizer", true, true},
+            "the owners' residuals summed onto node 0"}}) {
     SCOPED_TRACE(h.writer->name() + " on 2 nodes -> " + std::to_string(h.nodes) + " nodes " +
                  h.target.name());
     const Steps& want = straight(2, *h.writer);
@@ -447,11 +448,11 @@ TEST(ReshardCompressAt, SenderAndOwnerCheckpointsResumeUnderTheOther) {
     std::printf("[ reshard ] 2 nodes %s -> %d nodes %s: worst relative loss diff %.3g\n",
                 h.writer->name().c_str(), h.nodes, h.target.name().c_str(), worst);
   }
-  for (const auto& [mode, column] :
-       std::vector<std::pair<Mode, std::string>>{{sender, "none      per-node"}, {owner, "none      owner"}}) {
+  for (const auto& [mode, column] : std::vector<std::pair<Mode, std::string>>{
+           {sender, "none      per-node"}, {owner, "none      owner"}}) {
     const std::string out = rig().t.path + "/verify-" + mode.name() + ".txt";
-    const std::string cmd = std::string(RINGCTL_BIN) + " checkpoints " +
-                            two_node_checkpoint(mode) + " --verify > " + out;
+    const std::string cmd = std::string(RINGCTL_BIN) + " checkpoints " + two_node_checkpoint(mode) +
+                            " --verify > " + out;
     ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(out);
     EXPECT_NE(slurp(out).find("    2 " + column), std::string::npos) << slurp(out);
   }
@@ -460,12 +461,11 @@ TEST(ReshardCompressAt, SenderAndOwnerCheckpointsResumeUnderTheOther) {
 INSTANTIATE_TEST_SUITE_P(Mode, Reshard,
                          ::testing::Values(Mode{"none", false}, Mode{"optimizer", false},
                                            Mode{"none", true}, Mode{"optimizer", true},
-                                           Mode{"none", true, true},
-                                           Mode{"optimizer", true, true}),
+                                           Mode{"none", true, true}, Mode{"optimizer", true, true}),
                          [](const ::testing::TestParamInfo<Mode>& i) {
-                           return i.param.shard +
-                                  (i.param.topk ? (i.param.sender ? "_topk_sender" : "_topk")
-                                                : "_dense");
+                           return i.param.shard + (i.param.topk
+                                                       ? (i.param.sender ? "_topk_sender" : "_topk")
+                                                       : "_dense");
                          });
 
 }  // namespace

@@ -314,8 +314,8 @@ void expect_owner_independent_of_nodes(const char* optimizer, double grad_clip, 
     for (const char* mode : {"none", "optimizer", "full"}) {
       SCOPED_TRACE(std::string("shard ") + mode);
       const bool full = std::string(mode) == "full";
-      const Run run = run_nodes(load(optimizer, grad_clip, mode, layers), nodes, steps,
-                                full ? nodes : 0);
+      const Run run =
+          run_nodes(load(optimizer, grad_clip, mode, layers), nodes, steps, full ? nodes : 0);
       ASSERT_FALSE(::testing::Test::HasFailure());
       for (int i = 0; i < nodes; ++i) {
         const contract::NodeRange& r = run.ranges[i];
@@ -330,16 +330,18 @@ void expect_owner_independent_of_nodes(const char* optimizer, double grad_clip, 
               << y.grad_norm;
           EXPECT_EQ(x.clipped, y.clipped);
           EXPECT_EQ(x.all_changed || full, y.all_changed);
-          if (!full) EXPECT_EQ(x.changed, y.changed) << "node " << i << " step " << s + 1;
+          if (!full) {
+            EXPECT_EQ(x.changed, y.changed) << "node " << i << " step " << s + 1;
+          }
         }
         // Master, moments (sharded: the range; none: everything) and residual (the range).
         for (int k = 0; k < 4; ++k) {
           const bool ranged = k == 3 || std::string(mode) != "none";
           const std::vector<float>& mine = run.state[i][k];
           ASSERT_EQ(static_cast<int64_t>(mine.size()), ranged ? r.size() : n) << "kind " << k;
-          EXPECT_TRUE(mine.empty() || same_bits(mine.data(), ref.state[0][k].data() +
-                                                                 (ranged ? r.begin : 0),
-                                                 sizeof(float) * mine.size()))
+          EXPECT_TRUE(mine.empty() ||
+                      same_bits(mine.data(), ref.state[0][k].data() + (ranged ? r.begin : 0),
+                                sizeof(float) * mine.size()))
               << "node " << i << " state kind " << k;
         }
       }

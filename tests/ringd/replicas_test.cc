@@ -107,8 +107,7 @@ std::string spec_yaml(int d, int c, int n, const Overrides& o) {
     << "}\n"
        "optimizer: {lr: 1.0e-3, lr_warmup_steps: 2, weight_decay: 0.1, offload: cpu, "
        "update: "
-    << o.update << ", compression: "
-    << (o.compression == "none" ? "none" : "topk")
+    << o.update << ", compression: " << (o.compression == "none" ? "none" : "topk")
     << (o.compression != "none" ? ", density: 0.05, error_feedback: true" : "")
     << (o.compression == "topk_sender" ? ", compress_at: sender" : "")
     << "}\n"
@@ -435,9 +434,8 @@ TEST_P(ReplicaFullShard, FullAgreesWithNone) {
   std::printf(
       "full D=%d C=%d N=%d %s vs none: %.1f s (none %.1f s); loss %.4f -> %.4f; max loss "
       "diff %.3g, weights diff %.3g%s\n",
-      k.d, k.c, k.n, k.compression.c_str(), b.seconds, a.seconds,
-      b.loss.front(), b.loss.back(), max_rel(b.loss, a.loss), w,
-      bitwise ? " (bit-identical)" : "");
+      k.d, k.c, k.n, k.compression.c_str(), b.seconds, a.seconds, b.loss.front(), b.loss.back(),
+      max_rel(b.loss, a.loss), w, bitwise ? " (bit-identical)" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ReplicaFullShard,
