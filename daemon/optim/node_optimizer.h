@@ -209,12 +209,16 @@ struct StepResult {
   bool all_changed = true;   // every coordinate may have changed (dense update); false: lazy,
                              // exactly NodeOptimizer::changed() changed
   int64_t changed_count = 0;   // coordinates updated (layout.total() when all_changed)
-  int64_t selected = 0;        // entries this node sent (top-k), or layout.total() (dense)
+  int64_t selected = 0;        // entries this node selected (top-k: at the sender, what it
+                               // sent; at the owner, of its range's buckets), or
+                               // layout.total() (dense)
   int64_t bytes_sent = 0;      // payload this node contributed to the exchange this step: 4 per
                                // float dense, 8 per (uint32 index, float value) sparse, plus a
                                // 4-byte count per bucket; shard none: counted also with one node;
                                // shard optimizer: what leaves this node (to the buckets' owners,
-                               // and bytes_weights), 0 with one node
+                               // and bytes_weights), 0 with one node; top-k at the owner: 4 per
+                               // float of the buckets it does not own (reduced to their owners)
+                               // plus, shard none, its payload of each bucket's all-gather
   int64_t bytes_weights = 0;   // shard optimizer: of bytes_sent, this node's part of the weight
                                // all-gather (its range, or its changed (uint32 offset, float)
                                // pairs, to each other node); 0 with shard none
