@@ -72,8 +72,8 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
     return 0;
   }
   bool color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
-  std::printf("%-10s %-19s %10s %5s %-9s  %s\n", "STEP", "TIME", "SIZE", "NODES", "SHARD",
-              "STATUS");
+  std::printf("%-10s %-19s %10s %5s %-9s %-8s  %s\n", "STEP", "TIME", "SIZE", "NODES", "SHARD",
+              "RESIDUAL", "STATUS");
   for (const auto& c : list) {
     std::string status = ckpt::status_name(c.status);
     if (c.status == ckpt::Status::kComplete && verify) status += " (verified)";
@@ -84,9 +84,14 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
     if (color && c.status == ckpt::Status::kCorrupt) on = "\033[31m", off = "\033[0m";
     // The writer's shard mode (format 2 records it); "-" for format 1 or when unknown.
     const std::string shard = c.layout ? c.layout->shard : "-";
-    std::printf("%-10lld %-19s %10s %5d %-9s  %s%s%s\n", static_cast<long long>(c.step),
+    // Where the writer kept the top-k residual: at the owners of the ranges, per node, or "-"
+    // (none, or not recorded).
+    const std::string residual = !c.layout || c.layout->residual.empty() ? "-"
+                                 : c.layout->residual == "owner"         ? "owner"
+                                                                         : "per-node";
+    std::printf("%-10lld %-19s %10s %5d %-9s %-8s  %s%s%s\n", static_cast<long long>(c.step),
                 local_time(c.time).c_str(), human_bytes(c.bytes).c_str(), c.nodes, shard.c_str(),
-                on, status.c_str(), off);
+                residual.c_str(), on, status.c_str(), off);
     if (c.status == ckpt::Status::kCorrupt)
       for (const auto& p : c.problems) std::printf("           %s\n", p.c_str());
   }

@@ -226,6 +226,17 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   const bool offload = s.optimizer.offload == Offload::kCpu;
   const bool topk = s.optimizer.compression == Compression::kTopk;
   const bool ef = topk && s.optimizer.error_feedback;
+  // Where top-k selects (docs/architecture.md): at each range's owner from the nodes' summed
+  // gradient (compress_at owner; shard full always), or at each sender.
+  const bool at_owner = topk && (full || s.optimizer.compress_at == spec::CompressAt::kOwner);
+  p.topk_at_owner = at_owner;
+  // The owners' ranges whatever the shard mode (shard none's owner-side top-k uses them too).
+  int64_t owner_range = flat.elements;
+  if (!flat.bucket_sizes.empty()) {
+    const auto ranges = shard_range_sizes(flat.bucket_sizes, nodes_i);
+    owner_range = *std::max_element(ranges.begin(), ranges.end());
+  }
+  if (ef) p.residual_floats = at_owner ? owner_range : flat.elements;
   const bool host_backend = s.resources.backend == Backend::kCpu;
 
   // ---- activations saved for backward, per layer per local token (storage dtype, lse fp32):
@@ -334,12 +345,15 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     // Dense exchanges happen with compression none and in top-k's dense warm-up steps.
     const bool dense_steps = !topk || s.optimizer.warmup_steps > 0;
     const auto& bs = flat.bucket_sizes;
-    std::vector<size_t> first = {0, bs.size()};  // shard none: every node holds every bucket
-    if (sharded) first = shard_first_buckets(bs, nodes_i);
-    // Per bucket: the most entries of its summed sparse gradient, the union of the nodes' sets.
+    // What each node owns (shard none: every node holds every bucket, but with top-k at the
+    // owner each bucket is still summed and compressed at its range's owner).
+    std::vector<size_t> first = {0, bs.size()};
+    if (sharded || at_owner) first = shard_first_buckets(bs, nodes_i);
+    // Per bucket: the most entries of its sparse gradient: the owner's k, or at the sender the
+    // union of the nodes' sets.
     auto union_bound = [&](size_t i) {
-      return std::min(nodes * static_cast<double>(bucket_topk(s.optimizer.density, bs[i])),
-                      static_cast<double>(bs[i]));
+      const double k = static_cast<double>(bucket_topk(s.optimizer.density, bs[i]));
+      return at_owner ? k : std::min(nodes * k, static_cast<double>(bs[i]));
     };
     double u_all = 0;
     int64_t kmax = 0;
@@ -363,14 +377,13 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
       }
       l.state = 12.0 * (sharded ? floats : n);
       // ringd's TransportExchange::reduce_sum: the owner receives every other node's bucket
-      // into its own staging vector, kept (and grown) for the attempt.
-      if (mode == ShardMode::kOptimizer && nodes_i > 1 && dense_steps) l.reduce_stage = (nodes - 1.0) * 4.0 * biggest;
+      // into its own staging vector, kept (and grown) for the attempt. Shard optimizer's dense
+      // steps, and every top-k step at the owner (shard none too).
+      const bool reduces = (mode == ShardMode::kOptimizer && dense_steps) || (at_owner && !full);
+      if (nodes_i > 1 && reduces) l.reduce_stage = (nodes - 1.0) * 4.0 * biggest;
       if (topk) {
-        // Shard full: the owner selects from the job's sum (k per bucket, one set).
-        double k_own = 0;
-        for (size_t i = first[k]; i < first[k + 1]; ++i)
-          k_own += static_cast<double>(bucket_topk(s.optimizer.density, bs[i]));
-        l.summed = 8.0 * (full ? k_own : sharded ? u_own : u_all);
+        // At the owner: one set of k per bucket (shard none: every owner's set, all-gathered).
+        l.summed = 8.0 * (sharded ? u_own : u_all);
       }
       // Lazy: the changed coordinates (int64); sharded, also this node's own list and its
       // (uint64, float) payload, and every node's pairs as the all-gather returns them.
@@ -390,8 +403,9 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     // and optimizer; with shard full the gradient reaches the owner already summed, and top-k
     // runs there, so the residual is the owner's, of its range (docs/architecture.md).
     if (ef)
-      r.push_back({"error-feedback residual (fp32, this node's)", 4.0 * (full ? R : n),
-                   full ? "4 x range (at the owner)" : "4 x n (per sender: full size)"});
+      r.push_back({"error-feedback residual (fp32, this node's)",
+                   4.0 * static_cast<double>(p.residual_floats),
+                   at_owner ? "4 x range (at the owner)" : "4 x n (per sender: full size)"});
     // daemon/ringd/step_driver.h: the node's gradient, summed over its workers' slots. With
     // shard full the workers reduce-scatter to the owners: the node receives its range only.
     r.push_back({"node gradient (fp32)", 4.0 * (full ? R : n), full ? "4 x range" : "4 x n"});
@@ -402,11 +416,13 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
       p.topk_bucket_k = kmax;
       const double K8 = 8.0 * static_cast<double>(kmax);
       r.push_back({"top-k scratch (index, value)", K8, "8 x k of the largest bucket"});
-      if (nodes_i > 1 && !full)
+      // Sparse sets cross nodes at the sender, and at the owner with shard none (all-gathered).
+      if (nodes_i > 1 && !full && !(at_owner && sharded))
         r.push_back({"top-k exchange of one bucket (at most)", (2.0 * nodes + 2.0) * (4.0 + K8),
                      "(2 nodes + 2) x (4 + 8 k): payload, transport buffers, every node's set"});
       r.push_back({"summed sparse gradient (at most)", worst.summed,
-                   full      ? "8 x sum over its buckets of k"
+                   at_owner ? (sharded ? "8 x sum over its buckets of k"
+                                       : "8 x sum over buckets of k")
                    : sharded ? "8 x sum over its buckets of min(nodes x k, floats)"
                              : "8 x sum over buckets of min(nodes x k, floats)"});
       if (lazy && !full)
@@ -462,6 +478,16 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   p.grad_payload_topk = static_cast<double>(p.topk_k) * 8.0;  // u32 index + fp32 value
   p.grad_sent_dense_per_node = 2.0 * (nodes - 1.0) / nodes * p.grad_payload_dense;
   p.grad_sent_topk_per_node = (nodes - 1.0) * p.grad_payload_topk;
+  if (at_owner && !full) {
+    // The dense gradient of the ranges a node does not own goes to their owners (a
+    // reduce-scatter, bounded by the smallest range's node: n - range, about n (nodes-1)/nodes),
+    // then with shard none each owner's sparse sets go to every other node (about k / nodes
+    // each); shard optimizer's owners publish weights instead (as with dense steps).
+    p.grad_topk_reduce_scatter_per_node = (nodes - 1.0) / nodes * p.grad_payload_dense;
+    p.grad_topk_sparse_per_node =
+        mode == ShardMode::kNone ? (nodes - 1.0) / nodes * p.grad_payload_topk : 0.0;
+    p.grad_sent_topk_per_node = p.grad_topk_reduce_scatter_per_node + p.grad_topk_sparse_per_node;
+  }
   if (full) {
     const double mb = static_cast<double>(std::max<int64_t>(s.train.micro_batches, 1));
     p.shard_gathered_per_rank = mb * 2.0 * (n - S) * b;
@@ -582,6 +608,9 @@ nlohmann::json to_json(const Plan& p, const JobSpec& s) {
         {"topk_k", p.topk_k},
         {"grad_sent_dense_per_node_bytes", p.grad_sent_dense_per_node},
         {"grad_sent_topk_per_node_bytes", p.grad_sent_topk_per_node},
+        {"topk_at_owner", p.topk_at_owner},
+        {"grad_topk_reduce_scatter_per_node_bytes", p.grad_topk_reduce_scatter_per_node},
+        {"grad_topk_sparse_per_node_bytes", p.grad_topk_sparse_per_node},
         {"shard_gathered_per_rank_bytes", p.shard_gathered_per_rank},
         {"shard_scattered_per_rank_bytes", p.shard_scattered_per_rank}}},
       {"fit",
@@ -673,7 +702,21 @@ std::string to_text(const Plan& p, const JobSpec& s) {
          "(n - shard) x 4; nothing between the nodes' ringd");
   } else {
     line("sent per node, dense all-reduce", p.grad_sent_dense_per_node);
-    line("sent per node, top-k all-gather", p.grad_sent_topk_per_node);
+    if (p.topk_at_owner) {
+      line("sent per node, top-k at the owners", p.grad_sent_topk_per_node,
+           p.shard == ShardMode::kNone ? "dense reduce-scatter + owners' sparse sets all-gathered"
+                                       : "dense reduce-scatter to the owners");
+      line("  dense reduce-scatter", p.grad_topk_reduce_scatter_per_node,
+           "(nodes - 1) / nodes x 4 x params");
+      if (p.shard == ShardMode::kNone)
+        line("  sparse sets all-gathered", p.grad_topk_sparse_per_node,
+             "(nodes - 1) / nodes x 8 x k");
+    } else {
+      line("sent per node, top-k all-gather", p.grad_sent_topk_per_node,
+           p.grad_sent_topk_per_node > 0 && s.optimizer.compression == Compression::kTopk
+               ? "at each sender (compress_at: sender)"
+               : "");
+    }
   }
   o += "\nfit:\n";
   if (s.resources.backend == Backend::kCuda) {

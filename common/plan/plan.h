@@ -102,6 +102,10 @@ struct Plan {
   int64_t worker_shard = 0;    // shard full: floats of the largest worker shard (its node's
                                // range cut among workers_per_node, 64-byte aligned); else n
   int64_t topk_bucket_k = 0;   // the largest bucket's k (top-k only)
+  bool topk_at_owner = false;  // top-k selects at each range's owner (optimizer.compress_at
+                               // owner, or shard full); false: at each sender, or no top-k
+  int64_t residual_floats = 0;  // error feedback: one node's residual, the largest range at the
+                                // owner (any shard mode), n at the sender; 0 without
 
   // Per node host memory, in three parts: ringd's own allocations, the node's shared-memory
   // segment (counted once per node, however many processes map it), and the workers' host
@@ -123,7 +127,13 @@ struct Plan {
   double grad_payload_dense = 0;        // one node's gradient, fp32
   double grad_payload_topk = 0;         // one node's top-k (index, value) set
   double grad_sent_dense_per_node = 0;  // ring all-reduce between nodes
-  double grad_sent_topk_per_node = 0;   // all-gather of sparse sets between nodes
+  double grad_sent_topk_per_node = 0;   // top-k steps, what one node sends to the others: at
+                                        // the sender, its sparse sets to every other node; at
+                                        // the owner (shard none, optimizer), the two below
+  double grad_topk_reduce_scatter_per_node = 0;  // at the owner: the dense gradient of the
+                                                 // ranges it does not own, (n - range) x 4
+  double grad_topk_sparse_per_node = 0;  // at the owner, shard none: its ranges' sparse sets to
+                                         // every other node, (nodes - 1) x 8 x its k
   int64_t topk_k = 0;
   // Shard full (0 otherwise), per rank and step, every micro-batch: the weights it receives in
   // the block all-gathers of the forward and the backward, 2 x (n - shard) x b, and the gradient

@@ -22,6 +22,7 @@ constexpr std::array kShardNames{"none", "optimizer", "full"};
 constexpr std::array kOffloadNames{"cpu", "none"};
 constexpr std::array kUpdateNames{"dense", "lazy"};
 constexpr std::array kCompressionNames{"none", "topk"};
+constexpr std::array kCompressAtNames{"owner", "sender"};
 constexpr std::array kBackendNames{"cpu", "cuda"};
 constexpr std::array kGpuNames{"A100-80G", "H100-80G", "H200-141G"};
 constexpr std::array kScheduleNames{"constant", "cosine"};
@@ -296,8 +297,8 @@ std::vector<KeyDef> build_table() {
                 "What is sharded over the nodes: none (every node's ringd keeps the whole "
                 "optimizer state), optimizer (each node's ringd keeps the master weights and AdamW "
                 "moments of a contiguous, bucket-aligned 1/nodes of the parameters and updates "
-                "only that range; the new weights reach every node; a top-k residual stays with "
-                "the node that sent the gradient), or "
+                "only that range; the new weights reach every node; the top-k residual is kept "
+                "where optimizer.compress_at says), or "
                 "full (additionally each worker keeps only its shard of the working weights and "
                 "gradients, its node's range cut evenly among the node's workers; each block - "
                 "embedding, layer, head - is all-gathered over all data_replicas x context_ranks "
@@ -374,6 +375,17 @@ std::vector<KeyDef> build_table() {
                   "Dense (uncompressed) steps before top-k compression starts."),
             Value{int64_t{0}}),
         0, kIntMax);
+  choices(b.add("optimizer.compress_at", KT::kEnum, &J::optimizer, &OptimizerSection::compress_at,
+                "Where top-k selects (compression: topk, resources.nodes > 1): owner (the nodes' "
+                "gradients of each bucket-aligned range are summed at the node that owns the "
+                "range - a reduce-scatter of the dense gradient - which adds its residual, "
+                "selects top-k and keeps the rest; the residual is 4 bytes x the range per node, "
+                "results do not depend on the node count and checkpoints reshard exactly; "
+                "any parallel.shard) or sender (every node selects from its own gradient + a "
+                "full-size residual and only the k (index, value) pairs per node cross nodes: "
+                "less traffic, but results depend on the node count and a resume on another "
+                "node count is approximate; not with parallel.shard full)."),
+          names(kCompressAtNames), 0);
 
   // ---- train
   range(req(b.add("train.steps", KT::kInt, &J::train, &TrainSection::steps,
@@ -554,6 +566,7 @@ const char* to_string(ShardMode v) { return kShardNames[static_cast<size_t>(v)];
 const char* to_string(Offload v) { return kOffloadNames[static_cast<size_t>(v)]; }
 const char* to_string(UpdateMode v) { return kUpdateNames[static_cast<size_t>(v)]; }
 const char* to_string(Compression v) { return kCompressionNames[static_cast<size_t>(v)]; }
+const char* to_string(CompressAt v) { return kCompressAtNames[static_cast<size_t>(v)]; }
 const char* to_string(Backend v) { return kBackendNames[static_cast<size_t>(v)]; }
 const char* to_string(GpuType v) { return kGpuNames[static_cast<size_t>(v)]; }
 const char* to_string(LrSchedule v) { return kScheduleNames[static_cast<size_t>(v)]; }

@@ -21,6 +21,7 @@ enum class ShardMode { kNone, kOptimizer, kFull };
 enum class Offload { kCpu, kNone };
 enum class UpdateMode { kDense, kLazy };
 enum class Compression { kNone, kTopk };
+enum class CompressAt { kOwner, kSender };
 enum class Backend { kCpu, kCuda };
 enum class GpuType { kA100_80G, kH100_80G, kH200_141G };
 enum class LrSchedule { kConstant, kCosine };
@@ -95,6 +96,7 @@ struct OptimizerSection {
   double density{};
   bool error_feedback{};
   int64_t warmup_steps{};  // dense steps before top-k compression starts
+  CompressAt compress_at{};  // where top-k selects: at each range's owner, or at each sender
 };
 
 struct TrainSection {
@@ -185,6 +187,7 @@ const char* to_string(ShardMode v);
 const char* to_string(Offload v);
 const char* to_string(UpdateMode v);
 const char* to_string(Compression v);
+const char* to_string(CompressAt v);
 const char* to_string(Backend v);
 const char* to_string(GpuType v);
 const char* to_string(LrSchedule v);

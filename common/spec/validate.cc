@@ -456,6 +456,22 @@ const std::vector<Rule>& rules() {
                    "update lazy needs optimizer.compression topk: lazy mode updates only the "
                    "coordinates top-k selects");
        }},
+      {{"optimizer.compress_at, parallel.shard, optimizer.compression",
+        "compress_at sender is refused with shard full (the workers' reduce-scatter already sums "
+        "the job's gradient at each range's owner, so top-k can only select there); warning: "
+        "compress_at sender without compression topk is ignored."},
+       [](Ctx& c) {
+         const auto& o = c.s.optimizer;
+         if (o.compress_at != CompressAt::kSender) return;
+         if (c.s.parallel.shard == ShardMode::kFull)
+           c.error("optimizer.compress_at",
+                   "compress_at sender cannot be used with parallel.shard full: the workers "
+                   "reduce-scatter the gradient, so each range's summed gradient exists only at "
+                   "its owner, where top-k selects; use compress_at: owner, or parallel.shard "
+                   "none or optimizer");
+         else if (o.compression != Compression::kTopk)
+           c.warning("optimizer.compress_at", "ignored: optimizer.compression is none");
+       }},
       {{"optimizer.warmup_steps, optimizer.compression, train.steps",
         "Warnings: warmup_steps without topk is ignored; warmup_steps >= steps means top-k "
         "never starts."},

@@ -101,6 +101,11 @@ struct LayoutRange {
 // it; ringd fills it (daemon/ringd/checkpoints.h checkpoint_layout).
 struct Layout {
   std::string shard;                // the writer's parallel.shard: "none", "optimizer"
+  // Where the writer kept the top-k residual: "owner" (one copy, residual/<param> in the shard of
+  // the range that holds the parameter, like the master), "per_node" (every node saved its own
+  // residual/<param> of every parameter), "" (no residual, or not recorded). Optional in the
+  // record: a reader tells the two apart by how many shards hold a residual tensor.
+  std::string residual;
   int nodes = 0;                    // = ranges.size()
   std::vector<LayoutRange> ranges;  // node order, covering [0, total_floats)
   int64_t total_floats = 0;         // the flat layout's size (alignment gaps included)

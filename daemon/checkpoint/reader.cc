@@ -139,8 +139,8 @@ json parse_json_text(const std::string& text, const std::string& file) {
 }  // namespace
 
 bool operator==(const Layout& a, const Layout& b) {
-  return a.shard == b.shard && a.nodes == b.nodes && a.ranges == b.ranges &&
-         a.total_floats == b.total_floats && a.model == b.model;
+  return a.shard == b.shard && a.residual == b.residual && a.nodes == b.nodes &&
+         a.ranges == b.ranges && a.total_floats == b.total_floats && a.model == b.model;
 }
 
 json layout_json(const Layout& l) {
@@ -151,11 +151,13 @@ json layout_json(const Layout& l) {
                       {"end", r.end},
                       {"first_bucket", r.first_bucket},
                       {"end_bucket", r.end_bucket}});
-  return {{"shard", l.shard},
-          {"nodes", l.nodes},
-          {"ranges", ranges},
-          {"total_floats", l.total_floats},
-          {"model", l.model.is_null() ? json::object() : l.model}};
+  json j = {{"shard", l.shard},
+            {"nodes", l.nodes},
+            {"ranges", ranges},
+            {"total_floats", l.total_floats},
+            {"model", l.model.is_null() ? json::object() : l.model}};
+  if (!l.residual.empty()) j["residual"] = l.residual;
+  return j;
 }
 
 Layout parse_layout(const json& j, const std::string& file) {
@@ -164,6 +166,11 @@ Layout parse_layout(const json& j, const std::string& file) {
   Layout l;
   l.shard = f.str("shard");
   if (l.shard.empty() || l.shard.size() > 64) f.fail("shard", "must be 1-64 characters");
+  if (j.contains("residual")) {
+    l.residual = f.str("residual");
+    if (l.residual != "owner" && l.residual != "per_node")
+      f.fail("residual", "'" + l.residual + "' is not one of owner | per_node");
+  }
   l.nodes = static_cast<int>(f.i64("nodes", 1, 1 << 20));
   l.total_floats = f.i64("total_floats", 0, int64_t{1} << 62);
   const json& rs = f.at("ranges");
@@ -196,7 +203,10 @@ Layout parse_layout(const json& j, const std::string& file) {
 }
 
 std::string describe_layout(const Layout& l) {
-  return std::to_string(l.nodes) + (l.nodes == 1 ? " node" : " nodes") + ", shard " + l.shard;
+  return std::to_string(l.nodes) + (l.nodes == 1 ? " node" : " nodes") + ", shard " + l.shard +
+         (l.residual == "owner"      ? ", top-k residual at the owners"
+          : l.residual == "per_node" ? ", top-k residual per node"
+                                     : "");
 }
 
 namespace {

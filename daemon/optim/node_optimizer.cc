@@ -125,11 +125,15 @@ struct NodeOptimizer::Impl {
   int64_t weights_first = 0;  // the flat offset of weights[0]
   std::vector<std::vector<TensorRef>> tensors;  // per bucket
   bool topk = false, error_feedback = false, lazy = false;
+  bool at_owner = false;  // top-k selects at each range's owner from the nodes' summed
+                          // gradient (optimizer.compress_at owner; shard full always)
+  int64_t res_begin = 0;  // flat offset of residual[0] (range.begin at the owner)
+  int64_t res_size = 0;   // floats of the residual (range.size() at the owner, else total)
 
   float* master = nullptr;
   float* m = nullptr;
   float* v = nullptr;
-  float* residual = nullptr;  // top-k with error feedback only ([total]; shard full: [range])
+  float* residual = nullptr;        // top-k with error feedback only ([res_size] from res_begin)
   std::vector<uint32_t> topk_idx;   // scratch [max bucket k]
   std::vector<float> topk_val;
 
@@ -298,45 +302,25 @@ struct NodeOptimizer::Impl {
       check(backend->sum_squares(size, g, &ss[b]), "sum_squares", b);
       return;
     }
-    // acc = residual + g (error feedback) or g.
-    float* acc = g;
-    if (error_feedback) {
-      acc = residual + (bk.begin - (full ? range.begin : 0));
-      parallel_ranges(size, threads, [acc, g](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) acc[i] += g[i];
-      });
+    if (at_owner) {
+      select_at_owner(b);
+      return;
     }
-    const int64_t k = bucket_k(size);
-    check(backend->topk_abs(size, k, acc, topk_idx.data(), topk_val.data()), "topk_abs", b);
-    // Payload: [uint32 count][count x uint32 offset][count x float value]; zeros are not sent.
-    uint32_t count = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      if (topk_val[i] != 0.f) {
-        topk_idx[count] = topk_idx[i];
-        topk_val[count] = topk_val[i];
-        ++count;
-      }
-    }
-    if (error_feedback) {
-      for (uint32_t i = 0; i < count; ++i) acc[topk_idx[i]] = 0.f;
-    }
+    // Top-k at the sender: this node selects from its own gradient (+ its full-size residual).
+    const uint32_t count = select_topk(b, g, error_feedback ? residual + bk.begin : nullptr);
     selected += count;
     const int64_t payload_bytes = 4 + 8 * static_cast<int64_t>(count);
     const int o = owner(b);
-    if (!full && (!sharded || o != exchange->node())) bytes_sent += payload_bytes;
+    if (!sharded || o != exchange->node()) bytes_sent += payload_bytes;
     std::vector<uint32_t>& out_idx = sparse_idx[b];
     std::vector<float>& out_val = sparse_val[b];
     out_idx.clear();
     out_val.clear();
-    if (exchange->nodes() == 1 || full) {
+    if (exchange->nodes() == 1) {
       out_idx.assign(topk_idx.begin(), topk_idx.begin() + count);
       out_val.assign(topk_val.begin(), topk_val.begin() + count);
     } else {
-      std::vector<uint8_t> payload(payload_bytes);
-      std::memcpy(payload.data(), &count, 4);
-      std::memcpy(payload.data() + 4, topk_idx.data(), 4 * static_cast<size_t>(count));
-      std::memcpy(payload.data() + 4 + 4 * static_cast<size_t>(count), topk_val.data(),
-                  4 * static_cast<size_t>(count));
+      const std::vector<uint8_t> payload = sparse_payload(count);
       if (sharded) {
         // To the owner only; the others hold nothing of this bucket (sum of squares 0).
         std::vector<std::vector<uint8_t>> all = on_bucket(
@@ -347,6 +331,90 @@ struct NodeOptimizer::Impl {
             b, "all-gather", [&] { return exchange->allgather(payload.data(), payload_bytes); });
         merge(b, size, all);
       }
+    }
+    double s = 0;
+    for (float x : out_val) s += static_cast<double>(x) * x;
+    ss[b] = s;
+  }
+
+  // Top-k of bucket b from g [bucket floats] (the node's gradient, or at the owner the job's):
+  // acc = res + g (error feedback; res is the bucket's residual, null without) or g; the
+  // k = bucket_k entries of largest |acc| go into topk_idx / topk_val (ascending offsets, zeros
+  // dropped); res = acc with them zeroed. Returns their count.
+  uint32_t select_topk(int b, float* g, float* res) {
+    const contract::GradBucket& bk = layout.buckets()[b];
+    const int64_t size = bk.end - bk.begin;
+    float* acc = g;
+    if (res != nullptr) {
+      acc = res;
+      parallel_ranges(size, threads, [acc, g](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) acc[i] += g[i];
+      });
+    }
+    const int64_t k = bucket_k(size);
+    check(backend->topk_abs(size, k, acc, topk_idx.data(), topk_val.data()), "topk_abs", b);
+    uint32_t count = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      if (topk_val[i] != 0.f) {
+        topk_idx[count] = topk_idx[i];
+        topk_val[count] = topk_val[i];
+        ++count;
+      }
+    }
+    if (res != nullptr) {
+      for (uint32_t i = 0; i < count; ++i) acc[topk_idx[i]] = 0.f;
+    }
+    return count;
+  }
+
+  // The wire form of the first `count` entries of topk_idx / topk_val:
+  // [uint32 count][count x uint32 offset][count x float value].
+  std::vector<uint8_t> sparse_payload(uint32_t count) const {
+    std::vector<uint8_t> payload(4 + 8 * static_cast<size_t>(count));
+    std::memcpy(payload.data(), &count, 4);
+    std::memcpy(payload.data() + 4, topk_idx.data(), 4 * static_cast<size_t>(count));
+    std::memcpy(payload.data() + 4 + 4 * static_cast<size_t>(count), topk_val.data(),
+                4 * static_cast<size_t>(count));
+    return payload;
+  }
+
+  // Top-k at the owner o of bucket b's range: the nodes' gradients are reduced to o in node
+  // order (shard full: the workers' reduce-scatter did it), o selects from the sum + its
+  // residual of the range and keeps the rest. Shard optimizer and full: o alone holds the
+  // bucket's sparse gradient (and its sum of squares). Shard none: o's set is all-gathered (the
+  // others send an empty set), so every node applies the same sparse gradient and computes the
+  // same sum of squares.
+  void select_at_owner(int b) {
+    const contract::GradBucket& bk = layout.buckets()[b];
+    const int64_t size = bk.end - bk.begin;
+    float* g = grad[b];
+    const int n = exchange->nodes();
+    const int o = contract::bucket_owner(ranges, b);
+    const bool mine = o == exchange->node();
+    if (!full && n > 1) {
+      on_bucket(b, "reduce", [&] { exchange->reduce_sum(g, size, o); });
+      if (!mine) bytes_sent += 4 * size;
+    }
+    std::vector<uint32_t>& out_idx = sparse_idx[b];
+    std::vector<float>& out_val = sparse_val[b];
+    out_idx.clear();
+    out_val.clear();
+    uint32_t count = 0;
+    if (mine) {
+      count = select_topk(b, g, error_feedback ? residual + (bk.begin - res_begin) : nullptr);
+      selected += count;
+    }
+    // Shard none counts its contribution to the all-gather even on one node (as at the sender).
+    if (!sharded) bytes_sent += 4 + 8 * static_cast<int64_t>(count);
+    if (!sharded && n > 1) {
+      const std::vector<uint8_t> payload = sparse_payload(count);
+      std::vector<std::vector<uint8_t>> all = on_bucket(b, "all-gather", [&] {
+        return exchange->allgather(payload.data(), static_cast<int64_t>(payload.size()));
+      });
+      merge(b, size, all);
+    } else if (mine) {
+      out_idx.assign(topk_idx.begin(), topk_idx.begin() + count);
+      out_val.assign(topk_val.begin(), topk_val.begin() + count);
     }
     double s = 0;
     for (float x : out_val) s += static_cast<double>(x) * x;
@@ -652,6 +720,12 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
   if (o.update == spec::UpdateMode::kLazy && !topk) {
     throw OptimError("NodeOptimizer: optimizer.update: lazy needs optimizer.compression: topk");
   }
+  if (topk && o.compress_at == spec::CompressAt::kSender &&
+      spec.parallel.shard == spec::ShardMode::kFull) {
+    throw OptimError(
+        "NodeOptimizer: optimizer.compress_at: sender cannot be used with parallel.shard: full "
+        "(the summed gradient of a range exists only at its owner)");
+  }
   std::string error;
   auto backend = kernels::create_backend("cpu", threads, &error);
   if (!backend) throw OptimError("NodeOptimizer: cannot create the CPU backend: " + error);
@@ -671,6 +745,9 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
   s.topk = topk;
   s.error_feedback = topk && o.error_feedback;
   s.lazy = o.update == spec::UpdateMode::kLazy;
+  s.at_owner = topk && (s.full || o.compress_at == spec::CompressAt::kOwner);
+  s.res_begin = s.at_owner ? s.range.begin : 0;
+  s.res_size = s.at_owner ? s.range.size() : s.total;
   s.tensors.resize(s.nbuckets);
   int64_t max_k = 0;
   for (const contract::GradBucket& b : layout.buckets()) {
@@ -690,7 +767,7 @@ NodeOptimizer::NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLay
   s.master = s.alloc_zeroed("master weights", s.state_size);
   s.m = s.alloc_zeroed("adam_m", s.state_size);
   s.v = s.alloc_zeroed("adam_v", s.state_size);
-  if (s.error_feedback) s.residual = s.alloc_zeroed("residual", s.full ? s.state_size : s.total);
+  if (s.error_feedback) s.residual = s.alloc_zeroed("residual", s.res_size);
   s.topk_idx.resize(std::max<int64_t>(max_k, 1));
   s.topk_val.resize(std::max<int64_t>(max_k, 1));
   s.grad.assign(s.nbuckets, nullptr);
@@ -720,7 +797,7 @@ void NodeOptimizer::init_master(const float* params, int64_t params_first) {
   }
   check(s.backend->fill(s.state_size, 0.f, s.m), "fill");
   check(s.backend->fill(s.state_size, 0.f, s.v), "fill");
-  if (s.residual) check(s.backend->fill(s.full ? s.state_size : s.total, 0.f, s.residual), "fill");
+  if (s.residual) check(s.backend->fill(s.res_size, 0.f, s.residual), "fill");
   s.completed = 0;
   s.changed.clear();
 }
@@ -895,7 +972,7 @@ bool NodeOptimizer::sharded() const {
 }
 int64_t NodeOptimizer::state_bytes() const {
   const Impl& s = *impl_;
-  return 4 * (3 * s.state_size + (s.residual != nullptr ? (s.full ? s.state_size : s.total) : 0));
+  return 4 * (3 * s.state_size + (s.residual != nullptr ? s.res_size : 0));
 }
 
 void NodeOptimizer::set_weights_buffer(float* params, int64_t params_first) {
@@ -948,19 +1025,23 @@ std::vector<StateTensor> NodeOptimizer::state_tensors() {
       {"master", s.master}, {"adam_m", s.m}, {"adam_v", s.v}, {"residual", s.residual}};
   for (const auto& [kind, base] : kinds) {
     if (base == nullptr) continue;
-    // The top-k residual is the sender's (per node), except with shard full, where the owner
-    // compresses the job's sum: then it is the owner's, like the master.
-    const bool per_node = base == s.residual && !s.full;
+    // The top-k residual is the sender's (per node, full size) with compress_at sender; at
+    // the owner (compress_at owner, shard full) it is the owner's, of its range, like the
+    // master.
+    const bool is_residual = base == s.residual;
+    const bool per_node = is_residual && !s.at_owner;
+    const int64_t first = is_residual ? s.res_begin : s.state_begin;
     for (const contract::ParamView& pv : s.layout.views()) {
-      // Shard optimizer: master and moments of this node's range only.
-      if (!per_node && s.sharded && !s.range.contains(pv.offset)) continue;
+      // Shard optimizer: master and moments of this node's range only; the owner's residual
+      // of its range only (every shard mode).
+      if (!per_node && (s.sharded || is_residual) && !s.range.contains(pv.offset)) continue;
       StateTensor t;
       t.kind = kind;
       t.param = pv.name;
       t.name = std::string(kind) + "/" + pv.name;
       t.shape = pv.shape;
       t.offset = pv.offset;
-      t.data = base + pv.offset - (per_node ? 0 : s.state_begin);
+      t.data = base + pv.offset - first;
       t.size = pv.size;
       t.per_node = per_node;
       t.saved = per_node || s.range.contains(pv.offset);
@@ -978,7 +1059,7 @@ NodeOptimizer::StateBuffer NodeOptimizer::state_buffer(const std::string& kind) 
              : kind == "residual" ? s.residual
                                   : throw OptimError("NodeOptimizer::state_buffer: unknown kind '" + kind + "'");
   if (p == nullptr) return {};
-  if (p == s.residual && !s.full) return {p, 0, s.total};
+  if (p == s.residual) return {p, s.res_begin, s.res_begin + s.res_size};
   return {p, s.state_begin, s.state_begin + s.state_size};
 }
 

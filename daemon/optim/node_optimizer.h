@@ -25,13 +25,27 @@
 // ParamView::decay is false). StepResult::grad_norm is the norm before clipping.
 //
 // Compression (optimizer.compression: topk), after optimizer.warmup_steps dense steps (steps
-// s <= warmup_steps are dense): per bucket, acc = residual + node_grad (error feedback) or
-// node_grad; the k = ceil(density * bucket floats) entries of largest |acc| (exact selection,
-// kernels topk_abs: sampled threshold + one exact pass) are sent, entries equal to 0 dropped;
-// residual = acc with the sent entries zeroed. Nodes exchange their (index, value) sets with
-// Exchange::allgather; every node sums them in node order (left fold from node 0) at each
-// index, so all nodes hold bit-identical gradients, norms and master weights. The summed sparse
-// gradient is then clipped as above and
+// s <= warmup_steps are dense): per bucket, acc = residual + g (error feedback) or g; the
+// k = ceil(density * bucket floats) entries of largest |acc| (exact selection, kernels
+// topk_abs: sampled threshold + one exact pass) are selected, entries equal to 0 dropped;
+// residual = acc with the selected entries zeroed. Where this runs is optimizer.compress_at:
+//   - owner (the default; shard full always): g is the job's gradient of the bucket, summed at
+//     the owner of its range (contract::shard_ranges, bucket_owner): Exchange::reduce_sum in
+//     node order (shard full: the workers' reduce-scatter did it). Only the owner selects, with
+//     the residual of its range (range().size() floats, saved by the owner like the master).
+//     Shard none then all-gathers the owner's sparse set (the others contribute an empty one),
+//     so every node applies the same sparse gradient to its full state; shard optimizer and full
+//     keep it at the owner, which updates the range and publishes it as below. The result is
+//     the same for every node count and shard mode (bit for bit in process, where a sum is a
+//     left fold in node order: one node fed the same sum gives the same bits), and a checkpoint
+//     reshards exactly.
+//   - sender: g is this node's gradient and every node selects with its own full-size residual
+//     (layout.total() floats, saved per node); nodes exchange their (index, value) sets with
+//     Exchange::allgather (shard optimizer: gather to the owner) and sum them in node order
+//     (left fold from node 0) at each index. Only k pairs per node cross nodes, but the result
+//     depends on the node count (and a resume on another one is approximate).
+// All nodes hold bit-identical gradients, norms and master weights. The sparse gradient is
+// then clipped as above and
 //   - optimizer.update dense: applied by dense AdamW (zeros elsewhere: every coordinate moves
 //     through its moments and weight decay);
 //   - optimizer.update lazy: AdamW only at the union of the sent indices (same formula and
@@ -47,10 +61,11 @@
 //
 // parallel.shard optimizer: node k owns the contiguous, bucket-aligned range
 // contract::shard_ranges(layout, nodes)[k] (range()) and keeps master weights and moments of that
-// range only (3 x range().size() floats); the residual stays full size on every node (error
-// feedback is per sender). Per bucket b with owner o = bucket_owner(ranges, b): dense, the
-// gradient is reduced to o (Exchange::reduce_sum, node order); top-k, every node compresses as
-// above and sends its sparse set to o only (Exchange::gather), which merges them in node order.
+// range only (3 x range().size() floats), and the residual of its range (compress_at owner) or
+// a full-size one (sender). Per bucket b with owner o = bucket_owner(ranges, b): dense, and
+// top-k at the owner, the gradient is reduced to o (Exchange::reduce_sum, node order) and o
+// selects; top-k at the sender, every node compresses as above and sends its sparse set to o
+// only (Exchange::gather), which merges them in node order.
 // Only o has the bucket's sum of squares (the others count 0); finish_step all-reduces the
 // per-bucket sums (exact: one non-zero term each) and adds them in bucket order, so the norm has
 // the bits of shard none. Only o updates the bucket. The new weights then reach every node's
@@ -76,9 +91,11 @@
 // workers copy it when the step starts, before any of their gradients can arrive.)
 //
 // Per step, a node sends: dense, 4 bytes x the floats of the buckets it does not own, plus
-// 4 x range().size() to each other node; top-k, its sparse sets of the buckets it does not own,
-// plus (lazy) 8 bytes per coordinate it changed and 4 per bucket it owns, to each other node
-// (dense update: its range).
+// 4 x range().size() to each other node; top-k at the sender, its sparse sets of the buckets it
+// does not own; top-k at the owner, 4 bytes x the floats of the buckets it does not own (shard
+// none: plus its sparse sets of the buckets it owns, to every other node); shard optimizer then
+// (lazy) 8 bytes per coordinate it changed and 4 per bucket it owns, to each other node (dense
+// update: its range).
 //
 // Threads: `threads` OpenMP threads (0: all cores) run every heavy loop (AdamW, top-k, sums)
 // inside each bucket; buckets are processed in order by one pipeline thread, which is also the
@@ -192,12 +209,16 @@ struct StepResult {
   bool all_changed = true;   // every coordinate may have changed (dense update); false: lazy,
                              // exactly NodeOptimizer::changed() changed
   int64_t changed_count = 0;   // coordinates updated (layout.total() when all_changed)
-  int64_t selected = 0;        // entries this node sent (top-k), or layout.total() (dense)
+  int64_t selected = 0;        // entries this node selected (top-k: at the sender, what it
+                               // sent; at the owner, of its range's buckets), or
+                               // layout.total() (dense)
   int64_t bytes_sent = 0;      // payload this node contributed to the exchange this step: 4 per
                                // float dense, 8 per (uint32 index, float value) sparse, plus a
                                // 4-byte count per bucket; shard none: counted also with one node;
                                // shard optimizer: what leaves this node (to the buckets' owners,
-                               // and bytes_weights), 0 with one node
+                               // and bytes_weights), 0 with one node; top-k at the owner: 4 per
+                               // float of the buckets it does not own (reduced to their owners)
+                               // plus, shard none, its payload of each bucket's all-gather
   int64_t bytes_weights = 0;   // shard optimizer: of bytes_sent, this node's part of the weight
                                // all-gather (its range, or its changed (uint32 offset, float)
                                // pairs, to each other node); 0 with shard none
@@ -223,8 +244,9 @@ struct StateTensor {
   int64_t offset = 0;          // the parameter's offset in the flat layout (floats)
   float* data = nullptr;
   int64_t size = 0;            // floats (product of shape)
-  // residual: every node has its own (the error feedback of what that node sent), saved by each
-  // node; the others have one owner in the job (contract::shard_ranges).
+  // residual with compress_at sender: every node has its own (the error feedback of what that
+  // node sent), saved by each node; the others (the residual at the owner included) have one
+  // owner in the job (contract::shard_ranges).
   bool per_node = false;
   // This node writes it into its checkpoint shard: the tensors of its range (range()) and its
   // per-node ones. With shard none a node holds every tensor but saves only its range's.
@@ -235,8 +257,9 @@ class NodeOptimizer {
  public:
   // spec: validated. layout: the model's flat layout (copied). total_steps: the lr schedule's
   // horizon (>= 1). threads: >= 0 (0: all cores). exchange: not null, outlives this object.
-  // Allocates 3 x layout.total() floats (shard optimizer: 3 x range().size()), plus
-  // layout.total() for a residual. Throws OptimError.
+  // Allocates 3 x layout.total() floats (shard optimizer: 3 x range().size()), plus a residual
+  // (top-k with error feedback) of range().size() floats at the owner, layout.total() at the
+  // sender. Throws OptimError (compress_at sender with shard full, among others).
   NodeOptimizer(const spec::JobSpec& spec, const contract::ParamLayout& layout, int64_t total_steps,
                 int threads, Exchange* exchange);
   ~NodeOptimizer();
@@ -297,15 +320,16 @@ class NodeOptimizer {
   // Checkpoint state: every tensor this node holds (the load targets), kinds in the order
   // master, adam_m, adam_v, residual and parameters in layout order within each; the data
   // pointers stay valid for the object's life. Shard optimizer: master, adam_m and adam_v of the
-  // parameters in range() only (all saved), then every residual tensor (per node).
+  // parameters in range() only (all saved). The residual: of the parameters in range() (at the
+  // owner, every shard mode) or every residual tensor (per node, at the sender).
   std::vector<StateTensor> state_tensors();
   // This node's range of the layout (contract::shard_ranges over the exchange's nodes): what it
   // saves in checkpoints and, with parallel.shard optimizer, the only part of the state it keeps.
   const contract::NodeRange& range() const;
   // One kind's whole buffer ("master", "adam_m", "adam_v", "residual"): data[i] is flat offset
   // begin + i, for i < end - begin (alignment gaps included): [0, layout.total()), or with shard
-  // optimizer range() for master and moments. data is null for a kind this optimizer does not
-  // keep (residual without error feedback).
+  // optimizer range() for master and moments, and range() for the residual at the owner. data is
+  // null for a kind this optimizer does not keep (residual without error feedback).
   struct StateBuffer {
     float* data = nullptr;
     int64_t begin = 0, end = 0;

@@ -27,6 +27,14 @@ ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, const contract::ParamL
   const contract::ModelConfig mc = contract::ModelConfig::from_spec(spec);
   ckpt::Layout l;
   l.shard = spec::to_string(spec.parallel.shard);
+  // The top-k residual: at the owners of the ranges (compress_at owner; shard full always), or
+  // every node's own (compress_at sender).
+  const spec::OptimizerSection& o = spec.optimizer;
+  if (o.compression == spec::Compression::kTopk && o.error_feedback)
+    l.residual =
+        o.compress_at == spec::CompressAt::kSender && spec.parallel.shard != spec::ShardMode::kFull
+            ? "per_node"
+            : "owner";
   l.nodes = nodes;
   l.total_floats = layout.total();
   for (const contract::NodeRange& r : contract::shard_ranges(layout, nodes))
@@ -87,7 +95,23 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
     const bool other_shard = r.layout && base_.layout && r.layout->shard != base_.layout->shard;
     const bool per_node = std::any_of(tensors.begin(), tensors.end(),
                                       [](const optim::StateTensor& t) { return t.per_node; });
-    if (r.nodes != base_.nodes || other_shard) {
+    const bool owner = std::any_of(tensors.begin(), tensors.end(), [](const optim::StateTensor& t) {
+      return t.kind == "residual" && !t.per_node;
+    });
+    // The writer's residual: recorded, else per node when it had several nodes and wrote no
+    // layout with an owner's residual (format 1, or a record from before the field).
+    const bool was_owner = r.layout && r.layout->residual == "owner";
+    const bool was_per_node = r.layout
+                                  ? r.layout->residual == "per_node" ||
+                                        (r.layout->residual.empty() && r.layout->shard != "full")
+                                  : true;
+    std::string residuals;
+    if (per_node && (r.nodes != base_.nodes || was_owner))
+      residuals = was_owner ? ", the owners' residuals summed onto node 0, zero elsewhere"
+                            : ", per-node residuals summed onto node 0, zero elsewhere";
+    else if (owner && was_per_node && r.nodes > 1)
+      residuals = ", per-node residuals summed in node order into the owners' ranges";
+    if (r.nodes != base_.nodes || other_shard || !residuals.empty()) {
       const std::string was = r.layout
                                   ? ckpt::describe_layout(*r.layout)
                                   : fmt::format("{} nodes (format {})", r.nodes, r.format_version);
@@ -95,11 +119,7 @@ ckpt::LoadResult Checkpoints::resume(const std::vector<optim::StateTensor>& tens
                                            : fmt::format("{} nodes", base_.nodes);
       hooks_.log(fmt::format(
           "checkpoint {} was written by {}; this job is {}: state resharded{} (read {})", r.path,
-          was, now,
-          r.nodes != base_.nodes && per_node
-              ? ", per-node residuals summed onto node 0, zero elsewhere"
-              : "",
-          fmt::join(r.shards_read, ", ")));
+          was, now, residuals, fmt::join(r.shards_read, ", ")));
     }
     restore(r);
     hooks_.log(fmt::format("resuming from {} (step {})", r.path, r.step));

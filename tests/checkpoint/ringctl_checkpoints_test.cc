@@ -118,6 +118,7 @@ TEST(RingctlCheckpoints, ShowsTheWritersLayout) {
     l.nodes = 2;
     l.total_floats = 4000;
     l.ranges = {{0, 0, 1000, 0, 1}, {1, 1000, 4000, 1, 3}};
+    l.residual = "owner";
     l.model = {{"layers", 2}, {"d_model", 64}};
     std::vector<std::unique_ptr<ring::ckpt::Checkpointer>> cs;
     for (int k = 0; k < 2; ++k) {
@@ -147,8 +148,9 @@ TEST(RingctlCheckpoints, ShowsTheWritersLayout) {
   EXPECT_EQ(t.code, 0) << t.text;
   EXPECT_NE(t.text.find("NODES SHARD"), std::string::npos) << t.text;
   // (`latest` names step 10, written last)
-  EXPECT_NE(t.text.find("    1 -          complete  <- latest"), std::string::npos) << t.text;
-  EXPECT_NE(t.text.find("    2 optimizer  complete\n"), std::string::npos) << t.text;
+  EXPECT_NE(t.text.find("    1 -         -         complete  <- latest"), std::string::npos)
+      << t.text;
+  EXPECT_NE(t.text.find("    2 optimizer owner     complete\n"), std::string::npos) << t.text;
   Out j = run("checkpoints --json " + d.path);
   EXPECT_EQ(j.code, 0) << j.text;
   auto arr = nlohmann::json::parse(j.text, nullptr, false);
@@ -157,6 +159,7 @@ TEST(RingctlCheckpoints, ShowsTheWritersLayout) {
   EXPECT_TRUE(arr[0]["layout"].is_null());
   EXPECT_EQ(arr[1]["format_version"], 2);
   EXPECT_EQ(arr[1]["layout"]["shard"], "optimizer");
+  EXPECT_EQ(arr[1]["layout"]["residual"], "owner");
   EXPECT_EQ(arr[1]["layout"]["nodes"], 2);
   EXPECT_EQ(
       arr[1]["layout"]["ranges"][1],

@@ -357,20 +357,28 @@ TEST(OptimMultiNode, DenseBitIdenticalAndEqualToSummedGradient) {
   EXPECT_TRUE(same_bits(opt.master(), multi.back().data(), layout.total()));
 }
 
+// Top-k at the owner (the default) and at the sender: every node ends each step with the same
+// bits.
 TEST(OptimMultiNode, TopkDenseUpdateBitIdentical) {
-  std::vector<StepResult> r0;
-  run_nodes(load(kTopkDense, 0.05), 3, 3, &r0);
-  ASSERT_EQ(r0.size(), 3u);
-  EXPECT_TRUE(r0.back().compressed);
-  EXPECT_TRUE(r0.back().all_changed);
+  for (const std::string at : {"", ", compress_at: sender"}) {
+    SCOPED_TRACE(at);
+    std::vector<StepResult> r0;
+    run_nodes(load(kTopkDense + at, 0.05), 3, 3, &r0);
+    ASSERT_EQ(r0.size(), 3u);
+    EXPECT_TRUE(r0.back().compressed);
+    EXPECT_TRUE(r0.back().all_changed);
+  }
 }
 
 TEST(OptimMultiNode, TopkLazyBitIdentical) {
-  std::vector<StepResult> r0;
-  run_nodes(load(kTopkLazy, 0.05), 4, 3, &r0);
-  ASSERT_EQ(r0.size(), 3u);
-  EXPECT_FALSE(r0.back().all_changed);
-  EXPECT_GT(r0.back().changed_count, 0);
+  for (const std::string at : {"", ", compress_at: sender"}) {
+    SCOPED_TRACE(at);
+    std::vector<StepResult> r0;
+    run_nodes(load(kTopkLazy + at, 0.05), 4, 3, &r0);
+    ASSERT_EQ(r0.size(), 3u);
+    EXPECT_FALSE(r0.back().all_changed);
+    EXPECT_GT(r0.back().changed_count, 0);
+  }
 }
 
 // ---- checkpoints ----------------------------------------------------------------------------
@@ -509,6 +517,12 @@ TEST(OptimErrors, ClearMessagesForBadCalls) {
   spec::JobSpec lazy_dense = spec;
   lazy_dense.optimizer.update = spec::UpdateMode::kLazy;
   EXPECT_NE(error_of([&] { NodeOptimizer(lazy_dense, layout, 5, 1, &one); }).find("lazy"),
+            std::string::npos);
+  spec::JobSpec sender_full = load(kTopkDense, 0.05);
+  sender_full.optimizer.compress_at = spec::CompressAt::kSender;
+  sender_full.parallel.shard = spec::ShardMode::kFull;
+  EXPECT_NE(error_of([&] { NodeOptimizer(sender_full, layout, 5, 1, &one); })
+                .find("optimizer.compress_at: sender cannot be used with parallel.shard: full"),
             std::string::npos);
 
   NodeOptimizer opt(spec, layout, 5, 1, &one);

@@ -8,6 +8,12 @@
 // the bits agree for any N. Each node keeps master and moments of its range only (equal to that
 // slice of shard none's), and its checkpoint tensors are that range's plus its residual. With
 // more nodes than buckets a node owns nothing and still takes part.
+//
+// Top-k runs both ways (optimizer.compress_at): sender (each node selects from its own gradient
+// + a full-size residual) and owner (each range's owner selects from the nodes' summed gradient
+// + its range's residual). At the owner the result does not depend on the node count or the
+// shard mode: shard none, optimizer and full on 1-4 nodes give the bits of one node fed the
+// gradient summed in node order (TopkAtOwner* below).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,6 +56,12 @@ const char* kDense = "compression: none";
 const char* kTopkDense = "compression: topk, density: 0.02, warmup_steps: 1, error_feedback: true";
 const char* kTopkLazy =
     "compression: topk, density: 0.02, warmup_steps: 1, error_feedback: true, update: lazy";
+const char* kSenderTopkDense =
+    "compression: topk, density: 0.02, warmup_steps: 1, error_feedback: true, "
+    "compress_at: sender";
+const char* kSenderTopkLazy =
+    "compression: topk, density: 0.02, warmup_steps: 1, error_feedback: true, update: lazy, "
+    "compress_at: sender";
 
 // Gradient-like values (zero in the alignment gaps), different per seed; large enough that
 // grad_clip 1 clips (norm of one node's gradient ~ 3).
@@ -81,7 +93,11 @@ struct Run {
   std::vector<size_t> tensors, saved_tensors;
 };
 
-Run run_nodes(const spec::JobSpec& spec, int nodes, int steps) {
+// sum_of > 0: every node is fed the sum of the gradients of nodes 0 .. sum_of-1 (a left fold in
+// node order), as shard full's workers hand their owner the job's sum (and as one node that
+// stands for sum_of nodes would see it). Shard full's nodes get the buckets of their range only.
+Run run_nodes(const spec::JobSpec& spec, int nodes, int steps, int sum_of = 0) {
+  const bool full = spec.parallel.shard == spec::ShardMode::kFull;
   const contract::ParamLayout layout(contract::ModelConfig::from_spec(spec));
   const int64_t n = layout.total();
   InProcessExchange ex(nodes, 60.0);
@@ -113,18 +129,26 @@ Run run_nodes(const spec::JobSpec& spec, int nodes, int steps) {
       try {
         NodeOptimizer& opt = *opts[i];
         opt.publish_all();  // collective: every node's weights buffer gets all of them
-        if (std::memcmp(weights[i].data(), init.data(), sizeof(float) * n) != 0) {
+        // (shard full: only its range)
+        const contract::NodeRange& mine = opt.range();
+        const int64_t lo = full ? mine.begin : 0, hi = full ? mine.end : n;
+        if (std::memcmp(weights[i].data() + lo, init.data() + lo, sizeof(float) * (hi - lo)) != 0) {
           throw std::runtime_error("publish_all did not gather the initial weights");
         }
         for (int s = 1; s <= steps; ++s) {
-          std::vector<float> g = make_grad(layout, 1000 * s + i);
+          std::vector<float> g = make_grad(layout, 1000 * s + (sum_of > 0 ? 0 : i));
+          for (int j = 1; j < sum_of; ++j) {
+            const std::vector<float> h = make_grad(layout, 1000 * s + j);
+            for (int64_t q = 0; q < n; ++q) g[q] += h[q];
+          }
           opt.begin_step(s);
           for (const contract::GradBucket& b : layout.buckets()) {
-            opt.bucket_ready(b.index, g.data() + b.begin);
+            const bool owned = b.index >= mine.first_bucket && b.index < mine.end_bucket;
+            opt.bucket_ready(b.index, full && !owned ? nullptr : g.data() + b.begin);
           }
           const StepResult r = opt.finish_step();
           // Every bucket's exchange between nodes is reported for ringd's timeline.
-          if (nodes > 1 && r.exchanges.size() < layout.buckets().size())
+          if (nodes > 1 && !full && r.exchanges.size() < layout.buckets().size())
             throw std::runtime_error("step " + std::to_string(s) + ": " +
                                      std::to_string(r.exchanges.size()) + " exchange spans for " +
                                      std::to_string(layout.buckets().size()) + " buckets");
@@ -142,7 +166,7 @@ Run run_nodes(const spec::JobSpec& spec, int nodes, int steps) {
           v.bytes_weights = r.bytes_weights;
           run.steps[i].push_back(std::move(v));
         }
-        for (const char* kind : {"master", "adam_m", "adam_v"}) {
+        for (const char* kind : {"master", "adam_m", "adam_v", "residual"}) {
           const NodeOptimizer::StateBuffer b = opt.state_buffer(kind);
           run.state[i].emplace_back(b.data, b.data + (b.end - b.begin));
         }
@@ -211,18 +235,24 @@ void expect_shard_matches_none(const Case& c, double grad_clip, int layers = 3, 
       EXPECT_EQ(b.master_floats[i], r.size()) << "node " << i;
       EXPECT_EQ(a.master_floats[i], n);
       const bool residual = std::string(c.optimizer).find("topk") != std::string::npos;
-      EXPECT_EQ(b.state_bytes[i], 4 * (3 * r.size() + (residual ? n : 0)));
+      // The residual: the sender's, full size; the owner's, its range.
+      const bool sender = std::string(c.optimizer).find("sender") != std::string::npos;
+      const int64_t res_floats = residual ? (sender ? n : r.size()) : 0;
+      EXPECT_EQ(b.state_bytes[i], 4 * (3 * r.size() + res_floats));
+      EXPECT_EQ(a.state_bytes[i], 4 * (3 * n + res_floats));
+      EXPECT_EQ(static_cast<int64_t>(a.state[i][3].size()), res_floats);
       for (int k = 0; k < 3; ++k) {
         ASSERT_EQ(b.state[i][k].size(), static_cast<size_t>(r.size()));
         EXPECT_TRUE(r.size() == 0 || same_bits(b.state[i][k].data(), a.state[i][k].data() + r.begin,
                                                sizeof(float) * r.size()))
             << "node " << i << " state kind " << k;
       }
-      // Checkpoint tensors: the range's master/adam_m/adam_v + every residual tensor (all saved).
+      // Checkpoint tensors: the range's master/adam_m/adam_v + every residual tensor (sender)
+      // or the range's (owner), all saved.
       size_t in_range = 0;
       for (const contract::ParamView& pv : layout.views()) in_range += r.contains(pv.offset);
       const size_t views = layout.views().size();
-      EXPECT_EQ(b.tensors[i], 3 * in_range + (residual ? views : 0));
+      EXPECT_EQ(b.tensors[i], 3 * in_range + (residual ? (sender ? views : in_range) : 0));
       EXPECT_EQ(b.saved_tensors[i], b.tensors[i]);
     }
     if (grad_clip > 0) {
@@ -235,8 +265,11 @@ void expect_shard_matches_none(const Case& c, double grad_clip, int layers = 3, 
 }
 
 const Case kDenseCase{"dense", kDense};
-const Case kTopkDenseCase{"top-k + error feedback, dense update", kTopkDense};
-const Case kTopkLazyCase{"top-k lazy", kTopkLazy};
+const Case kTopkDenseCase{"top-k at the owner + error feedback, dense update", kTopkDense};
+const Case kTopkLazyCase{"top-k at the owner, lazy", kTopkLazy};
+const Case kSenderTopkDenseCase{"top-k at the sender + error feedback, dense update",
+                                kSenderTopkDense};
+const Case kSenderTopkLazyCase{"top-k at the sender, lazy", kSenderTopkLazy};
 
 TEST(ShardOptimizer, DenseMatchesShardNone) {
   expect_shard_matches_none(kDenseCase, 0.0);
@@ -255,6 +288,121 @@ TEST(ShardOptimizer, TopkLazyMatchesShardNone) {
 }
 TEST(ShardOptimizer, TopkLazyClippedMatchesShardNone) {
   expect_shard_matches_none(kTopkLazyCase, 1.0);
+}
+TEST(ShardOptimizer, SenderTopkDenseUpdateMatchesShardNone) {
+  expect_shard_matches_none(kSenderTopkDenseCase, 0.0);
+  expect_shard_matches_none(kSenderTopkDenseCase, 1.0);
+}
+TEST(ShardOptimizer, SenderTopkLazyMatchesShardNone) {
+  expect_shard_matches_none(kSenderTopkLazyCase, 0.0);
+  expect_shard_matches_none(kSenderTopkLazyCase, 1.0);
+}
+
+// Top-k at the owner: shard none, optimizer and full on 1-4 nodes against one node fed the
+// gradient summed in node order. Every node's weights (shard full: of its range) and the norm
+// after every step, master, moments and residual of each range: the same bits.
+void expect_owner_independent_of_nodes(const char* optimizer, double grad_clip, int layers = 3) {
+  const int steps = 8;
+  for (int nodes = 1; nodes <= 4; ++nodes) {
+    SCOPED_TRACE(std::string(optimizer) + ", grad_clip " + std::to_string(grad_clip) + ", " +
+                 std::to_string(nodes) + " node(s)");
+    const spec::JobSpec none = load(optimizer, grad_clip, "none", layers);
+    const contract::ParamLayout layout(contract::ModelConfig::from_spec(none));
+    const int64_t n = layout.total();
+    const Run ref = run_nodes(none, 1, steps, nodes);
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    for (const char* mode : {"none", "optimizer", "full"}) {
+      SCOPED_TRACE(std::string("shard ") + mode);
+      const bool full = std::string(mode) == "full";
+      const Run run =
+          run_nodes(load(optimizer, grad_clip, mode, layers), nodes, steps, full ? nodes : 0);
+      ASSERT_FALSE(::testing::Test::HasFailure());
+      for (int i = 0; i < nodes; ++i) {
+        const contract::NodeRange& r = run.ranges[i];
+        const int64_t lo = full ? r.begin : 0, len = full ? r.size() : n;
+        for (int s = 0; s < steps; ++s) {
+          const StepView& x = ref.steps[0][s];
+          const StepView& y = run.steps[i][s];
+          ASSERT_TRUE(same_bits(x.weights.data() + lo, y.weights.data() + lo, sizeof(float) * len))
+              << "node " << i << ": weights differ after step " << s + 1;
+          ASSERT_TRUE(same_bits(&x.grad_norm, &y.grad_norm, sizeof(double)))
+              << "node " << i << " step " << s + 1 << ": grad_norm " << x.grad_norm << " vs "
+              << y.grad_norm;
+          EXPECT_EQ(x.clipped, y.clipped);
+          EXPECT_EQ(x.all_changed || full, y.all_changed);
+          if (!full) {
+            EXPECT_EQ(x.changed, y.changed) << "node " << i << " step " << s + 1;
+          }
+        }
+        // Master, moments (sharded: the range; none: everything) and residual (the range).
+        for (int k = 0; k < 4; ++k) {
+          const bool ranged = k == 3 || std::string(mode) != "none";
+          const std::vector<float>& mine = run.state[i][k];
+          ASSERT_EQ(static_cast<int64_t>(mine.size()), ranged ? r.size() : n) << "kind " << k;
+          EXPECT_TRUE(mine.empty() ||
+                      same_bits(mine.data(), ref.state[0][k].data() + (ranged ? r.begin : 0),
+                                sizeof(float) * mine.size()))
+              << "node " << i << " state kind " << k;
+        }
+      }
+    }
+  }
+}
+
+TEST(TopkAtOwner, DenseUpdateIndependentOfNodesAndShardMode) {
+  expect_owner_independent_of_nodes(kTopkDense, 0.0);
+  expect_owner_independent_of_nodes(kTopkDense, 1.0);
+}
+TEST(TopkAtOwner, LazyIndependentOfNodesAndShardMode) {
+  expect_owner_independent_of_nodes(kTopkLazy, 0.0);
+  expect_owner_independent_of_nodes(kTopkLazy, 1.0);
+}
+// One layer, 3 buckets: on 4 nodes one node owns nothing (and holds no residual).
+TEST(TopkAtOwner, ANodeOwningNothingStillMatches) {
+  expect_owner_independent_of_nodes(kTopkLazy, 1.0, 1);
+}
+
+// A shard none node sends its dense gradient of the ranges it does not own (4 bytes a float)
+// and the sparse set of its own range; sender mode sends only sparse sets.
+TEST(TopkAtOwner, ShardNoneSendsTheDenseGradientToTheOwners) {
+  const spec::JobSpec owner = load(kTopkDense, 0.0, "none");
+  const spec::JobSpec sender = load(kSenderTopkDense, 0.0, "none");
+  const contract::ParamLayout layout(contract::ModelConfig::from_spec(owner));
+  for (const spec::JobSpec* spec : {&owner, &sender}) {
+    InProcessExchange ex(2, 60.0);
+    std::vector<int64_t> bytes(2), selected(2);
+    std::vector<contract::NodeRange> ranges(2);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        NodeOptimizer opt(*spec, layout, 20, 1, ex.endpoint(i));
+        std::vector<float> init(layout.total(), 0.5f);
+        opt.init_master(init.data());
+        ranges[i] = opt.range();
+        for (int s = 1; s <= 2; ++s) {  // step 1 is the dense warm-up
+          std::vector<float> g = make_grad(layout, 1000 * s + i);
+          opt.begin_step(s);
+          for (const contract::GradBucket& b : layout.buckets())
+            opt.bucket_ready(b.index, g.data() + b.begin);
+          const StepResult r = opt.finish_step();
+          bytes[i] = r.bytes_sent;
+          selected[i] = r.selected;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 2; ++i) {
+      if (spec == &owner) {
+        // The other node's range densely, a 4-byte count per bucket, 8 bytes per selected pair.
+        EXPECT_EQ(bytes[i], 4 * ranges[1 - i].size() +
+                                4 * static_cast<int64_t>(layout.buckets().size()) + 8 * selected[i])
+            << "node " << i;
+        EXPECT_GT(selected[i], 0) << "node " << i;
+      } else {
+        EXPECT_EQ(bytes[i], 4 * static_cast<int64_t>(layout.buckets().size()) + 8 * selected[i]);
+      }
+    }
+  }
 }
 
 // One layer: 3 buckets, so with 4 nodes one node owns nothing (it only sends and receives).

@@ -100,8 +100,8 @@ TEST_P(PlanAllocation, HostLinesAreWhatRingdAllocates) {
     }
     const auto r = opt->state_buffer("residual");
     EXPECT_EQ(r.data != nullptr, ef);
-    // The residual: full size per sender, or with shard full the node's range (the largest
-    // node's is the plan's).
+    // The residual: full size at the sender (compress_at sender), or at the owner (the default,
+    // and shard full) the node's range (the largest node's is the plan's).
     if (ef) resid_max = std::max(resid_max, 4.0 * static_cast<double>(r.end - r.begin));
     sharded_build &= c.nodes == 1 || state < 12.0 * static_cast<double>(n);
     state_max = std::max(state_max, state);
@@ -183,16 +183,23 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"none", 1, "compression: none"},
                       Case{"none", 2, "compression: topk, error_feedback: true"},
                       Case{"none", 4, "compression: topk, error_feedback: false"},
+                      Case{"none", 4, "compression: topk, error_feedback: true"},
+                      Case{"none", 2,
+                           "compression: topk, error_feedback: true, compress_at: sender"},
                       Case{"optimizer", 1, "compression: topk, error_feedback: true"},
                       Case{"optimizer", 2, "compression: none"},
                       Case{"optimizer", 2, "compression: topk, error_feedback: true"},
                       Case{"optimizer", 4, "compression: topk, error_feedback: true"},
+                      Case{"optimizer", 4,
+                           "compression: topk, error_feedback: true, compress_at: sender"},
                       Case{"full", 1, "compression: none"},
                       Case{"full", 2, "compression: topk, error_feedback: true"},
                       Case{"full", 4, "compression: topk, error_feedback: false"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return fmt::format("{}_{}nodes_{}", i.param.shard, i.param.nodes,
                          i.param.compression.find("topk") == std::string::npos ? "dense"
+                         : i.param.compression.find("sender") != std::string::npos
+                             ? "topk_ef_sender"
                          : i.param.compression.find("true") != std::string::npos ? "topk_ef"
                                                                                   : "topk");
     });

@@ -6,13 +6,17 @@
 // checkpoint, from which the master weights are read back.
 //
 //   Layouts/ReplicaShardModes.*: per layout and compression (none; topk with density 0.05,
-//     error feedback, dense update), parallel.shard none vs optimizer: every step's loss and
-//     grad_norm and the final master weights are bit-identical (N <= 2: the owner sums at most
-//     two senders, and a + b = b + a), so also within 1e-6 relative.
-//   Layouts/ReplicaFullShard.*: the same layouts and compressions, shard full vs none: dense and
-//     one-node top-k bit-identical (the workers' reduce-scatter sums in shard none's order);
-//     two-node top-k (compressed at the owner from the job's sum) against shard none on one
-//     node within 1e-6 (measured 4.1e-9 loss, 4.0e-8 weights for D=2 C=2).
+//     error feedback, dense update, at the owner - the default - and at the sender on two
+//     nodes), parallel.shard none vs optimizer: every step's loss and grad_norm and the final
+//     master weights are bit-identical (N <= 2: the owner sums at most two senders, and
+//     a + b = b + a), so also within 1e-6 relative.
+//   Layouts/ReplicaFullShard.*: the same layouts and compressions (top-k at the owner), shard
+//     full vs none: bit-identical (the workers' reduce-scatter sums in shard none's order, and
+//     top-k selects at the owner from the same sum in both modes).
+//   TopkAtOwner.SameResultOnOneAndTwoNodes: top-k at the owner, (D, C) on one node vs two nodes
+//     (shard none and optimizer): (1, 2) bit-identical (the job's gradient is w0 + w1 either
+//     way); (2, 2) within 1e-6 ((w0 + w1) + (w2 + w3) on two nodes, ((w0 + w1) + w2) + w3 on
+//     one; measured 4.1e-9 loss, 4.0e-8 weights).
 //   ReplicaFullShardOptions.MicroBatchesRecomputeUntiedAndLazy: shard full with 2 micro-batches,
 //     recompute and an untied head on (2,2,2) within 1e-6 of shard none (measured 2.6e-9 loss,
 //     2.3e-7 weights); top-k lazy on (1,2,1) bit-identical.
@@ -66,7 +70,8 @@ constexpr double kSameMathTol = 1e-6;
 
 struct Overrides {
   std::string shard = "none";        // parallel.shard
-  std::string compression = "none";  // optimizer.compression (topk: density 0.05, feedback)
+  std::string compression = "none";  // optimizer.compression (topk: density 0.05, feedback, at
+                                     // the owner; topk_sender: the same at the sender)
   int micro_batches = 1;             // train.micro_batches
   bool recompute = false;            // model.recompute
   bool tie = true;                   // model.tie_embeddings
@@ -102,8 +107,9 @@ std::string spec_yaml(int d, int c, int n, const Overrides& o) {
     << "}\n"
        "optimizer: {lr: 1.0e-3, lr_warmup_steps: 2, weight_decay: 0.1, offload: cpu, "
        "update: "
-    << o.update << ", compression: "
-    << o.compression << (o.compression == "topk" ? ", density: 0.05, error_feedback: true" : "")
+    << o.update << ", compression: " << (o.compression == "none" ? "none" : "topk")
+    << (o.compression != "none" ? ", density: 0.05, error_feedback: true" : "")
+    << (o.compression == "topk_sender" ? ", compress_at: sender" : "")
     << "}\n"
        "train: {steps: "
     << o.steps << ", grad_clip: 1.0, seed: 1, log_every: 1, micro_batches: " << o.micro_batches
@@ -350,23 +356,58 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ReplicaShardModes,
                                            Case{2, 2, 1, "none"}, Case{1, 2, 2, "none"},
                                            Case{2, 2, 2, "none"}, Case{1, 2, 1, "topk"},
                                            Case{2, 1, 1, "topk"}, Case{2, 2, 1, "topk"},
-                                           Case{1, 2, 2, "topk"}, Case{2, 2, 2, "topk"}),
+                                           Case{1, 2, 2, "topk"}, Case{2, 2, 2, "topk"},
+                                           Case{1, 2, 2, "topk_sender"},
+                                           Case{2, 2, 2, "topk_sender"}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return "D" + std::to_string(i.param.d) + "C" +
                                   std::to_string(i.param.c) + "N" + std::to_string(i.param.n) +
                                   "_" + i.param.compression;
                          });
 
+// ---- top-k at the owner: the node count does not change the result -------------------------
+
+// (D, C) on one node and on two, top-k at the owner: the owner selects from the job's summed
+// gradient with the residual of its range, whichever node holds it. With two workers the job's
+// gradient is w0 + w1 on either layout (bit-identical); with four the nodes group the sum
+// differently (within 1e-6). Shard optimizer on two nodes gives shard none's bits.
+TEST(TopkAtOwner, SameResultOnOneAndTwoNodes) {
+  for (const auto& [d, c] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}}) {
+    Overrides none;
+    none.compression = "topk";
+    Overrides opt = none;
+    opt.shard = "optimizer";
+    const RunResult one = run_layout(d, c, 1, none);
+    ASSERT_TRUE(one.ok) << one.error;
+    for (const Overrides* o : {&none, &opt}) {
+      const RunResult two = run_layout(d, c, 2, *o);
+      ASSERT_TRUE(two.ok) << two.error;
+      bool bitwise = false;
+      const double w = weights_diff(two, one, &bitwise);
+      EXPECT_LE(max_rel(two.loss, one.loss), kSameMathTol) << "D=" << d << " C=" << c;
+      EXPECT_LE(w, kSameMathTol) << "D=" << d << " C=" << c;
+      if (d * c == 2) {
+        EXPECT_EQ(two.loss, one.loss);
+        EXPECT_EQ(two.grad_norm, one.grad_norm);
+        EXPECT_TRUE(bitwise);
+      }
+      std::printf(
+          "topk at the owner D=%d C=%d: 2 nodes shard %s vs 1 node: max loss diff %.3g, "
+          "weights diff %.3g%s\n",
+          d, c, o->shard.c_str(), max_rel(two.loss, one.loss), w,
+          bitwise ? " (bit-identical)" : "");
+    }
+  }
+}
+
 // ---- shard full ---------------------------------------------------------------------------------
 
 // shard full vs shard none on the same layout. Dense: the workers' reduce-scatter sums in shard
 // none's order (per node, local ranks left to right, then nodes), and ringd's slot sum adds
-// only zeros to it, so loss, grad_norm and final weights are bit-identical. Top-k with one node:
-// the node's top-k runs on the job's gradient in both modes, bit-identical too. Top-k with two
-// nodes is another algorithm under shard full (the owner compresses the job's summed gradient,
-// where shard none compresses each node's part and sums the sparse sets): its reference is
-// shard none on ONE node with the same replicas and ring (top-k of the job's sum, the same
-// data split), within 1e-6 relative.
+// only zeros to it, so loss, grad_norm and final weights are bit-identical. Top-k (at the
+// owner, the default): shard none reduces each range's gradient to its owner in node order and
+// the owner selects from the job's sum with its range's residual, as shard full's owner does:
+// bit-identical too.
 class ReplicaFullShard : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReplicaFullShard, FullAgreesWithNone) {
@@ -374,8 +415,7 @@ TEST_P(ReplicaFullShard, FullAgreesWithNone) {
   Overrides none, full;
   none.compression = full.compression = k.compression;
   full.shard = "full";
-  const bool other_algorithm = k.compression == "topk" && k.n > 1;
-  const RunResult a = run_layout(k.d, k.c, other_algorithm ? 1 : k.n, none);
+  const RunResult a = run_layout(k.d, k.c, k.n, none);
   ASSERT_TRUE(a.ok) << a.error;
   const RunResult b = run_layout(k.d, k.c, k.n, full);
   ASSERT_TRUE(b.ok) << b.error;
@@ -386,19 +426,16 @@ TEST_P(ReplicaFullShard, FullAgreesWithNone) {
   bool bitwise = false;
   const double w = weights_diff(b, a, &bitwise);
   EXPECT_LE(w, kSameMathTol);
-  if (!other_algorithm) {
-    EXPECT_EQ(a.loss, b.loss);
-    EXPECT_EQ(a.grad_norm, b.grad_norm);
-    EXPECT_TRUE(bitwise);
-  }
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.grad_norm, b.grad_norm);
+  EXPECT_TRUE(bitwise);
   EXPECT_LT(b.loss.back(), b.loss.front());
   for (int64_t t : b.tokens) EXPECT_EQ(t, k.d * kSeqLen);
   std::printf(
-      "full D=%d C=%d N=%d %s vs none N=%d: %.1f s (none %.1f s); loss %.4f -> %.4f; max loss "
+      "full D=%d C=%d N=%d %s vs none: %.1f s (none %.1f s); loss %.4f -> %.4f; max loss "
       "diff %.3g, weights diff %.3g%s\n",
-      k.d, k.c, k.n, k.compression.c_str(), other_algorithm ? 1 : k.n, b.seconds, a.seconds,
-      b.loss.front(), b.loss.back(), max_rel(b.loss, a.loss), w,
-      bitwise ? " (bit-identical)" : "");
+      k.d, k.c, k.n, k.compression.c_str(), b.seconds, a.seconds, b.loss.front(), b.loss.back(),
+      max_rel(b.loss, a.loss), w, bitwise ? " (bit-identical)" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ReplicaFullShard,

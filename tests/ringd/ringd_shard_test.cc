@@ -8,7 +8,9 @@
 //   DenseWithoutClippingShardMatchesNone: the same with grad_clip 0, where each owner sends a
 //     bucket's new weights as soon as it updated it, during the backward.
 //   TopkLazyShardMatchesNone: the same with top-k (error feedback) and the lazy update, a dense
-//     warm-up step first, grad_clip 0.
+//     warm-up step first, grad_clip 0, top-k at the owner (the default: each range's owner
+//     selects from the reduced gradient); TopkLazyAtTheSenderShardMatchesNone: the same with
+//     optimizer.compress_at sender (each node selects from its own gradient).
 //   ResumeMatchesShardNone: top-k lazy, a checkpoint at step 3 of a 3-step run, then --resume
 //     to step 6 (each node loads its range's master and moments and its residual, then gathers
 //     the full weights): every step and weight hash as with shard none.
@@ -53,7 +55,7 @@ std::string replaced(std::string s, const std::string& from, const std::string& 
 // two_nodes.yaml with parallel.shard `shard` and, with `topk`, top-k lazy compression; `clip`
 // false: grad_clip 0; `ckpt`: two_nodes_ckpt.yaml with a checkpoint every 3 steps instead.
 std::string write_spec(const std::string& dir, const std::string& shard, bool topk, bool clip,
-                       bool ckpt = false) {
+                       bool ckpt = false, bool sender = false) {
   std::string y = slurp(ckpt ? kSpec2x2Ckpt : kSpec2x2);
   if (ckpt) y = replaced(y, "  every_steps: 100000\n", "  every_steps: 3\n");
   if (!clip) y = replaced(y, "  grad_clip: 1.0\n", "  grad_clip: 0.0\n");
@@ -61,9 +63,11 @@ std::string write_spec(const std::string& dir, const std::string& shard, bool to
   if (topk) {
     y = replaced(y, "  offload: cpu\n",
                  "  offload: cpu\n  compression: topk\n  density: 0.05\n  warmup_steps: 1\n"
-                 "  error_feedback: true\n  update: lazy\n");
+                 "  error_feedback: true\n  update: lazy\n" +
+                     std::string(sender ? "  compress_at: sender\n" : ""));
   }
   const std::string path = dir + "/spec-" + shard + (topk ? "-topk" : "") +
+                           (sender ? "-sender" : "") +
                            (clip ? "" : "-noclip") + (ckpt ? "-ckpt" : "") + ".yaml";
   std::ofstream(path) << y;
   return path;
@@ -123,10 +127,12 @@ long long state_floats(const std::string& log) {
   return std::stoll(m[1]);
 }
 
-void expect_shard_matches_none(bool topk, bool clip) {
+void expect_shard_matches_none(bool topk, bool clip, bool sender = false) {
   TempDir t("ringd-shard-test");
-  const Result none = run_two(t.path, write_spec(t.path, "none", topk, clip), "none");
-  const Result shard = run_two(t.path, write_spec(t.path, "optimizer", topk, clip), "optimizer");
+  const Result none =
+      run_two(t.path, write_spec(t.path, "none", topk, clip, false, sender), "none");
+  const Result shard =
+      run_two(t.path, write_spec(t.path, "optimizer", topk, clip, false, sender), "optimizer");
   ASSERT_EQ(none.steps.size(), 6u);
   ASSERT_EQ(shard.steps.size(), 6u);
   for (size_t s = 0; s < 6; ++s) {
@@ -171,6 +177,10 @@ TEST(RingdShard, DenseWithoutClippingShardMatchesNone) {
 
 TEST(RingdShard, TopkLazyShardMatchesNone) {
   expect_shard_matches_none(true, false);
+}
+
+TEST(RingdShard, TopkLazyAtTheSenderShardMatchesNone) {
+  expect_shard_matches_none(true, false, true);
 }
 
 TEST(RingdShard, ResumeMatchesShardNone) {

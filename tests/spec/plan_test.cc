@@ -124,10 +124,25 @@ TEST(Plan, TopkPayloadIsSmallerByOneOverTwoDensity) {
   EXPECT_EQ(p.topk_k, static_cast<int64_t>(std::ceil(0.001 * 6738415616.0)));
   EXPECT_NEAR(p.grad_payload_dense / p.grad_payload_topk, 500.0, 0.01);
   EXPECT_DOUBLE_EQ(p.grad_sent_dense_per_node, 2.0 * 3 / 4 * p.grad_payload_dense);
-  EXPECT_DOUBLE_EQ(p.grad_sent_topk_per_node, 3 * p.grad_payload_topk);
+  // At the owner (the default): the dense gradient of the ranges it does not own to their
+  // owners, then (shard none) the owners' sparse sets to every node.
+  EXPECT_TRUE(p.topk_at_owner);
+  EXPECT_DOUBLE_EQ(p.grad_topk_reduce_scatter_per_node, 3.0 / 4 * p.grad_payload_dense);
+  EXPECT_DOUBLE_EQ(p.grad_topk_sparse_per_node, 3.0 / 4 * p.grad_payload_topk);
+  EXPECT_DOUBLE_EQ(p.grad_sent_topk_per_node,
+                   p.grad_topk_reduce_scatter_per_node + p.grad_topk_sparse_per_node);
+  EXPECT_NE(to_text(p, s).find("dense reduce-scatter + owners' sparse sets all-gathered"),
+            std::string::npos);
   bool has_residual = false;
   for (const auto& i : p.host) has_residual |= i.name.find("residual") != std::string::npos;
   EXPECT_TRUE(has_residual);
+  // At the sender: only the sparse sets cross nodes, every node's to every other.
+  s.optimizer.compress_at = spec::CompressAt::kSender;
+  Plan q = make_plan(s);
+  EXPECT_FALSE(q.topk_at_owner);
+  EXPECT_DOUBLE_EQ(q.grad_sent_topk_per_node, 3 * q.grad_payload_topk);
+  EXPECT_EQ(q.grad_topk_reduce_scatter_per_node, 0);
+  EXPECT_NE(to_text(q, s).find("at each sender (compress_at: sender)"), std::string::npos);
 }
 
 // Shard full: the ranks gather every block's weights in the forward and again in the backward
@@ -231,33 +246,45 @@ double item(const std::vector<Item>& items, const std::string& prefix) {
   return -1;
 }
 
-// The llama7b example (shard none, 64 nodes, top-k with error feedback, CUDA workers): ringd
-// keeps master, m, v, the residual and the node gradient (20 n bytes) and the node's segment
-// holds the weights, the lazy index and 8 gradient slots (44 n): 64 n ~ 431 GB plus the
-// top-k buffers, where the planner used to show 148 GB. The 8 CUDA workers keep no host copy
-// (weights and gradient buckets go between the device and the segment directly).
+// The llama7b example (shard none, 64 nodes, top-k with error feedback at the owner, CUDA
+// workers): ringd keeps master, m, v and the node gradient (16 n bytes) plus the residual of its
+// range (4 R) and the node's segment holds the weights, the lazy index and 8 gradient slots
+// (44 n): 60 n + 4 R ~ 405 GB plus the top-k buffers, where the planner used to show 148 GB
+// (with compress_at sender the residual is full size: 64 n ~ 431 GB). The 8 CUDA workers keep
+// no host copy (weights and gradient buckets go between the device and the segment directly).
 TEST(Plan, Llama7bHostMemoryIsWhatTheCodeAllocates) {
   const auto s = example("llama7b-1m-64x8-h100.yaml");
   const Plan p = make_plan(s);
   const double n = 6738415616.0;  // every tensor of this model is a multiple of 16 floats
   ASSERT_EQ(p.flat_floats, 6738415616);
   EXPECT_EQ(item(p.host_ringd, "optimizer master"), 12 * n);
-  EXPECT_EQ(item(p.host_ringd, "error-feedback residual"), 4 * n);
+  // 34 buckets over 64 nodes: the largest range is the largest bucket.
+  const double R = static_cast<double>(p.residual_floats);
+  EXPECT_EQ(p.residual_floats, p.largest_bucket);
+  EXPECT_EQ(item(p.host_ringd, "error-feedback residual"), 4 * R);
   EXPECT_EQ(item(p.host_ringd, "node gradient"), 4 * n);
   EXPECT_EQ(item(p.host_ringd, "checkpoint staging"), 16.0 * (1 << 20));
   EXPECT_EQ(item(p.host_ringd, "weight all-gather"), -1);  // shard none
   EXPECT_NEAR(p.host_shm_total, 44 * n, 256);
   EXPECT_EQ(p.host_shm_total, shm_bytes(6738415616, 8));
-  // The top-k buffers: at most 64 nodes' sets of k = 0.001 x bucket, 8 bytes an entry.
-  EXPECT_LT(p.host_ringd_total - 20 * n, 0.001 * 64 * 8 * n * 1.01 + 200e6);
-  EXPECT_NEAR(p.host_ringd_total + p.host_shm_total, 64 * n, 4e9);
-  EXPECT_EQ(p.host_ringd_total + p.host_shm_total > 430e9, true);
+  // The top-k buffers: the owners' sets of k = 0.001 x bucket, 8 bytes an entry, the dense
+  // reduce staging of the largest bucket (63 nodes') and the exchange buffers.
+  EXPECT_LT(p.host_ringd_total - 16 * n - 4 * R,
+            0.001 * 8 * n * 1.01 + 63.0 * 4 * p.largest_bucket + 400e6);
+  EXPECT_NEAR(p.host_ringd_total + p.host_shm_total, 60 * n + 4 * R, 60e9);
+  EXPECT_GT(p.host_ringd_total + p.host_shm_total, 400e9);
+  auto sender = s;
+  sender.optimizer.compress_at = spec::CompressAt::kSender;
+  const Plan q = make_plan(sender);
+  EXPECT_EQ(item(q.host_ringd, "error-feedback residual"), 4 * n);
+  EXPECT_LT(q.host_ringd_total - 20 * n, 0.001 * 64 * 8 * n * 1.01 + 200e6);
+  EXPECT_NEAR(q.host_ringd_total + q.host_shm_total, 64 * n, 4e9);
   EXPECT_EQ(p.worker_host_total, 0);
   EXPECT_EQ(p.host_workers_total, 0);
   EXPECT_DOUBLE_EQ(p.host_total,
                    p.host_ringd_total + p.host_shm_total + p.host_workers_total);
-  EXPECT_TRUE(p.fits());  // 435 GB of the 1.8 TB it declares
-  EXPECT_LT(p.host_total, 440e9);
+  EXPECT_TRUE(p.fits());  // 456 GB of the 1.8 TB it declares
+  EXPECT_LT(p.host_total, 460e9);
 }
 
 // Every mode's lines: shard optimizer divides ringd's state by the node ranges, shard full also
@@ -272,14 +299,22 @@ TEST(Plan, ShardModesDivideWhatTheyShard) {
   // embedding, V d + 16 floats... or one block).
   EXPECT_EQ(o.largest_range, o.largest_bucket);
   EXPECT_EQ(item(o.host_ringd, "optimizer master"), 12.0 * static_cast<double>(o.largest_range));
-  EXPECT_EQ(item(o.host_ringd, "error-feedback residual"), 4 * n);  // per sender, full size
+  // At the owner, its range (compress_at sender: full size).
+  EXPECT_EQ(item(o.host_ringd, "error-feedback residual"), 4.0 * o.largest_range);
+  auto o_sender = s;
+  o_sender.optimizer.compress_at = spec::CompressAt::kSender;
+  EXPECT_EQ(item(make_plan(o_sender).host_ringd, "error-feedback residual"), 4 * n);
   // The weights are all-gathered straight into the shared segment: no buffer of ringd's own.
   EXPECT_EQ(item(o.host_ringd, "weight all-gather"), -1);
   // Dense steps (200 warm-up steps) reduce each bucket to its owner, which stages the other 63
   // nodes' copies of its largest bucket.
   EXPECT_EQ(item(o.host_ringd, "dense reduce staging"), 63.0 * 4 * o.largest_bucket);
+  // Top-k at the owner reduces in every step; at the sender, only the dense steps do.
   auto no_warmup = s;
   no_warmup.optimizer.warmup_steps = 0;
+  EXPECT_EQ(item(make_plan(no_warmup).host_ringd, "dense reduce staging"),
+            63.0 * 4 * o.largest_bucket);
+  no_warmup.optimizer.compress_at = spec::CompressAt::kSender;
   EXPECT_EQ(item(make_plan(no_warmup).host_ringd, "dense reduce staging"), -1);
   // The owner sums the sparse sets of its own buckets only.
   EXPECT_LT(item(o.host_ringd, "summed sparse"),

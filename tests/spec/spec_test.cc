@@ -250,6 +250,31 @@ TEST(SpecParse, WarningsDoNotFailValidation) {
             std::string::npos);
 }
 
+// optimizer.compress_at: owner by default; sender is accepted with shard none and optimizer,
+// ignored (a warning) without top-k, and refused with shard full (configs/invalid/).
+TEST(SpecParse, CompressAtDefaultsToOwner) {
+  auto r = load_spec_string(std::string(kMinimal) + "optimizer:\n  compression: topk\n", "o.yaml");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.spec->optimizer.compress_at, CompressAt::kOwner);
+  EXPECT_STREQ(to_string(r.spec->optimizer.compress_at), "owner");
+  r = load_spec_string(std::string(kMinimal) +
+                           "parallel:\n  shard: optimizer\n  context_ranks: 2\n"
+                           "optimizer:\n  compression: topk\n"
+                           "  compress_at: sender\nresources:\n  nodes: 2\n"
+                           "  workers_per_node: 1\n",
+                       "s.yaml");
+  EXPECT_TRUE(errors_of(r).empty()) << (errors_of(r).empty() ? "" : errors_of(r)[0]);
+  ASSERT_TRUE(r.spec);
+  EXPECT_EQ(r.spec->optimizer.compress_at, CompressAt::kSender);
+  r = load_spec_string(std::string(kMinimal) + "optimizer:\n  compress_at: sender\n", "w.yaml");
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r.diagnostics.size(), 1u);
+  EXPECT_NE(r.diagnostics[0].str().find(
+                "warning: optimizer.compress_at: ignored: optimizer.compression is none"),
+            std::string::npos)
+      << r.diagnostics[0].str();
+}
+
 TEST(SpecParse, SuggestsKeys) {
   EXPECT_EQ(suggest_key("model", "d_modle"), "model.d_model");
   EXPECT_EQ(suggest_key("model", "kvheads"), "model.kv_heads");
