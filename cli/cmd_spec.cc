@@ -141,6 +141,13 @@ int run_plan(const PlanOpts& o) {
     std::cerr << o.file
               << ": planned with --what-if: any 'not supported by this build' above is a "
                  "spec that `ringctl run` and `submit` refuse\n";
+  if (r.spec->job.kind == spec::JobKind::kGenerate) {
+    std::cerr << o.file
+              << ": job.kind is generate: ringctl plan sizes training (weights, gradients, "
+                 "optimizer state, activations); a generate job holds the model and its KV "
+                 "cache on each rank (docs/generation.md)\n";
+    return kExitFailed;
+  }
   auto p = plan::make_plan(*r.spec);
   if (o.json)
     std::cout << plan::to_json(p, *r.spec).dump(2) << "\n";
