@@ -121,8 +121,8 @@ std::vector<KeyDef> build_table() {
                 "What the job does: train (the model, data, train and optimizer sections), or "
                 "generate (text from generate.checkpoint's weights for generate.prompts, over "
                 "parallel.context_ranks ranks; the training-only keys data.seq_len, train.*, "
-                "optimizer.* and checkpoint.* are ignored, and data.seq_len and train.steps are "
-                "not required). Both run through ringd (`ringctl run`, `ringctl submit`)."),
+                "optimizer.*, checkpoint.* and restart.* are ignored, and data.seq_len and "
+                "train.steps are not required; a generate job is never restarted). Both run through ringd (`ringctl run`, `ringctl submit`)."),
           names(kJobKindNames), 0);
 
   // ---- model
@@ -651,7 +651,9 @@ const std::vector<std::pair<std::string, std::string>>& spec_sections() {
       {"resources", "What each node provides."},
       {"slurm", "Options of `ringctl submit` (sbatch)."},
       {"restart", "Automatic recovery after failures."},
-      {"generate", "The KV cache of `ringctl generate`."},
+      {"generate",
+       "The KV cache of `ringctl generate` and of generate jobs; with job.kind generate also "
+       "what to generate (docs/generation.md)."},
       {"observability", "Timelines, straggler and hang attribution."},
   };
   return s;
