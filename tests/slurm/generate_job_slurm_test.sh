@@ -99,4 +99,6 @@ run "$RINGCTL" generate --checkpoint "$T/ckpt" "$T/a.txt" "$T/b.txt" --max-token
   --temperature 1.2 --top-p 0.95 --seed 4 --json -o "$T/one.json"
 assert_succeeds "one process, sampled"
 assert_eq "sampled: the job's tokens equal one process's" "$(tokens "$T/one.json")" "$(tokens "$JD/generate.json")"
+assert_eq "sampled: rank 0 records 2 ranks" "2" \
+  "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"]["ranks"])' "$JD/generate.json" 2>&1)"
 finish
