@@ -536,7 +536,9 @@ int run_run(const RunOpts& o) {
         si = forwarded + 1;
         forwarded = si;
         if (si == 1) {
-          disp.line("stopping: ringd writes a checkpoint and stops (Ctrl-C again to stop at once)");
+          disp.line(generate ? "stopping: ringd stops the generation (nothing is written)"
+                             : "stopping: ringd writes a checkpoint and stops (Ctrl-C again to "
+                               "stop at once)");
           ::kill(pid, SIGINT);
         } else if (si == 2) {
           disp.line("stopping at once (no checkpoint; Ctrl-C again to kill ringd)");
@@ -605,8 +607,10 @@ int run_run(const RunOpts& o) {
       set_args += " --set '" + q + "'";
     }
     std::ostringstream sum;
-    const std::string outcome = describe_ringd_status(st);
     const int rc = from_ringd_status(st);
+    // A generate job stopped early has nothing to resume from.
+    const std::string outcome =
+        generate && rc == kExitStopped ? std::string("stopped") : describe_ringd_status(st);
     sum << "job " << sub.job << " (" << sub.name << ") " << outcome << " after "
         << format_duration(wall);
     if (generate) {

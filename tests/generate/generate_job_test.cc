@@ -2,7 +2,8 @@
 // `ring-worker --generate` ranks. The output equals `ringctl generate` standalone on the same
 // checkpoint, prompts and seed (greedy over 1 and 2 ranks, sampled over 2 ranks with --json);
 // the job ends completed in ring-coord with its events; a bad generate spec is refused naming
-// the key; a killed worker fails the job (no hang, no process left); `ringctl cancel` stops it.
+// the key; a killed worker fails the job (no hang, no process left); `ringctl cancel` and Ctrl-C
+// stop it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -213,6 +214,7 @@ class RunProc {
     }
   }
   std::string output() const { return read_text(out_); }
+  void interrupt() { ::kill(pid_, SIGINT); }  // Ctrl-C
   int wait(double timeout_s) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     while (std::chrono::steady_clock::now() < end) {
@@ -274,6 +276,20 @@ TEST_F(GenerateJob, CancelStopsIt) {
   const int rc = run.wait(120);
   EXPECT_EQ(rc, 8) << run.output();  // cli/exit_codes.h: cancelled through ring-coord
   EXPECT_EQ(status(1).value("state", ""), "cancelled");
+  const pid_t w0 = worker_pid(job_dir, 0);
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(w0, "ring-worker"); }, 30s));
+}
+
+TEST_F(GenerateJob, CtrlCStopsItWithNothingToResume) {
+  const std::string job_dir = t_.path + "/jint";
+  RunProc run(t_, spec(2, "  max_new_tokens: 1000000\n") + " --job-dir " + job_dir);
+  ASSERT_TRUE(wait_for([&] { return contains(run.output(), "decode "); }, 180s)) << run.output();
+  run.interrupt();
+  EXPECT_EQ(run.wait(120), 75) << run.output();
+  EXPECT_TRUE(contains(run.output(), "stopping: ringd stops the generation")) << run.output();
+  EXPECT_TRUE(contains(run.output(), "generation is not resumable: run it again")) << run.output();
+  EXPECT_FALSE(contains(run.output(), "--resume")) << run.output();
+  EXPECT_FALSE(fs::exists(job_dir + "/generate.out"));
   const pid_t w0 = worker_pid(job_dir, 0);
   EXPECT_TRUE(wait_for([&] { return !ring::test::alive(w0, "ring-worker"); }, 30s));
 }
