@@ -102,9 +102,16 @@ int run_validate(const ValidateOpts& o) {
     if (!r.ok()) {
       std::cerr << shown << ": " << r.error_count() << " error(s)\n";
     } else if (!o.quiet) {
-      std::cout << shown << ": ok (" << r.spec->job.name << ": " << r.spec->model.layers
-                << " layers, d_model " << r.spec->model.d_model << ", seq_len "
-                << r.spec->data.seq_len << ", " << r.spec->resolved.total_workers << " workers)\n";
+      if (r.spec->job.kind == spec::JobKind::kGenerate)
+        std::cout << shown << ": ok (" << r.spec->job.name << ": generate, "
+                  << r.spec->model.layers << " layers, d_model " << r.spec->model.d_model << ", "
+                  << r.spec->generate.prompts.size() << " prompt(s), "
+                  << r.spec->resolved.total_workers << " ranks)\n";
+      else
+        std::cout << shown << ": ok (" << r.spec->job.name << ": " << r.spec->model.layers
+                  << " layers, d_model " << r.spec->model.d_model << ", seq_len "
+                  << r.spec->data.seq_len << ", " << r.spec->resolved.total_workers
+                  << " workers)\n";
     }
   }
   if (o.json) {
