@@ -11,6 +11,9 @@
 // with --json one object with the tokens, text and per-token timing of each prompt and the
 // cache's tier statistics.
 //
+// The loading, generating and writing is worker/generate/generate_run.h (also what a generate
+// job's `ring-worker --generate` runs); this file is the command line and the local launcher.
+//
 // Over P ranks (docs/generation.md, "Generation over several ranks"): --ranks P starts P local
 // processes of this command (a fresh rendezvous directory; each rank dies with the launcher, and
 // when one fails the others are stopped), each with --rank R --world P --rendezvous DIR; under
@@ -18,7 +21,6 @@
 // directory all tasks reach. The prompts are prefilled with ring attention across the ranks, the
 // cache stays sharded, each decode step exchanges only the partial (o, lse) of every layer, and
 // rank 0's sampled tokens are every rank's; rank 0 writes the output.
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,33 +29,23 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
-#include "common/contract/layout.h"
 #include "common/proc/reap.h"
 #include "common/proc/spawn.h"
-#include "common/spec/parse.h"
-#include "daemon/checkpoint/checkpoint.h"
-#include "kernels/backend.h"
-#include "worker/data/errors.h"
-#include "worker/data/tokenizer.h"
 #include "worker/generate/generate_run.h"
 
 namespace ring::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 
 using gen::GenerateOpts;
 using gen::Identity;
