@@ -85,7 +85,7 @@ class GenerateJob {
  private:
   void log(const std::string& l) { out_.log(l); }
   void event(const std::string& name, json fields) {
-    const json sent = out_.event(name, std::move(fields), 1);
+    const json sent = out_.event(name, std::move(fields), attempt_);
     if (coord_) coord_->report(name, sent);
   }
   std::optional<int> start();
@@ -113,6 +113,9 @@ class GenerateJob {
   int stop_signal_ = 0;
   std::optional<std::string> coord_stop_;
   int exited_clean_ = 0;
+  // The attempt ring-coord assigns (a Slurm requeue starts the job again under a new one): the
+  // events name it, or ring-coord would take them for an older attempt's.
+  int64_t attempt_ = 1;
 };
 
 std::optional<int> GenerateJob::start() {
@@ -224,13 +227,13 @@ std::optional<int> GenerateJob::start() {
                : a->state == "failed"           ? kExitFailed
                                                 : kExitOk;
       }
-      if (a->attempt > 1) {
-        // A generate job is not restarted; a later attempt means an earlier ringd ran it.
-        log(fmt::format("ring-coord assigns attempt {}: generating from the start",
-                        a->attempt));
+      attempt_ = std::max<int64_t>(1, a->attempt);
+      if (attempt_ > 1) {
+        // Generation is not resumable: a later attempt (a Slurm requeue) starts from the start.
+        log(fmt::format("ring-coord assigns attempt {}: generating from the start", attempt_));
       }
     }
-    coord_->set_progress(1, 0);
+    coord_->set_progress(attempt_, 0);
     std::lock_guard<std::mutex> l(mu_);
     inbox_.clear();  // the first registration's answer, handled above
   }
