@@ -350,6 +350,12 @@ int run_run(const RunOpts& o) {
   const auto& spec = *r.spec;
   int64_t total = o.steps ? *o.steps : spec.train.steps;
   const bool generate = spec.job.kind == spec::JobKind::kGenerate;
+  if (generate && (o.steps || o.resume)) {
+    std::cerr << "ringctl: " << (o.steps ? "--steps" : "--resume") << ": " << o.spec
+              << " is a generate job (job.kind generate): it has no steps and nothing to resume "
+                 "from\n";
+    return kExitUsage;
+  }
   if (const std::string why = generate_inputs_problem(spec); !why.empty()) {
     std::cerr << o.spec << ": " << why << "\n";
     return kExitFailed;

@@ -123,6 +123,13 @@ TEST_F(GenerateJob, OneRankGreedyEqualsStandalone) {
   // ringctl logs: the worker's log, with the generation's own lines.
   auto logs = ring::test::run(env(t_) + kRingctl + " logs 1 2>&1");
   EXPECT_TRUE(contains(logs.output, "generate:")) << logs.output;
+  // Seeded sampling on one rank (job 2 of the same state directory).
+  const std::string job_dir2 = t_.path + "/job1s";
+  r = run_job(spec(1, "  max_new_tokens: 24\n  temperature: 1.1\n  seed: 3\n", "gens"), job_dir2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ring::test::read_file(job_dir2 + "/generate.out"),
+            standalone("--max-tokens 24 --temperature 1.1 --seed 3"));
+  EXPECT_NE(ring::test::read_file(job_dir2 + "/generate.out"), want);
 }
 
 TEST_F(GenerateJob, TwoRanksGreedyEqualsStandalone) {
@@ -180,6 +187,11 @@ TEST_F(GenerateJob, BadSpecsAreRefusedNamingTheKey) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "generate.prompts: '" + t_.path + "/nope.txt'")) << r.output;
   EXPECT_FALSE(contains(r.output, "submitted")) << r.output;
+  // Training's flags.
+  r = ring::test::run(env(t_) + kRingctl + " run " + spec(1, "", "steps") + " --resume");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--resume: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "is a generate job")) << r.output;
   // Sharded model state makes no sense for generation.
   const std::string p3 = spec(1, "", "shard");
   write(p3, ring::test::read_file(p3) + "optimizer:\n  offload: cpu\n");
