@@ -49,8 +49,8 @@ namespace fs = std::filesystem;
 
 using gen::GenerateOpts;
 using gen::Identity;
-using gen::Inputs;
 using gen::InputError;
+using gen::Inputs;
 using gen::UsageError;
 
 int env_int(const char* name, int def) {
@@ -92,7 +92,6 @@ Identity identity(const GenerateOpts& o) {
   }
   return id;
 }
-
 
 // The command line of rank r of a local launch: the flags as given, and the rank's identity.
 std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& o, int r, int world,

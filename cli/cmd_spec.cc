@@ -103,8 +103,8 @@ int run_validate(const ValidateOpts& o) {
       std::cerr << shown << ": " << r.error_count() << " error(s)\n";
     } else if (!o.quiet) {
       if (r.spec->job.kind == spec::JobKind::kGenerate)
-        std::cout << shown << ": ok (" << r.spec->job.name << ": generate, "
-                  << r.spec->model.layers << " layers, d_model " << r.spec->model.d_model << ", "
+        std::cout << shown << ": ok (" << r.spec->job.name << ": generate, " << r.spec->model.layers
+                  << " layers, d_model " << r.spec->model.d_model << ", "
                   << r.spec->generate.prompts.size() << " prompt(s), "
                   << r.spec->resolved.total_workers << " ranks)\n";
       else

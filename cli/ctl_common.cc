@@ -454,7 +454,8 @@ bool absolute_generate_paths(const spec::JobSpec& s, std::vector<spec::Override>
   };
   bool added = false;
   if (abs(s.generate.checkpoint) != s.generate.checkpoint) {
-    overrides->push_back({"generate.checkpoint", nlohmann::json(abs(s.generate.checkpoint)).dump()});
+    overrides->push_back(
+        {"generate.checkpoint", nlohmann::json(abs(s.generate.checkpoint)).dump()});
     added = true;
   }
   nlohmann::json prompts = nlohmann::json::array();

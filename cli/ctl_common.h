@@ -22,8 +22,8 @@
 
 #include "cli/exit_codes.h"
 #include "common/protocol/protocol.h"
-#include "common/spec/spec.h"
 #include "common/spec/parse.h"
+#include "common/spec/spec.h"
 #include "coordinator/client.h"
 
 namespace ring::cli {

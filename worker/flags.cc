@@ -141,8 +141,9 @@ Flags parse_flags(int argc, char** argv) {
                "Generate text as the spec's generate section says (job.kind generate): rank 0 "
                "writes generate.output")
       ->group(kGenGroup);
-  app.add_option("--output", a.output, "With --generate: the output file (replaces "
-                                       "generate.output)")
+  app.add_option("--output", a.output,
+                 "With --generate: the output file (replaces "
+                 "generate.output)")
       ->type_name("FILE")
       ->group(kGenGroup);
 
@@ -152,9 +153,10 @@ Flags parse_flags(int argc, char** argv) {
     // Generation takes the ring's rank flags and nothing of training's.
     for (const CLI::Option* o : single)
       if (o->count() > 0) flags::usage_error(app, o->get_name() + " is not a flag of --generate");
-    for (const char* f : {"--launch-local", "--ringd", "--local-rank", "--timeline",
-                          "--stagger-us", "--steps", "--log-json"})
-      if (app.count(f) > 0) flags::usage_error(app, std::string(f) + " is not a flag of --generate");
+    for (const char* f : {"--launch-local", "--ringd", "--local-rank", "--timeline", "--stagger-us",
+                          "--steps", "--log-json"})
+      if (app.count(f) > 0)
+        flags::usage_error(app, std::string(f) + " is not a flag of --generate");
     if (a.spec.empty()) flags::usage_error(app, "--spec FILE is required");
     if (rank->count() > 0 && (a.world < 1 || a.rendezvous.empty()))
       flags::usage_error(app, "--generate --rank R needs --world P and --rendezvous DIR");

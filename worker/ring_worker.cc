@@ -191,9 +191,10 @@ int run_generate(const Args& args) {
   if (!loaded) return kExitUsage;
   const ring::spec::JobSpec& s = *loaded;
   if (s.job.kind != ring::spec::JobKind::kGenerate) {
-    lg->error("--generate: {} is a training spec (job.kind train); set job.kind: generate and "
-              "the generate section",
-              args.spec);
+    lg->error(
+        "--generate: {} is a training spec (job.kind train); set job.kind: generate and "
+        "the generate section",
+        args.spec);
     return kExitUsage;
   }
   namespace gen = ring::gen;
@@ -217,16 +218,16 @@ int run_generate(const Args& args) {
     std::fflush(stdout);
   };
   const int world = args.rank >= 0 ? args.world : 1;
-  std::printf("ring-worker --generate: %s | rank %d of %d | %zu prompt(s), %lld new tokens, "
-              "temperature %g, top_p %g, seed %lld | checkpoint %s | output %s\n",
-              s.job.name.c_str(), std::max(0, args.rank), world, o.prompts.size(),
-              static_cast<long long>(o.max_tokens), o.temperature, o.top_p,
-              static_cast<long long>(o.seed), o.checkpoint.c_str(),
-              o.out.empty() ? "stdout" : o.out.c_str());
+  std::printf(
+      "ring-worker --generate: %s | rank %d of %d | %zu prompt(s), %lld new tokens, "
+      "temperature %g, top_p %g, seed %lld | checkpoint %s | output %s\n",
+      s.job.name.c_str(), std::max(0, args.rank), world, o.prompts.size(),
+      static_cast<long long>(o.max_tokens), o.temperature, o.top_p, static_cast<long long>(o.seed),
+      o.checkpoint.c_str(), o.out.empty() ? "stdout" : o.out.c_str());
   std::fflush(stdout);
   try {
-    const int rc = world > 1 ? gen::run_rank(o, {args.rank, world, args.rendezvous})
-                             : gen::run_alone(o);
+    const int rc =
+        world > 1 ? gen::run_rank(o, {args.rank, world, args.rendezvous}) : gen::run_alone(o);
     if (rc == 0 && (args.rank <= 0)) {
       std::printf("generate: done\n");
       std::fflush(stdout);

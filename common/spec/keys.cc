@@ -122,7 +122,8 @@ std::vector<KeyDef> build_table() {
                 "generate (text from generate.checkpoint's weights for generate.prompts, over "
                 "parallel.context_ranks ranks; the training-only keys data.seq_len, train.*, "
                 "optimizer.*, checkpoint.* and restart.* are ignored, and data.seq_len and "
-                "train.steps are not required; a generate job is never restarted). Both run through ringd (`ringctl run`, `ringctl submit`)."),
+                "train.steps are not required; a generate job is never restarted). Both run "
+                "through ringd (`ringctl run`, `ringctl submit`)."),
           names(kJobKindNames), 0);
 
   // ---- model
@@ -248,8 +249,8 @@ std::vector<KeyDef> build_table() {
             "(ids 0..255). model.vocab must be at least the model's piece count."),
       Value{std::string{}});
   range(train_req(b.add("data.seq_len", KT::kInt, &J::data, &DataSection::seq_len,
-                  "Tokens per training sequence (the whole context, split over "
-                  "parallel.context_ranks).")),
+                        "Tokens per training sequence (the whole context, split over "
+                        "parallel.context_ranks).")),
         16, 1 << 30);
   def(b.add("data.pack", KT::kBool, &J::data, &DataSection::pack,
             "Pack several documents into each sequence (with document boundaries: no attention "
@@ -391,7 +392,7 @@ std::vector<KeyDef> build_table() {
 
   // ---- train
   range(train_req(b.add("train.steps", KT::kInt, &J::train, &TrainSection::steps,
-                  "Optimizer steps to run.")),
+                        "Optimizer steps to run.")),
         1, kIntMax);
   range(def(b.add("train.grad_clip", KT::kFloat, &J::train, &TrainSection::grad_clip,
                   "Clip the global gradient L2 norm to this value; 0 disables."),
@@ -480,12 +481,12 @@ std::vector<KeyDef> build_table() {
             "job.kind generate: write the output as JSON (tokens, text, prefill and per-token "
             "decode seconds of each prompt, the cache's statistics summed over the ranks)."),
       Value{false});
-  range(def(b.add("generate.max_new_tokens", KT::kInt, &J::generate,
-                  &GenerateSection::max_new_tokens,
-                  "job.kind generate: tokens to generate per prompt (fewer when the tokenizer's "
-                  "end-of-sequence token comes first)."),
-            Value{int64_t{64}}),
-        1, 1073741824);
+  range(
+      def(b.add("generate.max_new_tokens", KT::kInt, &J::generate, &GenerateSection::max_new_tokens,
+                "job.kind generate: tokens to generate per prompt (fewer when the tokenizer's "
+                "end-of-sequence token comes first)."),
+          Value{int64_t{64}}),
+      1, 1073741824);
   range(def(b.add("generate.temperature", KT::kFloat, &J::generate, &GenerateSection::temperature,
                   "job.kind generate: 0 is greedy (the most likely token); above 0 samples from "
                   "softmax(logits / temperature)."),

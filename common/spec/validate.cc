@@ -195,8 +195,8 @@ const std::vector<Rule>& rules() {
          const auto& g = c.s.generate;
          if (c.s.job.kind != JobKind::kGenerate) {
            for (const char* k : {"generate.checkpoint", "generate.prompts", "generate.output",
-                                 "generate.json", "generate.max_new_tokens",
-                                 "generate.temperature", "generate.top_p", "generate.seed"})
+                                 "generate.json", "generate.max_new_tokens", "generate.temperature",
+                                 "generate.top_p", "generate.seed"})
              if (c.given(k))
                c.warning(k, fmt::format("ignored: job.kind is train ({} is read by job.kind "
                                         "generate only)",

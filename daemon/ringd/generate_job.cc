@@ -1,4 +1,5 @@
-// ringd for a job.kind generate spec (generate_job.h): spawn the generate ranks, watch them, report.
+// ringd for a job.kind generate spec (generate_job.h): spawn the generate ranks, watch them,
+// report.
 #include "daemon/ringd/generate_job.h"
 
 #include <signal.h>
@@ -139,7 +140,7 @@ std::optional<int> GenerateJob::start() {
   world_ = wpn_ * o_.nodes;
   // The output: generate.output, a relative one from the job directory; by default in it.
   const std::string& out = s_.generate.output;
-  output_ = out.empty() ? job_dir_ + (s_.generate.json ? "/generate.json" : "/generate.out")
+  output_ = out.empty()     ? job_dir_ + (s_.generate.json ? "/generate.json" : "/generate.out")
             : out[0] == '/' ? out
                             : job_dir_ + "/" + out;
   // A relative output's directories in the job directory are made (0700); an absolute one's
@@ -194,7 +195,8 @@ std::optional<int> GenerateJob::start() {
     std::cerr << "ringd: placement: " << e.what() << "\n";
     return kExitFailed;
   }
-  log(fmt::format("job {} (generate) | node {} of {} | {} workers per node, {} ranks | {} "
+  log(
+      fmt::format("job {} (generate) | node {} of {} | {} workers per node, {} ranks | {} "
                   "prompt(s), {} new tokens | checkpoint {} | output {} | job dir {}",
                   s_.job.name, o_.node_rank, o_.nodes, wpn_, world_, s_.generate.prompts.size(),
                   s_.generate.max_new_tokens, s_.generate.checkpoint, output_, job_dir_));
@@ -202,11 +204,11 @@ std::optional<int> GenerateJob::start() {
   if (!o_.coord.empty()) {
     const protocol::Register reg = make_registration(std::stoll(o_.job), o_.node_rank, wpn_, facts);
     try {
-      coord_ = std::make_unique<CoordLink>(
-          CoordLinkOptions{o_.coord, std::stoll(o_.job), reg}, [this](const protocol::Message& m) {
-            std::lock_guard<std::mutex> l(mu_);
-            inbox_.push_back(m);
-          });
+      coord_ = std::make_unique<CoordLink>(CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
+                                           [this](const protocol::Message& m) {
+                                             std::lock_guard<std::mutex> l(mu_);
+                                             inbox_.push_back(m);
+                                           });
     } catch (const std::exception& e) {
       std::cerr << "ringd: " << e.what() << "\n";
       return kExitUsage;
@@ -241,17 +243,16 @@ std::optional<int> GenerateJob::start() {
 }
 
 bool GenerateJob::spawn_all() {
-  sup_.reset(wpn_, o_.node_rank * wpn_, [this](int rank) {
-    return fmt::format("{}/logs/worker-{}.log", job_dir_, rank);
-  });
+  sup_.reset(wpn_, o_.node_rank * wpn_,
+             [this](int rank) { return fmt::format("{}/logs/worker-{}.log", job_dir_, rank); });
   if (o_.node_rank == 0) progress_.emplace(job_dir_ + "/logs/worker-0.log");
   const std::string spec = fs::absolute(o_.spec).string();
   for (Worker& w : sup_.workers()) {
     const placement::WorkerPlacement& pl = placement_.workers[w.local];
     Supervisor::Launch launch;
-    launch.argv = {worker_bin_, "--generate",  "--spec",       spec,
-                   "--output",  output_,       "--transport",  o_.transport,
-                   "--timeout-ms", std::to_string(kRankTimeoutMs)};
+    launch.argv = {
+        worker_bin_, "--generate",  "--spec",     spec,           "--output",
+        output_,     "--transport", o_.transport, "--timeout-ms", std::to_string(kRankTimeoutMs)};
     if (o_.worker_threads >= 0)
       launch.argv.insert(launch.argv.end(), {"--threads", std::to_string(o_.worker_threads)});
     if (world_ > 1)
@@ -276,8 +277,8 @@ bool GenerateJob::spawn_all() {
       if (!cpus.empty()) cpus += ',';
       cpus += std::to_string(c);
     }
-    log(fmt::format("worker rank {} (local {}) pid {} | cpus {} | generate", w.rank, w.local,
-                    w.pid, cpus.empty() ? "any" : cpus));
+    log(fmt::format("worker rank {} (local {}) pid {} | cpus {} | generate", w.rank, w.local, w.pid,
+                    cpus.empty() ? "any" : cpus));
     event("worker_started", {{"rank", w.rank}, {"pid", w.pid}, {"cpus", pl.cpus}});
   }
   event("generate_started", {{"ranks", world_},
@@ -315,8 +316,8 @@ void GenerateJob::reap() {
     const std::vector<std::string> lines = last_lines(w.log, 10);
     std::string text;
     for (const std::string& l : lines) text += "\n    | " + l;
-    log(fmt::format("worker rank {} (pid {}) {} while generating; last log lines:{}", w.rank,
-                    w.pid, describe_status(st), text));
+    log(fmt::format("worker rank {} (pid {}) {} while generating; last log lines:{}", w.rank, w.pid,
+                    describe_status(st), text));
     json ev{{"rank", w.rank}, {"pid", w.pid}, {"last_lines", lines}};
     if (WIFSIGNALED(st)) {
       ev["signal"] = WTERMSIG(st);
@@ -375,9 +376,10 @@ int GenerateJob::end() {
     event("stopped", {{"reason", *coord_stop_}});
     code = coord_stop_->rfind("job failed", 0) == 0 ? kExitFailed : kExitCancelled;
   } else if (stop_signal_ != 0) {
-    const std::string why = fmt::format("stopped on request ({}): generation is not resumable; "
-                                        "run it again",
-                                        strsignal(stop_signal_));
+    const std::string why = fmt::format(
+        "stopped on request ({}): generation is not resumable; "
+        "run it again",
+        strsignal(stop_signal_));
     log(why);
     event("stopped", {{"reason", why}});
     code = kExitStopped;

@@ -10,9 +10,9 @@
 
 #include <fmt/format.h>
 
+#include "common/contract/layout.h"
 #include "common/contract/model_config.h"
 #include "common/install/locate.h"
-#include "common/contract/layout.h"
 
 namespace ring::ringd {
 

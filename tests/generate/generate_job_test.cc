@@ -70,8 +70,9 @@ class GenerateJob : public ::testing::Test {
                     "\n  kind: generate\n"
                     "model:\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 2\n"
                     "  head_dim: 16\n  mlp_hidden: 128\n  vocab: 256\n"
-                    "generate:\n  checkpoint: " + t_.path + "/ckpt\n  prompts: [" + t_.path +
-                    "/a.txt, " + t_.path + "/b.txt]\n  page_tokens: 64\n" + extra +
+                    "generate:\n  checkpoint: " +
+                    t_.path + "/ckpt\n  prompts: [" + t_.path + "/a.txt, " + t_.path +
+                    "/b.txt]\n  page_tokens: 64\n" + extra +
                     "parallel:\n  context_ranks: " + std::to_string(ranks) +
                     "\nresources:\n  workers_per_node: " + std::to_string(ranks) +
                     "\n  cpus_per_worker: 1\n");
@@ -137,21 +138,20 @@ TEST_F(GenerateJob, TwoRanksGreedyEqualsStandalone) {
   auto r = run_job(spec(2, "  max_new_tokens: 40\n  output: out/greedy.txt\n"), job_dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // A relative generate.output is taken from the job directory.
-  EXPECT_EQ(ring::test::read_file(job_dir + "/out/greedy.txt"),
-            standalone("--max-tokens 40"));
+  EXPECT_EQ(ring::test::read_file(job_dir + "/out/greedy.txt"), standalone("--max-tokens 40"));
   EXPECT_EQ(status(1).value("state", ""), "completed");
 }
 
 TEST_F(GenerateJob, TwoRanksSampledJsonEqualsStandalone) {
   const std::string job_dir = t_.path + "/job3";
-  auto r = run_job(spec(2, "  max_new_tokens: 32\n  temperature: 0.9\n  top_p: 0.9\n"
-                           "  seed: 11\n  json: true\n"),
+  auto r = run_job(spec(2,
+                        "  max_new_tokens: 32\n  temperature: 0.9\n  top_p: 0.9\n"
+                        "  seed: 11\n  json: true\n"),
                    job_dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json got = json::parse(ring::test::read_file(job_dir + "/generate.json"), nullptr, false);
-  const json want =
-      json::parse(standalone("--max-tokens 32 --temperature 0.9 --top-p 0.9 --seed 11 --json"),
-                  nullptr, false);
+  const json want = json::parse(
+      standalone("--max-tokens 32 --temperature 0.9 --top-p 0.9 --seed 11 --json"), nullptr, false);
   ASSERT_TRUE(got.is_object() && want.is_object());
   EXPECT_EQ(got["ranks"]["ranks"], 2);
   ASSERT_EQ(got["prompts"].size(), 2u);
@@ -162,9 +162,8 @@ TEST_F(GenerateJob, TwoRanksSampledJsonEqualsStandalone) {
     EXPECT_EQ(got["prompts"][i]["step_s"].size() + 1, got["prompts"][i]["tokens"].size());
   }
   // Sampling did something: another seed gives other tokens.
-  const json other =
-      json::parse(standalone("--max-tokens 32 --temperature 0.9 --top-p 0.9 --seed 12 --json"),
-                  nullptr, false);
+  const json other = json::parse(
+      standalone("--max-tokens 32 --temperature 0.9 --top-p 0.9 --seed 12 --json"), nullptr, false);
   EXPECT_NE(other["prompts"][0]["tokens"], want["prompts"][0]["tokens"]);
 }
 
@@ -173,8 +172,10 @@ TEST_F(GenerateJob, BadSpecsAreRefusedNamingTheKey) {
   const std::string p1 = t_.path + "/np.yaml";
   write(p1,
         "job:\n  name: np\n  kind: generate\nmodel:\n  layers: 2\n  d_model: 64\n  heads: 4\n"
-        "generate:\n  checkpoint: " + t_.path + "/ckpt\n"
-        "parallel:\n  context_ranks: 1\nresources:\n  workers_per_node: 1\n");
+        "generate:\n  checkpoint: " +
+            t_.path +
+            "/ckpt\n"
+            "parallel:\n  context_ranks: 1\nresources:\n  workers_per_node: 1\n");
   auto r = run_job(p1, t_.path + "/jnp");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "job.kind generate needs generate.prompts")) << r.output;

@@ -495,8 +495,7 @@ resources:
   EXPECT_NE(all_diagnostics(r).find("job.kind: job.kind generate needs generate.checkpoint"),
             std::string::npos)
       << all_diagnostics(r);
-  EXPECT_NE(all_diagnostics(r).find("job.kind generate needs generate.prompts"),
-            std::string::npos);
+  EXPECT_NE(all_diagnostics(r).find("job.kind generate needs generate.prompts"), std::string::npos);
   // One ring, whole model, cpu.
   std::string t = base + inputs;
   t.replace(t.find("  context_ranks: 2\n"), 18, "  context_ranks: 1\n  data_replicas: 2\n");

@@ -50,7 +50,8 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
   std::string unit = text.substr(used);
   double mult = 1;
   if (used == 0) {
-    throw UsageError(fmt::format("{} '{}': expected a size such as 4096, 512MiB or 2G", flag, text));
+    throw UsageError(
+        fmt::format("{} '{}': expected a size such as 4096, 512MiB or 2G", flag, text));
   }
   if (unit.empty() || unit == "B") {
     mult = 1;
@@ -58,16 +59,24 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
     const char u = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
     const std::string rest = unit.substr(1);
     if (!(rest.empty() || rest == "B" || rest == "iB"))
-      throw UsageError(fmt::format("{} '{}': unknown unit '{}' (K, M, G, T, e.g. 512MiB)", flag,
-                                   text, unit));
+      throw UsageError(
+          fmt::format("{} '{}': unknown unit '{}' (K, M, G, T, e.g. 512MiB)", flag, text, unit));
     switch (u) {
-      case 'K': mult = 1024.0; break;
-      case 'M': mult = 1024.0 * 1024; break;
-      case 'G': mult = 1024.0 * 1024 * 1024; break;
-      case 'T': mult = 1024.0 * 1024 * 1024 * 1024; break;
+      case 'K':
+        mult = 1024.0;
+        break;
+      case 'M':
+        mult = 1024.0 * 1024;
+        break;
+      case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        break;
+      case 'T':
+        mult = 1024.0 * 1024 * 1024 * 1024;
+        break;
       default:
-        throw UsageError(fmt::format("{} '{}': unknown unit '{}' (K, M, G, T, e.g. 512MiB)", flag,
-                                     text, unit));
+        throw UsageError(
+            fmt::format("{} '{}': unknown unit '{}' (K, M, G, T, e.g. 512MiB)", flag, text, unit));
     }
   }
   const double bytes = v * mult;
@@ -292,7 +301,7 @@ static CacheTotals cache_totals(gen::Generator& g, gen::GenerateRing* ring) {
 // Generates from every prompt with g (ring: a rank of a sharded generation, where rank 0's
 // sampled tokens are every rank's) and writes the output (on rank 0 only).
 static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator& g,
-                       gen::GenerateRing* ring) {
+                              gen::GenerateRing* ring) {
   const gen::GeneratorOptions& go = in.go;
   const gen::SamplingParams& sp = in.sp;
   const contract::ModelConfig& mc = in.mc;
@@ -326,9 +335,10 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
     outs[i].sampler = std::make_unique<gen::Sampler>(sp, i);
     outs[i].next = outs[i].sampler->sample(logits.data(), mc.vocab);
     if (o.progress && (ring == nullptr || ring->rank() == 0))
-      o.progress(fmt::format("prefill {}/{}: {} tokens in {:.3f} s ({:.0f} tokens/s)", i + 1,
-                             ids.size(), ids[i].size(), outs[i].prefill_s,
-                             static_cast<double>(ids[i].size()) / std::max(outs[i].prefill_s, 1e-9)));
+      o.progress(
+          fmt::format("prefill {}/{}: {} tokens in {:.3f} s ({:.0f} tokens/s)", i + 1, ids.size(),
+                      ids[i].size(), outs[i].prefill_s,
+                      static_cast<double>(ids[i].size()) / std::max(outs[i].prefill_s, 1e-9)));
   }
   const auto decode_t0 = Clock::now();
   int64_t decoded = 0;  // tokens sampled by decode steps, over the batch
@@ -373,14 +383,16 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
     decoded += static_cast<int64_t>(which.size());
     // At most one line a second (and the last step's).
     if (o.progress && (ring == nullptr || ring->rank() == 0) && o.progress_every > 0 &&
-        (((n + 1) % o.progress_every == 0 && Clock::now() - last_progress >= std::chrono::seconds(1)) ||
+        (((n + 1) % o.progress_every == 0 &&
+          Clock::now() - last_progress >= std::chrono::seconds(1)) ||
          n + 2 == o.max_tokens)) {
       last_progress = Clock::now();
       const double s = std::chrono::duration<double>(Clock::now() - decode_t0).count();
-      o.progress(fmt::format("decode {}/{} tokens per prompt, {} prompt(s): {:.1f} tokens/s, "
-                             "last step {:.2f} ms",
-                             n + 2, o.max_tokens, which.size(),
-                             static_cast<double>(decoded) / std::max(s, 1e-9), t.seconds * 1e3));
+      o.progress(
+          fmt::format("decode {}/{} tokens per prompt, {} prompt(s): {:.1f} tokens/s, "
+                      "last step {:.2f} ms",
+                      n + 2, o.max_tokens, which.size(),
+                      static_cast<double>(decoded) / std::max(s, 1e-9), t.seconds * 1e3));
     }
   }
   const CacheTotals totals = cache_totals(g, ring);

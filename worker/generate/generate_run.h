@@ -59,7 +59,6 @@ struct GenerateOpts {
   int64_t progress_every = 16;
 };
 
-
 // A usage error naming the flag (exit 2).
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
