@@ -4,7 +4,8 @@
 # its `ring-worker --generate` rank, the ranks prefill with ring attention across the nodes and
 # decode with the cache sharded, rank 0 writes the output. The output equals `ringctl generate`
 # in one process (greedy text, and sampled tokens with --json); ring-coord records the job
-# completed with its events.
+# completed with its events. `ringctl restart` requeues a running one, which generates again
+# from the start under the new attempt; `ringctl cancel` ends it.
 #
 # Environment: the cluster fixture's (tests/slurm/CMakeLists.txt) plus RINGCTL, RINGD,
 # RING_COORD_BIN and GEN_CKPT_WRITER (tests/generate/write_test_checkpoint).
@@ -19,7 +20,7 @@ chmod 0755 "$T"
 cd "$T" || exit 1
 COORD_PID=
 cleanup() {
-  for j in $(squeue -h -o %i -n slurm-gen-greedy,slurm-gen-sampled 2>/dev/null); do scancel "$j"; done
+  for j in $(squeue -h -o %i -n slurm-gen-greedy,slurm-gen-sampled,slurm-gen-long 2>/dev/null); do scancel "$j"; done
   [ -n "$COORD_PID" ] && kill "$COORD_PID" 2>/dev/null && wait "$COORD_PID" 2>/dev/null
   if [ "$T_FAIL" -eq 0 ]; then rm -rf "$T"; else echo "kept $T for inspection"; fi
 }
@@ -101,4 +102,29 @@ assert_succeeds "one process, sampled"
 assert_eq "sampled: the job's tokens equal one process's" "$(tokens "$T/one.json")" "$(tokens "$JD/generate.json")"
 assert_eq "sampled: rank 0 records 2 ranks" "2" \
   "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ranks"]["ranks"])' "$JD/generate.json" 2>&1)"
+
+# 3. ringctl restart of a running generate job: Slurm requeues it, ringd generates again from
+# the start under ring-coord's new attempt; then ringctl cancel ends it
+mkspec long ""
+sed -i 's/max_new_tokens: 16/max_new_tokens: 100000000/' "$T/long.yaml"
+submit long
+[ -n "$JOB" ] && [ -n "$SID" ] || { bad "long: not submitted: the rest of this case cannot run"; finish; exit; }
+decoding() { grep -q "generate: decode" "$JD/logs/ringd-0.log" 2>/dev/null; }
+check "long: decoding" wait_for 90 decoding
+check "long: ring-coord shows it running" wait_for 20 coord_is "$JOB" running
+run "$RINGCTL" restart "$JOB"
+assert_succeeds "long: ringctl restart"
+check "long: started again" wait_for 90 grep -q "start 2," "$JD/slurm-$SID.out"
+again() { grep -q "generating from the start" "$JD/logs/ringd-0.log" 2>/dev/null; }
+check "long: ringd generates again from the start" wait_for 90 again
+check "long: ring-coord's attempt 2" test "$(coord_field "$JOB" attempt)" -ge 2
+check "long: running again" wait_for 30 coord_is "$JOB" running
+run "$RINGCTL" cancel "$JOB"
+assert_succeeds "long: ringctl cancel"
+st=$(wait_job "$SID" 60)
+assert_eq "long: Slurm state" CANCELLED "$st"
+check "long: ring-coord shows cancelled" wait_for 20 coord_is "$JOB" cancelled
+no_procs() { ! pgrep -f "$1" >/dev/null; }
+check "long: no ringd or worker left" wait_for 15 no_procs "$JD"
+check "long: no output" test ! -e "$JD/generate.out"
 finish
