@@ -343,9 +343,23 @@ int run_run(const RunOpts& o) {
                  "to Slurm with `ringctl submit`\n";
     return kExitFailed;
   }
+  // A generate job's relative inputs, from here: ringd reads the spec ring-coord records.
+  if (absolute_generate_paths(*r.spec, &load.overrides)) r = spec::load_spec_file(o.spec, load);
+  if (!r.ok()) return kExitFailed;
   const std::string& spec_text = r.text;  // what was validated, not a second read of the file
   const auto& spec = *r.spec;
   int64_t total = o.steps ? *o.steps : spec.train.steps;
+  const bool generate = spec.job.kind == spec::JobKind::kGenerate;
+  if (generate && (o.steps || o.resume)) {
+    std::cerr << "ringctl: " << (o.steps ? "--steps" : "--resume") << ": " << o.spec
+              << " is a generate job (job.kind generate): it has no steps and nothing to resume "
+                 "from\n";
+    return kExitUsage;
+  }
+  if (const std::string why = generate_inputs_problem(spec); !why.empty()) {
+    std::cerr << o.spec << ": " << why << "\n";
+    return kExitFailed;
+  }
 
   // 2. The job directory.
   // Checked up front (ours, private, writable: common/cli/job_dir.h): a directory ringd cannot
@@ -475,11 +489,13 @@ int run_run(const RunOpts& o) {
     int forwarded = 0, term_forwarded = 0;
     std::chrono::steady_clock::time_point first_forward;
     bool out_open = true, err_open = true;
-    std::string last_ckpt;
+    std::string last_ckpt, gen_output;
     auto handle_line = [&](const std::string& l) {
       nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
       if (j.is_object() && j.contains("event")) {
         if (j["event"] == "checkpoint_saved" && j.contains("step")) last_ckpt = j["step"].dump();
+        if (j["event"] == "generate_started" && j.contains("output") && j["output"].is_string())
+          gen_output = j["output"].get<std::string>();
         disp.line(describe_event(j));
       } else if (j.is_object() && j.contains("step")) {
         disp.step(j);
@@ -526,7 +542,9 @@ int run_run(const RunOpts& o) {
         si = forwarded + 1;
         forwarded = si;
         if (si == 1) {
-          disp.line("stopping: ringd writes a checkpoint and stops (Ctrl-C again to stop at once)");
+          disp.line(generate ? "stopping: ringd stops the generation (nothing is written)"
+                             : "stopping: ringd writes a checkpoint and stops (Ctrl-C again to "
+                               "stop at once)");
           ::kill(pid, SIGINT);
         } else if (si == 2) {
           disp.line("stopping at once (no checkpoint; Ctrl-C again to kill ringd)");
@@ -595,11 +613,15 @@ int run_run(const RunOpts& o) {
       set_args += " --set '" + q + "'";
     }
     std::ostringstream sum;
-    const std::string outcome = describe_ringd_status(st);
     const int rc = from_ringd_status(st);
+    // A generate job stopped early has nothing to resume from.
+    const std::string outcome =
+        generate && rc == kExitStopped ? std::string("stopped") : describe_ringd_status(st);
     sum << "job " << sub.job << " (" << sub.name << ") " << outcome << " after "
         << format_duration(wall);
-    if (pr.n > 0) {
+    if (generate) {
+      sum << (rc == kExitOk ? ": generated" : ": generation did not finish");
+    } else if (pr.n > 0) {
       char buf[160];
       std::snprintf(buf, sizeof buf, ": steps %lld-%lld of %lld, final loss %.4f, mean %s tok/s",
                     static_cast<long long>(pr.first_step), static_cast<long long>(pr.step),
@@ -620,8 +642,11 @@ int run_run(const RunOpts& o) {
                   ? " (latest complete: step " + std::to_string(*info.last_checkpoint_step) + ")"
                   : (!last_ckpt.empty() ? " (last saved: step " + last_ckpt + ")" : ""))
           << "\n";
+    if (generate && rc == kExitOk && !gen_output.empty()) sum << "  output: " << gen_output << "\n";
     sum << "  logs: " << job_dir << "/logs (ringctl logs " << sub.job << ")\n";
-    if (rc == kExitStopped)
+    if (rc == kExitStopped && generate)
+      sum << "  generation is not resumable: run it again with: ringctl run " << o.spec << "\n";
+    else if (rc == kExitStopped)
       sum << "  resume with: ringctl run " << o.spec << " --resume"
           << (o.job_dir.empty() ? "" : " --job-dir " + o.job_dir) << set_args << "\n";
     std::cout << sum.str() << std::flush;

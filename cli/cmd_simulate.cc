@@ -114,6 +114,10 @@ int run_simulate(const SimulateOpts& o) {
     std::cerr << o.file << ": " << r.error_count() << " error(s); fix them before simulating\n";
     return kExitFailed;
   }
+  if (r.spec->job.kind == spec::JobKind::kGenerate) {
+    std::cerr << o.file << ": job.kind is generate: ringctl simulate models a training step\n";
+    return kExitFailed;
+  }
   if (o.nodes > 0) {
     // More (or fewer) nodes: the same rings, as many data replicas as the nodes hold.
     const int64_t wpn = r.spec->resources.workers_per_node, c = r.spec->parallel.context_ranks;

@@ -102,9 +102,16 @@ int run_validate(const ValidateOpts& o) {
     if (!r.ok()) {
       std::cerr << shown << ": " << r.error_count() << " error(s)\n";
     } else if (!o.quiet) {
-      std::cout << shown << ": ok (" << r.spec->job.name << ": " << r.spec->model.layers
-                << " layers, d_model " << r.spec->model.d_model << ", seq_len "
-                << r.spec->data.seq_len << ", " << r.spec->resolved.total_workers << " workers)\n";
+      if (r.spec->job.kind == spec::JobKind::kGenerate)
+        std::cout << shown << ": ok (" << r.spec->job.name << ": generate, " << r.spec->model.layers
+                  << " layers, d_model " << r.spec->model.d_model << ", "
+                  << r.spec->generate.prompts.size() << " prompt(s), "
+                  << r.spec->resolved.total_workers << " ranks)\n";
+      else
+        std::cout << shown << ": ok (" << r.spec->job.name << ": " << r.spec->model.layers
+                  << " layers, d_model " << r.spec->model.d_model << ", seq_len "
+                  << r.spec->data.seq_len << ", " << r.spec->resolved.total_workers
+                  << " workers)\n";
     }
   }
   if (o.json) {
@@ -141,6 +148,13 @@ int run_plan(const PlanOpts& o) {
     std::cerr << o.file
               << ": planned with --what-if: any 'not supported by this build' above is a "
                  "spec that `ringctl run` and `submit` refuse\n";
+  if (r.spec->job.kind == spec::JobKind::kGenerate) {
+    std::cerr << o.file
+              << ": job.kind is generate: ringctl plan sizes training (weights, gradients, "
+                 "optimizer state, activations); a generate job holds the model and its KV "
+                 "cache on each rank (docs/generation.md)\n";
+    return kExitFailed;
+  }
   auto p = plan::make_plan(*r.spec);
   if (o.json)
     std::cout << plan::to_json(p, *r.spec).dump(2) << "\n";

@@ -77,8 +77,15 @@ int run_submit(const SubmitOpts& o) {
               << " error(s); fix them (`ringctl validate " << o.spec << "`) before submitting\n";
     return kExitFailed;
   }
+  // A generate job's relative inputs, from here (the batch job runs in the job directory).
+  if (absolute_generate_paths(*r.spec, &load.overrides)) r = spec::load_spec_file(o.spec, load);
+  if (!r.ok()) return kExitFailed;
   const auto& spec = *r.spec;
   std::string name = o.name.empty() ? spec.job.name : o.name;
+  if (const std::string why = generate_inputs_problem(spec); !why.empty()) {
+    std::cerr << o.spec << ": " << why << "\n";
+    return kExitFailed;
+  }
   const std::string& text = r.text;  // what was validated, not a second read of the file
 
   // The job directory: every node reads the spec copy and writes its logs and rendezvous there.

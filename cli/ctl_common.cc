@@ -430,4 +430,45 @@ nlohmann::json job_json(const protocol::JobInfo& j) {
   return proto::to_json(proto::StatusReply{0, {j}})["jobs"][0];
 }
 
+std::string generate_inputs_problem(const spec::JobSpec& s) {
+  if (s.job.kind != spec::JobKind::kGenerate) return "";
+  std::error_code ec;
+  const std::string from = std::filesystem::current_path(ec).string();
+  const auto where = [&](const std::string& p) {
+    return p.empty() || p[0] == '/' ? std::string() : " (relative to " + from + ")";
+  };
+  if (!std::filesystem::is_directory(s.generate.checkpoint, ec))
+    return "generate.checkpoint '" + s.generate.checkpoint + "'" + where(s.generate.checkpoint) +
+           ": not a directory (a checkpoint directory or one of its step directories)";
+  for (const std::string& p : s.generate.prompts) {
+    if (std::filesystem::is_directory(p, ec) || ::access(p.c_str(), R_OK) != 0)
+      return "generate.prompts: '" + p + "'" + where(p) + ": not a readable file";
+  }
+  return "";
+}
+
+bool absolute_generate_paths(const spec::JobSpec& s, std::vector<spec::Override>* overrides) {
+  if (s.job.kind != spec::JobKind::kGenerate) return false;
+  const auto abs = [](const std::string& p) {
+    return p.empty() || p[0] == '/' ? p : std::filesystem::absolute(p).lexically_normal().string();
+  };
+  bool added = false;
+  if (abs(s.generate.checkpoint) != s.generate.checkpoint) {
+    overrides->push_back(
+        {"generate.checkpoint", nlohmann::json(abs(s.generate.checkpoint)).dump()});
+    added = true;
+  }
+  nlohmann::json prompts = nlohmann::json::array();
+  bool relative = false;
+  for (const std::string& p : s.generate.prompts) {
+    prompts.push_back(abs(p));
+    relative = relative || abs(p) != p;
+  }
+  if (relative) {
+    overrides->push_back({"generate.prompts", prompts.dump()});
+    added = true;
+  }
+  return added;
+}
+
 }  // namespace ring::cli

@@ -23,6 +23,7 @@
 #include "cli/exit_codes.h"
 #include "common/protocol/protocol.h"
 #include "common/spec/parse.h"
+#include "common/spec/spec.h"
 #include "coordinator/client.h"
 
 namespace ring::cli {
@@ -97,6 +98,17 @@ std::string format_table(const std::vector<std::string>& header,
 
 // Parses a job id argument ("7"); throws CLI::ValidationError naming the argument.
 int64_t parse_job_id(const std::string& text);
+
+// A job.kind generate spec's inputs as ringd's workers will open them (a relative path from the
+// current directory, where ringd runs): "" when generate.checkpoint is a directory and every
+// prompt a readable file, else what is wrong, naming the key and the path.
+std::string generate_inputs_problem(const spec::JobSpec& s);
+
+// A job.kind generate spec's relative generate.checkpoint and generate.prompts, made absolute
+// from the current directory, appended to `overrides` (as --set would), so that the spec ring-coord
+// records names them wherever ringd runs (the batch job of `submit` runs in the job directory).
+// True when any was added.
+bool absolute_generate_paths(const spec::JobSpec& s, std::vector<spec::Override>* overrides);
 
 // Rules for numeric flags (CLI11 validators; CLI11 prefixes the flag: "--timeout: expected
 // seconds in [0.05, 3600], got 'nan'"). CLI::Range lets NaN through and CLI11 converts "1e3",

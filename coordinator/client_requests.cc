@@ -35,7 +35,8 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Subm
   j.spec_hash = sha256_hex(m.spec);
   j.nodes = s.resources.nodes;
   j.total_steps = m.steps.value_or(s.train.steps);
-  j.max_restarts = s.restart.max_restarts;
+  // A generate job is not resumable mid-way: a failure fails it (restart.* is for training).
+  j.max_restarts = s.job.kind == ring::spec::JobKind::kGenerate ? 0 : s.restart.max_restarts;
   j.backoff_s = s.restart.backoff_s;
   j.backoff_max_s = std::max(s.restart.backoff_max_s, 0.0);
   // daemon/INTERFACE.md: the job dir defaults to the owner's (common/cli/job_dir.h);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/spec/parse.h"
 #include "coordinator/security.h"
 
 namespace ring::coord {
@@ -152,6 +153,14 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
     case proto::EventKind::kWorkerStarted:
       e_.store->upsert_worker(j.id, m.attempt, m.node, *m.rank, m.pid, "running", std::nullopt,
                               std::nullopt);
+      // A generate job reports no steps: it runs once its workers do. (The spec is parsed only
+      // when it can be one: a training job's many worker_started events cost nothing.)
+      if (current && j.state == JobState::kStarting &&
+          j.spec.find("generate") != std::string::npos) {
+        const spec::LoadResult r = spec::load_spec_string(j.spec, "job spec");
+        if (r.ok() && r.spec->job.kind == spec::JobKind::kGenerate)
+          e_.store->set_state(j.id, JobState::kRunning, "generating");
+      }
       break;
     case proto::EventKind::kWorkerExited:
       e_.store->upsert_worker(j.id, m.attempt, m.node, *m.rank, m.pid, "exited", m.exit_code,

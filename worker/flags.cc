@@ -135,7 +135,40 @@ Flags parse_flags(int argc, char** argv) {
                          "(spawned by ringd only)")
               ->type_name("FILE"));
 
+  // Generation.
+  const char* kGenGroup = "Generation (--generate)";
+  app.add_flag("--generate", a.generate,
+               "Generate text as the spec's generate section says (job.kind generate): rank 0 "
+               "writes generate.output")
+      ->group(kGenGroup);
+  app.add_option("--output", a.output,
+                 "With --generate: the output file (replaces "
+                 "generate.output)")
+      ->type_name("FILE")
+      ->group(kGenGroup);
+
   flags::parse_or_exit(app, argc, argv);
+
+  if (a.generate) {
+    // Generation takes the ring's rank flags and nothing of training's.
+    for (const CLI::Option* o : single)
+      if (o->count() > 0) flags::usage_error(app, o->get_name() + " is not a flag of --generate");
+    for (const char* f : {"--launch-local", "--ringd", "--local-rank", "--timeline", "--stagger-us",
+                          "--steps", "--log-json"})
+      if (app.count(f) > 0)
+        flags::usage_error(app, std::string(f) + " is not a flag of --generate");
+    if (a.spec.empty()) flags::usage_error(app, "--spec FILE is required");
+    if (rank->count() > 0 && (a.world < 1 || a.rendezvous.empty()))
+      flags::usage_error(app, "--generate --rank R needs --world P and --rendezvous DIR");
+    if (rank->count() > 0 && a.rank >= a.world)
+      flags::usage_error(app, "--rank " + std::to_string(a.rank) + " is not below --world " +
+                                  std::to_string(a.world));
+    if (rank->count() == 0 && (a.world > 1 || !a.rendezvous.empty()))
+      flags::usage_error(app, "--world/--rendezvous need --rank R");
+    a.mode = Mode::kGenerate;
+    return a;
+  }
+  if (!a.output.empty()) flags::usage_error(app, "--output is a flag of --generate");
 
   a.mode = a.launch_local ? Mode::kLaunchLocal : rank->count() > 0 ? Mode::kRank : Mode::kSingle;
   const bool ring_mode = a.mode != Mode::kSingle;

@@ -4,6 +4,8 @@
 //   ring, launcher   ring-worker --spec F --launch-local [...]
 //   ring, one rank   ring-worker --spec F --rank R --world P --rendezvous DIR [--ringd SOCK
 //                    --local-rank L] [...]          (what the launcher and ringd start)
+//   generation       ring-worker --generate --spec F [--rank R --world P --rendezvous DIR]
+//                    [--output FILE]    (a job.kind generate spec; what ringd starts for it)
 //
 // --rank or --launch-local selects the ring; a flag of the other mode is refused, naming it.
 // Numbers are strict (common/cli/flags.h rules); --help and --version exit 0, a usage error
@@ -24,7 +26,7 @@
 
 namespace ring::worker {
 
-enum class Mode { kSingle, kLaunchLocal, kRank };
+enum class Mode { kSingle, kLaunchLocal, kRank, kGenerate };
 
 struct Flags {
   Mode mode = Mode::kSingle;
@@ -56,6 +58,9 @@ struct Flags {
   std::string ringd;
   int local_rank = -1;
   std::string timeline;  // with --ringd: the timeline file ringd created (contract/timeline.h)
+  // Generation (--generate): a job.kind generate spec, alone or as a rank.
+  bool generate = false;
+  std::string output;  // replaces generate.output
 };
 
 // Parses argv; on --help/--version or a usage error prints and exits (0 or 2).

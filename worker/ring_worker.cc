@@ -4,6 +4,7 @@
 //
 // The same binary is also a rank of a ring driven by ringd (--rank/--world/--rendezvous, the
 // optimizer in ringd) and the local launcher (--launch-local): worker/README.md.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "worker/data/loader.h"
 #include "worker/data/passkey.h"
 #include "worker/flags.h"
+#include "worker/generate/generate_run.h"
 #include "worker/model/attention.h"
 #include "worker/ring/ring_main.h"
 #include "worker/train/passkey_curriculum.h"
@@ -179,14 +181,87 @@ int run(const Args& args) {
   return 0;
 }
 
+// --generate: the spec's generate section (job.kind generate), in this process alone or as one
+// rank of a sharded generation; the generation itself is worker/generate/generate_run.h, the
+// code `ringctl generate` runs. Progress lines ("generate: ...") go to stdout on rank 0: under
+// ringd that is the worker's log, which ringd follows.
+int run_generate(const Args& args) {
+  auto lg = ring::log::get("ring-worker");
+  std::optional<ring::spec::JobSpec> loaded = ring::worker::load_spec(args.spec);
+  if (!loaded) return kExitUsage;
+  const ring::spec::JobSpec& s = *loaded;
+  if (s.job.kind != ring::spec::JobKind::kGenerate) {
+    lg->error(
+        "--generate: {} is a training spec (job.kind train); set job.kind: generate and "
+        "the generate section",
+        args.spec);
+    return kExitUsage;
+  }
+  namespace gen = ring::gen;
+  gen::GenerateOpts o;
+  o.program = "ring-worker --generate";
+  o.checkpoint = s.generate.checkpoint;
+  o.prompts = s.generate.prompts;
+  o.out = args.output.empty() ? s.generate.output : args.output;
+  o.json = s.generate.json;
+  o.max_tokens = s.generate.max_new_tokens;
+  o.temperature = s.generate.temperature;
+  o.top_p = s.generate.top_p;
+  o.seed = static_cast<uint64_t>(s.generate.seed);
+  o.spec = args.spec;  // the model, data.tokenizer and the cache keys of the generate section
+  o.threads = args.threads.value_or(static_cast<int>(s.resources.cpus_per_worker));
+  o.split = ring::spec::to_string(s.parallel.causal_balance);
+  o.transport = args.transport;
+  o.timeout_s = std::max(1, args.timeout_ms / 1000);
+  o.progress = [](const std::string& line) {
+    std::printf("generate: %s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  const int world = args.rank >= 0 ? args.world : 1;
+  std::printf(
+      "ring-worker --generate: %s | rank %d of %d | %zu prompt(s), %lld new tokens, "
+      "temperature %g, top_p %g, seed %lld | checkpoint %s | output %s\n",
+      s.job.name.c_str(), std::max(0, args.rank), world, o.prompts.size(),
+      static_cast<long long>(o.max_tokens), o.temperature, o.top_p, static_cast<long long>(o.seed),
+      o.checkpoint.c_str(), o.out.empty() ? "stdout" : o.out.c_str());
+  std::fflush(stdout);
+  try {
+    const int rc =
+        world > 1 ? gen::run_rank(o, {args.rank, world, args.rendezvous}) : gen::run_alone(o);
+    if (rc == 0 && (args.rank <= 0)) {
+      std::printf("generate: done\n");
+      std::fflush(stdout);
+    }
+    return rc;
+  } catch (const gen::UsageError& e) {
+    lg->error("{}", e.what());
+    return kExitUsage;
+  } catch (const gen::InputError& e) {
+    lg->error("{}", e.what());
+  } catch (const gen::GenerateError& e) {
+    lg->error("{}", gen::as_flags(e.what()));
+  } catch (const ring::contract::ModelError& e) {
+    lg->error("{}", e.what());
+  }
+  return kExitRuntime;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Args args = ring::worker::parse_flags(argc, argv);
   ring::log::setup("ring-worker", args.log_format, args.log_level);
+  auto lg = ring::log::get("ring-worker");
+  if (args.mode == ring::worker::Mode::kGenerate) {
+    try {
+      return run_generate(args);
+    } catch (const std::exception& e) {
+      lg->error("{}", e.what());
+      return kExitRuntime;
+    }
+  }
   // --rank / --launch-local: a rank of a context-parallel ring (worker/ring/ring_main.h).
   if (args.mode != ring::worker::Mode::kSingle) return ring::cp::ring_main(args, argc, argv);
-  auto lg = ring::log::get("ring-worker");
   try {
     return run(args);
   } catch (const ring::data::DataError& e) {

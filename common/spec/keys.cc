@@ -27,6 +27,7 @@ constexpr std::array kBackendNames{"cpu", "cuda"};
 constexpr std::array kGpuNames{"A100-80G", "H100-80G", "H200-141G"};
 constexpr std::array kScheduleNames{"constant", "cosine"};
 constexpr std::array kRopeScalingNames{"none", "linear", "llama3", "yarn"};
+constexpr std::array kJobKindNames{"train", "generate"};
 
 template <size_t N>
 std::vector<std::string> names(const std::array<const char*, N>& a) {
@@ -97,6 +98,12 @@ std::vector<KeyDef> build_table() {
     k.required = true;
     return k;
   };
+  // Required of a training job only (job.kind generate ignores it).
+  auto train_req = [](KeyDef& k) -> KeyDef& {
+    k.required = true;
+    k.train_only = true;
+    return k;
+  };
   auto def = [](KeyDef& k, Value v) -> KeyDef& {
     k.default_value = std::move(v);
     return k;
@@ -111,6 +118,14 @@ std::vector<KeyDef> build_table() {
   req(b.add("job.name", KT::kString, &J::job, &JobSection::name,
             "Job name: 1-64 characters from [A-Za-z0-9._-], starting with a letter or digit. "
             "Shown by ringctl status and used as the Slurm job name."));
+  choices(b.add("job.kind", KT::kEnum, &J::job, &JobSection::kind,
+                "What the job does: train (the model, data, train and optimizer sections), or "
+                "generate (text from generate.checkpoint's weights for generate.prompts, over "
+                "parallel.context_ranks ranks; the training-only keys data.seq_len, train.*, "
+                "optimizer.*, checkpoint.* and restart.* are ignored, and data.seq_len and "
+                "train.steps are not required; a generate job is never restarted). Both run "
+                "through ringd (`ringctl run`, `ringctl submit`)."),
+          names(kJobKindNames), 0);
 
   // ---- model
   range(req(b.add("model.layers", KT::kInt, &J::model, &ModelSection::layers,
@@ -234,9 +249,9 @@ std::vector<KeyDef> build_table() {
             "ids, with BOS first and EOS last when the model defines them. Empty: byte-level "
             "(ids 0..255). model.vocab must be at least the model's piece count."),
       Value{std::string{}});
-  range(req(b.add("data.seq_len", KT::kInt, &J::data, &DataSection::seq_len,
-                  "Tokens per training sequence (the whole context, split over "
-                  "parallel.context_ranks).")),
+  range(train_req(b.add("data.seq_len", KT::kInt, &J::data, &DataSection::seq_len,
+                        "Tokens per training sequence (the whole context, split over "
+                        "parallel.context_ranks).")),
         16, 1 << 30);
   def(b.add("data.pack", KT::kBool, &J::data, &DataSection::pack,
             "Pack several documents into each sequence (with document boundaries: no attention "
@@ -388,8 +403,8 @@ std::vector<KeyDef> build_table() {
           names(kCompressAtNames), 0);
 
   // ---- train
-  range(req(b.add("train.steps", KT::kInt, &J::train, &TrainSection::steps,
-                  "Optimizer steps to run.")),
+  range(train_req(b.add("train.steps", KT::kInt, &J::train, &TrainSection::steps,
+                        "Optimizer steps to run.")),
         1, kIntMax);
   range(def(b.add("train.grad_clip", KT::kFloat, &J::train, &TrainSection::grad_clip,
                   "Clip the global gradient L2 norm to this value; 0 disables."),
@@ -457,6 +472,51 @@ std::vector<KeyDef> build_table() {
                   "page."),
             Value{int64_t{-1}}),
         -1, kIntMax);
+  def(b.add("generate.checkpoint", KT::kString, &J::generate, &GenerateSection::checkpoint,
+            "job.kind generate: the checkpoint whose weights generate (a checkpoint directory: "
+            "its newest complete step, or one step directory); a relative path is taken from "
+            "the directory `ringctl run`/`submit` runs in. Its tensors must match the model "
+            "section."),
+      Value{std::string{}});
+  def(b.add("generate.prompts", KT::kStringList, &J::generate, &GenerateSection::prompts,
+            "job.kind generate: prompt files, one sequence each (the bytes of a byte model, or "
+            "text for data.tokenizer), generated together as one batch; relative paths as for "
+            "generate.checkpoint."),
+      Value{std::vector<std::string>{}});
+  def(b.add("generate.output", KT::kString, &J::generate, &GenerateSection::output,
+            "job.kind generate: the output file (0600), written by rank 0: the generated text "
+            "of each prompt (a `==> file <==` header per prompt when there are several), or "
+            "with generate.json one JSON object. Empty: `generate.out` (or `generate.json`) in "
+            "the job directory; a relative path is taken from the job directory."),
+      Value{std::string{}});
+  def(b.add("generate.json", KT::kBool, &J::generate, &GenerateSection::json,
+            "job.kind generate: write the output as JSON (tokens, text, prefill and per-token "
+            "decode seconds of each prompt, the cache's statistics summed over the ranks)."),
+      Value{false});
+  range(
+      def(b.add("generate.max_new_tokens", KT::kInt, &J::generate, &GenerateSection::max_new_tokens,
+                "job.kind generate: tokens to generate per prompt (fewer when the tokenizer's "
+                "end-of-sequence token comes first)."),
+          Value{int64_t{64}}),
+      1, 1073741824);
+  range(def(b.add("generate.temperature", KT::kFloat, &J::generate, &GenerateSection::temperature,
+                  "job.kind generate: 0 is greedy (the most likely token); above 0 samples from "
+                  "softmax(logits / temperature)."),
+            Value{0.0}),
+        0.0, 1e6);
+  {
+    auto& k = range(def(b.add("generate.top_p", KT::kFloat, &J::generate, &GenerateSection::top_p,
+                              "job.kind generate: nucleus sampling: sample among the most likely "
+                              "tokens whose probabilities sum to top_p (1: all)."),
+                        Value{1.0}),
+                    0.0, 1.0);
+    k.min_exclusive = true;
+  }
+  range(def(b.add("generate.seed", KT::kInt, &J::generate, &GenerateSection::seed,
+                  "job.kind generate: the sampling seed: the same seed, checkpoint and prompts "
+                  "give the same tokens, on any number of ranks."),
+            Value{int64_t{0}}),
+        0, kIntMax);
 
   // ---- resources
   range(def(b.add("resources.nodes", KT::kInt, &J::resources, &ResourcesSection::nodes,
@@ -571,6 +631,7 @@ const char* to_string(Backend v) { return kBackendNames[static_cast<size_t>(v)];
 const char* to_string(GpuType v) { return kGpuNames[static_cast<size_t>(v)]; }
 const char* to_string(LrSchedule v) { return kScheduleNames[static_cast<size_t>(v)]; }
 const char* to_string(RopeScaling v) { return kRopeScalingNames[static_cast<size_t>(v)]; }
+const char* to_string(JobKind v) { return kJobKindNames[static_cast<size_t>(v)]; }
 
 int dtype_bytes(DType v) { return v == DType::kFp32 ? 4 : 2; }
 
@@ -604,7 +665,9 @@ const std::vector<std::pair<std::string, std::string>>& spec_sections() {
       {"resources", "What each node provides."},
       {"slurm", "Options of `ringctl submit` (sbatch)."},
       {"restart", "Automatic recovery after failures."},
-      {"generate", "The KV cache of `ringctl generate`."},
+      {"generate",
+       "The KV cache of `ringctl generate` and of generate jobs; with job.kind generate also "
+       "what to generate (docs/generation.md)."},
       {"observability", "Timelines, straggler and hang attribution."},
   };
   return s;
@@ -644,7 +707,7 @@ std::string value_text(const Value& v, const KeyDef& k) {
 }
 
 std::string default_text(const KeyDef& k) {
-  if (k.required) return "required";
+  if (k.required) return k.train_only ? "required (job.kind train)" : "required";
   if (!k.default_value) return "derived: " + k.derived;
   return value_text(*k.default_value, k);
 }

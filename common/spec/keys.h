@@ -31,6 +31,7 @@ struct KeyDef {
   // Default applied before parsing; nullopt with required=false means "derived" (see derived).
   std::optional<Value> default_value;
   bool required = false;
+  bool train_only = false;  // required of job.kind train only
   std::string derived;  // how an unset optional key is derived, for the docs
   // Allowed range for numbers (inclusive unless *_exclusive). Lists: min/max bound each element.
   std::optional<double> min;

@@ -238,7 +238,8 @@ class Parser {
       parse_section(sec, v, spec);
     }
     for (const auto& kd : spec_keys()) {
-      if (kd.required && !out_.source.keys.count(kd.path)) {
+      if (kd.required && !(kd.train_only && spec.job.kind == JobKind::kGenerate) &&
+          !out_.source.keys.count(kd.path)) {
         Location where = out_.source.sections.count(kd.section())
                              ? out_.source.sections[kd.section()]
                              : Location{1, 1};

@@ -26,9 +26,13 @@ enum class Backend { kCpu, kCuda };
 enum class GpuType { kA100_80G, kH100_80G, kH200_141G };
 enum class LrSchedule { kConstant, kCosine };
 enum class RopeScaling { kNone, kLinear, kLlama3, kYarn };
+// What a job does: train a model, or generate text from a checkpoint's weights (the generate
+// section names the checkpoint and the prompts; training-only keys are ignored).
+enum class JobKind { kTrain, kGenerate };
 
 struct JobSection {
   std::string name;
+  JobKind kind{};
 };
 
 struct ModelSection {
@@ -141,13 +145,23 @@ struct RestartSection {
   double backoff_max_s{};
 };
 
-// The KV cache of `ringctl generate` (docs/generation.md); flags override each key.
+// The KV cache of `ringctl generate` (docs/generation.md); flags override each key. With
+// job.kind generate also what to generate: the checkpoint, the prompts, the sampling and the
+// output (a generation job under ringd, `ringctl run` / `ringctl submit`).
 struct GenerateSection {
   int64_t page_tokens{};
   double fast_gb{};
   double host_gb{};
   std::string disk_dir;
   int64_t window{};
+  std::string checkpoint;
+  std::vector<std::string> prompts;
+  std::string output;
+  bool json{};
+  int64_t max_new_tokens{};
+  double temperature{};
+  double top_p{};
+  int64_t seed{};
 };
 
 struct ObservabilitySection {
@@ -192,6 +206,7 @@ const char* to_string(Backend v);
 const char* to_string(GpuType v);
 const char* to_string(LrSchedule v);
 const char* to_string(RopeScaling v);
+const char* to_string(JobKind v);
 
 // Bytes per element of a storage dtype.
 int dtype_bytes(DType v);

@@ -188,6 +188,56 @@ const std::vector<Rule>& rules() {
                                "[A-Za-z0-9._-], starting with a letter or digit",
                                c.s.job.name.substr(0, 80)));
        }},
+      {{"job.kind, generate.checkpoint, generate.prompts",
+        "generate: generate.checkpoint and at least one of generate.prompts are given (and "
+        "generate.* of what to generate is used by generate jobs only)."},
+       [](Ctx& c) {
+         const auto& g = c.s.generate;
+         if (c.s.job.kind != JobKind::kGenerate) {
+           for (const char* k : {"generate.checkpoint", "generate.prompts", "generate.output",
+                                 "generate.json", "generate.max_new_tokens", "generate.temperature",
+                                 "generate.top_p", "generate.seed"})
+             if (c.given(k))
+               c.warning(k, fmt::format("ignored: job.kind is train ({} is read by job.kind "
+                                        "generate only)",
+                                        k));
+           return;
+         }
+         if (g.checkpoint.empty())
+           c.error(c.given("generate.checkpoint") ? "generate.checkpoint" : "job.kind",
+                   "job.kind generate needs generate.checkpoint: the checkpoint directory whose "
+                   "weights generate");
+         if (g.prompts.empty())
+           c.error(c.given("generate.prompts") ? "generate.prompts" : "job.kind",
+                   "job.kind generate needs generate.prompts: at least one prompt file");
+         for (const std::string& p : g.prompts)
+           if (p.empty()) c.error("generate.prompts", "an empty file name");
+         if (g.top_p < 1.0 && g.temperature == 0.0)
+           c.warning("generate.top_p", "ignored: generate.temperature is 0 (greedy)");
+         if (c.given("checkpoint.dir") || c.given("checkpoint.every_steps"))
+           c.warning("checkpoint.dir",
+                     "ignored: a generate job writes no checkpoints (it reads "
+                     "generate.checkpoint)");
+       }},
+      {{"job.kind, parallel.data_replicas",
+        "generate: one ring of parallel.context_ranks ranks (data_replicas 1, shard none)."},
+       [](Ctx& c) {
+         if (c.s.job.kind != JobKind::kGenerate) return;
+         if (c.s.parallel.data_replicas != 1)
+           c.error("parallel.data_replicas",
+                   fmt::format("job.kind generate runs one ring of parallel.context_ranks ranks; "
+                               "data_replicas must be 1 (got {})",
+                               c.s.parallel.data_replicas));
+         if (c.s.parallel.shard != ShardMode::kNone)
+           c.error("parallel.shard",
+                   fmt::format("job.kind generate: every rank holds the whole model; shard must "
+                               "be none (got {})",
+                               to_string(c.s.parallel.shard)));
+         if (c.s.resources.backend != Backend::kCpu)
+           c.error("resources.backend",
+                   "not supported by this build: job.kind generate runs on the cpu backend "
+                   "(generation's CUDA fast tier is not built)");
+       }},
       {{"model.heads, model.kv_heads", "heads must be a multiple of kv_heads."},
        [](Ctx& c) {
          const auto& m = c.s.model;
@@ -652,6 +702,15 @@ std::string md_cell(const std::string& s) {
   return out;
 }
 
+// A rule about training alone (the sequence length, the data stream, the steps, the
+// optimizer): a generate job ignores those keys, so their rules are not checked for it.
+bool training_only(const RuleDoc& d) {
+  for (const char* p : {"data.seq_len", "data.min_doc_len", "data.source, data.paths",
+                        "data.source, data.seq_len", "optimizer.", "train.", "model.*, optimizer"})
+    if (d.keys.rfind(p, 0) == 0) return true;
+  return false;
+}
+
 }  // namespace
 
 bool valid_job_name(std::string_view n) {
@@ -667,6 +726,7 @@ std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& sour
   Ctx c{spec, source, out, options};
   for (const auto& r : rules()) {
     if (r.doc.scope == RuleScope::kRingd && !options.ringd_job) continue;
+    if (spec.job.kind == JobKind::kGenerate && training_only(r.doc)) continue;
     c.scope = r.doc.scope;
     r.check(c);
   }

@@ -50,6 +50,7 @@
 #include "daemon/ringd/control_server.h"
 #include "daemon/ringd/coord_commands.h"
 #include "daemon/ringd/coord_link.h"
+#include "daemon/ringd/generate_job.h"
 #include "daemon/ringd/job_files.h"
 #include "daemon/ringd/observer.h"
 #include "daemon/ringd/output.h"
@@ -71,18 +72,6 @@ namespace {
 namespace asio = boost::asio;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string find_worker_bin(const std::string& given) {
-  if (!given.empty()) return given;
-  // Next to ringd, the install bindir, the build tree when ringd runs from it, PATH; when none
-  // is executable the caller's message shows every place tried.
-  std::vector<std::string> tried;
-  std::string found = install::find_program("ring-worker", {"RING_WORKER_BIN"}, "worker", &tried);
-  if (!found.empty()) return found;
-  std::string all;
-  for (const auto& t : tried) all += (all.empty() ? "" : ", ") + t;
-  return all;
-}
 
 class Daemon {
  public:
@@ -1293,6 +1282,15 @@ int run(const Options& o) {
   if (auto f = check_spec(s, o)) {
     std::cerr << "ringd: " << f->message << "\n";
     return f->code;
+  }
+  // A generation job: its workers generate and exit (generate_job.h), no steps or optimizer.
+  if (s.job.kind == spec::JobKind::kGenerate) {
+    try {
+      return run_generate_job(o, s);
+    } catch (const std::exception& e) {
+      std::cerr << "ringd: fatal: " << e.what() << "\n";
+      return kExitFailed;
+    }
   }
   std::ifstream in(o.spec, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -10,8 +10,9 @@
 
 #include <fmt/format.h>
 
-#include "common/contract/model_config.h"
 #include "common/contract/layout.h"
+#include "common/contract/model_config.h"
+#include "common/install/locate.h"
 
 namespace ring::ringd {
 
@@ -34,6 +35,8 @@ std::optional<StartupFailure> check_spec(const spec::JobSpec& s, const Options& 
     return usage(fmt::format(
         "resources.nodes = {} but {} ringd node(s) were started (--nodes / SLURM_NNODES)",
         s.resources.nodes, o.nodes));
+  // A generate job has no optimizer: the rest is about training.
+  if (s.job.kind == spec::JobKind::kGenerate) return std::nullopt;
   if (s.optimizer.offload != spec::Offload::kCpu)
     return usage(
         "optimizer.offload = none: the in-worker optimizer is ring-worker --launch-local; ringd "
@@ -49,6 +52,18 @@ std::optional<StartupFailure> check_spec(const spec::JobSpec& s, const Options& 
           n, int64_t{1} << 32));
   }
   return std::nullopt;
+}
+
+std::string find_worker_bin(const std::string& given) {
+  if (!given.empty()) return given;
+  // Next to ringd, the install bindir, the build tree when ringd runs from it, PATH; when none
+  // is executable the caller's message shows every place tried.
+  std::vector<std::string> tried;
+  std::string found = install::find_program("ring-worker", {"RING_WORKER_BIN"}, "worker", &tried);
+  if (!found.empty()) return found;
+  std::string all;
+  for (const auto& t : tried) all += (all.empty() ? "" : ", ") + t;
+  return all;
 }
 
 std::optional<StartupFailure> prepare_job_dir(std::string* dir) {

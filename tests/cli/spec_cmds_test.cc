@@ -42,7 +42,8 @@ TEST(RingctlInit, EveryTemplateValidates) {
   TempDir t;
   std::vector<std::string> names;
   for (const auto& tpl : ring::cli::spec_templates()) names.push_back(tpl.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"tiny", "passkey", "slurm", "llama7b-1m"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"tiny", "passkey", "slurm", "llama7b-1m", "generate"}));
   for (const auto& name : names) {
     std::string file = t.path + "/" + name + ".yaml";
     auto r = run(kRingctl + " init --template " + name + " -o " + file);
@@ -100,7 +101,8 @@ TEST(RingctlInit, RefusesToOverwriteAndNamesUnknownTemplates) {
   r = run(kRingctl + " init --template passky");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "unknown template 'passky'; did you mean 'passkey'?")) << r.output;
-  EXPECT_TRUE(contains(r.output, "templates: tiny, passkey, slurm, llama7b-1m")) << r.output;
+  EXPECT_TRUE(contains(r.output, "templates: tiny, passkey, slurm, llama7b-1m, generate"))
+      << r.output;
 }
 
 // --set on validate and plan: applied before the checks, judged by the key table, named.

@@ -488,6 +488,62 @@ TEST(SpecOverrides, ApplyJudgeAndRecord) {
       << all_diagnostics(r);
 }
 
+// job.kind generate: the checkpoint and prompts are required, the training-only keys are not,
+// and their rules are not checked; a train spec warns about the generate job keys it ignores.
+TEST(SpecGenerate, KindGenerateRules) {
+  const std::string base = R"(job:
+  name: g
+  kind: generate
+model:
+  layers: 2
+  d_model: 64
+  heads: 4
+parallel:
+  context_ranks: 2
+resources:
+  workers_per_node: 2
+)";
+  const std::string inputs = "generate:\n  checkpoint: /c\n  prompts: [/a, /b]\n";
+  auto r = load_spec_string(base + inputs, "g.yaml", job_spec_options());
+  ASSERT_TRUE(r.ok()) << all_diagnostics(r);  // no data.seq_len, no train.steps, no paths
+  EXPECT_EQ(r.spec->job.kind, JobKind::kGenerate);
+  EXPECT_EQ(r.spec->generate.prompts, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(r.spec->generate.max_new_tokens, 64);
+  EXPECT_EQ(r.spec->generate.top_p, 1.0);
+  // Training-only rules are not checked (lr_warmup_steps > steps would be an error).
+  r = load_spec_string(base + inputs + "optimizer:\n  lr_warmup_steps: 50\n", "g.yaml",
+                       job_spec_options());
+  EXPECT_TRUE(r.ok()) << all_diagnostics(r);
+  // Without inputs: each missing one named.
+  r = load_spec_string(base, "g.yaml", job_spec_options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(all_diagnostics(r).find("job.kind: job.kind generate needs generate.checkpoint"),
+            std::string::npos)
+      << all_diagnostics(r);
+  EXPECT_NE(all_diagnostics(r).find("job.kind generate needs generate.prompts"), std::string::npos);
+  // One ring, whole model, cpu.
+  std::string t = base + inputs;
+  t.replace(t.find("  context_ranks: 2\n"), 18, "  context_ranks: 1\n  data_replicas: 2\n");
+  r = load_spec_string(t, "g.yaml", job_spec_options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(all_diagnostics(r).find("parallel.data_replicas: job.kind generate runs one ring"),
+            std::string::npos)
+      << all_diagnostics(r);
+  r = load_spec_string(base + inputs + "  top_p: 0\n", "g.yaml", job_spec_options());
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(all_diagnostics(r).find("generate.top_p"), std::string::npos) << all_diagnostics(r);
+  // A train spec still needs data.seq_len and train.steps, and says the job keys are ignored.
+  r = load_spec_string(std::string(kMinimal) + inputs, "t.yaml");
+  ASSERT_TRUE(r.ok()) << all_diagnostics(r);
+  EXPECT_NE(all_diagnostics(r).find("generate.prompts: ignored: job.kind is train"),
+            std::string::npos)
+      << all_diagnostics(r);
+  r = load_spec_string("job:\n  name: t\nmodel:\n  layers: 2\n  d_model: 64\n  heads: 4\n",
+                       "t.yaml");
+  EXPECT_NE(all_diagnostics(r).find("data.seq_len: required key is missing"), std::string::npos)
+      << all_diagnostics(r);
+}
+
 TEST(SpecExamples, AllExamplesValidate) {
   int n = 0;
   // The sizing examples (bf16 on H100/H200; shard full) are designs this build cannot run:

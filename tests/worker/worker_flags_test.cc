@@ -90,7 +90,19 @@ TEST(WorkerFlags, FlagsOfTheOtherModeAndMissingOnesAreNamed) {
       {"--transport ucx", "--transport is a flag of the ring mode"},
       {"--rank 2 --world 2 --rendezvous /tmp/x", "--rank 2 is not below --world 2"},
       {"--launch-local --rank 0", "--launch-local chooses ranks and the rendezvous itself"},
+      // Generation (--generate) takes the rank flags and nothing of training's.
+      {"--generate --spec x.yaml --single-rank", "--single-rank is not a flag of --generate"},
+      {"--generate --spec x.yaml --launch-local", "--launch-local is not a flag of --generate"},
+      {"--generate --spec x.yaml --rank 0", "--generate --rank R needs --world P and --rendezvous"},
+      {"--generate --spec x.yaml --world 2", "--world/--rendezvous need --rank R"},
+      {"--generate --spec x.yaml --rank 2 --world 2 --rendezvous /tmp/x",
+       "--rank 2 is not below --world 2"},
+      {"--spec x.yaml --output o.txt", "--output is a flag of --generate"},
   });
+  // A training spec is not a generate job.
+  auto t = worker("--generate --spec " + ring::test::source_path("configs/examples/tiny.yaml"));
+  EXPECT_EQ(t.exit_code, 2) << t.output;
+  EXPECT_TRUE(has(t.output, "is a training spec (job.kind train)")) << t.output;
   auto r = worker("--steps 3");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(has(r.output, "ring-worker: --spec FILE is required")) << r.output;

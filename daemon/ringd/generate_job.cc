@@ -1,0 +1,457 @@
+// ringd for a job.kind generate spec (generate_job.h): spawn the generate ranks, watch them,
+// report.
+#include "daemon/ringd/generate_job.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/cli/job_dir.h"
+#include "daemon/placement/cpu_topology.h"
+#include "daemon/placement/discovery.h"
+#include "daemon/placement/placement.h"
+#include "daemon/ringd/coord_link.h"
+#include "daemon/ringd/job_files.h"
+#include "daemon/ringd/output.h"
+#include "daemon/ringd/owned_paths.h"
+#include "daemon/ringd/startup.h"
+#include "daemon/ringd/supervisor.h"
+
+namespace ring::ringd {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Each worker's time limit for one exchange and for the ranks to meet (ring-worker --timeout-ms):
+// a rank whose peer died is stopped by ringd long before.
+constexpr int kRankTimeoutMs = 600000;
+
+// The new lines a worker appends to its log (from the size it had when followed).
+class LogTail {
+ public:
+  explicit LogTail(std::string path) : path_(std::move(path)) {
+    std::error_code ec;
+    const auto n = fs::file_size(path_, ec);
+    offset_ = ec ? 0 : static_cast<std::streamoff>(n);
+  }
+  template <typename F>
+  void poll(F on_line) {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return;
+    in.seekg(offset_);
+    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    offset_ += static_cast<std::streamoff>(chunk.size());
+    buf_ += chunk;
+    size_t pos;
+    while ((pos = buf_.find('\n')) != std::string::npos) {
+      on_line(buf_.substr(0, pos));
+      buf_.erase(0, pos + 1);
+    }
+    if (buf_.size() > (1 << 20)) buf_.clear();  // a line that never ends is not progress
+  }
+
+ private:
+  std::string path_;
+  std::streamoff offset_ = 0;
+  std::string buf_;
+};
+
+class GenerateJob {
+ public:
+  GenerateJob(const Options& o, const spec::JobSpec& s)
+      : o_(o), s_(s), sup_({o.heartbeat_timeout_s, o.startup_timeout_s, o.stop_grace_s}) {}
+
+  int run();
+
+ private:
+  void log(const std::string& l) { out_.log(l); }
+  void event(const std::string& name, json fields) {
+    const json sent = out_.event(name, std::move(fields), attempt_);
+    if (coord_) coord_->report(name, sent);
+  }
+  std::optional<int> start();
+  bool spawn_all();
+  void reap();
+  void handle_coord();
+  void stop(const std::string& why);
+  int end();
+
+  const Options& o_;
+  const spec::JobSpec& s_;
+  Output out_{o_};
+  Supervisor sup_;
+  std::string job_dir_, worker_bin_, rdv_, output_;
+  bool own_rdv_ = false;
+  int wpn_ = 1, world_ = 1;
+  placement::Placement placement_;
+  std::unique_ptr<CoordLink> coord_;
+  std::mutex mu_;
+  std::deque<protocol::Message> inbox_;  // the coordinator's messages (its link thread)
+  std::optional<LogTail> progress_;      // rank 0's log on node 0
+  // How the run goes: a worker failed (why), a stop was asked for (signal or coordinator).
+  std::string failure_;
+  bool stopping_ = false;
+  int stop_signal_ = 0;
+  std::optional<std::string> coord_stop_;
+  int exited_clean_ = 0;
+  // The attempt ring-coord assigns (a Slurm requeue starts the job again under a new one): the
+  // events name it, or ring-coord would take them for an older attempt's.
+  int64_t attempt_ = 1;
+};
+
+std::optional<int> GenerateJob::start() {
+  job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(s_.job.name) : o_.job_dir;
+  if (auto f = prepare_job_dir(&job_dir_)) {
+    std::cerr << "ringd: " << f->message << "\n";
+    return f->code;
+  }
+  std::string why;
+  if (!out_.open(job_dir_, &why)) {
+    std::cerr << "ringd: " << why << "\n";
+    return kExitFailed;
+  }
+  worker_bin_ = find_worker_bin(o_.worker_bin);
+  if (worker_bin_.empty() || ::access(worker_bin_.c_str(), X_OK) != 0) {
+    std::cerr << "ringd: no ring-worker executable found (tried '" << worker_bin_
+              << "'); give --worker-bin PATH or RING_WORKER_BIN\n";
+    return kExitUsage;
+  }
+  wpn_ = static_cast<int>(s_.resources.workers_per_node);
+  world_ = wpn_ * o_.nodes;
+  // The output: generate.output, a relative one from the job directory; by default in it.
+  const std::string& out = s_.generate.output;
+  output_ = out.empty()     ? job_dir_ + (s_.generate.json ? "/generate.json" : "/generate.out")
+            : out[0] == '/' ? out
+                            : job_dir_ + "/" + out;
+  // A relative output's directories in the job directory are made (0700); an absolute one's
+  // directory must be there (the worker's error names it).
+  if (!out.empty() && out[0] != '/' && o_.node_rank == 0) {
+    std::error_code ec;
+    const fs::path parent = fs::path(output_).parent_path();
+    if (!fs::is_directory(parent, ec)) {
+      fs::create_directories(parent, ec);
+      if (!ec) fs::permissions(parent, fs::perms::owner_all, ec);
+      if (ec) {
+        std::cerr << "ringd: generate.output " << out << ": cannot create " << parent.string()
+                  << ": " << ec.message() << "\n";
+        return kExitFailed;
+      }
+    }
+  }
+  // The ranks' rendezvous: one node makes a fresh marked directory of its own (removed at the
+  // end); several nodes (one Slurm job) share `generate` under the run's rendezvous root.
+  if (world_ > 1) {
+    const std::string root = rendezvous_root(o_, job_dir_);
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    try {
+      if (o_.nodes == 1) {
+        rdv_ = fmt::format("{}/generate-{}", root, ::getpid());
+        fs::remove_all(rdv_, ec);  // a dead ringd of the same pid: nothing else is named so
+        if (::mkdir(rdv_.c_str(), 0700) != 0)
+          throw std::runtime_error(fmt::format("mkdir {}: {}", rdv_, std::strerror(errno)));
+        mark_own_dir(rdv_, "generate");
+        own_rdv_ = true;
+      } else {
+        rdv_ = root + "/generate";
+        if (::mkdir(rdv_.c_str(), 0700) != 0 && errno != EEXIST)
+          throw std::runtime_error(fmt::format("mkdir {}: {}", rdv_, std::strerror(errno)));
+      }
+    } catch (const std::exception& e) {
+      std::cerr << "ringd: rendezvous: " << e.what() << "\n";
+      return kExitFailed;
+    }
+  }
+  // Cores for each local worker (no GPUs: generation runs on the cpu backend).
+  NodeFacts facts;
+  try {
+    facts.cpu = placement::discover_cpu_topology();
+    placement::PlacementRequest req;
+    req.workers = wpn_;
+    req.cpus_per_worker = static_cast<int>(s_.resources.cpus_per_worker);
+    req.device = placement::Device::kCpu;
+    placement_ = placement::place_workers(placement::GpuTopology{}, *facts.cpu, req);
+  } catch (const std::exception& e) {
+    std::cerr << "ringd: placement: " << e.what() << "\n";
+    return kExitFailed;
+  }
+  log(
+      fmt::format("job {} (generate) | node {} of {} | {} workers per node, {} ranks | {} "
+                  "prompt(s), {} new tokens | checkpoint {} | output {} | job dir {}",
+                  s_.job.name, o_.node_rank, o_.nodes, wpn_, world_, s_.generate.prompts.size(),
+                  s_.generate.max_new_tokens, s_.generate.checkpoint, output_, job_dir_));
+  for (const std::string& n : placement_.notes) log("placement: " + n);
+  if (!o_.coord.empty()) {
+    const protocol::Register reg = make_registration(std::stoll(o_.job), o_.node_rank, wpn_, facts);
+    try {
+      coord_ = std::make_unique<CoordLink>(CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
+                                           [this](const protocol::Message& m) {
+                                             std::lock_guard<std::mutex> l(mu_);
+                                             inbox_.push_back(m);
+                                           });
+    } catch (const std::exception& e) {
+      std::cerr << "ringd: " << e.what() << "\n";
+      return kExitUsage;
+    }
+    log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node,
+                    o_.job));
+    std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
+    if (!a) {
+      log("ring-coord did not answer within 30 s (or does not list the job): generating; the "
+          "link keeps trying");
+    } else {
+      log(fmt::format("ring-coord: job {} is {}", a->job, a->state));
+      if (a->state == "cancelled" || a->state == "cancelling" || a->state == "failed" ||
+          a->state == "completed" || a->state == "completing") {
+        log("nothing to run: the job is " + a->state);
+        coord_.reset();
+        return a->state.rfind("cancel", 0) == 0 ? kExitCancelled
+               : a->state == "failed"           ? kExitFailed
+                                                : kExitOk;
+      }
+      attempt_ = std::max<int64_t>(1, a->attempt);
+      if (attempt_ > 1) {
+        // Generation is not resumable: a later attempt (a Slurm requeue) starts from the start.
+        log(fmt::format("ring-coord assigns attempt {}: generating from the start", attempt_));
+      }
+    }
+    coord_->set_progress(attempt_, 0);
+    std::lock_guard<std::mutex> l(mu_);
+    inbox_.clear();  // the first registration's answer, handled above
+  }
+  return std::nullopt;
+}
+
+bool GenerateJob::spawn_all() {
+  sup_.reset(wpn_, o_.node_rank * wpn_,
+             [this](int rank) { return fmt::format("{}/logs/worker-{}.log", job_dir_, rank); });
+  if (o_.node_rank == 0) progress_.emplace(job_dir_ + "/logs/worker-0.log");
+  const std::string spec = fs::absolute(o_.spec).string();
+  for (Worker& w : sup_.workers()) {
+    const placement::WorkerPlacement& pl = placement_.workers[w.local];
+    Supervisor::Launch launch;
+    launch.argv = {
+        worker_bin_, "--generate",  "--spec",     spec,           "--output",
+        output_,     "--transport", o_.transport, "--timeout-ms", std::to_string(kRankTimeoutMs)};
+    if (o_.worker_threads >= 0)
+      launch.argv.insert(launch.argv.end(), {"--threads", std::to_string(o_.worker_threads)});
+    if (world_ > 1)
+      launch.argv.insert(launch.argv.end(), {"--rank", std::to_string(w.rank), "--world",
+                                             std::to_string(world_), "--rendezvous", rdv_});
+    launch.cpus = pl.cpus;
+    launch.banner = "=== generate ===\n";
+    std::string fatal, failed;
+    sup_.spawn(w, launch, &fatal, &failed);
+    if (!fatal.empty()) {
+      failure_ = fatal;
+      log("fatal: " + fatal);
+      return false;
+    }
+    if (!w.running) {
+      failure_ = fmt::format("worker rank {} could not be started: {}", w.rank, failed);
+      log(failure_);
+      return false;
+    }
+    std::string cpus;
+    for (int c : pl.cpus) {
+      if (!cpus.empty()) cpus += ',';
+      cpus += std::to_string(c);
+    }
+    log(fmt::format("worker rank {} (local {}) pid {} | cpus {} | generate", w.rank, w.local, w.pid,
+                    cpus.empty() ? "any" : cpus));
+    event("worker_started", {{"rank", w.rank}, {"pid", w.pid}, {"cpus", pl.cpus}});
+  }
+  event("generate_started", {{"ranks", world_},
+                             {"prompts", s_.generate.prompts.size()},
+                             {"max_new_tokens", s_.generate.max_new_tokens},
+                             {"output", output_}});
+  return true;
+}
+
+void GenerateJob::stop(const std::string& why) {
+  if (stopping_) return;
+  stopping_ = true;
+  const int n = sup_.stop();
+  if (n > 0) log(fmt::format("stopping {} workers: {}", n, why));
+}
+
+void GenerateJob::reap() {
+  for (const auto& [wp, st] : sup_.reap(stopping_)) {
+    Worker& w = *wp;
+    w.running = false;
+    const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (clean) {
+      ++exited_clean_;
+      log(fmt::format("worker rank {} exited", w.rank));
+      event("worker_exited", {{"rank", w.rank}, {"pid", w.pid}, {"exit_code", 0}});
+      continue;
+    }
+    if (stopping_) {
+      const bool ours = WIFSIGNALED(st) && WTERMSIG(st) == kWorkerStopSignal;
+      log(fmt::format("worker rank {} (pid {}) {}", w.rank, w.pid,
+                      ours ? std::string("stopped") : describe_status(st)));
+      continue;
+    }
+    // The first death fails the run: its cause, then the others are stopped.
+    const std::vector<std::string> lines = last_lines(w.log, 10);
+    std::string text;
+    for (const std::string& l : lines) text += "\n    | " + l;
+    log(fmt::format("worker rank {} (pid {}) {} while generating; last log lines:{}", w.rank, w.pid,
+                    describe_status(st), text));
+    json ev{{"rank", w.rank}, {"pid", w.pid}, {"last_lines", lines}};
+    if (WIFSIGNALED(st)) {
+      ev["signal"] = WTERMSIG(st);
+      ev["signal_name"] = strsignal(WTERMSIG(st));
+    } else if (WIFEXITED(st)) {
+      ev["exit_code"] = WEXITSTATUS(st);
+    }
+    event("worker_died", ev);
+    failure_ = fmt::format("worker rank {} {}", w.rank, describe_status(st));
+    stop(failure_);
+  }
+}
+
+void GenerateJob::handle_coord() {
+  std::deque<protocol::Message> in;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    in.swap(inbox_);
+  }
+  for (const protocol::Message& m : in) {
+    if (const auto* c = std::get_if<protocol::Command>(&m)) {
+      const char* kind = protocol::to_string(c->command);
+      if (c->job != coord_->job()) {
+        coord_->ack(c->id, false,
+                    fmt::format("this ringd serves job {}, not {}", coord_->job(), c->job));
+        continue;
+      }
+      log(fmt::format("ring-coord: {}: {}", kind, c->reason));
+      event("command", {{"command", kind}, {"id", c->id}, {"reason", c->reason}});
+      if (c->command == protocol::CommandKind::kStop) {
+        coord_->ack(c->id, true);
+        if (!coord_stop_) coord_stop_ = c->reason;
+        stop("ring-coord: " + c->reason);
+      } else {
+        coord_->ack(c->id, false,
+                    fmt::format("a generate job has no checkpoints and is not rolled back ({} "
+                                "refused)",
+                                kind));
+      }
+    } else if (const auto* e = std::get_if<protocol::ErrorReply>(&m)) {
+      log(fmt::format("ring-coord: {} ({})", e->message, e->code));
+    }
+  }
+}
+
+// Every worker is gone: say how the run ended, and its exit status.
+int GenerateJob::end() {
+  int code = kExitOk;
+  if (!failure_.empty()) {
+    log("failed: " + failure_ +
+        "; a generate job is not restarted (it is not resumable mid-way): run it again");
+    event("failed", {{"error", failure_}});
+    code = kExitFailed;
+  } else if (coord_stop_) {
+    log("stopped by ring-coord: " + *coord_stop_);
+    event("stopped", {{"reason", *coord_stop_}});
+    code = coord_stop_->rfind("job failed", 0) == 0 ? kExitFailed : kExitCancelled;
+  } else if (stop_signal_ != 0) {
+    const std::string why = fmt::format(
+        "stopped on request ({}): generation is not resumable; "
+        "run it again",
+        strsignal(stop_signal_));
+    log(why);
+    event("stopped", {{"reason", why}});
+    code = kExitStopped;
+  } else {
+    // The coordinator's "every node finished step N": a generate job is one step.
+    log(fmt::format("completed: {} ranks generated; output {}", world_, output_));
+    event("completed", {{"step", 1}, {"output", output_}});
+  }
+  return code;
+}
+
+int GenerateJob::run() {
+  // The signals wait for sigtimedwait below; threads started from here on (the coordinator
+  // link) inherit the mask, so they are delivered to this thread.
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGUSR1, SIGHUP}) sigaddset(&handled, sig);
+  sigprocmask(SIG_BLOCK, &handled, nullptr);
+  if (std::optional<int> e = start()) return *e;
+  struct Cleanup {
+    GenerateJob* g;
+    ~Cleanup() {
+      g->sup_.kill_all_and_wait();
+      if (g->own_rdv_) remove_own_dir(g->rdv_);
+    }
+  } cleanup{this};
+  int code = kExitFailed;
+  if (spawn_all()) {
+    while (sup_.any_running()) {
+      timespec ts{0, 100 * 1000 * 1000};
+      siginfo_t info;
+      const int sig = sigtimedwait(&handled, &info, &ts);
+      if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1 || sig == SIGHUP) {
+        if (stop_signal_ == 0) stop_signal_ = sig;
+        stop(fmt::format("{}", strsignal(sig)));
+      }
+      // Rank 0's progress before its exit.
+      if (progress_)
+        progress_->poll([this](const std::string& l) {
+          if (l.rfind("generate: ", 0) != 0) return;
+          log(l);
+          event("generate_progress", {{"message", l.substr(10)}});
+        });
+      reap();
+      if (coord_) handle_coord();
+      if (stopping_) sup_.kill_overdue(Clock::now());
+    }
+    if (progress_)
+      progress_->poll([this](const std::string& l) {
+        if (l.rfind("generate: ", 0) == 0) event("generate_progress", {{"message", l.substr(10)}});
+      });
+    code = end();
+  } else {
+    stop(failure_);
+    sup_.kill_all_and_wait();
+    event("failed", {{"error", failure_}});
+  }
+  if (coord_) {
+    // A barrier: the coordinator has every report of this run before ringd exits.
+    if (!coord_->sync_and_wait(std::chrono::seconds(5)))
+      log("ring-coord did not confirm the last reports within 5 s");
+    coord_.reset();
+  }
+  return code;
+}
+
+}  // namespace
+
+int run_generate_job(const Options& o, const spec::JobSpec& s) {
+  ::signal(SIGPIPE, SIG_IGN);
+  GenerateJob g(o, s);
+  return g.run();
+}
+
+}  // namespace ring::ringd

@@ -1,0 +1,311 @@
+// A generation job (job.kind generate) through `ringctl run`: ring-coord, ringd and its
+// `ring-worker --generate` ranks. The output equals `ringctl generate` standalone on the same
+// checkpoint, prompts and seed (greedy over 1 and 2 ranks, sampled over 2 ranks with --json);
+// the job ends completed in ring-coord with its events; a bad generate spec is refused naming
+// the key; a killed worker fails the job (no hang, no process left); `ringctl cancel` and Ctrl-C
+// stop it.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "../common/run.h"
+#include "../coordinator/coord_test_util.h"
+#include "tests/common/test_proc.h"
+
+using namespace ring::coord::test;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kRingctl = RINGCTL;
+
+struct TempDir {
+  std::string path = make_temp_dir("genjob");
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// A run's own coordinator endpoint and state dir, UCX on loopback.
+std::string env(const TempDir& t) {
+  return "RING_COORD=ipc://" + t.path + "/sock/coord.sock RING_STATE_DIR=" + t.path +
+         "/state UCX_TLS=self,posix UCX_NET_DEVICES=lo ";
+}
+
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// The test checkpoint (tests/generate/write_test_checkpoint.cc: 2 layers, d_model 64, 4 heads
+// over 2 K/V heads of 16, swiglu 128, bytes) and two prompts sharing a prefix.
+class GenerateJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto r = ring::test::run(std::string(GEN_CKPT_WRITER) + " " + t_.path + "/ckpt");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::string prefix;
+    for (int i = 0; i < 12; ++i) prefix += "the ring passes blocks of keys and values; ";
+    write(t_.path + "/a.txt", prefix + "first question?");
+    write(t_.path + "/b.txt", prefix + "and a second, longer one to answer!");
+  }
+
+  // A generate spec over `ranks` ranks; `extra` lines go into the generate section.
+  std::string spec(int ranks, const std::string& extra, const std::string& name = "gen") {
+    const std::string path = t_.path + "/" + name + ".yaml";
+    write(path, "job:\n  name: " + name +
+                    "\n  kind: generate\n"
+                    "model:\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 2\n"
+                    "  head_dim: 16\n  mlp_hidden: 128\n  vocab: 256\n"
+                    "generate:\n  checkpoint: " +
+                    t_.path + "/ckpt\n  prompts: [" + t_.path + "/a.txt, " + t_.path +
+                    "/b.txt]\n  page_tokens: 64\n" + extra +
+                    "parallel:\n  context_ranks: " + std::to_string(ranks) +
+                    "\nresources:\n  workers_per_node: " + std::to_string(ranks) +
+                    "\n  cpus_per_worker: 1\n");
+    return path;
+  }
+
+  // `ringctl generate` in one process on the same inputs.
+  std::string standalone(const std::string& flags) {
+    const std::string out = t_.path + "/standalone.out";
+    fs::remove(out);
+    auto r = ring::test::run(kRingctl + " generate --checkpoint " + t_.path + "/ckpt " + t_.path +
+                             "/a.txt " + t_.path + "/b.txt -o " + out + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return ring::test::read_file(out);
+  }
+
+  // `ringctl run SPEC` to the end.
+  ring::test::RunResult run_job(const std::string& spec_path, const std::string& job_dir) {
+    return ring::test::run(env(t_) + kRingctl + " run " + spec_path + " --job-dir " + job_dir);
+  }
+
+  json status(int job) {
+    // stderr (a note when the coordinator `ringctl run` started is gone) apart from the JSON.
+    auto s = ring::test::run("{ " + env(t_) + kRingctl + " status " + std::to_string(job) +
+                             " --json 2>/dev/null; }");
+    EXPECT_EQ(s.exit_code, 0) << s.output;
+    return json::parse(s.output, nullptr, false);
+  }
+
+  TempDir t_;
+};
+
+TEST_F(GenerateJob, OneRankGreedyEqualsStandalone) {
+  const std::string job_dir = t_.path + "/job1";
+  auto r = run_job(spec(1, "  max_new_tokens: 24\n"), job_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string want = standalone("--max-tokens 24");
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(ring::test::read_file(job_dir + "/generate.out"), want);
+  // Progress as training prints it, the coordinator's end state and events.
+  EXPECT_TRUE(contains(r.output, "generate_progress")) << r.output;
+  EXPECT_TRUE(contains(r.output, "coordinator: completed")) << r.output;
+  EXPECT_TRUE(contains(r.output, "output: " + job_dir + "/generate.out")) << r.output;
+  const json s = status(1);
+  EXPECT_EQ(s.value("state", ""), "completed") << s.dump();
+  auto ev = ring::test::run(env(t_) + kRingctl + " events 1");
+  EXPECT_TRUE(contains(ev.output, "worker_started")) << ev.output;
+  EXPECT_TRUE(contains(ev.output, "job_completed")) << ev.output;
+  // ringctl logs: the worker's log, with the generation's own lines.
+  auto logs = ring::test::run(env(t_) + kRingctl + " logs 1 2>&1");
+  EXPECT_TRUE(contains(logs.output, "generate:")) << logs.output;
+  // Seeded sampling on one rank (job 2 of the same state directory).
+  const std::string job_dir2 = t_.path + "/job1s";
+  r = run_job(spec(1, "  max_new_tokens: 24\n  temperature: 1.1\n  seed: 3\n", "gens"), job_dir2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ring::test::read_file(job_dir2 + "/generate.out"),
+            standalone("--max-tokens 24 --temperature 1.1 --seed 3"));
+  EXPECT_NE(ring::test::read_file(job_dir2 + "/generate.out"), want);
+}
+
+TEST_F(GenerateJob, TwoRanksGreedyEqualsStandalone) {
+  const std::string job_dir = t_.path + "/job2";
+  auto r = run_job(spec(2, "  max_new_tokens: 40\n  output: out/greedy.txt\n"), job_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // A relative generate.output is taken from the job directory.
+  EXPECT_EQ(ring::test::read_file(job_dir + "/out/greedy.txt"), standalone("--max-tokens 40"));
+  EXPECT_EQ(status(1).value("state", ""), "completed");
+}
+
+TEST_F(GenerateJob, TwoRanksSampledJsonEqualsStandalone) {
+  const std::string job_dir = t_.path + "/job3";
+  auto r = run_job(spec(2,
+                        "  max_new_tokens: 32\n  temperature: 0.9\n  top_p: 0.9\n"
+                        "  seed: 11\n  json: true\n"),
+                   job_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json got = json::parse(ring::test::read_file(job_dir + "/generate.json"), nullptr, false);
+  const json want = json::parse(
+      standalone("--max-tokens 32 --temperature 0.9 --top-p 0.9 --seed 11 --json"), nullptr, false);
+  ASSERT_TRUE(got.is_object() && want.is_object());
+  EXPECT_EQ(got["ranks"]["ranks"], 2);
+  ASSERT_EQ(got["prompts"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got["prompts"][i]["tokens"], want["prompts"][i]["tokens"]) << i;
+    EXPECT_EQ(got["prompts"][i]["text"], want["prompts"][i]["text"]) << i;
+    // Per-token timing: one decode step per token after the first.
+    EXPECT_EQ(got["prompts"][i]["step_s"].size() + 1, got["prompts"][i]["tokens"].size());
+  }
+  // Sampling did something: another seed gives other tokens.
+  const json other = json::parse(
+      standalone("--max-tokens 32 --temperature 0.9 --top-p 0.9 --seed 12 --json"), nullptr, false);
+  EXPECT_NE(other["prompts"][0]["tokens"], want["prompts"][0]["tokens"]);
+}
+
+TEST_F(GenerateJob, BadSpecsAreRefusedNamingTheKey) {
+  // No prompts.
+  const std::string p1 = t_.path + "/np.yaml";
+  write(p1,
+        "job:\n  name: np\n  kind: generate\nmodel:\n  layers: 2\n  d_model: 64\n  heads: 4\n"
+        "generate:\n  checkpoint: " +
+            t_.path +
+            "/ckpt\n"
+            "parallel:\n  context_ranks: 1\nresources:\n  workers_per_node: 1\n");
+  auto r = run_job(p1, t_.path + "/jnp");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "job.kind generate needs generate.prompts")) << r.output;
+  // A prompt that is not there: before anything starts.
+  const std::string p2 = spec(1, "", "missing");
+  std::string text = ring::test::read_file(p2);
+  text.replace(text.find("/b.txt"), 6, "/nope.txt");
+  write(p2, text);
+  r = run_job(p2, t_.path + "/jmissing");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "generate.prompts: '" + t_.path + "/nope.txt'")) << r.output;
+  EXPECT_FALSE(contains(r.output, "submitted")) << r.output;
+  // Training's flags.
+  r = ring::test::run(env(t_) + kRingctl + " run " + spec(1, "", "steps") + " --resume");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--resume: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "is a generate job")) << r.output;
+  // Sharded model state makes no sense for generation.
+  const std::string p3 = spec(1, "", "shard");
+  write(p3, ring::test::read_file(p3) + "optimizer:\n  offload: cpu\n");
+  text = ring::test::read_file(p3);
+  text.replace(text.find("parallel:\n"), 10, "parallel:\n  shard: optimizer\n");
+  write(p3, text);
+  r = ring::test::run(kRingctl + " validate " + p3);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "parallel.shard: job.kind generate")) << r.output;
+  // A model that is not the checkpoint's: the job fails, naming the tensor.
+  const std::string p4 = spec(1, "", "wrongmodel");
+  text = ring::test::read_file(p4);
+  text.replace(text.find("mlp_hidden: 128"), 15, "mlp_hidden: 96");
+  write(p4, text);
+  r = run_job(p4, t_.path + "/jwrong");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "failed")) << r.output;
+  EXPECT_TRUE(contains(r.output, "mlp")) << r.output;
+}
+
+// ringctl run in the background (output to a file), as another terminal would see it.
+class RunProc {
+ public:
+  RunProc(const TempDir& t, const std::string& args) : out_(t.path + "/run.out") {
+    pid_ = ring::test::start_logged(
+        {"/bin/sh", "-c", "exec env " + env(t) + kRingctl + " run " + args}, out_);
+  }
+  ~RunProc() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      wait(5);
+    }
+  }
+  std::string output() const { return read_text(out_); }
+  void interrupt() { ::kill(pid_, SIGINT); }  // Ctrl-C
+  int wait(double timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < end) {
+      int st;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return -1;
+  }
+
+ private:
+  std::string out_;
+  pid_t pid_ = -1;
+};
+
+// The pid ringd logged for a worker rank ("worker rank R (local L) pid N").
+pid_t worker_pid(const std::string& job_dir, int rank) {
+  const std::string log = read_text(job_dir + "/logs/ringd-0.log");
+  std::smatch m;
+  const std::regex re("worker rank " + std::to_string(rank) + " \\(local \\d+\\) pid (\\d+)");
+  if (!std::regex_search(log, m, re)) return -1;
+  return static_cast<pid_t>(std::stol(m[1]));
+}
+
+TEST_F(GenerateJob, KilledWorkerFailsTheJob) {
+  const std::string job_dir = t_.path + "/jkill";
+  // Long enough to be killed while decoding.
+  RunProc run(t_, spec(2, "  max_new_tokens: 1000000\n") + " --job-dir " + job_dir);
+  ASSERT_TRUE(wait_for([&] { return contains(run.output(), "decode "); }, 180s)) << run.output();
+  const pid_t victim = worker_pid(job_dir, 1), other = worker_pid(job_dir, 0);
+  ASSERT_GT(victim, 0);
+  ASSERT_GT(other, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const int rc = run.wait(120);
+  EXPECT_EQ(rc, 1) << run.output();
+  EXPECT_TRUE(contains(run.output(), "worker_died")) << run.output();
+  EXPECT_TRUE(contains(run.output(), "coordinator: failed")) << run.output();
+  const json s = status(1);
+  EXPECT_EQ(s.value("state", ""), "failed") << s.dump();
+  EXPECT_TRUE(contains(s.value("state_reason", ""), "worker rank 1")) << s.dump();
+  EXPECT_TRUE(contains(s.value("state_reason", ""), "signal 9")) << s.dump();
+  EXPECT_TRUE(contains(s.value("state_reason", ""), "restarts exhausted (0 of 0)")) << s.dump();
+  // No rank is left behind.
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(other, "ring-worker"); }, 30s));
+  EXPECT_FALSE(fs::exists(job_dir + "/generate.out"));
+}
+
+TEST_F(GenerateJob, CancelStopsIt) {
+  const std::string job_dir = t_.path + "/jcancel";
+  RunProc run(t_, spec(2, "  max_new_tokens: 1000000\n") + " --job-dir " + job_dir);
+  ASSERT_TRUE(wait_for([&] { return contains(run.output(), "decode "); }, 180s)) << run.output();
+  // A generate job reports no steps: ring-coord shows it running once its workers started.
+  EXPECT_TRUE(wait_for([&] { return status(1).value("state", "") == "running"; }, 30s))
+      << status(1).dump();
+  auto c = ring::test::run(env(t_) + kRingctl + " cancel 1");
+  EXPECT_EQ(c.exit_code, 0) << c.output;
+  const int rc = run.wait(120);
+  EXPECT_EQ(rc, 8) << run.output();  // cli/exit_codes.h: cancelled through ring-coord
+  EXPECT_EQ(status(1).value("state", ""), "cancelled");
+  const pid_t w0 = worker_pid(job_dir, 0);
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(w0, "ring-worker"); }, 30s));
+}
+
+TEST_F(GenerateJob, CtrlCStopsItWithNothingToResume) {
+  const std::string job_dir = t_.path + "/jint";
+  RunProc run(t_, spec(2, "  max_new_tokens: 1000000\n") + " --job-dir " + job_dir);
+  ASSERT_TRUE(wait_for([&] { return contains(run.output(), "decode "); }, 180s)) << run.output();
+  run.interrupt();
+  EXPECT_EQ(run.wait(120), 75) << run.output();
+  EXPECT_TRUE(contains(run.output(), "stopping: ringd stops the generation")) << run.output();
+  EXPECT_TRUE(contains(run.output(), "generation is not resumable: run it again")) << run.output();
+  EXPECT_FALSE(contains(run.output(), "--resume")) << run.output();
+  EXPECT_FALSE(fs::exists(job_dir + "/generate.out"));
+  const pid_t w0 = worker_pid(job_dir, 0);
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(w0, "ring-worker"); }, 30s));
+}
+
+}  // namespace

@@ -1,0 +1,546 @@
+// worker/generate/generate_run.h: loading, generating and writing, for `ringctl generate` and
+// `ring-worker --generate`.
+#include "worker/generate/generate_run.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/contract/layout.h"
+#include "common/spec/parse.h"
+#include "daemon/checkpoint/checkpoint.h"
+#include "kernels/backend.h"
+#include "worker/data/errors.h"
+#include "worker/generate/ring_generate.h"
+#include "worker/ring/ring_rank.h"
+
+namespace ring::gen {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+
+}  // namespace
+
+// "256MiB", "1G", "4096", "1.5GiB": bytes (K/M/G/T, with or without "iB"/"B", powers of 1024).
+int64_t parse_size(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  double mult = 1;
+  if (used == 0) {
+    throw UsageError(
+        fmt::format("{} '{}': expected a size such as 4096, 512MiB or 2G", flag, text));
+  }
+  if (unit.empty() || unit == "B") {
+    mult = 1;
+  } else {
+    const char u = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
+    const std::string rest = unit.substr(1);
+    if (!(rest.empty() || rest == "B" || rest == "iB"))
+      throw UsageError(
+          fmt::format("{} '{}': unknown unit '{}' (K, M, G, T, e.g. 512MiB)", flag, text, unit));
+    switch (u) {
+      case 'K':
+        mult = 1024.0;
+        break;
+      case 'M':
+        mult = 1024.0 * 1024;
+        break;
+      case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        break;
+      case 'T':
+        mult = 1024.0 * 1024 * 1024 * 1024;
+        break;
+      default:
+        throw UsageError(
+            fmt::format("{} '{}': unknown unit '{}' (K, M, G, T, e.g. 512MiB)", flag, text, unit));
+    }
+  }
+  const double bytes = v * mult;
+  if (!(bytes >= 0) || bytes > 9.0e18)
+    throw UsageError(fmt::format("{} '{}': must be a size >= 0", flag, text));
+  return static_cast<int64_t>(bytes);
+}
+
+// The model config from the layout record of the checkpoint at path (a step directory or a
+// checkpoint root: its newest complete step).
+static contract::ModelConfig config_from_checkpoint(const std::string& path) {
+  std::error_code ec;
+  std::optional<ckpt::Layout> layout;
+  try {
+    if (fs::exists(fs::path(path) / "checkpoint.json", ec)) {
+      ckpt::CheckpointInfo info = ckpt::inspect_checkpoint(path, false);
+      if (info.status != ckpt::Status::kComplete)
+        throw InputError(fmt::format("--checkpoint {}: not a complete checkpoint: {}", path,
+                                     info.problems.empty() ? "?" : info.problems.front()));
+      layout = info.layout;
+    } else {
+      auto list = ckpt::list_checkpoints(path, false);
+      if (list.empty()) throw InputError(fmt::format("--checkpoint {}: holds no checkpoint", path));
+      bool found = false;
+      for (auto it = list.rbegin(); it != list.rend() && !found; ++it)
+        if (it->status == ckpt::Status::kComplete) {
+          layout = it->layout;
+          found = true;
+        }
+      if (!found)
+        throw InputError(fmt::format("--checkpoint {}: holds no complete checkpoint", path));
+    }
+  } catch (const ckpt::CheckpointError& e) {
+    throw InputError(fmt::format("--checkpoint {}: {}", path, e.what()));
+  }
+  if (!layout || !layout->model.is_object())
+    throw InputError(fmt::format(
+        "--checkpoint {}: records no model config (a format 1 checkpoint); give --spec with the "
+        "spec it was trained with",
+        path));
+  const json& m = layout->model;
+  contract::ModelConfig c;
+  try {
+    c.layers = m.at("layers");
+    c.d_model = m.at("d_model");
+    c.heads = m.at("heads");
+    c.kv_heads = m.at("kv_heads");
+    c.head_dim = m.at("head_dim");
+    c.mlp_hidden = m.at("mlp_hidden");
+    c.vocab = m.at("vocab");
+    c.tie_embeddings = m.at("tie_embeddings");
+    const std::string mlp = m.at("mlp");
+    if (mlp == "swiglu") {
+      c.mlp = spec::MlpKind::kSwiGLU;
+    } else if (mlp == "gelu") {
+      c.mlp = spec::MlpKind::kGelu;
+    } else {
+      throw InputError(fmt::format("--checkpoint {}: layout record: unknown mlp '{}'", path, mlp));
+    }
+    c.check();
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("--checkpoint {}: layout record: {}", path, e.what()));
+  } catch (const contract::ModelError& e) {
+    throw InputError(fmt::format("--checkpoint {}: layout record: {}", path, e.what()));
+  }
+  return c;
+}
+
+static std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("prompt {}: cannot read: {}", path, std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The cache's messages name its settings; here they are flags.
+std::string as_flags(std::string m) {
+  const std::pair<const char*, const char*> names[] = {
+      {"fast_bytes", "--fast-bytes (generate.fast_gb)"},
+      {"host_bytes", "--host-bytes (generate.host_gb)"},
+      {"disk_dir", "--disk-dir (generate.disk_dir)"},
+      {"page_tokens", "--page-tokens (generate.page_tokens)"},
+      {"lower window", "lower --window (generate.window)"}};
+  for (const auto& [from, to] : names) {
+    for (size_t at = m.find(from); at != std::string::npos; at = m.find(from, at + 1)) {
+      m.replace(at, std::strlen(from), to);
+      at += std::strlen(to) - 1;
+    }
+  }
+  return m;
+}
+
+Inputs load_inputs(const GenerateOpts& o, bool quiet) {
+  Inputs in;
+  gen::GeneratorOptions& go = in.go;
+  go.threads = o.threads;
+  go.cache.page_tokens = o.page_tokens;
+  go.cache.fast_bytes = parse_size("--fast-bytes", o.fast_bytes);
+  go.cache.host_bytes = parse_size("--host-bytes", o.host_bytes);
+  go.cache.disk_dir = o.disk_dir;
+  go.cache.window = o.window;
+  go.approximate = o.approximate;
+  go.cache.host_int8 = o.host_int8;
+  in.sp = gen::SamplingParams{o.temperature, o.top_p, o.seed};
+  if (o.prompts.empty()) throw UsageError("at least one PROMPT_FILE is required");
+
+  contract::ModelConfig& mc = in.mc;
+  std::unique_ptr<data::Tokenizer>& tok = in.tok;
+  if (!o.spec.empty()) {
+    // The rules of a spec ring-worker runs alone, not ringd's: only the model, data.tokenizer
+    // and generate sections are used here (a passkey spec trained with offload none is fine).
+    auto r = spec::load_spec_file(o.spec);
+    if (!quiet || !r.ok())
+      for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
+    if (!r.ok()) throw InputError(fmt::format("--spec {}: {} error(s)", o.spec, r.error_count()));
+    // The spec's generate section, where no flag says otherwise.
+    const spec::GenerateSection& gs = r.spec->generate;
+    if (!o.has_page_tokens) go.cache.page_tokens = gs.page_tokens;
+    if (!o.has_fast) go.cache.fast_bytes = static_cast<int64_t>(gs.fast_gb * 1e9);
+    if (!o.has_host) go.cache.host_bytes = static_cast<int64_t>(gs.host_gb * 1e9);
+    if (!o.has_disk) go.cache.disk_dir = gs.disk_dir;
+    if (!o.has_window) go.cache.window = gs.window;
+    try {
+      mc = contract::ModelConfig::from_spec(*r.spec);
+    } catch (const contract::ModelError& e) {
+      throw InputError(fmt::format("--spec {}: {}", o.spec, e.what()));
+    }
+    if (!r.spec->data.tokenizer.empty()) {
+      try {
+        tok = data::Tokenizer::load(r.spec->data.tokenizer);
+      } catch (const data::DataError& e) {
+        throw InputError(fmt::format("--spec {}: data.tokenizer: {}", o.spec, e.what()));
+      }
+    }
+  } else {
+    mc = config_from_checkpoint(o.checkpoint);
+    if (!quiet)
+      std::cerr << "note: the model comes from the checkpoint's layout record; rope_theta 10000, "
+                   "norm_eps 1e-5 and no RoPE scaling (the spec defaults) are assumed (--spec "
+                   "names the training spec)\n";
+  }
+  if (!tok && mc.vocab < 256)
+    throw InputError(fmt::format(
+        "the model's vocab is {} and no tokenizer is given: byte prompts need vocab >= 256 "
+        "(--spec with data.tokenizer for a SentencePiece model)",
+        mc.vocab));
+
+  // Weights: master/<param> of the checkpoint, by name.
+  const contract::ParamLayout pl(mc);
+  std::vector<float>& params = in.params;
+  params.assign(static_cast<size_t>(pl.total()), 0.f);
+  std::vector<ckpt::LoadTarget> targets;
+  for (const auto& v : pl.views()) {
+    ckpt::LoadTarget t{"master/" + v.name, ckpt::DType::kF32, v.shape, params.data() + v.offset};
+    t.flat_name = "master";
+    t.flat_offset = v.offset;
+    targets.push_back(std::move(t));
+  }
+  try {
+    ckpt::load_from_path(o.checkpoint, 0, 1, targets);
+  } catch (const ckpt::CheckpointError& e) {
+    throw InputError(fmt::format("--checkpoint {}: {}", o.checkpoint, e.what()));
+  }
+
+  // Prompts.
+  std::vector<std::vector<int32_t>>& ids = in.ids;
+  for (const auto& f : o.prompts) {
+    const std::string text = read_file(f);
+    std::vector<int32_t> p;
+    if (tok) {
+      if (tok->bos_id() >= 0) p.push_back(tok->bos_id());
+      tok->encode(text, p);
+    } else {
+      for (unsigned char ch : text) p.push_back(ch);
+    }
+    if (p.empty()) throw InputError(fmt::format("prompt {}: is empty (no tokens)", f));
+    ids.push_back(std::move(p));
+  }
+  return in;
+}
+
+// Sums of every rank's cache statistics (one rank: its own).
+struct CacheTotals {
+  gen::CacheStats cs;
+  gen::DecodeStats ds;
+};
+
+static CacheTotals cache_totals(gen::Generator& g, gen::GenerateRing* ring) {
+  CacheTotals t{g.cache().stats(), g.decode_stats()};
+  if (ring == nullptr) return t;
+  const gen::CacheStats& c = t.cs;
+  const gen::DecodeStats& d = t.ds;
+  constexpr int kN = 15;
+  const int64_t mine[kN] = {c.pages,      c.shared_hits,         c.fast_pages,      c.host_pages,
+                            c.disk_pages, c.fast_capacity_bytes, c.fast_peak_bytes, c.host_bytes,
+                            c.disk_bytes, c.promotions,          d.fast_tasks,      d.host_tasks,
+                            d.disk_tasks, d.shared_tasks,        d.skipped_tasks};
+  std::vector<int64_t> all(static_cast<size_t>(kN * ring->ranks()));
+  ring->all_gather(mine, all.data(), sizeof(mine));
+  int64_t sum[kN] = {};
+  for (int r = 0; r < ring->ranks(); ++r)
+    for (int i = 0; i < kN; ++i) sum[i] += all[static_cast<size_t>(r * kN + i)];
+  t.cs.pages = sum[0];
+  t.cs.shared_hits = sum[1];
+  t.cs.fast_pages = sum[2];
+  t.cs.host_pages = sum[3];
+  t.cs.disk_pages = sum[4];
+  t.cs.fast_capacity_bytes = sum[5];
+  t.cs.fast_peak_bytes = sum[6];
+  t.cs.host_bytes = sum[7];
+  t.cs.disk_bytes = sum[8];
+  t.cs.promotions = sum[9];
+  t.ds.fast_tasks = sum[10];
+  t.ds.host_tasks = sum[11];
+  t.ds.disk_tasks = sum[12];
+  t.ds.shared_tasks = sum[13];
+  t.ds.skipped_tasks = sum[14];
+  return t;
+}
+
+// Generates from every prompt with g (ring: a rank of a sharded generation, where rank 0's
+// sampled tokens are every rank's) and writes the output (on rank 0 only).
+static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator& g,
+                              gen::GenerateRing* ring) {
+  const gen::GeneratorOptions& go = in.go;
+  const gen::SamplingParams& sp = in.sp;
+  const contract::ModelConfig& mc = in.mc;
+  const std::unique_ptr<data::Tokenizer>& tok = in.tok;
+  const std::vector<std::vector<int32_t>>& ids = in.ids;
+  using Clock = std::chrono::steady_clock;
+  // Rank 0's choice of next token for each entry is every rank's (the logits are the same on
+  // every rank; this keeps the ranks in step even where floating point differs between hosts).
+  auto agree = [&](std::vector<int32_t>* t) {
+    if (ring == nullptr || t->empty()) return;
+    std::vector<int32_t> all(t->size() * static_cast<size_t>(ring->ranks()));
+    ring->all_gather(t->data(), all.data(), t->size() * sizeof(int32_t));
+    std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(t->size()), t->begin());
+  };
+  struct Out {
+    std::vector<int32_t> tokens;
+    std::vector<double> times;
+    std::vector<double> bounds;  // approximate mode: skipped-mass bound per decode step
+    double prefill_s = 0;
+    bool done = false;
+    int handle = -1;
+    std::unique_ptr<gen::Sampler> sampler;
+    int32_t next = 0;
+  };
+  std::vector<Out> outs(ids.size());
+  std::vector<float> logits;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto t0 = Clock::now();
+    outs[i].handle = g.prefill(ids[i], {}, &logits);
+    outs[i].prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    outs[i].sampler = std::make_unique<gen::Sampler>(sp, i);
+    outs[i].next = outs[i].sampler->sample(logits.data(), mc.vocab);
+    if (o.progress && (ring == nullptr || ring->rank() == 0))
+      o.progress(
+          fmt::format("prefill {}/{}: {} tokens in {:.3f} s ({:.0f} tokens/s)", i + 1, ids.size(),
+                      ids[i].size(), outs[i].prefill_s,
+                      static_cast<double>(ids[i].size()) / std::max(outs[i].prefill_s, 1e-9)));
+  }
+  const auto decode_t0 = Clock::now();
+  int64_t decoded = 0;  // tokens sampled by decode steps, over the batch
+  auto last_progress = decode_t0 - std::chrono::seconds(1);
+  if (ring != nullptr) {
+    std::vector<int32_t> first;
+    for (const Out& x : outs) first.push_back(x.next);
+    agree(&first);
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].next = first[i];
+  }
+  const int32_t eos = tok ? tok->eos_id() : -1;
+  for (int64_t n = 0; n < o.max_tokens; ++n) {
+    std::vector<int> seqs;
+    std::vector<int32_t> next;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      Out& x = outs[i];
+      if (x.done) continue;
+      x.tokens.push_back(x.next);
+      if (x.next == eos || n + 1 == o.max_tokens) {
+        x.done = true;
+        continue;
+      }
+      seqs.push_back(x.handle);
+      next.push_back(x.next);
+      which.push_back(i);
+    }
+    if (seqs.empty()) break;
+    gen::StepTiming t = g.step(seqs, next, &logits);
+    std::vector<int32_t> chosen;
+    for (size_t b = 0; b < which.size(); ++b) {
+      Out& x = outs[which[b]];
+      x.times.push_back(t.seconds);
+      x.bounds.push_back(t.skipped_mass_bound[b]);
+      x.next = x.sampler->sample(logits.data() + static_cast<int64_t>(b) * mc.vocab, mc.vocab);
+      chosen.push_back(x.next);
+    }
+    if (ring != nullptr) {
+      agree(&chosen);
+      for (size_t b = 0; b < which.size(); ++b) outs[which[b]].next = chosen[b];
+    }
+    decoded += static_cast<int64_t>(which.size());
+    // At most one line a second (and the last step's).
+    if (o.progress && (ring == nullptr || ring->rank() == 0) && o.progress_every > 0 &&
+        (((n + 1) % o.progress_every == 0 &&
+          Clock::now() - last_progress >= std::chrono::seconds(1)) ||
+         n + 2 == o.max_tokens)) {
+      last_progress = Clock::now();
+      const double s = std::chrono::duration<double>(Clock::now() - decode_t0).count();
+      o.progress(
+          fmt::format("decode {}/{} tokens per prompt, {} prompt(s): {:.1f} tokens/s, "
+                      "last step {:.2f} ms",
+                      n + 2, o.max_tokens, which.size(),
+                      static_cast<double>(decoded) / std::max(s, 1e-9), t.seconds * 1e3));
+    }
+  }
+  const CacheTotals totals = cache_totals(g, ring);
+  if (ring != nullptr && ring->rank() != 0) return kExitOk;  // rank 0 writes the output
+
+  auto text_of = [&](const std::vector<int32_t>& t) {
+    if (tok) return tok->decode(t);
+    std::string s;
+    for (int32_t id : t) s.push_back(static_cast<char>(id & 0xff));
+    return s;
+  };
+  if (o.host_int8)
+    std::cerr << "INT8 host-tier K/V (--host-int8): full pages in host memory are quantized; "
+                 "results are not exact\n";
+  if (o.approximate > 0) {
+    // Labelled wherever it shows: here on stderr, in --json under "attention".
+    double worst = 0;
+    for (const auto& x : outs)
+      for (double b : x.bounds) worst = std::max(worst, b);
+    std::cerr << fmt::format(
+        "APPROXIMATE attention (--approximate {}): {} page computations skipped; largest bound "
+        "on the skipped softmax mass of a token: {:.3g}\n",
+        o.approximate, totals.ds.skipped_tasks, worst);
+  }
+  std::string result;
+  if (o.json) {
+    json j;
+    j["model"] = contract::model_record(mc);
+    j["sampling"] = {{"temperature", sp.temperature}, {"top_p", sp.top_p}, {"seed", sp.seed}};
+    j["attention"] = o.approximate > 0 ? json{{"mode", "approximate"}, {"threshold", o.approximate}}
+                                       : json{{"mode", "exact"}};
+    j["attention"]["host_kv"] = o.host_int8 ? "int8 (not exact)" : "fp32";
+    // Sharded: the cache's statistics are the sums over the ranks.
+    if (ring != nullptr) j["ranks"] = {{"ranks", ring->ranks()}, {"split", o.split}};
+    j["backend"] = o.backend;
+    const gen::CacheStats& cs = totals.cs;
+    const gen::DecodeStats& ds = totals.ds;
+    j["cache"] = {{"page_tokens", go.cache.page_tokens},
+                  {"pages", cs.pages},
+                  {"shared_page_hits", cs.shared_hits},
+                  {"fast_pages", cs.fast_pages},
+                  {"host_pages", cs.host_pages},
+                  {"disk_pages", cs.disk_pages},
+                  {"fast_capacity_bytes", cs.fast_capacity_bytes},
+                  {"fast_peak_bytes", cs.fast_peak_bytes},
+                  {"host_bytes", cs.host_bytes},
+                  {"disk_bytes", cs.disk_bytes},
+                  {"promotions", cs.promotions},
+                  {"page_tasks",
+                   {{"fast", ds.fast_tasks},
+                    {"host", ds.host_tasks},
+                    {"disk", ds.disk_tasks},
+                    {"shared", ds.shared_tasks},
+                    {"skipped", ds.skipped_tasks}}}};
+    j["prompts"] = json::array();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      // The first token comes from the prefill's logits; each later one from a decode step.
+      j["prompts"].push_back({{"file", o.prompts[i]},
+                              {"prompt_tokens", ids[i].size()},
+                              {"tokens", outs[i].tokens},
+                              {"text", text_of(outs[i].tokens)},
+                              {"prefill_s", outs[i].prefill_s},
+                              {"step_s", outs[i].times}});
+      if (o.approximate > 0) j["prompts"].back()["skipped_mass_bound"] = outs[i].bounds;
+    }
+    result = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  } else {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (outs.size() > 1) result += fmt::format("==> {} <==\n", o.prompts[i]);
+      result += text_of(outs[i].tokens);
+      if (outs.size() > 1) result += "\n";
+    }
+  }
+  if (o.out.empty()) {
+    std::cout << result << std::flush;
+  } else {
+    const int fd =
+        ::open(o.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+      throw InputError(fmt::format("-o {}: cannot create: {}", o.out, std::strerror(errno)));
+    size_t off = 0;
+    while (off < result.size()) {
+      const ssize_t w = ::write(fd, result.data() + off, result.size() - off);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        const std::string e = std::strerror(errno);
+        ::close(fd);
+        throw InputError(fmt::format("-o {}: write failed: {}", o.out, e));
+      }
+      off += static_cast<size_t>(w);
+    }
+    if (::close(fd) != 0) throw InputError(fmt::format("-o {}: close failed", o.out));
+  }
+  return kExitOk;
+}
+
+// Every prompt can be cut over the ranks (before any rank joins the others).
+void check_split(const GenerateOpts& o, const Inputs& in, int world) {
+  const int64_t need = o.split == "zigzag" ? 2LL * world : world;
+  for (size_t i = 0; i < in.ids.size(); ++i)
+    if (static_cast<int64_t>(in.ids[i].size()) < need)
+      throw InputError(fmt::format(
+          "prompt {}: {} tokens cannot be cut over {} ranks (the {} split needs at least {})",
+          o.prompts[i], in.ids[i].size(), world, o.split, need));
+}
+
+// One rank of a sharded generation.
+int run_rank(const GenerateOpts& o, const Identity& id) {
+  Inputs in = load_inputs(o, id.rank != 0);
+  check_split(o, in, id.world);
+  std::string err;
+  auto backend = kernels::create_backend("cpu", o.threads, &err);
+  if (!backend) throw InputError("cannot create the cpu backend: " + err);
+  gen::RingOptions ro;
+  ro.rank = id.rank;
+  ro.ranks = id.world;
+  ro.rendezvous = id.rendezvous;
+  ro.transport = o.transport;
+  ro.bootstrap_timeout_ms = o.timeout_s * 1000;
+  ro.timeout_ms = o.timeout_s * 1000;
+  std::optional<gen::GenerateRing> ring;
+  try {
+    ring.emplace(backend.get(), ro);
+  } catch (const transport::TransportError& e) {
+    throw InputError(fmt::format("rank {} of {}: transport: {}", id.rank, id.world, e.what()));
+  }
+  in.go.shard = ring->shard(o.split == "contiguous" ? spec::CausalBalance::kContiguous
+                                                    : spec::CausalBalance::kZigzag);
+  // From here on transfers may be in flight: an error ends the process at once (ring_rank.h).
+  std::optional<gen::Generator> g;
+  const std::string who = fmt::format("{}: rank {} of {}", o.program, id.rank, id.world);
+  return cp::run_then_exit_on_error(who, kExitFailed, [&] {
+    g.emplace(in.mc, in.params.data(), backend.get(), in.go);
+    const int rc = generate_and_write(o, in, *g, &*ring);
+    ring->shutdown();
+    return rc;
+  });
+}
+
+int run_alone(const GenerateOpts& o) {
+  Inputs in = load_inputs(o, false);
+  std::string err;
+  auto backend = kernels::create_backend(o.backend, o.threads, &err);
+  if (!backend)
+    throw InputError(fmt::format("--backend {}: cannot create the {} backend: {}", o.backend,
+                                 o.backend, err));
+  Generator g(in.mc, in.params.data(), backend.get(), in.go);
+  return generate_and_write(o, in, g, nullptr);
+}
+
+}  // namespace ring::gen
