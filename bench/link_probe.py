@@ -19,8 +19,9 @@ gives the per-message cost (message_s: the transport's rendezvous, the progress 
 polling, TCP's start on an idle connection, less the burst that the bucket lets through at the
 veth's speed when the link was idle: negative when the burst outweighs the rest) and the share of the tc rate that TCP through the
 token bucket delivers (rate_share). What the transfers cost the compute beside them,
-`cpu_s_per_byte`: each rank's GEMM rate while its transfers moved, against the same GEMMs alone
-right after (same processes beside); with n = 2 + beside processes on the cores, a ratio q is
+`cpu_s_per_byte`: each rank's GEMM rate while a transfer moved, against the same GEMMs for as
+long right after with no transfer (same processes beside), the median of these pairs' ratios q
+(the mean of the two ranks'); with n = 2 + beside processes on the cores, a ratio q is
 n (1/q - 1) more processes over the compute window, divided by the bytes moved in it (the
 transport's progress thread, the kernel's TCP and the tc/veth/bridge work, wherever the kernel
 charges it).
@@ -113,13 +114,13 @@ def probe(args):
     burst = ec.tbf_burst(args.mbit)
     idle = fit_level(lv[0], rate, 2 * burst)
     loaded = fit_level(lv[1], rate, 2 * burst)
-    # What the transfers cost the compute: each rank's GEMM rate while its transfers moved
-    # against the same GEMMs alone (same processes beside). With n = 2 + beside processes
+    # What the transfers cost the compute: each rank's GEMM rate while a transfer moved against
+    # the same GEMMs right after with none (same processes beside), median over the pairs. With n = 2 + beside processes
     # sharing the cores (n >= cores), a rate ratio q means the transfers loaded the host as
     # n (1/q - 1) more processes over the compute window; per byte moved in it:
     n = 2 + args.beside
     lv1 = [rk["levels"][1] for rk in ranks]
-    q = statistics.mean(min(1.0, l["gemm_rate_with_transfers"] / l["gemm_rate_alone"]) for l in lv1)
+    q = statistics.mean(min(1.0, l["compute_rate_ratio"]) for l in lv1)
     window = statistics.mean(l["compute_window_s"] for l in lv1)
     cpu = max(0.0, n * (1 / q - 1)) * window / lv1[0]["bytes"]
     return {"mbit": args.mbit, "beside": args.beside, "idle": idle, "compute_ratio": q,

@@ -44,7 +44,9 @@
 // answer, minus half the empty round trip). Idle: nothing else runs. Loaded: as in a ring step,
 // both ranks compute (the projection GEMM in their main thread, X ns per byte of the message)
 // while the progress thread moves the message, then wait; and K single-thread GEMM processes
-// compute beside them (the other ranks of an emulated cluster). Each rank also records its CPU
+// compute beside them (the other ranks of an emulated cluster). After each loaded transfer both
+// ranks compute as long again with no transfer: the median of the pairs' GEMM rate ratios is
+// what the transfers cost the compute. Each rank also records its CPU
 // time (user + system, getrusage) over each level's transfers. Writes the raw times as JSON to
 // -o; link_probe.py fits the link model from them.
 #include <fcntl.h>
@@ -403,7 +405,8 @@ int link_probe(const LinkProbeArgs& a, int reps, int64_t T, int64_t d, const std
     const double h = a.rank == 0 ? summary(half).median : 0;
     nlohmann::json sizes = nlohmann::json::array();
     const double cpu0 = cpu_seconds();
-    double bytes_moved = 0;
+    double bytes_moved = 0, window = 0;  // window: compute time beside the transfers
+    std::vector<double> pair_ratio;
     gemms = gemm_s = 0;
     const auto wall0 = Clock::now();
     for (size_t n : a.sizes) {
@@ -427,6 +430,17 @@ int link_probe(const LinkProbeArgs& a, int reps, int64_t T, int64_t d, const std
           xfer(true, buf.data(), 0, 4);
         }
         if (k > 0) bytes_moved += static_cast<double>(n);
+        if (loaded && k > 0) {
+          // The same compute right after with no transfer (both ranks, after a barrier): the
+          // pair's rate ratio is what the transfer cost the compute.
+          const double g_with = gemms, s_with = gemm_s;
+          gemms = gemm_s = 0;
+          barrier();
+          compute_for(s_with);
+          if (s_with > 0 && gemm_s > 0 && gemms > 0)
+            pair_ratio.push_back((g_with / s_with) / (gemms / gemm_s)), window += s_with;
+        }
+        gemms = gemm_s = 0;
       }
       if (a.rank == 0)
         sizes.push_back({{"bytes", n}, {"one_way_s", t}, {"send_completed_s", send_done}});
@@ -434,23 +448,14 @@ int link_probe(const LinkProbeArgs& a, int reps, int64_t T, int64_t d, const std
     const double cpu = cpu_seconds() - cpu0, wall = seconds(wall0);
     // Loaded: the same compute with no transfer beside it (each rank as long as it computed
     // above, both at once after a barrier): what the transfers cost the compute.
-    double with_rate = 0, alone_rate = 0, window = 0;
-    if (loaded && gemm_s > 0) {
-      with_rate = gemms / gemm_s;
-      window = gemm_s;
-      barrier();
-      gemms = gemm_s = 0;
-      compute_for(window);
-      alone_rate = gemms / gemm_s;
-      barrier();
-    }
+    const double ratio = pair_ratio.empty() ? 1.0 : summary(pair_ratio).median;
     for (pid_t k : kids) ::kill(k, SIGKILL);
     for (pid_t k : kids) ::waitpid(k, nullptr, 0);
     levels.push_back({{"loaded", loaded}, {"beside", loaded ? a.beside : 0},
                       {"compute_s_per_byte", loaded ? a.compute_s_per_byte : 0.0},
                       {"half_round_trip_s", h}, {"sizes", sizes}, {"cpu_s", cpu}, {"wall_s", wall},
                       {"bytes", bytes_moved}, {"compute_window_s", window},
-                      {"gemm_rate_with_transfers", with_rate}, {"gemm_rate_alone", alone_rate}});
+                      {"compute_rate_ratio", ratio}, {"compute_rate_ratios", pair_ratio}});
   }
   barrier();
   nlohmann::json j = {{"rank", a.rank}, {"transport", a.transport}, {"reps", reps}, {"levels", levels}};
