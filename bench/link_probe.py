@@ -92,6 +92,7 @@ def probe(args):
                    "--link-probe", str(r), "--rendezvous", rdv, "--reps", str(args.reps),
                    "--sizes", ",".join(map(str, args.sizes)), "--beside", str(args.beside),
                    "--compute-ns-per-byte", str(args.compute_factor * 8e3 / args.mbit),
+                   *(["--bidirectional"] if args.bidirectional else []),
                    "-o", os.path.join(work, f"rank{r}.json")]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
@@ -134,6 +135,8 @@ def main():
     ap.add_argument("--mbit", type=float, default=400)
     ap.add_argument("--beside", type=int, default=0,
                     help="loaded: GEMM processes computing beside the two ranks (other ranks)")
+    ap.add_argument("--bidirectional", action="store_true",
+                    help="send the same message the other way at once (both directions loaded)")
     ap.add_argument("--compute-factor", type=float, default=1.5,
                     help="loaded: each rank computes this many times the message's time at the "
                          "nominal rate while it moves")

@@ -335,6 +335,7 @@ struct LinkProbeArgs {
   std::vector<size_t> sizes;
   int beside = 0;
   double compute_s_per_byte = 0;
+  bool bidirectional = false;
 };
 
 int link_probe(const LinkProbeArgs& a, int reps, int64_t T, int64_t d, const std::string& out_path) {
@@ -363,7 +364,7 @@ int link_probe(const LinkProbeArgs& a, int reps, int64_t T, int64_t d, const std
   };
   size_t max_bytes = 0;
   for (size_t n : a.sizes) max_bytes = std::max(max_bytes, n);
-  std::vector<char> buf(std::max<size_t>(max_bytes, 64), 1);
+  std::vector<char> buf(std::max<size_t>(max_bytes, 64), 1), back(a.bidirectional ? buf.size() : 0, 2);
   // The rank's own compute while its transfer moves (loaded level): the projection GEMM.
   std::string err;
   auto be = ring::kernels::create_backend("cpu", 1, &err);
@@ -418,9 +419,16 @@ int link_probe(const LinkProbeArgs& a, int reps, int64_t T, int64_t d, const std
         // timeline records a ring_send.
         const auto t0 = Clock::now();
         const int hd = a.rank == 0 ? pe.post_send(buf.data(), n, peer, 3) : pe.post_recv(buf.data(), n, peer, 3);
+        // Both directions at once (a ring of two, or a node that sends and receives on one
+        // link): the other message, the other way.
+        const int hb = !a.bidirectional ? -1
+                       : a.rank == 0    ? pe.post_recv(back.data(), n, peer, 5)
+                                        : pe.post_send(back.data(), n, peer, 5);
         if (loaded) compute_for(a.compute_s_per_byte * static_cast<double>(n));
         const ProgressEngine::Result r = pe.wait(hd, kTimeoutMs);
         if (r.status != RING_TRANSPORT_OK) throw std::runtime_error("link probe: transfer failed: " + r.error);
+        if (hb >= 0 && pe.wait(hb, kTimeoutMs).status != RING_TRANSPORT_OK)
+          throw std::runtime_error("link probe: the reverse transfer failed");
         const double ts = std::chrono::duration<double>(r.done_at - t0).count();
         if (a.rank == 0) {
           xfer(false, buf.data(), 0, 4);
@@ -481,6 +489,7 @@ int main(int argc, char** argv) {
     else if (a == "--rendezvous" && i + 1 < argc) lp.rendezvous = argv[++i];
     else if (a == "--transport" && i + 1 < argc) lp.transport = argv[++i];
     else if (a == "--beside" && i + 1 < argc) lp.beside = std::clamp(std::atoi(argv[++i]), 0, 64);
+    else if (a == "--bidirectional") lp.bidirectional = true;
     else if (a == "--compute-ns-per-byte" && i + 1 < argc)
       lp.compute_s_per_byte = std::clamp(std::atof(argv[++i]), 0.0, 1e6) * 1e-9;
     else if (a == "--sizes" && i + 1 < argc) {
@@ -500,7 +509,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: sim_calibrate [--spec FILE] [--reps N] [--as-run] "
                            "[--ringd-threads N] [--host-probe N] -o FILE\n"
                            "       sim_calibrate --link-probe RANK --rendezvous DIR --sizes B1,B2,.. "
-                           "[--beside K] [--compute-ns-per-byte X] [--reps N] [--spec FILE] -o FILE\n");
+                           "[--beside K] [--compute-ns-per-byte X] [--bidirectional] [--reps N] [--spec FILE] -o FILE\n");
       return 2;
     }
   }
