@@ -4,7 +4,8 @@
 For each case (topology, nodes, ring order, stagger) and each repetition: bench/sim_calibrate
 measures this machine right before the run (the case's spec, --as-run: the worker's step as a
 ring rank runs it; ringd's optimizer on ringd's one thread; --host-probe: how concurrent
-processes share the cores now), then the emulated cluster trains STEPS steps and keeps its
+processes share the cores now) and bench/link_probe.py adds the link model (one shaped link,
+idle and while the case's ranks' worth of compute runs; --no-link-probe leaves it out), then the emulated cluster trains STEPS steps and keeps its
 timelines, then `ringctl simulate` predicts the step on the same links (the graph the cluster
 script wrote, which says that every node runs on this one machine) with that calibration. The
 simulator never sees the run's own numbers.
@@ -12,8 +13,9 @@ simulator never sees the run's own numbers.
 Compared: the step (measured: the median over the steps after the first, per run; reported:
 the median over runs and its min..max), and the ring's K/V hop in the forward and in the
 backward (measured from the timeline: every forward or backward ring_send of a K/V block,
-posted to completed, median over ranks, layers, hops and steps; predicted: the simulator's mean
-hop). The load average before each run is printed.
+posted to completed, median over ranks, layers, hops and steps; predicted: the same from the
+simulated sends, `posted_median_s`). Each run's record (--json) also keeps the simulated flow's
+own mean time, the predicted critical path and the link model used. The load average before each run is printed.
 
   sudo bench/sim_validate.py [--nodes 2 4 8] [--topologies fat-tree ring] [--reps 3]
                              [--order-stagger] [--json OUT]
