@@ -43,6 +43,11 @@ def sh(*cmd, check=True):
     return r
 
 
+def tbf_burst(mbit):
+    """The token bucket's burst in bytes for a link of mbit (two timer ticks at HZ 250)."""
+    return max(64 * 1024, int(mbit * 1e6 / 8 / 250) * 2)
+
+
 class Cluster:
     """Creates the namespaces and links; remove() undoes exactly what was created."""
 
@@ -73,7 +78,7 @@ class Cluster:
         # worth of bytes (so the rate holds at HZ 250), a queue of 200 ms at the rate (no drops
         # from the emulation itself). This kernel has no netem, so no added delay: the links'
         # latency is veth's own, measured by --probe and recorded instead of --delay-ms.
-        burst = max(64 * 1024, int(mbit * 1e6 / 8 / 250) * 2)
+        burst = tbf_burst(mbit)
         sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
            "rate", f"{mbit}mbit", "burst", str(burst), "latency", "200ms")
 

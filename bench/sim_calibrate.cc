@@ -34,7 +34,24 @@
 // Every figure is the median of --reps repetitions; the spread (min..max) is printed.
 //
 //   sim_calibrate [--spec FILE] [--reps N] [--as-run] [--ringd-threads N] [--host-probe N] -o FILE
+//
+// --link-probe RANK --rendezvous DIR --sizes B1,B2,.. [--beside K]: one rank of a two-rank
+// communicator of the ring's transport (UCX unless --transport), driven by the worker's own
+// progress engine (worker/ring/progress.h), as bench/link_probe.py runs it in two network
+// namespaces joined by an emulated link. Rank 0 sends each size --reps times (after a barrier;
+// rank 1 posts the receive and answers with an empty message) and records the send's time from
+// posted to complete (as the worker's timeline records a ring_send) and the one-way time (to the
+// answer, minus half the empty round trip). Idle: nothing else runs. Loaded: as in a ring step,
+// both ranks compute (the projection GEMM in their main thread, X ns per byte of the message)
+// while the progress thread moves the message, then wait; and K single-thread GEMM processes
+// compute beside them (the other ranks of an emulated cluster). After each loaded transfer both
+// ranks compute as long again with no transfer: the median of the pairs' GEMM rate ratios is
+// what the transfers cost the compute. Each rank also records its CPU
+// time (user + system, getrusage) over each level's transfers. Writes the raw times as JSON to
+// -o; link_probe.py fits the link model from them.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,7 +73,9 @@
 #include "sim/workload.h"
 #include "worker/data/split.h"
 #include "worker/model/model.h"
+#include "worker/ring/progress.h"
 #include "worker/ring/ring_attention.h"
+#include "plugins/transport/loader.h"
 
 namespace {
 
@@ -284,12 +303,180 @@ HostProbe host_probe(int max_n, int64_t T, int64_t d, double secs) {
   return hp;
 }
 
+
+// Processes that run the projection GEMM until killed: compute beside a link probe.
+std::vector<pid_t> spin_gemms(int n, int64_t T, int64_t d) {
+  std::vector<pid_t> kids;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::string err;
+      auto be = ring::kernels::create_backend("cpu", 1, &err);
+      if (!be) ::_exit(1);
+      std::vector<float> A(T * d, 0.01f), B(d * 3 * d, 0.02f), C(T * 3 * d);
+      for (;;)
+        be->gemm(ring::kernels::DType::kF32, false, false, T, 3 * d, d, 1.f, A.data(), d, B.data(),
+                 3 * d, 0.f, C.data(), 3 * d);
+    }
+    if (pid > 0) kids.push_back(pid);
+  }
+  return kids;
+}
+
+double cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+struct LinkProbeArgs {
+  int rank = -1;
+  std::string rendezvous, transport = "ucx";
+  std::vector<size_t> sizes;
+  int beside = 0;
+  double compute_s_per_byte = 0;
+  bool bidirectional = false;
+};
+
+int link_probe(const LinkProbeArgs& a, int reps, int64_t T, int64_t d, const std::string& out_path) {
+  using ring::cp::ProgressEngine;
+  namespace tr = ring::transport;
+  tr::TransportPlugin plugin = tr::TransportPlugin::load(a.transport);
+  ring_transport_config_t cfg{};
+  cfg.struct_size = sizeof(cfg);
+  cfg.rank = a.rank;
+  cfg.world_size = 2;
+  cfg.rendezvous = a.rendezvous.c_str();
+  cfg.device = -1;
+  tr::TransportComm comm(plugin, cfg);
+  const int peer = 1 - a.rank;
+  comm.check(plugin->connect(comm.get(), &peer, 1, 0), "connect");
+  ProgressEngine pe(&comm);
+  const int kTimeoutMs = 120000;
+  auto barrier = [&] {
+    pe.collective([](tr::TransportComm& c) { c.check(c.api().barrier(c.get(), kTimeoutMs), "barrier"); });
+  };
+  auto xfer = [&](bool send, void* buf, size_t n, uint32_t tag) {
+    const int h = send ? pe.post_send(buf, n, peer, tag) : pe.post_recv(buf, n, peer, tag);
+    const ProgressEngine::Result r = pe.wait(h, kTimeoutMs);
+    if (r.status != RING_TRANSPORT_OK)
+      throw std::runtime_error("link probe: transfer failed: " + r.error);
+  };
+  size_t max_bytes = 0;
+  for (size_t n : a.sizes) max_bytes = std::max(max_bytes, n);
+  std::vector<char> buf(std::max<size_t>(max_bytes, 64), 1), back(a.bidirectional ? buf.size() : 0, 2);
+  // The rank's own compute while its transfer moves (loaded level): the projection GEMM.
+  std::string err;
+  auto be = ring::kernels::create_backend("cpu", 1, &err);
+  if (!be) throw std::runtime_error("link probe: " + err);
+  std::vector<float> GA(T * d, 0.01f), GB(d * 3 * d, 0.02f), GC(T * 3 * d);
+  double gemms = 0, gemm_s = 0;  // GEMMs done and the time spent in compute_for
+  auto compute_for = [&](double secs) {
+    const auto t0 = Clock::now();
+    while (seconds(t0) < secs) {
+      be->gemm(ring::kernels::DType::kF32, false, false, T, 3 * d, d, 1.f, GA.data(), d, GB.data(),
+               3 * d, 0.f, GC.data(), 3 * d);
+      gemms += 1;
+    }
+    gemm_s += seconds(t0);
+  };
+  nlohmann::json levels = nlohmann::json::array();
+  for (int level = 0; level < 2; ++level) {
+    const bool loaded = level == 1;
+    std::vector<pid_t> kids;
+    barrier();
+    if (a.rank == 0 && loaded && a.beside > 0) {
+      kids = spin_gemms(a.beside, T, d);
+      ::usleep(300000);  // the GEMMs are running
+    }
+    barrier();
+    // Half the round trip of an empty message.
+    std::vector<double> half;
+    for (int i = 0; i < 50; ++i) {
+      const auto t0 = Clock::now();
+      if (a.rank == 0) {
+        xfer(true, buf.data(), 0, 1);
+        xfer(false, buf.data(), 0, 2);
+        if (i >= 5) half.push_back(seconds(t0) / 2);
+      } else {
+        xfer(false, buf.data(), 0, 1);
+        xfer(true, buf.data(), 0, 2);
+      }
+    }
+    const double h = a.rank == 0 ? summary(half).median : 0;
+    nlohmann::json sizes = nlohmann::json::array();
+    const double cpu0 = cpu_seconds();
+    double bytes_moved = 0, window = 0;  // window: compute time beside the transfers
+    std::vector<double> pair_ratio;
+    gemms = gemm_s = 0;
+    const auto wall0 = Clock::now();
+    for (size_t n : a.sizes) {
+      std::vector<double> t, send_done;
+      for (int k = 0; k < reps + 1; ++k) {
+        barrier();
+        // Posted, then (loaded) the rank computes while the progress thread moves the message,
+        // then waits: a ring step. The send's time is posted to seen complete, as the worker's
+        // timeline records a ring_send.
+        const auto t0 = Clock::now();
+        const int hd = a.rank == 0 ? pe.post_send(buf.data(), n, peer, 3) : pe.post_recv(buf.data(), n, peer, 3);
+        // Both directions at once (a ring of two, or a node that sends and receives on one
+        // link): the other message, the other way.
+        const int hb = !a.bidirectional ? -1
+                       : a.rank == 0    ? pe.post_recv(back.data(), n, peer, 5)
+                                        : pe.post_send(back.data(), n, peer, 5);
+        if (loaded) compute_for(a.compute_s_per_byte * static_cast<double>(n));
+        const ProgressEngine::Result r = pe.wait(hd, kTimeoutMs);
+        if (r.status != RING_TRANSPORT_OK) throw std::runtime_error("link probe: transfer failed: " + r.error);
+        if (hb >= 0 && pe.wait(hb, kTimeoutMs).status != RING_TRANSPORT_OK)
+          throw std::runtime_error("link probe: the reverse transfer failed");
+        const double ts = std::chrono::duration<double>(r.done_at - t0).count();
+        if (a.rank == 0) {
+          xfer(false, buf.data(), 0, 4);
+          const double ta = seconds(t0);
+          if (k > 0) t.push_back(std::max(0.0, ta - h)), send_done.push_back(ts);
+        } else {
+          xfer(true, buf.data(), 0, 4);
+        }
+        if (k > 0) bytes_moved += static_cast<double>(n);
+        if (loaded && k > 0) {
+          // The same compute right after with no transfer (both ranks, after a barrier): the
+          // pair's rate ratio is what the transfer cost the compute.
+          const double g_with = gemms, s_with = gemm_s;
+          gemms = gemm_s = 0;
+          barrier();
+          compute_for(s_with);
+          if (s_with > 0 && gemm_s > 0 && gemms > 0)
+            pair_ratio.push_back((g_with / s_with) / (gemms / gemm_s)), window += s_with;
+        }
+        gemms = gemm_s = 0;
+      }
+      if (a.rank == 0)
+        sizes.push_back({{"bytes", n}, {"one_way_s", t}, {"send_completed_s", send_done}});
+    }
+    const double cpu = cpu_seconds() - cpu0, wall = seconds(wall0);
+    // Loaded: the same compute with no transfer beside it (each rank as long as it computed
+    // above, both at once after a barrier): what the transfers cost the compute.
+    const double ratio = pair_ratio.empty() ? 1.0 : summary(pair_ratio).median;
+    for (pid_t k : kids) ::kill(k, SIGKILL);
+    for (pid_t k : kids) ::waitpid(k, nullptr, 0);
+    levels.push_back({{"loaded", loaded}, {"beside", loaded ? a.beside : 0},
+                      {"compute_s_per_byte", loaded ? a.compute_s_per_byte : 0.0},
+                      {"half_round_trip_s", h}, {"sizes", sizes}, {"cpu_s", cpu}, {"wall_s", wall},
+                      {"bytes", bytes_moved}, {"compute_window_s", window},
+                      {"compute_rate_ratio", ratio}, {"compute_rate_ratios", pair_ratio}});
+  }
+  barrier();
+  nlohmann::json j = {{"rank", a.rank}, {"transport", a.transport}, {"reps", reps}, {"levels", levels}};
+  std::ofstream(out_path) << j.dump(1) << "\n";
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string spec_path = "configs/examples/tiny.yaml", out_path;
   int reps = 5, ringd_threads = 0, probe = 0;
   bool as_run = false;
+  LinkProbeArgs lp;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--spec" && i + 1 < argc) spec_path = argv[++i];
@@ -298,9 +485,31 @@ int main(int argc, char** argv) {
     else if (a == "--ringd-threads" && i + 1 < argc) ringd_threads = std::max(0, std::atoi(argv[++i]));
     else if (a == "--host-probe" && i + 1 < argc) probe = std::clamp(std::atoi(argv[++i]), 0, 64);
     else if ((a == "-o" || a == "--output") && i + 1 < argc) out_path = argv[++i];
-    else {
+    else if (a == "--link-probe" && i + 1 < argc) lp.rank = std::atoi(argv[++i]);
+    else if (a == "--rendezvous" && i + 1 < argc) lp.rendezvous = argv[++i];
+    else if (a == "--transport" && i + 1 < argc) lp.transport = argv[++i];
+    else if (a == "--beside" && i + 1 < argc) lp.beside = std::clamp(std::atoi(argv[++i]), 0, 64);
+    else if (a == "--bidirectional") lp.bidirectional = true;
+    else if (a == "--compute-ns-per-byte" && i + 1 < argc)
+      lp.compute_s_per_byte = std::clamp(std::atof(argv[++i]), 0.0, 1e6) * 1e-9;
+    else if (a == "--sizes" && i + 1 < argc) {
+      std::string v = argv[++i];
+      for (size_t p = 0; p <= v.size();) {
+        const size_t q = std::min(v.find(',', p), v.size());
+        const long long n = std::atoll(v.substr(p, q - p).c_str());
+        if (n <= 0 || n > (1ll << 30)) {
+          std::fprintf(stderr, "sim_calibrate: --sizes: '%s' is not a size in bytes (1..1 GiB)\n",
+                       v.substr(p, q - p).c_str());
+          return 2;
+        }
+        lp.sizes.push_back(static_cast<size_t>(n));
+        p = q + 1;
+      }
+    } else {
       std::fprintf(stderr, "usage: sim_calibrate [--spec FILE] [--reps N] [--as-run] "
-                           "[--ringd-threads N] [--host-probe N] -o FILE\n");
+                           "[--ringd-threads N] [--host-probe N] -o FILE\n"
+                           "       sim_calibrate --link-probe RANK --rendezvous DIR --sizes B1,B2,.. "
+                           "[--beside K] [--compute-ns-per-byte X] [--bidirectional] [--reps N] [--spec FILE] -o FILE\n");
       return 2;
     }
   }
@@ -317,6 +526,19 @@ int main(int argc, char** argv) {
   }
   const auto& s = *r.spec;
   const int threads = static_cast<int>(std::max<int64_t>(1, s.resources.cpus_per_worker));
+  if (lp.rank >= 0) {
+    if (lp.rank > 1 || lp.rendezvous.empty() || lp.sizes.empty()) {
+      std::fprintf(stderr, "sim_calibrate: --link-probe RANK (0 or 1) needs --rendezvous DIR and --sizes\n");
+      return 2;
+    }
+    const int64_t T = std::min<int64_t>(s.data.seq_len / s.parallel.context_ranks, 4096);
+    try {
+      return link_probe(lp, reps, T, s.model.d_model, out_path);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "sim_calibrate: link probe rank %d: %s\n", lp.rank, e.what());
+      return 1;
+    }
+  }
   std::string err;
   auto be = ring::kernels::create_backend("cpu", threads, &err);
   if (!be) {

@@ -4,7 +4,8 @@
 For each case (topology, nodes, ring order, stagger) and each repetition: bench/sim_calibrate
 measures this machine right before the run (the case's spec, --as-run: the worker's step as a
 ring rank runs it; ringd's optimizer on ringd's one thread; --host-probe: how concurrent
-processes share the cores now), then the emulated cluster trains STEPS steps and keeps its
+processes share the cores now) and bench/link_probe.py adds the link model (one shaped link,
+idle and while the case's ranks' worth of compute runs; --no-link-probe leaves it out), then the emulated cluster trains STEPS steps and keeps its
 timelines, then `ringctl simulate` predicts the step on the same links (the graph the cluster
 script wrote, which says that every node runs on this one machine) with that calibration. The
 simulator never sees the run's own numbers.
@@ -12,8 +13,9 @@ simulator never sees the run's own numbers.
 Compared: the step (measured: the median over the steps after the first, per run; reported:
 the median over runs and its min..max), and the ring's K/V hop in the forward and in the
 backward (measured from the timeline: every forward or backward ring_send of a K/V block,
-posted to completed, median over ranks, layers, hops and steps; predicted: the simulator's mean
-hop). The load average before each run is printed.
+posted to completed, median over ranks, layers, hops and steps; predicted: the same from the
+simulated sends, `posted_median_s`). Each run's record (--json) also keeps the simulated flow's
+own mean time, the predicted critical path and the link model used. The load average before each run is printed.
 
   sudo bench/sim_validate.py [--nodes 2 4 8] [--topologies fat-tree ring] [--reps 3]
                              [--order-stagger] [--json OUT]
@@ -92,6 +94,11 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
         cal = os.path.join(work, f"cal-{tag}-{rep}.json")
         run([os.path.join(a.build, "bench", "sim_calibrate"), "--spec", spec, "--reps", "3",
              "--as-run", "--ringd-threads", "1", "--host-probe", str(2 * nodes), "-o", cal])
+        if not a.no_link_probe:  # the link model: UCX over one shaped veth link, with the
+            # case's ranks' worth of compute beside it (bench/link_probe.py)
+            run([sys.executable, os.path.join(ROOT, "bench", "link_probe.py"), "--build", a.build,
+                 "--spec", spec, "--mbit", str(a.node_mbit), "--beside", str(max(0, nodes - 2)),
+                 "--reps", str(a.probe_reps), "--merge-into", cal])
         load = os.getloadavg()[0]
         rec, graph = os.path.join(work, f"{tag}-{rep}.json"), os.path.join(work, f"{tag}.yaml")
         tl = os.path.join(work, f"tl-{tag}-{rep}")
@@ -116,6 +123,10 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
             cal2 = os.path.join(work, f"cal-{tag}-{rep}-after.json")
             run([os.path.join(a.build, "bench", "sim_calibrate"), "--spec", spec, "--reps", "3",
                  "--as-run", "--ringd-threads", "1", "--host-probe", str(2 * nodes), "-o", cal2])
+            if not a.no_link_probe:
+                run([sys.executable, os.path.join(ROOT, "bench", "link_probe.py"), "--build", a.build,
+                     "--spec", spec, "--mbit", str(a.node_mbit), "--beside", str(max(0, nodes - 2)),
+                     "--reps", str(a.probe_reps), "--merge-into", cal2])
             after = predict(cal2)["step_s"]
         steps = json.load(open(rec))["steps"]
         ms = [s["step_ms"] / 1e3 for s in steps[1:]]
@@ -123,8 +134,12 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
         mf, mb = measured_hops(tl, kv)
         runs.append({"load": load, "measured_s": statistics.median(ms), "steps_s": ms,
                      "predicted_s": sim["step_s"], "predicted_after_s": after,
-                     "load_after": os.getloadavg()[0], "pred_hop_fwd_s": sim["hops"]["forward"]["mean_s"],
-                     "pred_hop_bwd_s": sim["hops"]["backward_kv"]["mean_s"],
+                     "load_after": os.getloadavg()[0], "pred_hop_fwd_s": sim["hops"]["forward"]["posted_median_s"],
+                     "pred_hop_bwd_s": sim["hops"]["backward_kv"]["posted_median_s"],
+                     "pred_flow_fwd_s": sim["hops"]["forward"]["mean_s"],
+                     "pred_flow_bwd_s": sim["hops"]["backward_kv"]["mean_s"],
+                     "critical_path": sim["critical_path"],
+                     "link_model": {k: v for k, v in json.load(open(cal)).items() if k.startswith("link_")},
                      "meas_hop_fwd_s": mf, "meas_hop_bwd_s": mb,
                      "host_speed": json.load(open(cal)).get("host_speed", [])})
     return {"topology": topo + (" interleaved" if interleaved else ""), "nodes": nodes,
@@ -175,6 +190,9 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--node-mbit", type=float, default=400)
     ap.add_argument("--uplink-mbit", type=float, default=200)
+    ap.add_argument("--no-link-probe", action="store_true",
+                    help="predict without the link model (the links' nominal rates)")
+    ap.add_argument("--probe-reps", type=int, default=7, help="transfers per size in the link probe")
     ap.add_argument("--order-stagger", action="store_true")
     ap.add_argument("--order-nodes", type=int, default=8)
     ap.add_argument("--stagger-us", type=int, default=20000)

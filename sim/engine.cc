@@ -39,6 +39,19 @@ void Engine::set_device_host(int device, int host, bool polls) {
   if (polls) ++hosts_[host].pollers;
 }
 
+void Engine::set_route_model(int route, double credit_bytes, double latency, int host,
+                             double cpu_s_per_byte) {
+  if (route_model_.size() < routes_.size()) route_model_.resize(routes_.size());
+  route_model_[route] = {std::max(0.0, credit_bytes), std::max(0.0, latency), host,
+                         std::max(0.0, cpu_s_per_byte)};
+}
+
+double Engine::flow_latency(const Task& k) const {
+  double l = net_->route_latency(routes_[k.route]) + k.extra_latency;
+  if (k.route < static_cast<int>(route_model_.size())) l += route_model_[k.route].latency;
+  return l;
+}
+
 // speed[n-1] for a load of n processes; between whole numbers linear; below one process 1;
 // beyond the table speed.back() x size / n.
 double Engine::host_speed(int host, double n) const {
@@ -79,7 +92,8 @@ void Engine::reshare(int h, double t) {
   int polling_busy = 0;
   for (int f : hs.active) polling_busy += device_polls_[tasks_[f].device];
   hs.cur = host_speed(h, static_cast<double>(hs.active.size()) +
-                             hs.poll * static_cast<double>(hs.pollers - polling_busy));
+                             hs.poll * static_cast<double>(hs.pollers - polling_busy) +
+                             std::max(0.0, hs.flow_load));
   for (int f : hs.active) {
     rate_[f] = hs.cur;
     ++version_[f];
@@ -164,11 +178,14 @@ void Engine::make_ready(int id, double t) {
 void Engine::start_flow(int id, double t) {
   Task& k = tasks_[id];
   k.start = t;
-  if (k.bytes <= 0 || routes_[k.route].empty()) {
-    heap_.push({t + net_->route_latency(routes_[k.route]) + k.extra_latency, seq_++, id, Ev::kFlowDone});
+  const RouteModel* rm =
+      k.route < static_cast<int>(route_model_.size()) ? &route_model_[k.route] : nullptr;
+  const double bytes = rm ? std::max(0.0, k.bytes - rm->credit) : k.bytes;
+  if (bytes <= 0 || routes_[k.route].empty()) {
+    heap_.push({t + flow_latency(k), seq_++, id, Ev::kFlowDone});
     return;
   }
-  remaining_[id] = k.bytes;
+  remaining_[id] = bytes;
   rate_[id] = 0;
   t_upd_[id] = t;
   active_pos_[id] = static_cast<int>(active_.size());
@@ -195,7 +212,14 @@ void Engine::drain(int id, double t) {
     v.erase(std::find(v.begin(), v.end(), id));
     dirty_links_.push_back(l);
   }
-  heap_.push({t + net_->route_latency(routes_[k.route]) + k.extra_latency, seq_++, id, Ev::kFlowDone});
+  if (k.route < static_cast<int>(route_model_.size())) {
+    const RouteModel& rm = route_model_[k.route];
+    if (rm.host >= 0 && rm.load > 0) {
+      hosts_[rm.host].flow_load = std::max(0.0, hosts_[rm.host].flow_load - rm.load * rate_[id]);
+      reshare(rm.host, t);
+    }
+  }
+  heap_.push({t + flow_latency(k), seq_++, id, Ev::kFlowDone});
 }
 
 // New max-min rates for the flows connected (through shared links) to the links that changed.
@@ -224,12 +248,23 @@ void Engine::update_components() {
   solver_.solve(capacity_, comp_routes_, &comp_rates_);
   for (size_t i = 0; i < comp_flows_.size(); ++i) {
     const int f = comp_flows_[i];
-    rate_[f] = std::max(comp_rates_[i], 1e-300);
+    const double r = std::max(comp_rates_[i], 1e-300);
+    if (tasks_[f].route < static_cast<int>(route_model_.size())) {
+      const RouteModel& rm = route_model_[tasks_[f].route];
+      if (rm.host >= 0 && rm.load > 0) {
+        hosts_[rm.host].flow_load += rm.load * (r - rate_[f]);
+        if (std::find(load_changed_.begin(), load_changed_.end(), rm.host) == load_changed_.end())
+          load_changed_.push_back(rm.host);
+      }
+    }
+    rate_[f] = r;
     ++version_[f];
     heap_.push({now_ + remaining_[f] / rate_[f], seq_++, f, Ev::kDrain, version_[f]});
     flow_mark_[f] = 0;
   }
   for (int l : comp_links_) link_mark_[l] = 0;
+  for (int h : load_changed_) reshare(h, now_);
+  load_changed_.clear();
 }
 
 void Engine::complete(int id, double t) {
@@ -285,7 +320,7 @@ double Engine::run() {
   link_mark_.assign(net_->link_count(), 0);
   flow_mark_.assign(n, 0);
   now_ = 0;
-  for (auto& h : hosts_) h.active.clear(), h.cur = 1;
+  for (auto& h : hosts_) h.active.clear(), h.cur = 1, h.flow_load = 0;
   // The tasks ready at 0, collected first: completing one makes others ready on the way.
   std::vector<int> initial;
   for (int i = 0; i < n; ++i)

@@ -60,6 +60,13 @@ class Engine {
   // process (a rank waiting for a transfer polls for it); fractional loads interpolate speed.
   int add_host(std::vector<double> speed, double poll = 0);
   void set_device_host(int device, int host, bool polls = false);
+  // A route through shaped links of a shared host (bench/link_probe.py's link model): each flow
+  // on it passes its first `credit_bytes` without taking time (a token bucket's burst), and
+  // while it transmits at r bytes/s it loads `host` as cpu_s_per_byte x r processes (the
+  // transport's CPU time: the host's compute tasks slow down as with that many more processes).
+  // `latency`: seconds added to every flow's completion (a per-message cost).
+  void set_route_model(int route, double credit_bytes, double latency, int host = -1,
+                       double cpu_s_per_byte = 0);
   int compute(int device, double seconds, int track, int phase, int layer = -1, int step = -1);
   int flow(int route, double bytes, int track, int phase, int layer = -1, int step = -1,
            double delay = 0);
@@ -93,6 +100,7 @@ class Engine {
   void start_compute(int id, double t);
   void reshare(int host, double t);
   double host_speed(int host, double n) const;
+  double flow_latency(const Task& k) const;  // route latency + extra + the route model's
 
   const Network* net_;
   std::vector<double> capacity_;
@@ -120,7 +128,16 @@ class Engine {
     double cur = 1;           // their speed now
     double poll = 0;
     int pollers = 0;          // devices marked polls
+    double flow_load = 0;     // transmitting flows' CPU, in processes
   };
+  struct RouteModel {
+    double credit = 0;
+    double latency = 0;
+    int host = -1;
+    double load = 0;
+  };
+  std::vector<RouteModel> route_model_;  // per route (empty: none); load: CPU s per byte
+  std::vector<int> load_changed_;        // hosts whose flow load changed in update_components
   std::vector<HostState> hosts_;
 
   // Timed events: (time, seq, task, what).

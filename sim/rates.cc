@@ -94,6 +94,42 @@ Rates load_calibration(const std::string& path) {
       throw std::runtime_error(fmt::format("{}: key 'host_poll_load' must be a number >= 0", path));
     r.host_poll_load = j["host_poll_load"].get<double>();
   }
+  // The link model (bench/link_probe.py): all of its keys or none.
+  static const char* link_keys[] = {"link_rate_share", "link_message_s", "link_rate_share_loaded",
+                                    "link_message_s_loaded", "link_loaded_processes",
+                                    "link_cpu_s_per_byte"};
+  int link_n = 0;
+  for (const char* k : link_keys) link_n += j.contains(k) ? 1 : 0;
+  if (link_n > 0 && link_n < 6)
+    throw std::runtime_error(fmt::format(
+        "{}: the link model needs all of link_rate_share, link_message_s, link_rate_share_loaded, "
+        "link_message_s_loaded, link_loaded_processes, link_cpu_s_per_byte (bench/link_probe.py "
+        "writes them together)", path));
+  if (link_n == 6) {
+    auto any_num = [&](const char* key) {
+      if (!j[key].is_number())
+        throw std::runtime_error(fmt::format("{}: key '{}' must be a number", path, key));
+      return j[key].get<double>();
+    };
+    auto share = [&](const char* key) {
+      const double v = any_num(key);
+      if (!(v > 0 && v <= 1))
+        throw std::runtime_error(fmt::format("{}: key '{}' must be in (0, 1] (a share of the link's rate)", path, key));
+      return v;
+    };
+    auto nonneg = [&](const char* key) {
+      const double v = any_num(key);
+      if (!(v >= 0)) throw std::runtime_error(fmt::format("{}: key '{}' must be a number >= 0", path, key));
+      return v;
+    };
+    r.has_link_model = true;
+    r.link_rate_share = share("link_rate_share");
+    r.link_rate_share_loaded = share("link_rate_share_loaded");
+    r.link_message_s = any_num("link_message_s");
+    r.link_message_s_loaded = any_num("link_message_s_loaded");
+    r.link_loaded_processes = nonneg("link_loaded_processes");
+    r.link_cpu_s_per_byte = nonneg("link_cpu_s_per_byte");
+  }
   r.network_bw = j.contains("network_bytes_per_s") ? num("network_bytes_per_s", false) : 0;
   r.network_latency = j.contains("network_latency_s") ? num("network_latency_s", false) : 0;
   r.source = fmt::format("calibration file {}", path);
@@ -103,7 +139,9 @@ Rates load_calibration(const std::string& path) {
                                   "adamw_params_per_s", "checkpoint_bytes_per_s",
                                   "network_bytes_per_s", "network_latency_s", "machine", "measured",
                                   "threads", "notes", "gemm_bwd_flops", "host_speed", "host_poll_load",
-                                  "ringd_threads"};
+                                  "ringd_threads", "link_rate_share", "link_message_s",
+                                  "link_rate_share_loaded", "link_message_s_loaded",
+                                  "link_loaded_processes", "link_cpu_s_per_byte", "link_probe_mbit"};
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) == std::end(known))
       throw std::runtime_error(fmt::format("{}: unknown key '{}'", path, it.key()));
   }

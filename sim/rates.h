@@ -28,6 +28,18 @@ struct Rates {
   // machine, relative to one alone (n = 1..size); used when the cluster's nodes share one host.
   std::vector<double> host_speed;
   double host_poll_load = 0;  // a waiting rank's load on a shared host, in processes
+  // Calibration only: the transport over a shaped link, measured by bench/link_probe.py (UCX over
+  // TCP through a tc token bucket between two network namespaces of this machine). A message of
+  // B bytes alone on a link of rate R takes  message_s + B / (rate_share x R);  message_s < 0 is
+  // the token bucket's burst (the start of a message passes at the veth's speed). "loaded": with
+  // link_loaded_processes single-thread GEMMs computing beside the transfer (used when the
+  // cluster's nodes share one host); otherwise the idle figures. cpu_s_per_byte: CPU time the two
+  // ranks spend per byte moved, which a shared host's compute competes with.
+  bool has_link_model = false;
+  double link_rate_share = 1, link_message_s = 0;
+  double link_rate_share_loaded = 1, link_message_s_loaded = 0;
+  double link_loaded_processes = 0;
+  double link_cpu_s_per_byte = 0;
   std::string source;
 };
 

@@ -226,6 +226,26 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     for (int id : cl->nic_links(static_cast<int>(s.node))) cap[id] /= s.factor;
     res.notes.push_back(fmt::format("node {} ({}): NIC bandwidth / {:g}", s.node, job_nodes[s.node], s.factor));
   }
+  // The transport on the network's links (a calibration's link model, bench/link_probe.py):
+  // TCP delivers a share of each link's rate, and each message costs a fixed time (negative:
+  // a token bucket's burst). On a shared host the figures measured with compute beside the
+  // transfer apply (the ranks compute while their hops move), else the idle ones.
+  const bool link_model = rt.has_link_model;
+  const bool host_shared = cl->host_cores() > 0;
+  const double link_share = !link_model ? 1.0 : host_shared ? rt.link_rate_share_loaded : rt.link_rate_share;
+  const double link_msg = !link_model ? 0.0 : host_shared ? rt.link_message_s_loaded : rt.link_message_s;
+  auto network_link = [&](int l) { return net.link(l).kind != "nvlink"; };
+  if (link_model) {
+    for (int i = 0; i < net.link_count(); ++i)
+      if (network_link(i)) cap[i] *= link_share;
+    res.notes.push_back(fmt::format(
+        "link model ({}): {:.1f} % of each network link's rate, {:+.2f} ms per message{}, "
+        "{:.2f} ns of CPU per byte on the host",
+        host_shared ? fmt::format("measured with {:g} processes computing beside", rt.link_loaded_processes)
+                    : std::string("measured idle"),
+        100 * link_share, 1e3 * link_msg, link_msg < 0 ? " (the token bucket's burst)" : "",
+        1e9 * rt.link_cpu_s_per_byte));
+  }
   std::vector<double> factor(W, 1.0);
   for (const Straggler& s : o.stragglers) {
     if (s.rank < 0 || s.rank >= W)
@@ -394,6 +414,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   // host's cores: measured speeds per number of concurrent processes (calibration host_speed),
   // else host_cores ideal cores (min(1, cores / n)).
   const int64_t opt_devices = shared_host ? N : 1;
+  int host_id = -1;
   if (shared_host) {
     std::vector<double> speed = rt.host_speed;
     if (speed.empty())
@@ -401,6 +422,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     // Ranks poll while they wait for a transfer (worker/ring/progress.cc): each idle rank
     // device loads the host as host_poll_load processes.
     const int h = e.add_host(speed, rt.host_poll_load);
+    host_id = h;
     for (int64_t i = 0; i < S + opt_devices; ++i) e.set_device_host(static_cast<int>(i), h, i < S);
     res.notes.push_back(
         rt.host_speed.empty()
@@ -432,6 +454,9 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   std::vector<int> cur(S), nstart(S), blk(S), kv(S), dsend(S, -1), dsend1(S, -1), dsend2(S, -1),
       djoin(S);
 
+  // K/V sends and the joins at which their senders posted them (the step's start), for the
+  // hop time as the worker's timeline records it (posted to completed).
+  std::vector<std::pair<int, int>> posted_fwd, posted_bwd;
   // One forward pass of a layer (the forward, or its recompute in the backward).
   auto forward_layer = [&](int64_t l, bool recompute, bool last_micro) {
     const int pp = recompute ? kProjRecompute : kProjFwd;
@@ -455,6 +480,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
           kv[i] = e.flow(route_fwd[i], w.kv_block_bytes, static_cast<int>(i), ph, static_cast<int>(l), static_cast<int>(s),
                          1e-6 * static_cast<double>(stagger_us * pos[i]));
           e.depend(kv[i], cur[i]);
+          if (!recompute) posted_fwd.emplace_back(kv[i], cur[i]);
           e.depend(kv[i], cur[nxt[i]]);  // the receive is posted when the next rank's step begins
         }
       }
@@ -502,6 +528,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
           kv[i] = e.flow(route_bwd[i], w.kv_block_bytes, static_cast<int>(i), kHopBwdKv, static_cast<int>(l), static_cast<int>(s),
                          1e-6 * static_cast<double>(stagger_us * pos[i]));
           e.depend(kv[i], cur[i]);
+          posted_bwd.emplace_back(kv[i], cur[i]);
           e.depend(kv[i], cur[nxt[i]]);
         }
       }
@@ -600,6 +627,24 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   std::vector<int> xroutes;
   if (N > 1)
     for (int64_t k : x_nodes) xroutes.push_back(e.add_route(x_route[k]));
+  // The link model on every route through the network: the per-message cost as latency or,
+  // negative, as a credit of the bytes that pass at the burst (at the route's slowest link's
+  // effective rate); on a shared host the transfer's CPU loads it.
+  if (link_model) {
+    auto model = [&](int r) {
+      if (r < 0) return;
+      const std::vector<int>& links = e.route(r);
+      double bw = std::numeric_limits<double>::infinity();
+      bool netw = false;
+      for (int l : links)
+        if (network_link(l)) netw = true, bw = std::min(bw, ecap[l]);
+      if (!netw) return;
+      e.set_route_model(r, link_msg < 0 ? -link_msg * bw : 0.0, std::max(0.0, link_msg),
+                        host_id, host_id >= 0 ? rt.link_cpu_s_per_byte : 0.0);
+    };
+    for (int r : route_fwd) model(r);  // route_bwd is the same route
+    for (int r : xroutes) model(r);
+  }
   // Reduced: each simulated node's collective step waits for its own send of the previous step
   // (its predecessor in the node ring, being alike, sends at the same time), so the steps fold
   // into one flow of steps x chunk bytes and steps x the route's latency.
@@ -723,6 +768,19 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   };
   res.hop_forward = hop(kHopFwd);
   res.hop_backward_kv = hop(kHopBwdKv);
+  auto posted = [&](const std::vector<std::pair<int, int>>& v, HopStats* h) {
+    if (v.empty()) return;
+    std::vector<double> d;
+    d.reserve(v.size());
+    for (const auto& [f, p] : v) d.push_back(e.task(f).end - e.task(p).end);
+    double sum = 0;
+    for (double x : d) sum += x;
+    h->posted_mean_s = sum / static_cast<double>(d.size());
+    std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
+    h->posted_median_s = d[d.size() / 2];
+  };
+  posted(posted_fwd, &res.hop_forward);
+  posted(posted_bwd, &res.hop_backward_kv);
   res.hop_dkv = hop(kHopDkv);
   res.attention_compute_s = attn0;
   res.projection_compute_s = proj0;
@@ -874,7 +932,8 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
 nlohmann::json to_json(const SimResult& r) {
   auto hop = [](const HopStats& h) {
     return nlohmann::json{{"count", h.count}, {"bytes", h.bytes}, {"mean_s", h.mean_s},
-                          {"min_s", h.min_s}, {"max_s", h.max_s}};
+                          {"min_s", h.min_s}, {"max_s", h.max_s},
+                          {"posted_mean_s", h.posted_mean_s}, {"posted_median_s", h.posted_median_s}};
   };
   nlohmann::json cp = nlohmann::json::array();
   for (const auto& p : r.critical_path) cp.push_back({{"phase", p.name}, {"seconds", p.seconds}});

@@ -234,6 +234,79 @@ TEST(SimEngine, SharedHostDividesItsCores) {
   for (int id : t) expect_rel(f.task(id).end, 2.5);
 }
 
+TEST(SimEngine, RouteModelCreditLatencyAndHostLoad) {
+  // One 100 B/s link of 1 ms latency. A route model with a 200-byte credit and 0.5 s per
+  // message: 1000 bytes take 0.5 + 0.001 + 800 / 100 s.
+  Network net;
+  const int a = net.add_vertex("a"), b = net.add_vertex("b");
+  const int l = net.add_link(a, b, 100, 1e-3, "link");
+  {
+    Engine e(&net);
+    const int r = e.add_route({l});
+    e.set_route_model(r, 200, 0.5);
+    const int f = e.flow(r, 1000, 0, 0);
+    const int g = e.flow(r, 150, 0, 0);  // within the credit: latencies only
+    e.depend(g, f);
+    e.run();
+    expect_rel(e.task(f).end, 0.5 + 1e-3 + 8.0);
+    expect_rel(e.task(g).end - e.task(g).start, 0.5 + 1e-3);
+  }
+  {
+    // The transfer's CPU: 0.005 s per byte at 100 B/s loads the host as 0.5 process while it
+    // moves. A 1 s compute task alone on the host (speed table 1, 0.5) runs at speed(1.5) = 0.75
+    // during the flow's 10 s: it ends at 1 / 0.75 s.
+    Engine e(&net);
+    const int h = e.add_host({1.0, 0.5});
+    e.set_device_host(0, h);
+    const int r = e.add_route({l});
+    e.set_route_model(r, 0, 0, h, 0.005);
+    const int f = e.flow(r, 1000, 0, 0);
+    const int c = e.compute(0, 1.0, 0, 0);
+    // After the flow, the host is free again: a second task runs at full speed.
+    const int c2 = e.compute(0, 1.0, 0, 0);
+    e.depend(c2, f);
+    e.run();
+    expect_rel(e.task(f).end, 10.0 + 1e-3);
+    expect_rel(e.task(c).end, 1.0 / 0.75);
+    expect_rel(e.task(c2).end - e.task(c2).start, 1.0);
+  }
+}
+
+TEST(SimRates, CalibrationLinkModel) {
+  TempDir t;
+  const std::string base =
+      R"("gemm_flops": 1e11, "attention_fwd_flops": 1e11, "attention_bwd_flops": 1e11,
+         "intra_node_bytes_per_s": 1e10, "adamw_params_per_s": 1e9)";
+  auto write = [&](const std::string& extra) {
+    const std::string path = t.path + "/cal.json";
+    std::ofstream(path) << "{" << base << extra << "}";
+    return path;
+  };
+  EXPECT_FALSE(load_calibration(write("")).has_link_model);
+  const Rates r = load_calibration(write(
+      R"(, "link_rate_share": 0.9, "link_message_s": -0.002, "link_rate_share_loaded": 0.8,
+         "link_message_s_loaded": 0.01, "link_loaded_processes": 4, "link_cpu_s_per_byte": 1e-9)"));
+  EXPECT_TRUE(r.has_link_model);
+  EXPECT_DOUBLE_EQ(r.link_rate_share, 0.9);
+  EXPECT_DOUBLE_EQ(r.link_message_s, -0.002);
+  EXPECT_DOUBLE_EQ(r.link_message_s_loaded, 0.01);
+  try {
+    load_calibration(write(R"(, "link_rate_share": 0.9)"));
+    FAIL() << "a partial link model was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("link_message_s_loaded"), std::string::npos) << e.what();
+  }
+  try {
+    load_calibration(write(
+        R"(, "link_rate_share": 1.5, "link_message_s": 0, "link_rate_share_loaded": 0.8,
+           "link_message_s_loaded": 0, "link_loaded_processes": 2, "link_cpu_s_per_byte": 0)"));
+    FAIL() << "a share above 1 was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'link_rate_share' must be in (0, 1]"), std::string::npos)
+        << e.what();
+  }
+}
+
 // ---- routing
 
 ClusterOptions opts(Shape shape, int nodes, int gpn) {
