@@ -671,8 +671,17 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     e.depend(after, bucket_ready[b]);
     e.depend(after, prev_x);
     if (N > 1) {
-      x = topk ? collective(N - 1, payload, after) : collective(2 * (N - 1), payload / N, after);
-      if (topk && sharded) x = collective(N - 1, 4 * floats / N, x);
+      if (!topk) {
+        x = collective(2 * (N - 1), payload / N, after);  // dense all-reduce
+      } else if (w.topk_at_owner) {
+        // The nodes' dense gradients reduced to the owners (a reduce-scatter's bytes), then the
+        // owner's new weights published (sharded) or its sparse set all-gathered (shard none).
+        x = collective(N - 1, 4 * floats / N, after);
+        x = sharded ? collective(N - 1, 4 * floats / N, x) : collective(N - 1, payload / N, x);
+      } else {
+        x = collective(N - 1, payload, after);  // every node's own set, all-gathered
+        if (sharded) x = collective(N - 1, 4 * floats / N, x);
+      }
     } else {
       x = after;
     }

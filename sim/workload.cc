@@ -164,6 +164,7 @@ Workload make_workload(const spec::JobSpec& s) {
   w.bucket_floats = fl.bucket_sizes;
   w.params = fl.elements;
   w.compression = s.optimizer.compression;
+  w.topk_at_owner = s.optimizer.compress_at == spec::CompressAt::kOwner;
   w.density = s.optimizer.density;
   w.shard = s.parallel.shard;
   w.grad_clip = s.train.grad_clip;

@@ -47,6 +47,7 @@ struct Workload {
   spec::Compression compression{};
   double density = 0;
   spec::ShardMode shard{};
+  bool topk_at_owner = true;   // optimizer.compress_at owner (sender: each node's own set)
   double grad_clip = 0;
   int64_t checkpoint_every = 0;
   bool checkpoint_async = false;
