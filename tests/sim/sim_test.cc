@@ -513,11 +513,11 @@ TEST(SimWorkload, WhatIfsMoveTheStep) {
 // a ring all-reduce's bytes) plus the owners' small sparse sets; at the sender only the nodes'
 // sparse sets travel (density 0.001 here: 8 bytes a pair against 4 a float).
 TEST(SimWorkload, TopkAtTheOwnerMovesTheReduceScatter) {
-  auto spec = load("configs/examples/llama7b-1m-64x8-h100.yaml");
+  const auto base = load("configs/examples/llama7b-1m-64x8-h100.yaml");
   SimOptions o;
   o.rates = preset_rates("H100");
   auto with = [&](spec::Compression c, spec::CompressAt at) {
-    auto s = spec;
+    auto s = base;
     s.optimizer.compression = c;
     s.optimizer.compress_at = at;
     return simulate(s, o).exchange_s;
