@@ -516,15 +516,15 @@ TEST(SimWorkload, TopkAtTheOwnerMovesTheReduceScatter) {
   const auto base = load("configs/examples/llama7b-1m-64x8-h100.yaml");
   SimOptions o;
   o.rates = preset_rates("H100");
-  auto with = [&](spec::Compression c, spec::CompressAt at) {
+  auto with = [&](ring::spec::Compression c, ring::spec::CompressAt at) {
     auto s = base;
     s.optimizer.compression = c;
     s.optimizer.compress_at = at;
     return simulate(s, o).exchange_s;
   };
-  const double dense = with(spec::Compression::kNone, spec::CompressAt::kOwner);
-  const double owner = with(spec::Compression::kTopk, spec::CompressAt::kOwner);
-  const double sender = with(spec::Compression::kTopk, spec::CompressAt::kSender);
+  const double dense = with(ring::spec::Compression::kNone, ring::spec::CompressAt::kOwner);
+  const double owner = with(ring::spec::Compression::kTopk, ring::spec::CompressAt::kOwner);
+  const double sender = with(ring::spec::Compression::kTopk, ring::spec::CompressAt::kSender);
   EXPECT_GT(owner, 0.45 * dense);
   EXPECT_LT(owner, 0.6 * dense);
   EXPECT_LT(sender, 0.2 * owner);
