@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -180,21 +181,29 @@ int launch_ranks(const GenerateOpts& o) {
       signal_all(SIGTERM);
       if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(5);
     }
+    // Every rank that ended since the last pass, then the cause among them: a rank killed by a
+    // signal before its peers (they then fail on the lost connection, often within the same
+    // pass), else the lowest failed rank.
+    std::vector<std::pair<size_t, int>> failed;
     for (size_t r = 0; r < pids.size(); ++r) {
       if (pids[r] <= 0) continue;
       int st = 0;
       if (::waitpid(pids[r], &st, WNOHANG) != pids[r]) continue;
       pids[r] = -1;
       --running;
-      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (!ok && exit_code == 0) {
-        exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : kExitFailed;
-        std::cerr << fmt::format(
-            "ringctl generate: rank {} {}{}\n", r, proc::describe_status(st),
-            running > 0 ? fmt::format("; stopping the other {}", running) : std::string());
-        signal_all(SIGTERM);
-        kill_at = Clock::now() + std::chrono::seconds(5);
-      }
+      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) failed.emplace_back(r, st);
+    }
+    if (!failed.empty() && exit_code == 0) {
+      auto cause = std::find_if(failed.begin(), failed.end(),
+                                [](const auto& f) { return WIFSIGNALED(f.second); });
+      if (cause == failed.end()) cause = failed.begin();
+      const auto [r, st] = *cause;
+      exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : kExitFailed;
+      std::cerr << fmt::format(
+          "ringctl generate: rank {} {}{}\n", r, proc::describe_status(st),
+          running > 0 ? fmt::format("; stopping the other {}", running) : std::string());
+      signal_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::seconds(5);
     }
     if (kill_at && Clock::now() >= *kill_at && running > 0) {
       signal_all(SIGKILL);
