@@ -103,13 +103,18 @@ int run_restart(const ControlOpts& o) {
                                                  info.slurm_job_id +
                                                  "): a requeue resumes from the latest complete "
                                                  "checkpoint; --from is for jobs without Slurm");
+      // ring-coord first: it ends the attempt before Slurm's SIGTERM reaches the nodes, so a
+      // worker that dies on a peer stopped a moment earlier is not taken for a failure.
+      auto r = c.requeue(job);
       try {
-        return finish(c, o, protocol::OkReply{0, job, info.state, slurm_requeue(info)},
-                      "restarting");
+        r.message = slurm_requeue(info);
       } catch (const slurm::SlurmError& e) {
-        std::cerr << "ringctl: " << e.what() << "\n";
-        return kExitFailed;
+        // Slurm would not requeue it: restart in the allocation it has (ring-coord rolls the
+        // running daemons back to the latest checkpoint), and say so.
+        std::cerr << "ringctl: " << e.what() << "; restarting it in its allocation instead\n";
+        r = c.restart(job);
       }
+      return finish(c, o, r, "restarting");
     }
     return finish(c, o, c.restart(job, o.from_step), "restarting");
   });

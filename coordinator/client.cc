@@ -205,7 +205,13 @@ proto::OkReply Client::cancel(int64_t job) {
 }
 
 proto::OkReply Client::restart(int64_t job, std::optional<int64_t> from_step) {
-  return expect<proto::OkReply>(call(proto::RestartRequest{0, job, from_step}), "restart");
+  return expect<proto::OkReply>(call(proto::RestartRequest{0, job, from_step, std::nullopt}),
+                                "restart");
+}
+
+proto::OkReply Client::requeue(int64_t job) {
+  return expect<proto::OkReply>(call(proto::RestartRequest{0, job, std::nullopt, true}),
+                                "restart");
 }
 
 proto::OkReply Client::checkpoint(int64_t job) {

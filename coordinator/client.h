@@ -82,6 +82,9 @@ class Client {
   std::vector<protocol::EventRecord> events(int64_t job, int64_t after = 0, int64_t limit = 100);
   protocol::OkReply cancel(int64_t job);
   protocol::OkReply restart(int64_t job, std::optional<int64_t> from_step = std::nullopt);
+  // A Slurm job its owner is about to requeue: ring-coord ends the attempt and waits for Slurm's
+  // next start (protocol::RestartRequest::requeue).
+  protocol::OkReply requeue(int64_t job);
   protocol::OkReply checkpoint(int64_t job);
   std::vector<protocol::NodeInfo> nodes();
   // What Slurm did with the job (protocol::SlurmJobRequest: submitted, submit_failed, started).

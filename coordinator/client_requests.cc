@@ -84,6 +84,28 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Rest
   JobRow j = e_.owned_job(m.job, uid, "restart");
   std::string who = "restart requested by " + user_name(uid);
   if (m.from_step) who += " from step " + std::to_string(*m.from_step);
+  if (m.requeue.value_or(false)) {
+    if (j.slurm_job_id.empty())
+      throw Refused(proto::code::kBadField,
+                    "job " + std::to_string(j.id) +
+                        " was not submitted to Slurm; requeue is for jobs that were",
+                    "requeue");
+    if (m.from_step)
+      throw Refused(proto::code::kBadField,
+                    "a requeue resumes from the latest complete checkpoint; from_step is for "
+                    "jobs without Slurm",
+                    "from_step");
+    who = "requeue requested by " + user_name(uid);
+    if (j.state != JobState::kRestarting) {
+      check_transition(j.state, JobState::kRestarting, "job " + std::to_string(j.id));
+      if (is_active(j.state)) e_.store->end_attempt(j.id, j.attempt, who);
+      e_.store->set_state(j.id, JobState::kRestarting, who);
+    }
+    // No restart time: the timers leave it to Slurm's next start (SlurmJobRequest below).
+    e_.store->set_restart(j.id, std::nullopt, std::nullopt);
+    e_.queue(peer, proto::OkReply{m.id, j.id, "restarting", who});
+    return;
+  }
   if (j.state == JobState::kRestarting) {
     e_.store->set_restart(j.id, now_unix(), m.from_step);
   } else {

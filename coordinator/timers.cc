@@ -112,6 +112,9 @@ void Timers::check_lost_nodes() {
 void Timers::start_due_restarts() {
   double now = now_unix();
   for (const auto& j : e_.store->jobs_in_state(JobState::kRestarting)) {
+    // A Slurm job with no time: a requeue its owner asked of Slurm (`ringctl restart`); Slurm's
+    // next start begins the attempt.
+    if (!j.restart_at && !j.slurm_job_id.empty()) continue;
     if (j.restart_at && *j.restart_at > now) continue;
     e_.outbox.clear();
     try {

@@ -708,6 +708,7 @@ void fields(IO& io, RestartRequest& m) {
   request_id(io, m.id);
   io.i64("job", m.job, 1, kMaxId);
   io.opt_i64("from_step", m.from_step, 0, kMaxId);
+  io.opt_bool("requeue", m.requeue);
 }
 template <class IO>
 void fields(IO& io, CheckpointRequest& m) {

@@ -263,6 +263,11 @@ struct RestartRequest {
   int64_t id = 0;
   int64_t job = 0;
   std::optional<int64_t> from_step;  // unset: latest complete checkpoint
+  // A Slurm job about to be requeued by its owner (`ringctl restart` runs scontrol requeue right
+  // after): end the attempt now, before Slurm's SIGTERM reaches any ringd, so a worker that dies
+  // on a peer stopped first is not taken for a failure; Slurm's next start begins the next
+  // attempt. Members get no stop command: Slurm stops them.
+  std::optional<bool> requeue;
 };
 struct CheckpointRequest {
   int64_t id = 0;

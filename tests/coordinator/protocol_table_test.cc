@@ -41,7 +41,7 @@ const char* const kSamples[] = {
     R"({"type":"status","id":2,"job":7})",
     R"({"type":"events","id":3,"job":7,"after":10,"limit":50})",
     R"({"type":"cancel","id":4,"job":7})",
-    R"({"type":"restart","id":5,"job":7,"from_step":20})",
+    R"({"type":"restart","id":5,"job":7,"from_step":20,"requeue":false})",
     R"({"type":"checkpoint","id":6,"job":7})",
     R"({"type":"nodes","id":7})",
     R"({"type":"submit_reply","id":1,"job":7,"name":"tiny","spec_hash":"sha256:ab",

@@ -99,7 +99,8 @@ TEST(Protocol, EveryMessageRoundTrips) {
   round_trip(proto::StatusRequest{2, 5});
   round_trip(proto::EventsRequest{3, 5, 10, 50});
   round_trip(proto::CancelRequest{4, 5});
-  round_trip(proto::RestartRequest{5, 5, 100});
+  round_trip(proto::RestartRequest{5, 5, 100, std::nullopt});
+  round_trip(proto::RestartRequest{6, 5, std::nullopt, true});
   round_trip(proto::CheckpointRequest{6, 5});
   round_trip(proto::NodesRequest{7});
   round_trip(proto::SubmitReply{1, 5, "x", "sha256:ab", "pending"});
@@ -213,7 +214,7 @@ TEST(Protocol, FieldsAreValidated) {
   cases.push_back({without(base(proto::CancelRequest{4, 5}), "job"), "cancel.job"});
   cases.push_back({with(base(proto::CancelRequest{4, 5}), "/id", -1), "cancel.id"});
   cases.push_back(
-      {with(base(proto::RestartRequest{5, 5, 1}), "/from_step", -1), "restart.from_step"});
+      {with(base(proto::RestartRequest{5, 5, 1, std::nullopt}), "/from_step", -1), "restart.from_step"});
   cases.push_back({with(base(proto::StatusRequest{2, 5}), "/job", "5"), "status.job"});
   cases.push_back({without(base(proto::ErrorReply{1, "x", "y", ""}), "code"), "error.code"});
   for (const auto& c : cases) {

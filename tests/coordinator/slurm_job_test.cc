@@ -124,3 +124,72 @@ TEST(CoordSlurm, RefusedSbatchFailsThePendingJob) {
     EXPECT_EQ(e.code(), "not_found");
   }
 }
+
+// `ringctl restart` of a Slurm job tells ring-coord before it runs scontrol requeue: the attempt
+// ends at once, so a worker that dies on a peer Slurm stopped a moment earlier (its own ringd's
+// SIGTERM not yet arrived) is not a failure, even with no restarts left (a generate job has
+// none); the timers wait for Slurm's next start, which begins the next attempt.
+TEST(CoordSlurm, RequeueRequestEndsTheAttemptBeforeSlurmStopsIt) {
+  InProcessCoordinator coord;
+  auto client = coord.client();
+  int64_t job = client.submit(test_spec(2, /*max_restarts=*/0, 0.1, 0.1)).job;
+  // Only a job Slurm runs can be requeued.
+  try {
+    client.requeue(job);
+    ADD_FAILURE() << "requeue of a job without a Slurm id";
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.code(), "bad_field");
+    EXPECT_NE(std::string(e.what()).find("was not submitted to Slurm"), std::string::npos)
+        << e.what();
+  }
+  client.slurm_job(slurm(job, "submitted", "601"));
+  client.slurm_job(slurm(job, "started", "601", 0, "node[1-2]"));
+  SimDaemon a(coord.endpoint(), "node1"), b(coord.endpoint(), "node2");
+  a.register_jobs({{job, 0, 0}});
+  b.register_jobs({{job, 0, 0}});
+  for (int s = 1; s <= 3; ++s) a.step(job, 1, s);
+  a.checkpoint(job, 1, 2);
+  b.checkpoint(job, 1, 2);
+  ASSERT_TRUE(wait_for([&] { return client.status(job).last_checkpoint_step == 2; }));
+  ASSERT_TRUE(wait_for([&] { return client.status(job).state == "running"; }));
+
+  auto ok = client.requeue(job);
+  EXPECT_EQ(ok.state, "restarting");
+  EXPECT_NE(ok.message.find("requeue requested by"), std::string::npos) << ok.message;
+  // node2's worker fails on its stopped peer before node2's ringd hears of the requeue.
+  proto::Event died;
+  died.kind = proto::EventKind::kWorkerDied;
+  died.job = job;
+  died.attempt = 1;
+  died.rank = 1;
+  died.exit_code = 1;
+  b.event(died);
+  ASSERT_TRUE(wait_for([&] {
+    for (const auto& e : client.events(job, 0, 1000))
+      if (e.kind == "worker_died") return true;
+    return false;
+  }));
+  // Well past the backoff: still waiting for Slurm, not failed and not restarted in place.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto st = client.status(job);
+  EXPECT_EQ(st.state, "restarting") << st.state_reason;
+  EXPECT_EQ(st.attempt, 1);
+  // Slurm starts the job again: attempt 2 from the checkpoint.
+  ok = client.slurm_job(slurm(job, "started", "601", 1, "node[1-2]"));
+  EXPECT_EQ(ok.state, "starting");
+  EXPECT_EQ(ok.message, "attempt 2 from step 2");
+  {
+    Store db(coord.dir() + "/state/coord.db", {false, 0});
+    auto at = db.attempts(job);
+    ASSERT_EQ(at.size(), 2u);
+    EXPECT_NE(at[0].exit_status.find("requeue requested by"), std::string::npos)
+        << at[0].exit_status;
+  }
+  // A requeue resumes from the latest checkpoint: a step is refused.
+  try {
+    client.call(proto::RestartRequest{0, job, 1, true});
+    ADD_FAILURE() << "requeue with from_step accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("from_step"), std::string::npos) << e.what();
+  }
+}
