@@ -159,6 +159,19 @@ int64_t bucket_topk(double density, int64_t floats) {
   return std::clamp<int64_t>(k, floats > 0 ? 1 : 0, floats);
 }
 
+int64_t reduce_window_floats(int64_t nodes) {
+  if (nodes < 2) return int64_t{1} << 24;
+  const int64_t w = kReduceStageBudgetBytes / (2 * (nodes - 1) * int64_t{4});
+  return std::clamp<int64_t>(w, int64_t{1} << 18, int64_t{1} << 24);  // 1 MiB to 64 MiB
+}
+
+double reduce_stage_bytes(int64_t nodes, int64_t floats) {
+  if (nodes < 2 || floats <= 0) return 0.0;
+  const int64_t w = reduce_window_floats(nodes);
+  const double sets = floats > w ? 2.0 : 1.0;
+  return sets * static_cast<double>(nodes - 1) * 4.0 * static_cast<double>(std::min(floats, w));
+}
+
 double shm_bytes(int64_t n, int64_t workers) {
   auto align64 = [](double x) { return std::ceil(x / 64.0) * 64.0; };
   const double N = static_cast<double>(n);
@@ -377,10 +390,11 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
       }
       l.state = 12.0 * (sharded ? floats : n);
       // ringd's TransportExchange::reduce_sum: the owner receives every other node's bucket
-      // into its own staging vector, kept (and grown) for the attempt. Shard optimizer's dense
-      // steps, and every top-k step at the owner (shard none too).
+      // in windows into staging vectors kept (and grown) for the attempt. Shard optimizer's
+      // dense steps, and every top-k step at the owner (shard none too).
       const bool reduces = (mode == ShardMode::kOptimizer && dense_steps) || (at_owner && !full);
-      if (nodes_i > 1 && reduces) l.reduce_stage = (nodes - 1.0) * 4.0 * biggest;
+      if (nodes_i > 1 && reduces)
+        l.reduce_stage = reduce_stage_bytes(nodes_i, static_cast<int64_t>(biggest));
       if (topk) {
         // At the owner: one set of k per bucket (shard none: every owner's set, all-gathered).
         l.summed = 8.0 * (sharded ? u_own : u_all);
@@ -411,7 +425,7 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     r.push_back({"node gradient (fp32)", 4.0 * (full ? R : n), full ? "4 x range" : "4 x n"});
     if (worst.reduce_stage > 0)
       r.push_back({"dense reduce staging at the owner", worst.reduce_stage,
-                   "(nodes - 1) x 4 x its largest bucket"});
+                   "(nodes - 1) x 4 x min(largest bucket, window), x 2 past one window"});
     if (topk) {
       p.topk_bucket_k = kmax;
       const double K8 = 8.0 * static_cast<double>(kmax);

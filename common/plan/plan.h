@@ -61,6 +61,14 @@ int64_t bucket_topk(double density, int64_t floats);
 // [n] fp32, lazy index [n] uint64, slots [workers][n] fp32, each 64-byte aligned
 // (common/contract/shm.cc ShmRegion::create).
 double shm_bytes(int64_t n, int64_t workers);
+// ringd's dense reduce to a bucket's owner (TransportExchange::reduce_sum) goes in windows of
+// this many floats per sending node, double-buffered: the owner stages at most
+// 2 x (nodes - 1) x window floats (about kReduceStageBudgetBytes) whatever the bucket size.
+inline constexpr int64_t kReduceStageBudgetBytes = int64_t{256} << 20;
+int64_t reduce_window_floats(int64_t nodes);
+// The bytes the owner of a bucket of `floats` stages in that reduce: one window per other node
+// (the bucket's size when it fits in one window), two when the bucket spans several windows.
+double reduce_stage_bytes(int64_t nodes, int64_t floats);
 // ckpt::Options::staging_bytes: the copy-on-modify budget of ringd's checkpointer.
 inline constexpr double kCheckpointStagingBytes = 16.0 * (1 << 20);
 

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "common/plan/plan.h"
+
 namespace ring::ringd {
 
 namespace {
@@ -71,6 +73,13 @@ void TransportExchange::wait_all(std::vector<Pending>& ps, const char* what) {
   ps.clear();
 }
 
+void TransportExchange::set_reduce_window_floats(int64_t w) {
+  if (w < 1)
+    throw transport::TransportError(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                                    fmt::format("daemons: reduce window {} floats: must be >= 1", w));
+  reduce_window_ = w;
+}
+
 void TransportExchange::reduce_sum(float* x, int64_t n, int root) {
   usable("reduce");
   if (root < 0 || root >= nodes_) {
@@ -78,36 +87,66 @@ void TransportExchange::reduce_sum(float* x, int64_t n, int root) {
                                     fmt::format("daemons: reduce: root {} of {}", root, nodes_));
   }
   if (nodes_ == 1 || n == 0) return;
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-  std::vector<Pending> ps;
+  // In windows of w floats: a bucket of any size stages at most two windows per sending node at
+  // the root (plan::reduce_stage_bytes), and the fold of one window overlaps the next's arrival.
+  const int64_t w = reduce_window_;
+  const int64_t windows = (n + w - 1) / w;
+  auto span = [&](int64_t c) { return std::min(w, n - c * w); };
   if (node_ != root) {
-    bytes_sent_ += static_cast<int64_t>(bytes);
-    post(ps, false, x, bytes, root, kTagReduce, "reduce");
-    wait_all(ps, "reduce");
-    return;
-  }
-  // The root: every other node's x into its own stage slot, then the left fold in node order.
-  stage_.resize(static_cast<size_t>(nodes_));
-  for (int k = 0; k < nodes_; ++k) {
-    if (k == root) continue;
-    stage_[k].resize(static_cast<size_t>(n));
-    post(ps, true, stage_[k].data(), bytes, k, kTagReduce, "reduce");
-  }
-  wait_all(ps, "reduce");
-  auto part = [&](int k) -> const float* { return k == root ? x : stage_[k].data(); };
-  if (root != 0) {
-    // Start from node 0's part; the root's own x is added at its turn.
-    std::vector<float>& acc = stage_[0];
-    for (int k = 1; k < nodes_; ++k) {
-      const float* y = part(k);
-      for (int64_t i = 0; i < n; ++i) acc[i] += y[i];
+    // Two windows in flight: the root has posted receives for at most two.
+    bytes_sent_ += n * static_cast<int64_t>(sizeof(float));
+    std::vector<Pending> flight[2];
+    for (int64_t c = 0; c < windows; ++c) {
+      std::vector<Pending>& ps = flight[c % 2];
+      if (!ps.empty()) wait_all(ps, "reduce");
+      post(ps, false, x + c * w, static_cast<size_t>(span(c)) * sizeof(float), root, kTagReduce,
+           "reduce");
     }
-    std::memcpy(x, acc.data(), bytes);
+    for (auto& ps : flight) wait_all(ps, "reduce");
     return;
   }
-  for (int k = 1; k < nodes_; ++k) {
-    const float* y = stage_[k].data();
-    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  // The root: every other node's window c into stage set c % 2, then the left fold in node order
+  // (node 0 first, the root's own x at its turn), exactly as one whole-bucket fold would add.
+  const int sets = windows > 1 ? 2 : 1;
+  const size_t slot = static_cast<size_t>(std::min(n, w));
+  stage_.resize(std::max(stage_.size(), static_cast<size_t>(2 * nodes_)));
+  for (int set = 0; set < sets; ++set)
+    for (int k = 0; k < nodes_; ++k) {
+      auto& v = stage_[static_cast<size_t>(set * nodes_ + k)];
+      if (k != root && v.size() < slot) v.resize(slot);
+    }
+  std::vector<Pending> flight[2];
+  auto post_window = [&](int64_t c) {
+    for (int k = 0; k < nodes_; ++k) {
+      if (k == root) continue;
+      post(flight[c % 2], true, stage_[static_cast<size_t>((c % 2) * nodes_ + k)].data(),
+           static_cast<size_t>(span(c)) * sizeof(float), k, kTagReduce, "reduce");
+    }
+  };
+  post_window(0);
+  if (windows > 1) post_window(1);
+  for (int64_t c = 0; c < windows; ++c) {
+    wait_all(flight[c % 2], "reduce");
+    const int64_t len = span(c);
+    float* out = x + c * w;
+    auto part = [&](int k) -> float* {
+      return k == root ? out : stage_[static_cast<size_t>((c % 2) * nodes_ + k)].data();
+    };
+    if (root != 0) {
+      // Start from node 0's part; the root's own x is added at its turn.
+      float* acc = part(0);
+      for (int k = 1; k < nodes_; ++k) {
+        const float* y = part(k);
+        for (int64_t i = 0; i < len; ++i) acc[i] += y[i];
+      }
+      std::memcpy(out, acc, static_cast<size_t>(len) * sizeof(float));
+    } else {
+      for (int k = 1; k < nodes_; ++k) {
+        const float* y = part(k);
+        for (int64_t i = 0; i < len; ++i) out[i] += y[i];
+      }
+    }
+    if (c + 2 < windows) post_window(c + 2);
   }
 }
 
@@ -193,6 +232,7 @@ TransportExchange::TransportExchange(const std::string& transport, int node, int
     : node_(node),
       nodes_(nodes),
       timeout_ms_(op_timeout_ms),
+      reduce_window_(plan::reduce_window_floats(nodes)),
       plugin_(transport::TransportPlugin::load(transport)) {
   ring_transport_config_t cfg{};
   cfg.rank = node;

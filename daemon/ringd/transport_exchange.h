@@ -11,7 +11,8 @@
 // The shard collectives are point-to-point (isend/irecv with tags of their own, one per kind;
 // messages between a pair with one tag arrive in order, and every node calls the collectives in
 // the same order): reduce_sum, every node but the root sends its x to the root, which folds
-// them in node order (node 0 first); gather, every node but the root sends its byte count, then
+// them in node order (node 0 first), in windows of plan::reduce_window_floats (two in flight, so
+// the root stages at most two windows per node whatever the bucket size); gather, every node but the root sends its byte count, then
 // its bytes; allgather_spans, each node sends its span to every other node and receives theirs
 // straight into x. All of one call's requests are posted first, then waited for against one
 // deadline (op_timeout_ms). After a failure requests may still be in flight (their buffers
@@ -44,6 +45,9 @@ class TransportExchange final : public optim::Exchange {
   void reduce_sum(float* x, int64_t n, int root) override;
   std::vector<std::vector<uint8_t>> gather(const void* data, int64_t bytes, int root) override;
   void allgather_spans(float* x, const std::vector<int64_t>& offsets) override;
+  // The reduce window in floats (default plan::reduce_window_floats(nodes)); every node must
+  // use the same. Smaller windows let tests cross window edges with small buckets.
+  void set_reduce_window_floats(int64_t w);
   // Bytes this node sent through the exchange since construction (payload, not protocol).
   int64_t bytes_sent() const { return bytes_sent_; }
 
@@ -60,6 +64,7 @@ class TransportExchange final : public optim::Exchange {
   void usable(const char* what) const;
 
   int node_, nodes_, timeout_ms_;
+  int64_t reduce_window_;
   transport::TransportPlugin plugin_;
   // Receive and send staging of the shard collectives: declared before comm_ so that they outlive
   // it (a request abandoned by a failure may touch them until finalize).

@@ -2,7 +2,8 @@
 // process per node: the shard collectives of parallel.shard optimizer with 3 nodes.
 //
 //   ShardCollectivesWithThreeNodes: reduce_sum to every root gives the root the left fold in
-//     node order (bit for bit, values whose sum depends on the order), gather to a root with
+//     node order (bit for bit, values whose sum depends on the order), whole and in windows
+//     (the same bits), gather to a root with
 //     per-node sizes (one of them 0), allgather_spans with an empty span, interleaved with the
 //     ring collectives (allreduce_sum, allgather) in one communicator.
 //   ReduceTimesOutNamingTheMissingNode: node 1 never sends: the root fails within the bound,
@@ -102,6 +103,15 @@ TEST_F(TransportExchangeTest, ShardCollectivesWithThreeNodes) {
         require(std::memcmp(x.data(), want.data(), sizeof(float) * n) == 0,
                 "reduce to root " + std::to_string(root) + ": not the left fold in node order");
       }
+      // The same reduce in windows of 1000 floats (10 full, one of 7), two in flight: the same
+      // bits, the root's own x folded at its turn.
+      std::vector<float> xw = values(node, n, root);
+      ex.set_reduce_window_floats(1000);
+      ex.reduce_sum(xw.data(), n, root);
+      ex.set_reduce_window_floats(n);  // one window: as before
+      if (node == root)
+        require(std::memcmp(xw.data(), x.data(), sizeof(float) * n) == 0,
+                "windowed reduce to root " + std::to_string(root) + ": not the same bits");
       // A ring collective between the point-to-point ones.
       double d = node + 0.5;
       ex.allreduce_sum(&d, 1);
