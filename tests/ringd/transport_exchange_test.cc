@@ -56,7 +56,20 @@ std::vector<std::string> run_nodes(int nodes, const std::string& dir,
       } catch (const std::exception& e) {
         error = e.what();
       }
-      std::ofstream(dir + "/error-" + std::to_string(node)) << error;
+      {
+        std::ofstream f(dir + "/error-" + std::to_string(node) + ".tmp");
+        f << error;
+      }
+      std::rename((dir + "/error-" + std::to_string(node) + ".tmp").c_str(),
+                  (dir + "/error-" + std::to_string(node)).c_str());
+      // Stay until every node is done: a node that exits at once can take its last messages
+      // with it before a slower peer has received them (the transport then reports that peer
+      // failed). Bounded: a node that never finishes fails the test on its own.
+      const auto until = Clock::now() + std::chrono::seconds(60);
+      for (int k = 0; k < nodes && Clock::now() < until; ++k)
+        while (access((dir + "/error-" + std::to_string(k)).c_str(), F_OK) != 0 &&
+               Clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
       std::fflush(nullptr);
       _exit(error.empty() ? 0 : 1);
     }
