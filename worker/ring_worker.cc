@@ -4,6 +4,8 @@
 //
 // The same binary is also a rank of a ring driven by ringd (--rank/--world/--rendezvous, the
 // optimizer in ringd) and the local launcher (--launch-local): worker/README.md.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/contract/timeline.h"
 #include "common/log/log.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
@@ -218,6 +221,20 @@ int run_generate(const Args& args) {
     std::fflush(stdout);
   };
   const int world = args.rank >= 0 ? args.world : 1;
+  // Under ringd: the flight recorder ringd reads to find a hung rank (its prefill layers, decode
+  // steps and waits on the other ranks; generate_run.h).
+  ring::contract::timeline::TimelineWriter timeline;
+  if (!args.timeline.empty()) {
+    const std::string e = timeline.open(args.timeline, std::max(0, args.rank), ::getpid());
+    if (e.empty()) {
+      ring::contract::timeline::set_active(&timeline);
+    } else {
+      lg->warn("no timeline (ringd cannot tell a hung rank from a slow one): {}", e);
+    }
+  }
+  struct Unset {
+    ~Unset() { ring::contract::timeline::set_active(nullptr); }
+  } unset;
   std::printf(
       "ring-worker --generate: %s | rank %d of %d | %zu prompt(s), %lld new tokens, "
       "temperature %g, top_p %g, seed %lld | checkpoint %s | output %s\n",

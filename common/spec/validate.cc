@@ -196,7 +196,7 @@ const std::vector<Rule>& rules() {
          if (c.s.job.kind != JobKind::kGenerate) {
            for (const char* k : {"generate.checkpoint", "generate.prompts", "generate.output",
                                  "generate.json", "generate.max_new_tokens", "generate.temperature",
-                                 "generate.top_p", "generate.seed"})
+                                 "generate.top_p", "generate.seed", "generate.hang_deadline_s"})
              if (c.given(k))
                c.warning(k, fmt::format("ignored: job.kind is train ({} is read by job.kind "
                                         "generate only)",

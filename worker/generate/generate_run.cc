@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/contract/layout.h"
+#include "common/contract/timeline.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
@@ -367,6 +368,7 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
       which.push_back(i);
     }
     if (seqs.empty()) break;
+    const int64_t step_t0 = contract::timeline::now_ns();
     gen::StepTiming t = g.step(seqs, next, &logits);
     std::vector<int32_t> chosen;
     for (size_t b = 0; b < which.size(); ++b) {
@@ -381,6 +383,15 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
       for (size_t b = 0; b < which.size(); ++b) outs[which[b]].next = chosen[b];
     }
     decoded += static_cast<int64_t>(which.size());
+    // The decode step into the flight recorder (under ringd): progress, and its time sets the
+    // hang deadline.
+    if (contract::timeline::TimelineWriter* tl = contract::timeline::active()) {
+      tl->set_step(n + 1);
+      tl->record({.kind = contract::timeline::Phase::kDecode,
+                  .step = n + 1,
+                  .begin_ns = step_t0,
+                  .end_ns = contract::timeline::now_ns()});
+    }
     // At most one line a second (and the last step's).
     if (o.progress && (ring == nullptr || ring->rank() == 0) && o.progress_every > 0 &&
         (((n + 1) % o.progress_every == 0 &&

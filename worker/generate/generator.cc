@@ -6,23 +6,39 @@
 
 #include <fmt/format.h>
 
+#include "common/contract/timeline.h"
 #include "worker/data/errors.h"
 #include "worker/data/split.h"
 
 namespace ring::gen {
 
+namespace timeline = contract::timeline;
 using model::check_status;
 
 // The prefill's attention: hands each layer's K/V to the generator, then computes the attention
-// with the wrapped executor.
+// with the wrapped executor. With a flight recorder (a generate rank under ringd), each layer's
+// prefill (from the previous layer's attention to this one's end) is recorded as a `forward`
+// phase: the rank's progress, and its time sets ringd's hang deadline.
 class Generator::Capture final : public model::AttentionExecutor {
  public:
   using Sink = std::function<void(const model::AttentionCall&)>;
   explicit Capture(model::AttentionExecutor* inner) : inner_(inner) {}
-  void set_sink(Sink s) { sink_ = std::move(s); }
+  void set_sink(Sink s) {
+    sink_ = std::move(s);
+    last_ns_ = timeline::now_ns();
+  }
   void forward(const model::AttentionCall& call, float* out, float* lse) override {
     if (sink_) sink_(call);
     inner_->forward(call, out, lse);
+    if (timeline::TimelineWriter* tl = timeline::active()) {
+      const int64_t now = timeline::now_ns();
+      tl->record({.kind = timeline::Phase::kForward,
+                  .step = tl->step(),
+                  .layer = static_cast<int32_t>(call.layer),
+                  .begin_ns = last_ns_,
+                  .end_ns = now});
+      last_ns_ = now;
+    }
   }
   void backward(const model::AttentionCall&, const float*, const float*, const float*, float*,
                 float*, float*) override {
@@ -33,6 +49,7 @@ class Generator::Capture final : public model::AttentionExecutor {
  private:
   model::AttentionExecutor* inner_;
   Sink sink_;
+  int64_t last_ns_ = 0;
 };
 
 Generator::Generator(const model::ModelConfig& config, const float* params,
