@@ -213,6 +213,8 @@ int run_generate(const Args& args) {
   o.seed = static_cast<uint64_t>(s.generate.seed);
   o.spec = args.spec;  // the model, data.tokenizer and the cache keys of the generate section
   o.threads = args.threads.value_or(static_cast<int>(s.resources.cpus_per_worker));
+  // resources.backend cuda: the fast tier in GPU memory (ringd gives each rank its GPU).
+  o.backend = args.backend.value_or(ring::spec::to_string(s.resources.backend));
   o.split = ring::spec::to_string(s.parallel.causal_balance);
   o.transport = args.transport;
   o.timeout_s = std::max(1, args.timeout_ms / 1000);

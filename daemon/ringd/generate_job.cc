@@ -199,15 +199,27 @@ std::optional<int> GenerateJob::start() {
       return kExitFailed;
     }
   }
-  // Cores for each local worker (no GPUs: generation runs on the cpu backend).
+  // Cores for each local worker, and with resources.backend cuda its GPU (the rank's fast tier
+  // and decode step; CUDA_VISIBLE_DEVICES as training's workers get it).
   NodeFacts facts;
+  const bool cuda = s_.resources.backend == spec::Backend::kCuda;
+  try {
+    facts.gpus = placement::discover_gpus().topology;
+  } catch (const std::exception& e) {
+    if (cuda) {
+      std::cerr << "ringd: placement: " << e.what() << "\n";
+      return kExitFailed;
+    }
+    log(std::string("GPU discovery: ") + e.what());
+  }
   try {
     facts.cpu = placement::discover_cpu_topology();
     placement::PlacementRequest req;
     req.workers = wpn_;
     req.cpus_per_worker = static_cast<int>(s_.resources.cpus_per_worker);
-    req.device = placement::Device::kCpu;
-    placement_ = placement::place_workers(placement::GpuTopology{}, *facts.cpu, req);
+    req.device = cuda ? placement::Device::kGpu : placement::Device::kCpu;
+    placement_ = placement::place_workers(cuda ? *facts.gpus : placement::GpuTopology{},
+                                          *facts.cpu, req);
   } catch (const std::exception& e) {
     std::cerr << "ringd: placement: " << e.what() << "\n";
     return kExitFailed;
@@ -285,6 +297,7 @@ bool GenerateJob::spawn_all() {
     if (const std::string& t = tl_paths_[static_cast<size_t>(w.local)]; !t.empty())
       launch.argv.insert(launch.argv.end(), {"--timeline", t});
     launch.cpus = pl.cpus;
+    launch.cuda_visible_devices = pl.cuda_visible_devices;
     launch.banner = "=== generate ===\n";
     std::string fatal, failed;
     sup_.spawn(w, launch, &fatal, &failed);

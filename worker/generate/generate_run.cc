@@ -515,8 +515,18 @@ int run_rank(const GenerateOpts& o, const Identity& id) {
   Inputs in = load_inputs(o, id.rank != 0);
   check_split(o, in, id.world);
   std::string err;
+  // The prefill runs on the cpu backend (the ring's transports move host buffers); a device
+  // backend holds this rank's fast tier and runs the decode step's dense layers (generator.h).
   auto backend = kernels::create_backend("cpu", o.threads, &err);
   if (!backend) throw InputError("cannot create the cpu backend: " + err);
+  std::unique_ptr<kernels::Backend> device;
+  if (o.backend != "cpu") {
+    device = kernels::create_backend(o.backend, o.threads, &err);
+    if (!device)
+      throw InputError(fmt::format("--backend {}: rank {} of {}: cannot create the {} backend: {}",
+                                   o.backend, id.rank, id.world, o.backend, err));
+    in.go.device = device.get();
+  }
   gen::RingOptions ro;
   ro.rank = id.rank;
   ro.ranks = id.world;
