@@ -431,6 +431,10 @@ void GenerateJob::check_hang() {
   json data = hang_data(step, deadline, f);
   data["phase"] = step > 0 ? "decode" : "prefill";
   event("hang", data);
+  // The flight recorder of the hang, for `ringctl trace`.
+  const std::string node = coord_ ? coord_->node() : fmt::format("node{}", o_.node_rank);
+  const std::string e = dump_node_timeline(job_dir_, o_.node_rank, node, tl_maps_, {});
+  if (!e.empty()) log("timeline: " + e);
   if (f.missing.empty()) return;
   // The first missing rank is failed as training fails a hung worker (worker_failed: killed,
   // which ring-coord records as its death with this reason), then every rank is stopped.

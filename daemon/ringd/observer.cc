@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -275,6 +276,22 @@ std::string write_node_timeline(const std::string& path, int node_rank, const st
     return e.what();
   }
   return "";
+}
+
+std::string dump_node_timeline(const std::string& job_dir, int node_rank, const std::string& node,
+                               const std::vector<tl::Mapping>& maps,
+                               const std::vector<tl::Event>& ringd_events) {
+  const std::string dir = job_dir + "/timeline";
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return fmt::format("cannot create {}: {}", dir, std::strerror(errno));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+    return fmt::format("{} is not a directory of ours (a symbolic link?): not written", dir);
+  std::vector<tl::Snapshot> snaps;
+  for (const tl::Mapping& m : maps)
+    if (m.valid()) snaps.push_back(tl::read_mapped(m.data()));
+  return write_node_timeline(fmt::format("{}/node-{}.jsonl", dir, node_rank), node_rank, node,
+                             snaps, ringd_events, 32, 2000000);
 }
 
 }  // namespace ring::ringd

@@ -90,6 +90,14 @@ std::string write_node_timeline(const std::string& path, int node_rank, const st
                                 const std::vector<contract::timeline::Event>& ringd_events,
                                 int64_t steps, size_t max_records);
 
+// The node's timeline of its workers' mapped files `maps` and ringd's own events into
+// <job_dir>/timeline/node-<node_rank>.jsonl (write_node_timeline: the last 32 steps, at most 2M
+// records; the directory made 0700, refused unless it is a directory of ours). Returns "" or the
+// error.
+std::string dump_node_timeline(const std::string& job_dir, int node_rank, const std::string& node,
+                               const std::vector<contract::timeline::Mapping>& maps,
+                               const std::vector<contract::timeline::Event>& ringd_events);
+
 // ringd's own phases (optimizer, checkpoint): a fixed ring of events, no allocation per record.
 class DaemonTimeline {
  public:

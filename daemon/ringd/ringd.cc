@@ -1183,23 +1183,8 @@ void Daemon::dump_timeline(bool force) {
   if (!force && now - last_dump_ < std::chrono::seconds(5)) return;
   if (tl_maps_.empty()) return;
   last_dump_ = now;
-  const std::string dir = job_dir_ + "/timeline";
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    log(fmt::format("timeline: cannot create {}: {}", dir, std::strerror(errno)));
-    return;
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
-    log(fmt::format("timeline: {} is not a directory of ours (a symbolic link?): not written",
-                    dir));
-    return;
-  }
-  std::vector<contract::timeline::Snapshot> snaps;
-  for (const contract::timeline::Mapping& m : tl_maps_)
-    if (m.valid()) snaps.push_back(contract::timeline::read_mapped(m.data()));
-  const std::string e = write_node_timeline(
-      fmt::format("{}/node-{}.jsonl", dir, o_.node_rank), o_.node_rank, node_label(), snaps,
-      daemon_tl_.events(0), 32, 2000000);
+  const std::string e =
+      dump_node_timeline(job_dir_, o_.node_rank, node_label(), tl_maps_, daemon_tl_.events(0));
   if (!e.empty()) log("timeline: " + e);
 }
 

@@ -321,6 +321,10 @@ TEST_F(GenerateJob, StoppedWorkerIsFoundHungAndFailsTheJob) {
   // The deadline that passed: the floor, or 10 x a slow step; never the transport's 600 s.
   EXPECT_GE(hang.value("deadline_s", 0.0), 3.0) << hang.dump();
   EXPECT_LT(hang.value("deadline_s", 0.0), 600.0) << hang.dump();
+  // The flight recorder of the hang for `ringctl trace`: both ranks' decode steps.
+  const std::string trace = read_text(job_dir + "/timeline/node-0.jsonl");
+  EXPECT_TRUE(contains(trace, "[0,") && contains(trace, "[1,")) << trace.substr(0, 2000);
+  EXPECT_TRUE(contains(trace, "\"decode\"")) << trace.substr(0, 2000);
   // No rank is left behind (the stopped one is killed).
   EXPECT_TRUE(wait_for([&] { return !ring::test::alive(victim, "ring-worker"); }, 30s));
   EXPECT_TRUE(wait_for([&] { return !ring::test::alive(other, "ring-worker"); }, 30s));
