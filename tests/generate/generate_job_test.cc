@@ -3,8 +3,9 @@
 // checkpoint, prompts and seed (greedy over 1 and 2 ranks, sampled over 2 ranks with --json);
 // the job ends completed in ring-coord with its events; a bad generate spec is refused naming
 // the key; a killed worker fails the job (no hang, no process left); a SIGSTOPped worker is found
-// hung from its flight recorder and fails the job naming it, while a slow but progressing job
-// under CPU load (a long prefill) is not flagged; `ringctl cancel` and Ctrl-C stop it.
+// hung from its flight recorder and fails the job naming it (also across two nodes: the stuck
+// rank's node names it), while a slow but progressing job under CPU load (a long prefill) is not
+// flagged; `ringctl cancel` and Ctrl-C stop it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -329,6 +330,56 @@ TEST_F(GenerateJob, StoppedWorkerIsFoundHungAndFailsTheJob) {
   EXPECT_TRUE(wait_for([&] { return !ring::test::alive(victim, "ring-worker"); }, 30s));
   EXPECT_TRUE(wait_for([&] { return !ring::test::alive(other, "ring-worker"); }, 30s));
   EXPECT_FALSE(fs::exists(job_dir + "/generate.out"));
+}
+
+// Two nodes (two ringd, one rank each, no coordinator), rank 1 SIGSTOPped mid-decode: node 1's
+// ringd names its rank missing and fails it; node 0's rank only waits on it (its ringd never
+// names rank 0), and dies on the lost peer. Both ringd exit 1, no rank is left.
+TEST_F(GenerateJob, TwoNodesTheStuckRanksNodeNamesIt) {
+  std::string text = ring::test::read_file(
+      spec(2, "  max_new_tokens: 1000000\n  hang_deadline_s: 3\n", "twonodes"));
+  text.replace(text.find("workers_per_node: 2"), 19, "nodes: 2\n  workers_per_node: 1");
+  const std::string path = t_.path + "/twonodes.yaml";
+  write(path, text);
+  const std::string jd = t_.path + "/j2n";
+  auto args = [&](int node) {
+    return std::vector<std::string>{RINGD, "--spec", path, "--job-dir", jd, "--json",
+                                    "--worker-threads", "1", "--worker-bin", RING_WORKER,
+                                    "--nodes", "2", "--node-rank", std::to_string(node),
+                                    "--rendezvous", t_.path + "/rdv2n", "--stop-grace", "1"};
+  };
+  ring::test::ProcOptions po = ring::test::ucx_loopback();
+  ring::test::Proc d0(args(0), t_.path + "/d0.out", t_.path + "/d0.err", po);
+  ring::test::Proc d1(args(1), t_.path + "/d1.out", t_.path + "/d1.err", po);
+  ASSERT_TRUE(wait_for([&] { return contains(read_text(jd + "/logs/ringd-0.log"), "decode "); },
+                       180s))
+      << read_text(jd + "/logs/ringd-0.log") << read_text(t_.path + "/d1.err");
+  auto pid_in = [&](int node, int rank) {
+    std::smatch m;
+    const std::string log = read_text(jd + "/logs/ringd-" + std::to_string(node) + ".log");
+    const std::regex re("worker rank " + std::to_string(rank) + " \\(local 0\\) pid (\\d+)");
+    return std::regex_search(log, m, re) ? static_cast<pid_t>(std::stol(m[1])) : -1;
+  };
+  const pid_t victim = pid_in(1, 1), other = pid_in(0, 0);
+  ASSERT_GT(victim, 0);
+  ASSERT_GT(other, 0);
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const int st1 = d1.wait(300), st0 = d0.wait(300);
+  ::kill(victim, SIGCONT);  // only if the test failed: ringd kills it
+  const std::string log1 = read_text(jd + "/logs/ringd-1.log"),
+                    log0 = read_text(jd + "/logs/ringd-0.log");
+  EXPECT_TRUE(WIFEXITED(st1) && WEXITSTATUS(st1) == 1) << st1 << log1;
+  EXPECT_TRUE(WIFEXITED(st0) && WEXITSTATUS(st0) == 1) << st0 << log0;
+  EXPECT_TRUE(contains(log1, "rank 1 is stopped (SIGSTOP)")) << log1;
+  EXPECT_TRUE(contains(log1, "failed: worker rank 1 hung")) << log1;
+  EXPECT_FALSE(contains(log0, "worker rank 0 hung")) << log0;
+  EXPECT_FALSE(contains(log0, "never arrived: rank 0")) << log0;
+  // What node 0 saw (its check may come first: its rank waiting; or its rank died first).
+  for (const std::string& l : {std::string("hang: "), std::string("failed: ")})
+    if (const size_t at = log0.find(l); at != std::string::npos)
+      std::printf("node 0: %s\n", log0.substr(at, log0.find('\n', at) - at).c_str());
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(victim, "ring-worker"); }, 30s));
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(other, "ring-worker"); }, 30s));
 }
 
 // The same tight floor on a job that is slow but progressing: a 2-rank job with a long prompt
