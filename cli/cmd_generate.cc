@@ -114,6 +114,7 @@ std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& 
   if (o.has_disk) add("--disk-dir", o.disk_dir);
   if (o.has_window) add("--window", std::to_string(o.window));
   if (!o.spec.empty()) add("--spec", o.spec);
+  add("--backend", o.backend);
   // Threads: the cores shared among the ranks unless given.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   add("--threads", std::to_string(o.threads > 0 ? o.threads : std::max(1, cores / world)));
@@ -219,11 +220,6 @@ int run_generate(const GenerateOpts& o) {
   if (o.split != "zigzag" && o.split != "contiguous")
     throw UsageError(fmt::format("--split '{}': zigzag or contiguous", o.split));
   const Identity id = identity(o);
-  if (o.backend != "cpu" && (id.world > 1 || o.ranks > 1))
-    throw UsageError(fmt::format(
-        "--backend {}: generation over several ranks runs on the cpu backend (the device fast "
-        "tier runs in one process)",
-        o.backend));
   if (id.world > 1) {
     // A rank's threads: --threads, else srun's CPUs per task (-c), else every core.
     GenerateOpts ro = o;
@@ -275,8 +271,9 @@ Subcommand add_generate(CLI::App& app) {
   sc->add_option("--threads", o->threads, "CPU threads (default 0: all cores)")
       ->check(CLI::Range(0, 4096));
   sc->add_option("--backend", o->backend,
-                 "Kernel backend: cpu (default) or cuda (prefill, the decode step's layers and the "
-                 "fast tier's attention on the GPU, the fast tier in GPU memory; one process)")
+                 "Kernel backend: cpu (default) or cuda (the fast tier in GPU memory, its "
+                 "attention and the decode step's layers on the GPU; the prefill too in one "
+                 "process, on the cpu backend over several ranks)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   sc->add_flag("--host-int8", o->host_int8,
               "Store full host-tier pages as int8 (K per channel, V per token): about 0.29 of "

@@ -172,8 +172,9 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
       if (current && is_active(j.state)) {
         std::string how = m.signal ? "signal " + std::to_string(*m.signal)
                                    : "exit code " + std::to_string(*m.exit_code);
-        e_.fail_attempt(
-            j, "worker rank " + std::to_string(*m.rank) + " on " + m.node + " died (" + how + ")");
+        // A worker ringd killed says why (worker_failed: "hung in step 12 ...").
+        e_.fail_attempt(j, "worker rank " + std::to_string(*m.rank) + " on " + m.node + " died (" +
+                               how + ")" + (m.message.empty() ? "" : ": " + m.message));
       }
       break;
     }

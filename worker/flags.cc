@@ -131,8 +131,8 @@ Flags parse_flags(int argc, char** argv) {
                       "This rank's slot on its node (with --ringd)")
               ->type_name("L"));
   in_ring(app.add_option("--timeline", a.timeline,
-                         "With --ringd: the phase timeline file ringd created for this rank "
-                         "(spawned by ringd only)")
+                         "With --ringd or --generate: the phase timeline file ringd created for "
+                         "this rank (spawned by ringd only)")
               ->type_name("FILE"));
 
   // Generation.
@@ -153,8 +153,8 @@ Flags parse_flags(int argc, char** argv) {
     // Generation takes the ring's rank flags and nothing of training's.
     for (const CLI::Option* o : single)
       if (o->count() > 0) flags::usage_error(app, o->get_name() + " is not a flag of --generate");
-    for (const char* f : {"--launch-local", "--ringd", "--local-rank", "--timeline", "--stagger-us",
-                          "--steps", "--log-json"})
+    for (const char* f : {"--launch-local", "--ringd", "--local-rank", "--stagger-us", "--steps",
+                          "--log-json"})
       if (app.count(f) > 0)
         flags::usage_error(app, std::string(f) + " is not a flag of --generate");
     if (a.spec.empty()) flags::usage_error(app, "--spec FILE is required");

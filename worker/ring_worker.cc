@@ -4,6 +4,8 @@
 //
 // The same binary is also a rank of a ring driven by ringd (--rank/--world/--rendezvous, the
 // optimizer in ringd) and the local launcher (--launch-local): worker/README.md.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/contract/timeline.h"
 #include "common/log/log.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
@@ -210,6 +213,8 @@ int run_generate(const Args& args) {
   o.seed = static_cast<uint64_t>(s.generate.seed);
   o.spec = args.spec;  // the model, data.tokenizer and the cache keys of the generate section
   o.threads = args.threads.value_or(static_cast<int>(s.resources.cpus_per_worker));
+  // resources.backend cuda: the fast tier in GPU memory (ringd gives each rank its GPU).
+  o.backend = args.backend.value_or(ring::spec::to_string(s.resources.backend));
   o.split = ring::spec::to_string(s.parallel.causal_balance);
   o.transport = args.transport;
   o.timeout_s = std::max(1, args.timeout_ms / 1000);
@@ -218,6 +223,20 @@ int run_generate(const Args& args) {
     std::fflush(stdout);
   };
   const int world = args.rank >= 0 ? args.world : 1;
+  // Under ringd: the flight recorder ringd reads to find a hung rank (its prefill layers, decode
+  // steps and waits on the other ranks; generate_run.h).
+  ring::contract::timeline::TimelineWriter timeline;
+  if (!args.timeline.empty()) {
+    const std::string e = timeline.open(args.timeline, std::max(0, args.rank), ::getpid());
+    if (e.empty()) {
+      ring::contract::timeline::set_active(&timeline);
+    } else {
+      lg->warn("no timeline (ringd cannot tell a hung rank from a slow one): {}", e);
+    }
+  }
+  struct Unset {
+    ~Unset() { ring::contract::timeline::set_active(nullptr); }
+  } unset;
   std::printf(
       "ring-worker --generate: %s | rank %d of %d | %zu prompt(s), %lld new tokens, "
       "temperature %g, top_p %g, seed %lld | checkpoint %s | output %s\n",

@@ -49,7 +49,8 @@ enum class Phase : uint16_t {
   kOptimizer = 11,   // ringd: the optimizer's end of the step (exposed part)
   kCheckpoint = 12,  // ringd: a checkpoint write (step)
   kParamsWait = 13,  // waiting for ringd's weights of the next step
-  kMax = 14,
+  kDecode = 14,      // generation: one decode step of the batch (step = the decode step, 1..)
+  kMax = 15,
 };
 // "forward", "ring_recv", ... (the trace's event names); "?" for an unknown value.
 const char* phase_name(Phase p);

@@ -517,6 +517,17 @@ std::vector<KeyDef> build_table() {
                   "give the same tokens, on any number of ranks."),
             Value{int64_t{0}}),
         0, kIntMax);
+  range(def(b.add("generate.hang_deadline_s", KT::kFloat, &J::generate,
+                  &GenerateSection::hang_deadline_s,
+                  "job.kind generate under ringd: the least time a rank may go without progress "
+                  "(a prefill layer, a decode step, the end of a wait on its peers) before it is "
+                  "hung. The deadline is the larger of this and 10 x the slowest prefill layer or "
+                  "decode step seen so far; before the first one ends, the larger of this and "
+                  "observability.step_deadline_s. ringd then reports a `hang` event naming the "
+                  "rank and where it stopped, stops every rank and fails the job. 0: no check "
+                  "(a hung rank's peers fail only on the transport's 600 s timeout)."),
+            Value{60.0}),
+        0.0, 1e6);
 
   // ---- resources
   range(def(b.add("resources.nodes", KT::kInt, &J::resources, &ResourcesSection::nodes,

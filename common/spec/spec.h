@@ -162,6 +162,7 @@ struct GenerateSection {
   double temperature{};
   double top_p{};
   int64_t seed{};
+  double hang_deadline_s{};
 };
 
 struct ObservabilitySection {

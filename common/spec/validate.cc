@@ -196,7 +196,7 @@ const std::vector<Rule>& rules() {
          if (c.s.job.kind != JobKind::kGenerate) {
            for (const char* k : {"generate.checkpoint", "generate.prompts", "generate.output",
                                  "generate.json", "generate.max_new_tokens", "generate.temperature",
-                                 "generate.top_p", "generate.seed"})
+                                 "generate.top_p", "generate.seed", "generate.hang_deadline_s"})
              if (c.given(k))
                c.warning(k, fmt::format("ignored: job.kind is train ({} is read by job.kind "
                                         "generate only)",
@@ -220,7 +220,8 @@ const std::vector<Rule>& rules() {
                      "generate.checkpoint)");
        }},
       {{"job.kind, parallel.data_replicas",
-        "generate: one ring of parallel.context_ranks ranks (data_replicas 1, shard none)."},
+        "generate: one ring of parallel.context_ranks ranks (data_replicas 1, shard none); "
+        "resources.backend cuda puts each rank's fast tier in its GPU's memory."},
        [](Ctx& c) {
          if (c.s.job.kind != JobKind::kGenerate) return;
          if (c.s.parallel.data_replicas != 1)
@@ -233,10 +234,6 @@ const std::vector<Rule>& rules() {
                    fmt::format("job.kind generate: every rank holds the whole model; shard must "
                                "be none (got {})",
                                to_string(c.s.parallel.shard)));
-         if (c.s.resources.backend != Backend::kCpu)
-           c.error("resources.backend",
-                   "not supported by this build: job.kind generate runs on the cpu backend "
-                   "(generation's CUDA fast tier is not built)");
        }},
       {{"model.heads, model.kv_heads", "heads must be a multiple of kv_heads."},
        [](Ctx& c) {

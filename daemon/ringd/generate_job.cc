@@ -26,11 +26,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/job_dir.h"
+#include "common/contract/timeline.h"
 #include "daemon/placement/cpu_topology.h"
 #include "daemon/placement/discovery.h"
 #include "daemon/placement/placement.h"
 #include "daemon/ringd/coord_link.h"
 #include "daemon/ringd/job_files.h"
+#include "daemon/ringd/observer.h"
 #include "daemon/ringd/output.h"
 #include "daemon/ringd/owned_paths.h"
 #include "daemon/ringd/startup.h"
@@ -45,6 +47,11 @@ using json = nlohmann::json;
 // Each worker's time limit for one exchange and for the ranks to meet (ring-worker --timeout-ms):
 // a rank whose peer died is stopped by ringd long before.
 constexpr int kRankTimeoutMs = 600000;
+
+// The hang deadline is at least this many times the slowest prefill layer or decode step seen.
+constexpr double kHangFactor = 10.0;
+
+namespace tl = contract::timeline;
 
 // The new lines a worker appends to its log (from the size it had when followed).
 class LogTail {
@@ -94,6 +101,7 @@ class GenerateJob {
   void reap();
   void handle_coord();
   void stop(const std::string& why);
+  void check_hang();
   int end();
 
   const Options& o_;
@@ -114,6 +122,15 @@ class GenerateJob {
   int stop_signal_ = 0;
   std::optional<std::string> coord_stop_;
   int exited_clean_ = 0;
+  // Hang detection: each rank's flight recorder (contract/timeline.h, mapped here), the slowest
+  // unit of work seen (a prefill layer or a decode step), and whether a hang was reported.
+  std::vector<tl::Mapping> tl_maps_;
+  std::vector<std::string> tl_paths_;
+  int64_t spawned_ns_ = 0;
+  int64_t seen_end_ns_ = 0;  // records that ended up to here are counted in slowest_s_
+  double slowest_s_ = 0;
+  Clock::time_point next_hang_check_{};
+  bool hang_reported_ = false;
   // The attempt ring-coord assigns (a Slurm requeue starts the job again under a new one): the
   // events name it, or ring-coord would take them for an older attempt's.
   int64_t attempt_ = 1;
@@ -182,15 +199,27 @@ std::optional<int> GenerateJob::start() {
       return kExitFailed;
     }
   }
-  // Cores for each local worker (no GPUs: generation runs on the cpu backend).
+  // Cores for each local worker, and with resources.backend cuda its GPU (the rank's fast tier
+  // and decode step; CUDA_VISIBLE_DEVICES as training's workers get it).
   NodeFacts facts;
+  const bool cuda = s_.resources.backend == spec::Backend::kCuda;
+  try {
+    facts.gpus = placement::discover_gpus().topology;
+  } catch (const std::exception& e) {
+    if (cuda) {
+      std::cerr << "ringd: placement: " << e.what() << "\n";
+      return kExitFailed;
+    }
+    log(std::string("GPU discovery: ") + e.what());
+  }
   try {
     facts.cpu = placement::discover_cpu_topology();
     placement::PlacementRequest req;
     req.workers = wpn_;
     req.cpus_per_worker = static_cast<int>(s_.resources.cpus_per_worker);
-    req.device = placement::Device::kCpu;
-    placement_ = placement::place_workers(placement::GpuTopology{}, *facts.cpu, req);
+    req.device = cuda ? placement::Device::kGpu : placement::Device::kCpu;
+    placement_ = placement::place_workers(cuda ? *facts.gpus : placement::GpuTopology{},
+                                          *facts.cpu, req);
   } catch (const std::exception& e) {
     std::cerr << "ringd: placement: " << e.what() << "\n";
     return kExitFailed;
@@ -247,6 +276,13 @@ bool GenerateJob::spawn_all() {
              [this](int rank) { return fmt::format("{}/logs/worker-{}.log", job_dir_, rank); });
   if (o_.node_rank == 0) progress_.emplace(job_dir_ + "/logs/worker-0.log");
   const std::string spec = fs::absolute(o_.spec).string();
+  // Each rank's flight recorder: its progress (prefill layers, decode steps) and the wait it is
+  // blocked in, read by check_hang.
+  std::vector<int64_t> ranks;
+  for (const Worker& w : sup_.workers()) ranks.push_back(w.rank);
+  tl_paths_ =
+      create_timelines(ranks, job_dir_, &tl_maps_, [this](const std::string& m) { log(m); });
+  spawned_ns_ = tl::now_ns();
   for (Worker& w : sup_.workers()) {
     const placement::WorkerPlacement& pl = placement_.workers[w.local];
     Supervisor::Launch launch;
@@ -258,7 +294,10 @@ bool GenerateJob::spawn_all() {
     if (world_ > 1)
       launch.argv.insert(launch.argv.end(), {"--rank", std::to_string(w.rank), "--world",
                                              std::to_string(world_), "--rendezvous", rdv_});
+    if (const std::string& t = tl_paths_[static_cast<size_t>(w.local)]; !t.empty())
+      launch.argv.insert(launch.argv.end(), {"--timeline", t});
     launch.cpus = pl.cpus;
+    launch.cuda_visible_devices = pl.cuda_visible_devices;
     launch.banner = "=== generate ===\n";
     std::string fatal, failed;
     sup_.spawn(w, launch, &fatal, &failed);
@@ -277,8 +316,11 @@ bool GenerateJob::spawn_all() {
       if (!cpus.empty()) cpus += ',';
       cpus += std::to_string(c);
     }
-    log(fmt::format("worker rank {} (local {}) pid {} | cpus {} | generate", w.rank, w.local, w.pid,
-                    cpus.empty() ? "any" : cpus));
+    log(fmt::format("worker rank {} (local {}) pid {} | cpus {}{} | generate", w.rank, w.local,
+                    w.pid, cpus.empty() ? "any" : cpus,
+                    pl.cuda_visible_devices.empty()
+                        ? ""
+                        : " | CUDA_VISIBLE_DEVICES=" + pl.cuda_visible_devices));
     event("worker_started", {{"rank", w.rank}, {"pid", w.pid}, {"cpus", pl.cpus}});
   }
   event("generate_started", {{"ranks", world_},
@@ -329,6 +371,81 @@ void GenerateJob::reap() {
     failure_ = fmt::format("worker rank {} {}", w.rank, describe_status(st));
     stop(failure_);
   }
+}
+
+// A rank that makes no progress: the newest progress of any local rank (a prefill layer, a
+// decode step, the end of a wait on a peer; the spawn before any) older than the deadline, the
+// larger of generate.hang_deadline_s and kHangFactor x the slowest prefill layer or decode step
+// seen (before any, the larger of it and observability.step_deadline_s). The ranks are then
+// classified as training's hang check does (observer.h analyse_hang: stopped or stuck outside a
+// wait is missing, blocked on a peer is waiting), the finding goes out as event `hang`, and a
+// missing rank of this node fails the job. When every local rank waits on ranks of other nodes,
+// their ringd names the stuck one; this one only says where its ranks wait.
+void GenerateJob::check_hang() {
+  const double floor_s = s_.generate.hang_deadline_s;
+  if (floor_s <= 0 || stopping_ || hang_reported_ || tl_maps_.empty()) return;
+  const auto now = Clock::now();
+  if (now < next_hang_check_) return;
+  next_hang_check_ = now + std::chrono::milliseconds(250);
+  std::vector<tl::Snapshot> snaps(sup_.workers().size());
+  int64_t newest = spawned_ns_, step = 0, seen = seen_end_ns_;
+  for (const Worker& w : sup_.workers()) {
+    const tl::Mapping& m = tl_maps_[static_cast<size_t>(w.local)];
+    if (!m.valid()) continue;
+    tl::Snapshot& sn = snaps[static_cast<size_t>(w.local)];
+    sn = tl::read_mapped(m.data());
+    if (!sn.ok) continue;
+    if (w.running) newest = std::max(newest, sn.progress_ns);
+    step = std::max(step, sn.step);
+    for (const tl::Event& e : sn.events) {
+      if (e.end_ns <= seen_end_ns_) continue;
+      seen = std::max(seen, e.end_ns);
+      if (e.kind == tl::Phase::kForward || e.kind == tl::Phase::kDecode)
+        slowest_s_ = std::max(slowest_s_, (e.end_ns - e.begin_ns) * 1e-9);
+    }
+  }
+  seen_end_ns_ = seen;
+  double deadline = std::max(floor_s, kHangFactor * slowest_s_);
+  if (slowest_s_ == 0) {
+    // Nothing timed yet (loading the checkpoint, joining the ranks, the first prefill layer).
+    if (s_.observability.step_deadline_s <= 0) return;
+    deadline = std::max(floor_s, s_.observability.step_deadline_s);
+  }
+  const int64_t now_ns = tl::now_ns();
+  const double stalled_s = (now_ns - newest) * 1e-9;
+  if (stalled_s <= deadline) return;
+  std::vector<HangInput> in;
+  for (const Worker& w : sup_.workers()) {
+    HangInput h;
+    h.rank = w.rank;
+    h.pid = w.pid;
+    h.running = w.running;
+    h.proc_state = proc_state(w.pid);
+    h.snap = std::move(snaps[static_cast<size_t>(w.local)]);
+    in.push_back(std::move(h));
+  }
+  const std::string what = step > 0 ? fmt::format("decode step {}", step) : "the prefill";
+  const HangFinding f = analyse_hang(step, stalled_s, deadline, in, now_ns, what);
+  hang_reported_ = true;
+  log("hang: " + f.message);
+  json data = hang_data(step, deadline, f);
+  data["phase"] = step > 0 ? "decode" : "prefill";
+  event("hang", data);
+  // The flight recorder of the hang, for `ringctl trace`.
+  const std::string node = coord_ ? coord_->node() : fmt::format("node{}", o_.node_rank);
+  const std::string e = dump_node_timeline(job_dir_, o_.node_rank, node, tl_maps_, {});
+  if (!e.empty()) log("timeline: " + e);
+  if (f.missing.empty()) return;
+  // The first missing rank is failed as training fails a hung worker (worker_failed: killed,
+  // which ring-coord records as its death with this reason), then every rank is stopped.
+  failure_ = fmt::format("worker rank {} hung: {}", f.missing.front(), f.message);
+  for (const Worker& w : sup_.workers())
+    if (w.rank == f.missing.front() && w.running) {
+      log(fmt::format("worker rank {} (pid {}) hung: killing it", w.rank, w.pid));
+      event("worker_failed", {{"rank", w.rank}, {"pid", w.pid}, {"error", "hung: " + f.message}});
+      sup_.kill(w);
+    }
+  stop(failure_);
 }
 
 void GenerateJob::handle_coord() {
@@ -404,6 +521,8 @@ int GenerateJob::run() {
     ~Cleanup() {
       g->sup_.kill_all_and_wait();
       if (g->own_rdv_) remove_own_dir(g->rdv_);
+      for (const std::string& p : g->tl_paths_)
+        if (!p.empty()) ::unlink(p.c_str());
     }
   } cleanup{this};
   int code = kExitFailed;
@@ -424,6 +543,7 @@ int GenerateJob::run() {
           event("generate_progress", {{"message", l.substr(10)}});
         });
       reap();
+      check_hang();
       if (coord_) handle_coord();
       if (stopping_) sup_.kill_overdue(Clock::now());
     }

@@ -1,7 +1,16 @@
 #include "daemon/ringd/observer.h"
 
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -42,7 +51,8 @@ std::string describe_wait(const tl::Event& c) {
     case tl::Phase::kRingSend:
       return fmt::format("ring send to rank {}, layer {} hop {}", c.peer, c.layer, c.hop);
     case tl::Phase::kCollective:
-      return "collective over all ranks (label count, loss or token-count all_gather)";
+      return "collective over all ranks (an all_gather: training's label count, loss or token "
+             "count; generation's decode partials or sampled tokens)";
     case tl::Phase::kParamsWait:
       return "waiting for ringd's weights";
     default:
@@ -61,7 +71,8 @@ char proc_state(pid_t pid) {
 }
 
 HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
-                         const std::vector<HangInput>& workers, int64_t now_ns) {
+                         const std::vector<HangInput>& workers, int64_t now_ns,
+                         const std::string& what) {
   HangFinding f;
   std::vector<std::string> why;
   for (const HangInput& w : workers) {
@@ -119,7 +130,8 @@ HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
   std::string whys;
   for (const std::string& s : why) whys += (whys.empty() ? "" : "; ") + s;
   f.message = fmt::format(
-      "step {} still in flight after {:.1f} s (deadline {:g} s): {}{}", step, elapsed_s, deadline_s,
+      "{} still in flight after {:.1f} s (deadline {:g} s): {}{}",
+      what.empty() ? fmt::format("step {}", step) : what, elapsed_s, deadline_s,
       f.missing.empty() ? std::string("no rank of this node is stuck: its ranks wait on ranks of "
                                       "other nodes")
                         : "never arrived: " + whys,
@@ -135,6 +147,64 @@ json hang_data(int64_t step, double deadline_s, const HangFinding& f) {
           {"missing", f.missing},
           {"waiting", waiting},
           {"message", f.message}};
+}
+
+// ---- timeline files ----------------------------------------------------------------------------
+
+namespace {
+
+// Timeline files an earlier ringd of this user left in /dev/shm when it was killed before its
+// workers had mapped them (their names go only then): this user's by name and owner, regular
+// files, and the ringd whose pid the name carries is gone (no process of that pid named ringd:
+// pids are reused). Nothing else is touched.
+void remove_stale_timelines(const std::function<void(const std::string&)>& say) {
+  const std::string prefix = fmt::format("ringmaster-timeline-u{}-p", ::geteuid());
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const char* p = name.c_str() + prefix.size();
+    char* end = nullptr;
+    const long pid = std::strtol(p, &end, 10);
+    if (end == p || pid <= 0 || std::strncmp(end, "-r", 2) != 0 || pid == ::getpid()) continue;
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+    std::string c;
+    if (comm && std::getline(comm, c) && c == "ringd") continue;
+    if (::unlink(e.path().c_str()) == 0) say("removed a stale timeline file " + e.path().string());
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> create_timelines(const std::vector<int64_t>& ranks,
+                                          const std::string& fallback_dir,
+                                          std::vector<contract::timeline::Mapping>* maps,
+                                          const std::function<void(const std::string&)>& say) {
+  maps->clear();
+  maps->resize(ranks.size());
+  std::vector<std::string> paths(ranks.size());
+  // tmpfs: /dev/shm when it is one (records then never cause disk writeback in the worker),
+  // else the caller's private directory.
+  struct statfs fs {};
+  const bool shm = ::statfs("/dev/shm", &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+  if (shm) remove_stale_timelines(say);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const std::string path =
+        shm ? fmt::format("/dev/shm/ringmaster-timeline-u{}-p{}-r{}", ::geteuid(), ::getpid(),
+                          ranks[i])
+            : fmt::format("{}/timeline-{}.bin", fallback_dir, ranks[i]);
+    std::string e = contract::timeline::create_file(path, ranks[i]);
+    if (e.empty()) e = (*maps)[i].open(path);
+    if (!e.empty()) {
+      say(fmt::format("worker rank {}: no timeline: {}", ranks[i], e));
+      continue;
+    }
+    paths[i] = path;
+  }
+  return paths;
 }
 
 // ---- the node's timeline file ------------------------------------------------------------------
@@ -206,6 +276,22 @@ std::string write_node_timeline(const std::string& path, int node_rank, const st
     return e.what();
   }
   return "";
+}
+
+std::string dump_node_timeline(const std::string& job_dir, int node_rank, const std::string& node,
+                               const std::vector<tl::Mapping>& maps,
+                               const std::vector<tl::Event>& ringd_events) {
+  const std::string dir = job_dir + "/timeline";
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return fmt::format("cannot create {}: {}", dir, std::strerror(errno));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+    return fmt::format("{} is not a directory of ours (a symbolic link?): not written", dir);
+  std::vector<tl::Snapshot> snaps;
+  for (const tl::Mapping& m : maps)
+    if (m.valid()) snaps.push_back(tl::read_mapped(m.data()));
+  return write_node_timeline(fmt::format("{}/node-{}.jsonl", dir, node_rank), node_rank, node,
+                             snaps, ringd_events, 32, 2000000);
 }
 
 }  // namespace ring::ringd

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,14 +59,26 @@ struct HangFinding {
   std::vector<Waiting> waiting;
   std::string message;
 };
-// `now_ns`: CLOCK_MONOTONIC; `step` in flight for `elapsed_s` past `deadline_s`.
+// `now_ns`: CLOCK_MONOTONIC; `step` in flight for `elapsed_s` past `deadline_s`. `what` names
+// what is in flight in the message ("decode step 17"; empty: "step <step>").
 HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
-                         const std::vector<HangInput>& workers, int64_t now_ns);
+                         const std::vector<HangInput>& workers, int64_t now_ns,
+                         const std::string& what = "");
 nlohmann::json hang_data(int64_t step, double deadline_s, const HangFinding& f);
 // "ring recv from rank 3, layer 2 hop 1", "collective (loss all_gather or label count)", ...
 std::string describe_wait(const contract::timeline::Event& current);
 // The state letter of /proc/<pid>/stat ('R', 'S', 'T', ...; '?' when it cannot be read).
 char proc_state(pid_t pid);
+
+// One timeline file per rank of `ranks` (the workers ringd is about to start), created zeroed
+// and mapped into (*maps)[i]: /dev/shm/ringmaster-timeline-u<uid>-p<pid>-r<rank> when /dev/shm
+// is a tmpfs (the files a killed ringd of this user left there removed first), else
+// <fallback_dir>/timeline-<rank>.bin. Returns the paths ("" for a rank whose file could not be
+// made: `say` logs why, and that worker runs without one).
+std::vector<std::string> create_timelines(const std::vector<int64_t>& ranks,
+                                          const std::string& fallback_dir,
+                                          std::vector<contract::timeline::Mapping>* maps,
+                                          const std::function<void(const std::string&)>& say);
 
 // The node's timeline for `ringctl trace`: one JSON object per line. First
 // {"node_rank":K,"node":"...","ranks":[...],"clock":{"mono_ns":M,"unix_ns":U}}, then per record
@@ -76,6 +89,14 @@ std::string write_node_timeline(const std::string& path, int node_rank, const st
                                 const std::vector<contract::timeline::Snapshot>& ranks,
                                 const std::vector<contract::timeline::Event>& ringd_events,
                                 int64_t steps, size_t max_records);
+
+// The node's timeline of its workers' mapped files `maps` and ringd's own events into
+// <job_dir>/timeline/node-<node_rank>.jsonl (write_node_timeline: the last 32 steps, at most 2M
+// records; the directory made 0700, refused unless it is a directory of ours). Returns "" or the
+// error.
+std::string dump_node_timeline(const std::string& job_dir, int node_rank, const std::string& node,
+                               const std::vector<contract::timeline::Mapping>& maps,
+                               const std::vector<contract::timeline::Event>& ringd_events);
 
 // ringd's own phases (optimizer, checkpoint): a fixed ring of events, no allocation per record.
 class DaemonTimeline {

@@ -1068,60 +1068,18 @@ std::string Daemon::node_label() const {
   return coord_ ? coord_->node() : fmt::format("node{}", o_.node_rank);
 }
 
-namespace {
-
-// Timeline files an earlier ringd of this user left in /dev/shm when it was killed before its
-// workers had mapped them (their names go only then): this user's by name and owner, regular
-// files, and the ringd whose pid the name carries is gone (no process of that pid named ringd:
-// pids are reused). Nothing else is touched.
-void remove_stale_timelines(const std::function<void(const std::string&)>& say) {
-  const std::string prefix = fmt::format("ringmaster-timeline-u{}-p", ::geteuid());
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    const char* p = name.c_str() + prefix.size();
-    char* end = nullptr;
-    const long pid = std::strtol(p, &end, 10);
-    if (end == p || pid <= 0 || std::strncmp(end, "-r", 2) != 0 || pid == ::getpid()) continue;
-    struct stat st {};
-    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
-      continue;
-    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
-    std::string c;
-    if (comm && std::getline(comm, c) && c == "ringd") continue;
-    if (::unlink(e.path().c_str()) == 0) say("removed a stale timeline file " + e.path().string());
-  }
-}
-
-}  // namespace
-
 // One timeline file per worker, created (zeroed) before the worker starts and mapped here for
 // the whole attempt. A file that cannot be made leaves that
 // worker without a timeline (said in the log); training does not depend on it.
 void Daemon::open_timelines() {
-  tl_maps_.clear();
-  tl_maps_.resize(workers_.size());
   unlink_timelines();
-  // tmpfs: /dev/shm when it is one (records then never cause disk writeback in the worker),
-  // else the private control directory (XDG_RUNTIME_DIR is a tmpfs on most systems).
-  struct statfs fs {};
-  const bool shm = ::statfs("/dev/shm", &fs) == 0 && fs.f_type == TMPFS_MAGIC;
-  if (shm) remove_stale_timelines([this](const std::string& m) { log(m); });
+  std::vector<int64_t> ranks;
+  for (const Worker& w : workers_) ranks.push_back(w.rank);
+  const std::vector<std::string> paths =
+      create_timelines(ranks, sock_dir_, &tl_maps_, [this](const std::string& m) { log(m); });
   for (Worker& w : workers_) {
-    const std::string path =
-        shm ? fmt::format("/dev/shm/ringmaster-timeline-u{}-p{}-r{}", ::geteuid(), ::getpid(),
-                          w.rank)
-            : fmt::format("{}/timeline-{}.bin", sock_dir_, w.rank);
-    std::string e = contract::timeline::create_file(path, w.rank);
-    if (e.empty()) e = tl_maps_[w.local].open(path);
-    if (!e.empty()) {
-      log(fmt::format("worker rank {}: no timeline: {}", w.rank, e));
-      w.timeline.clear();
-      continue;
-    }
-    w.timeline = path;
-    tl_paths_.push_back(path);
+    w.timeline = paths[static_cast<size_t>(w.local)];
+    if (!w.timeline.empty()) tl_paths_.push_back(w.timeline);
   }
   stragglers_.reset();
   hang_step_ = 0;
@@ -1225,23 +1183,8 @@ void Daemon::dump_timeline(bool force) {
   if (!force && now - last_dump_ < std::chrono::seconds(5)) return;
   if (tl_maps_.empty()) return;
   last_dump_ = now;
-  const std::string dir = job_dir_ + "/timeline";
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    log(fmt::format("timeline: cannot create {}: {}", dir, std::strerror(errno)));
-    return;
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
-    log(fmt::format("timeline: {} is not a directory of ours (a symbolic link?): not written",
-                    dir));
-    return;
-  }
-  std::vector<contract::timeline::Snapshot> snaps;
-  for (const contract::timeline::Mapping& m : tl_maps_)
-    if (m.valid()) snaps.push_back(contract::timeline::read_mapped(m.data()));
-  const std::string e = write_node_timeline(
-      fmt::format("{}/node-{}.jsonl", dir, o_.node_rank), o_.node_rank, node_label(), snaps,
-      daemon_tl_.events(0), 32, 2000000);
+  const std::string e =
+      dump_node_timeline(job_dir_, o_.node_rank, node_label(), tl_maps_, daemon_tl_.events(0));
   if (!e.empty()) log("timeline: " + e);
 }
 

@@ -204,18 +204,27 @@ TEST_F(GenerateCli, BadInputsNameTheFlag) {
   EXPECT_NE(r.out.find("empty.txt"), std::string::npos) << r.out;
 }
 
-// --backend: cpu or cuda; cuda runs in one process; without a usable GPU (or a build without the
-// CUDA backend) the error names the backend and why. With a GPU the run succeeds and says so.
+// --backend: cpu or cuda, in one process or over ranks; without a usable GPU (or a build without
+// the CUDA backend) the error names the backend and why. With a GPU the run succeeds and says so.
 TEST_F(GenerateCli, BackendFlag) {
   const std::string base = "generate --checkpoint " + dir_ + "/ckpt " + dir_ + "/p1.txt ";
   Result r = run(base + "--backend tpu");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--backend"), std::string::npos) << r.out;
-  r = run(base + "--backend cuda --ranks 2");
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("--backend cuda: generation over several ranks runs on the cpu backend"),
-            std::string::npos)
-      << r.out;
+  // Over ranks each rank keeps its own device fast tier (the prefill on the cpu backend); each
+  // rank that cannot create the backend says so, and the launcher fails naming a rank.
+  r = run(base + "--backend cuda --ranks 2 --json --max-tokens 3 --page-tokens 64 --threads 1");
+  if (r.code == 0) {
+    const json j = json::parse(r.out.substr(r.out.find('{')));
+    EXPECT_EQ(j["backend"], "cuda");
+    EXPECT_EQ(j["ranks"]["ranks"], 2);
+    EXPECT_GT(j["cache"]["page_tasks"]["fast"].get<int64_t>(), 0);
+  } else {
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("cannot create the cuda backend: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--backend cuda: rank "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("ringctl generate: rank "), std::string::npos) << r.out;
+  }
   r = run(base + "--backend cuda --json --max-tokens 3 --page-tokens 64 --threads 2");
   if (r.code == 0) {
     const json j = json::parse(r.out.substr(r.out.find('{')));

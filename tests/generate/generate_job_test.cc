@@ -2,8 +2,10 @@
 // `ring-worker --generate` ranks. The output equals `ringctl generate` standalone on the same
 // checkpoint, prompts and seed (greedy over 1 and 2 ranks, sampled over 2 ranks with --json);
 // the job ends completed in ring-coord with its events; a bad generate spec is refused naming
-// the key; a killed worker fails the job (no hang, no process left); `ringctl cancel` and Ctrl-C
-// stop it.
+// the key; a killed worker fails the job (no hang, no process left); a SIGSTOPped worker is found
+// hung from its flight recorder and fails the job naming it (also across two nodes: the stuck
+// rank's node names it), while a slow but progressing job under CPU load (a long prefill) is not
+// flagged; `ringctl cancel` and Ctrl-C stop it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -276,6 +278,150 @@ TEST_F(GenerateJob, KilledWorkerFailsTheJob) {
   // No rank is left behind.
   EXPECT_TRUE(wait_for([&] { return !ring::test::alive(other, "ring-worker"); }, 30s));
   EXPECT_FALSE(fs::exists(job_dir + "/generate.out"));
+}
+
+// A rank SIGSTOPped mid-decode: its peer blocks in the decode all_gather; ringd's hang check
+// (generate.hang_deadline_s 3: the deadline is max(3 s, 10 x the slowest step)) names the
+// stopped rank, stops both and fails the job far sooner than the transport's 600 s timeout.
+TEST_F(GenerateJob, StoppedWorkerIsFoundHungAndFailsTheJob) {
+  const std::string job_dir = t_.path + "/jstop";
+  RunProc run(t_, spec(2, "  max_new_tokens: 1000000\n  hang_deadline_s: 3\n") + " --job-dir " +
+                      job_dir);
+  ASSERT_TRUE(wait_for([&] { return contains(run.output(), "decode "); }, 180s)) << run.output();
+  const pid_t victim = worker_pid(job_dir, 1), other = worker_pid(job_dir, 0);
+  ASSERT_GT(victim, 0);
+  ASSERT_GT(other, 0);
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = run.wait(300);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(victim, SIGCONT);  // only if the test failed: ringd kills it
+  EXPECT_EQ(rc, 1) << run.output();
+  std::printf("SIGSTOP to the end of the job: %.1f s\n", took);
+  // Far under the transport's 600 s (the deadline here is a few seconds; the rest is margin for
+  // a loaded machine).
+  EXPECT_LT(took, 300) << run.output();
+  const std::string out = run.output();
+  EXPECT_TRUE(contains(out, "missing=[1]")) << out;
+  EXPECT_TRUE(contains(out, "worker_failed")) << out;
+  EXPECT_TRUE(contains(out, "coordinator: failed")) << out;
+  // The finding: rank 1 stopped in a decode step, rank 0 waiting on it in the all_gather.
+  const json ev = status(1);
+  ASSERT_TRUE(ev.is_object()) << ev;
+  EXPECT_EQ(ev.value("state", ""), "failed") << ev.dump();
+  const std::string reason = ev.value("state_reason", "");
+  EXPECT_TRUE(contains(reason, "worker rank 1 on ")) << reason;
+  EXPECT_TRUE(contains(reason, "hung: decode step ")) << reason;
+  EXPECT_TRUE(contains(reason, "rank 1 is stopped (SIGSTOP)")) << reason;
+  const json& hang = ev["hang"];
+  ASSERT_TRUE(hang.is_object()) << ev.dump();
+  EXPECT_EQ(hang["missing"], json::array({1})) << hang.dump();
+  ASSERT_EQ(hang["waiting"].size(), 1u) << hang.dump();
+  EXPECT_EQ(hang["waiting"][0]["rank"], 0) << hang.dump();
+  EXPECT_TRUE(contains(hang["waiting"][0].value("where", ""), "collective")) << hang.dump();
+  // The deadline that passed: the floor, or 10 x a slow step; never the transport's 600 s.
+  EXPECT_GE(hang.value("deadline_s", 0.0), 3.0) << hang.dump();
+  EXPECT_LT(hang.value("deadline_s", 0.0), 600.0) << hang.dump();
+  // The flight recorder of the hang for `ringctl trace`: both ranks' decode steps.
+  const std::string trace = read_text(job_dir + "/timeline/node-0.jsonl");
+  EXPECT_TRUE(contains(trace, "[0,") && contains(trace, "[1,")) << trace.substr(0, 2000);
+  EXPECT_TRUE(contains(trace, "\"decode\"")) << trace.substr(0, 2000);
+  // No rank is left behind (the stopped one is killed).
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(victim, "ring-worker"); }, 30s));
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(other, "ring-worker"); }, 30s));
+  EXPECT_FALSE(fs::exists(job_dir + "/generate.out"));
+}
+
+// Two nodes (two ringd, one rank each, no coordinator), rank 1 SIGSTOPped mid-decode: node 1's
+// ringd names its rank missing and fails it; node 0's rank only waits on it (its ringd never
+// names rank 0), and dies on the lost peer. Both ringd exit 1, no rank is left.
+TEST_F(GenerateJob, TwoNodesTheStuckRanksNodeNamesIt) {
+  std::string text = ring::test::read_file(
+      spec(2, "  max_new_tokens: 1000000\n  hang_deadline_s: 3\n", "twonodes"));
+  text.replace(text.find("workers_per_node: 2"), 19, "nodes: 2\n  workers_per_node: 1");
+  const std::string path = t_.path + "/twonodes.yaml";
+  write(path, text);
+  const std::string jd = t_.path + "/j2n";
+  auto args = [&](int node) {
+    return std::vector<std::string>{RINGD, "--spec", path, "--job-dir", jd, "--json",
+                                    "--worker-threads", "1", "--worker-bin", RING_WORKER,
+                                    "--nodes", "2", "--node-rank", std::to_string(node),
+                                    "--rendezvous", t_.path + "/rdv2n", "--stop-grace", "1"};
+  };
+  ring::test::ProcOptions po = ring::test::ucx_loopback();
+  ring::test::Proc d0(args(0), t_.path + "/d0.out", t_.path + "/d0.err", po);
+  ring::test::Proc d1(args(1), t_.path + "/d1.out", t_.path + "/d1.err", po);
+  ASSERT_TRUE(wait_for([&] { return contains(read_text(jd + "/logs/ringd-0.log"), "decode "); },
+                       180s))
+      << read_text(jd + "/logs/ringd-0.log") << read_text(t_.path + "/d1.err");
+  auto pid_in = [&](int node, int rank) {
+    std::smatch m;
+    const std::string log = read_text(jd + "/logs/ringd-" + std::to_string(node) + ".log");
+    const std::regex re("worker rank " + std::to_string(rank) + " \\(local 0\\) pid (\\d+)");
+    return std::regex_search(log, m, re) ? static_cast<pid_t>(std::stol(m[1])) : -1;
+  };
+  const pid_t victim = pid_in(1, 1), other = pid_in(0, 0);
+  ASSERT_GT(victim, 0);
+  ASSERT_GT(other, 0);
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const int st1 = d1.wait(300), st0 = d0.wait(300);
+  ::kill(victim, SIGCONT);  // only if the test failed: ringd kills it
+  const std::string log1 = read_text(jd + "/logs/ringd-1.log"),
+                    log0 = read_text(jd + "/logs/ringd-0.log");
+  EXPECT_TRUE(WIFEXITED(st1) && WEXITSTATUS(st1) == 1) << st1 << log1;
+  EXPECT_TRUE(WIFEXITED(st0) && WEXITSTATUS(st0) == 1) << st0 << log0;
+  EXPECT_TRUE(contains(log1, "rank 1 is stopped (SIGSTOP)")) << log1;
+  EXPECT_TRUE(contains(log1, "failed: worker rank 1 hung")) << log1;
+  EXPECT_FALSE(contains(log0, "worker rank 0 hung")) << log0;
+  EXPECT_FALSE(contains(log0, "never arrived: rank 0")) << log0;
+  // What node 0 saw (its check may come first: its rank waiting; or its rank died first).
+  for (const std::string& l : {std::string("hang: "), std::string("failed: ")})
+    if (const size_t at = log0.find(l); at != std::string::npos)
+      std::printf("node 0: %s\n", log0.substr(at, log0.find('\n', at) - at).c_str());
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(victim, "ring-worker"); }, 30s));
+  EXPECT_TRUE(wait_for([&] { return !ring::test::alive(other, "ring-worker"); }, 30s));
+}
+
+// The same tight floor on a job that is slow but progressing: a 2-rank job with a long prompt
+// (its prefill layers take far longer than a decode step) beside CPU burners completes, with no
+// hang reported.
+TEST_F(GenerateJob, SlowButProgressingJobUnderLoadIsNotFlagged) {
+  std::string long_prompt;
+  while (long_prompt.size() < 12000) long_prompt += "keys and values pass around the ring. ";
+  write(t_.path + "/long.txt", long_prompt);
+  std::string text = ring::test::read_file(spec(2, "  max_new_tokens: 200\n  hang_deadline_s: 1\n",
+                                                "slow"));
+  text.replace(text.find("/b.txt"), 6, "/long.txt");
+  const std::string path = t_.path + "/slow.yaml";
+  write(path, text);
+  // Two burners per core of this machine's share: the ranks get a fraction of a core each.
+  std::vector<pid_t> burners;
+  for (int i = 0; i < 4; ++i) {
+    const pid_t p = ::fork();
+    if (p == 0) {
+      for (volatile uint64_t x = 0;; ++x) {
+      }
+    }
+    if (p > 0) burners.push_back(p);
+  }
+  struct Stop {
+    std::vector<pid_t>& b;
+    ~Stop() {
+      for (pid_t p : b) {
+        ::kill(p, SIGKILL);
+        ::waitpid(p, nullptr, 0);
+      }
+    }
+  } stop{burners};
+  const std::string job_dir = t_.path + "/jslow";
+  auto r = run_job(path, job_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "coordinator: completed")) << r.output;
+  EXPECT_FALSE(contains(read_text(job_dir + "/logs/ringd-0.log"), "hang:"))
+      << read_text(job_dir + "/logs/ringd-0.log");
+  const json s = status(1);
+  EXPECT_EQ(s.value("state", ""), "completed") << s.dump();
+  EXPECT_TRUE(s["hang"].is_null()) << s.dump();
 }
 
 TEST_F(GenerateJob, CancelStopsIt) {

@@ -3,13 +3,17 @@
 // keys: rank, ranks, dir (rendezvous), out (result file), tokens, docs, seed, batch, prefix (common
 // prefix tokens), vary (prompt b is b x vary tokens shorter), steps (greedy decode steps), page,
 // fast (bytes), host (bytes), disk (directory or empty), window (-1: a page), balance
-// (zigzag|contiguous), threads. Every prompt is prefilled over the ranks, then `steps` tokens are
-// decoded for the whole batch; rank 0's greedy choice is the next token of every rank. The result
-// file (raw):
+// (zigzag|contiguous), threads, device (none: the fast pool in host memory; cpu: a second cpu
+// backend holds it, fast_on_backend's code path; renamed: a backend other than cpu standing in
+// for a GPU, renamed_backend.h: the fast tier and the decode step's dense ops on it, the prefill
+// on the cpu backend, as a rank of `ringctl generate --ranks P --backend cuda` runs). Every
+// prompt is prefilled over the ranks, then `steps` tokens are decoded for the whole batch; rank
+// 0's greedy choice is the next token of every rank. The result file (raw):
 //   int64 batch, int64 rows (steps + 1), then per prompt: int32 tokens [prompt + steps],
 //   float logits [rows, vocab] (the prompt's last token, then each step), then int64 stats:
 //   local tokens per prompt [batch], shared page hits, fast tasks, host tasks, disk tasks,
-//   promotions, fast peak bytes, fast bytes limit.
+//   promotions, fast peak bytes, fast bytes limit, device rows (fast pages' partials by the
+//   backend's kernel), fast pool on the device (0/1).
 // Exit: 0 ok, 1 transport failure, 2 usage, 3 other errors.
 #include <unistd.h>
 
@@ -22,6 +26,7 @@
 #include <string>
 
 #include "tests/generate/generate_ring_util.h"
+#include "tests/generate/renamed_backend.h"
 #include "worker/generate/generator.h"
 #include "worker/generate/ring_generate.h"
 #include "worker/ring/ring_rank.h"
@@ -55,6 +60,18 @@ int run(const std::map<std::string, std::string>& kv) {
   go.cache.host_bytes = num("host", 0);
   go.cache.disk_dir = get("disk", "");
   go.cache.window = num("window", 0);
+  // The device standing in for a GPU: its own backend instance, as a rank's GPU would be.
+  std::unique_ptr<kernels::Backend> device;
+  const std::string dev = get("device", "none");
+  if (dev == "cpu") {
+    device = test::cpu(static_cast<int>(num("threads", 1)));
+  } else if (dev == "renamed") {
+    device = std::make_unique<Renamed>(test::cpu(static_cast<int>(num("threads", 1))), true);
+  } else if (dev != "none") {
+    std::fprintf(stderr, "generate_rank_helper: device '%s': none, cpu or renamed\n", dev.c_str());
+    return 2;
+  }
+  go.device = device.get();
   // Declared before the generator: on a transport error nothing they own is destroyed.
   std::optional<GenerateRing> ring;
   if (ranks > 1) {
@@ -121,7 +138,8 @@ int run(const std::map<std::string, std::string>& kv) {
     const CacheStats cs = g->cache().stats();
     const DecodeStats& ds = g->decode_stats();
     for (int64_t x : {cs.shared_hits, ds.fast_tasks, ds.host_tasks, ds.disk_tasks, cs.promotions,
-                      fast_peak, go.cache.fast_bytes})
+                      fast_peak, go.cache.fast_bytes, ds.device_rows,
+                      static_cast<int64_t>(cs.fast_on_device)})
       put64(x);
     f.close();
     if (!f) throw std::runtime_error("cannot write " + out);

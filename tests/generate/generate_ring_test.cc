@@ -8,7 +8,10 @@
 // where ref is Model::forward with LocalAttention over the prompt and the generated tokens. Every
 // rank must hold bit-identical logits, the ranks' pages must partition the sequence (no rank holds
 // another's tokens), and where pages live (all host, mixed with promotion, disk, all fast) must
-// not change a bit.
+// not change a bit. With the fast tier in a backend's memory on each rank (the device fast tier's
+// code path, a cpu backend standing in for the GPU as in fast_tier_test), every position is
+// within the same bound of the teacher and of the host-pool run: max_i |logit_i - ref_i| <= 1e-5
+// * max_i |ref_i| (the fast pages' partials come from the backend's kernel: its own rounding).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,6 +48,7 @@ struct Case {
   std::string disk;
   int64_t window = 0;
   std::string balance = "zigzag";
+  std::string device = "none";  // generate_rank_helper's device: none, cpu or renamed
 };
 
 struct Result {
@@ -53,7 +57,7 @@ struct Result {
   std::vector<std::vector<float>> logits;    // [prompt] rows x vocab
   std::vector<int64_t> local;                // [prompt] tokens this rank holds
   int64_t shared_hits = 0, fast_tasks = 0, host_tasks = 0, disk_tasks = 0, promotions = 0,
-          fast_peak = 0, fast_limit = 0;
+          fast_peak = 0, fast_limit = 0, device_rows = 0, fast_on_device = 0;
 };
 
 Result read_result(const std::string& path, const std::vector<test::Prompt>& prompts,
@@ -91,6 +95,8 @@ Result read_result(const std::string& path, const std::vector<test::Prompt>& pro
   r.promotions = i64();
   r.fast_peak = i64();
   r.fast_limit = i64();
+  r.device_rows = i64();
+  r.fast_on_device = i64();
   return r;
 }
 
@@ -111,7 +117,8 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
          kv("out", dir + "/out-" + std::to_string(r)), kv("tokens", c.tokens), kv("docs", c.docs),
          kv("seed", c.seed), kv("batch", c.batch), kv("prefix", c.prefix), kv("vary", c.vary),
          kv("steps", c.steps), kv("page", c.page), kv("fast", c.fast), kv("host", c.host),
-         kv("disk", c.disk), kv("window", c.window), kv("balance", c.balance)},
+         kv("disk", c.disk), kv("window", c.window), kv("balance", c.balance),
+         kv("device", c.device)},
         dir + "/log-" + std::to_string(r), dir + "/log-" + std::to_string(r),
         ring::test::ucx_loopback());
   }
@@ -263,6 +270,73 @@ TEST(GenerateRanksTiers, AllHostMixedDiskAndAllFastAreExactAndIdentical) {
   for (const Result& r : runs[2]) EXPECT_GT(r.disk_tasks, 0);
   for (const Result& r : runs[3]) EXPECT_EQ(r.host_tasks, 0);
   EXPECT_TRUE(fs::is_empty(dir.path + "/disk"));  // the disk files are gone with the ranks
+}
+
+// The device fast tier over two ranks: each rank's fast pool in its own backend's memory (a
+// second cpu backend, and a backend under another name that runs the decode step's dense ops
+// too, on its copy of the weights: a GPU rank's path), its fast pages' partials by the backend's
+// paged decode kernel, its host pages' by the CPU threads, the per-rank partials merged as
+// before. Mixed tiers with promotion, and all fast: exact against the teacher and within 1e-5 of
+// the host-pool run of the same case.
+TEST(GenerateRanksDeviceTier, FastPoolInEachRanksBackendMatchesTheHostPool) {
+  TempDir dir("gen-ring-device");
+  const int64_t page = 64, page_bytes = 2 * page * 16 * 4;
+  std::vector<std::pair<std::string, Case>> layouts;
+  Case mixed;
+  mixed.window = 32;
+  mixed.fast = (2 * 2 * 2 + 3) * page_bytes;  // window pages (2 per layer and head) + 3
+  layouts.push_back({"mixed", mixed});
+  Case fast;
+  fast.window = -1;
+  fast.fast = 64 * page_bytes;
+  layouts.push_back({"all fast", fast});
+  int sub = 0;
+  for (auto& [name, base] : layouts) {
+    base.page = page;
+    std::vector<Result> host;
+    for (const std::string device : {"none", "cpu", "renamed"}) {
+      SCOPED_TRACE(name + ", device " + device);
+      Case c = base;
+      c.device = device;
+      const std::string d = dir.path + "/" + std::to_string(sub++);
+      fs::create_directories(d);
+      const std::vector<Result> res = run_case(c, d);
+      if (HasFailure()) return;
+      const double worst = expect_exact(c, res);
+      for (const Result& r : res) EXPECT_LE(r.fast_peak, r.fast_limit);
+      if (device == "none") {
+        host = res;
+        for (const Result& r : res) EXPECT_EQ(r.fast_on_device, 0);
+        std::printf("%s, host pool: worst relative error vs the teacher %.3g\n", name.c_str(),
+                    worst);
+        continue;
+      }
+      double vs_host = 0;
+      for (const Result& r : res) {
+        EXPECT_EQ(r.fast_on_device, 1);
+        EXPECT_GT(r.device_rows, 0);  // every rank's kernel computed its fast pages
+        EXPECT_GT(r.fast_tasks, 0);
+        if (name == "mixed") {
+          EXPECT_GT(r.host_tasks, 0);
+          EXPECT_GT(r.promotions, 0);
+        } else {
+          EXPECT_EQ(r.host_tasks, 0);
+        }
+      }
+      // Against the host pool's run: the same tokens, the logits within the bound.
+      ASSERT_EQ(res[0].tokens, host[0].tokens);
+      const int64_t vocab = test::ring_config().vocab;
+      for (int64_t i = 0; i < res[0].rows; ++i) {
+        const double e = rel_err(res[0].logits[0].data() + i * vocab,
+                                 host[0].logits[0].data() + i * vocab, vocab);
+        vs_host = std::max(vs_host, e);
+        EXPECT_LE(e, 1e-5) << "row " << i;
+      }
+      std::printf(
+          "%s, device %s: worst relative error vs the teacher %.3g, vs the host pool %.3g\n",
+          name.c_str(), device.c_str(), worst, vs_host);
+    }
+  }
 }
 
 // A batch of 3 prompts sharing a 512-token prefix, contiguous split over 2 ranks: each rank stores

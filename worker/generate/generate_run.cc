@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/contract/layout.h"
+#include "common/contract/timeline.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
@@ -367,6 +368,7 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
       which.push_back(i);
     }
     if (seqs.empty()) break;
+    const int64_t step_t0 = contract::timeline::now_ns();
     gen::StepTiming t = g.step(seqs, next, &logits);
     std::vector<int32_t> chosen;
     for (size_t b = 0; b < which.size(); ++b) {
@@ -381,6 +383,15 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
       for (size_t b = 0; b < which.size(); ++b) outs[which[b]].next = chosen[b];
     }
     decoded += static_cast<int64_t>(which.size());
+    // The decode step into the flight recorder (under ringd): progress, and its time sets the
+    // hang deadline.
+    if (contract::timeline::TimelineWriter* tl = contract::timeline::active()) {
+      tl->set_step(n + 1);
+      tl->record({.kind = contract::timeline::Phase::kDecode,
+                  .step = n + 1,
+                  .begin_ns = step_t0,
+                  .end_ns = contract::timeline::now_ns()});
+    }
     // At most one line a second (and the last step's).
     if (o.progress && (ring == nullptr || ring->rank() == 0) && o.progress_every > 0 &&
         (((n + 1) % o.progress_every == 0 &&
@@ -504,8 +515,18 @@ int run_rank(const GenerateOpts& o, const Identity& id) {
   Inputs in = load_inputs(o, id.rank != 0);
   check_split(o, in, id.world);
   std::string err;
+  // The prefill runs on the cpu backend (the ring's transports move host buffers); a device
+  // backend holds this rank's fast tier and runs the decode step's dense layers (generator.h).
   auto backend = kernels::create_backend("cpu", o.threads, &err);
   if (!backend) throw InputError("cannot create the cpu backend: " + err);
+  std::unique_ptr<kernels::Backend> device;
+  if (o.backend != "cpu") {
+    device = kernels::create_backend(o.backend, o.threads, &err);
+    if (!device)
+      throw InputError(fmt::format("--backend {}: rank {} of {}: cannot create the {} backend: {}",
+                                   o.backend, id.rank, id.world, o.backend, err));
+    in.go.device = device.get();
+  }
   gen::RingOptions ro;
   ro.rank = id.rank;
   ro.ranks = id.world;

@@ -37,7 +37,10 @@ struct GenerateOpts {
   int64_t window = -1;
   std::string spec;
   int threads = 0;
-  std::string backend = "cpu";  // cpu, or cuda (one process: the fast tier in GPU memory)
+  // cpu, or cuda: the fast tier in GPU memory and the decode step's dense layers on the GPU (in
+  // one process the prefill too; over several ranks the prefill's ring attention runs on the cpu
+  // backend, since the transports move host buffers).
+  std::string backend = "cpu";
   double approximate = 0.0;
   bool host_int8 = false;
   // Several ranks: --ranks P launches P local ranks; a rank has --rank/--world/--rendezvous

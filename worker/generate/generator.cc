@@ -6,23 +6,39 @@
 
 #include <fmt/format.h>
 
+#include "common/contract/timeline.h"
 #include "worker/data/errors.h"
 #include "worker/data/split.h"
 
 namespace ring::gen {
 
+namespace timeline = contract::timeline;
 using model::check_status;
 
 // The prefill's attention: hands each layer's K/V to the generator, then computes the attention
-// with the wrapped executor.
+// with the wrapped executor. With a flight recorder (a generate rank under ringd), each layer's
+// prefill (from the previous layer's attention to this one's end) is recorded as a `forward`
+// phase: the rank's progress, and its time sets ringd's hang deadline.
 class Generator::Capture final : public model::AttentionExecutor {
  public:
   using Sink = std::function<void(const model::AttentionCall&)>;
   explicit Capture(model::AttentionExecutor* inner) : inner_(inner) {}
-  void set_sink(Sink s) { sink_ = std::move(s); }
+  void set_sink(Sink s) {
+    sink_ = std::move(s);
+    last_ns_ = timeline::now_ns();
+  }
   void forward(const model::AttentionCall& call, float* out, float* lse) override {
     if (sink_) sink_(call);
     inner_->forward(call, out, lse);
+    if (timeline::TimelineWriter* tl = timeline::active()) {
+      const int64_t now = timeline::now_ns();
+      tl->record({.kind = timeline::Phase::kForward,
+                  .step = tl->step(),
+                  .layer = static_cast<int32_t>(call.layer),
+                  .begin_ns = last_ns_,
+                  .end_ns = now});
+      last_ns_ = now;
+    }
   }
   void backward(const model::AttentionCall&, const float*, const float*, const float*, float*,
                 float*, float*) override {
@@ -33,6 +49,7 @@ class Generator::Capture final : public model::AttentionExecutor {
  private:
   model::AttentionExecutor* inner_;
   Sink sink_;
+  int64_t last_ns_ = 0;
 };
 
 Generator::Generator(const model::ModelConfig& config, const float* params,
@@ -43,19 +60,33 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   if (!(options_.approximate >= 0.0 && options_.approximate < 1.0))
     throw GenerateError(fmt::format("approximate threshold {} must be in [0, 1) (0: exact)",
                                     options_.approximate));
+  // Where the fast tier and the decode step's dense ops live: options_.device when given (a
+  // sharded generation on a device: the ring's prefill runs on the cpu backend `backend`, whose
+  // buffers the transports move), else `backend` itself.
+  kernels::Backend* dev = options_.device != nullptr ? options_.device : backend_;
   const bool host_backend = std::string(backend_->name()) == "cpu";
-  const bool device_tier = !host_backend || options_.fast_on_backend;
-  if (device_tier && !backend_->supports(kernels::Op::kPagedDecode, kernels::DType::kF32))
+  const bool split = dev != backend_;
+  const bool dev_is_cpu = std::string(dev->name()) == "cpu";
+  if (split && !host_backend)
+    throw GenerateError(fmt::format(
+        "a fast tier on another backend ('{}') needs the prefill on the cpu backend (asked for "
+        "'{}')",
+        dev->name(), backend_->name()));
+  // A backend other than cpu always holds the fast tier; a cpu one when asked (fast_on_backend,
+  // or given as the device: the same code path, for tests and comparisons).
+  const bool device_tier = !dev_is_cpu || options_.fast_on_backend || split;
+  if (device_tier && !dev->supports(kernels::Op::kPagedDecode, kernels::DType::kF32))
     throw GenerateError(fmt::format(
         "generation on the '{}' backend needs its paged decode attention for the fast tier, "
         "which it does not implement",
-        backend_->name()));
+        dev->name()));
   if (!host_backend && options_.shard.ranks > 1)
     throw GenerateError(fmt::format(
-        "generation over {} ranks runs on the cpu backend (asked for '{}'; the device fast tier "
-        "runs in one process)",
+        "generation over {} ranks prefills on the cpu backend (asked for '{}': the ring's "
+        "transports move host buffers); the device goes in as the fast tier's backend "
+        "(GeneratorOptions::device)",
         options_.shard.ranks, backend_->name()));
-  if (host_backend) {
+  if (dev_is_cpu) {
     // One row per sequence: splitting a one-row product over threads costs more in joins than
     // it saves, so the decode step has a one-thread cpu backend of its own.
     std::string err;
@@ -63,11 +94,11 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
     if (!step_backend_) throw GenerateError("cannot create the cpu backend: " + err);
     step_ = step_backend_.get();
   } else {
-    step_ = backend_;  // the device: the dense step runs where the weights are
+    step_ = dev;  // the device: the dense step runs where the weights are
   }
   cache_ = std::make_unique<KvCache>(options_.cache, static_cast<int>(config_.layers),
                                      static_cast<int>(config_.kv_heads), config_.head_dim,
-                                     device_tier ? backend_ : nullptr);
+                                     device_tier ? dev : nullptr);
   pool_ = std::make_unique<ThreadPool>(options_.threads);
   attention_ = std::make_unique<DecodeAttention>(cache_.get(), pool_.get(), config_.heads,
                                                  config_.kv_heads, config_.head_dim);
@@ -76,6 +107,14 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   capture_ = std::make_unique<Capture>(sharded() ? options_.shard.prefill_attention : local_.get());
   model_ = std::make_unique<model::Model>(config_, backend_, capture_.get());
   model_->set_params(params, model_->layout().total());
+  step_params_ = model_->params();
+  if (step_ == dev && split) {
+    // The decode step's weights on the device (the model's are the prefill's, in host memory).
+    dev_params_.resize(step_, model_->layout().total());
+    check_status(step_->copy_to_device(dev_params_.data(), params, dev_params_.bytes()),
+                 "copy_to_device");
+    step_params_ = dev_params_.data();
+  }
   rope_.theta = static_cast<double>(config_.rope_theta);
   rope_.scaling = static_cast<kernels::RopeScaling>(config_.rope_scaling);
   rope_.factor = config_.rope_scaling_factor;

@@ -75,6 +75,14 @@ struct GeneratorOptions {
   // than cpu; on cpu it is opt-in (the cpu backend's kernel on a host pool: the same code path,
   // for tests and comparisons).
   bool fast_on_backend = false;
+  // The backend of the fast tier and of the decode step's dense ops when it is not the one the
+  // generator is constructed with (null: that one). A sharded generation on a device passes the
+  // cpu backend to the constructor (the prefill's ring attention: the transports move host
+  // buffers) and the device here: each rank's fast tier is then in its device memory, its fast
+  // pages' partials come from the device's paged decode kernel, and the merged per-rank
+  // partials (host vectors) are what crosses the transport. A cpu backend given here holds the
+  // fast tier as fast_on_backend does. Must outlive the generator.
+  kernels::Backend* device = nullptr;
 };
 
 struct StepTiming {
@@ -91,12 +99,13 @@ class Generator {
   // params: the flat parameter buffer (host, layout().total() floats). backend: where prefill
   // runs (the training forward) and, on a backend other than cpu, where the fast tier lives
   // (device memory; the cuda backend's paged decode kernel computes the fast pages' partials);
-  // it must outlive the generator. A backend other than cpu needs paged_decode_attention and
-  // runs in one process (not sharded); the decode step's dense ops (embedding, norms,
-  // projections, RoPE, MLP, head on B rows) run on it too, on the model's device weights, and
-  // only q, k, v and the attention output cross to the host per layer. On the cpu backend they
-  // run on a one-thread cpu backend of the generator's own: splitting a one-row product over
-  // threads costs more in joins than it saves.
+  // it must outlive the generator. A backend other than cpu needs paged_decode_attention; the
+  // decode step's dense ops (embedding, norms, projections, RoPE, MLP, head on B rows) run on it
+  // too, on the model's device weights, and only q, k, v and the attention output cross to the
+  // host per layer. Sharded, `backend` is the cpu one (the prefill) and the device, if any, is
+  // options.device (the fast tier and the dense step there, on a device copy of the weights).
+  // On the cpu backend they run on a one-thread cpu backend of the generator's own: splitting a
+  // one-row product over threads costs more in joins than it saves.
   Generator(const model::ModelConfig& config, const float* params, kernels::Backend* backend,
             const GeneratorOptions& options);
   ~Generator();
@@ -150,13 +159,16 @@ class Generator {
   void ingest_layer(Sequence& s, const std::vector<PageKey>& page_keys_of_layer, int layer,
                     const float* k, const float* v);
   std::vector<PageId> window_pages() const;
-  const float* w(int64_t offset) const { return model_->params() + offset; }
+  // The decode step's weights (on step_).
+  const float* w(int64_t offset) const { return step_params_ + offset; }
   void linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in, float* y);
 
   model::ModelConfig config_;
   kernels::Backend* backend_;
   std::unique_ptr<kernels::Backend> step_backend_;  // cpu: the decode step's one-thread backend
   kernels::Backend* step_ = nullptr;                // where the decode step's dense ops run
+  const float* step_params_ = nullptr;              // their weights: the model's, or dev_params_
+  model::DeviceArray<float> dev_params_;            // a separate device's copy of the weights
   GeneratorOptions options_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ThreadPool> pool_;

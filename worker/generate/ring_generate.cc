@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "common/contract/timeline.h"
+
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_rank.h"
 
@@ -51,7 +53,11 @@ ShardOptions GenerateRing::shard(spec::CausalBalance balance) {
 }
 
 void GenerateRing::all_gather(const void* send, void* recv, size_t bytes) {
+  // Blocked on the other ranks: the flight recorder says so (a hung peer is the one to blame).
+  contract::timeline::TimelineWriter* tl = contract::timeline::active();
+  if (tl) tl->wait_begin(contract::timeline::Phase::kCollective, tl->step(), -1, -1, -1);
   rank_->all_gather(send, recv, bytes, options_.timeout_ms, "all_gather of decode partials");
+  if (tl) tl->wait_end();
 }
 
 model::AttentionExecutor* GenerateRing::attention() {
