@@ -291,7 +291,7 @@ TEST(RingdCoord, HungWorkerIsDetected) {
       EXPECT_EQ(e.data["waiting"][0].value("rank", -1), 0) << e.data.dump();
       EXPECT_DOUBLE_EQ(e.data.value("deadline_s", 0.0), 5.0) << e.data.dump();
     }
-  EXPECT_TRUE(hang) << "no hang event";
+  EXPECT_TRUE(hang) << "no hang event" << diag(t, jd);
   EXPECT_TRUE(processes_mentioning(jd).empty());
 }
 
