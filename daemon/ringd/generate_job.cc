@@ -99,6 +99,8 @@ class GenerateJob {
   std::optional<int> start();
   bool spawn_all();
   void reap();
+  void fail_on_death(const Worker& w, int status);
+  void settle_death();
   void handle_coord();
   void stop(const std::string& why);
   void check_hang();
@@ -122,6 +124,19 @@ class GenerateJob {
   int stop_signal_ = 0;
   std::optional<std::string> coord_stop_;
   int exited_clean_ = 0;
+  // A rank that exited with an error while no stop was asked for: held for kStopGrace before it
+  // fails the job, in case a stop is on its way. Slurm signals the nodes' ringd a few
+  // milliseconds apart (preemption, requeue, scancel); a node whose ringd heard first stops its
+  // ranks at once (generation is not resumable), and a rank on a node that has not heard yet
+  // then fails on the lost peer. That is the stop, not a failure; a death by a signal is never
+  // held.
+  struct HeldDeath {
+    const Worker* w;
+    int status;
+    Clock::time_point at;
+  };
+  std::optional<HeldDeath> held_;
+  static constexpr std::chrono::milliseconds kStopGrace{2000};
   // Hang detection: each rank's flight recorder (contract/timeline.h, mapped here), the slowest
   // unit of work seen (a prefill layer or a decode step), and whether a hang was reported.
   std::vector<tl::Mapping> tl_maps_;
@@ -354,7 +369,28 @@ void GenerateJob::reap() {
                       ours ? std::string("stopped") : describe_status(st)));
       continue;
     }
-    // The first death fails the run: its cause, then the others are stopped.
+    // The first death fails the run: its cause, then the others are stopped. An exit with an
+    // error waits kStopGrace for a stop first (HeldDeath); a later death by a signal is the
+    // cause at once.
+    if (WIFEXITED(st)) {
+      if (!held_) {
+        held_ = HeldDeath{&w, st, Clock::now()};
+        log(fmt::format("worker rank {} (pid {}) {}; the job fails unless a stop arrives within "
+                        "{:.0f} s (a peer's node may have been stopped first)",
+                        w.rank, w.pid, describe_status(st), kStopGrace.count() / 1000.0));
+      } else {
+        log(fmt::format("worker rank {} (pid {}) {}", w.rank, w.pid, describe_status(st)));
+      }
+      continue;
+    }
+    held_.reset();
+    fail_on_death(w, st);
+  }
+}
+
+// The job fails with rank w's death as the cause; the other ranks are stopped.
+void GenerateJob::fail_on_death(const Worker& w, int st) {
+  {
     const std::vector<std::string> lines = last_lines(w.log, 10);
     std::string text;
     for (const std::string& l : lines) text += "\n    | " + l;
@@ -371,6 +407,20 @@ void GenerateJob::reap() {
     failure_ = fmt::format("worker rank {} {}", w.rank, describe_status(st));
     stop(failure_);
   }
+}
+
+// A held death: part of a stop that arrived meanwhile, or after kStopGrace the job's failure.
+void GenerateJob::settle_death() {
+  if (!held_) return;
+  if (stopping_) {
+    log(fmt::format("worker rank {}'s exit came with the stop: not a failure", held_->w->rank));
+    held_.reset();
+    return;
+  }
+  if (Clock::now() - held_->at < kStopGrace) return;
+  const HeldDeath d = *held_;
+  held_.reset();
+  fail_on_death(*d.w, d.status);
 }
 
 // A rank that makes no progress: the newest progress of any local rank (a prefill layer, a
@@ -527,7 +577,7 @@ int GenerateJob::run() {
   } cleanup{this};
   int code = kExitFailed;
   if (spawn_all()) {
-    while (sup_.any_running()) {
+    while (sup_.any_running() || held_) {
       timespec ts{0, 100 * 1000 * 1000};
       siginfo_t info;
       const int sig = sigtimedwait(&handled, &info, &ts);
@@ -543,6 +593,7 @@ int GenerateJob::run() {
           event("generate_progress", {{"message", l.substr(10)}});
         });
       reap();
+      settle_death();
       check_hang();
       if (coord_) handle_coord();
       if (stopping_) sup_.kill_overdue(Clock::now());

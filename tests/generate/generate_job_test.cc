@@ -382,6 +382,45 @@ TEST_F(GenerateJob, TwoNodesTheStuckRanksNodeNamesIt) {
   EXPECT_TRUE(wait_for([&] { return !ring::test::alive(other, "ring-worker"); }, 30s));
 }
 
+// Slurm signals the nodes' ringd a few milliseconds apart (preemption, requeue, scancel). Node
+// 0's ringd hears first and stops its rank; node 1's rank fails on the lost peer before node 1's
+// ringd hears. That exit is held (HeldDeath): the stop that follows makes it part of the stop,
+// and both nodes end stopped (exit 75), not failed.
+TEST_F(GenerateJob, PeerStoppedFirstIsPartOfTheStopNotAFailure) {
+  std::string text = ring::test::read_file(
+      spec(2, "  max_new_tokens: 1000000\n", "stopfirst"));
+  text.replace(text.find("workers_per_node: 2"), 19, "nodes: 2\n  workers_per_node: 1");
+  const std::string path = t_.path + "/stopfirst.yaml";
+  write(path, text);
+  const std::string jd = t_.path + "/jsf";
+  auto args = [&](int node) {
+    return std::vector<std::string>{RINGD, "--spec", path, "--job-dir", jd, "--json",
+                                    "--worker-threads", "1", "--worker-bin", RING_WORKER,
+                                    "--nodes", "2", "--node-rank", std::to_string(node),
+                                    "--rendezvous", t_.path + "/rdvsf", "--stop-grace", "1"};
+  };
+  ring::test::ProcOptions po = ring::test::ucx_loopback();
+  ring::test::Proc d0(args(0), t_.path + "/d0.out", t_.path + "/d0.err", po);
+  ring::test::Proc d1(args(1), t_.path + "/d1.out", t_.path + "/d1.err", po);
+  ASSERT_TRUE(wait_for([&] { return contains(read_text(jd + "/logs/ringd-0.log"), "decode "); },
+                       180s))
+      << read_text(jd + "/logs/ringd-0.log") << read_text(t_.path + "/d1.err");
+  ASSERT_EQ(::kill(d0.pid, SIGTERM), 0);
+  const int st0 = d0.wait(120);
+  EXPECT_TRUE(WIFEXITED(st0) && WEXITSTATUS(st0) == 75) << st0;
+  // Node 1's rank has failed on its stopped peer, and node 1's ringd holds that exit.
+  ASSERT_TRUE(wait_for(
+      [&] { return contains(read_text(jd + "/logs/ringd-1.log"), "unless a stop arrives"); }, 60s))
+      << read_text(jd + "/logs/ringd-1.log");
+  ASSERT_EQ(::kill(d1.pid, SIGTERM), 0);
+  const int st1 = d1.wait(120);
+  const std::string log1 = read_text(jd + "/logs/ringd-1.log");
+  EXPECT_TRUE(WIFEXITED(st1) && WEXITSTATUS(st1) == 75) << st1 << log1;
+  EXPECT_TRUE(contains(log1, "exit came with the stop: not a failure")) << log1;
+  EXPECT_FALSE(contains(log1, "failed: ")) << log1;
+  EXPECT_FALSE(contains(read_text(t_.path + "/d1.out"), "\"worker_died\"")) << log1;
+}
+
 // The same tight floor on a job that is slow but progressing: a 2-rank job with a long prompt
 // (its prefill layers take far longer than a decode step) beside CPU burners completes, with no
 // hang reported.
