@@ -10,10 +10,12 @@
 // 0, window 0): every page is read in place by the CPU threads.
 //
 // Floor: the time to stream the bytes of K/V that must be read once per token (context x layers x
-// kv_heads x head_dim x 4 bytes x 2) through the same threads: a sum over a buffer of that size,
+// kv_heads x head_dim x 4 bytes x 2) through the same threads (the generator's own pool): a sum
+// over a buffer of that size,
 // read just before each decode step (paired per repetition: this machine's bandwidth drifts with
 // its load). Reported per length: decode step time (the whole step: projections, MLP, head,
-// attention) median and min..max, the floor's median (and the bandwidth it implies), the paired
+// attention) median and min..max, the attention part's median (DecodeAttention over the layers;
+// the rest is the dense layers on one row), the floor's median (and the bandwidth it implies), the paired
 // ratio step / floor, median and min..max (target <= 1.3), torch's median step time and our
 // speed-up over it, and the host tier's bytes and the process's resident set (linear in the
 // context). Then prefix sharing: the step time of a batch of B sequences sharing a
@@ -181,14 +183,13 @@ int main(int argc, char** argv) {
     m.init_params(1);
     params = m.get_params();
   }
-  ring::gen::ThreadPool bw_pool(threads);
 
   std::printf(
       "decode step, batch 1, all pages in the host tier, %d threads, page %lld tokens, "
       "OMP_WAIT_POLICY=%s\n",
       threads, static_cast<long long>(page_tokens), std::getenv("OMP_WAIT_POLICY"));
-  std::printf("%9s %10s %9s %22s %10s %18s %10s %9s %9s %9s\n", "context", "KV MiB", "GB/s",
-              "step ms (min..max)", "floor ms", "x floor (min..max)", "torch ms", "speed-up",
+  std::printf("%9s %10s %9s %22s %8s %10s %18s %10s %9s %9s %9s\n", "context", "KV MiB", "GB/s",
+              "step ms (min..max)", "attn ms", "floor ms", "x floor (min..max)", "torch ms", "speed-up",
               "host MiB", "RSS MiB");
   std::vector<double> torch_s;
   if (torch) torch_s = torch_times(lens, threads, reps);
@@ -215,27 +216,30 @@ int main(int argc, char** argv) {
     // Each repetition: one streaming read of the same number of bytes, then one decode step;
     // the ratio is paired per repetition (the bandwidth of this machine drifts with its load).
     std::vector<float> buf(static_cast<size_t>(kv_bytes / 4), 1.f);
-    std::vector<double> steps, floors;
+    std::vector<double> steps, floors, attn;
     std::vector<float> logits;
     int32_t tok = 1;
-    read_pass(&bw_pool, buf);  // touch the buffer
+    read_pass(&g.pool(), buf);  // touch the buffer
     for (int r = 0; r < reps + 1; ++r) {
-      const double read_s = read_pass(&bw_pool, buf);
+      const double read_s = read_pass(&g.pool(), buf);
       ring::gen::StepTiming t = g.step({seq}, {tok}, &logits);
       tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       if (r == 0) continue;  // the first step warms the threads
       steps.push_back(t.seconds);
+      attn.push_back(t.attention_seconds);
       floors.push_back(read_s);
     }
     const auto s = ring::bench::spread(steps);
     const auto f = ring::bench::spread(floors);
+    const auto at = ring::bench::spread(attn);
     const auto ratio = ring::bench::paired_ratio(steps, floors);
     const double ts = torch ? torch_s[li] : 0.0;
     const ring::gen::CacheStats cs = g.cache().stats();
-    std::printf("%9lld %10.1f %9.2f %8.2f (%6.2f..%6.2f) %10.2f %5.2f (%4.2f..%4.2f) %10.2f %9.2f"
-                " %9.1f %9.1f\n",
+    std::printf("%9lld %10.1f %9.2f %8.2f (%6.2f..%6.2f) %8.2f %10.2f %5.2f (%4.2f..%4.2f) %10.2f"
+                " %9.2f %9.1f %9.1f\n",
                 static_cast<long long>(len), kv_bytes / 1048576.0, kv_bytes / f.median / 1e9,
-                s.median * 1e3, s.min * 1e3, s.max * 1e3, f.median * 1e3, ratio.median,
+                s.median * 1e3, s.min * 1e3, s.max * 1e3, at.median * 1e3, f.median * 1e3,
+                ratio.median,
                 ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0,
                 cs.host_bytes / 1048576.0, rss_mib());
     std::fflush(stdout);

@@ -1,7 +1,5 @@
 #include "worker/generate/decode_attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -41,21 +39,6 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 }  // namespace
-
-ThreadPool::ThreadPool(int threads) {
-  threads_ = threads > 0 ? threads : std::max(1, omp_get_num_procs());
-}
-
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
-  if (n <= 0) return;
-  if (threads_ == 1 || n == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  // The OpenMP team the CPU kernels use: no second set of threads spinning against it.
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
-  for (int64_t i = 0; i < n; ++i) fn(i);
-}
 
 void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b) {
   if (lse_b == kNegInf) return;

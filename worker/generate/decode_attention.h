@@ -29,21 +29,9 @@
 
 #include "kernels/backend.h"
 #include "worker/generate/kv_cache.h"
+#include "worker/generate/thread_pool.h"
 
 namespace ring::gen {
-
-// The CPU threads of decode attention: an OpenMP team (the one the CPU kernels use, so no two
-// sets of threads spin against each other); the caller's thread takes part.
-class ThreadPool {
- public:
-  explicit ThreadPool(int threads);  // 0: all cores
-  int size() const { return threads_; }
-  // Runs fn(i) for i in [0, n), each once, dynamically scheduled; returns when all are done.
-  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
-
- private:
-  int threads_ = 1;
-};
 
 // Merges (o_b, lse_b) into (o_a, lse_a) for one query head: o [head_dim].
 void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b);
