@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -84,12 +86,36 @@ class DecodeAttention {
   // Device tier: backend buffers for `rows` query rows (grown on demand).
   void reserve_device(int64_t rows);
 
+  // The (sequence, page index) pairs a task serves: (*all)[first, first + count).
+  struct Users {
+    const std::vector<std::pair<int64_t, int64_t>>* all = nullptr;
+    size_t first = 0, count = 0;
+    size_t size() const { return count; }
+    const std::pair<int64_t, int64_t>& operator[](size_t u) const { return (*all)[first + u]; }
+    const std::pair<int64_t, int64_t>* begin() const { return all->data() + first; }
+    const std::pair<int64_t, int64_t>* end() const { return begin() + count; }
+  };
+  // One task per distinct page of the batch.
+  struct Task {
+    PageId page;
+    int64_t kv_head;
+    Users users;
+  };
+
   KvCache* cache_;
   ThreadPool* pool_;
   int64_t heads_, kv_heads_, head_dim_, group_;
   float scale_;
   // Device tier scratch (backend memory): q [rows, head_dim], meta [3, rows] (q_doc, slot,
   // tokens), out [rows, head_dim], lse [rows].
+  // forward()'s buffers, kept between calls (a step at 1M tokens has thousands of pages per
+  // layer): partial offsets, partials, tasks and their users, the page -> task index.
+  std::vector<int64_t> base_;
+  std::vector<float> part_o_, part_lse_;
+  std::vector<Task> tasks_;
+  std::vector<std::pair<int64_t, int64_t>> users_;
+  std::unordered_map<PageId, size_t> index_;
+  std::vector<size_t> entry_task_;
   int64_t dev_rows_ = 0;
   float* dev_q_ = nullptr;
   int32_t* dev_meta_ = nullptr;
