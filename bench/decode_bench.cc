@@ -13,14 +13,14 @@
 // kv_heads x head_dim x 4 bytes x 2) through the same threads (the generator's own pool): the
 // faster of two sums over a buffer of that size, one with the widest ISA's loads and four
 // accumulators (the read is the limit), one a plain loop of 16 floats built for baseline x86-64
-// (the floor this bench had first; "plain" below: on one thread it reads about a third slower).
-// Both are read just before each decode step (paired per repetition: this machine's bandwidth
-// drifts with its load). Reported per length: the floor's bandwidth and the plain loop's,
-// decode step time (the whole step: projections, MLP, head, attention) median and min..max, the
-// attention part's median (DecodeAttention over the layers; the rest is the dense layers on one
-// row, whose weights the K/V stream has pushed out of the caches), the floor's median, the
-// paired ratio step / floor, median and min..max (target <= 1.3), torch's median step time and
-// our speed-up over it, and the host tier's bytes and the process's resident set (linear in the
+// (the floor this bench had first; "plain" below). Each is read after a decode step and before
+// the next, so its bytes are as cold as the step's K/V (loop below). Reported per length: the
+// floor's bandwidth and the plain loop's, decode step time (the whole step: projections, MLP,
+// head, attention) median and min..max, the attention part's median (DecodeAttention over the
+// layers; the rest is the dense layers on one row, whose weights the K/V stream has pushed out
+// of the caches), the floor's median, the paired ratio step / floor, median and min..max
+// (target <= 1.3), torch's median step time and our speed-up over it, and the host tier's bytes
+// and the process's resident set (linear in the
 // context). Then prefix sharing: the step time of a batch of B sequences sharing a
 // T-token prefix (stored once; each prefix page is one task for all B queries) against B
 // sequences with nothing shared. Last, prefill tokens/s (the training forward writing each
@@ -264,8 +264,11 @@ int main(int argc, char** argv) {
       }
     });
     const int64_t kv_bytes = len * c.layers * c.kv_dim() * 4 * 2;
-    // Each repetition: two streaming reads of the same number of bytes (plain, then wide
-    // loads; the floor is the faster), then one decode step; the ratio is paired per repetition
+    // Each repetition: a streaming read of the same number of bytes with wide loads, the decode
+    // step (measured), the plain read, another step (not measured). Every read and every step
+    // follows 64+ MiB of other data, so each finds its bytes as cold as the other does (two
+    // reads of a 64 MiB buffer back to back would find part of it still in the 32 MiB L3). The
+    // floor of repetition r is the faster of its two reads; the ratio is paired per repetition
     // (the bandwidth of this machine drifts with its load).
     std::vector<float> buf(static_cast<size_t>(kv_bytes / 4), 1.f);
     std::vector<double> steps, floors, plain, attn;
@@ -273,14 +276,16 @@ int main(int argc, char** argv) {
     int32_t tok = 1;
     read_pass(&g.pool(), buf, true);  // touch the buffer
     for (int r = 0; r < reps + 1; ++r) {
-      const double plain_s = read_pass(&g.pool(), buf, false);
-      const double read_s = std::min(plain_s, read_pass(&g.pool(), buf, true));
+      const double wide_s = read_pass(&g.pool(), buf, true);
       ring::gen::StepTiming t = g.step({seq}, {tok}, &logits);
       tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      if (r == 0) continue;  // the first step warms the threads
+      const double plain_s = read_pass(&g.pool(), buf, false);
+      g.step({seq}, {tok}, &logits);
+      tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      if (r == 0) continue;  // the first steps warm the threads
       steps.push_back(t.seconds);
       attn.push_back(t.attention_seconds);
-      floors.push_back(read_s);
+      floors.push_back(std::min(wide_s, plain_s));
       plain.push_back(plain_s);
     }
     const auto s = ring::bench::spread(steps);
