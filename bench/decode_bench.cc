@@ -60,21 +60,21 @@ double seconds_since(Clock::time_point t0) {
 // Streaming sums of p[0, n) in the CPU backend's widest ISA (kernels/cpu/simd.h, chosen at run
 // time like the page kernel): four independent accumulators of W lanes, so the read, not the
 // adds, is the limit.
-#define RING_BENCH_SIMD_SUM(NS, TARGET)                                                  \
-  TARGET float simd_sum_##NS(const float* p, int64_t n) {                               \
-    namespace S = ring::kernels::cpu::simd::NS;                                          \
-    constexpr int64_t W = S::kWidth;                                                      \
-    S::vf a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();                \
-    int64_t i = 0;                                                                        \
-    for (; i + 4 * W <= n; i += 4 * W) {                                                  \
-      a0 = S::add(a0, S::loadu(p + i));                                                   \
-      a1 = S::add(a1, S::loadu(p + i + W));                                               \
-      a2 = S::add(a2, S::loadu(p + i + 2 * W));                                           \
-      a3 = S::add(a3, S::loadu(p + i + 3 * W));                                           \
-    }                                                                                     \
-    float s = S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));                      \
-    for (; i < n; ++i) s += p[i];                                                         \
-    return s;                                                                             \
+#define RING_BENCH_SIMD_SUM(NS, TARGET)                                   \
+  TARGET float simd_sum_##NS(const float* p, int64_t n) {                 \
+    namespace S = ring::kernels::cpu::simd::NS;                           \
+    constexpr int64_t W = S::kWidth;                                      \
+    S::vf a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero(); \
+    int64_t i = 0;                                                        \
+    for (; i + 4 * W <= n; i += 4 * W) {                                  \
+      a0 = S::add(a0, S::loadu(p + i));                                   \
+      a1 = S::add(a1, S::loadu(p + i + W));                               \
+      a2 = S::add(a2, S::loadu(p + i + 2 * W));                           \
+      a3 = S::add(a3, S::loadu(p + i + 3 * W));                           \
+    }                                                                     \
+    float s = S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));      \
+    for (; i < n; ++i) s += p[i];                                         \
+    return s;                                                             \
   }
 RING_BENCH_SIMD_SUM(avx512, RING_TARGET_AVX512)
 RING_BENCH_SIMD_SUM(avx2, RING_TARGET_AVX2)
@@ -83,9 +83,12 @@ RING_BENCH_SIMD_SUM(scalar, )
 
 float simd_sum(const float* p, int64_t n) {
   switch (ring::kernels::cpu::active_isa()) {
-    case ring::kernels::cpu::Isa::kAvx512: return simd_sum_avx512(p, n);
-    case ring::kernels::cpu::Isa::kAvx2: return simd_sum_avx2(p, n);
-    case ring::kernels::cpu::Isa::kScalar: break;
+    case ring::kernels::cpu::Isa::kAvx512:
+      return simd_sum_avx512(p, n);
+    case ring::kernels::cpu::Isa::kAvx2:
+      return simd_sum_avx2(p, n);
+    case ring::kernels::cpu::Isa::kScalar:
+      break;
   }
   return simd_sum_scalar(p, n);
 }
@@ -100,7 +103,8 @@ double read_pass(ring::gen::ThreadPool* pool, const std::vector<float>& buf, boo
   std::vector<double> sums(static_cast<size_t>(chunks));
   const auto t0 = Clock::now();
   pool->parallel_for(chunks, [&](int64_t c) {
-    const int64_t lo = n * c / chunks / 16 * 16, hi = c + 1 == chunks ? n : n * (c + 1) / chunks / 16 * 16;
+    const int64_t lo = n * c / chunks / 16 * 16,
+                  hi = c + 1 == chunks ? n : n * (c + 1) / chunks / 16 * 16;
     if (simd) {
       sums[static_cast<size_t>(c)] = simd_sum(buf.data() + lo, hi - lo);
       return;
@@ -238,7 +242,8 @@ int main(int argc, char** argv) {
       "decode step, batch 1, all pages in the host tier, %d threads, page %lld tokens, ISA %s, "
       "OMP_WAIT_POLICY=%s\n",
       threads, static_cast<long long>(page_tokens),
-      ring::kernels::cpu::isa_name(ring::kernels::cpu::active_isa()), std::getenv("OMP_WAIT_POLICY"));
+      ring::kernels::cpu::isa_name(ring::kernels::cpu::active_isa()),
+      std::getenv("OMP_WAIT_POLICY"));
   std::printf("%9s %10s %9s %9s %22s %8s %10s %18s %10s %9s %9s %9s\n", "context", "KV MiB", "GB/s",
               "plain", "step ms (min..max)", "attn ms", "floor ms", "x floor (min..max)",
               "torch ms", "speed-up", "host MiB", "RSS MiB");
@@ -295,13 +300,13 @@ int main(int argc, char** argv) {
     const auto ratio = ring::bench::paired_ratio(steps, floors);
     const double ts = torch ? torch_s[li] : 0.0;
     const ring::gen::CacheStats cs = g.cache().stats();
-    std::printf("%9lld %10.1f %9.2f %9.2f %8.2f (%6.2f..%6.2f) %8.2f %10.2f %5.2f (%4.2f..%4.2f) "
-                "%10.2f %9.2f %9.1f %9.1f\n",
-                static_cast<long long>(len), kv_bytes / 1048576.0, kv_bytes / f.median / 1e9,
-                kv_bytes / pl.median / 1e9, s.median * 1e3, s.min * 1e3, s.max * 1e3, at.median * 1e3, f.median * 1e3,
-                ratio.median,
-                ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0,
-                cs.host_bytes / 1048576.0, rss_mib());
+    std::printf(
+        "%9lld %10.1f %9.2f %9.2f %8.2f (%6.2f..%6.2f) %8.2f %10.2f %5.2f (%4.2f..%4.2f) "
+        "%10.2f %9.2f %9.1f %9.1f\n",
+        static_cast<long long>(len), kv_bytes / 1048576.0, kv_bytes / f.median / 1e9,
+        kv_bytes / pl.median / 1e9, s.median * 1e3, s.min * 1e3, s.max * 1e3, at.median * 1e3,
+        f.median * 1e3, ratio.median, ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0,
+        cs.host_bytes / 1048576.0, rss_mib());
     std::fflush(stdout);
   }
   // Prefix sharing: a batch of `batch` sequences sharing a `prefix`-token prefix (each with one

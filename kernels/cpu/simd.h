@@ -115,11 +115,13 @@ RING_F vf reduce_add_each(const vf* a) {
   // i + i+2: y[p]'s 128-bit lane k holds 2 sums of a[4(2p)+k], then 2 of a[4(2p+1)+k].
   vf y[2];
   for (int p = 0; p < 2; ++p)
-    y[p] = _mm512_add_ps(
-        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * p]), _mm512_castps_pd(x[2 * p + 1]))),
-        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * p]), _mm512_castps_pd(x[2 * p + 1]))));
+    y[p] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * p]),
+                                                             _mm512_castps_pd(x[2 * p + 1]))),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * p]),
+                                                             _mm512_castps_pd(x[2 * p + 1]))));
   // i + i+1: lane 4k+t holds the sum of a[k + 4t].
-  const vf z = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+  const vf z =
+      _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, z);
 }
@@ -261,11 +263,13 @@ RING_F vf reduce_add_each(const vf* a) {
   // i + i+2: x[p]'s 128-bit lane k holds 2 sums of a[4p+k], then 2 of a[4p+2+k].
   vf x[2];
   for (int p = 0; p < 2; ++p)
-    x[p] = _mm256_add_ps(
-        _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(w[2 * p]), _mm256_castps_pd(w[2 * p + 1]))),
-        _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(w[2 * p]), _mm256_castps_pd(w[2 * p + 1]))));
+    x[p] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(w[2 * p]),
+                                                             _mm256_castps_pd(w[2 * p + 1]))),
+                         _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(w[2 * p]),
+                                                             _mm256_castps_pd(w[2 * p + 1]))));
   // i + i+1: lane 4k+t holds the sum of a[k + 2t].
-  const vf z = _mm256_add_ps(_mm256_shuffle_ps(x[0], x[1], 0x88), _mm256_shuffle_ps(x[0], x[1], 0xDD));
+  const vf z =
+      _mm256_add_ps(_mm256_shuffle_ps(x[0], x[1], 0x88), _mm256_shuffle_ps(x[0], x[1], 0xDD));
   return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 RING_F float reduce_max(vf a) {

@@ -104,7 +104,8 @@ TEST_P(PageKernel, MatchesADoubleReferenceAndRowsAreIndependent) {
               double mx = 0;
               for (double x : want.out) mx = std::max(mx, std::fabs(x));
               for (int64_t d = 0; d < hd; ++d)
-                EXPECT_LE(std::fabs(out[static_cast<size_t>(r * hd + d)] - want.out[static_cast<size_t>(d)]),
+                EXPECT_LE(std::fabs(out[static_cast<size_t>(r * hd + d)] -
+                                    want.out[static_cast<size_t>(d)]),
                           1e-5 * mx)
                     << "row " << r << " dim " << d;
               EXPECT_LE(std::fabs(got_l - want.lse), 1e-5 * std::max(1.0, std::fabs(want.lse)))
@@ -125,7 +126,8 @@ TEST_P(PageKernel, MatchesADoubleReferenceAndRowsAreIndependent) {
   EXPECT_EQ(cases, 5 * 6 * 6 * 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, PageKernel, ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+INSTANTIATE_TEST_SUITE_P(Isas, PageKernel,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
                          [](const ::testing::TestParamInfo<Isa>& info) {
                            return std::string(cpu::isa_name(info.param));
                          });
