@@ -10,12 +10,17 @@
 // 0, window 0): every page is read in place by the CPU threads.
 //
 // Floor: the time to stream the bytes of K/V that must be read once per token (context x layers x
-// kv_heads x head_dim x 4 bytes x 2) through the same threads: a sum over a buffer of that size,
-// read just before each decode step (paired per repetition: this machine's bandwidth drifts with
-// its load). Reported per length: decode step time (the whole step: projections, MLP, head,
-// attention) median and min..max, the floor's median (and the bandwidth it implies), the paired
-// ratio step / floor, median and min..max (target <= 1.3), torch's median step time and our
-// speed-up over it, and the host tier's bytes and the process's resident set (linear in the
+// kv_heads x head_dim x 4 bytes x 2) through the same threads (the generator's own pool): the
+// faster of two sums over a buffer of that size, one with the widest ISA's loads and four
+// accumulators (the read is the limit), one a plain loop of 16 floats built for baseline x86-64
+// (the floor this bench had first; "plain" below). Each is read after a decode step and before
+// the next, so its bytes are as cold as the step's K/V (loop below). Reported per length: the
+// floor's bandwidth and the plain loop's, decode step time (the whole step: projections, MLP,
+// head, attention) median and min..max, the attention part's median (DecodeAttention over the
+// layers; the rest is the dense layers on one row, whose weights the K/V stream has pushed out
+// of the caches), the floor's median, the paired ratio step / floor, median and min..max
+// (target <= 1.3), torch's median step time and our speed-up over it, and the host tier's bytes
+// and the process's resident set (linear in the
 // context). Then prefix sharing: the step time of a batch of B sequences sharing a
 // T-token prefix (stored once; each prefix page is one task for all B queries) against B
 // sequences with nothing shared. Last, prefill tokens/s (the training forward writing each
@@ -34,9 +39,15 @@
 
 #include "bench/bench_stats.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/simd.h"
 #include "worker/generate/generator.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
+
+// GCC 12 warns inside its own avx512fintrin.h (bug 105593), as kernels/cpu/ops.cc notes.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace {
 
@@ -46,20 +57,65 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One streaming read of buf on the pool's threads (a sum, kept): seconds.
-double read_pass(ring::gen::ThreadPool* pool, const std::vector<float>& buf) {
+// Streaming sums of p[0, n) in the CPU backend's widest ISA (kernels/cpu/simd.h, chosen at run
+// time like the page kernel): four independent accumulators of W lanes, so the read, not the
+// adds, is the limit.
+#define RING_BENCH_SIMD_SUM(NS, TARGET)                                   \
+  TARGET float simd_sum_##NS(const float* p, int64_t n) {                 \
+    namespace S = ring::kernels::cpu::simd::NS;                           \
+    constexpr int64_t W = S::kWidth;                                      \
+    S::vf a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero(); \
+    int64_t i = 0;                                                        \
+    for (; i + 4 * W <= n; i += 4 * W) {                                  \
+      a0 = S::add(a0, S::loadu(p + i));                                   \
+      a1 = S::add(a1, S::loadu(p + i + W));                               \
+      a2 = S::add(a2, S::loadu(p + i + 2 * W));                           \
+      a3 = S::add(a3, S::loadu(p + i + 3 * W));                           \
+    }                                                                     \
+    float s = S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));      \
+    for (; i < n; ++i) s += p[i];                                         \
+    return s;                                                             \
+  }
+RING_BENCH_SIMD_SUM(avx512, RING_TARGET_AVX512)
+RING_BENCH_SIMD_SUM(avx2, RING_TARGET_AVX2)
+RING_BENCH_SIMD_SUM(scalar, )
+#undef RING_BENCH_SIMD_SUM
+
+float simd_sum(const float* p, int64_t n) {
+  switch (ring::kernels::cpu::active_isa()) {
+    case ring::kernels::cpu::Isa::kAvx512:
+      return simd_sum_avx512(p, n);
+    case ring::kernels::cpu::Isa::kAvx2:
+      return simd_sum_avx2(p, n);
+    case ring::kernels::cpu::Isa::kScalar:
+      break;
+  }
+  return simd_sum_scalar(p, n);
+}
+
+// One streaming read of buf on the pool's threads (sums, kept), in chunks of whole cache lines:
+// seconds. simd: the widest ISA's loads (simd_sum); else a plain loop of 16 float accumulators
+// as compiled for baseline x86-64 (the floor this bench used first: on one thread of this
+// machine it reads at about 2/3 of what the wide loads reach).
+double read_pass(ring::gen::ThreadPool* pool, const std::vector<float>& buf, bool simd) {
   const int64_t n = static_cast<int64_t>(buf.size());
   const int64_t chunks = pool->size() * 16;
   std::vector<double> sums(static_cast<size_t>(chunks));
   const auto t0 = Clock::now();
   pool->parallel_for(chunks, [&](int64_t c) {
-    const int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+    const int64_t lo = n * c / chunks / 16 * 16,
+                  hi = c + 1 == chunks ? n : n * (c + 1) / chunks / 16 * 16;
+    if (simd) {
+      sums[static_cast<size_t>(c)] = simd_sum(buf.data() + lo, hi - lo);
+      return;
+    }
     float acc[16] = {};
     int64_t i = lo;
     for (; i + 16 <= hi; i += 16)
       for (int l = 0; l < 16; ++l) acc[l] += buf[static_cast<size_t>(i + l)];
     float s = 0;
     for (float a : acc) s += a;
+    for (; i < hi; ++i) s += buf[static_cast<size_t>(i)];
     sums[static_cast<size_t>(c)] = s;
   });
   const double t = seconds_since(t0);
@@ -181,15 +237,16 @@ int main(int argc, char** argv) {
     m.init_params(1);
     params = m.get_params();
   }
-  ring::gen::ThreadPool bw_pool(threads);
 
   std::printf(
-      "decode step, batch 1, all pages in the host tier, %d threads, page %lld tokens, "
+      "decode step, batch 1, all pages in the host tier, %d threads, page %lld tokens, ISA %s, "
       "OMP_WAIT_POLICY=%s\n",
-      threads, static_cast<long long>(page_tokens), std::getenv("OMP_WAIT_POLICY"));
-  std::printf("%9s %10s %9s %22s %10s %18s %10s %9s %9s %9s\n", "context", "KV MiB", "GB/s",
-              "step ms (min..max)", "floor ms", "x floor (min..max)", "torch ms", "speed-up",
-              "host MiB", "RSS MiB");
+      threads, static_cast<long long>(page_tokens),
+      ring::kernels::cpu::isa_name(ring::kernels::cpu::active_isa()),
+      std::getenv("OMP_WAIT_POLICY"));
+  std::printf("%9s %10s %9s %9s %22s %8s %10s %18s %10s %9s %9s %9s\n", "context", "KV MiB", "GB/s",
+              "plain", "step ms (min..max)", "attn ms", "floor ms", "x floor (min..max)",
+              "torch ms", "speed-up", "host MiB", "RSS MiB");
   std::vector<double> torch_s;
   if (torch) torch_s = torch_times(lens, threads, reps);
   for (size_t li = 0; li < lens.size(); ++li) {
@@ -212,32 +269,44 @@ int main(int argc, char** argv) {
       }
     });
     const int64_t kv_bytes = len * c.layers * c.kv_dim() * 4 * 2;
-    // Each repetition: one streaming read of the same number of bytes, then one decode step;
-    // the ratio is paired per repetition (the bandwidth of this machine drifts with its load).
+    // Each repetition: a streaming read of the same number of bytes with wide loads, the decode
+    // step (measured), the plain read, another step (not measured). Every read and every step
+    // follows 64+ MiB of other data, so each finds its bytes as cold as the other does (two
+    // reads of a 64 MiB buffer back to back would find part of it still in the 32 MiB L3). The
+    // floor of repetition r is the faster of its two reads; the ratio is paired per repetition
+    // (the bandwidth of this machine drifts with its load).
     std::vector<float> buf(static_cast<size_t>(kv_bytes / 4), 1.f);
-    std::vector<double> steps, floors;
+    std::vector<double> steps, floors, plain, attn;
     std::vector<float> logits;
     int32_t tok = 1;
-    read_pass(&bw_pool, buf);  // touch the buffer
+    read_pass(&g.pool(), buf, true);  // touch the buffer
     for (int r = 0; r < reps + 1; ++r) {
-      const double read_s = read_pass(&bw_pool, buf);
+      const double wide_s = read_pass(&g.pool(), buf, true);
       ring::gen::StepTiming t = g.step({seq}, {tok}, &logits);
       tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      if (r == 0) continue;  // the first step warms the threads
+      const double plain_s = read_pass(&g.pool(), buf, false);
+      g.step({seq}, {tok}, &logits);
+      tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      if (r == 0) continue;  // the first steps warm the threads
       steps.push_back(t.seconds);
-      floors.push_back(read_s);
+      attn.push_back(t.attention_seconds);
+      floors.push_back(std::min(wide_s, plain_s));
+      plain.push_back(plain_s);
     }
     const auto s = ring::bench::spread(steps);
     const auto f = ring::bench::spread(floors);
+    const auto pl = ring::bench::spread(plain);
+    const auto at = ring::bench::spread(attn);
     const auto ratio = ring::bench::paired_ratio(steps, floors);
     const double ts = torch ? torch_s[li] : 0.0;
     const ring::gen::CacheStats cs = g.cache().stats();
-    std::printf("%9lld %10.1f %9.2f %8.2f (%6.2f..%6.2f) %10.2f %5.2f (%4.2f..%4.2f) %10.2f %9.2f"
-                " %9.1f %9.1f\n",
-                static_cast<long long>(len), kv_bytes / 1048576.0, kv_bytes / f.median / 1e9,
-                s.median * 1e3, s.min * 1e3, s.max * 1e3, f.median * 1e3, ratio.median,
-                ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0,
-                cs.host_bytes / 1048576.0, rss_mib());
+    std::printf(
+        "%9lld %10.1f %9.2f %9.2f %8.2f (%6.2f..%6.2f) %8.2f %10.2f %5.2f (%4.2f..%4.2f) "
+        "%10.2f %9.2f %9.1f %9.1f\n",
+        static_cast<long long>(len), kv_bytes / 1048576.0, kv_bytes / f.median / 1e9,
+        kv_bytes / pl.median / 1e9, s.median * 1e3, s.min * 1e3, s.max * 1e3, at.median * 1e3,
+        f.median * 1e3, ratio.median, ratio.min, ratio.max, ts * 1e3, ts > 0 ? ts / s.median : 0.0,
+        cs.host_bytes / 1048576.0, rss_mib());
     std::fflush(stdout);
   }
   // Prefix sharing: a batch of `batch` sequences sharing a `prefix`-token prefix (each with one

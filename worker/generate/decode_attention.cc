@@ -1,12 +1,9 @@
 #include "worker/generate/decode_attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -41,21 +38,6 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 }  // namespace
-
-ThreadPool::ThreadPool(int threads) {
-  threads_ = threads > 0 ? threads : std::max(1, omp_get_num_procs());
-}
-
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
-  if (n <= 0) return;
-  if (threads_ == 1 || n == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  // The OpenMP team the CPU kernels use: no second set of threads spinning against it.
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
-  for (int64_t i = 0; i < n; ++i) fn(i);
-}
 
 void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b) {
   if (lse_b == kNegInf) return;
@@ -154,29 +136,56 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
                               float* lse, DecodeStats* stats, double skip_threshold,
                               float* skipped_bound) {
   const int64_t B = static_cast<int64_t>(seqs.size()), hd = head_dim_, g = group_;
-  // Partials: sequence b, page i, query head h at (base[b] + i * heads + h).
-  std::vector<int64_t> base(static_cast<size_t>(B) + 1, 0);
+  // Partials: sequence b, page i, query head h at (base[b] + i * heads + h). The buffers are
+  // the object's, kept from call to call (every entry read is written first in each call).
+  std::vector<int64_t>& base = base_;
+  base.assign(static_cast<size_t>(B) + 1, 0);
   for (int64_t b = 0; b < B; ++b)
     base[b + 1] = base[b] + static_cast<int64_t>((*seqs[b].pages)[0].size()) * heads_;
-  std::vector<float> part_o(static_cast<size_t>(base[B] * hd));
-  std::vector<float> part_lse(static_cast<size_t>(base[B]));
+  std::vector<float>& part_o = part_o_;
+  std::vector<float>& part_lse = part_lse_;
+  part_o.resize(static_cast<size_t>(base[B] * hd));
+  part_lse.resize(static_cast<size_t>(base[B]));
 
-  // One task per distinct page: the (sequence, page index) pairs that hold it.
-  struct Task {
-    PageId page;
-    int64_t kv_head;
-    std::vector<std::pair<int64_t, int64_t>> users;
-  };
-  std::vector<Task> tasks;
-  std::unordered_map<PageId, size_t> index;
-  for (int64_t b = 0; b < B; ++b) {
+  // One task per distinct page: the (sequence, page index) pairs that hold it, users_[first,
+  // first + count) in sequence order. One sequence: a task per page, no lookups.
+  std::vector<Task>& tasks = tasks_;
+  tasks.clear();
+  users_.clear();
+  if (B == 1) {
     for (int64_t kh = 0; kh < kv_heads_; ++kh) {
-      const auto& list = (*seqs[b].pages)[static_cast<size_t>(kh)];
+      const auto& list = (*seqs[0].pages)[static_cast<size_t>(kh)];
       for (int64_t i = 0; i < static_cast<int64_t>(list.size()); ++i) {
-        auto [it, fresh] = index.emplace(list[static_cast<size_t>(i)], tasks.size());
-        if (fresh) tasks.push_back(Task{list[static_cast<size_t>(i)], kh, {}});
-        tasks[it->second].users.emplace_back(b, i);
+        tasks.push_back(Task{list[static_cast<size_t>(i)], kh, Users{&users_, users_.size(), 1}});
+        users_.emplace_back(0, i);
       }
+    }
+  } else {
+    index_.clear();
+    entry_task_.clear();
+    std::vector<std::pair<int64_t, int64_t>> entries;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t kh = 0; kh < kv_heads_; ++kh) {
+        const auto& list = (*seqs[b].pages)[static_cast<size_t>(kh)];
+        for (int64_t i = 0; i < static_cast<int64_t>(list.size()); ++i) {
+          auto [it, fresh] = index_.emplace(list[static_cast<size_t>(i)], tasks.size());
+          if (fresh) tasks.push_back(Task{list[static_cast<size_t>(i)], kh, Users{&users_, 0, 0}});
+          ++tasks[it->second].users.count;
+          entry_task_.push_back(it->second);
+          entries.emplace_back(b, i);
+        }
+      }
+    }
+    size_t first = 0;
+    for (Task& t : tasks) {
+      t.users.first = first;
+      first += t.users.count;
+      t.users.count = 0;
+    }
+    users_.resize(first);
+    for (size_t e = 0; e < entries.size(); ++e) {
+      Task& t = tasks[entry_task_[e]];
+      users_[t.users.first + t.users.count++] = entries[e];
     }
   }
   const int64_t pt = cache_->page_tokens();

@@ -25,25 +25,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "worker/generate/kv_cache.h"
+#include "worker/generate/thread_pool.h"
 
 namespace ring::gen {
-
-// The CPU threads of decode attention: an OpenMP team (the one the CPU kernels use, so no two
-// sets of threads spin against each other); the caller's thread takes part.
-class ThreadPool {
- public:
-  explicit ThreadPool(int threads);  // 0: all cores
-  int size() const { return threads_; }
-  // Runs fn(i) for i in [0, n), each once, dynamically scheduled; returns when all are done.
-  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
-
- private:
-  int threads_ = 1;
-};
 
 // Merges (o_b, lse_b) into (o_a, lse_a) for one query head: o [head_dim].
 void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b, float lse_b);
@@ -96,12 +86,36 @@ class DecodeAttention {
   // Device tier: backend buffers for `rows` query rows (grown on demand).
   void reserve_device(int64_t rows);
 
+  // The (sequence, page index) pairs a task serves: (*all)[first, first + count).
+  struct Users {
+    const std::vector<std::pair<int64_t, int64_t>>* all = nullptr;
+    size_t first = 0, count = 0;
+    size_t size() const { return count; }
+    const std::pair<int64_t, int64_t>& operator[](size_t u) const { return (*all)[first + u]; }
+    const std::pair<int64_t, int64_t>* begin() const { return all->data() + first; }
+    const std::pair<int64_t, int64_t>* end() const { return begin() + count; }
+  };
+  // One task per distinct page of the batch.
+  struct Task {
+    PageId page;
+    int64_t kv_head;
+    Users users;
+  };
+
   KvCache* cache_;
   ThreadPool* pool_;
   int64_t heads_, kv_heads_, head_dim_, group_;
   float scale_;
   // Device tier scratch (backend memory): q [rows, head_dim], meta [3, rows] (q_doc, slot,
   // tokens), out [rows, head_dim], lse [rows].
+  // forward()'s buffers, kept between calls (a step at 1M tokens has thousands of pages per
+  // layer): partial offsets, partials, tasks and their users, the page -> task index.
+  std::vector<int64_t> base_;
+  std::vector<float> part_o_, part_lse_;
+  std::vector<Task> tasks_;
+  std::vector<std::pair<int64_t, int64_t>> users_;
+  std::unordered_map<PageId, size_t> index_;
+  std::vector<size_t> entry_task_;
   int64_t dev_rows_ = 0;
   float* dev_q_ = nullptr;
   int32_t* dev_meta_ = nullptr;

@@ -112,6 +112,8 @@ class Generator {
 
   const model::ModelConfig& config() const { return config_; }
   KvCache& cache() { return *cache_; }
+  // The threads decode attention runs on (options.threads of them, the caller included).
+  ThreadPool& pool() { return *pool_; }
   const DecodeStats& decode_stats() const { return dstats_; }
 
   // Prefills a prompt (ids [T], docs [T] document ids, or empty: one document) and returns the
