@@ -4,18 +4,30 @@
 For each case (topology, nodes, ring order, stagger) and each repetition: bench/sim_calibrate
 measures this machine right before the run (the case's spec, --as-run: the worker's step as a
 ring rank runs it; ringd's optimizer on ringd's one thread; --host-probe: how concurrent
-processes share the cores now) and bench/link_probe.py adds the link model (one shaped link,
-idle and while the case's ranks' worth of compute runs; --no-link-probe leaves it out), then the emulated cluster trains STEPS steps and keeps its
+processes share the cores now; and again --cpu-time, per CPU-second of the main thread, beside
+N-1 computing processes and N pollers that wake like progress threads) and bench/link_probe.py
+adds the link model (one shaped link, idle and while the case's ranks' worth of compute runs;
+--no-link-probe leaves it out), then the emulated cluster trains STEPS steps and keeps its
 timelines, then `ringctl simulate` predicts the step on the same links (the graph the cluster
-script wrote, which says that every node runs on this one machine) with that calibration. The
-simulator never sees the run's own numbers.
+script wrote, which says that every node runs on this one machine).
+
+The emulated nodes' "GPUs" are time-shared cores: what share of a core each rank's compute got
+is an input of the emulation, as the links' tc rates are. The run measures it (each worker's
+`compute cpu` log line: its passes' main-thread CPU time over their wall time less the ring
+waits; bench/emulated_cluster.py) and the main prediction takes it: the host table flat at the
+largest rank's share, the others as `--straggler rank:factor`, the compute rates per
+CPU-second, the idle link figures. Nothing else of the run reaches the simulator: not its step,
+compute or hop times. Beside it, for comparison: one share (the median) for every rank, the
+loaded link figures, and the host-probe prediction made before the run (the earlier method).
 
 Compared: the step (measured: the median over the steps after the first, per run; reported:
 the median over runs and its min..max), and the ring's K/V hop in the forward and in the
 backward (measured from the timeline: every forward or backward ring_send of a K/V block,
-posted to completed, median over ranks, layers, hops and steps; predicted: the same from the
-simulated sends, `posted_median_s`). Each run's record (--json) also keeps the simulated flow's
-own mean time, the predicted critical path and the link model used. The load average before each run is printed.
+posted to completed (the progress engine's completion), median over ranks, layers, hops and
+steps; predicted: the same from the simulated sends, `posted_median_s`). Each run's record
+(--json) also keeps the phases of bench/sim_phases.py (measured from the timelines, predicted
+from the simulated trace), the simulated flow's own mean time, the predicted critical path and
+the link model used. The load average before each run is printed.
 
   sudo bench/sim_validate.py [--nodes 2 4 8] [--topologies fat-tree ring] [--reps 3]
                              [--order-stagger] [--json OUT]
