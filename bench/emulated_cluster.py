@@ -20,7 +20,10 @@ never touches anything it did not create. Needs root (ip, tc).
 Writes, with --out FILE, a JSON record: the topology as a link graph (nodes, switches, links
 with bandwidth in bytes/s and latency in s; the same numbers tc enforces), the spec, and per
 step what ringd measured (step_ms, comm_s, ...) on node 0, plus the median step time over the
-steps after the first (warm-up).
+steps after the first (warm-up), and per rank the share of a core its compute got
+(compute_share: the main thread's CPU time over the wall time of its forward and backward
+passes less the ring waits, steps after the first; from the workers' `compute cpu` log lines).
+All nodes run on this machine's cores: that share is what an emulated node's "GPU" is.
 
   bench/emulated_cluster.py --build build --topology fat-tree --nodes 4 --spec SPEC --steps 6
 """
@@ -206,6 +209,26 @@ def run_job(args, c, work):
     return [json.loads(l) for l in open(os.path.join(job, "steps.jsonl")) if l.strip()]
 
 
+def compute_share(job):
+    """The share of a core each rank's compute got: from every worker log's `compute cpu`
+    line (per step, the passes' wall time less the ring waits and the main thread's CPU time in
+    it), CPU / wall summed over the steps after the first, per rank."""
+    import glob
+    import re
+    per_rank = {}
+    for log in glob.glob(os.path.join(job, "logs", "worker-*.log")):
+        for line in open(log, errors="replace"):
+            m = re.search(r"compute cpu (\{.*\})", line)
+            if not m:
+                continue
+            j = json.loads(m.group(1))
+            rows = [(w, c) for s, w, c in zip(j["step"], j["wall_s"], j["cpu_s"]) if s >= 2]
+            wall, cpu = sum(w for w, _ in rows), sum(c for _, c in rows)
+            if wall > 0:
+                per_rank[j["rank"]] = cpu / wall
+    return [per_rank[r] for r in sorted(per_rank)]
+
+
 def graph_yaml(c, n, delay_ms):
     """The emulated cluster as a `ringctl simulate --topology FILE` graph: nodes node0.., the
     fabric's bridges as switches, every tc-limited link with its rate (duplex: both directions
@@ -261,6 +284,7 @@ def main():
         else:
             build_ring(c, args.nodes, args.node_mbit, args.delay_ms)
         steps = run_job(args, c, work)
+        share = compute_share(os.path.join(work, "job"))
         if args.timeline_out:
             os.makedirs(args.timeline_out, mode=0o700, exist_ok=True)
             src = os.path.join(work, "job", "timeline")
@@ -274,7 +298,7 @@ def main():
     rec = {"topology": args.topology, "nodes": args.nodes, "leaf_size": args.leaf_size,
            "node_mbit": args.node_mbit, "uplink_mbit": args.uplink_mbit,
            "delay_ms": args.delay_ms, "spec": os.path.abspath(args.spec),
-           "graph": {"links": c.links}, "steps": steps,
+           "graph": {"links": c.links}, "steps": steps, "compute_share": share,
            "median_step_s": statistics.median(times) if times else None}
     print(f"{args.topology} x{args.nodes}: median step {rec['median_step_s'] * 1e3:.1f} ms "
           f"over {len(times)} steps (first excluded); comm_s median "

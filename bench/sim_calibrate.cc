@@ -17,6 +17,15 @@
 //   gemm_bwd_flops        their backward (2x the forward FLOPs) / the backward's time
 //   attention_fwd_flops   the rank's allowed pairs x 4 x heads x head_dim x layers / time
 //   attention_bwd_flops   ... x 10 ... / time
+// --cpu-time (with --as-run): those times are the main thread's CPU time instead of wall time:
+//                         rates per CPU-second, a dedicated core's, whatever else runs here
+//                         (compute_rates_per: "cpu_second"; the emulated-cluster validation
+//                         gives the simulator the share of a core each rank got in the run)
+// --beside-compute K --beside-pollers M (with --as-run): K single-thread GEMM processes and M
+//                         processes that wake like a worker's progress thread (sched_yield,
+//                         then 50 us sleeps) run beside the measurement: a rank's conditions
+//                         on an emulated cluster's shared cores (the wake-ups preempt the
+//                         compute and cost it cache: a lower rate per CPU-second)
 // Always:
 //   intra_node_bytes_per_s  one-thread memcpy of 64 MiB / 2 (the shared-memory transport copies
 //                         into the segment and out of it)
@@ -33,7 +42,9 @@
 //                         of one waiter, in processes (from the host_speed table)
 // Every figure is the median of --reps repetitions; the spread (min..max) is printed.
 //
-//   sim_calibrate [--spec FILE] [--reps N] [--as-run] [--ringd-threads N] [--host-probe N] -o FILE
+//   sim_calibrate [--spec FILE] [--reps N] [--as-run [--cpu-time] [--beside-compute K]
+//                 [--beside-pollers M]] [--ringd-threads N]
+//                 [--host-probe N] -o FILE
 //
 // --link-probe RANK --rendezvous DIR --sizes B1,B2,.. [--beside K]: one rank of a two-rank
 // communicator of the ring's transport (UCX unless --transport), driven by the worker's own
@@ -86,6 +97,15 @@ double seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// --as-run times on this clock: wall time, or with --cpu-time the main thread's CPU time (the
+// compute-only step runs on it alone with one thread: a dedicated core's rate, whatever share
+// of a core the machine's other load leaves it).
+bool g_cpu_time = false;
+double clock_s() {
+  if (g_cpu_time) return ring::cp::thread_cpu_seconds();
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
 struct Stat {
   double median = 0, lo = 0, hi = 0;
 };
@@ -106,15 +126,15 @@ class TimedAttention final : public ring::model::AttentionExecutor {
  public:
   explicit TimedAttention(ring::model::AttentionExecutor* inner) : inner_(inner) {}
   void forward(const ring::model::AttentionCall& c, float* out, float* lse) override {
-    auto t0 = Clock::now();
+    const double t0 = clock_s();
     inner_->forward(c, out, lse);
-    fwd_s += seconds(t0);
+    fwd_s += clock_s() - t0;
   }
   void backward(const ring::model::AttentionCall& c, const float* out, const float* lse,
                 const float* dout, float* dq, float* dk, float* dv) override {
-    auto t0 = Clock::now();
+    const double t0 = clock_s();
     inner_->backward(c, out, lse, dout, dq, dk, dv);
-    bwd_s += seconds(t0);
+    bwd_s += clock_s() - t0;
   }
   ring::kernels::AttentionStats stats() const override { return inner_->stats(); }
   double fwd_s = 0, bwd_s = 0;
@@ -185,14 +205,14 @@ AsRun measure_as_run(const ring::spec::JobSpec& s, ring::kernels::Backend* be, i
   model.forward_backward(b, T);  // warm-up: buffers
   for (int k = 0; k < reps; ++k) {
     att.fwd_s = att.bwd_s = 0;
-    auto t0 = Clock::now();
+    double t0 = clock_s();
     model.forward(b, T);
-    const double tf = seconds(t0), af = att.fwd_s;
+    const double tf = clock_s() - t0, af = att.fwd_s;
     att.fwd_s = att.bwd_s = 0;
     model.zero_grads();
-    t0 = Clock::now();
+    t0 = clock_s();
     model.forward_backward(b, T);
-    const double tfb = seconds(t0), ab = att.bwd_s;
+    const double tfb = clock_s() - t0, ab = att.bwd_s;
     const double nonattn_fwd = std::max(1e-9, tf - af);
     const double nonattn_bwd = std::max(1e-9, tfb - att.fwd_s - ab - nonattn_fwd);
     r.gemm.push_back(proj_fwd / nonattn_fwd);
@@ -317,6 +337,26 @@ std::vector<pid_t> spin_gemms(int n, int64_t T, int64_t d) {
       for (;;)
         be->gemm(ring::kernels::DType::kF32, false, false, T, 3 * d, d, 1.f, A.data(), d, B.data(),
                  3 * d, 0.f, C.data(), 3 * d);
+    }
+    if (pid > 0) kids.push_back(pid);
+  }
+  return kids;
+}
+
+// Processes that wait the way a worker's progress thread does while its rank computes
+// (worker/ring/progress.cc: a few sched_yield rounds, then 50 us sleeps), until killed: the
+// wake-ups of the other ranks' progress threads on shared cores.
+std::vector<pid_t> spin_pollers(int n) {
+  std::vector<pid_t> kids;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      for (unsigned idle = 0;;) {
+        if (++idle > 8)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        else
+          sched_yield();
+      }
     }
     if (pid > 0) kids.push_back(pid);
   }
@@ -474,7 +514,7 @@ int link_probe(const LinkProbeArgs& a, int reps, int64_t T, int64_t d, const std
 
 int main(int argc, char** argv) {
   std::string spec_path = "configs/examples/tiny.yaml", out_path;
-  int reps = 5, ringd_threads = 0, probe = 0;
+  int reps = 5, ringd_threads = 0, probe = 0, beside_compute = 0, beside_pollers = 0;
   bool as_run = false;
   LinkProbeArgs lp;
   for (int i = 1; i < argc; ++i) {
@@ -482,6 +522,11 @@ int main(int argc, char** argv) {
     if (a == "--spec" && i + 1 < argc) spec_path = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--as-run") as_run = true;
+    else if (a == "--cpu-time") g_cpu_time = true;
+    else if (a == "--beside-compute" && i + 1 < argc)
+      beside_compute = std::clamp(std::atoi(argv[++i]), 0, 64);
+    else if (a == "--beside-pollers" && i + 1 < argc)
+      beside_pollers = std::clamp(std::atoi(argv[++i]), 0, 64);
     else if (a == "--ringd-threads" && i + 1 < argc) ringd_threads = std::max(0, std::atoi(argv[++i]));
     else if (a == "--host-probe" && i + 1 < argc) probe = std::clamp(std::atoi(argv[++i]), 0, 64);
     else if ((a == "-o" || a == "--output") && i + 1 < argc) out_path = argv[++i];
@@ -507,7 +552,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "usage: sim_calibrate [--spec FILE] [--reps N] [--as-run] "
-                           "[--ringd-threads N] [--host-probe N] -o FILE\n"
+                           "[--cpu-time] [--beside-compute K] [--beside-pollers M] [--ringd-threads N] "
+                           "[--host-probe N] -o FILE\n"
                            "       sim_calibrate --link-probe RANK --rendezvous DIR --sizes B1,B2,.. "
                            "[--beside K] [--compute-ns-per-byte X] [--bidirectional] [--reps N] [--spec FILE] -o FILE\n");
       return 2;
@@ -526,6 +572,16 @@ int main(int argc, char** argv) {
   }
   const auto& s = *r.spec;
   const int threads = static_cast<int>(std::max<int64_t>(1, s.resources.cpus_per_worker));
+  if (beside_compute + beside_pollers > 0 && !as_run) {
+    std::fprintf(stderr, "sim_calibrate: --beside-compute and --beside-pollers go with --as-run\n");
+    return 2;
+  }
+  if (g_cpu_time && (!as_run || threads != 1)) {
+    std::fprintf(stderr, "sim_calibrate: --cpu-time needs --as-run and a spec of one thread per "
+                         "worker (%s: resources.cpus_per_worker %d): the main thread's CPU time "
+                         "is the whole compute only then\n", spec_path.c_str(), threads);
+    return 2;
+  }
   if (lp.rank >= 0) {
     if (lp.rank > 1 || lp.rendezvous.empty() || lp.sizes.empty()) {
       std::fprintf(stderr, "sim_calibrate: --link-probe RANK (0 or 1) needs --rendezvous DIR and --sizes\n");
@@ -616,7 +672,13 @@ int main(int argc, char** argv) {
   // The step as the worker runs it (replaces the single-kernel rates).
   Stat GB{};
   if (as_run) {
+    // The conditions of a rank of an emulated cluster: the other ranks computing and their
+    // progress threads waking beside it (--beside-compute, --beside-pollers).
+    std::vector<pid_t> beside = spin_gemms(beside_compute, T, d);
+    for (pid_t k : spin_pollers(beside_pollers)) beside.push_back(k);
     AsRun ar = measure_as_run(s, be.get(), reps);
+    for (pid_t k : beside) ::kill(k, SIGKILL);
+    for (pid_t k : beside) ::waitpid(k, nullptr, 0);
     g = ar.gemm;
     af = ar.attn_fwd;
     ab = ar.attn_bwd;
@@ -671,6 +733,12 @@ int main(int argc, char** argv) {
                       {"measured", std::string("bench/sim_calibrate") + (as_run ? " --as-run" : "") +
                                        " on " + spec_path}};
   if (as_run) j["gemm_bwd_flops"] = GB.median;
+  if (as_run && g_cpu_time)
+    j["compute_rates_per"] = "cpu_second";  // of the main thread
+  if (as_run && beside_compute + beside_pollers > 0) {
+    j["as_run_beside_compute"] = beside_compute;
+    j["as_run_beside_pollers"] = beside_pollers;
+  }
   if (!speed.empty()) {
     j["host_speed"] = speed;
     std::printf("  host speed per process, n = 1..%zu at once:", speed.size());

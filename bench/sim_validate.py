@@ -4,18 +4,30 @@
 For each case (topology, nodes, ring order, stagger) and each repetition: bench/sim_calibrate
 measures this machine right before the run (the case's spec, --as-run: the worker's step as a
 ring rank runs it; ringd's optimizer on ringd's one thread; --host-probe: how concurrent
-processes share the cores now) and bench/link_probe.py adds the link model (one shaped link,
-idle and while the case's ranks' worth of compute runs; --no-link-probe leaves it out), then the emulated cluster trains STEPS steps and keeps its
+processes share the cores now; and again --cpu-time, per CPU-second of the main thread, beside
+N-1 computing processes and N pollers that wake like progress threads) and bench/link_probe.py
+adds the link model (one shaped link, idle and while the case's ranks' worth of compute runs;
+--no-link-probe leaves it out), then the emulated cluster trains STEPS steps and keeps its
 timelines, then `ringctl simulate` predicts the step on the same links (the graph the cluster
-script wrote, which says that every node runs on this one machine) with that calibration. The
-simulator never sees the run's own numbers.
+script wrote, which says that every node runs on this one machine).
+
+The emulated nodes' "GPUs" are time-shared cores: what share of a core each rank's compute got
+is an input of the emulation, as the links' tc rates are. The run measures it (each worker's
+`compute cpu` log line: its passes' main-thread CPU time over their wall time less the ring
+waits; bench/emulated_cluster.py) and the main prediction takes it: the host table flat at the
+largest rank's share, the others as `--straggler rank:factor`, the compute rates per
+CPU-second, the idle link figures. Nothing else of the run reaches the simulator: not its step,
+compute or hop times. Beside it, for comparison: one share (the median) for every rank, the
+loaded link figures, and the host-probe prediction made before the run (the earlier method).
 
 Compared: the step (measured: the median over the steps after the first, per run; reported:
 the median over runs and its min..max), and the ring's K/V hop in the forward and in the
 backward (measured from the timeline: every forward or backward ring_send of a K/V block,
-posted to completed, median over ranks, layers, hops and steps; predicted: the same from the
-simulated sends, `posted_median_s`). Each run's record (--json) also keeps the simulated flow's
-own mean time, the predicted critical path and the link model used. The load average before each run is printed.
+posted to completed (the progress engine's completion), median over ranks, layers, hops and
+steps; predicted: the same from the simulated sends, `posted_median_s`). Each run's record
+(--json) also keeps the phases of bench/sim_phases.py (measured from the timelines, predicted
+from the simulated trace), the simulated flow's own mean time, the predicted critical path and
+the link model used. The load average before each run is printed.
 
   sudo bench/sim_validate.py [--nodes 2 4 8] [--topologies fat-tree ring] [--reps 3]
                              [--order-stagger] [--json OUT]
@@ -31,6 +43,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sim_phases  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,6 +109,15 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
         cal = os.path.join(work, f"cal-{tag}-{rep}.json")
         run([os.path.join(a.build, "bench", "sim_calibrate"), "--spec", spec, "--reps", "3",
              "--as-run", "--ringd-threads", "1", "--host-probe", str(2 * nodes), "-o", cal])
+        # The same step per CPU-second of the main thread: a dedicated core's rates, for the
+        # prediction with the share of a core each rank gets in the run.
+        calc = os.path.join(work, f"calc-{tag}-{rep}.json")
+        # The same step per CPU-second of the main thread, beside what a rank of this cluster
+        # has beside it on the shared cores: the other ranks computing, every rank's progress
+        # thread waking (their wake-ups preempt the compute: fewer FLOPs per CPU-second).
+        run([os.path.join(a.build, "bench", "sim_calibrate"), "--spec", spec, "--reps", "3",
+             "--as-run", "--cpu-time", "--beside-compute", str(nodes - 1), "--beside-pollers",
+             str(nodes), "--ringd-threads", "1", "-o", calc])
         if not a.no_link_probe:  # the link model: UCX over one shaped veth link, with the
             # case's ranks' worth of compute beside it (bench/link_probe.py)
             run([sys.executable, os.path.join(ROOT, "bench", "link_probe.py"), "--build", a.build,
@@ -114,10 +138,46 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
             print(f"run {rep} of {tag} failed: {str(e)[-600:]}", file=sys.stderr, flush=True)
             runs.append({"load": load, "failed": str(e)[-2000:]})
             continue
-        predict = lambda c: json.loads(run([os.path.join(a.build, "cli", "ringctl"), "simulate", spec,
-                                            "--topology", graph, "--gpu", "cpu", "--calibration", c,
-                                            "--json"]))
-        sim = predict(cal)
+        rec_run = json.load(open(rec))
+        predict = lambda c, *x: json.loads(run([os.path.join(a.build, "cli", "ringctl"), "simulate",
+                                                spec, "--topology", graph, "--gpu", "cpu",
+                                                "--calibration", c, "--json", *x]))
+        shares = rec_run.get("compute_share") or []
+        # Each rank's own share: the host table at the largest, the others slower by theirs
+        # (`--straggler rank:factor`, factor = largest / own share >= 1).
+        top = max(shares) if shares else None
+        per_rank = [x for g, sh in enumerate(shares) if sh < top
+                    for x in ("--straggler", f"{g}:{top / sh:.6g}")]
+        # The emulation's CPU: every rank's compute ran at the share of a core the run measured
+        # (its main thread's CPU time over its compute's wall time, the median over ranks): the
+        # host table flat at that share, the rates per CPU-second; polling and the transfers'
+        # CPU are inside the share. The link model as measured before the run.
+        share = statistics.median(rec_run["compute_share"]) if rec_run.get("compute_share") else None
+        trace = os.path.join(work, f"trace-{tag}-{rep}.json")
+        sim_probe = predict(cal)
+        if share:
+            cs = json.load(open(calc))
+            link = {k: v for k, v in json.load(open(cal)).items() if k.startswith("link_")}
+            cs.update(link)
+            cs.update({"host_speed": [share] * (2 * nodes + 2), "host_poll_load": 0.0,
+                       "link_cpu_s_per_byte": 0.0})
+            cal_loaded = os.path.join(work, f"cal-share-loaded-{tag}-{rep}.json")
+            json.dump(cs, open(cal_loaded, "w"), indent=1)
+            sim_loaded = predict(cal_loaded)
+            # The hops with the idle link figures: measured to completion, the runs' K/V hops
+            # take what an idle link takes (the loaded probe's per-message cost is not there).
+            if link:
+                cs.update({"link_rate_share_loaded": link["link_rate_share"],
+                           "link_message_s_loaded": link["link_message_s"]})
+            cal_share = os.path.join(work, f"cal-share-{tag}-{rep}.json")
+            json.dump(cs, open(cal_share, "w"), indent=1)
+            sim_uniform = predict(cal_share)
+            cs["host_speed"] = [top] * (2 * nodes + 2)
+            cal_ranks = os.path.join(work, f"cal-ranks-{tag}-{rep}.json")
+            json.dump(cs, open(cal_ranks, "w"), indent=1)
+            sim = predict(cal_ranks, "--trace", trace, *per_rank)
+        else:  # no share measured (a worker without the log line): the probe's prediction
+            sim = sim_loaded = sim_uniform = predict(cal, "--trace", trace)
         after = None
         if a.after:  # the machine measured again after the run: the load may have moved
             cal2 = os.path.join(work, f"cal-{tag}-{rep}-after.json")
@@ -128,12 +188,19 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
                      "--spec", spec, "--mbit", str(a.node_mbit), "--beside", str(max(0, nodes - 2)),
                      "--reps", str(a.probe_reps), "--merge-into", cal2])
             after = predict(cal2)["step_s"]
-        steps = json.load(open(rec))["steps"]
+        steps = rec_run["steps"]
         ms = [s["step_ms"] / 1e3 for s in steps[1:]]
         kv = int(sim["hops"]["forward"]["bytes"])
         mf, mb = measured_hops(tl, kv)
+        phases = {"measured": sim_phases.measured(tl, kv), "predicted": sim_phases.predicted(trace, sim)}
         runs.append({"load": load, "measured_s": statistics.median(ms), "steps_s": ms,
                      "predicted_s": sim["step_s"], "predicted_after_s": after,
+                     "predicted_probe_s": sim_probe["step_s"], "compute_share": rec_run.get("compute_share"),
+                     "pred_probe_hop_fwd_s": sim_probe["hops"]["forward"]["posted_median_s"],
+                     "predicted_loaded_s": sim_loaded["step_s"],
+                     "predicted_uniform_s": sim_uniform["step_s"],
+                     "pred_loaded_hop_fwd_s": sim_loaded["hops"]["forward"]["posted_median_s"],
+                     "pred_loaded_hop_bwd_s": sim_loaded["hops"]["backward_kv"]["posted_median_s"],
                      "load_after": os.getloadavg()[0], "pred_hop_fwd_s": sim["hops"]["forward"]["posted_median_s"],
                      "pred_hop_bwd_s": sim["hops"]["backward_kv"]["posted_median_s"],
                      "pred_flow_fwd_s": sim["hops"]["forward"]["mean_s"],
@@ -141,7 +208,10 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
                      "critical_path": sim["critical_path"],
                      "link_model": {k: v for k, v in json.load(open(cal)).items() if k.startswith("link_")},
                      "meas_hop_fwd_s": mf, "meas_hop_bwd_s": mb,
-                     "host_speed": json.load(open(cal)).get("host_speed", [])})
+                     "host_speed": json.load(open(cal)).get("host_speed", []),
+                     "phases": phases})
+        print(f"{tag} run {rep} (load {load:.1f}):\n" +
+              sim_phases.table(phases["measured"], phases["predicted"]), file=sys.stderr, flush=True)
     return {"topology": topo + (" interleaved" if interleaved else ""), "nodes": nodes,
             "label": label, "runs": runs}
 
@@ -160,7 +230,12 @@ def summary(case):
             "error_pct": 100 * (p - m) / m, "run_errors_pct": err,
             "hop_fwd": (med("pred_hop_fwd_s"), med("meas_hop_fwd_s")),
             "hop_bwd": (med("pred_hop_bwd_s"), med("meas_hop_bwd_s")),
-            "load": [r["load"] for r in rs]}
+            "load": [r["load"] for r in rs],
+            "probe": statistics.median(r["predicted_probe_s"] for r in rs),
+            "loaded": statistics.median(r["predicted_loaded_s"] for r in rs),
+            "uniform": statistics.median(r["predicted_uniform_s"] for r in rs),
+            "share": [statistics.median(r["compute_share"]) if r.get("compute_share") else float("nan")
+                      for r in rs]}
 
 
 def print_row(case):
@@ -178,7 +253,11 @@ def print_row(case):
           f"({', '.join(f'{x:+.0f}' for x in s['run_errors_pct'])}) | "
           f"{hf[0] * 1e3:.1f} / {hf[1] * 1e3:.1f} | {hb[0] * 1e3:.1f} / {hb[1] * 1e3:.1f} | "
           f"{' '.join(f'{x:.1f}' for x in s['load'])}"
-          f"{f' ({failed} run(s) failed)' if failed else ''} |", flush=True)
+          f"{f' ({failed} run(s) failed)' if failed else ''} | "
+          f"{' '.join(f'{x:.2f}' for x in s['share'])} | "
+          f"{s['uniform']:.3f} ({100 * (s['uniform'] - s['measured']) / s['measured']:+.0f} %) | "
+          f"{s['loaded']:.3f} ({100 * (s['loaded'] - s['measured']) / s['measured']:+.0f} %) | "
+          f"{s['probe']:.3f} ({100 * (s['probe'] - s['measured']) / s['measured']:+.0f} %) |", flush=True)
 
 
 def main():
@@ -211,8 +290,11 @@ def main():
     work = tempfile.mkdtemp(prefix="sim-validate-")
     cases = []
     print("| case | nodes | predicted s (min..max) | measured s (min..max) | error of medians (per run) "
-          "| fwd K/V hop ms pred / meas | bwd K/V hop ms pred / meas | load avg |")
-    print("|---|---|---|---|---|---|---|---|", flush=True)
+          "| fwd K/V hop ms pred / meas | bwd K/V hop ms pred / meas | load avg "
+          "| CPU share per run | one share for all ranks s (error) "
+          "| with the loaded link figures s (error) "
+          "| host-probe model s (error) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     try:
         for topo in a.topologies:
             for n in a.nodes:

@@ -132,7 +132,17 @@ Rates load_calibration(const std::string& path) {
   }
   r.network_bw = j.contains("network_bytes_per_s") ? num("network_bytes_per_s", false) : 0;
   r.network_latency = j.contains("network_latency_s") ? num("network_latency_s", false) : 0;
-  r.source = fmt::format("calibration file {}", path);
+  // The compute rates per second of wall time (the default) or per CPU-second of the rank's
+  // thread (sim_calibrate --as-run --cpu-time: a dedicated core's; the host_speed table then
+  // says what share of a core each rank gets).
+  if (j.contains("compute_rates_per")) {
+    const auto& v = j["compute_rates_per"];
+    if (!v.is_string() || (v.get<std::string>() != "cpu_second" && v.get<std::string>() != "wall_second"))
+      throw std::runtime_error(fmt::format("{}: key 'compute_rates_per' must be \"wall_second\" or \"cpu_second\"", path));
+    r.compute_per_cpu_second = v.get<std::string>() == "cpu_second";
+  }
+  r.source = fmt::format("calibration file {}{}", path,
+                         r.compute_per_cpu_second ? " (compute rates per CPU-second)" : "");
   for (auto it = j.begin(); it != j.end(); ++it) {
     static const char* known[] = {"gemm_flops", "attention_fwd_flops", "attention_bwd_flops",
                                   "intra_node_bytes_per_s", "intra_node_latency_s",
@@ -141,7 +151,9 @@ Rates load_calibration(const std::string& path) {
                                   "threads", "notes", "gemm_bwd_flops", "host_speed", "host_poll_load",
                                   "ringd_threads", "link_rate_share", "link_message_s",
                                   "link_rate_share_loaded", "link_message_s_loaded",
-                                  "link_loaded_processes", "link_cpu_s_per_byte", "link_probe_mbit"};
+                                  "link_loaded_processes", "link_cpu_s_per_byte", "link_probe_mbit",
+                                  "compute_rates_per", "as_run_beside_compute",
+                                  "as_run_beside_pollers"};
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) == std::end(known))
       throw std::runtime_error(fmt::format("{}: unknown key '{}'", path, it.key()));
   }

@@ -40,6 +40,9 @@ struct Rates {
   double link_rate_share_loaded = 1, link_message_s_loaded = 0;
   double link_loaded_processes = 0;
   double link_cpu_s_per_byte = 0;
+  // Calibration only: the compute rates are per CPU-second of the rank's thread (a dedicated
+  // core's), not per second of wall time (calibration key compute_rates_per: cpu_second).
+  bool compute_per_cpu_second = false;
   std::string source;
 };
 

@@ -456,7 +456,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
 
   // K/V sends and the joins at which their senders posted them (the step's start), for the
   // hop time as the worker's timeline records it (posted to completed).
-  std::vector<std::pair<int, int>> posted_fwd, posted_bwd;
+  std::vector<std::pair<int, int>> posted_fwd, posted_bwd, posted_dkv;
   // One forward pass of a layer (the forward, or its recompute in the backward).
   auto forward_layer = [&](int64_t l, bool recompute, bool last_micro) {
     const int pp = recompute ? kProjRecompute : kProjFwd;
@@ -560,6 +560,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
           dsend[i] = e.flow(route_bwd[i], bytes, static_cast<int>(i), kHopDkv, static_cast<int>(l), static_cast<int>(s));
           e.depend(dsend[i], djoin[i]);
           e.depend(dsend[i], nstart[nxt[i]]);  // next posts this receive as its step s+1 begins
+          if (s > 0) posted_dkv.emplace_back(dsend[i], djoin[i]);  // posted once its rows are in
         }
       }
       StepRec sr{cur[0], blk[0], {}};
@@ -791,6 +792,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   posted(posted_fwd, &res.hop_forward);
   posted(posted_bwd, &res.hop_backward_kv);
   res.hop_dkv = hop(kHopDkv);
+  posted(posted_dkv, &res.hop_dkv);
   res.attention_compute_s = attn0;
   res.projection_compute_s = proj0;
   res.ring_bytes_per_rank = ring_bytes0 / static_cast<double>(M);

@@ -67,8 +67,9 @@ struct HopStats {
   int64_t count = 0;
   double bytes = 0;            // per hop (largest)
   double mean_s = 0, min_s = 0, max_s = 0;  // the flow: both sides posted to delivered
-  // K/V hops: from the sender's post (its step's start) to delivery, as the worker's timeline
-  // records a ring_send (includes waiting for the receiver to post)
+  // From the sender's post to delivery, as the worker's timeline records a ring_send (includes
+  // waiting for the receiver to post): K/V hops posted at the sender's step start, dK/dV
+  // accumulators once the block's partial and the incoming accumulator are in
   double posted_mean_s = 0, posted_median_s = 0;
 };
 

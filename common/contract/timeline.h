@@ -40,7 +40,8 @@ enum class Phase : uint16_t {
   kData = 2,         // reading and packing the step's sequences (and an injected debug delay)
   kForward = 3,      // one layer's forward (layer)
   kBackward = 4,     // one layer's backward (layer)
-  kRingSend = 5,     // a hop's send: posted -> completed (layer, hop, peer = receiver, bytes)
+  kRingSend = 5,     // a hop's send: posted -> completed, as the progress engine saw it (layer,
+                     // hop, peer = receiver, bytes)
   kRingRecv = 6,     // a hop's receive: posted -> completed (layer, hop, peer = sender, bytes)
   kRingWait = 7,     // blocked waiting for a hop's receive (layer, hop, peer = sender)
   kHandover = 8,     // a gradient bucket copied into ringd's slot (layer = bucket index, bytes)

@@ -307,6 +307,30 @@ TEST(SimRates, CalibrationLinkModel) {
   }
 }
 
+TEST(SimRates, CalibrationComputeRatesPerCpuSecond) {
+  TempDir t;
+  const std::string base =
+      R"("gemm_flops": 1e11, "attention_fwd_flops": 1e11, "attention_bwd_flops": 1e11,
+         "intra_node_bytes_per_s": 1e10, "adamw_params_per_s": 1e9)";
+  auto write = [&](const std::string& extra) {
+    const std::string path = t.path + "/cal.json";
+    std::ofstream(path) << "{" << base << extra << "}";
+    return path;
+  };
+  EXPECT_FALSE(load_calibration(write("")).compute_per_cpu_second);
+  EXPECT_FALSE(load_calibration(write(R"(, "compute_rates_per": "wall_second")")).compute_per_cpu_second);
+  const Rates r = load_calibration(write(
+      R"(, "compute_rates_per": "cpu_second", "as_run_beside_compute": 7, "as_run_beside_pollers": 8)"));
+  EXPECT_TRUE(r.compute_per_cpu_second);
+  EXPECT_NE(r.source.find("per CPU-second"), std::string::npos) << r.source;
+  try {
+    load_calibration(write(R"(, "compute_rates_per": "second")"));
+    FAIL() << "an unknown unit was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'compute_rates_per' must be"), std::string::npos) << e.what();
+  }
+}
+
 // ---- routing
 
 ClusterOptions opts(Shape shape, int nodes, int gpn) {

@@ -3,10 +3,12 @@
 # bench/sim_validate.py on a 2-node fat-tree (two network namespaces, veth through bridges, tc
 # rate limits, one ringd per node over UCX/TCP), the simulator calibrated by bench/sim_calibrate
 # and bench/link_probe.py (the transport's cost on one shaped link) just before the run and
-# again just after it (the load of a shared machine moves between the two, and between the
-# steps). Passes when the measured steps from the fastest to the median meet the span of the two
-# predictions widened by a factor FACTOR (default 2): other work on the machine only slows
-# steps, so the fastest step bounds the job's own time from below. With the link model single
+# given the CPU share each rank got in it (predicted_s), and calibrated again just after it
+# with the host table measured then (predicted_after_s; the load of a shared machine moves
+# between the two, and between the steps). Passes when the measured steps from the fastest to
+# the median meet the span of the two predictions widened by a factor FACTOR (default 2): other
+# work on the machine only slows steps, so the fastest step bounds the job's own time from
+# below. With the link model single
 # 2-node fat-tree runs came out between -40 % and +43 % under other sessions' load (load average
 # 4-10; docs/simulation.md): the calibration and the run, 30 s apart, see different machines.
 # This guards the model and the machinery against gross errors (a unit slip, a phase lost); the

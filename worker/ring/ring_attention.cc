@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -13,6 +14,12 @@
 #include "common/contract/timeline.h"
 
 namespace ring::cp {
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 using model::check_status;
 using Clock = std::chrono::steady_clock;
@@ -339,8 +346,10 @@ size_t RingAttention::finish(int* handle, const char* what, int peer, int layer,
     tl->wait_begin(recv ? timeline::Phase::kRingWait : timeline::Phase::kRingSend, step_no, layer,
                    static_cast<int16_t>(step), peer + options_.rank_offset);
   const int64_t w0 = timeline::now_ns();
+  const double c0 = thread_cpu_seconds();
   ProgressEngine::Result r = progress_->wait(*handle, options_.timeout_ms);
   const int64_t w1 = timeline::now_ns();
+  rstats_.wait_cpu_s += thread_cpu_seconds() - c0;
   const double waited = (w1 - w0) * 1e-9;
   rstats_.wait_s += waited;
   (recv ? rstats_.recv_wait_s : rstats_.send_wait_s) += waited;
@@ -348,18 +357,28 @@ size_t RingAttention::finish(int* handle, const char* what, int peer, int layer,
   if (tl) {
     tl->wait_end();
     const int64_t p0 = *handle < kMaxTracked ? posted_ns_[*handle] : w0;
+    // Completed: when the progress engine saw the request finish (steady_clock is
+    // CLOCK_MONOTONIC, the timeline's clock), not when this thread came to wait for it: a
+    // transfer that finished during the block's compute would otherwise last as long as the
+    // compute. The wait (ring_wait) is what the thread spent blocked.
+    const int64_t done =
+        r.done_at.time_since_epoch().count() != 0
+            ? std::chrono::duration_cast<std::chrono::nanoseconds>(r.done_at.time_since_epoch())
+                  .count()
+            : w1;
     timeline::Event e{.kind = recv ? timeline::Phase::kRingRecv : timeline::Phase::kRingSend,
                       .step = step_no,
                       .layer = layer,
                       .hop = static_cast<int16_t>(step),
                       .peer = peer + options_.rank_offset,
                       .begin_ns = std::min(p0, w0),
-                      .end_ns = w1,
+                      .end_ns = std::clamp(done, std::min(p0, w0), w1),
                       .bytes = static_cast<int64_t>(r.bytes)};
     tl->record(e);
     if (recv) {
       e.kind = timeline::Phase::kRingWait;
       e.begin_ns = w0;
+      e.end_ns = w1;
       tl->record(e);
     }
   }

@@ -76,7 +76,12 @@ struct RingStats {
   double recv_wait_s = 0;      // of wait_s: blocked on a receive (the sender is late)
   double send_wait_s = 0;      // of wait_s: blocked on a send
   double stagger_s = 0;        // of wait_s: time spent holding back a staggered send
+  double wait_cpu_s = 0;       // the waiting thread's CPU time in wait_s (its polling)
 };
+
+// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), seconds: what the scheduler gave it,
+// against wall time the share of a core it got (ranks that share cores).
+double thread_cpu_seconds();
 
 // A K/V block from another rank for the compute-only (no communication) measurement mode.
 struct BlockView {

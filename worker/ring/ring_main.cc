@@ -363,6 +363,13 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
     double flight_s, wait_s;
   };
   std::vector<StepOverlap> overlap;  // shard full, per step
+  // Per step: the forward and backward passes' wall and main-thread CPU time less the ring
+  // waits (the compute, and the CPU it got: its share of a core when ranks share cores).
+  struct StepCpu {
+    int64_t step;
+    double wall_s, cpu_s;
+  };
+  std::vector<StepCpu> step_cpu;
 
   // From here on transfers may be in flight: an error exits at once, without unwinding.
   return run_then_exit_on_error("ring-worker: rank " + std::to_string(rank), kExitRuntime, [&] {
@@ -437,6 +444,9 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
         handover_s += (h1 - h0) * 1e-9;
       };
       const ShardStats shard0 = store ? store->stats() : ShardStats{};
+      const RingStats rc0 = attention.ring_stats();
+      const auto fb0 = std::chrono::steady_clock::now();
+      const double fbc0 = thread_cpu_seconds();
       model::LossResult loss;
       for (size_t m = 0; m < sd.shards.size(); ++m) {
         const bool last = m + 1 == sd.shards.size();
@@ -446,6 +456,13 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
             last && !full ? to_ringd : model::BucketReadyFn{});
         loss.loss_sum += r.loss_sum;
         loss.valid += r.valid;
+      }
+      {
+        const RingStats& rc1 = attention.ring_stats();
+        const double wall =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - fb0).count();
+        step_cpu.push_back({cmd.step, wall - (rc1.wait_s - rc0.wait_s),
+                            thread_cpu_seconds() - fbc0 - (rc1.wait_cpu_s - rc0.wait_cpu_s)});
       }
       if (store) {  // the waits on block gathers and gradient reduce-scatters
         const ShardStats& s1 = store->stats();
@@ -501,6 +518,18 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
                                           .wait_ms = wait_ms,
                                           .comm_ms = comm_ms,
                                           .prev = prev_rank});
+    }
+    if (!step_cpu.empty()) {
+      // Per step: the passes' compute time (wall, ring waits excluded) and the main thread's
+      // CPU time in it (bench/sim_validate.py reads this line: the CPU share an emulated node
+      // got).
+      nlohmann::json j = {{"event", "compute_cpu"}, {"rank", rank}};
+      for (const auto& c : step_cpu) {
+        j["step"].push_back(c.step);
+        j["wall_s"].push_back(c.wall_s);
+        j["cpu_s"].push_back(c.cpu_s);
+      }
+      logger()->info("compute cpu {}", j.dump());
     }
     if (store && !overlap.empty()) {
       // Per step: seconds the gathers and reduce-scatters were in flight and seconds this rank
