@@ -154,6 +154,60 @@ std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& b, int64_t no
   return out;
 }
 
+int64_t FullShardLayout::part(size_t b, int64_t g) const {
+  const int64_t lo = std::max(bucket_begin[b], shard_begin[static_cast<size_t>(g)]);
+  const int64_t hi = std::min(bucket_begin[b + 1], shard_end[static_cast<size_t>(g)]);
+  return std::max<int64_t>(0, hi - lo);
+}
+
+// A rank's parts lie in its node's buckets only (a range is whole buckets).
+double FullShardLayout::gathered_bytes(int64_t g) const {
+  double floats = 0;
+  for (size_t b = 0; b < gathers.size(); ++b)
+    floats += gathers[b] * static_cast<double>(size(b) - part(b, g));
+  return 4.0 * floats;
+}
+
+double FullShardLayout::scattered_bytes(int64_t g) const {
+  double floats = 0;
+  for (size_t b = 0; b < gathers.size(); ++b) floats += static_cast<double>(size(b) - part(b, g));
+  return 4.0 * floats;
+}
+
+FullShardLayout full_shard_layout(const JobSpec& s) {
+  FullShardLayout f;
+  const FlatLayout flat = flat_layout(s);
+  if (flat.bucket_sizes.empty()) return f;
+  const std::vector<int64_t>& bs = flat.bucket_sizes;
+  const int64_t nodes = std::max<int64_t>(s.resources.nodes, 1);
+  const int64_t wpn = std::max<int64_t>(s.resources.workers_per_node, 1);
+  f.workers_per_node = wpn;
+  f.bucket_begin.assign(bs.size() + 1, 0);
+  for (size_t b = 0; b < bs.size(); ++b) f.bucket_begin[b + 1] = f.bucket_begin[b] + bs[b];
+  // Per micro-batch (Model::forward_backward): head once, layers twice, the embedding once
+  // (twice when tied: acquired again beside the head).
+  f.gathers.assign(bs.size(), 2);
+  f.gathers.front() = 1;
+  f.gathers.back() = s.model.tie_embeddings ? 2 : 1;
+  const std::vector<size_t> first = shard_first_buckets(bs, nodes);
+  f.owner.assign(bs.size(), 0);
+  f.shard_begin.reserve(static_cast<size_t>(nodes * wpn));
+  f.shard_end.reserve(static_cast<size_t>(nodes * wpn));
+  for (int64_t k = 0; k < nodes; ++k) {
+    const int64_t begin = f.bucket_begin[first[static_cast<size_t>(k)]];
+    const int64_t end = f.bucket_begin[first[static_cast<size_t>(k) + 1]];
+    for (size_t b = first[static_cast<size_t>(k)]; b < first[static_cast<size_t>(k) + 1]; ++b)
+      f.owner[b] = static_cast<int>(k);
+    const int64_t per = ((end - begin + wpn - 1) / wpn + 15) / 16 * 16;
+    for (int64_t l = 0; l < wpn; ++l) {
+      const int64_t lo = std::min(end, begin + l * per);
+      f.shard_begin.push_back(lo);
+      f.shard_end.push_back(std::min(end, lo + per));
+    }
+  }
+  return f;
+}
+
 int64_t bucket_topk(double density, int64_t floats) {
   const auto k = static_cast<int64_t>(std::ceil(density * static_cast<double>(floats)));
   return std::clamp<int64_t>(k, floats > 0 ? 1 : 0, floats);
@@ -504,8 +558,15 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   }
   if (full) {
     const double mb = static_cast<double>(std::max<int64_t>(s.train.micro_batches, 1));
-    p.shard_gathered_per_rank = mb * 2.0 * (n - S) * b;
-    p.shard_scattered_per_rank = mb * (n - S) * 4.0;
+    // The rank that moves the most (the one with the smallest parts).
+    const FullShardLayout fs = full_shard_layout(s);
+    double g = 0, r = 0;
+    for (int64_t q = 0; q < fs.ranks(); ++q) {
+      g = std::max(g, fs.gathered_bytes(q));
+      r = std::max(r, fs.scattered_bytes(q));
+    }
+    p.shard_gathered_per_rank = mb * g;
+    p.shard_scattered_per_rank = mb * r;
     p.grad_sent_dense_per_node = 0;  // the workers' reduce-scatter already summed the job's
     p.grad_sent_topk_per_node = 0;
   }
@@ -711,7 +772,7 @@ std::string to_text(const Plan& p, const JobSpec& s) {
            : "");
   if (p.shard == ShardMode::kFull) {
     line("weights gathered per rank (fwd + bwd)", p.shard_gathered_per_rank,
-         "2 x (n - shard) x dtype, every micro-batch");
+         "about 2 x (n - shard) x 4 (fp32), every micro-batch");
     line("gradient reduce-scattered per rank", p.shard_scattered_per_rank,
          "(n - shard) x 4; nothing between the nodes' ringd");
   } else {

@@ -53,6 +53,34 @@ std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& bucket_sizes,
 // owns buckets [first[k], first[k + 1]).
 std::vector<size_t> shard_first_buckets(const std::vector<int64_t>& bucket_sizes, int64_t nodes);
 
+// Shard full (worker/ring/full_shard.h): every rank's shard of the flat layout, on sizes alone
+// (contract::worker_shards: node k's range, shard_first_buckets, cut into workers_per_node
+// pieces of ceil(range / workers_per_node) floats rounded up to 16; rank g = node g /
+// workers_per_node, local g % workers_per_node), and how often the model gathers each bucket in
+// one forward_backward (worker/model/model.cc): the embedding before the first layer (again at
+// the head with tied embeddings), every layer before its forward and again before its backward
+// (a recompute reuses the block acquired for the backward), the head once. Each gather moves
+// fp32 (the store's buffers are floats whatever model.dtype): rank g receives 4 x (size - its
+// part) bytes of a bucket, and sends 4 x its part to each other rank; each bucket's gradient
+// is reduce-scattered once per micro-batch: rank g sends 4 x (size - its part) bytes.
+struct FullShardLayout {
+  std::vector<int64_t> bucket_begin;  // [buckets + 1] floats, layout order (head, layers
+                                      // L-1..0, embedding)
+  std::vector<int64_t> shard_begin, shard_end;  // [nodes x workers_per_node]
+  std::vector<int> gathers;                     // [buckets] per micro-batch
+  std::vector<int> owner;                       // [buckets] the node whose range holds it
+  int64_t workers_per_node = 1;
+  int64_t ranks() const { return static_cast<int64_t>(shard_begin.size()); }
+  int64_t size(size_t b) const { return bucket_begin[b + 1] - bucket_begin[b]; }
+  // Floats of bucket b inside rank g's shard.
+  int64_t part(size_t b, int64_t g) const;
+  // Bytes rank g receives in the gathers / sends in the reduce-scatters of one micro-batch.
+  double gathered_bytes(int64_t g) const;
+  double scattered_bytes(int64_t g) const;
+};
+// Empty (no buckets) when the layout's size saturates.
+FullShardLayout full_shard_layout(const spec::JobSpec& s);
+
 // ringd's top-k selection per bucket: k = ceil(density x floats), at least 1, at most floats
 // (daemon/optim NodeOptimizer::bucket_k).
 int64_t bucket_topk(double density, int64_t floats);
@@ -143,10 +171,11 @@ struct Plan {
   double grad_topk_sparse_per_node = 0;  // at the owner, shard none: its ranges' sparse sets to
                                          // every other node, (nodes - 1) x 8 x its k
   int64_t topk_k = 0;
-  // Shard full (0 otherwise), per rank and step, every micro-batch: the weights it receives in
-  // the block all-gathers of the forward and the backward, 2 x (n - shard) x b, and the gradient
-  // parts it sends in the reduce-scatters, (n - shard) x 4 (worker/ring/full_shard.h). The
-  // nodes' ringd then exchange no gradient: the two lines above are 0.
+  // Shard full (0 otherwise), per step (every micro-batch), for the rank that moves the most
+  // (FullShardLayout): the fp32 weights it receives in the block all-gathers of the forward and
+  // the backward, about 2 x (n - shard) x 4, and the gradient parts it sends in the
+  // reduce-scatters, about (n - shard) x 4 (worker/ring/full_shard.h). The nodes' ringd then
+  // exchange no gradient: the two lines above are 0.
   double shard_gathered_per_rank = 0;
   double shard_scattered_per_rank = 0;
 

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/contract/layout.h"
+#include "common/contract/shard.h"
 #include "common/plan/plan.h"
 #include "common/spec/parse.h"
 #include "tests/common/run.h"
@@ -155,8 +157,33 @@ TEST(Plan, ShardFullCommunicationIsTheGathersAndTheReduceScatter) {
   Plan p = make_plan(s);
   const double n = static_cast<double>(p.flat_floats), S = static_cast<double>(p.worker_shard);
   ASSERT_LT(S, n / 8);  // 32 ranks share the model
-  EXPECT_DOUBLE_EQ(p.shard_gathered_per_rank, 2 * 2.0 * (n - S) * 2);  // bf16 weights
-  EXPECT_DOUBLE_EQ(p.shard_scattered_per_rank, 2 * (n - S) * 4.0);
+  // What the worker's store moves, from the objects it is built on (contract::ParamLayout,
+  // worker_shards): per micro-batch the head and the (untied) embedding are gathered once and
+  // every layer twice, fp32 whatever model.dtype; every bucket is reduce-scattered once. The
+  // rank with the smallest parts moves the most.
+  auto fp32 = s;  // the layout is the same in any dtype; the worker model takes fp32 only
+  fp32.model.dtype = spec::DType::kFp32;
+  const contract::ParamLayout layout(contract::ModelConfig::from_spec(fp32));
+  const auto shards = contract::worker_shards(layout, 4, 8);
+  ASSERT_EQ(shards.size(), 32u);
+  double gathered = 0, scattered = 0;
+  for (const contract::WorkerShard& w : shards) {
+    double g = 0, r = 0;
+    for (const contract::GradBucket& b : layout.buckets()) {
+      const int64_t mine = std::max<int64_t>(0, std::min(b.end, w.end) - std::max(b.begin, w.begin));
+      const int times = (&b == &layout.head_bucket() || &b == &layout.embedding_bucket()) ? 1 : 2;
+      g += times * 4.0 * static_cast<double>(b.end - b.begin - mine);
+      r += 4.0 * static_cast<double>(b.end - b.begin - mine);
+    }
+    gathered = std::max(gathered, g);
+    scattered = std::max(scattered, r);
+  }
+  EXPECT_DOUBLE_EQ(p.shard_gathered_per_rank, 2 * gathered);  // 2 micro-batches
+  EXPECT_DOUBLE_EQ(p.shard_scattered_per_rank, 2 * scattered);
+  // About 2 (n - S) x 4 and (n - S) x 4: the head and embedding are gathered once.
+  EXPECT_LT(p.shard_gathered_per_rank, 2 * 2 * (n - S) * 4.0);
+  EXPECT_GT(p.shard_gathered_per_rank, 2 * 1.5 * (n - S) * 4.0);
+  EXPECT_GE(p.shard_scattered_per_rank, 2 * (n - S) * 4.0);
   EXPECT_EQ(p.grad_sent_dense_per_node, 0);
   EXPECT_EQ(p.grad_sent_topk_per_node, 0);
   s.parallel.shard = spec::ShardMode::kOptimizer;
