@@ -239,13 +239,17 @@ void Engine::update_components() {
     }
   }
   comp_routes_.clear();
+  comp_weights_.clear();
+  bool weighted = false;
   for (int f : comp_flows_) {
+    comp_weights_.push_back(tasks_[f].weight);
+    weighted = weighted || tasks_[f].weight != 1;
     // Bring the flow's progress up to now at its old rate.
     remaining_[f] = std::max(0.0, remaining_[f] - rate_[f] * (now_ - t_upd_[f]));
     t_upd_[f] = now_;
     comp_routes_.push_back(&routes_[tasks_[f].route]);
   }
-  solver_.solve(capacity_, comp_routes_, &comp_rates_);
+  solver_.solve(capacity_, comp_routes_, &comp_rates_, 1e30, weighted ? &comp_weights_ : nullptr);
   for (size_t i = 0; i < comp_flows_.size(); ++i) {
     const int f = comp_flows_[i];
     const double r = std::max(comp_rates_[i], 1e-300);
@@ -257,10 +261,13 @@ void Engine::update_components() {
           load_changed_.push_back(rm.host);
       }
     }
+    flow_mark_[f] = 0;
+    // The same rate: its drain event stands (progress is exact at now at either rate), which
+    // spares the heap a push for every flow of a large component that a small change leaves be.
+    if (r == rate_[f]) continue;
     rate_[f] = r;
     ++version_[f];
     heap_.push({now_ + remaining_[f] / rate_[f], seq_++, f, Ev::kDrain, version_[f]});
-    flow_mark_[f] = 0;
   }
   for (int l : comp_links_) link_mark_[l] = 0;
   for (int h : load_changed_) reshare(h, now_);

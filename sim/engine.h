@@ -36,6 +36,8 @@ struct Task {
   double bytes = 0;
   double delay = 0;
   double extra_latency = 0;  // flow: added to the route's latency (a chain of steps folded in one)
+  double weight = 1;         // flow: stands for this many alike flows (max-min shares; bytes are
+                             // theirs together)
   // What it is, for reports and traces: a track (rank / node), a phase, a layer and a step.
   int track = 0;
   int phase = 0;
@@ -76,6 +78,9 @@ class Engine {
   // A flow's ready time is at least t (an absolute start, e.g. the step's beginning).
   void not_before(int task, double t) { release_[task] = t; }
   void add_latency(int task, double seconds) { tasks_[task].extra_latency += seconds; }
+  // A flow that stands for w alike flows on its route (w > 0): it gets w max-min shares, so
+  // with w times one flow's bytes it ends when each of them would.
+  void set_weight(int task, double w) { tasks_[task].weight = w > 0 ? w : 1; }
 
   // Runs every task to completion; returns the time of the last completion. Throws
   // std::runtime_error when tasks remain that can never run (a dependency cycle).
@@ -169,7 +174,7 @@ class Engine {
   std::vector<char> link_mark_, flow_mark_;
   std::vector<int> comp_flows_, comp_links_;
   std::vector<const std::vector<int>*> comp_routes_;
-  std::vector<double> comp_rates_;
+  std::vector<double> comp_rates_, comp_weights_;
   MaxMinSolver solver_;
   double now_ = 0;
   int64_t events_ = 0;

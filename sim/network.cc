@@ -80,12 +80,15 @@ double Network::route_bandwidth(const std::vector<int>& route) const {
 
 void MaxMinSolver::solve(const std::vector<double>& capacity,
                          const std::vector<const std::vector<int>*>& routes,
-                         std::vector<double>* rates, double unbounded) {
+                         std::vector<double>* rates, double unbounded,
+                         const std::vector<double>* weights) {
   const size_t nf = routes.size();
+  auto wt = [&](size_t f) { return weights ? (*weights)[f] : 1.0; };
   rates->assign(nf, 0.0);
   if (remaining_.size() < capacity.size()) {
     remaining_.resize(capacity.size());
     unfrozen_count_.resize(capacity.size());
+    unfrozen_weight_.resize(capacity.size());
     link_seen_.resize(capacity.size());
   }
   frozen_.assign(nf, 0);
@@ -104,8 +107,10 @@ void MaxMinSolver::solve(const std::vector<double>& capacity,
         touched_.push_back(l);
         remaining_[l] = capacity[l];
         unfrozen_count_[l] = 0;
+        unfrozen_weight_[l] = 0;
       }
       ++unfrozen_count_[l];
+      unfrozen_weight_[l] += wt(f);
     }
   }
   // Bottleneck filling: the link with the least fair share x = remaining / unfrozen flows fixes
@@ -126,7 +131,8 @@ void MaxMinSolver::solve(const std::vector<double>& capacity,
     if (!frozen_[f])
       for (int l : *routes[f]) link_flows_[fill_[local_[l]]++] = static_cast<int>(f);
   heap_.clear();
-  auto share_of = [&](int l) { return std::max(0.0, remaining_[l]) / unfrozen_count_[l]; };
+  // Per unit of weight: a flow of weight w stands for w flows and gets w shares.
+  auto share_of = [&](int l) { return std::max(0.0, remaining_[l]) / unfrozen_weight_[l]; };
   for (size_t i = 0; i < nt; ++i) heap_.emplace_back(share_of(touched_[i]), static_cast<int>(i));
   auto cmp = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
     return a.first != b.first ? a.first > b.first : a.second > b.second;
@@ -148,11 +154,12 @@ void MaxMinSolver::solve(const std::vector<double>& capacity,
       const int f = link_flows_[k];
       if (frozen_[f]) continue;
       frozen_[f] = 1;
-      (*rates)[f] = share;
+      (*rates)[f] = share * wt(f);
       --left;
       for (int m : *routes[f]) {
-        remaining_[m] -= share;
+        remaining_[m] -= share * wt(f);
         --unfrozen_count_[m];
+        unfrozen_weight_[m] -= wt(f);
       }
     }
   }

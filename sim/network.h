@@ -55,13 +55,17 @@ class Network {
 // buffers between calls so that solving in a loop does not allocate.
 class MaxMinSolver {
  public:
-  // capacity: bytes/s of every link (indexed by link id).
+  // capacity: bytes/s of every link (indexed by link id). weights (optional, > 0): flow f stands
+  // for weights[f] alike flows on its route and gets that many shares (its rate is theirs
+  // together); without, every flow weighs 1.
   void solve(const std::vector<double>& capacity, const std::vector<const std::vector<int>*>& routes,
-             std::vector<double>* rates, double unbounded = 1e30);
+             std::vector<double>* rates, double unbounded = 1e30,
+             const std::vector<double>* weights = nullptr);
 
  private:
   std::vector<double> remaining_;
   std::vector<int> unfrozen_count_;
+  std::vector<double> unfrozen_weight_;
   std::vector<int> touched_;
   std::vector<char> frozen_;
   std::vector<char> link_seen_;

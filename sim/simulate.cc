@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <cmath>
@@ -12,7 +13,9 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "common/plan/plan.h"
 #include "common/topology/global_order.h"
@@ -41,6 +44,8 @@ enum Phase : int {
   kProjRecompute,
   kAttnRecompute,
   kHopRecompute,
+  kGather,
+  kScatter,
   kPhaseCount
 };
 
@@ -52,7 +57,9 @@ const char* phase_name(int p) {
                                 "ring dK/dV hop",      "gradient exchange",
                                 "optimizer (host AdamW)", "checkpoint (amortised)",
                                 "projections+MLP recompute", "attention recompute",
-                                "ring K/V hop (recompute)"};
+                                "ring K/V hop (recompute)",
+                                "shard full: block all-gather",
+                                "shard full: gradient reduce-scatter"};
   return names[p];
 }
 
@@ -276,14 +283,17 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     for (int64_t g = 0; g < W; ++g) rate_bwd[g] = 2 * rates[2 * g];
   }
   // Node ring of the gradient exchange (ringd's traffic leaves through the node's first NIC).
+  // Shard full has none: the workers' reduce-scatter already summed each node's range.
+  const bool fullshard = w.shard == spec::ShardMode::kFull;
+  const bool node_exchange = N > 1 && !fullshard;
   std::vector<std::vector<int>> x_route(N);
-  if (N > 1)
+  if (node_exchange)
     for (int64_t k = 0; k < N; ++k)
       x_route[k] = cl->route(static_cast<int>(k), 0, static_cast<int>((k + 1) % N), 0);
   // Ring hops while every node's exchange runs too: which ranks share links with ringd's
   // traffic (part of the symmetry test below).
   std::vector<double> rate_joint(W, 0);
-  if (P > 1 && N > 1) {
+  if (P > 1 && node_exchange) {
     std::vector<const std::vector<int>*> rr;
     for (int64_t g = 0; g < W; ++g) rr.push_back(&hop_route[g]);
     for (int64_t k = 0; k < N; ++k) rr.push_back(&x_route[k]);
@@ -323,7 +333,10 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
       }
     }
   }
-  const double per_layer_tasks = static_cast<double>(P) * (8 + (w.recompute ? 4 : 0));
+  // Shard full adds per position and layer about two gathers' and a reduce-scatter's flows from
+  // (or to) each of the owner node's workers, and the reduce-scatter's posts.
+  const double per_layer_tasks = static_cast<double>(P) * (8 + (w.recompute ? 4 : 0)) +
+                                 (fullshard ? 5.0 * static_cast<double>(wpn) + 12 : 0.0);
   const double full_tasks = static_cast<double>(W) * per_layer_tasks * L * M;
   // Nodes on one shared host: every rank and daemon competes for its cores, so all of them are
   // simulated.
@@ -454,6 +467,278 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   std::vector<int> cur(S), nstart(S), blk(S), kv(S), dsend(S, -1), dsend1(S, -1), dsend2(S, -1),
       djoin(S);
 
+  // ---- parallel.shard full (worker/ring/full_shard.h): block all-gathers and gradient
+  // reduce-scatters, point to point over all W ranks (rank q = node q / wpn, local q % wpn; its
+  // shard from common/plan full_shard_layout, the division contract::worker_shards makes). A
+  // node's range is whole buckets, so a bucket's parts are on its owner node's workers only.
+  // Reduced, the ranks not simulated are folded: a sender's flows to them are one flow on the
+  // first link of its route (its NIC, or its NVLink for its own node) that stands for all of
+  // them (weighted max-min: as many shares as flows); a run of senders between two simulated
+  // ones in a reduce-scatter's receive order is one flow into the owner (the last link of the
+  // route from the run's first sender) that takes the receive window's two places. They wait on
+  // the simulated ranks' posts (ranks are alike).
+  const plan::FullShardLayout& fs = w.full_shard;
+  // Reduced, every bucket's parts are placed on the first simulated position's node: while a
+  // block is gathered its owner node's NICs carry its flows to every rank, and the ring through
+  // that node slows with them; as the gathers hold all ranks in step, the ring that holds the
+  // owner paces each layer, and the simulated ring stands for it.
+  const int64_t place_node = slot[grank[0]].first;
+  constexpr int64_t kShardExplicitFlows = 512;  // per gather, reduced: senders x receivers
+  std::vector<int64_t> wr_of_sim(S, 0);  // the world rank (shard index) of each simulated position
+  std::vector<int> sim_of_wr;            // and back; -1 when not simulated
+  std::vector<int> rep_local(std::max<int64_t>(wpn, 1), 0);  // a simulated position per local GPU
+  std::vector<std::pair<int64_t, int>> sim_sorted;  // (world rank, simulated position), ascending
+  std::unordered_map<int64_t, int> pair_route;      // src world rank x W + dst world rank
+  std::unordered_map<int64_t, int> fold_route;      // src world rank x 2 + (1: own node)
+  std::vector<int> shard_routes;
+  if (fullshard) {
+    sim_of_wr.assign(W, -1);
+    std::vector<char> have(wpn, 0);
+    for (int64_t i = S - 1; i >= 0; --i) {
+      const auto [k, l] = slot[grank[i]];
+      wr_of_sim[i] = static_cast<int64_t>(k) * wpn + l;
+      sim_of_wr[wr_of_sim[i]] = static_cast<int>(i);
+      rep_local[l] = static_cast<int>(i);
+      have[l] = 1;
+    }
+    for (int64_t l = 0; l < wpn; ++l)
+      if (!have[l]) rep_local[l] = static_cast<int>(l % S);
+    for (int64_t i = 0; i < S; ++i) sim_sorted.emplace_back(wr_of_sim[i], static_cast<int>(i));
+    std::sort(sim_sorted.begin(), sim_sorted.end());
+  }
+  auto route_between = [&](int64_t a, int64_t b) {  // world ranks
+    const int64_t key = a * W + b;
+    auto it = pair_route.find(key);
+    if (it != pair_route.end()) return it->second;
+    const int r = e.add_route(cl->route(static_cast<int>(a / wpn), static_cast<int>(a % wpn),
+                                        static_cast<int>(b / wpn), static_cast<int>(b % wpn)));
+    shard_routes.push_back(r);
+    pair_route.emplace(key, r);
+    return r;
+  };
+  auto route_fold = [&](int64_t q, bool own_node) {  // the first link of q's sends
+    const int64_t key = q * 2 + (own_node ? 1 : 0);
+    auto it = fold_route.find(key);
+    if (it != fold_route.end()) return it->second;
+    const int k = static_cast<int>(q / wpn), l = static_cast<int>(q % wpn);
+    const std::vector<int> full_route =
+        own_node ? cl->route(k, l, k, static_cast<int>((l + 1) % wpn))
+                 : cl->route(k, l, static_cast<int>((k + 1) % N), l);
+    const int r = e.add_route(full_route.empty() ? std::vector<int>{} : std::vector<int>{full_route.front()});
+    shard_routes.push_back(r);
+    fold_route.emplace(key, r);
+    return r;
+  };
+  auto route_into = [&](int64_t a, int64_t q) {  // the last link of a's route to q
+    const int64_t key = -(a * W + q) - 1;
+    auto it = pair_route.find(key);
+    if (it != pair_route.end()) return it->second;
+    const std::vector<int> whole = cl->route(static_cast<int>(a / wpn), static_cast<int>(a % wpn),
+                                             static_cast<int>(q / wpn), static_cast<int>(q % wpn));
+    const int r = e.add_route(whole.empty() ? std::vector<int>{} : std::vector<int>{whole.back()});
+    shard_routes.push_back(r);
+    pair_route.emplace(key, r);
+    return r;
+  };
+  double shard_gathered0 = 0, shard_scattered0 = 0;  // simulated position 0, whole step
+  // Gather of bucket b: post[i] is when position i posts it (its receives and sends); returns
+  // per position the join of its transfers (acquire returns then).
+  auto shard_gather = [&](size_t b, const std::vector<int>& post, int layer) {
+    std::vector<int> done(S);
+    for (int64_t i = 0; i < S; ++i) {
+      done[i] = e.join(static_cast<int>(i), kSync);
+      e.depend(done[i], post[i]);
+    }
+    const int64_t kr = fs.owner[b], k = full ? kr : place_node;
+    int64_t senders = 0;
+    for (int64_t l = 0; l < wpn; ++l) senders += fs.part(b, kr * wpn + l) > 0;
+    // Many simulated receivers (reduced): every one of them is folded too, its gather done when
+    // its sender's folded flow is (a gather's flows are paced by the senders' links, each
+    // sending to all W - 1 ranks), which keeps the max-min components small.
+    const bool fold_all = !full && S * senders > kShardExplicitFlows;
+    for (int64_t l = 0; l < wpn; ++l) {
+      const int64_t q = k * wpn + l;
+      const int64_t part = fs.part(b, kr * wpn + l);
+      if (part == 0) continue;
+      const double bytes = 4.0 * static_cast<double>(part);
+      const int si = sim_of_wr[q];
+      const int src_post = post[si >= 0 ? si : rep_local[l]];
+      int64_t sim_remote = 0, sim_local = 0;
+      if (fold_all) {
+        const int64_t remote = W - wpn, local = wpn - 1;
+        int fr = -1, fl = -1;
+        for (const auto& [count, own] : {std::pair<int64_t, bool>{remote, false}, {local, true}}) {
+          if (count <= 0) continue;
+          const int f = e.flow(route_fold(q, own), bytes * static_cast<double>(count),
+                               si >= 0 ? si : rep_local[l], kGather, layer);
+          e.set_weight(f, static_cast<double>(count));
+          e.depend(f, src_post);
+          if (si >= 0) e.depend(done[si], f);
+          (own ? fl : fr) = f;
+        }
+        for (int64_t i = 0; i < S; ++i) {
+          if (wr_of_sim[i] == q) continue;
+          const int f = wr_of_sim[i] / wpn == k ? fl : fr;
+          e.depend(done[i], f);
+          if (i == 0) shard_gathered0 += bytes;
+        }
+        continue;
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        if (wr_of_sim[i] == q) continue;
+        const int f = e.flow(route_between(q, wr_of_sim[i]), bytes, static_cast<int>(i), kGather, layer);
+        e.depend(f, post[i]);
+        e.depend(f, src_post);
+        e.depend(done[i], f);
+        if (si >= 0) e.depend(done[si], f);
+        if (i == 0) shard_gathered0 += bytes;
+        (wr_of_sim[i] / wpn == k ? sim_local : sim_remote) += 1;
+      }
+      const int64_t remote = (W - wpn) - sim_remote, local = (wpn - 1) - sim_local;
+      for (const auto& [count, own] : {std::pair<int64_t, bool>{remote, false}, {local, true}}) {
+        if (count <= 0) continue;
+        const int f = e.flow(route_fold(q, own), bytes * static_cast<double>(count),
+                             si >= 0 ? si : rep_local[l], kGather, layer);
+        e.set_weight(f, static_cast<double>(count));
+        e.depend(f, src_post);
+        if (si >= 0) e.depend(done[si], f);
+      }
+    }
+    return done;
+  };
+  // Reduce-scatter of bucket b, started at start[i] (grads_done). Each owner worker receives
+  // the parts in world-rank order through a window of two receives; a receive after the first
+  // two is posted once the one two places before it is in and the owner's main thread is in
+  // finish_scatter (enter: the store's next grads / grads_done / end_pass, to depend on later).
+  struct Scatter {
+    std::vector<int> enter, xfer, fin;  // per position: entered finish, its transfers done, both
+    int all = -1;                       // every owner's receives done
+  };
+  auto shard_scatter = [&](size_t b, const std::vector<int>& start, int layer) {
+    Scatter sc;
+    sc.enter.resize(S);
+    sc.xfer.resize(S);
+    sc.fin.resize(S);
+    const int start_all = e.join(track_ringd, kSync);
+    for (int64_t i = 0; i < S; ++i) {
+      sc.enter[i] = e.join(static_cast<int>(i), kSync);
+      sc.xfer[i] = e.join(static_cast<int>(i), kSync);
+      e.depend(sc.xfer[i], start[i]);
+      sc.fin[i] = e.join(static_cast<int>(i), kSync);
+      e.depend(sc.fin[i], sc.xfer[i]);
+      e.depend(sc.fin[i], sc.enter[i]);
+      e.depend(start_all, start[i]);
+    }
+    sc.all = e.join(track_ringd, kScatter);
+    const int64_t kr = fs.owner[b], k = full ? kr : place_node;
+    for (int64_t l = 0; l < wpn; ++l) {
+      const int64_t q = k * wpn + l;
+      const int64_t part = fs.part(b, kr * wpn + l);
+      if (part == 0) continue;
+      const double bytes = 4.0 * static_cast<double>(part);
+      const int oi = sim_of_wr[q];
+      const int orep = oi >= 0 ? oi : rep_local[l];
+      const int chain = e.join(orep, kSync);
+      int d1 = -1, d2 = -1;
+      int64_t posted = 0;
+      // One receive (or a folded run of `count` senders from world rank `first`).
+      // One receive from simulated `sender` (world rank `first`), or a run of `count` senders
+      // folded into one flow of two shares on the last link into the owner: it takes both
+      // places of the window. (The owners skip themselves in their receive order, so they do
+      // not move through the senders in step: a full simulation shows each chain paced by its
+      // owner's link, not by a sender's shared among the owners.)
+      auto item = [&](int64_t first, int sender, int64_t count) {
+        const int64_t width = std::min<int64_t>(count, 2);
+        const int post = e.join(orep, kSync);
+        if (posted < 2) {
+          e.depend(post, start[orep]);
+        } else {
+          e.depend(post, d2);
+          if (width == 2) e.depend(post, d1);
+          e.depend(post, sc.enter[orep]);
+        }
+        const int f = e.flow(sender >= 0 ? route_between(first, q) : route_into(first, q),
+                             bytes * static_cast<double>(count), sender >= 0 ? sender : orep,
+                             kScatter, layer);
+        if (count > 1) e.set_weight(f, static_cast<double>(width));
+        e.depend(f, post);
+        e.depend(f, sender >= 0 ? start[sender] : start_all);
+        e.depend(chain, f);
+        if (sender >= 0) {
+          e.depend(sc.xfer[sender], f);
+          if (sender == 0) shard_scattered0 += bytes;
+        }
+        if (width == 2) d2 = d1 = f;
+        else d2 = d1, d1 = f;
+        posted += count;
+      };
+      int64_t prev = -1;
+      auto run = [&](int64_t lo, int64_t hi) {  // not simulated world ranks [lo, hi), q left out
+        int64_t count = hi - lo - ((q >= lo && q < hi) ? 1 : 0);
+        if (count <= 0) return;
+        // Into the owner on the last link of the route from the run's first sender on another
+        // node (the owner's NIC; its first sender when all are on the owner's node).
+        int64_t a = lo == q ? lo + 1 : lo;
+        for (int64_t x = lo; x < hi; ++x)
+          if (x != q && x / wpn != q / wpn) {
+            a = x;
+            break;
+          }
+        item(a, -1, count);
+      };
+      for (const auto& [wr, i] : sim_sorted) {
+        run(prev + 1, wr);
+        if (wr != q) item(wr, i, 1);
+        prev = wr;
+      }
+      run(prev + 1, W);
+      if (oi >= 0) e.depend(sc.xfer[oi], chain);
+      e.depend(sc.all, chain);
+    }
+    // Reduced: a simulated rank stands for the ranks of its class all along the receive order,
+    // the last of which is done only when the owners' receives are; the rings couple them (a
+    // ring step needs both neighbours), so each waits for all of them.
+    if (!full)
+      for (int64_t i = 0; i < S; ++i) e.depend(sc.xfer[i], sc.all);
+    return sc;
+  };
+  // Position 0's records: (post, done, arrived) per gather, (start, xfer, enter) per scatter.
+  std::vector<std::array<int, 3>> gather_rec, scatter_rec;
+  std::vector<int> pending;  // the gather in flight (prefetched), per position
+  std::optional<Scatter> rs_open;
+  auto acquire = [&](size_t next, int layer) {
+    // Acquire the block whose gather is `pending`: the rank waits for it, then posts `next`'s.
+    std::vector<int> a(S);
+    for (int64_t i = 0; i < S; ++i) {
+      a[i] = e.join(static_cast<int>(i), kSync);
+      e.depend(a[i], prev_end[i]);
+      e.depend(a[i], pending[i]);
+    }
+    gather_rec.back()[2] = prev_end[0];
+    for (int64_t i = 0; i < S; ++i) prev_end[i] = a[i];
+    if (next != SIZE_MAX) {
+      pending = shard_gather(next, a, layer);
+      gather_rec.push_back({a[0], pending[0], -1});
+    }
+  };
+  auto finish_scatter = [&]() {  // the store's next grads / grads_done / end_pass
+    if (!rs_open) return;
+    for (int64_t i = 0; i < S; ++i) {
+      e.depend(rs_open->enter[i], prev_end[i]);
+      prev_end[i] = rs_open->fin[i];
+    }
+    scatter_rec.back()[2] = rs_open->enter[0];
+    rs_open.reset();
+  };
+  std::vector<int> rs_all(w.bucket_floats.size(), -1);  // the last micro-batch's
+  auto start_scatter = [&](size_t b, int layer, bool last_micro) {
+    rs_open = shard_scatter(b, prev_end, layer);
+    scatter_rec.push_back({prev_end[0], rs_open->xfer[0], -1});
+    if (last_micro) rs_all[b] = rs_open->all;
+  };
+  auto layer_bucket = [&](int64_t l) { return static_cast<size_t>(1 + (L - 1 - l)); };
+  const size_t head_bucket = 0, embedding_bucket = static_cast<size_t>(L + 1);
+
   // K/V sends and the joins at which their senders posted them (the step's start), for the
   // hop time as the worker's timeline records it (posted to completed).
   std::vector<std::pair<int, int>> posted_fwd, posted_bwd, posted_dkv;
@@ -462,6 +747,8 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     const int pp = recompute ? kProjRecompute : kProjFwd;
     const int pa = recompute ? kAttnRecompute : kAttnFwd;
     const int ph = recompute ? kHopRecompute : kHopFwd;
+    // Shard full: the layer's block was prefetched; the next one's gather starts as it is in.
+    if (fullshard && !recompute) acquire(l + 1 < L ? layer_bucket(l + 1) : head_bucket, static_cast<int>(l));
     PassRec rec;
     for (int64_t i = 0; i < S; ++i) {
       const int t = e.compute(static_cast<int>(i), gemm_s(i, w.pre_fwd_flops), static_cast<int>(i), pp, static_cast<int>(l));
@@ -508,7 +795,12 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   };
 
   auto backward_layer = [&](int64_t l, bool last_micro) {
+    // Shard full: the block is gathered again (prefetched while the layer above computed), the
+    // one below's gather starts; the last block gradient's reduce-scatter is finished once the
+    // recompute is done (the store's grads() of this block, before its backward).
+    if (fullshard) acquire(l > 0 ? layer_bucket(l - 1) : SIZE_MAX, static_cast<int>(l));
     if (w.recompute) forward_layer(l, true, last_micro);
+    if (fullshard) finish_scatter();
     PassRec rec;
     for (int64_t i = 0; i < S; ++i) {
       const int t = e.compute(static_cast<int>(i), gemm_bwd_s(i, 2 * w.post_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
@@ -587,6 +879,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
       prev_end[i] = t;
       if (i == 0 && last_micro) layer_bwd_end[l] = t;
     }
+    if (fullshard) start_scatter(layer_bucket(l), static_cast<int>(l), last_micro);
   };
 
   // Buckets: head, layers L-1..0, embedding. ready[b]: every simulated rank is done with it.
@@ -594,7 +887,23 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   int fwd_end0 = -1, head_task0 = -1;
   for (int64_t m = 0; m < M; ++m) {
     const bool last = m + 1 == M;
+    if (fullshard) {
+      // The embedding's gather starts with the pass (nothing prefetched it).
+      std::vector<int> post(S);
+      for (int64_t i = 0; i < S; ++i) {
+        post[i] = e.join(static_cast<int>(i), kSync);
+        e.depend(post[i], prev_end[i]);
+      }
+      pending = shard_gather(embedding_bucket, post, -1);
+      gather_rec.push_back({post[0], pending[0], -1});
+      acquire(L > 0 ? layer_bucket(0) : head_bucket, -1);
+    }
     for (int64_t l = 0; l < L; ++l) forward_layer(l, false, last);
+    if (fullshard) {
+      // The head (and with tied embeddings the embedding again) before the LM head.
+      if (spec.model.tie_embeddings) acquire(embedding_bucket, -1);
+      acquire(layer_bucket(L - 1), -1);
+    }
     if (last) fwd_end0 = prev_end[0];
     // LM head forward, loss and head backward.
     const int head_join = e.join(track_ringd, kSync);
@@ -606,6 +915,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
       if (i == 0) head_task0 = t;
     }
     if (last) bucket_ready[0] = head_join;
+    if (fullshard) start_scatter(head_bucket, -1, last);
     for (int64_t l = L - 1; l >= 0; --l) {
       backward_layer(l, last);
       if (last) {
@@ -614,19 +924,29 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
         bucket_ready[1 + (L - 1 - l)] = j;
       }
     }
+    if (fullshard) {
+      // The embedding's gradient: the last layer's reduce-scatter finishes, the embedding's
+      // starts and finishes at the end of the pass.
+      finish_scatter();
+      start_scatter(embedding_bucket, -1, last);
+      finish_scatter();
+    }
     if (last) {
       const int j = e.join(track_ringd, kSync);
       for (int64_t i = 0; i < S; ++i) e.depend(j, prev_end[i]);
       bucket_ready.back() = j;
     }
   }
+  // Shard full: a bucket is ringd's once its reduce-scatter is summed at its owners.
+  if (fullshard)
+    for (size_t b = 0; b < bucket_ready.size(); ++b) bucket_ready[b] = rs_all[b];
   const int backward_done = bucket_ready.back();
 
   // ---- gradient exchange and optimizer, bucket by bucket on ringd's pipeline
   const bool topk = w.compression == spec::Compression::kTopk;
   const bool sharded = w.shard != spec::ShardMode::kNone;
   std::vector<int> xroutes;
-  if (N > 1)
+  if (node_exchange)
     for (int64_t k : x_nodes) xroutes.push_back(e.add_route(x_route[k]));
   // The link model on every route through the network: the per-message cost as latency or,
   // negative, as a credit of the bytes that pass at the burst (at the route's slowest link's
@@ -645,6 +965,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     };
     for (int r : route_fwd) model(r);  // route_bwd is the same route
     for (int r : xroutes) model(r);
+    for (int r : shard_routes) model(r);
   }
   // Reduced: each simulated node's collective step waits for its own send of the previous step
   // (its predecessor in the node ring, being alike, sends at the same time), so the steps fold
@@ -664,6 +985,8 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   int prev_x = -1, last_opt = -1;
   double x_total = 0, opt_total = 0;
   std::vector<int> x_tasks;
+  std::vector<double> node_opt(fullshard ? N : 0, 0.0);  // shard full: AdamW seconds per node
+  const int opt_join = fullshard ? e.join(track_ringd, kSync) : -1;
   for (size_t b = 0; b < w.bucket_floats.size(); ++b) {
     const double payload = w.bucket_payload(b);
     const double floats = static_cast<double>(w.bucket_floats[b]);
@@ -671,7 +994,7 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     const int after = e.join(track_ringd, kSync);
     e.depend(after, bucket_ready[b]);
     e.depend(after, prev_x);
-    if (N > 1) {
+    if (node_exchange) {
       if (!topk) {
         x = collective(2 * (N - 1), payload / N, after);  // dense all-reduce
       } else if (w.topk_at_owner) {
@@ -688,6 +1011,19 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     }
     x_tasks.push_back(x);
     prev_x = x;
+    if (fullshard) {
+      // The bucket's owner node updates all of it (a range is whole buckets); its top-k, if
+      // any, selects there from the summed gradient: nothing crosses the network.
+      const int64_t k = fs.owner[b];
+      const double ot = floats / rt.adamw_params_per_s;
+      node_opt[k] += ot;
+      if (w.grad_clip == 0) {
+        const int t = e.compute(dev_opt + static_cast<int>(k), ot, track_ringd, kOptimizer);
+        e.depend(t, x);
+        e.depend(opt_join, t);
+      }
+      continue;
+    }
     const double owned = sharded ? floats / static_cast<double>(N) : floats;
     const double ot = owned / rt.adamw_params_per_s;
     opt_total += ot;
@@ -703,7 +1039,19 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
       if (opt_devices > 1) last_opt = j;
     }
   }
-  if (w.grad_clip != 0) {
+  if (fullshard) {
+    // Each node's ringd updates its range: per bucket as it comes, or all after the norm.
+    for (int64_t k = 0; k < N; ++k) {
+      opt_total = std::max(opt_total, node_opt[k]);
+      if (w.grad_clip != 0 && node_opt[k] > 0) {
+        const int t = e.compute(dev_opt + static_cast<int>(k), node_opt[k], track_ringd, kOptimizer);
+        e.depend(t, prev_x);
+        e.depend(opt_join, t);
+      }
+    }
+    e.depend(opt_join, prev_x);
+    last_opt = opt_join;
+  } else if (w.grad_clip != 0) {
     // The update needs the global norm: every bucket's AdamW after the last exchange.
     const int j = e.join(track_ringd, kSync);
     for (int64_t k = 0; k < opt_devices; ++k) {
@@ -717,7 +1065,11 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   // Checkpoint amortised: master weights and both moments (fp32) of what the node owns.
   double ckpt = 0;
   if (w.checkpoint_every > 0) {
-    const double bytes = 12.0 * static_cast<double>(w.params) / (sharded ? static_cast<double>(N) : 1.0);
+    double bytes = 12.0 * static_cast<double>(w.params) / (sharded ? static_cast<double>(N) : 1.0);
+    if (fullshard) {  // the largest node's range
+      const auto ranges = plan::shard_range_sizes(w.bucket_floats, N);
+      bytes = 12.0 * static_cast<double>(*std::max_element(ranges.begin(), ranges.end()));
+    }
     ckpt = bytes / rt.checkpoint_bytes_per_s / static_cast<double>(w.checkpoint_every);
   }
   int ck = -1;
@@ -833,6 +1185,36 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
   res.checkpoint_amortised_s = ckpt;
   res.checkpoint_hidden = w.checkpoint_async;
 
+  // Shard full at position 0, the whole step.
+  std::vector<std::array<double, 2>> gather_waits, scatter_waits;  // (from, to) for the trace
+  if (fullshard) {
+    res.shard_full = true;
+    res.shard_gathers = static_cast<int64_t>(gather_rec.size());
+    res.shard_scatters = static_cast<int64_t>(scatter_rec.size());
+    // Position 0's world rank (reduced, the flows place every bucket on its node instead).
+    double g0 = 0, s0 = 0;
+    for (size_t b = 0; b < fs.gathers.size(); ++b) {
+      const double other = static_cast<double>(fs.size(b) - fs.part(b, wr_of_sim[0]));
+      g0 += fs.gathers[b] * 4.0 * other;
+      s0 += 4.0 * other;
+    }
+    res.shard_gathered_bytes = full ? shard_gathered0 : g0 * static_cast<double>(M);
+    res.shard_scattered_bytes = full ? shard_scattered0 : s0 * static_cast<double>(M);
+    for (const auto& [post, done, arrived] : gather_rec) {
+      const double t_done = e.task(done).end, t_in = arrived >= 0 ? e.task(arrived).end : 0.0;
+      res.shard_gather_s += t_done - e.task(post).end;
+      if (t_done > t_in) res.shard_gather_exposed_s += t_done - t_in, gather_waits.push_back({t_in, t_done});
+    }
+    for (const auto& [start, xfer, enter] : scatter_rec) {
+      const double t_done = e.task(xfer).end, t_in = e.task(enter).end;
+      res.shard_scatter_s += t_done - e.task(start).end;
+      if (t_done > t_in) res.shard_scatter_exposed_s += t_done - t_in, scatter_waits.push_back({t_in, t_done});
+    }
+    const double total = res.shard_gather_s + res.shard_scatter_s;
+    res.shard_hidden_share =
+        total > 0 ? std::clamp(1.0 - (res.shard_gather_exposed_s + res.shard_scatter_exposed_s) / total, 0.0, 1.0) : 1.0;
+  }
+
   // Critical path: from the last task back through what let each task start.
   int last_task = 0;
   for (int id = 0; id < e.task_count(); ++id)
@@ -869,6 +1251,18 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
       ev.step = t.step;
       res.trace.push_back(ev);
     }
+    // Shard full: where position 0 waited for a gather or blocked finishing a reduce-scatter.
+    for (const auto& [list, name] : {std::pair{&gather_waits, "shard full: waiting for a block gather"},
+                                     std::pair{&scatter_waits, "shard full: finishing a reduce-scatter"}})
+      for (const auto& [a, b] : *list) {
+        SimResult::TraceEvent ev;
+        ev.name = name;
+        ev.pid = 1;
+        ev.tid = static_cast<int>(grank[0]);
+        ev.start = a;
+        ev.end = b;
+        res.trace.push_back(ev);
+      }
   }
   return res;
 }
@@ -912,6 +1306,18 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
   out.optimizer_s = ext(a.optimizer_s, b.optimizer_s);
   out.optimizer_exposed_s = ext(a.optimizer_exposed_s, b.optimizer_exposed_s);
   out.checkpoint_amortised_s = ext(a.checkpoint_amortised_s, b.checkpoint_amortised_s);
+  out.shard_gathered_bytes = ext(a.shard_gathered_bytes, b.shard_gathered_bytes);
+  out.shard_scattered_bytes = ext(a.shard_scattered_bytes, b.shard_scattered_bytes);
+  out.shard_gather_s = ext(a.shard_gather_s, b.shard_gather_s);
+  out.shard_gather_exposed_s = ext(a.shard_gather_exposed_s, b.shard_gather_exposed_s);
+  out.shard_scatter_s = ext(a.shard_scatter_s, b.shard_scatter_s);
+  out.shard_scatter_exposed_s = ext(a.shard_scatter_exposed_s, b.shard_scatter_exposed_s);
+  out.shard_gathers = static_cast<int64_t>(std::llround(ext(static_cast<double>(a.shard_gathers), static_cast<double>(b.shard_gathers))));
+  out.shard_scatters = static_cast<int64_t>(std::llround(ext(static_cast<double>(a.shard_scatters), static_cast<double>(b.shard_scatters))));
+  {
+    const double total = out.shard_gather_s + out.shard_scatter_s;
+    out.shard_hidden_share = total > 0 ? std::clamp(1.0 - (out.shard_gather_exposed_s + out.shard_scatter_exposed_s) / total, 0.0, 1.0) : 1.0;
+  }
   for (HopStats* h : {&out.hop_forward, &out.hop_backward_kv, &out.hop_dkv}) {
     const HopStats& ha = h == &out.hop_forward ? a.hop_forward : h == &out.hop_backward_kv ? a.hop_backward_kv : a.hop_dkv;
     h->count = static_cast<int64_t>(std::llround(ext(static_cast<double>(ha.count), static_cast<double>(h->count))));
@@ -984,6 +1390,14 @@ nlohmann::json to_json(const SimResult& r) {
       {"optimizer_exposed_s", r.optimizer_exposed_s},
       {"checkpoint_amortised_s", r.checkpoint_amortised_s},
       {"checkpoint_hidden", r.checkpoint_hidden},
+      {"shard_full", r.shard_full ? nlohmann::json{
+           {"gathers", r.shard_gathers}, {"reduce_scatters", r.shard_scatters},
+           {"gathered_bytes_per_rank", r.shard_gathered_bytes},
+           {"scattered_bytes_per_rank", r.shard_scattered_bytes},
+           {"gather_s", r.shard_gather_s}, {"gather_exposed_s", r.shard_gather_exposed_s},
+           {"reduce_scatter_s", r.shard_scatter_s},
+           {"reduce_scatter_exposed_s", r.shard_scatter_exposed_s},
+           {"hidden_share", r.shard_hidden_share}} : nlohmann::json(nullptr)},
       {"critical_path", cp},
       {"notes", r.notes},
   };
@@ -1034,7 +1448,17 @@ std::string to_text(const SimResult& r) {
                                                r.effective_ring_bw / 1e9, r.bottleneck_ring_bw / 1e9));
   line("ring communication", fmt::format("{} ({} exposed, {:.1f} % hidden behind compute)",
                                          secs(r.ring_comm_s), secs(r.ring_exposed_s), 100 * r.hidden_share));
-  line("gradient exchange", fmt::format("{} ({} after the backward)", secs(r.exchange_s), secs(r.exchange_exposed_s)));
+  if (r.shard_full) {
+    line("shard full: block all-gathers", fmt::format("{} of {} received, {} in flight, {} exposed", r.shard_gathers,
+                                                        plan::human_bytes(r.shard_gathered_bytes), secs(r.shard_gather_s),
+                                                        secs(r.shard_gather_exposed_s)));
+    line("shard full: reduce-scatters", fmt::format("{} of {} sent, {} in flight, {} exposed", r.shard_scatters,
+                                                      plan::human_bytes(r.shard_scattered_bytes), secs(r.shard_scatter_s),
+                                                      secs(r.shard_scatter_exposed_s)));
+    line("shard full: hidden behind compute", fmt::format("{:.1f} %", 100 * r.shard_hidden_share));
+  }
+  line("gradient exchange", fmt::format("{} ({} after the backward){}", secs(r.exchange_s), secs(r.exchange_exposed_s),
+                                        r.shard_full ? " (none between nodes with shard full)" : ""));
   line("optimizer (host AdamW)", fmt::format("{} ({} exposed)", secs(r.optimizer_s), secs(r.optimizer_exposed_s)));
   line("checkpoint (amortised)", fmt::format("{}{}", secs(r.checkpoint_amortised_s), r.checkpoint_hidden ? " (async: hidden)" : ""));
   o += "critical path\n";

@@ -103,6 +103,17 @@ struct SimResult {
   double optimizer_s = 0, optimizer_exposed_s = 0;
   double checkpoint_amortised_s = 0;
   bool checkpoint_hidden = false;
+  // parallel.shard full (worker/ring/full_shard.h), the representative rank over the step (every
+  // micro-batch): block all-gathers (in flight: posted to the last byte in; exposed: the time
+  // its compute waited for them) and gradient reduce-scatters (in flight: posted to its last
+  // transfer done; exposed: the time it blocked finishing them); bytes it received in the
+  // gathers and sent in the reduce-scatters.
+  bool shard_full = false;
+  int64_t shard_gathers = 0, shard_scatters = 0;
+  double shard_gathered_bytes = 0, shard_scattered_bytes = 0;
+  double shard_gather_s = 0, shard_gather_exposed_s = 0;
+  double shard_scatter_s = 0, shard_scatter_exposed_s = 0;
+  double shard_hidden_share = 1;  // of gather + reduce-scatter time, behind compute
   std::vector<PhaseTime> critical_path;  // seconds per phase on the critical path
   std::vector<std::string> notes;
   // For --trace: every task (kept when SimOptions::keep_trace).

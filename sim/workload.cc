@@ -167,6 +167,7 @@ Workload make_workload(const spec::JobSpec& s) {
   w.topk_at_owner = s.optimizer.compress_at == spec::CompressAt::kOwner;
   w.density = s.optimizer.density;
   w.shard = s.parallel.shard;
+  if (w.shard == spec::ShardMode::kFull) w.full_shard = plan::full_shard_layout(s);
   w.grad_clip = s.train.grad_clip;
   w.checkpoint_every = s.checkpoint.every_steps;
   w.checkpoint_async = s.checkpoint.async;

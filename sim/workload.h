@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/plan/plan.h"
 #include "common/spec/spec.h"
 #include "worker/data/split.h"
 
@@ -47,6 +48,9 @@ struct Workload {
   spec::Compression compression{};
   double density = 0;
   spec::ShardMode shard{};
+  // parallel.shard full: every rank's shard and each bucket's gathers per micro-batch (common/plan
+  // full_shard_layout, worker/ring/full_shard.h); empty otherwise.
+  plan::FullShardLayout full_shard;
   bool topk_at_owner = true;   // optimizer.compress_at owner (sender: each node's own set)
   double grad_clip = 0;
   int64_t checkpoint_every = 0;

@@ -13,6 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/contract/layout.h"
+#include "common/contract/shard.h"
+#include "common/plan/plan.h"
 #include "common/spec/parse.h"
 #include "fmt/format.h"
 #include "common/topology/hostlist.h"
@@ -189,6 +192,31 @@ TEST(SimMaxMin, LateFlowJoins) {
   expect_rel(e.task(f0).end, 5);
   // The critical path of f0's end: f0 alone (started at 0).
   EXPECT_EQ(e.critical_path(f1), (std::vector<int>{f1, c}));
+}
+
+TEST(SimMaxMin, WeightedFlowStandsForAlikeFlows) {
+  // Link 0 (12) carries f0 (weight 3) and f1; link 1 (2) carries f1 only. Unit shares: L0
+  // 12 / 4 = 3, L1 2 / 1 = 2 -> L1 first: f1 = 2; L0 has 10 left for f0's 3 units: f0 = 10.
+  std::vector<double> cap = {12, 2};
+  std::vector<int> r0 = {0}, r1 = {0, 1};
+  MaxMinSolver s;
+  std::vector<double> rates;
+  const std::vector<double> w = {3, 1};
+  s.solve(cap, {&r0, &r1}, &rates, 1e30, &w);
+  expect_rel(rates[0], 10);
+  expect_rel(rates[1], 2);
+  // In the engine: a flow of weight 3 carrying 3 x 10 bytes beside a flow of 10 bytes on a link
+  // of 4 B/s ends with it, as four flows of 10 bytes would: 40 / 4 = 10 s.
+  Network net;
+  const int a = net.add_vertex("a"), b = net.add_vertex("b");
+  const int l = net.add_link(a, b, 4, 0, "x");
+  Engine e(&net);
+  const int r = e.add_route({l});
+  const int f0 = e.flow(r, 30, 0, 0), f1 = e.flow(r, 10, 1, 0);
+  e.set_weight(f0, 3);
+  e.run();
+  expect_rel(e.task(f0).end, 10);
+  expect_rel(e.task(f1).end, 10);
 }
 
 TEST(SimEngine, DeviceRunsOneComputeAtATime) {
@@ -503,8 +531,10 @@ TEST(SimWorkload, TinyHopsAndBytesMatchTheRing) {
 
 TEST(SimWorkload, ReducedAgreesWithFull) {
   // 70b at 64 nodes: every ring is alike, so 8 positions of one ring stand for all 512 ranks.
-  // The full simulation of a smaller version (2 layers, 8 nodes) must give the same step.
+  // The full simulation of a smaller version (2 layers, 8 nodes) must give the same step. Shard
+  // optimizer: with shard full the owner nodes break the symmetry (SimShardFull below).
   auto spec = load("configs/examples/70b-1m-64x8-h100.yaml");
+  spec.parallel.shard = ring::spec::ShardMode::kOptimizer;
   spec.model.layers = 2;
   spec.data.seq_len = 65536;
   spec.resources.nodes = 16;
@@ -520,7 +550,9 @@ TEST(SimWorkload, ReducedAgreesWithFull) {
 }
 
 TEST(SimWorkload, WhatIfsMoveTheStep) {
+  // Compute-bound as shard optimizer (shard full's block gathers would dominate at 2 layers).
   auto spec = load("configs/examples/70b-1m-64x8-h100.yaml");
+  spec.parallel.shard = ring::spec::ShardMode::kOptimizer;
   spec.model.layers = 2;
   SimOptions o;
   o.rates = preset_rates("H100");
@@ -592,6 +624,196 @@ TEST(SimWorkload, SharedHostSlowsConcurrentCompute) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("host_cores must be > 0"), std::string::npos) << e.what();
   }
+}
+
+// ---- parallel.shard full (worker/ring/full_shard.h)
+
+// tiny.yaml as two rings of one rank (no ring hops), untied embeddings, on `nodes` nodes of
+// `wpn` workers: the only transfers are the block gathers and reduce-scatters (and shard none's
+// node exchange). AdamW and checkpoints take no time.
+ring::spec::JobSpec shard_spec(int64_t layers, int64_t nodes, int64_t wpn) {
+  auto s = load("configs/examples/tiny.yaml");
+  s.model.layers = layers;
+  s.model.tie_embeddings = false;
+  s.model.recompute = false;
+  s.parallel.context_ranks = 1;
+  s.parallel.data_replicas = nodes * wpn;
+  s.resources.nodes = nodes;
+  s.resources.workers_per_node = wpn;
+  s.parallel.shard = ring::spec::ShardMode::kFull;
+  s.checkpoint.every_steps = 0;
+  s.train.micro_batches = 1;
+  return s;
+}
+
+// Two nodes of one GPU on one switch: 10 GB/s links of 5 us (both directions apart).
+std::string two_node_graph(const TempDir& t) {
+  return t.write("two.yaml",
+                 "gpus_per_node: 1\nnodes: [n0, n1]\nswitches: [s]\nlinks:\n"
+                 "  - {from: n0, to: s, gbytes_per_s: 10, latency_us: 5}\n"
+                 "  - {from: n1, to: s, gbytes_per_s: 10, latency_us: 5}\n");
+}
+
+SimOptions shard_options(double compute_scale) {
+  SimOptions o;
+  o.rates = preset_rates("A100");
+  for (double* r : {&o.rates.gemm_flops, &o.rates.gemm_bwd_flops, &o.rates.attention_fwd_flops,
+                    &o.rates.attention_bwd_flops})
+    *r *= compute_scale;
+  o.rates.adamw_params_per_s = 1e30;
+  return o;
+}
+
+// The bytes one rank receives in the gathers and sends in the reduce-scatters are what the
+// worker's store moves (counted here from the contract objects it is built on: ParamLayout,
+// worker_shards; head once, layers twice, the tied embedding twice, fp32) and what `ringctl
+// plan` prints; and the nodes' ringd exchange nothing (shard optimizer: they do).
+TEST(SimShardFull, GatherBytesArePlansAndNodesExchangeNothing) {
+  auto s = load("configs/examples/slurm-2node.yaml");
+  s.parallel.shard = ring::spec::ShardMode::kFull;
+  s.train.micro_batches = 2;
+  ASSERT_TRUE(s.model.tie_embeddings);
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  o.keep_trace = true;
+  const SimResult r = simulate(s, o);
+  ASSERT_TRUE(r.shard_full);
+  // Per micro-batch: embedding, 4 layers, head, the embedding again; 4 layers in the backward.
+  EXPECT_EQ(r.shard_gathers, 2 * 11);
+  EXPECT_EQ(r.shard_scatters, 2 * 6);
+  const ring::plan::Plan p = ring::plan::make_plan(s);
+  EXPECT_EQ(r.shard_gathered_bytes, p.shard_gathered_per_rank);
+  EXPECT_EQ(r.shard_scattered_bytes, p.shard_scattered_per_rank);
+  const ring::contract::ParamLayout layout(ring::contract::ModelConfig::from_spec(s));
+  std::set<double> gathered, scattered;
+  for (const auto& w : ring::contract::worker_shards(layout, 2, 2)) {
+    double g = 0, x = 0;
+    for (const auto& b : layout.buckets()) {
+      const int64_t mine = std::max<int64_t>(0, std::min(b.end, w.end) - std::max(b.begin, w.begin));
+      const int times = &b == &layout.head_bucket() ? 1 : 2;  // tied: the embedding twice
+      g += times * 4.0 * static_cast<double>(b.end - b.begin - mine);
+      x += 4.0 * static_cast<double>(b.end - b.begin - mine);
+    }
+    gathered.insert(2 * g);
+    scattered.insert(2 * x);
+  }
+  EXPECT_TRUE(gathered.count(r.shard_gathered_bytes)) << r.shard_gathered_bytes;
+  // The gather flows into rank 0 (simulated in full: one flow per part) carry those bytes.
+  double into0 = 0;
+  for (const auto& t : r.trace)
+    if (t.name == "shard full: block all-gather" && t.pid == 3 && t.tid == 0) into0 += t.bytes;
+  EXPECT_EQ(into0, r.shard_gathered_bytes);
+  EXPECT_TRUE(scattered.count(r.shard_scattered_bytes)) << r.shard_scattered_bytes;
+  EXPECT_EQ(r.exchange_s, 0);
+  int exchange = 0, gathers = 0;
+  for (const auto& t : r.trace) {
+    exchange += t.name == "gradient exchange";
+    gathers += t.name == "shard full: block all-gather";
+  }
+  EXPECT_EQ(exchange, 0);
+  EXPECT_GT(gathers, 0);
+  s.parallel.shard = ring::spec::ShardMode::kOptimizer;
+  const SimResult opt = simulate(s, o);
+  EXPECT_FALSE(opt.shard_full);
+  EXPECT_GT(opt.exchange_s, 0);
+}
+
+// A very slow link (compute 1e20 times A100's: nothing): every gather and reduce-scatter is
+// exposed and the step is their chain, by hand. Two ranks, one per node; layers = 1: buckets
+// head, layer 0, embedding; node 0 owns the head, node 1 layer 0 and the embedding. A transfer
+// of bucket b alone takes t_b = latency + 4 size_b / bandwidth. Forward: the embedding, layer
+// 0 and head gathers one after another (T = tE + tL + tH). Then layer 0's gather again (node 1
+// to 0) beside the head's reduce-scatter (node 1 to its owner 0): one route, shared half and
+// half until the head's 4 size_H bytes are through, so both are in after
+// latency + 4 (size_L + size_H) / bandwidth. Then layer 0's and the embedding's
+// reduce-scatters (node 0 to 1), one after the other.
+TEST(SimShardFull, SlowLinkExposesTheChain) {
+  TempDir t;
+  const auto s = shard_spec(1, 2, 1);
+  SimOptions o = shard_options(1e20);
+  o.cluster.shape = Shape::kGraphFile;
+  o.cluster.file = two_node_graph(t);
+  const SimResult r = simulate(s, o);
+  const ring::plan::FullShardLayout fs = ring::plan::full_shard_layout(s);
+  ASSERT_EQ(fs.owner, (std::vector<int>{0, 1, 1}));
+  ASSERT_LT(fs.size(0), fs.size(1));
+  ClusterOptions co = o.cluster;
+  co.gpus_per_node = 1;
+  co.nodes = 2;
+  co.nvlink_bw = o.rates.intra_node_bw;
+  const auto cl = Cluster::build(co);
+  const auto route = cl->route(0, 0, 1, 0);
+  const double alpha = cl->net().route_latency(route), bw = cl->net().route_bandwidth(route);
+  expect_rel(alpha, 2 * 5e-6 + 2 * 2e-6);  // two links, two NICs
+  auto tb = [&](size_t b) { return alpha + 4.0 * static_cast<double>(fs.size(b)) / bw; };
+  const double tH = tb(0), tL = tb(1), tE = tb(2);
+  const double shared = alpha + 4.0 * static_cast<double>(fs.size(0) + fs.size(1)) / bw;
+  expect_rel(r.step_s, tE + tL + tH + shared + tL + tE, 1e-9);
+  expect_rel(r.shard_gather_exposed_s, tE + tL + tH + shared, 1e-9);
+  expect_rel(r.shard_scatter_exposed_s, tL + tE, 1e-9);
+  EXPECT_LT(r.shard_hidden_share, 0.1);  // only the head's reduce-scatter is hidden
+}
+
+// Very slow compute: each gather is prefetched while the block before it computes, so only the
+// embedding's (at the pass start) and layer 0's (the embedding's own compute is nothing) are
+// waited for, each for exactly its transfer time; the other 6 of 8 are hidden.
+TEST(SimShardFull, SlowComputeHidesThePrefetchedGathers) {
+  TempDir t;
+  const auto s = shard_spec(3, 2, 1);
+  SimOptions o = shard_options(1e-6);
+  o.cluster.shape = Shape::kGraphFile;
+  o.cluster.file = two_node_graph(t);
+  const SimResult r = simulate(s, o);
+  const ring::plan::FullShardLayout fs = ring::plan::full_shard_layout(s);
+  ClusterOptions co = o.cluster;
+  co.gpus_per_node = 1;
+  co.nodes = 2;
+  co.nvlink_bw = o.rates.intra_node_bw;
+  const auto cl = Cluster::build(co);
+  const auto route = cl->route(0, 0, 1, 0);
+  const double alpha = cl->net().route_latency(route), bw = cl->net().route_bandwidth(route);
+  auto tb = [&](size_t b) { return alpha + 4.0 * static_cast<double>(fs.size(b)) / bw; };
+  EXPECT_EQ(r.shard_gathers, 8);
+  // Buckets: head, layers 2, 1, 0, embedding.
+  expect_rel(r.shard_gather_exposed_s, tb(4) + tb(3), 1e-9);
+  EXPECT_GT(r.shard_gather_s, r.shard_gather_exposed_s + 5 * tb(3));
+  EXPECT_GT(r.step_s, 100 * r.shard_gather_s);
+}
+
+// Shard none and full with no network between nodes (one node of two workers, two rings of one
+// rank: no ring, no node exchange, the same AdamW) differ by exactly the time the ranks waited
+// for the gathers and reduce-scatters (on NVLink).
+TEST(SimShardFull, NoneAndFullDifferByTheShardWaits) {
+  auto s = shard_spec(4, 1, 2);
+  const SimOptions o = shard_options(1.0);
+  const SimResult full = simulate(s, o);
+  s.parallel.shard = ring::spec::ShardMode::kNone;
+  const SimResult none = simulate(s, o);
+  EXPECT_FALSE(none.shard_full);
+  ASSERT_GT(full.shard_gather_exposed_s + full.shard_scatter_exposed_s, 0);
+  expect_rel(full.step_s - none.step_s, full.shard_gather_exposed_s + full.shard_scatter_exposed_s, 1e-9);
+}
+
+// The reduced simulation folds the ranks it does not simulate into weighted flows; on a job
+// small enough to simulate whole, it agrees with the full one.
+TEST(SimShardFull, ReducedAgreesWithFull) {
+  auto spec = load("configs/examples/70b-1m-64x8-h100.yaml");
+  spec.model.layers = 2;
+  spec.data.seq_len = 65536;
+  spec.resources.nodes = 16;
+  spec.parallel.data_replicas = 2;
+  spec.parallel.shard = ring::spec::ShardMode::kFull;
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  o.expand = Expand::kFull;
+  const SimResult full = simulate(spec, o);
+  o.expand = Expand::kReduced;
+  const SimResult red = simulate(spec, o);
+  EXPECT_LT(red.simulated_positions, full.simulated_positions);
+  // Reduced places every bucket on the simulated ring's node and folds the others (see
+  // docs/simulation.md): 19 % short of the full simulation here.
+  expect_rel(red.step_s, full.step_s, 0.25);
+  expect_rel(red.shard_gathered_bytes, full.shard_gathered_bytes, 1e-12);
 }
 
 TEST(SimTrace, WritesChromeJson) {
