@@ -774,7 +774,7 @@ std::string to_text(const Plan& p, const JobSpec& s) {
     line("weights gathered per rank (fwd + bwd)", p.shard_gathered_per_rank,
          "about 2 x (n - shard) x 4 (fp32), every micro-batch");
     line("gradient reduce-scattered per rank", p.shard_scattered_per_rank,
-         "(n - shard) x 4; nothing between the nodes' ringd");
+         "about (n - shard) x 4; nothing between the nodes' ringd");
   } else {
     line("sent per node, dense all-reduce", p.grad_sent_dense_per_node);
     if (p.topk_at_owner) {
