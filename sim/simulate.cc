@@ -641,12 +641,11 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
       const int chain = e.join(orep, kSync);
       int d1 = -1, d2 = -1;
       int64_t posted = 0;
-      // One receive (or a folded run of `count` senders from world rank `first`).
       // One receive from simulated `sender` (world rank `first`), or a run of `count` senders
       // folded into one flow of two shares on the last link into the owner: it takes both
-      // places of the window. (The owners skip themselves in their receive order, so they do
-      // not move through the senders in step: a full simulation shows each chain paced by its
-      // owner's link, not by a sender's shared among the owners.)
+      // places of the window. This paces a chain by its owner's link; in a full simulation the
+      // owners, receiving in the same order, partly share senders' links and take up to 1.8x
+      // as long (docs/simulation.md, "Symmetry").
       auto item = [&](int64_t first, int sender, int64_t count) {
         const int64_t width = std::min<int64_t>(count, 2);
         const int post = e.join(orep, kSync);

@@ -11,7 +11,9 @@
 // the hop of step s runs while block s is computed; step s+1 starts when block s, the incoming
 // and the outgoing hop are done), the backward's K/V hops and dK/dV accumulators one hop behind,
 // the LM head; then per gradient bucket, as soon as its layer's backward is done, the node
-// gradient exchange and ringd's AdamW; the checkpoint amortised over its interval.
+// gradient exchange and ringd's AdamW; the checkpoint amortised over its interval. With
+// parallel.shard full: each block's all-gather before its use (prefetched one block ahead) and
+// its gradient's reduce-scatter, point to point over all ranks, and no node exchange.
 //
 // Symmetry: every rank's hops are sized by one max-min solve of the whole job's ring traffic
 // (all rings at once, so rings that share links slow each other down). When the ring's hop
