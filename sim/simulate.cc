@@ -1470,7 +1470,7 @@ std::string to_text(const SimResult& r) {
 void write_trace(const SimResult& r, const std::string& path) {
   nlohmann::json ev = nlohmann::json::array();
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "ranks (compute)"}}}});
-  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 3}, {"args", {{"name", "ring sends (by sender)"}}}});
+  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 3}, {"args", {{"name", "ring sends (by sender); shard full: gathers (by receiver), reduce-scatters (by sender)"}}}});
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 2}, {"args", {{"name", "ringd (exchange, optimizer)"}}}});
   for (const auto& t : r.trace) {
     nlohmann::json args = nlohmann::json::object();
