@@ -23,7 +23,11 @@ step what ringd measured (step_ms, comm_s, ...) on node 0, plus the median step 
 steps after the first (warm-up), and per rank the share of a core its compute got
 (compute_share: the main thread's CPU time over the wall time of its forward and backward
 passes less the ring waits, steps after the first; from the workers' `compute cpu` log lines).
-All nodes run on this machine's cores: that share is what an emulated node's "GPU" is.
+All nodes run on this machine's cores: that share is what an emulated node's "GPU" is. A
+thread's CPU clock also counts the kernel's interrupt work (the links' token-bucket timers, veth,
+bridges, TCP) done while it was the current thread, so the record keeps beside it the share of
+the host's busy time spent in interrupts over the same steps (kernel_interrupt_share, /proc/stat
+sampled every 0.1 s): the compute got its CPU share times (1 - that).
 
   bench/emulated_cluster.py --build build --topology fat-tree --nodes 4 --spec SPEC --steps 6
 """
@@ -195,9 +199,14 @@ def run_job(args, c, work):
                                       start_new_session=True))
     deadline = time.time() + args.timeout
     codes = [None] * len(procs)
+    cpu_samples = []  # (monotonic ns, /proc/stat's host-wide CPU counters): kernel_share()
     while time.time() < deadline and any(x is None for x in codes):
         codes = [p.poll() for p in procs]
-        time.sleep(0.2)
+        cpu_samples.append(proc_stat_sample())
+        time.sleep(0.1)
+    cpu_samples.append(proc_stat_sample())
+    with open(os.path.join(work, "cpu-samples.json"), "w") as f:
+        json.dump(cpu_samples, f)
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -207,6 +216,41 @@ def run_job(args, c, work):
                         for i in range(len(procs)) for k in ("err", "out"))
         raise RuntimeError(f"ringd exit codes {codes}:\n{tails}")
     return [json.loads(l) for l in open(os.path.join(job, "steps.jsonl")) if l.strip()]
+
+
+def proc_stat_sample():
+    """(CLOCK_MONOTONIC ns, the host's CPU time in ticks: busy in threads (user, nice,
+    system), in interrupts (irq, softirq), idle (idle, iowait)) from /proc/stat's first line."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:8]]
+    user, nice, system, idle, iowait, irq, softirq = v
+    return [time.monotonic_ns(), user + nice + system, irq + softirq, idle + iowait]
+
+
+def kernel_share(samples, timeline_dir, first_step=2):
+    """The share of the host's busy CPU time that the kernel spent in interrupts (irq and
+    softirq: the tc token buckets' timers, veth, the bridges and TCP of every emulated link)
+    over the steps from first_step on (their span from the timelines' `step` records, same
+    clock). The kernel charges that time to whichever thread it interrupted (thread CPU clocks
+    include it), which on these busy cores is mostly a rank's compute: a compute thread's CPU
+    time is this share larger than the CPU its compute got. /proc/stat samples it per tick."""
+    begin, end = None, None
+    for name in os.listdir(timeline_dir) if os.path.isdir(timeline_dir) else []:
+        for i, line in enumerate(open(os.path.join(timeline_dir, name))):
+            if i == 0:
+                continue
+            r = json.loads(line)
+            if r[2] == "step" and r[1] >= first_step:
+                begin = r[6] if begin is None else min(begin, r[6])
+                end = r[7] if end is None else max(end, r[7])
+    if begin is None or len(samples) < 2:
+        return None
+    inside = [s for s in samples if begin <= s[0] <= end]
+    if len(inside) < 2:
+        return None
+    a, b = inside[0], inside[-1]
+    busy, intr = b[1] - a[1], b[2] - a[2]
+    return intr / (busy + intr) if busy + intr > 0 else None
 
 
 def compute_share(job):
@@ -285,6 +329,8 @@ def main():
             build_ring(c, args.nodes, args.node_mbit, args.delay_ms)
         steps = run_job(args, c, work)
         share = compute_share(os.path.join(work, "job"))
+        kshare = kernel_share(json.load(open(os.path.join(work, "cpu-samples.json"))),
+                              os.path.join(work, "job", "timeline"))
         if args.timeline_out:
             os.makedirs(args.timeline_out, mode=0o700, exist_ok=True)
             src = os.path.join(work, "job", "timeline")
@@ -299,6 +345,7 @@ def main():
            "node_mbit": args.node_mbit, "uplink_mbit": args.uplink_mbit,
            "delay_ms": args.delay_ms, "spec": os.path.abspath(args.spec),
            "graph": {"links": c.links}, "steps": steps, "compute_share": share,
+           "kernel_interrupt_share": kshare,
            "median_step_s": statistics.median(times) if times else None}
     print(f"{args.topology} x{args.nodes}: median step {rec['median_step_s'] * 1e3:.1f} ms "
           f"over {len(times)} steps (first excluded); comm_s median "

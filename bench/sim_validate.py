@@ -142,7 +142,12 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
         predict = lambda c, *x: json.loads(run([os.path.join(a.build, "cli", "ringctl"), "simulate",
                                                 spec, "--topology", graph, "--gpu", "cpu",
                                                 "--calibration", c, "--json", *x]))
-        shares = rec_run.get("compute_share") or []
+        # A rank's thread CPU time includes the kernel's interrupt work (the emulated links'
+        # token-bucket timers, veth, bridges, TCP) that ran while it was the current thread: its
+        # compute got that share less (kernel_interrupt_share, /proc/stat over the same steps).
+        gross = rec_run.get("compute_share") or []
+        kshare = rec_run.get("kernel_interrupt_share")
+        shares = [x * (1 - kshare) for x in gross] if kshare is not None else gross
         # Each rank's own share: the host table at the largest, the others slower by theirs
         # (`--straggler rank:factor`, factor = largest / own share >= 1).
         top = max(shares) if shares else None
@@ -152,7 +157,7 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
         # (its main thread's CPU time over its compute's wall time, the median over ranks): the
         # host table flat at that share, the rates per CPU-second; polling and the transfers'
         # CPU are inside the share. The link model as measured before the run.
-        share = statistics.median(rec_run["compute_share"]) if rec_run.get("compute_share") else None
+        share = statistics.median(shares) if shares else None
         trace = os.path.join(work, f"trace-{tag}-{rep}.json")
         sim_probe = predict(cal)
         if share:
@@ -176,8 +181,13 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
             cal_ranks = os.path.join(work, f"cal-ranks-{tag}-{rep}.json")
             json.dump(cs, open(cal_ranks, "w"), indent=1)
             sim = predict(cal_ranks, "--trace", trace, *per_rank)
+            # The same with the threads' CPU time taken as the compute's (interrupts included).
+            cs["host_speed"] = [max(gross)] * (2 * nodes + 2)
+            cal_gross = os.path.join(work, f"cal-gross-{tag}-{rep}.json")
+            json.dump(cs, open(cal_gross, "w"), indent=1)
+            sim_gross = predict(cal_gross, *per_rank)
         else:  # no share measured (a worker without the log line): the probe's prediction
-            sim = sim_loaded = sim_uniform = predict(cal, "--trace", trace)
+            sim = sim_loaded = sim_uniform = sim_gross = predict(cal, "--trace", trace)
         after = None
         if a.after:  # the machine measured again after the run: the load may have moved
             cal2 = os.path.join(work, f"cal-{tag}-{rep}-after.json")
@@ -195,7 +205,8 @@ def one_case(a, work, topo, nodes, interleaved=False, order=None, stagger_us=0, 
         phases = {"measured": sim_phases.measured(tl, kv), "predicted": sim_phases.predicted(trace, sim)}
         runs.append({"load": load, "measured_s": statistics.median(ms), "steps_s": ms,
                      "predicted_s": sim["step_s"], "predicted_after_s": after,
-                     "predicted_probe_s": sim_probe["step_s"], "compute_share": rec_run.get("compute_share"),
+                     "predicted_probe_s": sim_probe["step_s"], "compute_share": shares, "compute_share_gross": gross,
+                     "kernel_interrupt_share": kshare, "predicted_gross_s": sim_gross["step_s"],
                      "pred_probe_hop_fwd_s": sim_probe["hops"]["forward"]["posted_median_s"],
                      "predicted_loaded_s": sim_loaded["step_s"],
                      "predicted_uniform_s": sim_uniform["step_s"],
@@ -234,6 +245,8 @@ def summary(case):
             "probe": statistics.median(r["predicted_probe_s"] for r in rs),
             "loaded": statistics.median(r["predicted_loaded_s"] for r in rs),
             "uniform": statistics.median(r["predicted_uniform_s"] for r in rs),
+            "gross": statistics.median(r.get("predicted_gross_s", float("nan")) for r in rs),
+            "kshare": [r.get("kernel_interrupt_share") or float("nan") for r in rs],
             "share": [statistics.median(r["compute_share"]) if r.get("compute_share") else float("nan")
                       for r in rs]}
 
@@ -257,7 +270,9 @@ def print_row(case):
           f"{' '.join(f'{x:.2f}' for x in s['share'])} | "
           f"{s['uniform']:.3f} ({100 * (s['uniform'] - s['measured']) / s['measured']:+.0f} %) | "
           f"{s['loaded']:.3f} ({100 * (s['loaded'] - s['measured']) / s['measured']:+.0f} %) | "
-          f"{s['probe']:.3f} ({100 * (s['probe'] - s['measured']) / s['measured']:+.0f} %) |", flush=True)
+          f"{s['probe']:.3f} ({100 * (s['probe'] - s['measured']) / s['measured']:+.0f} %) | "
+          f"{' '.join(f'{x:.2f}' for x in s['kshare'])} | "
+          f"{s['gross']:.3f} ({100 * (s['gross'] - s['measured']) / s['measured']:+.0f} %) |", flush=True)
 
 
 def main():
@@ -293,8 +308,9 @@ def main():
           "| fwd K/V hop ms pred / meas | bwd K/V hop ms pred / meas | load avg "
           "| CPU share per run | one share for all ranks s (error) "
           "| with the loaded link figures s (error) "
-          "| host-probe model s (error) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+          "| host-probe model s (error) | kernel interrupt share per run "
+          "| with the threads' CPU share, interrupts included s (error) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     try:
         for topo in a.topologies:
             for n in a.nodes:
