@@ -798,7 +798,9 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     // one below's gather starts; the last block gradient's reduce-scatter is finished once the
     // recompute is done (the store's grads() of this block, before its backward).
     if (fullshard) acquire(l > 0 ? layer_bucket(l - 1) : SIZE_MAX, static_cast<int>(l));
-    if (w.recompute) forward_layer(l, true, last_micro);
+    // The model replays every layer's forward but the last one's, whose activations are the
+    // ones still held (worker/model/model.cc).
+    if (w.recompute && l != L - 1) forward_layer(l, true, last_micro);
     if (fullshard) finish_scatter();
     PassRec rec;
     for (int64_t i = 0; i < S; ++i) {

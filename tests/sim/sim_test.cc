@@ -529,6 +529,31 @@ TEST(SimWorkload, TinyHopsAndBytesMatchTheRing) {
     }
 }
 
+// With model.recompute the backward replays the forward ring of every layer but the last one,
+// whose activations the model still holds: (L - 1) x P recomputed blocks per rank, and hops.
+TEST(SimWorkload, RecomputeReplaysEveryLayerButTheLast) {
+  auto spec = load("configs/examples/tiny.yaml");
+  spec.model.recompute = true;
+  const int64_t P = 4, L = 4;
+  ASSERT_EQ(spec.model.layers, L);
+  ASSERT_EQ(spec.parallel.context_ranks, P);
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  o.expand = Expand::kFull;
+  o.keep_trace = true;
+  const SimResult r = simulate(spec, o);
+  int64_t attn = 0, proj = 0;
+  for (const auto& e : r.trace) {
+    attn += e.name == "attention recompute";
+    proj += e.name == "projections+MLP recompute";
+  }
+  EXPECT_EQ(attn, (L - 1) * P * P);
+  EXPECT_EQ(proj, 2 * (L - 1) * P);  // before and after the layer's attention
+  spec.model.recompute = false;
+  const SimResult plain = simulate(spec, o);
+  EXPECT_GT(r.step_s, plain.step_s);
+}
+
 TEST(SimWorkload, ReducedAgreesWithFull) {
   // 70b at 64 nodes: every ring is alike, so 8 positions of one ring stand for all 512 ranks.
   // The full simulation of a smaller version (2 layers, 8 nodes) must give the same step. Shard
