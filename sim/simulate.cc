@@ -564,18 +564,20 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
       const int si = sim_of_wr[q];
       const int src_post = post[si >= 0 ? si : rep_local[l]];
       int64_t sim_remote = 0, sim_local = 0;
+      // One weighted flow standing for `count` alike receivers of the part that are not
+      // simulated, off the owner's node (own false) or on it; -1 when there are none.
+      auto fold = [&](int64_t count, bool own) {
+        if (count <= 0) return -1;
+        const int f = e.flow(route_fold(q, own), bytes * static_cast<double>(count),
+                             si >= 0 ? si : rep_local[l], kGather, layer);
+        e.set_weight(f, static_cast<double>(count));
+        e.depend(f, src_post);
+        if (si >= 0) e.depend(done[si], f);
+        return f;
+      };
       if (fold_all) {
-        const int64_t remote = W - wpn, local = wpn - 1;
-        int fr = -1, fl = -1;
-        for (const auto& [count, own] : {std::pair<int64_t, bool>{remote, false}, {local, true}}) {
-          if (count <= 0) continue;
-          const int f = e.flow(route_fold(q, own), bytes * static_cast<double>(count),
-                               si >= 0 ? si : rep_local[l], kGather, layer);
-          e.set_weight(f, static_cast<double>(count));
-          e.depend(f, src_post);
-          if (si >= 0) e.depend(done[si], f);
-          (own ? fl : fr) = f;
-        }
+        const int fr = fold(W - wpn, false);
+        const int fl = fold(wpn - 1, true);
         for (int64_t i = 0; i < S; ++i) {
           if (wr_of_sim[i] == q) continue;
           const int f = wr_of_sim[i] / wpn == k ? fl : fr;
@@ -594,15 +596,8 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
         if (i == 0) shard_gathered0 += bytes;
         (wr_of_sim[i] / wpn == k ? sim_local : sim_remote) += 1;
       }
-      const int64_t remote = (W - wpn) - sim_remote, local = (wpn - 1) - sim_local;
-      for (const auto& [count, own] : {std::pair<int64_t, bool>{remote, false}, {local, true}}) {
-        if (count <= 0) continue;
-        const int f = e.flow(route_fold(q, own), bytes * static_cast<double>(count),
-                             si >= 0 ? si : rep_local[l], kGather, layer);
-        e.set_weight(f, static_cast<double>(count));
-        e.depend(f, src_post);
-        if (si >= 0) e.depend(done[si], f);
-      }
+      fold((W - wpn) - sim_remote, false);
+      fold((wpn - 1) - sim_local, true);
     }
     return done;
   };
