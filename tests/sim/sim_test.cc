@@ -300,16 +300,18 @@ TEST(SimEngine, RouteModelCreditLatencyAndHostLoad) {
   }
 }
 
+// A calibration file in t with the required compute keys and `extra` (", key: value, ...").
+std::string write_calibration(const TempDir& t, const std::string& extra) {
+  const std::string path = t.path + "/cal.json";
+  std::ofstream(path) << R"({"gemm_flops": 1e11, "attention_fwd_flops": 1e11,
+      "attention_bwd_flops": 1e11, "intra_node_bytes_per_s": 1e10, "adamw_params_per_s": 1e9)"
+                      << extra << "}";
+  return path;
+}
+
 TEST(SimRates, CalibrationLinkModel) {
   TempDir t;
-  const std::string base =
-      R"("gemm_flops": 1e11, "attention_fwd_flops": 1e11, "attention_bwd_flops": 1e11,
-         "intra_node_bytes_per_s": 1e10, "adamw_params_per_s": 1e9)";
-  auto write = [&](const std::string& extra) {
-    const std::string path = t.path + "/cal.json";
-    std::ofstream(path) << "{" << base << extra << "}";
-    return path;
-  };
+  const auto write = [&](const std::string& extra) { return write_calibration(t, extra); };
   EXPECT_FALSE(load_calibration(write("")).has_link_model);
   const Rates r = load_calibration(write(
       R"(, "link_rate_share": 0.9, "link_message_s": -0.002, "link_rate_share_loaded": 0.8,
@@ -337,14 +339,7 @@ TEST(SimRates, CalibrationLinkModel) {
 
 TEST(SimRates, CalibrationComputeRatesPerCpuSecond) {
   TempDir t;
-  const std::string base =
-      R"("gemm_flops": 1e11, "attention_fwd_flops": 1e11, "attention_bwd_flops": 1e11,
-         "intra_node_bytes_per_s": 1e10, "adamw_params_per_s": 1e9)";
-  auto write = [&](const std::string& extra) {
-    const std::string path = t.path + "/cal.json";
-    std::ofstream(path) << "{" << base << extra << "}";
-    return path;
-  };
+  const auto write = [&](const std::string& extra) { return write_calibration(t, extra); };
   EXPECT_FALSE(load_calibration(write("")).compute_per_cpu_second);
   EXPECT_FALSE(load_calibration(write(R"(, "compute_rates_per": "wall_second")")).compute_per_cpu_second);
   const Rates r = load_calibration(write(
