@@ -215,6 +215,23 @@ typedef struct ring_transport {
 
   /* Members appended later go here, each optional (NULL when the plugin's struct_size does not
    * reach it) with its absence documented. */
+
+  /* Optional (appended after the first layout). Prepares the caller to sleep until comm may make
+   * progress, instead of polling test() on a timer: a progress thread that sleeps in the kernel
+   * costs the computing threads beside it nothing, one that wakes every few microseconds costs
+   * them a context switch each time.
+   * Returns OK with *fd >= 0: armed. The caller may poll(2) fd for POLLIN (it must not read it
+   * or change it; the plugin owns it) and calls test() when it is readable: a message arrived
+   * or a send can move. Events from calls made after arming (isend, irecv, test by another
+   * thread of the caller) may not wake it, so the caller also wakes itself when it posts, and
+   * bounds the sleep by a timeout of its own choosing (the plugin's failure checks run inside
+   * test()).
+   * Returns OK with *fd == -1: not armed, events are pending: call test() again now.
+   * Returns UNSUPPORTED: this comm cannot wake a sleeper (its transports have no wake-up);
+   * poll test() instead, for the comm's lifetime.
+   * Absent (NULL): as UNSUPPORTED. The comm is used by one thread at a time, as for every
+   * member; the poll(2) itself is not a call on the comm. */
+  ring_transport_status_t (*arm_wakeup)(ring_transport_comm_t* comm, int* fd);
 } ring_transport_t;
 
 /* The first fields of a plugin's exported struct:

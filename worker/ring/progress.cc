@@ -1,10 +1,31 @@
 #include "worker/ring/progress.h"
 
+#include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
 
 namespace ring::cp {
 
+namespace {
+
+void wake(int fd) {
+  if (fd < 0) return;
+  uint64_t one = 1;
+  ssize_t n = ::write(fd, &one, sizeof one);  // EAGAIN: the counter is already set, enough
+  (void)n;
+}
+
+}  // namespace
+
 ProgressEngine::ProgressEngine(transport::TransportComm* comm) : comm_(comm), ops_(16) {
+  if (comm_->api().arm_wakeup) {
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    can_arm_ = wake_fd_ >= 0;
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -14,7 +35,9 @@ ProgressEngine::~ProgressEngine() {
     stop_ = true;
   }
   cv_work_.notify_all();
+  wake(wake_fd_);
   thread_.join();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 int ProgressEngine::alloc_op() {
@@ -61,6 +84,7 @@ int ProgressEngine::post_send(const void* buf, size_t bytes, int peer, uint32_t 
     op.tag = tag;
     op.not_before = not_before;
     if (not_before <= op.created) post_locked(op);
+    if (thread_asleep_) wake(wake_fd_);
   }
   cv_work_.notify_all();
   return h;
@@ -77,6 +101,7 @@ int ProgressEngine::post_recv(void* buf, size_t bytes, int peer, uint32_t tag) {
     op.peer = peer;
     op.tag = tag;
     post_locked(op);
+    if (thread_asleep_) wake(wake_fd_);
   }
   cv_work_.notify_all();
   return h;
@@ -88,10 +113,13 @@ ProgressEngine::Result ProgressEngine::wait(int handle, int timeout_ms) {
   std::unique_lock<std::mutex> lk(mu_);
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   ++waiting_;
+  auto leave = [&] {  // the progress thread takes over again when no caller drives progress
+    if (--waiting_ == 0) cv_work_.notify_all();
+  };
   int idle = 0;
   while (!ops_[handle].done) {
     if (Clock::now() >= deadline) {
-      --waiting_;
+      leave();
       Result r;
       r.status = RING_TRANSPORT_ERR_TIMEOUT;
       r.error = std::string("no completion within ") + std::to_string(timeout_ms) + " ms";
@@ -102,18 +130,19 @@ ProgressEngine::Result ProgressEngine::wait(int handle, int timeout_ms) {
       idle = 0;
       continue;
     }
-    // Yield a few rounds, then sleep briefly: ranks that share cores (CPU workers, or several
-    // ringd "nodes" on one machine) must leave the core to the peer whose data they wait for;
-    // pure sched_yield spinning starves it under CFS (seen as 60 s stalls with 2 nodes x 2
-    // workers on 2 cores).
+    // Yield a few rounds, then sleep: ranks that share cores (CPU workers, or several ringd
+    // "nodes" on one machine) must leave the core to the peer whose data they wait for; pure
+    // sched_yield spinning starves it under CFS (seen as 60 s stalls with 2 nodes x 2 workers
+    // on 2 cores). Sleep on the comm's event fd where it has one, else 20 us at a time.
+    if (++idle > 16 && sleep_on_comm(lk, std::min(deadline, next_due_locked()), false)) continue;
     lk.unlock();
-    if (++idle > 16)
+    if (idle > 16)
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     else
       sched_yield();
     lk.lock();
   }
-  --waiting_;
+  leave();
   Op& op = ops_[handle];
   Result r = op.result;
   if (op.send && op.not_before > op.created)
@@ -131,6 +160,42 @@ bool ProgressEngine::has_work_locked() const {
   for (const Op& op : ops_)
     if (op.used && !op.done) return true;
   return false;
+}
+
+ProgressEngine::Clock::time_point ProgressEngine::next_due_locked() const {
+  Clock::time_point due = Clock::time_point::max();
+  for (const Op& op : ops_)
+    if (op.used && !op.done && !op.posted) due = std::min(due, op.not_before);
+  return due;
+}
+
+bool ProgressEngine::sleep_on_comm(std::unique_lock<std::mutex>& lk, Clock::time_point until,
+                                   bool own_wake) {
+  if (!can_arm_) return false;
+  int fd = -1;
+  ring_transport_status_t s = comm_->api().arm_wakeup(comm_->get(), &fd);
+  if (s != RING_TRANSPORT_OK) {  // UNSUPPORTED, or arming failed: back off on a timer from now on
+    can_arm_ = false;
+    return false;
+  }
+  if (fd < 0) return true;  // events pending: another round at once
+  const Clock::time_point now = Clock::now();
+  const auto span = std::clamp<Clock::duration>(until - now, Clock::duration::zero(),
+                                                kSleepBound);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(span).count();
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  pollfd p[2] = {{fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  if (own_wake) thread_asleep_ = true;
+  lk.unlock();
+  ::ppoll(p, own_wake ? 2 : 1, &ts, nullptr);
+  if (own_wake && (p[1].revents & POLLIN)) {
+    uint64_t v;
+    ssize_t n = ::read(wake_fd_, &v, sizeof v);
+    (void)n;
+  }
+  lk.lock();
+  if (own_wake) thread_asleep_ = false;
+  return true;
 }
 
 bool ProgressEngine::progress_round_locked() {
@@ -167,19 +232,16 @@ void ProgressEngine::loop() {
   std::unique_lock<std::mutex> lk(mu_);
   unsigned idle = 0;
   while (true) {
-    cv_work_.wait(lk, [&] { return stop_ || has_work_locked(); });
+    // Idle while nothing is posted, and while a caller drives progress itself in wait().
+    cv_work_.wait(lk, [&] { return stop_ || (waiting_ == 0 && has_work_locked()); });
     if (stop_) return;
-    if (waiting_ > 0) {  // the caller drives progress in wait()
-      lk.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      lk.lock();
-      continue;
-    }
     if (progress_round_locked()) idle = 0;
     // Let the caller in (posts, waits), then back off while nothing completes: the caller is
-    // computing on this core's neighbour, so yield a few times, then sleep.
+    // computing on this core's neighbour, so yield a few times, then sleep until the comm has
+    // an event (or, without wake-up, 50 us at a time).
+    if (++idle > 8 && sleep_on_comm(lk, next_due_locked(), true)) continue;
     lk.unlock();
-    if (++idle > 8)
+    if (idle > 8)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     else
       sched_yield();

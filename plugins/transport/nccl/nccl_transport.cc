@@ -453,4 +453,6 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_tr
     .all_gather = guarded<nccl_all_gather>,
     .barrier = guarded<nccl_barrier>,
     .last_error = last_error_of<ring_transport_comm>,
+    // NCCL completes on CUDA events, not a file descriptor: callers poll test().
+    .arm_wakeup = nullptr,
 };

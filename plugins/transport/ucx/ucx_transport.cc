@@ -11,6 +11,15 @@
 // also checked directly (pid, start time) every kLivenessPeriod while a call waits, because a
 // killed process on shared memory is otherwise noticed only by UCX keepalive, late; and every
 // wait has a deadline.
+//
+// Waiting without spinning: the worker is created with UCP_FEATURE_WAKEUP (unless
+// RING_UCX_WAKEUP=0), so a thread with nothing to do arms it (ucp_worker_arm) and sleeps in
+// poll(2) on its event fd until a message or completion arrives, bounded by kWakeBound for the
+// failure checks. arm_wakeup hands that to the caller's progress thread; the plugin's own waits
+// (wait, collectives, finalize) do the same. UCX then selects only transports that can wake a
+// sleeper (tcp, posix/sysv, cma, InfiniBand; not `self`, whose loop-back then goes through shared
+// memory).
+#include <poll.h>
 #include <sched.h>
 #include <ucp/api/ucp.h>
 
@@ -31,6 +40,8 @@ namespace {
 
 // Bound on the graceful endpoint flush at finalize; force-close after it.
 constexpr int kCloseFlushMs = 2000;
+// Longest sleep on the worker's event fd before progress runs again anyway (failure checks).
+constexpr auto kWakeBound = std::chrono::milliseconds(1);
 
 // 64-bit UCP tag: [63:62] kind, [61:40] source rank, [39:32] zero, [31:0] user tag or, for
 // collectives, (sequence << 16 | step). Receives match all 64 bits, so user traffic and
@@ -87,6 +98,7 @@ struct ring_transport_comm : CommBase {
 
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
+  int efd = -1;  // the worker's event fd (UCP_FEATURE_WAKEUP); -1: no wake-up, poll instead
   std::vector<ucp_ep_h> eps;
   std::vector<std::unique_ptr<EpContext>> ep_contexts;
   std::vector<std::string> failed;   // per peer: empty, or why it is considered failed
@@ -202,20 +214,44 @@ unsigned progress(Comm* c) {
   return n;
 }
 
+// Arms the worker for a wake-up: true with *fd set when a sleeper may poll it, true with
+// *fd == -1 when events are pending (progress again now), false when this comm cannot wake one.
+bool arm(Comm* c, int* fd, ucs_status_t* status) {
+  *fd = -1;
+  *status = UCS_OK;
+  if (c->efd < 0) return false;
+  if (!c->to_close.empty()) return true;  // bookkeeping left for progress()
+  *status = ucp_worker_arm(c->worker);
+  if (*status == UCS_ERR_BUSY) return true;
+  if (*status != UCS_OK) return false;
+  *fd = c->efd;
+  return true;
+}
+
 // Backs off while nothing happens, so ranks oversubscribing a few cores (tests, CPU workers)
-// leave the core to the peer they wait for.
+// leave the core to the peer they wait for: a few rounds of sched_yield, then sleep on the
+// worker's event fd (or, without wake-up, 50 us sleeps) until `deadline` at most.
 struct Idle {
   unsigned empty = 0;
-  void step(unsigned events) {
+  void step(Comm* c, unsigned events, Clock::time_point deadline) {
     if (events) {
       empty = 0;
       return;
     }
     ++empty;
-    if (empty > 2000)
+    if (empty <= 32) return;
+    int fd = -1;
+    ucs_status_t st;
+    if (empty > 64 && arm(c, &fd, &st)) {
+      if (fd < 0) return;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      pollfd p{fd, POLLIN, 0};
+      poll(&p, 1, static_cast<int>(std::clamp<long long>(left.count(), 0, kWakeBound.count())));
+    } else if (empty > 2000) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-    else if (empty > 32)
+    } else {
       sched_yield();
+    }
   }
 };
 
@@ -383,7 +419,7 @@ Result wait_until(Comm* c, Req* r, Clock::time_point deadline, bool all_peers, s
     }
     if (Clock::now() >= deadline)
       return error(RING_TRANSPORT_ERR_TIMEOUT, describe(c, r) + ": not complete in time");
-    idle.step(n);
+    idle.step(c, n, deadline);
   }
 }
 
@@ -432,7 +468,9 @@ ring_transport_status_t ucx_init(const ring_transport_config_t* config,
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_TAG;
+  const char* wake_env = std::getenv("RING_UCX_WAKEUP");
+  const bool wakeup = !(wake_env && std::string(wake_env) == "0");
+  params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
   s = ucp_init(&params, ucfg, &c->context);
   ucp_config_release(ucfg);
   if (s != UCS_OK)
@@ -445,6 +483,7 @@ ring_transport_status_t ucx_init(const ring_transport_config_t* config,
   if (s != UCS_OK)
     return fail(error(RING_TRANSPORT_ERR_INTERNAL,
                       std::string("ucp_worker_create: ") + ucs_status_string(s)));
+  if (wakeup && ucp_worker_get_efd(c->worker, &c->efd) != UCS_OK) c->efd = -1;
   ucp_address_t* addr = nullptr;
   size_t addr_len = 0;
   s = ucp_worker_get_address(c->worker, &addr, &addr_len);
@@ -512,7 +551,7 @@ ring_transport_status_t ucx_finalize(ring_transport_comm_t* c) {
       for (void* sp : c->closing) any = any || sp;
       return any || !c->live.empty();
     };
-    while (busy() && Clock::now() < deadline) idle.step(ucp_worker_progress(c->worker));
+    while (busy() && Clock::now() < deadline) idle.step(c, ucp_worker_progress(c->worker), deadline);
     // Whatever is left is dropped with the worker.
     for (auto& f : flushing)
       if (f.second) ucp_request_free(f.second);
@@ -576,6 +615,17 @@ ring_transport_status_t ucx_wait(ring_transport_comm_t* c, ring_transport_reques
   if (!c || !r) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   Result res = wait_until(c, r, deadline_after_ms(c->timeout(timeout_ms)), false, bytes);
   return res.ok() ? RING_TRANSPORT_OK : c->fail(res);
+}
+
+ring_transport_status_t ucx_arm_wakeup(ring_transport_comm_t* c, int* fd) {
+  if (!c || !fd) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  ucs_status_t st;
+  if (arm(c, fd, &st)) return RING_TRANSPORT_OK;
+  if (c->efd < 0)
+    return c->fail(RING_TRANSPORT_ERR_UNSUPPORTED,
+                   c->who() + ": no wake-up (RING_UCX_WAKEUP=0, or the worker has no event fd)");
+  return c->fail(RING_TRANSPORT_ERR_INTERNAL,
+                 c->who() + ": ucp_worker_arm: " + ucs_status_string(st));
 }
 
 ring_transport_status_t ucx_connect(ring_transport_comm_t* c, const int* peers, int n_peers,
@@ -791,4 +841,5 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_tr
     .all_gather = guarded<ucx_all_gather>,
     .barrier = guarded<ucx_barrier>,
     .last_error = last_error_of<ring_transport_comm>,
+    .arm_wakeup = guarded<ucx_arm_wakeup>,
 };
