@@ -5,6 +5,7 @@
 // Exit status: 0 pass; 1 a check failed (message on stderr); 3 the transport reported a peer
 // failure (what the "kill" scenario expects of survivors); 4 a timeout; 2 bad usage or init.
 // Results that must be identical on every rank are written as a hash to <dir>/result-<rank>.
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -488,6 +489,82 @@ void dead_before_first_send(Ctx& x) {
   fail("a send to a dead rank succeeded");
 }
 
+// arm_wakeup (transport.h): every rank posts a receive from prev, sleeps on the armed fd, sends
+// to next after ~100 ms, then sleeps on the fd until its receive completes. Sizes across the
+// eager, bcopy and rendezvous protocols (each needs several wake-ups: request, data, answer). A
+// missed wake-up shows as a poll that sleeps its whole 5 s bound with the receive unfinished.
+// Transports without arm_wakeup (or that say UNSUPPORTED) pass with that noted in the result.
+void wakeup(Ctx& x) {
+  if (!g_api->arm_wakeup) {
+    x.result_hash = fnv("absent", 6);
+    return;
+  }
+  const int next = (x.rank + 1) % x.world, prev = (x.rank + x.world - 1) % x.world;
+  using Clock = std::chrono::steady_clock;
+  // Arms (test() rounds while events are pending) and sleeps up to `ms`; false if UNSUPPORTED.
+  auto sleep_armed = [&](ring_transport_request_t* r, int* done, int ms, bool* woke) {
+    for (;;) {
+      size_t bytes = 0;
+      ok(x, g_api->test(x.c(), r, done, &bytes), "test");
+      if (*done) return true;
+      int fd = -1;
+      ring_transport_status_t s = g_api->arm_wakeup(x.c(), &fd);
+      if (s == RING_TRANSPORT_ERR_UNSUPPORTED) return false;
+      ok(x, s, "arm_wakeup");
+      if (fd < 0) continue;  // events pending: progress again
+      pollfd p{fd, POLLIN, 0};
+      int n = ::poll(&p, 1, ms);
+      *woke = n > 0;
+      return true;
+    }
+  };
+  const size_t sizes[] = {64, 65536, 4u << 20};
+  int probe_fd = -1;
+  const bool supported = g_api->arm_wakeup(x.c(), &probe_fd) != RING_TRANSPORT_ERR_UNSUPPORTED;
+  for (int round = 0; round < 3 && !supported; ++round) {  // the same messages, without sleeping
+    const size_t n = sizes[round];
+    Buf in(n), out(n);
+    fill(out, x.rank, round);
+    ring_transport_request_t* rr = irecv(x, in, n, prev, 40 + round);
+    wait(x, isend(x, out, n, next, 40 + round), "send (no wake-up)");
+    wait(x, rr, "receive (no wake-up)");
+    verify(in, n, prev, round, "receive (no wake-up)");
+  }
+  if (!supported) {
+    x.result_hash = fnv("unsupported", 11);
+    return;
+  }
+  for (int round = 0; round < 3; ++round) {
+    const size_t n = sizes[round];
+    const uint32_t tag = 40 + round;
+    Buf in(n), out(n);
+    fill(out, x.rank, round);
+    ring_transport_request_t* rr = irecv(x, in, n, prev, tag);
+    int done = 0;
+    bool woke = false;
+    const auto send_at = Clock::now() + std::chrono::milliseconds(100);
+    while (!done && Clock::now() < send_at) {
+      const int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(send_at - Clock::now()).count());
+      CHECK(sleep_armed(rr, &done, std::max(left, 0), &woke),
+            "arm_wakeup became UNSUPPORTED mid-run");
+    }
+    ring_transport_request_t* sr = isend(x, out, n, next, tag);
+    int sleeps = 0;
+    while (!done) {
+      CHECK(sleep_armed(rr, &done, 5000, &woke), "arm_wakeup became UNSUPPORTED mid-run");
+      if (done) break;
+      CHECK(woke, "slept 5 s on the armed fd with the receive of " + std::to_string(n) +
+                      " bytes from rank " + std::to_string(prev) + " unfinished (missed wake-up)");
+      ++sleeps;
+    }
+    verify(in, n, prev, round, "wakeup receive");
+    wait(x, sr, "wakeup send");
+    std::fprintf(stderr, "rank %d: %zu bytes: %d wake-ups\n", x.rank, n, sleeps);
+  }
+  x.result_hash = fnv("woke", 4);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -525,6 +602,7 @@ int main(int argc, char** argv) {
     else if (scenario == "collectives") collectives(x);
     else if (scenario == "kill") kill_victim_loop(x);
     else if (scenario == "dead_before_first_send") dead_before_first_send(x);
+    else if (scenario == "wakeup") wakeup(x);
     else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
       return 2;

@@ -178,7 +178,14 @@ bool ProgressEngine::sleep_on_comm(std::unique_lock<std::mutex>& lk, Clock::time
     can_arm_ = false;
     return false;
   }
-  if (fd < 0) return true;  // events pending: another round at once
+  // Events pending: not armed (a send waiting for room in a shared-memory FIFO keeps it so
+  // until the peer drains it). Give the core away once and go round again.
+  if (fd < 0) {
+    lk.unlock();
+    sched_yield();
+    lk.lock();
+    return true;
+  }
   const Clock::time_point now = Clock::now();
   const auto span = std::clamp<Clock::duration>(until - now, Clock::duration::zero(),
                                                 kSleepBound);

@@ -91,8 +91,9 @@ class ProgressEngine {
   // The earliest due time of a staggered send not yet posted (time_point::max() when none).
   Clock::time_point next_due_locked() const;
   // Sleeps (lk released meanwhile) until the comm has an event, until `until`, or kSleepBound,
-  // and, for the progress thread (own_wake), until wake_fd_ is written. false when the comm
-  // cannot wake a sleeper: the caller backs off on a timer instead.
+  // and, for the progress thread (own_wake), until wake_fd_ is written; with events pending
+  // it only yields the core once. false when the comm cannot wake a sleeper: the caller backs
+  // off on a timer instead.
   bool sleep_on_comm(std::unique_lock<std::mutex>& lk, Clock::time_point until, bool own_wake);
   // Posts due deferred sends and tests every posted request; true when one completed.
   bool progress_round_locked();

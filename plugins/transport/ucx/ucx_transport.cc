@@ -242,8 +242,9 @@ struct Idle {
     if (empty <= 32) return;
     int fd = -1;
     ucs_status_t st;
-    if (empty > 64 && arm(c, &fd, &st)) {
-      if (fd < 0) return;
+    // Armed: sleep. Events pending (a send waiting for room in a shared-memory FIFO keeps the
+    // worker busy until the peer drains it) or no wake-up: back off on a timer as before.
+    if (empty > 64 && arm(c, &fd, &st) && fd >= 0) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       pollfd p{fd, POLLIN, 0};
       poll(&p, 1, static_cast<int>(std::clamp<long long>(left.count(), 0, kWakeBound.count())));
