@@ -22,10 +22,11 @@
 //                         (compute_rates_per: "cpu_second"; the emulated-cluster validation
 //                         gives the simulator the share of a core each rank got in the run)
 // --beside-compute K --beside-pollers M (with --as-run): K single-thread GEMM processes and M
-//                         processes that wake like a worker's progress thread (sched_yield,
-//                         then 50 us sleeps) run beside the measurement: a rank's conditions
-//                         on an emulated cluster's shared cores (the wake-ups preempt the
-//                         compute and cost it cache: a lower rate per CPU-second)
+//                         processes that wake like a worker's progress thread with a request
+//                         posted and no data arriving (it sleeps on the comm's event fd, at
+//                         most ProgressEngine::kSleepBound) run beside the measurement: a
+//                         rank's conditions on an emulated cluster's shared cores (wake-ups
+//                         preempt the compute and cost it cache: a lower rate per CPU-second)
 // Always:
 //   intra_node_bytes_per_s  one-thread memcpy of 64 MiB / 2 (the shared-memory transport copies
 //                         into the segment and out of it)
@@ -38,8 +39,9 @@
 //                         whatever else runs on this machine now, divide among concurrent
 //                         ranks and daemons: the simulator's shared-host model)
 //   host_poll_load        with --host-probe: one GEMM beside N/2 processes that wait the way a
-//                         rank waits for a transfer (sched_yield, then 20 us sleeps): the load
-//                         of one waiter, in processes (from the host_speed table)
+//                         rank waits for a transfer (16 sched_yield rounds, then sleeps of
+//                         ProgressEngine::kSleepBound on the comm's fd with nothing arriving):
+//                         the load of one waiter, in processes (from the host_speed table)
 // Every figure is the median of --reps repetitions; the spread (min..max) is printed.
 //
 //   sim_calibrate [--spec FILE] [--reps N] [--as-run [--cpu-time] [--beside-compute K]
@@ -231,7 +233,8 @@ struct HostProbe {
 };
 HostProbe host_probe(int max_n, int64_t T, int64_t d, double secs) {
   // n GEMM processes and `pollers` processes that wait the way a rank waits for a transfer
-  // (worker/ring/progress.cc: 16 sched_yield rounds, then 20 us sleeps); the GEMMs' rates.
+  // (worker/ring/progress.cc: 16 sched_yield rounds, then sleeps on the comm's fd, at most
+  // kSleepBound each, when nothing arrives); the GEMMs' rates.
   auto rates = [&](int n, int pollers = 0) {
     int go[2], back[2];
     if (::pipe(go) != 0 || ::pipe(back) != 0) return std::vector<double>{};
@@ -269,7 +272,7 @@ HostProbe host_probe(int max_n, int64_t T, int64_t d, double secs) {
         unsigned idle = 0;
         while (seconds(t0) < secs + 0.3) {
           if (++idle > 16)
-            std::this_thread::sleep_for(std::chrono::microseconds(20));
+            std::this_thread::sleep_for(ring::cp::ProgressEngine::kSleepBound);
           else
             sched_yield();
         }
@@ -343,9 +346,10 @@ std::vector<pid_t> spin_gemms(int n, int64_t T, int64_t d) {
   return kids;
 }
 
-// Processes that wait the way a worker's progress thread does while its rank computes
-// (worker/ring/progress.cc: a few sched_yield rounds, then 50 us sleeps), until killed: the
-// wake-ups of the other ranks' progress threads on shared cores.
+// Processes that wait the way a worker's progress thread does while its rank computes with a
+// request posted and nothing arriving (worker/ring/progress.cc: a few sched_yield rounds, then
+// sleeps on the comm's event fd of at most kSleepBound), until killed: the wake-ups of the
+// other ranks' progress threads on shared cores.
 std::vector<pid_t> spin_pollers(int n) {
   std::vector<pid_t> kids;
   for (int i = 0; i < n; ++i) {
@@ -353,7 +357,7 @@ std::vector<pid_t> spin_pollers(int n) {
     if (pid == 0) {
       for (unsigned idle = 0;;) {
         if (++idle > 8)
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
+          std::this_thread::sleep_for(ring::cp::ProgressEngine::kSleepBound);
         else
           sched_yield();
       }
