@@ -23,7 +23,9 @@ step what ringd measured (step_ms, comm_s, ...) on node 0, plus the median step 
 steps after the first (warm-up), and per rank the share of a core its compute got
 (compute_share: the main thread's CPU time over the wall time of its forward and backward
 passes less the ring waits, steps after the first; from the workers' `compute cpu` log lines).
-All nodes run on this machine's cores: that share is what an emulated node's "GPU" is. A
+All nodes run on this machine's cores, node i's ringd bound to core i mod cores (taskset, as
+Slurm binds a job step; ringd places its worker within its binding): that share is what an
+emulated node's "GPU" is. A
 thread's CPU clock also counts the kernel's interrupt work (the links' token-bucket timers, veth,
 bridges, TCP) done while it was the current thread, so the record keeps beside it the share of
 the host's busy time spent in interrupts over the same steps (kernel_interrupt_share, /proc/stat
@@ -189,7 +191,12 @@ def run_job(args, c, work):
         env = dict(os.environ, UCX_TLS="tcp,self,posix")
         if c.node_dev[i]:
             env["UCX_NET_DEVICES"] = c.node_dev[i]
-        cmd = ["ip", "netns", "exec", c.node_ns[i], ringd, "--spec", args.spec, "--job-dir", job,
+        # Each node's daemon bound to its own core (node i: core i mod cores), as Slurm binds a
+        # job step: ringd places its worker within that binding, so the emulated nodes spread
+        # over the machine's cores instead of all pinning their workers to core 0.
+        cpu = sorted(os.sched_getaffinity(0))[i % len(os.sched_getaffinity(0))]
+        cmd = ["ip", "netns", "exec", c.node_ns[i], "taskset", "-c", str(cpu), ringd,
+               "--spec", args.spec, "--job-dir", job,
                "--json", "--worker-threads", "1", "--worker-bin", worker, "--threads", "1",
                "--nodes", str(args.nodes), "--node-rank", str(i), "--rendezvous",
                os.path.join(work, "rdv"), "--steps", str(args.steps)]

@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 #include <hwloc.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <memory>
 
 #include "daemon/placement/errors.h"
@@ -17,6 +21,31 @@ std::vector<const CpuCore*> CpuTopology::cores_of(int numa_node) const {
   return out;
 }
 
+namespace {
+
+// The CPUs the calling thread may run on (its affinity mask: taskset, srun --cpu-bind, Slurm's
+// task/affinity), ascending. hwloc's own restriction covers the cgroup cpuset only.
+std::vector<int> bound_cpus() {
+  for (int n = CPU_SETSIZE;; n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set) throw PlacementError("CPU_ALLOC failed");
+    const size_t size = CPU_ALLOC_SIZE(n);
+    if (sched_getaffinity(0, size, set) != 0) {
+      const int e = errno;
+      CPU_FREE(set);
+      if (e == EINVAL && n < (1 << 20)) continue;  // more CPUs than the mask holds
+      throw PlacementError(fmt::format("sched_getaffinity failed: {}", std::strerror(e)));
+    }
+    std::vector<int> out;
+    for (int c = 0; c < n; ++c)
+      if (CPU_ISSET_S(c, size, set)) out.push_back(c);
+    CPU_FREE(set);
+    return out;
+  }
+}
+
+}  // namespace
+
 CpuTopology discover_cpu_topology(const std::string& synthetic) {
   hwloc_topology_t topo = nullptr;
   if (hwloc_topology_init(&topo) != 0) throw PlacementError("hwloc_topology_init failed");
@@ -26,6 +55,13 @@ CpuTopology discover_cpu_topology(const std::string& synthetic) {
   }
   if (hwloc_topology_load(topo) != 0) throw PlacementError("hwloc_topology_load failed");
 
+  // On this machine, only the CPUs the process is bound to: several daemons on one host (jobs
+  // sharing a node, each bound by Slurm; emulated nodes) must not all place their workers on
+  // the machine's first cores.
+  const std::vector<int> bound = synthetic.empty() ? bound_cpus() : std::vector<int>{};
+  auto usable = [&](int pu) {
+    return synthetic.empty() ? std::binary_search(bound.begin(), bound.end(), pu) : true;
+  };
   CpuTopology out;
   const int n_numa = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
   std::vector<hwloc_obj_t> numa;
@@ -42,8 +78,9 @@ CpuTopology discover_cpu_topology(const std::string& synthetic) {
     c.id = static_cast<int>(out.cores.size());
     for (int pu = hwloc_bitmap_first(core->cpuset); pu >= 0;
          pu = hwloc_bitmap_next(core->cpuset, pu)) {
-      c.pus.push_back(pu);
+      if (usable(pu)) c.pus.push_back(pu);
     }
+    if (c.pus.empty()) continue;  // outside this process's affinity
     c.numa_node = 0;
     for (hwloc_obj_t o : numa) {
       if (hwloc_bitmap_isincluded(core->cpuset, o->cpuset)) {
@@ -53,7 +90,9 @@ CpuTopology discover_cpu_topology(const std::string& synthetic) {
     }
     out.cores.push_back(std::move(c));
   }
-  if (out.cores.empty()) throw PlacementError("hwloc found no CPU cores this process may use");
+  if (out.cores.empty())
+    throw PlacementError("hwloc found no CPU cores this process may use (its cgroup cpuset and "
+                         "affinity mask)");
   for (const auto& c : out.cores) out.numa_nodes.push_back(c.numa_node);
   std::sort(out.numa_nodes.begin(), out.numa_nodes.end());
   out.numa_nodes.erase(std::unique(out.numa_nodes.begin(), out.numa_nodes.end()),

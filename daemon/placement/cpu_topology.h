@@ -1,7 +1,9 @@
 // A node's CPU cores and NUMA nodes, as hwloc sees them.
 //
-// Only the CPUs this process may use are listed (hwloc drops CPUs outside the cgroup/cpuset,
-// so a Slurm allocation's limits are respected). The struct is plain data so placement can be
+// Only the CPUs this process may use are listed: hwloc drops CPUs outside the cgroup cpuset,
+// and the adapter drops those outside the calling thread's affinity mask (taskset, srun
+// --cpu-bind), so a Slurm allocation's limits and bindings are respected and daemons bound to
+// different CPUs of one host place their workers apart. The struct is plain data so placement can be
 // tested on any shape; `discover_cpu_topology` is the adapter, and accepts an hwloc synthetic
 // description ("package:2 numa:1 core:8 pu:2") for tests.
 #pragma once

@@ -335,6 +335,32 @@ TEST(Hwloc, ThisMachine) {
   EXPECT_EQ(p.workers.size(), 2u);
 }
 
+// A daemon bound to some CPUs (taskset, srun --cpu-bind) places within them, not on the
+// machine's first cores: a child binds itself to the last allowed CPU and discovers.
+TEST(Hwloc, ThisMachineWithinTheAffinityMask) {
+  std::vector<int> allowed = get_cpuset(0);
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs to bind to one of them";
+  const int last = allowed.back();
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(last, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0) _exit(2);
+    CpuTopology t = discover_cpu_topology();
+    if (t.cores.size() != 1 || t.cores[0].pus != std::vector<int>{last}) _exit(3);
+    Placement p = place_workers({}, t, {.workers = 1, .device = Device::kCpu});
+    if (p.workers.size() != 1 || p.workers[0].cpus != std::vector<int>{last}) _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: bind failed, 3: topology not limited to CPU " << last
+                                    << ", 4: worker not placed on it";
+}
+
 // ---- cpusets --------------------------------------------------------------------------------
 
 TEST(Affinity, AppliesToAChildProcess) {
