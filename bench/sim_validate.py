@@ -11,14 +11,20 @@ adds the link model (one shaped link, idle and while the case's ranks' worth of 
 timelines, then `ringctl simulate` predicts the step on the same links (the graph the cluster
 script wrote, which says that every node runs on this one machine).
 
-The emulated nodes' "GPUs" are time-shared cores: what share of a core each rank's compute got
-is an input of the emulation, as the links' tc rates are. The run measures it (each worker's
+Two predictions per run. From the calibration alone ("host probe"): the first calibration
+file as measured (rates, the host table of concurrent processes, a waiter's load, the link
+model); nothing of the run reaches the simulator. With the run's CPU share: the emulated nodes'
+"GPUs" are time-shared cores, and what share of a core each rank's compute got can be taken as
+an input of the emulation, as the links' tc rates are. The run measures it (each worker's
 `compute cpu` log line: its passes' main-thread CPU time over their wall time less the ring
-waits; bench/emulated_cluster.py) and the main prediction takes it: the host table flat at the
+waits; bench/emulated_cluster.py) and this prediction takes it: the host table flat at the
 largest rank's share, the others as `--straggler rank:factor`, the compute rates per
-CPU-second, the idle link figures. Nothing else of the run reaches the simulator: not its step,
-compute or hop times. Beside it, for comparison: one share (the median) for every rank, the
-loaded link figures, and the host-probe prediction made before the run (the earlier method).
+CPU-second, the idle link figures; not the run's step, compute or hop times. Beside them, for
+comparison: one share (the median) for every rank, the loaded link figures, the gross share.
+(While every emulated node's worker ran on core 0 — ringd placed workers on the machine's
+first cores whatever its binding — the host-probe model, which shares the 2 cores among the
+ranks, was 20-40 % short and the share was the way to predict; each node now runs on its own
+core, i mod cores.)
 
 Compared: the step (measured: the median over the steps after the first, per run; reported:
 the median over runs and its min..max), and the ring's K/V hop in the forward and in the
@@ -243,6 +249,8 @@ def summary(case):
             "hop_bwd": (med("pred_hop_bwd_s"), med("meas_hop_bwd_s")),
             "load": [r["load"] for r in rs],
             "probe": statistics.median(r["predicted_probe_s"] for r in rs),
+            "probe_errors_pct": [100 * (r["predicted_probe_s"] - r["measured_s"]) / r["measured_s"]
+                                 for r in rs],
             "loaded": statistics.median(r["predicted_loaded_s"] for r in rs),
             "uniform": statistics.median(r["predicted_uniform_s"] for r in rs),
             "gross": statistics.median(r.get("predicted_gross_s", float("nan")) for r in rs),
@@ -270,7 +278,8 @@ def print_row(case):
           f"{' '.join(f'{x:.2f}' for x in s['share'])} | "
           f"{s['uniform']:.3f} ({100 * (s['uniform'] - s['measured']) / s['measured']:+.0f} %) | "
           f"{s['loaded']:.3f} ({100 * (s['loaded'] - s['measured']) / s['measured']:+.0f} %) | "
-          f"{s['probe']:.3f} ({100 * (s['probe'] - s['measured']) / s['measured']:+.0f} %) | "
+          f"{s['probe']:.3f} ({100 * (s['probe'] - s['measured']) / s['measured']:+.0f} %; "
+          f"{', '.join(f'{x:+.0f}' for x in s['probe_errors_pct'])}) | "
           f"{' '.join(f'{x:.2f}' for x in s['kshare'])} | "
           f"{s['gross']:.3f} ({100 * (s['gross'] - s['measured']) / s['measured']:+.0f} %) |", flush=True)
 
@@ -304,11 +313,13 @@ def main():
             return 2
     work = tempfile.mkdtemp(prefix="sim-validate-")
     cases = []
-    print("| case | nodes | predicted s (min..max) | measured s (min..max) | error of medians (per run) "
+    print("| case | nodes | predicted with the run's CPU share s (min..max) | measured s (min..max) "
+          "| error of medians (per run) "
           "| fwd K/V hop ms pred / meas | bwd K/V hop ms pred / meas | load avg "
           "| CPU share per run | one share for all ranks s (error) "
           "| with the loaded link figures s (error) "
-          "| host-probe model s (error) | kernel interrupt share per run "
+          "| from the calibration alone (host probe) s (error of medians; per run) "
+          "| kernel interrupt share per run "
           "| with the threads' CPU share, interrupts included s (error) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     try:
