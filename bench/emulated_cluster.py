@@ -187,6 +187,7 @@ def run_job(args, c, work):
     worker = os.path.join(args.build, "worker", "ring-worker")
     job = os.path.join(work, "job")
     procs = []
+    cores = sorted(os.sched_getaffinity(0))
     for i in range(args.nodes):
         env = dict(os.environ, UCX_TLS="tcp,self,posix")
         if c.node_dev[i]:
@@ -194,8 +195,7 @@ def run_job(args, c, work):
         # Each node's daemon bound to its own core (node i: core i mod cores), as Slurm binds a
         # job step: ringd places its worker within that binding, so the emulated nodes spread
         # over the machine's cores instead of all pinning their workers to core 0.
-        cpu = sorted(os.sched_getaffinity(0))[i % len(os.sched_getaffinity(0))]
-        cmd = ["ip", "netns", "exec", c.node_ns[i], "taskset", "-c", str(cpu), ringd,
+        cmd = ["ip", "netns", "exec", c.node_ns[i], "taskset", "-c", str(cores[i % len(cores)]), ringd,
                "--spec", args.spec, "--job-dir", job,
                "--json", "--worker-threads", "1", "--worker-bin", worker, "--threads", "1",
                "--nodes", str(args.nodes), "--node-rank", str(i), "--rendezvous",

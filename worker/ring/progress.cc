@@ -134,13 +134,8 @@ ProgressEngine::Result ProgressEngine::wait(int handle, int timeout_ms) {
     // "nodes" on one machine) must leave the core to the peer whose data they wait for; pure
     // sched_yield spinning starves it under CFS (seen as 60 s stalls with 2 nodes x 2 workers
     // on 2 cores). Sleep on the comm's event fd where it has one, else 20 us at a time.
-    if (++idle > 16 && sleep_on_comm(lk, std::min(deadline, next_due_locked()), false)) continue;
-    lk.unlock();
-    if (idle > 16)
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    else
-      sched_yield();
-    lk.lock();
+    back_off(lk, ++idle <= 16, std::chrono::microseconds(20),
+             std::min(deadline, next_due_locked()), false);
   }
   leave();
   Op& op = ops_[handle];
@@ -205,6 +200,18 @@ bool ProgressEngine::sleep_on_comm(std::unique_lock<std::mutex>& lk, Clock::time
   return true;
 }
 
+void ProgressEngine::back_off(std::unique_lock<std::mutex>& lk, bool yielding,
+                              std::chrono::microseconds timer, Clock::time_point until,
+                              bool own_wake) {
+  if (!yielding && sleep_on_comm(lk, until, own_wake)) return;
+  lk.unlock();
+  if (yielding)
+    sched_yield();
+  else
+    std::this_thread::sleep_for(timer);
+  lk.lock();
+}
+
 bool ProgressEngine::progress_round_locked() {
   const ring_transport_t& api = comm_->api();
   bool completed = false;
@@ -246,13 +253,7 @@ void ProgressEngine::loop() {
     // Let the caller in (posts, waits), then back off while nothing completes: the caller is
     // computing on this core's neighbour, so yield a few times, then sleep until the comm has
     // an event (or, without wake-up, 50 us at a time).
-    if (++idle > 8 && sleep_on_comm(lk, next_due_locked(), true)) continue;
-    lk.unlock();
-    if (idle > 8)
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    else
-      sched_yield();
-    lk.lock();
+    back_off(lk, ++idle <= 8, std::chrono::microseconds(50), next_due_locked(), true);
   }
 }
 

@@ -95,6 +95,11 @@ class ProgressEngine {
   // it only yields the core once. false when the comm cannot wake a sleeper: the caller backs
   // off on a timer instead.
   bool sleep_on_comm(std::unique_lock<std::mutex>& lk, Clock::time_point until, bool own_wake);
+  // One step of back-off after a round that completed nothing: while `yielding` (the first
+  // rounds), give the core away once; after, sleep_on_comm, or `timer` when the comm cannot
+  // wake a sleeper.
+  void back_off(std::unique_lock<std::mutex>& lk, bool yielding, std::chrono::microseconds timer,
+                Clock::time_point until, bool own_wake);
   // Posts due deferred sends and tests every posted request; true when one completed.
   bool progress_round_locked();
   void loop();
