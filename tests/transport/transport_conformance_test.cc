@@ -226,6 +226,27 @@ TEST_P(PerTransport, LoadsAndDescribesItself) {
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, PerTransport, ::testing::ValuesIn(transports()));
 
+// RING_UCX_WAKEUP takes 0 or 1; anything else is refused at init, naming the variable.
+TEST(UcxTransport, BadWakeupSettingIsRefused) {
+  const std::vector<std::string> have = available_transports();
+  if (std::find(have.begin(), have.end(), "ucx") == have.end()) GTEST_SKIP() << "ucx not built";
+  TransportPlugin plugin = TransportPlugin::load("ucx");
+  TempDir dir("ring-wakeup-env");
+  ring_transport_config_t cfg{};
+  cfg.rank = 0;
+  cfg.world_size = 1;
+  cfg.rendezvous = dir.path.c_str();
+  ring_transport_comm_t* comm = nullptr;
+  ASSERT_EQ(setenv("RING_UCX_WAKEUP", "yes", 1), 0);
+  ring_transport_status_t s = plugin->init(&cfg, &comm);
+  unsetenv("RING_UCX_WAKEUP");
+  EXPECT_EQ(s, RING_TRANSPORT_ERR_INVALID_ARGUMENT) << ring_transport_status_name(s);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_NE(std::string(plugin->last_error(nullptr)).find("RING_UCX_WAKEUP=yes: must be 0"),
+            std::string::npos)
+      << plugin->last_error(nullptr);
+}
+
 TEST(TransportLoader, UnknownTransportNamesTheAvailableOnes) {
   try {
     TransportPlugin::load("carrier-pigeon");

@@ -440,6 +440,12 @@ ring_transport_status_t ucx_init(const ring_transport_config_t* config,
   ring_transport_status_t s0 = start_init("ucx", config, kMaxRanks, out, &cfg, &c);
   if (s0 != RING_TRANSPORT_OK) return s0;
   auto fail = [&](const Result& r) { return abandon_init<ucx_finalize>(c, r); };
+  const char* wake_env = std::getenv("RING_UCX_WAKEUP");
+  if (wake_env && std::string(wake_env) != "0" && std::string(wake_env) != "1")
+    return fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                      std::string("RING_UCX_WAKEUP=") + wake_env +
+                          ": must be 0 (poll on a timer) or 1 (sleep on the worker's event fd)"));
+  const bool wakeup = !(wake_env && std::string(wake_env) == "0");
   Result res = c->rdv.open(cfg.rendezvous, c->rank, c->world);
   if (!res.ok()) return fail(res);
   Clock::time_point deadline = deadline_after_ms(c->bootstrap_timeout_ms);
@@ -469,8 +475,6 @@ ring_transport_status_t ucx_init(const ring_transport_config_t* config,
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  const char* wake_env = std::getenv("RING_UCX_WAKEUP");
-  const bool wakeup = !(wake_env && std::string(wake_env) == "0");
   params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
   s = ucp_init(&params, ucfg, &c->context);
   ucp_config_release(ucfg);
