@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli/ctl_common.h"
+#include "cli/local_state.h"
 #include "daemon/checkpoint/checkpoint.h"
 
 namespace ring::cli {
@@ -60,6 +61,11 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
                      {"bytes", c.bytes},
                      {"nodes", c.nodes},
                      {"latest", c.latest},
+                     {"lineage", c.in_lineage ? "current" : c.superseded ? "superseded" : ""},
+                     {"tag", c.tag},
+                     {"parent", c.parent ? nlohmann::json{{"tag", c.parent->tag},
+                                                          {"step", c.parent->step}}
+                                         : nlohmann::json()},
                      {"format_version", c.format_version},
                      {"layout", c.layout ? ckpt::layout_json(*c.layout) : nlohmann::json()},
                      {"verified", verify},
@@ -72,8 +78,8 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
     return 0;
   }
   bool color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
-  std::printf("%-10s %-19s %10s %5s %-9s %-8s  %s\n", "STEP", "TIME", "SIZE", "NODES", "SHARD",
-              "RESIDUAL", "STATUS");
+  std::printf("%-10s %-19s %10s %5s %-9s %-8s %-10s  %s\n", "STEP", "TIME", "SIZE", "NODES",
+              "SHARD", "RESIDUAL", "LINEAGE", "STATUS");
   for (const auto& c : list) {
     std::string status = ckpt::status_name(c.status);
     if (c.status == ckpt::Status::kComplete && verify) status += " (verified)";
@@ -89,14 +95,22 @@ int run_checkpoints(const std::string& dir, bool verify, bool json) {
     const std::string residual = !c.layout || c.layout->residual.empty() ? "-"
                                  : c.layout->residual == "owner"         ? "owner"
                                                                          : "per-node";
-    std::printf("%-10lld %-19s %10s %5d %-9s %-8s  %s%s%s\n", static_cast<long long>(c.step),
-                local_time(c.time).c_str(), human_bytes(c.bytes).c_str(), c.nodes, shard.c_str(),
-                residual.c_str(), on, status.c_str(), off);
+    // current: on the chain a resume follows; superseded: of an abandoned branch or an earlier
+    // run, never resumed, removed by retention.
+    const char* lineage = c.in_lineage ? "current" : c.superseded ? "superseded" : "-";
+    if (c.superseded && c.name.find(".superseded-") != std::string::npos)
+      status += " (" + c.name + ")";
+    std::printf("%-10lld %-19s %10s %5d %-9s %-8s %-10s  %s%s%s\n",
+                static_cast<long long>(c.step), local_time(c.time).c_str(),
+                human_bytes(c.bytes).c_str(), c.nodes, shard.c_str(), residual.c_str(), lineage,
+                on, status.c_str(), off);
     if (c.status == ckpt::Status::kCorrupt)
       for (const auto& p : c.problems) std::printf("           %s\n", p.c_str());
   }
-  std::printf("%d complete, %d corrupt, %zu incomplete%s\n", complete, corrupt,
-              list.size() - complete - corrupt,
+  int superseded = 0;
+  for (const auto& c : list) superseded += c.superseded;
+  std::printf("%d complete (%d superseded), %d corrupt, %zu incomplete%s\n", complete, superseded,
+              corrupt, list.size() - complete - corrupt,
               verify ? "; every checksum of the complete ones verified" : "");
   return corrupt ? 1 : 0;
 }
@@ -131,7 +145,8 @@ CheckpointsCommand add_checkpoints(CLI::App& app) {
             if (digits && ::access(dir.c_str(), F_OK) != 0) {
               int rc = guarded(a->coord.resolved_endpoint(), [&] {
                 int64_t job = parse_job_id(a->dir);
-                coord::Client c(a->coord.client_options());
+                // Answered from the state a stopped ring-coord left, as status and logs are.
+                coord::Client c(with_local_state(a->coord.client_options()));
                 dir = c.status(job).checkpoint_dir;
                 if (dir.empty()) {
                   std::cerr << "ringctl: job " << job

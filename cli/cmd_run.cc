@@ -366,8 +366,7 @@ int run_run(const RunOpts& o) {
   // write fails here with its name, not later in a log file after restarts.
   std::string job_dir;
   try {
-    job_dir = o.job_dir.empty() ? jobdir::prepare_default_job_dir(spec.job.name)
-                                : jobdir::prepare_job_dir(o.job_dir);
+    job_dir = choose_job_dir(o.job_dir, spec.job.name, std::cerr);
   } catch (const jobdir::JobDirError& e) {
     std::cerr << "ringctl: " << e.what() << "\n";
     return kExitFailed;
@@ -648,7 +647,10 @@ int run_run(const RunOpts& o) {
       sum << "  generation is not resumable: run it again with: ringctl run " << o.spec << "\n";
     else if (rc == kExitStopped)
       sum << "  resume with: ringctl run " << o.spec << " --resume"
-          << (o.job_dir.empty() ? "" : " --job-dir " + o.job_dir) << set_args << "\n";
+          << (job_dir == jobdir::default_job_dir(spec.job.name, ::geteuid())
+                  ? ""
+                  : " --job-dir " + job_dir)
+          << set_args << "\n";
     std::cout << sum.str() << std::flush;
     // Failed: what ringd said last, from its log (the cause: "cannot open .../worker-0.log:
     // Permission denied", "restart.max_restarts exhausted") and from its stderr.

@@ -118,8 +118,7 @@ int run_submit(const SubmitOpts& o) {
                              : fs::absolute(o.job_dir).lexically_normal().string();
       while (jd.size() > 1 && jd.back() == '/') jd.pop_back();
     } else {  // before ring-coord records anything
-      jd = o.job_dir.empty() ? jobdir::prepare_default_job_dir(name)
-                             : jobdir::prepare_job_dir(o.job_dir);
+      jd = choose_job_dir(o.job_dir, name, std::cerr);
     }
   } catch (const jobdir::JobDirError& e) {
     std::cerr << "ringctl: " << e.what() << "\n";

@@ -1,5 +1,8 @@
 #include "cli/ctl_common.h"
 
+#include "common/cli/job_dir.h"
+#include "common/files/dir_lock.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -469,6 +472,32 @@ bool absolute_generate_paths(const spec::JobSpec& s, std::vector<spec::Override>
     added = true;
   }
   return added;
+}
+
+std::string choose_job_dir(const std::string& given, const std::string& name, std::ostream& note) {
+  const auto busy = [](const std::string& dir) { return files::DirLock::holder(dir); };
+  if (!given.empty()) {
+    const std::string dir = jobdir::prepare_job_dir(given);
+    if (auto h = busy(dir))
+      throw jobdir::JobDirError("job directory " + dir + " is in use by " +
+                                files::DirLock::describe(*h) +
+                                "; two jobs must not share one (their logs, steps and checkpoints "
+                                "would mix): wait for it to end, cancel it, or pass another "
+                                "--job-dir");
+    return dir;
+  }
+  const std::string first = jobdir::default_job_dir(name, ::geteuid());
+  auto h = busy(first);
+  if (!h) return jobdir::prepare_default_job_dir(name);
+  for (int i = 2; i < 1000; ++i) {
+    const std::string alt = name + "-" + std::to_string(i);
+    if (busy(jobdir::default_job_dir(alt, ::geteuid()))) continue;
+    const std::string dir = jobdir::prepare_default_job_dir(alt);
+    note << "ringctl: " << first << " is in use by " << files::DirLock::describe(*h)
+         << "; this job uses " << dir << "\n";
+    return dir;
+  }
+  throw jobdir::JobDirError("every job directory " + first + "[-2..-999] is in use; pass --job-dir");
 }
 
 }  // namespace ring::cli

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -98,6 +99,12 @@ std::string format_table(const std::vector<std::string>& header,
 
 // Parses a job id argument ("7"); throws CLI::ValidationError naming the argument.
 int64_t parse_job_id(const std::string& text);
+
+// The job directory of `run` and `submit`: `given` (--job-dir) prepared and checked
+// (common/cli/job_dir.h), refused with jobdir::JobDirError naming the holder when another job
+// holds it (files/dir_lock.h); without --job-dir the default one of `name`, or, when a job holds
+// that, the first free `<default>-2`, `-3`, ..., said on `note`.
+std::string choose_job_dir(const std::string& given, const std::string& name, std::ostream& note);
 
 // A job.kind generate spec's inputs as ringd's workers will open them (a relative path from the
 // current directory, where ringd runs): "" when generate.checkpoint is a directory and every

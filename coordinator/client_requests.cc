@@ -106,6 +106,7 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Rest
     e_.queue(peer, proto::OkReply{m.id, j.id, "restarting", who});
     return;
   }
+  if (m.from_step) check_from_step(j, *m.from_step);
   if (j.state == JobState::kRestarting) {
     e_.store->set_restart(j.id, now_unix(), m.from_step);
   } else {
@@ -118,7 +119,42 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Rest
     e_.store->set_restart(j.id, now_unix(), m.from_step);
     e_.store->set_state(j.id, JobState::kRestarting, who);
   }
+  if (m.from_step) {
+    // The newer checkpoints leave the lineage: no later restart resumes them (ringd, resuming,
+    // moves the checkpoint directory's head back the same way).
+    e_.store->supersede_checkpoints_after(j.id, *m.from_step);
+    e_.store->add_event(j.id, j.attempt, "", "lineage_branched",
+                        {{"step", *m.from_step}, {"by", user_name(uid)}});
+  }
   e_.queue(peer, proto::OkReply{m.id, j.id, "restarting", who});
+}
+
+// `restart --from N` names a checkpoint of the job's current lineage that is complete on every
+// node and still on disk; anything else would train from other weights than asked.
+void ClientRequests::check_from_step(const JobRow& j, int64_t step) {
+  if (step == 0) return;  // from the start: fresh weights, asked for by name
+  const Store::CheckpointStep c = e_.store->checkpoint_step(j.id, step, j.nodes);
+  const std::string job = "job " + std::to_string(j.id), st = std::to_string(step);
+  std::string why;
+  if (!c.recorded)
+    why = job + " has no checkpoint of step " + st;
+  else if (c.deleted)
+    why = job + " no longer has its checkpoint of step " + st +
+          " (retention removed it: checkpoint.keep_last)";
+  else if (c.superseded)
+    why = job + "'s checkpoint of step " + st +
+          " was superseded by an earlier `restart --from` an older step";
+  else if (!c.complete)
+    why = job + "'s checkpoint of step " + st + " is not complete on every node";
+  if (why.empty()) return;
+  std::string have;
+  for (int64_t s : e_.store->resumable_steps(j.id, j.nodes))
+    have += (have.empty() ? "" : ", ") + std::to_string(s);
+  throw Refused(proto::code::kBadField,
+                why + "; it can restart from " +
+                    (have.empty() ? std::string("no checkpoint (none is complete)")
+                                  : "step " + have),
+                "from_step");
 }
 
 void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::CheckpointRequest& m) {

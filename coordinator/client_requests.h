@@ -27,6 +27,7 @@ class ClientRequests {
   void on(const std::string& peer, uint32_t uid, const proto::SlurmJobRequest& m);
 
  private:
+  void check_from_step(const JobRow& j, int64_t step);
   Engine& e_;
 };
 

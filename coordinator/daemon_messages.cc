@@ -180,6 +180,7 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
     }
     case proto::EventKind::kCheckpointSaved:
       e_.store->upsert_checkpoint(j.id, *m.step, m.node, m.path, *m.bytes, *m.complete, m.seconds);
+      if (!m.deleted.empty()) e_.store->mark_checkpoints_deleted(j.id, m.deleted);
       break;
     case proto::EventKind::kCheckpointFailed:
       break;

@@ -176,7 +176,8 @@ std::vector<RankSummary> summarize_ranks(const std::vector<proto::RankStepRecord
 std::vector<CheckpointInfo> checkpoints(Store& store, int64_t job, int64_t limit) {
   Stmt& s = store.db().prepare(
       "SELECT step, count(*), sum(complete), sum(bytes), min(created_at), max(seconds) FROM "
-      "checkpoints WHERE job_id=? GROUP BY step ORDER BY step DESC LIMIT ?");
+      "checkpoints WHERE job_id=? AND deleted=0 AND superseded=0 GROUP BY step ORDER BY step DESC "
+      "LIMIT ?");
   s.args(job, limit);
   std::vector<CheckpointInfo> out;
   while (s.step()) out.push_back({s.i64(0), s.i64(1), s.i64(2), s.i64(3), s.f64(4), s.opt_f64(5)});

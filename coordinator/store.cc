@@ -205,6 +205,11 @@ CREATE TABLE rank_steps (
      R"sql(
 ALTER TABLE checkpoints ADD COLUMN seconds REAL;
 )sql"},
+    {7, "checkpoint lineage: steps superseded by `restart --from`, steps retention removed",
+     R"sql(
+ALTER TABLE checkpoints ADD COLUMN superseded INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE checkpoints ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0;
+)sql"},
 };
 
 constexpr const char* kJobCols =
@@ -579,24 +584,61 @@ std::vector<protocol::EventRecord> Store::events(int64_t job, int64_t after, int
 void Store::upsert_checkpoint(int64_t job, int64_t step, const std::string& node,
                               const std::string& path, int64_t bytes, bool complete,
                               std::optional<double> seconds) {
+  // Written (again): of the current lineage and on disk, whatever an earlier copy of the step was.
   db_.prepare(
          "INSERT INTO checkpoints(job_id, step, node, path, bytes, complete, created_at, seconds) "
          "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(job_id, step, node) DO UPDATE SET "
          "path=excluded.path, bytes=excluded.bytes, complete=excluded.complete, "
-         "seconds=coalesce(excluded.seconds, seconds)")
+         "seconds=coalesce(excluded.seconds, seconds), superseded=0, deleted=0")
       .args(job, step, node, path, bytes, int64_t{complete ? 1 : 0}, now_unix(), seconds)
       .run();
 }
 
 std::optional<int64_t> Store::latest_complete_checkpoint(int64_t job, int64_t nodes) {
   Stmt& s = db_.prepare(
-      "SELECT step FROM checkpoints WHERE job_id=? GROUP BY step "
+      "SELECT step FROM checkpoints WHERE job_id=? AND superseded=0 AND deleted=0 GROUP BY step "
       "HAVING sum(complete)=count(*) AND count(*)>=? ORDER BY step DESC LIMIT 1");
   s.args(job, nodes);
   if (!s.step()) return std::nullopt;
   int64_t v = s.i64(0);
   s.reset();
   return v;
+}
+
+Store::CheckpointStep Store::checkpoint_step(int64_t job, int64_t step, int64_t nodes) {
+  Stmt& s = db_.prepare(
+      "SELECT count(*), coalesce(sum(complete),0), coalesce(max(superseded),0), "
+      "coalesce(max(deleted),0) FROM checkpoints WHERE job_id=? AND step=?");
+  s.args(job, step);
+  CheckpointStep c;
+  if (s.step()) {
+    const int64_t n = s.i64(0), complete = s.i64(1);
+    c.recorded = n > 0;
+    c.complete = n > 0 && complete == n && n >= nodes;
+    c.superseded = s.i64(2) != 0;
+    c.deleted = s.i64(3) != 0;
+  }
+  s.reset();
+  return c;
+}
+
+std::vector<int64_t> Store::resumable_steps(int64_t job, int64_t nodes) {
+  Stmt& s = db_.prepare(
+      "SELECT step FROM checkpoints WHERE job_id=? AND superseded=0 AND deleted=0 GROUP BY step "
+      "HAVING sum(complete)=count(*) AND count(*)>=? ORDER BY step");
+  s.args(job, nodes);
+  std::vector<int64_t> out;
+  while (s.step()) out.push_back(s.i64(0));
+  return out;
+}
+
+void Store::supersede_checkpoints_after(int64_t job, int64_t step) {
+  db_.prepare("UPDATE checkpoints SET superseded=1 WHERE job_id=? AND step>?").args(job, step).run();
+}
+
+void Store::mark_checkpoints_deleted(int64_t job, const std::vector<int64_t>& steps) {
+  for (int64_t st : steps)
+    db_.prepare("UPDATE checkpoints SET deleted=1 WHERE job_id=? AND step=?").args(job, st).run();
 }
 
 void Store::add_step(const protocol::StepReport& r, double t) {

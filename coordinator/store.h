@@ -157,8 +157,23 @@ class Store {
   void upsert_checkpoint(int64_t job, int64_t step, const std::string& node,
                          const std::string& path, int64_t bytes, bool complete,
                          std::optional<double> seconds = std::nullopt);
-  // Largest step whose shards are all complete and come from at least `nodes` nodes.
+  // Largest step of the current lineage (not superseded, not deleted) whose shards are all
+  // complete and come from at least `nodes` nodes.
   std::optional<int64_t> latest_complete_checkpoint(int64_t job, int64_t nodes);
+  // What is recorded of one step's checkpoint (schema v7).
+  struct CheckpointStep {
+    bool recorded = false;    // some node reported a shard of it
+    bool complete = false;    // every shard complete, from at least `nodes` nodes
+    bool superseded = false;  // abandoned by a `restart --from` an older step
+    bool deleted = false;     // retention removed it
+  };
+  CheckpointStep checkpoint_step(int64_t job, int64_t step, int64_t nodes);
+  // The steps a restart may resume from (complete, current lineage, not deleted), ascending.
+  std::vector<int64_t> resumable_steps(int64_t job, int64_t nodes);
+  // `restart --from step`: every checkpoint after it leaves the lineage.
+  void supersede_checkpoints_after(int64_t job, int64_t step);
+  // node 0's retention removed these steps' checkpoints.
+  void mark_checkpoints_deleted(int64_t job, const std::vector<int64_t>& steps);
 
   // ---- step metrics
   void add_step(const protocol::StepReport& s, double t);

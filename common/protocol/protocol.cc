@@ -574,6 +574,7 @@ void fields(IO& io, Event& m) {
   io.opt_num("deadline_s", m.deadline_s, 0, 1e7);
   io.integers("missing", m.missing, 512, Write::kIfSet);
   io.objects("waiting", m.waiting, 512, false, Write::kIfSet);
+  io.integers("deleted", m.deleted, 4096, Write::kIfSet);
   if constexpr (IO::kReading) {
     // Per-kind required fields.
     auto require = [&](bool ok, const char* key, const char* why) {
@@ -623,6 +624,8 @@ void fields(IO& io, Event& m) {
     for (int64_t r : m.missing)
       if (r < 0 || r > (1 << 24))
         Reader::fail(io.field("missing"), "a rank is out of range [0, 16777216]");
+    for (int64_t st : m.deleted)
+      if (st < 0 || st > kMaxId) Reader::fail(io.field("deleted"), "a step is out of range");
   }
 }
 template <class IO>

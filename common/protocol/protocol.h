@@ -192,6 +192,9 @@ struct Event {
   std::optional<double> deadline_s;   // hang: the step deadline that passed
   std::vector<int64_t> missing;       // hang: ranks that never arrived
   std::vector<WaitingRank> waiting;   // hang: ranks blocked on a peer
+  // checkpoint_saved: the steps whose checkpoints retention removed with this commit (node 0).
+  // Optional: older ringd do not send it.
+  std::vector<int64_t> deleted;
 };
 
 struct CommandAck {

@@ -444,6 +444,8 @@ void Checkpointer::write_shard(int64_t step, const nlohmann::json& meta, SaveRes
   m.time = detail::now_unix();
   m.meta = meta;
   m.layout = opt_.layout;
+  m.has_lineage = true;
+  m.parent = opt_.parent;
   for (size_t i = 0; i < nt; ++i) {
     const Tensor& T = *tensors_[i];
     m.tensors.push_back(
@@ -490,6 +492,12 @@ void Checkpointer::commit(int64_t step, SaveResult& r) {
             path + ": records another layout than node 0's (" +
             (sm.layout ? describe_layout(*sm.layout) : std::string("none")) + ", node 0: " +
             (opt_.layout ? describe_layout(*opt_.layout) : std::string("none")) + ")");
+      if (sm.parent != opt_.parent)
+        throw CheckpointError(path + ": records another parent than node 0's (" +
+                              (sm.parent ? describe_ref(*sm.parent) : std::string("none")) +
+                              ", node 0: " +
+                              (opt_.parent ? describe_ref(*opt_.parent) : std::string("none")) +
+                              ")");
       parsed[n] = std::move(sm);
       got[n] = true;
       ++have;
@@ -517,6 +525,7 @@ void Checkpointer::commit(int64_t step, SaveResult& r) {
   top["spec_hash"] = opt_.spec_hash;
   top["time"] = detail::now_unix();
   if (opt_.layout) top["layout"] = layout_json(*opt_.layout);
+  top["parent"] = detail::parent_json(opt_.parent);
   auto shards = nlohmann::json::array();
   uint64_t total = 0;
   for (int n = 0; n < opt_.nodes; ++n) {
@@ -534,45 +543,61 @@ void Checkpointer::commit(int64_t step, SaveResult& r) {
 
   // Publish: the final name appears complete, in one rename.
   const std::string final_dir = fs::join(opt_.dir, step_dir_name(step));
-  std::string aside;
   if (fs::exists(final_dir)) {
-    // The same step written again (after a rollback): move the old one aside first, since
-    // rename() will not replace a non-empty directory.
-    aside = fs::join(opt_.dir, step_dir_name(step) + ".old-" + opt_.tag + "-" +
-                                   std::to_string(::getpid()));
-    if (::rename(final_dir.c_str(), aside.c_str()) != 0)
-      throw CheckpointError(final_dir + ": cannot move the previous copy aside: " +
+    // The same step written again: by a branch that resumed from an older step, or by a run that
+    // started afresh. The earlier copy is not of this lineage: set it aside as superseded (kept
+    // until retention removes it), since rename() will not replace a non-empty directory.
+    const std::string aside = detail::superseded_dir_name(step, opt_.tag);
+    if (::rename(final_dir.c_str(), fs::join(opt_.dir, aside).c_str()) != 0)
+      throw CheckpointError(final_dir + ": cannot set the previous copy aside as " + aside + ": " +
                             fs::errno_text(errno));
+    r.superseded = aside;
   }
   if (::rename(pdir.c_str(), final_dir.c_str()) != 0)
     throw CheckpointError(final_dir + ": rename from " + pdir + " failed: " +
                           fs::errno_text(errno));
   r.path = final_dir;
   if (opt_.fsync) fs::fsync_dir(opt_.dir);
-  if (!aside.empty()) fs::remove_tree(aside);
   fs::write_atomic(opt_.dir, detail::kLatest, step_dir_name(step) + "\n", opt_.fsync);
+  retain(step, r);
+}
 
-  // Retention: keep the newest keep_last complete checkpoints; delete older complete ones, and
-  // partial directories of other attempts (never loadable) at or below this step.
-  std::vector<std::pair<int64_t, std::string>> complete;
-  for (const auto& name : fs::list_dir(opt_.dir)) {
-    auto sn = detail::parse_step_name(name);
+// Retention, along the lineage this commit made current: keep its newest keep_last complete
+// checkpoints and delete its older ones; delete superseded checkpoints (off the lineage) once
+// every kept one is newer; delete partial directories of other attempts at or below this step
+// (never loadable). Damaged checkpoints are left for the operator.
+void Checkpointer::retain(int64_t step, SaveResult& r) {
+  const std::vector<CheckpointInfo> all = list_checkpoints(opt_.dir, false);
+  const std::vector<size_t> chain = current_lineage(all, step_dir_name(step));
+  std::vector<bool> on_chain(all.size(), false);
+  for (size_t i : chain) on_chain[i] = true;
+  const auto remove = [&](const CheckpointInfo& c) {
+    fs::remove_tree(c.path);
+    r.deleted.push_back(c.name);
+    auto sn = detail::parse_step_name(c.name);
+    if (sn && !sn->partial && !sn->superseded) r.deleted_steps.push_back(c.step);
+  };
+  int64_t oldest_kept = step;
+  int64_t kept = 0;
+  for (size_t i : chain) {
+    const CheckpointInfo& c = all[i];
+    if (c.status != Status::kComplete) continue;
+    if (kept < opt_.keep_last || c.step == step) {
+      ++kept;
+      oldest_kept = std::min(oldest_kept, c.step);
+    } else {
+      remove(c);
+    }
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    const CheckpointInfo& c = all[i];
+    auto sn = detail::parse_step_name(c.name);
     if (!sn) continue;
     if (sn->partial) {
-      if (sn->tag != opt_.tag && sn->step <= step) {
-        fs::remove_tree(fs::join(opt_.dir, name));
-        r.deleted.push_back(name);
-      }
+      if (sn->tag != opt_.tag && sn->step <= step) remove(c);
       continue;
     }
-    if (fs::exists(fs::join(fs::join(opt_.dir, name), detail::kTopManifest)))
-      complete.emplace_back(sn->step, name);
-  }
-  std::sort(complete.rbegin(), complete.rend());
-  for (size_t i = static_cast<size_t>(opt_.keep_last); i < complete.size(); ++i) {
-    if (complete[i].first == step) continue;
-    fs::remove_tree(fs::join(opt_.dir, complete[i].second));
-    r.deleted.push_back(complete[i].second);
+    if (!on_chain[i] && c.status == Status::kComplete && c.step < oldest_kept) remove(c);
   }
 }
 

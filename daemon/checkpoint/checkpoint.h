@@ -8,7 +8,16 @@
 //        node-00000.bin             bytes, xxh3-64), free JSON metadata (cursor, RNG, ...)
 //        node-00001.json / .bin   node 1's shard, ...
 //   DIR/step-00000060.partial-<tag>/   being written (or left by a crash); never loaded
-//   DIR/latest                    "step-00000050\n", replaced atomically (temp + rename)
+//   DIR/step-00000040.superseded-<tag>/  a step written again by a later branch, set aside
+//   DIR/latest                    "step-00000050\n" (the head of the current lineage) or "none\n"
+//                                 (a fresh run: no checkpoint yet), replaced atomically
+//
+// Lineage: every checkpoint records its attempt's tag and `parent`, the checkpoint that attempt
+// resumed from (null: it started from nothing). The current lineage is the head named by
+// `latest`, the checkpoints of its attempt at or below it, then its parent and so on. Loading,
+// `latest` and retention follow only that chain; a checkpoint off it is superseded (a branch
+// abandoned by a resume from an older step, or an earlier run's) and kept until retention
+// removes it (once every kept checkpoint of the lineage is newer).
 //
 // Writing (Checkpointer): each node writes its shard into the shared partial directory, fsyncs
 // the data file, then writes its manifest (temp + rename, fsynced). Node 0 then waits for every
@@ -118,12 +127,24 @@ Layout parse_layout(const nlohmann::json& j, const std::string& file);
 // "2 nodes, shard optimizer".
 std::string describe_layout(const Layout& l);
 
+// A checkpoint's place in its lineage: the tag of the attempt that wrote it, and its step.
+struct CheckpointRef {
+  std::string tag;
+  int64_t step = -1;
+  bool operator==(const CheckpointRef&) const = default;
+};
+std::string describe_ref(const CheckpointRef& r);  // "step 50 (tag r1a2b3c4d-2)"
+
 struct Options {
   std::string dir;             // checkpoint root (created when missing)
   int64_t keep_last = 3;       // complete checkpoints kept after a commit (>= 1)
   int node_rank = 0;           // this node, 0 <= node_rank < nodes
   int nodes = 1;
-  std::string tag = "0";       // the attempt: names the partial directory ([A-Za-z0-9_-]+)
+  std::string tag = "0";       // the attempt: names the partial directory ([A-Za-z0-9_-]+);
+                               // ringd's carry the run id ("<run>-<attempt>")
+  // The checkpoint this attempt resumed from (nullopt: it started from nothing), recorded as
+  // `parent` in every checkpoint it writes.
+  std::optional<CheckpointRef> parent;
   std::string spec_hash;       // recorded in every manifest (free form, e.g. xxh3 of the spec)
   size_t chunk_bytes = 4 << 20;      // unit of writing and of progress
   size_t staging_bytes = 16 << 20;   // copy-on-modify budget (not per tensor: in all)
@@ -147,6 +168,8 @@ struct SaveResult {
   double start_wait_s = 0;     // time start() waited for the previous checkpoint to finish
   uint64_t staged_bytes = 0;   // bytes copied to staging by before_modify()
   std::vector<std::string> deleted;  // directories removed by retention
+  std::vector<int64_t> deleted_steps;  // of those, the steps whose `step-N` directory went
+  std::string superseded;      // an earlier copy of this step set aside ("" : none)
 };
 
 class Checkpointer {
@@ -207,6 +230,7 @@ class Checkpointer {
   void run(int64_t step, nlohmann::json meta, double start_wait_s);
   void write_shard(int64_t step, const nlohmann::json& meta, SaveResult& r);
   void commit(int64_t step, SaveResult& r);
+  void retain(int64_t step, SaveResult& r);
   void finish_progress();
   void guard_tensor(int t, size_t a, size_t b);
 
@@ -254,6 +278,8 @@ struct ShardManifest {
   std::vector<TensorEntry> tensors;
   nlohmann::json meta;
   std::optional<Layout> layout;  // format 2 with a layout record
+  bool has_lineage = false;      // `parent` recorded (null or an object)
+  std::optional<CheckpointRef> parent;
 };
 
 // Parses and checks a shard manifest's text; throws CheckpointError naming `file` and the rule
@@ -267,6 +293,13 @@ struct CheckpointInfo {
   std::string path;     // the step directory
   std::string name;     // its basename
   int64_t step = -1;
+  std::string tag;      // the attempt that wrote it ("" when unreadable)
+  bool has_lineage = false;              // its `parent` is recorded (a writer with lineage)
+  std::optional<CheckpointRef> parent;   // the checkpoint its attempt resumed from
+  // Complete, but not of the current lineage (an abandoned branch or an earlier run), or set
+  // aside as step-N.superseded-<tag>: never loaded by a resume, kept until retention removes it.
+  bool superseded = false;
+  bool in_lineage = false;  // on the current lineage's chain
   Status status = Status::kCorrupt;
   std::vector<std::string> problems;  // each names the file and what is wrong
   int nodes = 0;
@@ -282,6 +315,18 @@ struct CheckpointInfo {
 // file presence and sizes are checked. Throws CheckpointError when dir cannot be read.
 std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, bool verify);
 CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify);
+
+// The current lineage of `all` (list_checkpoints' result) as indices into it, newest first:
+// the head `latest` names ("" : `latest` is missing, the newest committed step is the head;
+// "none": empty), the checkpoints of the head's attempt at or below it, then its parent's, and
+// so on. Checkpoints written before lineage was recorded continue the chain by step order.
+std::vector<size_t> current_lineage(const std::vector<CheckpointInfo>& all,
+                                    const std::string& latest);
+// The content of DIR/latest without its newline ("" when missing or unreadable).
+std::string read_latest(const std::string& dir);
+// Moves the head of the lineage: DIR/latest names `step_dir_name` ("none": no checkpoint yet),
+// replaced atomically. Throws CheckpointError naming the file.
+void set_latest(const std::string& dir, const std::string& name, bool fsync = true);
 
 struct LoadTarget {
   LoadTarget() = default;
@@ -316,10 +361,14 @@ struct LoadResult {
   int format_version = 0;
   std::optional<Layout> layout;          // the writer's layout (format 2)
   std::vector<std::string> shards_read;  // the data files this node read
+  std::string tag;                       // the loaded checkpoint's attempt tag
+  std::string name;                      // its directory's name
+  // Complete checkpoints in dir that are not of the current lineage (never loaded).
+  int superseded = 0;
 };
 
-// Loads the targets of node `node_rank` of `nodes` from the newest complete checkpoint with
-// step <= max_step, whatever node count wrote it: each target is looked up by name in the shards
+// Loads the targets of node `node_rank` of `nodes` from the newest complete checkpoint of the
+// current lineage (current_lineage) with step <= max_step, whatever node count wrote it: each target is looked up by name in the shards
 // (LoadTarget says which), and only the data files holding a needed tensor are read, every
 // checksum verified; falls back to older ones on damage. A checkpoint that does not fit the job
 // is a hard error, not a fallback (older ones would not fit either): throws CheckpointMismatch

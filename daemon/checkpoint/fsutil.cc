@@ -29,6 +29,14 @@ std::string basename(const std::string& path) {
   return pos == std::string::npos ? p : p.substr(pos + 1);
 }
 
+std::string dirname(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  auto pos = p.rfind('/');
+  if (pos == std::string::npos) return ".";
+  return pos == 0 ? "/" : p.substr(0, pos);
+}
+
 void mkdirs(const std::string& dir) {
   // Each missing component is made 0700: checkpoints hold the job's weights (private per user).
   std::string p;

@@ -13,6 +13,7 @@ namespace ring::ckpt::fs {
 std::string errno_text(int err);
 std::string join(const std::string& dir, const std::string& name);
 std::string basename(const std::string& path);
+std::string dirname(const std::string& path);   // "." when none
 
 void mkdirs(const std::string& dir);  // like mkdir -p
 void fsync_dir(const std::string& dir);

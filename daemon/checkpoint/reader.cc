@@ -32,12 +32,29 @@ std::optional<StepName> parse_step_name(const std::string& name) {
   StepName sn;
   sn.step = std::stoll(name.substr(i, j - i));
   if (j == name.size()) return sn;
-  const std::string suffix = ".partial-";
-  if (name.compare(j, suffix.size(), suffix) != 0) return std::nullopt;
-  sn.partial = true;
-  sn.tag = name.substr(j + suffix.size());
+  const std::string partial = ".partial-", superseded = ".superseded-";
+  size_t k;
+  if (name.compare(j, partial.size(), partial) == 0) {
+    sn.partial = true;
+    k = j + partial.size();
+  } else if (name.compare(j, superseded.size(), superseded) == 0) {
+    sn.superseded = true;
+    k = j + superseded.size();
+  } else {
+    return std::nullopt;
+  }
+  sn.tag = name.substr(k);
   if (sn.tag.empty() || sn.tag.find('.') != std::string::npos) return std::nullopt;
   return sn;
+}
+
+std::string superseded_dir_name(int64_t step, const std::string& tag) {
+  return step_dir_name(step) + ".superseded-" + tag;
+}
+
+json parent_json(const std::optional<CheckpointRef>& parent) {
+  if (!parent) return nullptr;
+  return {{"tag", parent->tag}, {"step", parent->step}};
 }
 
 json shard_manifest_json(const ShardManifest& m) {
@@ -64,6 +81,7 @@ json shard_manifest_json(const ShardManifest& m) {
   j["tensors"] = ts;
   j["meta"] = m.meta;
   if (m.layout) j["layout"] = layout_json(*m.layout);
+  if (m.has_lineage) j["parent"] = parent_json(m.parent);
   return j;
 }
 
@@ -118,6 +136,22 @@ struct Fields {
     return v.get<double>();
   }
 };
+
+// `parent` (the lineage record): absent (a writer from before lineage), null (the attempt
+// started from nothing) or {"tag", "step"}.
+void parse_parent(const json& j, const std::string& file, bool* has, std::optional<CheckpointRef>* out) {
+  auto it = j.find("parent");
+  *has = it != j.end();
+  out->reset();
+  if (!*has || it->is_null()) return;
+  if (!it->is_object()) throw CheckpointError(file + ": parent: must be null or an object");
+  Fields f{*it, file, "parent."};
+  CheckpointRef r;
+  r.tag = f.str("tag");
+  if (r.tag.empty() || r.tag.size() > 128) f.fail("tag", "must be 1 to 128 characters");
+  r.step = f.i64("step", 0, INT64_MAX);
+  *out = r;
+}
 
 bool is_hex16(const std::string& s) {
   if (s.size() != 16) return false;
@@ -231,6 +265,8 @@ void check_format(const Fields& f, const char* expected) {
 struct TopManifest {
   int format_version = 0;
   std::optional<Layout> layout;
+  bool has_lineage = false;
+  std::optional<CheckpointRef> parent;
   int64_t step = -1;
   int nodes = 0;
   std::string tag, spec_hash;
@@ -284,10 +320,15 @@ TopManifest parse_top_manifest(const std::string& text, const std::string& file)
       f.fail("layout", "records " + std::to_string(m.layout->nodes) + " nodes, the checkpoint " +
                            std::to_string(m.nodes));
   }
+  parse_parent(j, file, &m.has_lineage, &m.parent);
   return m;
 }
 
 }  // namespace
+
+std::string describe_ref(const CheckpointRef& r) {
+  return "step " + std::to_string(r.step) + " (tag " + r.tag + ")";
+}
 
 ShardManifest parse_shard_manifest(const std::string& text, const std::string& file) {
   json j = parse_json_text(text, file);
@@ -361,6 +402,7 @@ ShardManifest parse_shard_manifest(const std::string& text, const std::string& f
       f.fail("layout", "records " + std::to_string(m.layout->nodes) + " nodes, the shard " +
                            std::to_string(m.nodes));
   }
+  parse_parent(j, file, &m.has_lineage, &m.parent);
   return m;
 }
 
@@ -446,6 +488,8 @@ std::pair<TopManifest, std::vector<ShardManifest>> check_step_dir(const std::str
     if (sm.layout.has_value() != top.layout.has_value() ||
         (sm.layout && !(*sm.layout == *top.layout)))
       throw CheckpointError(mpath + ": layout disagrees with checkpoint.json");
+    if (sm.has_lineage != top.has_lineage || sm.parent != top.parent || sm.tag != top.tag)
+      throw CheckpointError(mpath + ": tag or parent disagrees with checkpoint.json");
     std::string dpath = fs::join(dir, sm.data_file);
     uint64_t size = fs::file_size(dpath);
     if (size != sm.data_bytes)
@@ -465,6 +509,8 @@ std::pair<TopManifest, std::vector<ShardManifest>> check_step_dir(const std::str
   return {std::move(top), std::move(shards)};
 }
 
+}  // namespace
+
 std::string read_latest(const std::string& dir) {
   try {
     std::string s = fs::read_file(fs::join(dir, detail::kLatest), 4096);
@@ -475,7 +521,9 @@ std::string read_latest(const std::string& dir) {
   }
 }
 
-}  // namespace
+void set_latest(const std::string& dir, const std::string& name, bool fsync) {
+  fs::write_atomic(dir, detail::kLatest, name + "\n", fsync);
+}
 
 CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify) {
   CheckpointInfo info;
@@ -508,6 +556,7 @@ CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify) {
     }
     return info;
   }
+  info.superseded = sn->superseded;
   try {
     auto [top, shards] = check_step_dir(step_dir, sn->step, verify);
     info.status = Status::kComplete;
@@ -515,12 +564,98 @@ CheckpointInfo inspect_checkpoint(const std::string& step_dir, bool verify) {
     info.time = top.time;
     info.format_version = top.format_version;
     info.layout = top.layout;
+    info.tag = top.tag;
+    info.has_lineage = top.has_lineage;
+    info.parent = top.parent;
     for (const auto& s : shards) info.bytes += s.data_bytes;
   } catch (const CheckpointError& e) {
     info.status = Status::kCorrupt;
     info.problems.push_back(e.what());
+    // Its place in the lineage from whatever still reads: the commit record, else a shard
+    // manifest (the chain goes on past a damaged checkpoint to its parent).
+    try {
+      const std::string top_path = fs::join(step_dir, detail::kTopManifest);
+      TopManifest top =
+          parse_top_manifest(fs::read_file(top_path, detail::kManifestLimit), top_path);
+      info.tag = top.tag;
+      info.has_lineage = top.has_lineage;
+      info.parent = top.parent;
+    } catch (const CheckpointError&) {
+      try {
+        for (const auto& n : fs::list_dir(step_dir)) {
+          if (n.rfind("node-", 0) != 0 || n.size() < 6 || n.compare(n.size() - 5, 5, ".json") != 0)
+            continue;
+          try {
+            ShardManifest sm = parse_shard_manifest(
+                fs::read_file(fs::join(step_dir, n), detail::kManifestLimit), n);
+            info.tag = sm.tag;
+            info.has_lineage = sm.has_lineage;
+            info.parent = sm.parent;
+            break;
+          } catch (const CheckpointError&) {
+          }
+        }
+      } catch (const CheckpointError&) {
+      }
+    }
   }
   return info;
+}
+
+std::vector<size_t> current_lineage(const std::vector<CheckpointInfo>& all,
+                                    const std::string& latest) {
+  std::vector<size_t> chain;
+  if (latest == "none") return chain;
+  // Committed directories under their step name (not partial, not set aside), newest first.
+  std::vector<size_t> steps;
+  for (size_t i = 0; i < all.size(); ++i) {
+    auto sn = detail::parse_step_name(all[i].name);
+    if (sn && !sn->partial && !sn->superseded && all[i].status != Status::kIncomplete)
+      steps.push_back(i);
+  }
+  std::sort(steps.begin(), steps.end(), [&](size_t a, size_t b) { return all[a].step > all[b].step; });
+  if (steps.empty()) return chain;
+  // The head: what `latest` names; when it is missing (a directory from before lineage, or one
+  // whose `latest` was removed), or names a directory that is gone, the newest one.
+  size_t head = steps.front();
+  for (size_t i : steps)
+    if (all[i].name == latest) head = i;
+  std::vector<bool> taken(all.size(), false);
+  const CheckpointInfo* cur = &all[head];
+  int64_t upto = cur->step;
+  for (int guard = 0; guard < 1 << 20; ++guard) {
+    if (!cur->has_lineage || cur->tag.empty()) {
+      // No lineage recorded: everything committed at or below, by step order.
+      for (size_t i : steps)
+        if (!taken[i] && all[i].step <= upto) chain.push_back(i), taken[i] = true;
+      break;
+    }
+    for (size_t i : steps)
+      if (!taken[i] && all[i].step <= upto && all[i].tag == cur->tag)
+        chain.push_back(i), taken[i] = true;
+    if (!cur->parent) break;
+    // The parent's attempt: any of its checkpoints records that attempt's own parent.
+    const CheckpointRef p = *cur->parent;
+    if (p.step >= upto) break;  // a cycle: damage
+    const CheckpointInfo* next = nullptr;
+    for (size_t i : steps)
+      if (all[i].tag == p.tag && all[i].has_lineage) {
+        next = &all[i];
+        break;
+      }
+    if (!next) {
+      // Gone (retention) or written before lineage: older ones of no recorded lineage go on.
+      bool legacy = false;
+      for (size_t i : steps)
+        if (all[i].step <= p.step && !all[i].has_lineage) legacy = true;
+      if (!legacy) break;
+      static const CheckpointInfo kLegacy;
+      next = &kLegacy;
+    }
+    cur = next;
+    upto = p.step;
+  }
+  return chain;
 }
 
 std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, bool verify) {
@@ -541,6 +676,9 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, bool verify
   std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
     return a.step != b.step ? a.step < b.step : a.name < b.name;
   });
+  for (size_t i : current_lineage(out, latest)) out[i].in_lineage = true;
+  for (CheckpointInfo& c : out)
+    if (!c.in_lineage && c.status == Status::kComplete) c.superseded = true;
   return out;
 }
 
@@ -807,77 +945,70 @@ Plan plan_load(const std::string& path, const std::vector<ShardManifest>& shards
 
 }  // namespace
 
-LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
-                       const std::vector<LoadTarget>& targets, int64_t max_step,
-                       const Layout* job) {
-  LoadResult res;
-  if (nodes < 1 || node_rank < 0 || node_rank >= nodes)
-    throw CheckpointError("load: node_rank " + std::to_string(node_rank) + " of " +
-                          std::to_string(nodes) + " nodes is out of range");
-  if (!fs::exists(dir)) {
-    res.message = "no checkpoint in " + dir + " (the directory does not exist)";
-    return res;
+namespace {
+
+// Loads `info` (a committed checkpoint) into the targets. Returns false, with the reason added to
+// res.skipped, when it is damaged; throws CheckpointMismatch when it does not fit the job.
+bool try_load(const CheckpointInfo& info, int node_rank, int nodes,
+              const std::vector<LoadTarget>& targets, const Layout* job, LoadResult& res) {
+  if (info.status == Status::kCorrupt) {
+    res.skipped.push_back(info.name + ": " +
+                          (info.problems.empty() ? "corrupt" : info.problems.front()));
+    return false;
   }
-  std::vector<CheckpointInfo> all = list_checkpoints(dir, /*verify=*/false);
-  std::reverse(all.begin(), all.end());  // newest first
-  for (const auto& info : all) {
-    if (info.step > max_step) continue;
-    if (info.status == Status::kIncomplete) continue;  // never committed: not a fallback
-    if (info.status == Status::kCorrupt) {
-      res.skipped.push_back(info.name + ": " +
-                            (info.problems.empty() ? "corrupt" : info.problems.front()));
-      continue;
+  try {
+    auto [top, shards] = check_step_dir(info.path, info.step, false);
+    // Structure first: a checkpoint of another model is a hard error, not damage.
+    if (job && top.layout && !job->model.empty() && !top.layout->model.empty()) {
+      std::string diff = model_difference(top.layout->model, job->model);
+      if (!diff.empty())
+        throw CheckpointMismatch(info.path + "/" + detail::kTopManifest +
+                                 ": written for another model: " + diff);
     }
+    Plan plan = plan_load(info.path, shards, node_rank, nodes, targets, job);
+    // Then data, checksum by checksum, only from the shards that hold a needed tensor, in
+    // node order (a per-node sum adds node 1 onto node 0's copy, then node 2, ...).
+    std::vector<std::string> read;
     try {
-      auto [top, shards] = check_step_dir(info.path, info.step, false);
-      // Structure first: a checkpoint of another model is a hard error, not damage.
-      if (job && top.layout && !job->model.empty() && !top.layout->model.empty()) {
-        std::string diff = model_difference(top.layout->model, job->model);
-        if (!diff.empty())
-          throw CheckpointMismatch(info.path + "/" + detail::kTopManifest +
-                                   ": written for another model: " + diff);
+      for (size_t s = 0; s < shards.size(); ++s) {
+        if (plan.reads[s].empty()) continue;
+        const std::string dpath = fs::join(info.path, shards[s].data_file);
+        Fd fd(dpath);
+        read.push_back(shards[s].data_file);
+        for (const Read& r : plan.reads[s])
+          read_entry(fd.fd, shards[s].tensors[r.entry], r.sinks, dpath);
       }
-      Plan plan = plan_load(info.path, shards, node_rank, nodes, targets, job);
-      // Then data, checksum by checksum, only from the shards that hold a needed tensor, in
-      // node order (a per-node sum adds node 1 onto node 0's copy, then node 2, ...).
-      bool bad = false;
-      std::vector<std::string> read;
-      try {
-        for (size_t s = 0; s < shards.size(); ++s) {
-          if (plan.reads[s].empty()) continue;
-          const std::string dpath = fs::join(info.path, shards[s].data_file);
-          Fd fd(dpath);
-          read.push_back(shards[s].data_file);
-          for (const Read& r : plan.reads[s])
-            read_entry(fd.fd, shards[s].tensors[r.entry], r.sinks, dpath);
-        }
-      } catch (const CheckpointError& e) {
-        res.skipped.push_back(info.name + ": " + e.what());
-        bad = true;
-      }
-      if (bad) continue;
-      for (size_t ti : plan.zero)
-        std::memset(targets[ti].data, 0,
-                    elements(targets[ti].shape) * dtype_size(targets[ti].dtype));
-      const ShardManifest& sm = shards[node_rank < top.nodes ? node_rank : 0];
-      res.loaded = true;
-      res.step = info.step;
-      res.path = info.path;
-      res.spec_hash = sm.spec_hash;
-      res.meta = sm.meta;
-      res.nodes = top.nodes;
-      res.format_version = top.format_version;
-      res.layout = top.layout;
-      res.shards_read = std::move(read);
-      break;
-    } catch (const CheckpointMismatch&) {
-      throw;
     } catch (const CheckpointError& e) {
       res.skipped.push_back(info.name + ": " + e.what());
+      return false;
     }
+    for (size_t ti : plan.zero)
+      std::memset(targets[ti].data, 0,
+                  elements(targets[ti].shape) * dtype_size(targets[ti].dtype));
+    const ShardManifest& sm = shards[node_rank < top.nodes ? node_rank : 0];
+    res.loaded = true;
+    res.step = info.step;
+    res.path = info.path;
+    res.name = info.name;
+    res.tag = top.tag;
+    res.spec_hash = sm.spec_hash;
+    res.meta = sm.meta;
+    res.nodes = top.nodes;
+    res.format_version = top.format_version;
+    res.layout = top.layout;
+    res.shards_read = std::move(read);
+    return true;
+  } catch (const CheckpointMismatch&) {
+    throw;
+  } catch (const CheckpointError& e) {
+    res.skipped.push_back(info.name + ": " + e.what());
+    return false;
   }
+}
+
+void describe_load(const std::string& dir, int nodes, LoadResult& res) {
   if (res.loaded) {
-    res.message = "loaded " + step_dir_name(res.step) + " from " + dir;
+    res.message = "loaded " + res.name + " from " + dir;
     if (res.nodes != nodes)
       res.message +=
           " (written by " +
@@ -896,35 +1027,61 @@ LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
         res.message += (i ? "; " : "") + res.skipped[i];
       res.message += ")";
     }
+    if (res.superseded > 0)
+      res.message += "; " + std::to_string(res.superseded) +
+                     " complete checkpoint(s) there are superseded (of an earlier run or an "
+                     "abandoned branch; `ringctl checkpoints " + dir + "` lists them)";
   }
+}
+
+}  // namespace
+
+LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
+                       const std::vector<LoadTarget>& targets, int64_t max_step,
+                       const Layout* job) {
+  LoadResult res;
+  if (nodes < 1 || node_rank < 0 || node_rank >= nodes)
+    throw CheckpointError("load: node_rank " + std::to_string(node_rank) + " of " +
+                          std::to_string(nodes) + " nodes is out of range");
+  if (!fs::exists(dir)) {
+    res.message = "no checkpoint in " + dir + " (the directory does not exist)";
+    return res;
+  }
+  const std::vector<CheckpointInfo> all = list_checkpoints(dir, /*verify=*/false);
+  for (const CheckpointInfo& c : all) res.superseded += c.superseded ? 1 : 0;
+  // The current lineage only, newest first: never a checkpoint of an abandoned branch.
+  for (size_t i : current_lineage(all, read_latest(dir))) {
+    const CheckpointInfo& info = all[i];
+    if (info.step > max_step) continue;
+    if (try_load(info, node_rank, nodes, targets, job, res)) break;
+  }
+  describe_load(dir, nodes, res);
   return res;
 }
 
 LoadResult load_from_path(const std::string& path, int node_rank, int nodes,
                           const std::vector<LoadTarget>& targets, const Layout* job) {
   if (!fs::is_dir(path)) throw CheckpointError(path + " is not a directory");
-  // A step directory (it has the commit record) loads that step and nothing older; otherwise
-  // the directory is a checkpoint root: its newest complete step.
+  // A step directory (it has the commit record) loads that checkpoint and nothing else;
+  // otherwise the directory is a checkpoint root: its current lineage's newest complete step.
   std::string p = path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
-  std::string dir = p;
-  int64_t max_step = INT64_MAX;
   if (fs::exists(fs::join(p, "checkpoint.json"))) {
     const std::optional<detail::StepName> name = detail::parse_step_name(fs::basename(p));
     if (!name || name->partial)
       throw CheckpointError(p + " has a checkpoint.json but is not named step-<N>");
-    max_step = name->step;
-    const size_t slash = p.rfind('/');
-    dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+    LoadResult r;
+    const CheckpointInfo info = inspect_checkpoint(p, false);
+    if (!try_load(info, node_rank, nodes, targets, job, r)) {
+      std::string why;
+      for (const std::string& sk : r.skipped) why += (why.empty() ? "" : "; ") + sk;
+      throw CheckpointError("no complete checkpoint at " + p + (why.empty() ? "" : " (" + why + ")"));
+    }
+    describe_load(fs::dirname(p), nodes, r);
+    return r;
   }
-  LoadResult r = load_latest(dir, node_rank, nodes, targets, max_step, job);
-  if (!r.loaded || (max_step != INT64_MAX && r.step != max_step)) {
-    std::string why = r.message;
-    for (const std::string& sk : r.skipped) why += (why.empty() ? "" : "; ") + sk;
-    throw CheckpointError("no complete checkpoint" +
-                          (max_step != INT64_MAX ? " of step " + std::to_string(max_step) : "") +
-                          " in " + dir + (why.empty() ? "" : " (" + why + ")"));
-  }
+  LoadResult r = load_latest(p, node_rank, nodes, targets, INT64_MAX, job);
+  if (!r.loaded) throw CheckpointError("no complete checkpoint in " + p + " (" + r.message + ")");
   return r;
 }
 

@@ -46,6 +46,19 @@ ckpt::LoadResult load_init_from(const std::string& path,
                                 const std::vector<optim::StateTensor>& tensors, int node_rank,
                                 int nodes, const ckpt::Layout* job);
 
+// A resume was asked for and did not load what was asked: nothing at all (no checkpoint of the
+// current lineage, one node without any), or not the step ring-coord named. `retry`: something
+// was damaged or unreadable (perhaps a transient read error), so a later attempt may succeed;
+// otherwise every attempt would find the same.
+class ResumeFailure : public std::runtime_error {
+ public:
+  ResumeFailure(const std::string& what, bool retry) : std::runtime_error(what), retry_(retry) {}
+  bool retry() const { return retry_; }
+
+ private:
+  bool retry_;
+};
+
 class Checkpoints {
  public:
   struct Hooks {
@@ -61,8 +74,20 @@ class Checkpoints {
   // A Checkpointer for the attempt (open() was called and close() not yet).
   bool active() const { return ck_ != nullptr; }
 
+  // The run's id, agreed by every node over `ex` (node 0's random one) at the first attempt:
+  // checkpoint tags are "<run>-<attempt>", so no two runs' partial directories or lineages mix.
+  void agree_run(optim::Exchange& ex);
+  const std::string& run() const { return run_; }
+  // The attempt starts from nothing (no resume, or model.init_from): its checkpoints have no
+  // parent. Node 0 makes the lineage empty (`latest` "none") when the directory holds
+  // checkpoints, which are then superseded, and says so.
+  void start_fresh();
+  // A checkpoint of this run was saved by this node (so a local restart resumes).
+  bool saved_any() const { return saved_any_; }
+
   // The attempt's Checkpointer over the optimizer's state tensors this node saves (`saved`);
-  // nothing when the dir is "". Throws CheckpointError on bad options.
+  // nothing when the dir is "". Its tag is "<run>-<attempt>", its parent the checkpoint
+  // resume() loaded (none after start_fresh()). Throws CheckpointError on bad options.
   void open(int attempt, const std::vector<optim::StateTensor>& tensors);
   // A checkpoint of `step` begins (in the background); nothing when not active().
   void start(int64_t step, nlohmann::json meta);
@@ -86,10 +111,15 @@ class Checkpoints {
   // checkpoint sliced at each tensor's flat offset), `restore` sets the run's state from it,
   // then it is told ("resuming from ..." and the resumed event); what was skipped, a checkpoint
   // of another spec, none at all or checkpoints off are said too. Returns the load's result
-  // (loaded false: start from step 0). Throws ckpt::CheckpointMismatch for a checkpoint of
-  // another model, and what the load or `restore` throws.
+  // (loaded false: start from step 0). Only the current lineage is considered; a resume from
+  // an older step than the lineage's head branches it: node 0 moves `latest` back to the step
+  // loaded, and the newer ones are superseded (said in the log and a `lineage_branched` event).
+  // `exact`: ring-coord named max_step, so a checkpoint of another step is loaded only when the
+  // named one is damaged. Throws ResumeFailure when nothing (or, with `exact`, not the step)
+  // loads on some node, ckpt::CheckpointMismatch for a checkpoint of another model, and what
+  // the load or `restore` throws.
   ckpt::LoadResult resume(const std::vector<optim::StateTensor>& tensors, int64_t max_step,
-                          optim::Exchange& ex,
+                          bool exact, optim::Exchange& ex,
                           const std::function<void(const ckpt::LoadResult&)>& restore);
 
   // Logs a finished checkpoint, records it and sends its event. Returns r.ok.
@@ -105,11 +135,16 @@ class Checkpoints {
   std::string newest_complete() const;
 
  private:
+  void branch_at(const ckpt::LoadResult& r);
+
   ckpt::Options base_;
   Hooks hooks_;
   std::unique_ptr<ckpt::Checkpointer> ck_;
   int64_t last_started_ = -1;
   int64_t stop_saved_ = -1;  // step of a checkpoint written and waited for (on a stop)
+  std::string run_;                        // agree_run
+  std::optional<ckpt::CheckpointRef> parent_;  // what the attempt resumed from
+  bool saved_any_ = false;
 };
 
 }  // namespace ring::ringd

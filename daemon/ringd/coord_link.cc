@@ -218,6 +218,9 @@ void CoordLink::report(const std::string& name, const json& f) {
     e.complete = true;  // this node's shard is durable
     if (f.contains("seconds") && f["seconds"].is_number())
       e.seconds = std::clamp(f["seconds"].get<double>(), 0.0, 1e7);
+    if (f.contains("deleted") && f["deleted"].is_array())
+      for (const json& d : f["deleted"])
+        if (d.is_number_integer() && e.deleted.size() < 4096) e.deleted.push_back(d.get<int64_t>());
     if (!e.step || e.path.empty()) return;
   } else if (name == "checkpoint_failed") {
     e.kind = proto::EventKind::kCheckpointFailed;

@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli/job_dir.h"
+#include "common/files/dir_lock.h"
 #include "common/install/locate.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
@@ -95,6 +96,7 @@ class Daemon {
   Exit open_job_files();
   Exit prepare_directories();
   Exit find_worker();
+  Exit lock_dir(const std::string& dir, const char* what);
   void make_parts();
   Exit place(NodeFacts* facts);
   Exit make_control_dir_or_fail();
@@ -177,6 +179,7 @@ class Daemon {
   // The attempt's directories, shared memory, exchange and optimizer (attempt_resources.h).
   std::unique_ptr<AttemptResources> res_;
   std::unique_ptr<Checkpoints> ckpts_;  // the run's checkpoints (checkpoints.h)
+  std::vector<files::DirLock> dir_locks_;  // the job (and checkpoint) directory, held for life
   std::unique_ptr<StepDriver> steps_;  // the step in flight, the checkpoint results (step_driver.h)
 
   // Stop signals (state_.stop_signals counts them; repeats within 1 s are one).
@@ -274,6 +277,10 @@ Daemon::Exit Daemon::open_job_files() {
     std::cerr << "ringd: " << f->message << "\n";
     return f->code;
   }
+  // One job per job directory, for the life of this ringd (node 0's; the other nodes of the
+  // same job share the directory): a second job with the same directory would mix logs,
+  // steps.jsonl and checkpoints. Taken before anything is written there.
+  if (auto f = lock_dir(job_dir_, "job directory")) return f;
   // The job's own files: a job directory the user cannot write is a fatal error now, named on
   // stderr, not a log line nobody sees followed by restarts.
   std::string why;
@@ -299,6 +306,10 @@ Daemon::Exit Daemon::prepare_directories() {
     std::cerr << "ringd: " << f->message << "\n";
     return f->code;
   }
+  // A checkpoint directory outside the job directory may be another job's too.
+  if (!ckpt_dir.empty() &&
+      fs::path(ckpt_dir).lexically_relative(job_dir_).string().rfind("..", 0) == 0)
+    if (auto f = lock_dir(ckpt_dir, "checkpoint.dir")) return f;
   spec_hash_ = ckpt::xxh3_hex(spec_text_.data(), spec_text_.size());
   ckpt::Options co;
   co.dir = ckpt_dir;
@@ -311,6 +322,26 @@ Daemon::Exit Daemon::prepare_directories() {
       co, Checkpoints::Hooks{[this](const std::string& l) { log(l); },
                              [this](const std::string& n, json f) { event(n, std::move(f)); },
                              [this](const ckpt::SaveResult& r) { steps_->record(r); }});
+  return std::nullopt;
+}
+
+Daemon::Exit Daemon::lock_dir(const std::string& dir, const char* what) {
+  if (o_.node_rank != 0) return std::nullopt;
+  json record = {{"program", "ringd"}, {"name", spec_.job.name}, {"node", o_.node_rank}};
+  if (!o_.job.empty()) record["job"] = o_.job;
+  if (const char* sj = std::getenv("SLURM_JOB_ID"); sj && *sj) record["slurm_job"] = sj;
+  try {
+    dir_locks_.push_back(files::DirLock::acquire(dir, record));
+  } catch (const files::DirBusy& e) {
+    std::cerr << "ringd: " << what << " " << e.what()
+              << "; two jobs must not share it (their logs, steps and checkpoints would mix): "
+                 "wait for that job to end, cancel it, or give this one another "
+              << (std::string(what) == "job directory" ? "--job-dir" : "checkpoint.dir") << "\n";
+    return kExitFailed;
+  } catch (const files::DirLockError& e) {
+    std::cerr << "ringd: " << what << ": " << e.what() << "\n";
+    return kExitFailed;
+  }
   return std::nullopt;
 }
 
@@ -612,19 +643,36 @@ void Daemon::start_attempt() {
                                                                 opt.state_buffer("residual").begin)
                  : "",
         opt.state_bytes()));
-    // Resume (asked for, or any restart): the newest complete checkpoint of every node.
+    // Resume (asked for, ring-coord's restart point, or a local restart after a checkpoint of
+    // this run): the current lineage's checkpoint every node has. A resume that was asked for
+    // and loads nothing fails the attempt, naming why; it never trains from fresh weights.
+    ckpts_->agree_run(res_->exchange());
+    const bool coord_step = coord_ && resume_to_.value_or(0) > 0;
     const bool want_resume =
-        coord_ ? (o_.resume || resume_to_.value_or(0) > 0) : (o_.resume || state_.attempt > 0);
-    const int64_t max_step = resume_to_.value_or(0) > 0 ? *resume_to_ : INT64_MAX;
+        o_.resume || coord_step || (!coord_ && state_.attempt > 0 && ckpts_->saved_any());
+    const int64_t max_step = coord_step ? *resume_to_ : INT64_MAX;
     bool resumed = false;
-    if (want_resume)
-      resumed = ckpts_
-                    ->resume(opt.state_tensors(), max_step, res_->exchange(),
-                             [&](const ckpt::LoadResult& r) {
-                               opt.restore_step(r.step);
-                               steps_->resumed(r.step, r.meta.value("cursor", json()));
-                             })
-                    .loaded;
+    if (want_resume) {
+      try {
+        resumed = ckpts_
+                      ->resume(opt.state_tensors(), max_step, coord_step, res_->exchange(),
+                               [&](const ckpt::LoadResult& r) {
+                                 opt.restore_step(r.step);
+                                 steps_->resumed(r.step, r.meta.value("cursor", json()));
+                               })
+                      .loaded;
+      } catch (const ResumeFailure& e) {
+        if (!e.retry()) {
+          // Every attempt would find the same: fail the run now, naming why.
+          fatal(e.what());
+          return;
+        }
+        log(std::string("attempt failed to start: ") + e.what());
+        event("attempt_failed", {{"error", e.what()}});
+        dispatch(event_of(attempt::EventKind::kStartFailed, e.what()));
+        return;
+      }
+    }
     const std::string& init_from = spec_.model.init_from;
     if (resumed && !init_from.empty()) {
       log("model.init_from " + init_from + " not used: resuming from checkpoint.dir");
@@ -647,6 +695,7 @@ void Daemon::start_attempt() {
           r.path, r.step, r.nodes, r.nodes == 1 ? "" : "s", fmt::join(r.shards_read, ", ")));
       event("initialised_from", {{"path", r.path}, {"step", r.step}});
     }
+    if (!resumed) ckpts_->start_fresh();
     ckpts_->open(state_.attempt, opt.state_tensors());
   } catch (const ckpt::CheckpointMismatch& e) {
     // A sound checkpoint of another model: every restart would find the same one.

@@ -26,14 +26,19 @@ ckpt::LoadResult load_agreed_checkpoint(const std::string& dir, int node_rank, i
   int64_t mine = r.loaded ? r.step : -1;
   auto all = ex.allgather(&mine, sizeof(mine));
   int64_t least = mine;
-  for (auto& b : all) {
+  std::string without;
+  for (size_t n = 0; n < all.size(); ++n) {
     int64_t v;
-    std::memcpy(&v, b.data(), sizeof(v));
+    std::memcpy(&v, all[n].data(), sizeof(v));
     least = std::min(least, v);
+    if (v < 0) without += (without.empty() ? "" : ", ") + std::to_string(n);
   }
   if (least < 0 && r.loaded) {
+    // A resume loads on every node or on none: never some nodes from a checkpoint and the
+    // others from fresh weights.
     r.loaded = false;
-    r.message = "another node has no checkpoint: starting from step 0";
+    r.message = "node(s) " + without + " found no usable checkpoint in " + dir +
+                " (this node could load " + ckpt::step_dir_name(r.step) + ")";
   } else if (least >= 0 && least != mine) {
     r = ckpt::load_latest(dir, node_rank, nodes, targets, least, job);
   }

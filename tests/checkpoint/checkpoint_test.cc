@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -342,7 +343,7 @@ TEST(Checkpoint, PollReturnsEachResultOnceAndStartWaitsForThePrevious) {
   EXPECT_FALSE(c.wait().ok);  // nothing in flight, nothing unreturned
 }
 
-TEST(Checkpoint, SameStepWrittenAgainReplacesIt) {
+TEST(Checkpoint, SameStepWrittenAgainSetsTheEarlierCopyAside) {
   TmpDir d("again");
   State s(1000, 7);
   Checkpointer c(opts(d.path));
@@ -351,12 +352,162 @@ TEST(Checkpoint, SameStepWrittenAgainReplacesIt) {
   ASSERT_TRUE(c.wait().ok);
   s.step(nullptr, 100, 2.0f);
   c.start(20, {{"v", 2}});
-  ASSERT_TRUE(c.wait().ok);
+  const SaveResult r = c.wait();
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.superseded, "step-00000020.superseded-0");
   State t(1000, 0);
   auto lr = load_latest(d.path, 0, 1, t.targets());
   EXPECT_EQ(lr.meta["v"], 2);
   EXPECT_TRUE(t == s);
-  EXPECT_EQ(list_checkpoints(d.path, true).size(), 1u);
+  // The earlier copy is kept, superseded (never loaded), until retention removes it.
+  const auto list = list_checkpoints(d.path, true);
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].name, "step-00000020");
+  EXPECT_TRUE(list[0].in_lineage);
+  EXPECT_EQ(list[1].name, "step-00000020.superseded-0");
+  EXPECT_TRUE(list[1].superseded);
+  EXPECT_FALSE(list[1].in_lineage);
+}
+
+// Issue 31.1: after a resume from an older step (restart --from 10), the abandoned branch's newer
+// checkpoints are never loaded again, and retention follows the new branch. On the old reader
+// (newest step wins) the resume after the branch's first checkpoint loaded step 40 of the
+// abandoned branch.
+TEST(Lineage, AResumeFromAnOlderStepSupersedesTheNewerCheckpoints) {
+  TmpDir d("lineage");
+  State s(2000, 11);
+  std::vector<State> at;  // the state saved at steps 10, 20, 30, 40 of the first attempt
+  {
+    auto o = opts(d.path);
+    o.keep_last = 10;
+    o.tag = "rA-1";
+    Checkpointer c(o);
+    s.register_with(c);
+    for (int step = 10; step <= 40; step += 10) {
+      s.step(&c, 100, 0.1f * step);
+      c.start(step, {{"step", step}});
+      ASSERT_TRUE(c.wait().ok);
+      at.push_back(s);
+    }
+  }
+  // Attempt 2 resumes from step 10 (ring-coord said so): `latest` moves back there.
+  State b(2000, 0);
+  LoadResult lr = load_latest(d.path, 0, 1, b.targets(), 10);
+  ASSERT_TRUE(lr.loaded) << lr.message;
+  EXPECT_EQ(lr.step, 10);
+  EXPECT_EQ(lr.tag, "rA-1");
+  EXPECT_TRUE(b == at[0]);
+  set_latest(d.path, lr.name, false);
+  // Before the branch writes anything, a resume loads step 10 again, not 40.
+  {
+    State x(2000, 0);
+    LoadResult again = load_latest(d.path, 0, 1, x.targets());
+    ASSERT_TRUE(again.loaded);
+    EXPECT_EQ(again.step, 10);
+  }
+  auto o = opts(d.path);
+  o.keep_last = 3;
+  o.tag = "rA-2";
+  o.parent = CheckpointRef{"rA-1", 10};
+  Checkpointer c(o);
+  b.register_with(c);
+  b.step(&c, 100, 5.0f);  // another update than the first branch's step 20
+  c.start(20, {{"step", 20}});
+  SaveResult r = c.wait();
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.superseded, "step-00000020.superseded-rA-2");
+  // The resume after the branch's first checkpoint: the branch's step 20, not the old 40.
+  State y(2000, 0);
+  lr = load_latest(d.path, 0, 1, y.targets());
+  ASSERT_TRUE(lr.loaded) << lr.message;
+  EXPECT_EQ(lr.step, 20);
+  EXPECT_EQ(lr.tag, "rA-2");
+  EXPECT_TRUE(y == b);
+  EXPECT_FALSE(y == at[1]);
+  // Fallback on damage stays on the lineage: the branch's 20 damaged -> step 10, never 30/40.
+  flip_byte(d.path + "/step-00000020/node-00000.bin", 5);
+  State z(2000, 0);
+  lr = load_latest(d.path, 0, 1, z.targets());
+  ASSERT_TRUE(lr.loaded) << lr.message;
+  EXPECT_EQ(lr.step, 10);
+  flip_byte(d.path + "/step-00000020/node-00000.bin", 5);
+  // What the listing says.
+  std::map<std::string, std::string> kind;
+  for (const CheckpointInfo& i : list_checkpoints(d.path, false))
+    kind[i.name] = i.in_lineage ? "current" : i.superseded ? "superseded" : "other";
+  EXPECT_EQ(kind, (std::map<std::string, std::string>{
+                      {"step-00000010", "current"},
+                      {"step-00000020", "current"},
+                      {"step-00000020.superseded-rA-2", "superseded"},
+                      {"step-00000030", "superseded"},
+                      {"step-00000040", "superseded"}}));
+  // Retention keeps the branch's newest 3 and removes superseded ones once every kept one is
+  // newer: after 30, 40, 50 the old 20 goes; the old 30 and 40 (set aside when the branch
+  // wrote those steps) stay until the kept ones pass them.
+  for (int step = 30; step <= 50; step += 10) {
+    b.step(&c, 100, 0.5f);
+    c.start(step, {});
+    r = c.wait();
+    ASSERT_TRUE(r.ok) << r.error;
+  }
+  std::vector<std::string> names;
+  for (auto& e : fsys::directory_iterator(d.path)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-00000030",
+                                             "step-00000030.superseded-rA-2", "step-00000040",
+                                             "step-00000040.superseded-rA-2", "step-00000050"}));
+  EXPECT_EQ(r.deleted_steps, (std::vector<int64_t>{20}));
+  for (int step = 60; step <= 70; step += 10) {
+    c.start(step, {});
+    ASSERT_TRUE(c.wait().ok);
+  }
+  names.clear();
+  for (auto& e : fsys::directory_iterator(d.path)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-00000050", "step-00000060",
+                                             "step-00000070"}));
+}
+
+// Issue 31.1: a new run in a directory that holds an earlier run's checkpoints. The old reader
+// resumed the earlier run's step 30 after the new run's first checkpoint at step 10, and the
+// earlier run's newer steps made retention delete the new run's checkpoints.
+TEST(Lineage, AFreshRunNeverResumesAnEarlierRunsCheckpoints) {
+  TmpDir d("fresh");
+  {
+    State a(500, 3);
+    auto o = opts(d.path);
+    o.tag = "rOld-1";
+    Checkpointer c(o);
+    a.register_with(c);
+    for (int step = 10; step <= 30; step += 10) {
+      c.start(step, {});
+      ASSERT_TRUE(c.wait().ok);
+    }
+  }
+  // The new run starts afresh: its lineage is empty, nothing loads.
+  set_latest(d.path, "none", false);
+  State t(500, 0);
+  LoadResult lr = load_latest(d.path, 0, 1, t.targets());
+  EXPECT_FALSE(lr.loaded);
+  EXPECT_EQ(lr.superseded, 3);
+  EXPECT_NE(lr.message.find("3 complete checkpoint(s) there are superseded"), std::string::npos)
+      << lr.message;
+  State b(500, 42);
+  auto o = opts(d.path);
+  o.tag = "rNew-1";
+  Checkpointer c(o);
+  b.register_with(c);
+  c.start(10, {});
+  SaveResult r = c.wait();
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.deleted.empty());
+  lr = load_latest(d.path, 0, 1, t.targets());
+  ASSERT_TRUE(lr.loaded) << lr.message;
+  EXPECT_EQ(lr.step, 10);
+  EXPECT_EQ(lr.tag, "rNew-1");
+  EXPECT_TRUE(t == b);
+  EXPECT_TRUE(fsys::exists(d.path + "/step-00000010"));
+  EXPECT_TRUE(fsys::exists(d.path + "/step-00000030"));  // kept: superseded, newer than 10
 }
 
 TEST(Checkpoint, SeveralNodesCommitOnlyWhenEveryShardIsThere) {
@@ -774,6 +925,7 @@ TEST(CheckpointManifest, MutatedManifestsNeverCrash) {
 
 TEST(CheckpointManifest, StepNames) {
   EXPECT_EQ(step_dir_name(50), "step-00000050");
+  EXPECT_EQ(describe_ref({"r1-2", 40}), "step 40 (tag r1-2)");
   EXPECT_EQ(step_dir_name(123456789), "step-123456789");
   EXPECT_EQ(xxh3_hex("", 0).size(), 16u);
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -144,24 +145,68 @@ TEST(Checkpoints, AFailedCheckpointIsToldAndFailsTheRun) {
             "checkpoint is " + rig.dir() + "/" + ckpt::step_dir_name(5) + " (step 5)");
 }
 
+// Issue 31.2: a resume that was asked for and loads nothing fails, naming why; it never starts
+// from fresh weights (the old behaviour: "starting from step 0").
+TEST(Checkpoints, AResumeThatLoadsNothingFails) {
+  Rig rig;
+  optim::LocalExchange ex;
+  int restores = 0;
+  const auto count = [&](const ckpt::LoadResult&) { ++restores; };
+  Checkpoints off = rig.make("");
+  try {
+    off.resume(rig.tensors(), INT64_MAX, false, ex, count);
+    FAIL() << "no throw";
+  } catch (const ringd::ResumeFailure& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "a resume was asked for, but checkpoints are off (checkpoint.dir is empty)");
+    EXPECT_FALSE(e.retry());
+  }
+  Checkpoints c = rig.make(rig.dir());
+  fs::create_directories(rig.dir());
+  try {
+    c.resume(rig.tensors(), 10, true, ex, count);
+    FAIL() << "no throw";
+  } catch (const ringd::ResumeFailure& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot resume from step 10: no usable checkpoint in " + rig.dir());
+    EXPECT_FALSE(e.retry());
+  }
+  // Step 2 on disk, but ring-coord named step 4 (retention or a user removed it): refused.
+  c.open(1, rig.tensors());
+  c.start(2, {});
+  c.wait(2);
+  c.close(false, 2);
+  try {
+    c.resume(rig.tensors(), 4, true, ex, count);
+    FAIL() << "no throw";
+  } catch (const ringd::ResumeFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot resume from step 4: the current lineage in " +
+                                         rig.dir() + " has no complete checkpoint of that step"),
+              std::string::npos)
+        << e.what();
+  }
+  // Its only checkpoint damaged: a failure a later attempt may not see (retry).
+  std::FILE* f = std::fopen((rig.dir() + "/step-00000002/node-00000.bin").c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fputc(0x55, f);
+  std::fclose(f);
+  try {
+    c.resume(rig.tensors(), INT64_MAX, false, ex, count);
+    FAIL() << "no throw";
+  } catch (const ringd::ResumeFailure& e) {
+    EXPECT_TRUE(e.retry()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(restores, 0);
+}
+
 TEST(Checkpoints, ResumesFromTheNewestCompleteOneAtOrBelowTheStep) {
   Rig rig;
   optim::LocalExchange ex;
   int restores = 0;
   const auto count = [&](const ckpt::LoadResult&) { ++restores; };
-  // Checkpoints off, then none written yet: step 0, said.
-  Checkpoints off = rig.make("");
-  EXPECT_FALSE(off.resume(rig.tensors(), INT64_MAX, ex, count).loaded);
-  ASSERT_EQ(rig.lines.size(), 1u);
-  EXPECT_EQ(rig.lines[0], "checkpoints are off (checkpoint.dir is empty): starting from step 0");
   Checkpoints c = rig.make(rig.dir());
-  fs::create_directories(rig.dir());
-  EXPECT_FALSE(c.resume(rig.tensors(), INT64_MAX, ex, count).loaded);
-  ASSERT_EQ(rig.lines.size(), 2u);
-  EXPECT_EQ(rig.lines[1].rfind("no complete checkpoint in " + rig.dir() + ": starting from step 0", 0),
-            0u)
-      << rig.lines[1];
-  EXPECT_EQ(restores, 0);
+  c.agree_run(ex);
+  EXPECT_EQ(c.run().size(), 9u);  // "r" and 8 hex digits
 
   // Steps 2 (weights 1.5) and 4 (weights 9) on disk.
   c.open(1, rig.tensors());
@@ -177,7 +222,7 @@ TEST(Checkpoints, ResumesFromTheNewestCompleteOneAtOrBelowTheStep) {
   int64_t restored_step = -1;
   nlohmann::json cursor;
   const ckpt::LoadResult r =
-      c.resume(rig.tensors(), 3, ex, [&](const ckpt::LoadResult& l) {
+      c.resume(rig.tensors(), 3, false, ex, [&](const ckpt::LoadResult& l) {
         // The state is loaded before the run's step is set from it.
         EXPECT_EQ(rig.master[0], 1.5f);
         restored_step = l.step;
@@ -185,27 +230,55 @@ TEST(Checkpoints, ResumesFromTheNewestCompleteOneAtOrBelowTheStep) {
       });
   ASSERT_TRUE(r.loaded) << r.message;
   EXPECT_EQ(r.step, 2);
+  EXPECT_EQ(r.tag, c.run() + "-1");
   EXPECT_EQ(restored_step, 2);
   EXPECT_EQ(cursor, (nlohmann::json{{"pos", 7}}));
   const std::string step2 = rig.dir() + "/" + ckpt::step_dir_name(2);
-  ASSERT_FALSE(rig.lines.empty());
-  EXPECT_EQ(rig.lines.back(), "resuming from " + step2 + " (step 2)");
-  ASSERT_EQ(rig.events.size(), 1u);
-  EXPECT_EQ(rig.events[0]["event"], "resumed");
-  EXPECT_EQ(rig.events[0]["step"], 2);
-  EXPECT_EQ(rig.events[0]["path"], step2);
+  ASSERT_EQ(rig.lines.size(), 2u);
+  // Resuming below the head branches the lineage: step 4 is superseded, `latest` moves back.
+  EXPECT_EQ(rig.lines[0],
+            "resuming from step 2 branches the lineage: its checkpoints of steps 4 are superseded "
+            "(never resumed; retention removes them once this branch's kept checkpoints are "
+            "newer)");
+  EXPECT_EQ(rig.lines[1], "resuming from " + step2 + " (step 2)");
+  EXPECT_EQ(test::slurp(rig.dir() + "/latest"), "step-00000002\n");
+  ASSERT_EQ(rig.events.size(), 2u);
+  EXPECT_EQ(rig.events[0]["event"], "lineage_branched");
+  EXPECT_EQ(rig.events[0]["superseded"], (nlohmann::json{4}));
+  EXPECT_EQ(rig.events[1]["event"], "resumed");
+  EXPECT_EQ(rig.events[1]["step"], 2);
+  EXPECT_EQ(rig.events[1]["path"], step2);
+  // The next attempt's checkpoints descend from step 2.
+  c.open(2, rig.tensors());
+  c.start(3, {});
+  c.wait(3);
+  c.close(false, 3);
+  const auto top = nlohmann::json::parse(test::slurp(rig.dir() + "/step-00000003/checkpoint.json"));
+  EXPECT_EQ(top["tag"], c.run() + "-2");
+  EXPECT_EQ(top["parent"], (nlohmann::json{{"tag", c.run() + "-1"}, {"step", 2}}));
 
-  // Written with another spec: loaded, and said.
+  // Written with another spec: loaded (the lineage's newest, step 3), and said.
   rig.lines.clear();
   Checkpoints other = rig.make(rig.dir(), 0, 1, "other-hash");
-  EXPECT_EQ(other.resume(rig.tensors(), INT64_MAX, ex, count).step, 4);
-  EXPECT_EQ(rig.master[0], 9.f);
-  const std::string step4 = rig.dir() + "/" + ckpt::step_dir_name(4);
+  EXPECT_EQ(other.resume(rig.tensors(), INT64_MAX, false, ex, count).step, 3);
+  const std::string step3 = rig.dir() + "/" + ckpt::step_dir_name(3);
   ASSERT_EQ(rig.lines.size(), 2u);
-  EXPECT_EQ(rig.lines[0], "note: checkpoint " + step4 +
+  EXPECT_EQ(rig.lines[0], "note: checkpoint " + step3 +
                               " was written with another spec (hash spec-hash, now other-hash)");
-  EXPECT_EQ(rig.lines[1], "resuming from " + step4 + " (step 4)");
+  EXPECT_EQ(rig.lines[1], "resuming from " + step3 + " (step 3)");
   EXPECT_EQ(restores, 1);
+
+  // A fresh start in the same directory: the lineage empties (`latest` "none"), said once.
+  rig.lines.clear();
+  Checkpoints fresh = rig.make(rig.dir());
+  fresh.start_fresh();
+  EXPECT_EQ(test::slurp(rig.dir() + "/latest"), "none\n");
+  ASSERT_EQ(rig.lines.size(), 1u);
+  EXPECT_NE(rig.lines[0].find("starting afresh: the 2 checkpoint(s) of an earlier run in " +
+                              rig.dir() + " (up to step 3) are superseded"),
+            std::string::npos)
+      << rig.lines[0];
+  EXPECT_THROW(fresh.resume(rig.tensors(), INT64_MAX, false, ex, count), ringd::ResumeFailure);
 }
 
 TEST(Checkpoints, WaitsForNodeZerosCommit) {
@@ -308,7 +381,7 @@ TEST(Checkpoints, SavesOnlyItsOwnTensorsAndResumesThemAll) {
   optim::LocalExchange ex;
   std::fill(a.begin(), a.end(), 0.f);
   try {
-    c.resume(ts, INT64_MAX, ex, [](const ckpt::LoadResult&) {});
+    c.resume(ts, INT64_MAX, false, ex, [](const ckpt::LoadResult&) {});
     FAIL() << "no throw";
   } catch (const ckpt::CheckpointMismatch& e) {
     EXPECT_NE(std::string(e.what()).find("no shard has tensor 'master/b'"), std::string::npos)
@@ -316,7 +389,7 @@ TEST(Checkpoints, SavesOnlyItsOwnTensorsAndResumesThemAll) {
   }
   // Without it, the rest loads.
   ts.erase(ts.begin() + 1);
-  const ckpt::LoadResult r = c.resume(ts, INT64_MAX, ex, [](const ckpt::LoadResult&) {});
+  const ckpt::LoadResult r = c.resume(ts, INT64_MAX, false, ex, [](const ckpt::LoadResult&) {});
   ASSERT_TRUE(r.loaded) << r.message;
   EXPECT_EQ(a[0], 1.f);
 }
