@@ -187,6 +187,12 @@ HfConfig parse_config(const std::string& text, const std::string& file) {
 }
 
 static HfConfig parse_config_json(const std::string& text, const std::string& file) {
+  // Refused before parsing: the parser and the messages that quote a value recurse into it.
+  if (text.find('\0') != std::string::npos)
+    fail(file, "has a NUL byte (rule: config.json is UTF-8 JSON text)");
+  if (st::json_nesting_depth(text) > st::kMaxJsonDepth)
+    fail(file, "nests arrays or objects deeper than " + std::to_string(st::kMaxJsonDepth) +
+                   " levels (rule: config.json is a flat object of model settings)");
   json j;
   try {
     j = json::parse(text);
@@ -211,7 +217,7 @@ static HfConfig parse_config_json(const std::string& text, const std::string& fi
     if (j.contains(k) && !j[k].is_null() && !(j[k].is_number() && j[k].get<double>() <= 1))
       fail(file, std::string("'") + k + "' present: mixture-of-experts models are not supported");
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    fail(file, "hidden_act " + j["hidden_act"].dump() +
+    fail(file, "hidden_act " + j["hidden_act"].dump(-1, ' ', false, json::error_handler_t::replace) +
                    " is not supported (silu: ringmaster's swiglu MLP)");
   if (j.contains("pretraining_tp") && j["pretraining_tp"].is_number_integer() &&
       j["pretraining_tp"].get<int64_t>() != 1)

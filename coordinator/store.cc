@@ -553,7 +553,8 @@ void Store::upsert_worker(int64_t job, int64_t attempt, const std::string& node,
 int64_t Store::add_event(std::optional<int64_t> job, int64_t attempt, const std::string& node,
                          const std::string& kind, const json& data) {
   db_.prepare("INSERT INTO events(time, job_id, attempt, node, kind, data) VALUES (?,?,?,?,?,?)")
-      .args(now_unix(), job, attempt, node, kind, data.dump())
+      .args(now_unix(), job, attempt, node, kind,
+            data.dump(-1, ' ', false, json::error_handler_t::replace))
       .run();
   return db_.last_insert_id();
 }

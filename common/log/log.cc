@@ -30,6 +30,48 @@ std::string escape_controls(std::string_view s) {
   return out;
 }
 
+}  // namespace
+
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) len = 1, cp = c;
+    else if ((c & 0xe0) == 0xc0) len = 2, cp = c & 0x1f;
+    else if ((c & 0xf0) == 0xe0) len = 3, cp = c & 0x0f;
+    else if ((c & 0xf8) == 0xf0) len = 4, cp = c & 0x07;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (p[i + k] & 0xc0) == 0x80;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are invalid too.
+    if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+               (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff)))
+      ok = false;
+    if (ok) {
+      out.append(s.data() + i, len);
+      i += len;
+    } else {
+      out += "\xef\xbf\xbd";  // U+FFFD
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::string dump_json(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
 class TextFormatter : public spdlog::formatter {
  public:
   TextFormatter() : inner_(std::make_unique<spdlog::pattern_formatter>("%+")) {}
@@ -38,7 +80,7 @@ class TextFormatter : public spdlog::formatter {
     std::string text(msg.payload.data(), msg.payload.size());
     if (t_fields) {
       for (const auto& [k, v] : t_fields->items())
-        text += " " + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+        text += " " + k + "=" + (v.is_string() ? v.get<std::string>() : dump_json(v));
     }
     text = escape_controls(text);
     spdlog::details::log_msg copy = msg;

@@ -34,6 +34,14 @@ inline constexpr const char* kFormatNames[] = {"text", "json"};
 inline constexpr const char* kLevelNames[] = {"trace", "debug",    "info", "warn",
                                               "error", "critical", "off"};
 
+// External text (a worker's log lines, a file name, a peer's message) made valid UTF-8: each
+// invalid byte becomes U+FFFD; valid text is returned unchanged. Text from outside goes through
+// this before it reaches JSON, so a stray byte never makes a serializer throw.
+std::string valid_utf8(std::string_view s);
+// j.dump() that never throws on invalid UTF-8 in a string (replaced by U+FFFD): the one way
+// ringd, ring-coord and ringctl serialize JSON that may hold external text.
+std::string dump_json(const nlohmann::json& j, int indent = -1);
+
 // The formatter of `format` for `program` (setup installs it; tests and other sinks use it).
 std::unique_ptr<spdlog::formatter> make_formatter(std::string_view program, Format format);
 

@@ -224,6 +224,23 @@ File File::parse(const void* data, size_t size, const std::string& name) {
   return f;
 }
 
+size_t json_nesting_depth(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    else if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  return deepest;
+}
+
 void File::validate() {
   const std::string& p = path_;
   if (size_ < 8)
@@ -241,7 +258,15 @@ void File::validate() {
   if (n < 2) fail(p, "header of " + std::to_string(n) + " bytes cannot be a JSON object");
   std::string text(reinterpret_cast<const char*>(base_ + 8), n);
   if (text[0] != '{') fail(p, "header does not start with '{' (rule: header is a JSON object)");
+  // The JSON parser takes a NUL byte for the end of its input: the rest of the header would be
+  // ignored. The format pads a header with spaces (0x20) only.
+  if (const size_t z = text.find('\0'); z != std::string::npos)
+    fail(p, "header has a NUL byte at offset " + std::to_string(z) +
+                " (rule: header is UTF-8 JSON, padded with spaces only)");
   if (!valid_utf8(text)) fail(p, "header is not valid UTF-8 (rule: header is UTF-8 JSON)");
+  if (json_nesting_depth(text) > kMaxJsonDepth)
+    fail(p, "header nests arrays or objects deeper than " + std::to_string(kMaxJsonDepth) +
+                " levels (rule: header maps names to {dtype, shape, data_offsets})");
   data_ = base_ + 8 + n;
   data_bytes_ = size_ - 8 - n;
 

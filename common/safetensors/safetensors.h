@@ -30,6 +30,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ring::st {
@@ -115,6 +116,12 @@ class Model {
 };
 
 // Exact conversions.
+// The deepest nesting of arrays and objects in JSON text (brackets inside strings not counted),
+// found without parsing: a file nested deeper than any real header or config.json is refused
+// before a parser or an error message recurses into it (kMaxJsonDepth).
+size_t json_nesting_depth(std::string_view text);
+inline constexpr size_t kMaxJsonDepth = 64;
+
 float bf16_to_f32(uint16_t h);
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  // round to nearest even; NaN stays NaN

@@ -11,6 +11,8 @@
 #include <iterator>
 #include <sstream>
 
+#include "common/log/log.h"
+
 namespace ring::ringd {
 
 int open_private_append(const std::string& path, std::string* why) {
@@ -70,8 +72,9 @@ std::vector<std::string> last_lines(const std::string& path, size_t count) {
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::string> lines;
   std::stringstream ss(text);
+  // A worker's output is external text: any bytes (a crash dump, a binary printed by mistake).
   for (std::string l; std::getline(ss, l);)
-    if (!l.empty()) lines.push_back(l);
+    if (!l.empty()) lines.push_back(log::valid_utf8(l));
   if (from > 0 && !lines.empty()) lines.erase(lines.begin());  // a partial first line
   if (lines.size() > count) lines.erase(lines.begin(), lines.end() - count);
   return lines;

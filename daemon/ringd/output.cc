@@ -76,7 +76,7 @@ nlohmann::json Output::event(const std::string& name, nlohmann::json fields, int
   fields["event"] = name;
   fields["node"] = o_.node_rank;
   fields["attempt"] = attempt;
-  const std::string s = fields.dump();
+  const std::string s = log::dump_json(fields);
   log_file("event " + s);
   if (o_.json && o_.node_rank == 0) out_line(s);
   return fields;
@@ -84,7 +84,7 @@ nlohmann::json Output::event(const std::string& name, nlohmann::json fields, int
 
 void Output::step(const nlohmann::json& record, const std::string& text, bool text_due) {
   if (o_.node_rank != 0) return;
-  const std::string line = record.dump();
+  const std::string line = log::dump_json(record);
   std::string why;
   if (!steps_file_.write_line(line, &why) && !steps_write_failed_) {
     steps_write_failed_ = true;  // said once; the step reports still reach ring-coord

@@ -137,3 +137,23 @@ TEST(Log, SetupAppliesToEveryLoggerOfGet) {
 
 }  // namespace
 }  // namespace ring::log
+
+// Issue 31.7: external text into JSON. valid_utf8 keeps valid text byte for byte and turns each
+// invalid byte (stray continuation, truncated sequence, overlong form, surrogate, > U+10FFFF)
+// into U+FFFD; dump_json never throws where json::dump() does (type_error.316).
+TEST(Log, ExternalTextIsMadeValidUtf8) {
+  const std::string ok = "plain ascii, caf\xc3\xa9, \xe2\x82\xac, \xf0\x9f\x98\x80";
+  EXPECT_EQ(ring::log::valid_utf8(ok), ok);
+  const std::string fffd = "\xef\xbf\xbd";
+  EXPECT_EQ(ring::log::valid_utf8("a\xff" "b"), "a" + fffd + "b");
+  EXPECT_EQ(ring::log::valid_utf8("\xc3"), fffd);                       // truncated
+  EXPECT_EQ(ring::log::valid_utf8("\xc0\xaf"), fffd + fffd);            // overlong '/'
+  EXPECT_EQ(ring::log::valid_utf8("\xed\xa0\x80"), fffd + fffd + fffd); // a surrogate
+  EXPECT_EQ(ring::log::valid_utf8("\xf4\x90\x80\x80"), fffd + fffd + fffd + fffd);
+  nlohmann::json j = {{"line", std::string("x\xff\xfey")}};
+  EXPECT_THROW((void)j.dump(), nlohmann::json::type_error);
+  const std::string s = ring::log::dump_json(j);
+  EXPECT_EQ(nlohmann::json::parse(s)["line"], "x" + fffd + fffd + "y");
+  EXPECT_EQ(nlohmann::json::parse(ring::log::dump_json({{"l", ring::log::valid_utf8("x\xff")}}))["l"],
+            "x" + fffd);
+}

@@ -143,6 +143,40 @@ TEST(Ringd, RestartResumesFromLatestCheckpoint) {
   EXPECT_TRUE(wait_for_no_processes(t.path, 5));
 }
 
+// Issue 31.7: a dead worker's last log lines with bytes that are not UTF-8 (a crash dump, a
+// binary printed by mistake). ringd used to die of "json type_error.316" building the
+// worker_died event and skipped the restart policy; now the bytes become U+FFFD and the restart
+// goes on.
+TEST(Ringd, NonUtf8WorkerOutputDoesNotStopTheRestart) {
+  TempDir t("ringd-test");
+  const std::string out = t.path + "/ringd.out";
+  const std::string spec = std::string(RING_SOURCE_DIR) + "/tests/ringd/restart.yaml";
+  Proc d(ringd_args(spec, t.path + "/job", {"--steps", "12"}), out, t.path + "/ringd.err");
+  ASSERT_FALSE(wait_line(out, [](const json& j) { return j.value("step", 0) >= 3; }, 60).is_null());
+  std::vector<pid_t> pids = worker_pids(out);
+  ASSERT_EQ(pids.size(), 4u);
+  {
+    std::FILE* f = std::fopen((t.path + "/job/logs/worker-1.log").c_str(), "ab");
+    ASSERT_NE(f, nullptr);
+    std::fputs("\nfatal: \xff\xfe\xc3 junk \xed\xa0\x80 end\n", f);
+    std::fclose(f);
+  }
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  const int st = d.wait(60);
+  ASSERT_TRUE(WIFEXITED(st)) << st << slurp(t.path + "/ringd.err");
+  EXPECT_EQ(WEXITSTATUS(st), 0) << slurp(t.path + "/job/logs/ringd-0.log");
+  json died = wait_line(out, [](const json& j) { return j.value("event", "") == "worker_died"; }, 1);
+  ASSERT_FALSE(died.is_null()) << slurp(t.path + "/ringd.err");
+  bool replaced = false;
+  for (const json& l : died.value("last_lines", json::array()))
+    if (l.get<std::string>().find("fatal: \xef\xbf\xbd\xef\xbf\xbd") != std::string::npos)
+      replaced = true;
+  EXPECT_TRUE(replaced) << died.dump();
+  EXPECT_FALSE(wait_line(out, [](const json& j) { return j.value("event", "") == "resumed"; }, 1)
+                   .is_null());
+  EXPECT_TRUE(wait_for_no_processes(t.path, 5));
+}
+
 // --log-format json (without --json): every stderr line is a JSON object (common/log), the log
 // lines and one per step; the log file and steps.jsonl keep their content.
 TEST(Ringd, LogFormatJsonWritesJsonLinesOnStderr) {

@@ -141,6 +141,22 @@ TEST(Safetensors, HostileFilesNameTheRule) {
   EXPECT_ERROR(make(R"({"":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})"), "non-empty");
 }
 
+// Issue 31.11: a header nested 100000 deep crashed the reader (stack overflow while the error
+// message was built); a valid header followed by NUL padding was accepted although the parser
+// had stopped at the first NUL (the format pads with spaces only).
+TEST(Safetensors, DeepNestingAndNulPaddingAreRefused) {
+  const std::string t = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  const std::string data(8, '\x01');
+  EXPECT_EQ(error_of(make(t + "   ", data)), "");  // space padding is the format's
+  const std::string at = "NUL byte at offset " + std::to_string(t.size());
+  EXPECT_ERROR(make(t + std::string(8, '\0'), data), at.c_str(), "padded with spaces only");
+  const std::string deep = "{\"w\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_ERROR(make(deep), "deeper than 64 levels");
+  // Brackets inside a string are text, not nesting.
+  EXPECT_EQ(ring::st::json_nesting_depth(R"({"a":"[[[[{{{{\"]]"})"), 1u);
+  EXPECT_EQ(ring::st::json_nesting_depth("[[{}]]"), 3u);
+}
+
 TEST(Safetensors, OpenNamesThePathAndMapsTheFile) {
   fs::path dir = fs::temp_directory_path() / ("st-test-" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -288,6 +304,21 @@ TEST(HfImport, ConfigRefusesWhatTheModelCannotRepresent) {
     return j;
   };
   refused(with("architectures", {"GPT2LMHeadModel"}), "not supported");
+  // Issue 31.11: a deeply nested value (the message quoting hidden_act recursed into it).
+  for (const std::string& bad :
+       {ok.dump().substr(0, ok.dump().size() - 1) + ",\"hidden_act\":" +
+            std::string(200000, '[') + std::string(200000, ']') + "}",
+        ok.dump() + std::string(4, '\0')}) {
+    try {
+      ring::hf::parse_config(bad, "config.json");
+      ADD_FAILURE() << "accepted";
+    } catch (const ring::hf::ConvertError& e) {
+      const std::string w = e.what();
+      EXPECT_TRUE(w.find("deeper than 64 levels") != std::string::npos ||
+                  w.find("NUL byte") != std::string::npos)
+          << w;
+    }
+  }
   refused(with("attention_bias", true), "attention_bias");
   refused(with("mlp_bias", true), "mlp_bias");
   refused(with("num_local_experts", 8), "mixture-of-experts");
