@@ -464,8 +464,9 @@ std::vector<KeyDef> build_table() {
             Value{0.0}),
         0.0, 1e6);
   def(b.add("generate.disk_dir", KT::kString, &J::generate, &GenerateSection::disk_dir,
-            "Directory of the disk tier (a 0600 file per process in a private 0700 directory, "
-            "removed at exit). Empty: no disk tier."),
+            "Directory of the disk tier: an unnamed 0600 file per process, its space reserved "
+            "page by page (a full disk is an error naming ENOSPC), nothing left behind however "
+            "the process ends. Empty: no disk tier."),
       Value{std::string{}});
   range(def(b.add("generate.window", KT::kInt, &J::generate, &GenerateSection::window,
                   "Most recent tokens of each sequence always kept in the fast tier; -1: one "

@@ -47,6 +47,17 @@ bool AttemptResources::make_dirs(int attempt, std::string* why) {
       throw PathError(rdv_ +
                       " exists and was not made by ringd (no marker); choose another "
                       "--rendezvous or remove it");
+    if (existed && c_.nodes > 1 && !is_own_marked_dir(rdv_)) {
+      // Another node of this job may have made it a moment ago (it marks it next), but what
+      // ringd puts there is the marker, workers/ and daemons/: a directory holding anything
+      // else is someone's, and adopting it would delete it at the attempt's end.
+      for (const auto& e : fs::directory_iterator(rdv_, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n != kMarkerName && n != "workers" && n != "daemons")
+          throw PathError(rdv_ + " exists and holds " + n +
+                          ", which ringd did not make; choose another --rendezvous or remove it");
+      }
+    }
     mark_own_dir(rdv_, fmt::format("ringd rendezvous of job {} attempt {}", spec_.job.name,
                                    attempt));
     ensure_own_dir(rdv_ + "/workers", 0022);

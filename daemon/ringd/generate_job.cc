@@ -199,7 +199,12 @@ std::optional<int> GenerateJob::start() {
     try {
       if (o_.nodes == 1) {
         rdv_ = fmt::format("{}/generate-{}", root, ::getpid());
-        fs::remove_all(rdv_, ec);  // a dead ringd of the same pid: nothing else is named so
+        // A dead ringd of the same pid left it: removed only when it carries ringd's marker;
+        // anything else of that name is not ours to delete.
+        std::string why;
+        if (fs::exists(fs::symlink_status(rdv_, ec)) && !remove_own_dir(rdv_, &why))
+          throw std::runtime_error(rdv_ + " exists and is not a rendezvous ringd made (" + why +
+                                   "); remove it or give --rendezvous");
         if (::mkdir(rdv_.c_str(), 0700) != 0)
           throw std::runtime_error(fmt::format("mkdir {}: {}", rdv_, std::strerror(errno)));
         mark_own_dir(rdv_, "generate");

@@ -8,6 +8,7 @@
 // for every tier configuration (all fast, all host, mixed with promotion, a disk tier), and with
 // prefix sharing for batches of 1-8 prompts. The fast tier's resident bytes never exceed its size.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -293,7 +294,10 @@ TEST(Generate, PrefixSharingStoresThePrefixOnceAndStaysExact) {
   }
 }
 
-TEST(Generate, DiskTierFileIsPrivate) {
+// Issue 31.8: the disk tier's page file has no name while in use (it used to stay behind after
+// Ctrl-C, SIGTERM or a rank error), it is private (0600, seen through /proc/self/fd), and a full
+// disk is an error naming ENOSPC instead of a SIGBUS at a store into the mapping.
+TEST(Generate, DiskTierFileIsPrivateUnnamedAndReservesItsSpace) {
   auto be = cpu();
   const auto c = tiny_config();
   const auto params = tiny_params(c, be.get(), 9);
@@ -306,18 +310,44 @@ TEST(Generate, DiskTierFileIsPrivate) {
     std::vector<float> l;
     const Prompt p = packed_prompt(300, 1, 1);
     g.prefill(p.ids, p.docs, &l);
-    std::vector<fs::path> dirs{fs::directory_iterator(disk.path()), fs::directory_iterator()};
-    ASSERT_EQ(dirs.size(), 1u);
-    struct stat st {};
-    ASSERT_EQ(::stat(dirs[0].c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0700u);
-    std::vector<fs::path> files{fs::directory_iterator(dirs[0]), fs::directory_iterator()};
-    ASSERT_EQ(files.size(), 1u);
-    ASSERT_EQ(::stat(files[0].c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0600u);
     EXPECT_GT(g.cache().stats().disk_pages, 0);
+    // Nothing under disk_dir even now: a kill -9 here leaves nothing to clean up.
+    EXPECT_TRUE(fs::is_empty(disk.path()));
+    // The open page file: 0600, its blocks allocated (not sparse).
+    bool found = false;
+    for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      const std::string target = fs::read_symlink(e.path(), ec).string();
+      if (ec || target.rfind(disk.path(), 0) != 0) continue;
+      struct stat st {};
+      ASSERT_EQ(::stat(e.path().c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 0777, 0600u);
+      EXPECT_GE(st.st_blocks * 512, st.st_size);
+      found = true;
+    }
+    EXPECT_TRUE(found);
   }
   EXPECT_TRUE(fs::is_empty(disk.path()));
+  // A full disk: a 256 KiB tmpfs (needs root to mount; said and skipped otherwise).
+  const std::string mnt = disk.path() + "/small";
+  fs::create_directories(mnt);
+  if (::geteuid() != 0 || ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0)
+    GTEST_SKIP() << "the full-disk half needs root to mount a small tmpfs";
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  o.cache.disk_dir = mnt;
+  Generator g(c, params.data(), be.get(), o);
+  std::vector<float> l;
+  const Prompt p = packed_prompt(2000, 1, 1);
+  try {
+    g.prefill(p.ids, p.docs, &l);
+    ADD_FAILURE() << "a 256 KiB disk tier held " << g.cache().stats().disk_pages << " pages";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("ENOSPC"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(mnt), std::string::npos) << e.what();
+  }
 }
 
 TEST(Generate, ConfigurationErrorsNameTheSetting) {

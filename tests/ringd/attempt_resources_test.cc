@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -127,6 +128,24 @@ TEST(AttemptResources, RefusesADirectoryItDidNotMakeOnOneNode) {
   // Only node 0 removes the rendezvous: node 1 leaves it.
   two->release();
   EXPECT_TRUE(fs::exists(rig.root() + "/attempt-1"));
+}
+
+// Issue 31.12: with several nodes an unmarked attempt-N directory was adopted, marked, and
+// deleted with the user's files at the attempt's end. One holding anything ringd does not put
+// there is refused now, and the files stay.
+TEST(AttemptResources, SeveralNodesNeverAdoptADirectoryWithOtherFiles) {
+  Rig rig;
+  fs::create_directories(rig.root() + "/attempt-2");
+  { std::ofstream(rig.root() + "/attempt-2/notes.txt") << "mine"; }
+  auto zero = rig.make(0, 2);
+  std::string why;
+  EXPECT_FALSE(zero->make_dirs(2, &why));
+  EXPECT_NE(why.find(rig.root() + "/attempt-2 exists and holds notes.txt, which ringd did not make"),
+            std::string::npos)
+      << why;
+  zero->release();
+  EXPECT_TRUE(fs::exists(rig.root() + "/attempt-2/notes.txt"));
+  EXPECT_FALSE(fs::exists(rig.root() + "/attempt-2/" + std::string(ringd::kMarkerName)));
 }
 
 TEST(AttemptResources, RemovesOnlyTheStaleAttemptsItMade) {

@@ -114,9 +114,7 @@ KvCache::~KvCache() {
   if (device_ != nullptr) device_->offload_wait();
   for (float* p : disk_map_)
     if (p != nullptr) ::munmap(p, static_cast<size_t>(disk_slot_bytes_));
-  if (disk_fd_ >= 0) ::close(disk_fd_);
-  if (!disk_path_.empty()) ::unlink(disk_path_.c_str());
-  if (!disk_subdir_.empty()) ::rmdir(disk_subdir_.c_str());
+  if (disk_fd_ >= 0) ::close(disk_fd_);  // unnamed: its space goes back with the descriptor
   if (device_ != nullptr)
     for (float* p : pinned_) device_->unpin_host(p);
   for (auto& p : pages_) {
@@ -183,26 +181,37 @@ float* KvCache::host_alloc() {
   return static_cast<float*>(p);
 }
 
+// The disk tier's page file has no name while it is in use: an unnamed file (O_TMPFILE) in
+// disk_dir, or, where the file system cannot make one, a private file unlinked as soon as it is
+// open. Ctrl-C, SIGTERM, SIGKILL or a rank error leave nothing behind: the space goes back when
+// the descriptor closes.
 void KvCache::open_disk() {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(config_.disk_dir, ec))
     throw GenerateError(fmt::format("disk_dir '{}' is not a directory", config_.disk_dir));
+  disk_path_ = (fs::path(config_.disk_dir) / fmt::format("ring-kv-{}.pages (unnamed)", ::getpid()))
+                   .string();
+  disk_fd_ = ::open(config_.disk_dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (disk_fd_ >= 0) return;
+  if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
+    throw GenerateError(fmt::format("cannot create the disk tier file under disk_dir '{}': {}",
+                                    config_.disk_dir, std::strerror(errno)));
   std::string tmpl = (fs::path(config_.disk_dir) / "ring-kv-XXXXXX").string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr)  // 0700
     throw GenerateError(fmt::format("cannot create a directory under disk_dir '{}': {}",
                                     config_.disk_dir, std::strerror(errno)));
-  disk_subdir_ = buf.data();
-  disk_path_ = disk_subdir_ + fmt::format("/kv-{}.pages", ::getpid());
-  disk_fd_ = ::open(disk_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (disk_fd_ < 0) {
-    const std::string err = std::strerror(errno);
-    ::rmdir(disk_subdir_.c_str());
-    disk_subdir_.clear();
-    throw GenerateError(fmt::format("cannot create the disk tier file {}: {}", disk_path_, err));
-  }
+  const std::string dir = buf.data();
+  const std::string path = dir + fmt::format("/kv-{}.pages", ::getpid());
+  disk_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const int err = errno;
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+  if (disk_fd_ < 0)
+    throw GenerateError(fmt::format("cannot create the disk tier file {}: {}", path,
+                                    std::strerror(err)));
 }
 
 int64_t KvCache::disk_grow() {
@@ -214,9 +223,18 @@ int64_t KvCache::disk_grow() {
   if (disk_fd_ < 0) open_disk();
   const int64_t s = disk_slots_;
   const off_t end = static_cast<off_t>((s + 1) * disk_slot_bytes_);
-  if (::ftruncate(disk_fd_, end) != 0)
-    throw GenerateError(fmt::format("disk tier file {}: cannot grow to {} bytes: {}", disk_path_,
-                                    static_cast<int64_t>(end), std::strerror(errno)));
+  // The space is reserved now: a sparse file on a full disk would fail later, at a store into
+  // the mapping, as SIGBUS with no message.
+  if (const int rc = ::posix_fallocate(disk_fd_, static_cast<off_t>(s * disk_slot_bytes_),
+                                       static_cast<off_t>(disk_slot_bytes_));
+      rc != 0)
+    throw GenerateError(fmt::format(
+        "disk tier file {}: cannot reserve page {} ({} bytes, {} in all): {}{}", disk_path_, s,
+        disk_slot_bytes_, static_cast<int64_t>(end), std::strerror(rc),
+        rc == ENOSPC ? " (ENOSPC: disk_dir " + config_.disk_dir +
+                           " is full; free space there, choose another generate.disk_dir or raise "
+                           "generate.host_gb)"
+                     : ""));
   void* m = ::mmap(nullptr, static_cast<size_t>(disk_slot_bytes_), PROT_READ | PROT_WRITE,
                    MAP_SHARED, disk_fd_, static_cast<off_t>(s * disk_slot_bytes_));
   if (m == MAP_FAILED)

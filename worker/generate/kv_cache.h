@@ -227,7 +227,7 @@ class KvCache {
   std::vector<float*> host_free_;  // recycled host page buffers
 
   // Disk tier.
-  std::string disk_path_, disk_subdir_;
+  std::string disk_path_;  // for messages: the page file has no name (open_disk)
   int disk_fd_ = -1;
   int64_t disk_slot_bytes_ = 0;
   int64_t disk_slots_ = 0;
