@@ -179,7 +179,10 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
       break;
     }
     case proto::EventKind::kCheckpointSaved:
-      e_.store->upsert_checkpoint(j.id, *m.step, m.node, m.path, *m.bytes, *m.complete, m.seconds);
+      // A report of an attempt that a `restart --from` ended, of a step after the restart
+      // point (its stop checkpoint, late): that branch is abandoned, never resumed.
+      e_.store->upsert_checkpoint(j.id, *m.step, m.node, m.path, *m.bytes, *m.complete, m.seconds,
+                                  m.attempt < j.attempt && *m.step > e_.resume_step_of(j));
       if (!m.deleted.empty()) e_.store->mark_checkpoints_deleted(j.id, m.deleted);
       break;
     case proto::EventKind::kCheckpointFailed:

@@ -584,14 +584,16 @@ std::vector<protocol::EventRecord> Store::events(int64_t job, int64_t after, int
 
 void Store::upsert_checkpoint(int64_t job, int64_t step, const std::string& node,
                               const std::string& path, int64_t bytes, bool complete,
-                              std::optional<double> seconds) {
-  // Written (again): of the current lineage and on disk, whatever an earlier copy of the step was.
+                              std::optional<double> seconds, bool superseded) {
+  // Written (again): on disk, and of the current lineage unless the caller says it is not,
+  // whatever an earlier copy of the step was.
   db_.prepare(
-         "INSERT INTO checkpoints(job_id, step, node, path, bytes, complete, created_at, seconds) "
-         "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(job_id, step, node) DO UPDATE SET "
+         "INSERT INTO checkpoints(job_id, step, node, path, bytes, complete, created_at, seconds, "
+         "superseded) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(job_id, step, node) DO UPDATE SET "
          "path=excluded.path, bytes=excluded.bytes, complete=excluded.complete, "
-         "seconds=coalesce(excluded.seconds, seconds), superseded=0, deleted=0")
-      .args(job, step, node, path, bytes, int64_t{complete ? 1 : 0}, now_unix(), seconds)
+         "seconds=coalesce(excluded.seconds, seconds), superseded=excluded.superseded, deleted=0")
+      .args(job, step, node, path, bytes, int64_t{complete ? 1 : 0}, now_unix(), seconds,
+            int64_t{superseded ? 1 : 0})
       .run();
 }
 

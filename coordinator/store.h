@@ -156,7 +156,7 @@ class Store {
   // when its ringd reported it, schema v6)
   void upsert_checkpoint(int64_t job, int64_t step, const std::string& node,
                          const std::string& path, int64_t bytes, bool complete,
-                         std::optional<double> seconds = std::nullopt);
+                         std::optional<double> seconds = std::nullopt, bool superseded = false);
   // Largest step of the current lineage (not superseded, not deleted) whose shards are all
   // complete and come from at least `nodes` nodes.
   std::optional<int64_t> latest_complete_checkpoint(int64_t job, int64_t nodes);

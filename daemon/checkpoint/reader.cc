@@ -1075,7 +1075,8 @@ LoadResult load_from_path(const std::string& path, int node_rank, int nodes,
     if (!try_load(info, node_rank, nodes, targets, job, r)) {
       std::string why;
       for (const std::string& sk : r.skipped) why += (why.empty() ? "" : "; ") + sk;
-      throw CheckpointError("no complete checkpoint at " + p + (why.empty() ? "" : " (" + why + ")"));
+      throw CheckpointError("no complete checkpoint of step " + std::to_string(name->step) + " in " +
+                            fs::dirname(p) + " (" + p + (why.empty() ? "" : ": " + why) + ")");
     }
     describe_load(fs::dirname(p), nodes, r);
     return r;

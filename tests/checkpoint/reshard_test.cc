@@ -407,7 +407,7 @@ TEST(ReshardFull, TwoNodeFullCheckpointResumesUnderOtherModes) {
   const std::string cmd = std::string(RINGCTL_BIN) + " checkpoints " + dir + " --verify > " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(out);
   const std::string text = slurp(out);
-  EXPECT_NE(text.find("    2 full      owner     complete (verified)"), std::string::npos) << text;
+  EXPECT_NE(text.find("    2 full      owner    current     complete (verified)"), std::string::npos) << text;
   std::printf("%s", text.c_str());
 }
 

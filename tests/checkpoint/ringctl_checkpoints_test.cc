@@ -66,7 +66,7 @@ TEST(RingctlCheckpoints, ListsVerifiesAndExitCodes) {
   EXPECT_NE(ok.text.find("complete  <- latest"), std::string::npos) << ok.text;
   EXPECT_NE(ok.text.find("incomplete (step-00000040.partial-3)"), std::string::npos) << ok.text;
   EXPECT_NE(ok.text.find("390.6 KiB"), std::string::npos) << ok.text;  // 2 x 200000 B
-  EXPECT_NE(ok.text.find("3 complete, 0 corrupt, 1 incomplete"), std::string::npos) << ok.text;
+  EXPECT_NE(ok.text.find("3 complete (0 superseded), 0 corrupt, 1 incomplete"), std::string::npos) << ok.text;
 
   // A flipped byte: found only with --verify (exit 1, file and tensor named).
   {
@@ -85,7 +85,7 @@ TEST(RingctlCheckpoints, ListsVerifiesAndExitCodes) {
   EXPECT_NE(v.text.find("step-00000020/node-00000.bin: tensor 'adam_m' checksum mismatch"),
             std::string::npos)
       << v.text;
-  EXPECT_NE(v.text.find("2 complete, 1 corrupt, 1 incomplete"), std::string::npos) << v.text;
+  EXPECT_NE(v.text.find("2 complete (0 superseded), 1 corrupt, 1 incomplete"), std::string::npos) << v.text;
 
   // A truncated manifest is found without --verify; --json is machine-readable.
   fsys::resize_file(d.path + "/step-00000030/node-00000.json", 40);
@@ -147,10 +147,13 @@ TEST(RingctlCheckpoints, ShowsTheWritersLayout) {
   Out t = run("checkpoints " + d.path);
   EXPECT_EQ(t.code, 0) << t.text;
   EXPECT_NE(t.text.find("NODES SHARD"), std::string::npos) << t.text;
-  // (`latest` names step 10, written last)
-  EXPECT_NE(t.text.find("    1 -         -         complete  <- latest"), std::string::npos)
+  // (`latest` names step 10, written last by a run that started afresh: step 20 is not of its
+  // lineage)
+  EXPECT_NE(t.text.find("    1 -         -        current     complete  <- latest"),
+            std::string::npos)
       << t.text;
-  EXPECT_NE(t.text.find("    2 optimizer owner     complete\n"), std::string::npos) << t.text;
+  EXPECT_NE(t.text.find("    2 optimizer owner    superseded  complete\n"), std::string::npos)
+      << t.text;
   Out j = run("checkpoints --json " + d.path);
   EXPECT_EQ(j.code, 0) << j.text;
   auto arr = nlohmann::json::parse(j.text, nullptr, false);

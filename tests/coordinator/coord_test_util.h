@@ -167,8 +167,10 @@ class SimDaemon {
     e.node = node();
     link_.send(e);
   }
-  void checkpoint(int64_t job, int64_t attempt, int64_t step, bool complete = true) {
+  void checkpoint(int64_t job, int64_t attempt, int64_t step, bool complete = true,
+                  std::vector<int64_t> deleted = {}) {
     proto::Event e;
+    e.deleted = std::move(deleted);
     e.kind = proto::EventKind::kCheckpointSaved;
     e.job = job;
     e.attempt = attempt;

@@ -170,6 +170,86 @@ TEST(CoordServer, CommandsRoundTrip) {
   }
 }
 
+// Issue 31.1 and 31.2 at ring-coord: `restart --from N` names a checkpoint it has a complete
+// record of, not deleted by retention, not superseded; the checkpoints after N leave the lineage,
+// so a later failure rolls back to N (or to what the new branch saved), never to the abandoned
+// branch's newer step (on the old coordinator: step 40).
+TEST(CoordServer, RestartFromFollowsTheLineage) {
+  InProcessCoordinator coord;
+  auto client = coord.client();
+  int64_t job = client.submit(test_spec(2, 3, 0.05, 0.05)).job;
+  SimDaemon a(coord.endpoint(), "a"), b(coord.endpoint(), "b");
+  a.register_jobs({{job, 0, 0}});
+  b.register_jobs({{job, 0, 0}});
+  a.step(job, 1, 1);
+  ASSERT_TRUE(wait_for([&] { return client.status(job).state == "running"; }));
+  for (int64_t s : {10, 20, 30}) {
+    a.checkpoint(job, 1, s);
+    b.checkpoint(job, 1, s);
+  }
+  // Node 0's commit of 40 removed 10 (keep_last 3).
+  a.checkpoint(job, 1, 40, true, {10});
+  b.checkpoint(job, 1, 40);
+  ASSERT_TRUE(wait_for([&] { return client.status(job).last_checkpoint_step == 40; }));
+  const auto refused = [&](int64_t from, const std::string& why) {
+    try {
+      client.restart(job, from);
+      ADD_FAILURE() << "restart --from " << from << " accepted";
+    } catch (const RemoteError& e) {
+      EXPECT_EQ(e.code(), "bad_field");
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("it can restart from step 20, 30, 40"),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  refused(15, "job " + std::to_string(job) + " has no checkpoint of step 15");
+  refused(10, "no longer has its checkpoint of step 10 (retention removed it");
+  EXPECT_EQ(client.status(job).state, "running");
+
+  client.restart(job, 20);
+  a.expect_command(proto::CommandKind::kStop, job);
+  EXPECT_EQ(a.expect_command(proto::CommandKind::kRollBack, job).step, 20);
+  EXPECT_EQ(b.expect_command(proto::CommandKind::kRollBack, job).step, 20);
+  EXPECT_EQ(client.status(job).last_checkpoint_step, 20);
+  // A worker dies before the branch's first checkpoint: back to 20, not to the abandoned 40.
+  a.step(job, 2, 21);
+  proto::Event died;
+  died.kind = proto::EventKind::kWorkerDied;
+  died.job = job;
+  died.attempt = 2;
+  died.rank = 0;
+  died.signal = 9;
+  a.event(died);
+  proto::Command rb;
+  ASSERT_TRUE(pump_until({&a, &b}, job, [&] {
+    for (const auto& m : a.inbox)
+      if (auto* c = std::get_if<proto::Command>(&m);
+          c && c->command == proto::CommandKind::kRollBack && c->attempt == 3) {
+        rb = *c;
+        return true;
+      }
+    return false;
+  }));
+  EXPECT_EQ(rb.step, 20);
+  // The branch writes step 30 again: of the lineage once more.
+  a.checkpoint(job, 3, 30);
+  b.checkpoint(job, 3, 30);
+  ASSERT_TRUE(wait_for([&] { return client.status(job).last_checkpoint_step == 30; }));
+  try {
+    client.restart(job, 40);
+    ADD_FAILURE() << "restart --from 40 accepted";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint of step 40 was superseded"),
+              std::string::npos)
+        << e.what();
+  }
+  bool branched = false;
+  for (const auto& e : client.events(job))
+    if (e.kind == "lineage_branched" && e.data.value("step", -1) == 20) branched = true;
+  EXPECT_TRUE(branched);
+}
+
 TEST(CoordServer, CompletesWhenEveryNodeFinishes) {
   InProcessCoordinator coord;
   auto client = coord.client();

@@ -179,7 +179,7 @@ TEST(Store, MigratesV1ToLatestKeepingData) {
         latest.db().prepare("SELECT version, description FROM schema_version ORDER BY version");
     std::vector<int64_t> versions;
     while (s.step()) versions.push_back(s.i64(0));
-    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
     EXPECT_EQ(latest.job(id)->job_dir, "");  // v3 column, default for old rows
     // v4: the node kept its row under (uid, name), the member knows its node's uid, and the
     // same name under another uid is another node.

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -247,6 +248,110 @@ TEST(RingdCoord, KilledWorkerRolledBack) {
   EXPECT_TRUE(has_event(ev, "worker_died"));
   EXPECT_TRUE(has_event(ev, "job_stopped"));
   EXPECT_TRUE(processes_mentioning(jd).empty());
+}
+
+// Issue 31.1 end to end: `restart --from 4` mid-run, then a worker of the new branch killed. The
+// next attempt resumes the branch's newest checkpoint, never the abandoned branch's (on the old
+// ringd and ring-coord: the highest step on disk and in the database, e.g. 16 of attempt 1).
+TEST(RingdCoord, RestartFromThenAFailureStaysOnTheBranch) {
+  TempDir t("ringd-coord");
+  Coord c(t.path);
+  const std::string jd = t.path + "/job";
+  std::string spec = slurp(kSpec);
+  for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"  steps: 12\n", "  steps: 100000\n"},
+           {"  max_restarts: 0\n", "  max_restarts: 2\n  backoff_s: 0.2\n"},
+           {"  every_steps: 4\n", "  every_steps: 4\n  keep_last: 20\n"}})
+    spec.replace(spec.find(from), from.size(), to);
+  const std::string spec_path = t.path + "/spec.yaml";
+  std::ofstream(spec_path) << spec;
+  const int64_t job = c.client()->submit(spec, "", jd).job;
+  std::vector<std::string> args = ringd_args(c, job, jd);
+  args[2] = spec_path;
+  const std::string out = t.path + "/ringd.out";
+  Proc d(args, out, t.path + "/ringd.err");
+  proto::JobInfo r = wait_status(c, job, [](const proto::JobInfo& i) {
+    return i.last_checkpoint_step.value_or(0) >= 12; }, 180);
+  ASSERT_GE(r.last_checkpoint_step.value_or(0), 12) << diag(t, jd);
+  c.client()->restart(job, 4);
+  // The branch saves a checkpoint of its own (attempt 2).
+  json saved;
+  const auto branch_saved = [&] {
+    for (const json& j : json_lines(out))
+      if (j.value("event", "") == "checkpoint_saved" && j.value("attempt", -1) == 2) return true;
+    return false;
+  };
+  const auto end = Clock::now() + std::chrono::seconds(180);
+  while (!branch_saved() && Clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(branch_saved()) << diag(t, jd);
+  pid_t victim = -1;
+  for (const json& j : json_lines(out))
+    if (j.value("event", "") == "worker_started" && j.value("attempt", -1) == 2 &&
+        j.value("rank", -1) == 1)
+      victim = j.at("pid").get<pid_t>();
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  json resumed;
+  const auto end3 = Clock::now() + std::chrono::seconds(180);
+  while (resumed.is_null() && Clock::now() < end3) {
+    for (const json& j : json_lines(out))
+      if (j.value("event", "") == "resumed" && j.value("attempt", -1) == 3) resumed = j;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(resumed.is_null()) << diag(t, jd);
+  // Every step the branch saved before attempt 3 began, and the step it resumed from.
+  std::set<int64_t> branch;
+  for (const json& j : json_lines(out))
+    if (j.value("event", "") == "checkpoint_saved" && j.value("attempt", -1) == 2)
+      branch.insert(j.value("step", -1));
+  branch.insert(4);
+  EXPECT_TRUE(branch.count(resumed.value("step", -1)))
+      << "attempt 3 resumed step " << resumed.value("step", -1) << " of the abandoned branch"
+      << diag(t, jd);
+  EXPECT_EQ(resumed.value("step", -1), *branch.rbegin()) << diag(t, jd);
+  // On disk: the resumed checkpoint descends from step 4 of attempt 1's tag.
+  const std::string dir = jd + "/checkpoints/" + resumed.value("path", std::string()).substr(
+                                                     resumed.value("path", std::string()).rfind('/') + 1);
+  const json top = json::parse(slurp(dir + "/checkpoint.json"));
+  EXPECT_TRUE(top["parent"].is_object()) << top.dump();
+  c.client()->cancel(job);
+  const int st = d.wait(60);
+  ASSERT_TRUE(WIFEXITED(st)) << st << diag(t, jd);
+}
+
+// Issue 31.3: a second job with the same job directory is refused at once, naming the holder;
+// the first one's logs and steps are untouched.
+TEST(RingdCoord, ASecondJobInTheSameJobDirIsRefused) {
+  TempDir t("ringd-coord");
+  Coord c(t.path);
+  const std::string jd = t.path + "/job";
+  std::string spec = slurp(kSpec);
+  spec.replace(spec.find("  steps: 12\n"), 12, "  steps: 100000\n");
+  const std::string spec_path = t.path + "/spec.yaml";
+  std::ofstream(spec_path) << spec;
+  const int64_t job = c.client()->submit(spec, "", jd).job;
+  std::vector<std::string> args = ringd_args(c, job, jd);
+  args[2] = spec_path;
+  Proc d(args, t.path + "/ringd.out", t.path + "/ringd.err");
+  ASSERT_GE(wait_status(c, job, [](const proto::JobInfo& i) { return i.step >= 2; }, 120).step, 2)
+      << diag(t, jd);
+  const int64_t job2 = c.client()->submit(spec, "", jd).job;
+  std::vector<std::string> args2 = ringd_args(c, job2, jd);
+  args2[2] = spec_path;
+  Proc d2(args2, t.path + "/ringd2.out", t.path + "/ringd2.err");
+  const int st2 = d2.wait(60);
+  ASSERT_TRUE(WIFEXITED(st2)) << st2;
+  EXPECT_EQ(WEXITSTATUS(st2), 1);
+  const std::string err = slurp(t.path + "/ringd2.err");
+  EXPECT_NE(err.find("job directory " + jd + " is in use by job " + std::to_string(job)), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("ringd pid " + std::to_string(d.pid)), std::string::npos) << err;
+  // Nothing of the second job went into the first one's files.
+  for (const json& j : json_lines(jd + "/steps.jsonl")) EXPECT_EQ(j.value("attempt", 1), 1);
+  EXPECT_EQ(slurp(jd + "/logs/ringd-0.log").find("job " + std::to_string(job2)), std::string::npos);
+  c.client()->cancel(job);
+  d.wait(60);
 }
 
 TEST(RingdCoord, HungWorkerIsDetected) {
