@@ -76,7 +76,8 @@ int run_events(const EventsOpts& o) {
       std::cout << std::flush;
       if (!o.follow) break;
       auto st = c.status(job);
-      if (st.state == "completed" || st.state == "failed" || st.state == "cancelled") {
+      if (st.state == "completed" || st.state == "failed" || st.state == "cancelled" ||
+          st.state == "stopped") {
         // Events written with the final state change are already in; one more read catches a
         // straggler from a node that reported late.
         auto ev = c.events(job, after, 500);

@@ -179,7 +179,7 @@ int run_logs(const LogsOpts& o) {
       if (now_unix() - last_status > 1) {
         last_status = now_unix();
         auto s = c.status(job).state;
-        if (s == "completed" || s == "failed" || s == "cancelled") {
+        if (s == "completed" || s == "failed" || s == "cancelled" || s == "stopped") {
           refresh();
           drain_all();
           break;

@@ -42,11 +42,14 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/cli/job_dir.h"
 #include "common/install/locate.h"
 #include "common/proc/spawn.h"
+#include "common/plan/plan.h"
 #include "common/spec/parse.h"
 
 namespace ring::cli {
@@ -60,6 +63,7 @@ struct RunOpts {
   std::string spec;
   std::optional<int64_t> steps;
   bool resume = false;
+  bool force = false;  // start although the plan says it does not fit
   std::string job_dir;
   std::optional<int64_t> threads;
   bool verbose = false;
@@ -360,6 +364,29 @@ int run_run(const RunOpts& o) {
     std::cerr << o.spec << ": " << why << "\n";
     return kExitFailed;
   }
+  if (!generate) {
+    // This machine is the node: its data must be here (ringd would refuse it anyway).
+    if (const auto missing = spec::missing_data_paths(spec); !missing.empty()) {
+      for (const auto& m : missing) std::cerr << o.spec << ": " << m << "\n";
+      return kExitFailed;
+    }
+    // What `ringctl plan --check` says, before anything starts: a job that does not fit fails
+    // later, out of memory, after its restarts. --force runs it anyway.
+    const plan::Plan p = plan::make_plan(spec);
+    if (!p.fits() && !o.force) {
+      std::cerr << o.spec << ": does not fit this machine:"
+                << (p.fits_device ? ""
+                                  : fmt::format(" {:.2f} GB per worker of {:.2f} GB usable on {};",
+                                                p.worker_total / 1e9, p.device_usable / 1e9,
+                                                p.device_name))
+                << (p.fits_host ? ""
+                                : fmt::format(" {:.2f} GB of host memory of {:.2f} GB;",
+                                              p.host_total / 1e9, p.host_capacity / 1e9))
+                << " `ringctl plan " << o.spec
+                << "` shows where it goes; --force runs it anyway\n";
+      return kExitNoFit;
+    }
+  }
 
   // 2. The job directory.
   // Checked up front (ours, private, writable: common/cli/job_dir.h): a directory ringd cannot
@@ -592,12 +619,14 @@ int run_run(const RunOpts& o) {
       } catch (const coord::ClientError&) {
         break;
       }
-      if (info.state == "completed" || info.state == "failed" || info.state == "cancelled") break;
+      if (info.state == "completed" || info.state == "failed" || info.state == "cancelled" ||
+          info.state == "stopped")
+        break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     // No daemon serves the job any more: a job left in a live state would wait forever.
     if (have_info && info.state != "completed" && info.state != "failed" &&
-        info.state != "cancelled") {
+        info.state != "cancelled" && info.state != "stopped") {
       try {
         client.cancel(sub.job);
         info = client.status(sub.job);
@@ -650,11 +679,12 @@ int run_run(const RunOpts& o) {
           << (job_dir == jobdir::default_job_dir(spec.job.name, ::geteuid())
                   ? ""
                   : " --job-dir " + job_dir)
-          << set_args << "\n";
+          << (o.steps ? " --steps " + std::to_string(*o.steps) : "") << set_args << "\n";
     std::cout << sum.str() << std::flush;
     // Failed: what ringd said last, from its log (the cause: "cannot open .../worker-0.log:
     // Permission denied", "restart.max_restarts exhausted") and from its stderr.
-    if (rc != kExitOk && rc != kExitStopped) {
+    // (Not after a cancel: ringd did what it was asked, its log is no error.)
+    if (rc != kExitOk && rc != kExitStopped && rc != kExitCancelled) {
       if (!ringd_log.tail().empty() && !o.verbose) {
         std::cerr << "last lines of ringd's log (" << ringd_log.path() << "):\n";
         for (const auto& l : ringd_log.tail()) std::cerr << "  | " << l << "\n";
@@ -674,10 +704,13 @@ Subcommand add_run(CLI::App& app) {
   auto o = std::make_shared<RunOpts>();
   auto* s = app.add_subcommand(
       "run", "Train on this machine: a coordinator (reused or started), ringd, live progress");
-  s->add_option("spec", o->spec, "Job spec (YAML)")->required()->check(CLI::ExistingFile);
+  // A missing spec is bad input (exit 1, named by the spec loader), not a usage error.
+  s->add_option("spec", o->spec, "Job spec (YAML)")->required();
   s->add_option("--steps", o->steps, "Train this many steps (overrides train.steps)")
       ->check(integer_in(1, int64_t{1} << 40));
   s->add_flag("--resume", o->resume, "Continue from the latest complete checkpoint");
+  s->add_flag("--force", o->force,
+              "Run even when `ringctl plan --check` says the job does not fit this machine");
   s->add_option("--job-dir", o->job_dir,
                 "Directory for logs, steps.jsonl and relative checkpoints, yours and not "
                 "writable by others (default /tmp/ringmaster-<uid>/jobs/<job.name>)");

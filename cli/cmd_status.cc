@@ -48,12 +48,13 @@ struct StatusOpts {
 const std::vector<std::string>& job_states() {
   static const std::vector<std::string> s{"pending",    "starting",   "running",
                                           "restarting", "completing", "completed",
-                                          "failed",     "cancelling", "cancelled"};
+                                          "failed",     "cancelling", "cancelled",
+                                          "stopped"};
   return s;
 }
 
 bool final_state(const std::string& s) {
-  return s == "completed" || s == "failed" || s == "cancelled";
+  return s == "completed" || s == "failed" || s == "cancelled" || s == "stopped";
 }
 
 std::string lower(std::string s) {

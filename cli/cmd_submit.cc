@@ -261,7 +261,8 @@ Subcommand add_submit(CLI::App& app) {
   auto o = std::make_shared<SubmitOpts>();
   auto* sc = app.add_subcommand(
       "submit", "Submit a job spec to Slurm: ring-coord records it, sbatch runs one ringd per node");
-  sc->add_option("spec", o->spec, "Spec file (YAML)")->required()->check(CLI::ExistingFile);
+  // A missing spec is bad input (exit 1, named by the spec loader), not a usage error.
+  sc->add_option("spec", o->spec, "Spec file (YAML)")->required();
   sc->add_flag("--dry-run", o->dry_run, "Print the sbatch script; submit nothing");
   sc->add_option("--job-dir", o->job_dir,
                  "Job directory on a file system every node sees, yours and not writable by "

@@ -191,7 +191,8 @@ std::string state_color(const std::string& raw) {
   const std::string state = printable(raw);
   if (state == "running" || state == "completed") return paint(state, "32");
   if (state == "failed") return paint(state, "31");
-  if (state == "restarting" || state == "cancelling" || state == "cancelled" || state == "lost")
+  if (state == "restarting" || state == "cancelling" || state == "cancelled" || state == "lost" ||
+      state == "stopped")
     return paint(state, "33");
   return state;
 }

@@ -209,6 +209,31 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
     case proto::EventKind::kJobStopped:
       e_.store->set_job_node_state(j.id, m.node, "stopped");
       e_.maybe_cancelled(j.id);
+      // A stop signal of the node's own (Ctrl-C of `ringctl run`, SIGTERM), after its
+      // checkpoint: once no member is left running, the job is stopped, resumable.
+      if (current && m.resumable.value_or(false) && is_active(j.state)) {
+        bool running = false;
+        for (const auto& jn : e_.store->job_nodes(j.id))
+          if (jn.state == "active") running = true;
+        if (!running) {
+          const std::string why =
+              "stopped by a stop signal at step " + std::to_string(m.step.value_or(0)) +
+              " (resumable from its latest checkpoint)";
+          e_.store->end_attempt(j.id, j.attempt, why);
+          e_.store->set_state(j.id, JobState::kStopped, why);
+        }
+      }
+      break;
+    case proto::EventKind::kJobFailed:
+      // ringd failed the run for good: no restart would do better.
+      if (current && (is_active(j.state) || j.state == JobState::kRestarting)) {
+        const std::string why = "ringd on " + m.node + ": " + m.message;
+        e_.store->end_attempt(j.id, j.attempt, why);
+        e_.store->set_state(j.id, JobState::kFailed, why);
+        for (const auto& n : e_.live_members(j.id))
+          if (n.name != m.node)
+            e_.command(n, proto::CommandKind::kStop, j.id, j.attempt, 0, "job failed: " + why);
+      }
       break;
     case proto::EventKind::kStraggler:
     case proto::EventKind::kStragglerCleared:

@@ -43,6 +43,14 @@ constexpr std::pair<S, S> kTransitions[] = {
     {S::kCancelling, S::kCancelled},
     // Its owner restarts a failed job (from its latest checkpoint).
     {S::kFailed, S::kRestarting},
+    // Every node stopped on its own stop signal, after a checkpoint (resumable); its owner
+    // restarts it, or Slurm requeues it.
+    {S::kStarting, S::kStopped},
+    {S::kRunning, S::kStopped},
+    {S::kRestarting, S::kStopped},
+    {S::kCompleting, S::kStopped},
+    {S::kStopped, S::kRestarting},
+    {S::kStopped, S::kPending},
 };
 
 }  // namespace
@@ -67,6 +75,8 @@ const char* to_string(JobState s) {
       return "cancelling";
     case S::kCancelled:
       return "cancelled";
+    case S::kStopped:
+      return "stopped";
   }
   return "?";
 }
@@ -78,7 +88,7 @@ std::optional<JobState> job_state_from_string(std::string_view s) {
 }
 
 bool is_terminal(JobState s) {
-  return s == S::kCompleted || s == S::kFailed || s == S::kCancelled;
+  return s == S::kCompleted || s == S::kFailed || s == S::kCancelled || s == S::kStopped;
 }
 
 bool is_active(JobState s) {

@@ -8,6 +8,8 @@
 //      │           │
 //      ▼           ▼
 //   cancelled ◀─ cancelling ◀── (any live state)        failed ──▶ restarting (manual restart)
+//   stopped ◀── starting, running, restarting, completing (every node stopped on its own stop
+//               signal, resumable); stopped ──▶ restarting (manual restart), pending (requeue)
 //
 // pending: accepted, no daemon has joined yet (waiting for Slurm or `ringctl run`).
 // starting: an attempt exists, daemons are starting workers; no step of this attempt yet.
@@ -16,7 +18,10 @@
 //   before the next attempt, which rolls back to the latest complete checkpoint.
 // completing: some nodes reported the last step; waiting for the others.
 // cancelling: stop commands sent; waiting for the daemons to confirm (or be lost).
-// completed, failed, cancelled: terminal (failed may be restarted by its owner).
+// stopped: every node stopped on a stop signal of its own (Ctrl-C of `ringctl run`, SIGTERM),
+//   after a checkpoint: resumable, not a failure, not a cancel.
+// completed, failed, cancelled, stopped: terminal (failed and stopped may be restarted by
+//   their owner).
 #pragma once
 
 #include <optional>
@@ -37,12 +42,13 @@ enum class JobState {
   kFailed,
   kCancelling,
   kCancelled,
+  kStopped,
 };
 
 inline constexpr JobState kAllJobStates[] = {
     JobState::kPending,    JobState::kStarting,   JobState::kRunning,
     JobState::kRestarting, JobState::kCompleting, JobState::kCompleted,
-    JobState::kFailed,     JobState::kCancelling, JobState::kCancelled,
+    JobState::kFailed,     JobState::kCancelling, JobState::kCancelled, JobState::kStopped,
 };
 
 const char* to_string(JobState s);

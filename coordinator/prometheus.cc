@@ -117,9 +117,7 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
 
   // Jobs by state: every job in the database, every state listed (0 included).
   std::map<std::string, int64_t> by_state;
-  for (JobState s : {JobState::kPending, JobState::kStarting, JobState::kRunning,
-                     JobState::kRestarting, JobState::kCompleting, JobState::kCompleted,
-                     JobState::kFailed, JobState::kCancelling, JobState::kCancelled})
+  for (JobState s : kAllJobStates)
     by_state[to_string(s)] = 0;
   {
     Stmt& s = store.db().prepare("SELECT state, count(*) FROM jobs GROUP BY state");

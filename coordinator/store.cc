@@ -30,6 +30,10 @@ struct Migration {
   int version;
   const char* description;
   const char* sql;
+  // The migration rebuilds a table others reference (SQLite cannot change a CHECK constraint in
+  // place): it runs with foreign keys off, then every reference is checked before the commit
+  // (sqlite.org/lang_altertable.html, "other kinds of table schema changes").
+  bool rebuilds = false;
 };
 
 // Append-only: never edit a migration that has shipped; add the next version instead.
@@ -210,6 +214,50 @@ ALTER TABLE checkpoints ADD COLUMN seconds REAL;
 ALTER TABLE checkpoints ADD COLUMN superseded INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0;
 )sql"},
+    {8, "job state 'stopped': every node stopped on its own stop signal, resumable",
+     R"sql(
+CREATE TABLE jobs_v8 (
+  id            INTEGER PRIMARY KEY AUTOINCREMENT,
+  name          TEXT NOT NULL,
+  owner_uid     INTEGER NOT NULL,
+  owner_user    TEXT NOT NULL,
+  spec          TEXT NOT NULL,
+  spec_hash     TEXT NOT NULL,
+  state         TEXT NOT NULL CHECK (state IN ('pending','starting','running','restarting',
+                  'completing','completed','failed','cancelling','cancelled','stopped')),
+  state_reason  TEXT NOT NULL DEFAULT '',
+  created_at    REAL NOT NULL,
+  updated_at    REAL NOT NULL,
+  slurm_job_id  TEXT NOT NULL DEFAULT '',
+  ring_order    TEXT NOT NULL DEFAULT '',
+  nodes         INTEGER NOT NULL CHECK (nodes >= 1),
+  total_steps   INTEGER NOT NULL,
+  attempt       INTEGER NOT NULL DEFAULT 0,
+  restarts      INTEGER NOT NULL DEFAULT 0,
+  max_restarts  INTEGER NOT NULL,
+  backoff_s     REAL NOT NULL,
+  backoff_max_s REAL NOT NULL,
+  last_step     INTEGER NOT NULL DEFAULT 0,
+  last_loss     REAL,
+  last_tokens_per_s REAL,
+  restart_at    REAL,
+  restart_step  INTEGER,
+  job_dir       TEXT NOT NULL DEFAULT '',
+  checkpoint_dir TEXT NOT NULL DEFAULT ''
+);
+INSERT INTO jobs_v8(id, name, owner_uid, owner_user, spec, spec_hash, state, state_reason,
+                    created_at, updated_at, slurm_job_id, ring_order, nodes, total_steps, attempt,
+                    restarts, max_restarts, backoff_s, backoff_max_s, last_step, last_loss,
+                    last_tokens_per_s, restart_at, restart_step, job_dir, checkpoint_dir)
+  SELECT id, name, owner_uid, owner_user, spec, spec_hash, state, state_reason, created_at,
+         updated_at, slurm_job_id, ring_order, nodes, total_steps, attempt, restarts,
+         max_restarts, backoff_s, backoff_max_s, last_step, last_loss, last_tokens_per_s,
+         restart_at, restart_step, job_dir, checkpoint_dir FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_v8 RENAME TO jobs;
+CREATE INDEX jobs_state ON jobs(state);
+)sql",
+     true},
 };
 
 constexpr const char* kJobCols =
@@ -304,12 +352,28 @@ void Store::migrate(int target) {
                   "); use a newer ring-coord");
   for (const auto& m : kMigrations) {
     if (m.version <= current || m.version > target) continue;
-    Txn t(db_);
-    db_.exec(m.sql);
-    db_.prepare("INSERT INTO schema_version(version, applied_at, description) VALUES (?,?,?)")
-        .args(int64_t{m.version}, now_unix(), m.description)
-        .run();
-    t.commit();
+    // (PRAGMA foreign_keys is a no-op inside a transaction: set around it.)
+    if (m.rebuilds) db_.exec("PRAGMA foreign_keys=OFF");
+    try {
+      Txn t(db_);
+      db_.exec(m.sql);
+      if (m.rebuilds) {
+        Stmt& fk = db_.prepare("PRAGMA foreign_key_check");
+        const bool broken = fk.step();
+        fk.reset();
+        if (broken)
+          throw DbError("schema migration " + std::to_string(m.version) +
+                        " would break a reference between tables; the database is unchanged");
+      }
+      db_.prepare("INSERT INTO schema_version(version, applied_at, description) VALUES (?,?,?)")
+          .args(int64_t{m.version}, now_unix(), m.description)
+          .run();
+      t.commit();
+    } catch (...) {
+      if (m.rebuilds) db_.exec("PRAGMA foreign_keys=ON");
+      throw;
+    }
+    if (m.rebuilds) db_.exec("PRAGMA foreign_keys=ON");
   }
 }
 

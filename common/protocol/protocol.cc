@@ -403,6 +403,7 @@ constexpr std::pair<EventKind, const char*> kEventNames[] = {
     {EventKind::kStraggler, "straggler"},
     {EventKind::kStragglerCleared, "straggler_cleared"},
     {EventKind::kHang, "hang"},
+    {EventKind::kJobFailed, "job_failed"},
 };
 constexpr std::pair<CommandKind, const char*> kCommandNames[] = {
     {CommandKind::kStop, "stop"},
@@ -575,6 +576,7 @@ void fields(IO& io, Event& m) {
   io.integers("missing", m.missing, 512, Write::kIfSet);
   io.objects("waiting", m.waiting, 512, false, Write::kIfSet);
   io.integers("deleted", m.deleted, 4096, Write::kIfSet);
+  io.opt_bool("resumable", m.resumable);
   if constexpr (IO::kReading) {
     // Per-kind required fields.
     auto require = [&](bool ok, const char* key, const char* why) {
@@ -619,6 +621,9 @@ void fields(IO& io, Event& m) {
       case EventKind::kHang:
         require(m.step.has_value(), "step", "required for hang");
         require(m.deadline_s.has_value(), "deadline_s", "required for hang");
+        break;
+      case EventKind::kJobFailed:
+        require(!m.message.empty(), "message", "required for job_failed");
         break;
     }
     for (int64_t r : m.missing)

@@ -159,6 +159,7 @@ enum class EventKind {
   kStraggler,         // rank, step, steps, behind_s: the rank the others repeatedly wait for
   kStragglerCleared,  // rank: that rank is no longer a straggler
   kHang,              // step, deadline_s, missing, waiting: a step past its deadline
+  kJobFailed,         // message, step (optional): ringd failed the run for good (a fatal error)
 };
 const char* to_string(EventKind k);
 
@@ -195,6 +196,9 @@ struct Event {
   // checkpoint_saved: the steps whose checkpoints retention removed with this commit (node 0).
   // Optional: older ringd do not send it.
   std::vector<int64_t> deleted;
+  // job_stopped: the node stopped on a stop signal of its own after a checkpoint (resumable),
+  // not on a command of ring-coord. Optional: older ringd do not send it.
+  std::optional<bool> resumable;
 };
 
 struct CommandAck {

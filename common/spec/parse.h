@@ -113,6 +113,12 @@ std::vector<Diagnostic> validate_spec(const JobSpec& spec, const SourceMap& sour
 // Fills spec.resolved from the optional keys; call on a valid spec.
 void resolve_spec(JobSpec& spec);
 
+// The data.paths entries that are not on this machine, each "data.paths[i] <path>: <why>" (a
+// tokens dataset needs <prefix>.bin and <prefix>.idx). `ringctl validate` warns (the paths
+// may exist only on the cluster's nodes); `ringctl run` and ringd, on the node itself, refuse
+// to start: a worker would fail on them at every restart.
+std::vector<std::string> missing_data_paths(const JobSpec& spec);
+
 // One cross-field rule as documented in docs/spec-reference.md.
 enum class RuleScope {
   kSpec,     // the spec contradicts itself

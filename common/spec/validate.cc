@@ -381,6 +381,10 @@ const std::vector<Rule>& rules() {
            c.warning("data.paths", "ignored: data.source is passkey (synthetic data)");
          for (size_t i = 0; i < d.paths.size(); ++i)
            if (d.paths[i].empty()) c.error("data.paths", fmt::format("item {} is empty", i));
+         if (d.source != DataSource::kPasskey)
+           for (const std::string& m : missing_data_paths(c.s))
+             c.warning("data.paths", m + "; every node must have it (ringctl run and ringd "
+                                         "refuse to start without it)");
        }},
       {{"data.seq_len, parallel.context_ranks, parallel.causal_balance",
         "zigzag: seq_len divisible by 2 x context_ranks; contiguous: by context_ranks."},
@@ -800,6 +804,28 @@ std::string spec_reference_markdown() {
       o += fmt::format("| {} | {}{} |\n", md_cell(r.keys),
                        r.scope == RuleScope::kRingd ? "*ringd*: " : "", md_cell(r.rule));
   return o;
+}
+
+std::vector<std::string> missing_data_paths(const JobSpec& spec) {
+  std::vector<std::string> out;
+  const DataSection& d = spec.data;
+  if (d.source == DataSource::kPasskey) return out;
+  for (size_t i = 0; i < d.paths.size(); ++i) {
+    const std::string& p = d.paths[i];
+    if (p.empty()) continue;
+    std::error_code ec;
+    if (d.source == DataSource::kTokens) {
+      std::string prefix = p;
+      if (prefix.size() > 4 && (prefix.ends_with(".bin") || prefix.ends_with(".idx")))
+        prefix.resize(prefix.size() - 4);
+      for (const char* ext : {".bin", ".idx"})
+        if (!std::filesystem::is_regular_file(prefix + ext, ec))
+          out.push_back(fmt::format("data.paths[{}] {}: {}{} does not exist", i, p, prefix, ext));
+    } else if (!std::filesystem::exists(p, ec)) {
+      out.push_back(fmt::format("data.paths[{}] {}: does not exist", i, p));
+    }
+  }
+  return out;
 }
 
 }  // namespace ring::spec

@@ -41,7 +41,7 @@ Words words_of(const attempt::Action& a, const NoteFacts& f) {
     case Note::kStoppedResumable:
       w.line = fmt::format("stopped at step {} on request (resumable)", step);
       w.event = "stopped";
-      w.fields = {{"step", step}};
+      w.fields = {{"step", step}, {"resumable", true}};
       break;
     case Note::kStoppedAfterFailure:
       w.event = "stopped";

@@ -232,6 +232,13 @@ void CoordLink::report(const std::string& name, const json& f) {
   } else if (name == "stopped") {
     e.kind = proto::EventKind::kJobStopped;
     e.message = clip(f.value("reason", ""), 4000);
+    if (f.value("resumable", false)) e.resumable = true;
+  } else if (name == "failed") {
+    // A fatal error (a checkpoint of another model, model.init_from missing, ...): every
+    // attempt would meet it, so ring-coord fails the job instead of waiting for this node.
+    e.kind = proto::EventKind::kJobFailed;
+    e.message = clip(f.value("error", ""), 4000);
+    if (e.message.empty()) e.message = "ringd failed the run";
   } else if (name == "straggler" || name == "straggler_cleared") {
     e.kind = name == "straggler" ? proto::EventKind::kStraggler
                                  : proto::EventKind::kStragglerCleared;

@@ -12,6 +12,7 @@
 
 #include "common/contract/layout.h"
 #include "common/contract/model_config.h"
+#include "common/spec/parse.h"
 #include "common/install/locate.h"
 
 namespace ring::ringd {
@@ -37,6 +38,10 @@ std::optional<StartupFailure> check_spec(const spec::JobSpec& s, const Options& 
         s.resources.nodes, o.nodes));
   // A generate job has no optimizer: the rest is about training.
   if (s.job.kind == spec::JobKind::kGenerate) return std::nullopt;
+  // Data this node does not have: every attempt's workers would fail on it, restart after
+  // restart. Said now, once (exit 1, no restart).
+  if (const auto missing = spec::missing_data_paths(s); !missing.empty())
+    return StartupFailure{kExitFailed, o.spec + ": " + missing.front() + " on this node"};
   if (s.optimizer.offload != spec::Offload::kCpu)
     return usage(
         "optimizer.offload = none: the in-worker optimizer is ring-worker --launch-local; ringd "

@@ -189,10 +189,16 @@ TEST(RingctlRun, StatusWhileRunningCtrlCAndResume) {
     EXPECT_TRUE(contains(run.output(), "stopping: ringd writes a checkpoint")) << run.output();
     EXPECT_TRUE(contains(run.output(), "stopped (resumable)")) << run.output();
     EXPECT_TRUE(contains(run.output(), "resume with: ringctl run")) << run.output();
+    // Issue 31.13: the printed command keeps --steps.
+    EXPECT_TRUE(contains(run.output(), " --resume --job-dir " + job_dir + " --steps 100000"))
+        << run.output();
+    // Issue 31.13: stopped and resumable, not "cancelled".
+    EXPECT_TRUE(contains(run.output(), "coordinator: stopped (stopped by a stop signal at step"))
+        << run.output();
   }
-  // The stopped job is not left live in the coordinator.
+  // The stopped job is not left live in the coordinator, and not called cancelled.
   Client c(ClientOptions{ep, 3000ms, "", "", ""});
-  EXPECT_TRUE(wait_for([&] { return c.status(1).state == "cancelled"; }, 15s))
+  EXPECT_TRUE(wait_for([&] { return c.status(1).state == "stopped"; }, 15s))
       << c.status(1).state << ": " << c.status(1).state_reason;
 
   // `ringctl checkpoints JOB` finds the job's checkpoint dir through the coordinator.
@@ -242,12 +248,59 @@ TEST(RingctlRun, OverridesAreRecordedAndCancelledIsItsOwnCode) {
     int rc = run.wait(60);
     EXPECT_EQ(rc, 8) << run.output();
     EXPECT_TRUE(contains(run.output(), "cancelled (ringctl cancel)")) << run.output();
+    // Issue 31.15: a cancel is no failure: ringd's log is not shown as if it were.
+    EXPECT_FALSE(contains(run.output(), "last lines of ringd's log")) << run.output();
   }
   coord->stop();  // its database, closed
   Store store(t.path + "/state/coord.db", {false, 0});
   auto job = store.job(1);
   ASSERT_TRUE(job);
   EXPECT_EQ(job->spec, read_text(job_dir + "/spec-1.yaml"));
+}
+
+// Issue 31.13, 14, 15: a start that fails for good ends the job failed with the cause (it
+// stayed "cancelling (cancelled by root)" with no failed event); data that is not here, a job
+// the plan says does not fit, and a missing spec are refused before anything starts, each with
+// the exit code of the table (1, 3, 1).
+TEST(RingctlRun, FailedStartsAndRefusalsEndInTheirOwnStates) {
+  TempDir t;
+  auto coord = coordinator_at(t);
+  const std::string ep = "ipc://" + t.path + "/sock/coord.sock";
+  auto r = ring::test::run("timeout 300 env " + env(t) + kRingctl + " run " + kSpec +
+                           " --set model.init_from=" + t.path + "/no-such-checkpoint --job-dir " +
+                           t.path + "/job");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  Client c(ClientOptions{ep, 3000ms, "", "", ""});
+  EXPECT_TRUE(wait_for([&] { return c.status(1).state == "failed"; }, 15s))
+      << c.status(1).state << ": " << c.status(1).state_reason;
+  EXPECT_TRUE(contains(c.status(1).state_reason, "cannot initialise from model.init_from"))
+      << c.status(1).state_reason;
+  bool failed_event = false;
+  for (const auto& e : c.events(1, 0, 1000)) failed_event |= e.kind == "job_failed";
+  EXPECT_TRUE(failed_event);
+  EXPECT_TRUE(contains(r.output, "coordinator: failed (ringd on ")) << r.output;
+
+  r = ring::test::run(env(t) + kRingctl + " run " + kSpec + " --set data.paths=[" + t.path +
+                      "/no-such-data] --job-dir " + t.path + "/job2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "data.paths[0] " + t.path + "/no-such-data: does not exist"))
+      << r.output;
+  auto v = ring::test::run(env(t) + kRingctl + " validate " + kSpec + " --set data.paths=[" +
+                           t.path + "/no-such-data]");
+  EXPECT_EQ(v.exit_code, 0) << v.output;  // a warning: the cluster's nodes may have it
+  EXPECT_TRUE(contains(v.output, "does not exist; every node must have it")) << v.output;
+
+  r = ring::test::run(env(t) + kRingctl + " run " + kSpec +
+                      " --set data.seq_len=4194304 --job-dir " + t.path + "/job3");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "does not fit this machine")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--force runs it anyway")) << r.output;
+
+  r = ring::test::run(env(t) + kRingctl + " run " + t.path + "/no-such-spec.yaml");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "no-such-spec.yaml")) << r.output;
+  // Only the init_from run reached the coordinator.
+  EXPECT_THROW(c.status(2), RemoteError);
 }
 
 TEST(RingctlRun, RefusesBadSpecMissingRingdAndBadSteps) {

@@ -29,6 +29,10 @@ const std::set<std::pair<std::string, std::string>> kExpected = {
     {"restarting", "failed"},     {"restarting", "cancelling"}, {"restarting", "pending"},
     {"completing", "completed"},  {"completing", "restarting"}, {"completing", "failed"},
     {"completing", "cancelling"}, {"cancelling", "cancelled"},  {"failed", "restarting"},
+    // Every node stopped on its own stop signal (resumable); its owner restarts it, or Slurm
+    // requeues it.
+    {"starting", "stopped"},      {"running", "stopped"},       {"restarting", "stopped"},
+    {"completing", "stopped"},    {"stopped", "restarting"},    {"stopped", "pending"},
 };
 
 coord::JobRow sample_job() {
@@ -76,13 +80,15 @@ TEST(JobStateMachine, EveryPairIsAllowedOrRefusedAsDesigned) {
     }
   }
   EXPECT_EQ(allowed, static_cast<int>(kExpected.size()));
-  EXPECT_EQ(allowed + refused, 81);
+  EXPECT_EQ(allowed + refused, 100);  // 10 states
 }
 
 TEST(JobStateMachine, TerminalStates) {
   EXPECT_TRUE(coord::is_terminal(JobState::kCompleted));
   EXPECT_TRUE(coord::is_terminal(JobState::kFailed));
   EXPECT_TRUE(coord::is_terminal(JobState::kCancelled));
+  EXPECT_TRUE(coord::is_terminal(JobState::kStopped));
+  EXPECT_FALSE(coord::is_active(JobState::kStopped));
   EXPECT_TRUE(coord::allowed_from(JobState::kCompleted).empty());
   EXPECT_TRUE(coord::allowed_from(JobState::kCancelled).empty());
   try {
@@ -179,7 +185,12 @@ TEST(Store, MigratesV1ToLatestKeepingData) {
         latest.db().prepare("SELECT version, description FROM schema_version ORDER BY version");
     std::vector<int64_t> versions;
     while (s.step()) versions.push_back(s.i64(0));
-    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+    // v8: the jobs table rebuilt for the state 'stopped', its rows and references kept.
+    latest.set_state(id, coord::JobState::kStarting, "node n0 joined");
+    latest.set_state(id, coord::JobState::kStopped, "stopped by a stop signal at step 3");
+    EXPECT_EQ(latest.job(id)->state, coord::JobState::kStopped);
+    EXPECT_EQ(latest.attempts(id).size(), 1u);
     EXPECT_EQ(latest.job(id)->job_dir, "");  // v3 column, default for old rows
     // v4: the node kept its row under (uid, name), the member knows its node's uid, and the
     // same name under another uid is another node.
