@@ -25,6 +25,8 @@ CrossNodeStragglers::Emit CrossNodeStragglers::emit(int64_t job, const JobTrack&
             {"step", f.step},
             {"steps", f.steps},
             {"behind_s", f.behind_s},
+            {"noise_s", f.noise_s},
+            {"sigmas", f.sigmas},
             {"source", "coordinator"},
             {"ranks", js.rank_node.size()}};
   e.data["message"] =
@@ -35,9 +37,10 @@ CrossNodeStragglers::Emit CrossNodeStragglers::emit(int64_t job, const JobTrack&
                     why.empty() ? fmt::format("last in {} of the recent steps", f.steps) : why)
               : fmt::format(
                     "rank {} on {} is a straggler: the ranks after it waited {:.3f} s for it per "
-                    "step (median), last in {} of the recent steps (step {}); judged by ring-coord "
-                    "over the {} ranks of every node",
-                    f.rank, e.node, f.behind_s, f.steps, f.step, js.rank_node.size());
+                    "step (median), {}, last in {} of the recent steps (step {}); judged by "
+                    "ring-coord over the {} ranks of every node",
+                    f.rank, e.node, f.behind_s, observe::StragglerTracker::describe_noise(f),
+                    f.steps, f.step, js.rank_node.size());
   return e;
 }
 

@@ -25,6 +25,11 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Regi
                {"leaf_switch", m.topology.leaf_switch},
                {"summary", m.topology.summary}};
   double t = now_unix();
+  if (!e_.store->node(uid, m.node) && e_.store->count_nodes(uid) >= Engine::kMaxNodesPerUid)
+    throw Refused(proto::code::kInvalidState,
+                  "uid " + std::to_string(uid) + " has " + std::to_string(Engine::kMaxNodesPerUid) +
+                      " nodes registered already; a new node name is refused",
+                  "node");
   e_.store->upsert_node({m.node, uid, "up", t, t, gpus.dump(), topo.dump(), m.ringd_version});
   bool was_lost = e_.nodes.count(id) && !e_.nodes[id].up;
   e_.nodes[id].up = true;
@@ -179,10 +184,13 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
       break;
     }
     case proto::EventKind::kCheckpointSaved:
-      // A report of an attempt that a `restart --from` ended, of a step after the restart
-      // point (its stop checkpoint, late): that branch is abandoned, never resumed.
-      e_.store->upsert_checkpoint(j.id, *m.step, m.node, m.path, *m.bytes, *m.complete, m.seconds,
-                                  m.attempt < j.attempt && *m.step > e_.resume_step_of(j));
+      // A late report (the stop checkpoint of an attempt a `restart --from` ended, or of one that
+      // failed) of a step after the point the next attempt resumes from: that branch is
+      // abandoned, never resumed (ringd moves the directory's `latest` back the same way).
+      e_.store->upsert_checkpoint(
+          j.id, *m.step, m.node, m.path, *m.bytes, *m.complete, m.seconds,
+          (j.restart_step && *m.step > *j.restart_step && m.attempt <= j.attempt) ||
+              (m.attempt < j.attempt && *m.step > e_.resume_step_of(j)));
       if (!m.deleted.empty()) e_.store->mark_checkpoints_deleted(j.id, m.deleted);
       break;
     case proto::EventKind::kCheckpointFailed:

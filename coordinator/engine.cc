@@ -266,8 +266,22 @@ void Engine::maybe_cancelled(int64_t job_id) {
 }
 
 void Engine::refuse_join(const JobRow& j, const NodeId& node, const std::string& reason) {
-  if (!refused_joins.insert({j.id, node}).second) return;
-  if (refused_joins.size() > 100000) refused_joins.clear();
+  if (refused_joins.count({j.id, node})) return;
+  int& per_job = refused_per_job[j.id];
+  int& per_uid = refused_per_uid[node.uid];
+  if (per_job >= kMaxRefusedPerJob || per_uid >= kMaxRefusedPerUid) {
+    if (per_job == kMaxRefusedPerJob) {  // said once per job
+      ++per_job;
+      logger()->warn("job {}: further refused joins are not recorded (uid {} and others)", j.id,
+                     node.uid);
+      store->add_event(j.id, j.attempt, "", "join_refused_suppressed",
+                       {{"uid", node.uid}, {"after", kMaxRefusedPerJob}});
+    }
+    return;
+  }
+  refused_joins.insert({j.id, node});
+  ++per_job;
+  ++per_uid;
   logger()->warn("node {} (uid {}) may not serve job {}: {}", node.name, node.uid, j.id, reason);
   store->add_event(j.id, j.attempt, node.name, "join_refused",
                    {{"uid", node.uid}, {"reason", reason}});

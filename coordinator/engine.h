@@ -95,9 +95,17 @@ struct Engine {
   int64_t next_cmd = 1;
   std::map<std::pair<int64_t, std::string>, Clock::time_point> last_reconcile;
 
-  // Refused joins are recorded (event, warning) once per node and job, so that a daemon listing
-  // another user's job in every heartbeat cannot flood that job's events or our log.
+  // Refused joins are recorded (event, warning) once per node and job, and at most
+  // kMaxRefusedPerJob per job and kMaxRefusedPerUid per refused uid (then one
+  // join_refused_suppressed event per job): a daemon listing another user's job in every
+  // heartbeat, under ever new node names, cannot flood that job's events or our log.
+  static constexpr int kMaxRefusedPerJob = 16;
+  static constexpr int kMaxRefusedPerUid = 64;
   std::set<std::pair<int64_t, NodeId>> refused_joins;
+  std::map<int64_t, int> refused_per_job;
+  std::map<uint32_t, int> refused_per_uid;
+  // Node rows one uid may register (distinct names): a user cannot fill the database with nodes.
+  static constexpr int64_t kMaxNodesPerUid = 4096;
 
   // Replies and commands of the message being handled, sent after its transaction commits.
   std::vector<std::pair<std::string, proto::Message>> outbox;

@@ -145,6 +145,13 @@ proto::NodesReply answer(Store& store, const proto::NodesRequest& m, const LiveV
     i.gpus = g.is_array() ? static_cast<int64_t>(g.size()) : 0;
     i.ringd_version = n.ringd_version;
     for (int64_t jid : store.jobs_of_node(n.uid, n.name)) i.jobs.push_back(jid);
+    // No heartbeat, and every job it served has ended (a `ringctl run` that finished, an
+    // allocation Slurm released): not a failure to look into.
+    if (i.state == "lost" && std::all_of(i.jobs.begin(), i.jobs.end(), [&](int64_t jid) {
+          auto j = store.job_brief(jid);
+          return !j || is_terminal(j->state);
+        }))
+      i.state = "retired";
     r.nodes.push_back(std::move(i));
   }
   return r;

@@ -517,6 +517,14 @@ constexpr const char* kNodeCols =
     "name, uid, state, last_heartbeat, registered_at, gpus, topology, ringd_version";
 }  // namespace
 
+int64_t Store::count_nodes(int64_t uid) {
+  Stmt& s = db_.prepare("SELECT count(*) FROM nodes WHERE uid=?");
+  s.args(uid);
+  int64_t n = s.step() ? s.i64(0) : 0;
+  s.reset();
+  return n;
+}
+
 std::optional<NodeRow> Store::node(int64_t uid, const std::string& name) {
   Stmt& s = db_.prepare(std::string("SELECT ") + kNodeCols + " FROM nodes WHERE uid=? AND name=?");
   s.args(uid, name);

@@ -123,6 +123,7 @@ class Store {
   // ---- nodes
   void upsert_node(const NodeRow& n);
   std::optional<NodeRow> node(int64_t uid, const std::string& name);
+  int64_t count_nodes(int64_t uid);  // node rows of that uid
   std::vector<NodeRow> nodes();
   void set_node_state(int64_t uid, const std::string& name, const std::string& state);
   void touch_node(int64_t uid, const std::string& name, double t);

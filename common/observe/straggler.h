@@ -5,16 +5,21 @@
 // hop, and every rank at the step's collectives; the slow rank itself waits least. So each rank s
 // is charged what its ring successor waited beyond what s waited itself: score(s) =
 // wait(succ(s)) - wait(s) (succ: the rank whose `prev` is s; when the successor is not among the
-// samples, the median wait of the other samples stands in). The rank with the largest score,
-// when it exceeds max(min_behind_s, min_fraction x the median step time), was "last" in that
-// step. A rank last in at least `name_after` of the last `window` steps is the straggler; it is
-// cleared when it is last in at most `clear_at` of them. Ranks that waited are never charged
-// their own waiting.
+// samples, the median wait of the other samples stands in). The rank with the largest score was
+// "last" in that step when the score exceeds both max(min_behind_s, min_fraction x the median
+// step time) and the noise: the median plus `z` robust standard deviations (1.4826 x MAD) of
+// every other rank's scores over the window. On a host where workers share cores every rank is
+// 0.05-0.1 s "behind" now and then; a fixed fraction of the step named them (false alarms), the
+// measured spread does not, while a rank that is really slow stands out of it at once. A rank
+// last in at least `name_after` of the last `window` steps is the straggler, its finding saying
+// how far outside the noise it is; it is cleared when it is last in at most `clear_at` of them.
+// Ranks that waited are never charged their own waiting.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,12 +40,15 @@ class StragglerTracker {
     int clear_at = 1;
     double min_behind_s = 0.005;
     double min_fraction = 0.05;
+    double z = 4;  // robust standard deviations of the others' scores a rank must stand out by
   };
   struct Finding {
     int64_t rank = -1;
     int64_t step = 0;     // latest step it was last in
     int steps = 0;        // of the window's steps, how many it was last in
     double behind_s = 0;  // median score over those steps
+    double noise_s = 0;   // the others' spread (robust standard deviation of their scores)
+    double sigmas = 0;    // median of (score - the others' median) / noise_s; 1e6 when noise 0
   };
   struct Change {
     std::optional<Finding> named;    // a new straggler (or another rank replaced the old one)
@@ -54,9 +62,15 @@ class StragglerTracker {
   const std::optional<Finding>& current() const { return current_; }
   void reset() {
     last_.clear();
+    scores_.clear();
     current_.reset();
   }
-  // The rank that was last in `ranks` and by how much (rank -1: nobody clearly).
+  // Each rank's score in `ranks` (see above), in the order of `ranks`.
+  static std::vector<std::pair<int64_t, double>> scores(const std::vector<RankSample>& ranks);
+  // "7.6 times the noise of the others (0.031 s)", or "no measurable noise among the others".
+  static std::string describe_noise(const Finding& f);
+  // The rank that was last in `ranks` by the fixed floor alone, and by how much (rank -1: nobody
+  // clearly).
   static std::pair<int64_t, double> last_of(const std::vector<RankSample>& ranks,
                                             double min_behind_s, double min_fraction);
 
@@ -67,8 +81,12 @@ class StragglerTracker {
     int64_t step;
     int64_t rank;
     double behind_s;
+    double noise_s;
+    double sigmas;
   };
   std::deque<Last> last_;
+  // Every rank's score in each step of the window (the noise the scores are judged against).
+  std::deque<std::vector<std::pair<int64_t, double>>> scores_;
   std::optional<Finding> current_;
 };
 

@@ -358,7 +358,7 @@ struct StepRecord {
 
 struct NodeInfo {
   std::string name;
-  std::string state;  // up | lost
+  std::string state;  // up | lost | retired (no heartbeat, every job it served has ended)
   int64_t uid = 0;
   double last_heartbeat = 0;
   int64_t gpus = 0;

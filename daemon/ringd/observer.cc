@@ -29,7 +29,9 @@ json straggler_data(const StragglerTracker::Finding& f, const std::string& node,
             {"node", node},
             {"step", f.step},
             {"steps", f.steps},
-            {"behind_s", f.behind_s}};
+            {"behind_s", f.behind_s},
+            {"noise_s", f.noise_s},
+            {"sigmas", f.sigmas}};
   d["message"] = cleared
                      ? fmt::format(
                            "rank {} on {} is no longer a straggler (last in {} of the recent "
@@ -37,8 +39,9 @@ json straggler_data(const StragglerTracker::Finding& f, const std::string& node,
                            f.rank, node, f.steps)
                      : fmt::format(
                            "rank {} on {} is a straggler: the ranks after it waited {:.3f} s for "
-                           "it per step (median), last in {} of the recent steps (step {})",
-                           f.rank, node, f.behind_s, f.steps, f.step);
+                           "it per step (median), {}, last in {} of the recent steps (step {})",
+                           f.rank, node, f.behind_s, StragglerTracker::describe_noise(f), f.steps,
+                           f.step);
   return d;
 }
 

@@ -220,6 +220,15 @@ TEST(RingctlRun, StatusWhileRunningCtrlCAndResume) {
       contains(r.output, "steps " + std::to_string(last + 1) + "-" + std::to_string(last + 2)))
       << r.output;
   EXPECT_EQ(c.status(2).state, "completed");
+  // Issue 31.15: the finished runs' nodes are not listed as lost; --all shows them retired.
+  EXPECT_TRUE(wait_for([&] {
+    auto n = ring::test::run(env(t) + kRingctl + " nodes");
+    return n.exit_code == 0 && !contains(n.output, "lost") &&
+           contains(n.output, "retired node(s)");
+  }, 60s)) << ring::test::run(env(t) + kRingctl + " nodes").output;
+  auto all = ring::test::run(env(t) + kRingctl + " nodes --all --json");
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  for (const auto& n : json::parse(all.output)) EXPECT_NE(n["state"], "lost") << n.dump();
 }
 
 // --set reaches ringd and the coordinator's record (one spec, the overrides listed in it), and a

@@ -31,7 +31,7 @@ const char* const kSamples[] = {
     R"({"type":"event","node":"n-0","kind":"worker_exited","job":7,"attempt":2,"rank":3,"pid":4242,
         "signal":9,"exit_code":1,"step":31,"bytes":100,"path":"/ck/31","complete":false,
         "last_log":["a","b"],"message":"oom","seconds":1.5,"steps":3,"behind_s":0.25,"deadline_s":30,
-        "missing":[2],"deleted":[4],"waiting":[{"rank":1,"where":"ring recv from rank 2, layer 0 hop 0"}]})",
+        "missing":[2],"deleted":[4],"resumable":true,"waiting":[{"rank":1,"where":"ring recv from rank 2, layer 0 hop 0"}]})",
     R"({"type":"command_ack","node":"n-0","cmd":5,"ok":false,"error":"busy"})",
     R"({"type":"registered","node":"n-0","heartbeat_interval_s":0.5,"heartbeat_timeout_s":5,
         "jobs":[{"job":7,"attempt":2,"resume_step":20,"state":"running"}]})",

@@ -254,6 +254,36 @@ TEST(CoordSecurity, ASquatterCannotBlockOrHijackTheOwnersDaemon) {
   EXPECT_EQ(uids, (std::set<int64_t>{kOther, kNobody}));
 }
 
+// Issue 31.10: another user's daemons claiming a job under ever new node names added one
+// join_refused event each, without bound. Now at most 16 per job are recorded, then one
+// join_refused_suppressed.
+TEST(CoordSecurity, RefusedJoinsAreBoundedPerJob) {
+  SharedDir dir;
+  CoordBin coord(dir.path, {"--heartbeat-interval", "0.2", "--heartbeat-timeout", "60"});
+  auto client = coord.client();
+  std::string submitted = as_nobody([&] {
+    Client c(ClientOptions{coord.ep, 10000ms, "", "", ""});
+    return std::to_string(c.submit(test_spec(1, 0, 1, 1)).job);
+  });
+  ASSERT_EQ(submitted.find_first_not_of("0123456789"), std::string::npos) << submitted;
+  const int64_t job = std::stoll(submitted);
+  std::string done = as_uid(kOther, [&] {
+    for (int i = 0; i < 40; ++i) {
+      SimDaemon d(coord.ep, "flood-" + std::to_string(i));
+      d.register_jobs({{job, 0, 0}});
+    }
+    return std::string("ok");
+  });
+  ASSERT_EQ(done, "ok");
+  int refused = 0, suppressed = 0;
+  for (const auto& e : client.events(job, 0, 1000)) {
+    refused += e.kind == "join_refused";
+    suppressed += e.kind == "join_refused_suppressed";
+  }
+  EXPECT_EQ(refused, 16);
+  EXPECT_EQ(suppressed, 1);
+}
+
 // A newline in a string a peer sends (here a node name, quoted by the parse error) cannot start
 // a line of its own in ring-coord's log: it is escaped, and the whole message stays one line.
 TEST(CoordSecurity, PeerStringsCannotForgeLogLines) {
