@@ -29,6 +29,8 @@
 
 #include "common/contract/layout.h"
 #include "common/contract/shard.h"
+#include "common/files/atomic_write.h"
+#include "common/files/output_dir.h"
 #include "common/safetensors/safetensors.h"
 #include "daemon/checkpoint/checkpoint.h"
 
@@ -38,6 +40,15 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// A small file written for the user: private temporary, fsync, rename (files/atomic_write.h).
+void write_user_file(const std::string& path, const std::string& text) {
+  try {
+    files::write_file_atomic(path, text, 0600);
+  } catch (const files::AtomicWriteError& e) {
+    throw ConvertError(e.what());
+  }
+}
 
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
   throw ConvertError(file + ": " + what);
@@ -542,8 +553,13 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
 
   if (fs::exists(o.out, ec) && !fs::is_empty(o.out, ec))
     fail(o.out, "exists and is not empty (import writes a new checkpoint directory)");
-  fs::create_directories(o.out, ec);
-  if (ec) fail(o.out, "cannot create: " + ec.message());
+  // Ours and written by us alone: another user's directory (even empty) would let its owner swap
+  // in same-shaped weights that `checkpoints --verify` then calls verified.
+  try {
+    files::prepare_output_dir(o.out, "--out");
+  } catch (const files::OutputDirError& e) {
+    throw ConvertError(e.what());
+  }
 
   // The checkpoint writer takes each master tensor from the mapped source files chunk by chunk
   // as it writes it (wq/wk rows moved to the interleaved RoPE layout), in the source's own
@@ -620,9 +636,7 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
   }
   const std::string yaml = model_yaml(res.config, fs::absolute(o.out).lexically_normal().string(),
                                       o.dtype, fs::absolute(o.src).string());
-  std::ofstream y(o.out + "/model.yaml");
-  y << yaml;
-  if (!y) fail(o.out + "/model.yaml", "cannot write");
+  write_user_file(o.out + "/model.yaml", yaml);
   res.params = total;
   res.seconds = seconds_since(t0);
   return res;
@@ -906,25 +920,30 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
     shards.back().push_back(t);
     cur += b;
   }
-  fs::create_directories(o.out, ec);
-  if (ec) fail(o.out, "cannot create: " + ec.message());
-  // Shards of an earlier export to the same directory would be left beside the new index.
-  std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(o.out, ec)) {
-    const std::string f = e.path().filename().string();  // model-00001-of-00002.safetensors
-    if (f.size() == 32 && f.starts_with("model-") && f.ends_with(".safetensors") &&
-        f.substr(11, 4) == "-of-")
-      stale.push_back(e.path());
+  std::string out;
+  try {
+    out = files::prepare_output_dir(o.out, "--out");
+  } catch (const files::OutputDirError& e) {
+    throw ConvertError(e.what());
   }
-  for (const auto& f : stale) fs::remove(f, ec);
+  // Everything is written into a private staging directory first and moved into place only once
+  // all of it is written: a failed export leaves the previous one as it was.
+  std::string stage = out + "/.ringctl-export-XXXXXX";
+  if (::mkdtemp(stage.data()) == nullptr)
+    fail(out, std::string("cannot create a staging directory: ") + std::strerror(errno));
+  struct RemoveStage {
+    std::string dir;
+    ~RemoveStage() {
+      std::error_code e;
+      if (!dir.empty()) fs::remove_all(dir, e);  // ours: made by mkdtemp just above
+    }
+  } remove_stage{stage};
+  std::vector<std::string> names;  // what the new export consists of
   const std::map<std::string, std::string> meta{{"format", "pt"}};
   try {
     if (shards.size() == 1) {
-      std::string f = o.out + "/model.safetensors";
-      st::write_file(f, shards[0], dt, meta);
-      res.files.push_back(f);
-      res.bytes += fs::file_size(f);
-      fs::remove(o.out + "/model.safetensors.index.json", ec);
+      st::write_file(stage + "/model.safetensors", shards[0], dt, meta);
+      names.push_back("model.safetensors");
     } else {
       json wm = json::object();
       uint64_t data_bytes = 0;
@@ -932,11 +951,9 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
       for (size_t s = 0; s < n; ++s) {
         char name[64];
         std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, n);
-        std::string f = o.out + "/" + name;
         say("writing " + std::string(name));
-        st::write_file(f, shards[s], dt, meta);
-        res.files.push_back(f);
-        res.bytes += fs::file_size(f);
+        st::write_file(stage + "/" + name, shards[s], dt, meta);
+        names.push_back(name);
         for (const auto& t : shards[s]) {
           wm[t.name] = name;
           uint64_t b = 1;
@@ -945,18 +962,34 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
         }
       }
       json idx = {{"metadata", {{"total_size", data_bytes}}}, {"weight_map", wm}};
-      std::ofstream out(o.out + "/model.safetensors.index.json");
-      out << idx.dump(2) << "\n";
-      if (!out) fail(o.out + "/model.safetensors.index.json", "cannot write");
-      fs::remove(o.out + "/model.safetensors", ec);
+      write_user_file(stage + "/model.safetensors.index.json", idx.dump(2) + "\n");
+      names.push_back("model.safetensors.index.json");
     }
   } catch (const st::SafetensorsError& e) {
     throw ConvertError(e.what());
   }
   c.torch_dtype = dt == st::DType::kBF16 ? "bfloat16" : "float32";
-  std::ofstream cj(o.out + "/config.json");
-  cj << config_json(c);
-  if (!cj) fail(o.out + "/config.json", "cannot write");
+  write_user_file(stage + "/config.json", config_json(c));
+  names.push_back("config.json");
+  // Into place (each rename replaces a file of that name whole, never through a link), then the
+  // previous export's files that are not part of this one go: shards of another count, the
+  // index of a sharded export when this one is a single file, or the single file.
+  for (const std::string& n : names)
+    if (::rename((stage + "/" + n).c_str(), (out + "/" + n).c_str()) != 0)
+      fail(out + "/" + n, std::string("cannot move into place: ") + std::strerror(errno));
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string f = e.path().filename().string();  // model-00001-of-00002.safetensors
+    const bool ours = (f.size() == 32 && f.starts_with("model-") && f.ends_with(".safetensors") &&
+                       f.substr(11, 4) == "-of-") ||
+                      f == "model.safetensors" || f == "model.safetensors.index.json";
+    if (ours && std::find(names.begin(), names.end(), f) == names.end())
+      fs::remove(e.path(), ec);
+  }
+  for (const std::string& n : names)
+    if (n.ends_with(".safetensors")) {
+      res.files.push_back(out + "/" + n);
+      res.bytes += fs::file_size(out + "/" + n);
+    }
   res.params = pl.num_params();
   res.seconds = seconds_since(t0);
   return res;

@@ -153,6 +153,9 @@ TEST_F(GenerateCli, GreedyTokensEqualTheTeacherForcedArgmax) {
 
 TEST_F(GenerateCli, OutputFileSeedsAndDiskTier) {
   const std::string out = dir_ + "/out.txt";
+  // Issue 31.6: an existing 0644 file at -o stayed 0644 (the generated text readable by all).
+  { std::ofstream(out) << "an earlier output"; }
+  ::chmod(out.c_str(), 0644);
   fs::create_directory(dir_ + "/disk");
   const std::string base = "generate --checkpoint " + dir_ + "/ckpt/step-00000002 " + dir_ +
                            "/p1.txt --page-tokens 64 --threads 2 ";

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -556,3 +557,75 @@ TEST(HfExport, UsesTheLayoutRecordWithoutModelYaml) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string convert_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ring::hf::ConvertError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Issue 31.4 and 31.5, with two uids (root and nobody): import and export refuse an output
+// directory another user owns, may write to, or points at with a link; export writes through no
+// link planted in its directory and leaves the previous export whole when it fails.
+TEST(HfFiles, ImportAndExportRefuseDirectoriesOthersControl) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make directories of another user (nobody)";
+  const fs::path root = fs::temp_directory_path() / ("st-own-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  TinyHf m{root / "hf"};
+  m.write();
+  import_to(m.dir, (root / "ck").string());
+  const uid_t nobody = 65534;
+  // An empty directory of nobody: before, the import went in and nobody could swap weights.
+  fs::create_directories(root / "theirs");
+  ASSERT_EQ(::chown((root / "theirs").c_str(), nobody, nobody), 0);
+  std::string err = convert_error([&] { import_to(m.dir, (root / "theirs").string()); });
+  EXPECT_NE(err.find("is owned by nobody (uid 65534), not by you"), std::string::npos) << err;
+  EXPECT_TRUE(fs::is_empty(root / "theirs"));
+  ring::hf::ExportOptions eo;
+  eo.ckpt = (root / "ck").string();
+  eo.dtype = "bf16";
+  eo.out = (root / "theirs").string();
+  err = convert_error([&] { ring::hf::export_model(eo); });
+  EXPECT_NE(err.find("is owned by nobody"), std::string::npos) << err;
+  // Writable by others; a link of nobody's to a directory of ours.
+  fs::create_directories(root / "open");
+  ::chmod((root / "open").c_str(), 0777);
+  eo.out = (root / "open").string();
+  err = convert_error([&] { ring::hf::export_model(eo); });
+  EXPECT_NE(err.find("has mode 0777: group or others may write there"), std::string::npos) << err;
+  fs::create_directories(root / "mine");
+  fs::create_directory_symlink(root / "mine", root / "link");
+  ASSERT_EQ(::lchown((root / "link").c_str(), nobody, nobody), 0);
+  eo.out = (root / "link").string();
+  err = convert_error([&] { ring::hf::export_model(eo); });
+  EXPECT_NE(err.find("is a symbolic link of nobody"), std::string::npos) << err;
+  EXPECT_TRUE(fs::is_empty(root / "mine"));
+  // A link planted at config.json (as nobody could in a shared directory before): replaced, the
+  // file it pointed at untouched.
+  eo.out = (root / "out").string();
+  ring::hf::export_model(eo);
+  { std::ofstream(root / "victim.txt") << "mine"; }
+  fs::remove(root / "out" / "config.json");
+  fs::create_symlink(root / "victim.txt", root / "out" / "config.json");
+  ring::hf::export_model(eo);
+  EXPECT_FALSE(fs::is_symlink(root / "out" / "config.json"));
+  std::ifstream v(root / "victim.txt");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(v)), {}), "mine");
+  // A failed export (fp16 cannot be written) leaves the previous one whole, and no staging
+  // directory behind.
+  const auto before = fs::file_size(root / "out" / "model.safetensors");
+  eo.dtype = "fp16";
+  EXPECT_FALSE(convert_error([&] { ring::hf::export_model(eo); }).empty());
+  EXPECT_EQ(fs::file_size(root / "out" / "model.safetensors"), before);
+  EXPECT_TRUE(fs::exists(root / "out" / "config.json"));
+  for (const auto& e : fs::directory_iterator(root / "out"))
+    EXPECT_EQ(e.path().filename().string().find(".ringctl-export"), std::string::npos);
+  fs::remove_all(root);
+}

@@ -235,6 +235,44 @@ TEST(TokenFiles, WriteOpenAndResumeExactly) {
             std::string::npos);
 }
 
+// Issue 31.6: `ringctl tokenize -o` over a dataset a running job has mapped truncated it under
+// the job. Now the new dataset replaces the old one whole at the end (the job's mapping keeps the
+// old bytes: another inode), an unfinished writer leaves the old one and no temporary, and a link
+// planted at the .idx name is replaced, not followed.
+TEST(TokenFiles, RewritingADatasetNeverTruncatesItUnderItsReaders) {
+  TempDir dir;
+  const std::string p = dir / "ds";
+  {
+    TokenFileWriter w(p, 2, 0);
+    w.add_document(std::vector<int32_t>(1000, 7));
+    w.finish();
+  }
+  auto mapped = TokenFile::open(p + ".bin");  // a running job's mapping
+  ASSERT_EQ(mapped->num_tokens(), 1000);
+  {
+    TokenFileWriter unfinished(p, 2, 0);
+    unfinished.add_document(std::vector<int32_t>(10, 1));
+  }  // dropped before finish(): the old dataset stays, no temporary left
+  EXPECT_EQ(TokenFile::open(p + ".bin")->num_tokens(), 1000);
+  for (const auto& e : std::filesystem::directory_iterator(dir.p))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  { std::ofstream(dir / "victim") << "mine"; }
+  std::filesystem::remove(p + ".idx");
+  std::filesystem::create_symlink(dir / "victim", p + ".idx");
+  {
+    TokenFileWriter w(p, 2, 0);
+    w.add_document(std::vector<int32_t>(10, 3));
+    w.finish();
+  }
+  EXPECT_EQ(TokenFile::open(p + ".bin")->num_tokens(), 10);
+  EXPECT_FALSE(std::filesystem::is_symlink(p + ".idx"));
+  std::ifstream v(dir / "victim");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(v)), {}), "mine");
+  // The old mapping still reads the old tokens.
+  EXPECT_EQ(mapped->num_tokens(), 1000);
+  EXPECT_EQ(mapped->data()[0], 7);
+}
+
 TEST(TokenFiles, HostileIndexAndBinGiveClearErrors) {
   TempDir dir;
   const std::string p = dir / "ok";

@@ -11,20 +11,39 @@
 #include <cstring>
 #include <tuple>
 
+#include "common/files/atomic_write.h"
 #include "fmt/format.h"
 #include "worker/data/errors.h"
 
 namespace ring::data {
 
 namespace {
-// A new token file, 0600 (it holds the user's data, derived from texts that may be private),
-// never through a symbolic link; an existing regular file is truncated. nullptr: errno says why.
-std::FILE* create_private(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+// A private temporary beside `path` (0600: it holds the user's data, derived from texts that may
+// be private; O_EXCL|O_NOFOLLOW through mkstemp), its name in *tmp. nullptr: errno says why.
+std::FILE* create_temp(const std::string& path, std::string* tmp) {
+  std::string t = path + ".tmp-XXXXXX";
+  const int fd = ::mkostemp(t.data(), O_CLOEXEC);
   if (fd < 0) return nullptr;
   std::FILE* f = ::fdopen(fd, "wb");
-  if (f == nullptr) ::close(fd);
+  if (f == nullptr) {
+    ::close(fd);
+    ::unlink(t.c_str());
+    return nullptr;
+  }
+  *tmp = t;
   return f;
+}
+
+// The .idx: header + offsets, written atomically (private temporary, fsync, rename).
+void write_idx(const std::string& idx, const std::vector<uint8_t>& header,
+               const std::vector<uint64_t>& offsets) {
+  std::string bytes(reinterpret_cast<const char*>(header.data()), header.size());
+  bytes.append(reinterpret_cast<const char*>(offsets.data()), offsets.size() * 8);
+  try {
+    files::write_file_atomic(idx, bytes, 0600);
+  } catch (const files::AtomicWriteError& e) {
+    throw DataError(std::string("token dataset: ") + e.what());
+  }
 }
 }  // namespace
 
@@ -84,14 +103,15 @@ TokenFileWriter::TokenFileWriter(const std::string& prefix, int width, uint64_t 
     throw DataError(fmt::format(
         "token dataset: vocab {} does not fit uint16 ids (at most 65536); use uint32", vocab));
   const std::string bin = prefix_ + ".bin";
-  bin_ = create_private(bin);
+  bin_ = create_temp(bin, &bin_tmp_);
   if (bin_ == nullptr)
-    throw DataError(
-        fmt::format("token dataset: cannot create '{}': {}", bin, std::strerror(errno)));
+    throw DataError(fmt::format("token dataset: cannot create a temporary beside '{}': {}", bin,
+                                std::strerror(errno)));
 }
 
 TokenFileWriter::~TokenFileWriter() {
   if (bin_ != nullptr) std::fclose(bin_);
+  if (!bin_tmp_.empty()) ::unlink(bin_tmp_.c_str());
 }
 
 void TokenFileWriter::add_document(std::span<const int32_t> ids) {
@@ -118,12 +138,18 @@ void TokenFileWriter::add_document(std::span<const int32_t> ids) {
 
 void TokenFileWriter::finish() {
   if (bin_ == nullptr) return;
-  if (std::fclose(bin_) != 0) {
+  const bool flushed = std::fflush(bin_) == 0 && ::fsync(::fileno(bin_)) == 0;
+  const int err = errno;
+  if (std::fclose(bin_) != 0 || !flushed) {
     bin_ = nullptr;
-    throw DataError(
-        fmt::format("token dataset: writing '{}.bin': {}", prefix_, std::strerror(errno)));
+    throw DataError(fmt::format("token dataset: writing '{}.bin': {}", prefix_,
+                                std::strerror(flushed ? errno : err)));
   }
   bin_ = nullptr;
+  if (::rename(bin_tmp_.c_str(), (prefix_ + ".bin").c_str()) != 0)
+    throw DataError(fmt::format("token dataset: cannot rename {} to '{}.bin': {}", bin_tmp_,
+                                prefix_, std::strerror(errno)));
+  bin_tmp_.clear();
   std::vector<uint8_t> h(kTokenIdxHeaderBytes, 0);
   std::memcpy(h.data(), kTokenIdxMagic, 8);
   const uint32_t version = kTokenIdxVersion, width = static_cast<uint32_t>(width_);
@@ -133,15 +159,7 @@ void TokenFileWriter::finish() {
   std::memcpy(h.data() + 16, &n, 8);
   std::memcpy(h.data() + 24, &t, 8);
   std::memcpy(h.data() + 32, &vocab_, 8);
-  const std::string idx = prefix_ + ".idx";
-  std::FILE* f = create_private(idx);
-  if (f == nullptr)
-    throw DataError(
-        fmt::format("token dataset: cannot create '{}': {}", idx, std::strerror(errno)));
-  bool ok = std::fwrite(h.data(), 1, h.size(), f) == h.size() &&
-            std::fwrite(offsets_.data(), 8, offsets_.size(), f) == offsets_.size();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) throw DataError(fmt::format("token dataset: writing '{}' failed", idx));
+  write_idx(prefix_ + ".idx", h, offsets_);
 }
 
 int64_t write_index_for_flat_bin(const std::string& path, int width, int64_t eot, uint64_t vocab) {
@@ -181,15 +199,7 @@ int64_t write_index_for_flat_bin(const std::string& path, int width, int64_t eot
   std::memcpy(h.data() + 16, &docs, 8);
   std::memcpy(h.data() + 24, &n, 8);
   std::memcpy(h.data() + 32, &vocab, 8);
-  const std::string idx = prefix + ".idx";
-  std::FILE* f = create_private(idx);
-  if (f == nullptr)
-    throw DataError(
-        fmt::format("token dataset: cannot create '{}': {}", idx, std::strerror(errno)));
-  bool ok = std::fwrite(h.data(), 1, h.size(), f) == h.size() &&
-            std::fwrite(offsets.data(), 8, offsets.size(), f) == offsets.size();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) throw DataError(fmt::format("token dataset: writing '{}' failed", idx));
+  write_idx(prefix + ".idx", h, offsets);
   return static_cast<int64_t>(docs);
 }
 

@@ -37,14 +37,19 @@ inline constexpr int64_t kTokenIdxHeaderBytes = 48;
 // "<prefix>" from "<prefix>", "<prefix>.bin" or "<prefix>.idx".
 std::string token_file_prefix(const std::string& path);
 
+// Writes <prefix>.bin and <prefix>.idx. Both are written under private temporary names in the
+// same directory (0600, O_EXCL|O_NOFOLLOW) and renamed into place by finish(), .bin first: a
+// dataset already there, perhaps mapped by a running job, is replaced whole or not at all, never
+// truncated under it, and a link planted at either name is replaced, not followed.
 class TokenFileWriter {
  public:
   // width 2 or 4. Throws DataError when the files cannot be created.
   TokenFileWriter(const std::string& prefix, int width, uint64_t vocab);
-  ~TokenFileWriter();
+  ~TokenFileWriter();  // unfinished: the temporaries go, the old dataset stays
   // Throws DataError when an id does not fit the width (or is >= vocab when vocab > 0).
   void add_document(std::span<const int32_t> ids);
-  // Writes the .idx; the files are complete only after this.
+  // Writes the .idx, makes both durable and renames them into place; the dataset exists only
+  // after this.
   void finish();
   int64_t documents() const { return static_cast<int64_t>(offsets_.size()) - 1; }
   int64_t tokens() const { return offsets_.back(); }
@@ -54,6 +59,7 @@ class TokenFileWriter {
   int width_;
   uint64_t vocab_;
   std::FILE* bin_ = nullptr;
+  std::string bin_tmp_;  // the .bin being written
   std::vector<uint64_t> offsets_{0};
   std::vector<uint8_t> buf_;
 };

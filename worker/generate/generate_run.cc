@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/contract/layout.h"
+#include "common/files/atomic_write.h"
 #include "common/contract/timeline.h"
 #include "common/spec/parse.h"
 #include "daemon/checkpoint/checkpoint.h"
@@ -480,22 +481,13 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
   if (o.out.empty()) {
     std::cout << result << std::flush;
   } else {
-    const int fd =
-        ::open(o.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0)
-      throw InputError(fmt::format("-o {}: cannot create: {}", o.out, std::strerror(errno)));
-    size_t off = 0;
-    while (off < result.size()) {
-      const ssize_t w = ::write(fd, result.data() + off, result.size() - off);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        const std::string e = std::strerror(errno);
-        ::close(fd);
-        throw InputError(fmt::format("-o {}: write failed: {}", o.out, e));
-      }
-      off += static_cast<size_t>(w);
+    // Replaced whole (private temporary, fsync, rename): 0600 whatever was there before, never
+    // through a link, and an earlier output stays intact when this write fails.
+    try {
+      files::write_file_atomic(o.out, result, 0600);
+    } catch (const files::AtomicWriteError& e) {
+      throw InputError(fmt::format("-o {}: {}", o.out, e.what()));
     }
-    if (::close(fd) != 0) throw InputError(fmt::format("-o {}: close failed", o.out));
   }
   return kExitOk;
 }

@@ -1,0 +1,73 @@
+#include "common/files/output_dir.h"
+
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace ring::files {
+
+namespace {
+
+std::string owner_name(uid_t uid) {
+  struct passwd pw {};
+  struct passwd* out = nullptr;
+  std::vector<char> buf(16384);
+  std::string s = "uid " + std::to_string(uid);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &out) == 0 && out)
+    s = std::string(out->pw_name) + " (" + s + ")";
+  return s;
+}
+
+std::string octal(mode_t m) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%04o", static_cast<unsigned>(m & 07777));
+  return b;
+}
+
+}  // namespace
+
+std::string prepare_output_dir(const std::string& given, const std::string& what) {
+  namespace fs = std::filesystem;
+  if (given.empty()) throw OutputDirError(what + ": the directory is empty");
+  std::string dir = fs::absolute(given).lexically_normal().string();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const uid_t me = ::geteuid();
+  struct stat ls {};
+  if (::lstat(dir.c_str(), &ls) != 0) {
+    if (errno != ENOENT)
+      throw OutputDirError(what + " " + dir + ": " + std::strerror(errno));
+    std::error_code ec;
+    fs::create_directories(fs::path(dir).parent_path(), ec);
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+      throw OutputDirError(what + " " + dir + ": cannot create: " + std::strerror(errno));
+    if (::lstat(dir.c_str(), &ls) != 0)
+      throw OutputDirError(what + " " + dir + ": " + std::strerror(errno));
+  }
+  if (S_ISLNK(ls.st_mode) && ls.st_uid != me)
+    throw OutputDirError(what + " " + dir + " is a symbolic link of " + owner_name(ls.st_uid) +
+                         ", not yours: refusing to write where another user points");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0)
+    throw OutputDirError(what + " " + dir + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) throw OutputDirError(what + " " + dir + " is not a directory");
+  if (st.st_uid != me)
+    throw OutputDirError(what + " " + dir + " is owned by " + owner_name(st.st_uid) +
+                         ", not by you (" + owner_name(me) +
+                         "): its owner could change or replace what is written there; choose a "
+                         "directory of your own");
+  if (st.st_mode & 0022)
+    throw OutputDirError(what + " " + dir + " has mode " + octal(st.st_mode) +
+                         ": group or others may write there and could swap files in after the "
+                         "write; chmod go-w " + dir + ", or choose another directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw OutputDirError(what + " " + dir + ": cannot write there: " + std::strerror(errno));
+  return dir;
+}
+
+}  // namespace ring::files
