@@ -207,14 +207,33 @@ struct Coordinator::Impl {
     if (opts.http_token) w.token = read_or_create_http_token(opts.state_dir);
     w.limits.window_steps = opts.metrics_window_steps;
     w.limits.max_ranks = opts.metrics_max_ranks;
+    {
+      char h[256] = {};
+      if (::gethostname(h, sizeof h - 1) == 0 && h[0]) {
+        w.host_names.push_back(h);
+        const std::string full = h;
+        if (const size_t dot = full.find('.'); dot != std::string::npos)
+          w.host_names.push_back(full.substr(0, dot));
+      }
+    }
     web = std::make_unique<WebApp>(std::move(w));
     HttpServer::Options so;
     so.host = where->host;
     so.port = where->port;
     so.timeout_s = opts.http_timeout_s;
     so.max_connections = opts.http_max_connections;
-    http = std::make_unique<HttpServer>(
-        so, [app = web.get()](const HttpRequest& r) { return app->handle(r); });
+    try {
+      http = std::make_unique<HttpServer>(
+          so, [app = web.get()](const HttpRequest& r) { return app->handle(r); });
+    } catch (const HttpError& e) {
+      // Only the web part fails: the coordinator serves its jobs. The address file names no
+      // endpoint, so nothing is pointed at whoever holds the port.
+      record_http_address(opts.state_dir, "");
+      web.reset();
+      logger()->error("web endpoint not started: {}{}", e.what(),
+                      where->port ? "; " + describe_port_holder(where->port) : std::string());
+      return;
+    }
     http_url = "http://" + http->address() + "/";
     record_http_address(opts.state_dir, http_url);
     logger()->info("web endpoint on {} ({})", http_url,

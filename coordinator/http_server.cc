@@ -1,8 +1,14 @@
 #include "coordinator/http_server.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <sstream>
+#include <fstream>
+#include <filesystem>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -94,7 +100,7 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor{io};
   std::thread thread;
   std::atomic<size_t> open{0};
-  std::atomic<uint64_t> n_requests{0}, n_refused{0};
+  std::atomic<uint64_t> n_requests{0}, n_refused{0}, n_evicted{0};
   tcp::endpoint bound;
 
   struct Session : std::enable_shared_from_this<Session> {
@@ -103,6 +109,12 @@ struct HttpServer::Impl {
     beast::flat_buffer buf;
     std::optional<http::request_parser<http::string_body>> parser;
     http::response<http::string_body> res;
+
+    // Waiting for a request (not handling or writing one); since when; whether a request on it
+    // ever proved who sent it. Touched on the server's thread only.
+    bool waiting = true;
+    bool proven = false;
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
 
     Session(Impl& s, tcp::socket sock) : srv(s), stream(std::move(sock)) { ++srv.open; }
     ~Session() { --srv.open; }
@@ -115,13 +127,27 @@ struct HttpServer::Impl {
       parser.emplace();
       parser->header_limit(static_cast<uint32_t>(srv.opts.max_header_bytes));
       parser->body_limit(srv.opts.max_body_bytes);
+      waiting = true;
+      since = std::chrono::steady_clock::now();
+      srv.sessions.push_back(weak_from_this());
+      // The head within head_timeout_s (a client that trickles bytes is cut off), then the body.
+      stream.expires_after(std::chrono::milliseconds(
+          static_cast<int64_t>(std::min(srv.opts.head_timeout_s, srv.opts.timeout_s) * 1000)));
+      http::async_read_header(
+          stream, buf, *parser,
+          [self = shared_from_this()](beast::error_code ec, size_t) { self->on_head(ec); });
+    }
+
+    void on_head(beast::error_code ec) {
+      if (ec) return on_read(ec);
       stream.expires_after(timeout());
       http::async_read(
           stream, buf, *parser,
-          [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+          [self = shared_from_this()](beast::error_code ec2, size_t) { self->on_read(ec2); });
     }
 
     void on_read(beast::error_code ec) {
+      waiting = false;
       if (ec == http::error::end_of_stream || ec == asio::error::operation_aborted ||
           ec == beast::error::timeout || ec == asio::error::connection_reset ||
           ec == asio::error::eof)
@@ -137,6 +163,7 @@ struct HttpServer::Impl {
       r.authorization = std::string(req[http::field::authorization]);
       r.cookie = std::string(req[http::field::cookie]);
       r.content_type = std::string(req[http::field::content_type]);
+      r.host = std::string(req[http::field::host]);
       r.body = req.body();
       ++srv.n_requests;
       HttpResponse out;
@@ -149,6 +176,7 @@ struct HttpServer::Impl {
           out = plain(500, std::string("internal error: ") + e.what());
         }
       }
+      proven = proven || out.authenticated;
       reply(std::move(out), req.keep_alive());
     }
 
@@ -179,11 +207,34 @@ struct HttpServer::Impl {
     }
   };
 
+  // Sessions that may wait for a request (weak: a closed one simply expires).
+  std::vector<std::weak_ptr<Session>> sessions;
+
+  // Makes room for a new connection: closes the oldest session waiting for a request that never
+  // proved who it is, else the oldest waiting one. False when every session is busy.
+  bool evict_one() {
+    std::shared_ptr<Session> victim;
+    std::vector<std::weak_ptr<Session>> live;
+    for (auto& w : sessions)
+      if (auto s = w.lock()) {
+        live.push_back(w);
+        if (!s->waiting) continue;
+        if (!victim || (victim->proven && !s->proven) ||
+            (victim->proven == s->proven && s->since < victim->since))
+          victim = s;
+      }
+    sessions = std::move(live);
+    if (!victim) return false;
+    victim->close();
+    ++n_evicted;
+    return true;
+  }
+
   void accept() {
     acceptor.async_accept([this](beast::error_code ec, tcp::socket sock) {
       if (ec == asio::error::operation_aborted) return;
       if (!ec) {
-        if (open.load() >= opts.max_connections) {
+        if (open.load() >= opts.max_connections && !evict_one()) {
           ++n_refused;
           beast::error_code ignored;
           sock.close(ignored);
@@ -195,6 +246,45 @@ struct HttpServer::Impl {
     });
   }
 };
+
+std::string describe_port_holder(uint16_t port) {
+  // Lines: "sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode"; local
+  // address "0100007F:2328"; state 0A is LISTEN.
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, txrx, trtm, retr, uid, timeout, inode;
+      if (!(f >> sl >> local >> remote >> st >> txrx >> trtm >> retr >> uid >> timeout >> inode))
+        continue;
+      const size_t colon = local.rfind(':');
+      if (st != "0A" || colon == std::string::npos) continue;
+      if (std::strtoul(local.c_str() + colon + 1, nullptr, 16) != port) continue;
+      const uid_t u = static_cast<uid_t>(std::strtoul(uid.c_str(), nullptr, 10));
+      std::string who = "uid " + uid;
+      if (const passwd* pw = ::getpwuid(u)) who += std::string(" (") + pw->pw_name + ")";
+      std::string pid;
+      const std::string want = "socket:[" + inode + "]";
+      std::error_code ec;
+      for (const auto& p : std::filesystem::directory_iterator("/proc", ec)) {
+        const std::string name = p.path().filename().string();
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::error_code e2;
+        for (const auto& fd : std::filesystem::directory_iterator(p.path() / "fd", e2)) {
+          std::error_code e3;
+          if (std::filesystem::read_symlink(fd.path(), e3).string() == want) pid = name;
+          if (!pid.empty()) break;
+        }
+        if (!pid.empty()) break;
+      }
+      return "port " + std::to_string(port) + " is held by " + who +
+             (pid.empty() ? "" : ", pid " + pid);
+    }
+  }
+  return "port " + std::to_string(port) + ": no listener found";
+}
 
 HttpServer::HttpServer(Options opts, Handler handler) : impl_(std::make_unique<Impl>()) {
   impl_->opts = std::move(opts);
@@ -241,7 +331,7 @@ uint16_t HttpServer::port() const {
 }
 
 HttpServer::Stats HttpServer::stats() const {
-  return {impl_->n_requests.load(), impl_->n_refused.load()};
+  return {impl_->n_requests.load(), impl_->n_refused.load(), impl_->n_evicted.load()};
 }
 
 }  // namespace ring::coord

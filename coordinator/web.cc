@@ -353,15 +353,15 @@ std::string finding_text(const proto::EventRecord& e) {
   return e.data.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string cookie_token(const std::string& cookie) {
-  // "a=b; ring_token=XYZ; c=d"
+std::string cookie_session(const std::string& cookie) {
+  // "a=b; ring_session=XYZ; c=d"
   for (size_t a = 0; a < cookie.size();) {
     size_t b = cookie.find(';', a);
     if (b == std::string::npos) b = cookie.size();
     std::string kv = cookie.substr(a, b - a);
     size_t s = kv.find_first_not_of(' ');
     if (s != std::string::npos) kv = kv.substr(s);
-    if (kv.rfind("ring_token=", 0) == 0) return kv.substr(11);
+    if (kv.rfind("ring_session=", 0) == 0) return kv.substr(13);
     a = b + 1;
   }
   return "";
@@ -384,8 +384,11 @@ Store& WebApp::store() {
 }
 
 HttpResponse WebApp::handle(const HttpRequest& r) {
+  authenticated_ = false;
   try {
-    return route(r);
+    HttpResponse out = route(r);
+    out.authenticated = out.authenticated || authenticated_;
+    return out;
   } catch (const Refused& e) {
     return json_error(404, e.what());
   } catch (const DbError& e) {
@@ -395,7 +398,62 @@ HttpResponse WebApp::handle(const HttpRequest& r) {
   }
 }
 
+bool WebApp::host_allowed(const std::string& host_header) const {
+  // "name", "name:port", "1.2.3.4:5", "[::1]:5"
+  std::string h = host_header;
+  if (!h.empty() && h.front() == '[') {
+    const size_t e = h.find(']');
+    h = e == std::string::npos ? "" : h.substr(1, e - 1);
+  } else if (const size_t c = h.rfind(':'); c != std::string::npos && h.find(':') == c) {
+    h = h.substr(0, c);
+  }
+  // No Host at all: an HTTP/1.0 client (a browser always sends one, so a rebinding page does).
+  if (host_header.empty()) return true;
+  for (char& ch : h) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (h.empty()) return false;
+  if (h == "localhost" || is_ip_address(h)) return true;
+  for (const std::string& n : o_.host_names) {
+    std::string l = n;
+    for (char& ch : l) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (h == l) return true;
+  }
+  return false;
+}
+
+std::string WebApp::open_session() {
+  const double now = now_unix();
+  for (auto it = sessions_.begin(); it != sessions_.end();)
+    it = it->second < now ? sessions_.erase(it) : std::next(it);
+  if (sessions_.size() >= 4096) sessions_.erase(sessions_.begin());
+  unsigned char raw[32];
+  randombytes_buf(raw, sizeof raw);
+  static const char* hex = "0123456789abcdef";
+  std::string id;
+  for (unsigned char c : raw) {
+    id += hex[c >> 4];
+    id += hex[c & 15];
+  }
+  sessions_[id] = now + o_.session_s;
+  return id;
+}
+
+bool WebApp::session_valid(const std::string& id) {
+  if (id.size() != 64) return false;
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return false;
+  if (it->second < now_unix()) {
+    sessions_.erase(it);
+    return false;
+  }
+  return true;
+}
+
 HttpResponse WebApp::route(const HttpRequest& r) {
+  // DNS rebinding: a browser on another site's page sends that site's name as the Host.
+  if (!host_allowed(r.host))
+    return text_reply(421, "the Host header '" + r.host.substr(0, 200) +
+                               "' is not a name of this server (ring-coord serves IP addresses, "
+                               "localhost and this machine's names)");
   const bool is_login = r.path == "/login";
   if (r.method != "GET" && !(is_login && r.method == "POST"))
     return {405,
@@ -422,19 +480,26 @@ HttpResponse WebApp::route(const HttpRequest& r) {
     if (!token_matches(presented, o_.token))
       return html("ring-coord: sign in", "<h1>Wrong token</h1><p><a href=\"/login\">again</a></p>",
                   401);
-    return {303,
-            "text/plain; charset=utf-8",
-            "signed in\n",
-            {{"Location", "/"},
-             {"Set-Cookie", "ring_token=" + o_.token + "; Path=/; HttpOnly; SameSite=Strict"}}};
+    // The cookie is a random session id of this endpoint, valid session_s: never the long-lived
+    // token, which a cookie would carry to wherever else the browser sends it.
+    HttpResponse ok{303,
+                    "text/plain; charset=utf-8",
+                    "signed in\n",
+                    {{"Location", "/"},
+                     {"Set-Cookie", "ring_session=" + open_session() +
+                                        "; Path=/; HttpOnly; SameSite=Strict; Max-Age=" +
+                                        std::to_string(static_cast<int64_t>(o_.session_s))}}};
+    ok.authenticated = true;
+    return ok;
   }
+  bool authenticated = o_.token.empty();
   if (!o_.token.empty()) {
-    std::string presented;
     if (r.authorization.rfind("Bearer ", 0) == 0)
-      presented = r.authorization.substr(7);
+      authenticated = token_matches(r.authorization.substr(7), o_.token);
     else
-      presented = cookie_token(r.cookie);
-    if (!token_matches(presented, o_.token)) {
+      authenticated = session_valid(cookie_session(r.cookie));
+    authenticated_ = authenticated;  // a valid token or session: the connection proved itself
+    if (!authenticated) {
       bool page_req = r.path == "/" || r.path.rfind("/jobs", 0) == 0;
       HttpResponse resp =
           page_req ? html("ring-coord: sign in",

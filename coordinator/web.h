@@ -14,9 +14,11 @@
 //   });
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "coordinator/http_server.h"
 #include "coordinator/observe.h"
@@ -27,9 +29,15 @@ namespace ring::coord {
 struct WebOptions {
   std::string db_path;
   // Empty: every request is served (only for a loopback address). Else each request but
-  // /login must carry `Authorization: Bearer <token>` or the cookie ring_token=<token>.
+  // /login must carry `Authorization: Bearer <token>` or the cookie of a session that /login
+  // opened with the token (ring_session=<random id>, never the token itself).
   std::string token;
   ExportLimits limits;
+  // Host header values served besides IP address literals and "localhost" (with any port): the
+  // machine's names. Any other name is refused (421): a page of another site whose name was
+  // rebound to this address (DNS rebinding) cannot read the endpoint through the browser.
+  std::vector<std::string> host_names;
+  double session_s = 12 * 3600;  // how long a sign-in lasts
 };
 
 class WebApp {
@@ -42,8 +50,13 @@ class WebApp {
  private:
   Store& store();
   HttpResponse route(const HttpRequest& r);
+  bool host_allowed(const std::string& host) const;
+  std::string open_session();
+  bool session_valid(const std::string& id);
   WebOptions o_;
   std::unique_ptr<Store> store_;
+  std::map<std::string, double> sessions_;  // session id -> expiry (unix seconds)
+  bool authenticated_ = false;              // the request being handled proved itself
 };
 
 // "127.0.0.1:8080", "[::1]:0", "0.0.0.0:9000" -> host and port; nullopt with `why` set when

@@ -202,6 +202,43 @@ TEST(CoordProcess, PrivateSocketRefusesOtherUsers) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 31.9: another user holding the HTTP port stopped ring-coord from starting at all, and
+// its address file sent scrapers there. Now only the web part fails, the log names the holder,
+// and the address file names no endpoint.
+TEST(CoordProcess, AnotherUsersPortFailsOnlyTheWebPart) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a listener as nobody";
+  std::string dir = make_temp_dir("port");
+  chmod(dir.c_str(), 0711);
+  const std::string port_file = dir + "/port";
+  ring::test::ProcOptions po;
+  const pid_t holder = ring::test::start_logged(
+      {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+       "-c",
+       "import socket,sys,time\ns=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1)\n"
+       "print(s.getsockname()[1], flush=True)\ntime.sleep(120)"},
+      port_file, po);
+  std::string port;
+  ASSERT_TRUE(wait_for([&] {
+    port = read_text(port_file);
+    return !port.empty() && port.back() == '\n';
+  }, 30s)) << port;
+  port.pop_back();
+  std::string ep = "ipc://" + dir + "/sock/coord.sock";
+  CoordProcess coord(dir, {"--state-dir", dir + "/state", "--endpoint", ep, "--sync", "normal",
+                           "--http", "127.0.0.1:" + port});
+  coord.start();
+  const std::string log = coord.wait_ready();
+  EXPECT_NE(log.find("web endpoint not started"), std::string::npos) << log;
+  EXPECT_NE(log.find("port " + port + " is held by uid 65534 (nobody)"), std::string::npos) << log;
+  auto r = ring::test::run(kClientBin + " " + ep + " status 1");
+  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;  // it answers
+  EXPECT_EQ(read_text(dir + "/state/http"), "\n");
+  coord.kill_now(SIGTERM);
+  ::kill(holder, SIGKILL);
+  waitpid(holder, nullptr, 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CoordProcess, RefusesToStartOnAnUnsafeDirectory) {
   std::string dir = make_temp_dir("unsafe");
   mkdir((dir + "/sock").c_str(), 0777);
