@@ -91,7 +91,51 @@ bool split_target(const std::string& target, HttpRequest& r) {
   return true;
 }
 
+// The fields a handler sees, from a parsed request (the one conversion the server and
+// parse_http_request share). False when the target's percent-encoding is bad.
+bool fill_request(const http::request<http::string_body>& req, HttpRequest& r) {
+  r.method = std::string(req.method_string());
+  r.target = std::string(req.target());
+  r.authorization = std::string(req[http::field::authorization]);
+  r.cookie = std::string(req[http::field::cookie]);
+  r.content_type = std::string(req[http::field::content_type]);
+  r.host = std::string(req[http::field::host]);
+  r.body = req.body();
+  return split_target(r.target, r);
+}
+
 }  // namespace
+
+std::optional<HttpRequest> parse_http_request(std::string_view bytes, size_t max_header_bytes,
+                                              size_t max_body_bytes, std::string* error) {
+  http::request_parser<http::string_body> parser;
+  parser.header_limit(static_cast<uint32_t>(max_header_bytes));
+  parser.body_limit(max_body_bytes);
+  parser.eager(true);
+  beast::error_code ec;
+  size_t used = 0;
+  while (used < bytes.size() && !parser.is_done()) {
+    const size_t n = parser.put(asio::buffer(bytes.data() + used, bytes.size() - used), ec);
+    if (ec == http::error::need_more) break;
+    if (ec) break;
+    if (n == 0) break;
+    used += n;
+  }
+  if (!ec && !parser.is_done()) {
+    parser.put_eof(ec);
+    if (!ec && !parser.is_done()) ec = http::error::partial_message;
+  }
+  if (ec) {
+    if (error) *error = ec.message();
+    return std::nullopt;
+  }
+  HttpRequest r;
+  if (!fill_request(parser.get(), r)) {
+    if (error) *error = "malformed percent-encoding in the target";
+    return std::nullopt;
+  }
+  return r;
+}
 
 struct HttpServer::Impl {
   Options opts;
@@ -158,16 +202,9 @@ struct HttpServer::Impl {
       if (ec) return reply(plain(400, "bad request: " + ec.message()), false);
       const auto& req = parser->get();
       HttpRequest r;
-      r.method = std::string(req.method_string());
-      r.target = std::string(req.target());
-      r.authorization = std::string(req[http::field::authorization]);
-      r.cookie = std::string(req[http::field::cookie]);
-      r.content_type = std::string(req[http::field::content_type]);
-      r.host = std::string(req[http::field::host]);
-      r.body = req.body();
       ++srv.n_requests;
       HttpResponse out;
-      if (!split_target(r.target, r)) {
+      if (!fill_request(req, r)) {
         out = plain(400, "bad request: malformed percent-encoding in the target");
       } else {
         try {

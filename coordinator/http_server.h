@@ -93,6 +93,11 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// One request from bytes as the server reads them (the same parser, limits and conversion):
+// nullopt with `error` set for anything the server answers 4xx or drops. For tests and fuzzing.
+std::optional<HttpRequest> parse_http_request(std::string_view bytes, size_t max_header_bytes,
+                                              size_t max_body_bytes, std::string* error = nullptr);
+
 // "%41" -> "A"; with plus_is_space, '+' -> ' ' (form and query encoding). nullopt when a '%' is
 // not followed by two hex digits.
 std::optional<std::string> percent_decode(std::string_view s, bool plus_is_space);

@@ -6,7 +6,7 @@
 #   scripts/fuzz.sh --target checkpoint --seconds 120
 #
 # Targets (tests/fuzz/targets.h, docs/testing.md "Fuzzing"): spec, protocol, worker_control,
-# checkpoint, shm, safetensors. --seconds is the total, split evenly between the targets run.
+# checkpoint, shm, safetensors, http, hf_config. --seconds is the total, split evenly between the targets run.
 # Each target starts from tests/fuzz/corpus/<target>/ (spec: also configs/); new interesting
 # inputs go to build-fuzz/corpus/<target> (not committed). A crash leaves crash-* in
 # build-fuzz/<target>/: add it to tests/fuzz/corpus/<target>/ once fixed, so fuzz_replay_test
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=300
 seed=0   # 0: libFuzzer picks one (exploration); CI passes a fixed one, so a run is repeatable
-all_targets="spec protocol worker_control checkpoint shm safetensors"
+all_targets="spec protocol worker_control checkpoint shm safetensors http hf_config"
 targets=""
 while [ $# -gt 0 ]; do
   case "$1" in

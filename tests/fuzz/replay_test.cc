@@ -55,4 +55,12 @@ TEST(FuzzReplay, SafetensorsCorpus) {
   EXPECT_GE(replay({"tests/fuzz/corpus/safetensors"}, ring::fuzz::safetensors_input), 6);
 }
 
+TEST(FuzzReplay, HttpCorpus) {
+  EXPECT_GE(replay({"tests/fuzz/corpus/http"}, ring::fuzz::http_input), 5);
+}
+
+TEST(FuzzReplay, HfConfigCorpus) {
+  EXPECT_GE(replay({"tests/fuzz/corpus/hf_config"}, ring::fuzz::hf_config_input), 4);
+}
+
 }  // namespace

@@ -26,6 +26,10 @@ void checkpoint_input(const uint8_t* data, size_t size);
 void shm_input(const uint8_t* data, size_t size);
 // A safetensors file, whole (safetensors_target.cc).
 void safetensors_input(const uint8_t* data, size_t size);
+// One HTTP request as ring-coord's web endpoint reads it, parsed and routed (http_target.cc).
+void http_input(const uint8_t* data, size_t size);
+// A Hugging Face config.json as `ringctl import` reads it (hf_config_target.cc).
+void hf_config_input(const uint8_t* data, size_t size);
 
 [[noreturn]] void fail(const char* target, const std::string& what);
 
