@@ -5,6 +5,21 @@
 #   scripts/chaos.sh                         # 10 trials, random seed
 #   scripts/chaos.sh --trials 3 --seed 1     # what the chaos_test ctest runs
 #   scripts/chaos.sh --keep                  # keep every trial's directory (default: failed ones)
+#   scripts/chaos.sh --scenario restart_from # only that scenario (default: each trial draws one)
+#
+# Scenarios (each trial draws one; the checks below apply to each unless said):
+#   kill          kill -9 of a random process at a random moment (below).
+#   restart_from  `ringctl restart 1 --from N` (N: the checkpoint before the newest) right after
+#                 a random step among 11-15; the job must complete bit-identical to the reference (a resume
+#                 from step N of the same lineage), with a lineage_branched event (check lineage).
+#   second_job    a second `ringctl run` of the same spec with the same --job-dir while the first
+#                 runs: refused at once naming the holder, the first one unharmed (check second).
+#   disk_full     (root) the checkpoint directory is a small tmpfs, filled at a random step: the
+#                 checkpoints fail naming ENOSPC, the run ends without losing its newest complete
+#                 checkpoint; space freed, --resume completes bit-identical (check diskfull).
+#   kv_kill       a generate job (the reference run's weights) whose KV cache spills to a disk
+#                 tier; kill -9 of a worker at a random moment of decoding: no page file left in
+#                 the disk tier's directory (check kvfiles), no process, segment or socket left.
 #
 # The job: tests/chaos/chaos.yaml (CPU backend, tiny model, 3 workers, a checkpoint every 5 of 40
 # steps, automatic restarts), run with `ringctl run`, which starts its own ring-coord and ringd,
@@ -23,7 +38,7 @@
 #   tmpdirs   no control-socket directory of the trial's ringd processes (read from their
 #             listening sockets: <runtime>/ringd/ringd-<pid>, formerly /tmp/ringd-XXXXXX) is left
 #   coord     a ring-coord started afterwards on the trial's state dir shows every job of the
-#             trial in a terminal state (completed, failed, cancelled: not pending, starting,
+#             trial in a terminal state (completed, failed, cancelled, stopped: not pending, starting,
 #             running, restarting, completing or cancelling with nothing left running)
 # Prints one line per trial and a summary; exit status 1 if any check failed in any trial.
 # Nothing here assumes timing: the kill moment is random, every wait polls with a generous
@@ -34,6 +49,8 @@ ROOT_DIR=$(pwd)
 
 trials=10
 seed=""
+only_scenario=""
+all_scenarios="kill restart_from second_job disk_full kv_kill"
 build="${RING_BUILD:-$ROOT_DIR/build}"
 keep=0
 while [ $# -gt 0 ]; do
@@ -42,10 +59,20 @@ while [ $# -gt 0 ]; do
     --seed) seed="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
-    *) echo "usage: $0 [--trials N] [--seed S] [--build DIR] [--keep]" >&2; exit 2 ;;
+    --scenario) only_scenario="$2"; shift 2 ;;
+    *) echo "usage: $0 [--trials N] [--seed S] [--build DIR] [--keep] [--scenario NAME]" >&2; exit 2 ;;
   esac
 done
 case "$trials" in ''|*[!0-9]*) echo "chaos: --trials must be a number" >&2; exit 2 ;; esac
+if [ -n "$only_scenario" ]; then
+  case " $all_scenarios " in *" $only_scenario "*) ;; *)
+    echo "chaos: --scenario '$only_scenario' is not one of: $all_scenarios" >&2; exit 2 ;; esac
+fi
+# disk_full mounts a tmpfs: root only (it is left out of the draw otherwise, and said).
+if [ "$(id -u)" != 0 ]; then
+  all_scenarios="kill restart_from second_job kv_kill"
+  [ "$only_scenario" = disk_full ] && { echo "chaos: disk_full needs root (it mounts a tmpfs)" >&2; exit 2; }
+fi
 [ -n "$seed" ] || seed=$(( $(date +%s) % 100000 ))
 RANDOM=$seed
 
@@ -247,11 +274,58 @@ REF_HASHES=$(tensor_hashes "$REF/job/checkpoints/$FINAL")
 wait_no_procs "$REF" 60 >/dev/null || log "warning: processes of the reference run outlived it"
 log "reference run: $STEPS steps in $(( ref_ms / 1000 )).$(( ref_ms % 1000 / 100 )) s (start-up $ref_startup_ms ms, then about $ref_step_ms ms a step), $(echo "$REF_HASHES" | wc -l) tensors"
 
+# The size of one checkpoint (disk_full sizes its tmpfs from it).
+CKPT_BYTES=$(du -sb "$REF/job/checkpoints/$FINAL" | awk '{print $1}')
+
+# Whether trial dir $1 has a complete checkpoint of its current lineage (else a resume has
+# nothing to load and fails, by design: the next run starts afresh instead).
+has_checkpoint() {
+  env RING_COORD="ipc://$1/sock/coord.sock" "$RINGCTL" checkpoints "$1/job/checkpoints" --json \
+      2>/dev/null | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+sys.exit(0 if any(c.get("status") == "complete" and c.get("lineage") == "current" for c in d) else 1)
+' 2>/dev/null
+}
+
+# A generate job over the reference run's weights whose KV cache spills to a disk tier in $1/kv.
+write_generate_spec() {  # $1 trial dir, $2 job name
+  cat >"$1/gen.yaml" <<EOF
+job:
+  name: $2
+  kind: generate
+model:
+  layers: 2
+  d_model: 128
+  heads: 4
+  mlp: swiglu
+  vocab: 256
+generate:
+  checkpoint: $REF/job/checkpoints
+  prompts: [/usr/share/common-licenses/GPL-3]
+  max_new_tokens: 4000
+  temperature: 0
+  page_tokens: 64
+  fast_gb: 0.0001
+  host_gb: 0.0000001
+  disk_dir: $1/kv
+  output: $1/gen.out
+parallel:
+  context_ranks: 3
+resources:
+  nodes: 1
+  workers_per_node: 3
+  backend: cpu
+  cpus_per_worker: 1
+EOF
+}
+
 # ---- trials ----------------------------------------------------------------------------------
-checks="completed exact verify orphans shm tmpdirs coord"
+checks="completed exact verify orphans shm tmpdirs coord lineage second diskfull kvfiles"
 declare -A pass fail
 for c in $checks; do pass[$c]=0; fail[$c]=0; done
 declare -A killed
+declare -A drawn
 any_fail=0
 
 for n in $(seq 1 "$trials"); do
@@ -259,84 +333,189 @@ for n in $(seq 1 "$trials"); do
   job_name=$(sed -n 's/^  name: //p' "$T/spec.yaml" | head -n 1)
   declare -A res=()
   notes=""
+  if [ -n "$only_scenario" ]; then scenario=$only_scenario; else
+    nsc=$(echo $all_scenarios | wc -w)
+    scenario=$(echo $all_scenarios | tr ' ' '\n' | sed -n "$(( RANDOM % nsc + 1 ))p")
+  fi
+  drawn[$scenario]=$(( ${drawn[$scenario]:-0} + 1 ))
+  for c in lineage second diskfull kvfiles; do res[$c]=skip; done
+  mnt=""
   # The moment, chosen uniformly among STEPS: k = 0, a random time within the reference run's
   # start-up (before its first step); else right after step k was reported, plus up to one
   # reference step's time. Counting steps instead of seconds keeps the spread under any load.
   k=$(( RANDOM % STEPS ))
+  # The other scenarios act early enough that the job (about 3 s on a quiet machine) is still
+  # running: right after step k, k among the first half.
+  case "$scenario" in
+    restart_from) k=$(( 11 + RANDOM % 5 )) ;;  # a checkpoint past step 10 exists
+    disk_full) k=$(( 6 + RANDOM % 5 )) ;;
+    second_job) k=$(( RANDOM % 20 )) ;;
+  esac
+  if [ "$scenario" = disk_full ]; then
+    # Room for about five checkpoints (keep_last 3, the one being written, a partial one).
+    mnt="$T/job/checkpoints"
+    mkdir -p "$mnt"
+    if ! mount -t tmpfs -o "size=$(( CKPT_BYTES * 5 + 65536 )),mode=0700" tmpfs "$mnt"; then
+      notes="cannot mount a tmpfs on $mnt"; mnt=""
+    fi
+  fi
+  if [ "$scenario" = kv_kill ]; then
+    write_generate_spec "$T" "$job_name"
+    mkdir -p "$T/kv"
+    chmod 0700 "$T/kv"
+    cp "$T/gen.yaml" "$T/spec.yaml"
+    k=0
+  fi
   start_run "$T"
   t0=$(now_ms)
   if [ "$k" = 0 ]; then extra_ms=$(( (RANDOM * 32768 + RANDOM) % (ref_startup_ms + 1) ))
   else extra_ms=$(( (RANDOM * 32768 + RANDOM) % (ref_step_ms + 1) )); fi
+  case "$scenario" in
+    kv_kill) extra_ms=$(( 500 + (RANDOM * 32768 + RANDOM) % 4000 )) ;;
+    restart_from|disk_full|second_job) extra_ms=0 ;;
+  esac
   t_k=""
   while run_alive; do
     if [ -z "$t_k" ] && [ "$(step_lines "$T")" -ge "$k" ]; then t_k=$(now_ms); fi
     if [ -n "$t_k" ] && [ $(( $(now_ms) - t_k )) -ge "$extra_ms" ]; then break; fi
-    note_ringd_dirs "$(cat "$T/sessions")" "$T"
-    sleep 0.02
+    # (Sampling ringd's directories takes a while: not while waiting for an early step.)
+    case "$scenario" in kill|kv_kill) note_ringd_dirs "$(cat "$T/sessions")" "$T" ;; esac
+    sleep 0.01
   done
   at_ms=$(( $(now_ms) - t0 ))
-  # The victim: a kind among those alive now, then one process of that kind.
-  procs=$(trial_procs "$(cat "$T/sessions")" "$T")
-  kinds=$(echo "$procs" | awk 'NF == 2 { print $2 }' | sort -u)
   victim="none"
-  if [ -n "$kinds" ]; then
-    nk=$(echo "$kinds" | wc -l)
-    kind=$(echo "$kinds" | sed -n "$(( RANDOM % nk + 1 ))p")
-    pids=$(echo "$procs" | awk -v k="$kind" '$2 == k { print $1 }')
-    np=$(echo "$pids" | wc -l)
-    vpid=$(echo "$pids" | sed -n "$(( RANDOM % np + 1 ))p")
-    step_at=$(step_lines "$T")
-    kill -9 "$vpid" 2>/dev/null && victim="$kind" || victim="none"
-    [ "$victim" != none ] && notes="killed $kind (pid $vpid) at $(( at_ms / 1000 )).$(( at_ms % 1000 / 100 )) s, after step $step_at"
-  fi
-  [ "$victim" = none ] && notes="nothing to kill after step $k (the run had ended)"
+  case "$scenario" in
+    kill|kv_kill)
+      # The victim: a kind among those alive now (kv_kill: a worker), then one of that kind.
+      procs=$(trial_procs "$(cat "$T/sessions")" "$T")
+      [ "$scenario" = kv_kill ] && procs=$(echo "$procs" | awk '$2 == "ring-worker"')
+      kinds=$(echo "$procs" | awk 'NF == 2 { print $2 }' | sort -u)
+      if [ -n "$kinds" ]; then
+        nk=$(echo "$kinds" | wc -l)
+        kind=$(echo "$kinds" | sed -n "$(( RANDOM % nk + 1 ))p")
+        pids=$(echo "$procs" | awk -v k="$kind" '$2 == k { print $1 }')
+        np=$(echo "$pids" | wc -l)
+        vpid=$(echo "$pids" | sed -n "$(( RANDOM % np + 1 ))p")
+        step_at=$(step_lines "$T")
+        kill -9 "$vpid" 2>/dev/null && victim="$kind" || victim="none"
+        [ "$victim" != none ] && notes="killed $kind (pid $vpid) at $(( at_ms / 1000 )).$(( at_ms % 1000 / 100 )) s, after step $step_at"
+      fi
+      [ "$victim" = none ] && notes="nothing to kill after step $k (the run had ended)"
+      ;;
+    restart_from)
+      # From the checkpoint before the newest (every 5 steps, 3 kept: still there; an older step
+      # than the head: a branch).
+      at=$(step_lines "$T")
+      from=$(( at / 5 * 5 - 5 ))
+      r=$(env RING_COORD="ipc://$T/sock/coord.sock" "$RINGCTL" restart 1 --from "$from" 2>&1)
+      notes="restart --from $from after step $at: $(echo "$r" | head -n 1)"
+      victim="restart"
+      ;;
+    second_job)
+      ( setsid env RING_COORD="ipc://$T/sock/coord.sock" RING_STATE_DIR="$T/state" \
+          UCX_TLS=self,posix UCX_NET_DEVICES=lo NO_COLOR=1 \
+          timeout 120 "$RINGCTL" run "$T/spec.yaml" --job-dir "$T/job" >"$T/second.out" 2>&1 </dev/null
+        echo $? >"$T/second.rc" ) 2>/dev/null
+      src=$(cat "$T/second.rc" 2>/dev/null)
+      if [ "$src" = 1 ] && grep -q "is in use by" "$T/second.out"; then
+        res[second]=ok
+        notes="a second run with the same job dir after step $(step_lines "$T"): refused"
+      else
+        res[second]=fail
+        notes="second run exit ${src:-?}: $(tail -n 2 "$T/second.out" | tr '\n' ' ')"
+      fi
+      victim="second"
+      ;;
+    disk_full)
+      if [ -n "$mnt" ]; then
+        dd if=/dev/zero of="$mnt/filler" bs=64k 2>/dev/null
+        notes="filled the checkpoint directory after step $(step_lines "$T")"
+      fi
+      victim="diskfull"
+      ;;
+  esac
   killed[$victim]=$(( ${killed[$victim]:-0} + 1 ))
 
-  # Let the killed run end by itself (a killed worker is restarted by ringd; a killed ringd or
+  # Let the run end by itself (a killed worker is restarted by ringd; a killed ringd or
   # ring-coord ends or outlives `ringctl run` as the product decides), then resume until done.
   wait_run "$T" 900
   rc=$RUN_RC
   runs=1
   if ! left=$(wait_no_procs "$T" 120); then
-    notes="$notes; still running after the killed run ended: $(echo "$left" | awk '{print $2 "(" $1 ")"}' | tr '\n' ' ')"
+    notes="$notes; still running after the run ended: $(echo "$left" | awk '{print $2 "(" $1 ")"}' | tr '\n' ' ')"
     echo "$left" | awk '{print $1}' | xargs -r kill -9 2>/dev/null
     wait_no_procs "$T" 30 >/dev/null
     res[orphans]=fail
   fi
-  while { [ "$rc" != 0 ] || [ ! -d "$T/job/checkpoints/$FINAL" ]; } && [ "$runs" -le 3 ]; do
-    echo "--- resume $runs (previous exit $rc)" >>"$T/run.out"
-    start_run "$T" --resume
-    wait_run "$T" 900
-    rc=$RUN_RC
-    runs=$(( runs + 1 ))
-    if ! left=$(wait_no_procs "$T" 120); then
-      notes="$notes; left after resume: $(echo "$left" | awk '{print $2 "(" $1 ")"}' | tr '\n' ' ')"
-      echo "$left" | awk '{print $1}' | xargs -r kill -9 2>/dev/null
-      wait_no_procs "$T" 30 >/dev/null
-      res[orphans]=fail
+  if [ "$scenario" = disk_full ] && [ -n "$mnt" ]; then
+    if grep -qi "no space left on device" "$T/job/logs/ringd-0.log" 2>/dev/null && has_checkpoint "$T"; then
+      res[diskfull]=ok
+    else
+      res[diskfull]=fail
+      notes="$notes; no ENOSPC named, or no complete checkpoint left"
     fi
-  done
-  notes="$notes; $(( runs - 1 )) resume(s), last exit $rc"
-  [ "$rc" = 0 ] && res[completed]=ok || res[completed]=fail
-
-  # exact: the final checkpoint equals the reference run's, tensor by tensor.
-  got=$(tensor_hashes "$T/job/checkpoints/$FINAL")
-  last_step=$(tail -n 1 "$T/job/steps.jsonl" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("step"))' 2>/dev/null)
-  if [ -n "$got" ] && [ "$got" = "$REF_HASHES" ] && [ "$last_step" = "$STEPS" ]; then
-    res[exact]=ok
-  else
-    res[exact]=fail
-    diff_names=$(diff <(echo "$REF_HASHES") <(echo "$got") | awk '/^>/ {print $2}' | tr '\n' ' ')
-    notes="$notes; final checkpoint differs (${diff_names:-missing}), last step ${last_step:-none}"
+    rm -f "$mnt/filler"
   fi
-
-  # verify: every complete checkpoint's checksums.
-  if env RING_COORD="ipc://$T/sock/coord.sock" "$RINGCTL" checkpoints "$T/job/checkpoints" --verify \
-       >"$T/verify.out" 2>&1; then
-    res[verify]=ok
+  if [ "$scenario" = kv_kill ]; then
+    left_kv=$(ls -A "$T/kv" 2>/dev/null)
+    if [ -z "$left_kv" ]; then res[kvfiles]=ok; else
+      res[kvfiles]=fail
+      notes="$notes; left in the disk tier's directory: $(echo "$left_kv" | tr '\n' ' ')"
+    fi
+    notes="$notes; the generate run exited $rc"
+    res[completed]=skip  # a generate job is not restarted: it ends, failed or not
+    res[exact]=skip
+    res[verify]=skip
   else
-    res[verify]=fail
-    notes="$notes; checkpoints --verify: $(grep -v '^ *$' "$T/verify.out" | tail -n 2 | tr '\n' ' ')"
+    while { [ "$rc" != 0 ] || [ ! -d "$T/job/checkpoints/$FINAL" ]; } && [ "$runs" -le 3 ]; do
+      # --resume when there is something to resume, else afresh (a resume that loads nothing
+      # fails by design).
+      if has_checkpoint "$T"; then how="--resume"; else how=""; fi
+      echo "--- run $((runs + 1)) ${how:-afresh} (previous exit $rc)" >>"$T/run.out"
+      start_run "$T" $how
+      wait_run "$T" 900
+      rc=$RUN_RC
+      runs=$(( runs + 1 ))
+      if ! left=$(wait_no_procs "$T" 120); then
+        notes="$notes; left after resume: $(echo "$left" | awk '{print $2 "(" $1 ")"}' | tr '\n' ' ')"
+        echo "$left" | awk '{print $1}' | xargs -r kill -9 2>/dev/null
+        wait_no_procs "$T" 30 >/dev/null
+        res[orphans]=fail
+      fi
+    done
+    notes="$notes; $(( runs - 1 )) more run(s), last exit $rc"
+    [ "$rc" = 0 ] && res[completed]=ok || res[completed]=fail
+
+    # exact: the final checkpoint equals the reference run's, tensor by tensor.
+    got=$(tensor_hashes "$T/job/checkpoints/$FINAL")
+    last_step=$(tail -n 1 "$T/job/steps.jsonl" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("step"))' 2>/dev/null)
+    if [ -n "$got" ] && [ "$got" = "$REF_HASHES" ] && [ "$last_step" = "$STEPS" ]; then
+      res[exact]=ok
+    else
+      res[exact]=fail
+      diff_names=$(diff <(echo "$REF_HASHES") <(echo "$got") | awk '/^>/ {print $2}' | tr '\n' ' ')
+      notes="$notes; final checkpoint differs (${diff_names:-missing}), last step ${last_step:-none}"
+    fi
+
+    # verify: every complete checkpoint's checksums.
+    if env RING_COORD="ipc://$T/sock/coord.sock" "$RINGCTL" checkpoints "$T/job/checkpoints" --verify \
+         >"$T/verify.out" 2>&1; then
+      res[verify]=ok
+    else
+      res[verify]=fail
+      notes="$notes; checkpoints --verify: $(grep -v '^ *$' "$T/verify.out" | tail -n 2 | tr '\n' ' ')"
+    fi
+  fi
+  if [ "$scenario" = restart_from ]; then
+    # The branch: ring-coord recorded it, and the final checkpoint is the head of the lineage.
+    ev=$(env RING_COORD="ipc://$T/sock/coord.sock" RING_STATE_DIR="$T/state" "$RINGCTL" events 1 2>/dev/null)
+    if echo "$ev" | grep -q "lineage_branched" &&
+       [ "$(cat "$T/job/checkpoints/latest" 2>/dev/null)" = "$FINAL" ]; then
+      res[lineage]=ok
+    else
+      res[lineage]=fail
+      notes="$notes; no lineage_branched event, or latest is $(cat "$T/job/checkpoints/latest" 2>/dev/null)"
+    fi
   fi
 
   # coord: what the coordinator says about the trial's jobs once nothing runs.
@@ -349,6 +528,7 @@ for n in $(seq 1 "$trials"); do
     echo "$left" | awk '{print $1}' | xargs -r kill -9 2>/dev/null
   fi
   [ -n "${res[orphans]:-}" ] || res[orphans]=ok
+  [ -n "$mnt" ] && umount -l "$mnt" 2>/dev/null
 
   # shm: the trial's segments (named after its job) are gone.
   segs=$(ls /dev/shm 2>/dev/null | grep -F "ringmaster-$job_name-" || true)
@@ -370,11 +550,14 @@ for n in $(seq 1 "$trials"); do
     for d in $leftdirs; do case "$(basename "$d")" in ringd-*) rm -rf -- "$d" ;; esac; done
   fi
 
-  line="trial $n/$trials:"
+  line="trial $n/$trials ($scenario):"
   failed_here=0
   for c in $checks; do
-    if [ "${res[$c]}" = ok ]; then pass[$c]=$(( pass[$c] + 1 )); line="$line $c=ok"
-    else fail[$c]=$(( fail[$c] + 1 )); line="$line $c=FAIL"; failed_here=1; fi
+    case "${res[$c]}" in
+      ok) pass[$c]=$(( pass[$c] + 1 )); line="$line $c=ok" ;;
+      skip) ;;
+      *) fail[$c]=$(( fail[$c] + 1 )); line="$line $c=FAIL"; failed_here=1 ;;
+    esac
   done
   echo "$line | $notes"
   if [ $failed_here = 1 ]; then any_fail=1; echo "  kept: $T"; elif [ $keep = 0 ]; then rm -rf "$T"; fi
@@ -383,6 +566,9 @@ done
 
 echo "chaos: summary of $trials trials (seed $seed):"
 for c in $checks; do printf "chaos:   %-9s %3d ok %3d failed\n" "$c" "${pass[$c]}" "${fail[$c]}"; done
+printf "chaos:   scenarios:"
+for k in "${!drawn[@]}"; do printf " %s %d" "$k" "${drawn[$k]}"; done
+echo
 printf "chaos:   killed:"
 for k in "${!killed[@]}"; do printf " %s %d" "$k" "${killed[$k]}"; done
 echo
