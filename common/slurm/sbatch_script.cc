@@ -160,7 +160,9 @@ std::string render_sbatch_script(const spec::JobSpec& spec, const ScriptInputs& 
   srun += " \"$ringd\" --spec \"$spec\" --job-dir \"$RING_JOB_DIR\"";
   if (!in.coord_endpoint.empty() && in.ringd_reports)
     srun += " --coord \"$coord\" --job \"$coord_job\"";
-  srun += " --resume &";
+  // The first start finds no checkpoint and starts at step 0; a requeued start resumes (with
+  // ring-coord, from the step it names; without, from the lineage's newest checkpoint).
+  srun += " --resume-if-any &";
   line(srun);
   line("srun_pid=$!");
   line("# wait returns early (> 128) when a trapped signal arrives: wait again until srun ends.");

@@ -71,6 +71,23 @@ void Checkpoints::agree_run(optim::Exchange& ex) {
   run_ = fmt::format("r{:08x}", id);
 }
 
+bool Checkpoints::lineage_has_checkpoint(optim::Exchange& ex) {
+  uint8_t mine = 0;
+  if (!base_.dir.empty()) {
+    try {
+      const std::vector<ckpt::CheckpointInfo> all = ckpt::list_checkpoints(base_.dir, false);
+      mine = ckpt::current_lineage(all, ckpt::read_latest(base_.dir)).empty() ? 0 : 1;
+    } catch (const ckpt::CheckpointError& e) {
+      hooks_.log(std::string("cannot list the checkpoints: ") + e.what());
+      mine = 1;
+    }
+  }
+  uint8_t any = mine;
+  for (const auto& b : ex.allgather(&mine, sizeof(mine)))
+    if (!b.empty() && b[0] != 0) any = 1;
+  return any != 0;
+}
+
 void Checkpoints::open(int attempt, const std::vector<optim::StateTensor>& tensors) {
   if (base_.dir.empty()) return;
   ckpt::Options co = base_;

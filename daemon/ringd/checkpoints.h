@@ -84,6 +84,10 @@ class Checkpoints {
   void start_fresh();
   // A checkpoint of this run was saved by this node (so a local restart resumes).
   bool saved_any() const { return saved_any_; }
+  // Whether any node sees a checkpoint (complete or damaged) on the directory's current lineage,
+  // agreed over `ex` (every node calls it). A directory that cannot be listed counts as having
+  // one: the resume then fails naming why instead of starting afresh over it.
+  bool lineage_has_checkpoint(optim::Exchange& ex);
 
   // The attempt's Checkpointer over the optimizer's state tensors this node saves (`saved`);
   // nothing when the dir is "". Its tag is "<run>-<attempt>", its parent the checkpoint

@@ -96,7 +96,13 @@ ParsedOptions parse_options(int argc, const char* const* argv, const char* (*env
       ->check(integer_in(1, int64_t{1} << 53));
   CLI::Option* steps_opt = app.add_option("--steps", steps, "Override train.steps")
                                ->check(integer_in(1, int64_t{1} << 40));
-  app.add_flag("--resume", o.resume, "Continue from the latest complete checkpoint");
+  app.add_flag("--resume", o.resume,
+               "Continue from the latest complete checkpoint of the current lineage; fail when "
+               "none loads");
+  app.add_flag("--resume-if-any", o.resume_if_any,
+               "Without --coord: resume when the checkpoint directory's current lineage has a "
+               "checkpoint (a Slurm requeue), start from step 0 when it has none (the first "
+               "start); with --coord ring-coord's resume step decides");
   app.add_option("--threads", o.threads, "Optimizer threads (default 0: all cores)")
       ->check(integer_in(0, 4096));
   app.add_flag("--json", o.json, "stdout carries the steps.jsonl lines and events as JSON");

@@ -23,6 +23,7 @@ struct Options {
   std::string coord, job;
   std::optional<int64_t> steps;
   bool resume = false;
+  bool resume_if_any = false;  // --resume-if-any
   int threads = 0;              // optimizer threads (0: all cores)
   bool json = false;
   std::string log_format = "text";  // stderr's log lines: text (ringd's own lines) or json

@@ -648,8 +648,13 @@ void Daemon::start_attempt() {
     // and loads nothing fails the attempt, naming why; it never trains from fresh weights.
     ckpts_->agree_run(res_->exchange());
     const bool coord_step = coord_ && resume_to_.value_or(0) > 0;
-    const bool want_resume =
-        o_.resume || coord_step || (!coord_ && state_.attempt > 0 && ckpts_->saved_any());
+    // --resume-if-any (a Slurm batch script without ring-coord): the lineage decides, agreed
+    // by every node (one that sees a checkpoint makes every node try, and a node that then loads
+    // nothing fails the attempt).
+    const bool if_any = !coord_ && !o_.resume && o_.resume_if_any &&
+                        ckpts_->lineage_has_checkpoint(res_->exchange());
+    const bool want_resume = o_.resume || coord_step || if_any ||
+                             (!coord_ && state_.attempt > 0 && ckpts_->saved_any());
     const int64_t max_step = coord_step ? *resume_to_ : INT64_MAX;
     bool resumed = false;
     if (want_resume) {

@@ -44,7 +44,8 @@ TEST(RingdOptions, HelpListsEveryFlag) {
   ASSERT_TRUE(r.parsed.exit_code.has_value());
   EXPECT_EQ(*r.parsed.exit_code, 0);
   for (const char* f : {"--spec", "--job-dir", "--node-rank", "--nodes", "--rendezvous", "--coord",
-                        "--job", "--steps", "--resume", "--threads", "--json", "--worker-bin",
+                        "--job", "--steps", "--resume", "--resume-if-any", "--threads", "--json",
+                        "--worker-bin",
                         "--transport", "--worker-threads", "--heartbeat-timeout",
                         "--startup-timeout", "--stop-grace", "--hash-weights", "--log-format", "--version"})
     EXPECT_NE(r.out.find(f), std::string::npos) << f << " missing from --help:\n" << r.out;

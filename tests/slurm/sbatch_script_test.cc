@@ -96,7 +96,7 @@ TEST(SbatchScript, EveryDirective) {
   // One ringd per node, tied to the coordinator, always resuming.
   EXPECT_NE(script.find("srun --nodes=3 --ntasks-per-node=1 --cpus-per-task=8 --kill-on-bad-exit=1 "
                         "\"$ringd\" --spec \"$spec\" --job-dir \"$RING_JOB_DIR\" --coord "
-                        "\"$coord\" --job \"$coord_job\" --resume &"),
+                        "\"$coord\" --job \"$coord_job\" --resume-if-any &"),
             std::string::npos)
       << script;
   EXPECT_NE(script.find("\ncoord=ipc:///run/ring/coord.sock\ncoord_job=7\n"), std::string::npos);
@@ -125,7 +125,7 @@ TEST(SbatchScript, DefaultsLeaveOptionalDirectivesOut) {
       EXPECT_NE(x.rfind(absent, 0), 0u) << x;
   EXPECT_EQ(script.find("--coord"), std::string::npos);
   EXPECT_EQ(script.find("slurm-started"), std::string::npos);
-  EXPECT_NE(script.find("--resume &"), std::string::npos);
+  EXPECT_NE(script.find("--resume-if-any &"), std::string::npos);
 }
 
 TEST(SbatchScript, SpankOptionsWhenThePluginIsThere) {
@@ -317,7 +317,7 @@ TEST(SbatchScript, TimeLimitWarningReachesRingdAndRequeues) {
   EXPECT_EQ(slurp(dir / "job/ringd.signal"), "usr1\n");
   EXPECT_EQ(slurp(dir / "job/scontrol.calls"), "requeue 99\n");
   EXPECT_EQ(slurp(dir / "job/ringd.args"),
-            "--spec " + in.spec_path + " --job-dir " + in.job_dir + " --resume\n");
+            "--spec " + in.spec_path + " --job-dir " + in.job_dir + " --resume-if-any\n");
   std::string out = slurp(dir / "out.txt");
   EXPECT_NE(out.find("ringmaster: Slurm job 99, start 1, nodes node1"), std::string::npos) << out;
   EXPECT_NE(out.find("time-limit warning"), std::string::npos) << out;
