@@ -218,8 +218,11 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
       e_.store->set_job_node_state(j.id, m.node, "stopped");
       e_.maybe_cancelled(j.id);
       // A stop signal of the node's own (Ctrl-C of `ringctl run`, SIGTERM), after its
-      // checkpoint: once no member is left running, the job is stopped, resumable.
-      if (current && m.resumable.value_or(false) && is_active(j.state)) {
+      // checkpoint: once no member is left running, the job is stopped, resumable. Not a Slurm
+      // job: its stop is a preemption, time limit or scancel, and what follows (a requeue that
+      // resumes it, or the end) is Slurm's to say (SlurmJobRequest).
+      if (current && m.resumable.value_or(false) && is_active(j.state) &&
+          j.slurm_job_id.empty()) {
         bool running = false;
         for (const auto& jn : e_.store->job_nodes(j.id))
           if (jn.state == "active") running = true;

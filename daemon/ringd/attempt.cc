@@ -336,6 +336,9 @@ std::optional<int> exit_for_job_state(std::string_view s) {
   if (s == "cancelled" || s == "cancelling") return kExitCancelled;
   if (s == "failed") return kExitFailed;
   if (s == "completed" || s == "completing") return kExitOk;
+  // Stopped on a stop signal, resumable: a new run resumes it (`ringctl run --resume`), not
+  // this job's daemon.
+  if (s == "stopped") return kExitStopped;
   return std::nullopt;
 }
 

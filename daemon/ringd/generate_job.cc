@@ -271,11 +271,12 @@ std::optional<int> GenerateJob::start() {
     } else {
       log(fmt::format("ring-coord: job {} is {}", a->job, a->state));
       if (a->state == "cancelled" || a->state == "cancelling" || a->state == "failed" ||
-          a->state == "completed" || a->state == "completing") {
+          a->state == "completed" || a->state == "completing" || a->state == "stopped") {
         log("nothing to run: the job is " + a->state);
         coord_.reset();
         return a->state.rfind("cancel", 0) == 0 ? kExitCancelled
                : a->state == "failed"           ? kExitFailed
+               : a->state == "stopped"          ? kExitStopped
                                                 : kExitOk;
       }
       attempt_ = std::max<int64_t>(1, a->attempt);

@@ -669,6 +669,7 @@ TEST(Attempt, ExitForJobState) {
   EXPECT_EQ(exit_for_job_state("failed"), 1);
   EXPECT_EQ(exit_for_job_state("completed"), 0);
   EXPECT_EQ(exit_for_job_state("completing"), 0);
+  EXPECT_EQ(exit_for_job_state("stopped"), 75);  // resumed by a new run, not this daemon
   for (const char* going_on : {"pending", "starting", "running", "restarting", ""})
     EXPECT_FALSE(exit_for_job_state(going_on).has_value()) << going_on;
 }
