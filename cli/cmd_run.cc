@@ -446,6 +446,18 @@ int run_run(const RunOpts& o) {
         int st = 0;
         if (::waitpid(owned.pid, &st, WNOHANG) == owned.pid) {
           owned.pid = -1;
+          // Another `ringctl run` started one on the same state at the same moment: use it once
+          // it answers (it may still be opening its database).
+          if (tail_of_file(owned.log, 10).find("another ring-coord") != std::string::npos) {
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (std::chrono::steady_clock::now() < until && !g_sigint && !g_sigterm) {
+              if (coordinator_answers(o.coord, 1)) {
+                std::cout << "using the coordinator at " << ep << " (another run started it)\n";
+                return kExitOk;
+              }
+              std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            }
+          }
           std::cerr << "ringctl: ring-coord exited (status " << exit_status(st)
                     << ") instead of serving " << ep << ":\n"
                     << tail_of_file(owned.log, 10);
