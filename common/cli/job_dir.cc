@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "common/files/users.h"
+
 namespace ring::jobdir {
 
 namespace fs = std::filesystem;
@@ -23,16 +25,6 @@ std::string octal(mode_t m) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(m & 07777));
   return buf;
-}
-
-std::string who(uid_t uid) {
-  struct passwd pw {};
-  struct passwd* out = nullptr;
-  std::vector<char> buf(16384);
-  std::string s = "uid " + std::to_string(uid);
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &out) == 0 && out)
-    s = std::string(out->pw_name) + " (" + s + ")";
-  return s;
 }
 
 // mkdir with exactly `mode` (the umask may remove bits); an existing entry is left to the checks.
@@ -61,8 +53,8 @@ void check_own_dir(const std::string& path, mode_t forbidden, const char* what) 
   if (!S_ISDIR(st.st_mode))
     throw JobDirError(std::string(what) + " " + path + " exists and is not a directory");
   if (st.st_uid != ::geteuid())
-    throw JobDirError(std::string(what) + " " + path + " is owned by " + who(st.st_uid) +
-                      ", not by you (" + who(::geteuid()) +
+    throw JobDirError(std::string(what) + " " + path + " is owned by " + files::describe_user(st.st_uid) +
+                      ", not by you (" + files::describe_user(::geteuid()) +
                       "); another user could change the job's spec, logs and checkpoints: "
                       "remove it, or pass --job-dir DIR");
   if (st.st_mode & forbidden)
@@ -144,8 +136,8 @@ std::string prepare_job_dir(const std::string& given) {
   if (!S_ISDIR(st.st_mode))
     throw JobDirError("job directory " + dir + " exists and is not a directory");
   if (st.st_uid != ::geteuid())
-    throw JobDirError("job directory " + dir + " is owned by " + who(st.st_uid) + ", not by you (" +
-                      who(::geteuid()) +
+    throw JobDirError("job directory " + dir + " is owned by " + files::describe_user(st.st_uid) + ", not by you (" +
+                      files::describe_user(::geteuid()) +
                       "); another user could change the job's spec, logs and checkpoints: "
                       "choose a directory of your own");
   if (st.st_mode & 0002)

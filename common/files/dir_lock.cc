@@ -1,7 +1,6 @@
 #include "common/files/dir_lock.h"
 
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,19 +9,13 @@
 #include <ctime>
 #include <vector>
 
+#include "common/files/users.h"
+
 namespace ring::files {
 
 namespace {
 
 std::string err(int e) { return std::strerror(e); }
-
-std::string user_name(uid_t uid) {
-  struct passwd pw {};
-  struct passwd* out = nullptr;
-  std::vector<char> buf(16384);
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &out) == 0 && out) return out->pw_name;
-  return "uid " + std::to_string(uid);
-}
 
 std::string host_name() {
   char h[256] = {};

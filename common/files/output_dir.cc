@@ -1,6 +1,5 @@
 #include "common/files/output_dir.h"
 
-#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,19 +9,11 @@
 #include <filesystem>
 #include <vector>
 
+#include "common/files/users.h"
+
 namespace ring::files {
 
 namespace {
-
-std::string owner_name(uid_t uid) {
-  struct passwd pw {};
-  struct passwd* out = nullptr;
-  std::vector<char> buf(16384);
-  std::string s = "uid " + std::to_string(uid);
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &out) == 0 && out)
-    s = std::string(out->pw_name) + " (" + s + ")";
-  return s;
-}
 
 std::string octal(mode_t m) {
   char b[16];
@@ -50,15 +41,15 @@ std::string prepare_output_dir(const std::string& given, const std::string& what
       throw OutputDirError(what + " " + dir + ": " + std::strerror(errno));
   }
   if (S_ISLNK(ls.st_mode) && ls.st_uid != me)
-    throw OutputDirError(what + " " + dir + " is a symbolic link of " + owner_name(ls.st_uid) +
+    throw OutputDirError(what + " " + dir + " is a symbolic link of " + describe_user(ls.st_uid) +
                          ", not yours: refusing to write where another user points");
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0)
     throw OutputDirError(what + " " + dir + ": " + std::strerror(errno));
   if (!S_ISDIR(st.st_mode)) throw OutputDirError(what + " " + dir + " is not a directory");
   if (st.st_uid != me)
-    throw OutputDirError(what + " " + dir + " is owned by " + owner_name(st.st_uid) +
-                         ", not by you (" + owner_name(me) +
+    throw OutputDirError(what + " " + dir + " is owned by " + describe_user(st.st_uid) +
+                         ", not by you (" + describe_user(me) +
                          "): its owner could change or replace what is written there; choose a "
                          "directory of your own");
   if (st.st_mode & 0022)
