@@ -173,7 +173,6 @@ struct HttpServer::Impl {
       parser->body_limit(srv.opts.max_body_bytes);
       waiting = true;
       since = std::chrono::steady_clock::now();
-      srv.sessions.push_back(weak_from_this());
       // The head within head_timeout_s (a client that trickles bytes is cut off), then the body.
       stream.expires_after(std::chrono::milliseconds(
           static_cast<int64_t>(std::min(srv.opts.head_timeout_s, srv.opts.timeout_s) * 1000)));
@@ -276,7 +275,14 @@ struct HttpServer::Impl {
           beast::error_code ignored;
           sock.close(ignored);
         } else {
-          std::make_shared<Session>(*this, std::move(sock))->read();
+          // Known to evict_one() for its life (one entry; closed ones are dropped as found).
+          if (sessions.size() > 4 * opts.max_connections)
+            sessions.erase(std::remove_if(sessions.begin(), sessions.end(),
+                                          [](const auto& w) { return w.expired(); }),
+                           sessions.end());
+          auto s = std::make_shared<Session>(*this, std::move(sock));
+          sessions.push_back(s);
+          s->read();
         }
       }
       accept();
