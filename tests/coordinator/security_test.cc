@@ -261,9 +261,11 @@ TEST(CoordSecurity, RefusedJoinsAreBoundedPerJob) {
   SharedDir dir;
   CoordBin coord(dir.path, {"--heartbeat-interval", "0.2", "--heartbeat-timeout", "60"});
   auto client = coord.client();
+  // Read here: the child runs as nobody, who may not read the checkout (a 0700 home).
+  const std::string spec = test_spec(1, 0, 1, 1);
   std::string submitted = as_nobody([&] {
     Client c(ClientOptions{coord.ep, 10000ms, "", "", ""});
-    return std::to_string(c.submit(test_spec(1, 0, 1, 1)).job);
+    return std::to_string(c.submit(spec).job);
   });
   ASSERT_EQ(submitted.find_first_not_of("0123456789"), std::string::npos) << submitted;
   const int64_t job = std::stoll(submitted);
