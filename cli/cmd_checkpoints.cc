@@ -127,8 +127,8 @@ CheckpointsCommand add_checkpoints(CLI::App& app) {
   auto* sc = app.add_subcommand(
       "checkpoints",
       "List the checkpoints in a checkpoint directory, or of a job (step, time, size, the "
-      "writer's node count and shard mode, complete/incomplete/corrupt); exit 1 if one is "
-      "corrupt");
+      "writer's node count and shard mode, current lineage or superseded, "
+      "complete/incomplete/corrupt); exit 1 if one is corrupt");
   sc->add_option("dir", a->dir,
                  "Checkpoint directory (the spec's checkpoint.dir), or a job id: the job's "
                  "checkpoint directory as ring-coord recorded it")
