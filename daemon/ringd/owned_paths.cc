@@ -91,9 +91,19 @@ bool is_own_marked_dir(const std::string& dir, std::string* why) {
 
 bool remove_own_dir(const std::string& dir, std::string* why) {
   if (!is_own_marked_dir(dir, why)) return false;
-  // std::filesystem::remove_all removes symbolic links themselves and never descends into them.
+  // Everything but the marker first, the marker last: a ringd killed midway leaves a directory
+  // that still says it is ringd's, which the next one removes (removed marker first, it was a
+  // stranger's directory for good). std::filesystem::remove_all removes symbolic links
+  // themselves and never descends into them.
   std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().filename() == kMarkerName) continue;
+    std::error_code rec;
+    std::filesystem::remove_all(e.path(), rec);
+    if (rec && !ec) ec = rec;
+  }
+  if (!ec) std::filesystem::remove(std::filesystem::path(dir) / kMarkerName, ec);
+  if (!ec) std::filesystem::remove(dir, ec);
   if (ec) {
     if (why) *why = dir + ": " + ec.message();
     return false;
