@@ -137,6 +137,8 @@ void DaemonMessages::on(const std::string& peer, uint32_t uid, const proto::Even
   if (m.steps) data["steps"] = *m.steps;
   if (m.behind_s) data["behind_s"] = *m.behind_s;
   if (m.deadline_s) data["deadline_s"] = *m.deadline_s;
+  if (!m.deleted.empty()) data["deleted"] = m.deleted;  // checkpoint steps retention removed
+  if (m.resumable) data["resumable"] = *m.resumable;
   if (m.kind == proto::EventKind::kHang) {
     data["missing"] = m.missing;
     json waiting = json::array();
