@@ -328,6 +328,40 @@ class LogFollower {
   std::deque<std::string> tail_;
 };
 
+// The ring-coord we started exited because another `ringctl run` started one on the same state
+// at the same moment: whether that one answers (waiting while it opens its database).
+bool another_run_started_it(const CoordFlags& coord, const std::string& our_log) {
+  if (tail_of_file(our_log, 10).find("another ring-coord") == std::string::npos) return false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < until && !g_sigint && !g_sigterm) {
+    if (coordinator_answers(coord, 1)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+// A training job on this machine, before anything starts: its data must be here (this machine
+// is the node; ringd would refuse it anyway), and it must fit as `ringctl plan --check` says (a
+// job that does not fit fails later, out of memory, after its restarts; --force runs it anyway).
+int check_this_machine(const spec::JobSpec& spec, const RunOpts& o) {
+  if (const auto missing = spec::missing_data_paths(spec); !missing.empty()) {
+    for (const auto& m : missing) std::cerr << o.spec << ": " << m << "\n";
+    return kExitFailed;
+  }
+  const plan::Plan p = plan::make_plan(spec);
+  if (p.fits() || o.force) return kExitOk;
+  std::cerr << o.spec << ": does not fit this machine:"
+            << (p.fits_device ? ""
+                              : fmt::format(" {:.2f} GB per worker of {:.2f} GB usable on {};",
+                                            p.worker_total / 1e9, p.device_usable / 1e9,
+                                            p.device_name))
+            << (p.fits_host ? ""
+                            : fmt::format(" {:.2f} GB of host memory of {:.2f} GB;",
+                                          p.host_total / 1e9, p.host_capacity / 1e9))
+            << " `ringctl plan " << o.spec << "` shows where it goes; --force runs it anyway\n";
+  return kExitNoFit;
+}
+
 int run_run(const RunOpts& o) {
   // 1. The spec.
   auto load = spec::job_spec_options();
@@ -364,29 +398,8 @@ int run_run(const RunOpts& o) {
     std::cerr << o.spec << ": " << why << "\n";
     return kExitFailed;
   }
-  if (!generate) {
-    // This machine is the node: its data must be here (ringd would refuse it anyway).
-    if (const auto missing = spec::missing_data_paths(spec); !missing.empty()) {
-      for (const auto& m : missing) std::cerr << o.spec << ": " << m << "\n";
-      return kExitFailed;
-    }
-    // What `ringctl plan --check` says, before anything starts: a job that does not fit fails
-    // later, out of memory, after its restarts. --force runs it anyway.
-    const plan::Plan p = plan::make_plan(spec);
-    if (!p.fits() && !o.force) {
-      std::cerr << o.spec << ": does not fit this machine:"
-                << (p.fits_device ? ""
-                                  : fmt::format(" {:.2f} GB per worker of {:.2f} GB usable on {};",
-                                                p.worker_total / 1e9, p.device_usable / 1e9,
-                                                p.device_name))
-                << (p.fits_host ? ""
-                                : fmt::format(" {:.2f} GB of host memory of {:.2f} GB;",
-                                              p.host_total / 1e9, p.host_capacity / 1e9))
-                << " `ringctl plan " << o.spec
-                << "` shows where it goes; --force runs it anyway\n";
-      return kExitNoFit;
-    }
-  }
+  if (!generate)
+    if (const int rc = check_this_machine(spec, o); rc != kExitOk) return rc;
 
   // 2. The job directory.
   // Checked up front (ours, private, writable: common/cli/job_dir.h): a directory ringd cannot
@@ -446,17 +459,9 @@ int run_run(const RunOpts& o) {
         int st = 0;
         if (::waitpid(owned.pid, &st, WNOHANG) == owned.pid) {
           owned.pid = -1;
-          // Another `ringctl run` started one on the same state at the same moment: use it once
-          // it answers (it may still be opening its database).
-          if (tail_of_file(owned.log, 10).find("another ring-coord") != std::string::npos) {
-            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-            while (std::chrono::steady_clock::now() < until && !g_sigint && !g_sigterm) {
-              if (coordinator_answers(o.coord, 1)) {
-                std::cout << "using the coordinator at " << ep << " (another run started it)\n";
-                return kExitOk;
-              }
-              std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            }
+          if (another_run_started_it(o.coord, owned.log)) {
+            std::cout << "using the coordinator at " << ep << " (another run started it)\n";
+            return kExitOk;
           }
           std::cerr << "ringctl: ring-coord exited (status " << exit_status(st)
                     << ") instead of serving " << ep << ":\n"

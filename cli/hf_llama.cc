@@ -183,6 +183,25 @@ ckpt::Layout make_layout(const contract::ModelConfig& mc, const contract::ParamL
   return l;
 }
 
+// The files of a finished export, staged in `stage`, into `out` (each rename replaces a file of
+// that name whole, never through a link); then the previous export's files that are not part of
+// this one go: shards of another count, the index of a sharded export when this one is a single
+// file, or the single file.
+void move_export_into_place(const std::string& stage, const std::string& out,
+                            const std::vector<std::string>& names) {
+  for (const std::string& n : names)
+    if (::rename((stage + "/" + n).c_str(), (out + "/" + n).c_str()) != 0)
+      fail(out + "/" + n, std::string("cannot move into place: ") + std::strerror(errno));
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string f = e.path().filename().string();  // model-00001-of-00002.safetensors
+    const bool ours = (f.size() == 32 && f.starts_with("model-") && f.ends_with(".safetensors") &&
+                       f.substr(11, 4) == "-of-") ||
+                      f == "model.safetensors" || f == "model.safetensors.index.json";
+    if (ours && std::find(names.begin(), names.end(), f) == names.end()) fs::remove(e.path(), ec);
+  }
+}
+
 }  // namespace
 
 // ---- config --------------------------------------------------------------------------------
@@ -971,20 +990,7 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   c.torch_dtype = dt == st::DType::kBF16 ? "bfloat16" : "float32";
   write_user_file(stage + "/config.json", config_json(c));
   names.push_back("config.json");
-  // Into place (each rename replaces a file of that name whole, never through a link), then the
-  // previous export's files that are not part of this one go: shards of another count, the
-  // index of a sharded export when this one is a single file, or the single file.
-  for (const std::string& n : names)
-    if (::rename((stage + "/" + n).c_str(), (out + "/" + n).c_str()) != 0)
-      fail(out + "/" + n, std::string("cannot move into place: ") + std::strerror(errno));
-  for (const auto& e : fs::directory_iterator(out, ec)) {
-    const std::string f = e.path().filename().string();  // model-00001-of-00002.safetensors
-    const bool ours = (f.size() == 32 && f.starts_with("model-") && f.ends_with(".safetensors") &&
-                       f.substr(11, 4) == "-of-") ||
-                      f == "model.safetensors" || f == "model.safetensors.index.json";
-    if (ours && std::find(names.begin(), names.end(), f) == names.end())
-      fs::remove(e.path(), ec);
-  }
+  move_export_into_place(stage, out, names);
   for (const std::string& n : names)
     if (n.ends_with(".safetensors")) {
       res.files.push_back(out + "/" + n);

@@ -448,6 +448,60 @@ bool WebApp::session_valid(const std::string& id) {
   return true;
 }
 
+HttpResponse WebApp::login(const HttpRequest& r) {
+  if (r.method == "GET")
+    return html("ring-coord: sign in",
+                "<h1>ring-coord</h1><form method=\"post\" action=\"/login\">"
+                "<label>Token (<code>http.token</code> in the coordinator's state directory) "
+                "<input type=\"password\" name=\"token\" autocomplete=\"off\"></label> "
+                "<button>Sign in</button></form>");
+  std::string presented;
+  for (size_t a = 0; a < r.body.size();) {
+    size_t b = r.body.find('&', a);
+    if (b == std::string::npos) b = r.body.size();
+    std::string kv = r.body.substr(a, b - a);
+    if (kv.rfind("token=", 0) == 0) presented = percent_decode(kv.substr(6), true).value_or("");
+    a = b + 1;
+  }
+  if (o_.token.empty())
+    return {303, "text/plain; charset=utf-8", "no token needed\n", {{"Location", "/"}}};
+  if (!token_matches(presented, o_.token))
+    return html("ring-coord: sign in", "<h1>Wrong token</h1><p><a href=\"/login\">again</a></p>",
+                401);
+  // The cookie is a random session id of this endpoint, valid session_s: never the long-lived
+  // token, which a cookie would carry to wherever else the browser sends it.
+  HttpResponse ok{303,
+                  "text/plain; charset=utf-8",
+                  "signed in\n",
+                  {{"Location", "/"},
+                   {"Set-Cookie", "ring_session=" + open_session() +
+                                      "; Path=/; HttpOnly; SameSite=Strict; Max-Age=" +
+                                      std::to_string(static_cast<int64_t>(o_.session_s))}}};
+  ok.authenticated = true;
+  return ok;
+}
+
+// A valid token (Authorization: Bearer) or session cookie: nullopt, and the request is marked
+// authenticated; else the 401 to send.
+std::optional<HttpResponse> WebApp::refuse_unauthenticated(const HttpRequest& r) {
+  if (o_.token.empty()) return std::nullopt;
+  authenticated_ = r.authorization.rfind("Bearer ", 0) == 0
+                       ? token_matches(r.authorization.substr(7), o_.token)
+                       : session_valid(cookie_session(r.cookie));
+  if (authenticated_) return std::nullopt;  // the connection proved itself
+  const bool page_req = r.path == "/" || r.path.rfind("/jobs", 0) == 0;
+  HttpResponse resp =
+      page_req ? html("ring-coord: sign in",
+                      "<h1>Token required</h1><p><a href=\"/login\">Sign in</a> with the "
+                      "token in the coordinator's state directory.</p>",
+                      401)
+               : text_reply(401,
+                            "this endpoint needs `Authorization: Bearer <token>` (the token is "
+                            "in the coordinator's state directory, file http.token)");
+  resp.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"ring-coord\"");
+  return resp;
+}
+
 HttpResponse WebApp::route(const HttpRequest& r) {
   // DNS rebinding: a browser on another site's page sends that site's name as the Host.
   if (!host_allowed(r.host))
@@ -460,59 +514,8 @@ HttpResponse WebApp::route(const HttpRequest& r) {
             "text/plain; charset=utf-8",
             "only GET (and POST /login) are served\n",
             {{"Allow", is_login ? "GET, POST" : "GET"}}};
-  if (is_login) {
-    if (r.method == "GET")
-      return html("ring-coord: sign in",
-                  "<h1>ring-coord</h1><form method=\"post\" action=\"/login\">"
-                  "<label>Token (<code>http.token</code> in the coordinator's state directory) "
-                  "<input type=\"password\" name=\"token\" autocomplete=\"off\"></label> "
-                  "<button>Sign in</button></form>");
-    std::string presented;
-    for (size_t a = 0; a < r.body.size();) {
-      size_t b = r.body.find('&', a);
-      if (b == std::string::npos) b = r.body.size();
-      std::string kv = r.body.substr(a, b - a);
-      if (kv.rfind("token=", 0) == 0) presented = percent_decode(kv.substr(6), true).value_or("");
-      a = b + 1;
-    }
-    if (o_.token.empty())
-      return {303, "text/plain; charset=utf-8", "no token needed\n", {{"Location", "/"}}};
-    if (!token_matches(presented, o_.token))
-      return html("ring-coord: sign in", "<h1>Wrong token</h1><p><a href=\"/login\">again</a></p>",
-                  401);
-    // The cookie is a random session id of this endpoint, valid session_s: never the long-lived
-    // token, which a cookie would carry to wherever else the browser sends it.
-    HttpResponse ok{303,
-                    "text/plain; charset=utf-8",
-                    "signed in\n",
-                    {{"Location", "/"},
-                     {"Set-Cookie", "ring_session=" + open_session() +
-                                        "; Path=/; HttpOnly; SameSite=Strict; Max-Age=" +
-                                        std::to_string(static_cast<int64_t>(o_.session_s))}}};
-    ok.authenticated = true;
-    return ok;
-  }
-  bool authenticated = o_.token.empty();
-  if (!o_.token.empty()) {
-    if (r.authorization.rfind("Bearer ", 0) == 0)
-      authenticated = token_matches(r.authorization.substr(7), o_.token);
-    else
-      authenticated = session_valid(cookie_session(r.cookie));
-    authenticated_ = authenticated;  // a valid token or session: the connection proved itself
-    if (!authenticated) {
-      bool page_req = r.path == "/" || r.path.rfind("/jobs", 0) == 0;
-      HttpResponse resp =
-          page_req ? html("ring-coord: sign in",
-                          "<h1>Token required</h1><p><a href=\"/login\">Sign in</a> with the "
-                          "token in the coordinator's state directory.</p>",
-                          401)
-                   : text_reply(401,
-                                "this endpoint needs `Authorization: Bearer <token>` (the token "
-                                "is in the coordinator's state directory, file http.token)");
-      resp.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"ring-coord\"");
-      return resp;
-    }
-  }
+  if (is_login) return login(r);
+  if (auto refused = refuse_unauthenticated(r)) return *refused;
 
   const double now = now_unix();
   if (r.path == "/metrics")

@@ -50,6 +50,8 @@ class WebApp {
  private:
   Store& store();
   HttpResponse route(const HttpRequest& r);
+  HttpResponse login(const HttpRequest& r);  // GET: the form; POST: a session for the token
+  std::optional<HttpResponse> refuse_unauthenticated(const HttpRequest& r);
   bool host_allowed(const std::string& host) const;
   std::string open_session();
   bool session_valid(const std::string& id);
