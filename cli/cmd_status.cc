@@ -415,6 +415,10 @@ std::string details(const protocol::JobInfo& j) {
     auto v = slurm_views({j});
     os << "slurm job:    " << printable(j.slurm_job_id) << ": "
        << printable(slurm::summary(v[j.slurm_job_id])) << "\n";
+    if (!j.excluded_nodes.empty())
+      os << "excluded:     " << printable(join(j.excluded_nodes, " "))
+         << " (failed an attempt; never allocated again: `ringctl events " << j.job
+         << "` node_excluded)\n";
   }
   os << "spec:         " << printable(j.spec_hash) << "\n";
   os << "submitted:    " << format_time(j.created_at) << "; updated " << format_time(j.updated_at)

@@ -248,10 +248,19 @@ int run_started(const StartedOpts& o) {
     s.slurm_job_id = o.slurm_job;
     s.restarts = o.restarts;
     s.nodes = o.nodes;
+    // A requeue: which nodes Slurm holds unfit now (a node failure requeued the job with the
+    // failed node down), so ring-coord can exclude the failed one from later allocations.
+    if (o.restarts > 0) {
+      try {
+        s.unhealthy_nodes = slurm::unhealthy_nodes();
+      } catch (const slurm::SlurmError& e) {
+        std::cerr << "ringmaster: " << e.what() << "; no failed node is excluded this time\n";
+      }
+    }
     auto r = c.slurm_job(s);
     std::cout << "ringmaster: ring-coord job " << job << " is " << r.state << " (" << r.message
               << ")\n";
-    return kExitOk;
+    return r.requeue_without.empty() ? kExitOk : kExitRequeue;
   });
 }
 

@@ -32,6 +32,9 @@ const std::vector<ExitCodeDoc>& exit_code_table() {
       {kExitInvalidState, "refused in the job's current state"},
       {kExitCancelled, "run: the job was cancelled (ringctl cancel; ringd's 3)"},
       {kExitKilled, "run: ringd was killed by a signal (the summary names it)"},
+      {kExitRequeue,
+       "slurm-started: the allocation holds a node the job excludes; ring-coord requeues the "
+       "job without it (the batch script starts no ringd)"},
       {kExitStopped, "run: stopped early on request, resumable (ringd's 75)"},
   };
   return t;

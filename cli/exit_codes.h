@@ -23,6 +23,7 @@ inline constexpr int kExitDenied = 6;        // the job belongs to another user
 inline constexpr int kExitInvalidState = 7;  // refused in the job's state (cancel a done job)
 inline constexpr int kExitCancelled = 8;     // run: the job was cancelled (ringctl cancel)
 inline constexpr int kExitKilled = 9;        // run: ringd was killed by a signal
+inline constexpr int kExitRequeue = 10;      // slurm-started: requeued without excluded nodes
 inline constexpr int kExitStopped = 75;      // run: stopped early and resumable (EX_TEMPFAIL)
 
 struct ExitCodeDoc {

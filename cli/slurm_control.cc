@@ -28,6 +28,12 @@ std::string slurm_cancel(const protocol::JobInfo& j) {
 }
 
 std::string slurm_requeue(const protocol::JobInfo& j) {
+  if (!j.excluded_nodes.empty()) {
+    std::string list = slurm::requeue_excluding(j.slurm_job_id, j.excluded_nodes);
+    return "scontrol requeuehold/update ExcNodeList=" + list + "/release " + j.slurm_job_id +
+           ": Slurm stops it and starts it again without the excluded nodes; it resumes from the "
+           "latest complete checkpoint";
+  }
   slurm::requeue(j.slurm_job_id);
   return "scontrol requeue " + j.slurm_job_id +
          ": Slurm stops and restarts it; it resumes from the latest complete checkpoint";

@@ -1,8 +1,10 @@
 #include "coordinator/client_requests.h"
 
 #include <algorithm>
+#include <set>
 
 #include "common/cli/job_dir.h"
+#include "common/topology/hostlist.h"
 #include "common/spec/parse.h"
 #include "coordinator/security.h"
 
@@ -178,6 +180,58 @@ void ClientRequests::on(const std::string& peer, uint32_t, const proto::NodesReq
   e_.queue(peer, answer(*e_.store, m, e_.live_view()));
 }
 
+// A requeue after a node failure: the nodes of the previous allocation that Slurm now holds
+// unfit (down, drained, failing, not responding) and whose ringd never stopped on its own (a
+// preemption or `ringctl restart` stops every node first) failed the job. Its later allocations
+// exclude them.
+void ClientRequests::exclude_failed_nodes(const JobRow& j, const proto::SlurmJobRequest& m) {
+  auto prev = e_.store->last_event(j.id, "slurm_started");
+  if (!prev || !prev->data.contains("nodes") || !prev->data["nodes"].is_string()) return;
+  std::vector<std::string> hosts;
+  try {
+    hosts = topology::expand_hostlist(prev->data["nodes"].get<std::string>());
+  } catch (const std::exception&) {
+    return;  // recorded before it was checked: nothing to go by
+  }
+  // Members still marked stopped or done are the ending allocation's (a requeued start marks
+  // every member of the one before lost).
+  std::set<std::string> stopped;
+  for (const auto& jn : e_.store->job_nodes(j.id))
+    if (jn.state == "stopped" || jn.state == "done")
+      stopped.insert(topology::host_of_daemon_node(jn.node));
+  for (const auto& h : hosts) {
+    if (stopped.count(h) ||
+        std::find(m.unhealthy_nodes.begin(), m.unhealthy_nodes.end(), h) == m.unhealthy_nodes.end())
+      continue;
+    std::string why = "Slurm requeue " + std::to_string(m.restarts) + " of job " +
+                      m.slurm_job_id + " with node " + h +
+                      " down, drained or not responding, its ringd never stopped on its own";
+    if (e_.store->add_excluded_node(j.id, h, j.attempt, why)) {
+      logger()->warn("job {}: excluding node {} from its allocations ({})", j.id, h, why);
+      e_.store->add_event(j.id, j.attempt, "", "node_excluded", {{"host", h}, {"reason", why}});
+    }
+  }
+}
+
+// The nodes of a Slurm allocation (hostlist form) the job excludes.
+std::vector<std::string> ClientRequests::excluded_in_allocation(int64_t job,
+                                                                const std::string& nodes) {
+  auto excluded = e_.store->excluded_nodes(job);
+  if (excluded.empty() || nodes.empty()) return {};
+  std::vector<std::string> hosts;
+  try {
+    hosts = topology::expand_hostlist(nodes);
+  } catch (const std::exception& e) {
+    throw Refused(proto::code::kBadField,
+                  "nodes: '" + nodes.substr(0, 200) + "' is not a Slurm hostlist: " + e.what(),
+                  "nodes");
+  }
+  std::vector<std::string> bad;
+  for (const auto& x : excluded)
+    if (std::find(hosts.begin(), hosts.end(), x.node) != hosts.end()) bad.push_back(x.node);
+  return bad;
+}
+
 // What Slurm did with the job: recorded with the job; a start after a requeue (node
 // failure, preemption, `ringctl restart`) ends the attempt Slurm killed and begins the next one
 // from the latest complete checkpoint. The new allocation's daemons join it afresh (the old
@@ -205,7 +259,34 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Slur
   }
   data["restarts"] = m.restarts;
   data["nodes"] = m.nodes;
+  if (m.restarts > 0 && !m.unhealthy_nodes.empty()) exclude_failed_nodes(j, m);
   e_.store->add_event(j.id, j.attempt, "", "slurm_started", data);
+  // An allocation that holds a node the job excludes (its loss failed an attempt): no attempt
+  // begins on it; Slurm is asked to requeue the job without those nodes (SlurmActions).
+  std::vector<std::string> bad = excluded_in_allocation(j.id, m.nodes);
+  if (!bad.empty() && !is_terminal(j.state) && j.state != JobState::kCancelling) {
+    std::string list;
+    for (const auto& n : bad) list += (list.empty() ? "" : ",") + n;
+    std::string why = "Slurm start " + std::to_string(m.restarts) + " of job " + m.slurm_job_id +
+                      " landed on excluded " + (bad.size() == 1 ? "node " : "nodes ") + list +
+                      "; requeueing without";
+    if (is_active(j.state)) e_.store->end_attempt(j.id, j.attempt, why);
+    for (const auto& jn : e_.store->job_nodes(j.id))
+      if (jn.state != "lost") e_.store->set_job_node_state(j.id, jn.node, "lost");
+    e_.store->set_restart(j.id, std::nullopt, std::nullopt);
+    e_.store->set_state(j.id, JobState::kRestarting, why);
+    std::vector<std::string> all;
+    for (const auto& x : e_.store->excluded_nodes(j.id)) all.push_back(x.node);
+    e_.store->add_event(j.id, j.attempt, "", "slurm_requeue_excluding",
+                        {{"slurm_job_id", m.slurm_job_id}, {"nodes", m.nodes}, {"excluded", bad}});
+    e_.slurm_actions->requeue_excluding(j.id, m.slurm_job_id, all);
+    proto::OkReply r{m.id, j.id, to_string(JobState::kRestarting),
+                     "this allocation holds excluded " + list +
+                         "; ring-coord requeues the job without"};
+    r.requeue_without = bad;
+    e_.queue(peer, r);
+    return;
+  }
   std::string msg = "start recorded";
   if (m.restarts > 0 && j.attempt > 0 && !is_terminal(j.state) &&
       j.state != JobState::kCancelling) {

@@ -28,6 +28,8 @@ class ClientRequests {
 
  private:
   void check_from_step(const JobRow& j, int64_t step);
+  void exclude_failed_nodes(const JobRow& j, const proto::SlurmJobRequest& m);
+  std::vector<std::string> excluded_in_allocation(int64_t job, const std::string& nodes);
   Engine& e_;
 };
 

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,12 @@ struct CoordinatorOptions {
   size_t metrics_max_ranks = 64;
   // Keep step_metrics and rank_steps rows of each job's last N steps; 0: keep everything.
   int64_t metrics_retention_steps = 0;
+  // Requeues a Slurm job with hosts added to its ExcNodeList (a start landed on a node the job
+  // excludes; coordinator/slurm_actions.h); returns the ExcNodeList set, throws with what failed.
+  // Empty: slurm::requeue_excluding (scontrol). Tests pass their own.
+  std::function<std::string(const std::string& slurm_job_id,
+                            const std::vector<std::string>& exclude)>
+      slurm_requeue_excluding;
 };
 
 class Coordinator {

@@ -13,6 +13,11 @@ namespace ring::coord {
 using nlohmann::json;
 
 Engine::Engine(const CoordinatorOptions& o, Store& s) : opts(o), store(&s) {
+  if (opts.slurm_requeue_excluding)
+    slurm_actions = std::make_unique<SlurmActions>([f = opts.slurm_requeue_excluding](
+                                                       const SlurmActions::Action& a) {
+      return f(a.slurm_job_id, a.exclude);
+    });
   // Every node gets a full heartbeat timeout from our start: the time we were down is not
   // theirs.
   auto now = Clock::now();

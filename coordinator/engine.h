@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -28,6 +29,7 @@
 #include "coordinator/cross_stragglers.h"
 #include "coordinator/log.h"
 #include "coordinator/queries.h"
+#include "coordinator/slurm_actions.h"
 #include "coordinator/store.h"
 
 namespace ring::coord {
@@ -106,6 +108,10 @@ struct Engine {
   std::map<uint32_t, int> refused_per_uid;
   // Node rows one uid may register (distinct names): a user cannot fill the database with nodes.
   static constexpr int64_t kMaxNodesPerUid = 4096;
+
+  // Requeues of Slurm jobs without their excluded nodes (scontrol, off this thread); Timers
+  // records the outcomes. A test may replace it with one of its own runner.
+  std::unique_ptr<SlurmActions> slurm_actions = std::make_unique<SlurmActions>();
 
   // Replies and commands of the message being handled, sent after its transaction commits.
   std::vector<std::pair<std::string, proto::Message>> outbox;

@@ -51,6 +51,7 @@ proto::JobInfo job_info(Store& store, const JobRow& j, const LiveView& live) {
       for (const auto& n : o)
         if (n.is_string()) i.ring_order.push_back(n.get<std::string>());
   }
+  for (const auto& x : store.excluded_nodes(j.id)) i.excluded_nodes.push_back(x.node);
   i.job_dir = j.job_dir;
   i.checkpoint_dir = j.checkpoint_dir;
   i.created_at = j.created_at;

@@ -258,6 +258,17 @@ ALTER TABLE jobs_v8 RENAME TO jobs;
 CREATE INDEX jobs_state ON jobs(state);
 )sql",
      true},
+    {9, "nodes a Slurm job must not be allocated again (a node failure requeued it)",
+     R"sql(
+CREATE TABLE excluded_nodes (
+  job_id   INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+  node     TEXT NOT NULL,
+  attempt  INTEGER NOT NULL,
+  reason   TEXT NOT NULL,
+  at       REAL NOT NULL,
+  PRIMARY KEY (job_id, node)
+);
+)sql"},
 };
 
 constexpr const char* kJobCols =
@@ -579,6 +590,24 @@ std::vector<JobNodeRow> Store::job_nodes(int64_t job) {
   return out;
 }
 
+bool Store::add_excluded_node(int64_t job, const std::string& node, int64_t attempt,
+                              const std::string& reason) {
+  Stmt& s = db_.prepare(
+      "INSERT OR IGNORE INTO excluded_nodes(job_id, node, attempt, reason, at) VALUES (?,?,?,?,?)");
+  s.args(job, node, attempt, reason, now_unix());
+  s.step();
+  return db_.changes() > 0;
+}
+
+std::vector<ExcludedNodeRow> Store::excluded_nodes(int64_t job) {
+  std::vector<ExcludedNodeRow> out;
+  Stmt& s = db_.prepare(
+      "SELECT node, attempt, reason, at FROM excluded_nodes WHERE job_id=? ORDER BY at, node");
+  s.args(job);
+  while (s.step()) out.push_back({s.text(0), s.i64(1), s.text(2), s.f64(3)});
+  return out;
+}
+
 std::optional<JobNodeRow> Store::job_node(int64_t job, const std::string& node) {
   Stmt& s = db_.prepare(
       "SELECT job_id, node, attempt, state, node_uid FROM job_nodes WHERE job_id=? AND node=?");
@@ -652,6 +681,17 @@ std::vector<protocol::EventRecord> Store::events(int64_t job, int64_t after, int
   s.args(job, after, limit);
   while (s.step()) out.push_back(read_event(s));
   return out;
+}
+
+std::optional<protocol::EventRecord> Store::last_event(int64_t job, const std::string& kind) {
+  Stmt& s = db_.prepare(
+      "SELECT id, time, job_id, attempt, node, kind, data FROM events "
+      "WHERE job_id=? AND kind=? ORDER BY id DESC LIMIT 1");
+  s.args(job, kind);
+  if (!s.step()) return std::nullopt;
+  auto e = read_event(s);
+  s.reset();
+  return e;
 }
 
 void Store::upsert_checkpoint(int64_t job, int64_t step, const std::string& node,

@@ -84,6 +84,16 @@ struct JobNodeRow {
   int64_t node_uid = 0;  // the member is node (node_uid, node)
 };
 
+// A node a Slurm job must not be allocated again: Slurm requeued the job with the node down,
+// drained or not responding, and the node's ringd never stopped on its own (a node failure).
+// Kept for the life of the job.
+struct ExcludedNodeRow {
+  std::string node;
+  int64_t attempt = 0;  // the attempt that failed with it
+  std::string reason;
+  double at = 0;  // Unix seconds
+};
+
 class Store {
  public:
   struct Options {
@@ -135,6 +145,10 @@ class Store {
   void set_job_nodes_attempt(int64_t job, int64_t attempt);
   std::vector<JobNodeRow> job_nodes(int64_t job);
   std::optional<JobNodeRow> job_node(int64_t job, const std::string& node);
+  // Records node as excluded from the job's allocations; false if it already was.
+  bool add_excluded_node(int64_t job, const std::string& node, int64_t attempt,
+                         const std::string& reason);
+  std::vector<ExcludedNodeRow> excluded_nodes(int64_t job);
   // State and attempt only (the hot path of heartbeats; no spec text).
   struct JobBrief {
     JobState state;
@@ -152,6 +166,8 @@ class Store {
   int64_t add_event(std::optional<int64_t> job, int64_t attempt, const std::string& node,
                     const std::string& kind, const nlohmann::json& data);
   std::vector<protocol::EventRecord> events(int64_t job, int64_t after, int64_t limit);
+  // The job's newest event of this kind.
+  std::optional<protocol::EventRecord> last_event(int64_t job, const std::string& kind);
 
   // ---- checkpoints (one row per node shard; `seconds`: how long the node's shard took to write,
   // when its ringd reported it, schema v6)

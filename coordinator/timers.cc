@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/ranges.h>
+
 namespace ring::coord {
 
 using nlohmann::json;
@@ -46,6 +48,7 @@ void every(Clock::time_point& last, double period_s, const char* what, F&& f) {
 void Timers::tick() {
   check_lost_nodes();
   start_due_restarts();
+  record_slurm_actions();
   every(last_abandon_check_, 0.5, "checking for abandoned jobs", [&] { check_abandoned(); });
   every(last_metrics_flush_, e_.opts.metrics_flush_s, "writing step metrics",
         [&] { flush_metrics(); });
@@ -104,6 +107,32 @@ void Timers::check_lost_nodes() {
     } catch (const std::exception& e) {
       logger()->error("marking node {} lost: {}", name, e.what());
       nl.up = true;  // retry on the next tick
+    }
+  }
+}
+
+void Timers::record_slurm_actions() {
+  for (const auto& r : e_.slurm_actions->take_finished()) {
+    try {
+      Txn t(e_.store->db());
+      auto j = e_.store->job(r.action.job);
+      if (!j) continue;
+      if (r.ok) {
+        logger()->info("job {}: Slurm job {} requeued with ExcNodeList={}", j->id,
+                       r.action.slurm_job_id, r.message);
+        e_.store->add_event(j->id, j->attempt, "", "slurm_requeued_excluding",
+                            {{"slurm_job_id", r.action.slurm_job_id}, {"exclude", r.message}});
+      } else {
+        logger()->warn("job {}: requeue of Slurm job {} without {} failed: {}", j->id,
+                       r.action.slurm_job_id, fmt::join(r.action.exclude, ","), r.message);
+        e_.store->add_event(j->id, j->attempt, "", "slurm_requeue_failed",
+                            {{"slurm_job_id", r.action.slurm_job_id},
+                             {"exclude", r.action.exclude},
+                             {"message", r.message}});
+      }
+      t.commit();
+    } catch (const std::exception& e) {
+      logger()->error("recording the requeue of job {}: {}", r.action.job, e.what());
     }
   }
 }

@@ -27,6 +27,8 @@ class Timers {
   void check_abandoned();
   void flush_metrics();
   void flush_heartbeats();
+  // Outcomes of SlurmActions (requeues without excluded nodes) as the jobs' events.
+  void record_slurm_actions();
   // Retention (CoordinatorOptions::metrics_retention_steps): deletes old step metrics, at most
   // kPruneRows rows a call, once a second (again at once while rows remain).
   void prune_metrics();

@@ -469,6 +469,7 @@ void fields(IO& io, JobInfo& m) {
   io.opt_str("slurm_job_id", m.slurm_job_id, 64, Write::kAlways);
   io.strings("nodes", m.nodes, kMaxList, kMaxName, Write::kAlways);
   io.strings("ring_order", m.ring_order, kMaxList, kMaxName, Write::kAlways);
+  io.strings("excluded_nodes", m.excluded_nodes, kMaxList, kMaxName);
   io.opt_str("job_dir", m.job_dir, kMaxPath, Write::kAlways);
   io.opt_str("checkpoint_dir", m.checkpoint_dir, kMaxPath, Write::kAlways);
   io.num("created_at", m.created_at, 0, 1e12);
@@ -744,6 +745,7 @@ void fields(IO& io, SlurmJobRequest& m) {
   io.i64_or("restarts", m.restarts, 0, 1000000, 0);
   io.opt_str("nodes", m.nodes, kMaxText);
   io.opt_str("message", m.message, kMaxText);
+  io.strings("unhealthy_nodes", m.unhealthy_nodes, kMaxList, kMaxName);
 }
 
 // coordinator -> ringctl.
@@ -784,6 +786,7 @@ void fields(IO& io, OkReply& m) {
   io.i64_or("job", m.job, 0, kMaxId, 0);
   io.opt_str("state", m.state, 32, Write::kAlways);
   io.opt_str("message", m.message, kMaxText, Write::kAlways);
+  io.strings("requeue_without", m.requeue_without, kMaxList, kMaxName);
 }
 template <class IO>
 void fields(IO& io, ErrorReply& m) {

@@ -296,6 +296,10 @@ struct SlurmJobRequest {
   int64_t restarts = 0;
   std::string nodes;
   std::string message;
+  // "started" after a requeue: the hosts Slurm reports down, drained, failing or not responding
+  // at this start (sinfo). Those of the previous allocation that never stopped on their own are
+  // the failed nodes the job then excludes.
+  std::vector<std::string> unhealthy_nodes;
 };
 
 // ---- coordinator -> ringctl -----------------------------------------------------------------
@@ -319,6 +323,9 @@ struct JobInfo {
   std::string slurm_job_id;
   std::vector<std::string> nodes;
   std::vector<std::string> ring_order;
+  // A Slurm job: the hosts its allocations must not hold, each a node whose loss failed an
+  // attempt (the job's node_excluded events say when and why).
+  std::vector<std::string> excluded_nodes;
   std::string job_dir;         // absolute: logs/worker-<rank>.log, steps.jsonl
   std::string checkpoint_dir;  // absolute: the spec's checkpoint.dir, or <job_dir>/checkpoints
   double created_at = 0;  // Unix seconds
@@ -396,6 +403,10 @@ struct OkReply {
   int64_t job = 0;
   std::string state;
   std::string message;
+  // A "started" SlurmJobRequest only: the nodes of this allocation the job excludes (its attempt
+  // failed with them). ring-coord requeues the job without them; the batch script starts no
+  // ringd. Empty (and absent on the wire) otherwise.
+  std::vector<std::string> requeue_without;
 };
 struct ErrorReply {
   int64_t id = 0;  // the request's id when it could be read, else 0

@@ -138,10 +138,20 @@ std::string render_sbatch_script(const spec::JobSpec& spec, const ScriptInputs& 
     line("# Record this start (the first, or a requeue after node failure or preemption).");
     line(fmt::format("{} slurm-started \"$coord_job\" --coord \"$coord\" --slurm-job "
                      "\"$SLURM_JOB_ID\" --restarts \"${{SLURM_RESTART_COUNT:-0}}\" --nodes "
-                     "\"$SLURM_JOB_NODELIST\" ||",
+                     "\"$SLURM_JOB_NODELIST\"",
                      shell_quote(in.ringctl)));
-    line("  echo \"ringmaster: could not record this start with ring-coord; ringd reports to it "
-         "anyway\" >&2");
+    line("case $? in");
+    line("  0) ;;");
+    line("  10)");
+    line("    # A node the job excludes (its loss failed an attempt): ring-coord requeues the job");
+    line("    # without it (scontrol requeuehold, ExcNodeList, release), which ends this script.");
+    line("    echo \"ringmaster: this allocation holds a node the job excludes; waiting for the "
+         "requeue without it\"");
+    line("    for _ in $(seq 60); do sleep 5; done");
+    line("    echo \"ringmaster: no requeue came within 300 s; running on this allocation\" >&2 ;;");
+    line("  *) echo \"ringmaster: could not record this start with ring-coord; ringd reports to "
+         "it anyway\" >&2 ;;");
+    line("esac");
   }
   line("");
   line("# Slurm's time-limit warning (--signal=B:USR1) reaches this shell only: pass it to ringd,");

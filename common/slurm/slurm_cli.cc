@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <set>
 #include <sstream>
+#include <thread>
+
+#include "common/topology/hostlist.h"
 
 namespace ring::slurm {
 
@@ -207,6 +211,104 @@ void requeue(const std::string& id) {
   std::vector<std::string> argv{"scontrol", "requeue", id};
   auto r = run_command(argv, 30000);
   if (r.exit_code != 0) throw SlurmError("scontrol requeue failed: " + proc::describe(argv, r));
+}
+
+namespace {
+
+std::map<std::string, std::string> show_job(const std::string& id) {
+  std::vector<std::string> argv{"scontrol", "show", "job", "-o", id};
+  auto r = run_command(argv, 30000);
+  if (r.exit_code != 0) throw SlurmError("cannot ask Slurm about the job: " + proc::describe(argv, r));
+  std::string line = r.out.substr(0, r.out.find('\n'));
+  return parse_scontrol_record(line);
+}
+
+}  // namespace
+
+std::vector<std::string> parse_unhealthy_nodes(std::string_view sinfo_out) {
+  std::vector<std::string> out;
+  std::istringstream in{std::string(sinfo_out)};
+  std::string line;
+  while (std::getline(in, line)) {
+    auto bar = line.find('|');
+    if (bar == std::string::npos || bar == 0) continue;
+    std::string node = line.substr(0, bar), state = line.substr(bar + 1);
+    while (!state.empty() && std::isspace(static_cast<unsigned char>(state.back()))) state.pop_back();
+    std::transform(state.begin(), state.end(), state.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    bool bad = state.find("down") != std::string::npos ||
+               state.find("drain") != std::string::npos ||
+               state.find("fail") != std::string::npos ||
+               state.find("no_respond") != std::string::npos ||
+               (!state.empty() && state.back() == '*');  // not responding
+    if (bad && std::find(out.begin(), out.end(), node) == out.end()) out.push_back(node);
+  }
+  return out;
+}
+
+std::vector<std::string> unhealthy_nodes() {
+  std::vector<std::string> argv{"sinfo", "-h", "-N", "-o", "%N|%T"};
+  auto r = run_command(argv, 30000);
+  if (r.exit_code != 0) throw SlurmError("cannot ask Slurm about nodes: " + proc::describe(argv, r));
+  return parse_unhealthy_nodes(r.out);
+}
+
+std::string requeue_excluding(const std::string& id, const std::vector<std::string>& nodes,
+                              int timeout_ms) {
+  if (!valid_job_id(id)) throw SlurmError(fmt::format("'{}' is not a Slurm job id", id));
+  for (const auto& n : nodes)
+    if (n.empty() || n.find_first_of(",[] \t\n=") != std::string::npos)
+      throw SlurmError(fmt::format("'{}' is not a node name", n));
+  auto rec = show_job(id);
+  // Keep what the user excluded (sbatch --exclude, or an earlier exclusion), in hostlist form.
+  std::vector<std::string> exclude;
+  std::string had = none_to_empty(rec["ExcNodeList"]);
+  if (!had.empty()) {
+    try {
+      exclude = topology::expand_hostlist(had);
+    } catch (const std::exception& e) {
+      throw SlurmError(fmt::format("job {}: ExcNodeList '{}' is not a hostlist: {}", id, had,
+                                   e.what()));
+    }
+  }
+  for (const auto& n : nodes)
+    if (std::find(exclude.begin(), exclude.end(), n) == exclude.end()) exclude.push_back(n);
+  std::string list;
+  for (const auto& n : exclude) list += (list.empty() ? "" : ",") + n;
+
+  std::string state = rec["JobState"];
+  bool held = false;
+  if (state != "PENDING") {
+    std::vector<std::string> argv{"scontrol", "requeuehold", id};
+    auto r = run_command(argv, 30000);
+    if (r.exit_code != 0)
+      throw SlurmError("scontrol requeuehold failed: " + proc::describe(argv, r));
+    held = true;
+  }
+  // Slurm refuses the update ("no longer pending") until the requeue has taken effect.
+  std::vector<std::string> update{"scontrol", "update", "JobId=" + id, "ExcNodeList=" + list};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string failure;
+  for (;;) {
+    auto r = run_command(update, 30000);
+    if (r.exit_code == 0) {
+      failure.clear();
+      break;
+    }
+    failure = "scontrol update failed: " + proc::describe(update, r);
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  if (held) {
+    std::vector<std::string> argv{"scontrol", "release", id};
+    auto r = run_command(argv, 30000);
+    if (r.exit_code != 0)
+      throw SlurmError((failure.empty() ? "" : failure + "; ") +
+                       "scontrol release failed (the job stays held: scontrol release " + id +
+                       "): " + proc::describe(argv, r));
+  }
+  if (!failure.empty()) throw SlurmError(failure + " (the job was requeued without it)");
+  return list;
 }
 
 std::string summary(const JobView& v) {

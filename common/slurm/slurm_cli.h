@@ -68,6 +68,19 @@ std::map<std::string, JobView> query_jobs(const std::vector<std::string>& ids);
 void cancel(const std::string& id);
 // scontrol requeue ID: the running job is stopped the same way and queued again (Restarts+1).
 void requeue(const std::string& id);
+// Hosts Slurm reports unfit to run jobs: down, drained or draining, failing, or not responding
+// (sinfo -N "%N|%T": "down*", "drained", "allocated*", ...), each once, in sinfo's order.
+std::vector<std::string> parse_unhealthy_nodes(std::string_view sinfo_out);
+std::vector<std::string> unhealthy_nodes();  // runs sinfo; throws SlurmError
+
+// The same requeue, with nodes added to the job's ExcNodeList so the next allocation holds none
+// of them. Slurm changes ExcNodeList only while the job is pending: a running job is requeued
+// held (scontrol requeuehold), its ExcNodeList updated once Slurm accepts it (retried until
+// timeout_ms), then released - always, so a failed update never leaves the job held. A pending
+// job is only updated. Returns the ExcNodeList set (hostnames, comma-separated). Throws
+// SlurmError naming the step that failed.
+std::string requeue_excluding(const std::string& id, const std::vector<std::string>& nodes,
+                              int timeout_ms = 120000);
 
 // Slurm's side of `ringctl status`: "RUNNING on node[1-2], 1 restart", "PENDING (Resources)",
 // "COMPLETED (exit 0:0)", "not known to Slurm" - one line; and the same as a JSON object (id,

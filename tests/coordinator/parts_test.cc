@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 
 #include "coord_test_util.h"
 #include "coordinator/auth.h"
@@ -156,6 +157,118 @@ TEST(CoordParts, TimersLoseASilentNodeAndFailItsAttempt) {
   bool lost_event = false;
   for (const auto& e : p.store->events(job, 0, 100)) lost_event |= e.kind == "node_lost";
   EXPECT_TRUE(lost_event);
+}
+
+// Issue 31, point 16: after a node failure, a Slurm job's next allocations never hold that node
+// again. At the requeued start, the previous allocation's nodes Slurm holds unfit whose ringd
+// never stopped on its own are recorded (node_excluded) and shown in status; a later start that
+// lands on one begins no attempt, the reply tells the batch script to start no ringd, and
+// ring-coord asks Slurm to requeue the job with the node in its ExcNodeList. A node that stopped
+// on its own (a preemption, a drain) is not excluded.
+TEST(CoordParts, ASlurmJobIsRequeuedWithoutTheNodeThatFailedIt) {
+  Parts p;
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::vector<std::string>>> asked;
+  p.engine->slurm_actions = std::make_unique<SlurmActions>([&](const SlurmActions::Action& a) {
+    std::lock_guard lk(mu);
+    asked.emplace_back(a.slurm_job_id, a.exclude);
+    return std::string("node2");
+  });
+  p.handle(*p.requests, "client", 1000,
+           proto::SubmitRequest{1, test_spec(2, /*max_restarts=*/3, 1, 1), "", p.dir + "/job", 3});
+  int64_t job = p.last<proto::SubmitReply>().job;
+  auto slurm = [&](int64_t restarts, const std::string& nodes,
+                   std::vector<std::string> unhealthy = {}) {
+    proto::SlurmJobRequest r;
+    r.id = 9;
+    r.job = job;
+    r.event = restarts < 0 ? "submitted" : "started";
+    r.slurm_job_id = "501";
+    r.restarts = std::max<int64_t>(restarts, 0);
+    r.nodes = nodes;
+    r.unhealthy_nodes = std::move(unhealthy);
+    p.handle(*p.requests, "client", 1000, r);
+    return p.last<proto::OkReply>();
+  };
+  auto stopped = [&](const std::string& peer, const std::string& node, int64_t attempt) {
+    proto::Event e;
+    e.node = node;
+    e.kind = proto::EventKind::kJobStopped;
+    e.job = job;
+    e.attempt = attempt;
+    p.handle(*p.daemons, peer, 1000, e);
+  };
+  slurm(-1, "");
+  EXPECT_TRUE(slurm(0, "node[1-2]").requeue_without.empty());
+  const std::string n1 = "node1-j" + std::to_string(job) + "-n0";
+  const std::string n2 = "node2-j" + std::to_string(job) + "-n1";
+  const std::string n3 = "node3-j" + std::to_string(job) + "-n1";
+  EXPECT_EQ(p.register_node("peer-1", 1000, n1, job).jobs.size(), 1u);
+  EXPECT_EQ(p.register_node("peer-2", 1000, n2, job).jobs.size(), 1u);
+  ASSERT_EQ(p.store->job(job)->attempt, 1);
+
+  // node2 dies; Slurm marks it down and requeues the job; node1's ringd stops on Slurm's SIGTERM.
+  // The next start is on node[1,3]; Slurm holds node2 (and an unrelated node9) unfit.
+  stopped("peer-1", n1, 1);
+  auto ok = slurm(1, "node[1,3]", {"node2", "node9"});
+  EXPECT_TRUE(ok.requeue_without.empty());
+  EXPECT_EQ(ok.state, "starting");
+  EXPECT_EQ(p.store->job(job)->attempt, 2);
+  auto ex = p.store->excluded_nodes(job);
+  ASSERT_EQ(ex.size(), 1u);
+  EXPECT_EQ(ex[0].node, "node2");
+  EXPECT_EQ(ex[0].attempt, 1);
+  EXPECT_NE(ex[0].reason.find("Slurm requeue 1 of job 501 with node node2 down"),
+            std::string::npos)
+      << ex[0].reason;
+  bool excluded_event = false;
+  for (const auto& e : p.store->events(job, 0, 100))
+    if (e.kind == "node_excluded") excluded_event = e.data.value("host", "") == "node2";
+  EXPECT_TRUE(excluded_event);
+  p.handle(*p.requests, "client", 1000, proto::StatusRequest{1, job});
+  EXPECT_EQ(p.last<proto::StatusReply>().jobs.at(0).excluded_nodes,
+            std::vector<std::string>{"node2"});
+
+  // node2 is back; a later requeue (a preemption) places the job on node[1-2]: no attempt begins,
+  // the batch script is told to start no ringd, and ring-coord asks for a requeue without it.
+  ok = slurm(2, "node[1-2]");
+  EXPECT_EQ(ok.requeue_without, std::vector<std::string>{"node2"});
+  EXPECT_EQ(ok.state, "restarting");
+  EXPECT_NE(ok.message.find("excluded node2"), std::string::npos) << ok.message;
+  EXPECT_EQ(p.store->job(job)->attempt, 2);
+  ASSERT_TRUE(wait_for([&] {
+    p.timers->tick();
+    for (const auto& e : p.store->events(job, 0, 100))
+      if (e.kind == "slurm_requeued_excluding") return e.data.value("exclude", "") == "node2";
+    return false;
+  }));
+  {
+    std::lock_guard lk(mu);
+    ASSERT_EQ(asked.size(), 1u);
+    EXPECT_EQ(asked[0].first, "501");
+    EXPECT_EQ(asked[0].second, std::vector<std::string>{"node2"});
+  }
+  // The start Slurm makes without it begins attempt 3.
+  ok = slurm(3, "node[1,3]");
+  EXPECT_TRUE(ok.requeue_without.empty());
+  EXPECT_EQ(ok.state, "starting");
+  EXPECT_EQ(p.store->job(job)->attempt, 3);
+
+  // A preemption while node3 is being drained: both ringd stop on their own; nothing is excluded.
+  p.register_node("peer-1", 1000, n1, job);
+  p.register_node("peer-3", 1000, n3, job);
+  stopped("peer-1", n1, 3);
+  stopped("peer-3", n3, 3);
+  ok = slurm(4, "node[1,4]", {"node3"});
+  EXPECT_TRUE(ok.requeue_without.empty());
+  ASSERT_EQ(p.store->excluded_nodes(job).size(), 1u);
+  // A malformed node list is refused, naming the field.
+  try {
+    slurm(5, "node[1-");
+    FAIL() << "a malformed hostlist was accepted";
+  } catch (const Refused& e) {
+    EXPECT_EQ(e.field, "nodes");
+  }
 }
 
 TEST(CoordParts, ZapAdmitsNullAndListedCurveKeysOnly) {

@@ -185,7 +185,13 @@ TEST(Store, MigratesV1ToLatestKeepingData) {
         latest.db().prepare("SELECT version, description FROM schema_version ORDER BY version");
     std::vector<int64_t> versions;
     while (s.step()) versions.push_back(s.i64(0));
-    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+    EXPECT_EQ(versions, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+    // v9: excluded nodes, one row per node, the first record kept.
+    EXPECT_TRUE(latest.excluded_nodes(id).empty());
+    EXPECT_TRUE(latest.add_excluded_node(id, "node2", 1, "down"));
+    EXPECT_FALSE(latest.add_excluded_node(id, "node2", 2, "down again"));
+    ASSERT_EQ(latest.excluded_nodes(id).size(), 1u);
+    EXPECT_EQ(latest.excluded_nodes(id)[0].attempt, 1);
     // v8: the jobs table rebuilt for the state 'stopped', its rows and references kept.
     latest.set_state(id, coord::JobState::kStarting, "node n0 joined");
     latest.set_state(id, coord::JobState::kStopped, "stopped by a stop signal at step 3");

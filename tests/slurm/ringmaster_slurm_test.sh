@@ -3,7 +3,8 @@
 # per node, 2 CPU workers each) with ring-coord as the system of record, then what Slurm does to
 # it: completion, `ringctl cancel` (scancel), `ringctl restart` (scontrol requeue) resuming from
 # the latest checkpoint, a node whose slurmd dies (Slurm requeues, the job finishes from a
-# checkpoint) and preemption by the high partition (requeued, finishes).
+# checkpoint and never runs on that node again) and preemption by the high partition (requeued,
+# finishes).
 #
 # Environment: the cluster fixture's (tests/slurm/CMakeLists.txt) plus RINGCTL, RINGD, RING_COORD_BIN;
 # RING_SLURM_KEEP=1 keeps the job dirs (logs, checkpoints) of a passing run too.
@@ -189,19 +190,35 @@ check "preempt: checkpointed on the signal (stopped at step ${stop_step:-?}, res
   test -n "$stop_step" -a "$stop_step" = "$resumed"
 check "preempt: resumed from a checkpoint" grep -qiE "resum|from step [1-9]" "$JD/logs/ringd-0.log"
 
-# --- 5. one node's slurmd dies: Slurm requeues, the job finishes from a checkpoint -------------
+# --- 5. one node's slurmd dies: Slurm requeues, the job finishes from a checkpoint, and the node
+# never runs the job again (issue 31, point 16): ring-coord excludes it (status, events), and a
+# later requeue (`ringctl restart`, with the node back and free) adds it to Slurm's ExcNodeList.
 mkspec nodefail 400
 submit nodefail
 check "nodefail: a checkpoint exists" wait_for 60 has_ckpt "$JD" 2
 victim=$(scontrol show hostnames "$(job_field "$SID" NodeList)" | tail -n 1)
 crash_node "$victim" "$SID"
 check "nodefail: Slurm requeued it after $victim went down" wait_for 60 restarts_at_least "$SID" 1
+check "nodefail: started again" wait_for 90 grep -q "start 2," "$JD/slurm-$SID.out"
+excluded() { "$RINGCTL" status "$1" --json 2>/dev/null | grep -q "\"excluded_nodes\":\[\"$2\"\]"; }
+check "nodefail: ring-coord excludes $victim" wait_for 30 excluded "$JOB" "$victim"
+check "nodefail: status names it" bash -c "'$RINGCTL' status $JOB | grep -E '^excluded: +$victim '"
+check "nodefail: a node_excluded event" bash -c "'$RINGCTL' events $JOB | grep node_excluded | grep -q $victim"
+"$CLUSTER" node-start "$victim" --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1
+check "nodefail: $victim back" wait_for 40 bash -c "sinfo -h -n $victim -o %t | grep -qE '^(idle|mix)'"
+check "nodefail: training goes on" wait_for 60 has_steps "$JD" "$(( $(steps_of "$JD") + 2 ))"
+# Slurm would place the requeued job on the lowest free nodes, $victim among them.
+runo "$RINGCTL" restart "$JOB"
+assert_succeeds "nodefail: ringctl restart"
+assert_contains "nodefail: restart excludes $victim" "$output" "ExcNodeList=$victim"
+check "nodefail: Slurm's ExcNodeList holds $victim" bash -c "scontrol show job $SID | grep -q 'ExcNodeList=$victim'"
+check "nodefail: requeued again" wait_for 60 restarts_at_least "$SID" 2
+check "nodefail: started a third time" wait_for 90 grep -q "start 3," "$JD/slurm-$SID.out"
+assert_not_contains "nodefail: the third start is not on $victim" "$(scontrol show hostnames "$(job_field "$SID" NodeList)")" "$victim"
 st=$(wait_job "$SID" 400)
 assert_eq "nodefail: finished" COMPLETED "$st"
 assert_eq "nodefail: last step" 400 "$(last_step "$JD")"
 assert_not_contains "nodefail: not on the dead node" "$(scontrol show hostnames "$(job_field "$SID" NodeList)")" "$victim"
-"$CLUSTER" node-start "$victim" --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1
-check "nodefail: $victim back" wait_for 40 bash -c "sinfo -h -n $victim -o %t | grep -qE '^(idle|mix|alloc)'"
 check "nodefail: no ringd or worker left" wait_for 30 no_procs "$JD"
 
 finish

@@ -264,6 +264,19 @@ TEST(SlurmCli, SbatchParsableAndJobIds) {
   EXPECT_FALSE(ring::slurm::valid_job_id("12;rm"));
   EXPECT_FALSE(ring::slurm::valid_job_id(""));
   EXPECT_THROW(ring::slurm::cancel("1 2"), ring::slurm::SlurmError);
+  EXPECT_THROW(ring::slurm::requeue_excluding("1;2", {"node2"}), ring::slurm::SlurmError);
+  EXPECT_THROW(ring::slurm::requeue_excluding("12", {"node[2-3]"}), ring::slurm::SlurmError);
+}
+
+// sinfo -h -N -o "%N|%T" as Slurm 22.05 prints it: a node per partition it is in; '*' is "not
+// responding".
+TEST(SlurmCli, UnhealthyNodesFromSinfo) {
+  EXPECT_EQ(ring::slurm::parse_unhealthy_nodes("node1|idle\nnode1|idle\nnode2|down*\nnode2|down*\n"
+                                               "node3|drained\nnode4|allocated*\nnode5|mixed\n"
+                                               "node6|draining\nnode7|fail\nnode8|completing\n"
+                                               "garbage\n|down\n"),
+            (std::vector<std::string>{"node2", "node3", "node4", "node6", "node7"}));
+  EXPECT_TRUE(ring::slurm::parse_unhealthy_nodes("").empty());
 }
 
 // The script's own logic, run by bash: Slurm's warning (SIGUSR1 to the batch shell) reaches
@@ -322,5 +335,63 @@ TEST(SbatchScript, TimeLimitWarningReachesRingdAndRequeues) {
   EXPECT_NE(out.find("ringmaster: Slurm job 99, start 1, nodes node1"), std::string::npos) << out;
   EXPECT_NE(out.find("time-limit warning"), std::string::npos) << out;
   EXPECT_NE(out.find("requeueing before the time limit"), std::string::npos) << out;
+  fs::remove_all(dir);
+}
+
+// Issue 31, point 16: a start whose allocation holds a node the job excludes (`ringctl
+// slurm-started` exits 10) starts no ringd; the script waits for ring-coord's requeue without
+// that node, which ends it (Slurm's SIGTERM; here the test's).
+TEST(SbatchScript, AnAllocationWithAnExcludedNodeStartsNoRingd) {
+  fs::path dir = fs::temp_directory_path() / ("sbatch_exc_" + std::to_string(getpid()));
+  fs::create_directories(dir / "bin");
+  auto write_exe = [](const fs::path& p, const std::string& text) {
+    std::ofstream(p) << text;
+    chmod(p.c_str(), 0755);
+  };
+  write_exe(dir / "bin/srun",
+            "#!/bin/bash\nwhile [ \"${1#--}\" != \"$1\" ]; do shift; done\nexec \"$@\"\n");
+  write_exe(dir / "ringctl",
+            "#!/bin/bash\necho \"$*\" > \"$RING_JOB_DIR/ringctl.args\"\n"
+            "echo 'ringmaster: ring-coord job 7 is restarting (this allocation holds excluded "
+            "node2; ring-coord requeues the job without)'\nexit 10\n");
+  write_exe(dir / "ringd", "#!/bin/bash\necho \"$*\" > \"$RING_JOB_DIR/ringd.args\"\n");
+  ScriptInputs in;
+  in.spec_path = (dir / "spec.yaml").string();
+  in.job_dir = (dir / "job").string();
+  in.ringd = (dir / "ringd").string();
+  in.ringctl = (dir / "ringctl").string();
+  in.coord_endpoint = "ipc:///run/ring/coord.sock";
+  in.coord_job = 7;
+  std::ofstream(dir / "job.sbatch") << ring::slurm::render_sbatch_script(tiny_spec(), in);
+  std::string cmd = "cd " + dir.string() + " && PATH=" + (dir / "bin").string() +
+                    ":$PATH SLURM_JOB_ID=99 SLURM_RESTART_COUNT=1 SLURM_JOB_NODELIST='node[1-2]' "
+                    "exec bash job.sbatch > out.txt 2>&1";
+  ring::proc::SpawnOptions so;
+  so.argv = {"/bin/bash", "-c", cmd};
+  so.death_signal = SIGKILL;
+  const ring::proc::Spawned child = ring::proc::spawn(so);
+  ASSERT_TRUE(child) << child.error;
+  auto slurp = [](const fs::path& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (slurp(dir / "out.txt").find("waiting for the requeue") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  std::string out = slurp(dir / "out.txt");
+  EXPECT_NE(out.find("holds a node the job excludes; waiting for the requeue without it"),
+            std::string::npos)
+      << out;
+  // Long enough for a ringd that the script wrongly started to have written its arguments.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kill(child.pid, SIGTERM);
+  int status = 0;
+  waitpid(child.pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_FALSE(fs::exists(dir / "job/ringd.args")) << slurp(dir / "job/ringd.args");
+  EXPECT_EQ(slurp(dir / "job/ringctl.args"),
+            "slurm-started 7 --coord ipc:///run/ring/coord.sock --slurm-job 99 --restarts 1 "
+            "--nodes node[1-2]\n");
   fs::remove_all(dir);
 }
