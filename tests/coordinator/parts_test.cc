@@ -271,6 +271,35 @@ TEST(CoordParts, ASlurmJobIsRequeuedWithoutTheNodeThatFailedIt) {
   }
 }
 
+// Issue 31, point 10: one uid may hold at most kMaxNodesPerUid node rows. At the cap a new name
+// is refused naming the field; a known name registers again; another uid is not affected.
+TEST(CoordParts, NodeRowsPerUidAreBounded) {
+  Parts p;
+  {
+    Txn t(p.store->db());
+    for (int64_t i = 0; i < Engine::kMaxNodesPerUid; ++i)
+      p.store->upsert_node({"n" + std::to_string(i), 1000, "lost", 1, 1, "[]", "{}", "sim"});
+    t.commit();
+  }
+  ASSERT_EQ(p.store->count_nodes(1000), Engine::kMaxNodesPerUid);
+  try {
+    p.handle(*p.daemons, "peer-x", 1000, SimDaemon::make_reg("one-more"));
+    FAIL() << "a node over the cap was registered";
+  } catch (const Refused& e) {
+    EXPECT_EQ(e.code, proto::code::kInvalidState);
+    EXPECT_EQ(e.field, "node");
+    EXPECT_NE(std::string(e.what()).find("a new node name is refused"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(p.store->node(1000, "one-more"));
+  p.handle(*p.daemons, "peer-y", 1000, SimDaemon::make_reg("n7"));
+  EXPECT_EQ(p.last<proto::Registered>().node, "n7");
+  EXPECT_EQ(p.store->node(1000, "n7")->state, "up");
+  p.handle(*p.daemons, "peer-z", 1001, SimDaemon::make_reg("one-more"));
+  EXPECT_EQ(p.last<proto::Registered>().node, "one-more");
+  EXPECT_EQ(p.store->count_nodes(1000), Engine::kMaxNodesPerUid);
+}
+
 TEST(CoordParts, ZapAdmitsNullAndListedCurveKeysOnly) {
   std::string dir = make_temp_dir("zap");
   char pub[41], sec[41];
