@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "common/spec/parse.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "worker/model/attention.h"
 #include "worker/train/trainer.h"

@@ -138,7 +138,7 @@ int run_rank(const Opts& o) {
     std::vector<int64_t> pos;
     std::vector<int32_t> lid, ldoc;
     if (o.world > 1) {
-      pos = ring::data::rank_token_indices(o.tokens, o.world, o.rank,
+      pos = ring::cp::rank_token_indices(o.tokens, o.world, o.rank,
                                            ring::spec::CausalBalance::kZigzag);
     } else {
       for (int64_t i = 0; i < o.tokens; ++i) pos.push_back(i);

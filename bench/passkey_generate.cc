@@ -28,7 +28,7 @@
 
 #include "common/spec/parse.h"
 #include "common/spec/spec.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "worker/data/passkey.h"
 #include "worker/generate/generator.h"

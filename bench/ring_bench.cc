@@ -120,7 +120,7 @@ struct Shard {
 Shard make_shard(const Opts& o, int position) {
   const int64_t total = o.tokens * o.world;
   Shard s;
-  s.pos = data::rank_token_indices(total, o.world, position, spec::CausalBalance::kZigzag);
+  s.pos = cp::rank_token_indices(total, o.world, position, spec::CausalBalance::kZigzag);
   // Document ids of the whole sequence: random lengths in [1, max_doc] (0: one document).
   std::vector<int32_t> doc_of(total, 0);
   if (o.max_doc > 0) {

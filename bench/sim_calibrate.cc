@@ -162,7 +162,7 @@ AsRun measure_as_run(const ring::spec::JobSpec& s, ring::kernels::Backend* be, i
   };
   std::vector<Shard> sh(P);
   for (int64_t p = 0; p < P; ++p) {
-    sh[p].pos = ring::data::rank_token_indices(seq, P, p, w.balance);
+    sh[p].pos = ring::cp::rank_token_indices(seq, P, p, w.balance);
     for (int64_t x : sh[p].pos) sh[p].doc.push_back(static_cast<int32_t>(x / doc));
     sh[p].k.assign(sh[p].pos.size() * w.kvd, 0.05f);
     sh[p].v.assign(sh[p].pos.size() * w.kvd, 0.05f);

@@ -11,7 +11,7 @@
 
 #include "cli/ctl_common.h"
 #include "cli/local_state.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 
 namespace ring::cli {
 

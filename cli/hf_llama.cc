@@ -32,7 +32,7 @@
 #include "common/files/atomic_write.h"
 #include "common/files/output_dir.h"
 #include "common/safetensors/safetensors.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 
 namespace ring::hf {
 

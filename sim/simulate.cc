@@ -22,7 +22,7 @@
 #include "common/topology/tsp.h"
 #include "fmt/format.h"
 #include "sim/engine.h"
-#include "worker/ring/ring_messages.h"
+#include "common/cp/ring_messages.h"
 
 namespace ring::sim {
 

@@ -6,7 +6,7 @@
 
 #include "common/plan/plan.h"
 #include "fmt/format.h"
-#include "worker/ring/ring_messages.h"
+#include "common/cp/ring_messages.h"
 
 namespace ring::sim {
 
@@ -144,7 +144,7 @@ Workload make_workload(const spec::JobSpec& s) {
   w.kvd = w.kv_heads * w.head_dim;
   w.ranges.resize(w.P);
   for (int64_t r = 0; r < w.P; ++r) {
-    w.ranges[r] = data::rank_ranges(w.seq_len, w.P, r, w.balance);
+    w.ranges[r] = cp::rank_ranges(w.seq_len, w.P, r, w.balance);
     int64_t t = 0;
     for (const auto& x : w.ranges[r]) t += x.size();
     w.tokens = std::max(w.tokens, t);

@@ -1,7 +1,7 @@
 // One training step of a spec, as ringmaster runs it, reduced to what the simulator needs:
-// per ring position the tokens it owns (worker/data/split.h), per (query position, K/V block)
+// per ring position the tokens it owns (common/cp/split.h), per (query position, K/V block)
 // pair the attention work left after block and tile skipping, the rows of each dK/dV
-// accumulator, the message sizes RingAttention sends (worker/ring/ring_messages.h), the
+// accumulator, the message sizes RingAttention sends (common/cp/ring_messages.h), the
 // per-layer projection and MLP work, and the gradient buckets of the flat layout with their
 // exchange sizes (common/plan: dense fp32, or top-k (index, value) pairs).
 //
@@ -16,7 +16,7 @@
 
 #include "common/plan/plan.h"
 #include "common/spec/spec.h"
-#include "worker/data/split.h"
+#include "common/cp/split.h"
 
 namespace ring::sim {
 
@@ -31,7 +31,7 @@ struct Workload {
   bool recompute = false;
   int64_t heads = 0, kv_heads = 0, head_dim = 0, d_model = 0, hidden = 0, vocab = 0;
   int64_t kvd = 0;             // kv_heads x head_dim
-  std::vector<std::vector<data::TokenRange>> ranges;  // [P] tokens of each ring position
+  std::vector<std::vector<cp::TokenRange>> ranges;  // [P] tokens of each ring position
   int64_t tokens = 0;          // per position (the largest)
 
   // FLOPs per rank and layer.

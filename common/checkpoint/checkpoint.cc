@@ -1,6 +1,6 @@
 // The writer side of ring_checkpoint: registration, the writer thread, the before_modify guard,
 // the commit by node 0 and retention. The on-disk format is in docs/checkpoints.md.
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -15,8 +15,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "daemon/checkpoint/fsutil.h"
-#include "daemon/checkpoint/internal.h"
+#include "common/checkpoint/fsutil.h"
+#include "common/checkpoint/internal.h"
 
 namespace ring::ckpt {
 

@@ -1,4 +1,4 @@
-#include "daemon/checkpoint/fsutil.h"
+#include "common/checkpoint/fsutil.h"
 
 #include <cerrno>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "common/files/atomic_write.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 
 namespace ring::ckpt::fs {
 

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 
 namespace ring::ckpt::detail {
 

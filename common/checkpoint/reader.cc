@@ -14,9 +14,9 @@
 #include <xxhash.h>
 
 #include "common/safetensors/safetensors.h"
-#include "daemon/checkpoint/checkpoint.h"
-#include "daemon/checkpoint/fsutil.h"
-#include "daemon/checkpoint/internal.h"
+#include "common/checkpoint/checkpoint.h"
+#include "common/checkpoint/fsutil.h"
+#include "common/checkpoint/internal.h"
 
 namespace ring::ckpt {
 

@@ -2,6 +2,9 @@
 # ctest (tests/contract): what the lower layers may not include.
 #
 #   daemon/  never includes worker/  (what ringd shares with the workers is common/contract/)
+#   worker/  never includes daemon/  (the checkpoint format both use is common/checkpoint/)
+#   sim/     never includes worker/ or daemon/  (what it models alike, e.g. the context-parallel
+#            cut and the ring's message sizes, is in common/cp/)
 #   common/  never includes worker/ or daemon/  (common/ is below both)
 #
 # Usage: cmake -DROOT=<source tree> -P check_layering.cmake
@@ -12,9 +15,13 @@ if(NOT DEFINED ROOT)
 endif()
 
 # Each rule: the folder it applies to, the include prefixes it forbids, and why.
-set(rule_dirs daemon common)
+set(rule_dirs daemon worker sim common)
 set(forbidden_daemon worker)
 set(why_daemon "daemon/ must not include worker/: move what ringd and the workers share to common/contract/")
+set(forbidden_worker daemon)
+set(why_worker "worker/ must not include daemon/: move what the workers and ringd share to common/")
+set(forbidden_sim worker daemon)
+set(why_sim "sim/ must not include worker/ or daemon/: move what the simulator models alike to common/ (e.g. common/cp/)")
 set(forbidden_common worker daemon)
 set(why_common "common/ must not include worker/ or daemon/: common/ is below both")
 

@@ -1,4 +1,4 @@
-// ringd's checkpoints of a run: the attempt's Checkpointer (daemon/checkpoint) over the
+// ringd's checkpoints of a run: the attempt's Checkpointer (common/checkpoint) over the
 // optimizer's state, the checkpoints started at step boundaries, their results told as log lines
 // and events (ring-coord resumes from the steps reported saved) and kept in the StepDriver, the
 // wait for node 0's commit after a stop, and the message that fails a run whose last checkpoint
@@ -22,7 +22,7 @@
 
 #include "common/contract/layout.h"
 #include "common/spec/spec.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
 
 namespace ring::ringd {

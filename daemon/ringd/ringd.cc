@@ -38,7 +38,7 @@
 #include "common/files/dir_lock.h"
 #include "common/install/locate.h"
 #include "common/spec/parse.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
 #include "daemon/placement/affinity.h"
 #include "daemon/placement/cpu_topology.h"

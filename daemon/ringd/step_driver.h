@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "daemon/optim/node_optimizer.h"
 #include "daemon/ringd/supervisor.h"
 #include "common/contract/layout.h"

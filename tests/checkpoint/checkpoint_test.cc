@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 
 namespace fsys = std::filesystem;
 using namespace ring::ckpt;
@@ -520,9 +520,12 @@ TEST(Checkpoint, SeveralNodesCommitOnlyWhenEveryShardIsThere) {
     cs.push_back(std::make_unique<Checkpointer>(opts(d.path, i, kNodes)));
     states[i].register_with(*cs[i]);
   }
-  // Node 0 first: it must wait for the others before committing.
+  // Node 0 first: once its own shard is written (busy() ends), it must still wait for the
+  // others before committing.
   cs[0]->start(30, {{"node", 0}});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 30000 && cs[0]->busy(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_FALSE(cs[0]->busy()) << "node 0's shard of step 30 is not written";
   EXPECT_FALSE(fsys::exists(d.path + "/step-00000030"));
   for (int i = 1; i < kNodes; ++i) cs[i]->start(30, {{"node", i}});
   for (int i = 1; i < kNodes; ++i) {

@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/spec/parse.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "tests/common/test_json.h"
 #include "tests/common/test_proc.h"

@@ -38,7 +38,7 @@
 #include "common/contract/layout.h"
 #include "common/contract/model_config.h"
 #include "common/spec/parse.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "tests/common/test_json.h"
 #include "tests/common/test_proc.h"
 

@@ -16,18 +16,21 @@ function(check expect_ok)
   endif()
 endfunction()
 
-# Allowed: daemon/ and worker/ include common/, worker/ includes daemon/-free worker code, a
-# commented-out include and a string mentioning worker/ are not includes.
+# Allowed: daemon/ and worker/ include common/, worker/ includes worker/, a commented-out include
+# and a string mentioning worker/ are not includes.
 file(WRITE "${WORK}/daemon/ringd/ok.cc"
      "#include \"common/contract/layout.h\"\n#include <vector>\n// #include \"worker/model/model.h\"\nconst char* p = \"#include \\\"worker/x.h\\\"\";\n")
 file(WRITE "${WORK}/common/spec/ok.h" "#pragma once\n#include \"common/spec/spec.h\"\n")
-file(WRITE "${WORK}/worker/model/ok.cc" "#include \"daemon/optim/node_optimizer.h\"\n#include \"worker/model/model.h\"\n")
+file(WRITE "${WORK}/worker/model/ok.cc" "#include \"common/checkpoint/checkpoint.h\"\n#include \"worker/model/model.h\"\n")
 check(TRUE)
 
-# Planted: daemon/ includes worker/ (twice the same line, to check both line numbers), common/
-# includes daemon/ and, with spaces and angle brackets, worker/.
+# Planted: daemon/ includes worker/ (twice the same line, to check both line numbers), worker/
+# includes daemon/, sim/ includes worker/, common/ includes daemon/ and, with spaces and angle
+# brackets, worker/.
 file(WRITE "${WORK}/daemon/ringd/bad.cc"
      "// a daemon file\n#include \"common/spec/spec.h\"\n#include \"worker/model/layout.h\"\n\n#include \"worker/model/layout.h\"\n")
+file(WRITE "${WORK}/worker/train/bad.cc" "#include \"daemon/checkpoint/checkpoint.h\"\n")
+file(WRITE "${WORK}/sim/bad.cc" "#include \"common/cp/split.h\"\n#include \"worker/ring/ring_messages.h\"\n")
 file(WRITE "${WORK}/common/contract/bad.h"
      "#pragma once\n#include \"daemon/optim/node_optimizer.h\"\n  #  include <worker/offload/shm.h>\n")
 check(FALSE)
@@ -36,7 +39,9 @@ foreach(expected
     "daemon/ringd/bad.cc:5: #include \"worker/model/layout.h\": daemon/ must not include worker/"
     "common/contract/bad.h:2: #include \"daemon/optim/node_optimizer.h\": common/ must not include worker/ or daemon/"
     "common/contract/bad.h:3: #  include <worker/offload/shm.h>: common/ must not include worker/ or daemon/"
-    "4 include(s) break the layering")
+    "worker/train/bad.cc:1: #include \"daemon/checkpoint/checkpoint.h\": worker/ must not include daemon/"
+    "sim/bad.cc:2: #include \"worker/ring/ring_messages.h\": sim/ must not include worker/ or daemon/"
+    "6 include(s) break the layering")
   string(FIND "${log}" "${expected}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "check_layering did not report\n  ${expected}\nIt printed:\n${log}")

@@ -1,4 +1,4 @@
-// Checkpoint manifests and their validation against the data files (daemon/checkpoint/reader.cc)
+// Checkpoint manifests and their validation against the data files (common/checkpoint/reader.cc)
 // and the loader cursor a resumed job takes from the manifest's meta (worker/data/cursor.h).
 //
 // Input: one flags byte, then up to three sections separated by "\n--8<--\n": the text of
@@ -30,7 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "tests/fuzz/targets.h"
 #include "worker/data/cursor.h"
 #include "worker/data/errors.h"

@@ -19,7 +19,7 @@
 
 #include "common/contract/layout.h"
 #include "common/contract/shard.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "tests/common/test_proc.h"
 #include "worker/model/attention.h"

@@ -9,7 +9,7 @@
 
 #include "common/contract/layout.h"
 #include "common/contract/shard.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"

@@ -15,7 +15,7 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"

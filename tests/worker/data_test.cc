@@ -612,7 +612,7 @@ TEST(Split, CoversEveryIndexOnceAndBalancesCausalWork) {
         std::vector<int> seen(len, 0);
         std::vector<double> work(ranks, 0);  // causal attention work: keys <= each query
         for (int64_t r = 0; r < ranks; ++r) {
-          auto idx = rank_token_indices(len, ranks, r, balance);
+          auto idx = ring::cp::rank_token_indices(len, ranks, r, balance);
           EXPECT_TRUE(std::is_sorted(idx.begin(), idx.end()));
           for (int64_t i : idx) {
             ++seen[i];
@@ -633,12 +633,12 @@ TEST(Split, CoversEveryIndexOnceAndBalancesCausalWork) {
       }
     }
   }
-  auto z = rank_ranges(16, 4, 1, CausalBalance::kZigzag);
+  auto z = ring::cp::rank_ranges(16, 4, 1, CausalBalance::kZigzag);
   ASSERT_EQ(z.size(), 2u);
   EXPECT_EQ(z[0].begin, 2);
   EXPECT_EQ(z[1].begin, 12);  // chunk 2P-1-r = 6 of 8
-  EXPECT_THROW(rank_ranges(16, 4, 4, CausalBalance::kZigzag), DataError);
-  EXPECT_THROW(rank_ranges(6, 4, 0, CausalBalance::kZigzag), DataError);
+  EXPECT_THROW(ring::cp::rank_ranges(16, 4, 4, CausalBalance::kZigzag), std::invalid_argument);
+  EXPECT_THROW(ring::cp::rank_ranges(6, 4, 0, CausalBalance::kZigzag), std::invalid_argument);
 }
 
 TEST(Split, ShardGathersTheSequence) {
@@ -658,4 +658,6 @@ TEST(Split, ShardGathersTheSequence) {
     }
   }
   for (int c : seen) EXPECT_EQ(c, 1);
+  // A rank outside the ring is a data error, naming the rule.
+  EXPECT_THROW(shard_sequence(s, 3, 3, CausalBalance::kZigzag), DataError);
 }

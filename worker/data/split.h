@@ -1,36 +1,17 @@
-// How one sequence is cut across the P ranks of an attention ring (context parallelism).
-//
-// zigzag: the sequence is cut into 2P chunks; rank r owns chunks r and 2P-1-r, so every rank has
-// one early and one late chunk and the causal work (keys before each query) is balanced.
-// contiguous: P chunks; rank r owns chunk r (the last rank does most causal work).
-// Chunk c of n covers [c*L/n, (c+1)*L/n) (integer division), so any L works; the spec validator
-// requires L divisible by 2P (zigzag) or P (contiguous), which makes every chunk the same size.
-// Labels are already shifted (sequence.h) and positions are global, so a rank needs nothing from
-// its neighbours' tokens to compute its loss.
+// Rank r's share of one sequence: the arrays of sequence.h gathered at the token indices the
+// context-parallel cut gives it (common/cp/split.h: zigzag or contiguous). Labels are already
+// shifted (sequence.h) and positions are global, so a rank needs nothing from its neighbours'
+// tokens to compute its loss.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "common/cp/split.h"
 #include "common/spec/spec.h"
 #include "worker/data/sequence.h"
 
 namespace ring::data {
-
-struct TokenRange {
-  int64_t begin = 0;
-  int64_t end = 0;  // exclusive
-  int64_t size() const { return end - begin; }
-};
-
-// The chunks rank `rank` owns, ascending. Throws DataError unless 0 <= rank < ranks <= seq_len
-// (zigzag: 2 x ranks <= seq_len).
-std::vector<TokenRange> rank_ranges(int64_t seq_len, int64_t ranks, int64_t rank,
-                                    spec::CausalBalance balance);
-
-// The same as token indices, ascending: [local tokens].
-std::vector<int64_t> rank_token_indices(int64_t seq_len, int64_t ranks, int64_t rank,
-                                        spec::CausalBalance balance);
 
 // Rank `rank`'s part of a sequence: the arrays of sequence.h gathered at its token indices.
 // cu_seqlens are not local (segments cross chunks); use doc_ids and positions for masking.

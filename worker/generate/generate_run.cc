@@ -23,7 +23,7 @@
 #include "common/files/atomic_write.h"
 #include "common/contract/timeline.h"
 #include "common/spec/parse.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "worker/data/errors.h"
 #include "worker/generate/ring_generate.h"

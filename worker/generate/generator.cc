@@ -281,7 +281,7 @@ int Generator::prefill(const std::vector<int32_t>& ids, const std::vector<int32_
           "a prompt of {} tokens cannot be cut over {} ranks (the {} split needs at least {})", t,
           sh.ranks, spec::to_string(sh.balance), need));
     try {
-      local = data::rank_token_indices(t, sh.ranks, sh.rank, sh.balance);
+      local = cp::rank_token_indices(t, sh.ranks, sh.rank, sh.balance);
     } catch (const data::DataError& e) {
       throw GenerateError(fmt::format("prompt of {} tokens over {} ranks: {}", t, sh.ranks,
                                       e.what()));

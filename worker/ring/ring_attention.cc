@@ -9,7 +9,7 @@
 #include <stdexcept>
 
 #include "fmt/format.h"
-#include "worker/ring/ring_messages.h"
+#include "common/cp/ring_messages.h"
 
 #include "common/contract/timeline.h"
 

@@ -6,7 +6,7 @@
 
 #include "common/contract/model_config.h"
 #include "common/contract/shard.h"
-#include "daemon/checkpoint/checkpoint.h"
+#include "common/checkpoint/checkpoint.h"
 
 namespace ring::train {
 
