@@ -104,10 +104,16 @@ TEST(CoordServer, SubmitRegisterStepsStatus) {
   // events --follow: only newer events.
   EXPECT_TRUE(client.events(sub.job, ev.back().id).empty());
 
-  // Stale step reports (an older attempt) are ignored.
+  // Stale step reports (an older attempt) are ignored. The connection keeps order: once step 6
+  // of the current attempt, sent after it, is stored, the stale one was handled.
   d.step(sub.job, 7, 99);
-  std::this_thread::sleep_for(300ms);
-  EXPECT_EQ(client.status(sub.job).step, 5);
+  d.step(sub.job, 1, 6, 2.4);
+  ASSERT_TRUE(wait_for([&] {
+    auto rows = client.steps(sub.job);
+    return !rows.empty() && rows.back().step == 6;
+  }));
+  EXPECT_EQ(client.status(sub.job).step, 6);
+  for (const auto& r : client.steps(sub.job)) EXPECT_NE(r.step, 99);
 }
 
 TEST(CoordServer, CommandsRoundTrip) {

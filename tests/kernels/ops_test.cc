@@ -1039,17 +1039,12 @@ TEST(IsaSelection, ResolveHonoursKnownNamesAndWarnsOtherwise) {
   }
 }
 
-// Helper for the next test: prints the ISA chosen at start-up from RING_CPU_ISA.
-TEST(IsaSelection, PrintActive) {
-  std::printf("ACTIVE_ISA=%s\n", cpu::isa_name(cpu::active_isa()));
-}
-
 TEST(IsaSelection, EnvironmentOverrideIsHonouredAtStartup) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!cpu::isa_supported(isa)) continue;
-    std::string cmd = std::string("RING_CPU_ISA=") + cpu::isa_name(isa) + " /proc/" +
-                      std::to_string(getpid()) +
-                      "/exe --gtest_filter=IsaSelection.PrintActive 2>&1";
+    // tests/kernels/print_isa.cc: the choice made at start-up of a fresh process.
+    std::string cmd = std::string("RING_CPU_ISA=") + cpu::isa_name(isa) + " " + RING_PRINT_ISA +
+                      " 2>&1";
     FILE* pipe = popen(cmd.c_str(), "r");
     ASSERT_NE(pipe, nullptr);
     std::string out;

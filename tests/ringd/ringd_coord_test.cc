@@ -199,8 +199,12 @@ TEST(RingdCoord, CoordinatorKilledMidRun) {
     return n;
   };
   const int before = count_steps();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  const int during = count_steps();
+  // Training goes on without ring-coord: wait (bounded) for a step written while it is down.
+  int during = before;
+  for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+       during <= before && during < steps && std::chrono::steady_clock::now() < end;
+       during = count_steps())
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   c.start();  // same state dir: the job and the node are still known
   const int st = d.wait(180);
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << diag(t, jd);
