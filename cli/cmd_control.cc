@@ -124,7 +124,7 @@ void common_flags(CLI::App* s, ControlOpts& o) {
   s->add_flag("--json", o.json, "Machine-readable output");
   s->add_flag("--wait", o.wait, "Wait until the job has left the transitional state");
   s->add_option("--wait-timeout", o.wait_timeout, "Seconds --wait waits at most")
-      ->check(seconds_in(0.1, 86400.0))
+      ->check(flags::seconds_in(0.1, 86400.0))
       ->capture_default_str();
   o.coord.add_to(s);
 }
@@ -146,7 +146,7 @@ Subcommand add_restart(CLI::App& app) {
   s->add_option("job", o->job, "Job id")->required();
   common_flags(s, *o);
   s->add_option("--from", o->from_step, "Resume from this checkpoint step instead")
-      ->check(integer_in(0, int64_t{1} << 40));
+      ->check(flags::integer_in(0, int64_t{1} << 40));
   return {s, [o] { return run_restart(*o); }};
 }
 

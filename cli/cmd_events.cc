@@ -99,7 +99,7 @@ Subcommand add_events(CLI::App& app) {
   s->add_flag("--json", o->json, "One JSON object per line");
   s->add_flag("-f,--follow", o->follow, "Keep printing new events until the job ends");
   s->add_option("--after", o->after, "Only events with a larger id")
-      ->check(integer_in(0, int64_t{1} << 53));
+      ->check(flags::integer_in(0, int64_t{1} << 53));
   o->coord.add_to(s);
   return {s, [o] { return run_events(*o); }};
 }

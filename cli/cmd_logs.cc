@@ -197,12 +197,12 @@ Subcommand add_logs(CLI::App& app) {
   auto* s = app.add_subcommand("logs", "A job's worker (or ringd) logs, from its job directory");
   s->add_option("job", o->job, "Job id")->required();
   s->add_option("-w,--worker", o->worker, "Only this worker (global rank)")
-      ->check(integer_in(0, (int64_t{1} << 32) - 1));
+      ->check(flags::integer_in(0, (int64_t{1} << 32) - 1));
   s->add_flag("--ringd", o->ringd, "The node daemons' logs instead (--worker picks the node)");
   s->add_flag("-f,--follow", o->follow, "Keep printing new lines until the job ends");
   s->add_option("-n,--lines", o->lines,
                 "Start with the last N lines of each log (default: all; 20 with --follow)")
-      ->check(integer_in(0, int64_t{1} << 31));
+      ->check(flags::integer_in(0, int64_t{1} << 31));
   o->coord.add_to(s);
   return {s, [o] { return run_logs(*o); }};
 }

@@ -157,7 +157,7 @@ Subcommand add_metrics(CLI::App& app) {
               "The per-rank series instead: each rank's step, data, compute, wait and "
               "communication seconds and hop bytes per step");
   s->add_option("--from-step", o->from_step, "Only steps from this one on")
-      ->check(integer_in(1, int64_t{1} << 53))
+      ->check(flags::integer_in(1, int64_t{1} << 53))
       ->capture_default_str();
   o->coord.add_to(s);
   return {s, [o] { return run_metrics(*o); }};

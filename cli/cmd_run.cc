@@ -724,14 +724,14 @@ Subcommand add_run(CLI::App& app) {
   // A missing spec is bad input (exit 1, named by the spec loader), not a usage error.
   s->add_option("spec", o->spec, "Job spec (YAML)")->required();
   s->add_option("--steps", o->steps, "Train this many steps (overrides train.steps)")
-      ->check(integer_in(1, int64_t{1} << 40));
+      ->check(flags::integer_in(1, int64_t{1} << 40));
   s->add_flag("--resume", o->resume, "Continue from the latest complete checkpoint");
   s->add_flag("--force", o->force,
               "Run even when `ringctl plan --check` says the job does not fit this machine");
   s->add_option("--job-dir", o->job_dir,
                 "Directory for logs, steps.jsonl and relative checkpoints, yours and not "
                 "writable by others (default /tmp/ringmaster-<uid>/jobs/<job.name>)");
-  s->add_option("--threads", o->threads, "Optimizer threads of ringd")->check(integer_in(1, 4096));
+  s->add_option("--threads", o->threads, "Optimizer threads of ringd")->check(flags::integer_in(1, 4096));
   s->add_option("--name", o->name, "Job name in the coordinator (default: job.name)")
       ->check(job_name_rule());
   o->set.add_to(s);

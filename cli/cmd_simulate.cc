@@ -270,7 +270,7 @@ Subcommand add_simulate(CLI::App& app) {
           "", "TOPOLOGY"));
   s->add_option("--nodes", o->nodes, "Nodes of the job (data replicas scale to fill them)")
       ->type_name("N")
-      ->check(integer_in(1, 1000000));
+      ->check(flags::integer_in(1, 1000000));
   s->add_option("--gpu", o->gpu, "Device rates: H100, H200, A100 (presets) or cpu (--calibration); "
                                  "default: the spec's")
       ->type_name("TYPE")
@@ -280,20 +280,20 @@ Subcommand add_simulate(CLI::App& app) {
       ->check(CLI::ExistingFile);
   s->add_option("--node-bw", o->node_bw_gb, "Network bandwidth per node, GB/s (all NICs)")
       ->type_name("GB/s")
-      ->check(seconds_in(0.001, 1e6));
+      ->check(flags::seconds_in(0.001, 1e6));
   s->add_option("--oversubscription", o->oversubscription, "Uplink oversubscription (fat-tree, global links)")
       ->type_name("X")
       ->capture_default_str()
-      ->check(seconds_in(1, 1000));
+      ->check(flags::seconds_in(1, 1000));
   s->add_option("--pod-nodes", o->pod_nodes, "Fat-tree pod (rack) size in nodes")
       ->capture_default_str()
-      ->check(integer_in(1, 100000));
+      ->check(flags::integer_in(1, 100000));
   s->add_option("--routing", o->routing, "dragonfly+ routing: minimal or valiant")
       ->capture_default_str()
       ->check(one_of({"minimal", "valiant"}, "routing"));
   s->add_option("--torus-link-bw", o->torus_link_gb, "3D torus link bandwidth per direction, GB/s (default: node bandwidth / 6)")
       ->type_name("GB/s")
-      ->check(seconds_in(0.001, 1e6));
+      ->check(flags::seconds_in(0.001, 1e6));
   s->add_option("--node-names", o->node_names,
                 "wired: node names follow the racks; shuffled: they do not (the sorted node list "
                 "crosses racks)")
@@ -301,7 +301,7 @@ Subcommand add_simulate(CLI::App& app) {
       ->check(one_of({"wired", "shuffled"}, "naming"));
   s->add_option("--cluster-nodes", o->cluster_nodes, "Nodes in the cluster (default: the job's)")
       ->type_name("N")
-      ->check(integer_in(1, 1000000));
+      ->check(flags::integer_in(1, 1000000));
   s->add_option("--ring-order", o->ring_order, "natural or topology (default: the spec's)")
       ->type_name("ORDER")
       ->check(one_of({"natural", "topology"}, "ring order"));
@@ -311,7 +311,7 @@ Subcommand add_simulate(CLI::App& app) {
       ->check(one_of({"on", "off"}, "stagger setting"));
   s->add_option("--stagger-us", o->stagger_us, "Stagger per ring position, microseconds")
       ->type_name("US")
-      ->check(integer_in(0, 1000000));
+      ->check(flags::integer_in(0, 1000000));
   s->add_option("--straggler", o->stragglers, "A slow rank: its compute takes FACTOR x as long (repeatable)")
       ->type_name("RANK:FACTOR")
       ->check(target_factor("RANK"));
@@ -326,7 +326,7 @@ Subcommand add_simulate(CLI::App& app) {
       ->check(one_of({"none", "topk"}, "compression"));
   s->add_option("--density", o->density, "optimizer.density of top-k (0 < density <= 1)")
       ->type_name("X")
-      ->check(seconds_in(1e-9, 1));
+      ->check(flags::seconds_in(1e-9, 1));
   s->add_option("--expand", o->expand, "auto, full (every rank) or reduced (one ring's period)")
       ->capture_default_str()
       ->check(one_of({"auto", "full", "reduced"}, "expansion"));

@@ -502,7 +502,7 @@ Subcommand add_status(CLI::App& app) {
               "Refresh until Ctrl-C (with JOB: until the job ends); not on a terminal, print "
               "only changes");
   s->add_option("--interval", o->interval, "Seconds between refreshes with --follow")
-      ->check(seconds_in(0.1, 3600.0))
+      ->check(flags::seconds_in(0.1, 3600.0))
       ->capture_default_str();
   s->add_flag("--noheader", o->noheader, "Leave the header line out");
   s->add_flag("--parsable", o->parsable,

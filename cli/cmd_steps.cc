@@ -180,8 +180,8 @@ Subcommand add_steps(CLI::App& app) {
   s->add_option("job", o->job, "Job id")->required();
   s->add_flag("--json", o->json, "One JSON object per line, as recorded");
   s->add_option("--after", o->after, "Only steps after this one")
-      ->check(integer_in(0, int64_t{1} << 53));
-  s->add_option("--last", o->last, "Only the last N records")->check(integer_in(1, 1000000000));
+      ->check(flags::integer_in(0, int64_t{1} << 53));
+  s->add_option("--last", o->last, "Only the last N records")->check(flags::integer_in(1, 1000000000));
   s->add_option("--source", o->source,
                 "auto: the job's steps.jsonl when readable here, else the coordinator's records; "
                 "file; coordinator")

@@ -306,7 +306,7 @@ Subcommand add_slurm_started(CLI::App& app) {
       "Used by the batch script of `ringctl submit`: record a Slurm start (or requeue) of a job");
   sc->add_option("job", o->job, "ring-coord job id")->required();
   sc->add_option("--slurm-job", o->slurm_job, "Slurm job id ($SLURM_JOB_ID)")->required();
-  sc->add_option("--restarts", o->restarts, "$SLURM_RESTART_COUNT")->check(integer_in(0, 1000000));
+  sc->add_option("--restarts", o->restarts, "$SLURM_RESTART_COUNT")->check(flags::integer_in(0, 1000000));
   sc->add_option("--nodes", o->nodes, "$SLURM_JOB_NODELIST");
   o->coord.add_to(sc);
   return {sc, [o] { return run_started(*o); }};

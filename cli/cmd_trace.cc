@@ -114,7 +114,7 @@ Subcommand add_trace(CLI::App& app) {
   s->add_option("--job-dir", o->job_dir,
                 "Read <DIR>/timeline directly (a ringd run without a coordinator)")
       ->type_name("DIR");
-  s->add_option("--step", o->step, "Only this step")->check(integer_in(1, int64_t{1} << 53));
+  s->add_option("--step", o->step, "Only this step")->check(flags::integer_in(1, int64_t{1} << 53));
   s->add_option("-o,--output", o->out, "The trace file to write (- for stdout)")->required();
   o->coord.add_to(s);
   return {s, [o] { return run_trace(*o); }};

@@ -37,9 +37,9 @@ void CoordFlags::add_to(CLI::App* app) {
                   "Coordinator endpoint, ipc://PATH or tcp://HOST:PORT (default: $RING_COORD, "
                   "else " +
                       coord::default_endpoint() + ")")
-      ->check(endpoint_rule());
+      ->check(flags::endpoint_rule(flags::EndpointUse::kConnect));
   app->add_option("--timeout", timeout_s, "Seconds to wait for the coordinator's reply")
-      ->check(seconds_in(0.05, 3600.0))
+      ->check(flags::seconds_in(0.05, 3600.0))
       ->capture_default_str();
   app->add_option("--server-key", server_key_file,
                   "tcp:// only: the coordinator's public key file (<state_dir>/curve/server.pub; "
@@ -60,7 +60,8 @@ coord::ClientOptions CoordFlags::client_options() const {
   o.endpoint = resolved_endpoint();
   // --coord was checked when parsed; $RING_COORD gets the same rule here.
   if (endpoint.empty())
-    if (std::string why = check_endpoint(o.endpoint); !why.empty())
+    if (std::string why = flags::endpoint_error(o.endpoint, flags::EndpointUse::kConnect);
+        !why.empty())
       throw CLI::ValidationError("$RING_COORD", why);
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   if (o.endpoint.rfind("tcp://", 0) == 0) {
@@ -291,11 +292,6 @@ std::string shown(const std::string& s) {
   return "'" + out + (s.size() > 60 ? "...'" : "'");
 }
 
-std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
 
 // A decimal integer, all of `s` (an optional '-', then digits), within int64.
 std::optional<int64_t> strict_int(const std::string& s) {
@@ -311,59 +307,6 @@ std::optional<int64_t> strict_int(const std::string& s) {
 
 }  // namespace
 
-CLI::Validator seconds_in(double lo, double hi) {
-  std::string rule = "seconds in [" + number_text(lo) + ", " + number_text(hi) + "]";
-  return CLI::Validator(
-      [lo, hi, rule](std::string& v) -> std::string {
-        bool decimal = !v.empty();
-        for (char c : v)
-          if (!std::isdigit(static_cast<unsigned char>(c)) && !std::strchr(".eE+-", c))
-            decimal = false;
-        char* end = nullptr;
-        double x = decimal ? std::strtod(v.c_str(), &end) : 0;
-        if (!decimal || end != v.c_str() + v.size() || !std::isfinite(x) || x < lo || x > hi)
-          return "expected " + rule + ", got " + shown(v);
-        return "";
-      },
-      rule.substr(std::string("seconds in ").size()), "SECONDS");
-}
-
-CLI::Validator integer_in(int64_t lo, int64_t hi) {
-  std::string rule = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  return CLI::Validator(
-      [lo, hi, rule](std::string& v) -> std::string {
-        auto x = strict_int(v);
-        if (!x || *x < lo || *x > hi) return "expected " + rule + ", got " + shown(v);
-        return "";
-      },
-      "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", "INTEGER");
-}
-
-std::string check_endpoint(const std::string& ep) {
-  if (ep.empty()) return "";
-  if (ep.rfind("ipc://", 0) == 0) {
-    std::string path = ep.substr(6);
-    if (path.empty() || path[0] != '/')
-      return "ipc:// needs an absolute path (ipc:///path/coord.sock)";
-    if (path.size() >= sizeof(sockaddr_un{}.sun_path))
-      return "the ipc path is " + std::to_string(path.size()) +
-             " bytes; a unix socket path takes at most " +
-             std::to_string(sizeof(sockaddr_un{}.sun_path) - 1);
-    return "";
-  }
-  if (ep.rfind("tcp://", 0) == 0) {
-    std::string hp = ep.substr(6);
-    auto colon = hp.rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      return "tcp:// needs HOST:PORT (tcp://login1:5555)";
-    auto port = strict_int(hp.substr(colon + 1));
-    if (!port || *port < 1 || *port > 65535)
-      return "port " + shown(hp.substr(colon + 1)) + " is not in 1..65535";
-    return "";
-  }
-  return "expected ipc://PATH or tcp://HOST:PORT, got " + shown(ep);
-}
-
 CLI::Validator job_name_rule() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
@@ -373,11 +316,6 @@ CLI::Validator job_name_rule() {
                "starting with a letter or digit";
       },
       "NAME", "JOBNAME");
-}
-
-CLI::Validator endpoint_rule() {
-  return CLI::Validator([](std::string& v) { return check_endpoint(v); },
-                        "ipc://PATH | tcp://HOST:PORT", "ENDPOINT");
 }
 
 std::string closest(const std::string& word, const std::vector<std::string>& candidates) {

@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/exit_codes.h"
+#include "common/cli/cli11_flags.h"
 #include "common/protocol/protocol.h"
 #include "common/spec/parse.h"
 #include "common/spec/spec.h"
@@ -117,15 +118,8 @@ std::string generate_inputs_problem(const spec::JobSpec& s);
 // True when any was added.
 bool absolute_generate_paths(const spec::JobSpec& s, std::vector<spec::Override>* overrides);
 
-// Rules for numeric flags (CLI11 validators; CLI11 prefixes the flag: "--timeout: expected
-// seconds in [0.05, 3600], got 'nan'"). CLI::Range lets NaN through and CLI11 converts "1e3",
-// "0x10" and " 5"; these take decimal text only and check the range after parsing.
-CLI::Validator seconds_in(double lo, double hi);    // finite seconds in [lo, hi]
-CLI::Validator integer_in(int64_t lo, int64_t hi);  // a decimal integer in [lo, hi]
-// The endpoint rule of --coord: ipc://PATH (an absolute path that fits a unix socket address)
-// or tcp://HOST:PORT with PORT in 1..65535. Empty: fine (the default applies).
-std::string check_endpoint(const std::string& endpoint);  // "" or what is wrong
-CLI::Validator endpoint_rule();
+// Numeric flags and --coord use the rules every program shares (common/cli/cli11_flags.h:
+// flags::seconds_in, flags::integer_in, flags::endpoint_rule).
 // --name of run/submit: the job.name rule (common/spec: 1-64 of [A-Za-z0-9._-]).
 CLI::Validator job_name_rule();
 

@@ -1,5 +1,7 @@
 #include "coordinator/coordinator.h"
 
+#include "common/cli/endpoint.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -153,7 +155,7 @@ struct Coordinator::Impl {
     std::vector<std::string> eps = opts.endpoints;
     if (eps.empty()) eps.push_back(default_endpoint());
     for (const auto& ep : eps) {
-      if (std::string why = endpoint_error(ep); !why.empty())
+      if (std::string why = flags::endpoint_error(ep, flags::EndpointUse::kBind); !why.empty())
         throw std::invalid_argument("endpoint '" + ep + "': " + why);
       Listener l{zmq::socket_t(ctx, zmq::socket_type::router), false, ep};
       l.sock.set(zmq::sockopt::linger, 0);

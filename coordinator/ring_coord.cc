@@ -25,6 +25,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli/cli11_flags.h"
 #include "common/log/log.h"
 #include "common/protocol/protocol.h"
 #include "common/version.h"
@@ -36,26 +37,6 @@ namespace {
 std::atomic<ring::coord::Coordinator*> g_coord{nullptr};
 void on_signal(int) {
   if (auto* c = g_coord.load()) c->stop();
-}
-
-// A number of seconds in [lo, hi]. CLI::Range lets NaN through (every comparison with it is
-// false): a heartbeat timeout of nan would lose every node at once.
-CLI::Validator seconds_in(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& s) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v))
-          return "'" + s + "' is not a finite number of seconds";
-        if (v < lo || v > hi) {
-          std::ostringstream os;
-          os << s << " is out of range: seconds in [" << lo << ", " << hi << "]";
-          return os.str();
-        }
-        return "";
-      },
-      "SECONDS");
 }
 
 // A uid: 0..4294967294 (4294967295 is (uid_t)-1, "no user").
@@ -77,15 +58,6 @@ CLI::Validator http_value() {
         return ring::coord::parse_http_listen(s, &why) ? "" : "'" + s + "': " + why;
       },
       "HOST:PORT");
-}
-
-CLI::Validator endpoint_value() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        std::string why = ring::coord::endpoint_error(s);
-        return why.empty() ? "" : "'" + s + "': " + why;
-      },
-      "ENDPOINT");
 }
 
 }  // namespace
@@ -110,7 +82,7 @@ int main(int argc, char** argv) {
                  "ipc://PATH or tcp://HOST:PORT (CURVE); repeatable. Default: $RING_COORD (the "
                  "endpoint ringctl and ringd use) when set, else ipc://" +
                      ring::coord::default_socket_dir() + "/coord.sock")
-      ->check(endpoint_value());
+      ->check(ring::flags::endpoint_rule(ring::flags::EndpointUse::kBind));
   app.add_option("--socket-mode", mode,
                  "private: ipc socket only for our user (0700 dir); shared: any local user may "
                  "connect (0711 dir, 0666 socket), jobs are still owned per uid")
@@ -118,11 +90,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--heartbeat-interval", o.heartbeat_interval_s,
                  "Seconds between daemon heartbeats (told to daemons)")
-      ->check(seconds_in(0.01, 3600.0))
+      ->check(ring::flags::seconds_in(0.01, 3600.0))
       ->capture_default_str();
   app.add_option("--heartbeat-timeout", o.heartbeat_timeout_s,
                  "Seconds without a heartbeat before a node is lost")
-      ->check(seconds_in(0.05, 86400.0))
+      ->check(ring::flags::seconds_in(0.05, 86400.0))
       ->capture_default_str();
   app.add_option("--admin-uid", o.admin_uids, "Uids that may cancel/restart any job (root always)")
       ->check(uid_value());
@@ -186,7 +158,8 @@ int main(int argc, char** argv) {
   // Like ringctl: --endpoint, else $RING_COORD, else the default socket.
   if (o.endpoints.empty()) {
     if (const char* env = std::getenv("RING_COORD"); env && *env) {
-      if (std::string why = ring::coord::endpoint_error(env); !why.empty()) {
+      if (std::string why = ring::flags::endpoint_error(env, ring::flags::EndpointUse::kBind);
+          !why.empty()) {
         // endpoint_error() already says which forms are accepted.
         std::cerr << "ring-coord: $RING_COORD '" << env << "': " << why
                   << "; set it to a valid endpoint or give --endpoint\n";

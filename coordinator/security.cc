@@ -56,46 +56,6 @@ std::string default_endpoint() {
   return "ipc://" + default_socket_dir() + "/coord.sock";
 }
 
-std::string endpoint_error(const std::string& ep) {
-  if (ep.rfind("ipc://", 0) == 0) {
-    std::string path = ep.substr(6);
-    if (path.empty() || path[0] != '/')
-      return "an ipc endpoint needs an absolute path (ipc:///DIR/coord.sock)";
-    auto slash = path.rfind('/');
-    if (slash == 0 || slash + 1 == path.size())
-      return "an ipc endpoint needs a socket file name in a directory (ipc:///DIR/coord.sock)";
-    if (path.size() >= sizeof(sockaddr_un::sun_path))
-      return "the socket path is " + std::to_string(path.size()) +
-             " bytes; a Unix socket path must be shorter than " +
-             std::to_string(sizeof(sockaddr_un::sun_path)) + " bytes";
-    for (char c : path)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-        return "the socket path contains a control character";
-    return "";
-  }
-  if (ep.rfind("tcp://", 0) == 0) {
-    std::string hp = ep.substr(6);
-    auto colon = hp.rfind(':');
-    if (colon == std::string::npos)
-      return "a tcp endpoint needs HOST:PORT (tcp://HOST:PORT, PORT 0..65535 or *)";
-    std::string host = hp.substr(0, colon), port = hp.substr(colon + 1);
-    if (host.empty()) return "a tcp endpoint needs a host or interface before ':' (or *)";
-    if (host.front() == '[' ? host.back() != ']' : host.find(':') != std::string::npos)
-      return "an IPv6 address must be in brackets (tcp://[::1]:PORT)";
-    for (char c : host)
-      if (!std::isalnum(static_cast<unsigned char>(c)) &&
-          std::string_view(".-_*:[]%").find(c) == std::string_view::npos)
-        return std::string("the host '") + host + "' contains '" + c +
-               "' (letters, digits, '.', '-', '_', ':', '[', ']', '%' or *)";
-    if (port == "*") return "";
-    if (port.empty() || port.size() > 5 ||
-        port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535)
-      return "port '" + port + "' is not a TCP port (0..65535, 0 or * for any free port)";
-    return "";
-  }
-  return "unsupported endpoint (use ipc://PATH or tcp://HOST:PORT)";
-}
-
 void prepare_socket_dir(const std::string& dir, SocketMode mode) {
   const mode_t want = mode == SocketMode::kPrivate ? 0700 : 0711;
   if (::mkdir(dir.c_str(), want) == 0) {

@@ -39,12 +39,6 @@ std::string default_state_dir();
 // In the state directory: the endpoints the state has been served at, one a line.
 inline constexpr const char* kEndpointsFile = "endpoints";
 
-// Empty when `ep` is an endpoint ring-coord can listen on; else the rule it breaks:
-// ipc://ABSOLUTE/PATH (in a directory, shorter than a Unix socket path may be) or
-// tcp://HOST:PORT with PORT 0..65535 or * (libzmq would take 99999 modulo 65536 and listen on
-// another port without a word).
-std::string endpoint_error(const std::string& ep);
-
 // Creates `dir` if missing (mode 0700 private, 0711 shared) and checks it: a real directory (not
 // a symlink), owned by our euid, and not accessible to group/others (private) or not writable by
 // them (shared). Throws SecurityError naming the path, the owner or mode found and the fix.

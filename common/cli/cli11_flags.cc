@@ -35,6 +35,50 @@ CLI::Option* add_seconds(CLI::App& app, const std::string& name, double* out,
       ->type_name("SECONDS");
 }
 
+namespace {
+
+// A rule from one of flags.h's parsers: their message without the leading "FLAG: " (CLI11 puts
+// the flag's name in front itself).
+CLI::Validator rule(std::function<void(const char*)> parse, std::string desc, std::string name) {
+  return CLI::Validator(
+      [parse = std::move(parse)](std::string& v) -> std::string {
+        try {
+          parse(v.c_str());
+          return "";
+        } catch (const FlagError& e) {
+          const std::string m = e.what();
+          return m.rfind(": ", 0) == 0 ? m.substr(2) : m;
+        }
+      },
+      std::move(desc), std::move(name));
+}
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return rule([lo, hi](const char* v) { parse_int("", v, lo, hi); },
+              "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", "INTEGER");
+}
+
+CLI::Validator seconds_in(double lo, double hi) {
+  std::string desc;
+  try {
+    parse_seconds_in("", "x", lo, hi);
+  } catch (const FlagError& e) {  // "...: expected seconds in [LO, HI], got 'x'": the bounds
+    std::string m = e.what();
+    auto a = m.find('['), b = m.find(']');
+    desc = m.substr(a, b - a + 1);
+  }
+  return rule([lo, hi](const char* v) { parse_seconds_in("", v, lo, hi); }, desc, "SECONDS");
+}
+
+CLI::Validator endpoint_rule(EndpointUse use) {
+  return CLI::Validator([use](std::string& v) { return endpoint_error(v, use); },
+                        use == EndpointUse::kBind ? "ipc://PATH | tcp://HOST|*:PORT|0|*"
+                                                  : "ipc://PATH | tcp://HOST:PORT",
+                        "ENDPOINT");
+}
+
 std::string closest_option(const CLI::App& app, const std::string& word) {
   if (word.size() < 3 || word[0] != '-') return "";
   std::string best;

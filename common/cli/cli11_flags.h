@@ -21,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli/endpoint.h"
 #include "common/cli/flags.h"
 
 namespace ring::flags {
@@ -49,6 +50,14 @@ CLI::Option* add_integer(CLI::App& app, const std::string& name, T* out, int64_t
 // parse_seconds(name, value).
 CLI::Option* add_seconds(CLI::App& app, const std::string& name, double* out,
                          const std::string& help);
+
+// CLI11 rules with the same messages for every program (CLI11 puts "FLAG: " in front):
+// "expected an integer in [LO, HI], got 'V'" (parse_int), "expected seconds in [LO, HI], got
+// 'V'" (parse_seconds_in: decimal only, never NaN, infinities or hex), and the endpoint rule
+// (endpoint.h).
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+CLI::Validator seconds_in(double lo, double hi);
+CLI::Validator endpoint_rule(EndpointUse use);
 
 // The option of `app` closest to a misspelt `word` (two edits at most), or "".
 std::string closest_option(const CLI::App& app, const std::string& word);

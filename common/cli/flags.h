@@ -22,5 +22,8 @@ int64_t parse_int(std::string_view flag, const char* value, int64_t lo, int64_t 
 inline constexpr double kMinSeconds = 0.001;
 inline constexpr double kMaxSeconds = 1e6;
 double parse_seconds(std::string_view flag, const char* value);
+// The same rule in [lo, hi]: "FLAG: expected seconds in [LO, HI], got 'V'" (bounds as %g
+// writes them, exponents without '+' and leading zeros: 1e6).
+double parse_seconds_in(std::string_view flag, const char* value, double lo, double hi);
 
 }  // namespace ring::flags

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli/cli11_flags.h"
 #include "common/cli/edit_distance.h"
 #include "common/cli/flags.h"
 #include "common/protocol/protocol.h"
@@ -18,30 +19,8 @@
 namespace ring::ringd {
 namespace {
 
-// A CLI11 rule from one of flags.h's parsers: their message without the leading "FLAG: " (CLI11
-// puts the flag's name in front itself).
-CLI::Validator rule(std::function<void(const char*)> parse, std::string desc) {
-  return CLI::Validator(
-      [parse](std::string& v) -> std::string {
-        try {
-          parse(v.c_str());
-          return "";
-        } catch (const flags::FlagError& e) {
-          const std::string m = e.what();
-          return m.rfind(": ", 0) == 0 ? m.substr(2) : m;
-        }
-      },
-      std::move(desc));
-}
-
-CLI::Validator integer_in(int64_t lo, int64_t hi) {
-  return rule([lo, hi](const char* v) { flags::parse_int("", v, lo, hi); },
-              "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-}
-
-CLI::Validator seconds() {
-  return rule([](const char* v) { flags::parse_seconds("", v); }, "[0.001, 1e6]");
-}
+CLI::Validator integer_in(int64_t lo, int64_t hi) { return flags::integer_in(lo, hi); }
+CLI::Validator seconds() { return flags::seconds_in(flags::kMinSeconds, flags::kMaxSeconds); }
 
 // The flag closest to a misspelt one (two edits at most), or "".
 std::string closest_flag(const std::string& word, const CLI::App& app) {
@@ -91,7 +70,8 @@ ParsedOptions parse_options(int argc, const char* const* argv, const char* (*env
           ->check(integer_in(1, 65536));
   app.add_option("--rendezvous", o.rendezvous,
                  "Transport bootstrap directory (default <job-dir>/rendezvous)");
-  app.add_option("--coord", o.coord, "Report to ring-coord at ENDPOINT (with --job)");
+  app.add_option("--coord", o.coord, "Report to ring-coord at ENDPOINT (with --job)")
+      ->check(flags::endpoint_rule(flags::EndpointUse::kConnect));
   app.add_option("--job", job, "The job's number at ring-coord (with --coord)")
       ->check(integer_in(1, int64_t{1} << 53));
   CLI::Option* steps_opt = app.add_option("--steps", steps, "Override train.steps")

@@ -337,12 +337,14 @@ TEST(CoordSecurity, BadOptionsAreUsageErrors) {
     std::string args, expect;
   };
   const std::vector<Case> cases = {
-      {"--heartbeat-timeout nan", "'nan' is not a finite number of seconds"},
-      {"--heartbeat-timeout inf", "'inf' is not a finite number of seconds"},
-      {"--heartbeat-timeout -1", "out of range"},
-      {"--heartbeat-timeout 0", "out of range"},
-      {"--heartbeat-timeout 10x", "'10x' is not a finite number of seconds"},
-      {"--heartbeat-interval nan", "'nan' is not a finite number of seconds"},
+      // The rule every program's seconds follow (common/cli/cli11_flags.h): decimal text only.
+      {"--heartbeat-timeout nan", "--heartbeat-timeout: expected seconds in [0.05, 86400], got 'nan'"},
+      {"--heartbeat-timeout inf", "expected seconds in [0.05, 86400], got 'inf'"},
+      {"--heartbeat-timeout -1", "expected seconds in [0.05, 86400], got '-1'"},
+      {"--heartbeat-timeout 0", "expected seconds in [0.05, 86400], got '0'"},
+      {"--heartbeat-timeout 10x", "expected seconds in [0.05, 86400], got '10x'"},
+      {"--heartbeat-timeout 0x10", "expected seconds in [0.05, 86400], got '0x10'"},
+      {"--heartbeat-interval nan", "--heartbeat-interval: expected seconds in [0.01, 3600], got 'nan'"},
       {"--heartbeat-interval 5 --heartbeat-timeout 5",
        "--heartbeat-interval (5 s) must be less than --heartbeat-timeout (5 s)"},
       {"--endpoint tcp://127.0.0.1:99999", "port '99999' is not a TCP port (0..65535"},
@@ -350,7 +352,7 @@ TEST(CoordSecurity, BadOptionsAreUsageErrors) {
       {"--endpoint tcp://127.0.0.1", "needs HOST:PORT"},
       {"--endpoint tcp://:5555", "needs a host"},
       {"--endpoint ipc://relative/coord.sock", "needs an absolute path"},
-      {"--endpoint udp://127.0.0.1:5", "unsupported endpoint"},
+      {"--endpoint udp://127.0.0.1:5", "expected ipc://PATH or tcp://HOST:PORT, got 'udp://127.0.0.1:5'"},
       {"--log-level bogus", "bogus"},
       {"--admin-uid -1", "'-1' is not a uid"},
       {"--admin-uid 4294967295", "is not a uid"},

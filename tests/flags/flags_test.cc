@@ -1,5 +1,7 @@
 #include "common/cli/flags.h"
 
+#include "common/cli/endpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -59,4 +61,56 @@ TEST(Flags, ParseIntTakesDecimalTextOnly) {
   for (const char* bad : {" 12", "12 ", "0x10", "1e3", "12.0", "nan", "inf"})
     EXPECT_EQ(error_of([&] { ring::flags::parse_int("--steps", bad, 1, 100); }),
               std::string("--steps: expected an integer in [1, 100], got '") + bad + "'");
+}
+
+// One endpoint rule for ringctl, ringd (connect) and ring-coord (bind).
+TEST(Flags, EndpointRuleForConnectAndBind) {
+  using ring::flags::endpoint_error;
+  using ring::flags::EndpointUse;
+  for (EndpointUse u : {EndpointUse::kConnect, EndpointUse::kBind}) {
+    EXPECT_EQ(endpoint_error("ipc:///run/ring/coord.sock", u), "");
+    EXPECT_EQ(endpoint_error("tcp://login1:5555", u), "");
+    EXPECT_EQ(endpoint_error("tcp://[::1]:5555", u), "");
+    EXPECT_EQ(endpoint_error("ipc://relative.sock", u),
+              "ipc:// needs an absolute path (ipc:///DIR/coord.sock)");
+    EXPECT_EQ(endpoint_error("ipc:///run/ring/", u),
+              "ipc:// needs a socket file name in a directory (ipc:///DIR/coord.sock)");
+    EXPECT_NE(endpoint_error("ipc:///" + std::string(200, 'a') + "/s", u).find("takes at most 107"),
+              std::string::npos);
+    EXPECT_EQ(endpoint_error("ipc:///run/a\nb/s", u), "the socket path contains a control character");
+    EXPECT_EQ(endpoint_error("tcp://login1", u), "tcp:// needs HOST:PORT (tcp://login1:5555)");
+    EXPECT_EQ(endpoint_error("tcp://::1:5555", u),
+              "an IPv6 address must be in brackets (tcp://[::1]:PORT)");
+    EXPECT_EQ(endpoint_error("udp://x:1", u), "expected ipc://PATH or tcp://HOST:PORT, got 'udp://x:1'");
+    EXPECT_NE(endpoint_error("tcp://a;b:5", u).find("contains ';'"), std::string::npos);
+  }
+  // Connect: a real port on a named host.
+  EXPECT_EQ(endpoint_error("tcp://login1:0", EndpointUse::kConnect), "port '0' is not in 1..65535");
+  EXPECT_EQ(endpoint_error("tcp://login1:99999", EndpointUse::kConnect),
+            "port '99999' is not in 1..65535");
+  EXPECT_EQ(endpoint_error("tcp://*:5555", EndpointUse::kConnect).find("contains '*'") !=
+                std::string::npos,
+            true);
+  EXPECT_EQ(endpoint_error("tcp://:5555", EndpointUse::kConnect),
+            "tcp:// needs a host before ':' (tcp://login1:5555)");
+  EXPECT_EQ(endpoint_error("ipc:///coord.sock", EndpointUse::kConnect), "");
+  // Bind: any interface, any free port; the socket's directory is ring-coord's to prepare.
+  EXPECT_EQ(endpoint_error("ipc:///coord.sock", EndpointUse::kBind),
+            "ipc:// needs a socket file name in a directory (ipc:///DIR/coord.sock)");
+  EXPECT_EQ(endpoint_error("tcp://*:0", EndpointUse::kBind), "");
+  EXPECT_EQ(endpoint_error("tcp://127.0.0.1:*", EndpointUse::kBind), "");
+  EXPECT_EQ(endpoint_error("tcp://127.0.0.1:99999", EndpointUse::kBind),
+            "port '99999' is not a TCP port (0..65535, 0 or * for any free port)");
+  EXPECT_EQ(endpoint_error("tcp://127.0.0.1:-1", EndpointUse::kBind),
+            "port '-1' is not a TCP port (0..65535, 0 or * for any free port)");
+}
+
+// Seconds in a range of the caller's, with the bounds as written: no hex, NaN or infinity.
+TEST(Flags, SecondsInARangeOfTheCallers) {
+  EXPECT_EQ(ring::flags::parse_seconds_in("--t", "2.5", 0.05, 3600), 2.5);
+  for (const char* bad : {"nan", "inf", "0x10", "0.01", "3601", " 5", ""})
+    EXPECT_EQ(error_of([&] { ring::flags::parse_seconds_in("--t", bad, 0.05, 3600); }),
+              std::string("--t: expected seconds in [0.05, 3600], got '") + bad + "'");
+  EXPECT_EQ(error_of([&] { ring::flags::parse_seconds_in("--t", "x", 1e-3, 1e6); }),
+            "--t: expected seconds in [0.001, 1e6], got 'x'");
 }

@@ -128,6 +128,8 @@ TEST(RingdOptions, UsageErrorsNameTheFlagAndExit2) {
       {{"--spec", "s", "--node-rank", "1"}, "--node-rank and --nodes go together"},
       {{"--spec", "s", "--node-rank", "2", "--nodes", "2"}, "--node-rank 2 is not below --nodes 2"},
       {{"--spec", "s", "--coord", "ipc:///c"}, "--coord and --job go together"},
+      {{"--spec", "s", "--job", "3", "--coord", "tcp://login1:0"}, "--coord: port '0' is not in 1..65535"},
+      {{"--spec", "s", "--job", "3", "--coord", "ipc://rel.sock"}, "--coord: ipc:// needs an absolute path"},
   };
   for (const auto& [args, want] : cases) {
     Result r = parse(args);
