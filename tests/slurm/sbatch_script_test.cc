@@ -279,119 +279,120 @@ TEST(SlurmCli, UnhealthyNodesFromSinfo) {
   EXPECT_TRUE(ring::slurm::parse_unhealthy_nodes("").empty());
 }
 
+// A directory where a rendered batch script runs under bash with stand-ins on PATH: bin/srun runs
+// its command in place; the test adds what else it needs (write_exe) and starts the script
+// (start) with extra environment.
+struct ScriptSandbox {
+  fs::path dir;
+  explicit ScriptSandbox(const std::string& name)
+      : dir(fs::temp_directory_path() / (name + "_" + std::to_string(getpid()))) {
+    fs::create_directories(dir / "bin");
+    write_exe(dir / "bin/srun",
+              "#!/bin/bash\nwhile [ \"${1#--}\" != \"$1\" ]; do shift; done\nexec \"$@\"\n");
+  }
+  ~ScriptSandbox() { fs::remove_all(dir); }
+  static void write_exe(const fs::path& p, const std::string& text) {
+    std::ofstream(p) << text;
+    chmod(p.c_str(), 0755);
+  }
+  ScriptInputs inputs() const {
+    ScriptInputs in;
+    in.spec_path = (dir / "spec.yaml").string();
+    in.job_dir = (dir / "job").string();
+    in.ringd = (dir / "ringd").string();
+    return in;
+  }
+  // Runs `bash job.sbatch` (output in out.txt) with `env` ("K=V K2=V2") in its environment.
+  pid_t start(const std::string& script, const std::string& env) {
+    std::ofstream(dir / "job.sbatch") << script;
+    std::string cmd = "cd " + dir.string() + " && PATH=" + (dir / "bin").string() + ":$PATH " + env +
+                      " exec bash job.sbatch > out.txt 2>&1";
+    ring::proc::SpawnOptions so;
+    so.argv = {"/bin/bash", "-c", cmd};
+    so.death_signal = SIGKILL;
+    const ring::proc::Spawned child = ring::proc::spawn(so);
+    EXPECT_TRUE(child) << child.error;
+    return child ? child.pid : -1;
+  }
+  std::string slurp(const std::string& rel) const {
+    std::ifstream f(dir / rel);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+};
+
 // The script's own logic, run by bash: Slurm's warning (SIGUSR1 to the batch shell) reaches
 // ringd, which exits 75; the script then requeues the job. srun and scontrol are stand-ins on
 // PATH (srun runs the command in place, scontrol records its arguments); the cluster tests run
 // the real ones.
 TEST(SbatchScript, TimeLimitWarningReachesRingdAndRequeues) {
-  fs::path dir = fs::temp_directory_path() / ("sbatch_sig_" + std::to_string(getpid()));
-  fs::create_directories(dir / "bin");
-  auto write_exe = [](const fs::path& p, const std::string& text) {
-    std::ofstream(p) << text;
-    chmod(p.c_str(), 0755);
-  };
-  write_exe(dir / "bin/srun",
-            "#!/bin/bash\nwhile [ \"${1#--}\" != \"$1\" ]; do shift; done\nexec \"$@\"\n");
-  write_exe(dir / "bin/scontrol", "#!/bin/bash\necho \"$*\" >> \"$RING_JOB_DIR/scontrol.calls\"\n");
-  write_exe(dir / "ringd",
-            "#!/bin/bash\necho \"$*\" > \"$RING_JOB_DIR/ringd.args\"\n"
-            "trap 'echo usr1 > \"$RING_JOB_DIR/ringd.signal\"; exit 75' USR1\n"
-            "touch \"$RING_JOB_DIR/ringd.ready\"\nwhile :; do sleep 0.05; done\n");
+  ScriptSandbox sb("sbatch_sig");
+  sb.write_exe(sb.dir / "bin/scontrol",
+               "#!/bin/bash\necho \"$*\" >> \"$RING_JOB_DIR/scontrol.calls\"\n");
+  sb.write_exe(sb.dir / "ringd",
+               "#!/bin/bash\necho \"$*\" > \"$RING_JOB_DIR/ringd.args\"\n"
+               "trap 'echo usr1 > \"$RING_JOB_DIR/ringd.signal\"; exit 75' USR1\n"
+               "touch \"$RING_JOB_DIR/ringd.ready\"\nwhile :; do sleep 0.05; done\n");
   auto s = tiny_spec();
   s.slurm.signal_before_s = 60;
-  ScriptInputs in;
-  in.spec_path = (dir / "spec.yaml").string();
-  in.job_dir = (dir / "job").string();
-  in.ringd = (dir / "ringd").string();
-  std::ofstream(dir / "job.sbatch") << ring::slurm::render_sbatch_script(s, in);
-  std::string cmd = "cd " + dir.string() + " && PATH=" + (dir / "bin").string() +
-                    ":$PATH SLURM_JOB_ID=99 SLURM_JOB_NODELIST=node1 exec bash job.sbatch > out.txt 2>&1";
-  ring::proc::SpawnOptions so;
-  so.argv = {"/bin/bash", "-c", cmd};
-  so.death_signal = SIGKILL;
-  const ring::proc::Spawned child = ring::proc::spawn(so);
-  ASSERT_TRUE(child) << child.error;
-  const pid_t pid = child.pid;
+  ScriptInputs in = sb.inputs();
+  const pid_t pid = sb.start(ring::slurm::render_sbatch_script(s, in),
+                             "SLURM_JOB_ID=99 SLURM_JOB_NODELIST=node1");
+  ASSERT_GT(pid, 0);
   // Generous: the script starts bash, the fake srun and the fake ringd on a loaded machine.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(dir / "job/ringd.ready") && std::chrono::steady_clock::now() < deadline)
+  while (!fs::exists(sb.dir / "job/ringd.ready") && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  if (!fs::exists(dir / "job/ringd.ready")) kill(pid, SIGKILL);
-  ASSERT_TRUE(fs::exists(dir / "job/ringd.ready"));
+  if (!fs::exists(sb.dir / "job/ringd.ready")) kill(pid, SIGKILL);
+  ASSERT_TRUE(fs::exists(sb.dir / "job/ringd.ready"));
   kill(pid, SIGUSR1);  // what --signal=B:USR1@60 does
   int status = 0;
   waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 75);
-  auto slurp = [](const fs::path& p) {
-    std::ifstream f(p);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
-  EXPECT_EQ(slurp(dir / "job/ringd.signal"), "usr1\n");
-  EXPECT_EQ(slurp(dir / "job/scontrol.calls"), "requeue 99\n");
-  EXPECT_EQ(slurp(dir / "job/ringd.args"),
+  EXPECT_EQ(sb.slurp("job/ringd.signal"), "usr1\n");
+  EXPECT_EQ(sb.slurp("job/scontrol.calls"), "requeue 99\n");
+  EXPECT_EQ(sb.slurp("job/ringd.args"),
             "--spec " + in.spec_path + " --job-dir " + in.job_dir + " --resume-if-any\n");
-  std::string out = slurp(dir / "out.txt");
+  std::string out = sb.slurp("out.txt");
   EXPECT_NE(out.find("ringmaster: Slurm job 99, start 1, nodes node1"), std::string::npos) << out;
   EXPECT_NE(out.find("time-limit warning"), std::string::npos) << out;
   EXPECT_NE(out.find("requeueing before the time limit"), std::string::npos) << out;
-  fs::remove_all(dir);
 }
 
 // Issue 31, point 16: a start whose allocation holds a node the job excludes (`ringctl
 // slurm-started` exits 10) starts no ringd; the script waits for ring-coord's requeue without
 // that node, which ends it (Slurm's SIGTERM; here the test's).
 TEST(SbatchScript, AnAllocationWithAnExcludedNodeStartsNoRingd) {
-  fs::path dir = fs::temp_directory_path() / ("sbatch_exc_" + std::to_string(getpid()));
-  fs::create_directories(dir / "bin");
-  auto write_exe = [](const fs::path& p, const std::string& text) {
-    std::ofstream(p) << text;
-    chmod(p.c_str(), 0755);
-  };
-  write_exe(dir / "bin/srun",
-            "#!/bin/bash\nwhile [ \"${1#--}\" != \"$1\" ]; do shift; done\nexec \"$@\"\n");
-  write_exe(dir / "ringctl",
-            "#!/bin/bash\necho \"$*\" > \"$RING_JOB_DIR/ringctl.args\"\n"
-            "echo 'ringmaster: ring-coord job 7 is restarting (this allocation holds excluded "
-            "node2; ring-coord requeues the job without)'\nexit 10\n");
-  write_exe(dir / "ringd", "#!/bin/bash\necho \"$*\" > \"$RING_JOB_DIR/ringd.args\"\n");
-  ScriptInputs in;
-  in.spec_path = (dir / "spec.yaml").string();
-  in.job_dir = (dir / "job").string();
-  in.ringd = (dir / "ringd").string();
-  in.ringctl = (dir / "ringctl").string();
+  ScriptSandbox sb("sbatch_exc");
+  sb.write_exe(sb.dir / "ringctl",
+               "#!/bin/bash\necho \"$*\" > \"$RING_JOB_DIR/ringctl.args\"\n"
+               "echo 'ringmaster: ring-coord job 7 is restarting (this allocation holds excluded "
+               "node2; ring-coord requeues the job without)'\nexit 10\n");
+  sb.write_exe(sb.dir / "ringd", "#!/bin/bash\necho \"$*\" > \"$RING_JOB_DIR/ringd.args\"\n");
+  ScriptInputs in = sb.inputs();
+  in.ringctl = (sb.dir / "ringctl").string();
   in.coord_endpoint = "ipc:///run/ring/coord.sock";
   in.coord_job = 7;
-  std::ofstream(dir / "job.sbatch") << ring::slurm::render_sbatch_script(tiny_spec(), in);
-  std::string cmd = "cd " + dir.string() + " && PATH=" + (dir / "bin").string() +
-                    ":$PATH SLURM_JOB_ID=99 SLURM_RESTART_COUNT=1 SLURM_JOB_NODELIST='node[1-2]' "
-                    "exec bash job.sbatch > out.txt 2>&1";
-  ring::proc::SpawnOptions so;
-  so.argv = {"/bin/bash", "-c", cmd};
-  so.death_signal = SIGKILL;
-  const ring::proc::Spawned child = ring::proc::spawn(so);
-  ASSERT_TRUE(child) << child.error;
-  auto slurp = [](const fs::path& p) {
-    std::ifstream f(p);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
+  const pid_t pid =
+      sb.start(ring::slurm::render_sbatch_script(tiny_spec(), in),
+               "SLURM_JOB_ID=99 SLURM_RESTART_COUNT=1 SLURM_JOB_NODELIST='node[1-2]'");
+  ASSERT_GT(pid, 0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (slurp(dir / "out.txt").find("waiting for the requeue") == std::string::npos &&
+  while (sb.slurp("out.txt").find("waiting for the requeue") == std::string::npos &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  std::string out = slurp(dir / "out.txt");
+  std::string out = sb.slurp("out.txt");
   EXPECT_NE(out.find("holds a node the job excludes; waiting for the requeue without it"),
             std::string::npos)
       << out;
   // Long enough for a ringd that the script wrongly started to have written its arguments.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  kill(child.pid, SIGTERM);
+  kill(pid, SIGTERM);
   int status = 0;
-  waitpid(child.pid, &status, 0);
+  waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFSIGNALED(status));
-  EXPECT_FALSE(fs::exists(dir / "job/ringd.args")) << slurp(dir / "job/ringd.args");
-  EXPECT_EQ(slurp(dir / "job/ringctl.args"),
+  EXPECT_FALSE(fs::exists(sb.dir / "job/ringd.args")) << sb.slurp("job/ringd.args");
+  EXPECT_EQ(sb.slurp("job/ringctl.args"),
             "slurm-started 7 --coord ipc:///run/ring/coord.sock --slurm-job 99 --restarts 1 "
             "--nodes node[1-2]\n");
-  fs::remove_all(dir);
 }
