@@ -1,6 +1,6 @@
 // `ringctl import DIR_OR_FILE -o CKPT_DIR [--dtype fp32|bf16|fp16] [--config FILE]` and
 // `ringctl export CKPT_DIR -o DIR [--dtype bf16|fp32] [--shard-size GB] [--model-yaml FILE]`:
-// Hugging Face Llama / Mistral safetensors <-> ringmaster checkpoints (cli/hf_llama.h).
+// Hugging Face Llama / Mistral safetensors <-> ringmaster checkpoints (common/hf/hf_llama.h).
 // Exit 0 on success, 1 when the input cannot be converted (the message names the file and the
 // rule), 2 usage.
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
-#include "cli/hf_llama.h"
+#include "common/hf/hf_llama.h"
 
 namespace ring::cli {
 

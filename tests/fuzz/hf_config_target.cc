@@ -1,10 +1,10 @@
-// The Hugging Face config.json reader of `ringctl import` (cli/hf_llama.h parse_config) on any
+// The Hugging Face config.json reader of `ringctl import` (common/hf/hf_llama.h parse_config) on any
 // bytes. Properties: bad input ends in ConvertError naming config.json, never another exception,
 // a crash or a stack overflow (deep nesting is refused before parsing); what is accepted has a
 // model config with positive sizes whose key/value heads divide the query heads.
 #include <string>
 
-#include "cli/hf_llama.h"
+#include "common/hf/hf_llama.h"
 #include "tests/fuzz/targets.h"
 
 namespace ring::fuzz {

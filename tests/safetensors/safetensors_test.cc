@@ -1,6 +1,6 @@
 // The safetensors reader against hostile files (each a SafetensorsError naming the file, the
 // tensor and the rule; never a crash), exact bf16/fp16 conversion, the writer's format and
-// round trip, and the config.json checks of `ringctl import` (cli/hf_llama.h).
+// round trip, and the config.json checks of `ringctl import` (common/hf/hf_llama.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/hf_llama.h"
+#include "common/hf/hf_llama.h"
 #include "common/safetensors/safetensors.h"
 
 namespace {

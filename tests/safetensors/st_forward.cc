@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     cfg.tie_embeddings = m["tie_embeddings"].as<bool>();
     cfg.rope_theta = m["rope_theta"].as<float>();
     cfg.norm_eps = m["norm_eps"].as<float>();
-    if (m["rope_scaling"]) {  // the scaling keys model.yaml carries (see cli/hf_llama.cc)
+    if (m["rope_scaling"]) {  // the scaling keys model.yaml carries (see common/hf/hf_llama.cc)
       const std::string type = m["rope_scaling"].as<std::string>();
       using ring::spec::RopeScaling;
       cfg.rope_scaling = type == "linear"   ? RopeScaling::kLinear

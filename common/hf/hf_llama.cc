@@ -1,4 +1,4 @@
-#include "cli/hf_llama.h"
+#include "common/hf/hf_llama.h"
 
 #include <algorithm>
 #include <atomic>
