@@ -52,4 +52,43 @@ nlohmann::json model_record(const ModelConfig& c) {
           {"tie_embeddings", c.tie_embeddings}};
 }
 
+ModelConfig model_config_from_record(const nlohmann::json& r) {
+  if (!r.is_object()) throw ModelError("model record: expected an object, got " + r.dump());
+  auto at = [&](const char* key) -> const nlohmann::json& {
+    auto it = r.find(key);
+    if (it == r.end()) throw ModelError(std::string("model record: key '") + key + "' is missing");
+    return *it;
+  };
+  auto integer = [&](const char* key) {
+    const auto& v = at(key);
+    if (!v.is_number_integer())
+      throw ModelError(std::string("model record: key '") + key + "': expected an integer, got " +
+                       v.dump());
+    return v.get<int64_t>();
+  };
+  ModelConfig c;
+  c.layers = integer("layers");
+  c.d_model = integer("d_model");
+  c.heads = integer("heads");
+  c.kv_heads = integer("kv_heads");
+  c.head_dim = integer("head_dim");
+  c.mlp_hidden = integer("mlp_hidden");
+  c.vocab = integer("vocab");
+  const auto& tie = at("tie_embeddings");
+  if (!tie.is_boolean())
+    throw ModelError("model record: key 'tie_embeddings': expected true or false, got " +
+                     tie.dump());
+  c.tie_embeddings = tie.get<bool>();
+  const auto& mlp = at("mlp");
+  if (mlp == spec::to_string(spec::MlpKind::kSwiGLU)) {
+    c.mlp = spec::MlpKind::kSwiGLU;
+  } else if (mlp == spec::to_string(spec::MlpKind::kGelu)) {
+    c.mlp = spec::MlpKind::kGelu;
+  } else {
+    throw ModelError("model record: key 'mlp': unknown kind " + mlp.dump());
+  }
+  c.check();
+  return c;
+}
+
 }  // namespace ring::contract

@@ -55,5 +55,9 @@ struct ModelConfig {
 // differ in heads): the `model` object of a checkpoint's layout record. ringd and `ringctl
 // import` both write it, and a resume or init_from compares it key by key.
 nlohmann::json model_record(const ModelConfig& c);
+// Its inverse: the shape a record describes (the fields it does not hold, RoPE and norm, keep
+// their defaults). Throws ModelError naming the key and the rule ("key 'heads': expected an
+// integer, got \"8\"", "key 'mlp': unknown kind 'relu'", a missing key, an inconsistent shape).
+ModelConfig model_config_from_record(const nlohmann::json& record);
 
 }  // namespace ring::contract

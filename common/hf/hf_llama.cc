@@ -811,27 +811,14 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   } else if (layout && layout->model.is_object()) {
     say("note: no model.yaml; the model comes from the checkpoint's layout record, rope_theta "
         "10000 and norm_eps 1e-5 (the spec defaults) are assumed (--model-yaml names the spec's)");
-    const json& m = layout->model;
-    auto& mc = c.model;
     try {
-      mc.layers = m.at("layers");
-      mc.d_model = m.at("d_model");
-      mc.heads = m.at("heads");
-      mc.kv_heads = m.at("kv_heads");
-      mc.head_dim = m.at("head_dim");
-      mc.mlp_hidden = m.at("mlp_hidden");
-      mc.vocab = m.at("vocab");
-      mc.tie_embeddings = m.at("tie_embeddings");
-      if (m.at("mlp") != "swiglu") fail(o.ckpt, "model.mlp is not swiglu: no Llama equivalent");
-    } catch (const json::exception& e) {
+      c.model = contract::model_config_from_record(layout->model);
+    } catch (const contract::ModelError& e) {
       fail(o.ckpt, std::string("layout record: ") + e.what());
     }
+    if (c.model.mlp != spec::MlpKind::kSwiGLU)
+      fail(o.ckpt, "model.mlp is not swiglu: no Llama equivalent");
     c.architecture = "LlamaForCausalLM";
-    try {
-      mc.check();
-    } catch (const std::exception& e) {
-      fail(o.ckpt, std::string("layout record: ") + e.what());
-    }
   } else {
     fail(o.ckpt,
          "no model.yaml and no layout record: the model's shape is unknown "

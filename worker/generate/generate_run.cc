@@ -119,32 +119,11 @@ static contract::ModelConfig config_from_checkpoint(const std::string& path) {
         "--checkpoint {}: records no model config (a format 1 checkpoint); give --spec with the "
         "spec it was trained with",
         path));
-  const json& m = layout->model;
-  contract::ModelConfig c;
   try {
-    c.layers = m.at("layers");
-    c.d_model = m.at("d_model");
-    c.heads = m.at("heads");
-    c.kv_heads = m.at("kv_heads");
-    c.head_dim = m.at("head_dim");
-    c.mlp_hidden = m.at("mlp_hidden");
-    c.vocab = m.at("vocab");
-    c.tie_embeddings = m.at("tie_embeddings");
-    const std::string mlp = m.at("mlp");
-    if (mlp == "swiglu") {
-      c.mlp = spec::MlpKind::kSwiGLU;
-    } else if (mlp == "gelu") {
-      c.mlp = spec::MlpKind::kGelu;
-    } else {
-      throw InputError(fmt::format("--checkpoint {}: layout record: unknown mlp '{}'", path, mlp));
-    }
-    c.check();
-  } catch (const json::exception& e) {
-    throw InputError(fmt::format("--checkpoint {}: layout record: {}", path, e.what()));
+    return contract::model_config_from_record(layout->model);
   } catch (const contract::ModelError& e) {
     throw InputError(fmt::format("--checkpoint {}: layout record: {}", path, e.what()));
   }
-  return c;
 }
 
 static std::string read_file(const std::string& path) {
