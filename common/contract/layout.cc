@@ -4,26 +4,24 @@
 
 namespace ring::contract {
 
+// Sizes in layout_rules.h's order; a vector tensor has cols 0.
 ParamLayout::ParamLayout(const ModelConfig& c) : num_layers_(static_cast<int>(c.layers)) {
   c.check();
-  const int64_t d = c.d_model;
-  add("final_norm.gain", {d}, -1, false);
-  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab, d}, -1, true);
+  const LayoutShape<int64_t> s{c.d_model,    c.q_dim(), c.kv_dim(),         c.mlp_hidden,
+                               c.vocab,      c.tie_embeddings, c.mlp == spec::MlpKind::kSwiGLU};
+  auto adder = [this](const std::string& prefix, int layer) {
+    return [this, prefix, layer](const char* name, int64_t rows, int64_t cols, bool decay) {
+      add(prefix + name, cols == 0 ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, cols},
+          layer, decay);
+    };
+  };
+  head_tensors(s, adder("", -1));
   close_bucket("head", -1);
   for (int l = num_layers_ - 1; l >= 0; --l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "attn_norm.gain", {d}, l, false);
-    add(p + "attn.wq", {c.q_dim(), d}, l, true);
-    add(p + "attn.wk", {c.kv_dim(), d}, l, true);
-    add(p + "attn.wv", {c.kv_dim(), d}, l, true);
-    add(p + "attn.wo", {d, c.q_dim()}, l, true);
-    add(p + "mlp_norm.gain", {d}, l, false);
-    if (c.mlp == spec::MlpKind::kSwiGLU) add(p + "mlp.w_gate", {c.mlp_hidden, d}, l, true);
-    add(p + "mlp.w_up", {c.mlp_hidden, d}, l, true);
-    add(p + "mlp.w_down", {d, c.mlp_hidden}, l, true);
+    block_tensors(s, adder("layers." + std::to_string(l) + ".", l));
     close_bucket("layers." + std::to_string(l), l);
   }
-  add("embedding.weight", {c.vocab, d}, -1, true);
+  embedding_tensors(s, adder("", -1));
   close_bucket("embedding", -1);
 }
 
@@ -34,7 +32,7 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, int l
   v.size = 1;
   for (int64_t s : shape) v.size *= s;
   v.shape = std::move(shape);
-  v.offset = (total_ + kParamAlign - 1) / kParamAlign * kParamAlign;
+  v.offset = align_up(total_);
   v.layer = layer;
   v.decay = decay;
   total_ = v.offset + v.size;
@@ -42,7 +40,7 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, int l
 }
 
 void ParamLayout::close_bucket(const std::string& name, int layer) {
-  total_ = (total_ + kParamAlign - 1) / kParamAlign * kParamAlign;
+  total_ = align_up(total_);
   GradBucket b;
   b.index = static_cast<int>(buckets_.size());
   b.name = name;

@@ -20,17 +20,17 @@
 //
 // Every tensor starts at a multiple of kParamAlign floats (64 bytes); the gaps are zero in both
 // buffers and never read by the model, so buckets and tensors are cache-line / vector aligned.
+// The order and the alignment are layout_rules.h's, which the planner applies too.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/contract/layout_rules.h"
 #include "common/contract/model_config.h"
 
 namespace ring::contract {
-
-inline constexpr int64_t kParamAlign = 16;  // floats
 
 struct ParamView {
   std::string name;            // "layers.3.attn.wq"

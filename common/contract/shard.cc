@@ -6,64 +6,25 @@
 #include <fmt/format.h>
 
 namespace ring::contract {
-namespace {
 
-// Greedy: fill each node up to `bound` floats with whole buckets; how many nodes that takes.
-int nodes_needed(const std::vector<GradBucket>& b, int64_t bound) {
-  int used = 1;
-  int64_t fill = 0;
-  for (const GradBucket& x : b) {
-    const int64_t s = x.end - x.begin;
-    if (fill + s > bound && fill > 0) {
-      ++used;
-      fill = 0;
-    }
-    fill += s;
-  }
-  return used;
-}
-
-}  // namespace
-
+// layout_rules.h's division, on the layout's bucket sizes.
 std::vector<NodeRange> shard_ranges(const ParamLayout& layout, int nodes) {
   if (nodes < 1) throw std::invalid_argument(fmt::format("shard_ranges: nodes must be >= 1, got {}", nodes));
   const std::vector<GradBucket>& b = layout.buckets();
-  int64_t lo = 0, hi = layout.total();
-  for (const GradBucket& x : b) lo = std::max(lo, x.end - x.begin);
-  // Smallest bound for which the greedy fill needs at most `nodes` nodes.
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (nodes_needed(b, mid) <= nodes) hi = mid;
-    else lo = mid + 1;
-  }
-  const int64_t bound = lo;
+  std::vector<int64_t> sizes;
+  sizes.reserve(b.size());
+  for (const GradBucket& x : b) sizes.push_back(x.end - x.begin);
+  const std::vector<size_t> first = first_buckets(sizes, nodes);
   std::vector<NodeRange> out(static_cast<size_t>(nodes));
-  int k = 0;
-  int64_t fill = 0;
-  out[0].node = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    const int64_t s = b[i].end - b[i].begin;
-    // Move to the next node when this bucket would overflow it, or when the buckets left are
-    // just enough to give every remaining node one (so no node is left empty needlessly).
-    const int left_buckets = static_cast<int>(b.size() - i);
-    const int left_nodes = nodes - 1 - k;
-    if (k + 1 < nodes && fill > 0 && (fill + s > bound || left_buckets <= left_nodes)) {
-      ++k;
-      fill = 0;
-      out[k].first_bucket = static_cast<int>(i);
-      out[k].begin = b[i].begin;
-    }
-    fill += s;
-    out[k].end_bucket = static_cast<int>(i) + 1;
-    out[k].end = b[i].end;
-  }
-  // Nodes past the last used one own nothing: an empty range at the end of the layout.
-  for (int j = 0; j < nodes; ++j) {
-    out[j].node = j;
-    if (j > k) {
-      out[j].first_bucket = out[j].end_bucket = static_cast<int>(b.size());
-      out[j].begin = out[j].end = layout.total();
-    }
+  for (int k = 0; k < nodes; ++k) {
+    NodeRange& r = out[static_cast<size_t>(k)];
+    r.node = k;
+    r.first_bucket = static_cast<int>(first[static_cast<size_t>(k)]);
+    r.end_bucket = static_cast<int>(first[static_cast<size_t>(k) + 1]);
+    // A node past the last used one owns nothing: an empty range at the end of the layout.
+    if (r.first_bucket == r.end_bucket) r.first_bucket = r.end_bucket = static_cast<int>(b.size());
+    r.begin = r.first_bucket < static_cast<int>(b.size()) ? b[r.first_bucket].begin : layout.total();
+    r.end = r.end_bucket > r.first_bucket ? b[r.end_bucket - 1].end : layout.total();
   }
   return out;
 }

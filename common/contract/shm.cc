@@ -14,8 +14,6 @@
 namespace ring::contract {
 namespace {
 
-int64_t align64(int64_t x) { return (x + 63) / 64 * 64; }
-
 [[noreturn]] void fail(const std::string& name, const std::string& what) {
   throw std::runtime_error("shared memory " + name + ": " + what);
 }
@@ -86,11 +84,12 @@ ShmHeader header_for(const ShmShape& s) {
   h.params_n = s.params_n;
   h.index_n = s.index_n;
   h.slot_n = s.slot_n;
-  h.params_off = align64(sizeof(ShmHeader));
-  h.index_off = align64(h.params_off + s.params_n * 4);
-  h.grads_off = align64(h.index_off + s.index_n * 8);
-  h.slot_stride = align64(s.slot_n * 4);
-  h.total_bytes = h.grads_off + h.slot_stride * s.workers;
+  const auto o = shm_offsets<int64_t>(s.params_n, s.index_n, s.slot_n, s.workers);
+  h.params_off = o.params_off;
+  h.index_off = o.index_off;
+  h.grads_off = o.grads_off;
+  h.slot_stride = o.slot_stride;
+  h.total_bytes = o.total_bytes;
   return h;
 }
 

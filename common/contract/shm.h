@@ -18,8 +18,10 @@
 // even when ringd is killed later; the memory goes away with the last mapping.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace ring::contract {
 
@@ -49,6 +51,26 @@ struct ShmShape {
   int64_t params_begin = 0, params_n = 0, index_n = 0, slot_n = 0;
   static ShmShape whole(int64_t n, int workers) { return {n, workers, 0, n, n, n}; }
 };
+// The segment's byte offsets: header, params, index, the gradient slots, each 64-byte aligned. In
+// T: int64_t for the segment itself, double for the planner's sizes of models past int64 bytes.
+template <class T>
+struct ShmOffsets {
+  T params_off = 0, index_off = 0, grads_off = 0, slot_stride = 0, total_bytes = 0;
+};
+template <class T>
+ShmOffsets<T> shm_offsets(T params_n, T index_n, T slot_n, T workers) {
+  auto align64 = [](T x) {
+    if constexpr (std::is_floating_point_v<T>) return std::ceil(x / T{64}) * T{64};
+    else return (x + T{63}) / T{64} * T{64};
+  };
+  ShmOffsets<T> o;
+  o.params_off = align64(static_cast<T>(sizeof(ShmHeader)));
+  o.index_off = align64(o.params_off + params_n * T{4});
+  o.grads_off = align64(o.index_off + index_n * T{8});
+  o.slot_stride = align64(slot_n * T{4});
+  o.total_bytes = o.grads_off + o.slot_stride * workers;
+  return o;
+}
 // The segment's bytes for `shape` (header, regions and alignment), as create() sizes it.
 int64_t shm_total_bytes(const ShmShape& shape);
 

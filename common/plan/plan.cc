@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "common/contract/layout_rules.h"
+#include "common/contract/shm.h"
+
 namespace ring::plan {
 
 using spec::Backend;
@@ -53,47 +56,29 @@ std::string human_count(double n) {
   return fmt::format("{:.{}f}{}", n, a >= 99.95 ? 0 : a >= 9.995 ? 1 : 2, units[u]);
 }
 
+// The layout's rules (common/contract/layout_rules.h) in __int128: a spec's largest shapes
+// (d_model, vocab, layers at their key maxima) overflow int64 only in products we then saturate.
 FlatLayout flat_layout(const JobSpec& s) {
-  // __int128: a spec's largest shapes (d_model, vocab, layers at their key maxima) overflow
-  // int64 only in products we then saturate.
   using I = __int128;
-  constexpr I kAlign = 16;  // common/contract/layout.h kParamAlign
   const auto& m = s.model;
-  const I d = m.d_model, h = s.resolved.mlp_hidden, V = m.vocab;
-  const I q_dim = I{m.heads} * s.resolved.head_dim,
-          kv_dim = I{s.resolved.kv_heads} * s.resolved.head_dim;
-  I total = 0, bucket_begin = 0, largest = 0;
-  std::string largest_name;
-  auto up = [&](I x) { return (x + kAlign - 1) / kAlign * kAlign; };
-  auto add = [&](I size) { total = up(total) + size; };
-  auto close = [&](const std::string& name) {
-    total = up(total);
-    if (total - bucket_begin > largest) largest = total - bucket_begin, largest_name = name;
-    bucket_begin = total;
-  };
-  add(d);                             // final_norm.gain
-  if (!m.tie_embeddings) add(V * d);  // lm_head.weight
-  close("head");
-  const I head_bucket = total;
-  // Every block has the same shape: lay out one and repeat it (each block starts aligned).
-  const I block_begin = total;
-  add(d);                                           // attn_norm.gain
-  add(q_dim * d);                                   // wq
-  add(kv_dim * d);                                  // wk
-  add(kv_dim * d);                                  // wv
-  add(d * q_dim);                                   // wo
-  add(d);                                           // mlp_norm.gain
-  if (m.mlp == spec::MlpKind::kSwiGLU) add(h * d);  // w_gate
-  add(h * d);                                       // w_up
-  add(d * h);                                       // w_down
-  total = up(total);
-  const I block = total - block_begin;
+  const contract::LayoutShape<I> shape{I{m.d_model},
+                                       I{m.heads} * s.resolved.head_dim,
+                                       I{s.resolved.kv_heads} * s.resolved.head_dim,
+                                       I{s.resolved.mlp_hidden},
+                                       I{m.vocab},
+                                       m.tie_embeddings,
+                                       m.mlp == spec::MlpKind::kSwiGLU};
+  auto head_of = [](const auto& sh, auto&& v) { contract::head_tensors(sh, v); };
+  auto block_of = [](const auto& sh, auto&& v) { contract::block_tensors(sh, v); };
+  auto embedding_of = [](const auto& sh, auto&& v) { contract::embedding_tensors(sh, v); };
+  const I head = contract::bucket_span(shape, head_of);
+  const I block = contract::bucket_span(shape, block_of);  // every block has the same shape
+  const I embedding = contract::bucket_span(shape, embedding_of);
+  const I total = head + block * I{m.layers} + embedding;
+  I largest = head;
+  std::string largest_name = "head";
   if (m.layers > 0 && block > largest) largest = block, largest_name = "layers.N (each block)";
-  total = block_begin + block * I{m.layers};
-  bucket_begin = total;
-  const I embedding_begin = total;
-  add(V * d);  // embedding.weight
-  close("embedding");
+  if (embedding > largest) largest = embedding, largest_name = "embedding";
   const I cap = std::numeric_limits<int64_t>::max();
   FlatLayout f;
   f.elements = static_cast<int64_t>(std::min(total, cap));
@@ -101,49 +86,15 @@ FlatLayout flat_layout(const JobSpec& s) {
   f.largest_bucket_name = largest_name;
   if (total < cap) {
     f.bucket_sizes.reserve(static_cast<size_t>(m.layers) + 2);
-    f.bucket_sizes.push_back(static_cast<int64_t>(head_bucket));
+    f.bucket_sizes.push_back(static_cast<int64_t>(head));
     for (int64_t l = 0; l < m.layers; ++l) f.bucket_sizes.push_back(static_cast<int64_t>(block));
-    f.bucket_sizes.push_back(static_cast<int64_t>(total - embedding_begin));
+    f.bucket_sizes.push_back(static_cast<int64_t>(embedding));
   }
   return f;
 }
 
 std::vector<size_t> shard_first_buckets(const std::vector<int64_t>& b, int64_t nodes) {
-  // The algorithm of common/contract/shard.cc on sizes alone: the smallest bound for which a
-  // greedy fill of whole buckets needs at most `nodes` nodes, then the fill that also moves on
-  // when the buckets left are just enough to give every remaining node one.
-  nodes = std::max<int64_t>(nodes, 1);
-  auto needed = [&](int64_t bound) {
-    int64_t used = 1, fill = 0;
-    for (int64_t x : b) {
-      if (fill + x > bound && fill > 0) ++used, fill = 0;
-      fill += x;
-    }
-    return used;
-  };
-  int64_t lo = 0, hi = 0;
-  for (int64_t x : b) lo = std::max(lo, x), hi += x;
-  hi = std::max(hi, lo);
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (needed(mid) <= nodes) hi = mid;
-    else lo = mid + 1;
-  }
-  // Nodes past the last used one own nothing: their first bucket is b.size().
-  std::vector<size_t> first(static_cast<size_t>(nodes) + 1, b.size());
-  first[0] = 0;
-  int64_t k = 0, fill = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    const int64_t left_buckets = static_cast<int64_t>(b.size() - i);
-    const int64_t left_nodes = nodes - 1 - k;
-    if (k + 1 < nodes && fill > 0 && (fill + b[i] > lo || left_buckets <= left_nodes)) {
-      ++k;
-      fill = 0;
-      first[static_cast<size_t>(k)] = i;
-    }
-    fill += b[i];
-  }
-  return first;
+  return contract::first_buckets(b, nodes);
 }
 
 std::vector<int64_t> shard_range_sizes(const std::vector<int64_t>& b, int64_t nodes) {
@@ -227,12 +178,9 @@ double reduce_stage_bytes(int64_t nodes, int64_t floats) {
 }
 
 double shm_bytes(int64_t n, int64_t workers) {
-  auto align64 = [](double x) { return std::ceil(x / 64.0) * 64.0; };
+  // The whole model's segment (contract::ShmShape::whole), in doubles.
   const double N = static_cast<double>(n);
-  const double params_off = 128.0;  // sizeof(ShmHeader) (96 B), 64-aligned
-  const double index_off = align64(params_off + 4.0 * N);
-  const double grads_off = align64(index_off + 8.0 * N);
-  return grads_off + static_cast<double>(workers) * align64(4.0 * N);
+  return contract::shm_offsets<double>(N, N, N, static_cast<double>(workers)).total_bytes;
 }
 
 namespace {
