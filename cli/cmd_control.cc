@@ -1,4 +1,4 @@
-// ringctl cancel JOB... / ringctl restart JOB [--from STEP]: steer jobs through ring-coord. Only
+// ringctl cancel JOB... / restart JOB [--from STEP] / checkpoint JOB: steer jobs through ring-coord. Only
 // the job's owner (or root, or an admin uid of the coordinator) may; the coordinator checks the
 // caller's uid from the connection. cancel stops the job's workers on every node (the job goes
 // cancelling, then cancelled); restart ends the current attempt and starts the next from the
@@ -129,7 +129,28 @@ void common_flags(CLI::App* s, ControlOpts& o) {
   o.coord.add_to(s);
 }
 
+// ringctl checkpoint JOB: every node of a running job writes a checkpoint at its next step
+// boundary (ring-coord's checkpoint_now), beside the periodic ones; `ringctl checkpoints JOB`
+// then lists it.
+int run_checkpoint(const ControlOpts& o) {
+  std::string ep = o.coord.resolved_endpoint();
+  return guarded(ep, [&] {
+    coord::Client c(o.coord.client_options());
+    return finish(c, o, c.checkpoint(parse_job_id(o.job)), "");
+  });
+}
+
 }  // namespace
+
+Subcommand add_checkpoint(CLI::App& app) {
+  auto o = std::make_shared<ControlOpts>();
+  auto* s = app.add_subcommand(
+      "checkpoint", "Checkpoint a running job now, at every node's next step boundary");
+  s->add_option("job", o->job, "Job id")->required();
+  s->add_flag("--json", o->json, "Machine-readable output");
+  o->coord.add_to(s);
+  return {s, [o] { return run_checkpoint(*o); }};
+}
 
 Subcommand add_cancel(CLI::App& app) {
   auto o = std::make_shared<ControlOpts>();

@@ -19,6 +19,7 @@ Subcommand add_steps(CLI::App& app);    // cmd_steps.cc
 Subcommand add_metrics(CLI::App& app);  // cmd_metrics.cc
 Subcommand add_cancel(CLI::App& app);   // cmd_control.cc
 Subcommand add_restart(CLI::App& app);  // cmd_control.cc
+Subcommand add_checkpoint(CLI::App& app);  // cmd_control.cc
 Subcommand add_nodes(CLI::App& app);    // cmd_nodes.cc
 Subcommand add_run(CLI::App& app);      // cmd_run.cc
 Subcommand add_submit(CLI::App& app);          // cmd_submit.cc

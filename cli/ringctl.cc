@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
   std::vector<ring::cli::Subcommand> subcommands{
       ring::cli::add_run(app),    ring::cli::add_status(app),  ring::cli::add_events(app),
       ring::cli::add_logs(app),   ring::cli::add_cancel(app),  ring::cli::add_restart(app),
+      ring::cli::add_checkpoint(app),
       ring::cli::add_nodes(app),  ring::cli::add_submit(app),  ring::cli::add_slurm_started(app),
       ring::cli::add_steps(app),  ring::cli::add_import(app),  ring::cli::add_export(app),
       ring::cli::add_tokenize(app), ring::cli::add_simulate(app), ring::cli::add_metrics(app),

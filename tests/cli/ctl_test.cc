@@ -409,7 +409,15 @@ TEST(Ringctl, CancelRestartNodes) {
   std::string id = std::to_string(job.id);
   auto client = c.client();
 
-  auto r = c.ctl("restart " + id + " --from 2 --json");
+  // checkpoint: every node of the running job is told to checkpoint now (docs/checkpoints.md).
+  auto r = c.ctl("checkpoint " + id);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "job " + id + ": running (checkpoint_now sent to 1 node(s))"))
+      << r.output;
+  auto now = job.d->expect_command(proto::CommandKind::kCheckpointNow, job.id, 5s);
+  EXPECT_EQ(now.attempt, 1);
+
+  r = c.ctl("restart " + id + " --from 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = parse_json(r.output);
   EXPECT_EQ(j["state"], "restarting");
@@ -433,10 +441,13 @@ TEST(Ringctl, CancelRestartNodes) {
   EXPECT_TRUE(contains(r.output, "job " + id + ": cancelling (cancelled by root)")) << r.output;
   job.d->simple(proto::EventKind::kJobStopped, job.id, 2);
   ASSERT_TRUE(wait_for([&] { return client.status(job.id).state == "cancelled"; }));
-  // A final job cannot be cancelled again: exit 7 with the rule.
+  // A final job cannot be cancelled again, nor checkpointed: exit 7 with the rule.
   r = c.ctl("cancel " + id);
   EXPECT_EQ(r.exit_code, 7) << r.output;
   EXPECT_TRUE(contains(r.output, "cancelled")) << r.output;
+  r = c.ctl("checkpoint " + id);
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_TRUE(contains(r.output, "only a running job can checkpoint")) << r.output;
   // cancel --wait on a pending job returns at once.
   auto p = client.submit(test_spec(1, 0, 1, 1));
   r = c.ctl("cancel " + std::to_string(p.job) + " --wait --json");
