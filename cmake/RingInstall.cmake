@@ -59,10 +59,12 @@ install(FILES ${PROJECT_SOURCE_DIR}/completion/ringctl.bash
 # ---- example specs and documentation -------------------------------------------------------
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/configs/examples/
         DESTINATION ${CMAKE_INSTALL_DATADIR}/ringmaster/examples FILES_MATCHING PATTERN "*.yaml")
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}
-        FILES_MATCHING PATTERN "*.md")
-install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/daemon/INTERFACE.md
-        DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# As in the source tree, so that the links between them work: README.md at the top, docs/ with
+# its images, daemon/INTERFACE.md (the operator guide links it).
+install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
+        FILES_MATCHING PATTERN "*.md" PATTERN "*.png" PATTERN "*.svg")
+install(FILES ${PROJECT_SOURCE_DIR}/daemon/INTERFACE.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/daemon)
 # LICENSE is not installed: the package's copyright file names Apache-2.0 from
 # /usr/share/common-licenses, as Debian policy asks.
 foreach(f CHANGELOG.md CONTRIBUTING.md)

@@ -20,6 +20,18 @@ for b in ringctl ring-coord ringd ring-worker; do
 done
 echo "ok: cmake --install put all $# expected files under the prefix"
 
+# The installed docs link to each other as in the source tree: every relative link resolves.
+broken=0 links=0
+while IFS= read -r md; do
+  while IFS= read -r target; do
+    case $target in http:*|https:*|mailto:*|'#'*) continue ;; esac
+    links=$((links + 1))
+    [ -e "$(dirname "$md")/${target%%#*}" ] || { echo "broken link in ${md#$prefix/}: ($target)"; broken=$((broken + 1)); }
+  done < <(grep -o '\](\([^) ]*\))' "$md" | sed 's/^](\(.*\))$/\1/')
+done < <(find "$prefix/share/doc/ringmaster" -name '*.md')
+[ "$broken" -eq 0 ] || fail "$broken of $links links in the installed docs resolve to nothing"
+echo "ok: all $links relative links of the installed docs resolve"
+
 ring_check_no_build_paths "$prefix" "$(cd "$build" && pwd -P)" "$(cd "$src" && pwd -P)"
 # The build tree first: it may lie inside the source tree, which hides it once covered.
 ring_run_installed "$prefix/bin" "$prefix/share/ringmaster/examples" "$w/run" \
