@@ -63,6 +63,8 @@ FULL_PACKAGES=(
   clang
   libclang-rt-14-dev
   libomp-14-dev
+  # the function-length check (cmake/check_function_length.sh)
+  universal-ctags
   # man pages, the Debian package and its checks (tests/install)
   help2man
   dpkg-dev
