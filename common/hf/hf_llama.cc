@@ -759,12 +759,142 @@ class MappedMasters {
   std::string path_;
 };
 
+namespace {
+
+// What export reads: a step directory (with checkpoint.json: that step at most) or a checkpoint
+// directory (its newest complete step), and the layout record of that checkpoint.
+struct ExportSource {
+  std::string root;
+  int64_t max_step = INT64_MAX;
+  std::optional<ckpt::Layout> layout;
+};
+
+ExportSource find_export_source(const std::string& ckpt_path) {
+  ExportSource src;
+  src.root = ckpt_path;
+  std::error_code ec;
+  try {
+    if (fs::exists(ckpt_path + "/checkpoint.json", ec)) {
+      ckpt::CheckpointInfo info = ckpt::inspect_checkpoint(ckpt_path, false);
+      if (info.status != ckpt::Status::kComplete)
+        fail(ckpt_path, "not a complete checkpoint: " +
+                            (info.problems.empty() ? std::string("?") : info.problems.front()));
+      src.root = fs::path(ckpt_path).lexically_normal().parent_path().string();
+      if (src.root.empty()) src.root = ".";
+      src.max_step = info.step;
+      src.layout = info.layout;
+    } else {
+      auto list = ckpt::list_checkpoints(ckpt_path, false);
+      for (auto it = list.rbegin(); it != list.rend(); ++it)
+        if (it->status == ckpt::Status::kComplete) {
+          src.layout = it->layout;
+          break;
+        }
+      if (list.empty()) fail(ckpt_path, "holds no checkpoint");
+    }
+  } catch (const ckpt::CheckpointError& e) {
+    rethrow_naming(ckpt_path, e);
+  }
+  return src;
+}
+
+// The model to export: model.yaml (--model-yaml, else beside the checkpoint), else the
+// checkpoint's layout record with the spec's RoPE and norm defaults.
+HfConfig export_config(const ExportOptions& o, const std::string& root,
+                       const std::optional<ckpt::Layout>& layout,
+                       const std::function<void(const std::string&)>& say) {
+  std::error_code ec;
+  HfConfig c;
+  std::string yaml_path = o.model_yaml;
+  if (yaml_path.empty()) {
+    yaml_path = o.ckpt + "/model.yaml";
+    if (!fs::exists(yaml_path, ec)) yaml_path = root + "/model.yaml";
+  }
+  if (fs::exists(yaml_path, ec)) return config_from_model_yaml(yaml_path);
+  if (!layout || !layout->model.is_object())
+    fail(o.ckpt,
+         "no model.yaml and no layout record: the model's shape is unknown "
+         "(--model-yaml names a spec with the model section)");
+  say("note: no model.yaml; the model comes from the checkpoint's layout record, rope_theta "
+      "10000 and norm_eps 1e-5 (the spec defaults) are assumed (--model-yaml names the spec's)");
+  try {
+    c.model = contract::model_config_from_record(layout->model);
+  } catch (const contract::ModelError& e) {
+    fail(o.ckpt, std::string("layout record: ") + e.what());
+  }
+  if (c.model.mlp != spec::MlpKind::kSwiGLU)
+    fail(o.ckpt, "model.mlp is not swiglu: no Llama equivalent");
+  c.architecture = "LlamaForCausalLM";
+  return c;
+}
+
+uint64_t tensor_bytes(const st::WriteTensor& t, st::DType dt) {
+  uint64_t b = 1;
+  for (int64_t d : t.shape) b *= static_cast<uint64_t>(d);
+  return b * st::dtype_size(dt);
+}
+
+// Consecutive tensors, up to shard_bytes a shard (a larger tensor alone).
+std::vector<std::vector<st::WriteTensor>> split_into_shards(const std::vector<st::WriteTensor>& all,
+                                                            st::DType dt, uint64_t shard_bytes) {
+  std::vector<std::vector<st::WriteTensor>> shards(1);
+  uint64_t cur = 0;
+  for (const auto& t : all) {
+    const uint64_t b = tensor_bytes(t, dt);
+    if (cur > 0 && cur + b > shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(t);
+    cur += b;
+  }
+  return shards;
+}
+
+// model.safetensors, or model-0000i-of-0000n.safetensors and the index, into `dir`; returns the
+// names written.
+std::vector<std::string> write_safetensors(const std::string& dir,
+                                           const std::vector<std::vector<st::WriteTensor>>& shards,
+                                           st::DType dt,
+                                           const std::function<void(const std::string&)>& say) {
+  std::vector<std::string> names;
+  const std::map<std::string, std::string> meta{{"format", "pt"}};
+  try {
+    if (shards.size() == 1) {
+      st::write_file(dir + "/model.safetensors", shards[0], dt, meta);
+      names.push_back("model.safetensors");
+      return names;
+    }
+    json wm = json::object();
+    uint64_t data_bytes = 0;
+    const size_t n = shards.size();
+    for (size_t s = 0; s < n; ++s) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, n);
+      say("writing " + std::string(name));
+      st::write_file(dir + "/" + name, shards[s], dt, meta);
+      names.push_back(name);
+      for (const auto& t : shards[s]) {
+        wm[t.name] = name;
+        data_bytes += tensor_bytes(t, dt);
+      }
+    }
+    json idx = {{"metadata", {{"total_size", data_bytes}}}, {"weight_map", wm}};
+    write_user_file(dir + "/model.safetensors.index.json", idx.dump(2) + "\n");
+    names.push_back("model.safetensors.index.json");
+  } catch (const st::SafetensorsError& e) {
+    throw ConvertError(e.what());
+  }
+  return names;
+}
+
+}  // namespace
+
 ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   auto t0 = std::chrono::steady_clock::now();
   auto say = [&](const std::string& s) {
     if (progress) progress(s);
   };
-  std::error_code ec;
   st::DType dt;
   if (o.dtype == "bf16")
     dt = st::DType::kBF16;
@@ -773,57 +903,10 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   else
     fail(o.dtype, "--dtype must be bf16 or fp32");
 
-  // A step directory (has checkpoint.json) or a checkpoint directory.
-  std::string root = o.ckpt;
-  int64_t max_step = INT64_MAX;
-  std::optional<ckpt::Layout> layout;
-  try {
-    if (fs::exists(o.ckpt + "/checkpoint.json", ec)) {
-      ckpt::CheckpointInfo info = ckpt::inspect_checkpoint(o.ckpt, false);
-      if (info.status != ckpt::Status::kComplete)
-        fail(o.ckpt, "not a complete checkpoint: " +
-                         (info.problems.empty() ? std::string("?") : info.problems.front()));
-      root = fs::path(o.ckpt).lexically_normal().parent_path().string();
-      if (root.empty()) root = ".";
-      max_step = info.step;
-      layout = info.layout;
-    } else {
-      auto list = ckpt::list_checkpoints(o.ckpt, false);
-      for (auto it = list.rbegin(); it != list.rend(); ++it)
-        if (it->status == ckpt::Status::kComplete) {
-          layout = it->layout;
-          break;
-        }
-      if (list.empty()) fail(o.ckpt, "holds no checkpoint");
-    }
-  } catch (const ckpt::CheckpointError& e) {
-    rethrow_naming(o.ckpt, e);
-  }
-
-  HfConfig c;
-  std::string yaml_path = o.model_yaml;
-  if (yaml_path.empty()) {
-    yaml_path = o.ckpt + "/model.yaml";
-    if (!fs::exists(yaml_path, ec)) yaml_path = root + "/model.yaml";
-  }
-  if (fs::exists(yaml_path, ec)) {
-    c = config_from_model_yaml(yaml_path);
-  } else if (layout && layout->model.is_object()) {
-    say("note: no model.yaml; the model comes from the checkpoint's layout record, rope_theta "
-        "10000 and norm_eps 1e-5 (the spec defaults) are assumed (--model-yaml names the spec's)");
-    try {
-      c.model = contract::model_config_from_record(layout->model);
-    } catch (const contract::ModelError& e) {
-      fail(o.ckpt, std::string("layout record: ") + e.what());
-    }
-    if (c.model.mlp != spec::MlpKind::kSwiGLU)
-      fail(o.ckpt, "model.mlp is not swiglu: no Llama equivalent");
-    c.architecture = "LlamaForCausalLM";
-  } else {
-    fail(o.ckpt,
-         "no model.yaml and no layout record: the model's shape is unknown "
-         "(--model-yaml names a spec with the model section)");
-  }
+  const ExportSource src = find_export_source(o.ckpt);
+  const std::string& root = src.root;
+  const int64_t max_step = src.max_step;
+  HfConfig c = export_config(o, root, src.layout, say);
   const contract::ModelConfig& mc = c.model;
   const contract::ParamLayout pl(mc);
 
@@ -912,20 +995,7 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
     all.push_back(std::move(t));
   }
 
-  // Shards: consecutive tensors up to shard_bytes each.
-  std::vector<std::vector<st::WriteTensor>> shards(1);
-  uint64_t cur = 0;
-  for (const auto& t : all) {
-    uint64_t b = 1;
-    for (int64_t d : t.shape) b *= static_cast<uint64_t>(d);
-    b *= st::dtype_size(dt);
-    if (cur > 0 && cur + b > o.shard_bytes) {
-      shards.emplace_back();
-      cur = 0;
-    }
-    shards.back().push_back(t);
-    cur += b;
-  }
+  const auto shards = split_into_shards(all, dt, o.shard_bytes);
   std::string out;
   try {
     out = files::prepare_output_dir(o.out, "--out");
@@ -944,36 +1014,7 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
       if (!dir.empty()) fs::remove_all(dir, e);  // ours: made by mkdtemp just above
     }
   } remove_stage{stage};
-  std::vector<std::string> names;  // what the new export consists of
-  const std::map<std::string, std::string> meta{{"format", "pt"}};
-  try {
-    if (shards.size() == 1) {
-      st::write_file(stage + "/model.safetensors", shards[0], dt, meta);
-      names.push_back("model.safetensors");
-    } else {
-      json wm = json::object();
-      uint64_t data_bytes = 0;
-      const size_t n = shards.size();
-      for (size_t s = 0; s < n; ++s) {
-        char name[64];
-        std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, n);
-        say("writing " + std::string(name));
-        st::write_file(stage + "/" + name, shards[s], dt, meta);
-        names.push_back(name);
-        for (const auto& t : shards[s]) {
-          wm[t.name] = name;
-          uint64_t b = 1;
-          for (int64_t d : t.shape) b *= static_cast<uint64_t>(d);
-          data_bytes += b * st::dtype_size(dt);
-        }
-      }
-      json idx = {{"metadata", {{"total_size", data_bytes}}}, {"weight_map", wm}};
-      write_user_file(stage + "/model.safetensors.index.json", idx.dump(2) + "\n");
-      names.push_back("model.safetensors.index.json");
-    }
-  } catch (const st::SafetensorsError& e) {
-    throw ConvertError(e.what());
-  }
+  std::vector<std::string> names = write_safetensors(stage, shards, dt, say);
   c.torch_dtype = dt == st::DType::kBF16 ? "bfloat16" : "float32";
   write_user_file(stage + "/config.json", config_json(c));
   names.push_back("config.json");
