@@ -362,31 +362,30 @@ int check_this_machine(const spec::JobSpec& spec, const RunOpts& o) {
   return kExitNoFit;
 }
 
-int run_run(const RunOpts& o) {
-  // 1. The spec.
+// 1. The spec, loaded as run/submit load it (this build's limits as errors), for one node; the
+// generate inputs and this machine checked. kExitOk with the spec in *r, else the exit code.
+int load_run_spec(const RunOpts& o, spec::LoadResult* r) {
   auto load = spec::job_spec_options();
   load.overrides = o.set.overrides();
-  auto r = spec::load_spec_file(o.spec, load);
-  for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
-  if (!r.ok()) {
-    std::cerr << o.spec << ": " << r.error_count() << " error(s); `ringctl validate " << o.spec
+  *r = spec::load_spec_file(o.spec, load);
+  for (const auto& d : r->diagnostics) std::cerr << d.str() << "\n";
+  if (!r->ok()) {
+    std::cerr << o.spec << ": " << r->error_count() << " error(s); `ringctl validate " << o.spec
               << "` lists them, fix them before running\n";
     return kExitFailed;
   }
   // One ringd on this machine: ringd would refuse a spec for more nodes (resources.nodes
   // must equal the ringd started), after the coordinator has recorded the job.
-  if (r.spec->resources.nodes != 1) {
-    std::cerr << o.spec << ": resources.nodes is " << r.spec->resources.nodes
+  if (r->spec->resources.nodes != 1) {
+    std::cerr << o.spec << ": resources.nodes is " << r->spec->resources.nodes
               << ": `ringctl run` trains on this machine (one node); submit a multi-node job "
                  "to Slurm with `ringctl submit`\n";
     return kExitFailed;
   }
   // A generate job's relative inputs, from here: ringd reads the spec ring-coord records.
-  if (absolute_generate_paths(*r.spec, &load.overrides)) r = spec::load_spec_file(o.spec, load);
-  if (!r.ok()) return kExitFailed;
-  const std::string& spec_text = r.text;  // what was validated, not a second read of the file
-  const auto& spec = *r.spec;
-  int64_t total = o.steps ? *o.steps : spec.train.steps;
+  if (absolute_generate_paths(*r->spec, &load.overrides)) *r = spec::load_spec_file(o.spec, load);
+  if (!r->ok()) return kExitFailed;
+  const auto& spec = *r->spec;
   const bool generate = spec.job.kind == spec::JobKind::kGenerate;
   if (generate && (o.steps || o.resume)) {
     std::cerr << "ringctl: " << (o.steps ? "--steps" : "--resume") << ": " << o.spec
@@ -398,8 +397,306 @@ int run_run(const RunOpts& o) {
     std::cerr << o.spec << ": " << why << "\n";
     return kExitFailed;
   }
-  if (!generate)
-    if (const int rc = check_this_machine(spec, o); rc != kExitOk) return rc;
+  if (!generate) return check_this_machine(spec, o);
+  return kExitOk;
+}
+
+// 3. A coordinator that answers at `ep`: the one there, or (ipc:// only) a ring-coord started
+// for this run, logging into the job directory (*owned; stopped when the run ends).
+int ensure_coordinator(const RunOpts& o, const std::string& ep, const std::string& job_dir,
+                       OwnedCoordinator* owned) {
+  if (coordinator_answers(o.coord, 2)) {
+    std::cout << "using the coordinator at " << ep << "\n";
+    return kExitOk;
+  }
+  if (ep.rfind("ipc://", 0) != 0) {
+    std::cerr << "ringctl: no coordinator answers at " << ep
+              << "; `ringctl run` starts its own only on an ipc:// endpoint: start ring-coord "
+                 "there, or leave --coord out\n";
+    return kExitNoCoord;
+  }
+  std::vector<std::string> tried;
+  std::string bin = install::find_program("ring-coord", {"RING_COORD_BIN"}, "coordinator", &tried);
+  if (bin.empty() || ::access(bin.c_str(), X_OK) != 0) {
+    std::cerr << "ringctl: no coordinator at " << ep << " and ring-coord not found (tried "
+              << join(tried, ", ") << "); build it or set RING_COORD_BIN\n";
+    return kExitNoCoord;
+  }
+  owned->log = job_dir + "/logs/ring-coord.log";
+  int fd = ::open(owned->log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  owned->pid = spawn({bin, "--endpoint", ep}, fd, fd);
+  if (fd >= 0) ::close(fd);
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  bool up = false;
+  while (!up && std::chrono::steady_clock::now() < end && !g_sigint && !g_sigterm) {
+    int st = 0;
+    if (::waitpid(owned->pid, &st, WNOHANG) == owned->pid) {
+      owned->pid = -1;
+      if (another_run_started_it(o.coord, owned->log)) {
+        std::cout << "using the coordinator at " << ep << " (another run started it)\n";
+        return kExitOk;
+      }
+      std::cerr << "ringctl: ring-coord exited (status " << exit_status(st)
+                << ") instead of serving " << ep << ":\n"
+                << tail_of_file(owned->log, 10);
+      return kExitNoCoord;
+    }
+    up = coordinator_answers(o.coord, 0.5);
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!up) {
+    std::cerr << "ringctl: the ring-coord started for " << ep << " did not answer:\n"
+              << tail_of_file(owned->log, 10);
+    return kExitNoCoord;
+  }
+  std::cout << "ring-coord started at " << ep << " (log " << owned->log
+            << "; it stops when this run ends)\n";
+  return kExitOk;
+}
+
+// What one ringd run gave: its wait status and what the summary tells of it.
+struct RingdRun {
+  int status = -1;
+  double wall_s = 0;
+  std::string last_ckpt, gen_output;  // from its events
+  std::deque<std::string> err_tail;   // its last stderr lines
+  std::string err_log;                // where its stderr went
+  std::vector<std::string> log_tail;  // its log's last lines
+  std::string log_path;
+  Progress progress;
+};
+
+// Reads whole lines from fd into on_line; at end of file (or an error) the rest, then *open false.
+template <class OnLine>
+void pump_lines(int fd, std::string& buf, bool& open, OnLine& on_line) {
+  char chunk[65536];
+  ssize_t n = ::read(fd, chunk, sizeof chunk);
+  if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+    if (!buf.empty()) on_line(buf);
+    buf.clear();
+    open = false;
+    return;
+  }
+  if (n < 0) return;
+  buf.append(chunk, static_cast<size_t>(n));
+  size_t pos;
+  while ((pos = buf.find('\n')) != std::string::npos) {
+    on_line(buf.substr(0, pos));
+    buf.erase(0, pos + 1);
+  }
+}
+
+// Ctrl-C and SIGTERM on to ringd: the first Ctrl-C stops at the next checkpoint, the second at
+// once, the third kills it. ringd takes a stop signal repeated within 1 s for the same one (Slurm
+// delivers its SIGTERM twice): a second Ctrl-C is passed on once 1.2 s have gone since the first.
+struct SignalForwarder {
+  int forwarded = 0, term_forwarded = 0;
+  std::chrono::steady_clock::time_point first;
+  void poll(pid_t pid, bool generate, Display& disp) {
+    int si = g_sigint.load();
+    const auto now = std::chrono::steady_clock::now();
+    if (si > forwarded && (forwarded == 0 || now - first > std::chrono::milliseconds(1200))) {
+      if (forwarded == 0) first = now;
+      si = forwarded + 1;
+      forwarded = si;
+      if (si == 1) {
+        disp.line(generate ? "stopping: ringd stops the generation (nothing is written)"
+                           : "stopping: ringd writes a checkpoint and stops (Ctrl-C again to "
+                             "stop at once)");
+        ::kill(pid, SIGINT);
+      } else if (si == 2) {
+        disp.line("stopping at once (no checkpoint; Ctrl-C again to kill ringd)");
+        ::kill(pid, SIGINT);
+      } else {
+        disp.line("killing ringd");
+        ::kill(-pid, SIGKILL);
+      }
+    }
+    const int stt = g_sigterm.load();
+    if (stt > term_forwarded) {
+      term_forwarded = stt;
+      ::kill(pid, SIGTERM);
+    }
+  }
+};
+
+// 4-5. ringd for the job, its JSON lines shown as progress, signals passed on, until it exits.
+RingdRun run_ringd(const RunOpts& o, const std::vector<std::string>& argv,
+                   const std::string& job_dir, bool generate, int64_t total) {
+  RingdRun run;
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  run.err_log = job_dir + "/logs/ringd-run.stderr";
+  int err_fd =
+      ::open(run.err_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  // ringd --json logs to <job-dir>/logs/ringd-0.log only (its stderr carries fatal errors):
+  // read what it appends to show it with --verbose and its last lines when it fails.
+  LogFollower ringd_log(job_dir + "/logs/ringd-0.log");
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = spawn(argv, out[1], err[1]);
+  ::close(out[1]);
+  ::close(err[1]);
+
+  Display disp(stdout_is_tty(), total);
+  std::string out_buf, err_buf;
+  SignalForwarder signals;
+  bool out_open = true, err_open = true;
+  auto handle_line = [&](const std::string& l) {
+    nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
+    if (j.is_object() && j.contains("event")) {
+      if (j["event"] == "checkpoint_saved" && j.contains("step")) run.last_ckpt = j["step"].dump();
+      if (j["event"] == "generate_started" && j.contains("output") && j["output"].is_string())
+        run.gen_output = j["output"].get<std::string>();
+      disp.line(describe_event(j));
+    } else if (j.is_object() && j.contains("step")) {
+      disp.step(j);
+    } else if (!l.empty()) {
+      disp.line(l);
+    }
+  };
+  auto handle_err = [&](const std::string& l) {
+    if (err_fd >= 0) {
+      std::string line = l + "\n";
+      ssize_t w = ::write(err_fd, line.data(), line.size());
+      (void)w;
+    }
+    run.err_tail.push_back(l);
+    if (run.err_tail.size() > 20) run.err_tail.pop_front();
+    if (o.verbose) disp.line(paint("ringd: ", "2") + l);
+  };
+  auto show_log = [&](const std::string& l) {
+    if (o.verbose) disp.line(paint("ringd: ", "2") + l);
+  };
+  while (out_open || err_open) {
+    signals.poll(pid, generate, disp);
+    pollfd p[2] = {{out_open ? out[0] : -1, POLLIN, 0}, {err_open ? err[0] : -1, POLLIN, 0}};
+    int n = ::poll(p, 2, 200);
+    ringd_log.poll(show_log);
+    if (n < 0) continue;  // EINTR: a signal, handled above
+    if (p[0].revents) pump_lines(out[0], out_buf, out_open, handle_line);
+    if (p[1].revents) pump_lines(err[0], err_buf, err_open, handle_err);
+  }
+  ::close(out[0]);
+  ::close(err[0]);
+  if (err_fd >= 0) ::close(err_fd);
+  while (run.status < 0) {
+    run.status = wait_child(pid, 0.5);
+    if (run.status < 0 && g_sigint.load() > 2) ::kill(-pid, SIGKILL);
+  }
+  ringd_log.poll(show_log);
+  disp.finish();
+  run.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  run.progress = disp.progress();
+  run.log_tail.assign(ringd_log.tail().begin(), ringd_log.tail().end());
+  run.log_path = ringd_log.path();
+  return run;
+}
+
+bool final_state(const std::string& s) {
+  return s == "completed" || s == "failed" || s == "cancelled" || s == "stopped";
+}
+
+// 6. The job as the coordinator ends up with it: ringd's last reports reach it before ringd
+// exits, so wait a moment for a final state; a job left live is cancelled (no daemon serves it).
+std::optional<protocol::JobInfo> final_job_info(coord::Client& client, int64_t job) {
+  std::optional<protocol::JobInfo> info;
+  for (int i = 0; i < 20; ++i) {
+    try {
+      info = client.status(job);
+    } catch (const coord::ClientError&) {
+      break;
+    }
+    if (final_state(info->state)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (info && !final_state(info->state)) {
+    try {
+      client.cancel(job);
+      info = client.status(job);
+    } catch (const coord::ClientError&) {
+    }
+  }
+  return info;
+}
+
+// The summary after the run: outcome, steps and loss, the coordinator's state, checkpoints, logs,
+// how to resume; after a failure (not a stop or a cancel) ringd's last log and stderr lines.
+void print_summary(const RunOpts& o, const spec::JobSpec& spec, const protocol::SubmitReply& sub,
+                   const std::string& job_dir, int64_t total, const RingdRun& run,
+                   const std::optional<protocol::JobInfo>& info) {
+  const bool generate = spec.job.kind == spec::JobKind::kGenerate;
+  const Progress& pr = run.progress;
+  std::string set_args;  // shell-quoted, to paste
+  for (const auto& a : o.set.args) {
+    std::string q;
+    for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    set_args += " --set '" + q + "'";
+  }
+  std::ostringstream sum;
+  const int rc = from_ringd_status(run.status);
+  // A generate job stopped early has nothing to resume from.
+  const std::string outcome =
+      generate && rc == kExitStopped ? std::string("stopped") : describe_ringd_status(run.status);
+  sum << "job " << sub.job << " (" << sub.name << ") " << outcome << " after "
+      << format_duration(run.wall_s);
+  if (generate) {
+    sum << (rc == kExitOk ? ": generated" : ": generation did not finish");
+  } else if (pr.n > 0) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, ": steps %lld-%lld of %lld, final loss %.4f, mean %s tok/s",
+                  static_cast<long long>(pr.first_step), static_cast<long long>(pr.step),
+                  static_cast<long long>(total), pr.loss,
+                  format_rate(pr.tps_sum / static_cast<double>(pr.n)).c_str());
+    sum << buf;
+  } else {
+    sum << ": no step finished";
+  }
+  sum << "\n";
+  if (info)
+    sum << "  coordinator: " << info->state
+        << (info->state_reason.empty() ? "" : " (" + info->state_reason + ")") << "\n";
+  std::string ckpt_dir = info ? info->checkpoint_dir : "";
+  if (!ckpt_dir.empty())
+    sum << "  checkpoints: " << ckpt_dir
+        << (info && info->last_checkpoint_step
+                ? " (latest complete: step " + std::to_string(*info->last_checkpoint_step) + ")"
+                : (!run.last_ckpt.empty() ? " (last saved: step " + run.last_ckpt + ")" : ""))
+        << "\n";
+  if (generate && rc == kExitOk && !run.gen_output.empty())
+    sum << "  output: " << run.gen_output << "\n";
+  sum << "  logs: " << job_dir << "/logs (ringctl logs " << sub.job << ")\n";
+  if (rc == kExitStopped && generate)
+    sum << "  generation is not resumable: run it again with: ringctl run " << o.spec << "\n";
+  else if (rc == kExitStopped)
+    sum << "  resume with: ringctl run " << o.spec << " --resume"
+        << (job_dir == jobdir::default_job_dir(spec.job.name, ::geteuid())
+                ? ""
+                : " --job-dir " + job_dir)
+        << (o.steps ? " --steps " + std::to_string(*o.steps) : "") << set_args << "\n";
+  std::cout << sum.str() << std::flush;
+  // Failed: what ringd said last, from its log (the cause: "cannot open .../worker-0.log:
+  // Permission denied", "restart.max_restarts exhausted") and from its stderr.
+  // (Not after a cancel: ringd did what it was asked, its log is no error.)
+  if (rc != kExitOk && rc != kExitStopped && rc != kExitCancelled && !o.verbose) {
+    if (!run.log_tail.empty()) {
+      std::cerr << "last lines of ringd's log (" << run.log_path << "):\n";
+      for (const auto& l : run.log_tail) std::cerr << "  | " << l << "\n";
+    }
+    if (!run.err_tail.empty()) {
+      std::cerr << "last lines of ringd's stderr (" << run.err_log << "):\n";
+      for (const auto& l : run.err_tail) std::cerr << "  | " << l << "\n";
+    }
+  }
+}
+
+int run_run(const RunOpts& o) {
+  spec::LoadResult r;
+  if (const int rc = load_run_spec(o, &r); rc != kExitOk) return rc;
+  const std::string& spec_text = r.text;  // what was validated, not a second read of the file
+  const auto& spec = *r.spec;
+  const int64_t total = o.steps ? *o.steps : spec.train.steps;
+  const bool generate = spec.job.kind == spec::JobKind::kGenerate;
 
   // 2. The job directory.
   // Checked up front (ours, private, writable: common/cli/job_dir.h): a directory ringd cannot
@@ -433,56 +730,7 @@ int run_run(const RunOpts& o) {
   sa.sa_handler = on_sigterm;
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  int rc = guarded(ep, [&]() -> int {
-    if (!coordinator_answers(o.coord, 2)) {
-      if (ep.rfind("ipc://", 0) != 0) {
-        std::cerr << "ringctl: no coordinator answers at " << ep
-                  << "; `ringctl run` starts its own only on an ipc:// endpoint: start ring-coord "
-                     "there, or leave --coord out\n";
-        return kExitNoCoord;
-      }
-      std::vector<std::string> t2;
-      std::string bin = install::find_program("ring-coord", {"RING_COORD_BIN"}, "coordinator", &t2);
-      if (bin.empty() || ::access(bin.c_str(), X_OK) != 0) {
-        std::cerr << "ringctl: no coordinator at " << ep << " and ring-coord not found (tried "
-                  << join(t2, ", ") << "); build it or set RING_COORD_BIN\n";
-        return kExitNoCoord;
-      }
-      owned.log = job_dir + "/logs/ring-coord.log";
-      int fd =
-          ::open(owned.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
-      owned.pid = spawn({bin, "--endpoint", ep}, fd, fd);
-      if (fd >= 0) ::close(fd);
-      auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-      bool up = false;
-      while (!up && std::chrono::steady_clock::now() < end && !g_sigint && !g_sigterm) {
-        int st = 0;
-        if (::waitpid(owned.pid, &st, WNOHANG) == owned.pid) {
-          owned.pid = -1;
-          if (another_run_started_it(o.coord, owned.log)) {
-            std::cout << "using the coordinator at " << ep << " (another run started it)\n";
-            return kExitOk;
-          }
-          std::cerr << "ringctl: ring-coord exited (status " << exit_status(st)
-                    << ") instead of serving " << ep << ":\n"
-                    << tail_of_file(owned.log, 10);
-          return kExitNoCoord;
-        }
-        up = coordinator_answers(o.coord, 0.5);
-        if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      if (!up) {
-        std::cerr << "ringctl: the ring-coord started for " << ep << " did not answer:\n"
-                  << tail_of_file(owned.log, 10);
-        return kExitNoCoord;
-      }
-      std::cout << "ring-coord started at " << ep << " (log " << owned.log
-                << "; it stops when this run ends)\n";
-    } else {
-      std::cout << "using the coordinator at " << ep << "\n";
-    }
-    return kExitOk;
-  });
+  int rc = guarded(ep, [&] { return ensure_coordinator(o, ep, job_dir, &owned); });
   if (rc != kExitOk) return rc;
   if (g_sigint || g_sigterm) return kExitStopped;
 
@@ -503,7 +751,6 @@ int run_run(const RunOpts& o) {
       client.cancel(sub.job);  // no daemon will serve it
       return kExitFailed;
     }
-
     // 4. ringd.
     std::vector<std::string> argv{ringd,       "--spec", spec_path,
                                   "--job-dir", job_dir,  "--coord",
@@ -512,206 +759,9 @@ int run_run(const RunOpts& o) {
     if (o.steps) argv.insert(argv.end(), {"--steps", std::to_string(*o.steps)});
     if (o.resume) argv.push_back("--resume");
     if (o.threads) argv.insert(argv.end(), {"--threads", std::to_string(*o.threads)});
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
-      throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-    std::string err_log = job_dir + "/logs/ringd-run.stderr";
-    int err_fd =
-        ::open(err_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
-    // ringd --json logs to <job-dir>/logs/ringd-0.log only (its stderr carries fatal errors):
-    // read what it appends to show it with --verbose and its last lines when it fails.
-    LogFollower ringd_log(job_dir + "/logs/ringd-0.log");
-    auto t0 = std::chrono::steady_clock::now();
-    pid_t pid = spawn(argv, out[1], err[1]);
-    ::close(out[1]);
-    ::close(err[1]);
-
-    Display disp(stdout_is_tty(), total);
-    std::deque<std::string> err_tail;
-    std::string out_buf, err_buf;
-    int forwarded = 0, term_forwarded = 0;
-    std::chrono::steady_clock::time_point first_forward;
-    bool out_open = true, err_open = true;
-    std::string last_ckpt, gen_output;
-    auto handle_line = [&](const std::string& l) {
-      nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
-      if (j.is_object() && j.contains("event")) {
-        if (j["event"] == "checkpoint_saved" && j.contains("step")) last_ckpt = j["step"].dump();
-        if (j["event"] == "generate_started" && j.contains("output") && j["output"].is_string())
-          gen_output = j["output"].get<std::string>();
-        disp.line(describe_event(j));
-      } else if (j.is_object() && j.contains("step")) {
-        disp.step(j);
-      } else if (!l.empty()) {
-        disp.line(l);
-      }
-    };
-    auto handle_err = [&](const std::string& l) {
-      if (err_fd >= 0) {
-        std::string line = l + "\n";
-        ssize_t w = ::write(err_fd, line.data(), line.size());
-        (void)w;
-      }
-      err_tail.push_back(l);
-      if (err_tail.size() > 20) err_tail.pop_front();
-      if (o.verbose) disp.line(paint("ringd: ", "2") + l);
-    };
-    auto pump = [&](int fd, std::string& buf, bool& open, auto& on_line) {
-      char chunk[65536];
-      ssize_t n = ::read(fd, chunk, sizeof chunk);
-      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
-        if (!buf.empty()) on_line(buf);
-        buf.clear();
-        open = false;
-        return;
-      }
-      if (n < 0) return;
-      buf.append(chunk, static_cast<size_t>(n));
-      size_t pos;
-      while ((pos = buf.find('\n')) != std::string::npos) {
-        on_line(buf.substr(0, pos));
-        buf.erase(0, pos + 1);
-      }
-    };
-    while (out_open || err_open) {
-      // 5. Signals.
-      // ringd takes a stop signal repeated within 1 s for the same one (Slurm delivers its
-      // SIGTERM twice): a second Ctrl-C is passed on once 1.2 s have gone since the first.
-      int si = g_sigint.load();
-      const auto now = std::chrono::steady_clock::now();
-      if (si > forwarded &&
-          (forwarded == 0 || now - first_forward > std::chrono::milliseconds(1200))) {
-        if (forwarded == 0) first_forward = now;
-        si = forwarded + 1;
-        forwarded = si;
-        if (si == 1) {
-          disp.line(generate ? "stopping: ringd stops the generation (nothing is written)"
-                             : "stopping: ringd writes a checkpoint and stops (Ctrl-C again to "
-                               "stop at once)");
-          ::kill(pid, SIGINT);
-        } else if (si == 2) {
-          disp.line("stopping at once (no checkpoint; Ctrl-C again to kill ringd)");
-          ::kill(pid, SIGINT);
-        } else {
-          disp.line("killing ringd");
-          ::kill(-pid, SIGKILL);
-        }
-      }
-      int stt = g_sigterm.load();
-      if (stt > term_forwarded) {
-        term_forwarded = stt;
-        ::kill(pid, SIGTERM);
-      }
-      pollfd p[2] = {{out_open ? out[0] : -1, POLLIN, 0}, {err_open ? err[0] : -1, POLLIN, 0}};
-      int n = ::poll(p, 2, 200);
-      ringd_log.poll([&](const std::string& l) {
-        if (o.verbose) disp.line(paint("ringd: ", "2") + l);
-      });
-      if (n < 0) continue;  // EINTR: a signal, handled above
-      if (p[0].revents) pump(out[0], out_buf, out_open, handle_line);
-      if (p[1].revents) pump(err[0], err_buf, err_open, handle_err);
-    }
-    ::close(out[0]);
-    ::close(err[0]);
-    if (err_fd >= 0) ::close(err_fd);
-    int st = -1;
-    while (st < 0) {
-      st = wait_child(pid, 0.5);
-      if (st < 0 && g_sigint.load() > 2) ::kill(-pid, SIGKILL);
-    }
-    ringd_log.poll([&](const std::string& l) {
-      if (o.verbose) disp.line(paint("ringd: ", "2") + l);
-    });
-    disp.finish();
-    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-    // 6. Summary. The coordinator gets ringd's last reports before ringd exits; give it a moment
-    // to show the final state.
-    protocol::JobInfo info;
-    bool have_info = false;
-    for (int i = 0; i < 20; ++i) {
-      try {
-        info = client.status(sub.job);
-        have_info = true;
-      } catch (const coord::ClientError&) {
-        break;
-      }
-      if (info.state == "completed" || info.state == "failed" || info.state == "cancelled" ||
-          info.state == "stopped")
-        break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    // No daemon serves the job any more: a job left in a live state would wait forever.
-    if (have_info && info.state != "completed" && info.state != "failed" &&
-        info.state != "cancelled" && info.state != "stopped") {
-      try {
-        client.cancel(sub.job);
-        info = client.status(sub.job);
-      } catch (const coord::ClientError&) {
-      }
-    }
-    const auto& pr = disp.progress();
-    std::string set_args;  // shell-quoted, to paste
-    for (const auto& a : o.set.args) {
-      std::string q;
-      for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-      set_args += " --set '" + q + "'";
-    }
-    std::ostringstream sum;
-    const int rc = from_ringd_status(st);
-    // A generate job stopped early has nothing to resume from.
-    const std::string outcome =
-        generate && rc == kExitStopped ? std::string("stopped") : describe_ringd_status(st);
-    sum << "job " << sub.job << " (" << sub.name << ") " << outcome << " after "
-        << format_duration(wall);
-    if (generate) {
-      sum << (rc == kExitOk ? ": generated" : ": generation did not finish");
-    } else if (pr.n > 0) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, ": steps %lld-%lld of %lld, final loss %.4f, mean %s tok/s",
-                    static_cast<long long>(pr.first_step), static_cast<long long>(pr.step),
-                    static_cast<long long>(total), pr.loss,
-                    format_rate(pr.tps_sum / static_cast<double>(pr.n)).c_str());
-      sum << buf;
-    } else {
-      sum << ": no step finished";
-    }
-    sum << "\n";
-    if (have_info)
-      sum << "  coordinator: " << info.state
-          << (info.state_reason.empty() ? "" : " (" + info.state_reason + ")") << "\n";
-    std::string ckpt_dir = have_info ? info.checkpoint_dir : "";
-    if (!ckpt_dir.empty())
-      sum << "  checkpoints: " << ckpt_dir
-          << (have_info && info.last_checkpoint_step
-                  ? " (latest complete: step " + std::to_string(*info.last_checkpoint_step) + ")"
-                  : (!last_ckpt.empty() ? " (last saved: step " + last_ckpt + ")" : ""))
-          << "\n";
-    if (generate && rc == kExitOk && !gen_output.empty()) sum << "  output: " << gen_output << "\n";
-    sum << "  logs: " << job_dir << "/logs (ringctl logs " << sub.job << ")\n";
-    if (rc == kExitStopped && generate)
-      sum << "  generation is not resumable: run it again with: ringctl run " << o.spec << "\n";
-    else if (rc == kExitStopped)
-      sum << "  resume with: ringctl run " << o.spec << " --resume"
-          << (job_dir == jobdir::default_job_dir(spec.job.name, ::geteuid())
-                  ? ""
-                  : " --job-dir " + job_dir)
-          << (o.steps ? " --steps " + std::to_string(*o.steps) : "") << set_args << "\n";
-    std::cout << sum.str() << std::flush;
-    // Failed: what ringd said last, from its log (the cause: "cannot open .../worker-0.log:
-    // Permission denied", "restart.max_restarts exhausted") and from its stderr.
-    // (Not after a cancel: ringd did what it was asked, its log is no error.)
-    if (rc != kExitOk && rc != kExitStopped && rc != kExitCancelled) {
-      if (!ringd_log.tail().empty() && !o.verbose) {
-        std::cerr << "last lines of ringd's log (" << ringd_log.path() << "):\n";
-        for (const auto& l : ringd_log.tail()) std::cerr << "  | " << l << "\n";
-      }
-      if (!err_tail.empty() && !o.verbose) {
-        std::cerr << "last lines of ringd's stderr (" << err_log << "):\n";
-        for (const auto& l : err_tail) std::cerr << "  | " << l << "\n";
-      }
-    }
-    return rc;
+    const RingdRun run = run_ringd(o, argv, job_dir, generate, total);
+    print_summary(o, spec, sub, job_dir, total, run, final_job_info(client, sub.job));
+    return from_ringd_status(run.status);
   });
 }
 
