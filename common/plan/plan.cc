@@ -186,23 +186,44 @@ double shm_bytes(int64_t n, int64_t workers) {
 namespace {
 
 // The plan of `s` with parallel.shard = `mode` (the spec's own, or another for the comparison).
-Plan plan_for(const JobSpec& s, ShardMode mode) {
-  Plan p;
-  const auto& m = s.model;
-  const double d = static_cast<double>(m.d_model);
-  const double H = static_cast<double>(m.heads);
-  const double K = static_cast<double>(s.resolved.kv_heads);
-  const double hd = static_cast<double>(s.resolved.head_dim);
-  const double h = static_cast<double>(s.resolved.mlp_hidden);
-  const double L = static_cast<double>(m.layers);
-  const double V = static_cast<double>(m.vocab);
-  const int64_t P = s.parallel.context_ranks;
-  const double b = spec::dtype_bytes(m.dtype);
+namespace {
+
+// plan_for in parts: the spec's shapes, the flat layout and the shard mode worked out once
+// (members, named as in the formulas of docs/planning.md), then each part of the plan.
+struct PlanBuilder {
+  PlanBuilder(const JobSpec& spec, ShardMode shard_mode, Plan& plan);
+  void worker_memory();  // per worker: buffers, activations, ring buffers
+  void ringd_memory();   // per node (offload cpu): ringd's optimizer and exchange, the shm segment
+  void host_totals();
+  void communication();  // per step: the ring, the gradient exchange, shard full's transfers
+  void fit();
+
+  const JobSpec& s;
+  const spec::ModelSection& m;
+  ShardMode mode;
+  Plan& p;
+  FlatLayout flat;
+  double d = 0, H = 0, K = 0, hd = 0, h = 0, L = 0, V = 0, b = 0, T = 0, N = 0, Pn = 0, n = 0, R = 0, S = 0, B = 0, kv_block = 0, dkv_block = 0, nodes = 0, wpn = 0;
+  int64_t P = 0, nodes_i = 0, wpn_i = 0, G = 0;
+  bool full = false, offload = false, topk = false, ef = false, at_owner = false, host_backend = false;
+};
+
+PlanBuilder::PlanBuilder(const JobSpec& spec, ShardMode shard_mode, Plan& plan)
+    : s(spec), m(spec.model), mode(shard_mode), p(plan) {
+  d = static_cast<double>(m.d_model);
+  H = static_cast<double>(m.heads);
+  K = static_cast<double>(s.resolved.kv_heads);
+  hd = static_cast<double>(s.resolved.head_dim);
+  h = static_cast<double>(s.resolved.mlp_hidden);
+  L = static_cast<double>(m.layers);
+  V = static_cast<double>(m.vocab);
+  P = s.parallel.context_ranks;
+  b = spec::dtype_bytes(m.dtype);
   p.storage_bytes = spec::dtype_bytes(m.dtype);
   p.ranks = P;
   p.tokens_per_rank = s.data.seq_len / P;
-  const double T = static_cast<double>(p.tokens_per_rank);
-  const double N = static_cast<double>(s.data.seq_len);
+  T = static_cast<double>(p.tokens_per_rank);
+  N = static_cast<double>(s.data.seq_len);
 
   // ---- parameters
   const double mlp_params = (m.mlp == MlpKind::kSwiGLU ? 3.0 : 2.0) * d * h;
@@ -210,13 +231,13 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   p.params_per_layer = static_cast<int64_t>(attn_params + mlp_params + 2.0 * d);
   p.params_embedding = static_cast<int64_t>(V * d * (m.tie_embeddings ? 1.0 : 2.0));
   p.params = p.params_embedding + m.layers * p.params_per_layer + m.d_model;
-  const double Pn = static_cast<double>(p.params);
+  Pn = static_cast<double>(p.params);
 
   // ---- the flat layout every buffer below is a copy of, and its division over the nodes
-  const FlatLayout flat = flat_layout(s);
-  const int64_t nodes_i = std::max<int64_t>(s.resources.nodes, 1);
-  const int64_t wpn_i = std::max<int64_t>(s.resources.workers_per_node, 1);
-  const int64_t G = nodes_i * wpn_i;
+  flat = flat_layout(s);
+  nodes_i = std::max<int64_t>(s.resources.nodes, 1);
+  wpn_i = std::max<int64_t>(s.resources.workers_per_node, 1);
+  G = nodes_i * wpn_i;
   p.shard = mode;
   p.flat_floats = flat.elements;
   p.largest_bucket = flat.largest_bucket;
@@ -233,17 +254,17 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   } else {
     p.worker_shard = flat.elements;
   }
-  const double n = static_cast<double>(flat.elements);
-  const double R = static_cast<double>(p.largest_range);
-  const double S = static_cast<double>(p.worker_shard);
-  const double B = static_cast<double>(flat.largest_bucket);
-  const bool full = mode == ShardMode::kFull;
-  const bool offload = s.optimizer.offload == Offload::kCpu;
-  const bool topk = s.optimizer.compression == Compression::kTopk;
-  const bool ef = topk && s.optimizer.error_feedback;
+  n = static_cast<double>(flat.elements);
+  R = static_cast<double>(p.largest_range);
+  S = static_cast<double>(p.worker_shard);
+  B = static_cast<double>(flat.largest_bucket);
+  full = mode == ShardMode::kFull;
+  offload = s.optimizer.offload == Offload::kCpu;
+  topk = s.optimizer.compression == Compression::kTopk;
+  ef = topk && s.optimizer.error_feedback;
   // Where top-k selects (docs/architecture.md): at each range's owner from the nodes' summed
   // gradient (compress_at owner; shard full always), or at each sender.
-  const bool at_owner = topk && (full || s.optimizer.compress_at == spec::CompressAt::kOwner);
+  at_owner = topk && (full || s.optimizer.compress_at == spec::CompressAt::kOwner);
   p.topk_at_owner = at_owner;
   // The owners' ranges whatever the shard mode (shard none's owner-side top-k uses them too).
   int64_t owner_range = flat.elements;
@@ -252,8 +273,17 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     owner_range = *std::max_element(ranges.begin(), ranges.end());
   }
   if (ef) p.residual_floats = at_owner ? owner_range : flat.elements;
-  const bool host_backend = s.resources.backend == Backend::kCpu;
+  host_backend = s.resources.backend == Backend::kCpu;
 
+  // One K/V block of the ring (storage dtype) and one dK/dV accumulator (fp32).
+  kv_block = 2.0 * T * K * hd * b;
+  dkv_block = 2.0 * T * K * hd * 4.0;
+  p.topk_k = static_cast<int64_t>(std::ceil(s.optimizer.density * Pn));
+  nodes = static_cast<double>(nodes_i);
+  wpn = static_cast<double>(wpn_i);
+}
+
+void PlanBuilder::worker_memory() {
   // ---- activations saved for backward, per layer per local token (storage dtype, lse fp32):
   // layer input and attention residual (2d), both norm outputs (2d), q and attention output
   // (2 H hd), k and v (2 K hd), MLP intermediates (swiglu: gate, up, product = 3h; gelu: 2h),
@@ -324,8 +354,6 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
                            : "layers x T x (b (4d + 2H hd + 2K hd + mlp) + 4H + 8)"});
   // Ring buffers at the peak (backward): K/V block in flight and in use (2 x 2 T K hd b) plus
   // the travelling dK/dV accumulators, double-buffered, and the local ones (3 x 2 T K hd 4).
-  const double kv_block = 2.0 * T * K * hd * b;
-  const double dkv_block = 2.0 * T * K * hd * 4.0;
   if (P > 1)
     w.push_back({"ring buffers (K/V, dK/dV)", 2.0 * kv_block + 3.0 * dkv_block,
                  "2 x (2 T K hd b) + 3 x (2 T K hd 4)"});
@@ -349,10 +377,9 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
   p.worker_host_total = sum(wh);
   p.worker_total = sum(w);
 
-  // ---- per node host memory
-  p.topk_k = static_cast<int64_t>(std::ceil(s.optimizer.density * Pn));
-  const double nodes = static_cast<double>(nodes_i);
-  const double wpn = static_cast<double>(wpn_i);
+}
+
+void PlanBuilder::ringd_memory() {
   if (offload) {
     auto& r = p.host_ringd;
     const bool sharded = mode != ShardMode::kNone;
@@ -466,10 +493,13 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
                   wpn * a64(4.0 * static_cast<double>(slot)),
                   full ? "workers_per_node x 4 x shard" : "workers_per_node x 4 x n"});
   }
+}
+
+void PlanBuilder::host_totals() {
   if (host_backend)
     p.host_workers.push_back({fmt::format("workers ({} x worker total)", wpn_i),
                               wpn * p.worker_total, "workers_per_node x worker total"});
-  else if (!wh.empty())
+  else if (!p.worker_host.empty())
     p.host_workers.push_back({fmt::format("workers' host buffers ({} x {})", wpn_i,
                                           human_bytes(p.worker_host_total)),
                               wpn * p.worker_host_total, "workers_per_node x worker host total"});
@@ -480,6 +510,9 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     p.host.insert(p.host.end(), part->begin(), part->end());
   p.host_total = sum(p.host);
 
+}
+
+void PlanBuilder::communication() {
   // ---- communication per step, per rank
   p.ring_bytes_per_hop = kv_block;
   if (P > 1) {
@@ -519,6 +552,9 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     p.grad_sent_topk_per_node = 0;
   }
 
+}
+
+void PlanBuilder::fit() {
   // ---- fit
   p.host_capacity = s.resources.host_memory_gb * 1e9;
   p.fits_host = p.host_total <= p.host_capacity;
@@ -536,6 +572,18 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
     p.device_usable = p.host_capacity;
     p.fits_device = p.fits_host;  // workers are counted in host_total
   }
+}
+
+}  // namespace
+
+Plan plan_for(const JobSpec& s, ShardMode mode) {
+  Plan p;
+  PlanBuilder pb(s, mode, p);
+  pb.worker_memory();
+  pb.ringd_memory();
+  pb.host_totals();
+  pb.communication();
+  pb.fit();
   return p;
 }
 
