@@ -502,6 +502,371 @@ std::optional<HttpResponse> WebApp::refuse_unauthenticated(const HttpRequest& r)
   return resp;
 }
 
+namespace {
+
+// What a handler is given: the store, the export limits, the time, the request.
+struct RouteCtx {
+  Store& store;
+  const ExportLimits& limits;
+  double now;
+  const HttpRequest& r;
+};
+
+HttpResponse api_jobs(const RouteCtx& c) {
+  json out = json::array();
+  for (const auto& j : exported_jobs(c.store, c.limits, c.now))
+    out.push_back(job_json(c.store, j));
+  return json_reply(out);
+}
+
+HttpResponse api_nodes(const RouteCtx& c) {
+  json out = json::array();
+  for (const auto& n : exported_nodes(c.store, c.limits, c.now))
+    out.push_back({{"node", n.name},
+                   {"uid", n.uid},
+                   {"state", n.state},
+                   {"last_heartbeat", n.last_heartbeat},
+                   {"heartbeat_age_s", std::max(0.0, c.now - n.last_heartbeat)}});
+  return json_reply(out);
+}
+
+HttpResponse api_job(const RouteCtx& c, const JobRow* j) {
+  json out = job_json(c.store, *j);
+  json s = json::array();
+  for (const auto& f : current_stragglers(c.store, j->id))
+    s.push_back({{"rank", f.rank},
+                 {"node", f.node},
+                 {"source", f.source},
+                 {"event", event_json(f.event)}});
+  out["stragglers"] = s;
+  json hangs = json::array();
+  for (const auto& e : latest_events(c.store, j->id, {"hang"}, 5))
+    hangs.push_back(event_json(e));
+  out["hangs"] = hangs;
+  return json_reply(out);
+}
+
+HttpResponse api_job_steps(const RouteCtx& c, const JobRow* j) {
+  std::string bad;
+  auto from = int_param(c.r, "from_step", 0, int64_t{1} << 53, bad).value_or(0);
+  auto limit = int_param(c.r, "limit", 1, 100000, bad).value_or(10000);
+  if (!bad.empty()) return json_error(400, bad);
+  json out = json::array();
+  for (const auto& s : c.store.steps(j->id, from > 0 ? from - 1 : 0, limit))
+    out.push_back({{"step", s.step},
+                   {"attempt", s.attempt},
+                   {"node", s.node},
+                   {"loss", s.loss},
+                   {"tokens_per_s", s.tokens_per_s},
+                   {"step_time_s", s.step_time_s},
+                   {"comm_time_s", s.comm_time_s},
+                   {"time", s.time}});
+  return json_reply(out);
+}
+
+HttpResponse api_job_ranks(const RouteCtx& c, const JobRow* j) {
+  std::string bad;
+  auto step = int_param(c.r, "step", 0, int64_t{1} << 53, bad);
+  auto steps = int_param(c.r, "steps", 1, 1000, bad).value_or(1);
+  if (!bad.empty()) return json_error(400, bad);
+  auto rows = step ? rank_rows(c.store, j->id, *step - steps + 1, *step, 100000)
+                   : rank_window(c.store, j->id, steps);
+  json out = json::array();
+  for (const auto& x : rows) out.push_back(rank_json(x));
+  return json_reply(out);
+}
+
+HttpResponse api_job_events(const RouteCtx& c, const JobRow* j) {
+  std::string bad;
+  auto limit = int_param(c.r, "limit", 1, 10000, bad).value_or(100);
+  if (!bad.empty()) return json_error(400, bad);
+  json out = json::array();
+  for (const auto& e : recent_events(c.store, j->id, limit)) out.push_back(event_json(e));
+  return json_reply(out);
+}
+
+HttpResponse api_job_checkpoints(const RouteCtx& c, const JobRow* j) {
+  json out = json::array();
+  for (const auto& c : checkpoints(c.store, j->id, 100))
+    out.push_back({{"step", c.step},
+                   {"shards", c.shards},
+                   {"complete_shards", c.complete_shards},
+                   {"bytes", c.bytes},
+                   {"seconds", c.seconds ? json(*c.seconds) : json(nullptr)},
+                   {"created_at", c.created_at}});
+  return json_reply(out);
+}
+
+HttpResponse page_index(const RouteCtx& c) {
+  std::string b = "<h1>ringmaster jobs</h1>";
+  auto jobs = exported_jobs(c.store, c.limits, c.now);
+  if (jobs.empty())
+    b += "<p>No jobs that are live or finished in the last hour.</p>";
+  else {
+    b += "<table id=\"jobs\"><tr><th>job</th><th>name</th><th>owner</th><th>state</th>"
+         "<th>step</th><th>loss</th><th>tokens/s</th><th>Slurm job</th><th>restarts</th>"
+         "<th>findings</th><th>updated</th></tr>";
+    for (const auto& j : jobs) {
+      auto strag = current_stragglers(c.store, j.id);
+      std::string findings;
+      if (!strag.empty())
+        findings = std::to_string(strag.size()) + " straggler" + (strag.size() > 1 ? "s" : "");
+      b += "<tr data-job=\"" + std::to_string(j.id) + "\"><td><a href=\"/jobs/" +
+           std::to_string(j.id) + "\">" + std::to_string(j.id) + "</a></td><td>" + h(j.name) +
+           "</td><td>" + h(j.owner_user) + "</td><td class=\"state-" + to_string(j.state) +
+           "\">" + to_string(j.state) + "</td><td class=\"n\">" + std::to_string(j.last_step) +
+           "/" + std::to_string(j.total_steps) + "</td><td class=\"n\">" +
+           (j.last_loss ? num(*j.last_loss) : "-") + "</td><td class=\"n\">" +
+           (j.last_tokens_per_s ? rate(*j.last_tokens_per_s) : "-") + "</td><td>" +
+           h(j.slurm_job_id.empty() ? "-" : j.slurm_job_id) + "</td><td class=\"n\">" +
+           std::to_string(j.restarts) + "</td><td>" + findings + "</td><td>" +
+           when(j.updated_at) + "</td></tr>";
+    }
+    b += "</table>";
+  }
+  auto nodes = exported_nodes(c.store, c.limits, c.now);
+  if (!nodes.empty()) {
+    b += "<h2>Nodes</h2><table id=\"nodes\"><tr><th>node</th><th>state</th>"
+         "<th>heartbeat age</th></tr>";
+    for (const auto& n : nodes)
+      b += "<tr><td>" + h(n.name) + "</td><td>" + h(n.state) + "</td><td class=\"n\">" +
+           num(std::max(0.0, c.now - n.last_heartbeat), "%.1f") + " s</td></tr>";
+    b += "</table>";
+  }
+  return html("ringmaster jobs", b);
+}
+
+std::string job_findings_html(const RouteCtx& c, const JobRow* j) {
+  std::string b;
+  // Findings.
+  b += "<h2>Findings</h2><div id=\"findings\">";
+  auto strag = current_stragglers(c.store, j->id);
+  auto hangs = latest_events(c.store, j->id, {"hang"}, 3);
+  if (strag.empty() && hangs.empty()) b += "<p class=\"muted\">No straggler or hang.</p>";
+  for (const auto& f : strag)
+    b += "<div class=\"finding straggler\" data-rank=\"" + std::to_string(f.rank) +
+         "\" data-source=\"" + h(f.source) + "\"><b>Straggler: rank " + std::to_string(f.rank) +
+         " on " + h(f.node) + "</b>" + (f.source == "coordinator" ? " (across nodes)" : "") +
+         " — " + h(finding_text(f.event)) + " <span class=\"muted\">(" + when(f.event.time) +
+         ")</span></div>";
+  for (const auto& e : hangs) {
+    std::string missing;
+    if (auto m = e.data.find("missing"); m != e.data.end() && m->is_array()) missing = m->dump();
+    b += "<div class=\"finding hang\"><b>Hang at step " +
+         (e.data.contains("step") ? e.data["step"].dump() : std::string("?")) + "</b>" +
+         (missing.empty() ? "" : ", missing ranks " + h(missing)) + " — " + h(finding_text(e)) +
+         " <span class=\"muted\">(" + when(e.time) + ")</span>";
+    if (auto w = e.data.find("waiting"); w != e.data.end() && w->is_array() && !w->empty()) {
+      b += "<ul>";
+      size_t n = 0;
+      for (const auto& x : *w) {
+        if (++n > 16) break;
+        b += "<li>rank " + (x.contains("rank") ? x["rank"].dump() : std::string("?")) + ": " +
+             h(x.value("where", "")) + "</li>";
+      }
+      b += "</ul>";
+    }
+    b += "</div>";
+  }
+  b += "</div>";
+  return b;
+}
+
+std::string job_curves_html(const RouteCtx& c, const JobRow* j) {
+  std::string b;
+  // Curves: the last 5000 steps, at most 500 points each.
+  int64_t after = std::max<int64_t>(0, j->last_step - 5000);
+  auto series = thin(step_points(c.store, j->id, after + 1), 500);
+  std::vector<std::pair<double, double>> loss, tps;
+  for (const auto& p : series) {
+    loss.emplace_back(static_cast<double>(p.step), p.loss);
+    tps.emplace_back(static_cast<double>(p.step), p.tokens_per_s);
+  }
+  b += "<h2>Training</h2>" + line_chart("loss", "loss", loss) +
+       line_chart("tokens_per_s", "tokens/s", tps);
+  return b;
+}
+
+std::string job_ranks_html(const RouteCtx& c, const JobRow* j) {
+  std::string b;
+  // Per-rank step time over the window, and the phases of the latest step.
+  auto window = rank_window(c.store, j->id, c.limits.window_steps);
+  auto sums = summarize_ranks(window, c.limits.max_ranks);
+  b += "<h2>Ranks</h2>";
+  if (sums.empty()) {
+    b += "<p class=\"muted\">No per-rank timings recorded.</p>";
+  } else {
+    double maxt = 0;
+    for (const auto& s : sums) maxt = std::max(maxt, s.p90);
+    if (maxt <= 0) maxt = 1;
+    const double rowh = 16;
+    double H = 20 + rowh * static_cast<double>(sums.size());
+    b += "<figure class=\"chart\"><figcaption>step time per rank, median and p90 over the last " +
+         std::to_string(c.limits.window_steps) +
+         " steps (s)</figcaption><svg id=\"rank_step_time\" xmlns=\"http://www.w3.org/2000/svg\" "
+         "width=\"640\" height=\"" +
+         num(H, "%.0f") + "\">";
+    double y = 10;
+    for (const auto& s : sums) {
+      std::string label = s.rank < 0 ? "other (" + std::to_string(s.folded_ranks) + ")"
+                                     : "rank " + std::to_string(s.rank);
+      double w50 = s.p50 / maxt * 440, w90 = s.p90 / maxt * 440;
+      b += "<text x=\"0\" y=\"" + num(y + 11) + "\">" + h(label) + "</text>";
+      b += "<rect class=\"bar\" data-rank=\"" + rank_label_text(s) + "\" x=\"110\" y=\"" +
+           num(y + 2) + "\" width=\"" + num(w50, "%.1f") + "\" height=\"11\"><title>median " +
+           num(s.p50) + " s, p90 " + num(s.p90) + " s</title></rect>";
+      b += "<line x1=\"" + num(110 + w90, "%.1f") + "\" x2=\"" + num(110 + w90, "%.1f") +
+           "\" y1=\"" + num(y + 1) + "\" y2=\"" + num(y + 14) + "\" stroke=\"#b00020\"/>";
+      b += "<text x=\"" + num(560) + "\" y=\"" + num(y + 11) + "\">" + num(s.p50, "%.4g") +
+           " s</text>";
+      y += rowh;
+    }
+    b += "</svg></figure>";
+    // The latest step's phases per rank (stacked bars), and hop bandwidth.
+    int64_t last_step = window.back().step;
+    std::vector<proto::RankStepRecord> latest;
+    for (const auto& x : window)
+      if (x.step == last_step && static_cast<size_t>(x.rank.rank) < c.limits.max_ranks)
+        latest.push_back(x);
+    double maxs = 0;
+    for (const auto& x : latest)
+      maxs = std::max(maxs, x.rank.data_s + x.rank.compute_s + x.rank.wait_s + x.rank.comm_s);
+    if (maxs <= 0) maxs = 1;
+    H = 30 + rowh * static_cast<double>(latest.size());
+    b += "<figure class=\"chart\"><figcaption>step " + std::to_string(last_step) +
+         ": phases per rank (data, compute, wait, comm)</figcaption><svg id=\"phases\" "
+         "xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"" +
+         num(H, "%.0f") + "\">";
+    y = 10;
+    for (const auto& x : latest) {
+      b += "<text x=\"0\" y=\"" + num(y + 11) + "\">rank " + std::to_string(x.rank.rank) +
+           "</text>";
+      double xx = 70;
+      for (auto [name, v] : {std::pair{"data", x.rank.data_s},
+                             {"compute", x.rank.compute_s},
+                             {"wait", x.rank.wait_s},
+                             {"comm", x.rank.comm_s}}) {
+        double w = v / maxs * 420;
+        b += "<rect class=\"ph-" + std::string(name) + "\" x=\"" + num(xx, "%.1f") + "\" y=\"" +
+             num(y + 2) + "\" width=\"" + num(w, "%.1f") + "\" height=\"11\"><title>rank " +
+             std::to_string(x.rank.rank) + " " + name + " " + num(v) + " s</title></rect>";
+        xx += w;
+      }
+      std::string bw = x.rank.comm_s > 0
+                           ? rate(static_cast<double>(x.rank.hop_bytes) / x.rank.comm_s) + "B/s"
+                           : "-";
+      b += "<text x=\"500\" y=\"" + num(y + 11) + "\">" + num(x.rank.step_time_s, "%.4g") +
+           " s · " + bw + "</text>";
+      y += rowh;
+    }
+    b += "<text x=\"70\" y=\"" + num(y + 14) +
+         "\"><tspan class=\"ph-data\">■</tspan> data <tspan class=\"ph-compute\">■</tspan> "
+         "compute <tspan class=\"ph-wait\">■</tspan> wait <tspan class=\"ph-comm\">■</tspan> "
+         "comm</text></svg></figure>";
+    b += "<table id=\"ranks\"><tr><th>rank</th><th>node</th><th>median s</th><th>p90 s</th>"
+         "<th>p99 s</th><th>wait s</th><th>hop bandwidth</th></tr>";
+    for (const auto& s : sums)
+      b += "<tr><td>" + rank_label_text(s) + "</td><td>" + h(s.node) + "</td><td class=\"n\">" +
+           num(s.p50, "%.4g") + "</td><td class=\"n\">" + num(s.p90, "%.4g") +
+           "</td><td class=\"n\">" + num(s.p99, "%.4g") + "</td><td class=\"n\">" +
+           num(s.mean_wait_s, "%.4g") + "</td><td class=\"n\">" +
+           (s.comm_s > 0 ? rate(static_cast<double>(s.hop_bytes) / s.comm_s) + "B/s" : "-") +
+           "</td></tr>";
+    b += "</table>";
+  }
+  return b;
+}
+
+std::string job_checkpoints_html(const RouteCtx& c, const JobRow* j) {
+  std::string b;
+  // Checkpoints.
+  auto ck = checkpoints(c.store, j->id, 20);
+  b += "<h2>Checkpoints</h2>";
+  if (ck.empty())
+    b += "<p class=\"muted\">None recorded.</p>";
+  else {
+    b += "<table id=\"checkpoints\"><tr><th>step</th><th>shards</th><th>size</th>"
+         "<th>write s</th><th>created</th></tr>";
+    for (const auto& c : ck)
+      b += "<tr><td class=\"n\">" + std::to_string(c.step) + "</td><td class=\"n\">" +
+           std::to_string(c.complete_shards) + "/" + std::to_string(c.shards) +
+           (c.complete_shards == c.shards ? "" : " (incomplete)") + "</td><td class=\"n\">" +
+           bytes_text(static_cast<double>(c.bytes)) + "</td><td class=\"n\">" +
+           (c.seconds ? num(*c.seconds, "%.3f") : std::string("-")) + "</td><td>" +
+           when(c.created_at) + "</td></tr>";
+    b += "</table>";
+  }
+  return b;
+}
+
+std::string job_events_html(const RouteCtx& c, const JobRow* j) {
+  std::string b;
+  // Events.
+  b += "<h2>Events</h2><table id=\"events\"><tr><th>time</th><th>attempt</th><th>node</th>"
+       "<th>kind</th><th>data</th></tr>";
+  for (const auto& e : recent_events(c.store, j->id, 50))
+    b += "<tr><td>" + when(e.time) + "</td><td class=\"n\">" + std::to_string(e.attempt) +
+         "</td><td>" + h(e.node) + "</td><td>" + h(e.kind) + "</td><td><code>" +
+         h(e.data.dump(-1, ' ', false, json::error_handler_t::replace)) + "</code></td></tr>";
+  b += "</table>";  return b;
+}
+
+HttpResponse page_job(const RouteCtx& c, const JobRow* j) {
+  const std::string jid = std::to_string(j->id);
+  std::string b =
+      "<h1 id=\"job\" data-job=\"" + jid + "\">Job " + jid + ": " + h(j->name) + "</h1>";
+  b += std::string("<p>State <b class=\"state-") + to_string(j->state) + "\">" +
+       to_string(j->state) + "</b>" +
+       (j->state_reason.empty() ? "" : " (" + h(j->state_reason) + ")") + " · owner " +
+       h(j->owner_user) + " · attempt " + std::to_string(j->attempt) + " · restarts " +
+       std::to_string(j->restarts) + "/" + std::to_string(j->max_restarts) + " · step " +
+       std::to_string(j->last_step) + "/" + std::to_string(j->total_steps) +
+       (j->slurm_job_id.empty() ? "" : " · Slurm job " + h(j->slurm_job_id)) + "</p>";
+  b += job_findings_html(c, j) + job_curves_html(c, j) + job_ranks_html(c, j) +
+       job_checkpoints_html(c, j) + job_events_html(c, j);
+  return html("job " + jid + ": " + j->name, b);
+}
+
+// Every path served, one a line: a pattern whose "{job}" segment is a job id (resolved before
+// the handler runs: 404 when it is not one or no such job exists), and its handler.
+struct Route {
+  const char* pattern;
+  HttpResponse (*plain)(const RouteCtx&) = nullptr;
+  HttpResponse (*of_job)(const RouteCtx&, const JobRow*) = nullptr;
+};
+const Route kRoutes[] = {
+    {"/", page_index},
+    {"/jobs/{job}", nullptr, page_job},
+    {"/api/jobs", api_jobs},
+    {"/api/nodes", api_nodes},
+    {"/api/jobs/{job}", nullptr, api_job},
+    {"/api/jobs/{job}/steps", nullptr, api_job_steps},
+    {"/api/jobs/{job}/ranks", nullptr, api_job_ranks},
+    {"/api/jobs/{job}/events", nullptr, api_job_events},
+    {"/api/jobs/{job}/checkpoints", nullptr, api_job_checkpoints},
+};
+
+// The route of `seg` and the text of its "{job}" segment ("" when it has none).
+const Route* find_route(const std::vector<std::string>& seg, std::string* job_text) {
+  for (const Route& rt : kRoutes) {
+    const auto want = segments(rt.pattern);
+    if (want.size() != seg.size()) continue;
+    bool match = true;
+    std::string job;
+    for (size_t i = 0; i < want.size() && match; ++i) {
+      if (want[i] == "{job}") job = seg[i];
+      else match = want[i] == seg[i];
+    }
+    if (match) {
+      *job_text = job;
+      return &rt;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 HttpResponse WebApp::route(const HttpRequest& r) {
   // DNS rebinding: a browser on another site's page sends that site's name as the Host.
   if (!host_allowed(r.host))
@@ -517,312 +882,25 @@ HttpResponse WebApp::route(const HttpRequest& r) {
   if (is_login) return login(r);
   if (auto refused = refuse_unauthenticated(r)) return *refused;
 
-  const double now = now_unix();
+  const RouteCtx c{store(), o_.limits, now_unix(), r};
   if (r.path == "/metrics")
-    return {200, kPrometheusContentType, render_metrics(store(), o_.limits, now), {}};
-
-  auto seg = segments(r.path);
-  std::string bad;
-
-  // ---- JSON API
-  if (!seg.empty() && seg[0] == "api") {
-    if (seg.size() == 2 && seg[1] == "jobs") {
-      json out = json::array();
-      for (const auto& j : exported_jobs(store(), o_.limits, now))
-        out.push_back(job_json(store(), j));
-      return json_reply(out);
-    }
-    if (seg.size() == 2 && seg[1] == "nodes") {
-      json out = json::array();
-      for (const auto& n : exported_nodes(store(), o_.limits, now))
-        out.push_back({{"node", n.name},
-                       {"uid", n.uid},
-                       {"state", n.state},
-                       {"last_heartbeat", n.last_heartbeat},
-                       {"heartbeat_age_s", std::max(0.0, now - n.last_heartbeat)}});
-      return json_reply(out);
-    }
-    if (seg.size() >= 3 && seg[1] == "jobs") {
-      auto id = job_id_of(seg[2]);
-      if (!id) return json_error(404, "'" + seg[2] + "' is not a job id");
-      auto j = store().job(*id);
-      if (!j) return json_error(404, "job " + seg[2] + " does not exist");
-      if (seg.size() == 3) {
-        json out = job_json(store(), *j);
-        json s = json::array();
-        for (const auto& f : current_stragglers(store(), j->id))
-          s.push_back({{"rank", f.rank},
-                       {"node", f.node},
-                       {"source", f.source},
-                       {"event", event_json(f.event)}});
-        out["stragglers"] = s;
-        json hangs = json::array();
-        for (const auto& e : latest_events(store(), j->id, {"hang"}, 5))
-          hangs.push_back(event_json(e));
-        out["hangs"] = hangs;
-        return json_reply(out);
-      }
-      if (seg.size() == 4 && seg[3] == "steps") {
-        auto from = int_param(r, "from_step", 0, int64_t{1} << 53, bad).value_or(0);
-        auto limit = int_param(r, "limit", 1, 100000, bad).value_or(10000);
-        if (!bad.empty()) return json_error(400, bad);
-        json out = json::array();
-        for (const auto& s : store().steps(j->id, from > 0 ? from - 1 : 0, limit))
-          out.push_back({{"step", s.step},
-                         {"attempt", s.attempt},
-                         {"node", s.node},
-                         {"loss", s.loss},
-                         {"tokens_per_s", s.tokens_per_s},
-                         {"step_time_s", s.step_time_s},
-                         {"comm_time_s", s.comm_time_s},
-                         {"time", s.time}});
-        return json_reply(out);
-      }
-      if (seg.size() == 4 && seg[3] == "ranks") {
-        auto step = int_param(r, "step", 0, int64_t{1} << 53, bad);
-        auto steps = int_param(r, "steps", 1, 1000, bad).value_or(1);
-        if (!bad.empty()) return json_error(400, bad);
-        auto rows = step ? rank_rows(store(), j->id, *step - steps + 1, *step, 100000)
-                         : rank_window(store(), j->id, steps);
-        json out = json::array();
-        for (const auto& x : rows) out.push_back(rank_json(x));
-        return json_reply(out);
-      }
-      if (seg.size() == 4 && seg[3] == "events") {
-        auto limit = int_param(r, "limit", 1, 10000, bad).value_or(100);
-        if (!bad.empty()) return json_error(400, bad);
-        json out = json::array();
-        for (const auto& e : recent_events(store(), j->id, limit)) out.push_back(event_json(e));
-        return json_reply(out);
-      }
-      if (seg.size() == 4 && seg[3] == "checkpoints") {
-        json out = json::array();
-        for (const auto& c : checkpoints(store(), j->id, 100))
-          out.push_back({{"step", c.step},
-                         {"shards", c.shards},
-                         {"complete_shards", c.complete_shards},
-                         {"bytes", c.bytes},
-                         {"seconds", c.seconds ? json(*c.seconds) : json(nullptr)},
-                         {"created_at", c.created_at}});
-        return json_reply(out);
-      }
-    }
-    return json_error(404, "no such API path: " + r.path);
+    return {200, kPrometheusContentType, render_metrics(c.store, c.limits, c.now), {}};
+  const auto seg = segments(r.path);
+  const bool api = !seg.empty() && seg[0] == "api";
+  std::string job_text;
+  const Route* rt = find_route(seg, &job_text);
+  if (!rt)
+    return api ? json_error(404, "no such API path: " + r.path)
+               : html("not found", "<h1>Not found</h1>", 404);
+  if (rt->plain) return rt->plain(c);
+  auto id = job_id_of(job_text);
+  std::optional<JobRow> j = id ? c.store.job(*id) : std::nullopt;
+  if (!j) {
+    if (!api) return html("not found", "<h1>No job " + h(job_text) + "</h1>", 404);
+    return json_error(404, id ? "job " + job_text + " does not exist"
+                              : "'" + job_text + "' is not a job id");
   }
-
-  // ---- dashboard
-  if (r.path == "/") {
-    std::string b = "<h1>ringmaster jobs</h1>";
-    auto jobs = exported_jobs(store(), o_.limits, now);
-    if (jobs.empty())
-      b += "<p>No jobs that are live or finished in the last hour.</p>";
-    else {
-      b += "<table id=\"jobs\"><tr><th>job</th><th>name</th><th>owner</th><th>state</th>"
-           "<th>step</th><th>loss</th><th>tokens/s</th><th>Slurm job</th><th>restarts</th>"
-           "<th>findings</th><th>updated</th></tr>";
-      for (const auto& j : jobs) {
-        auto strag = current_stragglers(store(), j.id);
-        std::string findings;
-        if (!strag.empty())
-          findings = std::to_string(strag.size()) + " straggler" + (strag.size() > 1 ? "s" : "");
-        b += "<tr data-job=\"" + std::to_string(j.id) + "\"><td><a href=\"/jobs/" +
-             std::to_string(j.id) + "\">" + std::to_string(j.id) + "</a></td><td>" + h(j.name) +
-             "</td><td>" + h(j.owner_user) + "</td><td class=\"state-" + to_string(j.state) +
-             "\">" + to_string(j.state) + "</td><td class=\"n\">" + std::to_string(j.last_step) +
-             "/" + std::to_string(j.total_steps) + "</td><td class=\"n\">" +
-             (j.last_loss ? num(*j.last_loss) : "-") + "</td><td class=\"n\">" +
-             (j.last_tokens_per_s ? rate(*j.last_tokens_per_s) : "-") + "</td><td>" +
-             h(j.slurm_job_id.empty() ? "-" : j.slurm_job_id) + "</td><td class=\"n\">" +
-             std::to_string(j.restarts) + "</td><td>" + findings + "</td><td>" +
-             when(j.updated_at) + "</td></tr>";
-      }
-      b += "</table>";
-    }
-    auto nodes = exported_nodes(store(), o_.limits, now);
-    if (!nodes.empty()) {
-      b += "<h2>Nodes</h2><table id=\"nodes\"><tr><th>node</th><th>state</th>"
-           "<th>heartbeat age</th></tr>";
-      for (const auto& n : nodes)
-        b += "<tr><td>" + h(n.name) + "</td><td>" + h(n.state) + "</td><td class=\"n\">" +
-             num(std::max(0.0, now - n.last_heartbeat), "%.1f") + " s</td></tr>";
-      b += "</table>";
-    }
-    return html("ringmaster jobs", b);
-  }
-
-  if (seg.size() == 2 && seg[0] == "jobs") {
-    auto id = job_id_of(seg[1]);
-    auto j = id ? store().job(*id) : std::nullopt;
-    if (!j) return html("not found", "<h1>No job " + h(seg[1]) + "</h1>", 404);
-    const std::string jid = std::to_string(j->id);
-    std::string b =
-        "<h1 id=\"job\" data-job=\"" + jid + "\">Job " + jid + ": " + h(j->name) + "</h1>";
-    b += std::string("<p>State <b class=\"state-") + to_string(j->state) + "\">" +
-         to_string(j->state) + "</b>" +
-         (j->state_reason.empty() ? "" : " (" + h(j->state_reason) + ")") + " · owner " +
-         h(j->owner_user) + " · attempt " + std::to_string(j->attempt) + " · restarts " +
-         std::to_string(j->restarts) + "/" + std::to_string(j->max_restarts) + " · step " +
-         std::to_string(j->last_step) + "/" + std::to_string(j->total_steps) +
-         (j->slurm_job_id.empty() ? "" : " · Slurm job " + h(j->slurm_job_id)) + "</p>";
-
-    // Findings.
-    b += "<h2>Findings</h2><div id=\"findings\">";
-    auto strag = current_stragglers(store(), j->id);
-    auto hangs = latest_events(store(), j->id, {"hang"}, 3);
-    if (strag.empty() && hangs.empty()) b += "<p class=\"muted\">No straggler or hang.</p>";
-    for (const auto& f : strag)
-      b += "<div class=\"finding straggler\" data-rank=\"" + std::to_string(f.rank) +
-           "\" data-source=\"" + h(f.source) + "\"><b>Straggler: rank " + std::to_string(f.rank) +
-           " on " + h(f.node) + "</b>" + (f.source == "coordinator" ? " (across nodes)" : "") +
-           " — " + h(finding_text(f.event)) + " <span class=\"muted\">(" + when(f.event.time) +
-           ")</span></div>";
-    for (const auto& e : hangs) {
-      std::string missing;
-      if (auto m = e.data.find("missing"); m != e.data.end() && m->is_array()) missing = m->dump();
-      b += "<div class=\"finding hang\"><b>Hang at step " +
-           (e.data.contains("step") ? e.data["step"].dump() : std::string("?")) + "</b>" +
-           (missing.empty() ? "" : ", missing ranks " + h(missing)) + " — " + h(finding_text(e)) +
-           " <span class=\"muted\">(" + when(e.time) + ")</span>";
-      if (auto w = e.data.find("waiting"); w != e.data.end() && w->is_array() && !w->empty()) {
-        b += "<ul>";
-        size_t n = 0;
-        for (const auto& x : *w) {
-          if (++n > 16) break;
-          b += "<li>rank " + (x.contains("rank") ? x["rank"].dump() : std::string("?")) + ": " +
-               h(x.value("where", "")) + "</li>";
-        }
-        b += "</ul>";
-      }
-      b += "</div>";
-    }
-    b += "</div>";
-
-    // Curves: the last 5000 steps, at most 500 points each.
-    int64_t after = std::max<int64_t>(0, j->last_step - 5000);
-    auto series = thin(step_points(store(), j->id, after + 1), 500);
-    std::vector<std::pair<double, double>> loss, tps;
-    for (const auto& p : series) {
-      loss.emplace_back(static_cast<double>(p.step), p.loss);
-      tps.emplace_back(static_cast<double>(p.step), p.tokens_per_s);
-    }
-    b += "<h2>Training</h2>" + line_chart("loss", "loss", loss) +
-         line_chart("tokens_per_s", "tokens/s", tps);
-
-    // Per-rank step time over the window, and the phases of the latest step.
-    auto window = rank_window(store(), j->id, o_.limits.window_steps);
-    auto sums = summarize_ranks(window, o_.limits.max_ranks);
-    b += "<h2>Ranks</h2>";
-    if (sums.empty()) {
-      b += "<p class=\"muted\">No per-rank timings recorded.</p>";
-    } else {
-      double maxt = 0;
-      for (const auto& s : sums) maxt = std::max(maxt, s.p90);
-      if (maxt <= 0) maxt = 1;
-      const double rowh = 16;
-      double H = 20 + rowh * static_cast<double>(sums.size());
-      b += "<figure class=\"chart\"><figcaption>step time per rank, median and p90 over the last " +
-           std::to_string(o_.limits.window_steps) +
-           " steps (s)</figcaption><svg id=\"rank_step_time\" xmlns=\"http://www.w3.org/2000/svg\" "
-           "width=\"640\" height=\"" +
-           num(H, "%.0f") + "\">";
-      double y = 10;
-      for (const auto& s : sums) {
-        std::string label = s.rank < 0 ? "other (" + std::to_string(s.folded_ranks) + ")"
-                                       : "rank " + std::to_string(s.rank);
-        double w50 = s.p50 / maxt * 440, w90 = s.p90 / maxt * 440;
-        b += "<text x=\"0\" y=\"" + num(y + 11) + "\">" + h(label) + "</text>";
-        b += "<rect class=\"bar\" data-rank=\"" + rank_label_text(s) + "\" x=\"110\" y=\"" +
-             num(y + 2) + "\" width=\"" + num(w50, "%.1f") + "\" height=\"11\"><title>median " +
-             num(s.p50) + " s, p90 " + num(s.p90) + " s</title></rect>";
-        b += "<line x1=\"" + num(110 + w90, "%.1f") + "\" x2=\"" + num(110 + w90, "%.1f") +
-             "\" y1=\"" + num(y + 1) + "\" y2=\"" + num(y + 14) + "\" stroke=\"#b00020\"/>";
-        b += "<text x=\"" + num(560) + "\" y=\"" + num(y + 11) + "\">" + num(s.p50, "%.4g") +
-             " s</text>";
-        y += rowh;
-      }
-      b += "</svg></figure>";
-      // The latest step's phases per rank (stacked bars), and hop bandwidth.
-      int64_t last_step = window.back().step;
-      std::vector<proto::RankStepRecord> latest;
-      for (const auto& x : window)
-        if (x.step == last_step && static_cast<size_t>(x.rank.rank) < o_.limits.max_ranks)
-          latest.push_back(x);
-      double maxs = 0;
-      for (const auto& x : latest)
-        maxs = std::max(maxs, x.rank.data_s + x.rank.compute_s + x.rank.wait_s + x.rank.comm_s);
-      if (maxs <= 0) maxs = 1;
-      H = 30 + rowh * static_cast<double>(latest.size());
-      b += "<figure class=\"chart\"><figcaption>step " + std::to_string(last_step) +
-           ": phases per rank (data, compute, wait, comm)</figcaption><svg id=\"phases\" "
-           "xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"" +
-           num(H, "%.0f") + "\">";
-      y = 10;
-      for (const auto& x : latest) {
-        b += "<text x=\"0\" y=\"" + num(y + 11) + "\">rank " + std::to_string(x.rank.rank) +
-             "</text>";
-        double xx = 70;
-        for (auto [name, v] : {std::pair{"data", x.rank.data_s},
-                               {"compute", x.rank.compute_s},
-                               {"wait", x.rank.wait_s},
-                               {"comm", x.rank.comm_s}}) {
-          double w = v / maxs * 420;
-          b += "<rect class=\"ph-" + std::string(name) + "\" x=\"" + num(xx, "%.1f") + "\" y=\"" +
-               num(y + 2) + "\" width=\"" + num(w, "%.1f") + "\" height=\"11\"><title>rank " +
-               std::to_string(x.rank.rank) + " " + name + " " + num(v) + " s</title></rect>";
-          xx += w;
-        }
-        std::string bw = x.rank.comm_s > 0
-                             ? rate(static_cast<double>(x.rank.hop_bytes) / x.rank.comm_s) + "B/s"
-                             : "-";
-        b += "<text x=\"500\" y=\"" + num(y + 11) + "\">" + num(x.rank.step_time_s, "%.4g") +
-             " s · " + bw + "</text>";
-        y += rowh;
-      }
-      b += "<text x=\"70\" y=\"" + num(y + 14) +
-           "\"><tspan class=\"ph-data\">■</tspan> data <tspan class=\"ph-compute\">■</tspan> "
-           "compute <tspan class=\"ph-wait\">■</tspan> wait <tspan class=\"ph-comm\">■</tspan> "
-           "comm</text></svg></figure>";
-      b += "<table id=\"ranks\"><tr><th>rank</th><th>node</th><th>median s</th><th>p90 s</th>"
-           "<th>p99 s</th><th>wait s</th><th>hop bandwidth</th></tr>";
-      for (const auto& s : sums)
-        b += "<tr><td>" + rank_label_text(s) + "</td><td>" + h(s.node) + "</td><td class=\"n\">" +
-             num(s.p50, "%.4g") + "</td><td class=\"n\">" + num(s.p90, "%.4g") +
-             "</td><td class=\"n\">" + num(s.p99, "%.4g") + "</td><td class=\"n\">" +
-             num(s.mean_wait_s, "%.4g") + "</td><td class=\"n\">" +
-             (s.comm_s > 0 ? rate(static_cast<double>(s.hop_bytes) / s.comm_s) + "B/s" : "-") +
-             "</td></tr>";
-      b += "</table>";
-    }
-
-    // Checkpoints.
-    auto ck = checkpoints(store(), j->id, 20);
-    b += "<h2>Checkpoints</h2>";
-    if (ck.empty())
-      b += "<p class=\"muted\">None recorded.</p>";
-    else {
-      b += "<table id=\"checkpoints\"><tr><th>step</th><th>shards</th><th>size</th>"
-           "<th>write s</th><th>created</th></tr>";
-      for (const auto& c : ck)
-        b += "<tr><td class=\"n\">" + std::to_string(c.step) + "</td><td class=\"n\">" +
-             std::to_string(c.complete_shards) + "/" + std::to_string(c.shards) +
-             (c.complete_shards == c.shards ? "" : " (incomplete)") + "</td><td class=\"n\">" +
-             bytes_text(static_cast<double>(c.bytes)) + "</td><td class=\"n\">" +
-             (c.seconds ? num(*c.seconds, "%.3f") : std::string("-")) + "</td><td>" +
-             when(c.created_at) + "</td></tr>";
-      b += "</table>";
-    }
-
-    // Events.
-    b += "<h2>Events</h2><table id=\"events\"><tr><th>time</th><th>attempt</th><th>node</th>"
-         "<th>kind</th><th>data</th></tr>";
-    for (const auto& e : recent_events(store(), j->id, 50))
-      b += "<tr><td>" + when(e.time) + "</td><td class=\"n\">" + std::to_string(e.attempt) +
-           "</td><td>" + h(e.node) + "</td><td>" + h(e.kind) + "</td><td><code>" +
-           h(e.data.dump(-1, ' ', false, json::error_handler_t::replace)) + "</code></td></tr>";
-    b += "</table>";
-    return html("job " + jid + ": " + j->name, b);
-  }
-  return html("not found", "<h1>Not found</h1>", 404);
+  return rt->of_job(c, &*j);
 }
 
 }  // namespace ring::coord
