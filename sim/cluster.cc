@@ -289,6 +289,242 @@ std::map<std::string, double> slurm_link_speeds(const std::string& text) {
 
 }  // namespace
 
+// One builder per topology shape (Cluster::build names the nodes, then hands over to one): the
+// network of links, the topology the ring is ordered by, the description.
+struct ClusterBuilder {
+  Cluster& C;
+  const ClusterOptions& o;
+  int nodes;
+  const std::vector<std::string>& slot_names;  // wiring position -> node name
+  const std::vector<int>& node_at_slot;        // wiring position -> node index
+  void fat_tree();
+  void dragonfly_plus();
+  void torus3d();
+  void graph_file(const GraphFile& graph);
+  void slurm_conf(const std::string& slurm_text, const std::vector<topology::Switch>& slurm_switches);
+};
+
+void ClusterBuilder::fat_tree() {
+  Network& net = C.net_;
+  const int gpn = C.gpn_;
+  const double nic = C.o_.node_bw / gpn;
+  if (o.pod_nodes < 1) fail("fat-tree: pod size must be >= 1");
+  const int pods = (nodes + o.pod_nodes - 1) / o.pod_nodes;
+  const int core = net.add_vertex("core");
+  C.leaf_up_.assign(static_cast<size_t>(pods) * gpn, -1);
+  C.leaf_down_ = C.leaf_up_;
+  std::vector<int> leaf(static_cast<size_t>(pods) * gpn);
+  std::vector<topology::Switch> sw;
+  sw.push_back({"core", -1, {}, {}, 0, 0});
+  for (int p = 0; p < pods; ++p) {
+    const int in_pod = std::min(o.pod_nodes, nodes - p * o.pod_nodes);
+    topology::Switch s;
+    s.name = fmt::format("pod{:04d}", p);
+    s.parent = 0;
+    for (int k = 0; k < gpn; ++k) {
+      leaf[p * gpn + k] = net.add_vertex(fmt::format("pod{}/rail{}", p, k));
+      const double up = in_pod * nic / o.oversubscription;
+      C.leaf_up_[p * gpn + k] = net.add_link(leaf[p * gpn + k], core, up, o.switch_latency, "uplink");
+      C.leaf_down_[p * gpn + k] = net.add_link(core, leaf[p * gpn + k], up, o.switch_latency, "uplink");
+    }
+    for (int j = 0; j < in_pod; ++j) s.nodes.push_back(slot_names[p * o.pod_nodes + j]);
+    sw.push_back(s);
+  }
+  for (int s = 0; s < nodes; ++s) {
+    const int n = node_at_slot[s];
+    const int p = s / o.pod_nodes;
+    C.add_node_gpus(n, -1);
+    for (int k = 0; k < gpn; ++k) {
+      const int id = net.add_duplex(C.gpu_vertex_[n * gpn + k], leaf[p * gpn + k], nic, o.nic_latency, "nic");
+      C.nic_up_[n * gpn + k] = id;
+      C.nic_down_[n * gpn + k] = id + 1;
+    }
+  }
+  C.topo_ = std::make_unique<topology::ClusterTopology>(topology::ClusterTopology::tree(sw));
+  C.describe_ = fmt::format(
+      "fat-tree: {} nodes x {} GPUs, rail-optimised, pods of {} nodes, {:g} GB/s per node, "
+      "oversubscription {:g}:1, NVLink {:g} GB/s per GPU",
+      nodes, gpn, o.pod_nodes, C.o_.node_bw / 1e9, o.oversubscription, o.nvlink_bw / 1e9);
+}
+
+void ClusterBuilder::dragonfly_plus() {
+  Network& net = C.net_;
+  const int gpn = C.gpn_;
+  if (o.group_routers < 1 || o.router_nodes < 1) fail("dragonfly+: routers and nodes per router must be >= 1");
+  const int per_group = o.group_routers * o.router_nodes;
+  const int groups = (nodes + per_group - 1) / per_group;
+  const int routers = (nodes + o.router_nodes - 1) / o.router_nodes;
+  C.groups_ = groups;
+  std::vector<int> spine(groups), router(routers);
+  std::vector<topology::Switch> sw;
+  for (int g = 0; g < groups; ++g) {
+    spine[g] = net.add_vertex(fmt::format("group{}/spine", g));
+    sw.push_back({fmt::format("g{:04d}", g), -1, {}, {}, 0, 0});
+  }
+  C.router_up_.assign(routers, -1);
+  C.router_down_.assign(routers, -1);
+  for (int r = 0; r < routers; ++r) {
+    const int g = r / o.group_routers;
+    router[r] = net.add_vertex(fmt::format("group{}/router{}", g, r % o.group_routers));
+    const double bw = o.router_nodes * C.o_.node_bw;  // non-blocking inside a group
+    C.router_up_[r] = net.add_link(router[r], spine[g], bw, o.switch_latency, "local");
+    C.router_down_[r] = net.add_link(spine[g], router[r], bw, o.switch_latency, "local");
+    topology::Switch s;
+    s.name = fmt::format("g{:04d}r{:03d}", g, r % o.group_routers);
+    s.parent = g;
+    for (int j = 0; j < o.router_nodes && r * o.router_nodes + j < nodes; ++j)
+      s.nodes.push_back(slot_names[r * o.router_nodes + j]);
+    sw.push_back(s);
+  }
+  C.global_.assign(static_cast<size_t>(groups) * groups, -1);
+  if (groups > 1) {
+    const double gbw = per_group * C.o_.node_bw / (groups - 1) / o.oversubscription;
+    for (int a = 0; a < groups; ++a)
+      for (int b = 0; b < groups; ++b)
+        if (a != b) C.global_[a * groups + b] = net.add_link(spine[a], spine[b], gbw, o.switch_latency, "global");
+  }
+  for (int s = 0; s < nodes; ++s) C.add_node_gpus(node_at_slot[s], router[s / o.router_nodes]);
+  C.topo_ = std::make_unique<topology::ClusterTopology>(
+      topology::ClusterTopology::tree(sw, topology::ClusterTopology::Kind::kDragonfly));
+  C.describe_ = fmt::format(
+      "dragonfly+: {} nodes x {} GPUs, {} groups of {} routers x {} nodes, {:g} GB/s per "
+      "node, global links {:g} GB/s per group pair, {} routing, NVLink {:g} GB/s per GPU",
+      nodes, gpn, groups, o.group_routers, o.router_nodes, C.o_.node_bw / 1e9,
+      groups > 1 ? per_group * C.o_.node_bw / (groups - 1) / o.oversubscription / 1e9 : 0.0,
+      o.valiant ? "Valiant" : "minimal", o.nvlink_bw / 1e9);
+}
+
+void ClusterBuilder::torus3d() {
+  Network& net = C.net_;
+  const int gpn = C.gpn_;
+  torus_dims(nodes, C.dims_);
+  const double link = o.torus_link > 0 ? o.torus_link : C.o_.node_bw / 6;
+  std::vector<int> rv(nodes);
+  for (int s = 0; s < nodes; ++s) rv[s] = net.add_vertex(fmt::format("router{}", s));
+  C.torus_link_.assign(static_cast<size_t>(nodes) * 6, -1);
+  std::map<std::string, std::vector<int>> coords;
+  for (int s = 0; s < nodes; ++s) {
+    const int c[3] = {s % C.dims_[0], (s / C.dims_[0]) % C.dims_[1], s / (C.dims_[0] * C.dims_[1])};
+    coords[slot_names[s]] = {c[0], c[1], c[2]};
+    for (int d = 0; d < 3; ++d) {
+      if (C.dims_[d] == 1) continue;
+      for (int dir = 0; dir < 2; ++dir) {
+        int n[3] = {c[0], c[1], c[2]};
+        n[d] = ((n[d] + (dir == 0 ? 1 : -1)) % C.dims_[d] + C.dims_[d]) % C.dims_[d];
+        const int t = n[0] + C.dims_[0] * (n[1] + C.dims_[1] * n[2]);
+        // A 2-long dimension has one neighbour both ways: share one link per direction.
+        int existing = net.find_link(rv[s], rv[t]);
+        C.torus_link_[s * 6 + 2 * d + dir] =
+            existing >= 0 ? existing : net.add_link(rv[s], rv[t], link, o.switch_latency, "torus");
+      }
+    }
+  }
+  for (int s = 0; s < nodes; ++s) {
+    C.node_vertex_[node_at_slot[s]] = rv[s];
+    C.add_node_gpus(node_at_slot[s], rv[s]);
+  }
+  C.topo_ = std::make_unique<topology::ClusterTopology>(topology::ClusterTopology::torus(
+      {C.dims_[0], C.dims_[1], C.dims_[2]}, {true, true, true}, coords));
+  C.describe_ = fmt::format(
+      "3D torus: {} nodes ({}x{}x{}) x {} GPUs, {:g} GB/s per node, {:g} GB/s per torus link "
+      "and direction, dimension-order routing, NVLink {:g} GB/s per GPU",
+      nodes, C.dims_[0], C.dims_[1], C.dims_[2], gpn, C.o_.node_bw / 1e9, link / 1e9,
+      o.nvlink_bw / 1e9);
+}
+
+void ClusterBuilder::graph_file(const GraphFile& graph) {
+  Network& net = C.net_;
+  std::map<std::string, int> v;
+  for (const auto& n : graph.nodes) {
+    if (v.count(n)) fail(fmt::format("{}: node {} listed twice", o.file, n));
+    v[n] = net.add_vertex(n);
+  }
+  for (const auto& s : graph.switches) {
+    if (v.count(s)) fail(fmt::format("{}: switch {} is also a node or listed twice", o.file, s));
+    v[s] = net.add_vertex(s);
+  }
+  for (const auto& l : graph.links) {
+    auto a = v.find(l.from), b = v.find(l.to);
+    if (a == v.end() || b == v.end())
+      fail(fmt::format("{}:{}: link {} -> {}: '{}' is neither a node nor a switch", o.file,
+                       l.line, l.from, l.to, a == v.end() ? l.from : l.to));
+    if (l.duplex)
+      net.add_duplex(a->second, b->second, gb(l.bw), l.lat * 1e-6, "link");
+    else
+      net.add_link(a->second, b->second, gb(l.bw), l.lat * 1e-6, "link");
+  }
+  for (int i = 0; i < nodes; ++i) {
+    C.node_vertex_[i] = v[C.node_names_[i]];
+    C.add_node_gpus(i, C.node_vertex_[i]);
+  }
+  // Check reachability once, with a message naming the file.
+  for (int i = 1; i < nodes; ++i) {
+    try {
+      C.bfs_cached(C.node_vertex_[0], C.node_vertex_[i]);
+      C.bfs_cached(C.node_vertex_[i], C.node_vertex_[0]);
+    } catch (const std::runtime_error& e) {
+      fail(fmt::format("{}: {}", o.file, e.what()));
+    }
+  }
+  // Ring ordering needs a hop metric: a one-switch tree (every pair 2 hops) keeps the node
+  // order; the simulator's topology order for graphs uses the graph's own hop counts.
+  std::vector<topology::Switch> sw{{"graph", -1, {}, {}, 0, 0}};
+  sw[0].nodes = C.node_names_;
+  C.topo_ = std::make_unique<topology::ClusterTopology>(topology::ClusterTopology::tree(sw));
+  C.describe_ = fmt::format("graph {}: {} nodes x {} GPUs, {} switches, {} links", o.file,
+                            nodes, C.gpn_, graph.switches.size(), net.link_count());
+  if (graph.host_cores > 0)
+    C.describe_ += fmt::format(", all nodes on one host of {:g} cores", graph.host_cores);
+}
+
+void ClusterBuilder::slurm_conf(const std::string& slurm_text,
+                                const std::vector<topology::Switch>& slurm_switches) {
+  Network& net = C.net_;
+  const int gpn = C.gpn_;
+  const auto speeds = slurm_link_speeds(slurm_text);
+  std::vector<int> swv(slurm_switches.size());
+  for (size_t i = 0; i < slurm_switches.size(); ++i) swv[i] = net.add_vertex(slurm_switches[i].name);
+  for (int i = 0; i < nodes; ++i) {
+    C.node_vertex_[i] = net.add_vertex(C.node_names_[i] + "/host");
+  }
+  // Bottom-up: a switch's downward bandwidth is the sum over its children.
+  std::vector<double> down(slurm_switches.size(), 0);
+  std::vector<int> order(slurm_switches.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return slurm_switches[a].depth > slurm_switches[b].depth;
+  });
+  for (int i : order) {
+    const auto& s = slurm_switches[i];
+    for (const auto& n : s.nodes) {
+      const int ni = C.by_name_.at(n);
+      net.add_duplex(C.node_vertex_[ni], swv[i], C.o_.node_bw, o.nic_latency, "nic");
+      down[i] += C.o_.node_bw;
+    }
+    if (s.parent >= 0) {
+      auto it = speeds.find(s.name);
+      const double up = it != speeds.end() ? gb(it->second) : down[i] / o.oversubscription;
+      net.add_duplex(swv[i], swv[s.parent], up, o.switch_latency, "uplink");
+      down[s.parent] += up;
+    }
+  }
+  // Separate trees: join the roots (Slurm allows several) through a virtual root.
+  int roots = 0;
+  for (const auto& s : slurm_switches) roots += s.parent < 0;
+  if (roots > 1) {
+    const int top = net.add_vertex("virtual-root");
+    for (size_t i = 0; i < slurm_switches.size(); ++i)
+      if (slurm_switches[i].parent < 0)
+        net.add_duplex(swv[i], top, down[i] / o.oversubscription, o.switch_latency, "uplink");
+  }
+  for (int i = 0; i < nodes; ++i) {
+    // The host vertex stands for the node's NICs: GPUs reach it at node_bw / gpn each.
+    C.add_node_gpus(i, C.node_vertex_[i]);
+  }
+  C.describe_ = fmt::format("topology.conf {}: {} nodes x {} GPUs, {} switches, {:g} GB/s per node",
+                            o.file, nodes, gpn, slurm_switches.size(), C.o_.node_bw / 1e9);
+}
+
 std::unique_ptr<Cluster> Cluster::build(const ClusterOptions& o) {
   std::unique_ptr<Cluster> c(new Cluster());
   c->o_ = o;
@@ -345,228 +581,20 @@ std::unique_ptr<Cluster> Cluster::build(const ClusterOptions& o) {
   }
   for (int s = 0; s < nodes; ++s) C.slot_of_[C.by_name_[slot_names[s]]] = s;
 
-  const int gpn = C.gpn_;
-  C.gpu_vertex_.assign(static_cast<size_t>(nodes) * gpn, -1);
+  C.gpu_vertex_.assign(static_cast<size_t>(nodes) * C.gpn_, -1);
   C.gpu_up_ = C.gpu_down_ = C.nic_up_ = C.nic_down_ = std::vector<int>(C.gpu_vertex_.size(), -1);
   C.node_vertex_.assign(nodes, -1);
-  Network& net = C.net_;
-  const double nic = C.o_.node_bw / gpn;
   std::vector<int> node_at_slot(nodes);
   for (int i = 0; i < nodes; ++i) node_at_slot[C.slot_of_[i]] = i;
 
+  ClusterBuilder builder{C, o, nodes, slot_names, node_at_slot};
   switch (o.shape) {
-    case Shape::kFatTree: {
-      if (o.pod_nodes < 1) fail("fat-tree: pod size must be >= 1");
-      const int pods = (nodes + o.pod_nodes - 1) / o.pod_nodes;
-      const int core = net.add_vertex("core");
-      C.leaf_up_.assign(static_cast<size_t>(pods) * gpn, -1);
-      C.leaf_down_ = C.leaf_up_;
-      std::vector<int> leaf(static_cast<size_t>(pods) * gpn);
-      std::vector<topology::Switch> sw;
-      sw.push_back({"core", -1, {}, {}, 0, 0});
-      for (int p = 0; p < pods; ++p) {
-        const int in_pod = std::min(o.pod_nodes, nodes - p * o.pod_nodes);
-        topology::Switch s;
-        s.name = fmt::format("pod{:04d}", p);
-        s.parent = 0;
-        for (int k = 0; k < gpn; ++k) {
-          leaf[p * gpn + k] = net.add_vertex(fmt::format("pod{}/rail{}", p, k));
-          const double up = in_pod * nic / o.oversubscription;
-          C.leaf_up_[p * gpn + k] = net.add_link(leaf[p * gpn + k], core, up, o.switch_latency, "uplink");
-          C.leaf_down_[p * gpn + k] = net.add_link(core, leaf[p * gpn + k], up, o.switch_latency, "uplink");
-        }
-        for (int j = 0; j < in_pod; ++j) s.nodes.push_back(slot_names[p * o.pod_nodes + j]);
-        sw.push_back(s);
-      }
-      for (int s = 0; s < nodes; ++s) {
-        const int n = node_at_slot[s];
-        const int p = s / o.pod_nodes;
-        C.add_node_gpus(n, -1);
-        for (int k = 0; k < gpn; ++k) {
-          const int id = net.add_duplex(C.gpu_vertex_[n * gpn + k], leaf[p * gpn + k], nic, o.nic_latency, "nic");
-          C.nic_up_[n * gpn + k] = id;
-          C.nic_down_[n * gpn + k] = id + 1;
-        }
-      }
-      C.topo_ = std::make_unique<topology::ClusterTopology>(topology::ClusterTopology::tree(sw));
-      C.describe_ = fmt::format(
-          "fat-tree: {} nodes x {} GPUs, rail-optimised, pods of {} nodes, {:g} GB/s per node, "
-          "oversubscription {:g}:1, NVLink {:g} GB/s per GPU",
-          nodes, gpn, o.pod_nodes, C.o_.node_bw / 1e9, o.oversubscription, o.nvlink_bw / 1e9);
-      break;
-    }
-    case Shape::kDragonflyPlus: {
-      if (o.group_routers < 1 || o.router_nodes < 1) fail("dragonfly+: routers and nodes per router must be >= 1");
-      const int per_group = o.group_routers * o.router_nodes;
-      const int groups = (nodes + per_group - 1) / per_group;
-      const int routers = (nodes + o.router_nodes - 1) / o.router_nodes;
-      C.groups_ = groups;
-      std::vector<int> spine(groups), router(routers);
-      std::vector<topology::Switch> sw;
-      for (int g = 0; g < groups; ++g) {
-        spine[g] = net.add_vertex(fmt::format("group{}/spine", g));
-        sw.push_back({fmt::format("g{:04d}", g), -1, {}, {}, 0, 0});
-      }
-      C.router_up_.assign(routers, -1);
-      C.router_down_.assign(routers, -1);
-      for (int r = 0; r < routers; ++r) {
-        const int g = r / o.group_routers;
-        router[r] = net.add_vertex(fmt::format("group{}/router{}", g, r % o.group_routers));
-        const double bw = o.router_nodes * C.o_.node_bw;  // non-blocking inside a group
-        C.router_up_[r] = net.add_link(router[r], spine[g], bw, o.switch_latency, "local");
-        C.router_down_[r] = net.add_link(spine[g], router[r], bw, o.switch_latency, "local");
-        topology::Switch s;
-        s.name = fmt::format("g{:04d}r{:03d}", g, r % o.group_routers);
-        s.parent = g;
-        for (int j = 0; j < o.router_nodes && r * o.router_nodes + j < nodes; ++j)
-          s.nodes.push_back(slot_names[r * o.router_nodes + j]);
-        sw.push_back(s);
-      }
-      C.global_.assign(static_cast<size_t>(groups) * groups, -1);
-      if (groups > 1) {
-        const double gbw = per_group * C.o_.node_bw / (groups - 1) / o.oversubscription;
-        for (int a = 0; a < groups; ++a)
-          for (int b = 0; b < groups; ++b)
-            if (a != b) C.global_[a * groups + b] = net.add_link(spine[a], spine[b], gbw, o.switch_latency, "global");
-      }
-      for (int s = 0; s < nodes; ++s) C.add_node_gpus(node_at_slot[s], router[s / o.router_nodes]);
-      C.topo_ = std::make_unique<topology::ClusterTopology>(
-          topology::ClusterTopology::tree(sw, topology::ClusterTopology::Kind::kDragonfly));
-      C.describe_ = fmt::format(
-          "dragonfly+: {} nodes x {} GPUs, {} groups of {} routers x {} nodes, {:g} GB/s per "
-          "node, global links {:g} GB/s per group pair, {} routing, NVLink {:g} GB/s per GPU",
-          nodes, gpn, groups, o.group_routers, o.router_nodes, C.o_.node_bw / 1e9,
-          groups > 1 ? per_group * C.o_.node_bw / (groups - 1) / o.oversubscription / 1e9 : 0.0,
-          o.valiant ? "Valiant" : "minimal", o.nvlink_bw / 1e9);
-      break;
-    }
-    case Shape::kTorus3d: {
-      torus_dims(nodes, C.dims_);
-      const double link = o.torus_link > 0 ? o.torus_link : C.o_.node_bw / 6;
-      std::vector<int> rv(nodes);
-      for (int s = 0; s < nodes; ++s) rv[s] = net.add_vertex(fmt::format("router{}", s));
-      C.torus_link_.assign(static_cast<size_t>(nodes) * 6, -1);
-      std::map<std::string, std::vector<int>> coords;
-      for (int s = 0; s < nodes; ++s) {
-        const int c[3] = {s % C.dims_[0], (s / C.dims_[0]) % C.dims_[1], s / (C.dims_[0] * C.dims_[1])};
-        coords[slot_names[s]] = {c[0], c[1], c[2]};
-        for (int d = 0; d < 3; ++d) {
-          if (C.dims_[d] == 1) continue;
-          for (int dir = 0; dir < 2; ++dir) {
-            int n[3] = {c[0], c[1], c[2]};
-            n[d] = ((n[d] + (dir == 0 ? 1 : -1)) % C.dims_[d] + C.dims_[d]) % C.dims_[d];
-            const int t = n[0] + C.dims_[0] * (n[1] + C.dims_[1] * n[2]);
-            // A 2-long dimension has one neighbour both ways: share one link per direction.
-            int existing = net.find_link(rv[s], rv[t]);
-            C.torus_link_[s * 6 + 2 * d + dir] =
-                existing >= 0 ? existing : net.add_link(rv[s], rv[t], link, o.switch_latency, "torus");
-          }
-        }
-      }
-      for (int s = 0; s < nodes; ++s) {
-        C.node_vertex_[node_at_slot[s]] = rv[s];
-        C.add_node_gpus(node_at_slot[s], rv[s]);
-      }
-      C.topo_ = std::make_unique<topology::ClusterTopology>(topology::ClusterTopology::torus(
-          {C.dims_[0], C.dims_[1], C.dims_[2]}, {true, true, true}, coords));
-      C.describe_ = fmt::format(
-          "3D torus: {} nodes ({}x{}x{}) x {} GPUs, {:g} GB/s per node, {:g} GB/s per torus link "
-          "and direction, dimension-order routing, NVLink {:g} GB/s per GPU",
-          nodes, C.dims_[0], C.dims_[1], C.dims_[2], gpn, C.o_.node_bw / 1e9, link / 1e9,
-          o.nvlink_bw / 1e9);
-      break;
-    }
-    case Shape::kGraphFile: {
-      std::map<std::string, int> v;
-      for (const auto& n : graph.nodes) {
-        if (v.count(n)) fail(fmt::format("{}: node {} listed twice", o.file, n));
-        v[n] = net.add_vertex(n);
-      }
-      for (const auto& s : graph.switches) {
-        if (v.count(s)) fail(fmt::format("{}: switch {} is also a node or listed twice", o.file, s));
-        v[s] = net.add_vertex(s);
-      }
-      for (const auto& l : graph.links) {
-        auto a = v.find(l.from), b = v.find(l.to);
-        if (a == v.end() || b == v.end())
-          fail(fmt::format("{}:{}: link {} -> {}: '{}' is neither a node nor a switch", o.file,
-                           l.line, l.from, l.to, a == v.end() ? l.from : l.to));
-        if (l.duplex)
-          net.add_duplex(a->second, b->second, gb(l.bw), l.lat * 1e-6, "link");
-        else
-          net.add_link(a->second, b->second, gb(l.bw), l.lat * 1e-6, "link");
-      }
-      for (int i = 0; i < nodes; ++i) {
-        C.node_vertex_[i] = v[C.node_names_[i]];
-        C.add_node_gpus(i, C.node_vertex_[i]);
-      }
-      // Check reachability once, with a message naming the file.
-      for (int i = 1; i < nodes; ++i) {
-        try {
-          C.bfs_cached(C.node_vertex_[0], C.node_vertex_[i]);
-          C.bfs_cached(C.node_vertex_[i], C.node_vertex_[0]);
-        } catch (const std::runtime_error& e) {
-          fail(fmt::format("{}: {}", o.file, e.what()));
-        }
-      }
-      // Ring ordering needs a hop metric: a one-switch tree (every pair 2 hops) keeps the node
-      // order; the simulator's topology order for graphs uses the graph's own hop counts.
-      std::vector<topology::Switch> sw{{"graph", -1, {}, {}, 0, 0}};
-      sw[0].nodes = C.node_names_;
-      C.topo_ = std::make_unique<topology::ClusterTopology>(topology::ClusterTopology::tree(sw));
-      C.describe_ = fmt::format("graph {}: {} nodes x {} GPUs, {} switches, {} links", o.file,
-                                nodes, C.gpn_, graph.switches.size(), net.link_count());
-      if (graph.host_cores > 0)
-        C.describe_ += fmt::format(", all nodes on one host of {:g} cores", graph.host_cores);
-      break;
-    }
-    case Shape::kSlurmConf: {
-      const auto speeds = slurm_link_speeds(slurm_text);
-      std::vector<int> swv(slurm_switches.size());
-      for (size_t i = 0; i < slurm_switches.size(); ++i) swv[i] = net.add_vertex(slurm_switches[i].name);
-      for (int i = 0; i < nodes; ++i) {
-        C.node_vertex_[i] = net.add_vertex(C.node_names_[i] + "/host");
-      }
-      // Bottom-up: a switch's downward bandwidth is the sum over its children.
-      std::vector<double> down(slurm_switches.size(), 0);
-      std::vector<int> order(slurm_switches.size());
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(), [&](int a, int b) {
-        return slurm_switches[a].depth > slurm_switches[b].depth;
-      });
-      for (int i : order) {
-        const auto& s = slurm_switches[i];
-        for (const auto& n : s.nodes) {
-          const int ni = C.by_name_.at(n);
-          net.add_duplex(C.node_vertex_[ni], swv[i], C.o_.node_bw, o.nic_latency, "nic");
-          down[i] += C.o_.node_bw;
-        }
-        if (s.parent >= 0) {
-          auto it = speeds.find(s.name);
-          const double up = it != speeds.end() ? gb(it->second) : down[i] / o.oversubscription;
-          net.add_duplex(swv[i], swv[s.parent], up, o.switch_latency, "uplink");
-          down[s.parent] += up;
-        }
-      }
-      // Separate trees: join the roots (Slurm allows several) through a virtual root.
-      int roots = 0;
-      for (const auto& s : slurm_switches) roots += s.parent < 0;
-      if (roots > 1) {
-        const int top = net.add_vertex("virtual-root");
-        for (size_t i = 0; i < slurm_switches.size(); ++i)
-          if (slurm_switches[i].parent < 0)
-            net.add_duplex(swv[i], top, down[i] / o.oversubscription, o.switch_latency, "uplink");
-      }
-      for (int i = 0; i < nodes; ++i) {
-        // The host vertex stands for the node's NICs: GPUs reach it at node_bw / gpn each.
-        C.add_node_gpus(i, C.node_vertex_[i]);
-      }
-      C.describe_ = fmt::format("topology.conf {}: {} nodes x {} GPUs, {} switches, {:g} GB/s per node",
-                                o.file, nodes, gpn, slurm_switches.size(), C.o_.node_bw / 1e9);
-      break;
-    }
+    case Shape::kFatTree: builder.fat_tree(); break;
+    case Shape::kDragonflyPlus: builder.dragonfly_plus(); break;
+    case Shape::kTorus3d: builder.torus3d(); break;
+    case Shape::kGraphFile: builder.graph_file(graph); break;
+    case Shape::kSlurmConf: builder.slurm_conf(slurm_text, slurm_switches); break;
   }
-  (void)nic;
   return c;
 }
 

@@ -78,6 +78,7 @@ class Cluster {
   Shape shape() const { return o_.shape; }
 
  private:
+  friend struct ClusterBuilder;  // cluster.cc: one builder per shape
   Cluster() = default;
   void add_node_gpus(int node, int attach_vertex_or_minus1);
   std::vector<int> inter_node(int na, int la, int nb, int lb) const;
