@@ -41,6 +41,7 @@
 namespace ring::cp {
 namespace {
 
+constexpr int kExitOk = 0;
 constexpr int kExitUsage = 2;
 constexpr int kExitRuntime = 1;
 
@@ -241,6 +242,158 @@ int run_rank(const Args& args) {
 // With micro-batches the gradients accumulate over the M forward/backward passes and only the
 // last backward hands buckets to ringd.
 
+// The offloaded rank's parts (run_offloaded_rank below).
+
+// parallel.shard full: this rank's shard of the weights and gradient, its blocks gathered over
+// every rank; nullptr (said) when the transport or the rank count cannot carry it.
+std::unique_ptr<FullShardStore> make_shard_store(const Args& args, const spec::JobSpec& spec,
+                                                 RingRank& rr, kernels::Backend* device) {
+  const int rank = args.rank;
+  // The gathers and reduce-scatters travel in host buffers; a device backend's blocks are
+  // staged through them (full_shard.h).
+  if (!(rr.comm().api().caps & RING_TRANSPORT_CAP_HOST_MEMORY)) {
+    logger()->error("rank {}: parallel.shard full needs a transport that takes host buffers "
+                    "(ucx); '{}' takes device buffers only", rank, rr.comm().api().name);
+    return nullptr;
+  }
+  const contract::ParamLayout layout(model::ModelConfig::from_spec(spec));
+  // ringd's node count: --world / workers_per_node (the shards are its ranges, cut).
+  const int per_node = static_cast<int>(spec.resources.workers_per_node);
+  if (per_node < 1 || args.world % per_node != 0) {
+    logger()->error("rank {}: shard full needs --world {} to be a multiple of "
+                    "resources.workers_per_node {}", rank, args.world, per_node);
+    return nullptr;
+  }
+  const int nodes = args.world / per_node;
+  return std::make_unique<FullShardStore>(layout, contract::worker_shards(layout, nodes, per_node),
+                                          rank, per_node, &rr.world_progress(), args.timeout_ms,
+                                          device);
+}
+
+// ringd's phase timeline file for this rank (contract/timeline.h), when --timeline names one;
+// RING_TIMELINE on, off or alternate (the benchmark's mode: records in even steps only).
+int open_timeline(const Args& args, contract::timeline::TimelineWriter& timeline,
+                  bool* alternate) {
+  if (args.timeline.empty()) return kExitOk;
+  if (const std::string e = timeline.open(args.timeline, args.rank, ::getpid()); !e.empty()) {
+    logger()->error("rank {}: {}", args.rank, e);
+    return kExitRuntime;
+  }
+  const char* mode = std::getenv("RING_TIMELINE");
+  const std::string m = mode ? mode : "";
+  if (!m.empty() && m != "on" && m != "off" && m != "alternate") {
+    logger()->error("rank {}: RING_TIMELINE must be on, off or alternate, not '{}'", args.rank, m);
+    return kExitUsage;
+  }
+  timeline.set_enabled(m != "off");
+  *alternate = m == "alternate";
+  contract::timeline::set_active(&timeline);
+  return kExitOk;
+}
+
+// Per step (shard full): seconds the gathers and reduce-scatters were in flight, and waited on.
+struct StepOverlap {
+  int64_t step;
+  double flight_s, wait_s;
+};
+// Per step: the forward and backward passes' wall and main-thread CPU time less the ring waits
+// (the compute, and the CPU it got: its share of a core when ranks share cores).
+struct StepCpu {
+  int64_t step;
+  double wall_s, cpu_s;
+};
+
+// The series at the end of the run, one log line each: compute_cpu (bench/sim_validate.py reads
+// it: the CPU share an emulated node got) and shard_overlap (bench/shard_overlap.sh).
+void log_rank_series(int rank, const std::vector<StepCpu>& step_cpu,
+                     const std::vector<StepOverlap>& overlap) {
+  if (!step_cpu.empty()) {
+    nlohmann::json j = {{"event", "compute_cpu"}, {"rank", rank}};
+    for (const auto& c : step_cpu) {
+      j["step"].push_back(c.step);
+      j["wall_s"].push_back(c.wall_s);
+      j["cpu_s"].push_back(c.cpu_s);
+    }
+    logger()->info("compute cpu {}", j.dump());
+  }
+  if (!overlap.empty()) {
+    nlohmann::json j = {{"event", "shard_overlap"}, {"rank", rank}};
+    for (const auto& o : overlap) {
+      j["step"].push_back(o.step);
+      j["flight_s"].push_back(o.flight_s);
+      j["wait_s"].push_back(o.wait_s);
+    }
+    logger()->info("shard full overlap {}", j.dump());
+  }
+}
+
+// The step's global loss: (loss_sum, valid) of every rank (all replicas), summed in rank order;
+// and whether any node's ringd has a stop request, so that every node stops after this step.
+struct StepTotals {
+  double loss_sum = 0;
+  int64_t valid = 0;
+  bool stop = false;
+};
+StepTotals gather_step_totals(RingRank& rr, const model::LossResult& loss, bool stop_requested,
+                              int world, int timeout_ms) {
+  struct Part {
+    double loss_sum;
+    int64_t valid;
+    int64_t stop;
+  };
+  Part mine{loss.loss_sum, loss.valid, stop_requested ? 1 : 0};
+  std::vector<Part> all(world);
+  rr.all_gather(&mine, all.data(), sizeof(Part), timeout_ms, "all_gather of the loss");
+  StepTotals t;
+  for (const Part& p : all) {
+    t.loss_sum += p.loss_sum;
+    t.valid += p.valid;
+    t.stop = t.stop || p.stop != 0;
+  }
+  return t;
+}
+
+// A fresh start: ringd has no weights yet; rank 0 of the node initialises them (seeded as the
+// spec says). Shard full: the node's range only, straight into the segment.
+void send_initial_params(offload::RingdClient& client, model::Model& model,
+                         const spec::JobSpec& spec, bool full) {
+  if (full) {
+    contract::ShmRegion& shm = client.shm();
+    model.initial_params(static_cast<uint64_t>(spec.train.seed), shm.params_begin(),
+                         shm.params_begin() + shm.params_n(), shm.params());
+    client.send_init_written();
+  } else {
+    model.init_params(static_cast<uint64_t>(spec.train.seed));
+    client.send_init(model.params());
+  }
+}
+
+// RING_DEBUG_BLOCK (a main thread that never returns, for ringd's hang detection) and
+// RING_DEBUG_DELAY (a slow rank, for straggler detection): debug_inject.h.
+void apply_debug_inject(const DebugInject& inject, int rank, int64_t step) {
+  if (inject.block_step == step) {
+    logger()->warn("rank {}: RING_DEBUG_BLOCK: blocking the main thread in step {}", rank, step);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  if (inject.delay_ms > 0 && step >= inject.delay_from)
+    std::this_thread::sleep_for(std::chrono::milliseconds(inject.delay_ms));
+}
+
+// The passes' compute since (t0, cpu0, ring0): wall and main-thread CPU less the ring waits.
+StepCpu step_cpu_since(int64_t step, std::chrono::steady_clock::time_point t0, double cpu0,
+                       const RingStats& ring0, const RingStats& ring1) {
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {step, wall - (ring1.wait_s - ring0.wait_s),
+          thread_cpu_seconds() - cpu0 - (ring1.wait_cpu_s - ring0.wait_cpu_s)};
+}
+
+// Shard full's gathers and reduce-scatters between two snapshots: in flight, and waited on.
+StepOverlap shard_overlap_since(int64_t step, const ShardStats& s0, const ShardStats& s1) {
+  return {step,
+          (s1.gather_flight_s - s0.gather_flight_s) + (s1.scatter_flight_s - s0.scatter_flight_s),
+          (s1.gather_wait_s - s0.gather_wait_s) + (s1.scatter_wait_s - s0.scatter_wait_s)};
+}
+
 int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   const int rank = args.rank, world = args.world;  // ringd decides the number of steps
   const int threads = args.threads.value_or(static_cast<int>(spec.resources.cpus_per_worker));
@@ -271,25 +424,8 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   const bool host_backend = backend_name == "cpu";
   std::unique_ptr<FullShardStore> store;
   if (full) {
-    // The gathers and reduce-scatters travel in host buffers; a device backend's blocks are
-    // staged through them (full_shard.h).
-    if (!(rr.comm().api().caps & RING_TRANSPORT_CAP_HOST_MEMORY)) {
-      logger()->error("rank {}: parallel.shard full needs a transport that takes host buffers "
-                      "(ucx); '{}' takes device buffers only", rank, rr.comm().api().name);
-      return kExitUsage;
-    }
-    const contract::ParamLayout layout(model::ModelConfig::from_spec(spec));
-    // ringd's node count: --world / workers_per_node (the shards are its ranges, cut).
-    const int per_node = static_cast<int>(spec.resources.workers_per_node);
-    if (per_node < 1 || args.world % per_node != 0) {
-      logger()->error("rank {}: shard full needs --world {} to be a multiple of "
-                      "resources.workers_per_node {}", rank, args.world, per_node);
-      return kExitUsage;
-    }
-    const int nodes = args.world / per_node;
-    store = std::make_unique<FullShardStore>(layout, contract::worker_shards(layout, nodes, per_node),
-                                             rank, per_node, &rr.world_progress(),
-                                             args.timeout_ms, host_backend ? nullptr : backend.get());
+    store = make_shard_store(args, spec, rr, host_backend ? nullptr : backend.get());
+    if (!store) return kExitUsage;
   }
   model::Model model(model::ModelConfig::from_spec(spec), backend.get(), &attention, store.get());
   const int64_t n = model.layout().total();
@@ -305,21 +441,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   namespace tl = contract::timeline;
   tl::TimelineWriter timeline;
   bool timeline_alternate = false;  // the benchmark's mode: records in even steps only
-  if (!args.timeline.empty()) {
-    if (const std::string e = timeline.open(args.timeline, rank, ::getpid()); !e.empty()) {
-      logger()->error("rank {}: {}", rank, e);
-      return kExitRuntime;
-    }
-    const char* mode = std::getenv("RING_TIMELINE");
-    const std::string m = mode ? mode : "";
-    if (!m.empty() && m != "on" && m != "off" && m != "alternate") {
-      logger()->error("rank {}: RING_TIMELINE must be on, off or alternate, not '{}'", rank, m);
-      return kExitUsage;
-    }
-    timeline.set_enabled(m != "off");
-    timeline_alternate = m == "alternate";
-    tl::set_active(&timeline);
-  }
+  if (const int rc = open_timeline(args, timeline, &timeline_alternate); rc != kExitOk) return rc;
   // A collective over every rank, recorded as a wait on all of them (peer -1).
   double collective_s = 0;
   auto collective = [&](int64_t step, auto&& body) {
@@ -340,35 +462,14 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   offload::RingdClient client(args.ringd, co);
   const offload::Welcome& w = client.welcome();
   if (!w.cursor.is_null()) source->seek(w.cursor.get<data::Cursor>());
-  if (w.need_init) {
-    if (full) {
-      // The node's range only, straight into the segment (never the whole model).
-      contract::ShmRegion& shm = client.shm();
-      model.initial_params(static_cast<uint64_t>(spec.train.seed), shm.params_begin(),
-                           shm.params_begin() + shm.params_n(), shm.params());
-      client.send_init_written();
-    } else {
-      model.init_params(static_cast<uint64_t>(spec.train.seed));
-      client.send_init(model.params());
-    }
-  }
+  if (w.need_init) send_initial_params(client, model, spec, full);
   // The CPU backend's weights are host memory: ringd's new weights (or the changed coordinates)
   // are copied into them. A device backend copies the shm's weights to the device as a whole and
   // each finished gradient bucket from the device straight into its shm slot: no host copy of
   // the model in the worker. Shard full: only this rank's shard is copied from the segment.
   float* weights = host_backend && !full ? model.params() : client.shm().params();
 
-  struct StepOverlap {
-    int64_t step;
-    double flight_s, wait_s;
-  };
   std::vector<StepOverlap> overlap;  // shard full, per step
-  // Per step: the forward and backward passes' wall and main-thread CPU time less the ring
-  // waits (the compute, and the CPU it got: its share of a core when ranks share cores).
-  struct StepCpu {
-    int64_t step;
-    double wall_s, cpu_s;
-  };
   std::vector<StepCpu> step_cpu;
 
   // From here on transfers may be in flight: an error exits at once, without unwinding.
@@ -392,13 +493,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       } else if (!host_backend) {
         model.set_params(client.shm().params(), n);
       }
-      if (inject.block_step == cmd.step) {
-        logger()->warn("rank {}: RING_DEBUG_BLOCK: blocking the main thread in step {}", rank,
-                       cmd.step);
-        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-      }
-      if (inject.delay_ms > 0 && cmd.step >= inject.delay_from)
-        std::this_thread::sleep_for(std::chrono::milliseconds(inject.delay_ms));
+      apply_debug_inject(inject, rank, cmd.step);
       const StepData sd = next_step_data(*source, spec, rr);
       const int64_t d1 = tl::now_ns();
       timeline.record({.kind = tl::Phase::kData, .step = cmd.step, .begin_ns = s0, .end_ns = d1});
@@ -457,43 +552,18 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
         loss.loss_sum += r.loss_sum;
         loss.valid += r.valid;
       }
-      {
-        const RingStats& rc1 = attention.ring_stats();
-        const double wall =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - fb0).count();
-        step_cpu.push_back({cmd.step, wall - (rc1.wait_s - rc0.wait_s),
-                            thread_cpu_seconds() - fbc0 - (rc1.wait_cpu_s - rc0.wait_cpu_s)});
-      }
+      step_cpu.push_back(step_cpu_since(cmd.step, fb0, fbc0, rc0, attention.ring_stats()));
       if (store) {  // the waits on block gathers and gradient reduce-scatters
-        const ShardStats& s1 = store->stats();
-        const double waited = (s1.gather_wait_s - shard0.gather_wait_s) +
-                              (s1.scatter_wait_s - shard0.scatter_wait_s);
-        const double flight = (s1.gather_flight_s - shard0.gather_flight_s) +
-                              (s1.scatter_flight_s - shard0.scatter_flight_s);
-        collective_s += waited;
-        overlap.push_back({cmd.step, flight, waited});
+        overlap.push_back(shard_overlap_since(cmd.step, shard0, store->stats()));
+        collective_s += overlap.back().wait_s;
       }
       // The step's global loss: (loss_sum, valid) of every rank (all replicas), summed in rank
       // order; and whether any node's ringd has a stop request, so that every node stops after
       // this step.
-      struct Part {
-        double loss_sum;
-        int64_t valid;
-        int64_t stop;
-      };
-      Part mine{loss.loss_sum, loss.valid, cmd.stop_requested ? 1 : 0};
-      std::vector<Part> all(world);
+      StepTotals totals;
       collective(cmd.step, [&] {
-        rr.all_gather(&mine, all.data(), sizeof(Part), args.timeout_ms, "all_gather of the loss");
+        totals = gather_step_totals(rr, loss, cmd.stop_requested, world, args.timeout_ms);
       });
-      double loss_sum = 0;
-      int64_t valid = 0;
-      bool stop = false;
-      for (const Part& p : all) {
-        loss_sum += p.loss_sum;
-        valid += p.valid;
-        stop = stop || p.stop != 0;
-      }
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const RingStats& r1 = attention.ring_stats();
@@ -505,43 +575,21 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       const int64_t s1 = tl::now_ns();
       timeline.record({.kind = tl::Phase::kStep, .step = cmd.step, .begin_ns = s0, .end_ns = s1});
       client.done(contract::control::Done{.step = cmd.step,
-                                          .loss_sum = loss_sum,
-                                          .valid = valid,
+                                          .loss_sum = totals.loss_sum,
+                                          .valid = totals.valid,
                                           .tokens = sd.tokens,
                                           .step_ms = step_ms,
                                           .ring_wait_ms = (r1.wait_s - r0.wait_s) * 1e3,
                                           .bytes_sent = r1.bytes_sent - r0.bytes_sent,
                                           .cursor = source->cursor(),
-                                          .stop = stop,
+                                          .stop = totals.stop,
                                           .data_ms = data_ms,
                                           .compute_ms = std::max(0.0, step_ms - wait_ms - comm_ms),
                                           .wait_ms = wait_ms,
                                           .comm_ms = comm_ms,
                                           .prev = prev_rank});
     }
-    if (!step_cpu.empty()) {
-      // Per step: the passes' compute time (wall, ring waits excluded) and the main thread's
-      // CPU time in it (bench/sim_validate.py reads this line: the CPU share an emulated node
-      // got).
-      nlohmann::json j = {{"event", "compute_cpu"}, {"rank", rank}};
-      for (const auto& c : step_cpu) {
-        j["step"].push_back(c.step);
-        j["wall_s"].push_back(c.wall_s);
-        j["cpu_s"].push_back(c.cpu_s);
-      }
-      logger()->info("compute cpu {}", j.dump());
-    }
-    if (store && !overlap.empty()) {
-      // Per step: seconds the gathers and reduce-scatters were in flight and seconds this rank
-      // waited on them (bench/shard_overlap.sh reads this line from the worker's log).
-      nlohmann::json j = {{"event", "shard_overlap"}, {"rank", rank}};
-      for (const auto& o : overlap) {
-        j["step"].push_back(o.step);
-        j["flight_s"].push_back(o.flight_s);
-        j["wait_s"].push_back(o.wait_s);
-      }
-      logger()->info("shard full overlap {}", j.dump());
-    }
+    log_rank_series(rank, step_cpu, overlap);
     rr.shutdown();
     return 0;
   });
