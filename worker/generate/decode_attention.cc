@@ -132,10 +132,8 @@ void DecodeAttention::reserve_device(int64_t rows) {
   dev_rows_ = n;
 }
 
-void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, float* out,
-                              float* lse, DecodeStats* stats, double skip_threshold,
-                              float* skipped_bound) {
-  const int64_t B = static_cast<int64_t>(seqs.size()), hd = head_dim_, g = group_;
+void DecodeAttention::build_tasks(const std::vector<SeqView>& seqs) {
+  const int64_t B = static_cast<int64_t>(seqs.size()), hd = head_dim_;
   // Partials: sequence b, page i, query head h at (base[b] + i * heads + h). The buffers are
   // the object's, kept from call to call (every entry read is written first in each call).
   std::vector<int64_t>& base = base_;
@@ -188,6 +186,96 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       users_[t.users.first + t.users.count++] = entries[e];
     }
   }
+}
+
+std::vector<double> DecodeAttention::lse_lower_bounds(const std::vector<int64_t>& first,
+                                                      int64_t B) const {
+  const int64_t g = group_;
+  const std::vector<int64_t>& base = base_;
+  const std::vector<float>& part_lse = part_lse_;
+  const std::vector<Task>& tasks = tasks_;
+  std::vector<double> low(static_cast<size_t>(B * heads_), -INFINITY);
+  for (int64_t t : first)
+    for (const auto& [b, i] : tasks[static_cast<size_t>(t)].users)
+      for (int64_t r = 0; r < g; ++r) {
+        const int64_t h = tasks[static_cast<size_t>(t)].kv_head * g + r;
+        const double pl = part_lse[static_cast<size_t>(base[b] + i * heads_ + h)];
+        double& l = low[static_cast<size_t>(b * heads_ + h)];
+        if (pl == -INFINITY) continue;
+        const double m = std::max(l, pl);
+        l = m + std::log(std::exp(l - m) + std::exp(pl - m));
+      }
+  return low;
+}
+
+void DecodeAttention::merge_partials(const std::vector<SeqView>& seqs, float* out, float* lse) {
+  const int64_t B = static_cast<int64_t>(seqs.size()), hd = head_dim_, g = group_;
+  const std::vector<int64_t>& base = base_;
+  const std::vector<float>& part_o = part_o_;
+  const std::vector<float>& part_lse = part_lse_;
+  // Merge in page order, per (sequence, head): cheap next to the pages, so on this thread (one
+  // parallel region per layer: on a loaded machine every region's join costs a time slice).
+  for (int64_t bh = 0; bh < B * heads_; ++bh) {
+    const int64_t b = bh / heads_, h = bh % heads_;
+    float* o = out + bh * hd;
+    float* l = lse + bh;
+    std::fill(o, o + hd, 0.f);
+    *l = kNegInf;
+    const int64_t pages = (base[b + 1] - base[b]) / heads_;
+    for (int64_t i = 0; i < pages; ++i) {
+      const int64_t at = base[b] + i * heads_ + h;
+      merge_partial(hd, o, l, part_o.data() + at * hd, part_lse[static_cast<size_t>(at)]);
+    }
+  }
+  // Attention mass per page: the share of each head's softmax it holds.
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t pages = (base[b + 1] - base[b]) / heads_;
+    for (int64_t i = 0; i < pages; ++i) {
+      for (int64_t h = 0; h < heads_; ++h) {
+        const float pl = part_lse[static_cast<size_t>(base[b] + i * heads_ + h)];
+        if (pl == kNegInf) continue;
+        const PageId id = (*seqs[b].pages)[static_cast<size_t>(h / g)][static_cast<size_t>(i)];
+        cache_->add_mass(id, std::exp(static_cast<double>(pl) - lse[b * heads_ + h]));
+      }
+    }
+  }
+}
+
+void DecodeAttention::count_tasks(const std::vector<char>& skipped, int64_t device_rows,
+                                  DecodeStats* stats) const {
+  const int64_t hd = head_dim_;
+  const std::vector<Task>& tasks = tasks_;
+  if (stats != nullptr) {
+    stats->device_rows += device_rows;
+    for (size_t ti = 0; ti < tasks.size(); ++ti) {
+      const Task& t = tasks[ti];
+      ++stats->tasks;
+      if (skipped[ti]) {
+        ++stats->skipped_tasks;
+        continue;
+      }
+      switch (cache_->tier_of(t.page)) {
+        case Tier::kFast: ++stats->fast_tasks; break;
+        case Tier::kHost: ++stats->host_tasks; break;
+        case Tier::kDisk: ++stats->disk_tasks; break;
+      }
+      if (t.users.size() > 1) ++stats->shared_tasks;
+      stats->kv_bytes += cache_->page(t.page).q8 != nullptr && cache_->tier_of(t.page) != Tier::kFast
+                             ? 2 * cache_->page(t.page).tokens * hd
+                             : 2 * cache_->page(t.page).tokens * hd * 4;
+    }
+  }
+}
+
+void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, float* out,
+                              float* lse, DecodeStats* stats, double skip_threshold,
+                              float* skipped_bound) {
+  const int64_t B = static_cast<int64_t>(seqs.size()), hd = head_dim_, g = group_;
+  build_tasks(seqs);
+  const std::vector<int64_t>& base = base_;
+  std::vector<float>& part_o = part_o_;
+  std::vector<float>& part_lse = part_lse_;
+  std::vector<Task>& tasks = tasks_;
   const int64_t pt = cache_->page_tokens();
   auto compute = [&](int64_t t) {
     const Task& task = tasks[static_cast<size_t>(t)];
@@ -324,17 +412,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       (last ? first : rest).push_back(static_cast<int64_t>(t));
     }
     run(first);
-    std::vector<double> low(static_cast<size_t>(B * heads_), -INFINITY);
-    for (int64_t t : first)
-      for (const auto& [b, i] : tasks[static_cast<size_t>(t)].users)
-        for (int64_t r = 0; r < g; ++r) {
-          const int64_t h = tasks[static_cast<size_t>(t)].kv_head * g + r;
-          const double pl = part_lse[static_cast<size_t>(base[b] + i * heads_ + h)];
-          double& l = low[static_cast<size_t>(b * heads_ + h)];
-          if (pl == -INFINITY) continue;
-          const double m = std::max(l, pl);
-          l = m + std::log(std::exp(l - m) + std::exp(pl - m));
-        }
+    const std::vector<double> low = lse_lower_bounds(first, B);
     // Phase 2: a page is skipped when, for every query row using it, its softmax mass is below
     // the threshold for certain: mass <= tokens x exp(scale x max_j q.k_j - L), with
     // max_j q.k_j <= sum_d max(q_d kmin_d, q_d kmax_d) (the page's per-channel key bounds).
@@ -378,52 +456,8 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
     if (skipped_bound != nullptr)
       for (size_t i = 0; i < bound.size(); ++i) skipped_bound[i] = static_cast<float>(bound[i]);
   }
-  // Merge in page order, per (sequence, head): cheap next to the pages, so on this thread (one
-  // parallel region per layer: on a loaded machine every region's join costs a time slice).
-  for (int64_t bh = 0; bh < B * heads_; ++bh) {
-    const int64_t b = bh / heads_, h = bh % heads_;
-    float* o = out + bh * hd;
-    float* l = lse + bh;
-    std::fill(o, o + hd, 0.f);
-    *l = kNegInf;
-    const int64_t pages = (base[b + 1] - base[b]) / heads_;
-    for (int64_t i = 0; i < pages; ++i) {
-      const int64_t at = base[b] + i * heads_ + h;
-      merge_partial(hd, o, l, part_o.data() + at * hd, part_lse[static_cast<size_t>(at)]);
-    }
-  }
-  // Attention mass per page: the share of each head's softmax it holds.
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t pages = (base[b + 1] - base[b]) / heads_;
-    for (int64_t i = 0; i < pages; ++i) {
-      for (int64_t h = 0; h < heads_; ++h) {
-        const float pl = part_lse[static_cast<size_t>(base[b] + i * heads_ + h)];
-        if (pl == kNegInf) continue;
-        const PageId id = (*seqs[b].pages)[static_cast<size_t>(h / g)][static_cast<size_t>(i)];
-        cache_->add_mass(id, std::exp(static_cast<double>(pl) - lse[b * heads_ + h]));
-      }
-    }
-  }
-  if (stats != nullptr) {
-    stats->device_rows += device_rows;
-    for (size_t ti = 0; ti < tasks.size(); ++ti) {
-      const Task& t = tasks[ti];
-      ++stats->tasks;
-      if (skipped[ti]) {
-        ++stats->skipped_tasks;
-        continue;
-      }
-      switch (cache_->tier_of(t.page)) {
-        case Tier::kFast: ++stats->fast_tasks; break;
-        case Tier::kHost: ++stats->host_tasks; break;
-        case Tier::kDisk: ++stats->disk_tasks; break;
-      }
-      if (t.users.size() > 1) ++stats->shared_tasks;
-      stats->kv_bytes += cache_->page(t.page).q8 != nullptr && cache_->tier_of(t.page) != Tier::kFast
-                             ? 2 * cache_->page(t.page).tokens * hd
-                             : 2 * cache_->page(t.page).tokens * hd * 4;
-    }
-  }
+  merge_partials(seqs, out, lse);
+  count_tasks(skipped, device_rows, stats);
 }
 
 }  // namespace ring::gen

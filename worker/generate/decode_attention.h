@@ -85,6 +85,14 @@ class DecodeAttention {
  private:
   // Device tier: backend buffers for `rows` query rows (grown on demand).
   void reserve_device(int64_t rows);
+  // forward()'s steps: the partials' offsets (base_) and one task per distinct page (tasks_,
+  // users_); each (sequence, head)'s lower bound on its lse from the tasks `first` computed; the
+  // partials merged in page order into out and lse, each page's attention mass told to the
+  // cache; the call's counts into *stats.
+  void build_tasks(const std::vector<SeqView>& seqs);
+  std::vector<double> lse_lower_bounds(const std::vector<int64_t>& first, int64_t batch) const;
+  void merge_partials(const std::vector<SeqView>& seqs, float* out, float* lse);
+  void count_tasks(const std::vector<char>& skipped, int64_t device_rows, DecodeStats* stats) const;
 
   // The (sequence, page index) pairs a task serves: (*all)[first, first + count).
   struct Users {
