@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "common/trace/chrome_trace.h"
+
 namespace ring::cli {
 
 using json = nlohmann::json;
@@ -109,16 +111,11 @@ json build_trace(const std::vector<std::pair<std::string, std::string>>& files,
   for (const Node& n : nodes)
     for (const Rec& r : n.recs)
       if (!o.step || r.step == *o.step) t0 = std::min(t0, unix_of(n, r.begin_ns));
-  json events = json::array();
+  trace::ChromeTrace t;
   for (const Node& n : nodes) {
     const int64_t pid = n.node_rank;
-    events.push_back(
-        {{"name", "process_name"},
-         {"ph", "M"},
-         {"pid", pid},
-         {"args",
-          {{"name", n.name.empty() ? fmt::format("node {}", n.node_rank)
-                                   : fmt::format("node {} ({})", n.node_rank, n.name)}}}});
+    t.process(pid, n.name.empty() ? fmt::format("node {}", n.node_rank)
+                                  : fmt::format("node {} ({})", n.node_rank, n.name));
     std::map<int64_t, std::string> threads;
     for (const Rec& r : n.recs) {
       if (o.step && r.step != *o.step) continue;
@@ -149,29 +146,12 @@ json build_trace(const std::vector<std::pair<std::string, std::string>>& files,
       if (r.peer >= 0) args["peer"] = r.peer;
       if (r.bytes > 0) args["bytes"] = r.bytes;
       const int64_t ts = unix_of(n, r.begin_ns) - t0;
-      events.push_back({{"name", name},
-                        {"cat", r.phase},
-                        {"ph", "X"},
-                        {"pid", pid},
-                        {"tid", tid},
-                        {"ts", static_cast<double>(ts) / 1e3},
-                        {"dur", static_cast<double>(r.end_ns - r.begin_ns) / 1e3},
-                        {"args", args}});
+      t.complete(name, pid, tid, static_cast<double>(ts) / 1e3,
+                 static_cast<double>(r.end_ns - r.begin_ns) / 1e3, std::move(args), r.phase);
     }
-    for (const auto& [tid, tname] : threads) {
-      events.push_back({{"name", "thread_name"},
-                        {"ph", "M"},
-                        {"pid", pid},
-                        {"tid", tid},
-                        {"args", {{"name", tname}}}});
-      events.push_back({{"name", "thread_sort_index"},
-                        {"ph", "M"},
-                        {"pid", pid},
-                        {"tid", tid},
-                        {"args", {{"sort_index", tid}}}});
-    }
+    for (const auto& [tid, tname] : threads) t.thread(pid, tid, tname);
   }
-  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  return t.document();
 }
 
 }  // namespace ring::cli

@@ -17,12 +17,13 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "common/cp/ring_messages.h"
 #include "common/plan/plan.h"
 #include "common/topology/global_order.h"
 #include "common/topology/tsp.h"
+#include "common/trace/chrome_trace.h"
 #include "fmt/format.h"
 #include "sim/engine.h"
-#include "common/cp/ring_messages.h"
 
 namespace ring::sim {
 
@@ -1465,35 +1466,22 @@ std::string to_text(const SimResult& r) {
 }
 
 void write_trace(const SimResult& r, const std::string& path) {
-  nlohmann::json ev = nlohmann::json::array();
-  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "ranks (compute)"}}}});
-  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 3}, {"args", {{"name", "ring sends (by sender); shard full: gathers (by receiver), reduce-scatters (by sender)"}}}});
-  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 2}, {"args", {{"name", "ringd (exchange, optimizer)"}}}});
-  for (const auto& t : r.trace) {
+  trace::ChromeTrace t;
+  t.process(1, "ranks (compute)");
+  t.process(3, "ring sends (by sender); shard full: gathers (by receiver), reduce-scatters (by sender)");
+  t.process(2, "ringd (exchange, optimizer)");
+  for (const auto& e : r.trace) {
     nlohmann::json args = nlohmann::json::object();
-    if (t.layer >= 0) args["layer"] = t.layer;
-    if (t.step >= 0) args["step"] = t.step;
-    if (t.bytes > 0) args["bytes"] = t.bytes;
-    ev.push_back({{"name", t.name}, {"ph", "X"}, {"pid", t.pid}, {"tid", t.tid},
-                  {"ts", t.start * 1e6}, {"dur", (t.end - t.start) * 1e6}, {"args", args}});
+    if (e.layer >= 0) args["layer"] = e.layer;
+    if (e.step >= 0) args["step"] = e.step;
+    if (e.bytes > 0) args["bytes"] = e.bytes;
+    t.complete(e.name, e.pid, e.tid, e.start * 1e6, (e.end - e.start) * 1e6, std::move(args));
   }
-  // A per-user file: 0600, never written through a symbolic link.
-  const std::string text = nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump() + "\n";
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot write the trace: {}", path, std::strerror(errno)));
-  size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + off, text.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int e = errno;
-      ::close(fd);
-      throw std::runtime_error(fmt::format("{}: writing the trace failed: {}", path, std::strerror(e)));
-    }
-    off += static_cast<size_t>(w);
+  try {
+    t.write(path);  // a per-user file: 0600, replaced whole, never through a symbolic link
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("cannot write the trace: {}", e.what()));
   }
-  ::fchmod(fd, 0600);
-  if (::close(fd) != 0) throw std::runtime_error(fmt::format("{}: writing the trace failed", path));
 }
 
 }  // namespace ring::sim
