@@ -110,12 +110,21 @@ std::string rank_label(const RankSummary& s) {
 
 }  // namespace
 
-std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
-  Exposition x;
-  x.family("ring_coordinator_info", "gauge", "ring-coord's version (the value is always 1)");
-  x.sample({{"version", kVersion}}, 1);
+namespace {
 
-  // Jobs by state: every job in the database, every state listed (0 included).
+// A per-job family: one sample per exported job that has a value.
+template <class Value>
+void per_job(Exposition& x, const std::vector<JobRow>& jobs, const std::string& name,
+             const std::string& type, const std::string& help, Value value) {
+  x.family(name, type, help);
+  for (const auto& j : jobs)
+    if (auto v = value(j)) x.sample(job_labels(j), *v);
+}
+
+using OptD = std::optional<double>;
+
+// ring_jobs: every job in the database by state, every state listed (0 included).
+void job_state_families(Exposition& x, Store& store) {
   std::map<std::string, int64_t> by_state;
   for (JobState s : kAllJobStates)
     by_state[to_string(s)] = 0;
@@ -125,44 +134,41 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
   }
   x.family("ring_jobs", "gauge", "Jobs in the coordinator's database by state");
   for (const auto& [state, n] : by_state) x.sample({{"state", state}}, static_cast<double>(n));
+}
 
-  const auto jobs = exported_jobs(store, lim, now);
-  // Per job: the jobs that are not finished and those finished within the recent window.
-  auto per_job = [&](const std::string& name, const std::string& type, const std::string& help,
-                     auto value) {
-    x.family(name, type, help);
-    for (const auto& j : jobs)
-      if (auto v = value(j)) x.sample(job_labels(j), *v);
-  };
+// ring_job_*: the exported jobs (not finished, or finished within the recent window).
+void job_families(Exposition& x, Store& store, const std::vector<JobRow>& jobs) {
   x.family("ring_job_info", "gauge",
            "One series per exported job (value 1): its name, owner and state");
   for (const auto& j : jobs)
     x.sample(with(job_labels(j),
                   {{"name", j.name}, {"owner", j.owner_user}, {"state", to_string(j.state)}}),
              1);
-  using OptD = std::optional<double>;
-  per_job("ring_job_step", "gauge", "The job's latest step reported",
+  per_job(x, jobs, "ring_job_step", "gauge", "The job's latest step reported",
           [](const JobRow& j) -> OptD { return static_cast<double>(j.last_step); });
-  per_job("ring_job_total_steps", "gauge", "The job's training.steps",
+  per_job(x, jobs, "ring_job_total_steps", "gauge", "The job's training.steps",
           [](const JobRow& j) -> OptD { return static_cast<double>(j.total_steps); });
-  per_job("ring_job_loss", "gauge", "The loss of the job's latest step (NaN: diverged)",
+  per_job(x, jobs, "ring_job_loss", "gauge", "The loss of the job's latest step (NaN: diverged)",
           [](const JobRow& j) -> OptD { return j.last_loss; });
-  per_job("ring_job_tokens_per_second", "gauge", "Training tokens per second at the latest step",
+  per_job(x, jobs, "ring_job_tokens_per_second", "gauge", "Training tokens per second at the latest step",
           [](const JobRow& j) -> OptD { return j.last_tokens_per_s; });
-  per_job("ring_job_attempt", "gauge", "The job's current attempt number",
+  per_job(x, jobs, "ring_job_attempt", "gauge", "The job's current attempt number",
           [](const JobRow& j) -> OptD { return static_cast<double>(j.attempt); });
-  per_job("ring_job_restarts_total", "counter", "Automatic restarts of the job",
+  per_job(x, jobs, "ring_job_restarts_total", "counter", "Automatic restarts of the job",
           [](const JobRow& j) -> OptD { return static_cast<double>(j.restarts); });
-  per_job("ring_job_hangs_total", "counter", "Hang findings recorded for the job (events `hang`)",
+  per_job(x, jobs, "ring_job_hangs_total", "counter", "Hang findings recorded for the job (events `hang`)",
           [&](const JobRow& j) -> OptD {
             return static_cast<double>(count_events(store, j.id, "hang"));
           });
 
   // Latest step time: the slowest node's report of the latest step in step_metrics.
-  per_job("ring_job_step_seconds", "gauge",
+  per_job(x, jobs, "ring_job_step_seconds", "gauge",
           "Step time of the job's latest recorded step (the slowest node's report)",
           [&](const JobRow& j) -> OptD { return latest_step_seconds(store, j.id); });
+}
 
+// ring_job_checkpoint_*: each exported job's latest complete checkpoint.
+void checkpoint_families(Exposition& x, Store& store, const std::vector<JobRow>& jobs) {
   // Checkpoints: the latest complete one.
   std::map<int64_t, CheckpointInfo> latest_ckpt;
   for (const auto& j : jobs)
@@ -171,20 +177,20 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
         latest_ckpt[j.id] = c;
         break;
       }
-  per_job("ring_job_checkpoint_step", "gauge", "Step of the job's latest complete checkpoint",
+  per_job(x, jobs, "ring_job_checkpoint_step", "gauge", "Step of the job's latest complete checkpoint",
           [&](const JobRow& j) -> OptD {
             auto it = latest_ckpt.find(j.id);
             if (it == latest_ckpt.end()) return std::nullopt;
             return static_cast<double>(it->second.step);
           });
-  per_job("ring_job_checkpoint_bytes", "gauge",
+  per_job(x, jobs, "ring_job_checkpoint_bytes", "gauge",
           "Bytes of the job's latest complete checkpoint (all node shards)",
           [&](const JobRow& j) -> OptD {
             auto it = latest_ckpt.find(j.id);
             if (it == latest_ckpt.end()) return std::nullopt;
             return static_cast<double>(it->second.bytes);
           });
-  per_job("ring_job_checkpoint_seconds", "gauge",
+  per_job(x, jobs, "ring_job_checkpoint_seconds", "gauge",
           "Seconds the job's latest complete checkpoint took to write (the slowest node's shard, "
           "start to durable)",
           [&](const JobRow& j) -> OptD {
@@ -192,7 +198,11 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
             if (it == latest_ckpt.end()) return std::nullopt;
             return it->second.seconds;
           });
+}
 
+// ring_rank_*: per rank over the last window_steps steps of rank_steps, and the folded ranks.
+void rank_families(Exposition& x, Store& store, const std::vector<JobRow>& jobs,
+                   const ExportLimits& lim) {
   // Per rank, over the last window_steps steps of rank_steps.
   std::vector<std::pair<const JobRow*, std::vector<RankSummary>>> ranks;
   for (const auto& j : jobs) {
@@ -237,7 +247,11 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
     for (const auto& s : sums) folded += static_cast<double>(s.folded_ranks);
     x.sample(job_labels(*j), folded);
   }
+}
 
+// ring_rank_straggler: the findings not cleared since.
+void straggler_family(Exposition& x, Store& store, const std::vector<JobRow>& jobs,
+                      const ExportLimits& lim) {
   // Findings: ranks named stragglers and not cleared since.
   x.family("ring_rank_straggler", "gauge",
            "1 for each rank currently named a straggler (events `straggler` not followed by "
@@ -252,7 +266,10 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
                1);
     }
   }
+}
 
+// ring_node_*: the exported nodes.
+void node_families(Exposition& x, Store& store, const ExportLimits& lim, double now) {
   // Nodes.
   const auto nodes = exported_nodes(store, lim, now);
   x.family("ring_node_up", "gauge", "1 when the node's daemon is up, 0 when it was lost");
@@ -265,6 +282,21 @@ std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
   for (const auto& n : nodes)
     x.sample({{"node", n.name}, {"uid", std::to_string(n.uid)}},
              std::max(0.0, now - n.last_heartbeat));
+}
+
+}  // namespace
+
+std::string render_metrics(Store& store, const ExportLimits& lim, double now) {
+  Exposition x;
+  x.family("ring_coordinator_info", "gauge", "ring-coord's version (the value is always 1)");
+  x.sample({{"version", kVersion}}, 1);
+  job_state_families(x, store);
+  const auto jobs = exported_jobs(store, lim, now);
+  job_families(x, store, jobs);
+  checkpoint_families(x, store, jobs);
+  rank_families(x, store, jobs, lim);
+  straggler_family(x, store, jobs, lim);
+  node_families(x, store, lim, now);
   return x.text();
 }
 
