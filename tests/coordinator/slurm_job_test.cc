@@ -169,8 +169,17 @@ TEST(CoordSlurm, RequeueRequestEndsTheAttemptBeforeSlurmStopsIt) {
       if (e.kind == "worker_died") return true;
     return false;
   }));
-  // Well past the backoff: still waiting for Slurm, not failed and not restarted in place.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Still waiting for Slurm, not failed and not restarted in place. The witness that the timers
+  // have run past the backoff since: a local job failed after this point (same backoff) is
+  // restarted, and the timers start every due restart in one pass.
+  int64_t witness = client.submit(test_spec(1, /*max_restarts=*/1, 0.1, 0.1)).job;
+  SimDaemon w(coord.endpoint(), "node9");
+  w.register_jobs({{witness, 0, 0}});
+  proto::Event wdied = died;
+  wdied.job = witness;
+  wdied.rank = 0;
+  w.event(wdied);
+  ASSERT_TRUE(wait_for([&] { return client.status(witness).attempt == 2; }, 30s));
   auto st = client.status(job);
   EXPECT_EQ(st.state, "restarting") << st.state_reason;
   EXPECT_EQ(st.attempt, 1);
