@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
+#include "common/files/read_file.h"
 #include "common/topology/hostlist.h"
 #include "fmt/format.h"
 
@@ -28,15 +29,11 @@ std::string node_name(int slot) { return fmt::format("n{:05d}", slot); }
 
 // A regular file's text; errors name the file.
 std::string read_text(const std::string& path) {
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0)
-    fail(fmt::format("{}: cannot read the topology file: {}", path, std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) fail(fmt::format("{}: the topology file is not a regular file", path));
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) fail(fmt::format("{}: cannot read the topology file", path));
-  return ss.str();
+  try {
+    return files::read_regular_file(path, size_t{256} << 20);
+  } catch (const files::ReadError& e) {
+    fail(std::string("the topology file ") + e.what());
+  }
 }
 
 }  // namespace

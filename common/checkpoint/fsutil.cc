@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/files/atomic_write.h"
+#include "common/files/read_file.h"
 #include "common/checkpoint/checkpoint.h"
 
 namespace ring::ckpt::fs {
@@ -103,30 +104,11 @@ void write_atomic(const std::string& dir, const std::string& name, const std::st
 }
 
 std::string read_file(const std::string& path, size_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) throw CheckpointError(path + ": missing");
-    throw CheckpointError(path + ": cannot open: " + errno_text(errno));
-  }
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw CheckpointError(path + ": not a regular file");
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
-    throw CheckpointError(path + ": " + std::to_string(st.st_size) + " bytes, over the limit of " +
-                          std::to_string(max_bytes));
-  }
-  std::string s(static_cast<size_t>(st.st_size), '\0');
   try {
-    pread_all(fd, s.data(), s.size(), 0, path);
-  } catch (...) {
-    ::close(fd);
-    throw;
+    return files::read_regular_file(path, max_bytes);
+  } catch (const files::ReadError& e) {
+    throw CheckpointError(e.what());
   }
-  ::close(fd);
-  return s;
 }
 
 bool exists(const std::string& path) {

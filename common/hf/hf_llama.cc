@@ -31,6 +31,7 @@
 #include "common/contract/shard.h"
 #include "common/files/atomic_write.h"
 #include "common/files/output_dir.h"
+#include "common/files/read_file.h"
 #include "common/safetensors/safetensors.h"
 #include "common/checkpoint/checkpoint.h"
 
@@ -61,12 +62,13 @@ void write_user_file(const std::string& path, const std::string& text) {
   fail(path, what);
 }
 
+// config.json, model.yaml, an index: small files of the user's.
 std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return files::read_regular_file(path, size_t{64} << 20);
+  } catch (const files::ReadError& e) {
+    throw ConvertError(e.what());
+  }
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

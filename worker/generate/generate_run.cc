@@ -21,6 +21,7 @@
 
 #include "common/contract/layout.h"
 #include "common/files/atomic_write.h"
+#include "common/files/read_file.h"
 #include "common/contract/timeline.h"
 #include "common/spec/parse.h"
 #include "common/checkpoint/checkpoint.h"
@@ -127,11 +128,11 @@ static contract::ModelConfig config_from_checkpoint(const std::string& path) {
 }
 
 static std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("prompt {}: cannot read: {}", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return files::read_regular_file(path);
+  } catch (const files::ReadError& e) {
+    throw InputError(std::string("prompt ") + e.what());
+  }
 }
 
 // The cache's messages name its settings; here they are flags.
