@@ -16,8 +16,8 @@ namespace {
 // The fields of the event() being logged on this thread (sinks format on the caller's thread).
 thread_local const nlohmann::json* t_fields = nullptr;
 
-// Control bytes (a newline that would forge a log line, an escape sequence for the terminal)
-// as \xHH; everything else as it is.
+}  // namespace
+
 std::string escape_controls(std::string_view s) {
   std::string out;
   out.reserve(s.size());
@@ -29,8 +29,6 @@ std::string escape_controls(std::string_view s) {
   }
   return out;
 }
-
-}  // namespace
 
 std::string valid_utf8(std::string_view s) {
   std::string out;

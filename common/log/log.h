@@ -34,6 +34,10 @@ inline constexpr const char* kFormatNames[] = {"text", "json"};
 inline constexpr const char* kLevelNames[] = {"trace", "debug",    "info", "warn",
                                               "error", "critical", "off"};
 
+// Text for a log line: control bytes (a newline that would forge a line, an escape sequence that
+// drives the terminal) as \xHH, everything else as it is. The text formatter applies it; a log
+// written outside spdlog (ringd's log file) calls it.
+std::string escape_controls(std::string_view s);
 // External text (a worker's log lines, a file name, a peer's message) made valid UTF-8: each
 // invalid byte becomes U+FFFD; valid text is returned unchanged. Text from outside goes through
 // this before it reaches JSON, so a stray byte never makes a serializer throw.

@@ -38,7 +38,9 @@ bool Output::open(const std::string& job_dir, std::string* why) {
          (o_.node_rank != 0 || steps_file_.open(job_dir + "/steps.jsonl", why));
 }
 
-void Output::log(const std::string& line) {
+void Output::log(const std::string& text) {
+  // Worker output, file names and peers' messages reach this line: one escaped line each.
+  const std::string line = ring::log::escape_controls(text);
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
   char ts[32];
@@ -46,14 +48,15 @@ void Output::log(const std::string& line) {
   log_file(fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line));
   if (o_.json) return;  // stdout carries the JSON lines; the log file has everything
   if (o_.log_format == "json")
-    ring::log::event(*stderr_log_, spdlog::level::info, line, {{"node", o_.node_rank}});
+    ring::log::event(*stderr_log_, spdlog::level::info, text, {{"node", o_.node_rank}});
   else
     stderr_log_->info(line);
 }
 
 // ringd's log file; a failed write is said once on stderr (the log itself cannot carry it).
-void Output::log_file(const std::string& line) {
+void Output::log_file(const std::string& text) {
   std::string why;
+  const std::string line = ring::log::escape_controls(text);
   if (log_file_.is_open() && !log_file_.write_line(line, &why) && !log_write_failed_) {
     log_write_failed_ = true;
     std::cerr << "ringd: " << why << "; the log goes on on stderr only" << std::endl;

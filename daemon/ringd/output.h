@@ -23,10 +23,11 @@ class Output {
   // the reason (naming the file) in *why.
   bool open(const std::string& job_dir, std::string* why);
 
-  // A log line: "<date> <time> ringd[<node>] <line>" in the log file, and on stderr.
-  void log(const std::string& line);
-  // A line of the log file alone, as it is.
-  void log_file(const std::string& line);
+  // A log line: "<date> <time> ringd[<node>] <text>" in the log file, and on stderr; control
+  // bytes of the text as \xHH (log::escape_controls), so no text forges a line.
+  void log(const std::string& text);
+  // A line of the log file alone, escaped the same way.
+  void log_file(const std::string& text);
   // An event: "event {...}" in the log file, the JSON line on stdout (node 0, --json). Returns
   // its fields with event, node and attempt added (what ring-coord is told).
   nlohmann::json event(const std::string& name, nlohmann::json fields, int64_t attempt);

@@ -101,3 +101,25 @@ TEST(RingdOutput, OtherNodesKeepNoStepsAndPrintNoEvents) {
 }
 
 }  // namespace
+
+// Worker text and peers' messages reach ringd's log: a newline or a terminal escape in them is
+// written as \xHH, so no text forges a log line or drives the terminal that shows the file.
+TEST(RingdOutput, ControlBytesAreEscapedInTheLogFileAndOnStderr) {
+  Rig rig;
+  Options o;
+  Output out(o);
+  std::string why;
+  ASSERT_TRUE(out.open(rig.t.path, &why)) << why;
+  testing::internal::CaptureStderr();
+  out.log("worker said: ok\n2026-01-01 00:00:00 ringd[0] job completed\x1b[2J");
+  out.log_file("raw\rline");
+  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string log = test::slurp(rig.log_path());
+  const std::string want =
+      "worker said: ok\\x0a2026-01-01 00:00:00 ringd[0] job completed\\x1b[2J\n";
+  EXPECT_NE(log.find(want), std::string::npos) << log;
+  EXPECT_NE(err.find(want), std::string::npos) << err;
+  EXPECT_NE(log.find("raw\\x0dline\n"), std::string::npos) << log;
+  EXPECT_EQ(log.find("\x1b"), std::string::npos) << log;
+}
+
