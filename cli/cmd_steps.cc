@@ -79,16 +79,7 @@ std::vector<json> read_steps_file(const std::string& path, int64_t after) {
   return out;
 }
 
-json coordinator_record(const protocol::StepRecord& s) {
-  return {{"step", s.step},
-          {"attempt", s.attempt},
-          {"node", s.node},
-          {"loss", s.loss},
-          {"tokens_per_s", s.tokens_per_s},
-          {"step_time_s", s.step_time_s},
-          {"comm_time_s", s.comm_time_s},
-          {"time", s.time}};
-}
+json coordinator_record(const protocol::StepRecord& s) { return protocol::step_record_json(s); }
 
 std::string render(const std::vector<json>& recs, bool from_file) {
   std::vector<std::vector<std::string>> rows;

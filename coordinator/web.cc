@@ -553,14 +553,7 @@ HttpResponse api_job_steps(const RouteCtx& c, const JobRow* j) {
   if (!bad.empty()) return json_error(400, bad);
   json out = json::array();
   for (const auto& s : c.store.steps(j->id, from > 0 ? from - 1 : 0, limit))
-    out.push_back({{"step", s.step},
-                   {"attempt", s.attempt},
-                   {"node", s.node},
-                   {"loss", s.loss},
-                   {"tokens_per_s", s.tokens_per_s},
-                   {"step_time_s", s.step_time_s},
-                   {"comm_time_s", s.comm_time_s},
-                   {"time", s.time}});
+    out.push_back(proto::step_record_json(s));
   return json_reply(out);
 }
 

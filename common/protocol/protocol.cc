@@ -880,6 +880,10 @@ json to_json(const Message& msg) {
   return std::move(w.j);
 }
 
+json step_record_json(const StepRecord& r) {
+  return to_json(StepsReply{0, 1, {r}, {}})["steps"][0];
+}
+
 // Invalid UTF-8 (e.g. a spec diagnostic cut mid-character) is replaced, never thrown.
 std::string encode(const Message& m) {
   return to_json(m).dump(-1, ' ', false, json::error_handler_t::replace);

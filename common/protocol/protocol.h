@@ -426,6 +426,8 @@ const char* type_name(const Message& m);
 
 // JSON form (with v and type) and its serialisation.
 nlohmann::json to_json(const Message& m);
+// One step record as steps_reply writes it (`ringctl steps --json`, the web API's steps).
+nlohmann::json step_record_json(const StepRecord& r);
 std::string encode(const Message& m);
 
 // Validates and parses one message. Throws ProtocolError.

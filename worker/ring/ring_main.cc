@@ -88,6 +88,33 @@ RankOptions rank_options(const Args& args, const spec::JobSpec& spec) {
 
 int run_offloaded_rank(const Args& args, const spec::JobSpec& spec);
 
+// What both kinds of rank set up the same way: the threads and the kernel backend (nullptr,
+// said, when it cannot be made), and the sequences (every rank builds the same ones from the same
+// spec and seed, and keeps its shards).
+int rank_threads(const Args& args, const spec::JobSpec& spec) {
+  return args.threads.value_or(static_cast<int>(spec.resources.cpus_per_worker));
+}
+std::string rank_backend_name(const Args& args, const spec::JobSpec& spec) {
+  return args.backend.value_or(spec::to_string(spec.resources.backend));
+}
+std::unique_ptr<kernels::Backend> make_rank_backend(const Args& args, const spec::JobSpec& spec) {
+  const std::string name = rank_backend_name(args, spec);
+  std::string err;
+  auto backend = kernels::create_backend(name, rank_threads(args, spec), &err);
+  if (!backend) logger()->error("backend '{}': {}", name, err);
+  return backend;
+}
+std::unique_ptr<data::SequenceSource> make_rank_source(const Args& args,
+                                                       const spec::JobSpec& spec) {
+  data::CorpusOptions corpus;
+  corpus.max_total_bytes = args.max_corpus_mb << 20;
+  corpus.encode_threads = rank_threads(args, spec);
+  std::unique_ptr<data::SequenceSource> source =
+      data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
+  data::check_vocab(*source, spec.model.vocab);
+  return source;
+}
+
 // ---- one rank ---------------------------------------------------------------------------------
 
 int run_rank(const Args& args) {
@@ -105,26 +132,14 @@ int run_rank(const Args& args) {
   const int rank = args.rank, world = args.world;
   const bool lead = rank == 0;
   const int64_t steps = args.steps.value_or(spec.train.steps);
-  const int threads = args.threads.value_or(static_cast<int>(spec.resources.cpus_per_worker));
-  const std::string backend_name = args.backend.value_or(spec::to_string(spec.resources.backend));
-  std::string err;
-  auto backend = kernels::create_backend(backend_name, threads, &err);
-  if (!backend) {
-    logger()->error("backend '{}': {}", backend_name, err);
-    return kExitUsage;
-  }
+  const int threads = rank_threads(args, spec);
+  auto backend = make_rank_backend(args, spec);
+  if (!backend) return kExitUsage;
 
   RingRank rr(spec, rank_options(args, spec));
   if (lead && !rr.note().empty()) logger()->info("note: {}", rr.note());
   const int ctx = rr.ring().world;  // C: ranks of this replica's ring
-
-  data::CorpusOptions corpus;
-  corpus.max_total_bytes = args.max_corpus_mb << 20;
-  corpus.encode_threads = threads;
-  // Every rank builds the same sequences (same spec, same seed) and keeps its shards.
-  std::unique_ptr<data::SequenceSource> source =
-      data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
-  data::check_vocab(*source, spec.model.vocab);
+  std::unique_ptr<data::SequenceSource> source = make_rank_source(args, spec);
 
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;
@@ -396,22 +411,11 @@ StepOverlap shard_overlap_since(int64_t step, const ShardStats& s0, const ShardS
 
 int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   const int rank = args.rank, world = args.world;  // ringd decides the number of steps
-  const int threads = args.threads.value_or(static_cast<int>(spec.resources.cpus_per_worker));
-  const std::string backend_name = args.backend.value_or(spec::to_string(spec.resources.backend));
-  std::string err;
-  auto backend = kernels::create_backend(backend_name, threads, &err);
-  if (!backend) {
-    logger()->error("backend '{}': {}", backend_name, err);
-    return kExitUsage;
-  }
+  const std::string backend_name = rank_backend_name(args, spec);
+  auto backend = make_rank_backend(args, spec);
+  if (!backend) return kExitUsage;
   RingRank rr(spec, rank_options(args, spec));
-
-  data::CorpusOptions corpus;
-  corpus.max_total_bytes = args.max_corpus_mb << 20;
-  corpus.encode_threads = threads;
-  std::unique_ptr<data::SequenceSource> source =
-      data::make_source(spec.data, data::PasskeyLabels::kAll, corpus);
-  data::check_vocab(*source, spec.model.vocab);
+  std::unique_ptr<data::SequenceSource> source = make_rank_source(args, spec);
 
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;
