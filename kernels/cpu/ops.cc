@@ -62,23 +62,8 @@ struct Kernels {
                            uint32_t* out, float* out_val, int64_t cap);
 };
 
-#define RING_ISA_NS avx512
-#define RING_ISA_TARGET RING_TARGET_AVX512
-#include "kernels/cpu/ops_isa.inc"
-#undef RING_ISA_NS
-#undef RING_ISA_TARGET
-
-#define RING_ISA_NS avx2
-#define RING_ISA_TARGET RING_TARGET_AVX2
-#include "kernels/cpu/ops_isa.inc"
-#undef RING_ISA_NS
-#undef RING_ISA_TARGET
-
-#define RING_ISA_NS scalar
-#define RING_ISA_TARGET
-#include "kernels/cpu/ops_isa.inc"
-#undef RING_ISA_NS
-#undef RING_ISA_TARGET
+#define RING_ISA_FILE "kernels/cpu/ops_isa.inc"
+#include "kernels/cpu/isa_each.inc"
 
 constexpr Kernels kKernels[3] = {scalar::make_kernels(), avx2::make_kernels(),
                                  avx512::make_kernels()};

@@ -15,21 +15,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace ring::gen {
-#define RING_ISA_NS avx512
-#define RING_ISA_TARGET RING_TARGET_AVX512
-#include "worker/generate/page_kernel_isa.inc"
-#undef RING_ISA_NS
-#undef RING_ISA_TARGET
-#define RING_ISA_NS avx2
-#define RING_ISA_TARGET RING_TARGET_AVX2
-#include "worker/generate/page_kernel_isa.inc"
-#undef RING_ISA_NS
-#undef RING_ISA_TARGET
-#define RING_ISA_NS scalar
-#define RING_ISA_TARGET
-#include "worker/generate/page_kernel_isa.inc"
-#undef RING_ISA_NS
-#undef RING_ISA_TARGET
+#define RING_ISA_FILE "worker/generate/page_kernel_isa.inc"
+#include "kernels/cpu/isa_each.inc"
 }  // namespace ring::gen
 
 namespace ring::gen {
