@@ -115,14 +115,7 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
                  "copy_to_device");
     step_params_ = dev_params_.data();
   }
-  rope_.theta = static_cast<double>(config_.rope_theta);
-  rope_.scaling = static_cast<kernels::RopeScaling>(config_.rope_scaling);
-  rope_.factor = config_.rope_scaling_factor;
-  rope_.original_context = config_.rope_original_context;
-  rope_.low_freq_factor = config_.rope_low_freq_factor;
-  rope_.high_freq_factor = config_.rope_high_freq_factor;
-  rope_.beta_fast = config_.rope_beta_fast;
-  rope_.beta_slow = config_.rope_beta_slow;
+  rope_ = model_->rope();  // the same positions as the model's prefill
   const auto& layout = model_->layout();
   const bool swiglu = config_.mlp == spec::MlpKind::kSwiGLU;
   for (int l = 0; l < config_.layers; ++l) {

@@ -85,6 +85,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
+  // RoPE as the config gives it (theta and scaling), checked at construction.
+  const kernels::RopeParams& rope() const { return rope_; }
   kernels::Backend* backend() const { return backend_; }
 
   // Flat fp32 buffers in backend memory, [layout().total()] each.
