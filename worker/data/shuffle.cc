@@ -11,13 +11,6 @@ namespace {
 constexpr uint64_t kShuffleTag = 0x73687566666c65ull;  // "shuffle"
 }
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 uint64_t derive_seed(uint64_t seed, uint64_t tag, uint64_t stream) {
   return mix64(mix64(mix64(seed) ^ tag) ^ stream);
 }

@@ -13,8 +13,14 @@
 
 namespace ring::data {
 
-// SplitMix64 finaliser: a bijection on 64 bits with good avalanche; used to derive seeds.
-uint64_t mix64(uint64_t x);
+// SplitMix64 finaliser: a bijection on 64 bits with good avalanche; used to derive seeds (the data
+// order, the model's initial weights, sampling, the KV cache's page ids).
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 // A seed for stream `stream` (e.g. epoch, sample index) of a user seed; distinct tags keep the
 // document shuffle and the passkey generator independent for the same data.seed.

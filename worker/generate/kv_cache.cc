@@ -16,16 +16,12 @@
 #include <fmt/format.h>
 
 #include "kernels/backend.h"
+#include "worker/data/shuffle.h"
 
 namespace ring::gen {
 namespace {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using data::mix64;
 
 constexpr int64_t kOsPage = 4096;
 

@@ -7,17 +7,13 @@
 
 #include <fmt/format.h>
 
+#include "worker/data/shuffle.h"
 #include "worker/generate/kv_cache.h"
 
 namespace ring::gen {
 namespace {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using data::mix64;
 
 }  // namespace
 

@@ -6,17 +6,11 @@
 #include <string>
 
 #include "common/contract/timeline.h"
+#include "worker/data/shuffle.h"
 
 namespace ring::model {
 namespace timeline = contract::timeline;
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Uniform in (0, 1) from the top 53 bits; never 0 so log() is finite.
 double uniform_open(std::mt19937_64& rng) {
@@ -124,7 +118,7 @@ void Model::initial_params(uint64_t seed, int64_t begin, int64_t end, float* out
       continue;
     }
     const bool residual_out = ends_with(v.name, ".wo") || ends_with(v.name, ".w_down");
-    const uint64_t stream = splitmix64(seed ^ splitmix64(i + 1));
+    const uint64_t stream = data::mix64(seed ^ data::mix64(i + 1));
     const float sd = residual_out ? out_std : kStd;
     if (lo == v.offset && hi == v.offset + v.size) {
       fill_normal(stream, sd, v.size, dst);
