@@ -202,6 +202,10 @@ victim=$(scontrol show hostnames "$(job_field "$SID" NodeList)" | tail -n 1)
 crash_node "$victim" "$SID"
 check "nodefail: Slurm requeued it after $victim went down" wait_for 60 restarts_at_least "$SID" 1
 check "nodefail: started again" wait_for 90 grep -q "start 2," "$JD/slurm-$SID.out"
+# ring-coord judges at the start (ringctl slurm-started, after the "start 2" line) with the node
+# still down: bring it back only once that start is recorded.
+recorded_twice() { [ "$(grep -c "ringmaster: ring-coord job $JOB is " "$JD/slurm-$SID.out")" -ge 2 ]; }
+check "nodefail: ring-coord recorded the second start" wait_for 60 recorded_twice
 assert_not_contains "nodefail: the second start is not on the dead node" "$(scontrol show hostnames "$(job_field "$SID" NodeList)")" "$victim"
 # The node is repaired and returns to service (ReturnToService=2).
 "$CLUSTER" node-start "$victim" --state-dir "$RING_SLURM_STATE" >/dev/null 2>&1
