@@ -40,7 +40,7 @@
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
 #include "common/proc/reap.h"
-#include "common/proc/spawn.h"
+#include "common/proc/rank_group.h"
 #include "worker/generate/generate_run.h"
 
 namespace ring::cli {
@@ -131,9 +131,9 @@ std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& 
   return a;
 }
 
-// --ranks P: starts P ranks of this command on this host and waits for them. When one fails the
-// others are stopped (SIGTERM, SIGKILL 5 s later); SIGINT/SIGTERM/SIGHUP are passed on. Exits
-// with the first failure's status.
+// --ranks P: starts P ranks of this command on this host and waits for them (proc/rank_group.h).
+// When one fails the others are stopped (SIGTERM, SIGKILL 5 s later); SIGINT/SIGTERM/SIGHUP are
+// passed on. Exits with the first failure's status (1 for a rank killed by a signal).
 int launch_ranks(const GenerateOpts& o) {
   // The inputs once here, so that a bad flag or file is reported once (the ranks load them too).
   gen::check_split(o, gen::load_inputs(o, true), o.ranks);
@@ -143,77 +143,24 @@ int launch_ranks(const GenerateOpts& o) {
   const std::string dir = tmpl;
   std::error_code ec;
   const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
-  sigset_t handled, old;
-  sigemptyset(&handled);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
-  sigprocmask(SIG_BLOCK, &handled, &old);
-  std::vector<pid_t> pids(static_cast<size_t>(o.ranks), -1);
-  int exit_code = 0;
-  for (int r = 0; r < o.ranks && exit_code == 0; ++r) {
-    proc::SpawnOptions so;
-    so.argv = rank_argv(ec ? std::string("/proc/self/exe") : self, o, r, o.ranks, dir);
-    so.death_signal = SIGKILL;  // no orphans, even if the launcher is SIGKILLed
-    const proc::Spawned child = proc::spawn(so);
-    if (!child) {
-      std::cerr << fmt::format("ringctl generate: rank {}: {}\n", r, child.error);
-      exit_code = kExitFailed;
-    } else {
-      pids[static_cast<size_t>(r)] = child.pid;
-    }
-  }
-  using Clock = std::chrono::steady_clock;
-  std::optional<Clock::time_point> kill_at;
-  auto signal_all = [&](int sig) {
-    for (pid_t p : pids)
-      if (p > 0) ::kill(p, sig);
+  std::vector<proc::SpawnOptions> ranks(static_cast<size_t>(o.ranks));
+  for (int r = 0; r < o.ranks; ++r)
+    ranks[static_cast<size_t>(r)].argv =
+        rank_argv(ec ? std::string("/proc/self/exe") : self, o, r, o.ranks, dir);
+  proc::GroupRun how;
+  how.signal_grace = std::chrono::seconds(5);
+  how.on_failure = [](const proc::RankEnd& e, int running) {
+    std::cerr << fmt::format(
+        "ringctl generate: rank {} {}{}\n", e.rank, proc::describe_status(e.status),
+        running > 0 ? fmt::format("; stopping the other {}", running) : std::string());
   };
-  if (exit_code != 0) {
-    signal_all(SIGKILL);
-    kill_at = Clock::now();
-  }
-  int running = 0;
-  for (pid_t p : pids) running += p > 0;
-  while (running > 0) {
-    timespec ts{0, 200 * 1000 * 1000};
-    siginfo_t info;
-    const int sig = sigtimedwait(&handled, &info, &ts);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      if (exit_code == 0) exit_code = 128 + sig;
-      signal_all(SIGTERM);
-      if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(5);
-    }
-    // Every rank that ended since the last pass, then the cause among them: a rank killed by a
-    // signal before its peers (they then fail on the lost connection, often within the same
-    // pass), else the lowest failed rank.
-    std::vector<std::pair<size_t, int>> failed;
-    for (size_t r = 0; r < pids.size(); ++r) {
-      if (pids[r] <= 0) continue;
-      int st = 0;
-      if (::waitpid(pids[r], &st, WNOHANG) != pids[r]) continue;
-      pids[r] = -1;
-      --running;
-      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) failed.emplace_back(r, st);
-    }
-    if (!failed.empty() && exit_code == 0) {
-      auto cause = std::find_if(failed.begin(), failed.end(),
-                                [](const auto& f) { return WIFSIGNALED(f.second); });
-      if (cause == failed.end()) cause = failed.begin();
-      const auto [r, st] = *cause;
-      exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : kExitFailed;
-      std::cerr << fmt::format(
-          "ringctl generate: rank {} {}{}\n", r, proc::describe_status(st),
-          running > 0 ? fmt::format("; stopping the other {}", running) : std::string());
-      signal_all(SIGTERM);
-      kill_at = Clock::now() + std::chrono::seconds(5);
-    }
-    if (kill_at && Clock::now() >= *kill_at && running > 0) {
-      signal_all(SIGKILL);
-      kill_at = Clock::now() + std::chrono::hours(1);
-    }
-  }
-  sigprocmask(SIG_SETMASK, &old, nullptr);
+  const proc::GroupResult res = proc::run_group(ranks, how);
+  if (!res.start_error.empty()) std::cerr << "ringctl generate: " << res.start_error << "\n";
   fs::remove_all(dir, ec);
-  return exit_code;
+  if (!res.start_error.empty()) return kExitFailed;
+  // A rank killed by a signal is a failure of the command (1), not the shell's 128 + N.
+  if (res.failure && !WIFEXITED(res.failure->status)) return kExitFailed;
+  return res.exit_code;
 }
 
 int run_generate(const GenerateOpts& o) {

@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 
 #include "common/proc/reap.h"
-#include "common/proc/spawn.h"
 #include "daemon/ringd/job_files.h"
 
 namespace ring::ringd {
@@ -32,9 +31,8 @@ void Supervisor::spawn(Worker& w, const Launch& launch, std::string* fatal, std:
   }
   proc::SpawnOptions so;
   so.argv = launch.argv;
-  // The child: its own process group (ringd stops it with the group), dies with ringd.
-  so.new_process_group = true;
-  so.death_signal = SIGKILL;
+  // The child (rank_group.h): its own process group (ringd stops it with the group), dies with
+  // ringd (SIGKILL).
   for (int c : launch.cpus)
     if (c >= 0 && c < CPU_SETSIZE) so.cpus.push_back(c);
   // The environment: ours, with CUDA_VISIBLE_DEVICES replaced when placement chose a GPU.
@@ -48,7 +46,7 @@ void Supervisor::spawn(Worker& w, const Launch& launch, std::string* fatal, std:
   // like a failure before ringd has finished the step and written its checkpoint. ringd stops
   // workers with SIGUSR2, then SIGKILL; the death signal covers ringd's own death.
   so.ignore_signals = {SIGTERM, SIGINT};
-  const proc::Spawned s = proc::spawn(so);
+  const proc::Spawned s = group_.start(w.local, std::move(so));
   if (!s) {
     const std::string line = "ringd: " + s.error + "\n";
     if (::write(fd, line.data(), line.size()) < 0) {
@@ -67,50 +65,33 @@ void Supervisor::spawn(Worker& w, const Launch& launch, std::string* fatal, std:
 }
 
 int Supervisor::stop() {
-  int n = 0;
-  for (Worker& w : workers_)
-    if (w.running) {
-      ::kill(-w.pid, kWorkerStopSignal);
-      ++n;
-    }
-  kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.stop_grace_s * 1e3));
-  return n;
+  return group_.stop(std::chrono::milliseconds(static_cast<int64_t>(o_.stop_grace_s * 1e3)));
 }
 
 void Supervisor::kill(const Worker& w) {
-  if (w.running) ::kill(-w.pid, SIGKILL);
+  if (w.running) group_.signal(w.local, SIGKILL);
 }
 
-void Supervisor::kill_overdue(Clock::time_point now) {
-  if (now <= kill_at_) return;
-  for (Worker& w : workers_) kill(w);
-  kill_at_ = now + std::chrono::seconds(3600);
-}
+void Supervisor::kill_overdue(Clock::time_point now) { group_.kill_overdue(now); }
 
 void Supervisor::kill_all_and_wait() {
-  for (Worker& w : workers_) kill(w);
-  for (Worker& w : workers_)
-    if (w.running) {
-      waitpid(w.pid, nullptr, 0);
-      w.running = false;
-    }
+  group_.kill_all_and_wait();
+  for (Worker& w : workers_) w.running = false;
 }
 
 std::vector<std::pair<Worker*, int>> Supervisor::reap(bool expected) {
-  // Every child that has ended, those killed by a signal first: when one worker is killed its
-  // peers fail within milliseconds, and a busy ringd reaps them all at once; the killed one is
-  // the cause to report. reap_ended also waits briefly for a killed worker that is a zombie but
-  // not yet reapable (its threads still exiting) when only its peers' failures are in.
-  std::vector<pid_t> watched;
-  for (const Worker& w : workers_)
-    if (w.running) watched.push_back(w.pid);
-  const std::vector<std::pair<pid_t, int>> ended = proc::reap_ended(
-      watched, [](int st) { return WIFSIGNALED(st) && WTERMSIG(st) != kWorkerStopSignal; },
-      expected ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000));
+  // Every worker that has ended, those killed by a signal other than ours first: when one worker
+  // is killed its peers fail within milliseconds, and a busy ringd reaps them all at once; the
+  // killed one is the cause to report (rank_group.h waits briefly for a killed worker whose
+  // threads are still exiting when only its peers' failures are in).
   std::vector<std::pair<Worker*, int>> out;
-  for (const auto& [got, st] : ended)
-    for (Worker& w : workers_)
-      if (w.pid == got && w.running) out.emplace_back(&w, st);
+  for (const proc::RankEnd& e : group_.reap(
+           [](int st) { return WIFSIGNALED(st) && WTERMSIG(st) != kWorkerStopSignal; },
+           expected ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000))) {
+    if (e.rank < 0 || e.rank >= static_cast<int>(workers_.size())) continue;
+    Worker& w = workers_[static_cast<size_t>(e.rank)];
+    if (w.running && w.pid == e.pid) out.emplace_back(&w, e.status);
+  }
   return out;
 }
 

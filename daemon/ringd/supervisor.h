@@ -1,7 +1,7 @@
-// Worker supervision: ringd's part that spawns the node's worker processes (through
-// common/proc/spawn.h: own process group, death signal, cpuset, environment, stdout and stderr
-// appended to the worker's log), stops them (SIGUSR2 to each process group, SIGKILL after the
-// grace), reaps them (the killed one first), and finds the silent ones (no hello within the
+// Worker supervision: ringd's part that spawns the node's worker processes as one rank group
+// (common/proc/rank_group.h: own process group each, death signal, cpuset, environment, stdout
+// and stderr appended to the worker's log), stops them (SIGUSR2 to each process group, SIGKILL
+// after the grace), reaps them (the killed one first), and finds the silent ones (no hello within the
 // startup timeout, no message within the heartbeat timeout). What a death means for the attempt
 // is the caller's business (attempt.h).
 #pragma once
@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/proc/rank_group.h"
 #include "common/proc/reap.h"
 #include "common/contract/control.h"
 
@@ -90,6 +91,7 @@ class Supervisor {
   // `log_of(rank)`.
   template <typename LogOf>
   void reset(int count, int first_rank, LogOf log_of) {
+    group_.clear();
     workers_.assign(static_cast<size_t>(count), Worker{});
     for (int l = 0; l < count; ++l) {
       workers_[l].local = l;
@@ -126,7 +128,7 @@ class Supervisor {
  private:
   Options o_;
   std::vector<Worker> workers_;
-  Clock::time_point kill_at_ = Clock::time_point::max();
+  proc::RankGroup group_{{/*process_groups=*/true, kWorkerStopSignal}};  // slot: local rank
 };
 
 }  // namespace ring::ringd

@@ -23,7 +23,7 @@
 #include "common/contract/timeline.h"
 #include "common/log/log.h"
 #include "common/proc/reap.h"
-#include "common/proc/spawn.h"
+#include "common/proc/rank_group.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
 #include "worker/data/cursor.h"
@@ -617,96 +617,43 @@ int launch_local(int argc, char** argv, const Args& args) {
   }
   const std::string dir = tmpl;
 
-  // The ranks' command line: ours without --launch-local, plus the rank's identity.
-  std::vector<std::string> base;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--launch-local") != 0) base.push_back(argv[i]);
-
-  sigset_t handled, old;
-  sigemptyset(&handled);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
-  sigprocmask(SIG_BLOCK, &handled, &old);
-
-  // The ranks run this very binary (its path now, not argv[0], which may be a bare name).
+  // The ranks' command line: ours without --launch-local, plus the rank's identity. They run
+  // this very binary (its path now, not argv[0], which may be a bare name).
   std::error_code exe_ec;
   const std::string self_exe = std::filesystem::read_symlink("/proc/self/exe", exe_ec).string();
-  std::vector<pid_t> pids(world, -1);
+  std::vector<proc::SpawnOptions> ranks(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
-    proc::SpawnOptions so;
-    so.argv = {exe_ec ? std::string("/proc/self/exe") : self_exe};
-    so.argv.insert(so.argv.end(), base.begin(), base.end());
-    for (const std::string& x : {std::string("--rank"), std::to_string(r), std::string("--world"),
-                                 std::to_string(world), std::string("--rendezvous"), dir})
-      so.argv.push_back(x);
-    so.death_signal = SIGKILL;  // no orphans, even if the launcher is SIGKILLed
-    const proc::Spawned child = proc::spawn(so);
-    if (!child) {
-      logger()->error("rank {}: {}", r, child.error);
-      for (int q = 0; q < r; ++q) kill(pids[q], SIGKILL);
-      for (int q = 0; q < r; ++q) waitpid(pids[q], nullptr, 0);
-      std::filesystem::remove_all(dir);
-      sigprocmask(SIG_SETMASK, &old, nullptr);
-      return kExitRuntime;
-    }
-    pids[r] = child.pid;
+    std::vector<std::string>& a = ranks[static_cast<size_t>(r)].argv;
+    a.push_back(exe_ec ? std::string("/proc/self/exe") : self_exe);
+    for (int i = 1; i < argc; ++i)
+      if (std::strcmp(argv[i], "--launch-local") != 0) a.push_back(argv[i]);
+    a.insert(a.end(), {"--rank", std::to_string(r), "--world", std::to_string(world),
+                       "--rendezvous", dir});
   }
-  std::string pid_list;
-  for (pid_t p : pids) pid_list += " " + std::to_string(p);
-  log::event(*logger(), spdlog::level::info,
-             fmt::format("launched {} ranks (pids{}), rendezvous {}", world, pid_list, dir),
-             {{"event", "ranks_launched"}, {"pids", pids}, {"rendezvous", dir}});
-
-  using Clock = std::chrono::steady_clock;
-  int exit_code = 0;
-  int running = world;
-  std::optional<Clock::time_point> kill_at;
-  auto stop_others = [&](int sig) {
-    for (pid_t p : pids)
-      if (p > 0) kill(p, sig);
+  proc::GroupRun how;
+  how.on_started = [&](const std::vector<pid_t>& pids) {
+    std::string pid_list;
+    for (pid_t p : pids) pid_list += " " + std::to_string(p);
+    log::event(*logger(), spdlog::level::info,
+               fmt::format("launched {} ranks (pids{}), rendezvous {}", world, pid_list, dir),
+               {{"event", "ranks_launched"}, {"pids", pids}, {"rendezvous", dir}});
   };
-  while (running > 0) {
-    timespec ts{0, 200 * 1000 * 1000};
-    siginfo_t info;
-    int sig = sigtimedwait(&handled, &info, &ts);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      logger()->warn("{}: stopping the {} ranks", strsignal(sig), running);
-      if (exit_code == 0) exit_code = 128 + sig;
-      stop_others(sig == SIGHUP ? SIGTERM : sig);
-      if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(10);
-    }
-    // Every rank that has ended, those killed by a signal first: the killed rank is the cause
-    // to report, its peers fail within milliseconds and may be reaped first (reap_ended waits
-    // briefly for a killed rank whose threads are still exiting).
-    const std::vector<std::pair<pid_t, int>> ended = proc::reap_ended(
-        pids, [](int st) { return WIFSIGNALED(st); },
-        exit_code == 0 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(0));
-    for (const auto& [got, st] : ended) {
-      int r = 0;
-      while (r < world && pids[r] != got) ++r;
-      if (r == world) continue;
-      pids[r] = -1;
-      --running;
-      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (!ok && exit_code == 0) {
-        exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        log::event(*logger(), spdlog::level::err,
-                   fmt::format("rank {} (pid {}) {}; stopping the other {} ranks", r, got,
-                               describe_status(st), running),
-                   {{"event", "rank_failed"}, {"rank", r}, {"pid", got}, {"status", exit_code}});
-        stop_others(SIGTERM);
-        kill_at = Clock::now() + std::chrono::seconds(5);
-      }
-    }
-    if (kill_at && Clock::now() >= *kill_at && running > 0) {
-      logger()->warn("{} ranks still running: SIGKILL", running);
-      stop_others(SIGKILL);
-      kill_at = Clock::now() + std::chrono::seconds(3600);
-    }
-  }
-  sigprocmask(SIG_SETMASK, &old, nullptr);
+  how.on_signal = [](int sig, int running) {
+    logger()->warn("{}: stopping the {} ranks", strsignal(sig), running);
+  };
+  how.on_failure = [](const proc::RankEnd& e, int running) {
+    const int status = WIFEXITED(e.status) ? WEXITSTATUS(e.status) : 128 + WTERMSIG(e.status);
+    log::event(*logger(), spdlog::level::err,
+               fmt::format("rank {} (pid {}) {}; stopping the other {} ranks", e.rank, e.pid,
+                           describe_status(e.status), running),
+               {{"event", "rank_failed"}, {"rank", e.rank}, {"pid", e.pid}, {"status", status}});
+  };
+  how.on_kill = [](int running) { logger()->warn("{} ranks still running: SIGKILL", running); };
+  const proc::GroupResult res = proc::run_group(ranks, how);
+  if (!res.start_error.empty()) logger()->error("{}", res.start_error);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  return exit_code;
+  return res.start_error.empty() ? res.exit_code : kExitRuntime;
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 // its own sequences of the step (ring_rank.h); train.micro_batches sequences per replica per
 // step accumulate their gradients before the one update.
 //
-// The launcher makes a fresh rendezvous directory, starts the P ranks (common/proc/spawn.h; each
+// The launcher makes a fresh rendezvous directory, starts the P ranks as one rank group
+// (common/proc/rank_group.h; each
 // dies with it), forwards SIGINT/SIGTERM/SIGHUP to them, and when one rank fails stops the others
 // (SIGTERM, SIGKILL after 5 s); it exits with the first failure's status and removes the
 // directory. ringd spawns ranks with the same flags (daemon/ringd/supervisor.h).
