@@ -7,21 +7,15 @@
 #include <limits>
 
 #include "common/contract/shard.h"
+#include "tests/common/tiny_model.h"
 
 namespace ring::contract {
 namespace {
 
+// The tests' tiny model without GQA (4 K/V heads) and with an MLP of 192.
 ModelConfig config(int64_t layers, bool tie) {
-  ModelConfig c;
-  c.layers = layers;
-  c.d_model = 64;
-  c.heads = 4;
-  c.kv_heads = 4;
-  c.head_dim = 16;
-  c.mlp_hidden = 192;
-  c.vocab = 256;
-  c.tie_embeddings = tie;
-  return c;
+  return test::tiny_model_config(
+      {.layers = layers, .kv_heads = 4, .mlp_hidden = 192, .tie_embeddings = tie});
 }
 
 // The smallest possible largest part of a contiguous split of `sizes` into at most k parts.

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/common/tiny_model.h"
+#include "tests/common/tiny_weights.h"
 #include "tests/generate/paged_decode_check.h"
 #include "tests/generate/renamed_backend.h"
 #include "worker/generate/generator.h"
@@ -32,6 +34,11 @@ namespace ring::gen {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The tiny model (tests/common/tiny_model.h) with random weights, attention sharpened (wq, wk x 6).
+using test::kSharpQK;
+using test::tiny_model_config;
+using test::tiny_params;
 
 std::unique_ptr<kernels::Backend> cpu() {
   std::string err;
@@ -64,32 +71,6 @@ TEST(PagedDecode, BadArgumentsAreRefused) {
   EXPECT_EQ(be->paged_decode_attention(a, o, l), kernels::Status::kInvalidArgument);
   a.head_dim = 1;
   EXPECT_EQ(be->paged_decode_attention(a, o, l), kernels::Status::kInvalidArgument);  // nulls
-}
-
-model::ModelConfig tiny_config() {
-  model::ModelConfig m;
-  m.layers = 2;
-  m.d_model = 64;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.head_dim = 16;
-  m.mlp_hidden = 128;
-  m.vocab = 256;
-  m.mlp = spec::MlpKind::kSwiGLU;
-  m.tie_embeddings = true;
-  m.rope_theta = 10000.f;
-  return m;
-}
-
-std::vector<float> tiny_params(const model::ModelConfig& c, kernels::Backend* be, uint64_t seed) {
-  model::LocalAttention att(be);
-  model::Model m(c, be, &att);
-  m.init_params(seed);
-  std::vector<float> p = m.get_params();
-  for (const auto& v : m.layout().views())
-    if (v.name.find("attn.wq") != std::string::npos || v.name.find("attn.wk") != std::string::npos)
-      for (int64_t i = 0; i < v.size; ++i) p[static_cast<size_t>(v.offset + i)] *= 6.f;
-  return p;
 }
 
 double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
@@ -152,8 +133,8 @@ GeneratorOptions mixed(const model::ModelConfig& c, bool on_backend) {
 
 TEST(GenerateBackendFastTier, MatchesTheHostPool) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 5);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 5, kSharpQK);
   struct Case {
     const char* name;
     GeneratorOptions host, dev;
@@ -206,8 +187,8 @@ TEST(GenerateBackendFastTier, MatchesTheHostPool) {
 
 TEST(GenerateBackendFastTier, MixedRunsBothSidesAndPromotes) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 9);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 9, kSharpQK);
   const GenRun d = run(c, be.get(), params, mixed(c, true), 8);
   EXPECT_GT(d.dstats.fast_tasks, 0);
   EXPECT_GT(d.dstats.host_tasks, 0);
@@ -217,8 +198,8 @@ TEST(GenerateBackendFastTier, MixedRunsBothSidesAndPromotes) {
 
 TEST(GenerateBackendFastTier, AnotherBackendRunsTheStepOnItAndMatches) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 5);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 5, kSharpQK);
   Renamed dev(cpu(), true);
   const GenRun h = run(c, be.get(), params, mixed(c, false), 8);
   const GenRun d = run(c, &dev, params, mixed(c, false), 8);  // forced onto the backend
@@ -235,8 +216,8 @@ TEST(GenerateBackendFastTier, AnotherBackendRunsTheStepOnItAndMatches) {
 // decode step's dense ops on the other one, on its own copy of the weights.
 TEST(GenerateBackendFastTier, ASeparateDeviceHoldsTheFastTierAndMatches) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 5);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 5, kSharpQK);
   Renamed dev(cpu(), true);
   const GenRun h = run(c, be.get(), params, mixed(c, false), 8);
   GeneratorOptions o = mixed(c, false);
@@ -257,8 +238,8 @@ TEST(GenerateBackendFastTier, ASeparateDeviceHoldsTheFastTierAndMatches) {
 
 TEST(GenerateBackendFastTier, RefusalsNameTheBackend) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 5);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 5, kSharpQK);
   Renamed without(cpu(), false);
   try {
     Generator g(c, params.data(), &without, mixed(c, true));

@@ -17,11 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/contract/layout.h"
-#include "common/contract/shard.h"
 #include "common/checkpoint/checkpoint.h"
 #include "kernels/backend.h"
 #include "tests/common/test_proc.h"
+#include "tests/common/tiny_model.h"
+#include "tests/common/tiny_weights.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
 
@@ -55,43 +55,13 @@ class GenerateCli : public ::testing::Test {
   void SetUp() override {
     std::string t = (fs::temp_directory_path() / "ring-gencli-XXXXXX").string();
     dir_ = ::mkdtemp(t.data());
-    c_.layers = 2;
-    c_.d_model = 64;
-    c_.heads = 4;
-    c_.kv_heads = 2;
-    c_.head_dim = 16;
-    c_.mlp_hidden = 128;
-    c_.vocab = 256;
     std::string err;
     be_ = ring::kernels::create_backend("cpu", 2, &err);
     ASSERT_NE(be_, nullptr) << err;
-    ring::model::LocalAttention att(be_.get());
-    ring::model::Model m(c_, be_.get(), &att);
-    m.init_params(21);
-    params_ = m.get_params();
-    for (const auto& v : m.layout().views())
-      if (v.name.find("attn.w") != std::string::npos || v.name == "embedding.weight")
-        for (int64_t i = 0; i < v.size; ++i) params_[static_cast<size_t>(v.offset + i)] *= 8.f;
-    const ring::contract::ParamLayout pl(c_);
-    ring::ckpt::Options co;
-    co.dir = dir_ + "/ckpt";
-    co.keep_last = 1;
-    co.fsync = false;
-    co.spec_hash = "test";
-    ring::ckpt::Layout l;
-    l.shard = "none";
-    l.nodes = 1;
-    l.total_floats = pl.total();
-    for (const auto& r : ring::contract::shard_ranges(pl, 1))
-      l.ranges.push_back({r.node, r.begin, r.end, r.first_bucket, r.end_bucket});
-    l.model = ring::contract::model_record(c_);
-    co.layout = l;
-    ring::ckpt::Checkpointer ck(co);
-    for (const auto& v : pl.views())
-      ck.add_tensor("master/" + v.name, ring::ckpt::DType::kF32, v.shape,
-                    params_.data() + v.offset);
-    ck.start(2, {});
-    ASSERT_TRUE(ck.wait().ok);
+    // The tiny model, seed 21, attention and embedding x 8 (the checkpoint of the job and Slurm
+    // tests too, tests/generate/write_test_checkpoint.cc).
+    params_ = ring::test::tiny_params(c_, be_.get(), 21, ring::test::kSharpAttentionAndEmbedding);
+    ASSERT_TRUE(ring::test::write_checkpoint(dir_ + "/ckpt", c_, params_).ok);
     prompt_ = "The quick brown fox jumps over the lazy dog. ";
     for (int i = 0; i < 4; ++i) prompt_ += prompt_;  // 720 bytes: several 64-token pages
     std::ofstream(dir_ + "/p1.txt") << prompt_;
@@ -118,7 +88,7 @@ class GenerateCli : public ::testing::Test {
   }
 
   std::string dir_;
-  ModelConfig c_;
+  const ModelConfig c_ = ring::test::tiny_model_config();
   std::unique_ptr<ring::kernels::Backend> be_;
   std::vector<float> params_;
   std::string prompt_;
@@ -263,8 +233,7 @@ TEST_F(GenerateCli, SpecGivesModelAndCacheSettings) {
   auto spec = [&](const std::string& name, int d_model, const std::string& generate) {
     std::ofstream f(dir_ + "/" + name);
     f << "job: {name: gen}\n"
-         "model: {layers: 2, d_model: " << d_model << ", heads: 4, kv_heads: 2, head_dim: 16, "
-         "mlp_hidden: 128, vocab: 256}\n"
+         "model: " << ring::test::tiny_model_yaml({.d_model = d_model}) << "\n"
          "data: {source: passkey, seq_len: 1024}\n"
          "train: {steps: 1}\n"
       << generate;

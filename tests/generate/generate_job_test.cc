@@ -23,6 +23,7 @@
 #include "../common/run.h"
 #include "../coordinator/coord_test_util.h"
 #include "tests/common/test_proc.h"
+#include "tests/common/tiny_model.h"
 
 using namespace ring::coord::test;
 using nlohmann::json;
@@ -65,14 +66,14 @@ class GenerateJob : public ::testing::Test {
     write(t_.path + "/b.txt", prefix + "and a second, longer one to answer!");
   }
 
-  // A generate spec over `ranks` ranks; `extra` lines go into the generate section.
+  // A generate spec over `ranks` ranks; `extra` lines go into the generate section. Its model is
+  // the checkpoint's (write_test_checkpoint: the tests' tiny model).
   std::string spec(int ranks, const std::string& extra, const std::string& name = "gen") {
     const std::string path = t_.path + "/" + name + ".yaml";
     write(path, "job:\n  name: " + name +
                     "\n  kind: generate\n"
-                    "model:\n  layers: 2\n  d_model: 64\n  heads: 4\n  kv_heads: 2\n"
-                    "  head_dim: 16\n  mlp_hidden: 128\n  vocab: 256\n"
-                    "generate:\n  checkpoint: " +
+                    "model: " + ring::test::tiny_model_yaml() +
+                    "\ngenerate:\n  checkpoint: " +
                     t_.path + "/ckpt\n  prompts: [" + t_.path + "/a.txt, " + t_.path +
                     "/b.txt]\n  page_tokens: 64\n" + extra +
                     "parallel:\n  context_ranks: " + std::to_string(ranks) +

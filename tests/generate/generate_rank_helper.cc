@@ -36,6 +36,10 @@ using namespace ring::gen;
 
 namespace {
 
+// `test` is generate_ring_util.h's namespace (using namespace ring makes ring::test, the tests'
+// common fixtures, visible too).
+namespace test = ring::gen::test;
+
 int run(const std::map<std::string, std::string>& kv) {
   auto get = [&](const std::string& k, const std::string& def) {
     auto it = kv.find(k);
@@ -47,9 +51,9 @@ int run(const std::map<std::string, std::string>& kv) {
   const int rank = static_cast<int>(num("rank", 0)), ranks = static_cast<int>(num("ranks", 1));
   const int steps = static_cast<int>(num("steps", 8)), batch = static_cast<int>(num("batch", 1));
   const std::string out = get("out", "");
-  const auto cfg = test::ring_config();
+  const auto cfg = test::tiny_model_config();
   auto backend = test::cpu(static_cast<int>(num("threads", 1)));
-  const std::vector<float> params = test::ring_params(cfg, backend.get(), 7);
+  const std::vector<float> params = test::tiny_params(cfg, backend.get(), 7, test::kSharpQK);
   const auto prompts = test::ring_prompts(num("tokens", 1000), static_cast<int>(num("docs", 4)),
                                           static_cast<uint64_t>(num("seed", 5)), batch,
                                           num("prefix", 0), num("vary", 0));

@@ -126,7 +126,7 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
   EXPECT_TRUE(procs.wait_all(300s)) << "ranks did not finish in 300 s\n" << procs.logs("rank");
   for (int r = 0; r < c.ranks; ++r) EXPECT_EQ(procs.status(r), 0) << procs.logs("rank");
   if (::testing::Test::HasFailure()) return out;
-  const auto cfg = test::ring_config();
+  const auto cfg = test::tiny_model_config();
   const auto prompts = test::ring_prompts(c.tokens, c.docs, c.seed, c.batch, c.prefix, c.vary);
   for (int r = 0; r < c.ranks; ++r)
     out.push_back(read_result(dir + "/out-" + std::to_string(r), prompts, cfg.vocab));
@@ -136,7 +136,7 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
 // Teacher-forced logits of every position: [T, vocab].
 std::vector<float> teacher(const std::vector<float>& params, const std::vector<int32_t>& ids,
                            const std::vector<int32_t>& docs) {
-  const auto cfg = test::ring_config();
+  const auto cfg = test::tiny_model_config();
   auto be = test::cpu(2);
   model::LocalAttention att(be.get());
   model::ModelConfig rc = cfg;
@@ -165,7 +165,7 @@ double rel_err(const float* got, const float* ref, int64_t n) {
 // within 1e-5 of the teacher. Returns the worst relative error.
 double expect_exact(const Case& c, const std::vector<Result>& res) {
   if (res.empty()) return 0;
-  const auto cfg = test::ring_config();
+  const auto cfg = test::tiny_model_config();
   for (int r = 1; r < c.ranks; ++r) {
     EXPECT_EQ(res[static_cast<size_t>(r)].tokens, res[0].tokens) << "rank " << r;
     EXPECT_EQ(res[static_cast<size_t>(r)].logits, res[0].logits) << "rank " << r;
@@ -181,7 +181,7 @@ double expect_exact(const Case& c, const std::vector<Result>& res) {
         << "prompt " << b << ": pages must partition it";
   }
   auto be = test::cpu(1);
-  const std::vector<float> params = test::ring_params(cfg, be.get(), 7);
+  const std::vector<float> params = test::tiny_params(cfg, be.get(), 7, test::kSharpQK);
   double worst = 0;
   for (int64_t b = 0; b < c.batch; ++b) {
     const auto& ids = res[0].tokens[static_cast<size_t>(b)];
@@ -325,7 +325,7 @@ TEST(GenerateRanksDeviceTier, FastPoolInEachRanksBackendMatchesTheHostPool) {
       }
       // Against the host pool's run: the same tokens, the logits within the bound.
       ASSERT_EQ(res[0].tokens, host[0].tokens);
-      const int64_t vocab = test::ring_config().vocab;
+      const int64_t vocab = test::tiny_model_config().vocab;
       for (int64_t i = 0; i < res[0].rows; ++i) {
         const double e = rel_err(res[0].logits[0].data() + i * vocab,
                                  host[0].logits[0].data() + i * vocab, vocab);

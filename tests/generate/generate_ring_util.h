@@ -12,45 +12,25 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/common/tiny_model.h"
+#include "tests/common/tiny_weights.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
 
 namespace ring::gen::test {
 
-// 2 layers, GQA (4 query heads over 2 K/V heads of 16), SwiGLU, byte vocabulary.
-inline model::ModelConfig ring_config() {
-  model::ModelConfig m;
-  m.layers = 2;
-  m.d_model = 64;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.head_dim = 16;
-  m.mlp_hidden = 128;
-  m.vocab = 256;
-  m.mlp = spec::MlpKind::kSwiGLU;
-  m.tie_embeddings = true;
-  m.rope_theta = 10000.f;
-  return m;
-}
+// The model: the tests' tiny model (2 layers, GQA: 4 query heads over 2 K/V heads of 16, SwiGLU,
+// byte vocabulary), tiny_model_config(); its weights random with attention sharpened (wq, wk x 6)
+// so the softmax is far from uniform, tiny_params(config, backend, seed, kSharpQK).
+using ring::test::kSharpQK;
+using ring::test::tiny_model_config;
+using ring::test::tiny_params;
 
 inline std::unique_ptr<kernels::Backend> cpu(int threads) {
   std::string err;
   auto b = kernels::create_backend("cpu", threads, &err);
   if (!b) throw std::runtime_error("cpu backend: " + err);
   return b;
-}
-
-// Random weights with attention sharpened (wq, wk x 6) so the softmax is far from uniform.
-inline std::vector<float> ring_params(const model::ModelConfig& c, kernels::Backend* be,
-                                      uint64_t seed) {
-  model::LocalAttention att(be);
-  model::Model m(c, be, &att);
-  m.init_params(seed);
-  std::vector<float> p = m.get_params();
-  for (const auto& v : m.layout().views())
-    if (v.name.find("attn.wq") != std::string::npos || v.name.find("attn.wk") != std::string::npos)
-      for (int64_t i = 0; i < v.size; ++i) p[static_cast<size_t>(v.offset + i)] *= 6.f;
-  return p;
 }
 
 struct Prompt {

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/common/tiny_model.h"
+#include "tests/common/tiny_weights.h"
 #include "worker/generate/generator.h"
 #include "worker/generate/sampling.h"
 #include "worker/model/attention.h"
@@ -30,38 +32,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-model::ModelConfig tiny_config() {
-  model::ModelConfig m;
-  m.layers = 2;
-  m.d_model = 64;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.head_dim = 16;
-  m.mlp_hidden = 128;
-  m.vocab = 256;
-  m.mlp = spec::MlpKind::kSwiGLU;
-  m.tie_embeddings = true;
-  m.rope_theta = 10000.f;
-  return m;
-}
+// The tiny model (tests/common/tiny_model.h) with random weights, attention sharpened (wq, wk x 6).
+using test::kSharpQK;
+using test::tiny_model_config;
+using test::tiny_params;
 
 std::unique_ptr<kernels::Backend> cpu() {
   std::string err;
   auto b = kernels::create_backend("cpu", 2, &err);
   EXPECT_NE(b, nullptr) << err;
   return b;
-}
-
-// Random weights with sharpened attention (wq, wk x 6).
-std::vector<float> tiny_params(const model::ModelConfig& c, kernels::Backend* be, uint64_t seed) {
-  model::LocalAttention att(be);
-  model::Model m(c, be, &att);
-  m.init_params(seed);
-  std::vector<float> p = m.get_params();
-  for (const auto& v : m.layout().views())
-    if (v.name.find("attn.wq") != std::string::npos || v.name.find("attn.wk") != std::string::npos)
-      for (int64_t i = 0; i < v.size; ++i) p[static_cast<size_t>(v.offset + i)] *= 6.f;
-  return p;
 }
 
 struct Prompt {
@@ -199,8 +179,8 @@ GeneratorOptions options(int64_t page_tokens, int64_t fast_bytes, int64_t window
 
 TEST(Generate, AllFastAllHostMixedAndDiskAreExactAndIdentical) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 7);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 7, kSharpQK);
   const std::vector<Prompt> prompts = {packed_prompt(2000, 11, 3)};
   const int64_t page = 256, page_bytes = 2 * page * c.head_dim * 4;
   const int64_t pages = (2000 / page + 2) * c.layers * c.kv_heads;
@@ -244,8 +224,8 @@ TEST(Generate, AllFastAllHostMixedAndDiskAreExactAndIdentical) {
 
 TEST(Generate, PromptLengthsOneToSixteenK) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 3);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 3, kSharpQK);
   for (int64_t t : {1024, 4096, 16384}) {
     SCOPED_TRACE(t);
     const std::vector<Prompt> prompts = {packed_prompt(t, 100 + t, 4)};
@@ -259,8 +239,8 @@ TEST(Generate, PromptLengthsOneToSixteenK) {
 
 TEST(Generate, PrefixSharingStoresThePrefixOnceAndStaysExact) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 5);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 5, kSharpQK);
   const int64_t page = 128;
   const Prompt prefix = packed_prompt(1024, 42, 2);  // 8 full pages
   for (int batch : {1, 3, 8}) {
@@ -299,8 +279,8 @@ TEST(Generate, PrefixSharingStoresThePrefixOnceAndStaysExact) {
 // disk is an error naming ENOSPC instead of a SIGBUS at a store into the mapping.
 TEST(Generate, DiskTierFileIsPrivateUnnamedAndReservesItsSpace) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 9);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 9, kSharpQK);
   TempDir disk;
   GeneratorOptions o = options(64, 0, 0);
   o.cache.host_bytes = 1;  // everything on disk
@@ -352,8 +332,8 @@ TEST(Generate, DiskTierFileIsPrivateUnnamedAndReservesItsSpace) {
 
 TEST(Generate, ConfigurationErrorsNameTheSetting) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 9);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 9, kSharpQK);
   {
     GeneratorOptions o = options(64, 64 * 16 * 4 * 2 * 3, 64);  // 3 slots: window needs 8
     Generator g(c, params.data(), be.get(), o);
@@ -447,8 +427,8 @@ TEST(Generate, ApproximateModeBoundsTheSkippedMass) {
 // about a quarter; and where an int8 page is read (fast copy or host) never changes a bit.
 TEST(Generate, Int8HostPagesErrorAndSize) {
   auto be = cpu();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, be.get(), 13);
+  const auto c = tiny_model_config();
+  const auto params = tiny_params(c, be.get(), 13, kSharpQK);
   const std::vector<Prompt> prompts = {packed_prompt(2048, 17, 2)};
   const int64_t page = 128;
   GeneratorOptions exact = options(page, 0, 0);

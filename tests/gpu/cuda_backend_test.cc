@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/common/tiny_model.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
 
@@ -698,20 +699,10 @@ TEST(CudaOffload, PinnedShmRoundTripOnOwnStreams) {
 }
 
 // ---- the model ---------------------------------------------------------------------------------
+// The tests' tiny model with an MLP of 96, a vocabulary of 97 and an untied LM head.
 model::ModelConfig small_model(spec::MlpKind mlp) {
-  model::ModelConfig m;
-  m.layers = 2;
-  m.d_model = 64;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.head_dim = 16;
-  m.mlp_hidden = 96;
-  m.vocab = 97;
-  m.mlp = mlp;
-  m.tie_embeddings = false;
-  m.rope_theta = 10000.f;
-  m.norm_eps = 1e-5f;
-  return m;
+  return test::tiny_model_config(
+      {.mlp_hidden = 96, .vocab = 97, .mlp = mlp, .tie_embeddings = false});
 }
 
 struct Tokens {

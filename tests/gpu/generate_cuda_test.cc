@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/common/tiny_model.h"
+#include "tests/common/tiny_weights.h"
 #include "tests/generate/paged_decode_check.h"
 #include "worker/generate/generator.h"
 #include "worker/model/attention.h"
@@ -78,30 +80,9 @@ TEST(GenerateCuda, PagedDecodeMatchesTheCpuPageKernel) {
   EXPECT_EQ(be->paged_decode_attention(a, dummy, dummy), kernels::Status::kUnsupported);
 }
 
-model::ModelConfig tiny_config() {
-  model::ModelConfig m;
-  m.layers = 2;
-  m.d_model = 128;
-  m.heads = 8;
-  m.kv_heads = 2;
-  m.head_dim = 16;
-  m.mlp_hidden = 256;
-  m.vocab = 256;
-  m.mlp = spec::MlpKind::kSwiGLU;
-  m.tie_embeddings = true;
-  m.rope_theta = 10000.f;
-  return m;
-}
-
-std::vector<float> tiny_params(const model::ModelConfig& c, kernels::Backend* be, uint64_t seed) {
-  model::LocalAttention att(be);
-  model::Model m(c, be, &att);
-  m.init_params(seed);
-  std::vector<float> p = m.get_params();
-  for (const auto& v : m.layout().views())
-    if (v.name.find("attn.wq") != std::string::npos || v.name.find("attn.wk") != std::string::npos)
-      for (int64_t i = 0; i < v.size; ++i) p[static_cast<size_t>(v.offset + i)] *= 6.f;
-  return p;
+// The tiny model (tests/common/tiny_model.h) twice as wide: 8 query heads over 2 K/V heads of 16.
+model::ModelConfig wide_config() {
+  return test::tiny_model_config({.d_model = 128, .heads = 8, .mlp_hidden = 256});
 }
 
 struct GenRun {
@@ -151,8 +132,8 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
 
 TEST(GenerateCuda, DecodeOnCudaMatchesCpu) {
   REQUIRE_GPU();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, backends().cpu.get(), 3);
+  const auto c = wide_config();
+  const auto params = test::tiny_params(c, backends().cpu.get(), 3, test::kSharpQK);
   const int64_t page = 128, page_bytes = 2 * page * c.head_dim * 4;
   struct Case {
     const char* name;
@@ -197,8 +178,8 @@ TEST(GenerateCuda, DecodeOnCudaMatchesCpu) {
 
 TEST(GenerateCuda, FastTierLargerThanTheDeviceSaysSo) {
   REQUIRE_GPU();
-  const auto c = tiny_config();
-  const auto params = tiny_params(c, backends().cpu.get(), 3);
+  const auto c = wide_config();
+  const auto params = test::tiny_params(c, backends().cpu.get(), 3, test::kSharpQK);
   GeneratorOptions o;
   o.cache.page_tokens = 128;
   o.cache.fast_bytes = 1LL << 50;  // 1 PiB

@@ -11,25 +11,18 @@
 
 #include "common/contract/shard.h"
 #include "kernels/backend.h"
+#include "tests/common/tiny_model.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
 #include "worker/ring/full_shard.h"
 
 namespace ring::test {
 
+// The tests' tiny model with 3 layers, an MLP of 96 and a vocabulary of 97.
 inline model::ModelConfig stage_model(bool tied, bool recompute) {
-  model::ModelConfig m;
-  m.layers = 3;
-  m.d_model = 64;
-  m.heads = 4;
-  m.kv_heads = 2;
-  m.head_dim = 16;
-  m.mlp_hidden = 96;
-  m.vocab = 97;
-  m.tie_embeddings = tied;
+  model::ModelConfig m =
+      tiny_model_config({.layers = 3, .mlp_hidden = 96, .vocab = 97, .tie_embeddings = tied});
   m.recompute = recompute;
-  m.rope_theta = 10000.f;
-  m.norm_eps = 1e-5f;
   return m;
 }
 
