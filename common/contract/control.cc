@@ -1,11 +1,12 @@
 #include "common/contract/control.h"
 
-#include <cmath>
 #include <cstdint>
 #include <limits>
-#include <tuple>
-#include <type_traits>
+#include <string>
 #include <utility>
+#include <vector>
+
+#include "common/wire/table.h"
 
 namespace ring::contract::control {
 
@@ -13,74 +14,73 @@ using nlohmann::json;
 
 namespace {
 
+using wire::boolean;
+using wire::bounded_integer;
+using wire::integer;
+using wire::json_object;
+using wire::number;
+using wire::number_or_nan;
+using wire::Presence;
+using wire::string;
+using wire::Table;
+using wire::version;
+
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr Presence kRequired = Presence::kRequired;
+constexpr Presence kOptional = Presence::kOptional;  // may be absent; always written
+constexpr Presence kWhenSet = Presence::kWhenSet;    // may be absent; written when set
 
-// One field of message M: what FieldInfo says about it, and the member of M it is read into and
-// written from. The reader (read_message) and the writer (write_message) both walk these.
-template <class M>
-struct Field {
-  FieldInfo info;
-  std::variant<int64_t M::*, double M::*, bool M::*, std::string M::*, json M::*> member;
-  bool write_false = true;                             // kBoolean: false is written too
-  bool (*valid_string)(const std::string&) = nullptr;  // kString: an extra rule
-  const char* string_rule = "";                        // ... and its text
-};
+// ---- the dialect: how a broken rule reads ------------------------------------------------------
 
-template <class M>
-struct Message {
-  const char* kind;
-  bool from_worker;
-  std::vector<Field<M>> fields;
-};
+std::string got(const wire::Breach& b) {
+  return std::string(", got ") + b.value->type_name();
+}
 
-// ---- field builders ---------------------------------------------------------------------------
+std::string wording(const wire::Breach& b) {
+  using What = wire::Breach::What;
+  switch (b.what) {
+    case What::kMissing:
+      return "missing";
+    case What::kWrongType:
+      switch (b.expected) {
+        case wire::Shape::kInteger:
+          return "must be an integer" + got(b);
+        case wire::Shape::kNumber:
+          return "must be a number" + got(b);
+        case wire::Shape::kBoolean:
+          return "must be true or false" + got(b);
+        case wire::Shape::kString:
+          return "must be a string" + got(b);
+        default:
+          return "must be an object or null";
+      }
+    case What::kIntegerOverflow:
+      return "out of range";
+    case What::kIntegerRange:
+      return std::to_string(b.x) + " is outside [" + std::to_string(b.lo) + ", " +
+             std::to_string(b.hi) + "]";
+    case What::kNotFinite:
+      return "must be finite";
+    case What::kNumberRange:
+      return "must not be negative";  // the only range of a control number
+    default:
+      return b.text;
+  }
+}
 
-template <class M>
-Field<M> integer(const char* key, int64_t M::*m, int64_t lo, int64_t hi, bool required = true) {
-  Field<M> f{FieldInfo{key, FieldType::kInteger, required, lo, hi}, m};
-  return f;
+// "control message 'done': loss_sum: must be a number, got string", naming "done.loss_sum".
+void fail(const wire::Where& w, const wire::Breach& b) {
+  throw ControlError(w.path(),
+                     "control message '" + std::string(w.root) + "': " + w.rel + ": " + wording(b));
 }
-// An integer in [lo, n], n the model size the reader is given.
-template <class M>
-Field<M> up_to_n(const char* key, int64_t M::*m, int64_t lo) {
-  Field<M> f = integer(key, m, lo, kInt64Max);
-  f.info.bounded_by_n = true;
-  return f;
-}
-template <class M>
-Field<M> version(const char* key, int64_t M::*m, int64_t v) {
-  Field<M> f = integer(key, m, v, v);
-  f.info.version = true;
-  return f;
-}
-// Optional; absent reads as the member's default.
-template <class M>
-Field<M> number(const char* key, double M::*m, bool null_is_nan, bool non_negative) {
-  Field<M> f{FieldInfo{key, FieldType::kNumber, false}, m};
-  f.info.null_is_nan = null_is_nan;
-  f.info.non_negative = non_negative;
-  return f;
-}
-template <class M>
-Field<M> boolean(const char* key, bool M::*m, bool required, bool write_false = true) {
-  Field<M> f{FieldInfo{key, FieldType::kBoolean, required}, m};
-  f.write_false = write_false;
-  return f;
-}
-template <class M>
-Field<M> string(const char* key, std::string M::*m, bool required,
-                bool (*valid)(const std::string&) = nullptr, const char* rule = "") {
-  Field<M> f{FieldInfo{key, FieldType::kString, required}, m};
-  f.valid_string = valid;
-  f.string_rule = rule;
-  return f;
-}
-// Optional; absent reads as null.
-template <class M>
-Field<M> object_or_null(const char* key, json M::*m) {
-  return Field<M>{FieldInfo{key, FieldType::kObjectOrNull, false}, m};
-}
+
+// Unknown keys are ignored; a NaN loss is written as null and read back as NaN.
+constexpr wire::Dialect kDialect{
+    .null_is_absent = false, .refuse_unknown = false, .nonfinite_as_null = true, .fail = fail};
+
+// ---- the tables: one per message ---------------------------------------------------------------
 
 // A shm name as shm_open takes it: one leading '/', no other, printable, at most NAME_MAX.
 bool valid_shm_name(const std::string& s) {
@@ -91,194 +91,160 @@ bool valid_shm_name(const std::string& s) {
   }
   return s != "/." && s != "/..";
 }
-
-// ---- the tables: one per message ---------------------------------------------------------------
-
-// Every message of both directions. Field order is the order the reader checks them in (so the
-// first bad field is the one named) and the writer writes them in. One field a line.
-// clang-format off
-const auto& tables() {
-  static const auto all = std::make_tuple(
-      // worker -> ringd
-      Message<Hello>{"hello", true, {
-          integer("rank", &Hello::rank, 0, kInt32Max),
-          integer("local", &Hello::local, 0, kInt32Max),
-          integer("pid", &Hello::pid, 1, kInt32Max),
-          integer("n", &Hello::n, 1, kInt64Max),
-          version("proto", &Hello::proto, kProtocolVersion)}},
-      Message<Mapped>{"mapped", true, {}},
-      Message<Init>{"init", true, {}},
-      Message<Heartbeat>{"hb", true, {}},
-      Message<Bucket>{"bucket", true, {
-          integer("step", &Bucket::step, 1, kInt64Max),
-          integer("b", &Bucket::b, 0, kInt32Max)}},
-      Message<Done>{"done", true, {
-          integer("step", &Done::step, 1, kInt64Max),
-          number("loss_sum", &Done::loss_sum, /*null_is_nan=*/true, /*non_negative=*/false),
-          integer("valid", &Done::valid, 0, kInt64Max, /*required=*/false),
-          integer("tokens", &Done::tokens, 0, kInt64Max, /*required=*/false),
-          number("step_ms", &Done::step_ms, false, true),
-          number("ring_wait_ms", &Done::ring_wait_ms, false, true),
-          integer("bytes_sent", &Done::bytes_sent, 0, kInt64Max, /*required=*/false),
-          object_or_null("cursor", &Done::cursor),
-          boolean("stop", &Done::stop, /*required=*/false, /*write_false=*/false),
-          number("data_ms", &Done::data_ms, false, true),
-          number("compute_ms", &Done::compute_ms, false, true),
-          number("wait_ms", &Done::wait_ms, false, true),
-          number("comm_ms", &Done::comm_ms, false, true),
-          integer("prev", &Done::prev, -1, kInt32Max, /*required=*/false)}},
-      // ringd -> worker
-      Message<Welcome>{"welcome", false, {
-          string("shm", &Welcome::shm, /*required=*/true, valid_shm_name,
-                 "must be a shared-memory name ('/' and 1..254 printable bytes, no '/')"),
-          integer("start_step", &Welcome::start_step, 0, kInt64Max - 1),
-          boolean("need_init", &Welcome::need_init, /*required=*/true),
-          object_or_null("cursor", &Welcome::cursor)}},
-      Message<Params>{"params", false, {
-          integer("step", &Params::step, 1, kInt64Max),
-          up_to_n("changed", &Params::changed, -1),
-          boolean("stop", &Params::stop, /*required=*/false)}},
-      Message<Stop>{"stop", false, {
-          string("reason", &Stop::reason, /*required=*/false)}});
-  return all;
+std::string shm_rule(const std::string& s) {
+  return valid_shm_name(s)
+             ? std::string()
+             : "must be a shared-memory name ('/' and 1..254 printable bytes, no '/')";
 }
+
+// hello.proto of another build.
+std::string proto_mismatch(int64_t got, int64_t want) {
+  return "the worker speaks control protocol " + std::to_string(got) + ", ringd speaks " +
+         std::to_string(want) + " (ring-worker and ringd must come from the same build)";
+}
+
+// clang-format off
+// Field order is the order the reader checks them in (so the first bad field is the one named).
+// One field a line.
+template <class M>
+const Table<M>& table();
+
+// worker -> ringd
+
+template <>
+const Table<Hello>& table<Hello>() {
+  static const Table<Hello> t{"hello", {
+      integer("rank", &Hello::rank, 0, kInt32Max),
+      integer("local", &Hello::local, 0, kInt32Max),
+      integer("pid", &Hello::pid, 1, kInt32Max),
+      integer("n", &Hello::n, 1, kInt64Max),
+      version("proto", &Hello::proto, kProtocolVersion, proto_mismatch)}};
+  return t;
+}
+template <>
+const Table<Mapped>& table<Mapped>() {
+  static const Table<Mapped> t{"mapped", {}};
+  return t;
+}
+template <>
+const Table<Init>& table<Init>() {
+  static const Table<Init> t{"init", {}};
+  return t;
+}
+template <>
+const Table<Heartbeat>& table<Heartbeat>() {
+  static const Table<Heartbeat> t{"hb", {}};
+  return t;
+}
+template <>
+const Table<Bucket>& table<Bucket>() {
+  static const Table<Bucket> t{"bucket", {
+      integer("step", &Bucket::step, 1, kInt64Max),
+      integer("b", &Bucket::b, 0, kInt32Max)}};
+  return t;
+}
+template <>
+const Table<Done>& table<Done>() {
+  static const Table<Done> t{"done", {
+      integer("step", &Done::step, 1, kInt64Max),
+      number_or_nan("loss_sum", &Done::loss_sum, kOptional),
+      integer("valid", &Done::valid, 0, kInt64Max, kOptional),
+      integer("tokens", &Done::tokens, 0, kInt64Max, kOptional),
+      number("step_ms", &Done::step_ms, 0, kInf, kOptional),
+      number("ring_wait_ms", &Done::ring_wait_ms, 0, kInf, kOptional),
+      integer("bytes_sent", &Done::bytes_sent, 0, kInt64Max, kOptional),
+      json_object("cursor", &Done::cursor, /*null_ok=*/true),
+      boolean("stop", &Done::stop, kWhenSet),
+      number("data_ms", &Done::data_ms, 0, kInf, kOptional),
+      number("compute_ms", &Done::compute_ms, 0, kInf, kOptional),
+      number("wait_ms", &Done::wait_ms, 0, kInf, kOptional),
+      number("comm_ms", &Done::comm_ms, 0, kInf, kOptional),
+      integer("prev", &Done::prev, -1, kInt32Max, kOptional)}};
+  return t;
+}
+
+// ringd -> worker
+
+template <>
+const Table<Welcome>& table<Welcome>() {
+  static const Table<Welcome> t{"welcome", {
+      string("shm", &Welcome::shm, kRequired, shm_rule),
+      integer("start_step", &Welcome::start_step, 0, kInt64Max - 1),
+      boolean("need_init", &Welcome::need_init),
+      json_object("cursor", &Welcome::cursor, /*null_ok=*/true)}};
+  return t;
+}
+template <>
+const Table<Params>& table<Params>() {
+  static const Table<Params> t{"params", {
+      integer("step", &Params::step, 1, kInt64Max),
+      bounded_integer("changed", &Params::changed, -1),  // at most n, the model size
+      boolean("stop", &Params::stop, kOptional)}};
+  return t;
+}
+template <>
+const Table<Stop>& table<Stop>() {
+  static const Table<Stop> t{"stop", {
+      string("reason", &Stop::reason, kOptional)}};
+  return t;
+}
+
 // clang-format on
 
-template <class M>
-const Message<M>& table() {
-  return std::get<Message<M>>(tables());
+// Each direction's messages, chosen by "t".
+template <class Variant>
+const wire::Catalog<Variant>& catalog();
+
+template <>
+const wire::Catalog<WorkerMessage>& catalog<WorkerMessage>() {
+  static const wire::Catalog<WorkerMessage> c(table<Hello>(), table<Mapped>(), table<Init>(),
+                                              table<Heartbeat>(), table<Bucket>(), table<Done>());
+  return c;
+}
+template <>
+const wire::Catalog<RingdMessage>& catalog<RingdMessage>() {
+  static const wire::Catalog<RingdMessage> c(table<Welcome>(), table<Params>(), table<Stop>());
+  return c;
 }
 
-// ---- the reader and the writer, driven by a table ---------------------------------------------
-
-template <class M>
-void read_field(const Message<M>& t, const Field<M>& f, const json& j, int64_t n, M& m) {
-  const FieldInfo& i = f.info;
-  const auto fail = [&](const std::string& rule) {
-    throw ControlError(std::string(t.kind) + "." + i.key,
-                       "control message '" + std::string(t.kind) + "': " + i.key + ": " + rule);
-  };
-  const auto it = j.find(i.key);
-  if (it == j.end()) {
-    if (i.required) fail("missing");
-    return;
+FieldInfo info(const wire::Rule& r) {
+  FieldInfo f;
+  f.key = r.key;
+  f.required = r.required();
+  switch (r.kind) {
+    case wire::Kind::kInteger:
+      f.type = FieldType::kInteger;
+      f.lo = r.lo;
+      f.hi = r.hi;
+      f.bounded_by_n = r.bounded;
+      f.version = r.version;
+      break;
+    case wire::Kind::kNumber:
+      f.type = FieldType::kNumber;
+      f.null_is_nan = r.null_is_nan;
+      f.non_negative = r.min >= 0;
+      break;
+    case wire::Kind::kBoolean:
+      f.type = FieldType::kBoolean;
+      break;
+    case wire::Kind::kString:
+      f.type = FieldType::kString;
+      break;
+    default:
+      f.type = FieldType::kObjectOrNull;
+      break;
   }
-  const json& v = *it;
-  const std::string got = std::string(", got ") + v.type_name();
-  std::visit(
-      [&](auto member) {
-        using T = std::remove_reference_t<decltype(m.*member)>;
-        T& dst = m.*member;
-        if constexpr (std::is_same_v<T, int64_t>) {
-          if (!v.is_number_integer()) fail("must be an integer" + got);
-          if (v.is_number_unsigned() && v.template get<uint64_t>() > uint64_t{kInt64Max})
-            fail("out of range");
-          const int64_t x = v.template get<int64_t>();
-          if (i.version && x != i.lo) {
-            const char* sender = t.from_worker ? "the worker" : "ringd";
-            const char* receiver = t.from_worker ? "ringd" : "the worker";
-            fail(std::string(sender) + " speaks control protocol " + std::to_string(x) + ", " +
-                 receiver + " speaks " + std::to_string(i.lo) +
-                 " (ring-worker and ringd must come from the same build)");
-          }
-          const int64_t hi = i.bounded_by_n ? std::max(n, i.lo) : i.hi;
-          if (x < i.lo || x > hi)
-            fail(std::to_string(x) + " is outside [" + std::to_string(i.lo) + ", " +
-                 std::to_string(hi) + "]");
-          dst = x;
-        } else if constexpr (std::is_same_v<T, double>) {
-          // null stands for a non-finite value (nlohmann writes NaN and inf as null).
-          if (v.is_null() && i.null_is_nan) {
-            dst = std::numeric_limits<double>::quiet_NaN();
-            return;
-          }
-          if (!v.is_number()) fail("must be a number" + got);
-          const double x = v.template get<double>();
-          // nlohmann reads 1e400 as inf, and writes inf back as null: keep every value finite
-          // (or NaN) so that a message re-encodes to itself.
-          if (!std::isfinite(x)) {
-            if (!i.null_is_nan) fail("must be finite");
-            dst = std::numeric_limits<double>::quiet_NaN();
-            return;
-          }
-          if (i.non_negative && !(x >= 0)) fail("must not be negative");
-          dst = x;
-        } else if constexpr (std::is_same_v<T, bool>) {
-          if (!v.is_boolean()) fail("must be true or false" + got);
-          dst = v.template get<bool>();
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          if (!v.is_string()) fail("must be a string" + got);
-          dst = v.template get<std::string>();
-          if (f.valid_string && !f.valid_string(dst)) fail(f.string_rule);
-        } else {
-          if (v.is_null()) return;
-          if (!v.is_object()) fail("must be an object or null");
-          dst = v;
-        }
-      },
-      f.member);
-}
-
-template <class M>
-M read_message(const Message<M>& t, const json& j, int64_t n) {
-  M m{};
-  // A message without fields (mapped, init, hb) has no members to read into.
-  if constexpr (!std::is_empty_v<M>) {
-    for (const Field<M>& f : t.fields) read_field(t, f, j, n, m);
-  }
-  return m;
-}
-
-template <class M>
-json write_message(const Message<M>& t, const M& m) {
-  json j = json::object();
-  j["t"] = t.kind;
-  if constexpr (!std::is_empty_v<M>) {
-    for (const Field<M>& f : t.fields) {
-      std::visit(
-          [&](auto member) {
-            const auto& x = m.*member;
-            using T = std::remove_cvref_t<decltype(x)>;
-            if constexpr (std::is_same_v<T, bool>) {
-              if (x || f.write_false) j[f.info.key] = x;
-            } else if constexpr (std::is_same_v<T, double>) {
-              j[f.info.key] = std::isfinite(x) ? json(x) : json(nullptr);
-            } else {
-              j[f.info.key] = x;
-            }
-          },
-          f.member);
-    }
-  }
-  return j;
-}
-
-// The alternative of Variant whose table has kind `kind`, read from j.
-template <class Variant, size_t... I>
-bool read_variant(const std::string& kind, const json& j, int64_t n, Variant& out,
-                  std::index_sequence<I...>) {
-  const auto one = [&](const auto& t) {
-    if (kind != t.kind) return false;
-    out = read_message(t, j, n);
-    return true;
-  };
-  return (one(table<std::variant_alternative_t<I, Variant>>()) || ...);
+  return f;
 }
 
 template <class Variant>
-json write_variant(const Variant& m) {
-  return std::visit(
-      [](const auto& x) { return write_message(table<std::decay_t<decltype(x)>>(), x); }, m);
-}
-
-template <class Variant, size_t... I>
-void describe(std::vector<MessageInfo>& out, std::index_sequence<I...>) {
-  const auto one = [&](const auto& t) {
-    MessageInfo info{t.kind, t.from_worker, {}};
-    for (const auto& f : t.fields) info.fields.push_back(f.info);
-    out.push_back(std::move(info));
-  };
-  (one(table<std::variant_alternative_t<I, Variant>>()), ...);
+void describe(std::vector<MessageInfo>& out, bool from_worker) {
+  const auto& c = catalog<Variant>();
+  for (size_t i = 0; i < c.size(); ++i) {
+    MessageInfo m{c.name(i), from_worker, {}};
+    for (const wire::Rule& r : c.rules(i)) m.fields.push_back(info(r));
+    out.push_back(std::move(m));
+  }
 }
 
 json parse_line(std::string_view line, const char* who) {
@@ -309,11 +275,21 @@ std::string kind_of(const json& j) {
 template <class Variant>
 Variant from_json(const json& j, int64_t n, const char* who) {
   const std::string t = kind_of(j);
-  Variant m;
-  if (!read_variant(t, j, n, m, std::make_index_sequence<std::variant_size_v<Variant>>()))
+  const auto& c = catalog<Variant>();
+  const int index = c.find(t);
+  if (index < 0)
     throw ControlError(
         "t", std::string(who) + " control message: unknown kind '" + t.substr(0, 64) + "'");
-  return m;
+  wire::Cursor cursor(j, kDialect, t, n);
+  return c.read(static_cast<size_t>(index), cursor);
+}
+
+template <class Variant>
+json write(const Variant& m) {
+  const auto& c = catalog<Variant>();
+  json j = c.write(m, kDialect);
+  j["t"] = c.name(m);
+  return j;
 }
 
 }  // namespace
@@ -321,8 +297,8 @@ Variant from_json(const json& j, int64_t n, const char* who) {
 const std::vector<MessageInfo>& message_table() {
   static const std::vector<MessageInfo> all = [] {
     std::vector<MessageInfo> v;
-    describe<WorkerMessage>(v, std::make_index_sequence<std::variant_size_v<WorkerMessage>>());
-    describe<RingdMessage>(v, std::make_index_sequence<std::variant_size_v<RingdMessage>>());
+    describe<WorkerMessage>(v, /*from_worker=*/true);
+    describe<RingdMessage>(v, /*from_worker=*/false);
     return v;
   }();
   return all;
@@ -345,10 +321,10 @@ RingdMessage parse_ringd_line(std::string_view line, int64_t n) {
 }
 
 json to_json(const WorkerMessage& m) {
-  return write_variant(m);
+  return write(m);
 }
 json to_json(const RingdMessage& m) {
-  return write_variant(m);
+  return write(m);
 }
 
 std::string encode(const WorkerMessage& m) {

@@ -2,14 +2,14 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
-#include <iterator>
 #include <limits>
-#include <set>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "common/protocol/fields.h"
+#include "common/wire/table.h"
 
 namespace ring::protocol {
 
@@ -17,8 +17,12 @@ using nlohmann::json;
 
 namespace {
 
+using wire::Cursor;
+using wire::Presence;
+using wire::Table;
+
 constexpr int64_t kMaxId = (int64_t{1} << 53);  // exact in a double, for JSON consumers
-constexpr size_t kMaxName = 253;
+constexpr size_t kMaxName = wire::kMaxNodeName;
 constexpr size_t kMaxText = 4096;
 constexpr size_t kMaxList = 4096;
 constexpr size_t kMaxPath = 4096;
@@ -51,346 +55,99 @@ std::string show(const json& v) {
   return s;
 }
 
-// ---- the three ways through a message's field table -------------------------------------------
+// ---- the dialect: how a broken rule reads ------------------------------------------------------
 //
-// Each message (and each object inside one) is described ONCE, by a `fields(io, m)` function
-// below that lists its fields in order with their rules. The same description drives:
-//   Reader    JSON -> struct: checks type, range, length, required/optional; finish() refuses
-//             fields that were not described ("unknown field"); errors name "type.path.key".
-//   Writer    struct -> JSON: writes every described field (an optional one only when set, or
-//             always where the wire format has always carried it: Write::kAlways).
-//   Describer the table as data (fields.h), for tests and tools.
-// Rules that span fields (an event kind's required fields, a Slurm job id's format) are checks
-// in the description that only the Reader runs (`if constexpr (IO::kReading)`).
+// Each message (and each object inside one) is described once, by its table below (common/wire:
+// key, kind, range, required or optional, written always or when set). The same table drives the
+// reader (JSON -> struct; a key no row reads is refused as an unknown field; an optional field
+// may be null), the writer (struct -> JSON) and field_rules (fields.h). Rules that span fields (an
+// event kind's required fields, a Slurm job id's format) are check rows, which only the reader
+// runs. Errors name "type.path.key" and the rule.
 
-// When an optional field is written.
-enum class Write { kIfSet, kAlways };
+std::string expected(const wire::Breach& b) {
+  const json& v = *b.value;
+  switch (b.expected) {
+    case wire::Shape::kInteger:
+      // An item of a list of integers says only what it should be.
+      if (b.item) return "expected an integer";
+      return std::string("expected an integer, got ") + json_kind(v) +
+             (v.is_number_float() ? " (" + show(v) + ")" : "");
+    case wire::Shape::kNumber:
+      return std::string("expected a number, got ") + json_kind(v);
+    case wire::Shape::kBoolean:
+      return std::string("expected a boolean, got ") + json_kind(v);
+    case wire::Shape::kString:
+      return std::string("expected a string, got ") + json_kind(v);
+    case wire::Shape::kArray:
+      return std::string("expected an array, got ") + json_kind(v);
+    default:
+      return std::string("expected an object, got ") + json_kind(v);
+  }
+}
 
-// Reads the fields of one JSON object, with the dotted path used in errors. finish() refuses
-// fields that were not read.
-class Reader {
- public:
-  static constexpr bool kReading = true;
+std::string range(int64_t lo, int64_t hi) {
+  return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
 
-  Reader(const json& obj, std::string path) : obj_(obj), path_(std::move(path)) {
-    if (!obj_.is_object()) fail(path_, std::string("expected an object, got ") + json_kind(obj_));
-  }
-
-  [[noreturn]] static void fail(const std::string& field, const std::string& what) {
-    throw ProtocolError(code::kBadField, field, "field '" + field + "': " + what);
-  }
-
-  std::string field(const char* key) const { return path_.empty() ? key : path_ + "." + key; }
-
-  const json* find(const char* key) {
-    seen_.insert(key);
-    auto it = obj_.find(key);
-    return it == obj_.end() ? nullptr : &*it;
-  }
-  const json& need(const char* key) {
-    const json* v = find(key);
-    if (!v) fail(field(key), "required field is missing");
-    return *v;
-  }
-
-  // ---- the field kinds (Writer and Describer have the same ones)
-
-  void i64(const char* key, int64_t& out, int64_t lo, int64_t hi) {
-    out = as_i64(need(key), key, lo, hi);
-  }
-  void opt_i64(const char* key, std::optional<int64_t>& out, int64_t lo, int64_t hi) {
-    const json* v = find(key);
-    if (!v || v->is_null())
-      out.reset();
-    else
-      out = as_i64(*v, key, lo, hi);
-  }
-  // Optional on the wire with a default; always written.
-  void i64_or(const char* key, int64_t& out, int64_t lo, int64_t hi, int64_t dflt) {
-    std::optional<int64_t> v;
-    opt_i64(key, v, lo, hi);
-    out = v.value_or(dflt);
-  }
-  void num(const char* key, double& out, double lo, double hi) {
-    out = as_num(need(key), key, lo, hi);
-  }
-  void opt_num(const char* key, std::optional<double>& out, double lo, double hi) {
-    const json* v = find(key);
-    if (!v || v->is_null())
-      out.reset();
-    else
-      out = as_num(*v, key, lo, hi);
-  }
-  void boolean(const char* key, bool& out) {
-    const json& v = need(key);
-    if (!v.is_boolean()) fail(field(key), std::string("expected a boolean, got ") + json_kind(v));
-    out = v.get<bool>();
-  }
-  void opt_bool(const char* key, std::optional<bool>& out) {
-    const json* v = find(key);
-    if (!v || v->is_null()) {
-      out.reset();
-      return;
-    }
-    if (!v->is_boolean()) fail(field(key), std::string("expected a boolean, got ") + json_kind(*v));
-    out = v->get<bool>();
-  }
-  void str(const char* key, std::string& out, size_t min_len, size_t max_len) {
-    out = as_str(need(key), field(key), min_len, max_len);
-  }
-  void opt_str(const char* key, std::string& out, size_t max_len, Write = Write::kIfSet) {
-    const json* v = find(key);
-    out = !v || v->is_null() ? std::string() : as_str(*v, field(key), 0, max_len);
-  }
-  void node(const char* key, std::string& out) {
-    str(key, out, 1, kMaxName);
-    if (!valid_node_name(out))
-      fail(field(key), "'" + out + "' is not a node name (letters, digits, '.', '_', '-')");
-  }
-  template <typename E, size_t N>
-  void enumeration(const char* key, E& out, const std::pair<E, const char*> (&names)[N]) {
-    std::string s;
-    str(key, s, 1, 64);
-    std::string allowed;
-    for (const auto& [e, n] : names) {
-      if (s == n) {
-        out = e;
-        return;
-      }
-      allowed += (allowed.empty() ? "" : ", ") + std::string(n);
-    }
-    fail(field(key), "'" + s + "' is not one of: " + allowed);
-  }
-  // A list of strings (optional: missing means empty).
-  void strings(const char* key, std::vector<std::string>& out, size_t max_items, size_t max_len,
-               Write = Write::kIfSet) {
-    out.clear();
-    const json* a = array(key, max_items, false);
-    if (!a) return;
-    for (size_t i = 0; i < a->size(); ++i)
-      out.push_back(as_str((*a)[i], item(field(key), i), 0, max_len));
-  }
-  // A list of integers (optional: missing means empty).
-  void integers(const char* key, std::vector<int64_t>& out, size_t max_items,
-                Write = Write::kAlways) {
-    out.clear();
-    const json* a = array(key, max_items, false);
-    if (!a) return;
-    for (size_t k = 0; k < a->size(); ++k) {
-      const json& v = (*a)[k];
-      if (!v.is_number_integer()) fail(item(field(key), k), "expected an integer");
-      out.push_back(v.get<int64_t>());
-    }
-  }
-  // Any JSON object (optional: missing means {}).
-  void object(const char* key, json& out) {
-    const json* d = find(key);
-    if (d && !d->is_object())
-      fail(field(key), std::string("expected an object, got ") + json_kind(*d));
-    out = d ? *d : json::object();
-  }
-  // One object described by fields(io, T&) (required).
-  template <typename T>
-  void sub(const char* key, T& out) {
-    Reader r(need(key), field(key));
-    fields(r, out);
-    r.finish();
-  }
-  // A list of objects described by fields(io, T&); `required` or missing means empty.
-  template <typename T>
-  void objects(const char* key, std::vector<T>& out, size_t max_items, bool required,
-               Write = Write::kAlways) {
-    out.clear();
-    const json* a = array(key, max_items, required);
-    if (!a) return;
-    for (size_t i = 0; i < a->size(); ++i) {
-      Reader r((*a)[i], item(field(key), i));
-      T t;
-      fields(r, t);
-      r.finish();
-      out.push_back(std::move(t));
-    }
-  }
-
-  void finish() const {
-    for (auto it = obj_.begin(); it != obj_.end(); ++it)
-      if (!seen_.count(it.key())) fail(field(it.key().c_str()), "unknown field");
-  }
-
- private:
-  static std::string item(const std::string& base, size_t i) {
-    return base + "[" + std::to_string(i) + "]";
-  }
-
-  // An array of at most max_items; missing means empty when optional.
-  const json* array(const char* key, size_t max_items, bool required) {
-    const json* v = required ? &need(key) : find(key);
-    if (!v || v->is_null()) return nullptr;
-    if (!v->is_array()) fail(field(key), std::string("expected an array, got ") + json_kind(*v));
-    if (v->size() > max_items)
-      fail(field(key),
-           "at most " + std::to_string(max_items) + " items, got " + std::to_string(v->size()));
-    return v;
-  }
-
-  static std::string as_str(const json& v, const std::string& f, size_t min_len, size_t max_len) {
-    if (!v.is_string()) fail(f, std::string("expected a string, got ") + json_kind(v));
-    const auto& s = v.get_ref<const std::string&>();
-    if (s.size() < min_len)
-      fail(f,
-           min_len == 1 ? "must not be empty" : "at least " + std::to_string(min_len) + " bytes");
-    if (s.size() > max_len)
-      fail(f, "at most " + std::to_string(max_len) + " bytes, got " + std::to_string(s.size()));
-    return s;
-  }
-  int64_t as_i64(const json& v, const char* key, int64_t lo, int64_t hi) const {
-    int64_t x = 0;
-    if (v.is_number_integer() && !v.is_number_unsigned()) {
-      x = v.get<int64_t>();
-    } else if (v.is_number_unsigned()) {
-      uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail(field(key), "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-      x = static_cast<int64_t>(u);
-    } else {
-      fail(field(key), std::string("expected an integer, got ") + json_kind(v) +
-                           (v.is_number_float() ? " (" + show(v) + ")" : ""));
-    }
-    if (x < lo || x > hi)
-      fail(field(key), std::to_string(x) + " is out of range [" + std::to_string(lo) + ", " +
-                           std::to_string(hi) + "]");
-    return x;
-  }
-  double as_num(const json& v, const char* key, double lo, double hi) const {
-    if (!v.is_number()) fail(field(key), std::string("expected a number, got ") + json_kind(v));
-    double x = v.get<double>();
-    if (!std::isfinite(x)) fail(field(key), "must be finite");
-    if (x < lo || x > hi) {
+std::string wording(const wire::Breach& b) {
+  using What = wire::Breach::What;
+  switch (b.what) {
+    case What::kMissing:
+      return "required field is missing";
+    case What::kWrongType:
+      return expected(b);
+    case What::kIntegerOverflow:
+      return "out of range " + range(b.lo, b.hi);
+    case What::kIntegerRange:
+      return std::to_string(b.x) + " is out of range " + range(b.lo, b.hi);
+    case What::kNotFinite:
+      return "must be finite";
+    case What::kNumberRange: {
       std::ostringstream os;
-      os << x << " is out of range [" << lo << ", " << hi << "]";
-      fail(field(key), os.str());
+      os << b.number << " is out of range [" << b.min << ", " << b.max << "]";
+      return os.str();
     }
-    return x;
+    case What::kTooShort:
+      return b.limit == 1 ? "must not be empty" : "at least " + std::to_string(b.limit) + " bytes";
+    case What::kTooLong:
+      return "at most " + std::to_string(b.limit) + " bytes, got " + std::to_string(b.size);
+    case What::kTooManyItems:
+      return "at most " + std::to_string(b.limit) + " items, got " + std::to_string(b.size);
+    case What::kUnknownField:
+      return "unknown field";
+    default:
+      return b.text;
   }
+}
 
-  const json& obj_;
-  std::string path_;
-  std::set<std::string> seen_;
-};
+// "field 'register.gpus[1].memory_mib': -5 is out of range [0, 1073741824]"
+void fail(const wire::Where& w, const wire::Breach& b) {
+  const std::string field = w.path();
+  throw ProtocolError(code::kBadField, field, "field '" + field + "': " + wording(b));
+}
 
-// Writes the described fields of a struct into one JSON object. The descriptions take the
-// struct by non-const reference (the Reader fills it); the Writer only reads it.
-class Writer {
- public:
-  static constexpr bool kReading = false;
-  json j = json::object();
-
-  void i64(const char* key, const int64_t& v, int64_t, int64_t) { j[key] = v; }
-  void opt_i64(const char* key, const std::optional<int64_t>& v, int64_t, int64_t) {
-    if (v) j[key] = *v;
-  }
-  void i64_or(const char* key, const int64_t& v, int64_t, int64_t, int64_t) { j[key] = v; }
-  void num(const char* key, const double& v, double, double) { j[key] = v; }
-  void opt_num(const char* key, const std::optional<double>& v, double, double) {
-    if (v) j[key] = *v;
-  }
-  void boolean(const char* key, const bool& v) { j[key] = v; }
-  void opt_bool(const char* key, const std::optional<bool>& v) {
-    if (v) j[key] = *v;
-  }
-  void str(const char* key, const std::string& v, size_t, size_t) { j[key] = v; }
-  void opt_str(const char* key, const std::string& v, size_t, Write w = Write::kIfSet) {
-    if (w == Write::kAlways || !v.empty()) j[key] = v;
-  }
-  void node(const char* key, const std::string& v) { j[key] = v; }
-  template <typename E, size_t N>
-  void enumeration(const char* key, const E& v, const std::pair<E, const char*> (&names)[N]) {
-    for (const auto& [e, n] : names)
-      if (e == v) j[key] = n;
-  }
-  void strings(const char* key, const std::vector<std::string>& v, size_t, size_t,
-               Write w = Write::kIfSet) {
-    if (w == Write::kAlways || !v.empty()) j[key] = v;
-  }
-  void integers(const char* key, const std::vector<int64_t>& v, size_t,
-                Write w = Write::kAlways) {
-    if (w == Write::kAlways || !v.empty()) j[key] = v;
-  }
-  void object(const char* key, const json& v) { j[key] = v; }
-  template <typename T>
-  void sub(const char* key, T& v) {
-    Writer w;
-    fields(w, v);
-    j[key] = std::move(w.j);
-  }
-  template <typename T>
-  void objects(const char* key, std::vector<T>& v, size_t, bool, Write when = Write::kAlways) {
-    if (when == Write::kIfSet && v.empty()) return;
-    json a = json::array();
-    for (auto& t : v) {
-      Writer w;
-      fields(w, t);
-      a.push_back(std::move(w.j));
-    }
-    j[key] = std::move(a);
-  }
-};
-
-// Records the description as FieldRules (fields.h).
-class Describer {
- public:
-  static constexpr bool kReading = false;
-  std::vector<FieldRule> rules;
-
-  void i64(const char* key, int64_t&, int64_t lo, int64_t hi) { add(key, "integer", true, lo, hi); }
-  void opt_i64(const char* key, std::optional<int64_t>&, int64_t lo, int64_t hi) {
-    add(key, "integer", false, lo, hi);
-  }
-  void i64_or(const char* key, int64_t&, int64_t lo, int64_t hi, int64_t) {
-    add(key, "integer", false, lo, hi);
-  }
-  void num(const char* key, double&, double lo, double hi) { add(key, "number", true, lo, hi); }
-  void opt_num(const char* key, std::optional<double>&, double lo, double hi) {
-    add(key, "number", false, lo, hi);
-  }
-  void boolean(const char* key, bool&) { add(key, "boolean", true); }
-  void opt_bool(const char* key, std::optional<bool>&) { add(key, "boolean", false); }
-  void str(const char* key, std::string&, size_t lo, size_t hi) {
-    add(key, "string", true, static_cast<double>(lo), static_cast<double>(hi));
-  }
-  void opt_str(const char* key, std::string&, size_t hi, Write = Write::kIfSet) {
-    add(key, "string", false, 0.0, static_cast<double>(hi));
-  }
-  void node(const char* key, std::string&) { add(key, "node", true, 1.0, double(kMaxName)); }
-  template <typename E, size_t N>
-  void enumeration(const char* key, E&, const std::pair<E, const char*> (&names)[N]) {
-    add(key, "enum", true);
-    for (const auto& [e, n] : names) rules.back().choices.push_back(n);
-  }
-  void strings(const char* key, std::vector<std::string>&, size_t, size_t, Write = Write::kIfSet) {
-    add(key, "strings", false);
-  }
-  void integers(const char* key, std::vector<int64_t>&, size_t, Write = Write::kAlways) {
-    add(key, "integers", false);
-  }
-  void object(const char* key, json&) { add(key, "object", false); }
-  template <typename T>
-  void sub(const char* key, T&) {
-    add(key, "object", true);
-  }
-  template <typename T>
-  void objects(const char* key, std::vector<T>&, size_t, bool required, Write = Write::kAlways) {
-    add(key, "objects", required);
-  }
-
- private:
-  void add(const char* key, const char* kind, bool required,
-           std::optional<double> lo = std::nullopt, std::optional<double> hi = std::nullopt) {
-    rules.push_back({key, kind, required, lo, hi, {}});
-  }
-};
+constexpr wire::Dialect kDialect{
+    .null_is_absent = true, .refuse_unknown = true, .nonfinite_as_null = false, .fail = fail};
 
 // ---- the field tables ---------------------------------------------------------------------------
+
+using wire::boolean;
+using wire::check;
+using wire::embed;
+using wire::enumeration;
+using wire::integer;
+using wire::integers;
+using wire::json_object;
+using wire::node;
+using wire::number;
+using wire::object;
+using wire::objects;
+using wire::string;
+using wire::strings;
+
+constexpr Presence kRequired = Presence::kRequired;
+constexpr Presence kOptional = Presence::kOptional;  // may be absent; always written
+constexpr Presence kWhenSet = Presence::kWhenSet;    // may be absent; written when set
 
 constexpr std::pair<EventKind, const char*> kEventNames[] = {
     {EventKind::kWorkerStarted, "worker_started"},
@@ -411,263 +168,382 @@ constexpr std::pair<CommandKind, const char*> kCommandNames[] = {
     {CommandKind::kCheckpointNow, "checkpoint_now"},
 };
 
+// clang-format off
+// One table a struct: table<GpuInfo>(), ..., table<StepsReply>(). Rows are checked in order, so
+// the first bad field is the one named.
+template <class M>
+const Table<M>& table();
+
 // Pieces.
 
 // The numbers of one step report (StepReport from ringd, StepRecord as recorded).
-template <class IO, class M>
-void step_numbers(IO& io, M& m) {
-  io.num("loss", m.loss, -1e30, 1e30);
-  io.num("tokens_per_s", m.tokens_per_s, 0, 1e15);
-  io.num("step_time_s", m.step_time_s, 0, 1e7);
-  io.num("comm_time_s", m.comm_time_s, 0, 1e7);
+template <class M>
+std::vector<wire::Field<M>> step_numbers() {
+  return {number("loss", &M::loss, -1e30, 1e30),
+          number("tokens_per_s", &M::tokens_per_s, 0, 1e15),
+          number("step_time_s", &M::step_time_s, 0, 1e7),
+          number("comm_time_s", &M::comm_time_s, 0, 1e7)};
 }
 
-template <class IO>
-void fields(IO& io, GpuInfo& m) {
-  io.i64("index", m.index, 0, 1023);
-  io.opt_str("model", m.model, 256, Write::kAlways);
-  io.i64("memory_mib", m.memory_mib, 0, int64_t{1} << 30);
+template <>
+const Table<GpuInfo>& table<GpuInfo>() {
+  static const Table<GpuInfo> t{"", {
+      integer("index", &GpuInfo::index, 0, 1023),
+      string("model", &GpuInfo::model, 0, 256, kOptional),
+      integer("memory_mib", &GpuInfo::memory_mib, 0, int64_t{1} << 30)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, Topology& m) {
-  io.i64("numa_nodes", m.numa_nodes, 1, 1024);
-  io.i64("cpus", m.cpus, 1, 1 << 20);
-  io.i64("host_memory_mib", m.host_memory_mib, 0, int64_t{1} << 40);
-  io.opt_str("leaf_switch", m.leaf_switch, kMaxName, Write::kAlways);
-  io.opt_str("summary", m.summary, 1024, Write::kAlways);
+template <>
+const Table<Topology>& table<Topology>() {
+  static const Table<Topology> t{"", {
+      integer("numa_nodes", &Topology::numa_nodes, 1, 1024),
+      integer("cpus", &Topology::cpus, 1, 1 << 20),
+      integer("host_memory_mib", &Topology::host_memory_mib, 0, int64_t{1} << 40),
+      string("leaf_switch", &Topology::leaf_switch, 0, kMaxName, kOptional),
+      string("summary", &Topology::summary, 0, 1024, kOptional)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, JobProgress& m) {
-  io.i64("job", m.job, 1, kMaxId);
-  io.i64("attempt", m.attempt, 0, kMaxId);
-  io.i64("step", m.step, 0, kMaxId);
+template <>
+const Table<JobProgress>& table<JobProgress>() {
+  static const Table<JobProgress> t{"", {
+      integer("job", &JobProgress::job, 1, kMaxId),
+      integer("attempt", &JobProgress::attempt, 0, kMaxId),
+      integer("step", &JobProgress::step, 0, kMaxId)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, Assignment& m) {
-  io.i64("job", m.job, 1, kMaxId);
-  io.i64("attempt", m.attempt, 0, kMaxId);
-  io.i64("resume_step", m.resume_step, 0, kMaxId);
-  io.str("state", m.state, 1, 32);
+template <>
+const Table<Assignment>& table<Assignment>() {
+  static const Table<Assignment> t{"", {
+      integer("job", &Assignment::job, 1, kMaxId),
+      integer("attempt", &Assignment::attempt, 0, kMaxId),
+      integer("resume_step", &Assignment::resume_step, 0, kMaxId),
+      string("state", &Assignment::state, 1, 32)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, JobInfo& m) {
-  io.i64("job", m.job, 1, kMaxId);
-  io.str("name", m.name, 1, kMaxName);
-  io.i64("owner_uid", m.owner_uid, 0, std::numeric_limits<uint32_t>::max());
-  io.opt_str("owner", m.owner, kMaxName, Write::kAlways);
-  io.str("state", m.state, 1, 32);
-  io.opt_str("state_reason", m.state_reason, kMaxText, Write::kAlways);
-  io.str("spec_hash", m.spec_hash, 1, 128);
-  io.i64("attempt", m.attempt, 0, kMaxId);
-  io.i64("restarts", m.restarts, 0, kMaxId);
-  io.i64("max_restarts", m.max_restarts, 0, kMaxId);
-  io.i64("step", m.step, 0, kMaxId);
-  io.i64("total_steps", m.total_steps, 0, kMaxId);
-  io.opt_num("loss", m.loss, -1e300, 1e300);
-  io.opt_num("tokens_per_s", m.tokens_per_s, 0, 1e300);
-  io.opt_i64("last_checkpoint_step", m.last_checkpoint_step, 0, kMaxId);
-  io.opt_str("slurm_job_id", m.slurm_job_id, 64, Write::kAlways);
-  io.strings("nodes", m.nodes, kMaxList, kMaxName, Write::kAlways);
-  io.strings("ring_order", m.ring_order, kMaxList, kMaxName, Write::kAlways);
-  io.strings("excluded_nodes", m.excluded_nodes, kMaxList, kMaxName);
-  io.opt_str("job_dir", m.job_dir, kMaxPath, Write::kAlways);
-  io.opt_str("checkpoint_dir", m.checkpoint_dir, kMaxPath, Write::kAlways);
-  io.num("created_at", m.created_at, 0, 1e12);
-  io.num("updated_at", m.updated_at, 0, 1e12);
+template <>
+const Table<JobInfo>& table<JobInfo>() {
+  constexpr int64_t kMaxUid = std::numeric_limits<uint32_t>::max();
+  static const Table<JobInfo> t{"", {
+      integer("job", &JobInfo::job, 1, kMaxId),
+      string("name", &JobInfo::name, 1, kMaxName),
+      integer("owner_uid", &JobInfo::owner_uid, 0, kMaxUid),
+      string("owner", &JobInfo::owner, 0, kMaxName, kOptional),
+      string("state", &JobInfo::state, 1, 32),
+      string("state_reason", &JobInfo::state_reason, 0, kMaxText, kOptional),
+      string("spec_hash", &JobInfo::spec_hash, 1, 128),
+      integer("attempt", &JobInfo::attempt, 0, kMaxId),
+      integer("restarts", &JobInfo::restarts, 0, kMaxId),
+      integer("max_restarts", &JobInfo::max_restarts, 0, kMaxId),
+      integer("step", &JobInfo::step, 0, kMaxId),
+      integer("total_steps", &JobInfo::total_steps, 0, kMaxId),
+      number("loss", &JobInfo::loss, -1e300, 1e300),
+      number("tokens_per_s", &JobInfo::tokens_per_s, 0, 1e300),
+      integer("last_checkpoint_step", &JobInfo::last_checkpoint_step, 0, kMaxId),
+      string("slurm_job_id", &JobInfo::slurm_job_id, 0, 64, kOptional),
+      strings("nodes", &JobInfo::nodes, kMaxList, kMaxName, kOptional),
+      strings("ring_order", &JobInfo::ring_order, kMaxList, kMaxName, kOptional),
+      strings("excluded_nodes", &JobInfo::excluded_nodes, kMaxList, kMaxName, kWhenSet),
+      string("job_dir", &JobInfo::job_dir, 0, kMaxPath, kOptional),
+      string("checkpoint_dir", &JobInfo::checkpoint_dir, 0, kMaxPath, kOptional),
+      number("created_at", &JobInfo::created_at, 0, 1e12),
+      number("updated_at", &JobInfo::updated_at, 0, 1e12)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, EventRecord& m) {
-  io.i64("id", m.id, 1, std::numeric_limits<int64_t>::max());
-  io.num("time", m.time, 0, 1e12);
-  io.opt_i64("job", m.job, 1, kMaxId);
-  io.i64("attempt", m.attempt, 0, kMaxId);
-  io.opt_str("node", m.node, kMaxName, Write::kAlways);
-  io.str("kind", m.kind, 1, 64);
-  io.object("data", m.data);
+template <>
+const Table<EventRecord>& table<EventRecord>() {
+  static const Table<EventRecord> t{"", {
+      integer("id", &EventRecord::id, 1, std::numeric_limits<int64_t>::max()),
+      number("time", &EventRecord::time, 0, 1e12),
+      integer("job", &EventRecord::job, 1, kMaxId),
+      integer("attempt", &EventRecord::attempt, 0, kMaxId),
+      string("node", &EventRecord::node, 0, kMaxName, kOptional),
+      string("kind", &EventRecord::kind, 1, 64),
+      json_object("data", &EventRecord::data, /*null_ok=*/false)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, NodeInfo& m) {
-  io.node("name", m.name);
-  io.str("state", m.state, 1, 16);
-  io.i64("uid", m.uid, 0, std::numeric_limits<uint32_t>::max());
-  io.num("last_heartbeat", m.last_heartbeat, 0, 1e12);
-  io.i64("gpus", m.gpus, 0, 1024);
-  io.opt_str("ringd_version", m.ringd_version, 64, Write::kAlways);
-  io.integers("jobs", m.jobs, kMaxList);
+template <>
+const Table<NodeInfo>& table<NodeInfo>() {
+  static const Table<NodeInfo> t{"", {
+      node("name", &NodeInfo::name),
+      string("state", &NodeInfo::state, 1, 16),
+      integer("uid", &NodeInfo::uid, 0, std::numeric_limits<uint32_t>::max()),
+      number("last_heartbeat", &NodeInfo::last_heartbeat, 0, 1e12),
+      integer("gpus", &NodeInfo::gpus, 0, 1024),
+      string("ringd_version", &NodeInfo::ringd_version, 0, 64, kOptional),
+      integers("jobs", &NodeInfo::jobs, kMaxList, kOptional)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, StepRecord& m) {
-  io.i64("attempt", m.attempt, 0, kMaxId);
-  io.i64("step", m.step, 0, kMaxId);
-  io.node("node", m.node);
-  step_numbers(io, m);
-  io.num("time", m.time, 0, 1e12);
+template <>
+const Table<StepRecord>& table<StepRecord>() {
+  static const Table<StepRecord> t{"", {
+      integer("attempt", &StepRecord::attempt, 0, kMaxId),
+      integer("step", &StepRecord::step, 0, kMaxId),
+      node("node", &StepRecord::node),
+      step_numbers<StepRecord>(),
+      number("time", &StepRecord::time, 0, 1e12)}};
+  return t;
+}
+template <>
+const Table<RankStep>& table<RankStep>() {
+  static const Table<RankStep> t{"", {
+      integer("rank", &RankStep::rank, 0, 1 << 24),
+      number("step_time_s", &RankStep::step_time_s, 0, 1e7),
+      number("data_s", &RankStep::data_s, 0, 1e7),
+      number("compute_s", &RankStep::compute_s, 0, 1e7),
+      number("wait_s", &RankStep::wait_s, 0, 1e7),
+      number("comm_s", &RankStep::comm_s, 0, 1e7),
+      integer("hop_bytes", &RankStep::hop_bytes, 0, int64_t{1} << 50),
+      integer("prev", &RankStep::prev, 0, 1 << 24)}};
+  return t;
+}
+// A recorded rank row: the RankStep's fields flattened beside attempt, step, node and time.
+template <>
+const Table<RankStepRecord>& table<RankStepRecord>() {
+  static const Table<RankStepRecord> t{"", {
+      integer("attempt", &RankStepRecord::attempt, 0, kMaxId),
+      integer("step", &RankStepRecord::step, 0, kMaxId),
+      node("node", &RankStepRecord::node),
+      embed(&RankStepRecord::rank, table<RankStep>()),
+      number("time", &RankStepRecord::time, 0, 1e12)}};
+  return t;
+}
+template <>
+const Table<WaitingRank>& table<WaitingRank>() {
+  static const Table<WaitingRank> t{"", {
+      integer("rank", &WaitingRank::rank, 0, 1 << 24),
+      string("where", &WaitingRank::where, 1, 512)}};
+  return t;
 }
 
 // daemon -> coordinator.
 
-template <class IO>
-void fields(IO& io, Register& m) {
-  io.node("node", m.node);
-  io.objects("gpus", m.gpus, 1024, true);
-  io.sub("topology", m.topology);
-  io.str("ringd_version", m.ringd_version, 1, 64);
-  io.objects("jobs", m.jobs, kMaxList, false);
+template <>
+const Table<Register>& table<Register>() {
+  static const Table<Register> t{"register", {
+      node("node", &Register::node),
+      objects("gpus", &Register::gpus, table<GpuInfo>(), 1024, kRequired),
+      object("topology", &Register::topology, table<Topology>()),
+      string("ringd_version", &Register::ringd_version, 1, 64),
+      objects("jobs", &Register::jobs, table<JobProgress>(), kMaxList, kOptional)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, Heartbeat& m) {
-  io.node("node", m.node);
-  io.i64("seq", m.seq, 0, std::numeric_limits<int64_t>::max());
-  io.objects("jobs", m.jobs, kMaxList, false);
+template <>
+const Table<Heartbeat>& table<Heartbeat>() {
+  static const Table<Heartbeat> t{"heartbeat", {
+      node("node", &Heartbeat::node),
+      integer("seq", &Heartbeat::seq, 0, std::numeric_limits<int64_t>::max()),
+      objects("jobs", &Heartbeat::jobs, table<JobProgress>(), kMaxList, kOptional)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, RankStep& m) {
-  io.i64("rank", m.rank, 0, 1 << 24);
-  io.num("step_time_s", m.step_time_s, 0, 1e7);
-  io.num("data_s", m.data_s, 0, 1e7);
-  io.num("compute_s", m.compute_s, 0, 1e7);
-  io.num("wait_s", m.wait_s, 0, 1e7);
-  io.num("comm_s", m.comm_s, 0, 1e7);
-  io.i64("hop_bytes", m.hop_bytes, 0, int64_t{1} << 50);
-  io.opt_i64("prev", m.prev, 0, 1 << 24);
+template <>
+const Table<StepReport>& table<StepReport>() {
+  static const Table<StepReport> t{"step", {
+      node("node", &StepReport::node),
+      integer("job", &StepReport::job, 1, kMaxId),
+      integer("attempt", &StepReport::attempt, 1, kMaxId),
+      integer("step", &StepReport::step, 0, kMaxId),
+      step_numbers<StepReport>(),
+      objects("ranks", &StepReport::ranks, table<RankStep>(), 512, kWhenSet)}};
+  return t;
 }
-// A recorded rank row: the RankStep's fields flattened beside attempt, step, node and time.
-template <class IO>
-void fields(IO& io, RankStepRecord& m) {
-  io.i64("attempt", m.attempt, 0, kMaxId);
-  io.i64("step", m.step, 0, kMaxId);
-  io.node("node", m.node);
-  fields(io, m.rank);
-  io.num("time", m.time, 0, 1e12);
-}
-template <class IO>
-void fields(IO& io, StepReport& m) {
-  io.node("node", m.node);
-  io.i64("job", m.job, 1, kMaxId);
-  io.i64("attempt", m.attempt, 1, kMaxId);
-  io.i64("step", m.step, 0, kMaxId);
-  step_numbers(io, m);
-  io.objects("ranks", m.ranks, 512, false, Write::kIfSet);
-}
-template <class IO>
-void fields(IO& io, WaitingRank& m) {
-  io.i64("rank", m.rank, 0, 1 << 24);
-  io.str("where", m.where, 1, 512);
-}
-template <class IO>
-void fields(IO& io, Event& m) {
-  io.node("node", m.node);
-  io.enumeration("kind", m.kind, kEventNames);
-  io.i64("job", m.job, 1, kMaxId);
-  io.i64("attempt", m.attempt, 0, kMaxId);
-  io.opt_i64("rank", m.rank, 0, 1 << 24);
-  io.opt_i64("pid", m.pid, 1, std::numeric_limits<int32_t>::max());
-  io.opt_i64("exit_code", m.exit_code, 0, 255);
-  io.opt_i64("signal", m.signal, 1, 64);
-  io.opt_i64("step", m.step, 0, kMaxId);
-  io.opt_i64("bytes", m.bytes, 0, std::numeric_limits<int64_t>::max());
-  io.opt_str("path", m.path, kMaxText);
-  io.opt_bool("complete", m.complete);
-  io.strings("last_log", m.last_log, kMaxLogLines, kMaxLogLineBytes);
-  io.opt_str("message", m.message, kMaxText);
-  io.opt_num("seconds", m.seconds, 0, 1e7);
-  io.opt_i64("steps", m.steps, 0, 1 << 20);
-  io.opt_num("behind_s", m.behind_s, 0, 1e7);
-  io.opt_num("deadline_s", m.deadline_s, 0, 1e7);
-  io.integers("missing", m.missing, 512, Write::kIfSet);
-  io.objects("waiting", m.waiting, 512, false, Write::kIfSet);
-  io.integers("deleted", m.deleted, 4096, Write::kIfSet);
-  io.opt_bool("resumable", m.resumable);
-  if constexpr (IO::kReading) {
-    // Per-kind required fields.
-    auto require = [&](bool ok, const char* key, const char* why) {
-      if (!ok) Reader::fail(io.field(key), why);
-    };
-    switch (m.kind) {
-      case EventKind::kWorkerStarted:
-        require(m.rank.has_value(), "rank", "required for worker_started");
-        break;
-      case EventKind::kWorkerExited:
-        require(m.rank.has_value(), "rank", "required for worker_exited");
-        require(m.exit_code.has_value(), "exit_code", "required for worker_exited");
-        break;
-      case EventKind::kWorkerDied:
-        require(m.rank.has_value(), "rank", "required for worker_died");
-        require(m.signal.has_value() != m.exit_code.has_value(), "signal",
-                "worker_died needs exactly one of signal and exit_code");
-        break;
-      case EventKind::kCheckpointSaved:
-        require(m.step.has_value(), "step", "required for checkpoint_saved");
-        require(!m.path.empty(), "path", "required for checkpoint_saved");
-        require(m.bytes.has_value(), "bytes", "required for checkpoint_saved");
-        require(m.complete.has_value(), "complete", "required for checkpoint_saved");
-        break;
-      case EventKind::kCheckpointFailed:
-        require(m.step.has_value(), "step", "required for checkpoint_failed");
-        break;
-      case EventKind::kJobCompleted:
-        require(m.step.has_value(), "step", "required for job_completed");
-        break;
-      case EventKind::kJobStopped:
-        break;
-      case EventKind::kStraggler:
-        require(m.rank.has_value(), "rank", "required for straggler");
-        require(m.step.has_value(), "step", "required for straggler");
-        require(m.steps.has_value(), "steps", "required for straggler");
-        require(m.behind_s.has_value(), "behind_s", "required for straggler");
-        break;
-      case EventKind::kStragglerCleared:
-        require(m.rank.has_value(), "rank", "required for straggler_cleared");
-        break;
-      case EventKind::kHang:
-        require(m.step.has_value(), "step", "required for hang");
-        require(m.deadline_s.has_value(), "deadline_s", "required for hang");
-        break;
-      case EventKind::kJobFailed:
-        require(!m.message.empty(), "message", "required for job_failed");
-        break;
-    }
-    for (int64_t r : m.missing)
-      if (r < 0 || r > (1 << 24))
-        Reader::fail(io.field("missing"), "a rank is out of range [0, 16777216]");
-    for (int64_t st : m.deleted)
-      if (st < 0 || st > kMaxId) Reader::fail(io.field("deleted"), "a step is out of range");
+
+// An event kind's required fields, then the ranks and steps of its lists.
+void event_rules(const Event& m, const Cursor& c) {
+  auto require = [&](bool ok, const char* key, const char* why) {
+    if (!ok) c.fail(key, why);
+  };
+  switch (m.kind) {
+    case EventKind::kWorkerStarted:
+      require(m.rank.has_value(), "rank", "required for worker_started");
+      break;
+    case EventKind::kWorkerExited:
+      require(m.rank.has_value(), "rank", "required for worker_exited");
+      require(m.exit_code.has_value(), "exit_code", "required for worker_exited");
+      break;
+    case EventKind::kWorkerDied:
+      require(m.rank.has_value(), "rank", "required for worker_died");
+      require(m.signal.has_value() != m.exit_code.has_value(), "signal",
+              "worker_died needs exactly one of signal and exit_code");
+      break;
+    case EventKind::kCheckpointSaved:
+      require(m.step.has_value(), "step", "required for checkpoint_saved");
+      require(!m.path.empty(), "path", "required for checkpoint_saved");
+      require(m.bytes.has_value(), "bytes", "required for checkpoint_saved");
+      require(m.complete.has_value(), "complete", "required for checkpoint_saved");
+      break;
+    case EventKind::kCheckpointFailed:
+      require(m.step.has_value(), "step", "required for checkpoint_failed");
+      break;
+    case EventKind::kJobCompleted:
+      require(m.step.has_value(), "step", "required for job_completed");
+      break;
+    case EventKind::kJobStopped:
+      break;
+    case EventKind::kStraggler:
+      require(m.rank.has_value(), "rank", "required for straggler");
+      require(m.step.has_value(), "step", "required for straggler");
+      require(m.steps.has_value(), "steps", "required for straggler");
+      require(m.behind_s.has_value(), "behind_s", "required for straggler");
+      break;
+    case EventKind::kStragglerCleared:
+      require(m.rank.has_value(), "rank", "required for straggler_cleared");
+      break;
+    case EventKind::kHang:
+      require(m.step.has_value(), "step", "required for hang");
+      require(m.deadline_s.has_value(), "deadline_s", "required for hang");
+      break;
+    case EventKind::kJobFailed:
+      require(!m.message.empty(), "message", "required for job_failed");
+      break;
   }
+  for (int64_t r : m.missing)
+    if (r < 0 || r > (1 << 24)) c.fail("missing", "a rank is out of range [0, 16777216]");
+  for (int64_t st : m.deleted)
+    if (st < 0 || st > kMaxId) c.fail("deleted", "a step is out of range");
 }
-template <class IO>
-void fields(IO& io, CommandAck& m) {
-  io.node("node", m.node);
-  io.i64("cmd", m.id, 1, kMaxId);
-  io.boolean("ok", m.ok);
-  io.opt_str("error", m.error, kMaxText);
+
+template <>
+const Table<Event>& table<Event>() {
+  static const Table<Event> t{"event", {
+      node("node", &Event::node),
+      enumeration("kind", &Event::kind, kEventNames),
+      integer("job", &Event::job, 1, kMaxId),
+      integer("attempt", &Event::attempt, 0, kMaxId),
+      integer("rank", &Event::rank, 0, 1 << 24),
+      integer("pid", &Event::pid, 1, std::numeric_limits<int32_t>::max()),
+      integer("exit_code", &Event::exit_code, 0, 255),
+      integer("signal", &Event::signal, 1, 64),
+      integer("step", &Event::step, 0, kMaxId),
+      integer("bytes", &Event::bytes, 0, std::numeric_limits<int64_t>::max()),
+      string("path", &Event::path, 0, kMaxText, kWhenSet),
+      boolean("complete", &Event::complete),
+      strings("last_log", &Event::last_log, kMaxLogLines, kMaxLogLineBytes, kWhenSet),
+      string("message", &Event::message, 0, kMaxText, kWhenSet),
+      number("seconds", &Event::seconds, 0, 1e7),
+      integer("steps", &Event::steps, 0, 1 << 20),
+      number("behind_s", &Event::behind_s, 0, 1e7),
+      number("deadline_s", &Event::deadline_s, 0, 1e7),
+      integers("missing", &Event::missing, 512, kWhenSet),
+      objects("waiting", &Event::waiting, table<WaitingRank>(), 512, kWhenSet),
+      integers("deleted", &Event::deleted, 4096, kWhenSet),
+      boolean("resumable", &Event::resumable),
+      check(event_rules)}};
+  return t;
+}
+template <>
+const Table<CommandAck>& table<CommandAck>() {
+  static const Table<CommandAck> t{"command_ack", {
+      node("node", &CommandAck::node),
+      integer("cmd", &CommandAck::id, 1, kMaxId),
+      boolean("ok", &CommandAck::ok),
+      string("error", &CommandAck::error, 0, kMaxText, kWhenSet)}};
+  return t;
 }
 
 // coordinator -> daemon.
 
-template <class IO>
-void fields(IO& io, Registered& m) {
-  io.node("node", m.node);
-  io.num("heartbeat_interval_s", m.heartbeat_interval_s, 0.001, 3600);
-  io.num("heartbeat_timeout_s", m.heartbeat_timeout_s, 0.001, 86400);
-  io.objects("jobs", m.jobs, kMaxList, false);
+template <>
+const Table<Registered>& table<Registered>() {
+  static const Table<Registered> t{"registered", {
+      node("node", &Registered::node),
+      number("heartbeat_interval_s", &Registered::heartbeat_interval_s, 0.001, 3600),
+      number("heartbeat_timeout_s", &Registered::heartbeat_timeout_s, 0.001, 86400),
+      objects("jobs", &Registered::jobs, table<Assignment>(), kMaxList, kOptional)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, Command& m) {
-  io.i64("cmd", m.id, 1, kMaxId);
-  io.enumeration("command", m.command, kCommandNames);
-  io.i64("job", m.job, 1, kMaxId);
-  io.i64("attempt", m.attempt, 0, kMaxId);
-  io.i64("step", m.step, 0, kMaxId);
-  io.opt_str("reason", m.reason, kMaxText, Write::kAlways);
+template <>
+const Table<Command>& table<Command>() {
+  static const Table<Command> t{"command", {
+      integer("cmd", &Command::id, 1, kMaxId),
+      enumeration("command", &Command::command, kCommandNames),
+      integer("job", &Command::job, 1, kMaxId),
+      integer("attempt", &Command::attempt, 0, kMaxId),
+      integer("step", &Command::step, 0, kMaxId),
+      string("reason", &Command::reason, 0, kMaxText, kOptional)}};
+  return t;
 }
 
 // ringctl -> coordinator. Requests and replies carry the client's id, checked first.
 
-template <class IO>
-void request_id(IO& io, int64_t& id) {
-  io.i64("id", id, 0, kMaxId);
+template <class M>
+wire::Field<M> request_id() {
+  return integer("id", &M::id, 0, kMaxId);
 }
 
+std::string absolute_path(const std::string& s) {
+  return !s.empty() && s[0] != '/' ? "must be an absolute path, got '" + s + "'" : "";
+}
+
+template <>
+const Table<SubmitRequest>& table<SubmitRequest>() {
+  static const Table<SubmitRequest> t{"submit", {
+      request_id<SubmitRequest>(),
+      string("spec", &SubmitRequest::spec, 1, kMaxSpecBytes),
+      string("name", &SubmitRequest::name, 0, kMaxName, kWhenSet),
+      string("job_dir", &SubmitRequest::job_dir, 0, kMaxPath, kWhenSet, absolute_path),
+      integer("steps", &SubmitRequest::steps, 1, kMaxId)}};
+  return t;
+}
+template <>
+const Table<StatusRequest>& table<StatusRequest>() {
+  static const Table<StatusRequest> t{"status", {
+      request_id<StatusRequest>(),
+      integer("job", &StatusRequest::job, 1, kMaxId)}};
+  return t;
+}
+template <>
+const Table<EventsRequest>& table<EventsRequest>() {
+  static const Table<EventsRequest> t{"events", {
+      request_id<EventsRequest>(),
+      integer("job", &EventsRequest::job, 1, kMaxId),
+      integer("after", &EventsRequest::after, 0, kMaxId, kOptional),
+      integer("limit", &EventsRequest::limit, 1, 1000, kOptional)}};
+  return t;
+}
+template <>
+const Table<StepsRequest>& table<StepsRequest>() {
+  static const Table<StepsRequest> t{"steps", {
+      request_id<StepsRequest>(),
+      integer("job", &StepsRequest::job, 1, kMaxId),
+      integer("after", &StepsRequest::after, 0, kMaxId, kOptional),
+      integer("limit", &StepsRequest::limit, 1, 10000, kOptional),
+      boolean("ranks", &StepsRequest::ranks)}};
+  return t;
+}
+template <>
+const Table<CancelRequest>& table<CancelRequest>() {
+  static const Table<CancelRequest> t{"cancel", {
+      request_id<CancelRequest>(),
+      integer("job", &CancelRequest::job, 1, kMaxId)}};
+  return t;
+}
+template <>
+const Table<RestartRequest>& table<RestartRequest>() {
+  static const Table<RestartRequest> t{"restart", {
+      request_id<RestartRequest>(),
+      integer("job", &RestartRequest::job, 1, kMaxId),
+      integer("from_step", &RestartRequest::from_step, 0, kMaxId),
+      boolean("requeue", &RestartRequest::requeue)}};
+  return t;
+}
+template <>
+const Table<CheckpointRequest>& table<CheckpointRequest>() {
+  static const Table<CheckpointRequest> t{"checkpoint", {
+      request_id<CheckpointRequest>(),
+      integer("job", &CheckpointRequest::job, 1, kMaxId)}};
+  return t;
+}
+template <>
+const Table<NodesRequest>& table<NodesRequest>() {
+  static const Table<NodesRequest> t{"nodes", {request_id<NodesRequest>()}};
+  return t;
+}
+
+std::string slurm_event(const std::string& s) {
+  return s == "submitted" || s == "submit_failed" || s == "started"
+             ? ""
+             : "'" + s + "' is not one of submitted, submit_failed, started";
+}
 bool slurm_job_id_ok(const std::string& v) {
   auto digits = [](const std::string& d) {
     return !d.empty() && std::all_of(d.begin(), d.end(), ::isdigit);
@@ -675,149 +551,148 @@ bool slurm_job_id_ok(const std::string& v) {
   auto us = v.find('_');
   return us == std::string::npos ? digits(v) : digits(v.substr(0, us)) && digits(v.substr(us + 1));
 }
+// A Slurm job id, except for a submit that failed (sbatch gave none).
+void slurm_job_id_rule(const SlurmJobRequest& m, const Cursor& c) {
+  if (!slurm_job_id_ok(m.slurm_job_id) && !(m.slurm_job_id.empty() && m.event == "submit_failed"))
+    c.fail("slurm_job_id",
+           "'" + m.slurm_job_id + "' is not a Slurm job id (digits, optionally _N)");
+}
 
-template <class IO>
-void fields(IO& io, SubmitRequest& m) {
-  request_id(io, m.id);
-  io.str("spec", m.spec, 1, kMaxSpecBytes);
-  io.opt_str("name", m.name, kMaxName);
-  io.opt_str("job_dir", m.job_dir, kMaxPath);
-  if constexpr (IO::kReading)
-    if (!m.job_dir.empty() && m.job_dir[0] != '/')
-      Reader::fail(io.field("job_dir"), "must be an absolute path, got '" + m.job_dir + "'");
-  io.opt_i64("steps", m.steps, 1, kMaxId);
-}
-template <class IO>
-void fields(IO& io, StatusRequest& m) {
-  request_id(io, m.id);
-  io.opt_i64("job", m.job, 1, kMaxId);
-}
-template <class IO>
-void fields(IO& io, EventsRequest& m) {
-  request_id(io, m.id);
-  io.i64("job", m.job, 1, kMaxId);
-  io.i64_or("after", m.after, 0, kMaxId, 0);
-  io.i64_or("limit", m.limit, 1, 1000, 100);
-}
-template <class IO>
-void fields(IO& io, StepsRequest& m) {
-  request_id(io, m.id);
-  io.i64("job", m.job, 1, kMaxId);
-  io.i64_or("after", m.after, 0, kMaxId, 0);
-  io.i64_or("limit", m.limit, 1, 10000, 1000);
-  io.opt_bool("ranks", m.ranks);
-}
-template <class IO>
-void fields(IO& io, CancelRequest& m) {
-  request_id(io, m.id);
-  io.i64("job", m.job, 1, kMaxId);
-}
-template <class IO>
-void fields(IO& io, RestartRequest& m) {
-  request_id(io, m.id);
-  io.i64("job", m.job, 1, kMaxId);
-  io.opt_i64("from_step", m.from_step, 0, kMaxId);
-  io.opt_bool("requeue", m.requeue);
-}
-template <class IO>
-void fields(IO& io, CheckpointRequest& m) {
-  request_id(io, m.id);
-  io.i64("job", m.job, 1, kMaxId);
-}
-template <class IO>
-void fields(IO& io, NodesRequest& m) {
-  request_id(io, m.id);
-}
-template <class IO>
-void fields(IO& io, SlurmJobRequest& m) {
-  request_id(io, m.id);
-  io.i64("job", m.job, 1, kMaxId);
-  io.str("event", m.event, 1, 32);
-  if constexpr (IO::kReading)
-    if (m.event != "submitted" && m.event != "submit_failed" && m.event != "started")
-      Reader::fail(io.field("event"),
-                   "'" + m.event + "' is not one of submitted, submit_failed, started");
-  io.opt_str("slurm_job_id", m.slurm_job_id, 64);
-  if constexpr (IO::kReading)
-    if (!slurm_job_id_ok(m.slurm_job_id) && !(m.slurm_job_id.empty() && m.event == "submit_failed"))
-      Reader::fail(io.field("slurm_job_id"),
-                   "'" + m.slurm_job_id + "' is not a Slurm job id (digits, optionally _N)");
-  io.i64_or("restarts", m.restarts, 0, 1000000, 0);
-  io.opt_str("nodes", m.nodes, kMaxText);
-  io.opt_str("message", m.message, kMaxText);
-  io.strings("unhealthy_nodes", m.unhealthy_nodes, kMaxList, kMaxName);
+template <>
+const Table<SlurmJobRequest>& table<SlurmJobRequest>() {
+  static const Table<SlurmJobRequest> t{"slurm_job", {
+      request_id<SlurmJobRequest>(),
+      integer("job", &SlurmJobRequest::job, 1, kMaxId),
+      string("event", &SlurmJobRequest::event, 1, 32, kRequired, slurm_event),
+      string("slurm_job_id", &SlurmJobRequest::slurm_job_id, 0, 64, kWhenSet),
+      check(slurm_job_id_rule),
+      integer("restarts", &SlurmJobRequest::restarts, 0, 1000000, kOptional),
+      string("nodes", &SlurmJobRequest::nodes, 0, kMaxText, kWhenSet),
+      string("message", &SlurmJobRequest::message, 0, kMaxText, kWhenSet),
+      strings("unhealthy_nodes", &SlurmJobRequest::unhealthy_nodes, kMaxList, kMaxName,
+              kWhenSet)}};
+  return t;
 }
 
 // coordinator -> ringctl.
 
-template <class IO>
-void fields(IO& io, SubmitReply& m) {
-  request_id(io, m.id);
-  io.i64("job", m.job, 1, kMaxId);
-  io.str("name", m.name, 1, kMaxName);
-  io.str("spec_hash", m.spec_hash, 1, 128);
-  io.str("state", m.state, 1, 32);
+template <>
+const Table<SubmitReply>& table<SubmitReply>() {
+  static const Table<SubmitReply> t{"submit_reply", {
+      request_id<SubmitReply>(),
+      integer("job", &SubmitReply::job, 1, kMaxId),
+      string("name", &SubmitReply::name, 1, kMaxName),
+      string("spec_hash", &SubmitReply::spec_hash, 1, 128),
+      string("state", &SubmitReply::state, 1, 32)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, StatusReply& m) {
-  request_id(io, m.id);
-  io.objects("jobs", m.jobs, 100000, true);
+template <>
+const Table<StatusReply>& table<StatusReply>() {
+  static const Table<StatusReply> t{"status_reply", {
+      request_id<StatusReply>(),
+      objects("jobs", &StatusReply::jobs, table<JobInfo>(), 100000, kRequired)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, EventsReply& m) {
-  request_id(io, m.id);
-  io.objects("events", m.events, 1000, true);
+template <>
+const Table<EventsReply>& table<EventsReply>() {
+  static const Table<EventsReply> t{"events_reply", {
+      request_id<EventsReply>(),
+      objects("events", &EventsReply::events, table<EventRecord>(), 1000, kRequired)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, StepsReply& m) {
-  request_id(io, m.id);
-  io.i64("job", m.job, 1, kMaxId);
-  io.objects("steps", m.steps, 10000, true);
-  io.objects("ranks", m.ranks, 10000, false, Write::kIfSet);
+template <>
+const Table<StepsReply>& table<StepsReply>() {
+  static const Table<StepsReply> t{"steps_reply", {
+      request_id<StepsReply>(),
+      integer("job", &StepsReply::job, 1, kMaxId),
+      objects("steps", &StepsReply::steps, table<StepRecord>(), 10000, kRequired),
+      objects("ranks", &StepsReply::ranks, table<RankStepRecord>(), 10000, kWhenSet)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, NodesReply& m) {
-  request_id(io, m.id);
-  io.objects("nodes", m.nodes, 100000, true);
+template <>
+const Table<NodesReply>& table<NodesReply>() {
+  static const Table<NodesReply> t{"nodes_reply", {
+      request_id<NodesReply>(),
+      objects("nodes", &NodesReply::nodes, table<NodeInfo>(), 100000, kRequired)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, OkReply& m) {
-  request_id(io, m.id);
-  io.i64_or("job", m.job, 0, kMaxId, 0);
-  io.opt_str("state", m.state, 32, Write::kAlways);
-  io.opt_str("message", m.message, kMaxText, Write::kAlways);
-  io.strings("requeue_without", m.requeue_without, kMaxList, kMaxName);
+template <>
+const Table<OkReply>& table<OkReply>() {
+  static const Table<OkReply> t{"ok", {
+      request_id<OkReply>(),
+      integer("job", &OkReply::job, 0, kMaxId, kOptional),
+      string("state", &OkReply::state, 0, 32, kOptional),
+      string("message", &OkReply::message, 0, kMaxText, kOptional),
+      strings("requeue_without", &OkReply::requeue_without, kMaxList, kMaxName, kWhenSet)}};
+  return t;
 }
-template <class IO>
-void fields(IO& io, ErrorReply& m) {
-  request_id(io, m.id);
-  io.str("code", m.code, 1, 64);
-  io.str("message", m.message, 1, 16 * 1024);
-  io.opt_str("field", m.field, kMaxName);
-}
-
-// The `type` of each alternative of Message, in its order.
-constexpr const char* kTypeNames[] = {
-    "register",   "heartbeat", "step",         "event",        "command_ack",  "registered",
-    "command",    "submit",    "status",       "events",       "cancel",       "restart",
-    "checkpoint", "nodes",     "submit_reply", "status_reply", "events_reply", "nodes_reply",
-    "ok",         "error",     "slurm_job",    "steps",        "steps_reply"};
-static_assert(std::size(kTypeNames) == std::variant_size_v<Message>,
-              "every message type needs its name");
-
-// The index of a type name in Message; -1 when unknown.
-int type_index(std::string_view type) {
-  for (size_t i = 0; i < std::size(kTypeNames); ++i)
-    if (type == kTypeNames[i]) return static_cast<int>(i);
-  return -1;
+template <>
+const Table<ErrorReply>& table<ErrorReply>() {
+  static const Table<ErrorReply> t{"error", {
+      request_id<ErrorReply>(),
+      string("code", &ErrorReply::code, 1, 64),
+      string("message", &ErrorReply::message, 1, 16 * 1024),
+      string("field", &ErrorReply::field, 0, kMaxName, kWhenSet)}};
+  return t;
 }
 
-// Runs f(T{}) for the alternative T of Message at `index`.
-template <typename F, size_t... I>
-Message with_alternative(size_t index, F&& f, std::index_sequence<I...>) {
-  Message out;
-  ((index == I ? (out = f(std::variant_alternative_t<I, Message>{}), 0) : 0), ...);
-  return out;
+// clang-format on
+
+// Every message, in the order of Message's alternatives (the constructor's types check it); the
+// alternative is chosen by its table's name, the message's `type`.
+const wire::Catalog<Message>& catalog() {
+  static const wire::Catalog<Message> c(
+      table<Register>(), table<Heartbeat>(), table<StepReport>(), table<Event>(),
+      table<CommandAck>(), table<Registered>(), table<Command>(), table<SubmitRequest>(),
+      table<StatusRequest>(), table<EventsRequest>(), table<CancelRequest>(),
+      table<RestartRequest>(), table<CheckpointRequest>(), table<NodesRequest>(),
+      table<SubmitReply>(), table<StatusReply>(), table<EventsReply>(), table<NodesReply>(),
+      table<OkReply>(), table<ErrorReply>(), table<SlurmJobRequest>(), table<StepsRequest>(),
+      table<StepsReply>());
+  return c;
+}
+
+// The table's rule as fields.h describes it.
+FieldRule field_rule(const wire::Rule& r) {
+  FieldRule f{r.key, "", r.required(), std::nullopt, std::nullopt, {}};
+  switch (r.kind) {
+    case wire::Kind::kInteger:
+      f.kind = "integer";
+      f.lo = static_cast<double>(r.lo);
+      f.hi = static_cast<double>(r.hi);
+      break;
+    case wire::Kind::kNumber:
+      f.kind = "number";
+      f.lo = r.min;
+      f.hi = r.max;
+      break;
+    case wire::Kind::kString:
+    case wire::Kind::kNode:
+      f.kind = r.kind == wire::Kind::kNode ? "node" : "string";
+      f.lo = static_cast<double>(r.min_len);
+      f.hi = static_cast<double>(r.max_len);
+      break;
+    case wire::Kind::kBoolean:
+      f.kind = "boolean";
+      break;
+    case wire::Kind::kEnum:
+      f.kind = "enum";
+      f.choices = r.choices;
+      break;
+    case wire::Kind::kStrings:
+      f.kind = "strings";
+      break;
+    case wire::Kind::kIntegers:
+      f.kind = "integers";
+      break;
+    case wire::Kind::kObjects:
+      f.kind = "objects";
+      break;
+    default:  // kJson, kObject
+      f.kind = "object";
+      break;
+  }
+  return f;
 }
 
 // Maximum nesting of objects/arrays, outside strings; stops counting past the limit.
@@ -859,29 +734,22 @@ const char* to_string(CommandKind k) {
 }
 
 bool valid_node_name(std::string_view s) {
-  if (s.empty() || s.size() > kMaxName) return false;
-  if (!std::isalnum(static_cast<unsigned char>(s[0]))) return false;
-  for (char c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-')
-      return false;
-  return true;
+  return wire::valid_node_name(s);
 }
 
 const char* type_name(const Message& m) {
-  return kTypeNames[m.index()];
+  return catalog().name(m).c_str();
 }
 
 json to_json(const Message& msg) {
-  Writer w;
-  // The descriptions take the message by reference to fill it; the Writer only reads it.
-  std::visit([&](const auto& m) { fields(w, const_cast<std::decay_t<decltype(m)>&>(m)); }, msg);
-  w.j["v"] = kVersion;
-  w.j["type"] = type_name(msg);
-  return std::move(w.j);
+  json j = catalog().write(msg, kDialect);
+  j["v"] = kVersion;
+  j["type"] = type_name(msg);
+  return j;
 }
 
 json step_record_json(const StepRecord& r) {
-  return to_json(StepsReply{0, 1, {r}, {}})["steps"][0];
+  return wire::write(table<StepRecord>(), r, kDialect);
 }
 
 // Invalid UTF-8 (e.g. a spec diagnostic cut mid-character) is replaced, never thrown.
@@ -911,40 +779,29 @@ Message from_json(const json& j) {
     throw ProtocolError(code::kBadField, "type",
                         std::string("field 'type': expected a string, got ") + json_kind(*tit));
   const std::string type = tit->get<std::string>();
-  int index = type_index(type);
+  const int index = catalog().find(type);
   if (index < 0)
     throw ProtocolError(code::kUnknownType, "type",
                         "field 'type': unknown message type '" + type + "'");
-  Reader r(j, type);
-  r.find("v");
-  r.find("type");
-  Message m = with_alternative(
-      static_cast<size_t>(index),
-      [&](auto t) -> Message {
-        fields(r, t);
-        return t;
-      },
-      std::make_index_sequence<std::variant_size_v<Message>>{});
-  r.finish();
-  return m;
+  Cursor c(j, kDialect, type);
+  c.accept("v");
+  c.accept("type");
+  return catalog().read(static_cast<size_t>(index), c);
 }
 
 std::vector<std::string> message_types() {
-  return {std::begin(kTypeNames), std::end(kTypeNames)};
+  std::vector<std::string> out;
+  for (size_t i = 0; i < catalog().size(); ++i) out.push_back(catalog().name(i));
+  return out;
 }
 
 std::vector<FieldRule> field_rules(std::string_view type) {
-  int index = type_index(type);
+  const int index = catalog().find(type);
   if (index < 0) return {};
-  Describer d;
-  with_alternative(
-      static_cast<size_t>(index),
-      [&](auto t) -> Message {
-        fields(d, t);
-        return t;
-      },
-      std::make_index_sequence<std::variant_size_v<Message>>{});
-  return d.rules;
+  std::vector<FieldRule> out;
+  for (const wire::Rule& r : catalog().rules(static_cast<size_t>(index)))
+    out.push_back(field_rule(r));
+  return out;
 }
 
 Message parse(std::string_view bytes) {
