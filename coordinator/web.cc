@@ -13,6 +13,7 @@
 #include "coordinator/prometheus.h"
 #include "coordinator/queries.h"
 #include "coordinator/security.h"
+#include "coordinator/web_view.h"
 
 namespace ring::coord {
 
@@ -116,36 +117,6 @@ HttpResponse json_reply(const json& j, int status = 200) {
 
 HttpResponse json_error(int status, const std::string& msg) {
   return json_reply({{"error", msg}}, status);
-}
-
-std::string h(const std::string& s) {  // HTML-escaped
-  std::string o;
-  o.reserve(s.size());
-  for (unsigned char c : s) {
-    switch (c) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      case '\'':
-        o += "&#39;";
-        break;
-      default:
-        if (c < 0x20 && c != '\n' && c != '\t')
-          o += "&#xFFFD;";
-        else
-          o += static_cast<char>(c);
-    }
-  }
-  return o;
 }
 
 std::string num(double v, const char* fmt = "%.6g") {
@@ -257,25 +228,37 @@ std::vector<T> thin(const std::vector<T>& v, size_t n) {
   return out;
 }
 
-// A line chart: x = step, y = value. Finite values only (a NaN loss is left out).
-std::string line_chart(const std::string& id, const std::string& title,
-                       const std::vector<std::pair<double, double>>& pts_in) {
+mustache::data new_list() {
+  return mustache::data(mustache::data::type::list);
+}
+
+// A line chart (line_chart.mustache): x = step, y = value. Finite values only (a NaN loss is
+// left out).
+mustache::data line_chart(const std::string& id, const std::string& title,
+                          const std::vector<std::pair<double, double>>& pts_in) {
   std::vector<std::pair<double, double>> pts;
   for (auto p : pts_in)
     if (std::isfinite(p.first) && std::isfinite(p.second)) pts.push_back(p);
+  // The picture and its plot area's margins (left, right, top, bottom), in SVG pixels.
   const double W = 640, H = 200, L = 60, R = 10, T = 20, B = 30;
-  std::string s = "<figure class=\"chart\"><figcaption>" + h(title) + "</figcaption>";
-  s += "<svg id=\"" + id +
-       "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"200\" "
-       "viewBox=\"0 0 640 200\" role=\"img\" aria-label=\"" +
-       h(title) + "\">";
-  s += "<rect x=\"" + num(L) + "\" y=\"" + num(T) + "\" width=\"" + num(W - L - R) +
-       "\" height=\"" + num(H - T - B) + "\" class=\"plot\"/>";
-  if (pts.empty()) {
-    s += "<text x=\"320\" y=\"110\" text-anchor=\"middle\">no steps recorded yet</text></svg>"
-         "</figure>";
-    return s;
-  }
+  mustache::data d;
+  d.set("id", id);
+  d.set("title", title);
+  d.set("width", num(W));
+  d.set("height", num(H));
+  d.set("left", num(L));
+  d.set("right", num(W - R));
+  d.set("top", num(T));
+  d.set("bottom", num(H - B));
+  d.set("plot_width", num(W - L - R));
+  d.set("plot_height", num(H - T - B));
+  d.set("center_x", num(W / 2));
+  d.set("center_y", num(H / 2 + 10));  // a text's baseline: its middle a little lower
+  d.set("label_x", num(L - 4));
+  d.set("y_max_y", num(T + 4));
+  d.set("axis_y", num(H - 8));
+  d.set("has_points", !pts.empty());
+  if (pts.empty()) return d;
   double x0 = pts.front().first, x1 = pts.back().first, y0 = pts[0].second, y1 = pts[0].second;
   for (auto [x, y] : pts) {
     y0 = std::min(y0, y);
@@ -291,52 +274,29 @@ std::string line_chart(const std::string& id, const std::string& title,
   std::string points;
   for (auto [x, y] : pts) points += num(X(x), "%.1f") + "," + num(Y(y), "%.1f") + " ";
   if (!points.empty()) points.pop_back();
-  s += "<polyline class=\"series\" data-series=\"" + id + "\" data-points=\"" +
-       std::to_string(pts.size()) + "\" fill=\"none\" points=\"" + points + "\"/>";
+  mustache::data circles = new_list();  // a dot with its value per point, for short series
   if (pts.size() <= 200)
     for (auto [x, y] : pts)
-      s += "<circle class=\"pt\" r=\"2\" cx=\"" + num(X(x), "%.1f") + "\" cy=\"" +
-           num(Y(y), "%.1f") + "\"><title>step " + num(x, "%.0f") + ": " + num(y) +
-           "</title></circle>";
-  s += "<text x=\"" + num(L - 4) + "\" y=\"" + num(T + 4) + "\" text-anchor=\"end\">" + num(y1) +
-       "</text>";
-  s += "<text x=\"" + num(L - 4) + "\" y=\"" + num(H - B) + "\" text-anchor=\"end\">" + num(y0) +
-       "</text>";
-  s += "<text x=\"" + num(L) + "\" y=\"" + num(H - 8) + "\">step " + num(x0, "%.0f") + "</text>";
-  s += "<text x=\"" + num(W - R) + "\" y=\"" + num(H - 8) + "\" text-anchor=\"end\">step " +
-       num(pts.back().first, "%.0f") + "</text>";
-  s += "</svg></figure>";
-  return s;
+      circles.push_back(mustache::object{{"cx", num(X(x), "%.1f")},
+                                         {"cy", num(Y(y), "%.1f")},
+                                         {"step", num(x, "%.0f")},
+                                         {"value", num(y)}});
+  d.set("points", points);
+  d.set("n_points", std::to_string(pts.size()));
+  d.set("circles", circles);
+  d.set("y_max", num(y1));
+  d.set("y_min", num(y0));
+  d.set("x_first", num(x0, "%.0f"));
+  d.set("x_last", num(pts.back().first, "%.0f"));
+  return d;
 }
 
-const char* kCss = R"css(
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
-table{border-collapse:collapse;background:#fff}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.state-running,.state-completed{color:#176b1a}.state-failed{color:#b00020}.state-restarting{color:#a56a00}
-figure.chart{display:inline-block;margin:0 1em 1em 0;background:#fff;border:1px solid #ddd;padding:4px}
-svg text{font-size:11px;fill:#444}rect.plot{fill:#fff;stroke:#ccc}
-polyline.series{stroke:#1f5fbf;stroke-width:1.5}circle.pt{fill:#1f5fbf}
-.finding{border-left:4px solid #b00020;background:#fff;padding:4px 10px;margin:4px 0}
-.finding.cleared{border-color:#176b1a}.muted{color:#777}code{font-size:12px}
-.ph-data{fill:#8e6bbf}.ph-compute{fill:#3a8d3a}.ph-wait{fill:#d9822b}.ph-comm{fill:#1f5fbf}.bar{fill:#1f5fbf}
-)css";
-
-std::string page(const std::string& title, const std::string& body) {
-  return "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-         "<meta http-equiv=\"refresh\" content=\"10\">"
-         "<title>" +
-         h(title) + "</title><style>" + kCss + "</style></head><body>" + body +
-         "<p class=\"muted\">ring-coord dashboard, read-only; refreshes every 10 s. "
-         "<a href=\"/\">jobs</a> · <a href=\"/metrics\">metrics</a> · "
-         "<a href=\"/api/jobs\">api</a></p></body></html>";
-}
-
-HttpResponse html(const std::string& title, const std::string& body, int status = 200) {
+// A page of coordinator/web/templates/ with its data (coordinator/web_view.h).
+HttpResponse html(const std::string& page, const std::string& title, mustache::data d = {},
+                  int status = 200) {
   return {status,
           "text/html; charset=utf-8",
-          page(title, body),
+          render_page(page, title, std::move(d)),
           {{"Content-Security-Policy",
             "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
             "frame-ancestors 'none'"},
@@ -449,12 +409,7 @@ bool WebApp::session_valid(const std::string& id) {
 }
 
 HttpResponse WebApp::login(const HttpRequest& r) {
-  if (r.method == "GET")
-    return html("ring-coord: sign in",
-                "<h1>ring-coord</h1><form method=\"post\" action=\"/login\">"
-                "<label>Token (<code>http.token</code> in the coordinator's state directory) "
-                "<input type=\"password\" name=\"token\" autocomplete=\"off\"></label> "
-                "<button>Sign in</button></form>");
+  if (r.method == "GET") return html("login", "ring-coord: sign in");
   std::string presented;
   for (size_t a = 0; a < r.body.size();) {
     size_t b = r.body.find('&', a);
@@ -466,8 +421,7 @@ HttpResponse WebApp::login(const HttpRequest& r) {
   if (o_.token.empty())
     return {303, "text/plain; charset=utf-8", "no token needed\n", {{"Location", "/"}}};
   if (!token_matches(presented, o_.token))
-    return html("ring-coord: sign in", "<h1>Wrong token</h1><p><a href=\"/login\">again</a></p>",
-                401);
+    return html("login_failed", "ring-coord: sign in", {}, 401);
   // The cookie is a random session id of this endpoint, valid session_s: never the long-lived
   // token, which a cookie would carry to wherever else the browser sends it.
   HttpResponse ok{303,
@@ -491,10 +445,7 @@ std::optional<HttpResponse> WebApp::refuse_unauthenticated(const HttpRequest& r)
   if (authenticated_) return std::nullopt;  // the connection proved itself
   const bool page_req = r.path == "/" || r.path.rfind("/jobs", 0) == 0;
   HttpResponse resp =
-      page_req ? html("ring-coord: sign in",
-                      "<h1>Token required</h1><p><a href=\"/login\">Sign in</a> with the "
-                      "token in the coordinator's state directory.</p>",
-                      401)
+      page_req ? html("token_required", "ring-coord: sign in", {}, 401)
                : text_reply(401,
                             "this endpoint needs `Authorization: Bearer <token>` (the token is "
                             "in the coordinator's state directory, file http.token)");
@@ -591,83 +542,83 @@ HttpResponse api_job_checkpoints(const RouteCtx& c, const JobRow* j) {
 }
 
 HttpResponse page_index(const RouteCtx& c) {
-  std::string b = "<h1>ringmaster jobs</h1>";
-  auto jobs = exported_jobs(c.store, c.limits, c.now);
-  if (jobs.empty())
-    b += "<p>No jobs that are live or finished in the last hour.</p>";
-  else {
-    b += "<table id=\"jobs\"><tr><th>job</th><th>name</th><th>owner</th><th>state</th>"
-         "<th>step</th><th>loss</th><th>tokens/s</th><th>Slurm job</th><th>restarts</th>"
-         "<th>findings</th><th>updated</th></tr>";
-    for (const auto& j : jobs) {
-      auto strag = current_stragglers(c.store, j.id);
-      std::string findings;
-      if (!strag.empty())
-        findings = std::to_string(strag.size()) + " straggler" + (strag.size() > 1 ? "s" : "");
-      b += "<tr data-job=\"" + std::to_string(j.id) + "\"><td><a href=\"/jobs/" +
-           std::to_string(j.id) + "\">" + std::to_string(j.id) + "</a></td><td>" + h(j.name) +
-           "</td><td>" + h(j.owner_user) + "</td><td class=\"state-" + to_string(j.state) +
-           "\">" + to_string(j.state) + "</td><td class=\"n\">" + std::to_string(j.last_step) +
-           "/" + std::to_string(j.total_steps) + "</td><td class=\"n\">" +
-           (j.last_loss ? num(*j.last_loss) : "-") + "</td><td class=\"n\">" +
-           (j.last_tokens_per_s ? rate(*j.last_tokens_per_s) : "-") + "</td><td>" +
-           h(j.slurm_job_id.empty() ? "-" : j.slurm_job_id) + "</td><td class=\"n\">" +
-           std::to_string(j.restarts) + "</td><td>" + findings + "</td><td>" +
-           when(j.updated_at) + "</td></tr>";
-    }
-    b += "</table>";
+  mustache::data jobs = new_list();
+  for (const auto& j : exported_jobs(c.store, c.limits, c.now)) {
+    auto strag = current_stragglers(c.store, j.id);
+    std::string findings;
+    if (!strag.empty())
+      findings = std::to_string(strag.size()) + " straggler" + (strag.size() > 1 ? "s" : "");
+    jobs.push_back(
+        mustache::object{{"id", std::to_string(j.id)},
+                         {"name", j.name},
+                         {"owner", j.owner_user},
+                         {"state", to_string(j.state)},
+                         {"step", std::to_string(j.last_step)},
+                         {"total_steps", std::to_string(j.total_steps)},
+                         {"loss", j.last_loss ? num(*j.last_loss) : "-"},
+                         {"tokens_per_s", j.last_tokens_per_s ? rate(*j.last_tokens_per_s) : "-"},
+                         {"slurm_job", j.slurm_job_id.empty() ? "-" : j.slurm_job_id},
+                         {"restarts", std::to_string(j.restarts)},
+                         {"findings", findings},
+                         {"updated", when(j.updated_at)}});
   }
-  auto nodes = exported_nodes(c.store, c.limits, c.now);
-  if (!nodes.empty()) {
-    b += "<h2>Nodes</h2><table id=\"nodes\"><tr><th>node</th><th>state</th>"
-         "<th>heartbeat age</th></tr>";
-    for (const auto& n : nodes)
-      b += "<tr><td>" + h(n.name) + "</td><td>" + h(n.state) + "</td><td class=\"n\">" +
-           num(std::max(0.0, c.now - n.last_heartbeat), "%.1f") + " s</td></tr>";
-    b += "</table>";
-  }
-  return html("ringmaster jobs", b);
+  mustache::data nodes = new_list();
+  for (const auto& n : exported_nodes(c.store, c.limits, c.now))
+    nodes.push_back(
+        mustache::object{{"name", n.name},
+                         {"state", n.state},
+                         {"heartbeat_age", num(std::max(0.0, c.now - n.last_heartbeat), "%.1f")}});
+  mustache::data d;
+  d.set("has_jobs", !jobs.is_empty_list());
+  d.set("jobs", jobs);
+  d.set("has_nodes", !nodes.is_empty_list());
+  d.set("nodes", nodes);
+  return html("index", "ringmaster jobs", std::move(d));
 }
 
-std::string job_findings_html(const RouteCtx& c, const JobRow* j) {
-  std::string b;
-  // Findings.
-  b += "<h2>Findings</h2><div id=\"findings\">";
+// The job page's sections (job.mustache), each adding its values to `d`.
+
+void job_findings_data(const RouteCtx& c, const JobRow* j, mustache::data& d) {
   auto strag = current_stragglers(c.store, j->id);
   auto hangs = latest_events(c.store, j->id, {"hang"}, 3);
-  if (strag.empty() && hangs.empty()) b += "<p class=\"muted\">No straggler or hang.</p>";
+  d.set("no_findings", strag.empty() && hangs.empty());
+  mustache::data stragglers = new_list();
   for (const auto& f : strag)
-    b += "<div class=\"finding straggler\" data-rank=\"" + std::to_string(f.rank) +
-         "\" data-source=\"" + h(f.source) + "\"><b>Straggler: rank " + std::to_string(f.rank) +
-         " on " + h(f.node) + "</b>" + (f.source == "coordinator" ? " (across nodes)" : "") +
-         " — " + h(finding_text(f.event)) + " <span class=\"muted\">(" + when(f.event.time) +
-         ")</span></div>";
+    stragglers.push_back(mustache::object{{"rank", std::to_string(f.rank)},
+                                          {"source", f.source},
+                                          {"node", f.node},
+                                          {"across_nodes", f.source == "coordinator"},
+                                          {"message", finding_text(f.event)},
+                                          {"time", when(f.event.time)}});
+  d.set("stragglers", stragglers);
+  mustache::data hang_list = new_list();
   for (const auto& e : hangs) {
     std::string missing;
     if (auto m = e.data.find("missing"); m != e.data.end() && m->is_array()) missing = m->dump();
-    b += "<div class=\"finding hang\"><b>Hang at step " +
-         (e.data.contains("step") ? e.data["step"].dump() : std::string("?")) + "</b>" +
-         (missing.empty() ? "" : ", missing ranks " + h(missing)) + " — " + h(finding_text(e)) +
-         " <span class=\"muted\">(" + when(e.time) + ")</span>";
-    if (auto w = e.data.find("waiting"); w != e.data.end() && w->is_array() && !w->empty()) {
-      b += "<ul>";
+    mustache::data waiting = new_list();  // where the other ranks wait, the first 16
+    if (auto w = e.data.find("waiting"); w != e.data.end() && w->is_array()) {
       size_t n = 0;
       for (const auto& x : *w) {
         if (++n > 16) break;
-        b += "<li>rank " + (x.contains("rank") ? x["rank"].dump() : std::string("?")) + ": " +
-             h(x.value("where", "")) + "</li>";
+        waiting.push_back(
+            mustache::object{{"rank", x.contains("rank") ? x["rank"].dump() : std::string("?")},
+                             {"where", x.value("where", "")}});
       }
-      b += "</ul>";
     }
-    b += "</div>";
+    hang_list.push_back(mustache::object{
+        {"step", e.data.contains("step") ? e.data["step"].dump() : std::string("?")},
+        {"has_missing", !missing.empty()},
+        {"missing", missing},
+        {"message", finding_text(e)},
+        {"time", when(e.time)},
+        {"has_waiting", !waiting.is_empty_list()},
+        {"waiting", waiting}});
   }
-  b += "</div>";
-  return b;
+  d.set("hangs", hang_list);
 }
 
-std::string job_curves_html(const RouteCtx& c, const JobRow* j) {
-  std::string b;
-  // Curves: the last 5000 steps, at most 500 points each.
+void job_curves_data(const RouteCtx& c, const JobRow* j, mustache::data& d) {
+  // The last 5000 steps, at most 500 points each.
   int64_t after = std::max<int64_t>(0, j->last_step - 5000);
   auto series = thin(step_points(c.store, j->id, after + 1), 500);
   std::vector<std::pair<double, double>> loss, tps;
@@ -675,149 +626,148 @@ std::string job_curves_html(const RouteCtx& c, const JobRow* j) {
     loss.emplace_back(static_cast<double>(p.step), p.loss);
     tps.emplace_back(static_cast<double>(p.step), p.tokens_per_s);
   }
-  b += "<h2>Training</h2>" + line_chart("loss", "loss", loss) +
-       line_chart("tokens_per_s", "tokens/s", tps);
-  return b;
+  mustache::data charts = new_list();
+  charts.push_back(line_chart("loss", "loss", loss));
+  charts.push_back(line_chart("tokens_per_s", "tokens/s", tps));
+  d.set("charts", charts);
 }
 
-std::string job_ranks_html(const RouteCtx& c, const JobRow* j) {
-  std::string b;
-  // Per-rank step time over the window, and the phases of the latest step.
+// The latest step's phases per rank (stacked bars), and hop bandwidth.
+void job_phases_data(const RouteCtx& c, const std::vector<proto::RankStepRecord>& window,
+                     mustache::data& d) {
+  const double row_h = 16, x0 = 70, bars_w = 420;
+  int64_t last_step = window.back().step;
+  std::vector<proto::RankStepRecord> latest;
+  for (const auto& x : window)
+    if (x.step == last_step && static_cast<size_t>(x.rank.rank) < c.limits.max_ranks)
+      latest.push_back(x);
+  double maxs = 0;
+  for (const auto& x : latest)
+    maxs = std::max(maxs, x.rank.data_s + x.rank.compute_s + x.rank.wait_s + x.rank.comm_s);
+  if (maxs <= 0) maxs = 1;
+  mustache::data rows = new_list();
+  double y = 10;
+  for (const auto& x : latest) {
+    mustache::data phases = new_list();
+    double xx = x0;
+    for (auto [name, v] : {std::pair{"data", x.rank.data_s},
+                           {"compute", x.rank.compute_s},
+                           {"wait", x.rank.wait_s},
+                           {"comm", x.rank.comm_s}}) {
+      double w = v / maxs * bars_w;
+      phases.push_back(mustache::object{
+          {"phase", name}, {"x", num(xx, "%.1f")}, {"width", num(w, "%.1f")}, {"seconds", num(v)}});
+      xx += w;
+    }
+    rows.push_back(mustache::object{
+        {"rank", std::to_string(x.rank.rank)},
+        {"text_y", num(y + 11)},
+        {"bar_y", num(y + 2)},
+        {"phases", phases},
+        {"step_time", num(x.rank.step_time_s, "%.4g")},
+        {"bandwidth", x.rank.comm_s > 0
+                          ? rate(static_cast<double>(x.rank.hop_bytes) / x.rank.comm_s) + "B/s"
+                          : "-"}});
+    y += row_h;
+  }
+  d.set("last_step", std::to_string(last_step));
+  d.set("phases_height", num(30 + row_h * static_cast<double>(latest.size()), "%.0f"));
+  d.set("phases_x", num(x0));
+  d.set("latest_ranks", rows);
+  d.set("legend_y", num(y + 14));
+}
+
+// Per-rank step time over the window (bars and a table), and the phases of the latest step.
+void job_ranks_data(const RouteCtx& c, const JobRow* j, mustache::data& d) {
   auto window = rank_window(c.store, j->id, c.limits.window_steps);
   auto sums = summarize_ranks(window, c.limits.max_ranks);
-  b += "<h2>Ranks</h2>";
-  if (sums.empty()) {
-    b += "<p class=\"muted\">No per-rank timings recorded.</p>";
-  } else {
-    double maxt = 0;
-    for (const auto& s : sums) maxt = std::max(maxt, s.p90);
-    if (maxt <= 0) maxt = 1;
-    const double rowh = 16;
-    double H = 20 + rowh * static_cast<double>(sums.size());
-    b += "<figure class=\"chart\"><figcaption>step time per rank, median and p90 over the last " +
-         std::to_string(c.limits.window_steps) +
-         " steps (s)</figcaption><svg id=\"rank_step_time\" xmlns=\"http://www.w3.org/2000/svg\" "
-         "width=\"640\" height=\"" +
-         num(H, "%.0f") + "\">";
-    double y = 10;
-    for (const auto& s : sums) {
-      std::string label = s.rank < 0 ? "other (" + std::to_string(s.folded_ranks) + ")"
-                                     : "rank " + std::to_string(s.rank);
-      double w50 = s.p50 / maxt * 440, w90 = s.p90 / maxt * 440;
-      b += "<text x=\"0\" y=\"" + num(y + 11) + "\">" + h(label) + "</text>";
-      b += "<rect class=\"bar\" data-rank=\"" + rank_label_text(s) + "\" x=\"110\" y=\"" +
-           num(y + 2) + "\" width=\"" + num(w50, "%.1f") + "\" height=\"11\"><title>median " +
-           num(s.p50) + " s, p90 " + num(s.p90) + " s</title></rect>";
-      b += "<line x1=\"" + num(110 + w90, "%.1f") + "\" x2=\"" + num(110 + w90, "%.1f") +
-           "\" y1=\"" + num(y + 1) + "\" y2=\"" + num(y + 14) + "\" stroke=\"#b00020\"/>";
-      b += "<text x=\"" + num(560) + "\" y=\"" + num(y + 11) + "\">" + num(s.p50, "%.4g") +
-           " s</text>";
-      y += rowh;
-    }
-    b += "</svg></figure>";
-    // The latest step's phases per rank (stacked bars), and hop bandwidth.
-    int64_t last_step = window.back().step;
-    std::vector<proto::RankStepRecord> latest;
-    for (const auto& x : window)
-      if (x.step == last_step && static_cast<size_t>(x.rank.rank) < c.limits.max_ranks)
-        latest.push_back(x);
-    double maxs = 0;
-    for (const auto& x : latest)
-      maxs = std::max(maxs, x.rank.data_s + x.rank.compute_s + x.rank.wait_s + x.rank.comm_s);
-    if (maxs <= 0) maxs = 1;
-    H = 30 + rowh * static_cast<double>(latest.size());
-    b += "<figure class=\"chart\"><figcaption>step " + std::to_string(last_step) +
-         ": phases per rank (data, compute, wait, comm)</figcaption><svg id=\"phases\" "
-         "xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"" +
-         num(H, "%.0f") + "\">";
-    y = 10;
-    for (const auto& x : latest) {
-      b += "<text x=\"0\" y=\"" + num(y + 11) + "\">rank " + std::to_string(x.rank.rank) +
-           "</text>";
-      double xx = 70;
-      for (auto [name, v] : {std::pair{"data", x.rank.data_s},
-                             {"compute", x.rank.compute_s},
-                             {"wait", x.rank.wait_s},
-                             {"comm", x.rank.comm_s}}) {
-        double w = v / maxs * 420;
-        b += "<rect class=\"ph-" + std::string(name) + "\" x=\"" + num(xx, "%.1f") + "\" y=\"" +
-             num(y + 2) + "\" width=\"" + num(w, "%.1f") + "\" height=\"11\"><title>rank " +
-             std::to_string(x.rank.rank) + " " + name + " " + num(v) + " s</title></rect>";
-        xx += w;
-      }
-      std::string bw = x.rank.comm_s > 0
-                           ? rate(static_cast<double>(x.rank.hop_bytes) / x.rank.comm_s) + "B/s"
-                           : "-";
-      b += "<text x=\"500\" y=\"" + num(y + 11) + "\">" + num(x.rank.step_time_s, "%.4g") +
-           " s · " + bw + "</text>";
-      y += rowh;
-    }
-    b += "<text x=\"70\" y=\"" + num(y + 14) +
-         "\"><tspan class=\"ph-data\">■</tspan> data <tspan class=\"ph-compute\">■</tspan> "
-         "compute <tspan class=\"ph-wait\">■</tspan> wait <tspan class=\"ph-comm\">■</tspan> "
-         "comm</text></svg></figure>";
-    b += "<table id=\"ranks\"><tr><th>rank</th><th>node</th><th>median s</th><th>p90 s</th>"
-         "<th>p99 s</th><th>wait s</th><th>hop bandwidth</th></tr>";
-    for (const auto& s : sums)
-      b += "<tr><td>" + rank_label_text(s) + "</td><td>" + h(s.node) + "</td><td class=\"n\">" +
-           num(s.p50, "%.4g") + "</td><td class=\"n\">" + num(s.p90, "%.4g") +
-           "</td><td class=\"n\">" + num(s.p99, "%.4g") + "</td><td class=\"n\">" +
-           num(s.mean_wait_s, "%.4g") + "</td><td class=\"n\">" +
-           (s.comm_s > 0 ? rate(static_cast<double>(s.hop_bytes) / s.comm_s) + "B/s" : "-") +
-           "</td></tr>";
-    b += "</table>";
+  d.set("has_ranks", !sums.empty());
+  if (sums.empty()) return;
+  const double row_h = 16, bar_x = 110, bar_w = 440;
+  double maxt = 0;
+  for (const auto& s : sums) maxt = std::max(maxt, s.p90);
+  if (maxt <= 0) maxt = 1;
+  mustache::data rows = new_list();
+  double y = 10;
+  for (const auto& s : sums) {
+    double w50 = s.p50 / maxt * bar_w, w90 = s.p90 / maxt * bar_w;
+    rows.push_back(mustache::object{
+        {"label", s.rank < 0 ? "other (" + std::to_string(s.folded_ranks) + ")"
+                             : "rank " + std::to_string(s.rank)},
+        {"rank", rank_label_text(s)},
+        {"node", s.node},
+        {"text_y", num(y + 11)},
+        {"bar_y", num(y + 2)},
+        {"p50_width", num(w50, "%.1f")},
+        {"p90_x", num(bar_x + w90, "%.1f")},
+        {"tick_y1", num(y + 1)},
+        {"tick_y2", num(y + 14)},
+        {"p50", num(s.p50)},
+        {"p90", num(s.p90)},
+        {"p50_short", num(s.p50, "%.4g")},
+        {"p90_short", num(s.p90, "%.4g")},
+        {"p99_short", num(s.p99, "%.4g")},
+        {"wait_short", num(s.mean_wait_s, "%.4g")},
+        {"bandwidth",
+         s.comm_s > 0 ? rate(static_cast<double>(s.hop_bytes) / s.comm_s) + "B/s" : "-"}});
+    y += row_h;
   }
-  return b;
+  d.set("window_steps", std::to_string(c.limits.window_steps));
+  d.set("step_time_height", num(20 + row_h * static_cast<double>(sums.size()), "%.0f"));
+  d.set("bar_x", num(bar_x));
+  d.set("rank_summaries", rows);
+  job_phases_data(c, window, d);
 }
 
-std::string job_checkpoints_html(const RouteCtx& c, const JobRow* j) {
-  std::string b;
-  // Checkpoints.
+void job_checkpoints_data(const RouteCtx& c, const JobRow* j, mustache::data& d) {
   auto ck = checkpoints(c.store, j->id, 20);
-  b += "<h2>Checkpoints</h2>";
-  if (ck.empty())
-    b += "<p class=\"muted\">None recorded.</p>";
-  else {
-    b += "<table id=\"checkpoints\"><tr><th>step</th><th>shards</th><th>size</th>"
-         "<th>write s</th><th>created</th></tr>";
-    for (const auto& c : ck)
-      b += "<tr><td class=\"n\">" + std::to_string(c.step) + "</td><td class=\"n\">" +
-           std::to_string(c.complete_shards) + "/" + std::to_string(c.shards) +
-           (c.complete_shards == c.shards ? "" : " (incomplete)") + "</td><td class=\"n\">" +
-           bytes_text(static_cast<double>(c.bytes)) + "</td><td class=\"n\">" +
-           (c.seconds ? num(*c.seconds, "%.3f") : std::string("-")) + "</td><td>" +
-           when(c.created_at) + "</td></tr>";
-    b += "</table>";
-  }
-  return b;
+  mustache::data rows = new_list();
+  for (const auto& k : ck)
+    rows.push_back(mustache::object{{"step", std::to_string(k.step)},
+                                    {"complete_shards", std::to_string(k.complete_shards)},
+                                    {"shards", std::to_string(k.shards)},
+                                    {"incomplete", k.complete_shards != k.shards},
+                                    {"size", bytes_text(static_cast<double>(k.bytes))},
+                                    {"write_s", k.seconds ? num(*k.seconds, "%.3f") : "-"},
+                                    {"created", when(k.created_at)}});
+  d.set("has_checkpoints", !ck.empty());
+  d.set("checkpoints", rows);
 }
 
-std::string job_events_html(const RouteCtx& c, const JobRow* j) {
-  std::string b;
-  // Events.
-  b += "<h2>Events</h2><table id=\"events\"><tr><th>time</th><th>attempt</th><th>node</th>"
-       "<th>kind</th><th>data</th></tr>";
+void job_events_data(const RouteCtx& c, const JobRow* j, mustache::data& d) {
+  mustache::data rows = new_list();
   for (const auto& e : recent_events(c.store, j->id, 50))
-    b += "<tr><td>" + when(e.time) + "</td><td class=\"n\">" + std::to_string(e.attempt) +
-         "</td><td>" + h(e.node) + "</td><td>" + h(e.kind) + "</td><td><code>" +
-         h(e.data.dump(-1, ' ', false, json::error_handler_t::replace)) + "</code></td></tr>";
-  b += "</table>";  return b;
+    rows.push_back(
+        mustache::object{{"time", when(e.time)},
+                         {"attempt", std::to_string(e.attempt)},
+                         {"node", e.node},
+                         {"kind", e.kind},
+                         {"data", e.data.dump(-1, ' ', false, json::error_handler_t::replace)}});
+  d.set("events", rows);
 }
 
 HttpResponse page_job(const RouteCtx& c, const JobRow* j) {
   const std::string jid = std::to_string(j->id);
-  std::string b =
-      "<h1 id=\"job\" data-job=\"" + jid + "\">Job " + jid + ": " + h(j->name) + "</h1>";
-  b += std::string("<p>State <b class=\"state-") + to_string(j->state) + "\">" +
-       to_string(j->state) + "</b>" +
-       (j->state_reason.empty() ? "" : " (" + h(j->state_reason) + ")") + " · owner " +
-       h(j->owner_user) + " · attempt " + std::to_string(j->attempt) + " · restarts " +
-       std::to_string(j->restarts) + "/" + std::to_string(j->max_restarts) + " · step " +
-       std::to_string(j->last_step) + "/" + std::to_string(j->total_steps) +
-       (j->slurm_job_id.empty() ? "" : " · Slurm job " + h(j->slurm_job_id)) + "</p>";
-  b += job_findings_html(c, j) + job_curves_html(c, j) + job_ranks_html(c, j) +
-       job_checkpoints_html(c, j) + job_events_html(c, j);
-  return html("job " + jid + ": " + j->name, b);
+  mustache::data d;
+  d.set("id", jid);
+  d.set("name", j->name);
+  d.set("state", to_string(j->state));
+  d.set("has_reason", !j->state_reason.empty());
+  d.set("reason", j->state_reason);
+  d.set("owner", j->owner_user);
+  d.set("attempt", std::to_string(j->attempt));
+  d.set("restarts", std::to_string(j->restarts));
+  d.set("max_restarts", std::to_string(j->max_restarts));
+  d.set("step", std::to_string(j->last_step));
+  d.set("total_steps", std::to_string(j->total_steps));
+  d.set("has_slurm_job", !j->slurm_job_id.empty());
+  d.set("slurm_job", j->slurm_job_id);
+  job_findings_data(c, j, d);
+  job_curves_data(c, j, d);
+  job_ranks_data(c, j, d);
+  job_checkpoints_data(c, j, d);
+  job_events_data(c, j, d);
+  return html("job", "job " + jid + ": " + j->name, std::move(d));
 }
 
 // Every path served, one a line: a pattern whose "{job}" segment is a job id (resolved before
@@ -884,12 +834,14 @@ HttpResponse WebApp::route(const HttpRequest& r) {
   const Route* rt = find_route(seg, &job_text);
   if (!rt)
     return api ? json_error(404, "no such API path: " + r.path)
-               : html("not found", "<h1>Not found</h1>", 404);
+               : html("not_found", "not found", mustache::object{{"has_job", false}}, 404);
   if (rt->plain) return rt->plain(c);
   auto id = job_id_of(job_text);
   std::optional<JobRow> j = id ? c.store.job(*id) : std::nullopt;
   if (!j) {
-    if (!api) return html("not found", "<h1>No job " + h(job_text) + "</h1>", 404);
+    if (!api)
+      return html("not_found", "not found", mustache::object{{"has_job", true}, {"job", job_text}},
+                  404);
     return json_error(404, id ? "job " + job_text + " does not exist"
                               : "'" + job_text + "' is not a job id");
   }

@@ -1,7 +1,8 @@
 // ring-coord's web endpoint (opt-in: ring-coord --http HOST:PORT): Prometheus /metrics, a
-// read-only dashboard (server-rendered HTML with inline SVG; no script, nothing fetched from
-// elsewhere) and a JSON API under /api/. docs/observability.md lists the pages and metrics;
-// docs/security.md says who may read them.
+// read-only dashboard (server-rendered HTML with inline SVG from compiled-in Mustache templates,
+// coordinator/web_view.h; no script, nothing fetched from elsewhere) and a JSON API under
+// /api/. docs/observability.md lists the pages and metrics; docs/security.md says who may read
+// them.
 //
 // It runs in HttpServer's thread (coordinator/http_server.h) over its own read-only connection
 // to coord.db (WAL lets it read while the coordinator writes), so a slow page never stalls the

@@ -24,6 +24,7 @@ DEMO_PACKAGES=(
   libfmt-dev
   libspdlog-dev
   nlohmann-json3-dev
+  libkainjow-mustache-dev
   libopenblas-dev
   libopenblas0-pthread
   libdnnl-dev
