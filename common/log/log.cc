@@ -72,7 +72,8 @@ namespace {
 
 class TextFormatter : public spdlog::formatter {
  public:
-  TextFormatter() : inner_(std::make_unique<spdlog::pattern_formatter>("%+")) {}
+  explicit TextFormatter(std::string pattern = "%+")
+      : pattern_(std::move(pattern)), inner_(std::make_unique<spdlog::pattern_formatter>(pattern_)) {}
 
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     std::string text(msg.payload.data(), msg.payload.size());
@@ -86,10 +87,11 @@ class TextFormatter : public spdlog::formatter {
     inner_->format(copy, dest);
   }
   std::unique_ptr<spdlog::formatter> clone() const override {
-    return std::make_unique<TextFormatter>();
+    return std::make_unique<TextFormatter>(pattern_);
   }
 
  private:
+  std::string pattern_;
   std::unique_ptr<spdlog::formatter> inner_;
 };
 
@@ -169,6 +171,10 @@ std::optional<spdlog::level::level_enum> parse_level(std::string_view name) {
   for (int i = 0; i < static_cast<int>(std::size(kLevelNames)); ++i)
     if (name == kLevelNames[i]) return static_cast<spdlog::level::level_enum>(i);
   return std::nullopt;
+}
+
+std::unique_ptr<spdlog::formatter> make_text_formatter(std::string pattern) {
+  return std::make_unique<TextFormatter>(std::move(pattern));
 }
 
 std::unique_ptr<spdlog::formatter> make_formatter(std::string_view program, Format format) {

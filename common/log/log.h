@@ -46,6 +46,10 @@ std::string valid_utf8(std::string_view s);
 // ringd, ring-coord and ringctl serialize JSON that may hold external text.
 std::string dump_json(const nlohmann::json& j, int indent = -1);
 
+// The text formatter with spdlog's `pattern` ("%Y-%m-%d %H:%M:%S ringd[0] %v") instead of its
+// usual line, escaping as kText does: for a log whose line format is part of a contract
+// (file_sink.h).
+std::unique_ptr<spdlog::formatter> make_text_formatter(std::string pattern);
 // The formatter of `format` for `program` (setup installs it; tests and other sinks use it).
 std::unique_ptr<spdlog::formatter> make_formatter(std::string_view program, Format format);
 

@@ -1,5 +1,5 @@
-// ringd for a job.kind generate spec (generate_job.h): spawn the generate ranks, watch them,
-// report.
+// ringd's generate mode (generate_job.h): spawn the generate ranks, watch them, report; the
+// lifecycle's decisions are generate_lifecycle.h's.
 #include "daemon/ringd/generate_job.h"
 
 #include <signal.h>
@@ -11,12 +11,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <variant>
@@ -25,15 +23,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "common/cli/job_dir.h"
 #include "common/contract/timeline.h"
-#include "daemon/placement/cpu_topology.h"
-#include "daemon/placement/discovery.h"
-#include "daemon/placement/placement.h"
 #include "daemon/ringd/coord_link.h"
+#include "daemon/ringd/generate_lifecycle.h"
 #include "daemon/ringd/job_files.h"
 #include "daemon/ringd/observer.h"
-#include "daemon/ringd/output.h"
 #include "daemon/ringd/owned_paths.h"
 #include "daemon/ringd/startup.h"
 #include "daemon/ringd/supervisor.h"
@@ -83,60 +77,42 @@ class LogTail {
   std::string buf_;
 };
 
-class GenerateJob {
- public:
-  GenerateJob(const Options& o, const spec::JobSpec& s)
-      : o_(o), s_(s), sup_({o.heartbeat_timeout_s, o.startup_timeout_s, o.stop_grace_s}) {}
+}  // namespace
 
-  int run();
+class GenerateMode::Impl {
+ public:
+  explicit Impl(DaemonParts p) : p_(std::move(p)) {}
+
+  std::optional<int> prepare();
+  void announce() const;
+  void start(int attempt);
+  void on_signal(int sig);
+  void on_tick();
+  void on_coord(const protocol::Message& m);
+  void shut_down();
+  const genlife::State& state() const { return state_; }
 
  private:
-  void log(const std::string& l) { out_.log(l); }
-  void event(const std::string& name, json fields) {
-    const json sent = out_.event(name, std::move(fields), attempt_);
-    if (coord_) coord_->report(name, sent);
-  }
-  std::optional<int> start();
+  void log(const std::string& l) const { p_.log(l); }
+  void event(const std::string& name, json fields) const { p_.event(name, std::move(fields)); }
+  genlife::Event event_of(genlife::EventKind k) const;
+  void dispatch(const genlife::Event& e);
+  void execute(const genlife::Action& a);
+  void say_died(const Worker& w, int st) const;
+  void say_end(const genlife::Action& a) const;
+  Worker* worker(int rank);
   bool spawn_all();
   void reap();
-  void fail_on_death(const Worker& w, int status);
-  void settle_death();
-  void handle_coord();
-  void stop(const std::string& why);
   void check_hang();
-  int end();
+  void poll_progress(bool log_lines);
 
-  const Options& o_;
-  const spec::JobSpec& s_;
-  Output out_{o_};
-  Supervisor sup_;
-  std::string job_dir_, worker_bin_, rdv_, output_;
+  DaemonParts p_;
+  genlife::Config config_;
+  genlife::State state_;
+  std::string rdv_, output_;
   bool own_rdv_ = false;
   int wpn_ = 1, world_ = 1;
-  placement::Placement placement_;
-  std::unique_ptr<CoordLink> coord_;
-  std::mutex mu_;
-  std::deque<protocol::Message> inbox_;  // the coordinator's messages (its link thread)
-  std::optional<LogTail> progress_;      // rank 0's log on node 0
-  // How the run goes: a worker failed (why), a stop was asked for (signal or coordinator).
-  std::string failure_;
-  bool stopping_ = false;
-  int stop_signal_ = 0;
-  std::optional<std::string> coord_stop_;
-  int exited_clean_ = 0;
-  // A rank that exited with an error while no stop was asked for: held for kStopGrace before it
-  // fails the job, in case a stop is on its way. Slurm signals the nodes' ringd a few
-  // milliseconds apart (preemption, requeue, scancel); a node whose ringd heard first stops its
-  // ranks at once (generation is not resumable), and a rank on a node that has not heard yet
-  // then fails on the lost peer. That is the stop, not a failure; a death by a signal is never
-  // held.
-  struct HeldDeath {
-    const Worker* w;
-    int status;
-    Clock::time_point at;
-  };
-  std::optional<HeldDeath> held_;
-  static constexpr std::chrono::milliseconds kStopGrace{2000};
+  std::optional<LogTail> progress_;  // rank 0's log on node 0
   // Hang detection: each rank's flight recorder (contract/timeline.h, mapped here), the slowest
   // unit of work seen (a prefill layer or a decode step), and whether a hang was reported.
   std::vector<tl::Mapping> tl_maps_;
@@ -146,46 +122,30 @@ class GenerateJob {
   double slowest_s_ = 0;
   Clock::time_point next_hang_check_{};
   bool hang_reported_ = false;
-  // The attempt ring-coord assigns (a Slurm requeue starts the job again under a new one): the
-  // events name it, or ring-coord would take them for an older attempt's.
-  int64_t attempt_ = 1;
 };
 
-std::optional<int> GenerateJob::start() {
-  job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(s_.job.name) : o_.job_dir;
-  if (auto f = prepare_job_dir(&job_dir_)) {
-    std::cerr << "ringd: " << f->message << "\n";
-    return f->code;
-  }
-  std::string why;
-  if (!out_.open(job_dir_, &why)) {
-    std::cerr << "ringd: " << why << "\n";
-    return kExitFailed;
-  }
-  worker_bin_ = find_worker_bin(o_.worker_bin);
-  if (worker_bin_.empty() || ::access(worker_bin_.c_str(), X_OK) != 0) {
-    std::cerr << "ringd: no ring-worker executable found (tried '" << worker_bin_
-              << "'); give --worker-bin PATH or RING_WORKER_BIN\n";
-    return kExitUsage;
-  }
-  wpn_ = static_cast<int>(s_.resources.workers_per_node);
-  world_ = wpn_ * o_.nodes;
+std::optional<int> GenerateMode::Impl::prepare() {
+  const spec::JobSpec& s = p_.spec;
+  const Options& o = p_.o;
+  wpn_ = static_cast<int>(s.resources.workers_per_node);
+  world_ = wpn_ * o.nodes;
+  config_.workers = wpn_;
   // The output: generate.output, a relative one from the job directory; by default in it.
-  const std::string& out = s_.generate.output;
-  output_ = out.empty()     ? job_dir_ + (s_.generate.json ? "/generate.json" : "/generate.out")
+  const std::string& out = s.generate.output;
+  output_ = out.empty()     ? p_.job_dir + (s.generate.json ? "/generate.json" : "/generate.out")
             : out[0] == '/' ? out
-                            : job_dir_ + "/" + out;
+                            : p_.job_dir + "/" + out;
   // A relative output's directories in the job directory are made (0700); an absolute one's
   // directory must be there (the worker's error names it).
-  if (!out.empty() && out[0] != '/' && o_.node_rank == 0) {
+  if (!out.empty() && out[0] != '/' && o.node_rank == 0) {
     std::error_code ec;
     const fs::path parent = fs::path(output_).parent_path();
     if (!fs::is_directory(parent, ec)) {
       fs::create_directories(parent, ec);
       if (!ec) fs::permissions(parent, fs::perms::owner_all, ec);
       if (ec) {
-        std::cerr << "ringd: generate.output " << out << ": cannot create " << parent.string()
-                  << ": " << ec.message() << "\n";
+        p_.error(fmt::format("generate.output {}: cannot create {}: {}", out, parent.string(),
+                             ec.message()));
         return kExitFailed;
       }
     }
@@ -193,11 +153,11 @@ std::optional<int> GenerateJob::start() {
   // The ranks' rendezvous: one node makes a fresh marked directory of its own (removed at the
   // end); several nodes (one Slurm job) share `generate` under the run's rendezvous root.
   if (world_ > 1) {
-    const std::string root = rendezvous_root(o_, job_dir_);
+    const std::string root = rendezvous_root(o, p_.job_dir);
     std::error_code ec;
     fs::create_directories(root, ec);
     try {
-      if (o_.nodes == 1) {
+      if (o.nodes == 1) {
         rdv_ = fmt::format("{}/generate-{}", root, ::getpid());
         // A dead ringd of the same pid left it: removed only when it carries ringd's marker;
         // anything else of that name is not ours to delete.
@@ -215,103 +175,59 @@ std::optional<int> GenerateJob::start() {
           throw std::runtime_error(fmt::format("mkdir {}: {}", rdv_, std::strerror(errno)));
       }
     } catch (const std::exception& e) {
-      std::cerr << "ringd: rendezvous: " << e.what() << "\n";
+      p_.error(std::string("rendezvous: ") + e.what());
       return kExitFailed;
     }
-  }
-  // Cores for each local worker, and with resources.backend cuda its GPU (the rank's fast tier
-  // and decode step; CUDA_VISIBLE_DEVICES as training's workers get it).
-  NodeFacts facts;
-  const bool cuda = s_.resources.backend == spec::Backend::kCuda;
-  try {
-    facts.gpus = placement::discover_gpus().topology;
-  } catch (const std::exception& e) {
-    if (cuda) {
-      std::cerr << "ringd: placement: " << e.what() << "\n";
-      return kExitFailed;
-    }
-    log(std::string("GPU discovery: ") + e.what());
-  }
-  try {
-    facts.cpu = placement::discover_cpu_topology();
-    placement::PlacementRequest req;
-    req.workers = wpn_;
-    req.cpus_per_worker = static_cast<int>(s_.resources.cpus_per_worker);
-    req.device = cuda ? placement::Device::kGpu : placement::Device::kCpu;
-    placement_ = placement::place_workers(cuda ? *facts.gpus : placement::GpuTopology{},
-                                          *facts.cpu, req);
-  } catch (const std::exception& e) {
-    std::cerr << "ringd: placement: " << e.what() << "\n";
-    return kExitFailed;
-  }
-  log(
-      fmt::format("job {} (generate) | node {} of {} | {} workers per node, {} ranks | {} "
-                  "prompt(s), {} new tokens | checkpoint {} | output {} | job dir {}",
-                  s_.job.name, o_.node_rank, o_.nodes, wpn_, world_, s_.generate.prompts.size(),
-                  s_.generate.max_new_tokens, s_.generate.checkpoint, output_, job_dir_));
-  for (const std::string& n : placement_.notes) log("placement: " + n);
-  if (!o_.coord.empty()) {
-    const protocol::Register reg = make_registration(std::stoll(o_.job), o_.node_rank, wpn_, facts);
-    try {
-      coord_ = std::make_unique<CoordLink>(CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
-                                           [this](const protocol::Message& m) {
-                                             std::lock_guard<std::mutex> l(mu_);
-                                             inbox_.push_back(m);
-                                           });
-    } catch (const std::exception& e) {
-      std::cerr << "ringd: " << e.what() << "\n";
-      return kExitUsage;
-    }
-    log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node,
-                    o_.job));
-    std::optional<protocol::Assignment> a = coord_->wait_registered(std::chrono::seconds(30));
-    if (!a) {
-      log("ring-coord did not answer within 30 s (or does not list the job): generating; the "
-          "link keeps trying");
-    } else {
-      log(fmt::format("ring-coord: job {} is {}", a->job, a->state));
-      if (a->state == "cancelled" || a->state == "cancelling" || a->state == "failed" ||
-          a->state == "completed" || a->state == "completing" || a->state == "stopped") {
-        log("nothing to run: the job is " + a->state);
-        coord_.reset();
-        return a->state.rfind("cancel", 0) == 0 ? kExitCancelled
-               : a->state == "failed"           ? kExitFailed
-               : a->state == "stopped"          ? kExitStopped
-                                                : kExitOk;
-      }
-      attempt_ = std::max<int64_t>(1, a->attempt);
-      if (attempt_ > 1) {
-        // Generation is not resumable: a later attempt (a Slurm requeue) starts from the start.
-        log(fmt::format("ring-coord assigns attempt {}: generating from the start", attempt_));
-      }
-    }
-    coord_->set_progress(attempt_, 0);
-    std::lock_guard<std::mutex> l(mu_);
-    inbox_.clear();  // the first registration's answer, handled above
   }
   return std::nullopt;
 }
 
-bool GenerateJob::spawn_all() {
-  sup_.reset(wpn_, o_.node_rank * wpn_,
-             [this](int rank) { return fmt::format("{}/logs/worker-{}.log", job_dir_, rank); });
-  if (o_.node_rank == 0) progress_.emplace(job_dir_ + "/logs/worker-0.log");
-  const std::string spec = fs::absolute(o_.spec).string();
+void GenerateMode::Impl::announce() const {
+  const spec::JobSpec& s = p_.spec;
+  log(fmt::format("job {} (generate) | node {} of {} | {} workers per node, {} ranks | {} "
+                  "prompt(s), {} new tokens | checkpoint {} | output {} | job dir {}",
+                  s.job.name, p_.o.node_rank, p_.o.nodes, wpn_, world_, s.generate.prompts.size(),
+                  s.generate.max_new_tokens, s.generate.checkpoint, output_, p_.job_dir));
+  for (const std::string& n : p_.placement.notes) log("placement: " + n);
+}
+
+void GenerateMode::Impl::start(int attempt) {
+  if (attempt > 1) {
+    // Generation is not resumable: a later attempt (a Slurm requeue) starts from the start.
+    log(fmt::format("ring-coord assigns attempt {}: generating from the start", attempt));
+  }
+  if (CoordLink* coord = p_.coord()) coord->set_progress(attempt, 0);
+  if (state_.phase != genlife::Phase::kIdle) return;  // a stop came first
+  if (spawn_all()) {
+    dispatch(event_of(genlife::EventKind::kStarted));
+  } else {
+    genlife::Event e = event_of(genlife::EventKind::kSpawnFailed);
+    e.text = state_.failure;
+    dispatch(e);
+  }
+}
+
+bool GenerateMode::Impl::spawn_all() {
+  Supervisor& sup = p_.supervisor;
+  const Options& o = p_.o;
+  sup.reset(wpn_, o.node_rank * wpn_,
+            [this](int rank) { return fmt::format("{}/logs/worker-{}.log", p_.job_dir, rank); });
+  if (o.node_rank == 0) progress_.emplace(p_.job_dir + "/logs/worker-0.log");
+  const std::string spec = fs::absolute(o.spec).string();
   // Each rank's flight recorder: its progress (prefill layers, decode steps) and the wait it is
   // blocked in, read by check_hang.
   std::vector<int64_t> ranks;
-  for (const Worker& w : sup_.workers()) ranks.push_back(w.rank);
+  for (const Worker& w : sup.workers()) ranks.push_back(w.rank);
   tl_paths_ =
-      create_timelines(ranks, job_dir_, &tl_maps_, [this](const std::string& m) { log(m); });
+      create_timelines(ranks, p_.job_dir, &tl_maps_, [this](const std::string& m) { log(m); });
   spawned_ns_ = tl::now_ns();
-  for (Worker& w : sup_.workers()) {
-    const placement::WorkerPlacement& pl = placement_.workers[w.local];
+  for (Worker& w : sup.workers()) {
+    const placement::WorkerPlacement& pl = p_.placement.workers[w.local];
     Supervisor::Launch launch;
-    launch.argv = {
-        worker_bin_, "--generate",  "--spec",     spec,           "--output",
-        output_,     "--transport", o_.transport, "--timeout-ms", std::to_string(kRankTimeoutMs)};
-    if (o_.worker_threads >= 0)
-      launch.argv.insert(launch.argv.end(), {"--threads", std::to_string(o_.worker_threads)});
+    launch.argv = {p_.worker_bin, "--generate",  "--spec",     spec,           "--output",
+                   output_,       "--transport", o.transport, "--timeout-ms", std::to_string(kRankTimeoutMs)};
+    if (o.worker_threads >= 0)
+      launch.argv.insert(launch.argv.end(), {"--threads", std::to_string(o.worker_threads)});
     if (world_ > 1)
       launch.argv.insert(launch.argv.end(), {"--rank", std::to_string(w.rank), "--world",
                                              std::to_string(world_), "--rendezvous", rdv_});
@@ -321,15 +237,15 @@ bool GenerateJob::spawn_all() {
     launch.cuda_visible_devices = pl.cuda_visible_devices;
     launch.banner = "=== generate ===\n";
     std::string fatal, failed;
-    sup_.spawn(w, launch, &fatal, &failed);
+    sup.spawn(w, launch, &fatal, &failed);
     if (!fatal.empty()) {
-      failure_ = fatal;
+      state_.failure = fatal;
       log("fatal: " + fatal);
       return false;
     }
     if (!w.running) {
-      failure_ = fmt::format("worker rank {} could not be started: {}", w.rank, failed);
-      log(failure_);
+      state_.failure = fmt::format("worker rank {} could not be started: {}", w.rank, failed);
+      log(state_.failure);
       return false;
     }
     std::string cpus;
@@ -345,88 +261,170 @@ bool GenerateJob::spawn_all() {
     event("worker_started", {{"rank", w.rank}, {"pid", w.pid}, {"cpus", pl.cpus}});
   }
   event("generate_started", {{"ranks", world_},
-                             {"prompts", s_.generate.prompts.size()},
-                             {"max_new_tokens", s_.generate.max_new_tokens},
+                             {"prompts", p_.spec.generate.prompts.size()},
+                             {"max_new_tokens", p_.spec.generate.max_new_tokens},
                              {"output", output_}});
   return true;
 }
 
-void GenerateJob::stop(const std::string& why) {
-  if (stopping_) return;
-  stopping_ = true;
-  const int n = sup_.stop();
-  if (n > 0) log(fmt::format("stopping {} workers: {}", n, why));
+genlife::Event GenerateMode::Impl::event_of(genlife::EventKind k) const {
+  genlife::Event e;
+  e.kind = k;
+  e.now_s = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  return e;
 }
 
-void GenerateJob::reap() {
-  for (const auto& [wp, st] : sup_.reap(stopping_)) {
-    Worker& w = *wp;
-    w.running = false;
-    const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    if (clean) {
-      ++exited_clean_;
-      log(fmt::format("worker rank {} exited", w.rank));
-      event("worker_exited", {{"rank", w.rank}, {"pid", w.pid}, {"exit_code", 0}});
-      continue;
+void GenerateMode::Impl::dispatch(const genlife::Event& e) {
+  const genlife::Transition t = genlife::next(config_, state_, e);
+  if (!t.accepted) return;
+  state_ = t.state;
+  for (const genlife::Action& a : t.actions) execute(a);
+}
+
+Worker* GenerateMode::Impl::worker(int rank) {
+  for (Worker& w : p_.supervisor.workers())
+    if (w.rank == rank) return &w;
+  return nullptr;
+}
+
+void GenerateMode::Impl::execute(const genlife::Action& a) {
+  using genlife::ActionKind;
+  Worker* w = worker(a.rank);
+  const pid_t pid = w ? w->pid : -1;
+  switch (a.kind) {
+    case ActionKind::kExited:
+      log(fmt::format("worker rank {} exited", a.rank));
+      event("worker_exited", {{"rank", a.rank}, {"pid", pid}, {"exit_code", 0}});
+      return;
+    case ActionKind::kStopped: {
+      const bool ours = WIFSIGNALED(a.status) && WTERMSIG(a.status) == kWorkerStopSignal;
+      log(fmt::format("worker rank {} (pid {}) {}", a.rank, pid,
+                      ours ? std::string("stopped") : describe_status(a.status)));
+      return;
     }
-    if (stopping_) {
-      const bool ours = WIFSIGNALED(st) && WTERMSIG(st) == kWorkerStopSignal;
-      log(fmt::format("worker rank {} (pid {}) {}", w.rank, w.pid,
-                      ours ? std::string("stopped") : describe_status(st)));
-      continue;
-    }
-    // The first death fails the run: its cause, then the others are stopped. An exit with an
-    // error waits kStopGrace for a stop first (HeldDeath); a later death by a signal is the
-    // cause at once.
-    if (WIFEXITED(st)) {
-      if (!held_) {
-        held_ = HeldDeath{&w, st, Clock::now()};
-        log(fmt::format("worker rank {} (pid {}) {}; the job fails unless a stop arrives within "
-                        "{:.0f} s (a peer's node may have been stopped first)",
-                        w.rank, w.pid, describe_status(st), kStopGrace.count() / 1000.0));
-      } else {
-        log(fmt::format("worker rank {} (pid {}) {}", w.rank, w.pid, describe_status(st)));
+    case ActionKind::kHold:
+      log(fmt::format("worker rank {} (pid {}) {}; the job fails unless a stop arrives within "
+                      "{:.0f} s (a peer's node may have been stopped first)",
+                      a.rank, pid, describe_status(a.status), config_.stop_grace_s));
+      return;
+    case ActionKind::kEndedAlso:
+      log(fmt::format("worker rank {} (pid {}) {}", a.rank, pid, describe_status(a.status)));
+      return;
+    case ActionKind::kHeldWasStop:
+      log(fmt::format("worker rank {}'s exit came with the stop: not a failure", a.rank));
+      return;
+    case ActionKind::kDied:
+      if (w) say_died(*w, a.status);
+      return;
+    case ActionKind::kKill:
+      if (w && w->running) {
+        log(fmt::format("worker rank {} (pid {}) hung: killing it", w->rank, w->pid));
+        event("worker_failed", {{"rank", w->rank}, {"pid", w->pid}, {"error", "hung: " + a.text}});
+        p_.supervisor.kill(*w);
       }
-      continue;
+      return;
+    case ActionKind::kStopWorkers: {
+      const int n = p_.supervisor.stop();
+      if (n > 0) log(fmt::format("stopping {} workers: {}", n, a.text));
+      return;
     }
-    held_.reset();
-    fail_on_death(w, st);
+    case ActionKind::kExit:
+      say_end(a);
+      return;
   }
 }
 
-// The job fails with rank w's death as the cause; the other ranks are stopped.
-void GenerateJob::fail_on_death(const Worker& w, int st) {
-  {
-    const std::vector<std::string> lines = last_lines(w.log, 10);
-    std::string text;
-    for (const std::string& l : lines) text += "\n    | " + l;
-    log(fmt::format("worker rank {} (pid {}) {} while generating; last log lines:{}", w.rank, w.pid,
-                    describe_status(st), text));
-    json ev{{"rank", w.rank}, {"pid", w.pid}, {"last_lines", lines}};
-    if (WIFSIGNALED(st)) {
-      ev["signal"] = WTERMSIG(st);
-      ev["signal_name"] = strsignal(WTERMSIG(st));
-    } else if (WIFEXITED(st)) {
-      ev["exit_code"] = WEXITSTATUS(st);
+// The death that fails the run: its last log lines and the event.
+void GenerateMode::Impl::say_died(const Worker& w, int st) const {
+  const std::vector<std::string> lines = last_lines(w.log, 10);
+  std::string text;
+  for (const std::string& l : lines) text += "\n    | " + l;
+  log(fmt::format("worker rank {} (pid {}) {} while generating; last log lines:{}", w.rank, w.pid,
+                  describe_status(st), text));
+  json ev{{"rank", w.rank}, {"pid", w.pid}, {"last_lines", lines}};
+  if (WIFSIGNALED(st)) {
+    ev["signal"] = WTERMSIG(st);
+    ev["signal_name"] = strsignal(WTERMSIG(st));
+  } else if (WIFEXITED(st)) {
+    ev["exit_code"] = WEXITSTATUS(st);
+  }
+  event("worker_died", ev);
+}
+
+// Every worker is gone: how the run ended.
+void GenerateMode::Impl::say_end(const genlife::Action& a) const {
+  using genlife::Outcome;
+  switch (a.outcome) {
+    case Outcome::kSpawnFailed:
+      p_.supervisor.kill_all_and_wait();
+      event("failed", {{"error", a.text}});
+      return;
+    case Outcome::kFailed:
+      log("failed: " + a.text +
+          "; a generate job is not restarted (it is not resumable mid-way): run it again");
+      event("failed", {{"error", a.text}});
+      return;
+    case Outcome::kStoppedByCoord:
+      log("stopped by ring-coord: " + *state_.coord_stop);
+      event("stopped", {{"reason", *state_.coord_stop}});
+      return;
+    case Outcome::kStoppedBySignal: {
+      const std::string why = fmt::format(
+          "stopped on request ({}): generation is not resumable; run it again",
+          strsignal(state_.stop_signal));
+      log(why);
+      event("stopped", {{"reason", why}});
+      return;
     }
-    event("worker_died", ev);
-    failure_ = fmt::format("worker rank {} {}", w.rank, describe_status(st));
-    stop(failure_);
+    case Outcome::kCompleted:
+      // The coordinator's "every node finished step N": a generate job is one step.
+      log(fmt::format("completed: {} ranks generated; output {}", world_, output_));
+      event("completed", {{"step", 1}, {"output", output_}});
+      return;
+    case Outcome::kNone:
+      return;
   }
 }
 
-// A held death: part of a stop that arrived meanwhile, or after kStopGrace the job's failure.
-void GenerateJob::settle_death() {
-  if (!held_) return;
-  if (stopping_) {
-    log(fmt::format("worker rank {}'s exit came with the stop: not a failure", held_->w->rank));
-    held_.reset();
+void GenerateMode::Impl::on_signal(int sig) {
+  if (sig == SIGCHLD) {
+    reap();
     return;
   }
-  if (Clock::now() - held_->at < kStopGrace) return;
-  const HeldDeath d = *held_;
-  held_.reset();
-  fail_on_death(*d.w, d.status);
+  genlife::Event e = event_of(genlife::EventKind::kStopSignal);
+  e.sig = sig;
+  e.text = strsignal(sig);
+  dispatch(e);
+}
+
+void GenerateMode::Impl::reap() {
+  const bool expected = state_.phase == genlife::Phase::kStopping;
+  for (const auto& [wp, st] : p_.supervisor.reap(expected)) {
+    wp->running = false;
+    // Rank 0's progress lines before its end is said.
+    if (wp->rank == 0) poll_progress(true);
+    genlife::Event e = event_of(genlife::EventKind::kWorkerEnded);
+    e.rank = wp->rank;
+    e.status = st;
+    dispatch(e);
+  }
+}
+
+// Rank 0's progress lines ("generate: ...") as log lines (while it runs) and events.
+void GenerateMode::Impl::poll_progress(bool log_lines) {
+  if (!progress_) return;
+  progress_->poll([this, log_lines](const std::string& l) {
+    if (l.rfind("generate: ", 0) != 0) return;
+    if (log_lines) log(l);
+    event("generate_progress", {{"message", l.substr(10)}});
+  });
+}
+
+void GenerateMode::Impl::on_tick() {
+  poll_progress(true);
+  check_hang();
+  dispatch(event_of(genlife::EventKind::kTick));
+  if (state_.phase == genlife::Phase::kStopping) p_.supervisor.kill_overdue(Clock::now());
 }
 
 // A rank that makes no progress: the newest progress of any local rank (a prefill layer, a
@@ -437,15 +435,17 @@ void GenerateJob::settle_death() {
 // wait is missing, blocked on a peer is waiting), the finding goes out as event `hang`, and a
 // missing rank of this node fails the job. When every local rank waits on ranks of other nodes,
 // their ringd names the stuck one; this one only says where its ranks wait.
-void GenerateJob::check_hang() {
-  const double floor_s = s_.generate.hang_deadline_s;
-  if (floor_s <= 0 || stopping_ || hang_reported_ || tl_maps_.empty()) return;
+void GenerateMode::Impl::check_hang() {
+  const double floor_s = p_.spec.generate.hang_deadline_s;
+  if (floor_s <= 0 || state_.phase != genlife::Phase::kRunning || hang_reported_ ||
+      tl_maps_.empty())
+    return;
   const auto now = Clock::now();
   if (now < next_hang_check_) return;
   next_hang_check_ = now + std::chrono::milliseconds(250);
-  std::vector<tl::Snapshot> snaps(sup_.workers().size());
+  std::vector<tl::Snapshot> snaps(p_.supervisor.workers().size());
   int64_t newest = spawned_ns_, step = 0, seen = seen_end_ns_;
-  for (const Worker& w : sup_.workers()) {
+  for (const Worker& w : p_.supervisor.workers()) {
     const tl::Mapping& m = tl_maps_[static_cast<size_t>(w.local)];
     if (!m.valid()) continue;
     tl::Snapshot& sn = snaps[static_cast<size_t>(w.local)];
@@ -464,14 +464,14 @@ void GenerateJob::check_hang() {
   double deadline = std::max(floor_s, kHangFactor * slowest_s_);
   if (slowest_s_ == 0) {
     // Nothing timed yet (loading the checkpoint, joining the ranks, the first prefill layer).
-    if (s_.observability.step_deadline_s <= 0) return;
-    deadline = std::max(floor_s, s_.observability.step_deadline_s);
+    if (p_.spec.observability.step_deadline_s <= 0) return;
+    deadline = std::max(floor_s, p_.spec.observability.step_deadline_s);
   }
   const int64_t now_ns = tl::now_ns();
   const double stalled_s = (now_ns - newest) * 1e-9;
   if (stalled_s <= deadline) return;
   std::vector<HangInput> in;
-  for (const Worker& w : sup_.workers()) {
+  for (const Worker& w : p_.supervisor.workers()) {
     HangInput h;
     h.rank = w.rank;
     h.pid = w.pid;
@@ -488,147 +488,65 @@ void GenerateJob::check_hang() {
   data["phase"] = step > 0 ? "decode" : "prefill";
   event("hang", data);
   // The flight recorder of the hang, for `ringctl trace`.
-  const std::string node = coord_ ? coord_->node() : fmt::format("node{}", o_.node_rank);
-  const std::string e = dump_node_timeline(job_dir_, o_.node_rank, node, tl_maps_, {});
+  CoordLink* coord = p_.coord();
+  const std::string node = coord ? coord->node() : fmt::format("node{}", p_.o.node_rank);
+  const std::string e = dump_node_timeline(p_.job_dir, p_.o.node_rank, node, tl_maps_, {});
   if (!e.empty()) log("timeline: " + e);
   if (f.missing.empty()) return;
   // The first missing rank is failed as training fails a hung worker (worker_failed: killed,
   // which ring-coord records as its death with this reason), then every rank is stopped.
-  failure_ = fmt::format("worker rank {} hung: {}", f.missing.front(), f.message);
-  for (const Worker& w : sup_.workers())
-    if (w.rank == f.missing.front() && w.running) {
-      log(fmt::format("worker rank {} (pid {}) hung: killing it", w.rank, w.pid));
-      event("worker_failed", {{"rank", w.rank}, {"pid", w.pid}, {"error", "hung: " + f.message}});
-      sup_.kill(w);
+  genlife::Event ev = event_of(genlife::EventKind::kHang);
+  ev.rank = static_cast<int>(f.missing.front());
+  ev.text = f.message;
+  dispatch(ev);
+}
+
+void GenerateMode::Impl::on_coord(const protocol::Message& m) {
+  CoordLink* coord = p_.coord();
+  if (!coord) return;
+  if (const auto* c = std::get_if<protocol::Command>(&m)) {
+    const char* kind = protocol::to_string(c->command);
+    if (c->job != coord->job()) {
+      coord->ack(c->id, false,
+                 fmt::format("this ringd serves job {}, not {}", coord->job(), c->job));
+      return;
     }
-  stop(failure_);
-}
-
-void GenerateJob::handle_coord() {
-  std::deque<protocol::Message> in;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    in.swap(inbox_);
-  }
-  for (const protocol::Message& m : in) {
-    if (const auto* c = std::get_if<protocol::Command>(&m)) {
-      const char* kind = protocol::to_string(c->command);
-      if (c->job != coord_->job()) {
-        coord_->ack(c->id, false,
-                    fmt::format("this ringd serves job {}, not {}", coord_->job(), c->job));
-        continue;
-      }
-      log(fmt::format("ring-coord: {}: {}", kind, c->reason));
-      event("command", {{"command", kind}, {"id", c->id}, {"reason", c->reason}});
-      if (c->command == protocol::CommandKind::kStop) {
-        coord_->ack(c->id, true);
-        if (!coord_stop_) coord_stop_ = c->reason;
-        stop("ring-coord: " + c->reason);
-      } else {
-        coord_->ack(c->id, false,
-                    fmt::format("a generate job has no checkpoints and is not rolled back ({} "
-                                "refused)",
-                                kind));
-      }
-    } else if (const auto* e = std::get_if<protocol::ErrorReply>(&m)) {
-      log(fmt::format("ring-coord: {} ({})", e->message, e->code));
+    log(fmt::format("ring-coord: {}: {}", kind, c->reason));
+    event("command", {{"command", kind}, {"id", c->id}, {"reason", c->reason}});
+    if (c->command == protocol::CommandKind::kStop) {
+      coord->ack(c->id, true);
+      genlife::Event e = event_of(genlife::EventKind::kCoordStop);
+      e.text = c->reason;
+      dispatch(e);
+    } else {
+      coord->ack(c->id, false,
+                 fmt::format("a generate job has no checkpoints and is not rolled back ({} "
+                             "refused)",
+                             kind));
     }
+  } else if (const auto* e = std::get_if<protocol::ErrorReply>(&m)) {
+    log(fmt::format("ring-coord: {} ({})", e->message, e->code));
   }
 }
 
-// Every worker is gone: say how the run ended, and its exit status.
-int GenerateJob::end() {
-  int code = kExitOk;
-  if (!failure_.empty()) {
-    log("failed: " + failure_ +
-        "; a generate job is not restarted (it is not resumable mid-way): run it again");
-    event("failed", {{"error", failure_}});
-    code = kExitFailed;
-  } else if (coord_stop_) {
-    log("stopped by ring-coord: " + *coord_stop_);
-    event("stopped", {{"reason", *coord_stop_}});
-    code = coord_stop_->rfind("job failed", 0) == 0 ? kExitFailed : kExitCancelled;
-  } else if (stop_signal_ != 0) {
-    const std::string why = fmt::format(
-        "stopped on request ({}): generation is not resumable; "
-        "run it again",
-        strsignal(stop_signal_));
-    log(why);
-    event("stopped", {{"reason", why}});
-    code = kExitStopped;
-  } else {
-    // The coordinator's "every node finished step N": a generate job is one step.
-    log(fmt::format("completed: {} ranks generated; output {}", world_, output_));
-    event("completed", {{"step", 1}, {"output", output_}});
-  }
-  return code;
+void GenerateMode::Impl::shut_down() {
+  p_.supervisor.kill_all_and_wait();
+  if (own_rdv_) remove_own_dir(rdv_);
+  for (const std::string& p : tl_paths_)
+    if (!p.empty()) ::unlink(p.c_str());
+  tl_paths_.clear();
 }
 
-int GenerateJob::run() {
-  // The signals wait for sigtimedwait below; threads started from here on (the coordinator
-  // link) inherit the mask, so they are delivered to this thread.
-  sigset_t handled;
-  sigemptyset(&handled);
-  for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGUSR1, SIGHUP}) sigaddset(&handled, sig);
-  sigprocmask(SIG_BLOCK, &handled, nullptr);
-  if (std::optional<int> e = start()) return *e;
-  struct Cleanup {
-    GenerateJob* g;
-    ~Cleanup() {
-      g->sup_.kill_all_and_wait();
-      if (g->own_rdv_) remove_own_dir(g->rdv_);
-      for (const std::string& p : g->tl_paths_)
-        if (!p.empty()) ::unlink(p.c_str());
-    }
-  } cleanup{this};
-  int code = kExitFailed;
-  if (spawn_all()) {
-    while (sup_.any_running() || held_) {
-      timespec ts{0, 100 * 1000 * 1000};
-      siginfo_t info;
-      const int sig = sigtimedwait(&handled, &info, &ts);
-      if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1 || sig == SIGHUP) {
-        if (stop_signal_ == 0) stop_signal_ = sig;
-        stop(fmt::format("{}", strsignal(sig)));
-      }
-      // Rank 0's progress before its exit.
-      if (progress_)
-        progress_->poll([this](const std::string& l) {
-          if (l.rfind("generate: ", 0) != 0) return;
-          log(l);
-          event("generate_progress", {{"message", l.substr(10)}});
-        });
-      reap();
-      settle_death();
-      check_hang();
-      if (coord_) handle_coord();
-      if (stopping_) sup_.kill_overdue(Clock::now());
-    }
-    if (progress_)
-      progress_->poll([this](const std::string& l) {
-        if (l.rfind("generate: ", 0) == 0) event("generate_progress", {{"message", l.substr(10)}});
-      });
-    code = end();
-  } else {
-    stop(failure_);
-    sup_.kill_all_and_wait();
-    event("failed", {{"error", failure_}});
-  }
-  if (coord_) {
-    // A barrier: the coordinator has every report of this run before ringd exits.
-    if (!coord_->sync_and_wait(std::chrono::seconds(5)))
-      log("ring-coord did not confirm the last reports within 5 s");
-    coord_.reset();
-  }
-  return code;
-}
-
-}  // namespace
-
-int run_generate_job(const Options& o, const spec::JobSpec& s) {
-  ::signal(SIGPIPE, SIG_IGN);
-  GenerateJob g(o, s);
-  return g.run();
-}
+GenerateMode::GenerateMode(DaemonParts parts) : impl_(std::make_unique<Impl>(std::move(parts))) {}
+GenerateMode::~GenerateMode() = default;
+std::optional<int> GenerateMode::prepare() { return impl_->prepare(); }
+void GenerateMode::announce() const { impl_->announce(); }
+void GenerateMode::start(int attempt) { impl_->start(attempt); }
+void GenerateMode::on_signal(int sig) { impl_->on_signal(sig); }
+void GenerateMode::on_tick() { impl_->on_tick(); }
+void GenerateMode::on_coord(const protocol::Message& m) { impl_->on_coord(m); }
+bool GenerateMode::ended() const { return impl_->state().phase == genlife::Phase::kEnded; }
+int GenerateMode::exit_code() const { return impl_->state().exit_code; }
+void GenerateMode::shut_down() { impl_->shut_down(); }
 
 }  // namespace ring::ringd

@@ -10,6 +10,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "common/log/file_sink.h"
 #include "common/log/log.h"
 
 namespace ring::ringd {
@@ -18,49 +19,69 @@ namespace {
 // The logger of ringd's stderr lines. Text: the lines as ringd always wrote them
 // ("2026-12-02 06:25:14 ringd[0] msg"); json: common/log's JSON lines (ts, level, program, pid,
 // logger, msg, node).
+// ringd's line: "2026-12-02 06:25:14 ringd[0] msg" (local time).
+std::string line_pattern(const Options& o) {
+  return fmt::format("%Y-%m-%d %H:%M:%S ringd[{}] %v", o.node_rank);
+}
+
 std::shared_ptr<spdlog::logger> make_stderr_log(const Options& o) {
   if (o.log_format == "json") {
     ring::log::setup("ringd", ring::log::Format::kJsonLines);
     return ring::log::get("ringd");
   }
-  auto lg = std::make_shared<spdlog::logger>("ringd-stderr",
-                                             std::make_shared<spdlog::sinks::stderr_sink_mt>());
-  lg->set_pattern(fmt::format("%Y-%m-%d %H:%M:%S ringd[{}] %v", o.node_rank));
-  return lg;
+  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  sink->set_formatter(ring::log::make_text_formatter(line_pattern(o)));
+  return std::make_shared<spdlog::logger>("ringd-stderr", sink);
+}
+
+// "ringd: ..." messages on stderr (text mode), escaped.
+std::shared_ptr<spdlog::logger> make_stderr_raw() {
+  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+  sink->set_formatter(ring::log::make_text_formatter("%v"));
+  return std::make_shared<spdlog::logger>("ringd-stderr-raw", sink);
+}
+
+// A logger of the log file with `pattern`; a failed write is said once on stderr (the log itself
+// cannot carry it) and the log goes on there.
+std::shared_ptr<spdlog::logger> make_file_log(const std::shared_ptr<files::AppendFile>& file,
+                                              const std::string& pattern, const char* name) {
+  auto sink = std::make_shared<ring::log::FileSink>(
+      file, ring::log::make_text_formatter(pattern), [](const std::string& why) {
+        std::cerr << "ringd: " << why << "; the log goes on on stderr only" << std::endl;
+      });
+  return std::make_shared<spdlog::logger>(name, sink);
 }
 
 }  // namespace
 
-Output::Output(const Options& o) : o_(o), stderr_log_(make_stderr_log(o)) {}
+Output::Output(const Options& o)
+    : o_(o), stderr_log_(make_stderr_log(o)), stderr_raw_(make_stderr_raw()),
+      file_lines_(make_file_log(log_file_, line_pattern(o), "ringd-file")),
+      file_raw_(make_file_log(log_file_, "%v", "ringd-file-raw")) {}
 
 bool Output::open(const std::string& job_dir, std::string* why) {
-  return log_file_.open(fmt::format("{}/logs/ringd-{}.log", job_dir, o_.node_rank), why) &&
+  return log_file_->open(fmt::format("{}/logs/ringd-{}.log", job_dir, o_.node_rank), why) &&
          (o_.node_rank != 0 || steps_file_.open(job_dir + "/steps.jsonl", why));
 }
 
 void Output::log(const std::string& text) {
-  // Worker output, file names and peers' messages reach this line: one escaped line each.
-  const std::string line = ring::log::escape_controls(text);
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  char ts[32];
-  std::strftime(ts, sizeof(ts), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  log_file(fmt::format("{} ringd[{}] {}", ts, o_.node_rank, line));
+  // Worker output, file names and peers' messages reach this line: the formatters escape them.
+  file_lines_->info(text);
   if (o_.json) return;  // stdout carries the JSON lines; the log file has everything
   if (o_.log_format == "json")
     ring::log::event(*stderr_log_, spdlog::level::info, text, {{"node", o_.node_rank}});
   else
-    stderr_log_->info(line);
+    stderr_log_->info(text);
 }
 
-// ringd's log file; a failed write is said once on stderr (the log itself cannot carry it).
-void Output::log_file(const std::string& text) {
-  std::string why;
-  const std::string line = ring::log::escape_controls(text);
-  if (log_file_.is_open() && !log_file_.write_line(line, &why) && !log_write_failed_) {
-    log_write_failed_ = true;
-    std::cerr << "ringd: " << why << "; the log goes on on stderr only" << std::endl;
-  }
+void Output::log_file(const std::string& text) { file_raw_->info(text); }
+
+void Output::error(const std::string& text, spdlog::level::level_enum level) {
+  file_lines_->log(level, text);
+  if (o_.log_format == "json")
+    ring::log::event(*stderr_log_, level, "ringd: " + text, {{"node", o_.node_rank}});
+  else
+    stderr_raw_->log(level, "ringd: " + text);
 }
 
 // stdout (--json lines). Once it is gone (EPIPE: the reader, e.g. `ringctl run`, died) ringd
@@ -98,7 +119,7 @@ void Output::step(const nlohmann::json& record, const std::string& text, bool te
   } else if (o_.log_format == "json") {
     ring::log::event(*stderr_log_, spdlog::level::info, "step", record);
   } else if (text_due) {
-    std::cerr << text << std::endl;
+    stderr_raw_->info(text);
   }
 }
 

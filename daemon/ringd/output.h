@@ -2,6 +2,8 @@
 // lines, or JSON lines with --log-format json; none with --json, whose stdout carries the JSON
 // lines), stdout with --json (node 0's events and step records) and steps.jsonl (node 0). A write
 // that fails is said once and the other outputs go on: ringd outlives its reader and a full disk.
+// The log file and stderr are spdlog loggers of common/log (log/file_sink.h, the one escaping
+// text formatter), so no text a worker or a peer sends forges a line in either.
 #pragma once
 
 #include <memory>
@@ -28,6 +30,11 @@ class Output {
   void log(const std::string& text);
   // A line of the log file alone, escaped the same way.
   void log_file(const std::string& text);
+  // An error that stops ringd before or outside the log (a bad spec, a job directory that cannot
+  // be used): "ringd: <text>" on stderr whatever the output mode (a JSON line with
+  // --log-format json), and in the log file once it is open. A spec's warnings come the same way
+  // at level warn.
+  void error(const std::string& text, spdlog::level::level_enum level = spdlog::level::err);
   // An event: "event {...}" in the log file, the JSON line on stdout (node 0, --json). Returns
   // its fields with event, node and attempt added (what ring-coord is told).
   nlohmann::json event(const std::string& name, nlohmann::json fields, int64_t attempt);
@@ -39,9 +46,12 @@ class Output {
   void out_line(const std::string& line);
 
   const Options& o_;
-  std::shared_ptr<spdlog::logger> stderr_log_;
-  AppendFile log_file_, steps_file_;
-  bool log_write_failed_ = false, steps_write_failed_ = false, stdout_gone_ = false;
+  std::shared_ptr<spdlog::logger> stderr_log_, stderr_raw_;
+  // The log file: timestamped lines and raw ones ("event {...}"), one file.
+  std::shared_ptr<AppendFile> log_file_ = std::make_shared<AppendFile>();
+  std::shared_ptr<spdlog::logger> file_lines_, file_raw_;
+  AppendFile steps_file_;
+  bool steps_write_failed_ = false, stdout_gone_ = false;
 };
 
 }  // namespace ring::ringd

@@ -105,6 +105,11 @@ class Daemon {
   Exit register_with_coord(const NodeFacts& facts, int* first_attempt);
   void run_attempts(int first_attempt);
   void shut_down();
+  // job.kind generate: the same start-up and loop, the generate mode's lifecycle
+  int run_generate();
+  bool exiting() const {
+    return gen_ ? gen_->ended() : state_.phase == attempt::Phase::kExiting;
+  }
   // ---- logging and events
   void log(const std::string& line);
   void event(const std::string& name, json fields);
@@ -209,6 +214,8 @@ class Daemon {
   // spec's restart policy, applied by ring-coord: stop, then roll_back to a new attempt); ringd
   // falls back to its own policy only when the coordinator stays silent.
   std::unique_ptr<CoordLink> coord_;
+  // The generate mode (job.kind generate, generate_job.h); null for a training job.
+  std::unique_ptr<GenerateMode> gen_;
   std::optional<int64_t> resume_to_;  // resume from the newest complete checkpoint <= this step
   Clock::time_point await_deadline_;
   std::string fatal_error_;           // fatal(): the exit message
@@ -239,6 +246,7 @@ void Daemon::event(const std::string& name, json fields) {
 int Daemon::run() {
   catch_signals();
   if (Exit e = open_job_files()) return *e;
+  if (spec_.job.kind == spec::JobKind::kGenerate) return run_generate();
   if (Exit e = prepare_directories()) return *e;
   if (Exit e = find_worker()) return *e;
   make_parts();
@@ -274,7 +282,7 @@ void Daemon::catch_signals() {
 Daemon::Exit Daemon::open_job_files() {
   job_dir_ = o_.job_dir.empty() ? jobdir::prepare_default_job_dir(spec_.job.name) : o_.job_dir;
   if (auto f = prepare_job_dir(&job_dir_)) {
-    std::cerr << "ringd: " << f->message << "\n";
+    out_.error(f->message);
     return f->code;
   }
   // One job per job directory, for the life of this ringd (node 0's; the other nodes of the
@@ -285,7 +293,7 @@ Daemon::Exit Daemon::open_job_files() {
   // stderr, not a log line nobody sees followed by restarts.
   std::string why;
   if (!out_.open(job_dir_, &why)) {
-    std::cerr << "ringd: " << why << "\n";
+    out_.error(why);
     return kExitFailed;
   }
   return std::nullopt;
@@ -303,7 +311,7 @@ Daemon::Exit Daemon::prepare_directories() {
   }
   std::string ckpt_dir;
   if (auto f = prepare_checkpoint_dir(spec_.checkpoint.dir, job_dir_, &ckpt_dir)) {
-    std::cerr << "ringd: " << f->message << "\n";
+    out_.error(f->message);
     return f->code;
   }
   // A checkpoint directory outside the job directory may be another job's too.
@@ -333,13 +341,13 @@ Daemon::Exit Daemon::lock_dir(const std::string& dir, const char* what) {
   try {
     dir_locks_.push_back(files::DirLock::acquire(dir, record));
   } catch (const files::DirBusy& e) {
-    std::cerr << "ringd: " << what << " " << e.what()
-              << "; two jobs must not share it (their logs, steps and checkpoints would mix): "
-                 "wait for that job to end, cancel it, or give this one another "
-              << (std::string(what) == "job directory" ? "--job-dir" : "checkpoint.dir") << "\n";
+    out_.error(fmt::format(
+        "{} {}; two jobs must not share it (their logs, steps and checkpoints would mix): wait "
+        "for that job to end, cancel it, or give this one another {}",
+        what, e.what(), std::string(what) == "job directory" ? "--job-dir" : "checkpoint.dir"));
     return kExitFailed;
   } catch (const files::DirLockError& e) {
-    std::cerr << "ringd: " << what << ": " << e.what() << "\n";
+    out_.error(fmt::format("{}: {}", what, e.what()));
     return kExitFailed;
   }
   return std::nullopt;
@@ -348,8 +356,9 @@ Daemon::Exit Daemon::lock_dir(const std::string& dir, const char* what) {
 Daemon::Exit Daemon::find_worker() {
   worker_bin_ = find_worker_bin(o_.worker_bin);
   if (worker_bin_.empty() || access(worker_bin_.c_str(), X_OK) != 0) {
-    std::cerr << "ringd: no ring-worker executable found (tried '" << worker_bin_
-              << "'); give --worker-bin PATH or RING_WORKER_BIN\n";
+    out_.error(fmt::format(
+        "no ring-worker executable found (tried '{}'); give --worker-bin PATH or RING_WORKER_BIN",
+        worker_bin_));
     return kExitUsage;
   }
   return std::nullopt;
@@ -386,7 +395,7 @@ Daemon::Exit Daemon::place(NodeFacts* facts) {
     facts->gpus = placement::discover_gpus().topology;
   } catch (const std::exception& e) {
     if (cuda) {
-      std::cerr << "ringd: placement: " << e.what() << "\n";
+      out_.error(std::string("placement: ") + e.what());
       return kExitFailed;
     }
     log(std::string("GPU discovery: ") + e.what());
@@ -401,7 +410,7 @@ Daemon::Exit Daemon::place(NodeFacts* facts) {
     placement_ = placement::place_workers(cuda ? *facts->gpus : placement::GpuTopology{},
                                           *facts->cpu, req);
   } catch (const std::exception& e) {
-    std::cerr << "ringd: placement: " << e.what() << "\n";
+    out_.error(std::string("placement: ") + e.what());
     return kExitFailed;
   }
   return std::nullopt;
@@ -413,7 +422,7 @@ Daemon::Exit Daemon::make_control_dir_or_fail() {
   try {
     sock_dir_ = make_control_dir([this](const std::string& n) { log(n); });
   } catch (const std::exception& e) {
-    std::cerr << "ringd: control socket directory: " << e.what() << "\n";
+    out_.error(std::string("control socket directory: ") + e.what());
     return kExitFailed;
   }
   sock_path_ = sock_dir_ + "/ctl.sock";
@@ -439,7 +448,7 @@ void Daemon::arm_loop() {
   on_sig_ = [this](const boost::system::error_code& e, int sig) {
     if (e) return;
     on_signal(sig);
-    if (state_.phase != attempt::Phase::kExiting) signals_.async_wait(on_sig_);
+    if (!exiting()) signals_.async_wait(on_sig_);
   };
   signals_.async_wait(on_sig_);
   tick_.expires_after(std::chrono::milliseconds(100));
@@ -458,7 +467,7 @@ Daemon::Exit Daemon::register_with_coord(const NodeFacts& facts, int* first_atte
         CoordLinkOptions{o_.coord, std::stoll(o_.job), reg},
         [this](const protocol::Message& m) { asio::post(io_, [this, m] { on_coord(m); }); });
   } catch (const std::exception& e) {
-    std::cerr << "ringd: " << e.what() << "\n";
+    out_.error(e.what());
     return kExitUsage;
   }
   log(fmt::format("ring-coord {}: registering as node {} for job {}", o_.coord, reg.node, o_.job));
@@ -492,6 +501,36 @@ void Daemon::run_attempts(int first_attempt) {
   start.attempt = first_attempt;
   dispatch(start);
   io_.run();
+}
+
+// A generate job (generate_job.h): the training start-up's job files, worker binary, placement
+// and registration, then the generate mode's workers on the same loop until its lifecycle ends.
+int Daemon::run_generate() {
+  gen_ = std::make_unique<GenerateMode>(
+      DaemonParts{o_, spec_, job_dir_, worker_bin_, placement_, supervisor_,
+                  [this](const std::string& l) { log(l); },
+                  [this](const std::string& l) { out_.error(l); },
+                  [this](const std::string& n, json f) { event(n, std::move(f)); },
+                  [this] { return coord_.get(); }});
+  struct ShutDown {  // every way out of here, exceptions included
+    Daemon* d;
+    ~ShutDown() { d->gen_->shut_down(); }
+  } shut_down_generate{this};
+  if (Exit e = find_worker()) return *e;
+  wpn_ = static_cast<int>(spec_.resources.workers_per_node);
+  world_ = wpn_ * o_.nodes;
+  if (Exit e = gen_->prepare()) return *e;
+  NodeFacts facts;
+  if (Exit e = place(&facts)) return *e;
+  gen_->announce();
+  arm_loop();
+  int first_attempt = 1;
+  if (Exit e = register_with_coord(facts, &first_attempt)) return *e;
+  state_.attempt = std::max(1, first_attempt);  // the events name it
+  gen_->start(state_.attempt);
+  if (!gen_->ended()) io_.run();
+  shut_down();
+  return gen_->exit_code();
 }
 
 // Every exit path: no worker survives.
@@ -792,8 +831,10 @@ void Daemon::fatal(const std::string& why) {
 }
 
 void Daemon::announce_fatal(const std::string& why) {
-  log("fatal: " + why);
-  if (o_.json) std::cerr << "ringd: " << why << std::endl;  // log() wrote it otherwise
+  if (o_.json)
+    out_.error("fatal: " + why);  // log() leaves stderr alone with --json
+  else
+    log("fatal: " + why);
   event("failed", {{"step", steps_->done_step()}, {"error", why}});
   fatal_error_ = why;
 }
@@ -1025,6 +1066,11 @@ void Daemon::checkpoint_now(int64_t step, bool wait) {
 // ---- watching ----------------------------------------------------------------------------------
 
 void Daemon::on_signal(int sig) {
+  if (gen_) {
+    gen_->on_signal(sig);
+    if (gen_->ended()) finish(gen_->exit_code());
+    return;
+  }
   if (sig == SIGCHLD) {
     reap();
     return;
@@ -1089,6 +1135,18 @@ void Daemon::worker_failed(Worker& w, const std::string& what) {
 }
 
 void Daemon::on_tick() {
+  if (gen_) {
+    gen_->on_tick();
+    if (gen_->ended()) {
+      finish(gen_->exit_code());
+      return;
+    }
+    tick_.expires_after(std::chrono::milliseconds(100));
+    tick_.async_wait([this](const boost::system::error_code& e) {
+      if (!e) on_tick();
+    });
+    return;
+  }
   const auto now = Clock::now();
   using attempt::Phase;
   if (state_.live() && state_.phase != Phase::kStopping) {
@@ -1246,7 +1304,12 @@ void Daemon::dump_timeline(bool force) {
 // Messages from the coordinator arrive on the link thread and are posted here (the event loop).
 
 void Daemon::on_coord(const protocol::Message& m) {
-  if (state_.phase == attempt::Phase::kExiting) return;
+  if (exiting()) return;
+  if (gen_) {
+    gen_->on_coord(m);
+    if (gen_->ended()) finish(gen_->exit_code());
+    return;
+  }
   const CoordInput in = interpret(m, coord_->job(), state_, ckpts_->active());
   if (in.refusal) {
     coord_->ack(in.command_id, false, *in.refusal);
@@ -1268,26 +1331,20 @@ int run(const Options& o) {
   // on. A file size limit fails the write (EFBIG) instead of killing ringd mid-checkpoint.
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGXFSZ, SIG_IGN);
+  // Errors before the daemon runs go through its outputs too (stderr as --log-format says).
+  Output early(o);
   spec::LoadResult loaded = spec::load_spec_file(o.spec);
-  for (const auto& d : loaded.diagnostics) std::cerr << d.str() << "\n";
+  for (const auto& d : loaded.diagnostics)
+    early.error(d.str(), d.severity == spec::Diagnostic::Severity::kError ? spdlog::level::err
+                                                                          : spdlog::level::warn);
   if (!loaded.ok()) {
-    std::cerr << "ringd: " << o.spec << ": invalid spec (" << loaded.error_count()
-              << " error(s))\n";
+    early.error(fmt::format("{}: invalid spec ({} error(s))", o.spec, loaded.error_count()));
     return kExitUsage;
   }
   spec::JobSpec s = *loaded.spec;
   if (auto f = check_spec(s, o)) {
-    std::cerr << "ringd: " << f->message << "\n";
+    early.error(f->message);
     return f->code;
-  }
-  // A generation job: its workers generate and exit (generate_job.h), no steps or optimizer.
-  if (s.job.kind == spec::JobKind::kGenerate) {
-    try {
-      return run_generate_job(o, s);
-    } catch (const std::exception& e) {
-      std::cerr << "ringd: fatal: " << e.what() << "\n";
-      return kExitFailed;
-    }
   }
   std::ifstream in(o.spec, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -1295,7 +1352,7 @@ int run(const Options& o) {
     Daemon d(o, s, text);
     return d.run();
   } catch (const std::exception& e) {
-    std::cerr << "ringd: fatal: " << e.what() << "\n";
+    early.error(std::string("fatal: ") + e.what());
     return kExitFailed;
   }
 }
