@@ -12,7 +12,7 @@
 #   step time   ringd's steps.jsonl step_ms: median and [min, max] over the steps of both runs
 #               of a mode; ratio = full / none of the medians.
 #   hidden      per worker and step, from the worker's "shard full overlap" log line
-#               (worker/ring/ring_main.cc): flight = seconds from posting each gather or
+#               (worker/ring/rank_offloaded.cc): flight = seconds from posting each gather or
 #               reduce-scatter to the completion of its last transfer as the progress engine saw
 #               it, wait = seconds the rank blocked on them; hidden = 1 - wait / flight, the
 #               transfer time covered by compute. Median and [min, max] over workers x steps.

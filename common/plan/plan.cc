@@ -368,8 +368,8 @@ void PlanBuilder::worker_memory() {
   if (host_backend)
     w.push_back({"process (code, libraries, stacks)", 48e6, "48 MB, measured (bench/shard_memory.sh)"});
 
-  // The offloaded rank's host-side buffers (worker/ring/ring_main.cc run_offloaded_rank): the
-  // CPU backend's weights are its host memory (copied in from the shared memory); a device
+  // The offloaded rank's host-side buffers (worker/ring/rank_offloaded.cc run_offloaded_rank):
+  // the CPU backend's weights are its host memory (copied in from the shared memory); a device
   // backend uploads the weights straight from the shared memory and copies each finished
   // gradient bucket straight into its slot, so it has none, except with shard full (the shard
   // and the transfers' buffers, above).

@@ -220,7 +220,7 @@ TEST(PlanWorker, WeightsAndGradientsAreTheModelsBuffers) {
   EXPECT_EQ(planned, 8.0 * static_cast<double>(m.layout().total()));
   EXPECT_GE(heap, planned);
   EXPECT_LE(heap, planned + 64 * 1024);
-  // The offloaded rank keeps no host copy of the weights or the gradient (ring_main.cc).
+  // The offloaded rank keeps no host copy of the weights or the gradient (rank_offloaded.cc).
   EXPECT_TRUE(p.worker_host.empty());
   for (const auto& i : p.worker) EXPECT_EQ(i.name.find("host copy"), std::string::npos) << i.name;
 }

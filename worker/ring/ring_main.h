@@ -12,6 +12,10 @@
 // dies with it), forwards SIGINT/SIGTERM/SIGHUP to them, and when one rank fails stops the others
 // (SIGTERM, SIGKILL after 5 s); it exits with the first failure's status and removes the
 // directory. ringd spawns ranks with the same flags (daemon/ringd/supervisor.h).
+//
+// One file per program (declared in ring_programs.h): rank_local.cc (a rank with the optimizer
+// in-process), rank_offloaded.cc (a rank under ringd, --ringd: the optimizer offloaded to it) and
+// launch_local.cc (the launcher); rank_setup.h their shared set-up; ring_main.cc only dispatches.
 #pragma once
 
 #include "worker/flags.h"
