@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/log/log.h"
 #include "common/proc/rank_group.h"
@@ -57,10 +58,9 @@ int launch_local(int argc, char** argv, const Args& args) {
   }
   proc::GroupRun how;
   how.on_started = [&](const std::vector<pid_t>& pids) {
-    std::string pid_list;
-    for (pid_t p : pids) pid_list += " " + std::to_string(p);
     log::event(*logger(), spdlog::level::info,
-               fmt::format("launched {} ranks (pids{}), rendezvous {}", world, pid_list, dir),
+               fmt::format("launched {} ranks (pids {}), rendezvous {}", world,
+                           fmt::join(pids, " "), dir),
                {{"event", "ranks_launched"}, {"pids", pids}, {"rendezvous", dir}});
   };
   how.on_signal = [](int sig, int running) {
