@@ -78,18 +78,7 @@ std::vector<Rec> all_pages(int64_t from_step, Fetch fetch) {
 int print_ranks(const MetricsOpts& o, const std::vector<protocol::RankStepRecord>& recs) {
   if (o.json) {
     json out = json::array();
-    for (const auto& s : recs)
-      out.push_back({{"step", s.step},
-                     {"attempt", s.attempt},
-                     {"node", s.node},
-                     {"rank", s.rank.rank},
-                     {"step_time_s", s.rank.step_time_s},
-                     {"data_s", s.rank.data_s},
-                     {"compute_s", s.rank.compute_s},
-                     {"wait_s", s.rank.wait_s},
-                     {"comm_s", s.rank.comm_s},
-                     {"hop_bytes", s.rank.hop_bytes},
-                     {"time", s.time}});
+    for (const auto& s : recs) out.push_back(protocol::rank_step_record_json(s));
     std::cout << out.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     return kExitOk;
   }

@@ -68,7 +68,7 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Canc
   JobRow j = e_.owned_job(m.job, uid, "cancel");
   std::string who = "cancelled by " + user_name(uid);
   if (j.state == JobState::kCancelling) {
-    e_.queue(peer, proto::OkReply{m.id, j.id, "cancelling", "already cancelling"});
+    e_.queue(peer, proto::OkReply{m.id, j.id, "cancelling", "already cancelling", {}});
     return;
   }
   if (j.state == JobState::kPending) {
@@ -79,7 +79,7 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Canc
       e_.command(n, proto::CommandKind::kStop, j.id, j.attempt, 0, who);
     e_.maybe_cancelled(j.id);
   }
-  e_.queue(peer, proto::OkReply{m.id, j.id, to_string(e_.store->job(j.id)->state), who});
+  e_.queue(peer, proto::OkReply{m.id, j.id, to_string(e_.store->job(j.id)->state), who, {}});
 }
 
 void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::RestartRequest& m) {
@@ -105,7 +105,7 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Rest
     }
     // No restart time: the timers leave it to Slurm's next start (SlurmJobRequest below).
     e_.store->set_restart(j.id, std::nullopt, std::nullopt);
-    e_.queue(peer, proto::OkReply{m.id, j.id, "restarting", who});
+    e_.queue(peer, proto::OkReply{m.id, j.id, "restarting", who, {}});
     return;
   }
   if (m.from_step) check_from_step(j, *m.from_step);
@@ -128,7 +128,7 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Rest
     e_.store->add_event(j.id, j.attempt, "", "lineage_branched",
                         {{"step", *m.from_step}, {"by", user_name(uid)}});
   }
-  e_.queue(peer, proto::OkReply{m.id, j.id, "restarting", who});
+  e_.queue(peer, proto::OkReply{m.id, j.id, "restarting", who, {}});
 }
 
 // `restart --from N` names a checkpoint of the job's current lineage that is complete on every
@@ -173,7 +173,7 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Chec
   e_.store->add_event(j.id, j.attempt, "", "checkpoint_requested",
                       {{"by", user_name(uid)}, {"nodes", sent}});
   e_.queue(peer, proto::OkReply{m.id, j.id, to_string(j.state),
-                                "checkpoint_now sent to " + std::to_string(sent) + " node(s)"});
+                                "checkpoint_now sent to " + std::to_string(sent) + " node(s)", {}});
 }
 
 void ClientRequests::on(const std::string& peer, uint32_t, const proto::NodesRequest& m) {
@@ -247,14 +247,14 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Slur
                     "job");
     e_.store->add_event(j.id, 0, "", "slurm_submit_failed", {{"message", m.message}});
     e_.store->set_state(j.id, JobState::kFailed, "sbatch refused the job: " + m.message);
-    e_.queue(peer, proto::OkReply{m.id, j.id, "failed", "recorded"});
+    e_.queue(peer, proto::OkReply{m.id, j.id, "failed", "recorded", {}});
     return;
   }
   if (m.slurm_job_id != j.slurm_job_id) e_.store->set_slurm_job_id(j.id, m.slurm_job_id);
   if (m.event == "submitted") {
     e_.store->add_event(j.id, j.attempt, "", "slurm_submitted", data);
     e_.queue(peer, proto::OkReply{m.id, j.id, to_string(j.state),
-                                  "Slurm job " + m.slurm_job_id + " recorded"});
+                                  "Slurm job " + m.slurm_job_id + " recorded", {}});
     return;
   }
   data["restarts"] = m.restarts;
@@ -280,11 +280,10 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Slur
     e_.store->add_event(j.id, j.attempt, "", "slurm_requeue_excluding",
                         {{"slurm_job_id", m.slurm_job_id}, {"nodes", m.nodes}, {"excluded", bad}});
     e_.slurm_actions->requeue_excluding(j.id, m.slurm_job_id, all);
-    proto::OkReply r{m.id, j.id, to_string(JobState::kRestarting),
-                     "this allocation holds excluded " + list +
-                         "; ring-coord requeues the job without"};
-    r.requeue_without = bad;
-    e_.queue(peer, r);
+    e_.queue(peer, proto::OkReply{m.id, j.id, to_string(JobState::kRestarting),
+                                  "this allocation holds excluded " + list +
+                                      "; ring-coord requeues the job without",
+                                  bad});
     return;
   }
   std::string msg = "start recorded";
@@ -306,7 +305,7 @@ void ClientRequests::on(const std::string& peer, uint32_t uid, const proto::Slur
         "attempt " + std::to_string(n) + " from step " + std::to_string(resume) + " (" + why + ")");
     msg = "attempt " + std::to_string(n) + " from step " + std::to_string(resume);
   }
-  e_.queue(peer, proto::OkReply{m.id, j.id, to_string(e_.store->job(j.id)->state), msg});
+  e_.queue(peer, proto::OkReply{m.id, j.id, to_string(e_.store->job(j.id)->state), msg, {}});
 }
 
 }  // namespace ring::coord

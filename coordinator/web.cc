@@ -204,20 +204,6 @@ json event_json(const proto::EventRecord& e) {
           {"node", e.node}, {"kind", e.kind}, {"data", e.data}};
 }
 
-json rank_json(const proto::RankStepRecord& r) {
-  return {{"attempt", r.attempt},
-          {"step", r.step},
-          {"node", r.node},
-          {"rank", r.rank.rank},
-          {"step_time_s", r.rank.step_time_s},
-          {"data_s", r.rank.data_s},
-          {"compute_s", r.rank.compute_s},
-          {"wait_s", r.rank.wait_s},
-          {"comm_s", r.rank.comm_s},
-          {"hop_bytes", r.rank.hop_bytes},
-          {"time", r.time}};
-}
-
 // Keeps at most n points, evenly spaced, the last one always.
 template <typename T>
 std::vector<T> thin(const std::vector<T>& v, size_t n) {
@@ -516,7 +502,7 @@ HttpResponse api_job_ranks(const RouteCtx& c, const JobRow* j) {
   auto rows = step ? rank_rows(c.store, j->id, *step - steps + 1, *step, 100000)
                    : rank_window(c.store, j->id, steps);
   json out = json::array();
-  for (const auto& x : rows) out.push_back(rank_json(x));
+  for (const auto& x : rows) out.push_back(proto::rank_step_record_json(x));
   return json_reply(out);
 }
 

@@ -752,6 +752,20 @@ json step_record_json(const StepRecord& r) {
   return wire::write(table<StepRecord>(), r, kDialect);
 }
 
+json rank_step_record_json(const RankStepRecord& r) {
+  return {{"attempt", r.attempt},
+          {"step", r.step},
+          {"node", r.node},
+          {"rank", r.rank.rank},
+          {"step_time_s", r.rank.step_time_s},
+          {"data_s", r.rank.data_s},
+          {"compute_s", r.rank.compute_s},
+          {"wait_s", r.rank.wait_s},
+          {"comm_s", r.rank.comm_s},
+          {"hop_bytes", r.rank.hop_bytes},
+          {"time", r.time}};
+}
+
 // Invalid UTF-8 (e.g. a spec diagnostic cut mid-character) is replaced, never thrown.
 std::string encode(const Message& m) {
   return to_json(m).dump(-1, ' ', false, json::error_handler_t::replace);

@@ -428,6 +428,9 @@ const char* type_name(const Message& m);
 nlohmann::json to_json(const Message& m);
 // One step record as steps_reply writes it (`ringctl steps --json`, the web API's steps).
 nlohmann::json step_record_json(const StepRecord& r);
+// One rank's step, flat (`ringctl metrics --ranks --json`, the web API's ranks): attempt, step,
+// node, rank, step_time_s, data_s, compute_s, wait_s, comm_s, hop_bytes, time.
+nlohmann::json rank_step_record_json(const RankStepRecord& r);
 std::string encode(const Message& m);
 
 // Validates and parses one message. Throws ProtocolError.

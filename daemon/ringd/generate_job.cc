@@ -47,6 +47,8 @@ constexpr double kHangFactor = 10.0;
 
 namespace tl = contract::timeline;
 
+}  // namespace
+
 // The new lines a worker appends to its log (from the size it had when followed).
 class LogTail {
  public:
@@ -77,54 +79,7 @@ class LogTail {
   std::string buf_;
 };
 
-}  // namespace
-
-class GenerateMode::Impl {
- public:
-  explicit Impl(DaemonParts p) : p_(std::move(p)) {}
-
-  std::optional<int> prepare();
-  void announce() const;
-  void start(int attempt);
-  void on_signal(int sig);
-  void on_tick();
-  void on_coord(const protocol::Message& m);
-  void shut_down();
-  const genlife::State& state() const { return state_; }
-
- private:
-  void log(const std::string& l) const { p_.log(l); }
-  void event(const std::string& name, json fields) const { p_.event(name, std::move(fields)); }
-  genlife::Event event_of(genlife::EventKind k) const;
-  void dispatch(const genlife::Event& e);
-  void execute(const genlife::Action& a);
-  void say_died(const Worker& w, int st) const;
-  void say_end(const genlife::Action& a) const;
-  Worker* worker(int rank);
-  bool spawn_all();
-  void reap();
-  void check_hang();
-  void poll_progress(bool log_lines);
-
-  DaemonParts p_;
-  genlife::Config config_;
-  genlife::State state_;
-  std::string rdv_, output_;
-  bool own_rdv_ = false;
-  int wpn_ = 1, world_ = 1;
-  std::optional<LogTail> progress_;  // rank 0's log on node 0
-  // Hang detection: each rank's flight recorder (contract/timeline.h, mapped here), the slowest
-  // unit of work seen (a prefill layer or a decode step), and whether a hang was reported.
-  std::vector<tl::Mapping> tl_maps_;
-  std::vector<std::string> tl_paths_;
-  int64_t spawned_ns_ = 0;
-  int64_t seen_end_ns_ = 0;  // records that ended up to here are counted in slowest_s_
-  double slowest_s_ = 0;
-  Clock::time_point next_hang_check_{};
-  bool hang_reported_ = false;
-};
-
-std::optional<int> GenerateMode::Impl::prepare() {
+std::optional<int> GenerateMode::prepare() {
   const spec::JobSpec& s = p_.spec;
   const Options& o = p_.o;
   wpn_ = static_cast<int>(s.resources.workers_per_node);
@@ -182,7 +137,7 @@ std::optional<int> GenerateMode::Impl::prepare() {
   return std::nullopt;
 }
 
-void GenerateMode::Impl::announce() const {
+void GenerateMode::announce() const {
   const spec::JobSpec& s = p_.spec;
   log(fmt::format("job {} (generate) | node {} of {} | {} workers per node, {} ranks | {} "
                   "prompt(s), {} new tokens | checkpoint {} | output {} | job dir {}",
@@ -191,7 +146,7 @@ void GenerateMode::Impl::announce() const {
   for (const std::string& n : p_.placement.notes) log("placement: " + n);
 }
 
-void GenerateMode::Impl::start(int attempt) {
+void GenerateMode::start(int attempt) {
   if (attempt > 1) {
     // Generation is not resumable: a later attempt (a Slurm requeue) starts from the start.
     log(fmt::format("ring-coord assigns attempt {}: generating from the start", attempt));
@@ -207,12 +162,12 @@ void GenerateMode::Impl::start(int attempt) {
   }
 }
 
-bool GenerateMode::Impl::spawn_all() {
+bool GenerateMode::spawn_all() {
   Supervisor& sup = p_.supervisor;
   const Options& o = p_.o;
   sup.reset(wpn_, o.node_rank * wpn_,
             [this](int rank) { return fmt::format("{}/logs/worker-{}.log", p_.job_dir, rank); });
-  if (o.node_rank == 0) progress_.emplace(p_.job_dir + "/logs/worker-0.log");
+  if (o.node_rank == 0) progress_ = std::make_unique<LogTail>(p_.job_dir + "/logs/worker-0.log");
   const std::string spec = fs::absolute(o.spec).string();
   // Each rank's flight recorder: its progress (prefill layers, decode steps) and the wait it is
   // blocked in, read by check_hang.
@@ -267,27 +222,27 @@ bool GenerateMode::Impl::spawn_all() {
   return true;
 }
 
-genlife::Event GenerateMode::Impl::event_of(genlife::EventKind k) const {
+genlife::Event GenerateMode::event_of(genlife::EventKind k) const {
   genlife::Event e;
   e.kind = k;
   e.now_s = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
   return e;
 }
 
-void GenerateMode::Impl::dispatch(const genlife::Event& e) {
+void GenerateMode::dispatch(const genlife::Event& e) {
   const genlife::Transition t = genlife::next(config_, state_, e);
   if (!t.accepted) return;
   state_ = t.state;
   for (const genlife::Action& a : t.actions) execute(a);
 }
 
-Worker* GenerateMode::Impl::worker(int rank) {
+Worker* GenerateMode::worker(int rank) {
   for (Worker& w : p_.supervisor.workers())
     if (w.rank == rank) return &w;
   return nullptr;
 }
 
-void GenerateMode::Impl::execute(const genlife::Action& a) {
+void GenerateMode::execute(const genlife::Action& a) {
   using genlife::ActionKind;
   Worker* w = worker(a.rank);
   const pid_t pid = w ? w->pid : -1;
@@ -335,24 +290,14 @@ void GenerateMode::Impl::execute(const genlife::Action& a) {
 }
 
 // The death that fails the run: its last log lines and the event.
-void GenerateMode::Impl::say_died(const Worker& w, int st) const {
-  const std::vector<std::string> lines = last_lines(w.log, 10);
-  std::string text;
-  for (const std::string& l : lines) text += "\n    | " + l;
-  log(fmt::format("worker rank {} (pid {}) {} while generating; last log lines:{}", w.rank, w.pid,
-                  describe_status(st), text));
-  json ev{{"rank", w.rank}, {"pid", w.pid}, {"last_lines", lines}};
-  if (WIFSIGNALED(st)) {
-    ev["signal"] = WTERMSIG(st);
-    ev["signal_name"] = strsignal(WTERMSIG(st));
-  } else if (WIFEXITED(st)) {
-    ev["exit_code"] = WEXITSTATUS(st);
-  }
-  event("worker_died", ev);
+void GenerateMode::say_died(const Worker& w, int st) const {
+  const DeathReport d = death_report(w, st, "while generating");
+  log(d.line);
+  event("worker_died", d.event);
 }
 
 // Every worker is gone: how the run ended.
-void GenerateMode::Impl::say_end(const genlife::Action& a) const {
+void GenerateMode::say_end(const genlife::Action& a) const {
   using genlife::Outcome;
   switch (a.outcome) {
     case Outcome::kSpawnFailed:
@@ -386,7 +331,7 @@ void GenerateMode::Impl::say_end(const genlife::Action& a) const {
   }
 }
 
-void GenerateMode::Impl::on_signal(int sig) {
+void GenerateMode::on_signal(int sig) {
   if (sig == SIGCHLD) {
     reap();
     return;
@@ -397,7 +342,7 @@ void GenerateMode::Impl::on_signal(int sig) {
   dispatch(e);
 }
 
-void GenerateMode::Impl::reap() {
+void GenerateMode::reap() {
   const bool expected = state_.phase == genlife::Phase::kStopping;
   for (const auto& [wp, st] : p_.supervisor.reap(expected)) {
     wp->running = false;
@@ -411,7 +356,7 @@ void GenerateMode::Impl::reap() {
 }
 
 // Rank 0's progress lines ("generate: ...") as log lines (while it runs) and events.
-void GenerateMode::Impl::poll_progress(bool log_lines) {
+void GenerateMode::poll_progress(bool log_lines) {
   if (!progress_) return;
   progress_->poll([this, log_lines](const std::string& l) {
     if (l.rfind("generate: ", 0) != 0) return;
@@ -420,7 +365,7 @@ void GenerateMode::Impl::poll_progress(bool log_lines) {
   });
 }
 
-void GenerateMode::Impl::on_tick() {
+void GenerateMode::on_tick() {
   poll_progress(true);
   check_hang();
   dispatch(event_of(genlife::EventKind::kTick));
@@ -435,7 +380,7 @@ void GenerateMode::Impl::on_tick() {
 // wait is missing, blocked on a peer is waiting), the finding goes out as event `hang`, and a
 // missing rank of this node fails the job. When every local rank waits on ranks of other nodes,
 // their ringd names the stuck one; this one only says where its ranks wait.
-void GenerateMode::Impl::check_hang() {
+void GenerateMode::check_hang() {
   const double floor_s = p_.spec.generate.hang_deadline_s;
   if (floor_s <= 0 || state_.phase != genlife::Phase::kRunning || hang_reported_ ||
       tl_maps_.empty())
@@ -501,7 +446,7 @@ void GenerateMode::Impl::check_hang() {
   dispatch(ev);
 }
 
-void GenerateMode::Impl::on_coord(const protocol::Message& m) {
+void GenerateMode::on_coord(const protocol::Message& m) {
   CoordLink* coord = p_.coord();
   if (!coord) return;
   if (const auto* c = std::get_if<protocol::Command>(&m)) {
@@ -529,7 +474,7 @@ void GenerateMode::Impl::on_coord(const protocol::Message& m) {
   }
 }
 
-void GenerateMode::Impl::shut_down() {
+void GenerateMode::shut_down() {
   p_.supervisor.kill_all_and_wait();
   if (own_rdv_) remove_own_dir(rdv_);
   for (const std::string& p : tl_paths_)
@@ -537,16 +482,7 @@ void GenerateMode::Impl::shut_down() {
   tl_paths_.clear();
 }
 
-GenerateMode::GenerateMode(DaemonParts parts) : impl_(std::make_unique<Impl>(std::move(parts))) {}
+GenerateMode::GenerateMode(DaemonParts parts) : p_(std::move(parts)) {}
 GenerateMode::~GenerateMode() = default;
-std::optional<int> GenerateMode::prepare() { return impl_->prepare(); }
-void GenerateMode::announce() const { impl_->announce(); }
-void GenerateMode::start(int attempt) { impl_->start(attempt); }
-void GenerateMode::on_signal(int sig) { impl_->on_signal(sig); }
-void GenerateMode::on_tick() { impl_->on_tick(); }
-void GenerateMode::on_coord(const protocol::Message& m) { impl_->on_coord(m); }
-bool GenerateMode::ended() const { return impl_->state().phase == genlife::Phase::kEnded; }
-int GenerateMode::exit_code() const { return impl_->state().exit_code; }
-void GenerateMode::shut_down() { impl_->shut_down(); }
 
 }  // namespace ring::ringd

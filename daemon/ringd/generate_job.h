@@ -23,12 +23,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/protocol/protocol.h"
 #include "common/spec/spec.h"
+#include "common/contract/timeline.h"
 #include "daemon/placement/placement.h"
+#include "daemon/ringd/generate_lifecycle.h"
 #include "daemon/ringd/options.h"
 #include "daemon/ringd/supervisor.h"
 
@@ -50,6 +53,8 @@ struct DaemonParts {
   std::function<CoordLink*()> coord;  // nullptr without --coord
 };
 
+class LogTail;
+
 class GenerateMode {
  public:
   explicit GenerateMode(DaemonParts parts);
@@ -66,14 +71,44 @@ class GenerateMode {
   void on_signal(int sig);
   void on_tick();
   void on_coord(const protocol::Message& m);
-  bool ended() const;
-  int exit_code() const;
+  bool ended() const { return state_.phase == genlife::Phase::kEnded; }
+  int exit_code() const { return state_.exit_code; }
   // Every way out: the workers killed and reaped, the rendezvous and timelines removed.
   void shut_down();
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  void log(const std::string& l) const { p_.log(l); }
+  void event(const std::string& name, nlohmann::json fields) const {
+    p_.event(name, std::move(fields));
+  }
+  // The lifecycle (generate_lifecycle.h): events in, its actions carried out here.
+  genlife::Event event_of(genlife::EventKind k) const;
+  void dispatch(const genlife::Event& e);
+  void execute(const genlife::Action& a);
+  void say_died(const Worker& w, int st) const;
+  void say_end(const genlife::Action& a) const;
+  Worker* worker(int rank);
+  bool spawn_all();
+  void reap();
+  void check_hang();
+  void poll_progress(bool log_lines);
+
+  DaemonParts p_;
+  genlife::Config config_;
+  genlife::State state_;
+  std::string rdv_, output_;
+  bool own_rdv_ = false;
+  int wpn_ = 1, world_ = 1;
+  std::unique_ptr<LogTail> progress_;  // rank 0's log on node 0
+  // Hang detection: each rank's flight recorder (contract/timeline.h, mapped here), the slowest
+  // unit of work seen (a prefill layer or a decode step), and whether a hang was reported.
+  std::vector<contract::timeline::Mapping> tl_maps_;
+  std::vector<std::string> tl_paths_;
+  int64_t spawned_ns_ = 0;
+  int64_t seen_end_ns_ = 0;  // records that ended up to here are counted in slowest_s_
+  double slowest_s_ = 0;
+  Clock::time_point next_hang_check_{};
+  bool hang_reported_ = false;
 };
 
 }  // namespace ring::ringd

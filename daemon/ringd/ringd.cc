@@ -1108,18 +1108,10 @@ void Daemon::reap() {
       log(fmt::format("worker rank {} (pid {}) {}", w.rank, got,
                       ours ? std::string("stopped") : describe_status(st)));
     } else {
-      const std::vector<std::string> lines = last_lines(w.log, 10);
-      std::string text;
-      for (const std::string& l : lines) text += "\n    | " + l;
-      log(fmt::format("worker rank {} (pid {}) {} during step {}; last log lines:{}", w.rank, got,
-                      describe_status(st), steps_->cur_step(), text));
-      json ev{{"rank", w.rank}, {"pid", got}, {"step", steps_->cur_step()}, {"last_lines", lines}};
-      if (WIFSIGNALED(st)) {
-        ev["signal"] = WTERMSIG(st);
-        ev["signal_name"] = strsignal(WTERMSIG(st));
-      } else if (WIFEXITED(st)) {
-        ev["exit_code"] = WEXITSTATUS(st);
-      }
+      DeathReport d = death_report(w, st, fmt::format("during step {}", steps_->cur_step()));
+      log(d.line);
+      json ev = std::move(d.event);
+      ev["step"] = steps_->cur_step();
       event("worker_died", ev);
       dispatch(event_of(attempt::EventKind::kWorkerFailed, fmt::format("rank {} died", w.rank)));
     }

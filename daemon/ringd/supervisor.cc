@@ -114,6 +114,23 @@ bool Supervisor::any_running() const {
   return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
 }
 
+DeathReport death_report(const Worker& w, int st, const std::string& during) {
+  const std::vector<std::string> lines = last_lines(w.log, 10);
+  std::string text;
+  for (const std::string& l : lines) text += "\n    | " + l;
+  DeathReport r;
+  r.line = fmt::format("worker rank {} (pid {}) {} {}; last log lines:{}", w.rank, w.pid,
+                       describe_status(st), during, text);
+  r.event = {{"rank", w.rank}, {"pid", w.pid}, {"last_lines", lines}};
+  if (WIFSIGNALED(st)) {
+    r.event["signal"] = WTERMSIG(st);
+    r.event["signal_name"] = strsignal(WTERMSIG(st));
+  } else if (WIFEXITED(st)) {
+    r.event["exit_code"] = WEXITSTATUS(st);
+  }
+  return r;
+}
+
 std::vector<std::string> worker_argv(const WorkerCommand& c, const Worker& w) {
   std::vector<std::string> argv = {c.bin,
                                    "--spec",

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/proc/rank_group.h"
 #include "common/proc/reap.h"
 #include "common/contract/control.h"
@@ -67,6 +69,15 @@ std::string hello_refusal(const contract::control::Hello& h, const std::vector<W
 
 // "exited with status 3", "was killed by signal 9 (Killed)".
 using proc::describe_status;
+
+// A worker's death as ringd reports it (training and generate jobs alike): the log line
+// "worker rank R (pid P) <status> <during>; last log lines:\n    | ..." and the fields of event
+// worker_died (rank, pid, last_lines, signal and signal_name or exit_code).
+struct DeathReport {
+  std::string line;
+  nlohmann::json event;
+};
+DeathReport death_report(const Worker& w, int status, const std::string& during);
 
 class Supervisor {
  public:
