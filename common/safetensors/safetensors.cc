@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/numeric/bf16.h"
+
 namespace ring::st {
 
 static_assert(std::endian::native == std::endian::little,
@@ -121,10 +123,7 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-float bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  return std::bit_cast<float>(u);
-}
+float bf16_to_f32(uint16_t h) { return numeric::bf16_to_f32(h); }
 
 float f16_to_f32(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -146,13 +145,7 @@ float f16_to_f32(uint16_t h) {
   return std::bit_cast<float>(u);
 }
 
-uint16_t f32_to_bf16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0)
-    return static_cast<uint16_t>((u >> 16) | 0x0040);  // quiet NaN, sign kept
-  uint32_t rounding = 0x7FFF + ((u >> 16) & 1);
-  return static_cast<uint16_t>((u + rounding) >> 16);
-}
+uint16_t f32_to_bf16(float f) { return numeric::f32_to_bf16(f); }
 
 // ---- File ----------------------------------------------------------------------------------
 

@@ -122,6 +122,7 @@ class Model {
 size_t json_nesting_depth(std::string_view text);
 inline constexpr size_t kMaxJsonDepth = 64;
 
+// The project's one bf16 rounding (common/numeric/bf16.h), for callers of this library.
 float bf16_to_f32(uint16_t h);
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  // round to nearest even; NaN stays NaN

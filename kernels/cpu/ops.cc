@@ -60,6 +60,9 @@ struct Kernels {
   double (*sum_squares)(int64_t n, const float* x);
   int64_t (*collect_above)(int64_t n, const float* x, uint32_t base, int32_t threshold,
                            uint32_t* out, float* out_val, int64_t cap);
+  void (*to_bf16)(int64_t n, const float* x, uint16_t* out);
+  void (*from_bf16)(int64_t n, const uint16_t* x, float* out);
+  void (*round_bf16)(int64_t n, float* x);
 };
 
 #define RING_ISA_FILE "kernels/cpu/ops_isa.inc"
@@ -701,6 +704,30 @@ Status axpy(int64_t n, float alpha, const float* x, float* y, int threads) {
   const Kernels& k = kernels();
   parallel_ranges(n, threads, kGrainStream,
                   [&](int, int64_t b, int64_t e) { k.axpy(e - b, alpha, x + b, y + b); });
+  return Status::kOk;
+}
+
+Status to_bf16(int64_t n, const float* x, uint16_t* out, int threads) {
+  if (Status s = check_elementwise(n, !any_null(n, x, out)); s != Status::kOk) return s;
+  const Kernels& k = kernels();
+  parallel_ranges(n, threads, kGrainStream,
+                  [&](int, int64_t b, int64_t e) { k.to_bf16(e - b, x + b, out + b); });
+  return Status::kOk;
+}
+
+Status from_bf16(int64_t n, const uint16_t* x, float* out, int threads) {
+  if (Status s = check_elementwise(n, !any_null(n, x, out)); s != Status::kOk) return s;
+  const Kernels& k = kernels();
+  parallel_ranges(n, threads, kGrainStream,
+                  [&](int, int64_t b, int64_t e) { k.from_bf16(e - b, x + b, out + b); });
+  return Status::kOk;
+}
+
+Status round_bf16(int64_t n, float* x, int threads) {
+  if (Status s = check_elementwise(n, !any_null(n, x)); s != Status::kOk) return s;
+  const Kernels& k = kernels();
+  parallel_ranges(n, threads, kGrainStream,
+                  [&](int, int64_t b, int64_t e) { k.round_bf16(e - b, x + b); });
   return Status::kOk;
 }
 

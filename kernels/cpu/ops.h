@@ -35,6 +35,12 @@ Status set_isa(Isa isa);
 // Number of threads the machine offers (what threads = 0 means).
 int hardware_threads();
 
+// ---- bf16 storage (common/numeric/bf16.h's rounding, bit for bit, on every ISA) -------------
+// out[i] = bf16(x[i]); out[i] = float(x[i]); x[i] = float(bf16(x[i])) in place.
+Status to_bf16(int64_t n, const float* x, uint16_t* out, int threads);
+Status from_bf16(int64_t n, const uint16_t* x, float* out, int threads);
+Status round_bf16(int64_t n, float* x, int threads);
+
 // ---- dense linear algebra (through the GEMM provider of gemm.h: OpenBLAS or oneDNN) ----------
 Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,

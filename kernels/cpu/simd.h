@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/numeric/bf16.h"
+
 #define RING_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
 #define RING_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define RING_SIMD_INLINE inline __attribute__((always_inline))
@@ -177,6 +179,25 @@ RING_F double dacc_reduce(const dacc& acc) {
   _mm512_store_pd(t, _mm512_add_pd(acc.lo, acc.hi));
   return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
+// bf16 (common/numeric/bf16.h's rounding, bit for bit): a full vector to and from 16-bit lanes.
+// Integer arithmetic, not AVX512_BF16's vcvtneps2bf16, which flushes subnormals to zero.
+RING_F vi bf16_bits(vf x) {  // the bf16 of each lane in its low 16 bits
+  const vi u = _mm512_castps_si512(x);
+  const vi lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const vi r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  const vi q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_blend_epi32(nan, r, q);
+}
+RING_F void store_bf16(uint16_t* p, vf x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(x)));
+}
+RING_F vf load_bf16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+RING_F vf round_bf16(vf x) { return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(x), 16)); }
 #undef RING_F
 }  // namespace avx512
 
@@ -319,6 +340,28 @@ RING_F double dacc_reduce(const dacc& acc) {
   _mm256_store_pd(t, _mm256_add_pd(acc.lo, acc.hi));
   return (t[0] + t[1]) + (t[2] + t[3]);
 }
+// bf16 (common/numeric/bf16.h's rounding, bit for bit), as the AVX-512 ones.
+RING_F vi bf16_bits(vf x) {
+  const vi u = _mm256_castps_si256(x);
+  const vi lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const vi r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  // |u| <= 0x7FFFFFFF is non-negative as a signed lane: the signed compare is the unsigned one.
+  const vi nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
+                                    _mm256_set1_epi32(0x7F800000));
+  const vi q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(r, q, nan);
+}
+RING_F void store_bf16(uint16_t* p, vf x) {
+  // packus keeps 16-bit lanes per 128-bit half: [a0-3 a0-3 | a4-7 a4-7]; 0xD8 gathers a0-7.
+  const vi b = bf16_bits(x);
+  const vi packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+RING_F vf load_bf16(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+RING_F vf round_bf16(vf x) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(x), 16)); }
 #undef RING_F
 }  // namespace avx2
 
@@ -427,6 +470,10 @@ RING_F void dacc_add_squares(dacc& acc, vf x) {
 RING_F double dacc_reduce(const dacc& acc) {
   return acc.s;
 }
+// bf16: common/numeric/bf16.h itself.
+RING_F void store_bf16(uint16_t* p, vf x) { *p = ::ring::numeric::f32_to_bf16(x); }
+RING_F vf load_bf16(const uint16_t* p) { return ::ring::numeric::bf16_to_f32(*p); }
+RING_F vf round_bf16(vf x) { return ::ring::numeric::round_bf16(x); }
 #undef RING_F
 }  // namespace scalar
 
