@@ -156,7 +156,8 @@ Workload make_workload(const spec::JobSpec& s) {
   w.post_fwd_flops = 2 * T * (static_cast<double>(w.heads) * hd * d) +
                      2 * T * d * static_cast<double>(w.hidden) * mlp_mats;
   w.head_fwd_flops = 2 * T * d * static_cast<double>(w.vocab);
-  w.kv_block_bytes = static_cast<double>(cp::packed_block_bytes(w.tokens, w.kvd));
+  w.kv_block_bytes = static_cast<double>(
+      cp::packed_block_bytes(w.tokens, w.kvd, static_cast<size_t>(spec::dtype_bytes(s.model.dtype))));
 
   const plan::FlatLayout fl = plan::flat_layout(s);
   if (fl.bucket_sizes.empty())

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/cp/ring_messages.h"
 #include "common/contract/layout_rules.h"
 #include "common/contract/shm.h"
 
@@ -275,9 +276,13 @@ PlanBuilder::PlanBuilder(const JobSpec& spec, ShardMode shard_mode, Plan& plan)
   if (ef) p.residual_floats = at_owner ? owner_range : flat.elements;
   host_backend = s.resources.backend == Backend::kCpu;
 
-  // One K/V block of the ring (storage dtype) and one dK/dV accumulator (fp32).
-  kv_block = 2.0 * T * K * hd * b;
-  dkv_block = 2.0 * T * K * hd * 4.0;
+  // One K/V block of the ring as it travels (positions, document ids, K and V in the storage
+  // dtype) and one dK/dV accumulator (fp32): the sizes the ring sends (common/cp/ring_messages.h).
+  kv_block = static_cast<double>(
+      cp::packed_block_bytes(p.tokens_per_rank, s.resolved.kv_heads * s.resolved.head_dim,
+                             static_cast<size_t>(b)));
+  dkv_block = static_cast<double>(
+      cp::dkv_message_bytes(p.tokens_per_rank, s.resolved.kv_heads * s.resolved.head_dim));
   p.topk_k = static_cast<int64_t>(std::ceil(s.optimizer.density * Pn));
   nodes = static_cast<double>(nodes_i);
   wpn = static_cast<double>(wpn_i);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/contract/layout.h"
+#include "common/cp/ring_messages.h"
 #include "common/contract/shard.h"
 #include "common/plan/plan.h"
 #include "common/spec/parse.h"
@@ -103,17 +104,23 @@ TEST(Plan, WorkerMemoryItemsAndRecompute) {
 TEST(Plan, ActivationMemoryIsLinearInTokens) {
   Plan a = make_plan(load(gpu_spec(1 << 19, 64, false, "")));
   Plan b = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
-  const double fixed = a.worker[0].bytes + a.worker[1].bytes;  // weights + gradients
+  // Weights and gradients, and the 64-byte headers of the ring buffers (2 K/V + 3 dK/dV
+  // messages, common/cp/ring_messages.h) do not grow with the tokens.
+  const double headers = 5.0 * ring::cp::kRingHeaderBytes;
+  const double fixed = a.worker[0].bytes + a.worker[1].bytes + headers;
   EXPECT_DOUBLE_EQ((b.worker_total - fixed), 2.0 * (a.worker_total - fixed));
 }
 
 TEST(Plan, RingCommunication) {
   Plan p = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
   const double T = (1 << 20) / 64.0;
-  const double kv = 2.0 * T * 4096 * 2;  // K+V of the local block, bf16
+  // The block as the ring sends it: a 64-byte header, positions (int64) and document ids
+  // (int32) of the local tokens, then K and V in bf16 (T is a multiple of 64: no padding).
+  const double kv = 64 + T * 8 + T * 4 + 2.0 * T * 4096 * 2;
   EXPECT_DOUBLE_EQ(p.ring_bytes_per_hop, kv);
-  // fwd (P-1) K/V hops + bwd (P-1) K/V hops + P fp32 dK/dV hops, per layer.
-  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step, 32 * (63 * kv + 63 * kv + 64 * 2 * kv));
+  // fwd (P-1) K/V hops + bwd (P-1) K/V hops + P fp32 dK/dV hops (header, dK and dV), per layer.
+  const double dkv = 64 + 2.0 * T * 4096 * 4;
+  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step, 32 * (63 * kv + 63 * kv + 64 * dkv));
   Plan one = make_plan(load(gpu_spec(1 << 14, 1, false, "")));
   EXPECT_EQ(one.ring_bytes_per_step, 0);
 }
