@@ -71,7 +71,8 @@ struct AttentionArgs {
   int64_t head_dim = 0;
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
   bool causal = true;
-  DType dtype = DType::kF32;      // storage of q, k, v (and dout in the backward)
+  DType dtype = DType::kF32;      // storage of q, k, v (and dout in the backward): fp32 or bf16
+                                  // (uint16_t bits); out, lse, delta, dq, dk, dv stay fp32
   const void* q = nullptr;        // [q_len, heads, head_dim]
   const void* k = nullptr;        // [kv_len, kv_heads, head_dim]
   const void* v = nullptr;        // [kv_len, kv_heads, head_dim]
@@ -84,8 +85,11 @@ struct AttentionArgs {
 // Decode attention over a pool of K/V pages (generation's fast tier, worker/generate): the partial
 // (out, lse) of each query row over ONE page of the pool. The pool holds `slots` pages of
 // `page_tokens` rows each: slot s is K [page_tokens, head_dim] then V [page_tokens, head_dim],
-// fp32, at pool + s * 2 * page_tokens * head_dim, and the document id of each row at
-// pool_docs + s * page_tokens. Row r reads the first tokens[r] rows of page slot[r]; it may
+// stored as `dtype` (fp32 or bf16), at element pool + s * 2 * page_tokens * head_dim, and the
+// document id of each row at pool_docs + s * page_tokens. Only the pool follows dtype: q, out and
+// lse are fp32 whatever it is (q is one row per step, the pool is the cache), and bf16 K/V are
+// widened to fp32 exactly as they are read, so a bf16 pool gives the results of an fp32 pool
+// holding the same (rounded) values. Row r reads the first tokens[r] rows of page slot[r]; it may
 // attend to row j iff pool_docs[slot[r]][j] == q_doc[r] (every cached key precedes the query and
 // carries its RoPE already, so there is no causal or position test). Accumulation in fp32;
 // out [rows, head_dim] normalised, lse [rows] natural log; a row with no allowed key gets out 0
@@ -95,7 +99,8 @@ struct PagedDecodeArgs {
   int64_t head_dim = 0;
   int64_t page_tokens = 0;   // rows per page slot (the pool's layout)
   float scale = 0.f;         // softmax scale, usually 1/sqrt(head_dim)
-  const float* pool = nullptr;        // [slots, 2, page_tokens, head_dim]
+  DType dtype = DType::kF32; // storage of the pool (K and V); everything else is as typed below
+  const void* pool = nullptr;         // [slots, 2, page_tokens, head_dim] of dtype
   const int32_t* pool_docs = nullptr; // [slots, page_tokens]
   const float* q = nullptr;           // [rows, head_dim]
   const int32_t* q_doc = nullptr;     // [rows]
@@ -168,7 +173,8 @@ class Backend {
   // Paged decode attention (PagedDecodeArgs above): out [rows, head_dim], lse [rows], fp32. All
   // pointers are backend memory. Asynchronous on the CUDA stream like every op: the caller
   // may work on the host meanwhile and reads the results after copy_to_host/synchronize().
-  // Backends without it return kUnsupported (supports(kPagedDecode, kF32) says).
+  // Backends without it return kUnsupported (supports(kPagedDecode, a.dtype) says); a dtype
+  // that is neither kF32 nor kBF16 is kInvalidArgument.
   virtual Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse) {
     return Status::kUnsupported;
   }

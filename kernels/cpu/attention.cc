@@ -14,7 +14,10 @@
 //     over (kv head, interleaved chunk of kv tiles) items; an item owns its dk/dv rows, and dq of
 //     its query heads (when one chunk per head) or a private dq buffer reduced afterwards in a
 //     fixed order, so results do not depend on scheduling.
-//   - Tile kernels are compiled per ISA from attention_kernels.inc and picked once at run time.
+//   - Tile kernels are compiled per ISA from attention_kernels.inc and picked per call from
+//     cpu::active_isa() (cpuid, RING_CPU_ISA, cpu::set_isa: kernels/cpu/ops.h).
+//   - bf16 q/k/v/dout (DType::kBF16) are widened to fp32 as tiles are packed; the rest is the
+//     fp32 code, so a bf16 call equals, bit for bit, an fp32 call on the widened inputs.
 #include "kernels/cpu/attention.h"
 
 // GCC 12 warns inside its own AVX-512 intrinsics (_mm512_undefined_* pass-through operands, GCC
@@ -32,8 +35,12 @@
 #include <limits>
 #include <new>
 #include <numeric>
-#include <string_view>
+#include <type_traits>
 #include <vector>
+
+#include "common/numeric/bf16.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/simd.h"
 
 namespace ring::kernels::cpu {
 namespace {
@@ -126,7 +133,7 @@ struct Workspace {
 };
 
 struct BackwardIo {
-  const float* dout = nullptr;   // [q_len, heads, head_dim]
+  const void* dout = nullptr;    // [q_len, heads, head_dim], stored as the args' dtype
   const float* lse = nullptr;    // [q_len, heads]
   const float* delta = nullptr;  // [q_len, heads]
   float* dq_base = nullptr;      // dq of the item's first query head, token stride dq_tstride
@@ -239,6 +246,7 @@ struct V {
   static float hsum(R x) { return x; }
   static float hmax(R x) { return x; }
   static R exp2(R x) { return x < -126.f ? 0.f : std::exp2(std::min(x, 127.f)); }
+  static R load_bf16(const uint16_t* p) { return ::ring::numeric::bf16_to_f32(*p); }
 };
 constexpr int kR = 4;
 constexpr int kCV = 4;
@@ -272,6 +280,7 @@ struct V {
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
   static R max(R a, R b) { return _mm256_max_ps(a, b); }
   static R fmadd(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R load_bf16(const uint16_t* p) { return simd::avx2::load_bf16(p); }
   static float hsum(R x) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -325,6 +334,7 @@ struct V {
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
   static R max(R a, R b) { return _mm512_max_ps(a, b); }
   static R fmadd(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R load_bf16(const uint16_t* p) { return simd::avx512::load_bf16(p); }
   static float hsum(R x) { return _mm512_reduce_add_ps(x); }
   static float hmax(R x) { return _mm512_reduce_max_ps(x); }
   static R exp2(R x) {
@@ -354,38 +364,40 @@ constexpr int kCV = 4;
 
 namespace {
 
+using ForwardItem = void (*)(const Plan&, int64_t, int64_t, Workspace&, float*, float*,
+                            LocalStats&);
+using BackwardItem = void (*)(const Plan&, const BackwardIo&, int64_t, int64_t, int64_t,
+                              Workspace&, LocalStats&);
+
+// One ISA's tile kernels per storage type, indexed by DType (kF32 = 0, kBF16 = 1).
 struct IsaKernels {
-  const char* name;
-  void (*forward_item)(const Plan&, int64_t, int64_t, Workspace&, float*, float*, LocalStats&);
-  void (*backward_item)(const Plan&, const BackwardIo&, int64_t, int64_t, int64_t, Workspace&,
-                        LocalStats&);
+  ForwardItem forward_item[2];
+  BackwardItem backward_item[2];
 };
 
-// Best ISA the CPU (and OS) supports, lowered by RING_CPU_ISA if set. Chosen once.
+// The kernels of the ISA the CPU ops use now (cpu::active_isa(): the best the CPU and OS
+// support, lowered by RING_CPU_ISA at first use or by cpu::set_isa).
 const IsaKernels& isa_kernels() {
-  static const IsaKernels chosen = [] {
-    const IsaKernels scalar{"scalar", isa_scalar::forward_item, isa_scalar::backward_item};
+  static const IsaKernels scalar{
+      {isa_scalar::forward_item<float>, isa_scalar::forward_item<uint16_t>},
+      {isa_scalar::backward_item<float>, isa_scalar::backward_item<uint16_t>}};
 #ifdef RING_ATTN_X86
-    const IsaKernels avx2{"avx2", isa_avx2::forward_item, isa_avx2::backward_item};
-    const IsaKernels avx512{"avx512", isa_avx512::forward_item, isa_avx512::backward_item};
-    __builtin_cpu_init();
-    int level = 0;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) level = 1;
-    if (level == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
-      level = 2;
-    }
-    if (const char* env = std::getenv("RING_CPU_ISA")) {
-      const std::string_view want(env);
-      if (want == "scalar") level = 0;
-      if (want == "avx2") level = std::min(level, 1);
-    }
-    return level == 2 ? avx512 : level == 1 ? avx2 : scalar;
-#else
-    return scalar;
+  static const IsaKernels avx2{
+      {isa_avx2::forward_item<float>, isa_avx2::forward_item<uint16_t>},
+      {isa_avx2::backward_item<float>, isa_avx2::backward_item<uint16_t>}};
+  static const IsaKernels avx512{
+      {isa_avx512::forward_item<float>, isa_avx512::forward_item<uint16_t>},
+      {isa_avx512::backward_item<float>, isa_avx512::backward_item<uint16_t>}};
+  switch (active_isa()) {
+    case Isa::kAvx512:
+      return avx512;
+    case Isa::kAvx2:
+      return avx2;
+    case Isa::kScalar:
+      break;
+  }
 #endif
-  }();
-  return chosen;
+  return scalar;
 }
 
 int resolve_threads(int threads) {
@@ -414,8 +426,7 @@ Status check_args(const AttentionArgs& a) {
   if (a.kv_len > 0 && (a.k == nullptr || a.v == nullptr || (a.causal && a.k_pos == nullptr))) {
     return Status::kInvalidArgument;
   }
-  if (a.dtype == DType::kBF16) return Status::kUnsupported;
-  if (a.dtype != DType::kF32) return Status::kInvalidArgument;
+  if (a.dtype != DType::kF32 && a.dtype != DType::kBF16) return Status::kInvalidArgument;
   return Status::kOk;
 }
 
@@ -443,7 +454,7 @@ Status attention_forward(const AttentionArgs& a, float* out, float* lse, Attenti
   if (a.q_len == 0) return Status::kOk;
 
   const Plan p = make_plan(a);
-  const IsaKernels& isa = isa_kernels();
+  const ForwardItem forward = isa_kernels().forward_item[static_cast<int>(a.dtype)];
   const int64_t n_qt = static_cast<int64_t>(p.q_tiles.size());
 
   // Heaviest query tiles first (causal and document masks make the work uneven), so the
@@ -469,7 +480,7 @@ Status attention_forward(const AttentionArgs& a, float* out, float* lse, Attenti
     Workspace& w = ws[omp_get_thread_num()];
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t it = 0; it < n_items; ++it) {
-      isa.forward_item(p, it % a.kv_heads, order[it / a.kv_heads], w, out, lse, st);
+      forward(p, it % a.kv_heads, order[it / a.kv_heads], w, out, lse, st);
     }
 #pragma omp critical(ring_attention_stats)
     total.add(st);
@@ -510,6 +521,27 @@ Status attention_merge(int64_t tokens, int64_t heads, int64_t head_dim, float* o
   return Status::kOk;
 }
 
+namespace {
+
+float widen(float x) { return x; }
+float widen(uint16_t x) { return numeric::bf16_to_f32(x); }
+
+// delta[r] = sum_x dout[r, x] * out[r, x] in double; T: dout's storage (bf16 widened exactly).
+template <typename T>
+void delta_rows(int64_t rows, int64_t head_dim, const float* out, const T* g, float* delta,
+                int threads) {
+#pragma omp parallel for num_threads(resolve_threads(threads)) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (int64_t x = 0; x < head_dim; ++x) {
+      acc += static_cast<double>(widen(g[r * head_dim + x])) * out[r * head_dim + x];
+    }
+    delta[r] = static_cast<float>(acc);
+  }
+}
+
+}  // namespace
+
 Status attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads, int64_t head_dim,
                                   const float* out, const void* dout, float* delta, int threads) {
   if (tokens < 0 || heads <= 0 || head_dim <= 0 || !size_ok(tokens, heads, head_dim)) {
@@ -518,17 +550,11 @@ Status attention_backward_prepare(DType dtype, int64_t tokens, int64_t heads, in
   if (tokens > 0 && (out == nullptr || dout == nullptr || delta == nullptr)) {
     return Status::kInvalidArgument;
   }
-  if (dtype == DType::kBF16) return Status::kUnsupported;
-  if (dtype != DType::kF32) return Status::kInvalidArgument;
-  const auto* g = static_cast<const float*>(dout);
-  const int64_t rows = tokens * heads;
-#pragma omp parallel for num_threads(resolve_threads(threads)) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    double acc = 0;
-    for (int64_t x = 0; x < head_dim; ++x) {
-      acc += static_cast<double>(g[r * head_dim + x]) * out[r * head_dim + x];
-    }
-    delta[r] = static_cast<float>(acc);
+  if (dtype != DType::kF32 && dtype != DType::kBF16) return Status::kInvalidArgument;
+  if (dtype == DType::kBF16) {
+    delta_rows(tokens * heads, head_dim, out, static_cast<const uint16_t*>(dout), delta, threads);
+  } else {
+    delta_rows(tokens * heads, head_dim, out, static_cast<const float*>(dout), delta, threads);
   }
   return Status::kOk;
 }
@@ -544,7 +570,7 @@ Status attention_backward(const AttentionArgs& a, const void* dout, const float*
   if (a.q_len == 0 || a.kv_len == 0) return Status::kOk;
 
   const Plan p = make_plan(a);
-  const IsaKernels& isa = isa_kernels();
+  const BackwardItem backward = isa_kernels().backward_item[static_cast<int>(a.dtype)];
   const int64_t n_kt = static_cast<int64_t>(p.k_tiles.size());
   const int want = resolve_threads(threads);
   // Items (kv head, chunk): chunks per head so that the item count is a multiple of the thread
@@ -564,7 +590,7 @@ Status attention_backward(const AttentionArgs& a, const void* dout, const float*
   if (!init_workspaces(p, ws)) return Status::kOutOfMemory;
 
   BackwardIo base;
-  base.dout = static_cast<const float*>(dout);
+  base.dout = dout;
   base.lse = lse;
   base.delta = delta;
   base.dk = dk;
@@ -586,7 +612,7 @@ Status attention_backward(const AttentionArgs& a, const void* dout, const float*
         io.dq_base = dq_buf.data() + it * item_dq;
         io.dq_tstride = p.group * a.head_dim;
       }
-      isa.backward_item(p, io, kh, chunk, chunks, w, st);
+      backward(p, io, kh, chunk, chunks, w, st);
     }
     if (chunks > 1) {
       // dq[i, kh*group:(kh+1)*group, :] += sum over chunks, in chunk order (deterministic).
@@ -609,21 +635,19 @@ Status attention_backward(const AttentionArgs& a, const void* dout, const float*
   return Status::kOk;
 }
 
-Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse, int threads) {
-  if (a.rows < 0 || a.head_dim <= 0 || a.page_tokens <= 0) return Status::kInvalidArgument;
-  if (a.rows == 0) return Status::kOk;
-  if (a.pool == nullptr || a.pool_docs == nullptr || a.q == nullptr || a.q_doc == nullptr ||
-      a.slot == nullptr || a.tokens == nullptr || out == nullptr || lse == nullptr)
-    return Status::kInvalidArgument;
-  for (int64_t r = 0; r < a.rows; ++r)
-    if (a.slot[r] < 0 || a.tokens[r] < 0 || a.tokens[r] > a.page_tokens)
-      return Status::kInvalidArgument;
+namespace {
+
+// The rows of paged_decode_attention; T: the pool's storage (bf16 widened exactly at each read,
+// then the fp32 arithmetic of the fp32 pool).
+template <typename T>
+void decode_rows(const PagedDecodeArgs& a, float* out, float* lse, int threads) {
   const int64_t hd = a.head_dim, pt = a.page_tokens;
+  const auto* pool = static_cast<const T*>(a.pool);
   const int nt = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t r = 0; r < a.rows; ++r) {
-    const float* k = a.pool + static_cast<int64_t>(a.slot[r]) * 2 * pt * hd;
-    const float* v = k + pt * hd;
+    const T* k = pool + static_cast<int64_t>(a.slot[r]) * 2 * pt * hd;
+    const T* v = k + pt * hd;
     const int32_t* docs = a.pool_docs + static_cast<int64_t>(a.slot[r]) * pt;
     const float* q = a.q + r * hd;
     float* o = out + r * hd;
@@ -633,7 +657,7 @@ Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse, 
     for (int64_t j = 0; j < n; ++j) {
       if (docs[j] != a.q_doc[r]) continue;
       float dot = 0.f;
-      for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[j * hd + d];
+      for (int64_t d = 0; d < hd; ++d) dot += q[d] * widen(k[j * hd + d]);
       s[static_cast<size_t>(j)] = dot * a.scale;
       m = std::max(m, s[static_cast<size_t>(j)]);
     }
@@ -647,10 +671,29 @@ Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse, 
       if (docs[j] != a.q_doc[r]) continue;
       const float p = std::exp(s[static_cast<size_t>(j)] - m);
       l += p;
-      for (int64_t d = 0; d < hd; ++d) o[d] += p * v[j * hd + d];
+      for (int64_t d = 0; d < hd; ++d) o[d] += p * widen(v[j * hd + d]);
     }
     for (int64_t d = 0; d < hd; ++d) o[d] /= l;
     lse[r] = m + std::log(l);
+  }
+}
+
+}  // namespace
+
+Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse, int threads) {
+  if (a.rows < 0 || a.head_dim <= 0 || a.page_tokens <= 0) return Status::kInvalidArgument;
+  if (a.dtype != DType::kF32 && a.dtype != DType::kBF16) return Status::kInvalidArgument;
+  if (a.rows == 0) return Status::kOk;
+  if (a.pool == nullptr || a.pool_docs == nullptr || a.q == nullptr || a.q_doc == nullptr ||
+      a.slot == nullptr || a.tokens == nullptr || out == nullptr || lse == nullptr)
+    return Status::kInvalidArgument;
+  for (int64_t r = 0; r < a.rows; ++r)
+    if (a.slot[r] < 0 || a.tokens[r] < 0 || a.tokens[r] > a.page_tokens)
+      return Status::kInvalidArgument;
+  if (a.dtype == DType::kBF16) {
+    decode_rows<uint16_t>(a, out, lse, threads);
+  } else {
+    decode_rows<float>(a, out, lse, threads);
   }
   return Status::kOk;
 }

@@ -3,10 +3,13 @@
 // forwards the Backend methods here); the contract of every function is the one of the
 // matching Backend method in kernels/backend.h.
 //
-// Only DType::kF32 is implemented (kBF16 returns kUnsupported). threads <= 0 uses all OpenMP
-// threads. ISA (AVX-512, AVX2+FMA, portable scalar) is chosen once at run time from cpuid;
-// RING_CPU_ISA=scalar|avx2|avx512 in the environment can lower (never raise) the choice, which
-// the tests use to exercise every path.
+// DType::kF32 and kBF16 (q, k, v, dout and the decode pool stored as bf16 bits): bf16 is widened
+// to fp32 exactly as tiles are packed (rows as they are read, in the decode kernel) and the fp32
+// code runs from there, so a bf16 call gives bit for bit the fp32 call on the widened inputs.
+// threads <= 0 uses all OpenMP threads. The ISA (AVX-512, AVX2+FMA, portable scalar) is the one
+// the other CPU ops use (cpu::active_isa(), kernels/cpu/ops.h): cpuid, lowered by
+// RING_CPU_ISA=scalar|avx2|avx512 at first use or by cpu::set_isa, which the tests use to
+// exercise every path.
 #pragma once
 
 #include "kernels/backend.h"
@@ -23,8 +26,8 @@ Status attention_merge(int64_t tokens, int64_t heads, int64_t head_dim, float* o
                        const float* out_b, const float* lse_b, int threads);
 
 // Paged decode attention (backend.h PagedDecodeArgs): rows in parallel, two passes per row (max
-// score, then exp-weighted sums), fp32, std::exp. The plain version the device kernels are
-// checked against through the same interface.
+// score, then exp-weighted sums), fp32, std::exp; an fp32 or bf16 pool. The plain version the
+// device kernels are checked against through the same interface.
 Status paged_decode_attention(const PagedDecodeArgs& a, float* out, float* lse, int threads);
 
 // delta [tokens, heads] = rowwise dot(dout, out).

@@ -12,9 +12,14 @@ namespace ring::kernels::cpu {
 CpuBackend::CpuBackend(int threads) : threads_(std::max(1, threads)) {}
 
 bool CpuBackend::supports(Op op, DType dtype) const {
-  // Everything is implemented in fp32 only; bf16 storage comes with the CUDA backend.
-  (void)op;
-  return dtype == DType::kF32;
+  switch (op) {
+    case Op::kAttentionForward:   // bf16 q/k/v (and dout) widened to fp32 at tile packing
+    case Op::kAttentionBackward:
+    case Op::kPagedDecode:        // a bf16 K/V pool, widened as rows are read
+      return dtype == DType::kF32 || dtype == DType::kBF16;
+    default:  // every other op is fp32 only
+      return dtype == DType::kF32;
+  }
 }
 
 Status CpuBackend::alloc(size_t bytes, void** out) {

@@ -142,6 +142,7 @@ bool CudaBackend::supports(Op op, DType dtype) const {
     case Op::kGemm:
     case Op::kAttentionForward:
     case Op::kAttentionBackward:
+    case Op::kPagedDecode:  // a bf16 K/V pool (q, out, lse stay fp32)
       return dtype == DType::kF32 || dtype == DType::kBF16;
     default:
       return dtype == DType::kF32;

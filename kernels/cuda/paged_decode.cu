@@ -10,6 +10,10 @@
 //   M = max_w m_w; L = sum_w l_w exp(m_w - M); out = sum_w acc_w exp(m_w - M) / L; lse = M + log L.
 // Rows whose keys are all masked (another document, or an empty page) get out 0, lse -inf.
 // head_dim up to 256 (8 values per lane); larger: kUnsupported.
+// The pool is fp32 or bf16 (PagedDecodeArgs::dtype; the kernel is templated on the element
+// type T): bf16 K/V values are widened to fp32 (exact) as they are read, then the same fp32
+// arithmetic, so a bf16 pool gives what an fp32 pool of the widened values gives.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -25,9 +29,10 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxPerLane = 8;  // head_dim <= 32 x 8
 
+template <typename T>
 __global__ void __launch_bounds__(kWarps * 32)
     paged_decode_kernel(int64_t head_dim, int64_t page_tokens, float scale,
-                        const float* __restrict__ pool, const int32_t* __restrict__ pool_docs,
+                        const T* __restrict__ pool, const int32_t* __restrict__ pool_docs,
                         const float* __restrict__ q, const int32_t* __restrict__ q_doc,
                         const int32_t* __restrict__ slot, const int32_t* __restrict__ tokens,
                         float* __restrict__ out, float* __restrict__ lse) {
@@ -46,8 +51,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   int64_t n = tokens[r];
   if (s < 0 || n < 0) n = 0;
   if (n > page_tokens) n = page_tokens;
-  const float* k = pool + static_cast<int64_t>(s < 0 ? 0 : s) * 2 * page_tokens * hd;
-  const float* v = k + page_tokens * hd;
+  const T* k = pool + static_cast<int64_t>(s < 0 ? 0 : s) * 2 * page_tokens * hd;
+  const T* v = k + page_tokens * hd;
   const int32_t* docs = pool_docs + static_cast<int64_t>(s < 0 ? 0 : s) * page_tokens;
   const int32_t want = q_doc[r];
 
@@ -60,9 +65,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t j = j0 + lane;
     float sc = -INFINITY;
     if (j < n && docs[j] == want) {
-      const float* kr = k + j * hd;
+      const T* kr = k + j * hd;
       float dot = 0.f;
-      for (int64_t d = 0; d < hd; ++d) dot = fmaf(qs[d], kr[d], dot);
+      for (int64_t d = 0; d < hd; ++d) dot = fmaf(qs[d], to_f32(kr[d]), dot);
       sc = dot * scale;
     }
     const float cmax = warp_max(sc);
@@ -77,11 +82,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int t = 0; t < cnt; ++t) {
       const float pt = __shfl_sync(0xffffffffu, p, t);
       if (pt == 0.f) continue;  // masked row (warp-uniform)
-      const float* vr = v + (j0 + t) * hd;
+      const T* vr = v + (j0 + t) * hd;
 #pragma unroll
       for (int i = 0; i < kMaxPerLane; ++i) {
         const int64_t d = lane + 32 * i;
-        if (d < hd) acc[i] = fmaf(pt, vr[d], acc[i]);
+        if (d < hd) acc[i] = fmaf(pt, to_f32(vr[d]), acc[i]);
       }
     }
     m = m_new;
@@ -122,6 +127,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 Status paged_decode_attention(CudaBackend& be, const PagedDecodeArgs& a, float* out, float* lse) {
   if (a.rows < 0 || a.head_dim <= 0 || a.page_tokens <= 0)
     return be.invalid("paged decode attention: rows >= 0, head_dim > 0, page_tokens > 0");
+  if (a.dtype != DType::kF32 && a.dtype != DType::kBF16)
+    return be.invalid("paged decode attention: the pool's dtype must be f32 or bf16");
   if (a.head_dim > 32 * kMaxPerLane)
     return be.unsupported("paged decode attention: head_dim above 256");
   if (a.rows == 0) return Status::kOk;
@@ -130,9 +137,16 @@ Status paged_decode_attention(CudaBackend& be, const PagedDecodeArgs& a, float* 
       a.slot == nullptr || a.tokens == nullptr || out == nullptr || lse == nullptr)
     return be.invalid("paged decode attention: null pointer");
   const size_t smem = static_cast<size_t>((1 + kWarps) * a.head_dim + 2 * kWarps) * sizeof(float);
-  paged_decode_kernel<<<static_cast<unsigned>(a.rows), kWarps * 32, smem, be.stream()>>>(
-      a.head_dim, a.page_tokens, a.scale, a.pool, a.pool_docs, a.q, a.q_doc, a.slot, a.tokens,
-      out, lse);
+  const unsigned blocks = static_cast<unsigned>(a.rows);
+  if (a.dtype == DType::kBF16) {
+    paged_decode_kernel<__nv_bfloat16><<<blocks, kWarps * 32, smem, be.stream()>>>(
+        a.head_dim, a.page_tokens, a.scale, static_cast<const __nv_bfloat16*>(a.pool),
+        a.pool_docs, a.q, a.q_doc, a.slot, a.tokens, out, lse);
+  } else {
+    paged_decode_kernel<float><<<blocks, kWarps * 32, smem, be.stream()>>>(
+        a.head_dim, a.page_tokens, a.scale, static_cast<const float*>(a.pool), a.pool_docs, a.q,
+        a.q_doc, a.slot, a.tokens, out, lse);
+  }
   return be.check_launch("paged decode attention kernel");
 }
 

@@ -61,6 +61,23 @@ TEST(PagedDecode, CpuBackendMatchesThePageKernel) {
     }
 }
 
+// A bf16 pool: the CPU backend against the page kernel on the same values widened to fp32 (the
+// kernel widens as it reads, so the fp32 tolerance holds).
+TEST(PagedDecode, CpuBackendReadsABf16Pool) {
+  auto be = cpu();
+  ASSERT_TRUE(be->supports(kernels::Op::kPagedDecode, kernels::DType::kBF16));
+  for (int64_t hd : {16, 64, 128})
+    for (int64_t pages : {1, 5}) {
+      SCOPED_TRACE("head_dim " + std::to_string(hd) + ", pages " + std::to_string(pages));
+      testing::PagedCase c;
+      c.head_dim = hd;
+      c.pages = pages;
+      c.seed = static_cast<uint64_t>(hd * 10 + pages + 7);
+      c.dtype = kernels::DType::kBF16;
+      testing::check_paged_decode(be.get(), c, 1e-5, 1e-5);
+    }
+}
+
 TEST(PagedDecode, BadArgumentsAreRefused) {
   auto be = cpu();
   kernels::PagedDecodeArgs a;
@@ -71,6 +88,9 @@ TEST(PagedDecode, BadArgumentsAreRefused) {
   EXPECT_EQ(be->paged_decode_attention(a, o, l), kernels::Status::kInvalidArgument);
   a.head_dim = 1;
   EXPECT_EQ(be->paged_decode_attention(a, o, l), kernels::Status::kInvalidArgument);  // nulls
+  a.dtype = static_cast<kernels::DType>(7);  // neither fp32 nor bf16
+  EXPECT_EQ(be->paged_decode_attention(a, o, l), kernels::Status::kInvalidArgument);
+  EXPECT_FALSE(be->supports(kernels::Op::kPagedDecode, static_cast<kernels::DType>(7)));
 }
 
 double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {

@@ -3,7 +3,9 @@
 // pages in the backend's memory: GQA (several query heads per K/V head), several pages per head,
 // a partially filled last page, keys of two documents (the query may see only its own) and one
 // row whose document has no key at all (an empty partial: out 0, lse -inf). Also the merge of
-// every page's partial (merge_partial, in page order) per query head.
+// every page's partial (merge_partial, in page order) per query head. With a bf16 pool
+// (PagedCase::dtype) the backend reads the bf16 bits and the page kernel the same values widened
+// to fp32, so the tolerance is the fp32 one: bf16 only changes which numbers are in the pool.
 //
 // Tolerance (the caller's): per row, |out - want| <= out_tol x max_d |want_d| and
 // |lse - want| <= lse_tol x max(1, |want|).
@@ -17,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "common/numeric/bf16.h"
 #include "kernels/backend.h"
 #include "worker/generate/decode_attention.h"
 
@@ -30,6 +33,7 @@ struct PagedCase {
   int64_t page_tokens = 64;
   int64_t last_fill = 37;   // rows of each head's last page
   uint64_t seed = 1;
+  kernels::DType dtype = kernels::DType::kF32;  // the pool's storage
 };
 
 inline void check_paged_decode(kernels::Backend* be, const PagedCase& c, double out_tol,
@@ -39,6 +43,14 @@ inline void check_paged_decode(kernels::Backend* be, const PagedCase& c, double 
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> pool(static_cast<size_t>(slots * 2 * pt * hd));
   for (float& x : pool) x = 1.5f * nd(rng);
+  // bf16: the pool as stored (bits for the backend) and as read (widened, for the page kernel).
+  std::vector<uint16_t> pool_bits;
+  if (c.dtype == kernels::DType::kBF16) {
+    for (float& x : pool) {
+      pool_bits.push_back(numeric::f32_to_bf16(x));
+      x = numeric::bf16_to_f32(pool_bits.back());
+    }
+  }
   std::vector<int32_t> docs(static_cast<size_t>(slots * pt));
   for (int32_t& d : docs) d = (rng() % 4 == 0) ? 0 : 1;  // the query's document is 1
   const int64_t heads = c.kv_heads * c.group;
@@ -71,7 +83,8 @@ inline void check_paged_decode(kernels::Backend* be, const PagedCase& c, double 
     EXPECT_EQ(be->copy_to_device(p, src, bytes), kernels::Status::kOk) << be->last_error();
     return p;
   };
-  void* d_pool = up(pool.data(), pool.size() * 4);
+  void* d_pool = pool_bits.empty() ? up(pool.data(), pool.size() * 4)
+                                    : up(pool_bits.data(), pool_bits.size() * 2);
   void* d_docs = up(docs.data(), docs.size() * 4);
   void* d_q = up(rq.data(), rq.size() * 4);
   void* d_doc = up(rdoc.data(), rdoc.size() * 4);
@@ -86,7 +99,8 @@ inline void check_paged_decode(kernels::Backend* be, const PagedCase& c, double 
   a.head_dim = hd;
   a.page_tokens = pt;
   a.scale = scale;
-  a.pool = static_cast<const float*>(d_pool);
+  a.dtype = c.dtype;
+  a.pool = d_pool;
   a.pool_docs = static_cast<const int32_t*>(d_docs);
   a.q = static_cast<const float*>(d_q);
   a.q_doc = static_cast<const int32_t*>(d_doc);
