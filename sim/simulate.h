@@ -99,6 +99,10 @@ struct SimResult {
   double ring_bytes_per_rank = 0;
   double effective_ring_bw = 0;   // K/V block bytes / mean forward hop time
   double bottleneck_ring_bw = 0;  // K/V block bytes / slowest forward hop (the ring's pace)
+  // The representative rank's ring communication, per micro-batch: the time some ring transfer
+  // it sends or receives is in flight (union of their intervals: each transfer once, the last
+  // dK/dV trip home included); hidden: the part of it during which the rank computes (at most
+  // its compute, at most the transfers); exposed: the rest.
   double ring_comm_s = 0, ring_exposed_s = 0;
   double hidden_share = 0;        // of ring communication, behind compute
   double exchange_s = 0, exchange_exposed_s = 0;

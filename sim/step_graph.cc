@@ -476,7 +476,6 @@ void StepGraph::forward_layer(int64_t l, bool recompute, bool last_micro) {
   const int pp = recompute ? kProjRecompute : kProjFwd;
   // Shard full: the layer's block was prefetched; the next one's gather starts as it is in.
   if (fullshard_ && !recompute) acquire(l + 1 < L_ ? layer_bucket(l + 1) : kHeadBucket, static_cast<int>(l));
-  PassRec rec;
   for (int64_t i = 0; i < S_; ++i) {
     const int t = e_.compute(static_cast<int>(i), gemm_s(i, w_.pre_fwd_flops), static_cast<int>(i), pp, static_cast<int>(l));
     e_.depend(t, prev_end_[i]);
@@ -484,10 +483,7 @@ void StepGraph::forward_layer(int64_t l, bool recompute, bool last_micro) {
     cur_[i] = e_.join(static_cast<int>(i), kSync);
     e_.depend(cur_[i], t);
   }
-  rec.begin = cur_[0];
-  for (int64_t s = 0; s < P_; ++s) forward_step(l, s, recompute, &rec);
-  rec.end = cur_[0];
-  rec_.passes.push_back(std::move(rec));
+  for (int64_t s = 0; s < P_; ++s) forward_step(l, s, recompute);
   for (int64_t i = 0; i < S_; ++i) {
     const int t = e_.compute(static_cast<int>(i), gemm_s(i, w_.post_fwd_flops), static_cast<int>(i), pp, static_cast<int>(l));
     e_.depend(t, cur_[i]);
@@ -498,7 +494,7 @@ void StepGraph::forward_layer(int64_t l, bool recompute, bool last_micro) {
 
 // Ring step s of a forward pass: block s is computed while its K/V goes on to the next rank
 // (double-buffered); step s+1 starts when the block, the incoming and the outgoing hop are done.
-void StepGraph::forward_step(int64_t l, int64_t s, bool recompute, PassRec* rec) {
+void StepGraph::forward_step(int64_t l, int64_t s, bool recompute) {
   const int pa = recompute ? kAttnRecompute : kAttnFwd;
   const int ph = recompute ? kHopRecompute : kHopFwd;
   const std::vector<int>& nxt = sim_.nxt;
@@ -523,9 +519,7 @@ void StepGraph::forward_step(int64_t l, int64_t s, bool recompute, PassRec* rec)
       e_.depend(nstart_[i], kv_[prv[i]]);
     }
   }
-  StepRec sr{cur_[0], blk_[0], {}};
-  if (s + 1 < P_) sr.flows = {kv_[0], kv_[prv[0]]};
-  rec->steps.push_back(sr);
+  if (s + 1 < P_) record_ring_ops0(kv_, cur_[0], cur_[0]);  // both posted as the step begins
   cur_.swap(nstart_);
 }
 
@@ -538,7 +532,6 @@ void StepGraph::backward_layer(int64_t l, bool last_micro) {
   // ones still held (worker/model/model.cc).
   if (w_.recompute && l != L_ - 1) forward_layer(l, true, last_micro);
   if (fullshard_) finish_scatter();
-  PassRec rec;
   for (int64_t i = 0; i < S_; ++i) {
     const int t = e_.compute(static_cast<int>(i), gemm_bwd_s(i, 2 * w_.post_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
     e_.depend(t, prev_end_[i]);
@@ -547,16 +540,13 @@ void StepGraph::backward_layer(int64_t l, bool last_micro) {
     e_.depend(cur_[i], t);
     dsend1_[i] = dsend2_[i] = -1;
   }
-  rec.begin = cur_[0];
-  for (int64_t s = 0; s < P_; ++s) backward_step(l, s, &rec);
-  rec.end = cur_[0];
-  rec_.passes.push_back(std::move(rec));
+  for (int64_t s = 0; s < P_; ++s) backward_step(l, s);
   backward_layer_end(l, last_micro);
 }
 
 // Ring step s of a backward pass: the block's K/V hop as in the forward, and its dK/dV
 // accumulator one hop behind.
-void StepGraph::backward_step(int64_t l, int64_t s, PassRec* rec) {
+void StepGraph::backward_step(int64_t l, int64_t s) {
   const std::vector<int>& nxt = sim_.nxt;
   const std::vector<int>& prv = sim_.prv;
   for (int64_t i = 0; i < S_; ++i) {
@@ -602,13 +592,20 @@ void StepGraph::backward_step(int64_t l, int64_t s, PassRec* rec) {
       if (s > 0) rec_.posted_dkv.emplace_back(dsend_[i], djoin_[i]);  // posted once its rows are in
     }
   }
-  StepRec sr{cur_[0], blk_[0], {}};
-  if (s + 1 < P_) sr.flows = {kv_[0], kv_[prv[0]]};
-  if (P_ > 1) sr.flows.push_back(dsend_[0]);
-  rec->steps.push_back(sr);
+  if (s + 1 < P_) record_ring_ops0(kv_, cur_[0], cur_[0]);
+  // The accumulator goes out once its rows are in and comes in from prev as step s+1 begins;
+  // at s = P-1 that is the trip home, which backward_layer_end waits for after the last step.
+  if (P_ > 1) record_ring_ops0(dsend_, djoin_[0], nstart_[0]);
   cur_.swap(nstart_);
   dsend2_.swap(dsend1_);
   dsend1_.swap(dsend_);
+}
+
+// Position 0's send of a ring step, posted at the end of task send_posted, and its
+// predecessor's (the one position 0 receives), its receive posted at the end of recv_posted.
+void StepGraph::record_ring_ops0(const std::vector<int>& sends, int send_posted, int recv_posted) {
+  rec_.ring_ops0.emplace_back(send_posted, sends[0]);
+  rec_.ring_ops0.emplace_back(recv_posted, sends[sim_.prv[0]]);
 }
 
 void StepGraph::backward_layer_end(int64_t l, bool last_micro) {

@@ -55,17 +55,6 @@ enum Phase : int {
 };
 const char* phase_name(int p);
 
-// Per-step record of the representative rank, for the hidden-communication account.
-struct StepRec {
-  int start = -1;   // join: the step begins
-  int compute = -1; // the block's compute
-  std::vector<int> flows;  // flows in and out of this step
-};
-struct PassRec {
-  int begin = -1, end = -1;  // joins / tasks bounding the ring part
-  std::vector<StepRec> steps;
-};
-
 // What the summary reads: task ids of the representative rank (simulated position 0) and of
 // ringd, and the figures the graph's construction already knows.
 struct StepRecords {
@@ -73,7 +62,10 @@ struct StepRecords {
   std::vector<int> layer_fwd_begin, layer_fwd_end, layer_bwd_begin, layer_bwd_end;
   int fwd_end0 = -1, head_task0 = -1;
   int backward_done = -1;  // ringd has every bucket
-  std::vector<PassRec> passes;  // every ring pass (forward, recompute, backward)
+  // Every ring transfer position 0 takes part in, sent or received (K/V hops of every pass,
+  // dK/dV accumulators), with the task at whose end position 0 posted it: (posted, flow). The
+  // summary's ring communication (their union) and what of it is hidden.
+  std::vector<std::pair<int, int>> ring_ops0;
   // K/V and dK/dV sends and the joins at which their senders posted them (the step's start),
   // for the hop time as the worker's timeline records it (posted to completed).
   std::vector<std::pair<int, int>> posted_fwd, posted_bwd, posted_dkv;
@@ -157,10 +149,11 @@ class StepGraph {
   void begin_shard_pass();
   void lm_head(bool last);
   void forward_layer(int64_t l, bool recompute, bool last_micro);
-  void forward_step(int64_t l, int64_t s, bool recompute, PassRec* rec);
+  void forward_step(int64_t l, int64_t s, bool recompute);
   void backward_layer(int64_t l, bool last_micro);
-  void backward_step(int64_t l, int64_t s, PassRec* rec);
+  void backward_step(int64_t l, int64_t s);
   void backward_layer_end(int64_t l, bool last_micro);
+  void record_ring_ops0(const std::vector<int>& sends, int send_posted, int recv_posted);
   int all_positions_join();
 
   // ringd.

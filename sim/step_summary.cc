@@ -14,8 +14,9 @@ namespace ring::sim::detail {
 
 namespace {
 
-// (from, to) seconds where position 0 waited, for the trace.
-using Waits = std::vector<std::array<double, 2>>;
+// (from, to) seconds: transfers, compute; Waits: where position 0 waited, for the trace.
+using Intervals = std::vector<std::array<double, 2>>;
+using Waits = Intervals;
 
 // The step, its tokens per second, and the representative rank's per-layer times.
 void step_times(const Engine& e, const StepRecords& rec, const Workload& w, double end,
@@ -94,25 +95,60 @@ void hop_and_compute(const Engine& e, const StepRecords& rec, const Workload& w,
   if (res->hop_forward.max_s > 0) res->bottleneck_ring_bw = w.kv_block_bytes / res->hop_forward.max_s;
 }
 
-// Ring communication hidden behind compute (representative rank): per ring step, the
-// communication time is the span from the step's start to its last flow's end; the exposed part
-// is the time the step outlasts its block's compute.
-void ring_hidden(const Engine& e, const StepRecords& rec, const Workload& w, SimResult* res) {
-  for (const PassRec& pr : rec.passes) {
-    for (size_t k = 0; k < pr.steps.size(); ++k) {
-      const StepRec& s = pr.steps[k];
-      const double st = e.task(s.start).end;
-      const double next = k + 1 < pr.steps.size() ? e.task(pr.steps[k + 1].start).end : e.task(pr.end).end;
-      double comm_end = st;
-      for (int f : s.flows)
-        if (f >= 0) comm_end = std::max(comm_end, e.task(f).end);
-      res->ring_comm_s += comm_end - st;
-      res->ring_exposed_s += std::max(0.0, next - std::max(st, e.task(s.compute).end));
-    }
+// Sorted, disjoint: the union of `v`.
+Intervals merged(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& iv : v) {
+    if (iv[1] <= iv[0]) continue;
+    if (!out.empty() && iv[0] <= out.back()[1])
+      out.back()[1] = std::max(out.back()[1], iv[1]);
+    else
+      out.push_back(iv);
   }
-  res->ring_comm_s /= static_cast<double>(w.micro_batches);
-  res->ring_exposed_s /= static_cast<double>(w.micro_batches);
-  res->hidden_share = res->ring_comm_s > 0 ? std::clamp(1.0 - res->ring_exposed_s / res->ring_comm_s, 0.0, 1.0) : 1.0;
+  return out;
+}
+
+double length(const Intervals& v) {
+  double s = 0;
+  for (const auto& iv : v) s += iv[1] - iv[0];
+  return s;
+}
+
+// The length of the intersection of two unions (each sorted and disjoint).
+double overlap(const Intervals& a, const Intervals& b) {
+  double s = 0;
+  for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    s += std::max(0.0, std::min(a[i][1], b[j][1]) - std::max(a[i][0], b[j][0]));
+    if (a[i][1] < b[j][1])
+      ++i;
+    else
+      ++j;
+  }
+  return s;
+}
+
+// Ring communication of the representative rank (position 0): the time some ring transfer it
+// sends or receives is in flight, each from its post (as the worker's timeline records a send or
+// receive: waiting for the other side included) to its completion; the union of those
+// intervals, so a transfer that outlasts its ring step counts once and the last accumulator's
+// trip home counts. Hidden: the part of that time the rank computes (any compute task on its
+// device), never more than either; exposed: the rest. Per micro-batch.
+void ring_hidden(const Engine& e, const StepRecords& rec, const Workload& w, SimResult* res) {
+  Intervals transfers, compute;
+  transfers.reserve(rec.ring_ops0.size());
+  for (const auto& [posted, f] : rec.ring_ops0)
+    transfers.push_back({std::min(e.task(posted).end, e.task(f).start), e.task(f).end});
+  for (int id = 0; id < e.task_count(); ++id) {
+    const Task& t = e.task(id);
+    if (t.kind == TaskKind::kCompute && t.device == 0) compute.push_back({t.start, t.end});
+  }
+  const Intervals comm = merged(std::move(transfers));
+  const double M = static_cast<double>(w.micro_batches);
+  res->ring_comm_s = length(comm) / M;
+  const double hidden = overlap(comm, merged(std::move(compute))) / M;
+  res->ring_exposed_s = std::max(0.0, res->ring_comm_s - hidden);
+  res->hidden_share = res->ring_comm_s > 0 ? std::clamp(hidden / res->ring_comm_s, 0.0, 1.0) : 1.0;
 }
 
 // ringd: the exchange (its time, and what of it outlasts the backward), optimizer, checkpoint.

@@ -646,6 +646,153 @@ TEST(SimWorkload, SharedHostSlowsConcurrentCompute) {
   }
 }
 
+// ---- ring communication and what of it compute hides, on a ring worked out by hand
+//
+// The representative rank's ring communication is the time some ring transfer it sends or
+// receives is in flight (from its post to its completion; the union, so each transfer counts
+// once), hidden the part of it during which the rank computes, exposed the rest (issue 35).
+//
+// The ring: tiny.yaml as one ring of P = 3 GPUs of one node, L = 2 layers, one causal document
+// of 6144 tokens (zigzag: 6 chunks of c = 1024, rank r holds chunks r and 5 - r, T = 2048 tokens),
+// no recompute, one micro-batch, fp32; NVLink at B = 100 GB/s without latency (the GPUs' links
+// carry nothing else: one node, no exchange between nodes); projections, LM head and AdamW take
+// no time (1e30 FLOP/s). Per rank and layer:
+//   K/V block   64 + 8 T + 4 T + 2 x 4 T kvd (kvd = 4 x 32)  = 2,121,792 B: h = 21.21792 us
+//   dK/dV, 2c rows  64 + 2 x 4 x 2048 x 128              = 2,097,216 B: a = 20.97216 us
+//   dK/dV, c rows   64 + 2 x 4 x 1024 x 128              = 1,048,640 B: b = 10.48640 us
+// Attention pairs: a rank's own block (step 0) 2c^2 + c (its two chunks causally, and its late
+// chunk over its early one), any other block 2c^2 (both chunks over one of the block's). The
+// accumulator of block o after ranks o+1 .. o+s carries c rows while none of them wrapped past
+// P - 1, else 2c: rank 0 sends 0, 2c, 2c rows at steps 0, 1, 2 (blocks 0, 2, 1), rank 1 0, c, 2c,
+// rank 2 0, c, c. The attention rates are set so that an off-diagonal block takes k x h (forward
+// and backward alike), the own block k h (1 + 1 / 2c).
+struct HandRing {
+  static constexpr int64_t P = 3, L = 2, c = 1024, T = 2 * c, kvd = 4 * 32, heads_hd = 8 * 32;
+  static constexpr double B = 100e9;
+  static constexpr double kv_bytes = 64 + 8.0 * T + 4.0 * T + 2 * 4.0 * T * kvd;
+  static constexpr double dkv2c_bytes = 64 + 2 * 4.0 * (2 * c) * kvd;
+  static constexpr double h = kv_bytes / B, a = dkv2c_bytes / B, b = (64 + 2 * 4.0 * c * kvd) / B;
+
+  static ring::spec::JobSpec spec() {
+    auto s = load("configs/examples/tiny.yaml");
+    s.model.layers = L;
+    s.model.recompute = false;
+    s.data.seq_len = 2 * P * c;
+    s.data.pack = false;
+    s.parallel.context_ranks = P;
+    s.parallel.data_replicas = 1;
+    s.resources.nodes = 1;
+    s.resources.workers_per_node = P;
+    s.train.micro_batches = 1;
+    s.checkpoint.every_steps = 0;
+    return s;
+  }
+  // Off-diagonal attention block: k x h.
+  static SimResult run(double k, bool trace = false) {
+    SimOptions o;
+    o.rates = preset_rates("H100");
+    o.rates.intra_node_bw = B;
+    o.rates.intra_node_latency = 0;
+    o.rates.gemm_flops = o.rates.gemm_bwd_flops = 1e30;
+    o.rates.adamw_params_per_s = 1e30;
+    const double pairs = 2.0 * c * c;
+    o.rates.attention_fwd_flops = pairs * 4 * heads_hd / (k * h);
+    o.rates.attention_bwd_flops = pairs * 10 * heads_hd / (k * h);
+    o.stagger_us = 0;
+    o.expand = Expand::kFull;
+    o.keep_trace = trace;
+    return simulate(spec(), o);
+  }
+};
+
+TEST(SimRingHidden, TheHandRingIsTheWorkload) {
+  using H = HandRing;
+  const Workload w = make_workload(H::spec());
+  ASSERT_EQ(w.P, H::P);
+  EXPECT_DOUBLE_EQ(w.kv_block_bytes, H::kv_bytes);
+  for (int64_t r = 0; r < H::P; ++r)
+    for (int64_t o = 0; o < H::P; ++o)
+      EXPECT_DOUBLE_EQ(w.pairs(r, o), 2.0 * H::c * H::c + (o == r ? H::c : 0)) << r << " " << o;
+  // (origin, s) -> rows, as rank origin + s sends them.
+  EXPECT_EQ(w.dkv_rows(2, 1), 2 * H::c);  // rank 0, step 1
+  EXPECT_EQ(w.dkv_rows(1, 2), 2 * H::c);  // rank 0, step 2
+  EXPECT_EQ(w.dkv_rows(0, 1), H::c);      // rank 1, step 1
+  EXPECT_EQ(w.dkv_rows(2, 2), 2 * H::c);  // rank 1, step 2
+  EXPECT_EQ(w.dkv_rows(1, 1), H::c);      // rank 2, step 1
+  EXPECT_EQ(w.dkv_rows(0, 2), H::c);      // rank 2, step 2
+}
+
+// Compute ~0: every moment of the ring is communication and none of it is hidden. Per layer,
+// times from the pass's start (every rank alike but for the accumulators' sizes):
+//   forward: hops at [0, h] and [h, 2h] (in and out at once): 2h.
+//   backward: K/V hops [0, h], [h, 2h]; the step-0 accumulators are empty. Step 1's leave at 2h
+//   (each waits for the next rank's step 2 to begin): rank 0's out [2h, 2h + a], rank 2's into
+//   rank 0 [2h, 2h + b]. Step 2 begins at 2h and a rank's accumulator is ready when its
+//   predecessor's has arrived: rank 0 at 2h + b, rank 1 at 2h + a, rank 2 at 2h + b; each sends
+//   when the next rank is ready too: rank 0 (to rank 1) over [2h + a, 2h + 2a], rank 2 (to
+//   rank 0) over [2h + b, 2h + 2b]. The last is each block's trip home; every rank's backward
+//   of the layer ends with rank 0's, at 2h + 2a.
+// So ring communication = exposed = L (4h + 2a) = the step; the backward is L ((P-1) h + the P
+// accumulators rank 0 sends: 0 + a + a). (The old account, per ring step from its start to its
+// last flow's end, counted rank 0's step-1 accumulator in steps 1 and 2: backward 2h + 3a; and
+// the step's outlasting of its compute as exposed: 2h + b; "hidden" 3a - b with nothing to hide
+// behind, 35 % of the ring.)
+TEST(SimRingHidden, ComputeNearZeroHidesNothingAndEachTransferCountsOnce) {
+  using H = HandRing;
+  const SimResult r = H::run(1e-9);
+  const double L = H::L, h = H::h, a = H::a;
+  expect_rel(r.ring_comm_s, L * (4 * h + 2 * a), 1e-6);
+  expect_rel(r.ring_exposed_s, L * (4 * h + 2 * a), 1e-6);
+  EXPECT_LT(r.hidden_share, 1e-6);
+  expect_rel(r.backward_s, L * (2 * h + 2 * a), 1e-6);
+  expect_rel(r.step_s, L * (4 * h + 2 * a), 1e-6);
+  EXPECT_DOUBLE_EQ(r.ring_bytes_per_rank, L * (4 * H::kv_bytes + 2 * H::dkv2c_bytes));
+}
+
+// Compute just above the hops (k = 1.1: a block takes 1.1 h > h > a > b). Per layer: each K/V
+// hop runs beside its block (forward and backward, 4h hidden); step 1's accumulators leave when
+// block 1 is done and arrive during block 2 (a, and b into rank 0: hidden); step 2's leave after
+// block 2, the last block, and nothing runs beside them: rank 0's [E, E + a] (and rank 2's into
+// it, [E, E + b]) are exposed, and the layer's backward waits for them (its projections begin
+// at E + a). Ring communication L (4h + 2a), hidden L (4h + a), exposed L a; the step is the
+// compute (3 forward and 3 backward blocks a layer) plus L a.
+TEST(SimRingHidden, ComputeJustAboveTheHopHidesAllButTheTripHome) {
+  using H = HandRing;
+  const double k = 1.1, L = H::L, h = H::h, a = H::a;
+  const double own = k * h * (1 + 1.0 / (2 * H::c));  // step 0's block
+  const SimResult r = H::run(k, /*trace=*/true);
+  expect_rel(r.ring_comm_s, L * (4 * h + 2 * a), 1e-6);
+  expect_rel(r.ring_exposed_s, L * a, 1e-6);
+  expect_rel(r.ring_comm_s - r.ring_exposed_s, L * (4 * h + a), 1e-6);
+  expect_rel(r.step_s, L * (2 * (own + 2 * k * h) + a), 1e-6);
+  // The step ends with the last trip home (nothing after it takes time).
+  double last_dkv = 0;
+  for (const auto& ev : r.trace)
+    if (ev.name == "ring dK/dV hop") last_dkv = std::max(last_dkv, ev.end);
+  expect_rel(last_dkv, r.step_s, 1e-9);
+  expect_rel(r.forward_s + r.backward_s, r.step_s, 1e-6);
+}
+
+// Compute just below the hops (k = 0.9: 0.9 h < a < h; 0.9 h > b). Per layer: forward steps 0
+// and 1 last h each, their blocks (own and k h) hidden; block 2 runs alone. Backward: steps 0
+// and 1 last h each (blocks hidden); rank 0's step-1 accumulator waits from h + k h (posted) to
+// 2h + a, so block 2, [2h, 2h + k h], runs beside it (hidden); rank 0's step-2 send is posted at
+// 2h + k h (its block and rank 2's accumulator, in at 2h + b, done), leaves at 2h + a (rank 1
+// ready) and is home at 2h + 2a. Ring communication L (4h + 2a), as above; hidden = every block
+// that ran beside a transfer = L (2 own + 3 k h) = the compute but the forward's last blocks;
+// exposed the rest.
+TEST(SimRingHidden, ComputeJustBelowTheHopIsHiddenWhole) {
+  using H = HandRing;
+  const double k = 0.9, L = H::L, h = H::h, a = H::a;
+  const double own = k * h * (1 + 1.0 / (2 * H::c));
+  const SimResult r = H::run(k);
+  const double hidden = L * (2 * own + 3 * k * h);
+  expect_rel(r.ring_comm_s, L * (4 * h + 2 * a), 1e-6);
+  expect_rel(r.ring_comm_s - r.ring_exposed_s, hidden, 1e-6);
+  expect_rel(r.attention_compute_s - L * k * h, hidden, 1e-6);  // all but forward block 2
+  expect_rel(r.step_s, L * (4 * h + 2 * a + k * h), 1e-6);
+}
+
 // ---- parallel.shard full (worker/ring/full_shard.h)
 
 // tiny.yaml as two rings of one rank (no ring hops), untied embeddings, on `nodes` nodes of
