@@ -13,15 +13,29 @@
 // their cores: on a loaded machine the first drops with the share of the cores the run gets,
 // the second far less); the best configuration per shape; what RING_GEMM=auto chooses here
 // (kernels/cpu/gemm.h).
+//
+//   gemm_bench --bf16 [--threads 2] [--reps 5] [--quick]
+//
+// The bf16 GEMM paths (kernels/cpu/gemm.h: oneDNN matmul, convert = bf16 -> fp32 tiles and the
+// active fp32 provider) against the best fp32 sgemm built in (OpenBLAS, oneDNN; each timed, the
+// faster taken per repetition) on the same shapes, in this process, interleaved per repetition
+// (one warm-up call each first). Shapes: the model's GEMMs at d_model 4096 (8192 tokens) and the
+// small model's; C as training stores it (forward and input gradient bf16, weight gradient fp32
+// with beta 1). Reported per shape: GFLOP/s per path, median [min..max], wall clock and per
+// CPU-second x threads, and the ratio bf16 / best fp32 paired per repetition.
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -31,6 +45,7 @@
 
 #include "bench/bench_stats.h"
 #include "bench/gemm_timing.h"
+#include "common/numeric/bf16.h"
 #include "kernels/cpu/gemm.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -137,11 +152,134 @@ bool run_child(const std::string& exe, Config& c, int threads, bool quick,
   return true;
 }
 
+// ---- bf16 -----------------------------------------------------------------------------------
+struct Bf16Shape {
+  GemmShape s;
+  ring::kernels::DType c;  // how training stores this C
+  float beta;
+  const char* what;
+};
+
+std::vector<Bf16Shape> bf16_shapes(bool quick) {
+  using ring::kernels::DType;
+  std::vector<Bf16Shape> v = {
+      {{false, true, 8192, 4096, 4096}, DType::kBF16, 0.f, "forward, d_model 4096"},
+      {{false, false, 2048, 2048, 2048}, DType::kBF16, 0.f, "2048^3"},
+  };
+  if (quick) return v;
+  v.push_back({{false, false, 8192, 4096, 4096}, DType::kBF16, 0.f, "input gradient"});
+  v.push_back({{true, false, 4096, 4096, 8192}, DType::kF32, 1.f, "weight gradient, fp32 +="});
+  v.push_back({{false, true, 8192, 704, 256}, DType::kBF16, 0.f, "small model, MLP up"});
+  v.push_back({{true, false, 704, 256, 8192}, DType::kF32, 1.f, "small model, weight grad"});
+  return v;
+}
+
+// Seconds of wall clock and of process CPU time around f().
+template <class F>
+std::pair<double, double> timed(F&& f) {
+  timespec c0{}, c1{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  return {wall, (c1.tv_sec - c0.tv_sec) + 1e-9 * (c1.tv_nsec - c0.tv_nsec)};
+}
+
+int bf16_bench(int threads, int reps, bool quick) {
+  namespace kn = ring::kernels;
+  std::vector<cpu::Bf16GemmPath> paths;
+  for (auto p : cpu::kBf16GemmPaths) {
+    if (cpu::bf16_gemm_path_built(p)) paths.push_back(p);
+  }
+  const auto facts = cpu::bf16_gemm_facts();
+  const auto choice = cpu::resolve_bf16_gemm_path("", facts);
+  std::printf("bf16 GEMM: CPU AVX512_BF16 %s, AMX-BF16 %s; auto chooses %s (%s); convert runs "
+              "on the fp32 provider %s\n",
+              facts.avx512_bf16 ? "yes" : "no", facts.amx_bf16 ? "yes" : "no",
+              cpu::bf16_gemm_path_name(choice.path), choice.reason.c_str(),
+              cpu::gemm_provider_name(cpu::active_gemm_provider()));
+  for (const Bf16Shape& bs : bf16_shapes(quick)) {
+    const GemmShape& s = bs.s;
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    const size_t na = s.m * s.k, nb = s.k * s.n, nc = s.m * s.n;
+    std::vector<float> a(na), b(nb), c(nc, 0.f);
+    std::vector<uint16_t> a16(na), b16(nb);
+    for (size_t i = 0; i < na; ++i) a16[i] = ring::numeric::f32_to_bf16(a[i] = u(rng));
+    for (size_t i = 0; i < nb; ++i) b16[i] = ring::numeric::f32_to_bf16(b[i] = u(rng));
+    std::vector<uint8_t> cb(nc * kn::dtype_size(bs.c), 0);
+    const int64_t lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+    // Configurations: every fp32 provider, then every bf16 path. Index -> seconds per rep.
+    struct Run {
+      std::string name;
+      std::function<kn::Status()> call;
+      std::vector<double> wall, cpu;
+    };
+    std::vector<Run> runs;
+    for (auto p : ring::bench::built_gemm_providers()) {
+      runs.push_back({std::string("fp32 ") + cpu::gemm_provider_name(p), [&, p] {
+                        return cpu::sgemm(p, s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda,
+                                          b.data(), ldb, bs.beta, c.data(), s.n, threads);
+                      }, {}, {}});
+    }
+    const size_t n_fp32 = runs.size();
+    for (auto p : paths) {
+      runs.push_back({std::string("bf16 ") + cpu::bf16_gemm_path_name(p), [&, p] {
+                        std::string err;
+                        kn::Status st = cpu::bf16_gemm(p, s.ta, s.tb, s.m, s.n, s.k, 1.f,
+                                                       a16.data(), lda, b16.data(), ldb, bs.beta,
+                                                       cb.data(), bs.c, s.n, threads, &err);
+                        if (st != kn::Status::kOk) std::fprintf(stderr, "%s\n", err.c_str());
+                        return st;
+                      }, {}, {}});
+    }
+    for (int r = -1; r < reps; ++r) {  // r = -1: warm-up (JIT, primitive cache, page faults)
+      for (Run& run : runs) {
+        kn::Status st = kn::Status::kOk;
+        auto [wall, cpu_s] = timed([&] { st = run.call(); });
+        if (st != kn::Status::kOk) {
+          std::fprintf(stderr, "gemm_bench: %s %s failed: %s\n", run.name.c_str(),
+                       s.label().c_str(), kn::status_string(st));
+          return 1;
+        }
+        if (r < 0) continue;
+        run.wall.push_back(s.flops() / wall * 1e-9);
+        run.cpu.push_back(s.flops() / cpu_s * threads * 1e-9);
+      }
+    }
+    std::printf("\n%s (%s; C %s, beta %g)\n", s.label().c_str(), bs.what,
+                bs.c == kn::DType::kF32 ? "fp32" : "bf16", bs.beta);
+    for (bool wall : {true, false}) {
+      // The best fp32 provider of each repetition.
+      std::vector<double> best;
+      for (int r = 0; r < reps; ++r) {
+        double x = 0;
+        for (size_t i = 0; i < n_fp32; ++i) x = std::max(x, (wall ? runs[i].wall : runs[i].cpu)[r]);
+        best.push_back(x);
+      }
+      for (const Run& run : runs) {
+        const auto& v = wall ? run.wall : run.cpu;
+        const ring::bench::Spread g = ring::bench::spread(v);
+        std::printf("  %-13s %-21s %8.1f [%.1f..%.1f] GFLOP/s", run.name.c_str(),
+                    wall ? "wall clock" : "per CPU-s x threads", g.median, g.min, g.max);
+        if (&run - runs.data() >= static_cast<long>(n_fp32)) {
+          const ring::bench::Spread q = ring::bench::paired_ratio(v, best);
+          std::printf("   %.2fx [%.2f..%.2f] of best fp32", q.median, q.min, q.max);
+        }
+        std::printf("\n");
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 5;
   bool quick = false;
+  bool bf16 = false;
   std::string child_provider, coretypes = "Haswell,SkylakeX";
   CLI::App app{"GEMM providers (OpenBLAS, oneDNN) at 2048^3 and the worker model's shapes"};
   app.add_option("--threads", threads, "threads per GEMM")
@@ -154,11 +292,13 @@ int main(int argc, char** argv) {
                  "OpenBLAS kernel sets to force (OPENBLAS_CORETYPE), comma-separated")
       ->capture_default_str();
   app.add_flag("--quick", quick, "2048^3 and one model shape only");
+  app.add_flag("--bf16", bf16, "bf16 GEMM paths vs the best fp32 sgemm, in this process");
   app.add_option("--child", child_provider, "internal: time one provider in this process")
       ->check(CLI::IsMember({"openblas", "onednn"}))
       ->group("");
   CLI11_PARSE(app, argc, argv);
   if (!child_provider.empty()) return child(child_provider, threads, quick);
+  if (bf16) return bf16_bench(threads, reps, quick);
 
   const char* own_coretype = std::getenv("OPENBLAS_CORETYPE");
   const char* ring_gemm = std::getenv("RING_GEMM");

@@ -140,6 +140,18 @@ class Backend {
   virtual Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                       float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
                       float beta, void* c, int64_t ldc) = 0;
+  // The same GEMM with A and B stored as ab and C as c_dtype: (kBF16, kF32) is what training
+  // needs (bf16 operands, fp32 outputs, weight gradients accumulated in fp32 with beta = 1);
+  // (d, d) is gemm(d, ...). Accumulation is fp32 whatever the storage; a bf16 C is rounded once
+  // (round to nearest even), after alpha and beta are applied. The default runs gemm() when
+  // ab == c_dtype and returns kUnsupported otherwise (supports(kGemm, ab) does not cover mixed
+  // storage: a backend that implements it overrides this).
+  virtual Status gemm_mixed(DType ab, DType c_dtype, bool trans_a, bool trans_b, int64_t m,
+                            int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+                            const void* b, int64_t ldb, float beta, void* c, int64_t ldc) {
+    if (ab != c_dtype) return Status::kUnsupported;
+    return gemm(ab, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
 
   // ---- attention ----------------------------------------------------------------------------
   // Forward over one block pair: out [q_len, heads, head_dim] fp32 and lse [q_len, heads] fp32

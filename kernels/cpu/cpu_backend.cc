@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
+#include <utility>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
@@ -13,6 +16,7 @@ CpuBackend::CpuBackend(int threads) : threads_(std::max(1, threads)) {}
 
 bool CpuBackend::supports(Op op, DType dtype) const {
   switch (op) {
+    case Op::kGemm:  // bf16 A and B through gemm.h's bf16 path (gemm_mixed: fp32 or bf16 C)
     case Op::kAttentionForward:   // bf16 q/k/v (and dout) widened to fp32 at tile packing
     case Op::kAttentionBackward:
     case Op::kPagedDecode:        // a bf16 K/V pool, widened as rows are read
@@ -56,7 +60,25 @@ Status CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
 Status CpuBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                         float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
                         float beta, void* c, int64_t ldc) {
-  return cpu::gemm(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads_);
+  return gemm_mixed(dtype, dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+Status CpuBackend::gemm_mixed(DType ab, DType c_dtype, bool trans_a, bool trans_b, int64_t m,
+                              int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+                              const void* b, int64_t ldb, float beta, void* c, int64_t ldc) {
+  std::string error;
+  Status s = cpu::gemm_mixed(ab, c_dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta,
+                             c, ldc, threads_, &error);
+  if (s != Status::kOk) {
+    std::lock_guard<std::mutex> lock(err_mu_);
+    last_error_ = std::move(error);
+  }
+  return s;
+}
+
+std::string CpuBackend::last_error() const {
+  std::lock_guard<std::mutex> lock(err_mu_);
+  return last_error_;
 }
 
 Status CpuBackend::attention_forward(const AttentionArgs& a, float* out, float* lse,

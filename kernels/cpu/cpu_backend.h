@@ -1,8 +1,11 @@
 // The CPU backend: every Backend op on host memory. Attention forwards to kernels/cpu/attention.h,
 // everything else to kernels/cpu/ops.h; GEMM goes through the provider of kernels/cpu/gemm.h
-// (OpenBLAS or oneDNN). Calls run synchronously on the calling thread plus up to threads() OpenMP
-// (or OpenBLAS) threads.
+// (OpenBLAS or oneDNN; bf16 operands through its bf16 path). Calls run synchronously on the
+// calling thread plus up to threads() OpenMP (or OpenBLAS) threads.
 #pragma once
+
+#include <mutex>
+#include <string>
 
 #include "kernels/backend.h"
 
@@ -27,6 +30,9 @@ class CpuBackend final : public Backend {
   Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
               int64_t ldc) override;
+  Status gemm_mixed(DType ab, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                    float beta, void* c, int64_t ldc) override;
 
   Status attention_forward(const AttentionArgs& a, float* out, float* lse,
                            AttentionStats* stats) override;
@@ -69,8 +75,13 @@ class CpuBackend final : public Backend {
   Status add(int64_t n, const float* a, const float* b, float* out) override;
   Status sum_squares(int64_t n, const float* x, double* out) override;
 
+  // What the last failed GEMM said (the path, the library call, the CPU feature missing).
+  std::string last_error() const override;
+
  private:
   int threads_;
+  mutable std::mutex err_mu_;
+  std::string last_error_;
 };
 
 }  // namespace ring::kernels::cpu

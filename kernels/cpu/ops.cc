@@ -23,6 +23,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/numeric/bf16.h"
 #include "kernels/cpu/env_choice.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/simd.h"
@@ -199,37 +200,83 @@ int hardware_threads() {
 Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
             int64_t ldc, int threads) {
-  if (dtype != DType::kF32) {
-    return dtype == DType::kBF16 ? Status::kUnsupported : Status::kInvalidArgument;
-  }
-  if (m < 0 || n < 0 || k < 0) return Status::kInvalidArgument;
-  constexpr int64_t kMax = std::numeric_limits<int>::max();
-  if (m > kMax || n > kMax || k > kMax || lda > kMax || ldb > kMax || ldc > kMax) {
-    return Status::kInvalidArgument;  // cblas takes int (so does every provider here)
-  }
-  // Row-major leading dimensions: columns of the stored matrix, at least 1.
-  int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-  if (lda < std::max<int64_t>(1, a_cols) || ldb < std::max<int64_t>(1, b_cols) ||
-      ldc < std::max<int64_t>(1, n)) {
-    return Status::kInvalidArgument;
-  }
-  if (m == 0 || n == 0) return Status::kOk;
-  if (c == nullptr || (k > 0 && (a == nullptr || b == nullptr))) return Status::kInvalidArgument;
-  float* cf = static_cast<float*>(c);
-  if (k == 0 || alpha == 0.f) {  // C = beta C (beta 0 overwrites, as BLAS does)
-    for (int64_t i = 0; i < m; ++i) {
-      float* row = cf + i * ldc;
+  return gemm_mixed(dtype, dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                    threads);
+}
+
+namespace {
+
+// C = beta C over [m, n] (row stride ldc), as BLAS does for k = 0 or alpha = 0: beta 0
+// overwrites (NaN included). A bf16 C is widened, scaled and rounded back by the one rounding.
+void scale_c(DType c_dtype, int64_t m, int64_t n, float beta, void* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    if (c_dtype == DType::kF32) {
+      float* row = static_cast<float*>(c) + i * ldc;
       if (beta == 0.f) {
         std::fill(row, row + n, 0.f);
       } else {
         for (int64_t j = 0; j < n; ++j) row[j] *= beta;
       }
+    } else {
+      uint16_t* row = static_cast<uint16_t*>(c) + i * ldc;
+      for (int64_t j = 0; j < n; ++j) {
+        row[j] = beta == 0.f ? uint16_t{0}
+                             : numeric::f32_to_bf16(beta * numeric::bf16_to_f32(row[j]));
+      }
     }
+  }
+}
+
+}  // namespace
+
+Status gemm_mixed(DType ab, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                  int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                  float beta, void* c, int64_t ldc, int threads, std::string* error) {
+  auto fail = [&](Status s, const std::string& why) {
+    if (error) *error = "gemm: " + why;
+    return s;
+  };
+  if ((ab != DType::kF32 && ab != DType::kBF16) ||
+      (c_dtype != DType::kF32 && c_dtype != DType::kBF16)) {
+    return fail(Status::kInvalidArgument, "storage must be f32 or bf16");
+  }
+  if (ab == DType::kF32 && c_dtype == DType::kBF16) {
+    return fail(Status::kUnsupported, "fp32 A and B with a bf16 C is not implemented");
+  }
+  if (m < 0 || n < 0 || k < 0) return fail(Status::kInvalidArgument, "negative size");
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (m > kMax || n > kMax || k > kMax || lda > kMax || ldb > kMax || ldc > kMax) {
+    // cblas takes int (so does every provider here)
+    return fail(Status::kInvalidArgument, "m, n, k and leading dimensions must be below 2^31");
+  }
+  // Row-major leading dimensions: columns of the stored matrix, at least 1.
+  int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+  if (lda < std::max<int64_t>(1, a_cols) || ldb < std::max<int64_t>(1, b_cols) ||
+      ldc < std::max<int64_t>(1, n)) {
+    return fail(Status::kInvalidArgument,
+                "leading dimension smaller than the row length (row-major)");
+  }
+  if (m == 0 || n == 0) return Status::kOk;
+  if (c == nullptr || (k > 0 && (a == nullptr || b == nullptr))) {
+    return fail(Status::kInvalidArgument, "null pointer");
+  }
+  if (k == 0 || alpha == 0.f) {  // C = beta C (beta 0 overwrites, as BLAS does)
+    scale_c(c_dtype, m, n, beta, c, ldc);
     return Status::kOk;
   }
-  return sgemm(active_gemm_provider(), trans_a, trans_b, m, n, k, alpha,
-               static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta, cf, ldc,
-               threads);
+  if (ab == DType::kBF16) {
+    return bf16_gemm(active_bf16_gemm_path(), trans_a, trans_b, m, n, k, alpha,
+                     static_cast<const uint16_t*>(a), lda, static_cast<const uint16_t*>(b), ldb,
+                     beta, c, c_dtype, ldc, threads, error);
+  }
+  Status s = sgemm(active_gemm_provider(), trans_a, trans_b, m, n, k, alpha,
+                   static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta,
+                   static_cast<float*>(c), ldc, threads);
+  if (s != Status::kOk) {
+    return fail(s, std::string("fp32 sgemm through ") +
+                       gemm_provider_name(active_gemm_provider()) + " failed");
+  }
+  return s;
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------

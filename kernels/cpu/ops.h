@@ -42,9 +42,15 @@ Status from_bf16(int64_t n, const uint16_t* x, float* out, int threads);
 Status round_bf16(int64_t n, float* x, int threads);
 
 // ---- dense linear algebra (through the GEMM provider of gemm.h: OpenBLAS or oneDNN) ----------
+// gemm is gemm_mixed(dtype, dtype, ...). Storage (ab, c_dtype): (kF32, kF32) runs the fp32
+// provider; (kBF16, kF32) and (kBF16, kBF16) the bf16 GEMM path of gemm.h (oneDNN or convert);
+// (kF32, kBF16) is kUnsupported. When a call fails and error is not null, *error says why.
 Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
             int64_t ldc, int threads);
+Status gemm_mixed(DType ab, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                  int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                  float beta, void* c, int64_t ldc, int threads, std::string* error = nullptr);
 
 // ---- normalisation, position, activations -----------------------------------------------
 Status rmsnorm_forward(int64_t n, int64_t d, float eps, const float* x, const float* gain, float* y,

@@ -248,8 +248,20 @@ Status CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
 Status CudaBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
                          float beta, void* c, int64_t ldc) {
-  if (dtype != DType::kF32 && dtype != DType::kBF16)
+  return gemm_mixed(dtype, dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+Status CudaBackend::gemm_mixed(DType ab, DType c_dtype, bool trans_a, bool trans_b, int64_t m,
+                               int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+                               const void* b, int64_t ldb, float beta, void* c, int64_t ldc) {
+  if ((ab != DType::kF32 && ab != DType::kBF16) ||
+      (c_dtype != DType::kF32 && c_dtype != DType::kBF16)) {
     return invalid("gemm: dtype must be f32 or bf16");
+  }
+  // cuBLAS has no fp32 A/B with a bf16 C under CUBLAS_COMPUTE_32F.
+  if (ab == DType::kF32 && c_dtype == DType::kBF16) {
+    return unsupported("gemm: fp32 A and B with a bf16 C is not implemented");
+  }
   if (m < 0 || n < 0 || k < 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX ||
       ldb > INT_MAX || ldc > INT_MAX) {
     return invalid("gemm: m, n, k and leading dimensions must be in [0, 2^31)");
@@ -263,9 +275,9 @@ Status CudaBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int
   if (c == nullptr || (k > 0 && (a == nullptr || b == nullptr))) {
     return invalid("gemm: null pointer");
   }
-  if (k == 0 || alpha == 0.f) {  // C = beta C (beta 0 overwrites, as BLAS does)
+  if (k == 0 || alpha == 0.f) {  // C = beta C (beta 0 overwrites, as BLAS does), in C's storage
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>((m * n + 255) / 256, 65535));
-    if (dtype == DType::kF32) {
+    if (c_dtype == DType::kF32) {
       scale_matrix_kernel<float>
           <<<grid, 256, 0, stream_>>>(m, n, ldc, beta, static_cast<float*>(c));
     } else {
@@ -274,13 +286,16 @@ Status CudaBackend::gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int
     }
     return check_launch("gemm (beta * C)");
   }
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-  const cudaDataType_t t = dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands. A and B
+  // as ab, C as c_dtype (bf16 x bf16 -> fp32 C is a cublasGemmEx combination), fp32 compute.
+  const cudaDataType_t tab = ab == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t tc = c_dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   return fail_cublas(cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                                  static_cast<int>(m), static_cast<int>(k), &alpha, b, t,
-                                  static_cast<int>(ldb), a, t, static_cast<int>(lda), &beta, c, t,
-                                  static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                  static_cast<int>(m), static_cast<int>(k), &alpha, b, tab,
+                                  static_cast<int>(ldb), a, tab, static_cast<int>(lda), &beta, c,
+                                  tc, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
 }
 

@@ -9,7 +9,8 @@
 //   - Every launcher returns a Status; a CUDA or cuBLAS failure gives kDeviceError (kOutOfMemory
 //     for allocation failures) and last_error() names the call and the library's message.
 //   - dtype: attention (forward, backward, prepare) and GEMM take fp32 or bf16 storage, always
-//     with fp32 accumulation; every other op is fp32, as backend.h says for float*.
+//     with fp32 accumulation (gemm_mixed: bf16 A/B with an fp32 C too); every other op is
+//     fp32, as backend.h says for float*.
 //   - Scratch memory comes from the stream-ordered pool (cudaMallocAsync), so it is reused
 //     without a device-wide synchronisation.
 #pragma once
@@ -43,6 +44,11 @@ class CudaBackend final : public Backend {
   Status gemm(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
               int64_t ldc) override;
+  // bf16 A/B with an fp32 C through cublasGemmEx (fp32 compute); fp32 A/B with a bf16 C is
+  // kUnsupported.
+  Status gemm_mixed(DType ab, DType c_dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                    float beta, void* c, int64_t ldc) override;
 
   Status attention_forward(const AttentionArgs& a, float* out, float* lse,
                            AttentionStats* stats) override;
