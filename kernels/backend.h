@@ -280,6 +280,15 @@ class Backend {
   virtual Status add(int64_t n, const float* a, const float* b, float* out) = 0;  // out = a + b
   virtual Status sum_squares(int64_t n, const float* x, double* out) = 0;  // fp64 accumulated
 
+  // ---- storage conversion (docs/precision.md: the one rounding, common/numeric/bf16.h) --------
+  // out[i] = x[i] stored as `to`: fp32 -> bf16 rounds to nearest even (NaN quiet, subnormals
+  // kept), bf16 -> fp32 is exact, equal dtypes copy. x and out do not overlap.
+  virtual Status convert(DType from, DType to, int64_t n, const void* x, void* out) {
+    return Status::kUnsupported;
+  }
+  // x[i] = float(bf16(x[i])) in place: the value a bf16 store keeps, held in fp32 storage.
+  virtual Status round_to_bf16(int64_t n, float* x) { return Status::kUnsupported; }
+
   // ---- offload path: host memory shared with ringd ------------------------------------------
   // The defaults are synchronous copies (right for host backends). The CUDA backend pins the
   // range (cudaHostRegister, e.g. on a POSIX shm mapping) and copies on two streams of its own,

@@ -187,4 +187,18 @@ Status CpuBackend::sum_squares(int64_t n, const float* x, double* out) {
   return cpu::sum_squares(n, x, out, threads_);
 }
 
+Status CpuBackend::convert(DType from, DType to, int64_t n, const void* x, void* out) {
+  if (from == DType::kF32 && to == DType::kBF16)
+    return cpu::to_bf16(n, static_cast<const float*>(x), static_cast<uint16_t*>(out), threads_);
+  if (from == DType::kBF16 && to == DType::kF32)
+    return cpu::from_bf16(n, static_cast<const uint16_t*>(x), static_cast<float*>(out), threads_);
+  if (from != to || (from != DType::kF32 && from != DType::kBF16) || n < 0 ||
+      (n > 0 && (x == nullptr || out == nullptr)))
+    return Status::kInvalidArgument;
+  if (n > 0 && x != out) std::memcpy(out, x, static_cast<size_t>(n) * dtype_size(from));
+  return Status::kOk;
+}
+
+Status CpuBackend::round_to_bf16(int64_t n, float* x) { return cpu::round_bf16(n, x, threads_); }
+
 }  // namespace ring::kernels::cpu

@@ -74,6 +74,8 @@ class CpuBackend final : public Backend {
   Status axpy(int64_t n, float alpha, const float* x, float* y) override;
   Status add(int64_t n, const float* a, const float* b, float* out) override;
   Status sum_squares(int64_t n, const float* x, double* out) override;
+  Status convert(DType from, DType to, int64_t n, const void* x, void* out) override;
+  Status round_to_bf16(int64_t n, float* x) override;
 
   // What the last failed GEMM said (the path, the library call, the CPU feature missing).
   std::string last_error() const override;

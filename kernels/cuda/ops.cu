@@ -4,6 +4,7 @@
 // embedding_backward and rmsnorm_backward's dgain add with fp32 atomics (order-dependent
 // rounding).
 #include <cub/device/device_scan.cuh>
+#include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
@@ -38,6 +39,16 @@ __global__ void fill_kernel(int64_t n, float v, float* x) {
 }
 __global__ void scale_kernel(int64_t n, float a, float* x) {
   RING_GRID_STRIDE(i, n) x[i] *= a;
+}
+// __float2bfloat16_rn rounds to nearest even, as common/numeric/bf16.h does.
+__global__ void to_bf16_kernel(int64_t n, const float* x, __nv_bfloat16* out) {
+  RING_GRID_STRIDE(i, n) out[i] = __float2bfloat16_rn(x[i]);
+}
+__global__ void from_bf16_kernel(int64_t n, const __nv_bfloat16* x, float* out) {
+  RING_GRID_STRIDE(i, n) out[i] = __bfloat162float(x[i]);
+}
+__global__ void round_bf16_kernel(int64_t n, float* x) {
+  RING_GRID_STRIDE(i, n) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
 }
 __global__ void axpy_kernel(int64_t n, float a, const float* x, float* y) {
   RING_GRID_STRIDE(i, n) y[i] = fmaf(a, x[i], y[i]);
@@ -332,6 +343,33 @@ __global__ void iota_kernel(int64_t n, const float* x, uint32_t* indices, float*
     kernel<<<(grid), (block), 0, stream()>>>(__VA_ARGS__); \
     return check_launch(#kernel);                          \
   } while (0)
+
+Status CudaBackend::convert(DType from, DType to, int64_t n, const void* x, void* out) {
+  if (n < 0 || (n > 0 && (x == nullptr || out == nullptr)))
+    return invalid("convert: n >= 0 and x, out non-null required");
+  if (n == 0) return Status::kOk;
+  if (from == DType::kF32 && to == DType::kBF16) {
+    RING_LAUNCH(to_bf16_kernel, grid_for(n), kBlock, n, static_cast<const float*>(x),
+                static_cast<__nv_bfloat16*>(out));
+  }
+  if (from == DType::kBF16 && to == DType::kF32) {
+    RING_LAUNCH(from_bf16_kernel, grid_for(n), kBlock, n, static_cast<const __nv_bfloat16*>(x),
+                static_cast<float*>(out));
+  }
+  if (from != to || (from != DType::kF32 && from != DType::kBF16))
+    return invalid("convert: f32 <-> bf16, or a copy of one dtype");
+  if (x == out) return Status::kOk;
+  const size_t elem = from == DType::kF32 ? sizeof(float) : sizeof(__nv_bfloat16);
+  return fail(cudaMemcpyAsync(out, x, static_cast<size_t>(n) * elem,
+                              cudaMemcpyDeviceToDevice, stream_),
+              "convert (copy)");
+}
+
+Status CudaBackend::round_to_bf16(int64_t n, float* x) {
+  if (n < 0 || any_null(n, x)) return invalid("round_to_bf16: n >= 0 and x non-null required");
+  if (n == 0) return Status::kOk;
+  RING_LAUNCH(round_bf16_kernel, grid_for(n), kBlock, n, x);
+}
 
 Status CudaBackend::fill(int64_t n, float value, float* x) {
   if (n < 0 || any_null(n, x)) return invalid("fill: n >= 0 and x non-null required");

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/numeric/bf16.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
 
 namespace ring::kernels {
@@ -133,6 +135,31 @@ TEST_P(Bf16Convert, BadArgumentsAreRefused) {
   EXPECT_EQ(cpu::to_bf16(4, nullptr, h.data(), 1), Status::kInvalidArgument);
   EXPECT_EQ(cpu::from_bf16(-1, h.data(), nullptr, 1), Status::kInvalidArgument);
   EXPECT_EQ(cpu::round_bf16(0, nullptr, 1), Status::kOk);
+}
+
+// The Backend's conversion ops are the same functions: f32 -> bf16 -> f32 and the in-place
+// rounding agree bit for bit; a same-dtype convert copies; other combinations are refused.
+TEST_P(Bf16Convert, BackendConvertAndRoundAreTheOneRounding) {
+  std::string err;
+  auto be = create_backend("cpu", 2, &err);
+  ASSERT_NE(be, nullptr) << err;
+  std::mt19937 rng(3);
+  const int64_t n = 4099;
+  std::vector<float> x(n), back(n), rounded(n), copy(n);
+  for (float& v : x) v = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+  std::vector<uint16_t> h(n);
+  ASSERT_EQ(be->convert(DType::kF32, DType::kBF16, n, x.data(), h.data()), Status::kOk);
+  ASSERT_EQ(be->convert(DType::kBF16, DType::kF32, n, h.data(), back.data()), Status::kOk);
+  rounded = x;
+  ASSERT_EQ(be->round_to_bf16(n, rounded.data()), Status::kOk);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(h[i], nu::f32_to_bf16(x[i]));
+    ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(rounded[i]));
+  }
+  ASSERT_EQ(be->convert(DType::kF32, DType::kF32, n, x.data(), copy.data()), Status::kOk);
+  EXPECT_EQ(std::memcmp(copy.data(), x.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(be->convert(DType::kF32, DType::kBF16, 4, nullptr, h.data()),
+            Status::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, Bf16Convert,
