@@ -8,7 +8,8 @@ ModelConfig ModelConfig::from_spec(const spec::JobSpec& spec) {
   const spec::ModelSection& m = spec.model;
   if (m.dtype != spec::DType::kFp32) {
     throw ModelError(std::string("model.dtype: ") + spec::to_string(m.dtype) +
-                     " is not supported by the worker model yet (fp32 only)");
+                     " is not run by training, ringd and generation yet (fp32 only; "
+                     "docs/precision.md)");
   }
   ModelConfig c;
   c.layers = m.layers;

@@ -31,6 +31,10 @@ struct ModelConfig {
   spec::MlpKind mlp = spec::MlpKind::kSwiGLU;
   bool tie_embeddings = true;
   bool recompute = false;
+  // Compute precision (docs/precision.md): fp32, or bf16 GEMM and attention inputs with fp32
+  // accumulation, residual stream, norms and loss. Not part of the layout (master weights are
+  // fp32 either way).
+  spec::DType dtype = spec::DType::kFp32;
   float rope_theta = 10000.f;
   float norm_eps = 1e-5f;
   // RoPE scaling (spec model.rope_*; kernels/rope.h has the formulas).
@@ -45,7 +49,8 @@ struct ModelConfig {
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
 
-  // From a validated spec (spec.resolved filled). Throws ModelError for dtypes other than fp32.
+  // From a validated spec (spec.resolved filled). Throws ModelError for dtypes other than fp32:
+  // the model computes bf16 (dtype above) but training, ringd and generation do not run it yet.
   static ModelConfig from_spec(const spec::JobSpec& spec);
   // Throws ModelError naming the first inconsistent field.
   void check() const;

@@ -37,6 +37,7 @@ struct Case {
   int64_t heads, kv_heads;
   bool zigzag_positions;  // positions of a zigzag shard (two runs) instead of 0..T-1
   spec::RopeScaling rope_scaling = spec::RopeScaling::kNone;  // factor 4, original context 64
+  bool bf16 = false;  // model.dtype bf16 (docs/precision.md); torch applies the same roundings
 };
 
 ModelConfig make_config(const Case& c) {
@@ -55,6 +56,7 @@ ModelConfig make_config(const Case& c) {
   m.rope_scaling = c.rope_scaling;
   m.rope_scaling_factor = c.rope_scaling == spec::RopeScaling::kNone ? 1.0 : 4.0;
   m.rope_original_context = 64.0;
+  m.dtype = c.bf16 ? spec::DType::kBf16 : spec::DType::kFp32;
   return m;
 }
 
@@ -190,6 +192,7 @@ TEST_P(ModelVsTorch, LossAndEveryGradient) {
                          {"beta_fast", cfg.rope_beta_fast},
                          {"beta_slow", cfg.rope_beta_slow}};
   j["global_valid"] = global_valid;
+  j["bf16"] = c.bf16;
   j["total"] = layout.total();
   for (const ParamView& v : layout.views()) {
     j["params"].push_back({{"name", v.name}, {"shape", v.shape}, {"offset", v.offset},
@@ -213,7 +216,17 @@ TEST_P(ModelVsTorch, LossAndEveryGradient) {
   ASSERT_EQ(ref.size(), static_cast<size_t>(layout.total()));
   fs::remove_all(dir);
 
-  EXPECT_NEAR(ours.loss.loss, ref_loss[0], 1e-5 * std::abs(ref_loss[0]));
+  // fp32: ours accumulates in fp32, torch in fp64. bf16: between the same rounding points the two
+  // differ by fp32 vs fp64 rounding (~1e-6 relative), which flips some bf16 roundings by one bf16
+  // step (2^-8 relative) each, and the flips add up through the backward: measured 1e-3 to
+  // 3.6e-3 per tensor (mean 2.5e-3), the loss 5e-5. Against a torch WITHOUT the rounding points
+  // (plain fp64) the same run is off by 7.4e-3 to 3.6e-2 per tensor (mean 2.8e-2): a missing or
+  // extra rounding point shows there. Bounds: the loss 1e-3 relative (the issue's), each tensor
+  // 1.5e-2, and the mean over tensors 8e-3 (3x from both sides).
+  const double loss_tol = c.bf16 ? 1e-3 : 1e-5, grad_tol = c.bf16 ? 1.5e-2 : 1e-4;
+  const double mean_tol = c.bf16 ? 8e-3 : 1e-4;
+  double sum_rel = 0;
+  EXPECT_NEAR(ours.loss.loss, ref_loss[0], loss_tol * std::abs(ref_loss[0]));
   double worst = 0;
   for (const ParamView& v : layout.views()) {
     double diff = 0, norm = 0;
@@ -225,8 +238,11 @@ TEST_P(ModelVsTorch, LossAndEveryGradient) {
     ASSERT_GT(norm, 0) << v.name << ": reference gradient is zero (test not sharp)";
     double rel = std::sqrt(diff / norm);
     worst = std::max(worst, rel);
-    EXPECT_LE(rel, 1e-4) << v.name << " relative L2 error " << rel;
+    sum_rel += rel;
+    EXPECT_LE(rel, grad_tol) << v.name << " relative L2 error " << rel;
   }
+  EXPECT_LE(sum_rel / static_cast<double>(layout.views().size()), mean_tol)
+      << "mean per-tensor relative L2 error";
   std::printf("[%s] loss ours %.9f torch %.9f; worst per-tensor relative L2 gradient error %.3g\n",
               c.name, ours.loss.loss, ref_loss[0], worst);
 }
@@ -240,7 +256,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"swiglu_tied_gqa_zigzag_yarn", spec::MlpKind::kSwiGLU, true, 4, 2,
                            true, spec::RopeScaling::kYarn},
                       Case{"gelu_untied_mha_linear", spec::MlpKind::kGelu, false, 4, 4, false,
-                           spec::RopeScaling::kLinear}),
+                           spec::RopeScaling::kLinear},
+                      Case{"bf16_swiglu_tied_gqa_zigzag", spec::MlpKind::kSwiGLU, true, 4, 2,
+                           true, spec::RopeScaling::kNone, true},
+                      Case{"bf16_gelu_untied_mha", spec::MlpKind::kGelu, false, 4, 4, false,
+                           spec::RopeScaling::kNone, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(ParamLayout, BucketsArePrefixesInBackwardOrder) {

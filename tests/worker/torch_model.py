@@ -5,7 +5,8 @@ Usage: torch_model.py DIR [float64|float32]
 
 Reads from DIR (written by tests/worker/model_test.cc):
   config.json   model hyper-parameters, the flat parameter layout (name, shape, offset), the token
-                count T and global_valid
+                count T and global_valid; "bf16": true for the mixed precision of
+                docs/precision.md (below)
   params.f32    [total] float32, the flat parameter buffer
   ids.i32 labels.i32 docs.i32 [T] int32, pos.i64 [T] int64
 Writes to DIR:
@@ -16,6 +17,13 @@ Written with PyTorch's own ops and autograd (no fused attention or rms_norm: nei
 1.13): RMSNorm written out, RoPE on interleaved pairs at the given global positions, attention as
 an explicit masked softmax with the causal (pos_k <= pos_q) and same-document mask, GQA by
 repeating K/V heads. Exits with status 3 and a message when torch cannot be imported.
+
+bf16 (the rounding points of worker/model/model.h, computed here in float64 between them): every
+weight is used rounded to bf16; every matmul reads its input rounded to bf16 and the gradient
+arriving at its output is rounded to bf16 before the matmul's backward (what the bf16 GEMMs read);
+Q and K are rounded after RoPE, V after its projection. The weights' and activations' own
+gradients pass the forward roundings straight through. Rounding is float -> float32 -> bfloat16
+(round to nearest even), as the C++ side rounds its fp32 values.
 """
 import json
 import os
@@ -28,6 +36,34 @@ try:
 except Exception as e:  # pragma: no cover - reported by the C++ test
     print(f"torch_model.py: cannot import torch/numpy ({e}); install python3-torch", file=sys.stderr)
     sys.exit(3)
+
+
+def bf16(x):
+    return x.to(torch.float32).to(torch.bfloat16).to(x.dtype)
+
+
+class RoundForward(torch.autograd.Function):
+    """Rounds the value to bf16; the gradient passes unchanged."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return bf16(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class RoundGradient(torch.autograd.Function):
+    """The value unchanged; the gradient arriving here rounded to bf16."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return bf16(g)
 
 
 def rmsnorm(x, g, eps):
@@ -81,26 +117,38 @@ def model_loss(cfg, P, ids, labels, pos, docs, global_valid):
     T = ids.shape[0]
     H, KH, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
     eps, theta = cfg["norm_eps"], cfg["rope_theta"]
+    mixed = cfg.get("bf16", False)
+    if mixed:
+        P = {n: RoundForward.apply(w) for n, w in P.items()}
+
+    def lin(x, w):
+        if not mixed:
+            return x @ w.t()
+        return RoundGradient.apply(RoundForward.apply(x) @ w.t())
+
+    def rnd(x):
+        return RoundForward.apply(x) if mixed else x
+
     x = P["embedding.weight"][ids.long()]
     for l in range(cfg["layers"]):
         p = f"layers.{l}."
         h = rmsnorm(x, P[p + "attn_norm.gain"], eps)
-        q = (h @ P[p + "attn.wq"].t()).view(T, H, hd)
-        k = (h @ P[p + "attn.wk"].t()).view(T, KH, hd)
-        v = (h @ P[p + "attn.wv"].t()).view(T, KH, hd)
+        q = lin(h, P[p + "attn.wq"]).view(T, H, hd)
+        k = lin(h, P[p + "attn.wk"]).view(T, KH, hd)
+        v = rnd(lin(h, P[p + "attn.wv"])).view(T, KH, hd)
         scaling = cfg.get("rope_scaling")
-        q, k = rope(q, pos, theta, scaling), rope(k, pos, theta, scaling)
+        q, k = rnd(rope(q, pos, theta, scaling)), rnd(rope(k, pos, theta, scaling))
         o = attention(q, k, v, pos, docs, 1.0 / (hd ** 0.5)).reshape(T, H * hd)
-        x = x + o @ P[p + "attn.wo"].t()
+        x = x + lin(o, P[p + "attn.wo"])
         h = rmsnorm(x, P[p + "mlp_norm.gain"], eps)
         if cfg["mlp"] == "swiglu":
-            a = F.silu(h @ P[p + "mlp.w_gate"].t()) * (h @ P[p + "mlp.w_up"].t())
+            a = F.silu(lin(h, P[p + "mlp.w_gate"])) * lin(h, P[p + "mlp.w_up"])
         else:
-            a = F.gelu(h @ P[p + "mlp.w_up"].t())
-        x = x + a @ P[p + "mlp.w_down"].t()
+            a = F.gelu(lin(h, P[p + "mlp.w_up"]))
+        x = x + lin(a, P[p + "mlp.w_down"])
     x = rmsnorm(x, P["final_norm.gain"], eps)
     w = P["embedding.weight"] if cfg["tie_embeddings"] else P["lm_head.weight"]
-    logits = x @ w.t()
+    logits = lin(x, w)
     return F.cross_entropy(logits, labels.long(), ignore_index=-1, reduction="sum") / global_valid
 
 

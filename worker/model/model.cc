@@ -68,8 +68,18 @@ Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExec
   off_final_norm_ = layout_.offset("final_norm.gain") - head_b;
   off_embedding_ = layout_.offset("embedding.weight") - emb_b;
   off_head_ = config_.tie_embeddings ? off_embedding_ : layout_.offset("lm_head.weight") - head_b;
+  bf16_ = config_.dtype == spec::DType::kBf16;
+  if (config_.dtype != spec::DType::kFp32 && !bf16_)
+    throw ModelError(std::string("model.dtype ") + spec::to_string(config_.dtype) +
+                     ": the model computes fp32 or bf16");
+  if (bf16_ && store_)
+    throw ModelError("model.dtype bf16 with a block store (parallel.shard full) is not wired yet");
+  if (bf16_ && !backend_->supports(kernels::Op::kGemm, kernels::DType::kBF16))
+    throw ModelError(std::string("model.dtype bf16: backend ") + backend_->name() +
+                     " has no bf16 GEMM");
   if (!store_) {
     params_.resize(backend_, layout_.total());
+    if (bf16_) params_bf16_.resize(backend_, layout_.total());
     grads_.resize(backend_, layout_.total());
     check_status(backend_->fill(layout_.total(), 0.f, params_.data()), "fill");
     zero_grads();
@@ -182,7 +192,36 @@ void Model::zero_grads() {
   check_status(backend_->fill(layout_.total(), 0.f, grads_.data()), "fill");
 }
 
+void Model::prepare_weights() {
+  if (!bf16_) return;
+  // Idempotent: rounding a rounded value keeps it. params() may have been written directly
+  // (set_params, the offloaded rank's copy from ringd's shared memory), so every pass does it.
+  check_status(backend_->round_to_bf16(layout_.total(), params_.data()), "round_to_bf16");
+  check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kBF16, layout_.total(),
+                                 params_.data(), params_bf16_.data()),
+               "convert");
+}
+
+const uint16_t* Model::bf16_of(const float* w) const {
+  return params_bf16_.data() + (w - params_.data());
+}
+
+const uint16_t* Model::to_bf16(const float* x, int64_t n, DeviceArray<uint16_t>& scratch) {
+  scratch.resize(backend_, n);
+  check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kBF16, n, x,
+                                 scratch.data()),
+               "convert");
+  return scratch.data();
+}
+
 void Model::linear(const float* x, const float* w, int64_t out, int64_t in, float* y) {
+  if (bf16_) {
+    check_status(backend_->gemm_mixed(kernels::DType::kBF16, kernels::DType::kF32, false, true, t_,
+                                      out, in, 1.f, to_bf16(x, t_ * in, a_bf16_), in, bf16_of(w),
+                                      in, 0.f, y, out),
+                 "gemm (bf16)");
+    return;
+  }
   check_status(backend_->gemm(kernels::DType::kF32, false, true, t_, out, in, 1.f, x, in, w, in,
                               0.f, y, out),
                "gemm");
@@ -190,12 +229,26 @@ void Model::linear(const float* x, const float* w, int64_t out, int64_t in, floa
 
 void Model::linear_dx(const float* dy, const float* w, int64_t out, int64_t in, float beta,
                       float* dx) {
+  if (bf16_) {
+    check_status(backend_->gemm_mixed(kernels::DType::kBF16, kernels::DType::kF32, false, false,
+                                      t_, in, out, 1.f, to_bf16(dy, t_ * out, a_bf16_), out,
+                                      bf16_of(w), in, beta, dx, in),
+                 "gemm (bf16)");
+    return;
+  }
   check_status(backend_->gemm(kernels::DType::kF32, false, false, t_, in, out, 1.f, dy, out, w, in,
                               beta, dx, in),
                "gemm");
 }
 
 void Model::linear_dw(const float* dy, const float* x, int64_t out, int64_t in, float* dw) {
+  if (bf16_) {
+    check_status(backend_->gemm_mixed(kernels::DType::kBF16, kernels::DType::kF32, true, false,
+                                      out, in, t_, 1.f, to_bf16(dy, t_ * out, a_bf16_), out,
+                                      to_bf16(x, t_ * in, b_bf16_), in, 1.f, dw, in),
+                 "gemm (bf16)");
+    return;
+  }
   check_status(backend_->gemm(kernels::DType::kF32, true, false, out, in, t_, 1.f, dy, out, x, in,
                               1.f, dw, in),
                "gemm");
@@ -306,6 +359,12 @@ void Model::layer_forward(int l, LayerActs& a, const float* w) {
   check_status(
       backend_->rope(t, config_.kv_heads, config_.head_dim, rope_, pos_.data(), false, a.k.data()),
       "rope");
+  if (bf16_) {
+    // Q, K, V as bf16 holds them: what attention reads and what the ring sends.
+    check_status(backend_->round_to_bf16(t * qd, a.q.data()), "round_to_bf16");
+    check_status(backend_->round_to_bf16(t * kvd, a.k.data()), "round_to_bf16");
+    check_status(backend_->round_to_bf16(t * kvd, a.v.data()), "round_to_bf16");
+  }
   attention_->forward(attention_call(l, a), a.o.data(), a.lse.data());
   linear(a.o.data(), w + o.wo, d, qd, a.x_mid.data());
   check_status(backend_->add(t * d, xs_[l].data(), a.x_mid.data(), a.x_mid.data()), "add");
@@ -415,6 +474,7 @@ void Model::head_backward(const float* wh, const float* we, float* gh, float* ge
 LossResult Model::forward(const Batch& batch, int64_t global_valid) {
   if (global_valid < 1) throw ModelError("forward: global_valid must be >= 1");
   prepare(batch);
+  prepare_weights();
   const int layers = static_cast<int>(config_.layers);
   const bool tied = config_.tie_embeddings;
   const GradBucket& eb = layout_.embedding_bucket();
@@ -440,6 +500,7 @@ LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
                                    const BucketReadyFn& on_bucket) {
   if (global_valid < 1) throw ModelError("forward_backward: global_valid must be >= 1");
   prepare(batch);
+  prepare_weights();
   const int layers = static_cast<int>(config_.layers);
   const bool tied = config_.tie_embeddings;
   const GradBucket& eb = layout_.embedding_bucket();

@@ -1,5 +1,9 @@
 // The decoder-only transformer: forward and backward written out with the kernels::Backend ops
-// (no autograd), fp32, over THIS rank's tokens.
+// (no autograd), over THIS rank's tokens. fp32, or with config.dtype bf16 the mixed precision of
+// docs/precision.md: every GEMM reads bf16 operands (the working weights and its input rounded
+// once, the one rounding) and accumulates in fp32 into an fp32 output; Q, K and V are rounded to
+// bf16 after RoPE (what attention and the ring read); the residual stream, norms, softmax, loss
+// and gradients stay fp32. Values are held in fp32 buffers (a bf16-rounded value is exact there).
 //
 //   x0 = embedding[tokens]                                            [T, d]
 //   for each block l:
@@ -89,7 +93,9 @@ class Model {
   const kernels::RopeParams& rope() const { return rope_; }
   kernels::Backend* backend() const { return backend_; }
 
-  // Flat fp32 buffers in backend memory, [layout().total()] each.
+  // Flat fp32 buffers in backend memory, [layout().total()] each. With dtype bf16, params() is the
+  // working copy: every forward rounds it to bf16 values (the fp32 master lives elsewhere:
+  // ringd, or the caller).
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -149,6 +155,12 @@ class Model {
   void require_flat(const char* what) const;
   AttentionCall attention_call(int l, LayerActs& a) const;
   void ensure(LayerActs& a);
+  // bf16: the working weights rounded (in place) and their bf16 copy, before a pass.
+  void prepare_weights();
+  // The bf16 copy of fp32 weights w (a pointer into params()).
+  const uint16_t* bf16_of(const float* w) const;
+  // n values of x as bf16 into scratch (the one rounding).
+  const uint16_t* to_bf16(const float* x, int64_t n, DeviceArray<uint16_t>& scratch);
   // y[T, out] = x[T, in] w[out, in]^T
   void linear(const float* x, const float* w, int64_t out, int64_t in, float* y);
   // dx[T, in] (beta: 0 overwrite, 1 accumulate) += dy[T, out] w[out, in]
@@ -173,6 +185,9 @@ class Model {
   BlockStore* store_ = nullptr;
 
   DeviceArray<float> params_, grads_;
+  bool bf16_ = false;                      // config_.dtype == bf16
+  DeviceArray<uint16_t> params_bf16_;      // [layout().total()] the working weights in bf16
+  DeviceArray<uint16_t> a_bf16_, b_bf16_;  // GEMM operands converted to bf16
 
   int64_t t_ = 0;  // tokens of the current batch
   DeviceArray<int32_t> ids_, labels_, docs_;
