@@ -36,6 +36,9 @@ int run(int argc, char** argv) {
   const int64_t steps = std::atoll(argv[9]);
   const int layers = argc > 10 ? std::atoi(argv[10]) : 2;
   const std::string order = argc > 11 ? argv[11] : "natural";
+  // bf16: the model computes bf16 (docs/precision.md); WIRE: how K/V travel (fp32 or bf16).
+  const bool bf16 = argc > 12 && std::string(argv[12]) == "bf16";
+  const bool wire_bf16 = argc > 13 && std::string(argv[13]) == "bf16";
   spec::JobSpec spec = test::ring_spec(seq_len, world, balance, layers, order);
   std::string err;
   auto backend = kernels::create_backend("cpu", 1, &err);
@@ -50,6 +53,7 @@ int run(int argc, char** argv) {
   cp::RingRank rr(spec, ro);
   cp::RingAttention::Options ao;
   ao.timeout_ms = 30000;
+  if (wire_bf16) ao.wire = kernels::DType::kBF16;
   cp::RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
   const std::string out = dir + "/result-" + std::to_string(rank);
   // The models live out here: a transport error inside body exits at once (no unwinding), since
@@ -58,8 +62,9 @@ int run(int argc, char** argv) {
   std::optional<train::Trainer> trainer_storage;
   auto body = [&]() -> int {
     if (mode == "grads") {
-      model::Model& m =
-          grads_model.emplace(model::ModelConfig::from_spec(spec), backend.get(), &attention);
+      model::ModelConfig mc = model::ModelConfig::from_spec(spec);
+      if (bf16) mc.dtype = spec::DType::kBf16;
+      model::Model& m = grads_model.emplace(mc, backend.get(), &attention);
       m.init_params(static_cast<uint64_t>(spec.train.seed));
       data::Sequence seq = test::random_sequence(seq_len, max_doc, seed);
       data::SequenceShard shard =
@@ -124,7 +129,7 @@ int main(int argc, char** argv) {
   if (argc < 10) {
     std::fprintf(stderr,
                  "usage: %s grads|train|kill RANK WORLD DIR BALANCE SEQ_LEN MAX_DOC SEED STEPS "
-                 "[LAYERS [ORDER]]\n",
+                 "[LAYERS [ORDER [fp32|bf16 [WIRE fp32|bf16]]]]\n",
                  argv[0]);
     return 2;
   }

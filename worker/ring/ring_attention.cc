@@ -100,12 +100,13 @@ RingAttention::Offsets RingAttention::offsets(int64_t t) const {
   Offsets o;
   o.pos = align64(sizeof(Header));
   o.doc = o.pos + align64(static_cast<size_t>(t) * sizeof(int64_t));
+  const size_t elem = kernels::dtype_size(options_.wire);
   o.k = o.doc + align64(static_cast<size_t>(t) * sizeof(int32_t));
-  o.v = o.k + align64(static_cast<size_t>(t * kvd_) * sizeof(float));
-  o.total = o.v + align64(static_cast<size_t>(t * kvd_) * sizeof(float));
+  o.v = o.k + align64(static_cast<size_t>(t * kvd_) * elem);
+  o.total = o.v + align64(static_cast<size_t>(t * kvd_) * elem);
   static_assert(sizeof(Header) <= kRingHeaderBytes);
-  // ring_messages.h states the same size for the simulator.
-  if (o.total != packed_block_bytes(t, kvd_)) throw std::logic_error("ring: block layout");
+  // ring_messages.h states the same size for the planner and the simulator.
+  if (o.total != packed_block_bytes(t, kvd_, elem)) throw std::logic_error("ring: block layout");
   return o;
 }
 
@@ -147,6 +148,8 @@ void RingAttention::prepare(const model::AttentionCall& call) {
   const int64_t tm = max_tokens_;
   const size_t cap = offsets(tm).total;
   for (auto& b : kv_buf_) b.resize(backend_, static_cast<int64_t>(cap));
+  if (options_.wire != kernels::DType::kF32)
+    for (auto& b : kv_wide_) b.resize(backend_, 2 * tm * kvd_);
   const int64_t dkv_cap = 64 + 2 * tm * kvd_ * static_cast<int64_t>(sizeof(float));
   for (auto& b : dkv_in_) b.resize(backend_, dkv_cap);
   for (auto& b : dkv_out_) b.resize(backend_, dkv_cap);
@@ -176,12 +179,22 @@ void RingAttention::pack_local(const model::AttentionCall& call) {
   std::memcpy(dst, &h, sizeof(h));
   std::memcpy(dst + o.pos, call.positions, t * sizeof(int64_t));
   if (call.doc_ids) std::memcpy(dst + o.doc, call.doc_ids, t * sizeof(int32_t));
-  std::memcpy(dst + o.k, call.k, t * kvd_ * sizeof(float));
-  std::memcpy(dst + o.v, call.v, t * kvd_ * sizeof(float));
+  if (options_.wire == kernels::DType::kF32) {
+    std::memcpy(dst + o.k, call.k, t * kvd_ * sizeof(float));
+    std::memcpy(dst + o.v, call.v, t * kvd_ * sizeof(float));
+    return;
+  }
+  model::check_status(backend_->convert(kernels::DType::kF32, options_.wire, t * kvd_, call.k,
+                                        dst + o.k),
+                      "convert (ring K)");
+  model::check_status(backend_->convert(kernels::DType::kF32, options_.wire, t * kvd_, call.v,
+                                        dst + o.v),
+                      "convert (ring V)");
 }
 
 RingAttention::Block RingAttention::unpack(const char* buf, const model::AttentionCall& call,
-                                           int origin, int step, size_t received) const {
+                                           int origin, int step, size_t received,
+                                           int buf_index) {
   Header h;
   std::memcpy(&h, buf, sizeof(h));
   const Offsets o = offsets(h.tokens);
@@ -197,8 +210,21 @@ RingAttention::Block RingAttention::unpack(const char* buf, const model::Attenti
   b.origin = origin;
   b.pos = reinterpret_cast<const int64_t*>(buf + o.pos);
   b.doc = h.has_docs ? reinterpret_cast<const int32_t*>(buf + o.doc) : nullptr;
-  b.k = reinterpret_cast<const float*>(buf + o.k);
-  b.v = reinterpret_cast<const float*>(buf + o.v);
+  if (options_.wire == kernels::DType::kF32) {
+    b.k = reinterpret_cast<const float*>(buf + o.k);
+    b.v = reinterpret_cast<const float*>(buf + o.v);
+    return b;
+  }
+  // Widened once per received block (exact): the kernels read fp32 as for an fp32 wire.
+  float* wide = kv_wide_[buf_index].data();
+  const int64_t n = h.tokens * kvd_;
+  model::check_status(backend_->convert(options_.wire, kernels::DType::kF32, n, buf + o.k, wide),
+                      "convert (ring K)");
+  model::check_status(
+      backend_->convert(options_.wire, kernels::DType::kF32, n, buf + o.v, wide + n),
+      "convert (ring V)");
+  b.k = wide;
+  b.v = wide + n;
   return b;
 }
 
@@ -217,7 +243,7 @@ RingAttention::Block RingAttention::block_at(int step, const model::AttentionCal
     b.v = v.v;
     return b;
   }
-  return unpack(kv_buf_[buf_index].data(), call, origin, step, received);
+  return unpack(kv_buf_[buf_index].data(), call, origin, step, received, buf_index);
 }
 
 bool RingAttention::any_allowed(const model::AttentionCall& call, const Block& b) const {

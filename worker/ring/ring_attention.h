@@ -98,6 +98,11 @@ class RingAttention final : public model::AttentionExecutor {
     int64_t stagger_us = 0;  // per ring position: position x stagger_us
     int timeout_ms = 60000;  // bound on each wait for a transfer
     int rank_offset = 0;     // global rank of ring rank 0 (the timeline names global ranks)
+    // How K and V travel: kF32, or kBF16 (half the bytes) for a model whose K/V values are
+    // bf16 already (model.dtype bf16 rounds them after RoPE): the conversion is then exact both
+    // ways and the ring's results are bit-identical to an fp32 wire. Received blocks are
+    // widened to fp32 before the kernels read them. dK/dV always travel fp32.
+    kernels::DType wire = kernels::DType::kF32;
   };
 
   // progress (and its comm, a host-memory transport) and backend must outlive this object.
@@ -125,7 +130,7 @@ class RingAttention final : public model::AttentionExecutor {
 
  private:
   // A packed block, 64-byte aligned parts: [header][positions T x int64][doc ids T x int32]
-  // [K T x kvd f32][V T x kvd f32], T = tokens of the block, kvd = kv_heads * head_dim.
+  // [K T x kvd][V T x kvd] (Options::wire), T = tokens of the block, kvd = kv_heads * head_dim.
   struct Header {
     int64_t tokens;
     int64_t origin;  // ring position of the owner
@@ -148,7 +153,7 @@ class RingAttention final : public model::AttentionExecutor {
   Block local_block(const model::AttentionCall& call) const;
   void pack_local(const model::AttentionCall& call);
   Block unpack(const char* buf, const model::AttentionCall& call, int origin, int step,
-               size_t received) const;
+               size_t received, int buf_index);
   Block block_at(int step, const model::AttentionCall& call, int buf_index, size_t received);
   bool any_allowed(const model::AttentionCall& call, const Block& b) const;
   // Rows [lo, hi) of the block's keys that some query of this rank may attend to (lo == hi:
@@ -179,6 +184,7 @@ class RingAttention final : public model::AttentionExecutor {
   int64_t kvd_ = 0;
 
   model::DeviceArray<char> kv_buf_[2];    // packed blocks, double buffered
+  model::DeviceArray<float> kv_wide_[2];  // a bf16 wire's received K and V widened, [2, T, kvd]
   // dK/dV accumulator messages, received and sent (double buffered): 64-byte header {lo, hi},
   // then dK rows [lo, hi) and dV rows [lo, hi) of the block, [hi-lo, kvd] fp32 each; rows
   // outside are zero. No contribution yet: a 0-byte message.
