@@ -50,5 +50,11 @@ echo "    ringd runs 4 worker processes that share one 16K-token sequence throug
 echo "    over UCX, with AdamW offloaded to ringd; 'ringctl status' works from another terminal)"
 export UCX_TLS="${UCX_TLS:-self,posix}" UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
 "$ringctl" run configs/examples/tiny.yaml --steps 5
+
+echo
+echo "== training in bf16: ringctl run configs/examples/tiny-bf16.yaml --steps 5"
+echo "   (the same job in mixed precision: bf16 GEMMs, attention inputs and ring K/V; fp32"
+echo "    accumulation, master weights and AdamW in ringd; docs/precision.md)"
+"$ringctl" run configs/examples/tiny-bf16.yaml --steps 5
 echo
 echo "== demo done in $(( $(date +%s) - start )) s"

@@ -6,12 +6,12 @@ namespace ring::contract {
 
 ModelConfig ModelConfig::from_spec(const spec::JobSpec& spec) {
   const spec::ModelSection& m = spec.model;
-  if (m.dtype != spec::DType::kFp32) {
-    throw ModelError(std::string("model.dtype: ") + spec::to_string(m.dtype) +
-                     " is not run by training, ringd and generation yet (fp32 only; "
-                     "docs/precision.md)");
+  if (m.dtype == spec::DType::kFp16) {
+    throw ModelError("model.dtype: fp16 is not supported; use bf16 (mixed precision, "
+                     "docs/precision.md) or fp32");
   }
   ModelConfig c;
+  c.dtype = m.dtype;
   c.layers = m.layers;
   c.d_model = m.d_model;
   c.heads = m.heads;

@@ -49,8 +49,7 @@ struct ModelConfig {
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
 
-  // From a validated spec (spec.resolved filled). Throws ModelError for dtypes other than fp32:
-  // the model computes bf16 (dtype above) but training, ringd and generation do not run it yet.
+  // From a validated spec (spec.resolved filled). Throws ModelError for fp16.
   static ModelConfig from_spec(const spec::JobSpec& spec);
   // Throws ModelError naming the first inconsistent field.
   void check() const;

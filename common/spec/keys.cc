@@ -166,8 +166,10 @@ std::vector<KeyDef> build_table() {
             Value{int64_t{256}}),
         2, 1 << 22);
   choices(b.add("model.dtype", KT::kEnum, &J::model, &ModelSection::dtype,
-                "Storage type of weights and activations on the workers (accumulation is "
-                "always fp32; master weights are fp32). The CPU backend supports fp32."),
+                "Compute precision on the workers: fp32, or bf16 (bf16 weights, GEMM and "
+                "attention inputs and K/V on the ring; fp32 accumulation, residual stream, norms, "
+                "softmax, loss, gradients and master weights: docs/precision.md). fp16 is "
+                "refused. Generate jobs compute fp32."),
           names(kDTypeNames), 0);
   def(b.add("model.recompute", KT::kBool, &J::model, &ModelSection::recompute,
             "Recompute each layer's activations in the backward pass instead of keeping them: "

@@ -356,13 +356,12 @@ const std::vector<Rule>& rules() {
            c.warning("data.tokenizer",
                      fmt::format("ignored: data.source is {}", to_string(c.s.data.source)));
        }},
-      {{"model.dtype, resources.backend", "The CPU backend computes in fp32 only."},
+      {{"model.dtype", "fp32 or bf16 (mixed precision, docs/precision.md); fp16 is refused."},
        [](Ctx& c) {
-         if (c.s.resources.backend == Backend::kCpu && c.s.model.dtype != DType::kFp32)
+         if (c.s.model.dtype == DType::kFp16)
            c.error("model.dtype",
-                   fmt::format("model.dtype {} is not supported by resources.backend cpu; use "
-                               "fp32 (bf16/fp16 need backend cuda)",
-                               to_string(c.s.model.dtype)));
+                   "fp16 is not supported; use bf16 (bf16 compute, fp32 accumulation and master "
+                   "weights: docs/precision.md) or fp32");
        }},
       {{"data.source, data.paths",
         "The text and tokens sources need at least one path; paths are ignored by the passkey "
@@ -641,18 +640,16 @@ const std::vector<Rule>& rules() {
       // ---- Limits of this build's runtime: what ringd and ring-worker refuse (or would get
       // wrong) at run time, refused here first so that `ringctl validate` and `plan` never pass
       // a spec that `run` or `submit` then refuses. Each names the code that sets the limit.
-      {{"model.dtype, resources.backend",
-        "fp32 only: ring-worker's model (worker/model/model.cc) computes in fp32 on every "
-        "backend.",
+      {{"model.dtype, job.kind",
+        "bf16: generate jobs compute in fp32 (the bf16 KV cache is not wired yet; "
+        "worker/generate).",
         RuleScope::kRuntime},
        [](Ctx& c) {
-         // The CPU backend has its own rule (above), with its own advice.
-         if (c.s.model.dtype != DType::kFp32 && c.s.resources.backend != Backend::kCpu)
+         if (c.s.model.dtype == DType::kBf16 && c.s.job.kind == JobKind::kGenerate)
            c.error("model.dtype",
-                   fmt::format("not supported by this build: model.dtype {} (ring-worker's model "
-                               "computes in fp32 only); use fp32, or `ringctl plan --what-if` to "
-                               "size a {} design",
-                               to_string(c.s.model.dtype), to_string(c.s.model.dtype)));
+                   "bf16 is not supported by generate jobs yet (generation computes in fp32 from "
+                   "the fp32 weights: use model.dtype fp32 here; a bf16-trained checkpoint "
+                   "generates as is)");
        }},
       {{"resources.backend, model.head_dim",
         "backend cuda: head_dim <= 128 (the CUDA attention kernel's tile).", RuleScope::kRuntime},

@@ -36,10 +36,10 @@ int run(int argc, char** argv) {
   const int64_t steps = std::atoll(argv[9]);
   const int layers = argc > 10 ? std::atoi(argv[10]) : 2;
   const std::string order = argc > 11 ? argv[11] : "natural";
-  // bf16: the model computes bf16 (docs/precision.md); WIRE: how K/V travel (fp32 or bf16).
-  const bool bf16 = argc > 12 && std::string(argv[12]) == "bf16";
+  // argv[12] bf16: model.dtype bf16 (docs/precision.md); WIRE: how K/V travel (fp32 or bf16).
   const bool wire_bf16 = argc > 13 && std::string(argv[13]) == "bf16";
   spec::JobSpec spec = test::ring_spec(seq_len, world, balance, layers, order);
+  if (argc > 12 && std::string(argv[12]) == "bf16") spec.model.dtype = spec::DType::kBf16;
   std::string err;
   auto backend = kernels::create_backend("cpu", 1, &err);
   if (!backend) throw std::runtime_error(err);
@@ -62,9 +62,8 @@ int run(int argc, char** argv) {
   std::optional<train::Trainer> trainer_storage;
   auto body = [&]() -> int {
     if (mode == "grads") {
-      model::ModelConfig mc = model::ModelConfig::from_spec(spec);
-      if (bf16) mc.dtype = spec::DType::kBf16;
-      model::Model& m = grads_model.emplace(mc, backend.get(), &attention);
+      model::Model& m =
+          grads_model.emplace(model::ModelConfig::from_spec(spec), backend.get(), &attention);
       m.init_params(static_cast<uint64_t>(spec.train.seed));
       data::Sequence seq = test::random_sequence(seq_len, max_doc, seed);
       data::SequenceShard shard =

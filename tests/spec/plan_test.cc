@@ -255,11 +255,16 @@ TEST(Plan, RingctlPlanTextJsonAndCheck) {
                              test::source_path("configs/examples/270b-1.2m-64x8-h200.yaml"));
   EXPECT_EQ(unsharded.exit_code, 3) << unsharded.output;
   EXPECT_NE(unsharded.output.find("DOES NOT FIT"), std::string::npos);
-  // Without --what-if, plan refuses what `run`/`submit` would refuse, with the reason.
-  auto refused = test::run(ringctl + " plan " +
+  // The bf16 example itself plans without --what-if (model.dtype bf16 runs)...
+  auto plain = test::run(ringctl + " plan --check " +
+                         test::source_path("configs/examples/270b-1.2m-64x8-h200.yaml"));
+  EXPECT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("verdict: fits"), std::string::npos) << plain.output;
+  // ...but without --what-if, plan refuses what `run`/`submit` would refuse, with the reason.
+  auto refused = test::run(ringctl + " plan --set model.head_dim=256 " +
                            test::source_path("configs/examples/270b-1.2m-64x8-h200.yaml"));
   EXPECT_EQ(refused.exit_code, 1) << refused.output;
-  EXPECT_NE(refused.output.find("model.dtype: not supported by this build"), std::string::npos)
+  EXPECT_NE(refused.output.find("model.head_dim: not supported by this build"), std::string::npos)
       << refused.output;
   EXPECT_NE(refused.output.find("--what-if"), std::string::npos) << refused.output;
   auto bad = test::run(ringctl + " plan " + test::source_path("configs/invalid/bad-enum.yaml"));

@@ -187,6 +187,9 @@ Inputs load_inputs(const GenerateOpts& o, bool quiet) {
     } catch (const contract::ModelError& e) {
       throw InputError(fmt::format("--spec {}: {}", o.spec, e.what()));
     }
+    // Generation computes in fp32 from the (fp32) weights, whatever the training dtype was: the
+    // bf16 KV cache is not wired yet (docs/precision.md).
+    mc.dtype = spec::DType::kFp32;
     if (!r.spec->data.tokenizer.empty()) {
       try {
         tok = data::Tokenizer::load(r.spec->data.tokenizer);

@@ -72,8 +72,7 @@ Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExec
   if (config_.dtype != spec::DType::kFp32 && !bf16_)
     throw ModelError(std::string("model.dtype ") + spec::to_string(config_.dtype) +
                      ": the model computes fp32 or bf16");
-  if (bf16_ && store_)
-    throw ModelError("model.dtype bf16 with a block store (parallel.shard full) is not wired yet");
+  if (bf16_ && store_) bf16_slots_.resize(4);  // the model holds at most 3 blocks at once
   if (bf16_ && !backend_->supports(kernels::Op::kGemm, kernels::DType::kBF16))
     throw ModelError(std::string("model.dtype bf16: backend ") + backend_->name() +
                      " has no bf16 GEMM");
@@ -193,7 +192,7 @@ void Model::zero_grads() {
 }
 
 void Model::prepare_weights() {
-  if (!bf16_) return;
+  if (!bf16_ || store_) return;  // a store's blocks are rounded as they are acquired
   // Idempotent: rounding a rounded value keeps it. params() may have been written directly
   // (set_params, the offloaded rank's copy from ringd's shared memory), so every pass does it.
   check_status(backend_->round_to_bf16(layout_.total(), params_.data()), "round_to_bf16");
@@ -203,7 +202,11 @@ void Model::prepare_weights() {
 }
 
 const uint16_t* Model::bf16_of(const float* w) const {
-  return params_bf16_.data() + (w - params_.data());
+  if (!store_) return params_bf16_.data() + (w - params_.data());
+  for (const Bf16Slot& k : bf16_slots_)
+    if (k.bucket >= 0 && w >= k.rounded.data() && w < k.rounded.data() + k.n)
+      return k.bits.data() + (w - k.rounded.data());
+  throw ModelError("bf16: weights outside every held block");
 }
 
 const uint16_t* Model::to_bf16(const float* x, int64_t n, DeviceArray<uint16_t>& scratch) {
@@ -325,10 +328,32 @@ AttentionCall Model::attention_call(int l, LayerActs& a) const {
 }
 
 const float* Model::acquire(const GradBucket& b, int next) {
-  return store_ ? store_->acquire(b.index, next) : params_.data() + b.begin;
+  if (!store_) return params_.data() + b.begin;
+  const float* w = store_->acquire(b.index, next);
+  if (!bf16_) return w;
+  auto free_slot = std::find_if(bf16_slots_.begin(), bf16_slots_.end(),
+                                [](const Bf16Slot& x) { return x.bucket < 0; });
+  if (free_slot == bf16_slots_.end())
+    throw ModelError("bf16: more blocks held at once than the model's slots");
+  Bf16Slot& k = *free_slot;
+  k.bucket = b.index;
+  k.n = b.end - b.begin;
+  k.rounded.resize(backend_, k.n);
+  k.bits.resize(backend_, k.n);
+  check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kF32, k.n, w,
+                                 k.rounded.data()),
+               "convert");
+  check_status(backend_->round_to_bf16(k.n, k.rounded.data()), "round_to_bf16");
+  check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kBF16, k.n,
+                                 k.rounded.data(), k.bits.data()),
+               "convert");
+  return k.rounded.data();
 }
 void Model::release(const GradBucket& b) {
-  if (store_) store_->release(b.index);
+  if (!store_) return;
+  store_->release(b.index);
+  for (Bf16Slot& k : bf16_slots_)
+    if (k.bucket == b.index) k.bucket = -1;
 }
 float* Model::block_grads(const GradBucket& b) {
   return store_ ? store_->grads(b.index) : grads_.data() + b.begin;

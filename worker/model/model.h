@@ -188,6 +188,15 @@ class Model {
   bool bf16_ = false;                      // config_.dtype == bf16
   DeviceArray<uint16_t> params_bf16_;      // [layout().total()] the working weights in bf16
   DeviceArray<uint16_t> a_bf16_, b_bf16_;  // GEMM operands converted to bf16
+  // bf16 with a block store: each acquired block's weights rounded into a slot of this pool with
+  // their bf16 copy (the store's own buffer is left as it is); a slot is free again at release.
+  struct Bf16Slot {
+    int bucket = -1;  // -1: free
+    int64_t n = 0;
+    DeviceArray<float> rounded;
+    DeviceArray<uint16_t> bits;
+  };
+  std::vector<Bf16Slot> bf16_slots_;
 
   int64_t t_ = 0;  // tokens of the current batch
   DeviceArray<int32_t> ids_, labels_, docs_;

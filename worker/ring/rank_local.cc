@@ -37,6 +37,8 @@ int run_rank(const Args& args, const spec::JobSpec& spec) {
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;
   ao.timeout_ms = args.timeout_ms;
+  // model.dtype bf16: K and V are bf16 values, and travel so (docs/precision.md).
+  if (spec.model.dtype == spec::DType::kBf16) ao.wire = kernels::DType::kBF16;
   RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
   train::Trainer trainer(spec, backend.get(), &attention, steps);
   trainer.set_grad_reduce(rr.grad_reducer());

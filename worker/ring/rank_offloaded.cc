@@ -202,6 +202,8 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   RingAttention::Options ao;
   ao.stagger_us = spec.parallel.stagger_us;
   ao.timeout_ms = args.timeout_ms;
+  // model.dtype bf16: K and V are bf16 values, and travel so (docs/precision.md).
+  if (spec.model.dtype == spec::DType::kBf16) ao.wire = kernels::DType::kBF16;
   ao.rank_offset = rr.replica() * rr.ring().world;
   RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
   // parallel.shard full: this rank keeps only its shard of the weights and gradient; the model

@@ -39,6 +39,13 @@ Trainer::Trainer(const spec::JobSpec& spec, kernels::Backend* backend,
     }
     model_.set_params(host);
   }
+  if (model_.config().dtype == spec::DType::kBf16) {
+    // The master is the weights as set, before the model's first pass rounds its copy.
+    master_.resize(backend_, n);
+    check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kF32, n, model_.params(),
+                                   master_.data()),
+                 "convert");
+  }
   m_.resize(backend_, n);
   v_.resize(backend_, n);
   check_status(backend_->fill(n, 0.f, m_.data()), "fill");
@@ -60,7 +67,10 @@ std::string Trainer::save_weights(const std::string& dir, const nlohmann::json& 
   o.tag = "weights";
   o.spec_hash = "weights";
   o.layout = std::move(layout);
-  const std::vector<float> host = model_.get_params();
+  std::vector<float> host = model_.get_params();
+  if (master_.size() > 0)  // bf16: the fp32 master, not the rounded working copy
+    check_status(backend_->copy_to_host(host.data(), master_.data(), master_.bytes()),
+                 "copy_to_host");
   ckpt::Checkpointer ck(o);
   for (const auto& v : pl.views())
     ck.add_tensor("master/" + v.name, ckpt::DType::kF32, v.shape, host.data() + v.offset);
@@ -96,14 +106,18 @@ StepStats Trainer::train_step(const std::vector<model::Batch>& batches, int64_t 
   ++step_;
   const spec::OptimizerSection& o = spec_.optimizer;
   const double lr = learning_rate(o, step_, total_steps_);
+  float* weights = master_.size() > 0 ? master_.data() : model_.params();
   for (const model::ParamView& v : model_.layout().views()) {
     const contract::AdamWParams a = contract::adamw_params(o, lr, step_, v.decay);
     const kernels::Backend::AdamWParams hp{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step};
-    check_status(backend_->adamw_step(v.size, hp, model_.params() + v.offset,
-                                      model_.grads() + v.offset, m_.data() + v.offset,
-                                      v_.data() + v.offset),
+    check_status(backend_->adamw_step(v.size, hp, weights + v.offset, model_.grads() + v.offset,
+                                      m_.data() + v.offset, v_.data() + v.offset),
                  "adamw_step");
   }
+  if (master_.size() > 0)  // the working copy: the next pass rounds it
+    check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kF32, n,
+                                   master_.data(), model_.params()),
+                 "convert");
   check_status(backend_->synchronize(), "synchronize");
   const auto t1 = std::chrono::steady_clock::now();
 

@@ -77,6 +77,9 @@ class Trainer {
   int64_t total_steps_;
   int64_t step_ = 0;
   model::DeviceArray<float> m_, v_;  // AdamW moments, [layout.total()]
+  // model.dtype bf16: the fp32 master weights AdamW updates (the model's params() are its
+  // bf16-rounded working copy, refreshed from this after every update). Empty for fp32.
+  model::DeviceArray<float> master_;
   GradReduceFn grad_reduce_;
 };
 
