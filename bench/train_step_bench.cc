@@ -5,6 +5,11 @@
 //
 //   train_step_bench [--threads 2] [--reps 3] [--seq-len 8192]
 //                    [--mem-seq-lens 2048,4096,8192,16384] [--torch-max-seq 8192] [--no-torch]
+//   train_step_bench --bf16 [--seq-len 16384] [--reps 6]
+//
+// --bf16: the whole step (forward, backward, clip, AdamW) with model.dtype bf16 against fp32 on
+// the same batch and weights, alternating fp32 and bf16 steps in one run: median, min..max and
+// the ratio of medians (docs/precision.md, docs/performance.md).
 //
 // Model: 2 layers, d_model 256, 4 heads (head_dim 64), 2 kv heads, swiglu (hidden 704), vocab
 // 256, tied embeddings. Batch: packed documents of deterministic random lengths in [64, 2048]
@@ -42,14 +47,15 @@ struct Options {
   std::vector<int64_t> mem_seq_lens = {2048, 4096, 8192, 16384};
   int64_t torch_max_seq = 8192;
   bool torch = true;
+  bool bf16 = false;
   int64_t child_mem = 0;  // internal: measure our peak memory at this length and exit
 };
 
-ring::spec::JobSpec bench_spec(int64_t seq_len) {
+ring::spec::JobSpec bench_spec(int64_t seq_len, bool bf16 = false) {
   std::string yaml = R"(
 job: {name: train-step-bench}
 model: {layers: 2, d_model: 256, heads: 4, kv_heads: 2, mlp: swiglu, vocab: 256,
-        tie_embeddings: true}
+        tie_embeddings: true, dtype: )" + std::string(bf16 ? "bf16" : "fp32") + R"(}
 data: {source: passkey, seq_len: )" + std::to_string(seq_len) + R"(}
 optimizer: {lr: 1.0e-4, weight_decay: 0.1, offload: none, schedule: constant}
 train: {steps: 100, grad_clip: 1.0, seed: 1}
@@ -171,6 +177,39 @@ int child_mem(const Options& o) {
   return 0;
 }
 
+// --bf16: fp32 and bf16 steps alternated on the same batch (each trainer from the same seed).
+int bf16_vs_fp32(const Options& o, ring::kernels::Backend* backend) {
+  HostBatch b = make_batch(o.seq_len);
+  ring::model::LocalAttention a32(backend), a16(backend);
+  ring::train::Trainer t32(bench_spec(o.seq_len, false), backend, &a32, 100);
+  ring::train::Trainer t16(bench_spec(o.seq_len, true), backend, &a16, 100);
+  std::printf("bf16 vs fp32 training step: 2 layers, d_model 256, heads 4/2, %lld tokens, %d "
+              "threads\n",
+              static_cast<long long>(o.seq_len), o.threads);
+  std::vector<double> s32, s16;
+  for (int r = 0; r <= o.reps; ++r) {  // step 1 of each touches fresh memory: not timed
+    const StepStats a = t32.train_step(b.batch(), b.valid);
+    const StepStats c = t16.train_step(b.batch(), b.valid);
+    std::printf("  step %d: fp32 %.3f s (loss %.5f), bf16 %.3f s (loss %.5f)\n", r + 1,
+                a.step_ms / 1000, a.loss, c.step_ms / 1000, c.loss);
+    std::fflush(stdout);
+    if (r == 0) continue;
+    s32.push_back(a.step_ms / 1000);
+    s16.push_back(c.step_ms / 1000);
+  }
+  auto range = [](const std::vector<double>& v) {
+    return std::make_pair(*std::min_element(v.begin(), v.end()),
+                          *std::max_element(v.begin(), v.end()));
+  };
+  const auto [lo32, hi32] = range(s32);
+  const auto [lo16, hi16] = range(s16);
+  std::printf("\nstep at %lld tokens: fp32 median %.3f s (%.3f..%.3f), bf16 median %.3f s "
+              "(%.3f..%.3f): bf16 is %.2fx fp32's speed\n",
+              static_cast<long long>(o.seq_len), median(s32), lo32, hi32, median(s16), lo16,
+              hi16, median(s32) / median(s16));
+  return 0;
+}
+
 std::vector<int64_t> parse_list(const char* s) {
   std::vector<int64_t> v;
   std::stringstream ss(s);
@@ -198,6 +237,7 @@ int main(int argc, char** argv) {
     else if (f == "--mem-seq-lens") o.mem_seq_lens = parse_list(val());
     else if (f == "--torch-max-seq") o.torch_max_seq = std::atoll(val());
     else if (f == "--no-torch") o.torch = false;
+    else if (f == "--bf16") o.bf16 = true;
     else if (f == "--child-mem") o.child_mem = std::atoll(val());
     else {
       std::fprintf(stderr, "unknown argument %s\n", f.c_str());
@@ -212,6 +252,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", err.c_str());
     return 1;
   }
+  if (o.bf16) return bf16_vs_fp32(o, backend.get());
   const fs::path dir = fs::temp_directory_path() / ("train_step_bench_" + std::to_string(getpid()));
   const std::string self = fs::read_symlink("/proc/self/exe").string();
 

@@ -81,7 +81,8 @@ RING_COORD="$build/coordinator/ring-coord"
 for b in "$RINGCTL" "$RING_COORD" "$build/daemon/ringd/ringd" "$build/worker/ring-worker"; do
   [ -x "$b" ] || { echo "chaos: $b is missing: build first (scripts/test.sh or ring_build)" >&2; exit 2; }
 done
-SPEC_TEMPLATE="$ROOT_DIR/tests/chaos/chaos.yaml"
+# CHAOS_SPEC: another job spec of the same shape (e.g. tests/chaos/chaos-bf16.yaml); job.name chaos.
+SPEC_TEMPLATE="${CHAOS_SPEC:-$ROOT_DIR/tests/chaos/chaos.yaml}"
 STEPS=$(sed -n 's/^  steps: *\([0-9]*\)$/\1/p' "$SPEC_TEMPLATE")
 FINAL=$(printf 'step-%08d' "$STEPS")
 
