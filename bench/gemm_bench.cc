@@ -197,7 +197,7 @@ int bf16_bench(int threads, int reps, bool quick) {
   std::printf("bf16 GEMM: CPU AVX512_BF16 %s, AMX-BF16 %s; auto chooses %s (%s); convert runs "
               "on the fp32 provider %s\n",
               facts.avx512_bf16 ? "yes" : "no", facts.amx_bf16 ? "yes" : "no",
-              cpu::bf16_gemm_path_name(choice.path), choice.reason.c_str(),
+              cpu::bf16_gemm_path_name(choice.value), choice.reason.c_str(),
               cpu::gemm_provider_name(cpu::active_gemm_provider()));
   for (const Bf16Shape& bs : bf16_shapes(quick)) {
     const GemmShape& s = bs.s;
@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
                 return getloadavg(l, 1) == 1 ? l[0] : -1.0;
               }());
   std::printf("RING_GEMM=%s chooses %s (%s)\n", ring_gemm ? ring_gemm : "(unset: auto)",
-              cpu::gemm_provider_name(choice.provider), choice.reason.c_str());
+              cpu::gemm_provider_name(choice.value), choice.reason.c_str());
 
   std::vector<Config> configs;
   for (auto p : ring::bench::built_gemm_providers()) configs.push_back(Config{p, ""});

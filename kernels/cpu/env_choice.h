@@ -4,7 +4,9 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <mutex>
+#include <string>
 
 namespace ring::kernels::cpu {
 
@@ -33,5 +35,40 @@ class EnvChoice {
   std::atomic<int> value_{-1};  // -1: not chosen yet
   std::once_flag once_;
 };
+
+// What resolving an environment value gave: the value, why (one line, logged), and whether the
+// value was not honoured as written (a warning).
+template <typename E>
+struct Resolved {
+  E value{};
+  std::string reason;
+  bool warning = false;
+};
+
+// The values such a choice can take, each with its spelling in the environment variable and
+// whether this build has it: one table per choice instead of a name switch and a built switch.
+template <typename E>
+struct NamedChoice {
+  E value;
+  const char* name;
+  bool built;
+};
+
+template <typename E, size_t N>
+constexpr const NamedChoice<E>* find_choice(const NamedChoice<E> (&table)[N], E v) {
+  for (const NamedChoice<E>& c : table)
+    if (c.value == v) return &c;
+  return nullptr;
+}
+template <typename E, size_t N>
+constexpr const char* choice_name(const NamedChoice<E> (&table)[N], E v) {
+  const NamedChoice<E>* c = find_choice(table, v);
+  return c ? c->name : "unknown";
+}
+template <typename E, size_t N>
+constexpr bool choice_built(const NamedChoice<E> (&table)[N], E v) {
+  const NamedChoice<E>* c = find_choice(table, v);
+  return c && c->built;
+}
 
 }  // namespace ring::kernels::cpu

@@ -26,8 +26,8 @@ int choose_provider() {
   const char* env = std::getenv("RING_GEMM");
   GemmChoice choice = resolve_gemm_provider(env ? env : "", gemm_facts());
   std::fprintf(stderr, "ring kernels: %sGEMM provider %s (%s)\n", choice.warning ? "warning: " : "",
-               gemm_provider_name(choice.provider), choice.reason.c_str());
-  return static_cast<int>(choice.provider);
+               gemm_provider_name(choice.value), choice.reason.c_str());
+  return static_cast<int>(choice.value);
 }
 
 const char* level_name(int level) {
@@ -36,25 +36,14 @@ const char* level_name(int level) {
 
 }  // namespace
 
-const char* gemm_provider_name(GemmProvider p) {
-  switch (p) {
-    case GemmProvider::kOpenBlas:
-      return "openblas";
-    case GemmProvider::kOneDnn:
-      return "onednn";
-  }
-  return "unknown";
-}
+constexpr NamedChoice<GemmProvider> kProviderNames[] = {
+    {GemmProvider::kOpenBlas, "openblas", true},
+    {GemmProvider::kOneDnn, "onednn", RING_HAVE_ONEDNN != 0},
+};
 
-bool gemm_provider_built(GemmProvider p) {
-  switch (p) {
-    case GemmProvider::kOpenBlas:
-      return true;
-    case GemmProvider::kOneDnn:
-      return RING_HAVE_ONEDNN != 0;
-  }
-  return false;
-}
+const char* gemm_provider_name(GemmProvider p) { return choice_name(kProviderNames, p); }
+
+bool gemm_provider_built(GemmProvider p) { return choice_built(kProviderNames, p); }
 
 GemmFacts gemm_facts() {
   GemmFacts f;
@@ -86,7 +75,7 @@ GemmChoice resolve_gemm_provider(const std::string& env_value, const GemmFacts& 
       choice.warning = true;
       return choice;
     }
-    choice.provider = p;
+    choice.value = p;
     choice.reason = "RING_GEMM=" + env_value;
     return choice;
   }
@@ -104,7 +93,7 @@ GemmChoice resolve_gemm_provider(const std::string& env_value, const GemmFacts& 
     choice.reason = prefix + "auto: " + core + ": OpenBLAS fell back to older kernels, but this " +
                     "build has no oneDNN (libdnnl-dev)";
   } else {
-    choice.provider = GemmProvider::kOneDnn;
+    choice.value = GemmProvider::kOneDnn;
     choice.reason = prefix + "auto: " + core + ": OpenBLAS fell back to older kernels; oneDNN " +
                     "picks its kernels from the CPU's features";
   }

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/env_choice.h"
 
 namespace ring::kernels::cpu {
 
@@ -39,11 +40,8 @@ GemmFacts gemm_facts();
 // 2 for SkylakeX/Cooperlake/SapphireRapids, 1 for Haswell/Zen, 0 for the older ones.
 int openblas_core_vector_level(const std::string& core);
 
-struct GemmChoice {
-  GemmProvider provider = GemmProvider::kOpenBlas;
-  std::string reason;    // why, in one line (logged)
-  bool warning = false;  // the RING_GEMM value was not honoured as written
-};
+// value: the provider (OpenBLAS unless the rule or RING_GEMM says otherwise).
+using GemmChoice = Resolved<GemmProvider>;
 // Resolves a RING_GEMM value: empty or "auto" applies the rule above; "openblas" or "onednn"
 // selects that provider (oneDNN when not built: OpenBLAS, with a warning); anything else: the
 // automatic choice, with a warning naming RING_GEMM and the accepted values.
@@ -92,11 +90,8 @@ struct Bf16GemmFacts {
 };
 Bf16GemmFacts bf16_gemm_facts();
 
-struct Bf16GemmChoice {
-  Bf16GemmPath path = Bf16GemmPath::kConvert;
-  std::string reason;    // why, in one line (logged)
-  bool warning = false;  // the RING_BF16_GEMM value was not honoured as written
-};
+// value: the path (conversion unless the rule or RING_BF16_GEMM says otherwise).
+using Bf16GemmChoice = Resolved<Bf16GemmPath>;
 // Resolves a RING_BF16_GEMM value: empty or "auto" applies the rule above; "convert" or "onednn"
 // selects that path (onednn without oneDNN in the build: convert, with a warning; onednn on a CPU
 // without the bf16 instructions is honoured, and calls oneDNN cannot serve there fail with

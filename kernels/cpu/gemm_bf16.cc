@@ -34,9 +34,9 @@ int choose_path() {
   const char* env = std::getenv("RING_BF16_GEMM");
   Bf16GemmChoice choice = resolve_bf16_gemm_path(env ? env : "", bf16_gemm_facts());
   std::fprintf(stderr, "ring kernels: %sbf16 GEMM path %s (%s)\n",
-               choice.warning ? "warning: " : "", bf16_gemm_path_name(choice.path),
+               choice.warning ? "warning: " : "", bf16_gemm_path_name(choice.value),
                choice.reason.c_str());
-  return static_cast<int>(choice.path);
+  return static_cast<int>(choice.value);
 }
 
 // Whether the OS saves the XCR0 state components in mask (so the instructions using them run).
@@ -363,25 +363,14 @@ Status onednn_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alph
 
 }  // namespace
 
-const char* bf16_gemm_path_name(Bf16GemmPath p) {
-  switch (p) {
-    case Bf16GemmPath::kConvert:
-      return "convert";
-    case Bf16GemmPath::kOneDnn:
-      return "onednn";
-  }
-  return "unknown";
-}
+constexpr NamedChoice<Bf16GemmPath> kPathNames[] = {
+    {Bf16GemmPath::kConvert, "convert", true},
+    {Bf16GemmPath::kOneDnn, "onednn", RING_HAVE_ONEDNN != 0},
+};
 
-bool bf16_gemm_path_built(Bf16GemmPath p) {
-  switch (p) {
-    case Bf16GemmPath::kConvert:
-      return true;
-    case Bf16GemmPath::kOneDnn:
-      return RING_HAVE_ONEDNN != 0;
-  }
-  return false;
-}
+const char* bf16_gemm_path_name(Bf16GemmPath p) { return choice_name(kPathNames, p); }
+
+bool bf16_gemm_path_built(Bf16GemmPath p) { return choice_built(kPathNames, p); }
 
 Bf16GemmFacts bf16_gemm_facts() {
   Bf16GemmFacts f;
@@ -407,7 +396,7 @@ Bf16GemmChoice resolve_bf16_gemm_path(const std::string& env_value, const Bf16Ge
       choice.warning = true;
       return choice;
     }
-    choice.path = p;
+    choice.value = p;
     choice.reason = "RING_BF16_GEMM=" + env_value;
     return choice;
   }
@@ -425,7 +414,7 @@ Bf16GemmChoice resolve_bf16_gemm_path(const std::string& env_value, const Bf16Ge
   } else if (!facts.onednn_built) {
     choice.reason = prefix + "auto: " + cpu + ", but this build has no oneDNN (libdnnl-dev)";
   } else {
-    choice.path = Bf16GemmPath::kOneDnn;
+    choice.value = Bf16GemmPath::kOneDnn;
     choice.reason = prefix + "auto: " + cpu + ": oneDNN bf16 matmul";
   }
   return choice;

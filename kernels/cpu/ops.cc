@@ -127,6 +127,16 @@ Status check_elementwise(int64_t n, bool pointers_ok) {
   return Status::kOk;
 }
 
+// An elementwise op: arguments checked, [0, n) cut into ranges over `threads` threads, body(k,
+// begin, end) for each with the active ISA's kernels.
+template <typename Body>
+Status elementwise(int64_t n, bool pointers_ok, int threads, Body body) {
+  if (Status s = check_elementwise(n, pointers_ok); s != Status::kOk) return s;
+  const Kernels& k = kernels();
+  parallel_ranges(n, threads, kGrainStream, [&](int, int64_t b, int64_t e) { body(k, b, e); });
+  return Status::kOk;
+}
+
 }  // namespace
 
 // ---- ISA selection ------------------------------------------------------------------------
@@ -731,59 +741,42 @@ Status topk_abs(int64_t n, int64_t k, const float* x, uint32_t* indices, float* 
 
 // ---- elementwise helpers ------------------------------------------------------------------
 Status fill(int64_t n, float value, float* x, int threads) {
-  if (Status s = check_elementwise(n, !any_null(n, x)); s != Status::kOk) return s;
-  const Kernels& k = kernels();
-  parallel_ranges(n, threads, kGrainStream,
-                  [&](int, int64_t b, int64_t e) { k.fill(e - b, value, x + b); });
-  return Status::kOk;
+  return elementwise(n, !any_null(n, x), threads,
+                     [&](const Kernels& k, int64_t b, int64_t e) { k.fill(e - b, value, x + b); });
 }
 
 Status scale(int64_t n, float alpha, float* x, int threads) {
-  if (Status s = check_elementwise(n, !any_null(n, x)); s != Status::kOk) return s;
-  const Kernels& k = kernels();
-  parallel_ranges(n, threads, kGrainStream,
-                  [&](int, int64_t b, int64_t e) { k.scale(e - b, alpha, x + b); });
-  return Status::kOk;
+  return elementwise(n, !any_null(n, x), threads,
+                     [&](const Kernels& k, int64_t b, int64_t e) { k.scale(e - b, alpha, x + b); });
 }
 
 Status axpy(int64_t n, float alpha, const float* x, float* y, int threads) {
-  if (Status s = check_elementwise(n, !any_null(n, x, y)); s != Status::kOk) return s;
-  const Kernels& k = kernels();
-  parallel_ranges(n, threads, kGrainStream,
-                  [&](int, int64_t b, int64_t e) { k.axpy(e - b, alpha, x + b, y + b); });
-  return Status::kOk;
+  return elementwise(n, !any_null(n, x, y), threads, [&](const Kernels& k, int64_t b, int64_t e) {
+    k.axpy(e - b, alpha, x + b, y + b);
+  });
 }
 
 Status to_bf16(int64_t n, const float* x, uint16_t* out, int threads) {
-  if (Status s = check_elementwise(n, !any_null(n, x, out)); s != Status::kOk) return s;
-  const Kernels& k = kernels();
-  parallel_ranges(n, threads, kGrainStream,
-                  [&](int, int64_t b, int64_t e) { k.to_bf16(e - b, x + b, out + b); });
-  return Status::kOk;
+  return elementwise(n, !any_null(n, x, out), threads, [&](const Kernels& k, int64_t b, int64_t e) {
+    k.to_bf16(e - b, x + b, out + b);
+  });
 }
 
 Status from_bf16(int64_t n, const uint16_t* x, float* out, int threads) {
-  if (Status s = check_elementwise(n, !any_null(n, x, out)); s != Status::kOk) return s;
-  const Kernels& k = kernels();
-  parallel_ranges(n, threads, kGrainStream,
-                  [&](int, int64_t b, int64_t e) { k.from_bf16(e - b, x + b, out + b); });
-  return Status::kOk;
+  return elementwise(n, !any_null(n, x, out), threads, [&](const Kernels& k, int64_t b, int64_t e) {
+    k.from_bf16(e - b, x + b, out + b);
+  });
 }
 
 Status round_bf16(int64_t n, float* x, int threads) {
-  if (Status s = check_elementwise(n, !any_null(n, x)); s != Status::kOk) return s;
-  const Kernels& k = kernels();
-  parallel_ranges(n, threads, kGrainStream,
-                  [&](int, int64_t b, int64_t e) { k.round_bf16(e - b, x + b); });
-  return Status::kOk;
+  return elementwise(n, !any_null(n, x), threads,
+                     [&](const Kernels& k, int64_t b, int64_t e) { k.round_bf16(e - b, x + b); });
 }
 
 Status add(int64_t n, const float* a, const float* b, float* out, int threads) {
-  if (Status s = check_elementwise(n, !any_null(n, a, b, out)); s != Status::kOk) return s;
-  const Kernels& k = kernels();
-  parallel_ranges(n, threads, kGrainStream,
-                  [&](int, int64_t lo, int64_t hi) { k.add(hi - lo, a + lo, b + lo, out + lo); });
-  return Status::kOk;
+  return elementwise(
+      n, !any_null(n, a, b, out), threads,
+      [&](const Kernels& k, int64_t lo, int64_t hi) { k.add(hi - lo, a + lo, b + lo, out + lo); });
 }
 
 Status sum_squares(int64_t n, const float* x, double* out, int threads) {

@@ -403,7 +403,7 @@ TEST(Bf16GemmChoice, AutoTakesOneDnnOnlyWithBf16InstructionsAndOneDnnBuilt) {
   for (const Case& c : cases) {
     for (const char* env : {"", "auto"}) {
       auto choice = cpu::resolve_bf16_gemm_path(env, facts(c.avx512_bf16, c.amx, c.onednn));
-      EXPECT_EQ(choice.path, c.want) << choice.reason;
+      EXPECT_EQ(choice.value, c.want) << choice.reason;
       EXPECT_FALSE(choice.warning);
       EXPECT_NE(choice.reason.find(c.says), std::string::npos) << choice.reason;
     }
@@ -413,20 +413,20 @@ TEST(Bf16GemmChoice, AutoTakesOneDnnOnlyWithBf16InstructionsAndOneDnnBuilt) {
 TEST(Bf16GemmChoice, EnvironmentOverridesAndBadValuesAreNamed) {
   for (bool hw : {false, true}) {
     auto conv = cpu::resolve_bf16_gemm_path("convert", facts(hw, hw));
-    EXPECT_EQ(conv.path, Bf16GemmPath::kConvert);
+    EXPECT_EQ(conv.value, Bf16GemmPath::kConvert);
     EXPECT_EQ(conv.reason, "RING_BF16_GEMM=convert");
     // Forcing oneDNN is honoured even without the instructions (calls then say what is missing).
     auto dnn = cpu::resolve_bf16_gemm_path("onednn", facts(hw, false));
-    EXPECT_EQ(dnn.path, Bf16GemmPath::kOneDnn);
+    EXPECT_EQ(dnn.value, Bf16GemmPath::kOneDnn);
     EXPECT_FALSE(dnn.warning);
   }
   auto missing = cpu::resolve_bf16_gemm_path("onednn", facts(true, true, false));
-  EXPECT_EQ(missing.path, Bf16GemmPath::kConvert);
+  EXPECT_EQ(missing.value, Bf16GemmPath::kConvert);
   EXPECT_TRUE(missing.warning);
   EXPECT_NE(missing.reason.find("no oneDNN"), std::string::npos) << missing.reason;
   auto bad = cpu::resolve_bf16_gemm_path("amx", facts(true, true));
   EXPECT_TRUE(bad.warning);
-  EXPECT_EQ(bad.path, Bf16GemmPath::kOneDnn);  // the automatic choice
+  EXPECT_EQ(bad.value, Bf16GemmPath::kOneDnn);  // the automatic choice
   EXPECT_NE(bad.reason.find("RING_BF16_GEMM=amx: unknown (expected onednn, convert or auto)"),
             std::string::npos)
       << bad.reason;
@@ -460,7 +460,7 @@ TEST(Bf16GemmEnv, ActivePathFollowsRingBf16GemmAndIsLoggedOnce) {
   cpu::active_bf16_gemm_path();
   const std::string log = ::testing::internal::GetCapturedStderr();
   if (log.empty()) GTEST_SKIP() << "another test in this process chose the path first";
-  EXPECT_EQ(got, want.path);
+  EXPECT_EQ(got, want.value);
   const std::string line = std::string("bf16 GEMM path ") + cpu::bf16_gemm_path_name(got) + " (" +
                            want.reason + ")\n";
   EXPECT_NE(log.find(line), std::string::npos) << log;

@@ -223,7 +223,7 @@ TEST(GemmChoice, AutoPicksOneDnnOnlyWhenOpenBlasFellBack) {
   for (const Case& c : cases) {
     for (const char* env : {"", "auto"}) {
       auto choice = cpu::resolve_gemm_provider(env, facts(c.core, c.level));
-      EXPECT_EQ(choice.provider, c.want) << c.core << " level " << c.level << ": " << choice.reason;
+      EXPECT_EQ(choice.value, c.want) << c.core << " level " << c.level << ": " << choice.reason;
       EXPECT_FALSE(choice.warning);
       EXPECT_NE(choice.reason.find(std::string("OpenBLAS core ") + c.core), std::string::npos)
           << choice.reason;
@@ -233,26 +233,26 @@ TEST(GemmChoice, AutoPicksOneDnnOnlyWhenOpenBlasFellBack) {
   EXPECT_NE(fell_back.reason.find("fell back"), std::string::npos) << fell_back.reason;
   // Without oneDNN in the build, auto stays on OpenBLAS and says why.
   auto without = cpu::resolve_gemm_provider("", facts("Prescott", 2, false));
-  EXPECT_EQ(without.provider, GemmProvider::kOpenBlas);
+  EXPECT_EQ(without.value, GemmProvider::kOpenBlas);
   EXPECT_NE(without.reason.find("no oneDNN"), std::string::npos) << without.reason;
 }
 
 TEST(GemmChoice, EnvironmentOverridesAndBadValuesAreNamed) {
   for (const char* core : {"Prescott", "SkylakeX"}) {
     auto o = cpu::resolve_gemm_provider("openblas", facts(core, 2));
-    EXPECT_EQ(o.provider, GemmProvider::kOpenBlas);
+    EXPECT_EQ(o.value, GemmProvider::kOpenBlas);
     EXPECT_EQ(o.reason, "RING_GEMM=openblas");
     auto d = cpu::resolve_gemm_provider("onednn", facts(core, 2));
-    EXPECT_EQ(d.provider, GemmProvider::kOneDnn);
+    EXPECT_EQ(d.value, GemmProvider::kOneDnn);
     EXPECT_FALSE(d.warning);
   }
   auto missing = cpu::resolve_gemm_provider("onednn", facts("Prescott", 2, false));
-  EXPECT_EQ(missing.provider, GemmProvider::kOpenBlas);
+  EXPECT_EQ(missing.value, GemmProvider::kOpenBlas);
   EXPECT_TRUE(missing.warning);
   EXPECT_NE(missing.reason.find("RING_GEMM=onednn"), std::string::npos) << missing.reason;
   auto bad = cpu::resolve_gemm_provider("mkl", facts("Prescott", 2));
   EXPECT_TRUE(bad.warning);
-  EXPECT_EQ(bad.provider, GemmProvider::kOneDnn);  // the automatic choice
+  EXPECT_EQ(bad.value, GemmProvider::kOneDnn);  // the automatic choice
   EXPECT_NE(bad.reason.find("RING_GEMM=mkl: unknown (expected openblas, onednn or auto)"),
             std::string::npos)
       << bad.reason;
@@ -279,7 +279,7 @@ TEST(GemmEnv, ActiveProviderFollowsRingGemmAndIsLoggedOnce) {
   cpu::active_gemm_provider();
   const std::string log = ::testing::internal::GetCapturedStderr();
   if (log.empty()) GTEST_SKIP() << "another test in this process chose the provider first";
-  EXPECT_EQ(got, want.provider);
+  EXPECT_EQ(got, want.value);
   const std::string line =
       std::string("GEMM provider ") + cpu::gemm_provider_name(got) + " (" + want.reason + ")\n";
   EXPECT_NE(log.find(line), std::string::npos) << log;

@@ -191,6 +191,12 @@ void Model::zero_grads() {
   check_status(backend_->fill(layout_.total(), 0.f, grads_.data()), "fill");
 }
 
+void Model::begin_pass(const Batch& batch, int64_t global_valid, const char* what) {
+  if (global_valid < 1) throw ModelError(std::string(what) + ": global_valid must be >= 1");
+  prepare(batch);
+  prepare_weights();
+}
+
 void Model::prepare_weights() {
   if (!bf16_ || store_) return;  // a store's blocks are rounded as they are acquired
   // Idempotent: rounding a rounded value keeps it. params() may have been written directly
@@ -497,9 +503,7 @@ void Model::head_backward(const float* wh, const float* we, float* gh, float* ge
 }
 
 LossResult Model::forward(const Batch& batch, int64_t global_valid) {
-  if (global_valid < 1) throw ModelError("forward: global_valid must be >= 1");
-  prepare(batch);
-  prepare_weights();
+  begin_pass(batch, global_valid, "forward");
   const int layers = static_cast<int>(config_.layers);
   const bool tied = config_.tie_embeddings;
   const GradBucket& eb = layout_.embedding_bucket();
@@ -523,9 +527,7 @@ LossResult Model::forward(const Batch& batch, int64_t global_valid) {
 
 LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
                                    const BucketReadyFn& on_bucket) {
-  if (global_valid < 1) throw ModelError("forward_backward: global_valid must be >= 1");
-  prepare(batch);
-  prepare_weights();
+  begin_pass(batch, global_valid, "forward_backward");
   const int layers = static_cast<int>(config_.layers);
   const bool tied = config_.tie_embeddings;
   const GradBucket& eb = layout_.embedding_bucket();

@@ -155,6 +155,9 @@ class Model {
   void require_flat(const char* what) const;
   AttentionCall attention_call(int l, LayerActs& a) const;
   void ensure(LayerActs& a);
+  // The start of forward and forward_backward: arguments checked, the batch's buffers, the
+  // weights (prepare_weights).
+  void begin_pass(const Batch& batch, int64_t global_valid, const char* what);
   // bf16: the working weights rounded (in place) and their bf16 copy, before a pass.
   void prepare_weights();
   // The bf16 copy of fp32 weights w (a pointer into params()).
