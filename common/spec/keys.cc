@@ -283,6 +283,16 @@ std::vector<KeyDef> build_table() {
                   "(sequence/context parallelism)."),
             Value{int64_t{1}}),
         1, 65536);
+  range(def(b.add("parallel.head_ranks", KT::kInt, &J::parallel, &ParallelSection::head_ranks,
+                  "Two-level context parallelism: the context_ranks ranks of a sequence form "
+                  "groups of head_ranks ranks inside one node; an all-to-all inside a group "
+                  "gives each rank all of the group's tokens for 1/head_ranks of the heads, and "
+                  "the ring runs over the context_ranks / head_ranks groups (one hop per group, "
+                  "not per rank). Must divide context_ranks, workers_per_node and model.heads, "
+                  "and divide model.kv_heads or be a multiple of it (then each K/V head is "
+                  "replicated on head_ranks / kv_heads ranks). 1: one ring over every rank."),
+            Value{int64_t{1}}),
+        1, 65536);
   range(def(b.add("parallel.data_replicas", KT::kInt, &J::parallel,
                   &ParallelSection::data_replicas,
                   "Independent rings training on different sequences (data parallelism). "

@@ -77,6 +77,7 @@ struct DataSection {
 
 struct ParallelSection {
   int64_t context_ranks{};
+  int64_t head_ranks{};  // U: head-parallel group inside a node; the ring has context_ranks / U
   int64_t data_replicas{};
   RingOrder ring_order{};
   std::vector<int64_t> ring_order_list;

@@ -235,6 +235,43 @@ const std::vector<Rule>& rules() {
                                "be none (got {})",
                                to_string(c.s.parallel.shard)));
        }},
+      {{"parallel.head_ranks, parallel.context_ranks, resources.workers_per_node, model.heads, "
+        "model.kv_heads",
+        "head_ranks divides context_ranks (the ring has context_ranks / head_ranks groups), "
+        "workers_per_node (a group sits inside one node) and model.heads; it divides "
+        "model.kv_heads or is a multiple of it (K/V heads are then replicated)."},
+       [](Ctx& c) {
+         const int64_t u = c.s.parallel.head_ranks;
+         if (u <= 1) return;
+         const auto& m = c.s.model;
+         const int64_t kv = m.kv_heads.value_or(m.heads);
+         if (c.s.parallel.context_ranks % u != 0)
+           c.error("parallel.head_ranks",
+                   fmt::format("head_ranks ({}) must divide parallel.context_ranks ({}): the "
+                               "ring runs over context_ranks / head_ranks groups",
+                               u, c.s.parallel.context_ranks));
+         if (c.s.resources.workers_per_node % u != 0)
+           c.error("parallel.head_ranks",
+                   fmt::format("head_ranks ({}) must divide resources.workers_per_node ({}): a "
+                               "head group's all-to-all runs inside one node",
+                               u, c.s.resources.workers_per_node));
+         if (m.heads % u != 0)
+           c.error("parallel.head_ranks",
+                   fmt::format("head_ranks ({}) must divide model.heads ({}): each rank of a "
+                               "group computes heads / head_ranks query heads",
+                               u, m.heads));
+         else if (kv % u != 0 && u % kv != 0)
+           c.error("parallel.head_ranks",
+                   fmt::format("head_ranks ({}) must divide model.kv_heads ({}) or be a "
+                               "multiple of it (each K/V head is then replicated on head_ranks "
+                               "/ kv_heads ranks)",
+                               u, kv));
+         if (c.s.job.kind == JobKind::kGenerate)
+           c.error("parallel.head_ranks",
+                   fmt::format("job.kind generate runs one ring over parallel.context_ranks "
+                               "ranks; head_ranks must be 1 (got {})",
+                               u));
+       }},
       {{"model.heads, model.kv_heads", "heads must be a multiple of kv_heads."},
        [](Ctx& c) {
          const auto& m = c.s.model;

@@ -232,6 +232,26 @@ typedef struct ring_transport {
    * Absent (NULL): as UNSUPPORTED. The comm is used by one thread at a time, as for every
    * member; the poll(2) itself is not a call on the comm. */
   ring_transport_status_t (*arm_wakeup)(ring_transport_comm_t* comm, int* fd);
+
+  /* Optional (appended after arm_wakeup). All-to-all inside a group of ranks - the GPUs of one
+   * node in head-parallel attention (parallel.head_ranks): group lists n_group distinct ranks of
+   * the comm, the caller among them, in the same order on every member. The caller sends
+   * send_bytes[i] bytes at send + send_offsets[i] to group[i] and receives exactly recv_bytes[i]
+   * bytes from group[i] into recv + recv_offsets[i] (its own entry is copied locally); a message
+   * of another length completes it with INVALID_ARGUMENT. Sizes may differ per peer and may be
+   * 0. Blocking with the bound timeout_ms (0: op_timeout_ms), collective over the group only:
+   * ranks outside it take no part, and disjoint groups of one comm may run theirs at the same
+   * time. The members call it in the same order. Point-to-point requests posted before it may be
+   * outstanding (as for the other collectives); receive regions must not overlap each other or
+   * the send regions. Errors: INVALID_ARGUMENT (the caller not in the group, a rank twice or out
+   * of range, a length mismatch), TIMEOUT, PEER_FAILED naming the group member.
+   * Absent (NULL): the plugin has no all-to-all, and head-parallel attention cannot run on it
+   * (ring-worker refuses parallel.head_ranks > 1 before the first step, naming the transport). */
+  ring_transport_status_t (*all_to_all)(ring_transport_comm_t* comm, const int* group,
+                                        int n_group, const void* send,
+                                        const size_t* send_offsets, const size_t* send_bytes,
+                                        void* recv, const size_t* recv_offsets,
+                                        const size_t* recv_bytes, int timeout_ms);
 } ring_transport_t;
 
 /* The first fields of a plugin's exported struct:

@@ -1,5 +1,6 @@
 // One rank of a ring for ring_test.cc:
-//   ring_helper MODE RANK WORLD DIR BALANCE SEQ_LEN MAX_DOC SEED STEPS [LAYERS [ORDER]]
+//   ring_helper MODE RANK WORLD DIR BALANCE SEQ_LEN MAX_DOC SEED STEPS [LAYERS [ORDER [DTYPE
+//     [WIRE [HEAD_RANKS]]]]]
 // MODE grads: one forward/backward of the test model on random_sequence(SEQ_LEN, MAX_DOC, SEED),
 //   gradients and loss summed over the ring; writes DIR/result-RANK (double loss, int64 n,
 //   float grads[n]) and DIR/stats-RANK (attention work of this rank).
@@ -19,6 +20,7 @@
 #include "tests/ring/ring_test_util.h"
 #include "worker/data/split.h"
 #include "worker/model/model.h"
+#include "worker/ring/head_attention.h"
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_rank.h"
 #include "worker/train/trainer.h"
@@ -38,7 +40,10 @@ int run(int argc, char** argv) {
   const std::string order = argc > 11 ? argv[11] : "natural";
   // argv[12] bf16: model.dtype bf16 (docs/precision.md); WIRE: how K/V travel (fp32 or bf16).
   const bool wire_bf16 = argc > 13 && std::string(argv[13]) == "bf16";
+  // argv[14]: parallel.head_ranks (two-level context parallelism, worker/ring/head_attention.h).
+  const int head_ranks = argc > 14 ? std::atoi(argv[14]) : 1;
   spec::JobSpec spec = test::ring_spec(seq_len, world, balance, layers, order);
+  spec.parallel.head_ranks = head_ranks;
   if (argc > 12 && std::string(argv[12]) == "bf16") spec.model.dtype = spec::DType::kBf16;
   std::string err;
   auto backend = kernels::create_backend("cpu", 1, &err);
@@ -54,7 +59,9 @@ int run(int argc, char** argv) {
   cp::RingAttention::Options ao;
   ao.timeout_ms = 30000;
   if (wire_bf16) ao.wire = kernels::DType::kBF16;
-  cp::RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
+  const std::unique_ptr<cp::ContextAttention> attention_owner =
+      cp::make_context_attention(backend.get(), &rr.progress(), rr.ring(), head_ranks, ao);
+  cp::ContextAttention& attention = *attention_owner;
   const std::string out = dir + "/result-" + std::to_string(rank);
   // The models live out here: a transport error inside body exits at once (no unwinding), since
   // transfers may still be in flight into their buffers and into attention's.
@@ -128,7 +135,7 @@ int main(int argc, char** argv) {
   if (argc < 10) {
     std::fprintf(stderr,
                  "usage: %s grads|train|kill RANK WORLD DIR BALANCE SEQ_LEN MAX_DOC SEED STEPS "
-                 "[LAYERS [ORDER [fp32|bf16 [WIRE fp32|bf16]]]]\n",
+                 "[LAYERS [ORDER [fp32|bf16 [WIRE fp32|bf16 [HEAD_RANKS]]]]]\n",
                  argv[0]);
     return 2;
   }

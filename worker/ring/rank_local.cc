@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/ring/rank_setup.h"
+#include "worker/ring/head_attention.h"
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_programs.h"
 #include "worker/ring/ring_rank.h"
@@ -39,7 +40,10 @@ int run_rank(const Args& args, const spec::JobSpec& spec) {
   ao.timeout_ms = args.timeout_ms;
   // model.dtype bf16: K and V are bf16 values, and travel so (docs/precision.md).
   if (spec.model.dtype == spec::DType::kBf16) ao.wire = kernels::DType::kBF16;
-  RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
+  // One ring, or head groups inside a node with the ring over them (parallel.head_ranks).
+  const std::unique_ptr<ContextAttention> attention_owner = make_context_attention(
+      backend.get(), &rr.progress(), rr.ring(), static_cast<int>(spec.parallel.head_ranks), ao);
+  ContextAttention& attention = *attention_owner;
   train::Trainer trainer(spec, backend.get(), &attention, steps);
   trainer.set_grad_reduce(rr.grad_reducer());
 

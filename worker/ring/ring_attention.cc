@@ -42,21 +42,33 @@ double seconds_since(Clock::time_point t0) {
 }  // namespace
 
 RingTopology make_ring(int rank, int world, const std::vector<int>& order) {
-  if (world < 1 || rank < 0 || rank >= world)
-    throw std::invalid_argument(fmt::format("ring: rank {} of world {}", rank, world));
-  if (static_cast<int>(order.size()) != world)
+  if (world >= 1 && static_cast<int>(order.size()) != world)
     throw std::invalid_argument(
         fmt::format("ring order has {} entries, the ring has {} ranks", order.size(), world));
-  std::vector<int> seen(world, 0);
+  return make_sub_ring(rank, world, order);
+}
+
+RingTopology make_sub_ring(int rank, int comm_world, const std::vector<int>& order) {
+  if (comm_world < 1 || rank < 0 || rank >= comm_world)
+    throw std::invalid_argument(fmt::format("ring: rank {} of world {}", rank, comm_world));
+  if (order.empty() || static_cast<int>(order.size()) > comm_world)
+    throw std::invalid_argument(fmt::format(
+        "ring order has {} entries, the communicator has {} ranks", order.size(), comm_world));
+  std::vector<int> seen(comm_world, 0);
   for (int r : order) {
-    if (r < 0 || r >= world)
-      throw std::invalid_argument(fmt::format("ring order names rank {}, not in 0..{}", r, world - 1));
+    if (r < 0 || r >= comm_world)
+      throw std::invalid_argument(
+          fmt::format("ring order names rank {}, not in 0..{}", r, comm_world - 1));
     if (seen[r]++)
       throw std::invalid_argument(fmt::format("ring order names rank {} twice", r));
   }
+  if (!seen[rank])
+    throw std::invalid_argument(fmt::format("ring order does not name rank {}", rank));
+  const int world = static_cast<int>(order.size());
   RingTopology t;
   t.rank = rank;
   t.world = world;
+  t.comm_world = comm_world;
   t.order = order;
   t.position = static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin());
   t.next = order[(t.position + 1) % world];
@@ -111,7 +123,7 @@ RingAttention::Offsets RingAttention::offsets(int64_t t) const {
 }
 
 void RingAttention::exchange_token_counts(int64_t tokens) {
-  std::vector<int64_t> by_rank(ring_.world, 0);
+  std::vector<int64_t> by_rank(std::max(ring_.world, ring_.comm_world), 0);
   if (ring_.world > 1) {
     // A collective of the ring: in the timeline (and the flight recorder) as a wait on all.
     timeline::TimelineWriter* tl = timeline::active();
@@ -130,7 +142,7 @@ void RingAttention::exchange_token_counts(int64_t tokens) {
                   .end_ns = c1});
     }
   } else {
-    by_rank[0] = tokens;
+    by_rank[ring_.order[0]] = tokens;
   }
   tokens_of_.assign(ring_.world, 0);
   for (int p = 0; p < ring_.world; ++p) tokens_of_[p] = by_rank[ring_.order[p]];

@@ -48,16 +48,24 @@ namespace ring::cp {
 // Where this rank sits in the ring.
 struct RingTopology {
   int rank = 0;            // this process's rank in the communicator
-  int world = 1;           // P
+  int world = 1;           // P: positions of the ring
   std::vector<int> order;  // [P] ranks in ring order; K/V blocks pass order[i] -> order[i+1]
   int position = 0;        // index of rank in order
   int prev = 0;            // rank we receive from (order[position-1])
   int next = 0;            // rank we send to (order[position+1])
+  // Ranks of the communicator: P, or more when the ring is one of several on it (head-parallel
+  // attention runs one ring per head slot, over the groups' ranks of that slot). Every rank of
+  // the communicator takes part in the token-count exchange of layer 0.
+  int comm_world = 1;
 };
 
 // Builds the topology from an explicit order (a permutation of 0..world-1; throws
 // std::invalid_argument naming the problem otherwise).
 RingTopology make_ring(int rank, int world, const std::vector<int>& order);
+
+// A ring over some of a communicator's comm_world ranks: order lists distinct ranks of
+// 0..comm_world-1, rank among them (std::invalid_argument naming the problem otherwise).
+RingTopology make_sub_ring(int rank, int comm_world, const std::vector<int>& order);
 
 // The order the spec asks for: natural (0..P-1) or list (parallel.ring_order_list). topology and
 // slurm orders come from ringd and the coordinator (common/topology): they are given as natural here and
@@ -77,6 +85,10 @@ struct RingStats {
   double send_wait_s = 0;      // of wait_s: blocked on a send
   double stagger_s = 0;        // of wait_s: time spent holding back a staggered send
   double wait_cpu_s = 0;       // the waiting thread's CPU time in wait_s (its polling)
+  // Head-parallel attention (parallel.head_ranks > 1) only: the all-to-alls inside the group.
+  int64_t a2a_calls = 0;
+  int64_t a2a_bytes_sent = 0;  // to the other members of the group (inside the node)
+  double a2a_s = 0;            // time in the all-to-alls (blocking: not hidden)
 };
 
 // The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), seconds: what the scheduler gave it,
@@ -92,7 +104,16 @@ struct BlockView {
   const int32_t* doc_ids = nullptr;    // [tokens] or nullptr
 };
 
-class RingAttention final : public model::AttentionExecutor {
+// The attention of context parallelism as a rank's step sees it: the model's executor plus the
+// ring's counters. One ring (RingAttention) or head groups with a ring over them
+// (HeadParallelAttention, worker/ring/head_attention.h).
+class ContextAttention : public model::AttentionExecutor {
+ public:
+  virtual RingStats ring_stats() const = 0;
+  virtual void reset_stats() = 0;
+};
+
+class RingAttention final : public ContextAttention {
  public:
   struct Options {
     int64_t stagger_us = 0;  // per ring position: position x stagger_us
@@ -114,9 +135,9 @@ class RingAttention final : public model::AttentionExecutor {
                 const float* dout, float* dq, float* dk, float* dv) override;
   kernels::AttentionStats stats() const override { return kstats_; }
 
-  const RingStats& ring_stats() const { return rstats_; }
+  RingStats ring_stats() const override { return rstats_; }
   const RingTopology& ring() const { return ring_; }
-  void reset_stats() {
+  void reset_stats() override {
     rstats_ = {};
     kstats_ = {};
   }

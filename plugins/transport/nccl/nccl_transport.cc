@@ -426,6 +426,52 @@ ring_transport_status_t nccl_all_gather(ring_transport_comm_t* c, const void* se
   });
 }
 
+// One group of ncclSend/ncclRecv with every other member (NCCL matches by order per peer, so
+// the sizes must agree: the receiver's recv_bytes is the sender's send_bytes), and the own
+// block copied on the stream. Device pointers, like every buffer of this plugin.
+ring_transport_status_t nccl_all_to_all(ring_transport_comm_t* c, const int* group, int n,
+                                        const void* send, const size_t* send_offsets,
+                                        const size_t* send_bytes, void* recv,
+                                        const size_t* recv_offsets, const size_t* recv_bytes,
+                                        int timeout_ms) {
+  if (!c || !group || n < 1 || !send_offsets || !send_bytes || !recv_offsets || !recv_bytes)
+    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  int self = -1;
+  std::vector<char> seen(static_cast<size_t>(c->world), 0);
+  for (int i = 0; i < n; ++i) {
+    if (group[i] < 0 || group[i] >= c->world || seen[group[i]]++)
+      return c->fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                           c->who() + ": all_to_all: group member " + std::to_string(group[i]) +
+                               " is out of range or listed twice"));
+    if (group[i] == c->rank) self = i;
+  }
+  if (self < 0 || send_bytes[self] != recv_bytes[self])
+    return c->fail(error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                         c->who() + ": all_to_all: the caller is not in the group, or its own "
+                                    "block's send and receive sizes differ"));
+  const char* sbuf = static_cast<const char*>(send);
+  char* rbuf = static_cast<char*>(recv);
+  return collective(c, "all_to_all (ncclSend/ncclRecv group)", timeout_ms, [&] {
+    if (send_bytes[self]) {
+      cudaError_t e = cudaMemcpyAsync(rbuf + recv_offsets[self], sbuf + send_offsets[self],
+                                      send_bytes[self], cudaMemcpyDeviceToDevice, c->stream);
+      if (e != cudaSuccess) return ncclUnhandledCudaError;
+    }
+    ncclGroupStart();
+    ncclResult_t r = ncclSuccess;
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); ++i) {
+      if (i == self) continue;
+      r = ncclRecv(rbuf + recv_offsets[i], recv_bytes[i], ncclUint8, group[i], c->nccl,
+                   c->stream);
+      if (r == ncclSuccess || r == ncclInProgress)
+        r = ncclSend(sbuf + send_offsets[i], send_bytes[i], ncclUint8, group[i], c->nccl,
+                     c->stream);
+    }
+    ncclResult_t g = ncclGroupEnd();
+    return (r == ncclSuccess || r == ncclInProgress) ? g : r;
+  });
+}
+
 ring_transport_status_t nccl_barrier(ring_transport_comm_t* c, int timeout_ms) {
   if (!c) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   return collective(c, "barrier (ncclAllReduce)", timeout_ms, [&] {
@@ -455,4 +501,5 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_tr
     .last_error = last_error_of<ring_transport_comm>,
     // NCCL completes on CUDA events, not a file descriptor: callers poll test().
     .arm_wakeup = nullptr,
+    .all_to_all = guarded<nccl_all_to_all>,
 };

@@ -44,9 +44,11 @@ constexpr int kCloseFlushMs = 2000;
 constexpr auto kWakeBound = std::chrono::milliseconds(1);
 
 // 64-bit UCP tag: [63:62] kind, [61:40] source rank, [39:32] zero, [31:0] user tag or, for
-// collectives, (sequence << 16 | step). Receives match all 64 bits, so user traffic and
+// collectives, (sequence << 16 | step); group all-to-alls use kind kGroup with low bits 0 (their
+// members call them in the same order, and messages of one tag between two ranks keep their
+// order, so no sequence is needed and groups of one comm never share a counter). Receives match all 64 bits, so user traffic and
 // collectives never steal each other's messages.
-enum TagKind : uint64_t { kUser = 0, kCollective = 1, kHello = 2 };
+enum TagKind : uint64_t { kUser = 0, kCollective = 1, kHello = 2, kGroup = 3 };
 constexpr int kMaxRanks = 1 << 22;
 
 uint64_t make_tag(TagKind kind, int src, uint32_t low) {
@@ -813,6 +815,94 @@ ring_transport_status_t ucx_all_gather(ring_transport_comm_t* c, const void* sen
   return coll_end(c, res, "all_gather");
 }
 
+// Checks the group of an all-to-all: distinct ranks of the comm, the caller among them. Returns
+// the caller's index, or -1 with *why set.
+int group_index(const Comm* c, const int* group, int n, std::string* why) {
+  if (!group || n < 1) {
+    *why = "empty group";
+    return -1;
+  }
+  int self = -1;
+  std::vector<char> seen(static_cast<size_t>(c->world), 0);
+  for (int i = 0; i < n; ++i) {
+    const int r = group[i];
+    if (r < 0 || r >= c->world) {
+      *why = "group member " + std::to_string(r) + " is not a rank of 0.." +
+             std::to_string(c->world - 1);
+      return -1;
+    }
+    if (seen[r]++) {
+      *why = "rank " + std::to_string(r) + " appears twice in the group";
+      return -1;
+    }
+    if (r == c->rank) self = i;
+  }
+  if (self < 0) *why = "the caller (rank " + std::to_string(c->rank) + ") is not in the group";
+  return self;
+}
+
+ring_transport_status_t ucx_all_to_all(ring_transport_comm_t* c, const int* group, int n,
+                                       const void* send, const size_t* send_offsets,
+                                       const size_t* send_bytes, void* recv,
+                                       const size_t* recv_offsets, const size_t* recv_bytes,
+                                       int timeout_ms) {
+  if (!c || !send_offsets || !send_bytes || !recv_offsets || !recv_bytes)
+    return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
+  std::string why;
+  const int self = group_index(c, group, n, &why);
+  if (self < 0)
+    return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT, c->who() + ": all_to_all: " + why);
+  const Clock::time_point deadline = deadline_after_ms(c->timeout(timeout_ms));
+  const char* sbuf = static_cast<const char*>(send);
+  char* rbuf = static_cast<char*>(recv);
+  if (send_bytes[self] != recv_bytes[self])
+    return c->fail(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                   c->who() + ": all_to_all: sends itself " + std::to_string(send_bytes[self]) +
+                       " bytes but expects " + std::to_string(recv_bytes[self]));
+  if (send_bytes[self]) std::memcpy(rbuf + recv_offsets[self], sbuf + send_offsets[self],
+                                    send_bytes[self]);
+  // Receives first, then the sends; wait for all of them. A longer message fails as a
+  // truncation, a shorter one by its length.
+  const uint64_t low = 0;
+  std::vector<Req*> recvs(static_cast<size_t>(n), nullptr), sends(static_cast<size_t>(n), nullptr);
+  Result res = ok_result();
+  for (int i = 0; i < n && res.ok(); ++i) {
+    if (i == self) continue;
+    res = post_recv(c, rbuf + recv_offsets[i], recv_bytes[i], group[i],
+                    make_tag(kGroup, group[i], low), 0, &recvs[i]);
+  }
+  for (int i = 0; i < n && res.ok(); ++i) {
+    if (i == self) continue;
+    res = post_send(c, sbuf + send_offsets[i], send_bytes[i], group[i],
+                    make_tag(kGroup, c->rank, low), 0, &sends[i]);
+  }
+  for (int i = 0; i < n; ++i) {
+    for (Req** q : {&recvs[i], &sends[i]}) {
+      if (!*q) continue;
+      if (!res.ok()) {
+        abandon(c, *q);
+        *q = nullptr;
+        continue;
+      }
+      const bool is_recv = (*q)->is_recv;
+      size_t got = 0;
+      res = wait_until(c, *q, deadline, false, &got);
+      if (res.status != RING_TRANSPORT_ERR_TIMEOUT) *q = nullptr;
+      else {
+        abandon(c, *q);
+        *q = nullptr;
+      }
+      if (res.ok() && is_recv && got != recv_bytes[i])
+        res = error(RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+                    "received " + std::to_string(got) + " bytes from rank " +
+                        std::to_string(group[i]) + ", expected " + std::to_string(recv_bytes[i]));
+    }
+  }
+  if (res.ok()) return RING_TRANSPORT_OK;
+  res.message = c->who() + ": all_to_all (group of " + std::to_string(n) + "): " + res.message;
+  return c->fail(res);
+}
+
 ring_transport_status_t ucx_barrier(ring_transport_comm_t* c, int timeout_ms) {
   if (!c) return RING_TRANSPORT_ERR_INVALID_ARGUMENT;
   Coll k;
@@ -847,4 +937,5 @@ extern "C" __attribute__((visibility("default"))) const ring_transport_t ring_tr
     .barrier = guarded<ucx_barrier>,
     .last_error = last_error_of<ring_transport_comm>,
     .arm_wakeup = guarded<ucx_arm_wakeup>,
+    .all_to_all = guarded<ucx_all_to_all>,
 };
