@@ -1,6 +1,7 @@
 // ringctl tokenize --tokenizer M [--dtype uint16|uint32] -o OUT INPUT...: text files and
 // directories (the text source's rules: recursive, sorted, .gz decompressed, binary and empty
-// files skipped; worker/data/corpus.h) encoded with a SentencePiece model into a token dataset
+// files skipped; worker/data/corpus.h) encoded with a SentencePiece model or a Hugging Face
+// tokenizer.json (worker/data/tokenizer.h tells them apart) into a token dataset
 // OUT.bin + OUT.idx (worker/data/token_file.h) for `data.source: tokens`. Every document is framed
 // like the text source frames it with data.tokenizer: BOS first, EOS last when the model has
 // them; documents are written whole (the loader cuts them to max_doc_len). The input is read into
@@ -188,13 +189,15 @@ Subcommand add_tokenize(CLI::App& app) {
   auto o = std::make_shared<TokenizeOpts>();
   auto* s = app.add_subcommand(
       "tokenize",
-      "Encode text files/directories with a SentencePiece model into OUT.bin + OUT.idx "
-      "(data.source: tokens)");
-  s->add_option("--tokenizer", o->tokenizer, "SentencePiece model (.model) (required)")
+      "Encode text files/directories with a SentencePiece model or a Hugging Face "
+      "tokenizer.json into OUT.bin + OUT.idx (data.source: tokens)");
+  s->add_option("--tokenizer", o->tokenizer,
+                "SentencePiece model (.model) or Hugging Face tokenizer.json (a .json name or "
+                "JSON content; tokenizer_config.json beside it gives BOS/EOS) (required)")
       ->check(CLI::ExistingFile);
   s->add_option("--dtype", o->dtype,
                 "Token width: uint16 or uint32 (default: uint16 when the "
-                "model has at most 65536 pieces)")
+                "tokenizer has at most 65536 ids)")
       ->check(CLI::IsMember({"uint16", "uint32"}));
   s->add_option("-o,--output", o->out, "Output prefix: writes OUT.bin and OUT.idx (required)");
   s->add_option("--threads", o->threads, "Encoding threads (default: all cores)")

@@ -39,6 +39,7 @@ DEMO_PACKAGES=(
   zlib1g-dev
   libhwloc-dev
   libsentencepiece-dev
+  libpcre2-dev
 )
 
 FULL_PACKAGES=(
@@ -60,6 +61,9 @@ FULL_PACKAGES=(
   # SentencePiece: spm_train and the Python reference for the tokenizer tests and bench
   sentencepiece
   python3-sentencepiece
+  # tokenizer.json parity tests: Hugging Face's pure-JS tokenizers under node (npm, below;
+  # Debian's nodejs has npm as its own package, NodeSource's nodejs conflicts with it)
+  nodejs
   # fuzzing (libFuzzer through clang)
   clang
   libclang-rt-14-dev
@@ -104,8 +108,32 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# The reference of the tokenizer.json parity tests (tests/worker/bpe_tokenizer_test.cc):
+# @huggingface/tokenizers from the npm registry, pinned, into a fixed cache outside the tree
+# (RING_NPM_CACHE; the test reads RING_HF_TOKENIZERS_JS when it is elsewhere). Not for --demo.
+RING_NPM_CACHE=${RING_NPM_CACHE:-/var/cache/ringmaster/npm}
+RING_HF_TOKENIZERS=@huggingface/tokenizers@0.2.0
+install_npm_reference() {
+  [ "${1:-}" = "--demo" ] && return 0
+  [ -f "$RING_NPM_CACHE/node_modules/@huggingface/tokenizers/dist/tokenizers.mjs" ] && return 0
+  if ! command -v npm >/dev/null 2>&1 && \
+     ! ${SUDO:-} apt-get -qq install -y --no-install-recommends npm >/dev/null 2>&1; then
+    echo "install-deps: npm missing; the tokenizer.json parity tests will skip" >&2
+    return 0
+  fi
+  local sudo_npm=""
+  mkdir -p "$RING_NPM_CACHE" 2>/dev/null || sudo_npm="${SUDO:-sudo}"
+  echo "install-deps: npm install $RING_HF_TOKENIZERS into $RING_NPM_CACHE"
+  $sudo_npm mkdir -p "$RING_NPM_CACHE"
+  if ! $sudo_npm npm install --no-audit --no-fund --prefix "$RING_NPM_CACHE" "$RING_HF_TOKENIZERS" \
+      >/dev/null 2>&1; then
+    echo "install-deps: npm install $RING_HF_TOKENIZERS failed; the parity tests will skip" >&2
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
+  install_npm_reference "${1:-}"
   exit 0
 fi
 
@@ -129,6 +157,7 @@ if ! { $SUDO apt-get "${quiet[@]}" update && \
   exit 1
 fi
 rm -f "$log"
+install_npm_reference "${1:-}"
 # The Debian slurm packages start their services on install; the project runs its own cluster
 # (slurm/) with its own configuration, so stop the distribution's units if they were started.
 if [ "${1:-}" != "--demo" ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then

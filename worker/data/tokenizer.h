@@ -1,13 +1,21 @@
-// A SentencePiece tokenizer (Debian's libsentencepiece) for the text source (data.tokenizer).
+// The tokenizer of the text source (data.tokenizer), `ringctl tokenize` and `ringctl generate`:
+// one interface, two formats.
 //
-//   auto tok = Tokenizer::load("tok.model");     // throws DataError naming the file
+//   auto tok = Tokenizer::load("tok.model");      // or ".../tokenizer.json"; throws DataError
 //   std::vector<int32_t> ids = tok->encode_document(text);   // [bos] pieces... [eos]
-//   std::string back = tok->decode(ids);          // control ids (bos, eos) decode to nothing
+//   std::string back = tok->decode(ids);
 //
-// Document framing: when the model defines a BOS id (spm_train's default: 1) every document
-// starts with it; when it defines an EOS id (default: 2) every document ends with it. A model
-// trained with --bos_id=-1 / --eos_id=-1 gets no such token. Ids are those of
-// SentencePieceProcessor::Encode, the same as Python's sentencepiece.encode(text).
+// Format detection (load): a file whose name ends in ".json", or whose first non-blank byte is
+// '{', is a Hugging Face tokenizer.json (worker/data/bpe_tokenizer.h: byte-level BPE or BPE with
+// byte fallback); anything else is a SentencePiece model (Debian's libsentencepiece; ids are
+// those of SentencePieceProcessor::Encode, the same as Python's sentencepiece.encode(text)).
+//
+// Document framing: when the tokenizer defines a BOS id every document starts with it; when it
+// defines an EOS id every document ends with it. A SentencePiece model trained with
+// --bos_id=-1 / --eos_id=-1 gets no such token; for tokenizer.json see bpe_tokenizer.h.
+//
+// Thread safety: every const method may be called from many threads at once (ringctl tokenize
+// and TokenCorpus::encode do).
 #pragma once
 
 #include <cstdint>
@@ -21,26 +29,34 @@ namespace ring::data {
 
 class Tokenizer {
  public:
-  // Throws DataError: the file cannot be read or is not a SentencePiece model.
+  // Throws DataError: the file cannot be read, or is neither a SentencePiece model nor a
+  // supported tokenizer.json (the message names the file and, for JSON, the field).
   static std::unique_ptr<Tokenizer> load(const std::string& path);
-  ~Tokenizer();
+  virtual ~Tokenizer();
 
-  int64_t vocab_size() const;  // pieces in the model: ids are 0..vocab_size()-1
-  int32_t bos_id() const;      // -1 when the model has none
-  int32_t eos_id() const;      // -1 when the model has none
+  virtual int64_t vocab_size() const = 0;  // ids are 0..vocab_size()-1
+  virtual int32_t bos_id() const = 0;      // -1 when there is none
+  virtual int32_t eos_id() const = 0;      // -1 when there is none
+  // "sentencepiece" or "tokenizer.json": for messages.
+  virtual const char* format() const = 0;
   const std::string& path() const { return path_; }
 
   // The piece ids of `text` (no BOS/EOS), appended to `out`.
-  void encode(std::string_view text, std::vector<int32_t>& out) const;
+  virtual void encode(std::string_view text, std::vector<int32_t>& out) const = 0;
   // BOS (if any), the piece ids, EOS (if any).
   std::vector<int32_t> encode_document(std::string_view text) const;
-  std::string decode(std::span<const int32_t> ids) const;
+  // The bytes of `ids`; control ids (SentencePiece's bos, eos) decode to nothing.
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+
+ protected:
+  explicit Tokenizer(std::string path) : path_(std::move(path)) {}
 
  private:
-  Tokenizer() = default;
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
   std::string path_;
 };
+
+// True when `path` is read as a tokenizer.json (the rule above). Throws DataError when the file
+// cannot be read.
+bool is_tokenizer_json(const std::string& path);
 
 }  // namespace ring::data
