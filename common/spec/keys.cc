@@ -247,9 +247,12 @@ std::vector<KeyDef> build_table() {
             "datasets, each as <name>, <name>.bin or <name>.idx."),
       Value{std::vector<std::string>{}});
   def(b.add("data.tokenizer", KT::kString, &J::data, &DataSection::tokenizer,
-            "SentencePiece model (.model) that encodes the text source: documents become its "
-            "ids, with BOS first and EOS last when the model defines them. Empty: byte-level "
-            "(ids 0..255). model.vocab must be at least the model's piece count."),
+            "Tokenizer that encodes the text source: a SentencePiece model (.model) or a Hugging "
+            "Face tokenizer.json (byte-level BPE or BPE with byte fallback; told apart by a .json "
+            "name or JSON content; BOS/EOS from tokenizer_config.json beside it, docs/data.md). "
+            "Documents become its ids, with BOS first and EOS last when the tokenizer defines "
+            "them. Empty: byte-level (ids 0..255). model.vocab must be at least the tokenizer's "
+            "vocabulary size."),
       Value{std::string{}});
   range(train_req(b.add("data.seq_len", KT::kInt, &J::data, &DataSection::seq_len,
                         "Tokens per training sequence (the whole context, split over "

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/plan/plan.h"
 #include "common/spec/keys.h"
@@ -43,6 +44,47 @@ struct Ctx {
   }
   bool given(const std::string& key) const { return src.keys.count(key) > 0; }
 };
+
+// The ids of a Hugging Face tokenizer.json (worker/data/tokenizer.h: a ".json" name or a first
+// non-blank '{'): the largest id of model.vocab and added_tokens, plus one. nullopt when the file
+// is not one; whether its parts are supported is checked when the worker loads it.
+bool looks_like_tokenizer_json(const std::string& path) {
+  if (path.ends_with(".json")) return true;
+  struct stat st;  // only a regular file is read (never a FIFO)
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char ch;
+  while (in.get(ch))
+    if (!std::isspace(static_cast<unsigned char>(ch))) return ch == '{';
+  return false;
+}
+
+std::optional<int64_t> tokenizer_json_ids(const std::string& path, std::string& why) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    why = std::strerror(errno);
+    return std::nullopt;
+  }
+  try {
+    const auto j = nlohmann::json::parse(in);
+    int64_t n = 0;
+    if (j.contains("model") && j["model"].contains("vocab") && j["model"]["vocab"].is_object())
+      for (const auto& [k, v] : j["model"]["vocab"].items())
+        if (v.is_number_integer()) n = std::max<int64_t>(n, v.get<int64_t>() + 1);
+    if (j.contains("added_tokens") && j["added_tokens"].is_array())
+      for (const auto& t : j["added_tokens"])
+        if (t.is_object() && t.contains("id") && t["id"].is_number_integer())
+          n = std::max<int64_t>(n, t["id"].get<int64_t>() + 1);
+    if (n == 0) {
+      why = "a tokenizer.json without model.vocab";
+      return std::nullopt;
+    }
+    return n;
+  } catch (const nlohmann::json::exception& e) {
+    why = std::string("not valid JSON: ") + e.what();
+    return std::nullopt;
+  }
+}
 
 // Pieces in a SentencePiece model file: the entries of ModelProto field 1 (`repeated
 // SentencePiece pieces = 1`), counted by walking the protobuf wire format, so that the spec
@@ -344,7 +386,8 @@ const std::vector<Rule>& rules() {
        }},
       {{"model.vocab, data.source, data.tokenizer",
         "Byte-level text (no data.tokenizer) and passkey need vocab >= 256; with data.tokenizer "
-        "(text source) vocab >= the model's piece count, read from the file (which must exist); "
+        "(text source) vocab >= the tokenizer's piece count (SentencePiece) or largest id + 1 "
+        "(tokenizer.json), read from the file (which must exist); "
         "tokens: vocab >= the vocab in each .idx header that exists."},
        [](Ctx& c) {
          const auto& d = c.s.data;
@@ -377,10 +420,13 @@ const std::vector<Rule>& rules() {
            return;
          }
          std::string why;
-         auto pieces = sentencepiece_pieces(d.tokenizer, why);
+         const bool json = looks_like_tokenizer_json(d.tokenizer);
+         auto pieces = json ? tokenizer_json_ids(d.tokenizer, why)
+                            : sentencepiece_pieces(d.tokenizer, why);
          if (!pieces) {
            c.error("data.tokenizer",
-                   fmt::format("cannot read the SentencePiece model '{}': {}", d.tokenizer, why));
+                   fmt::format("cannot read the {} '{}': {}",
+                               json ? "tokenizer.json" : "SentencePiece model", d.tokenizer, why));
          } else if (c.s.model.vocab < *pieces) {
            c.error("model.vocab",
                    fmt::format("model.vocab ({}) is below the {} pieces of data.tokenizer '{}'",

@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/spec/parse.h"
 #include "worker/data/corpus.h"
 #include "worker/data/errors.h"
 #include "worker/data/token_corpus.h"
@@ -389,4 +390,28 @@ TEST(BpeTokenizer, BadFilesNameTheFileAndField) {
   EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
   write_file(d / "ids.bin", std::string("\x0a\x05hello", 7));  // not JSON: SentencePiece's error
   EXPECT_NE(load_error(d / "ids.bin").find("SentencePiece"), std::string::npos);
+}
+
+TEST(BpeTokenizer, SpecValidationReadsTheVocabOfATokenizerJson) {
+  auto load = [](int vocab, const std::string& tok) {
+    std::string y = "job: {name: t}\nmodel: {layers: 1, d_model: 32, heads: 2, vocab: " +
+                    std::to_string(vocab) + "}\ndata: {seq_len: 256, source: text, paths: [/x], "
+                    "tokenizer: " + tok + "}\ntrain: {steps: 2}\n";
+    auto r = ring::spec::load_spec_string(y, "t.yaml");
+    std::string all;
+    for (const auto& d : r.diagnostics) all += d.key + ": " + d.message + "\n";
+    return std::make_pair(r.ok(), all);
+  };
+  const std::string tj = built().bytelevel + "/tokenizer.json";
+  const int64_t n = Tokenizer::load(tj)->vocab_size();
+  auto r = load(static_cast<int>(n), tj);
+  EXPECT_TRUE(r.first) << r.second;
+  r = load(static_cast<int>(n - 1), tj);
+  EXPECT_FALSE(r.first);
+  EXPECT_NE(r.second.find("below the " + std::to_string(n)), std::string::npos) << r.second;
+  TempDir d;
+  write_file(d / "tokenizer.json", "{\"model\": ");
+  r = load(300, d / "tokenizer.json");
+  EXPECT_FALSE(r.first);
+  EXPECT_NE(r.second.find("cannot read the tokenizer.json"), std::string::npos) << r.second;
 }
