@@ -1,5 +1,6 @@
 // The loader against plugins that follow or break transport.h's versioning rule: tiny plugins
 // built from abi_plugins/abi_test_plugin.c, one per case, loaded by path.
+#include <cstddef>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -87,6 +88,17 @@ TEST(TransportAbi, AdoptReadsOnlyThePluginsBytes) {
   EXPECT_NE(copy, &bigger.api) << "the loader keeps its own copy";
   EXPECT_EQ(copy->init, good->init);
   EXPECT_EQ(copy->last_error, good->last_error);
+
+  // A plugin of the layout before all_to_all (struct_size up to arm_wakeup): the member reads as
+  // NULL, which head-parallel attention refuses (worker/ring/head_attention.h).
+  ring_transport_t before_a2a = *good;
+  before_a2a.all_to_all = good->all_to_all ? good->all_to_all : reinterpret_cast<decltype(
+      before_a2a.all_to_all)>(good->barrier);  // a non-NULL value beyond the declared size
+  before_a2a.struct_size =
+      static_cast<uint32_t>(offsetof(ring_transport_t, arm_wakeup) + sizeof(void*));
+  const ring_transport_t* old = adopt_plugin_struct(&before_a2a, "in-memory");
+  EXPECT_EQ(old->all_to_all, nullptr) << "a member beyond struct_size was read";
+  EXPECT_EQ(old->barrier, good->barrier);
 
   ring_transport_t short_one = *good;
   short_one.struct_size = static_cast<uint32_t>(RING_TRANSPORT_MIN_SIZE - sizeof(void*));

@@ -100,6 +100,7 @@ TEST_P(Conformance, ManyMessagesInFlight) { run("many"); }
 TEST_P(Conformance, RingNeighbourExchange) { run("ring"); }
 TEST_P(Conformance, CollectivesMatchReferenceBitForBit) { run("collectives"); }
 TEST_P(Conformance, ArmedWakeupFiresForEveryProtocol) { run("wakeup"); }
+TEST_P(Conformance, GroupAllToAllDeliversEveryBlock) { run("all_to_all"); }
 TEST_P(Conformance, Large256MiBMessage) {
   if (world() != 2) GTEST_SKIP() << "256 MiB messages run with 2 ranks (memory of a shared host)";
   run("large", 180s);

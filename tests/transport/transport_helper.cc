@@ -448,6 +448,63 @@ void collectives(Ctx& x) {
                                    " ms before rank 0 entered it");
 }
 
+// all_to_all (the optional member, head-parallel attention): the ranks split into groups of 2
+// (with odd P the last group has 3 ranks; with P = 1 one group of 1), every member sends each
+// other member (and itself) a message whose length depends on (sender, receiver), some empty,
+// in a shuffled group order; disjoint groups run at the same time; 30 rounds so the ordering
+// between rounds is exercised. Errors: the caller outside the group, a rank twice.
+void all_to_all(Ctx& x) {
+  if (!g_api->all_to_all) fail("the plugin has no all_to_all");
+  const int P = x.world;
+  // Groups of 2 consecutive ranks; with odd P the last group takes 3.
+  int first = (x.rank / 2) * 2, size = 2;
+  if (P % 2 == 1 && x.rank >= P - 3) first = std::max(0, P - 3), size = std::min(P, 3);
+  std::vector<int> group;
+  for (int i = size - 1; i >= 0; --i) group.push_back(first + i);  // not in rank order
+  auto length = [](int from, int to, int round) {
+    return static_cast<size_t>((from * 7 + to * 13 + round * 5) % 23) * 97;
+  };
+  for (int round = 0; round < 30; ++round) {
+    std::vector<size_t> so(size), sb(size), ro(size), rb(size);
+    size_t st = 0, rt = 0;
+    for (int i = 0; i < size; ++i) {
+      so[i] = st, sb[i] = length(x.rank, group[i], round), st += sb[i] + 3;  // gaps between
+      ro[i] = rt, rb[i] = length(group[i], x.rank, round), rt += rb[i] + 5;
+    }
+    Buf send(st), recv(rt, 0xee);
+    for (int i = 0; i < size; ++i)
+      for (size_t k = 0; k < sb[i]; ++k)
+        send.host[so[i] + k] = pattern(x.rank, 1000 + round * 64 + group[i], k);
+    send.upload();
+    recv.upload();
+    ok(x, g_api->all_to_all(x.c(), group.data(), size, send.ptr(), so.data(), sb.data(),
+                            recv.ptr(), ro.data(), rb.data(), 0),
+       "all_to_all round " + std::to_string(round));
+    recv.download();
+    for (int i = 0; i < size; ++i) {
+      for (size_t k = 0; k < rb[i]; ++k)
+        CHECK(recv.host[ro[i] + k] == pattern(group[i], 1000 + round * 64 + x.rank, k),
+              "all_to_all byte " + std::to_string(k) + " from rank " + std::to_string(group[i]));
+      for (size_t k = 0; k < 5; ++k)
+        CHECK(recv.host[ro[i] + rb[i] + k] == 0xee, "all_to_all wrote past a receive region");
+    }
+    x.result_hash = fnv(&round, sizeof round, x.result_hash);
+  }
+  // The caller must be in the group; a rank may not appear twice.
+  std::vector<int> others;
+  for (int r = 0; r < P; ++r)
+    if (r != x.rank) others.push_back(r);
+  size_t zero[4] = {0, 0, 0, 0};
+  if (!others.empty())
+    CHECK(g_api->all_to_all(x.c(), others.data(), 1, nullptr, zero, zero, nullptr, zero, zero,
+                            0) == RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+          "all_to_all without the caller is refused");
+  const int twice[2] = {x.rank, x.rank};
+  CHECK(g_api->all_to_all(x.c(), twice, 2, nullptr, zero, zero, nullptr, zero, zero, 0) ==
+            RING_TRANSPORT_ERR_INVALID_ARGUMENT,
+        "all_to_all with a rank twice is refused");
+}
+
 // Runs ring exchanges and all-reduces until killed or a peer fails. Writes ready-<rank> after
 // the first round so the parent knows the exchange is under way.
 void kill_victim_loop(Ctx& x) {
@@ -601,6 +658,7 @@ int main(int argc, char** argv) {
     else if (scenario == "many") many(x);
     else if (scenario == "ring") ring_exchange(x);
     else if (scenario == "collectives") collectives(x);
+    else if (scenario == "all_to_all") all_to_all(x);
     else if (scenario == "kill") kill_victim_loop(x);
     else if (scenario == "dead_before_first_send") dead_before_first_send(x);
     else if (scenario == "wakeup") wakeup(x);
