@@ -15,6 +15,7 @@
 // (kernels/cpu/gemm.h).
 //
 //   gemm_bench --bf16 [--threads 2] [--reps 5] [--quick]
+//   RING_BF16_GEMM=convert gemm_bench --bf16 ...   (one bf16 path only)
 //
 // The bf16 GEMM paths (kernels/cpu/gemm.h: oneDNN matmul, convert = bf16 -> fp32 tiles and the
 // active fp32 provider) against the best fp32 sgemm built in (OpenBLAS, oneDNN; each timed, the
@@ -188,9 +189,17 @@ std::pair<double, double> timed(F&& f) {
 
 int bf16_bench(int threads, int reps, bool quick) {
   namespace kn = ring::kernels;
+  // RING_BF16_GEMM=convert|onednn times that path only (e.g. convert under DNNL_MAX_CPU_ISA=AVX2,
+  // where oneDNN has no bf16 matmul); unset or auto times every path built in.
+  const char* only = std::getenv("RING_BF16_GEMM");
   std::vector<cpu::Bf16GemmPath> paths;
   for (auto p : cpu::kBf16GemmPaths) {
-    if (cpu::bf16_gemm_path_built(p)) paths.push_back(p);
+    if (!cpu::bf16_gemm_path_built(p)) continue;
+    if (only && *only && std::strcmp(only, "auto") != 0 &&
+        std::strcmp(only, cpu::bf16_gemm_path_name(p)) != 0) {
+      continue;
+    }
+    paths.push_back(p);
   }
   const auto facts = cpu::bf16_gemm_facts();
   const auto choice = cpu::resolve_bf16_gemm_path("", facts);
