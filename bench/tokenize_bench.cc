@@ -3,6 +3,10 @@
 // (bench/spm_encode.py) on the same documents in the same run, one thread each, repetitions
 // interleaved; the ratio's median, min and max over repetitions, plus our multi-threaded corpus
 // encoding (TokenCorpus::encode, what data.tokenizer and ringctl tokenize run).
+// The same for a Hugging Face tokenizer.json (worker/data/bpe_tokenizer.h): a Llama-3-style
+// byte-level BPE (its split regex; merges learned by tests/worker/bpe_train.py from
+// /usr/share/common-licenses, as many as --vocab allows) against SentencePiece on the same
+// documents in the same repetitions: the paired ratio BPE/SentencePiece, 1 thread and corpus.
 //
 //   tokenize_bench [--paths=/usr/share/doc] [--mb=16] [--reps=5] [--vocab=8000] [--threads=0]
 //
@@ -14,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bench_stats.h"
@@ -90,10 +95,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto tok = ring::data::Tokenizer::load(dir + "/m.model");
+  const std::string train = "/usr/bin/python3 " + std::string(RING_SOURCE_DIR) +
+                            "/tests/worker/bpe_train.py --style bytelevel --corpus "
+                            "/usr/share/common-licenses --out " + dir + "/bpe --merges " +
+                            std::to_string(vocab - 256);
+  if (std::system(train.c_str()) != 0) {
+    std::fprintf(stderr, "bpe_train.py failed: %s\n", train.c_str());
+    return 1;
+  }
+  auto bpe = ring::data::Tokenizer::load(dir + "/bpe/tokenizer.json");
 
   // Interleaved repetitions: ours (one thread), python3-sentencepiece (one thread, its own
   // process, loading excluded), ours multi-threaded; pairs close in time on a noisy machine.
-  std::vector<double> ours, mt, py;
+  std::vector<double> ours, mt, py, bpe1, bpe_mt;
+  int64_t bpe_ids = 0;
   int64_t ids = 0, py_ids = 0;
   const std::string pcmd = "/usr/bin/python3 " + std::string(RING_SOURCE_DIR) +
                            "/bench/spm_encode.py " + dir + "/m.model " + dir + "/docs 1";
@@ -120,6 +135,24 @@ int main(int argc, char** argv) {
     t0 = now();
     auto c = ring::data::TokenCorpus::encode(text, *tok, 0, 1, static_cast<int>(threads));
     mt.push_back(now() - t0);
+    // tokenizer.json: one thread (a fresh thread, so its per-thread cache starts empty), then the
+    // corpus encode.
+    std::thread([&] {
+      const double b0 = now();
+      std::vector<int32_t> bout;
+      int64_t bn = 0;
+      for (int64_t i = 0; i < text.num_docs(); ++i) {
+        auto d = text.doc(i);
+        bout.clear();
+        bpe->encode(std::string_view(reinterpret_cast<const char*>(d.data()), d.size()), bout);
+        bn += static_cast<int64_t>(bout.size());
+      }
+      bpe1.push_back(now() - b0);
+      bpe_ids = bn;
+    }).join();
+    t0 = now();
+    auto bc = ring::data::TokenCorpus::encode(text, *bpe, 0, 1, static_cast<int>(threads));
+    bpe_mt.push_back(now() - t0);
   }
   std::system(("rm -rf " + dir).c_str());
   if (py.size() != ours.size()) {
@@ -141,5 +174,15 @@ int main(int argc, char** argv) {
   std::printf("ours, corpus encode (%s threads): %.2f MB/s (median; %.2f..%.2f)\n",
               threads > 0 ? std::to_string(threads).c_str() : "all", mbytes / m.median,
               mbytes / m.max, mbytes / m.min);
+  auto b1 = ring::bench::spread(bpe1), bm = ring::bench::spread(bpe_mt);
+  auto r1 = ring::bench::paired_ratio(ours, bpe1), rm = ring::bench::paired_ratio(mt, bpe_mt);
+  std::printf("tokenizer.json BPE, 1 thread:  %.2f MB/s (median; %.2f..%.2f), %lld ids\n",
+              mbytes / b1.median, mbytes / b1.max, mbytes / b1.min,
+              static_cast<long long>(bpe_ids));
+  std::printf("tokenizer.json BPE, corpus encode: %.2f MB/s (median; %.2f..%.2f)\n",
+              mbytes / bm.median, mbytes / bm.max, mbytes / bm.min);
+  std::printf("ratio BPE/SentencePiece, 1 thread: %.2fx (median; %.2f..%.2f); corpus: %.2fx "
+              "(%.2f..%.2f)\n",
+              r1.median, r1.min, r1.max, rm.median, rm.min, rm.max);
   return ids == py_ids ? 0 : 1;
 }
