@@ -785,19 +785,30 @@ std::string json_value_text(const json* v) {
   return v ? v->dump() : std::string("unset");
 }
 
-// The checkpoint's model record against the job's: "" when equal, else what differs.
-std::string model_difference(const json& ckpt_model, const json& job_model) {
+// The checkpoint's model record against the job's: "" when equal, else what differs. Compared:
+// every key of a record 2 but max_positions (informative), and dtype only on a resume (init_from
+// converts: the weights are widened exactly into the fp32 master, and a bf16 job rounds its
+// copy each pass with the one rounding); of a record 1 (shape only) the keys it holds.
+std::string model_difference(const json& ckpt_model, const json& job_model, bool init_from) {
   std::string out;
+  const bool settings = ckpt_model.contains("record");
   std::vector<std::string> keys;
   for (auto it = ckpt_model.begin(); it != ckpt_model.end(); ++it) keys.push_back(it.key());
-  for (auto it = job_model.begin(); it != job_model.end(); ++it)
-    if (!ckpt_model.contains(it.key())) keys.push_back(it.key());
+  if (settings)
+    for (auto it = job_model.begin(); it != job_model.end(); ++it)
+      if (!ckpt_model.contains(it.key())) keys.push_back(it.key());
   for (const std::string& k : keys) {
+    if (k == "max_positions" || (k == "dtype" && init_from)) continue;
     const json* a = ckpt_model.contains(k) ? &ckpt_model.at(k) : nullptr;
     const json* b = job_model.contains(k) ? &job_model.at(k) : nullptr;
     if (a && b && *a == *b) continue;
+    if (!b && !settings) continue;
     if (!out.empty()) out += ", ";
     out += k + " " + json_value_text(a) + " (this job: " + json_value_text(b) + ")";
+    if (k == "dtype" && a && a->is_string())
+      out += ": a resume continues in the checkpoint's model.dtype (set model.dtype: " +
+             a->get<std::string>() + ", or start a new run from it with model.init_from, which "
+             "converts)";
   }
   return out;
 }
@@ -950,7 +961,8 @@ namespace {
 // Loads `info` (a committed checkpoint) into the targets. Returns false, with the reason added to
 // res.skipped, when it is damaged; throws CheckpointMismatch when it does not fit the job.
 bool try_load(const CheckpointInfo& info, int node_rank, int nodes,
-              const std::vector<LoadTarget>& targets, const Layout* job, LoadResult& res) {
+              const std::vector<LoadTarget>& targets, const Layout* job, LoadResult& res,
+              bool init_from) {
   if (info.status == Status::kCorrupt) {
     res.skipped.push_back(info.name + ": " +
                           (info.problems.empty() ? "corrupt" : info.problems.front()));
@@ -960,7 +972,7 @@ bool try_load(const CheckpointInfo& info, int node_rank, int nodes,
     auto [top, shards] = check_step_dir(info.path, info.step, false);
     // Structure first: a checkpoint of another model is a hard error, not damage.
     if (job && top.layout && !job->model.empty() && !top.layout->model.empty()) {
-      std::string diff = model_difference(top.layout->model, job->model);
+      std::string diff = model_difference(top.layout->model, job->model, init_from);
       if (!diff.empty())
         throw CheckpointMismatch(info.path + "/" + detail::kTopManifest +
                                  ": written for another model: " + diff);
@@ -1036,9 +1048,11 @@ void describe_load(const std::string& dir, int nodes, LoadResult& res) {
 
 }  // namespace
 
-LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
+namespace {
+
+LoadResult load_newest(const std::string& dir, int node_rank, int nodes,
                        const std::vector<LoadTarget>& targets, int64_t max_step,
-                       const Layout* job) {
+                       const Layout* job, bool init_from) {
   LoadResult res;
   if (nodes < 1 || node_rank < 0 || node_rank >= nodes)
     throw CheckpointError("load: node_rank " + std::to_string(node_rank) + " of " +
@@ -1053,10 +1067,18 @@ LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
   for (size_t i : current_lineage(all, read_latest(dir))) {
     const CheckpointInfo& info = all[i];
     if (info.step > max_step) continue;
-    if (try_load(info, node_rank, nodes, targets, job, res)) break;
+    if (try_load(info, node_rank, nodes, targets, job, res, init_from)) break;
   }
   describe_load(dir, nodes, res);
   return res;
+}
+
+}  // namespace
+
+LoadResult load_latest(const std::string& dir, int node_rank, int nodes,
+                       const std::vector<LoadTarget>& targets, int64_t max_step,
+                       const Layout* job) {
+  return load_newest(dir, node_rank, nodes, targets, max_step, job, false);
 }
 
 LoadResult load_from_path(const std::string& path, int node_rank, int nodes,
@@ -1072,7 +1094,7 @@ LoadResult load_from_path(const std::string& path, int node_rank, int nodes,
       throw CheckpointError(p + " has a checkpoint.json but is not named step-<N>");
     LoadResult r;
     const CheckpointInfo info = inspect_checkpoint(p, false);
-    if (!try_load(info, node_rank, nodes, targets, job, r)) {
+    if (!try_load(info, node_rank, nodes, targets, job, r, true)) {
       std::string why;
       for (const std::string& sk : r.skipped) why += (why.empty() ? "" : "; ") + sk;
       throw CheckpointError("no complete checkpoint of step " + std::to_string(name->step) + " in " +
@@ -1081,7 +1103,7 @@ LoadResult load_from_path(const std::string& path, int node_rank, int nodes,
     describe_load(fs::dirname(p), nodes, r);
     return r;
   }
-  LoadResult r = load_latest(p, node_rank, nodes, targets, INT64_MAX, job);
+  LoadResult r = load_newest(p, node_rank, nodes, targets, INT64_MAX, job, true);
   if (!r.loaded) throw CheckpointError("no complete checkpoint in " + p + " (" + r.message + ")");
   return r;
 }

@@ -45,6 +45,9 @@ struct ModelConfig {
   double rope_high_freq_factor = 4.0;
   double rope_beta_fast = 32.0;
   double rope_beta_slow = 1.0;
+  // The longest context the model is meant for (max_position_embeddings of an import; the
+  // data.seq_len of a job trained from a spec). 0: not known. Informative: never compared.
+  int64_t max_positions = 0;
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
@@ -55,13 +58,25 @@ struct ModelConfig {
   void check() const;
 };
 
-// What fixes the parameters' names, shapes and meaning (two models with equal shapes may still
-// differ in heads): the `model` object of a checkpoint's layout record. ringd and `ringctl
-// import` both write it, and a resume or init_from compares it key by key.
+// What fixes the parameters' names, shapes and meaning: the `model` object of a checkpoint's
+// layout record. ringd, the standalone trainer and `ringctl import` write it; a resume or
+// init_from compares it key by key (common/checkpoint: model_difference), and generate, export
+// and init_from read the model from it (ckpt::read_checkpoint_model).
+//   record 1 (no "record" key): the shape only: layers, d_model, heads, kv_heads, head_dim, mlp,
+//            mlp_hidden, vocab, tie_embeddings.
+//   record 2: the shape, "record": 2, and the settings, named as the spec's model.* keys:
+//            dtype, rope_theta, norm_eps (the fp32 values the model computes with, as doubles),
+//            rope_scaling, and those of rope_scaling_factor, rope_original_context,
+//            rope_low_freq_factor, rope_high_freq_factor, rope_beta_fast, rope_beta_slow its
+//            type uses; max_positions (0: not known; informative, never compared).
+inline constexpr int kModelRecordVersion = 2;
 nlohmann::json model_record(const ModelConfig& c);
-// Its inverse: the shape a record describes (the fields it does not hold, RoPE and norm, keep
-// their defaults). Throws ModelError naming the key and the rule ("key 'heads': expected an
-// integer, got \"8\"", "key 'mlp': unknown kind 'relu'", a missing key, an inconsistent shape).
+// The record's version: 1 when it has no "record" key; throws ModelError for another value.
+int model_record_version(const nlohmann::json& record);
+// Its inverse: the model a record describes (a record 1 leaves the settings at the spec's
+// defaults: rope_theta 10000, norm_eps 1e-5, no RoPE scaling, fp32). Throws ModelError naming
+// the key and the rule ("key 'heads': expected an integer, got \"8\"", "key 'mlp': unknown kind
+// 'relu'", "key 'rope_scaling': unknown type 'dynamic'", a missing key, an inconsistent shape).
 ModelConfig model_config_from_record(const nlohmann::json& record);
 
 }  // namespace ring::contract

@@ -34,6 +34,7 @@
 #include "common/files/read_file.h"
 #include "common/safetensors/safetensors.h"
 #include "common/checkpoint/checkpoint.h"
+#include "common/checkpoint/model.h"
 
 namespace ring::hf {
 
@@ -209,6 +210,79 @@ void move_export_into_place(const std::string& stage, const std::string& out,
 // ---- config --------------------------------------------------------------------------------
 
 static HfConfig parse_config_json(const std::string& text, const std::string& file);
+// rope_scaling of config.json (null, absent or rope_type "default": none) into c, with the
+// semantics and required keys of Hugging Face transformers' rope init functions; every refusal
+// names the field (rope_scaling.<key>) and the rule.
+static void parse_rope_scaling(const json& j, const std::string& file, HfConfig& c) {
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return;
+  const json& r = j["rope_scaling"];
+  if (!r.is_object()) fail(file, "rope_scaling is not an object (or null)");
+  auto field = [&](const char* key) { return std::string("rope_scaling.") + key; };
+  std::string type;
+  for (const char* k : {"rope_type", "type"})
+    if (r.contains(k)) {
+      if (!r[k].is_string()) fail(file, field(k) + " is not a string");
+      if (!type.empty() && r[k].get<std::string>() != type)
+        fail(file, "rope_scaling.rope_type and rope_scaling.type disagree");
+      type = r[k].get<std::string>();
+    }
+  if (type.empty()) fail(file, "rope_scaling has no rope_type (or type)");
+  if (type == "default") return;
+  if (type != "linear" && type != "llama3" && type != "yarn")
+    fail(file, "rope_scaling.rope_type '" + type +
+                   "' is not supported (default, linear, llama3, yarn)");
+  const std::set<std::string> known =
+      type == "linear"   ? std::set<std::string>{"rope_type", "type", "factor"}
+      : type == "llama3" ? std::set<std::string>{"rope_type", "type", "factor", "low_freq_factor",
+                                                 "high_freq_factor",
+                                                 "original_max_position_embeddings"}
+                         : std::set<std::string>{"rope_type", "type", "factor", "beta_fast",
+                                                 "beta_slow", "original_max_position_embeddings",
+                                                 "truncate"};
+  for (auto it = r.begin(); it != r.end(); ++it)
+    if (!known.count(it.key()))
+      fail(file, field(it.key().c_str()) + " is not supported with rope_type " + type +
+                     " (ringmaster's RoPE has no such setting)");
+  auto number = [&](const char* key, std::optional<double> def) {
+    if (!r.contains(key) || r[key].is_null()) {
+      if (!def) fail(file, field(key) + " is missing (rope_type " + type + " needs it)");
+      return *def;
+    }
+    if (!r[key].is_number()) fail(file, field(key) + " is not a number");
+    const double x = r[key].get<double>();
+    if (!std::isfinite(x)) fail(file, field(key) + " is not finite");
+    return x;
+  };
+  c.rope_scaling = type;
+  c.rope_scaling_factor = number("factor", std::nullopt);
+  if (!(c.rope_scaling_factor >= 1)) fail(file, field("factor") + " must be >= 1");
+  if (type == "linear") return;
+  const char* orig = "original_max_position_embeddings";
+  if (r.contains(orig) && !r[orig].is_null()) {
+    if (!r[orig].is_number_integer() || r[orig].get<int64_t>() < 1)
+      fail(file, field(orig) + " is not an integer >= 1");
+    c.rope_original_context = r[orig].get<int64_t>();
+  } else if (type == "yarn" && c.max_position_embeddings > 0) {
+    c.rope_original_context = c.max_position_embeddings;  // transformers' fallback
+  } else {
+    fail(file, field(orig) + " is missing (rope_type " + type + " needs it)");
+  }
+  if (type == "llama3") {
+    c.rope_low_freq_factor = number("low_freq_factor", std::nullopt);
+    c.rope_high_freq_factor = number("high_freq_factor", std::nullopt);
+    if (!(c.rope_low_freq_factor > 0 && c.rope_high_freq_factor > c.rope_low_freq_factor))
+      fail(file, "rope_scaling needs 0 < low_freq_factor < high_freq_factor");
+    return;
+  }
+  c.rope_beta_fast = number("beta_fast", 32);
+  c.rope_beta_slow = number("beta_slow", 1);
+  if (!(c.rope_beta_slow > 0 && c.rope_beta_fast > c.rope_beta_slow))
+    fail(file, "rope_scaling needs 0 < beta_slow < beta_fast");
+  if (r.contains("truncate") && !(r["truncate"].is_boolean() && r["truncate"].get<bool>()))
+    fail(file, field("truncate") + " must be true (ringmaster's yarn floors and ceils the "
+                                   "correction range)");
+}
+
 
 HfConfig parse_config(const std::string& text, const std::string& file) {
   try {
@@ -285,8 +359,8 @@ static HfConfig parse_config_json(const std::string& text, const std::string& fi
   if (static_cast<double>(m.rope_theta) != c.rope_theta)
     fail(file, "rope_theta " + num(c.rope_theta) + " is not exact in fp32 (ringmaster keeps fp32)");
   c.max_position_embeddings =
-      j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer()
-          ? j["max_position_embeddings"].get<int64_t>()
+      j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null()
+          ? get_int(j, "max_position_embeddings", file, 1, int64_t{1} << 40)
           : 0;
   if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     if (!j["sliding_window"].is_number_integer()) fail(file, "sliding_window is not an integer");
@@ -297,34 +371,25 @@ static HfConfig parse_config_json(const std::string& text, const std::string& fi
                      std::to_string(c.max_position_embeddings) +
                      "): ringmaster's attention is full causal, not windowed");
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& r = j["rope_scaling"];
-    if (!r.is_object()) fail(file, "rope_scaling is not an object");
-    std::string type = r.contains("rope_type") ? r["rope_type"].get<std::string>()
-                       : r.contains("type")    ? r["type"].get<std::string>()
-                                               : "";
-    if (type == "default" || type.empty()) {
-      c.rope_scaling = "none";
-    } else if (type == "linear" || type == "llama3" || type == "yarn") {
-      c.rope_scaling = type;
-      c.rope_scaling_factor = get_num(r, "factor", file + " rope_scaling", 1);
-      if (!(c.rope_scaling_factor >= 1)) fail(file, "rope_scaling.factor must be >= 1");
-      c.rope_original_context = r.contains("original_max_position_embeddings") &&
-                                        r["original_max_position_embeddings"].is_number_integer()
-                                    ? r["original_max_position_embeddings"].get<int64_t>()
-                                    : 0;
-      c.rope_low_freq_factor = get_num(r, "low_freq_factor", file, 1);
-      c.rope_high_freq_factor = get_num(r, "high_freq_factor", file, 4);
-      c.rope_beta_fast = get_num(r, "beta_fast", file, 32);
-      c.rope_beta_slow = get_num(r, "beta_slow", file, 1);
-      if (type == "yarn" && r.contains("attention_factor") && !r["attention_factor"].is_null())
-        fail(file, "rope_scaling.attention_factor is not supported (yarn's default only)");
-    } else {
-      fail(file, "rope_scaling type '" + type + "' is not supported (none, linear, llama3, yarn)");
-    }
-  }
-  if (j.contains("torch_dtype") && j["torch_dtype"].is_string())
+  parse_rope_scaling(j, file, c);
+  if (j.contains("torch_dtype") && !j["torch_dtype"].is_null()) {
+    if (!j["torch_dtype"].is_string()) fail(file, "torch_dtype is not a string");
     c.torch_dtype = j["torch_dtype"].get<std::string>();
+  }
+  // A bf16 model computes in bf16 (its weights stay bf16 in the checkpoint); anything else in
+  // fp32 (fp16 weights widen exactly; the model has no fp16 mode). ImportOptions::dtype overrides.
+  m.dtype = c.torch_dtype == "bfloat16" ? spec::DType::kBf16 : spec::DType::kFp32;
+  m.max_positions = c.max_position_embeddings;
+  m.rope_scaling = c.rope_scaling == "linear"   ? spec::RopeScaling::kLinear
+                   : c.rope_scaling == "llama3" ? spec::RopeScaling::kLlama3
+                   : c.rope_scaling == "yarn"   ? spec::RopeScaling::kYarn
+                                                : spec::RopeScaling::kNone;
+  m.rope_scaling_factor = c.rope_scaling_factor;
+  m.rope_original_context = static_cast<double>(c.rope_original_context);
+  m.rope_low_freq_factor = c.rope_low_freq_factor;
+  m.rope_high_freq_factor = c.rope_high_freq_factor;
+  m.rope_beta_fast = c.rope_beta_fast;
+  m.rope_beta_slow = c.rope_beta_slow;
   try {
     m.check();
   } catch (const std::exception& e) {
@@ -351,8 +416,9 @@ std::string config_json(const HfConfig& c) {
       {"hidden_act", "silu"},
       {"attention_bias", false},
       {"mlp_bias", false},
-      {"max_position_embeddings", c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096},
       {"torch_dtype", c.torch_dtype.empty() ? "float32" : c.torch_dtype}};
+  // Unknown (a checkpoint that does not record it): left out rather than invented.
+  if (c.max_position_embeddings > 0) j["max_position_embeddings"] = c.max_position_embeddings;
   if (c.rope_scaling != "none") {
     json r = {{"rope_type", c.rope_scaling}, {"factor", c.rope_scaling_factor}};
     if (c.rope_original_context > 0)
@@ -448,6 +514,20 @@ static HfConfig config_from_model_yaml(const std::string& path) {
   }
   mc.rope_theta = static_cast<float>(c.rope_theta);
   mc.norm_eps = static_cast<float>(c.norm_eps);
+  static const std::map<std::string, spec::RopeScaling> kTypes{
+      {"none", spec::RopeScaling::kNone},
+      {"linear", spec::RopeScaling::kLinear},
+      {"llama3", spec::RopeScaling::kLlama3},
+      {"yarn", spec::RopeScaling::kYarn}};
+  if (!kTypes.count(c.rope_scaling))
+    fail(path, "model.rope_scaling '" + c.rope_scaling + "' is not none, linear, llama3 or yarn");
+  mc.rope_scaling = kTypes.at(c.rope_scaling);
+  mc.rope_scaling_factor = c.rope_scaling_factor;
+  mc.rope_original_context = static_cast<double>(c.rope_original_context);
+  mc.rope_low_freq_factor = c.rope_low_freq_factor;
+  mc.rope_high_freq_factor = c.rope_high_freq_factor;
+  mc.rope_beta_fast = c.rope_beta_fast;
+  mc.rope_beta_slow = c.rope_beta_slow;
   try {
     mc.check();
   } catch (const std::exception& e) {
@@ -529,9 +609,11 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
     fail(cfg_path.empty() ? o.src : cfg_path, "config.json not found (--config names it)");
   ImportResult res;
   res.config = parse_config(read_text(cfg_path), cfg_path);
+  if (o.dtype == "fp32" || o.dtype == "bf16")
+    res.config.model.dtype = o.dtype == "bf16" ? spec::DType::kBf16 : spec::DType::kFp32;
+  else if (!o.dtype.empty())
+    fail(o.dtype, "--dtype must be fp32 or bf16 (default: bf16 for a bfloat16 model, else fp32)");
   const contract::ModelConfig& mc = res.config.model;
-  if (o.dtype != "fp32" && o.dtype != "bf16" && o.dtype != "fp16")
-    fail(o.dtype, "--dtype must be fp32, bf16 or fp16");
 
   st::Model src = [&] {
     try {
@@ -655,8 +737,9 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress) {
   } catch (const ckpt::CheckpointError& e) {
     fail(o.out, e.what());
   }
-  const std::string yaml = model_yaml(res.config, fs::absolute(o.out).lexically_normal().string(),
-                                      o.dtype, fs::absolute(o.src).string());
+  const std::string yaml =
+      model_yaml(res.config, fs::absolute(o.out).lexically_normal().string(),
+                 spec::to_string(mc.dtype), fs::absolute(o.src).string());
   write_user_file(o.out + "/model.yaml", yaml);
   res.params = total;
   res.seconds = seconds_since(t0);
@@ -800,34 +883,78 @@ ExportSource find_export_source(const std::string& ckpt_path) {
   return src;
 }
 
-// The model to export: model.yaml (--model-yaml, else beside the checkpoint), else the
-// checkpoint's layout record with the spec's RoPE and norm defaults.
+// The shortest decimal that reads back as the same float (1e-06 for the fp32 1e-6).
+std::string float_decimal(float x) {
+  char buf[64];
+  for (int p = 1; p <= 9; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, static_cast<double>(x));
+    if (std::strtof(buf, nullptr) == x) break;
+  }
+  return buf;
+}
+
+// config.json's view of a model config read from a checkpoint's record.
+HfConfig hf_config_of(const contract::ModelConfig& m, const std::string& what) {
+  if (m.mlp != spec::MlpKind::kSwiGLU) fail(what, "model.mlp is not swiglu: no Llama equivalent");
+  HfConfig c;
+  c.model = m;
+  c.architecture = "LlamaForCausalLM";
+  c.rope_theta = static_cast<double>(m.rope_theta);
+  c.norm_eps = std::strtod(float_decimal(m.norm_eps).c_str(), nullptr);
+  c.rope_scaling = spec::to_string(m.rope_scaling);
+  c.rope_scaling_factor = m.rope_scaling_factor;
+  c.rope_original_context = static_cast<int64_t>(std::llround(m.rope_original_context));
+  c.rope_low_freq_factor = m.rope_low_freq_factor;
+  c.rope_high_freq_factor = m.rope_high_freq_factor;
+  c.rope_beta_fast = m.rope_beta_fast;
+  c.rope_beta_slow = m.rope_beta_slow;
+  c.max_position_embeddings = m.max_positions;
+  return c;
+}
+
+// The model to export: the checkpoint's model record (ckpt::read_checkpoint_model), which since
+// record 2 holds the settings too; an explicit --model-yaml must then agree with it. A checkpoint
+// that records only the shape (record 1) takes the settings from model.yaml (--model-yaml, else
+// beside the checkpoint), else the spec's defaults, with a note.
 HfConfig export_config(const ExportOptions& o, const std::string& root,
-                       const std::optional<ckpt::Layout>& layout,
                        const std::function<void(const std::string&)>& say) {
   std::error_code ec;
-  HfConfig c;
   std::string yaml_path = o.model_yaml;
   if (yaml_path.empty()) {
     yaml_path = o.ckpt + "/model.yaml";
     if (!fs::exists(yaml_path, ec)) yaml_path = root + "/model.yaml";
   }
-  if (fs::exists(yaml_path, ec)) return config_from_model_yaml(yaml_path);
-  if (!layout || !layout->model.is_object())
-    fail(o.ckpt,
-         "no model.yaml and no layout record: the model's shape is unknown "
-         "(--model-yaml names a spec with the model section)");
-  say("note: no model.yaml; the model comes from the checkpoint's layout record, rope_theta "
-      "10000 and norm_eps 1e-5 (the spec defaults) are assumed (--model-yaml names the spec's)");
+  std::optional<ckpt::CheckpointModel> cm;
   try {
-    c.model = contract::model_config_from_record(layout->model);
-  } catch (const contract::ModelError& e) {
-    fail(o.ckpt, std::string("layout record: ") + e.what());
+    cm = ckpt::read_checkpoint_model(o.ckpt);
+  } catch (const ckpt::CheckpointError& e) {
+    if (!fs::exists(yaml_path, ec)) rethrow_naming(o.ckpt, e);
   }
-  if (c.model.mlp != spec::MlpKind::kSwiGLU)
-    fail(o.ckpt, "model.mlp is not swiglu: no Llama equivalent");
-  c.architecture = "LlamaForCausalLM";
-  return c;
+  if (cm && cm->settings) {
+    HfConfig c = hf_config_of(cm->config, o.ckpt);
+    if (!o.model_yaml.empty()) {
+      const HfConfig y = config_from_model_yaml(o.model_yaml);
+      const json have = contract::model_record(c.model), want = contract::model_record(y.model);
+      for (auto it = want.begin(); it != want.end(); ++it)
+        if (it.key() != "max_positions" && it.key() != "dtype" &&
+            have.value(it.key(), json()) != *it)
+          fail(o.model_yaml, "model." + it.key() + " is " + it->dump() + " but the checkpoint " +
+                                 cm->step_dir + " records " + have.value(it.key(), json()).dump() +
+                                 " (the checkpoint's record is the model; leave --model-yaml out)");
+    }
+    return c;
+  }
+  if (fs::exists(yaml_path, ec)) {
+    HfConfig c = config_from_model_yaml(yaml_path);
+    if (cm) {
+      c.model.dtype = cm->config.dtype;
+      c.max_position_embeddings = cm->config.max_positions;
+    }
+    return c;
+  }
+  say("note: no model.yaml and the checkpoint records the model's shape only: rope_theta "
+      "10000 and norm_eps 1e-5 (the spec defaults) are assumed (--model-yaml names the spec's)");
+  return hf_config_of(cm->config, o.ckpt);
 }
 
 uint64_t tensor_bytes(const st::WriteTensor& t, st::DType dt) {
@@ -897,18 +1024,20 @@ ExportResult export_model(const ExportOptions& o, const Progress& progress) {
   auto say = [&](const std::string& s) {
     if (progress) progress(s);
   };
-  st::DType dt;
-  if (o.dtype == "bf16")
-    dt = st::DType::kBF16;
-  else if (o.dtype == "fp32")
-    dt = st::DType::kF32;
-  else
-    fail(o.dtype, "--dtype must be bf16 or fp32");
-
   const ExportSource src = find_export_source(o.ckpt);
   const std::string& root = src.root;
   const int64_t max_step = src.max_step;
-  HfConfig c = export_config(o, root, src.layout, say);
+  HfConfig c = export_config(o, root, say);
+  // The model's own precision unless --dtype says otherwise.
+  const std::string dtype =
+      !o.dtype.empty() ? o.dtype : c.model.dtype == spec::DType::kBf16 ? "bf16" : "fp32";
+  st::DType dt;
+  if (dtype == "bf16")
+    dt = st::DType::kBF16;
+  else if (dtype == "fp32")
+    dt = st::DType::kF32;
+  else
+    fail(o.dtype, "--dtype must be bf16 or fp32");
   const contract::ModelConfig& mc = c.model;
   const contract::ParamLayout pl(mc);
 

@@ -73,7 +73,9 @@ struct ImportOptions {
   std::string src;             // a directory (config.json + safetensors) or a .safetensors file
   std::string config;          // config.json path; "" = SRC/config.json or next to the file
   std::string out;             // the checkpoint directory to create (must be absent or empty)
-  std::string dtype = "fp32";  // model.dtype written to model.yaml (master weights stay fp32)
+  // model.dtype of the imported model (its record and model.yaml): fp32 | bf16; "" = bf16 for a
+  // model whose torch_dtype is bfloat16, else fp32. The weights keep the source's precision.
+  std::string dtype;
   bool fsync = true;
   // The unit in which the checkpoint writer converts and writes (a multiple of 4; tests use
   // small ones to cross rows and tensors at odd places).
@@ -91,9 +93,12 @@ ImportResult import_model(const ImportOptions& o, const Progress& progress = {})
 struct ExportOptions {
   std::string ckpt;            // a checkpoint directory (with `latest`) or a step directory
   std::string out;             // the directory to write (created; existing model files replaced)
-  std::string dtype = "bf16";  // bf16 | fp32
+  std::string dtype;            // bf16 | fp32; "" = the model's (its record's dtype)
   uint64_t shard_bytes = 5ull << 30;  // larger models are split in files of about this size
-  std::string model_yaml;             // "" = CKPT/model.yaml (or its parent's for a step directory)
+  // For a checkpoint that records only the model's shape (record 1): the settings' model.yaml;
+  // "" = CKPT/model.yaml (or its parent's for a step directory). A checkpoint of record 2 is its
+  // own config: a --model-yaml that differs from it is refused.
+  std::string model_yaml;
 };
 struct ExportResult {
   std::vector<std::string> files;

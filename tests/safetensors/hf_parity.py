@@ -14,7 +14,10 @@ next-token loss with the forward below, written from the published Llama archite
 rotate-half RoPE with rope_theta, grouped-query attention, SwiGLU MLP, tied/untied head) in fp32.
 Tolerance: max |logit difference| <= 1e-5 x max |logit|, loss relative difference <= 1e-5.
 
-Then `ringctl export --dtype fp32` (and bf16 for the bf16 case): the exported tensors must equal
+st_forward takes the model from the checkpoint's record (ckpt::read_checkpoint_model), so the
+parity also checks that the record carries rope_theta, the scaling and rms_norm_eps.
+
+Then `ringctl export --dtype fp32` (and, without --dtype, the model's dtype bf16 for the bf16 case): the exported tensors must equal
 the source tensors bit for bit (fp32: the same bytes; a bf16 source exported as bf16: the same
 bytes); the import must keep the source's precision in the checkpoint (bf16 / f16 master
 tensors for a 16-bit source); importing the fp32 export must give master tensors of the same
@@ -284,7 +287,8 @@ def main():
     for ci, (name, H, KH, hd, tied, theta, dtype, scaling) in enumerate(cases):
         rng = np.random.default_rng(1000 + ci)
         c = dict(base, num_attention_heads=H, num_key_value_heads=KH, head_dim=hd,
-                 tie_word_embeddings=tied, rope_theta=theta, rope_scaling=scaling)
+                 tie_word_embeddings=tied, rope_theta=theta, rope_scaling=scaling,
+                 torch_dtype={"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[dtype])
         if name.startswith("mha"):
             del c["head_dim"]  # derived: hidden_size / heads
             c["_hd"] = hd
@@ -332,7 +336,7 @@ def main():
                 failures += 1
         if dtype == "BF16":
             exp16 = os.path.join(work, name, "export-bf16")
-            run([ringctl, "export", ck, "-o", exp16])  # bf16, one file
+            run([ringctl, "export", ck, "-o", exp16])  # the model's dtype (bf16), one file
             got16 = read_model_dir(exp16)
             bad = [n for n in src if got16.get(n, (0, 0, b""))[2] != src[n][2]]
             if bad:

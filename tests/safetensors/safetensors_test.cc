@@ -330,7 +330,52 @@ TEST(HfImport, ConfigRefusesWhatTheModelCannotRepresent) {
   refused(with("head_dim", 15), "odd");
   refused(with("rope_theta", 1e9 + 1), "fp32");
   refused(with("hidden_size", "64"), "hidden_size");
-  refused(with("rope_scaling", {{"rope_type", 3}}), "unexpected value");
+  // rope_scaling: each refusal names the field (rope_scaling.<key>) and the rule.
+  refused(with("rope_scaling", {{"rope_type", 3}}), "rope_scaling.rope_type is not a string");
+  refused(with("rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}),
+          "rope_scaling.rope_type 'dynamic' is not supported");
+  refused(with("rope_scaling", "llama3"), "rope_scaling is not an object");
+  refused(with("rope_scaling", {{"factor", 2.0}}), "rope_scaling has no rope_type");
+  refused(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                {"high_freq_factor", 4.0}}),
+          "rope_scaling.original_max_position_embeddings is missing");
+  refused(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"high_freq_factor", 4.0},
+                                {"original_max_position_embeddings", 8192}}),
+          "rope_scaling.low_freq_factor is missing");
+  refused(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", "8"}, {"low_freq_factor", 1.0},
+                                {"high_freq_factor", 4.0},
+                                {"original_max_position_embeddings", 8192}}),
+          "rope_scaling.factor is not a number");
+  refused(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
+                                {"high_freq_factor", 1.0},
+                                {"original_max_position_embeddings", 8192}}),
+          "low_freq_factor < high_freq_factor");
+  refused(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                {"high_freq_factor", 4.0},
+                                {"original_max_position_embeddings", 8192.5}}),
+          "rope_scaling.original_max_position_embeddings is not an integer");
+  refused(with("rope_scaling", {{"rope_type", "linear"}, {"factor", 0.5}}),
+          "rope_scaling.factor must be >= 1");
+  refused(with("rope_scaling", {{"rope_type", "linear"}}), "rope_scaling.factor is missing");
+  refused(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 0.7}}),
+          "rope_scaling.mscale is not supported with rope_type yarn");
+  refused(with("rope_scaling", {{"rope_type", "linear"}, {"type", "yarn"}, {"factor", 2.0}}),
+          "disagree");
+  refused(with("max_position_embeddings", "4096"), "'max_position_embeddings' is not an integer");
+  // What the record carries: the settings, the context, and bf16 for a bfloat16 model.
+  EXPECT_EQ(c.model.rope_scaling, ring::spec::RopeScaling::kLlama3);
+  EXPECT_EQ(c.model.rope_original_context, 8192.0);
+  EXPECT_EQ(c.model.rope_scaling_factor, 8.0);
+  EXPECT_EQ(c.model.rope_theta, 500000.f);
+  EXPECT_EQ(c.model.norm_eps, 1e-6f);
+  EXPECT_EQ(c.model.max_positions, 4096);
+  EXPECT_EQ(c.model.dtype, ring::spec::DType::kFp32);
+  EXPECT_EQ(ring::hf::parse_config(with("torch_dtype", "bfloat16").dump(), "c").model.dtype,
+            ring::spec::DType::kBf16);
+  // yarn without original_max_position_embeddings: max_position_embeddings, as transformers.
+  auto yarn = ring::hf::parse_config(
+      with("rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}).dump(), "c");
+  EXPECT_EQ(yarn.model.rope_original_context, 4096.0);
   // A Mistral window as long as the context is no window at all.
   EXPECT_NO_THROW(ring::hf::parse_config(with("sliding_window", 4096).dump(), "c"));
 }
@@ -514,7 +559,7 @@ TEST(HfImport, ChunkSizeDoesNotChangeTheCheckpoint) {
   fs::remove_all(root);
 }
 
-TEST(HfExport, UsesTheLayoutRecordWithoutModelYaml) {
+TEST(HfExport, UsesTheCheckpointsRecordWithoutModelYaml) {
   const fs::path root = fs::temp_directory_path() / ("st-exp-" + std::to_string(getpid()));
   fs::remove_all(root);
   TinyHf m{root / "hf"};
@@ -534,9 +579,8 @@ TEST(HfExport, UsesTheLayoutRecordWithoutModelYaml) {
   // bf16 0.5 survives exactly, whatever the permutation.
   for (const auto& n : back.names())
     for (float x : back.find(n)->file->to_f32(*back.find(n)->info)) ASSERT_EQ(x, 0.5f) << n;
-  bool noted = false;
-  for (const auto& l : notes) noted |= l.find("no model.yaml") != std::string::npos;
-  EXPECT_TRUE(noted);
+  // The checkpoint records the settings (record 2): nothing is assumed.
+  for (const auto& l : notes) EXPECT_EQ(l.find("assumed"), std::string::npos) << l;
   // Sharded into the same directory, then whole again: no stale files stay.
   eo.shard_bytes = 200;
   EXPECT_GT(ring::hf::export_model(eo).files.size(), 5u);
@@ -627,5 +671,90 @@ TEST(HfFiles, ImportAndExportRefuseDirectoriesOthersControl) {
   EXPECT_TRUE(fs::exists(root / "out" / "config.json"));
   for (const auto& e : fs::directory_iterator(root / "out"))
     EXPECT_EQ(e.path().filename().string().find(".ringctl-export"), std::string::npos);
+  fs::remove_all(root);
+}
+
+// An imported model's settings follow it (issue 36): the checkpoint's model record carries
+// rope_theta, the llama3 scaling, norm_eps, the tied head, max_position_embeddings and the dtype
+// (bf16 for a bfloat16 model), and export writes them back from the record alone (no
+// model.yaml), in the model's dtype unless --dtype says otherwise. A --model-yaml that
+// contradicts the record is refused naming the key.
+TEST(HfExport, TheCheckpointCarriesTheWholeConfigAndExportWritesItBack) {
+  const fs::path root = fs::temp_directory_path() / ("st-cfg-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  TinyHf m{root / "hf"};
+  m.config["rope_theta"] = 500000.0;
+  m.config["rms_norm_eps"] = 1e-6;
+  m.config["max_position_embeddings"] = 131072;
+  m.config["torch_dtype"] = "bfloat16";
+  m.config["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", 32.0},
+                              {"low_freq_factor", 1.0},
+                              {"high_freq_factor", 4.0},
+                              {"original_max_position_embeddings", 8192}};
+  m.write();
+  import_to(m.dir, (root / "ck").string());
+  auto top = nlohmann::json::parse(
+      std::ifstream((root / "ck" / "step-00000000" / "checkpoint.json").string()));
+  const auto& rec = top["layout"]["model"];
+  EXPECT_EQ(rec["record"], 2);
+  EXPECT_EQ(rec["dtype"], "bf16");
+  EXPECT_EQ(rec["rope_theta"], 500000.0);
+  EXPECT_EQ(rec["norm_eps"], static_cast<double>(1e-6f));
+  EXPECT_EQ(rec["rope_scaling"], "llama3");
+  EXPECT_EQ(rec["rope_scaling_factor"], 32.0);
+  EXPECT_EQ(rec["rope_original_context"], 8192);
+  EXPECT_EQ(rec["rope_high_freq_factor"], 4.0);
+  EXPECT_EQ(rec["max_positions"], 131072);
+  EXPECT_EQ(rec["tie_embeddings"], false);
+  std::ifstream yaml((root / "ck" / "model.yaml").string());
+  EXPECT_NE(std::string(std::istreambuf_iterator<char>(yaml), {}).find("dtype: bf16"),
+            std::string::npos);
+
+  fs::remove(root / "ck" / "model.yaml");  // the record alone
+  ring::hf::ExportOptions eo;
+  eo.ckpt = (root / "ck").string();
+  eo.out = (root / "out").string();
+  ring::hf::export_model(eo);
+  auto cfg = nlohmann::json::parse(std::ifstream((root / "out" / "config.json").string()));
+  EXPECT_EQ(cfg["rope_theta"], 500000.0);
+  EXPECT_EQ(cfg["rms_norm_eps"], 1e-6);  // the float's shortest decimal, not 9.99999997e-07
+  EXPECT_EQ(cfg["max_position_embeddings"], 131072);
+  EXPECT_EQ(cfg["torch_dtype"], "bfloat16");
+  EXPECT_EQ(cfg["tie_word_embeddings"], false);
+  EXPECT_EQ(cfg["rope_scaling"], m.config["rope_scaling"]);
+  ring::st::File f = ring::st::File::open((root / "out" / "model.safetensors").string());
+  EXPECT_EQ(f.find("model.norm.weight")->dtype, DType::kBF16);
+  // The exported config imports to the same record.
+  import_to(root / "out", (root / "ck2").string());
+  auto top2 = nlohmann::json::parse(
+      std::ifstream((root / "ck2" / "step-00000000" / "checkpoint.json").string()));
+  EXPECT_EQ(top2["layout"]["model"], rec);
+  // --dtype fp32 writes fp32 (and says so in config.json).
+  eo.dtype = "fp32";
+  ring::hf::export_model(eo);
+  cfg = nlohmann::json::parse(std::ifstream((root / "out" / "config.json").string()));
+  EXPECT_EQ(cfg["torch_dtype"], "float32");
+  EXPECT_EQ(ring::st::File::open((root / "out" / "model.safetensors").string())
+                .find("model.norm.weight")
+                ->dtype,
+            DType::kF32);
+  // A model.yaml that contradicts the record is refused, naming the key.
+  std::ofstream((root / "bad.yaml").string())
+      << "model:\n  layers: 1\n  d_model: 16\n  heads: 2\n  kv_heads: 1\n  mlp_hidden: 32\n"
+         "  vocab: 20\n  tie_embeddings: false\n  rope_theta: 10000\n  norm_eps: 1e-6\n"
+         "  rope_scaling: llama3\n  rope_scaling_factor: 32\n  rope_original_context: 8192\n"
+         "  rope_low_freq_factor: 1\n  rope_high_freq_factor: 4\n";
+  eo.model_yaml = (root / "bad.yaml").string();
+  const std::string e = convert_error([&] { ring::hf::export_model(eo); });
+  EXPECT_NE(e.find("model.rope_theta is 10000"), std::string::npos) << e;
+  EXPECT_NE(e.find("records 500000"), std::string::npos) << e;
+  // import --dtype fp32 overrides the bfloat16 default.
+  ring::hf::ImportOptions io;
+  io.src = m.dir.string();
+  io.out = (root / "ck3").string();
+  io.fsync = false;
+  io.dtype = "fp32";
+  EXPECT_EQ(ring::hf::import_model(io).config.model.dtype, ring::spec::DType::kFp32);
   fs::remove_all(root);
 }

@@ -1,6 +1,6 @@
 // st_forward CKPT_DIR TOKENS OUT: ringmaster's model forward (CPU backend, fp32) on the master
 // weights of an imported checkpoint, for hf_parity.py.
-//   CKPT_DIR  what `ringctl import -o` wrote (model.yaml + the checkpoint)
+//   CKPT_DIR  what `ringctl import -o` wrote (the model from its record, not model.yaml)
 //   TOKENS    int32 [B, T] raw, B sequences of T tokens (T read from the file size and argv[4])
 //   OUT       writes OUT.logits.f32 [B, T, vocab] and OUT.loss.f64 [B] (mean next-token
 //             cross-entropy of each sequence, labels = the next token, the last ignored)
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include <yaml-cpp/yaml.h>
 
 #include "common/checkpoint/checkpoint.h"
+#include "common/checkpoint/model.h"
 #include "kernels/backend.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
@@ -28,35 +28,9 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1], tokens_path = argv[2], out = argv[3];
   const int64_t T = std::stoll(argv[4]);
   try {
-    YAML::Node m = YAML::LoadFile(dir + "/model.yaml")["model"];
-    ring::contract::ModelConfig cfg;
-    cfg.layers = m["layers"].as<int64_t>();
-    cfg.d_model = m["d_model"].as<int64_t>();
-    cfg.heads = m["heads"].as<int64_t>();
-    cfg.kv_heads = m["kv_heads"].as<int64_t>();
-    cfg.head_dim = m["head_dim"].as<int64_t>();
-    cfg.mlp_hidden = m["mlp_hidden"].as<int64_t>();
-    cfg.vocab = m["vocab"].as<int64_t>();
-    cfg.tie_embeddings = m["tie_embeddings"].as<bool>();
-    cfg.rope_theta = m["rope_theta"].as<float>();
-    cfg.norm_eps = m["norm_eps"].as<float>();
-    if (m["rope_scaling"]) {  // the scaling keys model.yaml carries (see common/hf/hf_llama.cc)
-      const std::string type = m["rope_scaling"].as<std::string>();
-      using ring::spec::RopeScaling;
-      cfg.rope_scaling = type == "linear"   ? RopeScaling::kLinear
-                         : type == "llama3" ? RopeScaling::kLlama3
-                         : type == "yarn"   ? RopeScaling::kYarn
-                                            : RopeScaling::kNone;
-      auto num = [&](const char* key, double def) {
-        return m[key] ? m[key].as<double>() : def;
-      };
-      cfg.rope_scaling_factor = num("rope_scaling_factor", 1);
-      cfg.rope_original_context = num("rope_original_context", 0);
-      cfg.rope_low_freq_factor = num("rope_low_freq_factor", 1);
-      cfg.rope_high_freq_factor = num("rope_high_freq_factor", 4);
-      cfg.rope_beta_fast = num("rope_beta_fast", 32);
-      cfg.rope_beta_slow = num("rope_beta_slow", 1);
-    }
+    // The model as the checkpoint records it (the one reader generate and export use too).
+    ring::contract::ModelConfig cfg = ring::ckpt::read_checkpoint_model(dir).config;
+    cfg.dtype = ring::spec::DType::kFp32;
     cfg.check();
 
     std::string err;
