@@ -209,7 +209,7 @@ std::vector<int> StepGraph::shard_gather(size_t b, const std::vector<int>& post,
     const int64_t q = k * wpn_ + l;
     const int64_t part = fs_.part(b, kr * wpn_ + l);
     if (part == 0) continue;
-    const double bytes = 4.0 * static_cast<double>(part);
+    const double bytes = fs_.gather_message_bytes(b, kr * wpn_ + l);  // the model's dtype
     const int si = sim_of_wr_[q];
     const int src_post = post[si >= 0 ? si : rep_local_[l]];
     int64_t sim_remote = 0, sim_local = 0;
@@ -280,7 +280,7 @@ StepGraph::Scatter StepGraph::shard_scatter(size_t b, const std::vector<int>& st
     if (part == 0) continue;
     ScatterChain c;
     c.q = k * wpn_ + l;
-    c.bytes = 4.0 * static_cast<double>(part);
+    c.bytes = fs_.scatter_message_bytes(b, kr * wpn_ + l);  // fp32
     const int oi = sim_of_wr_[c.q];
     c.orep = oi >= 0 ? oi : rep_local_[l];
     c.chain = e_.join(c.orep, kSync);

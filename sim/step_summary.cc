@@ -178,12 +178,7 @@ void shard_times(const Engine& e, const StepRecords& rec, const Workload& w, boo
   res->shard_gathers = static_cast<int64_t>(rec.gather_rec.size());
   res->shard_scatters = static_cast<int64_t>(rec.scatter_rec.size());
   // Position 0's world rank (reduced, the flows place every bucket on its node instead).
-  double g0 = 0, s0 = 0;
-  for (size_t b = 0; b < fs.gathers.size(); ++b) {
-    const double other = static_cast<double>(fs.size(b) - fs.part(b, rec.world_rank0));
-    g0 += fs.gathers[b] * 4.0 * other;
-    s0 += 4.0 * other;
-  }
+  const double g0 = fs.gathered_bytes(rec.world_rank0), s0 = fs.scattered_bytes(rec.world_rank0);
   res->shard_gathered_bytes = full ? rec.shard_gathered0 : g0 * M;
   res->shard_scattered_bytes = full ? rec.shard_scattered0 : s0 * M;
   for (const auto& [post, done, arrived] : rec.gather_rec) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/cp/ring_messages.h"
+#include "common/cp/shard_messages.h"
 #include "common/contract/layout_rules.h"
 #include "common/contract/shm.h"
 
@@ -112,18 +113,30 @@ int64_t FullShardLayout::part(size_t b, int64_t g) const {
   return std::max<int64_t>(0, hi - lo);
 }
 
-// A rank's parts lie in its node's buckets only (a range is whole buckets).
+double FullShardLayout::gather_message_bytes(size_t b, int64_t q) const {
+  return static_cast<double>(cp::shard_gather_bytes(part(b, q), gather_elem_bytes));
+}
+
+double FullShardLayout::scatter_message_bytes(size_t b, int64_t q) const {
+  return static_cast<double>(cp::shard_scatter_bytes(part(b, q)));
+}
+
+// A bucket's parts lie on its owner node's workers only (a range is whole buckets): rank g
+// receives (gathers) or sends (reduce-scatters) one message per other rank there.
 double FullShardLayout::gathered_bytes(int64_t g) const {
-  double floats = 0;
+  double bytes = 0;
   for (size_t b = 0; b < gathers.size(); ++b)
-    floats += gathers[b] * static_cast<double>(size(b) - part(b, g));
-  return 4.0 * floats;
+    for (int64_t q = owner[b] * workers_per_node; q < (owner[b] + 1) * workers_per_node; ++q)
+      if (q != g) bytes += gathers[b] * gather_message_bytes(b, q);
+  return bytes;
 }
 
 double FullShardLayout::scattered_bytes(int64_t g) const {
-  double floats = 0;
-  for (size_t b = 0; b < gathers.size(); ++b) floats += static_cast<double>(size(b) - part(b, g));
-  return 4.0 * floats;
+  double bytes = 0;
+  for (size_t b = 0; b < gathers.size(); ++b)
+    for (int64_t q = owner[b] * workers_per_node; q < (owner[b] + 1) * workers_per_node; ++q)
+      if (q != g) bytes += scatter_message_bytes(b, q);
+  return bytes;
 }
 
 FullShardLayout full_shard_layout(const JobSpec& s) {
@@ -134,6 +147,8 @@ FullShardLayout full_shard_layout(const JobSpec& s) {
   const int64_t nodes = std::max<int64_t>(s.resources.nodes, 1);
   const int64_t wpn = std::max<int64_t>(s.resources.workers_per_node, 1);
   f.workers_per_node = wpn;
+  f.gather_elem_bytes =
+      cp::shard_gather_elem_bytes(static_cast<size_t>(spec::dtype_bytes(s.model.dtype)));
   f.bucket_begin.assign(bs.size() + 1, 0);
   for (size_t b = 0; b < bs.size(); ++b) f.bucket_begin[b + 1] = f.bucket_begin[b] + bs[b];
   // Per micro-batch (Model::forward_backward): head once, layers twice, the embedding once
@@ -314,9 +329,11 @@ void PlanBuilder::worker_memory() {
   } else {
     // worker/ring/full_shard.h: the shard, and block buffers of the largest bucket each at the
     // peak (tied embeddings: the embedding's weights beside the head, and its gradient held
-    // through the backward). The shard and the transfers' buffers are host memory; a device
-    // worker (staged blocks) keeps them in host memory and only the blocks the model uses, and
-    // the gradient it writes, on the device.
+    // through the backward). The shard and the gathered blocks are held as the gathers carry
+    // them, b bytes a value (a bf16 store keeps only its shard rounded to bf16); gradients fp32.
+    // The shard and the transfers' buffers are host memory; a device worker (staged blocks)
+    // keeps them in host memory and only the blocks the model uses, and the gradient it writes,
+    // on the device.
     const double tied = m.tie_embeddings ? 1.0 : 0.0;
     auto& hw = host_backend ? w : p.worker_host;
     hw.push_back({"weight shard", S * b, "shard x b, shard = ceil(range / workers_per_node)"});
@@ -339,8 +356,8 @@ void PlanBuilder::worker_memory() {
                                     : "staged block gradient (fp32, being written)",
                    (1.0 + tied) * B * 4.0, m.tie_embeddings ? "2 x largest bucket x 4"
                                                             : "largest bucket x 4"});
-      p.worker_host.push_back({"block buffers (fp32: prefetched gather + reduce-scatter)",
-                               2.0 * B * 4.0, "2 x largest bucket x 4"});
+      p.worker_host.push_back({"block buffers (prefetched gather, b; reduce-scatter, fp32)",
+                               B * (b + 4.0), "largest bucket x (b + 4)"});
     }
     if (G > 1) {
       const double parts = static_cast<double>(std::min<int64_t>(2, G - 1)) + 1.0 +

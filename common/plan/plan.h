@@ -60,9 +60,10 @@ std::vector<size_t> shard_first_buckets(const std::vector<int64_t>& bucket_sizes
 // one forward_backward (worker/model/model.cc): the embedding before the first layer (again at
 // the head with tied embeddings), every layer before its forward and again before its backward
 // (a recompute reuses the block acquired for the backward), the head once. Each gather moves
-// fp32 (the store's buffers are floats whatever model.dtype): rank g receives 4 x (size - its
-// part) bytes of a bucket, and sends 4 x its part to each other rank; each bucket's gradient
-// is reduce-scattered once per micro-batch: rank g sends 4 x (size - its part) bytes.
+// the dtype the model computes with, e bytes a value (common/cp/shard_messages.h: 2 for bf16, 4
+// for fp32): rank g receives e x (size - its part) bytes of a bucket, and sends e x its part to
+// each other rank; each bucket's gradient is reduce-scattered once per micro-batch, fp32: rank g
+// sends 4 x (size - its part) bytes. The message sizes are shard_messages.h's, as the store's.
 struct FullShardLayout {
   std::vector<int64_t> bucket_begin;  // [buckets + 1] floats, layout order (head, layers
                                       // L-1..0, embedding)
@@ -70,10 +71,15 @@ struct FullShardLayout {
   std::vector<int> gathers;                     // [buckets] per micro-batch
   std::vector<int> owner;                       // [buckets] the node whose range holds it
   int64_t workers_per_node = 1;
+  size_t gather_elem_bytes = 4;  // e: what a gather carries a value in (model.dtype)
   int64_t ranks() const { return static_cast<int64_t>(shard_begin.size()); }
   int64_t size(size_t b) const { return bucket_begin[b + 1] - bucket_begin[b]; }
   // Floats of bucket b inside rank g's shard.
   int64_t part(size_t b, int64_t g) const;
+  // Bytes of the message carrying rank q's part of bucket b in a gather / a reduce-scatter
+  // (0 when the part is empty), as the store sends it.
+  double gather_message_bytes(size_t b, int64_t q) const;
+  double scatter_message_bytes(size_t b, int64_t q) const;
   // Bytes rank g receives in the gathers / sends in the reduce-scatters of one micro-batch.
   double gathered_bytes(int64_t g) const;
   double scattered_bytes(int64_t g) const;
@@ -172,10 +178,11 @@ struct Plan {
                                          // every other node, (nodes - 1) x 8 x its k
   int64_t topk_k = 0;
   // Shard full (0 otherwise), per step (every micro-batch), for the rank that moves the most
-  // (FullShardLayout): the fp32 weights it receives in the block all-gathers of the forward and
-  // the backward, about 2 x (n - shard) x 4, and the gradient parts it sends in the
-  // reduce-scatters, about (n - shard) x 4 (worker/ring/full_shard.h). The nodes' ringd then
-  // exchange no gradient: the two lines above are 0.
+  // (FullShardLayout): the weights it receives in the block all-gathers of the forward and the
+  // backward, in the model's dtype (bf16 for a bf16 spec), about 2 x (n - shard) x b, and the
+  // fp32 gradient parts it sends in the reduce-scatters, about (n - shard) x 4
+  // (worker/ring/full_shard.h). The nodes' ringd then exchange no gradient: the two lines
+  // above are 0.
   double shard_gathered_per_rank = 0;
   double shard_scattered_per_rank = 0;
 

@@ -166,9 +166,10 @@ TEST(Plan, ShardFullCommunicationIsTheGathersAndTheReduceScatter) {
   ASSERT_LT(S, n / 8);  // 32 ranks share the model
   // What the worker's store moves, from the objects it is built on (contract::ParamLayout,
   // worker_shards): per micro-batch the head and the (untied) embedding are gathered once and
-  // every layer twice, fp32 whatever model.dtype; every bucket is reduce-scattered once. The
-  // rank with the smallest parts moves the most.
-  auto fp32 = s;  // the layout is the same in any dtype; the worker model takes fp32 only
+  // every layer twice, in bf16 (the spec's model.dtype: 2 bytes a value); every bucket is
+  // reduce-scattered once, in fp32. The rank with the smallest parts moves the most.
+  ASSERT_EQ(s.model.dtype, spec::DType::kBf16);
+  auto fp32 = s;  // the layout is the same in any dtype
   fp32.model.dtype = spec::DType::kFp32;
   const contract::ParamLayout layout(contract::ModelConfig::from_spec(fp32));
   const auto shards = contract::worker_shards(layout, 4, 8);
@@ -179,7 +180,7 @@ TEST(Plan, ShardFullCommunicationIsTheGathersAndTheReduceScatter) {
     for (const contract::GradBucket& b : layout.buckets()) {
       const int64_t mine = std::max<int64_t>(0, std::min(b.end, w.end) - std::max(b.begin, w.begin));
       const int times = (&b == &layout.head_bucket() || &b == &layout.embedding_bucket()) ? 1 : 2;
-      g += times * 4.0 * static_cast<double>(b.end - b.begin - mine);
+      g += times * 2.0 * static_cast<double>(b.end - b.begin - mine);
       r += 4.0 * static_cast<double>(b.end - b.begin - mine);
     }
     gathered = std::max(gathered, g);
@@ -187,10 +188,14 @@ TEST(Plan, ShardFullCommunicationIsTheGathersAndTheReduceScatter) {
   }
   EXPECT_DOUBLE_EQ(p.shard_gathered_per_rank, 2 * gathered);  // 2 micro-batches
   EXPECT_DOUBLE_EQ(p.shard_scattered_per_rank, 2 * scattered);
-  // About 2 (n - S) x 4 and (n - S) x 4: the head and embedding are gathered once.
-  EXPECT_LT(p.shard_gathered_per_rank, 2 * 2 * (n - S) * 4.0);
-  EXPECT_GT(p.shard_gathered_per_rank, 2 * 1.5 * (n - S) * 4.0);
+  // About 2 (n - S) x 2 and (n - S) x 4: the head and embedding are gathered once.
+  EXPECT_LT(p.shard_gathered_per_rank, 2 * 2 * (n - S) * 2.0);
+  EXPECT_GT(p.shard_gathered_per_rank, 2 * 1.5 * (n - S) * 2.0);
   EXPECT_GE(p.shard_scattered_per_rank, 2 * (n - S) * 4.0);
+  // An fp32 spec gathers twice the bytes; the reduce-scatters are the same.
+  const Plan p32 = make_plan(fp32);
+  EXPECT_DOUBLE_EQ(p32.shard_gathered_per_rank, 2 * p.shard_gathered_per_rank);
+  EXPECT_DOUBLE_EQ(p32.shard_scattered_per_rank, p.shard_scattered_per_rank);
   EXPECT_EQ(p.grad_sent_dense_per_node, 0);
   EXPECT_EQ(p.grad_sent_topk_per_node, 0);
   s.parallel.shard = spec::ShardMode::kOptimizer;
@@ -378,7 +383,8 @@ TEST(Plan, ShardModesDivideWhatTheyShard) {
   EXPECT_FALSE(s.model.tie_embeddings);
   EXPECT_EQ(item(f.worker, "staged block"), 1.0 * f.largest_bucket * 2);
   EXPECT_EQ(item(f.worker, "staged block gradient"), 4.0 * f.largest_bucket);
-  EXPECT_EQ(item(f.worker_host, "block buffers"), 2.0 * 4 * f.largest_bucket);
+  // A gather's buffer holds bf16, a gradient's fp32.
+  EXPECT_EQ(item(f.worker_host, "block buffers"), (2.0 + 4.0) * f.largest_bucket);
   // Two receive buffers, the running sum and a node's running sum (64 nodes).
   EXPECT_EQ(item(f.worker_host, "reduce-scatter window"),
             16.0 * std::min<double>(shard, f.largest_bucket));

@@ -12,6 +12,7 @@
 #include "common/contract/shard.h"
 #include "kernels/backend.h"
 #include "tests/common/tiny_model.h"
+#include "tests/ring/ring_test_util.h"
 #include "worker/model/attention.h"
 #include "worker/model/model.h"
 #include "worker/ring/full_shard.h"
@@ -19,11 +20,23 @@
 namespace ring::test {
 
 // The tests' tiny model with 3 layers, an MLP of 96 and a vocabulary of 97.
-inline model::ModelConfig stage_model(bool tied, bool recompute) {
+inline model::ModelConfig stage_model(bool tied, bool recompute, bool bf16 = false) {
   model::ModelConfig m =
       tiny_model_config({.layers = 3, .mlp_hidden = 96, .vocab = 97, .tie_embeddings = tied});
   m.recompute = recompute;
+  if (bf16) m.dtype = spec::DType::kBf16;
   return m;
+}
+
+// The multi-rank test's spec (full_shard_helper.cc, full_shard_ranks_test.cc): ring_spec's model
+// on `world` ranks as nodes of `per_node` workers, model.dtype bf16 or fp32.
+inline spec::JobSpec shard_ranks_spec(int world, int per_node, bool bf16) {
+  spec::JobSpec s = ring_spec(256, world, "zigzag");
+  s.resources.nodes = world / per_node;
+  s.resources.workers_per_node = per_node;
+  s.parallel.shard = spec::ShardMode::kFull;
+  if (bf16) s.model.dtype = spec::DType::kBf16;
+  return s;
 }
 
 struct StageTokens {
@@ -55,6 +68,7 @@ inline StageTokens stage_tokens(int64_t t, int64_t vocab, uint64_t seed) {
 struct StageRun {
   double loss = 0;            // summed over the micro-batches
   std::vector<float> grads;   // [layout total], host
+  cp::ShardStats stats;       // run_store: the store's
 };
 
 inline int64_t total_valid(const std::vector<StageTokens>& batches) {
@@ -77,16 +91,17 @@ inline StageRun run_flat(const model::ModelConfig& cfg, kernels::Backend* backen
 }
 
 // The same through a one-rank FullShardStore; stage: the backend the blocks are staged through
-// (null: host buffers handed to the model as they are, the CPU worker's way).
+// (null: host buffers handed to the model as they are, the CPU worker's way); gather: the dtype
+// the store's blocks are gathered in (bf16: a bf16 model only).
 inline StageRun run_store(const model::ModelConfig& cfg, kernels::Backend* backend,
                           kernels::Backend* stage, const std::vector<float>& params,
-                          const std::vector<StageTokens>& batches) {
+                          const std::vector<StageTokens>& batches,
+                          kernels::DType gather = kernels::DType::kF32) {
   const contract::ParamLayout layout(cfg);
   cp::FullShardStore store(layout, contract::worker_shards(layout, 1, 1), 0, 1, nullptr, 10000,
-                           stage);
+                           stage, gather);
   const contract::WorkerShard& sh = store.shard();
-  std::memcpy(store.shard_weights(), params.data() + sh.begin,
-              static_cast<size_t>(sh.size()) * sizeof(float));
+  store.set_shard_weights(params.data() + sh.begin);
   model::LocalAttention attention(backend);
   model::Model m(cfg, backend, &attention, &store);
   StageRun r;
@@ -100,6 +115,7 @@ inline StageRun run_store(const model::ModelConfig& cfg, kernels::Backend* backe
                       });
     r.loss += m.forward_backward(batches[i].batch(), total_valid(batches)).loss;
   }
+  r.stats = store.stats();
   return r;
 }
 

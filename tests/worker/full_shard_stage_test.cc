@@ -70,5 +70,72 @@ INSTANTIATE_TEST_SUITE_P(FullShard, Stage,
                                            Case{true, true, 1}, Case{false, true, 2},
                                            Case{true, false, 2}));
 
+// bf16 (docs/precision.md): the store's gathers carry bf16, which the model widens, or fp32,
+// which the model rounds as it acquires a block: the same values, so the loss and every gradient
+// equal the flat bf16 model's bits (two micro-batches: the two stores agree bit for bit), host
+// and staged. An fp32 model cannot take bf16 blocks: a clear error.
+class StageBf16 : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StageBf16, Bf16GathersEqualFp32GathersAndTheFlatModel) {
+  const Case c = GetParam();
+  std::string err;
+  auto cpu = kernels::create_backend("cpu", 1, &err);
+  ASSERT_TRUE(cpu) << err;
+  const model::ModelConfig cfg = stage_model(c.tied, c.recompute, true);
+  std::vector<float> params;
+  {
+    model::LocalAttention attention(cpu.get());
+    model::Model m(cfg, cpu.get(), &attention);
+    params = m.initial_params(11);
+  }
+  std::vector<StageTokens> batches;
+  for (int i = 0; i < c.micro; ++i) batches.push_back(stage_tokens(200, cfg.vocab, 5 + i));
+  const kernels::DType bf16 = kernels::DType::kBF16;
+  const StageRun flat = run_flat(cfg, cpu.get(), params, batches);
+  const StageRun f32 = run_store(cfg, cpu.get(), nullptr, params, batches);
+  const StageRun host = run_store(cfg, cpu.get(), nullptr, params, batches, bf16);
+  const StageRun staged = run_store(cfg, cpu.get(), cpu.get(), params, batches, bf16);
+  EXPECT_EQ(host.loss, f32.loss);
+  EXPECT_EQ(host.grads, f32.grads);
+  EXPECT_EQ(staged.loss, host.loss);
+  EXPECT_EQ(staged.grads, host.grads);
+  EXPECT_EQ(host.loss, flat.loss);
+  if (c.micro == 1) {
+    EXPECT_EQ(host.grads, flat.grads);
+  }
+  // Every block was gathered (one rank: nothing sent).
+  EXPECT_EQ(host.stats.gathers, f32.stats.gathers);
+  EXPECT_GT(host.stats.gathers, 0);
+  EXPECT_EQ(host.stats.bytes_sent, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(FullShard, StageBf16,
+                         ::testing::Values(Case{false, false, 1}, Case{true, false, 1},
+                                           Case{true, true, 1}, Case{true, false, 2}));
+
+TEST(StageBf16Errors, AnFp32ModelCannotTakeBf16Blocks) {
+  std::string err;
+  auto cpu = kernels::create_backend("cpu", 1, &err);
+  ASSERT_TRUE(cpu) << err;
+  const model::ModelConfig cfg = stage_model(true, false);
+  std::vector<float> params;
+  {
+    model::LocalAttention attention(cpu.get());
+    model::Model m(cfg, cpu.get(), &attention);
+    params = m.initial_params(11);
+  }
+  const std::vector<StageTokens> batches{stage_tokens(100, cfg.vocab, 5)};
+  try {
+    run_store(cfg, cpu.get(), nullptr, params, batches, kernels::DType::kBF16);
+    FAIL() << "an fp32 model took bf16 blocks";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("carry bf16"), std::string::npos) << e.what();
+  }
+  const contract::ParamLayout layout(cfg);
+  EXPECT_THROW(cp::FullShardStore(layout, contract::worker_shards(layout, 1, 1), 0, 1, nullptr,
+                                  1000, nullptr, static_cast<kernels::DType>(7)),
+               std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace ring::test

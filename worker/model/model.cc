@@ -335,7 +335,9 @@ AttentionCall Model::attention_call(int l, LayerActs& a) const {
 
 const float* Model::acquire(const GradBucket& b, int next) {
   if (!store_) return params_.data() + b.begin;
-  const float* w = store_->acquire(b.index, next);
+  // A bf16 block (shard full's bf16 gathers) is widened, exactly; an fp32 one rounded below.
+  const uint16_t* bits = bf16_ ? store_->acquire_bf16(b.index, next) : nullptr;
+  const float* w = bits ? nullptr : store_->acquire(b.index, next);
   if (!bf16_) return w;
   auto free_slot = std::find_if(bf16_slots_.begin(), bf16_slots_.end(),
                                 [](const Bf16Slot& x) { return x.bucket < 0; });
@@ -346,6 +348,15 @@ const float* Model::acquire(const GradBucket& b, int next) {
   k.n = b.end - b.begin;
   k.rounded.resize(backend_, k.n);
   k.bits.resize(backend_, k.n);
+  if (bits) {
+    check_status(backend_->convert(kernels::DType::kBF16, kernels::DType::kBF16, k.n, bits,
+                                   k.bits.data()),
+                 "convert");
+    check_status(backend_->convert(kernels::DType::kBF16, kernels::DType::kF32, k.n, bits,
+                                   k.rounded.data()),
+                 "convert");
+    return k.rounded.data();
+  }
   check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kF32, k.n, w,
                                  k.rounded.data()),
                "convert");

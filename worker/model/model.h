@@ -72,6 +72,11 @@ class BlockStore {
   // The weights of bucket b, valid until release(b). `next` (-1: none) is the bucket the model
   // acquires after this one: the store may start fetching it now.
   virtual const float* acquire(int b, int next) = 0;
+  // For a model of dtype bf16, which takes its blocks this way first: bucket b's weights already
+  // in bf16 (the values the model would round them to), valid until release(b); or null, with
+  // nothing acquired, when the store holds fp32 (then acquire). parallel.shard full's gathers
+  // carry bf16 so (worker/ring/full_shard.h).
+  virtual const uint16_t* acquire_bf16(int b, int next) { return nullptr; }
   virtual void release(int b) = 0;
   // A zeroed gradient buffer for bucket b, valid until grads_done(b).
   virtual float* grads(int b) = 0;

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "common/contract/timeline.h"
+#include "common/cp/shard_messages.h"
+#include "common/numeric/bf16.h"
 #include "plugins/transport/loader.h"
 
 namespace ring::cp {
@@ -30,49 +32,90 @@ double since(Clock::time_point t0) {
 FullShardStore::FullShardStore(const contract::ParamLayout& layout,
                                std::vector<contract::WorkerShard> shards, int rank,
                                int workers_per_node, ProgressEngine* engine, int timeout_ms,
-                               kernels::Backend* stage)
+                               kernels::Backend* stage, kernels::DType gather)
     : layout_(layout), shards_(std::move(shards)), rank_(rank),
       world_(static_cast<int>(shards_.size())), per_node_(workers_per_node), engine_(engine),
-      timeout_ms_(timeout_ms), stage_(stage) {
+      timeout_ms_(timeout_ms), stage_(stage), gather_(gather) {
   if (rank_ < 0 || rank_ >= world_ || per_node_ < 1 || world_ % per_node_ != 0 ||
       (engine_ == nullptr && world_ > 1)) {
     throw std::invalid_argument(fmt::format(
         "FullShardStore: rank {} of {} shards with {} workers per node (and an engine)", rank_,
         world_, per_node_));
   }
+  if (gather_ != kernels::DType::kF32 && gather_ != kernels::DType::kBF16)
+    throw std::invalid_argument("FullShardStore: the weight gathers carry fp32 or bf16");
   for (const contract::GradBucket& b : layout_.buckets())
     max_bucket_ = std::max(max_bucket_, b.end - b.begin);
-  weights_.assign(static_cast<size_t>(shard().size()), 0.f);
-  grad_.assign(static_cast<size_t>(shard().size()), 0.f);
+  const auto n = static_cast<size_t>(shard().size());
+  if (gather_ == kernels::DType::kBF16) {
+    weights_bf16_.assign(n, 0);
+  } else {
+    weights_.assign(n, 0.f);
+  }
+  grad_.assign(n, 0.f);
+}
+
+void FullShardStore::set_shard_weights(const float* w) {
+  if (gather_ == kernels::DType::kBF16) {  // the one rounding, once per step
+    for (size_t i = 0; i < weights_bf16_.size(); ++i) weights_bf16_[i] = numeric::f32_to_bf16(w[i]);
+  } else {
+    std::copy(w, w + weights_.size(), weights_.begin());
+  }
 }
 
 FullShardStore::~FullShardStore() = default;
 
-std::vector<float>* FullShardStore::take_buffer() {
-  if (free_.empty()) {
-    pool_.push_back(std::make_unique<std::vector<float>>(static_cast<size_t>(max_bucket_)));
-    return pool_.back().get();
+template <typename T>
+std::vector<T>* FullShardStore::Pool<T>::take(int64_t size) {
+  if (free.empty()) {
+    all.push_back(std::make_unique<std::vector<T>>(static_cast<size_t>(size)));
+    return all.back().get();
   }
-  std::vector<float>* b = free_.back();
-  free_.pop_back();
+  std::vector<T>* b = free.back();
+  free.pop_back();
   return b;
 }
 
-void FullShardStore::give_back(std::vector<float>* buf) { free_.push_back(buf); }
+size_t FullShardStore::gather_elem() const { return kernels::dtype_size(gather_); }
 
-float* FullShardStore::take_device_buffer() {
-  if (dev_free_.empty()) {
-    dev_pool_.push_back(std::make_unique<model::DeviceArray<float>>(stage_, max_bucket_));
-    return dev_pool_.back()->data();
+FullShardStore::HostBlock FullShardStore::take_block() {
+  HostBlock h;
+  if (gather_ == kernels::DType::kBF16) {
+    h.bf16 = pool_bf16_.take(max_bucket_);
+  } else {
+    h.f32 = pool_.take(max_bucket_);
   }
-  float* p = dev_free_.back();
-  dev_free_.pop_back();
-  return p;
+  return h;
 }
 
+void FullShardStore::give_back(const HostBlock& h) {
+  if (h.f32) pool_.give_back(h.f32);
+  if (h.bf16) pool_bf16_.give_back(h.bf16);
+}
+
+void* FullShardStore::take_device_buffer(bool bf16) {
+  std::vector<void*>& free = bf16 ? dev_free_bf16_ : dev_free_;
+  if (!free.empty()) {
+    void* p = free.back();
+    free.pop_back();
+    return p;
+  }
+  if (bf16) {
+    dev_pool_bf16_.push_back(std::make_unique<model::DeviceArray<uint16_t>>(stage_, max_bucket_));
+    return dev_pool_bf16_.back()->data();
+  }
+  dev_pool_.push_back(std::make_unique<model::DeviceArray<float>>(stage_, max_bucket_));
+  return dev_pool_.back()->data();
+}
+
+// A device buffer of a weight block has the gather's dtype, a gradient's is fp32.
 void FullShardStore::give_back(const Block& b) {
-  if (b.dev) dev_free_.push_back(b.dev);
-  if (b.host) give_back(b.host);
+  if (b.dev) {
+    const bool bf16 = !b.grad && gather_ == kernels::DType::kBF16;
+    (bf16 ? dev_free_bf16_ : dev_free_).push_back(b.dev);
+  }
+  give_back(b.host);
+  if (b.grad) pool_.give_back(b.grad);
 }
 
 void FullShardStore::check(kernels::Status st, const char* what, int b) const {
@@ -109,10 +152,13 @@ void FullShardStore::begin_batch(bool first, bool last, DeliverFn deliver) {
 // ---- weights ---------------------------------------------------------------------------------
 
 void FullShardStore::start_gather(int b) {
+  const bool bf16 = gather_ == kernels::DType::kBF16;
   Gather g;
   g.bucket = b;
-  g.buf = take_buffer();
+  g.buf = take_block();
   g.posted = Clock::now();
+  const size_t elem = gather_elem();
+  auto* dst = static_cast<unsigned char*>(g.buf.data());
   const int64_t base = layout_.buckets()[b].begin;
   const auto [mlo, mhi] = part(b, rank_);
   // Receives first, then this rank's part to every other rank, then its own copy.
@@ -120,19 +166,21 @@ void FullShardStore::start_gather(int b) {
     if (q == rank_) continue;
     const auto [lo, hi] = part(b, q);
     if (hi > lo)
-      g.handles.push_back(engine_->post_recv(g.buf->data() + (lo - base),
-                                             static_cast<size_t>(hi - lo) * sizeof(float), q,
-                                             kTagGather));
+      g.handles.push_back(engine_->post_recv(dst + (lo - base) * elem,
+                                             cp::shard_gather_bytes(hi - lo, elem), q, kTagGather));
   }
   if (mhi > mlo) {
-    const float* src = weights_.data() + (mlo - shard().begin);
+    const int64_t at = mlo - shard().begin;
+    const void* src = bf16 ? static_cast<const void*>(weights_bf16_.data() + at)
+                           : static_cast<const void*>(weights_.data() + at);
+    const size_t bytes = cp::shard_gather_bytes(mhi - mlo, elem);
     for (int q = 0; q < world_; ++q) {
       if (q == rank_) continue;
-      g.handles.push_back(engine_->post_send(src, static_cast<size_t>(mhi - mlo) * sizeof(float),
-                                             q, kTagGather));
-      stats_.bytes_sent += (mhi - mlo) * static_cast<int64_t>(sizeof(float));
+      g.handles.push_back(engine_->post_send(src, bytes, q, kTagGather));
+      stats_.gather_bytes_sent += static_cast<int64_t>(bytes);
+      stats_.bytes_sent += static_cast<int64_t>(bytes);
     }
-    std::memcpy(g.buf->data() + (mlo - base), src, static_cast<size_t>(mhi - mlo) * sizeof(float));
+    std::memcpy(dst + (mlo - base) * elem, src, bytes);
   }
   ++stats_.gathers;
   gathers_.push_back(std::move(g));
@@ -147,6 +195,19 @@ void FullShardStore::finish_gather(Gather& g) {
 }
 
 const float* FullShardStore::acquire(int b, int next) {
+  if (gather_ != kernels::DType::kF32)
+    throw std::logic_error(fmt::format(
+        "FullShardStore: bucket {}: the gathers carry bf16 (a bf16 model takes acquire_bf16)",
+        layout_.buckets()[b].name));
+  return static_cast<const float*>(acquire_block(b, next));
+}
+
+const uint16_t* FullShardStore::acquire_bf16(int b, int next) {
+  if (gather_ != kernels::DType::kBF16) return nullptr;
+  return static_cast<const uint16_t*>(acquire_block(b, next));
+}
+
+const void* FullShardStore::acquire_block(int b, int next) {
   namespace tl = contract::timeline;
   auto it = std::find_if(gathers_.begin(), gathers_.end(),
                          [b](const Gather& g) { return g.bucket == b; });
@@ -161,16 +222,18 @@ const float* FullShardStore::acquire(int b, int next) {
   if (tl::TimelineWriter* w = tl::active())
     w->record({.kind = tl::Phase::kCollective, .step = w->step(), .layer = b, .begin_ns = n0,
                .end_ns = tl::now_ns()});
-  Block blk{b, it->buf, nullptr};
+  Block blk;
+  blk.bucket = b;
+  blk.host = it->buf;
   gathers_.erase(it);
   if (stage_) {  // into the backend's memory; the host buffer is free again
     const contract::GradBucket& bk = layout_.buckets()[b];
-    blk.dev = take_device_buffer();
-    check(stage_->copy_to_device(blk.dev, blk.host->data(),
-                                 static_cast<size_t>(bk.end - bk.begin) * sizeof(float)),
+    blk.dev = take_device_buffer(gather_ == kernels::DType::kBF16);
+    check(stage_->copy_to_device(blk.dev, blk.host.data(),
+                                 static_cast<size_t>(bk.end - bk.begin) * gather_elem()),
           "copy to the device", b);
     give_back(blk.host);
-    blk.host = nullptr;
+    blk.host = {};
   }
   held_.push_back(blk);
   // The next block travels while this one computes.
@@ -193,23 +256,25 @@ void FullShardStore::release(int b) {
 
 float* FullShardStore::grads(int b) {
   auto it = std::find_if(grads_.begin(), grads_.end(), [b](const Block& h) { return h.bucket == b; });
-  if (it != grads_.end()) return it->data();
+  if (it != grads_.end()) return static_cast<float*>(it->data());
   // One reduce-scatter in flight: it finishes before another block gradient is handed out.
   while (!scatters_.empty()) {
     finish_scatter(scatters_.front());
     scatters_.pop_front();
   }
   const contract::GradBucket& bk = layout_.buckets()[b];
-  Block blk{b, nullptr, nullptr};
+  Block blk;
+  blk.bucket = b;
   if (stage_) {
-    blk.dev = take_device_buffer();
-    check(stage_->fill(bk.end - bk.begin, 0.f, blk.dev), "zeroing the gradient", b);
+    blk.dev = take_device_buffer(false);
+    check(stage_->fill(bk.end - bk.begin, 0.f, static_cast<float*>(blk.dev)),
+          "zeroing the gradient", b);
   } else {
-    blk.host = take_buffer();
-    std::fill(blk.host->begin(), blk.host->begin() + (bk.end - bk.begin), 0.f);
+    blk.grad = pool_.take(max_bucket_);
+    std::fill(blk.grad->begin(), blk.grad->begin() + (bk.end - bk.begin), 0.f);
   }
   grads_.push_back(blk);
-  return blk.data();
+  return static_cast<float*>(blk.data());
 }
 
 void FullShardStore::grads_done(int b) {
@@ -224,10 +289,10 @@ void FullShardStore::grads_done(int b) {
     finish_scatter(scatters_.front());
     scatters_.pop_front();
   }
-  std::vector<float>* buf = blk.host;
+  std::vector<float>* buf = blk.grad;
   if (stage_) {  // back to host memory for the transfers (after the backward's kernels)
     const contract::GradBucket& bk = layout_.buckets()[b];
-    buf = take_buffer();
+    buf = pool_.take(max_bucket_);
     check(stage_->copy_to_host(buf->data(), blk.dev,
                                static_cast<size_t>(bk.end - bk.begin) * sizeof(float)),
           "copy to the host", b);
@@ -251,18 +316,18 @@ void FullShardStore::start_scatter(int b, std::vector<float>* buf) {
     if (window_.empty()) window_.resize(kWindow);
     for (int w = 0; w < kWindow && s.posted < s.from.size(); ++w, ++s.posted) {
       if (window_[w].size() < len) window_[w].resize(len);
-      s.handle[w] = engine_->post_recv(window_[w].data(), len * sizeof(float), s.from[s.posted],
-                                       kTagScatter);
+      s.handle[w] = engine_->post_recv(window_[w].data(), cp::shard_scatter_bytes(mhi - mlo),
+                                       s.from[s.posted], kTagScatter);
     }
   }
   for (int q = 0; q < world_; ++q) {
     if (q == rank_) continue;
     const auto [lo, hi] = part(b, q);
-    if (hi > lo) {
-      s.sends.push_back(engine_->post_send(buf->data() + (lo - base),
-                                           static_cast<size_t>(hi - lo) * sizeof(float), q,
-                                           kTagScatter));
-      stats_.bytes_sent += (hi - lo) * static_cast<int64_t>(sizeof(float));
+    if (hi > lo) {  // fp32 whatever the gathers carry (shard_messages.h)
+      const size_t bytes = cp::shard_scatter_bytes(hi - lo);
+      s.sends.push_back(engine_->post_send(buf->data() + (lo - base), bytes, q, kTagScatter));
+      stats_.scatter_bytes_sent += static_cast<int64_t>(bytes);
+      stats_.bytes_sent += static_cast<int64_t>(bytes);
     }
   }
   ++stats_.scatters;
@@ -310,8 +375,7 @@ void FullShardStore::finish_scatter(Scatter& s) {
         for (int64_t i = 0; i < len; ++i) acc[i] += x[i];
       }
       if (w >= 0 && s.posted < s.from.size()) {  // the window buffer is free again
-        s.handle[w] = engine_->post_recv(window_[w].data(),
-                                         static_cast<size_t>(len) * sizeof(float),
+        s.handle[w] = engine_->post_recv(window_[w].data(), cp::shard_scatter_bytes(len),
                                          s.from[s.posted], kTagScatter);
         ++s.posted;
       }
@@ -331,7 +395,7 @@ void FullShardStore::finish_scatter(Scatter& s) {
   if (tl::TimelineWriter* w = tl::active())
     w->record({.kind = tl::Phase::kCollective, .step = w->step(), .layer = s.bucket,
                .begin_ns = n0, .end_ns = tl::now_ns()});
-  give_back(s.buf);
+  pool_.give_back(s.buf);
   s.buf = nullptr;
   if (last_ && deliver_)
     deliver_(s.bucket, mlo, mhi, len > 0 ? grad_.data() + (mlo - shard().begin) : nullptr);

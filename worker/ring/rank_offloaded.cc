@@ -60,9 +60,12 @@ std::unique_ptr<FullShardStore> make_shard_store(const Args& args, const spec::J
     return nullptr;
   }
   const int nodes = args.world / per_node;
+  // A bf16 model's gathers carry bf16 (the model rounds its blocks to it anyway).
+  const kernels::DType gather =
+      spec.model.dtype == spec::DType::kBf16 ? kernels::DType::kBF16 : kernels::DType::kF32;
   return std::make_unique<FullShardStore>(layout, contract::worker_shards(layout, nodes, per_node),
                                           rank, per_node, &rr.world_progress(), args.timeout_ms,
-                                          device);
+                                          device, gather);
 }
 
 // ringd's phase timeline file for this rank (contract/timeline.h), when --timeline names one;
@@ -275,9 +278,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
                        .end_ns = s0});
       if (full) {
         const contract::WorkerShard& sh = store->shard();
-        std::memcpy(store->shard_weights(),
-                    client.shm().params() + (sh.begin - client.shm().params_begin()),
-                    static_cast<size_t>(sh.size()) * sizeof(float));
+        store->set_shard_weights(client.shm().params() + (sh.begin - client.shm().params_begin()));
       } else if (!host_backend) {
         model.set_params(client.shm().params(), n);
       }
