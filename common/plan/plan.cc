@@ -201,6 +201,57 @@ double shm_bytes(int64_t n, int64_t workers) {
 
 namespace {
 
+// Ring and all-to-all traffic of `s` with head_ranks u (1: one ring over the context ranks):
+// the sizes common/cp/ring_messages.h gives the code that sends them.
+struct RingTraffic {
+  double hop = 0, dkv = 0;    // one K/V block and one whole dK/dV accumulator (one layer)
+  double per_rank = 0;        // ring bytes one rank sends per step
+  double a2a_per_rank = 0;    // all-to-all bytes one rank sends to its group per step
+  double inter_node_per_node = 0;  // ring bytes leaving the busiest node per step
+};
+
+RingTraffic ring_traffic(const JobSpec& s, int64_t u) {
+  RingTraffic r;
+  const int64_t P = s.parallel.context_ranks, D = s.parallel.data_replicas;
+  const int64_t T = s.data.seq_len / P, R = P / u, tg = u * T;
+  const int64_t K = s.resolved.kv_heads, hd = s.resolved.head_dim, hq = s.model.heads / u;
+  const int64_t hkv = cp::head_slot_kv_heads(K, u);
+  const size_t b = static_cast<size_t>(spec::dtype_bytes(s.model.dtype));
+  const double L = static_cast<double>(s.model.layers);
+  r.hop = static_cast<double>(cp::packed_block_bytes(tg, hkv * hd, b));
+  r.dkv = static_cast<double>(cp::dkv_message_bytes(tg, hkv * hd));
+  if (R > 1) {
+    const double Rm1 = static_cast<double>(R - 1);
+    // Forward: R-1 K/V hops per layer. Backward: R-1 K/V hops plus R dK/dV hops (the last one
+    // brings the accumulators home). Recompute replays the forward ring.
+    double per_layer = 2.0 * Rm1 * r.hop + static_cast<double>(R) * r.dkv;
+    if (s.model.recompute) per_layer += Rm1 * r.hop;
+    r.per_rank = L * per_layer;
+  }
+  if (u > 1) {
+    // To each of the u - 1 other members, per layer: the forward's gather and return, the
+    // backward's, and with recompute the forward's again (document ids counted).
+    auto fwd = static_cast<double>(cp::head_gather_bytes(T, hq, hkv, hd, b, true, false) +
+                                   cp::head_return_bytes(T, hq, hkv, hd, false));
+    auto bwd = static_cast<double>(cp::head_gather_bytes(T, hq, hkv, hd, b, true, true) +
+                                   cp::head_return_bytes(T, hq, hkv, hd, true));
+    r.a2a_per_rank = L * static_cast<double>(u - 1) * (fwd + bwd + (s.model.recompute ? fwd : 0));
+  }
+  // Global rank g = d P + r u + a sits on node g / workers_per_node; its ring neighbour is the
+  // same slot a of the next group.
+  const int64_t wpn = std::max<int64_t>(s.resources.workers_per_node, 1);
+  std::vector<double> leaving(static_cast<size_t>((P * D + wpn - 1) / wpn), 0.0);
+  if (R > 1)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t g = 0; g < R; ++g)
+        for (int64_t a = 0; a < u; ++a) {
+          const int64_t from = d * P + g * u + a, to = d * P + ((g + 1) % R) * u + a;
+          if (from / wpn != to / wpn) leaving[static_cast<size_t>(from / wpn)] += r.per_rank;
+        }
+  for (double x : leaving) r.inter_node_per_node = std::max(r.inter_node_per_node, x);
+  return r;
+}
+
 // The plan of `s` with parallel.shard = `mode` (the spec's own, or another for the comparison).
 namespace {
 
@@ -292,12 +343,11 @@ PlanBuilder::PlanBuilder(const JobSpec& spec, ShardMode shard_mode, Plan& plan)
   host_backend = s.resources.backend == Backend::kCpu;
 
   // One K/V block of the ring as it travels (positions, document ids, K and V in the storage
-  // dtype) and one dK/dV accumulator (fp32): the sizes the ring sends (common/cp/ring_messages.h).
-  kv_block = static_cast<double>(
-      cp::packed_block_bytes(p.tokens_per_rank, s.resolved.kv_heads * s.resolved.head_dim,
-                             static_cast<size_t>(b)));
-  dkv_block = static_cast<double>(
-      cp::dkv_message_bytes(p.tokens_per_rank, s.resolved.kv_heads * s.resolved.head_dim));
+  // dtype) and one dK/dV accumulator (fp32): the sizes the ring sends (common/cp/ring_messages.h);
+  // with head_ranks U the ring's blocks hold the group's U T tokens and K / U heads.
+  const RingTraffic ring = ring_traffic(s, std::max<int64_t>(s.parallel.head_ranks, 1));
+  kv_block = ring.hop;
+  dkv_block = ring.dkv;
   p.topk_k = static_cast<int64_t>(std::ceil(s.optimizer.density * Pn));
   nodes = static_cast<double>(nodes_i);
   wpn = static_cast<double>(wpn_i);
@@ -376,9 +426,23 @@ void PlanBuilder::worker_memory() {
                            : "layers x T x (b (4d + 2H hd + 2K hd + mlp) + 4H + 8)"});
   // Ring buffers at the peak (backward): K/V block in flight and in use (2 x 2 T K hd b) plus
   // the travelling dK/dV accumulators, double-buffered, and the local ones (3 x 2 T K hd 4).
-  if (P > 1)
+  if (P > s.parallel.head_ranks)
     w.push_back({"ring buffers (K/V, dK/dV)", 2.0 * kv_block + 3.0 * dkv_block,
                  "2 x (2 T K hd b) + 3 x (2 T K hd 4)"});
+  // Head-parallel attention (worker/ring/head_attention.h): the backward's send and receive
+  // buffers of U members each, and the group's tokens for the slot's heads in fp32 (q, o, dout,
+  // dq and a staging copy; k, v, dk, dv), about 4 T H hd 4 + 4 T K hd 4 at U T tokens and
+  // H / U heads.
+  if (s.parallel.head_ranks > 1) {
+    const int64_t u = s.parallel.head_ranks, hq = m.heads / u;
+    const int64_t hkv = cp::head_slot_kv_heads(s.resolved.kv_heads, u);
+    const double msg = static_cast<double>(cp::head_gather_bytes(
+        p.tokens_per_rank, hq, hkv, s.resolved.head_dim, static_cast<size_t>(b), true, true));
+    const double group = static_cast<double>(u) * T *
+                         (5.0 * hq * hd + 4.0 * hkv * hd + 2.0 * hq) * 4.0;
+    w.push_back({"head all-to-all buffers", 2.0 * static_cast<double>(u) * msg + group,
+                 "2 U x message + U T (5 H/U hd + 4 K/U hd + 2 H/U) 4"});
+  }
   // fp32 accumulators of attention: output and lse being merged, dQ in the backward.
   w.push_back({"attention accumulators (fp32)", 2.0 * T * H * hd * 4.0 + T * H * 4.0,
                "2 T H hd 4 + T H 4"});
@@ -535,16 +599,19 @@ void PlanBuilder::host_totals() {
 }
 
 void PlanBuilder::communication() {
-  // ---- communication per step, per rank
-  p.ring_bytes_per_hop = kv_block;
-  if (P > 1) {
-    const double Pm1 = static_cast<double>(P - 1);
-    // Forward: P-1 K/V hops per layer. Backward: P-1 K/V hops plus P dK/dV hops (the last one
-    // brings the accumulators home). Recompute replays the forward ring.
-    double per_layer = Pm1 * kv_block + Pm1 * kv_block + static_cast<double>(P) * dkv_block;
-    if (m.recompute) per_layer += Pm1 * kv_block;
-    p.ring_bytes_per_step = L * per_layer;
-  }
+  // ---- communication per step, per rank: the ring that runs (over the head groups with
+  // head_ranks > 1), the group's all-to-alls, and the single ring for comparison
+  const int64_t u = std::max<int64_t>(s.parallel.head_ranks, 1);
+  const RingTraffic ring = ring_traffic(s, u);
+  const RingTraffic single = u == 1 ? ring : ring_traffic(s, 1);
+  p.head_ranks = u;
+  p.ring_groups = P / u;
+  p.ring_bytes_per_hop = ring.hop;
+  p.ring_bytes_per_step = ring.per_rank;
+  p.a2a_bytes_per_step = ring.a2a_per_rank;
+  p.inter_node_ring_bytes_per_node = ring.inter_node_per_node;
+  p.single_ring_bytes_per_step = single.per_rank;
+  p.single_inter_node_ring_bytes_per_node = single.inter_node_per_node;
   p.grad_payload_dense = Pn * 4.0;
   p.grad_payload_topk = static_cast<double>(p.topk_k) * 8.0;  // u32 index + fp32 value
   p.grad_sent_dense_per_node = 2.0 * (nodes - 1.0) / nodes * p.grad_payload_dense;
@@ -694,8 +761,15 @@ nlohmann::json to_json(const Plan& p, const JobSpec& s) {
         {"topk_bucket_k", p.topk_bucket_k},
         {"modes", modes_json(p.modes)}}},
       {"communication",
-       {{"ring_bytes_per_hop", p.ring_bytes_per_hop},
+       {{"head_ranks", p.head_ranks},
+        {"ring_groups", p.ring_groups},
+        {"ring_bytes_per_hop", p.ring_bytes_per_hop},
         {"ring_bytes_per_step_per_rank", p.ring_bytes_per_step},
+        {"head_all_to_all_bytes_per_step_per_rank", p.a2a_bytes_per_step},
+        {"inter_node_ring_bytes_per_step_per_node", p.inter_node_ring_bytes_per_node},
+        {"single_ring_bytes_per_step_per_rank", p.single_ring_bytes_per_step},
+        {"single_ring_inter_node_bytes_per_step_per_node",
+         p.single_inter_node_ring_bytes_per_node},
         {"grad_payload_dense_bytes", p.grad_payload_dense},
         {"grad_payload_topk_bytes", p.grad_payload_topk},
         {"topk_k", p.topk_k},
@@ -780,8 +854,21 @@ std::string to_text(const Plan& p, const JobSpec& s) {
                        md.mode == p.shard ? "   <- this spec" : "");
   }
   o += "\ncommunication per step:\n";
+  if (p.head_ranks > 1)
+    o += fmt::format("  two levels: {} ranks per head group (all-to-all inside a node), the ring "
+                     "over {} groups\n",
+                     p.head_ranks, p.ring_groups);
   line("ring K/V per hop (one layer)", p.ring_bytes_per_hop);
-  line("ring sent per rank (fwd + bwd)", p.ring_bytes_per_step);
+  line("ring sent per rank (fwd + bwd)", p.ring_bytes_per_step,
+       p.head_ranks > 1 ? fmt::format("single ring: {}", human_bytes(p.single_ring_bytes_per_step))
+                        : "");
+  if (p.head_ranks > 1)
+    line("head all-to-all per rank (in node)", p.a2a_bytes_per_step,
+         "q, k, v, (o, lse), dout and gradients to the group");
+  line("ring leaving a node (between nodes)", p.inter_node_ring_bytes_per_node,
+       p.head_ranks > 1
+           ? fmt::format("single ring: {}", human_bytes(p.single_inter_node_ring_bytes_per_node))
+           : "the busiest node");
   line("node gradient, dense (fp32)", p.grad_payload_dense);
   line(fmt::format("node gradient, top-k {:g} (k={})", s.optimizer.density, p.topk_k),
        p.grad_payload_topk,

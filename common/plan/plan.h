@@ -164,8 +164,19 @@ struct Plan {
   std::vector<ModeTotals> modes;
 
   // Communication per step.
-  double ring_bytes_per_hop = 0;        // one K/V block (one layer)
+  int64_t head_ranks = 1;               // U: parallel.head_ranks
+  int64_t ring_groups = 0;              // R = context_ranks / U: positions of the ring
+  double ring_bytes_per_hop = 0;        // one K/V block (one layer) of the ring that runs
   double ring_bytes_per_step = 0;       // sent by one rank over a whole step (fwd + bwd)
+  // Head-parallel attention (U > 1): what one rank sends to its group's other members per step
+  // (all-to-alls of q/k/v, (o, lse), dout and the gradients; inside one node).
+  double a2a_bytes_per_step = 0;
+  // Ring traffic that leaves a node per step: the sum over the node's ranks whose ring
+  // neighbour is on another node, the busiest node (inter-node links).
+  double inter_node_ring_bytes_per_node = 0;
+  // The same spec with one ring over every rank (head_ranks 1), for comparison.
+  double single_ring_bytes_per_step = 0;
+  double single_inter_node_ring_bytes_per_node = 0;
   double grad_payload_dense = 0;        // one node's gradient, fp32
   double grad_payload_topk = 0;         // one node's top-k (index, value) set
   double grad_sent_dense_per_node = 0;  // ring all-reduce between nodes

@@ -125,6 +125,41 @@ TEST(Plan, RingCommunication) {
   EXPECT_EQ(one.ring_bytes_per_step, 0);
 }
 
+// Two levels (parallel.head_ranks 2 over 4 context ranks, 2 nodes of 2): worked out by hand.
+// heads 4, kv_heads 2, head_dim 8, 2 layers, fp32, seq_len 64 of text: T = 16 tokens per rank; the ring
+// runs over R = 2 groups with blocks of U T = 32 tokens and 1 K/V head (hkv = 2 / 2).
+//   hop = 64 + 32x8 + 32x4 + 2 x 32x8x4 = 64 + 256 + 128 + 2048 = 2496
+//   dK/dV = 64 + 2 x 32x8x4 = 2112;  per rank = 2 layers x (2 x 1 x 2496 + 2 x 2112) = 18432
+//   all-to-all to the 1 other member, per layer: forward gather 128 + 64 + 1024 + 2 x 512 =
+//   2240 and return 1024 + 128 = 1152; backward gather 2240 + 2 x 1024 + 128 = 4416 and return
+//   1024 + 2 x 512 = 2048: 2 x (3392 + 6464) = 19712
+//   node 0 (ranks 0, 1 = group 0) sends both slots' ring traffic to node 1: 2 x 18432 = 36864.
+// The single ring of 4: hop = 64 + 128 + 64 + 2 x 16x16x4 = 2304, dK/dV 64 + 2048 = 2112,
+//   per rank 2 x (2 x 3 x 2304 + 4 x 2112) = 44544, and one rank per node crosses: 44544.
+TEST(Plan, TwoLevelRingAndAllToAllBytesByHand) {
+  const std::string yaml = R"(job: {name: p}
+model: {layers: 2, d_model: 32, heads: 4, kv_heads: 2, mlp_hidden: 64, vocab: 256}
+data: {source: text, paths: [/usr/share/common-licenses], seq_len: 64}
+parallel: {context_ranks: 4, head_ranks: 2}
+train: {steps: 1}
+resources: {nodes: 2, workers_per_node: 2}
+)";
+  const Plan p = make_plan(load(yaml));
+  EXPECT_EQ(p.head_ranks, 2);
+  EXPECT_EQ(p.ring_groups, 2);
+  EXPECT_DOUBLE_EQ(p.ring_bytes_per_hop, 2496);
+  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step, 18432);
+  EXPECT_DOUBLE_EQ(p.a2a_bytes_per_step, 19712);
+  EXPECT_DOUBLE_EQ(p.inter_node_ring_bytes_per_node, 36864);
+  EXPECT_DOUBLE_EQ(p.single_ring_bytes_per_step, 44544);
+  EXPECT_DOUBLE_EQ(p.single_inter_node_ring_bytes_per_node, 44544);
+  const std::string text = to_text(p, load(yaml));
+  EXPECT_NE(text.find("the ring over 2 groups"), std::string::npos) << text;
+  EXPECT_NE(text.find("single ring: 44.544 kB"), std::string::npos) << text;
+  const nlohmann::json j = to_json(p, load(yaml));
+  EXPECT_EQ(j["communication"]["head_all_to_all_bytes_per_step_per_rank"], 19712.0);
+}
+
 TEST(Plan, TopkPayloadIsSmallerByOneOverTwoDensity) {
   auto s = load(gpu_spec(1 << 20, 8, true,
                          "optimizer: {compression: topk, density: 0.001}"));

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "common/contract/timeline.h"
+#include "common/cp/ring_messages.h"
 
 namespace ring::cp {
 
@@ -98,7 +99,7 @@ HeadParallelAttention::Heads HeadParallelAttention::heads_of(
         "(it must divide the heads, and divide the K/V heads or be a multiple of them)",
         call.heads, call.kv_heads, h.u));
   h.hq = call.heads / h.u;
-  h.hkv = call.kv_heads % h.u == 0 ? call.kv_heads / h.u : 1;
+  h.hkv = head_slot_kv_heads(call.kv_heads, h.u);
   return h;
 }
 
@@ -182,6 +183,9 @@ model::AttentionCall HeadParallelAttention::gather(const model::AttentionCall& c
   };
   const int64_t t = call.tokens;
   const Parts mine = parts(t);
+  // common/cp/ring_messages.h states the same size for the planner.
+  if (mine.total != head_gather_bytes(t, h.hq, h.hkv, h.hd, e, docs, backward))
+    throw std::logic_error("head-parallel attention: gather message layout");
   std::vector<size_t> send_bytes(u), recv_bytes(u);
   send_off_.assign(u, 0);
   recv_off_.assign(u, 0);
@@ -308,6 +312,10 @@ void HeadParallelAttention::scatter(
   recv_off_.assign(u, 0);
   size_t st = 0, rt = 0;
   const Parts mine = layout(tokens_of_[layout_.slot]);
+  const int64_t hd = widths.size() == 2 ? widths[0] / widths[1] : 0;  // forward: (hq hd, hq)
+  if (widths.size() == 2 &&
+      mine.total != head_return_bytes(tokens_of_[layout_.slot], widths[1], 0, hd, false))
+    throw std::logic_error("head-parallel attention: return message layout");
   for (int a = 0; a < u; ++a) {
     send_off_[a] = st;
     send_bytes[a] = layout(tokens_of_[a]).total;

@@ -28,6 +28,7 @@
 #include "worker/ring/debug_inject.h"
 #include "worker/ring/full_shard.h"
 #include "worker/ring/rank_setup.h"
+#include "worker/ring/head_attention.h"
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_programs.h"
 #include "worker/ring/ring_rank.h"
@@ -208,7 +209,10 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   // model.dtype bf16: K and V are bf16 values, and travel so (docs/precision.md).
   if (spec.model.dtype == spec::DType::kBf16) ao.wire = kernels::DType::kBF16;
   ao.rank_offset = rr.replica() * rr.ring().world;
-  RingAttention attention(backend.get(), &rr.progress(), rr.ring(), ao);
+  // One ring, or head groups inside a node with the ring over them (parallel.head_ranks).
+  const std::unique_ptr<ContextAttention> attention_owner = make_context_attention(
+      backend.get(), &rr.progress(), rr.ring(), static_cast<int>(spec.parallel.head_ranks), ao);
+  ContextAttention& attention = *attention_owner;
   // parallel.shard full: this rank keeps only its shard of the weights and gradient; the model
   // takes every block from the store (gathered over all W ranks just before use).
   const bool full = spec.parallel.shard == spec::ShardMode::kFull;
