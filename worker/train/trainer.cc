@@ -32,8 +32,12 @@ Trainer::Trainer(const spec::JobSpec& spec, kernels::Backend* backend,
       t.flat_offset = v.offset;
       targets.push_back(std::move(t));
     }
+    // The checkpoint's model record against this job's (shape and settings; another dtype is
+    // converted: docs/checkpoints.md, "The model record").
+    ckpt::Layout job;
+    job.model = contract::model_record(model_.config());
     try {
-      ckpt::load_from_path(spec.model.init_from, 0, 1, targets);
+      ckpt::load_from_path(spec.model.init_from, 0, 1, targets, &job);
     } catch (const ckpt::CheckpointError& e) {
       throw model::ModelError(std::string("cannot initialise from model.init_from: ") + e.what());
     }
