@@ -144,9 +144,6 @@ def main():
     print(f"generate tokens {tokens}\nfloat64 greedy  {want} (smallest top-2 gap "
           f"{gap:.2e} x max|logit|)")
     failures += tokens != want or not gap > 1e-3
-    if "assumed" in r.stderr:
-        print(f"generate assumed settings: {r.stderr}")
-        failures += 1
     lost = dict(c, rope_theta=10000.0, rope_scaling=None, rms_norm_eps=1e-5)
     wrong, _ = greedy64(lost, w, list(prompt), N)
     print(f"with the settings lost  {wrong} ({'differs' if wrong != want else 'SAME: no teeth'})")
