@@ -1,6 +1,6 @@
 // One rank of a ring for ring_test.cc:
 //   ring_helper MODE RANK WORLD DIR BALANCE SEQ_LEN MAX_DOC SEED STEPS [LAYERS [ORDER [DTYPE
-//     [WIRE [HEAD_RANKS]]]]]
+//     [WIRE [HEAD_RANKS [DKV_WIRE]]]]]]
 // MODE grads: one forward/backward of the test model on random_sequence(SEQ_LEN, MAX_DOC, SEED),
 //   gradients and loss summed over the ring; writes DIR/result-RANK (double loss, int64 n,
 //   float grads[n]) and DIR/stats-RANK (attention work of this rank).
@@ -42,6 +42,8 @@ int run(int argc, char** argv) {
   const bool wire_bf16 = argc > 13 && std::string(argv[13]) == "bf16";
   // argv[14]: parallel.head_ranks (two-level context parallelism, worker/ring/head_attention.h).
   const int head_ranks = argc > 14 ? std::atoi(argv[14]) : 1;
+  // argv[15]: how dK/dV accumulators travel (fp32 or bf16).
+  const bool dkv_bf16 = argc > 15 && std::string(argv[15]) == "bf16";
   spec::JobSpec spec = test::ring_spec(seq_len, world, balance, layers, order);
   spec.parallel.head_ranks = head_ranks;
   if (argc > 12 && std::string(argv[12]) == "bf16") spec.model.dtype = spec::DType::kBf16;
@@ -59,6 +61,7 @@ int run(int argc, char** argv) {
   cp::RingAttention::Options ao;
   ao.timeout_ms = 30000;
   if (wire_bf16) ao.wire = kernels::DType::kBF16;
+  if (dkv_bf16) ao.dkv_wire = kernels::DType::kBF16;
   const std::unique_ptr<cp::ContextAttention> attention_owner =
       cp::make_context_attention(backend.get(), &rr.progress(), rr.ring(), head_ranks, ao);
   cp::ContextAttention& attention = *attention_owner;
@@ -135,7 +138,7 @@ int main(int argc, char** argv) {
   if (argc < 10) {
     std::fprintf(stderr,
                  "usage: %s grads|train|kill RANK WORLD DIR BALANCE SEQ_LEN MAX_DOC SEED STEPS "
-                 "[LAYERS [ORDER [fp32|bf16 [WIRE fp32|bf16 [HEAD_RANKS]]]]]\n",
+                 "[LAYERS [ORDER [fp32|bf16 [WIRE fp32|bf16 [HEAD_RANKS [DKV_WIRE fp32|bf16]]]]]]\n",
                  argv[0]);
     return 2;
   }

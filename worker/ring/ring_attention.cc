@@ -165,6 +165,10 @@ void RingAttention::prepare(const model::AttentionCall& call) {
   const int64_t dkv_cap = 64 + 2 * tm * kvd_ * static_cast<int64_t>(sizeof(float));
   for (auto& b : dkv_in_) b.resize(backend_, dkv_cap);
   for (auto& b : dkv_out_) b.resize(backend_, dkv_cap);
+  if (options_.dkv_wire != kernels::DType::kF32) {
+    dkv_wide_.resize(backend_, 2 * tm * kvd_);
+    dkv_sum_.resize(backend_, 2 * tm * kvd_);
+  }
   dkv_part_.resize(backend_, 2 * tm * kvd_);
   dkv_own_.resize(backend_, 2 * call.tokens * kvd_);
   part_out_.resize(backend_, call.tokens * call.heads * call.head_dim);
@@ -483,6 +487,17 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
   if (comm) pack_local(call);
 
   int dkv_send[2] = {-1, -1};  // the accumulator send posted from dkv_out_[i]
+  const kernels::DType dw = options_.dkv_wire;
+  const size_t de = kernels::dtype_size(dw);
+  // The fp32 rows of an accumulator message (rows x kvd, dK then dV): in place for an fp32
+  // wire, widened into scratch for a bf16 one.
+  auto rows_of = [&](const char* m, int64_t rows) -> const float* {
+    if (dw == kernels::DType::kF32) return reinterpret_cast<const float*>(m + 64);
+    check_status(backend_->convert(dw, kernels::DType::kF32, 2 * rows * kvd_, m + 64,
+                                   dkv_wide_.data()),
+                 "convert (dK/dV accumulator)");
+    return dkv_wide_.data();
+  };
   const size_t dkv_cap = static_cast<size_t>(dkv_in_[0].size());
   struct Range {
     int64_t lo = 0, hi = 0;
@@ -493,7 +508,7 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
     if (bytes == 0) return r;
     std::memcpy(&r, m, sizeof(r));
     if (bytes < 64 || r.lo < 0 || r.hi <= r.lo || r.hi > bt ||
-        bytes != 64 + static_cast<size_t>(2 * (r.hi - r.lo) * kvd_) * sizeof(float))
+        bytes != 64 + static_cast<size_t>(2 * (r.hi - r.lo) * kvd_) * de)
       throw model::ModelError(fmt::format(
           "ring attention: rank {} layer {} step {}: malformed dK/dV accumulator ({} bytes, "
           "rows [{}, {}) of a {}-token block)", ring_.rank, call.layer, step, bytes, r.lo, r.hi,
@@ -550,8 +565,9 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
         if (in_bytes) o = {std::min(plo, ir.lo), std::max(phi, ir.hi)};
         const int64_t on = o.hi - o.lo, in_n = ir.hi - ir.lo;
         std::memcpy(out, &o, sizeof(o));
-        float* od = reinterpret_cast<float*>(out + 64);
-        const float* id = reinterpret_cast<const float*>(in + 64);
+        float* od = dw == kernels::DType::kF32 ? reinterpret_cast<float*>(out + 64)
+                                               : dkv_sum_.data();
+        const float* id = in_bytes ? rows_of(in, in_n) : nullptr;
         for (int t = 0; t < 2; ++t) {  // dK, then dV
           float* dst = od + t * on * kvd_;
           check_status(backend_->fill(on * kvd_, 0.f, dst), "fill");
@@ -563,7 +579,10 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
                                         dst + (ir.lo - o.lo) * kvd_),
                          "axpy");
         }
-        out_bytes = dkv_message_bytes(on, kvd_);
+        if (dw != kernels::DType::kF32)
+          check_status(backend_->convert(kernels::DType::kF32, dw, 2 * on * kvd_, od, out + 64),
+                       "convert (dK/dV accumulator)");
+        out_bytes = dkv_message_bytes(on, kvd_, de);
       }
       rstats_.compute_s += seconds_since(t0);
     }
@@ -588,7 +607,7 @@ void RingAttention::backward(const model::AttentionCall& call, const float* out,
     if (got) {
       const auto t0 = Clock::now();
       const int64_t n = r.hi - r.lo;
-      const float* hd_rows = reinterpret_cast<const float*>(home + 64);
+      const float* hd_rows = rows_of(home, n);
       for (int k = 0; k < 2; ++k)
         check_status(backend_->axpy(n * kvd_, 1.f, hd_rows + k * n * kvd_,
                                     own + (k * t + r.lo) * kvd_),

@@ -124,6 +124,10 @@ class RingAttention final : public ContextAttention {
     // ways and the ring's results are bit-identical to an fp32 wire. Received blocks are
     // widened to fp32 before the kernels read them. dK/dV always travel fp32.
     kernels::DType wire = kernels::DType::kF32;
+    // How the dK/dV accumulators travel: kF32 (the default, chosen: docs/precision.md "dK/dV on
+    // the ring"), or kBF16 - each receiver widens the incoming rows, adds its fp32 partial and
+    // rounds the sum once to send it on (fp32 accumulation, one rounding per hop).
+    kernels::DType dkv_wire = kernels::DType::kF32;
   };
 
   // progress (and its comm, a host-memory transport) and backend must outlive this object.
@@ -211,6 +215,8 @@ class RingAttention final : public ContextAttention {
   // outside are zero. No contribution yet: a 0-byte message.
   model::DeviceArray<char> dkv_in_[2], dkv_out_[2];
   model::DeviceArray<float> dkv_part_;    // [2 x T_max x kvd]: this rank's partial
+  model::DeviceArray<float> dkv_wide_;    // a bf16 dK/dV wire: incoming rows widened
+  model::DeviceArray<float> dkv_sum_;     // a bf16 dK/dV wire: the fp32 sum before rounding
   model::DeviceArray<float> dkv_own_;     // [2 x T x kvd]: this rank's partial of its own block
   model::DeviceArray<float> part_out_;    // [T, heads, head_dim]
   model::DeviceArray<float> part_lse_;    // [T, heads]
