@@ -119,6 +119,7 @@ std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   add("--threads", std::to_string(o.threads > 0 ? o.threads : std::max(1, cores / world)));
   if (o.host_int8) a.push_back("--host-int8");
+  if (!o.dtype.empty()) add("--dtype", o.dtype);
   if (o.approximate > 0) add("--approximate", fmt::format("{:.17g}", o.approximate));
   add("--split", o.split);
   add("--transport", o.transport);
@@ -201,7 +202,8 @@ Subcommand add_generate(CLI::App& app) {
   sc->add_option("--page-tokens", o->page_tokens, "Tokens per KV page (default 1024)")
       ->check(CLI::Range(int64_t{16}, int64_t{1} << 20));
   sc->add_option("--fast-bytes", o->fast_bytes,
-                 "Fast tier size (default 256MiB; K, M, G, T suffixes; 0: none)");
+                 "Fast tier size (default 256MiB; K, M, G, T suffixes); it holds the --window, "
+                 "so 0 only with --window 0");
   sc->add_option("--host-bytes", o->host_bytes,
                  "Host tier limit (default 0: no limit); beyond it pages go to --disk-dir");
   sc->add_option("--disk-dir", o->disk_dir,
@@ -211,9 +213,9 @@ Subcommand add_generate(CLI::App& app) {
                  "Most recent tokens always in the fast tier (default: one page; 0: none)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   sc->add_option("--spec", o->spec,
-                 "The training spec: model config (and data.tokenizer) instead of the "
-                 "checkpoint's layout record; its generate section sets the cache where no flag "
-                 "does")
+                 "The training spec: data.tokenizer, and its generate section sets the cache where "
+                 "no flag does; the model is the checkpoint's (its shape must match the spec's; "
+                 "the spec's settings are used only for a checkpoint that does not record them)")
       ->check(CLI::ExistingFile);
   sc->add_option("--threads", o->threads, "CPU threads (default 0: all cores)")
       ->check(CLI::Range(0, 4096));
@@ -222,6 +224,10 @@ Subcommand add_generate(CLI::App& app) {
                  "attention and the decode step's layers on the GPU; the prefill too in one "
                  "process, on the cpu backend over several ranks)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  sc->add_option("--dtype", o->dtype,
+                 "Compute in fp32 or bf16 (bf16: the model's bf16 forward and bf16 KV pages, half "
+                 "the cache bytes). Default: the model's dtype as the checkpoint records it (the "
+                 "spec's model.dtype where it records none; else fp32)");
   sc->add_flag("--host-int8", o->host_int8,
               "Store full host-tier pages as int8 (K per channel, V per token): about 0.29 of "
               "the bytes, NOT exact (labelled)");

@@ -723,17 +723,6 @@ const std::vector<Rule>& rules() {
       // ---- Limits of this build's runtime: what ringd and ring-worker refuse (or would get
       // wrong) at run time, refused here first so that `ringctl validate` and `plan` never pass
       // a spec that `run` or `submit` then refuses. Each names the code that sets the limit.
-      {{"model.dtype, job.kind",
-        "bf16: generate jobs compute in fp32 (the bf16 KV cache is not wired yet; "
-        "worker/generate).",
-        RuleScope::kRuntime},
-       [](Ctx& c) {
-         if (c.s.model.dtype == DType::kBf16 && c.s.job.kind == JobKind::kGenerate)
-           c.error("model.dtype",
-                   "bf16 is not supported by generate jobs yet (generation computes in fp32 from "
-                   "the fp32 weights: use model.dtype fp32 here; a bf16-trained checkpoint "
-                   "generates as is)");
-       }},
       {{"resources.backend, model.head_dim",
         "backend cuda: head_dim <= 128 (the CUDA attention kernel's tile).", RuleScope::kRuntime},
        [](Ctx& c) {

@@ -70,9 +70,12 @@ class GenerateCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // Teacher-forced argmax after every prefix of ids[0..n) for n >= first.
-  std::vector<int32_t> teacher_next(const std::vector<int32_t>& ids, size_t first) {
+  std::vector<int32_t> teacher_next(const std::vector<int32_t>& ids, size_t first,
+                                    ring::spec::DType dtype = ring::spec::DType::kFp32) {
     ring::model::LocalAttention att(be_.get());
-    ring::model::Model m(c_, be_.get(), &att);
+    ModelConfig c = c_;
+    c.dtype = dtype;
+    ring::model::Model m(c, be_.get(), &att);
     m.set_params(params_);
     std::vector<int32_t> labels(ids.size(), -1);
     std::vector<int64_t> pos(ids.size());
@@ -119,6 +122,47 @@ TEST_F(GenerateCli, GreedyTokensEqualTheTeacherForcedArgmax) {
   EXPECT_LE(j["cache"]["fast_peak_bytes"].get<int64_t>(), 160 * 1024);
   EXPECT_GT(j["cache"]["page_tasks"]["host"].get<int64_t>(), 0);
   EXPECT_GT(j["cache"]["page_tasks"]["shared"].get<int64_t>(), 0);
+}
+
+// bf16 (docs/generation.md "bf16"): --dtype bf16 generates the bf16 teacher's greedy tokens with
+// bf16 pages (half the host tier's bytes of the fp32 run of as many tokens), a checkpoint whose
+// record says bf16 generates in bf16 without the flag and --dtype fp32 overrides it, and fp16 is
+// refused naming the flag.
+TEST_F(GenerateCli, Bf16ByFlagAndByTheCheckpointsRecord) {
+  const std::string args = dir_ + "/p1.txt --json --max-tokens 12 --page-tokens 64 --threads 2";
+  const Result f = run("generate --checkpoint " + dir_ + "/ckpt " + args);
+  const Result b = run("generate --checkpoint " + dir_ + "/ckpt --dtype bf16 " + args);
+  ASSERT_EQ(f.code, 0) << f.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  const json jf = json::parse(f.out.substr(f.out.find('{')));
+  const json jb = json::parse(b.out.substr(b.out.find('{')));
+  EXPECT_EQ(jf["dtype"], "fp32");
+  EXPECT_EQ(jb["dtype"], "bf16");
+  EXPECT_EQ(jb["attention"]["kv"], "bf16");
+  EXPECT_EQ(2 * jb["cache"]["host_bytes"].get<int64_t>(), jf["cache"]["host_bytes"].get<int64_t>());
+  std::vector<int32_t> ids(prompt_.begin(), prompt_.end());
+  const auto gen = jb["prompts"][0]["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(gen.size(), 12u);
+  const size_t first = ids.size();
+  ids.insert(ids.end(), gen.begin(), gen.end() - 1);
+  EXPECT_EQ(teacher_next(ids, first, ring::spec::DType::kBf16), gen);
+  // A checkpoint trained in bf16: its record says so, and generation follows it.
+  ModelConfig c16 = c_;
+  c16.dtype = ring::spec::DType::kBf16;
+  ASSERT_TRUE(ring::test::write_checkpoint(dir_ + "/ckpt16", c16, params_).ok);
+  const Result r = run("generate --checkpoint " + dir_ + "/ckpt16 " + args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json jr = json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(jr["dtype"], "bf16");
+  EXPECT_EQ(jr["prompts"][0]["tokens"], jb["prompts"][0]["tokens"]);
+  const Result o = run("generate --checkpoint " + dir_ + "/ckpt16 --dtype fp32 " + args);
+  ASSERT_EQ(o.code, 0) << o.out;
+  const json jo = json::parse(o.out.substr(o.out.find('{')));
+  EXPECT_EQ(jo["dtype"], "fp32");
+  EXPECT_EQ(jo["prompts"][0]["tokens"], jf["prompts"][0]["tokens"]);
+  const Result h = run("generate --checkpoint " + dir_ + "/ckpt --dtype fp16 " + args);
+  EXPECT_EQ(h.code, 2) << h.out;
+  EXPECT_NE(h.out.find("--dtype fp16: not supported"), std::string::npos) << h.out;
 }
 
 TEST_F(GenerateCli, OutputFileSeedsAndDiskTier) {
@@ -257,10 +301,10 @@ TEST_F(GenerateCli, SpecGivesModelAndCacheSettings) {
   ASSERT_EQ(r.code, 0) << r.out;
   j = json::parse(r.out.substr(r.out.find('{')));
   EXPECT_EQ(j["cache"]["page_tokens"], 64);
-  // A spec whose model is not the checkpoint's: the mismatching tensor is named.
+  // A spec whose model is not the checkpoint's: the mismatching key is named, with both values.
   r = run(base + "--spec " + spec("other.yaml", 32, ""));
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("this job expects"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model.d_model is 32 but the checkpoint"), std::string::npos) << r.out;
   // A window that the spec's fast tier cannot hold names both settings.
   r = run(base + "--spec " + spec("small.yaml", 64, "generate: {fast_gb: 0.00001, window: 4096}\n"));
   EXPECT_EQ(r.code, 1) << r.out;

@@ -6,7 +6,8 @@
 // (zigzag|contiguous), threads, device (none: the fast pool in host memory; cpu: a second cpu
 // backend holds it, fast_on_backend's code path; renamed: a backend other than cpu standing in
 // for a GPU, renamed_backend.h: the fast tier and the decode step's dense ops on it, the prefill
-// on the cpu backend, as a rank of `ringctl generate --ranks P --backend cuda` runs). Every
+// on the cpu backend, as a rank of `ringctl generate --ranks P --backend cuda` runs), dtype
+// (fp32|bf16: the model's dtype; bf16 also puts the prefill's K/V on the ring in bf16). Every
 // prompt is prefilled over the ranks, then `steps` tokens are decoded for the whole batch; rank
 // 0's greedy choice is the next token of every rank. The result file (raw):
 //   int64 batch, int64 rows (steps + 1), then per prompt: int32 tokens [prompt + steps],
@@ -51,7 +52,13 @@ int run(const std::map<std::string, std::string>& kv) {
   const int rank = static_cast<int>(num("rank", 0)), ranks = static_cast<int>(num("ranks", 1));
   const int steps = static_cast<int>(num("steps", 8)), batch = static_cast<int>(num("batch", 1));
   const std::string out = get("out", "");
-  const auto cfg = test::tiny_model_config();
+  auto cfg = test::tiny_model_config();
+  const std::string dtype = get("dtype", "fp32");
+  if (dtype != "fp32" && dtype != "bf16") {
+    std::fprintf(stderr, "generate_rank_helper: dtype '%s': fp32 or bf16\n", dtype.c_str());
+    return 2;
+  }
+  if (dtype == "bf16") cfg.dtype = spec::DType::kBf16;
   auto backend = test::cpu(static_cast<int>(num("threads", 1)));
   const std::vector<float> params = test::tiny_params(cfg, backend.get(), 7, test::kSharpQK);
   const auto prompts = test::ring_prompts(num("tokens", 1000), static_cast<int>(num("docs", 4)),
@@ -85,6 +92,7 @@ int run(const std::map<std::string, std::string>& kv) {
     ro.rendezvous = get("dir", "");
     ro.bootstrap_timeout_ms = 60000;
     ro.timeout_ms = 120000;
+    ro.wire = dtype == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
     ring.emplace(backend.get(), ro);
     go.shard =
         ring->shard(get("balance", "zigzag") == "contiguous" ? spec::CausalBalance::kContiguous

@@ -49,6 +49,7 @@ struct Case {
   int64_t window = 0;
   std::string balance = "zigzag";
   std::string device = "none";  // generate_rank_helper's device: none, cpu or renamed
+  std::string dtype = "fp32";   // the model's dtype: fp32 or bf16
 };
 
 struct Result {
@@ -118,7 +119,7 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
          kv("seed", c.seed), kv("batch", c.batch), kv("prefix", c.prefix), kv("vary", c.vary),
          kv("steps", c.steps), kv("page", c.page), kv("fast", c.fast), kv("host", c.host),
          kv("disk", c.disk), kv("window", c.window), kv("balance", c.balance),
-         kv("device", c.device)},
+         kv("device", c.device), kv("dtype", c.dtype)},
         dir + "/log-" + std::to_string(r), dir + "/log-" + std::to_string(r),
         ring::test::ucx_loopback());
   }
@@ -135,8 +136,10 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
 
 // Teacher-forced logits of every position: [T, vocab].
 std::vector<float> teacher(const std::vector<float>& params, const std::vector<int32_t>& ids,
-                           const std::vector<int32_t>& docs) {
-  const auto cfg = test::tiny_model_config();
+                           const std::vector<int32_t>& docs,
+                           spec::DType dtype = spec::DType::kFp32) {
+  auto cfg = test::tiny_model_config();
+  cfg.dtype = dtype;
   auto be = test::cpu(2);
   model::LocalAttention att(be.get());
   model::ModelConfig rc = cfg;
@@ -370,6 +373,52 @@ TEST(GenerateRanksBatch, PromptsOfDifferentLengthsOverFourRanksAreExact) {
   c.steps = 24;
   const auto res = run_case(c, dir.path);
   expect_exact(c, res);
+}
+
+// bf16 (docs/precision.md): each rank's prefill is the model's bf16 forward with its K/V on the
+// ring in bf16, its pages bf16. One process and ring prefills over 2 and 4 ranks generate the same
+// 40 greedy tokens, every rank of a run holds the same logits, and every position of every run is
+// within generate_bf16_test.cc's bound of the bf16 teacher-forced forward: 2^-8 of the row's
+// scale per position (one bf16 ulp: a summation-order difference that straddles a rounding
+// point), 2^-12 on average.
+TEST(GenerateRanksBf16, OneTwoAndFourRanksGenerateTheSameTokens) {
+  TempDir dir("gen-ring-bf16");
+  const auto cfg = test::tiny_model_config();
+  auto be = test::cpu(1);
+  const std::vector<float> params = test::tiny_params(cfg, be.get(), 7, test::kSharpQK);
+  std::vector<int32_t> tokens_of_one;
+  for (int ranks : {1, 2, 4}) {
+    SCOPED_TRACE(ranks);
+    Case c;
+    c.ranks = ranks;
+    c.dtype = "bf16";
+    const std::string sub = dir.path + "/" + std::to_string(ranks);
+    fs::create_directories(sub);
+    const std::vector<Result> res = run_case(c, sub);
+    if (HasFailure()) return;
+    for (int r = 1; r < ranks; ++r) {
+      EXPECT_EQ(res[static_cast<size_t>(r)].tokens, res[0].tokens) << "rank " << r;
+      EXPECT_EQ(res[static_cast<size_t>(r)].logits, res[0].logits) << "rank " << r;
+    }
+    const std::vector<int32_t>& ids = res[0].tokens[0];
+    if (ranks == 1) tokens_of_one = ids;
+    EXPECT_EQ(ids, tokens_of_one) << "greedy tokens of " << ranks << " ranks against one";
+    std::vector<int32_t> docs = test::ring_prompts(c.tokens, c.docs, c.seed, 1, 0)[0].docs;
+    const int64_t first = static_cast<int64_t>(docs.size()) - 1;
+    docs.resize(ids.size(), docs.back());
+    const std::vector<float> ref = teacher(params, ids, docs, spec::DType::kBf16);
+    double worst = 0, sum = 0;
+    for (int64_t i = 0; i < res[0].rows; ++i) {
+      const double e = rel_err(res[0].logits[0].data() + i * cfg.vocab,
+                               ref.data() + (first + i) * cfg.vocab, cfg.vocab);
+      EXPECT_LE(e, 1.0 / 256) << "position " << first + i;
+      worst = std::max(worst, e);
+      sum += e;
+    }
+    EXPECT_LE(sum / static_cast<double>(res[0].rows), 1.0 / 4096);
+    std::printf("bf16, %d rank(s): worst relative error vs the bf16 teacher %.3g, mean %.3g\n",
+                ranks, worst, sum / static_cast<double>(res[0].rows));
+  }
 }
 
 // A prompt too short to cut over the ranks is an error naming the rule, on every rank.

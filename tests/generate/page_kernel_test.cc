@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/numeric/bf16.h"
 #include "kernels/cpu/ops.h"
 #include "worker/generate/decode_attention.h"
 
@@ -124,6 +125,45 @@ TEST_P(PageKernel, MatchesADoubleReferenceAndRowsAreIndependent) {
           ++cases;
         }
   EXPECT_EQ(cases, 5 * 6 * 6 * 3);
+}
+
+// bf16 pages (a bf16 model's cache): the kernel widens each bf16 value to fp32 as it reads it,
+// so its result is bit for bit the fp32 kernel's on the widened values, for every head_dim (the
+// partial last vector included), row count and fill.
+TEST_P(PageKernel, Bf16PagesGiveTheFp32KernelsBitsOnTheWidenedValues) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  int cases = 0;
+  for (int64_t hd : {8, 16, 20, 64, 128})
+    for (int64_t m : {1, 3, 4, 8})
+      for (int64_t tokens : {1, 17, 64}) {
+        const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+        std::vector<float> q(static_cast<size_t>(m * hd)), kw(static_cast<size_t>(tokens * hd)),
+            vw(kw.size());
+        std::vector<uint16_t> kb(kw.size()), vb(kw.size());
+        for (auto& x : q) x = 2.f * nd(rng);
+        for (size_t i = 0; i < kw.size(); ++i) {
+          kb[i] = numeric::f32_to_bf16(2.f * nd(rng));
+          vb[i] = numeric::f32_to_bf16(nd(rng));
+          kw[i] = numeric::bf16_to_f32(kb[i]);
+          vw[i] = numeric::bf16_to_f32(vb[i]);
+        }
+        std::vector<int32_t> docs(static_cast<size_t>(tokens)), q_doc(static_cast<size_t>(m));
+        for (int64_t j = 0; j < tokens; ++j) docs[static_cast<size_t>(j)] = j % 5 == 4;
+        for (int64_t r = 0; r < m; ++r) q_doc[static_cast<size_t>(r)] = r % 3 == 2;
+        std::vector<float> o32(q.size()), o16(q.size()), l32(static_cast<size_t>(m)),
+            l16(l32.size()), inv(l32.size()), sc(static_cast<size_t>(m * tokens));
+        page_partial(m, hd, scale, q.data(), q_doc.data(), tokens, kw.data(), vw.data(),
+                     docs.data(), o32.data(), l32.data(), sc.data(), inv.data());
+        page_partial(m, hd, scale, q.data(), q_doc.data(), tokens, kb.data(), vb.data(),
+                     docs.data(), o16.data(), l16.data(), sc.data(), inv.data());
+        EXPECT_EQ(std::memcmp(o32.data(), o16.data(), o32.size() * 4), 0)
+            << "head_dim " << hd << " rows " << m << " tokens " << tokens;
+        EXPECT_EQ(std::memcmp(l32.data(), l16.data(), l32.size() * 4), 0)
+            << "head_dim " << hd << " rows " << m << " tokens " << tokens;
+        ++cases;
+      }
+  EXPECT_EQ(cases, 5 * 4 * 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, PageKernel,

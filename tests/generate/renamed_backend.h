@@ -29,6 +29,16 @@ class Renamed final : public kernels::Backend {
          int64_t lda, const void* b, int64_t ldb, float be, void* c, int64_t ldc) override {
     return b_->gemm(t, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
   }
+  // bf16 (a bf16 model's decode step on this backend).
+  S gemm_mixed(D ab, D cd, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float al,
+               const void* a, int64_t lda, const void* b, int64_t ldb, float be, void* c,
+               int64_t ldc) override {
+    return b_->gemm_mixed(ab, cd, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
+  }
+  S convert(D from, D to, int64_t n, const void* x, void* o) override {
+    return b_->convert(from, to, n, x, o);
+  }
+  S round_to_bf16(int64_t n, float* x) override { return b_->round_to_bf16(n, x); }
   S attention_forward(const kernels::AttentionArgs& a, float* o, float* l,
                       kernels::AttentionStats* st) override {
     return b_->attention_forward(a, o, l, st);

@@ -40,9 +40,12 @@ void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b,
   *lse_a = lse;
 }
 
-void page_partial(int64_t m, int64_t hd, float scale, const float* q, const int32_t* q_doc,
-                  int64_t tokens, const float* k, const float* v, const int32_t* docs, float* out,
-                  float* lse, float* scores, float* inv) {
+namespace {
+
+template <typename T>
+void page_partial_isa(int64_t m, int64_t hd, float scale, const float* q, const int32_t* q_doc,
+                      int64_t tokens, const T* k, const T* v, const int32_t* docs, float* out,
+                      float* lse, float* scores, float* inv) {
   switch (kernels::cpu::active_isa()) {
     case kernels::cpu::Isa::kAvx512:
       avx512::page_partial(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
@@ -56,6 +59,20 @@ void page_partial(int64_t m, int64_t hd, float scale, const float* q, const int3
   scalar::page_partial(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
 }
 
+}  // namespace
+
+void page_partial(int64_t m, int64_t hd, float scale, const float* q, const int32_t* q_doc,
+                  int64_t tokens, const float* k, const float* v, const int32_t* docs, float* out,
+                  float* lse, float* scores, float* inv) {
+  page_partial_isa(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
+}
+
+void page_partial(int64_t m, int64_t hd, float scale, const float* q, const int32_t* q_doc,
+                  int64_t tokens, const uint16_t* k, const uint16_t* v, const int32_t* docs,
+                  float* out, float* lse, float* scores, float* inv) {
+  page_partial_isa(m, hd, scale, q, q_doc, tokens, k, v, docs, out, lse, scores, inv);
+}
+
 DecodeAttention::DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim)
     : cache_(cache),
@@ -66,11 +83,11 @@ DecodeAttention::DecodeAttention(KvCache* cache, ThreadPool* pool, int64_t heads
       group_(heads / kv_heads),
       scale_(1.f / std::sqrt(static_cast<float>(head_dim))) {
   if (cache_->fast_on_device() &&
-      !cache_->device()->supports(kernels::Op::kPagedDecode, kernels::DType::kF32))
+      !cache_->device()->supports(kernels::Op::kPagedDecode, cache_->dtype()))
     throw GenerateError(fmt::format(
-        "the {} backend has no paged decode attention (kernels/backend.h): it cannot hold the "
-        "fast tier",
-        cache_->device()->name()));
+        "the {} backend has no paged decode attention over {} pages (kernels/backend.h): it "
+        "cannot hold the fast tier",
+        cache_->device()->name(), cache_->dtype() == kernels::DType::kBF16 ? "bf16" : "fp32"));
 }
 
 DecodeAttention::~DecodeAttention() {
@@ -249,7 +266,7 @@ void DecodeAttention::count_tasks(const std::vector<char>& skipped, int64_t devi
       if (t.users.size() > 1) ++stats->shared_tasks;
       stats->kv_bytes += cache_->page(t.page).q8 != nullptr && cache_->tier_of(t.page) != Tier::kFast
                              ? 2 * cache_->page(t.page).tokens * hd
-                             : 2 * cache_->page(t.page).tokens * hd * 4;
+                             : 2 * cache_->page(t.page).tokens * hd * cache_->value_bytes();
     }
   }
 }
@@ -282,21 +299,25 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       std::copy(src, src + g * hd, qm.data() + static_cast<int64_t>(u) * g * hd);
       for (int64_t r = 0; r < g; ++r) dm[u * g + r] = seqs[static_cast<size_t>(b)].doc;
     }
-    const float* kp;
-    const float* vp;
     thread_local std::vector<float> deq;
     if (cache_->needs_dequant(task.page)) {
       // An int8 host page (opt-in): dequantized into this thread's scratch as it is read.
       deq.resize(static_cast<size_t>(2 * pt * hd));
       cache_->dequantize(task.page, deq.data());
-      kp = deq.data();
-      vp = deq.data() + pt * hd;
+      page_partial(m, hd, scale_, qm.data(), dm.data(), page.tokens, deq.data(),
+                   deq.data() + pt * hd, page.docs.data(), om.data(), lm.data(), sc.data(),
+                   inv.data());
+    } else if (cache_->dtype() == kernels::DType::kBF16) {
+      page_partial(m, hd, scale_, qm.data(), dm.data(), page.tokens,
+                   static_cast<const uint16_t*>(cache_->k_of(task.page)),
+                   static_cast<const uint16_t*>(cache_->v_of(task.page)), page.docs.data(),
+                   om.data(), lm.data(), sc.data(), inv.data());
     } else {
-      kp = cache_->k_of(task.page);
-      vp = cache_->v_of(task.page);
+      page_partial(m, hd, scale_, qm.data(), dm.data(), page.tokens,
+                   static_cast<const float*>(cache_->k_of(task.page)),
+                   static_cast<const float*>(cache_->v_of(task.page)), page.docs.data(),
+                   om.data(), lm.data(), sc.data(), inv.data());
     }
-    page_partial(m, hd, scale_, qm.data(), dm.data(), page.tokens, kp, vp, page.docs.data(),
-                 om.data(), lm.data(), sc.data(), inv.data());
     for (size_t u = 0; u < task.users.size(); ++u) {
       const auto [b, i] = task.users[u];
       for (int64_t r = 0; r < g; ++r) {
@@ -357,6 +378,7 @@ void DecodeAttention::forward(const std::vector<SeqView>& seqs, const float* q, 
       a.head_dim = hd;
       a.page_tokens = cache_->page_tokens();
       a.scale = scale_;
+      a.dtype = cache_->dtype();
       a.pool = cache_->device_pool();
       a.pool_docs = cache_->device_docs();
       a.q = dev_q_;

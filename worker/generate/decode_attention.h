@@ -45,6 +45,11 @@ void merge_partial(int64_t head_dim, float* o_a, float* lse_a, const float* o_b,
 void page_partial(int64_t m, int64_t head_dim, float scale, const float* q, const int32_t* q_doc,
                   int64_t tokens, const float* k, const float* v, const int32_t* docs, float* out,
                   float* lse, float* scores, float* inv);
+// The same over a bf16 page (keys/values as bf16 bits): each value is widened to fp32 exactly as
+// it is read, so the result is bit for bit the fp32 overload's on the widened values.
+void page_partial(int64_t m, int64_t head_dim, float scale, const float* q, const int32_t* q_doc,
+                  int64_t tokens, const uint16_t* k, const uint16_t* v, const int32_t* docs,
+                  float* out, float* lse, float* scores, float* inv);
 
 // A sequence as decode attention sees it in one layer: its pages of each K/V head in order.
 struct SeqView {

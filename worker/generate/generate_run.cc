@@ -25,6 +25,7 @@
 #include "common/contract/timeline.h"
 #include "common/spec/parse.h"
 #include "common/checkpoint/checkpoint.h"
+#include "common/checkpoint/model.h"
 #include "kernels/backend.h"
 #include "worker/data/errors.h"
 #include "worker/generate/ring_generate.h"
@@ -88,43 +89,74 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
   return static_cast<int64_t>(bytes);
 }
 
-// The model config from the layout record of the checkpoint at path (a step directory or a
-// checkpoint root: its newest complete step).
-static contract::ModelConfig config_from_checkpoint(const std::string& path) {
-  std::error_code ec;
-  std::optional<ckpt::Layout> layout;
+// The model config a checkpoint records (ckpt::read_checkpoint_model: its shape and, record 2,
+// its settings); with a spec, the spec's model section where the checkpoint records no settings.
+static contract::ModelConfig model_of_checkpoint(const std::string& path,
+                                                 const contract::ModelConfig* spec_mc,
+                                                 const std::string& spec_path, bool quiet) {
+  ckpt::CheckpointModel cm;
   try {
-    if (fs::exists(fs::path(path) / "checkpoint.json", ec)) {
-      ckpt::CheckpointInfo info = ckpt::inspect_checkpoint(path, false);
-      if (info.status != ckpt::Status::kComplete)
-        throw InputError(fmt::format("--checkpoint {}: not a complete checkpoint: {}", path,
-                                     info.problems.empty() ? "?" : info.problems.front()));
-      layout = info.layout;
-    } else {
-      auto list = ckpt::list_checkpoints(path, false);
-      if (list.empty()) throw InputError(fmt::format("--checkpoint {}: holds no checkpoint", path));
-      bool found = false;
-      for (auto it = list.rbegin(); it != list.rend() && !found; ++it)
-        if (it->status == ckpt::Status::kComplete) {
-          layout = it->layout;
-          found = true;
-        }
-      if (!found)
-        throw InputError(fmt::format("--checkpoint {}: holds no complete checkpoint", path));
-    }
+    cm = ckpt::read_checkpoint_model(path);
   } catch (const ckpt::CheckpointError& e) {
+    if (spec_mc != nullptr) return *spec_mc;  // format 1: the spec says the model
     throw InputError(fmt::format("--checkpoint {}: {}", path, e.what()));
   }
-  if (!layout || !layout->model.is_object())
-    throw InputError(fmt::format(
-        "--checkpoint {}: records no model config (a format 1 checkpoint); give --spec with the "
-        "spec it was trained with",
-        path));
-  try {
-    return contract::model_config_from_record(layout->model);
-  } catch (const contract::ModelError& e) {
-    throw InputError(fmt::format("--checkpoint {}: layout record: {}", path, e.what()));
+  if (spec_mc == nullptr) {
+    if (!cm.settings && !quiet)
+      std::cerr << "note: the checkpoint records the model's shape only (written before its "
+                   "settings were recorded): rope_theta 10000, norm_eps 1e-5 and no RoPE "
+                   "scaling (the spec defaults) are assumed (--spec names the training spec)\n";
+    return cm.config;
   }
+  // The shape must be the checkpoint's; its settings win over the spec's where it records them.
+  const nlohmann::json have = contract::model_record(cm.config);
+  const nlohmann::json want = contract::model_record(*spec_mc);
+  for (const char* k : {"layers", "d_model", "heads", "kv_heads", "head_dim", "mlp", "mlp_hidden",
+                        "vocab", "tie_embeddings"})
+    if (have.at(k) != want.at(k))
+      throw InputError(fmt::format("--spec {}: model.{} is {} but the checkpoint {} has {}",
+                                   spec_path, k, want.at(k).dump(), cm.step_dir,
+                                   have.at(k).dump()));
+  if (!cm.settings) return *spec_mc;
+  for (auto it = have.begin(); it != have.end() && !quiet; ++it) {
+    const nlohmann::json said = want.value(it.key(), nlohmann::json());
+    if (it.key() != "max_positions" && it.key() != "dtype" && said != *it)
+      std::cerr << fmt::format("note: model.{} {} of the checkpoint is used (--spec {} says {})\n",
+                               it.key(), it->dump(), spec_path, said.dump());
+  }
+  return cm.config;
+}
+
+// The cache options that do not depend on the model, checked before anything is loaded: a
+// fast tier that cannot hold the sliding window, a disk tier this process cannot write.
+static void check_cache_options(const gen::CacheConfig& c) {
+  if (c.fast_bytes == 0 && c.window != 0)
+    throw UsageError(
+        "--fast-bytes (generate.fast_gb) 0: the fast tier holds the sliding window (--window, "
+        "default one page per layer and KV head), so it cannot be empty; give a size such as "
+        "256MiB (or --window 0 for no window)");
+  if (c.disk_dir.empty()) return;
+  std::error_code ec;
+  if (!fs::is_directory(c.disk_dir, ec))
+    throw UsageError(
+        fmt::format("--disk-dir (generate.disk_dir) {}: not a directory", c.disk_dir));
+  if (::access(c.disk_dir.c_str(), W_OK | X_OK) != 0)
+    throw UsageError(fmt::format(
+        "--disk-dir (generate.disk_dir) {}: not writable by this process ({}); the disk tier "
+        "writes its pages there",
+        c.disk_dir, std::strerror(errno)));
+}
+
+// --dtype: "" (the model's own), fp32 or bf16; a usage error otherwise.
+static std::optional<spec::DType> dtype_flag(const std::string& v) {
+  if (v.empty()) return std::nullopt;
+  if (v == "fp32") return spec::DType::kFp32;
+  if (v == "bf16") return spec::DType::kBf16;
+  if (v == "fp16")
+    throw UsageError(
+        "--dtype fp16: not supported; generation computes in fp32 or bf16 (bf16 has fp32's "
+        "range; docs/precision.md)");
+  throw UsageError(fmt::format("--dtype '{}': fp32 or bf16", v));
 }
 
 static std::string read_file(const std::string& path) {
@@ -165,6 +197,7 @@ Inputs load_inputs(const GenerateOpts& o, bool quiet) {
   go.cache.host_int8 = o.host_int8;
   in.sp = gen::SamplingParams{o.temperature, o.top_p, o.seed};
   if (o.prompts.empty()) throw UsageError("at least one PROMPT_FILE is required");
+  const std::optional<spec::DType> dtype = dtype_flag(o.dtype);
 
   contract::ModelConfig& mc = in.mc;
   std::unique_ptr<data::Tokenizer>& tok = in.tok;
@@ -182,14 +215,14 @@ Inputs load_inputs(const GenerateOpts& o, bool quiet) {
     if (!o.has_host) go.cache.host_bytes = static_cast<int64_t>(gs.host_gb * 1e9);
     if (!o.has_disk) go.cache.disk_dir = gs.disk_dir;
     if (!o.has_window) go.cache.window = gs.window;
+    contract::ModelConfig spec_mc;
     try {
-      mc = contract::ModelConfig::from_spec(*r.spec);
+      spec_mc = contract::ModelConfig::from_spec(*r.spec);
     } catch (const contract::ModelError& e) {
       throw InputError(fmt::format("--spec {}: {}", o.spec, e.what()));
     }
-    // Generation computes in fp32 from the (fp32) weights, whatever the training dtype was: the
-    // bf16 KV cache is not wired yet (docs/precision.md).
-    mc.dtype = spec::DType::kFp32;
+    check_cache_options(go.cache);
+    mc = model_of_checkpoint(o.checkpoint, &spec_mc, o.spec, quiet);
     if (!r.spec->data.tokenizer.empty()) {
       try {
         tok = data::Tokenizer::load(r.spec->data.tokenizer);
@@ -198,12 +231,17 @@ Inputs load_inputs(const GenerateOpts& o, bool quiet) {
       }
     }
   } else {
-    mc = config_from_checkpoint(o.checkpoint);
-    if (!quiet)
-      std::cerr << "note: the model comes from the checkpoint's layout record; rope_theta 10000, "
-                   "norm_eps 1e-5 and no RoPE scaling (the spec defaults) are assumed (--spec "
-                   "names the training spec)\n";
+    check_cache_options(go.cache);
+    mc = model_of_checkpoint(o.checkpoint, nullptr, "", quiet);
   }
+  // What the generation computes in (docs/generation.md, "bf16"): the model's dtype as read above
+  // (the checkpoint's record; the spec's model.dtype for a checkpoint that records no settings),
+  // unless --dtype says otherwise. bf16: the model's bf16 forward and bf16 KV pages.
+  if (dtype) mc.dtype = *dtype;
+  if (mc.dtype == spec::DType::kFp16)
+    throw InputError(
+        "model.dtype fp16: generation computes in fp32 or bf16 (--dtype chooses one; "
+        "docs/precision.md)");
   if (!tok && mc.vocab < 256)
     throw InputError(fmt::format(
         "the model's vocab is {} and no tokenizer is given: byte prompts need vocab >= 256 "
@@ -419,7 +457,10 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
     j["sampling"] = {{"temperature", sp.temperature}, {"top_p", sp.top_p}, {"seed", sp.seed}};
     j["attention"] = o.approximate > 0 ? json{{"mode", "approximate"}, {"threshold", o.approximate}}
                                        : json{{"mode", "exact"}};
-    j["attention"]["host_kv"] = o.host_int8 ? "int8 (not exact)" : "fp32";
+    const char* kv = mc.dtype == spec::DType::kBf16 ? "bf16" : "fp32";
+    j["dtype"] = kv;
+    j["attention"]["kv"] = kv;
+    j["attention"]["host_kv"] = o.host_int8 ? "int8 (not exact)" : kv;
     // Sharded: the cache's statistics are the sums over the ranks.
     if (ring != nullptr) j["ranks"] = {{"ranks", ring->ranks()}, {"split", o.split}};
     j["backend"] = o.backend;
@@ -509,6 +550,8 @@ int run_rank(const GenerateOpts& o, const Identity& id) {
   ro.transport = o.transport;
   ro.bootstrap_timeout_ms = o.timeout_s * 1000;
   ro.timeout_ms = o.timeout_s * 1000;
+  // A bf16 model's prefill sends its (bf16) K/V blocks in bf16: exact, half the bytes.
+  ro.wire = in.mc.dtype == spec::DType::kBf16 ? kernels::DType::kBF16 : kernels::DType::kF32;
   std::optional<gen::GenerateRing> ring;
   try {
     ring.emplace(backend.get(), ro);

@@ -43,6 +43,11 @@ struct GenerateOpts {
   std::string backend = "cpu";
   double approximate = 0.0;
   bool host_int8 = false;
+  // --dtype: what the generation computes in and its KV pages hold. "" : the model's own, the
+  // dtype the checkpoint's model record holds (the spec's model.dtype for a checkpoint that
+  // records no settings; fp32 without either); "fp32" or "bf16" overrides it; fp16 is refused
+  // (docs/generation.md, docs/precision.md).
+  std::string dtype;
   // Several ranks: --ranks P launches P local ranks; a rank has --rank/--world/--rendezvous
   // (or SLURM_PROCID / SLURM_STEP_NUM_TASKS under srun).
   int ranks = 1;

@@ -57,6 +57,13 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
     : config_(config), backend_(backend), options_(options) {
   config_.recompute = true;  // prefill keeps one layer's activations
   config_.check();
+  if (config_.dtype != spec::DType::kFp32 && config_.dtype != spec::DType::kBf16)
+    throw GenerateError(fmt::format(
+        "model.dtype {}: generation computes in fp32 or bf16 (docs/precision.md)",
+        spec::to_string(config_.dtype)));
+  bf16_ = config_.dtype == spec::DType::kBf16;
+  // The pages hold K/V as the model computes them: bf16 values in bf16 pages (half the bytes).
+  options_.cache.dtype = bf16_ ? kernels::DType::kBF16 : kernels::DType::kF32;
   if (!(options_.approximate >= 0.0 && options_.approximate < 1.0))
     throw GenerateError(fmt::format("approximate threshold {} must be in [0, 1) (0: exact)",
                                     options_.approximate));
@@ -75,11 +82,11 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   // A backend other than cpu always holds the fast tier; a cpu one when asked (fast_on_backend,
   // or given as the device: the same code path, for tests and comparisons).
   const bool device_tier = !dev_is_cpu || options_.fast_on_backend || split;
-  if (device_tier && !dev->supports(kernels::Op::kPagedDecode, kernels::DType::kF32))
+  if (device_tier && !dev->supports(kernels::Op::kPagedDecode, options_.cache.dtype))
     throw GenerateError(fmt::format(
-        "generation on the '{}' backend needs its paged decode attention for the fast tier, "
-        "which it does not implement",
-        dev->name()));
+        "generation on the '{}' backend needs its paged decode attention over {} pages for the "
+        "fast tier, which it does not implement",
+        dev->name(), bf16_ ? "bf16" : "fp32"));
   if (!host_backend && options_.shard.ranks > 1)
     throw GenerateError(fmt::format(
         "generation over {} ranks prefills on the cpu backend (asked for '{}': the ring's "
@@ -96,6 +103,9 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   } else {
     step_ = dev;  // the device: the dense step runs where the weights are
   }
+  if (bf16_ && !step_->supports(kernels::Op::kGemm, kernels::DType::kBF16))
+    throw GenerateError(fmt::format(
+        "model.dtype bf16: the decode step's backend '{}' has no bf16 GEMM", step_->name()));
   cache_ = std::make_unique<KvCache>(options_.cache, static_cast<int>(config_.layers),
                                      static_cast<int>(config_.kv_heads), config_.head_dim,
                                      device_tier ? dev : nullptr);
@@ -107,13 +117,24 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   capture_ = std::make_unique<Capture>(sharded() ? options_.shard.prefill_attention : local_.get());
   model_ = std::make_unique<model::Model>(config_, backend_, capture_.get());
   model_->set_params(params, model_->layout().total());
+  const int64_t total = model_->layout().total();
+  // bf16: the working weights rounded once here (the prefill's forward rounds them again, which
+  // changes nothing), so the decode step reads the values the prefill reads.
+  if (bf16_) check_status(backend_->round_to_bf16(total, model_->params()), "round_to_bf16");
   step_params_ = model_->params();
   if (step_ == dev && split) {
     // The decode step's weights on the device (the model's are the prefill's, in host memory).
-    dev_params_.resize(step_, model_->layout().total());
-    check_status(step_->copy_to_device(dev_params_.data(), params, dev_params_.bytes()),
+    dev_params_.resize(step_, total);
+    check_status(step_->copy_to_device(dev_params_.data(), model_->params(), dev_params_.bytes()),
                  "copy_to_device");
     step_params_ = dev_params_.data();
+  }
+  if (bf16_) {
+    // The GEMMs' bf16 copy of the (rounded) weights, where the decode step runs: exact.
+    step_bf16_.resize(step_, total);
+    check_status(step_->convert(kernels::DType::kF32, kernels::DType::kBF16, total, step_params_,
+                                step_bf16_.data()),
+                 "convert");
   }
   rope_ = model_->rope();  // the same positions as the model's prefill
   const auto& layout = model_->layout();
@@ -363,6 +384,19 @@ std::vector<PageId> Generator::window_pages() const {
 
 void Generator::linear(int64_t rows, const float* x, int64_t off_w, int64_t out, int64_t in,
                        float* y) {
+  if (bf16_) {
+    // As the model's bf16 GEMM: the input rounded once (the one rounding), bf16 x bf16 with fp32
+    // accumulation into fp32.
+    x_bf16_.resize(step_, rows * in);
+    check_status(step_->convert(kernels::DType::kF32, kernels::DType::kBF16, rows * in, x,
+                                x_bf16_.data()),
+                 "convert");
+    check_status(step_->gemm_mixed(kernels::DType::kBF16, kernels::DType::kF32, false, true, rows,
+                                   out, in, 1.f, x_bf16_.data(), in, step_bf16_.data() + off_w,
+                                   in, 0.f, y, out),
+                 "gemm (bf16)");
+    return;
+  }
   check_status(step_->gemm(kernels::DType::kF32, false, true, rows, out, in, 1.f, x, in, w(off_w),
                            in, 0.f, y, out),
                "gemm");
@@ -461,6 +495,12 @@ StepTiming Generator::step(const std::vector<int>& seqs, const std::vector<int32
     check_status(sb->rope(B, config_.heads, hd, rope_, pos_.data(), false, q_.data()),
                  "rope");
     check_status(sb->rope(B, kvh, hd, rope_, pos_.data(), false, k_.data()), "rope");
+    if (bf16_) {
+      // Q, K, V as the model's bf16 forward holds them: rounded once after RoPE.
+      check_status(sb->round_to_bf16(B * qd, q_.data()), "round_to_bf16");
+      check_status(sb->round_to_bf16(B * kvd, k_.data()), "round_to_bf16");
+      check_status(sb->round_to_bf16(B * kvd, v_.data()), "round_to_bf16");
+    }
     check_status(sb->copy_to_host(qh.data(), q_.data(), q_.bytes()), "copy_to_host");
     check_status(sb->copy_to_host(kh.data(), k_.data(), k_.bytes()), "copy_to_host");
     check_status(sb->copy_to_host(vh.data(), v_.data(), v_.bytes()), "copy_to_host");

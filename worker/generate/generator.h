@@ -15,6 +15,13 @@
 // Logits of every step equal those of a teacher-forced full forward over the same tokens up to
 // fp32 rounding of the different summation orders (tests/generate/).
 //
+// bf16 (ModelConfig::dtype, docs/precision.md): the prefill is the model's bf16 forward, and the
+// decode step makes the same rounding points: the working weights rounded to bf16 once (with a
+// bf16 copy for the GEMMs), every GEMM's input rounded and bf16 x bf16 -> fp32, Q and K rounded
+// after RoPE and V after its projection; norms, residual, softmax, the (o, lse) partials and
+// their merge, and the logits stay fp32. The cache stores bf16 pages (CacheConfig::dtype): the
+// K/V values exactly, in half the bytes of fp32 pages.
+//
 // Sharded (ShardOptions.ranks = P > 1; one Generator per rank of a context-parallel ring, every
 // rank calling prefill and step with the same arguments in the same order). Prefill cuts the
 // prompt as training does (worker/data/split.h: zigzag or contiguous) and runs the training
@@ -171,6 +178,9 @@ class Generator {
   kernels::Backend* step_ = nullptr;                // where the decode step's dense ops run
   const float* step_params_ = nullptr;              // their weights: the model's, or dev_params_
   model::DeviceArray<float> dev_params_;            // a separate device's copy of the weights
+  bool bf16_ = false;                               // config_.dtype bf16 (docs/precision.md)
+  model::DeviceArray<uint16_t> step_bf16_;          // bf16: the step's weights as bf16 (on step_)
+  model::DeviceArray<uint16_t> x_bf16_;             // bf16: a GEMM's input rounded (on step_)
   GeneratorOptions options_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<ThreadPool> pool_;

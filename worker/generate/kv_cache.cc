@@ -15,7 +15,9 @@
 
 #include <fmt/format.h>
 
+#include "common/numeric/bf16.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
 #include "worker/data/shuffle.h"
 
 namespace ring::gen {
@@ -44,6 +46,8 @@ void CacheConfig::check() const {
   if (window < -1) throw GenerateError("window must be >= 0 tokens (or -1: one page)");
   if (!(mass_decay >= 0.0 && mass_decay <= 1.0))
     throw GenerateError("mass_decay must be in [0, 1]");
+  if (dtype != kernels::DType::kF32 && dtype != kernels::DType::kBF16)
+    throw GenerateError("the KV cache's dtype must be fp32 or bf16");
 }
 
 void PrefixHash::add(int32_t id, int32_t doc) {
@@ -88,7 +92,7 @@ KvCache::KvCache(const CacheConfig& config, int layers, int kv_heads, int64_t he
           pool_bytes + doc_bytes, device_->name(), kernels::status_string(st),
           why.empty() ? "" : " (" + why + ")"));
     }
-    fast_pool_ = static_cast<float*>(pool);
+    fast_pool_ = static_cast<char*>(pool);
     fast_docs_ = static_cast<int32_t*>(docs);
     fast_owner_.assign(static_cast<size_t>(fast_slots_), -1);
     for (int64_t s = fast_slots_ - 1; s >= 0; --s) fast_free_.push_back(s);
@@ -97,7 +101,7 @@ KvCache::KvCache(const CacheConfig& config, int layers, int kv_heads, int64_t he
     if (p == nullptr)
       throw GenerateError(fmt::format("cannot allocate the fast tier ({} bytes)",
                                       fast_slots_ * page_bytes()));
-    fast_pool_ = static_cast<float*>(p);
+    fast_pool_ = static_cast<char*>(p);
     fast_owner_.assign(static_cast<size_t>(fast_slots_), -1);
     for (int64_t s = fast_slots_ - 1; s >= 0; --s) fast_free_.push_back(s);
   }
@@ -108,16 +112,16 @@ KvCache::~KvCache() {
   // Device tier: copies in flight read host and disk buffers and write the pool: let them
   // finish before anything is unmapped or freed.
   if (device_ != nullptr) device_->offload_wait();
-  for (float* p : disk_map_)
+  for (char* p : disk_map_)
     if (p != nullptr) ::munmap(p, static_cast<size_t>(disk_slot_bytes_));
   if (disk_fd_ >= 0) ::close(disk_fd_);  // unnamed: its space goes back with the descriptor
   if (device_ != nullptr)
-    for (float* p : pinned_) device_->unpin_host(p);
+    for (char* p : pinned_) device_->unpin_host(p);
   for (auto& p : pages_) {
     if (p.backing == Tier::kHost && p.backing_data != nullptr) std::free(p.backing_data);
     std::free(p.q8);
   }
-  for (float* p : host_free_) std::free(p);
+  for (char* p : host_free_) std::free(p);
   if (device_ != nullptr) {
     device_->free(fast_pool_);
     device_->free(fast_docs_);
@@ -155,9 +159,9 @@ int64_t KvCache::window_slots() const {
   return per_head * layers_ * kv_heads_;
 }
 
-float* KvCache::host_alloc() {
+char* KvCache::host_alloc() {
   if (!host_free_.empty()) {
-    float* p = host_free_.back();
+    char* p = host_free_.back();
     host_free_.pop_back();
     host_used_ += page_bytes();
     return p;
@@ -173,8 +177,8 @@ float* KvCache::host_alloc() {
   // works (the driver copies it through its staging); it is simply slower.
   if (device_ != nullptr &&
       device_->pin_host(p, bytes) == kernels::Status::kOk)
-    pinned_.push_back(static_cast<float*>(p));
-  return static_cast<float*>(p);
+    pinned_.push_back(static_cast<char*>(p));
+  return static_cast<char*>(p);
 }
 
 // The disk tier's page file has no name while it is in use: an unnamed file (O_TMPFILE) in
@@ -236,7 +240,7 @@ int64_t KvCache::disk_grow() {
   if (m == MAP_FAILED)
     throw GenerateError(fmt::format("disk tier file {}: mmap failed: {}", disk_path_,
                                     std::strerror(errno)));
-  disk_map_.push_back(static_cast<float*>(m));
+  disk_map_.push_back(static_cast<char*>(m));
   ++disk_slots_;
   return s;
 }
@@ -302,8 +306,16 @@ void KvCache::quantize(PageId id) {
   int8_t* vq = kq + pt * hd;
   float* ks = reinterpret_cast<float*>(q + 2 * pt * hd);
   float* vs = ks + hd;
-  const float* k = p.backing_data;
-  const float* v = p.backing_data + pt * hd;
+  // The page's values as fp32 (a bf16 page widened: exact).
+  std::vector<float> wide;
+  const float* k = reinterpret_cast<const float*>(p.backing_data);
+  if (config_.dtype == kernels::DType::kBF16) {
+    wide.resize(static_cast<size_t>(page_values()));
+    kernels::cpu::from_bf16(page_values(), reinterpret_cast<const uint16_t*>(p.backing_data),
+                            wide.data(), 1);
+    k = wide.data();
+  }
+  const float* v = k + pt * hd;
   for (int64_t d = 0; d < hd; ++d) {
     float m = 0.f;
     for (int64_t t = 0; t < pt; ++t) m = std::max(m, std::fabs(k[t * hd + d]));
@@ -324,15 +336,30 @@ void KvCache::quantize(PageId id) {
   p.q8 = q;
   // A fast copy takes the dequantized values: where the page is read never changes a bit.
   if (p.fast_slot >= 0) {
+    std::vector<float> deq(static_cast<size_t>(page_values()));
+    dequantize_into(id, deq.data());
     if (device_ != nullptr) {
-      staging_.emplace_back(static_cast<size_t>(page_floats()));
-      dequantize_into(id, staging_.back().data());
-      to_device(fast_pool_ + p.fast_slot * page_floats(), staging_.back().data(),
+      staging_.emplace_back(static_cast<size_t>(page_bytes()));
+      store_rows(deq.data(), p.tokens, staging_.back().data());
+      to_device(slot_data(p.fast_slot), staging_.back().data(),
                 static_cast<size_t>(page_bytes()), "int8 page's fast copy");
     } else {
-      dequantize_into(id, fast_pool_ + p.fast_slot * page_floats());
+      store_rows(deq.data(), p.tokens, slot_data(p.fast_slot));
     }
   }
+}
+
+void KvCache::store_rows(const float* kv, int64_t rows, char* dst) const {
+  const int64_t n = rows * head_dim_, off = config_.page_tokens * head_dim_;
+  if (config_.dtype == kernels::DType::kBF16) {
+    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+    kernels::cpu::to_bf16(n, kv, d, 1);
+    kernels::cpu::to_bf16(n, kv + off, d + off, 1);
+    return;
+  }
+  float* d = reinterpret_cast<float*>(dst);
+  std::memcpy(d, kv, static_cast<size_t>(n) * sizeof(float));
+  std::memcpy(d + off, kv + off, static_cast<size_t>(n) * sizeof(float));
 }
 
 void KvCache::dequantize(PageId id, float* kv) const { dequantize_into(id, kv); }
@@ -349,6 +376,11 @@ void KvCache::dequantize_into(PageId id, float* kv) const {
       kv[t * hd + d] = static_cast<float>(kq[t * hd + d]) * ks[d];
       kv[pt * hd + t * hd + d] = static_cast<float>(vq[t * hd + d]) * vs[t];
     }
+  // A bf16 cache reads every value as bf16, a dequantized one too (its fast copy is bf16).
+  if (config_.dtype == kernels::DType::kBF16) {
+    kernels::cpu::round_bf16(p.tokens * hd, kv, 1);
+    kernels::cpu::round_bf16(p.tokens * hd, kv + pt * hd, 1);
+  }
 }
 
 void KvCache::release(PageId id) {
@@ -370,39 +402,50 @@ void KvCache::release(PageId id) {
   free_ids_.push_back(id);
 }
 
-const float* KvCache::k_of(PageId id) const {
+const void* KvCache::k_of(PageId id) const {
   const Page& p = pages_[id];
-  return p.fast_slot >= 0 && device_ == nullptr ? fast_pool_ + p.fast_slot * page_floats()
-                                                : p.backing_data;
+  return p.fast_slot >= 0 && device_ == nullptr ? slot_data(p.fast_slot) : p.backing_data;
 }
 
-const float* KvCache::v_of(PageId id) const {
-  return k_of(id) + config_.page_tokens * head_dim_;
+const void* KvCache::v_of(PageId id) const {
+  return static_cast<const char*>(k_of(id)) + config_.page_tokens * head_dim_ * value_bytes();
 }
 
 void KvCache::write_row(PageId id, int64_t row, const float* k, const float* v, int32_t doc) {
   Page& p = pages_[id];
   if (p.q8 != nullptr) throw GenerateError("internal: a write to a full (int8) page");
-  const int64_t hd = head_dim_, off_v = config_.page_tokens * hd;
-  const size_t n = static_cast<size_t>(hd) * sizeof(float);
-  std::memcpy(p.backing_data + row * hd, k, n);
-  std::memcpy(p.backing_data + off_v + row * hd, v, n);
+  const int64_t hd = head_dim_, vb = value_bytes();
+  // Byte offsets of the row in K and in V; n: bytes of a row.
+  const int64_t at_k = row * hd * vb, at_v = (config_.page_tokens + row) * hd * vb;
+  const size_t n = static_cast<size_t>(hd * vb);
+  const bool bf16 = config_.dtype == kernels::DType::kBF16;
+  if (bf16) {
+    kernels::cpu::to_bf16(hd, k, reinterpret_cast<uint16_t*>(p.backing_data + at_k), 1);
+    kernels::cpu::to_bf16(hd, v, reinterpret_cast<uint16_t*>(p.backing_data + at_v), 1);
+  } else {
+    std::memcpy(p.backing_data + at_k, k, n);
+    std::memcpy(p.backing_data + at_v, v, n);
+  }
   p.docs[static_cast<size_t>(row)] = doc;
   if (p.fast_slot >= 0 && device_ != nullptr) {
     // From the backing (unchanged until sync_fast), on the copy stream, in order with promotions.
-    float* f = fast_pool_ + p.fast_slot * page_floats();
-    to_device(f + row * hd, p.backing_data + row * hd, n, "row copy (K)");
-    to_device(f + off_v + row * hd, p.backing_data + off_v + row * hd, n, "row copy (V)");
+    char* f = slot_data(p.fast_slot);
+    to_device(f + at_k, p.backing_data + at_k, n, "row copy (K)");
+    to_device(f + at_v, p.backing_data + at_v, n, "row copy (V)");
     to_device(fast_docs_ + p.fast_slot * config_.page_tokens + row,
               p.docs.data() + row, sizeof(int32_t), "row copy (document id)");
   } else if (p.fast_slot >= 0) {
-    float* f = fast_pool_ + p.fast_slot * page_floats();
-    std::memcpy(f + row * hd, k, n);
-    std::memcpy(f + off_v + row * hd, v, n);
+    char* f = slot_data(p.fast_slot);
+    std::memcpy(f + at_k, p.backing_data + at_k, n);
+    std::memcpy(f + at_v, p.backing_data + at_v, n);
   }
+  // The keys' bounds from the values as stored (what attention reads).
   for (int64_t d = 0; d < hd; ++d) {
-    p.kmin[static_cast<size_t>(d)] = std::min(p.kmin[static_cast<size_t>(d)], k[d]);
-    p.kmax[static_cast<size_t>(d)] = std::max(p.kmax[static_cast<size_t>(d)], k[d]);
+    const float kd =
+        bf16 ? numeric::bf16_to_f32(reinterpret_cast<const uint16_t*>(p.backing_data + at_k)[d])
+             : k[d];
+    p.kmin[static_cast<size_t>(d)] = std::min(p.kmin[static_cast<size_t>(d)], kd);
+    p.kmax[static_cast<size_t>(d)] = std::max(p.kmax[static_cast<size_t>(d)], kd);
   }
   p.tokens = std::max(p.tokens, row + 1);
 }
@@ -413,28 +456,34 @@ void KvCache::make_fast(PageId id) {
   fast_free_.pop_back();
   fast_owner_[static_cast<size_t>(s)] = id;
   p.fast_slot = s;
-  // The rows written so far (the rest is written through write_row).
-  float* f = fast_pool_ + s * page_floats();
-  const int64_t pt = config_.page_tokens, hd = head_dim_;
-  if (device_ != nullptr) {
-    // Asynchronous copies of the filled rows (pinned backing: DMA) and their document ids.
-    const size_t rows = static_cast<size_t>(p.tokens * hd) * sizeof(float);
-    const float* src = p.backing_data;
-    if (p.q8 != nullptr) {
-      staging_.emplace_back(static_cast<size_t>(page_floats()));
-      dequantize_into(id, staging_.back().data());
+  // The rows written so far (the rest is written through write_row), as stored: bytes.
+  char* f = slot_data(s);
+  const int64_t pt = config_.page_tokens, hd = head_dim_, vb = value_bytes();
+  const size_t rows = static_cast<size_t>(p.tokens * hd * vb);
+  const int64_t off_v = pt * hd * vb;
+  const char* src = p.backing_data;
+  if (p.q8 != nullptr) {
+    // Its dequantized values (staged until sync_fast on a device).
+    std::vector<float> deq(static_cast<size_t>(page_values()));
+    dequantize_into(id, deq.data());
+    if (device_ == nullptr) {
+      store_rows(deq.data(), p.tokens, f);
+      src = nullptr;
+    } else {
+      staging_.emplace_back(static_cast<size_t>(page_bytes()));
+      store_rows(deq.data(), p.tokens, staging_.back().data());
       src = staging_.back().data();
     }
+  }
+  if (device_ != nullptr) {
+    // Asynchronous copies of the filled rows (pinned backing: DMA) and their document ids.
     to_device(f, src, rows, "promotion (K)");
-    to_device(f + pt * hd, src + pt * hd, rows, "promotion (V)");
+    to_device(f + off_v, src + off_v, rows, "promotion (V)");
     to_device(fast_docs_ + s * pt, p.docs.data(), static_cast<size_t>(p.tokens) * sizeof(int32_t),
               "promotion (document ids)");
-  } else if (p.q8 != nullptr) {
-    dequantize_into(id, f);
-  } else {
-    std::memcpy(f, p.backing_data, static_cast<size_t>(p.tokens * hd) * sizeof(float));
-    std::memcpy(f + pt * hd, p.backing_data + pt * hd,
-                static_cast<size_t>(p.tokens * hd) * sizeof(float));
+  } else if (src != nullptr) {
+    std::memcpy(f, src, rows);
+    std::memcpy(f + off_v, src + off_v, rows);
   }
   ++promotions_;
   const int64_t used = (fast_slots_ - static_cast<int64_t>(fast_free_.size())) * page_bytes();

@@ -1,8 +1,10 @@
 // The KV cache of generation: fixed-size pages per (layer, K/V head), content-addressed, in tiers.
 //
 // A page holds `page_tokens` consecutive tokens of one sequence for one layer and one K/V head:
-// K [page_tokens, head_dim] then V [page_tokens, head_dim], fp32 (after RoPE, as the attention
-// saw them), plus the document id of each token (host metadata; positions are implied: page i of
+// K [page_tokens, head_dim] then V [page_tokens, head_dim] (after RoPE, as the attention saw
+// them) stored as CacheConfig::dtype in every tier: fp32, or bf16 (a bf16 model's K/V are bf16
+// values already, so its pages hold them exactly in half the bytes; write_row rounds with the one
+// rounding, common/numeric/bf16.h, which leaves such values unchanged), plus the document id of each token (host metadata; positions are implied: page i of
 // a sequence covers positions [i * page_tokens, (i + 1) * page_tokens)).
 //
 // Tiers. Every page has a BACKING copy in the host tier (aligned host memory, at most host_bytes
@@ -24,7 +26,8 @@
 // (a sequence's last, partial page) is private until it is full.
 //
 // Device fast tier (constructed with a backend). The pool is one backend allocation of fast
-// slots x page bytes (K then V per slot, kernels/backend.h PagedDecodeArgs's layout) plus the
+// slots x page bytes (K then V per slot, of the cache's dtype, kernels/backend.h
+// PagedDecodeArgs's layout) plus the
 // rows' document ids [slots, page_tokens]. Promotion copies a page's filled rows and ids from
 // its backing with the backend's asynchronous host-to-device copy (offload_to_device: ordered
 // before every later kernel); a row written to a page with a fast copy goes to both the
@@ -43,9 +46,7 @@
 #include <utility>
 #include <vector>
 
-namespace ring::kernels {
-class Backend;
-}
+#include "kernels/backend.h"
 
 namespace ring::gen {
 
@@ -64,9 +65,13 @@ struct CacheConfig {
   bool promote = true;               // promote pages by attention mass
   double mass_decay = 0.5;           // per step: mass = decay * mass + this step's mass
   // Opt-in, NOT exact: full pages backed in the host tier are stored as int8 (K per channel, V
-  // per token, symmetric scales over the page); attention dequantizes them as it reads them, and
-  // a fast copy holds the same dequantized values (so tiers still never change a bit).
+  // per token, symmetric scales over the page, from the page's values of `dtype`); attention
+  // dequantizes them as it reads them (rounded to bf16 in a bf16 cache), and a fast copy holds the
+  // same dequantized values (so tiers still never change a bit).
   bool host_int8 = false;
+  // How K/V are stored in every tier: kF32, or kBF16 (half the bytes per token; values rounded
+  // by the one rounding as they are written).
+  kernels::DType dtype = kernels::DType::kF32;
   // Throws GenerateError naming the field and the rule.
   void check() const;
   int64_t window_tokens() const { return window < 0 ? page_tokens : window; }
@@ -104,7 +109,7 @@ struct Page {
   PageKey key;
   int refs = 0;            // sequences holding it
   Tier backing = Tier::kHost;
-  float* backing_data = nullptr;  // K then V, [2, page_tokens, head_dim]
+  char* backing_data = nullptr;   // K then V, [2, page_tokens, head_dim] of the cache's dtype
   int64_t disk_slot = -1;
   int64_t fast_slot = -1;         // >= 0: a copy in the fast pool
   std::vector<int32_t> docs;      // [page_tokens]
@@ -144,8 +149,11 @@ class KvCache {
   const CacheConfig& config() const { return config_; }
   int64_t page_tokens() const { return config_.page_tokens; }
   int64_t head_dim() const { return head_dim_; }
-  int64_t page_floats() const { return 2 * config_.page_tokens * head_dim_; }
-  int64_t page_bytes() const { return page_floats() * 4; }
+  kernels::DType dtype() const { return config_.dtype; }
+  // Bytes of one stored K or V value: 4 (fp32) or 2 (bf16).
+  int64_t value_bytes() const { return config_.dtype == kernels::DType::kBF16 ? 2 : 4; }
+  int64_t page_values() const { return 2 * config_.page_tokens * head_dim_; }
+  int64_t page_bytes() const { return page_values() * value_bytes(); }
   // Fast slots a sequence's window needs (all layers and heads).
   int64_t window_slots() const;
   int64_t fast_slots() const { return fast_slots_; }
@@ -162,19 +170,22 @@ class KvCache {
   Page& page(PageId id) { return pages_[id]; }
   const Page& page(PageId id) const { return pages_[id]; }
   // Where the CPU reads page id: K [tokens, head_dim], V [tokens, head_dim] (row stride
-  // head_dim): its fast copy with a host pool, else its backing (a device fast copy is read by
-  // the backend's kernel from device_pool(), never by the CPU). tier_of: where attention reads it.
-  const float* k_of(PageId id) const;
-  const float* v_of(PageId id) const;
+  // head_dim) of dtype(): float, or uint16_t bf16 bits; its fast copy with a host pool, else its
+  // backing (a device fast copy is read by the backend's kernel from device_pool(), never by the
+  // CPU). tier_of: where attention reads it.
+  const void* k_of(PageId id) const;
+  const void* v_of(PageId id) const;
   Tier tier_of(PageId id) const { return pages_[id].fast_slot >= 0 ? Tier::kFast : pages_[id].backing; }
   // Whether attention must dequantize the page (int8 backing, no fast copy), and into what:
-  // kv [2, page_tokens, head_dim] (K then V), the page's rows filled.
+  // kv [2, page_tokens, head_dim] fp32 (K then V; in a bf16 cache each value rounded to bf16, as
+  // a fast copy holds it), the page's rows filled.
   bool needs_dequant(PageId id) const {
     return pages_[id].q8 != nullptr && (pages_[id].fast_slot < 0 || device_ != nullptr);
   }
   void dequantize(PageId id, float* kv) const;
   int64_t q8_bytes() const { return 2 * config_.page_tokens * head_dim_ + 4 * (head_dim_ + config_.page_tokens); }
-  // Writes row `row` of a page (k, v: [head_dim]) to its backing and its fast copy.
+  // Writes row `row` of a page (k, v: [head_dim] fp32, stored as dtype()) to its backing and its
+  // fast copy.
   void write_row(PageId id, int64_t row, const float* k, const float* v, int32_t doc);
 
   // Placement after a step: `pinned` lists the window pages (made fast, required), the others by
@@ -189,14 +200,18 @@ class KvCache {
   // ---- device fast tier ----
   bool fast_on_device() const { return device_ != nullptr; }
   kernels::Backend* device() const { return device_; }
-  // Backend memory: [fast_slots, 2, page_tokens, head_dim] and [fast_slots, page_tokens].
-  const float* device_pool() const { return fast_pool_; }
+  // Backend memory: [fast_slots, 2, page_tokens, head_dim] of dtype() and [fast_slots,
+  // page_tokens].
+  const void* device_pool() const { return fast_pool_; }
   const int32_t* device_docs() const { return fast_docs_; }
   // Waits for the fast tier's copies in flight and frees their staging (no-op on a host pool).
   void sync_fast();
 
  private:
-  float* host_alloc();
+  char* host_alloc();
+  char* slot_data(int64_t slot) const { return fast_pool_ + slot * page_bytes(); }
+  // rows of K and of V from kv [2, page_tokens, head_dim] fp32 into dst (a page of dtype()).
+  void store_rows(const float* kv, int64_t rows, char* dst) const;
   void quantize(PageId id);
   void dequantize_into(PageId id, float* kv) const;
   void make_fast(PageId id);
@@ -214,17 +229,17 @@ class KvCache {
   std::map<PageKey, PageId> by_key_;
 
   // Fast pool: one allocation of fast_slots_ x page_bytes, and who holds each slot.
-  float* fast_pool_ = nullptr;
+  char* fast_pool_ = nullptr;
   int64_t fast_slots_ = 0;
   std::vector<PageId> fast_owner_;
   std::vector<int64_t> fast_free_;
   kernels::Backend* device_ = nullptr;          // device tier: the pool's backend
   int32_t* fast_docs_ = nullptr;                // device tier: [fast_slots_, page_tokens]
-  std::vector<std::vector<float>> staging_;     // device tier: sources of copies in flight
-  std::vector<float*> pinned_;                  // device tier: pinned host page buffers
+  std::vector<std::vector<char>> staging_;      // device tier: sources of copies in flight
+  std::vector<char*> pinned_;                   // device tier: pinned host page buffers
 
   int64_t host_used_ = 0;
-  std::vector<float*> host_free_;  // recycled host page buffers
+  std::vector<char*> host_free_;  // recycled host page buffers
 
   // Disk tier.
   std::string disk_path_;  // for messages: the page file has no name (open_disk)
@@ -232,7 +247,7 @@ class KvCache {
   int64_t disk_slot_bytes_ = 0;
   int64_t disk_slots_ = 0;
   std::vector<int64_t> disk_free_;
-  std::vector<float*> disk_map_;  // [disk_slots_] mapping of each slot
+  std::vector<char*> disk_map_;  // [disk_slots_] mapping of each slot
 
   int64_t shared_hits_ = 0, promotions_ = 0, demotions_ = 0, fast_peak_ = 0;
 };

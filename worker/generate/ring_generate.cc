@@ -32,6 +32,7 @@ GenerateRing::GenerateRing(kernels::Backend* backend, const RingOptions& o) : op
   rank_ = std::make_unique<cp::RingRank>(spec, ro);
   cp::RingAttention::Options ao;
   ao.timeout_ms = o.timeout_ms;
+  ao.wire = o.wire;
   attention_ = std::make_unique<cp::RingAttention>(backend, &rank_->progress(), rank_->ring(), ao);
 }
 

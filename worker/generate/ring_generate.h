@@ -36,6 +36,9 @@ struct RingOptions {
   std::string transport = "ucx";
   int bootstrap_timeout_ms = 60000;
   int timeout_ms = 60000;  // bound on every transfer and collective
+  // How the prefill's ring sends K/V blocks (RingAttention::Options::wire): bf16 for a bf16 model
+  // (its K/V are bf16 values: exact, half the bytes), fp32 otherwise.
+  kernels::DType wire = kernels::DType::kF32;
 };
 
 class GenerateRing {
