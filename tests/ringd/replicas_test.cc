@@ -621,17 +621,18 @@ TEST(ReplicaHeadRanks, TwoLevelWithShardFullFollowsTheSingleRing) {
               max_rel(b.loss, a.loss), w, b.seconds, a.seconds);
 }
 
-// A worker of a two-level layout killed mid-run: ringd rolls back to the checkpoint and the
-// steps after it and the final weights are bit-identical to a run without the kill.
+// A worker of a two-level layout (2 groups of 2 on one node) killed mid-run: ringd rolls back to
+// the checkpoint and the steps after it and the final weights are bit-identical to a run without
+// the kill.
 TEST(ReplicaHeadRanks, KilledWorkerResumesExactly) {
   Overrides o;
   o.head_ranks = 2;
   o.steps = 16;
   o.every_steps = 4;
-  const RunResult straight = run_layout(1, 4, 2, o);
+  const RunResult straight = run_layout(1, 4, 1, o);
   ASSERT_TRUE(straight.ok) << straight.error;
   o.kill_at_step = 6;
-  const RunResult resumed = run_layout(1, 4, 2, o);
+  const RunResult resumed = run_layout(1, 4, 1, o);
   ASSERT_TRUE(resumed.ok) << resumed.error;
   EXPECT_EQ(resumed.last_attempt, 1);
   EXPECT_GE(resumed.resumed_step, 4);
