@@ -159,6 +159,10 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
   out.ring_comm_s = ext(a.ring_comm_s, b.ring_comm_s);
   out.ring_exposed_s = ext(a.ring_exposed_s, b.ring_exposed_s);
   out.hidden_share = out.ring_comm_s > 0 ? std::clamp(1.0 - out.ring_exposed_s / out.ring_comm_s, 0.0, 1.0) : 1.0;
+  out.a2a_count = static_cast<int64_t>(std::llround(ext(static_cast<double>(a.a2a_count), static_cast<double>(b.a2a_count))));
+  out.a2a_bytes_per_rank = ext(a.a2a_bytes_per_rank, b.a2a_bytes_per_rank);
+  out.a2a_s = ext(a.a2a_s, b.a2a_s);
+  out.a2a_exposed_s = ext(a.a2a_exposed_s, b.a2a_exposed_s);
   out.exchange_s = ext(a.exchange_s, b.exchange_s);
   out.exchange_exposed_s = ext(a.exchange_exposed_s, b.exchange_exposed_s);
   out.optimizer_s = ext(a.optimizer_s, b.optimizer_s);
@@ -221,6 +225,12 @@ nlohmann::json to_json(const SimResult& r) {
       {"ranks", r.ranks},
       {"ring_size", r.ring_size},
       {"rings", r.rings},
+      {"head_ranks", r.head_ranks},
+      {"head_groups", r.head_ranks > 1 ? nlohmann::json{
+           {"head_ranks", r.head_ranks}, {"ring_groups", r.ring_size},
+           {"all_to_alls", r.a2a_count}, {"bytes_per_rank", r.a2a_bytes_per_rank},
+           {"all_to_all_s", r.a2a_s}, {"all_to_all_exposed_s", r.a2a_exposed_s},
+           {"ring_exposed_s", r.ring_exposed_s}} : nlohmann::json(nullptr)},
       {"nodes", r.nodes},
       {"simulated_positions", r.simulated_positions},
       {"tasks", r.tasks},
@@ -274,8 +284,13 @@ std::string to_text(const SimResult& r) {
   auto line = [&](const std::string& k, const std::string& v) { o += fmt::format("  {:<34} {}\n", k, v); };
   o += fmt::format("cluster   {}\n", r.cluster);
   o += fmt::format("rates     {}\n", r.rates_source);
-  o += fmt::format("job       {} ranks: {} ring(s) of {} on {} node(s), ring order {}\n", r.ranks,
-                   r.rings, r.ring_size, r.nodes, r.ring_order);
+  if (r.head_ranks > 1)
+    o += fmt::format("job       {} ranks: two levels, head groups of U = {} inside a node, {} ring(s) "
+                     "(one per head slot) over R = {} groups, on {} node(s), ring order {}\n",
+                     r.ranks, r.head_ranks, r.rings, r.ring_size, r.nodes, r.ring_order);
+  else
+    o += fmt::format("job       {} ranks: {} ring(s) of {} on {} node(s), ring order {}\n", r.ranks,
+                     r.rings, r.ring_size, r.nodes, r.ring_order);
   o += fmt::format("simulated {} ({} tasks, {} events)\n\n", r.mode, r.tasks, r.events);
   o += fmt::format("step      {}   ({:.0f} tokens/s)\n", secs(r.step_s), r.tokens_per_s);
   line("forward (all layers)", secs(r.forward_s));
@@ -306,6 +321,11 @@ std::string to_text(const SimResult& r) {
                                                r.effective_ring_bw / 1e9, r.bottleneck_ring_bw / 1e9));
   line("ring communication", fmt::format("{} ({} exposed, {:.1f} % hidden behind compute)",
                                          secs(r.ring_comm_s), secs(r.ring_exposed_s), 100 * r.hidden_share));
+  if (r.head_ranks > 1)
+    line("head all-to-all (inside the node)",
+         fmt::format("{} of {} sent per rank, {} ({} exposed; ring {} exposed)", r.a2a_count,
+                     plan::human_bytes(r.a2a_bytes_per_rank), secs(r.a2a_s), secs(r.a2a_exposed_s),
+                     secs(r.ring_exposed_s)));
   if (r.shard_full) {
     line("shard full: block all-gathers", fmt::format("{} of {} received, {} in flight, {} exposed", r.shard_gathers,
                                                         plan::human_bytes(r.shard_gathered_bytes), secs(r.shard_gather_s),

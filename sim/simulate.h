@@ -87,6 +87,9 @@ struct SimResult {
   std::string ring_order;      // "natural" / "topology (tree-dfs)" ...
   std::vector<int64_t> ring_nodes;  // one ring of one rank per node: its job nodes in ring order
   int64_t ranks = 0, ring_size = 0, rings = 0, nodes = 0;
+  // parallel.head_ranks U: groups of U ranks inside a node; ring_size is then R (the groups) and
+  // rings U per replica (one per head slot).
+  int64_t head_ranks = 1;
   int64_t simulated_positions = 0;
   int64_t tasks = 0, events = 0;
   double step_s = 0;
@@ -105,6 +108,13 @@ struct SimResult {
   // its compute, at most the transfers); exposed: the rest.
   double ring_comm_s = 0, ring_exposed_s = 0;
   double hidden_share = 0;        // of ring communication, behind compute
+  // Head all-to-all inside the group (head_ranks > 1), the representative rank per micro-batch:
+  // its all-to-alls in flight (posted to its sends and receives done: forward gather and return,
+  // backward gather and return, a recompute's forward pair); exposed: the part not behind its
+  // compute (all of it: the executor blocks on them); the bytes it sends.
+  int64_t a2a_count = 0;
+  double a2a_bytes_per_rank = 0;
+  double a2a_s = 0, a2a_exposed_s = 0;
   double exchange_s = 0, exchange_exposed_s = 0;
   double optimizer_s = 0, optimizer_exposed_s = 0;
   double checkpoint_amortised_s = 0;

@@ -28,7 +28,8 @@ const char* phase_name(int p) {
                                 "projections+MLP recompute", "attention recompute",
                                 "ring K/V hop (recompute)",
                                 "shard full: block all-gather",
-                                "shard full: gradient reduce-scatter"};
+                                "shard full: gradient reduce-scatter",
+                                "head all-to-all (inside the node)"};
   return names[p];
 }
 
@@ -72,6 +73,7 @@ StepGraph::StepGraph(const spec::JobSpec& spec, const Workload& w, const Rates& 
     for (int64_t i = 0; i < S_; ++i)
       route_fwd_[i] = route_bwd_[i] = e_.add_route(traffic.hop_route[sim.grank[i]]);
   if (cl.host_cores() > 0) add_shared_host(notes);
+  if (w.head_ranks > 1) index_head_groups();
   prev_end_.assign(S_, -1);
   rec_.layer_fwd_begin.assign(L_, -1);
   rec_.layer_fwd_end.assign(L_, -1);
@@ -86,6 +88,44 @@ StepGraph::StepGraph(const spec::JobSpec& spec, const Workload& w, const Rates& 
   rs_all_.assign(w.bucket_floats.size(), -1);
   rec_.bucket_ready.assign(w.bucket_floats.size(), -1);
   node_opt_.assign(fullshard_ ? N_ : 0, 0.0);
+}
+
+// Simulated global rank g = (replica U + slot) R + group (workload.h): the next member of its
+// group has slot + 1 (mod U).
+void StepGraph::index_head_groups() {
+  const int64_t U = w_.head_ranks;
+  a2a_route_.assign(S_, -1);
+  a2a_from_.assign(S_, -1);
+  auto member = [&](int64_t g, int64_t step) {
+    const int64_t ring = g / P_, r = g % P_, d = ring / U, a = ring % U;
+    return (d * U + (a + step + U) % U) * P_ + r;
+  };
+  for (int64_t i = 0; i < S_; ++i) {
+    const int64_t g = sim_.grank[i], to = member(g, 1);
+    a2a_route_[i] = e_.add_route(cl_.route(slot_[g].first, slot_[g].second, slot_[to].first, slot_[to].second));
+    if (full_) a2a_from_[i] = static_cast<int>(member(g, -1));
+  }
+}
+
+// The all-to-all blocks the rank (head_attention.cc waits for it): its flow starts when it and
+// the member it sends to have posted; its end is when its flow and (in full) the one into it are
+// done. Reduced, the members not simulated are alike and post at the same time.
+void StepGraph::head_all_to_all(double bytes, int64_t l) {
+  std::vector<int> f(S_), done(S_);
+  for (int64_t i = 0; i < S_; ++i) {
+    f[i] = e_.flow(a2a_route_[i], bytes, static_cast<int>(i), kHeadA2a, static_cast<int>(l));
+    e_.depend(f[i], cur_[i]);
+  }
+  if (full_)
+    for (int64_t i = 0; i < S_; ++i) e_.depend(f[a2a_from_[i]], cur_[i]);  // the receive's post
+  for (int64_t i = 0; i < S_; ++i) {
+    done[i] = e_.join(static_cast<int>(i), kSync);
+    e_.depend(done[i], f[i]);
+    if (full_) e_.depend(done[i], f[a2a_from_[i]]);
+  }
+  rec_.a2a_ops0.emplace_back(cur_[0], done[0]);
+  rec_.a2a_bytes0 += bytes;
+  cur_.swap(done);
 }
 
 // Shared host: the ranks' devices and every node's ringd (devices S .. S+N-1) divide the host's
@@ -483,7 +523,9 @@ void StepGraph::forward_layer(int64_t l, bool recompute, bool last_micro) {
     cur_[i] = e_.join(static_cast<int>(i), kSync);
     e_.depend(cur_[i], t);
   }
+  if (w_.head_ranks > 1) head_all_to_all(w_.a2a_gather_fwd, l);
   for (int64_t s = 0; s < P_; ++s) forward_step(l, s, recompute);
+  if (w_.head_ranks > 1) head_all_to_all(w_.a2a_return_fwd, l);
   for (int64_t i = 0; i < S_; ++i) {
     const int t = e_.compute(static_cast<int>(i), gemm_s(i, w_.post_fwd_flops), static_cast<int>(i), pp, static_cast<int>(l));
     e_.depend(t, cur_[i]);
@@ -540,6 +582,7 @@ void StepGraph::backward_layer(int64_t l, bool last_micro) {
     e_.depend(cur_[i], t);
     dsend1_[i] = dsend2_[i] = -1;
   }
+  if (w_.head_ranks > 1) head_all_to_all(w_.a2a_gather_bwd, l);
   for (int64_t s = 0; s < P_; ++s) backward_step(l, s);
   backward_layer_end(l, last_micro);
 }
@@ -619,8 +662,13 @@ void StepGraph::backward_layer_end(int64_t l, bool last_micro) {
       e_.depend(home, dsend1_[i]);
       e_.depend(home, dsend2_[i]);
     }
+    cur_[i] = home;
+  }
+  // head_ranks > 1: dq, dk, dv go back to the tokens' owners before the QKV projections' backward.
+  if (w_.head_ranks > 1) head_all_to_all(w_.a2a_return_bwd, l);
+  for (int64_t i = 0; i < S_; ++i) {
     const int t = e_.compute(static_cast<int>(i), gemm_bwd_s(i, 2 * w_.pre_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));
-    e_.depend(t, home);
+    e_.depend(t, cur_[i]);
     prev_end_[i] = t;
     if (i == 0 && last_micro) rec_.layer_bwd_end[l] = t;
   }
@@ -644,6 +692,7 @@ void StepGraph::model_route(int r) {
 
 void StepGraph::model_routes() {
   for (int r : route_fwd_) model_route(r);  // route_bwd_ is the same route
+  for (int r : a2a_route_) model_route(r);
   for (int r : xroutes_) model_route(r);
   for (int r : shard_routes_) model_route(r);
 }

@@ -51,6 +51,7 @@ enum Phase : int {
   kHopRecompute,
   kGather,
   kScatter,
+  kHeadA2a,
   kPhaseCount
 };
 const char* phase_name(int p);
@@ -66,6 +67,10 @@ struct StepRecords {
   // dK/dV accumulators), with the task at whose end position 0 posted it: (posted, flow). The
   // summary's ring communication (their union) and what of it is hidden.
   std::vector<std::pair<int, int>> ring_ops0;
+  // head_ranks > 1: position 0's all-to-alls inside its group, (posted, done: its sends and
+  // receives in), and the bytes it sent in them.
+  std::vector<std::pair<int, int>> a2a_ops0;
+  double a2a_bytes0 = 0;
   // K/V and dK/dV sends and the joins at which their senders posted them (the step's start),
   // for the hop time as the worker's timeline records it (posted to completed).
   std::vector<std::pair<int, int>> posted_fwd, posted_bwd, posted_dkv;
@@ -154,6 +159,10 @@ class StepGraph {
   void backward_step(int64_t l, int64_t s);
   void backward_layer_end(int64_t l, bool last_micro);
   void record_ring_ops0(const std::vector<int>& sends, int send_posted, int recv_posted);
+  // head_ranks > 1: an all-to-all inside every simulated position's group of `bytes` per rank
+  // (all its messages), after cur_; cur_ becomes its end (blocking).
+  void head_all_to_all(double bytes, int64_t l);
+  void index_head_groups();
   int all_positions_join();
 
   // ringd.
@@ -185,6 +194,11 @@ class StepGraph {
   Engine e_;
   StepRecords rec_;
   std::vector<int> route_fwd_, route_bwd_;  // per position: its K/V hop's engine route
+  // head_ranks > 1, per position: the route to the next member of its group (its all-to-all
+  // sends, one flow of all its messages: each member's links inside the node carry (U - 1)
+  // messages out and in, as in the all-to-all) and, simulated in full, the position of the
+  // previous member (whose flow brings its receives); -1 when not simulated.
+  std::vector<int> a2a_route_, a2a_from_;
   int host_id_ = -1;
 
   // The passes: per position the task its next work waits for, and the ring step's state.

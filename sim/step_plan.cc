@@ -72,10 +72,33 @@ int64_t ring_period(const Workload& w, const WhatIfs& wi, const RingTraffic& t, 
       ok = close_rel(t.rate_fwd[a], t.rate_fwd[b]) && close_rel(t.rate_bwd[a], t.rate_bwd[b]) &&
            close_rel(t.rate_joint[a], t.rate_joint[b]) && close_rel(t.hop_lat[a], t.hop_lat[b]);
     }
-    // Whole nodes only: a simulated node's ringd stands for the others.
-    if (ok && (g % wpn == 0 || wpn % g == 0 || g == P)) return g;
+    // Whole nodes only: a simulated node's ringd stands for the others (with head_ranks U a
+    // position is a group of U ranks).
+    const int64_t ranks = g * w.head_ranks;
+    if (ok && (ranks % wpn == 0 || wpn % ranks == 0 || g == P)) return g;
   }
   return P;
+}
+
+// parallel.head_ranks U > 1: group r of replica d is the U consecutive positions d P + r U ..
+// of the order; slot a's ring (simulated ring d U + a, workload.h) runs over the groups' slot-a
+// members. Throws std::invalid_argument when a group spans two nodes (the all-to-all stays
+// inside one, as validation requires).
+void to_head_rings(const Workload& w, Placement* p) {
+  const int64_t U = w.head_ranks, R = w.P, P = R * U;
+  std::vector<std::pair<int, int>> ring(p->slot.size());
+  for (int64_t d = 0; d < w.replicas; ++d)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t a = 0; a < U; ++a) {
+        const auto& at = p->slot[d * P + r * U + a];
+        if (at.first != p->slot[d * P + r * U].first)
+          throw std::invalid_argument(fmt::format(
+              "simulate: parallel.head_ranks {}: the head group of positions {}..{} of the ring "
+              "order spans nodes {} and {}; a group must sit inside one node",
+              U, d * P + r * U, d * P + r * U + U - 1, p->slot[d * P + r * U].first, at.first));
+        ring[(d * U + a) * R + r] = at;
+      }
+  p->slot = std::move(ring);
 }
 
 }  // namespace
@@ -101,13 +124,15 @@ std::unique_ptr<Cluster> build_cluster(const Workload& w, const SimOptions& o, S
   res->ranks = w.P * w.D;
   res->ring_size = w.P;
   res->rings = w.D;
+  res->head_ranks = w.head_ranks;
   res->nodes = N;
   return cl;
 }
 
 Placement place_ranks(const spec::JobSpec& spec, const SimOptions& o, const Workload& w,
                       const Cluster& cl) {
-  const int64_t P = w.P, N = w.nodes, wpn = w.workers_per_node, W = P * w.D;
+  // The order of the context ranks (with head_ranks U, groups of U consecutive positions).
+  const int64_t U = w.head_ranks, P = w.P * U, N = w.nodes, wpn = w.workers_per_node, W = P * w.replicas;
   RingOrderChoice ord = o.ring_order;
   bool listed = false;  // the spec's parallel.ring_order_list
   if (ord == RingOrderChoice::kSpec) {
@@ -143,6 +168,7 @@ Placement place_ranks(const spec::JobSpec& spec, const SimOptions& o, const Work
       p.slot[g] = {cl.node_index(go.nodes[go.ranks[g].node]), go.ranks[g].local};
     p.ring_order = fmt::format("topology ({})", go.method);
   }
+  if (U > 1) to_head_rings(w, &p);
   return p;
 }
 
@@ -249,7 +275,8 @@ Simulated choose_simulated(const Workload& w, const SimOptions& o, const Cluster
   // Shard full adds per position and layer about two gathers' and a reduce-scatter's flows from
   // (or to) each of the owner node's workers, and the reduce-scatter's posts.
   sim.per_layer_tasks = static_cast<double>(P) * (8 + (w.recompute ? 4 : 0)) +
-                        (traffic.fullshard ? 5.0 * static_cast<double>(wpn) + 12 : 0.0);
+                        (traffic.fullshard ? 5.0 * static_cast<double>(wpn) + 12 : 0.0) +
+                        (w.head_ranks > 1 ? 8.0 + (w.recompute ? 4.0 : 0.0) : 0.0);
   const double full_tasks = static_cast<double>(W) * sim.per_layer_tasks * w.layers * w.micro_batches;
   // Nodes on one shared host: every rank and daemon competes for its cores, so all of them are
   // simulated.

@@ -24,7 +24,7 @@ void step_times(const Engine& e, const StepRecords& rec, const Workload& w, doub
   res->tasks = e.task_count();
   res->events = e.events();
   res->step_s = end;
-  res->tokens_per_s = static_cast<double>(w.seq_len * w.D * w.micro_batches) / end;
+  res->tokens_per_s = static_cast<double>(w.seq_len * w.replicas * w.micro_batches) / end;
   for (int64_t l = 0; l < w.layers; ++l) {
     res->layer_forward_s.push_back(e.task(rec.layer_fwd_end[l]).end - e.task(rec.layer_fwd_begin[l]).start);
     res->layer_backward_s.push_back(e.task(rec.layer_bwd_end[l]).end - e.task(rec.layer_bwd_begin[l]).start);
@@ -149,6 +149,20 @@ void ring_hidden(const Engine& e, const StepRecords& rec, const Workload& w, Sim
   const double hidden = overlap(comm, merged(std::move(compute))) / M;
   res->ring_exposed_s = std::max(0.0, res->ring_comm_s - hidden);
   res->hidden_share = res->ring_comm_s > 0 ? std::clamp(hidden / res->ring_comm_s, 0.0, 1.0) : 1.0;
+  // head_ranks > 1: the all-to-alls inside the group, the same way (the rank waits for them, so
+  // nothing of them is behind its own compute unless its compute is late).
+  if (rec.a2a_ops0.empty()) return;
+  Intervals a2a, comp;
+  for (const auto& [posted, done] : rec.a2a_ops0) a2a.push_back({e.task(posted).end, e.task(done).end});
+  for (int id = 0; id < e.task_count(); ++id) {
+    const Task& t = e.task(id);
+    if (t.kind == TaskKind::kCompute && t.device == 0) comp.push_back({t.start, t.end});
+  }
+  const Intervals a2a_u = merged(std::move(a2a));
+  res->a2a_count = static_cast<int64_t>(rec.a2a_ops0.size()) / w.micro_batches;
+  res->a2a_bytes_per_rank = rec.a2a_bytes0 / M;
+  res->a2a_s = length(a2a_u) / M;
+  res->a2a_exposed_s = std::max(0.0, res->a2a_s - overlap(a2a_u, merged(std::move(comp))) / M);
 }
 
 // ringd: the exchange (its time, and what of it outlasts the backward), optimizer, checkpoint.

@@ -30,6 +30,59 @@ double causal_pairs(int64_t a, int64_t b, int64_t c, int64_t d) {
   return total;
 }
 
+// parallel.head_ranks U > 1: the ring positions become the R = P / U groups (their members'
+// token ranges, merged in position order as head_attention.h orders a group's tokens), the
+// rings the U head slots of every replica; the ring's blocks carry U T tokens of the slot's K/V
+// heads; the all-to-all messages from common/cp/ring_messages.h, as `ringctl plan` sizes them.
+void to_head_groups(const spec::JobSpec& s, Workload* w) {
+  const int64_t U = w->head_ranks, P = w->P, T = w->tokens;
+  if (P % U != 0 || w->heads % U != 0)
+    throw std::invalid_argument(fmt::format(
+        "simulate: parallel.head_ranks {} must divide context_ranks {} and model.heads {}", U, P,
+        w->heads));
+  const int64_t R = P / U, hq = w->heads / U, hkv = cp::head_slot_kv_heads(w->kv_heads, U);
+  const auto b = static_cast<size_t>(spec::dtype_bytes(s.model.dtype));
+  const double others = static_cast<double>(U - 1);
+  const int64_t hd = w->head_dim;
+  w->a2a_gather_fwd = others * static_cast<double>(cp::head_gather_bytes(T, hq, hkv, hd, b, true, false));
+  w->a2a_return_fwd = others * static_cast<double>(cp::head_return_bytes(T, hq, hkv, hd, false));
+  w->a2a_gather_bwd = others * static_cast<double>(cp::head_gather_bytes(T, hq, hkv, hd, b, true, true));
+  w->a2a_return_bwd = others * static_cast<double>(cp::head_return_bytes(T, hq, hkv, hd, true));
+  std::vector<std::vector<cp::TokenRange>> groups(R);
+  w->tokens = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    // The k-th range of every member (zigzag: the early chunks, then the late ones) are
+    // consecutive chunks: one range each, so a group's ranges are a zigzag share over R.
+    std::vector<cp::TokenRange> all;
+    int64_t t = 0;
+    for (size_t k = 0; k < w->ranges[r * U].size(); ++k) {
+      std::vector<cp::TokenRange> part;
+      for (int64_t a = 0; a < U; ++a)
+        if (k < w->ranges[r * U + a].size()) part.push_back(w->ranges[r * U + a][k]);
+      std::sort(part.begin(), part.end(),
+                [](const cp::TokenRange& x, const cp::TokenRange& y) { return x.begin < y.begin; });
+      for (const cp::TokenRange& x : part) {
+        t += x.size();
+        if (!all.empty() && all.back().end == x.begin && &x != &part.front())
+          all.back().end = x.end;
+        else
+          all.push_back(x);
+      }
+    }
+    std::sort(all.begin(), all.end(),
+              [](const cp::TokenRange& x, const cp::TokenRange& y) { return x.begin < y.begin; });
+    groups[r] = std::move(all);
+    w->tokens = std::max(w->tokens, t);
+  }
+  w->ranges = std::move(groups);
+  w->P = R;
+  w->D = w->replicas * U;
+  w->heads = hq;
+  w->kv_heads = hkv;
+  w->kvd = hkv * hd;
+  w->kv_block_bytes = static_cast<double>(cp::packed_block_bytes(w->tokens, w->kvd, b));
+}
+
 }  // namespace
 
 double Workload::pairs(int64_t q, int64_t origin) const {
@@ -126,6 +179,8 @@ Workload make_workload(const spec::JobSpec& s) {
   Workload w;
   w.P = s.parallel.context_ranks;
   w.D = s.parallel.data_replicas;
+  w.replicas = w.D;
+  w.head_ranks = std::max<int64_t>(1, s.parallel.head_ranks);
   w.nodes = s.resources.nodes;
   w.workers_per_node = s.resources.workers_per_node;
   w.layers = s.model.layers;
@@ -158,6 +213,7 @@ Workload make_workload(const spec::JobSpec& s) {
   w.head_fwd_flops = 2 * T * d * static_cast<double>(w.vocab);
   w.kv_block_bytes = static_cast<double>(
       cp::packed_block_bytes(w.tokens, w.kvd, static_cast<size_t>(spec::dtype_bytes(s.model.dtype))));
+  if (w.head_ranks > 1) to_head_groups(s, &w);
 
   const plan::FlatLayout fl = plan::flat_layout(s);
   if (fl.bucket_sizes.empty())

@@ -22,8 +22,18 @@ namespace ring::sim {
 
 struct Workload {
   // Ring and job shape.
-  int64_t P = 1;               // context_ranks (ring size)
-  int64_t D = 1;               // data replicas (rings)
+  int64_t P = 1;               // ring size: context_ranks, or R = context_ranks / U groups
+  int64_t D = 1;               // rings: data replicas, times U with head_ranks U
+  // Two-level context parallelism (parallel.head_ranks U > 1, worker/ring/head_attention.h):
+  // the simulator's rings are the U rings of each replica, one per head slot, between the same
+  // slot of consecutive groups; ring d' = replica x U + slot, its position r = group r. A
+  // position's tokens are its group's (U T), its heads, K/V heads and kvd the slot's (H / U,
+  // cp::head_slot_kv_heads); projections and MLP stay per rank (T tokens, every head).
+  int64_t head_ranks = 1;      // U
+  int64_t replicas = 1;        // data replicas
+  // Bytes one rank sends per all-to-all inside its group: (U - 1) messages of
+  // cp::head_gather_bytes / head_return_bytes (forward, and backward).
+  double a2a_gather_fwd = 0, a2a_return_fwd = 0, a2a_gather_bwd = 0, a2a_return_bwd = 0;
   int64_t nodes = 1, workers_per_node = 1;
   int64_t layers = 0, micro_batches = 1;
   int64_t seq_len = 0, doc_len = 0;

@@ -1037,4 +1037,146 @@ TEST(SimTrace, WritesChromeJson) {
   expect_rel(last, r.step_s * 1e6, 1e-9);
 }
 
+// ---- two-level context parallelism (parallel.head_ranks U, worker/ring/head_attention.h)
+//
+// tiny.yaml (8 heads, 4 K/V heads, head_dim 32, fp32) on 2 nodes x 2 GPUs, context_ranks 4,
+// head_ranks U = 2: the groups are the nodes (ranks 0, 1 and 2, 3), R = 2 groups, and two rings
+// (slot 0: ranks 0 -> 2 -> 0, slot 1: ranks 1 -> 3 -> 1). One causal document of 8192 tokens
+// (zigzag over 4 ranks: 8 chunks of c = 1024, rank r holds chunks r and 7 - r, T = 2048), L = 2
+// layers, no recompute, one micro-batch. Worked by hand:
+//   slot heads: H / U = 4 query heads, K / U = 2 K/V heads (kvd 64);
+//   group 0 = chunks 0, 1 and 6, 7 ([0, 2048) and [6144, 8192)), group 1 = chunks 2..5
+//   ([2048, 6144)): U T = 4096 tokens each;
+//   ring K/V block: 64 + 8 x 4096 + 4 x 4096 + 2 x 4 x 4096 x 64 = 2,146,368 B; per layer R - 1 = 1
+//   K/V hop forward and 1 backward, and R = 2 dK/dV sends: rank 0's at step 0 carries nothing,
+//   at step 1 group 1's block (which group 0's late queries [6144, 8192) attend whole): 4096
+//   rows, 64 + 2 x 4 x 4096 x 64 = 2,097,216 B;
+//   all-to-all, to the one other member per layer (T = 2048, 4 heads of 32, 2 K/V heads):
+//     forward gather  8 T + 4 T + 4 T 128 + 2 x 4 T 64 = 16,384 + 8,192 + 1,048,576 + 1,048,576
+//                     = 2,121,728 B
+//     forward return  4 T 128 + 4 T 4 = 1,081,344 B
+//     backward gather 2,121,728 + 2 x 1,048,576 (o, dout) + 32,768 (lse) = 4,251,648 B
+//     backward return 1,048,576 (dq) + 2 x 524,288 (dk, dv) = 2,097,152 B
+//   = 9,551,872 B per layer, 4 all-to-alls.
+// On NVLink at B = 100 GB/s without latency each all-to-all is one transfer out of and one into
+// every GPU's link: bytes / B, and blocking, so all of it exposed.
+struct HandGroups {
+  static constexpr int64_t L = 2, c = 1024, T = 2 * c, U = 2, R = 2;
+  static constexpr double B = 100e9;
+  static constexpr double kv = 64 + 8.0 * 4096 + 4.0 * 4096 + 2 * 4.0 * 4096 * 64;
+  static constexpr double dkv = 64 + 2 * 4.0 * 4096 * 64;
+  static constexpr double a2a_layer = 2121728.0 + 1081344.0 + 4251648.0 + 2097152.0;
+
+  static ring::spec::JobSpec spec(int64_t u) {
+    auto s = load("configs/examples/tiny.yaml");
+    s.model.layers = L;
+    s.model.recompute = false;
+    s.data.seq_len = 8 * c;
+    s.data.pack = false;
+    s.parallel.context_ranks = 4;
+    s.parallel.data_replicas = 1;
+    s.parallel.head_ranks = u;
+    s.resources.nodes = 2;
+    s.resources.workers_per_node = 2;
+    s.train.micro_batches = 1;
+    s.checkpoint.every_steps = 0;
+    return s;
+  }
+  static SimResult run(int64_t u, bool fast_compute) {
+    SimOptions o;
+    o.rates = preset_rates("H100");
+    o.rates.intra_node_bw = B;
+    o.rates.intra_node_latency = 0;
+    if (fast_compute) {
+      o.rates.gemm_flops = o.rates.gemm_bwd_flops = 1e30;
+      o.rates.attention_fwd_flops = o.rates.attention_bwd_flops = 1e30;
+      o.rates.adamw_params_per_s = 1e30;
+    }
+    o.stagger_us = 0;
+    o.expand = Expand::kFull;
+    return simulate(spec(u), o);
+  }
+};
+
+TEST(SimHeadGroups, TheGroupsAreTheWorkload) {
+  using H = HandGroups;
+  const Workload w = make_workload(H::spec(2));
+  ASSERT_EQ(w.P, H::R);
+  EXPECT_EQ(w.D, H::U);
+  EXPECT_EQ(w.head_ranks, H::U);
+  EXPECT_EQ(w.heads, 4);
+  EXPECT_EQ(w.kvd, 64);
+  EXPECT_EQ(w.tokens, 4096);
+  EXPECT_DOUBLE_EQ(w.kv_block_bytes, H::kv);
+  EXPECT_DOUBLE_EQ(w.a2a_gather_fwd + w.a2a_return_fwd + w.a2a_gather_bwd + w.a2a_return_bwd,
+                   H::a2a_layer);
+  EXPECT_EQ(w.dkv_rows(1, 1), 4096);  // group 0 adds to group 1's block: all of it
+  EXPECT_EQ(w.dkv_rows(0, 1), 2048);  // group 1 adds to group 0's early chunks only
+  // Attention work: every (query, key) causal pair once over the groups, as over the ranks; the
+  // projections stay per rank.
+  const Workload one = make_workload(H::spec(1));
+  double pairs_u = 0, pairs_1 = 0;
+  for (int64_t q = 0; q < w.P; ++q)
+    for (int64_t o = 0; o < w.P; ++o) pairs_u += w.pairs(q, o);
+  for (int64_t q = 0; q < one.P; ++q)
+    for (int64_t o = 0; o < one.P; ++o) pairs_1 += one.pairs(q, o);
+  const double n = 8.0 * H::c;
+  EXPECT_DOUBLE_EQ(pairs_u, n * (n + 1) / 2);
+  EXPECT_DOUBLE_EQ(pairs_1, n * (n + 1) / 2);
+  EXPECT_DOUBLE_EQ(w.pre_fwd_flops, one.pre_fwd_flops);
+  EXPECT_DOUBLE_EQ(w.post_fwd_flops, one.post_fwd_flops);
+}
+
+TEST(SimHeadGroups, AllToAllBytesAndRingHopsOfTheHandCase) {
+  using H = HandGroups;
+  const SimResult r = H::run(2, /*fast_compute=*/true);
+  EXPECT_EQ(r.head_ranks, 2);
+  EXPECT_EQ(r.ring_size, H::R);
+  EXPECT_EQ(r.rings, H::U);
+  // 4 positions (every rank) x L layers x (R - 1) K/V hops a pass; R dK/dV sends a layer.
+  EXPECT_EQ(r.hop_forward.count, 4 * H::L * (H::R - 1));
+  EXPECT_EQ(r.hop_backward_kv.count, 4 * H::L * (H::R - 1));
+  EXPECT_EQ(r.hop_dkv.count, 4 * H::L * H::R);
+  EXPECT_DOUBLE_EQ(r.hop_forward.bytes, H::kv);
+  EXPECT_DOUBLE_EQ(r.hop_dkv.bytes, H::dkv);
+  EXPECT_DOUBLE_EQ(r.ring_bytes_per_rank, H::L * (2 * H::kv + H::dkv));
+  EXPECT_EQ(r.a2a_count, 4 * H::L);
+  EXPECT_DOUBLE_EQ(r.a2a_bytes_per_rank, H::L * H::a2a_layer);
+  expect_rel(r.a2a_s, H::L * H::a2a_layer / H::B, 1e-9);
+  expect_rel(r.a2a_exposed_s, r.a2a_s, 1e-9);
+  const auto json = to_json(r);
+  EXPECT_EQ(json["head_groups"]["head_ranks"], 2);
+  EXPECT_EQ(json["head_groups"]["ring_groups"], H::R);
+  EXPECT_DOUBLE_EQ(json["head_groups"]["all_to_all_s"].get<double>(), r.a2a_s);
+  EXPECT_NE(to_text(r).find("head all-to-all (inside the node)"), std::string::npos);
+}
+
+// The same attention FLOPs per rank as the single ring (zigzag balances groups as it does ranks):
+// U times more per hop, R - 1 instead of P - 1 hops.
+TEST(SimHeadGroups, SameAttentionComputePerRankAsTheSingleRing) {
+  using H = HandGroups;
+  const SimResult one = H::run(1, false), two = H::run(2, false);
+  expect_rel(two.attention_compute_s, one.attention_compute_s, 1e-9);
+  expect_rel(two.projection_compute_s, one.projection_compute_s, 1e-9);
+  EXPECT_EQ(one.a2a_count, 0);
+  EXPECT_TRUE(to_json(one)["head_groups"].is_null());
+}
+
+// A head group must sit inside one node: a listed ring order that pairs ranks of two nodes is
+// refused, naming the key.
+TEST(SimHeadGroups, AGroupAcrossNodesIsRefused) {
+  auto s = HandGroups::spec(2);
+  s.parallel.ring_order = ring::spec::RingOrder::kList;
+  s.parallel.ring_order_list = {0, 2, 1, 3};
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  try {
+    simulate(s, o);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.head_ranks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("inside one node"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
