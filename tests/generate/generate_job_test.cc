@@ -136,6 +136,38 @@ TEST_F(GenerateJob, OneRankGreedyEqualsStandalone) {
   EXPECT_NE(ring::test::read_file(job_dir2 + "/generate.out"), want);
 }
 
+// bf16 (docs/generation.md "bf16"): a checkpoint trained in bf16 (its record says so) and a spec
+// with model.dtype bf16 (no longer refused): the job's two ranks generate in bf16 (--json says
+// so) the output of `ringctl generate` on the same checkpoint in one process, bf16 by its record.
+TEST_F(GenerateJob, TwoRanksBf16EqualsStandalone) {
+  auto w = ring::test::run(std::string(GEN_CKPT_WRITER) + " " + t_.path + "/ckpt16 bf16");
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  std::string model = ring::test::tiny_model_yaml();
+  model.insert(model.size() - 1, ", dtype: bf16");
+  const std::string path = t_.path + "/gen16.yaml";
+  write(path, "job:\n  name: gen16\n  kind: generate\nmodel: " + model +
+                  "\ngenerate:\n  checkpoint: " + t_.path + "/ckpt16\n  prompts: [" + t_.path +
+                  "/a.txt, " + t_.path + "/b.txt]\n  page_tokens: 64\n  max_new_tokens: 24\n"
+                  "  json: true\nparallel:\n  context_ranks: 2\nresources:\n  workers_per_node: "
+                  "2\n  cpus_per_worker: 1\n");
+  const std::string job_dir = t_.path + "/job16";
+  auto r = run_job(path, job_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json got = json::parse(ring::test::read_file(job_dir + "/generate.json"), nullptr, false);
+  ASSERT_TRUE(got.is_object()) << ring::test::read_file(job_dir + "/generate.json");
+  EXPECT_EQ(got.value("dtype", ""), "bf16");
+  const std::string out = t_.path + "/standalone16.json";
+  auto s = ring::test::run(kRingctl + " generate --checkpoint " + t_.path + "/ckpt16 " + t_.path +
+                           "/a.txt " + t_.path + "/b.txt --json --page-tokens 64 --max-tokens 24 "
+                           "-o " + out);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  const json want = json::parse(ring::test::read_file(out));
+  EXPECT_EQ(want.value("dtype", ""), "bf16");
+  ASSERT_EQ(got["prompts"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(got["prompts"][i]["tokens"], want["prompts"][i]["tokens"]) << i;
+}
+
 TEST_F(GenerateJob, TwoRanksGreedyEqualsStandalone) {
   const std::string job_dir = t_.path + "/job2";
   auto r = run_job(spec(2, "  max_new_tokens: 40\n  output: out/greedy.txt\n"), job_dir);
