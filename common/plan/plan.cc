@@ -8,6 +8,7 @@
 
 #include "common/cp/ring_messages.h"
 #include "common/cp/shard_messages.h"
+#include "common/cp/split.h"
 #include "common/contract/layout_rules.h"
 #include "common/contract/shm.h"
 
@@ -210,6 +211,70 @@ struct RingTraffic {
   double inter_node_per_node = 0;  // ring bytes leaving the busiest node per step
 };
 
+// Bytes of dK/dV accumulators one rank sends in one layer's backward, the mean over the ring's
+// P positions (worker/ring/ring_attention.cc RingAttention::backward; with head groups u > 1,
+// the ring over the context_ranks / u groups, each rank its slot's). Block o's accumulator leaves
+// its owner empty (0 bytes); at hop s = 1..P-1 it carries the rows [lo, hi) of the block that
+// positions o+1..o+s (mod P) attended to, the hull of their key ranges, as
+// dkv_message_bytes(hi - lo), or 0 bytes while none did. Key k of block o is attended by
+// position q when a query of q at or after k is in k's document: causal, and with packed
+// documents modelled as data.max_doc_len-token documents back to back (ringctl simulate's model,
+// sim/workload.cc). Real documents are shorter and start anywhere: on the tiny example's packed
+// text the accumulators carried 1.7x this model's bytes (docs/precision.md "Memory"); with one
+// document per sequence the model is what the ring sends. Positions differ (zigzag P = 4: 1.5
+// to 3 whole blocks per layer without documents); the plan gives their mean.
+double dkv_sent_per_layer(const JobSpec& s, int64_t u, int64_t kvd) {
+  const int64_t N = s.data.seq_len, P = s.parallel.context_ranks / u;
+  if (P < 2) return 0;
+  const int64_t doc =
+      s.data.pack && s.data.max_doc_len > 0 ? std::min(s.data.max_doc_len, N) : N;
+  // A ring position's tokens: its rank's chunks, or with head groups (u > 1) its u members',
+  // in position order (worker/ring/head_attention.cc gathers the group's block sorted).
+  std::vector<std::vector<cp::TokenRange>> ranges(P);
+  for (int64_t g = 0; g < P; ++g) {
+    std::vector<cp::TokenRange> all;
+    for (int64_t a = 0; a < u; ++a)
+      for (const cp::TokenRange& r :
+           cp::rank_ranges(N, P * u, g * u + a, s.parallel.causal_balance))
+        all.push_back(r);
+    std::sort(all.begin(), all.end(),
+              [](const cp::TokenRange& x, const cp::TokenRange& y) { return x.begin < y.begin; });
+    for (const cp::TokenRange& r : all) {
+      if (!ranges[g].empty() && ranges[g].back().end == r.begin)
+        ranges[g].back().end = r.end;
+      else
+        ranges[g].push_back(r);
+    }
+  }
+  // Rows [lo, hi) of block o (its ranges concatenated) attended by position q; lo = hi if none.
+  auto attended = [&](int64_t q, int64_t o, int64_t* lo, int64_t* hi) {
+    int64_t row = 0;
+    for (const cp::TokenRange& kr : ranges[o]) {
+      for (const cp::TokenRange& qr : ranges[q]) {
+        for (int64_t ds = kr.begin / doc * doc; ds < kr.end; ds += doc) {
+          const int64_t de = std::min(N, ds + doc);
+          const int64_t qb = std::min(qr.end, de);  // past q's last query in this document
+          if (std::max(qr.begin, ds) >= qb) continue;
+          const int64_t ka = std::max(kr.begin, ds), kb = std::min({kr.end, de, qb});
+          if (ka >= kb) continue;
+          *lo = *lo < *hi ? std::min(*lo, row + ka - kr.begin) : row + ka - kr.begin;
+          *hi = std::max(*hi, row + kb - kr.begin);
+        }
+      }
+      row += kr.size();
+    }
+  };
+  double bytes = 0;
+  for (int64_t o = 0; o < P; ++o) {
+    int64_t lo = 0, hi = 0;
+    for (int64_t hop = 1; hop < P; ++hop) {
+      attended((o + hop) % P, o, &lo, &hi);
+      if (hi > lo) bytes += static_cast<double>(cp::dkv_message_bytes(hi - lo, kvd));
+    }
+  }
+  return bytes / static_cast<double>(P);  // every block's P-1 sends, spread over P senders
+}
+
 RingTraffic ring_traffic(const JobSpec& s, int64_t u) {
   RingTraffic r;
   const int64_t P = s.parallel.context_ranks, D = s.parallel.data_replicas;
@@ -222,9 +287,10 @@ RingTraffic ring_traffic(const JobSpec& s, int64_t u) {
   r.dkv = static_cast<double>(cp::dkv_message_bytes(tg, hkv * hd));
   if (R > 1) {
     const double Rm1 = static_cast<double>(R - 1);
-    // Forward: R-1 K/V hops per layer. Backward: R-1 K/V hops plus R dK/dV hops (the last one
-    // brings the accumulators home). Recompute replays the forward ring.
-    double per_layer = 2.0 * Rm1 * r.hop + static_cast<double>(R) * r.dkv;
+    // Forward: R-1 K/V hops per layer. Backward: R-1 K/V hops plus the dK/dV accumulators,
+    // which carry only the rows attended so far (dkv_sent_per_layer: at most R-1 whole blocks,
+    // the last one bringing an accumulator home). Recompute replays the forward ring.
+    double per_layer = 2.0 * Rm1 * r.hop + dkv_sent_per_layer(s, u, hkv * hd);
     if (s.model.recompute) per_layer += Rm1 * r.hop;
     r.per_rank = L * per_layer;
   }

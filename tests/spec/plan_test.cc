@@ -118,9 +118,29 @@ TEST(Plan, RingCommunication) {
   // (int32) of the local tokens, then K and V in bf16 (T is a multiple of 64: no padding).
   const double kv = 64 + T * 8 + T * 4 + 2.0 * T * 4096 * 2;
   EXPECT_DOUBLE_EQ(p.ring_bytes_per_hop, kv);
-  // fwd (P-1) K/V hops + bwd (P-1) K/V hops + P fp32 dK/dV hops (header, dK and dV), per layer.
-  const double dkv = 64 + 2.0 * T * 4096 * 4;
-  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step, 32 * (63 * kv + 63 * kv + 64 * dkv));
+  // fwd (P-1) K/V hops + bwd (P-1) K/V hops, per layer, and the dK/dV accumulators (fp32:
+  // header, dK and dV of the rows attended so far). Zigzag, one document: position q attends to
+  // block o's early chunk (T/2 rows) always and to its late chunk iff q < o, so block o's
+  // accumulator carries T/2 rows at hops 1..63-o and T rows once the hops wrap past position 63
+  // (hops 64-o..63). Over the 64 blocks: 2016 half and 2016 full messages, 31.5 each per rank.
+  auto dkv = [](double rows) { return 64 + 2.0 * rows * 4096 * 4; };
+  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step,
+                   32 * (63 * kv + 63 * kv + 31.5 * (dkv(T / 2) + dkv(T))));
+  // Contiguous chunks: block o is attended whole by every later position, by no earlier one:
+  // blocks 0..P-2 carry T rows at all P-1 hops, the last block nothing (0-byte messages).
+  auto sc = load(gpu_spec(1 << 20, 64, false, ""));
+  sc.parallel.causal_balance = spec::CausalBalance::kContiguous;
+  EXPECT_DOUBLE_EQ(make_plan(sc).ring_bytes_per_step,
+                   32 * (63 * kv + 63 * kv + 63.0 * 63 / 64 * dkv(T)));
+  // Packed documents (data.max_doc_len = T), modelled as ringctl simulate does (documents of
+  // max_doc_len back to back): fewer rows are attended than with one document, never fewer
+  // than none.
+  auto sd = load(gpu_spec(1 << 20, 64, false, ""));
+  sd.data.pack = true;
+  sd.data.max_doc_len = static_cast<int64_t>(T);
+  const double packed = make_plan(sd).ring_bytes_per_step;
+  EXPECT_LT(packed, p.ring_bytes_per_step);
+  EXPECT_GT(packed, 32 * (63 * kv + 63 * kv));
   Plan one = make_plan(load(gpu_spec(1 << 14, 1, false, "")));
   EXPECT_EQ(one.ring_bytes_per_step, 0);
 }
@@ -129,13 +149,18 @@ TEST(Plan, RingCommunication) {
 // heads 4, kv_heads 2, head_dim 8, 2 layers, fp32, seq_len 64 of text: T = 16 tokens per rank; the ring
 // runs over R = 2 groups with blocks of U T = 32 tokens and 1 K/V head (hkv = 2 / 2).
 //   hop = 64 + 32x8 + 32x4 + 2 x 32x8x4 = 64 + 256 + 128 + 2048 = 2496
-//   dK/dV = 64 + 2 x 32x8x4 = 2112;  per rank = 2 layers x (2 x 1 x 2496 + 2 x 2112) = 18432
+//   a group's block is its members' chunks in position order (8 tokens each; group 0: chunks
+//   0, 1, 6, 7; group 1: 2..5), so group 1 attends to group 0's first 16 rows and group 0 to all
+//   32 of group 1's: dK/dV = 64 + 2 x 16x8x4 = 1088 and 64 + 2 x 32x8x4 = 2112, 1600 a position;
+//   per rank = 2 layers x (2 x 1 x 2496 + 1600) = 13184
 //   all-to-all to the 1 other member, per layer: forward gather 128 + 64 + 1024 + 2 x 512 =
 //   2240 and return 1024 + 128 = 1152; backward gather 2240 + 2 x 1024 + 128 = 4416 and return
 //   1024 + 2 x 512 = 2048: 2 x (3392 + 6464) = 19712
-//   node 0 (ranks 0, 1 = group 0) sends both slots' ring traffic to node 1: 2 x 18432 = 36864.
-// The single ring of 4: hop = 64 + 128 + 64 + 2 x 16x16x4 = 2304, dK/dV 64 + 2048 = 2112,
-//   per rank 2 x (2 x 3 x 2304 + 4 x 2112) = 44544, and one rank per node crosses: 44544.
+//   node 0 (ranks 0, 1 = group 0) sends both slots' ring traffic to node 1: 2 x 13184 = 26368.
+// The single ring of 4: hop = 64 + 128 + 64 + 2 x 16x16x4 = 2304; zigzag, one document: block
+//   o's dK/dV accumulator carries its early chunk (8 rows: 64 + 2 x 8x16x4 = 1088) at hops
+//   1..3-o and the whole block (2112) at hops 4-o..3: 6 + 6 messages over 4 ranks; per rank
+//   2 x (2 x 3 x 2304 + 1.5 x 1088 + 1.5 x 2112) = 37248, and one rank per node crosses: 37248.
 TEST(Plan, TwoLevelRingAndAllToAllBytesByHand) {
   const std::string yaml = R"(job: {name: p}
 model: {layers: 2, d_model: 32, heads: 4, kv_heads: 2, mlp_hidden: 64, vocab: 256}
@@ -148,14 +173,14 @@ resources: {nodes: 2, workers_per_node: 2}
   EXPECT_EQ(p.head_ranks, 2);
   EXPECT_EQ(p.ring_groups, 2);
   EXPECT_DOUBLE_EQ(p.ring_bytes_per_hop, 2496);
-  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step, 18432);
+  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step, 13184);
   EXPECT_DOUBLE_EQ(p.a2a_bytes_per_step, 19712);
-  EXPECT_DOUBLE_EQ(p.inter_node_ring_bytes_per_node, 36864);
-  EXPECT_DOUBLE_EQ(p.single_ring_bytes_per_step, 44544);
-  EXPECT_DOUBLE_EQ(p.single_inter_node_ring_bytes_per_node, 44544);
+  EXPECT_DOUBLE_EQ(p.inter_node_ring_bytes_per_node, 26368);
+  EXPECT_DOUBLE_EQ(p.single_ring_bytes_per_step, 37248);
+  EXPECT_DOUBLE_EQ(p.single_inter_node_ring_bytes_per_node, 37248);
   const std::string text = to_text(p, load(yaml));
   EXPECT_NE(text.find("the ring over 2 groups"), std::string::npos) << text;
-  EXPECT_NE(text.find("single ring: 44.544 kB"), std::string::npos) << text;
+  EXPECT_NE(text.find("single ring: 37.248 kB"), std::string::npos) << text;
   const nlohmann::json j = to_json(p, load(yaml));
   EXPECT_EQ(j["communication"]["head_all_to_all_bytes_per_step_per_rank"], 19712.0);
 }
