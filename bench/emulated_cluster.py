@@ -18,7 +18,8 @@ and everything this script created is removed when it exits (also on an error or
 never touches anything it did not create. Needs root (ip, tc).
 
 Writes, with --out FILE, a JSON record: the topology as a link graph (nodes, switches, links
-with bandwidth in bytes/s and latency in s; the same numbers tc enforces), the spec, and per
+with bandwidth in bytes/s and latency in s; the same numbers tc enforces), the spec, the bytes
+each node sent on its link over the whole job (node_tx_bytes, fat-tree), and per
 step what ringd measured (step_ms, comm_s, ...) on node 0, plus the median step time over the
 steps after the first (warm-up), and per rank the share of a core its compute got
 (compute_share: the main thread's CPU time over the wall time of its forward and backward
@@ -182,6 +183,21 @@ def build_ring(c, n, node_mbit, delay_ms):
                "src", f"10.213.0.{i + 1}")
 
 
+def node_tx_bytes(c, n):
+    """Bytes each node has sent on its link to the fabric (the veth's tx counter, frames as the
+    kernel counts them: payload plus TCP/IP/Ethernet headers); None where a node has no single
+    device (the ring topology)."""
+    out = []
+    for i in range(n):
+        dev = c.node_dev.get(i)
+        if not dev:
+            out.append(None)
+            continue
+        r = sh("ip", "netns", "exec", c.node_ns[i], "cat", f"/sys/class/net/{dev}/statistics/tx_bytes")
+        out.append(int(r.stdout.strip()))
+    return out
+
+
 def run_job(args, c, work):
     ringd = os.path.join(args.build, "daemon", "ringd", "ringd")
     worker = os.path.join(args.build, "worker", "ring-worker")
@@ -334,7 +350,10 @@ def main():
                            args.delay_ms, args.interleaved)
         else:
             build_ring(c, args.nodes, args.node_mbit, args.delay_ms)
+        tx0 = node_tx_bytes(c, args.nodes)
         steps = run_job(args, c, work)
+        tx1 = node_tx_bytes(c, args.nodes)
+        tx = [None if a is None else b - a for a, b in zip(tx0, tx1)]
         share = compute_share(os.path.join(work, "job"))
         kshare = kernel_share(json.load(open(os.path.join(work, "cpu-samples.json"))),
                               os.path.join(work, "job", "timeline"))
@@ -352,7 +371,7 @@ def main():
            "node_mbit": args.node_mbit, "uplink_mbit": args.uplink_mbit,
            "delay_ms": args.delay_ms, "spec": os.path.abspath(args.spec),
            "graph": {"links": c.links}, "steps": steps, "compute_share": share,
-           "kernel_interrupt_share": kshare,
+           "kernel_interrupt_share": kshare, "node_tx_bytes": tx,
            "median_step_s": statistics.median(times) if times else None}
     print(f"{args.topology} x{args.nodes}: median step {rec['median_step_s'] * 1e3:.1f} ms "
           f"over {len(times)} steps (first excluded); comm_s median "
