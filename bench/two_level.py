@@ -96,6 +96,9 @@ def main():
         tx = [x / a.steps for r in runs[u] for x in r["node_tx_bytes"]]
         per_run_mean = [statistics.mean(r["node_tx_bytes"]) / a.steps for r in runs[u]]
         c = plans[u]
+        # The cluster script writes one GPU per node; these nodes run 2 workers each.
+        g = open(graph).read().replace("gpus_per_node: 1", "gpus_per_node: 2")
+        open(graph, "w").write(g)
         planned = c["inter_node_ring_bytes_per_step_per_node"] + c["grad_sent_dense_per_node_bytes"]
         sim = json.loads(run([ringctl, "simulate", specs[u], "--topology", graph, "--gpu", "cpu",
                               "--calibration", cal, "--json"]))
