@@ -122,6 +122,7 @@ std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& 
   if (!o.dtype.empty()) add("--dtype", o.dtype);
   if (o.approximate > 0) add("--approximate", fmt::format("{:.17g}", o.approximate));
   add("--split", o.split);
+  if (o.head_ranks > 1) add("--head-ranks", std::to_string(o.head_ranks));
   add("--transport", o.transport);
   add("--timeout", std::to_string(o.timeout_s));
   add("--rank", std::to_string(r));
@@ -167,6 +168,10 @@ int launch_ranks(const GenerateOpts& o) {
 int run_generate(const GenerateOpts& o) {
   if (o.split != "zigzag" && o.split != "contiguous")
     throw UsageError(fmt::format("--split '{}': zigzag or contiguous", o.split));
+  const int world = o.world > 0 ? o.world : o.ranks;
+  if (o.head_ranks > 1 && world % o.head_ranks != 0)
+    throw UsageError(fmt::format("--head-ranks {} must divide the {} ranks (--ranks)",
+                                 o.head_ranks, world));
   const Identity id = identity(o);
   if (id.world > 1) {
     // A rank's threads: --threads, else srun's CPUs per task (-c), else every core.
@@ -242,6 +247,11 @@ Subcommand add_generate(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   sc->add_option("--split", o->split,
                  "How a prompt is cut over the ranks: zigzag (default) or contiguous");
+  sc->add_option("--head-ranks", o->head_ranks,
+                 "Two-level prefill: groups of U ranks split the heads by an all-to-all and the "
+                 "ring runs over the groups (parallel.head_ranks; U divides --ranks and the "
+                 "heads; default 1: one ring)")
+      ->check(CLI::Range(1, 4096));
   sc->add_option("--rank", o->rank, "This process is rank R of --world (set by --ranks)")
       ->check(CLI::Range(0, 1 << 20));
   sc->add_option("--world", o->world, "Ranks of a sharded generation (set by --ranks)")

@@ -216,6 +216,7 @@ int run_generate(const Args& args) {
   // resources.backend cuda: the fast tier in GPU memory (ringd gives each rank its GPU).
   o.backend = args.backend.value_or(ring::spec::to_string(s.resources.backend));
   o.split = ring::spec::to_string(s.parallel.causal_balance);
+  o.head_ranks = static_cast<int>(s.parallel.head_ranks);
   o.transport = args.transport;
   o.timeout_s = std::max(1, args.timeout_ms / 1000);
   o.progress = [](const std::string& line) {

@@ -308,11 +308,6 @@ const std::vector<Rule>& rules() {
                                "multiple of it (each K/V head is then replicated on head_ranks "
                                "/ kv_heads ranks)",
                                u, kv));
-         if (c.s.job.kind == JobKind::kGenerate)
-           c.error("parallel.head_ranks",
-                   fmt::format("job.kind generate runs one ring over parallel.context_ranks "
-                               "ranks; head_ranks must be 1 (got {})",
-                               u));
        }},
       {{"model.heads, model.kv_heads", "heads must be a multiple of kv_heads."},
        [](Ctx& c) {

@@ -414,6 +414,10 @@ TEST_F(GenerateCli, RanksGiveTheTokensOfOneProcess) {
         EXPECT_EQ(s["prompts"][p]["tokens"], one_s["prompts"][p]["tokens"]) << p;
     }
   }
+  // The prefill in two levels (--head-ranks: 2 groups of 2 over 4 ranks): the same tokens.
+  const json h = gen("--ranks 4 --head-ranks 2 ");
+  for (size_t p = 0; p < 2 && !h.is_null(); ++p)
+    EXPECT_EQ(h["prompts"][p]["tokens"], one["prompts"][p]["tokens"]) << "head ranks, " << p;
   // The greedy tokens are the teacher's.
   const std::string text = prompt_;
   std::vector<int32_t> ids(text.begin(), text.end());
@@ -459,6 +463,9 @@ TEST_F(GenerateCli, RankFlagErrorsNameTheRule) {
   r = run(base + "--ranks 2", "SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=0");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("srun starts the ranks"), std::string::npos) << r.out;
+  r = run(base + "--ranks 4 --head-ranks 3");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--head-ranks 3 must divide the 4 ranks"), std::string::npos) << r.out;
   r = run(base + "--ranks 2 --split diagonal");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--split 'diagonal'"), std::string::npos) << r.out;

@@ -93,6 +93,7 @@ int run(const std::map<std::string, std::string>& kv) {
     ro.bootstrap_timeout_ms = 60000;
     ro.timeout_ms = 120000;
     ro.wire = dtype == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
+    ro.head_ranks = static_cast<int>(num("head_ranks", 1));
     ring.emplace(backend.get(), ro);
     go.shard =
         ring->shard(get("balance", "zigzag") == "contiguous" ? spec::CausalBalance::kContiguous

@@ -50,6 +50,7 @@ struct Case {
   std::string balance = "zigzag";
   std::string device = "none";  // generate_rank_helper's device: none, cpu or renamed
   std::string dtype = "fp32";   // the model's dtype: fp32 or bf16
+  int head_ranks = 1;           // the prefill's head groups (worker/ring/head_attention.h)
 };
 
 struct Result {
@@ -119,7 +120,7 @@ std::vector<Result> run_case(const Case& c, const std::string& dir) {
          kv("seed", c.seed), kv("batch", c.batch), kv("prefix", c.prefix), kv("vary", c.vary),
          kv("steps", c.steps), kv("page", c.page), kv("fast", c.fast), kv("host", c.host),
          kv("disk", c.disk), kv("window", c.window), kv("balance", c.balance),
-         kv("device", c.device), kv("dtype", c.dtype)},
+         kv("device", c.device), kv("dtype", c.dtype), kv("head_ranks", c.head_ranks)},
         dir + "/log-" + std::to_string(r), dir + "/log-" + std::to_string(r),
         ring::test::ucx_loopback());
   }
@@ -227,6 +228,27 @@ TEST_P(GenerateRanks, EveryGeneratedPositionMatchesTheTeacher) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GenerateRanks, ::testing::Values(1, 2, 4));
+
+// The prefill in two levels (parallel.head_ranks): 4 ranks as 2 groups of 2 (the tiny model's 2
+// K/V heads split) and as 1 group of 4 (each K/V head replicated on 2 ranks); the decode is
+// sharded by tokens as before. Every generated position matches the teacher as the single ring
+// does, and the greedy tokens are the single ring's.
+TEST(GenerateRanksHeadGroups, TwoLevelPrefillMatchesTheTeacherAndTheSingleRing) {
+  std::vector<int32_t> single;
+  for (int u : {1, 2, 4}) {
+    TempDir dir("gen-ring-test");
+    Case c;
+    c.ranks = 4;
+    c.head_ranks = u;
+    const auto res = run_case(c, dir.path);
+    if (::testing::Test::HasFailure()) return;
+    const double worst = expect_exact(c, res);
+    std::printf("4 ranks, head_ranks %d: worst relative error %.3g\n", u, worst);
+    ASSERT_FALSE(res.empty());
+    if (u == 1) single = res[0].tokens[0];
+    else EXPECT_EQ(res[0].tokens[0], single) << "head_ranks " << u;
+  }
+}
 
 // Tier layouts over two ranks: all host, mixed (a small fast pool, promotion by attention mass),
 // a disk tier, all fast. Exact, and identical to each other bit for bit.

@@ -543,6 +543,14 @@ int run_rank(const GenerateOpts& o, const Identity& id) {
                                    o.backend, id.rank, id.world, o.backend, err));
     in.go.device = device.get();
   }
+  if (o.head_ranks > 1) {
+    const int64_t u = o.head_ranks, kv = in.mc.kv_heads;
+    if (id.world % u != 0 || in.mc.heads % u != 0 || (kv % u != 0 && u % kv != 0))
+      throw InputError(fmt::format(
+          "head ranks {} (parallel.head_ranks / --head-ranks) must divide the {} ranks and the "
+          "model's {} heads, and divide its {} K/V heads or be a multiple of them",
+          u, id.world, in.mc.heads, kv));
+  }
   gen::RingOptions ro;
   ro.rank = id.rank;
   ro.ranks = id.world;
@@ -552,6 +560,7 @@ int run_rank(const GenerateOpts& o, const Identity& id) {
   ro.timeout_ms = o.timeout_s * 1000;
   // A bf16 model's prefill sends its (bf16) K/V blocks in bf16: exact, half the bytes.
   ro.wire = in.mc.dtype == spec::DType::kBf16 ? kernels::DType::kBF16 : kernels::DType::kF32;
+  ro.head_ranks = o.head_ranks;
   std::optional<gen::GenerateRing> ring;
   try {
     ring.emplace(backend.get(), ro);

@@ -52,6 +52,9 @@ struct GenerateOpts {
   // (or SLURM_PROCID / SLURM_STEP_NUM_TASKS under srun).
   int ranks = 1;
   std::string split = "zigzag";
+  // Two-level prefill (parallel.head_ranks): groups of head_ranks ranks split the heads by an
+  // all-to-all, the ring runs over the groups; it must divide the ranks and the heads.
+  int head_ranks = 1;
   int rank = -1, world = 0;
   std::string rendezvous;
   std::string transport = "ucx";

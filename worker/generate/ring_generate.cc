@@ -7,6 +7,7 @@
 
 #include "common/contract/timeline.h"
 
+#include "worker/ring/head_attention.h"
 #include "worker/ring/ring_attention.h"
 #include "worker/ring/ring_rank.h"
 
@@ -33,7 +34,11 @@ GenerateRing::GenerateRing(kernels::Backend* backend, const RingOptions& o) : op
   cp::RingAttention::Options ao;
   ao.timeout_ms = o.timeout_ms;
   ao.wire = o.wire;
-  attention_ = std::make_unique<cp::RingAttention>(backend, &rank_->progress(), rank_->ring(), ao);
+  if (o.head_ranks < 1 || o.ranks % o.head_ranks != 0)
+    throw GenerateError(fmt::format("head ranks {} must divide the {} ranks", o.head_ranks,
+                                    o.ranks));
+  attention_ = cp::make_context_attention(backend, &rank_->progress(), rank_->ring(),
+                                          o.head_ranks, ao);
 }
 
 GenerateRing::~GenerateRing() {

@@ -1,7 +1,8 @@
 // The ranks of a sharded generation (generator.h, ShardOptions): one process per rank, joined by
 // the transport as a training ring is (worker/ring/ring_rank.h: bootstrap on a rendezvous
 // directory, the ring's neighbours connected, a progress thread), with the ring's attention
-// executor (RingAttention) for the prefill and the communicator's all_gather for the decode
+// executor (RingAttention, or HeadParallelAttention with head_ranks > 1) for the prefill and the
+// communicator's all_gather for the decode
 // steps' partials.
 //
 //   GenerateRing ring(backend, {.rank = r, .ranks = P, .rendezvous = dir});
@@ -24,7 +25,7 @@
 
 namespace ring::cp {
 class RingRank;
-class RingAttention;
+class ContextAttention;
 }  // namespace ring::cp
 
 namespace ring::gen {
@@ -39,6 +40,9 @@ struct RingOptions {
   // How the prefill's ring sends K/V blocks (RingAttention::Options::wire): bf16 for a bf16 model
   // (its K/V are bf16 values: exact, half the bytes), fp32 otherwise.
   kernels::DType wire = kernels::DType::kF32;
+  // The prefill's two levels (worker/ring/head_attention.h): groups of head_ranks ranks, the
+  // ring over the groups; 1: one ring. The decode is sharded by tokens either way.
+  int head_ranks = 1;
 };
 
 class GenerateRing {
@@ -64,7 +68,7 @@ class GenerateRing {
  private:
   RingOptions options_;
   std::unique_ptr<cp::RingRank> rank_;
-  std::unique_ptr<cp::RingAttention> attention_;
+  std::unique_ptr<cp::ContextAttention> attention_;
 };
 
 }  // namespace ring::gen
