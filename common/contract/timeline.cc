@@ -15,7 +15,7 @@ namespace {
 constexpr const char* kNames[] = {
     "none",      "step",     "data",       "forward",  "backward",  "ring_send",  "ring_recv",
     "ring_wait", "handover", "collective", "exchange", "optimizer", "checkpoint", "params_wait",
-    "decode"};
+    "decode",    "head_all_to_all"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Phase::kMax));
 
 std::string errno_text(const std::string& what, const std::string& path) {

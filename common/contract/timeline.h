@@ -51,7 +51,9 @@ enum class Phase : uint16_t {
   kCheckpoint = 12,  // ringd: a checkpoint write (step)
   kParamsWait = 13,  // waiting for ringd's weights of the next step
   kDecode = 14,      // generation: one decode step of the batch (step = the decode step, 1..)
-  kMax = 15,
+  kHeadAllToAll = 15,  // head-parallel attention: an all-to-all inside the head group (layer,
+                       // peer = the group's first rank, hop = the group's size)
+  kMax = 16,
 };
 // "forward", "ring_recv", ... (the trace's event names); "?" for an unknown value.
 const char* phase_name(Phase p);

@@ -58,6 +58,10 @@ std::string describe_wait(const tl::Event& c) {
              "count; generation's decode partials or sampled tokens)";
     case tl::Phase::kParamsWait:
       return "waiting for ringd's weights";
+    case tl::Phase::kHeadAllToAll:
+      return fmt::format(
+          "head all-to-all inside the group of ranks {}..{} (two-level attention), layer {}",
+          c.peer, c.peer + c.hop - 1, c.layer);
     default:
       return tl::phase_name(c.kind);
   }
@@ -87,7 +91,7 @@ HangFinding analyse_hang(int64_t step, double elapsed_s, double deadline_s,
     const tl::Event& cur = w.snap.current;
     const bool peer_wait =
         w.snap.ok && (cur.kind == tl::Phase::kRingWait || cur.kind == tl::Phase::kRingSend ||
-                      cur.kind == tl::Phase::kCollective);
+                      cur.kind == tl::Phase::kCollective || cur.kind == tl::Phase::kHeadAllToAll);
     if (!stopped && peer_wait) {
       f.waiting.push_back({w.rank, describe_wait(cur)});
       continue;

@@ -156,6 +156,11 @@ TEST(Hang, StoppedAndStuckRanksMissingOthersWaitingWithWhere) {
   EXPECT_EQ(f.waiting[0].where, "ring recv from rank 3, layer 1 hop 0");
   EXPECT_EQ(describe_wait({.kind = tl::Phase::kRingSend, .layer = 0, .hop = 2, .peer = 1}),
             "ring send to rank 1, layer 0 hop 2");
+  // Two-level attention: the wait names the level and the group (peer = its first rank, hop =
+  // its size).
+  EXPECT_EQ(describe_wait({.kind = tl::Phase::kHeadAllToAll, .layer = 3, .hop = 4, .peer = 8}),
+            "head all-to-all inside the group of ranks 8..11 (two-level attention), layer 3");
+  EXPECT_STREQ(tl::phase_name(tl::Phase::kHeadAllToAll), "head_all_to_all");
   EXPECT_EQ(f.waiting[1].rank, 1);
   EXPECT_NE(f.message.find("rank 2 is stopped"), std::string::npos) << f.message;
   EXPECT_NE(f.message.find("rank 3 made no progress"), std::string::npos) << f.message;

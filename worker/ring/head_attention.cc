@@ -109,7 +109,9 @@ void HeadParallelAttention::all_to_all(const char* what, int layer,
   const int u = layout_.head_ranks;
   timeline::TimelineWriter* tl = timeline::active();
   const int64_t step_no = tl ? tl->step() : 0;
-  if (tl) tl->wait_begin(timeline::Phase::kCollective, step_no, layer, -1, -1);
+  // In the flight recorder as the level it is (a hang inside the group names the group).
+  const int first = layout_.group.front() + options_.rank_offset;
+  if (tl) tl->wait_begin(timeline::Phase::kHeadAllToAll, step_no, layer, static_cast<int16_t>(u), first);
   const int64_t t0 = timeline::now_ns();
   progress_->collective([&](transport::TransportComm& c) {
     const ring_transport_status_t st = c.api().all_to_all(
@@ -127,8 +129,8 @@ void HeadParallelAttention::all_to_all(const char* what, int layer,
   const int64_t t1 = timeline::now_ns();
   if (tl) {
     tl->wait_end();
-    tl->record({.kind = timeline::Phase::kCollective, .step = step_no, .begin_ns = t0,
-                .end_ns = t1});
+    tl->record({.kind = timeline::Phase::kHeadAllToAll, .step = step_no, .layer = layer,
+                .hop = static_cast<int16_t>(u), .peer = first, .begin_ns = t0, .end_ns = t1});
   }
   a2a_s_ += (t1 - t0) * 1e-9;
   ++a2a_calls_;
