@@ -597,12 +597,14 @@ TEST(ReplicaResume, KilledWorkerResumesExactly) {
 // ---- two-level context parallelism ---------------------------------------------------------------
 
 // parallel.head_ranks 2 under ringd: 2 data replicas of 4 ranks (2 head groups of 2, the ring over
-// the groups) on 2 nodes with shard full, against the single ring of 4 with shard none on the
-// same layout and data. Attention is split differently (heads inside a group, one ring hop per
+// the groups) on 2 nodes with shard full, 2 micro-batches and recompute, against the single ring
+// of 4 with shard none on the same layout, data, micro-batches and recompute. Attention is split differently (heads inside a group, one ring hop per
 // group), so the per-step loss is compared within kLayoutTol and the final weights within 1e-5.
 TEST(ReplicaHeadRanks, TwoLevelWithShardFullFollowsTheSingleRing) {
   Overrides ring1, two;
   ring1.steps = two.steps = 10;
+  ring1.micro_batches = two.micro_batches = 2;
+  ring1.recompute = two.recompute = true;
   two.head_ranks = 2;
   two.shard = "full";
   const RunResult a = run_layout(2, 4, 2, ring1);
@@ -615,8 +617,9 @@ TEST(ReplicaHeadRanks, TwoLevelWithShardFullFollowsTheSingleRing) {
   const double w = weights_diff(b, a, &bitwise);
   EXPECT_LE(w, 1e-5);
   EXPECT_LT(b.loss.back(), b.loss.front());
-  for (int64_t t : b.tokens) EXPECT_EQ(t, 2 * kSeqLen);
-  std::printf("head_ranks 2, D=2 C=4 N=2 shard full vs one ring, shard none: max loss diff %.3g, "
+  for (int64_t t : b.tokens) EXPECT_EQ(t, 2 * 2 * kSeqLen);
+  std::printf("head_ranks 2, D=2 C=4 N=2 M=2 recompute, shard full vs one ring, shard none: max "
+              "loss diff %.3g, "
               "weights diff %.3g (%.1f s vs %.1f s)\n",
               max_rel(b.loss, a.loss), w, b.seconds, a.seconds);
 }
