@@ -16,7 +16,7 @@ namespace {
 
 constexpr double kGemmEff = 0.60, kAttnFwdEff = 0.45, kAttnBwdEff = 0.35;
 
-Rates gpu(const char* name, double peak, double nvlink_bidir, const char* source) {
+Rates gpu(const char* name, double peak, double peak_tf32, double nvlink_bidir, const char* source) {
   Rates r;
   r.name = name;
   r.gemm_flops = peak * kGemmEff;
@@ -27,6 +27,18 @@ Rates gpu(const char* name, double peak, double nvlink_bidir, const char* source
   r.adamw_params_per_s = 2e9;
   r.checkpoint_bytes_per_s = 2e9;
   r.source = source;
+  r.peak_bf16_flops = peak;
+  r.peak_fp32_flops = peak_tf32;
+  r.peak_source = fmt::format("{} SXM datasheet: {:.1f} TFLOP/s dense BF16, {:.1f} TFLOP/s dense TF32",
+                              name, peak / 1e12, peak_tf32 / 1e12);
+  r.gemm_eff = {kGemmEff, "assumed (not yet measured: scripts/gpu-check.sh's cuBLAS GEMM)"};
+  r.attention_fwd_eff = {kAttnFwdEff,
+                         "assumed, below FlashAttention-3's published H100 BF16 forward (up to "
+                         "740 TFLOP/s, 75 %, head_dim 128; Shah et al. 2024) for ring-sized blocks"};
+  r.attention_bwd_eff = {kAttnBwdEff,
+                         "assumed, below the forward as in FlashAttention-3's published H100 "
+                         "figures (its backward is slower than its forward)"};
+  r.optimizer_source = "assumed: ringd's host AdamW, 2e9 parameters/s per node";
   return r;
 }
 
@@ -38,11 +50,11 @@ Rates preset_rates(const std::string& name) {
   std::string n;
   for (char c : name) n += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (n == "H100" || n == "H100-80G")
-    return gpu("H100", 989.4e12, 900e9, "NVIDIA H100 SXM datasheet: 989.4 TFLOP/s dense BF16, NVLink 900 GB/s");
+    return gpu("H100", 989.4e12, 494.7e12, 900e9, "NVIDIA H100 SXM datasheet: 989.4 TFLOP/s dense BF16, NVLink 900 GB/s");
   if (n == "H200" || n == "H200-141G")
-    return gpu("H200", 989.4e12, 900e9, "NVIDIA H200 SXM datasheet: 989.4 TFLOP/s dense BF16, NVLink 900 GB/s");
+    return gpu("H200", 989.4e12, 494.7e12, 900e9, "NVIDIA H200 SXM datasheet: 989.4 TFLOP/s dense BF16, NVLink 900 GB/s");
   if (n == "A100" || n == "A100-80G")
-    return gpu("A100", 312e12, 600e9, "NVIDIA A100 SXM datasheet: 312 TFLOP/s dense BF16, NVLink 600 GB/s");
+    return gpu("A100", 312e12, 156e12, 600e9, "NVIDIA A100 SXM datasheet: 312 TFLOP/s dense BF16, NVLink 600 GB/s");
   throw std::invalid_argument(
       fmt::format("unknown GPU type '{}' (choose H100, H200, A100, or cpu with a calibration file)", name));
 }
@@ -143,6 +155,14 @@ Rates load_calibration(const std::string& path) {
   }
   r.source = fmt::format("calibration file {}{}", path,
                          r.compute_per_cpu_second ? " (compute rates per CPU-second)" : "");
+  // No datasheet peak for a CPU: the measured GEMM rate stands for it (both dtypes).
+  r.peak_bf16_flops = r.peak_fp32_flops = r.gemm_flops;
+  r.peak_source = fmt::format("the calibration's measured GEMM rate ({})", path);
+  const std::string measured = fmt::format("measured (calibration file {})", path);
+  r.gemm_eff = {1.0, measured};
+  r.attention_fwd_eff = {r.attention_fwd_flops / r.gemm_flops, measured};
+  r.attention_bwd_eff = {r.attention_bwd_flops / r.gemm_flops, measured};
+  r.optimizer_source = measured;
   for (auto it = j.begin(); it != j.end(); ++it) {
     static const char* known[] = {"gemm_flops", "attention_fwd_flops", "attention_bwd_flops",
                                   "intra_node_bytes_per_s", "intra_node_latency_s",

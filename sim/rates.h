@@ -44,6 +44,20 @@ struct Rates {
   // core's), not per second of wall time (calibration key compute_rates_per: cpu_second).
   bool compute_per_cpu_second = false;
   std::string source;
+  // MFU's denominator: the device's peak dense tensor FLOP/s for bf16 and for fp32 (TF32 tensor
+  // cores), from the datasheet (fp16's is bf16's); with a calibration, the measured GEMM rate (no datasheet peak).
+  double peak_bf16_flops = 0, peak_fp32_flops = 0;
+  std::string peak_source;
+  // The kernel efficiencies assumed (achieved / peak bf16) and where each comes from (a
+  // published anchor, a measurement, or "assumed"); the optimizer's is adamw_params_per_s.
+  struct Efficiency {
+    double fraction = 0;
+    std::string source;
+  };
+  Efficiency gemm_eff, attention_fwd_eff, attention_bwd_eff;
+  std::string optimizer_source;
+  // The peak for a spec's dtype: bf16 (and fp16) on the 16-bit tensor cores, or fp32.
+  double peak_flops(bool sixteen_bit) const { return sixteen_bit ? peak_bf16_flops : peak_fp32_flops; }
 };
 
 // "H100", "H200", "A100" (case-insensitive; "H100-80G" etc. accepted). Throws

@@ -127,7 +127,36 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
 }  // namespace
 
 
+namespace {
+
+// FLOPs, the compute-only step's companions and MFU (SimResult's accounting).
+void account(const spec::JobSpec& spec, const SimOptions& o, SimResult* r) {
+  const plan::StepFlops f = plan::step_flops(spec, plan::make_plan(spec).params);
+  r->dtype = spec::to_string(spec.model.dtype);
+  r->model_flops_per_step = f.model_per_step;
+  r->hardware_flops_per_step = f.hardware_per_step;
+  r->rates = o.rates;
+  r->peak_flops_per_gpu = o.rates.peak_flops(spec.model.dtype != spec::DType::kFp32);
+  const double denom = r->step_s * static_cast<double>(r->ranks) * r->peak_flops_per_gpu;
+  r->mfu = denom > 0 ? f.model_per_step / denom : 0.0;
+  if (spec.model.dtype == spec::DType::kFp32 && o.rates.peak_bf16_flops != o.rates.peak_fp32_flops)
+    r->notes.push_back("model.dtype fp32: the kernel rates are bf16's, the MFU's peak is the "
+                       "device's dense TF32 peak");
+}
+
+SimResult simulate_folded(const spec::JobSpec& spec, const SimOptions& o);
+
+}  // namespace
+
 SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
+  SimResult r = simulate_folded(spec, o);
+  account(spec, o, &r);
+  return r;
+}
+
+namespace {
+
+SimResult simulate_folded(const spec::JobSpec& spec, const SimOptions& o) {
   double per_layer = 0;
   Placement placement;
   SimResult r = simulate_once(spec, o, o.fold_task_budget, &per_layer, &placement);
@@ -155,6 +184,7 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
   out.backward_s = ext(a.backward_s, b.backward_s);
   out.attention_compute_s = ext(a.attention_compute_s, b.attention_compute_s);
   out.projection_compute_s = ext(a.projection_compute_s, b.projection_compute_s);
+  out.compute_only_step_s = ext(a.compute_only_step_s, b.compute_only_step_s);
   out.ring_bytes_per_rank = ext(a.ring_bytes_per_rank, b.ring_bytes_per_rank);
   out.ring_comm_s = ext(a.ring_comm_s, b.ring_comm_s);
   out.ring_exposed_s = ext(a.ring_exposed_s, b.ring_exposed_s);
@@ -207,6 +237,43 @@ SimResult simulate(const spec::JobSpec& spec, const SimOptions& o) {
                           "linearly ({:.4g} s per layer)", l1, l2, L, b.step_s - a.step_s);
   return out;
 }
+
+}  // namespace
+
+namespace {
+
+// Exposed communication per step, by kind: seconds and share of the step.
+std::vector<PhaseTime> exposed(const SimResult& r) {
+  const double M = static_cast<double>(r.micro_batches);
+  std::vector<PhaseTime> v = {{"ring", r.ring_exposed_s * M}};
+  if (r.head_ranks > 1) v.push_back({"head_all_to_all", r.a2a_exposed_s * M});
+  if (r.shard_full) {
+    v.push_back({"shard_gather", r.shard_gather_exposed_s});
+    v.push_back({"shard_reduce_scatter", r.shard_scatter_exposed_s});
+  }
+  v.push_back({"gradient_exchange", r.exchange_exposed_s});
+  v.push_back({"optimizer", r.optimizer_exposed_s});
+  return v;
+}
+
+nlohmann::json exposed_json(const SimResult& r) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& p : exposed(r))
+    j[p.name] = {{"seconds", p.seconds}, {"share", r.step_s > 0 ? p.seconds / r.step_s : 0.0}};
+  return j;
+}
+
+nlohmann::json kernel_efficiency_json(const Rates& q) {
+  auto k = [](const Rates::Efficiency& e, double flops) {
+    return nlohmann::json{{"fraction_of_peak", e.fraction}, {"flops", flops}, {"source", e.source}};
+  };
+  return {{"gemm", k(q.gemm_eff, q.gemm_flops)},
+          {"attention_forward", k(q.attention_fwd_eff, q.attention_fwd_flops)},
+          {"attention_backward", k(q.attention_bwd_eff, q.attention_bwd_flops)},
+          {"optimizer", {{"params_per_s_per_node", q.adamw_params_per_s}, {"source", q.optimizer_source}}}};
+}
+
+}  // namespace
 
 nlohmann::json to_json(const SimResult& r) {
   auto hop = [](const HopStats& h) {
@@ -267,6 +334,15 @@ nlohmann::json to_json(const SimResult& r) {
            {"reduce_scatter_exposed_s", r.shard_scatter_exposed_s},
            {"hidden_share", r.shard_hidden_share}} : nlohmann::json(nullptr)},
       {"critical_path", cp},
+      {"dtype", r.dtype},
+      {"model_flops_per_step", r.model_flops_per_step},
+      {"hardware_flops_per_step", r.hardware_flops_per_step},
+      {"compute_only_step_s", r.compute_only_step_s},
+      {"peak_flops_per_gpu", r.peak_flops_per_gpu},
+      {"peak_source", r.rates.peak_source},
+      {"mfu", r.mfu},
+      {"kernel_efficiency", kernel_efficiency_json(r.rates)},
+      {"exposed", exposed_json(r)},
       {"notes", r.notes},
   };
 }
@@ -339,6 +415,29 @@ std::string to_text(const SimResult& r) {
                                         r.shard_full ? " (none between nodes with shard full)" : ""));
   line("optimizer (host AdamW)", fmt::format("{} ({} exposed)", secs(r.optimizer_s), secs(r.optimizer_exposed_s)));
   line("checkpoint (amortised)", fmt::format("{}{}", secs(r.checkpoint_amortised_s), r.checkpoint_hidden ? " (async: hidden)" : ""));
+  o += fmt::format("accounting ({}; peak {:.1f} TFLOP/s per GPU: {})\n", r.dtype,
+                   r.peak_flops_per_gpu / 1e12, r.rates.peak_source);
+  line("model FLOPs per step", fmt::format("{:.4g} (6 x params x N + 6 x layers x d_model x N^2 "
+                                           "per sequence)", r.model_flops_per_step));
+  line("hardware FLOPs per step", fmt::format("{:.4g} (recompute's forward included)",
+                                              r.hardware_flops_per_step));
+  line("compute-only step", fmt::format("{} (busiest rank's kernels, nothing waiting; predicted "
+                                        "step {:.2f}x)", secs(r.compute_only_step_s),
+                                        r.compute_only_step_s > 0 ? r.step_s / r.compute_only_step_s : 0.0));
+  line("predicted step", secs(r.step_s));
+  line("MFU", fmt::format("{:.2f} % (model FLOPs / (step x {} GPUs x peak))", 100 * r.mfu, r.ranks));
+  for (const auto& p : exposed(r))
+    line("exposed: " + p.name, fmt::format("{} ({:.1f} % of the step)", secs(p.seconds),
+                                           r.step_s > 0 ? 100 * p.seconds / r.step_s : 0.0));
+  auto eff = [&](const char* name, const Rates::Efficiency& e, double flops) {
+    line(name, fmt::format("{:.1f} TFLOP/s, {:.0f} % of peak bf16: {}", flops / 1e12, 100 * e.fraction, e.source));
+  };
+  o += "kernel efficiencies assumed\n";
+  eff("GEMM (projections, MLP, head)", r.rates.gemm_eff, r.rates.gemm_flops);
+  eff("attention forward", r.rates.attention_fwd_eff, r.rates.attention_fwd_flops);
+  eff("attention backward", r.rates.attention_bwd_eff, r.rates.attention_bwd_flops);
+  line("optimizer (host AdamW)", fmt::format("{:.3g} parameters/s per node: {}",
+                                             r.rates.adamw_params_per_s, r.rates.optimizer_source));
   o += "critical path\n";
   for (const auto& p : r.critical_path)
     line(p.name, fmt::format("{} ({:.1f} %)", secs(p.seconds), 100 * p.seconds / r.step_s));

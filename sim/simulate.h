@@ -131,6 +131,20 @@ struct SimResult {
   double shard_scatter_s = 0, shard_scatter_exposed_s = 0;
   double shard_hidden_share = 1;  // of gather + reduce-scatter time, behind compute
   std::vector<PhaseTime> critical_path;  // seconds per phase on the critical path
+  // Accounting (docs/simulation.md, "Accounting"). FLOPs per step as `ringctl plan` counts them
+  // (plan::step_flops: 6 x params x N + 6 x layers x d_model x N^2 per sequence; hardware adds
+  // recompute's forward). compute_only_step_s: the busiest simulated rank's kernels (every
+  // compute task on its device, all micro-batches) back to back at the rates, nothing waiting:
+  // the step's critical path with communication free. mfu = model FLOPs / (step_s x ranks x
+  // peak_flops_per_gpu), the peak the device's for the spec's dtype. rates: the rates simulated,
+  // with the kernel efficiencies assumed and their sources.
+  int64_t micro_batches = 1;
+  std::string dtype;
+  double model_flops_per_step = 0, hardware_flops_per_step = 0;
+  double compute_only_step_s = 0;
+  double peak_flops_per_gpu = 0;
+  double mfu = 0;
+  Rates rates;
   std::vector<std::string> notes;
   // For --trace: every task (kept when SimOptions::keep_trace).
   struct TraceEvent {

@@ -210,6 +210,20 @@ void shard_times(const Engine& e, const StepRecords& rec, const Workload& w, boo
       total > 0 ? std::clamp(1.0 - (res->shard_gather_exposed_s + res->shard_scatter_exposed_s) / total, 0.0, 1.0) : 1.0;
 }
 
+// The compute-only step: each simulated rank's kernels (its compute tasks, whole step) back to
+// back, nothing waiting; the busiest rank's sum.
+void compute_only(const StepGraph& g, SimResult* res) {
+  const Engine& e = g.engine();
+  std::vector<double> busy;
+  for (int id = 0; id < e.task_count(); ++id) {
+    const Task& t = e.task(id);
+    if (t.kind != TaskKind::kCompute || t.track >= g.track_ringd() || t.device < 0) continue;
+    if (static_cast<size_t>(t.device) >= busy.size()) busy.resize(t.device + 1, 0.0);
+    busy[t.device] += t.duration;  // its own time: on a shared host, without the sharing
+  }
+  res->compute_only_step_s = busy.empty() ? 0.0 : *std::max_element(busy.begin(), busy.end());
+}
+
 // Critical path: from the last task back through what let each task start.
 void critical_path(const Engine& e, SimResult* res) {
   int last_task = 0;
@@ -275,6 +289,8 @@ void summarize(const StepGraph& g, const Workload& w, const Simulated& sim, bool
   if (w.shard == spec::ShardMode::kFull)
     shard_times(e, rec, w, sim.full, res, &gather_waits, &scatter_waits);
   critical_path(e, res);
+  compute_only(g, res);
+  res->micro_batches = w.micro_batches;
   if (w.compression == spec::Compression::kTopk && w.warmup_steps > 0)
     res->notes.push_back(fmt::format("top-k step (after optimizer.warmup_steps {} dense steps)", w.warmup_steps));
   if (w.doc_len < w.seq_len)

@@ -744,8 +744,24 @@ Plan plan_for(const JobSpec& s, ShardMode mode) {
 
 }  // namespace
 
+StepFlops step_flops(const JobSpec& s, int64_t params) {
+  StepFlops f;
+  const double N = static_cast<double>(s.data.seq_len);
+  const double Pn = static_cast<double>(params);
+  const double Ld = static_cast<double>(s.model.layers) * static_cast<double>(s.model.d_model);
+  f.sequences = std::max<int64_t>(1, s.parallel.data_replicas) * std::max<int64_t>(1, s.train.micro_batches);
+  f.dense_per_sequence = 6 * Pn * N;
+  f.attention_per_sequence = 6 * Ld * N * N;
+  const double seqs = static_cast<double>(f.sequences);
+  f.model_per_step = seqs * (f.dense_per_sequence + f.attention_per_sequence);
+  f.recompute_per_step = s.model.recompute ? seqs * (2 * Pn * N + 2 * Ld * N * N) : 0.0;
+  f.hardware_per_step = f.model_per_step + f.recompute_per_step;
+  return f;
+}
+
 Plan make_plan(const JobSpec& s) {
   Plan p = plan_for(s, s.parallel.shard);
+  p.flops = step_flops(s, p.params);
   if (s.optimizer.offload == Offload::kCpu) {
     for (ShardMode mode : {ShardMode::kNone, ShardMode::kOptimizer, ShardMode::kFull}) {
       const Plan q = mode == s.parallel.shard ? p : plan_for(s, mode);
@@ -794,6 +810,13 @@ nlohmann::json to_json(const Plan& p, const JobSpec& s) {
         {"mlp_hidden", s.resolved.mlp_hidden},
         {"dtype", spec::to_string(s.model.dtype)},
         {"recompute", s.model.recompute}}},
+      {"flops",
+       {{"sequences_per_step", p.flops.sequences},
+        {"dense_per_sequence", p.flops.dense_per_sequence},
+        {"attention_per_sequence", p.flops.attention_per_sequence},
+        {"recompute_per_step", p.flops.recompute_per_step}}},
+      {"model_flops_per_step", p.flops.model_per_step},
+      {"hardware_flops_per_step", p.flops.hardware_per_step},
       {"sequence",
        {{"seq_len", s.data.seq_len},
         {"context_ranks", p.ranks},
@@ -875,6 +898,16 @@ std::string to_text(const Plan& p, const JobSpec& s) {
                    s.data.seq_len, p.ranks, spec::to_string(s.parallel.causal_balance),
                    p.tokens_per_rank, s.resources.workers_per_node, s.resources.nodes,
                    s.resolved.total_workers, s.parallel.data_replicas);
+  o += fmt::format("FLOPs per step ({} sequence(s) of {} tokens: data_replicas x micro_batches):\n"
+                   "  model       {:.4g}   6 x params x N + 6 x layers x d_model x N^2 per sequence "
+                   "({:.4g} + {:.4g})\n"
+                   "  hardware    {:.4g}   {}\n\n",
+                   p.flops.sequences, s.data.seq_len, p.flops.model_per_step,
+                   p.flops.dense_per_sequence, p.flops.attention_per_sequence,
+                   p.flops.hardware_per_step,
+                   s.model.recompute ? "with recompute: one more forward, 2 x params x N + 2 x "
+                                       "layers x d_model x N^2 per sequence"
+                                     : "no recompute: the model FLOPs");
   o += fmt::format("memory per worker ({}):\n",
                    s.resources.backend == Backend::kCuda ? "GPU" : "host");
   for (const auto& i : p.worker) line(i.name, i.bytes);

@@ -106,6 +106,22 @@ double reduce_stage_bytes(int64_t nodes, int64_t floats);
 // ckpt::Options::staging_bytes: the copy-on-modify budget of ringd's checkpointer.
 inline constexpr double kCheckpointStagingBytes = 16.0 * (1 << 20);
 
+// FLOPs of one optimizer step (docs/planning.md, "FLOPs per step"). Per sequence of N =
+// data.seq_len tokens: model = 6 x params x N + 6 x layers x d_model x N^2 (dense GEMMs forward
+// and backward, and causal attention: half of the full 12 x layers x d_model x N^2); hardware
+// adds one forward of each with model.recompute: 2 x params x N + 2 x layers x d_model x N^2.
+// Sequences per step: data_replicas x micro_batches. Recompute is never model FLOPs.
+struct StepFlops {
+  int64_t sequences = 0;                // per step
+  double dense_per_sequence = 0;        // 6 x params x N
+  double attention_per_sequence = 0;    // 6 x layers x d_model x N^2
+  double model_per_step = 0;
+  double recompute_per_step = 0;        // 0 without model.recompute
+  double hardware_per_step = 0;         // model + recompute
+};
+// params: the model's parameter count (Plan::params). spec valid and resolved.
+StepFlops step_flops(const spec::JobSpec& s, int64_t params);
+
 // One shard mode's totals, for the comparison `ringctl plan` prints.
 struct ModeTotals {
   spec::ShardMode mode{};
@@ -123,6 +139,7 @@ struct Plan {
   int64_t tokens_per_rank = 0;   // seq_len / context_ranks
   int64_t ranks = 0;             // context_ranks (ring size)
   int storage_bytes = 4;         // bytes per value of model.dtype
+  StepFlops flops;               // model and hardware FLOPs per step
 
   // Per worker (GPU memory with backend cuda, host memory with backend cpu).
   std::vector<Item> worker;

@@ -1179,4 +1179,71 @@ TEST(SimHeadGroups, AGroupAcrossNodesIsRefused) {
   }
 }
 
+// Accounting (docs/simulation.md, "Accounting") on configs/examples/tiny.yaml (fp32, 4 ranks, one
+// sequence of N = 16384 per step, no recompute) at the H100 preset: the model FLOPs are
+// 6 x params x N + 6 x layers x d_model x N^2 = 6 x params x 16384 + 6 x 4 x 256 x 16384^2;
+// the MFU is those over (step x 4 GPUs x 494.7 TFLOP/s, the H100's dense TF32 peak for fp32);
+// the compute-only step (the busiest rank's kernels back to back) is at most the predicted step,
+// at least rank 0's compute, and the step itself once communication and the optimizer are free.
+TEST(SimAccounting, FlopsMfuAndComputeOnlyStep) {
+  const auto spec = load("configs/examples/tiny.yaml");
+  const double params = static_cast<double>(ring::plan::make_plan(spec).params);
+  const double N = 16384;
+  const double model = 6 * params * N + 6 * 4 * 256 * N * N;
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  o.expand = Expand::kFull;
+  const SimResult r = simulate(spec, o);
+  EXPECT_DOUBLE_EQ(r.model_flops_per_step, model);
+  EXPECT_DOUBLE_EQ(r.hardware_flops_per_step, model);  // recompute: false
+  EXPECT_DOUBLE_EQ(r.peak_flops_per_gpu, 494.7e12);
+  EXPECT_EQ(r.ranks, 4);
+  EXPECT_NEAR(r.mfu, model / (r.step_s * 4 * 494.7e12), 1e-12 * r.mfu);
+  EXPECT_GT(r.compute_only_step_s, 0);
+  EXPECT_LE(r.compute_only_step_s, r.step_s * (1 + 1e-12));
+  EXPECT_GE(r.compute_only_step_s * (1 + 1e-12), r.attention_compute_s + r.projection_compute_s);
+
+  // bf16: the peak is the dense BF16 one, and recompute adds a third of the model's FLOPs
+  // (one more forward of three: 2 x params x N + 2 x layers x d_model x N^2).
+  auto b = spec;
+  b.model.dtype = ring::spec::DType::kBf16;
+  b.model.recompute = true;
+  const SimResult rb = simulate(b, o);
+  EXPECT_DOUBLE_EQ(rb.peak_flops_per_gpu, 989.4e12);
+  EXPECT_NEAR(rb.hardware_flops_per_step, model * 4 / 3, 1e-12 * model);
+  EXPECT_NEAR(rb.mfu, model / (rb.step_s * 4 * 989.4e12), 1e-12 * rb.mfu);
+
+  // Communication and the optimizer free, one causal document (zigzag gives every rank the same
+  // work at every ring step, so no rank waits for another's block): the step is its
+  // compute-only step. (With packed documents the ranks' work differs from step to step and a
+  // rank waits for a slower neighbour's block: the step exceeds the busiest rank's kernels.)
+  auto one_doc = spec;
+  one_doc.data.pack = false;
+  SimOptions f = o;
+  f.rates.intra_node_bw = 1e30;
+  f.rates.intra_node_latency = 0;
+  f.rates.adamw_params_per_s = 1e30;
+  f.stagger_us = 0;
+  const SimResult rf = simulate(one_doc, f);
+  EXPECT_LE(rf.compute_only_step_s, rf.step_s * (1 + 1e-12));
+  EXPECT_NEAR(rf.step_s / rf.compute_only_step_s, 1.0, 0.02) << rf.step_s << " " << rf.compute_only_step_s;
+
+  // --json carries it all; the text states the efficiencies and their sources.
+  const nlohmann::json j = to_json(r);
+  for (const char* k : {"model_flops_per_step", "hardware_flops_per_step", "compute_only_step_s",
+                        "mfu", "peak_flops_per_gpu", "kernel_efficiency", "exposed"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_DOUBLE_EQ(j["kernel_efficiency"]["gemm"]["fraction_of_peak"].get<double>(), 0.60);
+  EXPECT_DOUBLE_EQ(j["kernel_efficiency"]["attention_forward"]["fraction_of_peak"].get<double>(), 0.45);
+  EXPECT_DOUBLE_EQ(j["kernel_efficiency"]["attention_backward"]["fraction_of_peak"].get<double>(), 0.35);
+  EXPECT_NE(j["kernel_efficiency"]["attention_forward"]["source"].get<std::string>().find("FlashAttention-3"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(j["exposed"]["ring"]["seconds"].get<double>(), r.ring_exposed_s * r.micro_batches);
+  EXPECT_DOUBLE_EQ(j["exposed"]["optimizer"]["share"].get<double>(), r.optimizer_exposed_s / r.step_s);
+  const std::string t = to_text(r);
+  for (const char* k : {"model FLOPs per step", "compute-only step", "MFU", "exposed: ring",
+                        "kernel efficiencies assumed", "attention backward"})
+    EXPECT_NE(t.find(k), std::string::npos) << k;
+}
+
 }  // namespace

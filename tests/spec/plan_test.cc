@@ -500,5 +500,62 @@ TEST(Plan, JsonHasTheShardSection) {
   EXPECT_NE(t.find("shard modes"), std::string::npos) << t;
 }
 
+// Model FLOPs per step (docs/planning.md, "FLOPs per step"), by hand.
+// A tiny model: layers 2, d_model 64, heads 4 (no GQA), SwiGLU hidden 128, vocab 256 tied.
+//   params = 2 x (4 x 64^2 + 3 x 64 x 128 + 2 x 64) + 256 x 64 + 64
+//          = 2 x (16384 + 24576 + 128) + 16384 + 64 = 98,624
+//   per sequence of N = 1024: dense 6 x 98624 x 1024 = 605,945,856
+//                             attention 6 x 2 x 64 x 1024^2 = 805,306,368
+//   data_replicas 2 x micro_batches 3 = 6 sequences: model 6 x 1,411,252,224 = 8,467,513,344
+//   recompute: 6 x (2 x 98624 x 1024 + 2 x 2 x 64 x 1024^2) = 6 x 470,417,408 = 2,822,504,448
+//   hardware 11,290,017,792
+TEST(Plan, StepFlopsOfATinyModelByHand) {
+  const std::string text = R"(job: {name: f}
+model: {layers: 2, d_model: 64, heads: 4, mlp_hidden: 128, vocab: 256, dtype: fp32,
+        tie_embeddings: true, recompute: true}
+data: {source: passkey, seq_len: 1024}
+parallel: {context_ranks: 2, data_replicas: 2}
+train: {steps: 1, micro_batches: 3}
+resources: {backend: cpu, nodes: 1, workers_per_node: 4, host_memory_gb: 8}
+)";
+  Plan p = make_plan(load(text));
+  ASSERT_EQ(p.params, 98624);
+  EXPECT_EQ(p.flops.sequences, 6);
+  EXPECT_DOUBLE_EQ(p.flops.dense_per_sequence, 605945856.0);
+  EXPECT_DOUBLE_EQ(p.flops.attention_per_sequence, 805306368.0);
+  EXPECT_DOUBLE_EQ(p.flops.model_per_step, 8467513344.0);
+  EXPECT_DOUBLE_EQ(p.flops.recompute_per_step, 2822504448.0);
+  EXPECT_DOUBLE_EQ(p.flops.hardware_per_step, 11290017792.0);
+  // Without recompute the hardware FLOPs are the model's.
+  auto s = load(text);
+  s.model.recompute = false;
+  const StepFlops f = step_flops(s, p.params);
+  EXPECT_DOUBLE_EQ(f.hardware_per_step, f.model_per_step);
+  EXPECT_DOUBLE_EQ(f.recompute_per_step, 0.0);
+}
+
+// The llama7b example: params 6,738,415,616 (LLaMA-7B's published count), N = 2^20 = 1,048,576,
+// 32 layers, d_model 4096, data_replicas 8 x micro_batches 1 = 8 sequences, recompute on.
+//   dense per sequence     6 x 6,738,415,616 x 2^20            = 42,394,445,357,776,896
+//   attention per sequence 6 x 32 x 4096 x 2^40                = 864,691,128,455,135,232
+//   model per step         8 x 907,085,573,812,912,128         = 7.256684590503297e18
+//   recompute              8 x (2 x 6,738,415,616 x 2^20 + 2 x 32 x 4096 x 2^40) = 2.418894863501099e18
+//   hardware               9.675579454004396e18
+// `ringctl plan --json` carries them as model_flops_per_step and hardware_flops_per_step.
+TEST(Plan, StepFlopsOfTheLlama7bExampleByHand) {
+  const spec::JobSpec s = example("llama7b-1m-64x8-h100.yaml");
+  Plan p = make_plan(s);
+  ASSERT_EQ(p.params, 6738415616);
+  EXPECT_EQ(p.flops.sequences, 8);
+  EXPECT_DOUBLE_EQ(p.flops.dense_per_sequence, 42394445357776896.0);
+  EXPECT_DOUBLE_EQ(p.flops.attention_per_sequence, 864691128455135232.0);
+  EXPECT_NEAR(p.flops.model_per_step / 7.256684590503297e18, 1.0, 1e-12);
+  EXPECT_NEAR(p.flops.hardware_per_step / 9.675579454004396e18, 1.0, 1e-12);
+  const nlohmann::json j = to_json(p, s);
+  EXPECT_DOUBLE_EQ(j["model_flops_per_step"].get<double>(), p.flops.model_per_step);
+  EXPECT_DOUBLE_EQ(j["hardware_flops_per_step"].get<double>(), p.flops.hardware_per_step);
+  EXPECT_NE(to_text(p, s).find("FLOPs per step (8 sequence(s) of 1048576 tokens"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ring::plan
