@@ -216,6 +216,25 @@ TEST(Observe, InjectedDelayNamesTheStraggler) {
   EXPECT_TRUE(events_named(t.path + "/ringd.out", "straggler_cleared").empty());
 }
 
+// Two levels (parallel.head_ranks 2: groups {0, 1} and {2, 3}, the rings 0-2 and 1-3): the slow
+// rank's ring successor (0) waits on its receive and its group member (3) in the all-to-all;
+// the ring of its own head slot names it, and nobody else.
+TEST(Observe, InjectedDelayNamesTheStragglerWithHeadGroups) {
+  TempDir t("ringd-observe");
+  std::string spec = slurp(kSpec4);
+  const std::string order = "  ring_order: natural\n";
+  ASSERT_NE(spec.find(order), std::string::npos);
+  spec.replace(spec.find(order), order.size(), "  head_ranks: 2\n" + order);
+  std::ofstream(t.path + "/spec.yaml") << spec;
+  Proc d(ringd_args(t.path + "/spec.yaml", t.path + "/job", {"--steps", "8"}),
+         t.path + "/ringd.out", t.path + "/ringd.err", {{"RING_DEBUG_DELAY", "rank=2,ms=250"}});
+  ASSERT_EQ(d.wait(240), 0) << diag(t);
+  const std::vector<json> named = events_named(t.path + "/ringd.out", "straggler");
+  ASSERT_FALSE(named.empty()) << "no straggler event" << diag(t);
+  EXPECT_EQ(named[0].value("rank", -1), 2) << named[0].dump();
+  for (const json& j : named) EXPECT_EQ(j.value("rank", -1), 2) << "blamed another rank: " << j;
+}
+
 // A hang finding in ringd's --json output: the rank named missing, every other rank waiting.
 void expect_hang(const TempDir& t, Proc& d, int64_t missing, double max_s) {
   const json h = wait_line(

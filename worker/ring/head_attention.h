@@ -72,6 +72,7 @@ class HeadParallelAttention final : public ContextAttention {
     a2a_bytes_ = 0;
     a2a_calls_ = 0;
   }
+  int ring_prev() const override { return layout_.ring.world > 1 ? layout_.ring.prev : -1; }
   const HeadLayout& layout() const { return layout_; }
 
  private:

@@ -248,7 +248,10 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
     timeline.record({.kind = tl::Phase::kCollective, .step = step, .begin_ns = c0, .end_ns = c1});
     collective_s += (c1 - c0) * 1e-9;
   };
-  const int64_t prev_rank = rr.ring().world > 1 ? rr.ring().prev + ao.rank_offset : -1;
+  // The rank this one's ring receives from: the replica's ring, or with head_ranks the ring of
+  // this rank's head slot over the groups.
+  const int64_t prev_rank =
+      attention.ring_prev() >= 0 ? attention.ring_prev() + ao.rank_offset : -1;
 
   offload::ClientOptions co;
   co.rank = rank;
@@ -363,7 +366,9 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       // The step's summary: waits on peers (ring receives, collectives), sends and handovers,
       // and the rest as compute.
       const double data_ms = (d1 - s0) * 1e-6;
-      const double wait_ms = ((r1.recv_wait_s - r0.recv_wait_s) + collective_s) * 1e3;
+      // Blocked on peers: ring receives, collectives, and the head group's all-to-alls.
+      const double wait_ms =
+          ((r1.recv_wait_s - r0.recv_wait_s) + collective_s + (r1.a2a_s - r0.a2a_s)) * 1e3;
       const double comm_ms = ((r1.send_wait_s - r0.send_wait_s) + handover_s) * 1e3;
       const int64_t s1 = tl::now_ns();
       timeline.record({.kind = tl::Phase::kStep, .step = cmd.step, .begin_ns = s0, .end_ns = s1});

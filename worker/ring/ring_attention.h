@@ -111,6 +111,9 @@ class ContextAttention : public model::AttentionExecutor {
  public:
   virtual RingStats ring_stats() const = 0;
   virtual void reset_stats() = 0;
+  // The communicator rank this rank's ring receives from (-1: no ring), for straggler
+  // attribution (a slow rank makes its ring successor wait).
+  virtual int ring_prev() const = 0;
 };
 
 class RingAttention final : public ContextAttention {
@@ -140,6 +143,7 @@ class RingAttention final : public ContextAttention {
   kernels::AttentionStats stats() const override { return kstats_; }
 
   RingStats ring_stats() const override { return rstats_; }
+  int ring_prev() const override { return ring_.world > 1 ? ring_.prev : -1; }
   const RingTopology& ring() const { return ring_; }
   void reset_stats() override {
     rstats_ = {};
