@@ -1,5 +1,6 @@
-// Resuming on another node count (and another head layout: ReshardHeadRanks), end to end with real ringd and ring-worker processes (CPU
-// backend, one worker per node, UCX on loopback), for shard none and shard optimizer, dense
+// Resuming on another node count (and under another head layout: ReshardHeadRanks), end to end
+// with real ringd and ring-worker processes (CPU backend, one worker per node, UCX on
+// loopback), for shard none and shard optimizer, dense
 // gradients and top-k with error feedback, at the owner (the default) and at the sender:
 //   - 10 steps on 2 nodes (the final checkpoint is step 10's), then `ringd --resume` to step 20
 //     on 1 node and on 4 nodes: the per-step loss of steps 11-20 equals, within 1e-6 relative,
