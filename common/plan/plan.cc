@@ -225,7 +225,10 @@ struct RingTraffic {
 // to 3 whole blocks per layer without documents); the plan gives their mean.
 double dkv_sent_per_layer(const JobSpec& s, int64_t u, int64_t kvd) {
   const int64_t N = s.data.seq_len, P = s.parallel.context_ranks / u;
-  if (P < 2) return 0;
+  // No sequence to cut (a generate job's spec has no data.seq_len): no ring traffic to count.
+  const int64_t chunks = (s.parallel.causal_balance == spec::CausalBalance::kZigzag ? 2 : 1) *
+                         s.parallel.context_ranks;
+  if (P < 2 || N < chunks) return 0;
   const int64_t doc =
       s.data.pack && s.data.max_doc_len > 0 ? std::min(s.data.max_doc_len, N) : N;
   // A ring position's tokens: its rank's chunks, or with head groups (u > 1) its u members',
