@@ -142,28 +142,10 @@ std::vector<float> teacher(const std::vector<float>& params, const std::vector<i
   auto cfg = test::tiny_model_config();
   cfg.dtype = dtype;
   auto be = test::cpu(2);
-  model::LocalAttention att(be.get());
-  model::ModelConfig rc = cfg;
-  rc.recompute = true;
-  model::Model m(rc, be.get(), &att);
-  m.set_params(params);
-  const int64_t t = static_cast<int64_t>(ids.size());
-  std::vector<int32_t> labels(ids.size(), -1);
-  std::vector<int64_t> pos(ids.size());
-  for (int64_t i = 0; i < t; ++i) pos[static_cast<size_t>(i)] = i;
-  model::Batch b{t, ids.data(), labels.data(), pos.data(), docs.data()};
-  m.forward(b, 1);
-  return std::vector<float>(m.logits(), m.logits() + t * cfg.vocab);
+  return test::teacher_logits(cfg, be.get(), params, ids, docs);
 }
 
-double rel_err(const float* got, const float* ref, int64_t n) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
-  }
-  return diff / scale;
-}
+using test::rel_err;
 
 // Every rank identical, the ranks' tokens a partition of each sequence, and every position
 // within 1e-5 of the teacher. Returns the worst relative error.

@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "tests/common/tiny_model.h"
 #include "tests/common/tiny_weights.h"
+#include "tests/generate/generate_ring_util.h"
 #include "worker/generate/generator.h"
 #include "worker/generate/sampling.h"
 #include "worker/model/attention.h"
@@ -44,59 +45,11 @@ std::unique_ptr<kernels::Backend> cpu() {
   return b;
 }
 
-struct Prompt {
-  std::vector<int32_t> ids, docs;
-};
-
-// Packed documents: lengths drawn at random, ids at random.
-Prompt packed_prompt(int64_t tokens, uint64_t seed, int docs) {
-  std::mt19937_64 rng(seed);
-  Prompt p;
-  std::vector<int64_t> cuts;
-  for (int d = 1; d < docs; ++d) cuts.push_back(static_cast<int64_t>(rng() % tokens));
-  std::sort(cuts.begin(), cuts.end());
-  int32_t doc = 0;
-  size_t c = 0;
-  for (int64_t i = 0; i < tokens; ++i) {
-    while (c < cuts.size() && cuts[c] <= i) {
-      ++doc;
-      ++c;
-    }
-    p.ids.push_back(static_cast<int32_t>(rng() % 256));
-    p.docs.push_back(doc);
-  }
-  return p;
-}
-
-// Teacher-forced logits of every position: [T, vocab].
-std::vector<float> teacher(const model::ModelConfig& c, kernels::Backend* be,
-                           const std::vector<float>& params, const Prompt& p) {
-  model::LocalAttention att(be);
-  model::ModelConfig rc = c;
-  rc.recompute = true;
-  model::Model m(rc, be, &att);
-  m.set_params(params);
-  const int64_t t = static_cast<int64_t>(p.ids.size());
-  std::vector<int32_t> labels(p.ids.size(), -1);
-  std::vector<int64_t> pos(p.ids.size());
-  for (int64_t i = 0; i < t; ++i) pos[static_cast<size_t>(i)] = i;
-  model::Batch b{t, p.ids.data(), labels.data(), pos.data(), p.docs.data()};
-  m.forward(b, 1);
-  return std::vector<float>(m.logits(), m.logits() + t * c.vocab);
-}
-
-double rel_err(const float* got, const float* ref, int64_t n) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
-  }
-  return diff / scale;
-}
-
-int32_t argmax(const float* x, int64_t n) {
-  return static_cast<int32_t>(std::max_element(x, x + n) - x);
-}
+using test::argmax;
+using test::packed_prompt;
+using test::Prompt;
+using test::rel_err;
+using test::teacher;
 
 class TempDir {
  public:
