@@ -568,6 +568,27 @@ TEST(ReplicaMicroBatches, TwoMicroBatchesEqualTwoReplicas) {
 
 // ---- resume -------------------------------------------------------------------------------------
 
+// `o` on (d, c, n) straight, then with node 0's first worker killed at step 6: the attempt after
+// the restart resumes from a checkpoint (o.every_steps apart) and the losses and final weights
+// are bit-identical to the straight run's.
+void expect_kill_resumes_exactly(int d, int c, int n, Overrides o, const char* what) {
+  const RunResult straight = run_layout(d, c, n, o);
+  ASSERT_TRUE(straight.ok) << straight.error;
+  o.kill_at_step = 6;
+  const RunResult resumed = run_layout(d, c, n, o);
+  ASSERT_TRUE(resumed.ok) << resumed.error;
+  EXPECT_EQ(resumed.last_attempt, 1);
+  EXPECT_GE(resumed.resumed_step, o.every_steps);
+  EXPECT_LT(resumed.resumed_step, o.steps);
+  EXPECT_EQ(resumed.resumed_step % o.every_steps, 0);
+  EXPECT_EQ(resumed.loss, straight.loss);
+  bool bitwise = false;
+  weights_diff(resumed, straight, &bitwise);
+  EXPECT_TRUE(bitwise);
+  std::printf("%s: resumed from step %d; %d steps %.1f s straight, %.1f s with the restart\n",
+              what, resumed.resumed_step, o.steps, straight.seconds, resumed.seconds);
+}
+
 // Two replicas with two micro-batches each: a worker killed at step 6 (or a little later) makes
 // ringd roll back to the newest checkpoint (every 4 steps) and train on; every rank's loader
 // resumes at the checkpoint's cursor (after 4k x D x M sequences), so the steps after it and the
@@ -577,21 +598,7 @@ TEST(ReplicaResume, KilledWorkerResumesExactly) {
   o.micro_batches = 2;
   o.steps = 30;
   o.every_steps = 4;
-  const RunResult straight = run_layout(2, 1, 1, o);
-  ASSERT_TRUE(straight.ok) << straight.error;
-  o.kill_at_step = 6;
-  const RunResult resumed = run_layout(2, 1, 1, o);
-  ASSERT_TRUE(resumed.ok) << resumed.error;
-  EXPECT_EQ(resumed.last_attempt, 1);
-  EXPECT_GE(resumed.resumed_step, 4);
-  EXPECT_LT(resumed.resumed_step, 30);
-  EXPECT_EQ(resumed.resumed_step % 4, 0);
-  EXPECT_EQ(resumed.loss, straight.loss);
-  bool bitwise = false;
-  weights_diff(resumed, straight, &bitwise);
-  EXPECT_TRUE(bitwise);
-  std::printf("resumed from step %d; 30 steps %.1f s straight, %.1f s with the restart\n",
-              resumed.resumed_step, straight.seconds, resumed.seconds);
+  expect_kill_resumes_exactly(2, 1, 1, o, "D=2 M=2");
 }
 
 // ---- two-level context parallelism ---------------------------------------------------------------
@@ -632,18 +639,7 @@ TEST(ReplicaHeadRanks, KilledWorkerResumesExactly) {
   o.head_ranks = 2;
   o.steps = 16;
   o.every_steps = 4;
-  const RunResult straight = run_layout(1, 4, 1, o);
-  ASSERT_TRUE(straight.ok) << straight.error;
-  o.kill_at_step = 6;
-  const RunResult resumed = run_layout(1, 4, 1, o);
-  ASSERT_TRUE(resumed.ok) << resumed.error;
-  EXPECT_EQ(resumed.last_attempt, 1);
-  EXPECT_GE(resumed.resumed_step, 4);
-  EXPECT_EQ(resumed.loss, straight.loss);
-  bool bitwise = false;
-  weights_diff(resumed, straight, &bitwise);
-  EXPECT_TRUE(bitwise);
-  std::printf("head_ranks 2: resumed from step %d, bit-identical\n", resumed.resumed_step);
+  expect_kill_resumes_exactly(1, 4, 1, o, "head_ranks 2");
 }
 
 }  // namespace
