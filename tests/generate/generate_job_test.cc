@@ -1,6 +1,7 @@
 // A generation job (job.kind generate) through `ringctl run`: ring-coord, ringd and its
 // `ring-worker --generate` ranks. The output equals `ringctl generate` standalone on the same
-// checkpoint, prompts and seed (greedy over 1 and 2 ranks, sampled over 2 ranks with --json);
+// checkpoint, prompts and seed (greedy over 1 and 2 ranks and over 4 ranks in two head groups,
+// sampled over 2 ranks with --json);
 // the job ends completed in ring-coord with its events; a bad generate spec is refused naming
 // the key; a killed worker fails the job (no hang, no process left); a SIGSTOPped worker is found
 // hung from its flight recorder and fails the job naming it (also across two nodes: the stuck
@@ -174,6 +175,22 @@ TEST_F(GenerateJob, TwoRanksGreedyEqualsStandalone) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // A relative generate.output is taken from the job directory.
   EXPECT_EQ(ring::test::read_file(job_dir + "/out/greedy.txt"), standalone("--max-tokens 40"));
+  EXPECT_EQ(status(1).value("state", ""), "completed");
+}
+
+// Two-level prefill in a job (parallel.head_ranks 2: 4 ranks as 2 head groups of 2, the ring
+// over the groups): ringd's ranks produce what `ringctl generate` produces in one process.
+TEST_F(GenerateJob, FourRanksInTwoHeadGroupsEqualsStandalone) {
+  std::string text = ring::test::read_file(spec(4, "  max_new_tokens: 32\n"));
+  const std::string key = "context_ranks: 4";
+  ASSERT_NE(text.find(key), std::string::npos) << text;
+  text.replace(text.find(key), key.size(), key + "\n  head_ranks: 2");
+  const std::string path = t_.path + "/gen_heads.yaml";
+  write(path, text);
+  const std::string job_dir = t_.path + "/job_heads";
+  auto r = run_job(path, job_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ring::test::read_file(job_dir + "/generate.out"), standalone("--max-tokens 32"));
   EXPECT_EQ(status(1).value("state", ""), "completed");
 }
 
