@@ -17,19 +17,12 @@
 // Over P ranks (docs/generation.md, "Generation over several ranks"): --ranks P starts P local
 // processes of this command (a fresh rendezvous directory; each rank dies with the launcher, and
 // when one fails the others are stopped), each with --rank R --world P --rendezvous DIR; under
-// srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS > 1) every task is one rank and --rendezvous names a
+// srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS > 1; the launcher and the rank's identity are
+// cli/rank_launch.h, shared with `ringctl eval`) every task is one rank and --rendezvous names a
 // directory all tasks reach. The prompts are prefilled with ring attention across the ranks, the
 // cache stays sharded, each decode step exchanges only the partial (o, lse) of every layer, and
 // rank 0's sampled tokens are every rank's; rank 0 writes the output.
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -39,14 +32,11 @@
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
-#include "common/proc/reap.h"
-#include "common/proc/rank_group.h"
+#include "cli/rank_launch.h"
 #include "worker/generate/generate_run.h"
 
 namespace ring::cli {
 namespace {
-
-namespace fs = std::filesystem;
 
 using gen::GenerateOpts;
 using gen::Identity;
@@ -54,44 +44,8 @@ using gen::InputError;
 using gen::Inputs;
 using gen::UsageError;
 
-int env_int(const char* name, int def) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return def;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1 << 20)
-    throw UsageError(fmt::format("environment {}='{}': expected a count", name, v));
-  return static_cast<int>(x);
-}
-
 Identity identity(const GenerateOpts& o) {
-  Identity id;
-  if (o.rank >= 0 || o.world > 0) {
-    if (o.rank < 0 || o.world < 1 || o.rank >= o.world)
-      throw UsageError(fmt::format(
-          "--rank {} --world {}: a rank needs both, with 0 <= --rank < --world", o.rank, o.world));
-    if (o.rendezvous.empty()) throw UsageError("--rank/--world need --rendezvous DIR");
-    id = {o.rank, o.world, o.rendezvous};
-  } else if (const int tasks = env_int("SLURM_STEP_NUM_TASKS", 1); tasks > 1) {
-    // Under srun: every task of the step is one rank.
-    if (o.ranks > 1)
-      throw UsageError(
-          fmt::format("--ranks {} under srun with {} tasks: srun starts the ranks (drop --ranks)",
-                      o.ranks, tasks));
-    if (o.rendezvous.empty())
-      throw UsageError(fmt::format(
-          "under srun with {} tasks, --rendezvous DIR (a directory every task can reach, unique "
-          "to this run) is required",
-          tasks));
-    const int procid = env_int("SLURM_PROCID", -1);
-    if (procid < 0 || procid >= tasks)
-      throw UsageError(
-          fmt::format("under srun with {} tasks: SLURM_PROCID is missing or out of "
-                      "range",
-                      tasks));
-    id = {procid, tasks, o.rendezvous};
-  }
-  return id;
+  return rank_identity(RankFlags{o.ranks, o.rank, o.world, o.rendezvous});
 }
 
 // The command line of rank r of a local launch: the flags as given, and the rank's identity.
@@ -133,36 +87,14 @@ std::vector<std::string> rank_argv(const std::string& self, const GenerateOpts& 
   return a;
 }
 
-// --ranks P: starts P ranks of this command on this host and waits for them (proc/rank_group.h).
-// When one fails the others are stopped (SIGTERM, SIGKILL 5 s later); SIGINT/SIGTERM/SIGHUP are
-// passed on. Exits with the first failure's status (1 for a rank killed by a signal).
+// --ranks P: starts P ranks of this command on this host and waits for them (cli/rank_launch.h).
 int launch_ranks(const GenerateOpts& o) {
   // The inputs once here, so that a bad flag or file is reported once (the ranks load them too).
   gen::check_split(o, gen::load_inputs(o, true), o.ranks);
-  std::string tmpl = fs::temp_directory_path().string() + "/ring-gen-rdv-XXXXXX";
-  if (!::mkdtemp(tmpl.data()))
-    throw InputError(fmt::format("mkdtemp {}: {}", tmpl, std::strerror(errno)));
-  const std::string dir = tmpl;
-  std::error_code ec;
-  const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
-  std::vector<proc::SpawnOptions> ranks(static_cast<size_t>(o.ranks));
-  for (int r = 0; r < o.ranks; ++r)
-    ranks[static_cast<size_t>(r)].argv =
-        rank_argv(ec ? std::string("/proc/self/exe") : self, o, r, o.ranks, dir);
-  proc::GroupRun how;
-  how.signal_grace = std::chrono::seconds(5);
-  how.on_failure = [](const proc::RankEnd& e, int running) {
-    std::cerr << fmt::format(
-        "ringctl generate: rank {} {}{}\n", e.rank, proc::describe_status(e.status),
-        running > 0 ? fmt::format("; stopping the other {}", running) : std::string());
-  };
-  const proc::GroupResult res = proc::run_group(ranks, how);
-  if (!res.start_error.empty()) std::cerr << "ringctl generate: " << res.start_error << "\n";
-  fs::remove_all(dir, ec);
-  if (!res.start_error.empty()) return kExitFailed;
-  // A rank killed by a signal is a failure of the command (1), not the shell's 128 + N.
-  if (res.failure && !WIFEXITED(res.failure->status)) return kExitFailed;
-  return res.exit_code;
+  return launch_local_ranks("generate", "gen", o.ranks,
+                            [&o](const std::string& self, int r, const std::string& dir) {
+                              return rank_argv(self, o, r, o.ranks, dir);
+                            });
 }
 
 int run_generate(const GenerateOpts& o) {

@@ -29,6 +29,7 @@ Subcommand add_export(CLI::App& app);   // cmd_import.cc
 Subcommand add_tokenize(CLI::App& app);        // cmd_tokenize.cc
 Subcommand add_simulate(CLI::App& app);        // cmd_simulate.cc
 Subcommand add_generate(CLI::App& app);        // cmd_generate.cc
+Subcommand add_eval(CLI::App& app);            // cmd_eval.cc
 Subcommand add_trace(CLI::App& app);    // cmd_trace.cc
 
 }  // namespace ring::cli

@@ -6,6 +6,7 @@
 //   ringctl run|status|events|logs|cancel|restart|nodes|submit ...   cli/cmd_*.cc (cli/commands.h)
 //   ringctl tokenize --tokenizer M -o OUT INPUT...   text -> token dataset (cli/cmd_tokenize.cc)
 //   ringctl generate --checkpoint DIR PROMPT...      generation over a tiered KV cache (cli/cmd_generate.cc)
+//   ringctl eval --checkpoint DIR --data PATH        loss, perplexity, logits, passkey (cli/cmd_eval.cc)
 //
 // The options the coordinator commands share (--coord, --timeout, --server-key, --client-key,
 // --json) may also come before the command: `ringctl --coord X status` is `ringctl status
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
       ring::cli::add_nodes(app),  ring::cli::add_submit(app),  ring::cli::add_slurm_started(app),
       ring::cli::add_steps(app),  ring::cli::add_import(app),  ring::cli::add_export(app),
       ring::cli::add_tokenize(app), ring::cli::add_simulate(app), ring::cli::add_metrics(app),
-      ring::cli::add_generate(app), ring::cli::add_trace(app)};
+      ring::cli::add_generate(app), ring::cli::add_eval(app),   ring::cli::add_trace(app)};
 
   auto checkpoints = ring::cli::add_checkpoints(app);  // cli/cmd_checkpoints.cc
 

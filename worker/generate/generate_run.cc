@@ -91,7 +91,7 @@ int64_t parse_size(const std::string& flag, const std::string& text) {
 
 // The model config a checkpoint records (ckpt::read_checkpoint_model: its shape and, record 2,
 // its settings); with a spec, the spec's model section where the checkpoint records no settings.
-static contract::ModelConfig model_of_checkpoint(const std::string& path,
+contract::ModelConfig model_of_checkpoint(const std::string& path,
                                                  const contract::ModelConfig* spec_mc,
                                                  const std::string& spec_path, bool quiet) {
   ckpt::CheckpointModel cm;
@@ -184,6 +184,26 @@ std::string as_flags(std::string m) {
   return m;
 }
 
+std::vector<float> load_checkpoint_weights(const std::string& path,
+                                           const contract::ModelConfig& mc) {
+  // Weights: master/<param> of the checkpoint, by name.
+  const contract::ParamLayout pl(mc);
+  std::vector<float> params(static_cast<size_t>(pl.total()), 0.f);
+  std::vector<ckpt::LoadTarget> targets;
+  for (const auto& v : pl.views()) {
+    ckpt::LoadTarget t{"master/" + v.name, ckpt::DType::kF32, v.shape, params.data() + v.offset};
+    t.flat_name = "master";
+    t.flat_offset = v.offset;
+    targets.push_back(std::move(t));
+  }
+  try {
+    ckpt::load_from_path(path, 0, 1, targets);
+  } catch (const ckpt::CheckpointError& e) {
+    throw InputError(fmt::format("--checkpoint {}: {}", path, e.what()));
+  }
+  return params;
+}
+
 Inputs load_inputs(const GenerateOpts& o, bool quiet) {
   Inputs in;
   gen::GeneratorOptions& go = in.go;
@@ -248,22 +268,7 @@ Inputs load_inputs(const GenerateOpts& o, bool quiet) {
         "(--spec with data.tokenizer for a SentencePiece model)",
         mc.vocab));
 
-  // Weights: master/<param> of the checkpoint, by name.
-  const contract::ParamLayout pl(mc);
-  std::vector<float>& params = in.params;
-  params.assign(static_cast<size_t>(pl.total()), 0.f);
-  std::vector<ckpt::LoadTarget> targets;
-  for (const auto& v : pl.views()) {
-    ckpt::LoadTarget t{"master/" + v.name, ckpt::DType::kF32, v.shape, params.data() + v.offset};
-    t.flat_name = "master";
-    t.flat_offset = v.offset;
-    targets.push_back(std::move(t));
-  }
-  try {
-    ckpt::load_from_path(o.checkpoint, 0, 1, targets);
-  } catch (const ckpt::CheckpointError& e) {
-    throw InputError(fmt::format("--checkpoint {}: {}", o.checkpoint, e.what()));
-  }
+  in.params = load_checkpoint_weights(o.checkpoint, mc);
 
   // Prompts.
   std::vector<std::vector<int32_t>>& ids = in.ids;

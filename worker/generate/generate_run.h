@@ -99,6 +99,19 @@ struct Inputs {
 // prompts. `quiet`: no notes on stderr (ranks other than 0).
 Inputs load_inputs(const GenerateOpts& o, bool quiet);
 
+// The model a checkpoint records (ckpt::read_checkpoint_model: its shape and, record 2, its
+// settings: RoPE, norm eps, dtype, max positions). With spec_mc (the model section of the spec
+// at spec_path) the shapes must agree and the spec's settings are used only for a checkpoint
+// that records none. InputError naming --checkpoint or --spec. `quiet`: no notes on stderr.
+// `ringctl generate` and `ringctl eval` read the model this way.
+contract::ModelConfig model_of_checkpoint(const std::string& path,
+                                          const contract::ModelConfig* spec_mc,
+                                          const std::string& spec_path, bool quiet);
+// The checkpoint's master weights (master/<param>) in mc's flat layout; InputError naming
+// --checkpoint.
+std::vector<float> load_checkpoint_weights(const std::string& path,
+                                           const contract::ModelConfig& mc);
+
 // Every prompt can be cut over `world` ranks with o.split (before any rank joins the others);
 // InputError naming the prompt and the rule otherwise.
 void check_split(const GenerateOpts& o, const Inputs& in, int world);
