@@ -89,6 +89,12 @@ Subcommand add_eval(CLI::App& app) {
       "eval",
       "Evaluate a checkpoint: mean loss and perplexity over a dataset, loss by position in the "
       "document, logits as .npy, passkey retrieval at chosen depths (docs/generation.md)");
+  sc->footer(
+      "Loss by position: the mean loss of the tokens whose position in their document (the "
+      "tokens of context before them) is in [0, 1K), [1K, 4K), [4K, 16K), [16K, 64K), "
+      "[64K, 256K), [256K, 1M) and [1M, ...) (K = 1024). Documents longer than --seq-len are "
+      "cut into pieces, each evaluated from position 0. Passkey depth d: a fraction d of the "
+      "sample's filler comes before the key line.");
   auto o = std::make_shared<EvalOpts>();
   sc->add_option("--checkpoint", o->checkpoint,
                  "A checkpoint directory (its newest complete step) or one step directory, "

@@ -5,7 +5,8 @@
 # come from `ringctl status` (1 s timeout: nothing when no coordinator answers); spec arguments
 # complete to *.yaml / *.yml files and directories (simulate too, and its flags' named choices);
 # `tokenize` inputs to files and directories, its --tokenizer to *.model files, its --dtype to
-# uint16 / uint32.
+# uint16 / uint32; `eval` and `generate` --checkpoint to directories, eval's named choices
+# (--source, --dtype, --backend, --passkey).
 
 # The help text of "ringctl [SUB]", cached per binary and subcommand.
 declare -gA _ringctl_help_cache 2>/dev/null || true
@@ -114,6 +115,16 @@ _ringctl() {
     export:--dtype) mapfile -t COMPREPLY < <(compgen -W "bf16 fp32" -- "$cur"); return 0 ;;
     import:-o | import:--output | export:-o | export:--output)
       mapfile -t COMPREPLY < <(compgen -d -- "$cur"); compopt -o filenames 2>/dev/null; return 0 ;;
+    # eval: its named choices; the checkpoint is a directory, the spec a YAML file.
+    eval:--source) mapfile -t COMPREPLY < <(compgen -W "text tokens" -- "$cur"); return 0 ;;
+    eval:--dtype) mapfile -t COMPREPLY < <(compgen -W "fp32 bf16" -- "$cur"); return 0 ;;
+    eval:--backend) mapfile -t COMPREPLY < <(compgen -W "cpu cuda" -- "$cur"); return 0 ;;
+    eval:--passkey) mapfile -t COMPREPLY < <(compgen -W "0.1,0.5,0.9 random" -- "$cur"); return 0 ;;
+    eval:--checkpoint | generate:--checkpoint)
+      mapfile -t COMPREPLY < <(compgen -d -- "$cur"); compopt -o filenames 2>/dev/null; return 0 ;;
+    eval:--spec)
+      mapfile -t COMPREPLY < <(compgen -f -X '!*.y*ml' -- "$cur"; compgen -d -- "$cur")
+      compopt -o filenames 2>/dev/null; return 0 ;;
   esac
   if [[ $prev == -* ]] && _ringctl_flag_takes_value "$cmd" "$sub" "$prev"; then
     case $prev in
