@@ -310,6 +310,47 @@ TEST(Model, BucketCallbacksComeInLayoutOrderAndAreFinal) {
       << "a bucket changed after it was reported final";
 }
 
+// What the model keeps for the backward (docs/precision.md "Where each tensor lives"), counted
+// by hand per tensor: fp32 stores everything in 4 bytes; bf16 without recompute keeps h1, h2, q,
+// k, v, o in 2 bytes plus one layer's fp32 work set of the six, and x, x_mid, lse, rstd, gate/up
+// in 4; with recompute the one layer's set stays fp32 in both dtypes. The bf16 layouts' gradients
+// are the same bits (ModelVsTorch's recompute check).
+TEST(Model, Bf16KeepsSavedActivationsInTwoBytes) {
+  for (spec::MlpKind mlp : {spec::MlpKind::kSwiGLU, spec::MlpKind::kGelu}) {
+    ModelConfig cfg = make_config(Case{"x", mlp, false, 4, 2, false});
+    cfg.layers = 3;
+    const int64_t t = 64, L = cfg.layers, d = cfg.d_model, f = cfg.mlp_hidden;
+    const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim();
+    const int64_t mlp_n = mlp == spec::MlpKind::kSwiGLU ? 2 : 1;  // gate and up, or up
+    const int64_t six = 2 * d + 2 * qd + 2 * kvd;                     // h1 h2 q o k v
+    const int64_t rest = d + cfg.heads + mlp_n * f + 2;               // x_mid lse gate/up rstd
+    const int64_t xs = (L + 1) * d * 4;                               // block inputs, fp32
+    const int64_t want_fp32 = t * (xs + L * 4 * (six + rest));
+    const int64_t want_bf16 = t * (xs + L * (2 * six + 4 * rest) + 4 * six);
+    const int64_t want_recompute = t * (xs + 4 * (six + rest));
+    auto backend = cpu_backend();
+    LocalAttention attention(backend.get());
+    HostBatch hb = make_batch(t, cfg.vocab, false, 5);
+    auto bytes = [&](spec::DType dtype, bool recompute) {
+      ModelConfig c = cfg;
+      c.dtype = dtype;
+      c.recompute = recompute;
+      Model model(c, backend.get(), &attention);
+      model.init_params(7);
+      model.forward_backward(hb.batch(), hb.valid);
+      return model.activation_bytes();
+    };
+    const int64_t fp32 = bytes(spec::DType::kFp32, false), bf16 = bytes(spec::DType::kBf16, false);
+    EXPECT_EQ(fp32, want_fp32);
+    EXPECT_EQ(bf16, want_bf16);
+    EXPECT_EQ(bytes(spec::DType::kBf16, true), want_recompute);
+    EXPECT_EQ(bytes(spec::DType::kFp32, true), want_recompute);
+    std::printf("[%s] saved activations: fp32 %lld bytes, bf16 %lld (%.3fx)\n",
+                spec::to_string(mlp), static_cast<long long>(fp32),
+                static_cast<long long>(bf16), static_cast<double>(bf16) / fp32);
+  }
+}
+
 TEST(Model, InitIsDeterministicAndSeedDependent) {
   ModelConfig cfg = make_config(Case{"x", spec::MlpKind::kGelu, false, 4, 2, false});
   auto backend = cpu_backend();

@@ -21,8 +21,10 @@ repeating K/V heads. Exits with status 3 and a message when torch cannot be impo
 bf16 (the rounding points of worker/model/model.h, computed here in float64 between them): every
 weight is used rounded to bf16; every matmul reads its input rounded to bf16 and the gradient
 arriving at its output is rounded to bf16 before the matmul's backward (what the bf16 GEMMs read);
-Q and K are rounded after RoPE, V after its projection. The weights' and activations' own
-gradients pass the forward roundings straight through. Rounding is float -> float32 -> bfloat16
+Q and K are rounded after RoPE, V after its projection, the attention output O after attention
+(what the wo matmul reads, and what the model keeps for the backward: the attention backward's
+rowsum(dO * O) uses the rounded O, written out in SavedBf16Attention). The weights' and
+activations' own gradients pass the forward roundings straight through. Rounding is float -> float32 -> bfloat16
 (round to nearest even), as the C++ side rounds its fp32 values.
 """
 import json
@@ -113,6 +115,45 @@ def attention(q, k, v, pos, docs, scale):
     return torch.einsum("hij,jhd->ihd", p, v)
 
 
+class SavedBf16Attention(torch.autograd.Function):
+    """attention() whose backward uses O rounded to bf16, as the bf16 model keeps it.
+
+    FlashAttention's backward (kernels/, worker/model/model.h): dV = P^T dO, dP = dO V^T,
+    D = rowsum(dO * O), dS = P (dP - D), dQ = scale dS K, dK = scale dS^T Q. Autograd through
+    attention() computes D from the exact O; the model computes it from the O it kept in bf16.
+    GQA: the K/V heads' gradients are summed over their query heads.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos, docs, scale):
+        group = q.shape[1] // k.shape[1]
+        kr = k.repeat_interleave(group, dim=1)
+        vr = v.repeat_interleave(group, dim=1)
+        s = torch.einsum("ihd,jhd->hij", q, kr) * scale
+        allowed = (pos[None, :] <= pos[:, None]) & (docs[:, None] == docs[None, :])
+        s = s.masked_fill(~allowed[None, :, :], float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        o = torch.einsum("hij,jhd->ihd", p, vr)
+        ctx.save_for_backward(q, kr, vr, p, bf16(o))
+        ctx.scale, ctx.group = scale, group
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, kr, vr, p, o_kept = ctx.saved_tensors
+        scale, group = ctx.scale, ctx.group
+        dvr = torch.einsum("hij,ihd->jhd", p, do)
+        dp = torch.einsum("ihd,jhd->hij", do, vr)
+        delta = (do * o_kept).sum(-1).t()  # [H, T]
+        ds = p * (dp - delta[:, :, None])
+        dq = torch.einsum("hij,jhd->ihd", ds, kr) * scale
+        dkr = torch.einsum("hij,ihd->jhd", ds, q) * scale
+        T, H, hd = dkr.shape
+        dk = dkr.view(T, H // group, group, hd).sum(2)
+        dv = dvr.view(T, H // group, group, hd).sum(2)
+        return dq, dk, dv, None, None, None
+
+
 def model_loss(cfg, P, ids, labels, pos, docs, global_valid):
     T = ids.shape[0]
     H, KH, hd = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
@@ -138,7 +179,8 @@ def model_loss(cfg, P, ids, labels, pos, docs, global_valid):
         v = rnd(lin(h, P[p + "attn.wv"])).view(T, KH, hd)
         scaling = cfg.get("rope_scaling")
         q, k = rnd(rope(q, pos, theta, scaling)), rnd(rope(k, pos, theta, scaling))
-        o = attention(q, k, v, pos, docs, 1.0 / (hd ** 0.5)).reshape(T, H * hd)
+        att = SavedBf16Attention.apply if mixed else attention
+        o = rnd(att(q, k, v, pos, docs, 1.0 / (hd ** 0.5))).reshape(T, H * hd)
         x = x + lin(o, P[p + "attn.wo"])
         h = rmsnorm(x, P[p + "mlp_norm.gain"], eps)
         if cfg["mlp"] == "swiglu":

@@ -85,6 +85,7 @@ Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExec
   }
   xs_.resize(config_.layers + 1);
   acts_.resize(config_.recompute ? 1 : config_.layers);
+  compact_ = bf16_ && !config_.recompute;
 }
 
 void Model::require_flat(const char* what) const {
@@ -223,11 +224,12 @@ const uint16_t* Model::to_bf16(const float* x, int64_t n, DeviceArray<uint16_t>&
   return scratch.data();
 }
 
-void Model::linear(const float* x, const float* w, int64_t out, int64_t in, float* y) {
+void Model::linear(const float* x, const uint16_t* xb, const float* w, int64_t out, int64_t in,
+                   float* y) {
   if (bf16_) {
     check_status(backend_->gemm_mixed(kernels::DType::kBF16, kernels::DType::kF32, false, true, t_,
-                                      out, in, 1.f, to_bf16(x, t_ * in, a_bf16_), in, bf16_of(w),
-                                      in, 0.f, y, out),
+                                      out, in, 1.f, xb ? xb : to_bf16(x, t_ * in, a_bf16_), in,
+                                      bf16_of(w), in, 0.f, y, out),
                  "gemm (bf16)");
     return;
   }
@@ -250,11 +252,12 @@ void Model::linear_dx(const float* dy, const float* w, int64_t out, int64_t in, 
                "gemm");
 }
 
-void Model::linear_dw(const float* dy, const float* x, int64_t out, int64_t in, float* dw) {
+void Model::linear_dw(const float* dy, const float* x, const uint16_t* xb, int64_t out,
+                      int64_t in, float* dw) {
   if (bf16_) {
     check_status(backend_->gemm_mixed(kernels::DType::kBF16, kernels::DType::kF32, true, false,
                                       out, in, t_, 1.f, to_bf16(dy, t_ * out, a_bf16_), out,
-                                      to_bf16(x, t_ * in, b_bf16_), in, 1.f, dw, in),
+                                      xb ? xb : to_bf16(x, t_ * in, b_bf16_), in, 1.f, dw, in),
                  "gemm (bf16)");
     return;
   }
@@ -263,20 +266,46 @@ void Model::linear_dw(const float* dy, const float* x, int64_t out, int64_t in, 
                "gemm");
 }
 
-void Model::ensure(LayerActs& a) {
+void Model::ensure(LayerActs& a, ActsKind kind) {
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
-  a.h1.resize(backend_, t * d);
-  a.q.resize(backend_, t * config_.q_dim());
-  a.k.resize(backend_, t * config_.kv_dim());
-  a.v.resize(backend_, t * config_.kv_dim());
-  a.o.resize(backend_, t * config_.q_dim());
+  const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
+  if (kind == ActsKind::kBf16Saved) {
+    a.h1_b.resize(backend_, t * d);
+    a.q_b.resize(backend_, t * qd);
+    a.k_b.resize(backend_, t * kvd);
+    a.v_b.resize(backend_, t * kvd);
+    a.o_b.resize(backend_, t * qd);
+    a.h2_b.resize(backend_, t * d);
+  } else {
+    a.h1.resize(backend_, t * d);
+    a.q.resize(backend_, t * qd);
+    a.k.resize(backend_, t * kvd);
+    a.v.resize(backend_, t * kvd);
+    a.o.resize(backend_, t * qd);
+    a.h2.resize(backend_, t * d);
+  }
+  if (kind == ActsKind::kWork) return;
   a.lse.resize(backend_, t * config_.heads);
   a.x_mid.resize(backend_, t * d);
-  a.h2.resize(backend_, t * d);
   if (config_.mlp == spec::MlpKind::kSwiGLU) a.gate.resize(backend_, t * f);
   a.up.resize(backend_, t * f);
   a.rstd1.resize(backend_, t);
   a.rstd2.resize(backend_, t);
+}
+
+int64_t Model::activation_bytes() const {
+  int64_t n = 0;
+  auto add = [&n](const LayerActs& a) {
+    for (const DeviceArray<float>* x : {&a.h1, &a.q, &a.k, &a.v, &a.o, &a.lse, &a.x_mid, &a.h2,
+                                        &a.gate, &a.up, &a.rstd1, &a.rstd2})
+      n += static_cast<int64_t>(x->bytes());
+    for (const DeviceArray<uint16_t>* x : {&a.h1_b, &a.q_b, &a.k_b, &a.v_b, &a.o_b, &a.h2_b})
+      n += static_cast<int64_t>(x->bytes());
+  };
+  for (const LayerActs& a : acts_) add(a);
+  add(work_);
+  for (const DeviceArray<float>& x : xs_) n += static_cast<int64_t>(x.bytes());
+  return n;
 }
 
 void Model::prepare(const Batch& b) {
@@ -300,7 +329,8 @@ void Model::prepare(const Batch& b) {
                  "copy_to_device");
   }
   for (auto& x : xs_) x.resize(backend_, t * d);
-  for (auto& a : acts_) ensure(a);
+  for (auto& a : acts_) ensure(a, compact_ ? ActsKind::kBf16Saved : ActsKind::kFp32);
+  if (compact_) ensure(work_, ActsKind::kWork);
   xf_.resize(backend_, t * d);
   rstd_f_.resize(backend_, t);
   logits_.resize(backend_, t * config_.vocab);
@@ -389,40 +419,55 @@ void Model::layer_forward(int l, LayerActs& a, const float* w) {
   const LayerOffsets& o = off_[l];
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
   const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
+  // h1, q, k, v, o, h2 are computed in fp32 in `c`: the layer's own set, or (compact) the work
+  // set shared by all layers, whose values the layer keeps as bf16 copies (a.*_b). GEMMs read
+  // the kept copy of their input where there is one.
+  LayerActs& c = compact_ ? work_ : a;
   check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[l].data(), w + o.attn_norm,
-                                         a.h1.data(), a.rstd1.data()),
+                                         c.h1.data(), a.rstd1.data()),
                "rmsnorm_forward");
-  linear(a.h1.data(), w + o.wq, qd, d, a.q.data());
-  linear(a.h1.data(), w + o.wk, kvd, d, a.k.data());
-  linear(a.h1.data(), w + o.wv, kvd, d, a.v.data());
+  const uint16_t* h1b = compact_ ? to_bf16(c.h1.data(), t * d, a.h1_b) : nullptr;
+  linear(c.h1.data(), h1b, w + o.wq, qd, d, c.q.data());
+  linear(c.h1.data(), h1b, w + o.wk, kvd, d, c.k.data());
+  linear(c.h1.data(), h1b, w + o.wv, kvd, d, c.v.data());
   check_status(
-      backend_->rope(t, config_.heads, config_.head_dim, rope_, pos_.data(), false, a.q.data()),
+      backend_->rope(t, config_.heads, config_.head_dim, rope_, pos_.data(), false, c.q.data()),
       "rope");
   check_status(
-      backend_->rope(t, config_.kv_heads, config_.head_dim, rope_, pos_.data(), false, a.k.data()),
+      backend_->rope(t, config_.kv_heads, config_.head_dim, rope_, pos_.data(), false, c.k.data()),
       "rope");
   if (bf16_) {
     // Q, K, V as bf16 holds them: what attention reads and what the ring sends.
-    check_status(backend_->round_to_bf16(t * qd, a.q.data()), "round_to_bf16");
-    check_status(backend_->round_to_bf16(t * kvd, a.k.data()), "round_to_bf16");
-    check_status(backend_->round_to_bf16(t * kvd, a.v.data()), "round_to_bf16");
+    check_status(backend_->round_to_bf16(t * qd, c.q.data()), "round_to_bf16");
+    check_status(backend_->round_to_bf16(t * kvd, c.k.data()), "round_to_bf16");
+    check_status(backend_->round_to_bf16(t * kvd, c.v.data()), "round_to_bf16");
   }
-  attention_->forward(attention_call(l, a), a.o.data(), a.lse.data());
-  linear(a.o.data(), w + o.wo, d, qd, a.x_mid.data());
+  if (compact_) {  // exact: the values are bf16 already
+    to_bf16(c.q.data(), t * qd, a.q_b);
+    to_bf16(c.k.data(), t * kvd, a.k_b);
+    to_bf16(c.v.data(), t * kvd, a.v_b);
+  }
+  attention_->forward(attention_call(l, c), c.o.data(), a.lse.data());
+  // bf16: o rounded once, what the wo GEMM reads and what the backward uses (kept as bf16).
+  const uint16_t* ob = compact_ ? to_bf16(c.o.data(), t * qd, a.o_b) : nullptr;
+  if (bf16_ && !compact_)
+    check_status(backend_->round_to_bf16(t * qd, c.o.data()), "round_to_bf16");
+  linear(c.o.data(), ob, w + o.wo, d, qd, a.x_mid.data());
   check_status(backend_->add(t * d, xs_[l].data(), a.x_mid.data(), a.x_mid.data()), "add");
   check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, a.x_mid.data(), w + o.mlp_norm,
-                                         a.h2.data(), a.rstd2.data()),
+                                         c.h2.data(), a.rstd2.data()),
                "rmsnorm_forward");
+  const uint16_t* h2b = compact_ ? to_bf16(c.h2.data(), t * d, a.h2_b) : nullptr;
   if (config_.mlp == spec::MlpKind::kSwiGLU) {
-    linear(a.h2.data(), w + o.w_gate, f, d, a.gate.data());
-    linear(a.h2.data(), w + o.w_up, f, d, a.up.data());
+    linear(c.h2.data(), h2b, w + o.w_gate, f, d, a.gate.data());
+    linear(c.h2.data(), h2b, w + o.w_up, f, d, a.up.data());
     check_status(backend_->swiglu_forward(t * f, a.gate.data(), a.up.data(), act_.data()),
                  "swiglu_forward");
   } else {
-    linear(a.h2.data(), w + o.w_up, f, d, a.up.data());
+    linear(c.h2.data(), h2b, w + o.w_up, f, d, a.up.data());
     check_status(backend_->gelu_forward(t * f, a.up.data(), act_.data()), "gelu_forward");
   }
-  linear(act_.data(), w + o.w_down, d, f, xs_[l + 1].data());
+  linear(act_.data(), nullptr, w + o.w_down, d, f, xs_[l + 1].data());
   check_status(backend_->add(t * d, a.x_mid.data(), xs_[l + 1].data(), xs_[l + 1].data()), "add");
 }
 
@@ -431,6 +476,13 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
   const LayerOffsets& o = off_[l];
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
   const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
+  // The saved GEMM inputs h1, h2, o: fp32 in the layer's set, or (compact) their bf16 copies,
+  // which the bf16 GEMMs read as they are.
+  const float* h1 = compact_ ? nullptr : a.h1.data();
+  const float* h2 = compact_ ? nullptr : a.h2.data();
+  const uint16_t* h1b = compact_ ? a.h1_b.data() : nullptr;
+  const uint16_t* h2b = compact_ ? a.h2_b.data() : nullptr;
+  const uint16_t* ob = compact_ ? a.o_b.data() : nullptr;
 
   // MLP. act = silu(gate) * up or gelu(up) is recomputed (cheap) rather than kept per layer.
   if (config_.mlp == spec::MlpKind::kSwiGLU) {
@@ -439,20 +491,20 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
   } else {
     check_status(backend_->gelu_forward(t * f, a.up.data(), act_.data()), "gelu_forward");
   }
-  linear_dw(dx_.data(), act_.data(), d, f, gr + o.w_down);
+  linear_dw(dx_.data(), act_.data(), nullptr, d, f, gr + o.w_down);
   linear_dx(dx_.data(), w + o.w_down, d, f, 0.f, dact_.data());  // [T, f]
   if (config_.mlp == spec::MlpKind::kSwiGLU) {
     check_status(backend_->swiglu_backward(t * f, a.gate.data(), a.up.data(), dact_.data(),
                                            dgate_.data(), dup_.data()),
                  "swiglu_backward");
-    linear_dw(dgate_.data(), a.h2.data(), f, d, gr + o.w_gate);
-    linear_dw(dup_.data(), a.h2.data(), f, d, gr + o.w_up);
+    linear_dw(dgate_.data(), h2, h2b, f, d, gr + o.w_gate);
+    linear_dw(dup_.data(), h2, h2b, f, d, gr + o.w_up);
     linear_dx(dgate_.data(), w + o.w_gate, f, d, 0.f, dh_.data());
     linear_dx(dup_.data(), w + o.w_up, f, d, 1.f, dh_.data());
   } else {
     check_status(backend_->gelu_backward(t * f, a.up.data(), dact_.data(), dup_.data()),
                  "gelu_backward");
-    linear_dw(dup_.data(), a.h2.data(), f, d, gr + o.w_up);
+    linear_dw(dup_.data(), h2, h2b, f, d, gr + o.w_up);
     linear_dx(dup_.data(), w + o.w_up, f, d, 0.f, dh_.data());
   }
   check_status(backend_->rmsnorm_backward(t, d, a.x_mid.data(), w + o.mlp_norm, a.rstd2.data(),
@@ -460,10 +512,22 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
                "rmsnorm_backward");
   check_status(backend_->add(t * d, dx_.data(), dtmp_.data(), dx_.data()), "add");  // dL/dx_mid
 
-  // Attention.
-  linear_dw(dx_.data(), a.o.data(), d, qd, gr + o.wo);
+  // Attention. Compact: q, k, v, o widened into the work set (exact) for the executor.
+  LayerActs& c = compact_ ? work_ : a;
+  if (compact_) {
+    auto widen = [&](const DeviceArray<uint16_t>& from, int64_t n, DeviceArray<float>& to) {
+      check_status(backend_->convert(kernels::DType::kBF16, kernels::DType::kF32, n, from.data(),
+                                     to.data()),
+                   "convert");
+    };
+    widen(a.q_b, t * qd, c.q);
+    widen(a.k_b, t * kvd, c.k);
+    widen(a.v_b, t * kvd, c.v);
+    widen(a.o_b, t * qd, c.o);
+  }
+  linear_dw(dx_.data(), compact_ ? nullptr : a.o.data(), ob, d, qd, gr + o.wo);
   linear_dx(dx_.data(), w + o.wo, d, qd, 0.f, do_.data());  // [T, H, hd]
-  attention_->backward(attention_call(l, a), a.o.data(), a.lse.data(), do_.data(), dq_.data(),
+  attention_->backward(attention_call(l, c), c.o.data(), a.lse.data(), do_.data(), dq_.data(),
                        dk_.data(), dv_.data());
   // RoPE is a rotation (times yarn's attention factor): its backward is the transpose.
   check_status(
@@ -472,9 +536,9 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
   check_status(
       backend_->rope(t, config_.kv_heads, config_.head_dim, rope_, pos_.data(), true, dk_.data()),
       "rope");
-  linear_dw(dq_.data(), a.h1.data(), qd, d, gr + o.wq);
-  linear_dw(dk_.data(), a.h1.data(), kvd, d, gr + o.wk);
-  linear_dw(dv_.data(), a.h1.data(), kvd, d, gr + o.wv);
+  linear_dw(dq_.data(), h1, h1b, qd, d, gr + o.wq);
+  linear_dw(dk_.data(), h1, h1b, kvd, d, gr + o.wk);
+  linear_dw(dv_.data(), h1, h1b, kvd, d, gr + o.wv);
   linear_dx(dq_.data(), w + o.wq, qd, d, 0.f, dh_.data());
   linear_dx(dk_.data(), w + o.wk, kvd, d, 1.f, dh_.data());
   linear_dx(dv_.data(), w + o.wv, kvd, d, 1.f, dh_.data());
@@ -491,7 +555,7 @@ LossResult Model::head_forward(int64_t global_valid, bool with_grad, const float
   check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[config_.layers].data(),
                                          wh + off_final_norm_, xf_.data(), rstd_f_.data()),
                "rmsnorm_forward");
-  linear(xf_.data(), head, v, d, logits_.data());
+  linear(xf_.data(), nullptr, head, v, d, logits_.data());
   LossResult r;
   const float scale = 1.f / static_cast<float>(global_valid);
   check_status(backend_->cross_entropy(t, v, logits_.data(), labels_.data(), scale, &r.loss_sum,
@@ -505,7 +569,7 @@ void Model::head_backward(const float* wh, const float* we, float* gh, float* ge
   // logits_ holds dL/dlogits [T, vocab].
   const int64_t t = t_, d = config_.d_model, v = config_.vocab;
   const bool tied = config_.tie_embeddings;
-  linear_dw(logits_.data(), xf_.data(), v, d, (tied ? ge : gh) + off_head_);
+  linear_dw(logits_.data(), xf_.data(), nullptr, v, d, (tied ? ge : gh) + off_head_);
   linear_dx(logits_.data(), (tied ? we : wh) + off_head_, v, d, 0.f, dh_.data());
   check_status(backend_->rmsnorm_backward(t, d, xs_[config_.layers].data(), wh + off_final_norm_,
                                           rstd_f_.data(), dh_.data(), dx_.data(),

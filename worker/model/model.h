@@ -2,8 +2,9 @@
 // (no autograd), over THIS rank's tokens. fp32, or with config.dtype bf16 the mixed precision of
 // docs/precision.md: every GEMM reads bf16 operands (the working weights and its input rounded
 // once, the one rounding) and accumulates in fp32 into an fp32 output; Q, K and V are rounded to
-// bf16 after RoPE (what attention and the ring read); the residual stream, norms, softmax, loss
-// and gradients stay fp32. Values are held in fp32 buffers (a bf16-rounded value is exact there).
+// bf16 after RoPE (what attention and the ring read), the attention output o after attention
+// (what the wo GEMM reads and the attention backward's rowsum(dout * o) uses); the residual
+// stream, norms, softmax, loss, the MLP's gate/up (GEMM outputs) and gradients stay fp32.
 //
 //   x0 = embedding[tokens]                                            [T, d]
 //   for each block l:
@@ -24,7 +25,12 @@
 // keeps h1, q, k, v, o, lse, x_mid, h2, gate/up ([T, hidden] each) for the backward; with
 // model.recompute only each block's input x is kept and the block's forward is re-run in the
 // backward (identical arithmetic, so identical gradients). Everything is linear in T: attention
-// never materialises [T, T].
+// never materialises [T, T]. bf16 without recompute keeps the six values that are bf16 already
+// (h1, h2: GEMM inputs; q, k, v, o) as bf16, 2 bytes (the compact layout): a layer's forward
+// computes them in one fp32 work set shared by all layers and keeps their bf16 copies; its
+// backward feeds the bf16 h1, h2 and o straight to the bf16 GEMMs and widens q, k, v, o into
+// the work set for attention (exact both ways, so the same bits as fp32 storage). x, x_mid,
+// rstd, lse and gate/up stay fp32. With recompute the one layer's set stays fp32.
 #pragma once
 
 #include <cstdint>
@@ -137,10 +143,21 @@ class Model {
   LossResult forward(const Batch& batch, int64_t global_valid);
   const float* logits() const { return logits_.data(); }
 
+  // Bytes of what the model keeps for the backward as of the last pass: the block inputs x
+  // ([layers + 1] x [T, d] fp32), every layer's saved set, and the compact layout's fp32 work
+  // set; not the backward's scratch, the logits or the weights. docs/planning.md's activation
+  // formula counts these.
+  int64_t activation_bytes() const;
+
  private:
+  // One layer's saved activations. fp32 (and bf16 with recompute): all in the fp32 arrays. The
+  // compact layout (bf16 without recompute): h1, q, k, v, o, h2 in the *_b arrays (bf16 bits),
+  // the rest fp32; its work set (work_) holds only the six fp32 arrays.
   struct LayerActs {
     DeviceArray<float> h1, q, k, v, o, lse, x_mid, h2, gate, up, rstd1, rstd2;
+    DeviceArray<uint16_t> h1_b, q_b, k_b, v_b, o_b, h2_b;
   };
+  enum class ActsKind { kFp32, kBf16Saved, kWork };
   const float* p(const std::string& name) const;
   float* g(const std::string& name);
   void prepare(const Batch& batch);
@@ -159,7 +176,7 @@ class Model {
   void grads_done(const GradBucket& b);
   void require_flat(const char* what) const;
   AttentionCall attention_call(int l, LayerActs& a) const;
-  void ensure(LayerActs& a);
+  void ensure(LayerActs& a, ActsKind kind);
   // The start of forward and forward_backward: arguments checked, the batch's buffers, the
   // weights (prepare_weights).
   void begin_pass(const Batch& batch, int64_t global_valid, const char* what);
@@ -169,12 +186,15 @@ class Model {
   const uint16_t* bf16_of(const float* w) const;
   // n values of x as bf16 into scratch (the one rounding).
   const uint16_t* to_bf16(const float* x, int64_t n, DeviceArray<uint16_t>& scratch);
-  // y[T, out] = x[T, in] w[out, in]^T
-  void linear(const float* x, const float* w, int64_t out, int64_t in, float* y);
+  // y[T, out] = x[T, in] w[out, in]^T. bf16: xb (when not null) is x already in bf16 (a kept
+  // copy; x may then be null), else x is converted.
+  void linear(const float* x, const uint16_t* xb, const float* w, int64_t out, int64_t in,
+              float* y);
   // dx[T, in] (beta: 0 overwrite, 1 accumulate) += dy[T, out] w[out, in]
   void linear_dx(const float* dy, const float* w, int64_t out, int64_t in, float beta, float* dx);
-  // dw[out, in] += dy[T, out]^T x[T, in]
-  void linear_dw(const float* dy, const float* x, int64_t out, int64_t in, float* dw);
+  // dw[out, in] += dy[T, out]^T x[T, in]; xb as for linear.
+  void linear_dw(const float* dy, const float* x, const uint16_t* xb, int64_t out, int64_t in,
+                 float* dw);
 
   ModelConfig config_;
   ParamLayout layout_;
@@ -212,6 +232,8 @@ class Model {
   bool has_docs_ = false;
   std::vector<DeviceArray<float>> xs_;  // [layers + 1] x [T, d]: block inputs, final output
   std::vector<LayerActs> acts_;         // [layers] or [1] with recompute
+  bool compact_ = false;                // bf16 without recompute: acts_ keep bf16 (see top)
+  LayerActs work_;                      // compact: one layer's fp32 h1, q, k, v, o, h2
   DeviceArray<float> xf_, rstd_f_, logits_;  // [T, d], [T], [T, vocab]
   // Backward scratch.
   DeviceArray<float> dx_, dtmp_, dh_, dact_, dgate_, dup_, act_, dq_, dk_, dv_, do_;
