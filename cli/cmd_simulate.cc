@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/plan_search.h"
 #include "common/topology/hostlist.h"
 #include "fmt/format.h"
 #include "sim/simulate.h"
@@ -19,17 +20,8 @@ namespace {
 
 struct SimulateOpts {
   std::string file;
-  std::string topology = "fat-tree";
+  ClusterFlags cluster;  // --topology, --gpu, --calibration, --node-bw, ... (cli/plan_search.h)
   int64_t nodes = 0;
-  std::string gpu;
-  std::string calibration;
-  double node_bw_gb = 0;
-  double oversubscription = 1;
-  int64_t pod_nodes = 16;
-  std::string routing = "minimal";
-  double torus_link_gb = 0;
-  std::string node_names = "wired";
-  int64_t cluster_nodes = 0;
   std::string ring_order;
   std::string stagger;
   int64_t stagger_us = -1;
@@ -43,26 +35,6 @@ struct SimulateOpts {
   std::string trace;
   SetFlags set;
 };
-
-const std::vector<std::string> kShapes = {"fat-tree", "dragonfly+", "torus3d"};
-
-bool is_regular_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-CLI::Validator one_of(std::vector<std::string> names, const char* what) {
-  return CLI::Validator(
-      [names, what](std::string& v) -> std::string {
-        if (std::find(names.begin(), names.end(), v) != names.end()) return "";
-        std::string all;
-        for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-        auto c = closest(v, names);
-        return fmt::format("unknown {} '{}'{} (choose {})", what, printable(v),
-                           c.empty() ? "" : "; did you mean '" + c + "'?", all);
-      },
-      "", "NAME");
-}
 
 // "A:F" with A a non-negative integer and F a finite factor >= 1.
 bool parse_target_factor(const std::string& v, int64_t* target, double* factor) {
@@ -138,51 +110,10 @@ int run_simulate(const SimulateOpts& o) {
   const spec::JobSpec& s = *r.spec;
 
   sim::SimOptions so;
-  // Compute rates.
-  std::string gpu = o.gpu;
-  if (gpu.empty())
-    gpu = s.resources.backend == spec::Backend::kCpu ? "cpu" : spec::to_string(s.resources.gpu_type);
-  try {
-    if (gpu == "cpu") {
-      if (o.calibration.empty()) {
-        std::cerr << where << ": --calibration: --gpu cpu needs a calibration file (bench/sim_calibrate.sh "
-                     "measures this machine and writes one)\n";
-        return kExitUsage;
-      }
-      so.rates = sim::load_calibration(o.calibration);
-    } else {
-      so.rates = sim::preset_rates(gpu);
-    }
-  } catch (const std::exception& e) {
-    std::cerr << where << ": " << (gpu == "cpu" ? "--calibration: " : "--gpu: ") << e.what() << "\n";
+  if (std::string err = sim_options_from(o.cluster, s, &so); !err.empty()) {
+    std::cerr << where << ": " << err << "\n";
     return kExitUsage;
   }
-  // Cluster.
-  sim::ClusterOptions& c = so.cluster;
-  double default_bw = 200;
-  if (o.topology == "fat-tree") {
-    c.shape = sim::Shape::kFatTree;
-  } else if (o.topology == "dragonfly+") {
-    c.shape = sim::Shape::kDragonflyPlus;
-    default_bw = 400;
-  } else if (o.topology == "torus3d") {
-    c.shape = sim::Shape::kTorus3d;
-    default_bw = 300;
-  } else {
-    const std::string& f = o.topology;
-    const bool yaml = f.size() > 5 && (f.ends_with(".yaml") || f.ends_with(".yml"));
-    c.shape = yaml ? sim::Shape::kGraphFile : sim::Shape::kSlurmConf;
-    c.file = f;
-  }
-  if (so.rates.network_bw > 0) default_bw = so.rates.network_bw / 1e9;
-  c.node_bw = (o.node_bw_gb > 0 ? o.node_bw_gb : default_bw) * 1e9;
-  c.oversubscription = o.oversubscription;
-  c.pod_nodes = static_cast<int>(o.pod_nodes);
-  c.valiant = o.routing == "valiant";
-  c.torus_link = o.torus_link_gb * 1e9;
-  c.shuffled_names = o.node_names == "shuffled";
-  c.nodes = static_cast<int>(o.cluster_nodes);
-  if (so.rates.network_latency > 0) c.nic_latency = so.rates.network_latency / 2, c.switch_latency = 0;
   // What-ifs.
   if (o.ring_order == "natural") so.ring_order = sim::RingOrderChoice::kNatural;
   if (o.ring_order == "topology") so.ring_order = sim::RingOrderChoice::kTopology;
@@ -254,61 +185,17 @@ Subcommand add_simulate(CLI::App& app) {
       "torus3d (300), or a file: *.yaml (a link graph) or a Slurm topology.conf (LinkSpeed= in "
       "GB/s). docs/simulation.md describes the model and its assumptions.");
   s->add_option("file", o->file, "Spec file (YAML, a regular file); - reads standard input")->required();
-  s->add_option("--topology", o->topology, "fat-tree, dragonfly+, torus3d, or a topology FILE")
-      ->type_name("SHAPE|FILE")
-      ->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            if (std::find(kShapes.begin(), kShapes.end(), v) != kShapes.end()) return "";
-            if (is_regular_file(v)) return "";
-            auto c = closest(v, kShapes);
-            return fmt::format(
-                "'{}' is neither a topology (fat-tree, dragonfly+, torus3d){} nor a readable "
-                "file (*.yaml graph or topology.conf)",
-                printable(v), c.empty() ? "" : "; did you mean '" + c + "'?");
-          },
-          "", "TOPOLOGY"));
   s->add_option("--nodes", o->nodes, "Nodes of the job (data replicas scale to fill them)")
       ->type_name("N")
       ->check(flags::integer_in(1, 1000000));
-  s->add_option("--gpu", o->gpu, "Device rates: H100, H200, A100 (presets) or cpu (--calibration); "
-                                 "default: the spec's")
-      ->type_name("TYPE")
-      ->check(one_of({"H100", "H200", "A100", "cpu"}, "GPU type"));
-  s->add_option("--calibration", o->calibration, "Calibration JSON for --gpu cpu (bench/sim_calibrate.sh)")
-      ->type_name("FILE")
-      ->check(CLI::ExistingFile);
-  s->add_option("--node-bw", o->node_bw_gb, "Network bandwidth per node, GB/s (all NICs)")
-      ->type_name("GB/s")
-      ->check(flags::seconds_in(0.001, 1e6));
-  s->add_option("--oversubscription", o->oversubscription, "Uplink oversubscription (fat-tree, global links)")
-      ->type_name("X")
-      ->capture_default_str()
-      ->check(flags::seconds_in(1, 1000));
-  s->add_option("--pod-nodes", o->pod_nodes, "Fat-tree pod (rack) size in nodes")
-      ->capture_default_str()
-      ->check(flags::integer_in(1, 100000));
-  s->add_option("--routing", o->routing, "dragonfly+ routing: minimal or valiant")
-      ->capture_default_str()
-      ->check(one_of({"minimal", "valiant"}, "routing"));
-  s->add_option("--torus-link-bw", o->torus_link_gb, "3D torus link bandwidth per direction, GB/s (default: node bandwidth / 6)")
-      ->type_name("GB/s")
-      ->check(flags::seconds_in(0.001, 1e6));
-  s->add_option("--node-names", o->node_names,
-                "wired: node names follow the racks; shuffled: they do not (the sorted node list "
-                "crosses racks)")
-      ->capture_default_str()
-      ->check(one_of({"wired", "shuffled"}, "naming"));
-  s->add_option("--cluster-nodes", o->cluster_nodes, "Nodes in the cluster (default: the job's)")
-      ->type_name("N")
-      ->check(flags::integer_in(1, 1000000));
+  o->cluster.add_to(s, true);
   s->add_option("--ring-order", o->ring_order, "natural or topology (default: the spec's)")
       ->type_name("ORDER")
-      ->check(one_of({"natural", "topology"}, "ring order"));
+      ->check(choice_of({"natural", "topology"}, "ring order"));
   s->add_option("--stagger", o->stagger, "on or off: staggered ring sends (default: the spec's; on without --stagger-us: the spec's "
                    "stagger_us, else 50 us)")
       ->type_name("on|off")
-      ->check(one_of({"on", "off"}, "stagger setting"));
+      ->check(choice_of({"on", "off"}, "stagger setting"));
   s->add_option("--stagger-us", o->stagger_us, "Stagger per ring position, microseconds")
       ->type_name("US")
       ->check(flags::integer_in(0, 1000000));
@@ -320,16 +207,16 @@ Subcommand add_simulate(CLI::App& app) {
       ->check(target_factor("NODE"));
   s->add_option("--shard", o->shard, "parallel.shard: none, optimizer or full")
       ->type_name("MODE")
-      ->check(one_of({"none", "optimizer", "full"}, "shard mode"));
+      ->check(choice_of({"none", "optimizer", "full"}, "shard mode"));
   s->add_option("--compression", o->compression, "optimizer.compression: none or topk")
       ->type_name("KIND")
-      ->check(one_of({"none", "topk"}, "compression"));
+      ->check(choice_of({"none", "topk"}, "compression"));
   s->add_option("--density", o->density, "optimizer.density of top-k (0 < density <= 1)")
       ->type_name("X")
       ->check(flags::seconds_in(1e-9, 1));
   s->add_option("--expand", o->expand, "auto, full (every rank) or reduced (one ring's period)")
       ->capture_default_str()
-      ->check(one_of({"auto", "full", "reduced"}, "expansion"));
+      ->check(choice_of({"auto", "full", "reduced"}, "expansion"));
   s->add_flag("--json", o->json, "Machine-readable output");
   s->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of the simulated step to FILE")
       ->type_name("FILE");

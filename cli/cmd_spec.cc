@@ -2,6 +2,8 @@
 //
 //   ringctl validate FILE... [--json] [--set K=V]...   every error: file:line:col, key, rule
 //   ringctl plan FILE [--json] [--check] [--set K=V]... memory, communication and fit
+//   ringctl plan --search FILE [--nodes N] [--gpu T] [--topology S] [--write OUT] the fastest
+//                 layout that fits (cli/plan_search.h, sim/search.h)
 //   ringctl init [--template NAME] [-o FILE] [--force] a commented starting spec
 //
 // validate and plan check a spec as run and submit do: every rule, this build's limits as errors,
@@ -13,6 +15,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/plan_search.h"
 #include "cli/templates.h"
 #include "common/plan/plan.h"
 
@@ -134,9 +137,43 @@ struct PlanOpts {
   bool check = false;
   bool what_if = false;
   SetFlags set;
+  bool search = false;
+  PlanSearchOpts search_opts;  // --search's own flags (cluster, --write, ...)
 };
 
-int run_plan(const PlanOpts& o) {
+int run_plan(PlanOpts o) {
+  if (o.search) {
+    if (o.check) {
+      std::cerr << "ringctl plan: --check and --search: the search keeps only layouts that fit; "
+                   "check the written spec with `ringctl plan --check FILE`\n";
+      return kExitUsage;
+    }
+    o.search_opts.file = o.file;
+    o.search_opts.json = o.json;
+    o.search_opts.what_if = o.what_if;
+    o.search_opts.set = o.set;
+    return run_plan_search(o.search_opts);
+  }
+  const auto& so = o.search_opts;
+  const PlanSearchOpts defaults;
+  const ClusterFlags cd;
+  for (const auto& [used, flag] : std::vector<std::pair<bool, const char*>>{
+           {so.nodes != 0, "--nodes"},
+           {so.cluster.gpu != cd.gpu, "--gpu"},
+           {so.cluster.topology != cd.topology, "--topology"},
+           {!so.cluster.calibration.empty(), "--calibration"},
+           {so.cluster.node_bw_gb != cd.node_bw_gb, "--node-bw"},
+           {!so.write.empty(), "--write"},
+           {so.top != defaults.top, "--top"},
+           {so.simulate_top != defaults.simulate_top, "--simulate-top"},
+           {so.max_micro_batches != defaults.max_micro_batches, "--max-micro-batches"},
+           {so.sequences != defaults.sequences, "--sequences"},
+           {so.exhaustive, "--exhaustive"}})
+    if (used) {
+      std::cerr << "ringctl plan: " << flag << " is a flag of --search (ringctl plan --search FILE "
+                << flag << " ...)\n";
+      return kExitUsage;
+    }
   auto r = spec::load_spec_file(o.file, load_options(o.what_if, o.set));
   print_diagnostics(r, stderr_color());
   if (!r.ok()) {
@@ -258,6 +295,36 @@ Subcommand add_plan(CLI::App& app) {
               "Plan a design this build cannot run yet (bf16, ...): its limits "
               "become warnings");
   o->set.add_to(s);
+  auto& so = o->search_opts;
+  s->add_flag("--search", o->search,
+              "Find the fastest layout that fits: head ranks x ring, data replicas, "
+              "micro-batches, shard mode, recompute, top-k or dense; prints the best five "
+              "(simulated, as ringctl simulate; docs/planning.md, \"Layout search\")");
+  s->add_option("--nodes", so.nodes, "--search: nodes of the cluster (default: resources.nodes)")
+      ->type_name("N")
+      ->check(flags::integer_in(1, 1000000));
+  so.cluster.add_to(s, false);
+  s->add_option("--write", so.write,
+                "--search: write the best layout's spec to FILE (this spec with the changed "
+                "keys, checked to validate)")
+      ->type_name("FILE");
+  s->add_option("--top", so.top, "--search: layouts printed")
+      ->capture_default_str()
+      ->check(flags::integer_in(1, 1000));
+  s->add_option("--simulate-top", so.simulate_top,
+                "--search: layouts simulated in full after the shallow screen")
+      ->capture_default_str()
+      ->check(flags::integer_in(1, 100000));
+  s->add_option("--max-micro-batches", so.max_micro_batches,
+                "--search: micro-batches tried: 1, 2, 4, ... up to N")
+      ->capture_default_str()
+      ->check(flags::integer_in(1, 1024));
+  s->add_option("--sequences", so.sequences,
+                "--search: keep data_replicas x micro_batches (sequences per step) at N")
+      ->type_name("N")
+      ->check(flags::integer_in(1, 1000000));
+  s->add_flag("--exhaustive", so.exhaustive,
+              "--search: simulate every layout that fits (no screen; slow on large clusters)");
   return {s, [o] { return run_plan(*o); }};
 }
 
