@@ -423,16 +423,22 @@ PlanBuilder::PlanBuilder(const JobSpec& spec, ShardMode shard_mode, Plan& plan)
 }
 
 void PlanBuilder::worker_memory() {
-  // ---- activations saved for backward, per layer per local token (storage dtype, lse fp32):
-  // layer input and attention residual (2d), both norm outputs (2d), q and attention output
-  // (2 H hd), k and v (2 K hd), MLP intermediates (swiglu: gate, up, product = 3h; gelu: 2h),
-  // fp32 lse per head and two fp32 RMS statistics.
+  // ---- activations saved for backward, per layer per local token, as worker/model/model.h
+  // keeps them (docs/precision.md): the layer input and the attention residual (2d, the fp32
+  // residual stream), both norm outputs (2d), q and the attention output (2 H hd), k and v
+  // (2 K hd), the MLP intermediates (swiglu: gate, up, product = 3h; gelu: 2h; fp32 GEMM
+  // outputs), fp32 lse per head and two fp32 RMS statistics. The six bf16 values (norm outputs,
+  // q, o, k, v) take b bytes; bf16 (b < 4) adds one layer's fp32 work set of them, where the
+  // model computes each layer's before keeping the bf16 copies.
   const double mlp_act = (m.mlp == MlpKind::kSwiGLU ? 3.0 : 2.0) * h;
-  const double act_per_token_layer =
-      b * (4.0 * d + 2.0 * H * hd + 2.0 * K * hd + mlp_act) + 4.0 * H + 8.0;
-  p.activations_no_recompute = L * T * act_per_token_layer;
-  // Recompute keeps each layer's input, plus one layer's full set while it is recomputed.
-  p.activations_recompute = L * T * b * d + T * act_per_token_layer;
+  const double six = 2.0 * d + 2.0 * H * hd + 2.0 * K * hd;
+  auto per_token_layer = [&](double bytes) {
+    return 4.0 * (2.0 * d + mlp_act) + bytes * six + 4.0 * H + 8.0;
+  };
+  p.activations_no_recompute = L * T * per_token_layer(b) + (b < 4.0 ? T * 4.0 * six : 0.0);
+  // Recompute keeps each layer's input (fp32), plus one layer's full set, fp32 in both dtypes,
+  // while it is recomputed.
+  p.activations_recompute = L * T * 4.0 * d + T * per_token_layer(4.0);
   const double activations = m.recompute ? p.activations_recompute : p.activations_no_recompute;
 
   p.kv_local_per_layer = 2.0 * T * K * hd * b;
@@ -491,13 +497,24 @@ void PlanBuilder::worker_memory() {
   }
   w.push_back({m.recompute ? "activations (recompute)" : "activations",
                activations,
-               m.recompute ? "layers x T x d x b + one layer's full set"
-                           : "layers x T x (b (4d + 2H hd + 2K hd + mlp) + 4H + 8)"});
+               m.recompute ? "layers x T x d x 4 + one layer's full set (fp32)"
+               : b < 4.0 ? "layers x T x (4 (2d + mlp) + b (2d + 2H hd + 2K hd) + 4H + 8)"
+                           " + T x 4 (2d + 2H hd + 2K hd)"
+                         : "layers x T x (4 (2d + mlp) + b (2d + 2H hd + 2K hd) + 4H + 8)"});
+  // bf16: the GEMMs' bf16 operands the model converts (worker/model/model.h a_bf16_, b_bf16_:
+  // the gradient or input [T, x] of the widest GEMM each).
+  if (b < 4.0)
+    w.push_back({"bf16 GEMM operands",
+                 T * 2.0 * (std::max({h, V, d, H * hd}) + std::max({h, d, H * hd})),
+                 "T x 2 (max(h, V, d, H hd) + max(h, d, H hd))"});
   // Ring buffers at the peak (backward): K/V block in flight and in use (2 x 2 T K hd b) plus
-  // the travelling dK/dV accumulators, double-buffered, and the local ones (3 x 2 T K hd 4).
+  // the travelling dK/dV accumulators, double-buffered, and the local ones (3 x 2 T K hd 4); a
+  // bf16 wire widens each received block to fp32 for the kernels (2 x 2 T K hd 4 more).
   if (P > s.parallel.head_ranks)
-    w.push_back({"ring buffers (K/V, dK/dV)", 2.0 * kv_block + 3.0 * dkv_block,
-                 "2 x (2 T K hd b) + 3 x (2 T K hd 4)"});
+    w.push_back({"ring buffers (K/V, dK/dV)",
+                 2.0 * kv_block + 3.0 * dkv_block + (b < 4.0 ? 2.0 * 2.0 * T * K * hd * 4.0 : 0.0),
+                 b < 4.0 ? "2 x (2 T K hd b) + 3 x (2 T K hd 4) + 2 x (2 T K hd 4) widened"
+                         : "2 x (2 T K hd b) + 3 x (2 T K hd 4)"});
   // Head-parallel attention (worker/ring/head_attention.h): the backward's send and receive
   // buffers of U members each, and the group's tokens for the slot's heads in fp32 (q, o, dout,
   // dq and a staging copy; k, v, dk, dv), about 4 T H hd 4 + 4 T K hd 4 at U T tokens and

@@ -101,6 +101,25 @@ TEST(Plan, WorkerMemoryItemsAndRecompute) {
 
 // Memory per worker is linear in the tokens per rank: doubling seq_len at fixed ranks doubles
 // every token-proportional item exactly (no L^2 term anywhere).
+// bf16 activations as worker/model/model.h keeps them (docs/precision.md, docs/planning.md), by
+// hand for the 7B spec (d 4096, 32 heads of 128, no GQA, h 11008, 32 layers, T = 2^20 / 64): the
+// residual stream x, x_mid and the MLP's gate, up, product fp32; h1, h2, q, o, k, v bf16, plus
+// one layer's fp32 work set of them; lse and two RMS statistics fp32. Recompute: every layer's
+// input fp32 and one layer's whole set fp32. The bf16 GEMM operands: T x 2 (max(h, V, d) +
+// max(h, d)).
+TEST(Plan, Bf16ActivationsCountTheModelsStorage) {
+  Plan p = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
+  const double T = (1 << 20) / 64.0, L = 32, d = 4096, qd = 4096, kvd = 4096, h = 11008;
+  const double six = 2 * d + 2 * qd + 2 * kvd, fp32_rest = 2 * d + 3 * h, stats = 4 * 32 + 8;
+  EXPECT_DOUBLE_EQ(p.activations_no_recompute,
+                   L * T * (4 * fp32_rest + 2 * six + stats) + T * 4 * six);
+  EXPECT_DOUBLE_EQ(p.activations_recompute, L * T * 4 * d + T * (4 * fp32_rest + 4 * six + stats));
+  double operands = 0;
+  for (const auto& i : p.worker)
+    if (i.name == "bf16 GEMM operands") operands = i.bytes;
+  EXPECT_DOUBLE_EQ(operands, T * 2 * (32000 + 11008));
+}
+
 TEST(Plan, ActivationMemoryIsLinearInTokens) {
   Plan a = make_plan(load(gpu_spec(1 << 19, 64, false, "")));
   Plan b = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
