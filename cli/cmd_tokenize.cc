@@ -9,6 +9,10 @@
 // progress line on stderr (bytes encoded / total, MB/s, ETA; plain lines when stderr is not a
 // terminal). `--index-flat FILE.bin --eot ID` instead writes only FILE.idx for a flat id file
 // without an index (nanoGPT's train.bin), documents ending after each EOT id.
+// `--chat-template llama3|chatml|FILE`: the inputs are chat JSONL files (or directories of
+// *.jsonl; worker/data/chat.h); each conversation is rendered with the template and written as
+// one document with its loss mask (OUT.mask, format version 2 of token_file.h), so that
+// `data.source: tokens` trains on the assistant turns only, like `data.source: chat`.
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +27,7 @@
 
 #include "cli/commands.h"
 #include "cli/ctl_common.h"
+#include "worker/data/chat.h"
 #include "worker/data/corpus.h"
 #include "worker/data/errors.h"
 #include "worker/data/token_file.h"
@@ -39,14 +44,21 @@ struct TokenizeOpts {
   int threads = 0;
   bool quiet = false;
   std::string index_flat;  // a flat .bin (nanoGPT) to index
+  std::string chat_template;  // chat JSONL inputs rendered with this template
   int64_t eot = 50256;
   int64_t vocab = 0;
 };
 
 class Progress {
  public:
-  Progress(int64_t total, bool quiet)
-      : total_(total), quiet_(quiet), tty_(::isatty(2) == 1), start_(Clock::now()), last_(start_) {}
+  // unit nullptr: bytes, shown in MB; else a count of `unit`.
+  Progress(int64_t total, bool quiet, const char* unit = nullptr)
+      : total_(total),
+        quiet_(quiet),
+        tty_(::isatty(2) == 1),
+        unit_(unit),
+        start_(Clock::now()),
+        last_(start_) {}
 
   void update(int64_t done, bool final = false) {
     if (quiet_) return;
@@ -59,8 +71,11 @@ class Progress {
     const double eta = done > 0 ? secs * static_cast<double>(total_ - done) / done : 0.0;
     const double pct = total_ > 0 ? 100.0 * static_cast<double>(done) / total_ : 100.0;
     std::string line =
-        fmt::format("tokenize: {:.1f}/{:.1f} MB ({:.0f}%)  {:.1f} MB/s  ETA {}", done / 1e6,
-                    total_ / 1e6, pct, mbs, final ? "0s" : format_duration(eta));
+        unit_ == nullptr
+            ? fmt::format("tokenize: {:.1f}/{:.1f} MB ({:.0f}%)  {:.1f} MB/s  ETA {}", done / 1e6,
+                          total_ / 1e6, pct, mbs, final ? "0s" : format_duration(eta))
+            : fmt::format("tokenize: {}/{} {} ({:.0f}%)  {:.0f}/s  ETA {}", done, total_, unit_,
+                          pct, done / secs, final ? "0s" : format_duration(eta));
     if (tty_) {
       int width = 28;
       int fill = static_cast<int>(pct / 100.0 * width);
@@ -77,6 +92,7 @@ class Progress {
   using Clock = std::chrono::steady_clock;
   int64_t total_;
   bool quiet_, tty_;
+  const char* unit_;
   Clock::time_point start_, last_;
 };
 
@@ -100,6 +116,77 @@ int run_index_flat(const TokenizeOpts& o) {
   }
 }
 
+// The width of the ids: --dtype, else uint16 when the tokenizer's ids fit. 0 (after a message):
+// --dtype uint16 cannot hold them.
+int token_width(const TokenizeOpts& o, const data::Tokenizer& tok) {
+  const int width = o.dtype == "uint16" ? 2 : o.dtype == "uint32" ? 4
+                    : tok.vocab_size() <= 65536 ? 2 : 4;
+  if (width == 2 && tok.vocab_size() > 65536) {
+    std::cerr << fmt::format(
+        "ringctl tokenize: --dtype uint16 holds ids below 65536 but '{}' has {} pieces; use "
+        "--dtype uint32\n",
+        o.tokenizer, tok.vocab_size());
+    return 0;
+  }
+  return width;
+}
+
+// --chat-template: conversations from JSONL, ids and loss mask per conversation.
+int run_tokenize_chat(const TokenizeOpts& o) {
+  try {
+    auto tok = data::Tokenizer::load(o.tokenizer);
+    const int width = token_width(o, *tok);
+    if (width == 0) return kExitUsage;
+    const data::ChatEncoder encoder(data::chat_template(o.chat_template), tok.get());
+    const std::vector<data::Conversation> chats = data::read_chat_paths(o.inputs);
+    const std::string prefix = data::token_file_prefix(o.out);
+    data::TokenFileWriter w(prefix, width, static_cast<uint64_t>(tok->vocab_size()),
+                            /*with_mask=*/true);
+    const int threads = o.threads > 0
+                            ? o.threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto n = static_cast<int64_t>(chats.size());
+    Progress progress(n, o.quiet, "conversations");
+    int64_t targets = 0;
+    constexpr int64_t kBatch = 4096;
+    for (int64_t first = 0; first < n; first += kBatch) {
+      const int64_t last = std::min(n, first + kBatch);
+      std::vector<data::EncodedChat> enc(static_cast<size_t>(last - first));
+      std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+      auto work = [&](int t) {
+        try {
+          for (int64_t i = first + t; i < last; i += threads)
+            enc[i - first] = encoder.encode(chats[i]);
+        } catch (...) {
+          errors[t] = std::current_exception();
+        }
+      };
+      std::vector<std::thread> pool;
+      for (int t = 1; t < threads && first + t < last; ++t) pool.emplace_back(work, t);
+      work(0);
+      for (auto& th : pool) th.join();
+      for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+      for (const auto& e : enc) {
+        w.add_document(e.ids, e.mask);
+        for (uint8_t m : e.mask) targets += m;
+      }
+      progress.update(last);
+    }
+    w.finish();
+    progress.update(n, true);
+    std::cerr << fmt::format(
+        "wrote {}.bin, {}.idx and {}.mask: {} conversations, {} tokens ({}), {} of them "
+        "targets (assistant turns, template {}), in {:.1f}s\n",
+        prefix, prefix, prefix, w.documents(), w.tokens(), width == 2 ? "uint16" : "uint32",
+        targets, o.chat_template, progress.seconds());
+    return kExitOk;
+  } catch (const data::DataError& e) {
+    std::cerr << "ringctl tokenize: " << e.what() << "\n";
+    return kExitFailed;
+  }
+}
+
 int run_tokenize(const TokenizeOpts& o) {
   if (!o.index_flat.empty()) return run_index_flat(o);
   if (o.tokenizer.empty() || o.out.empty() || o.inputs.empty()) {
@@ -107,23 +194,11 @@ int run_tokenize(const TokenizeOpts& o) {
                  "--index-flat FILE.bin)\n  `ringctl tokenize --help` shows its arguments\n";
     return kExitUsage;
   }
+  if (!o.chat_template.empty()) return run_tokenize_chat(o);
   try {
     auto tok = data::Tokenizer::load(o.tokenizer);
-    int width = 0;
-    if (o.dtype == "uint16") {
-      width = 2;
-    } else if (o.dtype == "uint32") {
-      width = 4;
-    } else {
-      width = tok->vocab_size() <= 65536 ? 2 : 4;
-    }
-    if (width == 2 && tok->vocab_size() > 65536) {
-      std::cerr << fmt::format(
-          "ringctl tokenize: --dtype uint16 holds ids below 65536 but '{}' has {} pieces; use "
-          "--dtype uint32\n",
-          o.tokenizer, tok->vocab_size());
-      return kExitUsage;
-    }
+    const int width = token_width(o, *tok);
+    if (width == 0) return kExitUsage;
     data::CorpusOptions co;
     co.max_doc_len = 0;
     co.min_doc_len = 1;
@@ -203,7 +278,14 @@ Subcommand add_tokenize(CLI::App& app) {
   s->add_option("--threads", o->threads, "Encoding threads (default: all cores)")
       ->check(CLI::Range(1, 1024));
   s->add_flag("-q,--quiet", o->quiet, "No progress on stderr");
-  s->add_option("inputs", o->inputs, "Text files or directories (recursive; .gz read)");
+  s->add_option("inputs", o->inputs,
+                "Text files or directories (recursive; .gz read); with --chat-template, chat "
+                "JSONL files or directories of *.jsonl");
+  s->add_option("--chat-template", o->chat_template,
+                "Inputs are chat JSONL ({\"messages\":[{role, content}...]} or {\"prompt\", "
+                "\"response\"} per line), rendered with llama3, chatml or a YAML template file; "
+                "writes OUT.mask too: the loss mask, targets on the assistant turns only "
+                "(docs/data.md)");
   s->add_option("--index-flat", o->index_flat,
                 "Instead: write FILE.idx for an existing flat FILE.bin of ids without an index "
                 "(nanoGPT's train.bin), documents ending after each --eot id; --dtype gives the "

@@ -15,7 +15,7 @@ namespace {
 // Names of enum values, in enum declaration order. The key table and to_string() share them.
 constexpr std::array kMlpNames{"swiglu", "gelu"};
 constexpr std::array kDTypeNames{"fp32", "bf16", "fp16"};
-constexpr std::array kSourceNames{"text", "passkey", "tokens"};
+constexpr std::array kSourceNames{"text", "passkey", "tokens", "chat"};
 constexpr std::array kRingOrderNames{"topology", "slurm", "natural", "list"};
 constexpr std::array kBalanceNames{"zigzag", "contiguous"};
 constexpr std::array kShardNames{"none", "optimizer", "full"};
@@ -239,12 +239,16 @@ std::vector<KeyDef> build_table() {
                 "text: documents read from data.paths (bytes, or ids of data.tokenizer); "
                 "passkey: synthetic long-range retrieval (a key planted far back in filler text, "
                 "asked for at the end); tokens: pre-tokenized .bin/.idx files listed in "
-                "data.paths (docs/data.md, ringctl tokenize)."),
+                "data.paths (docs/data.md, ringctl tokenize; with a loss mask when written from "
+                "chat data); chat: conversations from the JSONL files in data.paths "
+                "({\"messages\": [{role, content}...]} or {\"prompt\", \"response\"} per line), "
+                "rendered with data.chat_template, trained on the assistant turns only."),
           names(kSourceNames), 0);
   def(b.add("data.paths", KT::kStringList, &J::data, &DataSection::paths,
             "Files or directories (read recursively) for the text source. Each text file "
             "(plain or .gz) is one document; binary files are skipped. Tokens source: token "
-            "datasets, each as <name>, <name>.bin or <name>.idx."),
+            "datasets, each as <name>, <name>.bin or <name>.idx. Chat source: JSONL files, or "
+            "directories of *.jsonl files (read recursively, sorted by name)."),
       Value{std::vector<std::string>{}});
   def(b.add("data.tokenizer", KT::kString, &J::data, &DataSection::tokenizer,
             "Tokenizer that encodes the text source: a SentencePiece model (.model) or a Hugging "
@@ -252,7 +256,16 @@ std::vector<KeyDef> build_table() {
             "name or JSON content; BOS/EOS from tokenizer_config.json beside it, docs/data.md). "
             "Documents become its ids, with BOS first and EOS last when the tokenizer defines "
             "them. Empty: byte-level (ids 0..255). model.vocab must be at least the tokenizer's "
-            "vocabulary size."),
+            "vocabulary size. The chat source encodes with it too (no BOS/EOS framing there: the "
+            "template gives it)."),
+      Value{std::string{}});
+  def(b.add("data.chat_template", KT::kString, &J::data, &DataSection::chat_template,
+            "Chat source (required there): how a conversation becomes text. llama3 (Meta Llama "
+            "3 Instruct: <|begin_of_text|>, <|start_header_id|>role<|end_header_id|>, content "
+            "trimmed, <|eot_id|>) or chatml (<|im_start|>role, content, <|im_end|>), their "
+            "special tokens looked up in data.tokenizer (refused when it lacks one); or the path "
+            "of a YAML template file with a prefix, end and separator per role (docs/data.md, "
+            "\"Chat data\"). Targets are the assistant turns' content and end-of-turn token."),
       Value{std::string{}});
   range(train_req(b.add("data.seq_len", KT::kInt, &J::data, &DataSection::seq_len,
                         "Tokens per training sequence (the whole context, split over "

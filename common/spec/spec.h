@@ -14,7 +14,7 @@ namespace ring::spec {
 
 enum class MlpKind { kSwiGLU, kGelu };
 enum class DType { kFp32, kBf16, kFp16 };
-enum class DataSource { kText, kPasskey, kTokens };
+enum class DataSource { kText, kPasskey, kTokens, kChat };
 enum class RingOrder { kTopology, kSlurm, kNatural, kList };
 enum class CausalBalance { kZigzag, kContiguous };
 enum class ShardMode { kNone, kOptimizer, kFull };
@@ -66,7 +66,8 @@ struct ModelSection {
 struct DataSection {
   DataSource source{};
   std::vector<std::string> paths;
-  std::string tokenizer;  // SentencePiece model for the text source; "": byte-level
+  std::string tokenizer;  // SentencePiece model or tokenizer.json (text, chat); "": byte-level
+  std::string chat_template;  // chat source: "llama3", "chatml" or a YAML template file
   int64_t seq_len{};
   bool pack{};
   int64_t max_doc_len{};  // 0: no limit beyond seq_len

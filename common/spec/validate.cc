@@ -380,13 +380,16 @@ const std::vector<Rule>& rules() {
                      fmt::format("{} does not exist here; the job cannot start without it", p));
        }},
       {{"model.vocab, data.source, data.tokenizer",
-        "Byte-level text (no data.tokenizer) and passkey need vocab >= 256; with data.tokenizer "
-        "(text source) vocab >= the tokenizer's piece count (SentencePiece) or largest id + 1 "
-        "(tokenizer.json), read from the file (which must exist); "
+        "Byte-level text and chat (no data.tokenizer) and passkey need vocab >= 256; with "
+        "data.tokenizer (text and chat sources) vocab >= the tokenizer's piece count "
+        "(SentencePiece) or largest id + 1 (tokenizer.json), read from the file (which must "
+        "exist); "
         "tokens: vocab >= the vocab in each .idx header that exists."},
        [](Ctx& c) {
          const auto& d = c.s.data;
-         const bool tokenized = d.source == DataSource::kText && !d.tokenizer.empty();
+         const bool tokenized =
+             (d.source == DataSource::kText || d.source == DataSource::kChat) &&
+             !d.tokenizer.empty();
          if (d.source == DataSource::kTokens) {
            // The vocab recorded in each dataset's .idx header (docs/data.md), when the file is
            // here; the worker checks every id against model.vocab when it opens the data.
@@ -428,11 +431,42 @@ const std::vector<Rule>& rules() {
                                c.s.model.vocab, *pieces, d.tokenizer));
          }
        }},
-      {{"data.tokenizer, data.source", "data.tokenizer is read by the text source only."},
+      {{"data.tokenizer, data.source",
+        "data.tokenizer is read by the text and chat sources only."},
        [](Ctx& c) {
-         if (!c.s.data.tokenizer.empty() && c.s.data.source != DataSource::kText)
+         if (!c.s.data.tokenizer.empty() && c.s.data.source != DataSource::kText &&
+             c.s.data.source != DataSource::kChat)
            c.warning("data.tokenizer",
                      fmt::format("ignored: data.source is {}", to_string(c.s.data.source)));
+       }},
+      {{"data.chat_template, data.source, data.tokenizer",
+        "The chat source needs data.chat_template (llama3, chatml or a template file); the "
+        "built-in templates need data.tokenizer (their special tokens); other sources ignore "
+        "it."},
+       [](Ctx& c) {
+         const auto& d = c.s.data;
+         if (d.source != DataSource::kChat) {
+           if (!d.chat_template.empty())
+             c.warning("data.chat_template",
+                       fmt::format("ignored: data.source is {}", to_string(d.source)));
+           return;
+         }
+         const bool builtin = d.chat_template == "llama3" || d.chat_template == "chatml";
+         std::error_code ec;
+         if (d.chat_template.empty())
+           c.error("data.chat_template",
+                   "data.source is chat but data.chat_template is not set: llama3, chatml or the "
+                   "path of a YAML template file (docs/data.md)");
+         else if (builtin && d.tokenizer.empty())
+           c.error("data.chat_template",
+                   fmt::format("the {} template needs data.tokenizer: its special tokens are ids "
+                               "of the tokenizer, and byte-level data has none",
+                               d.chat_template));
+         else if (!builtin && !std::filesystem::is_regular_file(d.chat_template, ec))
+           c.warning("data.chat_template",
+                     fmt::format("'{}' is neither llama3 nor chatml and is not a file here; "
+                                 "every node must have it",
+                                 d.chat_template));
        }},
       {{"model.dtype", "fp32 or bf16 (mixed precision, docs/precision.md); fp16 is refused."},
        [](Ctx& c) {
@@ -442,8 +476,8 @@ const std::vector<Rule>& rules() {
                    "weights: docs/precision.md) or fp32");
        }},
       {{"data.source, data.paths",
-        "The text and tokens sources need at least one path; paths are ignored by the passkey "
-        "source."},
+        "The text, tokens and chat sources need at least one path; paths are ignored by the "
+        "passkey source."},
        [](Ctx& c) {
          const auto& d = c.s.data;
          if (d.source == DataSource::kText && d.paths.empty())
@@ -454,6 +488,10 @@ const std::vector<Rule>& rules() {
            c.error("data.paths",
                    "data.source is tokens but data.paths is empty: list token datasets "
                    "(<name>.bin + <name>.idx, see ringctl tokenize)");
+         if (d.source == DataSource::kChat && d.paths.empty())
+           c.error("data.paths",
+                   "data.source is chat but data.paths is empty: list JSONL files of "
+                   "conversations (or directories of *.jsonl)");
          if (d.source == DataSource::kPasskey && !d.paths.empty())
            c.warning("data.paths", "ignored: data.source is passkey (synthetic data)");
          for (size_t i = 0; i < d.paths.size(); ++i)

@@ -369,6 +369,11 @@ class JsonBpeTokenizer final : public Tokenizer {
   const char* format() const override { return "tokenizer.json"; }
   void encode(std::string_view text, std::vector<int32_t>& out) const override;
   std::string decode(std::span<const int32_t> ids) const override;
+  int32_t special_token_id(std::string_view content) const override {
+    for (const AddedToken& t : added_)
+      if (t.content == content) return t.id;
+    return -1;
+  }
 
  private:
   void read_normalizer(const Ctx& ctx, const json& n, const std::string& at);

@@ -92,9 +92,16 @@ int64_t TextLoader::emit_segment(Sequence& seq, int64_t pos, int64_t room) {
   const auto seg = static_cast<int32_t>(seq.segments.size());
   corpus_->copy_tokens(doc, offset_, take, seq.tokens.data() + pos);
   for (int64_t k = 0; k < take; ++k) seq.doc_ids[pos + k] = seg;
-  // Shifted labels within the segment; the last token has no next token here.
+  // Shifted labels within the segment; the last token has no next token here. With a loss mask
+  // (chat), the label predicting a token that is not a target is ignored.
   for (int64_t k = 0; k + 1 < take; ++k) seq.labels[pos + k] = seq.tokens[pos + k + 1];
   seq.labels[pos + take - 1] = kIgnoreLabel;
+  if (corpus_->has_mask()) {
+    mask_.resize(static_cast<size_t>(take));
+    corpus_->copy_mask(doc, offset_, take, mask_.data());
+    for (int64_t k = 0; k + 1 < take; ++k)
+      if (mask_[k + 1] == 0) seq.labels[pos + k] = kIgnoreLabel;
+  }
   seq.segments.push_back(SegmentSource{doc, offset_});
   seq.cu_seqlens.push_back(static_cast<int32_t>(pos + take));
   offset_ += take;
@@ -185,6 +192,12 @@ std::unique_ptr<SequenceSource> make_source(const spec::DataSection& d, PasskeyL
   std::shared_ptr<const Documents> corpus;
   if (d.source == spec::DataSource::kTokens) {
     corpus = TokenCorpus::open(d.paths, co.max_doc_len, co.min_doc_len);
+  } else if (d.source == spec::DataSource::kChat) {
+    std::unique_ptr<Tokenizer> tok;
+    if (!d.tokenizer.empty()) tok = Tokenizer::load(d.tokenizer);
+    const ChatEncoder encoder(chat_template(d.chat_template), tok.get());
+    corpus = TokenCorpus::encode_chat(read_chat_paths(d.paths), encoder, co.max_doc_len,
+                                      co.min_doc_len, co.encode_threads);
   } else if (!d.tokenizer.empty()) {
     auto tok = Tokenizer::load(d.tokenizer);
     // Whole files first: lengths and the min/max cut apply to ids, not bytes.

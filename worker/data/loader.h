@@ -85,6 +85,7 @@ class TextLoader final : public SequenceSource {
   int64_t index_ = 0;
   int64_t offset_ = 0;
   std::vector<uint32_t> order_;  // [num_docs] order of epoch_
+  std::vector<uint8_t> mask_;    // [segment] scratch for the loss mask
 };
 
 class PasskeyLoader final : public SequenceSource {
@@ -105,7 +106,10 @@ class PasskeyLoader final : public SequenceSource {
 };
 
 // The source the spec asks for. Text: loads the corpus (max_doc_len 0 -> seq_len), encoded with
-// data.tokenizer when set (token_corpus.h); tokens: memory-maps the .bin/.idx files in data.paths.
+// data.tokenizer when set (token_corpus.h); tokens: memory-maps the .bin/.idx files in data.paths
+// (with their loss mask when they have one); chat: reads the JSONL files in data.paths, renders
+// them with data.chat_template and encodes them with data.tokenizer (bytes without), each
+// conversation one document with its loss mask (chat.h).
 // Throws DataError. `corpus_options` overrides the byte cap, binary threshold and encoding threads
 // (lengths come from the spec).
 std::unique_ptr<SequenceSource> make_source(const spec::DataSection& data,

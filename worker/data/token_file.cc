@@ -95,7 +95,8 @@ std::string token_file_prefix(const std::string& path) {
 
 // ---- writer ----------------------------------------------------------------------------------
 
-TokenFileWriter::TokenFileWriter(const std::string& prefix, int width, uint64_t vocab)
+TokenFileWriter::TokenFileWriter(const std::string& prefix, int width, uint64_t vocab,
+                                 bool with_mask)
     : prefix_(token_file_prefix(prefix)), width_(width), vocab_(vocab) {
   if (width != 2 && width != 4)
     throw DataError(fmt::format("token dataset: token width {} must be 2 or 4 bytes", width));
@@ -107,14 +108,50 @@ TokenFileWriter::TokenFileWriter(const std::string& prefix, int width, uint64_t 
   if (bin_ == nullptr)
     throw DataError(fmt::format("token dataset: cannot create a temporary beside '{}': {}", bin,
                                 std::strerror(errno)));
+  if (with_mask) {
+    const std::string mask = prefix_ + ".mask";
+    mask_ = create_temp(mask, &mask_tmp_);
+    if (mask_ == nullptr) {
+      const int err = errno;
+      std::fclose(bin_);
+      bin_ = nullptr;
+      ::unlink(bin_tmp_.c_str());
+      throw DataError(fmt::format("token dataset: cannot create a temporary beside '{}': {}",
+                                  mask, std::strerror(err)));
+    }
+  }
 }
 
 TokenFileWriter::~TokenFileWriter() {
   if (bin_ != nullptr) std::fclose(bin_);
   if (!bin_tmp_.empty()) ::unlink(bin_tmp_.c_str());
+  if (mask_ != nullptr) std::fclose(mask_);
+  if (!mask_tmp_.empty()) ::unlink(mask_tmp_.c_str());
 }
 
-void TokenFileWriter::add_document(std::span<const int32_t> ids) {
+namespace {
+// Flushes, syncs and closes `*f`, then renames `tmp` to `dst`. Throws DataError.
+void commit_file(std::FILE** f, std::string* tmp, const std::string& dst) {
+  const bool flushed = std::fflush(*f) == 0 && ::fsync(::fileno(*f)) == 0;
+  const int err = errno;
+  const bool closed = std::fclose(*f) == 0;
+  *f = nullptr;
+  if (!closed || !flushed)
+    throw DataError(fmt::format("token dataset: writing '{}': {}", dst,
+                                std::strerror(flushed ? errno : err)));
+  if (::rename(tmp->c_str(), dst.c_str()) != 0)
+    throw DataError(fmt::format("token dataset: cannot rename {} to '{}': {}", *tmp, dst,
+                                std::strerror(errno)));
+  tmp->clear();
+}
+}  // namespace
+
+void TokenFileWriter::add_document(std::span<const int32_t> ids, std::span<const uint8_t> mask) {
+  if ((mask_ != nullptr) != !mask.empty() || (!mask.empty() && mask.size() != ids.size()))
+    throw DataError(fmt::format(
+        "token dataset '{}': document {} has {} mask entries for {} ids (the dataset {} a loss "
+        "mask)",
+        prefix_, documents(), mask.size(), ids.size(), mask_ != nullptr ? "has" : "has no"));
   const uint64_t limit = vocab_ > 0 ? vocab_ : (width_ == 2 ? 65536 : uint64_t{1} << 32);
   buf_.resize(ids.size() * static_cast<size_t>(width_));
   for (size_t k = 0; k < ids.size(); ++k) {
@@ -133,6 +170,22 @@ void TokenFileWriter::add_document(std::span<const int32_t> ids) {
   if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), bin_) != buf_.size())
     throw DataError(
         fmt::format("token dataset: writing '{}.bin': {}", prefix_, std::strerror(errno)));
+  if (mask_ != nullptr) {
+    // Bit t % 8 of byte t / 8 for the dataset's token t; whole bytes are written as they fill.
+    mask_buf_.clear();
+    uint64_t t = offsets_.back();
+    for (uint8_t m : mask) {
+      if (m != 0) mask_byte_ |= static_cast<uint8_t>(1u << (t % 8));
+      if (++t % 8 == 0) {
+        mask_buf_.push_back(mask_byte_);
+        mask_byte_ = 0;
+      }
+    }
+    if (!mask_buf_.empty() &&
+        std::fwrite(mask_buf_.data(), 1, mask_buf_.size(), mask_) != mask_buf_.size())
+      throw DataError(
+          fmt::format("token dataset: writing '{}.mask': {}", prefix_, std::strerror(errno)));
+  }
   offsets_.push_back(offsets_.back() + ids.size());
 }
 
@@ -150,16 +203,27 @@ void TokenFileWriter::finish() {
     throw DataError(fmt::format("token dataset: cannot rename {} to '{}.bin': {}", bin_tmp_,
                                 prefix_, std::strerror(errno)));
   bin_tmp_.clear();
+  const bool with_mask = mask_ != nullptr;
+  if (with_mask) {
+    if (offsets_.back() % 8 != 0 && std::fwrite(&mask_byte_, 1, 1, mask_) != 1)
+      throw DataError(
+          fmt::format("token dataset: writing '{}.mask': {}", prefix_, std::strerror(errno)));
+    commit_file(&mask_, &mask_tmp_, prefix_ + ".mask");
+  }
   std::vector<uint8_t> h(kTokenIdxHeaderBytes, 0);
   std::memcpy(h.data(), kTokenIdxMagic, 8);
   const uint32_t version = kTokenIdxVersion, width = static_cast<uint32_t>(width_);
   const uint64_t n = offsets_.size() - 1, t = offsets_.back();
+  const uint64_t flags = with_mask ? kTokenFlagMask : 0;
   std::memcpy(h.data() + 8, &version, 4);
   std::memcpy(h.data() + 12, &width, 4);
   std::memcpy(h.data() + 16, &n, 8);
   std::memcpy(h.data() + 24, &t, 8);
   std::memcpy(h.data() + 32, &vocab_, 8);
+  std::memcpy(h.data() + 40, &flags, 8);
   write_idx(prefix_ + ".idx", h, offsets_);
+  // A mask left by an earlier dataset of this name is no longer named by the .idx.
+  if (!with_mask) ::unlink((prefix_ + ".mask").c_str());
 }
 
 int64_t write_index_for_flat_bin(const std::string& path, int width, int64_t eot, uint64_t vocab) {
@@ -206,6 +270,7 @@ int64_t write_index_for_flat_bin(const std::string& path, int width, int64_t eot
 // ---- reader ----------------------------------------------------------------------------------
 
 TokenFile::~TokenFile() {
+  if (mask_ != nullptr) ::munmap(const_cast<uint8_t*>(mask_), mask_size_);
   if (bin_ != nullptr) ::munmap(const_cast<uint8_t*>(bin_), bin_size_);
   if (idx_ != nullptr) ::munmap(const_cast<uint8_t*>(idx_), idx_size_);
 }
@@ -227,9 +292,10 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path) {
         "bad magic (expected \"RINGTOK\\0\"; Megatron .idx files start with \"MMIDIDX\" and "
         "are not read)");
   const uint32_t version = read_u32(h + 8);
-  if (version != kTokenIdxVersion)
-    throw bad(fmt::format("version {} is not supported (this build reads {})", version,
+  if (version != 1 && version != kTokenIdxVersion)
+    throw bad(fmt::format("version {} is not supported (this build reads 1 and {})", version,
                           kTokenIdxVersion));
+  f->version_ = version;
   const uint32_t width = read_u32(h + 12);
   if (width != 2 && width != 4)
     throw bad(fmt::format("token width {} must be 2 (uint16) or 4 (uint32)", width));
@@ -237,7 +303,11 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path) {
   f->num_docs_ = read_u64(h + 16);
   f->num_tokens_ = read_u64(h + 24);
   f->vocab_ = read_u64(h + 32);
-  if (read_u64(h + 40) != 0) throw bad("reserved header field is not 0");
+  const uint64_t flags = read_u64(h + 40);
+  if (version == 1 && flags != 0) throw bad("reserved header field is not 0");
+  if ((flags & ~kTokenFlagMask) != 0)
+    throw bad(fmt::format("flags {:#x} has bits this build does not know (bit 0: loss mask)",
+                          flags));
   const uint64_t body = f->idx_size_ - kTokenIdxHeaderBytes;
   if (body % 8 != 0 || f->num_docs_ != body / 8 - 1 || body < 8)
     throw bad(fmt::format(
@@ -265,6 +335,15 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path) {
         fmt::format("token dataset '{}': {} bytes, but '{}' says {} tokens of {} bytes = {} bytes",
                     bin, f->bin_size_, idx, f->num_tokens_, width, f->num_tokens_ * width));
   if (f->bin_ != nullptr) ::madvise(const_cast<uint8_t*>(f->bin_), f->bin_size_, MADV_RANDOM);
+  if ((flags & kTokenFlagMask) != 0) {
+    const std::string mask = f->prefix_ + ".mask";
+    std::tie(f->mask_, f->mask_size_) = map_file(mask);
+    if (f->mask_size_ != (f->num_tokens_ + 7) / 8)
+      throw DataError(fmt::format(
+          "token dataset '{}': {} bytes, but '{}' says {} tokens: the loss mask needs "
+          "ceil(tokens / 8) = {} bytes",
+          mask, f->mask_size_, idx, f->num_tokens_, (f->num_tokens_ + 7) / 8));
+  }
   return f;
 }
 

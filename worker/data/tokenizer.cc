@@ -45,6 +45,15 @@ class SentencePieceTokenizer final : public Tokenizer {
     return text;
   }
 
+  int32_t special_token_id(std::string_view content) const override {
+    if (content.empty()) return -1;
+    const int id = sp_.PieceToId(absl::string_view(content.data(), content.size()));
+    if (id < 0 || id >= sp_.GetPieceSize() || sp_.IdToPiece(id) != content) return -1;
+    // Control pieces (<s>, </s>) and user-defined ones; the API does not tell a user-defined
+    // piece from a learned one, so any whole piece of that spelling is accepted.
+    return sp_.IsUnknown(id) || sp_.IsByte(id) ? -1 : id;
+  }
+
  private:
   sentencepiece::SentencePieceProcessor sp_;
 };

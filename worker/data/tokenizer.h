@@ -47,6 +47,10 @@ class Tokenizer {
   std::vector<int32_t> encode_document(std::string_view text) const;
   // The bytes of `ids`; control ids (SentencePiece's bos, eos) decode to nothing.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // The id of the added / special token spelled `content` (tokenizer.json: added_tokens;
+  // SentencePiece: a control or user-defined piece), -1 when there is none. Chat templates look
+  // their special tokens up here (worker/data/chat.h).
+  virtual int32_t special_token_id(std::string_view content) const = 0;
 
  protected:
   explicit Tokenizer(std::string path) : path_(std::move(path)) {}
