@@ -168,7 +168,8 @@ int run_plan(PlanOpts o) {
            {so.simulate_top != defaults.simulate_top, "--simulate-top"},
            {so.max_micro_batches != defaults.max_micro_batches, "--max-micro-batches"},
            {so.sequences != defaults.sequences, "--sequences"},
-           {so.exhaustive, "--exhaustive"}})
+           {so.exhaustive, "--exhaustive"},
+           {so.expand != defaults.expand, "--expand"}})
     if (used) {
       std::cerr << "ringctl plan: " << flag << " is a flag of --search (ringctl plan --search FILE "
                 << flag << " ...)\n";
@@ -323,6 +324,11 @@ Subcommand add_plan(CLI::App& app) {
                 "--search: keep data_replicas x micro_batches (sequences per step) at N")
       ->type_name("N")
       ->check(flags::integer_in(1, 1000000));
+  s->add_option("--expand", so.expand,
+                "--search: the simulations' expansion, as ringctl simulate --expand (auto, full, "
+                "reduced)")
+      ->capture_default_str()
+      ->check(choice_of({"auto", "full", "reduced"}, "expansion"));
   s->add_flag("--exhaustive", so.exhaustive,
               "--search: simulate every layout that fits (no screen; slow on large clusters)");
   return {s, [o] { return run_plan(*o); }};

@@ -150,6 +150,7 @@ std::string command_line(const PlanSearchOpts& o, const spec::JobSpec& s) {
   if (o.cluster.node_bw_gb > 0) c += fmt::format(" --node-bw {}", o.cluster.node_bw_gb);
   if (o.sequences > 0) c += " --sequences " + std::to_string(o.sequences);
   if (o.max_micro_batches != 4) c += " --max-micro-batches " + std::to_string(o.max_micro_batches);
+  if (o.expand != "auto") c += " --expand " + o.expand;
   if (o.what_if) c += " --what-if";
   for (const auto& a : o.set.args) c += " --set " + a;
   return c;
@@ -166,7 +167,7 @@ int write_best(const PlanSearchOpts& o, const spec::LoadResult& plain,
   keys.push_back({"resources.nodes", std::to_string(r.nodes)});
   const std::string& original = plain.text;  // the file's own, comments kept
   const std::string header = fmt::format(
-      "# Layout picked by `{}`:\n# {}; predicted step {:.2f} s, {:.0f} tokens/s, MFU {:.1f} % "
+      "# Layout picked by `{}`:\n# {}; predicted step {:.2f} s, {:.0f} tokens/s, MFU {:.2f} % "
       "(ringctl simulate, {}).\n",
       command_line(o, *user.spec), b.layout.describe(), b.result.step_s, b.result.tokens_per_s,
       100 * b.result.mfu, o.cluster.topology);
@@ -248,6 +249,9 @@ int run_plan_search(const PlanSearchOpts& o) {
   so.sequences = o.sequences;
   so.simulate_top = o.simulate_top;
   so.exhaustive = o.exhaustive;
+  so.sim.expand = o.expand == "full"      ? sim::Expand::kFull
+                  : o.expand == "reduced" ? sim::Expand::kReduced
+                                          : sim::Expand::kAuto;
   if (std::string err = sim_options_from(o.cluster, s, &so.sim); !err.empty()) {
     std::cerr << where << ": " << err << "\n";
     return kExitUsage;

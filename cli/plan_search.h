@@ -51,6 +51,7 @@ struct PlanSearchOpts {
   int64_t max_micro_batches = 4;
   int64_t sequences = 0;
   bool exhaustive = false;
+  std::string expand = "auto";  // the simulations' expansion, as simulate --expand
   std::string write;
 };
 

@@ -91,12 +91,12 @@ _ringctl() {
     return 0
   fi
 
-  # simulate: the named choices of its flags; --topology also takes a file.
+  # simulate and plan --search: the named choices of their flags; --topology also takes a file.
   case $sub:$prev in
-    simulate:--topology)
+    simulate:--topology | plan:--topology)
       mapfile -t COMPREPLY < <(compgen -W "fat-tree dragonfly+ torus3d" -- "$cur"; compgen -f -- "$cur")
       compopt -o filenames 2>/dev/null; return 0 ;;
-    simulate:--gpu) mapfile -t COMPREPLY < <(compgen -W "H100 H200 A100 cpu" -- "$cur"); return 0 ;;
+    simulate:--gpu | plan:--gpu) mapfile -t COMPREPLY < <(compgen -W "H100 H200 A100 cpu" -- "$cur"); return 0 ;;
     simulate:--ring-order) mapfile -t COMPREPLY < <(compgen -W "natural topology" -- "$cur"); return 0 ;;
     simulate:--stagger) mapfile -t COMPREPLY < <(compgen -W "on off" -- "$cur"); return 0 ;;
     simulate:--routing) mapfile -t COMPREPLY < <(compgen -W "minimal valiant" -- "$cur"); return 0 ;;
@@ -104,7 +104,7 @@ _ringctl() {
     simulate:--shard) mapfile -t COMPREPLY < <(compgen -W "none optimizer full" -- "$cur"); return 0 ;;
     simulate:--compression) mapfile -t COMPREPLY < <(compgen -W "none topk" -- "$cur"); return 0 ;;
     simulate:--expand) mapfile -t COMPREPLY < <(compgen -W "auto full reduced" -- "$cur"); return 0 ;;
-    simulate:--calibration)
+    simulate:--calibration | plan:--calibration)
       mapfile -t COMPREPLY < <(compgen -f -X '!*.json' -- "$cur"; compgen -d -- "$cur")
       compopt -o filenames 2>/dev/null; return 0 ;;
   esac
