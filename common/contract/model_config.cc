@@ -24,6 +24,7 @@ ModelConfig ModelConfig::from_spec(const spec::JobSpec& spec) {
   c.mlp = m.mlp;
   c.tie_embeddings = m.tie_embeddings;
   c.recompute = m.recompute;
+  c.recompute_policy = m.recompute_policy;
   c.rope_theta = static_cast<float>(m.rope_theta);
   c.norm_eps = static_cast<float>(m.norm_eps);
   c.rope_scaling = m.rope_scaling;

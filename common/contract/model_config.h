@@ -31,6 +31,8 @@ struct ModelConfig {
   spec::MlpKind mlp = spec::MlpKind::kSwiGLU;
   bool tie_embeddings = true;
   bool recompute = false;
+  // What recompute re-runs (worker/model/model.h): the whole block, or selective.
+  spec::RecomputePolicy recompute_policy = spec::RecomputePolicy::kFull;
   // Compute precision (docs/precision.md): fp32, or bf16 GEMM and attention inputs with fp32
   // accumulation, residual stream, norms and loss. Not part of the layout (master weights are
   // fp32 either way).

@@ -27,6 +27,7 @@ constexpr std::array kBackendNames{"cpu", "cuda"};
 constexpr std::array kGpuNames{"A100-80G", "H100-80G", "H200-141G"};
 constexpr std::array kScheduleNames{"constant", "cosine"};
 constexpr std::array kRopeScalingNames{"none", "linear", "llama3", "yarn"};
+constexpr std::array kRecomputePolicyNames{"full", "selective"};
 constexpr std::array kJobKindNames{"train", "generate"};
 
 template <size_t N>
@@ -173,8 +174,16 @@ std::vector<KeyDef> build_table() {
           names(kDTypeNames), 0);
   def(b.add("model.recompute", KT::kBool, &J::model, &ModelSection::recompute,
             "Recompute each layer's activations in the backward pass instead of keeping them: "
-            "keeps only the layer inputs (see ringctl plan)."),
+            "keeps only the layer inputs (see ringctl plan). model.recompute_policy says what "
+            "is re-run."),
       Value{false});
+  choices(b.add("model.recompute_policy", KT::kEnum, &J::model, &ModelSection::recompute_policy,
+                "What model.recompute re-runs in the backward: full (the whole block, attention "
+                "and its ring K/V hops included; keeps only the layer inputs) or selective (keeps "
+                "each layer's input, q, k, v after RoPE, the attention output o and its lse; "
+                "re-runs only the norms, the output projection and the MLP's gate/up GEMMs, "
+                "never the attention; the same gradients as no recompute)."),
+          names(kRecomputePolicyNames), 0);
   def(b.add("model.tie_embeddings", KT::kBool, &J::model, &ModelSection::tie_embeddings,
             "Share the embedding matrix with the LM head."),
       Value{true});
@@ -672,6 +681,9 @@ const char* to_string(GpuType v) { return kGpuNames[static_cast<size_t>(v)]; }
 const char* to_string(LrSchedule v) { return kScheduleNames[static_cast<size_t>(v)]; }
 const char* to_string(RopeScaling v) { return kRopeScalingNames[static_cast<size_t>(v)]; }
 const char* to_string(JobKind v) { return kJobKindNames[static_cast<size_t>(v)]; }
+const char* to_string(RecomputePolicy v) {
+  return kRecomputePolicyNames[static_cast<size_t>(v)];
+}
 
 int dtype_bytes(DType v) { return v == DType::kFp32 ? 4 : 2; }
 

@@ -26,6 +26,9 @@ enum class Backend { kCpu, kCuda };
 enum class GpuType { kA100_80G, kH100_80G, kH200_141G };
 enum class LrSchedule { kConstant, kCosine };
 enum class RopeScaling { kNone, kLinear, kLlama3, kYarn };
+// What model.recompute re-runs in the backward: the whole block (full), or only its norms,
+// output projection and MLP gate/up, keeping q, k, v, o and lse (selective: no attention rerun).
+enum class RecomputePolicy { kFull, kSelective };
 // What a job does: train a model, or generate text from a checkpoint's weights (the generate
 // section names the checkpoint and the prompts; training-only keys are ignored).
 enum class JobKind { kTrain, kGenerate };
@@ -46,6 +49,7 @@ struct ModelSection {
   int64_t vocab{};
   DType dtype{};
   bool recompute{};
+  RecomputePolicy recompute_policy{};  // what recompute re-runs (used when recompute is true)
   bool tie_embeddings{};
   double rope_theta{};
   double norm_eps{};
@@ -209,6 +213,7 @@ const char* to_string(Backend v);
 const char* to_string(GpuType v);
 const char* to_string(LrSchedule v);
 const char* to_string(RopeScaling v);
+const char* to_string(RecomputePolicy v);
 const char* to_string(JobKind v);
 
 // Bytes per element of a storage dtype.

@@ -468,6 +468,14 @@ const std::vector<Rule>& rules() {
                                  "every node must have it",
                                  d.chat_template));
        }},
+      {{"model.recompute_policy",
+        "selective needs model.recompute: true (the policy says what a recompute re-runs)."},
+       [](Ctx& c) {
+         if (!c.s.model.recompute && c.s.model.recompute_policy == RecomputePolicy::kSelective)
+           c.error("model.recompute_policy",
+                   "selective needs model.recompute: true (without recompute every activation "
+                   "is kept and nothing is re-run)");
+       }},
       {{"model.dtype", "fp32 or bf16 (mixed precision, docs/precision.md); fp16 is refused."},
        [](Ctx& c) {
          if (c.s.model.dtype == DType::kFp16)

@@ -46,6 +46,10 @@ int run(int argc, char** argv) {
   const bool dkv_bf16 = argc > 15 && std::string(argv[15]) == "bf16";
   spec::JobSpec spec = test::ring_spec(seq_len, world, balance, layers, order);
   spec.parallel.head_ranks = head_ranks;
+  // argv[16]: model.recompute: none, full or selective (model.recompute_policy).
+  const std::string recompute = argc > 16 ? argv[16] : "none";
+  spec.model.recompute = recompute != "none";
+  if (recompute == "selective") spec.model.recompute_policy = spec::RecomputePolicy::kSelective;
   if (argc > 12 && std::string(argv[12]) == "bf16") spec.model.dtype = spec::DType::kBf16;
   std::string err;
   auto backend = kernels::create_backend("cpu", 1, &err);

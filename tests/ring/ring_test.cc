@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -69,6 +72,7 @@ struct Job {
   std::string wire = "fp32";   // how K/V travel
   int head_ranks = 1;          // parallel.head_ranks: groups of U ranks, the ring over them
   std::string dkv_wire = "fp32";  // how dK/dV accumulators travel
+  std::string recompute = "none";  // model.recompute: none, full or selective
 };
 
 void start_ranks(Procs& procs, const Job& j, const std::string& dir) {
@@ -76,7 +80,7 @@ void start_ranks(Procs& procs, const Job& j, const std::string& dir) {
     procs.start({RING_HELPER, j.mode, std::to_string(r), std::to_string(j.world), dir, j.balance,
                  std::to_string(j.seq_len), std::to_string(j.max_doc), std::to_string(j.seed),
                  std::to_string(j.steps), std::to_string(j.layers), j.order, j.dtype, j.wire,
-                 std::to_string(j.head_ranks), j.dkv_wire},
+                 std::to_string(j.head_ranks), j.dkv_wire, j.recompute},
                 dir + "/log-" + std::to_string(r));
 }
 
@@ -321,6 +325,43 @@ void check_curve(const Job& job, double tol = 1e-4, double weight_tol = 0) {
               "final weights %.2e, parameters bit-identical on all ranks\n",
               job.world, job.head_ranks, job.balance.c_str(), static_cast<long long>(job.steps),
               worst, worst_w);
+}
+
+// ---- selective recompute (model.recompute_policy) -----------------------------------------------
+
+// Over the ring (P = 4, zigzag, packed documents) and two-level (U = 2, R = 2): selective
+// recompute gives every rank the bits of no recompute, and its ring does the same hops and
+// attention tiles as no recompute (the attention is never re-run in the backward), where full
+// recompute re-runs the forward's hops, so the counts would catch a re-run.
+TEST(RingRecompute, SelectiveIsNoRecomputeBitForBitWithoutExtraHops) {
+  for (int u : {1, 2}) {
+    std::map<std::string, std::string> result;
+    std::map<std::string, std::pair<int64_t, int64_t>> hops_tiles;  // rank 0's
+    for (const char* policy : {"none", "selective", "full"}) {
+      Job j;
+      j.world = 4;
+      j.head_ranks = u;
+      j.recompute = policy;
+      TempDir dir("ring-recompute");
+      run_job(j, dir.path);
+      if (::testing::Test::HasFatalFailure()) return;
+      result[policy] = slurp(dir.path + "/result-0");
+      std::istringstream st(slurp(dir.path + "/stats-0"));
+      double flops;
+      int64_t tiles, ts, bt, bs, hops;
+      st >> flops >> tiles >> ts >> bt >> bs >> hops;
+      hops_tiles[policy] = {hops, tiles};
+    }
+    ASSERT_GE(result["none"].size(), 16u);
+    EXPECT_EQ(result["selective"], result["none"]) << "U=" << u << ": selective changed the bits";
+    EXPECT_EQ(result["full"], result["none"]) << "U=" << u << ": full recompute changed the bits";
+    EXPECT_EQ(hops_tiles["selective"], hops_tiles["none"]) << "U=" << u;
+    EXPECT_GT(hops_tiles["full"].first, hops_tiles["none"].first) << "U=" << u;
+    std::printf("U=%d P=4: ring hops of rank 0: none %lld, selective %lld, full %lld\n", u,
+                static_cast<long long>(hops_tiles["none"].first),
+                static_cast<long long>(hops_tiles["selective"].first),
+                static_cast<long long>(hops_tiles["full"].first));
+  }
 }
 
 // ---- two-level context parallelism (parallel.head_ranks) ----------------------------------------

@@ -2,7 +2,8 @@
 // worker) and staged through a backend's memory (the device worker's path, here through the CPU
 // backend, whose copies are exact), the loss and every gradient equal the model's own flat
 // buffers bit for bit (two micro-batches: within 1e-6 normwise, see below), with tied and
-// untied embeddings and recompute.
+// untied embeddings and recompute (full and selective: selective is also the bits of no
+// recompute, one batch or two).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +17,30 @@ namespace {
 struct Case {
   bool tied, recompute;
   int micro;
+  bool selective = false;  // model.recompute_policy selective (with recompute)
 };
+
+model::ModelConfig case_model(const Case& c, bool bf16 = false) {
+  model::ModelConfig m = stage_model(c.tied, c.recompute, bf16);
+  if (c.selective) m.recompute_policy = spec::RecomputePolicy::kSelective;
+  return m;
+}
+
+// Selective recompute computes what no recompute does: the flat models' gradients agree bit for
+// bit, and so do the stores' (`store`: run_store's result for cfg).
+void expect_selective_is_no_recompute(const model::ModelConfig& cfg, kernels::Backend* cpu,
+                                      const std::vector<float>& params,
+                                      const std::vector<StageTokens>& batches,
+                                      const StageRun& flat, const StageRun& store) {
+  model::ModelConfig none = cfg;
+  none.recompute = false;
+  const StageRun flat_none = run_flat(none, cpu, params, batches);
+  EXPECT_EQ(flat.loss, flat_none.loss);
+  EXPECT_EQ(flat.grads, flat_none.grads);
+  const StageRun store_none = run_store(none, cpu, nullptr, params, batches);
+  EXPECT_EQ(store.loss, store_none.loss);
+  EXPECT_EQ(store.grads, store_none.grads);
+}
 
 class Stage : public ::testing::TestWithParam<Case> {};
 
@@ -25,7 +49,7 @@ TEST_P(Stage, EqualsTheFlatModelBitForBit) {
   std::string err;
   auto cpu = kernels::create_backend("cpu", 1, &err);
   ASSERT_TRUE(cpu) << err;
-  const model::ModelConfig cfg = stage_model(c.tied, c.recompute);
+  const model::ModelConfig cfg = case_model(c);
   std::vector<float> params;
   {
     model::LocalAttention attention(cpu.get());
@@ -59,6 +83,7 @@ TEST_P(Stage, EqualsTheFlatModelBitForBit) {
   } else {
     EXPECT_LE(std::sqrt(diff2 / norm2), 1e-6) << differ << " of " << flat.grads.size() << " differ";
   }
+  if (c.selective) expect_selective_is_no_recompute(cfg, cpu.get(), params, batches, flat, host);
   // The gradients are not trivially zero.
   double sq = 0;
   for (float g : flat.grads) sq += static_cast<double>(g) * g;
@@ -68,7 +93,8 @@ TEST_P(Stage, EqualsTheFlatModelBitForBit) {
 INSTANTIATE_TEST_SUITE_P(FullShard, Stage,
                          ::testing::Values(Case{false, false, 1}, Case{true, false, 1},
                                            Case{true, true, 1}, Case{false, true, 2},
-                                           Case{true, false, 2}));
+                                           Case{true, false, 2}, Case{true, true, 1, true},
+                                           Case{false, true, 2, true}));
 
 // bf16 (docs/precision.md): the store's gathers carry bf16, which the model widens, or fp32,
 // which the model rounds as it acquires a block: the same values, so the loss and every gradient
@@ -81,7 +107,7 @@ TEST_P(StageBf16, Bf16GathersEqualFp32GathersAndTheFlatModel) {
   std::string err;
   auto cpu = kernels::create_backend("cpu", 1, &err);
   ASSERT_TRUE(cpu) << err;
-  const model::ModelConfig cfg = stage_model(c.tied, c.recompute, true);
+  const model::ModelConfig cfg = case_model(c, true);
   std::vector<float> params;
   {
     model::LocalAttention attention(cpu.get());
@@ -103,6 +129,7 @@ TEST_P(StageBf16, Bf16GathersEqualFp32GathersAndTheFlatModel) {
   if (c.micro == 1) {
     EXPECT_EQ(host.grads, flat.grads);
   }
+  if (c.selective) expect_selective_is_no_recompute(cfg, cpu.get(), params, batches, flat, f32);
   // Every block was gathered (one rank: nothing sent).
   EXPECT_EQ(host.stats.gathers, f32.stats.gathers);
   EXPECT_GT(host.stats.gathers, 0);
@@ -111,7 +138,9 @@ TEST_P(StageBf16, Bf16GathersEqualFp32GathersAndTheFlatModel) {
 
 INSTANTIATE_TEST_SUITE_P(FullShard, StageBf16,
                          ::testing::Values(Case{false, false, 1}, Case{true, false, 1},
-                                           Case{true, true, 1}, Case{true, false, 2}));
+                                           Case{true, true, 1}, Case{true, false, 2},
+                                           Case{true, true, 1, true},
+                                           Case{false, true, 2, true}));
 
 TEST(StageBf16Errors, AnFp32ModelCannotTakeBf16Blocks) {
   std::string err;

@@ -123,15 +123,37 @@ struct ModelRun {
   std::vector<float> grads;
 };
 
+// LocalAttention that counts its forward calls: selective recompute must never re-run the
+// attention in the backward (full recompute does, layers - 1 times).
+class CountingAttention final : public AttentionExecutor {
+ public:
+  explicit CountingAttention(kernels::Backend* backend) : inner_(backend) {}
+  void forward(const AttentionCall& call, float* out, float* lse) override {
+    ++forwards;
+    inner_.forward(call, out, lse);
+  }
+  void backward(const AttentionCall& call, const float* out, const float* lse, const float* dout,
+                float* dq, float* dk, float* dv) override {
+    inner_.backward(call, out, lse, dout, dq, dk, dv);
+  }
+  kernels::AttentionStats stats() const override { return inner_.stats(); }
+  int forwards = 0;
+
+ private:
+  LocalAttention inner_;
+};
+
 ModelRun run_model(const ModelConfig& cfg, const std::vector<float>& params, const HostBatch& hb,
-              int64_t global_valid, kernels::Backend* backend) {
-  LocalAttention attention(backend);
+                   int64_t global_valid, kernels::Backend* backend,
+                   int* attention_forwards = nullptr) {
+  CountingAttention attention(backend);
   Model model(cfg, backend, &attention);
   model.set_params(params);
   model.zero_grads();
   ModelRun r;
   r.loss = model.forward_backward(hb.batch(), global_valid);
   r.grads = model.get_grads();
+  if (attention_forwards) *attention_forwards = attention.forwards;
   return r;
 }
 
@@ -165,11 +187,22 @@ TEST_P(ModelVsTorch, LossAndEveryGradient) {
   // Recompute must not change a single bit.
   ModelConfig cfg_rc = cfg;
   cfg_rc.recompute = true;
-  ModelRun rc = run_model(cfg_rc, params, hb, global_valid, backend.get());
+  int full_forwards = 0;
+  ModelRun rc = run_model(cfg_rc, params, hb, global_valid, backend.get(), &full_forwards);
   EXPECT_EQ(rc.loss.loss_sum, ours.loss.loss_sum);
   ASSERT_EQ(rc.grads.size(), ours.grads.size());
   EXPECT_EQ(0, std::memcmp(rc.grads.data(), ours.grads.data(), rc.grads.size() * sizeof(float)))
       << "recompute changed the gradients";
+  EXPECT_EQ(full_forwards, 2 * cfg.layers - 1);  // the last layer's forward is still there
+  // Selective recompute: the same bits, and the attention runs once per layer.
+  cfg_rc.recompute_policy = spec::RecomputePolicy::kSelective;
+  int sel_forwards = 0;
+  ModelRun sel = run_model(cfg_rc, params, hb, global_valid, backend.get(), &sel_forwards);
+  EXPECT_EQ(sel.loss.loss_sum, ours.loss.loss_sum);
+  ASSERT_EQ(sel.grads.size(), ours.grads.size());
+  EXPECT_EQ(0, std::memcmp(sel.grads.data(), ours.grads.data(), sel.grads.size() * sizeof(float)))
+      << "selective recompute changed the gradients";
+  EXPECT_EQ(sel_forwards, cfg.layers) << "selective recompute re-ran the attention";
 
   // PyTorch reference in float64.
   fs::path dir = fs::temp_directory_path() /
@@ -313,8 +346,10 @@ TEST(Model, BucketCallbacksComeInLayoutOrderAndAreFinal) {
 // What the model keeps for the backward (docs/precision.md "Where each tensor lives"), counted
 // by hand per tensor: fp32 stores everything in 4 bytes; bf16 without recompute keeps h1, h2, q,
 // k, v, o in 2 bytes plus one layer's fp32 work set of the six, and x, x_mid, lse, rstd, gate/up
-// in 4; with recompute the one layer's set stays fp32 in both dtypes. The bf16 layouts' gradients
-// are the same bits (ModelVsTorch's recompute check).
+// in 4; with recompute the one layer's set stays fp32 in both dtypes. Selective recompute keeps
+// per layer q, k, v, o (2 bytes in bf16) and lse, plus one shared set of h1, h2 (2 bytes in
+// bf16), x_mid, gate/up, rstd (and bf16's work set). The layouts' gradients are the same bits
+// (ModelVsTorch's recompute checks).
 TEST(Model, Bf16KeepsSavedActivationsInTwoBytes) {
   for (spec::MlpKind mlp : {spec::MlpKind::kSwiGLU, spec::MlpKind::kGelu}) {
     ModelConfig cfg = make_config(Case{"x", mlp, false, 4, 2, false});
@@ -328,13 +363,20 @@ TEST(Model, Bf16KeepsSavedActivationsInTwoBytes) {
     const int64_t want_fp32 = t * (xs + L * 4 * (six + rest));
     const int64_t want_bf16 = t * (xs + L * (2 * six + 4 * rest) + 4 * six);
     const int64_t want_recompute = t * (xs + 4 * (six + rest));
+    const int64_t attn = 2 * qd + 2 * kvd;                   // q o k v
+    const int64_t mid = d + mlp_n * f + 2;                   // x_mid gate/up rstd
+    const int64_t want_sel_fp32 = t * (xs + L * 4 * (attn + cfg.heads) + 4 * (2 * d + mid));
+    const int64_t want_sel_bf16 =
+        t * (xs + L * (2 * attn + 4 * cfg.heads) + 2 * 2 * d + 4 * mid + 4 * six);
     auto backend = cpu_backend();
     LocalAttention attention(backend.get());
     HostBatch hb = make_batch(t, cfg.vocab, false, 5);
-    auto bytes = [&](spec::DType dtype, bool recompute) {
+    auto bytes = [&](spec::DType dtype, bool recompute,
+                     spec::RecomputePolicy policy = spec::RecomputePolicy::kFull) {
       ModelConfig c = cfg;
       c.dtype = dtype;
       c.recompute = recompute;
+      c.recompute_policy = policy;
       Model model(c, backend.get(), &attention);
       model.init_params(7);
       model.forward_backward(hb.batch(), hb.valid);
@@ -345,6 +387,8 @@ TEST(Model, Bf16KeepsSavedActivationsInTwoBytes) {
     EXPECT_EQ(bf16, want_bf16);
     EXPECT_EQ(bytes(spec::DType::kBf16, true), want_recompute);
     EXPECT_EQ(bytes(spec::DType::kFp32, true), want_recompute);
+    EXPECT_EQ(bytes(spec::DType::kFp32, true, spec::RecomputePolicy::kSelective), want_sel_fp32);
+    EXPECT_EQ(bytes(spec::DType::kBf16, true, spec::RecomputePolicy::kSelective), want_sel_bf16);
     std::printf("[%s] saved activations: fp32 %lld bytes, bf16 %lld (%.3fx)\n",
                 spec::to_string(mlp), static_cast<long long>(fp32),
                 static_cast<long long>(bf16), static_cast<double>(bf16) / fp32);

@@ -84,8 +84,12 @@ Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExec
     zero_grads();
   }
   xs_.resize(config_.layers + 1);
-  acts_.resize(config_.recompute ? 1 : config_.layers);
-  compact_ = bf16_ && !config_.recompute;
+  full_recompute_ =
+      config_.recompute && config_.recompute_policy == spec::RecomputePolicy::kFull;
+  selective_ =
+      config_.recompute && config_.recompute_policy == spec::RecomputePolicy::kSelective;
+  acts_.resize(full_recompute_ ? 1 : config_.layers);
+  compact_ = bf16_ && !full_recompute_;
 }
 
 void Model::require_flat(const char* what) const {
@@ -269,23 +273,32 @@ void Model::linear_dw(const float* dy, const float* x, const uint16_t* xb, int64
 void Model::ensure(LayerActs& a, ActsKind kind) {
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
   const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
-  if (kind == ActsKind::kBf16Saved) {
+  // attn: q, k, v, o (and lse unless the work set); norms: h1, h2 (and the rest likewise).
+  const bool attn = kind != ActsKind::kMidFp32 && kind != ActsKind::kMidBf16;
+  const bool norms = kind != ActsKind::kAttnFp32 && kind != ActsKind::kAttnBf16;
+  const bool b16 = kind == ActsKind::kBf16Saved || kind == ActsKind::kAttnBf16 ||
+                   kind == ActsKind::kMidBf16;
+  if (norms && b16) {
     a.h1_b.resize(backend_, t * d);
+    a.h2_b.resize(backend_, t * d);
+  } else if (norms) {
+    a.h1.resize(backend_, t * d);
+    a.h2.resize(backend_, t * d);
+  }
+  if (attn && b16) {
     a.q_b.resize(backend_, t * qd);
     a.k_b.resize(backend_, t * kvd);
     a.v_b.resize(backend_, t * kvd);
     a.o_b.resize(backend_, t * qd);
-    a.h2_b.resize(backend_, t * d);
-  } else {
-    a.h1.resize(backend_, t * d);
+  } else if (attn) {
     a.q.resize(backend_, t * qd);
     a.k.resize(backend_, t * kvd);
     a.v.resize(backend_, t * kvd);
     a.o.resize(backend_, t * qd);
-    a.h2.resize(backend_, t * d);
   }
   if (kind == ActsKind::kWork) return;
-  a.lse.resize(backend_, t * config_.heads);
+  if (attn) a.lse.resize(backend_, t * config_.heads);
+  if (!norms) return;
   a.x_mid.resize(backend_, t * d);
   if (config_.mlp == spec::MlpKind::kSwiGLU) a.gate.resize(backend_, t * f);
   a.up.resize(backend_, t * f);
@@ -304,6 +317,7 @@ int64_t Model::activation_bytes() const {
   };
   for (const LayerActs& a : acts_) add(a);
   add(work_);
+  add(sel_);
   for (const DeviceArray<float>& x : xs_) n += static_cast<int64_t>(x.bytes());
   return n;
 }
@@ -329,7 +343,10 @@ void Model::prepare(const Batch& b) {
                  "copy_to_device");
   }
   for (auto& x : xs_) x.resize(backend_, t * d);
-  for (auto& a : acts_) ensure(a, compact_ ? ActsKind::kBf16Saved : ActsKind::kFp32);
+  const ActsKind per_layer = selective_ ? (compact_ ? ActsKind::kAttnBf16 : ActsKind::kAttnFp32)
+                                        : (compact_ ? ActsKind::kBf16Saved : ActsKind::kFp32);
+  for (auto& a : acts_) ensure(a, per_layer);
+  if (selective_) ensure(sel_, compact_ ? ActsKind::kMidBf16 : ActsKind::kMidFp32);
   if (compact_) ensure(work_, ActsKind::kWork);
   xf_.resize(backend_, t * d);
   rstd_f_.resize(backend_, t);
@@ -415,21 +432,66 @@ void Model::embed_forward(const float* we) {
                "embedding_forward");
 }
 
+void Model::norm1_forward(int l, LayerActs& a, const float* w) {
+  const int64_t t = t_, d = config_.d_model;
+  LayerActs& m = mid(a);
+  LayerActs& h = norms(a);
+  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[l].data(),
+                                         w + off_[l].attn_norm, h.h1.data(), m.rstd1.data()),
+               "rmsnorm_forward");
+  if (compact_) to_bf16(h.h1.data(), t * d, m.h1_b);
+}
+
+void Model::post_attention_forward(int l, LayerActs& a, const float* w, const uint16_t* ob) {
+  const LayerOffsets& o = off_[l];
+  const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden, qd = config_.q_dim();
+  LayerActs& m = mid(a);
+  LayerActs& h = norms(a);
+  // o: fp32 in the layer's set, or (compact) its bf16 copy ob.
+  linear(compact_ ? nullptr : a.o.data(), ob, w + o.wo, d, qd, m.x_mid.data());
+  check_status(backend_->add(t * d, xs_[l].data(), m.x_mid.data(), m.x_mid.data()), "add");
+  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, m.x_mid.data(), w + o.mlp_norm,
+                                         h.h2.data(), m.rstd2.data()),
+               "rmsnorm_forward");
+  const uint16_t* h2b = compact_ ? to_bf16(h.h2.data(), t * d, m.h2_b) : nullptr;
+  if (config_.mlp == spec::MlpKind::kSwiGLU)
+    linear(h.h2.data(), h2b, w + o.w_gate, f, d, m.gate.data());
+  linear(h.h2.data(), h2b, w + o.w_up, f, d, m.up.data());
+}
+
+void Model::mlp_out_forward(int l, LayerActs& a, const float* w) {
+  const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
+  LayerActs& m = mid(a);
+  if (config_.mlp == spec::MlpKind::kSwiGLU) {
+    check_status(backend_->swiglu_forward(t * f, m.gate.data(), m.up.data(), act_.data()),
+                 "swiglu_forward");
+  } else {
+    check_status(backend_->gelu_forward(t * f, m.up.data(), act_.data()), "gelu_forward");
+  }
+  linear(act_.data(), nullptr, w + off_[l].w_down, d, f, xs_[l + 1].data());
+  check_status(backend_->add(t * d, m.x_mid.data(), xs_[l + 1].data(), xs_[l + 1].data()), "add");
+}
+
+void Model::layer_recompute(int l, LayerActs& a, const float* w) {
+  norm1_forward(l, a, w);
+  post_attention_forward(l, a, w, compact_ ? a.o_b.data() : nullptr);
+}
+
 void Model::layer_forward(int l, LayerActs& a, const float* w) {
   const LayerOffsets& o = off_[l];
-  const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
+  const int64_t t = t_, d = config_.d_model;
   const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
-  // h1, q, k, v, o, h2 are computed in fp32 in `c`: the layer's own set, or (compact) the work
-  // set shared by all layers, whose values the layer keeps as bf16 copies (a.*_b). GEMMs read
-  // the kept copy of their input where there is one.
+  // h1, q, k, v, o, h2 are computed in fp32 in `c` (q, k, v, o) and norms(a) (h1, h2): the
+  // layer's own set (selective: h1, h2 in the shared one), or (compact) the work set shared by
+  // all layers, whose values the layer keeps as bf16 copies (a.*_b, mid(a).h1_b / h2_b). GEMMs
+  // read the kept copy of their input where there is one.
   LayerActs& c = compact_ ? work_ : a;
-  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[l].data(), w + o.attn_norm,
-                                         c.h1.data(), a.rstd1.data()),
-               "rmsnorm_forward");
-  const uint16_t* h1b = compact_ ? to_bf16(c.h1.data(), t * d, a.h1_b) : nullptr;
-  linear(c.h1.data(), h1b, w + o.wq, qd, d, c.q.data());
-  linear(c.h1.data(), h1b, w + o.wk, kvd, d, c.k.data());
-  linear(c.h1.data(), h1b, w + o.wv, kvd, d, c.v.data());
+  norm1_forward(l, a, w);
+  const float* h1 = norms(a).h1.data();
+  const uint16_t* h1b = compact_ ? mid(a).h1_b.data() : nullptr;
+  linear(h1, h1b, w + o.wq, qd, d, c.q.data());
+  linear(h1, h1b, w + o.wk, kvd, d, c.k.data());
+  linear(h1, h1b, w + o.wv, kvd, d, c.v.data());
   check_status(
       backend_->rope(t, config_.heads, config_.head_dim, rope_, pos_.data(), false, c.q.data()),
       "rope");
@@ -452,23 +514,8 @@ void Model::layer_forward(int l, LayerActs& a, const float* w) {
   const uint16_t* ob = compact_ ? to_bf16(c.o.data(), t * qd, a.o_b) : nullptr;
   if (bf16_ && !compact_)
     check_status(backend_->round_to_bf16(t * qd, c.o.data()), "round_to_bf16");
-  linear(c.o.data(), ob, w + o.wo, d, qd, a.x_mid.data());
-  check_status(backend_->add(t * d, xs_[l].data(), a.x_mid.data(), a.x_mid.data()), "add");
-  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, a.x_mid.data(), w + o.mlp_norm,
-                                         c.h2.data(), a.rstd2.data()),
-               "rmsnorm_forward");
-  const uint16_t* h2b = compact_ ? to_bf16(c.h2.data(), t * d, a.h2_b) : nullptr;
-  if (config_.mlp == spec::MlpKind::kSwiGLU) {
-    linear(c.h2.data(), h2b, w + o.w_gate, f, d, a.gate.data());
-    linear(c.h2.data(), h2b, w + o.w_up, f, d, a.up.data());
-    check_status(backend_->swiglu_forward(t * f, a.gate.data(), a.up.data(), act_.data()),
-                 "swiglu_forward");
-  } else {
-    linear(c.h2.data(), h2b, w + o.w_up, f, d, a.up.data());
-    check_status(backend_->gelu_forward(t * f, a.up.data(), act_.data()), "gelu_forward");
-  }
-  linear(act_.data(), nullptr, w + o.w_down, d, f, xs_[l + 1].data());
-  check_status(backend_->add(t * d, a.x_mid.data(), xs_[l + 1].data(), xs_[l + 1].data()), "add");
+  post_attention_forward(l, a, w, ob);
+  mlp_out_forward(l, a, w);
 }
 
 void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
@@ -478,23 +525,25 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
   const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
   // The saved GEMM inputs h1, h2, o: fp32 in the layer's set, or (compact) their bf16 copies,
   // which the bf16 GEMMs read as they are.
-  const float* h1 = compact_ ? nullptr : a.h1.data();
-  const float* h2 = compact_ ? nullptr : a.h2.data();
-  const uint16_t* h1b = compact_ ? a.h1_b.data() : nullptr;
-  const uint16_t* h2b = compact_ ? a.h2_b.data() : nullptr;
+  // Selective: h1, h2, x_mid, gate/up and rstd are in the shared set (layer_recompute's).
+  LayerActs& m = mid(a);
+  const float* h1 = compact_ ? nullptr : m.h1.data();
+  const float* h2 = compact_ ? nullptr : m.h2.data();
+  const uint16_t* h1b = compact_ ? m.h1_b.data() : nullptr;
+  const uint16_t* h2b = compact_ ? m.h2_b.data() : nullptr;
   const uint16_t* ob = compact_ ? a.o_b.data() : nullptr;
 
   // MLP. act = silu(gate) * up or gelu(up) is recomputed (cheap) rather than kept per layer.
   if (config_.mlp == spec::MlpKind::kSwiGLU) {
-    check_status(backend_->swiglu_forward(t * f, a.gate.data(), a.up.data(), act_.data()),
+    check_status(backend_->swiglu_forward(t * f, m.gate.data(), m.up.data(), act_.data()),
                  "swiglu_forward");
   } else {
-    check_status(backend_->gelu_forward(t * f, a.up.data(), act_.data()), "gelu_forward");
+    check_status(backend_->gelu_forward(t * f, m.up.data(), act_.data()), "gelu_forward");
   }
   linear_dw(dx_.data(), act_.data(), nullptr, d, f, gr + o.w_down);
   linear_dx(dx_.data(), w + o.w_down, d, f, 0.f, dact_.data());  // [T, f]
   if (config_.mlp == spec::MlpKind::kSwiGLU) {
-    check_status(backend_->swiglu_backward(t * f, a.gate.data(), a.up.data(), dact_.data(),
+    check_status(backend_->swiglu_backward(t * f, m.gate.data(), m.up.data(), dact_.data(),
                                            dgate_.data(), dup_.data()),
                  "swiglu_backward");
     linear_dw(dgate_.data(), h2, h2b, f, d, gr + o.w_gate);
@@ -502,12 +551,12 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
     linear_dx(dgate_.data(), w + o.w_gate, f, d, 0.f, dh_.data());
     linear_dx(dup_.data(), w + o.w_up, f, d, 1.f, dh_.data());
   } else {
-    check_status(backend_->gelu_backward(t * f, a.up.data(), dact_.data(), dup_.data()),
+    check_status(backend_->gelu_backward(t * f, m.up.data(), dact_.data(), dup_.data()),
                  "gelu_backward");
     linear_dw(dup_.data(), h2, h2b, f, d, gr + o.w_up);
     linear_dx(dup_.data(), w + o.w_up, f, d, 0.f, dh_.data());
   }
-  check_status(backend_->rmsnorm_backward(t, d, a.x_mid.data(), w + o.mlp_norm, a.rstd2.data(),
+  check_status(backend_->rmsnorm_backward(t, d, m.x_mid.data(), w + o.mlp_norm, m.rstd2.data(),
                                           dh_.data(), dtmp_.data(), gr + o.mlp_norm),
                "rmsnorm_backward");
   check_status(backend_->add(t * d, dx_.data(), dtmp_.data(), dx_.data()), "add");  // dL/dx_mid
@@ -542,7 +591,7 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
   linear_dx(dq_.data(), w + o.wq, qd, d, 0.f, dh_.data());
   linear_dx(dk_.data(), w + o.wk, kvd, d, 1.f, dh_.data());
   linear_dx(dv_.data(), w + o.wv, kvd, d, 1.f, dh_.data());
-  check_status(backend_->rmsnorm_backward(t, d, xs_[l].data(), w + o.attn_norm, a.rstd1.data(),
+  check_status(backend_->rmsnorm_backward(t, d, xs_[l].data(), w + o.attn_norm, m.rstd1.data(),
                                           dh_.data(), dtmp_.data(), gr + o.attn_norm),
                "rmsnorm_backward");
   check_status(backend_->add(t * d, dx_.data(), dtmp_.data(), dx_.data()), "add");
@@ -587,7 +636,7 @@ LossResult Model::forward(const Batch& batch, int64_t global_valid) {
   release(eb);
   for (int l = 0; l < layers; ++l) {
     const GradBucket& lb = layout_.layer_bucket(l);
-    layer_forward(l, acts_[config_.recompute ? 0 : l],
+    layer_forward(l, acts_[full_recompute_ ? 0 : l],
                   acquire(lb, l + 1 < layers ? layout_.layer_bucket(l + 1).index : hb.index));
     release(lb);
   }
@@ -623,7 +672,7 @@ LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
   for (int l = 0; l < layers; ++l) {
     const int64_t t0 = tl ? timeline::now_ns() : 0;
     const GradBucket& lb = layout_.layer_bucket(l);
-    layer_forward(l, acts_[config_.recompute ? 0 : l],
+    layer_forward(l, acts_[full_recompute_ ? 0 : l],
                   acquire(lb, l + 1 < layers ? layer_index(l + 1) : hb.index));
     release(lb);
     phase(timeline::Phase::kForward, l, t0);
@@ -641,11 +690,13 @@ LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
   if (on_bucket) on_bucket(hb);
   for (int l = layers - 1; l >= 0; --l) {
     const int64_t t0 = tl ? timeline::now_ns() : 0;
-    LayerActs& a = acts_[config_.recompute ? 0 : l];
+    LayerActs& a = acts_[full_recompute_ ? 0 : l];
     const GradBucket& lb = layout_.layer_bucket(l);
     const float* w = acquire(lb, layer_index(l - 1));
-    // With recompute the shared activations still hold the last block's forward.
-    if (config_.recompute && l != layers - 1) layer_forward(l, a, w);
+    // With recompute the shared activations still hold the last block's forward. Selective
+    // re-runs only the block's norms, output projection and gate/up: never the attention.
+    if (full_recompute_ && l != layers - 1) layer_forward(l, a, w);
+    if (selective_ && l != layers - 1) layer_recompute(l, a, w);
     layer_backward(l, a, w, block_grads(lb));
     release(lb);
     grads_done(lb);

@@ -31,6 +31,15 @@
 // backward feeds the bf16 h1, h2 and o straight to the bf16 GEMMs and widens q, k, v, o into
 // the work set for attention (exact both ways, so the same bits as fp32 storage). x, x_mid,
 // rstd, lse and gate/up stay fp32. With recompute the one layer's set stays fp32.
+//
+// model.recompute_policy selective (Megatron's selective recompute): each block keeps its input
+// x, q, k, v (after RoPE), o and lse, what the attention backward needs; one set shared by all
+// layers holds h1, rstd1, x_mid, h2, rstd2 and gate/up, which the backward re-runs
+// (layer_recompute: h1 = rmsnorm(x), x_mid = x + o wo^T, h2 = rmsnorm(x_mid), gate/up) with the
+// forward's arithmetic, so the gradients are those of no recompute, bit for bit. The attention
+// executor (and its ring hops) runs once per layer, as without recompute. bf16 keeps q, k, v, o
+// as bf16 (the compact layout's copies, widened into the work set) and the shared h1, h2 as
+// bf16 copies, the GEMM inputs.
 #pragma once
 
 #include <cstdint>
@@ -157,13 +166,30 @@ class Model {
     DeviceArray<float> h1, q, k, v, o, lse, x_mid, h2, gate, up, rstd1, rstd2;
     DeviceArray<uint16_t> h1_b, q_b, k_b, v_b, o_b, h2_b;
   };
-  enum class ActsKind { kFp32, kBf16Saved, kWork };
+  // kFp32 / kBf16Saved: a whole layer set (fp32, or the compact one); kWork: the compact work
+  // set; kAttnFp32 / kAttnBf16: selective's per-layer q, k, v, o (fp32 or bf16) and lse;
+  // kMidFp32 / kMidBf16: selective's shared set, h1 and h2 (fp32 or bf16) and x_mid, gate/up,
+  // rstd1, rstd2.
+  enum class ActsKind { kFp32, kBf16Saved, kWork, kAttnFp32, kAttnBf16, kMidFp32, kMidBf16 };
   const float* p(const std::string& name) const;
   float* g(const std::string& name);
   void prepare(const Batch& batch);
   // w: the block's weights (its bucket's first float), gr: its gradient; offsets in off_ and
   // off_*_ are relative to the bucket.
   void layer_forward(int l, LayerActs& a, const float* w);
+  // Parts of layer_forward: h1 = rmsnorm(x); x_mid = x + o wo^T, h2 = rmsnorm(x_mid) and the
+  // MLP's gate/up; the MLP's output into x[l + 1].
+  void norm1_forward(int l, LayerActs& a, const float* w);
+  void post_attention_forward(int l, LayerActs& a, const float* w, const uint16_t* ob);
+  void mlp_out_forward(int l, LayerActs& a, const float* w);
+  // Selective: what the backward of layer l needs that the layer does not keep (norm1 and
+  // post_attention_forward again, from the kept x and o).
+  void layer_recompute(int l, LayerActs& a, const float* w);
+  // The set holding layer a's x_mid, gate/up, rstd and bf16 h1/h2: a itself, or selective's
+  // shared set.
+  LayerActs& mid(LayerActs& a) { return selective_ ? sel_ : a; }
+  // Where h1 and h2 are computed in fp32: the compact work set, or mid(a).
+  LayerActs& norms(LayerActs& a) { return compact_ ? work_ : mid(a); }
   void layer_backward(int l, LayerActs& a, const float* w, float* gr);
   void embed_forward(const float* we);
   // wh: the head bucket; we: the embedding bucket (tied embeddings' LM head, else unused).
@@ -231,8 +257,11 @@ class Model {
   DeviceArray<int64_t> pos_;
   bool has_docs_ = false;
   std::vector<DeviceArray<float>> xs_;  // [layers + 1] x [T, d]: block inputs, final output
-  std::vector<LayerActs> acts_;         // [layers] or [1] with recompute
-  bool compact_ = false;                // bf16 without recompute: acts_ keep bf16 (see top)
+  std::vector<LayerActs> acts_;         // [layers] or [1] with full recompute
+  bool full_recompute_ = false;         // recompute, policy full: the whole block re-run
+  bool selective_ = false;              // recompute, policy selective (see top)
+  bool compact_ = false;                // bf16 without full recompute: acts_ keep bf16 (see top)
+  LayerActs sel_;                       // selective: the one shared non-attention set
   LayerActs work_;                      // compact: one layer's fp32 h1, q, k, v, o, h2
   DeviceArray<float> xf_, rstd_f_, logits_;  // [T, d], [T], [T, vocab]
   // Backward scratch.
