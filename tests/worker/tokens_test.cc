@@ -306,13 +306,20 @@ TEST(TokenFiles, HostileIndexAndBinGiveClearErrors) {
       {"huge doc count", patch(16, ~uint64_t{0}, 8), bin, "documents"},
       {"token count", patch(24, 9, 8), bin, "last offset 6 is not the token count 9"},
       {"wrapping token count", patch(24, uint64_t{1} << 62, 8), "", "not plausible"},
-      {"reserved", patch(40, 1, 8), bin, "reserved"},
+      {"unknown flags", patch(40, 2, 8), bin, "flags 0x2 has bits this build does not know"},
+      {"mask flag without a mask", patch(40, 1, 8), bin, "cannot open"},
       {"first offset", patch(48, 1, 8), bin, "offsets[0] is 1"},
       {"decreasing", patch(56, 7, 8), bin, "offsets[1] = 7"},
       {"truncated offsets", idx.substr(0, idx.size() - 3), bin, "bytes of offsets"},
       {"short bin", idx, bin.substr(0, 10), "10 bytes, but"},
       {"long bin", idx, bin + "xx", "14 bytes, but"},
   };
+  {  // version 1: the flags field was reserved and must be 0
+    std::string v1 = patch(8, 1, 4);
+    const uint64_t one = 1;
+    std::memcpy(v1.data() + 40, &one, 8);
+    cases.push_back({"v1 reserved", v1, bin, "reserved header field is not 0"});
+  }
   for (const auto& c : cases) {
     std::string m;
     if (c.name == "missing") {
