@@ -300,7 +300,7 @@ nlohmann::json to_json(const SearchResult& r, int top) {
 std::string to_text(const SearchResult& r, int top) {
   std::string out = fmt::format(
       "layout search on {} node(s) x {} workers: {} layouts, {} invalid, {} do not fit memory, "
-      "{} fit; {} screened (shallow simulation), {} simulated in full; {:.1f} s\n\n",
+      "{} fit; {} screened (shallow simulation), {} simulated as `ringctl simulate`; {:.1f} s\n\n",
       r.nodes, r.workers_per_node, r.enumerated, r.invalid, r.no_fit, r.fitting.size(),
       r.screened, r.simulated, r.seconds);
   out += fmt::format("{:>2}  {:<52} {:>11} {:>12} {:>7} {:>11} {:>11} {:>11}  {}\n", "#", "layout",
