@@ -313,7 +313,8 @@ Subcommand add_plan(CLI::App& app) {
       ->capture_default_str()
       ->check(flags::integer_in(1, 1000));
   s->add_option("--simulate-top", so.simulate_top,
-                "--search: layouts simulated in full after the shallow screen")
+                "--search: families of layouts simulated as ringctl simulate would, after the "
+                "shallow screen")
       ->capture_default_str()
       ->check(flags::integer_in(1, 100000));
   s->add_option("--max-micro-batches", so.max_micro_batches,
