@@ -186,6 +186,8 @@ int write_best(const PlanSearchOpts& o, const spec::LoadResult& plain,
   if (s.parallel.head_ranks != l.head_ranks || s.parallel.context_ranks != l.context_ranks ||
       s.parallel.data_replicas != l.data_replicas || s.train.micro_batches != l.micro_batches ||
       s.parallel.shard != l.shard || s.model.recompute != l.recompute ||
+      (l.recompute &&
+       (s.model.recompute_policy == spec::RecomputePolicy::kSelective) != l.selective) ||
       s.optimizer.compression != l.compression || s.resources.nodes != r.nodes) {
     std::cerr << "ringctl plan --search: --write: the rewritten spec does not read back as the "
                  "chosen layout (a bug: please report it); nothing written\n";

@@ -17,13 +17,15 @@ std::vector<spec::Override> Layout::keys() const {
           {"train.micro_batches", std::to_string(micro_batches)},
           {"parallel.shard", spec::to_string(shard)},
           {"model.recompute", recompute ? "true" : "false"},
+          {"model.recompute_policy", recompute && selective ? "selective" : "full"},
           {"optimizer.compression", spec::to_string(compression)}};
 }
 
 std::string Layout::describe() const {
   return fmt::format("U={} x R={}, D={}, M={}, shard {}, {}, {}", head_ranks, ring_groups(),
                      data_replicas, micro_batches, spec::to_string(shard),
-                     recompute ? "recompute" : "no recompute", spec::to_string(compression));
+                     !recompute ? "no recompute" : selective ? "selective recompute" : "recompute",
+                     spec::to_string(compression));
 }
 
 namespace {
@@ -47,7 +49,7 @@ std::vector<Layout> enumerate(const spec::JobSpec& s, const SearchOptions& o) {
       for (int64_t m : micro) {
         if (o.sequences > 0 && (W / c) * m != o.sequences) continue;
         for (spec::ShardMode sh : shards)
-          for (bool rc : {true, false})
+          for (int rc : {1, 2, 0})  // recompute full, selective, none
             for (spec::Compression cm : {spec::Compression::kTopk, spec::Compression::kNone}) {
               // Shard full has no node exchange: compression changes nothing but the residual.
               if (sh == spec::ShardMode::kFull && cm != s.optimizer.compression) continue;
@@ -57,7 +59,8 @@ std::vector<Layout> enumerate(const spec::JobSpec& s, const SearchOptions& o) {
               l.data_replicas = W / c;
               l.micro_batches = m;
               l.shard = sh;
-              l.recompute = rc;
+              l.recompute = rc != 0;
+              l.selective = rc == 2;
               l.compression = cm;
               out.push_back(l);
             }
@@ -100,7 +103,8 @@ bool better(const Candidate& a, const Candidate& b) {
 // Layouts that differ only in micro-batches: one family.
 bool same_family(const Layout& a, const Layout& b) {
   return a.head_ranks == b.head_ranks && a.context_ranks == b.context_ranks &&
-         a.shard == b.shard && a.recompute == b.recompute && a.compression == b.compression;
+         a.shard == b.shard && a.recompute == b.recompute && a.selective == b.selective &&
+         a.compression == b.compression;
 }
 
 // How far a plan is from fitting: the larger of its device and host use over what is usable.
@@ -255,6 +259,7 @@ nlohmann::json candidate_json(const Candidate& c) {
                       {"sequences_per_step", l.sequences()},
                       {"shard", spec::to_string(l.shard)},
                       {"recompute", l.recompute},
+                      {"recompute_policy", l.recompute && l.selective ? "selective" : "full"},
                       {"compression", spec::to_string(l.compression)},
                       {"keys", keys},
                       {"memory_per_worker_bytes", c.worker_bytes},

@@ -7,8 +7,8 @@
 //
 // The space: head_ranks U (divides the heads and the node's workers) x the ring of R groups
 // (context_ranks = U x R), data replicas (the ranks left over), micro-batches, shard mode
-// (offload cpu: none, optimizer, full), recompute on/off, top-k or dense gradients (not with
-// shard full: it has no node exchange). The spec has no bucket-size or recompute-policy key:
+// (offload cpu: none, optimizer, full), recompute full, selective or off, top-k or dense
+// gradients (not with shard full: it has no node exchange). The spec has no bucket-size key:
 // buckets are one per block (common/plan flat_layout), recompute is per layer.
 //
 // Three stages keep it fast: every layout is loaded with its keys as overrides (every rule of
@@ -40,6 +40,7 @@ struct Layout {
   int64_t micro_batches = 1;
   spec::ShardMode shard{};
   bool recompute = false;
+  bool selective = false;  // with recompute: model.recompute_policy selective (else full)
   spec::Compression compression{};
   int64_t ring_groups() const { return context_ranks / head_ranks; }
   int64_t sequences() const { return data_replicas * micro_batches; }

@@ -419,7 +419,7 @@ std::string to_text(const SimResult& r) {
                    r.peak_flops_per_gpu / 1e12, r.rates.peak_source);
   line("model FLOPs per step", fmt::format("{:.4g} (6 x params x N + 6 x layers x d_model x N^2 "
                                            "per sequence)", r.model_flops_per_step));
-  line("hardware FLOPs per step", fmt::format("{:.4g} (recompute's forward included)",
+  line("hardware FLOPs per step", fmt::format("{:.4g} (recompute included)",
                                               r.hardware_flops_per_step));
   line("compute-only step", fmt::format("{} (busiest rank's kernels, nothing waiting; predicted "
                                         "step {:.2f}x)", secs(r.compute_only_step_s),

@@ -534,6 +534,15 @@ void StepGraph::forward_layer(int64_t l, bool recompute, bool last_micro) {
   }
 }
 
+void StepGraph::selective_recompute(int64_t l) {
+  for (int64_t i = 0; i < S_; ++i) {
+    const int t = e_.compute(static_cast<int>(i), gemm_s(i, w_.selective_flops), static_cast<int>(i),
+                             kProjRecompute, static_cast<int>(l));
+    e_.depend(t, prev_end_[i]);
+    prev_end_[i] = t;
+  }
+}
+
 // Ring step s of a forward pass: block s is computed while its K/V goes on to the next rank
 // (double-buffered); step s+1 starts when the block, the incoming and the outgoing hop are done.
 void StepGraph::forward_step(int64_t l, int64_t s, bool recompute) {
@@ -571,8 +580,13 @@ void StepGraph::backward_layer(int64_t l, bool last_micro) {
   // recompute is done (the store's grads() of this block, before its backward).
   if (fullshard_) acquire(l > 0 ? layer_bucket(l - 1) : SIZE_MAX, static_cast<int>(l));
   // The model replays every layer's forward but the last one's, whose activations are the
-  // ones still held (worker/model/model.cc).
-  if (w_.recompute && l != L_ - 1) forward_layer(l, true, last_micro);
+  // ones still held (worker/model/model.cc); selective only its projections+MLP GEMMs.
+  if (w_.recompute && l != L_ - 1) {
+    if (w_.selective)
+      selective_recompute(l);
+    else
+      forward_layer(l, true, last_micro);
+  }
   if (fullshard_) finish_scatter();
   for (int64_t i = 0; i < S_; ++i) {
     const int t = e_.compute(static_cast<int>(i), gemm_bwd_s(i, 2 * w_.post_fwd_flops), static_cast<int>(i), kProjBwd, static_cast<int>(l));

@@ -154,6 +154,8 @@ class StepGraph {
   void begin_shard_pass();
   void lm_head(bool last);
   void forward_layer(int64_t l, bool recompute, bool last_micro);
+  // Selective recompute of layer l: the output projection and MLP gate/up GEMMs only.
+  void selective_recompute(int64_t l);
   void forward_step(int64_t l, int64_t s, bool recompute);
   void backward_layer(int64_t l, bool last_micro);
   void backward_step(int64_t l, int64_t s);

@@ -274,9 +274,11 @@ Simulated choose_simulated(const Workload& w, const SimOptions& o, const Cluster
   sim.period = ring_period(w, what_ifs, traffic, sim.ring);
   // Shard full adds per position and layer about two gathers' and a reduce-scatter's flows from
   // (or to) each of the owner node's workers, and the reduce-scatter's posts.
-  sim.per_layer_tasks = static_cast<double>(P) * (8 + (w.recompute ? 4 : 0)) +
+  const bool full_recompute = w.recompute && !w.selective;  // selective: one task, no ring
+  sim.per_layer_tasks = static_cast<double>(P) * (8 + (full_recompute ? 4 : 0)) +
+                        (w.selective ? 1.0 : 0.0) +
                         (traffic.fullshard ? 5.0 * static_cast<double>(wpn) + 12 : 0.0) +
-                        (w.head_ranks > 1 ? 8.0 + (w.recompute ? 4.0 : 0.0) : 0.0);
+                        (w.head_ranks > 1 ? 8.0 + (full_recompute ? 4.0 : 0.0) : 0.0);
   const double full_tasks = static_cast<double>(W) * sim.per_layer_tasks * w.layers * w.micro_batches;
   // Nodes on one shared host: every rank and daemon competes for its cores, so all of them are
   // simulated.

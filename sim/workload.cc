@@ -190,6 +190,7 @@ Workload make_workload(const spec::JobSpec& s) {
                                                        : s.data.seq_len;
   w.balance = s.parallel.causal_balance;
   w.recompute = s.model.recompute;
+  w.selective = s.model.recompute && s.model.recompute_policy == spec::RecomputePolicy::kSelective;
   w.heads = s.model.heads;
   w.kv_heads = s.resolved.kv_heads;
   w.head_dim = s.resolved.head_dim;
@@ -210,6 +211,8 @@ Workload make_workload(const spec::JobSpec& s) {
   const double mlp_mats = s.model.mlp == spec::MlpKind::kSwiGLU ? 3 : 2;
   w.post_fwd_flops = 2 * T * (static_cast<double>(w.heads) * hd * d) +
                      2 * T * d * static_cast<double>(w.hidden) * mlp_mats;
+  w.selective_flops = 2 * T * (static_cast<double>(w.heads) * hd * d) +
+                      2 * T * d * static_cast<double>(w.hidden) * (mlp_mats - 1);
   w.head_fwd_flops = 2 * T * d * static_cast<double>(w.vocab);
   w.kv_block_bytes = static_cast<double>(
       cp::packed_block_bytes(w.tokens, w.kvd, static_cast<size_t>(spec::dtype_bytes(s.model.dtype))));

@@ -39,6 +39,7 @@ struct Workload {
   int64_t seq_len = 0, doc_len = 0;
   spec::CausalBalance balance{};
   bool recompute = false;
+  bool selective = false;      // recompute_policy selective: no attention, no ring hops re-run
   int64_t heads = 0, kv_heads = 0, head_dim = 0, d_model = 0, hidden = 0, vocab = 0;
   int64_t kvd = 0;             // kv_heads x head_dim
   std::vector<std::vector<cp::TokenRange>> ranges;  // [P] tokens of each ring position
@@ -47,6 +48,7 @@ struct Workload {
   // FLOPs per rank and layer.
   double pre_fwd_flops = 0;    // QKV projections
   double post_fwd_flops = 0;   // output projection and MLP
+  double selective_flops = 0;  // selective recompute: output projection and MLP gate/up
   double head_fwd_flops = 0;   // LM head (once per step)
 
   // Messages.

@@ -292,19 +292,21 @@ RingTraffic ring_traffic(const JobSpec& s, int64_t u) {
     const double Rm1 = static_cast<double>(R - 1);
     // Forward: R-1 K/V hops per layer. Backward: R-1 K/V hops plus the dK/dV accumulators,
     // which carry only the rows attended so far (dkv_sent_per_layer: at most R-1 whole blocks,
-    // the last one bringing an accumulator home). Recompute replays the forward ring.
+    // the last one bringing an accumulator home). Full recompute replays the forward ring;
+    // selective never re-runs the attention.
     double per_layer = 2.0 * Rm1 * r.hop + dkv_sent_per_layer(s, u, hkv * hd);
-    if (s.model.recompute) per_layer += Rm1 * r.hop;
+    if (spec::full_recompute(s.model)) per_layer += Rm1 * r.hop;
     r.per_rank = L * per_layer;
   }
   if (u > 1) {
     // To each of the u - 1 other members, per layer: the forward's gather and return, the
-    // backward's, and with recompute the forward's again (document ids counted).
+    // backward's, and with full recompute the forward's again (document ids counted).
     auto fwd = static_cast<double>(cp::head_gather_bytes(T, hq, hkv, hd, b, true, false) +
                                    cp::head_return_bytes(T, hq, hkv, hd, false));
     auto bwd = static_cast<double>(cp::head_gather_bytes(T, hq, hkv, hd, b, true, true) +
                                    cp::head_return_bytes(T, hq, hkv, hd, true));
-    r.a2a_per_rank = L * static_cast<double>(u - 1) * (fwd + bwd + (s.model.recompute ? fwd : 0));
+    r.a2a_per_rank =
+        L * static_cast<double>(u - 1) * (fwd + bwd + (spec::full_recompute(s.model) ? fwd : 0));
   }
   // Global rank g = d P + r u + a sits on node g / workers_per_node; its ring neighbour is the
   // same slot a of the next group.
@@ -439,7 +441,17 @@ void PlanBuilder::worker_memory() {
   // Recompute keeps each layer's input (fp32), plus one layer's full set, fp32 in both dtypes,
   // while it is recomputed.
   p.activations_recompute = L * T * 4.0 * d + T * per_token_layer(4.0);
-  const double activations = m.recompute ? p.activations_recompute : p.activations_no_recompute;
+  // Selective recompute keeps per layer the input x (fp32), q, o, k, v (b bytes) and lse (fp32),
+  // plus one layer's x_mid, MLP intermediates, norm outputs (b bytes) and RMS statistics, which
+  // the backward recomputes, and bf16's fp32 work set.
+  const double attn = 2.0 * H * hd + 2.0 * K * hd;
+  p.activations_selective = L * T * (4.0 * d + b * attn + 4.0 * H) +
+                            T * (4.0 * (d + mlp_act) + b * 2.0 * d + 8.0) +
+                            (b < 4.0 ? T * 4.0 * six : 0.0);
+  const bool selective = m.recompute && m.recompute_policy == spec::RecomputePolicy::kSelective;
+  const double activations = !m.recompute ? p.activations_no_recompute
+                             : selective  ? p.activations_selective
+                                          : p.activations_recompute;
 
   p.kv_local_per_layer = 2.0 * T * K * hd * b;
   p.kv_local_total = L * p.kv_local_per_layer;
@@ -495,9 +507,13 @@ void PlanBuilder::worker_memory() {
     w.push_back({"AdamW moments (fp32)", n * 8.0, "n x 8 (m, v)"});
     if (b != 4.0) w.push_back({"master weights (fp32)", n * 4.0, "n x 4"});
   }
-  w.push_back({m.recompute ? "activations (recompute)" : "activations",
+  w.push_back({selective      ? "activations (selective recompute)"
+                : m.recompute ? "activations (recompute)"
+                              : "activations",
                activations,
-               m.recompute ? "layers x T x d x 4 + one layer's full set (fp32)"
+               selective ? "layers x T x (4d + b (2H hd + 2K hd) + 4H) + T x (4 (d + mlp) + b 2d + 8)"
+                           " (+ T x 4 (2d + 2H hd + 2K hd) in bf16)"
+               : m.recompute ? "layers x T x d x 4 + one layer's full set (fp32)"
                : b < 4.0 ? "layers x T x (4 (2d + mlp) + b (2d + 2H hd + 2K hd) + 4H + 8)"
                            " + T x 4 (2d + 2H hd + 2K hd)"
                          : "layers x T x (4 (2d + mlp) + b (2d + 2H hd + 2K hd) + 4H + 8)"});
@@ -774,7 +790,17 @@ StepFlops step_flops(const JobSpec& s, int64_t params) {
   f.attention_per_sequence = 6 * Ld * N * N;
   const double seqs = static_cast<double>(f.sequences);
   f.model_per_step = seqs * (f.dense_per_sequence + f.attention_per_sequence);
-  f.recompute_per_step = s.model.recompute ? seqs * (2 * Pn * N + 2 * Ld * N * N) : 0.0;
+  // Selective re-runs per layer and token only the output projection and the MLP's gate/up:
+  // 2 x d_model x (heads x head_dim + mlp_hidden x (2 swiglu, 1 gelu)).
+  const double d = static_cast<double>(s.model.d_model);
+  const double qd = static_cast<double>(s.model.heads * s.resolved.head_dim);
+  const double in = (s.model.mlp == MlpKind::kSwiGLU ? 2.0 : 1.0) *
+                    static_cast<double>(s.resolved.mlp_hidden);
+  const double L = static_cast<double>(s.model.layers);
+  f.recompute_per_step = !s.model.recompute ? 0.0
+                         : spec::full_recompute(s.model)
+                             ? seqs * (2 * Pn * N + 2 * Ld * N * N)
+                             : seqs * N * L * 2 * d * (qd + in);
   f.hardware_per_step = f.model_per_step + f.recompute_per_step;
   return f;
 }
@@ -829,7 +855,8 @@ nlohmann::json to_json(const Plan& p, const JobSpec& s) {
         {"head_dim", s.resolved.head_dim},
         {"mlp_hidden", s.resolved.mlp_hidden},
         {"dtype", spec::to_string(s.model.dtype)},
-        {"recompute", s.model.recompute}}},
+        {"recompute", s.model.recompute},
+        {"recompute_policy", spec::to_string(s.model.recompute_policy)}}},
       {"flops",
        {{"sequences_per_step", p.flops.sequences},
         {"dense_per_sequence", p.flops.dense_per_sequence},
@@ -848,6 +875,7 @@ nlohmann::json to_json(const Plan& p, const JobSpec& s) {
         {"total_bytes", p.worker_total},
         {"activations_no_recompute_bytes", p.activations_no_recompute},
         {"activations_recompute_bytes", p.activations_recompute},
+        {"activations_selective_bytes", p.activations_selective},
         {"kv_local_per_layer_bytes", p.kv_local_per_layer},
         {"kv_local_total_bytes", p.kv_local_total}}},
       {"worker_host",
@@ -925,16 +953,19 @@ std::string to_text(const Plan& p, const JobSpec& s) {
                    p.flops.sequences, s.data.seq_len, p.flops.model_per_step,
                    p.flops.dense_per_sequence, p.flops.attention_per_sequence,
                    p.flops.hardware_per_step,
-                   s.model.recompute ? "with recompute: one more forward, 2 x params x N + 2 x "
-                                       "layers x d_model x N^2 per sequence"
-                                     : "no recompute: the model FLOPs");
+                   !s.model.recompute ? "no recompute: the model FLOPs"
+                   : spec::full_recompute(s.model)
+                       ? "with recompute: one more forward, 2 x params x N + 2 x layers x d_model "
+                         "x N^2 per sequence"
+                       : "with selective recompute: the output projection and MLP gate/up again, "
+                         "2 x layers x d_model x (H hd + mlp_in) x N per sequence");
   o += fmt::format("memory per worker ({}):\n",
                    s.resources.backend == Backend::kCuda ? "GPU" : "host");
   for (const auto& i : p.worker) line(i.name, i.bytes);
   line("total", p.worker_total);
-  o += fmt::format("  (activations: {} without recompute, {} with recompute)\n",
+  o += fmt::format("  (activations: {} without recompute, {} with recompute, {} with selective)\n",
                    human_bytes(p.activations_no_recompute),
-                   human_bytes(p.activations_recompute));
+                   human_bytes(p.activations_recompute), human_bytes(p.activations_selective));
   o += "\nK/V (K+V, storage dtype):\n";
   line("per layer, this rank", p.kv_local_per_layer);
   line("all layers, this rank", p.kv_local_total);

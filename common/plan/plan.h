@@ -109,7 +109,9 @@ inline constexpr double kCheckpointStagingBytes = 16.0 * (1 << 20);
 // FLOPs of one optimizer step (docs/planning.md, "FLOPs per step"). Per sequence of N =
 // data.seq_len tokens: model = 6 x params x N + 6 x layers x d_model x N^2 (dense GEMMs forward
 // and backward, and causal attention: half of the full 12 x layers x d_model x N^2); hardware
-// adds one forward of each with model.recompute: 2 x params x N + 2 x layers x d_model x N^2.
+// adds one forward of each with model.recompute: 2 x params x N + 2 x layers x d_model x N^2;
+// with recompute_policy selective only the output projection and the MLP's gate/up:
+// 2 x layers x d_model x (heads x head_dim + mlp_hidden x (2 swiglu, 1 gelu)) x N.
 // Sequences per step: data_replicas x micro_batches. Recompute is never model FLOPs.
 struct StepFlops {
   int64_t sequences = 0;                // per step
@@ -146,6 +148,7 @@ struct Plan {
   double worker_total = 0;
   double activations_no_recompute = 0;  // saved activations, all layers, without recompute
   double activations_recompute = 0;     // with per-layer recompute
+  double activations_selective = 0;     // with recompute_policy selective
   double kv_local_per_layer = 0;        // this rank's K+V for one layer
   double kv_local_total = 0;            // this rank's K+V, all layers
 

@@ -66,6 +66,10 @@ struct ModelSection {
   // tensors initialise the weights; "" : random init.
   std::string init_from;
 };
+// model.recompute with policy full: the backward re-runs the whole block, attention included.
+inline bool full_recompute(const ModelSection& m) {
+  return m.recompute && m.recompute_policy == RecomputePolicy::kFull;
+}
 
 struct DataSection {
   DataSource source{};

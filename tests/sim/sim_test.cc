@@ -549,6 +549,55 @@ TEST(SimWorkload, RecomputeReplaysEveryLayerButTheLast) {
   EXPECT_GT(r.step_s, plain.step_s);
 }
 
+// Selective recompute (model.recompute_policy selective) re-runs only the output projection and
+// the MLP's gate/up: one "projections+MLP recompute" task per rank and layer but the last, no
+// attention recompute and no recompute hop, so its step is shorter than full recompute's.
+TEST(SimWorkload, SelectiveRecomputeRunsNoAttentionAgain) {
+  auto spec = load("configs/examples/tiny.yaml");
+  spec.model.recompute = true;
+  const int64_t P = 4, L = 4;
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  o.expand = Expand::kFull;
+  o.keep_trace = true;
+  const SimResult full = simulate(spec, o);
+  spec.model.recompute_policy = ring::spec::RecomputePolicy::kSelective;
+  const SimResult r = simulate(spec, o);
+  int64_t attn = 0, proj = 0, hop = 0;
+  for (const auto& e : r.trace) {
+    attn += e.name == "attention recompute";
+    proj += e.name == "projections+MLP recompute";
+    hop += e.name == "ring K/V hop (recompute)";
+  }
+  EXPECT_EQ(attn, 0);
+  EXPECT_EQ(hop, 0);
+  EXPECT_EQ(proj, (L - 1) * P);
+  EXPECT_LT(r.step_s, full.step_s);
+  EXPECT_LT(r.hardware_flops_per_step, full.hardware_flops_per_step);
+}
+
+// The 7B example (model.recompute: true): full recompute puts the attention recompute on the
+// critical path; selective takes it off and the step gets shorter.
+TEST(SimWorkload, SelectiveTakesTheAttentionRecomputeOffTheCriticalPath) {
+  auto spec = load("configs/examples/llama7b-1m-64x8-h100.yaml");
+  ASSERT_TRUE(spec.model.recompute);
+  SimOptions o;
+  o.rates = preset_rates("H100");
+  const SimResult full = simulate(spec, o);
+  spec.model.recompute_policy = ring::spec::RecomputePolicy::kSelective;
+  const SimResult sel = simulate(spec, o);
+  auto on_path = [](const SimResult& r, const std::string& name) {
+    double s = 0;
+    for (const auto& c : r.critical_path)
+      if (c.name == name) s += c.seconds;
+    return s;
+  };
+  EXPECT_GT(on_path(full, "attention recompute"), 0.1 * full.step_s);
+  EXPECT_EQ(on_path(sel, "attention recompute"), 0.0);
+  EXPECT_LT(sel.step_s, 0.9 * full.step_s);
+  EXPECT_GT(sel.mfu, full.mfu);
+}
+
 TEST(SimWorkload, ReducedAgreesWithFull) {
   // 70b at 64 nodes: every ring is alike, so 8 positions of one ring stand for all 512 ranks.
   // The full simulation of a smaller version (2 layers, 8 nodes) must give the same step. Shard

@@ -120,6 +120,34 @@ TEST(Plan, Bf16ActivationsCountTheModelsStorage) {
   EXPECT_DOUBLE_EQ(operands, T * 2 * (32000 + 11008));
 }
 
+// Selective recompute (model.recompute_policy selective), by hand for the same 7B spec: per layer
+// the input x fp32, q, o, k, v bf16 and lse fp32; one layer's x_mid and MLP gate, up, product
+// fp32, h1 and h2 bf16 and the two RMS statistics; the bf16 work set. The ring sends what it
+// sends without recompute (no recompute hops), where full recompute replays the forward's.
+TEST(Plan, SelectiveActivationsByHand) {
+  const std::string base = gpu_spec(1 << 20, 64, true, "");
+  auto spec = load(base);
+  spec.model.recompute_policy = ring::spec::RecomputePolicy::kSelective;
+  Plan p = make_plan(spec);
+  const double T = (1 << 20) / 64.0, L = 32, d = 4096, qd = 4096, kvd = 4096, h = 11008;
+  const double six = 2 * d + 2 * qd + 2 * kvd;
+  const double per_layer = 4 * d + 2 * (2 * qd + 2 * kvd) + 4 * 32;  // 49,280 bytes a token
+  const double shared = 4 * (d + 3 * h) + 2 * 2 * d + 8;               // one layer's
+  EXPECT_DOUBLE_EQ(per_layer, 49280.0);
+  EXPECT_DOUBLE_EQ(p.activations_selective, L * T * per_layer + T * shared + T * 4 * six);
+  double listed = 0;
+  for (const auto& i : p.worker)
+    if (i.name == "activations (selective recompute)") listed = i.bytes;
+  EXPECT_DOUBLE_EQ(listed, p.activations_selective);
+  EXPECT_LT(p.activations_selective, p.activations_no_recompute / 3);
+  EXPECT_GT(p.activations_selective, p.activations_recompute);
+  auto none = load(base);
+  none.model.recompute = false;
+  const Plan full = make_plan(load(base)), plain = make_plan(none);
+  EXPECT_DOUBLE_EQ(p.ring_bytes_per_step, plain.ring_bytes_per_step);
+  EXPECT_GT(full.ring_bytes_per_step, plain.ring_bytes_per_step);
+}
+
 TEST(Plan, ActivationMemoryIsLinearInTokens) {
   Plan a = make_plan(load(gpu_spec(1 << 19, 64, false, "")));
   Plan b = make_plan(load(gpu_spec(1 << 20, 64, false, "")));
@@ -532,6 +560,9 @@ TEST(Plan, JsonHasTheShardSection) {
 //   data_replicas 2 x micro_batches 3 = 6 sequences: model 6 x 1,411,252,224 = 8,467,513,344
 //   recompute: 6 x (2 x 98624 x 1024 + 2 x 2 x 64 x 1024^2) = 6 x 470,417,408 = 2,822,504,448
 //   hardware 11,290,017,792
+//   selective recompute: only the output projection and the MLP's gate/up again,
+//   6 x 1024 x 2 layers x 2 x 64 x (4 x 16 + 2 x 128) = 6 x 1024 x 2 x 2 x 64 x 320
+//   = 503,316,480; hardware 8,970,829,824
 TEST(Plan, StepFlopsOfATinyModelByHand) {
   const std::string text = R"(job: {name: f}
 model: {layers: 2, d_model: 64, heads: 4, mlp_hidden: 128, vocab: 256, dtype: fp32,
@@ -555,6 +586,11 @@ resources: {backend: cpu, nodes: 1, workers_per_node: 4, host_memory_gb: 8}
   const StepFlops f = step_flops(s, p.params);
   EXPECT_DOUBLE_EQ(f.hardware_per_step, f.model_per_step);
   EXPECT_DOUBLE_EQ(f.recompute_per_step, 0.0);
+  s.model.recompute = true;
+  s.model.recompute_policy = ring::spec::RecomputePolicy::kSelective;
+  const StepFlops sel = step_flops(s, p.params);
+  EXPECT_DOUBLE_EQ(sel.recompute_per_step, 503316480.0);
+  EXPECT_DOUBLE_EQ(sel.hardware_per_step, 8970829824.0);
 }
 
 // The llama7b example: params 6,738,415,616 (LLaMA-7B's published count), N = 2^20 = 1,048,576,
