@@ -113,6 +113,12 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
                       : fmt::format("reduced: {} of ring {}'s {} positions stand for all {} ranks "
                                     "(symmetry found by one max-min solve of the whole job's traffic)",
                                     sim.S, sim.ring, P, W);
+  if (!sim.full && w.head_ranks > 1)
+    res.notes.push_back(
+        "reduced simulation with parallel.head_ranks > 1: only one head slot's ring is simulated, "
+        "so traffic that shares links with the other slots' rings (shard full's reduce-scatter, "
+        "the nodes' gradient exchange) can be far off the full simulation's (docs/simulation.md, "
+        "\"Shard full, reduced, and head ranks\"); --expand full is the reference");
   detail::index_positions(w, &sim);
 
   const detail::EngineNetwork net =

@@ -602,7 +602,10 @@ TEST(SimWorkload, ReducedAgreesWithFull) {
   // 70b at 64 nodes: every ring is alike, so 8 positions of one ring stand for all 512 ranks.
   // The full simulation of a smaller version (2 layers, 8 nodes) must give the same step. Shard
   // optimizer: with shard full the owner nodes break the symmetry (SimShardFull below).
+  // The single ring: the example now takes head_ranks 2, where the two disagree (docs/
+  // simulation.md, "Shard full, reduced, and head ranks").
   auto spec = load("configs/examples/70b-1m-64x8-h100.yaml");
+  spec.parallel.head_ranks = 1;
   spec.parallel.shard = ring::spec::ShardMode::kOptimizer;
   spec.model.layers = 2;
   spec.data.seq_len = 65536;
@@ -1044,6 +1047,7 @@ TEST(SimShardFull, NoneAndFullDifferByTheShardWaits) {
 TEST(SimShardFull, ReducedAgreesWithFull) {
   for (const auto dtype : {ring::spec::DType::kFp32, ring::spec::DType::kBf16}) {
     auto spec = load("configs/examples/70b-1m-64x8-h100.yaml");
+    spec.parallel.head_ranks = 1;  // the single ring (the example's head_ranks 2: see above)
     spec.model.layers = 2;
     spec.data.seq_len = 65536;
     spec.resources.nodes = 16;
