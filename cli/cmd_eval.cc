@@ -106,8 +106,10 @@ Subcommand add_eval(CLI::App& app) {
       ->check(CLI::ExistingFile);
   sc->add_option("--data", o->data,
                  "The dataset: text files or directories (--source text), or token datasets "
-                 "(--source tokens, .bin/.idx); repeatable");
-  sc->add_option("--source", o->source, "text (default; bytes, or --tokenizer ids) or tokens")
+                 "(--source tokens, .bin/.idx); with --spec, files of the spec's data.source "
+                 "(text, tokens or chat JSONL, with its tokenizer and template); repeatable");
+  sc->add_option("--source", o->source,
+                 "text (default without --spec; bytes, or --tokenizer ids) or tokens")
       ->check(CLI::IsMember({"text", "tokens"}));
   sc->add_option("--tokenizer", o->tokenizer,
                  "SentencePiece model or tokenizer.json for --source text")

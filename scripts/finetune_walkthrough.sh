@@ -98,9 +98,7 @@ restart:
   max_restarts: 0
 EOF
 { grep -v '^#' ckpt/model.yaml; cat rest.yaml; } > ft.yaml
-# The held-out set: the same spec with the other file (eval reads the spec's data section).
-sed 's#data/train.jsonl#data/held-out.jsonl#' ft.yaml > held-out.yaml
-"$ringctl" validate ft.yaml held-out.yaml
+"$ringctl" validate ft.yaml
 
 # Memory of full fine-tuning: the plan of this spec, and of the same job at Llama-3.2-1B's shape
 # (16 layers, d_model 2048, 32/8 heads of 64, SwiGLU 8192, vocab 128256, tied) and 4096 tokens.
@@ -112,12 +110,12 @@ measure plan-1b "$ringctl" plan ft.yaml --set model.layers=16 --set model.d_mode
 
 # 5. Eval before: loss over the assistant tokens only.
 measure eval-before-train "$ringctl" eval -q --checkpoint ckpt --spec ft.yaml
-measure eval-before-held "$ringctl" eval -q --checkpoint ckpt --spec held-out.yaml
+measure eval-before-held "$ringctl" eval -q --checkpoint ckpt --spec ft.yaml --data data/held-out.jsonl
 
 # 6. Fine-tune (full fine-tuning: every weight is trained), then eval the trained checkpoint.
 measure train "$ringctl" run ft.yaml --job-dir job
 measure eval-after-train "$ringctl" eval -q --checkpoint job/checkpoints --spec ft.yaml
-measure eval-after-held "$ringctl" eval -q --checkpoint job/checkpoints --spec held-out.yaml
+measure eval-after-held "$ringctl" eval -q --checkpoint job/checkpoints --spec ft.yaml --data data/held-out.jsonl
 
 # The same held-out set pre-tokenized (ids + loss mask) gives the same loss.
 measure tokenize "$ringctl" tokenize -q --tokenizer hf/tokenizer.json --chat-template llama3 \
@@ -130,7 +128,7 @@ measure export "$ringctl" export job/checkpoints -o exported
 cp hf/tokenizer.json hf/tokenizer_config.json exported/  # export writes only the model
 measure check-export $py "$here/finetune_helper.py" check-export hf exported
 measure reimport "$ringctl" import exported -o reimported
-measure eval-reimported "$ringctl" eval -q --checkpoint reimported --spec held-out.yaml
+measure eval-reimported "$ringctl" eval -q --checkpoint reimported --spec ft.yaml --data data/held-out.jsonl
 printf '%s' '<|begin_of_text|><|start_header_id|>system<|end_header_id|>
 
 Answer in one sentence.<|eot_id|><|start_header_id|>user<|end_header_id|>
@@ -163,6 +161,11 @@ echo "exported config.json max_position_embeddings: $(grep -o '"max_position_emb
 echo "generate: $(cat generate.out)"
 awk -v b="$tb" -v a="$ta" -v hb="$hb" -v ha="$ha" 'BEGIN { exit !(a < b && ha < hb) }' || {
   echo "finetune_walkthrough.sh: the loss did not drop (training $tb -> $ta, held-out $hb -> $ha)" >&2
+  exit 1
+}
+mp=$(grep -o '"max_position_embeddings": [0-9]*' exported/config.json | grep -o '[0-9]*$')
+[ "$mp" = 2048 ] || {
+  echo "finetune_walkthrough.sh: the export says max_position_embeddings $mp, the imported model 2048" >&2
   exit 1
 }
 [ "$hr" = "$ha" ] || {

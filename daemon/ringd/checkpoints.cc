@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/checkpoint/model.h"
 #include "common/contract/model_config.h"
 #include "common/contract/shard.h"
 #include "daemon/ringd/step_driver.h"
@@ -27,7 +28,19 @@ ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, int nodes) {
 
 ckpt::Layout checkpoint_layout(const spec::JobSpec& spec, const contract::ParamLayout& layout,
                                int nodes) {
-  const contract::ModelConfig mc = contract::ModelConfig::from_spec(spec);
+  contract::ModelConfig mc = contract::ModelConfig::from_spec(spec);
+  // A fine-tune keeps the context its model had (max_position_embeddings of an import, say
+  // 131072) when it trains on shorter sequences: the record says the longer of the two, so an
+  // export after the fine-tune does not shrink it to data.seq_len. The record's max_positions is
+  // informative (a resume does not compare it); an init_from that cannot be read here is
+  // reported when ringd loads it.
+  if (!spec.model.init_from.empty()) {
+    try {
+      mc.max_positions = std::max(
+          mc.max_positions, ckpt::read_checkpoint_model(spec.model.init_from).config.max_positions);
+    } catch (const std::exception&) {
+    }
+  }
   ckpt::Layout l;
   l.shard = spec::to_string(spec.parallel.shard);
   // The top-k residual: at the owners of the ranges (compress_at owner; shard full always), or

@@ -227,8 +227,10 @@ void load_dataset(Loaded& l, const EvalOpts& o, const spec::JobSpec* sp) {
     l.has_data = true;
   }
   if (!o.data.empty()) {
+    // Other files of the spec's kind (text, tokens or chat, with its tokenizer and template);
+    // without a data section in a spec, text (--source says otherwise).
     d.paths = o.data;
-    d.source = spec::DataSource::kText;
+    if (!l.has_data) d.source = spec::DataSource::kText;
     if (sp == nullptr) d.tokenizer.clear();
     l.has_data = true;
   }
@@ -680,7 +682,7 @@ std::string report(const Loaded& l, const EvalOpts& o, const DataResult* dr,
     j["dtype"] = dtype;
     j["ranks"] = ranks;
     if (dr != nullptr) {
-      j["data"] = {{"source", l.data.source == spec::DataSource::kTokens ? "tokens" : "text"},
+      j["data"] = {{"source", spec::to_string(l.data.source)},
                    {"paths", l.data.paths},
                    {"tokenizer", l.data.tokenizer},
                    {"seq_len", l.data.seq_len},
@@ -721,7 +723,7 @@ std::string report(const Loaded& l, const EvalOpts& o, const DataResult* dr,
                               ranks > 1 ? fmt::format(", {} ranks", ranks) : "");
   if (dr != nullptr) {
     s += fmt::format("data: {} {} ({} documents, {} tokens, {} scored)\n",
-                     l.data.source == spec::DataSource::kTokens ? "tokens" : "text",
+                     spec::to_string(l.data.source),
                      joined(l.data.paths), dr->documents, dr->tokens, dr->scored);
     if (dr->scored > 0) {
       const double mean = dr->loss_sum / dr->scored;
