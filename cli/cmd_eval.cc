@@ -153,16 +153,8 @@ Subcommand add_eval(CLI::App& app) {
                  "Evaluate over P local ranks: each sequence cut over them, attention as a ring "
                  "(default 1)")
       ->check(CLI::Range(1, 4096));
-  sc->add_option("--rank", o->rank, "This process is rank R of --world (set by --ranks)")
-      ->check(CLI::Range(0, 1 << 20));
-  sc->add_option("--world", o->world, "Ranks of a sharded evaluation (set by --ranks)")
-      ->check(CLI::Range(1, 1 << 20));
-  sc->add_option("--rendezvous", o->rendezvous,
-                 "A directory every rank reaches, unique to the run (with --rank, or under srun)");
-  sc->add_option("--transport", o->transport, "The ranks' transport plugin (default ucx)");
-  sc->add_option("--timeout", o->timeout_s,
-                 "Seconds a rank waits for the others at start and in each exchange (default 600)")
-      ->check(CLI::Range(1, 86400));
+  add_rank_placement_flags(sc, "a sharded evaluation", {&o->rank, &o->world, &o->rendezvous, &o->transport,
+                                      &o->timeout_s});
   return {sc, [o]() {
             try {
               return run_eval(*o);

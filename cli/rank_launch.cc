@@ -19,6 +19,19 @@ namespace ring::cli {
 
 namespace fs = std::filesystem;
 
+void add_rank_placement_flags(CLI::App* sc, const std::string& what, const RankPlacementFlags& f) {
+  sc->add_option("--rank", *f.rank, "This process is rank R of --world (set by --ranks)")
+      ->check(CLI::Range(0, 1 << 20));
+  sc->add_option("--world", *f.world, "Ranks of " + what + " (set by --ranks)")
+      ->check(CLI::Range(1, 1 << 20));
+  sc->add_option("--rendezvous", *f.rendezvous,
+                 "A directory every rank reaches, unique to the run (with --rank, or under srun)");
+  sc->add_option("--transport", *f.transport, "The ranks' transport plugin (default ucx)");
+  sc->add_option("--timeout", *f.timeout_s,
+                 "Seconds a rank waits for the others at start and in each exchange (default 600)")
+      ->check(CLI::Range(1, 86400));
+}
+
 int env_int(const char* name, int def) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return def;

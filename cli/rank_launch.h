@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "worker/generate/generate_run.h"
 
 namespace ring::cli {
@@ -31,6 +33,18 @@ struct RankFlags {
   int rank = -1, world = 0;    // --rank R --world P (set by the launcher)
   std::string rendezvous;      // --rendezvous DIR
 };
+
+// The flags that place one rank among the others, on subcommand sc: --rank, --world (set by the
+// launcher), --rendezvous, --transport, --timeout. `what` names the work in the help ("a sharded
+// generation").
+struct RankPlacementFlags {
+  int* rank;
+  int* world;
+  std::string* rendezvous;
+  std::string* transport;
+  int* timeout_s;
+};
+void add_rank_placement_flags(CLI::App* sc, const std::string& what, const RankPlacementFlags& f);
 
 // An environment count (SLURM_*): def when unset; gen::UsageError when not a count.
 int env_int(const char* name, int def);
