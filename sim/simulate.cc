@@ -110,15 +110,15 @@ SimResult simulate_once(const spec::JobSpec& spec, const SimOptions& o, int64_t 
     return res;
   }
   res.mode = sim.full ? fmt::format("full: all {} ranks, flows on the real links", W)
-                      : fmt::format("reduced: {} of ring {}'s {} positions stand for all {} ranks "
-                                    "(symmetry found by one max-min solve of the whole job's traffic)",
-                                    sim.S, sim.ring, P, W);
-  if (!sim.full && w.head_ranks > 1)
-    res.notes.push_back(
-        "reduced simulation with parallel.head_ranks > 1: only one head slot's ring is simulated, "
-        "so traffic that shares links with the other slots' rings (shard full's reduce-scatter, "
-        "the nodes' gradient exchange) can be far off the full simulation's (docs/simulation.md, "
-        "\"Shard full, reduced, and head ranks\"); --expand full is the reference");
+             : sim.slots > 1
+                 ? fmt::format("reduced: {} of the {} positions of each of the {} head-slot rings "
+                               "{}..{} ({} ranks, whole head groups) stand for all {} ranks "
+                               "(symmetry found by one max-min solve of the whole job's traffic)",
+                               sim.period, P, sim.slots, sim.ring / sim.slots * sim.slots,
+                               sim.ring / sim.slots * sim.slots + sim.slots - 1, sim.S, W)
+                 : fmt::format("reduced: {} of ring {}'s {} positions stand for all {} ranks "
+                               "(symmetry found by one max-min solve of the whole job's traffic)",
+                               sim.S, sim.ring, P, W);
   detail::index_positions(w, &sim);
 
   const detail::EngineNetwork net =

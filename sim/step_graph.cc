@@ -100,28 +100,31 @@ void StepGraph::index_head_groups() {
     const int64_t ring = g / P_, r = g % P_, d = ring / U, a = ring % U;
     return (d * U + (a + step + U) % U) * P_ + r;
   };
+  // Reduced, every slot ring of the simulated groups is simulated too (choose_simulated).
+  std::vector<int> of_rank(W_, -1);
+  for (int64_t i = 0; i < S_; ++i) of_rank[sim_.grank[i]] = static_cast<int>(i);
   for (int64_t i = 0; i < S_; ++i) {
     const int64_t g = sim_.grank[i], to = member(g, 1);
     a2a_route_[i] = e_.add_route(cl_.route(slot_[g].first, slot_[g].second, slot_[to].first, slot_[to].second));
-    if (full_) a2a_from_[i] = static_cast<int>(member(g, -1));
+    a2a_from_[i] = of_rank[member(g, -1)];
   }
 }
 
 // The all-to-all blocks the rank (head_attention.cc waits for it): its flow starts when it and
-// the member it sends to have posted; its end is when its flow and (in full) the one into it are
-// done. Reduced, the members not simulated are alike and post at the same time.
+// the member it sends to have posted; its end is when its flow and the one into it are done
+// (every member of a simulated group is simulated, full or reduced).
 void StepGraph::head_all_to_all(double bytes, int64_t l) {
   std::vector<int> f(S_), done(S_);
   for (int64_t i = 0; i < S_; ++i) {
     f[i] = e_.flow(a2a_route_[i], bytes, static_cast<int>(i), kHeadA2a, static_cast<int>(l));
     e_.depend(f[i], cur_[i]);
   }
-  if (full_)
-    for (int64_t i = 0; i < S_; ++i) e_.depend(f[a2a_from_[i]], cur_[i]);  // the receive's post
+  for (int64_t i = 0; i < S_; ++i)
+    if (a2a_from_[i] >= 0) e_.depend(f[a2a_from_[i]], cur_[i]);  // the receive's post
   for (int64_t i = 0; i < S_; ++i) {
     done[i] = e_.join(static_cast<int>(i), kSync);
     e_.depend(done[i], f[i]);
-    if (full_) e_.depend(done[i], f[a2a_from_[i]]);
+    if (a2a_from_[i] >= 0) e_.depend(done[i], f[a2a_from_[i]]);
   }
   rec_.a2a_ops0.emplace_back(cur_[0], done[0]);
   rec_.a2a_bytes0 += bytes;

@@ -198,8 +198,8 @@ class StepGraph {
   std::vector<int> route_fwd_, route_bwd_;  // per position: its K/V hop's engine route
   // head_ranks > 1, per position: the route to the next member of its group (its all-to-all
   // sends, one flow of all its messages: each member's links inside the node carry (U - 1)
-  // messages out and in, as in the all-to-all) and, simulated in full, the position of the
-  // previous member (whose flow brings its receives); -1 when not simulated.
+  // messages out and in, as in the all-to-all) and the simulated position of the previous
+  // member (whose flow brings its receives); -1 when not simulated.
   std::vector<int> a2a_route_, a2a_from_;
   int host_id_ = -1;
 

@@ -60,15 +60,18 @@ int64_t slowest_ring(const Workload& w, const SimOptions& o, const RingTraffic& 
 
 // The period with which the ring's hop times, compute and sends repeat (P: none).
 int64_t ring_period(const Workload& w, const WhatIfs& wi, const RingTraffic& t, int64_t ring) {
-  const int64_t P = w.P, wpn = w.workers_per_node;
+  const int64_t P = w.P, wpn = w.workers_per_node, U = w.head_ranks;
+  // With head_ranks U the U head-slot rings of the ring's replica are simulated together
+  // (choose_simulated): the period must hold for each of them.
+  const int64_t first = ring / U * U;
   bool symmetric = w.compute_rotation_invariant() && wi.stagger_us == 0;
-  for (int64_t c = 0; c < P && symmetric; ++c) symmetric = wi.factor[ring * P + c] == 1.0;
+  for (int64_t c = 0; c < U * P && symmetric; ++c) symmetric = wi.factor[first * P + c] == 1.0;
   if (!symmetric) return P;
   for (int64_t g = 1; g <= P; ++g) {
     if (P % g) continue;
     bool ok = true;
-    for (int64_t c = 0; c < P && ok; ++c) {
-      const int64_t a = ring * P + c, b = ring * P + (c + g) % P;
+    for (int64_t c = 0; c < U * P && ok; ++c) {
+      const int64_t base = (first + c / P) * P, a = base + c % P, b = base + (c % P + g) % P;
       ok = close_rel(t.rate_fwd[a], t.rate_fwd[b]) && close_rel(t.rate_bwd[a], t.rate_bwd[b]) &&
            close_rel(t.rate_joint[a], t.rate_joint[b]) && close_rel(t.hop_lat[a], t.hop_lat[b]);
     }
@@ -285,7 +288,11 @@ Simulated choose_simulated(const Workload& w, const SimOptions& o, const Cluster
   const bool shared_host = cl.host_cores() > 0;
   sim.full = o.expand == Expand::kFull || shared_host ||
              (o.expand == Expand::kAuto && full_tasks <= static_cast<double>(o.full_task_limit));
-  sim.S = sim.full ? W : sim.period;
+  // Reduced with head_ranks U: the period's positions of all U head-slot rings of the ring's
+  // replica, i.e. whole head groups, so a simulated node's ranks and NICs carry every slot's
+  // hops (and the links' capacity share of engine_network stays the full job's).
+  sim.slots = sim.full ? 1 : w.head_ranks;
+  sim.S = sim.full ? W : sim.period * sim.slots;
   sim.per_layer = static_cast<double>(sim.S) * sim.per_layer_tasks * static_cast<double>(w.micro_batches);
   return sim;
 }
@@ -304,10 +311,14 @@ void index_positions(const Workload& w, Simulated* sim) {
       sim->nxt[i] = static_cast<int>(d * P + (sim->pos[i] + 1) % P);
       sim->prv[i] = static_cast<int>(d * P + (sim->pos[i] + P - 1) % P);
     } else {
-      sim->grank[i] = sim->ring * P + i;
-      sim->pos[i] = i;
-      sim->nxt[i] = static_cast<int>((i + 1) % S);
-      sim->prv[i] = static_cast<int>((i + S - 1) % S);
+      // Slot ring b (the simulated ring's slot first, then the replica's others in turn):
+      // positions b period .. b period + period - 1.
+      const int64_t n = sim->period, U = sim->slots, b = i / n, j = i % n;
+      const int64_t ring = sim->ring / U * U + (sim->ring % U + b) % U;
+      sim->grank[i] = ring * P + j;
+      sim->pos[i] = j;
+      sim->nxt[i] = static_cast<int>(b * n + (j + 1) % n);
+      sim->prv[i] = static_cast<int>(b * n + (j + n - 1) % n);
     }
   }
 }

@@ -74,12 +74,15 @@ RingTraffic solve_ring_traffic(const Workload& w, const Cluster& cl,
                                const std::vector<std::pair<int, int>>& slot,
                                const std::vector<double>& cap);
 
-// Which ranks the step graph holds: all (full) or one period of one ring (reduced).
+// Which ranks the step graph holds: all (full) or one period of one ring (reduced); with
+// head_ranks U, reduced, one period of each of the U head-slot rings of the ring's replica
+// (whole head groups).
 struct Simulated {
-  int64_t ring = 0;              // the ring simulated (reduced)
+  int64_t ring = 0;              // the ring simulated (reduced; its slot's ring comes first)
   int64_t period = 0;            // of the ring's hop times, compute and sends
+  int64_t slots = 1;             // head-slot rings simulated (reduced: U; full: 1, all rings)
   bool full = false;
-  int64_t S = 0;                 // simulated positions
+  int64_t S = 0;                 // simulated positions (reduced: period x slots)
   double per_layer_tasks = 0;    // tasks per position and layer
   double per_layer = 0;          // tasks per layer, all positions and micro-batches
   // Per simulated position (index_positions): global rank, ring position, next and previous.
