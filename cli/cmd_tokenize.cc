@@ -4,9 +4,10 @@
 // tokenizer.json (worker/data/tokenizer.h tells them apart) into a token dataset
 // OUT.bin + OUT.idx (worker/data/token_file.h) for `data.source: tokens`. Every document is framed
 // like the text source frames it with data.tokenizer: BOS first, EOS last when the model has
-// them; documents are written whole (the loader cuts them to max_doc_len). The input is read into
-// memory first (as the text source does), then encoded in batches on --threads threads, with a
-// progress line on stderr (bytes encoded / total, MB/s, ETA; plain lines when stderr is not a
+// them; documents are written whole (the loader cuts them to max_doc_len). The input is streamed
+// file by file (TextCorpus::stream: memory is the largest file plus a 4 MB batch, whatever the
+// corpus's size) and encoded in batches on --threads threads, with a progress line on stderr
+// (MB encoded of the files' estimated total, MB/s, ETA; plain lines when stderr is not a
 // terminal). `--index-flat FILE.bin --eot ID` instead writes only FILE.idx for a flat id file
 // without an index (nanoGPT's train.bin), documents ending after each EOT id.
 // `--chat-template llama3|chatml|FILE`: the inputs are chat JSONL files (or directories of
@@ -86,6 +87,7 @@ class Progress {
     }
     std::fflush(stderr);
   }
+  void set_total(int64_t total) { total_ = total; }
   double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
  private:
@@ -203,53 +205,58 @@ int run_tokenize(const TokenizeOpts& o) {
     co.max_doc_len = 0;
     co.min_doc_len = 1;
     co.max_total_bytes = std::numeric_limits<int64_t>::max();
-    data::TextCorpus text = data::TextCorpus::load(o.inputs, co);
     const std::string prefix = data::token_file_prefix(o.out);
     data::TokenFileWriter w(prefix, width, static_cast<uint64_t>(tok->vocab_size()));
 
     int threads = o.threads > 0
                       ? o.threads
                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    Progress progress(text.total_tokens(), o.quiet);
-    const int64_t n = text.num_docs();
+    // The text is streamed file by file (each file is a document): documents gather into a
+    // batch of about kBatchBytes, encoded in parallel and written in order, so memory is the
+    // largest file plus a batch, whatever the corpus's size.
+    Progress progress(0, o.quiet);  // the total: the files' estimated bytes, once listed
     constexpr int64_t kBatchBytes = 4 << 20;
-    int64_t done_bytes = 0;
-    for (int64_t first = 0; first < n;) {
-      // A batch of whole documents of about kBatchBytes, encoded in parallel, written in order.
-      int64_t last = first, bytes = 0;
-      while (last < n && (last == first || bytes < kBatchBytes)) bytes += text.doc_len(last++);
-      std::vector<std::vector<int32_t>> ids(static_cast<size_t>(last - first));
+    std::vector<std::string> batch;
+    int64_t batch_bytes = 0, done_bytes = 0;
+    auto encode_batch = [&] {
+      const auto n = static_cast<int64_t>(batch.size());
+      std::vector<std::vector<int32_t>> ids(batch.size());
       std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
       auto work = [&](int t) {
         try {
-          for (int64_t i = first + t; i < last; i += threads) {
-            auto d = text.doc(i);
-            ids[i - first] = tok->encode_document(
-                std::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
-          }
+          for (int64_t i = t; i < n; i += threads) ids[i] = tok->encode_document(batch[i]);
         } catch (...) {
           errors[t] = std::current_exception();
         }
       };
       std::vector<std::thread> pool;
-      for (int t = 1; t < threads && first + t < last; ++t) pool.emplace_back(work, t);
+      for (int t = 1; t < threads && t < n; ++t) pool.emplace_back(work, t);
       work(0);
       for (auto& th : pool) th.join();
       for (auto& e : errors)
         if (e) std::rethrow_exception(e);
       for (const auto& d : ids) w.add_document(d);
-      done_bytes += bytes;
+      done_bytes += batch_bytes;
       progress.update(done_bytes);
-      first = last;
-    }
+      batch.clear();
+      batch_bytes = 0;
+    };
+    const data::CorpusStats st =
+        data::TextCorpus::stream(o.inputs, co, [&](std::span<const uint8_t> d) {
+          batch.emplace_back(reinterpret_cast<const char*>(d.data()), d.size());
+          batch_bytes += static_cast<int64_t>(d.size());
+          if (batch_bytes >= kBatchBytes) encode_batch();
+        },
+        [&](int64_t estimated) { progress.set_total(estimated); });
+    encode_batch();
     w.finish();
+    progress.set_total(done_bytes);  // what the text documents held (binary files skipped)
     progress.update(done_bytes, true);
-    const auto& st = text.stats();
     std::cerr << fmt::format(
         "wrote {}.bin and {}.idx: {} documents, {} tokens ({}), {:.1f} MB of text in {:.1f}s; "
         "skipped {} binary, {} empty, {} unreadable, {} duplicate files\n",
         prefix, prefix, w.documents(), w.tokens(), width == 2 ? "uint16" : "uint32",
-        text.total_tokens() / 1e6, progress.seconds(), st.files_binary, st.files_empty,
+        done_bytes / 1e6, progress.seconds(), st.files_binary, st.files_empty,
         st.entries_skipped, st.files_duplicate);
     return kExitOk;
   } catch (const data::DataError& e) {

@@ -119,21 +119,38 @@ class TextCorpus::Builder {
     per_root_.resize(paths_.size());
     for (size_t r = 0; r < paths_.size(); ++r) walk(paths_[r], r, /*is_root=*/true);
     c_.offsets_.push_back(0);
-    c_.bytes_.reserve(static_cast<size_t>(estimate_bytes()));
+    if (sink_ == nullptr) c_.bytes_.reserve(static_cast<size_t>(estimate_bytes()));
+    if (sink_ != nullptr && estimate_ != nullptr && *estimate_) (*estimate_)(estimate_bytes());
     for (const auto& f : files_) {
-      if (c_.bytes_.size() >= static_cast<size_t>(o_.max_total_bytes)) c_.stats_.capped = true;
+      if (streamed_bytes_ + static_cast<int64_t>(c_.bytes_.size()) >= o_.max_total_bytes)
+        c_.stats_.capped = true;
       if (c_.stats_.capped) {
         ++c_.stats_.files_not_loaded;
         continue;
       }
       read_file(f);
+      if (sink_ != nullptr) drain();
     }
-    if (c_.num_docs() == 0) throw DataError(empty_message());
+    if (c_.num_docs() + streamed_docs_ == 0) throw DataError(empty_message());
+    if (sink_ != nullptr) return std::move(c_);
     c_.content_hash_ = hash_bytes(0x7269'6e67'6461'7461ull, c_.bytes_.data(), c_.bytes_.size());
     c_.content_hash_ =
         hash_bytes(c_.content_hash_, reinterpret_cast<const uint8_t*>(c_.offsets_.data()),
                    c_.offsets_.size() * sizeof(int64_t));
     return std::move(c_);
+  }
+
+  // Streaming (TextCorpus::stream): every document read so far to the sink, then forgotten.
+  void set_sink(const DocumentSink* sink, const std::function<void(int64_t)>* estimate) {
+    sink_ = sink;
+    estimate_ = estimate;
+  }
+  void drain() {
+    for (int64_t i = 0; i < c_.num_docs(); ++i) (*sink_)(c_.doc(i));
+    streamed_docs_ += c_.num_docs();
+    streamed_bytes_ += static_cast<int64_t>(c_.bytes_.size());
+    c_.bytes_.clear();
+    c_.offsets_.assign(1, 0);
   }
 
   // Appends one document's bytes (already in bytes_ from `begin`) as pieces; trims what is
@@ -371,6 +388,9 @@ class TextCorpus::Builder {
   const std::vector<std::string>& paths_;
   const CorpusOptions& o_;
   TextCorpus c_;
+  const DocumentSink* sink_ = nullptr;  // streaming: documents go here, file by file
+  const std::function<void(int64_t)>* estimate_ = nullptr;  // streaming: told the bytes ahead
+  int64_t streamed_docs_ = 0, streamed_bytes_ = 0;
   std::vector<FileEntry> files_;
   std::vector<RootCounts> per_root_;
   std::set<std::pair<dev_t, ino_t>> dirs_seen_;
@@ -379,6 +399,14 @@ class TextCorpus::Builder {
 
 TextCorpus TextCorpus::load(const std::vector<std::string>& paths, const CorpusOptions& options) {
   return Builder(paths, options).build();
+}
+
+CorpusStats TextCorpus::stream(const std::vector<std::string>& paths, const CorpusOptions& options,
+                               const DocumentSink& sink,
+                               const std::function<void(int64_t)>& estimate) {
+  Builder b(paths, options);
+  b.set_sink(&sink, &estimate);
+  return b.build().stats_;
 }
 
 TextCorpus TextCorpus::from_documents(const std::vector<std::string>& docs,

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -62,6 +63,16 @@ class TextCorpus final : public Documents {
  public:
   // Reads the paths as described above. Throws DataError.
   static TextCorpus load(const std::vector<std::string>& paths, const CorpusOptions& options);
+  // The same documents in the same order, handed to `sink` file by file instead of kept: memory
+  // is one file's bytes (a document's span is valid during the call only). max_total_bytes still
+  // caps what is read. For corpora larger than memory (`ringctl tokenize`). `estimate`, when
+  // given, is told once, before the first document, about how many bytes the files hold (sizes
+  // on disk, a gzip file's recorded uncompressed size; binary files included). Throws DataError
+  // as load, and whatever the sink throws.
+  using DocumentSink = std::function<void(std::span<const uint8_t>)>;
+  static CorpusStats stream(const std::vector<std::string>& paths, const CorpusOptions& options,
+                            const DocumentSink& sink,
+                            const std::function<void(int64_t)>& estimate = {});
   // Builds a corpus from in-memory documents (same cutting and dropping rules; no binary check).
   static TextCorpus from_documents(const std::vector<std::string>& docs,
                                    const CorpusOptions& options);
