@@ -11,8 +11,7 @@ std::vector<float> tiny_params(const contract::ModelConfig& c, kernels::Backend*
                                uint64_t seed, const Sharpen& sharpen) {
   model::LocalAttention att(backend);
   model::Model m(c, backend, &att);
-  m.init_params(seed);
-  std::vector<float> p = m.get_params();
+  std::vector<float> p = m.initial_params(seed);  // fp32 as drawn, for either dtype
   for (const auto& v : m.layout().views()) {
     bool scaled = false;
     for (const auto& name : sharpen.names)

@@ -744,8 +744,7 @@ TEST(CudaModel, LossAndGradientsMatchCpu) {
       model::LocalAttention attention(b);
       model::Model m(cfg, b, &attention);
       if (params.empty()) {
-        m.init_params(42);
-        params = m.get_params();
+        params = m.initial_params(42);
       }
       m.set_params(params);
       m.zero_grads();
@@ -769,8 +768,7 @@ TEST(CudaModel, TrainingCurveTracksCpu) {
     model::LocalAttention attention(b);
     model::Model m(cfg, b, &attention);
     if (init.empty()) {
-      m.init_params(7);
-      init = m.get_params();
+      init = m.initial_params(7);
     }
     m.set_params(init);
     const int64_t np = m.layout().total();

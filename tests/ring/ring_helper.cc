@@ -120,7 +120,7 @@ int run(int argc, char** argv) {
       if (mode == "kill" && s == 2)
         std::ofstream(dir + "/ready-" + std::to_string(rank)) << "ready\n";
     }
-    std::vector<float> p = trainer.model().get_params();
+    std::vector<float> p = trainer.weights();  // bf16: the fp32 master
     std::ofstream(dir + "/params-" + std::to_string(rank), std::ios::binary)
         .write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
     rr.shutdown();

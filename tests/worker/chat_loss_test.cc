@@ -137,8 +137,7 @@ TEST(ChatLoss, AssistantTokensOnlyAgainstTorch) {
   ASSERT_TRUE(backend) << err;
   model::LocalAttention attention(backend.get());
   model::Model m(cfg, backend.get(), &attention);
-  m.init_params(11);
-  std::vector<float> params = m.get_params();
+  std::vector<float> params = m.initial_params(11);
   for (float& x : params) x *= 8.f;  // away from the near-uniform start: a sharper comparison
   m.set_params(params);
   auto run = [&](const std::vector<int32_t>& labels, int64_t valid) {

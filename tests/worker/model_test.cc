@@ -169,8 +169,8 @@ TEST_P(ModelVsTorch, LossAndEveryGradient) {
   // Larger than the GPT-2 init so the attention is far from uniform and the test is sharp.
   LocalAttention attention(backend.get());
   Model init_model(cfg, backend.get(), &attention);
-  init_model.init_params(1234);
-  std::vector<float> params = init_model.get_params();
+  // fp32 as drawn (a bf16 model's get_params would give them rounded).
+  std::vector<float> params = init_model.initial_params(1234);
   for (const ParamView& v : layout.views()) {
     for (int64_t i = 0; i < v.size; ++i) {
       float& x = params[v.offset + i];
@@ -392,6 +392,84 @@ TEST(Model, Bf16KeepsSavedActivationsInTwoBytes) {
     std::printf("[%s] saved activations: fp32 %lld bytes, bf16 %lld (%.3fx)\n",
                 spec::to_string(mlp), static_cast<long long>(fp32),
                 static_cast<long long>(bf16), static_cast<double>(bf16) / fp32);
+  }
+}
+
+// bf16 rounding by value (nearest, ties to the even mantissa), independent of the kernels'
+// integer trick: the two bf16 neighbours of x compared in double. Finite x only.
+float round_bf16_by_value(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const uint32_t lo_bits = bits & 0xFFFF0000u, hi_bits = lo_bits + 0x10000u;
+  float lo, hi;
+  std::memcpy(&lo, &lo_bits, 4);
+  std::memcpy(&hi, &hi_bits, 4);
+  const double dl = std::abs(double(x) - lo), dh = std::abs(double(hi) - x);
+  if (dl < dh) return lo;
+  if (dh < dl) return hi;
+  return (lo_bits & 0x10000u) == 0 ? lo : hi;
+}
+
+// A block store over one host fp32 buffer: what the bf16 model did before it dropped its fp32
+// weights (each block rounded into a slot, the embedding gathered in fp32).
+class HostStore final : public BlockStore {
+ public:
+  HostStore(const ParamLayout& layout, const std::vector<float>& params)
+      : layout_(layout), params_(params), grads_(params.size(), 0.f) {}
+  const float* acquire(int b, int) override { return params_.data() + layout_.buckets()[b].begin; }
+  void release(int) override {}
+  float* grads(int b) override { return grads_.data() + layout_.buckets()[b].begin; }
+  void grads_done(int) override {}
+  void end_pass() override {}
+  const std::vector<float>& all_grads() const { return grads_; }
+
+ private:
+  const ParamLayout& layout_;
+  std::vector<float> params_, grads_;
+};
+
+// issue 33: a bf16 model without a store holds its weights only in bf16 (params() null): what
+// set_params and set_params_from_device keep is each value rounded to nearest even (checked by
+// value), get_params widens it back, and loss and gradients are the bits of the same model fed
+// the same fp32 weights through a store (rounded per block as before), for an even d_model (the
+// embedding rows gathered as bf16 pairs) and an odd one (row by row).
+TEST(Model, Bf16HoldsItsWeightsOnlyInBf16) {
+  for (int64_t d : {48, 47}) {
+    ModelConfig cfg = make_config(Case{"x", spec::MlpKind::kSwiGLU, true, 4, 2, true});
+    cfg.dtype = spec::DType::kBf16;
+    cfg.d_model = d;
+    auto backend = cpu_backend();
+    LocalAttention attention(backend.get());
+    Model flat(cfg, backend.get(), &attention);
+    EXPECT_EQ(flat.params(), nullptr);
+    ASSERT_NE(flat.params_bf16(), nullptr);
+    std::vector<float> params = flat.initial_params(9);
+    for (float& x : params) x *= 10.f;  // sharper attention, as ModelVsTorch
+    for (size_t i = 0; i < params.size(); i += 7) params[i] += 1e-3f;  // off the bf16 grid
+    flat.set_params(params);
+    std::vector<float> want(params.size());
+    for (size_t i = 0; i < params.size(); ++i) want[i] = round_bf16_by_value(params[i]);
+    std::vector<float> got = flat.get_params();
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float))) << "d " << d;
+    // The same from backend memory (the trainer's master), after other weights.
+    flat.set_params(std::vector<float>(params.size(), 0.5f));
+    flat.set_params_from_device(params.data(), static_cast<int64_t>(params.size()));
+    got = flat.get_params();
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float))) << "d " << d;
+
+    HostBatch hb = make_batch(96, cfg.vocab, true, 3);
+    flat.zero_grads();
+    const LossResult a = flat.forward_backward(hb.batch(), hb.valid);
+    const std::vector<float> ga = flat.get_grads();
+    ParamLayout layout(cfg);
+    HostStore store(layout, params);
+    Model blocks(cfg, backend.get(), &attention, &store);
+    const LossResult b = blocks.forward_backward(hb.batch(), hb.valid);
+    EXPECT_EQ(a.loss_sum, b.loss_sum) << "d " << d;
+    ASSERT_EQ(ga.size(), store.all_grads().size());
+    EXPECT_EQ(0, std::memcmp(ga.data(), store.all_grads().data(), ga.size() * sizeof(float)))
+        << "d " << d;
+    EXPECT_TRUE(std::isfinite(a.loss_sum) && a.loss_sum > 0);
   }
 }
 

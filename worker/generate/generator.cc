@@ -118,15 +118,15 @@ Generator::Generator(const model::ModelConfig& config, const float* params,
   model_ = std::make_unique<model::Model>(config_, backend_, capture_.get());
   model_->set_params(params, model_->layout().total());
   const int64_t total = model_->layout().total();
-  // bf16: the working weights rounded once here (the prefill's forward rounds them again, which
-  // changes nothing), so the decode step reads the values the prefill reads.
-  if (bf16_) check_status(backend_->round_to_bf16(total, model_->params()), "round_to_bf16");
   step_params_ = model_->params();
-  if (step_ == dev && split) {
-    // The decode step's weights on the device (the model's are the prefill's, in host memory).
+  if (bf16_ || (step_ == dev && split)) {
+    // The decode step's fp32 weights of its own: on the device when the step runs there (the
+    // model's are the prefill's, in host memory); for bf16 (whose model holds only bf16
+    // weights) rounded once here, the values the prefill reads.
     dev_params_.resize(step_, total);
-    check_status(step_->copy_to_device(dev_params_.data(), model_->params(), dev_params_.bytes()),
+    check_status(step_->copy_to_device(dev_params_.data(), params, dev_params_.bytes()),
                  "copy_to_device");
+    if (bf16_) check_status(step_->round_to_bf16(total, dev_params_.data()), "round_to_bf16");
     step_params_ = dev_params_.data();
   }
   if (bf16_) {

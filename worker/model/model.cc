@@ -29,6 +29,13 @@ void fill_normal(uint64_t seed, float std, int64_t n, float* out) {
   }
 }
 
+// bf16 weights: host fp32 goes through staging_ in chunks, so the model never holds an fp32 copy
+// of the whole model, on the host or the device: n / 16 floats, at least 1 MiB and at most 64 MiB
+// (a device copies a 7B model in about 400 chunks).
+int64_t staging_floats(int64_t n) {
+  return std::clamp<int64_t>(n / 16, int64_t{1} << 18, int64_t{1} << 24);
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -77,10 +84,30 @@ Model::Model(const ModelConfig& config, kernels::Backend* backend, AttentionExec
     throw ModelError(std::string("model.dtype bf16: backend ") + backend_->name() +
                      " has no bf16 GEMM");
   if (!store_) {
-    params_.resize(backend_, layout_.total());
-    if (bf16_) params_bf16_.resize(backend_, layout_.total());
+    if (bf16_) {  // the weights only in bf16 (see the top of model.h)
+      params_bf16_.resize(backend_, layout_.total());
+      for (int l = 0; l < config_.layers; ++l) {
+        const int64_t b = layout_.layer_bucket(l).begin;
+        gain_offsets_.push_back(b + off_[l].attn_norm);
+        gain_offsets_.push_back(b + off_[l].mlp_norm);
+      }
+      gain_offsets_.push_back(head_b + off_final_norm_);
+      gains_.resize(backend_, static_cast<int64_t>(gain_offsets_.size()) * config_.d_model);
+      // Zeros, as an fp32 model starts, without a host vector of the whole model.
+      const int64_t n = layout_.total(), chunk = staging_floats(n);
+      staging_.resize(backend_, std::min(n, chunk));
+      check_status(backend_->fill(staging_.size(), 0.f, staging_.data()), "fill");
+      for (int64_t i = 0; i < n; i += chunk)
+        check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kBF16,
+                                       std::min(chunk, n - i), staging_.data(),
+                                       params_bf16_.data() + i),
+                     "convert");
+      widen_gains();
+    } else {
+      params_.resize(backend_, layout_.total());
+      check_status(backend_->fill(layout_.total(), 0.f, params_.data()), "fill");
+    }
     grads_.resize(backend_, layout_.total());
-    check_status(backend_->fill(layout_.total(), 0.f, params_.data()), "fill");
     zero_grads();
   }
   xs_.resize(config_.layers + 1);
@@ -150,8 +177,7 @@ void Model::set_params(const std::vector<float>& host) {
     throw ModelError("set_params: expected " + std::to_string(layout_.total()) + " floats, got " +
                      std::to_string(host.size()));
   }
-  check_status(backend_->copy_to_device(params_.data(), host.data(), params_.bytes()),
-               "copy_to_device");
+  set_params(host.data(), layout_.total());
 }
 
 void Model::set_params(const float* host, int64_t n) {
@@ -160,7 +186,57 @@ void Model::set_params(const float* host, int64_t n) {
     throw ModelError("set_params: expected " + std::to_string(layout_.total()) + " floats, got " +
                      std::to_string(n));
   }
+  if (bf16_) {
+    round_into_params(host, n, false);
+    return;
+  }
   check_status(backend_->copy_to_device(params_.data(), host, params_.bytes()), "copy_to_device");
+}
+
+void Model::set_params_from_device(const float* src, int64_t n) {
+  require_flat("set_params_from_device");
+  if (n != layout_.total()) {
+    throw ModelError("set_params_from_device: expected " + std::to_string(layout_.total()) +
+                     " floats, got " + std::to_string(n));
+  }
+  if (bf16_) {
+    round_into_params(src, n, true);
+    return;
+  }
+  check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kF32, n, src,
+                                 params_.data()),
+               "convert");
+}
+
+void Model::round_into_params(const float* src, int64_t n, bool on_device) {
+  if (on_device) {
+    check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kBF16, n, src,
+                                   params_bf16_.data()),
+                 "convert");
+  } else {
+    const int64_t chunk = staging_floats(n);
+    staging_.resize(backend_, std::min(n, chunk));
+    for (int64_t i = 0; i < n; i += chunk) {
+      const int64_t c = std::min(chunk, n - i);
+      check_status(backend_->copy_to_device(staging_.data(), src + i,
+                                            static_cast<size_t>(c) * sizeof(float)),
+                   "copy_to_device");
+      check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kBF16, c,
+                                     staging_.data(), params_bf16_.data() + i),
+                   "convert");
+    }
+  }
+  widen_gains();
+}
+
+void Model::widen_gains() {
+  const int64_t d = config_.d_model;
+  for (size_t i = 0; i < gain_offsets_.size(); ++i) {
+    check_status(backend_->convert(kernels::DType::kBF16, kernels::DType::kF32, d,
+                                   params_bf16_.data() + gain_offsets_[i],
+                                   gains_.data() + static_cast<int64_t>(i) * d),
+                 "convert");
+  }
 }
 
 void Model::copy_grads_to_host(int64_t begin, int64_t end, float* dst) const {
@@ -178,8 +254,23 @@ void Model::copy_grads_to_host(int64_t begin, int64_t end, float* dst) const {
 std::vector<float> Model::get_params() const {
   require_flat("get_params");
   std::vector<float> host(layout_.total());
-  check_status(backend_->copy_to_host(host.data(), params_.data(), params_.bytes()),
-               "copy_to_host");
+  if (!bf16_) {
+    check_status(backend_->copy_to_host(host.data(), params_.data(), params_.bytes()),
+                 "copy_to_host");
+    return host;
+  }
+  // bf16: widened (exact) chunk by chunk through a staging buffer of its own (a const call).
+  const int64_t n = layout_.total(), chunk = staging_floats(n);
+  DeviceArray<float> st(backend_, std::min(n, chunk));
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t c = std::min(chunk, n - i);
+    check_status(backend_->convert(kernels::DType::kBF16, kernels::DType::kF32, c,
+                                   params_bf16_.data() + i, st.data()),
+                 "convert");
+    check_status(backend_->copy_to_host(host.data() + i, st.data(),
+                                        static_cast<size_t>(c) * sizeof(float)),
+                 "copy_to_host");
+  }
   return host;
 }
 
@@ -199,25 +290,19 @@ void Model::zero_grads() {
 void Model::begin_pass(const Batch& batch, int64_t global_valid, const char* what) {
   if (global_valid < 1) throw ModelError(std::string(what) + ": global_valid must be >= 1");
   prepare(batch);
-  prepare_weights();
 }
 
-void Model::prepare_weights() {
-  if (!bf16_ || store_) return;  // a store's blocks are rounded as they are acquired
-  // Idempotent: rounding a rounded value keeps it. params() may have been written directly
-  // (set_params, the offloaded rank's copy from ringd's shared memory), so every pass does it.
-  check_status(backend_->round_to_bf16(layout_.total(), params_.data()), "round_to_bf16");
-  check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kBF16, layout_.total(),
-                                 params_.data(), params_bf16_.data()),
-               "convert");
+const float* Model::gain(const Weights& w, int64_t off) const {
+  if (w.f32) return w.f32 + off;
+  const int64_t at = w.begin + off;
+  for (size_t i = 0; i < gain_offsets_.size(); ++i)
+    if (gain_offsets_[i] == at) return gains_.data() + static_cast<int64_t>(i) * config_.d_model;
+  throw ModelError("bf16: no fp32 copy of the gain at float " + std::to_string(at));
 }
 
-const uint16_t* Model::bf16_of(const float* w) const {
-  if (!store_) return params_bf16_.data() + (w - params_.data());
-  for (const Bf16Slot& k : bf16_slots_)
-    if (k.bucket >= 0 && w >= k.rounded.data() && w < k.rounded.data() + k.n)
-      return k.bits.data() + (w - k.rounded.data());
-  throw ModelError("bf16: weights outside every held block");
+const void* Model::gemm_weight(const Weights& w, int64_t off) const {
+  if (bf16_) return w.bf16 + off;
+  return w.f32 + off;
 }
 
 const uint16_t* Model::to_bf16(const float* x, int64_t n, DeviceArray<uint16_t>& scratch) {
@@ -228,31 +313,31 @@ const uint16_t* Model::to_bf16(const float* x, int64_t n, DeviceArray<uint16_t>&
   return scratch.data();
 }
 
-void Model::linear(const float* x, const uint16_t* xb, const float* w, int64_t out, int64_t in,
-                   float* y) {
+void Model::linear(const float* x, const uint16_t* xb, const Weights& w, int64_t off,
+                   int64_t out, int64_t in, float* y) {
   if (bf16_) {
     check_status(backend_->gemm_mixed(kernels::DType::kBF16, kernels::DType::kF32, false, true, t_,
                                       out, in, 1.f, xb ? xb : to_bf16(x, t_ * in, a_bf16_), in,
-                                      bf16_of(w), in, 0.f, y, out),
+                                      gemm_weight(w, off), in, 0.f, y, out),
                  "gemm (bf16)");
     return;
   }
-  check_status(backend_->gemm(kernels::DType::kF32, false, true, t_, out, in, 1.f, x, in, w, in,
-                              0.f, y, out),
+  check_status(backend_->gemm(kernels::DType::kF32, false, true, t_, out, in, 1.f, x, in,
+                              gemm_weight(w, off), in, 0.f, y, out),
                "gemm");
 }
 
-void Model::linear_dx(const float* dy, const float* w, int64_t out, int64_t in, float beta,
-                      float* dx) {
+void Model::linear_dx(const float* dy, const Weights& w, int64_t off, int64_t out, int64_t in,
+                      float beta, float* dx) {
   if (bf16_) {
     check_status(backend_->gemm_mixed(kernels::DType::kBF16, kernels::DType::kF32, false, false,
                                       t_, in, out, 1.f, to_bf16(dy, t_ * out, a_bf16_), out,
-                                      bf16_of(w), in, beta, dx, in),
+                                      gemm_weight(w, off), in, beta, dx, in),
                  "gemm (bf16)");
     return;
   }
-  check_status(backend_->gemm(kernels::DType::kF32, false, false, t_, in, out, 1.f, dy, out, w, in,
-                              beta, dx, in),
+  check_status(backend_->gemm(kernels::DType::kF32, false, false, t_, in, out, 1.f, dy, out,
+                              gemm_weight(w, off), in, beta, dx, in),
                "gemm");
 }
 
@@ -327,6 +412,7 @@ void Model::prepare(const Batch& b) {
     throw ModelError("batch: tokens >= 1 and ids, labels, positions are required");
   }
   t_ = b.tokens;
+  host_ids_ = b.ids;
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
   ids_.resize(backend_, t);
   labels_.resize(backend_, t);
@@ -380,12 +466,15 @@ AttentionCall Model::attention_call(int l, LayerActs& a) const {
   return c;
 }
 
-const float* Model::acquire(const GradBucket& b, int next) {
-  if (!store_) return params_.data() + b.begin;
+Model::Weights Model::acquire(const GradBucket& b, int next) {
+  if (!store_) {
+    if (bf16_) return {.begin = b.begin, .bf16 = params_bf16_.data() + b.begin};
+    return {.begin = b.begin, .f32 = params_.data() + b.begin};
+  }
   // A bf16 block (shard full's bf16 gathers) is widened, exactly; an fp32 one rounded below.
   const uint16_t* bits = bf16_ ? store_->acquire_bf16(b.index, next) : nullptr;
   const float* w = bits ? nullptr : store_->acquire(b.index, next);
-  if (!bf16_) return w;
+  if (!bf16_) return {.begin = b.begin, .f32 = w};
   auto free_slot = std::find_if(bf16_slots_.begin(), bf16_slots_.end(),
                                 [](const Bf16Slot& x) { return x.bucket < 0; });
   if (free_slot == bf16_slots_.end())
@@ -402,7 +491,7 @@ const float* Model::acquire(const GradBucket& b, int next) {
     check_status(backend_->convert(kernels::DType::kBF16, kernels::DType::kF32, k.n, bits,
                                    k.rounded.data()),
                  "convert");
-    return k.rounded.data();
+    return {.begin = b.begin, .f32 = k.rounded.data(), .bf16 = k.bits.data()};
   }
   check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kF32, k.n, w,
                                  k.rounded.data()),
@@ -411,7 +500,7 @@ const float* Model::acquire(const GradBucket& b, int next) {
   check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kBF16, k.n,
                                  k.rounded.data(), k.bits.data()),
                "convert");
-  return k.rounded.data();
+  return {.begin = b.begin, .f32 = k.rounded.data(), .bf16 = k.bits.data()};
 }
 void Model::release(const GradBucket& b) {
   if (!store_) return;
@@ -426,40 +515,72 @@ void Model::grads_done(const GradBucket& b) {
   if (store_) store_->grads_done(b.index);
 }
 
-void Model::embed_forward(const float* we) {
-  check_status(backend_->embedding_forward(t_, config_.vocab, config_.d_model, ids_.data(),
-                                           we + off_embedding_, xs_[0].data()),
-               "embedding_forward");
+void Model::embed_forward(const Weights& we) {
+  const int64_t t = t_, d = config_.d_model, v = config_.vocab;
+  if (we.f32) {
+    check_status(backend_->embedding_forward(t, v, d, ids_.data(), we.f32 + off_embedding_,
+                                             xs_[0].data()),
+                 "embedding_forward");
+    return;
+  }
+  // bf16 weights only: the rows gathered as bf16, then widened (exact). With d even (and the
+  // table at an even offset: the layout aligns every tensor) a bf16 row is d / 2 fp32-sized
+  // words, which the backend's gather copies bit for bit (out[i, :] = table[ids[i], :]). The
+  // rows go through a_bf16_ (GEMM operand scratch, free at this point of the pass).
+  const uint16_t* table = we.bf16 + off_embedding_;
+  DeviceArray<uint16_t>& rows = a_bf16_;
+  rows.resize(backend_, t * d);
+  if (d % 2 == 0 && (we.begin + off_embedding_) % 2 == 0) {
+    check_status(backend_->embedding_forward(t, v, d / 2, ids_.data(),
+                                             reinterpret_cast<const float*>(table),
+                                             reinterpret_cast<float*>(rows.data())),
+                 "embedding_forward");
+  } else {  // odd d: one row at a time, from the batch's host ids
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t id = host_ids_[i];
+      if (id < 0 || id >= v)
+        throw ModelError("batch: token id " + std::to_string(id) + " at " + std::to_string(i) +
+                         " is outside [0, vocab " + std::to_string(v) + ")");
+      check_status(backend_->convert(kernels::DType::kBF16, kernels::DType::kBF16, d,
+                                     table + static_cast<int64_t>(id) * d,
+                                     rows.data() + i * d),
+                   "convert");
+    }
+  }
+  check_status(backend_->convert(kernels::DType::kBF16, kernels::DType::kF32, t * d,
+                                 rows.data(), xs_[0].data()),
+               "convert");
 }
 
-void Model::norm1_forward(int l, LayerActs& a, const float* w) {
+void Model::norm1_forward(int l, LayerActs& a, const Weights& w) {
   const int64_t t = t_, d = config_.d_model;
   LayerActs& m = mid(a);
   LayerActs& h = norms(a);
   check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[l].data(),
-                                         w + off_[l].attn_norm, h.h1.data(), m.rstd1.data()),
+                                         gain(w, off_[l].attn_norm), h.h1.data(),
+                                         m.rstd1.data()),
                "rmsnorm_forward");
   if (compact_) to_bf16(h.h1.data(), t * d, m.h1_b);
 }
 
-void Model::post_attention_forward(int l, LayerActs& a, const float* w, const uint16_t* ob) {
+void Model::post_attention_forward(int l, LayerActs& a, const Weights& w, const uint16_t* ob) {
   const LayerOffsets& o = off_[l];
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden, qd = config_.q_dim();
   LayerActs& m = mid(a);
   LayerActs& h = norms(a);
   // o: fp32 in the layer's set, or (compact) its bf16 copy ob.
-  linear(compact_ ? nullptr : a.o.data(), ob, w + o.wo, d, qd, m.x_mid.data());
+  linear(compact_ ? nullptr : a.o.data(), ob, w, o.wo, d, qd, m.x_mid.data());
   check_status(backend_->add(t * d, xs_[l].data(), m.x_mid.data(), m.x_mid.data()), "add");
-  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, m.x_mid.data(), w + o.mlp_norm,
-                                         h.h2.data(), m.rstd2.data()),
+  check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, m.x_mid.data(),
+                                         gain(w, o.mlp_norm), h.h2.data(), m.rstd2.data()),
                "rmsnorm_forward");
   const uint16_t* h2b = compact_ ? to_bf16(h.h2.data(), t * d, m.h2_b) : nullptr;
   if (config_.mlp == spec::MlpKind::kSwiGLU)
-    linear(h.h2.data(), h2b, w + o.w_gate, f, d, m.gate.data());
-  linear(h.h2.data(), h2b, w + o.w_up, f, d, m.up.data());
+    linear(h.h2.data(), h2b, w, o.w_gate, f, d, m.gate.data());
+  linear(h.h2.data(), h2b, w, o.w_up, f, d, m.up.data());
 }
 
-void Model::mlp_out_forward(int l, LayerActs& a, const float* w) {
+void Model::mlp_out_forward(int l, LayerActs& a, const Weights& w) {
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
   LayerActs& m = mid(a);
   if (config_.mlp == spec::MlpKind::kSwiGLU) {
@@ -468,16 +589,16 @@ void Model::mlp_out_forward(int l, LayerActs& a, const float* w) {
   } else {
     check_status(backend_->gelu_forward(t * f, m.up.data(), act_.data()), "gelu_forward");
   }
-  linear(act_.data(), nullptr, w + off_[l].w_down, d, f, xs_[l + 1].data());
+  linear(act_.data(), nullptr, w, off_[l].w_down, d, f, xs_[l + 1].data());
   check_status(backend_->add(t * d, m.x_mid.data(), xs_[l + 1].data(), xs_[l + 1].data()), "add");
 }
 
-void Model::layer_recompute(int l, LayerActs& a, const float* w) {
+void Model::layer_recompute(int l, LayerActs& a, const Weights& w) {
   norm1_forward(l, a, w);
   post_attention_forward(l, a, w, compact_ ? a.o_b.data() : nullptr);
 }
 
-void Model::layer_forward(int l, LayerActs& a, const float* w) {
+void Model::layer_forward(int l, LayerActs& a, const Weights& w) {
   const LayerOffsets& o = off_[l];
   const int64_t t = t_, d = config_.d_model;
   const int64_t qd = config_.q_dim(), kvd = config_.kv_dim();
@@ -489,9 +610,9 @@ void Model::layer_forward(int l, LayerActs& a, const float* w) {
   norm1_forward(l, a, w);
   const float* h1 = norms(a).h1.data();
   const uint16_t* h1b = compact_ ? mid(a).h1_b.data() : nullptr;
-  linear(h1, h1b, w + o.wq, qd, d, c.q.data());
-  linear(h1, h1b, w + o.wk, kvd, d, c.k.data());
-  linear(h1, h1b, w + o.wv, kvd, d, c.v.data());
+  linear(h1, h1b, w, o.wq, qd, d, c.q.data());
+  linear(h1, h1b, w, o.wk, kvd, d, c.k.data());
+  linear(h1, h1b, w, o.wv, kvd, d, c.v.data());
   check_status(
       backend_->rope(t, config_.heads, config_.head_dim, rope_, pos_.data(), false, c.q.data()),
       "rope");
@@ -518,7 +639,7 @@ void Model::layer_forward(int l, LayerActs& a, const float* w) {
   mlp_out_forward(l, a, w);
 }
 
-void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
+void Model::layer_backward(int l, LayerActs& a, const Weights& w, float* gr) {
   // In: dx_ = dL/d(block output) [T, d]. Out: dx_ = dL/d(block input).
   const LayerOffsets& o = off_[l];
   const int64_t t = t_, d = config_.d_model, f = config_.mlp_hidden;
@@ -541,23 +662,24 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
     check_status(backend_->gelu_forward(t * f, m.up.data(), act_.data()), "gelu_forward");
   }
   linear_dw(dx_.data(), act_.data(), nullptr, d, f, gr + o.w_down);
-  linear_dx(dx_.data(), w + o.w_down, d, f, 0.f, dact_.data());  // [T, f]
+  linear_dx(dx_.data(), w, o.w_down, d, f, 0.f, dact_.data());  // [T, f]
   if (config_.mlp == spec::MlpKind::kSwiGLU) {
     check_status(backend_->swiglu_backward(t * f, m.gate.data(), m.up.data(), dact_.data(),
                                            dgate_.data(), dup_.data()),
                  "swiglu_backward");
     linear_dw(dgate_.data(), h2, h2b, f, d, gr + o.w_gate);
     linear_dw(dup_.data(), h2, h2b, f, d, gr + o.w_up);
-    linear_dx(dgate_.data(), w + o.w_gate, f, d, 0.f, dh_.data());
-    linear_dx(dup_.data(), w + o.w_up, f, d, 1.f, dh_.data());
+    linear_dx(dgate_.data(), w, o.w_gate, f, d, 0.f, dh_.data());
+    linear_dx(dup_.data(), w, o.w_up, f, d, 1.f, dh_.data());
   } else {
     check_status(backend_->gelu_backward(t * f, m.up.data(), dact_.data(), dup_.data()),
                  "gelu_backward");
     linear_dw(dup_.data(), h2, h2b, f, d, gr + o.w_up);
-    linear_dx(dup_.data(), w + o.w_up, f, d, 0.f, dh_.data());
+    linear_dx(dup_.data(), w, o.w_up, f, d, 0.f, dh_.data());
   }
-  check_status(backend_->rmsnorm_backward(t, d, m.x_mid.data(), w + o.mlp_norm, m.rstd2.data(),
-                                          dh_.data(), dtmp_.data(), gr + o.mlp_norm),
+  check_status(backend_->rmsnorm_backward(t, d, m.x_mid.data(), gain(w, o.mlp_norm),
+                                          m.rstd2.data(), dh_.data(), dtmp_.data(),
+                                          gr + o.mlp_norm),
                "rmsnorm_backward");
   check_status(backend_->add(t * d, dx_.data(), dtmp_.data(), dx_.data()), "add");  // dL/dx_mid
 
@@ -575,7 +697,7 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
     widen(a.o_b, t * qd, c.o);
   }
   linear_dw(dx_.data(), compact_ ? nullptr : a.o.data(), ob, d, qd, gr + o.wo);
-  linear_dx(dx_.data(), w + o.wo, d, qd, 0.f, do_.data());  // [T, H, hd]
+  linear_dx(dx_.data(), w, o.wo, d, qd, 0.f, do_.data());  // [T, H, hd]
   attention_->backward(attention_call(l, c), c.o.data(), a.lse.data(), do_.data(), dq_.data(),
                        dk_.data(), dv_.data());
   // RoPE is a rotation (times yarn's attention factor): its backward is the transpose.
@@ -588,23 +710,23 @@ void Model::layer_backward(int l, LayerActs& a, const float* w, float* gr) {
   linear_dw(dq_.data(), h1, h1b, qd, d, gr + o.wq);
   linear_dw(dk_.data(), h1, h1b, kvd, d, gr + o.wk);
   linear_dw(dv_.data(), h1, h1b, kvd, d, gr + o.wv);
-  linear_dx(dq_.data(), w + o.wq, qd, d, 0.f, dh_.data());
-  linear_dx(dk_.data(), w + o.wk, kvd, d, 1.f, dh_.data());
-  linear_dx(dv_.data(), w + o.wv, kvd, d, 1.f, dh_.data());
-  check_status(backend_->rmsnorm_backward(t, d, xs_[l].data(), w + o.attn_norm, m.rstd1.data(),
-                                          dh_.data(), dtmp_.data(), gr + o.attn_norm),
+  linear_dx(dq_.data(), w, o.wq, qd, d, 0.f, dh_.data());
+  linear_dx(dk_.data(), w, o.wk, kvd, d, 1.f, dh_.data());
+  linear_dx(dv_.data(), w, o.wv, kvd, d, 1.f, dh_.data());
+  check_status(backend_->rmsnorm_backward(t, d, xs_[l].data(), gain(w, o.attn_norm),
+                                          m.rstd1.data(), dh_.data(), dtmp_.data(),
+                                          gr + o.attn_norm),
                "rmsnorm_backward");
   check_status(backend_->add(t * d, dx_.data(), dtmp_.data(), dx_.data()), "add");
 }
 
-LossResult Model::head_forward(int64_t global_valid, bool with_grad, const float* wh,
-                               const float* we) {
+LossResult Model::head_forward(int64_t global_valid, bool with_grad, const Weights& wh,
+                               const Weights& we) {
   const int64_t t = t_, d = config_.d_model, v = config_.vocab;
-  const float* head = (config_.tie_embeddings ? we : wh) + off_head_;
   check_status(backend_->rmsnorm_forward(t, d, config_.norm_eps, xs_[config_.layers].data(),
-                                         wh + off_final_norm_, xf_.data(), rstd_f_.data()),
+                                         gain(wh, off_final_norm_), xf_.data(), rstd_f_.data()),
                "rmsnorm_forward");
-  linear(xf_.data(), nullptr, head, v, d, logits_.data());
+  linear(xf_.data(), nullptr, config_.tie_embeddings ? we : wh, off_head_, v, d, logits_.data());
   LossResult r;
   const float scale = 1.f / static_cast<float>(global_valid);
   check_status(backend_->cross_entropy(t, v, logits_.data(), labels_.data(), scale, &r.loss_sum,
@@ -614,13 +736,14 @@ LossResult Model::head_forward(int64_t global_valid, bool with_grad, const float
   return r;
 }
 
-void Model::head_backward(const float* wh, const float* we, float* gh, float* ge) {
+void Model::head_backward(const Weights& wh, const Weights& we, float* gh, float* ge) {
   // logits_ holds dL/dlogits [T, vocab].
   const int64_t t = t_, d = config_.d_model, v = config_.vocab;
   const bool tied = config_.tie_embeddings;
   linear_dw(logits_.data(), xf_.data(), nullptr, v, d, (tied ? ge : gh) + off_head_);
-  linear_dx(logits_.data(), (tied ? we : wh) + off_head_, v, d, 0.f, dh_.data());
-  check_status(backend_->rmsnorm_backward(t, d, xs_[config_.layers].data(), wh + off_final_norm_,
+  linear_dx(logits_.data(), tied ? we : wh, off_head_, v, d, 0.f, dh_.data());
+  check_status(backend_->rmsnorm_backward(t, d, xs_[config_.layers].data(),
+                                          gain(wh, off_final_norm_),
                                           rstd_f_.data(), dh_.data(), dx_.data(),
                                           gh + off_final_norm_),
                "rmsnorm_backward");
@@ -640,8 +763,8 @@ LossResult Model::forward(const Batch& batch, int64_t global_valid) {
                   acquire(lb, l + 1 < layers ? layout_.layer_bucket(l + 1).index : hb.index));
     release(lb);
   }
-  const float* wh = acquire(hb, tied ? eb.index : -1);
-  const float* we = tied ? acquire(eb, -1) : nullptr;
+  const Weights wh = acquire(hb, tied ? eb.index : -1);
+  const Weights we = tied ? acquire(eb, -1) : Weights{};
   LossResult r = head_forward(global_valid, false, wh, we);
   release(hb);
   if (tied) release(eb);
@@ -677,8 +800,8 @@ LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
     release(lb);
     phase(timeline::Phase::kForward, l, t0);
   }
-  const float* wh = acquire(hb, tied ? eb.index : layer_index(layers - 1));
-  const float* we = tied ? acquire(eb, layer_index(layers - 1)) : nullptr;
+  const Weights wh = acquire(hb, tied ? eb.index : layer_index(layers - 1));
+  const Weights we = tied ? acquire(eb, layer_index(layers - 1)) : Weights{};
   LossResult r = head_forward(global_valid, true, wh, we);
   // Tied embeddings: the LM head's gradient goes into the embedding's, complete only after the
   // embedding backward at the end.
@@ -692,7 +815,7 @@ LossResult Model::forward_backward(const Batch& batch, int64_t global_valid,
     const int64_t t0 = tl ? timeline::now_ns() : 0;
     LayerActs& a = acts_[full_recompute_ ? 0 : l];
     const GradBucket& lb = layout_.layer_bucket(l);
-    const float* w = acquire(lb, layer_index(l - 1));
+    const Weights w = acquire(lb, layer_index(l - 1));
     // With recompute the shared activations still hold the last block's forward. Selective
     // re-runs only the block's norms, output projection and gate/up: never the attention.
     if (full_recompute_ && l != layers - 1) layer_forward(l, a, w);

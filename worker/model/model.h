@@ -32,6 +32,14 @@
 // the work set for attention (exact both ways, so the same bits as fp32 storage). x, x_mid,
 // rstd, lse and gate/up stay fp32. With recompute the one layer's set stays fp32.
 //
+// Weights: an fp32 model holds them in fp32 (params()). A bf16 model without a block store holds
+// them ONLY in bf16 (params_bf16(), 2 bytes a parameter, what ringctl plan counts): set_params
+// rounds fp32 straight into them (the one rounding); the GEMMs read them as they are; the fp32
+// kernels' small inputs are widened from them (exact): the norm gains into a per-tensor fp32
+// copy ([2 layers + 1] x [d]) refreshed by every set_params, the embedding rows gathered as bf16
+// into a [T, d] scratch and widened. A bf16 model with a store rounds each acquired block into a
+// slot (fp32 and bf16), as before.
+//
 // model.recompute_policy selective (Megatron's selective recompute): each block keeps its input
 // x, q, k, v (after RoPE), o and lse, what the attention backward needs; one set shared by all
 // layers holds h1, rstd1, x_mid, h2, rstd2 and gate/up, which the backward re-runs
@@ -113,19 +121,21 @@ class Model {
   const kernels::RopeParams& rope() const { return rope_; }
   kernels::Backend* backend() const { return backend_; }
 
-  // Flat fp32 buffers in backend memory, [layout().total()] each. With dtype bf16, params() is the
-  // working copy: every forward rounds it to bf16 values (the fp32 master lives elsewhere:
-  // ringd, or the caller).
+  // Flat buffers in backend memory, [layout().total()] each. grads() is fp32 for every dtype.
+  // params(): the fp32 weights of an fp32 model; null for a bf16 model, which holds its weights
+  // only as bf16 (params_bf16(), null for fp32): the fp32 master lives elsewhere (ringd, or the
+  // caller, e.g. train::Trainer) and reaches the model through set_params, which rounds it.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
+  const uint16_t* params_bf16() const { return params_bf16_.data(); }
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
 
-  // Deterministic init from a seed (train.seed): norm gains 1; embedding, lm_head, wq, wk, wv,
-  // w_gate, w_up ~ N(0, 0.02^2); the projections into the residual stream (wo, w_down)
-  // ~ N(0, (0.02 / sqrt(2 layers))^2) (GPT-2). Each tensor draws from its own stream
-  // (SplitMix64(seed, tensor index) -> mt19937_64 -> Box-Muller), independent of the platform's
-  // <random> distributions.
+  // Deterministic init from a seed (train.seed), = set_params(initial_params(seed)): norm gains 1;
+  // embedding, lm_head, wq, wk, wv, w_gate, w_up ~ N(0, 0.02^2); the projections into the residual
+  // stream (wo, w_down) ~ N(0, (0.02 / sqrt(2 layers))^2) (GPT-2). Each tensor draws from its own
+  // stream (SplitMix64(seed, tensor index) -> mt19937_64 -> Box-Muller), independent of the
+  // platform's <random> distributions.
   void init_params(uint64_t seed);
   // The same initial weights as a host vector [layout().total()] (works with a store too).
   std::vector<float> initial_params(uint64_t seed) const;
@@ -133,13 +143,20 @@ class Model {
   // the shared memory), without the whole model in memory: a tensor cut by the range is drawn
   // whole into a scratch vector.
   void initial_params(uint64_t seed, int64_t begin, int64_t end, float* out) const;
-  // Host copies of the flat buffers ([layout().total()] floats).
+  // Host copies of the flat buffers ([layout().total()] floats). set_params copies fp32 weights in:
+  // an fp32 model keeps them as they are; a bf16 model keeps them rounded to bf16 (the one
+  // rounding, nearest even), so get_params() then returns the rounded values, widened to fp32
+  // (exact), not the ones set. Each call replaces all the weights; nothing refers to the source
+  // afterwards.
   void set_params(const std::vector<float>& host);
   // The same from n host floats (n == layout().total()), e.g. straight from ringd's shared memory.
   void set_params(const float* host, int64_t n);
+  // The same from n floats in backend memory (e.g. a trainer's fp32 master on the device).
+  void set_params_from_device(const float* src, int64_t n);
   // grads()[begin, end) into host memory dst[0 .. end-begin) (a device backend: one copy of just
   // that range, e.g. a finished bucket straight into ringd's shared memory).
   void copy_grads_to_host(int64_t begin, int64_t end, float* dst) const;
+  // The weights as the model holds them, as fp32 (bf16: the rounded values, widened).
   std::vector<float> get_params() const;
   std::vector<float> get_grads() const;
   void zero_grads();
@@ -171,32 +188,39 @@ class Model {
   // kMidFp32 / kMidBf16: selective's shared set, h1 and h2 (fp32 or bf16) and x_mid, gate/up,
   // rstd1, rstd2.
   enum class ActsKind { kFp32, kBf16Saved, kWork, kAttnFp32, kAttnBf16, kMidFp32, kMidBf16 };
-  const float* p(const std::string& name) const;
-  float* g(const std::string& name);
+  // One block's weights as a pass reads them (a gradient bucket; offsets in off_* are relative
+  // to it). fp32: f32. bf16 with a store: the slot's rounded fp32 (f32) and its bits (bf16).
+  // bf16 without a store: bf16 only (the flat bf16 buffer; gains and embedding rows widened).
+  struct Weights {
+    int64_t begin = 0;  // the bucket's first float in the flat layout
+    const float* f32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+  };
   void prepare(const Batch& batch);
   // w: the block's weights (its bucket's first float), gr: its gradient; offsets in off_ and
   // off_*_ are relative to the bucket.
-  void layer_forward(int l, LayerActs& a, const float* w);
+  void layer_forward(int l, LayerActs& a, const Weights& w);
   // Parts of layer_forward: h1 = rmsnorm(x); x_mid = x + o wo^T, h2 = rmsnorm(x_mid) and the
   // MLP's gate/up; the MLP's output into x[l + 1].
-  void norm1_forward(int l, LayerActs& a, const float* w);
-  void post_attention_forward(int l, LayerActs& a, const float* w, const uint16_t* ob);
-  void mlp_out_forward(int l, LayerActs& a, const float* w);
+  void norm1_forward(int l, LayerActs& a, const Weights& w);
+  void post_attention_forward(int l, LayerActs& a, const Weights& w, const uint16_t* ob);
+  void mlp_out_forward(int l, LayerActs& a, const Weights& w);
   // Selective: what the backward of layer l needs that the layer does not keep (norm1 and
   // post_attention_forward again, from the kept x and o).
-  void layer_recompute(int l, LayerActs& a, const float* w);
+  void layer_recompute(int l, LayerActs& a, const Weights& w);
   // The set holding layer a's x_mid, gate/up, rstd and bf16 h1/h2: a itself, or selective's
   // shared set.
   LayerActs& mid(LayerActs& a) { return selective_ ? sel_ : a; }
   // Where h1 and h2 are computed in fp32: the compact work set, or mid(a).
   LayerActs& norms(LayerActs& a) { return compact_ ? work_ : mid(a); }
-  void layer_backward(int l, LayerActs& a, const float* w, float* gr);
-  void embed_forward(const float* we);
+  void layer_backward(int l, LayerActs& a, const Weights& w, float* gr);
+  void embed_forward(const Weights& we);
   // wh: the head bucket; we: the embedding bucket (tied embeddings' LM head, else unused).
-  LossResult head_forward(int64_t global_valid, bool with_grad, const float* wh, const float* we);
-  void head_backward(const float* wh, const float* we, float* gh, float* ge);
+  LossResult head_forward(int64_t global_valid, bool with_grad, const Weights& wh,
+                          const Weights& we);
+  void head_backward(const Weights& wh, const Weights& we, float* gh, float* ge);
   // A bucket's weights and gradient: from the flat buffers or the store.
-  const float* acquire(const GradBucket& b, int next);
+  Weights acquire(const GradBucket& b, int next);
   void release(const GradBucket& b);
   float* block_grads(const GradBucket& b);
   void grads_done(const GradBucket& b);
@@ -206,18 +230,25 @@ class Model {
   // The start of forward and forward_backward: arguments checked, the batch's buffers, the
   // weights (prepare_weights).
   void begin_pass(const Batch& batch, int64_t global_valid, const char* what);
-  // bf16: the working weights rounded (in place) and their bf16 copy, before a pass.
-  void prepare_weights();
-  // The bf16 copy of fp32 weights w (a pointer into params()).
-  const uint16_t* bf16_of(const float* w) const;
+  // The fp32 values of the gain at offset off of block w (a norm's [d] gain): w's own fp32, or
+  // (bf16 without a store) the widened copy in gains_.
+  const float* gain(const Weights& w, int64_t off) const;
+  // A GEMM's weight operand at offset off of block w: bf16 bits (bf16) or fp32.
+  const void* gemm_weight(const Weights& w, int64_t off) const;
+  // bf16 without a store: gains_ refreshed from params_bf16_ (after every set_params).
+  void widen_gains();
+  // bf16 without a store: n fp32 values from `src` (backend memory when on_device, else host)
+  // rounded into params_bf16_, through staging_ when the source is host memory.
+  void round_into_params(const float* src, int64_t n, bool on_device);
   // n values of x as bf16 into scratch (the one rounding).
   const uint16_t* to_bf16(const float* x, int64_t n, DeviceArray<uint16_t>& scratch);
   // y[T, out] = x[T, in] w[out, in]^T. bf16: xb (when not null) is x already in bf16 (a kept
   // copy; x may then be null), else x is converted.
-  void linear(const float* x, const uint16_t* xb, const float* w, int64_t out, int64_t in,
-              float* y);
+  void linear(const float* x, const uint16_t* xb, const Weights& w, int64_t off, int64_t out,
+              int64_t in, float* y);
   // dx[T, in] (beta: 0 overwrite, 1 accumulate) += dy[T, out] w[out, in]
-  void linear_dx(const float* dy, const float* w, int64_t out, int64_t in, float beta, float* dx);
+  void linear_dx(const float* dy, const Weights& w, int64_t off, int64_t out, int64_t in,
+                 float beta, float* dx);
   // dw[out, in] += dy[T, out]^T x[T, in]; xb as for linear.
   void linear_dw(const float* dy, const float* x, const uint16_t* xb, int64_t out, int64_t in,
                  float* dw);
@@ -239,9 +270,16 @@ class Model {
   BlockStore* store_ = nullptr;
 
   DeviceArray<float> params_, grads_;
-  bool bf16_ = false;                      // config_.dtype == bf16
-  DeviceArray<uint16_t> params_bf16_;      // [layout().total()] the working weights in bf16
-  DeviceArray<uint16_t> a_bf16_, b_bf16_;  // GEMM operands converted to bf16
+  bool bf16_ = false;                  // config_.dtype == bf16
+  DeviceArray<uint16_t> params_bf16_;  // bf16, no store: [layout().total()] the weights
+  DeviceArray<float> gains_;           // bf16, no store: [2 layers + 1] x [d] widened gains
+  // The gains' flat offsets, in gains_ order: layer l's attn_norm (2l), mlp_norm (2l + 1), the
+  // final norm (2 layers).
+  std::vector<int64_t> gain_offsets_;
+  DeviceArray<float> staging_;          // bf16, no store: set_params' host chunks
+  const int32_t* host_ids_ = nullptr;   // the current batch's ids (host), for odd d_model
+  // GEMM operands converted to bf16 (a_bf16_ also: bf16 without a store, the embedding rows)
+  DeviceArray<uint16_t> a_bf16_, b_bf16_;
   // bf16 with a block store: each acquired block's weights rounded into a slot of this pool with
   // their bf16 copy (the store's own buffer is left as it is); a slot is free again at release.
   struct Bf16Slot {

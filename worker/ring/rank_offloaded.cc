@@ -161,6 +161,10 @@ void send_initial_params(offload::RingdClient& client, model::Model& model,
     model.initial_params(static_cast<uint64_t>(spec.train.seed), shm.params_begin(),
                          shm.params_begin() + shm.params_n(), shm.params());
     client.send_init_written();
+  } else if (model.config().dtype == spec::DType::kBf16) {
+    // fp32, unrounded: the master ringd keeps (the bf16 model holds only their rounding and
+    // takes its weights from the segment every step).
+    client.send_init(model.initial_params(static_cast<uint64_t>(spec.train.seed)).data());
   } else {
     model.init_params(static_cast<uint64_t>(spec.train.seed));
     client.send_init(model.params());
@@ -261,11 +265,14 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
   const offload::Welcome& w = client.welcome();
   if (!w.cursor.is_null()) source->seek(w.cursor.get<data::Cursor>());
   if (w.need_init) send_initial_params(client, model, spec, full);
-  // The CPU backend's weights are host memory: ringd's new weights (or the changed coordinates)
-  // are copied into them. A device backend copies the shm's weights to the device as a whole and
-  // each finished gradient bucket from the device straight into its shm slot: no host copy of
-  // the model in the worker. Shard full: only this rank's shard is copied from the segment.
-  float* weights = host_backend && !full ? model.params() : client.shm().params();
+  // The CPU backend's fp32 weights are host memory: ringd's new weights (or the changed
+  // coordinates) are copied into them. A device backend copies the shm's weights to the device
+  // as a whole and each finished gradient bucket from the device straight into its shm slot: no
+  // host copy of the model in the worker. A bf16 model rounds the shm's fp32 weights into its
+  // bf16 ones each step (set_params; it holds no fp32 copy). Shard full: only this rank's shard
+  // is copied from the segment.
+  const bool bf16 = model.config().dtype == spec::DType::kBf16;
+  float* weights = host_backend && !full && !bf16 ? model.params() : client.shm().params();
 
   std::vector<StepOverlap> overlap;  // shard full, per step
   std::vector<StepCpu> step_cpu;
@@ -286,7 +293,7 @@ int run_offloaded_rank(const Args& args, const spec::JobSpec& spec) {
       if (full) {
         const contract::WorkerShard& sh = store->shard();
         store->set_shard_weights(client.shm().params() + (sh.begin - client.shm().params_begin()));
-      } else if (!host_backend) {
+      } else if (!host_backend || bf16) {
         model.set_params(client.shm().params(), n);
       }
       apply_debug_inject(inject, rank, cmd.step);

@@ -19,12 +19,13 @@ Trainer::Trainer(const spec::JobSpec& spec, kernels::Backend* backend,
       model_(model::ModelConfig::from_spec(spec), backend, attention),
       total_steps_(total_steps) {
   const int64_t n = model_.layout().total();
+  std::vector<float> host;  // the initial weights, fp32
   if (spec.model.init_from.empty()) {
-    model_.init_params(static_cast<uint64_t>(spec.train.seed));
+    host = model_.initial_params(static_cast<uint64_t>(spec.train.seed));
   } else {
     // model.init_from: the checkpoint's master/<param> tensors, found by name in any shard
     // (names and shapes checked); the moments below start at zero.
-    std::vector<float> host(static_cast<size_t>(n), 0.f);
+    host.assign(static_cast<size_t>(n), 0.f);
     std::vector<ckpt::LoadTarget> targets;
     for (const auto& v : model_.layout().views()) {
       ckpt::LoadTarget t{"master/" + v.name, ckpt::DType::kF32, v.shape, host.data() + v.offset};
@@ -41,14 +42,13 @@ Trainer::Trainer(const spec::JobSpec& spec, kernels::Backend* backend,
     } catch (const ckpt::CheckpointError& e) {
       throw model::ModelError(std::string("cannot initialise from model.init_from: ") + e.what());
     }
-    model_.set_params(host);
   }
+  model_.set_params(host);
   if (model_.config().dtype == spec::DType::kBf16) {
-    // The master is the weights as set, before the model's first pass rounds its copy.
+    // The master is the weights as set, unrounded (the model holds their bf16 rounding).
     master_.resize(backend_, n);
-    check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kF32, n, model_.params(),
-                                   master_.data()),
-                 "convert");
+    check_status(backend_->copy_to_device(master_.data(), host.data(), master_.bytes()),
+                 "copy_to_device");
   }
   m_.resize(backend_, n);
   v_.resize(backend_, n);
@@ -71,10 +71,7 @@ std::string Trainer::save_weights(const std::string& dir, const nlohmann::json& 
   o.tag = "weights";
   o.spec_hash = "weights";
   o.layout = std::move(layout);
-  std::vector<float> host = model_.get_params();
-  if (master_.size() > 0)  // bf16: the fp32 master, not the rounded working copy
-    check_status(backend_->copy_to_host(host.data(), master_.data(), master_.bytes()),
-                 "copy_to_host");
+  const std::vector<float> host = weights();  // bf16: the fp32 master, not the rounded weights
   ckpt::Checkpointer ck(o);
   for (const auto& v : pl.views())
     ck.add_tensor("master/" + v.name, ckpt::DType::kF32, v.shape, host.data() + v.offset);
@@ -82,6 +79,14 @@ std::string Trainer::save_weights(const std::string& dir, const nlohmann::json& 
   ckpt::SaveResult r = ck.wait();
   if (!r.ok) throw ckpt::CheckpointError(dir + ": writing the weights failed: " + r.error);
   return r.path;
+}
+
+std::vector<float> Trainer::weights() const {
+  if (master_.size() == 0) return model_.get_params();
+  std::vector<float> host(static_cast<size_t>(master_.size()));
+  check_status(backend_->copy_to_host(host.data(), master_.data(), master_.bytes()),
+               "copy_to_host");
+  return host;
 }
 
 StepStats Trainer::train_step(const model::Batch& batch, int64_t global_valid) {
@@ -118,10 +123,8 @@ StepStats Trainer::train_step(const std::vector<model::Batch>& batches, int64_t 
                                       m_.data() + v.offset, v_.data() + v.offset),
                  "adamw_step");
   }
-  if (master_.size() > 0)  // the working copy: the next pass rounds it
-    check_status(backend_->convert(kernels::DType::kF32, kernels::DType::kF32, n,
-                                   master_.data(), model_.params()),
-                 "convert");
+  if (master_.size() > 0)  // the model's bf16 weights: the master rounded
+    model_.set_params_from_device(master_.data(), n);
   check_status(backend_->synchronize(), "synchronize");
   const auto t1 = std::chrono::steady_clock::now();
 

@@ -69,6 +69,9 @@ class Trainer {
   // master/<param> f32 tensors, the layout record, shard none) at train step step(); returns the
   // step directory. Throws ckpt::CheckpointError naming the directory on failure.
   std::string save_weights(const std::string& dir, const nlohmann::json& meta = {});
+  // The weights AdamW updates, on the host [layout.total()]: the model's for fp32, the fp32
+  // master for bf16 (the model holds only their bf16 rounding; model().get_params() gives that).
+  std::vector<float> weights() const;
 
  private:
   spec::JobSpec spec_;
@@ -77,8 +80,8 @@ class Trainer {
   int64_t total_steps_;
   int64_t step_ = 0;
   model::DeviceArray<float> m_, v_;  // AdamW moments, [layout.total()]
-  // model.dtype bf16: the fp32 master weights AdamW updates (the model's params() are its
-  // bf16-rounded working copy, refreshed from this after every update). Empty for fp32.
+  // model.dtype bf16: the fp32 master weights AdamW updates (the model holds only their bf16
+  // rounding, set from this after every update). Empty for fp32.
   model::DeviceArray<float> master_;
   GradReduceFn grad_reduce_;
 };
