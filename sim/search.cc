@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "fmt/format.h"
 
@@ -116,6 +119,47 @@ double overfill(const plan::Plan& p) {
 
 }  // namespace
 
+namespace {
+
+// f(k) for k in [0, n) on up to `threads` threads (0: one per core), k handed out in order; the
+// first exception any call throws is rethrown here once every thread has stopped.
+template <class F>
+void parallel_for(size_t n, int threads, const F& f) {
+  size_t t = threads > 0 ? static_cast<size_t>(threads)
+                         : std::max<size_t>(1, std::thread::hardware_concurrency());
+  t = std::min(t, n);
+  if (t <= 1) {
+    for (size_t k = 0; k < n; ++k) f(k);
+    return;
+  }
+  std::mutex mu;
+  size_t next = 0;
+  std::exception_ptr error;
+  auto worker = [&] {
+    while (true) {
+      size_t k;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (next >= n || error) return;
+        k = next++;
+      }
+      try {
+        f(k);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < t; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
 SearchResult search_layouts(const spec::JobSpec& base, const SpecLoader& load,
                             const SearchOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -184,26 +228,29 @@ SearchResult search_layouts(const spec::JobSpec& base, const SpecLoader& load,
     if (first) heads.push_back(i);
   }
   const bool screen_all = !o.exhaustive && static_cast<int64_t>(heads.size()) > o.simulate_top;
-  for (size_t h : heads) {
-    if (!screen_all) break;
-    Candidate& c = fit[h].first;
-    try {
-      SimResult r = simulate(fit[h].second, screen);
-      c.screen_step_s = r.step_s;
-      c.screen_tokens_per_s = r.tokens_per_s;
-      ++res.screened;
-      if (r.mode.find("layers folded") == std::string::npos &&
-          o.screen_fold_budget <= o.sim.fold_task_budget) {
-        // Small enough to run whole under the screen's budget: the simulation itself.
-        c.result = std::move(r);
-        c.simulated = true;
-        fill_exposed(&c);
-        ++res.simulated;
+  std::mutex count_mu;  // res's counters, from the simulation threads
+  if (screen_all)
+    parallel_for(heads.size(), o.threads, [&](size_t k) {
+      Candidate& c = fit[heads[k]].first;
+      try {
+        SimResult r = simulate(fit[heads[k]].second, screen);
+        c.screen_step_s = r.step_s;
+        c.screen_tokens_per_s = r.tokens_per_s;
+        bool whole = false;
+        if (r.mode.find("layers folded") == std::string::npos &&
+            o.screen_fold_budget <= o.sim.fold_task_budget) {
+          // Small enough to run whole under the screen's budget: the simulation itself.
+          c.result = std::move(r);
+          c.simulated = whole = true;
+          fill_exposed(&c);
+        }
+        std::lock_guard<std::mutex> lock(count_mu);
+        ++res.screened;
+        if (whole) ++res.simulated;
+      } catch (const std::invalid_argument&) {
+        c.screen_tokens_per_s = -1;  // the simulator cannot model it: last
       }
-    } catch (const std::invalid_argument&) {
-      c.screen_tokens_per_s = -1;  // the simulator cannot model it: last
-    }
-  }
+    });
   std::stable_sort(heads.begin(), heads.end(),
                    [&](size_t a, size_t b) { return better(fit[a].first, fit[b].first); });
   auto run = [&](size_t i) {
@@ -215,6 +262,7 @@ SearchResult search_layouts(const spec::JobSpec& base, const SpecLoader& load,
       c.result = simulate(fit[i].second, so);
       c.simulated = true;
       fill_exposed(&c);
+      std::lock_guard<std::mutex> lock(count_mu);
       ++res.simulated;
     } catch (const std::invalid_argument&) {
       c.screen_tokens_per_s = -1;
@@ -223,14 +271,16 @@ SearchResult search_layouts(const spec::JobSpec& base, const SpecLoader& load,
   // The best families by the screen at their fewest micro-batches; then every micro-batch
   // count of the two best (all of them: exhaustive).
   const size_t n = o.exhaustive ? heads.size() : std::min<size_t>(heads.size(), o.simulate_top);
-  for (size_t k = 0; k < n; ++k) run(heads[k]);
+  parallel_for(n, o.threads, [&](size_t k) { run(heads[k]); });
   std::vector<size_t> top(heads.begin(), heads.begin() + static_cast<std::ptrdiff_t>(n));
   std::stable_sort(top.begin(), top.end(), [&](size_t a, size_t b) {
     return fit[a].first.simulated && (!fit[b].first.simulated || better(fit[a].first, fit[b].first));
   });
+  std::vector<size_t> members;  // every micro-batch count of the best families
   for (size_t k = 0; k < top.size() && (o.exhaustive || k < 2); ++k)
     for (size_t i = 0; i < fit.size(); ++i)
-      if (same_family(fit[i].first.layout, fit[top[k]].first.layout)) run(i);
+      if (same_family(fit[i].first.layout, fit[top[k]].first.layout)) members.push_back(i);
+  parallel_for(members.size(), o.threads, [&](size_t k) { run(members[k]); });
   for (auto& [c, s] : fit) {
     if (c.simulated) res.ranked.push_back(c);
     res.fitting.push_back(c);

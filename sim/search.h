@@ -77,6 +77,9 @@ struct SearchOptions {
   // simulated whole (the screen is then its simulation); a larger one is folded to about this
   // many tasks (at least two and three layers, the step extended linearly).
   int64_t screen_fold_budget = 400'000;
+  // Simulations run at once (each layout's is independent); 0: one per core. The result does
+  // not depend on it.
+  int threads = 0;
 };
 
 struct SearchResult {
