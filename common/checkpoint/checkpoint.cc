@@ -9,7 +9,10 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
+#include <string_view>
+#include <system_error>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -566,13 +569,30 @@ void Checkpointer::commit(int64_t step, SaveResult& r) {
 // checkpoints and delete its older ones; delete superseded checkpoints (off the lineage) once
 // every kept one is newer; delete partial directories of other attempts at or below this step
 // (never loadable). Damaged checkpoints are left for the operator.
+//
+// A checkpoint is deleted by renaming it out of the step names first (one rename), then
+// removing the tree: a process killed in the middle leaves a `.ringmaster-deleting-step-...`
+// directory (never listed, swept by the next retention), not a half-deleted checkpoint that
+// reads as corrupt.
 void Checkpointer::retain(int64_t step, SaveResult& r) {
+  constexpr std::string_view kTrash = ".ringmaster-deleting-";
+  {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(opt_.dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(kTrash, 0) == 0 && detail::parse_step_name(name.substr(kTrash.size())))
+        fs::remove_tree(e.path().string());
+    }
+  }
   const std::vector<CheckpointInfo> all = list_checkpoints(opt_.dir, false);
   const std::vector<size_t> chain = current_lineage(all, step_dir_name(step));
   std::vector<bool> on_chain(all.size(), false);
   for (size_t i : chain) on_chain[i] = true;
   const auto remove = [&](const CheckpointInfo& c) {
-    fs::remove_tree(c.path);
+    const std::string trash = fs::join(opt_.dir, std::string(kTrash) + c.name);
+    std::error_code ec;
+    std::filesystem::rename(c.path, trash, ec);
+    fs::remove_tree(ec ? c.path : trash);
     r.deleted.push_back(c.name);
     auto sn = detail::parse_step_name(c.name);
     if (sn && !sn->partial && !sn->superseded) r.deleted_steps.push_back(c.step);
