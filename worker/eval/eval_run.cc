@@ -18,7 +18,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cp/split.h"
-#include "common/files/atomic_write.h"
 #include "common/spec/parse.h"
 #include "kernels/backend.h"
 #include "worker/data/errors.h"
@@ -760,15 +759,7 @@ int evaluate_and_write(const EvalOpts& o, Loaded& l, Evaluator& ev, int ranks) {
   if (!l.depths.empty()) pk = eval_passkey(l, o, ev);
   if (!ev.lead()) return kExitOk;
   const std::string text = report(l, o, dr ? &*dr : nullptr, pk, ranks);
-  if (o.out.empty()) {
-    std::cout << text << std::flush;
-  } else {
-    try {
-      files::write_file_atomic(o.out, text, 0600);
-    } catch (const files::AtomicWriteError& e) {
-      throw InputError(fmt::format("-o {}: {}", o.out, e.what()));
-    }
-  }
+  gen::write_output(o.out, text);
   return kExitOk;
 }
 

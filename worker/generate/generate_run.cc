@@ -184,6 +184,18 @@ std::string as_flags(std::string m) {
   return m;
 }
 
+void write_output(const std::string& out, const std::string& text) {
+  if (out.empty()) {
+    std::cout << text << std::flush;
+    return;
+  }
+  try {
+    files::write_file_atomic(out, text, 0600);
+  } catch (const files::AtomicWriteError& e) {
+    throw InputError(fmt::format("-o {}: {}", out, e.what()));
+  }
+}
+
 std::vector<float> load_checkpoint_weights(const std::string& path,
                                            const contract::ModelConfig& mc) {
   // Weights: master/<param> of the checkpoint, by name.
@@ -507,17 +519,7 @@ static int generate_and_write(const GenerateOpts& o, Inputs& in, gen::Generator&
       if (outs.size() > 1) result += "\n";
     }
   }
-  if (o.out.empty()) {
-    std::cout << result << std::flush;
-  } else {
-    // Replaced whole (private temporary, fsync, rename): 0600 whatever was there before, never
-    // through a link, and an earlier output stays intact when this write fails.
-    try {
-      files::write_file_atomic(o.out, result, 0600);
-    } catch (const files::AtomicWriteError& e) {
-      throw InputError(fmt::format("-o {}: {}", o.out, e.what()));
-    }
-  }
+  write_output(o.out, result);
   return kExitOk;
 }
 

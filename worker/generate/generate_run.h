@@ -107,6 +107,11 @@ Inputs load_inputs(const GenerateOpts& o, bool quiet);
 contract::ModelConfig model_of_checkpoint(const std::string& path,
                                           const contract::ModelConfig* spec_mc,
                                           const std::string& spec_path, bool quiet);
+// A command's report: to stdout when `out` is empty, else replaced whole in `out` (private
+// temporary, fsync, rename: 0600 whatever was there, never through a link, an earlier file
+// intact when the write fails). InputError naming -o.
+void write_output(const std::string& out, const std::string& text);
+
 // The checkpoint's master weights (master/<param>) in mc's flat layout; InputError naming
 // --checkpoint.
 std::vector<float> load_checkpoint_weights(const std::string& path,
